@@ -1,0 +1,189 @@
+//! Config: source (files) -> model (serde) -> validated [`Config`].
+//!
+//! Every document is checked before any is applied. A bad or conflicting
+//! document is refused on its own, together with what depends on it; the
+//! rest applies.
+
+pub mod model;
+pub mod source;
+mod validate;
+
+use std::{
+    fmt,
+    net::IpAddr,
+    path::{Path, PathBuf},
+};
+
+use ipnet::IpNet;
+use serde::Serialize;
+
+pub use validate::validate;
+
+use model::{Advertise, Dhcp, Egress, MacPolicy, Migration, Role};
+
+/// A refused document: which file, which document, which field, and why.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, thiserror::Error)]
+pub struct ConfigError {
+    pub file: PathBuf,
+    /// `Kind namespace/name` or `document N` when the kind is unknown.
+    pub document: String,
+    /// Dotted path of the offending field, empty for the whole document.
+    pub field: String,
+    pub message: String,
+}
+
+impl ConfigError {
+    pub fn file(file: &Path, message: String) -> Self {
+        ConfigError {
+            file: file.to_path_buf(),
+            document: String::new(),
+            field: String::new(),
+            message,
+        }
+    }
+}
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.file.display())?;
+        if !self.document.is_empty() {
+            write!(f, ": {}", self.document)?;
+        }
+        if !self.field.is_empty() {
+            write!(f, ": field {}", self.field)?;
+        }
+        write!(f, ": {}", self.message)
+    }
+}
+
+/// Where a valid document came from, for messages.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct DocRef {
+    pub file: PathBuf,
+    pub document: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Node {
+    pub name: String,
+    pub address: IpAddr,
+    pub snat_address: Option<IpAddr>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Network {
+    pub name: String,
+    pub id: u32,
+    pub role: Role,
+    pub subnets: Vec<IpNet>,
+    pub gateway_ips: Vec<IpAddr>,
+    pub gateway_mac: [u8; 6],
+    pub exclude_subnets: Vec<IpNet>,
+    pub ipam: bool,
+    pub mac_filter: bool,
+    pub ip_filter: bool,
+    pub egress: Egress,
+    pub advertise: Advertise,
+    pub mtu: u16,
+    pub dhcp: Dhcp,
+    pub source: DocRef,
+}
+
+impl Network {
+    pub fn gateway4(&self) -> Option<std::net::Ipv4Addr> {
+        self.gateway_ips.iter().find_map(|ip| match ip {
+            IpAddr::V4(v4) => Some(*v4),
+            IpAddr::V6(_) => None,
+        })
+    }
+    pub fn gateway6(&self) -> Option<std::net::Ipv6Addr> {
+        self.gateway_ips.iter().find_map(|ip| match ip {
+            IpAddr::V6(v6) => Some(*v6),
+            IpAddr::V4(_) => None,
+        })
+    }
+}
+
+/// The identity of a VM interface: what survives pods and migrations.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+pub struct AttachmentKey {
+    pub namespace: String,
+    pub vm: String,
+    pub interface: String,
+}
+
+impl fmt::Display for AttachmentKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/{}/{}", self.namespace, self.vm, self.interface)
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Attachment {
+    pub name: String,
+    pub key: AttachmentKey,
+    pub network: String,
+    pub node: String,
+    pub port: String,
+    pub mac: Option<[u8; 6]>,
+    pub mac_policy: MacPolicy,
+    pub ips: Vec<IpNet>,
+    pub migration: Option<Migration>,
+    pub source: DocRef,
+}
+
+impl Attachment {
+    /// The node the VM runs on now: the target once cut-over is signalled.
+    pub fn active_node(&self) -> &str {
+        match &self.migration {
+            Some(m) if m.ready => &m.target_node,
+            _ => &self.node,
+        }
+    }
+
+    /// The host-side port on the active node.
+    pub fn active_port(&self) -> &str {
+        match &self.migration {
+            Some(m) if m.ready => m.target_port.as_deref().unwrap_or(&self.port),
+            _ => &self.port,
+        }
+    }
+}
+
+/// The validated configuration: only documents that passed every check.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct Config {
+    pub node: Option<Node>,
+    pub networks: Vec<Network>,
+    pub attachments: Vec<Attachment>,
+    pub errors: Vec<ConfigError>,
+}
+
+impl Config {
+    pub fn network(&self, name: &str) -> Option<&Network> {
+        self.networks.iter().find(|n| n.name == name)
+    }
+}
+
+pub fn parse_mac(s: &str) -> Result<[u8; 6], String> {
+    let parts: Vec<&str> = s.split([':', '-']).collect();
+    if parts.len() != 6 {
+        return Err(format!("{s:?} is not a MAC address (six hex bytes)"));
+    }
+    let mut mac = [0u8; 6];
+    for (i, p) in parts.iter().enumerate() {
+        if p.len() != 2 {
+            return Err(format!("{s:?} is not a MAC address (six hex bytes)"));
+        }
+        mac[i] = u8::from_str_radix(p, 16)
+            .map_err(|_| format!("{s:?} is not a MAC address (six hex bytes)"))?;
+    }
+    Ok(mac)
+}
+
+pub fn format_mac(mac: &[u8; 6]) -> String {
+    mac.iter()
+        .map(|b| format!("{b:02x}"))
+        .collect::<Vec<_>>()
+        .join(":")
+}

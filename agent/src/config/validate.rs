@@ -1,0 +1,462 @@
+//! Turns raw documents into a [`Config`], refusing bad ones one by one.
+
+use std::{
+    collections::{BTreeMap, BTreeSet, HashMap},
+    net::IpAddr,
+};
+
+use ipnet::IpNet;
+use serde::de::DeserializeOwned;
+use vmpath_common::default_gateway_mac;
+
+use super::{
+    Attachment, AttachmentKey, Config, ConfigError, DocRef, Network, Node,
+    model::{API_VERSION, AttachmentSpec, IpamMode, Metadata, NetworkSpec, NodeSpec},
+    parse_mac,
+    source::{RawDocument, Snapshot},
+};
+
+const MAX_NETWORK_ID: u32 = (1 << 24) - 1;
+const DEFAULT_MTU: u16 = 1500;
+/// Linux's ifname limit (IFNAMSIZ - 1).
+const MAX_IFNAME: usize = 15;
+
+struct Doc<'a> {
+    raw: &'a RawDocument,
+    kind: String,
+    meta: Metadata,
+}
+
+impl Doc<'_> {
+    fn label(&self) -> String {
+        match &self.meta.namespace {
+            Some(ns) => format!("{} {}/{}", self.kind, ns, self.meta.name),
+            None => format!("{} {}", self.kind, self.meta.name),
+        }
+    }
+    fn error(&self, field: &str, message: impl Into<String>) -> ConfigError {
+        ConfigError {
+            file: self.raw.file.clone(),
+            document: self.label(),
+            field: field.to_string(),
+            message: message.into(),
+        }
+    }
+    fn source(&self) -> DocRef {
+        DocRef {
+            file: self.raw.file.clone(),
+            document: self.label(),
+        }
+    }
+    /// Deserializes `spec`, naming the failing field by its path.
+    fn spec<T: DeserializeOwned>(&self) -> Result<T, ConfigError> {
+        let spec = self
+            .raw
+            .value
+            .get("spec")
+            .cloned()
+            .ok_or_else(|| self.error("spec", "missing"))?;
+        serde_path_to_error::deserialize(spec).map_err(|e| {
+            let path = e.path().to_string();
+            let field = if path == "." {
+                "spec".to_string()
+            } else {
+                format!("spec.{path}")
+            };
+            self.error(&field, e.into_inner().to_string())
+        })
+    }
+}
+
+/// Validates every document. `keep_first` lists attachments accepted by the
+/// previous round: in a conflict they win, so a running VM is never the one
+/// refused.
+pub fn validate(
+    snapshot: &Snapshot,
+    node_name: &str,
+    keep_first: &BTreeSet<AttachmentKey>,
+) -> Config {
+    let mut cfg = Config {
+        errors: snapshot.errors.clone(),
+        ..Default::default()
+    };
+    let mut nodes = Vec::new();
+    let mut networks = Vec::new();
+    let mut attachments = Vec::new();
+    for raw in &snapshot.documents {
+        match header(raw) {
+            Ok(doc) => match doc.kind.as_str() {
+                "Node" => nodes.push(doc),
+                "Network" => networks.push(doc),
+                "Attachment" => attachments.push(doc),
+                other => cfg.errors.push(doc.error(
+                    "kind",
+                    format!("unknown kind {other:?} (expected Node, Network or Attachment)"),
+                )),
+            },
+            Err(e) => cfg.errors.push(e),
+        }
+    }
+
+    for doc in &nodes {
+        match node(doc) {
+            Ok(n) if n.name == node_name => cfg.node = Some(n),
+            Ok(_) => {}
+            Err(e) => cfg.errors.push(e),
+        }
+    }
+
+    let mut ids: HashMap<u32, String> = HashMap::new();
+    let mut names: BTreeSet<String> = BTreeSet::new();
+    for doc in &networks {
+        match network(doc) {
+            Ok(n) => {
+                if !names.insert(n.name.clone()) {
+                    cfg.errors.push(doc.error(
+                        "metadata.name",
+                        format!("network {:?} is defined twice", n.name),
+                    ));
+                } else if let Some(other) = ids.get(&n.id) {
+                    cfg.errors.push(doc.error(
+                        "spec.id",
+                        format!("id {} is already used by network {other:?}", n.id),
+                    ));
+                } else {
+                    ids.insert(n.id, n.name.clone());
+                    cfg.networks.push(n);
+                }
+            }
+            Err(e) => cfg.errors.push(e),
+        }
+    }
+
+    let mut parsed: Vec<(Attachment, &Doc)> = Vec::new();
+    for doc in &attachments {
+        match attachment(doc, &cfg.networks) {
+            Ok(a) => parsed.push((a, doc)),
+            Err(e) => cfg.errors.push(e),
+        }
+    }
+    // Attachments that were running go first, so they keep what they hold.
+    parsed.sort_by_key(|(a, _)| !keep_first.contains(&a.key));
+    let mut seen_keys: BTreeMap<AttachmentKey, String> = BTreeMap::new();
+    let mut macs: HashMap<(String, [u8; 6]), String> = HashMap::new();
+    let mut ips: HashMap<(String, IpAddr), String> = HashMap::new();
+    let mut ports: HashMap<(String, String), String> = HashMap::new();
+    for (a, doc) in parsed {
+        let me = format!("Attachment {}/{}", a.key.namespace, a.name);
+        if let Some(other) = seen_keys.get(&a.key) {
+            cfg.errors.push(doc.error(
+                "spec.interface",
+                format!("VM interface {} is already attached by {other}", a.key),
+            ));
+            continue;
+        }
+        if let Some(mac) = a.mac
+            && let Some(other) = macs.get(&(a.network.clone(), mac))
+        {
+            cfg.errors.push(doc.error(
+                "spec.mac",
+                format!(
+                    "MAC {} collides with {other} on network {:?}",
+                    super::format_mac(&mac),
+                    a.network
+                ),
+            ));
+            continue;
+        }
+        if let Some((ip, other)) = a.ips.iter().find_map(|ip| {
+            ips.get(&(a.network.clone(), ip.addr()))
+                .map(|o| (ip.addr(), o))
+        }) {
+            cfg.errors.push(doc.error(
+                "spec.ips",
+                format!(
+                    "IP {ip} is already used by {other} on network {:?}",
+                    a.network
+                ),
+            ));
+            continue;
+        }
+        if let Some(other) = ports.get(&(a.active_node().to_string(), a.active_port().to_string()))
+        {
+            cfg.errors.push(doc.error(
+                "spec.port",
+                format!(
+                    "port {:?} on node {:?} is already used by {other}",
+                    a.active_port(),
+                    a.active_node()
+                ),
+            ));
+            continue;
+        }
+        seen_keys.insert(a.key.clone(), me.clone());
+        if let Some(mac) = a.mac {
+            macs.insert((a.network.clone(), mac), me.clone());
+        }
+        for ip in &a.ips {
+            ips.insert((a.network.clone(), ip.addr()), me.clone());
+        }
+        ports.insert(
+            (a.active_node().to_string(), a.active_port().to_string()),
+            me,
+        );
+        cfg.attachments.push(a);
+    }
+    cfg.attachments.sort_by(|x, y| x.key.cmp(&y.key));
+    cfg
+}
+
+fn header(raw: &RawDocument) -> Result<Doc<'_>, ConfigError> {
+    let anonymous = |field: &str, message: String| ConfigError {
+        file: raw.file.clone(),
+        document: format!("document {}", raw.index),
+        field: field.to_string(),
+        message,
+    };
+    if !raw.value.is_mapping() {
+        return Err(anonymous(
+            "",
+            "a document must be a mapping with apiVersion, kind, metadata and spec".into(),
+        ));
+    }
+    let kind = raw
+        .value
+        .get("kind")
+        .and_then(|k| k.as_str())
+        .ok_or_else(|| anonymous("kind", "missing".into()))?
+        .to_string();
+    let meta: Metadata = match raw.value.get("metadata") {
+        Some(m) => serde_path_to_error::deserialize(m.clone()).map_err(|e| {
+            anonymous(
+                &format!("metadata.{}", e.path()),
+                e.into_inner().to_string(),
+            )
+        })?,
+        None => return Err(anonymous("metadata", "missing".into())),
+    };
+    let doc = Doc { raw, kind, meta };
+    match raw.value.get("apiVersion").and_then(|v| v.as_str()) {
+        Some(API_VERSION) => {}
+        Some(other) => {
+            return Err(doc.error("apiVersion", format!("{other:?} is not {API_VERSION:?}")));
+        }
+        None => return Err(doc.error("apiVersion", "missing")),
+    }
+    if let Some(m) = raw.value.as_mapping() {
+        for k in m.keys() {
+            let k = k.as_str().unwrap_or("");
+            if !matches!(k, "apiVersion" | "kind" | "metadata" | "spec" | "status") {
+                return Err(doc.error(k, "unknown top-level field"));
+            }
+        }
+    }
+    if doc.meta.name.is_empty() {
+        return Err(doc.error("metadata.name", "missing"));
+    }
+    Ok(doc)
+}
+
+fn node(doc: &Doc) -> Result<Node, ConfigError> {
+    let spec: NodeSpec = doc.spec()?;
+    Ok(Node {
+        name: doc.meta.name.clone(),
+        address: spec.address,
+        snat_address: spec.snat_address,
+    })
+}
+
+fn network(doc: &Doc) -> Result<Network, ConfigError> {
+    let spec: NetworkSpec = doc.spec()?;
+    if spec.id == 0 || spec.id > MAX_NETWORK_ID {
+        return Err(doc.error(
+            "spec.id",
+            format!("{} is outside 1..={MAX_NETWORK_ID}", spec.id),
+        ));
+    }
+    for (i, s) in spec.subnets.iter().enumerate() {
+        if s.trunc() != *s {
+            return Err(doc.error(
+                &format!("spec.subnets[{i}]"),
+                format!("{s} has host bits set (did you mean {}?)", s.trunc()),
+            ));
+        }
+    }
+    let mut seen_family = [false; 2];
+    for (i, gw) in spec.default_gateway_ips.iter().enumerate() {
+        let field = format!("spec.defaultGatewayIPs[{i}]");
+        let fam = usize::from(gw.is_ipv6());
+        if seen_family[fam] {
+            return Err(doc.error(&field, "at most one gateway per address family"));
+        }
+        seen_family[fam] = true;
+        let Some(subnet) = spec.subnets.iter().find(|s| s.contains(gw)) else {
+            return Err(doc.error(
+                &field,
+                format!("{gw} is outside every subnet of the network"),
+            ));
+        };
+        if gw == &subnet.network()
+            || (gw.is_ipv4() && gw == &subnet.broadcast() && subnet.prefix_len() < 31)
+        {
+            return Err(doc.error(
+                &field,
+                format!("{gw} is the network or broadcast address of {subnet}"),
+            ));
+        }
+    }
+    for (i, ex) in spec.exclude_subnets.iter().enumerate() {
+        if !spec.subnets.iter().any(|s| s.contains(ex)) {
+            return Err(doc.error(
+                &format!("spec.excludeSubnets[{i}]"),
+                format!("{ex} is outside every subnet of the network"),
+            ));
+        }
+    }
+    let ipam = spec.ipam.mode == IpamMode::Enabled;
+    if ipam && spec.subnets.is_empty() {
+        return Err(doc.error(
+            "spec.subnets",
+            "ipam.mode Enabled needs at least one subnet",
+        ));
+    }
+    let gateway_mac = match &spec.gateway_mac {
+        Some(s) => {
+            let mac = parse_mac(s).map_err(|m| doc.error("spec.gatewayMAC", m))?;
+            if mac[0] & 1 != 0 || mac == [0; 6] {
+                return Err(doc.error("spec.gatewayMAC", format!("{s} is not a unicast MAC")));
+            }
+            mac
+        }
+        None => default_gateway_mac(spec.id),
+    };
+    let mtu = spec.mtu.unwrap_or(DEFAULT_MTU);
+    if !(576..=9000).contains(&mtu) {
+        return Err(doc.error("spec.mtu", format!("{mtu} is outside 576..=9000")));
+    }
+    for (i, r) in spec.dhcp.routes.iter().enumerate() {
+        if r.destination.trunc() != r.destination {
+            return Err(doc.error(
+                &format!("spec.dhcp.routes[{i}].destination"),
+                format!("{} has host bits set", r.destination),
+            ));
+        }
+        if r.destination.addr().is_ipv4() != r.next_hop.is_ipv4() {
+            return Err(doc.error(
+                &format!("spec.dhcp.routes[{i}].nextHop"),
+                "address family differs from the destination",
+            ));
+        }
+    }
+    Ok(Network {
+        name: doc.meta.name.clone(),
+        id: spec.id,
+        role: spec.role,
+        subnets: spec.subnets,
+        gateway_ips: spec.default_gateway_ips,
+        gateway_mac,
+        exclude_subnets: spec.exclude_subnets,
+        ipam,
+        mac_filter: spec.port_security.mac.unwrap_or(true),
+        ip_filter: spec.port_security.ip.unwrap_or(ipam),
+        egress: spec.egress,
+        advertise: spec.advertise,
+        mtu,
+        dhcp: spec.dhcp,
+        source: doc.source(),
+    })
+}
+
+fn attachment(doc: &Doc, networks: &[Network]) -> Result<Attachment, ConfigError> {
+    let spec: AttachmentSpec = doc.spec()?;
+    let Some(namespace) = doc.meta.namespace.clone() else {
+        return Err(doc.error("metadata.namespace", "missing (the VM's namespace)"));
+    };
+    for (field, v) in [
+        ("spec.vm", &spec.vm),
+        ("spec.interface", &spec.interface),
+        ("spec.node", &spec.node),
+    ] {
+        if v.is_empty() {
+            return Err(doc.error(field, "must not be empty"));
+        }
+    }
+    check_ifname(doc, "spec.port", &spec.port)?;
+    let Some(net) = networks.iter().find(|n| n.name == spec.network) else {
+        return Err(doc.error(
+            "spec.network",
+            format!("unknown network {:?} (missing or refused)", spec.network),
+        ));
+    };
+    let mac = match &spec.mac {
+        Some(s) => {
+            let mac = parse_mac(s).map_err(|m| doc.error("spec.mac", m))?;
+            if mac[0] & 1 != 0 || mac == [0; 6] {
+                return Err(doc.error("spec.mac", format!("{s} is not a unicast MAC")));
+            }
+            if mac == net.gateway_mac {
+                return Err(doc.error(
+                    "spec.mac",
+                    format!("{s} is the gateway MAC of network {:?}", net.name),
+                ));
+            }
+            Some(mac)
+        }
+        None => None,
+    };
+    let mut families = [0usize; 2];
+    for (i, ip) in spec.ips.iter().enumerate() {
+        let field = format!("spec.ips[{i}]");
+        let addr = ip.addr();
+        families[usize::from(addr.is_ipv6())] += 1;
+        if !net.subnets.is_empty() && !net.subnets.iter().any(|s: &IpNet| s.contains(&addr)) {
+            return Err(doc.error(
+                &field,
+                format!("{addr} is outside the subnets of network {:?}", net.name),
+            ));
+        }
+        if net.gateway_ips.contains(&addr) {
+            return Err(doc.error(
+                &field,
+                format!("{addr} is the gateway IP of network {:?}", net.name),
+            ));
+        }
+        if addr.is_unspecified() || addr.is_multicast() || addr.is_loopback() {
+            return Err(doc.error(&field, format!("{addr} is not a unicast host address")));
+        }
+        if spec.ips[..i].iter().any(|o| o.addr() == addr) {
+            return Err(doc.error(&field, format!("{addr} is listed twice")));
+        }
+    }
+    if let Some(m) = &spec.migration {
+        if m.target_node.is_empty() {
+            return Err(doc.error("spec.migration.targetNode", "must not be empty"));
+        }
+        if let Some(p) = &m.target_port {
+            check_ifname(doc, "spec.migration.targetPort", p)?;
+        }
+    }
+    Ok(Attachment {
+        name: doc.meta.name.clone(),
+        key: AttachmentKey {
+            namespace,
+            vm: spec.vm,
+            interface: spec.interface,
+        },
+        network: spec.network,
+        node: spec.node,
+        port: spec.port,
+        mac,
+        mac_policy: spec.mac_policy,
+        ips: spec.ips,
+        migration: spec.migration,
+        source: doc.source(),
+    })
+}
+
+fn check_ifname(doc: &Doc, field: &str, name: &str) -> Result<(), ConfigError> {
+    if name.is_empty() || name.len() > MAX_IFNAME || name.contains(['/', ' ', ':']) {
+        return Err(doc.error(field, format!("{name:?} is not a valid interface name (1-{MAX_IFNAME} characters, no '/', ':' or space)")));
+    }
+    Ok(())
+}

@@ -1,0 +1,410 @@
+//! Loads the eBPF object, pins its maps under the bpffs root, attaches the
+//! VM-port program to ports through pinned tcx links, and writes the maps.
+//!
+//! Layout under the root:
+//!   maps/v{MAP_LAYOUT_VERSION}/<map name>   pinned maps (bpftool-readable)
+//!   links/vm_port-<ifindex>                pinned tcx links, one per port
+//! Links and maps are pinned, so the data path keeps forwarding while the
+//! agent is down; a new agent adopts them.
+
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    ffi::CString,
+    fs, io,
+    path::{Path, PathBuf},
+};
+
+use anyhow::{Context as _, Result, anyhow, bail};
+use aya::{
+    Ebpf, EbpfLoader,
+    maps::{HashMap, Map, MapData, MapInfo, MapType, PerCpuArray, PerCpuHashMap, PerCpuValues},
+    programs::{
+        LinkOrder, SchedClassifier, TcAttachType,
+        links::{FdLink, PinnedLink},
+        tc::{SchedClassifierLink, TcAttachOptions},
+    },
+};
+use tracing::{debug, info, warn};
+use vmpath_common::{
+    AddrInfo, AddrKey, Endpoint, EndpointKey, FloodList, MAP_LAYOUT_VERSION, MAX_ADDRESSES,
+    MAX_ENDPOINTS, MAX_NETWORKS, MAX_PORTS, NetworkInfo, PortInfo, PortStats, drop_reason,
+    map_names, prog_names,
+};
+
+use crate::plan::Plan;
+
+/// The eBPF object built by build.rs.
+static EBPF_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/vmpath"));
+
+const BPF_FS_MAGIC: i64 = 0xcafe4a11;
+
+struct MapSpec {
+    name: &'static str,
+    map_type: MapType,
+    key_size: u32,
+    value_size: u32,
+    max_entries: u32,
+}
+
+const fn spec<K, V>(name: &'static str, map_type: MapType, max_entries: u32) -> MapSpec {
+    MapSpec {
+        name,
+        map_type,
+        key_size: size_of::<K>() as u32,
+        value_size: size_of::<V>() as u32,
+        max_entries,
+    }
+}
+
+/// What each pinned map must look like before it is adopted.
+const MAP_SPECS: [MapSpec; 7] = [
+    spec::<u32, PortInfo>(map_names::PORTS, MapType::Hash, MAX_PORTS),
+    spec::<EndpointKey, Endpoint>(map_names::ENDPOINTS, MapType::Hash, MAX_ENDPOINTS),
+    spec::<AddrKey, AddrInfo>(map_names::ADDRESSES, MapType::Hash, MAX_ADDRESSES),
+    spec::<u32, NetworkInfo>(map_names::NETWORKS, MapType::Hash, MAX_NETWORKS),
+    spec::<u32, FloodList>(map_names::FLOOD, MapType::Hash, MAX_NETWORKS),
+    spec::<u32, u64>(map_names::DROPS, MapType::PerCpuArray, drop_reason::COUNT),
+    spec::<u32, PortStats>(map_names::PORT_STATS, MapType::PerCpuHash, MAX_PORTS),
+];
+
+pub fn maps_dir(root: &Path) -> PathBuf {
+    root.join("maps").join(format!("v{MAP_LAYOUT_VERSION}"))
+}
+
+pub fn links_dir(root: &Path) -> PathBuf {
+    root.join("links")
+}
+
+fn link_pin(root: &Path, ifindex: u32) -> PathBuf {
+    links_dir(root).join(format!("{}-{ifindex}", prog_names::VM_PORT))
+}
+
+/// Makes sure `root` is on a bpffs, mounting one there if not.
+pub fn ensure_bpffs(root: &Path) -> Result<()> {
+    // The usual place; on a fresh host it may not be mounted yet (and
+    // nothing can be created below an unmounted /sys/fs/bpf).
+    let standard = Path::new("/sys/fs/bpf");
+    if root.starts_with(standard) && standard.is_dir() && !is_bpffs(standard)? {
+        mount_bpffs(standard)?;
+    }
+    fs::create_dir_all(root).with_context(|| format!("creating bpffs root {}", root.display()))?;
+    if !is_bpffs(root)? {
+        mount_bpffs(root)?;
+    }
+    Ok(())
+}
+
+fn mount_bpffs(at: &Path) -> Result<()> {
+    let src = CString::new("bpf")?;
+    let target = CString::new(at.as_os_str().as_encoded_bytes())?;
+    let rc = unsafe {
+        libc::mount(
+            src.as_ptr(),
+            target.as_ptr(),
+            src.as_ptr(),
+            0,
+            std::ptr::null(),
+        )
+    };
+    if rc != 0 {
+        return Err(io::Error::last_os_error())
+            .with_context(|| format!("mounting bpffs on {}", at.display()));
+    }
+    info!(at = %at.display(), "mounted bpffs");
+    Ok(())
+}
+
+fn is_bpffs(path: &Path) -> Result<bool> {
+    let c = CString::new(path.as_os_str().as_encoded_bytes())?;
+    let mut st: libc::statfs = unsafe { std::mem::zeroed() };
+    if unsafe { libc::statfs(c.as_ptr(), &mut st) } != 0 {
+        return Err(io::Error::last_os_error())
+            .with_context(|| format!("statfs {}", path.display()));
+    }
+    Ok(st.f_type as i64 == BPF_FS_MAGIC)
+}
+
+/// Checks a pinned map's shape against what this build expects.
+fn check_pinned(path: &Path, spec: &MapSpec) -> Result<bool> {
+    if !path.exists() {
+        return Ok(false);
+    }
+    let info = MapInfo::from_pin(path)
+        .with_context(|| format!("opening pinned map {}", path.display()))?;
+    let map_type = info.map_type()?;
+    if map_type != spec.map_type
+        || info.key_size() != spec.key_size
+        || info.value_size() != spec.value_size
+        || info.max_entries() != spec.max_entries
+    {
+        bail!(
+            "pinned map {} is {:?} key {} value {} max {}, this build needs {:?} key {} value {} max {}",
+            path.display(),
+            map_type,
+            info.key_size(),
+            info.value_size(),
+            info.max_entries(),
+            spec.map_type,
+            spec.key_size,
+            spec.value_size,
+            spec.max_entries
+        );
+    }
+    Ok(true)
+}
+
+/// Typed handles on the pinned maps.
+pub struct Maps {
+    pub ports: HashMap<MapData, u32, PortInfo>,
+    pub endpoints: HashMap<MapData, EndpointKey, Endpoint>,
+    pub addresses: HashMap<MapData, AddrKey, AddrInfo>,
+    pub networks: HashMap<MapData, u32, NetworkInfo>,
+    pub flood: HashMap<MapData, u32, FloodList>,
+    pub drops: PerCpuArray<MapData, u64>,
+    pub port_stats: PerCpuHashMap<MapData, u32, PortStats>,
+}
+
+fn open_map(root: &Path, name: &str) -> Result<Map> {
+    let path = maps_dir(root).join(name);
+    let data = MapData::from_pin(&path)
+        .with_context(|| format!("opening pinned map {}", path.display()))?;
+    Ok(Map::from_map_data(data)?)
+}
+
+impl Maps {
+    /// Opens the pinned maps (also used by the CLI and tests).
+    pub fn open(root: &Path) -> Result<Self> {
+        Ok(Maps {
+            ports: open_map(root, map_names::PORTS)?.try_into()?,
+            endpoints: open_map(root, map_names::ENDPOINTS)?.try_into()?,
+            addresses: open_map(root, map_names::ADDRESSES)?.try_into()?,
+            networks: open_map(root, map_names::NETWORKS)?.try_into()?,
+            flood: open_map(root, map_names::FLOOD)?.try_into()?,
+            drops: open_map(root, map_names::DROPS)?.try_into()?,
+            port_stats: open_map(root, map_names::PORT_STATS)?.try_into()?,
+        })
+    }
+
+    /// Drop counters summed over CPUs, indexed by `drop_reason`.
+    pub fn drop_counts(&self) -> Result<Vec<u64>> {
+        (0..drop_reason::COUNT)
+            .map(|i| Ok(self.drops.get(&i, 0)?.iter().sum()))
+            .collect()
+    }
+
+    /// A port's counters summed over CPUs.
+    pub fn port_stats(&self, ifindex: u32) -> Result<Option<PortStats>> {
+        match self.port_stats.get(&ifindex, 0) {
+            Ok(values) => Ok(Some(values.iter().fold(
+                PortStats::default(),
+                |mut acc, s| {
+                    acc.rx_packets += s.rx_packets;
+                    acc.rx_bytes += s.rx_bytes;
+                    acc.tx_packets += s.tx_packets;
+                    acc.tx_bytes += s.tx_bytes;
+                    acc.drops += s.drops;
+                    acc.gw_replies += s.gw_replies;
+                    acc
+                },
+            ))),
+            Err(aya::maps::MapError::KeyNotFound) => Ok(None),
+            Err(e) => Err(e.into()),
+        }
+    }
+}
+
+pub struct Dataplane {
+    root: PathBuf,
+    /// Kept alive so the program stays loaded while we attach it.
+    ebpf: Ebpf,
+    maps: Maps,
+    /// Ports whose link this agent has attached or adopted.
+    attached: BTreeSet<u32>,
+}
+
+impl Dataplane {
+    /// Loads the object with every map pinned under `root` (adopting pins a
+    /// previous agent left, after checking their shape).
+    pub fn open(root: &Path) -> Result<Self> {
+        ensure_bpffs(root)?;
+        let maps_dir = maps_dir(root);
+        fs::create_dir_all(&maps_dir)?;
+        fs::create_dir_all(links_dir(root))?;
+        let mut loader = EbpfLoader::new();
+        let mut paths = Vec::new();
+        for spec in &MAP_SPECS {
+            let path = maps_dir.join(spec.name);
+            if check_pinned(&path, spec)? {
+                info!(map = spec.name, "adopting pinned map");
+            }
+            paths.push((spec.name, path));
+        }
+        for (name, path) in &paths {
+            loader.map_pin_path(name, path.as_path());
+        }
+        let mut ebpf = loader
+            .load(EBPF_OBJECT)
+            .context("loading the eBPF object")?;
+        let prog: &mut SchedClassifier = ebpf
+            .program_mut(prog_names::VM_PORT)
+            .ok_or_else(|| anyhow!("program {} missing from the object", prog_names::VM_PORT))?
+            .try_into()?;
+        prog.load()
+            .context("loading (verifying) the vm_port program")?;
+        let maps = Maps::open(root)?;
+        Ok(Dataplane {
+            root: root.to_path_buf(),
+            ebpf,
+            maps,
+            attached: BTreeSet::new(),
+        })
+    }
+
+    pub fn maps(&self) -> &Maps {
+        &self.maps
+    }
+
+    fn program(&mut self) -> Result<&mut SchedClassifier> {
+        Ok(self
+            .ebpf
+            .program_mut(prog_names::VM_PORT)
+            .ok_or_else(|| anyhow!("program {} missing", prog_names::VM_PORT))?
+            .try_into()?)
+    }
+
+    /// Attaches the VM-port program at tcx ingress of `ifname`, or swaps it
+    /// into the link a previous agent pinned there.
+    fn attach_port(&mut self, ifname: &str, ifindex: u32) -> Result<()> {
+        let pin = link_pin(&self.root, ifindex);
+        let prog = self.program()?;
+        if pin.exists() {
+            let adopted = PinnedLink::from_pin(&pin)
+                .map_err(anyhow::Error::from)
+                .and_then(|p| Ok(SchedClassifierLink::try_from(FdLink::from(p))?))
+                .and_then(|link| Ok(prog.attach_to_link(link)?));
+            match adopted {
+                Ok(id) => {
+                    // The pin keeps the link; our fd is not needed.
+                    drop(prog.take_link(id)?);
+                    debug!(port = ifname, ifindex, "adopted pinned link");
+                    return Ok(());
+                }
+                Err(e) => {
+                    warn!(port = ifname, ifindex, error = %e, "stale link pin, attaching anew");
+                    let _ = fs::remove_file(&pin);
+                }
+            }
+        }
+        let id = prog
+            .attach_with_options(
+                ifname,
+                TcAttachType::Ingress,
+                TcAttachOptions::TcxOrder(LinkOrder::default()),
+            )
+            .with_context(|| format!("attaching tcx ingress on {ifname}"))?;
+        let link = prog.take_link(id)?;
+        let fd_link: FdLink = link
+            .try_into()
+            .map_err(|e| anyhow!("tcx link is not an fd link: {e}"))?;
+        fd_link
+            .pin(&pin)
+            .with_context(|| format!("pinning link {}", pin.display()))?;
+        info!(port = ifname, ifindex, "attached vm_port");
+        Ok(())
+    }
+
+    /// Pinned links of ports, by ifindex.
+    fn pinned_links(&self) -> Result<BTreeMap<u32, PathBuf>> {
+        let prefix = format!("{}-", prog_names::VM_PORT);
+        let mut out = BTreeMap::new();
+        for entry in fs::read_dir(links_dir(&self.root))? {
+            let entry = entry?;
+            let name = entry.file_name().to_string_lossy().to_string();
+            if let Some(idx) = name.strip_prefix(&prefix).and_then(|s| s.parse().ok()) {
+                out.insert(idx, entry.path());
+            }
+        }
+        Ok(out)
+    }
+
+    /// Makes the kernel match `plan`: maps first (so a newly attached port
+    /// finds its entries), then links; only what the plan no longer wants is
+    /// removed.
+    pub fn apply(&mut self, plan: &Plan) -> Result<()> {
+        sync(&mut self.maps.networks, &plan.networks)?;
+        sync(&mut self.maps.flood, &plan.flood)?;
+        sync(&mut self.maps.addresses, &plan.addresses)?;
+        sync(&mut self.maps.endpoints, &plan.endpoints)?;
+        let ports: BTreeMap<u32, PortInfo> = plan.ports.iter().map(|(k, p)| (*k, p.info)).collect();
+        // Counters survive reconciles and restarts; only new ports get zeroes.
+        let nr_cpus = aya::util::nr_cpus().map_err(|(m, e)| anyhow!("{m}: {e}"))?;
+        for ifindex in ports.keys() {
+            if matches!(
+                self.maps.port_stats.get(ifindex, 0),
+                Err(aya::maps::MapError::KeyNotFound)
+            ) {
+                let zero = PerCpuValues::try_from(vec![PortStats::default(); nr_cpus])?;
+                self.maps.port_stats.insert(*ifindex, zero, 0)?;
+            }
+        }
+        sync(&mut self.maps.ports, &ports)?;
+
+        for (ifindex, port) in &plan.ports {
+            if !self.attached.contains(ifindex) {
+                self.attach_port(&port.ifname, *ifindex)?;
+                self.attached.insert(*ifindex);
+            }
+        }
+        for (ifindex, pin) in self.pinned_links()? {
+            if !plan.ports.contains_key(&ifindex) {
+                fs::remove_file(&pin).with_context(|| format!("removing {}", pin.display()))?;
+                self.attached.remove(&ifindex);
+                info!(ifindex, "detached port");
+            }
+        }
+        let stale_stats: Vec<u32> = self
+            .maps
+            .port_stats
+            .keys()
+            .filter_map(|k| k.ok())
+            .filter(|k| !plan.ports.contains_key(k))
+            .collect();
+        for k in stale_stats {
+            let _ = self.maps.port_stats.remove(&k);
+        }
+        Ok(())
+    }
+}
+
+/// Removes what `want` lacks and writes what differs.
+fn sync<K, V>(map: &mut HashMap<MapData, K, V>, want: &BTreeMap<K, V>) -> Result<()>
+where
+    K: aya::Pod + Ord,
+    V: aya::Pod + PartialEq,
+{
+    let have: BTreeMap<K, V> = map.iter().filter_map(|r| r.ok()).collect();
+    for k in have.keys() {
+        if !want.contains_key(k) {
+            map.remove(k)?;
+        }
+    }
+    for (k, v) in want {
+        if have.get(k) != Some(v) {
+            map.insert(k, v, 0)?;
+        }
+    }
+    Ok(())
+}
+
+/// Removes every link and map pin under `root` (`vmpath agent --cleanup`).
+pub fn cleanup(root: &Path) -> Result<()> {
+    if !root.exists() {
+        return Ok(());
+    }
+    for dir in [links_dir(root), root.join("maps")] {
+        if dir.exists() {
+            fs::remove_dir_all(&dir).with_context(|| format!("removing {}", dir.display()))?;
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,6 @@
+//! vmpath node agent: config -> validation -> plan -> pinned eBPF maps.
+
+pub mod agent;
+pub mod config;
+pub mod dataplane;
+pub mod plan;

@@ -1,0 +1,28 @@
+//! Internet checksum arithmetic (RFC 1071, incremental per RFC 1624).
+
+#[inline(always)]
+pub fn fold(mut sum: u32) -> u16 {
+    sum = (sum & 0xffff) + (sum >> 16);
+    sum = (sum & 0xffff) + (sum >> 16);
+    sum as u16
+}
+
+/// Checksum field after one 16-bit word of the covered data changed from
+/// `old` to `new` (all values in host order as read big-endian).
+#[inline(always)]
+pub fn replace16(check: u16, old: u16, new: u16) -> u16 {
+    let sum = u32::from(!check) + u32::from(!old) + u32::from(new);
+    !fold(sum)
+}
+
+/// Sum of the 16-bit big-endian words of a 16-byte address.
+#[inline(always)]
+pub fn sum_addr16(a: &[u8; 16]) -> u32 {
+    let mut sum = 0u32;
+    let mut i = 0;
+    while i < 16 {
+        sum += (u32::from(a[i]) << 8) | u32::from(a[i + 1]);
+        i += 2;
+    }
+    sum
+}

@@ -1,0 +1,192 @@
+//! vmpath's data path. One program per hook; a frame's way through it reads
+//! top to bottom in the hook's function.
+#![no_std]
+#![no_main]
+
+mod arp;
+mod counters;
+mod csum;
+mod fwd;
+mod icmp;
+mod maps;
+mod nd;
+mod parse;
+mod spoof;
+
+use aya_ebpf::{bindings::TC_ACT_SHOT, macros::classifier, programs::TcContext};
+use network_types::{eth::EthHdr, ip::Ipv4Hdr, ip::Ipv6Hdr, udp::UdpHdr};
+use vmpath_common::{NetworkInfo, PortInfo, drop_reason};
+
+use crate::{
+    arp::ArpVerdict,
+    fwd::Verdict,
+    maps::{NETWORKS, PORTS},
+    parse::*,
+};
+
+const DHCP4_SERVER_PORT: u16 = 67;
+
+/// tcx ingress on a VM port (host side of the VM pod's veth): every frame
+/// the VM sends.
+#[classifier]
+pub fn vm_port(ctx: TcContext) -> i32 {
+    let ifindex = unsafe { (*ctx.skb.skb).ifindex };
+    match try_vm_port(&ctx, ifindex) {
+        Ok(action) => action,
+        Err(reason) => {
+            counters::count_drop(ifindex, reason);
+            TC_ACT_SHOT
+        }
+    }
+}
+
+#[inline(always)]
+fn try_vm_port(ctx: &TcContext, ifindex: u32) -> Verdict {
+    let Some(port) = (unsafe { PORTS.get(&ifindex) }) else {
+        return Err(drop_reason::UNKNOWN_PORT);
+    };
+    counters::count_rx(ifindex, ctx.len());
+    let Some(net) = (unsafe { NETWORKS.get(&port.network) }) else {
+        return Err(drop_reason::NO_NETWORK);
+    };
+
+    let eth: *const EthHdr = ptr_at(ctx, 0)?;
+    let (dst, src, ether_type) = unsafe {
+        (
+            (*eth).dst_addr,
+            (*eth).src_addr,
+            u16::from_be((*eth).ether_type),
+        )
+    };
+    if is_multicast(&src) {
+        return Err(drop_reason::SRC_MULTICAST);
+    }
+    if spoof::mac_filter_on(port) && !mac_eq(&src, &port.mac) {
+        return Err(drop_reason::MAC_SPOOF);
+    }
+
+    match ether_type {
+        ETH_P_ARP => match arp::handle(ctx, ifindex, port, net)? {
+            ArpVerdict::Answered => gateway_reply(ifindex),
+            ArpVerdict::Forward => fwd::switch(ctx, ifindex, port.network, dst),
+        },
+        ETH_P_IP => ipv4(ctx, ifindex, port, net, dst),
+        ETH_P_IPV6 => ipv6(ctx, ifindex, port, net, dst),
+        // QEMU announces a migrated VM with RARP: flood it like any broadcast.
+        ETH_P_RARP => fwd::switch(ctx, ifindex, port.network, dst),
+        // VLAN tags and other ethertypes would carry IP past the filter.
+        _ if spoof::ip_filter_on(port) => Err(drop_reason::ETHERTYPE),
+        _ => fwd::switch(ctx, ifindex, port.network, dst),
+    }
+}
+
+#[inline(always)]
+fn gateway_reply(ifindex: u32) -> Verdict {
+    counters::count_gw_reply(ifindex);
+    fwd::reply_out(ifindex)
+}
+
+#[inline(always)]
+fn ipv4(
+    ctx: &TcContext,
+    ifindex: u32,
+    port: &PortInfo,
+    net: &NetworkInfo,
+    dst: [u8; 6],
+) -> Verdict {
+    let ip: *const Ipv4Hdr = ptr_at(ctx, ETH_LEN)?;
+    let (vihl, proto, src_ip, dst_ip) =
+        unsafe { ((*ip).vihl, (*ip).proto, (*ip).src_addr, (*ip).dst_addr) };
+    let ihl = usize::from(vihl & 0x0f) * 4;
+    if vihl >> 4 != 4 || ihl < Ipv4Hdr::LEN {
+        return Err(drop_reason::MALFORMED);
+    }
+    let l4_off = ETH_LEN + ihl;
+    if ctx.data() + l4_off > ctx.data_end() {
+        return Err(drop_reason::MALFORMED);
+    }
+
+    if spoof::ip_filter_on(port) {
+        if src_ip == [0; 4] {
+            // Only a DHCP client may speak before it has an address.
+            if proto != IPPROTO_UDP {
+                return Err(drop_reason::IP_SPOOF);
+            }
+            let udp: *const UdpHdr = ptr_at(ctx, l4_off)?;
+            if u16::from_be_bytes(unsafe { (*udp).dst }) != DHCP4_SERVER_PORT {
+                return Err(drop_reason::IP_SPOOF);
+            }
+        } else if !spoof::owns_ip4(port, ifindex, src_ip) {
+            return Err(drop_reason::IP_SPOOF);
+        }
+    }
+
+    if mac_eq(&dst, &net.gw_mac) {
+        if proto == IPPROTO_ICMP
+            && net.flags & vmpath_common::NET_F_GW4 != 0
+            && dst_ip == net.gw_ip4
+        {
+            icmp::echo_reply4(ctx, l4_off, net)?;
+            return gateway_reply(ifindex);
+        }
+        return Err(drop_reason::GATEWAY_UNROUTED);
+    }
+    fwd::switch(ctx, ifindex, port.network, dst)
+}
+
+#[inline(always)]
+fn ipv6(
+    ctx: &TcContext,
+    ifindex: u32,
+    port: &PortInfo,
+    net: &NetworkInfo,
+    dst: [u8; 6],
+) -> Verdict {
+    let ip: *const Ipv6Hdr = ptr_at(ctx, ETH_LEN)?;
+    let (vcf0, next_hdr, src_ip, dst_ip) =
+        unsafe { ((*ip).vcf[0], (*ip).next_hdr, (*ip).src_addr, (*ip).dst_addr) };
+    if vcf0 >> 4 != 6 {
+        return Err(drop_reason::MALFORMED);
+    }
+
+    if spoof::ip_filter_on(port) {
+        let allowed = if spoof::is_unspecified6(&src_ip) {
+            // DAD and MLD speak from :: before the VM has an address.
+            next_hdr == IPPROTO_ICMPV6
+        } else {
+            spoof::is_link_local6(&src_ip) || spoof::owns_ip6(port, ifindex, &src_ip)
+        };
+        if !allowed {
+            return Err(drop_reason::IP_SPOOF);
+        }
+    }
+
+    if next_hdr == IPPROTO_ICMPV6 {
+        let icmp: *const nd::Icmp6Hdr = ptr_at(ctx, ETH_LEN + 40)?;
+        let icmp_type = unsafe { (*icmp).type_ };
+        if icmp_type == nd::ND_NEIGHBOR_SOLICIT && !spoof::is_unspecified6(&src_ip) {
+            if let Some(target) = nd::ns_gateway_target(ctx, net)? {
+                nd::neighbor_advert(ctx, net, target)?;
+                return gateway_reply(ifindex);
+            }
+        } else if icmp_type == nd::ICMPV6_ECHO_REQUEST && nd::is_gateway6(net, &dst_ip) {
+            nd::echo_reply6(ctx, net)?;
+            return gateway_reply(ifindex);
+        }
+    }
+
+    if mac_eq(&dst, &net.gw_mac) {
+        return Err(drop_reason::GATEWAY_UNROUTED);
+    }
+    fwd::switch(ctx, ifindex, port.network, dst)
+}
+
+#[cfg(not(test))]
+#[panic_handler]
+fn panic(_info: &core::panic::PanicInfo) -> ! {
+    loop {}
+}
+
+#[unsafe(link_section = "license")]
+#[unsafe(no_mangle)]
+static LICENSE: [u8; 13] = *b"Dual MIT/GPL\0";

@@ -1,0 +1,40 @@
+//! The data path's maps. Names match `vmpath_common::map_names`; the agent
+//! pins each by path and `bpftool map dump pinned` prints their BTF fields.
+
+use aya_ebpf::{
+    btf_maps::{HashMap, PerCpuArray, PerCpuHashMap},
+    macros::btf_map,
+};
+use vmpath_common::{
+    AddrInfo, AddrKey, Endpoint, EndpointKey, FloodList, MAX_ADDRESSES, MAX_ENDPOINTS,
+    MAX_NETWORKS, MAX_PORTS, NetworkInfo, PortInfo, PortStats, drop_reason,
+};
+
+/// ifindex of a VM port (host side) -> the port.
+#[btf_map(name = "vmp_ports")]
+pub static PORTS: HashMap<u32, PortInfo, { MAX_PORTS as usize }> = HashMap::new();
+
+/// (network, MAC) -> local port or remote node.
+#[btf_map(name = "vmp_endpoints")]
+pub static ENDPOINTS: HashMap<EndpointKey, Endpoint, { MAX_ENDPOINTS as usize }> = HashMap::new();
+
+/// (network, IP) -> owning port; the IP spoof filter's allow list.
+#[btf_map(name = "vmp_addresses")]
+pub static ADDRESSES: HashMap<AddrKey, AddrInfo, { MAX_ADDRESSES as usize }> = HashMap::new();
+
+/// network id -> gateway addresses and settings.
+#[btf_map(name = "vmp_networks")]
+pub static NETWORKS: HashMap<u32, NetworkInfo, { MAX_NETWORKS as usize }> = HashMap::new();
+
+/// network id -> its local ports, for broadcast, multicast and unknown unicast.
+#[btf_map(name = "vmp_flood")]
+pub static FLOOD: HashMap<u32, FloodList, { MAX_NETWORKS as usize }> = HashMap::new();
+
+/// Drop counters, one slot per `drop_reason`, per CPU.
+#[btf_map(name = "vmp_drops")]
+pub static DROPS: PerCpuArray<u64, { drop_reason::COUNT as usize }> = PerCpuArray::new();
+
+/// ifindex -> traffic counters of that port, per CPU. The agent creates the
+/// entry when it programs the port.
+#[btf_map(name = "vmp_port_stats")]
+pub static PORT_STATS: PerCpuHashMap<u32, PortStats, { MAX_PORTS as usize }> = PerCpuHashMap::new();

@@ -1,0 +1,175 @@
+//! IPv6 for the gateway: neighbour solicitations for its addresses answered
+//! with a neighbour advertisement, and ICMPv6 echo answered, in place.
+
+use aya_ebpf::{helpers::generated::bpf_skb_change_tail, programs::TcContext};
+use network_types::{eth::EthHdr, ip::Ipv6Hdr};
+use vmpath_common::{NET_F_GW6, NetworkInfo, drop_reason};
+
+use crate::{
+    csum,
+    parse::{ETH_LEN, ETH_P_IPV6, IPPROTO_ICMPV6, addr16_eq, ptr_at},
+};
+
+pub const ICMPV6_ECHO_REQUEST: u8 = 128;
+const ICMPV6_ECHO_REPLY: u8 = 129;
+pub const ND_NEIGHBOR_SOLICIT: u8 = 135;
+const ND_NEIGHBOR_ADVERT: u8 = 136;
+const IPV6_LEN: usize = 40;
+const L4_OFF: usize = ETH_LEN + IPV6_LEN;
+/// type, code, checksum, flags+reserved, target, target link-layer option.
+const NA_LEN: usize = 4 + 4 + 16 + 8;
+const NA_FRAME_LEN: usize = L4_OFF + NA_LEN;
+/// Router, Solicited, Override.
+const NA_FLAGS_RSO: u8 = 0xe0;
+const ND_HOP_LIMIT: u8 = 255;
+const REPLY_HOP_LIMIT: u8 = 64;
+
+/// The start of an ICMPv6 message.
+#[repr(C)]
+pub struct Icmp6Hdr {
+    pub type_: u8,
+    pub code: u8,
+    pub check: [u8; 2],
+}
+
+/// A neighbour solicitation without its options.
+#[repr(C)]
+struct NsMsg {
+    hdr: Icmp6Hdr,
+    _reserved: [u8; 4],
+    target: [u8; 16],
+}
+
+/// Is `addr` one of the network's gateway addresses (global or link-local)?
+#[inline(always)]
+pub fn is_gateway6(net: &NetworkInfo, addr: &[u8; 16]) -> bool {
+    net.flags & NET_F_GW6 != 0 && (addr16_eq(addr, &net.gw_ip6) || addr16_eq(addr, &net.gw_ll6))
+}
+
+/// If the NS at L4 asks for a gateway address, the address it asks for.
+#[inline(always)]
+pub fn ns_gateway_target(ctx: &TcContext, net: &NetworkInfo) -> Result<Option<[u8; 16]>, u32> {
+    let ns: *const NsMsg = ptr_at(ctx, L4_OFF)?;
+    let ns = unsafe { &*ns };
+    if ns.hdr.code != 0 {
+        return Err(drop_reason::MALFORMED);
+    }
+    let ip: *const Ipv6Hdr = ptr_at(ctx, ETH_LEN)?;
+    if unsafe { (*ip).hop_limit } != ND_HOP_LIMIT {
+        // RFC 4861 7.1.1: not a valid solicitation.
+        return Err(drop_reason::MALFORMED);
+    }
+    let target = ns.target;
+    Ok(if is_gateway6(net, &target) {
+        Some(target)
+    } else {
+        None
+    })
+}
+
+/// Rewrites the frame into the gateway's solicited NA for `target`, sent to
+/// the soliciting VM.
+#[inline(always)]
+pub fn neighbor_advert(ctx: &TcContext, net: &NetworkInfo, target: [u8; 16]) -> Result<(), u32> {
+    let eth: *const EthHdr = ptr_at(ctx, 0)?;
+    let vm_mac = unsafe { (*eth).src_addr };
+    let ip: *const Ipv6Hdr = ptr_at(ctx, ETH_LEN)?;
+    let vm_ip = unsafe { (*ip).src_addr };
+
+    if ctx.len() as usize != NA_FRAME_LEN {
+        let rc = unsafe { bpf_skb_change_tail(ctx.skb.skb, NA_FRAME_LEN as u32, 0) };
+        if rc != 0 {
+            return Err(drop_reason::HELPER_FAILED);
+        }
+    }
+    if ctx.data() + NA_FRAME_LEN > ctx.data_end() && ctx.pull_data(NA_FRAME_LEN as u32).is_err() {
+        return Err(drop_reason::HELPER_FAILED);
+    }
+    // Packet pointers are stale after the resize: take them again.
+    let eth: *mut EthHdr = ptr_at(ctx, 0)?;
+    let e = unsafe { &mut *eth };
+    e.dst_addr = vm_mac;
+    e.src_addr = net.gw_mac;
+    e.ether_type = ETH_P_IPV6.to_be();
+
+    let ip: *mut Ipv6Hdr = ptr_at(ctx, ETH_LEN)?;
+    let ip = unsafe { &mut *ip };
+    ip.vcf = [0x60, 0, 0, 0];
+    ip.payload_len = (NA_LEN as u16).to_be_bytes();
+    ip.next_hdr = IPPROTO_ICMPV6;
+    ip.hop_limit = ND_HOP_LIMIT;
+    ip.src_addr = target;
+    ip.dst_addr = vm_ip;
+
+    let na: *mut [u8; NA_LEN] = ptr_at(ctx, L4_OFF)?;
+    let na = unsafe { &mut *na };
+    let m = net.gw_mac;
+    na[0] = ND_NEIGHBOR_ADVERT;
+    na[1] = 0;
+    na[2] = 0;
+    na[3] = 0;
+    na[4] = NA_FLAGS_RSO;
+    na[5] = 0;
+    na[6] = 0;
+    na[7] = 0;
+    let mut i = 0;
+    while i < 16 {
+        na[8 + i] = target[i];
+        i += 1;
+    }
+    // Option 2: target link-layer address, 1 unit of 8 bytes.
+    na[24] = 2;
+    na[25] = 1;
+    na[26] = m[0];
+    na[27] = m[1];
+    na[28] = m[2];
+    na[29] = m[3];
+    na[30] = m[4];
+    na[31] = m[5];
+
+    let sum = csum::sum_addr16(&target) * 2
+        + csum::sum_addr16(&vm_ip)
+        + NA_LEN as u32
+        + u32::from(IPPROTO_ICMPV6)
+        + (u32::from(ND_NEIGHBOR_ADVERT) << 8)
+        + (u32::from(NA_FLAGS_RSO) << 8)
+        + 0x0201
+        + ((u32::from(m[0]) << 8) | u32::from(m[1]))
+        + ((u32::from(m[2]) << 8) | u32::from(m[3]))
+        + ((u32::from(m[4]) << 8) | u32::from(m[5]));
+    let check = !csum::fold(sum);
+    na[2] = (check >> 8) as u8;
+    na[3] = check as u8;
+    Ok(())
+}
+
+/// Turns an ICMPv6 echo request to a gateway address into its reply.
+#[inline(always)]
+pub fn echo_reply6(ctx: &TcContext, net: &NetworkInfo) -> Result<(), u32> {
+    let icmp: *mut Icmp6Hdr = ptr_at(ctx, L4_OFF)?;
+    let icmp = unsafe { &mut *icmp };
+    if icmp.code != 0 {
+        return Err(drop_reason::GATEWAY_UNROUTED);
+    }
+    icmp.type_ = ICMPV6_ECHO_REPLY;
+    // Swapping the addresses leaves the pseudo-header sum as it was.
+    icmp.check = csum::replace16(
+        u16::from_be_bytes(icmp.check),
+        u16::from(ICMPV6_ECHO_REQUEST) << 8,
+        u16::from(ICMPV6_ECHO_REPLY) << 8,
+    )
+    .to_be_bytes();
+
+    let ip: *mut Ipv6Hdr = ptr_at(ctx, ETH_LEN)?;
+    let ip = unsafe { &mut *ip };
+    let requester = ip.src_addr;
+    ip.src_addr = ip.dst_addr;
+    ip.dst_addr = requester;
+    ip.hop_limit = REPLY_HOP_LIMIT;
+
+    let eth: *mut EthHdr = ptr_at(ctx, 0)?;
+    let e = unsafe { &mut *eth };
+    e.dst_addr = e.src_addr;
+    e.src_addr = net.gw_mac;
+    Ok(())
+}

@@ -1,0 +1,72 @@
+//! Port security: the source MAC and source IP a VM may use.
+
+use crate::maps::ADDRESSES;
+use vmpath_common::{
+    AF_INET, AF_INET6, AddrKey, PORT_F_IP_FILTER, PORT_F_MAC_FILTER, PORT_F_MAC_KNOWN, PortInfo,
+};
+
+#[inline(always)]
+pub fn mac_filter_on(port: &PortInfo) -> bool {
+    port.flags & (PORT_F_MAC_FILTER | PORT_F_MAC_KNOWN) == (PORT_F_MAC_FILTER | PORT_F_MAC_KNOWN)
+}
+
+#[inline(always)]
+pub fn ip_filter_on(port: &PortInfo) -> bool {
+    port.flags & PORT_F_IP_FILTER != 0
+}
+
+/// Is `addr` one of the addresses of the port at `ifindex`?
+#[inline(always)]
+pub fn owns_ip4(port: &PortInfo, ifindex: u32, addr: [u8; 4]) -> bool {
+    let key = AddrKey {
+        network: port.network,
+        family: AF_INET,
+        _pad: [0; 3],
+        addr: [
+            addr[0], addr[1], addr[2], addr[3], 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
+        ],
+    };
+    match unsafe { ADDRESSES.get(&key) } {
+        Some(info) => info.ifindex == ifindex,
+        None => false,
+    }
+}
+
+#[inline(always)]
+pub fn owns_ip6(port: &PortInfo, ifindex: u32, addr: &[u8; 16]) -> bool {
+    let key = AddrKey {
+        network: port.network,
+        family: AF_INET6,
+        _pad: [0; 3],
+        addr: *addr,
+    };
+    match unsafe { ADDRESSES.get(&key) } {
+        Some(info) => info.ifindex == ifindex,
+        None => false,
+    }
+}
+
+/// `::`, which DAD and MLD use before the VM has an address.
+#[inline(always)]
+pub fn is_unspecified6(a: &[u8; 16]) -> bool {
+    let mut acc = 0u8;
+    let mut i = 0;
+    while i < 16 {
+        acc |= a[i];
+        i += 1;
+    }
+    acc == 0
+}
+
+/// fe80::/64, which ND, RS and DHCPv6 use.
+#[inline(always)]
+pub fn is_link_local6(a: &[u8; 16]) -> bool {
+    a[0] == 0xfe
+        && a[1] == 0x80
+        && a[2] == 0
+        && a[3] == 0
+        && a[4] == 0
+        && a[5] == 0
+        && a[6] == 0
+        && a[7] == 0
+}
