@@ -264,6 +264,20 @@ impl Dataplane {
         &self.maps
     }
 
+    /// Direct map access, for fixture tests that program entries by hand.
+    pub fn maps_mut(&mut self) -> &mut Maps {
+        &mut self.maps
+    }
+
+    /// The loaded VM-port program (fixture tests run it with BPF_PROG_TEST_RUN).
+    pub fn vm_port(&self) -> Result<&SchedClassifier> {
+        Ok(self
+            .ebpf
+            .program(prog_names::VM_PORT)
+            .ok_or_else(|| anyhow!("program {} missing", prog_names::VM_PORT))?
+            .try_into()?)
+    }
+
     fn program(&mut self) -> Result<&mut SchedClassifier> {
         Ok(self
             .ebpf
