@@ -91,7 +91,8 @@ pub fn run(opts: &AgentOptions) -> Result<()> {
             last_fingerprint = Some(snap.fingerprint);
         }
         let plan = plan::plan(&cfg, &opts.node, ifindex_of);
-        if last_plan.as_ref() != Some(&plan) {
+        let plan_changed = last_plan.as_ref() != Some(&plan);
+        if plan_changed {
             match dp.apply(&plan) {
                 Ok(()) => {
                     for (key, port) in &plan.missing_ports {
@@ -102,6 +103,8 @@ pub fn run(opts: &AgentOptions) -> Result<()> {
                 }
                 Err(e) => error!("applying the plan failed (will retry): {e:#}"),
             }
+        }
+        if plan_changed || changed {
             let status = Status {
                 node: &opts.node,
                 config_errors: &cfg.errors,

@@ -4,3 +4,4 @@ pub mod agent;
 pub mod config;
 pub mod dataplane;
 pub mod plan;
+pub use vmpath_common as common;

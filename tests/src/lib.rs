@@ -1,1 +1,480 @@
+//! The test bed: network namespaces for nodes and VMs joined by veth pairs,
+//! the real `vmpath` agent running in a node namespace with its own bpffs
+//! root, and real tools (ping, iperf3, scapy, tcpdump) driving traffic.
+//!
+//! Every name is unique per test so tests run in parallel, and every
+//! resource is released by a guard's `Drop`, also when a test fails.
+//! Traffic only ever goes to addresses inside namespaces made here.
 
+use std::{
+    fs,
+    io::Write as _,
+    path::{Path, PathBuf},
+    process::{Child, Command, Output, Stdio},
+    sync::{
+        OnceLock,
+        atomic::{AtomicU32, Ordering},
+    },
+    thread::sleep,
+    time::{Duration, Instant},
+};
+
+pub use vmpath;
+use vmpath::dataplane::Maps;
+
+/// Debian's python3, which has scapy (the pyenv one on PATH does not).
+pub const SCAPY_PYTHON: &str = "/usr/bin/python3";
+
+static COUNTER: AtomicU32 = AtomicU32::new(0);
+
+/// A short unique tag: interface names are limited to 15 characters.
+pub fn unique_tag() -> String {
+    let n = COUNTER.fetch_add(1, Ordering::SeqCst);
+    format!("{:x}{n:x}", std::process::id() % 0xfff)
+}
+
+/// The agent binary: `VMPATH_BIN` (set by `cargo xtask test`), else built once.
+pub fn vmpath_bin() -> PathBuf {
+    static BIN: OnceLock<PathBuf> = OnceLock::new();
+    BIN.get_or_init(|| {
+        if let Some(p) = std::env::var_os("VMPATH_BIN") {
+            return PathBuf::from(p);
+        }
+        let root = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .parent()
+            .unwrap()
+            .to_path_buf();
+        let status = Command::new(env!("CARGO"))
+            .args(["build", "-p", "vmpath"])
+            .current_dir(&root)
+            .status()
+            .expect("running cargo build -p vmpath");
+        assert!(status.success(), "cargo build -p vmpath failed");
+        root.join("target/debug/vmpath")
+    })
+    .clone()
+}
+
+/// Runs a command, panicking with its output if it fails.
+pub fn run(args: &[&str]) -> String {
+    let out = run_status(args);
+    assert!(
+        out.status.success(),
+        "command failed: {}\nstdout: {}\nstderr: {}",
+        args.join(" "),
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+pub fn run_status(args: &[&str]) -> Output {
+    Command::new(args[0])
+        .args(&args[1..])
+        .stdin(Stdio::null())
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run {}: {e}", args[0]))
+}
+
+/// Polls `cond` until it holds or `timeout` passes.
+pub fn wait_for(what: &str, timeout: Duration, mut cond: impl FnMut() -> bool) {
+    let start = Instant::now();
+    while !cond() {
+        assert!(
+            start.elapsed() < timeout,
+            "timed out after {timeout:?} waiting for {what}"
+        );
+        sleep(Duration::from_millis(50));
+    }
+}
+
+/// A network namespace, deleted on drop.
+pub struct Netns {
+    pub name: String,
+}
+
+impl Netns {
+    pub fn new(name: String) -> Self {
+        let _ = run_status(&["ip", "netns", "del", &name]);
+        run(&["ip", "netns", "add", &name]);
+        let ns = Netns { name };
+        ns.run(&["ip", "link", "set", "lo", "up"]);
+        ns
+    }
+
+    pub fn path(&self) -> String {
+        format!("/run/netns/{}", self.name)
+    }
+
+    fn command(&self, args: &[&str]) -> Command {
+        // nsenter, not `ip netns exec`: the latter remounts /sys and would
+        // hide the shared bpffs.
+        let mut c = Command::new("nsenter");
+        c.arg(format!("--net={}", self.path()))
+            .args(args)
+            .stdin(Stdio::null());
+        c
+    }
+
+    pub fn run(&self, args: &[&str]) -> String {
+        let out = self.run_status(args);
+        assert!(
+            out.status.success(),
+            "in {}: {} failed\nstdout: {}\nstderr: {}",
+            self.name,
+            args.join(" "),
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    pub fn run_status(&self, args: &[&str]) -> Output {
+        self.command(args)
+            .output()
+            .unwrap_or_else(|e| panic!("cannot run {}: {e}", args[0]))
+    }
+
+    pub fn spawn(&self, args: &[&str]) -> Child {
+        self.command(args)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot spawn {}: {e}", args[0]))
+    }
+
+    /// The ifindex of an interface in this namespace.
+    pub fn ifindex(&self, ifname: &str) -> u32 {
+        let out = self.run(&["ip", "-j", "link", "show", "dev", ifname]);
+        let v: serde_json::Value = serde_json::from_str(&out).expect("ip -j output");
+        v[0]["ifindex"].as_u64().expect("ifindex") as u32
+    }
+
+    /// True when `ping` gets every reply.
+    pub fn ping(&self, dst: &str, count: u32) -> bool {
+        let c = count.to_string();
+        self.run_status(&["ping", "-c", &c, "-i", "0.2", "-W", "1", dst])
+            .status
+            .success()
+    }
+
+    /// Runs a scapy script (Debian's python3) in this namespace.
+    pub fn scapy(&self, script: &str) -> String {
+        self.run(&[
+            SCAPY_PYTHON,
+            "-c",
+            &format!("from scapy.all import *\nconf.verb = 0\n{script}"),
+        ])
+    }
+}
+
+impl Drop for Netns {
+    fn drop(&mut self) {
+        let _ = run_status(&["ip", "netns", "del", &self.name]);
+    }
+}
+
+/// A VM: its own namespace with `eth0`, whose veth peer (the port) lives in
+/// the node namespace.
+pub struct Vm {
+    pub ns: Netns,
+    pub port: String,
+    pub mac: String,
+}
+
+impl Vm {
+    pub fn ping(&self, dst: &str) -> bool {
+        self.ns.ping(dst, 3)
+    }
+}
+
+/// A node: a namespace, a config dir and the agent running in it.
+pub struct Node {
+    pub name: String,
+    pub ns: Netns,
+    pub tag: String,
+    pub bpffs: PathBuf,
+    pub config_dir: PathBuf,
+    pub state_dir: PathBuf,
+    pub log_path: PathBuf,
+    agent: Option<Child>,
+}
+
+impl Node {
+    pub fn new(name: &str) -> Self {
+        let tag = unique_tag();
+        let ns = Netns::new(format!("vt{tag}-{name}"));
+        let work = std::env::temp_dir().join(format!("vmpath-test-{tag}-{name}"));
+        let _ = fs::remove_dir_all(&work);
+        let config_dir = work.join("config");
+        let state_dir = work.join("state");
+        fs::create_dir_all(&config_dir).unwrap();
+        fs::create_dir_all(&state_dir).unwrap();
+        Node {
+            name: name.to_string(),
+            ns,
+            bpffs: PathBuf::from(format!("/sys/fs/bpf/vmpath-test-{tag}-{name}")),
+            log_path: work.join("agent.log"),
+            config_dir,
+            state_dir,
+            tag,
+            agent: None,
+        }
+    }
+
+    /// Makes a VM namespace with `eth0` (MAC `mac`, `addrs` configured, the
+    /// default route via `gateway` when given) and its port `vp<tag><name>`
+    /// in this node.
+    pub fn add_vm(&self, name: &str, mac: &str, addrs: &[&str], gateway: Option<&str>) -> Vm {
+        let ns = Netns::new(format!("vt{}-{name}", self.tag));
+        let port = format!("vp{}{name}", self.tag);
+        assert!(port.len() <= 15, "port name {port} too long");
+        run(&[
+            "ip",
+            "link",
+            "add",
+            &port,
+            "netns",
+            &self.ns.name,
+            "type",
+            "veth",
+            "peer",
+            "name",
+            "eth0",
+            "netns",
+            &ns.name,
+        ]);
+        ns.run(&["ip", "link", "set", "eth0", "address", mac]);
+        for a in addrs {
+            if a.contains(':') {
+                ns.run(&["ip", "addr", "add", a, "dev", "eth0", "nodad"]);
+            } else {
+                ns.run(&["ip", "addr", "add", a, "dev", "eth0"]);
+            }
+        }
+        ns.run(&["ip", "link", "set", "eth0", "up"]);
+        self.ns.run(&["ip", "link", "set", &port, "up"]);
+        if let Some(gw) = gateway {
+            ns.run(&["ip", "route", "add", "default", "via", gw]);
+        }
+        Vm {
+            ns,
+            port,
+            mac: mac.to_string(),
+        }
+    }
+
+    /// Writes (or replaces) one config file.
+    pub fn write_config(&self, file: &str, yaml: &str) {
+        // Write then rename, as a ConfigMap update would: never half a file.
+        let tmp = self.config_dir.join(format!(".{file}.tmp"));
+        fs::File::create(&tmp)
+            .unwrap()
+            .write_all(yaml.as_bytes())
+            .unwrap();
+        fs::rename(&tmp, self.config_dir.join(file)).unwrap();
+    }
+
+    pub fn remove_config(&self, file: &str) {
+        let _ = fs::remove_file(self.config_dir.join(file));
+    }
+
+    pub fn start_agent(&mut self) {
+        assert!(self.agent.is_none(), "agent already running");
+        let log = fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&self.log_path)
+            .unwrap();
+        let child = Command::new("nsenter")
+            .arg(format!("--net={}", self.ns.path()))
+            .arg(vmpath_bin())
+            .args(["agent", "--node", &self.name, "--interval-ms", "100"])
+            .arg("--config-dir")
+            .arg(&self.config_dir)
+            .arg("--bpffs")
+            .arg(&self.bpffs)
+            .arg("--state-dir")
+            .arg(&self.state_dir)
+            .arg("--api-socket")
+            .arg(self.state_dir.join("api.sock"))
+            .env("RUST_LOG", "info")
+            .env("RUST_BACKTRACE", "0")
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .spawn()
+            .expect("starting the agent");
+        self.agent = Some(child);
+    }
+
+    /// SIGKILLs the agent (pins stay, as after a crash).
+    pub fn kill_agent(&mut self) {
+        if let Some(mut child) = self.agent.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    pub fn agent_running(&mut self) -> bool {
+        match &mut self.agent {
+            Some(c) => c.try_wait().map(|s| s.is_none()).unwrap_or(false),
+            None => false,
+        }
+    }
+
+    pub fn agent_log(&self) -> String {
+        fs::read_to_string(&self.log_path).unwrap_or_default()
+    }
+
+    /// The agent's last status (state dir `status.json`).
+    pub fn status(&self) -> Option<serde_json::Value> {
+        let text = fs::read_to_string(self.state_dir.join("status.json")).ok()?;
+        serde_json::from_str(&text).ok()
+    }
+
+    /// Waits until the agent has programmed exactly these ports.
+    pub fn wait_ports(&mut self, ports: &[&str]) {
+        let mut want: Vec<String> = ports.iter().map(|s| s.to_string()).collect();
+        want.sort();
+        let log = self.log_path.clone();
+        let start = Instant::now();
+        loop {
+            assert!(
+                self.agent_running(),
+                "agent exited; log:\n{}",
+                fs::read_to_string(&log).unwrap_or_default()
+            );
+            let have: Option<Vec<String>> = self.status().map(|s| {
+                let mut v: Vec<String> = s["ports"]
+                    .as_array()
+                    .map(|a| {
+                        a.iter()
+                            .filter_map(|p| p[0].as_str().map(String::from))
+                            .collect()
+                    })
+                    .unwrap_or_default();
+                v.sort();
+                v
+            });
+            if have.as_ref() == Some(&want) {
+                return;
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(20),
+                "agent did not program ports {want:?} (status ports {have:?}); log:\n{}",
+                self.agent_log()
+            );
+            sleep(Duration::from_millis(50));
+        }
+    }
+
+    pub fn maps(&self) -> Maps {
+        Maps::open(&self.bpffs).expect("opening the node's pinned maps")
+    }
+
+    /// A drop counter, summed over CPUs.
+    pub fn drops(&self, reason: u32) -> u64 {
+        self.maps().drop_counts().unwrap()[reason as usize]
+    }
+}
+
+impl Drop for Node {
+    fn drop(&mut self) {
+        self.kill_agent();
+        let _ = Command::new(vmpath_bin())
+            .args(["agent", "--cleanup", "--bpffs"])
+            .arg(&self.bpffs)
+            .stderr(Stdio::null())
+            .stdout(Stdio::null())
+            .status();
+        let _ = fs::remove_dir(&self.bpffs);
+        if std::thread::panicking() {
+            eprintln!(
+                "--- agent log of node {} ---\n{}",
+                self.name,
+                self.agent_log()
+            );
+        }
+        if let Some(work) = self.config_dir.parent() {
+            let _ = fs::remove_dir_all(work);
+        }
+    }
+}
+
+/// Runs iperf3 from `client` to `server_ip` served in `server`; returns the
+/// client's JSON report. `udp` sends at 500 Mbit/s.
+pub fn iperf3(
+    server: &Netns,
+    client: &Netns,
+    server_ip: &str,
+    udp: bool,
+    seconds: u32,
+) -> serde_json::Value {
+    let port = (5201 + COUNTER.fetch_add(1, Ordering::SeqCst) % 1000).to_string();
+    let mut srv = server.spawn(&["iperf3", "-s", "-1", "-p", &port]);
+    let secs = seconds.to_string();
+    let mut args = vec!["iperf3", "-c", server_ip, "-p", &port, "-t", &secs, "-J"];
+    if udp {
+        args.extend(["-u", "-b", "500M"]);
+    }
+    // Connect only once the server listens (iperf3 -J reports a refused
+    // connection in its JSON, not always in its exit code).
+    wait_for("iperf3 server to listen", Duration::from_secs(10), || {
+        let ss = server.run_status(&["ss", "-Hltn", &format!("sport = :{port}")]);
+        !String::from_utf8_lossy(&ss.stdout).trim().is_empty()
+    });
+    let out = client.run_status(&args);
+    let _ = srv.kill();
+    let _ = srv.wait();
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!(
+            "iperf3 to {server_ip} printed no JSON ({e}): {}",
+            String::from_utf8_lossy(&out.stderr)
+        )
+    });
+    assert!(
+        report.get("error").is_none(),
+        "iperf3 to {server_ip} failed: {}",
+        report["error"]
+    );
+    report
+}
+
+/// Minimal YAML for the documents tests use.
+pub mod yaml {
+    pub fn network(name: &str, id: u32, subnets: &[&str], gateways: &[&str], ipam: bool) -> String {
+        format!(
+            "apiVersion: vmpath.dev/v1alpha1\nkind: Network\nmetadata: {{name: {name}}}\nspec:\n  id: {id}\n  subnets: [{}]\n  defaultGatewayIPs: [{}]\n  ipam: {{mode: {}}}\n",
+            quoted(subnets),
+            quoted(gateways),
+            if ipam { "Enabled" } else { "Disabled" }
+        )
+    }
+
+    pub fn attachment(
+        name: &str,
+        network: &str,
+        node: &str,
+        port: &str,
+        mac: &str,
+        ips: &[&str],
+    ) -> String {
+        format!(
+            "apiVersion: vmpath.dev/v1alpha1\nkind: Attachment\nmetadata: {{name: {name}-eth0, namespace: prod}}\nspec:\n  vm: {name}\n  interface: eth0\n  network: {network}\n  node: {node}\n  port: {port}\n  mac: \"{mac}\"\n  ips: [{}]\n",
+            quoted(ips)
+        )
+    }
+
+    fn quoted(items: &[&str]) -> String {
+        items
+            .iter()
+            .map(|s| format!("\"{s}\""))
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
+
+    pub fn docs(docs: &[String]) -> String {
+        docs.join("---\n")
+    }
+}
