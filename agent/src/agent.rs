@@ -11,13 +11,13 @@ use std::{
 };
 
 use anyhow::{Context as _, Result};
-use serde::Serialize;
 use tracing::{error, info, warn};
 
 use crate::{
-    config::{self, AttachmentKey, ConfigError},
+    config::{self, AttachmentKey, Config, format_mac},
     dataplane::Dataplane,
     plan::{self, Plan},
+    view::{AttachmentView, IpView, NetworkView, Origin, SharedView, View, unix_now},
 };
 
 #[derive(Debug, Clone)]
@@ -37,27 +37,98 @@ pub fn ifindex_of(name: &str) -> Option<u32> {
     }
 }
 
-/// What the agent last applied, for `vmpath status` and tests.
-#[derive(Debug, Serialize)]
-pub struct Status<'a> {
-    pub node: &'a str,
-    pub config_errors: &'a [ConfigError],
-    pub networks: Vec<&'a str>,
-    pub attachments: Vec<String>,
-    pub ports: Vec<(String, u32, String)>,
-    pub missing_ports: Vec<(String, String)>,
-    pub problems: &'a [String],
-}
-
-fn write_status(dir: &Path, status: &Status) -> Result<()> {
+fn write_status(dir: &Path, view: &View) -> Result<()> {
     fs::create_dir_all(dir)?;
     let tmp = dir.join(".status.json.tmp");
-    fs::write(&tmp, serde_json::to_vec_pretty(status)?)?;
+    fs::write(&tmp, serde_json::to_vec_pretty(view)?)?;
     fs::rename(&tmp, dir.join("status.json"))?;
     Ok(())
 }
 
-pub fn run(opts: &AgentOptions) -> Result<()> {
+/// Builds what readers see from the validated config and the applied plan.
+fn build_view(opts: &AgentOptions, cfg: &Config, plan: &Plan, prev: &View) -> View {
+    let networks = cfg
+        .networks
+        .iter()
+        .map(|n| NetworkView {
+            name: n.name.clone(),
+            id: n.id,
+            role: format!("{:?}", n.role),
+            subnets: n.subnets.iter().map(|s| s.to_string()).collect(),
+            exclude_subnets: n.exclude_subnets.iter().map(|s| s.to_string()).collect(),
+            gateway_ips: n.gateway_ips.iter().map(|s| s.to_string()).collect(),
+            gateway_mac: format_mac(&n.gateway_mac),
+            ipam: n.ipam,
+            mac_filter: n.mac_filter,
+            ip_filter: n.ip_filter,
+            egress: format!("{:?}", n.egress),
+            mtu: n.mtu,
+            attachments: cfg
+                .attachments
+                .iter()
+                .filter(|a| a.network == n.name)
+                .count(),
+        })
+        .collect();
+    let attachments = cfg
+        .attachments
+        .iter()
+        .map(|a| {
+            let ifindex = plan
+                .ports
+                .values()
+                .find(|p| p.attachment == a.key)
+                .map(|p| p.ifindex);
+            let (migration, target) = match &a.migration {
+                None => ("none".to_string(), None),
+                Some(m) if m.ready => ("cut-over".to_string(), Some(m.target_node.clone())),
+                Some(m) => ("pending".to_string(), Some(m.target_node.clone())),
+            };
+            AttachmentView {
+                name: a.name.clone(),
+                namespace: a.key.namespace.clone(),
+                vm: a.key.vm.clone(),
+                interface: a.key.interface.clone(),
+                network: a.network.clone(),
+                node: a.active_node().to_string(),
+                port: a.active_port().to_string(),
+                ifindex,
+                mac: a.mac.as_ref().map(format_mac),
+                mac_origin: a.mac.map(|_| Origin::Given),
+                ips: a
+                    .ips
+                    .iter()
+                    .map(|ip| IpView {
+                        address: ip.to_string(),
+                        origin: Origin::Given,
+                    })
+                    .collect(),
+                migration,
+                migration_target: target,
+            }
+        })
+        .collect();
+    View {
+        node: opts.node.clone(),
+        bpffs: opts.bpffs.display().to_string(),
+        config_dir: opts.config_dir.display().to_string(),
+        config_errors: cfg.errors.clone(),
+        networks,
+        attachments,
+        missing_ports: plan
+            .missing_ports
+            .iter()
+            .map(|(k, p)| format!("{k} (port {p})"))
+            .collect(),
+        problems: plan.problems.clone(),
+        reconciles: prev.reconciles,
+        last_reconcile_seconds: prev.last_reconcile_seconds,
+        last_reconcile_unix: prev.last_reconcile_unix,
+        ready: prev.ready,
+    }
+}
+
+pub fn run(opts: &AgentOptions, shared: SharedView) -> Result<()> {
     let mut dp = Dataplane::open(&opts.bpffs).context("opening the data path")?;
     info!(node = %opts.node, bpffs = %opts.bpffs.display(), config = %opts.config_dir.display(), "agent started");
     let mut last_fingerprint = None;
@@ -90,6 +161,7 @@ pub fn run(opts: &AgentOptions) -> Result<()> {
             );
             last_fingerprint = Some(snap.fingerprint);
         }
+        let started = std::time::Instant::now();
         let plan = plan::plan(&cfg, &opts.node, ifindex_of);
         let plan_changed = last_plan.as_ref() != Some(&plan);
         if plan_changed {
@@ -105,26 +177,17 @@ pub fn run(opts: &AgentOptions) -> Result<()> {
             }
         }
         if plan_changed || changed {
-            let status = Status {
-                node: &opts.node,
-                config_errors: &cfg.errors,
-                networks: cfg.networks.iter().map(|n| n.name.as_str()).collect(),
-                attachments: cfg.attachments.iter().map(|a| a.key.to_string()).collect(),
-                ports: plan
-                    .ports
-                    .values()
-                    .map(|p| (p.ifname.clone(), p.ifindex, p.attachment.to_string()))
-                    .collect(),
-                missing_ports: plan
-                    .missing_ports
-                    .iter()
-                    .map(|(k, p)| (k.to_string(), p.clone()))
-                    .collect(),
-                problems: &plan.problems,
-            };
-            if let Err(e) = write_status(&opts.state_dir, &status) {
+            let mut view = build_view(opts, &cfg, &plan, &shared.read().unwrap());
+            if plan_changed {
+                view.reconciles += 1;
+                view.last_reconcile_seconds = started.elapsed().as_secs_f64();
+                view.last_reconcile_unix = unix_now();
+            }
+            view.ready = last_plan.is_some();
+            if let Err(e) = write_status(&opts.state_dir, &view) {
                 warn!("writing status: {e:#}");
             }
+            *shared.write().unwrap() = view;
         }
         accepted = cfg.attachments.iter().map(|a| a.key.clone()).collect();
         std::thread::sleep(opts.interval);

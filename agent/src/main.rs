@@ -69,13 +69,17 @@ fn main() -> Result<()> {
             } else {
                 args.node
             };
-            agent::run(&agent::AgentOptions {
-                config_dir: args.config_dir,
-                node,
-                bpffs: args.bpffs,
-                state_dir: args.state_dir,
-                interval: Duration::from_millis(args.interval_ms),
-            })
+            let shared = vmpath::view::SharedView::default();
+            agent::run(
+                &agent::AgentOptions {
+                    config_dir: args.config_dir,
+                    node,
+                    bpffs: args.bpffs,
+                    state_dir: args.state_dir,
+                    interval: Duration::from_millis(args.interval_ms),
+                },
+                shared,
+            )
         }
     }
 }

@@ -346,11 +346,12 @@ impl Node {
                 fs::read_to_string(&log).unwrap_or_default()
             );
             let have: Option<Vec<String>> = self.status().map(|s| {
-                let mut v: Vec<String> = s["ports"]
+                let mut v: Vec<String> = s["attachments"]
                     .as_array()
                     .map(|a| {
                         a.iter()
-                            .filter_map(|p| p[0].as_str().map(String::from))
+                            .filter(|a| !a["ifindex"].is_null())
+                            .filter_map(|a| a["port"].as_str().map(String::from))
                             .collect()
                     })
                     .unwrap_or_default();

@@ -15,14 +15,14 @@ use std::{
 };
 
 use ipnet::IpNet;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 pub use validate::validate;
 
 use model::{Advertise, Dhcp, Egress, MacPolicy, Migration, Role};
 
 /// A refused document: which file, which document, which field, and why.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, thiserror::Error)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
 pub struct ConfigError {
     pub file: PathBuf,
     /// `Kind namespace/name` or `document N` when the kind is unknown.
