@@ -1,1 +1,66 @@
-fn main() {}
+//! Project tasks: `cargo xtask setup | build-ebpf | test | demo`.
+//!
+//! Each subcommand lives in its own module; `cmd` runs the tools they shell
+//! out to and names the failing step, `cargo` knows the workspace.
+
+mod build_ebpf;
+mod cargo;
+mod cmd;
+mod demo;
+mod setup;
+mod test;
+
+use std::process::ExitCode;
+
+use anyhow::Result;
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(
+    name = "cargo xtask",
+    bin_name = "cargo xtask",
+    about = "vmpath project tasks"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Install what the build and the tests need (apt packages, nightly
+    /// rust-src, bpf-linker) and mount bpffs. Quick when already done.
+    Setup,
+    /// Build the eBPF object on its own and print its path.
+    BuildEbpf,
+    /// Run setup, build the agent and run the whole test suite (as root).
+    Test {
+        /// Arguments for the test binaries (default: --test-threads=2).
+        #[arg(last = true)]
+        args: Vec<String>,
+    },
+    /// Build a one-node topology with three VM namespaces, run the agent
+    /// and show traffic through the eBPF data path (as root).
+    Demo(demo::Options),
+}
+
+fn main() -> ExitCode {
+    match run(Cli::parse().command) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            // The chain on one line, without a backtrace: the messages name
+            // the step that failed.
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(command: Command) -> Result<()> {
+    match command {
+        Command::Setup => setup::run(),
+        Command::BuildEbpf => build_ebpf::run().map(|path| println!("{}", path.display())),
+        Command::Test { args } => test::run(args),
+        Command::Demo(opts) => demo::run(&opts),
+    }
+}

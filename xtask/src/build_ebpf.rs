@@ -1,0 +1,48 @@
+//! `cargo xtask build-ebpf`: the eBPF object on its own, built the way
+//! aya-build builds it for the agent (same target, flags and build-std).
+
+use std::{path::PathBuf, process::Command};
+
+use anyhow::Result;
+
+use crate::{cargo, cmd};
+
+const TARGET: &str = "bpfel-unknown-none";
+
+/// The rustflags aya-build 0.2.0 passes, separated by 0x1f as
+/// CARGO_ENCODED_RUSTFLAGS requires.
+fn encoded_rustflags() -> String {
+    let arch = std::env::consts::ARCH;
+    [
+        format!("--cfg=bpf_target_arch=\"{arch}\""),
+        "-Cdebuginfo=2".into(),
+        "-Clink-arg=--btf".into(),
+    ]
+    .join("\x1f")
+}
+
+/// Builds `vmpath-ebpf` and returns the path of the object.
+pub fn run() -> Result<PathBuf> {
+    // The rustup proxy from PATH (not $CARGO, which is stable's cargo
+    // itself), so `+nightly` selects the toolchain.
+    let mut c = Command::new("cargo");
+    c.current_dir(cargo::root())
+        .args(["+nightly", "build", "-p", "vmpath-ebpf", "--release"])
+        .args(["--target", TARGET, "-Z", "build-std=core"])
+        .env("CARGO_ENCODED_RUSTFLAGS", encoded_rustflags())
+        .env_remove("RUSTC")
+        .env_remove("RUSTC_WORKSPACE_WRAPPER")
+        .env_remove("RUSTUP_TOOLCHAIN");
+    eprintln!("$ {}", cmd::display(&c));
+    cmd::run("building the eBPF object", &mut c)?;
+    let object = cargo::target_dir()?
+        .join(TARGET)
+        .join("release")
+        .join("vmpath");
+    anyhow::ensure!(
+        object.is_file(),
+        "building the eBPF object: {} missing after the build",
+        object.display()
+    );
+    Ok(object)
+}
