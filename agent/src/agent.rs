@@ -3,9 +3,10 @@
 //! interfaces change.
 
 use std::{
-    collections::BTreeSet,
+    collections::{BTreeMap, BTreeSet},
     ffi::CString,
     fs,
+    net::IpAddr,
     path::{Path, PathBuf},
     time::Duration,
 };
@@ -14,9 +15,12 @@ use anyhow::{Context as _, Result};
 use tracing::{error, info, warn};
 
 use crate::{
+    common::{AF_INET, AddrKey, LearnedIp},
     config::{self, AttachmentKey, Config, format_mac},
     dataplane::Dataplane,
+    ipam,
     plan::{self, Plan},
+    store::{Claim, Store},
     view::{AttachmentView, IpView, NetworkView, Origin, SharedView, View, unix_now},
 };
 
@@ -45,8 +49,50 @@ fn write_status(dir: &Path, view: &View) -> Result<()> {
     Ok(())
 }
 
+/// Given or claimed addresses, then the ones seen in the VM's traffic.
+fn view_ips(
+    a: &config::Attachment,
+    cfg: &Config,
+    ifindex: Option<u32>,
+    learned: &BTreeMap<AddrKey, LearnedIp>,
+) -> Vec<IpView> {
+    let mut ips: Vec<IpView> = a
+        .addresses
+        .iter()
+        .map(|(ip, origin)| IpView {
+            address: ip.to_string(),
+            origin: *origin,
+        })
+        .collect();
+    let (Some(ifindex), Some(net)) = (ifindex, cfg.network(&a.network)) else {
+        return ips;
+    };
+    for (key, seen) in learned {
+        if key.network != net.id || seen.ifindex != ifindex {
+            continue;
+        }
+        let ip = match key.family {
+            AF_INET => IpAddr::from([key.addr[0], key.addr[1], key.addr[2], key.addr[3]]),
+            _ => IpAddr::from(key.addr),
+        };
+        if !a.addresses.iter().any(|(given, _)| given.addr() == ip) {
+            ips.push(IpView {
+                address: ip.to_string(),
+                origin: Origin::Learned,
+            });
+        }
+    }
+    ips
+}
+
 /// Builds what readers see from the validated config and the applied plan.
-fn build_view(opts: &AgentOptions, cfg: &Config, plan: &Plan, prev: &View) -> View {
+fn build_view(
+    opts: &AgentOptions,
+    cfg: &Config,
+    plan: &Plan,
+    learned: &BTreeMap<AddrKey, LearnedIp>,
+    prev: &View,
+) -> View {
     let networks = cfg
         .networks
         .iter()
@@ -93,16 +139,9 @@ fn build_view(opts: &AgentOptions, cfg: &Config, plan: &Plan, prev: &View) -> Vi
                 node: a.active_node().to_string(),
                 port: a.active_port().to_string(),
                 ifindex,
-                mac: a.mac.as_ref().map(format_mac),
-                mac_origin: a.mac.map(|_| Origin::Given),
-                ips: a
-                    .ips
-                    .iter()
-                    .map(|ip| IpView {
-                        address: ip.to_string(),
-                        origin: Origin::Given,
-                    })
-                    .collect(),
+                mac: a.mac_resolved.map(|(m, _)| format_mac(&m)),
+                mac_origin: a.mac_resolved.map(|(_, o)| o),
+                ips: view_ips(a, cfg, ifindex, learned),
                 migration,
                 migration_target: target,
             }
@@ -128,6 +167,28 @@ fn build_view(opts: &AgentOptions, cfg: &Config, plan: &Plan, prev: &View) -> Vi
     }
 }
 
+/// Writes claim changes and mirrors them into `claims`.
+fn commit_claims(
+    store: &Store,
+    claims: &mut BTreeMap<String, Claim>,
+    changes: ipam::ClaimChanges,
+) -> Result<()> {
+    store.apply(&changes)?;
+    for (key, change) in changes {
+        match change {
+            Some(c) => {
+                info!(vm = %key, network = %c.network, ips = ?c.ips.iter().map(|i| i.to_string()).collect::<Vec<_>>(), mac = ?c.mac, "claim recorded");
+                claims.insert(key, c);
+            }
+            None => {
+                info!(vm = %key, "claim released");
+                claims.remove(&key);
+            }
+        }
+    }
+    Ok(())
+}
+
 pub fn run(opts: &AgentOptions, shared: SharedView) -> Result<()> {
     let mut dp = Dataplane::open(&opts.bpffs).context("opening the data path")?;
     info!(node = %opts.node, bpffs = %opts.bpffs.display(), config = %opts.config_dir.display(), "agent started");
@@ -135,6 +196,10 @@ pub fn run(opts: &AgentOptions, shared: SharedView) -> Result<()> {
     let mut last_plan: Option<Plan> = None;
     let mut accepted: BTreeSet<AttachmentKey> = BTreeSet::new();
     let mut warned_empty = false;
+    let store = Store::open(&opts.state_dir).context("opening the claims store")?;
+    let mut last_errors: Vec<config::ConfigError> = Vec::new();
+    let mut last_learned_ips: BTreeMap<AddrKey, LearnedIp> = BTreeMap::new();
+    let mut refused_macs: BTreeSet<(AttachmentKey, [u8; 6])> = BTreeSet::new();
     loop {
         let snap = config::source::read_dir(&opts.config_dir);
         if snap.empty {
@@ -147,20 +212,78 @@ pub fn run(opts: &AgentOptions, shared: SharedView) -> Result<()> {
             continue;
         }
         warned_empty = false;
-        let cfg = config::validate(&snap, &opts.node, &accepted);
+        let mut cfg = config::validate(&snap, &opts.node, &accepted);
         let changed = last_fingerprint != Some(snap.fingerprint);
-        if changed {
-            for e in &cfg.errors {
+        last_fingerprint = Some(snap.fingerprint);
+
+        // Addresses and MACs: claims from the store, allocated, released.
+        let mut claims = match store.all() {
+            Ok(c) => c,
+            Err(e) => {
+                error!("reading claims: {e}; retrying");
+                std::thread::sleep(opts.interval);
+                continue;
+            }
+        };
+        let changes = ipam::assign(&mut cfg, &claims);
+        if let Err(e) = commit_claims(&store, &mut claims, changes) {
+            error!("writing claims: {e}; retrying");
+            std::thread::sleep(opts.interval);
+            continue;
+        }
+        // MACs the data path saw on ports whose MAC was not given.
+        for (ifindex, learned) in dp.maps().learned_macs.iter().filter_map(|r| r.ok()) {
+            let Some(a) = cfg.attachments.iter().find(|a| {
+                a.active_node() == opts.node
+                    && a.mac_resolved.is_none()
+                    && ifindex_of(a.active_port()) == Some(ifindex)
+            }) else {
+                continue;
+            };
+            let key = a.key.clone();
+            match ipam::detected_mac(&cfg, &claims, &key, learned.mac) {
+                Ok(changes) if !changes.is_empty() => {
+                    info!(vm = %key, mac = %format_mac(&learned.mac), "MAC detected from the VM's traffic");
+                    if let Err(e) = commit_claims(&store, &mut claims, changes) {
+                        error!("writing claims: {e}");
+                        continue;
+                    }
+                    if let Some(a) = cfg.attachments.iter_mut().find(|a| a.key == key) {
+                        a.mac_resolved = Some((learned.mac, Origin::Detected));
+                    }
+                }
+                Ok(_) => {}
+                Err(msg) => {
+                    if !refused_macs.contains(&(key.clone(), learned.mac)) {
+                        error!(vm = %key, "{msg}");
+                        refused_macs.insert((key.clone(), learned.mac));
+                    }
+                }
+            }
+        }
+
+        if cfg.errors != last_errors {
+            for e in cfg.errors.iter().filter(|e| !last_errors.contains(e)) {
                 error!(file = %e.file.display(), document = %e.document, field = %e.field, "refused: {e}");
             }
+            last_errors = cfg.errors.clone();
+        }
+        if changed {
             info!(
                 networks = cfg.networks.len(),
                 attachments = cfg.attachments.len(),
                 refused = cfg.errors.len(),
                 "config read"
             );
-            last_fingerprint = Some(snap.fingerprint);
         }
+        let learned_ips: BTreeMap<AddrKey, LearnedIp> = dp
+            .maps()
+            .learned_ips
+            .iter()
+            .filter_map(|r| r.ok())
+            .collect();
+        let learned_changed = learned_ips != last_learned_ips;
+        last_learned_ips = learned_ips;
         let started = std::time::Instant::now();
         let plan = plan::plan(&cfg, &opts.node, ifindex_of);
         let plan_changed = last_plan.as_ref() != Some(&plan);
@@ -176,11 +299,18 @@ pub fn run(opts: &AgentOptions, shared: SharedView) -> Result<()> {
                 Err(e) => error!("applying the plan failed (will retry): {e:#}"),
             }
         }
-        if plan_changed || changed {
-            let mut view = build_view(opts, &cfg, &plan, &shared.read().unwrap());
+        if plan_changed || changed || learned_changed {
+            let mut view = build_view(
+                opts,
+                &cfg,
+                &plan,
+                &last_learned_ips,
+                &shared.read().unwrap(),
+            );
             if plan_changed {
                 view.reconciles += 1;
                 view.last_reconcile_seconds = started.elapsed().as_secs_f64();
+                crate::metrics::observe_reconcile(view.last_reconcile_seconds);
                 view.last_reconcile_unix = unix_now();
             }
             view.ready = last_plan.is_some();

@@ -26,9 +26,9 @@ use aya::{
 };
 use tracing::{debug, info, warn};
 use vmpath_common::{
-    AddrInfo, AddrKey, Endpoint, EndpointKey, FloodList, MAP_LAYOUT_VERSION, MAX_ADDRESSES,
-    MAX_ENDPOINTS, MAX_NETWORKS, MAX_PORTS, NetworkInfo, PortInfo, PortStats, drop_reason,
-    map_names, prog_names,
+    AddrInfo, AddrKey, Endpoint, EndpointKey, FloodList, LearnedIp, LearnedMac,
+    MAP_LAYOUT_VERSION, MAX_ADDRESSES, MAX_ENDPOINTS, MAX_LEARNED_IPS, MAX_NETWORKS, MAX_PORTS,
+    NetworkInfo, PortInfo, PortStats, drop_reason, map_names, prog_names,
 };
 
 use crate::plan::Plan;
@@ -57,7 +57,7 @@ const fn spec<K, V>(name: &'static str, map_type: MapType, max_entries: u32) -> 
 }
 
 /// What each pinned map must look like before it is adopted.
-const MAP_SPECS: [MapSpec; 7] = [
+const MAP_SPECS: [MapSpec; 9] = [
     spec::<u32, PortInfo>(map_names::PORTS, MapType::Hash, MAX_PORTS),
     spec::<EndpointKey, Endpoint>(map_names::ENDPOINTS, MapType::Hash, MAX_ENDPOINTS),
     spec::<AddrKey, AddrInfo>(map_names::ADDRESSES, MapType::Hash, MAX_ADDRESSES),
@@ -65,6 +65,8 @@ const MAP_SPECS: [MapSpec; 7] = [
     spec::<u32, FloodList>(map_names::FLOOD, MapType::Hash, MAX_NETWORKS),
     spec::<u32, u64>(map_names::DROPS, MapType::PerCpuArray, drop_reason::COUNT),
     spec::<u32, PortStats>(map_names::PORT_STATS, MapType::PerCpuHash, MAX_PORTS),
+    spec::<u32, LearnedMac>(map_names::LEARNED_MACS, MapType::Hash, MAX_PORTS),
+    spec::<AddrKey, LearnedIp>(map_names::LEARNED_IPS, MapType::LruHash, MAX_LEARNED_IPS),
 ];
 
 pub fn maps_dir(root: &Path) -> PathBuf {
@@ -162,6 +164,8 @@ pub struct Maps {
     pub flood: HashMap<MapData, u32, FloodList>,
     pub drops: PerCpuArray<MapData, u64>,
     pub port_stats: PerCpuHashMap<MapData, u32, PortStats>,
+    pub learned_macs: HashMap<MapData, u32, LearnedMac>,
+    pub learned_ips: HashMap<MapData, AddrKey, LearnedIp>,
 }
 
 fn open_map(root: &Path, name: &str) -> Result<Map> {
@@ -182,6 +186,8 @@ impl Maps {
             flood: open_map(root, map_names::FLOOD)?.try_into()?,
             drops: open_map(root, map_names::DROPS)?.try_into()?,
             port_stats: open_map(root, map_names::PORT_STATS)?.try_into()?,
+            learned_macs: open_map(root, map_names::LEARNED_MACS)?.try_into()?,
+            learned_ips: open_map(root, map_names::LEARNED_IPS)?.try_into()?,
         })
     }
 
@@ -385,6 +391,29 @@ impl Dataplane {
             .collect();
         for k in stale_stats {
             let _ = self.maps.port_stats.remove(&k);
+        }
+        // What was learned on a port that is gone (or got its MAC) is stale.
+        let stale_macs: Vec<u32> = self
+            .maps
+            .learned_macs
+            .iter()
+            .filter_map(|r| r.ok())
+            .filter(|(k, v)| plan.ports.get(k).is_none_or(|p| p.info.flags & vmpath_common::PORT_F_MAC_KNOWN != 0 && p.info.mac != v.mac))
+            .map(|(k, _)| k)
+            .collect();
+        for k in stale_macs {
+            let _ = self.maps.learned_macs.remove(&k);
+        }
+        let stale_ips: Vec<AddrKey> = self
+            .maps
+            .learned_ips
+            .iter()
+            .filter_map(|r| r.ok())
+            .filter(|(_, v)| !plan.ports.contains_key(&v.ifindex))
+            .map(|(k, _)| k)
+            .collect();
+        for k in stale_ips {
+            let _ = self.maps.learned_ips.remove(&k);
         }
         Ok(())
     }

@@ -1,8 +1,14 @@
 //! vmpath node agent: config -> validation -> plan -> pinned eBPF maps.
 
 pub mod agent;
+pub mod api;
+pub mod cli;
 pub mod config;
 pub mod dataplane;
+pub mod metrics;
+pub mod hash;
+pub mod ipam;
 pub mod plan;
+pub mod store;
 pub mod view;
 pub use vmpath_common as common;

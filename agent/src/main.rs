@@ -2,7 +2,7 @@ use std::{path::PathBuf, time::Duration};
 
 use anyhow::Result;
 use clap::{Parser, Subcommand};
-use vmpath::{agent, dataplane};
+use vmpath::{agent, api, cli, dataplane, metrics, view};
 
 #[derive(Parser)]
 #[command(
@@ -19,6 +19,18 @@ struct Cli {
 enum Command {
     /// Run the node agent.
     Agent(AgentArgs),
+    /// Show the agent's status: readiness, counts, config errors, drops.
+    Status(cli::StatusArgs),
+    /// Networks the agent knows.
+    Net {
+        #[command(subcommand)]
+        command: cli::NetCommand,
+    },
+    /// VM interfaces: MACs, IPs and where they came from, ports, counters.
+    Vm {
+        #[command(subcommand)]
+        command: cli::VmCommand,
+    },
 }
 
 #[derive(clap::Args)]
@@ -35,13 +47,20 @@ struct AgentArgs {
     bpffs: PathBuf,
     #[arg(long, default_value = "/var/lib/vmpath")]
     state_dir: PathBuf,
-    #[arg(long, default_value = "/run/vmpath/api.sock")]
+    /// The admin API's unix socket (mode 0600: root only).
+    #[arg(long, default_value = cli::DEFAULT_SOCKET)]
     api_socket: PathBuf,
+    /// Where Prometheus scrapes /metrics; `off` disables it.
     #[arg(long, default_value = "0.0.0.0:9469")]
     metrics_addr: String,
     /// Remove everything vmpath attached and pinned, then exit.
     #[arg(long)]
     cleanup: bool,
+    /// Make sure --bpffs is on a bpffs (mounting one if the host has none),
+    /// then exit: the DaemonSet's privileged init container runs this so
+    /// the agent itself needs no privileged mount propagation.
+    #[arg(long, conflicts_with = "cleanup")]
+    mount_bpffs: bool,
     /// How often the config dir and interfaces are checked.
     #[arg(long, default_value_t = 200)]
     interval_ms: u64,
@@ -57,8 +76,27 @@ fn main() -> Result<()> {
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
     let cli = Cli::parse();
+    let client = match &cli.command {
+        Command::Agent(_) => None,
+        Command::Status(args) => Some(cli::status(args)),
+        Command::Net { command } => Some(cli::net(command)),
+        Command::Vm { command } => Some(cli::vm(command)),
+    };
+    if let Some(result) = client {
+        if let Err(e) = result {
+            eprintln!("vmpath: {e:#}");
+            std::process::exit(1);
+        }
+        return Ok(());
+    }
     match cli.command {
+        Command::Status(_) | Command::Net { .. } | Command::Vm { .. } => Ok(()),
         Command::Agent(args) => {
+            if args.mount_bpffs {
+                dataplane::ensure_bpffs(&args.bpffs)?;
+                tracing::info!(bpffs = %args.bpffs.display(), "bpffs ready");
+                return Ok(());
+            }
             if args.cleanup {
                 dataplane::cleanup(&args.bpffs)?;
                 tracing::info!(bpffs = %args.bpffs.display(), "removed every vmpath link and map");
@@ -69,8 +107,20 @@ fn main() -> Result<()> {
             } else {
                 args.node
             };
-            let shared = vmpath::view::SharedView::default();
-            agent::run(
+            let shared = view::SharedView::default();
+            {
+                let mut v = shared.write().unwrap();
+                v.node = node.clone();
+                v.bpffs = args.bpffs.display().to_string();
+                v.config_dir = args.config_dir.display().to_string();
+            }
+            // The API first: it is bound before any other thread exists (it
+            // sets the umask around bind).
+            api::serve(&args.api_socket, shared.clone(), args.bpffs.clone())?;
+            if !args.metrics_addr.is_empty() && args.metrics_addr != "off" {
+                metrics::serve(&args.metrics_addr, shared.clone(), args.bpffs.clone())?;
+            }
+            let result = agent::run(
                 &agent::AgentOptions {
                     config_dir: args.config_dir,
                     node,
@@ -79,7 +129,10 @@ fn main() -> Result<()> {
                     interval: Duration::from_millis(args.interval_ms),
                 },
                 shared,
-            )
+            );
+            // Liveness fails from here on, should anything keep the process up.
+            api::loop_exited();
+            result
         }
     }
 }

@@ -5,12 +5,15 @@
 use std::{collections::BTreeMap, net::IpAddr};
 
 use vmpath_common::{
-    ADDR_STATIC, AF_INET, AF_INET6, AddrInfo, AddrKey, ENDPOINT_LOCAL, Endpoint, EndpointKey,
-    FloodList, MAX_FLOOD_PORTS, NET_F_GW4, NET_F_GW6, NetworkInfo, PORT_F_IP_FILTER,
+    ADDR_CLAIMED, ADDR_STATIC, AF_INET, AF_INET6, AddrInfo, AddrKey, ENDPOINT_LOCAL, Endpoint,
+    EndpointKey, FloodList, MAX_FLOOD_PORTS, NET_F_GW4, NET_F_GW6, NetworkInfo, PORT_F_IP_FILTER,
     PORT_F_MAC_FILTER, PORT_F_MAC_KNOWN, PortInfo, link_local_from_mac,
 };
 
-use crate::config::{AttachmentKey, Config};
+use crate::{
+    config::{AttachmentKey, Config},
+    view::Origin,
+};
 
 /// A port this node should serve.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -96,10 +99,10 @@ pub fn plan(cfg: &Config, node: &str, ifindex_of: impl Fn(&str) -> Option<u32>) 
         if net.ip_filter {
             flags |= PORT_F_IP_FILTER;
         }
-        if att.mac.is_some() {
+        if att.mac_resolved.is_some() {
             flags |= PORT_F_MAC_KNOWN;
         }
-        let mac = att.mac.unwrap_or([0; 6]);
+        let mac = att.mac_resolved.map(|(m, _)| m).unwrap_or([0; 6]);
         let flood = plan.flood.entry(net.id).or_default();
         if flood.count as usize >= MAX_FLOOD_PORTS {
             plan.problems.push(format!(
@@ -124,7 +127,7 @@ pub fn plan(cfg: &Config, node: &str, ifindex_of: impl Fn(&str) -> Option<u32>) 
                 },
             },
         );
-        if let Some(mac) = att.mac {
+        if let Some((mac, _)) = att.mac_resolved {
             plan.endpoints.insert(
                 EndpointKey {
                     network: net.id,
@@ -138,12 +141,15 @@ pub fn plan(cfg: &Config, node: &str, ifindex_of: impl Fn(&str) -> Option<u32>) 
                 },
             );
         }
-        for ip in &att.ips {
+        for (ip, origin) in &att.addresses {
             plan.addresses.insert(
                 addr_key(net.id, ip.addr()),
                 AddrInfo {
                     ifindex,
-                    origin: ADDR_STATIC,
+                    origin: match origin {
+                        Origin::Claimed => ADDR_CLAIMED,
+                        _ => ADDR_STATIC,
+                    },
                     mac,
                     _pad: [0; 2],
                 },

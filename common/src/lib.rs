@@ -16,8 +16,18 @@ pub mod map_names {
     pub const FLOOD: &str = "vmp_flood";
     pub const DROPS: &str = "vmp_drops";
     pub const PORT_STATS: &str = "vmp_port_stats";
-    pub const ALL: [&str; 7] = [
-        PORTS, ENDPOINTS, ADDRESSES, NETWORKS, FLOOD, DROPS, PORT_STATS,
+    pub const LEARNED_MACS: &str = "vmp_learned_mac";
+    pub const LEARNED_IPS: &str = "vmp_learned_ips";
+    pub const ALL: [&str; 9] = [
+        PORTS,
+        ENDPOINTS,
+        ADDRESSES,
+        NETWORKS,
+        FLOOD,
+        DROPS,
+        PORT_STATS,
+        LEARNED_MACS,
+        LEARNED_IPS,
     ];
 }
 
@@ -34,6 +44,7 @@ pub const MAX_PORTS: u32 = 4096;
 pub const MAX_ENDPOINTS: u32 = 65536;
 pub const MAX_ADDRESSES: u32 = 65536;
 pub const MAX_NETWORKS: u32 = 4096;
+pub const MAX_LEARNED_IPS: u32 = 65536;
 /// Local ports one network can flood to on one node.
 pub const MAX_FLOOD_PORTS: usize = 64;
 
@@ -155,6 +166,37 @@ impl Default for FloodList {
     }
 }
 
+/// How the data path learned a MAC or an IP (`Learned*::how`).
+pub const LEARNED_FROM_ARP: u32 = 1;
+pub const LEARNED_FROM_IPV4: u32 = 2;
+pub const LEARNED_FROM_IPV6: u32 = 3;
+pub const LEARNED_FROM_DHCP: u32 = 4;
+
+/// A VM's MAC seen in its own traffic on a port whose MAC is not known yet.
+/// Keyed by the port's ifindex; the agent adopts it and sets the port MAC.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct LearnedMac {
+    pub mac: [u8; 6],
+    pub _pad: [u8; 2],
+    /// `LEARNED_FROM_*`.
+    pub how: u32,
+    pub _pad2: u32,
+}
+const _: () = assert!(size_of::<LearnedMac>() == 16);
+
+/// An address a VM uses on a network without IP filtering, keyed by
+/// (network, IP) in an LRU map.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct LearnedIp {
+    pub ifindex: u32,
+    pub how: u32,
+    pub mac: [u8; 6],
+    pub _pad: [u8; 2],
+}
+const _: () = assert!(size_of::<LearnedIp>() == 16);
+
 /// Per-port traffic counters (per CPU). `rx` is what the VM sent into the
 /// data path, `tx` what the data path delivered to the VM.
 #[repr(C)]
@@ -254,4 +296,6 @@ mod pod {
     unsafe impl aya::Pod for NetworkInfo {}
     unsafe impl aya::Pod for FloodList {}
     unsafe impl aya::Pod for PortStats {}
+    unsafe impl aya::Pod for LearnedMac {}
+    unsafe impl aya::Pod for LearnedIp {}
 }

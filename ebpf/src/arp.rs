@@ -2,9 +2,10 @@
 
 use aya_ebpf::programs::TcContext;
 use network_types::{arp::ArpHdr, eth::EthHdr};
-use vmpath_common::{NET_F_GW4, NetworkInfo, PortInfo, drop_reason};
+use vmpath_common::{LEARNED_FROM_ARP, NET_F_GW4, NetworkInfo, PortInfo, drop_reason};
 
 use crate::{
+    learn,
     parse::{ETH_LEN, be16, mac_eq, ptr_at},
     spoof,
 };
@@ -38,6 +39,12 @@ pub fn handle(
     // 0.0.0.0 is an ARP probe (RFC 5227): allowed before the VM owns an address.
     if spoof::ip_filter_on(port) && a.spa != [0; 4] && !spoof::owns_ip4(port, ifindex, a.spa) {
         return Err(drop_reason::ARP_SPOOF);
+    }
+    let eth: *const EthHdr = ptr_at(ctx, 0)?;
+    let src = unsafe { (*eth).src_addr };
+    if a.spa != [0; 4] && mac_eq(&a.sha, &src) {
+        learn::mac(ifindex, port, &src, LEARNED_FROM_ARP);
+        learn::ip4(ifindex, port, a.spa, &src, LEARNED_FROM_ARP);
     }
     let oper = be16(a.oper);
     if oper != ARP_REQUEST || net.flags & NET_F_GW4 == 0 || a.tpa != net.gw_ip4 {

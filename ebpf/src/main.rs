@@ -8,6 +8,7 @@ mod counters;
 mod csum;
 mod fwd;
 mod icmp;
+mod learn;
 mod maps;
 mod nd;
 mod parse;
@@ -15,7 +16,9 @@ mod spoof;
 
 use aya_ebpf::{bindings::TC_ACT_SHOT, macros::classifier, programs::TcContext};
 use network_types::{eth::EthHdr, ip::Ipv4Hdr, ip::Ipv6Hdr, udp::UdpHdr};
-use vmpath_common::{NetworkInfo, PortInfo, drop_reason};
+use vmpath_common::{
+    LEARNED_FROM_DHCP, LEARNED_FROM_IPV4, LEARNED_FROM_IPV6, NetworkInfo, PortInfo, drop_reason,
+};
 
 use crate::{
     arp::ArpVerdict,
@@ -70,8 +73,8 @@ fn try_vm_port(ctx: &TcContext, ifindex: u32) -> Verdict {
             ArpVerdict::Answered => gateway_reply(ifindex),
             ArpVerdict::Forward => fwd::switch(ctx, ifindex, port.network, dst),
         },
-        ETH_P_IP => ipv4(ctx, ifindex, port, net, dst),
-        ETH_P_IPV6 => ipv6(ctx, ifindex, port, net, dst),
+        ETH_P_IP => ipv4(ctx, ifindex, port, net, dst, src),
+        ETH_P_IPV6 => ipv6(ctx, ifindex, port, net, dst, src),
         // QEMU announces a migrated VM with RARP: flood it like any broadcast.
         ETH_P_RARP => fwd::switch(ctx, ifindex, port.network, dst),
         // VLAN tags and other ethertypes would carry IP past the filter.
@@ -93,6 +96,7 @@ fn ipv4(
     port: &PortInfo,
     net: &NetworkInfo,
     dst: [u8; 6],
+    src: [u8; 6],
 ) -> Verdict {
     let ip: *const Ipv4Hdr = ptr_at(ctx, ETH_LEN)?;
     let (vihl, proto, src_ip, dst_ip) =
@@ -120,6 +124,12 @@ fn ipv4(
             return Err(drop_reason::IP_SPOOF);
         }
     }
+    if src_ip != [0; 4] {
+        learn::mac(ifindex, port, &src, LEARNED_FROM_IPV4);
+        learn::ip4(ifindex, port, src_ip, &src, LEARNED_FROM_IPV4);
+    } else if proto == IPPROTO_UDP && dhcp_client_is(ctx, l4_off, &src) {
+        learn::mac(ifindex, port, &src, LEARNED_FROM_DHCP);
+    }
 
     if mac_eq(&dst, &net.gw_mac) {
         if proto == IPPROTO_ICMP
@@ -141,6 +151,7 @@ fn ipv6(
     port: &PortInfo,
     net: &NetworkInfo,
     dst: [u8; 6],
+    src: [u8; 6],
 ) -> Verdict {
     let ip: *const Ipv6Hdr = ptr_at(ctx, ETH_LEN)?;
     let (vcf0, next_hdr, src_ip, dst_ip) =
@@ -151,14 +162,20 @@ fn ipv6(
 
     if spoof::ip_filter_on(port) {
         let allowed = if spoof::is_unspecified6(&src_ip) {
-            // DAD and MLD speak from :: before the VM has an address.
+            // DAD and MLD speak from :: before the VM has an address; MLD
+            // reports carry a hop-by-hop header (router alert) first.
             next_hdr == IPPROTO_ICMPV6
+                || (next_hdr == IPPROTO_HOPOPTS && hop_by_hop_then_icmpv6(ctx)?)
         } else {
             spoof::is_link_local6(&src_ip) || spoof::owns_ip6(port, ifindex, &src_ip)
         };
         if !allowed {
             return Err(drop_reason::IP_SPOOF);
         }
+    }
+    if !spoof::is_unspecified6(&src_ip) && !spoof::is_link_local6(&src_ip) {
+        learn::mac(ifindex, port, &src, LEARNED_FROM_IPV6);
+        learn::ip6(ifindex, port, &src_ip, &src, LEARNED_FROM_IPV6);
     }
 
     if next_hdr == IPPROTO_ICMPV6 {
@@ -179,6 +196,32 @@ fn ipv6(
         return Err(drop_reason::GATEWAY_UNROUTED);
     }
     fwd::switch(ctx, ifindex, port.network, dst)
+}
+
+/// Does the hop-by-hop options header right after the IPv6 header lead to
+/// ICMPv6?
+#[inline(always)]
+fn hop_by_hop_then_icmpv6(ctx: &TcContext) -> Result<bool, u32> {
+    let hbh: *const [u8; 2] = ptr_at(ctx, ETH_LEN + 40)?;
+    Ok(unsafe { (*hbh)[0] } == IPPROTO_ICMPV6)
+}
+
+/// A DHCPv4 request whose client hardware address is the frame's source:
+/// the VM itself asking, not something bridged on its behalf.
+#[inline(always)]
+fn dhcp_client_is(ctx: &TcContext, l4_off: usize, src: &[u8; 6]) -> bool {
+    let Ok(udp) = ptr_at::<UdpHdr>(ctx, l4_off) else {
+        return false;
+    };
+    if u16::from_be_bytes(unsafe { (*udp).dst }) != DHCP4_SERVER_PORT {
+        return false;
+    }
+    // UDP header, then op, htype, hlen, hops, xid, secs, flags and four
+    // addresses before chaddr.
+    match ptr_at::<[u8; 6]>(ctx, l4_off + 8 + 28) {
+        Ok(chaddr) => mac_eq(unsafe { &*chaddr }, src),
+        Err(_) => false,
+    }
 }
 
 #[cfg(not(test))]

@@ -2,12 +2,13 @@
 //! pins each by path and `bpftool map dump pinned` prints their BTF fields.
 
 use aya_ebpf::{
-    btf_maps::{HashMap, PerCpuArray, PerCpuHashMap},
+    btf_maps::{HashMap, LruHashMap, PerCpuArray, PerCpuHashMap},
     macros::btf_map,
 };
 use vmpath_common::{
-    AddrInfo, AddrKey, Endpoint, EndpointKey, FloodList, MAX_ADDRESSES, MAX_ENDPOINTS,
-    MAX_NETWORKS, MAX_PORTS, NetworkInfo, PortInfo, PortStats, drop_reason,
+    AddrInfo, AddrKey, Endpoint, EndpointKey, FloodList, LearnedIp, LearnedMac, MAX_ADDRESSES,
+    MAX_ENDPOINTS, MAX_LEARNED_IPS, MAX_NETWORKS, MAX_PORTS, NetworkInfo, PortInfo, PortStats,
+    drop_reason,
 };
 
 /// ifindex of a VM port (host side) -> the port.
@@ -38,3 +39,13 @@ pub static DROPS: PerCpuArray<u64, { drop_reason::COUNT as usize }> = PerCpuArra
 /// entry when it programs the port.
 #[btf_map(name = "vmp_port_stats")]
 pub static PORT_STATS: PerCpuHashMap<u32, PortStats, { MAX_PORTS as usize }> = PerCpuHashMap::new();
+
+/// ifindex -> the MAC a VM was seen using, for ports whose MAC is not
+/// given. Written once per port (BPF_NOEXIST); the agent adopts it.
+#[btf_map(name = "vmp_learned_mac")]
+pub static LEARNED_MACS: HashMap<u32, LearnedMac, { MAX_PORTS as usize }> = HashMap::new();
+
+/// (network, IP) -> the port using it, on networks without IP filtering.
+#[btf_map(name = "vmp_learned_ips")]
+pub static LEARNED_IPS: LruHashMap<AddrKey, LearnedIp, { MAX_LEARNED_IPS as usize }> =
+    LruHashMap::new();

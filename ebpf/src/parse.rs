@@ -12,6 +12,7 @@ pub const ETH_P_ARP: u16 = 0x0806;
 pub const ETH_P_RARP: u16 = 0x8035;
 pub const ETH_P_IPV6: u16 = 0x86dd;
 
+pub const IPPROTO_HOPOPTS: u8 = 0;
 pub const IPPROTO_ICMP: u8 = 1;
 pub const IPPROTO_UDP: u8 = 17;
 pub const IPPROTO_ICMPV6: u8 = 58;

@@ -198,6 +198,8 @@ pub struct Node {
     pub state_dir: PathBuf,
     pub log_path: PathBuf,
     agent: Option<Child>,
+    /// Extra `vmpath agent` arguments (see [`Node::set_agent_args`]).
+    agent_args: Vec<String>,
 }
 
 impl Node {
@@ -219,6 +221,7 @@ impl Node {
             state_dir,
             tag,
             agent: None,
+            agent_args: Vec::new(),
         }
     }
 
@@ -297,7 +300,8 @@ impl Node {
             .arg("--state-dir")
             .arg(&self.state_dir)
             .arg("--api-socket")
-            .arg(self.state_dir.join("api.sock"))
+            .arg(self.api_socket())
+            .args(&self.agent_args)
             .env("RUST_LOG", "info")
             .env("RUST_BACKTRACE", "0")
             .stdin(Stdio::null())
@@ -306,6 +310,16 @@ impl Node {
             .spawn()
             .expect("starting the agent");
         self.agent = Some(child);
+    }
+
+    /// Extra arguments for every later `start_agent` (e.g. `--metrics-addr`).
+    pub fn set_agent_args(&mut self, args: &[&str]) {
+        self.agent_args = args.iter().map(|s| s.to_string()).collect();
+    }
+
+    /// The agent's admin API socket.
+    pub fn api_socket(&self) -> PathBuf {
+        self.state_dir.join("api.sock")
     }
 
     /// SIGKILLs the agent (pins stay, as after a crash).

@@ -21,6 +21,8 @@ pub use validate::validate;
 
 use model::{Advertise, Dhcp, Egress, MacPolicy, Migration, Role};
 
+use crate::view::Origin;
+
 /// A refused document: which file, which document, which field, and why.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
 pub struct ConfigError {
@@ -130,6 +132,11 @@ pub struct Attachment {
     pub ips: Vec<IpNet>,
     pub migration: Option<Migration>,
     pub source: DocRef,
+    /// The addresses the VM uses, with where each came from (given here;
+    /// IPAM adds claimed ones).
+    pub addresses: Vec<(IpNet, Origin)>,
+    /// The MAC in force: given, or from the claim (detected or generated).
+    pub mac_resolved: Option<([u8; 6], Origin)>,
 }
 
 impl Attachment {
@@ -157,11 +164,28 @@ pub struct Config {
     pub networks: Vec<Network>,
     pub attachments: Vec<Attachment>,
     pub errors: Vec<ConfigError>,
+    /// Every VM interface some Attachment document names, refused ones
+    /// included: a claim is released only when its document is gone.
+    pub keys_in_documents: std::collections::BTreeSet<AttachmentKey>,
 }
 
 impl Config {
     pub fn network(&self, name: &str) -> Option<&Network> {
         self.networks.iter().find(|n| n.name == name)
+    }
+
+    /// Refuses an attachment that passed validation but conflicts later
+    /// (with a claim), naming its document.
+    pub fn refuse(&mut self, key: &AttachmentKey, field: &str, message: String) {
+        if let Some(i) = self.attachments.iter().position(|a| &a.key == key) {
+            let a = self.attachments.remove(i);
+            self.errors.push(ConfigError {
+                file: a.source.file,
+                document: a.source.document,
+                field: field.to_string(),
+                message,
+            });
+        }
     }
 }
 

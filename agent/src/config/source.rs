@@ -51,7 +51,7 @@ pub fn read_dir(dir: &Path) -> Snapshot {
     files.sort();
     snap.empty = files.is_empty();
 
-    let mut hasher = Fnv::default();
+    let mut fingerprint_parts: Vec<Vec<u8>> = Vec::new();
     for file in files {
         let text = match fs::read_to_string(&file) {
             Ok(t) => t,
@@ -61,8 +61,8 @@ pub fn read_dir(dir: &Path) -> Snapshot {
                 continue;
             }
         };
-        hasher.write(file.as_os_str().as_encoded_bytes());
-        hasher.write(text.as_bytes());
+        fingerprint_parts.push(file.as_os_str().as_encoded_bytes().to_vec());
+        fingerprint_parts.push(text.as_bytes().to_vec());
         for (i, de) in serde_yaml::Deserializer::from_str(&text).enumerate() {
             match serde_yaml::Value::deserialize(de) {
                 Ok(serde_yaml::Value::Null) => {}
@@ -81,24 +81,7 @@ pub fn read_dir(dir: &Path) -> Snapshot {
             }
         }
     }
-    snap.fingerprint = hasher.0;
+    let parts: Vec<&[u8]> = fingerprint_parts.iter().map(|p| p.as_slice()).collect();
+    snap.fingerprint = crate::hash::fnv1a(&parts);
     snap
-}
-
-/// FNV-1a: a stable fingerprint, no need for cryptographic strength.
-struct Fnv(u64);
-impl Default for Fnv {
-    fn default() -> Self {
-        Fnv(0xcbf29ce484222325)
-    }
-}
-impl Fnv {
-    fn write(&mut self, bytes: &[u8]) {
-        for b in bytes {
-            self.0 ^= u64::from(*b);
-            self.0 = self.0.wrapping_mul(0x100000001b3);
-        }
-        self.0 ^= 0xff;
-        self.0 = self.0.wrapping_mul(0x100000001b3);
-    }
 }

@@ -9,6 +9,8 @@ use ipnet::IpNet;
 use serde::de::DeserializeOwned;
 use vmpath_common::default_gateway_mac;
 
+use crate::view::Origin;
+
 use super::{
     Attachment, AttachmentKey, Config, ConfigError, DocRef, Network, Node,
     model::{API_VERSION, AttachmentSpec, IpamMode, Metadata, NetworkSpec, NodeSpec},
@@ -130,6 +132,11 @@ pub fn validate(
         }
     }
 
+    for doc in &attachments {
+        if let Some(key) = document_key(doc) {
+            cfg.keys_in_documents.insert(key);
+        }
+    }
     let mut parsed: Vec<(Attachment, &Doc)> = Vec::new();
     for doc in &attachments {
         match attachment(doc, &cfg.networks) {
@@ -205,6 +212,17 @@ pub fn validate(
     }
     cfg.attachments.sort_by(|x, y| x.key.cmp(&y.key));
     cfg
+}
+
+/// The VM interface an Attachment document names, read leniently so that
+/// a document refused for another reason still protects its claim.
+fn document_key(doc: &Doc) -> Option<AttachmentKey> {
+    let spec = doc.raw.value.get("spec")?;
+    Some(AttachmentKey {
+        namespace: doc.meta.namespace.clone()?,
+        vm: spec.get("vm")?.as_str()?.to_string(),
+        interface: spec.get("interface")?.as_str()?.to_string(),
+    })
 }
 
 fn header(raw: &RawDocument) -> Result<Doc<'_>, ConfigError> {
@@ -448,9 +466,11 @@ fn attachment(doc: &Doc, networks: &[Network]) -> Result<Attachment, ConfigError
         port: spec.port,
         mac,
         mac_policy: spec.mac_policy,
-        ips: spec.ips,
         migration: spec.migration,
         source: doc.source(),
+        addresses: spec.ips.iter().map(|ip| (*ip, Origin::Given)).collect(),
+        mac_resolved: mac.map(|m| (m, Origin::Given)),
+        ips: spec.ips,
     })
 }
 

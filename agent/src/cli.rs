@@ -1,0 +1,538 @@
+//! `vmpath status`, `vmpath net ...`, `vmpath vm ...`: the CLI on the admin
+//! API (see `api`). It speaks plain HTTP/1.0 over the unix socket.
+
+use std::{
+    fmt::Write as _,
+    io::{self, Read as _, Write as _},
+    os::unix::net::UnixStream,
+    path::{Path, PathBuf},
+    time::Duration,
+};
+
+use anyhow::{Context as _, Result, anyhow, bail};
+use serde::de::DeserializeOwned;
+
+use crate::{
+    api::{ApiError, InterfaceDetail, NetworkDetail, NetworkList, Status, VmDetail, VmList, VmRow},
+    view::{IpView, Origin, unix_now},
+};
+
+pub const DEFAULT_SOCKET: &str = "/run/vmpath/api.sock";
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+pub enum Format {
+    /// Readable tables and text.
+    #[default]
+    Text,
+    /// The API's JSON.
+    Json,
+}
+
+/// Flags every CLI command takes.
+#[derive(Debug, Clone, clap::Args)]
+pub struct ClientArgs {
+    /// Output format.
+    #[arg(short = 'o', long = "output", value_enum, default_value_t = Format::Text)]
+    pub output: Format,
+    /// The agent's admin API socket.
+    #[arg(long, default_value = DEFAULT_SOCKET)]
+    pub api_socket: PathBuf,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Check {
+    /// Exit 0 while the agent loop is alive (GET /healthz).
+    Live,
+    /// Exit 0 once the data path is programmed (GET /readyz).
+    Ready,
+}
+
+#[derive(Debug, Clone, clap::Args)]
+pub struct StatusArgs {
+    #[command(flatten)]
+    pub client: ClientArgs,
+    /// Only check liveness or readiness (for probes): print one line, exit
+    /// non-zero when the check fails.
+    #[arg(long, value_enum)]
+    pub check: Option<Check>,
+}
+
+#[derive(Debug, Clone, clap::Subcommand)]
+pub enum NetCommand {
+    /// List the networks.
+    List(ClientArgs),
+    /// Show one network and its interfaces.
+    Show {
+        name: String,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
+}
+
+#[derive(Debug, Clone, clap::Subcommand)]
+pub enum VmCommand {
+    /// List every VM interface.
+    List(ClientArgs),
+    /// Show every interface of one VM (NS/VM: the Attachment's namespace and spec.vm).
+    Show {
+        #[arg(value_name = "NS/VM")]
+        vm: String,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
+}
+
+/// An HTTP answer from the API.
+pub struct Answer {
+    pub code: u16,
+    pub body: String,
+}
+
+/// `GET path` on the API socket.
+pub fn get(socket: &Path, path: &str) -> Result<Answer> {
+    let mut stream = UnixStream::connect(socket).map_err(|e| connect_error(socket, e))?;
+    stream.set_read_timeout(Some(Duration::from_secs(10)))?;
+    stream.set_write_timeout(Some(Duration::from_secs(10)))?;
+    stream
+        .write_all(format!("GET {path} HTTP/1.0\r\nHost: vmpath\r\n\r\n").as_bytes())
+        .with_context(|| format!("sending the request to {}", socket.display()))?;
+    let mut raw = Vec::new();
+    stream
+        .read_to_end(&mut raw)
+        .with_context(|| format!("reading the answer from {}", socket.display()))?;
+    let text = String::from_utf8_lossy(&raw);
+    let (head, body) = text
+        .split_once("\r\n\r\n")
+        .ok_or_else(|| anyhow!("malformed answer from the agent: {text:?}"))?;
+    let code = head
+        .lines()
+        .next()
+        .and_then(|status| status.split_whitespace().nth(1))
+        .and_then(|c| c.parse().ok())
+        .ok_or_else(|| anyhow!("malformed status line from the agent: {head:?}"))?;
+    Ok(Answer {
+        code,
+        body: body.to_string(),
+    })
+}
+
+fn connect_error(socket: &Path, e: io::Error) -> anyhow::Error {
+    let at = socket.display();
+    match e.kind() {
+        io::ErrorKind::PermissionDenied => {
+            anyhow!("permission denied: the API is root-only ({at}: {e})")
+        }
+        io::ErrorKind::NotFound | io::ErrorKind::ConnectionRefused => {
+            anyhow!("agent not running: nothing listens on {at} ({e})")
+        }
+        _ => anyhow!("cannot connect to the agent at {at}: {e}"),
+    }
+}
+
+/// `GET path`, failing with the API's own message on any non-200 answer.
+fn fetch(socket: &Path, path: &str) -> Result<String> {
+    let answer = get(socket, path)?;
+    if answer.code != 200 {
+        let message = serde_json::from_str::<ApiError>(&answer.body)
+            .map(|e| e.error)
+            .unwrap_or_else(|_| answer.body.trim().to_string());
+        bail!("{message} (HTTP {})", answer.code);
+    }
+    Ok(answer.body)
+}
+
+fn fetch_as<T: DeserializeOwned>(socket: &Path, path: &str) -> Result<(String, T)> {
+    let body = fetch(socket, path)?;
+    let value = serde_json::from_str(&body)
+        .with_context(|| format!("the agent's answer to {path} is not what this CLI expects"))?;
+    Ok((body, value))
+}
+
+fn print_json(body: &str) -> Result<()> {
+    let value: serde_json::Value = serde_json::from_str(body)?;
+    println!("{}", serde_json::to_string_pretty(&value)?);
+    Ok(())
+}
+
+pub fn status(args: &StatusArgs) -> Result<()> {
+    let socket = &args.client.api_socket;
+    if let Some(check) = args.check {
+        let path = match check {
+            Check::Live => "/healthz",
+            Check::Ready => "/readyz",
+        };
+        fetch(socket, path)?;
+        println!(
+            "{}",
+            match check {
+                Check::Live => "alive",
+                Check::Ready => "ready",
+            }
+        );
+        return Ok(());
+    }
+    let (body, s) = fetch_as::<Status>(socket, "/v1/status")?;
+    if args.client.output == Format::Json {
+        return print_json(&body);
+    }
+    print!("{}", format_status(&s));
+    Ok(())
+}
+
+pub fn net(cmd: &NetCommand) -> Result<()> {
+    match cmd {
+        NetCommand::List(client) => {
+            let (body, list) = fetch_as::<NetworkList>(&client.api_socket, "/v1/networks")?;
+            if client.output == Format::Json {
+                return print_json(&body);
+            }
+            let rows: Vec<Vec<String>> = list
+                .networks
+                .iter()
+                .map(|n| {
+                    vec![
+                        n.name.clone(),
+                        n.id.to_string(),
+                        n.role.clone(),
+                        on_off(n.ipam).into(),
+                        join(&n.subnets),
+                        join(&n.gateway_ips),
+                        n.egress.clone(),
+                        n.attachments.to_string(),
+                    ]
+                })
+                .collect();
+            print!(
+                "{}",
+                table(
+                    &[
+                        "NAME",
+                        "ID",
+                        "ROLE",
+                        "IPAM",
+                        "SUBNETS",
+                        "GATEWAYS",
+                        "EGRESS",
+                        "INTERFACES"
+                    ],
+                    &rows
+                )
+            );
+            Ok(())
+        }
+        NetCommand::Show { name, client } => {
+            let (body, n) = fetch_as::<NetworkDetail>(
+                &client.api_socket,
+                &format!("/v1/networks/{}", encode(name)),
+            )?;
+            if client.output == Format::Json {
+                return print_json(&body);
+            }
+            let net = &n.network;
+            let mut out = String::new();
+            let _ = writeln!(out, "network {}", net.name);
+            for (k, v) in [
+                ("id (VNI)", net.id.to_string()),
+                ("role", net.role.clone()),
+                ("subnets", join(&net.subnets)),
+                ("exclude subnets", join(&net.exclude_subnets)),
+                ("gateway IPs", join(&net.gateway_ips)),
+                ("gateway MAC", net.gateway_mac.clone()),
+                ("IPAM", on_off(net.ipam).into()),
+                (
+                    "port security",
+                    format!("mac {}, ip {}", on_off(net.mac_filter), on_off(net.ip_filter)),
+                ),
+                ("egress", net.egress.clone()),
+                ("MTU", net.mtu.to_string()),
+            ] {
+                let _ = writeln!(out, "  {:<16} {}", format!("{k}:"), or_dash(&v));
+            }
+            let _ = writeln!(out);
+            out.push_str(&vm_table(&n.interfaces));
+            print!("{out}");
+            Ok(())
+        }
+    }
+}
+
+pub fn vm(cmd: &VmCommand) -> Result<()> {
+    match cmd {
+        VmCommand::List(client) => {
+            let (body, list) = fetch_as::<VmList>(&client.api_socket, "/v1/vms")?;
+            if client.output == Format::Json {
+                return print_json(&body);
+            }
+            print!("{}", vm_table(&list.interfaces));
+            Ok(())
+        }
+        VmCommand::Show { vm, client } => {
+            let (namespace, name) = vm
+                .split_once('/')
+                .filter(|(ns, vm)| !ns.is_empty() && !vm.is_empty() && !vm.contains('/'))
+                .ok_or_else(|| anyhow!("{vm:?} is not NS/VM (e.g. prod/web-1)"))?;
+            let (body, detail) = fetch_as::<VmDetail>(
+                &client.api_socket,
+                &format!("/v1/vms/{}/{}", encode(namespace), encode(name)),
+            )?;
+            if client.output == Format::Json {
+                return print_json(&body);
+            }
+            print!("{}", format_vm(&detail));
+            Ok(())
+        }
+    }
+}
+
+// --- text output --------------------------------------------------------------
+
+fn format_status(s: &Status) -> String {
+    let mut out = String::new();
+    let c = &s.counts;
+    let last = if s.reconciles == 0 {
+        "never".to_string()
+    } else {
+        format!(
+            "last took {}, {} ago",
+            seconds(s.last_reconcile_seconds),
+            ago(s.last_reconcile_unix)
+        )
+    };
+    for (k, v) in [
+        ("node", s.node.clone()),
+        ("ready", yes_no(s.ready).to_string()),
+        ("config dir", s.config_dir.clone()),
+        ("bpffs", s.bpffs.clone()),
+        ("networks", c.networks.to_string()),
+        (
+            "interfaces",
+            format!(
+                "{} (local {}, remote {}, missing port {}, migrating {})",
+                c.attachments, c.local, c.remote, c.missing_ports, c.migrating
+            ),
+        ),
+        ("reconciles", format!("{} ({last})", s.reconciles)),
+    ] {
+        let _ = writeln!(out, "{:<15} {}", format!("{k}:"), or_dash(&v));
+    }
+    if s.config_errors.is_empty() {
+        let _ = writeln!(out, "{:<15} none", "config errors:");
+    } else {
+        let _ = writeln!(out, "config errors:  {}", s.config_errors.len());
+        for e in &s.config_errors {
+            let _ = writeln!(out, "  {e}");
+        }
+    }
+    if !s.missing_ports.is_empty() {
+        let _ = writeln!(out, "missing ports:");
+        for p in &s.missing_ports {
+            let _ = writeln!(out, "  {p}");
+        }
+    }
+    if !s.problems.is_empty() {
+        let _ = writeln!(out, "problems:");
+        for p in &s.problems {
+            let _ = writeln!(out, "  {p}");
+        }
+    }
+    match (&s.drops, &s.dataplane_error) {
+        (Some(drops), _) => {
+            let nonzero: Vec<_> = drops.iter().filter(|(_, n)| **n > 0).collect();
+            if nonzero.is_empty() {
+                let _ = writeln!(out, "{:<15} none", "drops:");
+            } else {
+                let _ = writeln!(out, "drops:");
+                let width = nonzero.iter().map(|(k, _)| k.len()).max().unwrap_or(0);
+                for (reason, n) in nonzero {
+                    let _ = writeln!(out, "  {reason:<width$}  {n}");
+                }
+            }
+        }
+        (None, Some(e)) => {
+            let _ = writeln!(out, "{:<15} unreadable: {e}", "drops:");
+        }
+        (None, None) => {}
+    }
+    out
+}
+
+fn vm_table(rows: &[VmRow]) -> String {
+    let rows: Vec<Vec<String>> = rows
+        .iter()
+        .map(|r| {
+            vec![
+                format!("{}/{}", r.namespace, r.vm),
+                r.interface.clone(),
+                r.network.clone(),
+                r.mac.clone().unwrap_or_default(),
+                r.ips
+                    .iter()
+                    .map(|ip| ip.address.clone())
+                    .collect::<Vec<_>>()
+                    .join(","),
+                r.node.clone(),
+                r.port.clone(),
+                r.state.clone(),
+                r.migration.clone(),
+            ]
+        })
+        .collect();
+    table(
+        &[
+            "VM",
+            "INTERFACE",
+            "NETWORK",
+            "MAC",
+            "IPS",
+            "NODE",
+            "PORT",
+            "STATE",
+            "MIGRATION",
+        ],
+        &rows,
+    )
+}
+
+fn format_vm(d: &VmDetail) -> String {
+    let mut out = String::new();
+    let _ = writeln!(out, "VM {}/{}", d.namespace, d.vm);
+    for i in &d.interfaces {
+        out.push_str(&format_interface(i));
+    }
+    out
+}
+
+fn origin(o: Option<Origin>) -> String {
+    match o {
+        Some(o) => format!(
+            "{}",
+            serde_json::to_value(o)
+                .ok()
+                .and_then(|v| v.as_str().map(String::from))
+                .unwrap_or_else(|| format!("{o:?}"))
+        ),
+        None => "unknown".into(),
+    }
+}
+
+fn format_ips(ips: &[IpView]) -> String {
+    ips.iter()
+        .map(|ip| format!("{} ({})", ip.address, origin(Some(ip.origin))))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+fn format_interface(i: &InterfaceDetail) -> String {
+    let a = &i.attachment;
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "  interface {} (network {}, attachment {})",
+        a.interface, a.network, a.name
+    );
+    let mac = match &a.mac {
+        Some(m) => format!("{m} ({})", origin(a.mac_origin)),
+        None => "not known yet".into(),
+    };
+    let port = match a.ifindex {
+        Some(idx) => format!("{} (ifindex {idx})", a.port),
+        None => a.port.clone(),
+    };
+    let migration = match &a.migration_target {
+        Some(t) => format!("{} (target {t})", a.migration),
+        None => a.migration.clone(),
+    };
+    let counters = match &i.counters {
+        Some(c) => format!(
+            "rx {} packets / {} bytes, tx {} packets / {} bytes, drops {}, gateway replies {}",
+            c.rx_packets, c.rx_bytes, c.tx_packets, c.tx_bytes, c.drops, c.gateway_replies
+        ),
+        None => "none (port not programmed on this node)".into(),
+    };
+    for (k, v) in [
+        ("mac", mac),
+        ("ips", format_ips(&a.ips)),
+        ("node", a.node.clone()),
+        ("port", port),
+        ("state", i.state.clone()),
+        ("migration", migration),
+        ("counters", counters),
+    ] {
+        let _ = writeln!(out, "    {:<11} {}", format!("{k}:"), or_dash(&v));
+    }
+    out
+}
+
+/// A left-aligned table with a header row.
+fn table(header: &[&str], rows: &[Vec<String>]) -> String {
+    let mut widths: Vec<usize> = header.iter().map(|h| h.len()).collect();
+    for row in rows {
+        for (w, cell) in widths.iter_mut().zip(row) {
+            *w = (*w).max(cell.chars().count());
+        }
+    }
+    let mut out = String::new();
+    let mut line = |cells: Vec<&str>| {
+        let mut l = String::new();
+        for (i, (cell, w)) in cells.iter().zip(&widths).enumerate() {
+            if i + 1 == cells.len() {
+                l.push_str(cell);
+            } else {
+                let _ = write!(l, "{cell:<w$}  ");
+            }
+        }
+        out.push_str(l.trim_end());
+        out.push('\n');
+    };
+    line(header.to_vec());
+    for row in rows {
+        line(row.iter().map(|s| or_dash(s)).collect());
+    }
+    out
+}
+
+fn or_dash(s: &str) -> &str {
+    if s.is_empty() { "-" } else { s }
+}
+
+fn join(items: &[String]) -> String {
+    items.join(",")
+}
+
+fn on_off(b: bool) -> &'static str {
+    if b { "on" } else { "off" }
+}
+
+fn yes_no(b: bool) -> &'static str {
+    if b { "yes" } else { "no" }
+}
+
+fn seconds(s: f64) -> String {
+    if s < 1.0 {
+        format!("{:.1} ms", s * 1000.0)
+    } else {
+        format!("{s:.2} s")
+    }
+}
+
+fn ago(unix: u64) -> String {
+    let d = unix_now().saturating_sub(unix);
+    match d {
+        0..60 => format!("{d}s"),
+        60..3600 => format!("{}m{}s", d / 60, d % 60),
+        _ => format!("{}h{}m", d / 3600, d % 3600 / 60),
+    }
+}
+
+/// Percent-encodes a path segment (names are DNS labels, but be safe).
+fn encode(s: &str) -> String {
+    let mut out = String::new();
+    for b in s.bytes() {
+        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~') {
+            out.push(b as char);
+        } else {
+            let _ = write!(out, "%{b:02X}");
+        }
+    }
+    out
+}

@@ -1,0 +1,272 @@
+//! Addresses that stay with the VM: IPAM with persistent claims, static
+//! requests, excludeSubnets, MAC detection and generation, learned IPs.
+
+use std::time::Duration;
+
+use serde_json::Value;
+use vmpath_tests::{Node, wait_for};
+
+fn network(name: &str, id: u32, body: &str) -> String {
+    format!(
+        "apiVersion: vmpath.dev/v1alpha1\nkind: Network\nmetadata: {{name: {name}}}\nspec:\n  id: {id}\n{body}"
+    )
+}
+
+/// An Attachment; `extra` holds optional spec lines (mac, ips, macPolicy).
+fn attachment(vm: &str, net: &str, port: &str, extra: &str) -> String {
+    format!(
+        "apiVersion: vmpath.dev/v1alpha1\nkind: Attachment\nmetadata: {{name: {vm}-eth0, namespace: prod}}\nspec:\n  vm: {vm}\n  interface: eth0\n  network: {net}\n  node: a\n  port: {port}\n{extra}"
+    )
+}
+
+fn docs(d: &[String]) -> String {
+    d.join("---\n")
+}
+
+/// The agent's view of one VM interface (what `vmpath vm show` shows).
+fn vm_view(node: &Node, vm: &str) -> Option<Value> {
+    node.status()?["attachments"]
+        .as_array()?
+        .iter()
+        .find(|a| a["vm"] == vm)
+        .cloned()
+}
+
+fn ips_of(view: &Value, origin: &str) -> Vec<String> {
+    view["ips"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|ip| ip["origin"] == origin)
+        .map(|ip| ip["address"].as_str().unwrap().to_string())
+        .collect()
+}
+
+const BLUE: &str = "  subnets: [10.20.0.0/24, \"fd20::/64\"]\n  defaultGatewayIPs: [10.20.0.1, \"fd20::1\"]\n  excludeSubnets: [10.20.0.0/26, \"fd20::/65\"]\n  ipam: {mode: Enabled, lifecycle: Persistent}\n";
+
+#[test]
+fn claimed_addresses_and_detected_mac_survive_restart_and_port_recreation() {
+    let mut node = Node::new("a");
+    // No MAC and no IPs in the Attachment: IPAM claims, traffic tells the MAC.
+    let vm = node.add_vm("vm1", "52:54:00:aa:00:01", &[], None);
+    node.write_config(
+        "c.yaml",
+        &docs(&[
+            network("blue", 100, BLUE),
+            attachment("vm1", "blue", &vm.port, ""),
+        ]),
+    );
+    node.start_agent();
+    node.wait_ports(&[&vm.port]);
+
+    let view = vm_view(&node, "vm1").unwrap();
+    let claimed = ips_of(&view, "claimed");
+    assert_eq!(claimed.len(), 2, "one address per family: {view}");
+    let v4: std::net::Ipv4Addr = claimed[0].split('/').next().unwrap().parse().unwrap();
+    assert!(
+        claimed[0].ends_with("/24") && v4.octets()[3] >= 64 && v4.octets()[3] < 255,
+        "{v4} excluded or reserved"
+    );
+    assert_ne!(v4.to_string(), "10.20.0.1");
+    let v6 = claimed.iter().find(|a| a.contains(':')).unwrap().clone();
+    let v6_addr: std::net::Ipv6Addr = v6.split('/').next().unwrap().parse().unwrap();
+    assert!(
+        v6_addr.segments()[4] >= 0x8000,
+        "{v6_addr} lies in the excluded fd20::/65"
+    );
+    assert!(
+        view["mac"].is_null(),
+        "MAC known before any traffic: {view}"
+    );
+
+    // The VM brings up the claimed address and sends one frame (an ARP for
+    // its gateway, which the gateway answers).
+    vm.ns
+        .run(&["ip", "addr", "add", &claimed[0], "dev", "eth0"]);
+    vm.ns
+        .run(&["ip", "addr", "add", &v6, "dev", "eth0", "nodad"]);
+    assert!(vm.ping("10.20.0.1"));
+    wait_for("detected MAC", Duration::from_secs(5), || {
+        vm_view(&node, "vm1")
+            .is_some_and(|v| v["mac"] == "52:54:00:aa:00:01" && v["mac_origin"] == "detected")
+    });
+
+    // Restart the agent and re-create the port: same IPs, same MAC.
+    node.kill_agent();
+    node.ns.run(&["ip", "link", "del", &vm.port]);
+    vmpath_tests::run(&[
+        "ip",
+        "link",
+        "add",
+        &vm.port,
+        "netns",
+        &node.ns.name,
+        "type",
+        "veth",
+        "peer",
+        "name",
+        "eth0",
+        "netns",
+        &vm.ns.name,
+    ]);
+    vm.ns
+        .run(&["ip", "link", "set", "eth0", "address", "52:54:00:aa:00:01"]);
+    vm.ns
+        .run(&["ip", "addr", "add", &claimed[0], "dev", "eth0"]);
+    vm.ns.run(&["ip", "link", "set", "eth0", "up"]);
+    node.ns.run(&["ip", "link", "set", &vm.port, "up"]);
+    node.start_agent();
+    node.wait_ports(&[&vm.port]);
+    let view = vm_view(&node, "vm1").unwrap();
+    assert_eq!(
+        ips_of(&view, "claimed"),
+        claimed,
+        "claim changed across restart"
+    );
+    assert_eq!(view["mac"], "52:54:00:aa:00:01");
+    assert_eq!(view["mac_origin"], "detected");
+    assert!(vm.ping("10.20.0.1"));
+    // The detected MAC is enforced now: another source MAC is dropped.
+    let before = node.drops(vmpath_tests::vmpath::common::drop_reason::MAC_SPOOF);
+    vm.ns
+        .run(&["ip", "link", "set", "eth0", "address", "52:54:00:aa:00:99"]);
+    assert!(!vm.ns.ping("10.20.0.1", 2));
+    assert!(node.drops(vmpath_tests::vmpath::common::drop_reason::MAC_SPOOF) > before);
+}
+
+#[test]
+fn static_request_may_use_excluded_range_and_conflicts_name_both() {
+    let mut node = Node::new("a");
+    let vm1 = node.add_vm("vm1", "52:54:00:bb:00:01", &[], None);
+    let vm2 = node.add_vm("vm2", "52:54:00:bb:00:02", &["10.20.0.10/24"], None);
+    node.write_config(
+        "c.yaml",
+        &docs(&[
+            network("blue", 100, BLUE),
+            attachment("vm1", "blue", &vm1.port, "  mac: \"52:54:00:bb:00:01\"\n"),
+            // Inside excludeSubnets: exactly what they are for.
+            attachment(
+                "vm2",
+                "blue",
+                &vm2.port,
+                "  mac: \"52:54:00:bb:00:02\"\n  ips: [10.20.0.10/24]\n",
+            ),
+        ]),
+    );
+    node.start_agent();
+    node.wait_ports(&[&vm1.port, &vm2.port]);
+    let v1 = vm_view(&node, "vm1").unwrap();
+    let claimed = ips_of(&v1, "claimed");
+    let v1_ip4 = claimed.iter().find(|a| !a.contains(':')).unwrap().clone();
+    assert_eq!(
+        ips_of(&vm_view(&node, "vm2").unwrap(), "given"),
+        ["10.20.0.10/24"]
+    );
+    vm1.ns.run(&["ip", "addr", "add", &v1_ip4, "dev", "eth0"]);
+    assert!(vm1.ping("10.20.0.10"));
+
+    // vm3 asks for vm1's claimed address: refused, naming both; vm1 keeps it.
+    let vm3 = node.add_vm("vm3", "52:54:00:bb:00:03", &[], None);
+    let cfg = std::fs::read_to_string(node.config_dir.join("c.yaml")).unwrap();
+    node.write_config(
+        "c.yaml",
+        &format!(
+            "{cfg}---\n{}",
+            attachment(
+                "vm3",
+                "blue",
+                &vm3.port,
+                &format!("  mac: \"52:54:00:bb:00:03\"\n  ips: [{v1_ip4}]\n")
+            )
+        ),
+    );
+    wait_for(
+        "the conflict to be refused",
+        Duration::from_secs(10),
+        || {
+            node.agent_log()
+                .lines()
+                .any(|l| l.contains("refused:") && l.contains("prod/vm3-eth0"))
+        },
+    );
+    let log = node.agent_log();
+    let line = log
+        .lines()
+        .find(|l| l.contains("refused:") && l.contains("prod/vm3-eth0"))
+        .unwrap();
+    assert!(
+        line.contains("spec.ips") && line.contains("prod/vm1/eth0"),
+        "{line}"
+    );
+    assert_eq!(ips_of(&vm_view(&node, "vm1").unwrap(), "claimed"), claimed);
+    assert!(vm1.ping("10.20.0.10"), "vm1 disturbed by the conflict");
+
+    // Deleting vm1's Attachment releases its claim: now vm3 may have it.
+    let without_vm1: Vec<String> = std::fs::read_to_string(node.config_dir.join("c.yaml"))
+        .unwrap()
+        .split("---\n")
+        .filter(|d| !d.contains("vm: vm1"))
+        .map(String::from)
+        .collect();
+    node.write_config("c.yaml", &without_vm1.join("---\n"));
+    wait_for(
+        "vm3 to get the released address",
+        Duration::from_secs(10),
+        || vm_view(&node, "vm3").is_some_and(|v| ips_of(&v, "given") == [v1_ip4.clone()]),
+    );
+    assert!(node.agent_log().contains("claim released"));
+}
+
+#[test]
+fn generated_mac_is_stable_and_locally_administered() {
+    let mut node = Node::new("a");
+    let vm = node.add_vm("vm1", "52:54:00:cc:00:01", &[], None);
+    node.write_config(
+        "c.yaml",
+        &docs(&[
+            network("blue", 100, BLUE),
+            attachment("vm1", "blue", &vm.port, "  macPolicy: Generate\n"),
+        ]),
+    );
+    node.start_agent();
+    node.wait_ports(&[&vm.port]);
+    let view = vm_view(&node, "vm1").unwrap();
+    assert_eq!(view["mac_origin"], "generated");
+    let mac = view["mac"].as_str().unwrap().to_string();
+    let first = u8::from_str_radix(&mac[..2], 16).unwrap();
+    assert!(
+        first & 0x02 != 0 && first & 0x01 == 0,
+        "{mac} is not locally administered unicast"
+    );
+    node.kill_agent();
+    node.start_agent();
+    node.wait_ports(&[&vm.port]);
+    assert_eq!(vm_view(&node, "vm1").unwrap()["mac"], mac.as_str());
+}
+
+#[test]
+fn ips_a_vm_uses_on_an_ipamless_network_are_learned_and_exposed() {
+    let mut node = Node::new("a");
+    let vm1 = node.add_vm("vm1", "52:54:00:dd:00:01", &["10.30.0.77/16"], None);
+    let vm2 = node.add_vm("vm2", "52:54:00:dd:00:02", &["10.30.0.78/16"], None);
+    let red =
+        "  subnets: [10.30.0.0/16]\n  defaultGatewayIPs: [10.30.0.1]\n  ipam: {mode: Disabled}\n";
+    node.write_config(
+        "c.yaml",
+        &docs(&[
+            network("red", 200, red),
+            attachment("vm1", "red", &vm1.port, "  mac: \"52:54:00:dd:00:01\"\n"),
+            attachment("vm2", "red", &vm2.port, "  mac: \"52:54:00:dd:00:02\"\n"),
+        ]),
+    );
+    node.start_agent();
+    node.wait_ports(&[&vm1.port, &vm2.port]);
+    // Imported VMs keep what they had: nothing is assigned...
+    assert!(ips_of(&vm_view(&node, "vm1").unwrap(), "claimed").is_empty());
+    // ...and what they use is seen.
+    assert!(vm1.ping("10.30.0.78"));
+    wait_for("learned IPs", Duration::from_secs(5), || {
+        vm_view(&node, "vm1").is_some_and(|v| ips_of(&v, "learned") == ["10.30.0.77"])
+            && vm_view(&node, "vm2").is_some_and(|v| ips_of(&v, "learned") == ["10.30.0.78"])
+    });
+}
