@@ -19,6 +19,7 @@ use crate::{
     config::{self, AttachmentKey, Config, format_mac},
     dataplane::Dataplane,
     ipam,
+    slowpath,
     plan::{self, Plan},
     store::{Claim, Store},
     view::{AttachmentView, IpView, NetworkView, Origin, SharedView, View, unix_now},
@@ -31,6 +32,8 @@ pub struct AgentOptions {
     pub bpffs: PathBuf,
     pub state_dir: PathBuf,
     pub interval: Duration,
+    /// The node's uplink: routed ingress and SNAT return traffic.
+    pub uplink: String,
 }
 
 pub fn ifindex_of(name: &str) -> Option<u32> {
@@ -190,7 +193,16 @@ fn commit_claims(
 }
 
 pub fn run(opts: &AgentOptions, shared: SharedView) -> Result<()> {
+    run_with(opts, shared, slowpath::SharedStats::default())
+}
+
+/// Runs the agent; `slow_stats` receives the slow path's message counters.
+pub fn run_with(opts: &AgentOptions, shared: SharedView, slow_stats: slowpath::SharedStats) -> Result<()> {
     let mut dp = Dataplane::open(&opts.bpffs).context("opening the data path")?;
+    let services = slowpath::Services::default();
+    if let Err(e) = slowpath::start(&mut dp, &opts.bpffs, services.clone(), slow_stats) {
+        error!("slow path (DHCP, DHCPv6, RA) not available: {e:#}");
+    }
     info!(node = %opts.node, bpffs = %opts.bpffs.display(), config = %opts.config_dir.display(), "agent started");
     let mut last_fingerprint = None;
     let mut last_plan: Option<Plan> = None;
@@ -200,6 +212,7 @@ pub fn run(opts: &AgentOptions, shared: SharedView) -> Result<()> {
     let mut last_errors: Vec<config::ConfigError> = Vec::new();
     let mut last_learned_ips: BTreeMap<AddrKey, LearnedIp> = BTreeMap::new();
     let mut refused_macs: BTreeSet<(AttachmentKey, [u8; 6])> = BTreeSet::new();
+    let mut north_south = crate::routes::NorthSouth::default();
     loop {
         let snap = config::source::read_dir(&opts.config_dir);
         if snap.empty {
@@ -294,16 +307,26 @@ pub fn run(opts: &AgentOptions, shared: SharedView) -> Result<()> {
                         info!(vm = %key, port = %port, "port not present yet");
                     }
                     info!(ports = plan.ports.len(), "data path programmed");
+                    *services.write().unwrap() = slowpath::service::build(&cfg, &plan);
                     last_plan = Some(plan.clone());
                 }
                 Err(e) => error!("applying the plan failed (will retry): {e:#}"),
             }
         }
+        north_south.tick(
+            &mut dp,
+            &opts.uplink,
+            &cfg,
+            last_plan.as_ref(),
+            &last_learned_ips,
+        );
         if plan_changed || changed || learned_changed {
+            // Show what is programmed, not what was attempted.
+            let applied = last_plan.clone().unwrap_or_default();
             let mut view = build_view(
                 opts,
                 &cfg,
-                &plan,
+                &applied,
                 &last_learned_ips,
                 &shared.read().unwrap(),
             );

@@ -388,8 +388,7 @@ pub fn route(shared: &SharedView, bpffs: &Path, path: &str) -> Reply {
         }
         ["v1", "vms", namespace, vm] => {
             let view = snapshot(shared);
-            let attachments: Vec<&AttachmentView> =
-                view.attachments_of_vm(namespace, vm).collect();
+            let attachments: Vec<&AttachmentView> = view.attachments_of_vm(namespace, vm).collect();
             if attachments.is_empty() {
                 return error(404, format!("no VM {namespace}/{vm}"));
             }

@@ -241,7 +241,11 @@ pub fn net(cmd: &NetCommand) -> Result<()> {
                 ("IPAM", on_off(net.ipam).into()),
                 (
                     "port security",
-                    format!("mac {}, ip {}", on_off(net.mac_filter), on_off(net.ip_filter)),
+                    format!(
+                        "mac {}, ip {}",
+                        on_off(net.mac_filter),
+                        on_off(net.ip_filter)
+                    ),
                 ),
                 ("egress", net.egress.clone()),
                 ("MTU", net.mtu.to_string()),
@@ -404,13 +408,10 @@ fn format_vm(d: &VmDetail) -> String {
 
 fn origin(o: Option<Origin>) -> String {
     match o {
-        Some(o) => format!(
-            "{}",
-            serde_json::to_value(o)
-                .ok()
-                .and_then(|v| v.as_str().map(String::from))
-                .unwrap_or_else(|| format!("{o:?}"))
-        ),
+        Some(o) => serde_json::to_value(o)
+            .ok()
+            .and_then(|v| v.as_str().map(String::from))
+            .unwrap_or_else(|| format!("{o:?}")),
         None => "unknown".into(),
     }
 }

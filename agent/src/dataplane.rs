@@ -17,21 +17,42 @@ use std::{
 use anyhow::{Context as _, Result, anyhow, bail};
 use aya::{
     Ebpf, EbpfLoader,
-    maps::{HashMap, Map, MapData, MapInfo, MapType, PerCpuArray, PerCpuHashMap, PerCpuValues},
+    maps::{
+        Array, HashMap, Map, MapData, MapInfo, MapType, PerCpuArray, PerCpuHashMap, PerCpuValues,
+    },
     programs::{
-        LinkOrder, SchedClassifier, TcAttachType,
+        LinkOrder, SchedClassifier, TcAttachType, Xdp, XdpMode,
         links::{FdLink, PinnedLink},
         tc::{SchedClassifierLink, TcAttachOptions},
+        xdp::XdpLink,
     },
 };
 use tracing::{debug, info, warn};
 use vmpath_common::{
-    AddrInfo, AddrKey, Endpoint, EndpointKey, FloodList, LearnedIp, LearnedMac,
-    MAP_LAYOUT_VERSION, MAX_ADDRESSES, MAX_ENDPOINTS, MAX_LEARNED_IPS, MAX_NETWORKS, MAX_PORTS,
-    NetworkInfo, PortInfo, PortStats, drop_reason, map_names, prog_names,
+    AddrInfo, AddrKey, Endpoint, EndpointKey, FloodList, LearnedIp, LearnedMac, MAP_LAYOUT_VERSION,
+    MAX_ADDRESSES, MAX_ENDPOINTS, MAX_LEARNED_IPS, MAX_NETWORKS, MAX_PORTS, NetworkInfo, PortInfo,
+    PortStats, SlowPath, drop_reason, map_names, prog_names,
 };
 
+mod north_south;
+
 use crate::plan::Plan;
+use aya::maps::lpm_trie::{Key as LpmKey, LpmTrie};
+use vmpath_common::{
+    MAX_ROUTED, MAX_SNAT_FLOWS, MAX_SNAT_VMS, MAX_SUBNETS, NatEntry, NatKey, RoutedAddr,
+    SnatConfig, Subnet4, Subnet6,
+};
+
+/// The north-south maps (routed networks, SNAT), checked like `MAP_SPECS`.
+const NORTH_SOUTH_MAP_SPECS: [MapSpec; 7] = [
+    spec::<AddrKey, RoutedAddr>(map_names::ROUTED, MapType::Hash, MAX_ROUTED),
+    spec::<LpmKey<Subnet4>, u32>(map_names::SUBNETS4, MapType::LpmTrie, MAX_SUBNETS),
+    spec::<LpmKey<Subnet6>, u32>(map_names::SUBNETS6, MapType::LpmTrie, MAX_SUBNETS),
+    spec::<u32, SnatConfig>(map_names::SNAT_CONFIG, MapType::Array, 1),
+    spec::<NatKey, NatEntry>(map_names::SNAT_OUT, MapType::LruHash, MAX_SNAT_FLOWS),
+    spec::<NatKey, NatEntry>(map_names::SNAT_IN, MapType::LruHash, MAX_SNAT_FLOWS),
+    spec::<u32, u32>(map_names::SNAT_QUOTA, MapType::Hash, MAX_SNAT_VMS),
+];
 
 /// The eBPF object built by build.rs.
 static EBPF_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/vmpath"));
@@ -57,7 +78,7 @@ const fn spec<K, V>(name: &'static str, map_type: MapType, max_entries: u32) -> 
 }
 
 /// What each pinned map must look like before it is adopted.
-const MAP_SPECS: [MapSpec; 9] = [
+const MAP_SPECS: [MapSpec; 12] = [
     spec::<u32, PortInfo>(map_names::PORTS, MapType::Hash, MAX_PORTS),
     spec::<EndpointKey, Endpoint>(map_names::ENDPOINTS, MapType::Hash, MAX_ENDPOINTS),
     spec::<AddrKey, AddrInfo>(map_names::ADDRESSES, MapType::Hash, MAX_ADDRESSES),
@@ -67,6 +88,9 @@ const MAP_SPECS: [MapSpec; 9] = [
     spec::<u32, PortStats>(map_names::PORT_STATS, MapType::PerCpuHash, MAX_PORTS),
     spec::<u32, LearnedMac>(map_names::LEARNED_MACS, MapType::Hash, MAX_PORTS),
     spec::<AddrKey, LearnedIp>(map_names::LEARNED_IPS, MapType::LruHash, MAX_LEARNED_IPS),
+    spec::<u32, u32>(map_names::PORT_IDS, MapType::Hash, MAX_PORTS),
+    spec::<u32, SlowPath>(map_names::SLOW, MapType::Array, 1),
+    spec::<u32, u32>(map_names::XSKS, MapType::XskMap, 4),
 ];
 
 pub fn maps_dir(root: &Path) -> PathBuf {
@@ -166,6 +190,15 @@ pub struct Maps {
     pub port_stats: PerCpuHashMap<MapData, u32, PortStats>,
     pub learned_macs: HashMap<MapData, u32, LearnedMac>,
     pub learned_ips: HashMap<MapData, AddrKey, LearnedIp>,
+    pub routed: HashMap<MapData, AddrKey, RoutedAddr>,
+    pub subnets4: LpmTrie<MapData, Subnet4, u32>,
+    pub subnets6: LpmTrie<MapData, Subnet6, u32>,
+    pub snat_config: Array<MapData, SnatConfig>,
+    pub snat_out: HashMap<MapData, NatKey, NatEntry>,
+    pub snat_in: HashMap<MapData, NatKey, NatEntry>,
+    pub snat_quota: HashMap<MapData, u32, u32>,
+    pub port_ids: HashMap<MapData, u32, u32>,
+    pub slow: Array<MapData, SlowPath>,
 }
 
 fn open_map(root: &Path, name: &str) -> Result<Map> {
@@ -188,6 +221,15 @@ impl Maps {
             port_stats: open_map(root, map_names::PORT_STATS)?.try_into()?,
             learned_macs: open_map(root, map_names::LEARNED_MACS)?.try_into()?,
             learned_ips: open_map(root, map_names::LEARNED_IPS)?.try_into()?,
+            routed: open_map(root, map_names::ROUTED)?.try_into()?,
+            subnets4: open_map(root, map_names::SUBNETS4)?.try_into()?,
+            subnets6: open_map(root, map_names::SUBNETS6)?.try_into()?,
+            snat_config: open_map(root, map_names::SNAT_CONFIG)?.try_into()?,
+            snat_out: open_map(root, map_names::SNAT_OUT)?.try_into()?,
+            snat_in: open_map(root, map_names::SNAT_IN)?.try_into()?,
+            snat_quota: open_map(root, map_names::SNAT_QUOTA)?.try_into()?,
+            port_ids: open_map(root, map_names::PORT_IDS)?.try_into()?,
+            slow: open_map(root, map_names::SLOW)?.try_into()?,
         })
     }
 
@@ -238,7 +280,7 @@ impl Dataplane {
         fs::create_dir_all(links_dir(root))?;
         let mut loader = EbpfLoader::new();
         let mut paths = Vec::new();
-        for spec in &MAP_SPECS {
+        for spec in MAP_SPECS.iter().chain(&NORTH_SOUTH_MAP_SPECS) {
             let path = maps_dir.join(spec.name);
             if check_pinned(&path, spec)? {
                 info!(map = spec.name, "adopting pinned map");
@@ -251,12 +293,28 @@ impl Dataplane {
         let mut ebpf = loader
             .load(EBPF_OBJECT)
             .context("loading the eBPF object")?;
-        let prog: &mut SchedClassifier = ebpf
-            .program_mut(prog_names::VM_PORT)
-            .ok_or_else(|| anyhow!("program {} missing from the object", prog_names::VM_PORT))?
+        for name in [prog_names::VM_PORT, prog_names::SLOW_RETURN] {
+            let prog: &mut SchedClassifier = ebpf
+                .program_mut(name)
+                .ok_or_else(|| anyhow!("program {name} missing from the object"))?
+                .try_into()?;
+            prog.load()
+                .with_context(|| format!("loading (verifying) the {name} program"))?;
+        }
+        let slow_rx: &mut Xdp = ebpf
+            .program_mut(prog_names::SLOW_RX)
+            .ok_or_else(|| anyhow!("program {} missing from the object", prog_names::SLOW_RX))?
             .try_into()?;
-        prog.load()
-            .context("loading (verifying) the vm_port program")?;
+        slow_rx
+            .load()
+            .with_context(|| format!("loading (verifying) the {} program", prog_names::SLOW_RX))?;
+        let uplink: &mut SchedClassifier = ebpf
+            .program_mut(prog_names::UPLINK)
+            .ok_or_else(|| anyhow!("program {} missing from the object", prog_names::UPLINK))?
+            .try_into()?;
+        uplink
+            .load()
+            .context("loading (verifying) the uplink program")?;
         let maps = Maps::open(root)?;
         Ok(Dataplane {
             root: root.to_path_buf(),
@@ -284,21 +342,24 @@ impl Dataplane {
             .try_into()?)
     }
 
-    fn program(&mut self) -> Result<&mut SchedClassifier> {
-        Ok(self
-            .ebpf
-            .program_mut(prog_names::VM_PORT)
-            .ok_or_else(|| anyhow!("program {} missing", prog_names::VM_PORT))?
-            .try_into()?)
-    }
-
     /// Attaches the VM-port program at tcx ingress of `ifname`, or swaps it
     /// into the link a previous agent pinned there.
     fn attach_port(&mut self, ifname: &str, ifindex: u32) -> Result<()> {
         let pin = link_pin(&self.root, ifindex);
-        let prog = self.program()?;
+        self.attach_tcx(prog_names::VM_PORT, ifname, &pin)
+    }
+
+    /// Attaches the tc program `prog_name` at tcx ingress of `ifname` through
+    /// a link pinned at `pin`; when a previous agent left that pin, swaps
+    /// this agent's program into the existing link (no gap in forwarding).
+    pub fn attach_tcx(&mut self, prog_name: &str, ifname: &str, pin: &Path) -> Result<()> {
+        let prog: &mut SchedClassifier = self
+            .ebpf
+            .program_mut(prog_name)
+            .ok_or_else(|| anyhow!("program {prog_name} missing"))?
+            .try_into()?;
         if pin.exists() {
-            let adopted = PinnedLink::from_pin(&pin)
+            let adopted = PinnedLink::from_pin(pin)
                 .map_err(anyhow::Error::from)
                 .and_then(|p| Ok(SchedClassifierLink::try_from(FdLink::from(p))?))
                 .and_then(|link| Ok(prog.attach_to_link(link)?));
@@ -306,12 +367,12 @@ impl Dataplane {
                 Ok(id) => {
                     // The pin keeps the link; our fd is not needed.
                     drop(prog.take_link(id)?);
-                    debug!(port = ifname, ifindex, "adopted pinned link");
+                    debug!(prog = prog_name, ifname, "adopted pinned link");
                     return Ok(());
                 }
                 Err(e) => {
-                    warn!(port = ifname, ifindex, error = %e, "stale link pin, attaching anew");
-                    let _ = fs::remove_file(&pin);
+                    warn!(prog = prog_name, ifname, error = %e, "stale link pin, attaching anew");
+                    let _ = fs::remove_file(pin);
                 }
             }
         }
@@ -321,15 +382,56 @@ impl Dataplane {
                 TcAttachType::Ingress,
                 TcAttachOptions::TcxOrder(LinkOrder::default()),
             )
-            .with_context(|| format!("attaching tcx ingress on {ifname}"))?;
+            .with_context(|| format!("attaching {prog_name} at tcx ingress on {ifname}"))?;
         let link = prog.take_link(id)?;
         let fd_link: FdLink = link
             .try_into()
             .map_err(|e| anyhow!("tcx link is not an fd link: {e}"))?;
         fd_link
-            .pin(&pin)
+            .pin(pin)
             .with_context(|| format!("pinning link {}", pin.display()))?;
-        info!(port = ifname, ifindex, "attached vm_port");
+        info!(prog = prog_name, ifname, "attached");
+        Ok(())
+    }
+
+    /// Attaches the XDP program `prog_name` on `ifname` in native (driver)
+    /// mode through a pinned bpf link, or adopts the pinned one. Aya falls
+    /// back to netlink attachment silently; that cannot be pinned, so it is
+    /// refused here.
+    pub fn attach_xdp(&mut self, prog_name: &str, ifname: &str, pin: &Path) -> Result<()> {
+        let prog: &mut Xdp = self
+            .ebpf
+            .program_mut(prog_name)
+            .ok_or_else(|| anyhow!("program {prog_name} missing"))?
+            .try_into()?;
+        if pin.exists() {
+            let adopted = PinnedLink::from_pin(pin)
+                .map_err(anyhow::Error::from)
+                .and_then(|p| Ok(XdpLink::try_from(FdLink::from(p))?))
+                .and_then(|link| Ok(prog.attach_to_link(link)?));
+            match adopted {
+                Ok(id) => {
+                    drop(prog.take_link(id)?);
+                    debug!(prog = prog_name, ifname, "adopted pinned XDP link");
+                    return Ok(());
+                }
+                Err(e) => {
+                    warn!(prog = prog_name, ifname, error = %e, "stale XDP link pin, attaching anew");
+                    let _ = fs::remove_file(pin);
+                }
+            }
+        }
+        let id = prog
+            .attach(ifname, XdpMode::Driver)
+            .with_context(|| format!("attaching {prog_name} (native XDP) on {ifname}"))?;
+        let link = prog.take_link(id)?;
+        let fd_link: FdLink = link.try_into().map_err(|e| {
+            anyhow!("XDP on {ifname} attached through netlink, not a bpf link (cannot pin): {e}")
+        })?;
+        fd_link
+            .pin(pin)
+            .with_context(|| format!("pinning link {}", pin.display()))?;
+        info!(prog = prog_name, ifname, "attached native XDP");
         Ok(())
     }
 
@@ -351,6 +453,7 @@ impl Dataplane {
     /// finds its entries), then links; only what the plan no longer wants is
     /// removed.
     pub fn apply(&mut self, plan: &Plan) -> Result<()> {
+        self.apply_north_south(plan)?;
         sync(&mut self.maps.networks, &plan.networks)?;
         sync(&mut self.maps.flood, &plan.flood)?;
         sync(&mut self.maps.addresses, &plan.addresses)?;
@@ -368,6 +471,12 @@ impl Dataplane {
             }
         }
         sync(&mut self.maps.ports, &ports)?;
+        let port_ids: BTreeMap<u32, u32> = plan
+            .ports
+            .iter()
+            .map(|(ifindex, p)| (p.info.port_id, *ifindex))
+            .collect();
+        sync(&mut self.maps.port_ids, &port_ids)?;
 
         for (ifindex, port) in &plan.ports {
             if !self.attached.contains(ifindex) {
@@ -398,7 +507,11 @@ impl Dataplane {
             .learned_macs
             .iter()
             .filter_map(|r| r.ok())
-            .filter(|(k, v)| plan.ports.get(k).is_none_or(|p| p.info.flags & vmpath_common::PORT_F_MAC_KNOWN != 0 && p.info.mac != v.mac))
+            .filter(|(k, v)| {
+                plan.ports.get(k).is_none_or(|p| {
+                    p.info.flags & vmpath_common::PORT_F_MAC_KNOWN != 0 && p.info.mac != v.mac
+                })
+            })
             .map(|(k, _)| k)
             .collect();
         for k in stale_macs {

@@ -9,6 +9,8 @@ pub mod metrics;
 pub mod hash;
 pub mod ipam;
 pub mod plan;
+pub mod slowpath;
+pub mod routes;
 pub mod store;
 pub mod view;
 pub use vmpath_common as common;

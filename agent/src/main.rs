@@ -127,6 +127,7 @@ fn main() -> Result<()> {
                     bpffs: args.bpffs,
                     state_dir: args.state_dir,
                     interval: Duration::from_millis(args.interval_ms),
+                    uplink: args.uplink,
                 },
                 shared,
             );

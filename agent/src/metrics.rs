@@ -11,8 +11,8 @@ use std::{
 
 use anyhow::{Result, anyhow};
 use prometheus::{
-    Encoder as _, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, IntGaugeVec,
-    Opts, Registry, TextEncoder,
+    Encoder as _, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts,
+    Registry, TextEncoder,
 };
 use tracing::{info, warn};
 use vmpath_common::drop_reason;
@@ -82,8 +82,7 @@ pub fn render(view: &View, maps: Option<&Maps>) -> Result<String> {
         "1 when the pinned maps could be read for this scrape.",
     )?
     .set(maps.is_some() as i64);
-    gauge(&r, "vmpath_networks", "Valid networks in the config.")?
-        .set(view.networks.len() as i64);
+    gauge(&r, "vmpath_networks", "Valid networks in the config.")?.set(view.networks.len() as i64);
 
     let attachments = gauge_vec(
         &r,
@@ -201,12 +200,18 @@ pub fn render(view: &View, maps: Option<&Maps>) -> Result<String> {
                 a.interface.as_str(),
                 a.port.as_str(),
             ];
-            rx_packets.with_label_values(&labels).inc_by(stats.rx_packets);
+            rx_packets
+                .with_label_values(&labels)
+                .inc_by(stats.rx_packets);
             rx_bytes.with_label_values(&labels).inc_by(stats.rx_bytes);
-            tx_packets.with_label_values(&labels).inc_by(stats.tx_packets);
+            tx_packets
+                .with_label_values(&labels)
+                .inc_by(stats.tx_packets);
             tx_bytes.with_label_values(&labels).inc_by(stats.tx_bytes);
             port_drops.with_label_values(&labels).inc_by(stats.drops);
-            gw_replies.with_label_values(&labels).inc_by(stats.gw_replies);
+            gw_replies
+                .with_label_values(&labels)
+                .inc_by(stats.gw_replies);
         }
     }
 

@@ -6,9 +6,11 @@ use std::{collections::BTreeMap, net::IpAddr};
 
 use vmpath_common::{
     ADDR_CLAIMED, ADDR_STATIC, AF_INET, AF_INET6, AddrInfo, AddrKey, ENDPOINT_LOCAL, Endpoint,
-    EndpointKey, FloodList, MAX_FLOOD_PORTS, NET_F_GW4, NET_F_GW6, NetworkInfo, PORT_F_IP_FILTER,
+    EndpointKey, FloodList, MAX_FLOOD_PORTS, NET_F_DHCP, NET_F_GW4, NET_F_GW6, NetworkInfo, PORT_F_IP_FILTER,
     PORT_F_MAC_FILTER, PORT_F_MAC_KNOWN, PortInfo, link_local_from_mac,
 };
+
+pub mod north_south;
 
 use crate::{
     config::{AttachmentKey, Config},
@@ -35,6 +37,12 @@ pub struct Plan {
     pub missing_ports: Vec<(AttachmentKey, String)>,
     /// Attachments not served because a limit was hit.
     pub problems: Vec<String>,
+    /// North-south (`north_south`): routed VM addresses by (0, IP).
+    pub routed: BTreeMap<AddrKey, vmpath_common::RoutedAddr>,
+    /// (LPM prefix length, subnet) of every network.
+    pub subnets4: std::collections::BTreeSet<(u32, vmpath_common::Subnet4)>,
+    pub subnets6: std::collections::BTreeSet<(u32, vmpath_common::Subnet6)>,
+    pub snat: vmpath_common::SnatConfig,
 }
 
 pub fn addr_key(network: u32, ip: IpAddr) -> AddrKey {
@@ -71,6 +79,10 @@ pub fn plan(cfg: &Config, node: &str, ifindex_of: impl Fn(&str) -> Option<u32>) 
         if let Some(gw) = net.gateway6() {
             info.flags |= NET_F_GW6;
             info.gw_ip6 = gw.octets();
+        }
+        if net.ipam {
+            // Addresses come from vmpath: it serves DHCP, DHCPv6 and RAs.
+            info.flags |= NET_F_DHCP;
         }
         plan.networks.insert(net.id, info);
     }
@@ -156,5 +168,6 @@ pub fn plan(cfg: &Config, node: &str, ifindex_of: impl Fn(&str) -> Option<u32>) 
             );
         }
     }
+    north_south::north_south(cfg, &mut plan);
     plan
 }

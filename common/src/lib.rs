@@ -18,7 +18,25 @@ pub mod map_names {
     pub const PORT_STATS: &str = "vmp_port_stats";
     pub const LEARNED_MACS: &str = "vmp_learned_mac";
     pub const LEARNED_IPS: &str = "vmp_learned_ips";
-    pub const ALL: [&str; 9] = [
+    /// North-south: VM addresses reachable un-NATed from the fabric.
+    pub const ROUTED: &str = "vmp_routed";
+    /// North-south: each network's subnets (LPM), for the egress source check.
+    pub const SUBNETS4: &str = "vmp_subnets4";
+    pub const SUBNETS6: &str = "vmp_subnets6";
+    /// North-south: the node's SNAT settings (one slot).
+    pub const SNAT_CONFIG: &str = "vmp_snat_cfg";
+    /// North-south: SNAT flows, VM side -> translation and back.
+    pub const SNAT_OUT: &str = "vmp_snat_out";
+    pub const SNAT_IN: &str = "vmp_snat_in";
+    /// North-south: SNAT ports in use per VM address (quota).
+    pub const SNAT_QUOTA: &str = "vmp_snat_quota";
+    pub const PORT_IDS: &str = "vmp_port_ids";
+    pub const SLOW: &str = "vmp_slow";
+    pub const XSKS: &str = "vmp_xsks";
+    pub const ALL: [&str; 12] = [
+        PORT_IDS,
+        SLOW,
+        XSKS,
         PORTS,
         ENDPOINTS,
         ADDRESSES,
@@ -34,6 +52,12 @@ pub mod map_names {
 /// Program names (the Rust function names in the eBPF crate).
 pub mod prog_names {
     pub const VM_PORT: &str = "vm_port";
+    /// tcx ingress on the node's uplink: routed ingress and SNAT return.
+    pub const UPLINK: &str = "uplink";
+    /// XDP on `vmp-slow1`: slow-path frames into the AF_XDP socket.
+    pub const SLOW_RX: &str = "slow_rx";
+    /// tcx ingress on `vmp-slow0`: the agent's tagged replies out to the VM.
+    pub const SLOW_RETURN: &str = "slow_return";
 }
 
 /// Layout version of the pinned maps. Bump when any type below changes size
@@ -128,6 +152,28 @@ const _: () = assert!(size_of::<AddrInfo>() == 16);
 /// Network flags (`NetworkInfo::flags`).
 pub const NET_F_GW4: u16 = 1 << 0;
 pub const NET_F_GW6: u16 = 1 << 1;
+/// vmpath serves DHCPv4/DHCPv6/RA on this network (its addresses come from
+/// vmpath); otherwise those frames are switched like any other.
+pub const NET_F_DHCP: u16 = 1 << 2;
+/// `egress: Routed`: un-NATed egress through the node, and routed ingress.
+pub const NET_F_ROUTED: u16 = 1 << 3;
+/// `egress: SNAT`: egress translated to the node's SNAT address.
+pub const NET_F_SNAT: u16 = 1 << 4;
+
+/// The slow path's interfaces (`vmp_slow`, one slot).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SlowPath {
+    /// `vmp-slow0`: VM ports redirect slow-path frames out of it.
+    pub ifindex: u32,
+    pub _pad: u32,
+}
+const _: () = assert!(size_of::<SlowPath>() == 8);
+
+/// The slow path tags frames with the port id in a VLAN header: 12 bits.
+pub const MAX_PORT_ID: u32 = 4094;
+pub const SLOW0: &str = "vmp-slow0";
+pub const SLOW1: &str = "vmp-slow1";
 
 /// Per-network settings the data path needs, keyed by network id.
 #[repr(C)]
@@ -238,7 +284,33 @@ pub mod drop_reason {
     pub const SRC_MULTICAST: u32 = 9;
     /// A kernel helper refused (redirect, resize).
     pub const HELPER_FAILED: u32 = 10;
-    pub const COUNT: u32 = 11;
+    /// DHCP/RS for the slow path, but no slow path interface is set up.
+    pub const SLOWPATH_DOWN: u32 = 11;
+    /// The slow path's XDP program had no AF_XDP socket to hand a frame to
+    /// (the agent is not running).
+    pub const SLOWPATH_NO_LISTENER: u32 = 12;
+    /// A slow path reply tagged with a port id that is not a port.
+    pub const SLOWPATH_BAD_TAG: u32 = 13;
+    /// Routed egress from a source address outside the network's subnets.
+    pub const ROUTE_SRC_OUTSIDE: u32 = 14;
+    /// Routed: TTL / hop limit would reach zero.
+    pub const ROUTE_TTL_EXCEEDED: u32 = 15;
+    /// Routed: the node has no route (or no forwarding) for the destination.
+    pub const ROUTE_NO_ROUTE: u32 = 16;
+    /// Routed or SNAT: larger than the MTU; an ICMP fragmentation-needed /
+    /// packet-too-big went back to the sender instead.
+    pub const MTU_EXCEEDED: u32 = 17;
+    /// SNAT: no free port / ICMP id in the node's range for this flow.
+    pub const SNAT_PORTS_EXHAUSTED: u32 = 18;
+    /// SNAT: the VM has used up its port quota.
+    pub const SNAT_QUOTA: u32 = 19;
+    /// SNAT: the flow table refused an entry (table pressure).
+    pub const SNAT_TABLE_FULL: u32 = 20;
+    /// SNAT: protocol or fragment SNAT cannot translate.
+    pub const SNAT_UNSUPPORTED: u32 = 21;
+    /// SNAT: the node has no SNAT address programmed.
+    pub const SNAT_NO_ADDRESS: u32 = 22;
+    pub const COUNT: u32 = 23;
 
     /// Names as shown in metrics and the CLI, indexed by reason.
     pub const NAMES: [&str; COUNT as usize] = [
@@ -253,6 +325,18 @@ pub mod drop_reason {
         "no_network",
         "src_multicast",
         "helper_failed",
+        "slowpath_down",
+        "slowpath_no_listener",
+        "slowpath_bad_tag",
+        "route_src_outside",
+        "route_ttl_exceeded",
+        "route_no_route",
+        "mtu_exceeded",
+        "snat_ports_exhausted",
+        "snat_quota",
+        "snat_table_full",
+        "snat_unsupported",
+        "snat_no_address",
     ];
 }
 
@@ -298,4 +382,124 @@ mod pod {
     unsafe impl aya::Pod for PortStats {}
     unsafe impl aya::Pod for LearnedMac {}
     unsafe impl aya::Pod for LearnedIp {}
+    unsafe impl aya::Pod for SlowPath {}
+}
+
+// ---------------------------------------------------------------------------
+// North-south: routed networks and SNAT
+// ---------------------------------------------------------------------------
+
+pub const MAX_ROUTED: u32 = 65536;
+pub const MAX_SUBNETS: u32 = 4096;
+pub const MAX_SNAT_FLOWS: u32 = 262144;
+pub const MAX_SNAT_VMS: u32 = 65536;
+
+/// A VM address hosted on this node that the fabric reaches un-NATed
+/// (networks with `egress: Routed`). Keyed by `AddrKey` with network 0:
+/// the uplink program sees only the destination address.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RoutedAddr {
+    /// Host-side ifindex of the VM's port.
+    pub ifindex: u32,
+    pub network: u32,
+    pub vm_mac: [u8; 6],
+    pub gw_mac: [u8; 6],
+    /// The network's MTU (0: unchecked).
+    pub mtu: u16,
+    pub _pad: u16,
+}
+const _: () = assert!(size_of::<RoutedAddr>() == 24);
+
+/// LPM data of `vmp_subnets4`: prefix length is 32 + the subnet's length.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Subnet4 {
+    /// Network id, big-endian (so the LPM prefix covers it first).
+    pub network: [u8; 4],
+    pub addr: [u8; 4],
+}
+const _: () = assert!(size_of::<Subnet4>() == 8);
+
+/// LPM data of `vmp_subnets6`: prefix length is 32 + the subnet's length.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Subnet6 {
+    pub network: [u8; 4],
+    pub addr: [u8; 16],
+}
+const _: () = assert!(size_of::<Subnet6>() == 20);
+
+/// The node's SNAT settings, slot 0 of `vmp_snat_cfg`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SnatConfig {
+    /// The node's SNAT address (IPv4, network order); all zero: no SNAT.
+    pub addr4: [u8; 4],
+    /// The uplink's ifindex (0: unknown).
+    pub uplink: u32,
+    /// Port (and ICMP id) range, inclusive, reserved on the node.
+    pub port_min: u16,
+    pub port_max: u16,
+    /// Ports one VM address may hold at once.
+    pub quota: u32,
+    /// Idle timeouts, seconds.
+    pub tcp_timeout: u32,
+    pub tcp_closing_timeout: u32,
+    pub udp_timeout: u32,
+    pub icmp_timeout: u32,
+}
+const _: () = assert!(size_of::<SnatConfig>() == 32);
+
+pub const SNAT_DEFAULT_PORT_MIN: u16 = 40000;
+pub const SNAT_DEFAULT_PORT_MAX: u16 = 59999;
+pub const SNAT_DEFAULT_QUOTA: u32 = 4096;
+
+/// One direction of an IPv4 flow: the tuple as it appears on the wire.
+/// For ICMP echo, `sport` and `dport` both hold the identifier.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct NatKey {
+    pub src: [u8; 4],
+    pub dst: [u8; 4],
+    pub sport: u16,
+    pub dport: u16,
+    pub proto: u8,
+    pub _pad: [u8; 3],
+}
+const _: () = assert!(size_of::<NatKey>() == 16);
+
+/// SNAT flow states (`NatEntry::state`).
+pub const NAT_ST_OPEN: u8 = 0;
+pub const NAT_ST_CLOSING: u8 = 1;
+
+/// What a flow translates to, both ways: in `vmp_snat_out` keyed by the
+/// VM's tuple (the value holds the translated address and port); in
+/// `vmp_snat_in` keyed by the reply tuple (the value holds the VM's
+/// address and port, and its port's ifindex and MAC).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct NatEntry {
+    pub addr: [u8; 4],
+    pub port: u16,
+    pub state: u8,
+    pub _pad: u8,
+    /// Host-side ifindex of the VM's port (in `vmp_snat_in`).
+    pub ifindex: u32,
+    pub vm_mac: [u8; 6],
+    pub gw_mac: [u8; 6],
+    /// bpf_ktime_get_ns of the last packet.
+    pub last_seen: u64,
+}
+const _: () = assert!(size_of::<NatEntry>() == 32);
+
+#[cfg(feature = "user")]
+mod pod_north_south {
+    use super::*;
+    unsafe impl aya::Pod for RoutedAddr {}
+    unsafe impl aya::Pod for Subnet4 {}
+    unsafe impl aya::Pod for Subnet6 {}
+    unsafe impl aya::Pod for SnatConfig {}
+    unsafe impl aya::Pod for NatKey {}
+    unsafe impl aya::Pod for NatEntry {}
 }

@@ -10,14 +10,20 @@ mod fwd;
 mod icmp;
 mod learn;
 mod maps;
+mod mtu;
 mod nd;
 mod parse;
+mod route;
+mod slowpath;
+mod snat;
 mod spoof;
+mod uplink;
 
 use aya_ebpf::{bindings::TC_ACT_SHOT, macros::classifier, programs::TcContext};
 use network_types::{eth::EthHdr, ip::Ipv4Hdr, ip::Ipv6Hdr, udp::UdpHdr};
 use vmpath_common::{
-    LEARNED_FROM_DHCP, LEARNED_FROM_IPV4, LEARNED_FROM_IPV6, NetworkInfo, PortInfo, drop_reason,
+    LEARNED_FROM_DHCP, LEARNED_FROM_IPV4, LEARNED_FROM_IPV6, NET_F_DHCP, NetworkInfo, PortInfo,
+    drop_reason,
 };
 
 use crate::{
@@ -28,6 +34,7 @@ use crate::{
 };
 
 const DHCP4_SERVER_PORT: u16 = 67;
+const DHCP6_SERVER_PORT: u16 = 547;
 
 /// tcx ingress on a VM port (host side of the VM pod's veth): every frame
 /// the VM sends.
@@ -130,6 +137,12 @@ fn ipv4(
     } else if proto == IPPROTO_UDP && dhcp_client_is(ctx, l4_off, &src) {
         learn::mac(ifindex, port, &src, LEARNED_FROM_DHCP);
     }
+    if proto == IPPROTO_UDP
+        && net.flags & NET_F_DHCP != 0
+        && udp_dst_port(ctx, l4_off)? == DHCP4_SERVER_PORT
+    {
+        return slowpath::punt(ctx, port);
+    }
 
     if mac_eq(&dst, &net.gw_mac) {
         if proto == IPPROTO_ICMP
@@ -139,7 +152,7 @@ fn ipv4(
             icmp::echo_reply4(ctx, l4_off, net)?;
             return gateway_reply(ifindex);
         }
-        return Err(drop_reason::GATEWAY_UNROUTED);
+        return route::egress4(ctx, ifindex, port, net, l4_off);
     }
     fwd::switch(ctx, ifindex, port.network, dst)
 }
@@ -178,6 +191,17 @@ fn ipv6(
         learn::ip6(ifindex, port, &src_ip, &src, LEARNED_FROM_IPV6);
     }
 
+    if net.flags & NET_F_DHCP != 0 {
+        if next_hdr == IPPROTO_UDP && udp_dst_port(ctx, ETH_LEN + 40)? == DHCP6_SERVER_PORT {
+            return slowpath::punt(ctx, port);
+        }
+        if next_hdr == IPPROTO_ICMPV6 {
+            let icmp: *const nd::Icmp6Hdr = ptr_at(ctx, ETH_LEN + 40)?;
+            if unsafe { (*icmp).type_ } == nd::ND_ROUTER_SOLICIT {
+                return slowpath::punt(ctx, port);
+            }
+        }
+    }
     if next_hdr == IPPROTO_ICMPV6 {
         let icmp: *const nd::Icmp6Hdr = ptr_at(ctx, ETH_LEN + 40)?;
         let icmp_type = unsafe { (*icmp).type_ };
@@ -193,9 +217,15 @@ fn ipv6(
     }
 
     if mac_eq(&dst, &net.gw_mac) {
-        return Err(drop_reason::GATEWAY_UNROUTED);
+        return route::egress6(ctx, ifindex, port, net);
     }
     fwd::switch(ctx, ifindex, port.network, dst)
+}
+
+#[inline(always)]
+fn udp_dst_port(ctx: &TcContext, l4_off: usize) -> Result<u16, u32> {
+    let udp: *const UdpHdr = ptr_at(ctx, l4_off)?;
+    Ok(u16::from_be_bytes(unsafe { (*udp).dst }))
 }
 
 /// Does the hop-by-hop options header right after the IPv6 header lead to

@@ -2,13 +2,13 @@
 //! pins each by path and `bpftool map dump pinned` prints their BTF fields.
 
 use aya_ebpf::{
-    btf_maps::{HashMap, LruHashMap, PerCpuArray, PerCpuHashMap},
+    btf_maps::{Array, HashMap, LruHashMap, PerCpuArray, PerCpuHashMap, XskMap},
     macros::btf_map,
 };
 use vmpath_common::{
     AddrInfo, AddrKey, Endpoint, EndpointKey, FloodList, LearnedIp, LearnedMac, MAX_ADDRESSES,
     MAX_ENDPOINTS, MAX_LEARNED_IPS, MAX_NETWORKS, MAX_PORTS, NetworkInfo, PortInfo, PortStats,
-    drop_reason,
+    SlowPath, drop_reason,
 };
 
 /// ifindex of a VM port (host side) -> the port.
@@ -49,3 +49,15 @@ pub static LEARNED_MACS: HashMap<u32, LearnedMac, { MAX_PORTS as usize }> = Hash
 #[btf_map(name = "vmp_learned_ips")]
 pub static LEARNED_IPS: LruHashMap<AddrKey, LearnedIp, { MAX_LEARNED_IPS as usize }> =
     LruHashMap::new();
+
+/// Port id (the slow path's VLAN tag) -> host-side ifindex of the port.
+#[btf_map(name = "vmp_port_ids")]
+pub static PORT_IDS: HashMap<u32, u32, { MAX_PORTS as usize }> = HashMap::new();
+
+/// Slot 0: the slow path's interfaces; ifindex 0 while it is not set up.
+#[btf_map(name = "vmp_slow")]
+pub static SLOW: Array<SlowPath, 1> = Array::new();
+
+/// Queue index -> the agent's AF_XDP socket on `vmp-slow1`.
+#[btf_map(name = "vmp_xsks")]
+pub static XSKS: XskMap<4> = XskMap::new();

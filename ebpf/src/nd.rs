@@ -12,6 +12,7 @@ use crate::{
 
 pub const ICMPV6_ECHO_REQUEST: u8 = 128;
 const ICMPV6_ECHO_REPLY: u8 = 129;
+pub const ND_ROUTER_SOLICIT: u8 = 133;
 pub const ND_NEIGHBOR_SOLICIT: u8 = 135;
 const ND_NEIGHBOR_ADVERT: u8 = 136;
 const IPV6_LEN: usize = 40;

@@ -1,0 +1,413 @@
+//! Routes for the node's BGP speaker (DESIGN.md §3a).
+//!
+//! The agent does not speak BGP. It writes what it wants advertised into a
+//! dedicated kernel table (default 100) with its own protocol number
+//! (default 250): per-VM /32 and /128 as `dev lo` routes, whole subnets as
+//! blackhole routes. Nothing points an `ip rule` at that table, so
+//! forwarding is unaffected; BIRD learns the table and exports only routes
+//! whose `krt_source` is our protocol.
+//!
+//! Only routes in our table with our protocol are ever touched: each sync
+//! dumps them, adds what is missing and withdraws what is no longer wanted.
+
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    fmt, io,
+    net::IpAddr,
+};
+
+use ipnet::IpNet;
+use netlink_packet_core::{
+    NLM_F_ACK, NLM_F_CREATE, NLM_F_DUMP, NLM_F_REPLACE, NLM_F_REQUEST, NetlinkHeader,
+    NetlinkMessage, NetlinkPayload,
+};
+use netlink_packet_route::{
+    AddressFamily, RouteNetlinkMessage,
+    route::{
+        RouteAddress, RouteAttribute, RouteHeader, RouteMessage, RouteProtocol, RouteScope,
+        RouteType,
+    },
+};
+use netlink_sys::{Socket, SocketAddr, protocols::NETLINK_ROUTE};
+use tracing::info;
+
+use crate::{
+    common::{AF_INET, AddrKey, LearnedIp},
+    config::Config,
+    plan::Plan,
+};
+
+pub const DEFAULT_TABLE: u32 = 100;
+pub const DEFAULT_PROTOCOL: u8 = 250;
+/// `RT_TABLE_COMPAT`: the header's table byte when the id needs the attribute.
+const RT_TABLE_COMPAT: u8 = 252;
+
+#[derive(Debug, thiserror::Error)]
+pub enum RouteError {
+    #[error("netlink socket: {0}")]
+    Io(#[from] io::Error),
+    #[error("decoding a netlink reply: {0}")]
+    Decode(String),
+    #[error("kernel refused to {op} route {route}: {err}")]
+    Refused {
+        op: &'static str,
+        route: ExportRoute,
+        err: io::Error,
+    },
+    #[error("route dump failed: {0}")]
+    Dump(io::Error),
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum RouteKind {
+    /// A VM's address: `dev lo`.
+    Host,
+    /// A whole subnet: blackhole.
+    Blackhole,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct ExportRoute {
+    pub dest: IpNet,
+    pub kind: RouteKind,
+}
+
+impl fmt::Display for ExportRoute {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.kind {
+            RouteKind::Host => write!(f, "{} dev lo", self.dest),
+            RouteKind::Blackhole => write!(f, "blackhole {}", self.dest),
+        }
+    }
+}
+
+fn host(ip: IpAddr) -> IpNet {
+    IpNet::from(ip)
+}
+
+/// What this node should advertise: the configured (given or claimed)
+/// addresses of attachments served here on `advertise.perVM` networks,
+/// learned addresses only where the network sets `advertise.learned`, and
+/// the subnets of `advertise.subnet` networks.
+pub fn desired(
+    cfg: &Config,
+    plan: &Plan,
+    learned: &BTreeMap<AddrKey, LearnedIp>,
+) -> BTreeSet<ExportRoute> {
+    let mut out = BTreeSet::new();
+    for net in &cfg.networks {
+        if net.advertise.subnet {
+            for s in &net.subnets {
+                out.insert(ExportRoute {
+                    dest: s.trunc(),
+                    kind: RouteKind::Blackhole,
+                });
+            }
+        }
+    }
+    for port in plan.ports.values() {
+        let Some(att) = cfg.attachments.iter().find(|a| a.key == port.attachment) else {
+            continue;
+        };
+        let Some(net) = cfg.network(&att.network) else {
+            continue;
+        };
+        if !net.advertise.per_vm {
+            continue;
+        }
+        for (ip, _) in &att.addresses {
+            out.insert(ExportRoute {
+                dest: host(ip.addr()),
+                kind: RouteKind::Host,
+            });
+        }
+        if net.advertise.learned {
+            for (key, seen) in learned {
+                if key.network != net.id || seen.ifindex != port.ifindex {
+                    continue;
+                }
+                let ip = match key.family {
+                    AF_INET => IpAddr::from([key.addr[0], key.addr[1], key.addr[2], key.addr[3]]),
+                    _ => IpAddr::from(key.addr),
+                };
+                out.insert(ExportRoute {
+                    dest: host(ip),
+                    kind: RouteKind::Host,
+                });
+            }
+        }
+    }
+    out
+}
+
+/// A netlink socket that owns the routes of one (table, protocol).
+pub struct RouteExporter {
+    socket: Socket,
+    table: u32,
+    protocol: u8,
+    seq: u32,
+    lo_ifindex: u32,
+}
+
+impl RouteExporter {
+    pub fn new(table: u32, protocol: u8) -> Result<Self, RouteError> {
+        let mut socket = Socket::new(NETLINK_ROUTE)?;
+        socket.bind_auto()?;
+        socket.connect(&SocketAddr::new(0, 0))?;
+        let lo_ifindex = crate::agent::ifindex_of("lo").unwrap_or(1);
+        Ok(RouteExporter {
+            socket,
+            table,
+            protocol,
+            seq: 0,
+            lo_ifindex,
+        })
+    }
+
+    /// Makes the table hold exactly `want`; returns (added, withdrawn).
+    pub fn sync(&mut self, want: &BTreeSet<ExportRoute>) -> Result<(usize, usize), RouteError> {
+        let have = self.dump()?;
+        let mut added = 0;
+        let mut withdrawn = 0;
+        for r in have.difference(want) {
+            self.request(RouteNetlinkMessage::DelRoute(self.message(r)), 0)
+                .map_err(|err| RouteError::Refused {
+                    op: "withdraw",
+                    route: *r,
+                    err,
+                })?;
+            info!(route = %r, table = self.table, "route withdrawn");
+            withdrawn += 1;
+        }
+        for r in want.difference(&have) {
+            self.request(
+                RouteNetlinkMessage::NewRoute(self.message(r)),
+                NLM_F_CREATE | NLM_F_REPLACE,
+            )
+            .map_err(|err| RouteError::Refused {
+                op: "add",
+                route: *r,
+                err,
+            })?;
+            info!(route = %r, table = self.table, "route added");
+            added += 1;
+        }
+        Ok((added, withdrawn))
+    }
+
+    fn message(&self, r: &ExportRoute) -> RouteMessage {
+        let (family, dest) = match r.dest.addr() {
+            IpAddr::V4(a) => (AddressFamily::Inet, RouteAddress::Inet(a)),
+            IpAddr::V6(a) => (AddressFamily::Inet6, RouteAddress::Inet6(a)),
+        };
+        let mut msg = RouteMessage::default();
+        msg.header = RouteHeader {
+            address_family: family,
+            destination_prefix_length: r.dest.prefix_len(),
+            table: u8::try_from(self.table).unwrap_or(RT_TABLE_COMPAT),
+            protocol: RouteProtocol::from(self.protocol),
+            scope: RouteScope::Universe,
+            kind: match r.kind {
+                RouteKind::Host => RouteType::Unicast,
+                RouteKind::Blackhole => RouteType::BlackHole,
+            },
+            ..Default::default()
+        };
+        msg.attributes.push(RouteAttribute::Destination(dest));
+        msg.attributes.push(RouteAttribute::Table(self.table));
+        if r.kind == RouteKind::Host {
+            msg.attributes.push(RouteAttribute::Oif(self.lo_ifindex));
+        }
+        msg
+    }
+
+    fn send(&mut self, payload: RouteNetlinkMessage, flags: u16) -> Result<u32, io::Error> {
+        self.seq = self.seq.wrapping_add(1);
+        let mut hdr = NetlinkHeader::default();
+        hdr.flags = NLM_F_REQUEST | flags;
+        hdr.sequence_number = self.seq;
+        let mut msg = NetlinkMessage::new(hdr, NetlinkPayload::from(payload));
+        msg.finalize();
+        let mut buf = vec![0; msg.buffer_len()];
+        msg.serialize(&mut buf);
+        self.socket.send(&buf, 0)?;
+        Ok(self.seq)
+    }
+
+    /// Sends one request and waits for its ACK.
+    fn request(&mut self, payload: RouteNetlinkMessage, flags: u16) -> Result<(), io::Error> {
+        let seq = self.send(payload, flags | NLM_F_ACK)?;
+        let mut done = false;
+        let mut result = Ok(());
+        self.receive(seq, |msg| {
+            if let NetlinkPayload::Error(e) = msg {
+                if e.code.is_some() {
+                    result = Err(e.to_io());
+                }
+                done = true;
+            }
+            done
+        })?;
+        result
+    }
+
+    /// Our routes currently in the table.
+    fn dump(&mut self) -> Result<BTreeSet<ExportRoute>, RouteError> {
+        let seq = self
+            .send(RouteNetlinkMessage::GetRoute(RouteMessage::default()), NLM_F_DUMP)
+            .map_err(RouteError::Dump)?;
+        let mut out = BTreeSet::new();
+        let (table, protocol) = (self.table, self.protocol);
+        let mut err = None;
+        self.receive(seq, |msg| match msg {
+            NetlinkPayload::InnerMessage(RouteNetlinkMessage::NewRoute(m)) => {
+                if let Some(r) = ours(&m, table, protocol) {
+                    out.insert(r);
+                }
+                false
+            }
+            NetlinkPayload::Done(_) => true,
+            NetlinkPayload::Error(e) => {
+                if e.code.is_some() {
+                    err = Some(e.to_io());
+                }
+                true
+            }
+            _ => false,
+        })
+        .map_err(RouteError::Dump)?;
+        match err {
+            Some(e) => Err(RouteError::Dump(e)),
+            None => Ok(out),
+        }
+    }
+
+    /// Feeds every reply to `seq` to `f` until it returns true.
+    fn receive(
+        &mut self,
+        seq: u32,
+        mut f: impl FnMut(NetlinkPayload<RouteNetlinkMessage>) -> bool,
+    ) -> Result<(), io::Error> {
+        let mut buf = vec![0u8; 1 << 16];
+        loop {
+            let n = self.socket.recv(&mut &mut buf[..], 0)?;
+            let mut off = 0;
+            while off < n {
+                let msg = NetlinkMessage::<RouteNetlinkMessage>::deserialize(&buf[off..n])
+                    .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e.to_string()))?;
+                let len = msg.header.length as usize;
+                if msg.header.sequence_number == seq && f(msg.payload) {
+                    return Ok(());
+                }
+                if len == 0 {
+                    break;
+                }
+                off += (len + 3) & !3;
+            }
+        }
+    }
+}
+
+/// The route as ours when it is in our table with our protocol.
+fn ours(m: &RouteMessage, table: u32, protocol: u8) -> Option<ExportRoute> {
+    if u8::from(m.header.protocol) != protocol {
+        return None;
+    }
+    let mut t = u32::from(m.header.table);
+    let mut dest = None;
+    for a in &m.attributes {
+        match a {
+            RouteAttribute::Table(x) => t = *x,
+            RouteAttribute::Destination(RouteAddress::Inet(a)) => dest = Some(IpAddr::V4(*a)),
+            RouteAttribute::Destination(RouteAddress::Inet6(a)) => dest = Some(IpAddr::V6(*a)),
+            _ => {}
+        }
+    }
+    if t != table {
+        return None;
+    }
+    let dest = match (dest, m.header.address_family) {
+        (Some(d), _) => d,
+        (None, AddressFamily::Inet) => IpAddr::from([0u8; 4]),
+        (None, _) => IpAddr::from([0u8; 16]),
+    };
+    let dest = IpNet::new(dest, m.header.destination_prefix_length).ok()?;
+    Some(ExportRoute {
+        dest,
+        kind: if m.header.kind == RouteType::BlackHole {
+            RouteKind::Blackhole
+        } else {
+            RouteKind::Host
+        },
+    })
+}
+
+/// The agent loop's north-south duties: keep the uplink program attached
+/// to `--uplink` (which may appear or be re-created at any time) and the
+/// route table in step with the applied plan.
+#[derive(Default)]
+pub struct NorthSouth {
+    exporter: Option<RouteExporter>,
+    exported: Option<BTreeSet<ExportRoute>>,
+    uplink: Option<u32>,
+    warned_uplink: bool,
+}
+
+impl NorthSouth {
+    pub fn tick(
+        &mut self,
+        dp: &mut crate::dataplane::Dataplane,
+        uplink: &str,
+        cfg: &Config,
+        applied: Option<&Plan>,
+        learned: &BTreeMap<AddrKey, LearnedIp>,
+    ) {
+        let ifindex = crate::agent::ifindex_of(uplink);
+        if ifindex != self.uplink {
+            match ifindex {
+                Some(i) => match dp.attach_uplink(uplink, i) {
+                    Ok(()) => {
+                        self.uplink = Some(i);
+                        self.warned_uplink = false;
+                    }
+                    Err(e) => tracing::error!("uplink {uplink}: {e:#}"),
+                },
+                None => {
+                    if !self.warned_uplink {
+                        tracing::warn!(
+                            uplink,
+                            "uplink interface not present: no routed ingress or SNAT return yet"
+                        );
+                        self.warned_uplink = true;
+                    }
+                    self.uplink = None;
+                }
+            }
+        }
+        let Some(plan) = applied else {
+            return;
+        };
+        let want = desired(cfg, plan, learned);
+        if self.exported.as_ref() == Some(&want) {
+            return;
+        }
+        if self.exporter.is_none() {
+            match RouteExporter::new(DEFAULT_TABLE, DEFAULT_PROTOCOL) {
+                Ok(e) => self.exporter = Some(e),
+                Err(e) => {
+                    tracing::error!("route export unavailable: {e}");
+                    return;
+                }
+            }
+        }
+        let exporter = self.exporter.as_mut().expect("just set");
+        match exporter.sync(&want) {
+            Ok(_) => self.exported = Some(want),
+            Err(e) => {
+                tracing::error!("route export failed (will retry): {e}");
+                // A fresh socket next time, in case this one is wedged.
+                self.exporter = None;
+            }
+        }
+    }
+}

@@ -1,0 +1,233 @@
+//! North-south egress from a VM port: frames the VM sends to the gateway
+//! MAC that the gateway does not answer itself. Routed networks forward
+//! them un-NATed through the node (next hop by `bpf_fib_lookup`, neighbour
+//! by `bpf_redirect_neigh`); SNAT networks translate them first (`snat`).
+//! Only source addresses inside the network's subnets leave.
+
+use aya_ebpf::{
+    bindings::{
+        BPF_FIB_LKUP_RET_FRAG_NEEDED, BPF_FIB_LKUP_RET_NO_NEIGH, BPF_FIB_LKUP_RET_SUCCESS,
+        TC_ACT_REDIRECT, bpf_fib_lookup as FibParams, bpf_redir_neigh,
+    },
+    btf_maps::{HashMap, LpmTrie, lpm_trie::Key},
+    helpers::generated::{bpf_fib_lookup, bpf_redirect, bpf_redirect_neigh},
+    macros::btf_map,
+    programs::TcContext,
+};
+use network_types::{
+    eth::EthHdr,
+    ip::{Ipv4Hdr, Ipv6Hdr},
+};
+use vmpath_common::{
+    AddrKey, MAX_ROUTED, MAX_SUBNETS, NET_F_ROUTED, NET_F_SNAT, NetworkInfo, PortInfo, RoutedAddr,
+    Subnet4, Subnet6, drop_reason,
+};
+
+use crate::{
+    csum,
+    fwd::Verdict,
+    mtu,
+    parse::{ETH_LEN, ptr_at},
+    snat,
+};
+
+const AF_INET: u8 = 2;
+const AF_INET6: u8 = 10;
+
+/// VM address (network 0) -> the port that hosts it, for routed ingress.
+#[btf_map(name = "vmp_routed")]
+pub static ROUTED: HashMap<AddrKey, RoutedAddr, { MAX_ROUTED as usize }> = HashMap::new();
+
+/// (network, IPv4 subnet) -> 1.
+#[btf_map(name = "vmp_subnets4")]
+pub static SUBNETS4: LpmTrie<Subnet4, u32, { MAX_SUBNETS as usize }> = LpmTrie::new();
+
+/// (network, IPv6 subnet) -> 1.
+#[btf_map(name = "vmp_subnets6")]
+pub static SUBNETS6: LpmTrie<Subnet6, u32, { MAX_SUBNETS as usize }> = LpmTrie::new();
+
+#[inline(always)]
+pub fn in_subnet4(network: u32, addr: [u8; 4]) -> bool {
+    let key = Key::new(
+        64,
+        Subnet4 {
+            network: network.to_be_bytes(),
+            addr,
+        },
+    );
+    SUBNETS4.get(&key).is_some()
+}
+
+#[inline(always)]
+fn in_subnet6(network: u32, addr: &[u8; 16]) -> bool {
+    let key = Key::new(
+        160,
+        Subnet6 {
+            network: network.to_be_bytes(),
+            addr: *addr,
+        },
+    );
+    SUBNETS6.get(&key).is_some()
+}
+
+/// IPv4 to the gateway MAC, not for the gateway itself.
+#[inline(always)]
+pub fn egress4(
+    ctx: &TcContext,
+    ifindex: u32,
+    port: &PortInfo,
+    net: &NetworkInfo,
+    l4_off: usize,
+) -> Verdict {
+    if net.flags & (NET_F_ROUTED | NET_F_SNAT) == 0 {
+        return Err(drop_reason::GATEWAY_UNROUTED);
+    }
+    let ip: *mut Ipv4Hdr = ptr_at(ctx, ETH_LEN)?;
+    let (src, ttl, tot_len) = unsafe { ((*ip).src_addr, (*ip).ttl, (*ip).tot_len) };
+    if !in_subnet4(port.network, src) {
+        return Err(drop_reason::ROUTE_SRC_OUTSIDE);
+    }
+    if ttl <= 1 {
+        return Err(drop_reason::ROUTE_TTL_EXCEEDED);
+    }
+    if mtu::too_big(ctx, net.mtu, u16::from_be_bytes(tot_len)) {
+        return mtu::frag_needed4(ctx, ifindex, net);
+    }
+    if net.flags & NET_F_ROUTED == 0 {
+        snat::egress4(ctx, ifindex, port, net, l4_off)?;
+    }
+    forward4(ctx, ifindex)
+}
+
+/// Decrements the TTL (fixing the header checksum) and sends the frame to
+/// the next hop the node's routing table picks.
+#[inline(always)]
+pub fn forward4(ctx: &TcContext, in_ifindex: u32) -> Verdict {
+    let ip: *mut Ipv4Hdr = ptr_at(ctx, ETH_LEN)?;
+    let mut p: FibParams = unsafe { core::mem::zeroed() };
+    unsafe {
+        p.family = AF_INET;
+        p.l4_protocol = (*ip).proto;
+        p.ifindex = in_ifindex;
+        p.__bindgen_anon_2.tos = (*ip).tos;
+        p.__bindgen_anon_3.ipv4_src = u32::from_ne_bytes((*ip).src_addr);
+        p.__bindgen_anon_4.ipv4_dst = u32::from_ne_bytes((*ip).dst_addr);
+    }
+    let rc = unsafe {
+        bpf_fib_lookup(
+            ctx.skb.skb as *mut _,
+            &mut p,
+            size_of::<FibParams>() as i32,
+            0,
+        )
+    };
+    let rc = rc as u32;
+    if rc != BPF_FIB_LKUP_RET_SUCCESS && rc != BPF_FIB_LKUP_RET_NO_NEIGH {
+        if rc == BPF_FIB_LKUP_RET_FRAG_NEEDED {
+            return Err(drop_reason::MTU_EXCEEDED);
+        }
+        return Err(drop_reason::ROUTE_NO_ROUTE);
+    }
+    let ip: *mut Ipv4Hdr = ptr_at(ctx, ETH_LEN)?;
+    unsafe {
+        let ip = &mut *ip;
+        let old = (u16::from(ip.ttl) << 8) | u16::from(ip.proto);
+        ip.ttl -= 1;
+        let new = (u16::from(ip.ttl) << 8) | u16::from(ip.proto);
+        ip.check = csum::replace16(u16::from_be_bytes(ip.check), old, new).to_be_bytes();
+    }
+    if rc == BPF_FIB_LKUP_RET_SUCCESS {
+        let eth: *mut EthHdr = ptr_at(ctx, 0)?;
+        unsafe {
+            (*eth).dst_addr = p.dmac;
+            (*eth).src_addr = p.smac;
+        }
+        return redirected(unsafe { bpf_redirect(p.ifindex, 0) });
+    }
+    let mut nh: bpf_redir_neigh = unsafe { core::mem::zeroed() };
+    nh.nh_family = u32::from(AF_INET);
+    nh.__bindgen_anon_1.ipv4_nh = unsafe { p.__bindgen_anon_4.ipv4_dst };
+    redirected(unsafe {
+        bpf_redirect_neigh(p.ifindex, &mut nh, size_of::<bpf_redir_neigh>() as i32, 0)
+    })
+}
+
+/// IPv6 to the gateway MAC, not for the gateway itself (routed only: SNAT
+/// is IPv4).
+#[inline(always)]
+pub fn egress6(ctx: &TcContext, ifindex: u32, port: &PortInfo, net: &NetworkInfo) -> Verdict {
+    if net.flags & NET_F_ROUTED == 0 {
+        return Err(drop_reason::GATEWAY_UNROUTED);
+    }
+    let ip: *mut Ipv6Hdr = ptr_at(ctx, ETH_LEN)?;
+    let src = unsafe { &(*ip).src_addr };
+    if !in_subnet6(port.network, src) {
+        return Err(drop_reason::ROUTE_SRC_OUTSIDE);
+    }
+    let (hop, payload_len) = unsafe { ((*ip).hop_limit, (*ip).payload_len) };
+    if hop <= 1 {
+        return Err(drop_reason::ROUTE_TTL_EXCEEDED);
+    }
+    if mtu::too_big(ctx, net.mtu, 40 + u16::from_be_bytes(payload_len)) {
+        return mtu::packet_too_big6(ctx, ifindex, net);
+    }
+    let mut p: FibParams = unsafe { core::mem::zeroed() };
+    unsafe {
+        p.family = AF_INET6;
+        p.l4_protocol = (*ip).next_hdr;
+        p.ifindex = ifindex;
+        let s = &(*ip).src_addr;
+        let d = &(*ip).dst_addr;
+        p.__bindgen_anon_3.ipv6_src = words(s);
+        p.__bindgen_anon_4.ipv6_dst = words(d);
+    }
+    let rc = unsafe {
+        bpf_fib_lookup(
+            ctx.skb.skb as *mut _,
+            &mut p,
+            size_of::<FibParams>() as i32,
+            0,
+        )
+    } as u32;
+    if rc != BPF_FIB_LKUP_RET_SUCCESS && rc != BPF_FIB_LKUP_RET_NO_NEIGH {
+        if rc == BPF_FIB_LKUP_RET_FRAG_NEEDED {
+            return Err(drop_reason::MTU_EXCEEDED);
+        }
+        return Err(drop_reason::ROUTE_NO_ROUTE);
+    }
+    let ip: *mut Ipv6Hdr = ptr_at(ctx, ETH_LEN)?;
+    unsafe { (*ip).hop_limit -= 1 };
+    if rc == BPF_FIB_LKUP_RET_SUCCESS {
+        let eth: *mut EthHdr = ptr_at(ctx, 0)?;
+        unsafe {
+            (*eth).dst_addr = p.dmac;
+            (*eth).src_addr = p.smac;
+        }
+        return redirected(unsafe { bpf_redirect(p.ifindex, 0) });
+    }
+    let mut nh: bpf_redir_neigh = unsafe { core::mem::zeroed() };
+    nh.nh_family = u32::from(AF_INET6);
+    nh.__bindgen_anon_1.ipv6_nh = unsafe { p.__bindgen_anon_4.ipv6_dst };
+    redirected(unsafe {
+        bpf_redirect_neigh(p.ifindex, &mut nh, size_of::<bpf_redir_neigh>() as i32, 0)
+    })
+}
+
+#[inline(always)]
+fn words(a: &[u8; 16]) -> [u32; 4] {
+    [
+        u32::from_ne_bytes([a[0], a[1], a[2], a[3]]),
+        u32::from_ne_bytes([a[4], a[5], a[6], a[7]]),
+        u32::from_ne_bytes([a[8], a[9], a[10], a[11]]),
+        u32::from_ne_bytes([a[12], a[13], a[14], a[15]]),
+    ]
+}
+
+#[inline(always)]
+fn redirected(rc: i64) -> Verdict {
+    if rc == i64::from(TC_ACT_REDIRECT) {
+        Ok(TC_ACT_REDIRECT)
+    } else {
+        Err(drop_reason::HELPER_FAILED)
+    }
+}

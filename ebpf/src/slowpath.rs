@@ -1,0 +1,129 @@
+//! The slow path (DESIGN.md §2): DHCPv4, DHCPv6 and router solicitations
+//! leave the VM port tagged with the port's id in an 802.1Q header and go
+//! out of `vmp-slow0`; XDP on its peer `vmp-slow1` hands them to the
+//! agent's AF_XDP socket; the agent's replies come back tagged into
+//! `vmp-slow0`, lose the tag and leave through the VM's port.
+
+use aya_ebpf::{
+    bindings::{TC_ACT_REDIRECT, TC_ACT_SHOT, bpf_adj_room_mode::BPF_ADJ_ROOM_MAC, xdp_action},
+    helpers::generated::{bpf_redirect, bpf_skb_vlan_pop},
+    macros::{classifier, xdp},
+    programs::{TcContext, XdpContext},
+};
+use vmpath_common::{PortInfo, drop_reason};
+
+use crate::{
+    counters,
+    fwd::Verdict,
+    maps::{PORT_IDS, SLOW, XSKS},
+    parse::{ETH_LEN, ptr_at},
+};
+
+const ETH_P_8021Q: u16 = 0x8100;
+const VLAN_LEN: u32 = 4;
+const VID_MASK: u16 = 0x0fff;
+
+/// Sends a frame from a VM port to the agent, tagged with the port id.
+#[inline(always)]
+pub fn punt(ctx: &TcContext, port: &PortInfo) -> Verdict {
+    let slow = match SLOW.get(0) {
+        Some(s) if s.ifindex != 0 => s.ifindex,
+        _ => return Err(drop_reason::SLOWPATH_DOWN),
+    };
+    // Room for the tag between the MAC header and L3.
+    if ctx
+        .adjust_room(VLAN_LEN as i32, BPF_ADJ_ROOM_MAC, 0)
+        .is_err()
+    {
+        return Err(drop_reason::HELPER_FAILED);
+    }
+    // [dst][src][type][room] -> [dst][src][8100][tci][type]
+    let hdr: *mut [u8; ETH_LEN + 4] = ptr_at(ctx, 0)?;
+    let h = unsafe { &mut *hdr };
+    let (t0, t1) = (h[12], h[13]);
+    let tci = (port.port_id as u16 & VID_MASK).to_be_bytes();
+    let tpid = ETH_P_8021Q.to_be_bytes();
+    h[12] = tpid[0];
+    h[13] = tpid[1];
+    h[14] = tci[0];
+    h[15] = tci[1];
+    h[16] = t0;
+    h[17] = t1;
+    let rc = unsafe { bpf_redirect(slow, 0) };
+    if rc == i64::from(TC_ACT_REDIRECT) {
+        Ok(TC_ACT_REDIRECT)
+    } else {
+        Err(drop_reason::HELPER_FAILED)
+    }
+}
+
+/// XDP on `vmp-slow1`: into the agent's socket, or dropped (and counted)
+/// when no agent listens. Never XDP_ABORTED.
+#[xdp]
+pub fn slow_rx(ctx: XdpContext) -> u32 {
+    let queue = ctx.rx_queue_index();
+    if XSKS.get(queue).is_none() {
+        counters::count_drop(0, drop_reason::SLOWPATH_NO_LISTENER);
+        return xdp_action::XDP_DROP;
+    }
+    match XSKS.redirect(queue, u64::from(xdp_action::XDP_DROP)) {
+        Ok(action) => action,
+        Err(_) => {
+            counters::count_drop(0, drop_reason::SLOWPATH_NO_LISTENER);
+            xdp_action::XDP_DROP
+        }
+    }
+}
+
+/// tcx ingress on `vmp-slow0`: the agent's replies, out of the VM's port.
+#[classifier]
+pub fn slow_return(ctx: TcContext) -> i32 {
+    match try_slow_return(&ctx) {
+        Ok(action) => action,
+        Err(reason) => {
+            counters::count_drop(0, reason);
+            TC_ACT_SHOT
+        }
+    }
+}
+
+#[inline(always)]
+fn try_slow_return(ctx: &TcContext) -> Verdict {
+    let skb = ctx.skb.skb;
+    // The stack moves a received 802.1Q tag out of the frame before tc.
+    let port_id = if unsafe { (*skb).vlan_present } != 0 {
+        let vid = unsafe { (*skb).vlan_tci } & u32::from(VID_MASK);
+        if unsafe { bpf_skb_vlan_pop(skb) } != 0 {
+            return Err(drop_reason::HELPER_FAILED);
+        }
+        vid
+    } else {
+        let hdr: *mut [u8; ETH_LEN + 4] = ptr_at(ctx, 0)?;
+        let h = unsafe { &mut *hdr };
+        if u16::from_be_bytes([h[12], h[13]]) != ETH_P_8021Q {
+            return Err(drop_reason::SLOWPATH_BAD_TAG);
+        }
+        let vid = u32::from(u16::from_be_bytes([h[14], h[15]]) & VID_MASK);
+        // [8100][tci][type] -> [type] (the 4 bytes after the MAC header go)
+        h[12] = h[16];
+        h[13] = h[17];
+        if ctx
+            .adjust_room(-(VLAN_LEN as i32), BPF_ADJ_ROOM_MAC, 0)
+            .is_err()
+        {
+            return Err(drop_reason::HELPER_FAILED);
+        }
+        vid
+    };
+    let Some(ifindex) = (unsafe { PORT_IDS.get(&port_id) }) else {
+        return Err(drop_reason::SLOWPATH_BAD_TAG);
+    };
+    let ifindex = *ifindex;
+    counters::count_tx(ifindex, ctx.len());
+    let rc = unsafe { bpf_redirect(ifindex, 0) };
+    if rc == i64::from(TC_ACT_REDIRECT) {
+        Ok(TC_ACT_REDIRECT)
+    } else {
+        Err(drop_reason::HELPER_FAILED)
+    }
+}

@@ -1,0 +1,116 @@
+//! tcx ingress on the node's uplink: frames from the fabric. Routed
+//! ingress to a VM address hosted on this node is rewritten (src = gateway
+//! MAC, dst = VM MAC, TTL / hop limit decremented) and sent into the VM
+//! with `bpf_redirect_peer`; SNAT return traffic is reverse-translated;
+//! everything else passes to the host stack untouched.
+
+use aya_ebpf::{
+    bindings::{TC_ACT_OK, TC_ACT_SHOT},
+    macros::classifier,
+    programs::TcContext,
+};
+use network_types::{
+    eth::EthHdr,
+    ip::{Ipv4Hdr, Ipv6Hdr},
+};
+use vmpath_common::{AF_INET, AF_INET6, AddrKey, drop_reason};
+
+use crate::{
+    counters, csum,
+    fwd::{Verdict, deliver_local},
+    mtu,
+    parse::{ETH_LEN, ETH_P_IP, ETH_P_IPV6, ptr_at},
+    route::ROUTED,
+    snat,
+};
+
+#[classifier]
+pub fn uplink(ctx: TcContext) -> i32 {
+    let ifindex = unsafe { (*ctx.skb.skb).ifindex };
+    match try_uplink(&ctx) {
+        Ok(action) => action,
+        Err(reason) => {
+            counters::count_drop(ifindex, reason);
+            TC_ACT_SHOT
+        }
+    }
+}
+
+#[inline(always)]
+fn try_uplink(ctx: &TcContext) -> Verdict {
+    let eth: *const EthHdr = ptr_at(ctx, 0)?;
+    match u16::from_be(unsafe { (*eth).ether_type }) {
+        ETH_P_IP => ingress4(ctx),
+        ETH_P_IPV6 => ingress6(ctx),
+        _ => Ok(TC_ACT_OK),
+    }
+}
+
+#[inline(always)]
+fn ingress4(ctx: &TcContext) -> Verdict {
+    let Ok(ip) = ptr_at::<Ipv4Hdr>(ctx, ETH_LEN) else {
+        return Ok(TC_ACT_OK);
+    };
+    let dst = unsafe { (*ip).dst_addr };
+    let key = AddrKey {
+        network: 0,
+        family: AF_INET,
+        _pad: [0; 3],
+        addr: [
+            dst[0], dst[1], dst[2], dst[3], 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
+        ],
+    };
+    let Some(r) = (unsafe { ROUTED.get(&key) }) else {
+        if let Some(action) = snat::ingress4(ctx)? {
+            return Ok(action);
+        }
+        return Ok(TC_ACT_OK);
+    };
+    let ip = unsafe { &mut *ip };
+    if ip.ttl <= 1 {
+        return Err(drop_reason::ROUTE_TTL_EXCEEDED);
+    }
+    if mtu::too_big(ctx, r.mtu, u16::from_be_bytes(ip.tot_len)) {
+        return Err(drop_reason::MTU_EXCEEDED);
+    }
+    let old = (u16::from(ip.ttl) << 8) | u16::from(ip.proto);
+    ip.ttl -= 1;
+    let new = (u16::from(ip.ttl) << 8) | u16::from(ip.proto);
+    ip.check = csum::replace16(u16::from_be_bytes(ip.check), old, new).to_be_bytes();
+    let eth: *mut EthHdr = ptr_at(ctx, 0)?;
+    unsafe {
+        (*eth).src_addr = r.gw_mac;
+        (*eth).dst_addr = r.vm_mac;
+    }
+    deliver_local(ctx, r.ifindex)
+}
+
+#[inline(always)]
+fn ingress6(ctx: &TcContext) -> Verdict {
+    let Ok(ip) = ptr_at::<Ipv6Hdr>(ctx, ETH_LEN) else {
+        return Ok(TC_ACT_OK);
+    };
+    let key = AddrKey {
+        network: 0,
+        family: AF_INET6,
+        _pad: [0; 3],
+        addr: unsafe { (*ip).dst_addr },
+    };
+    let Some(r) = (unsafe { ROUTED.get(&key) }) else {
+        return Ok(TC_ACT_OK);
+    };
+    let ip = unsafe { &mut *ip };
+    if ip.hop_limit <= 1 {
+        return Err(drop_reason::ROUTE_TTL_EXCEEDED);
+    }
+    if mtu::too_big(ctx, r.mtu, 40 + u16::from_be_bytes(ip.payload_len)) {
+        return Err(drop_reason::MTU_EXCEEDED);
+    }
+    ip.hop_limit -= 1;
+    let eth: *mut EthHdr = ptr_at(ctx, 0)?;
+    unsafe {
+        (*eth).src_addr = r.gw_mac;
+        (*eth).dst_addr = r.vm_mac;
+    }
+    deliver_local(ctx, r.ifindex)
+}
