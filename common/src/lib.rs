@@ -310,7 +310,10 @@ pub mod drop_reason {
     pub const SNAT_UNSUPPORTED: u32 = 21;
     /// SNAT: the node has no SNAT address programmed.
     pub const SNAT_NO_ADDRESS: u32 = 22;
-    pub const COUNT: u32 = 23;
+    /// A VM sent a router advertisement, a redirect, or a neighbour
+    /// advertisement for the gateway's address (IP filter on).
+    pub const ND_SPOOF: u32 = 23;
+    pub const COUNT: u32 = 24;
 
     /// Names as shown in metrics and the CLI, indexed by reason.
     pub const NAMES: [&str; COUNT as usize] = [
@@ -337,6 +340,7 @@ pub mod drop_reason {
         "snat_table_full",
         "snat_unsupported",
         "snat_no_address",
+        "nd_spoof",
     ];
 }
 

@@ -148,6 +148,7 @@ fn ipv4(
         if proto == IPPROTO_ICMP
             && net.flags & vmpath_common::NET_F_GW4 != 0
             && dst_ip == net.gw_ip4
+            && !is_fragment(ctx)?
         {
             icmp::echo_reply4(ctx, l4_off, net)?;
             return gateway_reply(ifindex);
@@ -205,12 +206,20 @@ fn ipv6(
     if next_hdr == IPPROTO_ICMPV6 {
         let icmp: *const nd::Icmp6Hdr = ptr_at(ctx, ETH_LEN + 40)?;
         let icmp_type = unsafe { (*icmp).type_ };
+        // Only the gateway advertises routes or redirects, and only it
+        // speaks for its addresses.
+        if spoof::ip_filter_on(port) && nd::claims_router(ctx, net, icmp_type)? {
+            return Err(drop_reason::ND_SPOOF);
+        }
         if icmp_type == nd::ND_NEIGHBOR_SOLICIT && !spoof::is_unspecified6(&src_ip) {
             if let Some(target) = nd::ns_gateway_target(ctx, net)? {
                 nd::neighbor_advert(ctx, net, target)?;
                 return gateway_reply(ifindex);
             }
-        } else if icmp_type == nd::ICMPV6_ECHO_REQUEST && nd::is_gateway6(net, &dst_ip) {
+        } else if icmp_type == nd::ICMPV6_ECHO_REQUEST
+            && nd::is_gateway6(net, &dst_ip)
+            && mac_eq(&dst, &net.gw_mac)
+        {
             nd::echo_reply6(ctx, net)?;
             return gateway_reply(ifindex);
         }
@@ -220,6 +229,13 @@ fn ipv6(
         return route::egress6(ctx, ifindex, port, net);
     }
     fwd::switch(ctx, ifindex, port.network, dst)
+}
+
+/// Any fragment but a whole datagram (MF set or a non-zero offset).
+#[inline(always)]
+fn is_fragment(ctx: &TcContext) -> Result<bool, u32> {
+    let ip: *const Ipv4Hdr = ptr_at(ctx, ETH_LEN)?;
+    Ok(u16::from_be_bytes(unsafe { (*ip).frags }) & 0x3fff != 0)
 }
 
 #[inline(always)]

@@ -14,6 +14,9 @@ pub const ICMPV6_ECHO_REQUEST: u8 = 128;
 const ICMPV6_ECHO_REPLY: u8 = 129;
 pub const ND_ROUTER_SOLICIT: u8 = 133;
 pub const ND_NEIGHBOR_SOLICIT: u8 = 135;
+const ND_ROUTER_ADVERT: u8 = 134;
+const ND_NEIGHBOR_ADVERT_TYPE: u8 = 136;
+const ND_REDIRECT: u8 = 137;
 const ND_NEIGHBOR_ADVERT: u8 = 136;
 const IPV6_LEN: usize = 40;
 const L4_OFF: usize = ETH_LEN + IPV6_LEN;
@@ -45,6 +48,21 @@ struct NsMsg {
 #[inline(always)]
 pub fn is_gateway6(net: &NetworkInfo, addr: &[u8; 16]) -> bool {
     net.flags & NET_F_GW6 != 0 && (addr16_eq(addr, &net.gw_ip6) || addr16_eq(addr, &net.gw_ll6))
+}
+
+/// Does this ICMPv6 message from a VM speak as a router: an RA, a redirect,
+/// or an NA for one of the gateway's addresses?
+#[inline(always)]
+pub fn claims_router(ctx: &TcContext, net: &NetworkInfo, icmp_type: u8) -> Result<bool, u32> {
+    if icmp_type == ND_ROUTER_ADVERT || icmp_type == ND_REDIRECT {
+        return Ok(true);
+    }
+    if icmp_type != ND_NEIGHBOR_ADVERT_TYPE {
+        return Ok(false);
+    }
+    let na: *const NsMsg = ptr_at(ctx, L4_OFF)?;
+    let target = unsafe { (*na).target };
+    Ok(is_gateway6(net, &target))
 }
 
 /// If the NS at L4 asks for a gateway address, the address it asks for.

@@ -858,6 +858,13 @@ fn arp() {
 #[test]
 fn icmp4_gateway_echo() {
     let data = payload(56);
+    let fragment = |src: Ip4, dst: Ip4, more: bool, offset: u16| {
+        let mut h = ipv4_hdr(src, dst, 64);
+        h.dont_fragment = false;
+        h.more_fragments = more;
+        h.fragment_offset = etherparse::IpFragOffset::try_new(offset).unwrap();
+        h
+    };
     let big = payload(1401);
     let to_gw = |src: Ip4, dst: Ip4, ttl: u8, t: Icmpv4Type, data: &[u8]| {
         icmp4(A.mac(), GW1_MAC, ipv4_hdr(src, dst, ttl), t, data)
@@ -903,6 +910,12 @@ fn icmp4_gateway_echo() {
         case("echo request with code 1 -> GATEWAY_UNROUTED", A, FILTERS,
             to_gw(A.ip4(), GW1_IP4, 64, icmp4_raw(8, 1, [0, 1, 0, 1]), &data),
             Dropped(GATEWAY_UNROUTED)),
+        case("first fragment of an echo request (MF) -> not answered: GATEWAY_UNROUTED", A, FILTERS,
+            icmp4(A.mac(), GW1_MAC, fragment(A.ip4(), GW1_IP4, true, 0), echo4_request(1, 1), &data),
+            Dropped(GATEWAY_UNROUTED)),
+        case("later fragment whose data looks like an echo request -> GATEWAY_UNROUTED", A, FILTERS,
+            icmp4(A.mac(), GW1_MAC, fragment(A.ip4(), GW1_IP4, false, 185), echo4_request(1, 1), &data),
+            Dropped(GATEWAY_UNROUTED)),
         case("timestamp request to the gateway -> GATEWAY_UNROUTED", A, FILTERS,
             to_gw(A.ip4(), GW1_IP4, 64, icmp4_raw(13, 0, [0, 1, 0, 1]), &[0; 12]),
             Dropped(GATEWAY_UNROUTED)),
@@ -947,6 +960,9 @@ fn icmp6_gateway_echo() {
     };
     #[rustfmt::skip]
     let rows = vec![
+        case("echo request to the gateway address but another VM's MAC -> switched", A, FILTERS,
+            icmp6(A.mac(), B.mac(), A.ip6(), GW1_IP6, 64, echo6_request(0x4321, 9), &payload(8)),
+            Forward(&[B])),
         case("echo request to the gateway -> reply, hop limit 64", A, FILTERS,
             request(A.ip6(), GW1_IP6, 33, &data),
             Reply(reply(GW1_IP6, A.ip6(), &data))),
@@ -985,6 +1001,9 @@ fn icmp6_gateway_echo() {
 }
 
 /// Neighbour solicitations for the gateway are answered with an 86-byte NA.
+const ALL_NODES: Ip6 = [0xff, 2, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1];
+const ALL_NODES_MAC: Mac = [0x33, 0x33, 0, 0, 0, 1];
+
 #[test]
 fn nd_gateway() {
     let sn_gw = solicited_node(GW1_IP6);
@@ -1016,6 +1035,22 @@ fn nd_gateway() {
     };
     #[rustfmt::skip]
     let rows = vec![
+        case("a VM's router advertisement -> ND_SPOOF", A, FILTERS,
+            icmp6(A.mac(), ALL_NODES_MAC, A.ll6(), ALL_NODES, 255, icmp6_raw(134, 0, [64, 0x80, 7, 8]), &[0; 8]),
+            Dropped(ND_SPOOF)),
+        case("a VM's router advertisement with the IP filter off -> flooded", A, NO_FILTERS,
+            icmp6(A.mac(), ALL_NODES_MAC, A.ll6(), ALL_NODES, 255, icmp6_raw(134, 0, [64, 0x80, 7, 8]), &[0; 8]),
+            Forward(&[B, C])),
+        case("a VM's redirect -> ND_SPOOF", A, FILTERS,
+            icmp6(A.mac(), B.mac(), A.ll6(), B.ip6(), 255, icmp6_raw(137, 0, [0; 4]), &[0; 32]),
+            Dropped(ND_SPOOF)),
+        case("a VM's unsolicited NA for the gateway address -> ND_SPOOF", A, FILTERS,
+            icmp6(A.mac(), ALL_NODES_MAC, A.ll6(), ALL_NODES, 255, icmp6_raw(136, 0, [0x20, 0, 0, 0]),
+                &[GW1_IP6.as_slice(), lla_option(2, A.mac()).as_slice()].concat()),
+            Dropped(ND_SPOOF)),
+        case("a VM's NA for its own address -> flooded", A, FILTERS,
+            na_rso(A.mac(), ALL_NODES_MAC, A.ip6(), ALL_NODES, A.mac()),
+            Forward(&[B, C])),
         case("NS for the gateway with SLLA (86 bytes) -> NA (R,S,O, TLLA) to the VM", A, FILTERS,
             ns(A.mac(), sn_mac, A.ip6(), sn_gw, 255, GW1_IP6, &slla),
             Reply(na(GW1_IP6, A.ip6()))),
