@@ -214,6 +214,7 @@ pub fn run_with(opts: &AgentOptions, shared: SharedView, slow_stats: slowpath::S
     let mut refused_macs: BTreeSet<(AttachmentKey, [u8; 6])> = BTreeSet::new();
     let mut north_south = crate::routes::NorthSouth::default();
     loop {
+        crate::api::heartbeat();
         let snap = config::source::read_dir(&opts.config_dir);
         if snap.empty {
             // A ConfigMap not mounted yet must never wipe a running data path.

@@ -418,7 +418,7 @@ impl Drop for Node {
 }
 
 /// Runs iperf3 from `client` to `server_ip` served in `server`; returns the
-/// client's JSON report. `udp` sends at 500 Mbit/s.
+/// client's JSON report. `udp` sends at 200 Mbit/s.
 pub fn iperf3(
     server: &Netns,
     client: &Netns,
@@ -431,7 +431,7 @@ pub fn iperf3(
     let secs = seconds.to_string();
     let mut args = vec!["iperf3", "-c", server_ip, "-p", &port, "-t", &secs, "-J"];
     if udp {
-        args.extend(["-u", "-b", "500M"]);
+        args.extend(["-u", "-b", "200M"]);
     }
     // Connect only once the server listens (iperf3 -J reports a refused
     // connection in its JSON, not always in its exit code).
@@ -492,4 +492,133 @@ pub mod yaml {
     pub fn docs(docs: &[String]) -> String {
         docs.join("---\n")
     }
+}
+
+// ---------------------------------------------------------------------------
+// North-south: a top-of-rack router, external hosts, BIRD
+// ---------------------------------------------------------------------------
+
+/// Joins `a` and `b` with a veth pair (`a_if` in `a`, `b_if` in `b`), each
+/// end with an address (`""`: none) and up.
+pub fn link(a: &Netns, a_if: &str, a_addr: &str, b: &Netns, b_if: &str, b_addr: &str) {
+    run(&[
+        "ip", "link", "add", a_if, "netns", &a.name, "type", "veth", "peer", "name", b_if,
+        "netns", &b.name,
+    ]);
+    for (ns, ifname, addr) in [(a, a_if, a_addr), (b, b_if, b_addr)] {
+        if !addr.is_empty() {
+            let mut args = vec!["ip", "addr", "add", addr, "dev", ifname];
+            if addr.contains(':') {
+                args.push("nodad");
+            }
+            ns.run(&args);
+        }
+        ns.run(&["ip", "link", "set", ifname, "up"]);
+    }
+}
+
+/// Turns IPv4 and IPv6 forwarding on in `ns`.
+pub fn enable_forwarding(ns: &Netns) {
+    ns.run(&["sysctl", "-qw", "net.ipv4.ip_forward=1"]);
+    ns.run(&["sysctl", "-qw", "net.ipv6.conf.all.forwarding=1"]);
+}
+
+/// A BIRD 2 daemon inside a namespace, with its own config, control socket
+/// and pid file in a temporary directory (never the system service).
+/// Killed on drop.
+pub struct Bird {
+    pub name: String,
+    pub dir: PathBuf,
+    child: Option<Child>,
+}
+
+impl Bird {
+    pub fn start(ns: &Netns, name: &str, config: &str) -> Bird {
+        let dir = std::env::temp_dir().join(format!("vmpath-bird-{}-{name}", ns.name));
+        let _ = fs::remove_dir_all(&dir);
+        fs::create_dir_all(&dir).unwrap();
+        let conf = dir.join("bird.conf");
+        fs::write(&conf, config).unwrap();
+        let log = fs::File::create(dir.join("bird.out")).unwrap();
+        let child = Command::new("nsenter")
+            .arg(format!("--net={}", ns.path()))
+            .args(["bird", "-f", "-c"])
+            .arg(&conf)
+            .arg("-s")
+            .arg(dir.join("bird.ctl"))
+            .arg("-P")
+            .arg(dir.join("bird.pid"))
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .spawn()
+            .expect("starting bird");
+        let bird = Bird {
+            name: name.to_string(),
+            dir,
+            child: Some(child),
+        };
+        wait_for(&format!("bird {name} control socket"), Duration::from_secs(10), || {
+            bird.dir.join("bird.ctl").exists()
+        });
+        bird
+    }
+
+    /// `birdc -s SOCK <args>`.
+    pub fn birdc(&self, args: &[&str]) -> String {
+        let sock = self.dir.join("bird.ctl");
+        let mut all = vec!["birdc", "-s", sock.to_str().unwrap()];
+        all.extend_from_slice(args);
+        run(&all)
+    }
+
+    pub fn show_route(&self) -> String {
+        self.birdc(&["show", "route"])
+    }
+
+    pub fn output(&self) -> String {
+        fs::read_to_string(self.dir.join("bird.out")).unwrap_or_default()
+    }
+}
+
+impl Drop for Bird {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+        if std::thread::panicking() {
+            eprintln!("--- bird {} output ---\n{}", self.name, self.output());
+        }
+        let _ = fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// BIRD on a node, as DESIGN.md §3a: learns the agent's table (100) and
+/// exports only protocol-250 routes to the ToR over eBGP.
+pub fn bird_node_config(router_id: &str, local: &str, local_as: u32, tor: &str, tor_as: u32) -> String {
+    format!(
+        "router id {router_id};
+protocol device {{ scan time 1; }}
+protocol kernel vmpath4 {{ kernel table 100; learn; scan time 1; ipv4 {{ import all; export none; }}; }}
+filter vmpath_out {{ if krt_source = 250 then accept; reject; }}
+protocol bgp tor {{ local {local} as {local_as}; neighbor {tor} as {tor_as};
+  connect delay time 1; connect retry time 2; error wait time 1, 10;
+  ipv4 {{ import none; export filter vmpath_out; }}; }}
+"
+    )
+}
+
+/// BIRD on a ToR: takes every route the node offers and installs it in the
+/// ToR's main table.
+pub fn bird_tor_config(router_id: &str, local: &str, local_as: u32, node: &str, node_as: u32) -> String {
+    format!(
+        "router id {router_id};
+protocol device {{ scan time 1; }}
+protocol kernel {{ scan time 1; ipv4 {{ import none; export all; }}; }}
+protocol bgp node {{ local {local} as {local_as}; neighbor {node} as {node_as};
+  connect delay time 1; connect retry time 2; error wait time 1, 10;
+  ipv4 {{ import all; export none; }}; }}
+"
+    )
 }

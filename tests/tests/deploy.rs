@@ -1,0 +1,432 @@
+//! The manifests in deploy/: every document is a valid Kubernetes object
+//! (deserialized into k8s-openapi types, with no field the API would not
+//! know), the DaemonSet has the facts the agent relies on, and the example
+//! config passes vmpath's own validation.
+
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    fs,
+    path::{Path, PathBuf},
+    process::Command,
+};
+
+use k8s_openapi::{
+    api::{
+        apps::v1::DaemonSet,
+        core::v1::{ConfigMap, Container, Namespace, ServiceAccount},
+        rbac::v1::{ClusterRole, ClusterRoleBinding},
+    },
+    serde::{Serialize, de::DeserializeOwned},
+};
+use serde_yaml::Value;
+use vmpath_tests::vmpath;
+
+fn deploy_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .unwrap()
+        .join("deploy")
+}
+
+/// Every document of every deploy/*.yaml, with its file.
+fn documents() -> Vec<(String, Value)> {
+    let mut files: Vec<PathBuf> = fs::read_dir(deploy_dir())
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "yaml" || e == "yml"))
+        .collect();
+    files.sort();
+    assert!(!files.is_empty(), "no manifests in deploy/");
+    let mut docs = Vec::new();
+    for file in files {
+        let text = fs::read_to_string(&file).unwrap();
+        let name = file.file_name().unwrap().to_string_lossy().to_string();
+        for de in serde_yaml::Deserializer::from_str(&text) {
+            let value = <Value as k8s_openapi::serde::Deserialize>::deserialize(de)
+                .unwrap_or_else(|e| panic!("{name}: not valid YAML: {e}"));
+            if !value.is_null() {
+                docs.push((name.clone(), value));
+            }
+        }
+    }
+    docs
+}
+
+/// Deserializes `doc` as `T` and checks nothing was dropped on the way: a
+/// misspelt or misplaced field, which Kubernetes would reject or ignore,
+/// makes the round trip differ.
+fn typed<T: DeserializeOwned + Serialize>(file: &str, doc: &Value) -> T {
+    let obj: T = serde_yaml::from_value(doc.clone())
+        .unwrap_or_else(|e| panic!("{file}: {} does not deserialize: {e}", describe(doc)));
+    let back = serde_yaml::to_value(&obj).unwrap();
+    let (want, have) = (normalize(doc), normalize(&back));
+    assert_eq!(
+        want,
+        have,
+        "{file}: {} has fields Kubernetes does not know (left: as written, right: as understood)",
+        describe(doc)
+    );
+    obj
+}
+
+fn normalize(v: &Value) -> serde_json::Value {
+    serde_json::to_value(v).unwrap()
+}
+
+fn describe(doc: &Value) -> String {
+    format!(
+        "{} {}",
+        doc["kind"].as_str().unwrap_or("?"),
+        doc["metadata"]["name"].as_str().unwrap_or("?")
+    )
+}
+
+struct Manifests {
+    daemonsets: Vec<DaemonSet>,
+    config_maps: Vec<ConfigMap>,
+    cluster_roles: Vec<ClusterRole>,
+    bindings: Vec<ClusterRoleBinding>,
+    service_accounts: Vec<ServiceAccount>,
+    namespaces: Vec<Namespace>,
+}
+
+fn manifests() -> Manifests {
+    let mut m = Manifests {
+        daemonsets: vec![],
+        config_maps: vec![],
+        cluster_roles: vec![],
+        bindings: vec![],
+        service_accounts: vec![],
+        namespaces: vec![],
+    };
+    for (file, doc) in documents() {
+        match doc["kind"].as_str() {
+            Some("DaemonSet") => m.daemonsets.push(typed(&file, &doc)),
+            Some("ConfigMap") => m.config_maps.push(typed(&file, &doc)),
+            Some("ClusterRole") => m.cluster_roles.push(typed(&file, &doc)),
+            Some("ClusterRoleBinding") => m.bindings.push(typed(&file, &doc)),
+            Some("ServiceAccount") => m.service_accounts.push(typed(&file, &doc)),
+            Some("Namespace") => m.namespaces.push(typed(&file, &doc)),
+            other => panic!("{file}: unexpected kind {other:?}"),
+        }
+    }
+    m
+}
+
+fn container<'a>(containers: &'a [Container], name: &str) -> &'a Container {
+    containers
+        .iter()
+        .find(|c| c.name == name)
+        .unwrap_or_else(|| panic!("no container {name}"))
+}
+
+#[test]
+fn every_manifest_is_a_valid_kubernetes_object() {
+    let m = manifests();
+    assert_eq!(m.daemonsets.len(), 1);
+    assert_eq!(m.config_maps.len(), 2);
+    assert_eq!(m.namespaces.len(), 1);
+    assert_eq!(m.service_accounts.len(), 1);
+    assert_eq!(m.cluster_roles.len(), 1);
+    assert_eq!(m.bindings.len(), 1);
+    let ns = m.namespaces[0].metadata.name.as_deref().unwrap();
+    assert_eq!(ns, "vmpath-system");
+    for (kind, obj_ns) in [
+        ("DaemonSet", &m.daemonsets[0].metadata.namespace),
+        ("ServiceAccount", &m.service_accounts[0].metadata.namespace),
+    ]
+    .into_iter()
+    .chain(
+        m.config_maps
+            .iter()
+            .map(|c| ("ConfigMap", &c.metadata.namespace)),
+    ) {
+        assert_eq!(obj_ns.as_deref(), Some(ns), "{kind} namespace");
+    }
+}
+
+#[test]
+fn daemonset_runs_the_agent_unprivileged_on_the_host_network() {
+    let m = manifests();
+    let ds = &m.daemonsets[0];
+    let spec = ds.spec.as_ref().unwrap();
+    let strategy = spec.update_strategy.as_ref().unwrap();
+    assert_eq!(strategy.type_.as_deref(), Some("RollingUpdate"));
+    assert_eq!(
+        strategy
+            .rolling_update
+            .as_ref()
+            .unwrap()
+            .max_unavailable
+            .as_ref(),
+        Some(&k8s_openapi::apimachinery::pkg::util::intstr::IntOrString::Int(1))
+    );
+    let pod = spec.template.spec.as_ref().unwrap();
+    assert_eq!(pod.host_network, Some(true), "hostNetwork");
+    assert_ne!(pod.host_pid, Some(true), "hostPID");
+    assert_eq!(pod.service_account_name.as_deref(), Some("vmpath"));
+    assert_eq!(
+        pod.service_account_name.as_deref(),
+        m.service_accounts[0].metadata.name.as_deref()
+    );
+    let tolerations = pod.tolerations.as_ref().unwrap();
+    assert!(
+        tolerations
+            .iter()
+            .any(|t| t.operator.as_deref() == Some("Exists")
+                && t.key.is_none()
+                && t.effect.is_none()),
+        "tolerates every taint: {tolerations:?}"
+    );
+
+    let agent = container(&pod.containers, "vmpath");
+    assert_eq!(
+        agent.command.as_deref(),
+        Some(&["vmpath".to_string(), "agent".to_string()][..])
+    );
+    let node_name = agent
+        .env
+        .as_ref()
+        .unwrap()
+        .iter()
+        .find(|e| e.name == "NODE_NAME")
+        .expect("NODE_NAME env");
+    assert_eq!(
+        node_name
+            .value_from
+            .as_ref()
+            .and_then(|v| v.field_ref.as_ref())
+            .map(|f| f.field_path.as_str()),
+        Some("spec.nodeName")
+    );
+
+    let sc = agent.security_context.as_ref().unwrap();
+    assert_ne!(sc.privileged, Some(true), "the agent is not privileged");
+    let caps = sc.capabilities.as_ref().unwrap();
+    let added: BTreeSet<&str> = caps.add.iter().flatten().map(String::as_str).collect();
+    assert_eq!(
+        added,
+        BTreeSet::from(["BPF", "NET_ADMIN", "NET_RAW", "PERFMON", "SYS_ADMIN"])
+    );
+    assert_eq!(caps.drop.as_deref(), Some(&["ALL".to_string()][..]));
+
+    // Mounts: name -> (path, propagation), and the volumes behind them.
+    let mounts: BTreeMap<&str, (&str, Option<&str>)> = agent
+        .volume_mounts
+        .iter()
+        .flatten()
+        .map(|v| {
+            (
+                v.mount_path.as_str(),
+                (v.name.as_str(), v.mount_propagation.as_deref()),
+            )
+        })
+        .collect();
+    let volumes: BTreeMap<&str, _> = pod
+        .volumes
+        .iter()
+        .flatten()
+        .map(|v| (v.name.as_str(), v))
+        .collect();
+    let host_path = |mount: &str| -> (String, Option<String>) {
+        let (name, _) = mounts
+            .get(mount)
+            .unwrap_or_else(|| panic!("{mount} not mounted"));
+        let hp = volumes[name]
+            .host_path
+            .as_ref()
+            .unwrap_or_else(|| panic!("{mount} is not a hostPath"));
+        (hp.path.clone(), hp.type_.clone())
+    };
+    assert_eq!(host_path("/sys/fs/bpf").0, "/sys/fs/bpf");
+    assert_eq!(
+        host_path("/var/lib/vmpath"),
+        (
+            "/var/lib/vmpath".to_string(),
+            Some("DirectoryOrCreate".to_string())
+        )
+    );
+    assert_eq!(host_path("/run/vmpath").0, "/run/vmpath");
+    let (config_volume, _) = mounts["/etc/vmpath"];
+    let config_map = volumes[config_volume]
+        .config_map
+        .as_ref()
+        .expect("/etc/vmpath is a ConfigMap");
+    assert!(
+        m.config_maps
+            .iter()
+            .any(|c| c.metadata.name.as_deref() == Some(config_map.name.as_str())),
+        "the config ConfigMap {} is in deploy/",
+        config_map.name
+    );
+
+    // Pins must reach the host's bpffs: the agent sees it through
+    // propagation, and whoever may mount one does so Bidirectionally (which
+    // Kubernetes allows only in privileged containers).
+    let bpffs = mounts["/sys/fs/bpf"];
+    assert_eq!(bpffs.1, Some("HostToContainer"), "agent bpffs propagation");
+    let init = container(pod.init_containers.as_deref().unwrap(), "mount-bpffs");
+    let init_mount = init
+        .volume_mounts
+        .iter()
+        .flatten()
+        .find(|v| v.mount_path == "/sys/fs/bpf")
+        .expect("init container mounts /sys/fs/bpf");
+    assert_eq!(init_mount.name, bpffs.0);
+    assert_eq!(
+        init_mount.mount_propagation.as_deref(),
+        Some("Bidirectional")
+    );
+    for c in pod
+        .containers
+        .iter()
+        .chain(pod.init_containers.iter().flatten())
+    {
+        let privileged = c
+            .security_context
+            .as_ref()
+            .and_then(|s| s.privileged)
+            .unwrap_or(false);
+        for v in c.volume_mounts.iter().flatten() {
+            if v.mount_propagation.as_deref() == Some("Bidirectional") {
+                assert!(
+                    privileged,
+                    "{}: Bidirectional propagation needs privileged",
+                    c.name
+                );
+            }
+        }
+    }
+
+    // Probes exec the CLI (the API is a unix socket).
+    for (what, probe) in [
+        ("liveness", agent.liveness_probe.as_ref()),
+        ("readiness", agent.readiness_probe.as_ref()),
+    ] {
+        let command = probe
+            .and_then(|p| p.exec.as_ref())
+            .and_then(|e| e.command.as_ref())
+            .unwrap_or_else(|| panic!("{what} probe is not an exec"));
+        assert_eq!(&command[..2], ["vmpath", "status"], "{what} probe");
+    }
+    let resources = agent.resources.as_ref().unwrap();
+    assert!(resources.requests.is_some() && resources.limits.is_some());
+
+    // The BIRD sidecar, configured from the BIRD ConfigMap.
+    let bird = container(&pod.containers, "bird");
+    assert!(bird.resources.as_ref().unwrap().limits.is_some());
+    let bird_mount = bird
+        .volume_mounts
+        .iter()
+        .flatten()
+        .find(|v| v.mount_path == "/etc/bird")
+        .expect("bird config mount");
+    let bird_cm = volumes[bird_mount.name.as_str()]
+        .config_map
+        .as_ref()
+        .unwrap();
+    let cm = m
+        .config_maps
+        .iter()
+        .find(|c| c.metadata.name.as_deref() == Some(bird_cm.name.as_str()))
+        .expect("BIRD ConfigMap in deploy/");
+    assert!(cm.data.as_ref().unwrap().contains_key("bird.conf"));
+}
+
+#[test]
+fn rbac_is_read_only_on_nodes_pods_and_vmis() {
+    let m = manifests();
+    let role = &m.cluster_roles[0];
+    let rules = role.rules.as_ref().unwrap();
+    let mut granted = BTreeSet::new();
+    for r in rules {
+        assert!(
+            r.verbs
+                .iter()
+                .all(|v| ["get", "list", "watch"].contains(&v.as_str())),
+            "write verb in {r:?}"
+        );
+        for g in r.api_groups.iter().flatten() {
+            for res in r.resources.iter().flatten() {
+                granted.insert(format!("{g}/{res}"));
+            }
+        }
+    }
+    for want in ["/nodes", "/pods", "kubevirt.io/virtualmachineinstances"] {
+        assert!(granted.contains(want), "{want} not granted: {granted:?}");
+    }
+    let binding = &m.bindings[0];
+    assert_eq!(binding.role_ref.name, role.metadata.name.clone().unwrap());
+    let subject = &binding.subjects.as_ref().unwrap()[0];
+    assert_eq!(subject.kind, "ServiceAccount");
+    assert_eq!(
+        Some(&subject.name),
+        m.service_accounts[0].metadata.name.as_ref()
+    );
+    assert_eq!(subject.namespace.as_deref(), Some("vmpath-system"));
+}
+
+#[test]
+fn example_config_passes_vmpath_validation() {
+    let m = manifests();
+    let cm = m
+        .config_maps
+        .iter()
+        .find(|c| c.metadata.name.as_deref() == Some("vmpath-config"))
+        .expect("vmpath-config ConfigMap");
+    let data = cm.data.as_ref().unwrap();
+    let dir = std::env::temp_dir().join(format!("vmpath-deploy-test-{}", std::process::id()));
+    let _ = fs::remove_dir_all(&dir);
+    fs::create_dir_all(&dir).unwrap();
+    for (key, text) in data {
+        fs::write(dir.join(key), text).unwrap();
+    }
+    let snap = vmpath::config::source::read_dir(&dir);
+    let _ = fs::remove_dir_all(&dir);
+    assert!(!snap.empty);
+    let mut nodes = BTreeSet::new();
+    for doc in &snap.documents {
+        if doc.value["kind"].as_str() == Some("Node") {
+            nodes.insert(doc.value["metadata"]["name"].as_str().unwrap().to_string());
+        }
+    }
+    assert!(nodes.len() >= 2, "example Node documents: {nodes:?}");
+    for node in &nodes {
+        let cfg = vmpath::config::validate(&snap, node, &BTreeSet::new());
+        let errors: Vec<String> = cfg.errors.iter().map(|e| e.to_string()).collect();
+        assert!(errors.is_empty(), "refused on {node}: {errors:#?}");
+        assert_eq!(
+            cfg.node.as_ref().map(|n| n.name.as_str()),
+            Some(node.as_str())
+        );
+        assert!(cfg.networks.len() >= 2);
+        assert!(cfg.attachments.len() >= 3);
+    }
+}
+
+#[test]
+fn bird_config_parses() {
+    let m = manifests();
+    let cm = m
+        .config_maps
+        .iter()
+        .find(|c| c.metadata.name.as_deref() == Some("vmpath-bird"))
+        .expect("vmpath-bird ConfigMap");
+    let conf = &cm.data.as_ref().unwrap()["bird.conf"];
+    // DESIGN.md §3a: learn table 100, export only protocol 250's routes.
+    assert!(conf.contains("kernel table 100"));
+    assert!(conf.contains("krt_source = 250"));
+    let path = std::env::temp_dir().join(format!("vmpath-bird-{}.conf", std::process::id()));
+    fs::write(&path, conf).unwrap();
+    let out = Command::new("bird").arg("-p").arg("-c").arg(&path).output();
+    let _ = fs::remove_file(&path);
+    match out {
+        Ok(out) => assert!(
+            out.status.success(),
+            "bird -p rejects bird.conf: {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        ),
+        Err(e) => eprintln!("bird not installed ({e}): parse check skipped"),
+    }
+}

@@ -1,0 +1,412 @@
+//! DHCPv4, DHCPv6 and router advertisements through the AF_XDP slow path,
+//! checked with the clients VMs really run: udhcpc, dhclient, dhclient -6
+//! and rdisc6. Nothing is configured inside the node namespace.
+
+use std::{collections::BTreeMap, fs, path::Path, time::Duration};
+
+use vmpath_tests::{Node, Vm, vmpath::common::drop_reason, wait_for};
+
+const BLUE: &str = "apiVersion: vmpath.dev/v1alpha1
+kind: Network
+metadata: {name: blue}
+spec:
+  id: 100
+  role: Primary
+  subnets: [10.20.0.0/24, \"fd20::/64\"]
+  defaultGatewayIPs: [10.20.0.1, \"fd20::1\"]
+  excludeSubnets: [10.20.0.0/28]
+  mtu: 1400
+  dhcp:
+    leaseSeconds: 600
+    dnsServers: [10.0.0.10, \"fd00::53\"]
+    searchDomains: [corp.example, lab.example]
+    routes: [{destination: 172.16.0.0/12, nextHop: 10.20.0.254}]
+";
+
+const RED: &str = "apiVersion: vmpath.dev/v1alpha1
+kind: Network
+metadata: {name: red}
+spec:
+  id: 200
+  subnets: [10.30.0.0/24]
+  defaultGatewayIPs: [10.30.0.1]
+  ipam: {mode: Disabled}
+";
+
+fn attachment(vm: &str, net: &str, port: &str, mac: &str, ips: &str) -> String {
+    format!(
+        "apiVersion: vmpath.dev/v1alpha1\nkind: Attachment\nmetadata: {{name: {vm}-eth0, namespace: prod}}\nspec:\n  vm: {vm}\n  interface: eth0\n  network: {net}\n  node: a\n  port: {port}\n  mac: \"{mac}\"\n{ips}"
+    )
+}
+
+/// A hook for udhcpc that records what it was given and configures the VM
+/// (address, and routes from option 121 or the router option) in its own
+/// namespace, never touching the host's resolv.conf.
+fn udhcpc_hook(dir: &Path) -> String {
+    let path = dir.join("udhcpc-hook.sh");
+    fs::write(
+        &path,
+        format!(
+            r#"#!/bin/sh
+env | grep -E '^(ip|subnet|router|dns|domain|search|mtu|hostname|staticroutes|lease|serverid)=' | sort > {dir}/udhcpc-$1.env
+if [ "$1" = bound ]; then
+  ip addr add "$ip/$mask" dev "$interface"
+  [ -n "$mtu" ] && ip link set "$interface" mtu "$mtu"
+  if [ -n "$staticroutes" ]; then
+    set -- $staticroutes
+    while [ $# -ge 2 ]; do ip route add "$1" via "$2" dev "$interface"; shift 2; done
+  elif [ -n "$router" ]; then
+    ip route add default via "$router" dev "$interface"
+  fi
+fi
+"#,
+            dir = dir.display()
+        ),
+    )
+    .unwrap();
+    vmpath_tests::run(&["chmod", "+x", path.to_str().unwrap()]);
+    path.display().to_string()
+}
+
+fn env_file(path: &Path) -> BTreeMap<String, String> {
+    fs::read_to_string(path)
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| {
+            l.split_once('=')
+                .map(|(k, v)| (k.to_string(), v.trim_matches('\'').to_string()))
+        })
+        .collect()
+}
+
+fn lease_of(node: &Node, vm: &str, family_v6: bool) -> String {
+    let status = node.status().unwrap();
+    let a = status["attachments"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|a| a["vm"] == vm)
+        .unwrap()
+        .clone();
+    a["ips"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|ip| ip["address"].as_str().unwrap().to_string())
+        .find(|ip| ip.contains(':') == family_v6)
+        .unwrap()
+}
+
+fn bed() -> (Node, Vm, Vm) {
+    let mut node = Node::new("a");
+    let vm1 = node.add_vm("vm1", "52:54:00:d0:00:01", &[], None);
+    let vm2 = node.add_vm("vm2", "52:54:00:d0:00:02", &[], None);
+    node.write_config(
+        "c.yaml",
+        &[
+            BLUE.to_string(),
+            attachment("vm1", "blue", &vm1.port, &vm1.mac, ""),
+            attachment("vm2", "blue", &vm2.port, &vm2.mac, ""),
+        ]
+        .join("---\n"),
+    );
+    node.start_agent();
+    node.wait_ports(&[&vm1.port, &vm2.port]);
+    (node, vm1, vm2)
+}
+
+#[test]
+fn udhcpc_gets_exactly_the_configured_lease_and_options() {
+    let (node, vm1, _vm2) = bed();
+    let work = node.state_dir.clone();
+    let hook = udhcpc_hook(&work);
+    let out = vm1.ns.run(&[
+        "udhcpc",
+        "-i",
+        "eth0",
+        "-n",
+        "-q",
+        "-f",
+        "-t",
+        "5",
+        "-T",
+        "1",
+        "-s",
+        &hook,
+        "-O",
+        "search",
+        "-O",
+        "staticroutes",
+        "-O",
+        "mtu",
+        "-O",
+        "hostname",
+    ]);
+    let env = env_file(&work.join("udhcpc-bound.env"));
+    let lease = lease_of(&node, "vm1", false);
+    let (ip, prefix) = lease.split_once('/').unwrap();
+    assert_eq!(
+        env.get("ip").map(String::as_str),
+        Some(ip),
+        "{out}\n{env:?}"
+    );
+    assert_eq!(prefix, "24");
+    assert_eq!(env["subnet"], "255.255.255.0");
+    assert_eq!(env["router"], "10.20.0.1");
+    assert_eq!(env["serverid"], "10.20.0.1");
+    assert_eq!(env["dns"], "10.0.0.10");
+    assert_eq!(env["domain"], "corp.example");
+    assert_eq!(env["search"], "corp.example lab.example");
+    assert_eq!(env["mtu"], "1400");
+    assert_eq!(env["hostname"], "vm1");
+    assert_eq!(env["lease"], "600");
+    assert_eq!(
+        env["staticroutes"],
+        "172.16.0.0/12 10.20.0.254 0.0.0.0/0 10.20.0.1"
+    );
+    // The VM is configured from the lease and routes through its gateway.
+    let routes = vm1.ns.run(&["ip", "route"]);
+    assert!(routes.contains("default via 10.20.0.1"), "{routes}");
+    assert!(routes.contains("172.16.0.0/12 via 10.20.0.254"), "{routes}");
+    assert!(vm1.ping("10.20.0.1"));
+}
+
+#[test]
+fn dhclient_gets_the_same_address_and_dhclient6_its_ipv6() {
+    let (node, _vm1, vm2) = bed();
+    let work = node.state_dir.clone();
+    let conf = work.join("dhclient.conf");
+    fs::write(
+        &conf,
+        "option rfc3442-classless-static-routes code 121 = array of unsigned integer 8;\n\
+         request subnet-mask, routers, domain-name, domain-name-servers, domain-search, host-name, interface-mtu, rfc3442-classless-static-routes;\n",
+    )
+    .unwrap();
+    let hook = work.join("dhclient-hook.sh");
+    fs::write(
+        &hook,
+        format!(
+            "#!/bin/sh\nenv | grep -E '^(reason|new_)' | sort > {}/dhclient-$reason.env\n",
+            work.display()
+        ),
+    )
+    .unwrap();
+    vmpath_tests::run(&["chmod", "+x", hook.to_str().unwrap()]);
+    let w = |f: &str| work.join(f).display().to_string();
+    vm2.ns.run(&[
+        "timeout",
+        "20",
+        "dhclient",
+        "-4",
+        "-1",
+        "-v",
+        "-cf",
+        &w("dhclient.conf"),
+        "-sf",
+        &w("dhclient-hook.sh"),
+        "-lf",
+        &w("l4"),
+        "-pf",
+        &w("p4"),
+        "eth0",
+    ]);
+    let env = env_file(&work.join("dhclient-BOUND.env"));
+    let lease = lease_of(&node, "vm2", false);
+    assert_eq!(
+        env["new_ip_address"],
+        lease.split('/').next().unwrap(),
+        "{env:?}"
+    );
+    assert_eq!(env["new_subnet_mask"], "255.255.255.0");
+    assert_eq!(env["new_routers"], "10.20.0.1");
+    assert_eq!(env["new_domain_name_servers"], "10.0.0.10");
+    assert_eq!(env["new_domain_search"], "corp.example. lab.example.");
+    assert_eq!(env["new_interface_mtu"], "1400");
+    assert_eq!(env["new_host_name"], "vm2");
+    assert_eq!(
+        env["new_rfc3442_classless_static_routes"],
+        "12 172 16 10 20 0 254 0 10 20 0 1"
+    );
+    let _ = vm2.ns.run_status(&["dhclient", "-x", "-pf", &w("p4")]);
+
+    // IPv6: DHCPv6 hands out the VM's claimed /128.
+    vm2.ns
+        .run(&["sysctl", "-qw", "net.ipv6.conf.eth0.accept_ra=0"]);
+    wait_for("a link-local address", Duration::from_secs(5), || {
+        !vm2.ns
+            .run(&[
+                "ip",
+                "-6",
+                "addr",
+                "show",
+                "dev",
+                "eth0",
+                "scope",
+                "link",
+                "-tentative",
+            ])
+            .trim()
+            .is_empty()
+    });
+    vm2.ns.run(&[
+        "timeout",
+        "20",
+        "dhclient",
+        "-6",
+        "-1",
+        "-v",
+        "-sf",
+        &w("dhclient-hook.sh"),
+        "-lf",
+        &w("l6"),
+        "-pf",
+        &w("p6"),
+        "eth0",
+    ]);
+    let env6 = env_file(&work.join("dhclient-BOUND6.env"));
+    let lease6 = lease_of(&node, "vm2", true);
+    assert_eq!(
+        env6["new_ip6_address"],
+        lease6.split('/').next().unwrap(),
+        "{env6:?}"
+    );
+    assert_eq!(env6["new_ip6_prefixlen"], "128");
+    assert_eq!(env6["new_dhcp6_name_servers"], "fd00::53");
+    let _ = vm2
+        .ns
+        .run_status(&["dhclient", "-6", "-x", "-pf", &w("p6")]);
+}
+
+#[test]
+fn rdisc6_sees_managed_flag_mtu_and_prefix() {
+    let (_node, vm1, _vm2) = bed();
+    wait_for("a link-local address", Duration::from_secs(5), || {
+        !vm1.ns
+            .run(&[
+                "ip",
+                "-6",
+                "addr",
+                "show",
+                "dev",
+                "eth0",
+                "scope",
+                "link",
+                "-tentative",
+            ])
+            .trim()
+            .is_empty()
+    });
+    let out = vm1.ns.run(&["rdisc6", "-1", "-w", "2000", "eth0"]);
+    let line = |key: &str| {
+        out.lines()
+            .find(|l| l.trim_start().starts_with(key))
+            .unwrap_or_else(|| panic!("{key} missing:\n{out}"))
+            .to_string()
+    };
+    assert!(line("Stateful address conf.").contains("Yes"), "{out}");
+    assert!(line("MTU").contains("1400"), "{out}");
+    assert!(line("Prefix").contains("fd20::/64"), "{out}");
+    assert!(line("Autonomous address conf.").contains("No"), "{out}");
+    assert!(
+        line("Source link-layer address").contains("0A:76:70:00:00:64"),
+        "{out}"
+    );
+    assert!(line("Recursive DNS server").contains("fd00::53"), "{out}");
+}
+
+#[test]
+fn no_offer_on_an_ipamless_network_and_malformed_requests_get_nothing() {
+    let mut node = Node::new("a");
+    let vm1 = node.add_vm("vm1", "52:54:00:d1:00:01", &[], None);
+    let vm2 = node.add_vm("vm2", "52:54:00:d1:00:02", &[], None);
+    let vm3 = node.add_vm("vm3", "52:54:00:d1:00:03", &["10.30.0.33/24"], None);
+    node.write_config(
+        "c.yaml",
+        &[
+            BLUE.to_string(),
+            RED.to_string(),
+            attachment("vm1", "blue", &vm1.port, &vm1.mac, ""),
+            attachment("vm2", "blue", &vm2.port, &vm2.mac, ""),
+            attachment("vm3", "red", &vm3.port, &vm3.mac, ""),
+        ]
+        .join("---\n"),
+    );
+    node.start_agent();
+    node.wait_ports(&[&vm1.port, &vm2.port, &vm3.port]);
+    let hook = udhcpc_hook(&node.state_dir);
+
+    // red has no IPAM: the VM keeps what it brought and gets no offer.
+    let out = vm3.ns.run_status(&[
+        "udhcpc", "-i", "eth0", "-n", "-q", "-f", "-t", "3", "-T", "1", "-s", &hook,
+    ]);
+    assert!(!out.status.success(), "an IPAM-less network answered DHCP");
+
+    // Truncated and malformed DHCP from vm1: no reply, nothing disturbed.
+    let replies = vm1.ns.scapy(&format!(
+        "mac = '{mac}'\n\
+         base = Ether(src=mac, dst='ff:ff:ff:ff:ff:ff')/IP(src='0.0.0.0', dst='255.255.255.255')/UDP(sport=68, dport=67)\n\
+         good = BOOTP(chaddr=bytes.fromhex(mac.replace(':', '')) + bytes(10), xid=7)/DHCP(options=[('message-type', 'discover'), 'end'])\n\
+         frames = [base/Raw(bytes(good)[:n]) for n in (0, 1, 20, 100, 236, 240, 241)]\n\
+         frames.append(base/Raw(bytes(good)[:240] + bytes([53, 200])))\n\
+         frames.append(base/Raw(bytes(good)[:240] + bytes([53, 1, 99, 255])))\n\
+         frames.append(base/BOOTP(op=2, chaddr=bytes.fromhex(mac.replace(':', '')) + bytes(10))/DHCP(options=[('message-type', 'offer'), 'end']))\n\
+         frames.append(base/BOOTP(chaddr=bytes.fromhex('525400ffffff') + bytes(10))/DHCP(options=[('message-type', 'discover'), 'end']))\n\
+         ans = srp(frames, iface='eth0', timeout=1, multi=True, filter='udp and port 68')[0]\n\
+         print(len(ans))",
+        mac = vm1.mac
+    ));
+    assert_eq!(replies.trim(), "0", "malformed DHCP got replies");
+
+    // vm2 is undisturbed and vm1 still gets its lease.
+    let env_path = node.state_dir.join("udhcpc-bound.env");
+    vm2.ns.run(&[
+        "udhcpc", "-i", "eth0", "-n", "-q", "-f", "-t", "5", "-T", "1", "-s", &hook,
+    ]);
+    assert_eq!(
+        env_file(&env_path)["ip"],
+        lease_of(&node, "vm2", false).split('/').next().unwrap()
+    );
+    vm1.ns.run(&[
+        "udhcpc", "-i", "eth0", "-n", "-q", "-f", "-t", "5", "-T", "1", "-s", &hook,
+    ]);
+    assert_eq!(
+        env_file(&env_path)["ip"],
+        lease_of(&node, "vm1", false).split('/').next().unwrap()
+    );
+}
+
+#[test]
+fn same_lease_after_agent_restart_and_frames_counted_while_it_is_down() {
+    let (mut node, vm1, _vm2) = bed();
+    let hook = udhcpc_hook(&node.state_dir);
+    let env_path = node.state_dir.join("udhcpc-bound.env");
+    vm1.ns.run(&[
+        "udhcpc", "-i", "eth0", "-n", "-q", "-f", "-t", "5", "-T", "1", "-s", &hook,
+    ]);
+    let first = env_file(&env_path)["ip"].clone();
+
+    node.kill_agent();
+    let before = node.drops(drop_reason::SLOWPATH_NO_LISTENER);
+    let out = vm1.ns.run_status(&[
+        "udhcpc", "-i", "eth0", "-n", "-q", "-f", "-t", "2", "-T", "1", "-s", &hook,
+    ]);
+    assert!(!out.status.success(), "a lease without an agent?");
+    assert!(
+        node.drops(drop_reason::SLOWPATH_NO_LISTENER) >= before + 2,
+        "frames with no listener not counted"
+    );
+
+    node.start_agent();
+    node.wait_ports(&[&vm1.port, &_vm2.port]);
+    fs::remove_file(&env_path).unwrap();
+    vm1.ns
+        .run(&["ip", "addr", "flush", "dev", "eth0", "scope", "global"]);
+    vm1.ns.run(&[
+        "udhcpc", "-i", "eth0", "-n", "-q", "-f", "-t", "5", "-T", "1", "-s", &hook,
+    ]);
+    assert_eq!(
+        env_file(&env_path)["ip"],
+        first,
+        "the lease changed across a restart"
+    );
+}

@@ -1,0 +1,605 @@
+//! Operating the agent: Prometheus metrics, the admin API and its CLI (root
+//! only), `--cleanup`, and a restart that loses no packet. Real agent, real
+//! packets, in namespaces.
+
+use std::{
+    os::unix::fs::{MetadataExt as _, PermissionsExt as _},
+    process::Output,
+    thread,
+    time::Duration,
+};
+
+use vmpath_tests::{Netns, Node, Vm, vmpath_bin, wait_for, yaml};
+
+const METRICS: &str = "127.0.0.1:9469";
+
+struct Bed {
+    node: Node,
+    vm1: Vm,
+    vm2: Vm,
+}
+
+const VM1_IPS: [&str; 2] = ["10.20.0.11/16", "fd20::11/64"];
+const VM2_IPS: [&str; 2] = ["10.20.0.12/16", "fd20::12/64"];
+
+fn networks() -> Vec<String> {
+    vec![
+        yaml::network(
+            "blue",
+            100,
+            &["10.20.0.0/16", "fd20::/64"],
+            &["10.20.0.1", "fd20::1"],
+            true,
+        ),
+        yaml::network("red", 200, &["10.30.0.0/16"], &["10.30.0.1"], false),
+    ]
+}
+
+/// vm1 and vm2 on `blue` (IPAM Enabled, so the IP filter is on); `red`
+/// has no VM. The agent serves metrics on 127.0.0.1:9469 in the node's
+/// namespace.
+fn bed() -> Bed {
+    let mut node = Node::new("a");
+    let vm1 = node.add_vm("vm1", "52:54:00:00:01:01", &VM1_IPS, Some("10.20.0.1"));
+    let vm2 = node.add_vm("vm2", "52:54:00:00:02:01", &VM2_IPS, Some("10.20.0.1"));
+    let mut docs = networks();
+    docs.push(yaml::attachment(
+        "vm1", "blue", "a", &vm1.port, &vm1.mac, &VM1_IPS,
+    ));
+    docs.push(yaml::attachment(
+        "vm2", "blue", "a", &vm2.port, &vm2.mac, &VM2_IPS,
+    ));
+    node.write_config("config.yaml", &yaml::docs(&docs));
+    node.set_agent_args(&["--metrics-addr", METRICS]);
+    node.start_agent();
+    node.wait_ports(&[&vm1.port, &vm2.port]);
+    Bed { node, vm1, vm2 }
+}
+
+/// Scrapes the agent's /metrics from inside the node's namespace.
+fn scrape(node: &Node) -> String {
+    let url = format!("http://{METRICS}/metrics");
+    let mut last = None;
+    for _ in 0..50 {
+        let out = node
+            .ns
+            .run_status(&["curl", "-sfS", "--max-time", "5", &url]);
+        if out.status.success() {
+            return String::from_utf8_lossy(&out.stdout).into_owned();
+        }
+        last = Some(String::from_utf8_lossy(&out.stderr).into_owned());
+        thread::sleep(Duration::from_millis(100));
+    }
+    panic!("cannot scrape {url}: {last:?}\n{}", node.agent_log());
+}
+
+/// The value of the sample `name{labels...}` whose labels include `want`.
+fn sample(text: &str, name: &str, want: &[(&str, &str)]) -> Option<f64> {
+    for line in text.lines() {
+        if line.starts_with('#') {
+            continue;
+        }
+        let Some(rest) = line.strip_prefix(name) else {
+            continue;
+        };
+        let (labels, value) = if let Some(rest) = rest.strip_prefix('{') {
+            let Some((labels, value)) = rest.split_once("} ") else {
+                continue;
+            };
+            (labels, value)
+        } else if let Some(value) = rest.strip_prefix(' ') {
+            ("", value)
+        } else {
+            continue;
+        };
+        let matches = want.iter().all(|(k, v)| {
+            labels
+                .split(',')
+                .any(|pair| pair == format!("{k}=\"{v}\"").as_str())
+        });
+        if matches {
+            return value.trim().parse().ok();
+        }
+    }
+    None
+}
+
+fn port_sample(text: &str, name: &str, vm: &Vm) -> f64 {
+    sample(
+        text,
+        name,
+        &[
+            ("network", "blue"),
+            ("namespace", "prod"),
+            ("interface", "eth0"),
+            ("port", &vm.port),
+        ],
+    )
+    .unwrap_or_else(|| panic!("no {name} for port {}:\n{text}", vm.port))
+}
+
+/// Runs the CLI against the node's API socket.
+fn cli(node: &Node, args: &[&str]) -> Output {
+    std::process::Command::new(vmpath_bin())
+        .args(args)
+        .arg("--api-socket")
+        .arg(node.api_socket())
+        .stdin(std::process::Stdio::null())
+        .output()
+        .expect("running the vmpath CLI")
+}
+
+fn cli_ok(node: &Node, args: &[&str]) -> String {
+    let out = cli(node, args);
+    assert!(
+        out.status.success(),
+        "vmpath {} failed: {}{}",
+        args.join(" "),
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+#[test]
+fn metrics_count_port_traffic_drops_and_config_errors() {
+    let bed = bed();
+    let node = &bed.node;
+    let before = scrape(node);
+    assert_eq!(sample(&before, "vmpath_ready", &[]), Some(1.0));
+    assert_eq!(sample(&before, "vmpath_networks", &[]), Some(2.0));
+    assert_eq!(
+        sample(&before, "vmpath_attachments", &[("state", "local")]),
+        Some(2.0)
+    );
+    for state in ["remote", "missing_port", "migrating"] {
+        assert_eq!(
+            sample(&before, "vmpath_attachments", &[("state", state)]),
+            Some(0.0),
+            "{state}"
+        );
+    }
+    assert_eq!(sample(&before, "vmpath_config_errors", &[]), Some(0.0));
+    assert!(
+        sample(&before, "vmpath_reconcile_duration_seconds_count", &[]).unwrap_or(0.0) >= 1.0,
+        "no reconcile observed:\n{before}"
+    );
+    for reason in vmpath_tests::vmpath::common::drop_reason::NAMES {
+        assert!(
+            sample(&before, "vmpath_drops_total", &[("reason", reason)]).is_some(),
+            "no drop counter for {reason}"
+        );
+    }
+
+    // Ten pings each way: both ports count them, in both directions.
+    assert!(bed.vm1.ns.ping("10.20.0.12", 5));
+    assert!(bed.vm2.ns.ping("10.20.0.11", 5));
+    let after = scrape(node);
+    for vm in [&bed.vm1, &bed.vm2] {
+        for name in [
+            "vmpath_port_rx_packets_total",
+            "vmpath_port_tx_packets_total",
+        ] {
+            let (b, a) = (
+                port_sample(&before, name, vm),
+                port_sample(&after, name, vm),
+            );
+            assert!(a >= b + 10.0, "{name} on {}: {b} -> {a}", vm.port);
+        }
+        for name in ["vmpath_port_rx_bytes_total", "vmpath_port_tx_bytes_total"] {
+            let (b, a) = (
+                port_sample(&before, name, vm),
+                port_sample(&after, name, vm),
+            );
+            assert!(a >= b + 10.0 * 98.0, "{name} on {}: {b} -> {a}", vm.port);
+        }
+        // The labels name the VM.
+        assert!(
+            sample(
+                &after,
+                "vmpath_port_rx_packets_total",
+                &[
+                    ("port", &vm.port),
+                    (
+                        "vm",
+                        if vm.port == bed.vm1.port {
+                            "vm1"
+                        } else {
+                            "vm2"
+                        }
+                    )
+                ]
+            )
+            .is_some()
+        );
+    }
+
+    // An IP spoof, after a real ping so vm2's MAC is cached and the IP
+    // packet is really sent: counted under its reason and on the port.
+    bed.vm1
+        .ns
+        .run(&["ip", "addr", "add", "10.20.0.99/16", "dev", "eth0"]);
+    let spoof = bed.vm1.ns.run_status(&[
+        "ping",
+        "-c",
+        "3",
+        "-i",
+        "0.2",
+        "-W",
+        "1",
+        "-I",
+        "10.20.0.99",
+        "10.20.0.12",
+    ]);
+    assert!(!spoof.status.success(), "spoofed source reached vm2");
+    let spoofed = scrape(node);
+    let reason =
+        |text: &str| sample(text, "vmpath_drops_total", &[("reason", "ip_spoof")]).unwrap_or(0.0);
+    assert!(
+        reason(&spoofed) >= reason(&after) + 3.0,
+        "ip_spoof drops {} -> {}",
+        reason(&after),
+        reason(&spoofed)
+    );
+    assert!(
+        port_sample(&spoofed, "vmpath_port_drops_total", &bed.vm1)
+            >= port_sample(&after, "vmpath_port_drops_total", &bed.vm1) + 3.0
+    );
+
+    // A refused document shows as a count and as an info series naming it.
+    node.write_config(
+        "zz-bad.yaml",
+        "apiVersion: vmpath.dev/v1alpha1\nkind: Network\nmetadata: {name: green}\nspec:\n  id: 300\n  subnets: [10.40.0.0/16]\n  defaultGatewayIPs: [10.40.0.1]\n  colour: green\n",
+    );
+    let mut text = String::new();
+    wait_for(
+        "the config error in metrics",
+        Duration::from_secs(10),
+        || {
+            text = scrape(node);
+            sample(&text, "vmpath_config_errors", &[]) == Some(1.0)
+        },
+    );
+    let file = node.config_dir.join("zz-bad.yaml").display().to_string();
+    assert_eq!(
+        sample(&text, "vmpath_config_error_info", &[("file", &file)]),
+        Some(1.0),
+        "{text}"
+    );
+    let info = text
+        .lines()
+        .find(|l| l.starts_with("vmpath_config_error_info{"))
+        .unwrap();
+    assert!(info.contains("document=\"Network"), "{info}");
+    assert!(info.contains("field=\"spec"), "{info}");
+    assert_eq!(sample(&text, "vmpath_networks", &[]), Some(2.0));
+    // The rest still runs.
+    assert!(bed.vm2.ping("10.20.0.11"));
+}
+
+#[test]
+fn cli_shows_vms_and_networks() {
+    let bed = bed();
+    let node = &bed.node;
+    assert!(bed.vm1.ns.ping("10.20.0.12", 3));
+    let ifindex = node.ns.ifindex(&bed.vm1.port);
+
+    let text = cli_ok(node, &["vm", "show", "prod/vm1"]);
+    for want in [
+        "prod/vm1",
+        "52:54:00:00:01:01 (given)",
+        "10.20.0.11/16 (given)",
+        "fd20::11/64 (given)",
+        &format!("{} (ifindex {ifindex})", bed.vm1.port),
+        "network blue",
+        "state:      local",
+        "migration:  none",
+    ] {
+        assert!(text.contains(want), "{want:?} missing from:\n{text}");
+    }
+    let counters = text
+        .lines()
+        .find(|l| l.trim_start().starts_with("counters:"))
+        .unwrap_or_else(|| panic!("no counters in:\n{text}"));
+    assert!(
+        counters.contains("rx ") && counters.contains("gateway replies"),
+        "{counters}"
+    );
+
+    let json: serde_json::Value =
+        serde_json::from_str(&cli_ok(node, &["vm", "show", "prod/vm1", "-o", "json"])).unwrap();
+    assert_eq!(json["namespace"], "prod");
+    assert_eq!(json["vm"], "vm1");
+    let iface = &json["interfaces"][0];
+    assert_eq!(iface["interface"], "eth0");
+    assert_eq!(iface["mac"], "52:54:00:00:01:01");
+    assert_eq!(iface["mac_origin"], "given");
+    assert_eq!(iface["ips"][0]["address"], "10.20.0.11/16");
+    assert_eq!(iface["ips"][0]["origin"], "given");
+    assert_eq!(iface["ips"][1]["address"], "fd20::11/64");
+    assert_eq!(iface["node"], "a");
+    assert_eq!(iface["port"], bed.vm1.port.as_str());
+    assert_eq!(iface["ifindex"], ifindex);
+    assert_eq!(iface["state"], "local");
+    assert_eq!(iface["migration"], "none");
+    let c = &iface["counters"];
+    assert!(c["rx_packets"].as_u64().unwrap() >= 3, "{c}");
+    assert!(c["tx_packets"].as_u64().unwrap() >= 3, "{c}");
+    assert!(c["rx_bytes"].as_u64().unwrap() >= 3 * 98, "{c}");
+    assert!(c["drops"].is_u64() && c["gateway_replies"].is_u64(), "{c}");
+
+    let list = cli_ok(node, &["net", "list"]);
+    let names: Vec<&str> = list
+        .lines()
+        .skip(1)
+        .filter_map(|l| l.split_whitespace().next())
+        .collect();
+    assert_eq!(names, ["blue", "red"], "{list}");
+    assert!(list.lines().next().unwrap().starts_with("NAME"), "{list}");
+    let json: serde_json::Value =
+        serde_json::from_str(&cli_ok(node, &["net", "list", "-o", "json"])).unwrap();
+    assert_eq!(json["networks"][0]["name"], "blue");
+    assert_eq!(json["networks"][0]["id"], 100);
+    assert_eq!(json["networks"][1]["name"], "red");
+
+    let blue = cli_ok(node, &["net", "show", "blue"]);
+    assert!(
+        blue.contains("10.20.0.0/16") && blue.contains(&bed.vm2.port),
+        "{blue}"
+    );
+    let vms = cli_ok(node, &["vm", "list"]);
+    assert!(
+        vms.contains("prod/vm1") && vms.contains("prod/vm2"),
+        "{vms}"
+    );
+
+    let status = cli_ok(node, &["status"]);
+    assert!(status.contains("ready:          yes"), "{status}");
+    assert!(status.contains("local 2"), "{status}");
+    let json: serde_json::Value =
+        serde_json::from_str(&cli_ok(node, &["status", "-o", "json"])).unwrap();
+    assert_eq!(json["node"], "a");
+    assert_eq!(json["ready"], true);
+    assert_eq!(json["counts"]["networks"], 2);
+    assert!(json["drops"]["ip_spoof"].is_u64(), "{json}");
+    cli_ok(node, &["status", "--check", "live"]);
+    cli_ok(node, &["status", "--check", "ready"]);
+
+    // Unknown names: a clear error and a non-zero exit.
+    for args in [
+        &["vm", "show", "prod/nope"][..],
+        &["net", "show", "nope"][..],
+        &["vm", "show", "not-ns-slash-vm"][..],
+    ] {
+        let out = cli(node, args);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{args:?} succeeded");
+        assert!(
+            err.contains("nope") || err.contains("NS/VM"),
+            "{args:?}: {err}"
+        );
+    }
+}
+
+#[test]
+fn the_api_is_root_only() {
+    let bed = bed();
+    let node = &bed.node;
+    let socket = node.api_socket();
+    let meta = std::fs::metadata(&socket).unwrap();
+    assert_eq!(meta.permissions().mode() & 0o777, 0o600, "socket mode");
+    assert_eq!(meta.uid(), 0, "socket owner");
+    let socket = socket.to_str().unwrap();
+    let as_nobody = |args: &[&str]| {
+        vmpath_tests::run_status(
+            &[
+                &[
+                    "setpriv",
+                    "--reuid=65534",
+                    "--regid=65534",
+                    "--clear-groups",
+                ][..],
+                args,
+            ]
+            .concat(),
+        )
+    };
+    // The directory is traversable for nobody: what refuses is the socket.
+    assert!(
+        as_nobody(&["test", "-S", socket]).status.success(),
+        "nobody cannot even see the socket; the test would prove nothing"
+    );
+    let bin = vmpath_bin();
+    let bin = bin.to_str().unwrap();
+    let out = as_nobody(&[bin, "status", "--api-socket", socket]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "nobody got the status");
+    assert!(
+        err.contains("permission denied: the API is root-only"),
+        "{err}"
+    );
+    assert!(out.stdout.is_empty());
+    cli_ok(node, &["status"]);
+
+    // With no agent: a clear "not running".
+    let mut node = bed.node;
+    node.kill_agent();
+    let out = cli(&node, &["status"]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("agent not running"), "{err}");
+}
+
+/// The ids of the tcx links pinned under the node's bpffs, and their programs.
+fn pinned_links(node: &Node) -> Vec<(u64, u64)> {
+    let dir = node.bpffs.join("links");
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir(&dir).unwrap() {
+        let path = entry.unwrap().path();
+        let json = vmpath_tests::run(&[
+            "bpftool",
+            "-j",
+            "link",
+            "show",
+            "pinned",
+            path.to_str().unwrap(),
+        ]);
+        let v: serde_json::Value = serde_json::from_str(&json).unwrap();
+        out.push((v["id"].as_u64().unwrap(), v["prog_id"].as_u64().unwrap()));
+    }
+    out
+}
+
+#[test]
+fn cleanup_leaves_nothing_attached_or_pinned() {
+    let bed = bed();
+    let mut node = bed.node;
+    assert!(bed.vm1.ping("10.20.0.12"));
+    let links = pinned_links(&node);
+    for vm in [&bed.vm1, &bed.vm2] {
+        let pin = node
+            .bpffs
+            .join("links")
+            .join(format!("vm_port-{}", node.ns.ifindex(&vm.port)));
+        assert!(pin.exists(), "no link pinned for {}", vm.port);
+    }
+    node.kill_agent();
+    // The data path outlives the agent...
+    assert!(bed.vm1.ping("10.20.0.12"));
+    let bpffs = node.bpffs.to_str().unwrap().to_string();
+    node.ns.run(&[
+        vmpath_bin().to_str().unwrap(),
+        "agent",
+        "--cleanup",
+        "--bpffs",
+        &bpffs,
+    ]);
+    // ...and cleanup removes it: no link, no program, no pin.
+    // (The kernel frees them once the pins are gone, after a grace period.)
+    for (link, prog) in links {
+        wait_for(
+            &format!("link {link} and program {prog} to go"),
+            Duration::from_secs(10),
+            || {
+                let l =
+                    vmpath_tests::run_status(&["bpftool", "link", "show", "id", &link.to_string()]);
+                let p =
+                    vmpath_tests::run_status(&["bpftool", "prog", "show", "id", &prog.to_string()]);
+                !l.status.success() && !p.status.success()
+            },
+        );
+    }
+    let left: Vec<_> = std::fs::read_dir(&node.bpffs)
+        .map(|d| d.map(|e| e.unwrap().path()).collect())
+        .unwrap_or_default();
+    assert!(left.is_empty(), "left under the bpffs root: {left:?}");
+    // Nothing on the ports: frames no longer cross between the VMs.
+    for port in [&bed.vm1.port, &bed.vm2.port] {
+        let tc = node.ns.run(&["bpftool", "net", "show", "dev", port]);
+        assert!(!tc.contains("vm_port"), "{port}: {tc}");
+    }
+    // No XDP program on any interface of the node either.
+    let ip = node.ns.run(&["ip", "-d", "link", "show"]);
+    assert!(!ip.contains("prog/xdp"), "{ip}");
+    assert!(!bed.vm1.ns.ping("10.20.0.12", 1), "still forwarded");
+}
+
+/// A modest UDP stream from `client` to `server_ip` for `seconds`; returns
+/// (packets, lost).
+fn udp_stream(server: &Netns, client: &Netns, server_ip: &str, seconds: u32) -> (u64, u64) {
+    let port = "5999";
+    let mut srv = server.spawn(&["iperf3", "-s", "-1", "-p", port]);
+    wait_for("iperf3 server", Duration::from_secs(10), || {
+        let ss = server.run_status(&["ss", "-Hltn", "sport = :5999"]);
+        !String::from_utf8_lossy(&ss.stdout).trim().is_empty()
+    });
+    let secs = seconds.to_string();
+    let out = client.run_status(&[
+        "iperf3", "-c", server_ip, "-p", port, "-u", "-b", "10M", "-t", &secs, "-J",
+    ]);
+    let _ = srv.kill();
+    let _ = srv.wait();
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!(
+            "iperf3 printed no JSON ({e}): {}",
+            String::from_utf8_lossy(&out.stderr)
+        )
+    });
+    assert!(report.get("error").is_none(), "iperf3: {}", report["error"]);
+    let end = &report["end"];
+    let sum = if end["sum_received"]["lost_packets"].is_u64() {
+        &end["sum_received"]
+    } else {
+        &end["sum"]
+    };
+    (
+        sum["packets"]
+            .as_u64()
+            .unwrap_or_else(|| panic!("{report}")),
+        sum["lost_packets"]
+            .as_u64()
+            .unwrap_or_else(|| panic!("{report}")),
+    )
+}
+
+#[test]
+fn agent_restart_loses_no_packet_and_applies_what_changed_meanwhile() {
+    let bed = bed();
+    let mut node = bed.node;
+    let vm3 = node.add_vm("vm3", "52:54:00:00:03:01", &["10.20.0.13/16"], None);
+    assert!(bed.vm1.ping("10.20.0.12"));
+    let first_log_len = node.agent_log().len();
+
+    let (ping, (packets, lost)) = thread::scope(|s| {
+        let ping = s.spawn(|| {
+            bed.vm2.ns.run_status(&[
+                "ping",
+                "-c",
+                "500",
+                "-i",
+                "0.01",
+                "-W",
+                "2",
+                "-q",
+                "10.20.0.11",
+            ])
+        });
+        let udp = s.spawn(|| udp_stream(&bed.vm2.ns, &bed.vm1.ns, "10.20.0.12", 5));
+        thread::sleep(Duration::from_millis(1500));
+        node.kill_agent();
+        // While it is down: a third VM is attached.
+        let mut cfg = std::fs::read_to_string(node.config_dir.join("config.yaml")).unwrap();
+        cfg.push_str("---\n");
+        cfg.push_str(&yaml::attachment(
+            "vm3",
+            "blue",
+            "a",
+            &vm3.port,
+            &vm3.mac,
+            &["10.20.0.13/16"],
+        ));
+        node.write_config("config.yaml", &cfg);
+        thread::sleep(Duration::from_millis(500));
+        node.start_agent();
+        node.wait_ports(&[&bed.vm1.port, &bed.vm2.port, &vm3.port]);
+        (ping.join().unwrap(), udp.join().unwrap())
+    });
+    let summary = String::from_utf8_lossy(&ping.stdout);
+    assert!(
+        summary.contains("500 packets transmitted, 500 received, 0% packet loss"),
+        "ping across the restart: {summary}{}",
+        String::from_utf8_lossy(&ping.stderr)
+    );
+    assert!(packets > 1000, "UDP sent only {packets} datagrams");
+    assert_eq!(lost, 0, "UDP lost {lost} of {packets} across the restart");
+    // It really restarted, adopting what the first one pinned.
+    let log = node.agent_log();
+    assert!(
+        log[first_log_len..].contains("adopting pinned map"),
+        "second agent log:\n{}",
+        &log[first_log_len..]
+    );
+    // The change made while it was down is applied.
+    assert!(vm3.ping("10.20.0.11"), "vm3 -> vm1");
+    assert!(bed.vm2.ping("10.20.0.13"), "vm2 -> vm3");
+}
