@@ -351,6 +351,7 @@ fn no_offer_on_an_ipamless_network_and_malformed_requests_get_nothing() {
          frames.append(base/Raw(bytes(good)[:240] + bytes([53, 1, 99, 255])))\n\
          frames.append(base/BOOTP(op=2, chaddr=bytes.fromhex(mac.replace(':', '')) + bytes(10))/DHCP(options=[('message-type', 'offer'), 'end']))\n\
          frames.append(base/BOOTP(chaddr=bytes.fromhex('525400ffffff') + bytes(10))/DHCP(options=[('message-type', 'discover'), 'end']))\n\
+         frames.append(base/BOOTP(hlen=255, chaddr=bytes.fromhex(mac.replace(':', '')) + bytes(10))/DHCP(options=[('message-type', 'discover'), 'end']))\n\
          ans = srp(frames, iface='eth0', timeout=1, multi=True, filter='udp and port 68')[0]\n\
          print(len(ans))",
         mac = vm1.mac

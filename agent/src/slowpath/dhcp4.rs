@@ -56,7 +56,9 @@ fn answer(
     msg: &Message,
     mtype: MessageType,
 ) -> Result<Vec<u8>, &'static str> {
-    if msg.opcode() != Opcode::BootRequest || msg.htype() != HType::Eth || msg.chaddr().len() < 6 {
+    // Check hlen before chaddr(): dhcproto slices chaddr by it and a
+    // VM-supplied hlen above 16 would panic there.
+    if msg.opcode() != Opcode::BootRequest || msg.htype() != HType::Eth || msg.hlen() != 6 {
         return Err("not an Ethernet BOOTREQUEST");
     }
     let chaddr: [u8; 6] = msg.chaddr()[..6].try_into().unwrap();

@@ -201,9 +201,21 @@ pub fn start(
 fn serve(mut xsk: afxdp::Xsk, _xsks: XskMap<MapData>, services: Services, stats: SharedStats) {
     let mut last_ra = Instant::now() - RA_INTERVAL;
     loop {
-        if let Err(e) = xsk.poll(Duration::from_millis(200), |frame| {
-            dispatch(frame, &services, &stats)
-        }) {
+        let handle = |frame: &[u8]| {
+            // A parser bug must cost one frame, never the slow path.
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                dispatch(frame, &services, &stats)
+            }))
+            .unwrap_or_else(|_| {
+                error!("slow path: a frame crashed its parser; dropped");
+                let mut st = stats.lock().unwrap_or_else(|p| p.into_inner());
+                *st.unattributed_drops
+                    .entry("parser_panic".into())
+                    .or_default() += 1;
+                Vec::new()
+            })
+        };
+        if let Err(e) = xsk.poll(Duration::from_millis(200), handle) {
             error!("slow path: {e:#}");
             std::thread::sleep(Duration::from_millis(200));
         }
@@ -219,6 +231,133 @@ fn serve(mut xsk: afxdp::Xsk, _xsks: XskMap<MapData>, services: Services, stats:
                 if let Err(e) = xsk.send(&frame) {
                     warn!("slow path: periodic RA: {e:#}");
                 }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::{
+        collections::BTreeMap,
+        net::{Ipv4Addr, Ipv6Addr},
+    };
+
+    use dhcproto::{
+        Decodable, Decoder, Encodable, Encoder,
+        v4::{self, DhcpOption, HType, Opcode},
+    };
+    use etherparse::PacketBuilder;
+    use proptest::prelude::*;
+
+    use super::*;
+    use crate::{config::AttachmentKey, slowpath::service::NetService};
+
+    const VM_MAC: [u8; 6] = [0x52, 0x54, 0, 0, 0, 1];
+    const GW_MAC: [u8; 6] = [0x0a, 0x76, 0x70, 0, 0, 0x64];
+
+    fn services() -> Services {
+        let svc = PortService {
+            ifindex: 7,
+            key: AttachmentKey {
+                namespace: "prod".into(),
+                vm: "vm1".into(),
+                interface: "eth0".into(),
+            },
+            hostname: "vm1".into(),
+            mac: Some(VM_MAC),
+            v4: Some("10.20.0.50/24".parse().unwrap()),
+            v6: Some("fd20::50/64".parse().unwrap()),
+            net: NetService {
+                name: "blue".into(),
+                gw_mac: GW_MAC,
+                gw4: Some(Ipv4Addr::new(10, 20, 0, 1)),
+                gw6: Some("fd20::1".parse().unwrap()),
+                gw_ll6: Ipv6Addr::from(vmpath_common::link_local_from_mac(GW_MAC)),
+                mtu: 1400,
+                lease_seconds: 600,
+                default_route: true,
+                dns4: vec![Ipv4Addr::new(10, 0, 0, 10)],
+                dns6: vec![],
+                search: vec!["corp.example".into()],
+                routes4: vec![],
+                prefix6: Some("fd20::/64".parse().unwrap()),
+            },
+        };
+        Services::new(std::sync::RwLock::new(BTreeMap::from([(5u16, svc)])))
+    }
+
+    fn discover_frame() -> Vec<u8> {
+        let mut msg = v4::Message::default();
+        msg.set_opcode(Opcode::BootRequest)
+            .set_htype(HType::Eth)
+            .set_xid(42)
+            .set_chaddr(&VM_MAC);
+        msg.opts_mut()
+            .insert(DhcpOption::MessageType(v4::MessageType::Discover));
+        let mut payload = Vec::new();
+        msg.encode(&mut Encoder::new(&mut payload)).unwrap();
+        let b = PacketBuilder::ethernet2(VM_MAC, [0xff; 6])
+            .ipv4([0; 4], [255; 4], 64)
+            .udp(68, 67);
+        let mut f = Vec::new();
+        b.write(&mut f, &payload).unwrap();
+        tag(5, &f)
+    }
+
+    #[test]
+    fn a_discover_gets_an_offer_of_the_vms_address() {
+        let stats = SharedStats::default();
+        let replies = dispatch(&discover_frame(), &services(), &stats);
+        assert_eq!(replies.len(), 1);
+        let (port, frame) = untag(&replies[0]).unwrap();
+        assert_eq!(port, 5);
+        let p = SlicedPacket::from_ethernet(&frame).unwrap();
+        let Some(TransportSlice::Udp(udp)) = p.transport else {
+            panic!("not UDP")
+        };
+        let offer = v4::Message::decode(&mut Decoder::new(udp.payload())).unwrap();
+        assert_eq!(offer.yiaddr(), Ipv4Addr::new(10, 20, 0, 50));
+        assert_eq!(offer.opts().msg_type(), Some(v4::MessageType::Offer));
+        assert_eq!(
+            stats.lock().unwrap().ports["prod/vm1/eth0"].replied["dhcp4_discover"],
+            1
+        );
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(3000))]
+
+        /// Any byte string: no panic, and nothing that is not DHCP/RS is answered.
+        #[test]
+        fn random_frames_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..600)) {
+            let replies = dispatch(&bytes, &services(), &SharedStats::default());
+            prop_assert!(replies.len() <= 1);
+        }
+
+        /// A truncated DISCOVER is never answered.
+        #[test]
+        fn truncated_discovers_get_no_reply(cut in 0usize..282) {
+            let frame = discover_frame();
+            let cut = cut.min(frame.len() - 1);
+            let replies = dispatch(&frame[..cut], &services(), &SharedStats::default());
+            prop_assert!(replies.is_empty(), "answered a discover cut at {cut}");
+        }
+
+        /// Flipped bytes in a DISCOVER: no panic; any reply is a well-formed
+        /// frame from the gateway MAC on the same port.
+        #[test]
+        fn mutated_discovers_are_handled(flips in proptest::collection::vec((0usize..400, any::<u8>()), 1..8)) {
+            let mut frame = discover_frame();
+            for (at, v) in flips {
+                let n = frame.len();
+                frame[at % n] = v;
+            }
+            for reply in dispatch(&frame, &services(), &SharedStats::default()) {
+                let (port, inner) = untag(&reply).expect("replies are tagged");
+                prop_assert_eq!(port, 5);
+                prop_assert_eq!(&inner[6..12], &GW_MAC[..]);
+                prop_assert!(SlicedPacket::from_ethernet(&inner).is_ok());
             }
         }
     }
