@@ -44,7 +44,8 @@ use vmpath_common::{
 };
 
 /// The north-south maps (routed networks, SNAT), checked like `MAP_SPECS`.
-const NORTH_SOUTH_MAP_SPECS: [MapSpec; 7] = [
+const NORTH_SOUTH_MAP_SPECS: [MapSpec; 8] = [
+    spec::<u32, u32>(map_names::PROGS, MapType::ProgramArray, 4),
     spec::<AddrKey, RoutedAddr>(map_names::ROUTED, MapType::Hash, MAX_ROUTED),
     spec::<LpmKey<Subnet4>, u32>(map_names::SUBNETS4, MapType::LpmTrie, MAX_SUBNETS),
     spec::<LpmKey<Subnet6>, u32>(map_names::SUBNETS6, MapType::LpmTrie, MAX_SUBNETS),
@@ -148,6 +149,20 @@ fn is_bpffs(path: &Path) -> Result<bool> {
             .with_context(|| format!("statfs {}", path.display()));
     }
     Ok(st.f_type as i64 == BPF_FS_MAGIC)
+}
+
+/// Unpins maps of other layout versions (`maps/v<N>`, N != this build's):
+/// programs still attached keep theirs alive until their links are swapped.
+fn retire_old_layouts(root: &Path) -> Result<()> {
+    let current = maps_dir(root);
+    for entry in fs::read_dir(root.join("maps"))? {
+        let dir = entry?.path();
+        if dir != current && dir.is_dir() {
+            warn!(dir = %dir.display(), "retiring maps of another layout version");
+            fs::remove_dir_all(&dir).with_context(|| format!("removing {}", dir.display()))?;
+        }
+    }
+    Ok(())
 }
 
 /// Checks a pinned map's shape against what this build expects.
@@ -282,11 +297,23 @@ impl Dataplane {
         let mut paths = Vec::new();
         for spec in MAP_SPECS.iter().chain(&NORTH_SOUTH_MAP_SPECS) {
             let path = maps_dir.join(spec.name);
-            if check_pinned(&path, spec)? {
-                info!(map = spec.name, "adopting pinned map");
+            match check_pinned(&path, spec) {
+                Ok(true) => info!(map = spec.name, "adopting pinned map"),
+                Ok(false) => {}
+                Err(e) => {
+                    // Another layout (an upgrade changed it): the running
+                    // programs keep the old map through their own
+                    // reference until their links get this build's
+                    // programs; this build starts a new map, which the
+                    // first reconcile fills from the config and the claims
+                    // before any link is swapped.
+                    warn!(map = spec.name, "{e:#}; replacing it");
+                    fs::remove_file(&path).with_context(|| format!("unpinning {}", path.display()))?;
+                }
             }
             paths.push((spec.name, path));
         }
+        retire_old_layouts(root)?;
         for (name, path) in &paths {
             loader.map_pin_path(name, path.as_path());
         }
@@ -315,6 +342,7 @@ impl Dataplane {
         uplink
             .load()
             .context("loading (verifying) the uplink program")?;
+        north_south::load_egress(&mut ebpf)?;
         let maps = Maps::open(root)?;
         Ok(Dataplane {
             root: root.to_path_buf(),

@@ -11,6 +11,7 @@ pub mod ipam;
 pub mod plan;
 pub mod slowpath;
 pub mod routes;
+pub mod snat;
 pub mod store;
 pub mod view;
 pub use vmpath_common as common;

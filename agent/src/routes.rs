@@ -351,6 +351,8 @@ pub struct NorthSouth {
     exported: Option<BTreeSet<ExportRoute>>,
     uplink: Option<u32>,
     warned_uplink: bool,
+    ports_reserved: bool,
+    last_sweep: Option<std::time::Instant>,
 }
 
 impl NorthSouth {
@@ -387,6 +389,19 @@ impl NorthSouth {
         let Some(plan) = applied else {
             return;
         };
+        if !self.ports_reserved {
+            match crate::snat::reserve_ports(plan.snat.port_min, plan.snat.port_max) {
+                Ok(()) => self.ports_reserved = true,
+                Err(e) => tracing::warn!("reserving the SNAT port range: {e}"),
+            }
+        }
+        if self
+            .last_sweep
+            .is_none_or(|t| t.elapsed() >= std::time::Duration::from_secs(5))
+        {
+            crate::snat::sweep(dp.maps_mut());
+            self.last_sweep = Some(std::time::Instant::now());
+        }
         let want = desired(cfg, plan, learned);
         if self.exported.as_ref() == Some(&want) {
             return;

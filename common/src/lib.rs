@@ -30,6 +30,8 @@ pub mod map_names {
     pub const SNAT_IN: &str = "vmp_snat_in";
     /// North-south: SNAT ports in use per VM address (quota).
     pub const SNAT_QUOTA: &str = "vmp_snat_quota";
+    /// Tail-call targets (slot 0: `vm_egress`).
+    pub const PROGS: &str = "vmp_progs";
     pub const PORT_IDS: &str = "vmp_port_ids";
     pub const SLOW: &str = "vmp_slow";
     pub const XSKS: &str = "vmp_xsks";
@@ -54,6 +56,8 @@ pub mod prog_names {
     pub const VM_PORT: &str = "vm_port";
     /// tcx ingress on the node's uplink: routed ingress and SNAT return.
     pub const UPLINK: &str = "uplink";
+    /// Tail-called from `vm_port`: routed and SNAT egress.
+    pub const VM_EGRESS: &str = "vm_egress";
     /// XDP on `vmp-slow1`: slow-path frames into the AF_XDP socket.
     pub const SLOW_RX: &str = "slow_rx";
     /// tcx ingress on `vmp-slow0`: the agent's tagged replies out to the VM.

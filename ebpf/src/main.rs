@@ -153,7 +153,7 @@ fn ipv4(
             icmp::echo_reply4(ctx, l4_off, net)?;
             return gateway_reply(ifindex);
         }
-        return route::egress4(ctx, ifindex, port, net, l4_off);
+        return route::egress(ctx, net);
     }
     fwd::switch(ctx, ifindex, port.network, dst)
 }
@@ -226,7 +226,7 @@ fn ipv6(
     }
 
     if mac_eq(&dst, &net.gw_mac) {
-        return route::egress6(ctx, ifindex, port, net);
+        return route::egress(ctx, net);
     }
     fwd::switch(ctx, ifindex, port.network, dst)
 }

@@ -7,11 +7,11 @@
 use aya_ebpf::{
     bindings::{
         BPF_FIB_LKUP_RET_FRAG_NEEDED, BPF_FIB_LKUP_RET_NO_NEIGH, BPF_FIB_LKUP_RET_SUCCESS,
-        TC_ACT_REDIRECT, bpf_fib_lookup as FibParams, bpf_redir_neigh,
+        TC_ACT_REDIRECT, TC_ACT_SHOT, bpf_fib_lookup as FibParams, bpf_redir_neigh,
     },
-    btf_maps::{HashMap, LpmTrie, lpm_trie::Key},
+    btf_maps::{HashMap, LpmTrie, ProgramArray, lpm_trie::Key},
     helpers::generated::{bpf_fib_lookup, bpf_redirect, bpf_redirect_neigh},
-    macros::btf_map,
+    macros::{btf_map, classifier},
     programs::TcContext,
 };
 use network_types::{
@@ -24,12 +24,16 @@ use vmpath_common::{
 };
 
 use crate::{
-    csum,
+    counters, csum,
     fwd::Verdict,
+    maps::{NETWORKS, PORTS},
     mtu,
-    parse::{ETH_LEN, ptr_at},
+    parse::{ETH_LEN, ETH_P_IP, ETH_P_IPV6, ptr_at},
     snat,
 };
+
+/// Slot of `vm_egress` in `vmp_progs`.
+pub const PROG_VM_EGRESS: u32 = 0;
 
 const AF_INET: u8 = 2;
 const AF_INET6: u8 = 10;
@@ -70,9 +74,63 @@ fn in_subnet6(network: u32, addr: &[u8; 16]) -> bool {
     SUBNETS6.get(&key).is_some()
 }
 
-/// IPv4 to the gateway MAC, not for the gateway itself.
+/// IPv4 or IPv6 to the gateway MAC, not for the gateway itself: on to the
+/// `vm_egress` program (a tail call, so the routed and SNAT paths get a
+/// stack of their own; the VM-port program's frame is nearly full).
 #[inline(always)]
-pub fn egress4(
+pub fn egress(ctx: &TcContext, net: &NetworkInfo) -> Verdict {
+    if net.flags & (NET_F_ROUTED | NET_F_SNAT) == 0 {
+        return Err(drop_reason::GATEWAY_UNROUTED);
+    }
+    unsafe { PROGS.tail_call(ctx, PROG_VM_EGRESS) };
+    // Only reached when the slot is empty (agent still starting).
+    Err(drop_reason::HELPER_FAILED)
+}
+
+/// Tail-call targets; slot `PROG_VM_EGRESS` holds `vm_egress`.
+#[btf_map(name = "vmp_progs")]
+pub static PROGS: ProgramArray<4> = ProgramArray::new();
+
+/// tcx ingress on a VM port, reached by tail call from `vm_port` for
+/// frames to the gateway MAC that leave the network (routed or SNAT).
+/// Port security and gateway answers have run already.
+#[classifier]
+pub fn vm_egress(ctx: TcContext) -> i32 {
+    let ifindex = unsafe { (*ctx.skb.skb).ifindex };
+    match try_vm_egress(&ctx, ifindex) {
+        Ok(action) => action,
+        Err(reason) => {
+            counters::count_drop(ifindex, reason);
+            TC_ACT_SHOT
+        }
+    }
+}
+
+#[inline(always)]
+fn try_vm_egress(ctx: &TcContext, ifindex: u32) -> Verdict {
+    let Some(port) = (unsafe { PORTS.get(&ifindex) }) else {
+        return Err(drop_reason::UNKNOWN_PORT);
+    };
+    let Some(net) = (unsafe { NETWORKS.get(&port.network) }) else {
+        return Err(drop_reason::NO_NETWORK);
+    };
+    let eth: *const EthHdr = ptr_at(ctx, 0)?;
+    match u16::from_be(unsafe { (*eth).ether_type }) {
+        ETH_P_IP => {
+            let ip: *const Ipv4Hdr = ptr_at(ctx, ETH_LEN)?;
+            let ihl = usize::from(unsafe { (*ip).vihl } & 0x0f) * 4;
+            if !(Ipv4Hdr::LEN..=60).contains(&ihl) {
+                return Err(drop_reason::MALFORMED);
+            }
+            egress4_inner(ctx, ifindex, port, net, ETH_LEN + ihl)
+        }
+        ETH_P_IPV6 => egress6_inner(ctx, ifindex, port, net),
+        _ => Err(drop_reason::GATEWAY_UNROUTED),
+    }
+}
+
+#[inline(always)]
+fn egress4_inner(
     ctx: &TcContext,
     ifindex: u32,
     port: &PortInfo,
@@ -152,10 +210,8 @@ pub fn forward4(ctx: &TcContext, in_ifindex: u32) -> Verdict {
     })
 }
 
-/// IPv6 to the gateway MAC, not for the gateway itself (routed only: SNAT
-/// is IPv4).
 #[inline(always)]
-pub fn egress6(ctx: &TcContext, ifindex: u32, port: &PortInfo, net: &NetworkInfo) -> Verdict {
+fn egress6_inner(ctx: &TcContext, ifindex: u32, port: &PortInfo, net: &NetworkInfo) -> Verdict {
     if net.flags & NET_F_ROUTED == 0 {
         return Err(drop_reason::GATEWAY_UNROUTED);
     }

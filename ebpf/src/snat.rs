@@ -1,13 +1,47 @@
-//! SNAT for networks with `egress: SNAT` (IPv4).
+//! SNAT for networks with `egress: SNAT` (IPv4): TCP, UDP and ICMP echo
+//! leave with the node's SNAT address and a port (or ICMP identifier) from
+//! the node's reserved range; return traffic on the uplink is translated
+//! back. Per-flow state lives in two LRU maps, one per direction, each
+//! entry refreshed by traffic either way and judged against a
+//! protocol-appropriate idle timeout; the agent sweeps expired flows and
+//! recounts each VM's ports (the quota).
+//!
+//! Checksums are fixed with `bpf_l3_csum_replace` / `bpf_l4_csum_replace`;
+//! address changes use `BPF_F_PSEUDO_HDR`, so a frame a veth hands over
+//! with CHECKSUM_PARTIAL (only the pseudo-header sum filled in) stays
+//! right, and a full checksum is updated incrementally.
 
 use aya_ebpf::{
+    bindings::{BPF_ANY, BPF_F_MARK_MANGLED_0, BPF_F_PSEUDO_HDR, BPF_NOEXIST},
     btf_maps::{Array, HashMap, LruHashMap},
+    helpers::generated::{bpf_get_prandom_u32, bpf_ktime_get_ns},
     macros::btf_map,
     programs::TcContext,
 };
+use network_types::{eth::EthHdr, ip::Ipv4Hdr};
 use vmpath_common::{
-    MAX_SNAT_FLOWS, MAX_SNAT_VMS, NatEntry, NatKey, NetworkInfo, PortInfo, SnatConfig, drop_reason,
+    MAX_SNAT_FLOWS, MAX_SNAT_VMS, NAT_ST_CLOSING, NAT_ST_OPEN, NatEntry, NatKey, NetworkInfo,
+    PortInfo, SnatConfig, drop_reason,
 };
+
+use crate::{
+    csum,
+    fwd::deliver_local,
+    parse::{ETH_LEN, IPPROTO_ICMP, IPPROTO_UDP, ptr_at},
+};
+
+const IPPROTO_TCP: u8 = 6;
+const ICMP_ECHO_REPLY: u8 = 0;
+const ICMP_ECHO_REQUEST: u8 = 8;
+const TCP_FIN: u8 = 0x01;
+const TCP_RST: u8 = 0x04;
+/// Candidate ports tried for a new flow before giving up.
+const PROBES: u32 = 16;
+const NS: u64 = 1_000_000_000;
+
+const IP_CSUM_OFF: usize = ETH_LEN + 10;
+const IP_SRC_OFF: usize = ETH_LEN + 12;
+const IP_DST_OFF: usize = ETH_LEN + 16;
 
 /// Slot 0: the node's SNAT address, port range, quota and timeouts.
 #[btf_map(name = "vmp_snat_cfg")]
@@ -15,33 +49,387 @@ pub static SNAT_CFG: Array<SnatConfig, 1> = Array::new();
 
 /// The VM's tuple -> the translated source (address, port).
 #[btf_map(name = "vmp_snat_out")]
-pub static SNAT_OUT: LruHashMap<NatKey, NatEntry, { MAX_SNAT_FLOWS as usize }> = LruHashMap::new();
+pub static SNAT_OUT: LruHashMap<NatKey, NatEntry, { MAX_SNAT_FLOWS as usize }> =
+    LruHashMap::new();
 
 /// The reply's tuple (as it arrives on the uplink) -> the VM's address,
 /// port, ifindex and MAC.
 #[btf_map(name = "vmp_snat_in")]
-pub static SNAT_IN: LruHashMap<NatKey, NatEntry, { MAX_SNAT_FLOWS as usize }> = LruHashMap::new();
+pub static SNAT_IN: LruHashMap<NatKey, NatEntry, { MAX_SNAT_FLOWS as usize }> =
+    LruHashMap::new();
 
 /// VM address (IPv4, as a native u32) -> SNAT flows it holds (quota). The
 /// data path counts up; the agent's sweep recounts after expiring flows.
 #[btf_map(name = "vmp_snat_quota")]
 pub static SNAT_QUOTA: HashMap<u32, u32, { MAX_SNAT_VMS as usize }> = HashMap::new();
 
-/// Translates the VM's frame in place to the node's SNAT address.
-#[inline(always)]
-pub fn egress4(
-    _ctx: &TcContext,
-    _ifindex: u32,
-    _port: &PortInfo,
-    _net: &NetworkInfo,
-    _l4_off: usize,
-) -> Result<(), u32> {
-    Err(drop_reason::SNAT_NO_ADDRESS)
+/// The transport fields SNAT looks at.
+struct L4 {
+    proto: u8,
+    /// Source port / ICMP identifier, as on the wire.
+    sport: u16,
+    dport: u16,
+    /// Offset of the checksum field.
+    csum_off: usize,
+    /// Offset of the field SNAT rewrites (source port or ICMP id on the
+    /// way out, destination port or ICMP id on the way back).
+    port_off: usize,
+    tcp_flags: u8,
 }
 
-/// Reverse translation of return traffic on the uplink: `Ok(None)` when the
-/// frame is not SNAT return traffic.
+/// Reads the transport header; `echo_type` is the ICMP type accepted.
 #[inline(always)]
-pub fn ingress4(_ctx: &TcContext) -> Result<Option<i32>, u32> {
-    Ok(None)
+fn l4(ctx: &TcContext, proto: u8, l4_off: usize, outbound: bool) -> Result<L4, u32> {
+    match proto {
+        IPPROTO_TCP | IPPROTO_UDP => {
+            // A UDP datagram may carry less than a TCP header's worth.
+            let p: *const [u8; 8] = ptr_at(ctx, l4_off)?;
+            let p = unsafe { &*p };
+            let (csum_off, flags) = if proto == IPPROTO_TCP {
+                let t: *const [u8; 14] = ptr_at(ctx, l4_off)?;
+                (l4_off + 16, unsafe { (*t)[13] })
+            } else {
+                (l4_off + 6, 0)
+            };
+            Ok(L4 {
+                proto,
+                sport: u16::from_be_bytes([p[0], p[1]]),
+                dport: u16::from_be_bytes([p[2], p[3]]),
+                csum_off,
+                port_off: if outbound { l4_off } else { l4_off + 2 },
+                tcp_flags: flags,
+            })
+        }
+        IPPROTO_ICMP => {
+            let p: *const [u8; 8] = ptr_at(ctx, l4_off)?;
+            let p = unsafe { &*p };
+            let want = if outbound {
+                ICMP_ECHO_REQUEST
+            } else {
+                ICMP_ECHO_REPLY
+            };
+            if p[0] != want || p[1] != 0 {
+                return Err(drop_reason::SNAT_UNSUPPORTED);
+            }
+            let id = u16::from_be_bytes([p[4], p[5]]);
+            Ok(L4 {
+                proto,
+                sport: id,
+                dport: id,
+                csum_off: l4_off + 2,
+                port_off: l4_off + 4,
+                tcp_flags: 0,
+            })
+        }
+        _ => Err(drop_reason::SNAT_UNSUPPORTED),
+    }
+}
+
+#[inline(always)]
+fn timeout_ns(cfg: &SnatConfig, proto: u8, state: u8) -> u64 {
+    let s = match proto {
+        IPPROTO_TCP if state == NAT_ST_CLOSING => cfg.tcp_closing_timeout,
+        IPPROTO_TCP => cfg.tcp_timeout,
+        IPPROTO_UDP => cfg.udp_timeout,
+        _ => cfg.icmp_timeout,
+    };
+    u64::from(s) * NS
+}
+
+#[inline(always)]
+fn expired(cfg: &SnatConfig, e: &NatEntry, proto: u8, now: u64) -> bool {
+    now.saturating_sub(e.last_seen) > timeout_ns(cfg, proto, e.state)
+}
+
+/// Refreshes an entry; FIN or RST moves a TCP flow to the closing timeout.
+#[inline(always)]
+fn touch(e: *mut NatEntry, now: u64, tcp_flags: u8) {
+    unsafe {
+        (*e).last_seen = now;
+        if tcp_flags & (TCP_FIN | TCP_RST) != 0 {
+            (*e).state = NAT_ST_CLOSING;
+        }
+    }
+}
+
+/// The key a reply to the VM's flow carries on the uplink.
+#[inline(always)]
+fn reply_key(remote: [u8; 4], snat: [u8; 4], remote_port: u16, port: u16, proto: u8) -> NatKey {
+    NatKey {
+        src: remote,
+        dst: snat,
+        sport: if proto == IPPROTO_ICMP { port } else { remote_port },
+        dport: port,
+        proto,
+        _pad: [0; 3],
+    }
+}
+
+/// Translates the VM's frame in place to the node's SNAT address; the
+/// caller routes it on (`route::forward4`).
+#[inline(always)]
+pub fn egress4(
+    ctx: &TcContext,
+    ifindex: u32,
+    port: &PortInfo,
+    net: &NetworkInfo,
+    l4_off: usize,
+) -> Result<(), u32> {
+    let Some(cfg) = SNAT_CFG.get(0) else {
+        return Err(drop_reason::SNAT_NO_ADDRESS);
+    };
+    if cfg.addr4 == [0; 4] {
+        return Err(drop_reason::SNAT_NO_ADDRESS);
+    }
+    let ip: *const Ipv4Hdr = ptr_at(ctx, ETH_LEN)?;
+    let (src, dst, proto, frags) =
+        unsafe { ((*ip).src_addr, (*ip).dst_addr, (*ip).proto, (*ip).frags) };
+    if u16::from_be_bytes(frags) & 0x3fff != 0 {
+        return Err(drop_reason::SNAT_UNSUPPORTED);
+    }
+    let l4 = l4(ctx, proto, l4_off, true)?;
+    let key = NatKey {
+        src,
+        dst,
+        sport: l4.sport,
+        dport: l4.dport,
+        proto,
+        _pad: [0; 3],
+    };
+    let now = unsafe { bpf_ktime_get_ns() };
+
+    // An existing flow keeps its port while its return entry is still ours.
+    let mut nat_port = 0u16;
+    if let Some(out) = SNAT_OUT.get_ptr_mut(&key) {
+        let p = unsafe { (*out).port };
+        let rkey = reply_key(dst, cfg.addr4, l4.dport, p, proto);
+        if let Some(back) = SNAT_IN.get_ptr_mut(&rkey) {
+            let mine = unsafe { (*back).addr == src && (*back).port == l4.sport };
+            if mine {
+                touch(out, now, l4.tcp_flags);
+                touch(back, now, l4.tcp_flags);
+                nat_port = p;
+            }
+        }
+    }
+    if nat_port == 0 {
+        nat_port = allocate(ctx, cfg, &key, &l4, ifindex, port, net, now)?;
+    }
+
+    // Rewrite: source address (IP header and pseudo header), then port.
+    let new_src = cfg.addr4;
+    let old_a = u64::from(u32::from_ne_bytes(src));
+    let new_a = u64::from(u32::from_ne_bytes(new_src));
+    ctx.l3_csum_replace(IP_CSUM_OFF, old_a, new_a, 4)
+        .map_err(|_| drop_reason::HELPER_FAILED)?;
+    if proto != IPPROTO_ICMP {
+        let mut flags = u64::from(BPF_F_PSEUDO_HDR) | 4;
+        if proto == IPPROTO_UDP {
+            flags |= u64::from(BPF_F_MARK_MANGLED_0);
+        }
+        ctx.l4_csum_replace(l4.csum_off, old_a, new_a, flags)
+            .map_err(|_| drop_reason::HELPER_FAILED)?;
+    }
+    ctx.store(IP_SRC_OFF, &new_src, 0)
+        .map_err(|_| drop_reason::HELPER_FAILED)?;
+    rewrite_port(ctx, &l4, l4.sport, nat_port)
+}
+
+/// Replaces the port (or ICMP id) at `l4.port_off`, fixing the checksum.
+#[inline(always)]
+fn rewrite_port(ctx: &TcContext, l4: &L4, old: u16, new: u16) -> Result<(), u32> {
+    if old == new {
+        return Ok(());
+    }
+    let old_p = u64::from(u16::from_ne_bytes(old.to_be_bytes()));
+    let new_p = u64::from(u16::from_ne_bytes(new.to_be_bytes()));
+    let mut flags = 2u64;
+    if l4.proto == IPPROTO_UDP {
+        flags |= u64::from(BPF_F_MARK_MANGLED_0);
+    }
+    ctx.l4_csum_replace(l4.csum_off, old_p, new_p, flags)
+        .map_err(|_| drop_reason::HELPER_FAILED)?;
+    ctx.store(l4.port_off, &new.to_be_bytes(), 0)
+        .map_err(|_| drop_reason::HELPER_FAILED)
+}
+
+/// Picks a free port for a new flow (within the VM's quota) and records
+/// both directions.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+fn allocate(
+    ctx: &TcContext,
+    cfg: &SnatConfig,
+    key: &NatKey,
+    l4: &L4,
+    ifindex: u32,
+    port: &PortInfo,
+    net: &NetworkInfo,
+    now: u64,
+) -> Result<u16, u32> {
+    let vm = u32::from_ne_bytes(key.src);
+    let held = SNAT_QUOTA.get_ptr_mut(&vm);
+    if let Some(n) = held {
+        if unsafe { *n } >= cfg.quota {
+            return Err(drop_reason::SNAT_QUOTA);
+        }
+    }
+    let min = u32::from(cfg.port_min);
+    let max = u32::from(cfg.port_max);
+    if max < min {
+        return Err(drop_reason::SNAT_PORTS_EXHAUSTED);
+    }
+    let range = max - min + 1;
+    let start = unsafe { bpf_get_prandom_u32() } % range;
+    let eth: *const EthHdr = ptr_at(ctx, 0)?;
+    let vm_mac = unsafe { (*eth).src_addr };
+    let back = NatEntry {
+        addr: key.src,
+        port: key.sport,
+        state: NAT_ST_OPEN,
+        _pad: 0,
+        ifindex,
+        vm_mac,
+        gw_mac: net.gw_mac,
+        last_seen: now,
+    };
+    let _ = port;
+    let mut i = 0u32;
+    let mut chosen = 0u16;
+    while i < PROBES {
+        let cand = (min + (start + i) % range) as u16;
+        i += 1;
+        let rkey = reply_key(key.dst, cfg.addr4, key.dport, cand, key.proto);
+        let flags = match unsafe { SNAT_IN.get(&rkey) } {
+            None => u64::from(BPF_NOEXIST),
+            Some(e) if expired(cfg, e, key.proto, now) => u64::from(BPF_ANY),
+            Some(_) => continue,
+        };
+        if SNAT_IN.insert(&rkey, &back, flags).is_ok() {
+            chosen = cand;
+            break;
+        }
+    }
+    if chosen == 0 {
+        return Err(drop_reason::SNAT_PORTS_EXHAUSTED);
+    }
+    let out = NatEntry {
+        addr: cfg.addr4,
+        port: chosen,
+        state: NAT_ST_OPEN,
+        _pad: 0,
+        ifindex,
+        vm_mac,
+        gw_mac: net.gw_mac,
+        last_seen: now,
+    };
+    if SNAT_OUT.insert(key, &out, u64::from(BPF_ANY)).is_err() {
+        let rkey = reply_key(key.dst, cfg.addr4, key.dport, chosen, key.proto);
+        let _ = SNAT_IN.remove(&rkey);
+        return Err(drop_reason::SNAT_TABLE_FULL);
+    }
+    match held {
+        // Not atomic (the BPF target has no AtomicU32 here): a lost
+        // increment only delays the quota until the agent's next recount.
+        Some(n) => unsafe { *n += 1 },
+        None => {
+            let _ = SNAT_QUOTA.insert(&vm, &1, u64::from(BPF_NOEXIST));
+        }
+    }
+    let _ = l4;
+    Ok(chosen)
+}
+
+/// Reverse translation of return traffic on the uplink: `Ok(None)` when
+/// the frame is not SNAT return traffic (it then goes to the host stack).
+#[inline(always)]
+pub fn ingress4(ctx: &TcContext) -> Result<Option<i32>, u32> {
+    let Some(cfg) = SNAT_CFG.get(0) else {
+        return Ok(None);
+    };
+    let ip: *const Ipv4Hdr = ptr_at(ctx, ETH_LEN)?;
+    let (vihl, src, dst, proto, frags, ttl) = unsafe {
+        (
+            (*ip).vihl,
+            (*ip).src_addr,
+            (*ip).dst_addr,
+            (*ip).proto,
+            (*ip).frags,
+            (*ip).ttl,
+        )
+    };
+    if dst != cfg.addr4 || cfg.addr4 == [0; 4] || u16::from_be_bytes(frags) & 0x3fff != 0 {
+        return Ok(None);
+    }
+    let ihl = usize::from(vihl & 0x0f) * 4;
+    if ihl < Ipv4Hdr::LEN || ihl > 60 {
+        return Ok(None);
+    }
+    let l4_off = ETH_LEN + ihl;
+    let Ok(l4) = l4(ctx, proto, l4_off, false) else {
+        return Ok(None);
+    };
+    let rkey = NatKey {
+        src,
+        dst,
+        sport: l4.sport,
+        dport: l4.dport,
+        proto,
+        _pad: [0; 3],
+    };
+    let Some(back) = SNAT_IN.get_ptr_mut(&rkey) else {
+        return Ok(None);
+    };
+    let now = unsafe { bpf_ktime_get_ns() };
+    let e = unsafe { *back };
+    if expired(cfg, &e, proto, now) {
+        return Ok(None);
+    }
+    if ttl <= 1 {
+        return Err(drop_reason::ROUTE_TTL_EXCEEDED);
+    }
+    touch(back, now, l4.tcp_flags);
+    let key = NatKey {
+        src: e.addr,
+        dst: src,
+        sport: e.port,
+        dport: if proto == IPPROTO_ICMP { e.port } else { l4.sport },
+        proto,
+        _pad: [0; 3],
+    };
+    if let Some(out) = SNAT_OUT.get_ptr_mut(&key) {
+        touch(out, now, l4.tcp_flags);
+    }
+
+    // Destination back to the VM's address and port; TTL down by one.
+    let old_a = u64::from(u32::from_ne_bytes(dst));
+    let new_a = u64::from(u32::from_ne_bytes(e.addr));
+    ctx.l3_csum_replace(IP_CSUM_OFF, old_a, new_a, 4)
+        .map_err(|_| drop_reason::HELPER_FAILED)?;
+    if proto != IPPROTO_ICMP {
+        let mut flags = u64::from(BPF_F_PSEUDO_HDR) | 4;
+        if proto == IPPROTO_UDP {
+            flags |= u64::from(BPF_F_MARK_MANGLED_0);
+        }
+        ctx.l4_csum_replace(l4.csum_off, old_a, new_a, flags)
+            .map_err(|_| drop_reason::HELPER_FAILED)?;
+    }
+    ctx.store(IP_DST_OFF, &e.addr, 0)
+        .map_err(|_| drop_reason::HELPER_FAILED)?;
+    rewrite_port(ctx, &l4, l4.dport, e.port)?;
+
+    let ip: *mut Ipv4Hdr = ptr_at(ctx, ETH_LEN)?;
+    unsafe {
+        let ip = &mut *ip;
+        let old = (u16::from(ip.ttl) << 8) | u16::from(ip.proto);
+        ip.ttl -= 1;
+        let new = (u16::from(ip.ttl) << 8) | u16::from(ip.proto);
+        ip.check = csum::replace16(u16::from_be_bytes(ip.check), old, new).to_be_bytes();
+    }
+    let eth: *mut EthHdr = ptr_at(ctx, 0)?;
+    unsafe {
+        (*eth).src_addr = e.gw_mac;
+        (*eth).dst_addr = e.vm_mac;
+    }
+    deliver_local(ctx, e.ifindex).map(Some)
 }
