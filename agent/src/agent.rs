@@ -193,7 +193,7 @@ fn commit_claims(
 }
 
 pub fn run(opts: &AgentOptions, shared: SharedView) -> Result<()> {
-    run_with(opts, shared, slowpath::SharedStats::default())
+    run_with(opts, shared, slowpath::service::stats().clone())
 }
 
 /// Runs the agent; `slow_stats` receives the slow path's message counters.

@@ -207,6 +207,10 @@ pub struct InterfaceDetail {
     pub state: String,
     /// Present when the port is programmed on this node.
     pub counters: Option<PortCounters>,
+    /// DHCPv4/DHCPv6/RA messages this node's slow path received, answered
+    /// and dropped for this interface, by kind.
+    #[serde(default)]
+    pub dhcp: Option<crate::slowpath::Counters>,
 }
 
 /// `GET /v1/vms/{namespace}/{vm}`.
@@ -409,10 +413,18 @@ pub fn route(shared: &SharedView, bpffs: &Path, path: &str) -> Reply {
                             .map(PortCounters::from),
                         _ => None,
                     };
+                    let key = format!("{}/{}/{}", a.namespace, a.vm, a.interface);
+                    let dhcp = crate::slowpath::service::stats()
+                        .lock()
+                        .unwrap()
+                        .ports
+                        .get(&key)
+                        .cloned();
                     InterfaceDetail {
                         attachment: a.clone(),
                         state: state.to_string(),
                         counters,
+                        dhcp,
                     }
                 })
                 .collect();

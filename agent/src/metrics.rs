@@ -128,6 +128,46 @@ pub fn render(view: &View, maps: Option<&Maps>) -> Result<String> {
     r.register(Box::new(reconciles))?;
     r.register(Box::new(reconcile_histogram().clone()))?;
 
+    let dhcp = counter_vec(
+        &r,
+        "vmpath_dhcp_messages_total",
+        "Slow-path messages (DHCPv4, DHCPv6, router solicitations) by network, kind and outcome (received, replied, dropped).",
+        &["network", "kind", "outcome"],
+    )?;
+    let dhcp_ports = counter_vec(
+        &r,
+        "vmpath_port_dhcp_messages_total",
+        "Slow-path messages per VM interface (namespace/vm/interface), by kind and outcome.",
+        &["vm_interface", "kind", "outcome"],
+    )?;
+    {
+        let stats = crate::slowpath::service::stats().lock().unwrap();
+        let outcomes = |c: &crate::slowpath::Counters| {
+            [
+                ("received", c.received.clone()),
+                ("replied", c.replied.clone()),
+                ("dropped", c.dropped.clone()),
+            ]
+        };
+        for (net, c) in &stats.networks {
+            for (outcome, by_kind) in outcomes(c) {
+                for (kind, n) in by_kind {
+                    dhcp.with_label_values(&[net.as_str(), kind.as_str(), outcome])
+                        .inc_by(n);
+                }
+            }
+        }
+        for (port, c) in &stats.ports {
+            for (outcome, by_kind) in outcomes(c) {
+                for (kind, n) in by_kind {
+                    dhcp_ports
+                        .with_label_values(&[port.as_str(), kind.as_str(), outcome])
+                        .inc_by(n);
+                }
+            }
+        }
+    }
+
     if let Some(maps) = maps {
         let drops = counter_vec(
             &r,

@@ -169,6 +169,29 @@ fn udhcpc_gets_exactly_the_configured_lease_and_options() {
     assert!(routes.contains("default via 10.20.0.1"), "{routes}");
     assert!(routes.contains("172.16.0.0/12 via 10.20.0.254"), "{routes}");
     assert!(vm1.ping("10.20.0.1"));
+
+    // The exchange is counted per VM interface (`vmpath vm show`).
+    let sock = node.api_socket();
+    let show = vmpath_tests::run(&[
+        vmpath_tests::vmpath_bin().to_str().unwrap(),
+        "vm",
+        "show",
+        "prod/vm1",
+        "-o",
+        "json",
+        "--api-socket",
+        sock.to_str().unwrap(),
+    ]);
+    let detail: serde_json::Value = serde_json::from_str(&show).unwrap();
+    let dhcp = &detail["interfaces"][0]["dhcp"];
+    assert!(
+        dhcp["replied"]["dhcp4_discover"].as_u64() >= Some(1),
+        "{show}"
+    );
+    assert!(
+        dhcp["replied"]["dhcp4_request"].as_u64() >= Some(1),
+        "{show}"
+    );
 }
 
 #[test]

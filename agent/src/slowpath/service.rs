@@ -129,7 +129,7 @@ pub fn build(cfg: &Config, plan: &Plan) -> BTreeMap<u16, PortService> {
 }
 
 /// Messages handled and dropped, by kind, for one port or network.
-#[derive(Debug, Clone, Default, Serialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, Serialize, serde::Deserialize, PartialEq, Eq)]
 pub struct Counters {
     pub received: BTreeMap<String, u64>,
     pub replied: BTreeMap<String, u64>,
@@ -147,6 +147,13 @@ pub struct SlowStats {
 }
 
 pub type SharedStats = Arc<Mutex<SlowStats>>;
+
+/// The node's slow-path counters (one slow path per agent process), read
+/// by the API and metrics.
+pub fn stats() -> &'static SharedStats {
+    static STATS: std::sync::OnceLock<SharedStats> = std::sync::OnceLock::new();
+    STATS.get_or_init(SharedStats::default)
+}
 
 pub enum Outcome {
     Received,
