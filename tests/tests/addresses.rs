@@ -90,6 +90,19 @@ fn claimed_addresses_and_detected_mac_survive_restart_and_port_recreation() {
         vm_view(&node, "vm1")
             .is_some_and(|v| v["mac"] == "52:54:00:aa:00:01" && v["mac_origin"] == "detected")
     });
+    // `vmpath vm show` exposes it, with its origin.
+    let show = vmpath_tests::run(&[
+        vmpath_tests::vmpath_bin().to_str().unwrap(),
+        "vm",
+        "show",
+        "prod/vm1",
+        "--api-socket",
+        node.api_socket().to_str().unwrap(),
+    ]);
+    assert!(
+        show.contains("52:54:00:aa:00:01") && show.contains("detected"),
+        "{show}"
+    );
 
     // Restart the agent and re-create the port: same IPs, same MAC.
     node.kill_agent();
