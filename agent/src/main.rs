@@ -108,6 +108,7 @@ fn main() -> Result<()> {
             }
             if args.cleanup {
                 dataplane::cleanup(&args.bpffs)?;
+                vmpath::slowpath::remove_interfaces()?;
                 tracing::info!(bpffs = %args.bpffs.display(), "removed every vmpath link and map");
                 return Ok(());
             }

@@ -501,6 +501,11 @@ fn cleanup_leaves_nothing_attached_or_pinned() {
     // No XDP program on any interface of the node either.
     let ip = node.ns.run(&["ip", "-d", "link", "show"]);
     assert!(!ip.contains("prog/xdp"), "{ip}");
+    // The slow path's interfaces are gone too.
+    assert!(
+        !ip.contains("vmp-slow0") && !ip.contains("vmp-slow1"),
+        "{ip}"
+    );
     assert!(!bed.vm1.ns.ping("10.20.0.12", 1), "still forwarded");
 }
 

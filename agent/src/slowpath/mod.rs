@@ -160,6 +160,29 @@ fn ensure_interfaces() -> Result<()> {
     })
 }
 
+/// Deletes `vmp-slow0`/`vmp-slow1` (`vmpath agent --cleanup`).
+pub fn remove_interfaces() -> Result<()> {
+    let Some(index) = crate::agent::ifindex_of(SLOW0) else {
+        return Ok(());
+    };
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    rt.block_on(async {
+        let (conn, handle, _) = rtnetlink::new_connection().context("netlink")?;
+        tokio::spawn(conn);
+        // Deleting one end of a veth pair deletes both.
+        handle
+            .link()
+            .del(index)
+            .execute()
+            .await
+            .with_context(|| format!("deleting {SLOW0}"))?;
+        info!("removed slow path interfaces {SLOW0}/{SLOW1}");
+        Ok(())
+    })
+}
+
 /// Sets up the slow path and serves it on a thread of its own. Failure
 /// leaves the rest of the data path running; slow-path frames are then
 /// dropped and counted (`slowpath_down`).
