@@ -370,6 +370,22 @@ impl Dataplane {
             .try_into()?)
     }
 
+    /// A tc program of the object by name, if loaded (`cargo xtask bench`).
+    pub fn program(&self, name: &str) -> Option<&SchedClassifier> {
+        self.ebpf.program(name)?.try_into().ok()
+    }
+
+    /// The loaded object, for the bench to load its baseline programs
+    /// (`bench_noop`, `bench_redirect_peer`) and reach their map.
+    pub fn ebpf_mut(&mut self) -> &mut Ebpf {
+        &mut self.ebpf
+    }
+
+    /// The eBPF object the agent embeds (the bench loads extra instances).
+    pub fn object() -> &'static [u8] {
+        EBPF_OBJECT
+    }
+
     /// Attaches the VM-port program at tcx ingress of `ifname`, or swaps it
     /// into the link a previous agent pinned there.
     fn attach_port(&mut self, ifname: &str, ifindex: u32) -> Result<()> {

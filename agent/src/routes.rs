@@ -254,7 +254,10 @@ impl RouteExporter {
     /// Our routes currently in the table.
     fn dump(&mut self) -> Result<BTreeSet<ExportRoute>, RouteError> {
         let seq = self
-            .send(RouteNetlinkMessage::GetRoute(RouteMessage::default()), NLM_F_DUMP)
+            .send(
+                RouteNetlinkMessage::GetRoute(RouteMessage::default()),
+                NLM_F_DUMP,
+            )
             .map_err(RouteError::Dump)?;
         let mut out = BTreeSet::new();
         let (table, protocol) = (self.table, self.protocol);

@@ -317,7 +317,11 @@ pub mod drop_reason {
     /// A VM sent a router advertisement, a redirect, or a neighbour
     /// advertisement for the gateway's address (IP filter on).
     pub const ND_SPOOF: u32 = 23;
-    pub const COUNT: u32 = 24;
+    /// Routed or SNAT: IPv4 larger than the MTU without DF. The data path
+    /// never fragments (a redirected frame skips the kernel's forwarding
+    /// path that would); it drops and counts.
+    pub const MTU_EXCEEDED_NO_DF: u32 = 24;
+    pub const COUNT: u32 = 25;
 
     /// Names as shown in metrics and the CLI, indexed by reason.
     pub const NAMES: [&str; COUNT as usize] = [
@@ -345,6 +349,7 @@ pub mod drop_reason {
         "snat_unsupported",
         "snat_no_address",
         "nd_spoof",
+        "mtu_exceeded_no_df",
     ];
 }
 

@@ -4,6 +4,7 @@
 #![no_main]
 
 mod arp;
+mod bench;
 mod counters;
 mod csum;
 mod fwd;

@@ -1,30 +1,296 @@
 //! The network MTU on the routed path: a frame larger than it is answered
-//! with ICMP fragmentation-needed / ICMPv6 packet-too-big rather than
-//! dropped silently.
+//! with ICMP fragmentation-needed (IPv4 with DF) / ICMPv6 packet-too-big
+//! rather than dropped silently. The error is built in place from the
+//! offending frame: trimmed to its IP header + 8 bytes (the quote), a new
+//! IP + ICMP header pushed in front, and sent back out of the interface it
+//! came in by, to its sender.
+//!
+//! IPv4 without DF is dropped and counted (`MTU_EXCEEDED_NO_DF`): the data
+//! path never fragments, and a redirected frame never passes the kernel's
+//! forwarding path that would. Senders that clear DF are rare (Linux sets
+//! DF on TCP and UDP by default and fragments locally to its path MTU).
+//!
+//! GSO packets are larger than the MTU by design: for them the size of one
+//! segment (IP and transport headers + `gso_size`) is compared.
+//!
+//! The quote is the IP header + 8 bytes (IPv6 too: Linux needs no more to
+//! find the socket, and a longer quote would need a checksum over data the
+//! program cannot bound cheaply). A frame with a partial TCP checksum
+//! (CHECKSUM_PARTIAL, from a local veth sender) cannot be trimmed below its
+//! checksum field: it quotes 20 bytes of transport header instead. The
+//! error frame keeps the skb's checksum offload state; it is delivered to
+//! a VM or to the fabric, where nothing recomputes it.
 
-use aya_ebpf::programs::TcContext;
-use vmpath_common::{NetworkInfo, drop_reason};
+use aya_ebpf::{
+    bindings::bpf_adj_room_mode::BPF_ADJ_ROOM_MAC, helpers::generated::bpf_skb_change_tail,
+    programs::TcContext,
+};
+use network_types::ip::Ipv6Hdr;
+use vmpath_common::drop_reason;
 
-use crate::fwd::Verdict;
+use crate::{
+    counters, csum,
+    fwd::{Verdict, reply_out},
+    parse::{ETH_LEN, ETH_P_IP, ETH_P_IPV6, IPPROTO_ICMP, IPPROTO_ICMPV6, IPPROTO_UDP, ptr_at},
+};
 
-/// Is this (non-GSO) packet of `ip_len` bytes larger than `mtu`? GSO
-/// packets are left to the kernel, which checks each segment against the
-/// egress device.
+const IPPROTO_TCP: u8 = 6;
+const ICMP_DEST_UNREACH: u8 = 3;
+const ICMP_FRAG_NEEDED: u8 = 4;
+const ICMPV6_PKT_TOOBIG: u8 = 2;
+const ERROR_TTL: u8 = 64;
+/// IP precedence "internetwork control", as Linux sends its ICMP errors.
+const ERROR_TOS: u8 = 0xc0;
+const IP_DF: u16 = 0x4000;
+/// Bytes of the offending packet's transport header quoted.
+const QUOTE_L4: usize = 8;
+/// ... or, when the skb cannot be trimmed that short (a partial TCP
+/// checksum lies beyond it), this many.
+const QUOTE_L4_PARTIAL: usize = 20;
+const ICMP_HDR: usize = 8;
+const IP4_HDR: usize = 20;
+const IP6_HDR: usize = 40;
+
+/// Is this packet larger than `mtu` on the wire? `ip_len` is its IP
+/// length, `l4_off` the offset of its transport header of protocol
+/// `proto`. A GSO packet is judged by one segment.
 #[inline(always)]
-pub fn too_big(ctx: &TcContext, mtu: u16, ip_len: u16) -> bool {
+pub fn too_big(ctx: &TcContext, mtu: u16, ip_len: u16, l4_off: usize, proto: u8) -> bool {
     if mtu == 0 || ip_len <= mtu {
         return false;
     }
     let gso = unsafe { (*ctx.skb.skb).gso_size };
-    gso == 0
+    if gso == 0 {
+        return true;
+    }
+    let l4_hdr = match proto {
+        IPPROTO_TCP => match ptr_at::<[u8; 13]>(ctx, l4_off) {
+            Ok(t) => u32::from(unsafe { (*t)[12] } >> 4) * 4,
+            Err(_) => 20,
+        },
+        IPPROTO_UDP => 8,
+        _ => 0,
+    };
+    (l4_off - ETH_LEN) as u32 + l4_hdr + gso > u32::from(mtu)
+}
+
+/// The IPv4 frame at hand is too big for `mtu`: with DF, it becomes an
+/// ICMP fragmentation-needed from `from` to its sender (Ethernet source
+/// `eth_src`), sent back out of `ifindex`; without DF, it is dropped.
+#[inline(always)]
+pub fn frag_needed4(
+    ctx: &TcContext,
+    ifindex: u32,
+    from: [u8; 4],
+    mtu: u16,
+    eth_src: [u8; 6],
+) -> Verdict {
+    let ip: *const [u8; 20] = ptr_at(ctx, ETH_LEN)?;
+    let ip = unsafe { &*ip };
+    if u16::from_be_bytes([ip[6], ip[7]]) & IP_DF == 0 {
+        return Err(drop_reason::MTU_EXCEEDED_NO_DF);
+    }
+    if from == [0; 4] {
+        return Err(drop_reason::MTU_EXCEEDED);
+    }
+    let ihl = usize::from(ip[0] & 0x0f) * 4;
+    if !(IP4_HDR..=60).contains(&ihl) {
+        return Err(drop_reason::MALFORMED);
+    }
+    let to = [ip[12], ip[13], ip[14], ip[15]];
+    let quote = trim(ctx, ihl)?;
+    push(ctx, IP4_HDR + ICMP_HDR)?;
+    let hdr_end = ETH_LEN + IP4_HDR + ICMP_HDR;
+    let h: *mut [u8; ETH_LEN + IP4_HDR + ICMP_HDR] = ptr_at(ctx, 0)?;
+    let h = unsafe { &mut *h };
+    write_eth(h, eth_src, ETH_P_IP);
+    let tot = (IP4_HDR + ICMP_HDR + quote) as u16;
+    let ip_hdr: [u8; IP4_HDR] = [
+        0x45,
+        ERROR_TOS,
+        (tot >> 8) as u8,
+        tot as u8,
+        0,
+        0,
+        0,
+        0,
+        ERROR_TTL,
+        IPPROTO_ICMP,
+        0,
+        0,
+        from[0],
+        from[1],
+        from[2],
+        from[3],
+        to[0],
+        to[1],
+        to[2],
+        to[3],
+    ];
+    let mut i = 0;
+    while i < IP4_HDR {
+        h[ETH_LEN + i] = ip_hdr[i];
+        i += 1;
+    }
+    let check = !csum::fold(sum_bytes(&ip_hdr));
+    h[ETH_LEN + 10] = (check >> 8) as u8;
+    h[ETH_LEN + 11] = check as u8;
+    let icmp = ETH_LEN + IP4_HDR;
+    h[icmp] = ICMP_DEST_UNREACH;
+    h[icmp + 1] = ICMP_FRAG_NEEDED;
+    h[icmp + 2] = 0;
+    h[icmp + 3] = 0;
+    h[icmp + 4] = 0;
+    h[icmp + 5] = 0;
+    h[icmp + 6] = (mtu >> 8) as u8;
+    h[icmp + 7] = mtu as u8;
+    let sum = (u32::from(ICMP_DEST_UNREACH) << 8) + u32::from(ICMP_FRAG_NEEDED) + u32::from(mtu);
+    let check = !csum::fold(sum + sum_packet(ctx, hdr_end, quote)?);
+    store_check(ctx, icmp + 2, check)?;
+    sent(ifindex)
+}
+
+/// The IPv6 frame at hand is too big for `mtu`: it becomes an ICMPv6
+/// packet-too-big from `from` to its sender (Ethernet source `eth_src`),
+/// sent back out of `ifindex`.
+#[inline(always)]
+pub fn packet_too_big6(
+    ctx: &TcContext,
+    ifindex: u32,
+    from: &[u8; 16],
+    mtu: u16,
+    eth_src: [u8; 6],
+) -> Verdict {
+    if from[0] == 0 && from[1] == 0 {
+        return Err(drop_reason::MTU_EXCEEDED);
+    }
+    let ip: *const Ipv6Hdr = ptr_at(ctx, ETH_LEN)?;
+    let to: [u8; 16] = unsafe { (*ip).src_addr };
+    let quote = trim(ctx, IP6_HDR)?;
+    push(ctx, IP6_HDR + ICMP_HDR)?;
+    let hdr_end = ETH_LEN + IP6_HDR + ICMP_HDR;
+    let h: *mut [u8; ETH_LEN + IP6_HDR + ICMP_HDR] = ptr_at(ctx, 0)?;
+    let h = unsafe { &mut *h };
+    write_eth(h, eth_src, ETH_P_IPV6);
+    let plen = (ICMP_HDR + quote) as u16;
+    let ip = ETH_LEN;
+    h[ip] = 0x60;
+    h[ip + 1] = 0;
+    h[ip + 2] = 0;
+    h[ip + 3] = 0;
+    h[ip + 4] = (plen >> 8) as u8;
+    h[ip + 5] = plen as u8;
+    h[ip + 6] = IPPROTO_ICMPV6;
+    h[ip + 7] = ERROR_TTL;
+    let mut i = 0;
+    while i < 16 {
+        h[ip + 8 + i] = from[i];
+        h[ip + 24 + i] = to[i];
+        i += 1;
+    }
+    let icmp = ETH_LEN + IP6_HDR;
+    h[icmp] = ICMPV6_PKT_TOOBIG;
+    h[icmp + 1] = 0;
+    h[icmp + 2] = 0;
+    h[icmp + 3] = 0;
+    h[icmp + 4] = 0;
+    h[icmp + 5] = 0;
+    h[icmp + 6] = (mtu >> 8) as u8;
+    h[icmp + 7] = mtu as u8;
+    let pseudo = csum::sum_addr16(from)
+        + csum::sum_addr16(&to)
+        + u32::from(plen)
+        + u32::from(IPPROTO_ICMPV6);
+    let sum = pseudo + (u32::from(ICMPV6_PKT_TOOBIG) << 8) + u32::from(mtu);
+    let check = !csum::fold(sum + sum_packet(ctx, hdr_end, quote)?);
+    store_check(ctx, icmp + 2, check)?;
+    sent(ifindex)
+}
+
+/// Trims the frame to its Ethernet and IP headers (`l3_len` bytes) and
+/// the quoted transport bytes; returns the quote's length (IP header
+/// included).
+#[inline(always)]
+fn trim(ctx: &TcContext, l3_len: usize) -> Result<usize, u32> {
+    let mut quote = l3_len + QUOTE_L4;
+    let mut rc = unsafe { bpf_skb_change_tail(ctx.skb.skb, (ETH_LEN + quote) as u32, 0) };
+    if rc != 0 {
+        quote = l3_len + QUOTE_L4_PARTIAL;
+        rc = unsafe { bpf_skb_change_tail(ctx.skb.skb, (ETH_LEN + quote) as u32, 0) };
+    }
+    if rc != 0 {
+        return Err(drop_reason::HELPER_FAILED);
+    }
+    Ok(quote)
+}
+
+/// Makes room for `len` bytes of new headers right after the Ethernet
+/// header (which stays in place, still addressed as the offending frame
+/// was), and makes the whole frame directly readable.
+#[inline(always)]
+fn push(ctx: &TcContext, len: usize) -> Result<(), u32> {
+    ctx.adjust_room(len as i32, BPF_ADJ_ROOM_MAC, 0)
+        .map_err(|_| drop_reason::HELPER_FAILED)?;
+    let total = ctx.len();
+    if ctx.data() + total as usize > ctx.data_end() && ctx.pull_data(total).is_err() {
+        return Err(drop_reason::HELPER_FAILED);
+    }
+    Ok(())
+}
+
+/// Addresses the frame back to the sender of the offending one.
+#[inline(always)]
+fn write_eth(h: &mut [u8], eth_src: [u8; 6], ether_type: u16) {
+    let mut i = 0;
+    while i < 6 {
+        h[i] = h[6 + i];
+        h[6 + i] = eth_src[i];
+        i += 1;
+    }
+    h[12] = (ether_type >> 8) as u8;
+    h[13] = ether_type as u8;
 }
 
 #[inline(always)]
-pub fn frag_needed4(_ctx: &TcContext, _ifindex: u32, _net: &NetworkInfo) -> Verdict {
-    Err(drop_reason::MTU_EXCEEDED)
+fn sum_bytes(b: &[u8; IP4_HDR]) -> u32 {
+    let mut sum = 0u32;
+    let mut i = 0;
+    while i < IP4_HDR {
+        sum += (u32::from(b[i]) << 8) | u32::from(b[i + 1]);
+        i += 2;
+    }
+    sum
+}
+
+/// Sum of the 16-bit words of `len` (even, at most 80) packet bytes at
+/// `off`.
+#[inline(always)]
+fn sum_packet(ctx: &TcContext, off: usize, len: usize) -> Result<u32, u32> {
+    let mut sum = 0u32;
+    let mut i = 0usize;
+    while i < 40 {
+        if 2 * i >= len {
+            break;
+        }
+        let w: *const [u8; 2] = ptr_at(ctx, off + 2 * i)?;
+        let w = unsafe { *w };
+        sum += (u32::from(w[0]) << 8) | u32::from(w[1]);
+        i += 1;
+    }
+    Ok(sum)
 }
 
 #[inline(always)]
-pub fn packet_too_big6(_ctx: &TcContext, _ifindex: u32, _net: &NetworkInfo) -> Verdict {
-    Err(drop_reason::MTU_EXCEEDED)
+fn store_check(ctx: &TcContext, off: usize, check: u16) -> Result<(), u32> {
+    let c: *mut [u8; 2] = ptr_at(ctx, off)?;
+    unsafe { *c = check.to_be_bytes() };
+    Ok(())
+}
+
+/// The offending frame is consumed (counted under `MTU_EXCEEDED`); its
+/// error goes back out of the interface it came in by.
+#[inline(always)]
+fn sent(ifindex: u32) -> Verdict {
+    counters::count_drop(ifindex, drop_reason::MTU_EXCEEDED);
+    reply_out(ifindex)
 }

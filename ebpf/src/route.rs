@@ -19,8 +19,8 @@ use network_types::{
     ip::{Ipv4Hdr, Ipv6Hdr},
 };
 use vmpath_common::{
-    AddrKey, MAX_ROUTED, MAX_SUBNETS, NET_F_ROUTED, NET_F_SNAT, NetworkInfo, PortInfo, RoutedAddr,
-    Subnet4, Subnet6, drop_reason,
+    AddrKey, MAX_ROUTED, MAX_SUBNETS, NET_F_GW4, NET_F_GW6, NET_F_ROUTED, NET_F_SNAT, NetworkInfo,
+    PortInfo, RoutedAddr, Subnet4, Subnet6, drop_reason,
 };
 
 use crate::{
@@ -141,15 +141,21 @@ fn egress4_inner(
         return Err(drop_reason::GATEWAY_UNROUTED);
     }
     let ip: *mut Ipv4Hdr = ptr_at(ctx, ETH_LEN)?;
-    let (src, ttl, tot_len) = unsafe { ((*ip).src_addr, (*ip).ttl, (*ip).tot_len) };
+    let (src, ttl, tot_len, proto) =
+        unsafe { ((*ip).src_addr, (*ip).ttl, (*ip).tot_len, (*ip).proto) };
     if !in_subnet4(port.network, src) {
         return Err(drop_reason::ROUTE_SRC_OUTSIDE);
     }
     if ttl <= 1 {
         return Err(drop_reason::ROUTE_TTL_EXCEEDED);
     }
-    if mtu::too_big(ctx, net.mtu, u16::from_be_bytes(tot_len)) {
-        return mtu::frag_needed4(ctx, ifindex, net);
+    if mtu::too_big(ctx, net.mtu, u16::from_be_bytes(tot_len), l4_off, proto) {
+        let from = if net.flags & NET_F_GW4 != 0 {
+            net.gw_ip4
+        } else {
+            [0; 4]
+        };
+        return mtu::frag_needed4(ctx, ifindex, from, net.mtu, net.gw_mac);
     }
     if net.flags & NET_F_ROUTED == 0 {
         snat::egress4(ctx, ifindex, port, net, l4_off)?;
@@ -220,12 +226,19 @@ fn egress6_inner(ctx: &TcContext, ifindex: u32, port: &PortInfo, net: &NetworkIn
     if !in_subnet6(port.network, src) {
         return Err(drop_reason::ROUTE_SRC_OUTSIDE);
     }
-    let (hop, payload_len) = unsafe { ((*ip).hop_limit, (*ip).payload_len) };
+    let (hop, payload_len, next_hdr) =
+        unsafe { ((*ip).hop_limit, (*ip).payload_len, (*ip).next_hdr) };
     if hop <= 1 {
         return Err(drop_reason::ROUTE_TTL_EXCEEDED);
     }
-    if mtu::too_big(ctx, net.mtu, 40 + u16::from_be_bytes(payload_len)) {
-        return mtu::packet_too_big6(ctx, ifindex, net);
+    let ip_len = 40u16.saturating_add(u16::from_be_bytes(payload_len));
+    if mtu::too_big(ctx, net.mtu, ip_len, ETH_LEN + 40, next_hdr) {
+        let from = if net.flags & NET_F_GW6 != 0 {
+            net.gw_ip6
+        } else {
+            [0; 16]
+        };
+        return mtu::packet_too_big6(ctx, ifindex, &from, net.mtu, net.gw_mac);
     }
     let mut p: FibParams = unsafe { core::mem::zeroed() };
     unsafe {

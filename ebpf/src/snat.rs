@@ -49,14 +49,12 @@ pub static SNAT_CFG: Array<SnatConfig, 1> = Array::new();
 
 /// The VM's tuple -> the translated source (address, port).
 #[btf_map(name = "vmp_snat_out")]
-pub static SNAT_OUT: LruHashMap<NatKey, NatEntry, { MAX_SNAT_FLOWS as usize }> =
-    LruHashMap::new();
+pub static SNAT_OUT: LruHashMap<NatKey, NatEntry, { MAX_SNAT_FLOWS as usize }> = LruHashMap::new();
 
 /// The reply's tuple (as it arrives on the uplink) -> the VM's address,
 /// port, ifindex and MAC.
 #[btf_map(name = "vmp_snat_in")]
-pub static SNAT_IN: LruHashMap<NatKey, NatEntry, { MAX_SNAT_FLOWS as usize }> =
-    LruHashMap::new();
+pub static SNAT_IN: LruHashMap<NatKey, NatEntry, { MAX_SNAT_FLOWS as usize }> = LruHashMap::new();
 
 /// VM address (IPv4, as a native u32) -> SNAT flows it holds (quota). The
 /// data path counts up; the agent's sweep recounts after expiring flows.
@@ -158,7 +156,11 @@ fn reply_key(remote: [u8; 4], snat: [u8; 4], remote_port: u16, port: u16, proto:
     NatKey {
         src: remote,
         dst: snat,
-        sport: if proto == IPPROTO_ICMP { port } else { remote_port },
+        sport: if proto == IPPROTO_ICMP {
+            port
+        } else {
+            remote_port
+        },
         dport: port,
         proto,
         _pad: [0; 3],
@@ -393,7 +395,11 @@ pub fn ingress4(ctx: &TcContext) -> Result<Option<i32>, u32> {
         src: e.addr,
         dst: src,
         sport: e.port,
-        dport: if proto == IPPROTO_ICMP { e.port } else { l4.sport },
+        dport: if proto == IPPROTO_ICMP {
+            e.port
+        } else {
+            l4.sport
+        },
         proto,
         _pad: [0; 3],
     };

@@ -13,11 +13,12 @@ use network_types::{
     eth::EthHdr,
     ip::{Ipv4Hdr, Ipv6Hdr},
 };
-use vmpath_common::{AF_INET, AF_INET6, AddrKey, drop_reason};
+use vmpath_common::{AF_INET, AF_INET6, AddrKey, NET_F_GW4, NET_F_GW6, RoutedAddr, drop_reason};
 
 use crate::{
     counters, csum,
     fwd::{Verdict, deliver_local},
+    maps::NETWORKS,
     mtu,
     parse::{ETH_LEN, ETH_P_IP, ETH_P_IPV6, ptr_at},
     route::ROUTED,
@@ -70,8 +71,9 @@ fn ingress4(ctx: &TcContext) -> Verdict {
     if ip.ttl <= 1 {
         return Err(drop_reason::ROUTE_TTL_EXCEEDED);
     }
-    if mtu::too_big(ctx, r.mtu, u16::from_be_bytes(ip.tot_len)) {
-        return Err(drop_reason::MTU_EXCEEDED);
+    let l4_off = ETH_LEN + usize::from(ip.vihl & 0x0f) * 4;
+    if mtu::too_big(ctx, r.mtu, u16::from_be_bytes(ip.tot_len), l4_off, ip.proto) {
+        return too_big4(ctx, r);
     }
     let old = (u16::from(ip.ttl) << 8) | u16::from(ip.proto);
     ip.ttl -= 1;
@@ -103,8 +105,9 @@ fn ingress6(ctx: &TcContext) -> Verdict {
     if ip.hop_limit <= 1 {
         return Err(drop_reason::ROUTE_TTL_EXCEEDED);
     }
-    if mtu::too_big(ctx, r.mtu, 40 + u16::from_be_bytes(ip.payload_len)) {
-        return Err(drop_reason::MTU_EXCEEDED);
+    let ip_len = 40u16.saturating_add(u16::from_be_bytes(ip.payload_len));
+    if mtu::too_big(ctx, r.mtu, ip_len, ETH_LEN + 40, ip.next_hdr) {
+        return too_big6(ctx, r);
     }
     ip.hop_limit -= 1;
     let eth: *mut EthHdr = ptr_at(ctx, 0)?;
@@ -113,4 +116,30 @@ fn ingress6(ctx: &TcContext) -> Verdict {
         (*eth).dst_addr = r.vm_mac;
     }
     deliver_local(ctx, r.ifindex)
+}
+
+/// Routed ingress larger than the VM network's MTU: the sender hears it
+/// from the network's gateway address, back out of the uplink.
+#[inline(always)]
+fn too_big4(ctx: &TcContext, r: &RoutedAddr) -> Verdict {
+    let uplink = unsafe { (*ctx.skb.skb).ifindex };
+    let from = match unsafe { NETWORKS.get(&r.network) } {
+        Some(net) if net.flags & NET_F_GW4 != 0 => net.gw_ip4,
+        _ => [0; 4],
+    };
+    let eth: *const EthHdr = ptr_at(ctx, 0)?;
+    let own_mac = unsafe { (*eth).dst_addr };
+    mtu::frag_needed4(ctx, uplink, from, r.mtu, own_mac)
+}
+
+#[inline(always)]
+fn too_big6(ctx: &TcContext, r: &RoutedAddr) -> Verdict {
+    let uplink = unsafe { (*ctx.skb.skb).ifindex };
+    let from = match unsafe { NETWORKS.get(&r.network) } {
+        Some(net) if net.flags & NET_F_GW6 != 0 => net.gw_ip6,
+        _ => [0; 16],
+    };
+    let eth: *const EthHdr = ptr_at(ctx, 0)?;
+    let own_mac = unsafe { (*eth).dst_addr };
+    mtu::packet_too_big6(ctx, uplink, &from, r.mtu, own_mac)
 }

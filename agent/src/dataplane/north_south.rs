@@ -92,3 +92,15 @@ where
     }
     Ok(())
 }
+
+impl Dataplane {
+    /// A loaded tc program by name (`uplink`, `vm_egress`), for fixture
+    /// tests that run it with BPF_PROG_TEST_RUN.
+    pub fn classifier(&self, name: &str) -> Result<&aya::programs::SchedClassifier> {
+        Ok(self
+            .ebpf
+            .program(name)
+            .ok_or_else(|| anyhow::anyhow!("program {name} missing"))?
+            .try_into()?)
+    }
+}

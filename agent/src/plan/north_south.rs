@@ -26,7 +26,11 @@ pub fn routed(net: &crate::config::Network) -> bool {
 pub fn north_south(cfg: &Config, plan: &mut Plan) {
     for net in &cfg.networks {
         if let Some(info) = plan.networks.get_mut(&net.id) {
-            info.flags |= if routed(net) { NET_F_ROUTED } else { NET_F_SNAT };
+            info.flags |= if routed(net) {
+                NET_F_ROUTED
+            } else {
+                NET_F_SNAT
+            };
         }
         for s in &net.subnets {
             let s = s.trunc();

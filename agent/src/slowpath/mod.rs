@@ -149,6 +149,12 @@ fn ensure_interfaces() -> Result<()> {
             info!("created slow path interfaces {SLOW0}/{SLOW1}");
         }
         for name in [SLOW0, SLOW1] {
+            // The node's own stack must stay off these interfaces: its IPv6
+            // DAD/MLD/RS frames would reach the slow path untagged.
+            let sysctl = format!("/proc/sys/net/ipv6/conf/{name}/disable_ipv6");
+            if let Err(e) = std::fs::write(&sysctl, "1") {
+                warn!("{sysctl}: {e}");
+            }
             handle
                 .link()
                 .set(rtnetlink::LinkUnspec::new_with_name(name).up().build())

@@ -1,0 +1,307 @@
+//! Figure group 2: end to end between two VM namespaces on one node, three
+//! ways, built side by side and measured interleaved (run 1 of each, then
+//! run 2 of each, ...) so machine noise hits all three alike:
+//!   vmpath    the real agent (release build) programs two ports of one
+//!             network, port security on; the VM-port program forwards
+//!   bridge    the two host-side veths in a Linux bridge (the bridge CNI)
+//!   redirect  `bench_redirect_peer` (ebpf/src/bench.rs) at tcx ingress of
+//!             each host-side veth, sending every frame into the other VM:
+//!             the floor for any tc forwarder here
+//! TCP: iperf3, VM1 -> VM2. Packet rate: 60-byte (64 on the wire) UDP
+//! frames from a raw AF_PACKET socket with sendmmsg in VM1, counted as IP
+//! packets received in VM2 (`Ip: InReceives` of VM2's /proc/net/snmp).
+
+use std::{
+    sync::atomic::{AtomicBool, Ordering},
+    thread::sleep,
+    time::{Duration, Instant},
+};
+
+use anyhow::{Context as _, Result, anyhow};
+use aya::{
+    Ebpf,
+    maps::Array,
+    programs::{LinkOrder, SchedClassifier, TcAttachType, tc::TcAttachOptions},
+};
+use vmpath::{config::parse_mac, dataplane::Dataplane};
+use vmpath_tests::{Netns, Node, Vm, yaml};
+
+use crate::{
+    report::{Bar, Section},
+    util::{self, RawSock, fmt, fmt_summary, summary},
+};
+
+pub struct Options {
+    pub runs: usize,
+    pub tcp_seconds: u32,
+    pub pps_seconds: u64,
+}
+
+const VM1_MAC: &str = "52:54:00:00:b1:01";
+const VM2_MAC: &str = "52:54:00:00:b2:01";
+const VM1_IP: [u8; 4] = [10, 20, 0, 11];
+const VM2_IP: [u8; 4] = [10, 20, 0, 12];
+
+pub struct Bed {
+    pub name: &'static str,
+    // Field order: the baseline programs go before the namespaces.
+    _progs: Vec<Ebpf>,
+    pub vm1: Vm,
+    pub vm2: Vm,
+    pub node: Node,
+}
+
+fn vms(node: &Node) -> (Vm, Vm) {
+    let vm1 = node.add_vm("vm1", VM1_MAC, &["10.20.0.11/16"], None);
+    let vm2 = node.add_vm("vm2", VM2_MAC, &["10.20.0.12/16"], None);
+    (vm1, vm2)
+}
+
+/// The real agent, one network with IPAM (so port security is fully on),
+/// both VMs with static addresses.
+pub fn vmpath_bed() -> Result<Bed> {
+    let mut node = Node::new("a");
+    let (vm1, vm2) = vms(&node);
+    node.write_config(
+        "config.yaml",
+        &yaml::docs(&[
+            yaml::network("blue", 100, &["10.20.0.0/16"], &["10.20.0.1"], true),
+            yaml::attachment("vm1", "blue", "a", &vm1.port, VM1_MAC, &["10.20.0.11/16"]),
+            yaml::attachment("vm2", "blue", "a", &vm2.port, VM2_MAC, &["10.20.0.12/16"]),
+        ]),
+    );
+    node.start_agent();
+    node.wait_ports(&[&vm1.port, &vm2.port]);
+    Ok(Bed {
+        name: "vmpath",
+        _progs: Vec::new(),
+        vm1,
+        vm2,
+        node,
+    })
+}
+
+pub fn bridge_bed() -> Result<Bed> {
+    let node = Node::new("b");
+    let (vm1, vm2) = vms(&node);
+    node.ns.run(&["ip", "link", "add", "br0", "type", "bridge"]);
+    node.ns.run(&["ip", "link", "set", "br0", "up"]);
+    for p in [&vm1.port, &vm2.port] {
+        node.ns.run(&["ip", "link", "set", p, "master", "br0"]);
+    }
+    Ok(Bed {
+        name: "Linux bridge",
+        _progs: Vec::new(),
+        vm1,
+        vm2,
+        node,
+    })
+}
+
+/// Loads `bench_redirect_peer` from the agent's object (a private instance,
+/// so its one-slot map is its own) and attaches it at tcx ingress of
+/// `port`, sending everything into the peer of `target`.
+fn attach_redirect(ns: &Netns, port: &str, target: &str) -> Result<Ebpf> {
+    let ns_path = ns.path();
+    let (port, target) = (port.to_string(), target.to_string());
+    util::in_netns(&ns_path, move || -> Result<Ebpf> {
+        let target_ifx =
+            vmpath::agent::ifindex_of(&target).ok_or_else(|| anyhow!("no {target}"))?;
+        let mut ebpf = Ebpf::load(Dataplane::object()).context("loading the object")?;
+        {
+            let mut peer: Array<_, u32> = Array::try_from(
+                ebpf.map_mut("vmpb_peer")
+                    .ok_or_else(|| anyhow!("vmpb_peer missing"))?,
+            )?;
+            peer.set(0, target_ifx, 0)?;
+        }
+        let prog: &mut SchedClassifier = ebpf
+            .program_mut("bench_redirect_peer")
+            .ok_or_else(|| anyhow!("bench_redirect_peer missing"))?
+            .try_into()?;
+        prog.load()?;
+        prog.attach_with_options(
+            &port,
+            TcAttachType::Ingress,
+            TcAttachOptions::TcxOrder(LinkOrder::default()),
+        )
+        .with_context(|| format!("attaching bench_redirect_peer on {port}"))?;
+        Ok(ebpf)
+    })?
+}
+
+pub fn redirect_bed() -> Result<Bed> {
+    let node = Node::new("r");
+    let (vm1, vm2) = vms(&node);
+    let p1 = attach_redirect(&node.ns, &vm1.port, &vm2.port)?;
+    let p2 = attach_redirect(&node.ns, &vm2.port, &vm1.port)?;
+    Ok(Bed {
+        name: "bare redirect_peer",
+        _progs: vec![p1, p2],
+        vm1,
+        vm2,
+        node,
+    })
+}
+
+fn tcp_gbps(bed: &Bed, seconds: u32) -> f64 {
+    let report = vmpath_tests::iperf3(&bed.vm2.ns, &bed.vm1.ns, "10.20.0.12", false, seconds);
+    report["end"]["sum_received"]["bits_per_second"]
+        .as_f64()
+        .unwrap_or(f64::NAN)
+        / 1e9
+}
+
+/// `Ip: InReceives` of a namespace.
+fn ip_in_receives(ns: &Netns) -> Result<u64> {
+    let snmp = ns.run(&["cat", "/proc/net/snmp"]);
+    let mut lines = snmp.lines().filter(|l| l.starts_with("Ip:"));
+    let (names, values) = (
+        lines.next().ok_or_else(|| anyhow!("no Ip: header"))?,
+        lines.next().ok_or_else(|| anyhow!("no Ip: values"))?,
+    );
+    let i = names
+        .split_whitespace()
+        .position(|n| n == "InReceives")
+        .ok_or_else(|| anyhow!("no InReceives"))?;
+    Ok(values
+        .split_whitespace()
+        .nth(i)
+        .ok_or_else(|| anyhow!("short Ip: line"))?
+        .parse()?)
+}
+
+/// Blasts 64-byte UDP from VM1 to VM2 for `seconds`; (sent, received) in
+/// packets per second.
+pub fn udp_pps(bed: &Bed, seconds: u64) -> Result<(f64, f64)> {
+    let frame = util::udp4_min(
+        parse_mac(VM2_MAC).map_err(|e| anyhow!(e))?,
+        parse_mac(VM1_MAC).map_err(|e| anyhow!(e))?,
+        VM1_IP,
+        VM2_IP,
+    );
+    let before = ip_in_receives(&bed.vm2.ns)?;
+    let stop = AtomicBool::new(false);
+    let ns_path = bed.vm1.ns.path();
+    let (sent, elapsed) = std::thread::scope(|s| -> Result<(u64, f64)> {
+        let h = s.spawn(|| -> Result<u64> {
+            util::enter_netns(&ns_path)?;
+            let sock = RawSock::open("eth0")?;
+            sock.qdisc_bypass();
+            Ok(sock.blast(&frame, 64, &stop))
+        });
+        let t = Instant::now();
+        sleep(Duration::from_secs(seconds));
+        stop.store(true, Ordering::Relaxed);
+        let sent = h.join().map_err(|_| anyhow!("sender panicked"))??;
+        Ok((sent, t.elapsed().as_secs_f64()))
+    })?;
+    sleep(Duration::from_millis(200));
+    let after = ip_in_receives(&bed.vm2.ns)?;
+    Ok((sent as f64 / elapsed, (after - before) as f64 / elapsed))
+}
+
+pub fn run(opts: &Options) -> Result<Section> {
+    let beds = vec![vmpath_bed()?, bridge_bed()?, redirect_bed()?];
+    // Warm up: neighbours resolved, agent settled.
+    for b in &beds {
+        if !b.vm1.ns.ping("10.20.0.12", 2) {
+            return Err(anyhow!("{}: VM1 cannot ping VM2", b.name));
+        }
+    }
+    let mut tcp: Vec<Vec<f64>> = vec![Vec::new(); beds.len()];
+    let mut pps: Vec<Vec<f64>> = vec![Vec::new(); beds.len()];
+    let mut sent: Vec<Vec<f64>> = vec![Vec::new(); beds.len()];
+    for r in 0..opts.runs {
+        for (i, b) in beds.iter().enumerate() {
+            let g = tcp_gbps(b, opts.tcp_seconds);
+            eprintln!("bench:   run {r} {}: TCP {g:.2} Gbit/s", b.name);
+            tcp[i].push(g);
+        }
+        for (i, b) in beds.iter().enumerate() {
+            let (s, p) = udp_pps(b, opts.pps_seconds)?;
+            eprintln!(
+                "bench:   run {r} {}: UDP sent {:.0} pps, received {p:.0} pps",
+                b.name, s
+            );
+            sent[i].push(s / 1e6);
+            pps[i].push(p / 1e6);
+        }
+    }
+    let agent_drops: u64 = beds[0].node.maps().drop_counts()?.iter().sum();
+
+    let mut md = String::new();
+    md.push_str(&format!(
+        "Two VM namespaces on one node namespace, joined three ways, built side by \
+         side and measured interleaved ({} runs each):\n\n\
+         - **vmpath**: the agent (release build) running in the node namespace, one \
+         network with IPAM Enabled (MAC and IP port security on), the VM-port program \
+         at tcx ingress of each host-side veth.\n\
+         - **Linux bridge**: both host-side veths in a bridge (what the bridge CNI \
+         builds).\n\
+         - **bare redirect_peer**: `bench_redirect_peer` at tcx ingress of each \
+         host-side veth, redirecting every frame into the other VM (one array lookup, \
+         no checks): the floor for a tc forwarder on this machine.\n\n\
+         TCP: `iperf3 -t {}` VM1 → VM2, one stream, received bit rate. Packet rate: a \
+         raw AF_PACKET socket in VM1 sending the same 60-byte UDP frame (64 bytes on \
+         the wire) with `sendmmsg` (64 per call, qdisc bypass) for {} s; received = \
+         IPv4 packets VM2's stack took in (`Ip: InReceives`). The sender and the \
+         forwarding share the sender's CPU (veth transmit runs the receive path \
+         inline).\n\n",
+        opts.runs, opts.tcp_seconds, opts.pps_seconds
+    ));
+    md.push_str("| setup | TCP Gbit/s | ÷ bridge | ÷ redirect_peer | UDP 64 B received Mpps | ÷ bridge | ÷ redirect_peer | sent Mpps |\n|---|---|---|---|---|---|---|---|\n");
+    let ts: Vec<_> = tcp.iter().map(|v| summary(v)).collect();
+    let ps: Vec<_> = pps.iter().map(|v| summary(v)).collect();
+    for (i, b) in beds.iter().enumerate() {
+        md.push_str(&format!(
+            "| {} | {} | {} | {} | {} | {} | {} | {} |\n",
+            b.name,
+            fmt_summary(&ts[i]),
+            fmt(ts[i].median / ts[1].median),
+            fmt(ts[i].median / ts[2].median),
+            fmt_summary(&ps[i]),
+            fmt(ps[i].median / ps[1].median),
+            fmt(ps[i].median / ps[2].median),
+            fmt_summary(&summary(&sent[i])),
+        ));
+    }
+    md.push_str(&format!(
+        "\nDrops counted by the vmpath data path during these runs: {agent_drops}.\n\n\
+         VM to external (vmpath SNAT / routed egress versus Linux routing with nftables \
+         masquerade): not measured here yet, see section 1b.\n"
+    ));
+    let bars = vec![
+        Bar {
+            label: "TCP VM-to-VM: vmpath".into(),
+            ratio: ts[0].median / ts[1].median,
+            baseline: "Linux bridge".into(),
+        },
+        Bar {
+            label: "TCP VM-to-VM: vmpath".into(),
+            ratio: ts[0].median / ts[2].median,
+            baseline: "bare redirect_peer".into(),
+        },
+        Bar {
+            label: "UDP 64 B pps: vmpath".into(),
+            ratio: ps[0].median / ps[1].median,
+            baseline: "Linux bridge".into(),
+        },
+        Bar {
+            label: "UDP 64 B pps: vmpath".into(),
+            ratio: ps[0].median / ps[2].median,
+            baseline: "bare redirect_peer".into(),
+        },
+        Bar {
+            label: "UDP 64 B pps: bare redirect_peer".into(),
+            ratio: ps[2].median / ps[1].median,
+            baseline: "Linux bridge".into(),
+        },
+    ];
+    drop(beds);
+    Ok(Section {
+        title: "2. End to end between VM namespaces".into(),
+        markdown: md,
+        bars,
+    })
+}

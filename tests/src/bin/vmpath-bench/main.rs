@@ -1,0 +1,168 @@
+//! `vmpath-bench`: the benchmarks behind `cargo xtask bench`. Writes
+//! BENCHMARKS.md and BENCHMARKS.png into `--out` (the repository root).
+//!
+//! Figure groups, one module each, every figure a ratio against a baseline
+//! measured in the same run:
+//!   progcost  per-path program cost by BPF_PROG_TEST_RUN
+//!   e2e       VM-to-VM TCP throughput and 64-byte UDP packet rate
+//!   control   control plane: programming N attachments, config-to-map latency
+//!   dhcp      DHCP exchanges per second and latency through the slow path
+//!
+//! Needs root; everything runs in network namespaces it creates and
+//! removes (guards), and no packet leaves them.
+
+mod control;
+mod dhcp;
+mod e2e;
+mod progcost;
+mod report;
+mod util;
+
+use std::{path::PathBuf, process::ExitCode, time::Instant};
+
+use anyhow::{Result, bail};
+
+use report::{Report, Section};
+
+struct Args {
+    out: PathBuf,
+    runs: usize,
+    only: Vec<String>,
+    quick: bool,
+}
+
+fn parse_args() -> Result<Args> {
+    let mut args = Args {
+        out: PathBuf::from("."),
+        runs: 5,
+        only: Vec::new(),
+        quick: false,
+    };
+    let mut it = std::env::args().skip(1);
+    while let Some(a) = it.next() {
+        match a.as_str() {
+            "--out" => args.out = PathBuf::from(it.next().unwrap_or_default()),
+            "--runs" => args.runs = it.next().unwrap_or_default().parse()?,
+            "--only" => args
+                .only
+                .extend(it.next().unwrap_or_default().split(',').map(String::from)),
+            "--quick" => args.quick = true,
+            // Internal: one control-plane measurement in a fresh process.
+            "control-child" => {
+                let n: usize = it.next().unwrap_or_default().parse()?;
+                control::child(n)?;
+                std::process::exit(0);
+            }
+            "-h" | "--help" => {
+                println!(
+                    "vmpath-bench [--out DIR] [--runs N] [--only progcost,e2e,control,dhcp] [--quick]"
+                );
+                std::process::exit(0);
+            }
+            other => bail!("unknown argument {other:?}"),
+        }
+    }
+    Ok(args)
+}
+
+fn main() -> ExitCode {
+    match run() {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run() -> Result<()> {
+    let args = parse_args()?;
+    if unsafe { libc::geteuid() } != 0 {
+        bail!("the bench needs root (network namespaces, eBPF, bpffs)");
+    }
+    let started = Instant::now();
+    let want = |g: &str| args.only.is_empty() || args.only.iter().any(|o| o == g);
+    let runs = if args.quick { 2 } else { args.runs };
+    let mut sections: Vec<Section> = Vec::new();
+    let mut step = |name: &str, f: &dyn Fn() -> Result<Section>| {
+        let t = Instant::now();
+        eprintln!("bench: {name} ...");
+        let s = match f() {
+            Ok(s) => s,
+            Err(e) => {
+                eprintln!("bench: {name} failed: {e:#}");
+                Section {
+                    title: name.to_string(),
+                    markdown: format!("Not measured in this run: `{e:#}`\n"),
+                    bars: Vec::new(),
+                }
+            }
+        };
+        eprintln!("bench: {name} done in {:.1} s", t.elapsed().as_secs_f64());
+        sections.push(s);
+    };
+    if want("progcost") {
+        step("1. Per-path program cost (BPF_PROG_TEST_RUN)", &|| {
+            progcost::run(&progcost::Options {
+                runs,
+                repeat: 1_000_000,
+                single_shots: if args.quick { 50_000 } else { 200_000 },
+            })
+        });
+        step("1b. North-south paths", &|| Ok(progcost::north_south_note()));
+    }
+    if want("e2e") {
+        step("2. End to end between VM namespaces", &|| {
+            e2e::run(&e2e::Options {
+                runs,
+                tcp_seconds: if args.quick { 2 } else { 3 },
+                pps_seconds: if args.quick { 1 } else { 2 },
+            })
+        });
+    }
+    if want("control") {
+        step("3. Control plane", &|| {
+            control::run(&control::Options {
+                runs: if args.quick { 1 } else { 3.min(runs) },
+                sizes: if args.quick {
+                    vec![1_000, 10_000]
+                } else {
+                    vec![1_000, 10_000, 100_000]
+                },
+                latency_samples: if args.quick { 10 } else { 40 },
+            })
+        });
+    }
+    if want("dhcp") {
+        step("4. DHCP through the slow path", &|| {
+            dhcp::run(&dhcp::Options {
+                runs,
+                seconds: if args.quick { 1 } else { 2 },
+            })
+        });
+    }
+
+    let chart_name = "BENCHMARKS.png";
+    report::chart(&args.out.join(chart_name), &sections)?;
+    let report = Report {
+        command: std::env::var("VMPATH_BENCH_COMMAND").unwrap_or_else(|_| {
+            std::iter::once("vmpath-bench".to_string())
+                .chain(std::env::args().skip(1))
+                .collect::<Vec<_>>()
+                .join(" ")
+        }),
+        machine: util::machine(),
+        sections,
+        runtime_s: started.elapsed().as_secs_f64(),
+        chart: chart_name.into(),
+    };
+    let path = args.out.join("BENCHMARKS.md");
+    std::fs::write(&path, report.markdown())?;
+    eprintln!(
+        "bench: wrote {} and {} in {:.0} s",
+        path.display(),
+        args.out.join(chart_name).display(),
+        report.runtime_s
+    );
+    Ok(())
+}

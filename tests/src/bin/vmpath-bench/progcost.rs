@@ -1,0 +1,397 @@
+//! Figure group 1: what each path of the VM-port program costs, by
+//! BPF_PROG_TEST_RUN (kernel-reported ns per packet), against a no-op tc
+//! program and a bare `bpf_redirect_peer` program loaded from the same
+//! object, run with the same frame and `__sk_buff` on the same hook.
+//!
+//! The frames run in a private network namespace on a thread of their own
+//! with real veth ports (the program looks its port up by ifindex).
+
+use std::{
+    net::{IpAddr, Ipv4Addr},
+    path::PathBuf,
+    process::Command,
+};
+
+use anyhow::{Context as _, Result, anyhow, bail};
+use aya::{
+    maps::{Array, PerCpuValues},
+    programs::{SchedClassifier, TestRun, TestRunOptions},
+};
+use vmpath::{dataplane::Dataplane, plan::addr_key};
+use vmpath_common::{
+    ADDR_STATIC, AddrInfo, ENDPOINT_LOCAL, Endpoint, EndpointKey, FloodList, NET_F_GW4,
+    NetworkInfo, PORT_F_IP_FILTER, PORT_F_MAC_FILTER, PORT_F_MAC_KNOWN, PortInfo, PortStats,
+    default_gateway_mac, link_local_from_mac,
+};
+
+use crate::{
+    report::{Bar, Section},
+    util::{self, Mac, fmt, fmt_summary, summary},
+};
+
+const SKB_CTX_LEN: usize = 192;
+const SKB_INGRESS_IFINDEX: usize = 36;
+const SKB_IFINDEX: usize = 40;
+const TC_ACT_OK: u32 = 0;
+const TC_ACT_SHOT: u32 = 2;
+const TC_ACT_REDIRECT: u32 = 7;
+
+const NET: u32 = 100;
+const GW_IP: [u8; 4] = [10, 0, 0, 1];
+const A_MAC: Mac = [0x52, 0x54, 0, 0, 0, 0x0a];
+const B_MAC: Mac = [0x52, 0x54, 0, 0, 0, 0x0b];
+const A_IP: [u8; 4] = [10, 0, 0, 10];
+const B_IP: [u8; 4] = [10, 0, 0, 11];
+
+pub struct Options {
+    pub runs: usize,
+    pub repeat: u32,
+    pub single_shots: usize,
+}
+
+struct Case {
+    name: &'static str,
+    prog: &'static str,
+    frame: Vec<u8>,
+    verdict: u32,
+    /// Does the program leave the frame as it found it? Only then can one
+    /// test run repeat it (test_run reuses the skb between repetitions).
+    idempotent: bool,
+}
+
+pub fn run(opts: &Options) -> Result<Section> {
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            // SAFETY: affects only this thread (and its children).
+            if unsafe { libc::unshare(libc::CLONE_NEWNET) } != 0 {
+                bail!("unshare(CLONE_NEWNET): {}", std::io::Error::last_os_error());
+            }
+            run_in_netns(opts)
+        })
+        .join()
+        .map_err(|_| anyhow!("program cost thread panicked"))?
+    })
+}
+
+fn ip(args: &[&str]) -> Result<()> {
+    let out = Command::new("ip").args(args).output()?;
+    if !out.status.success() {
+        bail!("ip {}: {}", args.join(" "), String::from_utf8_lossy(&out.stderr));
+    }
+    Ok(())
+}
+
+fn ifindex_of(name: &str) -> Result<u32> {
+    vmpath::agent::ifindex_of(name).ok_or_else(|| anyhow!("no interface {name}"))
+}
+
+struct Root(PathBuf);
+impl Drop for Root {
+    fn drop(&mut self) {
+        let _ = vmpath::dataplane::cleanup(&self.0);
+        let _ = std::fs::remove_dir(&self.0);
+    }
+}
+
+fn run_in_netns(opts: &Options) -> Result<Section> {
+    for p in ["bpa", "bpb"] {
+        ip(&["link", "add", p, "type", "veth", "peer", "name", &format!("{p}-vm")])?;
+        ip(&["link", "set", p, "up"])?;
+        ip(&["link", "set", &format!("{p}-vm"), "up"])?;
+    }
+    let (a, b) = (ifindex_of("bpa")?, ifindex_of("bpb")?);
+    let root = Root(PathBuf::from(format!(
+        "/sys/fs/bpf/vmpath-bench-{}",
+        std::process::id()
+    )));
+    let mut dp = Dataplane::open(&root.0).context("loading the data path")?;
+    program_maps(&mut dp, a, b)?;
+    for name in ["bench_noop", "bench_redirect_peer"] {
+        let p: &mut SchedClassifier = dp
+            .ebpf_mut()
+            .program_mut(name)
+            .ok_or_else(|| anyhow!("{name} missing from the object"))?
+            .try_into()?;
+        p.load().with_context(|| format!("loading {name}"))?;
+    }
+    {
+        let map = dp
+            .ebpf_mut()
+            .map_mut("vmpb_peer")
+            .ok_or_else(|| anyhow!("vmpb_peer missing"))?;
+        let mut peer: Array<_, u32> = Array::try_from(map)?;
+        peer.set(0, b, 0)?;
+    }
+
+    let gw_mac = default_gateway_mac(NET);
+    let l2 = util::udp4_min(B_MAC, A_MAC, A_IP, B_IP);
+    let cases = vec![
+        Case {
+            name: "baseline: no-op tc program",
+            prog: "bench_noop",
+            frame: l2.clone(),
+            verdict: TC_ACT_OK,
+            idempotent: true,
+        },
+        Case {
+            name: "baseline: bare bpf_redirect_peer",
+            prog: "bench_redirect_peer",
+            frame: l2.clone(),
+            verdict: TC_ACT_REDIRECT,
+            idempotent: true,
+        },
+        Case {
+            name: "L2 local forward (UDP, 60 B)",
+            prog: "vm_port",
+            frame: l2.clone(),
+            verdict: TC_ACT_REDIRECT,
+            idempotent: true,
+        },
+        Case {
+            name: "spoof drop (foreign source IP)",
+            prog: "vm_port",
+            frame: util::udp4_min(B_MAC, A_MAC, [10, 0, 0, 99], B_IP),
+            verdict: TC_ACT_SHOT,
+            idempotent: true,
+        },
+        Case {
+            name: "gateway ARP reply",
+            prog: "vm_port",
+            frame: util::arp_request(A_MAC, A_IP, GW_IP),
+            verdict: TC_ACT_REDIRECT,
+            idempotent: false,
+        },
+        Case {
+            name: "gateway ICMP echo reply",
+            prog: "vm_port",
+            frame: util::echo4(gw_mac, A_MAC, A_IP, GW_IP),
+            verdict: TC_ACT_REDIRECT,
+            idempotent: false,
+        },
+    ];
+
+    let mut ctx = [0u8; SKB_CTX_LEN];
+    ctx[SKB_INGRESS_IFINDEX..SKB_INGRESS_IFINDEX + 4].copy_from_slice(&a.to_ne_bytes());
+    ctx[SKB_IFINDEX..SKB_IFINDEX + 4].copy_from_slice(&a.to_ne_bytes());
+
+    // Check each case takes the path it names before timing it.
+    for c in &cases {
+        let prog = dp
+            .program(c.prog)
+            .ok_or_else(|| anyhow!("program {} not loaded", c.prog))?;
+        let mut out = vec![0u8; 256];
+        let r = prog.test_run(TestRunOptions {
+            data_in: Some(&c.frame),
+            data_out: Some(&mut out),
+            ctx_in: Some(&ctx),
+            ..Default::default()
+        })?;
+        if r.return_value != c.verdict {
+            bail!(
+                "{}: verdict {}, expected {} (the path under test is not the one taken)",
+                c.name,
+                r.return_value,
+                c.verdict
+            );
+        }
+    }
+    let gw_replies = |dp: &Dataplane| -> u64 {
+        dp.maps()
+            .port_stats(a)
+            .ok()
+            .flatten()
+            .map(|s| s.gw_replies)
+            .unwrap_or(0)
+    };
+
+    // Mode 1: one test run repeated `repeat` times in the kernel.
+    let mut repeated: Vec<(usize, Vec<f64>)> = Vec::new();
+    // Mode 2: `single_shots` test runs of one repetition each.
+    let mut single: Vec<Vec<f64>> = vec![Vec::new(); cases.len()];
+    for _run in 0..opts.runs {
+        for (i, c) in cases.iter().enumerate() {
+            let prog = dp.program(c.prog).unwrap();
+            if c.idempotent {
+                let r = prog.test_run(TestRunOptions {
+                    data_in: Some(&c.frame),
+                    ctx_in: Some(&ctx),
+                    repeat: opts.repeat,
+                    ..Default::default()
+                })?;
+                if r.return_value != c.verdict {
+                    bail!("{}: verdict {} after repeat", c.name, r.return_value);
+                }
+                match repeated.iter_mut().find(|(j, _)| *j == i) {
+                    Some((_, v)) => v.push(r.duration.as_nanos() as f64),
+                    None => repeated.push((i, vec![r.duration.as_nanos() as f64])),
+                }
+            }
+            let before = gw_replies(&dp);
+            let mut total = 0u128;
+            for _ in 0..opts.single_shots {
+                let r = prog.test_run(TestRunOptions {
+                    data_in: Some(&c.frame),
+                    ctx_in: Some(&ctx),
+                    ..Default::default()
+                })?;
+                total += r.duration.as_nanos();
+            }
+            if !c.idempotent && gw_replies(&dp) - before != opts.single_shots as u64 {
+                bail!("{}: not every single-shot run was answered", c.name);
+            }
+            single[i].push(total as f64 / opts.single_shots as f64);
+        }
+    }
+
+    let noop_rep = summary(&repeated.iter().find(|(i, _)| *i == 0).unwrap().1);
+    let redir_rep = summary(&repeated.iter().find(|(i, _)| *i == 1).unwrap().1);
+    let noop_one = summary(&single[0]);
+    let redir_one = summary(&single[1]);
+
+    let mut md = String::new();
+    md.push_str(&format!(
+        "BPF_PROG_TEST_RUN of the VM-port program (`vm_port`, tcx ingress) with the \
+         frame arriving on a real veth port (`__sk_buff.ifindex`), port security on \
+         (MAC, IP), counters on. Baselines are two programs of the same object \
+         (`ebpf/src/bench.rs`) on the same hook with the same frame and context: \
+         `bench_noop` (returns TC_ACT_OK) and `bench_redirect_peer` (one array \
+         lookup, `bpf_redirect_peer`). test_run does not execute redirects; it \
+         returns the verdict, so this is the program's own cost.\n\n\
+         **A** = one test run with repeat = {} (the kernel's average ns per \
+         repetition; {} runs). test_run reuses the same skb between repetitions, so \
+         paths that rewrite the frame in place (ARP and ICMP replies) cannot be \
+         repeated: their second repetition would see the reply, not the request. \
+         **B** = {} test runs of one repetition each per run, {} runs ({} frames \
+         per figure, kernel-measured time of each run averaged; includes one \
+         `ktime_get_ns` per run, so it reads higher than A for the same path; \
+         every answered frame is checked in the port's `gw_replies` counter).\n\n",
+        opts.repeat,
+        opts.runs,
+        opts.single_shots,
+        opts.runs,
+        opts.single_shots * opts.runs
+    ));
+    md.push_str(
+        "| path | A: ns/pkt, repeat | A ÷ no-op | A ÷ redirect_peer | B: ns/pkt, single-shot | B ÷ no-op | B ÷ redirect_peer |\n|---|---|---|---|---|---|---|\n",
+    );
+    let mut bars = Vec::new();
+    for (i, c) in cases.iter().enumerate() {
+        let one = summary(&single[i]);
+        let (a_txt, a_noop, a_redir) = match repeated.iter().find(|(j, _)| *j == i) {
+            Some((_, v)) => {
+                let s = summary(v);
+                if i >= 2 {
+                    bars.push(Bar {
+                        label: format!("{} (A)", c.name),
+                        ratio: s.median / redir_rep.median,
+                        baseline: "bare redirect_peer".into(),
+                    });
+                }
+                (
+                    fmt_summary(&s),
+                    fmt(s.median / noop_rep.median),
+                    fmt(s.median / redir_rep.median),
+                )
+            }
+            None => ("— (rewrites the frame)".into(), "—".into(), "—".into()),
+        };
+        if i >= 2 && !c.idempotent {
+            bars.push(Bar {
+                label: format!("{} (B)", c.name),
+                ratio: one.median / redir_one.median,
+                baseline: "bare redirect_peer".into(),
+            });
+        }
+        md.push_str(&format!(
+            "| {} | {} | {} | {} | {} | {} | {} |\n",
+            c.name,
+            a_txt,
+            a_noop,
+            a_redir,
+            fmt_summary(&one),
+            fmt(one.median / noop_one.median),
+            fmt(one.median / redir_one.median),
+        ));
+    }
+    md.push_str(
+        "\nNorth-south paths (SNAT egress/return, routed ingress): see the note below the table.\n",
+    );
+    let _ = (IpAddr::V4(Ipv4Addr::UNSPECIFIED), link_local_from_mac(A_MAC));
+    Ok(Section {
+        title: "1. Per-path program cost (BPF_PROG_TEST_RUN)".into(),
+        markdown: md,
+        bars,
+    })
+}
+
+fn program_maps(dp: &mut Dataplane, a: u32, b: u32) -> Result<()> {
+    let nr_cpus = aya::util::nr_cpus().map_err(|(m, e)| anyhow!("{m}: {e}"))?;
+    let gw_mac = default_gateway_mac(NET);
+    let maps = dp.maps_mut();
+    maps.networks.insert(
+        NET,
+        NetworkInfo {
+            gw_mac,
+            flags: NET_F_GW4,
+            gw_ip4: GW_IP,
+            mtu: 1500,
+            gw_ll6: link_local_from_mac(gw_mac),
+            ..Default::default()
+        },
+        0,
+    )?;
+    let mut flood = FloodList::default();
+    flood.ifindex[0] = a;
+    flood.ifindex[1] = b;
+    flood.count = 2;
+    maps.flood.insert(NET, flood, 0)?;
+    for (i, (ifx, mac, ip4)) in [(a, A_MAC, A_IP), (b, B_MAC, B_IP)].into_iter().enumerate() {
+        maps.ports.insert(
+            ifx,
+            PortInfo {
+                port_id: i as u32 + 1,
+                network: NET,
+                mac,
+                flags: PORT_F_MAC_FILTER | PORT_F_IP_FILTER | PORT_F_MAC_KNOWN,
+            },
+            0,
+        )?;
+        let zero = PerCpuValues::try_from(vec![PortStats::default(); nr_cpus])?;
+        maps.port_stats.insert(ifx, zero, 0)?;
+        maps.endpoints.insert(
+            EndpointKey {
+                network: NET,
+                mac,
+                _pad: [0; 2],
+            },
+            Endpoint {
+                kind: ENDPOINT_LOCAL,
+                ifindex: ifx,
+                ..Default::default()
+            },
+            0,
+        )?;
+        maps.addresses.insert(
+            addr_key(NET, IpAddr::V4(Ipv4Addr::from(ip4))),
+            AddrInfo {
+                ifindex: ifx,
+                origin: ADDR_STATIC,
+                mac,
+                _pad: [0; 2],
+            },
+            0,
+        )?;
+    }
+    Ok(())
+}
+
+/// What the north-south paths look like in this tree.
+pub fn north_south_note() -> Section {
+    Section {
+        title: "1b. North-south paths (SNAT egress/return, routed ingress)".into(),
+        markdown: "Not built yet: the routed and SNAT paths (`ebpf/src/{route,snat,uplink}.rs`) \
+                   are being written while this bench was built; they are not measured here.\n"
+            .into(),
+        bars: Vec::new(),
+    }
+}

@@ -1,0 +1,471 @@
+//! Fixture tests for the north-south programs through BPF_PROG_TEST_RUN:
+//! `vm_egress` (tail-called from `vm_port` for frames to the gateway MAC)
+//! translating TCP, UDP and ICMP echo to the node's SNAT address, and
+//! `uplink` translating the replies back; every output frame's IPv4 and
+//! transport checksums are verified from scratch. Port exhaustion, the
+//! per-VM quota and the routed source check are counted under their drop
+//! reasons.
+//!
+//! test_run hands the program an skb without checksum offload state
+//! (CHECKSUM_NONE), so these cover the full-checksum branch of the
+//! helpers; frames with CHECKSUM_PARTIAL as a veth delivers them are
+//! covered by the live TCP/UDP runs in `north_south.rs`.
+//!
+//! Needs root. Run with:
+//!   cargo test -p vmpath-tests --test snat_fixtures -- --test-threads=1
+
+use std::{
+    path::PathBuf,
+    process::Command,
+    sync::atomic::{AtomicU32, Ordering},
+};
+
+use aya::{
+    maps::lpm_trie::Key,
+    programs::{TestRun, TestRunOptions},
+};
+use etherparse::PacketBuilder;
+use vmpath::dataplane::{self, Dataplane};
+use vmpath_common::{
+    NET_F_GW4, NET_F_ROUTED, NET_F_SNAT, NetworkInfo, PORT_F_IP_FILTER, PORT_F_MAC_FILTER,
+    PORT_F_MAC_KNOWN, PortInfo, PortStats, SnatConfig, Subnet4, default_gateway_mac, drop_reason,
+    prog_names,
+};
+
+const TC_ACT_SHOT: u32 = 2;
+const TC_ACT_REDIRECT: u32 = 7;
+const SKB_CTX_LEN: usize = 192;
+const SKB_INGRESS_IFINDEX: usize = 36;
+const SKB_IFINDEX: usize = 40;
+
+const NET: u32 = 600;
+const GW_MAC: [u8; 6] = default_gateway_mac(NET);
+const VM_MAC: [u8; 6] = [0x52, 0x54, 0, 0, 0x0c, 1];
+const VM_IP: [u8; 4] = [10, 30, 0, 21];
+const NODE_IP: [u8; 4] = [192, 0, 2, 1];
+const EXT_IP: [u8; 4] = [198, 51, 100, 10];
+const UPLINK_MAC: [u8; 6] = [0x02, 0, 0, 0, 0, 1];
+const TOR_MAC: [u8; 6] = [0x02, 0, 0, 0, 0, 2];
+const PORT_MIN: u16 = 40000;
+const PORT_MAX: u16 = 40003;
+
+fn in_netns<T: Send>(f: impl FnOnce() -> T + Send) -> T {
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            let rc = unsafe { libc::unshare(libc::CLONE_NEWNET) };
+            assert_eq!(rc, 0, "unshare(CLONE_NEWNET) (tests must run as root)");
+            f()
+        })
+        .join()
+        .unwrap_or_else(|e| std::panic::resume_unwind(e))
+    })
+}
+
+fn sh(args: &[&str]) {
+    let out = Command::new(args[0]).args(&args[1..]).output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}: {}",
+        args.join(" "),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+fn ifindex_of(name: &str) -> u32 {
+    vmpath::agent::ifindex_of(name).unwrap_or_else(|| panic!("no interface {name}"))
+}
+
+struct Root(PathBuf);
+impl Drop for Root {
+    fn drop(&mut self) {
+        let _ = dataplane::cleanup(&self.0);
+        let _ = std::fs::remove_dir(&self.0);
+    }
+}
+
+struct Fx {
+    dp: Dataplane,
+    port: u32,
+    uplink: u32,
+    _root: Root,
+}
+
+impl Fx {
+    /// A VM port and an uplink with a route to the external host; the
+    /// data path loaded with one SNAT network.
+    fn new(egress_flag: u16) -> Fx {
+        sh(&[
+            "ip", "link", "add", "sf-port", "type", "veth", "peer", "name", "sf-vm",
+        ]);
+        sh(&[
+            "ip", "link", "add", "sf-up", "type", "veth", "peer", "name", "sf-tor",
+        ]);
+        for i in ["sf-port", "sf-vm", "sf-up", "sf-tor", "lo"] {
+            sh(&["ip", "link", "set", i, "up"]);
+        }
+        sh(&["ip", "addr", "add", "192.0.2.1/24", "dev", "sf-up"]);
+        sh(&["ip", "link", "set", "sf-up", "address", "02:00:00:00:00:01"]);
+        sh(&[
+            "ip",
+            "neigh",
+            "add",
+            "192.0.2.2",
+            "lladdr",
+            "02:00:00:00:00:02",
+            "dev",
+            "sf-up",
+        ]);
+        sh(&["ip", "route", "add", "198.51.100.0/24", "via", "192.0.2.2"]);
+        sh(&["sysctl", "-qw", "net.ipv4.ip_forward=1"]);
+        static N: AtomicU32 = AtomicU32::new(0);
+        let root = Root(PathBuf::from(format!(
+            "/sys/fs/bpf/vmpath-snatfx-{}-{}",
+            std::process::id(),
+            N.fetch_add(1, Ordering::Relaxed)
+        )));
+        let mut dp = Dataplane::open(&root.0).expect("loading the data path");
+        let port = ifindex_of("sf-port");
+        let uplink = ifindex_of("sf-up");
+        let maps = dp.maps_mut();
+        maps.ports
+            .insert(
+                port,
+                PortInfo {
+                    port_id: 1,
+                    network: NET,
+                    mac: VM_MAC,
+                    flags: PORT_F_MAC_FILTER | PORT_F_MAC_KNOWN | PORT_F_IP_FILTER,
+                },
+                0,
+            )
+            .unwrap();
+        let nr = aya::util::nr_cpus().unwrap();
+        maps.port_stats
+            .insert(
+                port,
+                aya::maps::PerCpuValues::try_from(vec![PortStats::default(); nr]).unwrap(),
+                0,
+            )
+            .unwrap();
+        maps.networks
+            .insert(
+                NET,
+                NetworkInfo {
+                    gw_mac: GW_MAC,
+                    flags: NET_F_GW4 | egress_flag,
+                    gw_ip4: [10, 30, 0, 1],
+                    mtu: 1500,
+                    ..Default::default()
+                },
+                0,
+            )
+            .unwrap();
+        maps.subnets4
+            .insert(
+                &Key::new(
+                    32 + 16,
+                    Subnet4 {
+                        network: NET.to_be_bytes(),
+                        addr: [10, 30, 0, 0],
+                    },
+                ),
+                1,
+                0,
+            )
+            .unwrap();
+        maps.snat_config
+            .set(
+                0,
+                SnatConfig {
+                    addr4: NODE_IP,
+                    uplink,
+                    port_min: PORT_MIN,
+                    port_max: PORT_MAX,
+                    quota: 100,
+                    tcp_timeout: 7440,
+                    tcp_closing_timeout: 240,
+                    udp_timeout: 300,
+                    icmp_timeout: 60,
+                },
+                0,
+            )
+            .unwrap();
+        Fx {
+            dp,
+            port,
+            uplink,
+            _root: root,
+        }
+    }
+
+    fn run(&self, prog: &str, ifindex: u32, frame: &[u8]) -> (u32, Vec<u8>) {
+        let mut ctx = [0u8; SKB_CTX_LEN];
+        ctx[SKB_INGRESS_IFINDEX..SKB_INGRESS_IFINDEX + 4].copy_from_slice(&ifindex.to_ne_bytes());
+        ctx[SKB_IFINDEX..SKB_IFINDEX + 4].copy_from_slice(&ifindex.to_ne_bytes());
+        let mut out = vec![0u8; 4096];
+        let r = self
+            .dp
+            .classifier(prog)
+            .unwrap()
+            .test_run(TestRunOptions {
+                data_in: Some(frame),
+                data_out: Some(&mut out),
+                ctx_in: Some(&ctx),
+                ..Default::default()
+            })
+            .expect("test_run");
+        out.truncate(r.data_size_out as usize);
+        (r.return_value, out)
+    }
+
+    fn egress(&self, frame: &[u8]) -> (u32, Vec<u8>) {
+        self.run(prog_names::VM_EGRESS, self.port, frame)
+    }
+
+    fn ingress(&self, frame: &[u8]) -> (u32, Vec<u8>) {
+        self.run(prog_names::UPLINK, self.uplink, frame)
+    }
+
+    fn drops(&self, reason: u32) -> u64 {
+        self.dp.maps().drop_counts().unwrap()[reason as usize]
+    }
+}
+
+// --- frames ------------------------------------------------------------------
+
+fn udp(
+    src_mac: [u8; 6],
+    dst_mac: [u8; 6],
+    src: [u8; 4],
+    dst: [u8; 4],
+    sp: u16,
+    dp: u16,
+) -> Vec<u8> {
+    let mut v = Vec::new();
+    PacketBuilder::ethernet2(src_mac, dst_mac)
+        .ipv4(src, dst, 64)
+        .udp(sp, dp)
+        .write(&mut v, b"vmpath snat fixture")
+        .unwrap();
+    v
+}
+
+fn tcp(
+    src_mac: [u8; 6],
+    dst_mac: [u8; 6],
+    src: [u8; 4],
+    dst: [u8; 4],
+    sp: u16,
+    dp: u16,
+) -> Vec<u8> {
+    let mut v = Vec::new();
+    PacketBuilder::ethernet2(src_mac, dst_mac)
+        .ipv4(src, dst, 64)
+        .tcp(sp, dp, 1000, 64240)
+        .syn()
+        .write(&mut v, b"")
+        .unwrap();
+    v
+}
+
+fn echo(
+    src_mac: [u8; 6],
+    dst_mac: [u8; 6],
+    src: [u8; 4],
+    dst: [u8; 4],
+    id: u16,
+    reply: bool,
+) -> Vec<u8> {
+    let mut v = Vec::new();
+    let b = PacketBuilder::ethernet2(src_mac, dst_mac).ipv4(src, dst, 64);
+    if reply {
+        b.icmpv4_echo_reply(id, 1)
+            .write(&mut v, b"pingpong")
+            .unwrap();
+    } else {
+        b.icmpv4_echo_request(id, 1)
+            .write(&mut v, b"pingpong")
+            .unwrap();
+    }
+    v
+}
+
+// --- checks ------------------------------------------------------------------
+
+fn sum16(data: &[u8], mut acc: u32) -> u32 {
+    for c in data.chunks(2) {
+        acc += u32::from(u16::from_be_bytes([c[0], *c.get(1).unwrap_or(&0)]));
+    }
+    acc
+}
+
+fn fold(mut s: u32) -> u16 {
+    while s > 0xffff {
+        s = (s & 0xffff) + (s >> 16);
+    }
+    s as u16
+}
+
+/// The fields of an IPv4 frame, after checking every checksum in it.
+struct Seen {
+    src: [u8; 4],
+    dst: [u8; 4],
+    ttl: u8,
+    sport: u16,
+    dport: u16,
+    eth_src: [u8; 6],
+    eth_dst: [u8; 6],
+}
+
+fn checked(frame: &[u8]) -> Seen {
+    let ip = &frame[14..];
+    let ihl = usize::from(ip[0] & 0x0f) * 4;
+    assert_eq!(fold(sum16(&ip[..ihl], 0)), 0xffff, "IPv4 header checksum");
+    let total = usize::from(u16::from_be_bytes([ip[2], ip[3]]));
+    let l4 = &ip[ihl..total];
+    let proto = ip[9];
+    if proto == 1 {
+        assert_eq!(fold(sum16(l4, 0)), 0xffff, "ICMP checksum");
+    } else {
+        let mut pseudo = Vec::new();
+        pseudo.extend_from_slice(&ip[12..20]);
+        pseudo.extend_from_slice(&[0, proto]);
+        pseudo.extend_from_slice(&(l4.len() as u16).to_be_bytes());
+        assert_eq!(
+            fold(sum16(l4, sum16(&pseudo, 0))),
+            0xffff,
+            "transport checksum (proto {proto})"
+        );
+    }
+    let (sport, dport) = if proto == 1 {
+        let id = u16::from_be_bytes([l4[4], l4[5]]);
+        (id, id)
+    } else {
+        (
+            u16::from_be_bytes([l4[0], l4[1]]),
+            u16::from_be_bytes([l4[2], l4[3]]),
+        )
+    };
+    Seen {
+        src: ip[12..16].try_into().unwrap(),
+        dst: ip[16..20].try_into().unwrap(),
+        ttl: ip[8],
+        sport,
+        dport,
+        eth_src: frame[6..12].try_into().unwrap(),
+        eth_dst: frame[0..6].try_into().unwrap(),
+    }
+}
+
+/// One flow out and its reply back: translated both ways, checksums right.
+fn round_trip(fx: &Fx, out_frame: Vec<u8>, reply: impl Fn(u16) -> Vec<u8>, vm_port: u16) -> u16 {
+    let (verdict, out) = fx.egress(&out_frame);
+    assert_eq!(verdict, TC_ACT_REDIRECT, "egress verdict");
+    let seen = checked(&out);
+    assert_eq!(seen.src, NODE_IP, "translated source");
+    assert_eq!(seen.dst, EXT_IP);
+    assert_eq!(seen.ttl, 63, "TTL decremented");
+    assert!(
+        (PORT_MIN..=PORT_MAX).contains(&seen.sport),
+        "port {} outside the range",
+        seen.sport
+    );
+    assert_eq!(seen.eth_src, UPLINK_MAC, "next hop by fib lookup");
+    assert_eq!(seen.eth_dst, TOR_MAC);
+
+    let (verdict, back) = fx.ingress(&reply(seen.sport));
+    assert_eq!(
+        verdict, TC_ACT_REDIRECT,
+        "return traffic redirected into the VM"
+    );
+    let b = checked(&back);
+    assert_eq!(b.dst, VM_IP, "reverse-translated destination");
+    assert_eq!(b.src, EXT_IP);
+    assert_eq!(b.dport, vm_port, "the VM's own port back");
+    assert_eq!(b.eth_src, GW_MAC);
+    assert_eq!(b.eth_dst, VM_MAC);
+    seen.sport
+}
+
+#[test]
+fn snat_translates_udp_tcp_icmp_both_ways_with_valid_checksums() {
+    in_netns(|| {
+        let fx = Fx::new(NET_F_SNAT);
+        let p1 = round_trip(
+            &fx,
+            udp(VM_MAC, GW_MAC, VM_IP, EXT_IP, 5555, 53),
+            |p| udp(TOR_MAC, UPLINK_MAC, EXT_IP, NODE_IP, 53, p),
+            5555,
+        );
+        // The same flow keeps its port.
+        let (_, again) = fx.egress(&udp(VM_MAC, GW_MAC, VM_IP, EXT_IP, 5555, 53));
+        assert_eq!(checked(&again).sport, p1, "an existing flow keeps its port");
+        round_trip(
+            &fx,
+            tcp(VM_MAC, GW_MAC, VM_IP, EXT_IP, 33000, 443),
+            |p| tcp(TOR_MAC, UPLINK_MAC, EXT_IP, NODE_IP, 443, p),
+            33000,
+        );
+        round_trip(
+            &fx,
+            echo(VM_MAC, GW_MAC, VM_IP, EXT_IP, 0x1234, false),
+            |p| echo(TOR_MAC, UPLINK_MAC, EXT_IP, NODE_IP, p, true),
+            0x1234,
+        );
+        // Traffic to the node address that is no reply passes to the host.
+        let (verdict, _) = fx.ingress(&udp(TOR_MAC, UPLINK_MAC, EXT_IP, NODE_IP, 53, 9));
+        assert_eq!(verdict, 0, "unknown flow: TC_ACT_OK to the host stack");
+    });
+}
+
+#[test]
+fn snat_port_exhaustion_and_quota_are_counted() {
+    in_netns(|| {
+        let mut fx = Fx::new(NET_F_SNAT);
+        // Four ports in the range: four flows to one destination fit.
+        let mut ports = std::collections::BTreeSet::new();
+        for sp in 0..4u16 {
+            let (v, out) = fx.egress(&udp(VM_MAC, GW_MAC, VM_IP, EXT_IP, 6000 + sp, 53));
+            assert_eq!(v, TC_ACT_REDIRECT, "flow {sp}");
+            ports.insert(checked(&out).sport);
+        }
+        assert_eq!(ports.len(), 4, "distinct ports {ports:?}");
+        let before = fx.drops(drop_reason::SNAT_PORTS_EXHAUSTED);
+        let (v, _) = fx.egress(&udp(VM_MAC, GW_MAC, VM_IP, EXT_IP, 6100, 53));
+        assert_eq!(v, TC_ACT_SHOT);
+        assert_eq!(fx.drops(drop_reason::SNAT_PORTS_EXHAUSTED), before + 1);
+
+        // A quota of 4: the VM holds 4 flows, a fifth (another destination,
+        // where ports are free) is refused.
+        let mut cfg = fx.dp.maps().snat_config.get(&0, 0).unwrap();
+        cfg.quota = 4;
+        fx.dp.maps_mut().snat_config.set(0, cfg, 0).unwrap();
+        let before = fx.drops(drop_reason::SNAT_QUOTA);
+        let (v, _) = fx.egress(&udp(VM_MAC, GW_MAC, VM_IP, [198, 51, 100, 11], 6200, 53));
+        assert_eq!(v, TC_ACT_SHOT);
+        assert_eq!(fx.drops(drop_reason::SNAT_QUOTA), before + 1);
+    });
+}
+
+#[test]
+fn routed_egress_only_from_inside_the_subnets_and_unnated() {
+    in_netns(|| {
+        let fx = Fx::new(NET_F_ROUTED);
+        let (v, out) = fx.egress(&tcp(VM_MAC, GW_MAC, VM_IP, EXT_IP, 33000, 443));
+        assert_eq!(v, TC_ACT_REDIRECT);
+        let seen = checked(&out);
+        assert_eq!(seen.src, VM_IP, "routed: never NATed");
+        assert_eq!(seen.sport, 33000);
+        assert_eq!(seen.ttl, 63);
+        let before = fx.drops(drop_reason::ROUTE_SRC_OUTSIDE);
+        let (v, _) = fx.egress(&tcp(VM_MAC, GW_MAC, [10, 99, 0, 5], EXT_IP, 33000, 443));
+        assert_eq!(v, TC_ACT_SHOT);
+        assert_eq!(fx.drops(drop_reason::ROUTE_SRC_OUTSIDE), before + 1);
+        let before = fx.drops(drop_reason::ROUTE_TTL_EXCEEDED);
+        let mut f = tcp(VM_MAC, GW_MAC, VM_IP, EXT_IP, 33000, 443);
+        f[14 + 8] = 1;
+        let (v, _) = fx.egress(&f);
+        assert_eq!(v, TC_ACT_SHOT);
+        assert_eq!(fx.drops(drop_reason::ROUTE_TTL_EXCEEDED), before + 1);
+    });
+}
