@@ -34,7 +34,7 @@ use vmpath_common::{PortStats, drop_reason};
 use crate::{
     config::ConfigError,
     dataplane::Maps,
-    view::{AttachmentView, IpView, NetworkView, Origin, SharedView, View, unix_now},
+    view::{AttachmentView, NetworkView, SharedView, View, unix_now},
 };
 
 /// Where an attachment stands as seen from this node.
@@ -130,39 +130,21 @@ pub struct NetworkDetail {
     pub interfaces: Vec<VmRow>,
 }
 
-/// One VM interface, as `GET /v1/vms` lists it.
+/// One VM interface, as `GET /v1/vms` lists it: the attachment and its
+/// state from this node's point of view.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct VmRow {
-    pub namespace: String,
-    pub vm: String,
-    pub interface: String,
-    pub network: String,
-    pub node: String,
-    pub port: String,
-    pub ifindex: Option<u32>,
-    pub mac: Option<String>,
-    pub mac_origin: Option<Origin>,
-    pub ips: Vec<IpView>,
+    #[serde(flatten)]
+    pub attachment: AttachmentView,
     /// One of [`state::ALL`].
     pub state: String,
-    pub migration: String,
 }
 
 impl VmRow {
     fn of(view: &View, a: &AttachmentView) -> Self {
         VmRow {
-            namespace: a.namespace.clone(),
-            vm: a.vm.clone(),
-            interface: a.interface.clone(),
-            network: a.network.clone(),
-            node: a.node.clone(),
-            port: a.port.clone(),
-            ifindex: a.ifindex,
-            mac: a.mac.clone(),
-            mac_origin: a.mac_origin,
-            ips: a.ips.clone(),
+            attachment: a.clone(),
             state: state_of(view, a).to_string(),
-            migration: a.migration.clone(),
         }
     }
 }

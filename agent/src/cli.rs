@@ -363,7 +363,8 @@ fn format_status(s: &Status) -> String {
 fn vm_table(rows: &[VmRow]) -> String {
     let rows: Vec<Vec<String>> = rows
         .iter()
-        .map(|r| {
+        .map(|row| {
+            let r = &row.attachment;
             vec![
                 format!("{}/{}", r.namespace, r.vm),
                 r.interface.clone(),
@@ -376,7 +377,7 @@ fn vm_table(rows: &[VmRow]) -> String {
                     .join(","),
                 r.node.clone(),
                 r.port.clone(),
-                r.state.clone(),
+                row.state.clone(),
                 r.migration.clone(),
             ]
         })

@@ -5,9 +5,7 @@
 //! teach anything: the pod's bridge also sends frames (link-local ND/MLD).
 
 use aya_ebpf::bindings::BPF_NOEXIST;
-use vmpath_common::{
-    AF_INET, AF_INET6, AddrKey, LearnedIp, LearnedMac, PORT_F_MAC_KNOWN, PortInfo,
-};
+use vmpath_common::{AF_INET6, AddrKey, LearnedIp, LearnedMac, PORT_F_MAC_KNOWN, PortInfo};
 
 use crate::{
     maps::{LEARNED_IPS, LEARNED_MACS},
@@ -55,15 +53,13 @@ fn ip(ifindex: u32, port: &PortInfo, key: &AddrKey, src: &[u8; 6], how: u32) {
 
 #[inline(always)]
 pub fn ip4(ifindex: u32, port: &PortInfo, addr: [u8; 4], src: &[u8; 6], how: u32) {
-    let key = AddrKey {
-        network: port.network,
-        family: AF_INET,
-        _pad: [0; 3],
-        addr: [
-            addr[0], addr[1], addr[2], addr[3], 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
-        ],
-    };
-    ip(ifindex, port, &key, src, how);
+    ip(
+        ifindex,
+        port,
+        &spoof::addr_key4(port.network, addr),
+        src,
+        how,
+    );
 }
 
 #[inline(always)]

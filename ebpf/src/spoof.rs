@@ -15,17 +15,23 @@ pub fn ip_filter_on(port: &PortInfo) -> bool {
     port.flags & PORT_F_IP_FILTER != 0
 }
 
-/// Is `addr` one of the addresses of the port at `ifindex`?
+/// The `vmp_addresses` key of an IPv4 address (first 4 bytes of `addr`).
 #[inline(always)]
-pub fn owns_ip4(port: &PortInfo, ifindex: u32, addr: [u8; 4]) -> bool {
-    let key = AddrKey {
-        network: port.network,
+pub fn addr_key4(network: u32, addr: [u8; 4]) -> AddrKey {
+    AddrKey {
+        network,
         family: AF_INET,
         _pad: [0; 3],
         addr: [
             addr[0], addr[1], addr[2], addr[3], 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
         ],
-    };
+    }
+}
+
+/// Is `addr` one of the addresses of the port at `ifindex`?
+#[inline(always)]
+pub fn owns_ip4(port: &PortInfo, ifindex: u32, addr: [u8; 4]) -> bool {
+    let key = addr_key4(port.network, addr);
     match unsafe { ADDRESSES.get(&key) } {
         Some(info) => info.ifindex == ifindex,
         None => false,

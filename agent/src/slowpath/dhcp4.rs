@@ -10,19 +10,11 @@ use dhcproto::{
 use etherparse::PacketBuilder;
 use ipnet::Ipv4Net;
 
-use super::service::PortService;
+use super::{Handled, service::PortService};
 
 const SERVER_PORT: u16 = 67;
 const CLIENT_PORT: u16 = 68;
 const BROADCAST_MAC: [u8; 6] = [0xff; 6];
-
-/// What one DHCPv4 message led to.
-#[derive(Debug)]
-pub struct Handled {
-    /// The message type received (for counters), e.g. "discover".
-    pub kind: String,
-    pub reply: Result<Vec<u8>, &'static str>,
-}
 
 fn kind_name(t: MessageType) -> String {
     format!("{t:?}").to_lowercase()

@@ -11,16 +11,10 @@ use dhcproto::{
 };
 use etherparse::PacketBuilder;
 
-use super::service::PortService;
+use super::{Handled, service::PortService};
 
 const SERVER_PORT: u16 = 547;
 const CLIENT_PORT: u16 = 546;
-
-#[derive(Debug)]
-pub struct Handled {
-    pub kind: String,
-    pub reply: Result<Vec<u8>, &'static str>,
-}
 
 /// The server's DUID: DUID-LL (type 3) of the gateway MAC, the same on
 /// every node so a migrated VM renews with the server it knows.

@@ -22,6 +22,15 @@ use vmpath_common::{SLOW0, SLOW1, SlowPath, map_names, prog_names};
 use crate::dataplane::{Dataplane, links_dir, maps_dir};
 pub use service::{Counters, Outcome, PortService, Services, SharedStats, SlowStats};
 
+/// What one DHCPv4 or DHCPv6 message led to.
+#[derive(Debug)]
+pub struct Handled {
+    /// The message type received (for counters), e.g. "discover".
+    pub kind: String,
+    /// The reply frame, or why there is none.
+    pub reply: Result<Vec<u8>, &'static str>,
+}
+
 const ETH_P_8021Q: u16 = 0x8100;
 const VID_MASK: u16 = 0x0fff;
 /// Unsolicited RAs, so VMs keep their router and prefix without asking.
