@@ -213,6 +213,7 @@ pub fn run_with(opts: &AgentOptions, shared: SharedView, slow_stats: slowpath::S
     let mut last_learned_ips: BTreeMap<AddrKey, LearnedIp> = BTreeMap::new();
     let mut refused_macs: BTreeSet<(AttachmentKey, [u8; 6])> = BTreeSet::new();
     let mut north_south = crate::routes::NorthSouth::default();
+    let mut overlay = crate::overlay::Overlay::default();
     loop {
         crate::api::heartbeat();
         let snap = config::source::read_dir(&opts.config_dir);
@@ -314,6 +315,7 @@ pub fn run_with(opts: &AgentOptions, shared: SharedView, slow_stats: slowpath::S
                 Err(e) => error!("applying the plan failed (will retry): {e:#}"),
             }
         }
+        overlay.tick(&mut dp, &cfg);
         north_south.tick(
             &mut dp,
             &opts.uplink,

@@ -35,6 +35,7 @@ use vmpath_common::{
 };
 
 mod north_south;
+mod overlay;
 
 use crate::plan::Plan;
 use aya::maps::lpm_trie::{Key as LpmKey, LpmTrie};
@@ -214,6 +215,9 @@ pub struct Maps {
     pub snat_quota: HashMap<MapData, u32, u32>,
     pub port_ids: HashMap<MapData, u32, u32>,
     pub slow: Array<MapData, SlowPath>,
+    pub flood_remote: HashMap<MapData, u32, vmpath_common::RemoteFloodList>,
+    pub overlay: Array<MapData, vmpath_common::OverlayConfig>,
+    pub overlay_stats: PerCpuArray<MapData, PortStats>,
 }
 
 fn open_map(root: &Path, name: &str) -> Result<Map> {
@@ -245,6 +249,9 @@ impl Maps {
             snat_quota: open_map(root, map_names::SNAT_QUOTA)?.try_into()?,
             port_ids: open_map(root, map_names::PORT_IDS)?.try_into()?,
             slow: open_map(root, map_names::SLOW)?.try_into()?,
+            flood_remote: open_map(root, map_names::FLOOD_REMOTE)?.try_into()?,
+            overlay: open_map(root, map_names::OVERLAY)?.try_into()?,
+            overlay_stats: open_map(root, map_names::OVERLAY_STATS)?.try_into()?,
         })
     }
 
@@ -295,7 +302,11 @@ impl Dataplane {
         fs::create_dir_all(links_dir(root))?;
         let mut loader = EbpfLoader::new();
         let mut paths = Vec::new();
-        for spec in MAP_SPECS.iter().chain(&NORTH_SOUTH_MAP_SPECS) {
+        for spec in MAP_SPECS
+            .iter()
+            .chain(&NORTH_SOUTH_MAP_SPECS)
+            .chain(&overlay::OVERLAY_MAP_SPECS)
+        {
             let path = maps_dir.join(spec.name);
             match check_pinned(&path, spec) {
                 Ok(true) => info!(map = spec.name, "adopting pinned map"),
@@ -343,6 +354,7 @@ impl Dataplane {
             .load()
             .context("loading (verifying) the uplink program")?;
         north_south::load_egress(&mut ebpf)?;
+        overlay::load(&mut ebpf)?;
         let maps = Maps::open(root)?;
         Ok(Dataplane {
             root: root.to_path_buf(),
@@ -498,6 +510,7 @@ impl Dataplane {
     /// removed.
     pub fn apply(&mut self, plan: &Plan) -> Result<()> {
         self.apply_north_south(plan)?;
+        self.apply_overlay(plan)?;
         sync(&mut self.maps.networks, &plan.networks)?;
         sync(&mut self.maps.flood, &plan.flood)?;
         sync(&mut self.maps.addresses, &plan.addresses)?;

@@ -109,6 +109,17 @@ fn main() -> Result<()> {
             if args.cleanup {
                 dataplane::cleanup(&args.bpffs)?;
                 vmpath::slowpath::remove_interfaces()?;
+                vmpath::overlay::remove_device()?;
+                let withdrawn = vmpath::routes::RouteExporter::new(
+                    vmpath::routes::DEFAULT_TABLE,
+                    vmpath::routes::DEFAULT_PROTOCOL,
+                )?
+                .withdraw_all()?;
+                tracing::info!(
+                    withdrawn,
+                    table = vmpath::routes::DEFAULT_TABLE,
+                    "removed vmpath's exported routes"
+                );
                 tracing::info!(bpffs = %args.bpffs.display(), "removed every vmpath link and map");
                 return Ok(());
             }

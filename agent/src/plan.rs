@@ -11,6 +11,7 @@ use vmpath_common::{
 };
 
 pub mod north_south;
+pub mod overlay;
 
 use crate::{
     config::{AttachmentKey, Config},
@@ -43,6 +44,8 @@ pub struct Plan {
     pub subnets4: std::collections::BTreeSet<(u32, vmpath_common::Subnet4)>,
     pub subnets6: std::collections::BTreeSet<(u32, vmpath_common::Subnet6)>,
     pub snat: vmpath_common::SnatConfig,
+    /// Overlay (`overlay`): per network, the remote nodes hosting it.
+    pub flood_remote: BTreeMap<u32, vmpath_common::RemoteFloodList>,
 }
 
 pub fn addr_key(network: u32, ip: IpAddr) -> AddrKey {
@@ -169,5 +172,6 @@ pub fn plan(cfg: &Config, node: &str, ifindex_of: impl Fn(&str) -> Option<u32>) 
         }
     }
     north_south::north_south(cfg, &mut plan);
+    overlay::overlay(cfg, node, &mut plan);
     plan
 }

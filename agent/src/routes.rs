@@ -170,7 +170,11 @@ impl RouteExporter {
         let mut added = 0;
         let mut withdrawn = 0;
         for r in have.difference(want) {
-            self.request(RouteNetlinkMessage::DelRoute(self.message(r)), 0)
+            // Scope "nowhere" matches a route of any scope (one added by
+            // hand or by an older agent may not be Universe).
+            let mut del = self.message(r);
+            del.header.scope = RouteScope::NoWhere;
+            self.request(RouteNetlinkMessage::DelRoute(del), 0)
                 .map_err(|err| RouteError::Refused {
                     op: "withdraw",
                     route: *r,
@@ -193,6 +197,13 @@ impl RouteExporter {
             added += 1;
         }
         Ok((added, withdrawn))
+    }
+
+    /// Withdraws every route of this (table, protocol), and nothing else:
+    /// `vmpath agent --cleanup`. Acts on the calling thread's network
+    /// namespace, so run it in the node's own.
+    pub fn withdraw_all(&mut self) -> Result<usize, RouteError> {
+        self.sync(&BTreeSet::new()).map(|(_, withdrawn)| withdrawn)
     }
 
     fn message(&self, r: &ExportRoute) -> RouteMessage {

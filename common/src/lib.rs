@@ -32,6 +32,12 @@ pub mod map_names {
     pub const SNAT_QUOTA: &str = "vmp_snat_quota";
     /// Tail-call targets (slot 0: `vm_egress`).
     pub const PROGS: &str = "vmp_progs";
+    /// Overlay: per network, the remote nodes (VTEPs) that host it.
+    pub const FLOOD_REMOTE: &str = "vmp_flood_remote";
+    /// Overlay: the vxlan device and local VTEP address (one slot).
+    pub const OVERLAY: &str = "vmp_overlay";
+    /// Overlay: frames sent to and received from remote nodes (per CPU).
+    pub const OVERLAY_STATS: &str = "vmp_overlay_stats";
     pub const PORT_IDS: &str = "vmp_port_ids";
     pub const SLOW: &str = "vmp_slow";
     pub const XSKS: &str = "vmp_xsks";
@@ -62,6 +68,11 @@ pub mod prog_names {
     pub const SLOW_RX: &str = "slow_rx";
     /// tcx ingress on `vmp-slow0`: the agent's tagged replies out to the VM.
     pub const SLOW_RETURN: &str = "slow_return";
+    /// Tail-called from `vm_port`: unicast to a remote node and the remote
+    /// copies of a flood, through the vxlan device.
+    pub const VM_REMOTE: &str = "vm_remote";
+    /// tcx ingress on the vxlan device: decapsulated frames from remote nodes.
+    pub const VXLAN_RX: &str = "vxlan_rx";
 }
 
 /// Layout version of the pinned maps. Bump when any type below changes size
@@ -321,7 +332,18 @@ pub mod drop_reason {
     /// never fragments (a redirected frame skips the kernel's forwarding
     /// path that would); it drops and counts.
     pub const MTU_EXCEEDED_NO_DF: u32 = 24;
-    pub const COUNT: u32 = 25;
+    /// Overlay: a frame for a remote node, but the vxlan device is not set
+    /// up (no Node document for this node, or the agent is starting).
+    pub const OVERLAY_DOWN: u32 = 25;
+    /// Overlay: decapsulated frame whose VNI is no network here.
+    pub const OVERLAY_UNKNOWN_VNI: u32 = 26;
+    /// Overlay: decapsulated frame from a VTEP that hosts none of the
+    /// network's attachments (not a node of that network).
+    pub const OVERLAY_UNKNOWN_VTEP: u32 = 27;
+    /// Overlay: decapsulated frame for no local port (a MAC on another node,
+    /// the gateway MAC, or a flood into a network with no port here).
+    pub const OVERLAY_NO_LOCAL_PORT: u32 = 28;
+    pub const COUNT: u32 = 29;
 
     /// Names as shown in metrics and the CLI, indexed by reason.
     pub const NAMES: [&str; COUNT as usize] = [
@@ -350,6 +372,10 @@ pub mod drop_reason {
         "snat_no_address",
         "nd_spoof",
         "mtu_exceeded_no_df",
+        "overlay_down",
+        "overlay_unknown_vni",
+        "overlay_unknown_vtep",
+        "overlay_no_local_port",
     ];
 }
 
@@ -515,4 +541,58 @@ mod pod_north_south {
     unsafe impl aya::Pod for SnatConfig {}
     unsafe impl aya::Pod for NatKey {}
     unsafe impl aya::Pod for NatEntry {}
+}
+
+// ---------------------------------------------------------------------------
+// Overlay: VXLAN between nodes
+// ---------------------------------------------------------------------------
+
+/// vmpath's collect-metadata vxlan device in the node namespace.
+pub const VXLAN_IFNAME: &str = "vmp-vxlan";
+/// IANA VXLAN port, what Linux `dstport 4789` devices use.
+pub const VXLAN_PORT: u16 = 4789;
+/// Outer IPv4 + UDP + VXLAN + inner Ethernet.
+pub const VXLAN_OVERHEAD: u32 = 50;
+/// Remote nodes one network can flood to.
+pub const MAX_FLOOD_NODES: usize = 64;
+
+/// The remote nodes (VTEP IPv4 addresses, network order) hosting at least
+/// one attachment of a network. Keyed by network id. Broadcast, multicast
+/// and unknown unicast go once to each; decapsulated frames are accepted
+/// only from them.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RemoteFloodList {
+    pub count: u32,
+    pub _pad: u32,
+    pub node_ip4: [[u8; 4]; MAX_FLOOD_NODES],
+}
+const _: () = assert!(size_of::<RemoteFloodList>() == 8 + 4 * MAX_FLOOD_NODES);
+
+impl Default for RemoteFloodList {
+    fn default() -> Self {
+        Self {
+            count: 0,
+            _pad: 0,
+            node_ip4: [[0; 4]; MAX_FLOOD_NODES],
+        }
+    }
+}
+
+/// Slot 0 of `vmp_overlay`: where encapsulated frames go.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct OverlayConfig {
+    /// ifindex of `vmp-vxlan`; 0 while it is not set up.
+    pub vxlan_ifindex: u32,
+    /// This node's VTEP address (network order); zero: routing picks.
+    pub local_ip4: [u8; 4],
+}
+const _: () = assert!(size_of::<OverlayConfig>() == 8);
+
+#[cfg(feature = "user")]
+mod pod_overlay {
+    use super::*;
+    unsafe impl aya::Pod for RemoteFloodList {}
+    unsafe impl aya::Pod for OverlayConfig {}
 }

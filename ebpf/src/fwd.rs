@@ -1,18 +1,20 @@
-//! L2 switching inside one network: known unicast to its port, everything
-//! else (broadcast, multicast, unknown unicast) flooded to the network's
-//! other local ports. Lookups are keyed by network, so no frame crosses
-//! into another network.
+//! L2 switching inside one network: known unicast to its port (or, for a
+//! MAC on another node, over the overlay), everything else (broadcast,
+//! multicast, unknown unicast) flooded to the network's other local ports
+//! and once to each remote node hosting the network. Lookups are keyed by
+//! network, so no frame crosses into another network.
 
 use aya_ebpf::{
     bindings::TC_ACT_REDIRECT,
     helpers::generated::{bpf_redirect, bpf_redirect_peer},
     programs::TcContext,
 };
-use vmpath_common::{ENDPOINT_LOCAL, EndpointKey, MAX_FLOOD_PORTS, drop_reason};
+use vmpath_common::{ENDPOINT_LOCAL, ENDPOINT_REMOTE, EndpointKey, MAX_FLOOD_PORTS, drop_reason};
 
 use crate::{
     counters::count_tx,
     maps::{ENDPOINTS, FLOOD},
+    overlay,
     parse::is_multicast,
 };
 
@@ -34,6 +36,9 @@ pub fn switch(ctx: &TcContext, ifindex: u32, network: u32, dst: [u8; 6]) -> Verd
                     return Err(drop_reason::NO_DESTINATION);
                 }
                 return deliver_local(ctx, ep.ifindex);
+            }
+            if ep.kind == ENDPOINT_REMOTE {
+                return overlay::to_remote(ctx);
             }
         }
     }
@@ -63,10 +68,42 @@ pub fn reply_out(port_ifindex: u32) -> Verdict {
     }
 }
 
+/// From a VM port: to the network's other local ports and, when other
+/// nodes host the network, once to each of them (the `vm_remote` tail
+/// call sends those copies; it takes the original frame last).
 #[inline(always)]
 fn flood(ctx: &TcContext, ifindex: u32, network: u32) -> Verdict {
-    let Some(list) = (unsafe { FLOOD.get(&network) }) else {
+    let last = clone_local(ctx, ifindex, network);
+    if overlay::has_remote(network) {
+        if last != 0 && ctx.clone_redirect(last, 0).is_ok() {
+            count_tx(last, ctx.len());
+        }
+        return overlay::to_remote(ctx);
+    }
+    if last == 0 {
         return Err(drop_reason::NO_DESTINATION);
+    }
+    deliver_local(ctx, last)
+}
+
+/// From the overlay: to the network's local ports only, never back to
+/// another node (every node floods to all the others itself).
+#[inline(always)]
+pub fn flood_local(ctx: &TcContext, network: u32) -> Verdict {
+    let last = clone_local(ctx, 0, network);
+    if last == 0 {
+        return Err(drop_reason::OVERLAY_NO_LOCAL_PORT);
+    }
+    deliver_local(ctx, last)
+}
+
+/// Clones the frame to every local port of `network` except `skip` and
+/// the last one, which it returns (0: none) for the caller to hand the
+/// original to.
+#[inline(always)]
+fn clone_local(ctx: &TcContext, skip: u32, network: u32) -> u32 {
+    let Some(list) = (unsafe { FLOOD.get(&network) }) else {
+        return 0;
     };
     let count = list.count as usize;
     let len = ctx.len();
@@ -79,7 +116,7 @@ fn flood(ctx: &TcContext, ifindex: u32, network: u32) -> Verdict {
         }
         let target = list.ifindex[i];
         i += 1;
-        if target == 0 || target == ifindex {
+        if target == 0 || target == skip {
             continue;
         }
         if last != 0 && ctx.clone_redirect(last, 0).is_ok() {
@@ -87,8 +124,5 @@ fn flood(ctx: &TcContext, ifindex: u32, network: u32) -> Verdict {
         }
         last = target;
     }
-    if last == 0 {
-        return Err(drop_reason::NO_DESTINATION);
-    }
-    deliver_local(ctx, last)
+    last
 }

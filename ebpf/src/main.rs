@@ -13,12 +13,15 @@ mod learn;
 mod maps;
 mod mtu;
 mod nd;
+mod overlay;
 mod parse;
 mod route;
 mod slowpath;
 mod snat;
+mod snat_icmp;
 mod spoof;
 mod uplink;
+mod vxlan;
 
 use aya_ebpf::{bindings::TC_ACT_SHOT, macros::classifier, programs::TcContext};
 use network_types::{eth::EthHdr, ip::Ipv4Hdr, ip::Ipv6Hdr, udp::UdpHdr};

@@ -25,7 +25,10 @@ use aya_ebpf::{
     bindings::bpf_adj_room_mode::BPF_ADJ_ROOM_MAC, helpers::generated::bpf_skb_change_tail,
     programs::TcContext,
 };
-use network_types::ip::Ipv6Hdr;
+use network_types::{
+    eth::EthHdr,
+    ip::{Ipv4Hdr, Ipv6Hdr},
+};
 use vmpath_common::drop_reason;
 
 use crate::{
@@ -85,68 +88,62 @@ pub fn frag_needed4(
     mtu: u16,
     eth_src: [u8; 6],
 ) -> Verdict {
-    let ip: *const [u8; 20] = ptr_at(ctx, ETH_LEN)?;
-    let ip = unsafe { &*ip };
-    if u16::from_be_bytes([ip[6], ip[7]]) & IP_DF == 0 {
+    let ip: *const Ipv4Hdr = ptr_at(ctx, ETH_LEN)?;
+    let (vihl, frags, to) = unsafe { ((*ip).vihl, (*ip).frags, (*ip).src_addr) };
+    if u16::from_be_bytes(frags) & IP_DF == 0 {
         return Err(drop_reason::MTU_EXCEEDED_NO_DF);
     }
     if from == [0; 4] {
         return Err(drop_reason::MTU_EXCEEDED);
     }
-    let ihl = usize::from(ip[0] & 0x0f) * 4;
+    let ihl = usize::from(vihl & 0x0f) * 4;
     if !(IP4_HDR..=60).contains(&ihl) {
         return Err(drop_reason::MALFORMED);
     }
-    let to = [ip[12], ip[13], ip[14], ip[15]];
     let quote = trim(ctx, ihl)?;
     push(ctx, IP4_HDR + ICMP_HDR)?;
-    let hdr_end = ETH_LEN + IP4_HDR + ICMP_HDR;
-    let h: *mut [u8; ETH_LEN + IP4_HDR + ICMP_HDR] = ptr_at(ctx, 0)?;
-    let h = unsafe { &mut *h };
-    write_eth(h, eth_src, ETH_P_IP);
+    write_eth(ctx, eth_src, ETH_P_IP)?;
+
     let tot = (IP4_HDR + ICMP_HDR + quote) as u16;
-    let ip_hdr: [u8; IP4_HDR] = [
-        0x45,
-        ERROR_TOS,
-        (tot >> 8) as u8,
-        tot as u8,
-        0,
-        0,
-        0,
-        0,
-        ERROR_TTL,
-        IPPROTO_ICMP,
-        0,
-        0,
-        from[0],
-        from[1],
-        from[2],
-        from[3],
-        to[0],
-        to[1],
-        to[2],
-        to[3],
-    ];
-    let mut i = 0;
-    while i < IP4_HDR {
-        h[ETH_LEN + i] = ip_hdr[i];
-        i += 1;
+    let ip: *mut Ipv4Hdr = ptr_at(ctx, ETH_LEN)?;
+    let ip_sum = 0x4500
+        + u32::from(ERROR_TOS)
+        + u32::from(tot)
+        + (u32::from(ERROR_TTL) << 8)
+        + u32::from(IPPROTO_ICMP)
+        + sum_addr4(from)
+        + sum_addr4(to);
+    unsafe {
+        let ip = &mut *ip;
+        ip.vihl = 0x45;
+        ip.tos = ERROR_TOS;
+        ip.tot_len = tot.to_be_bytes();
+        ip.id = [0; 2];
+        ip.frags = [0; 2];
+        ip.ttl = ERROR_TTL;
+        ip.proto = IPPROTO_ICMP;
+        ip.check = (!csum::fold(ip_sum)).to_be_bytes();
+        ip.src_addr = from;
+        ip.dst_addr = to;
     }
-    let check = !csum::fold(sum_bytes(&ip_hdr));
-    h[ETH_LEN + 10] = (check >> 8) as u8;
-    h[ETH_LEN + 11] = check as u8;
-    let icmp = ETH_LEN + IP4_HDR;
-    h[icmp] = ICMP_DEST_UNREACH;
-    h[icmp + 1] = ICMP_FRAG_NEEDED;
-    h[icmp + 2] = 0;
-    h[icmp + 3] = 0;
-    h[icmp + 4] = 0;
-    h[icmp + 5] = 0;
-    h[icmp + 6] = (mtu >> 8) as u8;
-    h[icmp + 7] = mtu as u8;
+    let icmp_off = ETH_LEN + IP4_HDR;
     let sum = (u32::from(ICMP_DEST_UNREACH) << 8) + u32::from(ICMP_FRAG_NEEDED) + u32::from(mtu);
-    let check = !csum::fold(sum + sum_packet(ctx, hdr_end, quote)?);
-    store_check(ctx, icmp + 2, check)?;
+    let check = !csum::fold(sum + sum_packet(ctx, icmp_off + ICMP_HDR, quote)?);
+    let icmp: *mut [u8; ICMP_HDR] = ptr_at(ctx, icmp_off)?;
+    let m = mtu.to_be_bytes();
+    let c = check.to_be_bytes();
+    unsafe {
+        *icmp = [
+            ICMP_DEST_UNREACH,
+            ICMP_FRAG_NEEDED,
+            c[0],
+            c[1],
+            0,
+            0,
+            m[0],
+            m[1],
+        ]
+    };
     sent(ifindex)
 }
 
@@ -164,46 +161,35 @@ pub fn packet_too_big6(
     if from[0] == 0 && from[1] == 0 {
         return Err(drop_reason::MTU_EXCEEDED);
     }
-    let ip: *const Ipv6Hdr = ptr_at(ctx, ETH_LEN)?;
-    let to: [u8; 16] = unsafe { (*ip).src_addr };
     let quote = trim(ctx, IP6_HDR)?;
     push(ctx, IP6_HDR + ICMP_HDR)?;
-    let hdr_end = ETH_LEN + IP6_HDR + ICMP_HDR;
-    let h: *mut [u8; ETH_LEN + IP6_HDR + ICMP_HDR] = ptr_at(ctx, 0)?;
-    let h = unsafe { &mut *h };
-    write_eth(h, eth_src, ETH_P_IPV6);
+    write_eth(ctx, eth_src, ETH_P_IPV6)?;
+
     let plen = (ICMP_HDR + quote) as u16;
-    let ip = ETH_LEN;
-    h[ip] = 0x60;
-    h[ip + 1] = 0;
-    h[ip + 2] = 0;
-    h[ip + 3] = 0;
-    h[ip + 4] = (plen >> 8) as u8;
-    h[ip + 5] = plen as u8;
-    h[ip + 6] = IPPROTO_ICMPV6;
-    h[ip + 7] = ERROR_TTL;
-    let mut i = 0;
-    while i < 16 {
-        h[ip + 8 + i] = from[i];
-        h[ip + 24 + i] = to[i];
-        i += 1;
-    }
-    let icmp = ETH_LEN + IP6_HDR;
-    h[icmp] = ICMPV6_PKT_TOOBIG;
-    h[icmp + 1] = 0;
-    h[icmp + 2] = 0;
-    h[icmp + 3] = 0;
-    h[icmp + 4] = 0;
-    h[icmp + 5] = 0;
-    h[icmp + 6] = (mtu >> 8) as u8;
-    h[icmp + 7] = mtu as u8;
-    let pseudo = csum::sum_addr16(from)
-        + csum::sum_addr16(&to)
+    let hdr_end = ETH_LEN + IP6_HDR + ICMP_HDR;
+    // The offending packet's source, now inside the quote.
+    let quoted: *const Ipv6Hdr = ptr_at(ctx, hdr_end)?;
+    let ip: *mut Ipv6Hdr = ptr_at(ctx, ETH_LEN)?;
+    let sum = unsafe {
+        let ip = &mut *ip;
+        ip.vcf = [0x60, 0, 0, 0];
+        ip.payload_len = plen.to_be_bytes();
+        ip.next_hdr = IPPROTO_ICMPV6;
+        ip.hop_limit = ERROR_TTL;
+        ip.src_addr = *from;
+        ip.dst_addr = (*quoted).src_addr;
+        csum::sum_addr16(from) + csum::sum_addr16(&ip.dst_addr)
+    };
+    let sum = sum
         + u32::from(plen)
-        + u32::from(IPPROTO_ICMPV6);
-    let sum = pseudo + (u32::from(ICMPV6_PKT_TOOBIG) << 8) + u32::from(mtu);
+        + u32::from(IPPROTO_ICMPV6)
+        + (u32::from(ICMPV6_PKT_TOOBIG) << 8)
+        + u32::from(mtu);
     let check = !csum::fold(sum + sum_packet(ctx, hdr_end, quote)?);
-    store_check(ctx, icmp + 2, check)?;
+    let icmp: *mut [u8; ICMP_HDR] = ptr_at(ctx, ETH_LEN + IP6_HDR)?;
+    let m = mtu.to_be_bytes();
+    let c = check.to_be_bytes();
+    unsafe { *icmp = [ICMPV6_PKT_TOOBIG, 0, c[0], c[1], 0, 0, m[0], m[1]] };
     sent(ifindex)
 }
 
@@ -240,30 +226,24 @@ fn push(ctx: &TcContext, len: usize) -> Result<(), u32> {
 
 /// Addresses the frame back to the sender of the offending one.
 #[inline(always)]
-fn write_eth(h: &mut [u8], eth_src: [u8; 6], ether_type: u16) {
-    let mut i = 0;
-    while i < 6 {
-        h[i] = h[6 + i];
-        h[6 + i] = eth_src[i];
-        i += 1;
+fn write_eth(ctx: &TcContext, eth_src: [u8; 6], ether_type: u16) -> Result<(), u32> {
+    let eth: *mut EthHdr = ptr_at(ctx, 0)?;
+    unsafe {
+        (*eth).dst_addr = (*eth).src_addr;
+        (*eth).src_addr = eth_src;
+        (*eth).ether_type = ether_type.to_be();
     }
-    h[12] = (ether_type >> 8) as u8;
-    h[13] = ether_type as u8;
+    Ok(())
 }
 
 #[inline(always)]
-fn sum_bytes(b: &[u8; IP4_HDR]) -> u32 {
-    let mut sum = 0u32;
-    let mut i = 0;
-    while i < IP4_HDR {
-        sum += (u32::from(b[i]) << 8) | u32::from(b[i + 1]);
-        i += 2;
-    }
-    sum
+fn sum_addr4(a: [u8; 4]) -> u32 {
+    (u32::from(a[0]) << 8) + u32::from(a[1]) + (u32::from(a[2]) << 8) + u32::from(a[3])
 }
 
 /// Sum of the 16-bit words of `len` (even, at most 80) packet bytes at
-/// `off`.
+/// `off`, read with `bpf_skb_load_bytes` (no packet-pointer arithmetic
+/// on a variable length).
 #[inline(always)]
 fn sum_packet(ctx: &TcContext, off: usize, len: usize) -> Result<u32, u32> {
     let mut sum = 0u32;
@@ -272,19 +252,11 @@ fn sum_packet(ctx: &TcContext, off: usize, len: usize) -> Result<u32, u32> {
         if 2 * i >= len {
             break;
         }
-        let w: *const [u8; 2] = ptr_at(ctx, off + 2 * i)?;
-        let w = unsafe { *w };
+        let w: [u8; 2] = ctx.load(off + 2 * i).map_err(|_| drop_reason::MALFORMED)?;
         sum += (u32::from(w[0]) << 8) | u32::from(w[1]);
         i += 1;
     }
     Ok(sum)
-}
-
-#[inline(always)]
-fn store_check(ctx: &TcContext, off: usize, check: u16) -> Result<(), u32> {
-    let c: *mut [u8; 2] = ptr_at(ctx, off)?;
-    unsafe { *c = check.to_be_bytes() };
-    Ok(())
 }
 
 /// The offending frame is consumed (counted under `MTU_EXCEEDED`); its

@@ -135,7 +135,7 @@ fn timeout_ns(cfg: &SnatConfig, proto: u8, state: u8) -> u64 {
 }
 
 #[inline(always)]
-fn expired(cfg: &SnatConfig, e: &NatEntry, proto: u8, now: u64) -> bool {
+pub fn expired(cfg: &SnatConfig, e: &NatEntry, proto: u8, now: u64) -> bool {
     now.saturating_sub(e.last_seen) > timeout_ns(cfg, proto, e.state)
 }
 
@@ -152,7 +152,7 @@ fn touch(e: *mut NatEntry, now: u64, tcp_flags: u8) {
 
 /// The key a reply to the VM's flow carries on the uplink.
 #[inline(always)]
-fn reply_key(remote: [u8; 4], snat: [u8; 4], remote_port: u16, port: u16, proto: u8) -> NatKey {
+pub fn reply_key(remote: [u8; 4], snat: [u8; 4], remote_port: u16, port: u16, proto: u8) -> NatKey {
     NatKey {
         src: remote,
         dst: snat,
@@ -368,6 +368,11 @@ pub fn ingress4(ctx: &TcContext) -> Result<Option<i32>, u32> {
         return Ok(None);
     }
     let l4_off = ETH_LEN + ihl;
+    if proto == IPPROTO_ICMP {
+        if let Some(action) = crate::snat_icmp::ingress4(ctx, cfg, l4_off)? {
+            return Ok(Some(action));
+        }
+    }
     let Ok(l4) = l4(ctx, proto, l4_off, false) else {
         return Ok(None);
     };

@@ -397,7 +397,12 @@ impl Node {
 impl Drop for Node {
     fn drop(&mut self) {
         self.kill_agent();
-        let _ = Command::new(vmpath_bin())
+        // In the node's own namespace: cleanup also deletes the slow path
+        // veths, the vxlan device and the routes in table 100, which must
+        // never be the host's.
+        let _ = Command::new("nsenter")
+            .arg(format!("--net={}", self.ns.path()))
+            .arg(vmpath_bin())
             .args(["agent", "--cleanup", "--bpffs"])
             .arg(&self.bpffs)
             .stderr(Stdio::null())
@@ -619,6 +624,102 @@ protocol kernel {{ scan time 1; ipv4 {{ import none; export all; }}; }}
 protocol bgp node {{ local {local} as {local_as}; neighbor {node} as {node_as};
   connect delay time 1; connect retry time 2; error wait time 1, 10;
   ipv4 {{ import all; export none; }}; }}
+"
+    )
+}
+
+// ---------------------------------------------------------------------------
+// Overlay: an underlay joining several nodes (and foreign VTEPs)
+// ---------------------------------------------------------------------------
+
+/// An underlay L2 segment: a namespace holding a Linux bridge; `plug` joins
+/// another namespace to it with a veth carrying an underlay address.
+pub struct Underlay {
+    pub ns: Netns,
+    ports: AtomicU32,
+}
+
+impl Underlay {
+    pub fn new() -> Self {
+        let ns = Netns::new(format!("vt{}-ul", unique_tag()));
+        ns.run(&["ip", "link", "add", "br0", "type", "bridge"]);
+        ns.run(&["ip", "link", "set", "br0", "up"]);
+        Underlay {
+            ns,
+            ports: AtomicU32::new(0),
+        }
+    }
+
+    /// Joins `ns` to the underlay as `ifname` with `addr` (e.g.
+    /// `192.0.2.1/24`) and `mtu` on both ends of the veth.
+    pub fn plug(&self, ns: &Netns, ifname: &str, addr: &str, mtu: u32) {
+        let peer = format!("p{}", self.ports.fetch_add(1, Ordering::SeqCst));
+        link(ns, ifname, addr, &self.ns, &peer, "");
+        let mtu = mtu.to_string();
+        ns.run(&["ip", "link", "set", ifname, "mtu", &mtu]);
+        self.ns.run(&["ip", "link", "set", &peer, "mtu", &mtu]);
+        self.ns.run(&["ip", "link", "set", &peer, "master", "br0"]);
+    }
+}
+
+impl Default for Underlay {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+pub mod yaml_overlay {
+    /// A Node document with its underlay (VTEP) address.
+    pub fn node(name: &str, address: &str) -> String {
+        format!(
+            "apiVersion: vmpath.dev/v1alpha1\nkind: Node\nmetadata: {{name: {name}}}\nspec:\n  address: {address}\n"
+        )
+    }
+}
+
+/// [`bird_node_config`] with IPv6 as well: the agent's /128s learned from
+/// table 100 (`vmpath6`) and exported on an ipv6 channel of the same
+/// (IPv4) session, with `next_hop6` (the node's IPv6 address on the link)
+/// as their next hop.
+pub fn bird_node_config_dual(
+    router_id: &str,
+    local: &str,
+    local_as: u32,
+    tor: &str,
+    tor_as: u32,
+    next_hop6: &str,
+) -> String {
+    format!(
+        "router id {router_id};
+protocol device {{ scan time 1; }}
+protocol kernel vmpath4 {{ kernel table 100; learn; scan time 1; ipv4 {{ import all; export none; }}; }}
+protocol kernel vmpath6 {{ kernel table 100; learn; scan time 1; ipv6 {{ import all; export none; }}; }}
+filter vmpath_out {{ if krt_source = 250 then accept; reject; }}
+protocol bgp tor {{ local {local} as {local_as}; neighbor {tor} as {tor_as};
+  connect delay time 1; connect retry time 2; error wait time 1, 10;
+  ipv4 {{ import none; export filter vmpath_out; }};
+  ipv6 {{ import none; export filter vmpath_out; next hop address {next_hop6}; }}; }}
+"
+    )
+}
+
+/// [`bird_tor_config`] with an ipv6 channel and IPv6 kernel export too.
+pub fn bird_tor_config_dual(
+    router_id: &str,
+    local: &str,
+    local_as: u32,
+    node: &str,
+    node_as: u32,
+) -> String {
+    format!(
+        "router id {router_id};
+protocol device {{ scan time 1; }}
+protocol kernel {{ scan time 1; ipv4 {{ import none; export all; }}; }}
+protocol kernel {{ scan time 1; ipv6 {{ import none; export all; }}; }}
+protocol bgp node {{ local {local} as {local_as}; neighbor {node} as {node_as};
+  connect delay time 1; connect retry time 2; error wait time 1, 10;
+  ipv4 {{ import all; export none; }};
+  ipv6 {{ import all; export none; }}; }}
 "
     )
 }

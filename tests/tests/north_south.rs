@@ -15,13 +15,14 @@
 use std::time::Duration;
 
 use vmpath_tests::{
-    Bird, Netns, Node, Vm, bird_node_config, bird_tor_config, enable_forwarding, iperf3, link,
-    vmpath::common::drop_reason, wait_for,
+    Bird, Netns, Node, Vm, bird_node_config_dual, bird_tor_config_dual, enable_forwarding, iperf3,
+    link, vmpath::common::drop_reason, wait_for,
 };
 
 const NODE_IP: &str = "192.0.2.1";
 const TOR_IP: &str = "192.0.2.2";
 const EXT_IP: &str = "198.51.100.10";
+const NODE_IP6: &str = "fd00:2::1/64";
 
 struct Bed {
     node: Node,
@@ -73,6 +74,10 @@ fn bed() -> Bed {
         "ext0",
         &format!("{EXT_IP}/24"),
     );
+    // IPv6 on the node-ToR link: the next hop of the per-VM /128s.
+    node.ns
+        .run(&["ip", "addr", "add", NODE_IP6, "dev", "up0", "nodad"]);
+    tor.run(&["ip", "addr", "add", "fd00:2::2/64", "dev", "tor0", "nodad"]);
     enable_forwarding(&node.ns);
     enable_forwarding(&tor);
     node.ns
@@ -82,7 +87,7 @@ fn bed() -> Bed {
     let vm1 = node.add_vm(
         "g1",
         "52:54:00:00:0a:01",
-        &["10.20.0.11/16"],
+        &["10.20.0.11/16", "fd20::11/64"],
         Some("10.20.0.1"),
     );
     let vm2 = node.add_vm(
@@ -98,8 +103,8 @@ fn bed() -> Bed {
             network_doc(
                 "green",
                 500,
-                "10.20.0.0/16",
-                "10.20.0.1",
+                "10.20.0.0/16\", \"fd20::/64",
+                "10.20.0.1\", \"fd20::1",
                 "  egress: Routed\n  advertise: {perVM: true}\n",
             ),
             network_doc(
@@ -114,7 +119,13 @@ fn bed() -> Bed {
     );
     node.write_config(
         "vm1.yaml",
-        &attachment_doc("g1", "green", &vm1.port, &vm1.mac, "10.20.0.11/16"),
+        &attachment_doc(
+            "g1",
+            "green",
+            &vm1.port,
+            &vm1.mac,
+            "10.20.0.11/16\", \"fd20::11/64",
+        ),
     );
     node.write_config(
         "vm2.yaml",
@@ -127,12 +138,12 @@ fn bed() -> Bed {
     let tor_bird = Bird::start(
         &tor,
         "tor",
-        &bird_tor_config(TOR_IP, TOR_IP, 65000, NODE_IP, 65001),
+        &bird_tor_config_dual(TOR_IP, TOR_IP, 65000, NODE_IP, 65001),
     );
     let node_bird = Bird::start(
         &node.ns,
         "node",
-        &bird_node_config(NODE_IP, NODE_IP, 65001, TOR_IP, 65000),
+        &bird_node_config_dual(NODE_IP, NODE_IP, 65001, TOR_IP, 65000, "fd00:2::1"),
     );
     Bed {
         node,
@@ -174,6 +185,21 @@ fn routed_vm_reachable_from_outside_by_its_own_address_and_per_vm_route_over_bgp
         "the ToR to learn 10.20.0.11/32 over BGP",
         Duration::from_secs(30),
         || tor_has_route(&bed, "10.20.0.11/32"),
+    );
+    // The /128 likewise, on the session's ipv6 channel.
+    wait_for(
+        "the ToR to learn fd20::11/128 over BGP",
+        Duration::from_secs(30),
+        || tor_has_route(&bed, "fd20::11/128"),
+    );
+    wait_for(
+        "the ToR kernel route (IPv6)",
+        Duration::from_secs(10),
+        || {
+            bed.tor
+                .run(&["ip", "-6", "route", "show", "fd20::11"])
+                .contains("via fd00:2::1")
+        },
     );
     let tor_routes = bed.tor_bird.show_route();
     assert!(
@@ -261,6 +287,19 @@ fn routed_vm_reachable_from_outside_by_its_own_address_and_per_vm_route_over_bgp
         "the ToR to withdraw 10.20.0.11/32",
         Duration::from_secs(30),
         || !tor_has_route(&bed, "10.20.0.11/32"),
+    );
+    wait_for(
+        "the ToR to withdraw fd20::11/128",
+        Duration::from_secs(30),
+        || !tor_has_route(&bed, "fd20::11/128"),
+    );
+    let out = bed
+        .node
+        .ns
+        .run(&["ip", "-6", "route", "show", "table", "100", "proto", "250"]);
+    assert!(
+        !out.contains("fd20::11"),
+        "IPv6 route left in table 100: {out}"
     );
     let out = bed
         .node
@@ -393,4 +432,183 @@ fn snat_vm_reaches_outside_as_the_node_address_tcp_udp_icmp() {
     let flows = maps.snat_out.iter().filter_map(|r| r.ok()).count();
     assert!(flows >= 17, "only {flows} SNAT flows recorded");
     assert!(bed.node.drops(drop_reason::SNAT_PORTS_EXHAUSTED) == 0);
+}
+
+/// The networks of [`bed`], with `mtu: 1400` on the routed one.
+fn networks_with_green_mtu() -> String {
+    [
+        network_doc(
+            "green",
+            500,
+            "10.20.0.0/16\", \"fd20::/64",
+            "10.20.0.1\", \"fd20::1",
+            "  egress: Routed\n  advertise: {perVM: true}\n  mtu: 1400\n",
+        ),
+        network_doc(
+            "orange",
+            501,
+            "10.30.0.0/16",
+            "10.30.0.1",
+            "  egress: SNAT\n  mtu: 1400\n",
+        ),
+    ]
+    .join("---\n")
+}
+
+#[test]
+fn mtu_frag_needed_reaches_the_sender_and_pmtu_is_learned_both_ways() {
+    let bed = bed();
+    bed.node
+        .write_config("networks.yaml", &networks_with_green_mtu());
+    wait_for(
+        "the network MTU programmed",
+        Duration::from_secs(10),
+        || {
+            bed.node
+                .maps()
+                .networks
+                .get(&500, 0)
+                .map(|n| n.mtu == 1400)
+                .unwrap_or(false)
+        },
+    );
+    wait_for("routed ingress path", Duration::from_secs(30), || {
+        bed.ext.ping("10.20.0.11", 1)
+    });
+
+    // VM -> external, DF set, 1478 bytes: the VM's gateway answers with
+    // fragmentation-needed and the VM's kernel learns the path MTU.
+    let before = bed.node.drops(drop_reason::MTU_EXCEEDED);
+    let out = bed.vm1.ns.run_status(&[
+        "ping", "-M", "do", "-s", "1450", "-c", "3", "-i", "0.3", "-W", "1", EXT_IP,
+    ]);
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        text.contains("From 10.20.0.1") && text.contains("Frag needed and DF set (mtu = 1400)"),
+        "no fragmentation-needed from the gateway: {text}"
+    );
+    assert!(
+        text.contains("message too long, mtu=1400"),
+        "the VM did not learn the path MTU: {text}"
+    );
+    assert!(bed.node.drops(drop_reason::MTU_EXCEEDED) > before);
+    let route = bed.vm1.ns.run(&["ip", "route", "get", EXT_IP]);
+    assert!(
+        route.contains("mtu 1400"),
+        "no PMTU in the route cache: {route}"
+    );
+    let tp = bed
+        .vm1
+        .ns
+        .run_status(&["tracepath", "-n", "-m", "4", "-l", "1478", EXT_IP]);
+    let tp = String::from_utf8_lossy(&tp.stdout).to_string();
+    assert!(tp.contains("pmtu 1400"), "tracepath: {tp}");
+    // At the MTU it goes through.
+    let out = bed.vm1.ns.run_status(&[
+        "ping", "-M", "do", "-s", "1372", "-c", "2", "-i", "0.3", "-W", "1", EXT_IP,
+    ]);
+    assert!(out.status.success(), "1400-byte ping failed");
+
+    // External -> VM (routed ingress): the external host hears it from the
+    // VM network's gateway.
+    let out = bed.ext.run_status(&[
+        "ping",
+        "-M",
+        "do",
+        "-s",
+        "1450",
+        "-c",
+        "3",
+        "-i",
+        "0.3",
+        "-W",
+        "1",
+        "10.20.0.11",
+    ]);
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        text.contains("From 10.20.0.1") && text.contains("Frag needed and DF set (mtu = 1400)"),
+        "external host got no fragmentation-needed: {text}"
+    );
+    let route = bed.ext.run(&["ip", "route", "get", "10.20.0.11"]);
+    assert!(route.contains("mtu 1400"), "external PMTU: {route}");
+
+    // IPv4 without DF is dropped and counted, never passed oversized.
+    let before = bed.node.drops(drop_reason::MTU_EXCEEDED_NO_DF);
+    bed.vm1.ns.run(&["ip", "route", "flush", "cache"]);
+    let _ = bed.vm1.ns.run_status(&[
+        "ping", "-M", "dont", "-s", "1450", "-c", "1", "-W", "1", EXT_IP,
+    ]);
+    assert!(bed.node.drops(drop_reason::MTU_EXCEEDED_NO_DF) > before);
+
+    // TCP both ways over the smaller MTU: GSO packets are judged by their
+    // segment size, the senders learn the path MTU, nothing stalls.
+    let tcp = iperf3(&bed.ext, &bed.vm1.ns, EXT_IP, false, 2);
+    let bps = tcp["end"]["sum_received"]["bits_per_second"]
+        .as_f64()
+        .unwrap();
+    assert!(bps > 1e8, "TCP VM -> external at MTU 1400 only {bps} bit/s");
+    let tcp = iperf3(&bed.vm1.ns, &bed.ext, "10.20.0.11", false, 2);
+    let bps = tcp["end"]["sum_received"]["bits_per_second"]
+        .as_f64()
+        .unwrap();
+    assert!(bps > 1e8, "TCP external -> VM at MTU 1400 only {bps} bit/s");
+
+    // SNAT network: the VM hears fragmentation-needed from its gateway too.
+    let out = bed.vm2.ns.run_status(&[
+        "ping", "-M", "do", "-s", "1450", "-c", "2", "-i", "0.3", "-W", "1", EXT_IP,
+    ]);
+    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    assert!(
+        text.contains("From 10.30.0.1") && text.contains("mtu = 1400"),
+        "SNAT VM got no fragmentation-needed: {text}"
+    );
+    let _ = (&bed.node_bird, &bed.tor_bird);
+}
+
+#[test]
+fn snat_icmp_port_unreachable_reaches_the_vm() {
+    let bed = bed();
+    wait_for(
+        "the SNAT network programmed",
+        Duration::from_secs(10),
+        || bed.vm2.ping(EXT_IP),
+    );
+    // A connected UDP socket in the VM sends to a closed port on the
+    // external host; the port unreachable comes back to the node address,
+    // is translated back, and the VM's socket reports ECONNREFUSED.
+    let script = format!(
+        "import socket\n\
+         s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)\n\
+         s.settimeout(3)\n\
+         s.bind(('10.30.0.21', 5577))\n\
+         s.connect(('{EXT_IP}', 9))\n\
+         s.send(b'anyone?')\n\
+         try:\n    s.recv(100)\n    print('data')\n\
+         except ConnectionRefusedError:\n    print('refused')\n\
+         except socket.timeout:\n    print('timeout')\n"
+    );
+    let dump = bed.vm2.ns.spawn(&[
+        "timeout", "10", "tcpdump", "-n", "-l", "-v", "-c", "1", "-i", "eth0", "icmp",
+    ]);
+    std::thread::sleep(Duration::from_millis(700));
+    let out = bed.vm2.ns.run(&["python3", "-c", &script]);
+    assert_eq!(out.trim(), "refused", "the VM's UDP socket: {out}");
+    let dump = dump.wait_with_output().unwrap();
+    let text = String::from_utf8_lossy(&dump.stdout);
+    assert!(
+        text.contains(&format!("{EXT_IP} > 10.30.0.21"))
+            && text.contains("udp port 9 unreachable")
+            && text.contains("10.30.0.21.5577 >"),
+        "the VM saw no translated port unreachable: {text}"
+    );
+    let _ = (&bed.node_bird, &bed.tor_bird, &bed.vm1, &bed.tor);
 }

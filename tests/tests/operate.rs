@@ -464,6 +464,18 @@ fn cleanup_leaves_nothing_attached_or_pinned() {
         assert!(pin.exists(), "no link pinned for {}", vm.port);
     }
     node.kill_agent();
+    // Routes as the agent exports them (protocol 250; added once it is
+    // stopped, or its sync would withdraw them) beside a foreign route in
+    // the same table.
+    for route in [
+        "route add 192.0.2.99/32 dev lo table 100 proto static",
+        "route add 10.20.0.77/32 dev lo table 100 proto 250",
+        "-6 route add fd20::77/128 dev lo table 100 proto 250",
+    ] {
+        let mut args = vec!["ip"];
+        args.extend(route.split(' '));
+        node.ns.run(&args);
+    }
     // The data path outlives the agent...
     assert!(bed.vm1.ping("10.20.0.12"));
     let bpffs = node.bpffs.to_str().unwrap().to_string();
@@ -507,6 +519,21 @@ fn cleanup_leaves_nothing_attached_or_pinned() {
         "{ip}"
     );
     assert!(!bed.vm1.ns.ping("10.20.0.12", 1), "still forwarded");
+    // No exported route is left in table 100 (protocol 250 only: a route
+    // of another protocol there is not vmpath's and stays).
+    for family in ["-4", "-6"] {
+        let routes = node.ns.run(&[
+            "ip", family, "route", "show", "table", "100", "proto", "250",
+        ]);
+        assert!(routes.trim().is_empty(), "left in table 100: {routes}");
+    }
+    let other = node
+        .ns
+        .run(&["ip", "route", "show", "table", "100", "proto", "static"]);
+    assert!(
+        other.contains("192.0.2.99"),
+        "a foreign route was removed: {other}"
+    );
 }
 
 /// A modest UDP stream from `client` to `server_ip` for `seconds`; returns

@@ -469,3 +469,370 @@ fn routed_egress_only_from_inside_the_subnets_and_unnated() {
         assert_eq!(fx.drops(drop_reason::ROUTE_TTL_EXCEEDED), before + 1);
     });
 }
+
+// --- MTU: fragmentation-needed / packet-too-big ------------------------------
+
+const SKB_GSO_SIZE: usize = 176;
+const SKB_GSO_SEGS: usize = 164;
+const GW_IP: [u8; 4] = [10, 30, 0, 1];
+const GW6: [u8; 16] = [0xfd, 0x30, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1];
+const VM6: [u8; 16] = [0xfd, 0x30, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0x21];
+const EXT6: [u8; 16] = [
+    0x20, 0x01, 0x0d, 0xb8, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0x10,
+];
+
+impl Fx {
+    /// The network's MTU set to `mtu`, with an IPv6 gateway and subnet, and
+    /// the VM's addresses routed to its port (routed ingress).
+    fn with_mtu(egress_flag: u16, mtu: u16) -> Fx {
+        use vmpath_common::{AF_INET, AF_INET6, AddrKey, NET_F_GW6, RoutedAddr, Subnet6};
+        let mut fx = Fx::new(egress_flag);
+        let port = fx.port;
+        let maps = fx.dp.maps_mut();
+        let mut net = maps.networks.get(&NET, 0).unwrap();
+        net.mtu = mtu;
+        net.flags |= NET_F_GW6;
+        net.gw_ip6 = GW6;
+        maps.networks.insert(NET, net, 0).unwrap();
+        maps.subnets6
+            .insert(
+                &Key::new(
+                    32 + 64,
+                    Subnet6 {
+                        network: NET.to_be_bytes(),
+                        addr: [0xfd, 0x30, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0],
+                    },
+                ),
+                1,
+                0,
+            )
+            .unwrap();
+        for (family, addr) in [
+            (AF_INET, {
+                let mut a = [0u8; 16];
+                a[..4].copy_from_slice(&VM_IP);
+                a
+            }),
+            (AF_INET6, VM6),
+        ] {
+            let key = AddrKey {
+                network: 0,
+                family,
+                _pad: [0; 3],
+                addr,
+            };
+            let r = RoutedAddr {
+                ifindex: port,
+                network: NET,
+                vm_mac: VM_MAC,
+                gw_mac: GW_MAC,
+                mtu,
+                _pad: 0,
+            };
+            maps.routed.insert(key, r, 0).unwrap();
+        }
+        fx
+    }
+
+    /// test_run with the skb marked GSO (`gso_size` bytes per segment).
+    fn run_gso(&self, prog: &str, ifindex: u32, frame: &[u8], gso_size: u32) -> (u32, Vec<u8>) {
+        let mut ctx = [0u8; SKB_CTX_LEN];
+        ctx[SKB_INGRESS_IFINDEX..SKB_INGRESS_IFINDEX + 4].copy_from_slice(&ifindex.to_ne_bytes());
+        ctx[SKB_IFINDEX..SKB_IFINDEX + 4].copy_from_slice(&ifindex.to_ne_bytes());
+        ctx[SKB_GSO_SIZE..SKB_GSO_SIZE + 4].copy_from_slice(&gso_size.to_ne_bytes());
+        let segs = (frame.len() as u32).div_ceil(gso_size);
+        ctx[SKB_GSO_SEGS..SKB_GSO_SEGS + 4].copy_from_slice(&segs.to_ne_bytes());
+        let mut out = vec![0u8; 8192];
+        let r = self
+            .dp
+            .classifier(prog)
+            .unwrap()
+            .test_run(TestRunOptions {
+                data_in: Some(frame),
+                data_out: Some(&mut out),
+                ctx_in: Some(&ctx),
+                ..Default::default()
+            })
+            .expect("test_run");
+        out.truncate(r.data_size_out as usize);
+        (r.return_value, out)
+    }
+}
+
+/// An IPv4 UDP frame of `ip_len` bytes (IP length), DF set or not.
+fn big4(
+    src_mac: [u8; 6],
+    dst_mac: [u8; 6],
+    src: [u8; 4],
+    dst: [u8; 4],
+    ip_len: usize,
+    df: bool,
+) -> Vec<u8> {
+    let mut v = Vec::new();
+    let payload = vec![0xabu8; ip_len - 28];
+    PacketBuilder::ethernet2(src_mac, dst_mac)
+        .ipv4(src, dst, 64)
+        .udp(5555, 53)
+        .write(&mut v, &payload)
+        .unwrap();
+    v[14 + 6] = if df { 0x40 } else { 0 };
+    v[14 + 7] = 0;
+    v[14 + 10] = 0;
+    v[14 + 11] = 0;
+    let c = !fold(sum16(&v[14..34], 0));
+    v[14 + 10..14 + 12].copy_from_slice(&c.to_be_bytes());
+    v
+}
+
+fn big_tcp4(src_mac: [u8; 6], dst_mac: [u8; 6], src: [u8; 4], dst: [u8; 4], len: usize) -> Vec<u8> {
+    let mut v = Vec::new();
+    PacketBuilder::ethernet2(src_mac, dst_mac)
+        .ipv4(src, dst, 64)
+        .tcp(33000, 443, 1000, 64240)
+        .ack(1)
+        .write(&mut v, &vec![0x5au8; len])
+        .unwrap();
+    v[14 + 6] = 0x40;
+    v[14 + 10] = 0;
+    v[14 + 11] = 0;
+    let c = !fold(sum16(&v[14..34], 0));
+    v[14 + 10..14 + 12].copy_from_slice(&c.to_be_bytes());
+    v
+}
+
+fn big6(
+    src_mac: [u8; 6],
+    dst_mac: [u8; 6],
+    src: [u8; 16],
+    dst: [u8; 16],
+    ip_len: usize,
+) -> Vec<u8> {
+    let mut v = Vec::new();
+    PacketBuilder::ethernet2(src_mac, dst_mac)
+        .ipv6(src, dst, 64)
+        .udp(5555, 53)
+        .write(&mut v, &vec![0xcdu8; ip_len - 48])
+        .unwrap();
+    v
+}
+
+/// Checks an ICMP fragmentation-needed frame exactly: addressing, every
+/// field, both checksums and the quote (the offending IP header + 8 bytes,
+/// as it was sent).
+fn check_frag_needed(
+    out: &[u8],
+    orig: &[u8],
+    eth: ([u8; 6], [u8; 6]),
+    from: [u8; 4],
+    to: [u8; 4],
+    mtu: u16,
+) {
+    assert_eq!(out.len(), 14 + 20 + 8 + 28, "frame length: {out:02x?}");
+    assert_eq!(&out[0..6], &eth.0, "Ethernet destination");
+    assert_eq!(&out[6..12], &eth.1, "Ethernet source");
+    assert_eq!(&out[12..14], &[0x08, 0x00]);
+    let ip = &out[14..34];
+    assert_eq!(ip[0], 0x45);
+    assert_eq!(u16::from_be_bytes([ip[2], ip[3]]), 56, "IP total length");
+    assert_eq!(ip[8], 64, "TTL");
+    assert_eq!(ip[9], 1, "protocol ICMP");
+    assert_eq!(&ip[12..16], &from, "from the gateway");
+    assert_eq!(&ip[16..20], &to, "to the sender");
+    assert_eq!(fold(sum16(ip, 0)), 0xffff, "IPv4 header checksum");
+    let icmp = &out[34..];
+    assert_eq!((icmp[0], icmp[1]), (3, 4), "type 3 code 4");
+    assert_eq!(&icmp[4..6], &[0, 0]);
+    assert_eq!(u16::from_be_bytes([icmp[6], icmp[7]]), mtu, "next-hop MTU");
+    assert_eq!(fold(sum16(icmp, 0)), 0xffff, "ICMP checksum");
+    assert_eq!(&icmp[8..], &orig[14..14 + 28], "quote: IP header + 8 bytes");
+}
+
+#[test]
+fn mtu_routed_and_snat_egress_answer_frag_needed_ipv4() {
+    for flag in [NET_F_ROUTED, NET_F_SNAT] {
+        in_netns(|| {
+            let fx = Fx::with_mtu(flag, 1400);
+            // At the MTU: forwarded.
+            let (v, out) = fx.egress(&big4(VM_MAC, GW_MAC, VM_IP, EXT_IP, 1400, true));
+            assert_eq!(v, TC_ACT_REDIRECT);
+            assert_eq!(out.len(), 14 + 1400, "forwarded whole");
+            // Over it with DF: the VM hears fragmentation-needed from its gateway.
+            let before = fx.drops(drop_reason::MTU_EXCEEDED);
+            let f = big4(VM_MAC, GW_MAC, VM_IP, EXT_IP, 1450, true);
+            let (v, out) = fx.egress(&f);
+            assert_eq!(v, TC_ACT_REDIRECT, "error sent back out of the port");
+            check_frag_needed(&out, &f, (VM_MAC, GW_MAC), GW_IP, VM_IP, 1400);
+            assert_eq!(fx.drops(drop_reason::MTU_EXCEEDED), before + 1);
+            // Without DF: dropped and counted (the data path never fragments).
+            let before = fx.drops(drop_reason::MTU_EXCEEDED_NO_DF);
+            let (v, _) = fx.egress(&big4(VM_MAC, GW_MAC, VM_IP, EXT_IP, 1450, false));
+            assert_eq!(v, TC_ACT_SHOT);
+            assert_eq!(fx.drops(drop_reason::MTU_EXCEEDED_NO_DF), before + 1);
+        });
+    }
+}
+
+#[test]
+fn mtu_gso_packets_are_judged_by_their_segment_size() {
+    in_netns(|| {
+        let fx = Fx::with_mtu(NET_F_ROUTED, 1400);
+        // 3000 bytes of TCP in 1348-byte segments: each segment is 20 + 20
+        // + 1348 = 1388 bytes on the wire, under the MTU: forwarded whole.
+        let f = big_tcp4(VM_MAC, GW_MAC, VM_IP, EXT_IP, 3000);
+        let (v, out) = fx.run_gso(prog_names::VM_EGRESS, fx.port, &f, 1348);
+        assert_eq!(v, TC_ACT_REDIRECT);
+        assert_eq!(out.len(), f.len(), "GSO packet forwarded, not answered");
+        // 1448-byte segments (a 1500-MTU sender): 1488 > 1400.
+        let (v, out) = fx.run_gso(prog_names::VM_EGRESS, fx.port, &f, 1448);
+        assert_eq!(v, TC_ACT_REDIRECT);
+        assert_eq!(out[34], 3, "ICMP destination unreachable");
+        assert_eq!(u16::from_be_bytes([out[40], out[41]]), 1400);
+        assert_eq!(&out[42..42 + 20], &f[14..34], "quoted IP header");
+    });
+}
+
+#[test]
+fn mtu_routed_ingress_answers_the_external_sender_from_the_gateway() {
+    in_netns(|| {
+        let fx = Fx::with_mtu(NET_F_ROUTED, 1400);
+        let f = big4(TOR_MAC, UPLINK_MAC, EXT_IP, VM_IP, 1450, true);
+        let (v, out) = fx.ingress(&f);
+        assert_eq!(v, TC_ACT_REDIRECT, "error sent back out of the uplink");
+        check_frag_needed(&out, &f, (TOR_MAC, UPLINK_MAC), GW_IP, EXT_IP, 1400);
+        // At the MTU it goes on into the VM.
+        let (v, out) = fx.ingress(&big4(TOR_MAC, UPLINK_MAC, EXT_IP, VM_IP, 1400, true));
+        assert_eq!(v, TC_ACT_REDIRECT);
+        assert_eq!(&out[0..6], &VM_MAC);
+    });
+}
+
+#[test]
+fn mtu_ipv6_packet_too_big_both_ways() {
+    in_netns(|| {
+        let fx = Fx::with_mtu(NET_F_ROUTED, 1400);
+        for (f, eth, from, to, ingress) in [
+            (
+                big6(VM_MAC, GW_MAC, VM6, EXT6, 1450),
+                (VM_MAC, GW_MAC),
+                GW6,
+                VM6,
+                false,
+            ),
+            (
+                big6(TOR_MAC, UPLINK_MAC, EXT6, VM6, 1450),
+                (TOR_MAC, UPLINK_MAC),
+                GW6,
+                EXT6,
+                true,
+            ),
+        ] {
+            let before = fx.drops(drop_reason::MTU_EXCEEDED);
+            let (v, out) = if ingress {
+                fx.ingress(&f)
+            } else {
+                fx.egress(&f)
+            };
+            assert_eq!(v, TC_ACT_REDIRECT);
+            assert_eq!(fx.drops(drop_reason::MTU_EXCEEDED), before + 1);
+            assert_eq!(out.len(), 14 + 40 + 8 + 48, "frame length");
+            assert_eq!(&out[0..6], &eth.0);
+            assert_eq!(&out[6..12], &eth.1);
+            assert_eq!(&out[12..14], &[0x86, 0xdd]);
+            let ip = &out[14..54];
+            assert_eq!(ip[0] >> 4, 6);
+            assert_eq!(u16::from_be_bytes([ip[4], ip[5]]), 56, "payload length");
+            assert_eq!(ip[6], 58, "next header ICMPv6");
+            assert_eq!(ip[7], 64, "hop limit");
+            assert_eq!(&ip[8..24], &from, "from the gateway");
+            assert_eq!(&ip[24..40], &to, "to the sender");
+            let icmp = &out[54..];
+            assert_eq!((icmp[0], icmp[1]), (2, 0), "packet too big");
+            assert_eq!(
+                u32::from_be_bytes([icmp[4], icmp[5], icmp[6], icmp[7]]),
+                1400
+            );
+            let mut pseudo = Vec::new();
+            pseudo.extend_from_slice(&ip[8..40]);
+            pseudo.extend_from_slice(&(icmp.len() as u32).to_be_bytes());
+            pseudo.extend_from_slice(&[0, 0, 0, 58]);
+            assert_eq!(
+                fold(sum16(icmp, sum16(&pseudo, 0))),
+                0xffff,
+                "ICMPv6 checksum"
+            );
+            assert_eq!(&icmp[8..], &f[14..14 + 48], "quote: IPv6 header + 8 bytes");
+        }
+    });
+}
+
+// --- SNAT: ICMP errors back to the VM -----------------------------------------
+
+/// An ICMP error of `icmp_type`/`code` from `from` to the node, quoting
+/// the IP header + 8 bytes of the translated frame `sent`.
+fn icmp_error(from: [u8; 4], icmp_type: u8, code: u8, sent: &[u8]) -> Vec<u8> {
+    let mut v = Vec::new();
+    PacketBuilder::ethernet2(TOR_MAC, UPLINK_MAC)
+        .ipv4(from, NODE_IP, 64)
+        .icmpv4_raw(icmp_type, code, [0; 4])
+        .write(&mut v, &sent[14..14 + 28])
+        .unwrap();
+    v
+}
+
+/// The error translated back: outer to the VM, quoted source the VM's
+/// address and port, every checksum right, the quoted transport header
+/// exactly as the VM sent it.
+fn check_error_back(back: &[u8], vm_frame: &[u8], from: [u8; 4], icmp_type: u8) {
+    let b = checked(back);
+    assert_eq!(b.dst, VM_IP, "outer destination back to the VM");
+    assert_eq!(b.src, from, "outer source untouched");
+    assert_eq!(b.ttl, 63);
+    assert_eq!(b.eth_src, GW_MAC);
+    assert_eq!(b.eth_dst, VM_MAC);
+    let icmp = &back[34..];
+    assert_eq!(icmp[0], icmp_type);
+    let inner = &icmp[8..28];
+    assert_eq!(fold(sum16(inner, 0)), 0xffff, "quoted IPv4 header checksum");
+    assert_eq!(&inner[12..16], &VM_IP, "quoted source: the VM");
+    assert_eq!(&inner[16..20], &EXT_IP);
+    assert_eq!(
+        &icmp[28..36],
+        &vm_frame[34..42],
+        "quoted transport header as the VM sent it (ports, checksum)"
+    );
+}
+
+#[test]
+fn snat_icmp_errors_are_translated_back_to_the_vm() {
+    in_netns(|| {
+        let fx = Fx::new(NET_F_SNAT);
+        let router = [192, 0, 2, 2];
+        // UDP to a closed port: port unreachable from the external host.
+        let vm_udp = udp(VM_MAC, GW_MAC, VM_IP, EXT_IP, 5555, 9);
+        let (v, sent) = fx.egress(&vm_udp);
+        assert_eq!(v, TC_ACT_REDIRECT);
+        let (v, back) = fx.ingress(&icmp_error(EXT_IP, 3, 3, &sent));
+        assert_eq!(v, TC_ACT_REDIRECT, "port unreachable delivered to the VM");
+        check_error_back(&back, &vm_udp, EXT_IP, 3);
+
+        // TCP: host unreachable from a router on the way.
+        let vm_tcp = tcp(VM_MAC, GW_MAC, VM_IP, EXT_IP, 33000, 443);
+        let (_, sent) = fx.egress(&vm_tcp);
+        let (v, back) = fx.ingress(&icmp_error(router, 3, 1, &sent));
+        assert_eq!(v, TC_ACT_REDIRECT);
+        check_error_back(&back, &vm_tcp, router, 3);
+
+        // ICMP echo (traceroute by ping): TTL exceeded from a router.
+        let vm_echo = echo(VM_MAC, GW_MAC, VM_IP, EXT_IP, 0x4242, false);
+        let (_, sent) = fx.egress(&vm_echo);
+        let (v, back) = fx.ingress(&icmp_error(router, 11, 0, &sent));
+        assert_eq!(v, TC_ACT_REDIRECT);
+        check_error_back(&back, &vm_echo, router, 11);
+
+        // An error about a flow this node never translated goes to the host.
+        let mut stranger = sent.clone();
+        stranger[14 + 20 + 4] ^= 0xff;
+        let (v, _) = fx.ingress(&icmp_error(router, 11, 0, &stranger));
+        assert_eq!(v, 0, "unknown flow: TC_ACT_OK to the host stack");
+    });
+}

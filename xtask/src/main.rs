@@ -1,8 +1,9 @@
-//! Project tasks: `cargo xtask setup | build-ebpf | test | demo`.
+//! Project tasks: `cargo xtask setup | build-ebpf | test | demo | bench`.
 //!
 //! Each subcommand lives in its own module; `cmd` runs the tools they shell
 //! out to and names the failing step, `cargo` knows the workspace.
 
+mod bench;
 mod build_ebpf;
 mod cargo;
 mod cmd;
@@ -42,6 +43,14 @@ enum Command {
     /// Build a one-node topology with three VM namespaces, run the agent
     /// and show traffic through the eBPF data path (as root).
     Demo(demo::Options),
+    /// Run the benchmarks (as root; about 10 minutes) and write
+    /// BENCHMARKS.md and BENCHMARKS.png at the repository root.
+    Bench {
+        /// Arguments for the bench (`--runs N`, `--quick`,
+        /// `--only progcost,e2e,control,dhcp`).
+        #[arg(last = true)]
+        args: Vec<String>,
+    },
 }
 
 fn main() -> ExitCode {
@@ -62,5 +71,6 @@ fn run(command: Command) -> Result<()> {
         Command::BuildEbpf => build_ebpf::run().map(|path| println!("{}", path.display())),
         Command::Test { args } => test::run(args),
         Command::Demo(opts) => demo::run(&opts),
+        Command::Bench { args } => bench::run(args),
     }
 }

@@ -24,6 +24,9 @@ const APT_PACKAGES: &[&str] = &[
     "iputils-ping",
     "ethtool",
     "tshark",
+    // The bench: chart labels (BENCHMARKS.png), the masquerade baseline.
+    "fonts-dejavu-core",
+    "nftables",
 ];
 
 const LLVM_PREFIX: &str = "/usr/lib/llvm-22";

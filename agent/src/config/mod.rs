@@ -161,6 +161,9 @@ impl Attachment {
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct Config {
     pub node: Option<Node>,
+    /// Every valid Node document by name, this node's included: the overlay
+    /// needs the other nodes' VTEP addresses.
+    pub nodes: std::collections::BTreeMap<String, Node>,
     pub networks: Vec<Network>,
     pub attachments: Vec<Attachment>,
     pub errors: Vec<ConfigError>,

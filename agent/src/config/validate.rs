@@ -102,8 +102,12 @@ pub fn validate(
 
     for doc in &nodes {
         match node(doc) {
-            Ok(n) if n.name == node_name => cfg.node = Some(n),
-            Ok(_) => {}
+            Ok(n) => {
+                if n.name == node_name {
+                    cfg.node = Some(n.clone());
+                }
+                cfg.nodes.insert(n.name.clone(), n);
+            }
             Err(e) => cfg.errors.push(e),
         }
     }

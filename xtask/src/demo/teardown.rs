@@ -124,19 +124,17 @@ fn remove_pins(bin: Option<&Path>) {
         return;
     }
     match bin {
-        Some(bin) => {
-            let mut c = if netns_exists(topology::NODE_NS) {
-                let mut c = Command::new("nsenter");
-                c.arg(format!("--net=/run/netns/{}", topology::NODE_NS))
-                    .arg(bin);
-                c
-            } else {
-                Command::new(bin)
-            };
+        // --cleanup also removes vmpath's routes and interfaces in the
+        // namespace it runs in: only ever in the demo's node namespace, never
+        // the host's. Without it the pins are removed directly below.
+        Some(bin) if netns_exists(topology::NODE_NS) => {
+            let mut c = Command::new("nsenter");
+            c.arg(format!("--net=/run/netns/{}", topology::NODE_NS)).arg(bin);
             c.args(["agent", "--cleanup", "--bpffs", BPFFS]);
             println!("teardown: {}", cmd::display(&c));
             warn_on_error(cmd::output("teardown: vmpath agent --cleanup", &mut c).map(|_| ()));
         }
+        Some(_) => println!("teardown: node namespace gone; removing {BPFFS} directly"),
         None => println!("teardown: no vmpath binary built; removing {BPFFS} directly"),
     }
     // What --cleanup leaves (the root dir itself), or everything without a

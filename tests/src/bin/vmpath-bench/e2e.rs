@@ -153,7 +153,7 @@ fn tcp_gbps(bed: &Bed, seconds: u32) -> f64 {
 }
 
 /// `Ip: InReceives` of a namespace.
-fn ip_in_receives(ns: &Netns) -> Result<u64> {
+pub fn ip_in_receives(ns: &Netns) -> Result<u64> {
     let snmp = ns.run(&["cat", "/proc/net/snmp"]);
     let mut lines = snmp.lines().filter(|l| l.starts_with("Ip:"));
     let (names, values) = (
@@ -180,15 +180,21 @@ pub fn udp_pps(bed: &Bed, seconds: u64) -> Result<(f64, f64)> {
         VM1_IP,
         VM2_IP,
     );
-    let before = ip_in_receives(&bed.vm2.ns)?;
+    pps(&bed.vm1.ns, &frame, seconds, &bed.vm2.ns)
+}
+
+/// Sends `frame` from `eth0` of `sender` for `seconds` (raw socket,
+/// sendmmsg); (sent, received by `receiver`'s IP layer) per second.
+pub fn pps(sender: &Netns, frame: &[u8], seconds: u64, receiver: &Netns) -> Result<(f64, f64)> {
+    let before = ip_in_receives(receiver)?;
     let stop = AtomicBool::new(false);
-    let ns_path = bed.vm1.ns.path();
+    let ns_path = sender.path();
     let (sent, elapsed) = std::thread::scope(|s| -> Result<(u64, f64)> {
         let h = s.spawn(|| -> Result<u64> {
             util::enter_netns(&ns_path)?;
             let sock = RawSock::open("eth0")?;
             sock.qdisc_bypass();
-            Ok(sock.blast(&frame, 64, &stop))
+            Ok(sock.blast(frame, 64, &stop))
         });
         let t = Instant::now();
         sleep(Duration::from_secs(seconds));
@@ -197,7 +203,7 @@ pub fn udp_pps(bed: &Bed, seconds: u64) -> Result<(f64, f64)> {
         Ok((sent, t.elapsed().as_secs_f64()))
     })?;
     sleep(Duration::from_millis(200));
-    let after = ip_in_receives(&bed.vm2.ns)?;
+    let after = ip_in_receives(receiver)?;
     Ok((sent as f64 / elapsed, (after - before) as f64 / elapsed))
 }
 
@@ -228,7 +234,14 @@ pub fn run(opts: &Options) -> Result<Section> {
             pps[i].push(p / 1e6);
         }
     }
-    let agent_drops: u64 = beds[0].node.maps().drop_counts()?.iter().sum();
+    let drops = beds[0].node.maps().drop_counts()?;
+    let agent_drops: u64 = drops.iter().sum();
+    let drop_names: Vec<String> = drops
+        .iter()
+        .enumerate()
+        .filter(|(_, n)| **n != 0)
+        .map(|(i, n)| format!("{} {n}", vmpath_common::drop_reason::NAMES[i]))
+        .collect();
 
     let mut md = String::new();
     md.push_str(&format!(
@@ -267,9 +280,9 @@ pub fn run(opts: &Options) -> Result<Section> {
         ));
     }
     md.push_str(&format!(
-        "\nDrops counted by the vmpath data path during these runs: {agent_drops}.\n\n\
-         VM to external (vmpath SNAT / routed egress versus Linux routing with nftables \
-         masquerade): not measured here yet, see section 1b.\n"
+        "\nDrops counted by the vmpath data path during these runs: {agent_drops} ({}).\n\n\
+         VM to external: section 2b.\n",
+        drop_names.join(", ")
     ));
     let bars = vec![
         Bar {

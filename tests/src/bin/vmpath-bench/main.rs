@@ -5,6 +5,7 @@
 //! measured in the same run:
 //!   progcost  per-path program cost by BPF_PROG_TEST_RUN
 //!   e2e       VM-to-VM TCP throughput and 64-byte UDP packet rate
+//!   external  VM to external: vmpath SNAT against Linux + nftables masquerade
 //!   control   control plane: programming N attachments, config-to-map latency
 //!   dhcp      DHCP exchanges per second and latency through the slow path
 //!
@@ -14,6 +15,7 @@
 mod control;
 mod dhcp;
 mod e2e;
+mod external;
 mod progcost;
 mod report;
 mod util;
@@ -55,7 +57,7 @@ fn parse_args() -> Result<Args> {
             }
             "-h" | "--help" => {
                 println!(
-                    "vmpath-bench [--out DIR] [--runs N] [--only progcost,e2e,control,dhcp] [--quick]"
+                    "vmpath-bench [--out DIR] [--runs N] [--only progcost,e2e,external,control,dhcp] [--quick]"
                 );
                 std::process::exit(0);
             }
@@ -109,11 +111,26 @@ fn run() -> Result<()> {
                 single_shots: if args.quick { 50_000 } else { 200_000 },
             })
         });
-        step("1b. North-south paths", &|| Ok(progcost::north_south_note()));
+        step("1b. North-south paths (SNAT, routed)", &|| {
+            progcost::north_south(&progcost::Options {
+                runs,
+                repeat: 1_000_000,
+                single_shots: if args.quick { 50_000 } else { 200_000 },
+            })
+        });
     }
     if want("e2e") {
         step("2. End to end between VM namespaces", &|| {
             e2e::run(&e2e::Options {
+                runs,
+                tcp_seconds: if args.quick { 2 } else { 3 },
+                pps_seconds: if args.quick { 1 } else { 2 },
+            })
+        });
+    }
+    if want("external") {
+        step("2b. VM to external: SNAT", &|| {
+            external::run(&external::Options {
                 runs,
                 tcp_seconds: if args.quick { 2 } else { 3 },
                 pps_seconds: if args.quick { 1 } else { 2 },
@@ -130,6 +147,7 @@ fn run() -> Result<()> {
                     vec![1_000, 10_000, 100_000]
                 },
                 latency_samples: if args.quick { 10 } else { 40 },
+                limit: std::time::Duration::from_secs(if args.quick { 30 } else { 420 }),
             })
         });
     }

@@ -65,14 +65,18 @@ pub fn chart(path: &Path, sections: &[Section]) -> Result<()> {
         .map_err(|_| anyhow!("DejaVuSans.ttf is not a usable font"))?;
 
     let panels: Vec<&Section> = sections.iter().filter(|s| !s.bars.is_empty()).collect();
-    let rows: usize = panels.iter().map(|s| s.bars.len() + 2).sum::<usize>().max(1);
+    let rows: usize = panels
+        .iter()
+        .map(|s| s.bars.len() + 2)
+        .sum::<usize>()
+        .max(1);
     let width = 1400u32;
-    let height = (rows as u32 * 34 + 40).max(200);
+    let height = (rows as u32 * 34 + 30 * panels.len() as u32 + 40).max(200);
     let root = BitMapBackend::new(path, (width, height)).into_drawing_area();
     root.fill(&WHITE)?;
     let mut y = 10i32;
     for s in panels {
-        let h = (s.bars.len() as i32 + 2) * 34;
+        let h = (s.bars.len() as i32 + 2) * 34 + 20;
         let area = root.clone().shrink((0, y), (width, h as u32));
         draw_panel(&area, s)?;
         y += h;
@@ -81,20 +85,23 @@ pub fn chart(path: &Path, sections: &[Section]) -> Result<()> {
     Ok(())
 }
 
-fn draw_panel(area: &DrawingArea<BitMapBackend<'_>, plotters::coord::Shift>, s: &Section) -> Result<()> {
+fn draw_panel(
+    area: &DrawingArea<BitMapBackend<'_>, plotters::coord::Shift>,
+    s: &Section,
+) -> Result<()> {
     let max = s
         .bars
         .iter()
         .map(|b| b.ratio)
         .filter(|r| r.is_finite())
         .fold(1.0f64, f64::max)
-        * 1.25;
+        * 1.5;
     let n = s.bars.len();
     let mut chart = ChartBuilder::on(area)
         .caption(&s.title, ("sans-serif", 20))
         .margin(6)
-        .x_label_area_size(22)
-        .y_label_area_size(560)
+        .x_label_area_size(40)
+        .y_label_area_size(430)
         .build_cartesian_2d(0f64..max, 0f64..n as f64)?;
     let labels: Vec<String> = s.bars.iter().map(|b| b.label.clone()).collect();
     chart
@@ -121,7 +128,7 @@ fn draw_panel(area: &DrawingArea<BitMapBackend<'_>, plotters::coord::Shift>, s: 
         )))?;
         chart.draw_series(std::iter::once(Text::new(
             format!("{:.2}x vs {}", b.ratio, b.baseline),
-            (r + max * 0.01, row + 0.35),
+            (r + max * 0.01, row + 0.75),
             ("sans-serif", 13),
         )))?;
     }

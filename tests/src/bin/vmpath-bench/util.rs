@@ -11,7 +11,6 @@ pub struct Summary {
     pub median: f64,
     pub min: f64,
     pub max: f64,
-    pub n: usize,
 }
 
 pub fn summary(samples: &[f64]) -> Summary {
@@ -22,7 +21,6 @@ pub fn summary(samples: &[f64]) -> Summary {
             median: f64::NAN,
             min: f64::NAN,
             max: f64::NAN,
-            n: 0,
         };
     }
     let median = if v.len() % 2 == 1 {
@@ -34,7 +32,6 @@ pub fn summary(samples: &[f64]) -> Summary {
         median,
         min: v[0],
         max: v[v.len() - 1],
-        n: v.len(),
     }
 }
 
@@ -148,7 +145,10 @@ pub fn machine() -> Vec<(String, String)> {
         ("CPU".into(), cpu),
         ("memory".into(), mem),
         ("kernel".into(), get(&["uname", "-r"])),
-        ("date".into(), get(&["date", "-u", "+%Y-%m-%d %H:%M:%S UTC"])),
+        (
+            "date".into(),
+            get(&["date", "-u", "+%Y-%m-%d %H:%M:%S UTC"]),
+        ),
         ("rustc".into(), get(&["rustc", "--version"])),
     ]
 }
@@ -252,10 +252,6 @@ pub fn mac_str(m: &Mac) -> String {
         .join(":")
 }
 
-pub fn ip_str(ip: &Ip4) -> String {
-    format!("{}.{}.{}.{}", ip[0], ip[1], ip[2], ip[3])
-}
-
 // ---------------------------------------------------------------------------
 // Raw sockets
 // ---------------------------------------------------------------------------
@@ -264,7 +260,6 @@ pub fn ip_str(ip: &Ip4) -> String {
 /// namespace.
 pub struct RawSock {
     pub fd: i32,
-    pub ifindex: i32,
 }
 
 impl RawSock {
@@ -296,7 +291,7 @@ impl RawSock {
             unsafe { libc::close(fd) };
             bail!("bind AF_PACKET: {}", std::io::Error::last_os_error());
         }
-        Ok(RawSock { fd, ifindex })
+        Ok(RawSock { fd })
     }
 
     pub fn set_rcv_timeout(&self, ms: u64) {
@@ -330,7 +325,14 @@ impl RawSock {
     }
 
     pub fn send(&self, frame: &[u8]) -> Result<()> {
-        let rc = unsafe { libc::send(self.fd, frame.as_ptr() as *const libc::c_void, frame.len(), 0) };
+        let rc = unsafe {
+            libc::send(
+                self.fd,
+                frame.as_ptr() as *const libc::c_void,
+                frame.len(),
+                0,
+            )
+        };
         if rc < 0 {
             bail!("send: {}", std::io::Error::last_os_error());
         }

@@ -1,0 +1,229 @@
+//! The node's end of the overlay: vmpath's collect-metadata vxlan device
+//! (`vmp-vxlan`, UDP 4789, no learning: the data path sets each frame's
+//! tunnel key itself), its `vxlan_rx` program, and the overlay slot the
+//! VM-port programs read. Made when this node has a Node document (its
+//! `spec.address` is the VTEP address); left alone otherwise.
+
+use std::{
+    ffi::CStr,
+    net::{IpAddr, Ipv4Addr},
+};
+
+use anyhow::{Context as _, Result};
+use rtnetlink::{LinkMessageBuilder, LinkUnspec, LinkVxlan};
+use tracing::{error, info, warn};
+use vmpath_common::{VXLAN_IFNAME, VXLAN_OVERHEAD, VXLAN_PORT};
+
+use crate::{agent::ifindex_of, config::Config, dataplane::Dataplane};
+
+/// MTU of the vxlan device when the underlay interface is not found.
+const DEFAULT_UNDERLAY_MTU: u32 = 1500;
+
+#[derive(Debug, thiserror::Error)]
+pub enum OverlayError {
+    #[error("netlink: {0}")]
+    Netlink(#[from] rtnetlink::Error),
+    #[error("{0}")]
+    Io(#[from] std::io::Error),
+}
+
+/// The interface holding `addr` in this namespace, and its MTU.
+fn underlay_of(addr: Ipv4Addr) -> Option<(String, u32)> {
+    let mut head: *mut libc::ifaddrs = std::ptr::null_mut();
+    if unsafe { libc::getifaddrs(&mut head) } != 0 {
+        return None;
+    }
+    let mut found = None;
+    let mut cur = head;
+    while !cur.is_null() {
+        let ifa = unsafe { &*cur };
+        cur = ifa.ifa_next;
+        if ifa.ifa_addr.is_null()
+            || i32::from(unsafe { (*ifa.ifa_addr).sa_family }) != libc::AF_INET
+        {
+            continue;
+        }
+        let sin = unsafe { &*(ifa.ifa_addr as *const libc::sockaddr_in) };
+        if Ipv4Addr::from(u32::from_be(sin.sin_addr.s_addr)) == addr {
+            let name = unsafe { CStr::from_ptr(ifa.ifa_name) }
+                .to_string_lossy()
+                .into_owned();
+            found = Some(name);
+            break;
+        }
+    }
+    unsafe { libc::freeifaddrs(head) };
+    let name = found?;
+    let mtu = mtu_of(&name).unwrap_or(DEFAULT_UNDERLAY_MTU);
+    Some((name, mtu))
+}
+
+/// SIOCGIFMTU: /sys/class/net would show the host's namespace under
+/// `nsenter --net`.
+fn mtu_of(ifname: &str) -> Option<u32> {
+    let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) };
+    if fd < 0 {
+        return None;
+    }
+    let mut req: libc::ifreq = unsafe { std::mem::zeroed() };
+    for (dst, src) in req
+        .ifr_name
+        .iter_mut()
+        .zip(ifname.bytes().take(libc::IFNAMSIZ - 1))
+    {
+        *dst = src as libc::c_char;
+    }
+    let rc = unsafe { libc::ioctl(fd, libc::SIOCGIFMTU, &mut req) };
+    unsafe { libc::close(fd) };
+    (rc == 0).then(|| unsafe { req.ifr_ifru.ifru_mtu } as u32)
+}
+
+fn block_on<F: std::future::Future<Output = Result<(), OverlayError>>>(
+    f: impl FnOnce(rtnetlink::Handle) -> F,
+) -> Result<(), OverlayError> {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    rt.block_on(async {
+        let (conn, handle, _) = rtnetlink::new_connection()?;
+        tokio::spawn(conn);
+        f(handle).await
+    })
+}
+
+/// Makes `vmp-vxlan` if it is missing, sets its MTU and brings it up.
+/// Returns its ifindex.
+pub fn ensure_device(local: Option<Ipv4Addr>, mtu: u32) -> Result<u32> {
+    if ifindex_of(VXLAN_IFNAME).is_none() {
+        block_on(|handle| async move {
+            let mut msg = LinkMessageBuilder::<LinkVxlan>::new(VXLAN_IFNAME)
+                .collect_metadata(true)
+                .port(VXLAN_PORT)
+                .learning(false)
+                .ttl(64);
+            if let Some(local) = local {
+                msg = msg.local(local);
+            }
+            handle
+                .link()
+                .add(msg.mtu(mtu).up().build())
+                .execute()
+                .await?;
+            Ok(())
+        })
+        .with_context(|| format!("creating {VXLAN_IFNAME} (external, UDP {VXLAN_PORT})"))?;
+        info!(
+            ifname = VXLAN_IFNAME,
+            ?local,
+            mtu,
+            "created the overlay's vxlan device"
+        );
+    }
+    let index = ifindex_of(VXLAN_IFNAME)
+        .with_context(|| format!("{VXLAN_IFNAME} vanished after creation"))?;
+    // The device outlives agents; an adopted one gets this agent's MTU.
+    if mtu_of(VXLAN_IFNAME) != Some(mtu) || !is_up(VXLAN_IFNAME) {
+        block_on(|handle| async move {
+            handle
+                .link()
+                .set(LinkUnspec::new_with_index(index).mtu(mtu).up().build())
+                .execute()
+                .await?;
+            Ok(())
+        })
+        .with_context(|| format!("setting {VXLAN_IFNAME} up with MTU {mtu}"))?;
+    }
+    Ok(index)
+}
+
+fn is_up(ifname: &str) -> bool {
+    let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) };
+    if fd < 0 {
+        return false;
+    }
+    let mut req: libc::ifreq = unsafe { std::mem::zeroed() };
+    for (dst, src) in req
+        .ifr_name
+        .iter_mut()
+        .zip(ifname.bytes().take(libc::IFNAMSIZ - 1))
+    {
+        *dst = src as libc::c_char;
+    }
+    let rc = unsafe { libc::ioctl(fd, libc::SIOCGIFFLAGS, &mut req) };
+    unsafe { libc::close(fd) };
+    rc == 0 && (unsafe { req.ifr_ifru.ifru_flags } as i32 & libc::IFF_UP) != 0
+}
+
+/// Deletes `vmp-vxlan` (`vmpath agent --cleanup`).
+pub fn remove_device() -> Result<()> {
+    let Some(index) = ifindex_of(VXLAN_IFNAME) else {
+        return Ok(());
+    };
+    block_on(|handle| async move {
+        handle.link().del(index).execute().await?;
+        Ok(())
+    })
+    .with_context(|| format!("deleting {VXLAN_IFNAME}"))?;
+    info!("removed the overlay's vxlan device {VXLAN_IFNAME}");
+    Ok(())
+}
+
+/// Keeps the vxlan device, its program and the overlay slot in step with
+/// the config, once per reconcile.
+#[derive(Default)]
+pub struct Overlay {
+    /// (ifindex, local VTEP address written to the data path).
+    attached: Option<(u32, [u8; 4])>,
+    /// The last error, logged once until it changes.
+    last_error: Option<String>,
+}
+
+impl Overlay {
+    pub fn tick(&mut self, dp: &mut Dataplane, cfg: &Config) {
+        let Some(node) = &cfg.node else {
+            return;
+        };
+        let IpAddr::V4(address) = node.address else {
+            if self.last_error.is_none() {
+                warn!(address = %node.address, "IPv6 VTEP addresses are not supported yet: no overlay");
+                self.last_error = Some("ipv6".into());
+            }
+            return;
+        };
+        // Source encapsulated frames from the node address only when it is
+        // configured here (else the kernel's route lookup would refuse it).
+        let underlay = underlay_of(address);
+        let local = underlay.as_ref().map(|_| address);
+        let mtu = underlay
+            .as_ref()
+            .map_or(DEFAULT_UNDERLAY_MTU, |(_, m)| *m)
+            .saturating_sub(VXLAN_OVERHEAD)
+            .max(576);
+        let result = ensure_device(local, mtu).and_then(|ifindex| {
+            let local4 = local.map_or([0; 4], |a| a.octets());
+            if self.attached != Some((ifindex, local4)) {
+                dp.attach_vxlan(VXLAN_IFNAME, ifindex, local4)?;
+                self.attached = Some((ifindex, local4));
+                info!(
+                    ifindex,
+                    local = ?local,
+                    underlay = ?underlay.as_ref().map(|(n, _)| n),
+                    mtu,
+                    "overlay ready"
+                );
+            }
+            Ok(())
+        });
+        match result {
+            Ok(()) => self.last_error = None,
+            Err(e) => {
+                let msg = format!("{e:#}");
+                if self.last_error.as_ref() != Some(&msg) {
+                    error!("overlay not available: {msg}");
+                    self.last_error = Some(msg);
+                }
+                self.attached = None;
+            }
+        }
+    }
+}

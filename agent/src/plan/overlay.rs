@@ -1,0 +1,191 @@
+//! Desired overlay state: where the VMs of other nodes live, and which
+//! nodes host each network. Every node reads the same documents, so every
+//! node computes the same picture of the others.
+//!
+//! A remote VM is reachable by MAC only when every node knows that MAC:
+//! given in the Attachment, or generated (deterministic from the VM's
+//! identity). A MAC detected from traffic is known only on the hosting
+//! node (it lives in that node's claims), so other nodes reach such a VM
+//! by flooding (unknown unicast goes to every node of the network, and
+//! the hosting node delivers it), not by a direct endpoint entry.
+
+use std::net::IpAddr;
+
+use vmpath_common::{ENDPOINT_REMOTE, Endpoint, EndpointKey, MAX_FLOOD_NODES};
+
+use super::Plan;
+use crate::config::{Config, model::MacPolicy};
+
+pub fn overlay(cfg: &Config, node: &str, plan: &mut Plan) {
+    let own = cfg.nodes.get(node).map(|n| n.address);
+    for att in &cfg.attachments {
+        let host = att.active_node();
+        if host == node {
+            continue;
+        }
+        let Some(net) = cfg.network(&att.network) else {
+            continue;
+        };
+        let Some(remote) = cfg.nodes.get(host) else {
+            plan.problems.push(format!(
+                "attachment {} on node {host:?}: no Node document for that node, so it is not reachable over the overlay",
+                att.key
+            ));
+            continue;
+        };
+        let ip4 = match remote.address {
+            IpAddr::V4(a) => a.octets(),
+            IpAddr::V6(_) => {
+                plan.problems.push(format!(
+                    "node {host:?}: IPv6 VTEP address {} is not supported yet; attachment {} is not reachable over the overlay",
+                    remote.address, att.key
+                ));
+                continue;
+            }
+        };
+        if Some(remote.address) == own {
+            plan.problems.push(format!(
+                "node {host:?} has this node's address {}: attachment {} is not reachable over the overlay",
+                remote.address, att.key
+            ));
+            continue;
+        }
+
+        let list = plan.flood_remote.entry(net.id).or_default();
+        if !list.node_ip4[..list.count as usize].contains(&ip4) {
+            if list.count as usize >= MAX_FLOOD_NODES {
+                plan.problems.push(format!(
+                    "network {:?} spans more than {MAX_FLOOD_NODES} other nodes: node {host:?} gets no floods",
+                    net.name
+                ));
+            } else {
+                list.node_ip4[list.count as usize] = ip4;
+                list.count += 1;
+            }
+        }
+
+        // Detected MACs are only known on the hosting node (see above).
+        let known = match att.mac_resolved {
+            Some((mac, _)) if att.mac.is_some() || att.mac_policy == MacPolicy::Generate => {
+                Some(mac)
+            }
+            _ => None,
+        };
+        if let Some(mac) = known {
+            // A local port with the same MAC wins (validation refuses such
+            // collisions; this only keeps a local VM reachable meanwhile).
+            plan.endpoints
+                .entry(EndpointKey {
+                    network: net.id,
+                    mac,
+                    _pad: [0; 2],
+                })
+                .or_insert(Endpoint {
+                    kind: ENDPOINT_REMOTE,
+                    ifindex: 0,
+                    node_ip4: ip4,
+                    _pad: 0,
+                });
+        }
+    }
+    // Keep the lists in a stable order, whatever the document order.
+    for list in plan.flood_remote.values_mut() {
+        list.node_ip4[..list.count as usize].sort_unstable();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config;
+
+    const DOCS: &str = "
+apiVersion: vmpath.dev/v1alpha1
+kind: Node
+metadata: {name: a}
+spec: {address: 192.0.2.1}
+---
+apiVersion: vmpath.dev/v1alpha1
+kind: Node
+metadata: {name: b}
+spec: {address: 192.0.2.2}
+---
+apiVersion: vmpath.dev/v1alpha1
+kind: Network
+metadata: {name: blue}
+spec: {id: 100, subnets: [10.20.0.0/16], ipam: {mode: Disabled}}
+---
+apiVersion: vmpath.dev/v1alpha1
+kind: Attachment
+metadata: {name: vm1, namespace: prod}
+spec: {vm: vm1, interface: eth0, network: blue, node: a, port: p1, mac: '52:54:00:00:00:01'}
+---
+apiVersion: vmpath.dev/v1alpha1
+kind: Attachment
+metadata: {name: vm2, namespace: prod}
+spec: {vm: vm2, interface: eth0, network: blue, node: b, port: p2, mac: '52:54:00:00:00:02'}
+---
+apiVersion: vmpath.dev/v1alpha1
+kind: Attachment
+metadata: {name: vm3, namespace: prod}
+spec: {vm: vm3, interface: eth0, network: blue, node: b, port: p3}
+---
+apiVersion: vmpath.dev/v1alpha1
+kind: Attachment
+metadata: {name: vm4, namespace: prod}
+spec: {vm: vm4, interface: eth0, network: blue, node: c, port: p4, mac: '52:54:00:00:00:04'}
+";
+
+    fn plan_for(node: &str) -> Plan {
+        let dir =
+            std::env::temp_dir().join(format!("vmpath-plan-overlay-{}-{node}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("c.yaml"), DOCS).unwrap();
+        let snap = config::source::read_dir(&dir);
+        let _ = std::fs::remove_dir_all(&dir);
+        let mut cfg = config::validate(&snap, node, &Default::default());
+        let _ = crate::ipam::assign(&mut cfg, &Default::default());
+        super::super::plan(&cfg, node, |_| Some(7))
+    }
+
+    #[test]
+    fn remote_attachments_become_remote_endpoints_and_flood_nodes() {
+        let plan = plan_for("a");
+        let ep = plan.endpoints[&EndpointKey {
+            network: 100,
+            mac: [0x52, 0x54, 0, 0, 0, 2],
+            _pad: [0; 2],
+        }];
+        assert_eq!(ep.kind, ENDPOINT_REMOTE);
+        assert_eq!(ep.node_ip4, [192, 0, 2, 2]);
+        // vm3's MAC is to be detected: only node b will know it.
+        assert_eq!(
+            plan.endpoints
+                .values()
+                .filter(|e| e.kind == ENDPOINT_REMOTE)
+                .count(),
+            1
+        );
+        let list = plan.flood_remote[&100];
+        assert_eq!(list.count, 1, "node b once, however many VMs it hosts");
+        assert_eq!(list.node_ip4[0], [192, 0, 2, 2]);
+        // Node c has no Node document.
+        assert!(
+            plan.problems.iter().any(|p| p.contains("vm4")),
+            "{:?}",
+            plan.problems
+        );
+    }
+
+    #[test]
+    fn every_node_sees_the_others() {
+        let plan = plan_for("b");
+        let ep = plan.endpoints[&EndpointKey {
+            network: 100,
+            mac: [0x52, 0x54, 0, 0, 0, 1],
+            _pad: [0; 2],
+        }];
+        assert_eq!((ep.kind, ep.node_ip4), (ENDPOINT_REMOTE, [192, 0, 2, 1]));
+        assert_eq!(plan.flood_remote[&100].count, 1);
+    }
+}

@@ -1,0 +1,220 @@
+//! The overlay between nodes: VXLAN through vmpath's collect-metadata
+//! vxlan device. The data path only sets the tunnel key (VNI = network id,
+//! remote = the node's VTEP address) and redirects; the kernel's vxlan
+//! driver builds the outer headers, so the wire format is Linux's own.
+//!
+//! `vm_remote` is a tail call from `vm_port`: `bpf_tunnel_key` would not
+//! fit on the VM-port program's nearly full stack.
+
+use aya_ebpf::{
+    bindings::{BPF_F_ZERO_CSUM_TX, TC_ACT_REDIRECT, TC_ACT_SHOT, bpf_tunnel_key},
+    btf_maps::{Array, HashMap, PerCpuArray},
+    helpers::generated::{bpf_clone_redirect, bpf_redirect, bpf_skb_set_tunnel_key},
+    macros::{btf_map, classifier},
+    programs::TcContext,
+};
+use network_types::eth::EthHdr;
+use vmpath_common::{
+    ENDPOINT_REMOTE, EndpointKey, MAX_FLOOD_NODES, MAX_NETWORKS, OverlayConfig, PortStats,
+    RemoteFloodList, drop_reason,
+};
+
+use crate::{
+    counters,
+    fwd::Verdict,
+    maps::{ENDPOINTS, PORTS},
+    parse::{is_multicast, ptr_at},
+    route::PROGS,
+};
+
+/// Slot of `vm_remote` in `vmp_progs` (slot 0 is `vm_egress`).
+pub const PROG_VM_REMOTE: u32 = 1;
+
+/// Outer TTL of encapsulated frames.
+const TUNNEL_TTL: u8 = 64;
+
+/// network id -> remote nodes hosting it.
+#[btf_map(name = "vmp_flood_remote")]
+pub static FLOOD_REMOTE: HashMap<u32, RemoteFloodList, { MAX_NETWORKS as usize }> = HashMap::new();
+
+/// Slot 0: the vxlan device; ifindex 0 while it is not set up.
+#[btf_map(name = "vmp_overlay")]
+pub static OVERLAY: Array<OverlayConfig, 1> = Array::new();
+
+/// Slot 0: `tx` = frames sent to remote nodes, `rx` = frames received from
+/// them, `drops` = overlay drops (also counted by reason in `vmp_drops`).
+#[btf_map(name = "vmp_overlay_stats")]
+pub static OVERLAY_STATS: PerCpuArray<PortStats, 1> = PerCpuArray::new();
+
+/// Does any other node host `network`?
+#[inline(always)]
+pub fn has_remote(network: u32) -> bool {
+    unsafe { FLOOD_REMOTE.get(&network) }.is_some_and(|l| l.count != 0)
+}
+
+/// Is `ip` one of the nodes hosting `network`?
+#[inline(always)]
+pub fn is_remote_node(network: u32, ip: [u8; 4]) -> bool {
+    let Some(list) = (unsafe { FLOOD_REMOTE.get(&network) }) else {
+        return false;
+    };
+    let want = u32::from_ne_bytes(ip);
+    let count = list.count as usize;
+    let mut i = 0usize;
+    while i < MAX_FLOOD_NODES {
+        if i >= count {
+            break;
+        }
+        if u32::from_ne_bytes(list.node_ip4[i]) == want {
+            return true;
+        }
+        i += 1;
+    }
+    false
+}
+
+/// On to `vm_remote` (unicast to a remote MAC, or the remote copies of a
+/// flood).
+#[inline(always)]
+pub fn to_remote(ctx: &TcContext) -> Verdict {
+    unsafe { PROGS.tail_call(ctx, PROG_VM_REMOTE) };
+    // Only reached when the slot is empty (agent still starting).
+    Err(drop_reason::OVERLAY_DOWN)
+}
+
+#[inline(always)]
+pub fn count_rx(bytes: u32) {
+    if let Some(s) = OVERLAY_STATS.get_ptr_mut(0) {
+        unsafe {
+            (*s).rx_packets += 1;
+            (*s).rx_bytes += u64::from(bytes);
+        }
+    }
+}
+
+#[inline(always)]
+fn count_tx(bytes: u32) {
+    if let Some(s) = OVERLAY_STATS.get_ptr_mut(0) {
+        unsafe {
+            (*s).tx_packets += 1;
+            (*s).tx_bytes += u64::from(bytes);
+        }
+    }
+}
+
+#[inline(always)]
+pub fn count_drop() {
+    if let Some(s) = OVERLAY_STATS.get_ptr_mut(0) {
+        unsafe { (*s).drops += 1 };
+    }
+}
+
+/// tcx ingress on a VM port, reached by tail call from `vm_port` once it
+/// decided the frame (or a copy of it) goes to other nodes. Port security
+/// and local delivery have run already.
+#[classifier]
+pub fn vm_remote(ctx: TcContext) -> i32 {
+    let ifindex = unsafe { (*ctx.skb.skb).ifindex };
+    match try_vm_remote(&ctx, ifindex) {
+        Ok(action) => action,
+        Err(reason) => {
+            counters::count_drop(ifindex, reason);
+            count_drop();
+            TC_ACT_SHOT
+        }
+    }
+}
+
+#[inline(always)]
+fn try_vm_remote(ctx: &TcContext, ifindex: u32) -> Verdict {
+    let Some(port) = (unsafe { PORTS.get(&ifindex) }) else {
+        return Err(drop_reason::UNKNOWN_PORT);
+    };
+    let network = port.network;
+    let Some(cfg) = OVERLAY.get(0) else {
+        return Err(drop_reason::OVERLAY_DOWN);
+    };
+    let (vxlan, local) = (cfg.vxlan_ifindex, cfg.local_ip4);
+    if vxlan == 0 {
+        return Err(drop_reason::OVERLAY_DOWN);
+    }
+    let eth: *const EthHdr = ptr_at(ctx, 0)?;
+    let dst = unsafe { (*eth).dst_addr };
+    let mut key: bpf_tunnel_key = unsafe { core::mem::zeroed() };
+    key.tunnel_id = network;
+    key.tunnel_ttl = TUNNEL_TTL;
+    key.__bindgen_anon_3.local_ipv4 = u32::from_be_bytes(local);
+
+    if !is_multicast(&dst) {
+        let ep_key = EndpointKey {
+            network,
+            mac: dst,
+            _pad: [0; 2],
+        };
+        if let Some(ep) = unsafe { ENDPOINTS.get(&ep_key) } {
+            if ep.kind == ENDPOINT_REMOTE {
+                set_remote(ctx, &mut key, ep.node_ip4)?;
+                count_tx(ctx.len());
+                return redirected(unsafe { bpf_redirect(vxlan, 0) });
+            }
+        }
+    }
+
+    // Broadcast, multicast, unknown unicast: one copy per remote node, the
+    // original to the last one.
+    let Some(list) = (unsafe { FLOOD_REMOTE.get(&network) }) else {
+        return Err(drop_reason::NO_DESTINATION);
+    };
+    let count = list.count as usize;
+    if count == 0 || count > MAX_FLOOD_NODES {
+        return Err(drop_reason::NO_DESTINATION);
+    }
+    let len = ctx.len();
+    let mut i = 0usize;
+    while i + 1 < MAX_FLOOD_NODES {
+        if i + 1 >= count {
+            break;
+        }
+        set_remote(ctx, &mut key, list.node_ip4[i])?;
+        if unsafe { bpf_clone_redirect(ctx.skb.skb, vxlan, 0) } == 0 {
+            count_tx(len);
+        }
+        i += 1;
+    }
+    if i >= MAX_FLOOD_NODES {
+        return Err(drop_reason::NO_DESTINATION);
+    }
+    set_remote(ctx, &mut key, list.node_ip4[i])?;
+    count_tx(len);
+    redirected(unsafe { bpf_redirect(vxlan, 0) })
+}
+
+/// Points the frame's tunnel key at `node_ip4`. Each copy of a flood gets
+/// its own: the key lives in the skb's metadata, and a clone is
+/// encapsulated before `bpf_clone_redirect` returns.
+#[inline(always)]
+fn set_remote(ctx: &TcContext, key: &mut bpf_tunnel_key, node_ip4: [u8; 4]) -> Result<(), u32> {
+    key.__bindgen_anon_1.remote_ipv4 = u32::from_be_bytes(node_ip4);
+    let rc = unsafe {
+        bpf_skb_set_tunnel_key(
+            ctx.skb.skb,
+            key,
+            core::mem::size_of::<bpf_tunnel_key>() as u32,
+            // Zero outer UDP checksum, as Linux vxlan devices send by default.
+            u64::from(BPF_F_ZERO_CSUM_TX),
+        )
+    };
+    if rc != 0 {
+        return Err(drop_reason::HELPER_FAILED);
+    }
+    Ok(())
+}
+
+#[inline(always)]
+fn redirected(rc: i64) -> Verdict {
+    if rc == i64::from(TC_ACT_REDIRECT) {
+        Ok(TC_ACT_REDIRECT)
+    } else {
+        Err(drop_reason::HELPER_FAILED)
+    }
+}

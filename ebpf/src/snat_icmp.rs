@@ -1,0 +1,150 @@
+//! ICMP errors for SNAT flows (destination unreachable, time exceeded,
+//! parameter problem), arriving on the uplink addressed to the node's SNAT
+//! address and quoting the translated packet: translated back and
+//! delivered to the VM. The outer destination, the quoted source address
+//! and source port (or ICMP echo id) go back to the VM's; the outer and
+//! quoted IP header checksums, the quoted transport checksum (when quoted)
+//! and the ICMP checksum over all of it are fixed incrementally.
+
+use aya_ebpf::{helpers::generated::bpf_ktime_get_ns, programs::TcContext};
+use network_types::{eth::EthHdr, ip::Ipv4Hdr};
+use vmpath_common::{NatKey, SnatConfig, drop_reason};
+
+use crate::{
+    csum,
+    fwd::deliver_local,
+    parse::{ETH_LEN, IPPROTO_ICMP, IPPROTO_UDP, ptr_at},
+    snat::{SNAT_IN, expired, reply_key},
+};
+
+const IPPROTO_TCP: u8 = 6;
+const ICMP_DEST_UNREACH: u8 = 3;
+const ICMP_TIME_EXCEEDED: u8 = 11;
+const ICMP_PARAMETER_PROB: u8 = 12;
+const ICMP_ECHO_REQUEST: u8 = 8;
+
+/// The ICMP error at `l4_off` (outer destination the SNAT address), or
+/// `Ok(None)` when it is not one for a SNAT flow of this node.
+#[inline(always)]
+pub fn ingress4(ctx: &TcContext, cfg: &SnatConfig, l4_off: usize) -> Result<Option<i32>, u32> {
+    let icmp: *const [u8; 8] = ptr_at(ctx, l4_off)?;
+    let icmp_type = unsafe { (*icmp)[0] };
+    if icmp_type != ICMP_DEST_UNREACH
+        && icmp_type != ICMP_TIME_EXCEEDED
+        && icmp_type != ICMP_PARAMETER_PROB
+    {
+        return Ok(None);
+    }
+    let in_ip = l4_off + 8;
+    let Ok(iip) = ptr_at::<Ipv4Hdr>(ctx, in_ip) else {
+        return Ok(None);
+    };
+    let (ivihl, isrc, idst, iproto) =
+        unsafe { ((*iip).vihl, (*iip).src_addr, (*iip).dst_addr, (*iip).proto) };
+    let ihl = usize::from(ivihl & 0x0f) * 4;
+    if isrc != cfg.addr4 || !(Ipv4Hdr::LEN..=60).contains(&ihl) {
+        return Ok(None);
+    }
+    let in_l4 = in_ip + ihl;
+    let Ok(q) = ptr_at::<[u8; 8]>(ctx, in_l4) else {
+        return Ok(None);
+    };
+    let q = unsafe { *q };
+    // The quoted packet left from (SNAT address, NAT port) to (remote,
+    // remote port): its reply would carry the key SNAT_IN holds.
+    let (nat_port, remote_port, port_off, check_off) = match iproto {
+        IPPROTO_TCP => (be(q[0], q[1]), be(q[2], q[3]), in_l4, in_l4 + 16),
+        IPPROTO_UDP => (be(q[0], q[1]), be(q[2], q[3]), in_l4, in_l4 + 6),
+        IPPROTO_ICMP if q[0] == ICMP_ECHO_REQUEST => {
+            let id = be(q[4], q[5]);
+            (id, id, in_l4 + 4, in_l4 + 2)
+        }
+        _ => return Ok(None),
+    };
+    let key: NatKey = reply_key(idst, cfg.addr4, remote_port, nat_port, iproto);
+    let Some(e) = (unsafe { SNAT_IN.get(&key) }) else {
+        return Ok(None);
+    };
+    let e = *e;
+    let now = unsafe { bpf_ktime_get_ns() };
+    if expired(cfg, &e, iproto, now) {
+        return Ok(None);
+    }
+
+    // Outer header: destination back to the VM, TTL down by one.
+    let ip: *mut Ipv4Hdr = ptr_at(ctx, ETH_LEN)?;
+    unsafe {
+        let ip = &mut *ip;
+        if ip.ttl <= 1 {
+            return Err(drop_reason::ROUTE_TTL_EXCEEDED);
+        }
+        let mut c = be16(ip.check);
+        c = replace_addr(c, ip.dst_addr, e.addr);
+        let old = (u16::from(ip.ttl) << 8) | u16::from(ip.proto);
+        ip.ttl -= 1;
+        c = csum::replace16(c, old, (u16::from(ip.ttl) << 8) | u16::from(ip.proto));
+        ip.check = c.to_be_bytes();
+        ip.dst_addr = e.addr;
+    }
+
+    // Quoted packet, then the ICMP checksum over every change in it.
+    let check_at = l4_off + 2;
+    let ic: *mut [u8; 2] = ptr_at(ctx, check_at)?;
+    let mut icmp_check = be16(unsafe { *ic });
+    let iip: *mut Ipv4Hdr = ptr_at(ctx, in_ip)?;
+    unsafe {
+        let iip = &mut *iip;
+        let old_c = be16(iip.check);
+        let new_c = replace_addr(old_c, isrc, e.addr);
+        icmp_check = replace_addr(icmp_check, isrc, e.addr);
+        icmp_check = csum::replace16(icmp_check, old_c, new_c);
+        iip.check = new_c.to_be_bytes();
+        iip.src_addr = e.addr;
+    }
+    // The quoted transport checksum, when quoted (UDP 0 means none): TCP
+    // and UDP cover the pseudo header (address) and the port, ICMP echo
+    // only its id.
+    if let Ok(tc) = ptr_at::<[u8; 2]>(ctx, check_off) {
+        let old_t = be16(unsafe { *tc });
+        if !(iproto == IPPROTO_UDP && old_t == 0) {
+            let mut new_t = csum::replace16(old_t, nat_port, e.port);
+            if iproto != IPPROTO_ICMP {
+                new_t = replace_addr(new_t, isrc, e.addr);
+            }
+            if iproto == IPPROTO_UDP && new_t == 0 {
+                new_t = 0xffff;
+            }
+            icmp_check = csum::replace16(icmp_check, old_t, new_t);
+            unsafe { *tc = new_t.to_be_bytes() };
+        }
+    }
+    let p: *mut [u8; 2] = ptr_at(ctx, port_off)?;
+    unsafe { *p = e.port.to_be_bytes() };
+    icmp_check = csum::replace16(icmp_check, nat_port, e.port);
+    let ic: *mut [u8; 2] = ptr_at(ctx, check_at)?;
+    unsafe { *ic = icmp_check.to_be_bytes() };
+
+    let eth: *mut EthHdr = ptr_at(ctx, 0)?;
+    unsafe {
+        (*eth).src_addr = e.gw_mac;
+        (*eth).dst_addr = e.vm_mac;
+    }
+    deliver_local(ctx, e.ifindex).map(Some)
+}
+
+#[inline(always)]
+fn be(a: u8, b: u8) -> u16 {
+    u16::from_be_bytes([a, b])
+}
+
+#[inline(always)]
+fn be16(b: [u8; 2]) -> u16 {
+    u16::from_be_bytes(b)
+}
+
+/// A checksum after a 4-byte address it covers changed.
+#[inline(always)]
+fn replace_addr(check: u16, old: [u8; 4], new: [u8; 4]) -> u16 {
+    let c = csum::replace16(check, be(old[0], old[1]), be(new[0], new[1]));
+    csum::replace16(c, be(old[2], old[3]), be(new[2], new[3]))
+}
