@@ -265,22 +265,19 @@ impl Maps {
     /// A port's counters summed over CPUs.
     pub fn port_stats(&self, ifindex: u32) -> Result<Option<PortStats>> {
         match self.port_stats.get(&ifindex, 0) {
-            Ok(values) => Ok(Some(values.iter().fold(
-                PortStats::default(),
-                |mut acc, s| {
-                    acc.rx_packets += s.rx_packets;
-                    acc.rx_bytes += s.rx_bytes;
-                    acc.tx_packets += s.tx_packets;
-                    acc.tx_bytes += s.tx_bytes;
-                    acc.drops += s.drops;
-                    acc.gw_replies += s.gw_replies;
-                    acc
-                },
-            ))),
+            Ok(values) => Ok(Some(sum_per_cpu(&values))),
             Err(aya::maps::MapError::KeyNotFound) => Ok(None),
             Err(e) => Err(e.into()),
         }
     }
+}
+
+/// Per-CPU counters summed.
+pub fn sum_per_cpu(values: &PerCpuValues<PortStats>) -> PortStats {
+    values.iter().fold(PortStats::default(), |mut acc, s| {
+        acc.add(s);
+        acc
+    })
 }
 
 pub struct Dataplane {

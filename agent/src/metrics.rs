@@ -253,6 +253,32 @@ pub fn render(view: &View, maps: Option<&Maps>) -> Result<String> {
                 .with_label_values(&labels)
                 .inc_by(stats.gw_replies);
         }
+
+        // The overlay: frames to and from other nodes, and its drops.
+        if let Ok(o) = maps.overlay_stats() {
+            let packets = counter_vec(
+                &r,
+                "vmpath_overlay_packets_total",
+                "Frames sent to (tx) and received from (rx) other nodes over VXLAN.",
+                &["direction"],
+            )?;
+            let bytes = counter_vec(
+                &r,
+                "vmpath_overlay_bytes_total",
+                "Bytes sent to (tx) and received from (rx) other nodes over VXLAN.",
+                &["direction"],
+            )?;
+            packets.with_label_values(&["tx"]).inc_by(o.tx_packets);
+            packets.with_label_values(&["rx"]).inc_by(o.rx_packets);
+            bytes.with_label_values(&["tx"]).inc_by(o.tx_bytes);
+            bytes.with_label_values(&["rx"]).inc_by(o.rx_bytes);
+            let drops = IntCounter::new(
+                "vmpath_overlay_drops_total",
+                "Overlay frames dropped (see vmpath_drops_total for reasons).",
+            )?;
+            drops.inc_by(o.drops);
+            r.register(Box::new(drops))?;
+        }
     }
 
     let mut buf = Vec::new();

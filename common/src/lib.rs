@@ -273,6 +273,18 @@ pub struct PortStats {
 }
 const _: () = assert!(size_of::<PortStats>() == 48);
 
+impl PortStats {
+    /// Adds another CPU's counters (userspace sums per-CPU values).
+    pub fn add(&mut self, other: &PortStats) {
+        self.rx_packets += other.rx_packets;
+        self.rx_bytes += other.rx_bytes;
+        self.tx_packets += other.tx_packets;
+        self.tx_bytes += other.tx_bytes;
+        self.drops += other.drops;
+        self.gw_replies += other.gw_replies;
+    }
+}
+
 /// Why the data path dropped a frame: the index into the `vmp_drops` per-CPU
 /// array. Plain integers so they cross into the kernel unchanged.
 pub mod drop_reason {

@@ -157,6 +157,20 @@ fn vms_on_two_nodes_ping_v4_and_v6_over_vxlan() {
             node.name
         );
     }
+    // ...and /metrics shows them (the agent's default address, in its netns).
+    let metrics = bed.a.ns.run(&[
+        "curl",
+        "-sfS",
+        "--max-time",
+        "5",
+        "http://127.0.0.1:9469/metrics",
+    ]);
+    let tx = metrics
+        .lines()
+        .find(|l| l.starts_with("vmpath_overlay_packets_total{direction=\"tx\"}"))
+        .unwrap_or_else(|| panic!("no overlay tx counter:\n{metrics}"));
+    let n: u64 = tx.rsplit(' ').next().unwrap().parse().unwrap();
+    assert!(n >= 3, "{tx}");
     // The device is what the agent promised: external, port 4789, no learning.
     let dev = bed
         .a

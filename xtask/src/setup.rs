@@ -22,6 +22,8 @@ const APT_PACKAGES: &[&str] = &[
     "bird2",
     "arping",
     "iputils-ping",
+    "iputils-tracepath",
+    "curl",
     "ethtool",
     "tshark",
     // The bench: chart labels (BENCHMARKS.png), the masquerade baseline.

@@ -91,13 +91,6 @@ impl super::Maps {
     /// `rx` received from them, `drops` of either.
     pub fn overlay_stats(&self) -> Result<PortStats> {
         let values: PerCpuValues<PortStats> = self.overlay_stats.get(&0, 0)?;
-        Ok(values.iter().fold(PortStats::default(), |mut acc, s| {
-            acc.rx_packets += s.rx_packets;
-            acc.rx_bytes += s.rx_bytes;
-            acc.tx_packets += s.tx_packets;
-            acc.tx_bytes += s.tx_bytes;
-            acc.drops += s.drops;
-            acc
-        }))
+        Ok(super::sum_per_cpu(&values))
     }
 }
