@@ -192,8 +192,13 @@ pub type ClaimChanges = BTreeMap<String, Option<Claim>>;
 pub fn assign(cfg: &mut Config, claims: &BTreeMap<String, Claim>) -> ClaimChanges {
     let mut changes = ClaimChanges::new();
     let mut live: BTreeMap<String, Claim> = BTreeMap::new();
+    let in_documents: HashSet<String> = cfg
+        .keys_in_documents
+        .iter()
+        .map(|k| k.to_string())
+        .collect();
     for (key, claim) in claims {
-        if cfg.keys_in_documents.iter().any(|k| &k.to_string() == key) {
+        if in_documents.contains(key) {
             live.insert(key.clone(), claim.clone());
         } else {
             changes.insert(key.clone(), None);
@@ -252,8 +257,16 @@ pub fn assign(cfg: &mut Config, claims: &BTreeMap<String, Claim>) -> ClaimChange
     }
 
     let networks = cfg.networks.clone();
+    let net_by_name: HashMap<&str, &Network> =
+        networks.iter().map(|n| (n.name.as_str(), n)).collect();
+    // Addresses taken per network, kept as allocation proceeds (rebuilding
+    // it per attachment would be quadratic).
+    let mut taken: HashMap<String, HashSet<IpAddr>> = HashMap::new();
+    for (net, ip) in held.keys() {
+        taken.entry(net.clone()).or_default().insert(*ip);
+    }
     for a in cfg.attachments.iter_mut() {
-        let Some(net) = networks.iter().find(|n| n.name == a.network) else {
+        let Some(net) = net_by_name.get(a.network.as_str()) else {
             continue;
         };
         let key = a.key.to_string();
@@ -288,17 +301,15 @@ pub fn assign(cfg: &mut Config, claims: &BTreeMap<String, Claim>) -> ClaimChange
                     else {
                         continue;
                     };
-                    let taken: HashSet<IpAddr> = held
-                        .iter()
-                        .filter(|((n, _), _)| n == &a.network)
-                        .map(|((_, ip), _)| *ip)
-                        .collect();
+
                     let seed = fnv1a(&[key.as_bytes(), &[u8::from(v6)]]);
-                    match pool.allocate(seed, &taken) {
+                    let net_taken = taken.entry(a.network.clone()).or_default();
+                    match pool.allocate(seed, net_taken) {
                         Some(ip) => {
                             let net_ip = IpNet::new(ip, pool.subnet().prefix_len())
                                 .expect("prefix of a valid subnet");
                             held.insert((a.network.clone(), ip), key.clone());
+                            net_taken.insert(ip);
                             ips.push(net_ip);
                         }
                         None => {

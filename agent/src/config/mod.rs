@@ -170,11 +170,29 @@ pub struct Config {
     /// Every VM interface some Attachment document names, refused ones
     /// included: a claim is released only when its document is gone.
     pub keys_in_documents: std::collections::BTreeSet<AttachmentKey>,
+    #[serde(skip)]
+    pub network_index: std::collections::HashMap<String, usize>,
 }
 
 impl Config {
+    /// The network called `name`; O(1) once `index_networks` ran (every
+    /// attachment asks for its network, so a scan would be quadratic).
     pub fn network(&self, name: &str) -> Option<&Network> {
-        self.networks.iter().find(|n| n.name == name)
+        match self.network_index.get(name) {
+            Some(i) => self.networks.get(*i),
+            None if self.network_index.is_empty() => self.networks.iter().find(|n| n.name == name),
+            None => None,
+        }
+    }
+
+    /// Rebuilds the name -> network index after `networks` changed.
+    pub fn index_networks(&mut self) {
+        self.network_index = self
+            .networks
+            .iter()
+            .enumerate()
+            .map(|(i, n)| (n.name.clone(), i))
+            .collect();
     }
 
     /// Refuses an attachment that passed validation but conflicts later

@@ -141,9 +141,10 @@ pub fn validate(
             cfg.keys_in_documents.insert(key);
         }
     }
+    cfg.index_networks();
     let mut parsed: Vec<(Attachment, &Doc)> = Vec::new();
     for doc in &attachments {
-        match attachment(doc, &cfg.networks) {
+        match attachment(doc, &cfg) {
             Ok(a) => parsed.push((a, doc)),
             Err(e) => cfg.errors.push(e),
         }
@@ -389,7 +390,7 @@ fn network(doc: &Doc) -> Result<Network, ConfigError> {
     })
 }
 
-fn attachment(doc: &Doc, networks: &[Network]) -> Result<Attachment, ConfigError> {
+fn attachment(doc: &Doc, cfg: &Config) -> Result<Attachment, ConfigError> {
     let spec: AttachmentSpec = doc.spec()?;
     let Some(namespace) = doc.meta.namespace.clone() else {
         return Err(doc.error("metadata.namespace", "missing (the VM's namespace)"));
@@ -404,7 +405,7 @@ fn attachment(doc: &Doc, networks: &[Network]) -> Result<Attachment, ConfigError
         }
     }
     check_ifname(doc, "spec.port", &spec.port)?;
-    let Some(net) = networks.iter().find(|n| n.name == spec.network) else {
+    let Some(net) = cfg.network(&spec.network) else {
         return Err(doc.error(
             "spec.network",
             format!("unknown network {:?} (missing or refused)", spec.network),

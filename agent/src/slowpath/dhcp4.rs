@@ -4,7 +4,7 @@
 use std::net::Ipv4Addr;
 
 use dhcproto::{
-    Decodable, Decoder, Encodable, Encoder, Name,
+    Encodable, Encoder, Name,
     v4::{DhcpOption, HType, Message, MessageType, Opcode, OptionCode},
 };
 use etherparse::PacketBuilder;
@@ -22,9 +22,9 @@ fn kind_name(t: MessageType) -> String {
 
 /// Answers `payload` (the UDP payload of a frame from `src_mac`).
 pub fn handle(svc: &PortService, src_mac: [u8; 6], payload: &[u8]) -> Handled {
-    let msg = match Message::decode(&mut Decoder::new(payload)) {
-        Ok(m) => m,
-        Err(_) => {
+    let msg = match super::decode_guarded::<Message>(payload) {
+        Some(m) => m,
+        None => {
             return Handled {
                 kind: "malformed".into(),
                 reply: Err("undecodable DHCPv4 message"),

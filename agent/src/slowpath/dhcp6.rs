@@ -4,7 +4,7 @@
 use std::net::Ipv6Addr;
 
 use dhcproto::{
-    Decodable, Decoder, Encodable, Encoder, Name,
+    Encodable, Encoder, Name,
     v6::{
         DhcpOption, DhcpOptions, IAAddr, IANA, Message, MessageType, OptionCode, Status, StatusCode,
     },
@@ -26,9 +26,9 @@ pub fn server_duid(gw_mac: [u8; 6]) -> Vec<u8> {
 
 /// Answers `payload` (the UDP payload of a frame from `src_mac`/`src_ip`).
 pub fn handle(svc: &PortService, src_mac: [u8; 6], src_ip: Ipv6Addr, payload: &[u8]) -> Handled {
-    let msg = match Message::decode(&mut Decoder::new(payload)) {
-        Ok(m) => m,
-        Err(_) => {
+    let msg = match super::decode_guarded::<Message>(payload) {
+        Some(m) => m,
+        None => {
             return Handled {
                 kind: "malformed".into(),
                 reply: Err("undecodable DHCPv6 message"),

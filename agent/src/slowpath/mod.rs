@@ -31,6 +31,15 @@ pub struct Handled {
     pub reply: Result<Vec<u8>, &'static str>,
 }
 
+/// Decodes a VM-supplied message. dhcproto has asserts on malformed input
+/// (debug builds) and slices by declared lengths: a panic there is a
+/// malformed message, never a crash.
+pub fn decode_guarded<T: dhcproto::Decodable>(payload: &[u8]) -> Option<T> {
+    std::panic::catch_unwind(|| T::decode(&mut dhcproto::Decoder::new(payload)).ok())
+        .ok()
+        .flatten()
+}
+
 const ETH_P_8021Q: u16 = 0x8100;
 const VID_MASK: u16 = 0x0fff;
 /// Unsolicited RAs, so VMs keep their router and prefix without asking.

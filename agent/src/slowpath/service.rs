@@ -56,8 +56,10 @@ pub type Services = Arc<RwLock<BTreeMap<u16, PortService>>>;
 /// Services for the ports this node programmed, on networks vmpath serves.
 pub fn build(cfg: &Config, plan: &Plan) -> BTreeMap<u16, PortService> {
     let mut out = BTreeMap::new();
+    let by_key: std::collections::HashMap<&AttachmentKey, &crate::config::Attachment> =
+        cfg.attachments.iter().map(|a| (&a.key, a)).collect();
     for port in plan.ports.values() {
-        let Some(att) = cfg.attachments.iter().find(|a| a.key == port.attachment) else {
+        let Some(att) = by_key.get(&port.attachment) else {
             continue;
         };
         let Some(net) = cfg.network(&att.network) else {
