@@ -96,6 +96,17 @@ fn build_view(
     learned: &BTreeMap<AddrKey, LearnedIp>,
     prev: &View,
 ) -> View {
+    // Indexes, so the view stays linear in the number of attachments.
+    let mut per_network: std::collections::HashMap<&str, usize> = std::collections::HashMap::new();
+    for a in &cfg.attachments {
+        *per_network.entry(a.network.as_str()).or_default() += 1;
+    }
+    let active_port: std::collections::HashMap<&AttachmentKey, u32> = plan
+        .ports
+        .values()
+        .filter(|p| !p.pending())
+        .map(|p| (&p.attachment, p.ifindex))
+        .collect();
     let networks = cfg
         .networks
         .iter()
@@ -112,22 +123,15 @@ fn build_view(
             ip_filter: n.ip_filter,
             egress: format!("{:?}", n.egress),
             mtu: n.mtu,
-            attachments: cfg
-                .attachments
-                .iter()
-                .filter(|a| a.network == n.name)
-                .count(),
+            attachments: per_network.get(n.name.as_str()).copied().unwrap_or(0),
         })
         .collect();
     let attachments = cfg
         .attachments
         .iter()
         .map(|a| {
-            let ifindex = plan
-                .ports
-                .values()
-                .find(|p| p.attachment == a.key)
-                .map(|p| p.ifindex);
+            // A pending migration target's port is not where the VM runs yet.
+            let ifindex = active_port.get(&a.key).copied();
             let (migration, target) = match &a.migration {
                 None => ("none".to_string(), None),
                 Some(m) if m.ready => ("cut-over".to_string(), Some(m.target_node.clone())),
@@ -214,6 +218,7 @@ pub fn run_with(opts: &AgentOptions, shared: SharedView, slow_stats: slowpath::S
     let mut refused_macs: BTreeSet<(AttachmentKey, [u8; 6])> = BTreeSet::new();
     let mut north_south = crate::routes::NorthSouth::default();
     let mut overlay = crate::overlay::Overlay::default();
+    let mut migrations = crate::migration::Migrations::default();
     loop {
         crate::api::heartbeat();
         let snap = config::source::read_dir(&opts.config_dir);
@@ -299,6 +304,8 @@ pub fn run_with(opts: &AgentOptions, shared: SharedView, slow_stats: slowpath::S
             .collect();
         let learned_changed = learned_ips != last_learned_ips;
         last_learned_ips = learned_ips;
+        // Live migrations the data path already cut over on this node.
+        migrations.tick(&mut cfg, &opts.node, &mut dp);
         let started = std::time::Instant::now();
         let plan = plan::plan(&cfg, &opts.node, ifindex_of);
         let plan_changed = last_plan.as_ref() != Some(&plan);

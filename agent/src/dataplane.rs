@@ -34,6 +34,7 @@ use vmpath_common::{
     PortStats, SlowPath, drop_reason, map_names, prog_names,
 };
 
+mod migrate;
 mod north_south;
 mod overlay;
 
@@ -152,6 +153,26 @@ fn is_bpffs(path: &Path) -> Result<bool> {
     Ok(st.f_type as i64 == BPF_FS_MAGIC)
 }
 
+/// Runs a program load, again when the verifier gave up with EAGAIN: it
+/// does so when the loading thread has a signal pending, which a busy
+/// multi-threaded agent (or test harness) may well have. libbpf retries the
+/// same way.
+pub(crate) fn retry_eagain(
+    mut load: impl FnMut() -> Result<(), aya::programs::ProgramError>,
+) -> Result<(), aya::programs::ProgramError> {
+    let mut tries = 0;
+    loop {
+        match load() {
+            Err(aya::programs::ProgramError::LoadError { io_error, .. })
+                if io_error.raw_os_error() == Some(libc::EAGAIN) && tries < 5 =>
+            {
+                tries += 1;
+            }
+            other => return other,
+        }
+    }
+}
+
 /// Unpins maps of other layout versions (`maps/v<N>`, N != this build's):
 /// programs still attached keep theirs alive until their links are swapped.
 fn retire_old_layouts(root: &Path) -> Result<()> {
@@ -218,6 +239,8 @@ pub struct Maps {
     pub flood_remote: HashMap<MapData, u32, vmpath_common::RemoteFloodList>,
     pub overlay: Array<MapData, vmpath_common::OverlayConfig>,
     pub overlay_stats: PerCpuArray<MapData, PortStats>,
+    /// Live migration: target ports whose VM spoke (`vm_migrate`).
+    pub migrated: HashMap<MapData, u32, vmpath_common::MigrationEvent>,
 }
 
 fn open_map(root: &Path, name: &str) -> Result<Map> {
@@ -252,6 +275,7 @@ impl Maps {
             flood_remote: open_map(root, map_names::FLOOD_REMOTE)?.try_into()?,
             overlay: open_map(root, map_names::OVERLAY)?.try_into()?,
             overlay_stats: open_map(root, map_names::OVERLAY_STATS)?.try_into()?,
+            migrated: open_map(root, map_names::MIGRATED)?.try_into()?,
         })
     }
 
@@ -303,6 +327,7 @@ impl Dataplane {
             .iter()
             .chain(&NORTH_SOUTH_MAP_SPECS)
             .chain(&overlay::OVERLAY_MAP_SPECS)
+            .chain(&migrate::MIGRATE_MAP_SPECS)
         {
             let path = maps_dir.join(spec.name);
             match check_pinned(&path, spec) {
@@ -316,7 +341,8 @@ impl Dataplane {
                     // first reconcile fills from the config and the claims
                     // before any link is swapped.
                     warn!(map = spec.name, "{e:#}; replacing it");
-                    fs::remove_file(&path).with_context(|| format!("unpinning {}", path.display()))?;
+                    fs::remove_file(&path)
+                        .with_context(|| format!("unpinning {}", path.display()))?;
                 }
             }
             paths.push((spec.name, path));
@@ -333,25 +359,23 @@ impl Dataplane {
                 .program_mut(name)
                 .ok_or_else(|| anyhow!("program {name} missing from the object"))?
                 .try_into()?;
-            prog.load()
+            retry_eagain(|| prog.load())
                 .with_context(|| format!("loading (verifying) the {name} program"))?;
         }
         let slow_rx: &mut Xdp = ebpf
             .program_mut(prog_names::SLOW_RX)
             .ok_or_else(|| anyhow!("program {} missing from the object", prog_names::SLOW_RX))?
             .try_into()?;
-        slow_rx
-            .load()
+        retry_eagain(|| slow_rx.load())
             .with_context(|| format!("loading (verifying) the {} program", prog_names::SLOW_RX))?;
         let uplink: &mut SchedClassifier = ebpf
             .program_mut(prog_names::UPLINK)
             .ok_or_else(|| anyhow!("program {} missing from the object", prog_names::UPLINK))?
             .try_into()?;
-        uplink
-            .load()
-            .context("loading (verifying) the uplink program")?;
+        retry_eagain(|| uplink.load()).context("loading (verifying) the uplink program")?;
         north_south::load_egress(&mut ebpf)?;
         overlay::load(&mut ebpf)?;
+        migrate::load(&mut ebpf)?;
         let maps = Maps::open(root)?;
         Ok(Dataplane {
             root: root.to_path_buf(),

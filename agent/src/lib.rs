@@ -6,6 +6,7 @@ pub mod cli;
 pub mod config;
 pub mod dataplane;
 pub mod metrics;
+pub mod migration;
 pub mod overlay;
 pub mod hash;
 pub mod ipam;

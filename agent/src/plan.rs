@@ -6,8 +6,9 @@ use std::{collections::BTreeMap, net::IpAddr};
 
 use vmpath_common::{
     ADDR_CLAIMED, ADDR_STATIC, AF_INET, AF_INET6, AddrInfo, AddrKey, ENDPOINT_LOCAL, Endpoint,
-    EndpointKey, FloodList, MAX_FLOOD_PORTS, NET_F_DHCP, NET_F_GW4, NET_F_GW6, NetworkInfo, PORT_F_IP_FILTER,
-    PORT_F_MAC_FILTER, PORT_F_MAC_KNOWN, PortInfo, link_local_from_mac,
+    EndpointKey, FloodList, MAX_FLOOD_PORTS, NET_F_DHCP, NET_F_GW4, NET_F_GW6, NetworkInfo,
+    PORT_F_IP_FILTER, PORT_F_MAC_FILTER, PORT_F_MAC_KNOWN, PORT_F_PENDING, PortInfo,
+    link_local_from_mac,
 };
 
 pub mod north_south;
@@ -94,17 +95,22 @@ pub fn plan(cfg: &Config, node: &str, ifindex_of: impl Fn(&str) -> Option<u32>) 
     // frames with them), so number ports in attachment order.
     let mut next_port_id = 1u32;
     for att in &cfg.attachments {
-        if att.active_node() != node {
+        // Active here, or here as the target of a pending migration.
+        let (port_name, pending) = if att.active_node() == node {
+            (att.active_port(), false)
+        } else if let Some(port) = pending_target_port(att, node) {
+            (port, true)
+        } else {
             continue;
-        }
+        };
         let Some(net) = cfg.network(&att.network) else {
             continue;
         };
         let port_id = next_port_id;
         next_port_id += 1;
-        let Some(ifindex) = ifindex_of(att.active_port()) else {
+        let Some(ifindex) = ifindex_of(port_name) else {
             plan.missing_ports
-                .push((att.key.clone(), att.active_port().to_string()));
+                .push((att.key.clone(), port_name.to_string()));
             continue;
         };
         let mut flags = 0u16;
@@ -116,6 +122,11 @@ pub fn plan(cfg: &Config, node: &str, ifindex_of: impl Fn(&str) -> Option<u32>) 
         }
         if att.mac_resolved.is_some() {
             flags |= PORT_F_MAC_KNOWN;
+        }
+        if pending {
+            // Not active yet: endpoints keep pointing at the source until
+            // the VM speaks here or the cut-over is signalled.
+            flags |= PORT_F_PENDING;
         }
         let mac = att.mac_resolved.map(|(m, _)| m).unwrap_or([0; 6]);
         let flood = plan.flood.entry(net.id).or_default();
@@ -131,7 +142,7 @@ pub fn plan(cfg: &Config, node: &str, ifindex_of: impl Fn(&str) -> Option<u32>) 
         plan.ports.insert(
             ifindex,
             PlannedPort {
-                ifname: att.active_port().to_string(),
+                ifname: port_name.to_string(),
                 ifindex,
                 attachment: att.key.clone(),
                 info: PortInfo {
@@ -142,7 +153,7 @@ pub fn plan(cfg: &Config, node: &str, ifindex_of: impl Fn(&str) -> Option<u32>) 
                 },
             },
         );
-        if let Some((mac, _)) = att.mac_resolved {
+        if let Some((mac, _)) = att.mac_resolved.filter(|_| !pending) {
             plan.endpoints.insert(
                 EndpointKey {
                     network: net.id,
@@ -152,6 +163,7 @@ pub fn plan(cfg: &Config, node: &str, ifindex_of: impl Fn(&str) -> Option<u32>) 
                 Endpoint {
                     kind: ENDPOINT_LOCAL,
                     ifindex,
+                    migrate_to: overlay::migrate_to(cfg, att, node),
                     ..Default::default()
                 },
             );
@@ -174,4 +186,23 @@ pub fn plan(cfg: &Config, node: &str, ifindex_of: impl Fn(&str) -> Option<u32>) 
     north_south::north_south(cfg, &mut plan);
     overlay::overlay(cfg, node, &mut plan);
     plan
+}
+
+/// The port of `att` on `node` when `node` is the target of its pending
+/// (not yet cut-over) migration.
+pub fn pending_target_port<'a>(att: &'a crate::config::Attachment, node: &str) -> Option<&'a str> {
+    match &att.migration {
+        Some(m) if !m.ready && m.target_node == node && att.node != node => {
+            Some(m.target_port.as_deref().unwrap_or(&att.port))
+        }
+        _ => None,
+    }
+}
+
+impl PlannedPort {
+    /// The target port of a pending migration: served, but not advertised
+    /// or routed to until the cut-over.
+    pub fn pending(&self) -> bool {
+        self.info.flags & PORT_F_PENDING != 0
+    }
 }

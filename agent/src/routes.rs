@@ -105,7 +105,8 @@ pub fn desired(
             }
         }
     }
-    for port in plan.ports.values() {
+    // A pending migration target is not advertised: the source still is.
+    for port in plan.ports.values().filter(|p| !p.pending()) {
         let Some(att) = cfg.attachments.iter().find(|a| a.key == port.attachment) else {
             continue;
         };

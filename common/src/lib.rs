@@ -38,6 +38,9 @@ pub mod map_names {
     pub const OVERLAY: &str = "vmp_overlay";
     /// Overlay: frames sent to and received from remote nodes (per CPU).
     pub const OVERLAY_STATS: &str = "vmp_overlay_stats";
+    /// Live migration: target ports whose VM spoke (set by `vm_migrate`),
+    /// polled by the agent to finish the cut-over.
+    pub const MIGRATED: &str = "vmp_migrated";
     pub const PORT_IDS: &str = "vmp_port_ids";
     pub const SLOW: &str = "vmp_slow";
     pub const XSKS: &str = "vmp_xsks";
@@ -68,6 +71,9 @@ pub mod prog_names {
     pub const SLOW_RX: &str = "slow_rx";
     /// tcx ingress on `vmp-slow0`: the agent's tagged replies out to the VM.
     pub const SLOW_RETURN: &str = "slow_return";
+    /// Tail-called from `vm_port` on a pending migration target port: marks
+    /// the VM local, then re-enters `vm_port`.
+    pub const VM_MIGRATE: &str = "vm_migrate";
     /// Tail-called from `vm_port`: unicast to a remote node and the remote
     /// copies of a flood, through the vxlan device.
     pub const VM_REMOTE: &str = "vm_remote";
@@ -93,6 +99,10 @@ pub const PORT_F_IP_FILTER: u16 = 1 << 1;
 /// The port's MAC is known (given or detected); without it the MAC filter
 /// cannot apply yet.
 pub const PORT_F_MAC_KNOWN: u16 = 1 << 2;
+/// Live migration: this port is the target of a pending migration. The VM
+/// is not active here yet; the first frame from its MAC on this port makes
+/// it so (`vm_migrate`) without waiting for the agent.
+pub const PORT_F_PENDING: u16 = 1 << 3;
 
 /// A VM port: the host side of a VM pod's veth. Keyed by ifindex.
 #[repr(C)]
@@ -129,7 +139,11 @@ pub struct Endpoint {
     pub ifindex: u32,
     /// VTEP address of the remote node (IPv4, network order).
     pub node_ip4: [u8; 4],
-    pub _pad: u32,
+    /// Live migration: the VTEP address of the node the VM is migrating to
+    /// (zero: none). A frame from this MAC arriving over the overlay from
+    /// that node repoints the entry there at once, before any agent hears
+    /// of the cut-over. (Was padding: zero keeps the old meaning.)
+    pub migrate_to: [u8; 4],
 }
 const _: () = assert!(size_of::<Endpoint>() == 16);
 
@@ -355,7 +369,14 @@ pub mod drop_reason {
     /// Overlay: decapsulated frame for no local port (a MAC on another node,
     /// the gateway MAC, or a flood into a network with no port here).
     pub const OVERLAY_NO_LOCAL_PORT: u32 = 28;
-    pub const COUNT: u32 = 29;
+    /// Overlay: a frame for a MAC on another node that was relayed once
+    /// already, or would go back to the node it came from (loop guard of
+    /// the migration relay).
+    pub const OVERLAY_NOT_RELAYED: u32 = 29;
+    /// Live migration: a frame on a pending target port from a MAC other
+    /// than the VM's: the VM is not active on this node yet.
+    pub const MIGRATION_PENDING: u32 = 30;
+    pub const COUNT: u32 = 31;
 
     /// Names as shown in metrics and the CLI, indexed by reason.
     pub const NAMES: [&str; COUNT as usize] = [
@@ -388,6 +409,8 @@ pub mod drop_reason {
         "overlay_unknown_vni",
         "overlay_unknown_vtep",
         "overlay_no_local_port",
+        "overlay_not_relayed",
+        "migration_pending",
     ];
 }
 
@@ -607,4 +630,31 @@ mod pod_overlay {
     use super::*;
     unsafe impl aya::Pod for RemoteFloodList {}
     unsafe impl aya::Pod for OverlayConfig {}
+    unsafe impl aya::Pod for MigrationEvent {}
 }
+
+// ---------------------------------------------------------------------------
+// Live migration
+// ---------------------------------------------------------------------------
+
+/// Outer TTL of a frame the source node relays to a migrated VM's new node.
+/// Lower than the normal tunnel TTL (64) by more than any underlay path
+/// decrements, so the receiver knows it was relayed once and never relays
+/// it again (`OVERLAY_NOT_RELAYED`).
+pub const RELAY_TTL: u8 = 32;
+/// A decapsulated frame whose outer TTL is at most this was relayed.
+pub const RELAYED_TTL_MAX: u8 = 40;
+
+/// A pending migration's VM spoke on the target port: the data path marked
+/// it local there. Keyed by the target port's ifindex, written once
+/// (BPF_NOEXIST); the agent finishes the cut-over from it.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct MigrationEvent {
+    pub network: u32,
+    pub mac: [u8; 6],
+    pub _pad: [u8; 2],
+    /// bpf_ktime_get_ns when the first frame was seen.
+    pub ktime_ns: u64,
+}
+const _: () = assert!(size_of::<MigrationEvent>() == 24);

@@ -11,6 +11,7 @@ mod fwd;
 mod icmp;
 mod learn;
 mod maps;
+mod migrate;
 mod mtu;
 mod nd;
 mod overlay;
@@ -26,8 +27,8 @@ mod vxlan;
 use aya_ebpf::{bindings::TC_ACT_SHOT, macros::classifier, programs::TcContext};
 use network_types::{eth::EthHdr, ip::Ipv4Hdr, ip::Ipv6Hdr, udp::UdpHdr};
 use vmpath_common::{
-    LEARNED_FROM_DHCP, LEARNED_FROM_IPV4, LEARNED_FROM_IPV6, NET_F_DHCP, NetworkInfo, PortInfo,
-    drop_reason,
+    LEARNED_FROM_DHCP, LEARNED_FROM_IPV4, LEARNED_FROM_IPV6, NET_F_DHCP, NetworkInfo,
+    PORT_F_PENDING, PortInfo, drop_reason,
 };
 
 use crate::{
@@ -59,6 +60,10 @@ fn try_vm_port(ctx: &TcContext, ifindex: u32) -> Verdict {
     let Some(port) = (unsafe { PORTS.get(&ifindex) }) else {
         return Err(drop_reason::UNKNOWN_PORT);
     };
+    if port.flags & PORT_F_PENDING != 0 {
+        // Live migration target: `vm_migrate` decides, then re-enters here.
+        return migrate::to_vm_migrate(ctx);
+    }
     counters::count_rx(ifindex, ctx.len());
     let Some(net) = (unsafe { NETWORKS.get(&port.network) }) else {
         return Err(drop_reason::NO_NETWORK);

@@ -102,6 +102,12 @@ fn count_tx(bytes: u32) {
     }
 }
 
+/// A frame relayed to a migrated VM's new node counts as sent.
+#[inline(always)]
+pub fn count_relay(bytes: u32) {
+    count_tx(bytes);
+}
+
 #[inline(always)]
 pub fn count_drop() {
     if let Some(s) = OVERLAY_STATS.get_ptr_mut(0) {

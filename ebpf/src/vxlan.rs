@@ -2,22 +2,23 @@
 //! overlay, already decapsulated by the kernel. The VNI names the network;
 //! the inner destination MAC picks the local port. Floods go to local
 //! ports only, never back onto the overlay (the sending node reached every
-//! node itself). Port security ran on the sending node.
+//! node itself). Port security ran on the sending node. Unicast for a VM
+//! that migrated away is relayed once to its new node (live migration).
 
 use aya_ebpf::{
-    bindings::{TC_ACT_SHOT, bpf_tunnel_key},
-    helpers::generated::bpf_skb_get_tunnel_key,
+    bindings::{BPF_F_ZERO_CSUM_TX, TC_ACT_REDIRECT, TC_ACT_SHOT, bpf_tunnel_key},
+    helpers::generated::{bpf_redirect, bpf_skb_get_tunnel_key, bpf_skb_set_tunnel_key},
     macros::classifier,
     programs::TcContext,
 };
 use network_types::eth::EthHdr;
-use vmpath_common::{ENDPOINT_LOCAL, EndpointKey, drop_reason};
+use vmpath_common::{ENDPOINT_LOCAL, EndpointKey, RELAY_TTL, RELAYED_TTL_MAX, drop_reason};
 
 use crate::{
     counters,
     fwd::{self, Verdict},
     maps::{ENDPOINTS, NETWORKS},
-    overlay,
+    migrate, overlay,
     parse::{is_multicast, mac_eq, ptr_at},
 };
 
@@ -65,6 +66,8 @@ fn try_vxlan_rx(ctx: &TcContext) -> Verdict {
     if is_multicast(&src) {
         return Err(drop_reason::SRC_MULTICAST);
     }
+    // A migrating VM speaking from its new node moves its endpoint here.
+    migrate::learn_move(network, src, from);
     if !is_multicast(&dst) {
         // The gateway is anycast: every node answers its own VMs, so
         // nothing for it ever needs to cross the overlay.
@@ -80,9 +83,47 @@ fn try_vxlan_rx(ctx: &TcContext) -> Verdict {
             if ep.kind == ENDPOINT_LOCAL {
                 return fwd::deliver_local(ctx, ep.ifindex);
             }
-            // Known on another node: not ours to deliver or relay.
-            return Err(drop_reason::OVERLAY_NO_LOCAL_PORT);
+            // Known on another node: a VM that migrated away while the
+            // sender still points here. Pass it on once (make-before-break).
+            return relay(ctx, &mut key, ep.node_ip4, from);
         }
     }
     fwd::flood_local(ctx, network)
+}
+
+/// Re-encapsulates a frame for a VM that lives on `to` now, with the relay
+/// TTL as the once-only marker. Never back to the sender, never twice.
+#[inline(always)]
+fn relay(ctx: &TcContext, key: &mut bpf_tunnel_key, to: [u8; 4], from: [u8; 4]) -> Verdict {
+    if key.tunnel_ttl <= RELAYED_TTL_MAX || to == from {
+        return Err(drop_reason::OVERLAY_NOT_RELAYED);
+    }
+    let Some(cfg) = overlay::OVERLAY.get(0) else {
+        return Err(drop_reason::OVERLAY_DOWN);
+    };
+    let (vxlan, local) = (cfg.vxlan_ifindex, cfg.local_ip4);
+    if vxlan == 0 {
+        return Err(drop_reason::OVERLAY_DOWN);
+    }
+    key.__bindgen_anon_1.remote_ipv4 = u32::from_be_bytes(to);
+    key.__bindgen_anon_3.local_ipv4 = u32::from_be_bytes(local);
+    key.tunnel_ttl = RELAY_TTL;
+    key.tunnel_tos = 0;
+    let rc = unsafe {
+        bpf_skb_set_tunnel_key(
+            ctx.skb.skb,
+            key,
+            core::mem::size_of::<bpf_tunnel_key>() as u32,
+            u64::from(BPF_F_ZERO_CSUM_TX),
+        )
+    };
+    if rc != 0 {
+        return Err(drop_reason::HELPER_FAILED);
+    }
+    overlay::count_relay(ctx.len());
+    if unsafe { bpf_redirect(vxlan, 0) } == i64::from(TC_ACT_REDIRECT) {
+        Ok(TC_ACT_REDIRECT)
+    } else {
+        Err(drop_reason::HELPER_FAILED)
+    }
 }

@@ -64,8 +64,7 @@ pub(super) fn load_egress(ebpf: &mut aya::Ebpf) -> Result<()> {
         .program_mut(prog_names::VM_EGRESS)
         .ok_or_else(|| anyhow::anyhow!("program {} missing", prog_names::VM_EGRESS))?
         .try_into()?;
-    prog.load()
-        .context("loading (verifying) the vm_egress program")?;
+    super::retry_eagain(|| prog.load()).context("loading (verifying) the vm_egress program")?;
     let fd = prog.fd()?.try_clone()?;
     let map = ebpf
         .map_mut(vmpath_common::map_names::PROGS)

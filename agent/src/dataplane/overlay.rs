@@ -30,8 +30,7 @@ pub(super) fn load(ebpf: &mut aya::Ebpf) -> Result<()> {
         .program_mut(prog_names::VM_REMOTE)
         .ok_or_else(|| anyhow!("program {} missing", prog_names::VM_REMOTE))?
         .try_into()?;
-    prog.load()
-        .context("loading (verifying) the vm_remote program")?;
+    super::retry_eagain(|| prog.load()).context("loading (verifying) the vm_remote program")?;
     let fd = prog.fd()?.try_clone()?;
     let map = ebpf
         .map_mut(map_names::PROGS)
@@ -42,8 +41,7 @@ pub(super) fn load(ebpf: &mut aya::Ebpf) -> Result<()> {
         .program_mut(prog_names::VXLAN_RX)
         .ok_or_else(|| anyhow!("program {} missing", prog_names::VXLAN_RX))?
         .try_into()?;
-    rx.load()
-        .context("loading (verifying) the vxlan_rx program")?;
+    super::retry_eagain(|| rx.load()).context("loading (verifying) the vxlan_rx program")?;
     Ok(())
 }
 

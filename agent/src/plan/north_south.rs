@@ -56,8 +56,12 @@ pub fn north_south(cfg: &Config, plan: &mut Plan) {
             }
         }
     }
-    for port in plan.ports.values() {
-        let Some(att) = cfg.attachments.iter().find(|a| a.key == port.attachment) else {
+    let by_key: std::collections::HashMap<
+        &crate::config::AttachmentKey,
+        &crate::config::Attachment,
+    > = cfg.attachments.iter().map(|a| (&a.key, a)).collect();
+    for port in plan.ports.values().filter(|p| !p.pending()) {
+        let Some(att) = by_key.get(&port.attachment).copied() else {
             continue;
         };
         let Some(net) = cfg.network(&att.network) else {

@@ -19,13 +19,25 @@ use crate::config::{Config, model::MacPolicy};
 pub fn overlay(cfg: &Config, node: &str, plan: &mut Plan) {
     let own = cfg.nodes.get(node).map(|n| n.address);
     for att in &cfg.attachments {
+        let Some(net) = cfg.network(&att.network) else {
+            continue;
+        };
+        // Both ends of a migration host the network while it runs: the
+        // source relays to the target and the target sends from there.
+        if let Some(m) = &att.migration {
+            for host in [att.node.as_str(), m.target_node.as_str()] {
+                if host != node
+                    && host != att.active_node()
+                    && let Some(ip4) = vtep4(cfg, host)
+                {
+                    add_flood_node(plan, net, host, ip4);
+                }
+            }
+        }
         let host = att.active_node();
         if host == node {
             continue;
         }
-        let Some(net) = cfg.network(&att.network) else {
-            continue;
-        };
         let Some(remote) = cfg.nodes.get(host) else {
             plan.problems.push(format!(
                 "attachment {} on node {host:?}: no Node document for that node, so it is not reachable over the overlay",
@@ -51,18 +63,7 @@ pub fn overlay(cfg: &Config, node: &str, plan: &mut Plan) {
             continue;
         }
 
-        let list = plan.flood_remote.entry(net.id).or_default();
-        if !list.node_ip4[..list.count as usize].contains(&ip4) {
-            if list.count as usize >= MAX_FLOOD_NODES {
-                plan.problems.push(format!(
-                    "network {:?} spans more than {MAX_FLOOD_NODES} other nodes: node {host:?} gets no floods",
-                    net.name
-                ));
-            } else {
-                list.node_ip4[list.count as usize] = ip4;
-                list.count += 1;
-            }
-        }
+        add_flood_node(plan, net, host, ip4);
 
         // Detected MACs are only known on the hosting node (see above).
         let known = match att.mac_resolved {
@@ -84,13 +85,49 @@ pub fn overlay(cfg: &Config, node: &str, plan: &mut Plan) {
                     kind: ENDPOINT_REMOTE,
                     ifindex: 0,
                     node_ip4: ip4,
-                    _pad: 0,
+                    migrate_to: migrate_to(cfg, att, node),
                 });
         }
     }
     // Keep the lists in a stable order, whatever the document order.
     for list in plan.flood_remote.values_mut() {
         list.node_ip4[..list.count as usize].sort_unstable();
+    }
+}
+
+fn add_flood_node(plan: &mut Plan, net: &crate::config::Network, host: &str, ip4: [u8; 4]) {
+    let list = plan.flood_remote.entry(net.id).or_default();
+    if !list.node_ip4[..list.count as usize].contains(&ip4) {
+        if list.count as usize >= MAX_FLOOD_NODES {
+            plan.problems.push(format!(
+                "network {:?} spans more than {MAX_FLOOD_NODES} other nodes: node {host:?} gets no floods",
+                net.name
+            ));
+        } else {
+            list.node_ip4[list.count as usize] = ip4;
+            list.count += 1;
+        }
+    }
+}
+
+/// The IPv4 VTEP address of `node`, if it has a Node document with one.
+fn vtep4(cfg: &Config, node: &str) -> Option<[u8; 4]> {
+    match cfg.nodes.get(node)?.address {
+        IpAddr::V4(a) => Some(a.octets()),
+        IpAddr::V6(_) => None,
+    }
+}
+
+/// For a VM whose migration is pending, the target's VTEP address: the
+/// endpoint entry on every node but the target carries it, so the VM's
+/// first frame from the target moves the entry there in the data path
+/// (`migrate::learn_move`). Zero otherwise.
+pub fn migrate_to(cfg: &Config, att: &crate::config::Attachment, node: &str) -> [u8; 4] {
+    match &att.migration {
+        Some(m) if !m.ready && m.target_node != node && m.target_node != att.node => {
+            vtep4(cfg, &m.target_node).unwrap_or([0; 4])
+        }
+        _ => [0; 4],
     }
 }
 
@@ -187,5 +224,96 @@ spec: {vm: vm4, interface: eth0, network: blue, node: c, port: p4, mac: '52:54:0
         }];
         assert_eq!((ep.kind, ep.node_ip4), (ENDPOINT_REMOTE, [192, 0, 2, 1]));
         assert_eq!(plan.flood_remote[&100].count, 1);
+    }
+
+    /// vm1 migrating from a to b, pending or cut over, as every node plans it.
+    fn migration_plan(node: &str, ready: bool) -> Plan {
+        let docs = format!(
+            "{}---
+apiVersion: vmpath.dev/v1alpha1
+kind: Node
+metadata: {{name: c}}
+spec: {{address: 192.0.2.3}}
+",
+            DOCS.replace(
+                "node: a, port: p1, mac: '52:54:00:00:00:01'}",
+                &format!(
+                    "node: a, port: p1, mac: '52:54:00:00:00:01', migration: {{targetNode: b, targetPort: p1b, ready: {ready}}}}}"
+                ),
+            )
+        );
+        let dir = std::env::temp_dir().join(format!(
+            "vmpath-plan-migration-{}-{node}-{ready}",
+            std::process::id()
+        ));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("c.yaml"), docs).unwrap();
+        let snap = config::source::read_dir(&dir);
+        let _ = std::fs::remove_dir_all(&dir);
+        let mut cfg = config::validate(&snap, node, &Default::default());
+        assert!(cfg.errors.is_empty(), "{:?}", cfg.errors);
+        let _ = crate::ipam::assign(&mut cfg, &Default::default());
+        // Distinct ifindexes so the ports can be told apart.
+        super::super::plan(&cfg, node, |name| {
+            Some(match name {
+                "p1" => 11,
+                "p1b" => 12,
+                _ => 7,
+            })
+        })
+    }
+
+    const VM1: EndpointKey = EndpointKey {
+        network: 100,
+        mac: [0x52, 0x54, 0, 0, 0, 1],
+        _pad: [0; 2],
+    };
+
+    #[test]
+    fn pending_migration_keeps_everyone_on_the_source() {
+        use vmpath_common::{ENDPOINT_LOCAL, PORT_F_PENDING};
+        // Source: still local, marked as moving to b.
+        let a = migration_plan("a", false);
+        assert_eq!(a.endpoints[&VM1].kind, ENDPOINT_LOCAL);
+        assert_eq!(a.endpoints[&VM1].migrate_to, [192, 0, 2, 2]);
+        // Target: a pending port, the endpoint still at a.
+        let b = migration_plan("b", false);
+        assert!(b.ports[&12].info.flags & PORT_F_PENDING != 0);
+        assert_eq!(
+            (b.endpoints[&VM1].kind, b.endpoints[&VM1].node_ip4),
+            (ENDPOINT_REMOTE, [192, 0, 2, 1])
+        );
+        // A third node: at a, moving to b; floods reach both.
+        let c = migration_plan("c", false);
+        assert_eq!(
+            (c.endpoints[&VM1].node_ip4, c.endpoints[&VM1].migrate_to),
+            ([192, 0, 2, 1], [192, 0, 2, 2])
+        );
+        assert_eq!(c.flood_remote[&100].count, 2);
+    }
+
+    #[test]
+    fn cut_over_moves_the_vm_to_the_target() {
+        use vmpath_common::{ENDPOINT_LOCAL, PORT_F_PENDING};
+        let a = migration_plan("a", true);
+        assert!(!a.ports.contains_key(&11), "the source keeps its port");
+        assert_eq!(
+            (a.endpoints[&VM1].kind, a.endpoints[&VM1].node_ip4),
+            (ENDPOINT_REMOTE, [192, 0, 2, 2])
+        );
+        let b = migration_plan("b", true);
+        assert_eq!(b.ports[&12].info.flags & PORT_F_PENDING, 0);
+        assert_eq!(
+            (b.endpoints[&VM1].kind, b.endpoints[&VM1].ifindex),
+            (ENDPOINT_LOCAL, 12)
+        );
+        // b still takes a's relayed frames.
+        let list = b.flood_remote[&100];
+        assert!(list.node_ip4[..list.count as usize].contains(&[192, 0, 2, 1]));
+        let c = migration_plan("c", true);
+        assert_eq!(
+            (c.endpoints[&VM1].node_ip4, c.endpoints[&VM1].migrate_to),
+            ([192, 0, 2, 2], [0; 4])
+        );
     }
 }

@@ -133,7 +133,7 @@ impl Xsk {
         self.rx.as_raw_fd()
     }
 
-    fn frame_bytes(&self, addr: u64) -> Option<&mut [u8]> {
+    fn frame_bytes(&mut self, addr: u64) -> Option<&mut [u8]> {
         let chunk = self
             .umem
             .frame(BufIdx((addr / u64::from(FRAME_SIZE)) as u32))?;

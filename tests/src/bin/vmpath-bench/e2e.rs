@@ -242,6 +242,11 @@ pub fn run(opts: &Options) -> Result<Section> {
         .filter(|(_, n)| **n != 0)
         .map(|(i, n)| format!("{} {n}", vmpath_common::drop_reason::NAMES[i]))
         .collect();
+    let drop_names = if drop_names.is_empty() {
+        vec!["none".to_string()]
+    } else {
+        drop_names
+    };
 
     let mut md = String::new();
     md.push_str(&format!(

@@ -89,7 +89,19 @@ fn run() -> Result<()> {
     let mut step = |name: &str, f: &dyn Fn() -> Result<Section>| {
         let t = Instant::now();
         eprintln!("bench: {name} ...");
-        let s = match f() {
+        // A failing figure group (an error, or a panic in the test bed, whose
+        // guards tear its namespaces down while unwinding) is reported and
+        // the others still run.
+        let result =
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).unwrap_or_else(|p| {
+                let msg = p
+                    .downcast_ref::<String>()
+                    .cloned()
+                    .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
+                    .unwrap_or_else(|| "panic".into());
+                Err(anyhow::anyhow!("{}", msg.lines().next().unwrap_or("panic")))
+            });
+        let s = match result {
             Ok(s) => s,
             Err(e) => {
                 eprintln!("bench: {name} failed: {e:#}");

@@ -1,0 +1,137 @@
+//! Live migration, the agent's half. The data path moves the VM the
+//! moment it speaks from the target (`vm_migrate` on the target port,
+//! `learn_move` on the other nodes); this module reads what it did and
+//! treats the migration as cut over on this node before the config says
+//! so (KubeVirt's ready signal may come later), so the plan agrees with
+//! the maps: the target advertises the VM's routes and serves it as
+//! active, the source drops its port and withdraws. Whichever comes first,
+//! the data path's event or `migration.ready`, finishes it. Nothing here
+//! acts on a migration the config no longer names (a failed migration
+//! moves nothing).
+
+use std::collections::BTreeSet;
+
+use tracing::{info, warn};
+use vmpath_common::{ENDPOINT_REMOTE, EndpointKey};
+
+use crate::{
+    agent::ifindex_of,
+    config::{Config, format_mac},
+    dataplane::Dataplane,
+    plan::pending_target_port,
+};
+
+#[derive(Default)]
+pub struct Migrations {
+    /// Target ports whose event was logged, so each is logged once.
+    logged: BTreeSet<u32>,
+    /// VMs this node saw move in its own endpoint map (logged once).
+    moved: BTreeSet<String>,
+}
+
+impl Migrations {
+    /// Marks as cut over (in this round's `cfg`) every pending migration
+    /// the data path has already carried out on this node, and drops
+    /// events no pending or just-finished migration owns.
+    pub fn tick(&mut self, cfg: &mut Config, node: &str, dp: &mut Dataplane) {
+        let events: Vec<(u32, vmpath_common::MigrationEvent)> =
+            dp.maps().migrated.iter().filter_map(|r| r.ok()).collect();
+        let mut owned = BTreeSet::new();
+        let nodes = cfg.nodes.clone();
+        let networks: Vec<(String, u32)> = cfg
+            .networks
+            .iter()
+            .map(|n| (n.name.clone(), n.id))
+            .collect();
+        for att in cfg.attachments.iter_mut() {
+            let Some(m) = att.migration.clone() else {
+                continue;
+            };
+            if m.target_node == node {
+                let port = m.target_port.as_deref().unwrap_or(&att.port);
+                let Some(ifindex) = ifindex_of(port) else {
+                    continue;
+                };
+                owned.insert(ifindex);
+                if pending_target_port(att, node).is_none() {
+                    continue;
+                }
+                let Some((_, ev)) = events.iter().find(|(i, _)| *i == ifindex) else {
+                    continue;
+                };
+                if let Some(m) = att.migration.as_mut() {
+                    m.ready = true;
+                }
+                if self.logged.insert(ifindex) {
+                    info!(
+                        vm = %att.key,
+                        port,
+                        mac = %format_mac(&ev.mac),
+                        since_first_frame_ms = since_ms(ev.ktime_ns),
+                        "migration: the VM spoke on the target port; cut over here before the ready signal"
+                    );
+                }
+                continue;
+            }
+            // Any other node: did the VM's first frames from the target
+            // move its endpoint here already?
+            if m.ready || att.node == node && m.target_node == node {
+                continue;
+            }
+            let (Some((mac, _)), Some(net), Some(target)) = (
+                att.mac_resolved,
+                networks.iter().find(|(n, _)| *n == att.network),
+                nodes.get(&m.target_node),
+            ) else {
+                continue;
+            };
+            let std::net::IpAddr::V4(target4) = target.address else {
+                continue;
+            };
+            let key = EndpointKey {
+                network: net.1,
+                mac,
+                _pad: [0; 2],
+            };
+            let Ok(ep) = dp.maps().endpoints.get(&key, 0) else {
+                continue;
+            };
+            if ep.kind == ENDPOINT_REMOTE
+                && ep.node_ip4 == target4.octets()
+                && ep.migrate_to == [0; 4]
+            {
+                if let Some(m) = att.migration.as_mut() {
+                    m.ready = true;
+                }
+                if self.moved.insert(att.key.to_string()) {
+                    info!(vm = %att.key, target = %m.target_node, "migration: the data path saw the VM on the target; cut over here before the ready signal");
+                }
+            }
+        }
+        for (ifindex, _) in &events {
+            if !owned.contains(ifindex) {
+                if let Err(e) = dp.maps_mut().migrated.remove(ifindex) {
+                    warn!(ifindex, "removing a stale migration event: {e}");
+                }
+                self.logged.remove(ifindex);
+            }
+        }
+        // Forget VMs whose migration is over, so a later one logs again.
+        self.moved.retain(|k| {
+            cfg.attachments
+                .iter()
+                .any(|a| a.migration.is_some() && a.key.to_string() == *k)
+        });
+    }
+}
+
+/// Milliseconds since `ktime_ns` (CLOCK_MONOTONIC, as bpf_ktime_get_ns).
+fn since_ms(ktime_ns: u64) -> f64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    let now = ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64;
+    now.saturating_sub(ktime_ns) as f64 / 1e6
+}

@@ -1,0 +1,133 @@
+//! Live migration in the data path.
+//!
+//! Target side: a port that is the target of a pending migration carries
+//! `PORT_F_PENDING`. `vm_port` hands such a port's frames to `vm_migrate`
+//! (a tail call: the VM-port program's stack is nearly full). The first
+//! frame from the VM's own MAC means the VM resumed here: `vm_migrate`
+//! points the VM's endpoint at this port, records an event for the agent
+//! (which finishes the cut-over: routes, plan), clears the flag and
+//! re-enters `vm_port`, which handles the frame as on any active port.
+//! Nothing waits for an agent round, so traffic is back as soon as the VM
+//! speaks (its GARP or QEMU's RARP, or any frame).
+//!
+//! Other nodes: see `learn_move`, called from `vxlan_rx`.
+
+use aya_ebpf::{
+    bindings::{BPF_NOEXIST, TC_ACT_SHOT},
+    btf_maps::HashMap,
+    helpers::generated::bpf_ktime_get_ns,
+    macros::{btf_map, classifier},
+    programs::TcContext,
+};
+use network_types::eth::EthHdr;
+use vmpath_common::{
+    ENDPOINT_LOCAL, ENDPOINT_REMOTE, Endpoint, EndpointKey, MAX_PORTS, MigrationEvent,
+    PORT_F_MAC_KNOWN, PORT_F_PENDING, drop_reason,
+};
+
+use crate::{
+    counters,
+    fwd::Verdict,
+    maps::{ENDPOINTS, PORTS},
+    parse::{mac_eq, ptr_at},
+    route::PROGS,
+};
+
+/// Slot of `vm_migrate` in `vmp_progs`.
+pub const PROG_VM_MIGRATE: u32 = 2;
+/// Slot of `vm_port` itself, for `vm_migrate` to hand the frame back.
+pub const PROG_VM_PORT: u32 = 3;
+
+/// Target port ifindex -> the VM's first frame there (written once).
+#[btf_map(name = "vmp_migrated")]
+pub static MIGRATED: HashMap<u32, MigrationEvent, { MAX_PORTS as usize }> = HashMap::new();
+
+/// From `vm_port`, for a pending target port, before anything is counted
+/// (the frame is counted once, when `vm_port` runs again).
+#[inline(always)]
+pub fn to_vm_migrate(ctx: &TcContext) -> Verdict {
+    unsafe { PROGS.tail_call(ctx, PROG_VM_MIGRATE) };
+    // Only reached when the slot is empty (agent still starting).
+    Err(drop_reason::HELPER_FAILED)
+}
+
+#[classifier]
+pub fn vm_migrate(ctx: TcContext) -> i32 {
+    let ifindex = unsafe { (*ctx.skb.skb).ifindex };
+    match try_vm_migrate(&ctx, ifindex) {
+        Ok(action) => action,
+        Err(reason) => {
+            counters::count_drop(ifindex, reason);
+            TC_ACT_SHOT
+        }
+    }
+}
+
+#[inline(always)]
+fn try_vm_migrate(ctx: &TcContext, ifindex: u32) -> Verdict {
+    let Some(port) = PORTS.get_ptr_mut(ifindex) else {
+        return Err(drop_reason::UNKNOWN_PORT);
+    };
+    let (network, mac, flags) = unsafe { ((*port).network, (*port).mac, (*port).flags) };
+    let eth: *const EthHdr = ptr_at(ctx, 0)?;
+    let src = unsafe { (*eth).src_addr };
+    // Only the VM itself resuming counts; anything else on the port waits.
+    if flags & PORT_F_MAC_KNOWN == 0 || !mac_eq(&src, &mac) {
+        return Err(drop_reason::MIGRATION_PENDING);
+    }
+    if flags & PORT_F_PENDING != 0 {
+        let key = EndpointKey {
+            network,
+            mac,
+            _pad: [0; 2],
+        };
+        let ep = Endpoint {
+            kind: ENDPOINT_LOCAL,
+            ifindex,
+            node_ip4: [0; 4],
+            migrate_to: [0; 4],
+        };
+        if ENDPOINTS.insert(&key, &ep, 0).is_err() {
+            return Err(drop_reason::HELPER_FAILED);
+        }
+        let event = MigrationEvent {
+            network,
+            mac,
+            _pad: [0; 2],
+            ktime_ns: unsafe { bpf_ktime_get_ns() },
+        };
+        // The first frame's time is the one the agent reports.
+        let _ = MIGRATED.insert(&ifindex, &event, u64::from(BPF_NOEXIST));
+        // Later frames go straight through `vm_port`.
+        unsafe { (*port).flags = flags & !PORT_F_PENDING };
+    }
+    unsafe { PROGS.tail_call(ctx, PROG_VM_PORT) };
+    Err(drop_reason::HELPER_FAILED)
+}
+
+/// From `vxlan_rx`: a frame from `src` arrived from the node `from`. If the
+/// agent marked that MAC as migrating to `from`, the VM now speaks from
+/// there (its GARP/RARP, flooded by the target node, reaches every node):
+/// point the endpoint at `from` now rather than at the agent's next round.
+/// Fields are written so a concurrent reader sees the old or the new
+/// place, never a mix: the address first, the kind last.
+#[inline(always)]
+pub fn learn_move(network: u32, src: [u8; 6], from: [u8; 4]) {
+    let key = EndpointKey {
+        network,
+        mac: src,
+        _pad: [0; 2],
+    };
+    let Some(ep) = ENDPOINTS.get_ptr_mut(&key) else {
+        return;
+    };
+    unsafe {
+        let to = (*ep).migrate_to;
+        if to == [0; 4] || to != from {
+            return;
+        }
+        (*ep).node_ip4 = from;
+        (*ep).migrate_to = [0; 4];
+        (*ep).kind = ENDPOINT_REMOTE;
+    }
+}
