@@ -19,8 +19,8 @@ use crate::{
     config::{self, AttachmentKey, Config, format_mac},
     dataplane::Dataplane,
     ipam,
-    slowpath,
     plan::{self, Plan},
+    slowpath,
     store::{Claim, Store},
     view::{AttachmentView, IpView, NetworkView, Origin, SharedView, View, unix_now},
 };
@@ -201,7 +201,11 @@ pub fn run(opts: &AgentOptions, shared: SharedView) -> Result<()> {
 }
 
 /// Runs the agent; `slow_stats` receives the slow path's message counters.
-pub fn run_with(opts: &AgentOptions, shared: SharedView, slow_stats: slowpath::SharedStats) -> Result<()> {
+pub fn run_with(
+    opts: &AgentOptions,
+    shared: SharedView,
+    slow_stats: slowpath::SharedStats,
+) -> Result<()> {
     let mut dp = Dataplane::open(&opts.bpffs).context("opening the data path")?;
     let services = slowpath::Services::default();
     if let Err(e) = slowpath::start(&mut dp, &opts.bpffs, services.clone(), slow_stats) {

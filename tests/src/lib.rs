@@ -507,8 +507,8 @@ pub mod yaml {
 /// end with an address (`""`: none) and up.
 pub fn link(a: &Netns, a_if: &str, a_addr: &str, b: &Netns, b_if: &str, b_addr: &str) {
     run(&[
-        "ip", "link", "add", a_if, "netns", &a.name, "type", "veth", "peer", "name", b_if,
-        "netns", &b.name,
+        "ip", "link", "add", a_if, "netns", &a.name, "type", "veth", "peer", "name", b_if, "netns",
+        &b.name,
     ]);
     for (ns, ifname, addr) in [(a, a_if, a_addr), (b, b_if, b_addr)] {
         if !addr.is_empty() {
@@ -563,9 +563,11 @@ impl Bird {
             dir,
             child: Some(child),
         };
-        wait_for(&format!("bird {name} control socket"), Duration::from_secs(10), || {
-            bird.dir.join("bird.ctl").exists()
-        });
+        wait_for(
+            &format!("bird {name} control socket"),
+            Duration::from_secs(10),
+            || bird.dir.join("bird.ctl").exists(),
+        );
         bird
     }
 
@@ -601,7 +603,13 @@ impl Drop for Bird {
 
 /// BIRD on a node, as DESIGN.md §3a: learns the agent's table (100) and
 /// exports only protocol-250 routes to the ToR over eBGP.
-pub fn bird_node_config(router_id: &str, local: &str, local_as: u32, tor: &str, tor_as: u32) -> String {
+pub fn bird_node_config(
+    router_id: &str,
+    local: &str,
+    local_as: u32,
+    tor: &str,
+    tor_as: u32,
+) -> String {
     format!(
         "router id {router_id};
 protocol device {{ scan time 1; }}
@@ -616,7 +624,13 @@ protocol bgp tor {{ local {local} as {local_as}; neighbor {tor} as {tor_as};
 
 /// BIRD on a ToR: takes every route the node offers and installs it in the
 /// ToR's main table.
-pub fn bird_tor_config(router_id: &str, local: &str, local_as: u32, node: &str, node_as: u32) -> String {
+pub fn bird_tor_config(
+    router_id: &str,
+    local: &str,
+    local_as: u32,
+    node: &str,
+    node_as: u32,
+) -> String {
     format!(
         "router id {router_id};
 protocol device {{ scan time 1; }}

@@ -49,7 +49,7 @@ fn a_new_map_layout_is_adopted_without_losing_entries_or_packets() {
 
     // Forwarding continues on the old maps while the agent is down and
     // while the new one takes over.
-    let mut pinger = vm1
+    let pinger = vm1
         .ns
         .spawn(&["ping", "-i", "0.01", "-w", "4", "-W", "1", "10.20.0.12"]);
     std::thread::sleep(Duration::from_millis(500));

@@ -129,7 +129,8 @@ fn remove_pins(bin: Option<&Path>) {
         // the host's. Without it the pins are removed directly below.
         Some(bin) if netns_exists(topology::NODE_NS) => {
             let mut c = Command::new("nsenter");
-            c.arg(format!("--net=/run/netns/{}", topology::NODE_NS)).arg(bin);
+            c.arg(format!("--net=/run/netns/{}", topology::NODE_NS))
+                .arg(bin);
             c.args(["agent", "--cleanup", "--bpffs", BPFFS]);
             println!("teardown: {}", cmd::display(&c));
             warn_on_error(cmd::output("teardown: vmpath agent --cleanup", &mut c).map(|_| ()));
