@@ -5,7 +5,7 @@
 //! teach anything: the pod's bridge also sends frames (link-local ND/MLD).
 
 use aya_ebpf::bindings::BPF_NOEXIST;
-use vmpath_common::{AF_INET6, AddrKey, LearnedIp, LearnedMac, PORT_F_MAC_KNOWN, PortInfo};
+use vmpath_common::{AddrKey, LearnedIp, LearnedMac, PORT_F_MAC_KNOWN, PortInfo};
 
 use crate::{
     maps::{LEARNED_IPS, LEARNED_MACS},
@@ -64,11 +64,11 @@ pub fn ip4(ifindex: u32, port: &PortInfo, addr: [u8; 4], src: &[u8; 6], how: u32
 
 #[inline(always)]
 pub fn ip6(ifindex: u32, port: &PortInfo, addr: &[u8; 16], src: &[u8; 6], how: u32) {
-    let key = AddrKey {
-        network: port.network,
-        family: AF_INET6,
-        _pad: [0; 3],
-        addr: *addr,
-    };
-    ip(ifindex, port, &key, src, how);
+    ip(
+        ifindex,
+        port,
+        &spoof::addr_key6(port.network, addr),
+        src,
+        how,
+    );
 }

@@ -15,17 +15,35 @@ pub fn ip_filter_on(port: &PortInfo) -> bool {
     port.flags & PORT_F_IP_FILTER != 0
 }
 
+/// An `AddrKey` built from 32-bit words: spelled as a struct literal, its
+/// zero padding and zero address tail compile to calls of the byte-wise
+/// `memset` (a bpf-to-bpf call looping over every byte) on the hot path.
+#[inline(always)]
+pub fn addr_key(network: u32, family: u8, addr: [u32; 4]) -> AddrKey {
+    let words: [u32; 6] = [
+        network,
+        u32::from_ne_bytes([family, 0, 0, 0]),
+        addr[0],
+        addr[1],
+        addr[2],
+        addr[3],
+    ];
+    // Same size, every bit pattern valid: `AddrKey` is plain bytes.
+    unsafe { core::mem::transmute::<[u32; 6], AddrKey>(words) }
+}
+
 /// The `vmp_addresses` key of an IPv4 address (first 4 bytes of `addr`).
 #[inline(always)]
 pub fn addr_key4(network: u32, addr: [u8; 4]) -> AddrKey {
-    AddrKey {
-        network,
-        family: AF_INET,
-        _pad: [0; 3],
-        addr: [
-            addr[0], addr[1], addr[2], addr[3], 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
-        ],
-    }
+    addr_key(network, AF_INET, [u32::from_ne_bytes(addr), 0, 0, 0])
+}
+
+/// The `vmp_addresses` key of an IPv6 address.
+#[inline(always)]
+pub fn addr_key6(network: u32, addr: &[u8; 16]) -> AddrKey {
+    // Same size, every bit pattern valid.
+    let words = unsafe { core::mem::transmute::<[u8; 16], [u32; 4]>(*addr) };
+    addr_key(network, AF_INET6, words)
 }
 
 /// Is `addr` one of the addresses of the port at `ifindex`?
@@ -40,12 +58,7 @@ pub fn owns_ip4(port: &PortInfo, ifindex: u32, addr: [u8; 4]) -> bool {
 
 #[inline(always)]
 pub fn owns_ip6(port: &PortInfo, ifindex: u32, addr: &[u8; 16]) -> bool {
-    let key = AddrKey {
-        network: port.network,
-        family: AF_INET6,
-        _pad: [0; 3],
-        addr: *addr,
-    };
+    let key = addr_key6(port.network, addr);
     match unsafe { ADDRESSES.get(&key) } {
         Some(info) => info.ifindex == ifindex,
         None => false,

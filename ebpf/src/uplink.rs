@@ -13,7 +13,7 @@ use network_types::{
     eth::EthHdr,
     ip::{Ipv4Hdr, Ipv6Hdr},
 };
-use vmpath_common::{AF_INET, AF_INET6, AddrKey, NET_F_GW4, NET_F_GW6, RoutedAddr, drop_reason};
+use vmpath_common::{NET_F_GW4, NET_F_GW6, RoutedAddr, drop_reason};
 
 use crate::{
     counters, csum,
@@ -22,7 +22,7 @@ use crate::{
     mtu,
     parse::{ETH_LEN, ETH_P_IP, ETH_P_IPV6, ptr_at},
     route::ROUTED,
-    snat,
+    snat, spoof,
 };
 
 #[classifier]
@@ -53,14 +53,7 @@ fn ingress4(ctx: &TcContext) -> Verdict {
         return Ok(TC_ACT_OK);
     };
     let dst = unsafe { (*ip).dst_addr };
-    let key = AddrKey {
-        network: 0,
-        family: AF_INET,
-        _pad: [0; 3],
-        addr: [
-            dst[0], dst[1], dst[2], dst[3], 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
-        ],
-    };
+    let key = spoof::addr_key4(0, dst);
     let Some(r) = (unsafe { ROUTED.get(&key) }) else {
         if let Some(action) = snat::ingress4(ctx)? {
             return Ok(action);
@@ -92,12 +85,7 @@ fn ingress6(ctx: &TcContext) -> Verdict {
     let Ok(ip) = ptr_at::<Ipv6Hdr>(ctx, ETH_LEN) else {
         return Ok(TC_ACT_OK);
     };
-    let key = AddrKey {
-        network: 0,
-        family: AF_INET6,
-        _pad: [0; 3],
-        addr: unsafe { (*ip).dst_addr },
-    };
+    let key = spoof::addr_key6(0, unsafe { &(*ip).dst_addr });
     let Some(r) = (unsafe { ROUTED.get(&key) }) else {
         return Ok(TC_ACT_OK);
     };
