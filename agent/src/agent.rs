@@ -311,7 +311,34 @@ pub fn run_with(
         // Live migrations the data path already cut over on this node.
         migrations.tick(&mut cfg, &opts.node, &mut dp);
         let started = std::time::Instant::now();
-        let plan = plan::plan(&cfg, &opts.node, ifindex_of);
+        // Port ids stay with their VM interface: from the last applied
+        // plan, or after a restart from the ports the data path holds.
+        let previous_ids: BTreeMap<AttachmentKey, u32> = match &last_plan {
+            Some(p) => p
+                .ports
+                .values()
+                .map(|pp| (pp.attachment.clone(), pp.info.port_id))
+                .collect(),
+            None => {
+                let pinned: BTreeMap<u32, u32> = dp
+                    .maps()
+                    .ports
+                    .iter()
+                    .filter_map(|r| r.ok())
+                    .map(|(i, info)| (i, info.port_id))
+                    .collect();
+                cfg.attachments
+                    .iter()
+                    .filter(|a| a.active_node() == opts.node)
+                    .filter_map(|a| {
+                        ifindex_of(a.active_port())
+                            .and_then(|i| pinned.get(&i))
+                            .map(|id| (a.key.clone(), *id))
+                    })
+                    .collect()
+            }
+        };
+        let plan = plan::plan_with_ids(&cfg, &opts.node, ifindex_of, &previous_ids);
         let plan_changed = last_plan.as_ref() != Some(&plan);
         if plan_changed {
             match dp.apply(&plan) {

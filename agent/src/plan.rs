@@ -6,8 +6,8 @@ use std::{collections::BTreeMap, net::IpAddr};
 
 use vmpath_common::{
     ADDR_CLAIMED, ADDR_STATIC, AF_INET, AF_INET6, AddrInfo, AddrKey, ENDPOINT_LOCAL, Endpoint,
-    EndpointKey, FloodList, MAX_FLOOD_PORTS, NET_F_DHCP, NET_F_GW4, NET_F_GW6, NetworkInfo,
-    PORT_F_IP_FILTER, PORT_F_MAC_FILTER, PORT_F_MAC_KNOWN, PORT_F_PENDING, PortInfo,
+    EndpointKey, FloodList, MAX_FLOOD_PORTS, MAX_PORT_ID, NET_F_DHCP, NET_F_GW4, NET_F_GW6,
+    NetworkInfo, PORT_F_IP_FILTER, PORT_F_MAC_FILTER, PORT_F_MAC_KNOWN, PORT_F_PENDING, PortInfo,
     link_local_from_mac,
 };
 
@@ -68,6 +68,70 @@ pub fn addr_key(network: u32, ip: IpAddr) -> AddrKey {
 
 /// `ifindex_of` resolves an interface name in this node's namespace.
 pub fn plan(cfg: &Config, node: &str, ifindex_of: impl Fn(&str) -> Option<u32>) -> Plan {
+    plan_with_ids(cfg, node, ifindex_of, &BTreeMap::new())
+}
+
+/// The port this node serves for `att`, and whether it is a pending
+/// migration target.
+fn local_port<'a>(att: &'a crate::config::Attachment, node: &str) -> Option<(&'a str, bool)> {
+    if att.active_node() == node {
+        Some((att.active_port(), false))
+    } else {
+        pending_target_port(att, node).map(|p| (p, true))
+    }
+}
+
+/// Port ids stay with their VM interface across reconciles and restarts
+/// (`previous`); new ones take the smallest free id. The slow path tags
+/// frames with them, so a renumbering could hand one VM's DHCP reply to
+/// another; and they must fit the 12-bit tag.
+fn port_ids<'a>(
+    cfg: &'a Config,
+    node: &str,
+    previous: &BTreeMap<AttachmentKey, u32>,
+    problems: &mut Vec<String>,
+) -> std::collections::HashMap<&'a AttachmentKey, u32> {
+    let local: Vec<&AttachmentKey> = cfg
+        .attachments
+        .iter()
+        .filter(|a| local_port(a, node).is_some())
+        .map(|a| &a.key)
+        .collect();
+    let mut used = std::collections::HashSet::new();
+    let mut ids = std::collections::HashMap::new();
+    for key in &local {
+        if let Some(&id) = previous.get(*key)
+            && (1..=MAX_PORT_ID).contains(&id)
+            && used.insert(id)
+        {
+            ids.insert(*key, id);
+        }
+    }
+    let mut next = 1u32;
+    for key in local {
+        if ids.contains_key(key) {
+            continue;
+        }
+        while used.contains(&next) {
+            next += 1;
+        }
+        if next > MAX_PORT_ID {
+            problems.push(format!("attachment {key} not served: no free port id (at most {MAX_PORT_ID} ports per node)"));
+            continue;
+        }
+        used.insert(next);
+        ids.insert(key, next);
+    }
+    ids
+}
+
+/// As [`plan`], keeping the port ids of `previous` (VM interface -> id).
+pub fn plan_with_ids(
+    cfg: &Config,
+    node: &str,
+    ifindex_of: impl Fn(&str) -> Option<u32>,
+    previous: &BTreeMap<AttachmentKey, u32>,
+) -> Plan {
     let mut plan = Plan::default();
     for net in &cfg.networks {
         let mut info = NetworkInfo {
@@ -91,23 +155,18 @@ pub fn plan(cfg: &Config, node: &str, ifindex_of: impl Fn(&str) -> Option<u32>) 
         plan.networks.insert(net.id, info);
     }
 
-    // Port ids are small and stable for a given config (the slow path tags
-    // frames with them), so number ports in attachment order.
-    let mut next_port_id = 1u32;
+    let ids = port_ids(cfg, node, previous, &mut plan.problems);
     for att in &cfg.attachments {
         // Active here, or here as the target of a pending migration.
-        let (port_name, pending) = if att.active_node() == node {
-            (att.active_port(), false)
-        } else if let Some(port) = pending_target_port(att, node) {
-            (port, true)
-        } else {
+        let Some((port_name, pending)) = local_port(att, node) else {
             continue;
         };
         let Some(net) = cfg.network(&att.network) else {
             continue;
         };
-        let port_id = next_port_id;
-        next_port_id += 1;
+        let Some(&port_id) = ids.get(&att.key) else {
+            continue;
+        };
         let Some(ifindex) = ifindex_of(port_name) else {
             plan.missing_ports
                 .push((att.key.clone(), port_name.to_string()));
@@ -204,5 +263,66 @@ impl PlannedPort {
     /// or routed to until the cut-over.
     pub fn pending(&self) -> bool {
         self.info.flags & PORT_F_PENDING != 0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config;
+
+    fn cfg_with(vms: &[&str]) -> Config {
+        let mut docs = String::from(
+            "apiVersion: vmpath.dev/v1alpha1\nkind: Network\nmetadata: {name: blue}\nspec: {id: 100, subnets: [10.20.0.0/16], ipam: {mode: Disabled}}\n",
+        );
+        for (i, vm) in vms.iter().enumerate() {
+            docs.push_str(&format!(
+                "---\napiVersion: vmpath.dev/v1alpha1\nkind: Attachment\nmetadata: {{name: {vm}, namespace: prod}}\nspec: {{vm: {vm}, interface: eth0, network: blue, node: a, port: p-{vm}, mac: '52:54:00:00:00:{i:02x}'}}\n"
+            ));
+        }
+        let dir = std::env::temp_dir().join(format!(
+            "vmpath-plan-ids-{}-{}",
+            std::process::id(),
+            vms.join("-")
+        ));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("c.yaml"), docs).unwrap();
+        let snap = config::source::read_dir(&dir);
+        let _ = std::fs::remove_dir_all(&dir);
+        config::validate(&snap, "a", &Default::default())
+    }
+
+    fn ids(plan: &Plan) -> BTreeMap<String, u32> {
+        plan.ports
+            .values()
+            .map(|p| (p.attachment.vm.clone(), p.info.port_id))
+            .collect()
+    }
+
+    /// A port keeps its id when another attachment goes away, and a new one
+    /// takes the freed id: the slow path's tags never point at another VM.
+    #[test]
+    fn port_ids_stay_with_their_vm_interface() {
+        // Interfaces' ifindexes by name (p-vm1 -> 11, ...).
+        let ifindex = |name: &str| {
+            name.strip_prefix("p-vm")
+                .and_then(|n| n.parse::<u32>().ok())
+                .map(|n| 10 + n)
+        };
+        let first = plan(&cfg_with(&["vm1", "vm2", "vm3"]), "a", ifindex);
+        assert_eq!(
+            ids(&first),
+            BTreeMap::from([("vm1".into(), 1), ("vm2".into(), 2), ("vm3".into(), 3)])
+        );
+        let previous: BTreeMap<AttachmentKey, u32> = first
+            .ports
+            .values()
+            .map(|p| (p.attachment.clone(), p.info.port_id))
+            .collect();
+        let second = plan_with_ids(&cfg_with(&["vm2", "vm3", "vm4"]), "a", ifindex, &previous);
+        assert_eq!(
+            ids(&second),
+            BTreeMap::from([("vm2".into(), 2), ("vm3".into(), 3), ("vm4".into(), 1)])
+        );
     }
 }
