@@ -304,6 +304,35 @@ pub fn sum_per_cpu(values: &PerCpuValues<PortStats>) -> PortStats {
     })
 }
 
+/// Swaps `$prog` into the link a previous agent pinned at `$pin` (no gap in
+/// forwarding); `true` when adopted. A stale pin is removed so the caller
+/// attaches anew. A macro because aya's link types share no trait for
+/// `attach_to_link`.
+macro_rules! adopt_pinned {
+    ($prog:expr, $link:ty, $pin:expr, $prog_name:expr, $ifname:expr) => {{
+        let prog = &mut *$prog;
+        let adopted = $pin.exists()
+            && match PinnedLink::from_pin($pin)
+                .map_err(anyhow::Error::from)
+                .and_then(|p| Ok(<$link>::try_from(FdLink::from(p))?))
+                .and_then(|link| Ok(prog.attach_to_link(link)?))
+            {
+                Ok(id) => {
+                    // The pin keeps the link; our fd is not needed.
+                    drop(prog.take_link(id)?);
+                    debug!(prog = $prog_name, ifname = $ifname, "adopted pinned link");
+                    true
+                }
+                Err(e) => {
+                    warn!(prog = $prog_name, ifname = $ifname, error = %e, "stale link pin, attaching anew");
+                    let _ = fs::remove_file($pin);
+                    false
+                }
+            };
+        adopted
+    }};
+}
+
 pub struct Dataplane {
     root: PathBuf,
     /// Kept alive so the program stays loaded while we attach it.
@@ -435,23 +464,8 @@ impl Dataplane {
             .program_mut(prog_name)
             .ok_or_else(|| anyhow!("program {prog_name} missing"))?
             .try_into()?;
-        if pin.exists() {
-            let adopted = PinnedLink::from_pin(pin)
-                .map_err(anyhow::Error::from)
-                .and_then(|p| Ok(SchedClassifierLink::try_from(FdLink::from(p))?))
-                .and_then(|link| Ok(prog.attach_to_link(link)?));
-            match adopted {
-                Ok(id) => {
-                    // The pin keeps the link; our fd is not needed.
-                    drop(prog.take_link(id)?);
-                    debug!(prog = prog_name, ifname, "adopted pinned link");
-                    return Ok(());
-                }
-                Err(e) => {
-                    warn!(prog = prog_name, ifname, error = %e, "stale link pin, attaching anew");
-                    let _ = fs::remove_file(pin);
-                }
-            }
+        if adopt_pinned!(prog, SchedClassifierLink, pin, prog_name, ifname) {
+            return Ok(());
         }
         let id = prog
             .attach_with_options(
@@ -481,22 +495,8 @@ impl Dataplane {
             .program_mut(prog_name)
             .ok_or_else(|| anyhow!("program {prog_name} missing"))?
             .try_into()?;
-        if pin.exists() {
-            let adopted = PinnedLink::from_pin(pin)
-                .map_err(anyhow::Error::from)
-                .and_then(|p| Ok(XdpLink::try_from(FdLink::from(p))?))
-                .and_then(|link| Ok(prog.attach_to_link(link)?));
-            match adopted {
-                Ok(id) => {
-                    drop(prog.take_link(id)?);
-                    debug!(prog = prog_name, ifname, "adopted pinned XDP link");
-                    return Ok(());
-                }
-                Err(e) => {
-                    warn!(prog = prog_name, ifname, error = %e, "stale XDP link pin, attaching anew");
-                    let _ = fs::remove_file(pin);
-                }
-            }
+        if adopt_pinned!(prog, XdpLink, pin, prog_name, ifname) {
+            return Ok(());
         }
         let id = prog
             .attach(ifname, XdpMode::Driver)

@@ -186,12 +186,7 @@ pub fn forward4(ctx: &TcContext, in_ifindex: u32) -> Verdict {
         )
     };
     let rc = rc as u32;
-    if rc != BPF_FIB_LKUP_RET_SUCCESS && rc != BPF_FIB_LKUP_RET_NO_NEIGH {
-        if rc == BPF_FIB_LKUP_RET_FRAG_NEEDED {
-            return Err(drop_reason::MTU_EXCEEDED);
-        }
-        return Err(drop_reason::ROUTE_NO_ROUTE);
-    }
+    forwardable(rc)?;
     let ip: *mut Ipv4Hdr = ptr_at(ctx, ETH_LEN)?;
     unsafe {
         let ip = &mut *ip;
@@ -200,20 +195,7 @@ pub fn forward4(ctx: &TcContext, in_ifindex: u32) -> Verdict {
         let new = (u16::from(ip.ttl) << 8) | u16::from(ip.proto);
         ip.check = csum::replace16(u16::from_be_bytes(ip.check), old, new).to_be_bytes();
     }
-    if rc == BPF_FIB_LKUP_RET_SUCCESS {
-        let eth: *mut EthHdr = ptr_at(ctx, 0)?;
-        unsafe {
-            (*eth).dst_addr = p.dmac;
-            (*eth).src_addr = p.smac;
-        }
-        return redirected(unsafe { bpf_redirect(p.ifindex, 0) });
-    }
-    let mut nh: bpf_redir_neigh = unsafe { core::mem::zeroed() };
-    nh.nh_family = u32::from(AF_INET);
-    nh.__bindgen_anon_1.ipv4_nh = unsafe { p.__bindgen_anon_4.ipv4_dst };
-    redirected(unsafe {
-        bpf_redirect_neigh(p.ifindex, &mut nh, size_of::<bpf_redir_neigh>() as i32, 0)
-    })
+    to_next_hop(ctx, &p, rc)
 }
 
 #[inline(always)]
@@ -258,14 +240,27 @@ fn egress6_inner(ctx: &TcContext, ifindex: u32, port: &PortInfo, net: &NetworkIn
             0,
         )
     } as u32;
-    if rc != BPF_FIB_LKUP_RET_SUCCESS && rc != BPF_FIB_LKUP_RET_NO_NEIGH {
-        if rc == BPF_FIB_LKUP_RET_FRAG_NEEDED {
-            return Err(drop_reason::MTU_EXCEEDED);
-        }
-        return Err(drop_reason::ROUTE_NO_ROUTE);
-    }
+    forwardable(rc)?;
     let ip: *mut Ipv6Hdr = ptr_at(ctx, ETH_LEN)?;
     unsafe { (*ip).hop_limit -= 1 };
+    to_next_hop(ctx, &p, rc)
+}
+
+/// FIB results that can be forwarded: a resolved neighbour, or one
+/// `bpf_redirect_neigh` will resolve.
+#[inline(always)]
+fn forwardable(rc: u32) -> Result<(), u32> {
+    match rc {
+        BPF_FIB_LKUP_RET_SUCCESS | BPF_FIB_LKUP_RET_NO_NEIGH => Ok(()),
+        BPF_FIB_LKUP_RET_FRAG_NEEDED => Err(drop_reason::MTU_EXCEEDED),
+        _ => Err(drop_reason::ROUTE_NO_ROUTE),
+    }
+}
+
+/// Out of the FIB's interface: straight to the neighbour it resolved, or
+/// through `bpf_redirect_neigh`, which resolves the next hop itself.
+#[inline(always)]
+fn to_next_hop(ctx: &TcContext, p: &FibParams, rc: u32) -> Verdict {
     if rc == BPF_FIB_LKUP_RET_SUCCESS {
         let eth: *mut EthHdr = ptr_at(ctx, 0)?;
         unsafe {
@@ -275,8 +270,13 @@ fn egress6_inner(ctx: &TcContext, ifindex: u32, port: &PortInfo, net: &NetworkIn
         return redirected(unsafe { bpf_redirect(p.ifindex, 0) });
     }
     let mut nh: bpf_redir_neigh = unsafe { core::mem::zeroed() };
-    nh.nh_family = u32::from(AF_INET6);
-    nh.__bindgen_anon_1.ipv6_nh = unsafe { p.__bindgen_anon_4.ipv6_dst };
+    if p.family == AF_INET6 {
+        nh.nh_family = u32::from(AF_INET6);
+        nh.__bindgen_anon_1.ipv6_nh = unsafe { p.__bindgen_anon_4.ipv6_dst };
+    } else {
+        nh.nh_family = u32::from(AF_INET);
+        nh.__bindgen_anon_1.ipv4_nh = unsafe { p.__bindgen_anon_4.ipv4_dst };
+    }
     redirected(unsafe {
         bpf_redirect_neigh(p.ifindex, &mut nh, size_of::<bpf_redir_neigh>() as i32, 0)
     })

@@ -68,6 +68,15 @@ fi
     path.display().to_string()
 }
 
+/// One udhcpc run in `vm`: up to `tries` DISCOVERs a second apart, then
+/// quit (with a lease or without).
+fn udhcpc(vm: &Vm, hook: &str, tries: u32) -> std::process::Output {
+    let tries = tries.to_string();
+    vm.ns.run_status(&[
+        "udhcpc", "-i", "eth0", "-n", "-q", "-f", "-t", &tries, "-T", "1", "-s", hook,
+    ])
+}
+
 fn env_file(path: &Path) -> BTreeMap<String, String> {
     fs::read_to_string(path)
         .unwrap_or_default()
@@ -359,9 +368,7 @@ fn no_offer_on_an_ipamless_network_and_malformed_requests_get_nothing() {
     let hook = udhcpc_hook(&node.state_dir);
 
     // red has no IPAM: the VM keeps what it brought and gets no offer.
-    let out = vm3.ns.run_status(&[
-        "udhcpc", "-i", "eth0", "-n", "-q", "-f", "-t", "3", "-T", "1", "-s", &hook,
-    ]);
+    let out = udhcpc(&vm3, &hook, 3);
     assert!(!out.status.success(), "an IPAM-less network answered DHCP");
 
     // Truncated and malformed DHCP from vm1: no reply, nothing disturbed.
@@ -383,16 +390,12 @@ fn no_offer_on_an_ipamless_network_and_malformed_requests_get_nothing() {
 
     // vm2 is undisturbed and vm1 still gets its lease.
     let env_path = node.state_dir.join("udhcpc-bound.env");
-    vm2.ns.run(&[
-        "udhcpc", "-i", "eth0", "-n", "-q", "-f", "-t", "5", "-T", "1", "-s", &hook,
-    ]);
+    assert!(udhcpc(&vm2, &hook, 5).status.success(), "vm2 got no lease");
     assert_eq!(
         env_file(&env_path)["ip"],
         lease_of(&node, "vm2", false).split('/').next().unwrap()
     );
-    vm1.ns.run(&[
-        "udhcpc", "-i", "eth0", "-n", "-q", "-f", "-t", "5", "-T", "1", "-s", &hook,
-    ]);
+    assert!(udhcpc(&vm1, &hook, 5).status.success(), "vm1 got no lease");
     assert_eq!(
         env_file(&env_path)["ip"],
         lease_of(&node, "vm1", false).split('/').next().unwrap()
@@ -404,16 +407,12 @@ fn same_lease_after_agent_restart_and_frames_counted_while_it_is_down() {
     let (mut node, vm1, _vm2) = bed();
     let hook = udhcpc_hook(&node.state_dir);
     let env_path = node.state_dir.join("udhcpc-bound.env");
-    vm1.ns.run(&[
-        "udhcpc", "-i", "eth0", "-n", "-q", "-f", "-t", "5", "-T", "1", "-s", &hook,
-    ]);
+    assert!(udhcpc(&vm1, &hook, 5).status.success(), "vm1 got no lease");
     let first = env_file(&env_path)["ip"].clone();
 
     node.kill_agent();
     let before = node.drops(drop_reason::SLOWPATH_NO_LISTENER);
-    let out = vm1.ns.run_status(&[
-        "udhcpc", "-i", "eth0", "-n", "-q", "-f", "-t", "2", "-T", "1", "-s", &hook,
-    ]);
+    let out = udhcpc(&vm1, &hook, 2);
     assert!(!out.status.success(), "a lease without an agent?");
     assert!(
         node.drops(drop_reason::SLOWPATH_NO_LISTENER) >= before + 2,
@@ -425,9 +424,7 @@ fn same_lease_after_agent_restart_and_frames_counted_while_it_is_down() {
     fs::remove_file(&env_path).unwrap();
     vm1.ns
         .run(&["ip", "addr", "flush", "dev", "eth0", "scope", "global"]);
-    vm1.ns.run(&[
-        "udhcpc", "-i", "eth0", "-n", "-q", "-f", "-t", "5", "-T", "1", "-s", &hook,
-    ]);
+    assert!(udhcpc(&vm1, &hook, 5).status.success(), "vm1 got no lease");
     assert_eq!(
         env_file(&env_path)["ip"],
         first,
