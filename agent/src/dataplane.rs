@@ -17,9 +17,7 @@ use std::{
 use anyhow::{Context as _, Result, anyhow, bail};
 use aya::{
     Ebpf, EbpfLoader,
-    maps::{
-        Array, HashMap, Map, MapData, MapInfo, MapType, PerCpuArray, PerCpuHashMap, PerCpuValues,
-    },
+    maps::{Array, HashMap, Map, MapData, MapInfo, MapType, PerCpuArray, PerCpuValues},
     programs::{
         LinkOrder, SchedClassifier, TcAttachType, Xdp, XdpMode,
         links::{FdLink, PinnedLink},
@@ -88,7 +86,7 @@ const MAP_SPECS: [MapSpec; 12] = [
     spec::<u32, NetworkInfo>(map_names::NETWORKS, MapType::Hash, MAX_NETWORKS),
     spec::<u32, FloodList>(map_names::FLOOD, MapType::Hash, MAX_NETWORKS),
     spec::<u32, u64>(map_names::DROPS, MapType::PerCpuArray, drop_reason::COUNT),
-    spec::<u32, PortStats>(map_names::PORT_STATS, MapType::PerCpuHash, MAX_PORTS),
+    spec::<u32, PortStats>(map_names::PORT_STATS, MapType::PerCpuArray, MAX_PORTS),
     spec::<u32, LearnedMac>(map_names::LEARNED_MACS, MapType::Hash, MAX_PORTS),
     spec::<AddrKey, LearnedIp>(map_names::LEARNED_IPS, MapType::LruHash, MAX_LEARNED_IPS),
     spec::<u32, u32>(map_names::PORT_IDS, MapType::Hash, MAX_PORTS),
@@ -224,7 +222,8 @@ pub struct Maps {
     pub networks: HashMap<MapData, u32, NetworkInfo>,
     pub flood: HashMap<MapData, u32, FloodList>,
     pub drops: PerCpuArray<MapData, u64>,
-    pub port_stats: PerCpuHashMap<MapData, u32, PortStats>,
+    /// Indexed by port id.
+    pub port_stats: PerCpuArray<MapData, PortStats>,
     pub learned_macs: HashMap<MapData, u32, LearnedMac>,
     pub learned_ips: HashMap<MapData, AddrKey, LearnedIp>,
     pub routed: HashMap<MapData, AddrKey, RoutedAddr>,
@@ -286,13 +285,15 @@ impl Maps {
             .collect()
     }
 
-    /// A port's counters summed over CPUs.
+    /// The counters of the port at `ifindex` summed over CPUs (None: no
+    /// such port is programmed).
     pub fn port_stats(&self, ifindex: u32) -> Result<Option<PortStats>> {
-        match self.port_stats.get(&ifindex, 0) {
-            Ok(values) => Ok(Some(sum_per_cpu(&values))),
-            Err(aya::maps::MapError::KeyNotFound) => Ok(None),
-            Err(e) => Err(e.into()),
-        }
+        let port = match self.ports.get(&ifindex, 0) {
+            Ok(p) => p,
+            Err(aya::maps::MapError::KeyNotFound) => return Ok(None),
+            Err(e) => return Err(e.into()),
+        };
+        Ok(Some(sum_per_cpu(&self.port_stats.get(&port.port_id, 0)?)))
     }
 }
 
@@ -537,23 +538,23 @@ impl Dataplane {
         sync(&mut self.maps.addresses, &plan.addresses)?;
         sync(&mut self.maps.endpoints, &plan.endpoints)?;
         let ports: BTreeMap<u32, PortInfo> = plan.ports.iter().map(|(k, p)| (*k, p.info)).collect();
-        // Counters survive reconciles and restarts; only new ports get zeroes.
-        let nr_cpus = aya::util::nr_cpus().map_err(|(m, e)| anyhow!("{m}: {e}"))?;
-        for ifindex in ports.keys() {
-            if matches!(
-                self.maps.port_stats.get(ifindex, 0),
-                Err(aya::maps::MapError::KeyNotFound)
-            ) {
-                let zero = PerCpuValues::try_from(vec![PortStats::default(); nr_cpus])?;
-                self.maps.port_stats.insert(*ifindex, zero, 0)?;
-            }
-        }
-        sync(&mut self.maps.ports, &ports)?;
         let port_ids: BTreeMap<u32, u32> = plan
             .ports
             .iter()
             .map(|(ifindex, p)| (p.info.port_id, *ifindex))
             .collect();
+        // Counters survive reconciles and restarts: a slot is zeroed only
+        // when its port id goes to another port or to none (`vmp_port_ids`
+        // says which port held it).
+        let held: BTreeMap<u32, u32> = self.maps.port_ids.iter().filter_map(|r| r.ok()).collect();
+        let nr_cpus = aya::util::nr_cpus().map_err(|(m, e)| anyhow!("{m}: {e}"))?;
+        for id in held.keys().chain(port_ids.keys()) {
+            if held.get(id) != port_ids.get(id) {
+                let zero = PerCpuValues::try_from(vec![PortStats::default(); nr_cpus])?;
+                self.maps.port_stats.set(*id, zero, 0)?;
+            }
+        }
+        sync(&mut self.maps.ports, &ports)?;
         sync(&mut self.maps.port_ids, &port_ids)?;
 
         for (ifindex, port) in &plan.ports {
@@ -568,16 +569,6 @@ impl Dataplane {
                 self.attached.remove(&ifindex);
                 info!(ifindex, "detached port");
             }
-        }
-        let stale_stats: Vec<u32> = self
-            .maps
-            .port_stats
-            .keys()
-            .filter_map(|k| k.ok())
-            .filter(|k| !plan.ports.contains_key(k))
-            .collect();
-        for k in stale_stats {
-            let _ = self.maps.port_stats.remove(&k);
         }
         // What was learned on a port that is gone (or got its MAC) is stale.
         let stale_macs: Vec<u32> = self

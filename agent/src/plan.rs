@@ -7,8 +7,8 @@ use std::{collections::BTreeMap, net::IpAddr};
 use vmpath_common::{
     ADDR_CLAIMED, ADDR_STATIC, AF_INET, AF_INET6, AddrInfo, AddrKey, ENDPOINT_LOCAL, Endpoint,
     EndpointKey, FloodList, MAX_FLOOD_PORTS, MAX_PORT_ID, NET_F_DHCP, NET_F_GW4, NET_F_GW6,
-    NetworkInfo, PORT_F_IP_FILTER, PORT_F_MAC_FILTER, PORT_F_MAC_KNOWN, PORT_F_PENDING, PortInfo,
-    link_local_from_mac,
+    NetworkInfo, PORT_F_DHCP, PORT_F_IP_FILTER, PORT_F_MAC_FILTER, PORT_F_MAC_KNOWN,
+    PORT_F_PENDING, PortInfo, link_local_from_mac,
 };
 
 pub mod north_south;
@@ -182,6 +182,10 @@ pub fn plan_with_ids(
         if att.mac_resolved.is_some() {
             flags |= PORT_F_MAC_KNOWN;
         }
+        if net.ipam {
+            // The port-level copy of NET_F_DHCP: decided without a network lookup.
+            flags |= PORT_F_DHCP;
+        }
         if pending {
             // Not active yet: endpoints keep pointing at the source until
             // the VM speaks here or the cut-over is signalled.
@@ -197,6 +201,7 @@ pub fn plan_with_ids(
             continue;
         }
         flood.ifindex[flood.count as usize] = ifindex;
+        flood.port_id[flood.count as usize] = port_id;
         flood.count += 1;
         plan.ports.insert(
             ifindex,
@@ -209,6 +214,9 @@ pub fn plan_with_ids(
                     network: net.id,
                     mac,
                     flags,
+                    gw_mac: net.gateway_mac,
+                    _pad: 0,
+                    ip4: first_ip4(&att.addresses),
                 },
             },
         );
@@ -223,6 +231,7 @@ pub fn plan_with_ids(
                     kind: ENDPOINT_LOCAL,
                     ifindex,
                     migrate_to: overlay::migrate_to(cfg, att, node),
+                    port_id,
                     ..Default::default()
                 },
             );
@@ -238,6 +247,7 @@ pub fn plan_with_ids(
                     },
                     mac,
                     _pad: [0; 2],
+                    port_id,
                 },
             );
         }
@@ -245,6 +255,18 @@ pub fn plan_with_ids(
     north_south::north_south(cfg, &mut plan);
     overlay::overlay(cfg, node, &mut plan);
     plan
+}
+
+/// The first IPv4 address of an attachment (zero: none), cached in its
+/// port entry for the spoof filter.
+fn first_ip4(addresses: &[(ipnet::IpNet, Origin)]) -> [u8; 4] {
+    addresses
+        .iter()
+        .find_map(|(ip, _)| match ip.addr() {
+            std::net::IpAddr::V4(a) => Some(a.octets()),
+            std::net::IpAddr::V6(_) => None,
+        })
+        .unwrap_or([0; 4])
 }
 
 /// The port of `att` on `node` when `node` is the target of its pending

@@ -83,7 +83,10 @@ pub mod prog_names {
 
 /// Layout version of the pinned maps. Bump when any type below changes size
 /// or meaning; pins live under `maps/v{MAP_LAYOUT_VERSION}`.
-pub const MAP_LAYOUT_VERSION: u32 = 1;
+pub const MAP_LAYOUT_VERSION: u32 = 2;
+// v2: per-port counters in a per-CPU array indexed by port id (no hash
+// lookup per frame); PortInfo caches the gateway MAC and first IPv4;
+// every entry that delivers to a port carries its port id.
 
 pub const MAX_PORTS: u32 = 4096;
 pub const MAX_ENDPOINTS: u32 = 65536;
@@ -103,6 +106,9 @@ pub const PORT_F_MAC_KNOWN: u16 = 1 << 2;
 /// is not active here yet; the first frame from its MAC on this port makes
 /// it so (`vm_migrate`) without waiting for the agent.
 pub const PORT_F_PENDING: u16 = 1 << 3;
+/// The port's network is served by vmpath (`NET_F_DHCP`): DHCP, DHCPv6
+/// and router solicitations go to the slow path.
+pub const PORT_F_DHCP: u16 = 1 << 4;
 
 /// A VM port: the host side of a VM pod's veth. Keyed by ifindex.
 #[repr(C)]
@@ -114,8 +120,18 @@ pub struct PortInfo {
     pub network: u32,
     pub mac: [u8; 6],
     pub flags: u16,
+    /// The network's gateway MAC (as in `NetworkInfo`): switched or routed
+    /// is decided without looking the network up.
+    pub gw_mac: [u8; 6],
+    pub _pad: u16,
+    /// The port's first IPv4 address (zero: none). The spoof filter's
+    /// common case needs no address lookup; others are in `vmp_addresses`.
+    pub ip4: [u8; 4],
 }
-const _: () = assert!(size_of::<PortInfo>() == 16);
+const _: () = assert!(size_of::<PortInfo>() == 28);
+
+/// Port id 0 is never assigned: counters of "no port" are not kept.
+pub const NO_PORT_ID: u32 = 0;
 
 /// (network, MAC) -> where that MAC lives.
 #[repr(C)]
@@ -144,8 +160,10 @@ pub struct Endpoint {
     /// that node repoints the entry there at once, before any agent hears
     /// of the cut-over. (Was padding: zero keeps the old meaning.)
     pub migrate_to: [u8; 4],
+    /// Port id of a local port (its counters' slot).
+    pub port_id: u32,
 }
-const _: () = assert!(size_of::<Endpoint>() == 16);
+const _: () = assert!(size_of::<Endpoint>() == 20);
 
 pub const AF_INET: u8 = 4;
 pub const AF_INET6: u8 = 6;
@@ -175,8 +193,10 @@ pub struct AddrInfo {
     pub origin: u32,
     pub mac: [u8; 6],
     pub _pad: [u8; 2],
+    /// Port id of that port.
+    pub port_id: u32,
 }
-const _: () = assert!(size_of::<AddrInfo>() == 16);
+const _: () = assert!(size_of::<AddrInfo>() == 20);
 
 /// Network flags (`NetworkInfo::flags`).
 pub const NET_F_GW4: u16 = 1 << 0;
@@ -228,8 +248,10 @@ pub struct FloodList {
     pub count: u32,
     pub _pad: u32,
     pub ifindex: [u32; MAX_FLOOD_PORTS],
+    /// Port id of each port in `ifindex` (its counters' slot).
+    pub port_id: [u32; MAX_FLOOD_PORTS],
 }
-const _: () = assert!(size_of::<FloodList>() == 8 + 4 * MAX_FLOOD_PORTS);
+const _: () = assert!(size_of::<FloodList>() == 8 + 8 * MAX_FLOOD_PORTS);
 
 impl Default for FloodList {
     fn default() -> Self {
@@ -237,6 +259,7 @@ impl Default for FloodList {
             count: 0,
             _pad: 0,
             ifindex: [0; MAX_FLOOD_PORTS],
+            port_id: [0; MAX_FLOOD_PORTS],
         }
     }
 }
@@ -481,7 +504,8 @@ pub struct RoutedAddr {
     pub gw_mac: [u8; 6],
     /// The network's MTU (0: unchecked).
     pub mtu: u16,
-    pub _pad: u16,
+    /// Port id of the VM's port (its counters' slot).
+    pub port_id: u16,
 }
 const _: () = assert!(size_of::<RoutedAddr>() == 24);
 
@@ -562,10 +586,13 @@ pub struct NatEntry {
     pub ifindex: u32,
     pub vm_mac: [u8; 6],
     pub gw_mac: [u8; 6],
+    /// Port id of the VM's port (in `vmp_snat_in`; its counters' slot).
+    pub port_id: u32,
+    pub _pad2: u32,
     /// bpf_ktime_get_ns of the last packet.
     pub last_seen: u64,
 }
-const _: () = assert!(size_of::<NatEntry>() == 32);
+const _: () = assert!(size_of::<NatEntry>() == 40);
 
 #[cfg(feature = "user")]
 mod pod_north_south {

@@ -1,21 +1,28 @@
 //! Per-CPU counters: every drop is counted under its reason and its port.
+//! Port counters live in a per-CPU array indexed by the port's id, so
+//! counting costs no hash lookup (the verifier inlines array lookups).
+
+use vmpath_common::NO_PORT_ID;
 
 use crate::maps::{DROPS, PORT_STATS};
 
 #[inline(always)]
-pub fn count_drop(ifindex: u32, reason: u32) {
+pub fn count_drop(port_id: u32, reason: u32) {
     if let Some(slot) = DROPS.get_ptr_mut(reason) {
         // Per-CPU slot: no other writer.
         unsafe { *slot += 1 };
     }
-    if let Some(stats) = PORT_STATS.get_ptr_mut(ifindex) {
+    if port_id == NO_PORT_ID {
+        return;
+    }
+    if let Some(stats) = PORT_STATS.get_ptr_mut(port_id) {
         unsafe { (*stats).drops += 1 };
     }
 }
 
 #[inline(always)]
-pub fn count_rx(ifindex: u32, bytes: u32) {
-    if let Some(stats) = PORT_STATS.get_ptr_mut(ifindex) {
+pub fn count_rx(port_id: u32, bytes: u32) {
+    if let Some(stats) = PORT_STATS.get_ptr_mut(port_id) {
         unsafe {
             (*stats).rx_packets += 1;
             (*stats).rx_bytes += u64::from(bytes);
@@ -24,8 +31,8 @@ pub fn count_rx(ifindex: u32, bytes: u32) {
 }
 
 #[inline(always)]
-pub fn count_tx(ifindex: u32, bytes: u32) {
-    if let Some(stats) = PORT_STATS.get_ptr_mut(ifindex) {
+pub fn count_tx(port_id: u32, bytes: u32) {
+    if let Some(stats) = PORT_STATS.get_ptr_mut(port_id) {
         unsafe {
             (*stats).tx_packets += 1;
             (*stats).tx_bytes += u64::from(bytes);
@@ -34,8 +41,8 @@ pub fn count_tx(ifindex: u32, bytes: u32) {
 }
 
 #[inline(always)]
-pub fn count_gw_reply(ifindex: u32) {
-    if let Some(stats) = PORT_STATS.get_ptr_mut(ifindex) {
+pub fn count_gw_reply(port_id: u32) {
+    if let Some(stats) = PORT_STATS.get_ptr_mut(port_id) {
         unsafe { (*stats).gw_replies += 1 };
     }
 }

@@ -35,7 +35,7 @@ pub fn switch(ctx: &TcContext, ifindex: u32, network: u32, dst: [u8; 6]) -> Verd
                     // Addressed to itself: the VM's own stack has it already.
                     return Err(drop_reason::NO_DESTINATION);
                 }
-                return deliver_local(ctx, ep.ifindex);
+                return deliver_local(ctx, ep.ifindex, ep.port_id);
             }
             if ep.kind == ENDPOINT_REMOTE {
                 return overlay::to_remote(ctx);
@@ -45,10 +45,11 @@ pub fn switch(ctx: &TcContext, ifindex: u32, network: u32, dst: [u8; 6]) -> Verd
     flood(ctx, ifindex, network)
 }
 
-/// Straight into the VM's namespace: the peer of its host-side veth.
+/// Straight into the VM's namespace: the peer of its host-side veth
+/// (`port_id` is that port's counters' slot).
 #[inline(always)]
-pub fn deliver_local(ctx: &TcContext, port_ifindex: u32) -> Verdict {
-    count_tx(port_ifindex, ctx.len());
+pub fn deliver_local(ctx: &TcContext, port_ifindex: u32, port_id: u32) -> Verdict {
+    count_tx(port_id, ctx.len());
     let rc = unsafe { bpf_redirect_peer(port_ifindex, 0) };
     if rc == i64::from(TC_ACT_REDIRECT) {
         Ok(TC_ACT_REDIRECT)
@@ -73,56 +74,61 @@ pub fn reply_out(port_ifindex: u32) -> Verdict {
 /// call sends those copies; it takes the original frame last).
 #[inline(always)]
 fn flood(ctx: &TcContext, ifindex: u32, network: u32) -> Verdict {
-    let last = clone_local(ctx, ifindex, network);
+    let (last, last_id) = clone_local(ctx, ifindex, network);
     if overlay::has_remote(network) {
         if last != 0 && ctx.clone_redirect(last, 0).is_ok() {
-            count_tx(last, ctx.len());
+            count_tx(last_id, ctx.len());
         }
         return overlay::to_remote(ctx);
     }
     if last == 0 {
         return Err(drop_reason::NO_DESTINATION);
     }
-    deliver_local(ctx, last)
+    deliver_local(ctx, last, last_id)
 }
 
 /// From the overlay: to the network's local ports only, never back to
 /// another node (every node floods to all the others itself).
 #[inline(always)]
 pub fn flood_local(ctx: &TcContext, network: u32) -> Verdict {
-    let last = clone_local(ctx, 0, network);
+    let (last, last_id) = clone_local(ctx, 0, network);
     if last == 0 {
         return Err(drop_reason::OVERLAY_NO_LOCAL_PORT);
     }
-    deliver_local(ctx, last)
+    deliver_local(ctx, last, last_id)
 }
 
 /// Clones the frame to every local port of `network` except `skip` and
-/// the last one, which it returns (0: none) for the caller to hand the
-/// original to.
+/// the last one, which it returns (ifindex 0: none) with its port id for
+/// the caller to hand the original to.
 #[inline(always)]
-fn clone_local(ctx: &TcContext, skip: u32, network: u32) -> u32 {
+fn clone_local(ctx: &TcContext, skip: u32, network: u32) -> (u32, u32) {
     let Some(list) = (unsafe { FLOOD.get(&network) }) else {
-        return 0;
+        return (0, 0);
     };
     let count = list.count as usize;
     let len = ctx.len();
     // Clone to every port but the last; the last takes the original.
     let mut last = 0u32;
+    let mut last_id = 0u32;
     let mut i = 0usize;
     while i < MAX_FLOOD_PORTS {
         if i >= count {
             break;
         }
-        let target = list.ifindex[i];
+        // `get`, not indexing: a bounds-check panic would not verify.
+        let (Some(&target), Some(&target_id)) = (list.ifindex.get(i), list.port_id.get(i)) else {
+            break;
+        };
         i += 1;
         if target == 0 || target == skip {
             continue;
         }
         if last != 0 && ctx.clone_redirect(last, 0).is_ok() {
-            count_tx(last, len);
+            count_tx(last_id, len);
         }
         last = target;
+        last_id = target_id;
     }
-    last
+    (last, last_id)
 }

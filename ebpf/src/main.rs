@@ -27,7 +27,7 @@ mod vxlan;
 use aya_ebpf::{bindings::TC_ACT_SHOT, macros::classifier, programs::TcContext};
 use network_types::{eth::EthHdr, ip::Ipv4Hdr, ip::Ipv6Hdr, udp::UdpHdr};
 use vmpath_common::{
-    LEARNED_FROM_DHCP, LEARNED_FROM_IPV4, LEARNED_FROM_IPV6, NET_F_DHCP, NetworkInfo,
+    LEARNED_FROM_DHCP, LEARNED_FROM_IPV4, LEARNED_FROM_IPV6, NO_PORT_ID, NetworkInfo, PORT_F_DHCP,
     PORT_F_PENDING, PortInfo, drop_reason,
 };
 
@@ -46,28 +46,33 @@ const DHCP6_SERVER_PORT: u16 = 547;
 #[classifier]
 pub fn vm_port(ctx: TcContext) -> i32 {
     let ifindex = unsafe { (*ctx.skb.skb).ifindex };
-    match try_vm_port(&ctx, ifindex) {
+    let Some(port) = (unsafe { PORTS.get(&ifindex) }) else {
+        counters::count_drop(NO_PORT_ID, drop_reason::UNKNOWN_PORT);
+        return TC_ACT_SHOT;
+    };
+    match try_vm_port(&ctx, ifindex, port) {
         Ok(action) => action,
         Err(reason) => {
-            counters::count_drop(ifindex, reason);
+            counters::count_drop(port.port_id, reason);
             TC_ACT_SHOT
         }
     }
 }
 
+/// The port's network, looked up only by the paths that need more of it
+/// than the gateway MAC the port entry carries (switched unicast does not).
 #[inline(always)]
-fn try_vm_port(ctx: &TcContext, ifindex: u32) -> Verdict {
-    let Some(port) = (unsafe { PORTS.get(&ifindex) }) else {
-        return Err(drop_reason::UNKNOWN_PORT);
-    };
+fn network_of(port: &PortInfo) -> Result<&NetworkInfo, u32> {
+    unsafe { NETWORKS.get(&port.network) }.ok_or(drop_reason::NO_NETWORK)
+}
+
+#[inline(always)]
+fn try_vm_port(ctx: &TcContext, ifindex: u32, port: &PortInfo) -> Verdict {
     if port.flags & PORT_F_PENDING != 0 {
         // Live migration target: `vm_migrate` decides, then re-enters here.
         return migrate::to_vm_migrate(ctx);
     }
-    counters::count_rx(ifindex, ctx.len());
-    let Some(net) = (unsafe { NETWORKS.get(&port.network) }) else {
-        return Err(drop_reason::NO_NETWORK);
-    };
+    counters::count_rx(port.port_id, ctx.len());
 
     let eth: *const EthHdr = ptr_at(ctx, 0)?;
     let (dst, src, ether_type) = unsafe {
@@ -85,12 +90,12 @@ fn try_vm_port(ctx: &TcContext, ifindex: u32) -> Verdict {
     }
 
     match ether_type {
-        ETH_P_ARP => match arp::handle(ctx, ifindex, port, net)? {
-            ArpVerdict::Answered => gateway_reply(ifindex),
+        ETH_P_ARP => match arp::handle(ctx, ifindex, port, network_of(port)?)? {
+            ArpVerdict::Answered => gateway_reply(ifindex, port),
             ArpVerdict::Forward => fwd::switch(ctx, ifindex, port.network, dst),
         },
-        ETH_P_IP => ipv4(ctx, ifindex, port, net, dst, src),
-        ETH_P_IPV6 => ipv6(ctx, ifindex, port, net, dst, src),
+        ETH_P_IP => ipv4(ctx, ifindex, port, dst, src),
+        ETH_P_IPV6 => ipv6(ctx, ifindex, port, dst, src),
         // QEMU announces a migrated VM with RARP: flood it like any broadcast.
         ETH_P_RARP => fwd::switch(ctx, ifindex, port.network, dst),
         // VLAN tags and other ethertypes would carry IP past the filter.
@@ -100,20 +105,13 @@ fn try_vm_port(ctx: &TcContext, ifindex: u32) -> Verdict {
 }
 
 #[inline(always)]
-fn gateway_reply(ifindex: u32) -> Verdict {
-    counters::count_gw_reply(ifindex);
+fn gateway_reply(ifindex: u32, port: &PortInfo) -> Verdict {
+    counters::count_gw_reply(port.port_id);
     fwd::reply_out(ifindex)
 }
 
 #[inline(always)]
-fn ipv4(
-    ctx: &TcContext,
-    ifindex: u32,
-    port: &PortInfo,
-    net: &NetworkInfo,
-    dst: [u8; 6],
-    src: [u8; 6],
-) -> Verdict {
+fn ipv4(ctx: &TcContext, ifindex: u32, port: &PortInfo, dst: [u8; 6], src: [u8; 6]) -> Verdict {
     let ip: *const Ipv4Hdr = ptr_at(ctx, ETH_LEN)?;
     let (vihl, proto, src_ip, dst_ip) =
         unsafe { ((*ip).vihl, (*ip).proto, (*ip).src_addr, (*ip).dst_addr) };
@@ -147,20 +145,21 @@ fn ipv4(
         learn::mac(ifindex, port, &src, LEARNED_FROM_DHCP);
     }
     if proto == IPPROTO_UDP
-        && net.flags & NET_F_DHCP != 0
+        && port.flags & PORT_F_DHCP != 0
         && udp_dst_port(ctx, l4_off)? == DHCP4_SERVER_PORT
     {
         return slowpath::punt(ctx, port);
     }
 
-    if mac_eq(&dst, &net.gw_mac) {
+    if mac_eq(&dst, &port.gw_mac) {
+        let net = network_of(port)?;
         if proto == IPPROTO_ICMP
             && net.flags & vmpath_common::NET_F_GW4 != 0
             && dst_ip == net.gw_ip4
             && !is_fragment(ctx)?
         {
             icmp::echo_reply4(ctx, l4_off, net)?;
-            return gateway_reply(ifindex);
+            return gateway_reply(ifindex, port);
         }
         return route::egress(ctx, net);
     }
@@ -168,14 +167,7 @@ fn ipv4(
 }
 
 #[inline(always)]
-fn ipv6(
-    ctx: &TcContext,
-    ifindex: u32,
-    port: &PortInfo,
-    net: &NetworkInfo,
-    dst: [u8; 6],
-    src: [u8; 6],
-) -> Verdict {
+fn ipv6(ctx: &TcContext, ifindex: u32, port: &PortInfo, dst: [u8; 6], src: [u8; 6]) -> Verdict {
     let ip: *const Ipv6Hdr = ptr_at(ctx, ETH_LEN)?;
     let (vcf0, next_hdr, src_ip, dst_ip) =
         unsafe { ((*ip).vcf[0], (*ip).next_hdr, (*ip).src_addr, (*ip).dst_addr) };
@@ -201,20 +193,17 @@ fn ipv6(
         learn::ip6(ifindex, port, &src_ip, &src, LEARNED_FROM_IPV6);
     }
 
-    if net.flags & NET_F_DHCP != 0 {
-        if next_hdr == IPPROTO_UDP && udp_dst_port(ctx, ETH_LEN + 40)? == DHCP6_SERVER_PORT {
-            return slowpath::punt(ctx, port);
-        }
-        if next_hdr == IPPROTO_ICMPV6 {
-            let icmp: *const nd::Icmp6Hdr = ptr_at(ctx, ETH_LEN + 40)?;
-            if unsafe { (*icmp).type_ } == nd::ND_ROUTER_SOLICIT {
-                return slowpath::punt(ctx, port);
-            }
-        }
+    let dhcp = port.flags & PORT_F_DHCP != 0;
+    if dhcp && next_hdr == IPPROTO_UDP && udp_dst_port(ctx, ETH_LEN + 40)? == DHCP6_SERVER_PORT {
+        return slowpath::punt(ctx, port);
     }
     if next_hdr == IPPROTO_ICMPV6 {
         let icmp: *const nd::Icmp6Hdr = ptr_at(ctx, ETH_LEN + 40)?;
         let icmp_type = unsafe { (*icmp).type_ };
+        if dhcp && icmp_type == nd::ND_ROUTER_SOLICIT {
+            return slowpath::punt(ctx, port);
+        }
+        let net = network_of(port)?;
         // Only the gateway advertises routes or redirects, and only it
         // speaks for its addresses.
         if spoof::ip_filter_on(port) && nd::claims_router(ctx, net, icmp_type)? {
@@ -223,19 +212,19 @@ fn ipv6(
         if icmp_type == nd::ND_NEIGHBOR_SOLICIT && !spoof::is_unspecified6(&src_ip) {
             if let Some(target) = nd::ns_gateway_target(ctx, net)? {
                 nd::neighbor_advert(ctx, net, target)?;
-                return gateway_reply(ifindex);
+                return gateway_reply(ifindex, port);
             }
         } else if icmp_type == nd::ICMPV6_ECHO_REQUEST
             && nd::is_gateway6(net, &dst_ip)
             && mac_eq(&dst, &net.gw_mac)
         {
             nd::echo_reply6(ctx, net)?;
-            return gateway_reply(ifindex);
+            return gateway_reply(ifindex, port);
         }
     }
 
-    if mac_eq(&dst, &net.gw_mac) {
-        return route::egress(ctx, net);
+    if mac_eq(&dst, &port.gw_mac) {
+        return route::egress(ctx, network_of(port)?);
     }
     fwd::switch(ctx, ifindex, port.network, dst)
 }

@@ -2,7 +2,7 @@
 //! pins each by path and `bpftool map dump pinned` prints their BTF fields.
 
 use aya_ebpf::{
-    btf_maps::{Array, HashMap, LruHashMap, PerCpuArray, PerCpuHashMap, XskMap},
+    btf_maps::{Array, HashMap, LruHashMap, PerCpuArray, XskMap},
     macros::btf_map,
 };
 use vmpath_common::{
@@ -35,10 +35,10 @@ pub static FLOOD: HashMap<u32, FloodList, { MAX_NETWORKS as usize }> = HashMap::
 #[btf_map(name = "vmp_drops")]
 pub static DROPS: PerCpuArray<u64, { drop_reason::COUNT as usize }> = PerCpuArray::new();
 
-/// ifindex -> traffic counters of that port, per CPU. The agent creates the
-/// entry when it programs the port.
+/// Port id -> traffic counters of that port, per CPU. The agent zeroes a
+/// slot when it gives its id to a port.
 #[btf_map(name = "vmp_port_stats")]
-pub static PORT_STATS: PerCpuHashMap<u32, PortStats, { MAX_PORTS as usize }> = PerCpuHashMap::new();
+pub static PORT_STATS: PerCpuArray<PortStats, { MAX_PORTS as usize }> = PerCpuArray::new();
 
 /// ifindex -> the MAC a VM was seen using, for ports whose MAC is not
 /// given. Written once per port (BPF_NOEXIST); the agent adopts it.

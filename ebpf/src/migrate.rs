@@ -21,8 +21,8 @@ use aya_ebpf::{
 };
 use network_types::eth::EthHdr;
 use vmpath_common::{
-    ENDPOINT_LOCAL, ENDPOINT_REMOTE, Endpoint, EndpointKey, MAX_PORTS, MigrationEvent,
-    PORT_F_MAC_KNOWN, PORT_F_PENDING, drop_reason,
+    ENDPOINT_LOCAL, ENDPOINT_REMOTE, Endpoint, EndpointKey, MAX_PORTS, MigrationEvent, NO_PORT_ID,
+    PORT_F_MAC_KNOWN, PORT_F_PENDING, PortInfo, drop_reason,
 };
 
 use crate::{
@@ -54,21 +54,23 @@ pub fn to_vm_migrate(ctx: &TcContext) -> Verdict {
 #[classifier]
 pub fn vm_migrate(ctx: TcContext) -> i32 {
     let ifindex = unsafe { (*ctx.skb.skb).ifindex };
-    match try_vm_migrate(&ctx, ifindex) {
+    let Some(port) = PORTS.get_ptr_mut(ifindex) else {
+        counters::count_drop(NO_PORT_ID, drop_reason::UNKNOWN_PORT);
+        return TC_ACT_SHOT;
+    };
+    match try_vm_migrate(&ctx, ifindex, port) {
         Ok(action) => action,
         Err(reason) => {
-            counters::count_drop(ifindex, reason);
+            counters::count_drop(unsafe { (*port).port_id }, reason);
             TC_ACT_SHOT
         }
     }
 }
 
 #[inline(always)]
-fn try_vm_migrate(ctx: &TcContext, ifindex: u32) -> Verdict {
-    let Some(port) = PORTS.get_ptr_mut(ifindex) else {
-        return Err(drop_reason::UNKNOWN_PORT);
-    };
-    let (network, mac, flags) = unsafe { ((*port).network, (*port).mac, (*port).flags) };
+fn try_vm_migrate(ctx: &TcContext, ifindex: u32, port: *mut PortInfo) -> Verdict {
+    let (network, mac, flags, port_id) =
+        unsafe { ((*port).network, (*port).mac, (*port).flags, (*port).port_id) };
     let eth: *const EthHdr = ptr_at(ctx, 0)?;
     let src = unsafe { (*eth).src_addr };
     // Only the VM itself resuming counts; anything else on the port waits.
@@ -86,6 +88,7 @@ fn try_vm_migrate(ctx: &TcContext, ifindex: u32) -> Verdict {
             ifindex,
             node_ip4: [0; 4],
             migrate_to: [0; 4],
+            port_id,
         };
         if ENDPOINTS.insert(&key, &ep, 0).is_err() {
             return Err(drop_reason::HELPER_FAILED);

@@ -79,11 +79,13 @@ pub fn too_big(ctx: &TcContext, mtu: u16, ip_len: u16, l4_off: usize, proto: u8)
 
 /// The IPv4 frame at hand is too big for `mtu`: with DF, it becomes an
 /// ICMP fragmentation-needed from `from` to its sender (Ethernet source
-/// `eth_src`), sent back out of `ifindex`; without DF, it is dropped.
+/// `eth_src`), sent back out of `ifindex` (port id `port_id`, or
+/// `NO_PORT_ID` for the uplink); without DF, it is dropped.
 #[inline(always)]
 pub fn frag_needed4(
     ctx: &TcContext,
     ifindex: u32,
+    port_id: u32,
     from: [u8; 4],
     mtu: u16,
     eth_src: [u8; 6],
@@ -144,16 +146,17 @@ pub fn frag_needed4(
             m[1],
         ]
     };
-    sent(ifindex)
+    sent(ifindex, port_id)
 }
 
 /// The IPv6 frame at hand is too big for `mtu`: it becomes an ICMPv6
 /// packet-too-big from `from` to its sender (Ethernet source `eth_src`),
-/// sent back out of `ifindex`.
+/// sent back out of `ifindex` (port id `port_id`).
 #[inline(always)]
 pub fn packet_too_big6(
     ctx: &TcContext,
     ifindex: u32,
+    port_id: u32,
     from: &[u8; 16],
     mtu: u16,
     eth_src: [u8; 6],
@@ -190,7 +193,7 @@ pub fn packet_too_big6(
     let m = mtu.to_be_bytes();
     let c = check.to_be_bytes();
     unsafe { *icmp = [ICMPV6_PKT_TOOBIG, 0, c[0], c[1], 0, 0, m[0], m[1]] };
-    sent(ifindex)
+    sent(ifindex, port_id)
 }
 
 /// Trims the frame to its Ethernet and IP headers (`l3_len` bytes) and
@@ -262,7 +265,7 @@ fn sum_packet(ctx: &TcContext, off: usize, len: usize) -> Result<u32, u32> {
 /// The offending frame is consumed (counted under `MTU_EXCEEDED`); its
 /// error goes back out of the interface it came in by.
 #[inline(always)]
-fn sent(ifindex: u32) -> Verdict {
-    counters::count_drop(ifindex, drop_reason::MTU_EXCEEDED);
+fn sent(ifindex: u32, port_id: u32) -> Verdict {
+    counters::count_drop(port_id, drop_reason::MTU_EXCEEDED);
     reply_out(ifindex)
 }

@@ -6,6 +6,8 @@
 //! `vm_remote` is a tail call from `vm_port`: `bpf_tunnel_key` would not
 //! fit on the VM-port program's nearly full stack.
 
+use core::mem::MaybeUninit;
+
 use aya_ebpf::{
     bindings::{BPF_F_ZERO_CSUM_TX, TC_ACT_REDIRECT, TC_ACT_SHOT, bpf_tunnel_key},
     btf_maps::{Array, HashMap, PerCpuArray},
@@ -15,15 +17,15 @@ use aya_ebpf::{
 };
 use network_types::eth::EthHdr;
 use vmpath_common::{
-    ENDPOINT_REMOTE, EndpointKey, MAX_FLOOD_NODES, MAX_NETWORKS, OverlayConfig, PortStats,
-    RemoteFloodList, drop_reason,
+    ENDPOINT_REMOTE, EndpointKey, MAX_FLOOD_NODES, MAX_NETWORKS, NO_PORT_ID, OverlayConfig,
+    PortInfo, PortStats, RemoteFloodList, drop_reason,
 };
 
 use crate::{
     counters,
     fwd::Verdict,
     maps::{ENDPOINTS, PORTS},
-    parse::{is_multicast, ptr_at},
+    parse::{is_multicast, ptr_at, zeroed},
     route::PROGS,
 };
 
@@ -121,10 +123,15 @@ pub fn count_drop() {
 #[classifier]
 pub fn vm_remote(ctx: TcContext) -> i32 {
     let ifindex = unsafe { (*ctx.skb.skb).ifindex };
-    match try_vm_remote(&ctx, ifindex) {
+    let Some(port) = (unsafe { PORTS.get(&ifindex) }) else {
+        counters::count_drop(NO_PORT_ID, drop_reason::UNKNOWN_PORT);
+        count_drop();
+        return TC_ACT_SHOT;
+    };
+    match try_vm_remote(&ctx, port) {
         Ok(action) => action,
         Err(reason) => {
-            counters::count_drop(ifindex, reason);
+            counters::count_drop(port.port_id, reason);
             count_drop();
             TC_ACT_SHOT
         }
@@ -132,10 +139,7 @@ pub fn vm_remote(ctx: TcContext) -> i32 {
 }
 
 #[inline(always)]
-fn try_vm_remote(ctx: &TcContext, ifindex: u32) -> Verdict {
-    let Some(port) = (unsafe { PORTS.get(&ifindex) }) else {
-        return Err(drop_reason::UNKNOWN_PORT);
-    };
+fn try_vm_remote(ctx: &TcContext, port: &PortInfo) -> Verdict {
     let network = port.network;
     let Some(cfg) = OVERLAY.get(0) else {
         return Err(drop_reason::OVERLAY_DOWN);
@@ -146,7 +150,8 @@ fn try_vm_remote(ctx: &TcContext, ifindex: u32) -> Verdict {
     }
     let eth: *const EthHdr = ptr_at(ctx, 0)?;
     let dst = unsafe { (*eth).dst_addr };
-    let mut key: bpf_tunnel_key = unsafe { core::mem::zeroed() };
+    let mut key_slot = MaybeUninit::<bpf_tunnel_key>::uninit();
+    let key = zeroed(&mut key_slot);
     key.tunnel_id = network;
     key.tunnel_ttl = TUNNEL_TTL;
     key.__bindgen_anon_3.local_ipv4 = u32::from_be_bytes(local);
@@ -159,7 +164,7 @@ fn try_vm_remote(ctx: &TcContext, ifindex: u32) -> Verdict {
         };
         if let Some(ep) = unsafe { ENDPOINTS.get(&ep_key) } {
             if ep.kind == ENDPOINT_REMOTE {
-                set_remote(ctx, &mut key, ep.node_ip4)?;
+                set_remote(ctx, key, ep.node_ip4)?;
                 count_tx(ctx.len());
                 return redirected(unsafe { bpf_redirect(vxlan, 0) });
             }
@@ -181,7 +186,7 @@ fn try_vm_remote(ctx: &TcContext, ifindex: u32) -> Verdict {
         if i + 1 >= count {
             break;
         }
-        set_remote(ctx, &mut key, list.node_ip4[i])?;
+        set_remote(ctx, key, list.node_ip4[i])?;
         if unsafe { bpf_clone_redirect(ctx.skb.skb, vxlan, 0) } == 0 {
             count_tx(len);
         }
@@ -190,7 +195,7 @@ fn try_vm_remote(ctx: &TcContext, ifindex: u32) -> Verdict {
     if i >= MAX_FLOOD_NODES {
         return Err(drop_reason::NO_DESTINATION);
     }
-    set_remote(ctx, &mut key, list.node_ip4[i])?;
+    set_remote(ctx, key, list.node_ip4[i])?;
     count_tx(len);
     redirected(unsafe { bpf_redirect(vxlan, 0) })
 }

@@ -52,3 +52,43 @@ pub fn is_multicast(mac: &[u8; 6]) -> bool {
 pub fn be16(b: [u8; 2]) -> u16 {
     u16::from_be_bytes(b)
 }
+
+/// Writes a MAC address into the frame one byte at a time. A plain
+/// `[u8; 6]` assignment there can compile to a call of the byte-looping
+/// `memmove` (a bpf-to-bpf call on the hot path); volatile stores cannot.
+#[inline(always)]
+pub fn write_mac(dst: *mut [u8; 6], mac: [u8; 6]) {
+    let p = dst as *mut u8;
+    let mut i = 0;
+    while i < 6 {
+        // SAFETY: `dst` was bounds-checked by the caller (`ptr_at`).
+        unsafe { core::ptr::write_volatile(p.add(i), mac[i]) };
+        i += 1;
+    }
+}
+
+/// Zeroes `slot` in place with word stores and hands it out as a `T`
+/// (plain bytes, 4-byte aligned). `mem::zeroed` of a large struct, or
+/// moving a zeroed value into place, compiles to a call of the
+/// byte-looping `memset`; volatile stores where it lives cannot.
+#[inline(always)]
+pub fn zeroed<T: Copy>(slot: &mut core::mem::MaybeUninit<T>) -> &mut T {
+    let words = size_of::<T>() / 4;
+    let p = slot.as_mut_ptr() as *mut u32;
+    let mut i = 0;
+    while i < words {
+        // SAFETY: within `slot`; the kernel structs used here are 4-byte
+        // aligned.
+        unsafe { core::ptr::write_volatile(p.add(i), 0) };
+        i += 1;
+    }
+    let b = slot.as_mut_ptr() as *mut u8;
+    let mut j = words * 4;
+    while j < size_of::<T>() {
+        unsafe { core::ptr::write_volatile(b.add(j), 0) };
+        j += 1;
+    }
+    // SAFETY: every byte written; all-zero is a valid value of the plain
+    // kernel structs this is used for.
+    unsafe { slot.assume_init_mut() }
+}

@@ -4,6 +4,8 @@
 //! by `bpf_redirect_neigh`); SNAT networks translate them first (`snat`).
 //! Only source addresses inside the network's subnets leave.
 
+use core::mem::MaybeUninit;
+
 use aya_ebpf::{
     bindings::{
         BPF_FIB_LKUP_RET_FRAG_NEEDED, BPF_FIB_LKUP_RET_NO_NEIGH, BPF_FIB_LKUP_RET_SUCCESS,
@@ -19,8 +21,8 @@ use network_types::{
     ip::{Ipv4Hdr, Ipv6Hdr},
 };
 use vmpath_common::{
-    AddrKey, MAX_ROUTED, MAX_SUBNETS, NET_F_GW4, NET_F_GW6, NET_F_ROUTED, NET_F_SNAT, NetworkInfo,
-    PortInfo, RoutedAddr, Subnet4, Subnet6, drop_reason,
+    AddrKey, MAX_ROUTED, MAX_SUBNETS, NET_F_GW4, NET_F_GW6, NET_F_ROUTED, NET_F_SNAT, NO_PORT_ID,
+    NetworkInfo, PortInfo, RoutedAddr, Subnet4, Subnet6, drop_reason,
 };
 
 use crate::{
@@ -28,7 +30,7 @@ use crate::{
     fwd::Verdict,
     maps::{NETWORKS, PORTS},
     mtu,
-    parse::{ETH_LEN, ETH_P_IP, ETH_P_IPV6, ptr_at},
+    parse::{ETH_LEN, ETH_P_IP, ETH_P_IPV6, ptr_at, write_mac, zeroed},
     snat,
 };
 
@@ -97,20 +99,21 @@ pub static PROGS: ProgramArray<4> = ProgramArray::new();
 #[classifier]
 pub fn vm_egress(ctx: TcContext) -> i32 {
     let ifindex = unsafe { (*ctx.skb.skb).ifindex };
-    match try_vm_egress(&ctx, ifindex) {
+    let Some(port) = (unsafe { PORTS.get(&ifindex) }) else {
+        counters::count_drop(NO_PORT_ID, drop_reason::UNKNOWN_PORT);
+        return TC_ACT_SHOT;
+    };
+    match try_vm_egress(&ctx, ifindex, port) {
         Ok(action) => action,
         Err(reason) => {
-            counters::count_drop(ifindex, reason);
+            counters::count_drop(port.port_id, reason);
             TC_ACT_SHOT
         }
     }
 }
 
 #[inline(always)]
-fn try_vm_egress(ctx: &TcContext, ifindex: u32) -> Verdict {
-    let Some(port) = (unsafe { PORTS.get(&ifindex) }) else {
-        return Err(drop_reason::UNKNOWN_PORT);
-    };
+fn try_vm_egress(ctx: &TcContext, ifindex: u32, port: &PortInfo) -> Verdict {
     let Some(net) = (unsafe { NETWORKS.get(&port.network) }) else {
         return Err(drop_reason::NO_NETWORK);
     };
@@ -155,7 +158,7 @@ fn egress4_inner(
         } else {
             [0; 4]
         };
-        return mtu::frag_needed4(ctx, ifindex, from, net.mtu, net.gw_mac);
+        return mtu::frag_needed4(ctx, ifindex, port.port_id, from, net.mtu, net.gw_mac);
     }
     if net.flags & NET_F_ROUTED == 0 {
         snat::egress4(ctx, ifindex, port, net, l4_off)?;
@@ -168,7 +171,8 @@ fn egress4_inner(
 #[inline(always)]
 pub fn forward4(ctx: &TcContext, in_ifindex: u32) -> Verdict {
     let ip: *mut Ipv4Hdr = ptr_at(ctx, ETH_LEN)?;
-    let mut p: FibParams = unsafe { core::mem::zeroed() };
+    let mut p_slot = MaybeUninit::<FibParams>::uninit();
+    let p = zeroed(&mut p_slot);
     unsafe {
         p.family = AF_INET;
         p.l4_protocol = (*ip).proto;
@@ -180,7 +184,7 @@ pub fn forward4(ctx: &TcContext, in_ifindex: u32) -> Verdict {
     let rc = unsafe {
         bpf_fib_lookup(
             ctx.skb.skb as *mut _,
-            &mut p,
+            &raw mut *p,
             size_of::<FibParams>() as i32,
             0,
         )
@@ -195,7 +199,7 @@ pub fn forward4(ctx: &TcContext, in_ifindex: u32) -> Verdict {
         let new = (u16::from(ip.ttl) << 8) | u16::from(ip.proto);
         ip.check = csum::replace16(u16::from_be_bytes(ip.check), old, new).to_be_bytes();
     }
-    to_next_hop(ctx, &p, rc)
+    to_next_hop(ctx, p, rc)
 }
 
 #[inline(always)]
@@ -220,9 +224,10 @@ fn egress6_inner(ctx: &TcContext, ifindex: u32, port: &PortInfo, net: &NetworkIn
         } else {
             [0; 16]
         };
-        return mtu::packet_too_big6(ctx, ifindex, &from, net.mtu, net.gw_mac);
+        return mtu::packet_too_big6(ctx, ifindex, port.port_id, &from, net.mtu, net.gw_mac);
     }
-    let mut p: FibParams = unsafe { core::mem::zeroed() };
+    let mut p_slot = MaybeUninit::<FibParams>::uninit();
+    let p = zeroed(&mut p_slot);
     unsafe {
         p.family = AF_INET6;
         p.l4_protocol = (*ip).next_hdr;
@@ -235,7 +240,7 @@ fn egress6_inner(ctx: &TcContext, ifindex: u32, port: &PortInfo, net: &NetworkIn
     let rc = unsafe {
         bpf_fib_lookup(
             ctx.skb.skb as *mut _,
-            &mut p,
+            &raw mut *p,
             size_of::<FibParams>() as i32,
             0,
         )
@@ -243,7 +248,7 @@ fn egress6_inner(ctx: &TcContext, ifindex: u32, port: &PortInfo, net: &NetworkIn
     forwardable(rc)?;
     let ip: *mut Ipv6Hdr = ptr_at(ctx, ETH_LEN)?;
     unsafe { (*ip).hop_limit -= 1 };
-    to_next_hop(ctx, &p, rc)
+    to_next_hop(ctx, p, rc)
 }
 
 /// FIB results that can be forwarded: a resolved neighbour, or one
@@ -264,12 +269,13 @@ fn to_next_hop(ctx: &TcContext, p: &FibParams, rc: u32) -> Verdict {
     if rc == BPF_FIB_LKUP_RET_SUCCESS {
         let eth: *mut EthHdr = ptr_at(ctx, 0)?;
         unsafe {
-            (*eth).dst_addr = p.dmac;
-            (*eth).src_addr = p.smac;
+            write_mac(&raw mut (*eth).dst_addr, p.dmac);
+            write_mac(&raw mut (*eth).src_addr, p.smac);
         }
         return redirected(unsafe { bpf_redirect(p.ifindex, 0) });
     }
-    let mut nh: bpf_redir_neigh = unsafe { core::mem::zeroed() };
+    let mut nh_slot = MaybeUninit::<bpf_redir_neigh>::uninit();
+    let nh = zeroed(&mut nh_slot);
     if p.family == AF_INET6 {
         nh.nh_family = u32::from(AF_INET6);
         nh.__bindgen_anon_1.ipv6_nh = unsafe { p.__bindgen_anon_4.ipv6_dst };
@@ -277,9 +283,7 @@ fn to_next_hop(ctx: &TcContext, p: &FibParams, rc: u32) -> Verdict {
         nh.nh_family = u32::from(AF_INET);
         nh.__bindgen_anon_1.ipv4_nh = unsafe { p.__bindgen_anon_4.ipv4_dst };
     }
-    redirected(unsafe {
-        bpf_redirect_neigh(p.ifindex, &mut nh, size_of::<bpf_redir_neigh>() as i32, 0)
-    })
+    redirected(unsafe { bpf_redirect_neigh(p.ifindex, nh, size_of::<bpf_redir_neigh>() as i32, 0) })
 }
 
 #[inline(always)]

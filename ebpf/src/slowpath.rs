@@ -10,7 +10,7 @@ use aya_ebpf::{
     macros::{classifier, xdp},
     programs::{TcContext, XdpContext},
 };
-use vmpath_common::{PortInfo, drop_reason};
+use vmpath_common::{NO_PORT_ID, PortInfo, drop_reason};
 
 use crate::{
     counters,
@@ -63,13 +63,13 @@ pub fn punt(ctx: &TcContext, port: &PortInfo) -> Verdict {
 pub fn slow_rx(ctx: XdpContext) -> u32 {
     let queue = ctx.rx_queue_index();
     if XSKS.get(queue).is_none() {
-        counters::count_drop(0, drop_reason::SLOWPATH_NO_LISTENER);
+        counters::count_drop(NO_PORT_ID, drop_reason::SLOWPATH_NO_LISTENER);
         return xdp_action::XDP_DROP;
     }
     match XSKS.redirect(queue, u64::from(xdp_action::XDP_DROP)) {
         Ok(action) => action,
         Err(_) => {
-            counters::count_drop(0, drop_reason::SLOWPATH_NO_LISTENER);
+            counters::count_drop(NO_PORT_ID, drop_reason::SLOWPATH_NO_LISTENER);
             xdp_action::XDP_DROP
         }
     }
@@ -81,7 +81,7 @@ pub fn slow_return(ctx: TcContext) -> i32 {
     match try_slow_return(&ctx) {
         Ok(action) => action,
         Err(reason) => {
-            counters::count_drop(0, reason);
+            counters::count_drop(NO_PORT_ID, reason);
             TC_ACT_SHOT
         }
     }
@@ -119,7 +119,7 @@ fn try_slow_return(ctx: &TcContext) -> Verdict {
         return Err(drop_reason::SLOWPATH_BAD_TAG);
     };
     let ifindex = *ifindex;
-    counters::count_tx(ifindex, ctx.len());
+    counters::count_tx(port_id, ctx.len());
     let rc = unsafe { bpf_redirect(ifindex, 0) };
     if rc == i64::from(TC_ACT_REDIRECT) {
         Ok(TC_ACT_REDIRECT)

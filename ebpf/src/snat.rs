@@ -27,7 +27,7 @@ use vmpath_common::{
 use crate::{
     csum,
     fwd::deliver_local,
-    parse::{ETH_LEN, IPPROTO_ICMP, IPPROTO_UDP, ptr_at},
+    parse::{ETH_LEN, IPPROTO_ICMP, IPPROTO_UDP, ptr_at, write_mac},
 };
 
 const IPPROTO_TCP: u8 = 6;
@@ -150,21 +150,30 @@ fn touch(e: *mut NatEntry, now: u64, tcp_flags: u8) {
     }
 }
 
+/// A `NatKey` built from 32-bit words: as a struct literal, its 3 bytes
+/// of zero padding compile to a call of the byte-looping `memset`.
+#[inline(always)]
+pub fn nat_key(src: [u8; 4], dst: [u8; 4], sport: u16, dport: u16, proto: u8) -> NatKey {
+    let (s, d) = (sport.to_ne_bytes(), dport.to_ne_bytes());
+    let words: [u32; 4] = [
+        u32::from_ne_bytes(src),
+        u32::from_ne_bytes(dst),
+        u32::from_ne_bytes([s[0], s[1], d[0], d[1]]),
+        u32::from_ne_bytes([proto, 0, 0, 0]),
+    ];
+    // Same size, every bit pattern valid: `NatKey` is plain bytes.
+    unsafe { core::mem::transmute::<[u32; 4], NatKey>(words) }
+}
+
 /// The key a reply to the VM's flow carries on the uplink.
 #[inline(always)]
 pub fn reply_key(remote: [u8; 4], snat: [u8; 4], remote_port: u16, port: u16, proto: u8) -> NatKey {
-    NatKey {
-        src: remote,
-        dst: snat,
-        sport: if proto == IPPROTO_ICMP {
-            port
-        } else {
-            remote_port
-        },
-        dport: port,
-        proto,
-        _pad: [0; 3],
-    }
+    let sport = if proto == IPPROTO_ICMP {
+        port
+    } else {
+        remote_port
+    };
+    nat_key(remote, snat, sport, port, proto)
 }
 
 /// Translates the VM's frame in place to the node's SNAT address; the
@@ -190,14 +199,7 @@ pub fn egress4(
         return Err(drop_reason::SNAT_UNSUPPORTED);
     }
     let l4 = l4(ctx, proto, l4_off, true)?;
-    let key = NatKey {
-        src,
-        dst,
-        sport: l4.sport,
-        dport: l4.dport,
-        proto,
-        _pad: [0; 3],
-    };
+    let key = nat_key(src, dst, l4.sport, l4.dport, proto);
     let now = unsafe { bpf_ktime_get_ns() };
 
     // An existing flow keeps its port while its return entry is still ours.
@@ -293,9 +295,10 @@ fn allocate(
         ifindex,
         vm_mac,
         gw_mac: net.gw_mac,
+        port_id: port.port_id,
+        _pad2: 0,
         last_seen: now,
     };
-    let _ = port;
     let mut i = 0u32;
     let mut chosen = 0u16;
     while i < PROBES {
@@ -323,6 +326,8 @@ fn allocate(
         ifindex,
         vm_mac,
         gw_mac: net.gw_mac,
+        port_id: port.port_id,
+        _pad2: 0,
         last_seen: now,
     };
     if SNAT_OUT.insert(key, &out, u64::from(BPF_ANY)).is_err() {
@@ -376,14 +381,7 @@ pub fn ingress4(ctx: &TcContext) -> Result<Option<i32>, u32> {
     let Ok(l4) = l4(ctx, proto, l4_off, false) else {
         return Ok(None);
     };
-    let rkey = NatKey {
-        src,
-        dst,
-        sport: l4.sport,
-        dport: l4.dport,
-        proto,
-        _pad: [0; 3],
-    };
+    let rkey = nat_key(src, dst, l4.sport, l4.dport, proto);
     let Some(back) = SNAT_IN.get_ptr_mut(&rkey) else {
         return Ok(None);
     };
@@ -396,18 +394,12 @@ pub fn ingress4(ctx: &TcContext) -> Result<Option<i32>, u32> {
         return Err(drop_reason::ROUTE_TTL_EXCEEDED);
     }
     touch(back, now, l4.tcp_flags);
-    let key = NatKey {
-        src: e.addr,
-        dst: src,
-        sport: e.port,
-        dport: if proto == IPPROTO_ICMP {
-            e.port
-        } else {
-            l4.sport
-        },
-        proto,
-        _pad: [0; 3],
+    let dport = if proto == IPPROTO_ICMP {
+        e.port
+    } else {
+        l4.sport
     };
+    let key = nat_key(e.addr, src, e.port, dport, proto);
     if let Some(out) = SNAT_OUT.get_ptr_mut(&key) {
         touch(out, now, l4.tcp_flags);
     }
@@ -439,8 +431,8 @@ pub fn ingress4(ctx: &TcContext) -> Result<Option<i32>, u32> {
     }
     let eth: *mut EthHdr = ptr_at(ctx, 0)?;
     unsafe {
-        (*eth).src_addr = e.gw_mac;
-        (*eth).dst_addr = e.vm_mac;
+        write_mac(&raw mut (*eth).src_addr, e.gw_mac);
+        write_mac(&raw mut (*eth).dst_addr, e.vm_mac);
     }
-    deliver_local(ctx, e.ifindex).map(Some)
+    deliver_local(ctx, e.ifindex, e.port_id).map(Some)
 }

@@ -13,7 +13,7 @@ use vmpath_common::{NatKey, SnatConfig, drop_reason};
 use crate::{
     csum,
     fwd::deliver_local,
-    parse::{ETH_LEN, IPPROTO_ICMP, IPPROTO_UDP, ptr_at},
+    parse::{ETH_LEN, IPPROTO_ICMP, IPPROTO_UDP, ptr_at, write_mac},
     snat::{SNAT_IN, expired, reply_key},
 };
 
@@ -126,10 +126,10 @@ pub fn ingress4(ctx: &TcContext, cfg: &SnatConfig, l4_off: usize) -> Result<Opti
 
     let eth: *mut EthHdr = ptr_at(ctx, 0)?;
     unsafe {
-        (*eth).src_addr = e.gw_mac;
-        (*eth).dst_addr = e.vm_mac;
+        write_mac(&raw mut (*eth).src_addr, e.gw_mac);
+        write_mac(&raw mut (*eth).dst_addr, e.vm_mac);
     }
-    deliver_local(ctx, e.ifindex).map(Some)
+    deliver_local(ctx, e.ifindex, e.port_id).map(Some)
 }
 
 #[inline(always)]

@@ -49,6 +49,11 @@ pub fn addr_key6(network: u32, addr: &[u8; 16]) -> AddrKey {
 /// Is `addr` one of the addresses of the port at `ifindex`?
 #[inline(always)]
 pub fn owns_ip4(port: &PortInfo, ifindex: u32, addr: [u8; 4]) -> bool {
+    // The port's first IPv4 address, cached in its entry: no lookup.
+    let (a, mine) = (u32::from_ne_bytes(addr), u32::from_ne_bytes(port.ip4));
+    if a == mine && a != 0 {
+        return true;
+    }
     let key = addr_key4(port.network, addr);
     match unsafe { ADDRESSES.get(&key) } {
         Some(info) => info.ifindex == ifindex,

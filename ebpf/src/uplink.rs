@@ -13,25 +13,24 @@ use network_types::{
     eth::EthHdr,
     ip::{Ipv4Hdr, Ipv6Hdr},
 };
-use vmpath_common::{NET_F_GW4, NET_F_GW6, RoutedAddr, drop_reason};
+use vmpath_common::{NET_F_GW4, NET_F_GW6, NO_PORT_ID, RoutedAddr, drop_reason};
 
 use crate::{
     counters, csum,
     fwd::{Verdict, deliver_local},
     maps::NETWORKS,
     mtu,
-    parse::{ETH_LEN, ETH_P_IP, ETH_P_IPV6, ptr_at},
+    parse::{ETH_LEN, ETH_P_IP, ETH_P_IPV6, ptr_at, write_mac},
     route::ROUTED,
     snat, spoof,
 };
 
 #[classifier]
 pub fn uplink(ctx: TcContext) -> i32 {
-    let ifindex = unsafe { (*ctx.skb.skb).ifindex };
     match try_uplink(&ctx) {
         Ok(action) => action,
         Err(reason) => {
-            counters::count_drop(ifindex, reason);
+            counters::count_drop(NO_PORT_ID, reason);
             TC_ACT_SHOT
         }
     }
@@ -74,10 +73,10 @@ fn ingress4(ctx: &TcContext) -> Verdict {
     ip.check = csum::replace16(u16::from_be_bytes(ip.check), old, new).to_be_bytes();
     let eth: *mut EthHdr = ptr_at(ctx, 0)?;
     unsafe {
-        (*eth).src_addr = r.gw_mac;
-        (*eth).dst_addr = r.vm_mac;
+        write_mac(&raw mut (*eth).src_addr, r.gw_mac);
+        write_mac(&raw mut (*eth).dst_addr, r.vm_mac);
     }
-    deliver_local(ctx, r.ifindex)
+    deliver_local(ctx, r.ifindex, u32::from(r.port_id))
 }
 
 #[inline(always)]
@@ -100,10 +99,10 @@ fn ingress6(ctx: &TcContext) -> Verdict {
     ip.hop_limit -= 1;
     let eth: *mut EthHdr = ptr_at(ctx, 0)?;
     unsafe {
-        (*eth).src_addr = r.gw_mac;
-        (*eth).dst_addr = r.vm_mac;
+        write_mac(&raw mut (*eth).src_addr, r.gw_mac);
+        write_mac(&raw mut (*eth).dst_addr, r.vm_mac);
     }
-    deliver_local(ctx, r.ifindex)
+    deliver_local(ctx, r.ifindex, u32::from(r.port_id))
 }
 
 /// Routed ingress larger than the VM network's MTU: the sender hears it
@@ -117,7 +116,7 @@ fn too_big4(ctx: &TcContext, r: &RoutedAddr) -> Verdict {
     };
     let eth: *const EthHdr = ptr_at(ctx, 0)?;
     let own_mac = unsafe { (*eth).dst_addr };
-    mtu::frag_needed4(ctx, uplink, from, r.mtu, own_mac)
+    mtu::frag_needed4(ctx, uplink, NO_PORT_ID, from, r.mtu, own_mac)
 }
 
 #[inline(always)]
@@ -129,5 +128,5 @@ fn too_big6(ctx: &TcContext, r: &RoutedAddr) -> Verdict {
     };
     let eth: *const EthHdr = ptr_at(ctx, 0)?;
     let own_mac = unsafe { (*eth).dst_addr };
-    mtu::packet_too_big6(ctx, uplink, &from, r.mtu, own_mac)
+    mtu::packet_too_big6(ctx, uplink, NO_PORT_ID, &from, r.mtu, own_mac)
 }

@@ -5,6 +5,8 @@
 //! node itself). Port security ran on the sending node. Unicast for a VM
 //! that migrated away is relayed once to its new node (live migration).
 
+use core::mem::MaybeUninit;
+
 use aya_ebpf::{
     bindings::{BPF_F_ZERO_CSUM_TX, TC_ACT_REDIRECT, TC_ACT_SHOT, bpf_tunnel_key},
     helpers::generated::{bpf_redirect, bpf_skb_get_tunnel_key, bpf_skb_set_tunnel_key},
@@ -12,24 +14,25 @@ use aya_ebpf::{
     programs::TcContext,
 };
 use network_types::eth::EthHdr;
-use vmpath_common::{ENDPOINT_LOCAL, EndpointKey, RELAY_TTL, RELAYED_TTL_MAX, drop_reason};
+use vmpath_common::{
+    ENDPOINT_LOCAL, EndpointKey, NO_PORT_ID, RELAY_TTL, RELAYED_TTL_MAX, drop_reason,
+};
 
 use crate::{
     counters,
     fwd::{self, Verdict},
     maps::{ENDPOINTS, NETWORKS},
     migrate, overlay,
-    parse::{is_multicast, mac_eq, ptr_at},
+    parse::{is_multicast, mac_eq, ptr_at, zeroed},
 };
 
 #[classifier]
 pub fn vxlan_rx(ctx: TcContext) -> i32 {
-    let ifindex = unsafe { (*ctx.skb.skb).ifindex };
     overlay::count_rx(ctx.len());
     match try_vxlan_rx(&ctx) {
         Ok(action) => action,
         Err(reason) => {
-            counters::count_drop(ifindex, reason);
+            counters::count_drop(NO_PORT_ID, reason);
             overlay::count_drop();
             TC_ACT_SHOT
         }
@@ -38,11 +41,12 @@ pub fn vxlan_rx(ctx: TcContext) -> i32 {
 
 #[inline(always)]
 fn try_vxlan_rx(ctx: &TcContext) -> Verdict {
-    let mut key: bpf_tunnel_key = unsafe { core::mem::zeroed() };
+    let mut key_slot = MaybeUninit::<bpf_tunnel_key>::uninit();
+    let key = zeroed(&mut key_slot);
     let rc = unsafe {
         bpf_skb_get_tunnel_key(
             ctx.skb.skb,
-            &mut key,
+            &raw mut *key,
             core::mem::size_of::<bpf_tunnel_key>() as u32,
             0,
         )
@@ -81,11 +85,11 @@ fn try_vxlan_rx(ctx: &TcContext) -> Verdict {
         };
         if let Some(ep) = unsafe { ENDPOINTS.get(&ep_key) } {
             if ep.kind == ENDPOINT_LOCAL {
-                return fwd::deliver_local(ctx, ep.ifindex);
+                return fwd::deliver_local(ctx, ep.ifindex, ep.port_id);
             }
             // Known on another node: a VM that migrated away while the
             // sender still points here. Pass it on once (make-before-break).
-            return relay(ctx, &mut key, ep.node_ip4, from);
+            return relay(ctx, key, ep.node_ip4, from);
         }
     }
     fwd::flood_local(ctx, network)

@@ -324,6 +324,15 @@ impl Fixture {
             network: p.net(),
             mac: p.mac(),
             flags,
+            // As the agent plans it: the network's gateway MAC and the
+            // port's first IPv4 address (E owns none).
+            gw_mac: match p.net() {
+                NET1 => GW1_MAC,
+                NET2 => GW2_MAC,
+                _ => [0; 6],
+            },
+            _pad: 0,
+            ip4: if p == P::E { [0; 4] } else { p.ip4() },
         }
     }
 
@@ -337,10 +346,12 @@ impl Fixture {
         let mut flood1 = FloodList::default();
         for p in [P::A, P::B, P::C] {
             flood1.ifindex[flood1.count as usize] = self.ifx(p);
+            flood1.port_id[flood1.count as usize] = p as u32 + 1;
             flood1.count += 1;
         }
         let mut flood2 = FloodList::default();
         flood2.ifindex[0] = self.ifx(P::D);
+        flood2.port_id[0] = P::D as u32 + 1;
         flood2.count = 1;
 
         let maps = self.dp.maps_mut();
@@ -379,7 +390,7 @@ impl Fixture {
         for (p, ifx, info) in infos {
             maps.ports.insert(ifx, info, 0).unwrap();
             let zero = PerCpuValues::try_from(vec![PortStats::default(); nr_cpus]).unwrap();
-            maps.port_stats.insert(ifx, zero, 0).unwrap();
+            maps.port_stats.set(info.port_id, zero, 0).unwrap();
             if p == P::E {
                 continue;
             }
@@ -391,6 +402,7 @@ impl Fixture {
             let ep = Endpoint {
                 kind: ENDPOINT_LOCAL,
                 ifindex: ifx,
+                port_id: info.port_id,
                 ..Default::default()
             };
             maps.endpoints.insert(key, ep, 0).unwrap();
@@ -399,6 +411,7 @@ impl Fixture {
                 origin: ADDR_STATIC,
                 mac: p.mac(),
                 _pad: [0; 2],
+                port_id: info.port_id,
             };
             for addr in [
                 IpAddr::V4(Ipv4Addr::from(p.ip4())),
@@ -1403,8 +1416,13 @@ fn unknown_port_and_network() {
         case("ARP for the gateway on an interface that is not a port -> UNKNOWN_PORT", X, FILTERS,
             arp_request(X.mac(), X.ip4(), GW1_IP4),
             Dropped(UNKNOWN_PORT)),
-        case("frame on a port whose network is not programmed -> NO_NETWORK", E, FILTERS,
+        // Switching needs no network entry (lookups are keyed by network
+        // id, so nothing reaches another network): no port to go to.
+        case("broadcast on a port whose network is not programmed -> NO_DESTINATION", E, NO_FILTERS,
             udp4(E.mac(), BROADCAST, ipv4_hdr(E.ip4(), [255; 4], 64), 1, 2, b"x"),
+            Dropped(NO_DESTINATION)),
+        case("to the gateway on a port whose network is not programmed -> NO_NETWORK", E, NO_FILTERS,
+            udp4(E.mac(), [0; 6], ipv4_hdr(E.ip4(), [8, 8, 8, 8], 64), 1, 2, b"x"),
             Dropped(NO_NETWORK)),
         case("ARP for a gateway on a port whose network is not programmed -> NO_NETWORK", E, 0,
             arp_request(E.mac(), E.ip4(), GW1_IP4),

@@ -525,6 +525,7 @@ fn the_source_relays_to_the_target_after_cut_over() {
         ifindex: 0,
         node_ip4,
         migrate_to: [0; 4],
+        port_id: 0,
     };
     bed.c
         .maps()

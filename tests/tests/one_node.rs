@@ -340,7 +340,10 @@ fn invalid_documents_are_refused_alone_and_forwarding_continues() {
 #[test]
 fn bpftool_shows_named_fields() {
     let bed = blue_and_red();
-    let maps = bed.node.bpffs.join("maps/v1");
+    let maps = bed
+        .node
+        .bpffs
+        .join(format!("maps/v{}", vmpath_common::MAP_LAYOUT_VERSION));
     let dump = |name: &str| {
         vmpath_tests::run(&[
             "bpftool",

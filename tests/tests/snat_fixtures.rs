@@ -135,14 +135,17 @@ impl Fx {
                     network: NET,
                     mac: VM_MAC,
                     flags: PORT_F_MAC_FILTER | PORT_F_MAC_KNOWN | PORT_F_IP_FILTER,
+                    gw_mac: GW_MAC,
+                    _pad: 0,
+                    ip4: VM_IP,
                 },
                 0,
             )
             .unwrap();
         let nr = aya::util::nr_cpus().unwrap();
         maps.port_stats
-            .insert(
-                port,
+            .set(
+                1,
                 aya::maps::PerCpuValues::try_from(vec![PortStats::default(); nr]).unwrap(),
                 0,
             )
@@ -527,7 +530,7 @@ impl Fx {
                 vm_mac: VM_MAC,
                 gw_mac: GW_MAC,
                 mtu,
-                _pad: 0,
+                port_id: 1,
             };
             maps.routed.insert(key, r, 0).unwrap();
         }

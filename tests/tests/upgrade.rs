@@ -27,9 +27,10 @@ fn a_new_map_layout_is_adopted_without_losing_entries_or_packets() {
     // What an older agent would have left: its maps under another layout
     // version, and one map of a shape this build does not use.
     let maps = node.bpffs.join("maps");
-    std::fs::rename(maps.join("v1"), maps.join("v0")).unwrap();
-    std::fs::create_dir(maps.join("v1")).unwrap();
-    let drops = maps.join("v1/vmp_drops");
+    let current = format!("v{}", vmpath_common::MAP_LAYOUT_VERSION);
+    std::fs::rename(maps.join(&current), maps.join("v0")).unwrap();
+    std::fs::create_dir(maps.join(&current)).unwrap();
+    let drops = maps.join(&current).join("vmp_drops");
     run(&[
         "bpftool",
         "map",
@@ -73,7 +74,7 @@ fn a_new_map_layout_is_adopted_without_losing_entries_or_packets() {
         "map",
         "dump",
         "pinned",
-        maps.join("v1/vmp_ports").to_str().unwrap(),
+        maps.join(&current).join("vmp_ports").to_str().unwrap(),
     ]);
     assert_eq!(dump.matches("\"port_id\"").count(), 2, "{dump}");
     let info = run(&["bpftool", "map", "show", "pinned", drops.to_str().unwrap()]);

@@ -82,7 +82,8 @@ pub fn north_south(cfg: &Config, plan: &mut Plan) {
                     vm_mac: mac,
                     gw_mac: net.gateway_mac,
                     mtu: net.mtu,
-                    _pad: 0,
+                    // Port ids are at most MAX_PORT_ID (12 bits).
+                    port_id: port.info.port_id as u16,
                 },
             );
         }

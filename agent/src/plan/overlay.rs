@@ -86,6 +86,7 @@ pub fn overlay(cfg: &Config, node: &str, plan: &mut Plan) {
                     ifindex: 0,
                     node_ip4: ip4,
                     migrate_to: migrate_to(cfg, att, node),
+                    port_id: 0,
                 });
         }
     }

@@ -353,6 +353,7 @@ fn program_maps(dp: &mut Dataplane, a: u32, b: u32) -> Result<()> {
     let mut flood = FloodList::default();
     flood.ifindex[0] = a;
     flood.ifindex[1] = b;
+    flood.port_id[..2].copy_from_slice(&[1, 2]);
     flood.count = 2;
     maps.flood.insert(NET, flood, 0)?;
     for (i, (ifx, mac, ip4)) in [(a, A_MAC, A_IP), (b, B_MAC, B_IP)].into_iter().enumerate() {
@@ -363,11 +364,14 @@ fn program_maps(dp: &mut Dataplane, a: u32, b: u32) -> Result<()> {
                 network: NET,
                 mac,
                 flags: PORT_F_MAC_FILTER | PORT_F_IP_FILTER | PORT_F_MAC_KNOWN,
+                gw_mac,
+                _pad: 0,
+                ip4,
             },
             0,
         )?;
         let zero = PerCpuValues::try_from(vec![PortStats::default(); nr_cpus])?;
-        maps.port_stats.insert(ifx, zero, 0)?;
+        maps.port_stats.set(i as u32 + 1, zero, 0)?;
         maps.endpoints.insert(
             EndpointKey {
                 network: NET,
@@ -377,6 +381,7 @@ fn program_maps(dp: &mut Dataplane, a: u32, b: u32) -> Result<()> {
             Endpoint {
                 kind: ENDPOINT_LOCAL,
                 ifindex: ifx,
+                port_id: i as u32 + 1,
                 ..Default::default()
             },
             0,
@@ -388,6 +393,7 @@ fn program_maps(dp: &mut Dataplane, a: u32, b: u32) -> Result<()> {
                 origin: ADDR_STATIC,
                 mac,
                 _pad: [0; 2],
+                port_id: i as u32 + 1,
             },
             0,
         )?;
@@ -495,11 +501,14 @@ fn north_south_in_netns(opts: &Options) -> Result<Section> {
                 network: NS_NET,
                 mac: NS_VM_MAC,
                 flags: PORT_F_MAC_FILTER | PORT_F_MAC_KNOWN | PORT_F_IP_FILTER,
+                gw_mac,
+                _pad: 0,
+                ip4: NS_VM_IP,
             },
             0,
         )?;
-        maps.port_stats.insert(
-            port,
+        maps.port_stats.set(
+            1,
             PerCpuValues::try_from(vec![PortStats::default(); nr])?,
             0,
         )?;
@@ -510,6 +519,7 @@ fn north_south_in_netns(opts: &Options) -> Result<Section> {
                 origin: ADDR_STATIC,
                 mac: NS_VM_MAC,
                 _pad: [0; 2],
+                port_id: 1,
             },
             0,
         )?;
@@ -554,7 +564,7 @@ fn north_south_in_netns(opts: &Options) -> Result<Section> {
                 vm_mac: NS_VM_MAC,
                 gw_mac,
                 mtu: 1500,
-                _pad: 0,
+                port_id: 1,
             },
             0,
         )?;
