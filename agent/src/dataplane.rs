@@ -32,6 +32,7 @@ use vmpath_common::{
     PortStats, SlowPath, drop_reason, map_names, prog_names,
 };
 
+pub mod batch;
 mod migrate;
 mod north_south;
 mod overlay;
@@ -547,12 +548,20 @@ impl Dataplane {
         // when its port id goes to another port or to none (`vmp_port_ids`
         // says which port held it).
         let held: BTreeMap<u32, u32> = self.maps.port_ids.iter().filter_map(|r| r.ok()).collect();
+        // One value per possible CPU, as the kernel lays them out.
         let nr_cpus = aya::util::nr_cpus().map_err(|(m, e)| anyhow!("{m}: {e}"))?;
-        for id in held.keys().chain(port_ids.keys()) {
-            if held.get(id) != port_ids.get(id) {
-                let zero = PerCpuValues::try_from(vec![PortStats::default(); nr_cpus])?;
-                self.maps.port_stats.set(*id, zero, 0)?;
-            }
+        let zero = vec![PortStats::default(); nr_cpus];
+        let reset: std::collections::BTreeSet<u32> = held
+            .keys()
+            .chain(port_ids.keys())
+            .filter(|id| held.get(id) != port_ids.get(id))
+            .copied()
+            .collect();
+        if !reset.is_empty() {
+            use aya::maps::IterableMap as _;
+            let slots: Vec<(u32, &[PortStats])> = reset.iter().map(|id| (*id, &zero[..])).collect();
+            batch::update_batch_per_cpu(self.maps.port_stats.map(), &slots, batch::BPF_ANY)
+                .context("zeroing port counters")?;
         }
         sync(&mut self.maps.ports, &ports)?;
         sync(&mut self.maps.port_ids, &port_ids)?;
@@ -607,16 +616,25 @@ where
     K: aya::Pod + Ord,
     V: aya::Pod + PartialEq,
 {
+    use aya::maps::IterableMap as _;
     let have: BTreeMap<K, V> = map.iter().filter_map(|r| r.ok()).collect();
-    for k in have.keys() {
-        if !want.contains_key(k) {
-            map.remove(k)?;
-        }
+    // Batched (BPF_MAP_DELETE_BATCH / BPF_MAP_UPDATE_BATCH): one syscall
+    // per MiB of entries rather than one per entry.
+    let gone: Vec<K> = have
+        .keys()
+        .filter(|k| !want.contains_key(k))
+        .copied()
+        .collect();
+    if !gone.is_empty() {
+        batch::delete_batch(map.map(), &gone).context("removing stale entries")?;
     }
-    for (k, v) in want {
-        if have.get(k) != Some(v) {
-            map.insert(k, v, 0)?;
-        }
+    let changed: Vec<(K, V)> = want
+        .iter()
+        .filter(|(k, v)| have.get(k) != Some(v))
+        .map(|(k, v)| (*k, *v))
+        .collect();
+    if !changed.is_empty() {
+        batch::update_batch(map.map(), &changed, batch::BPF_ANY).context("writing entries")?;
     }
     Ok(())
 }

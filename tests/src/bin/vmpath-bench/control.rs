@@ -4,10 +4,14 @@
 //! fresh child process (so its peak RSS is its own): read + parse the config
 //! dir, validate, IPAM (allocate every address, persist the claims in the
 //! redb store), plan, and write the maps the way `Dataplane::apply` does
-//! (one syscall per entry: aya 0.14 has no batch map operations). Ports
-//! are synthetic ifindexes: attaching a tcx link needs a real interface, so
-//! link attachment is not in these figures (it is in the latency figure).
-//! Baseline: the map writes alone, the kernel's per-entry floor.
+//! (`BPF_MAP_UPDATE_BATCH`, one syscall per map and MiB). Ports are synthetic ifindexes: attaching a tcx
+//! link needs a real interface, so link attachment is not in these figures
+//! (it is in the latency figure). Baseline: the map writes alone.
+//!
+//! Batch: the same entries written again into emptied maps, one
+//! `bpf(BPF_MAP_UPDATE_ELEM)` per entry against `BPF_MAP_UPDATE_BATCH`
+//! (`vmpath::dataplane::batch`; aya 0.14 has no batch map operations, so
+//! vmpath issues the command itself).
 //!
 //! Latency: the real agent process; one Attachment file written per sample
 //! for a port that exists, timed until its endpoint entry appears in the
@@ -23,16 +27,25 @@ use std::{
     time::{Duration, Instant},
 };
 
-use anyhow::{Context as _, Result, anyhow, bail};
-use aya::maps::PerCpuValues;
+use anyhow::{Context as _, Result, anyhow, bail, ensure};
+use aya::{
+    Pod,
+    maps::{HashMap, IterableMap as _, MapData, PerCpuValues},
+};
 use serde_json::json;
 use vmpath::{
     config,
-    dataplane::{Dataplane, Maps},
+    dataplane::{
+        Dataplane, Maps,
+        batch::{delete_batch, update_batch, update_batch_per_cpu},
+    },
     ipam, plan,
     store::Store,
 };
-use vmpath_common::{EndpointKey, MAX_ADDRESSES, MAX_ENDPOINTS, MAX_PORTS, PortInfo, PortStats};
+use vmpath_common::{
+    AddrInfo, AddrKey, Endpoint, EndpointKey, FloodList, MAX_ADDRESSES, MAX_ENDPOINTS, MAX_PORT_ID,
+    MAX_PORTS, NetworkInfo, PortInfo, PortStats,
+};
 use vmpath_tests::{Node, yaml};
 
 use crate::{
@@ -135,6 +148,8 @@ pub fn child(n: usize) -> Result<()> {
         t.push(t5.elapsed());
         t.push(t0.elapsed());
         let hwm_end = util::rss_kb("self").0;
+        // After the RSS figures: not part of the pipeline.
+        let batch = compare_batch(&mut dp)?;
         Ok(json!({
             "n": n,
             "attachments": cfg.attachments.len(),
@@ -143,6 +158,7 @@ pub fn child(n: usize) -> Result<()> {
             "written": written,
             "hwm_start_kb": hwm_start,
             "hwm_end_kb": hwm_end,
+            "batch": batch,
         }))
     })();
     let _ = vmpath::dataplane::cleanup(&root);
@@ -163,64 +179,209 @@ fn stage(t: &[Duration]) {
     let _ = std::io::stdout().flush();
 }
 
-/// The plan's entries written as `Dataplane::apply` writes them, one
-/// insert each; what a full map refuses is counted, not fatal.
+fn pairs<K: Copy, V: Copy>(m: &std::collections::BTreeMap<K, V>) -> Vec<(K, V)> {
+    m.iter().map(|(k, v)| (*k, *v)).collect()
+}
+
+/// The plan's entries written as `Dataplane::apply` writes them: one
+/// `BPF_MAP_UPDATE_BATCH` per map (and MiB). A full map stops its batch at
+/// the first entry it refuses; what it took is counted, not fatal.
 fn write_maps(dp: &mut Dataplane, p: &plan::Plan) -> Result<serde_json::Value> {
     let nr_cpus = aya::util::nr_cpus().map_err(|(m, e)| anyhow!("{m}: {e}"))?;
     let maps = dp.maps_mut();
     let mut out = serde_json::Map::new();
-    let mut count = |name: &str, ok: usize, want: usize| {
-        out.insert(name.into(), json!([ok, want]));
-    };
-    let ok = p
-        .networks
-        .iter()
-        .filter(|(k, v)| maps.networks.insert(*k, *v, 0).is_ok())
-        .count();
-    count("networks", ok, p.networks.len());
-    let ok = p
-        .flood
-        .iter()
-        .filter(|(k, v)| maps.flood.insert(*k, *v, 0).is_ok())
-        .count();
-    count("flood", ok, p.flood.len());
-    let ok = p
-        .addresses
-        .iter()
-        .filter(|(k, v)| maps.addresses.insert(*k, *v, 0).is_ok())
-        .count();
-    count("addresses", ok, p.addresses.len());
-    let ok = p
-        .endpoints
-        .iter()
-        .filter(|(k, v)| maps.endpoints.insert(*k, *v, 0).is_ok())
-        .count();
-    count("endpoints", ok, p.endpoints.len());
-    let ok = p
+    let mut count =
+        |name: &str, written: Result<usize, vmpath::dataplane::batch::BatchError>, want: usize| {
+            let ok = written.unwrap_or_else(|e| e.written());
+            out.insert(name.into(), json!([ok, want]));
+        };
+    count(
+        "networks",
+        update_batch(maps.networks.map(), &pairs(&p.networks), 0),
+        p.networks.len(),
+    );
+    count(
+        "flood",
+        update_batch(maps.flood.map(), &pairs(&p.flood), 0),
+        p.flood.len(),
+    );
+    count(
+        "addresses",
+        update_batch(maps.addresses.map(), &pairs(&p.addresses), 0),
+        p.addresses.len(),
+    );
+    count(
+        "endpoints",
+        update_batch(maps.endpoints.map(), &pairs(&p.endpoints), 0),
+        p.endpoints.len(),
+    );
+    let zero = vec![PortStats::default(); nr_cpus];
+    let slots: Vec<(u32, &[PortStats])> = p
         .ports
-        .keys()
-        .filter(|k| {
-            PerCpuValues::try_from(vec![PortStats::default(); nr_cpus])
-                .is_ok_and(|zero| maps.port_stats.insert(*k, zero, 0).is_ok())
-        })
-        .count();
-    count("port_stats", ok, p.ports.len());
-    let ok = p
-        .ports
-        .iter()
-        .filter(|(k, v)| {
-            let info: PortInfo = v.info;
-            maps.ports.insert(*k, info, 0).is_ok()
-        })
-        .count();
-    count("ports", ok, p.ports.len());
-    let ok = p
-        .ports
-        .iter()
-        .filter(|(k, v)| maps.port_ids.insert(v.info.port_id, **k, 0).is_ok())
-        .count();
-    count("port_ids", ok, p.ports.len());
+        .values()
+        .map(|v| (v.info.port_id, &zero[..]))
+        .collect();
+    count(
+        "port_stats",
+        update_batch_per_cpu(maps.port_stats.map(), &slots, 0),
+        p.ports.len(),
+    );
+    let ports: Vec<(u32, PortInfo)> = p.ports.iter().map(|(k, v)| (*k, v.info)).collect();
+    count(
+        "ports",
+        update_batch(maps.ports.map(), &ports, 0),
+        p.ports.len(),
+    );
+    let ids: Vec<(u32, u32)> = p.ports.iter().map(|(k, v)| (v.info.port_id, *k)).collect();
+    count(
+        "port_ids",
+        update_batch(maps.port_ids.map(), &ids, 0),
+        p.ports.len(),
+    );
     Ok(serde_json::Value::Object(out))
+}
+
+/// Alternating per-entry and batch passes per size.
+const BATCH_REPS: usize = 7;
+
+/// What the pipeline's map writes left in the maps: the planned entries
+/// the maps accept.
+struct Written {
+    networks: Vec<(u32, NetworkInfo)>,
+    flood: Vec<(u32, FloodList)>,
+    addresses: Vec<(AddrKey, AddrInfo)>,
+    endpoints: Vec<(EndpointKey, Endpoint)>,
+    port_stats: Vec<u32>,
+    ports: Vec<(u32, PortInfo)>,
+    port_ids: Vec<(u32, u32)>,
+}
+
+impl Written {
+    fn len(&self) -> usize {
+        self.networks.len()
+            + self.flood.len()
+            + self.addresses.len()
+            + self.endpoints.len()
+            + self.port_stats.len()
+            + self.ports.len()
+            + self.port_ids.len()
+    }
+}
+
+fn entries<K: Pod, V: Pod>(map: &HashMap<MapData, K, V>) -> Result<Vec<(K, V)>> {
+    Ok(map.iter().collect::<Result<_, _>>()?)
+}
+
+fn clear<K: Pod, V: Pod>(map: &HashMap<MapData, K, V>, entries: &[(K, V)]) -> Result<()> {
+    let keys: Vec<K> = entries.iter().map(|(k, _)| *k).collect();
+    delete_batch(map.map(), &keys)?;
+    Ok(())
+}
+
+fn insert_each<K: Pod, V: Pod>(map: &mut HashMap<MapData, K, V>, entries: &[(K, V)]) -> Result<()> {
+    for (k, v) in entries {
+        map.insert(k, v, 0)?;
+    }
+    Ok(())
+}
+
+fn check_written<K, V>(map: &HashMap<MapData, K, V>, entries: &[(K, V)], name: &str) -> Result<()>
+where
+    K: Pod,
+    V: Pod + PartialEq,
+{
+    ensure!(
+        map.keys().count() == entries.len(),
+        "{name}: {} entries after the batch, want {}",
+        map.keys().count(),
+        entries.len()
+    );
+    for (k, v) in entries {
+        ensure!(
+            map.get(k, 0)? == *v,
+            "{name}: an entry differs after the batch"
+        );
+    }
+    Ok(())
+}
+
+/// Writes the entries the pipeline wrote again into emptied maps, once
+/// one `BPF_MAP_UPDATE_ELEM` per entry and
+/// once with `update_batch` (one `BPF_MAP_UPDATE_BATCH` per map and MiB),
+/// alternately `BATCH_REPS` times; checks the batch's result.
+fn compare_batch(dp: &mut Dataplane) -> Result<serde_json::Value> {
+    let nr_cpus = aya::util::nr_cpus().map_err(|(m, e)| anyhow!("{m}: {e}"))?;
+    let maps = dp.maps_mut();
+    let w = Written {
+        networks: entries(&maps.networks)?,
+        flood: entries(&maps.flood)?,
+        addresses: entries(&maps.addresses)?,
+        endpoints: entries(&maps.endpoints)?,
+        // Indexed by port id (a per-CPU array): the slots of the ports.
+        port_stats: entries(&maps.ports)?
+            .iter()
+            .map(|(_, p)| p.port_id)
+            .collect(),
+        ports: entries(&maps.ports)?,
+        port_ids: entries(&maps.port_ids)?,
+    };
+    let zero = vec![PortStats::default(); nr_cpus];
+    let stats: Vec<(u32, &[PortStats])> = w.port_stats.iter().map(|k| (*k, &zero[..])).collect();
+    let clear_all = |maps: &mut Maps| -> Result<()> {
+        clear(&maps.networks, &w.networks)?;
+        clear(&maps.flood, &w.flood)?;
+        clear(&maps.addresses, &w.addresses)?;
+        clear(&maps.endpoints, &w.endpoints)?;
+        // Array slots cannot be deleted; both ways overwrite them.
+        clear(&maps.ports, &w.ports)?;
+        clear(&maps.port_ids, &w.port_ids)?;
+        Ok(())
+    };
+    let (mut per_entry, mut batched) = (Vec::new(), Vec::new());
+    for _ in 0..BATCH_REPS {
+        clear_all(maps)?;
+        let t = Instant::now();
+        insert_each(&mut maps.networks, &w.networks)?;
+        insert_each(&mut maps.flood, &w.flood)?;
+        insert_each(&mut maps.addresses, &w.addresses)?;
+        insert_each(&mut maps.endpoints, &w.endpoints)?;
+        for k in &w.port_stats {
+            let zero = PerCpuValues::try_from(vec![PortStats::default(); nr_cpus])?;
+            maps.port_stats.set(*k, zero, 0)?;
+        }
+        insert_each(&mut maps.ports, &w.ports)?;
+        insert_each(&mut maps.port_ids, &w.port_ids)?;
+        per_entry.push(t.elapsed().as_secs_f64() * 1e3);
+
+        clear_all(maps)?;
+        let t = Instant::now();
+        update_batch(maps.networks.map(), &w.networks, 0)?;
+        update_batch(maps.flood.map(), &w.flood, 0)?;
+        update_batch(maps.addresses.map(), &w.addresses, 0)?;
+        update_batch(maps.endpoints.map(), &w.endpoints, 0)?;
+        update_batch_per_cpu(maps.port_stats.map(), &stats, 0)?;
+        update_batch(maps.ports.map(), &w.ports, 0)?;
+        update_batch(maps.port_ids.map(), &w.port_ids, 0)?;
+        batched.push(t.elapsed().as_secs_f64() * 1e3);
+    }
+    check_written(&maps.networks, &w.networks, "networks")?;
+    check_written(&maps.flood, &w.flood, "flood")?;
+    check_written(&maps.addresses, &w.addresses, "addresses")?;
+    check_written(&maps.endpoints, &w.endpoints, "endpoints")?;
+    check_written(&maps.ports, &w.ports, "ports")?;
+    check_written(&maps.port_ids, &w.port_ids, "port_ids")?;
+    for k in &w.port_stats {
+        let v = maps.port_stats.get(k, 0)?;
+        ensure!(
+            v.len() == nr_cpus && v.iter().all(|s| s == &PortStats::default()),
+            "port_stats: an entry differs after the batch"
+        );
+    }
+    Ok(json!({
+        "entries": w.len(),
+        "per_entry_ms": per_entry,
+        "batch_ms": batched,
+    }))
 }
 
 /// Runs one size in a fresh process; `Err` names the stage it was in
@@ -291,9 +452,8 @@ pub fn run(opts: &Options) -> Result<Section> {
          most 64 local ports), every address allocated by IPAM, each size in a fresh \
          process ({} runs per size, 1 for 100,000): read + parse the YAML config dir, validate, \
          IPAM, persist the claims (redb), plan, then write every planned map entry \
-         the way `Dataplane::apply` does, one `bpf(BPF_MAP_UPDATE_ELEM)` per entry: \
-         aya 0.14 has no batch map operations (the kernel has \
-         `BPF_MAP_UPDATE_BATCH`; using it needs raw syscalls). Ports get synthetic \
+         the way `Dataplane::apply` does, one `BPF_MAP_UPDATE_BATCH` per map \
+         (against one `bpf(BPF_MAP_UPDATE_ELEM)` per entry below). Ports get synthetic \
          ifindexes, so no tcx link is attached here. Baseline: the map writes alone. \
          Memory: the process's peak RSS (`VmHWM`) at the end, and its growth from \
          before the config was read (after loading the data path).\n\n",
@@ -306,8 +466,10 @@ pub fn run(opts: &Options) -> Result<Section> {
     md.push_str("µs per attachment | total ÷ map writes | peak RSS MiB | RSS growth MiB | map entries written / planned |\n|");
     md.push_str(&"---|".repeat(STAGES.len() + 6));
     md.push('\n');
+    let mut batch_md = String::new();
     for &n in &opts.sizes {
         let mut stages: Vec<Vec<f64>> = vec![Vec::new(); STAGES.len()];
+        let (mut per_entry, mut batched, mut entries) = (Vec::new(), Vec::new(), 0);
         let mut hwm = Vec::new();
         let mut growth = Vec::new();
         let mut written = String::new();
@@ -332,6 +494,11 @@ pub fn run(opts: &Options) -> Result<Section> {
             );
             hwm.push(e / 1024.0);
             growth.push((e - s) / 1024.0);
+            let b = &r["batch"];
+            entries = b["entries"].as_u64().unwrap();
+            for (out, k) in [(&mut per_entry, "per_entry_ms"), (&mut batched, "batch_ms")] {
+                out.extend(b[k].as_array().unwrap().iter().map(|v| v.as_f64().unwrap()));
+            }
             written = r["written"]
                 .as_object()
                 .unwrap()
@@ -354,6 +521,7 @@ pub fn run(opts: &Options) -> Result<Section> {
                 "| {n} | {} |",
                 format!("not finished: {e:#}") + &" |".repeat(STAGES.len() + 4)
             );
+            let _ = writeln!(batch_md, "| {n} | not finished | | | | | |");
             continue;
         }
         let sums: Vec<_> = stages.iter().map(|v| summary(v)).collect();
@@ -377,16 +545,48 @@ pub fn run(opts: &Options) -> Result<Section> {
             ratio: total.median / maps_ms.median,
             baseline: "map writes alone".into(),
         });
+        let (pe, ba) = (summary(&per_entry), summary(&batched));
+        let _ = writeln!(
+            batch_md,
+            "| {n} | {entries} | {} | {} | {} | {} | {} |",
+            fmt_summary(&pe),
+            fmt_summary(&ba),
+            fmt(ba.median / pe.median),
+            fmt(pe.median * 1e6 / entries as f64),
+            fmt(ba.median * 1e6 / entries as f64),
+        );
+        bars.push(Bar {
+            label: format!("map writes {n} attachments: batch"),
+            ratio: ba.median / pe.median,
+            baseline: "one bpf() per entry".into(),
+        });
     }
     let _ = writeln!(
         md,
-        "\nMap limits (`common/src/lib.rs`): `MAX_PORTS` = {MAX_PORTS} caps the ports, \
-         port_stats and port_ids maps, so from 10,000 attachments on a node most ports \
-         are refused by the kernel (E2BIG, counted in bold above, as `Dataplane::apply` \
-         would fail); `MAX_ENDPOINTS` = {MAX_ENDPOINTS} and `MAX_ADDRESSES` = \
+        "\nLimits: a node serves at most `MAX_PORT_ID` = {MAX_PORT_ID} VM ports (the slow \
+         path's 12-bit tag; `MAX_PORTS` = {MAX_PORTS} sizes the ports, port_stats and \
+         port_ids maps), so from 10,000 attachments on one node the plan itself refuses \
+         the rest (\"no free port id\", a config problem the agent reports) and only \
+         their entries are written; counts the kernel refuses (E2BIG) would show in bold; \
+         `MAX_ENDPOINTS` = {MAX_ENDPOINTS} and `MAX_ADDRESSES` = \
          {MAX_ADDRESSES} cap 100,000. One node never hosts that many VM ports; the \
          100,000 figure shows how validation, IPAM and plan scale with the cluster's \
          config, which every agent reads whole.\n"
+    );
+    let _ = writeln!(
+        md,
+        "\n**Map writes, per entry vs batch.** aya 0.14 has no batch map operations; \
+         vmpath issues `BPF_MAP_UPDATE_BATCH` itself (`vmpath::dataplane::batch`, one \
+         syscall per map and MiB of keys and values, per-entry fallback where the kernel \
+         lacks it). In the same process after the figures above: the entries the map \
+         writes left in the maps (the planned entries the maps accept) written again \
+         into emptied maps, alternately one `bpf(BPF_MAP_UPDATE_ELEM)` per entry (as \
+         `Dataplane::apply` did before) and one `BPF_MAP_UPDATE_BATCH` per map (as it \
+         does now), {BATCH_REPS} \
+         times each per run; the batch's result is read back and checked. \
+         Baseline: the per-entry writes.\n\n\
+         | N | entries | per entry ms | batch ms | batch ÷ per-entry | ns per entry, per entry | ns per entry, batch |\n\
+         |---|---|---|---|---|---|---|\n{batch_md}"
     );
 
     // Latency with the real agent.
