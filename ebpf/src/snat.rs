@@ -139,12 +139,19 @@ pub fn expired(cfg: &SnatConfig, e: &NatEntry, proto: u8, now: u64) -> bool {
     now.saturating_sub(e.last_seen) > timeout_ns(cfg, proto, e.state)
 }
 
+/// How stale `last_seen` may get before a packet rewrites it. Timeouts
+/// are whole seconds; writing the shared entry on every packet would
+/// bounce its cache line between the CPUs a flow's two directions run on.
+const TOUCH_GRANULARITY_NS: u64 = 100_000_000;
+
 /// Refreshes an entry; FIN or RST moves a TCP flow to the closing timeout.
 #[inline(always)]
 fn touch(e: *mut NatEntry, now: u64, tcp_flags: u8) {
     unsafe {
-        (*e).last_seen = now;
-        if tcp_flags & (TCP_FIN | TCP_RST) != 0 {
+        if now.saturating_sub((*e).last_seen) > TOUCH_GRANULARITY_NS {
+            (*e).last_seen = now;
+        }
+        if tcp_flags & (TCP_FIN | TCP_RST) != 0 && (*e).state != NAT_ST_CLOSING {
             (*e).state = NAT_ST_CLOSING;
         }
     }
