@@ -353,7 +353,7 @@ pub fn run_with(
                 Err(e) => error!("applying the plan failed (will retry): {e:#}"),
             }
         }
-        overlay.tick(&mut dp, &cfg);
+        overlay.tick(&mut dp, &cfg, last_plan.as_ref());
         north_south.tick(
             &mut dp,
             &opts.uplink,

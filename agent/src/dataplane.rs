@@ -239,6 +239,9 @@ pub struct Maps {
     pub flood_remote: HashMap<MapData, u32, vmpath_common::RemoteFloodList>,
     pub overlay: Array<MapData, vmpath_common::OverlayConfig>,
     pub overlay_stats: PerCpuArray<MapData, PortStats>,
+    /// VXLAN source learning: (network, MAC) -> the node's VTEP, written by
+    /// the data path, pruned by the agent.
+    pub remote_learned: HashMap<MapData, EndpointKey, vmpath_common::RemoteLearned>,
     /// Live migration: target ports whose VM spoke (`vm_migrate`).
     pub migrated: HashMap<MapData, u32, vmpath_common::MigrationEvent>,
 }
@@ -275,6 +278,7 @@ impl Maps {
             flood_remote: open_map(root, map_names::FLOOD_REMOTE)?.try_into()?,
             overlay: open_map(root, map_names::OVERLAY)?.try_into()?,
             overlay_stats: open_map(root, map_names::OVERLAY_STATS)?.try_into()?,
+            remote_learned: open_map(root, map_names::REMOTE_LEARNED)?.try_into()?,
             migrated: open_map(root, map_names::MIGRATED)?.try_into()?,
         })
     }
@@ -606,6 +610,9 @@ impl Dataplane {
         for k in stale_ips {
             let _ = self.maps.learned_ips.remove(&k);
         }
+        // MACs learned from the overlay that the config now places itself
+        // (or whose node left the network).
+        self.prune_remote_learned(plan);
         Ok(())
     }
 }

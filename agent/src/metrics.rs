@@ -278,6 +278,12 @@ pub fn render(view: &View, maps: Option<&Maps>) -> Result<String> {
             )?;
             drops.inc_by(o.drops);
             r.register(Box::new(drops))?;
+            let learned = gauge(
+                &r,
+                "vmpath_overlay_learned_macs",
+                "Remote VM MACs learned from the overlay (vmp_remote_learned): unicast to them goes to their node only.",
+            )?;
+            learned.set(maps.remote_learned.keys().filter(|k| k.is_ok()).count() as i64);
         }
     }
 

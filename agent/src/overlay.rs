@@ -7,6 +7,7 @@
 use std::{
     ffi::CStr,
     net::{IpAddr, Ipv4Addr},
+    time::{Duration, Instant},
 };
 
 use anyhow::{Context as _, Result};
@@ -14,7 +15,7 @@ use rtnetlink::{LinkMessageBuilder, LinkUnspec, LinkVxlan};
 use tracing::{error, info, warn};
 use vmpath_common::{VXLAN_IFNAME, VXLAN_OVERHEAD, VXLAN_PORT};
 
-use crate::{agent::ifindex_of, config::Config, dataplane::Dataplane};
+use crate::{agent::ifindex_of, config::Config, dataplane::Dataplane, plan::Plan};
 
 /// MTU of the vxlan device when the underlay interface is not found.
 const DEFAULT_UNDERLAY_MTU: u32 = 1500;
@@ -176,10 +177,22 @@ pub struct Overlay {
     attached: Option<(u32, [u8; 4])>,
     /// The last error, logged once until it changes.
     last_error: Option<String>,
+    /// When learned remote MACs were last aged.
+    last_prune: Option<Instant>,
 }
 
+/// How often learned remote MACs are aged (a plan change prunes at once).
+const PRUNE_EVERY: Duration = Duration::from_secs(5);
+
 impl Overlay {
-    pub fn tick(&mut self, dp: &mut Dataplane, cfg: &Config) {
+    /// `applied` is the plan the data path holds, if any.
+    pub fn tick(&mut self, dp: &mut Dataplane, cfg: &Config, applied: Option<&Plan>) {
+        if let Some(plan) = applied
+            && self.last_prune.is_none_or(|t| t.elapsed() >= PRUNE_EVERY)
+        {
+            dp.prune_remote_learned(plan);
+            self.last_prune = Some(Instant::now());
+        }
         let Some(node) = &cfg.node else {
             return;
         };

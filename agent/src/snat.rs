@@ -33,7 +33,7 @@ pub fn reserve_ports(min: u16, max: u16) -> io::Result<()> {
 }
 
 /// The clock `bpf_ktime_get_ns` reads.
-fn monotonic_ns() -> u64 {
+pub(crate) fn monotonic_ns() -> u64 {
     let mut ts = libc::timespec {
         tv_sec: 0,
         tv_nsec: 0,

@@ -38,6 +38,9 @@ pub mod map_names {
     pub const OVERLAY: &str = "vmp_overlay";
     /// Overlay: frames sent to and received from remote nodes (per CPU).
     pub const OVERLAY_STATS: &str = "vmp_overlay_stats";
+    /// Overlay: MACs of remote VMs learned from decapsulated frames (VXLAN
+    /// source learning), (network, MAC) -> the node's VTEP.
+    pub const REMOTE_LEARNED: &str = "vmp_remote_learned";
     /// Live migration: target ports whose VM spoke (set by `vm_migrate`),
     /// polled by the agent to finish the cut-over.
     pub const MIGRATED: &str = "vmp_migrated";
@@ -641,6 +644,33 @@ impl Default for RemoteFloodList {
     }
 }
 
+/// MACs learned from the overlay one node keeps (LRU: a full table forgets
+/// the least recently used, whose frames are then flooded again).
+pub const MAX_REMOTE_LEARNED: u32 = 65536;
+/// A learned remote MAC not heard from for this long is forgotten by the
+/// agent (as a Linux bridge ages its FDB: 300 s).
+pub const REMOTE_LEARNED_MAX_AGE_NS: u64 = 300_000_000_000;
+/// `vxlan_rx` rewrites a learned entry's `last_seen_ns` at most this often.
+pub const REMOTE_LEARNED_TOUCH_NS: u64 = 1_000_000_000;
+
+/// A remote VM's MAC whose node was learned from the frames it sent over
+/// the overlay (VXLAN source learning), for MACs the config does not give
+/// (detected from traffic on the hosting node). Keyed by `EndpointKey` in
+/// the LRU map `vmp_remote_learned`. Never holds a MAC that
+/// `vmp_endpoints` has (local or configured remote): those win.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RemoteLearned {
+    /// VTEP address of the node the MAC was last seen behind (IPv4,
+    /// network order).
+    pub node_ip4: [u8; 4],
+    pub _pad: u32,
+    /// bpf_ktime_get_ns (CLOCK_MONOTONIC) of a recent frame from the MAC,
+    /// refreshed at most every `REMOTE_LEARNED_TOUCH_NS`.
+    pub last_seen_ns: u64,
+}
+const _: () = assert!(size_of::<RemoteLearned>() == 16);
+
 /// Slot 0 of `vmp_overlay`: where encapsulated frames go.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -657,6 +687,7 @@ mod pod_overlay {
     use super::*;
     unsafe impl aya::Pod for RemoteFloodList {}
     unsafe impl aya::Pod for OverlayConfig {}
+    unsafe impl aya::Pod for RemoteLearned {}
     unsafe impl aya::Pod for MigrationEvent {}
 }
 

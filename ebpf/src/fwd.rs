@@ -1,6 +1,7 @@
 //! L2 switching inside one network: known unicast to its port (or, for a
-//! MAC on another node, over the overlay), everything else (broadcast,
-//! multicast, unknown unicast) flooded to the network's other local ports
+//! MAC on another node, configured or learned from the overlay, over the
+//! overlay to that node), everything else (broadcast, multicast, unknown
+//! unicast) flooded to the network's other local ports
 //! and once to each remote node hosting the network. Lookups are keyed by
 //! network, so no frame crosses into another network.
 
@@ -40,6 +41,11 @@ pub fn switch(ctx: &TcContext, ifindex: u32, network: u32, dst: [u8; 6]) -> Verd
             if ep.kind == ENDPOINT_REMOTE {
                 return overlay::to_remote(ctx);
             }
+        } else if overlay::is_learned(&key) {
+            // A remote VM the config does not place (its MAC was detected
+            // on its node), learned from its frames: `vm_remote` sends it
+            // to that node only; no local port has it.
+            return overlay::to_remote(ctx);
         }
     }
     flood(ctx, ifindex, network)

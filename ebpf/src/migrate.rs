@@ -114,23 +114,29 @@ fn try_vm_migrate(ctx: &TcContext, ifindex: u32, port: *mut PortInfo) -> Verdict
 /// point the endpoint at `from` now rather than at the agent's next round.
 /// Fields are written so a concurrent reader sees the old or the new
 /// place, never a mix: the address first, the kind last.
+///
+/// Returns whether `vmp_endpoints` holds `src` at all (a local port or a
+/// configured remote VM): only MACs it does not hold are learned from the
+/// overlay (`overlay::learn_source`), so a remote frame never takes a
+/// local VM's MAC and config always wins.
 #[inline(always)]
-pub fn learn_move(network: u32, src: [u8; 6], from: [u8; 4]) {
+pub fn learn_move(network: u32, src: [u8; 6], from: [u8; 4]) -> bool {
     let key = EndpointKey {
         network,
         mac: src,
         _pad: [0; 2],
     };
     let Some(ep) = ENDPOINTS.get_ptr_mut(&key) else {
-        return;
+        return false;
     };
     unsafe {
         let to = (*ep).migrate_to;
         if to == [0; 4] || to != from {
-            return;
+            return true;
         }
         (*ep).node_ip4 = from;
         (*ep).migrate_to = [0; 4];
         (*ep).kind = ENDPOINT_REMOTE;
     }
+    true
 }

@@ -5,20 +5,31 @@
 //!
 //! `vm_remote` is a tail call from `vm_port`: `bpf_tunnel_key` would not
 //! fit on the VM-port program's nearly full stack.
+//!
+//! VXLAN source learning: a MAC the config does not give to other nodes
+//! (detected from traffic on its hosting node) is learned from the frames
+//! it sends over the overlay, as a Linux bridge's FDB learns, into
+//! `vmp_remote_learned`: (network, MAC) -> the sending node. Unicast to it
+//! then goes to that node only rather than flooded to every node of the
+//! network. `vmp_endpoints` always wins: a local VM's MAC or a configured
+//! remote one is never learned, and every lookup tries it first.
 
 use core::mem::MaybeUninit;
 
 use aya_ebpf::{
     bindings::{BPF_F_ZERO_CSUM_TX, TC_ACT_REDIRECT, TC_ACT_SHOT, bpf_tunnel_key},
-    btf_maps::{Array, HashMap, PerCpuArray},
-    helpers::generated::{bpf_clone_redirect, bpf_redirect, bpf_skb_set_tunnel_key},
+    btf_maps::{Array, HashMap, LruHashMap, PerCpuArray},
+    helpers::generated::{
+        bpf_clone_redirect, bpf_ktime_get_ns, bpf_redirect, bpf_skb_set_tunnel_key,
+    },
     macros::{btf_map, classifier},
     programs::TcContext,
 };
 use network_types::eth::EthHdr;
 use vmpath_common::{
-    ENDPOINT_REMOTE, EndpointKey, MAX_FLOOD_NODES, MAX_NETWORKS, NO_PORT_ID, OverlayConfig,
-    PortInfo, PortStats, RemoteFloodList, drop_reason,
+    ENDPOINT_REMOTE, EndpointKey, MAX_FLOOD_NODES, MAX_NETWORKS, MAX_REMOTE_LEARNED, NO_PORT_ID,
+    OverlayConfig, PortInfo, PortStats, REMOTE_LEARNED_TOUCH_NS, RemoteFloodList, RemoteLearned,
+    drop_reason,
 };
 
 use crate::{
@@ -47,6 +58,53 @@ pub static OVERLAY: Array<OverlayConfig, 1> = Array::new();
 /// them, `drops` = overlay drops (also counted by reason in `vmp_drops`).
 #[btf_map(name = "vmp_overlay_stats")]
 pub static OVERLAY_STATS: PerCpuArray<PortStats, 1> = PerCpuArray::new();
+
+/// (network, MAC) -> the node a remote VM's frames came from (VXLAN
+/// source learning; written by `vxlan_rx`, aged and pruned by the agent).
+#[btf_map(name = "vmp_remote_learned")]
+pub static REMOTE_LEARNED: LruHashMap<EndpointKey, RemoteLearned, { MAX_REMOTE_LEARNED as usize }> =
+    LruHashMap::new();
+
+/// Was `key`'s MAC learned behind another node? (`fwd::switch`, on a
+/// `vmp_endpoints` miss: such unicast goes to `vm_remote`, not flooded.)
+#[inline(always)]
+pub fn is_learned(key: &EndpointKey) -> bool {
+    unsafe { REMOTE_LEARNED.get(key) }.is_some()
+}
+
+/// From `vxlan_rx`, after the VNI and the sending node were checked: a
+/// frame from `src`, which `vmp_endpoints` does not hold (neither a local
+/// port nor a configured remote VM), came from the node `from`. Records or
+/// moves the MAC there (a VM that moved announces itself from its new
+/// node); an unchanged entry is only touched now and then, so steady
+/// traffic does not write the map on every frame.
+#[inline(always)]
+pub fn learn_source(network: u32, src: [u8; 6], from: [u8; 4]) {
+    let key = EndpointKey {
+        network,
+        mac: src,
+        _pad: [0; 2],
+    };
+    let now = unsafe { bpf_ktime_get_ns() };
+    if let Some(seen) = REMOTE_LEARNED.get_ptr_mut(&key) {
+        unsafe {
+            if (*seen).node_ip4 == from {
+                if now.wrapping_sub((*seen).last_seen_ns) > REMOTE_LEARNED_TOUCH_NS {
+                    (*seen).last_seen_ns = now;
+                }
+                return;
+            }
+        }
+    }
+    // New, or moved: a whole new value (readers see the old node or the
+    // new one, never a mix).
+    let learned = RemoteLearned {
+        node_ip4: from,
+        _pad: 0,
+        last_seen_ns: now,
+    };
+    let _ = REMOTE_LEARNED.insert(&key, &learned, 0);
+}
 
 /// Does any other node host `network`?
 #[inline(always)]
@@ -162,12 +220,16 @@ fn try_vm_remote(ctx: &TcContext, port: &PortInfo) -> Verdict {
             mac: dst,
             _pad: [0; 2],
         };
-        if let Some(ep) = unsafe { ENDPOINTS.get(&ep_key) } {
-            if ep.kind == ENDPOINT_REMOTE {
-                set_remote(ctx, key, ep.node_ip4)?;
-                count_tx(ctx.len());
-                return redirected(unsafe { bpf_redirect(vxlan, 0) });
-            }
+        let to = match unsafe { ENDPOINTS.get(&ep_key) } {
+            Some(ep) if ep.kind == ENDPOINT_REMOTE => Some(ep.node_ip4),
+            Some(_) => None,
+            // Not configured anywhere: learned from its own frames?
+            None => unsafe { REMOTE_LEARNED.get(&ep_key) }.map(|l| l.node_ip4),
+        };
+        if let Some(to) = to {
+            set_remote(ctx, key, to)?;
+            count_tx(ctx.len());
+            return redirected(unsafe { bpf_redirect(vxlan, 0) });
         }
     }
 

@@ -4,6 +4,8 @@
 //! ports only, never back onto the overlay (the sending node reached every
 //! node itself). Port security ran on the sending node. Unicast for a VM
 //! that migrated away is relayed once to its new node (live migration).
+//! Source MACs the config does not place are learned behind the sending
+//! node (`overlay::learn_source`).
 
 use core::mem::MaybeUninit;
 
@@ -70,8 +72,12 @@ fn try_vxlan_rx(ctx: &TcContext) -> Verdict {
     if is_multicast(&src) {
         return Err(drop_reason::SRC_MULTICAST);
     }
-    // A migrating VM speaking from its new node moves its endpoint here.
-    migrate::learn_move(network, src, from);
+    // A migrating VM speaking from its new node moves its endpoint here;
+    // a MAC the config does not place is learned behind the sending node
+    // (never the gateway's, which every node answers for itself).
+    if !migrate::learn_move(network, src, from) && !mac_eq(&src, &net.gw_mac) {
+        overlay::learn_source(network, src, from);
+    }
     if !is_multicast(&dst) {
         // The gateway is anycast: every node answers its own VMs, so
         // nothing for it ever needs to cross the overlay.

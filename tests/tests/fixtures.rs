@@ -41,8 +41,8 @@ use vmpath::{
 };
 use vmpath_common::{
     ADDR_STATIC, AddrInfo, ENDPOINT_LOCAL, Endpoint, EndpointKey, FloodList, NET_F_GW4, NET_F_GW6,
-    NetworkInfo, PORT_F_IP_FILTER, PORT_F_MAC_FILTER, PORT_F_MAC_KNOWN, PortInfo, PortStats,
-    default_gateway_mac,
+    NetworkInfo, OverlayConfig, PORT_F_IP_FILTER, PORT_F_MAC_FILTER, PORT_F_MAC_KNOWN, PortInfo,
+    PortStats, RemoteLearned, default_gateway_mac,
     drop_reason::{self, *},
     link_local_from_mac,
 };
@@ -1191,6 +1191,92 @@ fn l2_switching() {
             Forward(&[B, C])),
     ];
     run_table(rows);
+}
+
+/// VXLAN source learning, the sending side: unicast to a MAC learned
+/// behind another node (`vmp_remote_learned`) goes to `vm_remote`, onto
+/// the overlay only, and is not flooded to the local ports; a learned
+/// entry never overrides `vmp_endpoints` and is per network.
+#[test]
+fn learned_remote_macs() {
+    let udp = |from: P, dmac: Mac, dst: Ip4| {
+        udp4(
+            from.mac(),
+            dmac,
+            ipv4_hdr(from.ip4(), dst, 64),
+            40000,
+            5000,
+            b"hello",
+        )
+    };
+    let learned_mac: Mac = [0x52, 0x54, 0x00, 0x00, 0x00, 0x77];
+    // (row, frames that must go onto the overlay)
+    #[rustfmt::skip]
+    let rows = vec![
+        (case("unicast to a learned remote MAC -> the overlay only, no local flood", A, FILTERS,
+            udp(A, learned_mac, FOREIGN_IP4),
+            Forward(&[])), 1),
+        (case("unicast to an unknown MAC -> still flooded locally", A, FILTERS,
+            udp(A, FOREIGN_MAC, FOREIGN_IP4),
+            Forward(&[B, C])), 0),
+        (case("a learned entry for a local VM's MAC -> the local port wins", A, FILTERS,
+            udp(A, B.mac(), B.ip4()),
+            Forward(&[B])), 0),
+        (case("broadcast -> flooded locally as before", B, FILTERS,
+            udp(B, BROADCAST, [10, 0, 0, 255]),
+            Forward(&[A, C])), 0),
+        (case("learned in another network -> unknown here (flooded, D alone)", D, FILTERS,
+            udp(D, learned_mac, [10, 1, 0, 99]),
+            Dropped(NO_DESTINATION)), 0),
+    ];
+    in_netns(|| {
+        let mut fx = Fixture::new();
+        // test_run does not execute redirects: any device stands in for
+        // the vxlan device.
+        let vxlan = fx.ifx(X);
+        fx.dp
+            .set_overlay(OverlayConfig {
+                vxlan_ifindex: vxlan,
+                local_ip4: [192, 0, 2, 1],
+            })
+            .unwrap();
+        let entry = RemoteLearned {
+            node_ip4: [192, 0, 2, 2],
+            _pad: 0,
+            last_seen_ns: 0,
+        };
+        for mac in [learned_mac, B.mac()] {
+            let key = EndpointKey {
+                network: NET1,
+                mac,
+                _pad: [0; 2],
+            };
+            fx.dp
+                .maps_mut()
+                .remote_learned
+                .insert(key, entry, 0)
+                .unwrap();
+        }
+        let mut failures = Vec::new();
+        for (c, to_overlay) in &rows {
+            let before = fx.dp.maps().overlay_stats().unwrap().tx_packets;
+            let mut errs: Vec<String> = fx.check(c).err().into_iter().collect();
+            let sent = fx.dp.maps().overlay_stats().unwrap().tx_packets - before;
+            if sent != *to_overlay {
+                errs.push(format!("{sent} frames onto the overlay, want {to_overlay}"));
+            }
+            if !errs.is_empty() {
+                failures.push(format!("  {}:\n    {}", c.name, errs.join("\n    ")));
+            }
+        }
+        assert!(
+            failures.is_empty(),
+            "{} of {} rows failed:\n{}",
+            failures.len(),
+            rows.len(),
+            failures.join("\n")
+        );
+    });
 }
 
 /// Port security: source MAC, source IP, ethertypes.

@@ -351,3 +351,335 @@ for vni, src in ((999, '{FOREIGN_IP}'), (100, '192.0.2.99')):
             && bed.a.drops(common::drop_reason::OVERLAY_UNKNOWN_VTEP) >= before_vtep + 3
     });
 }
+
+// ---------------------------------------------------------------------------
+// VXLAN source learning: a MAC detected on its node, learned by the others
+// ---------------------------------------------------------------------------
+
+const NODE_C_IP: &str = "192.0.2.3";
+const VMA_MAC: &str = "52:54:00:00:0a:01";
+const VMA2_MAC: &str = "52:54:00:00:0a:02";
+const VMB_MAC: &str = "52:54:00:00:0b:01";
+const VMC_MAC: &str = "52:54:00:00:0c:01";
+const VMA_IP: &str = "10.20.0.11";
+const VMB_IP: &str = "10.20.0.12";
+const VMC_IP: &str = "10.20.0.13";
+const VMA2_IP: &str = "10.20.0.14";
+/// A MAC no VM has: unicast to it is unknown everywhere.
+const NOBODY_MAC: &str = "52:54:00:00:0f:0f";
+const NET_ID: u32 = 100;
+
+/// Three vmpath nodes on one underlay, network blue on all of them: vma
+/// and vma2 on a, vmb on b, vmc on c. vmb's Attachment gives no MAC (b
+/// detects it from vmb's traffic), so only b's config knows it; the
+/// others' MACs are given.
+struct LearnBed {
+    a: Node,
+    b: Node,
+    c: Node,
+    vma: Vm,
+    vma2: Vm,
+    vmb: Vm,
+    vmc: Vm,
+    _underlay: Underlay,
+}
+
+fn learn_config(bed: &LearnBed, vmb_mac_given: bool) -> String {
+    let att = |name: &str, node: &str, vm: &Vm, ip: &str| {
+        yaml::attachment(name, BLUE, node, &vm.port, &vm.mac, &[&format!("{ip}/16")])
+    };
+    let mut vmb = att("vmb", "b", &bed.vmb, VMB_IP);
+    if !vmb_mac_given {
+        vmb = vmb.replace(&format!("  mac: \"{VMB_MAC}\"\n"), "");
+        assert!(!vmb.contains("mac:"), "{vmb}");
+    }
+    yaml::docs(&[
+        yaml_overlay::node("a", NODE_A_IP),
+        yaml_overlay::node("b", NODE_B_IP),
+        yaml_overlay::node("c", NODE_C_IP),
+        yaml::network(BLUE, NET_ID, &["10.20.0.0/16"], &["10.20.0.1"], true),
+        att("vma", "a", &bed.vma, VMA_IP),
+        att("vma2", "a", &bed.vma2, VMA2_IP),
+        vmb,
+        att("vmc", "c", &bed.vmc, VMC_IP),
+    ])
+}
+
+fn three_nodes_one_detected() -> LearnBed {
+    let underlay = Underlay::new();
+    let a = Node::new("a");
+    let b = Node::new("b");
+    let c = Node::new("c");
+    for (node, ip) in [(&a, NODE_A_IP), (&b, NODE_B_IP), (&c, NODE_C_IP)] {
+        underlay.plug(&node.ns, "ul0", &format!("{ip}/24"), UNDERLAY_MTU);
+    }
+    let vm = |node: &Node, name: &str, mac: &str, ip: &str| {
+        node.add_vm(name, mac, &[&format!("{ip}/16")], Some("10.20.0.1"))
+    };
+    let mut bed = LearnBed {
+        vma: vm(&a, "vma", VMA_MAC, VMA_IP),
+        vma2: vm(&a, "vma2", VMA2_MAC, VMA2_IP),
+        vmb: vm(&b, "vmb", VMB_MAC, VMB_IP),
+        vmc: vm(&c, "vmc", VMC_MAC, VMC_IP),
+        a,
+        b,
+        c,
+        _underlay: underlay,
+    };
+    let config = learn_config(&bed, false);
+    for node in [&mut bed.a, &mut bed.b, &mut bed.c] {
+        node.write_config("config.yaml", &config);
+        node.start_agent();
+    }
+    bed.a.wait_ports(&[&bed.vma.port, &bed.vma2.port]);
+    bed.b.wait_ports(&[&bed.vmb.port]);
+    bed.c.wait_ports(&[&bed.vmc.port]);
+    for node in [&bed.a, &bed.b, &bed.c] {
+        wait_for(
+            &format!("the overlay on node {}", node.name),
+            Duration::from_secs(10),
+            || node.agent_log().contains("overlay ready"),
+        );
+    }
+    bed
+}
+
+fn mac_bytes(mac: &str) -> [u8; 6] {
+    let v: Vec<u8> = mac
+        .split(':')
+        .map(|h| u8::from_str_radix(h, 16).unwrap())
+        .collect();
+    v.try_into().unwrap()
+}
+
+fn ip4_bytes(ip: &str) -> [u8; 4] {
+    ip.parse::<std::net::Ipv4Addr>().unwrap().octets()
+}
+
+fn ep_key(mac: &str) -> common::EndpointKey {
+    common::EndpointKey {
+        network: NET_ID,
+        mac: mac_bytes(mac),
+        _pad: [0; 2],
+    }
+}
+
+/// The node `node` learned `mac` behind, if any.
+fn learned(node: &Node, mac: &str) -> Option<[u8; 4]> {
+    node.maps()
+        .remote_learned
+        .get(&ep_key(mac), 0)
+        .ok()
+        .map(|l| l.node_ip4)
+}
+
+/// Frames received over the overlay by `node` so far.
+fn overlay_rx(node: &Node) -> u64 {
+    node.maps().overlay_stats().unwrap().rx_packets
+}
+
+fn overlay_tx(node: &Node) -> u64 {
+    node.maps().overlay_stats().unwrap().tx_packets
+}
+
+/// Frames the data path delivered to `vm`'s port on `node`.
+fn port_tx(node: &Node, vm: &Vm) -> u64 {
+    let ifindex = node.ns.ifindex(&vm.port);
+    node.maps()
+        .port_stats(ifindex)
+        .unwrap()
+        .map_or(0, |s| s.tx_packets)
+}
+
+/// `count` UDP datagrams from `vm` (its own MAC and `src_ip`) to `dst_mac`
+/// / `dst_ip`, port 9 (discard): one-way unicast, sent by scapy so no ARP
+/// or reply is involved.
+fn unicast_stream(vm: &Vm, src_ip: &str, dst_mac: &str, dst_ip: &str, count: u32) {
+    vm.ns.scapy(&format!(
+        "sendp(Ether(src='{}', dst='{dst_mac}')/IP(src='{src_ip}', dst='{dst_ip}')/UDP(sport=40009, dport=9)/Raw(b'x' * 64), iface='eth0', count={count})",
+        vm.mac
+    ));
+}
+
+/// From `from`'s underlay address, a VXLAN frame (VNI 100) to node `to`
+/// whose inner source is `inner_src`: an RARP broadcast, as QEMU announces
+/// a VM that moved.
+fn inject_rarp(from: &Node, from_ip: &str, to_ip: &str, inner_src: &str, count: u32) {
+    // Resolve the target's underlay MAC once with a real ping.
+    assert!(from.ns.ping(to_ip, 1));
+    from.ns.scapy(&format!(
+        "inner = Ether(src='{inner_src}', dst='ff:ff:ff:ff:ff:ff', type=0x8035)/ARP(op=3, hwsrc='{inner_src}', hwdst='{inner_src}', psrc='0.0.0.0', pdst='0.0.0.0')
+send(IP(src='{from_ip}', dst='{to_ip}')/UDP(sport=40000, dport=4789)/VXLAN(flags=8, vni={NET_ID})/inner, count={count})
+"
+    ));
+}
+
+/// The point of source learning: vmb's MAC is not in anyone's config but
+/// b's, yet once vmb has spoken, unicast from a to vmb goes to b only
+/// instead of being flooded to every node of the network (here: c).
+#[test]
+fn a_detected_mac_is_learned_and_its_unicast_goes_to_its_node_only() {
+    let bed = three_nodes_one_detected();
+    const N: u32 = 500;
+    let (b_ip, c_ip) = (ip4_bytes(NODE_B_IP), ip4_bytes(NODE_C_IP));
+
+    // Control: unicast to a MAC nobody has is flooded, and c receives every
+    // copy (so counting at c does see floods).
+    let c_before = overlay_rx(&bed.c);
+    unicast_stream(&bed.vma, VMA_IP, NOBODY_MAC, "10.20.0.99", N);
+    let flooded = overlay_rx(&bed.c) - c_before;
+    assert!(
+        flooded >= u64::from(N),
+        "unknown unicast reached c {flooded} times, want at least {N}"
+    );
+    assert_eq!(learned(&bed.a, NOBODY_MAC), None);
+
+    // vmb speaks (its ARP broadcast reaches every node): a and c learn that
+    // it lives behind b.
+    assert!(bed.vmb.ping(VMA_IP), "vmb (b, detected MAC) -> vma (a)");
+    wait_for("a learns vmb behind b", Duration::from_secs(5), || {
+        learned(&bed.a, VMB_MAC) == Some(b_ip)
+    });
+    assert_eq!(learned(&bed.c, VMB_MAC), Some(b_ip), "c learned vmb too");
+    // Configured MACs are never learned: config wins.
+    assert_eq!(learned(&bed.b, VMA_MAC), None, "b learned vma's given MAC");
+    assert_eq!(learned(&bed.a, VMC_MAC), None, "a learned vmc's given MAC");
+    // And b, whose own VM it is, has it as a local endpoint, not learned.
+    assert_eq!(learned(&bed.b, VMB_MAC), None);
+
+    // Unicast a -> vmb now goes to b only: c sees (next to) nothing of it.
+    let (c_before, vmb_before) = (overlay_rx(&bed.c), port_tx(&bed.b, &bed.vmb));
+    let vma2_before = port_tx(&bed.a, &bed.vma2);
+    unicast_stream(&bed.vma, VMA_IP, VMB_MAC, VMB_IP, N);
+    let at_c = overlay_rx(&bed.c) - c_before;
+    let at_vmb = port_tx(&bed.b, &bed.vmb) - vmb_before;
+    // Nor is it flooded to a's other local port.
+    let at_vma2 = port_tx(&bed.a, &bed.vma2) - vma2_before;
+    assert!(
+        at_vma2 <= 10,
+        "vma2 (a) received {at_vma2} frames during {N} unicast frames a -> vmb"
+    );
+    eprintln!(
+        "{N} unicast frames a -> vmb: {at_vmb} delivered, {at_c} reached c (control: {flooded})"
+    );
+    assert!(
+        at_vmb >= u64::from(N),
+        "vmb got {at_vmb} of {N} unicast frames"
+    );
+    assert!(
+        at_c <= 10,
+        "c received {at_c} frames during {N} unicast frames a -> vmb (flooded?)"
+    );
+    // Real traffic too: a UDP stream over iperf3, and ping.
+    assert!(bed.vma.ping(VMB_IP), "vma (a) -> vmb (b)");
+    let c_before = overlay_rx(&bed.c);
+    let udp = iperf3(&bed.vmb.ns, &bed.vma.ns, VMB_IP, true, 1);
+    let packets = udp["end"]["sum"]["packets"].as_u64().unwrap_or(0);
+    let at_c = overlay_rx(&bed.c) - c_before;
+    eprintln!("iperf3 UDP a -> vmb: {packets} datagrams, {at_c} frames reached c");
+    assert!(packets > 1000, "UDP sent {packets} datagrams: {udp}");
+    assert!(
+        at_c * 100 < packets,
+        "c received {at_c} frames during {packets} UDP datagrams a -> vmb"
+    );
+
+    // bpftool shows the entry with its fields by name (BTF).
+    let pin = bed
+        .a
+        .bpffs
+        .join("maps/v2")
+        .join(common::map_names::REMOTE_LEARNED);
+    let dump = vmpath_tests::run(&["bpftool", "map", "dump", "pinned", pin.to_str().unwrap()]);
+    assert!(
+        dump.contains("node_ip4") && dump.contains("last_seen_ns"),
+        "{dump}"
+    );
+    // ...and /metrics counts it.
+    let metrics = bed.a.ns.run(&[
+        "curl",
+        "-sfS",
+        "--max-time",
+        "5",
+        "http://127.0.0.1:9469/metrics",
+    ]);
+    let line = metrics
+        .lines()
+        .find(|l| l.starts_with("vmpath_overlay_learned_macs "))
+        .unwrap_or_else(|| panic!("no learned MACs gauge:\n{metrics}"));
+    let n: u64 = line.rsplit(' ').next().unwrap().parse().unwrap();
+    assert!(n >= 1, "{line}");
+
+    // vmb shows up behind another node (its RARP from c, as after a move):
+    // a moves the entry there, and vmb's next frame from b moves it back.
+    inject_rarp(&bed.c, NODE_C_IP, NODE_A_IP, VMB_MAC, 1);
+    wait_for("a moves vmb to c", Duration::from_secs(5), || {
+        learned(&bed.a, VMB_MAC) == Some(c_ip)
+    });
+    assert!(bed.vmb.ping(VMA_IP));
+    wait_for("a moves vmb back to b", Duration::from_secs(5), || {
+        learned(&bed.a, VMB_MAC) == Some(b_ip)
+    });
+
+    // Once the config gives vmb's MAC, the configured endpoint replaces the
+    // learned entry on the other nodes.
+    let config = learn_config(&bed, true);
+    for node in [&bed.a, &bed.b, &bed.c] {
+        node.write_config("config.yaml", &config);
+    }
+    for node in [&bed.a, &bed.c] {
+        wait_for(
+            &format!("node {} replaces the learned vmb", node.name),
+            Duration::from_secs(10),
+            || {
+                learned(node, VMB_MAC).is_none()
+                    && node
+                        .maps()
+                        .endpoints
+                        .get(&ep_key(VMB_MAC), 0)
+                        .is_ok_and(|e| e.kind == common::ENDPOINT_REMOTE && e.node_ip4 == b_ip)
+            },
+        );
+    }
+    assert!(bed.vma.ping(VMB_IP));
+}
+
+/// Learning never lets a remote frame take a MAC the node already places:
+/// a local VM's (its traffic stays local) or a configured remote VM's.
+#[test]
+fn a_remote_frame_never_takes_a_local_or_configured_mac() {
+    let bed = three_nodes_one_detected();
+    // A node of the network claims vma's MAC (local on a) and vmc's (given
+    // in the config, on c) in frames to a.
+    inject_rarp(&bed.b, NODE_B_IP, NODE_A_IP, VMA_MAC, 3);
+    inject_rarp(&bed.b, NODE_B_IP, NODE_A_IP, VMC_MAC, 3);
+    // ...and a MAC nobody places, which a does learn (so the frames arrived).
+    inject_rarp(&bed.b, NODE_B_IP, NODE_A_IP, NOBODY_MAC, 3);
+    wait_for("a learns the unplaced MAC", Duration::from_secs(5), || {
+        learned(&bed.a, NOBODY_MAC) == Some(ip4_bytes(NODE_B_IP))
+    });
+    assert_eq!(
+        learned(&bed.a, VMA_MAC),
+        None,
+        "a learned its local VM's MAC"
+    );
+    assert_eq!(learned(&bed.a, VMC_MAC), None, "a learned a configured MAC");
+    let vmc = bed.a.maps().endpoints.get(&ep_key(VMC_MAC), 0).unwrap();
+    assert_eq!(
+        (vmc.kind, vmc.node_ip4),
+        (common::ENDPOINT_REMOTE, ip4_bytes(NODE_C_IP)),
+        "vmc's configured endpoint moved"
+    );
+
+    // vma2 -> vma stays on node a: delivered to vma, nothing to the overlay.
+    assert!(bed.vma2.ping(VMA_IP));
+    let (tx_before, vma_before) = (overlay_tx(&bed.a), port_tx(&bed.a, &bed.vma));
+    unicast_stream(&bed.vma2, VMA2_IP, VMA_MAC, VMA_IP, 200);
+    assert!(port_tx(&bed.a, &bed.vma) - vma_before >= 200);
+    let sent = overlay_tx(&bed.a) - tx_before;
+    assert!(
+        sent <= 5,
+        "a sent {sent} frames over the overlay for its local vma"
+    );
+    // vma -> vmc still goes to c.
+    assert!(bed.vma.ping(VMC_IP), "vma (a) -> vmc (c)");
+}

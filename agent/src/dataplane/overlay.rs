@@ -6,9 +6,10 @@ use std::fs;
 
 use anyhow::{Context as _, Result, anyhow};
 use aya::maps::{MapData, MapType, PerCpuValues};
-use tracing::info;
+use tracing::{debug, info};
 use vmpath_common::{
-    MAX_NETWORKS, OverlayConfig, PortStats, RemoteFloodList, map_names, prog_names,
+    EndpointKey, MAX_NETWORKS, MAX_REMOTE_LEARNED, OverlayConfig, PortStats,
+    REMOTE_LEARNED_MAX_AGE_NS, RemoteFloodList, RemoteLearned, map_names, prog_names,
 };
 
 use super::{Dataplane, MapSpec, links_dir, spec, sync};
@@ -18,10 +19,17 @@ use crate::plan::Plan;
 const PROG_VM_REMOTE: u32 = 1;
 
 /// The overlay maps, checked like `MAP_SPECS`.
-pub(super) const OVERLAY_MAP_SPECS: [MapSpec; 3] = [
+pub(super) const OVERLAY_MAP_SPECS: [MapSpec; 4] = [
     spec::<u32, RemoteFloodList>(map_names::FLOOD_REMOTE, MapType::Hash, MAX_NETWORKS),
     spec::<u32, OverlayConfig>(map_names::OVERLAY, MapType::Array, 1),
     spec::<u32, PortStats>(map_names::OVERLAY_STATS, MapType::PerCpuArray, 1),
+    // Written by the data path (`vxlan_rx`), never synced from the plan;
+    // the agent only prunes it.
+    spec::<EndpointKey, RemoteLearned>(
+        map_names::REMOTE_LEARNED,
+        MapType::LruHash,
+        MAX_REMOTE_LEARNED,
+    ),
 ];
 
 /// Loads `vm_remote` into its tail-call slot and loads `vxlan_rx`.
@@ -84,11 +92,125 @@ impl Dataplane {
     }
 }
 
+impl Dataplane {
+    /// Forgets the remote MACs the data path learned (`vmp_remote_learned`)
+    /// that `plan` places itself (a local port or a configured remote VM:
+    /// `vmp_endpoints` wins in every lookup anyway), whose node no longer
+    /// hosts the network, or that were not heard from for
+    /// `REMOTE_LEARNED_MAX_AGE_NS`. Returns how many remain. One at a
+    /// time: the LRU map may evict an entry meanwhile, which would stop a
+    /// batch delete.
+    pub fn prune_remote_learned(&mut self, plan: &Plan) -> usize {
+        let now = crate::snat::monotonic_ns();
+        let (stale, kept): (Vec<_>, Vec<_>) = self
+            .maps
+            .remote_learned()
+            .into_iter()
+            .partition(|(k, v)| remote_learned_stale(plan, k, v, now));
+        for (k, _) in &stale {
+            let _ = self.maps.remote_learned.remove(k);
+        }
+        if !stale.is_empty() {
+            debug!(
+                forgotten = stale.len(),
+                kept = kept.len(),
+                "learned remote MACs pruned"
+            );
+        }
+        kept.len()
+    }
+}
+
+/// Should a learned remote MAC be forgotten (see `prune_remote_learned`)?
+fn remote_learned_stale(plan: &Plan, key: &EndpointKey, v: &RemoteLearned, now: u64) -> bool {
+    let hosts = plan.flood_remote.get(&key.network).is_some_and(|l| {
+        l.node_ip4[..(l.count as usize).min(l.node_ip4.len())].contains(&v.node_ip4)
+    });
+    plan.endpoints.contains_key(key)
+        || !hosts
+        || now.saturating_sub(v.last_seen_ns) > REMOTE_LEARNED_MAX_AGE_NS
+}
+
 impl super::Maps {
+    /// The remote MACs the data path learned from the overlay.
+    pub fn remote_learned(&self) -> Vec<(EndpointKey, RemoteLearned)> {
+        self.remote_learned.iter().filter_map(|r| r.ok()).collect()
+    }
+
     /// The overlay's counters summed over CPUs: `tx` sent to remote nodes,
     /// `rx` received from them, `drops` of either.
     pub fn overlay_stats(&self) -> Result<PortStats> {
         let values: PerCpuValues<PortStats> = self.overlay_stats.get(&0, 0)?;
         Ok(super::sum_per_cpu(&values))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use vmpath_common::{ENDPOINT_LOCAL, Endpoint};
+
+    use super::*;
+
+    const KEY: EndpointKey = EndpointKey {
+        network: 100,
+        mac: [0x52, 0x54, 0, 0, 0, 1],
+        _pad: [0; 2],
+    };
+    const NODE_B: [u8; 4] = [192, 0, 2, 2];
+    const NOW: u64 = 1_000 * 1_000_000_000;
+
+    fn plan_with_b() -> Plan {
+        let mut plan = Plan::default();
+        let list = plan.flood_remote.entry(100).or_default();
+        list.node_ip4[0] = NODE_B;
+        list.count = 1;
+        plan
+    }
+
+    fn seen(node_ip4: [u8; 4], ago_s: u64) -> RemoteLearned {
+        RemoteLearned {
+            node_ip4,
+            _pad: 0,
+            last_seen_ns: NOW - ago_s * 1_000_000_000,
+        }
+    }
+
+    #[test]
+    fn learned_remote_macs_are_kept_while_fresh_and_unplaced() {
+        let plan = plan_with_b();
+        assert!(!remote_learned_stale(&plan, &KEY, &seen(NODE_B, 10), NOW));
+        // Not heard from for longer than a bridge keeps an FDB entry.
+        assert!(remote_learned_stale(&plan, &KEY, &seen(NODE_B, 301), NOW));
+        // Behind a node that does not (or no longer) host the network.
+        assert!(remote_learned_stale(
+            &plan,
+            &KEY,
+            &seen([192, 0, 2, 9], 10),
+            NOW
+        ));
+        let other_net = EndpointKey {
+            network: 200,
+            ..KEY
+        };
+        assert!(remote_learned_stale(
+            &plan,
+            &other_net,
+            &seen(NODE_B, 10),
+            NOW
+        ));
+    }
+
+    #[test]
+    fn the_plan_placing_a_mac_replaces_what_was_learned() {
+        let mut plan = plan_with_b();
+        plan.endpoints.insert(
+            KEY,
+            Endpoint {
+                kind: ENDPOINT_LOCAL,
+                ifindex: 7,
+                ..Default::default()
+            },
+        );
+        assert!(remote_learned_stale(&plan, &KEY, &seen(NODE_B, 0), NOW));
     }
 }

@@ -2,12 +2,14 @@
 //! nodes host each network. Every node reads the same documents, so every
 //! node computes the same picture of the others.
 //!
-//! A remote VM is reachable by MAC only when every node knows that MAC:
+//! A remote VM has an endpoint entry only when every node knows its MAC:
 //! given in the Attachment, or generated (deterministic from the VM's
 //! identity). A MAC detected from traffic is known only on the hosting
-//! node (it lives in that node's claims), so other nodes reach such a VM
-//! by flooding (unknown unicast goes to every node of the network, and
-//! the hosting node delivers it), not by a direct endpoint entry.
+//! node (it lives in that node's claims). Other nodes learn where it lives
+//! from the frames it sends over the overlay (VXLAN source learning, in
+//! the data path: `vmp_remote_learned`); until it has spoken, unicast to
+//! it is flooded (to every node of the network, and the hosting node
+//! delivers it).
 
 use std::net::IpAddr;
 
@@ -65,7 +67,8 @@ pub fn overlay(cfg: &Config, node: &str, plan: &mut Plan) {
 
         add_flood_node(plan, net, host, ip4);
 
-        // Detected MACs are only known on the hosting node (see above).
+        // Detected MACs are only known on the hosting node; the others
+        // learn them from the overlay (see above).
         let known = match att.mac_resolved {
             Some((mac, _)) if att.mac.is_some() || att.mac_policy == MacPolicy::Generate => {
                 Some(mac)
