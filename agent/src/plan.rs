@@ -217,6 +217,7 @@ pub fn plan_with_ids(
                     gw_mac: net.gateway_mac,
                     _pad: 0,
                     ip4: first_ip4(&att.addresses),
+                    ip6: first_ip6(&att.addresses),
                 },
             },
         );
@@ -267,6 +268,17 @@ fn first_ip4(addresses: &[(ipnet::IpNet, Origin)]) -> [u8; 4] {
             std::net::IpAddr::V6(_) => None,
         })
         .unwrap_or([0; 4])
+}
+
+/// The first IPv6 address of an attachment (zero: none).
+fn first_ip6(addresses: &[(ipnet::IpNet, Origin)]) -> [u8; 16] {
+    addresses
+        .iter()
+        .find_map(|(ip, _)| match ip.addr() {
+            std::net::IpAddr::V6(a) => Some(a.octets()),
+            std::net::IpAddr::V4(_) => None,
+        })
+        .unwrap_or([0; 16])
 }
 
 /// The port of `att` on `node` when `node` is the target of its pending

@@ -88,7 +88,7 @@ pub mod prog_names {
 /// or meaning; pins live under `maps/v{MAP_LAYOUT_VERSION}`.
 pub const MAP_LAYOUT_VERSION: u32 = 2;
 // v2: per-port counters in a per-CPU array indexed by port id (no hash
-// lookup per frame); PortInfo caches the gateway MAC and first IPv4;
+// lookup per frame); PortInfo caches the gateway MAC and first IPv4/IPv6;
 // every entry that delivers to a port carries its port id.
 
 pub const MAX_PORTS: u32 = 4096;
@@ -130,8 +130,10 @@ pub struct PortInfo {
     /// The port's first IPv4 address (zero: none). The spoof filter's
     /// common case needs no address lookup; others are in `vmp_addresses`.
     pub ip4: [u8; 4],
+    /// The port's first IPv6 address (zero: none), cached the same way.
+    pub ip6: [u8; 16],
 }
-const _: () = assert!(size_of::<PortInfo>() == 28);
+const _: () = assert!(size_of::<PortInfo>() == 44);
 
 /// Port id 0 is never assigned: counters of "no port" are not kept.
 pub const NO_PORT_ID: u32 = 0;

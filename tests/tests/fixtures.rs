@@ -333,6 +333,7 @@ impl Fixture {
             },
             _pad: 0,
             ip4: if p == P::E { [0; 4] } else { p.ip4() },
+            ip6: if p == P::E { [0; 16] } else { p.ip6() },
         }
     }
 

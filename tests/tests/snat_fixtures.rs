@@ -138,6 +138,7 @@ impl Fx {
                     gw_mac: GW_MAC,
                     _pad: 0,
                     ip4: VM_IP,
+                    ip6: [0; 16],
                 },
                 0,
             )
