@@ -22,6 +22,8 @@ use std::{
 pub use vmpath;
 use vmpath::dataplane::Maps;
 
+pub mod migration;
+
 /// Debian's python3, which has scapy (the pyenv one on PATH does not).
 pub const SCAPY_PYTHON: &str = "/usr/bin/python3";
 

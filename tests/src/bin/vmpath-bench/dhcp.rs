@@ -87,10 +87,10 @@ fn wait_for<T>(
     let start = Instant::now();
     let mut buf = [0u8; 2048];
     while start.elapsed() < timeout {
-        if let Some(n) = sock.recv(&mut buf) {
-            if let Some(t) = accept(&buf[..n]) {
-                return Some(t);
-            }
+        if let Some(n) = sock.recv(&mut buf)
+            && let Some(t) = accept(&buf[..n])
+        {
+            return Some(t);
         }
     }
     None

@@ -1,15 +1,19 @@
 //! Figure group 2: end to end between two VM namespaces on one node, three
-//! ways, built side by side and measured interleaved (run 1 of each, then
-//! run 2 of each, ...) so machine noise hits all three alike:
+//! ways, built side by side and measured interleaved so machine noise hits
+//! all three alike:
 //!   vmpath    the real agent (release build) programs two ports of one
 //!             network, port security on; the VM-port program forwards
 //!   bridge    the two host-side veths in a Linux bridge (the bridge CNI)
 //!   redirect  `bench_redirect_peer` (ebpf/src/bench.rs) at tcx ingress of
 //!             each host-side veth, sending every frame into the other VM:
 //!             the floor for any tc forwarder here
-//! TCP: iperf3, VM1 -> VM2. Packet rate: 60-byte (64 on the wire) UDP
-//! frames from a raw AF_PACKET socket with sendmmsg in VM1, counted as IP
-//! packets received in VM2 (`Ip: InReceives` of VM2's /proc/net/snmp).
+//! TCP: iperf3, VM1 -> VM2, one run of each setup per round. Packet rate:
+//! 60-byte (64 on the wire) UDP frames from a raw AF_PACKET socket with
+//! sendmmsg in VM1, counted as IP packets received in VM2 (`Ip: InReceives`
+//! of VM2's /proc/net/snmp), in many short slices: each round runs one
+//! slice of every setup, in an order rotated per round. Ratios are the
+//! median of the per-round paired ratios (setup ÷ baseline of the same
+//! round), which cancels the host noise that moves whole rounds.
 
 use std::{
     sync::atomic::{AtomicBool, Ordering},
@@ -28,13 +32,16 @@ use vmpath_tests::{Netns, Node, Vm, yaml};
 
 use crate::{
     report::{Bar, Section},
-    util::{self, RawSock, fmt, fmt_summary, summary},
+    util::{self, RawSock, fmt_summary, summary},
 };
 
 pub struct Options {
+    /// TCP rounds (one iperf3 run of each setup per round).
     pub runs: usize,
     pub tcp_seconds: u32,
-    pub pps_seconds: u64,
+    /// Packet-rate rounds (one slice of each setup per round).
+    pub pps_rounds: usize,
+    pub pps_slice: Duration,
 }
 
 const VM1_MAC: &str = "52:54:00:00:b1:01";
@@ -171,21 +178,21 @@ pub fn ip_in_receives(ns: &Netns) -> Result<u64> {
         .parse()?)
 }
 
-/// Blasts 64-byte UDP from VM1 to VM2 for `seconds`; (sent, received) in
+/// Blasts 64-byte UDP from VM1 to VM2 for `slice`; (sent, received) in
 /// packets per second.
-pub fn udp_pps(bed: &Bed, seconds: u64) -> Result<(f64, f64)> {
+pub fn udp_pps(bed: &Bed, slice: Duration) -> Result<(f64, f64)> {
     let frame = util::udp4_min(
         parse_mac(VM2_MAC).map_err(|e| anyhow!(e))?,
         parse_mac(VM1_MAC).map_err(|e| anyhow!(e))?,
         VM1_IP,
         VM2_IP,
     );
-    pps(&bed.vm1.ns, &frame, seconds, &bed.vm2.ns)
+    pps(&bed.vm1.ns, &frame, slice, &bed.vm2.ns)
 }
 
-/// Sends `frame` from `eth0` of `sender` for `seconds` (raw socket,
+/// Sends `frame` from `eth0` of `sender` for `slice` (raw socket,
 /// sendmmsg); (sent, received by `receiver`'s IP layer) per second.
-pub fn pps(sender: &Netns, frame: &[u8], seconds: u64, receiver: &Netns) -> Result<(f64, f64)> {
+pub fn pps(sender: &Netns, frame: &[u8], slice: Duration, receiver: &Netns) -> Result<(f64, f64)> {
     let before = ip_in_receives(receiver)?;
     let stop = AtomicBool::new(false);
     let ns_path = sender.path();
@@ -197,12 +204,13 @@ pub fn pps(sender: &Netns, frame: &[u8], seconds: u64, receiver: &Netns) -> Resu
             Ok(sock.blast(frame, 64, &stop))
         });
         let t = Instant::now();
-        sleep(Duration::from_secs(seconds));
+        sleep(slice);
         stop.store(true, Ordering::Relaxed);
         let sent = h.join().map_err(|_| anyhow!("sender panicked"))??;
         Ok((sent, t.elapsed().as_secs_f64()))
     })?;
-    sleep(Duration::from_millis(200));
+    // What is still queued reaches the receiver within milliseconds.
+    sleep(Duration::from_millis(100));
     let after = ip_in_receives(receiver)?;
     Ok((sent as f64 / elapsed, (after - before) as f64 / elapsed))
 }
@@ -215,21 +223,37 @@ pub fn run(opts: &Options) -> Result<Section> {
             return Err(anyhow!("{}: VM1 cannot ping VM2", b.name));
         }
     }
+    // [setup][round]
     let mut tcp: Vec<Vec<f64>> = vec![Vec::new(); beds.len()];
     let mut pps: Vec<Vec<f64>> = vec![Vec::new(); beds.len()];
     let mut sent: Vec<Vec<f64>> = vec![Vec::new(); beds.len()];
     for r in 0..opts.runs {
-        for (i, b) in beds.iter().enumerate() {
-            let g = tcp_gbps(b, opts.tcp_seconds);
-            eprintln!("bench:   run {r} {}: TCP {g:.2} Gbit/s", b.name);
+        let mut row = vec![f64::NAN; beds.len()];
+        for i in util::rotated(beds.len(), r) {
+            row[i] = tcp_gbps(&beds[i], opts.tcp_seconds);
+            eprintln!(
+                "bench:   round {r} {}: TCP {:.2} Gbit/s",
+                beds[i].name, row[i]
+            );
+        }
+        for (i, g) in row.into_iter().enumerate() {
             tcp[i].push(g);
         }
-        for (i, b) in beds.iter().enumerate() {
-            let (s, p) = udp_pps(b, opts.pps_seconds)?;
-            eprintln!(
-                "bench:   run {r} {}: UDP sent {:.0} pps, received {p:.0} pps",
-                b.name, s
-            );
+    }
+    for r in 0..opts.pps_rounds {
+        let mut row = vec![(f64::NAN, f64::NAN); beds.len()];
+        for i in util::rotated(beds.len(), r) {
+            row[i] = udp_pps(&beds[i], opts.pps_slice)?;
+        }
+        eprintln!(
+            "bench:   round {r} UDP received Mpps: {}",
+            beds.iter()
+                .zip(&row)
+                .map(|(b, (_, p))| format!("{} {:.3}", b.name, p / 1e6))
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+        for (i, (s, p)) in row.into_iter().enumerate() {
             sent[i].push(s / 1e6);
             pps[i].push(p / 1e6);
         }
@@ -251,7 +275,7 @@ pub fn run(opts: &Options) -> Result<Section> {
     let mut md = String::new();
     md.push_str(&format!(
         "Two VM namespaces on one node namespace, joined three ways, built side by \
-         side and measured interleaved ({} runs each):\n\n\
+         side and measured interleaved:\n\n\
          - **vmpath**: the agent (release build) running in the node namespace, one \
          network with IPAM Enabled (MAC and IP port security on), the VM-port program \
          at tcx ingress of each host-side veth.\n\
@@ -260,27 +284,45 @@ pub fn run(opts: &Options) -> Result<Section> {
          - **bare redirect_peer**: `bench_redirect_peer` at tcx ingress of each \
          host-side veth, redirecting every frame into the other VM (one array lookup, \
          no checks): the floor for a tc forwarder on this machine.\n\n\
-         TCP: `iperf3 -t {}` VM1 → VM2, one stream, received bit rate. Packet rate: a \
-         raw AF_PACKET socket in VM1 sending the same 60-byte UDP frame (64 bytes on \
-         the wire) with `sendmmsg` (64 per call, qdisc bypass) for {} s; received = \
-         IPv4 packets VM2's stack took in (`Ip: InReceives`). The sender and the \
-         forwarding share the sender's CPU (veth transmit runs the receive path \
-         inline).\n\n",
-        opts.runs, opts.tcp_seconds, opts.pps_seconds
+         TCP: `iperf3 -t {}` VM1 → VM2, one stream, received bit rate; {} rounds, one \
+         run of each setup per round. Packet rate: a raw AF_PACKET socket in VM1 \
+         sending the same 60-byte UDP frame (64 bytes on the wire) with `sendmmsg` (64 \
+         per call, qdisc bypass); received = IPv4 packets VM2's stack took in (`Ip: \
+         InReceives`). The sender and the forwarding share the sender's CPU (veth \
+         transmit runs the receive path inline).\n\n\
+         **Method.** This is a shared 2-core VM: the packet rate of one setup moves by \
+         up to 2x from one second to the next with the host's load, so long runs of \
+         one setup after the other compare different moments. The packet rate is \
+         therefore measured in {} rounds of short slices ({} ms of sending per setup), \
+         each round one slice of every setup back to back, the order rotated by one \
+         setup each round. Throughput columns are each setup's median (min–max) over \
+         the rounds. Every ratio column (÷ bridge, ÷ redirect_peer) is the median \
+         (min–max) of the per-round paired ratios, this setup's slice ÷ the \
+         baseline's slice of the same round (TCP likewise, per round), not a ratio \
+         of medians: a round the host slowed down slows both sides of its ratio.\n\n",
+        opts.tcp_seconds,
+        opts.runs,
+        opts.pps_rounds,
+        opts.pps_slice.as_millis()
     ));
     md.push_str("| setup | TCP Gbit/s | ÷ bridge | ÷ redirect_peer | UDP 64 B received Mpps | ÷ bridge | ÷ redirect_peer | sent Mpps |\n|---|---|---|---|---|---|---|---|\n");
-    let ts: Vec<_> = tcp.iter().map(|v| summary(v)).collect();
-    let ps: Vec<_> = pps.iter().map(|v| summary(v)).collect();
+    let ratio = |v: &[Vec<f64>], i: usize, base: usize| -> String {
+        if i == base {
+            "1.000".into()
+        } else {
+            fmt_summary(&util::paired_ratio(&v[i], &v[base]))
+        }
+    };
     for (i, b) in beds.iter().enumerate() {
         md.push_str(&format!(
             "| {} | {} | {} | {} | {} | {} | {} | {} |\n",
             b.name,
-            fmt_summary(&ts[i]),
-            fmt(ts[i].median / ts[1].median),
-            fmt(ts[i].median / ts[2].median),
-            fmt_summary(&ps[i]),
-            fmt(ps[i].median / ps[1].median),
-            fmt(ps[i].median / ps[2].median),
+            fmt_summary(&summary(&tcp[i])),
+            ratio(&tcp, i, 1),
+            ratio(&tcp, i, 2),
+            fmt_summary(&summary(&pps[i])),
+            ratio(&pps, i, 1),
+            ratio(&pps, i, 2),
             fmt_summary(&summary(&sent[i])),
         ));
     }
@@ -289,30 +331,31 @@ pub fn run(opts: &Options) -> Result<Section> {
          VM to external: section 2b.\n",
         drop_names.join(", ")
     ));
+    let paired = |v: &[Vec<f64>], i: usize, base: usize| util::paired_ratio(&v[i], &v[base]).median;
     let bars = vec![
         Bar {
             label: "TCP VM-to-VM: vmpath".into(),
-            ratio: ts[0].median / ts[1].median,
+            ratio: paired(&tcp, 0, 1),
             baseline: "Linux bridge".into(),
         },
         Bar {
             label: "TCP VM-to-VM: vmpath".into(),
-            ratio: ts[0].median / ts[2].median,
+            ratio: paired(&tcp, 0, 2),
             baseline: "bare redirect_peer".into(),
         },
         Bar {
             label: "UDP 64 B pps: vmpath".into(),
-            ratio: ps[0].median / ps[1].median,
+            ratio: paired(&pps, 0, 1),
             baseline: "Linux bridge".into(),
         },
         Bar {
             label: "UDP 64 B pps: vmpath".into(),
-            ratio: ps[0].median / ps[2].median,
+            ratio: paired(&pps, 0, 2),
             baseline: "bare redirect_peer".into(),
         },
         Bar {
             label: "UDP 64 B pps: bare redirect_peer".into(),
-            ratio: ps[2].median / ps[1].median,
+            ratio: paired(&pps, 2, 1),
             baseline: "Linux bridge".into(),
         },
     ];

@@ -7,6 +7,7 @@
 //!   Linux         the host-side veth is the gateway (10.30.0.1), the node
 //!                 forwards and nftables masquerades out of the uplink
 //! The "external host" is a namespace at the other end of the uplink veth.
+//! Rounds and paired ratios as in section 2 (`e2e`).
 
 use anyhow::{Result, anyhow};
 use vmpath::config::parse_mac;
@@ -16,7 +17,7 @@ use vmpath_tests::{Netns, Node, Vm, enable_forwarding, link};
 use crate::{
     e2e,
     report::{Bar, Section},
-    util::{self, Mac, fmt, fmt_summary, summary},
+    util::{self, Mac, fmt_summary, summary},
 };
 
 const VM_MAC: &str = "52:54:00:00:0e:01";
@@ -105,9 +106,12 @@ fn linux_bed() -> Result<Bed> {
 }
 
 pub struct Options {
+    /// TCP rounds (one iperf3 run of each setup per round).
     pub runs: usize,
     pub tcp_seconds: u32,
-    pub pps_seconds: u64,
+    /// Packet-rate rounds (one slice of each setup per round).
+    pub pps_rounds: usize,
+    pub pps_slice: std::time::Duration,
 }
 
 pub fn run(opts: &Options) -> Result<Section> {
@@ -118,25 +122,40 @@ pub fn run(opts: &Options) -> Result<Section> {
         }
     }
     let vm_mac = parse_mac(VM_MAC).map_err(|e| anyhow!(e))?;
+    // [setup][round]
     let mut tcp: Vec<Vec<f64>> = vec![Vec::new(); beds.len()];
     let mut pps: Vec<Vec<f64>> = vec![Vec::new(); beds.len()];
     for r in 0..opts.runs {
-        for (i, b) in beds.iter().enumerate() {
+        let mut row = vec![f64::NAN; beds.len()];
+        for i in util::rotated(beds.len(), r) {
+            let b = &beds[i];
             let rep = vmpath_tests::iperf3(&b.ext, &b.vm.ns, EXT_IP, false, opts.tcp_seconds);
-            let g = rep["end"]["sum_received"]["bits_per_second"]
+            row[i] = rep["end"]["sum_received"]["bits_per_second"]
                 .as_f64()
                 .unwrap_or(f64::NAN)
                 / 1e9;
-            eprintln!("bench:   run {r} {}: TCP {g:.2} Gbit/s", b.name);
+            eprintln!("bench:   round {r} {}: TCP {:.2} Gbit/s", b.name, row[i]);
+        }
+        for (i, g) in row.into_iter().enumerate() {
             tcp[i].push(g);
         }
-        for (i, b) in beds.iter().enumerate() {
+    }
+    for r in 0..opts.pps_rounds {
+        let mut row = vec![f64::NAN; beds.len()];
+        for i in util::rotated(beds.len(), r) {
+            let b = &beds[i];
             let frame = util::udp4_min(b.gw_mac, vm_mac, VM_IP, [192, 0, 2, 2]);
-            let (s, p) = e2e::pps(&b.vm.ns, &frame, opts.pps_seconds, &b.ext)?;
-            eprintln!(
-                "bench:   run {r} {}: UDP sent {s:.0} pps, received {p:.0} pps",
-                b.name
-            );
+            row[i] = e2e::pps(&b.vm.ns, &frame, opts.pps_slice, &b.ext)?.1;
+        }
+        eprintln!(
+            "bench:   round {r} UDP received Mpps: {}",
+            beds.iter()
+                .zip(&row)
+                .map(|(b, p)| format!("{} {:.3}", b.name, p / 1e6))
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+        for (i, p) in row.into_iter().enumerate() {
             pps[i].push(p / 1e6);
         }
     }
@@ -149,28 +168,44 @@ pub fn run(opts: &Options) -> Result<Section> {
         .collect();
     let ts: Vec<_> = tcp.iter().map(|v| summary(v)).collect();
     let ps: Vec<_> = pps.iter().map(|v| summary(v)).collect();
+    let (tcp_ratio, pps_ratio) = (
+        util::paired_ratio(&tcp[0], &tcp[1]),
+        util::paired_ratio(&pps[0], &pps[1]),
+    );
     let mut md = format!(
         "One VM namespace behind a node namespace whose uplink veth leads to an \
-         \"external\" namespace (192.0.2.2), two ways, measured interleaved ({} runs): \
+         \"external\" namespace (192.0.2.2), two ways, measured interleaved: \
          **vmpath SNAT** (the agent, a network with `egress: SNAT`: the VM-port \
          program translates to the node address 192.0.2.1 and sends the frame out of \
          the uplink by `bpf_fib_lookup` + `bpf_redirect_neigh`; replies come back \
          through the uplink program) and **Linux routing + nftables masquerade** (the \
          host-side veth is the VM's gateway, the node forwards, one `masquerade` rule \
-         on the uplink). TCP: `iperf3 -t {}` VM → external, one stream. Packet rate: \
-         the same raw-socket sender as section 2, 64-byte UDP to the external host, \
-         counted by the external namespace's IP layer.\n\n\
+         on the uplink). TCP: `iperf3 -t {}` VM → external, one stream, {} rounds. \
+         Packet rate: the same raw-socket sender as section 2, 64-byte UDP to the \
+         external host, counted by the external namespace's IP layer, in {} rounds of \
+         {} ms slices, one slice of each setup per round, the order alternating. As in \
+         section 2, rates are each setup's median (min–max) over the rounds and \
+         **÷ Linux is the median (min–max) of the per-round paired ratios** (vmpath's \
+         slice ÷ Linux's slice of the same round).\n\n\
          | setup | TCP Gbit/s | ÷ Linux | UDP 64 B received Mpps | ÷ Linux |\n|---|---|---|---|---|\n",
-        opts.runs, opts.tcp_seconds
+        opts.tcp_seconds,
+        opts.runs,
+        opts.pps_rounds,
+        opts.pps_slice.as_millis()
     );
     for (i, b) in beds.iter().enumerate() {
+        let (tr, pr) = if i == 1 {
+            ("1.000".to_string(), "1.000".to_string())
+        } else {
+            (fmt_summary(&tcp_ratio), fmt_summary(&pps_ratio))
+        };
         md.push_str(&format!(
             "| {} | {} | {} | {} | {} |\n",
             b.name,
             fmt_summary(&ts[i]),
-            fmt(ts[i].median / ts[1].median),
+            tr,
             fmt_summary(&ps[i]),
-            fmt(ps[i].median / ps[1].median),
+            pr,
         ));
     }
     md.push_str(&format!(
@@ -184,12 +219,12 @@ pub fn run(opts: &Options) -> Result<Section> {
     let bars = vec![
         Bar {
             label: "TCP VM-to-external: vmpath SNAT".into(),
-            ratio: ts[0].median / ts[1].median,
+            ratio: tcp_ratio.median,
             baseline: "Linux + nft masquerade".into(),
         },
         Bar {
             label: "UDP 64 B pps VM-to-external: vmpath SNAT".into(),
-            ratio: ps[0].median / ps[1].median,
+            ratio: pps_ratio.median,
             baseline: "Linux + nft masquerade".into(),
         },
     ];

@@ -3,11 +3,14 @@
 //!
 //! Figure groups, one module each, every figure a ratio against a baseline
 //! measured in the same run:
-//!   progcost  per-path program cost by BPF_PROG_TEST_RUN
+//!   progcost  per-path program cost by BPF_PROG_TEST_RUN (and, for VXLAN
+//!             decap, which test_run cannot run, kernel BPF statistics)
 //!   e2e       VM-to-VM TCP throughput and 64-byte UDP packet rate
 //!   external  VM to external: vmpath SNAT against Linux + nftables masquerade
 //!   control   control plane: programming N attachments, config-to-map latency
 //!   dhcp      DHCP exchanges per second and latency through the slow path
+//!   migration live-migration loss window over the overlay (the migration
+//!             test's scenario) against the sender's interval
 //!
 //! Needs root; everything runs in network namespaces it creates and
 //! removes (guards), and no packet leaves them.
@@ -16,6 +19,8 @@ mod control;
 mod dhcp;
 mod e2e;
 mod external;
+mod migration;
+mod overlay_cost;
 mod progcost;
 mod report;
 mod util;
@@ -57,7 +62,7 @@ fn parse_args() -> Result<Args> {
             }
             "-h" | "--help" => {
                 println!(
-                    "vmpath-bench [--out DIR] [--runs N] [--only progcost,e2e,external,control,dhcp] [--quick]"
+                    "vmpath-bench [--out DIR] [--runs N] [--only progcost,e2e,external,control,dhcp,migration] [--quick]"
                 );
                 std::process::exit(0);
             }
@@ -130,13 +135,23 @@ fn run() -> Result<()> {
                 single_shots: if args.quick { 50_000 } else { 200_000 },
             })
         });
+        step("1c. Overlay: VXLAN encap and decap", &|| {
+            overlay_cost::run(&overlay_cost::Options {
+                runs,
+                repeat: 1_000_000,
+                single_shots: if args.quick { 50_000 } else { 200_000 },
+                live_rounds: if args.quick { 2 } else { 8 },
+                slice_ms: if args.quick { 300 } else { 400 },
+            })
+        });
     }
     if want("e2e") {
         step("2. End to end between VM namespaces", &|| {
             e2e::run(&e2e::Options {
                 runs,
                 tcp_seconds: if args.quick { 2 } else { 3 },
-                pps_seconds: if args.quick { 1 } else { 2 },
+                pps_rounds: if args.quick { 4 } else { 12 },
+                pps_slice: std::time::Duration::from_millis(if args.quick { 500 } else { 750 }),
             })
         });
     }
@@ -145,7 +160,8 @@ fn run() -> Result<()> {
             external::run(&external::Options {
                 runs,
                 tcp_seconds: if args.quick { 2 } else { 3 },
-                pps_seconds: if args.quick { 1 } else { 2 },
+                pps_rounds: if args.quick { 4 } else { 12 },
+                pps_slice: std::time::Duration::from_millis(if args.quick { 500 } else { 750 }),
             })
         });
     }
@@ -171,7 +187,15 @@ fn run() -> Result<()> {
             })
         });
     }
+    if want("migration") {
+        step("5. Live migration loss window", &|| {
+            migration::run(&migration::Options {
+                runs: if args.quick { 1 } else { args.runs.min(3) },
+            })
+        });
+    }
 
+    std::fs::create_dir_all(&args.out)?;
     let chart_name = "BENCHMARKS.png";
     report::chart(&args.out.join(chart_name), &sections)?;
     let report = Report {

@@ -35,6 +35,19 @@ pub fn summary(samples: &[f64]) -> Summary {
     }
 }
 
+/// Per-round paired ratios `a[i] / b[i]` (the two measured back to back in
+/// round i), summarised: noise that moves a whole round cancels out.
+pub fn paired_ratio(a: &[f64], b: &[f64]) -> Summary {
+    let ratios: Vec<f64> = a.iter().zip(b).map(|(x, y)| x / y).collect();
+    summary(&ratios)
+}
+
+/// The order of `n` setups in round `round`: rotated by one each round, so
+/// none always goes first (or last) after the same neighbour.
+pub fn rotated(n: usize, round: usize) -> impl Iterator<Item = usize> {
+    (0..n).map(move |k| (k + round) % n)
+}
+
 /// A percentile (0..=100) of `samples`, nearest rank.
 pub fn percentile(samples: &[f64], p: f64) -> f64 {
     let mut v = samples.to_vec();
@@ -227,7 +240,7 @@ pub fn echo4(dst_mac: Mac, src_mac: Mac, src: Ip4, dst: Ip4) -> Vec<u8> {
     ipv4(&mut f, src, dst, 1, 64);
     let start = f.len();
     f.extend_from_slice(&[8, 0, 0, 0, 0x12, 0x34, 0, 1]);
-    f.extend((0..56u8).map(|i| i));
+    f.extend(0..56u8);
     let c = csum(&f[start..]);
     f[start + 2..start + 4].copy_from_slice(&c.to_be_bytes());
     f
@@ -358,7 +371,7 @@ impl RawSock {
             if rc < 0 {
                 return None;
             }
-            if sll.sll_pkttype == libc::PACKET_OUTGOING as u8 {
+            if sll.sll_pkttype == libc::PACKET_OUTGOING {
                 continue;
             }
             return Some(rc as usize);

@@ -1,0 +1,407 @@
+//! Live migration over the overlay, shared by the migration tests
+//! (`tests/tests/migration.rs`) and the bench's loss-window figure
+//! (`vmpath-bench --only migration`).
+//!
+//! vm1 moves from node a to node b while a client on node c streams UDP to
+//! it. The migration is simulated as KubeVirt runs one: a second VM
+//! namespace with the same MAC and IPs on node b (the target pod),
+//! `migration: {targetNode: b, ready: false}` in every node's config, then
+//! the cut-over: the source stops, the target resumes and announces itself
+//! (GARP, QEMU's RARP), and later the config says `ready: true`. The loss
+//! window is measured at the receivers.
+
+use std::{
+    path::{Path, PathBuf},
+    process::Child,
+    time::Duration,
+};
+
+use crate::{
+    Netns, Node, SCAPY_PYTHON, Underlay, Vm, vmpath::common, wait_for, yaml, yaml_overlay,
+};
+
+pub const NET: &str = "blue";
+pub const NET_ID: u32 = 100;
+pub const NODE_IPS: [(&str, &str); 3] =
+    [("a", "192.0.2.1"), ("b", "192.0.2.2"), ("c", "192.0.2.3")];
+pub const UNDERLAY_MTU: u32 = 9000;
+pub const VM1_MAC: &str = "52:54:00:00:01:01";
+pub const VM1_IP: &str = "10.20.0.11";
+pub const CLIENT_MAC: &str = "52:54:00:00:03:01";
+pub const CLIENT_IP: &str = "10.20.0.31";
+pub const GATEWAY: &str = "10.20.0.1";
+pub const UDP_PORT: u16 = 7001;
+/// The stream: one datagram per millisecond.
+pub const INTERVAL_MS: u64 = 1;
+/// Datagrams in the stream of [`loss_window`] (5 s at one per ms).
+pub const STREAM_COUNT: u64 = 5000;
+
+/// Three nodes on one underlay: vm1 on a, its (paused) target on b, the
+/// client on c.
+pub struct Bed {
+    pub a: Node,
+    pub b: Node,
+    pub c: Node,
+    pub vm1: Vm,
+    /// The target pod's VM on node b: same MAC and IPs, not running yet.
+    pub vm1t: Vm,
+    pub client: Vm,
+    _underlay: Underlay,
+}
+
+fn network_doc() -> String {
+    // Advertised per VM, so the /32 is in table 100 and moves with the VM.
+    yaml::network(NET, NET_ID, &["10.20.0.0/16"], &[GATEWAY], false)
+        + "  egress: Routed\n  advertise: {perVM: true}\n"
+}
+
+fn vm1_doc(port: &str, migration: Option<(&str, bool)>) -> String {
+    let mut doc = yaml::attachment("vm1", NET, "a", port, VM1_MAC, &[&format!("{VM1_IP}/16")]);
+    if let Some((target_port, ready)) = migration {
+        doc +=
+            &format!("  migration: {{targetNode: b, targetPort: {target_port}, ready: {ready}}}\n");
+    }
+    doc
+}
+
+/// Writes every node's config: no migration (`None`), or the migration of
+/// vm1 to b, pending (`Some(false)`) or ready (`Some(true)`).
+pub fn write_config(bed: &Bed, migration: Option<bool>) {
+    let mut docs: Vec<String> = NODE_IPS
+        .iter()
+        .map(|(n, ip)| yaml_overlay::node(n, ip))
+        .collect();
+    docs.push(network_doc());
+    docs.push(vm1_doc(
+        &bed.vm1.port,
+        migration.map(|ready| (bed.vm1t.port.as_str(), ready)),
+    ));
+    docs.push(yaml::attachment(
+        "client",
+        NET,
+        "c",
+        &bed.client.port,
+        CLIENT_MAC,
+        &[&format!("{CLIENT_IP}/16")],
+    ));
+    let config = yaml::docs(&docs);
+    for node in [&bed.a, &bed.b, &bed.c] {
+        node.write_config("config.yaml", &config);
+    }
+}
+
+/// Builds the three nodes, starts their agents and waits until the client
+/// reaches vm1 over the overlay.
+pub fn three_nodes() -> Bed {
+    let underlay = Underlay::new();
+    let a = Node::new("a");
+    let b = Node::new("b");
+    let c = Node::new("c");
+    for (node, (_, ip)) in [&a, &b, &c].into_iter().zip(NODE_IPS) {
+        underlay.plug(&node.ns, "ul0", &format!("{ip}/24"), UNDERLAY_MTU);
+    }
+    let vm1 = a.add_vm("vm1", VM1_MAC, &[&format!("{VM1_IP}/16")], Some(GATEWAY));
+    let vm1t = b.add_vm("vm1t", VM1_MAC, &[&format!("{VM1_IP}/16")], Some(GATEWAY));
+    // The target VM is paused until the cut-over: it sends nothing.
+    vm1t.ns.run(&["ip", "link", "set", "eth0", "down"]);
+    let client = c.add_vm(
+        "cli",
+        CLIENT_MAC,
+        &[&format!("{CLIENT_IP}/16")],
+        Some(GATEWAY),
+    );
+    let mut bed = Bed {
+        a,
+        b,
+        c,
+        vm1,
+        vm1t,
+        client,
+        _underlay: underlay,
+    };
+    write_config(&bed, None);
+    for node in [&mut bed.a, &mut bed.b, &mut bed.c] {
+        node.start_agent();
+    }
+    bed.a.wait_ports(&[&bed.vm1.port]);
+    bed.b.wait_ports(&[]);
+    bed.c.wait_ports(&[&bed.client.port]);
+    for node in [&bed.a, &bed.b, &bed.c] {
+        wait_for(
+            &format!("the overlay on node {}", node.name),
+            Duration::from_secs(10),
+            || node.agent_log().contains("overlay ready"),
+        );
+    }
+    assert!(
+        bed.client.ping(VM1_IP),
+        "client (c) -> vm1 (a) before migrating"
+    );
+    assert!(bed.vm1.ping(GATEWAY), "vm1 -> its gateway on a");
+    bed
+}
+
+/// Flags of `ifname`'s port entry on `node`, if programmed.
+pub fn port_flags(node: &Node, ifname: &str) -> Option<u16> {
+    let ifindex = node.ns.ifindex(ifname);
+    node.maps().ports.get(&ifindex, 0).ok().map(|p| p.flags)
+}
+
+/// Writes the migration as pending everywhere and waits until node b
+/// serves the target port as pending and nothing else moved.
+pub fn start_migration(bed: &Bed) {
+    write_config(bed, Some(false));
+    wait_for(
+        "the pending target port on b",
+        Duration::from_secs(10),
+        || port_flags(&bed.b, &bed.vm1t.port).is_some_and(|f| f & common::PORT_F_PENDING != 0),
+    );
+    // Still served by a: its port, its route.
+    assert!(port_flags(&bed.a, &bed.vm1.port).is_some());
+    wait_for("a advertises vm1", Duration::from_secs(5), || {
+        table100(&bed.a.ns).contains(VM1_IP)
+    });
+    assert!(
+        !table100(&bed.b.ns).contains(VM1_IP),
+        "b advertised a pending VM"
+    );
+}
+
+/// vm1's endpoint entry on `node`, if any.
+pub fn vm1_endpoint(node: &Node) -> Option<common::Endpoint> {
+    let key = common::EndpointKey {
+        network: NET_ID,
+        mac: [0x52, 0x54, 0, 0, 1, 1],
+        _pad: [0; 2],
+    };
+    node.maps().endpoints.get(&key, 0).ok()
+}
+
+/// The routes the agent exports in table 100 ("" while the table has none).
+pub fn table100(ns: &Netns) -> String {
+    let out = ns.run_status(&["ip", "route", "show", "table", "100", "proto", "250"]);
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// A UDP receiver in `ns` writing "seq monotonic_ns" lines to `out`.
+pub fn receiver(ns: &Netns, out: &Path, seconds: u32) -> Child {
+    let script = format!(
+        "import socket, time
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)
+s.bind(('0.0.0.0', {UDP_PORT}))
+s.settimeout(0.2)
+out = open('{}', 'w')
+end = time.monotonic() + {seconds}
+while time.monotonic() < end:
+    try:
+        d, _ = s.recvfrom(128)
+    except socket.timeout:
+        continue
+    out.write('%d %d\\n' % (int.from_bytes(d[:8], 'big'), time.monotonic_ns()))
+out.close()
+",
+        out.display()
+    );
+    ns.spawn(&["python3", "-c", &script])
+}
+
+/// Sends `count` sequence-numbered datagrams to vm1, one per interval.
+pub fn sender(ns: &Netns, count: u64) -> Child {
+    let script = format!(
+        "import socket, time
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+t0 = time.monotonic()
+for seq in range({count}):
+    s.sendto(seq.to_bytes(8, 'big') + b'x' * 56, ('{VM1_IP}', {UDP_PORT}))
+    wait = t0 + (seq + 1) * {INTERVAL_MS} / 1000.0 - time.monotonic()
+    if wait > 0:
+        time.sleep(wait)
+"
+    );
+    ns.spawn(&["python3", "-c", &script])
+}
+
+/// (seq, receive time in ns) from every receiver, by receive time.
+pub fn received(files: &[PathBuf]) -> Vec<(u64, u64)> {
+    let mut all: Vec<(u64, u64)> = files
+        .iter()
+        .flat_map(|f| {
+            std::fs::read_to_string(f)
+                .unwrap_or_default()
+                .lines()
+                .filter_map(|l| {
+                    let mut it = l.split_whitespace();
+                    Some((it.next()?.parse().ok()?, it.next()?.parse().ok()?))
+                })
+                .collect::<Vec<(u64, u64)>>()
+        })
+        .collect();
+    all.sort_by_key(|&(_, t)| t);
+    all
+}
+
+/// The longest silence between two datagrams received in `[from, to)`
+/// (monotonic ns), in ms, with the sequence numbers around it.
+pub fn longest_gap(rx: &[(u64, u64)], from: u64, to: u64) -> (f64, u64, u64) {
+    let window: Vec<&(u64, u64)> = rx.iter().filter(|(_, t)| *t >= from && *t < to).collect();
+    window
+        .windows(2)
+        .map(|w| ((w[1].1 - w[0].1) as f64 / 1e6, w[0].0, w[1].0))
+        .fold((0.0, 0, 0), |best, g| if g.0 > best.0 { g } else { best })
+}
+
+/// CLOCK_MONOTONIC in ns, the clock the receivers stamp with.
+pub fn monotonic_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+/// What one cut-over cost the stream, as [`loss_window`] measured it.
+#[derive(Clone, Debug)]
+pub struct LossWindow {
+    /// Longest silence at the receivers from 200 ms before the cut-over to
+    /// the ready signal, ms: the loss window.
+    pub gap_ms: f64,
+    /// Sequence numbers around that silence.
+    pub gap_seqs: (u64, u64),
+    /// Datagrams of the [`STREAM_COUNT`] that no receiver got.
+    pub lost: u64,
+    /// Datagrams the target received.
+    pub on_target: usize,
+    /// Last datagram received on the source to first on the target, ms
+    /// (NaN: one of them got none): the switch.
+    pub switch_ms: f64,
+    /// Sequence numbers of those two datagrams.
+    pub switch_seqs: (u64, u64),
+    /// Longest silence after the config said `ready: true`, ms.
+    pub ready_gap_ms: f64,
+    /// Source link down to target link up, ms: the cut-over's own `ip`
+    /// commands, part of the window.
+    pub commands_ms: f64,
+    /// First datagram on the target after its link came up, ms (NaN: none).
+    pub first_on_target_ms: f64,
+    /// The gateway's MAC in the guest's neighbour table before the move.
+    pub gw_lladdr: String,
+}
+
+/// Runs the cut-over of a migration [`start_migration`] made pending:
+/// receivers in the source and target VMs, the client streaming
+/// [`STREAM_COUNT`] datagrams [`INTERVAL_MS`] apart, the source stopped and
+/// the target resumed (announcing itself with a GARP and a RARP, as QEMU
+/// does) 1.5 s into the stream, `ready: true` written 1 s later. Panics
+/// when a helper process fails.
+pub fn loss_window(bed: &Bed) -> LossWindow {
+    let gw_mac = bed
+        .vm1
+        .ns
+        .run(&["ip", "neigh", "show", GATEWAY, "dev", "eth0"]);
+    assert!(
+        gw_mac.contains("lladdr"),
+        "vm1 has no gateway entry: {gw_mac}"
+    );
+    let gw_lladdr = gw_mac
+        .split_whitespace()
+        .skip_while(|w| *w != "lladdr")
+        .nth(1)
+        .unwrap()
+        .to_string();
+
+    let dir = std::env::temp_dir().join(format!("vmpath-migration-{}", bed.a.tag));
+    std::fs::create_dir_all(&dir).unwrap();
+    let files = [dir.join("rx-source"), dir.join("rx-target")];
+    let trigger = dir.join("resume");
+    let rx_source = receiver(&bed.vm1.ns, &files[0], 8);
+    let rx_target = receiver(&bed.vm1t.ns, &files[1], 8);
+    // QEMU's announcements, ready to go the moment the VM resumes (scapy
+    // takes a second to import).
+    let announce = bed.vm1t.ns.spawn(&[
+        SCAPY_PYTHON,
+        "-c",
+        &format!(
+            "import os, time
+from scapy.all import *
+conf.verb = 0
+while not os.path.exists('{}'):
+    time.sleep(0.001)
+garp = Ether(src='{VM1_MAC}', dst='ff:ff:ff:ff:ff:ff')/ARP(op=1, hwsrc='{VM1_MAC}', psrc='{VM1_IP}', hwdst='00:00:00:00:00:00', pdst='{VM1_IP}')
+rarp = Ether(src='{VM1_MAC}', dst='ff:ff:ff:ff:ff:ff', type=0x8035)/ARP(op=3, hwsrc='{VM1_MAC}', hwdst='{VM1_MAC}', psrc='0.0.0.0', pdst='0.0.0.0')
+sendp([garp, rarp], iface='eth0')
+",
+            trigger.display()
+        ),
+    ]);
+    std::thread::sleep(Duration::from_millis(1500));
+    let tx = sender(&bed.client.ns, STREAM_COUNT);
+    std::thread::sleep(Duration::from_millis(1500));
+
+    // Cut-over: the source stops, the target resumes with the guest's
+    // memory (its neighbour entry for the gateway included) and announces.
+    let cut = monotonic_ns();
+    bed.vm1.ns.run(&["ip", "link", "set", "eth0", "down"]);
+    let stopped = monotonic_ns();
+    bed.vm1t.ns.run(&["ip", "link", "set", "eth0", "up"]);
+    let resumed = monotonic_ns();
+    std::fs::write(&trigger, b"").unwrap();
+    bed.vm1t
+        .ns
+        .run(&["ip", "route", "replace", "default", "via", GATEWAY]);
+    bed.vm1t.ns.run(&[
+        "ip", "neigh", "replace", GATEWAY, "lladdr", &gw_lladdr, "dev", "eth0", "nud", "stale",
+    ]);
+    // KubeVirt's ready signal comes later: the data path alone moved it.
+    std::thread::sleep(Duration::from_millis(1000));
+    let ready_at = monotonic_ns();
+    write_config(bed, Some(true));
+    let tx = tx.wait_with_output().unwrap();
+    assert!(
+        tx.status.success(),
+        "sender: {}",
+        String::from_utf8_lossy(&tx.stderr)
+    );
+    let end = monotonic_ns();
+    for child in [rx_source, rx_target, announce] {
+        let out = child.wait_with_output().unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+
+    let rx = received(&files);
+    let (gap_ms, before, after) = longest_gap(&rx, cut - 200_000_000, ready_at);
+    let (ready_gap_ms, _, _) = longest_gap(&rx, ready_at, end);
+    let mut seqs: Vec<u64> = rx.iter().map(|(s, _)| *s).collect();
+    seqs.sort_unstable();
+    seqs.dedup();
+    let on_target_rx = received(&files[1..2]);
+    // The split: the source is gone from `stopped`, the target is up from
+    // `resumed` (the cut-over's own `ip` commands lie between), and the
+    // data path brings the stream to it by its first frames.
+    let first_on_target_ms = on_target_rx
+        .first()
+        .map_or(f64::NAN, |(_, t)| (*t as f64 - resumed as f64) / 1e6);
+    let last_on_source = received(&files[0..1]).last().copied();
+    let (switch_ms, switch_seqs) = match (last_on_source, on_target_rx.first()) {
+        (Some((s0, t0)), Some(&(s1, t1))) => ((t1 as f64 - t0 as f64) / 1e6, (s0, s1)),
+        _ => (f64::NAN, (0, 0)),
+    };
+    let _ = std::fs::remove_dir_all(&dir);
+    LossWindow {
+        gap_ms,
+        gap_seqs: (before, after),
+        switch_ms,
+        switch_seqs,
+        lost: STREAM_COUNT - seqs.len() as u64,
+        on_target: on_target_rx.len(),
+        ready_gap_ms,
+        commands_ms: (resumed - stopped) as f64 / 1e6,
+        first_on_target_ms,
+        gw_lladdr,
+    }
+}
