@@ -178,9 +178,9 @@ pub fn ip_in_receives(ns: &Netns) -> Result<u64> {
         .parse()?)
 }
 
-/// Blasts 64-byte UDP from VM1 to VM2 for `slice`; (sent, received) in
-/// packets per second.
-pub fn udp_pps(bed: &Bed, slice: Duration) -> Result<(f64, f64)> {
+/// Blasts 64-byte UDP from VM1 to VM2 for `slice`: packets per second
+/// sent, received, and received per second of CPU actually run.
+pub fn udp_pps(bed: &Bed, slice: Duration) -> Result<Rate> {
     let frame = util::udp4_min(
         parse_mac(VM2_MAC).map_err(|e| anyhow!(e))?,
         parse_mac(VM1_MAC).map_err(|e| anyhow!(e))?,
@@ -190,10 +190,44 @@ pub fn udp_pps(bed: &Bed, slice: Duration) -> Result<(f64, f64)> {
     pps(&bed.vm1.ns, &frame, slice, &bed.vm2.ns)
 }
 
+/// One slice of the packet-rate measurement.
+#[derive(Clone, Copy, Debug)]
+pub struct Rate {
+    pub sent_pps: f64,
+    pub received_pps: f64,
+    /// Received packets per second of CPU the machine ran (user, system,
+    /// irq, softirq over all CPUs; not idle, not stolen by the host): the
+    /// rate with the host's CPU theft taken out.
+    pub received_per_cpu_s: f64,
+}
+
+/// Jiffies the machine's CPUs ran (user + nice + system + irq + softirq,
+/// from the `cpu` line of /proc/stat); idle, iowait and steal excluded.
+pub fn cpu_busy_jiffies() -> Result<u64> {
+    let stat = std::fs::read_to_string("/proc/stat")?;
+    let line = stat
+        .lines()
+        .find(|l| l.starts_with("cpu "))
+        .ok_or_else(|| anyhow!("no cpu line in /proc/stat"))?;
+    let f: Vec<u64> = line
+        .split_whitespace()
+        .skip(1)
+        .map(|x| x.parse().unwrap_or(0))
+        .collect();
+    // user nice system idle iowait irq softirq steal ...
+    Ok(f.iter()
+        .take(7)
+        .enumerate()
+        .filter(|(i, _)| *i != 3 && *i != 4)
+        .map(|(_, v)| v)
+        .sum())
+}
+
 /// Sends `frame` from `eth0` of `sender` for `slice` (raw socket,
-/// sendmmsg); (sent, received by `receiver`'s IP layer) per second.
-pub fn pps(sender: &Netns, frame: &[u8], slice: Duration, receiver: &Netns) -> Result<(f64, f64)> {
+/// sendmmsg); rates of what was sent and what `receiver`'s IP layer took in.
+pub fn pps(sender: &Netns, frame: &[u8], slice: Duration, receiver: &Netns) -> Result<Rate> {
     let before = ip_in_receives(receiver)?;
+    let busy_before = cpu_busy_jiffies()?;
     let stop = AtomicBool::new(false);
     let ns_path = sender.path();
     let (sent, elapsed) = std::thread::scope(|s| -> Result<(u64, f64)> {
@@ -209,10 +243,22 @@ pub fn pps(sender: &Netns, frame: &[u8], slice: Duration, receiver: &Netns) -> R
         let sent = h.join().map_err(|_| anyhow!("sender panicked"))??;
         Ok((sent, t.elapsed().as_secs_f64()))
     })?;
+    let busy_after = cpu_busy_jiffies()?;
     // What is still queued reaches the receiver within milliseconds.
-    sleep(Duration::from_millis(100));
+    sleep(Duration::from_millis(30));
     let after = ip_in_receives(receiver)?;
-    Ok((sent as f64 / elapsed, (after - before) as f64 / elapsed))
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
+    let cpu_s = (busy_after.saturating_sub(busy_before)) as f64 / hz;
+    let received = (after - before) as f64;
+    Ok(Rate {
+        sent_pps: sent as f64 / elapsed,
+        received_pps: received / elapsed,
+        received_per_cpu_s: if cpu_s > 0.0 {
+            received / cpu_s
+        } else {
+            f64::NAN
+        },
+    })
 }
 
 pub fn run(opts: &Options) -> Result<Section> {
@@ -227,6 +273,7 @@ pub fn run(opts: &Options) -> Result<Section> {
     let mut tcp: Vec<Vec<f64>> = vec![Vec::new(); beds.len()];
     let mut pps: Vec<Vec<f64>> = vec![Vec::new(); beds.len()];
     let mut sent: Vec<Vec<f64>> = vec![Vec::new(); beds.len()];
+    let mut per_cpu: Vec<Vec<f64>> = vec![Vec::new(); beds.len()];
     for r in 0..opts.runs {
         let mut row = vec![f64::NAN; beds.len()];
         for i in util::rotated(beds.len(), r) {
@@ -241,21 +288,28 @@ pub fn run(opts: &Options) -> Result<Section> {
         }
     }
     for r in 0..opts.pps_rounds {
-        let mut row = vec![(f64::NAN, f64::NAN); beds.len()];
+        let mut row = vec![None; beds.len()];
         for i in util::rotated(beds.len(), r) {
-            row[i] = udp_pps(&beds[i], opts.pps_slice)?;
+            row[i] = Some(udp_pps(&beds[i], opts.pps_slice)?);
         }
+        let row: Vec<Rate> = row.into_iter().flatten().collect();
         eprintln!(
-            "bench:   round {r} UDP received Mpps: {}",
+            "bench:   round {r} UDP received Mpps (per CPU-second): {}",
             beds.iter()
                 .zip(&row)
-                .map(|(b, (_, p))| format!("{} {:.3}", b.name, p / 1e6))
+                .map(|(b, x)| format!(
+                    "{} {:.3} ({:.3})",
+                    b.name,
+                    x.received_pps / 1e6,
+                    x.received_per_cpu_s / 1e6
+                ))
                 .collect::<Vec<_>>()
                 .join(", ")
         );
-        for (i, (s, p)) in row.into_iter().enumerate() {
-            sent[i].push(s / 1e6);
-            pps[i].push(p / 1e6);
+        for (i, x) in row.into_iter().enumerate() {
+            sent[i].push(x.sent_pps / 1e6);
+            pps[i].push(x.received_pps / 1e6);
+            per_cpu[i].push(x.received_per_cpu_s / 1e6);
         }
     }
     let drops = beds[0].node.maps().drop_counts()?;
@@ -326,6 +380,15 @@ pub fn run(opts: &Options) -> Result<Section> {
             fmt_summary(&summary(&sent[i])),
         ));
     }
+    md.push_str(&format!(
+        "\nPer CPU-second (the packets received divided by the CPU time the machine ran \
+         in the slice, from /proc/stat, time the host stole excluded), vmpath ÷ \
+         redirect_peer is {} and vmpath ÷ bridge {}: the same as the wall-clock rates, so \
+         the spread is this host running faster or slower, not time taken away from \
+         the VM.\n",
+        fmt_summary(&util::paired_ratio(&per_cpu[0], &per_cpu[2])),
+        fmt_summary(&util::paired_ratio(&per_cpu[0], &per_cpu[1])),
+    ));
     md.push_str(&format!(
         "\nDrops counted by the vmpath data path during these runs: {agent_drops} ({}).\n\n\
          VM to external: section 2b.\n",

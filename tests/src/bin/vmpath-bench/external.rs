@@ -125,6 +125,7 @@ pub fn run(opts: &Options) -> Result<Section> {
     // [setup][round]
     let mut tcp: Vec<Vec<f64>> = vec![Vec::new(); beds.len()];
     let mut pps: Vec<Vec<f64>> = vec![Vec::new(); beds.len()];
+    let mut per_cpu: Vec<Vec<f64>> = vec![Vec::new(); beds.len()];
     for r in 0..opts.runs {
         let mut row = vec![f64::NAN; beds.len()];
         for i in util::rotated(beds.len(), r) {
@@ -141,22 +142,29 @@ pub fn run(opts: &Options) -> Result<Section> {
         }
     }
     for r in 0..opts.pps_rounds {
-        let mut row = vec![f64::NAN; beds.len()];
+        let mut row = vec![None; beds.len()];
         for i in util::rotated(beds.len(), r) {
             let b = &beds[i];
             let frame = util::udp4_min(b.gw_mac, vm_mac, VM_IP, [192, 0, 2, 2]);
-            row[i] = e2e::pps(&b.vm.ns, &frame, opts.pps_slice, &b.ext)?.1;
+            row[i] = Some(e2e::pps(&b.vm.ns, &frame, opts.pps_slice, &b.ext)?);
         }
+        let row: Vec<e2e::Rate> = row.into_iter().flatten().collect();
         eprintln!(
-            "bench:   round {r} UDP received Mpps: {}",
+            "bench:   round {r} UDP received Mpps (per CPU-second): {}",
             beds.iter()
                 .zip(&row)
-                .map(|(b, p)| format!("{} {:.3}", b.name, p / 1e6))
+                .map(|(b, x)| format!(
+                    "{} {:.3} ({:.3})",
+                    b.name,
+                    x.received_pps / 1e6,
+                    x.received_per_cpu_s / 1e6
+                ))
                 .collect::<Vec<_>>()
                 .join(", ")
         );
-        for (i, p) in row.into_iter().enumerate() {
-            pps[i].push(p / 1e6);
+        for (i, x) in row.into_iter().enumerate() {
+            pps[i].push(x.received_pps / 1e6);
+            per_cpu[i].push(x.received_per_cpu_s / 1e6);
         }
     }
     let drops = beds[0].node.maps().drop_counts()?;
@@ -168,9 +176,10 @@ pub fn run(opts: &Options) -> Result<Section> {
         .collect();
     let ts: Vec<_> = tcp.iter().map(|v| summary(v)).collect();
     let ps: Vec<_> = pps.iter().map(|v| summary(v)).collect();
-    let (tcp_ratio, pps_ratio) = (
+    let (tcp_ratio, pps_ratio, cpu_ratio) = (
         util::paired_ratio(&tcp[0], &tcp[1]),
         util::paired_ratio(&pps[0], &pps[1]),
+        util::paired_ratio(&per_cpu[0], &per_cpu[1]),
     );
     let mut md = format!(
         "One VM namespace behind a node namespace whose uplink veth leads to an \
@@ -186,26 +195,38 @@ pub fn run(opts: &Options) -> Result<Section> {
          {} ms slices, one slice of each setup per round, the order alternating. As in \
          section 2, rates are each setup's median (min–max) over the rounds and \
          **÷ Linux is the median (min–max) of the per-round paired ratios** (vmpath's \
-         slice ÷ Linux's slice of the same round).\n\n\
-         | setup | TCP Gbit/s | ÷ Linux | UDP 64 B received Mpps | ÷ Linux |\n|---|---|---|---|---|\n",
+         slice ÷ Linux's slice of the same round). Per CPU-second: the packets received \
+         divided by the CPU time the machine ran in the slice (as in section 2; host \
+         steal excluded).\n\n\
+         | setup | TCP Gbit/s | ÷ Linux | UDP 64 B received Mpps | ÷ Linux | received per CPU-second, M | ÷ Linux |\n|---|---|---|---|---|---|---|\n",
         opts.tcp_seconds,
         opts.runs,
         opts.pps_rounds,
         opts.pps_slice.as_millis()
     );
     for (i, b) in beds.iter().enumerate() {
-        let (tr, pr) = if i == 1 {
-            ("1.000".to_string(), "1.000".to_string())
+        let (tr, pr, cr) = if i == 1 {
+            (
+                "1.000".to_string(),
+                "1.000".to_string(),
+                "1.000".to_string(),
+            )
         } else {
-            (fmt_summary(&tcp_ratio), fmt_summary(&pps_ratio))
+            (
+                fmt_summary(&tcp_ratio),
+                fmt_summary(&pps_ratio),
+                fmt_summary(&cpu_ratio),
+            )
         };
         md.push_str(&format!(
-            "| {} | {} | {} | {} | {} |\n",
+            "| {} | {} | {} | {} | {} | {} | {} |\n",
             b.name,
             fmt_summary(&ts[i]),
             tr,
             fmt_summary(&ps[i]),
             pr,
+            fmt_summary(&summary(&per_cpu[i])),
+            cr,
         ));
     }
     md.push_str(&format!(

@@ -150,8 +150,8 @@ fn run() -> Result<()> {
             e2e::run(&e2e::Options {
                 runs,
                 tcp_seconds: if args.quick { 2 } else { 3 },
-                pps_rounds: if args.quick { 4 } else { 12 },
-                pps_slice: std::time::Duration::from_millis(if args.quick { 500 } else { 750 }),
+                pps_rounds: if args.quick { 4 } else { 36 },
+                pps_slice: std::time::Duration::from_millis(if args.quick { 500 } else { 300 }),
             })
         });
     }
@@ -160,8 +160,8 @@ fn run() -> Result<()> {
             external::run(&external::Options {
                 runs,
                 tcp_seconds: if args.quick { 2 } else { 3 },
-                pps_rounds: if args.quick { 4 } else { 12 },
-                pps_slice: std::time::Duration::from_millis(if args.quick { 500 } else { 750 }),
+                pps_rounds: if args.quick { 4 } else { 36 },
+                pps_slice: std::time::Duration::from_millis(if args.quick { 500 } else { 300 }),
             })
         });
     }
