@@ -31,7 +31,7 @@ use crate::{
     maps::{NETWORKS, PORTS},
     mtu,
     parse::{ETH_LEN, ETH_P_IP, ETH_P_IPV6, ptr_at, write_mac, zeroed},
-    snat,
+    snat, spoof,
 };
 
 /// Slot of `vm_egress` in `vmp_progs`.
@@ -146,7 +146,9 @@ fn egress4_inner(
     let ip: *mut Ipv4Hdr = ptr_at(ctx, ETH_LEN)?;
     let (src, ttl, tot_len, proto) =
         unsafe { ((*ip).src_addr, (*ip).ttl, (*ip).tot_len, (*ip).proto) };
-    if !in_subnet4(port.network, src) {
+    // With the IP filter on, `vm_port` let only the port's own addresses
+    // through, and those lie inside the subnets (validated): no LPM walk.
+    if !spoof::ip_filter_on(port) && !in_subnet4(port.network, src) {
         return Err(drop_reason::ROUTE_SRC_OUTSIDE);
     }
     if ttl <= 1 {
@@ -209,7 +211,11 @@ fn egress6_inner(ctx: &TcContext, ifindex: u32, port: &PortInfo, net: &NetworkIn
     }
     let ip: *mut Ipv6Hdr = ptr_at(ctx, ETH_LEN)?;
     let src = unsafe { &(*ip).src_addr };
-    if !in_subnet6(port.network, src) {
+    // `::` and link-local sources pass the IP filter but never leave the
+    // network: only those still need the LPM walk when the filter is on.
+    let own =
+        spoof::ip_filter_on(port) && !spoof::is_link_local6(src) && !spoof::is_unspecified6(src);
+    if !own && !in_subnet6(port.network, src) {
         return Err(drop_reason::ROUTE_SRC_OUTSIDE);
     }
     let (hop, payload_len, next_hdr) =

@@ -461,8 +461,20 @@ fn routed_egress_only_from_inside_the_subnets_and_unnated() {
         assert_eq!(seen.src, VM_IP, "routed: never NATed");
         assert_eq!(seen.sport, 33000);
         assert_eq!(seen.ttl, 63);
+        // A source outside the subnets: with the IP filter on, `vm_port`
+        // refuses it before routing (IP_SPOOF); a port without the filter
+        // gets it refused here.
+        let outside = tcp(VM_MAC, GW_MAC, [10, 99, 0, 5], EXT_IP, 33000, 443);
+        let before = fx.drops(drop_reason::IP_SPOOF);
+        let (v, _) = fx.run(prog_names::VM_PORT, fx.port, &outside);
+        assert_eq!(v, TC_ACT_SHOT);
+        assert_eq!(fx.drops(drop_reason::IP_SPOOF), before + 1);
+        let mut port = fx.dp.maps().ports.get(&fx.port, 0).unwrap();
+        port.flags &= !PORT_F_IP_FILTER;
+        let mut fx = fx;
+        fx.dp.maps_mut().ports.insert(fx.port, port, 0).unwrap();
         let before = fx.drops(drop_reason::ROUTE_SRC_OUTSIDE);
-        let (v, _) = fx.egress(&tcp(VM_MAC, GW_MAC, [10, 99, 0, 5], EXT_IP, 33000, 443));
+        let (v, _) = fx.egress(&outside);
         assert_eq!(v, TC_ACT_SHOT);
         assert_eq!(fx.drops(drop_reason::ROUTE_SRC_OUTSIDE), before + 1);
         let before = fx.drops(drop_reason::ROUTE_TTL_EXCEEDED);

@@ -1,13 +1,17 @@
-//! Figure group 2b: VM to an external host behind the node's uplink, two
-//! ways, measured interleaved:
-//!   vmpath SNAT   the real agent, a network with `egress: SNAT`: the
-//!                 VM-port program translates to the node address and sends
-//!                 the frame out of the uplink (fib lookup, redirect_neigh);
-//!                 replies come back through the uplink program
-//!   Linux         the host-side veth is the gateway (10.30.0.1), the node
-//!                 forwards and nftables masquerades out of the uplink
-//! The "external host" is a namespace at the other end of the uplink veth.
-//! Rounds and paired ratios as in section 2 (`e2e`).
+//! Figure group 2b: VM to an external host behind the node's uplink, four
+//! ways, measured interleaved, in two pairs:
+//!   vmpath SNAT    the real agent, a network with `egress: SNAT`: the
+//!                  VM-port program translates to the node address and sends
+//!                  the frame out of the uplink (fib lookup, redirect_neigh);
+//!                  replies come back through the uplink program
+//!   Linux + masq   the host-side veth is the gateway (10.30.0.1), the node
+//!                  forwards and nftables masquerades out of the uplink
+//!   vmpath Routed  `egress: Routed`: un-NATed out (fib lookup), replies to
+//!                  the VM's own address in through the uplink program
+//!   Linux routing  as Linux + masq without the masquerade rule
+//! The "external host" is a namespace at the other end of the uplink veth;
+//! for the routed pair it routes 10.30.0.0/16 back via the node (what BGP
+//! would teach it). Rounds and paired ratios as in section 2 (`e2e`).
 
 use anyhow::{Result, anyhow};
 use vmpath::config::parse_mac;
@@ -27,6 +31,8 @@ const NET_ID: u32 = 501;
 
 struct Bed {
     name: &'static str,
+    /// Index of the bed this one is compared with (None: a baseline).
+    baseline: Option<usize>,
     vm: Vm,
     ext: Netns,
     gw_mac: Mac,
@@ -48,17 +54,19 @@ fn base(tag: &str) -> (Node, Netns, Vm) {
     node.ns
         .run(&["ip", "route", "add", "default", "via", EXT_IP]);
     let vm = node.add_vm("o1", VM_MAC, &["10.30.0.21/16"], Some("10.30.0.1"));
+    // Replies to the VM's own address (used by the routed pair only).
+    ext.run(&["ip", "route", "add", "10.30.0.0/16", "via", "192.0.2.1"]);
     (node, ext, vm)
 }
 
-fn vmpath_bed() -> Result<Bed> {
-    let (mut node, ext, vm) = base("x");
+fn vmpath_bed(tag: &str, egress: &str, baseline: usize) -> Result<Bed> {
+    let (mut node, ext, vm) = base(tag);
     node.write_config(
         "config.yaml",
         &format!(
-            "apiVersion: vmpath.dev/v1alpha1\nkind: Node\nmetadata: {{name: x}}\nspec:\n  address: 192.0.2.1\n---\n\
-             apiVersion: vmpath.dev/v1alpha1\nkind: Network\nmetadata: {{name: orange}}\nspec:\n  id: {NET_ID}\n  subnets: [\"10.30.0.0/16\"]\n  defaultGatewayIPs: [\"10.30.0.1\"]\n  ipam: {{mode: Enabled}}\n  egress: SNAT\n---\n\
-             apiVersion: vmpath.dev/v1alpha1\nkind: Attachment\nmetadata: {{name: o1-eth0, namespace: prod}}\nspec:\n  vm: o1\n  interface: eth0\n  network: orange\n  node: x\n  port: {}\n  mac: \"{VM_MAC}\"\n  ips: [\"10.30.0.21/16\"]\n",
+            "apiVersion: vmpath.dev/v1alpha1\nkind: Node\nmetadata: {{name: {tag}}}\nspec:\n  address: 192.0.2.1\n---\n\
+             apiVersion: vmpath.dev/v1alpha1\nkind: Network\nmetadata: {{name: orange}}\nspec:\n  id: {NET_ID}\n  subnets: [\"10.30.0.0/16\"]\n  defaultGatewayIPs: [\"10.30.0.1\"]\n  ipam: {{mode: Enabled}}\n  egress: {egress}\n---\n\
+             apiVersion: vmpath.dev/v1alpha1\nkind: Attachment\nmetadata: {{name: o1-eth0, namespace: prod}}\nspec:\n  vm: o1\n  interface: eth0\n  network: orange\n  node: {tag}\n  port: {}\n  mac: \"{VM_MAC}\"\n  ips: [\"10.30.0.21/16\"]\n",
             vm.port
         ),
     );
@@ -66,7 +74,12 @@ fn vmpath_bed() -> Result<Bed> {
     node.start_agent();
     node.wait_ports(&[&vm.port]);
     Ok(Bed {
-        name: "vmpath SNAT",
+        name: if egress == "SNAT" {
+            "vmpath SNAT"
+        } else {
+            "vmpath Routed"
+        },
+        baseline: Some(baseline),
         vm,
         ext,
         gw_mac: default_gateway_mac(NET_ID),
@@ -74,15 +87,20 @@ fn vmpath_bed() -> Result<Bed> {
     })
 }
 
-fn linux_bed() -> Result<Bed> {
-    let (node, ext, vm) = base("m");
+fn linux_bed(tag: &str, masquerade: bool) -> Result<Bed> {
+    let (node, ext, vm) = base(tag);
     node.ns
         .run(&["ip", "addr", "add", "10.30.0.1/16", "dev", &vm.port]);
-    for cmd in [
-        "add table ip bench",
-        "add chain ip bench post { type nat hook postrouting priority 100 ; }",
-        "add rule ip bench post oifname up0 masquerade",
-    ] {
+    let rules: &[&str] = if masquerade {
+        &[
+            "add table ip bench",
+            "add chain ip bench post { type nat hook postrouting priority 100 ; }",
+            "add rule ip bench post oifname up0 masquerade",
+        ]
+    } else {
+        &[]
+    };
+    for cmd in rules {
         let mut args = vec!["nft"];
         args.extend(cmd.split(' '));
         let out = node.ns.run_status(&args);
@@ -97,7 +115,12 @@ fn linux_bed() -> Result<Bed> {
     let v: serde_json::Value = serde_json::from_str(&link)?;
     let gw_mac = parse_mac(v[0]["address"].as_str().unwrap_or("")).map_err(|e| anyhow!(e))?;
     Ok(Bed {
-        name: "Linux routing + nftables masquerade",
+        name: if masquerade {
+            "Linux routing + nftables masquerade"
+        } else {
+            "Linux routing"
+        },
+        baseline: None,
         vm,
         ext,
         gw_mac,
@@ -115,7 +138,12 @@ pub struct Options {
 }
 
 pub fn run(opts: &Options) -> Result<Section> {
-    let beds = [vmpath_bed()?, linux_bed()?];
+    let beds = [
+        vmpath_bed("x", "SNAT", 1)?,
+        linux_bed("m", true)?,
+        vmpath_bed("y", "Routed", 3)?,
+        linux_bed("r", false)?,
+    ];
     for b in &beds {
         if !b.vm.ns.ping(EXT_IP, 2) {
             return Err(anyhow!("{}: VM cannot ping the external host", b.name));
@@ -167,68 +195,65 @@ pub fn run(opts: &Options) -> Result<Section> {
             per_cpu[i].push(x.received_per_cpu_s / 1e6);
         }
     }
-    let drops = beds[0].node.maps().drop_counts()?;
+    let mut drops = beds[0].node.maps().drop_counts()?;
+    for (d, n) in drops.iter_mut().zip(beds[2].node.maps().drop_counts()?) {
+        *d += n;
+    }
     let drop_names: Vec<String> = drops
         .iter()
         .enumerate()
         .filter(|(_, n)| **n != 0)
         .map(|(i, n)| format!("{} {n}", vmpath_common::drop_reason::NAMES[i]))
         .collect();
-    let ts: Vec<_> = tcp.iter().map(|v| summary(v)).collect();
-    let ps: Vec<_> = pps.iter().map(|v| summary(v)).collect();
-    let (tcp_ratio, pps_ratio, cpu_ratio) = (
-        util::paired_ratio(&tcp[0], &tcp[1]),
-        util::paired_ratio(&pps[0], &pps[1]),
-        util::paired_ratio(&per_cpu[0], &per_cpu[1]),
-    );
+    let ratios = |v: &[Vec<f64>], i: usize| match beds[i].baseline {
+        Some(b) => util::paired_ratio(&v[i], &v[b]),
+        None => summary(&[1.0]),
+    };
+    let shown = |v: &[Vec<f64>], i: usize| match beds[i].baseline {
+        Some(_) => fmt_summary(&ratios(v, i)),
+        None => "1.000".to_string(),
+    };
     let mut md = format!(
         "One VM namespace behind a node namespace whose uplink veth leads to an \
-         \"external\" namespace (192.0.2.2), two ways, measured interleaved: \
-         **vmpath SNAT** (the agent, a network with `egress: SNAT`: the VM-port \
-         program translates to the node address 192.0.2.1 and sends the frame out of \
-         the uplink by `bpf_fib_lookup` + `bpf_redirect_neigh`; replies come back \
-         through the uplink program) and **Linux routing + nftables masquerade** (the \
-         host-side veth is the VM's gateway, the node forwards, one `masquerade` rule \
-         on the uplink). TCP: `iperf3 -t {}` VM → external, one stream, {} rounds. \
-         Packet rate: the same raw-socket sender as section 2, 64-byte UDP to the \
-         external host, counted by the external namespace's IP layer, in {} rounds of \
-         {} ms slices, one slice of each setup per round, the order alternating. As in \
-         section 2, rates are each setup's median (min–max) over the rounds and \
-         **÷ Linux is the median (min–max) of the per-round paired ratios** (vmpath's \
-         slice ÷ Linux's slice of the same round). Per CPU-second: the packets received \
-         divided by the CPU time the machine ran in the slice (as in section 2; host \
-         steal excluded).\n\n\
-         | setup | TCP Gbit/s | ÷ Linux | UDP 64 B received Mpps | ÷ Linux | received per CPU-second, M | ÷ Linux |\n|---|---|---|---|---|---|---|\n",
+         \"external\" namespace (192.0.2.2), four ways in two pairs, all measured \
+         interleaved. **vmpath SNAT** (the agent, a network with `egress: SNAT`: the \
+         VM-port program translates to the node address 192.0.2.1 and sends the frame \
+         out of the uplink by `bpf_fib_lookup` + `bpf_redirect_neigh`; replies come back \
+         through the uplink program) against **Linux routing + nftables masquerade** \
+         (the host-side veth is the VM's gateway, the node forwards, one `masquerade` \
+         rule on the uplink). **vmpath Routed** (`egress: Routed`: un-NATed, the same \
+         fib lookup out; replies to the VM's own address come in through the uplink \
+         program with `bpf_redirect_peer`) against **Linux routing** (the same node \
+         without the masquerade rule); the external namespace routes 10.30.0.0/16 back \
+         via the node, as BGP would teach it. TCP: `iperf3 -t {}` VM → external, one \
+         stream, {} rounds. Packet rate: the same raw-socket sender as section 2, \
+         64-byte UDP to the external host, counted by the external namespace's IP \
+         layer, in {} rounds of {} ms slices, one slice of each setup per round, the \
+         order rotated. As in section 2, rates are each setup's median (min–max) over \
+         the rounds and **÷ Linux is the median (min–max) of the per-round paired \
+         ratios** against the Linux setup of its pair.\n\n\
+         | setup | TCP Gbit/s | ÷ Linux | UDP 64 B received Mpps | ÷ Linux |\n|---|---|---|---|---|\n",
         opts.tcp_seconds,
         opts.runs,
         opts.pps_rounds,
         opts.pps_slice.as_millis()
     );
     for (i, b) in beds.iter().enumerate() {
-        let (tr, pr, cr) = if i == 1 {
-            (
-                "1.000".to_string(),
-                "1.000".to_string(),
-                "1.000".to_string(),
-            )
-        } else {
-            (
-                fmt_summary(&tcp_ratio),
-                fmt_summary(&pps_ratio),
-                fmt_summary(&cpu_ratio),
-            )
-        };
         md.push_str(&format!(
-            "| {} | {} | {} | {} | {} | {} | {} |\n",
+            "| {} | {} | {} | {} | {} |\n",
             b.name,
-            fmt_summary(&ts[i]),
-            tr,
-            fmt_summary(&ps[i]),
-            pr,
-            fmt_summary(&summary(&per_cpu[i])),
-            cr,
+            fmt_summary(&summary(&tcp[i])),
+            shown(&tcp, i),
+            fmt_summary(&summary(&pps[i])),
+            shown(&pps, i),
         ));
     }
+    md.push_str(&format!(
+        "\nPer CPU-second (as in section 2), vmpath SNAT ÷ Linux + masquerade is {} and \
+         vmpath Routed ÷ Linux routing {}.\n",
+        fmt_summary(&ratios(&per_cpu, 0)),
+        fmt_summary(&ratios(&per_cpu, 2)),
+    ));
     md.push_str(&format!(
         "\nDrops counted by the vmpath data path during these runs: {}.\n",
         if drop_names.is_empty() {
@@ -237,21 +262,23 @@ pub fn run(opts: &Options) -> Result<Section> {
             drop_names.join(", ")
         }
     ));
-    let bars = vec![
-        Bar {
-            label: "TCP VM-to-external: vmpath SNAT".into(),
-            ratio: tcp_ratio.median,
-            baseline: "Linux + nft masquerade".into(),
-        },
-        Bar {
-            label: "UDP 64 B pps VM-to-external: vmpath SNAT".into(),
-            ratio: pps_ratio.median,
-            baseline: "Linux + nft masquerade".into(),
-        },
-    ];
+    let mut bars = Vec::new();
+    for i in [0, 2] {
+        let base = beds[beds[i].baseline.unwrap_or(i)].name;
+        bars.push(Bar {
+            label: format!("TCP VM-to-external: {}", beds[i].name),
+            ratio: ratios(&tcp, i).median,
+            baseline: base.into(),
+        });
+        bars.push(Bar {
+            label: format!("UDP 64 B pps VM-to-external: {}", beds[i].name),
+            ratio: ratios(&pps, i).median,
+            baseline: base.into(),
+        });
+    }
     drop(beds);
     Ok(Section {
-        title: "2b. VM to external: SNAT".into(),
+        title: "2b. VM to external: SNAT and routed".into(),
         markdown: md,
         bars,
     })
