@@ -192,6 +192,7 @@ pub fn plan_with_ids(
             flags |= PORT_F_PENDING;
         }
         let mac = att.mac_resolved.map(|(m, _)| m).unwrap_or([0; 6]);
+        let (ip4, ip6) = first_addrs(&att.addresses);
         let flood = plan.flood.entry(net.id).or_default();
         if flood.count as usize >= MAX_FLOOD_PORTS {
             plan.problems.push(format!(
@@ -216,8 +217,8 @@ pub fn plan_with_ids(
                     flags,
                     gw_mac: net.gateway_mac,
                     _pad: 0,
-                    ip4: first_ip4(&att.addresses),
-                    ip6: first_ip6(&att.addresses),
+                    ip4,
+                    ip6,
                 },
             },
         );
@@ -258,27 +259,17 @@ pub fn plan_with_ids(
     plan
 }
 
-/// The first IPv4 address of an attachment (zero: none), cached in its
-/// port entry for the spoof filter.
-fn first_ip4(addresses: &[(ipnet::IpNet, Origin)]) -> [u8; 4] {
-    addresses
-        .iter()
-        .find_map(|(ip, _)| match ip.addr() {
-            std::net::IpAddr::V4(a) => Some(a.octets()),
-            std::net::IpAddr::V6(_) => None,
-        })
-        .unwrap_or([0; 4])
-}
-
-/// The first IPv6 address of an attachment (zero: none).
-fn first_ip6(addresses: &[(ipnet::IpNet, Origin)]) -> [u8; 16] {
-    addresses
-        .iter()
-        .find_map(|(ip, _)| match ip.addr() {
-            std::net::IpAddr::V6(a) => Some(a.octets()),
-            std::net::IpAddr::V4(_) => None,
-        })
-        .unwrap_or([0; 16])
+/// The first IPv4 and the first IPv6 address of an attachment (zero:
+/// none), cached in its port entry for the spoof filter.
+fn first_addrs(addresses: &[(ipnet::IpNet, Origin)]) -> ([u8; 4], [u8; 16]) {
+    let (mut v4, mut v6) = (None, None);
+    for (ip, _) in addresses {
+        match ip.addr() {
+            std::net::IpAddr::V4(a) => v4 = v4.or(Some(a.octets())),
+            std::net::IpAddr::V6(a) => v6 = v6.or(Some(a.octets())),
+        }
+    }
+    (v4.unwrap_or([0; 4]), v6.unwrap_or([0; 16]))
 }
 
 /// The port of `att` on `node` when `node` is the target of its pending

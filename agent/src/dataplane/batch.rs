@@ -418,22 +418,13 @@ fn sys_batch(
         elem_flags,
         ..Default::default()
     };
-    // SAFETY: `attr` is a valid `bpf_attr.batch` of the size passed; the
-    // kernel reads `n` keys and values of the map's sizes, which the
-    // callers staged in `keys` and `values` (checked against the map), and
-    // writes only `attr.count`.
-    let ret = unsafe {
-        libc::syscall(
-            libc::SYS_bpf,
-            cmd,
-            &mut attr as *mut BatchAttr,
-            size_of::<BatchAttr>() as libc::c_uint,
-        )
-    };
-    if ret == 0 {
+    // SAFETY: `attr` is a valid `bpf_attr.batch`; the kernel reads `n`
+    // keys and values of the map's sizes, which the callers staged in
+    // `keys` and `values` (checked against the map), and writes only
+    // `attr.count`.
+    let Err(e) = (unsafe { sys_bpf(cmd, &mut attr) }) else {
         return Ok(());
-    }
-    let e = io::Error::last_os_error();
+    };
     // The kernel zeroes `count` once it starts, then writes back how many
     // it processed; a refusal before that leaves our `n` in place.
     let done = attr.count as usize;
@@ -458,15 +449,23 @@ fn sys_elem(fd: BorrowedFd<'_>, op: Op, key: &[u8], value: &[u8]) -> io::Result<
         flags,
         ..Default::default()
     };
-    // SAFETY: `attr` is a valid element `bpf_attr` of the size passed; the
-    // kernel reads one key and one value of the map's sizes from the
-    // staged slices.
+    // SAFETY: `attr` is a valid element `bpf_attr`; the kernel reads one
+    // key and one value of the map's sizes from the staged slices.
+    unsafe { sys_bpf(cmd, &mut attr) }
+}
+
+/// `bpf(cmd, attr, sizeof attr)`.
+///
+/// # Safety
+/// `attr` must be the `bpf_attr` layout `cmd` expects, and every pointer
+/// in it valid for what the kernel reads and writes.
+unsafe fn sys_bpf<A>(cmd: libc::c_int, attr: &mut A) -> io::Result<()> {
     let ret = unsafe {
         libc::syscall(
             libc::SYS_bpf,
             cmd,
-            &mut attr as *mut ElemAttr,
-            size_of::<ElemAttr>() as libc::c_uint,
+            attr as *mut A,
+            size_of::<A>() as libc::c_uint,
         )
     };
     if ret == 0 {

@@ -261,6 +261,40 @@ pub fn pps(sender: &Netns, frame: &[u8], slice: Duration, receiver: &Netns) -> R
     })
 }
 
+/// `rounds` rounds of one `measure(setup)` slice per setup, the order
+/// rotated each round; the rates by setup, then round.
+pub fn rate_rounds(
+    names: &[&str],
+    rounds: usize,
+    mut measure: impl FnMut(usize) -> Result<Rate>,
+) -> Result<Vec<Vec<Rate>>> {
+    let mut out: Vec<Vec<Rate>> = vec![Vec::new(); names.len()];
+    for r in 0..rounds {
+        let mut row = vec![None; names.len()];
+        for i in util::rotated(names.len(), r) {
+            row[i] = Some(measure(i)?);
+        }
+        let row: Vec<Rate> = row.into_iter().flatten().collect();
+        eprintln!(
+            "bench:   round {r} UDP received Mpps (per CPU-second): {}",
+            names
+                .iter()
+                .zip(&row)
+                .map(|(n, x)| format!(
+                    "{n} {:.3} ({:.3})",
+                    x.received_pps / 1e6,
+                    x.received_per_cpu_s / 1e6
+                ))
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+        for (i, x) in row.into_iter().enumerate() {
+            out[i].push(x);
+        }
+    }
+    Ok(out)
+}
+
 pub fn run(opts: &Options) -> Result<Section> {
     let beds = vec![vmpath_bed()?, bridge_bed()?, redirect_bed()?];
     // Warm up: neighbours resolved, agent settled.
@@ -287,26 +321,12 @@ pub fn run(opts: &Options) -> Result<Section> {
             tcp[i].push(g);
         }
     }
-    for r in 0..opts.pps_rounds {
-        let mut row = vec![None; beds.len()];
-        for i in util::rotated(beds.len(), r) {
-            row[i] = Some(udp_pps(&beds[i], opts.pps_slice)?);
-        }
-        let row: Vec<Rate> = row.into_iter().flatten().collect();
-        eprintln!(
-            "bench:   round {r} UDP received Mpps (per CPU-second): {}",
-            beds.iter()
-                .zip(&row)
-                .map(|(b, x)| format!(
-                    "{} {:.3} ({:.3})",
-                    b.name,
-                    x.received_pps / 1e6,
-                    x.received_per_cpu_s / 1e6
-                ))
-                .collect::<Vec<_>>()
-                .join(", ")
-        );
-        for (i, x) in row.into_iter().enumerate() {
+    let names: Vec<&str> = beds.iter().map(|b| b.name).collect();
+    let rates = rate_rounds(&names, opts.pps_rounds, |i| {
+        udp_pps(&beds[i], opts.pps_slice)
+    })?;
+    for (i, setup) in rates.iter().enumerate() {
+        for x in setup {
             sent[i].push(x.sent_pps / 1e6);
             pps[i].push(x.received_pps / 1e6);
             per_cpu[i].push(x.received_per_cpu_s / 1e6);

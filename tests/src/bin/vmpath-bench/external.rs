@@ -169,28 +169,14 @@ pub fn run(opts: &Options) -> Result<Section> {
             tcp[i].push(g);
         }
     }
-    for r in 0..opts.pps_rounds {
-        let mut row = vec![None; beds.len()];
-        for i in util::rotated(beds.len(), r) {
-            let b = &beds[i];
-            let frame = util::udp4_min(b.gw_mac, vm_mac, VM_IP, [192, 0, 2, 2]);
-            row[i] = Some(e2e::pps(&b.vm.ns, &frame, opts.pps_slice, &b.ext)?);
-        }
-        let row: Vec<e2e::Rate> = row.into_iter().flatten().collect();
-        eprintln!(
-            "bench:   round {r} UDP received Mpps (per CPU-second): {}",
-            beds.iter()
-                .zip(&row)
-                .map(|(b, x)| format!(
-                    "{} {:.3} ({:.3})",
-                    b.name,
-                    x.received_pps / 1e6,
-                    x.received_per_cpu_s / 1e6
-                ))
-                .collect::<Vec<_>>()
-                .join(", ")
-        );
-        for (i, x) in row.into_iter().enumerate() {
+    let names: Vec<&str> = beds.iter().map(|b| b.name).collect();
+    let rates = e2e::rate_rounds(&names, opts.pps_rounds, |i| {
+        let b = &beds[i];
+        let frame = util::udp4_min(b.gw_mac, vm_mac, VM_IP, [192, 0, 2, 2]);
+        e2e::pps(&b.vm.ns, &frame, opts.pps_slice, &b.ext)
+    })?;
+    for (i, setup) in rates.iter().enumerate() {
+        for x in setup {
             pps[i].push(x.received_pps / 1e6);
             per_cpu[i].push(x.received_per_cpu_s / 1e6);
         }

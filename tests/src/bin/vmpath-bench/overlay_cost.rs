@@ -31,10 +31,7 @@ use std::{
 };
 
 use anyhow::{Context as _, Result, anyhow, bail};
-use aya::{
-    maps::Array,
-    programs::{LinkOrder, SchedClassifier, TcAttachType, TestRun, TestRunOptions, tc},
-};
+use aya::programs::{LinkOrder, SchedClassifier, TcAttachType, TestRun, TestRunOptions, tc};
 use vmpath::{config, dataplane::Dataplane, ipam, plan};
 use vmpath_common::{VXLAN_IFNAME, VXLAN_OVERHEAD, VXLAN_PORT, drop_reason, prog_names};
 use vmpath_tests::{Netns, link, unique_tag, yaml, yaml_overlay};
@@ -271,22 +268,7 @@ fn measure(
     program(dp, dir)?;
     let vxlan =
         vmpath::agent::ifindex_of(VXLAN_IFNAME).ok_or_else(|| anyhow!("no {VXLAN_IFNAME}"))?;
-    for name in ["bench_noop", "bench_redirect_peer"] {
-        let p: &mut SchedClassifier = dp
-            .ebpf_mut()
-            .program_mut(name)
-            .ok_or_else(|| anyhow!("{name} missing from the object"))?
-            .try_into()?;
-        p.load().with_context(|| format!("loading {name}"))?;
-    }
-    {
-        let map = dp
-            .ebpf_mut()
-            .map_mut("vmpb_peer")
-            .ok_or_else(|| anyhow!("vmpb_peer missing"))?;
-        let mut peer: Array<_, u32> = Array::try_from(map)?;
-        peer.set(0, port, 0)?;
-    }
+    crate::progcost::load_baselines(dp, port)?;
     let (port_ctx, vxlan_ctx) = (ctx_for(port), ctx_for(vxlan));
     // VM1 -> VM2 (on node b): encap. VM2 -> VM1 as it comes out of the
     // kernel's vxlan driver: decap.

@@ -120,22 +120,7 @@ fn run_in_netns(opts: &Options) -> Result<Section> {
     )));
     let mut dp = Dataplane::open(&root.0).context("loading the data path")?;
     program_maps(&mut dp, a, b)?;
-    for name in ["bench_noop", "bench_redirect_peer"] {
-        let p: &mut SchedClassifier = dp
-            .ebpf_mut()
-            .program_mut(name)
-            .ok_or_else(|| anyhow!("{name} missing from the object"))?
-            .try_into()?;
-        p.load().with_context(|| format!("loading {name}"))?;
-    }
-    {
-        let map = dp
-            .ebpf_mut()
-            .map_mut("vmpb_peer")
-            .ok_or_else(|| anyhow!("vmpb_peer missing"))?;
-        let mut peer: Array<_, u32> = Array::try_from(map)?;
-        peer.set(0, b, 0)?;
-    }
+    load_baselines(&mut dp, b)?;
 
     let gw_mac = default_gateway_mac(NET);
     let l2 = util::udp4_min(B_MAC, A_MAC, A_IP, B_IP);
@@ -335,6 +320,26 @@ fn run_in_netns(opts: &Options) -> Result<Section> {
     })
 }
 
+/// Loads the baseline programs (`ebpf/src/bench.rs`) of the data path's
+/// object; `bench_redirect_peer` redirects to `peer`.
+pub(crate) fn load_baselines(dp: &mut Dataplane, peer: u32) -> Result<()> {
+    for name in ["bench_noop", "bench_redirect_peer"] {
+        let p: &mut SchedClassifier = dp
+            .ebpf_mut()
+            .program_mut(name)
+            .ok_or_else(|| anyhow!("{name} missing from the object"))?
+            .try_into()?;
+        p.load().with_context(|| format!("loading {name}"))?;
+    }
+    let map = dp
+        .ebpf_mut()
+        .map_mut("vmpb_peer")
+        .ok_or_else(|| anyhow!("vmpb_peer missing"))?;
+    let mut slot: Array<_, u32> = Array::try_from(map)?;
+    slot.set(0, peer, 0)?;
+    Ok(())
+}
+
 fn program_maps(dp: &mut Dataplane, a: u32, b: u32) -> Result<()> {
     let nr_cpus = aya::util::nr_cpus().map_err(|(m, e)| anyhow!("{m}: {e}"))?;
     let gw_mac = default_gateway_mac(NET);
@@ -462,22 +467,7 @@ fn north_south_in_netns(opts: &Options) -> Result<Section> {
         std::process::id()
     )));
     let mut dp = Dataplane::open(&root.0).context("loading the data path")?;
-    for name in ["bench_noop", "bench_redirect_peer"] {
-        let p: &mut SchedClassifier = dp
-            .ebpf_mut()
-            .program_mut(name)
-            .ok_or_else(|| anyhow!("{name} missing from the object"))?
-            .try_into()?;
-        p.load().with_context(|| format!("loading {name}"))?;
-    }
-    {
-        let map = dp
-            .ebpf_mut()
-            .map_mut("vmpb_peer")
-            .ok_or_else(|| anyhow!("vmpb_peer missing"))?;
-        let mut peer: Array<_, u32> = Array::try_from(map)?;
-        peer.set(0, port, 0)?;
-    }
+    load_baselines(&mut dp, port)?;
     let gw_mac = default_gateway_mac(NS_NET);
     let nr = aya::util::nr_cpus().map_err(|(m, e)| anyhow!("{m}: {e}"))?;
     let set_net = |dp: &mut Dataplane, flag: u16| -> Result<()> {
