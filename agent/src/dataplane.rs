@@ -632,8 +632,16 @@ where
         .filter(|k| !want.contains_key(k))
         .copied()
         .collect();
+    // Which map, for the error: BTF names are what bpftool shows.
+    let name = |m: &MapData| {
+        m.info()
+            .ok()
+            .and_then(|i| i.name_as_str().map(str::to_string))
+            .unwrap_or_default()
+    };
     if !gone.is_empty() {
-        batch::delete_batch(map.map(), &gone).context("removing stale entries")?;
+        batch::delete_batch(map.map(), &gone)
+            .with_context(|| format!("removing stale entries of {}", name(map.map())))?;
     }
     let changed: Vec<(K, V)> = want
         .iter()
@@ -641,7 +649,8 @@ where
         .map(|(k, v)| (*k, *v))
         .collect();
     if !changed.is_empty() {
-        batch::update_batch(map.map(), &changed, batch::BPF_ANY).context("writing entries")?;
+        batch::update_batch(map.map(), &changed, batch::BPF_ANY)
+            .with_context(|| format!("writing entries of {}", name(map.map())))?;
     }
     Ok(())
 }
