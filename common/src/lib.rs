@@ -362,7 +362,8 @@ pub mod drop_reason {
     pub const SLOWPATH_BAD_TAG: u32 = 13;
     /// Routed egress from a source address outside the network's subnets.
     pub const ROUTE_SRC_OUTSIDE: u32 = 14;
-    /// Routed: TTL / hop limit would reach zero.
+    /// Routed: TTL / hop limit would reach zero (answered with ICMP
+    /// time-exceeded from the gateway unless the frame is an ICMP error).
     pub const ROUTE_TTL_EXCEEDED: u32 = 15;
     /// Routed: the node has no route (or no forwarding) for the destination.
     pub const ROUTE_NO_ROUTE: u32 = 16;

@@ -1,6 +1,8 @@
-//! The network MTU on the routed path: a frame larger than it is answered
-//! with ICMP fragmentation-needed (IPv4 with DF) / ICMPv6 packet-too-big
-//! rather than dropped silently. The error is built in place from the
+//! ICMP errors from the gateway on the routed path. A frame larger than
+//! the network MTU is answered with ICMP fragmentation-needed (IPv4 with
+//! DF) / ICMPv6 packet-too-big, and one whose TTL / hop limit runs out
+//! with time-exceeded (so traceroute shows the gateway as a hop), rather
+//! than dropped silently. The error is built in place from the
 //! offending frame: trimmed to its IP header + 8 bytes (the quote), a new
 //! IP + ICMP header pushed in front, and sent back out of the interface it
 //! came in by, to its sender.
@@ -41,6 +43,11 @@ const IPPROTO_TCP: u8 = 6;
 const ICMP_DEST_UNREACH: u8 = 3;
 const ICMP_FRAG_NEEDED: u8 = 4;
 const ICMPV6_PKT_TOOBIG: u8 = 2;
+const ICMP_TIME_EXCEEDED: u8 = 11;
+const ICMPV6_TIME_EXCEEDED: u8 = 3;
+const ICMP_ECHO_REQUEST: u8 = 8;
+/// ICMPv6 types below this are errors.
+const ICMPV6_INFO_MIN: u8 = 128;
 const ERROR_TTL: u8 = 64;
 /// IP precedence "internetwork control", as Linux sends its ICMP errors.
 const ERROR_TOS: u8 = 0xc0;
@@ -98,6 +105,75 @@ pub fn frag_needed4(
     if from == [0; 4] {
         return Err(drop_reason::MTU_EXCEEDED);
     }
+    let m = mtu.to_be_bytes();
+    let error = Icmp {
+        kind: ICMP_DEST_UNREACH,
+        code: ICMP_FRAG_NEEDED,
+        rest: [0, 0, m[0], m[1]],
+        reason: drop_reason::MTU_EXCEEDED,
+    };
+    error4(ctx, ifindex, port_id, from, eth_src, to, vihl, error)
+}
+
+/// What an ICMP error carries besides its quote, and what the offending
+/// frame is counted as.
+struct Icmp {
+    kind: u8,
+    code: u8,
+    /// The header's second word (unused, or the next-hop MTU).
+    rest: [u8; 4],
+    reason: u32,
+}
+
+/// The IPv4 frame at hand whose TTL runs out here: it becomes an ICMP
+/// time-exceeded from `from` to its sender, sent back out of `ifindex`
+/// (port id `port_id`). Never about an ICMP error or a later fragment
+/// (RFC 1812 4.3.2.7): those are only dropped, as without a `from`.
+#[inline(always)]
+pub fn time_exceeded4(
+    ctx: &TcContext,
+    ifindex: u32,
+    port_id: u32,
+    from: [u8; 4],
+    eth_src: [u8; 6],
+) -> Verdict {
+    let ip: *const Ipv4Hdr = ptr_at(ctx, ETH_LEN)?;
+    let (vihl, frags, to, proto) =
+        unsafe { ((*ip).vihl, (*ip).frags, (*ip).src_addr, (*ip).proto) };
+    if from == [0; 4] || u16::from_be_bytes(frags) & 0x1fff != 0 {
+        return Err(drop_reason::ROUTE_TTL_EXCEEDED);
+    }
+    if proto == IPPROTO_ICMP {
+        let l4 = ETH_LEN + usize::from(vihl & 0x0f) * 4;
+        let kind: u8 = ctx.load(l4).map_err(|_| drop_reason::MALFORMED)?;
+        // Queries (echo, timestamp, ...) are answered; errors never.
+        if !matches!(kind, 0 | ICMP_ECHO_REQUEST | 13 | 14) {
+            return Err(drop_reason::ROUTE_TTL_EXCEEDED);
+        }
+    }
+    let error = Icmp {
+        kind: ICMP_TIME_EXCEEDED,
+        code: 0,
+        rest: [0; 4],
+        reason: drop_reason::ROUTE_TTL_EXCEEDED,
+    };
+    error4(ctx, ifindex, port_id, from, eth_src, to, vihl, error)
+}
+
+/// Builds `error` in place from the IPv4 frame at hand (from `from` to
+/// `to`, its sender) and sends it back out of `ifindex`.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+fn error4(
+    ctx: &TcContext,
+    ifindex: u32,
+    port_id: u32,
+    from: [u8; 4],
+    eth_src: [u8; 6],
+    to: [u8; 4],
+    vihl: u8,
+    error: Icmp,
+) -> Verdict {
     let ihl = usize::from(vihl & 0x0f) * 4;
     if !(IP4_HDR..=60).contains(&ihl) {
         return Err(drop_reason::MALFORMED);
@@ -129,24 +205,18 @@ pub fn frag_needed4(
         ip.dst_addr = to;
     }
     let icmp_off = ETH_LEN + IP4_HDR;
-    let sum = (u32::from(ICMP_DEST_UNREACH) << 8) + u32::from(ICMP_FRAG_NEEDED) + u32::from(mtu);
+    let r = error.rest;
+    let sum = (u32::from(error.kind) << 8)
+        + u32::from(error.code)
+        + (u32::from(r[0]) << 8)
+        + u32::from(r[1])
+        + (u32::from(r[2]) << 8)
+        + u32::from(r[3]);
     let check = !csum::fold(sum + sum_packet(ctx, icmp_off + ICMP_HDR, quote)?);
     let icmp: *mut [u8; ICMP_HDR] = ptr_at(ctx, icmp_off)?;
-    let m = mtu.to_be_bytes();
     let c = check.to_be_bytes();
-    unsafe {
-        *icmp = [
-            ICMP_DEST_UNREACH,
-            ICMP_FRAG_NEEDED,
-            c[0],
-            c[1],
-            0,
-            0,
-            m[0],
-            m[1],
-        ]
-    };
-    sent(ifindex, port_id)
+    unsafe { *icmp = [error.kind, error.code, c[0], c[1], r[0], r[1], r[2], r[3]] };
+    sent(ifindex, port_id, error.reason)
 }
 
 /// The IPv6 frame at hand is too big for `mtu`: it becomes an ICMPv6
@@ -164,6 +234,59 @@ pub fn packet_too_big6(
     if from[0] == 0 && from[1] == 0 {
         return Err(drop_reason::MTU_EXCEEDED);
     }
+    let m = mtu.to_be_bytes();
+    let error = Icmp {
+        kind: ICMPV6_PKT_TOOBIG,
+        code: 0,
+        rest: [0, 0, m[0], m[1]],
+        reason: drop_reason::MTU_EXCEEDED,
+    };
+    error6(ctx, ifindex, port_id, from, eth_src, error)
+}
+
+/// The IPv6 frame at hand whose hop limit runs out here: it becomes an
+/// ICMPv6 time-exceeded from `from` to its sender, sent back out of
+/// `ifindex` (port id `port_id`). Never about an ICMPv6 error.
+#[inline(always)]
+pub fn time_exceeded6(
+    ctx: &TcContext,
+    ifindex: u32,
+    port_id: u32,
+    from: &[u8; 16],
+    eth_src: [u8; 6],
+) -> Verdict {
+    if from[0] == 0 && from[1] == 0 {
+        return Err(drop_reason::ROUTE_TTL_EXCEEDED);
+    }
+    let ip: *const Ipv6Hdr = ptr_at(ctx, ETH_LEN)?;
+    if unsafe { (*ip).next_hdr } == IPPROTO_ICMPV6 {
+        let kind: u8 = ctx
+            .load(ETH_LEN + IP6_HDR)
+            .map_err(|_| drop_reason::MALFORMED)?;
+        if kind < ICMPV6_INFO_MIN {
+            return Err(drop_reason::ROUTE_TTL_EXCEEDED);
+        }
+    }
+    let error = Icmp {
+        kind: ICMPV6_TIME_EXCEEDED,
+        code: 0,
+        rest: [0; 4],
+        reason: drop_reason::ROUTE_TTL_EXCEEDED,
+    };
+    error6(ctx, ifindex, port_id, from, eth_src, error)
+}
+
+/// Builds `error` in place from the IPv6 frame at hand (from `from` to
+/// its sender) and sends it back out of `ifindex`.
+#[inline(always)]
+fn error6(
+    ctx: &TcContext,
+    ifindex: u32,
+    port_id: u32,
+    from: &[u8; 16],
+    eth_src: [u8; 6],
+    error: Icmp,
+) -> Verdict {
     let quote = trim(ctx, IP6_HDR)?;
     push(ctx, IP6_HDR + ICMP_HDR)?;
     write_eth(ctx, eth_src, ETH_P_IPV6)?;
@@ -183,17 +306,21 @@ pub fn packet_too_big6(
         ip.dst_addr = (*quoted).src_addr;
         csum::sum_addr16(from) + csum::sum_addr16(&ip.dst_addr)
     };
+    let r = error.rest;
     let sum = sum
         + u32::from(plen)
         + u32::from(IPPROTO_ICMPV6)
-        + (u32::from(ICMPV6_PKT_TOOBIG) << 8)
-        + u32::from(mtu);
+        + (u32::from(error.kind) << 8)
+        + u32::from(error.code)
+        + (u32::from(r[0]) << 8)
+        + u32::from(r[1])
+        + (u32::from(r[2]) << 8)
+        + u32::from(r[3]);
     let check = !csum::fold(sum + sum_packet(ctx, hdr_end, quote)?);
     let icmp: *mut [u8; ICMP_HDR] = ptr_at(ctx, ETH_LEN + IP6_HDR)?;
-    let m = mtu.to_be_bytes();
     let c = check.to_be_bytes();
-    unsafe { *icmp = [ICMPV6_PKT_TOOBIG, 0, c[0], c[1], 0, 0, m[0], m[1]] };
-    sent(ifindex, port_id)
+    unsafe { *icmp = [error.kind, error.code, c[0], c[1], r[0], r[1], r[2], r[3]] };
+    sent(ifindex, port_id, error.reason)
 }
 
 /// Trims the frame to its Ethernet and IP headers (`l3_len` bytes) and
@@ -262,10 +389,10 @@ fn sum_packet(ctx: &TcContext, off: usize, len: usize) -> Result<u32, u32> {
     Ok(sum)
 }
 
-/// The offending frame is consumed (counted under `MTU_EXCEEDED`); its
-/// error goes back out of the interface it came in by.
+/// The offending frame is consumed (counted under `reason`); its error
+/// goes back out of the interface it came in by.
 #[inline(always)]
-fn sent(ifindex: u32, port_id: u32) -> Verdict {
-    counters::count_drop(port_id, drop_reason::MTU_EXCEEDED);
+fn sent(ifindex: u32, port_id: u32, reason: u32) -> Verdict {
+    counters::count_drop(port_id, reason);
     reply_out(ifindex)
 }

@@ -151,15 +151,16 @@ fn egress4_inner(
     if !spoof::ip_filter_on(port) && !in_subnet4(port.network, src) {
         return Err(drop_reason::ROUTE_SRC_OUTSIDE);
     }
+    let from = if net.flags & NET_F_GW4 != 0 {
+        net.gw_ip4
+    } else {
+        [0; 4]
+    };
     if ttl <= 1 {
-        return Err(drop_reason::ROUTE_TTL_EXCEEDED);
+        // traceroute's first hop: the gateway answers.
+        return mtu::time_exceeded4(ctx, ifindex, port.port_id, from, net.gw_mac);
     }
     if mtu::too_big(ctx, net.mtu, u16::from_be_bytes(tot_len), l4_off, proto) {
-        let from = if net.flags & NET_F_GW4 != 0 {
-            net.gw_ip4
-        } else {
-            [0; 4]
-        };
         return mtu::frag_needed4(ctx, ifindex, port.port_id, from, net.mtu, net.gw_mac);
     }
     if net.flags & NET_F_ROUTED == 0 {
@@ -220,16 +221,16 @@ fn egress6_inner(ctx: &TcContext, ifindex: u32, port: &PortInfo, net: &NetworkIn
     }
     let (hop, payload_len, next_hdr) =
         unsafe { ((*ip).hop_limit, (*ip).payload_len, (*ip).next_hdr) };
+    let from = if net.flags & NET_F_GW6 != 0 {
+        net.gw_ip6
+    } else {
+        [0; 16]
+    };
     if hop <= 1 {
-        return Err(drop_reason::ROUTE_TTL_EXCEEDED);
+        return mtu::time_exceeded6(ctx, ifindex, port.port_id, &from, net.gw_mac);
     }
     let ip_len = 40u16.saturating_add(u16::from_be_bytes(payload_len));
     if mtu::too_big(ctx, net.mtu, ip_len, ETH_LEN + 40, next_hdr) {
-        let from = if net.flags & NET_F_GW6 != 0 {
-            net.gw_ip6
-        } else {
-            [0; 16]
-        };
         return mtu::packet_too_big6(ctx, ifindex, port.port_id, &from, net.mtu, net.gw_mac);
     }
     let mut p_slot = MaybeUninit::<FibParams>::uninit();

@@ -13,7 +13,7 @@ use network_types::{
     eth::EthHdr,
     ip::{Ipv4Hdr, Ipv6Hdr},
 };
-use vmpath_common::{NET_F_GW4, NET_F_GW6, NO_PORT_ID, RoutedAddr, drop_reason};
+use vmpath_common::{NET_F_GW4, NET_F_GW6, NO_PORT_ID, RoutedAddr};
 
 use crate::{
     counters, csum,
@@ -61,11 +61,15 @@ fn ingress4(ctx: &TcContext) -> Verdict {
     };
     let ip = unsafe { &mut *ip };
     if ip.ttl <= 1 {
-        return Err(drop_reason::ROUTE_TTL_EXCEEDED);
+        // The node is a hop on the way to the VM: it answers from the
+        // VM network's gateway address, as for oversized frames.
+        let (uplink, from, own_mac) = answer_from4(ctx, r)?;
+        return mtu::time_exceeded4(ctx, uplink, NO_PORT_ID, from, own_mac);
     }
     let l4_off = ETH_LEN + usize::from(ip.vihl & 0x0f) * 4;
     if mtu::too_big(ctx, r.mtu, u16::from_be_bytes(ip.tot_len), l4_off, ip.proto) {
-        return too_big4(ctx, r);
+        let (uplink, from, own_mac) = answer_from4(ctx, r)?;
+        return mtu::frag_needed4(ctx, uplink, NO_PORT_ID, from, r.mtu, own_mac);
     }
     let old = (u16::from(ip.ttl) << 8) | u16::from(ip.proto);
     ip.ttl -= 1;
@@ -90,11 +94,13 @@ fn ingress6(ctx: &TcContext) -> Verdict {
     };
     let ip = unsafe { &mut *ip };
     if ip.hop_limit <= 1 {
-        return Err(drop_reason::ROUTE_TTL_EXCEEDED);
+        let (uplink, from, own_mac) = answer_from6(ctx, r)?;
+        return mtu::time_exceeded6(ctx, uplink, NO_PORT_ID, &from, own_mac);
     }
     let ip_len = 40u16.saturating_add(u16::from_be_bytes(ip.payload_len));
     if mtu::too_big(ctx, r.mtu, ip_len, ETH_LEN + 40, ip.next_hdr) {
-        return too_big6(ctx, r);
+        let (uplink, from, own_mac) = answer_from6(ctx, r)?;
+        return mtu::packet_too_big6(ctx, uplink, NO_PORT_ID, &from, r.mtu, own_mac);
     }
     ip.hop_limit -= 1;
     let eth: *mut EthHdr = ptr_at(ctx, 0)?;
@@ -105,28 +111,32 @@ fn ingress6(ctx: &TcContext) -> Verdict {
     deliver_local(ctx, r.ifindex, u32::from(r.port_id))
 }
 
-/// Routed ingress larger than the VM network's MTU: the sender hears it
-/// from the network's gateway address, back out of the uplink.
+/// Where an ICMP error about routed ingress goes out (the uplink), from
+/// which address (the VM network's gateway; zero: none, so not sent) and
+/// Ethernet source (the uplink's own MAC, the frame's destination).
 #[inline(always)]
-fn too_big4(ctx: &TcContext, r: &RoutedAddr) -> Verdict {
-    let uplink = unsafe { (*ctx.skb.skb).ifindex };
+fn answer_from4(ctx: &TcContext, r: &RoutedAddr) -> Result<(u32, [u8; 4], [u8; 6]), u32> {
     let from = match unsafe { NETWORKS.get(&r.network) } {
         Some(net) if net.flags & NET_F_GW4 != 0 => net.gw_ip4,
         _ => [0; 4],
     };
-    let eth: *const EthHdr = ptr_at(ctx, 0)?;
-    let own_mac = unsafe { (*eth).dst_addr };
-    mtu::frag_needed4(ctx, uplink, NO_PORT_ID, from, r.mtu, own_mac)
+    let (uplink, own_mac) = uplink_and_mac(ctx)?;
+    Ok((uplink, from, own_mac))
 }
 
 #[inline(always)]
-fn too_big6(ctx: &TcContext, r: &RoutedAddr) -> Verdict {
-    let uplink = unsafe { (*ctx.skb.skb).ifindex };
+fn answer_from6(ctx: &TcContext, r: &RoutedAddr) -> Result<(u32, [u8; 16], [u8; 6]), u32> {
     let from = match unsafe { NETWORKS.get(&r.network) } {
         Some(net) if net.flags & NET_F_GW6 != 0 => net.gw_ip6,
         _ => [0; 16],
     };
+    let (uplink, own_mac) = uplink_and_mac(ctx)?;
+    Ok((uplink, from, own_mac))
+}
+
+#[inline(always)]
+fn uplink_and_mac(ctx: &TcContext) -> Result<(u32, [u8; 6]), u32> {
+    let uplink = unsafe { (*ctx.skb.skb).ifindex };
     let eth: *const EthHdr = ptr_at(ctx, 0)?;
-    let own_mac = unsafe { (*eth).dst_addr };
-    mtu::packet_too_big6(ctx, uplink, NO_PORT_ID, &from, r.mtu, own_mac)
+    Ok((uplink, unsafe { (*eth).dst_addr }))
 }

@@ -507,6 +507,24 @@ fn mtu_frag_needed_reaches_the_sender_and_pmtu_is_learned_both_ways() {
         .run_status(&["tracepath", "-n", "-m", "4", "-l", "1478", EXT_IP]);
     let tp = String::from_utf8_lossy(&tp.stdout).to_string();
     assert!(tp.contains("pmtu 1400"), "tracepath: {tp}");
+    // The gateway is a hop: a datagram whose TTL runs out there gets
+    // time-exceeded from 10.20.0.1 (tracepath's and traceroute's first hop).
+    assert!(
+        tp.lines()
+            .any(|l| l.trim_start().starts_with("1:") && l.contains("10.20.0.1")),
+        "tracepath shows no first hop: {tp}"
+    );
+    let before = bed.node.drops(drop_reason::ROUTE_TTL_EXCEEDED);
+    let out = bed
+        .vm1
+        .ns
+        .run_status(&["ping", "-t", "1", "-c", "2", "-i", "0.3", "-W", "1", EXT_IP]);
+    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    assert!(
+        text.contains("From 10.20.0.1") && text.contains("Time to live exceeded"),
+        "no time-exceeded from the gateway: {text}"
+    );
+    assert!(bed.node.drops(drop_reason::ROUTE_TTL_EXCEEDED) >= before + 2);
     // At the MTU it goes through.
     let out = bed.vm1.ns.run_status(&[
         "ping", "-M", "do", "-s", "1372", "-c", "2", "-i", "0.3", "-W", "1", EXT_IP,

@@ -477,11 +477,13 @@ fn routed_egress_only_from_inside_the_subnets_and_unnated() {
         let (v, _) = fx.egress(&outside);
         assert_eq!(v, TC_ACT_SHOT);
         assert_eq!(fx.drops(drop_reason::ROUTE_SRC_OUTSIDE), before + 1);
+        // TTL 1: the VM hears time-exceeded from its gateway (traceroute's
+        // first hop); the frame is consumed and counted.
         let before = fx.drops(drop_reason::ROUTE_TTL_EXCEEDED);
-        let mut f = tcp(VM_MAC, GW_MAC, VM_IP, EXT_IP, 33000, 443);
-        f[14 + 8] = 1;
-        let (v, _) = fx.egress(&f);
-        assert_eq!(v, TC_ACT_SHOT);
+        let f = with_ttl(tcp(VM_MAC, GW_MAC, VM_IP, EXT_IP, 33000, 443), 1);
+        let (v, out) = fx.egress(&f);
+        assert_eq!(v, TC_ACT_REDIRECT, "error sent back out of the port");
+        check_icmp_error4(&out, &f, (VM_MAC, GW_MAC), GW_IP, VM_IP, (11, 0), [0; 4]);
         assert_eq!(fx.drops(drop_reason::ROUTE_TTL_EXCEEDED), before + 1);
     });
 }
@@ -643,6 +645,22 @@ fn check_frag_needed(
     to: [u8; 4],
     mtu: u16,
 ) {
+    let m = mtu.to_be_bytes();
+    check_icmp_error4(out, orig, eth, from, to, (3, 4), [0, 0, m[0], m[1]]);
+}
+
+/// Checks an ICMP error frame exactly: addressing, every field, both
+/// checksums, type and code, the header's second word and the quote (the
+/// offending IP header + 8 bytes, as it was sent).
+fn check_icmp_error4(
+    out: &[u8],
+    orig: &[u8],
+    eth: ([u8; 6], [u8; 6]),
+    from: [u8; 4],
+    to: [u8; 4],
+    type_code: (u8, u8),
+    rest: [u8; 4],
+) {
     assert_eq!(out.len(), 14 + 20 + 8 + 28, "frame length: {out:02x?}");
     assert_eq!(&out[0..6], &eth.0, "Ethernet destination");
     assert_eq!(&out[6..12], &eth.1, "Ethernet source");
@@ -656,9 +674,8 @@ fn check_frag_needed(
     assert_eq!(&ip[16..20], &to, "to the sender");
     assert_eq!(fold(sum16(ip, 0)), 0xffff, "IPv4 header checksum");
     let icmp = &out[34..];
-    assert_eq!((icmp[0], icmp[1]), (3, 4), "type 3 code 4");
-    assert_eq!(&icmp[4..6], &[0, 0]);
-    assert_eq!(u16::from_be_bytes([icmp[6], icmp[7]]), mtu, "next-hop MTU");
+    assert_eq!((icmp[0], icmp[1]), type_code, "type and code");
+    assert_eq!(&icmp[4..8], &rest, "second word (next-hop MTU or unused)");
     assert_eq!(fold(sum16(icmp, 0)), 0xffff, "ICMP checksum");
     assert_eq!(&icmp[8..], &orig[14..14 + 28], "quote: IP header + 8 bytes");
 }
@@ -850,5 +867,73 @@ fn snat_icmp_errors_are_translated_back_to_the_vm() {
         stranger[14 + 20 + 4] ^= 0xff;
         let (v, _) = fx.ingress(&icmp_error(router, 11, 0, &stranger));
         assert_eq!(v, 0, "unknown flow: TC_ACT_OK to the host stack");
+    });
+}
+
+/// `frame` (IPv4) with its TTL set to `ttl` and the header checksum fixed.
+fn with_ttl(mut frame: Vec<u8>, ttl: u8) -> Vec<u8> {
+    frame[14 + 8] = ttl;
+    frame[14 + 10..14 + 12].copy_from_slice(&[0, 0]);
+    let c = !fold(sum16(&frame[14..34], 0));
+    frame[14 + 10..14 + 12].copy_from_slice(&c.to_be_bytes());
+    frame
+}
+
+#[test]
+fn ttl_expiry_is_answered_with_time_exceeded_but_never_about_an_icmp_error() {
+    in_netns(|| {
+        // With the routed addresses, the IPv6 gateway (and MTU 1500).
+        let fx = Fx::with_mtu(NET_F_ROUTED, 1500);
+        // An echo request (ping -t 1) is answered like any datagram.
+        let f = with_ttl(echo(VM_MAC, GW_MAC, VM_IP, EXT_IP, 7, false), 1);
+        let (v, out) = fx.egress(&f);
+        assert_eq!(v, TC_ACT_REDIRECT);
+        check_icmp_error4(&out, &f, (VM_MAC, GW_MAC), GW_IP, VM_IP, (11, 0), [0; 4]);
+        // An ICMP error whose TTL runs out is dropped, never answered.
+        let before = fx.drops(drop_reason::ROUTE_TTL_EXCEEDED);
+        let sent = udp(VM_MAC, GW_MAC, VM_IP, EXT_IP, 5000, 53);
+        let mut err = Vec::new();
+        PacketBuilder::ethernet2(VM_MAC, GW_MAC)
+            .ipv4(VM_IP, EXT_IP, 1)
+            .icmpv4_raw(3, 3, [0; 4])
+            .write(&mut err, &sent[14..14 + 28])
+            .unwrap();
+        let (v, _) = fx.egress(&err);
+        assert_eq!(v, TC_ACT_SHOT);
+        assert_eq!(fx.drops(drop_reason::ROUTE_TTL_EXCEEDED), before + 1);
+        // Routed ingress whose TTL runs out here: the external sender hears
+        // it from the VM network's gateway, out of the uplink.
+        let f = with_ttl(udp(TOR_MAC, UPLINK_MAC, EXT_IP, VM_IP, 5000, 53), 1);
+        let (v, out) = fx.ingress(&f);
+        assert_eq!(v, TC_ACT_REDIRECT);
+        check_icmp_error4(
+            &out,
+            &f,
+            (TOR_MAC, UPLINK_MAC),
+            GW_IP,
+            EXT_IP,
+            (11, 0),
+            [0; 4],
+        );
+        // IPv6, hop limit 1: ICMPv6 time-exceeded (type 3) from the gateway.
+        let mut f = big6(VM_MAC, GW_MAC, VM6, EXT6, 100);
+        f[14 + 7] = 1;
+        let (v, out) = fx.egress(&f);
+        assert_eq!(v, TC_ACT_REDIRECT);
+        assert_eq!(&out[0..6], &VM_MAC);
+        assert_eq!(&out[14 + 8..14 + 24], &GW6, "from the gateway");
+        assert_eq!(&out[14 + 24..14 + 40], &VM6, "to the sender");
+        let icmp = &out[54..];
+        assert_eq!((icmp[0], icmp[1]), (3, 0), "ICMPv6 time exceeded");
+        let mut pseudo = Vec::new();
+        pseudo.extend_from_slice(&out[14 + 8..14 + 40]);
+        pseudo.extend_from_slice(&(icmp.len() as u32).to_be_bytes());
+        pseudo.extend_from_slice(&[0, 0, 0, 58]);
+        assert_eq!(
+            fold(sum16(icmp, sum16(&pseudo, 0))),
+            0xffff,
+            "ICMPv6 checksum"
+        );
+        assert_eq!(&icmp[8..], &f[14..14 + 48], "quote: IPv6 header + 8 bytes");
     });
 }
