@@ -739,6 +739,20 @@ fn mtu_routed_ingress_answers_the_external_sender_from_the_gateway() {
     });
 }
 
+/// The ICMPv6 message `icmp` after the IPv6 header `ip` has a valid
+/// checksum (pseudo header included).
+fn check_icmp6_sum(ip: &[u8], icmp: &[u8]) {
+    let mut pseudo = Vec::new();
+    pseudo.extend_from_slice(&ip[8..40]);
+    pseudo.extend_from_slice(&(icmp.len() as u32).to_be_bytes());
+    pseudo.extend_from_slice(&[0, 0, 0, 58]);
+    assert_eq!(
+        fold(sum16(icmp, sum16(&pseudo, 0))),
+        0xffff,
+        "ICMPv6 checksum"
+    );
+}
+
 #[test]
 fn mtu_ipv6_packet_too_big_both_ways() {
     in_netns(|| {
@@ -784,15 +798,7 @@ fn mtu_ipv6_packet_too_big_both_ways() {
                 u32::from_be_bytes([icmp[4], icmp[5], icmp[6], icmp[7]]),
                 1400
             );
-            let mut pseudo = Vec::new();
-            pseudo.extend_from_slice(&ip[8..40]);
-            pseudo.extend_from_slice(&(icmp.len() as u32).to_be_bytes());
-            pseudo.extend_from_slice(&[0, 0, 0, 58]);
-            assert_eq!(
-                fold(sum16(icmp, sum16(&pseudo, 0))),
-                0xffff,
-                "ICMPv6 checksum"
-            );
+            check_icmp6_sum(ip, icmp);
             assert_eq!(&icmp[8..], &f[14..14 + 48], "quote: IPv6 header + 8 bytes");
         }
     });
@@ -925,15 +931,7 @@ fn ttl_expiry_is_answered_with_time_exceeded_but_never_about_an_icmp_error() {
         assert_eq!(&out[14 + 24..14 + 40], &VM6, "to the sender");
         let icmp = &out[54..];
         assert_eq!((icmp[0], icmp[1]), (3, 0), "ICMPv6 time exceeded");
-        let mut pseudo = Vec::new();
-        pseudo.extend_from_slice(&out[14 + 8..14 + 40]);
-        pseudo.extend_from_slice(&(icmp.len() as u32).to_be_bytes());
-        pseudo.extend_from_slice(&[0, 0, 0, 58]);
-        assert_eq!(
-            fold(sum16(icmp, sum16(&pseudo, 0))),
-            0xffff,
-            "ICMPv6 checksum"
-        );
+        check_icmp6_sum(&out[14..54], icmp);
         assert_eq!(&icmp[8..], &f[14..14 + 48], "quote: IPv6 header + 8 bytes");
     });
 }
