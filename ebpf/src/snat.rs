@@ -228,22 +228,35 @@ pub fn egress4(
     }
 
     // Rewrite: source address (IP header and pseudo header), then port.
-    let new_src = cfg.addr4;
-    let old_a = u64::from(u32::from_ne_bytes(src));
-    let new_a = u64::from(u32::from_ne_bytes(new_src));
+    rewrite_addr(ctx, &l4, IP_SRC_OFF, src, cfg.addr4)?;
+    rewrite_port(ctx, &l4, l4.sport, nat_port)
+}
+
+/// Replaces the IPv4 address at `off` (source or destination), fixing the
+/// IP header checksum and, but for ICMP (no pseudo header), the
+/// transport checksum.
+#[inline(always)]
+fn rewrite_addr(
+    ctx: &TcContext,
+    l4: &L4,
+    off: usize,
+    old: [u8; 4],
+    new: [u8; 4],
+) -> Result<(), u32> {
+    let old_a = u64::from(u32::from_ne_bytes(old));
+    let new_a = u64::from(u32::from_ne_bytes(new));
     ctx.l3_csum_replace(IP_CSUM_OFF, old_a, new_a, 4)
         .map_err(|_| drop_reason::HELPER_FAILED)?;
-    if proto != IPPROTO_ICMP {
+    if l4.proto != IPPROTO_ICMP {
         let mut flags = u64::from(BPF_F_PSEUDO_HDR) | 4;
-        if proto == IPPROTO_UDP {
+        if l4.proto == IPPROTO_UDP {
             flags |= u64::from(BPF_F_MARK_MANGLED_0);
         }
         ctx.l4_csum_replace(l4.csum_off, old_a, new_a, flags)
             .map_err(|_| drop_reason::HELPER_FAILED)?;
     }
-    ctx.store(IP_SRC_OFF, &new_src, 0)
-        .map_err(|_| drop_reason::HELPER_FAILED)?;
-    rewrite_port(ctx, &l4, l4.sport, nat_port)
+    ctx.store(off, &new, 0)
+        .map_err(|_| drop_reason::HELPER_FAILED)
 }
 
 /// Replaces the port (or ICMP id) at `l4.port_off`, fixing the checksum.
@@ -412,20 +425,7 @@ pub fn ingress4(ctx: &TcContext) -> Result<Option<i32>, u32> {
     }
 
     // Destination back to the VM's address and port; TTL down by one.
-    let old_a = u64::from(u32::from_ne_bytes(dst));
-    let new_a = u64::from(u32::from_ne_bytes(e.addr));
-    ctx.l3_csum_replace(IP_CSUM_OFF, old_a, new_a, 4)
-        .map_err(|_| drop_reason::HELPER_FAILED)?;
-    if proto != IPPROTO_ICMP {
-        let mut flags = u64::from(BPF_F_PSEUDO_HDR) | 4;
-        if proto == IPPROTO_UDP {
-            flags |= u64::from(BPF_F_MARK_MANGLED_0);
-        }
-        ctx.l4_csum_replace(l4.csum_off, old_a, new_a, flags)
-            .map_err(|_| drop_reason::HELPER_FAILED)?;
-    }
-    ctx.store(IP_DST_OFF, &e.addr, 0)
-        .map_err(|_| drop_reason::HELPER_FAILED)?;
+    rewrite_addr(ctx, &l4, IP_DST_OFF, dst, e.addr)?;
     rewrite_port(ctx, &l4, l4.dport, e.port)?;
 
     let ip: *mut Ipv4Hdr = ptr_at(ctx, ETH_LEN)?;

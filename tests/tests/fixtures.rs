@@ -1123,19 +1123,22 @@ fn nd_gateway() {
     run_table(rows);
 }
 
+/// A small UDP datagram from `from`'s port to `dmac` / `dst`.
+fn udp_hello(from: P, dmac: Mac, dst: Ip4) -> Vec<u8> {
+    udp4(
+        from.mac(),
+        dmac,
+        ipv4_hdr(from.ip4(), dst, 64),
+        40000,
+        5000,
+        b"hello",
+    )
+}
+
 /// L2 switching inside a network; nothing crosses into another network.
 #[test]
 fn l2_switching() {
-    let udp = |from: P, dmac: Mac, dst: Ip4| {
-        udp4(
-            from.mac(),
-            dmac,
-            ipv4_hdr(from.ip4(), dst, 64),
-            40000,
-            5000,
-            b"hello",
-        )
-    };
+    let udp = udp_hello;
     let bcast1 = [10, 0, 0, 255];
     let all_nodes = Ipv6Addr::new(0xff02, 0, 0, 0, 0, 0, 0, 1).octets();
     let mdns = [224, 0, 0, 251];
@@ -1200,16 +1203,7 @@ fn l2_switching() {
 /// entry never overrides `vmp_endpoints` and is per network.
 #[test]
 fn learned_remote_macs() {
-    let udp = |from: P, dmac: Mac, dst: Ip4| {
-        udp4(
-            from.mac(),
-            dmac,
-            ipv4_hdr(from.ip4(), dst, 64),
-            40000,
-            5000,
-            b"hello",
-        )
-    };
+    let udp = udp_hello;
     let learned_mac: Mac = [0x52, 0x54, 0x00, 0x00, 0x00, 0x77];
     // (row, frames that must go onto the overlay)
     #[rustfmt::skip]

@@ -158,19 +158,8 @@ fn vms_on_two_nodes_ping_v4_and_v6_over_vxlan() {
         );
     }
     // ...and /metrics shows them (the agent's default address, in its netns).
-    let metrics = bed.a.ns.run(&[
-        "curl",
-        "-sfS",
-        "--max-time",
-        "5",
-        "http://127.0.0.1:9469/metrics",
-    ]);
-    let tx = metrics
-        .lines()
-        .find(|l| l.starts_with("vmpath_overlay_packets_total{direction=\"tx\"}"))
-        .unwrap_or_else(|| panic!("no overlay tx counter:\n{metrics}"));
-    let n: u64 = tx.rsplit(' ').next().unwrap().parse().unwrap();
-    assert!(n >= 3, "{tx}");
+    let n = metric(&bed.a.ns, "vmpath_overlay_packets_total{direction=\"tx\"}");
+    assert!(n >= 3, "overlay tx packets: {n}");
     // The device is what the agent promised: external, port 4789, no learning.
     let dev = bed
         .a
@@ -595,19 +584,8 @@ fn a_detected_mac_is_learned_and_its_unicast_goes_to_its_node_only() {
         "{dump}"
     );
     // ...and /metrics counts it.
-    let metrics = bed.a.ns.run(&[
-        "curl",
-        "-sfS",
-        "--max-time",
-        "5",
-        "http://127.0.0.1:9469/metrics",
-    ]);
-    let line = metrics
-        .lines()
-        .find(|l| l.starts_with("vmpath_overlay_learned_macs "))
-        .unwrap_or_else(|| panic!("no learned MACs gauge:\n{metrics}"));
-    let n: u64 = line.rsplit(' ').next().unwrap().parse().unwrap();
-    assert!(n >= 1, "{line}");
+    let n = metric(&bed.a.ns, "vmpath_overlay_learned_macs ");
+    assert!(n >= 1, "learned MACs: {n}");
 
     // vmb shows up behind another node (its RARP from c, as after a move):
     // a moves the entry there, and vmb's next frame from b moves it back.
@@ -682,4 +660,21 @@ fn a_remote_frame_never_takes_a_local_or_configured_mac() {
     );
     // vma -> vmc still goes to c.
     assert!(bed.vma.ping(VMC_IP), "vma (a) -> vmc (c)");
+}
+
+/// The value of the first sample whose line starts with `series` on the
+/// agent's /metrics (its default address, in the node's namespace `ns`).
+fn metric(ns: &Netns, series: &str) -> u64 {
+    let metrics = ns.run(&[
+        "curl",
+        "-sfS",
+        "--max-time",
+        "5",
+        "http://127.0.0.1:9469/metrics",
+    ]);
+    let line = metrics
+        .lines()
+        .find(|l| l.starts_with(series))
+        .unwrap_or_else(|| panic!("no {series}:\n{metrics}"));
+    line.rsplit(' ').next().unwrap().parse().unwrap()
 }

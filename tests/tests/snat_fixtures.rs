@@ -203,10 +203,12 @@ impl Fx {
     }
 
     fn run(&self, prog: &str, ifindex: u32, frame: &[u8]) -> (u32, Vec<u8>) {
-        let mut ctx = [0u8; SKB_CTX_LEN];
-        ctx[SKB_INGRESS_IFINDEX..SKB_INGRESS_IFINDEX + 4].copy_from_slice(&ifindex.to_ne_bytes());
-        ctx[SKB_IFINDEX..SKB_IFINDEX + 4].copy_from_slice(&ifindex.to_ne_bytes());
-        let mut out = vec![0u8; 4096];
+        self.run_with(prog, &skb_ctx(ifindex), frame)
+    }
+
+    /// test_run of `prog` with the `__sk_buff` `ctx`.
+    fn run_with(&self, prog: &str, ctx: &[u8; SKB_CTX_LEN], frame: &[u8]) -> (u32, Vec<u8>) {
+        let mut out = vec![0u8; 8192];
         let r = self
             .dp
             .classifier(prog)
@@ -214,7 +216,7 @@ impl Fx {
             .test_run(TestRunOptions {
                 data_in: Some(frame),
                 data_out: Some(&mut out),
-                ctx_in: Some(&ctx),
+                ctx_in: Some(ctx),
                 ..Default::default()
             })
             .expect("test_run");
@@ -554,26 +556,11 @@ impl Fx {
 
     /// test_run with the skb marked GSO (`gso_size` bytes per segment).
     fn run_gso(&self, prog: &str, ifindex: u32, frame: &[u8], gso_size: u32) -> (u32, Vec<u8>) {
-        let mut ctx = [0u8; SKB_CTX_LEN];
-        ctx[SKB_INGRESS_IFINDEX..SKB_INGRESS_IFINDEX + 4].copy_from_slice(&ifindex.to_ne_bytes());
-        ctx[SKB_IFINDEX..SKB_IFINDEX + 4].copy_from_slice(&ifindex.to_ne_bytes());
+        let mut ctx = skb_ctx(ifindex);
         ctx[SKB_GSO_SIZE..SKB_GSO_SIZE + 4].copy_from_slice(&gso_size.to_ne_bytes());
         let segs = (frame.len() as u32).div_ceil(gso_size);
         ctx[SKB_GSO_SEGS..SKB_GSO_SEGS + 4].copy_from_slice(&segs.to_ne_bytes());
-        let mut out = vec![0u8; 8192];
-        let r = self
-            .dp
-            .classifier(prog)
-            .unwrap()
-            .test_run(TestRunOptions {
-                data_in: Some(frame),
-                data_out: Some(&mut out),
-                ctx_in: Some(&ctx),
-                ..Default::default()
-            })
-            .expect("test_run");
-        out.truncate(r.data_size_out as usize);
-        (r.return_value, out)
+        self.run_with(prog, &ctx, frame)
     }
 }
 
@@ -874,6 +861,14 @@ fn snat_icmp_errors_are_translated_back_to_the_vm() {
         let (v, _) = fx.ingress(&icmp_error(router, 11, 0, &stranger));
         assert_eq!(v, 0, "unknown flow: TC_ACT_OK to the host stack");
     });
+}
+
+/// An `__sk_buff` for a frame arriving on `ifindex`.
+fn skb_ctx(ifindex: u32) -> [u8; SKB_CTX_LEN] {
+    let mut ctx = [0u8; SKB_CTX_LEN];
+    ctx[SKB_INGRESS_IFINDEX..SKB_INGRESS_IFINDEX + 4].copy_from_slice(&ifindex.to_ne_bytes());
+    ctx[SKB_IFINDEX..SKB_IFINDEX + 4].copy_from_slice(&ifindex.to_ne_bytes());
+    ctx
 }
 
 /// `frame` (IPv4) with its TTL set to `ttl` and the header checksum fixed.
