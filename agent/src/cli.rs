@@ -63,6 +63,7 @@ pub enum NetCommand {
     List(ClientArgs),
     /// Show one network and its interfaces.
     Show {
+        /// The Network document's `metadata.name`.
         name: String,
         #[command(flatten)]
         client: ClientArgs,
@@ -75,6 +76,7 @@ pub enum VmCommand {
     List(ClientArgs),
     /// Show every interface of one VM (NS/VM: the Attachment's namespace and spec.vm).
     Show {
+        /// The VM as `namespace/vm` (e.g. `prod/web-1`).
         #[arg(value_name = "NS/VM")]
         vm: String,
         #[command(flatten)]

@@ -35,6 +35,8 @@ enum Command {
 
 #[derive(clap::Args)]
 struct AgentArgs {
+    /// Directory of config documents: every `*.yaml`/`*.yml` file in it
+    /// (hidden files skipped, ConfigMap `..data` symlinks followed).
     #[arg(long, default_value = "/etc/vmpath")]
     config_dir: PathBuf,
     /// This node's name (a DaemonSet passes spec.nodeName as NODE_NAME).
@@ -43,8 +45,12 @@ struct AgentArgs {
     /// The node's uplink interface (north-south traffic).
     #[arg(long, default_value = "eth0")]
     uplink: String,
+    /// bpffs directory holding this agent's pinned maps (`maps/v<N>/`) and
+    /// links (`links/`); mounted as a bpffs if it is not one.
     #[arg(long, default_value = "/sys/fs/bpf/vmpath")]
     bpffs: PathBuf,
+    /// Directory for the IPAM/MAC claims database (`claims.redb`) and the
+    /// last published view (`status.json`); keep it across restarts.
     #[arg(long, default_value = "/var/lib/vmpath")]
     state_dir: PathBuf,
     /// The admin API's unix socket (mode 0600: root only).

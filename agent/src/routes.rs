@@ -1,4 +1,4 @@
-//! Routes for the node's BGP speaker (DESIGN.md §3a).
+//! Routes for the node's BGP speaker (docs/operations.md, "Route export").
 //!
 //! The agent does not speak BGP. It writes what it wants advertised into a
 //! dedicated kernel table (default 100) with its own protocol number

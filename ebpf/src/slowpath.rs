@@ -1,4 +1,4 @@
-//! The slow path (DESIGN.md §2): DHCPv4, DHCPv6 and router solicitations
+//! The slow path (docs/architecture.md): DHCPv4, DHCPv6 and router solicitations
 //! leave the VM port tagged with the port's id in an 802.1Q header and go
 //! out of `vmp-slow0`; XDP on its peer `vmp-slow1` hands them to the
 //! agent's AF_XDP socket; the agent's replies come back tagged into

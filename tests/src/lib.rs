@@ -603,8 +603,9 @@ impl Drop for Bird {
     }
 }
 
-/// BIRD on a node, as DESIGN.md §3a: learns the agent's table (100) and
-/// exports only protocol-250 routes to the ToR over eBGP.
+/// BIRD on a node, as docs/operations.md ("Route export") describes:
+/// learns the agent's table (100) and exports only protocol-250 routes to
+/// the ToR over eBGP.
 pub fn bird_node_config(
     router_id: &str,
     local: &str,

@@ -413,7 +413,8 @@ fn bird_config_parses() {
         .find(|c| c.metadata.name.as_deref() == Some("vmpath-bird"))
         .expect("vmpath-bird ConfigMap");
     let conf = &cm.data.as_ref().unwrap()["bird.conf"];
-    // DESIGN.md §3a: learn table 100, export only protocol 250's routes.
+    // As docs/operations.md ("Route export") says: learn table 100,
+    // export only protocol 250's routes.
     assert!(conf.contains("kernel table 100"));
     assert!(conf.contains("krt_source = 250"));
     let path = std::env::temp_dir().join(format!("vmpath-bird-{}.conf", std::process::id()));

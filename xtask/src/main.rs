@@ -43,11 +43,11 @@ enum Command {
     /// Build a one-node topology with three VM namespaces, run the agent
     /// and show traffic through the eBPF data path (as root).
     Demo(demo::Options),
-    /// Run the benchmarks (as root; about 10 minutes) and write
+    /// Run the benchmarks (as root; about 6 minutes) and write
     /// BENCHMARKS.md and BENCHMARKS.png at the repository root.
     Bench {
         /// Arguments for the bench (`--runs N`, `--quick`,
-        /// `--only progcost,e2e,control,dhcp`).
+        /// `--only progcost,e2e,external,control,dhcp,migration`).
         #[arg(last = true)]
         args: Vec<String>,
     },

@@ -1,4 +1,4 @@
-//! The documents users write (DESIGN.md §6), as serde types. Unknown fields
+//! The documents users write (docs/config.md), as serde types. Unknown fields
 //! are refused so a typo never silently turns a setting off.
 
 use ipnet::IpNet;

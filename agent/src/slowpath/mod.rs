@@ -1,4 +1,4 @@
-//! The slow path (DESIGN.md §2): DHCPv4, DHCPv6 and router solicitations
+//! The slow path (docs/architecture.md): DHCPv4, DHCPv6 and router solicitations
 //! from VM ports arrive tagged with the port id on one AF_XDP socket; the
 //! answers go back tagged and the data path sends them out of that port.
 

@@ -1,4 +1,4 @@
-//! The demo's config documents (DESIGN.md §6): one Network per network and
+//! The demo's config documents (docs/config.md): one Network per network and
 //! one Attachment per VM, all in `demo.yaml`.
 
 use std::{fmt::Write as _, fs, path::Path, path::PathBuf};
