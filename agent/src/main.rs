@@ -39,7 +39,8 @@ struct AgentArgs {
     /// (hidden files skipped, ConfigMap `..data` symlinks followed).
     #[arg(long, default_value = "/etc/vmpath")]
     config_dir: PathBuf,
-    /// This node's name (a DaemonSet passes spec.nodeName as NODE_NAME).
+    /// This node's name (a DaemonSet passes spec.nodeName as NODE_NAME);
+    /// empty: the host name.
     #[arg(long, env = "NODE_NAME", default_value = "")]
     node: String,
     /// The node's uplink interface (north-south traffic).
@@ -59,7 +60,9 @@ struct AgentArgs {
     /// Where Prometheus scrapes /metrics; `off` disables it.
     #[arg(long, default_value = "0.0.0.0:9469")]
     metrics_addr: String,
-    /// Remove everything vmpath attached and pinned, then exit.
+    /// Remove everything vmpath attached, pinned and created under
+    /// --bpffs and on the node (links, maps, its interfaces, exported
+    /// routes; not the claims in --state-dir), then exit.
     #[arg(long)]
     cleanup: bool,
     /// Make sure --bpffs is on a bpffs (mounting one if the host has none),
