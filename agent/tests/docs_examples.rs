@@ -144,3 +144,34 @@ fn the_refused_examples_are_refused_as_documented() {
     let networks: Vec<&str> = cfg.networks.iter().map(|n| n.name.as_str()).collect();
     assert_eq!(networks, ["blue"]);
 }
+
+/// The README's config example is accepted whole as well.
+#[test]
+fn the_readme_example_is_accepted() {
+    let readme = fs::read_to_string(docs_dir().join("../README.md")).expect("README.md");
+    let blocks: Vec<&str> = readme
+        .split("```yaml\n")
+        .skip(1)
+        .filter_map(|b| b.split_once("```").map(|(yaml, _)| yaml))
+        .collect();
+    assert!(!blocks.is_empty(), "README.md has no yaml example");
+    for (i, yaml) in blocks.iter().enumerate() {
+        let file = std::env::temp_dir().join(format!(
+            "vmpath-docs-readme-{}-{i}.yaml",
+            std::process::id()
+        ));
+        fs::write(&file, yaml).unwrap();
+        let (documents, cfg) = load(&file, "node-a");
+        let _ = fs::remove_file(&file);
+        assert!(
+            cfg.errors.is_empty(),
+            "README example {i}: {:?}",
+            cfg.errors
+        );
+        assert_eq!(
+            documents,
+            cfg.nodes.len() + cfg.networks.len() + cfg.attachments.len(),
+            "README example {i}: a document was dropped"
+        );
+    }
+}
