@@ -1,13 +1,27 @@
 use anyhow::Context as _;
 use aya_build::{Package, Toolchain};
 
-/// Builds the eBPF object (crate `vmpath-ebpf`) into OUT_DIR, where
-/// `dataplane` embeds it.
+/// The eBPF crate's toolchain file: the one place its nightly is pinned.
+const TOOLCHAIN_FILE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../ebpf/rust-toolchain.toml");
+
+/// Builds the eBPF objects (crate `vmpath-ebpf`: `vmpath`, the data path,
+/// and `vmpath-bench`, the bench's baselines) into OUT_DIR, where
+/// `dataplane` embeds them, with the nightly `ebpf/rust-toolchain.toml` pins.
 fn main() -> anyhow::Result<()> {
+    println!("cargo:rerun-if-changed={TOOLCHAIN_FILE}");
+    let toml = std::fs::read_to_string(TOOLCHAIN_FILE)
+        .with_context(|| format!("reading {TOOLCHAIN_FILE}"))?;
+    let channel = toml
+        .lines()
+        .find_map(|line| {
+            let (key, value) = line.split_once('=')?;
+            (key.trim() == "channel").then(|| value.trim().trim_matches('"'))
+        })
+        .with_context(|| format!("{TOOLCHAIN_FILE}: no `channel = \"...\"` line"))?;
     let ebpf = Package {
         name: "vmpath-ebpf",
         root_dir: concat!(env!("CARGO_MANIFEST_DIR"), "/../ebpf"),
         ..Default::default()
     };
-    aya_build::build_ebpf([ebpf], Toolchain::Custom("nightly")).context("building the eBPF object")
+    aya_build::build_ebpf([ebpf], Toolchain::Custom(channel)).context("building the eBPF object")
 }

@@ -56,8 +56,14 @@ const NORTH_SOUTH_MAP_SPECS: [MapSpec; 8] = [
     spec::<u32, u32>(map_names::SNAT_QUOTA, MapType::Hash, MAX_SNAT_VMS),
 ];
 
-/// The eBPF object built by build.rs.
+/// The eBPF object built by build.rs: the data path.
 static EBPF_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/vmpath"));
+
+/// The bench's baseline programs (`bench_noop`, `bench_redirect_peer` and
+/// their map `vmpb_peer`), a separate object built beside the data path's;
+/// only a build with the `bench` feature (the test crate's bench) embeds it.
+#[cfg(feature = "bench")]
+static BENCH_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/vmpath-bench"));
 
 const BPF_FS_MAGIC: i64 = 0xcafe4a11;
 
@@ -346,6 +352,9 @@ pub struct Dataplane {
     maps: Maps,
     /// Ports whose link this agent has attached or adopted.
     attached: BTreeSet<u32>,
+    /// The bench's baseline programs, once `load_bench_baselines` ran.
+    #[cfg(feature = "bench")]
+    bench: Option<Ebpf>,
 }
 
 impl Dataplane {
@@ -417,6 +426,8 @@ impl Dataplane {
             ebpf,
             maps,
             attached: BTreeSet::new(),
+            #[cfg(feature = "bench")]
+            bench: None,
         })
     }
 
@@ -438,13 +449,48 @@ impl Dataplane {
             .try_into()?)
     }
 
-    /// A tc program of the object by name, if loaded (`cargo xtask bench`).
+    /// A tc program of the object (or, with the `bench` feature, of the
+    /// loaded baselines) by name, if loaded (`cargo xtask bench`).
     pub fn program(&self, name: &str) -> Option<&SchedClassifier> {
+        #[cfg(feature = "bench")]
+        if let Some(p) = self.bench.as_ref().and_then(|b| b.program(name)) {
+            return p.try_into().ok();
+        }
         self.ebpf.program(name)?.try_into().ok()
     }
 
-    /// The loaded object, for the bench to load its baseline programs
-    /// (`bench_noop`, `bench_redirect_peer`) and reach their map.
+    /// `program`, mutable (to attach or detach it).
+    pub fn program_mut(&mut self, name: &str) -> Option<&mut SchedClassifier> {
+        #[cfg(feature = "bench")]
+        if let Some(b) = self.bench.as_mut()
+            && b.program(name).is_some()
+        {
+            return b.program_mut(name)?.try_into().ok();
+        }
+        self.ebpf.program_mut(name)?.try_into().ok()
+    }
+
+    /// Loads the bench's baseline object and its programs; every frame
+    /// `bench_redirect_peer` sees goes to `peer` (a veth's host side).
+    #[cfg(feature = "bench")]
+    pub fn load_bench_baselines(&mut self, peer: u32) -> Result<()> {
+        let mut ebpf = Ebpf::load(BENCH_OBJECT).context("loading the bench object")?;
+        for name in ["bench_noop", "bench_redirect_peer"] {
+            let p: &mut SchedClassifier = ebpf
+                .program_mut(name)
+                .ok_or_else(|| anyhow!("{name} missing from the bench object"))?
+                .try_into()?;
+            p.load().with_context(|| format!("loading {name}"))?;
+        }
+        let map = ebpf
+            .map_mut("vmpb_peer")
+            .ok_or_else(|| anyhow!("vmpb_peer missing from the bench object"))?;
+        Array::<_, u32>::try_from(map)?.set(0, peer, 0)?;
+        self.bench = Some(ebpf);
+        Ok(())
+    }
+
+    /// The loaded object (the bench attaches its programs by hand).
     pub fn ebpf_mut(&mut self) -> &mut Ebpf {
         &mut self.ebpf
     }
@@ -452,6 +498,12 @@ impl Dataplane {
     /// The eBPF object the agent embeds (the bench loads extra instances).
     pub fn object() -> &'static [u8] {
         EBPF_OBJECT
+    }
+
+    /// The bench's baseline object (never loaded by the agent).
+    #[cfg(feature = "bench")]
+    pub fn bench_object() -> &'static [u8] {
+        BENCH_OBJECT
     }
 
     /// Attaches the VM-port program at tcx ingress of `ifname`, or swaps it

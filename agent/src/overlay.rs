@@ -76,7 +76,10 @@ fn mtu_of(ifname: &str) -> Option<u32> {
     }
     let rc = unsafe { libc::ioctl(fd, libc::SIOCGIFMTU, &mut req) };
     unsafe { libc::close(fd) };
-    (rc == 0).then(|| unsafe { req.ifr_ifru.ifru_mtu } as u32)
+    // SAFETY: SIOCGIFMTU filled `ifru_mtu` when it succeeded; on failure
+    // the zeroed union is still plain initialised bytes.
+    let mtu = unsafe { req.ifr_ifru.ifru_mtu };
+    (rc == 0).then_some(mtu as u32)
 }
 
 fn block_on<F: std::future::Future<Output = Result<(), OverlayError>>>(

@@ -4,7 +4,6 @@
 #![no_main]
 
 mod arp;
-mod bench;
 mod counters;
 mod csum;
 mod fwd;

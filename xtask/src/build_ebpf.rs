@@ -5,7 +5,7 @@ use std::{path::PathBuf, process::Command};
 
 use anyhow::Result;
 
-use crate::{cargo, cmd};
+use crate::{cargo, cmd, toolchain};
 
 const TARGET: &str = "bpfel-unknown-none";
 
@@ -24,10 +24,11 @@ fn encoded_rustflags() -> String {
 /// Builds `vmpath-ebpf` and returns the path of the object.
 pub fn run() -> Result<PathBuf> {
     // The rustup proxy from PATH (not $CARGO, which is stable's cargo
-    // itself), so `+nightly` selects the toolchain.
+    // itself), so `+<channel>` selects the pinned nightly.
     let mut c = Command::new("cargo");
     c.current_dir(cargo::root())
-        .args(["+nightly", "build", "-p", "vmpath-ebpf", "--release"])
+        .arg(format!("+{}", toolchain::ebpf_channel()))
+        .args(["build", "-p", "vmpath-ebpf", "--release"])
         .args(["--target", TARGET, "-Z", "build-std=core"])
         .env("CARGO_ENCODED_RUSTFLAGS", encoded_rustflags())
         .env_remove("RUSTC")

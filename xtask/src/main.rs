@@ -10,6 +10,7 @@ mod cmd;
 mod demo;
 mod setup;
 mod test;
+mod toolchain;
 
 use std::process::ExitCode;
 

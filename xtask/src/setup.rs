@@ -5,7 +5,7 @@ use std::{io::Write as _, process::Command, process::Stdio};
 
 use anyhow::{Context as _, Result, bail};
 
-use crate::{cargo, cmd};
+use crate::{cargo, cmd, toolchain};
 
 /// Debian packages: LLVM for bpf-linker, the data-path and traffic tools the
 /// tests and the demo drive.
@@ -36,7 +36,7 @@ const BPFFS: &str = "/sys/fs/bpf";
 
 pub fn run() -> Result<()> {
     report("apt packages", apt_packages()?);
-    report("nightly rust-src", rust_src()?);
+    report("eBPF toolchain (ebpf/rust-toolchain.toml)", rust_src()?);
     report("bpf-linker 0.13", bpf_linker()?);
     report("bpffs on /sys/fs/bpf", bpffs()?);
     Ok(())
@@ -109,13 +109,16 @@ fn preseed(selection: &str) -> Result<()> {
     Ok(())
 }
 
+/// The eBPF crate's pinned nightly with rust-src (`-Z build-std=core`).
 fn rust_src() -> Result<Done> {
-    let step = "setup: nightly rust-src";
+    let channel = toolchain::ebpf_channel();
+    let step = format!("setup: {channel} rust-src");
+    let step = step.as_str();
     let installed = cmd::probe(Command::new("rustup").args([
         "component",
         "list",
         "--toolchain",
-        "nightly",
+        channel,
         "--installed",
     ]));
     match installed {
@@ -128,10 +131,10 @@ fn rust_src() -> Result<Done> {
                     "add",
                     "rust-src",
                     "--toolchain",
-                    "nightly",
+                    channel,
                 ]),
             )?;
-            Ok(Some("added rust-src to the nightly toolchain".into()))
+            Ok(Some(format!("added rust-src to {channel}")))
         }
         None => {
             cmd::run(
@@ -139,14 +142,14 @@ fn rust_src() -> Result<Done> {
                 Command::new("rustup").args([
                     "toolchain",
                     "install",
-                    "nightly",
+                    channel,
                     "--profile",
                     "minimal",
                     "--component",
                     "rust-src",
                 ]),
             )?;
-            Ok(Some("installed the nightly toolchain with rust-src".into()))
+            Ok(Some(format!("installed {channel} with rust-src")))
         }
     }
 }

@@ -105,7 +105,7 @@ pub fn bridge_bed() -> Result<Bed> {
     })
 }
 
-/// Loads `bench_redirect_peer` from the agent's object (a private instance,
+/// Loads `bench_redirect_peer` from the bench's object (a private instance,
 /// so its one-slot map is its own) and attaches it at tcx ingress of
 /// `port`, sending everything into the peer of `target`.
 fn attach_redirect(ns: &Netns, port: &str, target: &str) -> Result<Ebpf> {
@@ -114,7 +114,7 @@ fn attach_redirect(ns: &Netns, port: &str, target: &str) -> Result<Ebpf> {
     util::in_netns(&ns_path, move || -> Result<Ebpf> {
         let target_ifx =
             vmpath::agent::ifindex_of(&target).ok_or_else(|| anyhow!("no {target}"))?;
-        let mut ebpf = Ebpf::load(Dataplane::object()).context("loading the object")?;
+        let mut ebpf = Ebpf::load(Dataplane::bench_object()).context("loading the bench object")?;
         {
             let mut peer: Array<_, u32> = Array::try_from(
                 ebpf.map_mut("vmpb_peer")

@@ -598,10 +598,8 @@ fn live(
                     None
                 } else {
                     let p: &mut SchedClassifier = dp
-                        .ebpf_mut()
                         .program_mut(name)
-                        .ok_or_else(|| anyhow!("{name} missing"))?
-                        .try_into()?;
+                        .ok_or_else(|| anyhow!("{name} missing"))?;
                     Some(
                         p.attach_with_options(
                             h.ifname,
@@ -619,10 +617,8 @@ fn live(
                 let rx1 = ip_in_receives(h.receiver)?;
                 if let Some(id) = link {
                     let p: &mut SchedClassifier = dp
-                        .ebpf_mut()
                         .program_mut(name)
-                        .ok_or_else(|| anyhow!("{name} missing"))?
-                        .try_into()?;
+                        .ok_or_else(|| anyhow!("{name} missing"))?;
                     p.detach(id)?;
                 }
                 if c1 <= c0 {

@@ -14,8 +14,8 @@ use std::{
 
 use anyhow::{Context as _, Result, anyhow, bail};
 use aya::{
-    maps::{Array, PerCpuValues},
-    programs::{SchedClassifier, TestRun, TestRunOptions},
+    maps::PerCpuValues,
+    programs::{TestRun, TestRunOptions},
 };
 use vmpath::{dataplane::Dataplane, plan::addr_key};
 use vmpath_common::{
@@ -251,7 +251,7 @@ fn run_in_netns(opts: &Options) -> Result<Section> {
     md.push_str(&format!(
         "BPF_PROG_TEST_RUN of the VM-port program (`vm_port`, tcx ingress) with the \
          frame arriving on a real veth port (`__sk_buff.ifindex`), port security on \
-         (MAC, IP), counters on. Baselines are two programs of the same object \
+         (MAC, IP), counters on. Baselines are two programs of the bench's own object (`vmpath-bench`) \
          (`ebpf/src/bench.rs`) on the same hook with the same frame and context: \
          `bench_noop` (returns TC_ACT_OK) and `bench_redirect_peer` (one array \
          lookup, `bpf_redirect_peer`). test_run does not execute redirects; it \
@@ -320,24 +320,10 @@ fn run_in_netns(opts: &Options) -> Result<Section> {
     })
 }
 
-/// Loads the baseline programs (`ebpf/src/bench.rs`) of the data path's
-/// object; `bench_redirect_peer` redirects to `peer`.
+/// Loads the baseline programs (`ebpf/src/bench.rs`, their own object)
+/// beside the data path's; `bench_redirect_peer` redirects to `peer`.
 pub(crate) fn load_baselines(dp: &mut Dataplane, peer: u32) -> Result<()> {
-    for name in ["bench_noop", "bench_redirect_peer"] {
-        let p: &mut SchedClassifier = dp
-            .ebpf_mut()
-            .program_mut(name)
-            .ok_or_else(|| anyhow!("{name} missing from the object"))?
-            .try_into()?;
-        p.load().with_context(|| format!("loading {name}"))?;
-    }
-    let map = dp
-        .ebpf_mut()
-        .map_mut("vmpb_peer")
-        .ok_or_else(|| anyhow!("vmpb_peer missing"))?;
-    let mut slot: Array<_, u32> = Array::try_from(map)?;
-    slot.set(0, peer, 0)?;
-    Ok(())
+    dp.load_bench_baselines(peer)
 }
 
 fn program_maps(dp: &mut Dataplane, a: u32, b: u32) -> Result<()> {
