@@ -4,7 +4,6 @@
 
 use std::{
     collections::{BTreeMap, BTreeSet},
-    ffi::CString,
     fs,
     net::IpAddr,
     path::{Path, PathBuf},
@@ -15,14 +14,16 @@ use anyhow::{Context as _, Result};
 use tracing::{error, info, warn};
 
 use crate::{
+    clock::unix_now,
     common::{AF_INET, AddrKey, LearnedIp},
     config::{self, AttachmentKey, Config, format_mac},
     dataplane::Dataplane,
     ipam,
+    netif::ifindex_of,
     plan::{self, Plan},
     slowpath,
     store::{Claim, Store},
-    view::{AttachmentView, IpView, NetworkView, Origin, SharedView, View, unix_now},
+    view::{AttachmentView, IpView, NetworkView, Origin, SharedView, View},
 };
 
 #[derive(Debug, Clone)]
@@ -34,14 +35,6 @@ pub struct AgentOptions {
     pub interval: Duration,
     /// The node's uplink: routed ingress and SNAT return traffic.
     pub uplink: String,
-}
-
-pub fn ifindex_of(name: &str) -> Option<u32> {
-    let c = CString::new(name).ok()?;
-    match unsafe { libc::if_nametoindex(c.as_ptr()) } {
-        0 => None,
-        i => Some(i),
-    }
 }
 
 fn write_status(dir: &Path, view: &View) -> Result<()> {

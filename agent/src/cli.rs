@@ -14,7 +14,8 @@ use serde::de::DeserializeOwned;
 
 use crate::{
     api::{ApiError, InterfaceDetail, NetworkDetail, NetworkList, Status, VmDetail, VmList, VmRow},
-    view::{IpView, Origin, unix_now},
+    clock::unix_now,
+    view::{IpView, Origin},
 };
 
 pub const DEFAULT_SOCKET: &str = "/run/vmpath/api.sock";

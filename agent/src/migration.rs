@@ -15,9 +15,10 @@ use tracing::{info, warn};
 use vmpath_common::{ENDPOINT_REMOTE, EndpointKey};
 
 use crate::{
-    agent::ifindex_of,
+    clock::since_ms,
     config::{Config, format_mac},
     dataplane::Dataplane,
+    netif::ifindex_of,
     plan::pending_target_port,
 };
 
@@ -123,15 +124,4 @@ impl Migrations {
                 .any(|a| a.migration.is_some() && a.key.to_string() == *k)
         });
     }
-}
-
-/// Milliseconds since `ktime_ns` (CLOCK_MONOTONIC, as bpf_ktime_get_ns).
-fn since_ms(ktime_ns: u64) -> f64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
-    let now = ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64;
-    now.saturating_sub(ktime_ns) as f64 / 1e6
 }

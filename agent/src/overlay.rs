@@ -15,7 +15,7 @@ use rtnetlink::{LinkMessageBuilder, LinkUnspec, LinkVxlan};
 use tracing::{error, info, warn};
 use vmpath_common::{VXLAN_IFNAME, VXLAN_OVERHEAD, VXLAN_PORT};
 
-use crate::{agent::ifindex_of, config::Config, dataplane::Dataplane, plan::Plan};
+use crate::{config::Config, dataplane::Dataplane, netif::ifindex_of, plan::Plan};
 
 /// MTU of the vxlan device when the underlay interface is not found.
 const DEFAULT_UNDERLAY_MTU: u32 = 1500;

@@ -155,7 +155,7 @@ impl RouteExporter {
         let mut socket = Socket::new(NETLINK_ROUTE)?;
         socket.bind_auto()?;
         socket.connect(&SocketAddr::new(0, 0))?;
-        let lo_ifindex = crate::agent::ifindex_of("lo").unwrap_or(1);
+        let lo_ifindex = crate::netif::ifindex_of("lo").unwrap_or(1);
         Ok(RouteExporter {
             socket,
             table,
@@ -379,7 +379,7 @@ impl NorthSouth {
         applied: Option<&Plan>,
         learned: &BTreeMap<AddrKey, LearnedIp>,
     ) {
-        let ifindex = crate::agent::ifindex_of(uplink);
+        let ifindex = crate::netif::ifindex_of(uplink);
         if ifindex != self.uplink {
             match ifindex {
                 Some(i) => match dp.attach_uplink(uplink, i) {

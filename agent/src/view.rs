@@ -2,10 +2,7 @@
 //! status file show it. The reconcile loop publishes a new [`View`] after
 //! each round; readers take a clone under a short read lock.
 
-use std::{
-    sync::{Arc, RwLock},
-    time::SystemTime,
-};
+use std::sync::{Arc, RwLock};
 
 use serde::{Deserialize, Serialize};
 
@@ -103,10 +100,3 @@ impl View {
 }
 
 pub type SharedView = Arc<RwLock<View>>;
-
-pub fn unix_now() -> u64 {
-    SystemTime::now()
-        .duration_since(SystemTime::UNIX_EPOCH)
-        .map(|d| d.as_secs())
-        .unwrap_or(0)
-}

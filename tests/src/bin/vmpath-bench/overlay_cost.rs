@@ -168,7 +168,7 @@ fn program(dp: &mut Dataplane, dir: &std::path::Path) -> Result<()> {
         bail!("config refused: {}", cfg.errors[0]);
     }
     ipam::assign(&mut cfg, &Default::default());
-    let p = plan::plan(&cfg, "a", vmpath::agent::ifindex_of);
+    let p = plan::plan(&cfg, "a", vmpath::netif::ifindex_of);
     if !p.problems.is_empty() || p.ports.len() != 1 {
         bail!("plan: {} ports, problems {:?}", p.ports.len(), p.problems);
     }
@@ -264,10 +264,10 @@ fn measure(
     beds: &Beds,
     dir: &std::path::Path,
 ) -> Result<Section> {
-    let port = vmpath::agent::ifindex_of(PORT).ok_or_else(|| anyhow!("no {PORT}"))?;
+    let port = vmpath::netif::ifindex_of(PORT).ok_or_else(|| anyhow!("no {PORT}"))?;
     program(dp, dir)?;
     let vxlan =
-        vmpath::agent::ifindex_of(VXLAN_IFNAME).ok_or_else(|| anyhow!("no {VXLAN_IFNAME}"))?;
+        vmpath::netif::ifindex_of(VXLAN_IFNAME).ok_or_else(|| anyhow!("no {VXLAN_IFNAME}"))?;
     crate::progcost::load_baselines(dp, port)?;
     let (port_ctx, vxlan_ctx) = (ctx_for(port), ctx_for(vxlan));
     // VM1 -> VM2 (on node b): encap. VM2 -> VM1 as it comes out of the
