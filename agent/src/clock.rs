@@ -31,3 +31,17 @@ pub fn unix_now_ms() -> u64 {
 pub fn unix_now() -> u64 {
     unix_now_ms() / 1000
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn since_counts_forward_and_never_below_zero() {
+        let then = monotonic_ns();
+        assert!(monotonic_ns() >= then);
+        assert!(since_ms(0) > 0.0);
+        // A stamp from the future (another clock) reads as just now.
+        assert_eq!(since_ms(u64::MAX), 0.0);
+    }
+}
