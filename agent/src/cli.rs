@@ -15,7 +15,8 @@ use serde::de::DeserializeOwned;
 use crate::{
     api::{ApiError, InterfaceDetail, NetworkDetail, NetworkList, Status, VmDetail, VmList, VmRow},
     clock::unix_now,
-    view::{IpView, Origin},
+    resolved::Origin,
+    view::IpView,
 };
 
 pub const DEFAULT_SOCKET: &str = "/run/vmpath/api.sock";

@@ -13,6 +13,7 @@ pub mod migration;
 pub mod netif;
 pub mod overlay;
 pub mod plan;
+pub mod resolved;
 pub mod routes;
 pub mod slowpath;
 pub mod snat;

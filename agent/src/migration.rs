@@ -15,11 +15,8 @@ use tracing::{info, warn};
 use vmpath_common::{ENDPOINT_REMOTE, EndpointKey};
 
 use crate::{
-    clock::since_ms,
-    config::{Config, format_mac},
-    dataplane::Dataplane,
-    netif::ifindex_of,
-    plan::pending_target_port,
+    clock::since_ms, config::format_mac, dataplane::Dataplane, netif::ifindex_of,
+    plan::pending_target_port, resolved::Resolved,
 };
 
 #[derive(Default)]
@@ -31,26 +28,21 @@ pub struct Migrations {
 }
 
 impl Migrations {
-    /// Marks as cut over (in this round's `cfg`) every pending migration
+    /// Marks as cut over (in this round's resolved `cfg`) every pending migration
     /// the data path has already carried out on this node, and drops
     /// events no pending or just-finished migration owns.
-    pub fn tick(&mut self, cfg: &mut Config, node: &str, dp: &mut Dataplane) {
+    pub fn tick(&mut self, cfg: &mut Resolved, node: &str, dp: &mut Dataplane) {
         let events: Vec<(u32, vmpath_common::MigrationEvent)> =
             dp.maps().migrated.iter().filter_map(|r| r.ok()).collect();
         let mut owned = BTreeSet::new();
-        let nodes = cfg.nodes.clone();
-        let networks: Vec<(String, u32)> = cfg
-            .networks
-            .iter()
-            .map(|n| (n.name.clone(), n.id))
-            .collect();
+        let nodes = &cfg.config.nodes;
         for att in cfg.attachments.iter_mut() {
             let Some(m) = att.migration.clone() else {
                 continue;
             };
             if m.target_node == node {
-                let port = m.target_port.as_deref().unwrap_or(&att.port);
-                let Some(ifindex) = ifindex_of(port) else {
+                let port = m.target_port.clone().unwrap_or_else(|| att.port.clone());
+                let Some(ifindex) = ifindex_of(&port) else {
                     continue;
                 };
                 owned.insert(ifindex);
@@ -60,9 +52,7 @@ impl Migrations {
                 let Some((_, ev)) = events.iter().find(|(i, _)| *i == ifindex) else {
                     continue;
                 };
-                if let Some(m) = att.migration.as_mut() {
-                    m.ready = true;
-                }
+                att.cut_over = true;
                 if self.logged.insert(ifindex) {
                     info!(
                         vm = %att.key,
@@ -76,12 +66,12 @@ impl Migrations {
             }
             // Any other node: did the VM's first frames from the target
             // move its endpoint here already?
-            if m.ready || att.node == node && m.target_node == node {
+            if att.cut_over || att.node == node && m.target_node == node {
                 continue;
             }
             let (Some((mac, _)), Some(net), Some(target)) = (
                 att.mac_resolved,
-                networks.iter().find(|(n, _)| *n == att.network),
+                cfg.config.network(&att.network),
                 nodes.get(&m.target_node),
             ) else {
                 continue;
@@ -90,7 +80,7 @@ impl Migrations {
                 continue;
             };
             let key = EndpointKey {
-                network: net.1,
+                network: net.id,
                 mac,
                 _pad: [0; 2],
             };
@@ -101,9 +91,7 @@ impl Migrations {
                 && ep.node_ip4 == target4.octets()
                 && ep.migrate_to == [0; 4]
             {
-                if let Some(m) = att.migration.as_mut() {
-                    m.ready = true;
-                }
+                att.cut_over = true;
                 if self.moved.insert(att.key.to_string()) {
                     info!(vm = %att.key, target = %m.target_node, "migration: the data path saw the VM on the target; cut over here before the ready signal");
                 }

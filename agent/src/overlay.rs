@@ -15,10 +15,10 @@ use tracing::{error, info, warn};
 use vmpath_common::{VXLAN_IFNAME, VXLAN_OVERHEAD, VXLAN_PORT};
 
 use crate::{
-    config::Config,
     dataplane::Dataplane,
     netif::{self, ifindex_of},
     plan::Plan,
+    resolved::Resolved,
 };
 
 /// MTU of the vxlan device when the underlay interface is not found.
@@ -128,14 +128,14 @@ const PRUNE_EVERY: Duration = Duration::from_secs(5);
 
 impl Overlay {
     /// `applied` is the plan the data path holds, if any.
-    pub fn tick(&mut self, dp: &mut Dataplane, cfg: &Config, applied: Option<&Plan>) {
+    pub fn tick(&mut self, dp: &mut Dataplane, cfg: &Resolved, applied: Option<&Plan>) {
         if let Some(plan) = applied
             && self.last_prune.is_none_or(|t| t.elapsed() >= PRUNE_EVERY)
         {
             dp.prune_remote_learned(plan);
             self.last_prune = Some(Instant::now());
         }
-        let Some(node) = &cfg.node else {
+        let Some(node) = &cfg.config.node else {
             return;
         };
         let IpAddr::V4(address) = node.address else {

@@ -32,7 +32,7 @@ use std::{
 
 use anyhow::{Context as _, Result, anyhow, bail};
 use aya::programs::{LinkOrder, SchedClassifier, TcAttachType, TestRun, TestRunOptions, tc};
-use vmpath::{config, dataplane::Dataplane, ipam, plan};
+use vmpath::{config, dataplane::Dataplane, ipam, plan, resolved::Resolved};
 use vmpath_common::{VXLAN_IFNAME, VXLAN_OVERHEAD, VXLAN_PORT, drop_reason, prog_names};
 use vmpath_tests::{Netns, link, unique_tag, yaml, yaml_overlay};
 
@@ -163,10 +163,11 @@ fn program(dp: &mut Dataplane, dir: &std::path::Path) -> Result<()> {
     std::fs::create_dir_all(dir)?;
     std::fs::write(dir.join("config.yaml"), config_text(PORT))?;
     let snap = config::source::read_dir(dir);
-    let mut cfg = config::validate(&snap, "a", &BTreeSet::new());
-    if !cfg.errors.is_empty() {
-        bail!("config refused: {}", cfg.errors[0]);
+    let validated = config::validate(&snap, "a", &BTreeSet::new());
+    if !validated.errors.is_empty() {
+        bail!("config refused: {}", validated.errors[0]);
     }
+    let mut cfg = Resolved::new(validated);
     ipam::assign(&mut cfg, &Default::default());
     let p = plan::plan(&cfg, "a", vmpath::netif::ifindex_of);
     if !p.problems.is_empty() || p.ports.len() != 1 {
