@@ -4,7 +4,6 @@
 
 use std::{
     collections::{BTreeMap, BTreeSet},
-    ffi::CString,
     fs,
     net::IpAddr,
     path::{Path, PathBuf},
@@ -15,14 +14,17 @@ use anyhow::{Context as _, Result};
 use tracing::{error, info, warn};
 
 use crate::{
+    clock::unix_now,
     common::{AF_INET, AddrKey, LearnedIp},
-    config::{self, AttachmentKey, Config, format_mac},
+    config::{self, AttachmentKey, format_mac},
     dataplane::Dataplane,
     ipam,
+    netif::ifindex_of,
     plan::{self, Plan},
+    resolved::{self, Origin, Resolved},
     slowpath,
     store::{Claim, Store},
-    view::{AttachmentView, IpView, NetworkView, Origin, SharedView, View, unix_now},
+    view::{AttachmentView, IpView, NetworkView, SharedView, View},
 };
 
 #[derive(Debug, Clone)]
@@ -36,14 +38,6 @@ pub struct AgentOptions {
     pub uplink: String,
 }
 
-pub fn ifindex_of(name: &str) -> Option<u32> {
-    let c = CString::new(name).ok()?;
-    match unsafe { libc::if_nametoindex(c.as_ptr()) } {
-        0 => None,
-        i => Some(i),
-    }
-}
-
 fn write_status(dir: &Path, view: &View) -> Result<()> {
     fs::create_dir_all(dir)?;
     let tmp = dir.join(".status.json.tmp");
@@ -54,8 +48,8 @@ fn write_status(dir: &Path, view: &View) -> Result<()> {
 
 /// Given or claimed addresses, then the ones seen in the VM's traffic.
 fn view_ips(
-    a: &config::Attachment,
-    cfg: &Config,
+    a: &resolved::Attachment,
+    cfg: &Resolved,
     ifindex: Option<u32>,
     learned: &BTreeMap<AddrKey, LearnedIp>,
 ) -> Vec<IpView> {
@@ -88,10 +82,10 @@ fn view_ips(
     ips
 }
 
-/// Builds what readers see from the validated config and the applied plan.
+/// Builds what readers see from the resolved config and the applied plan.
 fn build_view(
     opts: &AgentOptions,
-    cfg: &Config,
+    cfg: &Resolved,
     plan: &Plan,
     learned: &BTreeMap<AddrKey, LearnedIp>,
     prev: &View,
@@ -108,6 +102,7 @@ fn build_view(
         .map(|p| (&p.attachment, p.ifindex))
         .collect();
     let networks = cfg
+        .config
         .networks
         .iter()
         .map(|n| NetworkView {
@@ -134,7 +129,7 @@ fn build_view(
             let ifindex = active_port.get(&a.key).copied();
             let (migration, target) = match &a.migration {
                 None => ("none".to_string(), None),
-                Some(m) if m.ready => ("cut-over".to_string(), Some(m.target_node.clone())),
+                Some(m) if a.cut_over => ("cut-over".to_string(), Some(m.target_node.clone())),
                 Some(m) => ("pending".to_string(), Some(m.target_node.clone())),
             };
             AttachmentView {
@@ -236,7 +231,7 @@ pub fn run_with(
             continue;
         }
         warned_empty = false;
-        let mut cfg = config::validate(&snap, &opts.node, &accepted);
+        let validated = config::validate(&snap, &opts.node, &accepted);
         let changed = last_fingerprint != Some(snap.fingerprint);
         last_fingerprint = Some(snap.fingerprint);
 
@@ -249,6 +244,8 @@ pub fn run_with(
                 continue;
             }
         };
+        // The enrichment stage: the validated config is only read from here.
+        let mut cfg = Resolved::new(validated);
         let changes = ipam::assign(&mut cfg, &claims);
         if let Err(e) = commit_claims(&store, &mut claims, changes) {
             error!("writing claims: {e}; retrying");
@@ -272,7 +269,7 @@ pub fn run_with(
                         error!("writing claims: {e}");
                         continue;
                     }
-                    if let Some(a) = cfg.attachments.iter_mut().find(|a| a.key == key) {
+                    if let Some(a) = cfg.attachment_mut(&key) {
                         a.mac_resolved = Some((learned.mac, Origin::Detected));
                     }
                 }
@@ -294,7 +291,7 @@ pub fn run_with(
         }
         if changed {
             info!(
-                networks = cfg.networks.len(),
+                networks = cfg.config.networks.len(),
                 attachments = cfg.attachments.len(),
                 refused = cfg.errors.len(),
                 "config read"

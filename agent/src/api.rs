@@ -32,9 +32,10 @@ use tracing::{info, warn};
 use vmpath_common::{PortStats, drop_reason};
 
 use crate::{
+    clock,
     config::ConfigError,
     dataplane::Maps,
-    view::{AttachmentView, NetworkView, SharedView, View, unix_now},
+    view::{AttachmentView, NetworkView, SharedView, View},
 };
 
 /// Where an attachment stands as seen from this node.
@@ -228,11 +229,7 @@ static LAST_HEARTBEAT_MS: AtomicU64 = AtomicU64::new(0);
 /// heartbeat, liveness rests on the loop thread running and the shared view
 /// being lockable).
 pub fn heartbeat() {
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::SystemTime::UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0);
-    LAST_HEARTBEAT_MS.store(now, Ordering::Relaxed);
+    LAST_HEARTBEAT_MS.store(clock::unix_now_ms(), Ordering::Relaxed);
 }
 
 /// Marks the reconcile loop as gone (it returned or panicked).
@@ -249,7 +246,7 @@ fn alive(shared: &SharedView) -> std::result::Result<(), String> {
     }
     let beat = LAST_HEARTBEAT_MS.load(Ordering::Relaxed);
     if beat != 0 {
-        let now = unix_now() * 1000;
+        let now = clock::unix_now() * 1000;
         if now.saturating_sub(beat) > HEARTBEAT_STALE.as_millis() as u64 + 1000 {
             return Err(format!(
                 "no reconcile round for {} s",

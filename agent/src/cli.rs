@@ -14,7 +14,9 @@ use serde::de::DeserializeOwned;
 
 use crate::{
     api::{ApiError, InterfaceDetail, NetworkDetail, NetworkList, Status, VmDetail, VmList, VmRow},
-    view::{IpView, Origin, unix_now},
+    clock::unix_now,
+    resolved::Origin,
+    view::IpView,
 };
 
 pub const DEFAULT_SOCKET: &str = "/run/vmpath/api.sock";

@@ -14,10 +14,10 @@ use std::{
 use ipnet::IpNet;
 
 use crate::{
-    config::{AttachmentKey, Config, Network, format_mac, model::MacPolicy, parse_mac},
+    config::{AttachmentKey, Network, format_mac, model::MacPolicy, parse_mac},
     hash::fnv1a,
+    resolved::{Origin, Resolved},
     store::Claim,
-    view::Origin,
 };
 
 /// The addresses IPAM may hand out from one subnet.
@@ -187,12 +187,13 @@ pub type ClaimChanges = BTreeMap<String, Option<Claim>>;
 
 /// Resolves every attachment's addresses and MAC against the claims,
 /// allocating and generating what is missing, refusing what conflicts, and
-/// releasing claims whose Attachment document is gone. `keep_first` are the
-/// attachments that were running: in a conflict they keep what they hold.
-pub fn assign(cfg: &mut Config, claims: &BTreeMap<String, Claim>) -> ClaimChanges {
+/// releasing claims whose Attachment document is gone. The validated
+/// config inside `cfg` is only read.
+pub fn assign(cfg: &mut Resolved, claims: &BTreeMap<String, Claim>) -> ClaimChanges {
     let mut changes = ClaimChanges::new();
     let mut live: BTreeMap<String, Claim> = BTreeMap::new();
     let in_documents: HashSet<String> = cfg
+        .config
         .keys_in_documents
         .iter()
         .map(|k| k.to_string())
@@ -256,9 +257,12 @@ pub fn assign(cfg: &mut Config, claims: &BTreeMap<String, Claim>) -> ClaimChange
         }
     }
 
-    let networks = cfg.networks.clone();
-    let net_by_name: HashMap<&str, &Network> =
-        networks.iter().map(|n| (n.name.as_str(), n)).collect();
+    let net_by_name: HashMap<&str, &Network> = cfg
+        .config
+        .networks
+        .iter()
+        .map(|n| (n.name.as_str(), n))
+        .collect();
     // Addresses taken per network, kept as allocation proceeds (rebuilding
     // it per attachment would be quadratic).
     let mut taken: HashMap<String, HashSet<IpAddr>> = HashMap::new();
@@ -374,7 +378,7 @@ pub fn assign(cfg: &mut Config, claims: &BTreeMap<String, Claim>) -> ClaimChange
 /// Records a MAC seen in the VM's traffic into its claim. Returns the
 /// change, or an error message when the MAC is another VM's.
 pub fn detected_mac(
-    cfg: &Config,
+    cfg: &Resolved,
     claims: &BTreeMap<String, Claim>,
     key: &AttachmentKey,
     mac: [u8; 6],

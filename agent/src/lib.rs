@@ -3,14 +3,17 @@
 pub mod agent;
 pub mod api;
 pub mod cli;
+pub mod clock;
 pub mod config;
 pub mod dataplane;
 pub mod hash;
 pub mod ipam;
 pub mod metrics;
 pub mod migration;
+pub mod netif;
 pub mod overlay;
 pub mod plan;
+pub mod resolved;
 pub mod routes;
 pub mod slowpath;
 pub mod snat;

@@ -15,10 +15,8 @@ use tracing::{info, warn};
 use vmpath_common::{ENDPOINT_REMOTE, EndpointKey};
 
 use crate::{
-    agent::ifindex_of,
-    config::{Config, format_mac},
-    dataplane::Dataplane,
-    plan::pending_target_port,
+    clock::since_ms, config::format_mac, dataplane::Dataplane, netif::ifindex_of,
+    plan::pending_target_port, resolved::Resolved,
 };
 
 #[derive(Default)]
@@ -30,26 +28,21 @@ pub struct Migrations {
 }
 
 impl Migrations {
-    /// Marks as cut over (in this round's `cfg`) every pending migration
+    /// Marks as cut over (in this round's resolved `cfg`) every pending migration
     /// the data path has already carried out on this node, and drops
     /// events no pending or just-finished migration owns.
-    pub fn tick(&mut self, cfg: &mut Config, node: &str, dp: &mut Dataplane) {
+    pub fn tick(&mut self, cfg: &mut Resolved, node: &str, dp: &mut Dataplane) {
         let events: Vec<(u32, vmpath_common::MigrationEvent)> =
             dp.maps().migrated.iter().filter_map(|r| r.ok()).collect();
         let mut owned = BTreeSet::new();
-        let nodes = cfg.nodes.clone();
-        let networks: Vec<(String, u32)> = cfg
-            .networks
-            .iter()
-            .map(|n| (n.name.clone(), n.id))
-            .collect();
+        let nodes = &cfg.config.nodes;
         for att in cfg.attachments.iter_mut() {
             let Some(m) = att.migration.clone() else {
                 continue;
             };
             if m.target_node == node {
-                let port = m.target_port.as_deref().unwrap_or(&att.port);
-                let Some(ifindex) = ifindex_of(port) else {
+                let port = m.target_port.clone().unwrap_or_else(|| att.port.clone());
+                let Some(ifindex) = ifindex_of(&port) else {
                     continue;
                 };
                 owned.insert(ifindex);
@@ -59,9 +52,7 @@ impl Migrations {
                 let Some((_, ev)) = events.iter().find(|(i, _)| *i == ifindex) else {
                     continue;
                 };
-                if let Some(m) = att.migration.as_mut() {
-                    m.ready = true;
-                }
+                att.cut_over = true;
                 if self.logged.insert(ifindex) {
                     info!(
                         vm = %att.key,
@@ -75,12 +66,12 @@ impl Migrations {
             }
             // Any other node: did the VM's first frames from the target
             // move its endpoint here already?
-            if m.ready || att.node == node && m.target_node == node {
+            if att.cut_over || att.node == node && m.target_node == node {
                 continue;
             }
             let (Some((mac, _)), Some(net), Some(target)) = (
                 att.mac_resolved,
-                networks.iter().find(|(n, _)| *n == att.network),
+                cfg.config.network(&att.network),
                 nodes.get(&m.target_node),
             ) else {
                 continue;
@@ -89,7 +80,7 @@ impl Migrations {
                 continue;
             };
             let key = EndpointKey {
-                network: net.1,
+                network: net.id,
                 mac,
                 _pad: [0; 2],
             };
@@ -100,9 +91,7 @@ impl Migrations {
                 && ep.node_ip4 == target4.octets()
                 && ep.migrate_to == [0; 4]
             {
-                if let Some(m) = att.migration.as_mut() {
-                    m.ready = true;
-                }
+                att.cut_over = true;
                 if self.moved.insert(att.key.to_string()) {
                     info!(vm = %att.key, target = %m.target_node, "migration: the data path saw the VM on the target; cut over here before the ready signal");
                 }
@@ -123,15 +112,4 @@ impl Migrations {
                 .any(|a| a.migration.is_some() && a.key.to_string() == *k)
         });
     }
-}
-
-/// Milliseconds since `ktime_ns` (CLOCK_MONOTONIC, as bpf_ktime_get_ns).
-fn since_ms(ktime_ns: u64) -> f64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
-    let now = ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64;
-    now.saturating_sub(ktime_ns) as f64 / 1e6
 }

@@ -5,7 +5,6 @@
 //! `spec.address` is the VTEP address); left alone otherwise.
 
 use std::{
-    ffi::CStr,
     net::{IpAddr, Ipv4Addr},
     time::{Duration, Instant},
 };
@@ -15,7 +14,12 @@ use rtnetlink::{LinkMessageBuilder, LinkUnspec, LinkVxlan};
 use tracing::{error, info, warn};
 use vmpath_common::{VXLAN_IFNAME, VXLAN_OVERHEAD, VXLAN_PORT};
 
-use crate::{agent::ifindex_of, config::Config, dataplane::Dataplane, plan::Plan};
+use crate::{
+    dataplane::Dataplane,
+    netif::{self, ifindex_of},
+    plan::Plan,
+    resolved::Resolved,
+};
 
 /// MTU of the vxlan device when the underlay interface is not found.
 const DEFAULT_UNDERLAY_MTU: u32 = 1500;
@@ -30,56 +34,9 @@ pub enum OverlayError {
 
 /// The interface holding `addr` in this namespace, and its MTU.
 fn underlay_of(addr: Ipv4Addr) -> Option<(String, u32)> {
-    let mut head: *mut libc::ifaddrs = std::ptr::null_mut();
-    if unsafe { libc::getifaddrs(&mut head) } != 0 {
-        return None;
-    }
-    let mut found = None;
-    let mut cur = head;
-    while !cur.is_null() {
-        let ifa = unsafe { &*cur };
-        cur = ifa.ifa_next;
-        if ifa.ifa_addr.is_null()
-            || i32::from(unsafe { (*ifa.ifa_addr).sa_family }) != libc::AF_INET
-        {
-            continue;
-        }
-        let sin = unsafe { &*(ifa.ifa_addr as *const libc::sockaddr_in) };
-        if Ipv4Addr::from(u32::from_be(sin.sin_addr.s_addr)) == addr {
-            let name = unsafe { CStr::from_ptr(ifa.ifa_name) }
-                .to_string_lossy()
-                .into_owned();
-            found = Some(name);
-            break;
-        }
-    }
-    unsafe { libc::freeifaddrs(head) };
-    let name = found?;
-    let mtu = mtu_of(&name).unwrap_or(DEFAULT_UNDERLAY_MTU);
+    let name = netif::holding(addr)?;
+    let mtu = netif::mtu_of(&name).unwrap_or(DEFAULT_UNDERLAY_MTU);
     Some((name, mtu))
-}
-
-/// SIOCGIFMTU: /sys/class/net would show the host's namespace under
-/// `nsenter --net`.
-fn mtu_of(ifname: &str) -> Option<u32> {
-    let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) };
-    if fd < 0 {
-        return None;
-    }
-    let mut req: libc::ifreq = unsafe { std::mem::zeroed() };
-    for (dst, src) in req
-        .ifr_name
-        .iter_mut()
-        .zip(ifname.bytes().take(libc::IFNAMSIZ - 1))
-    {
-        *dst = src as libc::c_char;
-    }
-    let rc = unsafe { libc::ioctl(fd, libc::SIOCGIFMTU, &mut req) };
-    unsafe { libc::close(fd) };
-    // SAFETY: SIOCGIFMTU filled `ifru_mtu` when it succeeded; on failure
-    // the zeroed union is still plain initialised bytes.
-    let mtu = unsafe { req.ifr_ifru.ifru_mtu };
-    (rc == 0).then_some(mtu as u32)
 }
 
 fn block_on<F: std::future::Future<Output = Result<(), OverlayError>>>(
@@ -126,7 +83,7 @@ pub fn ensure_device(local: Option<Ipv4Addr>, mtu: u32) -> Result<u32> {
     let index = ifindex_of(VXLAN_IFNAME)
         .with_context(|| format!("{VXLAN_IFNAME} vanished after creation"))?;
     // The device outlives agents; an adopted one gets this agent's MTU.
-    if mtu_of(VXLAN_IFNAME) != Some(mtu) || !is_up(VXLAN_IFNAME) {
+    if netif::mtu_of(VXLAN_IFNAME) != Some(mtu) || !netif::is_up(VXLAN_IFNAME) {
         block_on(|handle| async move {
             handle
                 .link()
@@ -138,24 +95,6 @@ pub fn ensure_device(local: Option<Ipv4Addr>, mtu: u32) -> Result<u32> {
         .with_context(|| format!("setting {VXLAN_IFNAME} up with MTU {mtu}"))?;
     }
     Ok(index)
-}
-
-fn is_up(ifname: &str) -> bool {
-    let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) };
-    if fd < 0 {
-        return false;
-    }
-    let mut req: libc::ifreq = unsafe { std::mem::zeroed() };
-    for (dst, src) in req
-        .ifr_name
-        .iter_mut()
-        .zip(ifname.bytes().take(libc::IFNAMSIZ - 1))
-    {
-        *dst = src as libc::c_char;
-    }
-    let rc = unsafe { libc::ioctl(fd, libc::SIOCGIFFLAGS, &mut req) };
-    unsafe { libc::close(fd) };
-    rc == 0 && (unsafe { req.ifr_ifru.ifru_flags } as i32 & libc::IFF_UP) != 0
 }
 
 /// Deletes `vmp-vxlan` (`vmpath agent --cleanup`).
@@ -189,14 +128,14 @@ const PRUNE_EVERY: Duration = Duration::from_secs(5);
 
 impl Overlay {
     /// `applied` is the plan the data path holds, if any.
-    pub fn tick(&mut self, dp: &mut Dataplane, cfg: &Config, applied: Option<&Plan>) {
+    pub fn tick(&mut self, dp: &mut Dataplane, cfg: &Resolved, applied: Option<&Plan>) {
         if let Some(plan) = applied
             && self.last_prune.is_none_or(|t| t.elapsed() >= PRUNE_EVERY)
         {
             dp.prune_remote_learned(plan);
             self.last_prune = Some(Instant::now());
         }
-        let Some(node) = &cfg.node else {
+        let Some(node) = &cfg.config.node else {
             return;
         };
         let IpAddr::V4(address) = node.address else {

@@ -1,4 +1,4 @@
-//! Desired map contents for this node, computed from the validated config
+//! Desired map contents for this node, computed from the resolved config
 //! and the interfaces that exist now. `dataplane` diffs it against the
 //! pinned maps.
 
@@ -15,8 +15,8 @@ pub mod north_south;
 pub mod overlay;
 
 use crate::{
-    config::{AttachmentKey, Config},
-    view::Origin,
+    config::AttachmentKey,
+    resolved::{Attachment, Origin, Resolved},
 };
 
 /// A port this node should serve.
@@ -67,13 +67,13 @@ pub fn addr_key(network: u32, ip: IpAddr) -> AddrKey {
 }
 
 /// `ifindex_of` resolves an interface name in this node's namespace.
-pub fn plan(cfg: &Config, node: &str, ifindex_of: impl Fn(&str) -> Option<u32>) -> Plan {
+pub fn plan(cfg: &Resolved, node: &str, ifindex_of: impl Fn(&str) -> Option<u32>) -> Plan {
     plan_with_ids(cfg, node, ifindex_of, &BTreeMap::new())
 }
 
 /// The port this node serves for `att`, and whether it is a pending
 /// migration target.
-fn local_port<'a>(att: &'a crate::config::Attachment, node: &str) -> Option<(&'a str, bool)> {
+fn local_port<'a>(att: &'a Attachment, node: &str) -> Option<(&'a str, bool)> {
     if att.active_node() == node {
         Some((att.active_port(), false))
     } else {
@@ -86,7 +86,7 @@ fn local_port<'a>(att: &'a crate::config::Attachment, node: &str) -> Option<(&'a
 /// frames with them, so a renumbering could hand one VM's DHCP reply to
 /// another; and they must fit the 12-bit tag.
 fn port_ids<'a>(
-    cfg: &'a Config,
+    cfg: &'a Resolved,
     node: &str,
     previous: &BTreeMap<AttachmentKey, u32>,
     problems: &mut Vec<String>,
@@ -127,13 +127,13 @@ fn port_ids<'a>(
 
 /// As [`plan`], keeping the port ids of `previous` (VM interface -> id).
 pub fn plan_with_ids(
-    cfg: &Config,
+    cfg: &Resolved,
     node: &str,
     ifindex_of: impl Fn(&str) -> Option<u32>,
     previous: &BTreeMap<AttachmentKey, u32>,
 ) -> Plan {
     let mut plan = Plan::default();
-    for net in &cfg.networks {
+    for net in &cfg.config.networks {
         let mut info = NetworkInfo {
             gw_mac: net.gateway_mac,
             mtu: net.mtu,
@@ -274,9 +274,9 @@ fn first_addrs(addresses: &[(ipnet::IpNet, Origin)]) -> ([u8; 4], [u8; 16]) {
 
 /// The port of `att` on `node` when `node` is the target of its pending
 /// (not yet cut-over) migration.
-pub fn pending_target_port<'a>(att: &'a crate::config::Attachment, node: &str) -> Option<&'a str> {
+pub fn pending_target_port<'a>(att: &'a Attachment, node: &str) -> Option<&'a str> {
     match &att.migration {
-        Some(m) if !m.ready && m.target_node == node && att.node != node => {
+        Some(m) if !att.cut_over && m.target_node == node && att.node != node => {
             Some(m.target_port.as_deref().unwrap_or(&att.port))
         }
         _ => None,
@@ -296,7 +296,7 @@ mod tests {
     use super::*;
     use crate::config;
 
-    fn cfg_with(vms: &[&str]) -> Config {
+    fn cfg_with(vms: &[&str]) -> Resolved {
         let mut docs = String::from(
             "apiVersion: vmpath.dev/v1alpha1\nkind: Network\nmetadata: {name: blue}\nspec: {id: 100, subnets: [10.20.0.0/16], ipam: {mode: Disabled}}\n",
         );
@@ -314,7 +314,7 @@ mod tests {
         std::fs::write(dir.join("c.yaml"), docs).unwrap();
         let snap = config::source::read_dir(&dir);
         let _ = std::fs::remove_dir_all(&dir);
-        config::validate(&snap, "a", &Default::default())
+        Resolved::new(config::validate(&snap, "a", &Default::default()))
     }
 
     fn ids(plan: &Plan) -> BTreeMap<String, u32> {

@@ -33,8 +33,8 @@ use tracing::info;
 
 use crate::{
     common::{AF_INET, AddrKey, LearnedIp},
-    config::Config,
     plan::Plan,
+    resolved::Resolved,
 };
 
 pub const DEFAULT_TABLE: u32 = 100;
@@ -90,12 +90,12 @@ fn host(ip: IpAddr) -> IpNet {
 /// learned addresses only where the network sets `advertise.learned`, and
 /// the subnets of `advertise.subnet` networks.
 pub fn desired(
-    cfg: &Config,
+    cfg: &Resolved,
     plan: &Plan,
     learned: &BTreeMap<AddrKey, LearnedIp>,
 ) -> BTreeSet<ExportRoute> {
     let mut out = BTreeSet::new();
-    for net in &cfg.networks {
+    for net in &cfg.config.networks {
         if net.advertise.subnet {
             for s in &net.subnets {
                 out.insert(ExportRoute {
@@ -155,7 +155,7 @@ impl RouteExporter {
         let mut socket = Socket::new(NETLINK_ROUTE)?;
         socket.bind_auto()?;
         socket.connect(&SocketAddr::new(0, 0))?;
-        let lo_ifindex = crate::agent::ifindex_of("lo").unwrap_or(1);
+        let lo_ifindex = crate::netif::ifindex_of("lo").unwrap_or(1);
         Ok(RouteExporter {
             socket,
             table,
@@ -375,11 +375,11 @@ impl NorthSouth {
         &mut self,
         dp: &mut crate::dataplane::Dataplane,
         uplink: &str,
-        cfg: &Config,
+        cfg: &Resolved,
         applied: Option<&Plan>,
         learned: &BTreeMap<AddrKey, LearnedIp>,
     ) {
-        let ifindex = crate::agent::ifindex_of(uplink);
+        let ifindex = crate::netif::ifindex_of(uplink);
         if ifindex != self.uplink {
             match ifindex {
                 Some(i) => match dp.attach_uplink(uplink, i) {

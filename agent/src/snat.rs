@@ -8,7 +8,7 @@ use std::{collections::BTreeMap, fs, io};
 use tracing::{debug, warn};
 use vmpath_common::{NAT_ST_CLOSING, NatEntry, NatKey, SnatConfig};
 
-use crate::dataplane::Maps;
+use crate::{clock::monotonic_ns, dataplane::Maps};
 
 const RESERVED_PORTS: &str = "/proc/sys/net/ipv4/ip_local_reserved_ports";
 const IPPROTO_ICMP: u8 = 1;
@@ -30,16 +30,6 @@ pub fn reserve_ports(min: u16, max: u16) -> io::Result<()> {
         format!("{current},{range}")
     };
     fs::write(RESERVED_PORTS, new)
-}
-
-/// The clock `bpf_ktime_get_ns` reads.
-pub(crate) fn monotonic_ns() -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
-    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
 
 fn timeout_ns(cfg: &SnatConfig, proto: u8, state: u8) -> u64 {

@@ -10,7 +10,7 @@ use ipnet::IpNet;
 use redb::{Database, ReadableDatabase as _, ReadableTable as _, TableDefinition};
 use serde::{Deserialize, Serialize};
 
-use crate::view::Origin;
+use crate::resolved::Origin;
 
 const CLAIMS: TableDefinition<&str, &[u8]> = TableDefinition::new("claims");
 

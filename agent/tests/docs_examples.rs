@@ -28,7 +28,7 @@ fn examples() -> Vec<PathBuf> {
 
 /// Reads `example` alone (as the agent reads a config dir), validated for
 /// `node`, with IPAM run over it (no earlier claims).
-fn load(example: &Path, node: &str) -> (usize, config::Config) {
+fn load(example: &Path, node: &str) -> (usize, vmpath::resolved::Resolved) {
     let stem = example.file_stem().unwrap().to_string_lossy();
     let dir = std::env::temp_dir().join(format!(
         "vmpath-docs-example-{}-{stem}-{node}",
@@ -44,7 +44,8 @@ fn load(example: &Path, node: &str) -> (usize, config::Config) {
         example.display(),
         snap.errors
     );
-    let mut cfg = config::validate(&snap, node, &Default::default());
+    let mut cfg =
+        vmpath::resolved::Resolved::new(config::validate(&snap, node, &Default::default()));
     let _ = ipam::assign(&mut cfg, &Default::default());
     (snap.documents.len(), cfg)
 }
@@ -62,12 +63,16 @@ fn every_example_is_accepted_whole_on_every_node_it_names() {
         );
         assert_eq!(
             documents,
-            cfg.nodes.len() + cfg.networks.len() + cfg.attachments.len(),
+            cfg.config.nodes.len() + cfg.config.networks.len() + cfg.attachments.len(),
             "{}: a document was dropped without a refusal",
             example.display()
         );
-        assert!(!cfg.nodes.is_empty(), "{}: no Node", example.display());
-        for node in cfg.nodes.keys() {
+        assert!(
+            !cfg.config.nodes.is_empty(),
+            "{}: no Node",
+            example.display()
+        );
+        for node in cfg.config.nodes.keys() {
             let (_, cfg) = load(&example, node);
             assert!(
                 cfg.errors.is_empty(),
@@ -170,7 +175,7 @@ fn the_readme_example_is_accepted() {
         );
         assert_eq!(
             documents,
-            cfg.nodes.len() + cfg.networks.len() + cfg.attachments.len(),
+            cfg.config.nodes.len() + cfg.config.networks.len() + cfg.attachments.len(),
             "README example {i}: a document was dropped"
         );
     }

@@ -72,7 +72,7 @@ fn sh(args: &[&str]) {
 }
 
 fn ifindex_of(name: &str) -> u32 {
-    vmpath::agent::ifindex_of(name).unwrap_or_else(|| panic!("no interface {name}"))
+    vmpath::netif::ifindex_of(name).unwrap_or_else(|| panic!("no interface {name}"))
 }
 
 struct Root(PathBuf);

@@ -21,8 +21,6 @@ pub use validate::validate;
 
 use model::{Advertise, Dhcp, Egress, MacPolicy, Migration, Role};
 
-use crate::view::Origin;
-
 /// A refused document: which file, which document, which field, and why.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
 pub struct ConfigError {
@@ -132,24 +130,21 @@ pub struct Attachment {
     pub ips: Vec<IpNet>,
     pub migration: Option<Migration>,
     pub source: DocRef,
-    /// The addresses the VM uses, with where each came from (given here;
-    /// IPAM adds claimed ones).
-    pub addresses: Vec<(IpNet, Origin)>,
-    /// The MAC in force: given, or from the claim (detected or generated).
-    pub mac_resolved: Option<([u8; 6], Origin)>,
 }
 
 impl Attachment {
-    /// The node the VM runs on now: the target once cut-over is signalled.
-    pub fn active_node(&self) -> &str {
+    /// The node the VM runs on as the documents say: the target once
+    /// cut-over is signalled (`migration.ready`). What this round runs is
+    /// `resolved::Attachment::active_node`.
+    pub fn signalled_node(&self) -> &str {
         match &self.migration {
             Some(m) if m.ready => &m.target_node,
             _ => &self.node,
         }
     }
 
-    /// The host-side port on the active node.
-    pub fn active_port(&self) -> &str {
+    /// The host-side port on the signalled node.
+    pub fn signalled_port(&self) -> &str {
         match &self.migration {
             Some(m) if m.ready => m.target_port.as_deref().unwrap_or(&self.port),
             _ => &self.port,
@@ -193,20 +188,6 @@ impl Config {
             .enumerate()
             .map(|(i, n)| (n.name.clone(), i))
             .collect();
-    }
-
-    /// Refuses an attachment that passed validation but conflicts later
-    /// (with a claim), naming its document.
-    pub fn refuse(&mut self, key: &AttachmentKey, field: &str, message: String) {
-        if let Some(i) = self.attachments.iter().position(|a| &a.key == key) {
-            let a = self.attachments.remove(i);
-            self.errors.push(ConfigError {
-                file: a.source.file,
-                document: a.source.document,
-                field: field.to_string(),
-                message,
-            });
-        }
     }
 }
 

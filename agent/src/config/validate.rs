@@ -9,8 +9,6 @@ use ipnet::IpNet;
 use serde::de::DeserializeOwned;
 use vmpath_common::default_gateway_mac;
 
-use crate::view::Origin;
-
 use super::{
     Attachment, AttachmentKey, Config, ConfigError, DocRef, Network, Node,
     model::{API_VERSION, AttachmentSpec, IpamMode, Metadata, NetworkSpec, NodeSpec},
@@ -190,14 +188,16 @@ pub fn validate(
             ));
             continue;
         }
-        if let Some(other) = ports.get(&(a.active_node().to_string(), a.active_port().to_string()))
-        {
+        if let Some(other) = ports.get(&(
+            a.signalled_node().to_string(),
+            a.signalled_port().to_string(),
+        )) {
             cfg.errors.push(doc.error(
                 "spec.port",
                 format!(
                     "port {:?} on node {:?} is already used by {other}",
-                    a.active_port(),
-                    a.active_node()
+                    a.signalled_port(),
+                    a.signalled_node()
                 ),
             ));
             continue;
@@ -210,7 +210,10 @@ pub fn validate(
             ips.insert((a.network.clone(), ip.addr()), me.clone());
         }
         ports.insert(
-            (a.active_node().to_string(), a.active_port().to_string()),
+            (
+                a.signalled_node().to_string(),
+                a.signalled_port().to_string(),
+            ),
             me,
         );
         cfg.attachments.push(a);
@@ -473,8 +476,6 @@ fn attachment(doc: &Doc, cfg: &Config) -> Result<Attachment, ConfigError> {
         mac_policy: spec.mac_policy,
         migration: spec.migration,
         source: doc.source(),
-        addresses: spec.ips.iter().map(|ip| (*ip, Origin::Given)).collect(),
-        mac_resolved: mac.map(|m| (m, Origin::Given)),
         ips: spec.ips,
     })
 }

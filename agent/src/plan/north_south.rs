@@ -10,7 +10,7 @@ use vmpath_common::{
 };
 
 use super::{Plan, addr_key};
-use crate::config::{Config, model::Egress};
+use crate::{config::model::Egress, resolved::Resolved};
 
 pub const SNAT_TCP_TIMEOUT: u32 = 7440;
 pub const SNAT_TCP_CLOSING_TIMEOUT: u32 = 240;
@@ -23,8 +23,8 @@ pub fn routed(net: &crate::config::Network) -> bool {
     net.egress == Egress::Routed || net.advertise.per_vm || net.advertise.subnet
 }
 
-pub fn north_south(cfg: &Config, plan: &mut Plan) {
-    for net in &cfg.networks {
+pub fn north_south(cfg: &Resolved, plan: &mut Plan) {
+    for net in &cfg.config.networks {
         if let Some(info) = plan.networks.get_mut(&net.id) {
             info.flags |= if routed(net) {
                 NET_F_ROUTED
@@ -58,7 +58,7 @@ pub fn north_south(cfg: &Config, plan: &mut Plan) {
     }
     let by_key: std::collections::HashMap<
         &crate::config::AttachmentKey,
-        &crate::config::Attachment,
+        &crate::resolved::Attachment,
     > = cfg.attachments.iter().map(|a| (&a.key, a)).collect();
     for port in plan.ports.values().filter(|p| !p.pending()) {
         let Some(att) = by_key.get(&port.attachment).copied() else {
@@ -88,13 +88,14 @@ pub fn north_south(cfg: &Config, plan: &mut Plan) {
             );
         }
     }
-    let snat_addr = cfg
-        .node
-        .as_ref()
-        .and_then(|n| match n.snat_address.unwrap_or(n.address) {
-            IpAddr::V4(a) => Some(a.octets()),
-            IpAddr::V6(_) => None,
-        });
+    let snat_addr =
+        cfg.config
+            .node
+            .as_ref()
+            .and_then(|n| match n.snat_address.unwrap_or(n.address) {
+                IpAddr::V4(a) => Some(a.octets()),
+                IpAddr::V6(_) => None,
+            });
     plan.snat = SnatConfig {
         addr4: snat_addr.unwrap_or([0; 4]),
         uplink: 0,

@@ -16,10 +16,13 @@ use std::net::IpAddr;
 use vmpath_common::{ENDPOINT_REMOTE, Endpoint, EndpointKey, MAX_FLOOD_NODES};
 
 use super::Plan;
-use crate::config::{Config, model::MacPolicy};
+use crate::{
+    config::model::MacPolicy,
+    resolved::{Attachment, Resolved},
+};
 
-pub fn overlay(cfg: &Config, node: &str, plan: &mut Plan) {
-    let own = cfg.nodes.get(node).map(|n| n.address);
+pub fn overlay(cfg: &Resolved, node: &str, plan: &mut Plan) {
+    let own = cfg.config.nodes.get(node).map(|n| n.address);
     for att in &cfg.attachments {
         let Some(net) = cfg.network(&att.network) else {
             continue;
@@ -40,7 +43,7 @@ pub fn overlay(cfg: &Config, node: &str, plan: &mut Plan) {
         if host == node {
             continue;
         }
-        let Some(remote) = cfg.nodes.get(host) else {
+        let Some(remote) = cfg.config.nodes.get(host) else {
             plan.problems.push(format!(
                 "attachment {} on node {host:?}: no Node document for that node, so it is not reachable over the overlay",
                 att.key
@@ -115,8 +118,8 @@ fn add_flood_node(plan: &mut Plan, net: &crate::config::Network, host: &str, ip4
 }
 
 /// The IPv4 VTEP address of `node`, if it has a Node document with one.
-fn vtep4(cfg: &Config, node: &str) -> Option<[u8; 4]> {
-    match cfg.nodes.get(node)?.address {
+fn vtep4(cfg: &Resolved, node: &str) -> Option<[u8; 4]> {
+    match cfg.config.nodes.get(node)?.address {
         IpAddr::V4(a) => Some(a.octets()),
         IpAddr::V6(_) => None,
     }
@@ -126,9 +129,9 @@ fn vtep4(cfg: &Config, node: &str) -> Option<[u8; 4]> {
 /// endpoint entry on every node but the target carries it, so the VM's
 /// first frame from the target moves the entry there in the data path
 /// (`migrate::learn_move`). Zero otherwise.
-pub fn migrate_to(cfg: &Config, att: &crate::config::Attachment, node: &str) -> [u8; 4] {
+pub fn migrate_to(cfg: &Resolved, att: &Attachment, node: &str) -> [u8; 4] {
     match &att.migration {
-        Some(m) if !m.ready && m.target_node != node && m.target_node != att.node => {
+        Some(m) if !att.cut_over && m.target_node != node && m.target_node != att.node => {
             vtep4(cfg, &m.target_node).unwrap_or([0; 4])
         }
         _ => [0; 4],
@@ -184,7 +187,7 @@ spec: {vm: vm4, interface: eth0, network: blue, node: c, port: p4, mac: '52:54:0
         std::fs::write(dir.join("c.yaml"), DOCS).unwrap();
         let snap = config::source::read_dir(&dir);
         let _ = std::fs::remove_dir_all(&dir);
-        let mut cfg = config::validate(&snap, node, &Default::default());
+        let mut cfg = Resolved::new(config::validate(&snap, node, &Default::default()));
         let _ = crate::ipam::assign(&mut cfg, &Default::default());
         super::super::plan(&cfg, node, |_| Some(7))
     }
@@ -254,8 +257,9 @@ spec: {{address: 192.0.2.3}}
         std::fs::write(dir.join("c.yaml"), docs).unwrap();
         let snap = config::source::read_dir(&dir);
         let _ = std::fs::remove_dir_all(&dir);
-        let mut cfg = config::validate(&snap, node, &Default::default());
-        assert!(cfg.errors.is_empty(), "{:?}", cfg.errors);
+        let validated = config::validate(&snap, node, &Default::default());
+        assert!(validated.errors.is_empty(), "{:?}", validated.errors);
+        let mut cfg = Resolved::new(validated);
         let _ = crate::ipam::assign(&mut cfg, &Default::default());
         // Distinct ifindexes so the ports can be told apart.
         super::super::plan(&cfg, node, |name| {

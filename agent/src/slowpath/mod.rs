@@ -157,7 +157,7 @@ fn ensure_interfaces() -> Result<()> {
     rt.block_on(async {
         let (conn, handle, _) = rtnetlink::new_connection().context("netlink")?;
         tokio::spawn(conn);
-        if crate::agent::ifindex_of(SLOW0).is_none() {
+        if crate::netif::ifindex_of(SLOW0).is_none() {
             handle
                 .link()
                 .add(rtnetlink::LinkVeth::new(SLOW0, SLOW1).build())
@@ -186,7 +186,7 @@ fn ensure_interfaces() -> Result<()> {
 
 /// Deletes `vmp-slow0`/`vmp-slow1` (`vmpath agent --cleanup`).
 pub fn remove_interfaces() -> Result<()> {
-    let Some(index) = crate::agent::ifindex_of(SLOW0) else {
+    let Some(index) = crate::netif::ifindex_of(SLOW0) else {
         return Ok(());
     };
     let rt = tokio::runtime::Builder::new_current_thread()
@@ -229,7 +229,7 @@ pub fn start(
         Map::from_map_data(MapData::from_pin(maps_dir(root).join(map_names::XSKS))?)?.try_into()?;
     xsks.set(0, xsk.fd(), 0)
         .context("registering the AF_XDP socket")?;
-    let slow0 = crate::agent::ifindex_of(SLOW0).ok_or_else(|| anyhow!("{SLOW0} vanished"))?;
+    let slow0 = crate::netif::ifindex_of(SLOW0).ok_or_else(|| anyhow!("{SLOW0} vanished"))?;
     dp.maps_mut().slow.set(
         0,
         SlowPath {

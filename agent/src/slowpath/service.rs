@@ -11,8 +11,9 @@ use ipnet::{IpNet, Ipv4Net, Ipv6Net};
 use serde::Serialize;
 
 use crate::{
-    config::{AttachmentKey, Config, model::Role},
+    config::{AttachmentKey, model::Role},
     plan::Plan,
+    resolved::Resolved,
 };
 
 /// Per-network settings DHCP, DHCPv6 and RAs hand out.
@@ -54,9 +55,9 @@ pub const DEFAULT_LEASE_SECONDS: u32 = 3600;
 pub type Services = Arc<RwLock<BTreeMap<u16, PortService>>>;
 
 /// Services for the ports this node programmed, on networks vmpath serves.
-pub fn build(cfg: &Config, plan: &Plan) -> BTreeMap<u16, PortService> {
+pub fn build(cfg: &Resolved, plan: &Plan) -> BTreeMap<u16, PortService> {
     let mut out = BTreeMap::new();
-    let by_key: std::collections::HashMap<&AttachmentKey, &crate::config::Attachment> =
+    let by_key: std::collections::HashMap<&AttachmentKey, &crate::resolved::Attachment> =
         cfg.attachments.iter().map(|a| (&a.key, a)).collect();
     for port in plan.ports.values() {
         let Some(att) = by_key.get(&port.attachment) else {

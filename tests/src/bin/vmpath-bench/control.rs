@@ -40,6 +40,7 @@ use vmpath::{
         batch::{delete_batch, update_batch, update_batch_per_cpu},
     },
     ipam, plan,
+    resolved::Resolved,
     store::Store,
 };
 use vmpath_common::{
@@ -117,17 +118,18 @@ pub fn child(n: usize) -> Result<()> {
         t.push(t0.elapsed());
         stage(&t);
         let t1 = Instant::now();
-        let mut cfg = config::validate(&snap, "node-a", &BTreeSet::new());
+        let validated = config::validate(&snap, "node-a", &BTreeSet::new());
         t.push(t1.elapsed());
         stage(&t);
-        if !cfg.errors.is_empty() {
+        if !validated.errors.is_empty() {
             bail!(
                 "{} documents refused, first: {}",
-                cfg.errors.len(),
-                cfg.errors[0]
+                validated.errors.len(),
+                validated.errors[0]
             );
         }
         let t2 = Instant::now();
+        let mut cfg = Resolved::new(validated);
         let changes = ipam::assign(&mut cfg, &BTreeMap::new());
         t.push(t2.elapsed());
         stage(&t);

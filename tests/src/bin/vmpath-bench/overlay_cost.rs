@@ -32,7 +32,7 @@ use std::{
 
 use anyhow::{Context as _, Result, anyhow, bail};
 use aya::programs::{LinkOrder, SchedClassifier, TcAttachType, TestRun, TestRunOptions, tc};
-use vmpath::{config, dataplane::Dataplane, ipam, plan};
+use vmpath::{config, dataplane::Dataplane, ipam, plan, resolved::Resolved};
 use vmpath_common::{VXLAN_IFNAME, VXLAN_OVERHEAD, VXLAN_PORT, drop_reason, prog_names};
 use vmpath_tests::{Netns, link, unique_tag, yaml, yaml_overlay};
 
@@ -163,12 +163,13 @@ fn program(dp: &mut Dataplane, dir: &std::path::Path) -> Result<()> {
     std::fs::create_dir_all(dir)?;
     std::fs::write(dir.join("config.yaml"), config_text(PORT))?;
     let snap = config::source::read_dir(dir);
-    let mut cfg = config::validate(&snap, "a", &BTreeSet::new());
-    if !cfg.errors.is_empty() {
-        bail!("config refused: {}", cfg.errors[0]);
+    let validated = config::validate(&snap, "a", &BTreeSet::new());
+    if !validated.errors.is_empty() {
+        bail!("config refused: {}", validated.errors[0]);
     }
+    let mut cfg = Resolved::new(validated);
     ipam::assign(&mut cfg, &Default::default());
-    let p = plan::plan(&cfg, "a", vmpath::agent::ifindex_of);
+    let p = plan::plan(&cfg, "a", vmpath::netif::ifindex_of);
     if !p.problems.is_empty() || p.ports.len() != 1 {
         bail!("plan: {} ports, problems {:?}", p.ports.len(), p.problems);
     }
@@ -264,10 +265,10 @@ fn measure(
     beds: &Beds,
     dir: &std::path::Path,
 ) -> Result<Section> {
-    let port = vmpath::agent::ifindex_of(PORT).ok_or_else(|| anyhow!("no {PORT}"))?;
+    let port = vmpath::netif::ifindex_of(PORT).ok_or_else(|| anyhow!("no {PORT}"))?;
     program(dp, dir)?;
     let vxlan =
-        vmpath::agent::ifindex_of(VXLAN_IFNAME).ok_or_else(|| anyhow!("no {VXLAN_IFNAME}"))?;
+        vmpath::netif::ifindex_of(VXLAN_IFNAME).ok_or_else(|| anyhow!("no {VXLAN_IFNAME}"))?;
     crate::progcost::load_baselines(dp, port)?;
     let (port_ctx, vxlan_ctx) = (ctx_for(port), ctx_for(vxlan));
     // VM1 -> VM2 (on node b): encap. VM2 -> VM1 as it comes out of the

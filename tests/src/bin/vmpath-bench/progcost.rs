@@ -86,7 +86,7 @@ fn ip(args: &[&str]) -> Result<()> {
 }
 
 fn ifindex_of(name: &str) -> Result<u32> {
-    vmpath::agent::ifindex_of(name).ok_or_else(|| anyhow!("no interface {name}"))
+    vmpath::netif::ifindex_of(name).ok_or_else(|| anyhow!("no interface {name}"))
 }
 
 /// A bpffs root for a private data path, cleaned up on drop.
