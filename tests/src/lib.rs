@@ -23,6 +23,7 @@ pub use vmpath;
 use vmpath::dataplane::Maps;
 
 pub mod migration;
+pub mod qemu;
 
 /// Debian's python3, which has scapy (the pyenv one on PATH does not).
 pub const SCAPY_PYTHON: &str = "/usr/bin/python3";

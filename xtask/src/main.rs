@@ -8,6 +8,7 @@ mod build_ebpf;
 mod cargo;
 mod cmd;
 mod demo;
+mod guest;
 mod setup;
 mod test;
 mod toolchain;
@@ -31,7 +32,8 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Install what the build and the tests need (apt packages, nightly
-    /// rust-src, bpf-linker) and mount bpffs. Quick when already done.
+    /// rust-src, bpf-linker), mount bpffs and build the test guests
+    /// (QEMU, kernel, initramfs). Quick when already done.
     Setup,
     /// Build the eBPF object on its own and print its path.
     BuildEbpf,

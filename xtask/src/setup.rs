@@ -5,7 +5,7 @@ use std::{io::Write as _, process::Command, process::Stdio};
 
 use anyhow::{Context as _, Result, bail};
 
-use crate::{cargo, cmd, toolchain};
+use crate::{cargo, cmd, guest, toolchain};
 
 /// Debian packages: LLVM for bpf-linker, the data-path and traffic tools the
 /// tests and the demo drive.
@@ -39,6 +39,7 @@ pub fn run() -> Result<()> {
     report("eBPF toolchain (ebpf/rust-toolchain.toml)", rust_src()?);
     report("bpf-linker 0.13", bpf_linker()?);
     report("bpffs on /sys/fs/bpf", bpffs()?);
+    report("guest artefacts (QEMU, kernel, initramfs)", guest::setup()?);
     Ok(())
 }
 
@@ -52,7 +53,7 @@ fn report(step: &str, done: Done) {
     }
 }
 
-fn is_root() -> bool {
+pub(crate) fn is_root() -> bool {
     // SAFETY: geteuid has no preconditions.
     unsafe { libc::geteuid() == 0 }
 }

@@ -1,0 +1,445 @@
+//! Real guests: QEMU with a Debian cloud kernel and a busybox initramfs
+//! (built by `cargo xtask setup`), laid out as KubeVirt's bridge binding.
+//!
+//! Each guest lives in a "virt-launcher pod" namespace holding the pod's NIC
+//! `eth0` (its veth peer is the vmpath port on the node), a bridge
+//! `k6t-eth0`, the tap `tap0` and QEMU. The pod has no IP at all: the guest
+//! takes its address by DHCP from vmpath, or has it set statically.
+//!
+//! The test drives the guest over its second serial port: one command per
+//! line, its output and exit status back between markers (see the init in
+//! `xtask/src/guest/init`). [`QemuVm`] has the verbs of the namespace
+//! [`Vm`], through [`Guest`], so a scenario can use either.
+
+mod channel;
+pub mod qmp;
+
+use std::{
+    collections::BTreeMap,
+    fs,
+    path::{Path, PathBuf},
+    process::{Child, Command, Stdio},
+    sync::{Mutex, OnceLock},
+    time::{Duration, Instant},
+};
+
+use crate::{Netns, Node, Vm, run};
+use channel::Channel;
+use qmp::Qmp;
+
+/// Where `cargo xtask setup` puts the guest artefacts.
+pub const DEFAULT_GUEST_DIR: &str = "/var/cache/vmpath/guest";
+/// Guest RAM: 96 MB is the least the kernel boots with.
+pub const GUEST_MEMORY_MB: u32 = 128;
+/// How long a TCG guest may take to boot on a loaded 2-core machine.
+const BOOT_TIMEOUT: Duration = Duration::from_secs(90);
+const COMMAND_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// The verbs a test uses on a VM, whether a namespace or a real guest.
+pub trait Guest {
+    /// Runs a shell command in the guest; panics unless it exits 0.
+    fn run(&self, cmd: &str) -> String;
+    /// Runs a shell command; returns its exit status and output.
+    fn run_status(&self, cmd: &str) -> (i32, String);
+    /// True when three pings to `dst` all get replies.
+    fn ping(&self, dst: &str) -> bool {
+        self.run_status(&format!("ping -c 3 -i 0.2 -W 2 {dst}")).0 == 0
+    }
+    /// The global addresses on `eth0`, with prefix length (`10.0.0.5/24`).
+    fn addresses(&self) -> Vec<String> {
+        let out = self.run("ip -o addr show dev eth0");
+        out.lines()
+            .filter(|l| !l.contains("scope link"))
+            .filter_map(|l| {
+                let mut w = l.split_whitespace();
+                w.find(|t| *t == "inet" || *t == "inet6")?;
+                w.next().map(str::to_string)
+            })
+            .collect()
+    }
+    /// The MAC of the guest's neighbour entry for `ip`, if it has one.
+    fn neighbour(&self, ip: &str) -> Option<String> {
+        let out = self.run_status(&format!("ip neigh show {ip} dev eth0")).1;
+        let mut w = out.split_whitespace();
+        w.find(|t| *t == "lladdr")?;
+        w.next().map(str::to_string)
+    }
+}
+
+impl Guest for Vm {
+    fn run(&self, cmd: &str) -> String {
+        self.ns.run(&["sh", "-c", cmd])
+    }
+
+    fn run_status(&self, cmd: &str) -> (i32, String) {
+        let out = self.ns.run_status(&["sh", "-c", cmd]);
+        let mut text = String::from_utf8_lossy(&out.stdout).into_owned();
+        text.push_str(&String::from_utf8_lossy(&out.stderr));
+        (out.status.code().unwrap_or(-1), text)
+    }
+}
+
+/// The directory with QEMU, the kernel and the initramfs.
+pub fn guest_dir() -> PathBuf {
+    std::env::var_os("VMPATH_GUEST_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(DEFAULT_GUEST_DIR))
+}
+
+/// How QEMU runs the guests.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Accel {
+    Kvm,
+    Tcg,
+}
+
+/// KVM when `/dev/kvm` is a hardware KVM, TCG otherwise or when
+/// `VMPATH_QEMU_ACCEL=tcg`; printed once, so the test output says which.
+pub fn accel() -> Accel {
+    static ACCEL: OnceLock<Accel> = OnceLock::new();
+    *ACCEL.get_or_init(|| {
+        let (accel, why) = match std::env::var("VMPATH_QEMU_ACCEL").as_deref() {
+            Ok("tcg") => (Accel::Tcg, "VMPATH_QEMU_ACCEL=tcg"),
+            Ok("kvm") => (Accel::Kvm, "VMPATH_QEMU_ACCEL=kvm"),
+            _ if !Path::new("/dev/kvm").exists() => (Accel::Tcg, "no /dev/kvm"),
+            // Firecracker's PVM: KVM_CREATE_VM works but the guest kernel
+            // does not boot on it.
+            _ if Path::new("/sys/module/kvm_pvm").exists() => {
+                (Accel::Tcg, "/dev/kvm is kvm_pvm, which boots no guest")
+            }
+            _ => (Accel::Kvm, "/dev/kvm present"),
+        };
+        println!("qemu guests: {accel:?} ({why})");
+        accel
+    })
+}
+
+/// How the guest configures `eth0` at boot.
+#[derive(Clone, Debug)]
+pub enum GuestNet {
+    /// busybox udhcpc, which keeps renewing.
+    Dhcp,
+    /// A static address (`10.30.0.5/24`) and optionally a default gateway.
+    Static {
+        addr: String,
+        gateway: Option<String>,
+    },
+}
+
+/// A virt-launcher pod on a node: its NIC `eth0` (peer of the node's port
+/// `port`), the bridge `k6t-eth0` and the tap `tap0` on it. No IP.
+pub struct Pod {
+    pub ns: Netns,
+    pub port: String,
+}
+
+/// The node's port for the pod `name` (what an attachment names).
+pub fn pod_port(node: &Node, name: &str) -> String {
+    let port = format!("vp{}{name}", node.tag);
+    assert!(port.len() <= 15, "port name {port} too long");
+    port
+}
+
+impl Pod {
+    pub fn new(node: &Node, name: &str) -> Pod {
+        let ns = Netns::new(format!("vt{}-{name}", node.tag));
+        let port = pod_port(node, name);
+        // Nothing in the pod may speak for itself (link-local addresses,
+        // router solicitations): only the guest sends on the port.
+        for sysctl in [
+            "net.ipv6.conf.all.disable_ipv6=1",
+            "net.ipv6.conf.default.disable_ipv6=1",
+        ] {
+            ns.run(&["sysctl", "-qw", sysctl]);
+        }
+        run(&[
+            "ip",
+            "link",
+            "add",
+            &port,
+            "netns",
+            &node.ns.name,
+            "type",
+            "veth",
+            "peer",
+            "name",
+            "eth0",
+            "netns",
+            &ns.name,
+        ]);
+        ns.run(&["ip", "link", "add", "k6t-eth0", "type", "bridge"]);
+        ns.run(&["ip", "tuntap", "add", "tap0", "mode", "tap"]);
+        for ifname in ["eth0", "tap0"] {
+            ns.run(&["ip", "link", "set", ifname, "master", "k6t-eth0"]);
+        }
+        for ifname in ["k6t-eth0", "eth0", "tap0"] {
+            ns.run(&["ip", "link", "set", ifname, "up"]);
+        }
+        node.ns.run(&["ip", "link", "set", &port, "up"]);
+        Pod { ns, port }
+    }
+
+    /// True when the pod holds no IPv4 or global IPv6 address.
+    pub fn holds_no_ip(&self) -> bool {
+        let out = self.ns.run(&["ip", "-o", "addr", "show"]);
+        out.lines()
+            .filter(|l| !l.contains(" lo "))
+            .all(|l| !l.contains("inet"))
+    }
+}
+
+/// A QEMU guest in its pod, killed on drop.
+pub struct QemuVm {
+    pub pod: Pod,
+    pub mac: String,
+    pub accel: Accel,
+    /// When QEMU was started.
+    pub started: Instant,
+    qemu: Child,
+    work: PathBuf,
+    channel: Mutex<Channel>,
+    append: String,
+}
+
+/// The guest's DHCP lease as its udhcpc hook recorded it.
+pub type Lease = BTreeMap<String, String>;
+
+impl QemuVm {
+    /// Boots a guest in a new pod on `node`.
+    pub fn boot(node: &Node, name: &str, mac: &str, net: GuestNet) -> QemuVm {
+        let pod = Pod::new(node, name);
+        let append = match &net {
+            GuestNet::Dhcp => "vmpath.dhcp=1".to_string(),
+            GuestNet::Static { addr, gateway } => match gateway {
+                Some(gw) => format!("vmpath.ip={addr} vmpath.gw={gw}"),
+                None => format!("vmpath.ip={addr}"),
+            },
+        };
+        let vm = Self::spawn(pod, mac, append, None);
+        vm.wait_ready();
+        vm
+    }
+
+    /// Starts the migration target of `source` in a new pod on `node`:
+    /// the same machine, waiting for the source's state (`-incoming`).
+    pub fn incoming(node: &Node, name: &str, source: &QemuVm) -> QemuVm {
+        let pod = Pod::new(node, name);
+        let vm = Self::spawn(pod, &source.mac, source.append.clone(), Some(()));
+        vm.qmp().wait_status("inmigrate");
+        vm
+    }
+
+    fn spawn(pod: Pod, mac: &str, append: String, incoming: Option<()>) -> QemuVm {
+        let accel = accel();
+        let dir = guest_dir();
+        let qemu_root = dir.join("qemu");
+        let binary = qemu_root.join("usr/bin/qemu-system-x86_64");
+        assert!(
+            binary.exists() && dir.join("initramfs.cpio").exists(),
+            "no guest artefacts in {}: run `cargo xtask setup` (as root)",
+            dir.display()
+        );
+        let work = std::env::temp_dir().join(format!("vmpath-qemu-{}", pod.ns.name));
+        let _ = fs::remove_dir_all(&work);
+        fs::create_dir_all(&work).unwrap();
+        let path = |f: &str| work.join(f).display().to_string();
+        let (accel_arg, cpu) = match accel {
+            Accel::Tcg => ("tcg,tb-size=32", "max"),
+            Accel::Kvm => ("kvm", "host"),
+        };
+        let log = fs::File::create(work.join("qemu.log")).unwrap();
+        let mut cmd = Command::new("nsenter");
+        cmd.arg(format!("--net={}", pod.ns.path()))
+            .arg(&binary)
+            .env(
+                "LD_LIBRARY_PATH",
+                qemu_root.join("usr/lib/x86_64-linux-gnu"),
+            )
+            .arg("-L")
+            .arg(qemu_root.join("usr/share/qemu"))
+            .arg("-L")
+            .arg(qemu_root.join("usr/share/seabios"))
+            .args(["-machine", "pc", "-accel", accel_arg, "-cpu", cpu])
+            .args(["-m", &GUEST_MEMORY_MB.to_string(), "-smp", "1"])
+            .args(["-nodefaults", "-no-user-config", "-display", "none"])
+            .arg("-kernel")
+            .arg(dir.join("vmlinuz"))
+            .arg("-initrd")
+            .arg(dir.join("initramfs.cpio"))
+            .args([
+                "-append",
+                &format!("console=ttyS0 quiet panic=-1 {append}"),
+                "-no-reboot",
+            ])
+            .args(["-serial", &format!("file:{}", path("console.log"))])
+            .args([
+                "-chardev",
+                &format!("socket,id=ctl,path={},server=on,wait=off", path("ctl.sock")),
+                "-serial",
+                "chardev:ctl",
+            ])
+            .args([
+                "-qmp",
+                &format!("unix:{},server=on,wait=off", path("qmp.sock")),
+            ])
+            .args([
+                "-netdev",
+                "tap,id=net0,ifname=tap0,script=no,downscript=no",
+                "-device",
+                &format!("virtio-net-pci,netdev=net0,mac={mac},romfile="),
+            ]);
+        if incoming.is_some() {
+            cmd.args(["-incoming", &format!("unix:{}", path("migrate.sock"))]);
+        }
+        let started = Instant::now();
+        let qemu = cmd
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .spawn()
+            .expect("starting qemu-system-x86_64");
+        let mut vm = QemuVm {
+            pod,
+            mac: mac.to_string(),
+            accel,
+            started,
+            qemu,
+            channel: Mutex::new(Channel::default()),
+            append,
+            work,
+        };
+        // Connect at once: the guest's first words are not kept for later.
+        let sock = vm.work.join("ctl.sock");
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let channel = loop {
+            if let Some(c) = Channel::connect(&sock) {
+                break c;
+            }
+            vm.assert_running();
+            assert!(
+                Instant::now() < deadline,
+                "qemu made no control socket; log:\n{}",
+                vm.qemu_log()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        vm.channel = Mutex::new(channel);
+        vm
+    }
+
+    fn assert_running(&mut self) {
+        if let Ok(Some(status)) = self.qemu.try_wait() {
+            panic!("qemu exited ({status}); log:\n{}", self.qemu_log());
+        }
+    }
+
+    pub fn qemu_log(&self) -> String {
+        fs::read_to_string(self.work.join("qemu.log")).unwrap_or_default()
+    }
+
+    /// The guest's serial console (kernel messages, init's complaints).
+    pub fn console(&self) -> String {
+        fs::read_to_string(self.work.join("console.log")).unwrap_or_default()
+    }
+
+    fn wait_ready(&self) {
+        let ok = self.channel.lock().unwrap().wait_ready(BOOT_TIMEOUT);
+        assert!(
+            ok,
+            "guest {} did not answer on its command channel within {BOOT_TIMEOUT:?}; console:\n{}\nqemu:\n{}",
+            self.pod.ns.name,
+            self.console(),
+            self.qemu_log()
+        );
+    }
+
+    /// After a migration: the guest answers on this QEMU's channel.
+    pub fn wait_resumed(&self) {
+        self.wait_ready();
+    }
+
+    /// A QMP session with this QEMU.
+    pub fn qmp(&self) -> Qmp {
+        Qmp::connect(&self.work.join("qmp.sock"))
+    }
+
+    /// The path the target of a migration listens on.
+    pub fn migrate_uri(&self) -> String {
+        format!("unix:{}", self.work.join("migrate.sock").display())
+    }
+
+    /// Waits for the lease the guest's udhcpc took, and returns it.
+    pub fn wait_lease(&self) -> Lease {
+        let (rc, out) = self.run_status(
+            "i=0; while [ ! -f /run/lease ] && [ $i -lt 600 ]; do sleep 0.1; i=$((i+1)); done; cat /run/lease",
+        );
+        assert_eq!(
+            rc,
+            0,
+            "guest {} got no DHCP lease: {out}\nconsole:\n{}",
+            self.pod.ns.name,
+            self.console()
+        );
+        out.lines()
+            .filter_map(|l| l.split_once('='))
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    /// QEMU's resident memory, KiB.
+    pub fn rss_kib(&self) -> u64 {
+        let status = fs::read_to_string(format!("/proc/{}/status", self.qemu.id())).unwrap();
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix("VmRSS:"))
+            .and_then(|v| v.split_whitespace().next()?.parse().ok())
+            .unwrap_or(0)
+    }
+
+    /// Kills QEMU now (the source after a migration).
+    pub fn kill(&mut self) {
+        let _ = self.qemu.kill();
+        let _ = self.qemu.wait();
+    }
+}
+
+impl Guest for QemuVm {
+    fn run(&self, cmd: &str) -> String {
+        let (rc, out) = self.run_status(cmd);
+        assert_eq!(
+            rc, 0,
+            "in guest {}: `{cmd}` exited {rc}: {out}",
+            self.pod.ns.name
+        );
+        out
+    }
+
+    fn run_status(&self, cmd: &str) -> (i32, String) {
+        self.channel
+            .lock()
+            .unwrap()
+            .request(cmd, COMMAND_TIMEOUT)
+            .unwrap_or_else(|e| {
+                panic!(
+                    "guest {}: `{cmd}`: {e}; console:\n{}",
+                    self.pod.ns.name,
+                    self.console()
+                )
+            })
+    }
+}
+
+impl Drop for QemuVm {
+    fn drop(&mut self) {
+        self.kill();
+        if std::thread::panicking() {
+            eprintln!(
+                "--- console of guest {} ---\n{}\n--- qemu ---\n{}",
+                self.pod.ns.name,
+                self.console(),
+                self.qemu_log()
+            );
+        }
+        let _ = fs::remove_dir_all(&self.work);
+    }
+}
