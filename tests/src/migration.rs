@@ -49,7 +49,7 @@ pub struct Bed {
     _underlay: Underlay,
 }
 
-fn network_doc() -> String {
+pub fn network_doc() -> String {
     // Advertised per VM, so the /32 is in table 100 and moves with the VM.
     yaml::network(NET, NET_ID, &["10.20.0.0/16"], &[GATEWAY], false)
         + "  egress: Routed\n  advertise: {perVM: true}\n"

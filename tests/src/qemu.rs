@@ -12,6 +12,7 @@
 //! [`Vm`], through [`Guest`], so a scenario can use either.
 
 mod channel;
+pub mod migration;
 pub mod qmp;
 
 use std::{

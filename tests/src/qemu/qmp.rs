@@ -68,6 +68,17 @@ impl Qmp {
         }
     }
 
+    /// Wall-clock time (s) of the first event `name` seen so far.
+    pub fn event_time(&self, name: &str) -> Option<f64> {
+        self.events
+            .iter()
+            .find(|e| e["event"] == name)
+            .and_then(|e| {
+                let t = &e["timestamp"];
+                Some(t["seconds"].as_f64()? + t["microseconds"].as_f64()? / 1e6)
+            })
+    }
+
     pub fn status(&mut self) -> String {
         self.execute("query-status", json!({}))["status"]
             .as_str()

@@ -11,6 +11,8 @@
 //!   dhcp      DHCP exchanges per second and latency through the slow path
 //!   migration live-migration loss window over the overlay (the migration
 //!             test's scenario) against the sender's interval
+//!   realmigration  a real QEMU guest's live migration: the gap in a 1 ms
+//!             stream against QEMU's own downtime
 //!
 //! Needs root; everything runs in network namespaces it creates and
 //! removes (guards), and no packet leaves them.
@@ -22,6 +24,7 @@ mod external;
 mod migration;
 mod overlay_cost;
 mod progcost;
+mod realmigration;
 mod report;
 mod util;
 
@@ -62,7 +65,7 @@ fn parse_args() -> Result<Args> {
             }
             "-h" | "--help" => {
                 println!(
-                    "vmpath-bench [--out DIR] [--runs N] [--only progcost,e2e,external,control,dhcp,migration] [--quick]"
+                    "vmpath-bench [--out DIR] [--runs N] [--only progcost,e2e,external,control,dhcp,migration,realmigration] [--quick]"
                 );
                 std::process::exit(0);
             }
@@ -191,6 +194,14 @@ fn run() -> Result<()> {
         step("5. Live migration loss window", &|| {
             migration::run(&migration::Options {
                 runs: if args.quick { 1 } else { args.runs.min(3) },
+            })
+        });
+    }
+
+    if want("realmigration") {
+        step("6. Real live migration (QEMU)", &|| {
+            realmigration::run(&realmigration::Options {
+                runs: if args.quick { 2 } else { args.runs.min(5) },
             })
         });
     }
