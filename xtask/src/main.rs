@@ -50,7 +50,7 @@ enum Command {
     /// BENCHMARKS.md and BENCHMARKS.png at the repository root.
     Bench {
         /// Arguments for the bench (`--runs N`, `--quick`,
-        /// `--only progcost,e2e,external,control,dhcp,migration`).
+        /// `--only progcost,e2e,external,control,dhcp,migration,realmigration`).
         #[arg(last = true)]
         args: Vec<String>,
     },

@@ -25,6 +25,9 @@ use crate::{
     wait_for, yaml, yaml_overlay,
 };
 
+/// Echo requests in the stream, one per millisecond.
+pub const STREAM_COUNT: u64 = 6000;
+
 /// TCP port of the guest's echo server.
 const ECHO_PORT: u16 = 7000;
 
@@ -194,6 +197,56 @@ impl RealMigration {
     }
 }
 
+/// Sends `count` ICMP echo requests to the guest, one per millisecond
+/// whatever comes back (unlike ping, which holds back when replies stop),
+/// and prints "seq wall-clock-seconds" for each reply.
+fn pinger(ns: &crate::Netns, count: u64) -> Child {
+    ns.spawn(&[
+        "python3",
+        "-c",
+        &format!(
+            "import os, socket, struct, threading, time
+s = socket.socket(socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_ICMP)
+ident = os.getpid() & 0xffff
+payload = b'x' * 56
+def csum(b):
+    t = sum(struct.unpack('!%dH' % (len(b) // 2), b))
+    t = (t >> 16) + (t & 0xffff)
+    t += t >> 16
+    return ~t & 0xffff
+got = {{}}
+end = time.monotonic() + {count} / 1000 + 3
+def rx():
+    s.settimeout(0.2)
+    while time.monotonic() < end:
+        try:
+            d, _ = s.recvfrom(2048)
+        except socket.timeout:
+            continue
+        ihl = (d[0] & 15) * 4
+        typ, _, _, i, q = struct.unpack('!BBHHH', d[ihl:ihl + 8])
+        if typ == 0 and i == ident and q not in got:
+            got[q] = time.time()
+th = threading.Thread(target=rx)
+th.start()
+t0 = time.monotonic()
+for q in range({count}):
+    c = csum(struct.pack('!BBHHH', 8, 0, 0, ident, q) + payload)
+    try:
+        s.sendto(struct.pack('!BBHHH', 8, 0, c, ident, q) + payload, ('{VM1_IP}', 0))
+    except OSError:
+        pass
+    w = t0 + (q + 1) / 1000 - time.monotonic()
+    if w > 0:
+        time.sleep(w)
+th.join()
+for q in sorted(got):
+    print(q, '%.6f' % got[q])
+"
+        ),
+    ])
+}
+
 fn ms_between(from: Option<f64>, to: Option<f64>) -> f64 {
     match (from, to) {
         (Some(a), Some(b)) => (b - a) * 1e3,
@@ -292,10 +345,8 @@ pub fn migrate(bed: &mut RealBed) -> RealMigration {
         "3000",
         "rarp or icmp",
     ]);
-    // 1 ms pings for 6 s; timestamps (-D) on every reply.
-    let pinger = bed.client.ns.spawn(&[
-        "ping", "-D", "-n", "-i", "0.001", "-c", "6000", "-W", "1", VM1_IP,
-    ]);
+    // 1 ms echo requests for 6 s, answered by the guest's kernel.
+    let pinger = pinger(&bed.client.ns, STREAM_COUNT);
     std::thread::sleep(Duration::from_millis(1500));
 
     let mut tq = target.qmp();
@@ -354,12 +405,16 @@ pub fn migrate(bed: &mut RealBed) -> RealMigration {
     let gw_after = bed.vm1.neighbour(GATEWAY).unwrap_or_default();
     let _ = std::fs::remove_dir_all(&dir);
 
-    let ping_text = String::from_utf8_lossy(&ping.stdout);
-    let stamps: Vec<f64> = ping_text
+    assert!(
+        ping.status.success(),
+        "the ping stream: {}",
+        String::from_utf8_lossy(&ping.stderr)
+    );
+    let mut stamps: Vec<f64> = String::from_utf8_lossy(&ping.stdout)
         .lines()
-        .filter(|l| l.contains("bytes from"))
-        .filter_map(|l| l.strip_prefix('[')?.split(']').next()?.parse().ok())
+        .filter_map(|l| l.split_whitespace().nth(1)?.parse().ok())
         .collect();
+    stamps.sort_by(f64::total_cmp);
     let gap_ms = stamps
         .windows(2)
         .map(|w| (w[1] - w[0]) * 1e3)
@@ -380,7 +435,7 @@ pub fn migrate(bed: &mut RealBed) -> RealMigration {
         pause_ms,
         resume_to_reply_ms,
         total_ms: info["total-time"].as_f64().unwrap_or(f64::NAN),
-        sent: 6000,
+        sent: STREAM_COUNT,
         answered: stamps.len() as u64,
         echoes,
         echoes_after,
