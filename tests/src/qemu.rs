@@ -216,7 +216,7 @@ impl QemuVm {
                 None => format!("vmpath.ip={addr}"),
             },
         };
-        let vm = Self::spawn(pod, mac, append, None);
+        let vm = Self::spawn(pod, mac, append, false);
         vm.wait_ready();
         vm
     }
@@ -225,12 +225,12 @@ impl QemuVm {
     /// the same machine, waiting for the source's state (`-incoming`).
     pub fn incoming(node: &Node, name: &str, source: &QemuVm) -> QemuVm {
         let pod = Pod::new(node, name);
-        let vm = Self::spawn(pod, &source.mac, source.append.clone(), Some(()));
+        let vm = Self::spawn(pod, &source.mac, source.append.clone(), true);
         vm.qmp().wait_status("inmigrate");
         vm
     }
 
-    fn spawn(pod: Pod, mac: &str, append: String, incoming: Option<()>) -> QemuVm {
+    fn spawn(pod: Pod, mac: &str, append: String, incoming: bool) -> QemuVm {
         let accel = accel();
         let dir = guest_dir();
         let qemu_root = dir.join("qemu");
@@ -289,7 +289,7 @@ impl QemuVm {
                 "-device",
                 &format!("virtio-net-pci,netdev=net0,mac={mac},romfile="),
             ]);
-        if incoming.is_some() {
+        if incoming {
             cmd.args(["-incoming", &format!("unix:{}", path("migrate.sock"))]);
         }
         let started = Instant::now();
