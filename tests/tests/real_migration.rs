@@ -15,7 +15,7 @@ use vmpath_tests::{
 
 #[test]
 fn a_real_guest_migrates_with_its_tcp_connection_and_gateway_entry() {
-    let mut bed = RealBed::new();
+    let mut bed = RealBed::boot();
     let m = migrate(&mut bed);
     println!(
         "real migration {} -> {} ({:?}): QEMU downtime {:.0} ms, guest paused (STOP to \

@@ -79,7 +79,7 @@ impl RealBed {
     /// Builds the nodes, boots the guest on a (static address, gateway
     /// route: the migration test's VM) and waits until the client reaches
     /// it over the overlay.
-    pub fn new() -> RealBed {
+    pub fn boot() -> RealBed {
         let underlay = Underlay::new();
         let nodes = [Node::new("a"), Node::new("b"), Node::new("c")];
         for (node, (_, ip)) in nodes.iter().zip(NODE_IPS) {

@@ -19,7 +19,7 @@ pub struct Options {
 }
 
 pub fn run(opts: &Options) -> Result<Section> {
-    let mut bed = RealBed::new();
+    let mut bed = RealBed::boot();
     let accel = bed.vm1.accel;
     let mut runs: Vec<RealMigration> = Vec::new();
     for r in 0..opts.runs {
