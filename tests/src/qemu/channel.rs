@@ -32,8 +32,11 @@ impl Channel {
     pub fn wait_ready(&mut self, timeout: Duration) -> bool {
         let deadline = Instant::now() + timeout;
         while Instant::now() < deadline {
-            if self.request("true", Duration::from_secs(1)).is_ok() {
-                return true;
+            match self.request("true", Duration::from_secs(1)) {
+                Ok(_) => return true,
+                // QEMU is gone (the guest panicked with -no-reboot).
+                Err(e) if e.contains("closed") => return false,
+                Err(_) => {}
             }
         }
         false
