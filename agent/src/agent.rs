@@ -220,7 +220,8 @@ pub fn run_with(
     let mut migrations = crate::migration::Migrations::default();
     loop {
         crate::api::heartbeat();
-        let snap = config::source::read_dir(&opts.config_dir);
+        let mut snap = config::source::read_dir(&opts.config_dir);
+        crate::endpoints::add_documents(&opts.state_dir, &opts.node, &mut snap);
         if snap.empty {
             // A ConfigMap not mounted yet must never wipe a running data path.
             if !warned_empty {
@@ -231,7 +232,8 @@ pub fn run_with(
             continue;
         }
         warned_empty = false;
-        let validated = config::validate(&snap, &opts.node, &accepted);
+        let mut validated = config::validate(&snap, &opts.node, &accepted);
+        crate::endpoints::keep_claims(&mut validated);
         let changed = last_fingerprint != Some(snap.fingerprint);
         last_fingerprint = Some(snap.fingerprint);
 

@@ -2,7 +2,8 @@
 //! open (mode 0600). `vmpath status|net|vm` (see `cli`) and the DaemonSet's
 //! probes talk to it.
 //!
-//! Endpoints (GET only):
+//! Endpoints (GET only; `/v1/endpoints`, the CNI plugin's, is in
+//! `endpoints`):
 //!   /healthz                  200 while the agent loop is alive
 //!   /readyz                   200 once the data path is programmed
 //!   /v1/status                node, readiness, counts, config errors,
@@ -515,7 +516,16 @@ pub fn serve(socket: &Path, shared: SharedView, bpffs: PathBuf) -> Result<JoinHa
     let handle = std::thread::Builder::new()
         .name("api".into())
         .spawn(move || {
-            for request in server.incoming_requests() {
+            for mut request in server.incoming_requests() {
+                // CNI endpoints (ADD waits for the port): own thread each.
+                if request.url().starts_with("/v1/endpoints") {
+                    let shared = shared.clone();
+                    std::thread::spawn(move || {
+                        let reply = crate::endpoints::handle(&shared, &mut request);
+                        respond(request, reply);
+                    });
+                    continue;
+                }
                 let reply = if *request.method() == tiny_http::Method::Get {
                     route(&shared, &bpffs, request.url())
                 } else {

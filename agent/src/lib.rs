@@ -6,6 +6,7 @@ pub mod cli;
 pub mod clock;
 pub mod config;
 pub mod dataplane;
+pub mod endpoints;
 pub mod hash;
 pub mod ipam;
 pub mod metrics;

@@ -1,0 +1,497 @@
+//! Endpoints handed over by the `vmpath-cni` plugin: a port the container
+//! runtime created, turned into the same Attachment a config document would
+//! give (identity: pod namespace/name + interface; network from the plugin's
+//! config; addresses from the IPAM claim; MAC from the pod side).
+//!
+//! The plugin is stateless; the agent keeps the endpoints in its state dir
+//! (`cni-endpoints.json`) so they survive agent restarts. API:
+//!   POST   /v1/endpoints                      hand over a port; answers once
+//!                                             it is programmed (or refused)
+//!   GET    /v1/endpoints                      every endpoint, with its state
+//!   GET    /v1/endpoints/{container}/{ifname} one endpoint (CHECK)
+//!   DELETE /v1/endpoints/{container}/{ifname} forget it (idempotent)
+//!
+//! A VM interface an endpoint once programmed keeps its claim after DEL: a
+//! persistent address outlives the pod (a restarted pod gets it back).
+
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    fs,
+    io::Read as _,
+    path::{Path, PathBuf},
+    sync::{
+        Mutex, OnceLock,
+        atomic::{AtomicU64, Ordering},
+    },
+    time::{Duration, Instant},
+};
+
+use serde::{Deserialize, Serialize};
+use tracing::{info, warn};
+
+use crate::{
+    api::{Reply, state},
+    config::{AttachmentKey, Config, source::RawDocument, source::Snapshot},
+    resolved::Origin,
+    view::{SharedView, View},
+};
+
+/// How long an ADD waits for the agent to program the port.
+pub const PROGRAM_TIMEOUT: Duration = Duration::from_secs(10);
+/// The largest request body accepted (an endpoint is a few hundred bytes).
+const MAX_BODY: u64 = 64 * 1024;
+const STATE_FILE: &str = "cni-endpoints.json";
+
+/// What the plugin sends on ADD.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EndpointRequest {
+    pub container_id: String,
+    pub ifname: String,
+    pub netns: String,
+    pub network: String,
+    /// Host side of the veth pair.
+    pub port: String,
+    /// The pod side's MAC; absent for a VM whose MAC is learned from its
+    /// traffic.
+    #[serde(default)]
+    pub mac: Option<String>,
+    pub pod_namespace: String,
+    pub pod_name: String,
+    #[serde(default)]
+    pub pod_uid: Option<String>,
+    /// A virt-launcher pod: the VM behind it takes its addresses by DHCP.
+    #[serde(default)]
+    pub vm: bool,
+}
+
+impl EndpointRequest {
+    fn id(&self) -> String {
+        endpoint_id(&self.container_id, &self.ifname)
+    }
+
+    fn key(&self) -> AttachmentKey {
+        AttachmentKey {
+            namespace: self.pod_namespace.clone(),
+            vm: self.pod_name.clone(),
+            interface: self.ifname.clone(),
+        }
+    }
+
+    /// Where errors about this endpoint point (config errors name a file).
+    fn source(&self) -> PathBuf {
+        PathBuf::from(format!("cni:{}", self.id()))
+    }
+
+    fn validate(&self) -> Result<(), String> {
+        for (field, v) in [
+            ("container_id", &self.container_id),
+            ("ifname", &self.ifname),
+            ("netns", &self.netns),
+            ("network", &self.network),
+            ("port", &self.port),
+            ("pod_namespace", &self.pod_namespace),
+            ("pod_name", &self.pod_name),
+        ] {
+            if v.is_empty() {
+                return Err(format!("{field} is empty"));
+            }
+            if v.contains('/') && field != "netns" {
+                return Err(format!("{field} {v:?} contains '/'"));
+            }
+        }
+        if self.port.len() > 15 || self.ifname.len() > 15 {
+            return Err("interface names are at most 15 characters".into());
+        }
+        Ok(())
+    }
+
+    /// The Attachment document this endpoint stands for.
+    fn document(&self, node: &str) -> serde_yaml::Value {
+        let mut spec = serde_yaml::Mapping::new();
+        for (k, v) in [
+            ("vm", self.pod_name.as_str()),
+            ("interface", &self.ifname),
+            ("network", &self.network),
+            ("node", node),
+            ("port", &self.port),
+        ] {
+            spec.insert(k.into(), v.into());
+        }
+        if let Some(mac) = &self.mac {
+            spec.insert("mac".into(), mac.as_str().into());
+        }
+        let mut meta = serde_yaml::Mapping::new();
+        meta.insert(
+            "name".into(),
+            format!("{}-{}", self.pod_name, self.ifname).into(),
+        );
+        meta.insert("namespace".into(), self.pod_namespace.as_str().into());
+        let mut doc = serde_yaml::Mapping::new();
+        doc.insert(
+            "apiVersion".into(),
+            crate::config::model::API_VERSION.into(),
+        );
+        doc.insert("kind".into(), "Attachment".into());
+        doc.insert("metadata".into(), meta.into());
+        doc.insert("spec".into(), spec.into());
+        doc.into()
+    }
+}
+
+pub fn endpoint_id(container_id: &str, ifname: &str) -> String {
+    format!("{container_id}/{ifname}")
+}
+
+/// What ADD answers once the port is programmed: what the plugin puts in
+/// its result (and configures in a plain pod).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EndpointReply {
+    pub endpoint: EndpointRequest,
+    /// One of the API's attachment states (`local` once programmed).
+    pub state: String,
+    /// The MAC in force (given, or claimed).
+    pub mac: Option<String>,
+    /// Given or claimed addresses with prefix, e.g. `10.20.0.5/16`.
+    pub ips: Vec<String>,
+    pub gateways: Vec<String>,
+    pub mtu: Option<u16>,
+}
+
+#[derive(Debug, Default, Serialize, Deserialize)]
+struct Stored {
+    endpoints: BTreeMap<String, EndpointRequest>,
+    /// VM interfaces whose claims stay although no endpoint names them now.
+    kept: BTreeSet<(String, String, String)>,
+}
+
+struct Registry {
+    path: PathBuf,
+    stored: Mutex<Stored>,
+    /// Bumped on every change, mixed into the config fingerprint so the
+    /// reconcile loop notices.
+    generation: AtomicU64,
+    /// The generation the last reconcile round started with.
+    seen: AtomicU64,
+    /// Reconcile rounds started.
+    rounds: AtomicU64,
+}
+
+static REGISTRY: OnceLock<Registry> = OnceLock::new();
+
+fn load(state_dir: &Path) -> Registry {
+    let path = state_dir.join(STATE_FILE);
+    let stored = match fs::read(&path) {
+        Ok(bytes) => serde_json::from_slice(&bytes).unwrap_or_else(|e| {
+            warn!(file = %path.display(), "unreadable CNI endpoints, starting with none: {e}");
+            Stored::default()
+        }),
+        Err(_) => Stored::default(),
+    };
+    info!(endpoints = stored.endpoints.len(), "CNI endpoints loaded");
+    Registry {
+        path,
+        stored: Mutex::new(stored),
+        generation: AtomicU64::new(1),
+        seen: AtomicU64::new(0),
+        rounds: AtomicU64::new(0),
+    }
+}
+
+impl Registry {
+    fn save(&self, stored: &Stored) -> Result<(), String> {
+        let tmp = self.path.with_extension("json.tmp");
+        let bytes = serde_json::to_vec_pretty(stored).map_err(|e| e.to_string())?;
+        fs::write(&tmp, bytes)
+            .and_then(|()| fs::rename(&tmp, &self.path))
+            .map_err(|e| format!("writing {}: {e}", self.path.display()))
+    }
+
+    /// Applies `change` and persists it; returns the new generation.
+    fn update<T>(&self, change: impl FnOnce(&mut Stored) -> T) -> Result<(T, u64), String> {
+        let mut stored = self.stored.lock().unwrap_or_else(|p| p.into_inner());
+        let out = change(&mut stored);
+        self.save(&stored)?;
+        Ok((out, self.generation.fetch_add(1, Ordering::SeqCst) + 1))
+    }
+
+    fn get(&self, id: &str) -> Option<EndpointRequest> {
+        let stored = self.stored.lock().unwrap_or_else(|p| p.into_inner());
+        stored.endpoints.get(id).cloned()
+    }
+
+    fn all(&self) -> Vec<EndpointRequest> {
+        let stored = self.stored.lock().unwrap_or_else(|p| p.into_inner());
+        stored.endpoints.values().cloned().collect()
+    }
+}
+
+// --- reconcile-loop hooks ---------------------------------------------------
+
+/// Adds one Attachment document per CNI endpoint to what the config dir
+/// gave (loading the endpoints from `state_dir` on first use).
+pub fn add_documents(state_dir: &Path, node: &str, snap: &mut Snapshot) {
+    let registry = REGISTRY.get_or_init(|| load(state_dir));
+    let generation = registry.generation.load(Ordering::SeqCst);
+    for e in registry.all() {
+        snap.documents.push(RawDocument {
+            file: e.source(),
+            index: 1,
+            value: e.document(node),
+        });
+    }
+    snap.fingerprint =
+        crate::hash::fnv1a(&[&snap.fingerprint.to_be_bytes(), &generation.to_be_bytes()]);
+    registry.seen.store(generation, Ordering::SeqCst);
+    registry.rounds.fetch_add(1, Ordering::SeqCst);
+}
+
+/// Keeps the claims of VM interfaces CNI programmed once (DEL never
+/// releases a persistent address).
+pub fn keep_claims(cfg: &mut Config) {
+    let Some(registry) = REGISTRY.get() else {
+        return;
+    };
+    let stored = registry.stored.lock().unwrap_or_else(|p| p.into_inner());
+    for (namespace, vm, interface) in &stored.kept {
+        cfg.keys_in_documents.insert(AttachmentKey {
+            namespace: namespace.clone(),
+            vm: vm.clone(),
+            interface: interface.clone(),
+        });
+    }
+}
+
+// --- API --------------------------------------------------------------------
+
+fn reply<T: Serialize>(code: u16, value: &T) -> Reply {
+    Reply {
+        code,
+        body: serde_json::to_string_pretty(value).unwrap_or_else(|_| "{}".into()),
+    }
+}
+
+fn error(code: u16, message: String) -> Reply {
+    reply(code, &serde_json::json!({ "error": message }))
+}
+
+fn snapshot(shared: &SharedView) -> View {
+    match shared.read() {
+        Ok(v) => v.clone(),
+        Err(p) => p.into_inner().clone(),
+    }
+}
+
+/// The endpoint as the view shows it.
+fn describe(view: &View, e: &EndpointRequest) -> EndpointReply {
+    let a = view.attachments.iter().find(|a| {
+        a.namespace == e.pod_namespace
+            && a.vm == e.pod_name
+            && a.interface == e.ifname
+            && a.port == e.port
+    });
+    let net = view.networks.iter().find(|n| n.name == e.network);
+    EndpointReply {
+        endpoint: e.clone(),
+        state: a
+            .map(|a| crate::api::state_of(view, a))
+            .unwrap_or("unknown")
+            .to_string(),
+        mac: a.and_then(|a| a.mac.clone()),
+        ips: a
+            .map(|a| {
+                a.ips
+                    .iter()
+                    .filter(|ip| ip.origin != Origin::Learned)
+                    .map(|ip| ip.address.clone())
+                    .collect()
+            })
+            .unwrap_or_default(),
+        gateways: net.map(|n| n.gateway_ips.clone()).unwrap_or_default(),
+        mtu: net.map(|n| n.mtu),
+    }
+}
+
+/// Answers one `/v1/endpoints` request (any method). Runs in its own
+/// thread: ADD blocks until the port is programmed.
+pub fn handle(shared: &SharedView, request: &mut tiny_http::Request) -> Reply {
+    let Some(registry) = REGISTRY.get() else {
+        return error(503, "the agent is starting: no reconcile round yet".into());
+    };
+    let path = request.url().split(['?', '#']).next().unwrap_or("");
+    let parts: Vec<&str> = path.split('/').filter(|s| !s.is_empty()).collect();
+    match (request.method(), parts.as_slice()) {
+        (tiny_http::Method::Get, ["v1", "endpoints"]) => {
+            let view = snapshot(shared);
+            let list: Vec<EndpointReply> =
+                registry.all().iter().map(|e| describe(&view, e)).collect();
+            reply(200, &serde_json::json!({ "endpoints": list }))
+        }
+        (tiny_http::Method::Get, ["v1", "endpoints", container, ifname]) => {
+            match registry.get(&endpoint_id(container, ifname)) {
+                Some(e) => reply(200, &describe(&snapshot(shared), &e)),
+                None => error(404, format!("no endpoint {container}/{ifname}")),
+            }
+        }
+        (tiny_http::Method::Delete, ["v1", "endpoints", container, ifname]) => {
+            let id = endpoint_id(container, ifname);
+            match registry.update(|s| s.endpoints.remove(&id)) {
+                Ok((removed, _)) => {
+                    if removed.is_some() {
+                        info!(endpoint = %id, "CNI endpoint removed");
+                    }
+                    reply(200, &serde_json::json!({ "removed": removed.is_some() }))
+                }
+                Err(e) => error(500, e),
+            }
+        }
+        (tiny_http::Method::Post, ["v1", "endpoints"]) => {
+            let mut body = String::new();
+            if let Err(e) = request.as_reader().take(MAX_BODY).read_to_string(&mut body) {
+                return error(400, format!("reading the request body: {e}"));
+            }
+            let e: EndpointRequest = match serde_json::from_str(&body) {
+                Ok(e) => e,
+                Err(err) => return error(400, format!("not an endpoint request: {err}")),
+            };
+            add(shared, registry, e)
+        }
+        _ => error(
+            404,
+            format!("no such endpoint: {} {path}", request.method()),
+        ),
+    }
+}
+
+fn add(shared: &SharedView, registry: &Registry, e: EndpointRequest) -> Reply {
+    if let Err(msg) = e.validate() {
+        return error(400, format!("endpoint {}: {msg}", e.id()));
+    }
+    let view = snapshot(shared);
+    if !view.ready {
+        return error(
+            503,
+            "the agent is not ready: data path not programmed".into(),
+        );
+    }
+    if !view.networks.iter().any(|n| n.name == e.network) {
+        return error(
+            404,
+            format!("no network named {:?} on this node", e.network),
+        );
+    }
+    let id = e.id();
+    let key = e.key();
+    // A newer sandbox of the same pod interface supersedes the old entry.
+    let generation = match registry.update(|s| {
+        s.endpoints
+            .retain(|_, old| old.key() != key || old.id() == id);
+        s.endpoints.insert(id.clone(), e.clone());
+    }) {
+        Ok((_, g)) => g,
+        Err(err) => return error(500, err),
+    };
+    info!(endpoint = %id, vm = %key, network = %e.network, port = %e.port, "CNI endpoint added");
+    let source = e.source();
+    let deadline = Instant::now() + PROGRAM_TIMEOUT;
+    // The round that read this endpoint; once a later one started, that
+    // round's view is published and a refusal in it is final.
+    let mut reading_round = None;
+    loop {
+        if reading_round.is_none() && registry.seen.load(Ordering::SeqCst) >= generation {
+            reading_round = Some(registry.rounds.load(Ordering::SeqCst));
+        }
+        let view = snapshot(shared);
+        let described = describe(&view, &e);
+        if described.state == state::LOCAL {
+            let kept = (key.namespace.clone(), key.vm.clone(), key.interface.clone());
+            if let Err(err) = registry.update(|s| s.kept.insert(kept)) {
+                warn!("recording the kept claim of {key}: {err}");
+            }
+            return reply(200, &described);
+        }
+        let decided = reading_round.is_some_and(|r| registry.rounds.load(Ordering::SeqCst) > r);
+        let refusal = view.config_errors.iter().find(|c| c.file == source);
+        if let (true, Some(refusal)) = (decided, refusal) {
+            let message = format!("refused: {}", refusal.message);
+            forget(registry, &id);
+            return error(409, message);
+        }
+        if Instant::now() >= deadline {
+            forget(registry, &id);
+            return error(
+                504,
+                format!(
+                    "port {} of {key} not programmed within {} s (state {})",
+                    e.port,
+                    PROGRAM_TIMEOUT.as_secs(),
+                    described.state
+                ),
+            );
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// A failed ADD leaves nothing behind.
+fn forget(registry: &Registry, id: &str) {
+    if let Err(err) = registry.update(|s| s.endpoints.remove(id)) {
+        warn!("forgetting endpoint {id}: {err}");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn request() -> EndpointRequest {
+        EndpointRequest {
+            container_id: "c0ffee".into(),
+            ifname: "eth1".into(),
+            netns: "/run/netns/x".into(),
+            network: "blue".into(),
+            port: "vmp0123456789".into(),
+            mac: Some("02:00:00:00:00:01".into()),
+            pod_namespace: "default".into(),
+            pod_name: "web".into(),
+            pod_uid: None,
+            vm: false,
+        }
+    }
+
+    #[test]
+    fn an_endpoint_is_an_attachment_document() {
+        let mut snap = Snapshot {
+            documents: vec![RawDocument {
+                file: "net.yaml".into(),
+                index: 1,
+                value: serde_yaml::from_str(
+                    "apiVersion: vmpath.dev/v1alpha1\nkind: Network\nmetadata: {name: blue}\nspec: {id: 7, subnets: [10.9.0.0/24], defaultGatewayIPs: [10.9.0.1]}\n",
+                )
+                .unwrap(),
+            }],
+            ..Default::default()
+        };
+        snap.documents.push(RawDocument {
+            file: request().source(),
+            index: 1,
+            value: request().document("n1"),
+        });
+        let cfg = crate::config::validate(&snap, "n1", &BTreeSet::new());
+        assert!(cfg.errors.is_empty(), "{:?}", cfg.errors);
+        let a = &cfg.attachments[0];
+        assert_eq!(a.key.to_string(), "default/web/eth1");
+        assert_eq!(a.port, "vmp0123456789");
+        assert_eq!(a.mac, Some([2, 0, 0, 0, 0, 1]));
+    }
+
+    #[test]
+    fn bad_requests_are_named() {
+        let mut r = request();
+        r.pod_name = "a/b".into();
+        assert!(r.validate().unwrap_err().contains("pod_name"));
+        let mut r = request();
+        r.port = "much-too-long-port".into();
+        assert!(r.validate().is_err());
+    }
+}

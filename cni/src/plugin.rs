@@ -1,0 +1,608 @@
+//! ADD, DEL, CHECK, STATUS and GC.
+
+use std::{
+    collections::HashSet,
+    net::IpAddr,
+    path::{Path, PathBuf},
+};
+
+use ipnet::IpNet;
+use rscni_plugin::{
+    cni::Cni,
+    error::Error,
+    types::{Args, CNIResult, Interface, IpConfig, NetConf, Route},
+};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::{agent, link};
+
+pub const DEFAULT_SOCKET: &str = "/run/vmpath/api.sock";
+const DEFAULT_MTU: u32 = 1500;
+
+// Error codes of our own (the spec leaves 100 and up to plugins).
+const CODE_AGENT_REFUSED: u32 = 100;
+const CODE_NOT_PROGRAMMED: u32 = 101;
+const CODE_CHECK_FAILED: u32 = 102;
+
+pub struct VmpathCni;
+
+/// What the plugin's own config keys say.
+struct Conf {
+    network: String,
+    socket: PathBuf,
+}
+
+impl Conf {
+    fn of(conf: &NetConf) -> Result<Conf, Error> {
+        let network = match conf.custom.get("network") {
+            Some(Value::String(s)) if !s.is_empty() => s.clone(),
+            Some(other) => {
+                return Err(Error::InvalidNetworkConfig(format!(
+                    "\"network\" must be a non-empty string, not {other}"
+                )));
+            }
+            None => {
+                return Err(Error::InvalidNetworkConfig(
+                    "\"network\" (the vmpath network's name) is missing".into(),
+                ));
+            }
+        };
+        let socket = match conf.custom.get("socket") {
+            Some(Value::String(s)) if !s.is_empty() => PathBuf::from(s),
+            None => PathBuf::from(DEFAULT_SOCKET),
+            Some(other) => {
+                return Err(Error::InvalidNetworkConfig(format!(
+                    "\"socket\" must be a path, not {other}"
+                )));
+            }
+        };
+        Ok(Conf { network, socket })
+    }
+}
+
+/// `CNI_ARGS`: `K=V;K=V`.
+fn cni_arg<'a>(args: &'a Args, key: &str) -> Option<&'a str> {
+    args.args()?
+        .split(';')
+        .filter_map(|kv| kv.split_once('='))
+        .find(|(k, _)| *k == key)
+        .map(|(_, v)| v)
+        .filter(|v| !v.is_empty())
+}
+
+/// `key` from runtimeConfig, then from `args.cni` (the conventions for a
+/// requested MAC and similar).
+fn conf_value<'a>(conf: &'a NetConf, key: &str) -> Option<&'a Value> {
+    conf.runtime_config
+        .as_ref()
+        .and_then(|rc| rc.custom.get(key))
+        .or_else(|| conf.args.as_ref()?.get("cni")?.get(key))
+}
+
+const VM_KEY: &str = "vmpath.dev/vm";
+
+/// A virt-launcher pod: the VM behind it takes its addresses by DHCP.
+fn is_vm(args: &Args) -> bool {
+    let flag = |v: &Value| v.as_bool().unwrap_or(false) || v.as_str() == Some("true");
+    cni_arg(args, VM_KEY) == Some("true")
+        || conf_value(args.config(), VM_KEY).is_some_and(flag)
+        || cni_arg(args, "K8S_POD_NAME").is_some_and(|n| n.starts_with("virt-launcher-"))
+}
+
+fn requested_mac(args: &Args) -> Option<String> {
+    conf_value(args.config(), "mac")
+        .and_then(Value::as_str)
+        .map(str::to_string)
+        .or_else(|| cni_arg(args, "MAC").map(str::to_string))
+}
+
+/// FNV-1a, as the agent hashes: stable across versions of the plugin.
+fn fnv1a(bytes: &[u8]) -> u64 {
+    let mut h: u64 = 0xcbf29ce484222325;
+    for b in bytes {
+        h ^= u64::from(*b);
+        h = h.wrapping_mul(0x100000001b3);
+    }
+    h
+}
+
+/// Host-side name: `vmp` + 10 hex digits of a hash of container id and
+/// ifname (13 characters; the kernel allows 15).
+pub fn host_ifname(container_id: &str, ifname: &str) -> String {
+    format!(
+        "vmp{:010x}",
+        fnv1a(format!("{container_id}/{ifname}").as_bytes()) & 0xff_ffff_ffff
+    )
+}
+
+/// The pod side's name until it is renamed inside the pod.
+fn temp_ifname(host: &str) -> String {
+    format!("vmt{}", &host[3..])
+}
+
+/// The identity parts every ADD, DEL and CHECK has.
+struct Call {
+    container_id: String,
+    ifname: String,
+    netns: Option<String>,
+}
+
+impl Call {
+    fn of(args: &Args) -> Result<Call, Error> {
+        let container_id = args
+            .container_id()
+            .map(|c| c.to_string())
+            .ok_or_else(|| Error::missing_env(&["CNI_CONTAINERID"]))?;
+        let ifname = args
+            .ifname()
+            .map(|i| i.to_string())
+            .ok_or_else(|| Error::missing_env(&["CNI_IFNAME"]))?;
+        Ok(Call {
+            container_id,
+            ifname,
+            netns: args.netns().map(|p| p.display().to_string()),
+        })
+    }
+
+    fn path(&self) -> String {
+        format!("/v1/endpoints/{}/{}", self.container_id, self.ifname)
+    }
+}
+
+#[derive(Debug, Serialize)]
+struct EndpointRequest {
+    container_id: String,
+    ifname: String,
+    netns: String,
+    network: String,
+    port: String,
+    mac: Option<String>,
+    pod_namespace: String,
+    pod_name: String,
+    pod_uid: Option<String>,
+    vm: bool,
+}
+
+/// What the agent answers about an endpoint.
+#[derive(Debug, Deserialize)]
+struct EndpointReply {
+    endpoint: Endpoint,
+    state: String,
+    mac: Option<String>,
+    ips: Vec<String>,
+    gateways: Vec<String>,
+    mtu: Option<u16>,
+}
+
+/// The endpoint as the plugin handed it over.
+#[derive(Debug, Deserialize)]
+struct Endpoint {
+    network: String,
+    port: String,
+    netns: String,
+    #[serde(default)]
+    vm: bool,
+}
+
+#[derive(Debug, Deserialize)]
+struct NetworkInfo {
+    mtu: Option<u16>,
+}
+
+fn unreachable(e: String) -> Error {
+    Error::TryAgainLater(e)
+}
+
+fn get_network(socket: &Path, network: &str) -> Result<NetworkInfo, Error> {
+    let answer = agent::request(socket, "GET", &format!("/v1/networks/{network}"), None)
+        .map_err(unreachable)?;
+    match answer.code {
+        200 => serde_json::from_str(&answer.body)
+            .map_err(|e| Error::FailedToDecode(format!("the agent's network {network}: {e}"))),
+        404 => Err(Error::InvalidNetworkConfig(format!(
+            "vmpath has no network named {network:?} on this node"
+        ))),
+        _ => Err(Error::TryAgainLater(format!(
+            "the agent answered {} for network {network}: {}",
+            answer.code,
+            answer.message()
+        ))),
+    }
+}
+
+fn gateway_for(ip: &IpNet, gateways: &[IpAddr]) -> Option<IpAddr> {
+    gateways.iter().copied().find(|g| ip.contains(g))
+}
+
+/// The result: host and sandbox interfaces, the endpoint's IPs with their
+/// gateway, a default route per family with a gateway. Appended to
+/// `prev` (a chained plugin's result), as the spec asks.
+/// The veth pair ADD made.
+struct Made<'a> {
+    host: &'a str,
+    host_mac: Option<String>,
+    ifname: &'a str,
+    netns: &'a str,
+    sandbox_mac: &'a str,
+    mtu: u32,
+}
+
+fn build_result(
+    prev: Option<CNIResult>,
+    made: Made<'_>,
+    reply: &EndpointReply,
+) -> Result<CNIResult, Error> {
+    let mut result = prev.unwrap_or_default();
+    let base = result.interfaces.len() as u32;
+    let Made {
+        host,
+        host_mac,
+        ifname,
+        netns,
+        sandbox_mac,
+        mtu,
+    } = made;
+    result.interfaces.push(Interface {
+        name: host.to_string(),
+        mac: host_mac.unwrap_or_default(),
+        mtu: Some(mtu),
+        sandbox: None,
+        socket_path: None,
+        pci_id: None,
+    });
+    result.interfaces.push(Interface {
+        name: ifname.to_string(),
+        mac: sandbox_mac.to_string(),
+        mtu: Some(mtu),
+        sandbox: Some(netns.to_string()),
+        socket_path: None,
+        pci_id: None,
+    });
+    let gateways: Vec<IpAddr> = reply
+        .gateways
+        .iter()
+        .filter_map(|g| g.parse().ok())
+        .collect();
+    for ip in &reply.ips {
+        let address: IpNet = ip
+            .parse()
+            .map_err(|e| Error::FailedToDecode(format!("the agent's address {ip:?}: {e}")))?;
+        let gateway = gateway_for(&address, &gateways);
+        result.ips.push(IpConfig {
+            interface: Some(base + 1),
+            address,
+            gateway,
+        });
+        if let Some(gw) = gateway {
+            let dst: IpNet = if gw.is_ipv4() {
+                "0.0.0.0/0".parse().unwrap_or(address)
+            } else {
+                "::/0".parse().unwrap_or(address)
+            };
+            if !result.routes.iter().any(|r| r.dst == dst) {
+                result.routes.push(Route {
+                    dst,
+                    gw: Some(gw),
+                    mtu: None,
+                    advmss: None,
+                    priority: None,
+                    table: None,
+                    scope: None,
+                });
+            }
+        }
+    }
+    Ok(result)
+}
+
+/// Gives a plain pod its addresses and routes.
+fn configure_pod(netns: &str, ifname: &str, result: &CNIResult, base: usize) -> Result<(), String> {
+    for ip in result
+        .ips
+        .iter()
+        .filter(|i| i.interface.map(|i| i as usize) == Some(base + 1))
+    {
+        let addr = ip.address.to_string();
+        let mut args = vec!["addr", "add", &addr, "dev", ifname];
+        if ip.address.addr().is_ipv6() {
+            // The agent's IPAM already made the address unique.
+            args.push("nodad");
+        }
+        link::ip(Some(netns), &args)?;
+    }
+    for r in &result.routes {
+        let (Some(gw), dst) = (r.gw, r.dst.to_string()) else {
+            continue;
+        };
+        let gw = gw.to_string();
+        link::ip(
+            Some(netns),
+            &["route", "replace", &dst, "via", &gw, "dev", ifname],
+        )?;
+    }
+    Ok(())
+}
+
+impl Cni for VmpathCni {
+    fn add(&self, args: Args) -> Result<CNIResult, Error> {
+        let conf = Conf::of(args.config())?;
+        let call = Call::of(&args)?;
+        let netns = call
+            .netns
+            .clone()
+            .ok_or_else(|| Error::missing_env(&["CNI_NETNS"]))?;
+        if !Path::new(&netns).exists() {
+            return Err(Error::InvalidNetNS(format!("{netns} does not exist")));
+        }
+        let network = get_network(&conf.socket, &conf.network)?;
+        let mtu = network.mtu.map(u32::from).unwrap_or(DEFAULT_MTU);
+        let vm = is_vm(&args);
+        let mac = requested_mac(&args);
+        let host = host_ifname(&call.container_id, &call.ifname);
+        let pod_side = link::create_veth(
+            &host,
+            &temp_ifname(&host),
+            &netns,
+            &call.ifname,
+            mac.as_deref(),
+            mtu,
+        )
+        .map_err(|e| {
+            Error::Custom(
+                CODE_AGENT_REFUSED,
+                "creating the veth pair failed".into(),
+                e,
+            )
+        })?;
+        let undo = |e: Error| {
+            let _ = agent::request(&conf.socket, "DELETE", &call.path(), None);
+            let _ = link::delete(&host);
+            e
+        };
+        let sandbox_mac = pod_side.address.clone().unwrap_or_default();
+        let request = EndpointRequest {
+            container_id: call.container_id.clone(),
+            ifname: call.ifname.clone(),
+            netns: netns.clone(),
+            network: conf.network.clone(),
+            port: host.clone(),
+            // A VM's MAC is its own, learned from its frames unless requested.
+            mac: if vm {
+                mac.clone()
+            } else {
+                Some(sandbox_mac.clone())
+            },
+            pod_namespace: cni_arg(&args, "K8S_POD_NAMESPACE")
+                .unwrap_or("default")
+                .to_string(),
+            pod_name: cni_arg(&args, "K8S_POD_NAME")
+                .map(str::to_string)
+                .unwrap_or_else(|| {
+                    format!(
+                        "cni-{}",
+                        &call.container_id[..call.container_id.len().min(12)]
+                    )
+                }),
+            pod_uid: cni_arg(&args, "K8S_POD_UID").map(str::to_string),
+            vm,
+        };
+        let body = serde_json::to_string(&request)
+            .map_err(|e| undo(Error::FailedToDecode(e.to_string())))?;
+        let answer = agent::request(&conf.socket, "POST", "/v1/endpoints", Some(&body))
+            .map_err(|e| undo(unreachable(e)))?;
+        let reply: EndpointReply = match answer.code {
+            200 => serde_json::from_str(&answer.body)
+                .map_err(|e| undo(Error::FailedToDecode(format!("the agent's answer: {e}"))))?,
+            404 => {
+                return Err(undo(Error::InvalidNetworkConfig(answer.message())));
+            }
+            409 | 400 => {
+                return Err(undo(Error::Custom(
+                    CODE_AGENT_REFUSED,
+                    "vmpath refused the endpoint".into(),
+                    answer.message(),
+                )));
+            }
+            503 => return Err(undo(Error::TryAgainLater(answer.message()))),
+            _ => {
+                return Err(undo(Error::Custom(
+                    CODE_NOT_PROGRAMMED,
+                    "vmpath did not program the port".into(),
+                    answer.message(),
+                )));
+            }
+        };
+        let prev = args.config().prev_result.clone();
+        let base = prev.as_ref().map_or(0, |p| p.interfaces.len());
+        let host_mac = link::show(None, &host).and_then(|l| l.address);
+        let result = build_result(
+            prev,
+            Made {
+                host: &host,
+                host_mac,
+                ifname: &call.ifname,
+                netns: &netns,
+                sandbox_mac: &sandbox_mac,
+                mtu,
+            },
+            &reply,
+        )
+        .map_err(undo)?;
+        if !vm {
+            configure_pod(&netns, &call.ifname, &result, base).map_err(|e| {
+                undo(Error::Custom(
+                    CODE_AGENT_REFUSED,
+                    "configuring the pod's addresses failed".into(),
+                    e,
+                ))
+            })?;
+        }
+        Ok(result)
+    }
+
+    fn del(&self, args: Args) -> Result<(), Error> {
+        let conf = Conf::of(args.config())?;
+        let call = Call::of(&args)?;
+        // The port first: whatever the agent says, it must not outlive DEL.
+        // The pod side goes with it (and with the netns, when that is gone).
+        link::delete(&host_ifname(&call.container_id, &call.ifname))
+            .map_err(|e| Error::Custom(CODE_AGENT_REFUSED, "deleting the port failed".into(), e))?;
+        match agent::request(&conf.socket, "DELETE", &call.path(), None) {
+            Ok(a) if a.code == 200 || a.code == 404 => Ok(()),
+            Ok(a) => Err(Error::TryAgainLater(format!(
+                "the agent answered {} to DEL: {}",
+                a.code,
+                a.message()
+            ))),
+            // An agent that is down keeps nothing running for this port; its
+            // entry goes at GC (the runtime repeats DEL or GC later).
+            Err(_) => Ok(()),
+        }
+    }
+
+    fn check(&self, args: Args) -> Result<(), Error> {
+        let conf = Conf::of(args.config())?;
+        let call = Call::of(&args)?;
+        let fail =
+            |what: String| Error::Custom(CODE_CHECK_FAILED, "vmpath CHECK failed".into(), what);
+        let netns = call
+            .netns
+            .clone()
+            .ok_or_else(|| Error::missing_env(&["CNI_NETNS"]))?;
+        let answer =
+            agent::request(&conf.socket, "GET", &call.path(), None).map_err(unreachable)?;
+        if answer.code != 200 {
+            return Err(fail(format!(
+                "the agent has no endpoint {}/{}: {}",
+                call.container_id,
+                call.ifname,
+                answer.message()
+            )));
+        }
+        let reply: EndpointReply = serde_json::from_str(&answer.body)
+            .map_err(|e| Error::FailedToDecode(format!("the agent's answer: {e}")))?;
+        if reply.endpoint.network != conf.network || reply.endpoint.netns != netns {
+            return Err(fail(format!(
+                "the agent's endpoint is on network {} in {}, the config says {} in {netns}",
+                reply.endpoint.network, reply.endpoint.netns, conf.network
+            )));
+        }
+        if reply.state != "local" {
+            return Err(fail(format!(
+                "the port {} is {} in the agent",
+                reply.endpoint.port, reply.state
+            )));
+        }
+        let host = link::show(None, &reply.endpoint.port)
+            .ok_or_else(|| fail(format!("the host side {} is missing", reply.endpoint.port)))?;
+        let pod = link::show(Some(&netns), &call.ifname)
+            .ok_or_else(|| fail(format!("{} is missing in {netns}", call.ifname)))?;
+        let want_mtu = reply.mtu.map(u32::from).unwrap_or(DEFAULT_MTU);
+        for l in [&host, &pod] {
+            if l.mtu != Some(want_mtu) {
+                return Err(fail(format!(
+                    "{} has MTU {:?}, the network's is {want_mtu}",
+                    l.ifname, l.mtu
+                )));
+            }
+        }
+        if !reply.endpoint.vm && reply.mac.is_some() && pod.address != reply.mac {
+            return Err(fail(format!(
+                "{} has MAC {:?}, the agent's entry {:?}",
+                call.ifname, pod.address, reply.mac
+            )));
+        }
+        // prevResult must list the interface this plugin made, as made.
+        if let Some(prev) = &args.config().prev_result {
+            let listed = prev
+                .interfaces
+                .iter()
+                .find(|i| i.name == call.ifname && i.sandbox.as_deref() == Some(netns.as_str()));
+            match listed {
+                None => {
+                    return Err(fail(format!(
+                        "prevResult does not list {} in {netns}",
+                        call.ifname
+                    )));
+                }
+                Some(i) if Some(&i.mac) != pod.address.as_ref() => {
+                    return Err(fail(format!(
+                        "prevResult says {} has MAC {}, it has {:?}",
+                        call.ifname, i.mac, pod.address
+                    )));
+                }
+                Some(_) => {}
+            }
+        }
+        Ok(())
+    }
+
+    fn status(&self, args: Args) -> Result<(), Error> {
+        let conf = Conf::of(args.config())?;
+        let answer = agent::request(&conf.socket, "GET", "/readyz", None)
+            .map_err(Error::PluginNotAvailable)?;
+        if answer.code != 200 {
+            return Err(Error::PluginNotAvailable(format!(
+                "the vmpath agent is not ready: {}",
+                answer.message()
+            )));
+        }
+        get_network(&conf.socket, &conf.network).map_err(|e| {
+            Error::PluginNotAvailable(format!("network {}: {}", conf.network, e.details()))
+        })?;
+        Ok(())
+    }
+
+    fn gc(&self, args: Args) -> Result<(), Error> {
+        let conf = Conf::of(args.config())?;
+        let valid: HashSet<(String, String)> = args
+            .config()
+            .valid_attachments
+            .iter()
+            .flatten()
+            .map(|a| (a.container_id.clone(), a.ifname.clone()))
+            .collect();
+        let answer =
+            agent::request(&conf.socket, "GET", "/v1/endpoints", None).map_err(unreachable)?;
+        let list: Value = serde_json::from_str(&answer.body)
+            .map_err(|e| Error::FailedToDecode(format!("the agent's endpoints: {e}")))?;
+        let mut failures = Vec::new();
+        for e in list["endpoints"].as_array().into_iter().flatten() {
+            let field = |k: &str| e["endpoint"][k].as_str().unwrap_or_default().to_string();
+            let (cid, ifname) = (field("container_id"), field("ifname"));
+            if field("network") != conf.network || valid.contains(&(cid.clone(), ifname.clone())) {
+                continue;
+            }
+            if let Err(err) = link::delete(&field("port")) {
+                failures.push(err);
+                continue;
+            }
+            let path = format!("/v1/endpoints/{cid}/{ifname}");
+            if let Err(err) = agent::request(&conf.socket, "DELETE", &path, None) {
+                failures.push(err);
+            }
+        }
+        if failures.is_empty() {
+            Ok(())
+        } else {
+            Err(Error::TryAgainLater(failures.join("; ")))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn host_names_fit_and_differ() {
+        let a = host_ifname("0123456789abcdef", "eth0");
+        let b = host_ifname("0123456789abcdef", "eth1");
+        assert_eq!(a.len(), 13);
+        assert!(a.starts_with("vmp"));
+        assert_ne!(a, b);
+        assert_eq!(a, host_ifname("0123456789abcdef", "eth0"));
+        assert_eq!(temp_ifname(&a).len(), 13);
+    }
+}
