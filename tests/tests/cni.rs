@@ -356,3 +356,204 @@ fn cni_errors_are_json_with_code_and_message_and_leave_nothing_behind() {
     );
     keep.call(&node, "DEL", &stdin, "").ok();
 }
+
+// ---------------------------------------------------------------------------
+// podman's CNI backend: real containers, no image pulled (busybox rootfs)
+// ---------------------------------------------------------------------------
+
+/// A private podman: its own storage, CNI config dir and plugin dir, run in
+/// the node's namespace so the plugin puts the host sides there.
+struct Podman {
+    dir: PathBuf,
+    node_ns: String,
+    names: std::cell::RefCell<Vec<String>>,
+}
+
+impl Podman {
+    fn new(node: &Node, networks: &[(&str, &str)]) -> Podman {
+        let dir = std::env::temp_dir().join(format!("vmpath-podman-{}", unique_tag()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let rootfs = dir.join("rootfs");
+        for d in ["bin", "etc", "proc", "sys", "dev", "tmp", "conf", "plugins"] {
+            let path = if d == "conf" || d == "plugins" {
+                dir.join(d)
+            } else {
+                rootfs.join(d)
+            };
+            std::fs::create_dir_all(path).unwrap();
+        }
+        std::fs::copy("/bin/busybox", rootfs.join("bin/busybox"))
+            .expect("busybox-static (cargo xtask setup installs it)");
+        for applet in ["sh", "sleep", "ping", "ip", "nc"] {
+            std::os::unix::fs::symlink("busybox", rootfs.join("bin").join(applet)).unwrap();
+        }
+        std::os::unix::fs::symlink(cni_bin(), dir.join("plugins/vmpath-cni")).unwrap();
+        for (name, network) in networks {
+            let conflist = json!({
+                "cniVersion": "1.0.0",
+                "name": name,
+                "plugins": [{
+                    "type": "vmpath-cni",
+                    "network": network,
+                    "socket": node.api_socket(),
+                    "capabilities": {"mac": true, "ips": true},
+                }],
+            });
+            std::fs::write(
+                dir.join("conf").join(format!("{name}.conflist")),
+                conflist.to_string(),
+            )
+            .unwrap();
+        }
+        std::fs::write(
+            dir.join("containers.conf"),
+            format!(
+                "[network]\nnetwork_backend=\"cni\"\nnetwork_config_dir=\"{}\"\ncni_plugin_dirs=[\"{}\"]\n",
+                dir.join("conf").display(),
+                dir.join("plugins").display()
+            ),
+        )
+        .unwrap();
+        Podman {
+            dir,
+            node_ns: node.ns.path(),
+            names: Default::default(),
+        }
+    }
+
+    fn podman(&self, args: &[&str]) -> std::process::Output {
+        let d = |p: &str| self.dir.join(p).display().to_string();
+        Command::new("nsenter")
+            .arg(format!("--net={}", self.node_ns))
+            .arg("podman")
+            .env("CONTAINERS_CONF", d("containers.conf"))
+            .args(["--root", &d("root"), "--runroot", &d("runroot")])
+            // crun refuses this host's hybrid cgroups.
+            .args(["--runtime", "runc", "--cgroup-manager", "cgroupfs"])
+            .args(["--network-backend", "cni", "--cni-config-dir", &d("conf")])
+            .args(args)
+            .stdin(Stdio::null())
+            .output()
+            .expect("running podman (cargo xtask setup installs it)")
+    }
+
+    /// Starts a container that sleeps; `Err` carries podman's stderr.
+    fn start(&self, name: &str, network: &str) -> Result<(), String> {
+        self.names.borrow_mut().push(name.to_string());
+        let rootfs = self.dir.join("rootfs").display().to_string();
+        let out = self.podman(&[
+            "run",
+            "-d",
+            "--name",
+            name,
+            "--ulimit",
+            "nofile=1024:1024",
+            "--ulimit",
+            "nproc=1024:1024",
+            "--cap-add",
+            "NET_RAW",
+            "--network",
+            network,
+            "--rootfs",
+            &rootfs,
+            "/bin/sleep",
+            "600",
+        ]);
+        if out.status.success() {
+            Ok(())
+        } else {
+            Err(String::from_utf8_lossy(&out.stderr).into_owned())
+        }
+    }
+
+    fn remove(&self, name: &str) {
+        let out = self.podman(&["rm", "-f", "-t", "0", name]);
+        assert!(
+            out.status.success(),
+            "podman rm: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+
+    /// The container's network namespace, as a named netns not to delete.
+    fn netns(&self, name: &str) -> std::mem::ManuallyDrop<Netns> {
+        let out = self.podman(&["inspect", "-f", "{{.NetworkSettings.SandboxKey}}", name]);
+        let key = String::from_utf8_lossy(&out.stdout).trim().to_string();
+        let name = key
+            .strip_prefix("/run/netns/")
+            .unwrap_or_else(|| panic!("sandbox {key:?} is not a named netns"));
+        std::mem::ManuallyDrop::new(Netns {
+            name: name.to_string(),
+        })
+    }
+
+    fn ipv4(&self, name: &str) -> String {
+        let out = self
+            .netns(name)
+            .run(&["ip", "-4", "-j", "addr", "show", "dev", "eth0"]);
+        let v: Value = serde_json::from_str(&out).unwrap();
+        v[0]["addr_info"][0]["local"]
+            .as_str()
+            .unwrap_or_else(|| panic!("{name} has no IPv4 address: {out}"))
+            .to_string()
+    }
+}
+
+impl Drop for Podman {
+    fn drop(&mut self) {
+        for name in self.names.borrow().iter() {
+            let _ = self.podman(&["rm", "-f", "-t", "0", name]);
+        }
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+#[test]
+fn podman_containers_and_a_vm_share_a_vmpath_network() {
+    let (node, vm) = blue_node();
+    let tag = unique_tag();
+    let podman = Podman::new(&node, &[("vblue", BLUE), ("vgreen", "green")]);
+    let (c1, c2) = (format!("c1-{tag}"), format!("c2-{tag}"));
+    podman.start(&c1, "vblue").unwrap();
+    podman.start(&c2, "vblue").unwrap();
+    let ip1 = podman.ipv4(&c1);
+    let ip2 = podman.ipv4(&c2);
+    assert_ne!(ip1, ip2);
+    let ns1 = podman.netns(&c1);
+    let ns2 = podman.netns(&c2);
+
+    // Ping between both containers, the VM and the gateway.
+    assert!(ns1.ping("10.30.0.11", 2), "c1 -> VM");
+    assert!(ns1.ping(&ip2, 2), "c1 -> c2");
+    assert!(vm.ns.ping(&ip2, 2), "VM -> c2");
+    assert!(ns2.ping("10.30.0.1", 2), "c2 -> gateway");
+    // TCP and UDP with iperf3, container <-> VM.
+    let tcp = vmpath_tests::iperf3(&vm.ns, &ns1, "10.30.0.11", false, 1);
+    assert!(
+        tcp["end"]["sum_received"]["bytes"].as_u64().unwrap_or(0) > 0,
+        "TCP"
+    );
+    let udp = vmpath_tests::iperf3(&ns2, &vm.ns, &ip2, true, 1);
+    assert!(
+        udp["end"]["sum"]["packets"].as_u64().unwrap_or(0) > 0,
+        "UDP {udp}"
+    );
+    assert_eq!(plugin_links(&node).len(), 2, "{:?}", plugin_links(&node));
+
+    // Removing a container removes its port; the other keeps working.
+    podman.remove(&c2);
+    assert_eq!(plugin_links(&node).len(), 1, "{:?}", plugin_links(&node));
+    assert!(!vm.ns.ping(&ip2, 1), "c2 is gone");
+    assert!(vm.ns.ping(&ip1, 1), "c1 still reachable");
+
+    // The same pod (container name) again: the persistent claim holds.
+    podman.start(&c2, "vblue").unwrap();
+    assert_eq!(podman.ipv4(&c2), ip2, "a restarted container keeps its IP");
+    assert!(podman.netns(&c2).ping("10.30.0.11", 2));
+
+    // A network vmpath does not have: the container does not start, and
+    // podman shows vmpath's error.
+    let err = podman.start(&format!("c3-{tag}"), "vgreen").unwrap_err();
+    assert!(err.contains("no network named \"green\""), "{err}");
+    assert_eq!(plugin_links(&node).len(), 2, "{:?}", plugin_links(&node));
+}

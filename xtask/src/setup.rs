@@ -29,6 +29,11 @@ const APT_PACKAGES: &[&str] = &[
     // The bench: chart labels (BENCHMARKS.png), the masquerade baseline.
     "fonts-dejavu-core",
     "nftables",
+    // The CNI plugin's tests: podman's CNI backend runs busybox containers.
+    "podman",
+    "containernetworking-plugins",
+    "runc",
+    "busybox-static",
 ];
 
 const LLVM_PREFIX: &str = "/usr/lib/llvm-22";
