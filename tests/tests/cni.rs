@@ -557,3 +557,66 @@ fn podman_containers_and_a_vm_share_a_vmpath_network() {
     assert!(err.contains("no network named \"green\""), "{err}");
     assert_eq!(plugin_links(&node).len(), 2, "{:?}", plugin_links(&node));
 }
+
+#[test]
+fn cni_vm_pod_holds_no_address_and_the_vm_takes_it_by_dhcp() {
+    let (node, vm) = blue_node();
+    let stdin = conf(&node, BLUE);
+    let pod = Pod::new("v1");
+    let result = pod
+        .call(&node, "ADD", &stdin, ";vmpath.dev/vm=true")
+        .ok()
+        .clone();
+    let ip = pod_ip(&result);
+    // The pod namespace holds no IP: the VM behind it asks by DHCP.
+    let addrs = pod
+        .ns
+        .run(&["ip", "-4", "-j", "addr", "show", "dev", "eth1"]);
+    assert!(!addrs.contains("10.30.0."), "{addrs}");
+    pod.call(&node, "CHECK", &stdin, "").ok();
+
+    let dir = std::env::temp_dir().join(format!("vmpath-cni-dhcp-{}", unique_tag()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let hook = dir.join("hook.sh");
+    std::fs::write(
+        &hook,
+        format!(
+            "#!/bin/sh\nif [ \"$1\" = bound ]; then\n  echo \"$ip\" > {}/lease\n  ip addr add \"$ip/$mask\" dev \"$interface\"\nfi\n",
+            dir.display()
+        ),
+    )
+    .unwrap();
+    vmpath_tests::run(&["chmod", "+x", hook.to_str().unwrap()]);
+    let out = pod.ns.run_status(&[
+        "udhcpc",
+        "-i",
+        "eth1",
+        "-n",
+        "-q",
+        "-f",
+        "-t",
+        "5",
+        "-T",
+        "1",
+        "-s",
+        hook.to_str().unwrap(),
+    ]);
+    assert!(
+        out.status.success(),
+        "udhcpc: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let lease = std::fs::read_to_string(dir.join("lease")).unwrap();
+    assert_eq!(
+        lease.trim(),
+        ip,
+        "DHCP gives the endpoint's claimed address"
+    );
+    assert!(
+        pod.ns.ping("10.30.0.11", 2),
+        "the VM reaches the namespace VM"
+    );
+    assert!(vm.ns.ping(&ip, 2));
+    pod.call(&node, "DEL", &stdin, "").ok();
+    let _ = std::fs::remove_dir_all(&dir);
+}
