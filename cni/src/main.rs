@@ -13,7 +13,32 @@ mod plugin;
 
 use rscni_plugin::{cni::Plugin, version::SpecVersion};
 
+/// `vmpath-cni install DIR`: copies this binary into DIR (the DaemonSet's
+/// init container puts it into the host's /opt/cni/bin), atomically so a
+/// runtime never executes half a file.
+fn install(dir: &std::path::Path) -> std::io::Result<()> {
+    let me = std::env::current_exe()?;
+    let tmp = dir.join(".vmpath-cni.tmp");
+    std::fs::copy(&me, &tmp)?;
+    std::fs::rename(&tmp, dir.join("vmpath-cni"))
+}
+
 fn main() {
+    let argv: Vec<String> = std::env::args().collect();
+    if std::env::var_os("CNI_COMMAND").is_none()
+        && argv.get(1).map(String::as_str) == Some("install")
+    {
+        let Some(dir) = argv.get(2) else {
+            eprintln!("usage: vmpath-cni install DIR");
+            std::process::exit(2);
+        };
+        if let Err(e) = install(std::path::Path::new(dir)) {
+            eprintln!("vmpath-cni: installing into {dir}: {e}");
+            std::process::exit(1);
+        }
+        println!("vmpath-cni installed into {dir}");
+        return;
+    }
     let plugin = Plugin::new(
         SpecVersion::new(1, 1, 0),
         vec![

@@ -620,3 +620,27 @@ fn cni_vm_pod_holds_no_address_and_the_vm_takes_it_by_dhcp() {
     pod.call(&node, "DEL", &stdin, "").ok();
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn cni_install_copies_a_working_plugin() {
+    let dir = std::env::temp_dir().join(format!("vmpath-cni-install-{}", unique_tag()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let out = Command::new(cni_bin())
+        .args(["install", dir.to_str().unwrap()])
+        .env_remove("CNI_COMMAND")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let installed = Command::new(dir.join("vmpath-cni"))
+        .env("CNI_COMMAND", "VERSION")
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let version: Value = serde_json::from_slice(&installed.stdout).unwrap();
+    assert_eq!(version["cniVersion"], "1.1.0", "{version}");
+    let _ = std::fs::remove_dir_all(&dir);
+}

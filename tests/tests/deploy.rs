@@ -431,3 +431,84 @@ fn bird_config_parses() {
         Err(e) => eprintln!("bird not installed ({e}): parse check skipped"),
     }
 }
+
+#[test]
+fn daemonset_installs_the_cni_plugin_into_the_hosts_cni_bin() {
+    let m = manifests();
+    let pod = m.daemonsets[0]
+        .spec
+        .as_ref()
+        .unwrap()
+        .template
+        .spec
+        .as_ref()
+        .unwrap();
+    let init = container(pod.init_containers.as_deref().unwrap(), "install-cni");
+    let command = init.command.as_deref().unwrap();
+    assert_eq!(&command[..2], ["vmpath-cni", "install"]);
+    let target = &command[2];
+    let mount = init
+        .volume_mounts
+        .iter()
+        .flatten()
+        .find(|v| &v.mount_path == target)
+        .expect("install-cni mounts its target directory");
+    let volume = pod
+        .volumes
+        .iter()
+        .flatten()
+        .find(|v| v.name == mount.name)
+        .expect("the install target's volume");
+    assert_eq!(
+        volume.host_path.as_ref().map(|h| h.path.as_str()),
+        Some("/opt/cni/bin"),
+        "the plugin lands in the host's /opt/cni/bin"
+    );
+}
+
+/// The CNI examples (deploy/cni/): the NetworkAttachmentDefinition carries a
+/// vmpath-cni config for a network the example ConfigMap defines, and the
+/// KubeVirt VM puts a bridge-bound interface with a fixed MAC on it.
+#[test]
+fn cni_examples_name_a_vmpath_network() {
+    let read = |f: &str| -> serde_json::Value {
+        let text = fs::read_to_string(deploy_dir().join("cni").join(f)).unwrap();
+        serde_yaml::from_str(&text).unwrap_or_else(|e| panic!("deploy/cni/{f}: {e}"))
+    };
+    let nad = read("network-attachment-definition.yaml");
+    assert_eq!(nad["apiVersion"], "k8s.cni.cncf.io/v1");
+    assert_eq!(nad["kind"], "NetworkAttachmentDefinition");
+    let config: serde_json::Value =
+        serde_json::from_str(nad["spec"]["config"].as_str().unwrap()).unwrap();
+    assert_eq!(config["type"], "vmpath-cni");
+    assert_eq!(config["cniVersion"], "1.1.0");
+    let network = config["network"].as_str().unwrap();
+    let configmap = fs::read_to_string(deploy_dir().join("configmap.yaml")).unwrap();
+    assert!(
+        configmap.contains(&format!("kind: Network\n    metadata: {{name: {network}}}")),
+        "the NAD's network {network} is in the example config"
+    );
+
+    let vm = read("virtualmachine.yaml");
+    assert_eq!(vm["apiVersion"], "kubevirt.io/v1");
+    let spec = &vm["spec"]["template"]["spec"];
+    let nad_ref = format!(
+        "{}/{}",
+        nad["metadata"]["namespace"].as_str().unwrap(),
+        nad["metadata"]["name"].as_str().unwrap()
+    );
+    let net = spec["networks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|n| n["multus"]["networkName"] == nad_ref.as_str())
+        .expect("a Multus network using the NAD");
+    let iface = spec["domain"]["devices"]["interfaces"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|i| i["name"] == net["name"])
+        .expect("the interface on that network");
+    assert!(iface["bridge"].is_object(), "bridge binding");
+    assert!(iface["macAddress"].is_string(), "MAC kept");
+}
