@@ -81,12 +81,9 @@ fn call(node: &Node, command: &str, env: &[(&str, &str)], stdin: &str) -> Outcom
         .stderr(Stdio::piped())
         .spawn()
         .expect("running vmpath-cni");
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(stdin.as_bytes())
-        .unwrap();
+    // VERSION does not read stdin: the plugin may be gone before it is
+    // written (a broken pipe), as with any runtime.
+    let _ = child.stdin.take().unwrap().write_all(stdin.as_bytes());
     let out = child.wait_with_output().unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
     Outcome {
