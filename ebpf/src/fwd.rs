@@ -25,11 +25,7 @@ pub type Verdict = Result<i32, u32>;
 #[inline(always)]
 pub fn switch(ctx: &TcContext, ifindex: u32, network: u32, dst: [u8; 6]) -> Verdict {
     if !is_multicast(&dst) {
-        let key = EndpointKey {
-            network,
-            mac: dst,
-            _pad: [0; 2],
-        };
+        let key = EndpointKey::new(network, dst);
         if let Some(ep) = unsafe { ENDPOINTS.get(&key) } {
             if ep.kind == ENDPOINT_LOCAL {
                 if ep.ifindex == ifindex {

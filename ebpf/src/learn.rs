@@ -53,22 +53,10 @@ fn ip(ifindex: u32, port: &PortInfo, key: &AddrKey, src: &[u8; 6], how: u32) {
 
 #[inline(always)]
 pub fn ip4(ifindex: u32, port: &PortInfo, addr: [u8; 4], src: &[u8; 6], how: u32) {
-    ip(
-        ifindex,
-        port,
-        &spoof::addr_key4(port.network, addr),
-        src,
-        how,
-    );
+    ip(ifindex, port, &AddrKey::v4(port.network, addr), src, how);
 }
 
 #[inline(always)]
 pub fn ip6(ifindex: u32, port: &PortInfo, addr: &[u8; 16], src: &[u8; 6], how: u32) {
-    ip(
-        ifindex,
-        port,
-        &spoof::addr_key6(port.network, addr),
-        src,
-        how,
-    );
+    ip(ifindex, port, &AddrKey::v6(port.network, addr), src, how);
 }

@@ -27,9 +27,8 @@ use aya_ebpf::{
 };
 use network_types::eth::EthHdr;
 use vmpath_common::{
-    ENDPOINT_REMOTE, EndpointKey, MAX_FLOOD_NODES, MAX_NETWORKS, MAX_REMOTE_LEARNED, NO_PORT_ID,
-    OverlayConfig, PortInfo, PortStats, REMOTE_LEARNED_TOUCH_NS, RemoteFloodList, RemoteLearned,
-    drop_reason,
+    ENDPOINT_REMOTE, EndpointKey, MAX_FLOOD_NODES, NO_PORT_ID, OverlayConfig, PortInfo, PortStats,
+    REMOTE_LEARNED_TOUCH_NS, RemoteFloodList, RemoteLearned, drop_reason, maps, tail_call,
 };
 
 use crate::{
@@ -40,30 +39,35 @@ use crate::{
     route::PROGS,
 };
 
-/// Slot of `vm_remote` in `vmp_progs` (slot 0 is `vm_egress`).
-pub const PROG_VM_REMOTE: u32 = 1;
-
 /// Outer TTL of encapsulated frames.
 const TUNNEL_TTL: u8 = 64;
 
 /// network id -> remote nodes hosting it.
 #[btf_map(name = "vmp_flood_remote")]
-pub static FLOOD_REMOTE: HashMap<u32, RemoteFloodList, { MAX_NETWORKS as usize }> = HashMap::new();
+pub static FLOOD_REMOTE: HashMap<
+    u32,
+    RemoteFloodList,
+    { maps::FLOOD_REMOTE.max_entries as usize },
+> = HashMap::new();
 
 /// Slot 0: the vxlan device; ifindex 0 while it is not set up.
 #[btf_map(name = "vmp_overlay")]
-pub static OVERLAY: Array<OverlayConfig, 1> = Array::new();
+pub static OVERLAY: Array<OverlayConfig, { maps::OVERLAY.max_entries as usize }> = Array::new();
 
 /// Slot 0: `tx` = frames sent to remote nodes, `rx` = frames received from
 /// them, `drops` = overlay drops (also counted by reason in `vmp_drops`).
 #[btf_map(name = "vmp_overlay_stats")]
-pub static OVERLAY_STATS: PerCpuArray<PortStats, 1> = PerCpuArray::new();
+pub static OVERLAY_STATS: PerCpuArray<PortStats, { maps::OVERLAY_STATS.max_entries as usize }> =
+    PerCpuArray::new();
 
 /// (network, MAC) -> the node a remote VM's frames came from (VXLAN
 /// source learning; written by `vxlan_rx`, aged and pruned by the agent).
 #[btf_map(name = "vmp_remote_learned")]
-pub static REMOTE_LEARNED: LruHashMap<EndpointKey, RemoteLearned, { MAX_REMOTE_LEARNED as usize }> =
-    LruHashMap::new();
+pub static REMOTE_LEARNED: LruHashMap<
+    EndpointKey,
+    RemoteLearned,
+    { maps::REMOTE_LEARNED.max_entries as usize },
+> = LruHashMap::new();
 
 /// Was `key`'s MAC learned behind another node? (`fwd::switch`, on a
 /// `vmp_endpoints` miss: such unicast goes to `vm_remote`, not flooded.)
@@ -80,11 +84,7 @@ pub fn is_learned(key: &EndpointKey) -> bool {
 /// traffic does not write the map on every frame.
 #[inline(always)]
 pub fn learn_source(network: u32, src: [u8; 6], from: [u8; 4]) {
-    let key = EndpointKey {
-        network,
-        mac: src,
-        _pad: [0; 2],
-    };
+    let key = EndpointKey::new(network, src);
     let now = unsafe { bpf_ktime_get_ns() };
     if let Some(seen) = REMOTE_LEARNED.get_ptr_mut(&key) {
         unsafe {
@@ -137,7 +137,7 @@ pub fn is_remote_node(network: u32, ip: [u8; 4]) -> bool {
 /// flood).
 #[inline(always)]
 pub fn to_remote(ctx: &TcContext) -> Verdict {
-    unsafe { PROGS.tail_call(ctx, PROG_VM_REMOTE) };
+    unsafe { PROGS.tail_call(ctx, tail_call::VM_REMOTE) };
     // Only reached when the slot is empty (agent still starting).
     Err(drop_reason::OVERLAY_DOWN)
 }
@@ -215,11 +215,7 @@ fn try_vm_remote(ctx: &TcContext, port: &PortInfo) -> Verdict {
     key.__bindgen_anon_3.local_ipv4 = u32::from_be_bytes(local);
 
     if !is_multicast(&dst) {
-        let ep_key = EndpointKey {
-            network,
-            mac: dst,
-            _pad: [0; 2],
-        };
+        let ep_key = EndpointKey::new(network, dst);
         let to = match unsafe { ENDPOINTS.get(&ep_key) } {
             Some(ep) if ep.kind == ENDPOINT_REMOTE => Some(ep.node_ip4),
             Some(_) => None,

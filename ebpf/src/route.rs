@@ -21,8 +21,8 @@ use network_types::{
     ip::{Ipv4Hdr, Ipv6Hdr},
 };
 use vmpath_common::{
-    AddrKey, MAX_ROUTED, MAX_SUBNETS, NET_F_GW4, NET_F_GW6, NET_F_ROUTED, NET_F_SNAT, NO_PORT_ID,
-    NetworkInfo, PortInfo, RoutedAddr, Subnet4, Subnet6, drop_reason,
+    AddrKey, NET_F_GW4, NET_F_GW6, NET_F_ROUTED, NET_F_SNAT, NO_PORT_ID, NetworkInfo, PortInfo,
+    RoutedAddr, Subnet4, Subnet6, drop_reason, kernel_af, maps, tail_call,
 };
 
 use crate::{
@@ -34,23 +34,20 @@ use crate::{
     snat, spoof,
 };
 
-/// Slot of `vm_egress` in `vmp_progs`.
-pub const PROG_VM_EGRESS: u32 = 0;
-
-const AF_INET: u8 = 2;
-const AF_INET6: u8 = 10;
-
 /// VM address (network 0) -> the port that hosts it, for routed ingress.
 #[btf_map(name = "vmp_routed")]
-pub static ROUTED: HashMap<AddrKey, RoutedAddr, { MAX_ROUTED as usize }> = HashMap::new();
+pub static ROUTED: HashMap<AddrKey, RoutedAddr, { maps::ROUTED.max_entries as usize }> =
+    HashMap::new();
 
 /// (network, IPv4 subnet) -> 1.
 #[btf_map(name = "vmp_subnets4")]
-pub static SUBNETS4: LpmTrie<Subnet4, u32, { MAX_SUBNETS as usize }> = LpmTrie::new();
+pub static SUBNETS4: LpmTrie<Subnet4, u32, { maps::SUBNETS4.max_entries as usize }> =
+    LpmTrie::new();
 
 /// (network, IPv6 subnet) -> 1.
 #[btf_map(name = "vmp_subnets6")]
-pub static SUBNETS6: LpmTrie<Subnet6, u32, { MAX_SUBNETS as usize }> = LpmTrie::new();
+pub static SUBNETS6: LpmTrie<Subnet6, u32, { maps::SUBNETS6.max_entries as usize }> =
+    LpmTrie::new();
 
 #[inline(always)]
 pub fn in_subnet4(network: u32, addr: [u8; 4]) -> bool {
@@ -84,14 +81,14 @@ pub fn egress(ctx: &TcContext, net: &NetworkInfo) -> Verdict {
     if net.flags & (NET_F_ROUTED | NET_F_SNAT) == 0 {
         return Err(drop_reason::GATEWAY_UNROUTED);
     }
-    unsafe { PROGS.tail_call(ctx, PROG_VM_EGRESS) };
+    unsafe { PROGS.tail_call(ctx, tail_call::VM_EGRESS) };
     // Only reached when the slot is empty (agent still starting).
     Err(drop_reason::HELPER_FAILED)
 }
 
-/// Tail-call targets; slot `PROG_VM_EGRESS` holds `vm_egress`.
+/// Tail-call targets (`vmpath_common::maps::PROGS`); slots in `tail_call`.
 #[btf_map(name = "vmp_progs")]
-pub static PROGS: ProgramArray<4> = ProgramArray::new();
+pub static PROGS: ProgramArray<{ maps::PROGS.max_entries as usize }> = ProgramArray::new();
 
 /// tcx ingress on a VM port, reached by tail call from `vm_port` for
 /// frames to the gateway MAC that leave the network (routed or SNAT).
@@ -177,7 +174,7 @@ pub fn forward4(ctx: &TcContext, in_ifindex: u32) -> Verdict {
     let mut p_slot = MaybeUninit::<FibParams>::uninit();
     let p = zeroed(&mut p_slot);
     unsafe {
-        p.family = AF_INET;
+        p.family = kernel_af::AF_INET;
         p.l4_protocol = (*ip).proto;
         p.ifindex = in_ifindex;
         p.__bindgen_anon_2.tos = (*ip).tos;
@@ -236,7 +233,7 @@ fn egress6_inner(ctx: &TcContext, ifindex: u32, port: &PortInfo, net: &NetworkIn
     let mut p_slot = MaybeUninit::<FibParams>::uninit();
     let p = zeroed(&mut p_slot);
     unsafe {
-        p.family = AF_INET6;
+        p.family = kernel_af::AF_INET6;
         p.l4_protocol = (*ip).next_hdr;
         p.ifindex = ifindex;
         let s = &(*ip).src_addr;
@@ -283,11 +280,11 @@ fn to_next_hop(ctx: &TcContext, p: &FibParams, rc: u32) -> Verdict {
     }
     let mut nh_slot = MaybeUninit::<bpf_redir_neigh>::uninit();
     let nh = zeroed(&mut nh_slot);
-    if p.family == AF_INET6 {
-        nh.nh_family = u32::from(AF_INET6);
+    if p.family == kernel_af::AF_INET6 {
+        nh.nh_family = u32::from(kernel_af::AF_INET6);
         nh.__bindgen_anon_1.ipv6_nh = unsafe { p.__bindgen_anon_4.ipv6_dst };
     } else {
-        nh.nh_family = u32::from(AF_INET);
+        nh.nh_family = u32::from(kernel_af::AF_INET);
         nh.__bindgen_anon_1.ipv4_nh = unsafe { p.__bindgen_anon_4.ipv4_dst };
     }
     redirected(unsafe { bpf_redirect_neigh(p.ifindex, nh, size_of::<bpf_redir_neigh>() as i32, 0) })

@@ -14,7 +14,7 @@ use crate::{
     csum,
     fwd::deliver_local,
     parse::{ETH_LEN, IPPROTO_ICMP, IPPROTO_UDP, ptr_at, write_mac},
-    snat::{SNAT_IN, expired, reply_key},
+    snat::{SNAT_IN, expired},
 };
 
 const IPPROTO_TCP: u8 = 6;
@@ -61,7 +61,7 @@ pub fn ingress4(ctx: &TcContext, cfg: &SnatConfig, l4_off: usize) -> Result<Opti
         }
         _ => return Ok(None),
     };
-    let key: NatKey = reply_key(idst, cfg.addr4, remote_port, nat_port, iproto);
+    let key: NatKey = NatKey::reply(idst, cfg.addr4, remote_port, nat_port, iproto);
     let Some(e) = (unsafe { SNAT_IN.get(&key) }) else {
         return Ok(None);
     };

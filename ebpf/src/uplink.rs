@@ -13,7 +13,7 @@ use network_types::{
     eth::EthHdr,
     ip::{Ipv4Hdr, Ipv6Hdr},
 };
-use vmpath_common::{NET_F_GW4, NET_F_GW6, NO_PORT_ID, RoutedAddr};
+use vmpath_common::{AddrKey, NET_F_GW4, NET_F_GW6, NO_PORT_ID, RoutedAddr};
 
 use crate::{
     counters, csum,
@@ -22,7 +22,7 @@ use crate::{
     mtu,
     parse::{ETH_LEN, ETH_P_IP, ETH_P_IPV6, ptr_at, write_mac},
     route::ROUTED,
-    snat, spoof,
+    snat,
 };
 
 #[classifier]
@@ -52,7 +52,7 @@ fn ingress4(ctx: &TcContext) -> Verdict {
         return Ok(TC_ACT_OK);
     };
     let dst = unsafe { (*ip).dst_addr };
-    let key = spoof::addr_key4(0, dst);
+    let key = AddrKey::v4(0, dst);
     let Some(r) = (unsafe { ROUTED.get(&key) }) else {
         if let Some(action) = snat::ingress4(ctx)? {
             return Ok(action);
@@ -88,7 +88,7 @@ fn ingress6(ctx: &TcContext) -> Verdict {
     let Ok(ip) = ptr_at::<Ipv6Hdr>(ctx, ETH_LEN) else {
         return Ok(TC_ACT_OK);
     };
-    let key = spoof::addr_key6(0, unsafe { &(*ip).dst_addr });
+    let key = AddrKey::v6(0, unsafe { &(*ip).dst_addr });
     let Some(r) = (unsafe { ROUTED.get(&key) }) else {
         return Ok(TC_ACT_OK);
     };

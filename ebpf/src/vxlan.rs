@@ -84,11 +84,7 @@ fn try_vxlan_rx(ctx: &TcContext) -> Verdict {
         if mac_eq(&dst, &net.gw_mac) {
             return Err(drop_reason::OVERLAY_NO_LOCAL_PORT);
         }
-        let ep_key = EndpointKey {
-            network,
-            mac: dst,
-            _pad: [0; 2],
-        };
+        let ep_key = EndpointKey::new(network, dst);
         if let Some(ep) = unsafe { ENDPOINTS.get(&ep_key) } {
             if ep.kind == ENDPOINT_LOCAL {
                 return fwd::deliver_local(ctx, ep.ifindex, ep.port_id);
