@@ -463,6 +463,10 @@ pub const fn link_local_from_mac(mac: [u8; 6]) -> [u8; 16] {
 #[cfg(feature = "user")]
 mod pod {
     use super::*;
+    // SAFETY (every impl below): the type is `#[repr(C)]` and `Copy`, made
+    // only of integers and byte arrays with its padding spelled out as
+    // fields (sizes asserted above), so it has no uninitialised bytes and
+    // every bit pattern the kernel hands back is a valid value.
     unsafe impl aya::Pod for PortInfo {}
     unsafe impl aya::Pod for EndpointKey {}
     unsafe impl aya::Pod for Endpoint {}
@@ -591,6 +595,10 @@ const _: () = assert!(size_of::<NatEntry>() == 40);
 #[cfg(feature = "user")]
 mod pod_north_south {
     use super::*;
+    // SAFETY (every impl below): the type is `#[repr(C)]` and `Copy`, made
+    // only of integers and byte arrays with its padding spelled out as
+    // fields (sizes asserted above), so it has no uninitialised bytes and
+    // every bit pattern the kernel hands back is a valid value.
     unsafe impl aya::Pod for RoutedAddr {}
     unsafe impl aya::Pod for Subnet4 {}
     unsafe impl aya::Pod for Subnet6 {}
@@ -676,6 +684,10 @@ const _: () = assert!(size_of::<OverlayConfig>() == 8);
 #[cfg(feature = "user")]
 mod pod_overlay {
     use super::*;
+    // SAFETY (every impl below): the type is `#[repr(C)]` and `Copy`, made
+    // only of integers and byte arrays with its padding spelled out as
+    // fields (sizes asserted above), so it has no uninitialised bytes and
+    // every bit pattern the kernel hands back is a valid value.
     unsafe impl aya::Pod for RemoteFloodList {}
     unsafe impl aya::Pod for OverlayConfig {}
     unsafe impl aya::Pod for RemoteLearned {}

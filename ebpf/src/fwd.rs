@@ -52,18 +52,29 @@ pub fn switch(ctx: &TcContext, ifindex: u32, network: u32, dst: [u8; 6]) -> Verd
 #[inline(always)]
 pub fn deliver_local(ctx: &TcContext, port_ifindex: u32, port_id: u32) -> Verdict {
     count_tx(port_id, ctx.len());
-    let rc = unsafe { bpf_redirect_peer(port_ifindex, 0) };
-    if rc == i64::from(TC_ACT_REDIRECT) {
-        Ok(TC_ACT_REDIRECT)
-    } else {
-        Err(drop_reason::HELPER_FAILED)
-    }
+    // SAFETY: a helper call with integer arguments; it touches no memory
+    // of ours.
+    redirected(unsafe { bpf_redirect_peer(port_ifindex, 0) })
 }
 
 /// Back out of the port it came in by (a gateway reply to the VM).
 #[inline(always)]
 pub fn reply_out(port_ifindex: u32) -> Verdict {
-    let rc = unsafe { bpf_redirect(port_ifindex, 0) };
+    redirect(port_ifindex)
+}
+
+/// Out of `ifindex` (its egress).
+#[inline(always)]
+pub fn redirect(ifindex: u32) -> Verdict {
+    // SAFETY: a helper call with integer arguments; it touches no memory
+    // of ours.
+    redirected(unsafe { bpf_redirect(ifindex, 0) })
+}
+
+/// The verdict of a redirect helper's return value: every redirect of the
+/// data path is checked here.
+#[inline(always)]
+pub fn redirected(rc: i64) -> Verdict {
     if rc == i64::from(TC_ACT_REDIRECT) {
         Ok(TC_ACT_REDIRECT)
     } else {

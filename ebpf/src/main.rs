@@ -261,8 +261,8 @@ fn dhcp_client_is(ctx: &TcContext, l4_off: usize, src: &[u8; 6]) -> bool {
     }
     // UDP header, then op, htype, hlen, hops, xid, secs, flags and four
     // addresses before chaddr.
-    match ptr_at::<[u8; 6]>(ctx, l4_off + 8 + 28) {
-        Ok(chaddr) => mac_eq(unsafe { &*chaddr }, src),
+    match hdr::<[u8; 6]>(ctx, l4_off + 8 + 28) {
+        Ok(chaddr) => mac_eq(chaddr, src),
         Err(_) => false,
     }
 }

@@ -17,11 +17,9 @@
 use core::mem::MaybeUninit;
 
 use aya_ebpf::{
-    bindings::{BPF_F_ZERO_CSUM_TX, TC_ACT_REDIRECT, TC_ACT_SHOT, bpf_tunnel_key},
+    bindings::{BPF_F_ZERO_CSUM_TX, TC_ACT_SHOT, bpf_tunnel_key},
     btf_maps::{Array, HashMap, LruHashMap, PerCpuArray},
-    helpers::generated::{
-        bpf_clone_redirect, bpf_ktime_get_ns, bpf_redirect, bpf_skb_set_tunnel_key,
-    },
+    helpers::generated::{bpf_clone_redirect, bpf_ktime_get_ns, bpf_skb_set_tunnel_key},
     macros::{btf_map, classifier},
     programs::TcContext,
 };
@@ -33,7 +31,7 @@ use vmpath_common::{
 
 use crate::{
     counters,
-    fwd::Verdict,
+    fwd::{self, Verdict},
     maps::{ENDPOINTS, PORTS},
     parse::{is_multicast, ptr_at, zeroed},
     route::PROGS,
@@ -225,7 +223,7 @@ fn try_vm_remote(ctx: &TcContext, port: &PortInfo) -> Verdict {
         if let Some(to) = to {
             set_remote(ctx, key, to)?;
             count_tx(ctx.len());
-            return redirected(unsafe { bpf_redirect(vxlan, 0) });
+            return fwd::redirect(vxlan);
         }
     }
 
@@ -255,15 +253,17 @@ fn try_vm_remote(ctx: &TcContext, port: &PortInfo) -> Verdict {
     }
     set_remote(ctx, key, list.node_ip4[i])?;
     count_tx(len);
-    redirected(unsafe { bpf_redirect(vxlan, 0) })
+    fwd::redirect(vxlan)
 }
 
 /// Points the frame's tunnel key at `node_ip4`. Each copy of a flood gets
 /// its own: the key lives in the skb's metadata, and a clone is
 /// encapsulated before `bpf_clone_redirect` returns.
 #[inline(always)]
-fn set_remote(ctx: &TcContext, key: &mut bpf_tunnel_key, node_ip4: [u8; 4]) -> Result<(), u32> {
+pub fn set_remote(ctx: &TcContext, key: &mut bpf_tunnel_key, node_ip4: [u8; 4]) -> Result<(), u32> {
     key.__bindgen_anon_1.remote_ipv4 = u32::from_be_bytes(node_ip4);
+    // SAFETY: `key` is a valid `bpf_tunnel_key` for the call and the size
+    // passed is its size; the skb pointer is the program's own context.
     let rc = unsafe {
         bpf_skb_set_tunnel_key(
             ctx.skb.skb,
@@ -277,13 +277,4 @@ fn set_remote(ctx: &TcContext, key: &mut bpf_tunnel_key, node_ip4: [u8; 4]) -> R
         return Err(drop_reason::HELPER_FAILED);
     }
     Ok(())
-}
-
-#[inline(always)]
-fn redirected(rc: i64) -> Verdict {
-    if rc == i64::from(TC_ACT_REDIRECT) {
-        Ok(TC_ACT_REDIRECT)
-    } else {
-        Err(drop_reason::HELPER_FAILED)
-    }
 }

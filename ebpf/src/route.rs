@@ -9,10 +9,10 @@ use core::mem::MaybeUninit;
 use aya_ebpf::{
     bindings::{
         BPF_FIB_LKUP_RET_FRAG_NEEDED, BPF_FIB_LKUP_RET_NO_NEIGH, BPF_FIB_LKUP_RET_SUCCESS,
-        TC_ACT_REDIRECT, TC_ACT_SHOT, bpf_fib_lookup as FibParams, bpf_redir_neigh,
+        TC_ACT_SHOT, bpf_fib_lookup as FibParams, bpf_redir_neigh,
     },
     btf_maps::{HashMap, LpmTrie, ProgramArray, lpm_trie::Key},
-    helpers::generated::{bpf_fib_lookup, bpf_redirect, bpf_redirect_neigh},
+    helpers::generated::{bpf_fib_lookup, bpf_redirect_neigh},
     macros::{btf_map, classifier},
     programs::TcContext,
 };
@@ -27,10 +27,10 @@ use vmpath_common::{
 
 use crate::{
     counters, csum,
-    fwd::Verdict,
+    fwd::{self, Verdict},
     maps::{NETWORKS, PORTS},
     mtu,
-    parse::{ETH_LEN, ETH_P_IP, ETH_P_IPV6, ptr_at, write_mac, zeroed},
+    parse::{ETH_LEN, ETH_P_IP, ETH_P_IPV6, ptr_at, words16, write_mac, zeroed},
     snat, spoof,
 };
 
@@ -238,8 +238,8 @@ fn egress6_inner(ctx: &TcContext, ifindex: u32, port: &PortInfo, net: &NetworkIn
         p.ifindex = ifindex;
         let s = &(*ip).src_addr;
         let d = &(*ip).dst_addr;
-        p.__bindgen_anon_3.ipv6_src = words(s);
-        p.__bindgen_anon_4.ipv6_dst = words(d);
+        p.__bindgen_anon_3.ipv6_src = words16(s);
+        p.__bindgen_anon_4.ipv6_dst = words16(d);
     }
     let rc = unsafe {
         bpf_fib_lookup(
@@ -276,7 +276,7 @@ fn to_next_hop(ctx: &TcContext, p: &FibParams, rc: u32) -> Verdict {
             write_mac(&raw mut (*eth).dst_addr, p.dmac);
             write_mac(&raw mut (*eth).src_addr, p.smac);
         }
-        return redirected(unsafe { bpf_redirect(p.ifindex, 0) });
+        return fwd::redirect(p.ifindex);
     }
     let mut nh_slot = MaybeUninit::<bpf_redir_neigh>::uninit();
     let nh = zeroed(&mut nh_slot);
@@ -287,24 +287,8 @@ fn to_next_hop(ctx: &TcContext, p: &FibParams, rc: u32) -> Verdict {
         nh.nh_family = u32::from(kernel_af::AF_INET);
         nh.__bindgen_anon_1.ipv4_nh = unsafe { p.__bindgen_anon_4.ipv4_dst };
     }
-    redirected(unsafe { bpf_redirect_neigh(p.ifindex, nh, size_of::<bpf_redir_neigh>() as i32, 0) })
-}
-
-#[inline(always)]
-fn words(a: &[u8; 16]) -> [u32; 4] {
-    [
-        u32::from_ne_bytes([a[0], a[1], a[2], a[3]]),
-        u32::from_ne_bytes([a[4], a[5], a[6], a[7]]),
-        u32::from_ne_bytes([a[8], a[9], a[10], a[11]]),
-        u32::from_ne_bytes([a[12], a[13], a[14], a[15]]),
-    ]
-}
-
-#[inline(always)]
-fn redirected(rc: i64) -> Verdict {
-    if rc == i64::from(TC_ACT_REDIRECT) {
-        Ok(TC_ACT_REDIRECT)
-    } else {
-        Err(drop_reason::HELPER_FAILED)
-    }
+    // SAFETY: `nh` lives on our stack for the call; the size is its own.
+    fwd::redirected(unsafe {
+        bpf_redirect_neigh(p.ifindex, nh, size_of::<bpf_redir_neigh>() as i32, 0)
+    })
 }

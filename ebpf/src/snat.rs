@@ -27,10 +27,9 @@ use vmpath_common::{
 use crate::{
     csum,
     fwd::deliver_local,
-    parse::{ETH_LEN, IPPROTO_ICMP, IPPROTO_UDP, ptr_at, write_mac},
+    parse::{ETH_LEN, IPPROTO_ICMP, IPPROTO_TCP, IPPROTO_UDP, hdr, ptr_at, write_mac},
 };
 
-const IPPROTO_TCP: u8 = 6;
 const ICMP_ECHO_REPLY: u8 = 0;
 const ICMP_ECHO_REQUEST: u8 = 8;
 const TCP_FIN: u8 = 0x01;
@@ -84,8 +83,7 @@ fn l4(ctx: &TcContext, proto: u8, l4_off: usize, outbound: bool) -> Result<L4, u
     match proto {
         IPPROTO_TCP | IPPROTO_UDP => {
             // A UDP datagram may carry less than a TCP header's worth.
-            let p: *const [u8; 8] = ptr_at(ctx, l4_off)?;
-            let p = unsafe { &*p };
+            let p = hdr::<[u8; 8]>(ctx, l4_off)?;
             let (csum_off, flags) = if proto == IPPROTO_TCP {
                 let t: *const [u8; 14] = ptr_at(ctx, l4_off)?;
                 (l4_off + 16, unsafe { (*t)[13] })
@@ -102,8 +100,7 @@ fn l4(ctx: &TcContext, proto: u8, l4_off: usize, outbound: bool) -> Result<L4, u
             })
         }
         IPPROTO_ICMP => {
-            let p: *const [u8; 8] = ptr_at(ctx, l4_off)?;
-            let p = unsafe { &*p };
+            let p = hdr::<[u8; 8]>(ctx, l4_off)?;
             let want = if outbound {
                 ICMP_ECHO_REQUEST
             } else {

@@ -13,11 +13,10 @@ use vmpath_common::{NatKey, SnatConfig, drop_reason};
 use crate::{
     csum,
     fwd::deliver_local,
-    parse::{ETH_LEN, IPPROTO_ICMP, IPPROTO_UDP, ptr_at, write_mac},
+    parse::{ETH_LEN, IPPROTO_ICMP, IPPROTO_TCP, IPPROTO_UDP, ptr_at, write_mac},
     snat::{SNAT_IN, expired},
 };
 
-const IPPROTO_TCP: u8 = 6;
 const ICMP_DEST_UNREACH: u8 = 3;
 const ICMP_TIME_EXCEEDED: u8 = 11;
 const ICMP_PARAMETER_PROB: u8 = 12;

@@ -1,6 +1,6 @@
 //! Port security: the source MAC and source IP a VM may use.
 
-use crate::maps::ADDRESSES;
+use crate::{maps::ADDRESSES, parse::addr16_eq};
 use vmpath_common::{AddrKey, PORT_F_IP_FILTER, PORT_F_MAC_FILTER, PORT_F_MAC_KNOWN, PortInfo};
 
 #[inline(always)]
@@ -31,7 +31,7 @@ pub fn owns_ip4(port: &PortInfo, ifindex: u32, addr: [u8; 4]) -> bool {
 #[inline(always)]
 pub fn owns_ip6(port: &PortInfo, ifindex: u32, addr: &[u8; 16]) -> bool {
     // The port's first IPv6 address, cached in its entry: no lookup.
-    if same6(addr, &port.ip6) && !is_unspecified6(addr) {
+    if addr16_eq(addr, &port.ip6) && !is_unspecified6(addr) {
         return true;
     }
     let key = AddrKey::v6(port.network, addr);
@@ -39,19 +39,6 @@ pub fn owns_ip6(port: &PortInfo, ifindex: u32, addr: &[u8; 16]) -> bool {
         Some(info) => info.ifindex == ifindex,
         None => false,
     }
-}
-
-/// Two IPv6 addresses compared as words (no byte loop, no `bcmp` call).
-#[inline(always)]
-fn same6(a: &[u8; 16], b: &[u8; 16]) -> bool {
-    // Same size, every bit pattern valid.
-    let (a, b) = unsafe {
-        (
-            core::mem::transmute::<[u8; 16], [u32; 4]>(*a),
-            core::mem::transmute::<[u8; 16], [u32; 4]>(*b),
-        )
-    };
-    (a[0] ^ b[0]) | (a[1] ^ b[1]) | (a[2] ^ b[2]) | (a[3] ^ b[3]) == 0
 }
 
 /// `::`, which DAD and MLD use before the VM has an address.

@@ -20,7 +20,7 @@ use crate::{
     fwd::{Verdict, deliver_local},
     maps::NETWORKS,
     mtu,
-    parse::{ETH_LEN, ETH_P_IP, ETH_P_IPV6, ptr_at, write_mac},
+    parse::{ETH_LEN, ETH_P_IP, ETH_P_IPV6, hdr_mut, ptr_at, write_mac},
     route::ROUTED,
     snat,
 };
@@ -48,10 +48,10 @@ fn try_uplink(ctx: &TcContext) -> Verdict {
 
 #[inline(always)]
 fn ingress4(ctx: &TcContext) -> Verdict {
-    let Ok(ip) = ptr_at::<Ipv4Hdr>(ctx, ETH_LEN) else {
+    let Ok(ip) = hdr_mut::<Ipv4Hdr>(ctx, ETH_LEN) else {
         return Ok(TC_ACT_OK);
     };
-    let dst = unsafe { (*ip).dst_addr };
+    let dst = ip.dst_addr;
     let key = AddrKey::v4(0, dst);
     let Some(r) = (unsafe { ROUTED.get(&key) }) else {
         if let Some(action) = snat::ingress4(ctx)? {
@@ -59,7 +59,6 @@ fn ingress4(ctx: &TcContext) -> Verdict {
         }
         return Ok(TC_ACT_OK);
     };
-    let ip = unsafe { &mut *ip };
     if ip.ttl <= 1 {
         // The node is a hop on the way to the VM: it answers from the
         // VM network's gateway address, as for oversized frames.
@@ -85,14 +84,13 @@ fn ingress4(ctx: &TcContext) -> Verdict {
 
 #[inline(always)]
 fn ingress6(ctx: &TcContext) -> Verdict {
-    let Ok(ip) = ptr_at::<Ipv6Hdr>(ctx, ETH_LEN) else {
+    let Ok(ip) = hdr_mut::<Ipv6Hdr>(ctx, ETH_LEN) else {
         return Ok(TC_ACT_OK);
     };
-    let key = AddrKey::v6(0, unsafe { &(*ip).dst_addr });
+    let key = AddrKey::v6(0, &ip.dst_addr);
     let Some(r) = (unsafe { ROUTED.get(&key) }) else {
         return Ok(TC_ACT_OK);
     };
-    let ip = unsafe { &mut *ip };
     if ip.hop_limit <= 1 {
         let (uplink, from, own_mac) = answer_from6(ctx, r)?;
         return mtu::time_exceeded6(ctx, uplink, NO_PORT_ID, &from, own_mac);
