@@ -194,10 +194,7 @@ pub fn forward4(ctx: &TcContext, in_ifindex: u32) -> Verdict {
     let ip: *mut Ipv4Hdr = ptr_at(ctx, ETH_LEN)?;
     unsafe {
         let ip = &mut *ip;
-        let old = (u16::from(ip.ttl) << 8) | u16::from(ip.proto);
-        ip.ttl -= 1;
-        let new = (u16::from(ip.ttl) << 8) | u16::from(ip.proto);
-        ip.check = csum::replace16(u16::from_be_bytes(ip.check), old, new).to_be_bytes();
+        ip.check = csum::dec_ttl4(ip, u16::from_be_bytes(ip.check)).to_be_bytes();
     }
     to_next_hop(ctx, p, rc)
 }

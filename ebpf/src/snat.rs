@@ -394,10 +394,7 @@ pub fn ingress4(ctx: &TcContext) -> Result<Option<i32>, u32> {
     let ip: *mut Ipv4Hdr = ptr_at(ctx, ETH_LEN)?;
     unsafe {
         let ip = &mut *ip;
-        let old = (u16::from(ip.ttl) << 8) | u16::from(ip.proto);
-        ip.ttl -= 1;
-        let new = (u16::from(ip.ttl) << 8) | u16::from(ip.proto);
-        ip.check = csum::replace16(u16::from_be_bytes(ip.check), old, new).to_be_bytes();
+        ip.check = csum::dec_ttl4(ip, u16::from_be_bytes(ip.check)).to_be_bytes();
     }
     let eth: *mut EthHdr = ptr_at(ctx, 0)?;
     unsafe {

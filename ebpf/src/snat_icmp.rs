@@ -79,9 +79,7 @@ pub fn ingress4(ctx: &TcContext, cfg: &SnatConfig, l4_off: usize) -> Result<Opti
         }
         let mut c = be16(ip.check);
         c = replace_addr(c, ip.dst_addr, e.addr);
-        let old = (u16::from(ip.ttl) << 8) | u16::from(ip.proto);
-        ip.ttl -= 1;
-        c = csum::replace16(c, old, (u16::from(ip.ttl) << 8) | u16::from(ip.proto));
+        c = csum::dec_ttl4(ip, c);
         ip.check = c.to_be_bytes();
         ip.dst_addr = e.addr;
     }

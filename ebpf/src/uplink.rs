@@ -70,10 +70,7 @@ fn ingress4(ctx: &TcContext) -> Verdict {
         let (uplink, from, own_mac) = answer_from4(ctx, r)?;
         return mtu::frag_needed4(ctx, uplink, NO_PORT_ID, from, r.mtu, own_mac);
     }
-    let old = (u16::from(ip.ttl) << 8) | u16::from(ip.proto);
-    ip.ttl -= 1;
-    let new = (u16::from(ip.ttl) << 8) | u16::from(ip.proto);
-    ip.check = csum::replace16(u16::from_be_bytes(ip.check), old, new).to_be_bytes();
+    ip.check = csum::dec_ttl4(ip, u16::from_be_bytes(ip.check)).to_be_bytes();
     let eth: *mut EthHdr = ptr_at(ctx, 0)?;
     unsafe {
         write_mac(&raw mut (*eth).src_addr, r.gw_mac);
