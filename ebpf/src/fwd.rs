@@ -26,6 +26,7 @@ pub type Verdict = Result<i32, u32>;
 pub fn switch(ctx: &TcContext, ifindex: u32, network: u32, dst: [u8; 6]) -> Verdict {
     if !is_multicast(&dst) {
         let key = EndpointKey::new(network, dst);
+        // SAFETY: a map lookup; the value stays valid for this program run.
         if let Some(ep) = unsafe { ENDPOINTS.get(&key) } {
             if ep.kind == ENDPOINT_LOCAL {
                 if ep.ifindex == ifindex {
@@ -116,6 +117,7 @@ pub fn flood_local(ctx: &TcContext, network: u32) -> Verdict {
 /// the caller to hand the original to.
 #[inline(always)]
 fn clone_local(ctx: &TcContext, skip: u32, network: u32) -> (u32, u32) {
+    // SAFETY: a map lookup; the value stays valid for this program run.
     let Some(list) = (unsafe { FLOOD.get(&network) }) else {
         return (0, 0);
     };

@@ -118,6 +118,7 @@ pub fn zeroed<T: Copy>(slot: &mut core::mem::MaybeUninit<T>) -> &mut T {
     let b = slot.as_mut_ptr() as *mut u8;
     let mut j = words * 4;
     while j < size_of::<T>() {
+        // SAFETY: within `slot` (j < size_of::<T>()); bytes need no alignment.
         unsafe { core::ptr::write_volatile(b.add(j), 0) };
         j += 1;
     }

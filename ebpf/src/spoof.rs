@@ -22,6 +22,7 @@ pub fn owns_ip4(port: &PortInfo, ifindex: u32, addr: [u8; 4]) -> bool {
         return true;
     }
     let key = AddrKey::v4(port.network, addr);
+    // SAFETY: a map lookup; the value stays valid for this program run.
     match unsafe { ADDRESSES.get(&key) } {
         Some(info) => info.ifindex == ifindex,
         None => false,
@@ -35,6 +36,7 @@ pub fn owns_ip6(port: &PortInfo, ifindex: u32, addr: &[u8; 16]) -> bool {
         return true;
     }
     let key = AddrKey::v6(port.network, addr);
+    // SAFETY: a map lookup; the value stays valid for this program run.
     match unsafe { ADDRESSES.get(&key) } {
         Some(info) => info.ifindex == ifindex,
         None => false,
