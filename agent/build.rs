@@ -9,6 +9,12 @@ const TOOLCHAIN_FILE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../ebpf/rust-
 /// `dataplane` embeds them, with the nightly `ebpf/rust-toolchain.toml` pins.
 fn main() -> anyhow::Result<()> {
     println!("cargo:rerun-if-changed={TOOLCHAIN_FILE}");
+    // The object's types and contracts come from `common`: a change there
+    // must rebuild it (aya-build watches only the eBPF crate's directory).
+    println!(
+        "cargo:rerun-if-changed={}",
+        concat!(env!("CARGO_MANIFEST_DIR"), "/../common")
+    );
     let toml = std::fs::read_to_string(TOOLCHAIN_FILE)
         .with_context(|| format!("reading {TOOLCHAIN_FILE}"))?;
     let channel = toml

@@ -5,7 +5,6 @@
 use std::{
     collections::{BTreeMap, BTreeSet},
     fs,
-    net::IpAddr,
     path::{Path, PathBuf},
     time::Duration,
 };
@@ -15,7 +14,7 @@ use tracing::{error, info, warn};
 
 use crate::{
     clock::unix_now,
-    common::{AF_INET, AddrKey, LearnedIp},
+    common::{AddrKey, LearnedIp},
     config::{self, AttachmentKey, format_mac},
     dataplane::Dataplane,
     ipam,
@@ -68,10 +67,7 @@ fn view_ips(
         if key.network != net.id || seen.ifindex != ifindex {
             continue;
         }
-        let ip = match key.family {
-            AF_INET => IpAddr::from([key.addr[0], key.addr[1], key.addr[2], key.addr[3]]),
-            _ => IpAddr::from(key.addr),
-        };
+        let ip = key.ip();
         if !a.addresses.iter().any(|(given, _)| given.addr() == ip) {
             ips.push(IpView {
                 address: ip.to_string(),

@@ -28,8 +28,8 @@ use aya::{
 use tracing::{debug, info, warn};
 use vmpath_common::{
     AddrInfo, AddrKey, Endpoint, EndpointKey, FloodList, LearnedIp, LearnedMac, MAP_LAYOUT_VERSION,
-    MAX_ADDRESSES, MAX_ENDPOINTS, MAX_LEARNED_IPS, MAX_NETWORKS, MAX_PORTS, NetworkInfo, PortInfo,
-    PortStats, SlowPath, drop_reason, map_names, prog_names,
+    MapDef, MapKind, NetworkInfo, PortInfo, PortStats, SlowPath, drop_reason, map_names, maps,
+    prog_names,
 };
 
 pub mod batch;
@@ -38,23 +38,8 @@ mod north_south;
 mod overlay;
 
 use crate::plan::Plan;
-use aya::maps::lpm_trie::{Key as LpmKey, LpmTrie};
-use vmpath_common::{
-    MAX_ROUTED, MAX_SNAT_FLOWS, MAX_SNAT_VMS, MAX_SUBNETS, NatEntry, NatKey, RoutedAddr,
-    SnatConfig, Subnet4, Subnet6,
-};
-
-/// The north-south maps (routed networks, SNAT), checked like `MAP_SPECS`.
-const NORTH_SOUTH_MAP_SPECS: [MapSpec; 8] = [
-    spec::<u32, u32>(map_names::PROGS, MapType::ProgramArray, 4),
-    spec::<AddrKey, RoutedAddr>(map_names::ROUTED, MapType::Hash, MAX_ROUTED),
-    spec::<LpmKey<Subnet4>, u32>(map_names::SUBNETS4, MapType::LpmTrie, MAX_SUBNETS),
-    spec::<LpmKey<Subnet6>, u32>(map_names::SUBNETS6, MapType::LpmTrie, MAX_SUBNETS),
-    spec::<u32, SnatConfig>(map_names::SNAT_CONFIG, MapType::Array, 1),
-    spec::<NatKey, NatEntry>(map_names::SNAT_OUT, MapType::LruHash, MAX_SNAT_FLOWS),
-    spec::<NatKey, NatEntry>(map_names::SNAT_IN, MapType::LruHash, MAX_SNAT_FLOWS),
-    spec::<u32, u32>(map_names::SNAT_QUOTA, MapType::Hash, MAX_SNAT_VMS),
-];
+use aya::maps::lpm_trie::LpmTrie;
+use vmpath_common::{NatEntry, NatKey, RoutedAddr, SnatConfig, Subnet4, Subnet6};
 
 /// The eBPF object built by build.rs: the data path.
 static EBPF_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/vmpath"));
@@ -67,39 +52,18 @@ static BENCH_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR")
 
 const BPF_FS_MAGIC: i64 = 0xcafe4a11;
 
-struct MapSpec {
-    name: &'static str,
-    map_type: MapType,
-    key_size: u32,
-    value_size: u32,
-    max_entries: u32,
-}
-
-const fn spec<K, V>(name: &'static str, map_type: MapType, max_entries: u32) -> MapSpec {
-    MapSpec {
-        name,
-        map_type,
-        key_size: size_of::<K>() as u32,
-        value_size: size_of::<V>() as u32,
-        max_entries,
+/// The kernel's map type of a shape in `vmpath_common::maps`.
+fn map_type(kind: MapKind) -> MapType {
+    match kind {
+        MapKind::Hash => MapType::Hash,
+        MapKind::LruHash => MapType::LruHash,
+        MapKind::Array => MapType::Array,
+        MapKind::PerCpuArray => MapType::PerCpuArray,
+        MapKind::LpmTrie => MapType::LpmTrie,
+        MapKind::ProgramArray => MapType::ProgramArray,
+        MapKind::XskMap => MapType::XskMap,
     }
 }
-
-/// What each pinned map must look like before it is adopted.
-const MAP_SPECS: [MapSpec; 12] = [
-    spec::<u32, PortInfo>(map_names::PORTS, MapType::Hash, MAX_PORTS),
-    spec::<EndpointKey, Endpoint>(map_names::ENDPOINTS, MapType::Hash, MAX_ENDPOINTS),
-    spec::<AddrKey, AddrInfo>(map_names::ADDRESSES, MapType::Hash, MAX_ADDRESSES),
-    spec::<u32, NetworkInfo>(map_names::NETWORKS, MapType::Hash, MAX_NETWORKS),
-    spec::<u32, FloodList>(map_names::FLOOD, MapType::Hash, MAX_NETWORKS),
-    spec::<u32, u64>(map_names::DROPS, MapType::PerCpuArray, drop_reason::COUNT),
-    spec::<u32, PortStats>(map_names::PORT_STATS, MapType::PerCpuArray, MAX_PORTS),
-    spec::<u32, LearnedMac>(map_names::LEARNED_MACS, MapType::Hash, MAX_PORTS),
-    spec::<AddrKey, LearnedIp>(map_names::LEARNED_IPS, MapType::LruHash, MAX_LEARNED_IPS),
-    spec::<u32, u32>(map_names::PORT_IDS, MapType::Hash, MAX_PORTS),
-    spec::<u32, SlowPath>(map_names::SLOW, MapType::Array, 1),
-    spec::<u32, u32>(map_names::XSKS, MapType::XskMap, 4),
-];
 
 pub fn maps_dir(root: &Path) -> PathBuf {
     root.join("maps").join(format!("v{MAP_LAYOUT_VERSION}"))
@@ -193,14 +157,14 @@ fn retire_old_layouts(root: &Path) -> Result<()> {
 }
 
 /// Checks a pinned map's shape against what this build expects.
-fn check_pinned(path: &Path, spec: &MapSpec) -> Result<bool> {
+fn check_pinned(path: &Path, spec: &MapDef) -> Result<bool> {
     if !path.exists() {
         return Ok(false);
     }
     let info = MapInfo::from_pin(path)
         .with_context(|| format!("opening pinned map {}", path.display()))?;
     let map_type = info.map_type()?;
-    if map_type != spec.map_type
+    if map_type != self::map_type(spec.kind)
         || info.key_size() != spec.key_size
         || info.value_size() != spec.value_size
         || info.max_entries() != spec.max_entries
@@ -212,7 +176,7 @@ fn check_pinned(path: &Path, spec: &MapSpec) -> Result<bool> {
             info.key_size(),
             info.value_size(),
             info.max_entries(),
-            spec.map_type,
+            self::map_type(spec.kind),
             spec.key_size,
             spec.value_size,
             spec.max_entries
@@ -367,12 +331,8 @@ impl Dataplane {
         fs::create_dir_all(links_dir(root))?;
         let mut loader = EbpfLoader::new();
         let mut paths = Vec::new();
-        for spec in MAP_SPECS
-            .iter()
-            .chain(&NORTH_SOUTH_MAP_SPECS)
-            .chain(&overlay::OVERLAY_MAP_SPECS)
-            .chain(&migrate::MIGRATE_MAP_SPECS)
-        {
+        // What each pinned map must look like before it is adopted.
+        for spec in &maps::ALL {
             let path = maps_dir.join(spec.name);
             match check_pinned(&path, spec) {
                 Ok(true) => info!(map = spec.name, "adopting pinned map"),
@@ -718,4 +678,86 @@ pub fn cleanup(root: &Path) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// The agent's expectations of the eBPF object, checked against the object
+/// this build embeds (no kernel needed).
+#[cfg(test)]
+mod contract_tests {
+    use super::*;
+    use vmpath_common::{addr_family, kernel_af};
+
+    fn object() -> aya_obj::Object {
+        aya_obj::Object::parse(EBPF_OBJECT).expect("parsing the embedded eBPF object")
+    }
+
+    #[test]
+    fn every_map_of_the_object_has_the_shape_common_defines() {
+        let obj = object();
+        for def in &maps::ALL {
+            let m = obj
+                .maps
+                .get(def.name)
+                .unwrap_or_else(|| panic!("map {} missing from the object", def.name));
+            assert_eq!(
+                (m.map_type(), m.key_size(), m.value_size(), m.max_entries()),
+                (
+                    map_type(def.kind) as u32,
+                    def.key_size,
+                    def.value_size,
+                    def.max_entries
+                ),
+                "map {}: (type, key, value, max entries) in the object vs vmpath_common::maps",
+                def.name
+            );
+        }
+        for name in obj.maps.keys().filter(|n| !n.starts_with('.')) {
+            assert!(
+                maps::ALL.iter().any(|d| d.name == name),
+                "map {name} of the object has no shape in vmpath_common::maps (the agent would not pin it)"
+            );
+        }
+    }
+
+    #[test]
+    fn every_program_the_agent_loads_is_in_the_object_and_no_bench_program_is() {
+        let obj = object();
+        for name in [
+            prog_names::VM_PORT,
+            prog_names::UPLINK,
+            prog_names::VM_EGRESS,
+            prog_names::SLOW_RX,
+            prog_names::SLOW_RETURN,
+            prog_names::VM_MIGRATE,
+            prog_names::VM_REMOTE,
+            prog_names::VXLAN_RX,
+        ] {
+            assert!(obj.programs.contains_key(name), "program {name} missing");
+        }
+        let bench: Vec<_> = obj
+            .programs
+            .keys()
+            .filter(|n| n.starts_with("bench_"))
+            .collect();
+        assert!(
+            bench.is_empty(),
+            "bench programs in the production object: {bench:?}"
+        );
+        assert!(!obj.maps.contains_key("vmpb_peer"));
+    }
+
+    /// `bpf_fib_lookup` and `bpf_redirect_neigh` take the kernel's address
+    /// families; `AddrKey` carries its own tag. Both were once named
+    /// `AF_INET` with different values.
+    #[test]
+    fn kernel_address_families_are_the_kernels_and_differ_from_the_key_tags() {
+        assert_eq!(i32::from(kernel_af::AF_INET), libc::AF_INET);
+        assert_eq!(i32::from(kernel_af::AF_INET6), libc::AF_INET6);
+        let v4 = std::net::IpAddr::from([192, 0, 2, 1]);
+        let v6: std::net::IpAddr = "2001:db8::1".parse().unwrap();
+        assert_eq!(AddrKey::from_ip(7, v4).family, addr_family::IPV4);
+        assert_eq!(AddrKey::from_ip(7, v6).family, addr_family::IPV6);
+        assert_eq!(AddrKey::from_ip(7, v4).ip(), v4);
+        assert_eq!(AddrKey::from_ip(7, v6).ip(), v6);
+    }
 }

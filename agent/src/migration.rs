@@ -79,11 +79,7 @@ impl Migrations {
             let std::net::IpAddr::V4(target4) = target.address else {
                 continue;
             };
-            let key = EndpointKey {
-                network: net.id,
-                mac,
-                _pad: [0; 2],
-            };
+            let key = EndpointKey::new(net.id, mac);
             let Ok(ep) = dp.maps().endpoints.get(&key, 0) else {
                 continue;
             };

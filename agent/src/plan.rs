@@ -5,10 +5,10 @@
 use std::{collections::BTreeMap, net::IpAddr};
 
 use vmpath_common::{
-    ADDR_CLAIMED, ADDR_STATIC, AF_INET, AF_INET6, AddrInfo, AddrKey, ENDPOINT_LOCAL, Endpoint,
-    EndpointKey, FloodList, MAX_FLOOD_PORTS, MAX_PORT_ID, NET_F_DHCP, NET_F_GW4, NET_F_GW6,
-    NetworkInfo, PORT_F_DHCP, PORT_F_IP_FILTER, PORT_F_MAC_FILTER, PORT_F_MAC_KNOWN,
-    PORT_F_PENDING, PortInfo, link_local_from_mac,
+    ADDR_CLAIMED, ADDR_STATIC, AddrInfo, AddrKey, ENDPOINT_LOCAL, Endpoint, EndpointKey, FloodList,
+    MAX_FLOOD_PORTS, MAX_PORT_ID, NET_F_DHCP, NET_F_GW4, NET_F_GW6, NetworkInfo, PORT_F_DHCP,
+    PORT_F_IP_FILTER, PORT_F_MAC_FILTER, PORT_F_MAC_KNOWN, PORT_F_PENDING, PortInfo,
+    link_local_from_mac,
 };
 
 pub mod north_south;
@@ -49,21 +49,9 @@ pub struct Plan {
     pub flood_remote: BTreeMap<u32, vmpath_common::RemoteFloodList>,
 }
 
+/// The `vmp_addresses` key of `ip` in `network` (`AddrKey::from_ip`).
 pub fn addr_key(network: u32, ip: IpAddr) -> AddrKey {
-    let (family, addr) = match ip {
-        IpAddr::V4(v4) => {
-            let mut a = [0u8; 16];
-            a[..4].copy_from_slice(&v4.octets());
-            (AF_INET, a)
-        }
-        IpAddr::V6(v6) => (AF_INET6, v6.octets()),
-    };
-    AddrKey {
-        network,
-        family,
-        _pad: [0; 3],
-        addr,
-    }
+    AddrKey::from_ip(network, ip)
 }
 
 /// `ifindex_of` resolves an interface name in this node's namespace.
@@ -224,11 +212,7 @@ pub fn plan_with_ids(
         );
         if let Some((mac, _)) = att.mac_resolved.filter(|_| !pending) {
             plan.endpoints.insert(
-                EndpointKey {
-                    network: net.id,
-                    mac,
-                    _pad: [0; 2],
-                },
+                EndpointKey::new(net.id, mac),
                 Endpoint {
                     kind: ENDPOINT_LOCAL,
                     ifindex,

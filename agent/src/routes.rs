@@ -32,7 +32,7 @@ use netlink_sys::{Socket, SocketAddr, protocols::NETLINK_ROUTE};
 use tracing::info;
 
 use crate::{
-    common::{AF_INET, AddrKey, LearnedIp},
+    common::{AddrKey, LearnedIp},
     plan::Plan,
     resolved::Resolved,
 };
@@ -127,10 +127,7 @@ pub fn desired(
                 if key.network != net.id || seen.ifindex != port.ifindex {
                     continue;
                 }
-                let ip = match key.family {
-                    AF_INET => IpAddr::from([key.addr[0], key.addr[1], key.addr[2], key.addr[3]]),
-                    _ => IpAddr::from(key.addr),
-                };
+                let ip = key.ip();
                 out.insert(ExportRoute {
                     dest: host(ip),
                     kind: RouteKind::Host,

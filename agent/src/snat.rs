@@ -6,14 +6,10 @@
 use std::{collections::BTreeMap, fs, io};
 
 use tracing::{debug, warn};
-use vmpath_common::{NAT_ST_CLOSING, NatEntry, NatKey, SnatConfig};
 
 use crate::{clock::monotonic_ns, dataplane::Maps};
 
 const RESERVED_PORTS: &str = "/proc/sys/net/ipv4/ip_local_reserved_ports";
-const IPPROTO_ICMP: u8 = 1;
-const IPPROTO_TCP: u8 = 6;
-const IPPROTO_UDP: u8 = 17;
 
 /// Adds `min-max` to `ip_local_reserved_ports` of this network namespace,
 /// keeping whatever is reserved already.
@@ -32,31 +28,6 @@ pub fn reserve_ports(min: u16, max: u16) -> io::Result<()> {
     fs::write(RESERVED_PORTS, new)
 }
 
-fn timeout_ns(cfg: &SnatConfig, proto: u8, state: u8) -> u64 {
-    let s = match proto {
-        IPPROTO_TCP if state == NAT_ST_CLOSING => cfg.tcp_closing_timeout,
-        IPPROTO_TCP => cfg.tcp_timeout,
-        IPPROTO_UDP => cfg.udp_timeout,
-        _ => cfg.icmp_timeout,
-    };
-    u64::from(s) * 1_000_000_000
-}
-
-fn reply_key(k: &NatKey, out: &NatEntry) -> NatKey {
-    NatKey {
-        src: k.dst,
-        dst: out.addr,
-        sport: if k.proto == IPPROTO_ICMP {
-            out.port
-        } else {
-            k.dport
-        },
-        dport: out.port,
-        proto: k.proto,
-        _pad: [0; 3],
-    }
-}
-
 /// Expires idle flows and rewrites the per-VM port counts; returns the
 /// number of live flows.
 pub fn sweep(maps: &mut Maps) -> usize {
@@ -68,12 +39,12 @@ pub fn sweep(maps: &mut Maps) -> usize {
     let mut expired = Vec::new();
     let mut total = 0usize;
     for (k, out) in maps.snat_out.iter().filter_map(|r| r.ok()) {
-        let rkey = reply_key(&k, &out);
+        let rkey = k.reply_to(&out);
         let back = maps.snat_in.get(&rkey, 0).ok();
         // The flow's last packet either way.
         let last = back.map_or(out.last_seen, |b| b.last_seen.max(out.last_seen));
         let state = back.map_or(out.state, |b| b.state.max(out.state));
-        if now.saturating_sub(last) > timeout_ns(&cfg, k.proto, state) {
+        if now.saturating_sub(last) > cfg.timeout_ns(k.proto, state) {
             expired.push((k, rkey));
         } else {
             *live.entry(u32::from_ne_bytes(k.src)).or_default() += 1;

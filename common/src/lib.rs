@@ -7,7 +7,11 @@
 
 use core::mem::size_of;
 
+mod contract;
+pub use contract::*;
+
 /// Map names as the kernel (and `bpftool`) sees them; also the pin file names.
+/// Each map's whole shape is in `maps` (same constant name).
 pub mod map_names {
     pub const PORTS: &str = "vmp_ports";
     pub const ENDPOINTS: &str = "vmp_endpoints";
@@ -30,7 +34,7 @@ pub mod map_names {
     pub const SNAT_IN: &str = "vmp_snat_in";
     /// North-south: SNAT ports in use per VM address (quota).
     pub const SNAT_QUOTA: &str = "vmp_snat_quota";
-    /// Tail-call targets (slot 0: `vm_egress`).
+    /// Tail-call targets (slots: `tail_call`).
     pub const PROGS: &str = "vmp_progs";
     /// Overlay: per network, the remote nodes (VTEPs) that host it.
     pub const FLOOD_REMOTE: &str = "vmp_flood_remote";
@@ -47,20 +51,6 @@ pub mod map_names {
     pub const PORT_IDS: &str = "vmp_port_ids";
     pub const SLOW: &str = "vmp_slow";
     pub const XSKS: &str = "vmp_xsks";
-    pub const ALL: [&str; 12] = [
-        PORT_IDS,
-        SLOW,
-        XSKS,
-        PORTS,
-        ENDPOINTS,
-        ADDRESSES,
-        NETWORKS,
-        FLOOD,
-        DROPS,
-        PORT_STATS,
-        LEARNED_MACS,
-        LEARNED_IPS,
-    ];
 }
 
 /// Program names (the Rust function names in the eBPF crate).
@@ -170,15 +160,13 @@ pub struct Endpoint {
 }
 const _: () = assert!(size_of::<Endpoint>() == 20);
 
-pub const AF_INET: u8 = 4;
-pub const AF_INET6: u8 = 6;
-
 /// (network, IP) -> owning attachment. IPv4 addresses use the first 4 bytes.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct AddrKey {
     pub network: u32,
-    /// `AF_INET` or `AF_INET6`.
+    /// `addr_family::IPV4` or `addr_family::IPV6` (build keys with
+    /// `AddrKey::v4` / `AddrKey::v6`).
     pub family: u8,
     pub _pad: [u8; 3],
     pub addr: [u8; 16],
@@ -475,6 +463,10 @@ pub const fn link_local_from_mac(mac: [u8; 6]) -> [u8; 16] {
 #[cfg(feature = "user")]
 mod pod {
     use super::*;
+    // SAFETY (every impl below): the type is `#[repr(C)]` and `Copy`, made
+    // only of integers and byte arrays with its padding spelled out as
+    // fields (sizes asserted above), so it has no uninitialised bytes and
+    // every bit pattern the kernel hands back is a valid value.
     unsafe impl aya::Pod for PortInfo {}
     unsafe impl aya::Pod for EndpointKey {}
     unsafe impl aya::Pod for Endpoint {}
@@ -603,6 +595,10 @@ const _: () = assert!(size_of::<NatEntry>() == 40);
 #[cfg(feature = "user")]
 mod pod_north_south {
     use super::*;
+    // SAFETY (every impl below): the type is `#[repr(C)]` and `Copy`, made
+    // only of integers and byte arrays with its padding spelled out as
+    // fields (sizes asserted above), so it has no uninitialised bytes and
+    // every bit pattern the kernel hands back is a valid value.
     unsafe impl aya::Pod for RoutedAddr {}
     unsafe impl aya::Pod for Subnet4 {}
     unsafe impl aya::Pod for Subnet6 {}
@@ -688,6 +684,10 @@ const _: () = assert!(size_of::<OverlayConfig>() == 8);
 #[cfg(feature = "user")]
 mod pod_overlay {
     use super::*;
+    // SAFETY (every impl below): the type is `#[repr(C)]` and `Copy`, made
+    // only of integers and byte arrays with its padding spelled out as
+    // fields (sizes asserted above), so it has no uninitialised bytes and
+    // every bit pattern the kernel hands back is a valid value.
     unsafe impl aya::Pod for RemoteFloodList {}
     unsafe impl aya::Pod for OverlayConfig {}
     unsafe impl aya::Pod for RemoteLearned {}

@@ -6,7 +6,7 @@ use vmpath_common::{LEARNED_FROM_ARP, NET_F_GW4, NetworkInfo, PortInfo, drop_rea
 
 use crate::{
     learn,
-    parse::{ETH_LEN, be16, mac_eq, ptr_at},
+    parse::{ETH_LEN, be16, hdr_mut, mac_eq, ptr_at},
     spoof,
 };
 
@@ -28,8 +28,7 @@ pub fn handle(
     port: &PortInfo,
     net: &NetworkInfo,
 ) -> Result<ArpVerdict, u32> {
-    let arp: *mut ArpHdr = ptr_at(ctx, ETH_LEN)?;
-    let a = unsafe { &mut *arp };
+    let a = hdr_mut::<ArpHdr>(ctx, ETH_LEN)?;
     if be16(a.htype) != 1 || be16(a.ptype) != 0x0800 || a.hlen != 6 || a.plen != 4 {
         return Err(drop_reason::MALFORMED);
     }
@@ -63,8 +62,7 @@ pub fn handle(
     a.sha = net.gw_mac;
     a.spa = net.gw_ip4;
 
-    let eth: *mut EthHdr = ptr_at(ctx, 0)?;
-    let e = unsafe { &mut *eth };
+    let e = hdr_mut::<EthHdr>(ctx, 0)?;
     e.dst_addr = requester_mac;
     e.src_addr = net.gw_mac;
     Ok(ArpVerdict::Answered)

@@ -9,13 +9,15 @@ use crate::maps::{DROPS, PORT_STATS};
 #[inline(always)]
 pub fn count_drop(port_id: u32, reason: u32) {
     if let Some(slot) = DROPS.get_ptr_mut(reason) {
-        // Per-CPU slot: no other writer.
+        // SAFETY: a pointer into this CPU's slot of a per-CPU array, valid
+        // for this run; no other writer (per-CPU, no preemption in BPF).
         unsafe { *slot += 1 };
     }
     if port_id == NO_PORT_ID {
         return;
     }
     if let Some(stats) = PORT_STATS.get_ptr_mut(port_id) {
+        // SAFETY: as in `count_drop`: this CPU's slot, no other writer.
         unsafe { (*stats).drops += 1 };
     }
 }
@@ -23,6 +25,7 @@ pub fn count_drop(port_id: u32, reason: u32) {
 #[inline(always)]
 pub fn count_rx(port_id: u32, bytes: u32) {
     if let Some(stats) = PORT_STATS.get_ptr_mut(port_id) {
+        // SAFETY: as in `count_drop`: this CPU's slot, no other writer.
         unsafe {
             (*stats).rx_packets += 1;
             (*stats).rx_bytes += u64::from(bytes);
@@ -33,6 +36,7 @@ pub fn count_rx(port_id: u32, bytes: u32) {
 #[inline(always)]
 pub fn count_tx(port_id: u32, bytes: u32) {
     if let Some(stats) = PORT_STATS.get_ptr_mut(port_id) {
+        // SAFETY: as in `count_drop`: this CPU's slot, no other writer.
         unsafe {
             (*stats).tx_packets += 1;
             (*stats).tx_bytes += u64::from(bytes);
@@ -43,6 +47,7 @@ pub fn count_tx(port_id: u32, bytes: u32) {
 #[inline(always)]
 pub fn count_gw_reply(port_id: u32) {
     if let Some(stats) = PORT_STATS.get_ptr_mut(port_id) {
+        // SAFETY: as in `count_drop`: this CPU's slot, no other writer.
         unsafe { (*stats).gw_replies += 1 };
     }
 }

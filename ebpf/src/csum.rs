@@ -26,3 +26,12 @@ pub fn sum_addr16(a: &[u8; 16]) -> u32 {
     }
     sum
 }
+
+/// Decrements an IPv4 header's TTL; returns `check` (its header checksum)
+/// patched for the change. TTL and protocol share one 16-bit word.
+#[inline(always)]
+pub fn dec_ttl4(ip: &mut network_types::ip::Ipv4Hdr, check: u16) -> u16 {
+    let old = (u16::from(ip.ttl) << 8) | u16::from(ip.proto);
+    ip.ttl -= 1;
+    replace16(check, old, (u16::from(ip.ttl) << 8) | u16::from(ip.proto))
+}

@@ -25,11 +25,8 @@ pub type Verdict = Result<i32, u32>;
 #[inline(always)]
 pub fn switch(ctx: &TcContext, ifindex: u32, network: u32, dst: [u8; 6]) -> Verdict {
     if !is_multicast(&dst) {
-        let key = EndpointKey {
-            network,
-            mac: dst,
-            _pad: [0; 2],
-        };
+        let key = EndpointKey::new(network, dst);
+        // SAFETY: a map lookup; the value stays valid for this program run.
         if let Some(ep) = unsafe { ENDPOINTS.get(&key) } {
             if ep.kind == ENDPOINT_LOCAL {
                 if ep.ifindex == ifindex {
@@ -56,18 +53,29 @@ pub fn switch(ctx: &TcContext, ifindex: u32, network: u32, dst: [u8; 6]) -> Verd
 #[inline(always)]
 pub fn deliver_local(ctx: &TcContext, port_ifindex: u32, port_id: u32) -> Verdict {
     count_tx(port_id, ctx.len());
-    let rc = unsafe { bpf_redirect_peer(port_ifindex, 0) };
-    if rc == i64::from(TC_ACT_REDIRECT) {
-        Ok(TC_ACT_REDIRECT)
-    } else {
-        Err(drop_reason::HELPER_FAILED)
-    }
+    // SAFETY: a helper call with integer arguments; it touches no memory
+    // of ours.
+    redirected(unsafe { bpf_redirect_peer(port_ifindex, 0) })
 }
 
 /// Back out of the port it came in by (a gateway reply to the VM).
 #[inline(always)]
 pub fn reply_out(port_ifindex: u32) -> Verdict {
-    let rc = unsafe { bpf_redirect(port_ifindex, 0) };
+    redirect(port_ifindex)
+}
+
+/// Out of `ifindex` (its egress).
+#[inline(always)]
+pub fn redirect(ifindex: u32) -> Verdict {
+    // SAFETY: a helper call with integer arguments; it touches no memory
+    // of ours.
+    redirected(unsafe { bpf_redirect(ifindex, 0) })
+}
+
+/// The verdict of a redirect helper's return value: every redirect of the
+/// data path is checked here.
+#[inline(always)]
+pub fn redirected(rc: i64) -> Verdict {
     if rc == i64::from(TC_ACT_REDIRECT) {
         Ok(TC_ACT_REDIRECT)
     } else {
@@ -109,6 +117,7 @@ pub fn flood_local(ctx: &TcContext, network: u32) -> Verdict {
 /// the caller to hand the original to.
 #[inline(always)]
 fn clone_local(ctx: &TcContext, skip: u32, network: u32) -> (u32, u32) {
+    // SAFETY: a map lookup; the value stays valid for this program run.
     let Some(list) = (unsafe { FLOOD.get(&network) }) else {
         return (0, 0);
     };

@@ -6,7 +6,7 @@ use vmpath_common::{NetworkInfo, drop_reason};
 
 use crate::{
     csum,
-    parse::{ETH_LEN, ptr_at},
+    parse::{ETH_LEN, hdr_mut},
 };
 
 const ICMP_ECHO_REPLY: u8 = 0;
@@ -16,8 +16,7 @@ const REPLY_TTL: u8 = 64;
 /// Turns the echo request at `l4_off` into the gateway's echo reply.
 #[inline(always)]
 pub fn echo_reply4(ctx: &TcContext, l4_off: usize, net: &NetworkInfo) -> Result<(), u32> {
-    let icmp: *mut Icmpv4Hdr = ptr_at(ctx, l4_off)?;
-    let icmp = unsafe { &mut *icmp };
+    let icmp = hdr_mut::<Icmpv4Hdr>(ctx, l4_off)?;
     if icmp.type_ != ICMP_ECHO_REQUEST || icmp.code != 0 {
         return Err(drop_reason::GATEWAY_UNROUTED);
     }
@@ -26,8 +25,7 @@ pub fn echo_reply4(ctx: &TcContext, l4_off: usize, net: &NetworkInfo) -> Result<
     icmp.type_ = ICMP_ECHO_REPLY;
     icmp.check = csum::replace16(u16::from_be_bytes(icmp.check), old, new).to_be_bytes();
 
-    let ip: *mut Ipv4Hdr = ptr_at(ctx, ETH_LEN)?;
-    let ip = unsafe { &mut *ip };
+    let ip = hdr_mut::<Ipv4Hdr>(ctx, ETH_LEN)?;
     let old_ttl_proto = (u16::from(ip.ttl) << 8) | u16::from(ip.proto);
     let requester = ip.src_addr;
     ip.src_addr = ip.dst_addr;
@@ -37,8 +35,7 @@ pub fn echo_reply4(ctx: &TcContext, l4_off: usize, net: &NetworkInfo) -> Result<
     ip.check =
         csum::replace16(u16::from_be_bytes(ip.check), old_ttl_proto, new_ttl_proto).to_be_bytes();
 
-    let eth: *mut EthHdr = ptr_at(ctx, 0)?;
-    let e = unsafe { &mut *eth };
+    let e = hdr_mut::<EthHdr>(ctx, 0)?;
     e.dst_addr = e.src_addr;
     e.src_addr = net.gw_mac;
     Ok(())

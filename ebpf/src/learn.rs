@@ -18,6 +18,7 @@ pub fn mac(ifindex: u32, port: &PortInfo, src: &[u8; 6], how: u32) {
     if port.flags & PORT_F_MAC_KNOWN != 0 {
         return;
     }
+    // SAFETY: a map lookup; the value stays valid for this program run.
     if unsafe { LEARNED_MACS.get(&ifindex) }.is_some() {
         return;
     }
@@ -37,6 +38,7 @@ fn ip(ifindex: u32, port: &PortInfo, key: &AddrKey, src: &[u8; 6], how: u32) {
         // Filtered networks only use the addresses they were given.
         return;
     }
+    // SAFETY: a map lookup; the value stays valid for this program run.
     if let Some(seen) = unsafe { LEARNED_IPS.get(key) } {
         if seen.ifindex == ifindex && mac_eq(&seen.mac, src) {
             return;
@@ -53,22 +55,10 @@ fn ip(ifindex: u32, port: &PortInfo, key: &AddrKey, src: &[u8; 6], how: u32) {
 
 #[inline(always)]
 pub fn ip4(ifindex: u32, port: &PortInfo, addr: [u8; 4], src: &[u8; 6], how: u32) {
-    ip(
-        ifindex,
-        port,
-        &spoof::addr_key4(port.network, addr),
-        src,
-        how,
-    );
+    ip(ifindex, port, &AddrKey::v4(port.network, addr), src, how);
 }
 
 #[inline(always)]
 pub fn ip6(ifindex: u32, port: &PortInfo, addr: &[u8; 16], src: &[u8; 6], how: u32) {
-    ip(
-        ifindex,
-        port,
-        &spoof::addr_key6(port.network, addr),
-        src,
-        how,
-    );
+    ip(ifindex, port, &AddrKey::v6(port.network, addr), src, how);
 }

@@ -44,7 +44,10 @@ const DHCP6_SERVER_PORT: u16 = 547;
 /// the VM sends.
 #[classifier]
 pub fn vm_port(ctx: TcContext) -> i32 {
+    // SAFETY: the skb pointer is the program's own context, valid for
+    // this run.
     let ifindex = unsafe { (*ctx.skb.skb).ifindex };
+    // SAFETY: a map lookup; the value stays valid for this program run.
     let Some(port) = (unsafe { PORTS.get(&ifindex) }) else {
         counters::count_drop(NO_PORT_ID, drop_reason::UNKNOWN_PORT);
         return TC_ACT_SHOT;
@@ -62,6 +65,7 @@ pub fn vm_port(ctx: TcContext) -> i32 {
 /// than the gateway MAC the port entry carries (switched unicast does not).
 #[inline(always)]
 fn network_of(port: &PortInfo) -> Result<&NetworkInfo, u32> {
+    // SAFETY: a map lookup; the value stays valid for this program run.
     unsafe { NETWORKS.get(&port.network) }.ok_or(drop_reason::NO_NETWORK)
 }
 
@@ -73,14 +77,8 @@ fn try_vm_port(ctx: &TcContext, ifindex: u32, port: &PortInfo) -> Verdict {
     }
     counters::count_rx(port.port_id, ctx.len());
 
-    let eth: *const EthHdr = ptr_at(ctx, 0)?;
-    let (dst, src, ether_type) = unsafe {
-        (
-            (*eth).dst_addr,
-            (*eth).src_addr,
-            u16::from_be((*eth).ether_type),
-        )
-    };
+    let eth = hdr::<EthHdr>(ctx, 0)?;
+    let (dst, src, ether_type) = (eth.dst_addr, eth.src_addr, u16::from_be(eth.ether_type));
     if is_multicast(&src) {
         return Err(drop_reason::SRC_MULTICAST);
     }
@@ -111,9 +109,8 @@ fn gateway_reply(ifindex: u32, port: &PortInfo) -> Verdict {
 
 #[inline(always)]
 fn ipv4(ctx: &TcContext, ifindex: u32, port: &PortInfo, dst: [u8; 6], src: [u8; 6]) -> Verdict {
-    let ip: *const Ipv4Hdr = ptr_at(ctx, ETH_LEN)?;
-    let (vihl, proto, src_ip, dst_ip) =
-        unsafe { ((*ip).vihl, (*ip).proto, (*ip).src_addr, (*ip).dst_addr) };
+    let ip = hdr::<Ipv4Hdr>(ctx, ETH_LEN)?;
+    let (vihl, proto, src_ip, dst_ip) = (ip.vihl, ip.proto, ip.src_addr, ip.dst_addr);
     let ihl = usize::from(vihl & 0x0f) * 4;
     if vihl >> 4 != 4 || ihl < Ipv4Hdr::LEN {
         return Err(drop_reason::MALFORMED);
@@ -129,8 +126,7 @@ fn ipv4(ctx: &TcContext, ifindex: u32, port: &PortInfo, dst: [u8; 6], src: [u8; 
             if proto != IPPROTO_UDP {
                 return Err(drop_reason::IP_SPOOF);
             }
-            let udp: *const UdpHdr = ptr_at(ctx, l4_off)?;
-            if u16::from_be_bytes(unsafe { (*udp).dst }) != DHCP4_SERVER_PORT {
+            if udp_dst_port(ctx, l4_off)? != DHCP4_SERVER_PORT {
                 return Err(drop_reason::IP_SPOOF);
             }
         } else if !spoof::owns_ip4(port, ifindex, src_ip) {
@@ -167,9 +163,8 @@ fn ipv4(ctx: &TcContext, ifindex: u32, port: &PortInfo, dst: [u8; 6], src: [u8; 
 
 #[inline(always)]
 fn ipv6(ctx: &TcContext, ifindex: u32, port: &PortInfo, dst: [u8; 6], src: [u8; 6]) -> Verdict {
-    let ip: *const Ipv6Hdr = ptr_at(ctx, ETH_LEN)?;
-    let (vcf0, next_hdr, src_ip, dst_ip) =
-        unsafe { ((*ip).vcf[0], (*ip).next_hdr, (*ip).src_addr, (*ip).dst_addr) };
+    let ip = hdr::<Ipv6Hdr>(ctx, ETH_LEN)?;
+    let (vcf0, next_hdr, src_ip, dst_ip) = (ip.vcf[0], ip.next_hdr, ip.src_addr, ip.dst_addr);
     if vcf0 >> 4 != 6 {
         return Err(drop_reason::MALFORMED);
     }
@@ -197,8 +192,7 @@ fn ipv6(ctx: &TcContext, ifindex: u32, port: &PortInfo, dst: [u8; 6], src: [u8; 
         return slowpath::punt(ctx, port);
     }
     if next_hdr == IPPROTO_ICMPV6 {
-        let icmp: *const nd::Icmp6Hdr = ptr_at(ctx, ETH_LEN + 40)?;
-        let icmp_type = unsafe { (*icmp).type_ };
+        let icmp_type = hdr::<nd::Icmp6Hdr>(ctx, ETH_LEN + 40)?.type_;
         if dhcp && icmp_type == nd::ND_ROUTER_SOLICIT {
             return slowpath::punt(ctx, port);
         }
@@ -231,38 +225,33 @@ fn ipv6(ctx: &TcContext, ifindex: u32, port: &PortInfo, dst: [u8; 6], src: [u8; 
 /// Any fragment but a whole datagram (MF set or a non-zero offset).
 #[inline(always)]
 fn is_fragment(ctx: &TcContext) -> Result<bool, u32> {
-    let ip: *const Ipv4Hdr = ptr_at(ctx, ETH_LEN)?;
-    Ok(u16::from_be_bytes(unsafe { (*ip).frags }) & 0x3fff != 0)
+    let ip = hdr::<Ipv4Hdr>(ctx, ETH_LEN)?;
+    Ok(u16::from_be_bytes(ip.frags) & 0x3fff != 0)
 }
 
 #[inline(always)]
 fn udp_dst_port(ctx: &TcContext, l4_off: usize) -> Result<u16, u32> {
-    let udp: *const UdpHdr = ptr_at(ctx, l4_off)?;
-    Ok(u16::from_be_bytes(unsafe { (*udp).dst }))
+    Ok(u16::from_be_bytes(hdr::<UdpHdr>(ctx, l4_off)?.dst))
 }
 
 /// Does the hop-by-hop options header right after the IPv6 header lead to
 /// ICMPv6?
 #[inline(always)]
 fn hop_by_hop_then_icmpv6(ctx: &TcContext) -> Result<bool, u32> {
-    let hbh: *const [u8; 2] = ptr_at(ctx, ETH_LEN + 40)?;
-    Ok(unsafe { (*hbh)[0] } == IPPROTO_ICMPV6)
+    Ok(hdr::<[u8; 2]>(ctx, ETH_LEN + 40)?[0] == IPPROTO_ICMPV6)
 }
 
 /// A DHCPv4 request whose client hardware address is the frame's source:
 /// the VM itself asking, not something bridged on its behalf.
 #[inline(always)]
 fn dhcp_client_is(ctx: &TcContext, l4_off: usize, src: &[u8; 6]) -> bool {
-    let Ok(udp) = ptr_at::<UdpHdr>(ctx, l4_off) else {
-        return false;
-    };
-    if u16::from_be_bytes(unsafe { (*udp).dst }) != DHCP4_SERVER_PORT {
+    if udp_dst_port(ctx, l4_off) != Ok(DHCP4_SERVER_PORT) {
         return false;
     }
     // UDP header, then op, htype, hlen, hops, xid, secs, flags and four
     // addresses before chaddr.
-    match ptr_at::<[u8; 6]>(ctx, l4_off + 8 + 28) {
-        Ok(chaddr) => mac_eq(unsafe { &*chaddr }, src),
+    match hdr::<[u8; 6]>(ctx, l4_off + 8 + 28) {
+        Ok(chaddr) => mac_eq(chaddr, src),
         Err(_) => false,
     }
 }

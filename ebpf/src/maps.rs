@@ -1,63 +1,70 @@
-//! The data path's maps. Names match `vmpath_common::map_names`; the agent
-//! pins each by path and `bpftool map dump pinned` prints their BTF fields.
+//! The data path's maps. Each static has the name of its shape in
+//! `vmpath_common::maps` (and of its name in `map_names`, which the
+//! `btf_map` literal repeats: the macro takes only a literal; a test of the
+//! agent checks the built object against the shapes). The agent pins each
+//! by that name and `bpftool map dump pinned` prints their BTF fields.
 
 use aya_ebpf::{
     btf_maps::{Array, HashMap, LruHashMap, PerCpuArray, XskMap},
     macros::btf_map,
 };
 use vmpath_common::{
-    AddrInfo, AddrKey, Endpoint, EndpointKey, FloodList, LearnedIp, LearnedMac, MAX_ADDRESSES,
-    MAX_ENDPOINTS, MAX_LEARNED_IPS, MAX_NETWORKS, MAX_PORTS, NetworkInfo, PortInfo, PortStats,
-    SlowPath, drop_reason,
+    AddrInfo, AddrKey, Endpoint, EndpointKey, FloodList, LearnedIp, LearnedMac, NetworkInfo,
+    PortInfo, PortStats, SlowPath, maps,
 };
 
 /// ifindex of a VM port (host side) -> the port.
 #[btf_map(name = "vmp_ports")]
-pub static PORTS: HashMap<u32, PortInfo, { MAX_PORTS as usize }> = HashMap::new();
+pub static PORTS: HashMap<u32, PortInfo, { maps::PORTS.max_entries as usize }> = HashMap::new();
 
 /// (network, MAC) -> local port or remote node.
 #[btf_map(name = "vmp_endpoints")]
-pub static ENDPOINTS: HashMap<EndpointKey, Endpoint, { MAX_ENDPOINTS as usize }> = HashMap::new();
+pub static ENDPOINTS: HashMap<EndpointKey, Endpoint, { maps::ENDPOINTS.max_entries as usize }> =
+    HashMap::new();
 
 /// (network, IP) -> owning port; the IP spoof filter's allow list.
 #[btf_map(name = "vmp_addresses")]
-pub static ADDRESSES: HashMap<AddrKey, AddrInfo, { MAX_ADDRESSES as usize }> = HashMap::new();
+pub static ADDRESSES: HashMap<AddrKey, AddrInfo, { maps::ADDRESSES.max_entries as usize }> =
+    HashMap::new();
 
 /// network id -> gateway addresses and settings.
 #[btf_map(name = "vmp_networks")]
-pub static NETWORKS: HashMap<u32, NetworkInfo, { MAX_NETWORKS as usize }> = HashMap::new();
+pub static NETWORKS: HashMap<u32, NetworkInfo, { maps::NETWORKS.max_entries as usize }> =
+    HashMap::new();
 
 /// network id -> its local ports, for broadcast, multicast and unknown unicast.
 #[btf_map(name = "vmp_flood")]
-pub static FLOOD: HashMap<u32, FloodList, { MAX_NETWORKS as usize }> = HashMap::new();
+pub static FLOOD: HashMap<u32, FloodList, { maps::FLOOD.max_entries as usize }> = HashMap::new();
 
 /// Drop counters, one slot per `drop_reason`, per CPU.
 #[btf_map(name = "vmp_drops")]
-pub static DROPS: PerCpuArray<u64, { drop_reason::COUNT as usize }> = PerCpuArray::new();
+pub static DROPS: PerCpuArray<u64, { maps::DROPS.max_entries as usize }> = PerCpuArray::new();
 
 /// Port id -> traffic counters of that port, per CPU. The agent zeroes a
 /// slot when it gives its id to a port.
 #[btf_map(name = "vmp_port_stats")]
-pub static PORT_STATS: PerCpuArray<PortStats, { MAX_PORTS as usize }> = PerCpuArray::new();
+pub static PORT_STATS: PerCpuArray<PortStats, { maps::PORT_STATS.max_entries as usize }> =
+    PerCpuArray::new();
 
 /// ifindex -> the MAC a VM was seen using, for ports whose MAC is not
 /// given. Written once per port (BPF_NOEXIST); the agent adopts it.
 #[btf_map(name = "vmp_learned_mac")]
-pub static LEARNED_MACS: HashMap<u32, LearnedMac, { MAX_PORTS as usize }> = HashMap::new();
+pub static LEARNED_MACS: HashMap<u32, LearnedMac, { maps::LEARNED_MACS.max_entries as usize }> =
+    HashMap::new();
 
 /// (network, IP) -> the port using it, on networks without IP filtering.
 #[btf_map(name = "vmp_learned_ips")]
-pub static LEARNED_IPS: LruHashMap<AddrKey, LearnedIp, { MAX_LEARNED_IPS as usize }> =
+pub static LEARNED_IPS: LruHashMap<AddrKey, LearnedIp, { maps::LEARNED_IPS.max_entries as usize }> =
     LruHashMap::new();
 
 /// Port id (the slow path's VLAN tag) -> host-side ifindex of the port.
 #[btf_map(name = "vmp_port_ids")]
-pub static PORT_IDS: HashMap<u32, u32, { MAX_PORTS as usize }> = HashMap::new();
+pub static PORT_IDS: HashMap<u32, u32, { maps::PORT_IDS.max_entries as usize }> = HashMap::new();
 
 /// Slot 0: the slow path's interfaces; ifindex 0 while it is not set up.
 #[btf_map(name = "vmp_slow")]
-pub static SLOW: Array<SlowPath, 1> = Array::new();
+pub static SLOW: Array<SlowPath, { maps::SLOW.max_entries as usize }> = Array::new();
 
 /// Queue index -> the agent's AF_XDP socket on `vmp-slow1`.
 #[btf_map(name = "vmp_xsks")]
-pub static XSKS: XskMap<4> = XskMap::new();
+pub static XSKS: XskMap<{ maps::XSKS.max_entries as usize }> = XskMap::new();

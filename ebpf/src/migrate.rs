@@ -21,8 +21,8 @@ use aya_ebpf::{
 };
 use network_types::eth::EthHdr;
 use vmpath_common::{
-    ENDPOINT_LOCAL, ENDPOINT_REMOTE, Endpoint, EndpointKey, MAX_PORTS, MigrationEvent, NO_PORT_ID,
-    PORT_F_MAC_KNOWN, PORT_F_PENDING, PortInfo, drop_reason,
+    ENDPOINT_LOCAL, ENDPOINT_REMOTE, Endpoint, EndpointKey, MigrationEvent, NO_PORT_ID,
+    PORT_F_MAC_KNOWN, PORT_F_PENDING, PortInfo, drop_reason, maps, tail_call,
 };
 
 use crate::{
@@ -33,20 +33,18 @@ use crate::{
     route::PROGS,
 };
 
-/// Slot of `vm_migrate` in `vmp_progs`.
-pub const PROG_VM_MIGRATE: u32 = 2;
 /// Slot of `vm_port` itself, for `vm_migrate` to hand the frame back.
-pub const PROG_VM_PORT: u32 = 3;
 
 /// Target port ifindex -> the VM's first frame there (written once).
 #[btf_map(name = "vmp_migrated")]
-pub static MIGRATED: HashMap<u32, MigrationEvent, { MAX_PORTS as usize }> = HashMap::new();
+pub static MIGRATED: HashMap<u32, MigrationEvent, { maps::MIGRATED.max_entries as usize }> =
+    HashMap::new();
 
 /// From `vm_port`, for a pending target port, before anything is counted
 /// (the frame is counted once, when `vm_port` runs again).
 #[inline(always)]
 pub fn to_vm_migrate(ctx: &TcContext) -> Verdict {
-    unsafe { PROGS.tail_call(ctx, PROG_VM_MIGRATE) };
+    unsafe { PROGS.tail_call(ctx, tail_call::VM_MIGRATE) };
     // Only reached when the slot is empty (agent still starting).
     Err(drop_reason::HELPER_FAILED)
 }
@@ -78,11 +76,7 @@ fn try_vm_migrate(ctx: &TcContext, ifindex: u32, port: *mut PortInfo) -> Verdict
         return Err(drop_reason::MIGRATION_PENDING);
     }
     if flags & PORT_F_PENDING != 0 {
-        let key = EndpointKey {
-            network,
-            mac,
-            _pad: [0; 2],
-        };
+        let key = EndpointKey::new(network, mac);
         let ep = Endpoint {
             kind: ENDPOINT_LOCAL,
             ifindex,
@@ -104,7 +98,7 @@ fn try_vm_migrate(ctx: &TcContext, ifindex: u32, port: *mut PortInfo) -> Verdict
         // Later frames go straight through `vm_port`.
         unsafe { (*port).flags = flags & !PORT_F_PENDING };
     }
-    unsafe { PROGS.tail_call(ctx, PROG_VM_PORT) };
+    unsafe { PROGS.tail_call(ctx, tail_call::VM_PORT) };
     Err(drop_reason::HELPER_FAILED)
 }
 
@@ -121,11 +115,7 @@ fn try_vm_migrate(ctx: &TcContext, ifindex: u32, port: *mut PortInfo) -> Verdict
 /// local VM's MAC and config always wins.
 #[inline(always)]
 pub fn learn_move(network: u32, src: [u8; 6], from: [u8; 4]) -> bool {
-    let key = EndpointKey {
-        network,
-        mac: src,
-        _pad: [0; 2],
-    };
+    let key = EndpointKey::new(network, src);
     let Some(ep) = ENDPOINTS.get_ptr_mut(&key) else {
         return false;
     };

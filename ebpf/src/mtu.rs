@@ -36,10 +36,12 @@ use vmpath_common::drop_reason;
 use crate::{
     counters, csum,
     fwd::{Verdict, reply_out},
-    parse::{ETH_LEN, ETH_P_IP, ETH_P_IPV6, IPPROTO_ICMP, IPPROTO_ICMPV6, IPPROTO_UDP, ptr_at},
+    parse::{
+        ETH_LEN, ETH_P_IP, ETH_P_IPV6, IPPROTO_ICMP, IPPROTO_ICMPV6, IPPROTO_TCP, IPPROTO_UDP,
+        ptr_at,
+    },
 };
 
-const IPPROTO_TCP: u8 = 6;
 const ICMP_DEST_UNREACH: u8 = 3;
 const ICMP_FRAG_NEEDED: u8 = 4;
 const ICMPV6_PKT_TOOBIG: u8 = 2;

@@ -7,7 +7,7 @@ use vmpath_common::{NET_F_GW6, NetworkInfo, drop_reason};
 
 use crate::{
     csum,
-    parse::{ETH_LEN, ETH_P_IPV6, IPPROTO_ICMPV6, addr16_eq, ptr_at},
+    parse::{ETH_LEN, ETH_P_IPV6, IPPROTO_ICMPV6, addr16_eq, hdr, hdr_mut, ptr_at},
 };
 
 pub const ICMPV6_ECHO_REQUEST: u8 = 128;
@@ -68,8 +68,7 @@ pub fn claims_router(ctx: &TcContext, net: &NetworkInfo, icmp_type: u8) -> Resul
 /// If the NS at L4 asks for a gateway address, the address it asks for.
 #[inline(always)]
 pub fn ns_gateway_target(ctx: &TcContext, net: &NetworkInfo) -> Result<Option<[u8; 16]>, u32> {
-    let ns: *const NsMsg = ptr_at(ctx, L4_OFF)?;
-    let ns = unsafe { &*ns };
+    let ns = hdr::<NsMsg>(ctx, L4_OFF)?;
     if ns.hdr.code != 0 {
         return Err(drop_reason::MALFORMED);
     }
@@ -105,14 +104,12 @@ pub fn neighbor_advert(ctx: &TcContext, net: &NetworkInfo, target: [u8; 16]) -> 
         return Err(drop_reason::HELPER_FAILED);
     }
     // Packet pointers are stale after the resize: take them again.
-    let eth: *mut EthHdr = ptr_at(ctx, 0)?;
-    let e = unsafe { &mut *eth };
+    let e = hdr_mut::<EthHdr>(ctx, 0)?;
     e.dst_addr = vm_mac;
     e.src_addr = net.gw_mac;
     e.ether_type = ETH_P_IPV6.to_be();
 
-    let ip: *mut Ipv6Hdr = ptr_at(ctx, ETH_LEN)?;
-    let ip = unsafe { &mut *ip };
+    let ip = hdr_mut::<Ipv6Hdr>(ctx, ETH_LEN)?;
     ip.vcf = [0x60, 0, 0, 0];
     ip.payload_len = (NA_LEN as u16).to_be_bytes();
     ip.next_hdr = IPPROTO_ICMPV6;
@@ -120,8 +117,7 @@ pub fn neighbor_advert(ctx: &TcContext, net: &NetworkInfo, target: [u8; 16]) -> 
     ip.src_addr = target;
     ip.dst_addr = vm_ip;
 
-    let na: *mut [u8; NA_LEN] = ptr_at(ctx, L4_OFF)?;
-    let na = unsafe { &mut *na };
+    let na = hdr_mut::<[u8; NA_LEN]>(ctx, L4_OFF)?;
     let m = net.gw_mac;
     na[0] = ND_NEIGHBOR_ADVERT;
     na[1] = 0;
@@ -165,8 +161,7 @@ pub fn neighbor_advert(ctx: &TcContext, net: &NetworkInfo, target: [u8; 16]) -> 
 /// Turns an ICMPv6 echo request to a gateway address into its reply.
 #[inline(always)]
 pub fn echo_reply6(ctx: &TcContext, net: &NetworkInfo) -> Result<(), u32> {
-    let icmp: *mut Icmp6Hdr = ptr_at(ctx, L4_OFF)?;
-    let icmp = unsafe { &mut *icmp };
+    let icmp = hdr_mut::<Icmp6Hdr>(ctx, L4_OFF)?;
     if icmp.code != 0 {
         return Err(drop_reason::GATEWAY_UNROUTED);
     }
@@ -179,15 +174,13 @@ pub fn echo_reply6(ctx: &TcContext, net: &NetworkInfo) -> Result<(), u32> {
     )
     .to_be_bytes();
 
-    let ip: *mut Ipv6Hdr = ptr_at(ctx, ETH_LEN)?;
-    let ip = unsafe { &mut *ip };
+    let ip = hdr_mut::<Ipv6Hdr>(ctx, ETH_LEN)?;
     let requester = ip.src_addr;
     ip.src_addr = ip.dst_addr;
     ip.dst_addr = requester;
     ip.hop_limit = REPLY_HOP_LIMIT;
 
-    let eth: *mut EthHdr = ptr_at(ctx, 0)?;
-    let e = unsafe { &mut *eth };
+    let e = hdr_mut::<EthHdr>(ctx, 0)?;
     e.dst_addr = e.src_addr;
     e.src_addr = net.gw_mac;
     Ok(())

@@ -17,53 +17,55 @@
 use core::mem::MaybeUninit;
 
 use aya_ebpf::{
-    bindings::{BPF_F_ZERO_CSUM_TX, TC_ACT_REDIRECT, TC_ACT_SHOT, bpf_tunnel_key},
+    bindings::{BPF_F_ZERO_CSUM_TX, TC_ACT_SHOT, bpf_tunnel_key},
     btf_maps::{Array, HashMap, LruHashMap, PerCpuArray},
-    helpers::generated::{
-        bpf_clone_redirect, bpf_ktime_get_ns, bpf_redirect, bpf_skb_set_tunnel_key,
-    },
+    helpers::generated::{bpf_clone_redirect, bpf_ktime_get_ns, bpf_skb_set_tunnel_key},
     macros::{btf_map, classifier},
     programs::TcContext,
 };
 use network_types::eth::EthHdr;
 use vmpath_common::{
-    ENDPOINT_REMOTE, EndpointKey, MAX_FLOOD_NODES, MAX_NETWORKS, MAX_REMOTE_LEARNED, NO_PORT_ID,
-    OverlayConfig, PortInfo, PortStats, REMOTE_LEARNED_TOUCH_NS, RemoteFloodList, RemoteLearned,
-    drop_reason,
+    ENDPOINT_REMOTE, EndpointKey, MAX_FLOOD_NODES, NO_PORT_ID, OverlayConfig, PortInfo, PortStats,
+    REMOTE_LEARNED_TOUCH_NS, RemoteFloodList, RemoteLearned, drop_reason, maps, tail_call,
 };
 
 use crate::{
     counters,
-    fwd::Verdict,
+    fwd::{self, Verdict},
     maps::{ENDPOINTS, PORTS},
     parse::{is_multicast, ptr_at, zeroed},
     route::PROGS,
 };
-
-/// Slot of `vm_remote` in `vmp_progs` (slot 0 is `vm_egress`).
-pub const PROG_VM_REMOTE: u32 = 1;
 
 /// Outer TTL of encapsulated frames.
 const TUNNEL_TTL: u8 = 64;
 
 /// network id -> remote nodes hosting it.
 #[btf_map(name = "vmp_flood_remote")]
-pub static FLOOD_REMOTE: HashMap<u32, RemoteFloodList, { MAX_NETWORKS as usize }> = HashMap::new();
+pub static FLOOD_REMOTE: HashMap<
+    u32,
+    RemoteFloodList,
+    { maps::FLOOD_REMOTE.max_entries as usize },
+> = HashMap::new();
 
 /// Slot 0: the vxlan device; ifindex 0 while it is not set up.
 #[btf_map(name = "vmp_overlay")]
-pub static OVERLAY: Array<OverlayConfig, 1> = Array::new();
+pub static OVERLAY: Array<OverlayConfig, { maps::OVERLAY.max_entries as usize }> = Array::new();
 
 /// Slot 0: `tx` = frames sent to remote nodes, `rx` = frames received from
 /// them, `drops` = overlay drops (also counted by reason in `vmp_drops`).
 #[btf_map(name = "vmp_overlay_stats")]
-pub static OVERLAY_STATS: PerCpuArray<PortStats, 1> = PerCpuArray::new();
+pub static OVERLAY_STATS: PerCpuArray<PortStats, { maps::OVERLAY_STATS.max_entries as usize }> =
+    PerCpuArray::new();
 
 /// (network, MAC) -> the node a remote VM's frames came from (VXLAN
 /// source learning; written by `vxlan_rx`, aged and pruned by the agent).
 #[btf_map(name = "vmp_remote_learned")]
-pub static REMOTE_LEARNED: LruHashMap<EndpointKey, RemoteLearned, { MAX_REMOTE_LEARNED as usize }> =
-    LruHashMap::new();
+pub static REMOTE_LEARNED: LruHashMap<
+    EndpointKey,
+    RemoteLearned,
+    { maps::REMOTE_LEARNED.max_entries as usize },
+> = LruHashMap::new();
 
 /// Was `key`'s MAC learned behind another node? (`fwd::switch`, on a
 /// `vmp_endpoints` miss: such unicast goes to `vm_remote`, not flooded.)
@@ -80,11 +82,7 @@ pub fn is_learned(key: &EndpointKey) -> bool {
 /// traffic does not write the map on every frame.
 #[inline(always)]
 pub fn learn_source(network: u32, src: [u8; 6], from: [u8; 4]) {
-    let key = EndpointKey {
-        network,
-        mac: src,
-        _pad: [0; 2],
-    };
+    let key = EndpointKey::new(network, src);
     let now = unsafe { bpf_ktime_get_ns() };
     if let Some(seen) = REMOTE_LEARNED.get_ptr_mut(&key) {
         unsafe {
@@ -137,7 +135,7 @@ pub fn is_remote_node(network: u32, ip: [u8; 4]) -> bool {
 /// flood).
 #[inline(always)]
 pub fn to_remote(ctx: &TcContext) -> Verdict {
-    unsafe { PROGS.tail_call(ctx, PROG_VM_REMOTE) };
+    unsafe { PROGS.tail_call(ctx, tail_call::VM_REMOTE) };
     // Only reached when the slot is empty (agent still starting).
     Err(drop_reason::OVERLAY_DOWN)
 }
@@ -215,11 +213,7 @@ fn try_vm_remote(ctx: &TcContext, port: &PortInfo) -> Verdict {
     key.__bindgen_anon_3.local_ipv4 = u32::from_be_bytes(local);
 
     if !is_multicast(&dst) {
-        let ep_key = EndpointKey {
-            network,
-            mac: dst,
-            _pad: [0; 2],
-        };
+        let ep_key = EndpointKey::new(network, dst);
         let to = match unsafe { ENDPOINTS.get(&ep_key) } {
             Some(ep) if ep.kind == ENDPOINT_REMOTE => Some(ep.node_ip4),
             Some(_) => None,
@@ -229,7 +223,7 @@ fn try_vm_remote(ctx: &TcContext, port: &PortInfo) -> Verdict {
         if let Some(to) = to {
             set_remote(ctx, key, to)?;
             count_tx(ctx.len());
-            return redirected(unsafe { bpf_redirect(vxlan, 0) });
+            return fwd::redirect(vxlan);
         }
     }
 
@@ -259,15 +253,17 @@ fn try_vm_remote(ctx: &TcContext, port: &PortInfo) -> Verdict {
     }
     set_remote(ctx, key, list.node_ip4[i])?;
     count_tx(len);
-    redirected(unsafe { bpf_redirect(vxlan, 0) })
+    fwd::redirect(vxlan)
 }
 
 /// Points the frame's tunnel key at `node_ip4`. Each copy of a flood gets
 /// its own: the key lives in the skb's metadata, and a clone is
 /// encapsulated before `bpf_clone_redirect` returns.
 #[inline(always)]
-fn set_remote(ctx: &TcContext, key: &mut bpf_tunnel_key, node_ip4: [u8; 4]) -> Result<(), u32> {
+pub fn set_remote(ctx: &TcContext, key: &mut bpf_tunnel_key, node_ip4: [u8; 4]) -> Result<(), u32> {
     key.__bindgen_anon_1.remote_ipv4 = u32::from_be_bytes(node_ip4);
+    // SAFETY: `key` is a valid `bpf_tunnel_key` for the call and the size
+    // passed is its size; the skb pointer is the program's own context.
     let rc = unsafe {
         bpf_skb_set_tunnel_key(
             ctx.skb.skb,
@@ -281,13 +277,4 @@ fn set_remote(ctx: &TcContext, key: &mut bpf_tunnel_key, node_ip4: [u8; 4]) -> R
         return Err(drop_reason::HELPER_FAILED);
     }
     Ok(())
-}
-
-#[inline(always)]
-fn redirected(rc: i64) -> Verdict {
-    if rc == i64::from(TC_ACT_REDIRECT) {
-        Ok(TC_ACT_REDIRECT)
-    } else {
-        Err(drop_reason::HELPER_FAILED)
-    }
 }

@@ -4,18 +4,25 @@
 
 use aya_ebpf::programs::TcContext;
 use core::mem::size_of;
+
+use network_types::eth::{EthHdr, EtherType};
 use vmpath_common::drop_reason;
 
-pub const ETH_LEN: usize = 14;
-pub const ETH_P_IP: u16 = 0x0800;
-pub const ETH_P_ARP: u16 = 0x0806;
+pub const ETH_LEN: usize = EthHdr::LEN;
+// network-types' `EtherType` holds network-order values; the data path
+// compares host-order ones (`u16::from_be` of the header field).
+pub const ETH_P_IP: u16 = u16::from_be(EtherType::Ipv4 as u16);
+pub const ETH_P_ARP: u16 = u16::from_be(EtherType::Arp as u16);
+pub const ETH_P_IPV6: u16 = u16::from_be(EtherType::Ipv6 as u16);
+pub const ETH_P_8021Q: u16 = u16::from_be(EtherType::Ieee8021q as u16);
+/// Reverse ARP (QEMU's announcement of a migrated VM): not in
+/// network-types' `EtherType`.
 pub const ETH_P_RARP: u16 = 0x8035;
-pub const ETH_P_IPV6: u16 = 0x86dd;
 
-pub const IPPROTO_HOPOPTS: u8 = 0;
-pub const IPPROTO_ICMP: u8 = 1;
-pub const IPPROTO_UDP: u8 = 17;
-pub const IPPROTO_ICMPV6: u8 = 58;
+pub use vmpath_common::ip_proto::{
+    HOPOPTS as IPPROTO_HOPOPTS, ICMP as IPPROTO_ICMP, ICMPV6 as IPPROTO_ICMPV6, TCP as IPPROTO_TCP,
+    UDP as IPPROTO_UDP,
+};
 
 /// A pointer to a `T` at `offset` bytes into the frame, or a malformed drop.
 #[inline(always)]
@@ -28,19 +35,45 @@ pub fn ptr_at<T>(ctx: &TcContext, offset: usize) -> Result<*mut T, u32> {
     Ok((start + offset) as *mut T)
 }
 
+/// The header `T` at `offset` bytes into the frame, or a malformed drop:
+/// the one place packet memory becomes a reference. Take it again after
+/// any helper that may move packet data (the reference would dangle), and
+/// hold one mutable reference per header at a time.
+#[inline(always)]
+pub fn hdr_mut<T>(ctx: &TcContext, offset: usize) -> Result<&mut T, u32> {
+    let p = ptr_at::<T>(ctx, offset)?;
+    // SAFETY: `ptr_at` checked that the `size_of::<T>()` bytes at `offset`
+    // lie within data..data_end, which the kernel keeps valid and writable
+    // for this program run until a packet-moving helper runs (see above).
+    // The `T`s used are packet headers and byte arrays: alignment 1, every
+    // bit pattern valid.
+    Ok(unsafe { &mut *p })
+}
+
+/// `hdr_mut`, read-only.
+#[inline(always)]
+pub fn hdr<T>(ctx: &TcContext, offset: usize) -> Result<&T, u32> {
+    hdr_mut(ctx, offset).map(|h| &*h)
+}
+
 #[inline(always)]
 pub fn mac_eq(a: &[u8; 6], b: &[u8; 6]) -> bool {
     a[0] == b[0] && a[1] == b[1] && a[2] == b[2] && a[3] == b[3] && a[4] == b[4] && a[5] == b[5]
 }
 
-/// 16-byte compare without a memcmp call (none exists in BPF).
+/// 16-byte compare (IPv6 addresses) as words: no byte loop, no `bcmp`
+/// call (none exists in BPF), no branch per word.
 #[inline(always)]
 pub fn addr16_eq(a: &[u8; 16], b: &[u8; 16]) -> bool {
-    let a0 = u64::from_ne_bytes([a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7]]);
-    let b0 = u64::from_ne_bytes([b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7]]);
-    let a1 = u64::from_ne_bytes([a[8], a[9], a[10], a[11], a[12], a[13], a[14], a[15]]);
-    let b1 = u64::from_ne_bytes([b[8], b[9], b[10], b[11], b[12], b[13], b[14], b[15]]);
-    a0 == b0 && a1 == b1
+    let (a, b) = (words16(a), words16(b));
+    (a[0] ^ b[0]) | (a[1] ^ b[1]) | (a[2] ^ b[2]) | (a[3] ^ b[3]) == 0
+}
+
+/// A 16-byte address as four native-order words.
+#[inline(always)]
+pub fn words16(a: &[u8; 16]) -> [u32; 4] {
+    // SAFETY: same size; every bit pattern is a valid `[u32; 4]`.
+    unsafe { core::mem::transmute::<[u8; 16], [u32; 4]>(*a) }
 }
 
 #[inline(always)]
@@ -85,6 +118,7 @@ pub fn zeroed<T: Copy>(slot: &mut core::mem::MaybeUninit<T>) -> &mut T {
     let b = slot.as_mut_ptr() as *mut u8;
     let mut j = words * 4;
     while j < size_of::<T>() {
+        // SAFETY: within `slot` (j < size_of::<T>()); bytes need no alignment.
         unsafe { core::ptr::write_volatile(b.add(j), 0) };
         j += 1;
     }

@@ -9,10 +9,10 @@ use core::mem::MaybeUninit;
 use aya_ebpf::{
     bindings::{
         BPF_FIB_LKUP_RET_FRAG_NEEDED, BPF_FIB_LKUP_RET_NO_NEIGH, BPF_FIB_LKUP_RET_SUCCESS,
-        TC_ACT_REDIRECT, TC_ACT_SHOT, bpf_fib_lookup as FibParams, bpf_redir_neigh,
+        TC_ACT_SHOT, bpf_fib_lookup as FibParams, bpf_redir_neigh,
     },
     btf_maps::{HashMap, LpmTrie, ProgramArray, lpm_trie::Key},
-    helpers::generated::{bpf_fib_lookup, bpf_redirect, bpf_redirect_neigh},
+    helpers::generated::{bpf_fib_lookup, bpf_redirect_neigh},
     macros::{btf_map, classifier},
     programs::TcContext,
 };
@@ -21,36 +21,33 @@ use network_types::{
     ip::{Ipv4Hdr, Ipv6Hdr},
 };
 use vmpath_common::{
-    AddrKey, MAX_ROUTED, MAX_SUBNETS, NET_F_GW4, NET_F_GW6, NET_F_ROUTED, NET_F_SNAT, NO_PORT_ID,
-    NetworkInfo, PortInfo, RoutedAddr, Subnet4, Subnet6, drop_reason,
+    AddrKey, NET_F_GW4, NET_F_GW6, NET_F_ROUTED, NET_F_SNAT, NO_PORT_ID, NetworkInfo, PortInfo,
+    RoutedAddr, Subnet4, Subnet6, drop_reason, kernel_af, maps, tail_call,
 };
 
 use crate::{
     counters, csum,
-    fwd::Verdict,
+    fwd::{self, Verdict},
     maps::{NETWORKS, PORTS},
     mtu,
-    parse::{ETH_LEN, ETH_P_IP, ETH_P_IPV6, ptr_at, write_mac, zeroed},
+    parse::{ETH_LEN, ETH_P_IP, ETH_P_IPV6, ptr_at, words16, write_mac, zeroed},
     snat, spoof,
 };
 
-/// Slot of `vm_egress` in `vmp_progs`.
-pub const PROG_VM_EGRESS: u32 = 0;
-
-const AF_INET: u8 = 2;
-const AF_INET6: u8 = 10;
-
 /// VM address (network 0) -> the port that hosts it, for routed ingress.
 #[btf_map(name = "vmp_routed")]
-pub static ROUTED: HashMap<AddrKey, RoutedAddr, { MAX_ROUTED as usize }> = HashMap::new();
+pub static ROUTED: HashMap<AddrKey, RoutedAddr, { maps::ROUTED.max_entries as usize }> =
+    HashMap::new();
 
 /// (network, IPv4 subnet) -> 1.
 #[btf_map(name = "vmp_subnets4")]
-pub static SUBNETS4: LpmTrie<Subnet4, u32, { MAX_SUBNETS as usize }> = LpmTrie::new();
+pub static SUBNETS4: LpmTrie<Subnet4, u32, { maps::SUBNETS4.max_entries as usize }> =
+    LpmTrie::new();
 
 /// (network, IPv6 subnet) -> 1.
 #[btf_map(name = "vmp_subnets6")]
-pub static SUBNETS6: LpmTrie<Subnet6, u32, { MAX_SUBNETS as usize }> = LpmTrie::new();
+pub static SUBNETS6: LpmTrie<Subnet6, u32, { maps::SUBNETS6.max_entries as usize }> =
+    LpmTrie::new();
 
 #[inline(always)]
 pub fn in_subnet4(network: u32, addr: [u8; 4]) -> bool {
@@ -84,14 +81,14 @@ pub fn egress(ctx: &TcContext, net: &NetworkInfo) -> Verdict {
     if net.flags & (NET_F_ROUTED | NET_F_SNAT) == 0 {
         return Err(drop_reason::GATEWAY_UNROUTED);
     }
-    unsafe { PROGS.tail_call(ctx, PROG_VM_EGRESS) };
+    unsafe { PROGS.tail_call(ctx, tail_call::VM_EGRESS) };
     // Only reached when the slot is empty (agent still starting).
     Err(drop_reason::HELPER_FAILED)
 }
 
-/// Tail-call targets; slot `PROG_VM_EGRESS` holds `vm_egress`.
+/// Tail-call targets (`vmpath_common::maps::PROGS`); slots in `tail_call`.
 #[btf_map(name = "vmp_progs")]
-pub static PROGS: ProgramArray<4> = ProgramArray::new();
+pub static PROGS: ProgramArray<{ maps::PROGS.max_entries as usize }> = ProgramArray::new();
 
 /// tcx ingress on a VM port, reached by tail call from `vm_port` for
 /// frames to the gateway MAC that leave the network (routed or SNAT).
@@ -177,7 +174,7 @@ pub fn forward4(ctx: &TcContext, in_ifindex: u32) -> Verdict {
     let mut p_slot = MaybeUninit::<FibParams>::uninit();
     let p = zeroed(&mut p_slot);
     unsafe {
-        p.family = AF_INET;
+        p.family = kernel_af::AF_INET;
         p.l4_protocol = (*ip).proto;
         p.ifindex = in_ifindex;
         p.__bindgen_anon_2.tos = (*ip).tos;
@@ -197,10 +194,7 @@ pub fn forward4(ctx: &TcContext, in_ifindex: u32) -> Verdict {
     let ip: *mut Ipv4Hdr = ptr_at(ctx, ETH_LEN)?;
     unsafe {
         let ip = &mut *ip;
-        let old = (u16::from(ip.ttl) << 8) | u16::from(ip.proto);
-        ip.ttl -= 1;
-        let new = (u16::from(ip.ttl) << 8) | u16::from(ip.proto);
-        ip.check = csum::replace16(u16::from_be_bytes(ip.check), old, new).to_be_bytes();
+        ip.check = csum::dec_ttl4(ip, u16::from_be_bytes(ip.check)).to_be_bytes();
     }
     to_next_hop(ctx, p, rc)
 }
@@ -236,13 +230,13 @@ fn egress6_inner(ctx: &TcContext, ifindex: u32, port: &PortInfo, net: &NetworkIn
     let mut p_slot = MaybeUninit::<FibParams>::uninit();
     let p = zeroed(&mut p_slot);
     unsafe {
-        p.family = AF_INET6;
+        p.family = kernel_af::AF_INET6;
         p.l4_protocol = (*ip).next_hdr;
         p.ifindex = ifindex;
         let s = &(*ip).src_addr;
         let d = &(*ip).dst_addr;
-        p.__bindgen_anon_3.ipv6_src = words(s);
-        p.__bindgen_anon_4.ipv6_dst = words(d);
+        p.__bindgen_anon_3.ipv6_src = words16(s);
+        p.__bindgen_anon_4.ipv6_dst = words16(d);
     }
     let rc = unsafe {
         bpf_fib_lookup(
@@ -279,35 +273,19 @@ fn to_next_hop(ctx: &TcContext, p: &FibParams, rc: u32) -> Verdict {
             write_mac(&raw mut (*eth).dst_addr, p.dmac);
             write_mac(&raw mut (*eth).src_addr, p.smac);
         }
-        return redirected(unsafe { bpf_redirect(p.ifindex, 0) });
+        return fwd::redirect(p.ifindex);
     }
     let mut nh_slot = MaybeUninit::<bpf_redir_neigh>::uninit();
     let nh = zeroed(&mut nh_slot);
-    if p.family == AF_INET6 {
-        nh.nh_family = u32::from(AF_INET6);
+    if p.family == kernel_af::AF_INET6 {
+        nh.nh_family = u32::from(kernel_af::AF_INET6);
         nh.__bindgen_anon_1.ipv6_nh = unsafe { p.__bindgen_anon_4.ipv6_dst };
     } else {
-        nh.nh_family = u32::from(AF_INET);
+        nh.nh_family = u32::from(kernel_af::AF_INET);
         nh.__bindgen_anon_1.ipv4_nh = unsafe { p.__bindgen_anon_4.ipv4_dst };
     }
-    redirected(unsafe { bpf_redirect_neigh(p.ifindex, nh, size_of::<bpf_redir_neigh>() as i32, 0) })
-}
-
-#[inline(always)]
-fn words(a: &[u8; 16]) -> [u32; 4] {
-    [
-        u32::from_ne_bytes([a[0], a[1], a[2], a[3]]),
-        u32::from_ne_bytes([a[4], a[5], a[6], a[7]]),
-        u32::from_ne_bytes([a[8], a[9], a[10], a[11]]),
-        u32::from_ne_bytes([a[12], a[13], a[14], a[15]]),
-    ]
-}
-
-#[inline(always)]
-fn redirected(rc: i64) -> Verdict {
-    if rc == i64::from(TC_ACT_REDIRECT) {
-        Ok(TC_ACT_REDIRECT)
-    } else {
-        Err(drop_reason::HELPER_FAILED)
-    }
+    // SAFETY: `nh` lives on our stack for the call; the size is its own.
+    fwd::redirected(unsafe {
+        bpf_redirect_neigh(p.ifindex, nh, size_of::<bpf_redir_neigh>() as i32, 0)
+    })
 }

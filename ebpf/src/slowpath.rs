@@ -5,8 +5,8 @@
 //! `vmp-slow0`, lose the tag and leave through the VM's port.
 
 use aya_ebpf::{
-    bindings::{TC_ACT_REDIRECT, TC_ACT_SHOT, bpf_adj_room_mode::BPF_ADJ_ROOM_MAC, xdp_action},
-    helpers::generated::{bpf_redirect, bpf_skb_vlan_pop},
+    bindings::{TC_ACT_SHOT, bpf_adj_room_mode::BPF_ADJ_ROOM_MAC, xdp_action},
+    helpers::generated::bpf_skb_vlan_pop,
     macros::{classifier, xdp},
     programs::{TcContext, XdpContext},
 };
@@ -14,12 +14,11 @@ use vmpath_common::{NO_PORT_ID, PortInfo, drop_reason};
 
 use crate::{
     counters,
-    fwd::Verdict,
+    fwd::{self, Verdict},
     maps::{PORT_IDS, SLOW, XSKS},
-    parse::{ETH_LEN, ptr_at},
+    parse::{ETH_LEN, ETH_P_8021Q, hdr_mut},
 };
 
-const ETH_P_8021Q: u16 = 0x8100;
 const VLAN_LEN: u32 = 4;
 const VID_MASK: u16 = 0x0fff;
 
@@ -38,8 +37,7 @@ pub fn punt(ctx: &TcContext, port: &PortInfo) -> Verdict {
         return Err(drop_reason::HELPER_FAILED);
     }
     // [dst][src][type][room] -> [dst][src][8100][tci][type]
-    let hdr: *mut [u8; ETH_LEN + 4] = ptr_at(ctx, 0)?;
-    let h = unsafe { &mut *hdr };
+    let h = hdr_mut::<[u8; ETH_LEN + 4]>(ctx, 0)?;
     let (t0, t1) = (h[12], h[13]);
     let tci = (port.port_id as u16 & VID_MASK).to_be_bytes();
     let tpid = ETH_P_8021Q.to_be_bytes();
@@ -49,12 +47,7 @@ pub fn punt(ctx: &TcContext, port: &PortInfo) -> Verdict {
     h[15] = tci[1];
     h[16] = t0;
     h[17] = t1;
-    let rc = unsafe { bpf_redirect(slow, 0) };
-    if rc == i64::from(TC_ACT_REDIRECT) {
-        Ok(TC_ACT_REDIRECT)
-    } else {
-        Err(drop_reason::HELPER_FAILED)
-    }
+    fwd::redirect(slow)
 }
 
 /// XDP on `vmp-slow1`: into the agent's socket, or dropped (and counted)
@@ -98,8 +91,7 @@ fn try_slow_return(ctx: &TcContext) -> Verdict {
         }
         vid
     } else {
-        let hdr: *mut [u8; ETH_LEN + 4] = ptr_at(ctx, 0)?;
-        let h = unsafe { &mut *hdr };
+        let h = hdr_mut::<[u8; ETH_LEN + 4]>(ctx, 0)?;
         if u16::from_be_bytes([h[12], h[13]]) != ETH_P_8021Q {
             return Err(drop_reason::SLOWPATH_BAD_TAG);
         }
@@ -120,10 +112,5 @@ fn try_slow_return(ctx: &TcContext) -> Verdict {
     };
     let ifindex = *ifindex;
     counters::count_tx(port_id, ctx.len());
-    let rc = unsafe { bpf_redirect(ifindex, 0) };
-    if rc == i64::from(TC_ACT_REDIRECT) {
-        Ok(TC_ACT_REDIRECT)
-    } else {
-        Err(drop_reason::HELPER_FAILED)
-    }
+    fwd::redirect(ifindex)
 }

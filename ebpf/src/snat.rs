@@ -20,24 +20,22 @@ use aya_ebpf::{
 };
 use network_types::{eth::EthHdr, ip::Ipv4Hdr};
 use vmpath_common::{
-    MAX_SNAT_FLOWS, MAX_SNAT_VMS, NAT_ST_CLOSING, NAT_ST_OPEN, NatEntry, NatKey, NetworkInfo,
-    PortInfo, SnatConfig, drop_reason,
+    NAT_ST_CLOSING, NAT_ST_OPEN, NatEntry, NatKey, NetworkInfo, PortInfo, SnatConfig, drop_reason,
+    maps,
 };
 
 use crate::{
     csum,
     fwd::deliver_local,
-    parse::{ETH_LEN, IPPROTO_ICMP, IPPROTO_UDP, ptr_at, write_mac},
+    parse::{ETH_LEN, IPPROTO_ICMP, IPPROTO_TCP, IPPROTO_UDP, hdr, ptr_at, write_mac},
 };
 
-const IPPROTO_TCP: u8 = 6;
 const ICMP_ECHO_REPLY: u8 = 0;
 const ICMP_ECHO_REQUEST: u8 = 8;
 const TCP_FIN: u8 = 0x01;
 const TCP_RST: u8 = 0x04;
 /// Candidate ports tried for a new flow before giving up.
 const PROBES: u32 = 16;
-const NS: u64 = 1_000_000_000;
 
 const IP_CSUM_OFF: usize = ETH_LEN + 10;
 const IP_SRC_OFF: usize = ETH_LEN + 12;
@@ -45,21 +43,25 @@ const IP_DST_OFF: usize = ETH_LEN + 16;
 
 /// Slot 0: the node's SNAT address, port range, quota and timeouts.
 #[btf_map(name = "vmp_snat_cfg")]
-pub static SNAT_CFG: Array<SnatConfig, 1> = Array::new();
+pub static SNAT_CONFIG: Array<SnatConfig, { maps::SNAT_CONFIG.max_entries as usize }> =
+    Array::new();
 
 /// The VM's tuple -> the translated source (address, port).
 #[btf_map(name = "vmp_snat_out")]
-pub static SNAT_OUT: LruHashMap<NatKey, NatEntry, { MAX_SNAT_FLOWS as usize }> = LruHashMap::new();
+pub static SNAT_OUT: LruHashMap<NatKey, NatEntry, { maps::SNAT_OUT.max_entries as usize }> =
+    LruHashMap::new();
 
 /// The reply's tuple (as it arrives on the uplink) -> the VM's address,
 /// port, ifindex and MAC.
 #[btf_map(name = "vmp_snat_in")]
-pub static SNAT_IN: LruHashMap<NatKey, NatEntry, { MAX_SNAT_FLOWS as usize }> = LruHashMap::new();
+pub static SNAT_IN: LruHashMap<NatKey, NatEntry, { maps::SNAT_IN.max_entries as usize }> =
+    LruHashMap::new();
 
 /// VM address (IPv4, as a native u32) -> SNAT flows it holds (quota). The
 /// data path counts up; the agent's sweep recounts after expiring flows.
 #[btf_map(name = "vmp_snat_quota")]
-pub static SNAT_QUOTA: HashMap<u32, u32, { MAX_SNAT_VMS as usize }> = HashMap::new();
+pub static SNAT_QUOTA: HashMap<u32, u32, { maps::SNAT_QUOTA.max_entries as usize }> =
+    HashMap::new();
 
 /// The transport fields SNAT looks at.
 struct L4 {
@@ -81,8 +83,7 @@ fn l4(ctx: &TcContext, proto: u8, l4_off: usize, outbound: bool) -> Result<L4, u
     match proto {
         IPPROTO_TCP | IPPROTO_UDP => {
             // A UDP datagram may carry less than a TCP header's worth.
-            let p: *const [u8; 8] = ptr_at(ctx, l4_off)?;
-            let p = unsafe { &*p };
+            let p = hdr::<[u8; 8]>(ctx, l4_off)?;
             let (csum_off, flags) = if proto == IPPROTO_TCP {
                 let t: *const [u8; 14] = ptr_at(ctx, l4_off)?;
                 (l4_off + 16, unsafe { (*t)[13] })
@@ -99,8 +100,7 @@ fn l4(ctx: &TcContext, proto: u8, l4_off: usize, outbound: bool) -> Result<L4, u
             })
         }
         IPPROTO_ICMP => {
-            let p: *const [u8; 8] = ptr_at(ctx, l4_off)?;
-            let p = unsafe { &*p };
+            let p = hdr::<[u8; 8]>(ctx, l4_off)?;
             let want = if outbound {
                 ICMP_ECHO_REQUEST
             } else {
@@ -124,19 +124,8 @@ fn l4(ctx: &TcContext, proto: u8, l4_off: usize, outbound: bool) -> Result<L4, u
 }
 
 #[inline(always)]
-fn timeout_ns(cfg: &SnatConfig, proto: u8, state: u8) -> u64 {
-    let s = match proto {
-        IPPROTO_TCP if state == NAT_ST_CLOSING => cfg.tcp_closing_timeout,
-        IPPROTO_TCP => cfg.tcp_timeout,
-        IPPROTO_UDP => cfg.udp_timeout,
-        _ => cfg.icmp_timeout,
-    };
-    u64::from(s) * NS
-}
-
-#[inline(always)]
 pub fn expired(cfg: &SnatConfig, e: &NatEntry, proto: u8, now: u64) -> bool {
-    now.saturating_sub(e.last_seen) > timeout_ns(cfg, proto, e.state)
+    now.saturating_sub(e.last_seen) > cfg.timeout_ns(proto, e.state)
 }
 
 /// How stale `last_seen` may get before a packet rewrites it. Timeouts
@@ -157,32 +146,6 @@ fn touch(e: *mut NatEntry, now: u64, tcp_flags: u8) {
     }
 }
 
-/// A `NatKey` built from 32-bit words: as a struct literal, its 3 bytes
-/// of zero padding compile to a call of the byte-looping `memset`.
-#[inline(always)]
-pub fn nat_key(src: [u8; 4], dst: [u8; 4], sport: u16, dport: u16, proto: u8) -> NatKey {
-    let (s, d) = (sport.to_ne_bytes(), dport.to_ne_bytes());
-    let words: [u32; 4] = [
-        u32::from_ne_bytes(src),
-        u32::from_ne_bytes(dst),
-        u32::from_ne_bytes([s[0], s[1], d[0], d[1]]),
-        u32::from_ne_bytes([proto, 0, 0, 0]),
-    ];
-    // Same size, every bit pattern valid: `NatKey` is plain bytes.
-    unsafe { core::mem::transmute::<[u32; 4], NatKey>(words) }
-}
-
-/// The key a reply to the VM's flow carries on the uplink.
-#[inline(always)]
-pub fn reply_key(remote: [u8; 4], snat: [u8; 4], remote_port: u16, port: u16, proto: u8) -> NatKey {
-    let sport = if proto == IPPROTO_ICMP {
-        port
-    } else {
-        remote_port
-    };
-    nat_key(remote, snat, sport, port, proto)
-}
-
 /// Translates the VM's frame in place to the node's SNAT address; the
 /// caller routes it on (`route::forward4`).
 #[inline(always)]
@@ -193,7 +156,7 @@ pub fn egress4(
     net: &NetworkInfo,
     l4_off: usize,
 ) -> Result<(), u32> {
-    let Some(cfg) = SNAT_CFG.get(0) else {
+    let Some(cfg) = SNAT_CONFIG.get(0) else {
         return Err(drop_reason::SNAT_NO_ADDRESS);
     };
     if cfg.addr4 == [0; 4] {
@@ -206,14 +169,14 @@ pub fn egress4(
         return Err(drop_reason::SNAT_UNSUPPORTED);
     }
     let l4 = l4(ctx, proto, l4_off, true)?;
-    let key = nat_key(src, dst, l4.sport, l4.dport, proto);
+    let key = NatKey::new(src, dst, l4.sport, l4.dport, proto);
     let now = unsafe { bpf_ktime_get_ns() };
 
     // An existing flow keeps its port while its return entry is still ours.
     let mut nat_port = 0u16;
     if let Some(out) = SNAT_OUT.get_ptr_mut(&key) {
         let p = unsafe { (*out).port };
-        let rkey = reply_key(dst, cfg.addr4, l4.dport, p, proto);
+        let rkey = NatKey::reply(dst, cfg.addr4, l4.dport, p, proto);
         if let Some(back) = SNAT_IN.get_ptr_mut(&rkey) {
             let mine = unsafe { (*back).addr == src && (*back).port == l4.sport };
             if mine {
@@ -324,7 +287,7 @@ fn allocate(
     while i < PROBES {
         let cand = (min + (start + i) % range) as u16;
         i += 1;
-        let rkey = reply_key(key.dst, cfg.addr4, key.dport, cand, key.proto);
+        let rkey = NatKey::reply(key.dst, cfg.addr4, key.dport, cand, key.proto);
         let flags = match unsafe { SNAT_IN.get(&rkey) } {
             None => u64::from(BPF_NOEXIST),
             Some(e) if expired(cfg, e, key.proto, now) => u64::from(BPF_ANY),
@@ -351,7 +314,7 @@ fn allocate(
         last_seen: now,
     };
     if SNAT_OUT.insert(key, &out, u64::from(BPF_ANY)).is_err() {
-        let rkey = reply_key(key.dst, cfg.addr4, key.dport, chosen, key.proto);
+        let rkey = NatKey::reply(key.dst, cfg.addr4, key.dport, chosen, key.proto);
         let _ = SNAT_IN.remove(&rkey);
         return Err(drop_reason::SNAT_TABLE_FULL);
     }
@@ -371,7 +334,7 @@ fn allocate(
 /// the frame is not SNAT return traffic (it then goes to the host stack).
 #[inline(always)]
 pub fn ingress4(ctx: &TcContext) -> Result<Option<i32>, u32> {
-    let Some(cfg) = SNAT_CFG.get(0) else {
+    let Some(cfg) = SNAT_CONFIG.get(0) else {
         return Ok(None);
     };
     let ip: *const Ipv4Hdr = ptr_at(ctx, ETH_LEN)?;
@@ -401,7 +364,7 @@ pub fn ingress4(ctx: &TcContext) -> Result<Option<i32>, u32> {
     let Ok(l4) = l4(ctx, proto, l4_off, false) else {
         return Ok(None);
     };
-    let rkey = nat_key(src, dst, l4.sport, l4.dport, proto);
+    let rkey = NatKey::new(src, dst, l4.sport, l4.dport, proto);
     let Some(back) = SNAT_IN.get_ptr_mut(&rkey) else {
         return Ok(None);
     };
@@ -419,7 +382,7 @@ pub fn ingress4(ctx: &TcContext) -> Result<Option<i32>, u32> {
     } else {
         l4.sport
     };
-    let key = nat_key(e.addr, src, e.port, dport, proto);
+    let key = NatKey::new(e.addr, src, e.port, dport, proto);
     if let Some(out) = SNAT_OUT.get_ptr_mut(&key) {
         touch(out, now, l4.tcp_flags);
     }
@@ -431,10 +394,7 @@ pub fn ingress4(ctx: &TcContext) -> Result<Option<i32>, u32> {
     let ip: *mut Ipv4Hdr = ptr_at(ctx, ETH_LEN)?;
     unsafe {
         let ip = &mut *ip;
-        let old = (u16::from(ip.ttl) << 8) | u16::from(ip.proto);
-        ip.ttl -= 1;
-        let new = (u16::from(ip.ttl) << 8) | u16::from(ip.proto);
-        ip.check = csum::replace16(u16::from_be_bytes(ip.check), old, new).to_be_bytes();
+        ip.check = csum::dec_ttl4(ip, u16::from_be_bytes(ip.check)).to_be_bytes();
     }
     let eth: *mut EthHdr = ptr_at(ctx, 0)?;
     unsafe {

@@ -13,11 +13,10 @@ use vmpath_common::{NatKey, SnatConfig, drop_reason};
 use crate::{
     csum,
     fwd::deliver_local,
-    parse::{ETH_LEN, IPPROTO_ICMP, IPPROTO_UDP, ptr_at, write_mac},
-    snat::{SNAT_IN, expired, reply_key},
+    parse::{ETH_LEN, IPPROTO_ICMP, IPPROTO_TCP, IPPROTO_UDP, ptr_at, write_mac},
+    snat::{SNAT_IN, expired},
 };
 
-const IPPROTO_TCP: u8 = 6;
 const ICMP_DEST_UNREACH: u8 = 3;
 const ICMP_TIME_EXCEEDED: u8 = 11;
 const ICMP_PARAMETER_PROB: u8 = 12;
@@ -61,7 +60,7 @@ pub fn ingress4(ctx: &TcContext, cfg: &SnatConfig, l4_off: usize) -> Result<Opti
         }
         _ => return Ok(None),
     };
-    let key: NatKey = reply_key(idst, cfg.addr4, remote_port, nat_port, iproto);
+    let key: NatKey = NatKey::reply(idst, cfg.addr4, remote_port, nat_port, iproto);
     let Some(e) = (unsafe { SNAT_IN.get(&key) }) else {
         return Ok(None);
     };
@@ -80,9 +79,7 @@ pub fn ingress4(ctx: &TcContext, cfg: &SnatConfig, l4_off: usize) -> Result<Opti
         }
         let mut c = be16(ip.check);
         c = replace_addr(c, ip.dst_addr, e.addr);
-        let old = (u16::from(ip.ttl) << 8) | u16::from(ip.proto);
-        ip.ttl -= 1;
-        c = csum::replace16(c, old, (u16::from(ip.ttl) << 8) | u16::from(ip.proto));
+        c = csum::dec_ttl4(ip, c);
         ip.check = c.to_be_bytes();
         ip.dst_addr = e.addr;
     }

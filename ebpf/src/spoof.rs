@@ -1,9 +1,7 @@
 //! Port security: the source MAC and source IP a VM may use.
 
-use crate::maps::ADDRESSES;
-use vmpath_common::{
-    AF_INET, AF_INET6, AddrKey, PORT_F_IP_FILTER, PORT_F_MAC_FILTER, PORT_F_MAC_KNOWN, PortInfo,
-};
+use crate::{maps::ADDRESSES, parse::addr16_eq};
+use vmpath_common::{AddrKey, PORT_F_IP_FILTER, PORT_F_MAC_FILTER, PORT_F_MAC_KNOWN, PortInfo};
 
 #[inline(always)]
 pub fn mac_filter_on(port: &PortInfo) -> bool {
@@ -15,37 +13,6 @@ pub fn ip_filter_on(port: &PortInfo) -> bool {
     port.flags & PORT_F_IP_FILTER != 0
 }
 
-/// An `AddrKey` built from 32-bit words: spelled as a struct literal, its
-/// zero padding and zero address tail compile to calls of the byte-wise
-/// `memset` (a bpf-to-bpf call looping over every byte) on the hot path.
-#[inline(always)]
-pub fn addr_key(network: u32, family: u8, addr: [u32; 4]) -> AddrKey {
-    let words: [u32; 6] = [
-        network,
-        u32::from_ne_bytes([family, 0, 0, 0]),
-        addr[0],
-        addr[1],
-        addr[2],
-        addr[3],
-    ];
-    // Same size, every bit pattern valid: `AddrKey` is plain bytes.
-    unsafe { core::mem::transmute::<[u32; 6], AddrKey>(words) }
-}
-
-/// The `vmp_addresses` key of an IPv4 address (first 4 bytes of `addr`).
-#[inline(always)]
-pub fn addr_key4(network: u32, addr: [u8; 4]) -> AddrKey {
-    addr_key(network, AF_INET, [u32::from_ne_bytes(addr), 0, 0, 0])
-}
-
-/// The `vmp_addresses` key of an IPv6 address.
-#[inline(always)]
-pub fn addr_key6(network: u32, addr: &[u8; 16]) -> AddrKey {
-    // Same size, every bit pattern valid.
-    let words = unsafe { core::mem::transmute::<[u8; 16], [u32; 4]>(*addr) };
-    addr_key(network, AF_INET6, words)
-}
-
 /// Is `addr` one of the addresses of the port at `ifindex`?
 #[inline(always)]
 pub fn owns_ip4(port: &PortInfo, ifindex: u32, addr: [u8; 4]) -> bool {
@@ -54,7 +21,8 @@ pub fn owns_ip4(port: &PortInfo, ifindex: u32, addr: [u8; 4]) -> bool {
     if a == mine && a != 0 {
         return true;
     }
-    let key = addr_key4(port.network, addr);
+    let key = AddrKey::v4(port.network, addr);
+    // SAFETY: a map lookup; the value stays valid for this program run.
     match unsafe { ADDRESSES.get(&key) } {
         Some(info) => info.ifindex == ifindex,
         None => false,
@@ -64,27 +32,15 @@ pub fn owns_ip4(port: &PortInfo, ifindex: u32, addr: [u8; 4]) -> bool {
 #[inline(always)]
 pub fn owns_ip6(port: &PortInfo, ifindex: u32, addr: &[u8; 16]) -> bool {
     // The port's first IPv6 address, cached in its entry: no lookup.
-    if same6(addr, &port.ip6) && !is_unspecified6(addr) {
+    if addr16_eq(addr, &port.ip6) && !is_unspecified6(addr) {
         return true;
     }
-    let key = addr_key6(port.network, addr);
+    let key = AddrKey::v6(port.network, addr);
+    // SAFETY: a map lookup; the value stays valid for this program run.
     match unsafe { ADDRESSES.get(&key) } {
         Some(info) => info.ifindex == ifindex,
         None => false,
     }
-}
-
-/// Two IPv6 addresses compared as words (no byte loop, no `bcmp` call).
-#[inline(always)]
-fn same6(a: &[u8; 16], b: &[u8; 16]) -> bool {
-    // Same size, every bit pattern valid.
-    let (a, b) = unsafe {
-        (
-            core::mem::transmute::<[u8; 16], [u32; 4]>(*a),
-            core::mem::transmute::<[u8; 16], [u32; 4]>(*b),
-        )
-    };
-    (a[0] ^ b[0]) | (a[1] ^ b[1]) | (a[2] ^ b[2]) | (a[3] ^ b[3]) == 0
 }
 
 /// `::`, which DAD and MLD use before the VM has an address.

@@ -13,16 +13,16 @@ use network_types::{
     eth::EthHdr,
     ip::{Ipv4Hdr, Ipv6Hdr},
 };
-use vmpath_common::{NET_F_GW4, NET_F_GW6, NO_PORT_ID, RoutedAddr};
+use vmpath_common::{AddrKey, NET_F_GW4, NET_F_GW6, NO_PORT_ID, RoutedAddr};
 
 use crate::{
     counters, csum,
     fwd::{Verdict, deliver_local},
     maps::NETWORKS,
     mtu,
-    parse::{ETH_LEN, ETH_P_IP, ETH_P_IPV6, ptr_at, write_mac},
+    parse::{ETH_LEN, ETH_P_IP, ETH_P_IPV6, hdr_mut, ptr_at, write_mac},
     route::ROUTED,
-    snat, spoof,
+    snat,
 };
 
 #[classifier]
@@ -48,18 +48,17 @@ fn try_uplink(ctx: &TcContext) -> Verdict {
 
 #[inline(always)]
 fn ingress4(ctx: &TcContext) -> Verdict {
-    let Ok(ip) = ptr_at::<Ipv4Hdr>(ctx, ETH_LEN) else {
+    let Ok(ip) = hdr_mut::<Ipv4Hdr>(ctx, ETH_LEN) else {
         return Ok(TC_ACT_OK);
     };
-    let dst = unsafe { (*ip).dst_addr };
-    let key = spoof::addr_key4(0, dst);
+    let dst = ip.dst_addr;
+    let key = AddrKey::v4(0, dst);
     let Some(r) = (unsafe { ROUTED.get(&key) }) else {
         if let Some(action) = snat::ingress4(ctx)? {
             return Ok(action);
         }
         return Ok(TC_ACT_OK);
     };
-    let ip = unsafe { &mut *ip };
     if ip.ttl <= 1 {
         // The node is a hop on the way to the VM: it answers from the
         // VM network's gateway address, as for oversized frames.
@@ -71,10 +70,7 @@ fn ingress4(ctx: &TcContext) -> Verdict {
         let (uplink, from, own_mac) = answer_from4(ctx, r)?;
         return mtu::frag_needed4(ctx, uplink, NO_PORT_ID, from, r.mtu, own_mac);
     }
-    let old = (u16::from(ip.ttl) << 8) | u16::from(ip.proto);
-    ip.ttl -= 1;
-    let new = (u16::from(ip.ttl) << 8) | u16::from(ip.proto);
-    ip.check = csum::replace16(u16::from_be_bytes(ip.check), old, new).to_be_bytes();
+    ip.check = csum::dec_ttl4(ip, u16::from_be_bytes(ip.check)).to_be_bytes();
     let eth: *mut EthHdr = ptr_at(ctx, 0)?;
     unsafe {
         write_mac(&raw mut (*eth).src_addr, r.gw_mac);
@@ -85,14 +81,13 @@ fn ingress4(ctx: &TcContext) -> Verdict {
 
 #[inline(always)]
 fn ingress6(ctx: &TcContext) -> Verdict {
-    let Ok(ip) = ptr_at::<Ipv6Hdr>(ctx, ETH_LEN) else {
+    let Ok(ip) = hdr_mut::<Ipv6Hdr>(ctx, ETH_LEN) else {
         return Ok(TC_ACT_OK);
     };
-    let key = spoof::addr_key6(0, unsafe { &(*ip).dst_addr });
+    let key = AddrKey::v6(0, &ip.dst_addr);
     let Some(r) = (unsafe { ROUTED.get(&key) }) else {
         return Ok(TC_ACT_OK);
     };
-    let ip = unsafe { &mut *ip };
     if ip.hop_limit <= 1 {
         let (uplink, from, own_mac) = answer_from6(ctx, r)?;
         return mtu::time_exceeded6(ctx, uplink, NO_PORT_ID, &from, own_mac);

@@ -10,8 +10,8 @@
 use core::mem::MaybeUninit;
 
 use aya_ebpf::{
-    bindings::{BPF_F_ZERO_CSUM_TX, TC_ACT_REDIRECT, TC_ACT_SHOT, bpf_tunnel_key},
-    helpers::generated::{bpf_redirect, bpf_skb_get_tunnel_key, bpf_skb_set_tunnel_key},
+    bindings::{TC_ACT_SHOT, bpf_tunnel_key},
+    helpers::generated::bpf_skb_get_tunnel_key,
     macros::classifier,
     programs::TcContext,
 };
@@ -84,11 +84,7 @@ fn try_vxlan_rx(ctx: &TcContext) -> Verdict {
         if mac_eq(&dst, &net.gw_mac) {
             return Err(drop_reason::OVERLAY_NO_LOCAL_PORT);
         }
-        let ep_key = EndpointKey {
-            network,
-            mac: dst,
-            _pad: [0; 2],
-        };
+        let ep_key = EndpointKey::new(network, dst);
         if let Some(ep) = unsafe { ENDPOINTS.get(&ep_key) } {
             if ep.kind == ENDPOINT_LOCAL {
                 return fwd::deliver_local(ctx, ep.ifindex, ep.port_id);
@@ -115,25 +111,10 @@ fn relay(ctx: &TcContext, key: &mut bpf_tunnel_key, to: [u8; 4], from: [u8; 4]) 
     if vxlan == 0 {
         return Err(drop_reason::OVERLAY_DOWN);
     }
-    key.__bindgen_anon_1.remote_ipv4 = u32::from_be_bytes(to);
     key.__bindgen_anon_3.local_ipv4 = u32::from_be_bytes(local);
     key.tunnel_ttl = RELAY_TTL;
     key.tunnel_tos = 0;
-    let rc = unsafe {
-        bpf_skb_set_tunnel_key(
-            ctx.skb.skb,
-            key,
-            core::mem::size_of::<bpf_tunnel_key>() as u32,
-            u64::from(BPF_F_ZERO_CSUM_TX),
-        )
-    };
-    if rc != 0 {
-        return Err(drop_reason::HELPER_FAILED);
-    }
+    overlay::set_remote(ctx, key, to)?;
     overlay::count_relay(ctx.len());
-    if unsafe { bpf_redirect(vxlan, 0) } == i64::from(TC_ACT_REDIRECT) {
-        Ok(TC_ACT_REDIRECT)
-    } else {
-        Err(drop_reason::HELPER_FAILED)
-    }
+    fwd::redirect(vxlan)
 }

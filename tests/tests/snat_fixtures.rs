@@ -505,7 +505,7 @@ impl Fx {
     /// The network's MTU set to `mtu`, with an IPv6 gateway and subnet, and
     /// the VM's addresses routed to its port (routed ingress).
     fn with_mtu(egress_flag: u16, mtu: u16) -> Fx {
-        use vmpath_common::{AF_INET, AF_INET6, AddrKey, NET_F_GW6, RoutedAddr, Subnet6};
+        use vmpath_common::{AddrKey, NET_F_GW6, RoutedAddr, Subnet6};
         let mut fx = Fx::new(egress_flag);
         let port = fx.port;
         let maps = fx.dp.maps_mut();
@@ -527,20 +527,7 @@ impl Fx {
                 0,
             )
             .unwrap();
-        for (family, addr) in [
-            (AF_INET, {
-                let mut a = [0u8; 16];
-                a[..4].copy_from_slice(&VM_IP);
-                a
-            }),
-            (AF_INET6, VM6),
-        ] {
-            let key = AddrKey {
-                network: 0,
-                family,
-                _pad: [0; 3],
-                addr,
-            };
+        for key in [AddrKey::v4(0, VM_IP), AddrKey::v6(0, &VM6)] {
             let r = RoutedAddr {
                 ifindex: port,
                 network: NET,

@@ -3,20 +3,8 @@
 //! the `vmp_migrated` event map the agent polls.
 
 use anyhow::{Context as _, Result, anyhow};
-use aya::maps::{MapData, MapType};
-use vmpath_common::{MAX_PORTS, MigrationEvent, map_names, prog_names};
-
-use super::{MapSpec, spec};
-
-/// Slots in `vmp_progs` (the eBPF side's `PROG_VM_MIGRATE`, `PROG_VM_PORT`).
-const PROG_VM_MIGRATE: u32 = 2;
-const PROG_VM_PORT: u32 = 3;
-
-pub(super) const MIGRATE_MAP_SPECS: [MapSpec; 1] = [spec::<u32, MigrationEvent>(
-    map_names::MIGRATED,
-    MapType::Hash,
-    MAX_PORTS,
-)];
+use aya::maps::MapData;
+use vmpath_common::{map_names, prog_names, tail_call};
 
 /// Loads `vm_migrate` and fills both slots; `vm_port` is loaded already.
 pub(super) fn load(ebpf: &mut aya::Ebpf) -> Result<()> {
@@ -35,7 +23,7 @@ pub(super) fn load(ebpf: &mut aya::Ebpf) -> Result<()> {
         .map_mut(map_names::PROGS)
         .ok_or_else(|| anyhow!("map {} missing", map_names::PROGS))?;
     let mut progs: aya::maps::ProgramArray<&mut MapData> = map.try_into()?;
-    progs.set(PROG_VM_MIGRATE, &migrate_fd, 0)?;
-    progs.set(PROG_VM_PORT, &port_fd, 0)?;
+    progs.set(tail_call::VM_MIGRATE, &migrate_fd, 0)?;
+    progs.set(tail_call::VM_PORT, &port_fd, 0)?;
     Ok(())
 }

@@ -70,7 +70,7 @@ pub(super) fn load_egress(ebpf: &mut aya::Ebpf) -> Result<()> {
         .map_mut(vmpath_common::map_names::PROGS)
         .ok_or_else(|| anyhow::anyhow!("map {} missing", vmpath_common::map_names::PROGS))?;
     let mut progs: aya::maps::ProgramArray<&mut MapData> = map.try_into()?;
-    progs.set(0, &fd, 0)?;
+    progs.set(vmpath_common::tail_call::VM_EGRESS, &fd, 0)?;
     Ok(())
 }
 

@@ -5,32 +5,15 @@
 use std::fs;
 
 use anyhow::{Context as _, Result, anyhow};
-use aya::maps::{MapData, MapType, PerCpuValues};
+use aya::maps::{MapData, PerCpuValues};
 use tracing::{debug, info};
 use vmpath_common::{
-    EndpointKey, MAX_NETWORKS, MAX_REMOTE_LEARNED, OverlayConfig, PortStats,
-    REMOTE_LEARNED_MAX_AGE_NS, RemoteFloodList, RemoteLearned, map_names, prog_names,
+    EndpointKey, OverlayConfig, PortStats, REMOTE_LEARNED_MAX_AGE_NS, RemoteLearned, map_names,
+    prog_names, tail_call,
 };
 
-use super::{Dataplane, MapSpec, links_dir, spec, sync};
+use super::{Dataplane, links_dir, sync};
 use crate::plan::Plan;
-
-/// Slot of `vm_remote` in `vmp_progs` (the eBPF side's `PROG_VM_REMOTE`).
-const PROG_VM_REMOTE: u32 = 1;
-
-/// The overlay maps, checked like `MAP_SPECS`.
-pub(super) const OVERLAY_MAP_SPECS: [MapSpec; 4] = [
-    spec::<u32, RemoteFloodList>(map_names::FLOOD_REMOTE, MapType::Hash, MAX_NETWORKS),
-    spec::<u32, OverlayConfig>(map_names::OVERLAY, MapType::Array, 1),
-    spec::<u32, PortStats>(map_names::OVERLAY_STATS, MapType::PerCpuArray, 1),
-    // Written by the data path (`vxlan_rx`), never synced from the plan;
-    // the agent only prunes it.
-    spec::<EndpointKey, RemoteLearned>(
-        map_names::REMOTE_LEARNED,
-        MapType::LruHash,
-        MAX_REMOTE_LEARNED,
-    ),
-];
 
 /// Loads `vm_remote` into its tail-call slot and loads `vxlan_rx`.
 pub(super) fn load(ebpf: &mut aya::Ebpf) -> Result<()> {
@@ -44,7 +27,7 @@ pub(super) fn load(ebpf: &mut aya::Ebpf) -> Result<()> {
         .map_mut(map_names::PROGS)
         .ok_or_else(|| anyhow!("map {} missing", map_names::PROGS))?;
     let mut progs: aya::maps::ProgramArray<&mut MapData> = map.try_into()?;
-    progs.set(PROG_VM_REMOTE, &fd, 0)?;
+    progs.set(tail_call::VM_REMOTE, &fd, 0)?;
     let rx: &mut aya::programs::SchedClassifier = ebpf
         .program_mut(prog_names::VXLAN_RX)
         .ok_or_else(|| anyhow!("program {} missing", prog_names::VXLAN_RX))?

@@ -82,11 +82,7 @@ pub fn overlay(cfg: &Resolved, node: &str, plan: &mut Plan) {
             // A local port with the same MAC wins (validation refuses such
             // collisions; this only keeps a local VM reachable meanwhile).
             plan.endpoints
-                .entry(EndpointKey {
-                    network: net.id,
-                    mac,
-                    _pad: [0; 2],
-                })
+                .entry(EndpointKey::new(net.id, mac))
                 .or_insert(Endpoint {
                     kind: ENDPOINT_REMOTE,
                     ifindex: 0,

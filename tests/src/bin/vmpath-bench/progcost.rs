@@ -422,9 +422,7 @@ const TOR_MAC: Mac = [0x02, 0, 0, 0, 0, 2];
 
 fn north_south_in_netns(opts: &Options) -> Result<Section> {
     use aya::maps::lpm_trie::Key;
-    use vmpath_common::{
-        AF_INET, AddrKey, NET_F_ROUTED, NET_F_SNAT, RoutedAddr, SnatConfig, Subnet4,
-    };
+    use vmpath_common::{AddrKey, NET_F_ROUTED, NET_F_SNAT, RoutedAddr, SnatConfig, Subnet4};
     ip(&[
         "link", "add", "ns-port", "type", "veth", "peer", "name", "ns-vm",
     ])?;
@@ -528,15 +526,8 @@ fn north_south_in_netns(opts: &Options) -> Result<Section> {
             },
             0,
         )?;
-        let mut addr = [0u8; 16];
-        addr[..4].copy_from_slice(&NS_VM_IP);
         maps.routed.insert(
-            AddrKey {
-                network: 0,
-                family: AF_INET,
-                _pad: [0; 3],
-                addr,
-            },
+            AddrKey::v4(0, NS_VM_IP),
             RoutedAddr {
                 ifindex: port,
                 network: NS_NET,

@@ -1,0 +1,394 @@
+//! The contracts between the eBPF programs and the agent that are not plain
+//! types: every map's shape, the tail-call slots, the address-family tags,
+//! and the SNAT flow rules both sides apply. Each is defined here once; the
+//! eBPF map definitions size themselves from these shapes and the agent
+//! checks pinned maps against them (and a test checks the built object).
+
+use core::{mem::size_of, net::IpAddr};
+
+use crate::*;
+
+/// What kind of BPF map (the kernel's `bpf_map_type`, the subset vmpath uses).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MapKind {
+    Hash,
+    LruHash,
+    Array,
+    PerCpuArray,
+    LpmTrie,
+    ProgramArray,
+    XskMap,
+}
+
+/// One map's shape: what the eBPF definition declares, what the agent
+/// requires of a pinned map before adopting it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MapDef {
+    /// The kernel's (and `bpftool`'s) name; also the pin file name.
+    pub name: &'static str,
+    pub kind: MapKind,
+    pub key_size: u32,
+    pub value_size: u32,
+    pub max_entries: u32,
+}
+
+const fn def<K, V>(name: &'static str, kind: MapKind, max_entries: u32) -> MapDef {
+    MapDef {
+        name,
+        kind,
+        key_size: size_of::<K>() as u32,
+        value_size: size_of::<V>() as u32,
+        max_entries,
+    }
+}
+
+/// An LPM trie's key: the 4-byte prefix length, then the data.
+const fn lpm<D>(name: &'static str, max_entries: u32) -> MapDef {
+    MapDef {
+        name,
+        kind: MapKind::LpmTrie,
+        key_size: 4 + size_of::<D>() as u32,
+        value_size: 4,
+        max_entries,
+    }
+}
+
+/// Every map of the data path's object, by the name of its eBPF static.
+pub mod maps {
+    use super::{MapKind::*, *};
+
+    pub const PORTS: MapDef = def::<u32, PortInfo>(map_names::PORTS, Hash, MAX_PORTS);
+    pub const ENDPOINTS: MapDef =
+        def::<EndpointKey, Endpoint>(map_names::ENDPOINTS, Hash, MAX_ENDPOINTS);
+    pub const ADDRESSES: MapDef =
+        def::<AddrKey, AddrInfo>(map_names::ADDRESSES, Hash, MAX_ADDRESSES);
+    pub const NETWORKS: MapDef = def::<u32, NetworkInfo>(map_names::NETWORKS, Hash, MAX_NETWORKS);
+    pub const FLOOD: MapDef = def::<u32, FloodList>(map_names::FLOOD, Hash, MAX_NETWORKS);
+    pub const DROPS: MapDef = def::<u32, u64>(map_names::DROPS, PerCpuArray, drop_reason::COUNT);
+    pub const PORT_STATS: MapDef =
+        def::<u32, PortStats>(map_names::PORT_STATS, PerCpuArray, MAX_PORTS);
+    pub const LEARNED_MACS: MapDef =
+        def::<u32, LearnedMac>(map_names::LEARNED_MACS, Hash, MAX_PORTS);
+    pub const LEARNED_IPS: MapDef =
+        def::<AddrKey, LearnedIp>(map_names::LEARNED_IPS, LruHash, MAX_LEARNED_IPS);
+    pub const PORT_IDS: MapDef = def::<u32, u32>(map_names::PORT_IDS, Hash, MAX_PORTS);
+    pub const SLOW: MapDef = def::<u32, SlowPath>(map_names::SLOW, Array, 1);
+    /// One AF_XDP socket per queue of `vmp-slow1`.
+    pub const XSKS: MapDef = def::<u32, u32>(map_names::XSKS, XskMap, 4);
+
+    pub const PROGS: MapDef = def::<u32, u32>(map_names::PROGS, ProgramArray, tail_call::SLOTS);
+    pub const ROUTED: MapDef = def::<AddrKey, RoutedAddr>(map_names::ROUTED, Hash, MAX_ROUTED);
+    pub const SUBNETS4: MapDef = lpm::<Subnet4>(map_names::SUBNETS4, MAX_SUBNETS);
+    pub const SUBNETS6: MapDef = lpm::<Subnet6>(map_names::SUBNETS6, MAX_SUBNETS);
+    pub const SNAT_CONFIG: MapDef = def::<u32, SnatConfig>(map_names::SNAT_CONFIG, Array, 1);
+    pub const SNAT_OUT: MapDef =
+        def::<NatKey, NatEntry>(map_names::SNAT_OUT, LruHash, MAX_SNAT_FLOWS);
+    pub const SNAT_IN: MapDef =
+        def::<NatKey, NatEntry>(map_names::SNAT_IN, LruHash, MAX_SNAT_FLOWS);
+    pub const SNAT_QUOTA: MapDef = def::<u32, u32>(map_names::SNAT_QUOTA, Hash, MAX_SNAT_VMS);
+
+    pub const FLOOD_REMOTE: MapDef =
+        def::<u32, RemoteFloodList>(map_names::FLOOD_REMOTE, Hash, MAX_NETWORKS);
+    pub const OVERLAY: MapDef = def::<u32, OverlayConfig>(map_names::OVERLAY, Array, 1);
+    pub const OVERLAY_STATS: MapDef =
+        def::<u32, PortStats>(map_names::OVERLAY_STATS, PerCpuArray, 1);
+    /// Written by the data path (`vxlan_rx`); the agent only prunes it.
+    pub const REMOTE_LEARNED: MapDef =
+        def::<EndpointKey, RemoteLearned>(map_names::REMOTE_LEARNED, LruHash, MAX_REMOTE_LEARNED);
+
+    pub const MIGRATED: MapDef = def::<u32, MigrationEvent>(map_names::MIGRATED, Hash, MAX_PORTS);
+
+    /// Every map the agent pins (the whole object).
+    pub const ALL: [MapDef; 25] = [
+        PORTS,
+        ENDPOINTS,
+        ADDRESSES,
+        NETWORKS,
+        FLOOD,
+        DROPS,
+        PORT_STATS,
+        LEARNED_MACS,
+        LEARNED_IPS,
+        PORT_IDS,
+        SLOW,
+        XSKS,
+        PROGS,
+        ROUTED,
+        SUBNETS4,
+        SUBNETS6,
+        SNAT_CONFIG,
+        SNAT_OUT,
+        SNAT_IN,
+        SNAT_QUOTA,
+        FLOOD_REMOTE,
+        OVERLAY,
+        OVERLAY_STATS,
+        REMOTE_LEARNED,
+        MIGRATED,
+    ];
+}
+
+/// Slots of `vmp_progs`: the eBPF side tail-calls them, the agent fills them.
+pub mod tail_call {
+    /// `vm_egress`: routed and SNAT egress, from `vm_port`.
+    pub const VM_EGRESS: u32 = 0;
+    /// `vm_remote`: frames for remote nodes, from `vm_port`.
+    pub const VM_REMOTE: u32 = 1;
+    /// `vm_migrate`: a pending migration target port, from `vm_port`.
+    pub const VM_MIGRATE: u32 = 2;
+    /// `vm_port` itself, re-entered by `vm_migrate`.
+    pub const VM_PORT: u32 = 3;
+    pub const SLOTS: u32 = 4;
+}
+
+/// The family tag of an `AddrKey` (`AddrKey::family`): the IP version.
+/// Not the kernel's socket address families (`kernel_af`).
+pub mod addr_family {
+    pub const IPV4: u8 = 4;
+    pub const IPV6: u8 = 6;
+}
+
+/// The kernel's socket address families (`AF_INET`, `AF_INET6` of
+/// linux/socket.h), as `bpf_fib_lookup` and `bpf_redirect_neigh` take them.
+pub mod kernel_af {
+    pub const AF_INET: u8 = 2;
+    pub const AF_INET6: u8 = 10;
+}
+
+/// IP protocol numbers the data path and the agent both branch on
+/// (network-types' `IpProto`, as the `u8` the headers carry).
+pub mod ip_proto {
+    use network_types::ip::IpProto;
+
+    pub const ICMP: u8 = IpProto::Icmp as u8;
+    pub const TCP: u8 = IpProto::Tcp as u8;
+    pub const UDP: u8 = IpProto::Udp as u8;
+    pub const ICMPV6: u8 = IpProto::Ipv6Icmp as u8;
+    pub const HOPOPTS: u8 = IpProto::HopOpt as u8;
+}
+
+impl EndpointKey {
+    /// The key of `mac` in `network`. Built from 32-bit words: as a struct
+    /// literal its padding can compile to a `memset` call in eBPF.
+    #[inline(always)]
+    pub const fn new(network: u32, mac: [u8; 6]) -> Self {
+        let words: [u32; 3] = [
+            network,
+            u32::from_ne_bytes([mac[0], mac[1], mac[2], mac[3]]),
+            u32::from_ne_bytes([mac[4], mac[5], 0, 0]),
+        ];
+        // SAFETY: `EndpointKey` is `#[repr(C)]`, 12 bytes of plain integers
+        // (asserted), so every bit pattern of three u32s is a valid value;
+        // the words are laid out as its fields are.
+        unsafe { core::mem::transmute::<[u32; 3], EndpointKey>(words) }
+    }
+}
+
+impl AddrKey {
+    #[inline(always)]
+    const fn from_words(network: u32, family: u8, addr: [u32; 4]) -> Self {
+        let words: [u32; 6] = [
+            network,
+            u32::from_ne_bytes([family, 0, 0, 0]),
+            addr[0],
+            addr[1],
+            addr[2],
+            addr[3],
+        ];
+        // SAFETY: `AddrKey` is `#[repr(C)]`, 24 bytes of plain integers and
+        // byte arrays (asserted), so every bit pattern of six u32s is a
+        // valid value.
+        unsafe { core::mem::transmute::<[u32; 6], AddrKey>(words) }
+    }
+
+    /// The key of an IPv4 address (in the first 4 bytes of `addr`).
+    #[inline(always)]
+    pub const fn v4(network: u32, addr: [u8; 4]) -> Self {
+        Self::from_words(
+            network,
+            addr_family::IPV4,
+            [u32::from_ne_bytes(addr), 0, 0, 0],
+        )
+    }
+
+    /// The key of an IPv6 address.
+    #[inline(always)]
+    pub fn v6(network: u32, addr: &[u8; 16]) -> Self {
+        // SAFETY: same size; every bit pattern is a valid `[u32; 4]`.
+        let words = unsafe { core::mem::transmute::<[u8; 16], [u32; 4]>(*addr) };
+        Self::from_words(network, addr_family::IPV6, words)
+    }
+
+    /// The key of either kind of address.
+    pub fn from_ip(network: u32, ip: IpAddr) -> Self {
+        match ip {
+            IpAddr::V4(v4) => Self::v4(network, v4.octets()),
+            IpAddr::V6(v6) => Self::v6(network, &v6.octets()),
+        }
+    }
+
+    /// The address the key holds.
+    pub fn ip(&self) -> IpAddr {
+        if self.family == addr_family::IPV4 {
+            let a = &self.addr;
+            IpAddr::from([a[0], a[1], a[2], a[3]])
+        } else {
+            IpAddr::from(self.addr)
+        }
+    }
+}
+
+impl NatKey {
+    /// One direction of a flow. Built from 32-bit words: as a struct
+    /// literal its 3 bytes of padding compile to a `memset` call in eBPF.
+    #[inline(always)]
+    pub const fn new(src: [u8; 4], dst: [u8; 4], sport: u16, dport: u16, proto: u8) -> Self {
+        let (s, d) = (sport.to_ne_bytes(), dport.to_ne_bytes());
+        let words: [u32; 4] = [
+            u32::from_ne_bytes(src),
+            u32::from_ne_bytes(dst),
+            u32::from_ne_bytes([s[0], s[1], d[0], d[1]]),
+            u32::from_ne_bytes([proto, 0, 0, 0]),
+        ];
+        // SAFETY: `NatKey` is `#[repr(C)]`, 16 bytes of plain integers and
+        // byte arrays (asserted), so every bit pattern is a valid value.
+        unsafe { core::mem::transmute::<[u32; 4], NatKey>(words) }
+    }
+
+    /// The key a reply to a translated flow carries on the uplink: from
+    /// `remote`:`remote_port` to the node's SNAT address `snat`:`port`.
+    /// ICMP echo replies carry the (translated) identifier in both.
+    #[inline(always)]
+    pub fn reply(remote: [u8; 4], snat: [u8; 4], remote_port: u16, port: u16, proto: u8) -> Self {
+        let sport = if proto == ip_proto::ICMP {
+            port
+        } else {
+            remote_port
+        };
+        Self::new(remote, snat, sport, port, proto)
+    }
+
+    /// The reply key of the VM-side key `self` translated to `out`.
+    #[inline(always)]
+    pub fn reply_to(&self, out: &NatEntry) -> Self {
+        Self::reply(self.dst, out.addr, self.dport, out.port, self.proto)
+    }
+}
+
+impl SnatConfig {
+    /// How long a flow of `proto` in `state` (`NAT_ST_*`) may stay idle.
+    #[inline(always)]
+    pub fn timeout_ns(&self, proto: u8, state: u8) -> u64 {
+        let s = match proto {
+            ip_proto::TCP if state == NAT_ST_CLOSING => self.tcp_closing_timeout,
+            ip_proto::TCP => self.tcp_timeout,
+            ip_proto::UDP => self.udp_timeout,
+            _ => self.icmp_timeout,
+        };
+        u64::from(s) * 1_000_000_000
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn key_constructors_lay_out_the_fields_as_the_struct_literals_do() {
+        let mac = [2, 0, 0, 0, 0, 9];
+        assert_eq!(
+            EndpointKey::new(7, mac),
+            EndpointKey {
+                network: 7,
+                mac,
+                _pad: [0; 2]
+            }
+        );
+        let mut a = [0u8; 16];
+        a[..4].copy_from_slice(&[10, 0, 0, 5]);
+        assert_eq!(
+            AddrKey::v4(7, [10, 0, 0, 5]),
+            AddrKey {
+                network: 7,
+                family: addr_family::IPV4,
+                _pad: [0; 3],
+                addr: a
+            }
+        );
+        let v6 = [0x20, 1, 0xd, 0xb8, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1];
+        assert_eq!(
+            AddrKey::v6(7, &v6),
+            AddrKey {
+                network: 7,
+                family: addr_family::IPV6,
+                _pad: [0; 3],
+                addr: v6
+            }
+        );
+        assert_eq!(
+            NatKey::new([10, 0, 0, 5], [198, 51, 100, 1], 5555, 53, ip_proto::UDP),
+            NatKey {
+                src: [10, 0, 0, 5],
+                dst: [198, 51, 100, 1],
+                sport: 5555,
+                dport: 53,
+                proto: ip_proto::UDP,
+                _pad: [0; 3]
+            }
+        );
+    }
+
+    #[test]
+    fn a_reply_key_swaps_the_ends_onto_the_translation() {
+        let vm = NatKey::new([10, 0, 0, 5], [198, 51, 100, 1], 5555, 53, ip_proto::UDP);
+        let out = NatEntry {
+            addr: [192, 0, 2, 1],
+            port: 40001,
+            ..Default::default()
+        };
+        assert_eq!(
+            vm.reply_to(&out),
+            NatKey::new([198, 51, 100, 1], [192, 0, 2, 1], 53, 40001, ip_proto::UDP)
+        );
+        // ICMP echo: the reply carries the translated identifier both ways.
+        let ping = NatKey::new([10, 0, 0, 5], [198, 51, 100, 1], 77, 77, ip_proto::ICMP);
+        assert_eq!(
+            ping.reply_to(&out),
+            NatKey::new(
+                [198, 51, 100, 1],
+                [192, 0, 2, 1],
+                40001,
+                40001,
+                ip_proto::ICMP
+            )
+        );
+    }
+
+    #[test]
+    fn snat_timeouts_follow_protocol_and_state() {
+        let cfg = SnatConfig {
+            tcp_timeout: 7440,
+            tcp_closing_timeout: 240,
+            udp_timeout: 300,
+            icmp_timeout: 60,
+            ..Default::default()
+        };
+        let s = 1_000_000_000;
+        assert_eq!(cfg.timeout_ns(ip_proto::TCP, NAT_ST_OPEN), 7440 * s);
+        assert_eq!(cfg.timeout_ns(ip_proto::TCP, NAT_ST_CLOSING), 240 * s);
+        assert_eq!(cfg.timeout_ns(ip_proto::UDP, NAT_ST_OPEN), 300 * s);
+        assert_eq!(cfg.timeout_ns(ip_proto::ICMP, NAT_ST_OPEN), 60 * s);
+    }
+
+    #[test]
+    fn map_names_stay_distinct_as_bpftool_shows_them() {
+        // The kernel keeps 15 bytes of a map's name (BPF_OBJ_NAME_LEN 16
+        // with the NUL); pin files keep the whole name.
+        let shown = |n: &'static str| &n[..n.len().min(15)];
+        for (i, a) in maps::ALL.iter().enumerate() {
+            for b in &maps::ALL[i + 1..] {
+                assert_ne!(shown(a.name), shown(b.name), "{} and {}", a.name, b.name);
+            }
+        }
+    }
+}
