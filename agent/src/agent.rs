@@ -187,17 +187,15 @@ fn commit_claims(
     Ok(())
 }
 
-pub fn run(opts: &AgentOptions, shared: SharedView) -> Result<()> {
-    run_with(opts, shared, slowpath::service::stats().clone())
-}
-
-/// Runs the agent; `slow_stats` receives the slow path's message counters.
-pub fn run_with(
+/// Runs the agent: publishes what it knows into `shared` after each round;
+/// `slow_stats` receives the slow path's message counters.
+pub fn run(
     opts: &AgentOptions,
     shared: SharedView,
     slow_stats: slowpath::SharedStats,
 ) -> Result<()> {
     let mut dp = Dataplane::open(&opts.bpffs).context("opening the data path")?;
+    shared.dataplane_opened();
     let services = slowpath::Services::default();
     if let Err(e) = slowpath::start(&mut dp, &opts.bpffs, services.clone(), slow_stats) {
         error!("slow path (DHCP, DHCPv6, RA) not available: {e:#}");
@@ -215,7 +213,7 @@ pub fn run_with(
     let mut overlay = crate::overlay::Overlay::default();
     let mut migrations = crate::migration::Migrations::default();
     loop {
-        crate::api::heartbeat();
+        shared.heartbeat();
         let mut snap = config::source::read_dir(&opts.config_dir);
         crate::endpoints::add_documents(&opts.state_dir, &opts.node, &mut snap);
         if snap.empty {
@@ -359,24 +357,18 @@ pub fn run_with(
         if plan_changed || changed || learned_changed {
             // Show what is programmed, not what was attempted.
             let applied = last_plan.clone().unwrap_or_default();
-            let mut view = build_view(
-                opts,
-                &cfg,
-                &applied,
-                &last_learned_ips,
-                &shared.read().unwrap(),
-            );
+            let mut view = build_view(opts, &cfg, &applied, &last_learned_ips, &shared.view());
             if plan_changed {
                 view.reconciles += 1;
                 view.last_reconcile_seconds = started.elapsed().as_secs_f64();
-                crate::metrics::observe_reconcile(view.last_reconcile_seconds);
+                shared.observe_reconcile(view.last_reconcile_seconds);
                 view.last_reconcile_unix = unix_now();
             }
             view.ready = last_plan.is_some();
             if let Err(e) = write_status(&opts.state_dir, &view) {
                 warn!("writing status: {e:#}");
             }
-            *shared.write().unwrap() = view;
+            shared.publish(view);
         }
         accepted = cfg.attachments.iter().map(|a| a.key.clone()).collect();
         std::thread::sleep(opts.interval);

@@ -21,10 +21,9 @@ use std::{
         fs::{FileTypeExt as _, PermissionsExt as _},
         net::{UnixListener, UnixStream},
     },
-    path::{Path, PathBuf},
-    sync::atomic::{AtomicBool, AtomicU64, Ordering},
+    path::Path,
+    sync::Arc,
     thread::JoinHandle,
-    time::{Duration, Instant},
 };
 
 use anyhow::{Context as _, Result, bail};
@@ -33,38 +32,10 @@ use tracing::{info, warn};
 use vmpath_common::{PortStats, drop_reason};
 
 use crate::{
-    clock,
     config::ConfigError,
-    dataplane::Maps,
-    view::{AttachmentView, NetworkView, SharedView, View},
+    snapshot::{Observer, Snapshot},
+    view::{AttachmentView, NetworkView, View, state},
 };
-
-/// Where an attachment stands as seen from this node.
-pub mod state {
-    /// Runs here and its port is programmed.
-    pub const LOCAL: &str = "local";
-    /// Runs on another node.
-    pub const REMOTE: &str = "remote";
-    /// Should run here, but its port does not exist (yet).
-    pub const MISSING_PORT: &str = "missing_port";
-    /// A migration is pending (target known, cut-over not signalled).
-    pub const MIGRATING: &str = "migrating";
-    pub const ALL: [&str; 4] = [LOCAL, REMOTE, MISSING_PORT, MIGRATING];
-}
-
-/// The state of `a` on the node of `view`. Exclusive: a pending migration
-/// counts as `migrating` whichever side this node is.
-pub fn state_of(view: &View, a: &AttachmentView) -> &'static str {
-    if a.migration == "pending" {
-        state::MIGRATING
-    } else if a.node != view.node {
-        state::REMOTE
-    } else if a.ifindex.is_some() {
-        state::LOCAL
-    } else {
-        state::MISSING_PORT
-    }
-}
 
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Counts {
@@ -86,7 +57,7 @@ impl Counts {
             ..Default::default()
         };
         for a in &view.attachments {
-            match state_of(view, a) {
+            match view.state_of(a) {
                 state::LOCAL => c.local += 1,
                 state::REMOTE => c.remote += 1,
                 state::MISSING_PORT => c.missing_ports += 1,
@@ -146,7 +117,7 @@ impl VmRow {
     fn of(view: &View, a: &AttachmentView) -> Self {
         VmRow {
             attachment: a.clone(),
-            state: state_of(view, a).to_string(),
+            state: view.state_of(a).to_string(),
         }
     }
 }
@@ -212,66 +183,12 @@ pub struct ApiError {
 }
 
 /// Drop counters by reason name.
-pub fn drops_by_name(maps: &Maps) -> Result<BTreeMap<String, u64>> {
-    let counts = maps.drop_counts()?;
-    Ok(drop_reason::NAMES
+pub fn drops_by_name(counts: &[u64]) -> BTreeMap<String, u64> {
+    drop_reason::NAMES
         .iter()
         .zip(counts)
-        .map(|(name, n)| (name.to_string(), n))
-        .collect())
-}
-
-// --- liveness ---------------------------------------------------------------
-
-static LOOP_EXITED: AtomicBool = AtomicBool::new(false);
-static LAST_HEARTBEAT_MS: AtomicU64 = AtomicU64::new(0);
-
-/// Called by the reconcile loop on every round (optional: without any
-/// heartbeat, liveness rests on the loop thread running and the shared view
-/// being lockable).
-pub fn heartbeat() {
-    LAST_HEARTBEAT_MS.store(clock::unix_now_ms(), Ordering::Relaxed);
-}
-
-/// Marks the reconcile loop as gone (it returned or panicked).
-pub fn loop_exited() {
-    LOOP_EXITED.store(true, Ordering::Relaxed);
-}
-
-/// A heartbeat older than this means the loop is stuck.
-const HEARTBEAT_STALE: Duration = Duration::from_secs(60);
-
-fn alive(shared: &SharedView) -> std::result::Result<(), String> {
-    if LOOP_EXITED.load(Ordering::Relaxed) {
-        return Err("the reconcile loop has exited".into());
-    }
-    let beat = LAST_HEARTBEAT_MS.load(Ordering::Relaxed);
-    if beat != 0 {
-        let now = clock::unix_now() * 1000;
-        if now.saturating_sub(beat) > HEARTBEAT_STALE.as_millis() as u64 + 1000 {
-            return Err(format!(
-                "no reconcile round for {} s",
-                now.saturating_sub(beat) / 1000
-            ));
-        }
-    }
-    // The loop holds the write lock only to swap in a new view: if it cannot
-    // be had for seconds, the loop is stuck; if it is poisoned, it panicked.
-    let deadline = Instant::now() + Duration::from_secs(2);
-    loop {
-        match shared.try_read() {
-            Ok(_) => return Ok(()),
-            Err(std::sync::TryLockError::Poisoned(_)) => {
-                return Err("the reconcile loop panicked".into());
-            }
-            Err(std::sync::TryLockError::WouldBlock) if Instant::now() < deadline => {
-                std::thread::sleep(Duration::from_millis(10));
-            }
-            Err(std::sync::TryLockError::WouldBlock) => {
-                return Err("the agent's state stayed locked for 2 s".into());
-            }
-        }
-    }
+        .map(|(name, n)| (name.to_string(), *n))
+        .collect()
 }
 
 // --- routing ----------------------------------------------------------------
@@ -297,16 +214,8 @@ fn error(code: u16, message: String) -> Reply {
     }
 }
 
-/// The snapshot a request works on (a clone: the lock is held briefly).
-fn snapshot(shared: &SharedView) -> View {
-    match shared.read() {
-        Ok(v) => v.clone(),
-        Err(poisoned) => poisoned.into_inner().clone(),
-    }
-}
-
 /// Answers one GET. Public so it can be tested without a socket.
-pub fn route(shared: &SharedView, bpffs: &Path, path: &str) -> Reply {
+pub fn route(observer: &Observer, path: &str) -> Reply {
     let path = path.split(['?', '#']).next().unwrap_or("");
     let path = if path.len() > 1 {
         path.trim_end_matches('/')
@@ -320,27 +229,26 @@ pub fn route(shared: &SharedView, bpffs: &Path, path: &str) -> Reply {
         .collect();
     let parts: Vec<&str> = decoded.iter().map(String::as_str).collect();
     match parts.as_slice() {
-        ["healthz"] => match alive(shared) {
+        ["healthz"] => match observer.published().alive() {
             Ok(()) => json(200, &serde_json::json!({"alive": true})),
             Err(e) => error(503, e),
         },
         ["readyz"] => {
-            let view = snapshot(shared);
-            if view.ready {
+            if observer.view().ready {
                 json(200, &serde_json::json!({"ready": true}))
             } else {
                 error(503, "not ready: the data path is not programmed yet".into())
             }
         }
-        ["v1", "status"] => json(200, &status(&snapshot(shared), bpffs)),
+        ["v1", "status"] => json(200, &status(&observer.snapshot())),
         ["v1", "networks"] => json(
             200,
             &NetworkList {
-                networks: snapshot(shared).networks,
+                networks: observer.view().networks,
             },
         ),
         ["v1", "networks", name] => {
-            let view = snapshot(shared);
+            let view = observer.view();
             match view.networks.iter().find(|n| n.name == *name) {
                 Some(n) => json(
                     200,
@@ -358,7 +266,7 @@ pub fn route(shared: &SharedView, bpffs: &Path, path: &str) -> Reply {
             }
         }
         ["v1", "vms"] => {
-            let view = snapshot(shared);
+            let view = observer.view();
             json(
                 200,
                 &VmList {
@@ -371,35 +279,24 @@ pub fn route(shared: &SharedView, bpffs: &Path, path: &str) -> Reply {
             )
         }
         ["v1", "vms", namespace, vm] => {
-            let view = snapshot(shared);
+            let snap = observer.snapshot();
+            let view = &snap.view;
             let attachments: Vec<&AttachmentView> = view.attachments_of_vm(namespace, vm).collect();
             if attachments.is_empty() {
                 return error(404, format!("no VM {namespace}/{vm}"));
             }
-            let maps = if attachments.iter().any(|a| a.ifindex.is_some()) {
-                Maps::open(bpffs).ok()
-            } else {
-                None
-            };
             let interfaces = attachments
                 .into_iter()
                 .map(|a| {
-                    let state = state_of(&view, a);
-                    let counters = match (state, a.ifindex, &maps) {
-                        (state::LOCAL, Some(ifindex), Some(maps)) => maps
-                            .port_stats(ifindex)
-                            .ok()
-                            .flatten()
-                            .map(PortCounters::from),
+                    let state = view.state_of(a);
+                    let counters = match (state, a.ifindex, &snap.dataplane) {
+                        (state::LOCAL, Some(ifindex), Ok(dp)) => {
+                            dp.ports.get(&ifindex).copied().map(PortCounters::from)
+                        }
                         _ => None,
                     };
                     let key = format!("{}/{}/{}", a.namespace, a.vm, a.interface);
-                    let dhcp = crate::slowpath::service::stats()
-                        .lock()
-                        .unwrap()
-                        .ports
-                        .get(&key)
-                        .cloned();
+                    let dhcp = snap.slow.ports.get(&key).cloned();
                     InterfaceDetail {
                         attachment: a.clone(),
                         state: state.to_string(),
@@ -443,10 +340,11 @@ fn decode(segment: &str) -> String {
     String::from_utf8_lossy(&out).into_owned()
 }
 
-fn status(view: &View, bpffs: &Path) -> Status {
-    let (drops, dataplane_error) = match Maps::open(bpffs).and_then(|m| drops_by_name(&m)) {
-        Ok(d) => (Some(d), None),
-        Err(e) => (None, Some(format!("{e:#}"))),
+fn status(snap: &Snapshot) -> Status {
+    let view = &snap.view;
+    let (drops, dataplane_error) = match snap.dataplane.as_ref().map(|dp| &dp.drops) {
+        Ok(Ok(counts)) => (Some(drops_by_name(counts)), None),
+        Ok(Err(e)) | Err(e) => (None, Some(e.clone())),
     };
     Status {
         node: view.node.clone(),
@@ -508,7 +406,7 @@ pub fn bind(path: &Path) -> Result<UnixListener> {
 }
 
 /// Serves the API on `socket` in its own thread.
-pub fn serve(socket: &Path, shared: SharedView, bpffs: PathBuf) -> Result<JoinHandle<()>> {
+pub fn serve(socket: &Path, observer: Arc<Observer>) -> Result<JoinHandle<()>> {
     let listener = bind(socket)?;
     let server = tiny_http::Server::from_listener(listener, None)
         .map_err(|e| anyhow::anyhow!("starting the API server: {e}"))?;
@@ -527,7 +425,7 @@ pub fn serve(socket: &Path, shared: SharedView, bpffs: PathBuf) -> Result<JoinHa
                     continue;
                 }
                 let reply = if *request.method() == tiny_http::Method::Get {
-                    route(&shared, &bpffs, request.url())
+                    route(&observer, request.url())
                 } else {
                     error(405, format!("method {} not allowed", request.method()))
                 };
@@ -545,5 +443,122 @@ pub(crate) fn respond(request: tiny_http::Request, reply: Reply) {
         .with_header(header);
     if let Err(e) = request.respond(response) {
         warn!("answering an API request: {e}");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::*;
+    use crate::{
+        slowpath::{Counters, SharedStats},
+        view::{Published, sample},
+    };
+
+    /// An observer over the sample view; its bpffs does not exist, so the
+    /// pinned maps cannot be read.
+    fn observer() -> Observer {
+        let view = sample::view();
+        let bpffs = view.bpffs.clone().into();
+        let slow = SharedStats::default();
+        slow.lock().unwrap().ports.insert(
+            "prod/vm1/eth0".into(),
+            Counters {
+                received: [("discover".to_string(), 2)].into(),
+                ..Default::default()
+            },
+        );
+        Observer::new(Arc::new(Published::new(view)), slow, bpffs)
+    }
+
+    fn get(path: &str) -> (u16, serde_json::Value) {
+        let reply = route(&observer(), path);
+        (reply.code, serde_json::from_str(&reply.body).unwrap())
+    }
+
+    #[test]
+    fn status_counts_each_state_and_says_why_drops_are_missing() {
+        let (code, body) = get("/v1/status");
+        assert_eq!(code, 200);
+        let status: Status = serde_json::from_value(body).unwrap();
+        assert_eq!(
+            status.counts,
+            Counts {
+                networks: 1,
+                attachments: 4,
+                local: 1,
+                remote: 1,
+                missing_ports: 1,
+                migrating: 1,
+                config_errors: 1,
+            }
+        );
+        assert!(status.ready);
+        assert_eq!(status.drops, None);
+        assert!(status.dataplane_error.is_some_and(|e| !e.is_empty()));
+    }
+
+    #[test]
+    fn probes_answer_by_readiness_and_liveness() {
+        let o = observer();
+        assert_eq!(route(&o, "/healthz").code, 200);
+        assert_eq!(route(&o, "/readyz").code, 200);
+        o.published().publish(View::default());
+        let reply = route(&o, "/readyz");
+        assert_eq!(reply.code, 503);
+        assert!(reply.body.contains("not ready"), "{}", reply.body);
+        o.published().loop_exited();
+        assert_eq!(route(&o, "/healthz").code, 503);
+    }
+
+    #[test]
+    fn a_vm_shows_its_interfaces_state_and_slow_path_counters() {
+        let (code, body) = get("/v1/vms/prod/vm1/");
+        assert_eq!(code, 200);
+        let d: VmDetail = serde_json::from_value(body).unwrap();
+        assert_eq!((d.namespace.as_str(), d.vm.as_str()), ("prod", "vm1"));
+        assert_eq!(d.interfaces.len(), 1);
+        let i = &d.interfaces[0];
+        assert_eq!(i.state, state::LOCAL);
+        // No pinned maps here: no counters, but the slow path's are shown.
+        assert_eq!(i.counters, None);
+        assert_eq!(i.dhcp.as_ref().unwrap().received["discover"], 2);
+    }
+
+    #[test]
+    fn lists_and_one_network_carry_each_row_state() {
+        let (code, body) = get("/v1/vms");
+        assert_eq!(code, 200);
+        let list: VmList = serde_json::from_value(body).unwrap();
+        let states: Vec<&str> = list.interfaces.iter().map(|r| r.state.as_str()).collect();
+        assert_eq!(states, ["local", "remote", "missing_port", "migrating"]);
+        let (code, body) = get("/v1/networks/blue?x=1");
+        assert_eq!(code, 200);
+        let net: NetworkDetail = serde_json::from_value(body).unwrap();
+        assert_eq!(net.network.id, 100);
+        assert_eq!(net.interfaces.len(), 4);
+        let (_, body) = get("/v1/networks");
+        assert_eq!(body["networks"][0]["name"], "blue");
+    }
+
+    #[test]
+    fn unknown_names_and_paths_are_404_with_an_error_body() {
+        for (path, message) in [
+            ("/v1/networks/red", "no network named \"red\""),
+            ("/v1/vms/prod/vm%20x", "no VM prod/vm x"),
+            ("/v2/status", "no such endpoint: /v2/status"),
+        ] {
+            let (code, body) = get(path);
+            assert_eq!(code, 404, "{path}");
+            assert_eq!(body["error"], message, "{path}");
+        }
+    }
+
+    #[test]
+    fn percent_decoding_keeps_what_is_not_an_escape() {
+        assert_eq!(decode("a%2Fb"), "a/b");
+        assert_eq!(decode("100%"), "100%");
+        assert_eq!(decode("%zz"), "%zz");
     }
 }

@@ -542,3 +542,145 @@ fn encode(s: &str) -> String {
     }
     out
 }
+
+#[cfg(test)]
+mod tests {
+    use std::{collections::BTreeMap, sync::Arc};
+
+    use super::*;
+    use crate::{
+        api::{self, PortCounters},
+        snapshot::Observer,
+        view::{Published, sample},
+    };
+
+    /// What the API answers at `path` over the sample view (no pinned maps).
+    fn answer<T: DeserializeOwned>(path: &str) -> T {
+        let view = sample::view();
+        let bpffs = view.bpffs.clone().into();
+        let observer = Observer::new(Arc::new(Published::new(view)), Default::default(), bpffs);
+        let reply = api::route(&observer, path);
+        assert_eq!(reply.code, 200, "{}", reply.body);
+        serde_json::from_str(&reply.body).unwrap()
+    }
+
+    #[test]
+    fn status_text_shows_counts_refusals_missing_ports_and_why_no_drops() {
+        let text = format_status(&answer("/v1/status"));
+        for line in [
+            "node:           a",
+            "ready:          yes",
+            "networks:       1",
+            "interfaces:     4 (local 1, remote 1, missing port 1, migrating 1)",
+            "config errors:  1",
+            "  /etc/vmpath/bad.yaml: Attachment prod/vm9: field spec.mac: \"zz\" is not a MAC address (six hex bytes)",
+            "missing ports:",
+            "  prod/vm3/eth0 (port p-vm3)",
+        ] {
+            assert!(
+                text.lines().any(|l| l == line),
+                "no line {line:?} in\n{text}"
+            );
+        }
+        assert!(
+            text.contains("reconciles:     3 (last took 2.0 ms, "),
+            "{text}"
+        );
+        assert!(
+            text.lines()
+                .any(|l| l.starts_with("drops:          unreadable: ")),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn drops_list_only_reasons_that_happened_aligned() {
+        let mut status: Status = answer("/v1/status");
+        status.dataplane_error = None;
+        status.drops = Some(BTreeMap::from([
+            ("mac_spoof".to_string(), 3),
+            ("no_port".to_string(), 0),
+            ("ip_spoof_v6".to_string(), 12),
+        ]));
+        let text = format_status(&status);
+        assert!(
+            text.ends_with("drops:\n  ip_spoof_v6  12\n  mac_spoof    3\n"),
+            "{text}"
+        );
+        status.drops = Some(BTreeMap::from([("no_port".to_string(), 0)]));
+        assert!(format_status(&status).ends_with("drops:          none\n"));
+    }
+
+    #[test]
+    fn vm_table_has_one_aligned_row_per_interface() {
+        let list: VmList = answer("/v1/vms");
+        let text = vm_table(&list.interfaces);
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(lines.len(), 5, "{text}");
+        assert!(
+            lines[0].starts_with("VM        INTERFACE  NETWORK  MAC"),
+            "{text}"
+        );
+        assert!(
+            lines[1].starts_with(
+                "prod/vm1  eth0       blue     52:54:00:00:00:01  10.20.0.5/16  a     p-vm1  local"
+            ),
+            "{text}"
+        );
+        assert!(lines[4].ends_with("migrating     pending"), "{text}");
+    }
+
+    #[test]
+    fn interface_text_says_what_is_not_known() {
+        let mut vm: VmDetail = answer("/v1/vms/prod/vm1");
+        let text = format_vm(&vm);
+        assert!(
+            text.starts_with("VM prod/vm1\n  interface eth0 (network blue, attachment vm1)\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("    mac:        52:54:00:00:00:01 (given)\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("    ips:        10.20.0.5/16 (claimed)\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("    port:       p-vm1 (ifindex 11)\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("    counters:   none (port not programmed on this node)\n"),
+            "{text}"
+        );
+        let i = &mut vm.interfaces[0];
+        i.attachment.mac = None;
+        i.counters = Some(PortCounters {
+            rx_packets: 1,
+            rx_bytes: 60,
+            tx_packets: 2,
+            tx_bytes: 120,
+            drops: 0,
+            gateway_replies: 1,
+        });
+        let text = format_vm(&vm);
+        assert!(text.contains("    mac:        not known yet\n"), "{text}");
+        assert!(
+            text.contains("    counters:   rx 1 packets / 60 bytes, tx 2 packets / 120 bytes, drops 0, gateway replies 1\n"),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn small_formats() {
+        assert_eq!(seconds(0.0025), "2.5 ms");
+        assert_eq!(seconds(1.5), "1.50 s");
+        assert_eq!(encode("prod/vm 1"), "prod%2Fvm%201");
+        assert_eq!(encode("web-1.a_b~"), "web-1.a_b~");
+        assert_eq!(
+            table(&["A", "BB"], &[vec!["xyz".into(), String::new()]]),
+            "A    BB\nxyz  -\n"
+        );
+    }
+}

@@ -17,6 +17,7 @@ pub mod plan;
 pub mod resolved;
 pub mod routes;
 pub mod slowpath;
+pub mod snapshot;
 pub mod snat;
 pub mod store;
 pub mod view;

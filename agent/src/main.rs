@@ -1,8 +1,8 @@
-use std::{path::PathBuf, time::Duration};
+use std::{path::PathBuf, sync::Arc, time::Duration};
 
 use anyhow::Result;
 use clap::{Parser, Subcommand};
-use vmpath::{agent, api, cli, dataplane, metrics, view};
+use vmpath::{agent, api, cli, dataplane, metrics, slowpath, snapshot::Observer, view};
 
 #[derive(Parser)]
 #[command(
@@ -137,18 +137,24 @@ fn main() -> Result<()> {
             } else {
                 args.node
             };
-            let shared = view::SharedView::default();
-            {
-                let mut v = shared.write().unwrap();
-                v.node = node.clone();
-                v.bpffs = args.bpffs.display().to_string();
-                v.config_dir = args.config_dir.display().to_string();
-            }
+            let shared = Arc::new(view::Published::new(view::View {
+                node: node.clone(),
+                bpffs: args.bpffs.display().to_string(),
+                config_dir: args.config_dir.display().to_string(),
+                ..Default::default()
+            }));
+            let slow_stats = slowpath::SharedStats::default();
+            // The API and metrics read through one observer.
+            let observer = Arc::new(Observer::new(
+                shared.clone(),
+                slow_stats.clone(),
+                args.bpffs.clone(),
+            ));
             // The API first: it is bound before any other thread exists (it
             // sets the umask around bind).
-            api::serve(&args.api_socket, shared.clone(), args.bpffs.clone())?;
+            api::serve(&args.api_socket, observer.clone())?;
             if !args.metrics_addr.is_empty() && args.metrics_addr != "off" {
-                metrics::serve(&args.metrics_addr, shared.clone(), args.bpffs.clone())?;
+                metrics::serve(&args.metrics_addr, observer)?;
             }
             let result = agent::run(
                 &agent::AgentOptions {
@@ -159,10 +165,11 @@ fn main() -> Result<()> {
                     interval: Duration::from_millis(args.interval_ms),
                     uplink: args.uplink,
                 },
-                shared,
+                shared.clone(),
+                slow_stats,
             );
             // Liveness fails from here on, should anything keep the process up.
-            api::loop_exited();
+            shared.loop_exited();
             result
         }
     }

@@ -1,308 +1,448 @@
 //! Prometheus metrics on `--metrics-addr` (HTTP, `GET /metrics`, text
-//! format). Everything but the reconcile histogram is read at scrape time
-//! from the agent's [`View`] and the pinned maps, so the numbers are the
-//! kernel's own and survive agent restarts (per-CPU counters are summed).
+//! format). [`AgentCollector`] is registered once; at each scrape it turns
+//! one [`Snapshot`] (the agent's view, the pinned maps' counters, the slow
+//! path's) into metric families, so the numbers are the kernel's own and
+//! survive agent restarts (per-CPU counters are summed). The reconcile
+//! histogram is the one the loop observes into.
 
-use std::{
-    path::{Path, PathBuf},
-    sync::OnceLock,
-    thread::JoinHandle,
-};
+use std::{collections::BTreeSet, sync::Arc, thread::JoinHandle};
 
 use anyhow::{Result, anyhow};
 use prometheus::{
-    Encoder as _, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts,
-    Registry, TextEncoder,
+    Encoder as _, Registry, TextEncoder,
+    core::{Collector, Desc},
+    proto::{Counter, Gauge, LabelPair, Metric, MetricFamily, MetricType},
 };
 use tracing::{info, warn};
-use vmpath_common::drop_reason;
+use vmpath_common::{PortStats, drop_reason};
 
 use crate::{
-    api::{self, state},
-    dataplane::Maps,
-    view::{SharedView, View},
+    slowpath::Counters,
+    snapshot::{Observer, Snapshot},
+    view::state,
 };
 
-fn reconcile_histogram() -> &'static Histogram {
-    static H: OnceLock<Histogram> = OnceLock::new();
-    H.get_or_init(|| {
-        Histogram::with_opts(
-            HistogramOpts::new(
-                "vmpath_reconcile_duration_seconds",
-                "Time to plan and program the data path, per reconcile round that changed it.",
-            )
-            .buckets(vec![
-                0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
-            ]),
-        )
-        .expect("a valid histogram")
-    })
-}
-
-/// Records one reconcile round's duration.
-pub fn observe_reconcile(seconds: f64) {
-    reconcile_histogram().observe(seconds);
-}
+/// Reads one counter of a port.
+type PortCounter = fn(&PortStats) -> u64;
 
 const PORT_LABELS: [&str; 5] = ["network", "namespace", "vm", "interface", "port"];
 
-fn counter_vec(r: &Registry, name: &str, help: &str, labels: &[&str]) -> Result<IntCounterVec> {
-    let c = IntCounterVec::new(Opts::new(name, help), labels)?;
-    r.register(Box::new(c.clone()))?;
-    Ok(c)
+/// One family's name, help, type and label names.
+struct Family {
+    name: &'static str,
+    help: &'static str,
+    kind: MetricType,
+    labels: &'static [&'static str],
 }
 
-fn gauge_vec(r: &Registry, name: &str, help: &str, labels: &[&str]) -> Result<IntGaugeVec> {
-    let g = IntGaugeVec::new(Opts::new(name, help), labels)?;
-    r.register(Box::new(g.clone()))?;
-    Ok(g)
+const fn family(
+    name: &'static str,
+    help: &'static str,
+    kind: MetricType,
+    labels: &'static [&'static str],
+) -> Family {
+    Family {
+        name,
+        help,
+        kind,
+        labels,
+    }
 }
 
-fn gauge(r: &Registry, name: &str, help: &str) -> Result<IntGauge> {
-    let g = IntGauge::new(name, help)?;
-    r.register(Box::new(g.clone()))?;
-    Ok(g)
+const GAUGE: MetricType = MetricType::GAUGE;
+const COUNTER: MetricType = MetricType::COUNTER;
+
+const READY: Family = family(
+    "vmpath_ready",
+    "1 once the data path has been programmed from the config.",
+    GAUGE,
+    &[],
+);
+const DATAPLANE_UP: Family = family(
+    "vmpath_dataplane_up",
+    "1 when the pinned maps could be read for this scrape.",
+    GAUGE,
+    &[],
+);
+const NETWORKS: Family = family(
+    "vmpath_networks",
+    "Valid networks in the config.",
+    GAUGE,
+    &[],
+);
+const ATTACHMENTS: Family = family(
+    "vmpath_attachments",
+    "Valid attachments by state as seen from this node: local (port programmed here), remote (on another node), missing_port (belongs here, port absent), migrating (migration pending).",
+    GAUGE,
+    &["state"],
+);
+const CONFIG_ERRORS: Family = family(
+    "vmpath_config_errors",
+    "Config documents currently refused (see vmpath_config_error_info).",
+    GAUGE,
+    &[],
+);
+const CONFIG_ERROR_INFO: Family = family(
+    "vmpath_config_error_info",
+    "One series per refused config document: its file, document and field.",
+    GAUGE,
+    &["file", "document", "field"],
+);
+const RECONCILES: Family = family(
+    "vmpath_reconciles_total",
+    "Reconcile rounds that changed the data path since the agent started.",
+    COUNTER,
+    &[],
+);
+const DHCP: Family = family(
+    "vmpath_dhcp_messages_total",
+    "Slow-path messages (DHCPv4, DHCPv6, router solicitations) by network, kind and outcome (received, replied, dropped).",
+    COUNTER,
+    &["network", "kind", "outcome"],
+);
+const PORT_DHCP: Family = family(
+    "vmpath_port_dhcp_messages_total",
+    "Slow-path messages per VM interface (namespace/vm/interface), by kind and outcome.",
+    COUNTER,
+    &["vm_interface", "kind", "outcome"],
+);
+const DROPS: Family = family(
+    "vmpath_drops_total",
+    "Frames the data path dropped, by reason (all ports).",
+    COUNTER,
+    &["reason"],
+);
+const PORT_RX_PACKETS: Family = family(
+    "vmpath_port_rx_packets_total",
+    "Frames the VM sent into the data path.",
+    COUNTER,
+    &PORT_LABELS,
+);
+const PORT_RX_BYTES: Family = family(
+    "vmpath_port_rx_bytes_total",
+    "Bytes the VM sent into the data path.",
+    COUNTER,
+    &PORT_LABELS,
+);
+const PORT_TX_PACKETS: Family = family(
+    "vmpath_port_tx_packets_total",
+    "Frames the data path delivered to the VM.",
+    COUNTER,
+    &PORT_LABELS,
+);
+const PORT_TX_BYTES: Family = family(
+    "vmpath_port_tx_bytes_total",
+    "Bytes the data path delivered to the VM.",
+    COUNTER,
+    &PORT_LABELS,
+);
+const PORT_DROPS: Family = family(
+    "vmpath_port_drops_total",
+    "Frames from the VM the data path dropped.",
+    COUNTER,
+    &PORT_LABELS,
+);
+const PORT_GATEWAY_REPLIES: Family = family(
+    "vmpath_port_gateway_replies_total",
+    "ARP, ND and echo requests the gateway answered in place.",
+    COUNTER,
+    &PORT_LABELS,
+);
+const OVERLAY_PACKETS: Family = family(
+    "vmpath_overlay_packets_total",
+    "Frames sent to (tx) and received from (rx) other nodes over VXLAN.",
+    COUNTER,
+    &["direction"],
+);
+const OVERLAY_BYTES: Family = family(
+    "vmpath_overlay_bytes_total",
+    "Bytes sent to (tx) and received from (rx) other nodes over VXLAN.",
+    COUNTER,
+    &["direction"],
+);
+const OVERLAY_DROPS: Family = family(
+    "vmpath_overlay_drops_total",
+    "Overlay frames dropped (see vmpath_drops_total for reasons).",
+    COUNTER,
+    &[],
+);
+const OVERLAY_LEARNED_MACS: Family = family(
+    "vmpath_overlay_learned_macs",
+    "Remote VM MACs learned from the overlay (vmp_remote_learned): unicast to them goes to their node only.",
+    GAUGE,
+    &[],
+);
+
+/// Every family the collector produces, the reconcile histogram aside.
+const FAMILIES: [&Family; 20] = [
+    &READY,
+    &DATAPLANE_UP,
+    &NETWORKS,
+    &ATTACHMENTS,
+    &CONFIG_ERRORS,
+    &CONFIG_ERROR_INFO,
+    &RECONCILES,
+    &DHCP,
+    &PORT_DHCP,
+    &DROPS,
+    &PORT_RX_PACKETS,
+    &PORT_RX_BYTES,
+    &PORT_TX_PACKETS,
+    &PORT_TX_BYTES,
+    &PORT_DROPS,
+    &PORT_GATEWAY_REPLIES,
+    &OVERLAY_PACKETS,
+    &OVERLAY_BYTES,
+    &OVERLAY_DROPS,
+    &OVERLAY_LEARNED_MACS,
+];
+
+/// The samples of one family, built during a scrape.
+struct Samples<'f> {
+    family: &'f Family,
+    metrics: Vec<Metric>,
 }
 
-/// Renders every metric in the text exposition format. `maps` is `None`
-/// when the pinned maps cannot be opened (then only the view's metrics and
-/// `vmpath_dataplane_up 0` are shown).
-pub fn render(view: &View, maps: Option<&Maps>) -> Result<String> {
-    let r = Registry::new();
+impl<'f> Samples<'f> {
+    fn of(family: &'f Family) -> Self {
+        Samples {
+            family,
+            metrics: Vec::new(),
+        }
+    }
 
-    gauge(
-        &r,
-        "vmpath_ready",
-        "1 once the data path has been programmed from the config.",
-    )?
-    .set(view.ready as i64);
-    gauge(
-        &r,
-        "vmpath_dataplane_up",
-        "1 when the pinned maps could be read for this scrape.",
-    )?
-    .set(maps.is_some() as i64);
-    gauge(&r, "vmpath_networks", "Valid networks in the config.")?.set(view.networks.len() as i64);
+    /// One series; `values` match the family's label names in order.
+    fn add(&mut self, values: &[&str], value: f64) {
+        debug_assert_eq!(values.len(), self.family.labels.len());
+        // The text format shows labels as the crate's own vectors do:
+        // sorted by name.
+        let mut pairs: Vec<LabelPair> = self
+            .family
+            .labels
+            .iter()
+            .zip(values)
+            .map(|(name, value)| {
+                let mut pair = LabelPair::default();
+                pair.set_name(name.to_string());
+                pair.set_value(value.to_string());
+                pair
+            })
+            .collect();
+        pairs.sort_by(|a, b| a.name().cmp(b.name()));
+        let mut m = Metric::default();
+        m.set_label(pairs);
+        if self.family.kind == MetricType::COUNTER {
+            let mut c = Counter::default();
+            c.set_value(value);
+            m.set_counter(c);
+        } else {
+            let mut g = Gauge::default();
+            g.set_value(value);
+            m.set_gauge(g);
+        }
+        self.metrics.push(m);
+    }
 
-    let attachments = gauge_vec(
-        &r,
-        "vmpath_attachments",
-        "Valid attachments by state as seen from this node: local (port programmed here), remote (on another node), missing_port (belongs here, port absent), migrating (migration pending).",
-        &["state"],
-    )?;
+    fn one(family: &'f Family, value: f64) -> Self {
+        let mut s = Samples::of(family);
+        s.add(&[], value);
+        s
+    }
+
+    fn done(self) -> MetricFamily {
+        let mut mf = MetricFamily::default();
+        mf.set_name(self.family.name.to_string());
+        mf.set_help(self.family.help.to_string());
+        mf.set_field_type(self.family.kind);
+        mf.set_metric(self.metrics);
+        mf
+    }
+}
+
+/// The agent's metrics, produced from one snapshot per scrape.
+pub struct AgentCollector {
+    observer: Arc<Observer>,
+    descs: Vec<Desc>,
+}
+
+impl AgentCollector {
+    pub fn new(observer: Arc<Observer>) -> Result<Self> {
+        let mut descs = Vec::with_capacity(FAMILIES.len());
+        for f in FAMILIES {
+            let labels = f.labels.iter().map(|l| l.to_string()).collect();
+            descs.push(Desc::new(
+                f.name.to_string(),
+                f.help.to_string(),
+                labels,
+                Default::default(),
+            )?);
+        }
+        descs.extend(
+            observer
+                .published()
+                .reconcile_seconds()
+                .desc()
+                .into_iter()
+                .cloned(),
+        );
+        Ok(AgentCollector { observer, descs })
+    }
+}
+
+impl Collector for AgentCollector {
+    fn desc(&self) -> Vec<&Desc> {
+        self.descs.iter().collect()
+    }
+
+    fn collect(&self) -> Vec<MetricFamily> {
+        let mut families = families(&self.observer.snapshot());
+        families.extend(self.observer.published().reconcile_seconds().collect());
+        families
+    }
+}
+
+/// The families of one snapshot (the reconcile histogram aside). A family
+/// without samples is left out.
+pub fn families(snap: &Snapshot) -> Vec<MetricFamily> {
+    let view = &snap.view;
+    let mut out = vec![
+        Samples::one(&READY, f64::from(u8::from(view.ready))),
+        Samples::one(&DATAPLANE_UP, f64::from(u8::from(snap.dataplane.is_ok()))),
+        Samples::one(&NETWORKS, view.networks.len() as f64),
+    ];
+
+    let mut attachments = Samples::of(&ATTACHMENTS);
     for s in state::ALL {
-        attachments.with_label_values(&[s]).set(0);
+        let n = view
+            .attachments
+            .iter()
+            .filter(|a| view.state_of(a) == s)
+            .count();
+        attachments.add(&[s], n as f64);
     }
-    for a in &view.attachments {
-        attachments
-            .with_label_values(&[api::state_of(view, a)])
-            .inc();
+    out.push(attachments);
+
+    out.push(Samples::one(
+        &CONFIG_ERRORS,
+        view.config_errors.len() as f64,
+    ));
+    let mut info = Samples::of(&CONFIG_ERROR_INFO);
+    // One series per file, document and field, however many refusals.
+    let refused: BTreeSet<(String, &str, &str)> = view
+        .config_errors
+        .iter()
+        .map(|e| {
+            (
+                e.file.display().to_string(),
+                e.document.as_str(),
+                e.field.as_str(),
+            )
+        })
+        .collect();
+    for (file, document, field) in &refused {
+        info.add(&[file, document, field], 1.0);
     }
+    out.push(info);
+    out.push(Samples::one(&RECONCILES, view.reconciles as f64));
 
-    gauge(
-        &r,
-        "vmpath_config_errors",
-        "Config documents currently refused (see vmpath_config_error_info).",
-    )?
-    .set(view.config_errors.len() as i64);
-    let info = gauge_vec(
-        &r,
-        "vmpath_config_error_info",
-        "One series per refused config document: its file, document and field.",
-        &["file", "document", "field"],
-    )?;
-    for e in &view.config_errors {
-        info.with_label_values(&[
-            e.file.display().to_string().as_str(),
-            e.document.as_str(),
-            e.field.as_str(),
-        ])
-        .set(1);
-    }
-
-    let reconciles = IntCounter::new(
-        "vmpath_reconciles_total",
-        "Reconcile rounds that changed the data path since the agent started.",
-    )?;
-    reconciles.inc_by(view.reconciles);
-    r.register(Box::new(reconciles))?;
-    r.register(Box::new(reconcile_histogram().clone()))?;
-
-    let dhcp = counter_vec(
-        &r,
-        "vmpath_dhcp_messages_total",
-        "Slow-path messages (DHCPv4, DHCPv6, router solicitations) by network, kind and outcome (received, replied, dropped).",
-        &["network", "kind", "outcome"],
-    )?;
-    let dhcp_ports = counter_vec(
-        &r,
-        "vmpath_port_dhcp_messages_total",
-        "Slow-path messages per VM interface (namespace/vm/interface), by kind and outcome.",
-        &["vm_interface", "kind", "outcome"],
-    )?;
-    {
-        let stats = crate::slowpath::service::stats().lock().unwrap();
-        let outcomes = |c: &crate::slowpath::Counters| {
-            [
-                ("received", c.received.clone()),
-                ("replied", c.replied.clone()),
-                ("dropped", c.dropped.clone()),
-            ]
-        };
-        for (net, c) in &stats.networks {
-            for (outcome, by_kind) in outcomes(c) {
-                for (kind, n) in by_kind {
-                    dhcp.with_label_values(&[net.as_str(), kind.as_str(), outcome])
-                        .inc_by(n);
-                }
-            }
-        }
-        for (port, c) in &stats.ports {
-            for (outcome, by_kind) in outcomes(c) {
-                for (kind, n) in by_kind {
-                    dhcp_ports
-                        .with_label_values(&[port.as_str(), kind.as_str(), outcome])
-                        .inc_by(n);
-                }
+    let outcomes = |c: &Counters| {
+        [
+            ("received", c.received.clone()),
+            ("replied", c.replied.clone()),
+            ("dropped", c.dropped.clone()),
+        ]
+    };
+    let mut dhcp = Samples::of(&DHCP);
+    for (net, c) in &snap.slow.networks {
+        for (outcome, by_kind) in outcomes(c) {
+            for (kind, n) in by_kind {
+                dhcp.add(&[net.as_str(), kind.as_str(), outcome], n as f64);
             }
         }
     }
-
-    if let Some(maps) = maps {
-        let drops = counter_vec(
-            &r,
-            "vmpath_drops_total",
-            "Frames the data path dropped, by reason (all ports).",
-            &["reason"],
-        )?;
-        match maps.drop_counts() {
-            Ok(counts) => {
-                for (name, n) in drop_reason::NAMES.iter().zip(counts) {
-                    drops.with_label_values(&[*name]).inc_by(n);
-                }
+    out.push(dhcp);
+    let mut dhcp_ports = Samples::of(&PORT_DHCP);
+    for (port, c) in &snap.slow.ports {
+        for (outcome, by_kind) in outcomes(c) {
+            for (kind, n) in by_kind {
+                dhcp_ports.add(&[port.as_str(), kind.as_str(), outcome], n as f64);
             }
-            Err(e) => warn!("reading drop counters: {e:#}"),
         }
+    }
+    out.push(dhcp_ports);
 
-        let rx_packets = counter_vec(
-            &r,
-            "vmpath_port_rx_packets_total",
-            "Frames the VM sent into the data path.",
-            &PORT_LABELS,
-        )?;
-        let rx_bytes = counter_vec(
-            &r,
-            "vmpath_port_rx_bytes_total",
-            "Bytes the VM sent into the data path.",
-            &PORT_LABELS,
-        )?;
-        let tx_packets = counter_vec(
-            &r,
-            "vmpath_port_tx_packets_total",
-            "Frames the data path delivered to the VM.",
-            &PORT_LABELS,
-        )?;
-        let tx_bytes = counter_vec(
-            &r,
-            "vmpath_port_tx_bytes_total",
-            "Bytes the data path delivered to the VM.",
-            &PORT_LABELS,
-        )?;
-        let port_drops = counter_vec(
-            &r,
-            "vmpath_port_drops_total",
-            "Frames from the VM the data path dropped.",
-            &PORT_LABELS,
-        )?;
-        let gw_replies = counter_vec(
-            &r,
-            "vmpath_port_gateway_replies_total",
-            "ARP, ND and echo requests the gateway answered in place.",
-            &PORT_LABELS,
-        )?;
-        for a in &view.attachments {
-            let Some(ifindex) = a.ifindex else { continue };
-            if api::state_of(view, a) != state::LOCAL {
-                continue;
+    if let Ok(dp) = &snap.dataplane {
+        let mut drops = Samples::of(&DROPS);
+        if let Ok(counts) = &dp.drops {
+            for (name, n) in drop_reason::NAMES.iter().zip(counts) {
+                drops.add(&[name], *n as f64);
             }
-            let stats = match maps.port_stats(ifindex) {
-                Ok(Some(s)) => s,
-                Ok(None) => continue,
-                Err(e) => {
-                    warn!(port = %a.port, "reading port counters: {e:#}");
+        }
+        out.push(drops);
+
+        let per_port: [(&Family, PortCounter); 6] = [
+            (&PORT_RX_PACKETS, |s| s.rx_packets),
+            (&PORT_RX_BYTES, |s| s.rx_bytes),
+            (&PORT_TX_PACKETS, |s| s.tx_packets),
+            (&PORT_TX_BYTES, |s| s.tx_bytes),
+            (&PORT_DROPS, |s| s.drops),
+            (&PORT_GATEWAY_REPLIES, |s| s.gw_replies),
+        ];
+        for (family, value) in per_port {
+            let mut samples = Samples::of(family);
+            for (a, ifindex) in view.local_ports() {
+                let Some(stats) = dp.ports.get(&ifindex) else {
                     continue;
-                }
-            };
-            let labels = [
-                a.network.as_str(),
-                a.namespace.as_str(),
-                a.vm.as_str(),
-                a.interface.as_str(),
-                a.port.as_str(),
-            ];
-            rx_packets
-                .with_label_values(&labels)
-                .inc_by(stats.rx_packets);
-            rx_bytes.with_label_values(&labels).inc_by(stats.rx_bytes);
-            tx_packets
-                .with_label_values(&labels)
-                .inc_by(stats.tx_packets);
-            tx_bytes.with_label_values(&labels).inc_by(stats.tx_bytes);
-            port_drops.with_label_values(&labels).inc_by(stats.drops);
-            gw_replies
-                .with_label_values(&labels)
-                .inc_by(stats.gw_replies);
+                };
+                let labels = [
+                    a.network.as_str(),
+                    a.namespace.as_str(),
+                    a.vm.as_str(),
+                    a.interface.as_str(),
+                    a.port.as_str(),
+                ];
+                samples.add(&labels, value(stats) as f64);
+            }
+            out.push(samples);
         }
 
         // The overlay: frames to and from other nodes, and its drops.
-        if let Ok(o) = maps.overlay_stats() {
-            let packets = counter_vec(
-                &r,
-                "vmpath_overlay_packets_total",
-                "Frames sent to (tx) and received from (rx) other nodes over VXLAN.",
-                &["direction"],
-            )?;
-            let bytes = counter_vec(
-                &r,
-                "vmpath_overlay_bytes_total",
-                "Bytes sent to (tx) and received from (rx) other nodes over VXLAN.",
-                &["direction"],
-            )?;
-            packets.with_label_values(&["tx"]).inc_by(o.tx_packets);
-            packets.with_label_values(&["rx"]).inc_by(o.rx_packets);
-            bytes.with_label_values(&["tx"]).inc_by(o.tx_bytes);
-            bytes.with_label_values(&["rx"]).inc_by(o.rx_bytes);
-            let drops = IntCounter::new(
-                "vmpath_overlay_drops_total",
-                "Overlay frames dropped (see vmpath_drops_total for reasons).",
-            )?;
-            drops.inc_by(o.drops);
-            r.register(Box::new(drops))?;
-            let learned = gauge(
-                &r,
-                "vmpath_overlay_learned_macs",
-                "Remote VM MACs learned from the overlay (vmp_remote_learned): unicast to them goes to their node only.",
-            )?;
-            learned.set(maps.remote_learned.keys().filter(|k| k.is_ok()).count() as i64);
+        if let Some((o, learned)) = &dp.overlay {
+            let mut packets = Samples::of(&OVERLAY_PACKETS);
+            packets.add(&["tx"], o.tx_packets as f64);
+            packets.add(&["rx"], o.rx_packets as f64);
+            out.push(packets);
+            let mut bytes = Samples::of(&OVERLAY_BYTES);
+            bytes.add(&["tx"], o.tx_bytes as f64);
+            bytes.add(&["rx"], o.rx_bytes as f64);
+            out.push(bytes);
+            out.push(Samples::one(&OVERLAY_DROPS, o.drops as f64));
+            out.push(Samples::one(&OVERLAY_LEARNED_MACS, *learned as f64));
         }
     }
+    out.into_iter()
+        .filter(|s| !s.metrics.is_empty())
+        .map(Samples::done)
+        .collect()
+}
 
+/// The registry `/metrics` serves: the agent's collector, registered once.
+pub fn registry(observer: Arc<Observer>) -> Result<Registry> {
+    let registry = Registry::new();
+    registry.register(Box::new(AgentCollector::new(observer)?))?;
+    Ok(registry)
+}
+
+/// Renders a registry in the text exposition format.
+pub fn render(registry: &Registry) -> Result<String> {
     let mut buf = Vec::new();
-    TextEncoder::new().encode(&r.gather(), &mut buf)?;
+    TextEncoder::new().encode(&registry.gather(), &mut buf)?;
     String::from_utf8(buf).map_err(|e| anyhow!("metrics are not UTF-8: {e}"))
 }
 
-fn scrape(shared: &SharedView, bpffs: &Path) -> Result<String> {
-    let view = match shared.read() {
-        Ok(v) => v.clone(),
-        Err(poisoned) => poisoned.into_inner().clone(),
-    };
-    let maps = Maps::open(bpffs).ok();
-    render(&view, maps.as_ref())
-}
-
 /// Serves `/metrics` on `addr` (e.g. `0.0.0.0:9469`) in its own thread.
-pub fn serve(addr: &str, shared: SharedView, bpffs: PathBuf) -> Result<JoinHandle<()>> {
+pub fn serve(addr: &str, observer: Arc<Observer>) -> Result<JoinHandle<()>> {
+    let registry = registry(observer)?;
     let server = tiny_http::Server::http(addr)
         .map_err(|e| anyhow!("binding the metrics address {addr}: {e}"))?;
     info!(addr, "metrics listening");
@@ -312,7 +452,7 @@ pub fn serve(addr: &str, shared: SharedView, bpffs: PathBuf) -> Result<JoinHandl
             for request in server.incoming_requests() {
                 let path = request.url().split('?').next().unwrap_or("").to_string();
                 let (code, body, content_type) = match (request.method(), path.as_str()) {
-                    (tiny_http::Method::Get, "/metrics") => match scrape(&shared, &bpffs) {
+                    (tiny_http::Method::Get, "/metrics") => match render(&registry) {
                         Ok(body) => (200, body, "text/plain; version=0.0.4; charset=utf-8"),
                         Err(e) => (500, format!("{e:#}\n"), "text/plain"),
                     },
@@ -335,4 +475,96 @@ pub fn serve(addr: &str, shared: SharedView, bpffs: PathBuf) -> Result<JoinHandl
             }
         })?;
     Ok(handle)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use super::*;
+    use crate::{slowpath::SlowStats, snapshot::DataplaneCounters, view::sample};
+
+    fn text(snap: &Snapshot) -> String {
+        let mut buf = Vec::new();
+        TextEncoder::new()
+            .encode(&families(snap), &mut buf)
+            .unwrap();
+        String::from_utf8(buf).unwrap()
+    }
+
+    fn port(rx_packets: u64) -> PortStats {
+        PortStats {
+            rx_packets,
+            rx_bytes: rx_packets * 100,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn the_view_and_counters_become_labelled_series() {
+        let mut drops = vec![0; drop_reason::COUNT as usize];
+        drops[1] = 7;
+        let snap = Snapshot {
+            view: sample::view(),
+            dataplane: Ok(DataplaneCounters {
+                drops: Ok(drops),
+                // vm4 (ifindex 14) is a pending migration target: not counted.
+                ports: BTreeMap::from([(11, port(5)), (14, port(9))]),
+                overlay: None,
+            }),
+            slow: SlowStats::default(),
+        };
+        let t = text(&snap);
+        for line in [
+            "vmpath_ready 1",
+            "vmpath_dataplane_up 1",
+            "vmpath_networks 1",
+            "vmpath_attachments{state=\"local\"} 1",
+            "vmpath_attachments{state=\"migrating\"} 1",
+            "vmpath_config_errors 1",
+            "vmpath_config_error_info{document=\"Attachment prod/vm9\",field=\"spec.mac\",file=\"/etc/vmpath/bad.yaml\"} 1",
+            "vmpath_reconciles_total 3",
+            "# TYPE vmpath_port_rx_packets_total counter",
+            "vmpath_port_rx_packets_total{interface=\"eth0\",namespace=\"prod\",network=\"blue\",port=\"p-vm1\",vm=\"vm1\"} 5",
+            "vmpath_port_rx_bytes_total{interface=\"eth0\",namespace=\"prod\",network=\"blue\",port=\"p-vm1\",vm=\"vm1\"} 500",
+        ] {
+            assert!(t.lines().any(|l| l == line), "no line {line:?} in\n{t}");
+        }
+        let reason = drop_reason::NAMES[1];
+        assert!(t.contains(&format!("vmpath_drops_total{{reason=\"{reason}\"}} 7")));
+        assert!(!t.contains("vm4"), "{t}");
+        assert!(!t.contains("vmpath_overlay"), "{t}");
+    }
+
+    #[test]
+    fn without_the_pinned_maps_only_the_view_is_shown() {
+        let snap = Snapshot {
+            view: sample::view(),
+            dataplane: Err("no maps".into()),
+            slow: SlowStats::default(),
+        };
+        let t = text(&snap);
+        assert!(t.lines().any(|l| l == "vmpath_dataplane_up 0"), "{t}");
+        assert!(t.contains("vmpath_attachments{state=\"remote\"} 1"));
+        assert!(!t.contains("vmpath_drops_total"), "{t}");
+        assert!(!t.contains("vmpath_port_"), "{t}");
+    }
+
+    #[test]
+    fn the_registered_collector_adds_the_reconcile_histogram() {
+        let view = sample::view();
+        let bpffs = view.bpffs.clone().into();
+        let published = Arc::new(crate::view::Published::new(view));
+        published.observe_reconcile(0.003);
+        let observer = Arc::new(Observer::new(published, Default::default(), bpffs));
+        let r = registry(observer).unwrap();
+        let first = render(&r).unwrap();
+        assert!(
+            first.contains("vmpath_reconcile_duration_seconds_count 1"),
+            "{first}"
+        );
+        assert!(first.contains("vmpath_dataplane_up 0"), "{first}");
+        // Scraped again: the same families, not registered twice.
+        assert_eq!(render(&r).unwrap(), first);
+    }
 }

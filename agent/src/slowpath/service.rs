@@ -151,13 +151,6 @@ pub struct SlowStats {
 
 pub type SharedStats = Arc<Mutex<SlowStats>>;
 
-/// The node's slow-path counters (one slow path per agent process), read
-/// by the API and metrics.
-pub fn stats() -> &'static SharedStats {
-    static STATS: std::sync::OnceLock<SharedStats> = std::sync::OnceLock::new();
-    STATS.get_or_init(SharedStats::default)
-}
-
 pub enum Outcome {
     Received,
     Replied,
