@@ -417,9 +417,9 @@ pub fn serve(socket: &Path, observer: Arc<Observer>) -> Result<JoinHandle<()>> {
             for mut request in server.incoming_requests() {
                 // CNI endpoints (ADD waits for the port): own thread each.
                 if request.url().starts_with("/v1/endpoints") {
-                    let shared = shared.clone();
+                    let observer = observer.clone();
                     std::thread::spawn(move || {
-                        let reply = crate::endpoints::handle(&shared, &mut request);
+                        let reply = crate::endpoints::handle(observer.published(), &mut request);
                         respond(request, reply);
                     });
                     continue;

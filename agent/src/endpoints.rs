@@ -30,10 +30,10 @@ use serde::{Deserialize, Serialize};
 use tracing::{info, warn};
 
 use crate::{
-    api::{Reply, state},
+    api::Reply,
     config::{AttachmentKey, Config, source::RawDocument, source::Snapshot},
     resolved::Origin,
-    view::{SharedView, View},
+    view::{Published, View, state},
 };
 
 /// How long an ADD waits for the agent to program the port.
@@ -275,11 +275,8 @@ fn error(code: u16, message: String) -> Reply {
     reply(code, &serde_json::json!({ "error": message }))
 }
 
-fn snapshot(shared: &SharedView) -> View {
-    match shared.read() {
-        Ok(v) => v.clone(),
-        Err(p) => p.into_inner().clone(),
-    }
+fn snapshot(shared: &Published) -> View {
+    shared.view()
 }
 
 /// The endpoint as the view shows it.
@@ -293,10 +290,7 @@ fn describe(view: &View, e: &EndpointRequest) -> EndpointReply {
     let net = view.networks.iter().find(|n| n.name == e.network);
     EndpointReply {
         endpoint: e.clone(),
-        state: a
-            .map(|a| crate::api::state_of(view, a))
-            .unwrap_or("unknown")
-            .to_string(),
+        state: a.map(|a| view.state_of(a)).unwrap_or("unknown").to_string(),
         mac: a.and_then(|a| a.mac.clone()),
         ips: a
             .map(|a| {
@@ -314,7 +308,7 @@ fn describe(view: &View, e: &EndpointRequest) -> EndpointReply {
 
 /// Answers one `/v1/endpoints` request (any method). Runs in its own
 /// thread: ADD blocks until the port is programmed.
-pub fn handle(shared: &SharedView, request: &mut tiny_http::Request) -> Reply {
+pub fn handle(shared: &Published, request: &mut tiny_http::Request) -> Reply {
     let Some(registry) = REGISTRY.get() else {
         return error(503, "the agent is starting: no reconcile round yet".into());
     };
@@ -363,7 +357,7 @@ pub fn handle(shared: &SharedView, request: &mut tiny_http::Request) -> Reply {
     }
 }
 
-fn add(shared: &SharedView, registry: &Registry, e: EndpointRequest) -> Reply {
+fn add(shared: &Published, registry: &Registry, e: EndpointRequest) -> Reply {
     if let Err(msg) = e.validate() {
         return error(400, format!("endpoint {}: {msg}", e.id()));
     }
