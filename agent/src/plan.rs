@@ -6,9 +6,9 @@ use std::{collections::BTreeMap, net::IpAddr};
 
 use vmpath_common::{
     ADDR_CLAIMED, ADDR_STATIC, AddrInfo, AddrKey, ENDPOINT_LOCAL, Endpoint, EndpointKey, FloodList,
-    MAX_FLOOD_PORTS, MAX_PORT_ID, NET_F_DHCP, NET_F_GW4, NET_F_GW6, NetworkInfo, PORT_F_DHCP,
-    PORT_F_IP_FILTER, PORT_F_MAC_FILTER, PORT_F_MAC_KNOWN, PORT_F_PENDING, PortInfo,
-    link_local_from_mac,
+    MAX_FLOOD_PORTS, MAX_PORT_ID, NET_F_DHCP, NET_F_GW4, NET_F_GW6, NET_F_IP_FILTER, NetworkInfo,
+    PORT_F_DHCP, PORT_F_DHCP_GUARD, PORT_F_IP_FILTER, PORT_F_MAC_FILTER, PORT_F_MAC_KNOWN,
+    PORT_F_PENDING, PortInfo, link_local_from_mac,
 };
 
 pub mod north_south;
@@ -140,6 +140,9 @@ pub fn plan_with_ids(
             // Addresses come from vmpath: it serves DHCP, DHCPv6 and RAs.
             info.flags |= NET_F_DHCP;
         }
+        if net.ip_filter {
+            info.flags |= NET_F_IP_FILTER;
+        }
         plan.networks.insert(net.id, info);
     }
 
@@ -173,6 +176,9 @@ pub fn plan_with_ids(
         if net.ipam {
             // The port-level copy of NET_F_DHCP: decided without a network lookup.
             flags |= PORT_F_DHCP;
+        }
+        if net.dhcp_guard {
+            flags |= PORT_F_DHCP_GUARD;
         }
         if pending {
             // Not active yet: endpoints keep pointing at the source until

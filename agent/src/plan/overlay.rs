@@ -13,7 +13,9 @@
 
 use std::net::IpAddr;
 
-use vmpath_common::{ENDPOINT_REMOTE, Endpoint, EndpointKey, MAX_FLOOD_NODES};
+use vmpath_common::{
+    ADDR_STATIC, AddrInfo, ENDPOINT_REMOTE, Endpoint, EndpointKey, MAX_FLOOD_NODES,
+};
 
 use super::Plan;
 use crate::{
@@ -78,6 +80,20 @@ pub fn overlay(cfg: &Resolved, node: &str, plan: &mut Plan) {
             }
             _ => None,
         };
+        // Its addresses, for the overlay's neighbour discovery check: an
+        // NA from that node may advertise them (and only with this MAC,
+        // where known). A local owner wins.
+        for (ip, _) in &att.addresses {
+            plan.addresses
+                .entry(super::addr_key(net.id, ip.addr()))
+                .or_insert(AddrInfo {
+                    ifindex: 0,
+                    origin: ADDR_STATIC,
+                    mac: known.unwrap_or([0; 6]),
+                    _pad: [0; 2],
+                    port_id: 0,
+                });
+        }
         if let Some(mac) = known {
             // A local port with the same MAC wins (validation refuses such
             // collisions; this only keeps a local VM reachable meanwhile).
