@@ -340,4 +340,70 @@ mod tests {
             BTreeMap::from([("vm2".into(), 2), ("vm3".into(), 3), ("vm4".into(), 1)])
         );
     }
+
+    /// The config of `network_spec` (one Network "blue" with one VM on it).
+    fn cfg_of(tag: &str, network_spec: &str) -> Config {
+        let docs = format!(
+            "apiVersion: vmpath.dev/v1alpha1\nkind: Network\nmetadata: {{name: blue}}\nspec: {network_spec}\n---\napiVersion: vmpath.dev/v1alpha1\nkind: Attachment\nmetadata: {{name: vm1, namespace: prod}}\nspec: {{vm: vm1, interface: eth0, network: blue, node: a, port: p-vm1, mac: '52:54:00:00:00:01'}}\n"
+        );
+        let dir = std::env::temp_dir().join(format!("vmpath-plan-{tag}-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("c.yaml"), docs).unwrap();
+        let snap = config::source::read_dir(&dir);
+        let _ = std::fs::remove_dir_all(&dir);
+        config::validate(&snap, "a", &Default::default())
+    }
+
+    fn port_flags(cfg: &Config) -> u16 {
+        let plan = plan(cfg, "a", |_| Some(7));
+        plan.ports[&7].info.flags
+    }
+
+    /// The DHCP guard is on where vmpath serves DHCP, off on an IPAM-less
+    /// network unless `portSecurity.dhcpGuard` says so, and cannot be
+    /// switched off where vmpath serves DHCP.
+    #[test]
+    fn dhcp_guard_follows_ipam_and_port_security() {
+        let ipam = cfg_of(
+            "ipam",
+            "{id: 100, subnets: [10.20.0.0/16], ipam: {mode: Enabled}}",
+        );
+        assert_ne!(port_flags(&ipam) & PORT_F_DHCP_GUARD, 0);
+        let plain = cfg_of(
+            "plain",
+            "{id: 100, subnets: [10.20.0.0/16], ipam: {mode: Disabled}}",
+        );
+        assert_eq!(port_flags(&plain) & PORT_F_DHCP_GUARD, 0);
+        let guarded = cfg_of(
+            "guarded",
+            "{id: 100, subnets: [10.20.0.0/16], ipam: {mode: Disabled}, portSecurity: {dhcpGuard: true}}",
+        );
+        assert_ne!(port_flags(&guarded) & PORT_F_DHCP_GUARD, 0);
+        let refused = cfg_of(
+            "refused",
+            "{id: 100, subnets: [10.20.0.0/16], ipam: {mode: Enabled}, portSecurity: {dhcpGuard: false}}",
+        );
+        assert!(refused.networks.is_empty(), "{:?}", refused.networks);
+        let err = &refused.errors[0];
+        assert_eq!(err.field, "spec.portSecurity.dhcpGuard", "{err:?}");
+        assert!(err.message.contains("ipam.mode Enabled"), "{err:?}");
+    }
+
+    /// The network entry says whether its ports filter source IPs: frames
+    /// from its VMs on other nodes get the same checks in `vxlan_rx`.
+    #[test]
+    fn ip_filter_reaches_the_network_entry() {
+        let ipam = cfg_of(
+            "netf",
+            "{id: 100, subnets: [10.20.0.0/16], ipam: {mode: Enabled}}",
+        );
+        let plan = plan(&ipam, "a", |_| Some(7));
+        assert_ne!(plan.networks[&100].flags & NET_F_IP_FILTER, 0);
+        let off = cfg_of(
+            "netf-off",
+            "{id: 100, subnets: [10.20.0.0/16], ipam: {mode: Enabled}, portSecurity: {ip: false}}",
+        );
+        let plan = super::plan(&off, "a", |_| Some(7));
+        assert_eq!(plan.networks[&100].flags & NET_F_IP_FILTER, 0);
+    }
 }

@@ -89,6 +89,12 @@ fn try_vm_port(ctx: &TcContext, ifindex: u32, port: &PortInfo) -> Verdict {
         return Err(drop_reason::MAC_SPOOF);
     }
 
+    // The kernel takes a VLAN tag off into the skb before tc sees the
+    // frame: without this, a tagged frame would pass as its payload and
+    // reach the other VMs tagged.
+    if spoof::ip_filter_on(port) && unsafe { (*ctx.skb.skb).vlan_present } != 0 {
+        return Err(drop_reason::ETHERTYPE);
+    }
     match ether_type {
         ETH_P_ARP => match arp::handle(ctx, ifindex, port, network_of(port)?)? {
             ArpVerdict::Answered => gateway_reply(ifindex, port),

@@ -26,7 +26,10 @@ use crate::{
     fwd::{self, Verdict},
     maps::{ENDPOINTS, NETWORKS},
     migrate, nd, overlay,
-    parse::{ETH_LEN, ETH_P_IPV6, IPPROTO_ICMPV6, is_multicast, mac_eq, ptr_at, zeroed},
+    parse::{
+        ETH_LEN, ETH_P_ARP, ETH_P_IP, ETH_P_IPV6, ETH_P_RARP, IPPROTO_ICMPV6, is_multicast, mac_eq,
+        ptr_at, zeroed,
+    },
     spoof,
 };
 
@@ -74,7 +77,19 @@ fn try_vxlan_rx(ctx: &TcContext) -> Verdict {
     if is_multicast(&src) {
         return Err(drop_reason::SRC_MULTICAST);
     }
-    if u16::from_be(unsafe { (*eth).ether_type }) == ETH_P_IPV6 {
+    let ether_type = u16::from_be(unsafe { (*eth).ether_type });
+    if net.flags & NET_F_IP_FILTER != 0
+        && (unsafe { (*ctx.skb.skb).vlan_present } != 0
+            || (ether_type != ETH_P_IP
+                && ether_type != ETH_P_IPV6
+                && ether_type != ETH_P_ARP
+                && ether_type != ETH_P_RARP))
+    {
+        // As on a VM port: VLAN tags (taken off into the skb by the
+        // kernel) and other ethertypes would carry frames past the checks.
+        return Err(drop_reason::ETHERTYPE);
+    }
+    if ether_type == ETH_P_IPV6 {
         nd_guard(ctx, network, net, &src)?;
     }
     // A migrating VM speaking from its new node moves its endpoint here;

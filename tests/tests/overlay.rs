@@ -356,8 +356,9 @@ fn neigh6_mac(vm: &Vm, ip: &str) -> String {
 
 /// A VM on another node is no more trusted than a local one: frames from
 /// the foreign VTEP's host (a known node of blue) arriving at node a over
-/// VXLAN with a forged NA for vm2's address, an NA naming another MAC and
-/// a router advertisement are dropped by type and never change vm1's
+/// VXLAN with a forged NA for vm2's address, an NA naming another MAC, a
+/// router advertisement and a VLAN-tagged NA are dropped by type and never
+/// change vm1's
 /// neighbour table; the host announcing its own address does.
 #[test]
 fn forged_neighbour_discovery_over_the_overlay_is_dropped() {
@@ -379,6 +380,7 @@ fn forged_neighbour_discovery_over_the_overlay_is_dropped() {
         drops(common::drop_reason::ND_SPOOF_TARGET),
         drops(common::drop_reason::ND_SPOOF_LLADDR),
         drops(common::drop_reason::ND_SPOOF),
+        drops(common::drop_reason::ETHERTYPE),
     ];
     let send = |inner: &str| {
         fv.scapy(&format!(
@@ -399,14 +401,32 @@ send(IP(src='{FOREIGN_IP}', dst='{NODE_A_IP}')/UDP(sport=40000, dport=4789)/VXLA
     send(&format!(
         "{all_nodes}/ICMPv6ND_RA()/ICMPv6NDOptPrefixInfo(prefix='fd66::', prefixlen=64)"
     ));
-    wait_for(
-        "the forged frames counted on a",
-        Duration::from_secs(5),
-        || {
-            drops(common::drop_reason::ND_SPOOF_TARGET) == before[0] + 2
-                && drops(common::drop_reason::ND_SPOOF_LLADDR) == before[1] + 2
-                && drops(common::drop_reason::ND_SPOOF) == before[2] + 2
-        },
+    // The forged NA again, behind a VLAN tag.
+    send(&format!(
+        "Ether(src='{FOREIGN_MAC}', dst='33:33:00:00:00:01')/Dot1Q(vlan=10)/IPv6(src='fd20::50', dst='ff02::1', hlim=255)/ICMPv6ND_NA(tgt='fd20::12', R=0, S=0, O=1)/ICMPv6NDOptDstLLAddr(lladdr='{FOREIGN_MAC}')"
+    ));
+    let reasons = [
+        common::drop_reason::ND_SPOOF_TARGET,
+        common::drop_reason::ND_SPOOF_LLADDR,
+        common::drop_reason::ND_SPOOF,
+        common::drop_reason::ETHERTYPE,
+    ];
+    let counted = || -> Vec<u64> {
+        reasons
+            .iter()
+            .zip(before)
+            .map(|(&r, b)| drops(r) - b)
+            .collect()
+    };
+    let want = vec![2, 2, 2, 2];
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while counted() != want && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(
+        counted(),
+        want,
+        "drops on a (nd_spoof_target, nd_spoof_lladdr, nd_spoof, ethertype)"
     );
     assert_eq!(
         neigh6_mac(&bed.vm1, "fd20::50"),

@@ -15,7 +15,8 @@ use vmpath_tests::{Netns, Node, Vm, vmpath::common::drop_reason, wait_for, yaml}
 const BLUE: &str = "blue";
 
 /// vm1 (the attacker), vm2 and vm3 on `blue` (IPAM Enabled: IP filter and
-/// DHCP guard on), each with given IPv4 and IPv6 addresses.
+/// DHCP guard on; Disabled: both off), each with given IPv4 and IPv6
+/// addresses.
 struct Bed {
     node: Node,
     vm1: Vm,
@@ -23,7 +24,7 @@ struct Bed {
     vm3: Vm,
 }
 
-fn three_vms() -> Bed {
+fn three_vms(ipam: bool) -> Bed {
     let mut node = Node::new("a");
     let vm = |node: &Node, n: u8| {
         node.add_vm(
@@ -39,7 +40,7 @@ fn three_vms() -> Bed {
         100,
         &["10.20.0.0/16", "fd20::/64"],
         &["10.20.0.1", "fd20::1"],
-        true,
+        ipam,
     )];
     for (n, v) in [(1, &vm1), (2, &vm2), (3, &vm3)] {
         docs.push(yaml::attachment(
@@ -83,7 +84,7 @@ fn neigh_mac(vm: &Vm, ip: &str) -> String {
 /// address (the control) does move vm3's entry.
 #[test]
 fn rogue_nd_cannot_take_another_vms_ipv6_traffic() {
-    let bed = three_vms();
+    let bed = three_vms(true);
     let (m1, m2, m3) = (&bed.vm1.mac, &bed.vm2.mac, &bed.vm3.mac);
     assert!(bed.vm3.ns.ping("fd20::12", 2), "vm3 -> vm2 IPv6 before");
     assert_eq!(neigh_mac(&bed.vm3, "fd20::12"), *m2);
@@ -95,11 +96,9 @@ fn rogue_nd_cannot_take_another_vms_ipv6_traffic() {
 
     let before_target = bed.node.drops(drop_reason::ND_SPOOF_TARGET);
     let before_lladdr = bed.node.drops(drop_reason::ND_SPOOF_LLADDR);
+    forge_na_for_vm2(&bed);
     bed.vm1.ns.scapy(&format!(
-        "na = ICMPv6ND_NA(tgt='fd20::12', R=0, S=0, O=1)/ICMPv6NDOptDstLLAddr(lladdr='{m1}')
-sendp(Ether(src='{m1}', dst='33:33:00:00:00:01')/IPv6(src='fd20::11', dst='ff02::1', hlim=255)/na, iface='eth0', count=3)
-sendp(Ether(src='{m1}', dst='{m3}')/IPv6(src='fd20::11', dst='fd20::13', hlim=255)/na, iface='eth0', count=3)
-ns = ICMPv6ND_NS(tgt='fd20::13')/ICMPv6NDOptSrcLLAddr(lladdr='{m2}')
+        "ns = ICMPv6ND_NS(tgt='fd20::13')/ICMPv6NDOptSrcLLAddr(lladdr='{m2}')
 sendp(Ether(src='{m1}', dst='{m3}')/IPv6(src='fd20::11', dst='fd20::13', hlim=255)/ns, iface='eth0', count=3)
 "
     ));
@@ -130,6 +129,35 @@ sendp(Ether(src='{m1}', dst='{m3}')/IPv6(src='fd20::11', dst='fd20::13', hlim=25
     );
     assert!(bed.vm3.ns.ping("fd20::12", 2), "vm3 -> vm2 IPv6 after");
     assert_eq!(neigh_mac(&bed.vm3, "fd20::12"), *m2);
+}
+
+/// vm1's forged NA for vm2's address (override set, vm1's MAC as target
+/// link-layer address), three times to all nodes and three times to vm3.
+fn forge_na_for_vm2(bed: &Bed) {
+    let (m1, m3) = (&bed.vm1.mac, &bed.vm3.mac);
+    bed.vm1.ns.scapy(&format!(
+        "na = ICMPv6ND_NA(tgt='fd20::12', R=0, S=0, O=1)/ICMPv6NDOptDstLLAddr(lladdr='{m1}')
+sendp(Ether(src='{m1}', dst='33:33:00:00:00:01')/IPv6(src='fd20::11', dst='ff02::1', hlim=255)/na, iface='eth0', count=3)
+sendp(Ether(src='{m1}', dst='{m3}')/IPv6(src='fd20::11', dst='fd20::13', hlim=255)/na, iface='eth0', count=3)
+"
+    ));
+}
+
+/// The documented IPAM-less behaviour, and proof that the test above can
+/// fail: with the IP filter off (IPAM Disabled, no `portSecurity.ip`),
+/// neighbour discovery is the VMs' own as on a plain bridge, and the same
+/// forged NA does move vm3's entry for vm2 to vm1.
+#[test]
+fn rogue_nd_on_an_ipamless_network_is_the_vms_own() {
+    let bed = three_vms(false);
+    assert!(bed.vm3.ns.ping("fd20::12", 2), "vm3 -> vm2 IPv6");
+    assert_eq!(neigh_mac(&bed.vm3, "fd20::12"), bed.vm2.mac);
+    let before = bed.node.drops(drop_reason::ND_SPOOF_TARGET);
+    forge_na_for_vm2(&bed);
+    wait_for("vm3 takes the forged NA", Duration::from_secs(5), || {
+        neigh_mac(&bed.vm3, "fd20::12") == bed.vm1.mac
+    });
+    assert_eq!(bed.node.drops(drop_reason::ND_SPOOF_TARGET), before);
 }
 
 /// A scapy capture on `vm`'s eth0 of every frame from `from_mac`, running
@@ -196,7 +224,7 @@ fn capture_counts(child: Child, ns: &Netns) -> (u64, u64, u64) {
 /// every rogue frame is counted as `dhcp_spoof`.
 #[test]
 fn rogue_dhcp_server_reaches_nobody_and_udhcpc_gets_vmpaths_lease() {
-    let bed = three_vms();
+    let bed = three_vms(true);
     // vm2 takes its address from DHCP instead.
     bed.vm2
         .ns
@@ -285,5 +313,54 @@ for i in range({ROUNDS}):
         bed.node.drops(drop_reason::DHCP_SPOOF),
         before + 4 * ROUNDS,
         "every rogue frame counted as dhcp_spoof"
+    );
+}
+
+/// vm1 sends unicast to a MAC nobody has: with every other port's MAC
+/// known and filtered, no VM gets a copy (nobody can sniff traffic for an
+/// absent MAC by sharing the network), each frame is counted as
+/// `no_destination`. VLAN-tagged broadcasts from vm1 reach nobody either
+/// (`ethertype`). vm1's plain broadcasts (the control) reach both.
+#[test]
+fn unknown_unicast_and_vlan_tagged_frames_reach_no_vm() {
+    let bed = three_vms(true);
+    let m1 = bed.vm1.mac.clone();
+    let cap2 = start_capture(&bed.vm2, &m1);
+    let cap3 = start_capture(&bed.vm3, &m1);
+    let before = bed.node.drops(drop_reason::NO_DESTINATION);
+    let before_tagged = bed.node.drops(drop_reason::ETHERTYPE);
+    const FRAMES: u64 = 10;
+    // Counted as "rogue4" by the capture: UDP from port 67, here simply a
+    // marker on frames no VM may see.
+    bed.vm1.ns.scapy(&format!(
+        "for i in range({FRAMES}):
+    sendp(Ether(src='{m1}', dst='52:54:00:00:0f:0f')/IP(src='10.20.0.11', dst='10.20.0.99')/UDP(sport=67, dport=9), iface='eth0')
+    sendp(Ether(src='{m1}', dst='ff:ff:ff:ff:ff:ff')/Dot1Q(vlan=10)/IP(src='10.20.0.11', dst='255.255.255.255')/UDP(sport=67, dport=9), iface='eth0')
+    sendp(Ether(src='{m1}', dst='ff:ff:ff:ff:ff:ff')/IP(src='10.20.0.11', dst='255.255.255.255')/UDP(sport=5000, dport=5001), iface='eth0')
+sendp(Ether(src='{m1}', dst='ff:ff:ff:ff:ff:ff')/IP(src='10.20.0.11', dst='255.255.255.255')/UDP(sport=5000, dport=5002), iface='eth0')
+"
+    ));
+    for (cap, vm) in [(cap2, &bed.vm2), (cap3, &bed.vm3)] {
+        let (unknown, _, control) = capture_counts(cap, &vm.ns);
+        assert_eq!(
+            unknown, 0,
+            "{} saw unicast for a MAC nobody has or a VLAN-tagged frame",
+            vm.ns.name
+        );
+        assert_eq!(
+            control, FRAMES,
+            "{} missed vm1's control frames",
+            vm.ns.name
+        );
+    }
+    assert_eq!(
+        bed.node.drops(drop_reason::NO_DESTINATION),
+        before + FRAMES,
+        "every unknown unicast frame counted as no_destination"
+    );
+    assert_eq!(
+        bed.node.drops(drop_reason::ETHERTYPE),
+        before_tagged + FRAMES,
+        "every VLAN-tagged frame counted as ethertype"
     );
 }
