@@ -342,7 +342,7 @@ mod tests {
     }
 
     /// The config of `network_spec` (one Network "blue" with one VM on it).
-    fn cfg_of(tag: &str, network_spec: &str) -> Config {
+    fn cfg_of(tag: &str, network_spec: &str) -> Resolved {
         let docs = format!(
             "apiVersion: vmpath.dev/v1alpha1\nkind: Network\nmetadata: {{name: blue}}\nspec: {network_spec}\n---\napiVersion: vmpath.dev/v1alpha1\nkind: Attachment\nmetadata: {{name: vm1, namespace: prod}}\nspec: {{vm: vm1, interface: eth0, network: blue, node: a, port: p-vm1, mac: '52:54:00:00:00:01'}}\n"
         );
@@ -351,10 +351,10 @@ mod tests {
         std::fs::write(dir.join("c.yaml"), docs).unwrap();
         let snap = config::source::read_dir(&dir);
         let _ = std::fs::remove_dir_all(&dir);
-        config::validate(&snap, "a", &Default::default())
+        Resolved::new(config::validate(&snap, "a", &Default::default()))
     }
 
-    fn port_flags(cfg: &Config) -> u16 {
+    fn port_flags(cfg: &Resolved) -> u16 {
         let plan = plan(cfg, "a", |_| Some(7));
         plan.ports[&7].info.flags
     }
@@ -383,7 +383,11 @@ mod tests {
             "refused",
             "{id: 100, subnets: [10.20.0.0/16], ipam: {mode: Enabled}, portSecurity: {dhcpGuard: false}}",
         );
-        assert!(refused.networks.is_empty(), "{:?}", refused.networks);
+        assert!(
+            refused.config.networks.is_empty(),
+            "{:?}",
+            refused.config.networks
+        );
         let err = &refused.errors[0];
         assert_eq!(err.field, "spec.portSecurity.dhcpGuard", "{err:?}");
         assert!(err.message.contains("ipam.mode Enabled"), "{err:?}");
