@@ -6,9 +6,9 @@ use std::{collections::BTreeMap, net::IpAddr};
 
 use vmpath_common::{
     ADDR_CLAIMED, ADDR_STATIC, AddrInfo, AddrKey, ENDPOINT_LOCAL, Endpoint, EndpointKey, FloodList,
-    MAX_FLOOD_PORTS, MAX_PORT_ID, NET_F_DHCP, NET_F_GW4, NET_F_GW6, NetworkInfo, PORT_F_DHCP,
-    PORT_F_IP_FILTER, PORT_F_MAC_FILTER, PORT_F_MAC_KNOWN, PORT_F_PENDING, PortInfo,
-    link_local_from_mac,
+    MAX_FLOOD_PORTS, MAX_PORT_ID, NET_F_DHCP, NET_F_GW4, NET_F_GW6, NET_F_IP_FILTER, NetworkInfo,
+    PORT_F_DHCP, PORT_F_DHCP_GUARD, PORT_F_IP_FILTER, PORT_F_MAC_FILTER, PORT_F_MAC_KNOWN,
+    PORT_F_PENDING, PortInfo, link_local_from_mac,
 };
 
 pub mod north_south;
@@ -140,6 +140,9 @@ pub fn plan_with_ids(
             // Addresses come from vmpath: it serves DHCP, DHCPv6 and RAs.
             info.flags |= NET_F_DHCP;
         }
+        if net.ip_filter {
+            info.flags |= NET_F_IP_FILTER;
+        }
         plan.networks.insert(net.id, info);
     }
 
@@ -173,6 +176,9 @@ pub fn plan_with_ids(
         if net.ipam {
             // The port-level copy of NET_F_DHCP: decided without a network lookup.
             flags |= PORT_F_DHCP;
+        }
+        if net.dhcp_guard {
+            flags |= PORT_F_DHCP_GUARD;
         }
         if pending {
             // Not active yet: endpoints keep pointing at the source until
@@ -333,5 +339,75 @@ mod tests {
             ids(&second),
             BTreeMap::from([("vm2".into(), 2), ("vm3".into(), 3), ("vm4".into(), 1)])
         );
+    }
+
+    /// The config of `network_spec` (one Network "blue" with one VM on it).
+    fn cfg_of(tag: &str, network_spec: &str) -> Resolved {
+        let docs = format!(
+            "apiVersion: vmpath.dev/v1alpha1\nkind: Network\nmetadata: {{name: blue}}\nspec: {network_spec}\n---\napiVersion: vmpath.dev/v1alpha1\nkind: Attachment\nmetadata: {{name: vm1, namespace: prod}}\nspec: {{vm: vm1, interface: eth0, network: blue, node: a, port: p-vm1, mac: '52:54:00:00:00:01'}}\n"
+        );
+        let dir = std::env::temp_dir().join(format!("vmpath-plan-{tag}-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("c.yaml"), docs).unwrap();
+        let snap = config::source::read_dir(&dir);
+        let _ = std::fs::remove_dir_all(&dir);
+        Resolved::new(config::validate(&snap, "a", &Default::default()))
+    }
+
+    fn port_flags(cfg: &Resolved) -> u16 {
+        let plan = plan(cfg, "a", |_| Some(7));
+        plan.ports[&7].info.flags
+    }
+
+    /// The DHCP guard is on where vmpath serves DHCP, off on an IPAM-less
+    /// network unless `portSecurity.dhcpGuard` says so, and cannot be
+    /// switched off where vmpath serves DHCP.
+    #[test]
+    fn dhcp_guard_follows_ipam_and_port_security() {
+        let ipam = cfg_of(
+            "ipam",
+            "{id: 100, subnets: [10.20.0.0/16], ipam: {mode: Enabled}}",
+        );
+        assert_ne!(port_flags(&ipam) & PORT_F_DHCP_GUARD, 0);
+        let plain = cfg_of(
+            "plain",
+            "{id: 100, subnets: [10.20.0.0/16], ipam: {mode: Disabled}}",
+        );
+        assert_eq!(port_flags(&plain) & PORT_F_DHCP_GUARD, 0);
+        let guarded = cfg_of(
+            "guarded",
+            "{id: 100, subnets: [10.20.0.0/16], ipam: {mode: Disabled}, portSecurity: {dhcpGuard: true}}",
+        );
+        assert_ne!(port_flags(&guarded) & PORT_F_DHCP_GUARD, 0);
+        let refused = cfg_of(
+            "refused",
+            "{id: 100, subnets: [10.20.0.0/16], ipam: {mode: Enabled}, portSecurity: {dhcpGuard: false}}",
+        );
+        assert!(
+            refused.config.networks.is_empty(),
+            "{:?}",
+            refused.config.networks
+        );
+        let err = &refused.errors[0];
+        assert_eq!(err.field, "spec.portSecurity.dhcpGuard", "{err:?}");
+        assert!(err.message.contains("ipam.mode Enabled"), "{err:?}");
+    }
+
+    /// The network entry says whether its ports filter source IPs: frames
+    /// from its VMs on other nodes get the same checks in `vxlan_rx`.
+    #[test]
+    fn ip_filter_reaches_the_network_entry() {
+        let ipam = cfg_of(
+            "netf",
+            "{id: 100, subnets: [10.20.0.0/16], ipam: {mode: Enabled}}",
+        );
+        let plan = plan(&ipam, "a", |_| Some(7));
+        assert_ne!(plan.networks[&100].flags & NET_F_IP_FILTER, 0);
+        let off = cfg_of(
+            "netf-off",
+            "{id: 100, subnets: [10.20.0.0/16], ipam: {mode: Enabled}, portSecurity: {ip: false}}",
+        );
+        let plan = super::plan(&off, "a", |_| Some(7));
+        assert_eq!(plan.networks[&100].flags & NET_F_IP_FILTER, 0);
     }
 }

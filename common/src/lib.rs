@@ -102,6 +102,10 @@ pub const PORT_F_PENDING: u16 = 1 << 3;
 /// The port's network is served by vmpath (`NET_F_DHCP`): DHCP, DHCPv6
 /// and router solicitations go to the slow path.
 pub const PORT_F_DHCP: u16 = 1 << 4;
+/// DHCPv4/DHCPv6 server traffic from this port is dropped
+/// (`DHCP_SPOOF`): set where vmpath serves DHCP, or where the network's
+/// `portSecurity.dhcpGuard` says so.
+pub const PORT_F_DHCP_GUARD: u16 = 1 << 5;
 
 /// A VM port: the host side of a VM pod's veth. Keyed by ifindex.
 #[repr(C)]
@@ -201,6 +205,10 @@ pub const NET_F_DHCP: u16 = 1 << 2;
 pub const NET_F_ROUTED: u16 = 1 << 3;
 /// `egress: SNAT`: egress translated to the node's SNAT address.
 pub const NET_F_SNAT: u16 = 1 << 4;
+/// The network's ports filter source IPs: frames from its VMs on other
+/// nodes get the same neighbour discovery checks when they arrive over
+/// the overlay.
+pub const NET_F_IP_FILTER: u16 = 1 << 5;
 
 /// The slow path's interfaces (`vmp_slow`, one slot).
 #[repr(C)]
@@ -393,7 +401,22 @@ pub mod drop_reason {
     /// Live migration: a frame on a pending target port from a MAC other
     /// than the VM's: the VM is not active on this node yet.
     pub const MIGRATION_PENDING: u32 = 30;
-    pub const COUNT: u32 = 31;
+    /// A neighbour advertisement for an address that is not the sender's
+    /// own (given, claimed, or the link-local of its MAC): it would move
+    /// another VM's traffic to the sender, or answer DAD for another's
+    /// address (IP filter on).
+    pub const ND_SPOOF_TARGET: u32 = 31;
+    /// A neighbour solicitation or advertisement whose source or target
+    /// link-layer address option is not the sender's MAC (IP filter on).
+    pub const ND_SPOOF_LLADDR: u32 = 32;
+    /// DHCPv4 or DHCPv6 server traffic (BOOTREPLY 67 -> 68; ADVERTISE,
+    /// REPLY or RECONFIGURE 547 -> 546) from a VM on a network vmpath
+    /// serves, or whose `portSecurity.dhcpGuard` is on.
+    pub const DHCP_SPOOF: u32 = 33;
+    /// An ICMPv4 redirect from a VM (IP filter on): only the gateway may
+    /// redirect.
+    pub const ICMP_REDIRECT: u32 = 34;
+    pub const COUNT: u32 = 35;
 
     /// Names as shown in metrics and the CLI, indexed by reason.
     pub const NAMES: [&str; COUNT as usize] = [
@@ -428,6 +451,10 @@ pub mod drop_reason {
         "overlay_no_local_port",
         "overlay_not_relayed",
         "migration_pending",
+        "nd_spoof_target",
+        "nd_spoof_lladdr",
+        "dhcp_spoof",
+        "icmp_redirect",
     ];
 }
 

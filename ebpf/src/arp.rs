@@ -35,6 +35,10 @@ pub fn handle(
     if spoof::mac_filter_on(port) && !mac_eq(&a.sha, &port.mac) {
         return Err(drop_reason::ARP_SPOOF);
     }
+    // Only the gateway speaks for its address, filter or not.
+    if net.flags & NET_F_GW4 != 0 && a.spa == net.gw_ip4 {
+        return Err(drop_reason::ARP_SPOOF);
+    }
     // 0.0.0.0 is an ARP probe (RFC 5227): allowed before the VM owns an address.
     if spoof::ip_filter_on(port) && a.spa != [0; 4] && !spoof::owns_ip4(port, ifindex, a.spa) {
         return Err(drop_reason::ARP_SPOOF);
@@ -49,11 +53,6 @@ pub fn handle(
     if oper != ARP_REQUEST || net.flags & NET_F_GW4 == 0 || a.tpa != net.gw_ip4 {
         return Ok(ArpVerdict::Forward);
     }
-    if a.spa == net.gw_ip4 {
-        // A VM announcing the gateway's own address (GARP): not a question.
-        return Ok(ArpVerdict::Forward);
-    }
-
     let requester_mac = a.sha;
     let requester_ip = a.spa;
     a.oper = ARP_REPLY.to_be_bytes();

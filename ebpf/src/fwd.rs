@@ -3,7 +3,10 @@
 //! overlay to that node), everything else (broadcast, multicast, unknown
 //! unicast) flooded to the network's other local ports
 //! and once to each remote node hosting the network. Lookups are keyed by
-//! network, so no frame crosses into another network.
+//! network, so no frame crosses into another network. Unknown unicast goes
+//! only to the local ports that could hold its MAC: those whose own MAC
+//! is not known yet (detection pending) or whose MAC filter is off; a VM
+//! cannot sniff traffic for an absent MAC just by sharing its network.
 
 use aya_ebpf::{
     bindings::TC_ACT_REDIRECT,
@@ -14,9 +17,10 @@ use vmpath_common::{ENDPOINT_LOCAL, ENDPOINT_REMOTE, EndpointKey, MAX_FLOOD_PORT
 
 use crate::{
     counters::count_tx,
-    maps::{ENDPOINTS, FLOOD},
+    maps::{ENDPOINTS, FLOOD, PORTS},
     overlay,
     parse::is_multicast,
+    spoof,
 };
 
 /// Verdict of a frame that leaves the data path (a redirect) or a drop reason.
@@ -45,7 +49,7 @@ pub fn switch(ctx: &TcContext, ifindex: u32, network: u32, dst: [u8; 6]) -> Verd
             return overlay::to_remote(ctx);
         }
     }
-    flood(ctx, ifindex, network)
+    flood(ctx, ifindex, network, !is_multicast(&dst))
 }
 
 /// Straight into the VM's namespace: the peer of its host-side veth
@@ -87,8 +91,8 @@ pub fn redirected(rc: i64) -> Verdict {
 /// nodes host the network, once to each of them (the `vm_remote` tail
 /// call sends those copies; it takes the original frame last).
 #[inline(always)]
-fn flood(ctx: &TcContext, ifindex: u32, network: u32) -> Verdict {
-    let (last, last_id) = clone_local(ctx, ifindex, network);
+fn flood(ctx: &TcContext, ifindex: u32, network: u32, unknown_unicast: bool) -> Verdict {
+    let (last, last_id) = clone_local(ctx, ifindex, network, unknown_unicast);
     if overlay::has_remote(network) {
         if last != 0 && ctx.clone_redirect(last, 0).is_ok() {
             count_tx(last_id, ctx.len());
@@ -104,8 +108,8 @@ fn flood(ctx: &TcContext, ifindex: u32, network: u32) -> Verdict {
 /// From the overlay: to the network's local ports only, never back to
 /// another node (every node floods to all the others itself).
 #[inline(always)]
-pub fn flood_local(ctx: &TcContext, network: u32) -> Verdict {
-    let (last, last_id) = clone_local(ctx, 0, network);
+pub fn flood_local(ctx: &TcContext, network: u32, unknown_unicast: bool) -> Verdict {
+    let (last, last_id) = clone_local(ctx, 0, network, unknown_unicast);
     if last == 0 {
         return Err(drop_reason::OVERLAY_NO_LOCAL_PORT);
     }
@@ -114,9 +118,10 @@ pub fn flood_local(ctx: &TcContext, network: u32) -> Verdict {
 
 /// Clones the frame to every local port of `network` except `skip` and
 /// the last one, which it returns (ifindex 0: none) with its port id for
-/// the caller to hand the original to.
+/// the caller to hand the original to. `unknown_unicast`: only to ports
+/// that may hold an unknown MAC.
 #[inline(always)]
-fn clone_local(ctx: &TcContext, skip: u32, network: u32) -> (u32, u32) {
+fn clone_local(ctx: &TcContext, skip: u32, network: u32, unknown_unicast: bool) -> (u32, u32) {
     // SAFETY: a map lookup; the value stays valid for this program run.
     let Some(list) = (unsafe { FLOOD.get(&network) }) else {
         return (0, 0);
@@ -139,6 +144,9 @@ fn clone_local(ctx: &TcContext, skip: u32, network: u32) -> (u32, u32) {
         if target == 0 || target == skip {
             continue;
         }
+        if unknown_unicast && !may_hold_unknown_mac(target) {
+            continue;
+        }
         if last != 0 && ctx.clone_redirect(last, 0).is_ok() {
             count_tx(last_id, len);
         }
@@ -146,4 +154,16 @@ fn clone_local(ctx: &TcContext, skip: u32, network: u32) -> (u32, u32) {
         last_id = target_id;
     }
     (last, last_id)
+}
+
+/// Could the port at `ifindex` receive frames for a MAC the network does
+/// not know? Not once its MAC is known and filtered: it sends only from
+/// that MAC, so nothing behind it has another.
+#[inline(always)]
+fn may_hold_unknown_mac(ifindex: u32) -> bool {
+    // SAFETY: a map lookup; the value stays valid for this program run.
+    match unsafe { PORTS.get(&ifindex) } {
+        Some(port) => !spoof::mac_filter_on(port),
+        None => false,
+    }
 }

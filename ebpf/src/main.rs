@@ -26,8 +26,8 @@ mod vxlan;
 use aya_ebpf::{bindings::TC_ACT_SHOT, macros::classifier, programs::TcContext};
 use network_types::{eth::EthHdr, ip::Ipv4Hdr, ip::Ipv6Hdr, udp::UdpHdr};
 use vmpath_common::{
-    LEARNED_FROM_DHCP, LEARNED_FROM_IPV4, LEARNED_FROM_IPV6, NO_PORT_ID, NetworkInfo, PORT_F_DHCP,
-    PORT_F_PENDING, PortInfo, drop_reason,
+    LEARNED_FROM_DHCP, LEARNED_FROM_IPV4, LEARNED_FROM_IPV6, NET_F_GW4, NO_PORT_ID, NetworkInfo,
+    PORT_F_DHCP, PORT_F_DHCP_GUARD, PORT_F_PENDING, PortInfo, drop_reason,
 };
 
 use crate::{
@@ -38,7 +38,10 @@ use crate::{
 };
 
 const DHCP4_SERVER_PORT: u16 = 67;
+const DHCP4_CLIENT_PORT: u16 = 68;
 const DHCP6_SERVER_PORT: u16 = 547;
+const DHCP6_CLIENT_PORT: u16 = 546;
+const ICMP_REDIRECT: u8 = 5;
 
 /// tcx ingress on a VM port (host side of the VM pod's veth): every frame
 /// the VM sends.
@@ -86,6 +89,12 @@ fn try_vm_port(ctx: &TcContext, ifindex: u32, port: &PortInfo) -> Verdict {
         return Err(drop_reason::MAC_SPOOF);
     }
 
+    // The kernel takes a VLAN tag off into the skb before tc sees the
+    // frame: without this, a tagged frame would pass as its payload and
+    // reach the other VMs tagged.
+    if spoof::ip_filter_on(port) && unsafe { (*ctx.skb.skb).vlan_present } != 0 {
+        return Err(drop_reason::ETHERTYPE);
+    }
     match ether_type {
         ETH_P_ARP => match arp::handle(ctx, ifindex, port, network_of(port)?)? {
             ArpVerdict::Answered => gateway_reply(ifindex, port),
@@ -140,10 +149,26 @@ fn ipv4(ctx: &TcContext, ifindex: u32, port: &PortInfo, dst: [u8; 6], src: [u8; 
         learn::mac(ifindex, port, &src, LEARNED_FROM_DHCP);
     }
     if proto == IPPROTO_UDP
+        && port.flags & PORT_F_DHCP_GUARD != 0
+        && udp_ports(ctx, l4_off)? == (DHCP4_SERVER_PORT, DHCP4_CLIENT_PORT)
+    {
+        // A rogue DHCP server's offer or ack (server -> client).
+        return Err(drop_reason::DHCP_SPOOF);
+    }
+    if proto == IPPROTO_UDP
         && port.flags & PORT_F_DHCP != 0
         && udp_dst_port(ctx, l4_off)? == DHCP4_SERVER_PORT
     {
         return slowpath::punt(ctx, port);
+    }
+    if proto == IPPROTO_ICMP && !is_fragment(ctx)? {
+        let icmp_type: u8 = ctx.load(l4_off).map_err(|_| drop_reason::MALFORMED)?;
+        // Only the gateway redirects.
+        if icmp_type == ICMP_REDIRECT
+            && (spoof::ip_filter_on(port) || network_of(port)?.flags & NET_F_GW4 != 0)
+        {
+            return Err(drop_reason::ICMP_REDIRECT);
+        }
     }
 
     if mac_eq(&dst, &port.gw_mac) {
@@ -187,6 +212,27 @@ fn ipv6(ctx: &TcContext, ifindex: u32, port: &PortInfo, dst: [u8; 6], src: [u8; 
         learn::ip6(ifindex, port, &src_ip, &src, LEARNED_FROM_IPV6);
     }
 
+    // What the packet carries, past any extension headers: a guard must
+    // not be hidden behind them.
+    let (proto, l4_off) = spoof::upper_layer6(ctx, next_hdr)?;
+    if proto == IPPROTO_UDP
+        && port.flags & PORT_F_DHCP_GUARD != 0
+        && udp_ports(ctx, l4_off)? == (DHCP6_SERVER_PORT, DHCP6_CLIENT_PORT)
+    {
+        // A rogue DHCPv6 server's advertise, reply or reconfigure.
+        return Err(drop_reason::DHCP_SPOOF);
+    }
+    if proto == IPPROTO_ICMPV6 {
+        let net = network_of(port)?;
+        let filter = spoof::ip_filter_on(port);
+        let mac = spoof::nd_mac(port, &src);
+        if let Some(target) = nd::guard(ctx, l4_off, net, &mac, filter)?
+            && !spoof::owns_nd_target(port, ifindex, &target, &mac)
+        {
+            return Err(drop_reason::ND_SPOOF_TARGET);
+        }
+    }
+
     let dhcp = port.flags & PORT_F_DHCP != 0;
     if dhcp && next_hdr == IPPROTO_UDP && udp_dst_port(ctx, ETH_LEN + 40)? == DHCP6_SERVER_PORT {
         return slowpath::punt(ctx, port);
@@ -197,11 +243,6 @@ fn ipv6(ctx: &TcContext, ifindex: u32, port: &PortInfo, dst: [u8; 6], src: [u8; 
             return slowpath::punt(ctx, port);
         }
         let net = network_of(port)?;
-        // Only the gateway advertises routes or redirects, and only it
-        // speaks for its addresses.
-        if spoof::ip_filter_on(port) && nd::claims_router(ctx, net, icmp_type)? {
-            return Err(drop_reason::ND_SPOOF);
-        }
         if icmp_type == nd::ND_NEIGHBOR_SOLICIT && !spoof::is_unspecified6(&src_ip) {
             if let Some(target) = nd::ns_gateway_target(ctx, net)? {
                 nd::neighbor_advert(ctx, net, target)?;
@@ -227,6 +268,16 @@ fn ipv6(ctx: &TcContext, ifindex: u32, port: &PortInfo, dst: [u8; 6], src: [u8; 
 fn is_fragment(ctx: &TcContext) -> Result<bool, u32> {
     let ip = hdr::<Ipv4Hdr>(ctx, ETH_LEN)?;
     Ok(u16::from_be_bytes(ip.frags) & 0x3fff != 0)
+}
+
+/// (source, destination) ports of the UDP header at `l4_off`.
+#[inline(always)]
+fn udp_ports(ctx: &TcContext, l4_off: usize) -> Result<(u16, u16), u32> {
+    let ports: [u8; 4] = ctx.load(l4_off).map_err(|_| drop_reason::MALFORMED)?;
+    Ok((
+        u16::from_be_bytes([ports[0], ports[1]]),
+        u16::from_be_bytes([ports[2], ports[3]]),
+    ))
 }
 
 #[inline(always)]

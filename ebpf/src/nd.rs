@@ -14,7 +14,7 @@ pub const ICMPV6_ECHO_REQUEST: u8 = 128;
 const ICMPV6_ECHO_REPLY: u8 = 129;
 pub const ND_ROUTER_SOLICIT: u8 = 133;
 pub const ND_NEIGHBOR_SOLICIT: u8 = 135;
-const ND_ROUTER_ADVERT: u8 = 134;
+pub const ND_ROUTER_ADVERT: u8 = 134;
 const ND_NEIGHBOR_ADVERT_TYPE: u8 = 136;
 const ND_REDIRECT: u8 = 137;
 const ND_NEIGHBOR_ADVERT: u8 = 136;
@@ -50,19 +50,95 @@ pub fn is_gateway6(net: &NetworkInfo, addr: &[u8; 16]) -> bool {
     net.flags & NET_F_GW6 != 0 && (addr16_eq(addr, &net.gw_ip6) || addr16_eq(addr, &net.gw_ll6))
 }
 
-/// Does this ICMPv6 message from a VM speak as a router: an RA, a redirect,
-/// or an NA for one of the gateway's addresses?
+/// Link-layer address options (RFC 4861 4.6.1).
+const OPT_SOURCE_LLA: u8 = 1;
+const OPT_TARGET_LLA: u8 = 2;
+/// NS/NA: ICMPv6 header, reserved/flags, target; then options.
+const ND_FIXED_LEN: usize = 4 + 4 + 16;
+/// Options walked per message. An honest NS/NA carries one or two; one
+/// with more is refused rather than letting a forged address hide past
+/// the walk.
+const MAX_ND_OPTIONS: usize = 6;
+
+/// Neighbour discovery a VM may not send, for `vm_port` and `vxlan_rx`
+/// alike. `l4` is the ICMPv6 message's offset, `mac` the sender's own MAC,
+/// `filter` whether the sender's network filters source IPs. Drops router
+/// advertisements and redirects (where vmpath is the gateway or the filter
+/// is on), a neighbour advertisement for a gateway address, and, with the
+/// filter on, an NS or NA whose link-layer option is not `mac`. Returns the
+/// target of an NA the filter must still check (is it the sender's?).
 #[inline(always)]
-pub fn claims_router(ctx: &TcContext, net: &NetworkInfo, icmp_type: u8) -> Result<bool, u32> {
+pub fn guard(
+    ctx: &TcContext,
+    l4: usize,
+    net: &NetworkInfo,
+    mac: &[u8; 6],
+    filter: bool,
+) -> Result<Option<[u8; 16]>, u32> {
+    let hdr: [u8; 4] = ctx.load(l4).map_err(|_| drop_reason::MALFORMED)?;
+    let icmp_type = hdr[0];
     if icmp_type == ND_ROUTER_ADVERT || icmp_type == ND_REDIRECT {
-        return Ok(true);
+        if filter || net.flags & NET_F_GW6 != 0 {
+            return Err(drop_reason::ND_SPOOF);
+        }
+        return Ok(None);
     }
-    if icmp_type != ND_NEIGHBOR_ADVERT_TYPE {
-        return Ok(false);
+    if icmp_type != ND_NEIGHBOR_SOLICIT && icmp_type != ND_NEIGHBOR_ADVERT_TYPE {
+        return Ok(None);
     }
-    let na: *const NsMsg = ptr_at(ctx, L4_OFF)?;
-    let target = unsafe { (*na).target };
-    Ok(is_gateway6(net, &target))
+    let target: [u8; 16] = ctx.load(l4 + 8).map_err(|_| drop_reason::MALFORMED)?;
+    let advert = icmp_type == ND_NEIGHBOR_ADVERT_TYPE;
+    // Only the gateway speaks for its addresses.
+    if advert && is_gateway6(net, &target) {
+        return Err(drop_reason::ND_SPOOF);
+    }
+    if !filter {
+        return Ok(None);
+    }
+    let option = if advert {
+        OPT_TARGET_LLA
+    } else {
+        OPT_SOURCE_LLA
+    };
+    lla_options_are(ctx, l4 + ND_FIXED_LEN, option, mac)?;
+    Ok(if advert { Some(target) } else { None })
+}
+
+/// Every link-layer address option of `kind` from `off` to the end of the
+/// IPv6 payload names `mac` (a receiver may take the first or the last).
+#[inline(always)]
+fn lla_options_are(ctx: &TcContext, mut off: usize, kind: u8, mac: &[u8; 6]) -> Result<(), u32> {
+    let payload_len: [u8; 2] = ctx.load(ETH_LEN + 4).map_err(|_| drop_reason::MALFORMED)?;
+    let end = L4_OFF + usize::from(u16::from_be_bytes(payload_len));
+    let mut i = 0;
+    while i < MAX_ND_OPTIONS {
+        if off >= end {
+            return Ok(());
+        }
+        let opt: [u8; 8] = ctx.load(off).map_err(|_| drop_reason::MALFORMED)?;
+        if opt[1] == 0 {
+            // RFC 4861 4.6: a zero-length option invalidates the message.
+            return Err(drop_reason::MALFORMED);
+        }
+        if opt[0] == kind
+            && (opt[1] != 1
+                || opt[2] != mac[0]
+                || opt[3] != mac[1]
+                || opt[4] != mac[2]
+                || opt[5] != mac[3]
+                || opt[6] != mac[4]
+                || opt[7] != mac[5])
+        {
+            return Err(drop_reason::ND_SPOOF_LLADDR);
+        }
+        off += usize::from(opt[1]) * 8;
+        i += 1;
+    }
+    if off >= end {
+        Ok(())
+    } else {
+        Err(drop_reason::ND_SPOOF_LLADDR)
+    }
 }
 
 /// If the NS at L4 asks for a gateway address, the address it asks for.

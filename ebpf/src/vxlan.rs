@@ -15,17 +15,22 @@ use aya_ebpf::{
     macros::classifier,
     programs::TcContext,
 };
-use network_types::eth::EthHdr;
+use network_types::{eth::EthHdr, ip::Ipv6Hdr};
 use vmpath_common::{
-    ENDPOINT_LOCAL, EndpointKey, NO_PORT_ID, RELAY_TTL, RELAYED_TTL_MAX, drop_reason,
+    ENDPOINT_LOCAL, EndpointKey, NET_F_IP_FILTER, NO_PORT_ID, NetworkInfo, RELAY_TTL,
+    RELAYED_TTL_MAX, drop_reason,
 };
 
 use crate::{
     counters,
     fwd::{self, Verdict},
     maps::{ENDPOINTS, NETWORKS},
-    migrate, overlay,
-    parse::{is_multicast, mac_eq, ptr_at, zeroed},
+    migrate, nd, overlay,
+    parse::{
+        ETH_LEN, ETH_P_ARP, ETH_P_IP, ETH_P_IPV6, ETH_P_RARP, IPPROTO_ICMPV6, is_multicast, mac_eq,
+        ptr_at, zeroed,
+    },
+    spoof,
 };
 
 #[classifier]
@@ -72,6 +77,21 @@ fn try_vxlan_rx(ctx: &TcContext) -> Verdict {
     if is_multicast(&src) {
         return Err(drop_reason::SRC_MULTICAST);
     }
+    let ether_type = u16::from_be(unsafe { (*eth).ether_type });
+    if net.flags & NET_F_IP_FILTER != 0
+        && (unsafe { (*ctx.skb.skb).vlan_present } != 0
+            || (ether_type != ETH_P_IP
+                && ether_type != ETH_P_IPV6
+                && ether_type != ETH_P_ARP
+                && ether_type != ETH_P_RARP))
+    {
+        // As on a VM port: VLAN tags (taken off into the skb by the
+        // kernel) and other ethertypes would carry frames past the checks.
+        return Err(drop_reason::ETHERTYPE);
+    }
+    if ether_type == ETH_P_IPV6 {
+        nd_guard(ctx, network, net, &src)?;
+    }
     // A migrating VM speaking from its new node moves its endpoint here;
     // a MAC the config does not place is learned behind the sending node
     // (never the gateway's, which every node answers for itself).
@@ -94,7 +114,27 @@ fn try_vxlan_rx(ctx: &TcContext) -> Verdict {
             return relay(ctx, key, ep.node_ip4, from);
         }
     }
-    fwd::flood_local(ctx, network)
+    fwd::flood_local(ctx, network, !is_multicast(&dst))
+}
+
+/// A VM on another node is no more trusted than a local one: the
+/// neighbour discovery it may not send from its port is dropped here too
+/// (its node checked it already; this holds should that node not).
+#[inline(always)]
+fn nd_guard(ctx: &TcContext, network: u32, net: &NetworkInfo, src: &[u8; 6]) -> Result<(), u32> {
+    let ip: *const Ipv6Hdr = ptr_at(ctx, ETH_LEN)?;
+    let next_hdr = unsafe { (*ip).next_hdr };
+    let (proto, l4_off) = spoof::upper_layer6(ctx, next_hdr)?;
+    if proto != IPPROTO_ICMPV6 {
+        return Ok(());
+    }
+    let filter = net.flags & NET_F_IP_FILTER != 0;
+    if let Some(target) = nd::guard(ctx, l4_off, net, src, filter)?
+        && !spoof::remote_owns_nd_target(network, &target, src)
+    {
+        return Err(drop_reason::ND_SPOOF_TARGET);
+    }
+    Ok(())
 }
 
 /// Re-encapsulates a frame for a VM that lives on `to` now, with the relay

@@ -41,8 +41,8 @@ use vmpath::{
 };
 use vmpath_common::{
     ADDR_STATIC, AddrInfo, ENDPOINT_LOCAL, Endpoint, EndpointKey, FloodList, NET_F_GW4, NET_F_GW6,
-    NetworkInfo, OverlayConfig, PORT_F_IP_FILTER, PORT_F_MAC_FILTER, PORT_F_MAC_KNOWN, PortInfo,
-    PortStats, RemoteLearned, default_gateway_mac,
+    NetworkInfo, OverlayConfig, PORT_F_DHCP_GUARD, PORT_F_IP_FILTER, PORT_F_MAC_FILTER,
+    PORT_F_MAC_KNOWN, PortInfo, PortStats, RemoteLearned, default_gateway_mac,
     drop_reason::{self, *},
     link_local_from_mac,
 };
@@ -673,6 +673,12 @@ fn case(name: &'static str, port: P, flags: u16, frame: Vec<u8>, expect: Expect)
 
 /// Runs every row of a table on one fixture and reports all failing rows.
 fn run_table(cases: Vec<Case>) {
+    run_table_after(|_| {}, cases);
+}
+
+/// As [`run_table`], on a fixture `setup` changed first (other ports'
+/// flags, say).
+fn run_table_after(setup: impl FnOnce(&mut Fixture) + Send, cases: Vec<Case>) {
     assert!(!cases.is_empty());
     let names: BTreeSet<&str> = cases.iter().map(|c| c.name).collect();
     assert_eq!(names.len(), cases.len(), "row names must be unique");
@@ -684,6 +690,7 @@ fn run_table(cases: Vec<Case>) {
     }
     in_netns(|| {
         let mut fx = Fixture::new();
+        setup(&mut fx);
         let failures: Vec<String> = cases
             .iter()
             .filter_map(|c| fx.check(c).err().map(|e| format!("  {}:\n    {e}", c.name)))
@@ -824,9 +831,9 @@ fn arp() {
         case("reply (not a request) naming the gateway address -> switched", A, FILTERS,
             reply_naming_gw,
             Forward(&[B, C])),
-        case("GARP for the gateway address, IP filter off -> flooded, not answered", C, NO_IP_FILTER,
+        case("GARP for the gateway address, IP filter off -> ARP_SPOOF (only the gateway speaks for it)", C, NO_IP_FILTER,
             arp_request(C.mac(), GW1_IP4, GW1_IP4),
-            Forward(&[A, B])),
+            Dropped(ARP_SPOOF)),
         case("request for the gateway of a network without IPv4 gateway -> nobody else", D, FILTERS,
             arp_request(D.mac(), D.ip4(), GW2_IP4),
             Dropped(NO_DESTINATION)),
@@ -1052,9 +1059,9 @@ fn nd_gateway() {
         case("a VM's router advertisement -> ND_SPOOF", A, FILTERS,
             icmp6(A.mac(), ALL_NODES_MAC, A.ll6(), ALL_NODES, 255, icmp6_raw(134, 0, [64, 0x80, 7, 8]), &[0; 8]),
             Dropped(ND_SPOOF)),
-        case("a VM's router advertisement with the IP filter off -> flooded", A, NO_FILTERS,
+        case("a VM's router advertisement with the IP filter off, vmpath the gateway -> ND_SPOOF", A, NO_FILTERS,
             icmp6(A.mac(), ALL_NODES_MAC, A.ll6(), ALL_NODES, 255, icmp6_raw(134, 0, [64, 0x80, 7, 8]), &[0; 8]),
-            Forward(&[B, C])),
+            Dropped(ND_SPOOF)),
         case("a VM's redirect -> ND_SPOOF", A, FILTERS,
             icmp6(A.mac(), B.mac(), A.ll6(), B.ip6(), 255, icmp6_raw(137, 0, [0; 4]), &[0; 32]),
             Dropped(ND_SPOOF)),
@@ -1123,6 +1130,290 @@ fn nd_gateway() {
     run_table(rows);
 }
 
+/// A neighbour advertisement for `target` with the given R/S/O flags byte
+/// and options.
+fn na(smac: Mac, dmac: Mac, src: Ip6, dst: Ip6, target: Ip6, flags: u8, options: &[u8]) -> Vec<u8> {
+    icmp6(
+        smac,
+        dmac,
+        src,
+        dst,
+        255,
+        icmp6_raw(136, 0, [flags, 0, 0, 0]),
+        &[target.as_slice(), options].concat(),
+    )
+}
+
+/// Solicited, Override.
+const NA_SO: u8 = 0x60;
+const NA_S: u8 = 0x40;
+const NA_O: u8 = 0x20;
+
+/// Neighbour discovery spoofing: a VM's NA may only advertise its own
+/// addresses with its own MAC, its NS only name its own MAC; DAD probes
+/// pass, answering another's DAD does not.
+#[test]
+fn nd_spoofing() {
+    let own_tlla = lla_option(2, A.mac());
+    let forged_tlla = lla_option(2, B.mac());
+    let own_slla = lla_option(1, A.mac());
+    let forged_slla = lla_option(1, FOREIGN_MAC);
+    let nonce = [14, 1, 1, 2, 3, 4, 5, 6];
+    let sn_b = solicited_node(B.ip6());
+    let sn_b_mac = multicast_mac6(sn_b);
+    let hbh_na = icmp6_with(
+        A.mac(),
+        ALL_NODES_MAC,
+        v6_router_alert(A.ll6(), ALL_NODES, 255),
+        icmp6_raw(136, 0, [NA_O, 0, 0, 0]),
+        &[B.ip6().as_slice(), &own_tlla].concat(),
+    );
+    let hbh_ra = icmp6_with(
+        A.mac(),
+        ALL_NODES_MAC,
+        v6_router_alert(A.ll6(), ALL_NODES, 255),
+        icmp6_raw(134, 0, [64, 0x80, 7, 8]),
+        &[0; 8],
+    );
+    let many_options: Vec<u8> = [nonce; 6].concat().into_iter().chain(forged_tlla).collect();
+    #[rustfmt::skip]
+    let rows = vec![
+        // Target: own, other, gateway.
+        case("NA for its own address, override set, own TLLA -> flooded", A, FILTERS,
+            na(A.mac(), ALL_NODES_MAC, A.ip6(), ALL_NODES, A.ip6(), NA_O, &own_tlla),
+            Forward(&[B, C])),
+        case("NA for its own address, override unset -> flooded", A, FILTERS,
+            na(A.mac(), ALL_NODES_MAC, A.ip6(), ALL_NODES, A.ip6(), 0, &own_tlla),
+            Forward(&[B, C])),
+        case("solicited NA for its own address without TLLA -> that port", A, FILTERS,
+            na(A.mac(), B.mac(), A.ip6(), B.ip6(), A.ip6(), NA_S, &[]),
+            Forward(&[B])),
+        case("NA for its MAC's link-local -> flooded", A, FILTERS,
+            na(A.mac(), ALL_NODES_MAC, A.ll6(), ALL_NODES, A.ll6(), NA_O, &own_tlla),
+            Forward(&[B, C])),
+        case("NA for another VM's address, override set -> ND_SPOOF_TARGET", A, FILTERS,
+            na(A.mac(), ALL_NODES_MAC, A.ll6(), ALL_NODES, B.ip6(), NA_O, &own_tlla),
+            Dropped(ND_SPOOF_TARGET)),
+        case("NA for another VM's address, override unset -> ND_SPOOF_TARGET", A, FILTERS,
+            na(A.mac(), C.mac(), A.ip6(), C.ip6(), B.ip6(), NA_S, &own_tlla),
+            Dropped(ND_SPOOF_TARGET)),
+        case("NA for another VM's address without TLLA -> ND_SPOOF_TARGET", A, FILTERS,
+            na(A.mac(), ALL_NODES_MAC, A.ip6(), ALL_NODES, B.ip6(), NA_SO, &[]),
+            Dropped(ND_SPOOF_TARGET)),
+        case("NA for another VM's link-local -> ND_SPOOF_TARGET", A, FILTERS,
+            na(A.mac(), ALL_NODES_MAC, A.ll6(), ALL_NODES, B.ll6(), NA_O, &own_tlla),
+            Dropped(ND_SPOOF_TARGET)),
+        case("NA for an address nobody has -> ND_SPOOF_TARGET", A, FILTERS,
+            na(A.mac(), ALL_NODES_MAC, A.ll6(), ALL_NODES, FOREIGN_IP6, NA_O, &own_tlla),
+            Dropped(ND_SPOOF_TARGET)),
+        case("NA answering another VM's DAD (to all-nodes, unsolicited) -> ND_SPOOF_TARGET", A, FILTERS,
+            na(A.mac(), ALL_NODES_MAC, A.ll6(), ALL_NODES, B.ip6(), NA_O, &own_tlla),
+            Dropped(ND_SPOOF_TARGET)),
+        case("NA for the gateway link-local -> ND_SPOOF", A, FILTERS,
+            na(A.mac(), ALL_NODES_MAC, A.ll6(), ALL_NODES, GW1_LL6, NA_O, &own_tlla),
+            Dropped(ND_SPOOF)),
+        case("NA for the gateway address with the IP filter off -> ND_SPOOF", A, NO_FILTERS,
+            na(A.mac(), ALL_NODES_MAC, A.ll6(), ALL_NODES, GW1_IP6, NA_O, &own_tlla),
+            Dropped(ND_SPOOF)),
+        case("NA for another VM's address behind a hop-by-hop header -> ND_SPOOF_TARGET", A, FILTERS,
+            hbh_na,
+            Dropped(ND_SPOOF_TARGET)),
+        case("RA behind a hop-by-hop header -> ND_SPOOF", A, FILTERS,
+            hbh_ra,
+            Dropped(ND_SPOOF)),
+        // TLLA: own, forged.
+        case("NA for its own address with a forged TLLA -> ND_SPOOF_LLADDR", A, FILTERS,
+            na(A.mac(), ALL_NODES_MAC, A.ip6(), ALL_NODES, A.ip6(), NA_O, &forged_tlla),
+            Dropped(ND_SPOOF_LLADDR)),
+        case("NA with its own TLLA, then a forged one -> ND_SPOOF_LLADDR", A, FILTERS,
+            na(A.mac(), ALL_NODES_MAC, A.ip6(), ALL_NODES, A.ip6(), NA_O, &[own_tlla, forged_tlla].concat()),
+            Dropped(ND_SPOOF_LLADDR)),
+        case("NA with a forged TLLA behind six other options -> ND_SPOOF_LLADDR", A, FILTERS,
+            na(A.mac(), ALL_NODES_MAC, A.ip6(), ALL_NODES, A.ip6(), NA_O, &many_options),
+            Dropped(ND_SPOOF_LLADDR)),
+        case("NA with a zero-length option -> MALFORMED", A, FILTERS,
+            na(A.mac(), ALL_NODES_MAC, A.ip6(), ALL_NODES, A.ip6(), NA_O, &[2, 0, 0, 0, 0, 0, 0, 0]),
+            Dropped(MALFORMED)),
+        // SLLAO: own, forged; DAD.
+        case("NS for another VM with its own SLLA -> flooded", A, FILTERS,
+            ns(A.mac(), sn_b_mac, A.ip6(), sn_b, 255, B.ip6(), &own_slla),
+            Forward(&[B, C])),
+        case("NS for another VM without SLLA -> flooded", A, FILTERS,
+            ns(A.mac(), sn_b_mac, A.ip6(), sn_b, 255, B.ip6(), &[]),
+            Forward(&[B, C])),
+        case("NS for another VM with a forged SLLA -> ND_SPOOF_LLADDR", A, FILTERS,
+            ns(A.mac(), sn_b_mac, A.ip6(), sn_b, 255, B.ip6(), &forged_slla),
+            Dropped(ND_SPOOF_LLADDR)),
+        case("NS with another VM's MAC as SLLA -> ND_SPOOF_LLADDR", A, FILTERS,
+            ns(A.mac(), sn_b_mac, A.ip6(), sn_b, 255, B.ip6(), &lla_option(1, C.mac())),
+            Dropped(ND_SPOOF_LLADDR)),
+        case("NS for the gateway with a forged SLLA -> ND_SPOOF_LLADDR, not answered", A, FILTERS,
+            ns(A.mac(), multicast_mac6(solicited_node(GW1_IP6)), A.ip6(), solicited_node(GW1_IP6), 255, GW1_IP6, &forged_slla),
+            Dropped(ND_SPOOF_LLADDR)),
+        case("DAD probe from :: for another VM's address -> flooded", A, FILTERS,
+            ns(A.mac(), sn_b_mac, UNSPEC6, sn_b, 255, B.ip6(), &[]),
+            Forward(&[B, C])),
+        case("DAD probe from :: with a nonce -> flooded", A, FILTERS,
+            ns(A.mac(), multicast_mac6(solicited_node(A.ip6())), UNSPEC6, solicited_node(A.ip6()), 255, A.ip6(), &nonce),
+            Forward(&[B, C])),
+        case("DAD probe from :: with a forged SLLA -> ND_SPOOF_LLADDR", A, FILTERS,
+            ns(A.mac(), sn_b_mac, UNSPEC6, sn_b, 255, B.ip6(), &forged_slla),
+            Dropped(ND_SPOOF_LLADDR)),
+        // No IP filter (IPAM-less default): neighbour discovery is the VMs' own.
+        case("IP filter off: NA for another VM's address -> flooded", A, NO_FILTERS,
+            na(A.mac(), ALL_NODES_MAC, A.ll6(), ALL_NODES, B.ip6(), NA_O, &forged_tlla),
+            Forward(&[B, C])),
+        case("IP filter off: NS with a forged SLLA -> flooded", A, NO_FILTERS,
+            ns(A.mac(), sn_b_mac, A.ip6(), sn_b, 255, B.ip6(), &forged_slla),
+            Forward(&[B, C])),
+        // MAC not known yet: held to the frame's source MAC.
+        case("MAC unknown: NA for its own address with the source MAC as TLLA -> flooded", A, MAC_UNKNOWN,
+            na(A.mac(), ALL_NODES_MAC, A.ip6(), ALL_NODES, A.ip6(), NA_O, &own_tlla),
+            Forward(&[B, C])),
+        case("MAC unknown: NA with another MAC as TLLA -> ND_SPOOF_LLADDR", A, MAC_UNKNOWN,
+            na(A.mac(), ALL_NODES_MAC, A.ip6(), ALL_NODES, A.ip6(), NA_O, &forged_tlla),
+            Dropped(ND_SPOOF_LLADDR)),
+    ];
+    run_table(rows);
+}
+
+/// Rogue services: a VM's DHCP server traffic where the guard is on, and
+/// router advertisements, redirects and gateway ARP/NA where vmpath is the
+/// gateway, filter or not.
+#[test]
+fn rogue_services() {
+    const GUARD: u16 = FILTERS | PORT_F_DHCP_GUARD;
+    let offer =
+        |dmac: Mac, dst: Ip4| udp4(A.mac(), dmac, ipv4_hdr(A.ip4(), dst, 64), 67, 68, &bootp(2));
+    let dhcp6 = |msg: u8| {
+        udp6(
+            A.mac(),
+            B.mac(),
+            A.ll6(),
+            B.ll6(),
+            255,
+            547,
+            546,
+            &[msg, 1, 2, 3],
+        )
+    };
+    let hbh_dhcp6 = udp6_with(
+        A.mac(),
+        B.mac(),
+        v6_router_alert(A.ll6(), B.ll6(), 255),
+        547,
+        546,
+    );
+    let redirect4 = || {
+        icmp4(
+            A.mac(),
+            B.mac(),
+            ipv4_hdr(A.ip4(), B.ip4(), 64),
+            icmp4_raw(5, 1, GW1_IP4),
+            &[0; 28],
+        )
+    };
+    #[rustfmt::skip]
+    let rows = vec![
+        case("DHCPOFFER/ACK (BOOTREPLY 67 -> 68) broadcast, guard on -> DHCP_SPOOF", A, GUARD,
+            offer(BROADCAST, [255; 4]),
+            Dropped(DHCP_SPOOF)),
+        case("BOOTREPLY 67 -> 68 unicast to a VM, guard on -> DHCP_SPOOF", A, GUARD,
+            offer(B.mac(), B.ip4()),
+            Dropped(DHCP_SPOOF)),
+        case("BOOTREPLY 67 -> 68, guard off (IPAM-less default) -> flooded", A, FILTERS,
+            offer(BROADCAST, [255; 4]),
+            Forward(&[B, C])),
+        case("DHCP client request 68 -> 67, guard on -> flooded", A, NO_FILTERS | PORT_F_DHCP_GUARD,
+            udp4(A.mac(), BROADCAST, ipv4_hdr([0; 4], [255; 4], 64), 68, 67, &bootp(1)),
+            Forward(&[B, C])),
+        case("relay-to-server 67 -> 67, guard on -> switched", A, GUARD,
+            udp4(A.mac(), B.mac(), ipv4_hdr(A.ip4(), B.ip4(), 64), 67, 67, &bootp(1)),
+            Forward(&[B])),
+        case("DHCPv6 ADVERTISE 547 -> 546, guard on -> DHCP_SPOOF", A, GUARD,
+            dhcp6(2),
+            Dropped(DHCP_SPOOF)),
+        case("DHCPv6 REPLY 547 -> 546, guard on -> DHCP_SPOOF", A, GUARD,
+            dhcp6(7),
+            Dropped(DHCP_SPOOF)),
+        case("DHCPv6 RECONFIGURE 547 -> 546, guard on -> DHCP_SPOOF", A, GUARD,
+            dhcp6(10),
+            Dropped(DHCP_SPOOF)),
+        case("DHCPv6 server traffic behind a hop-by-hop header, guard on -> DHCP_SPOOF", A, GUARD,
+            hbh_dhcp6,
+            Dropped(DHCP_SPOOF)),
+        case("DHCPv6 REPLY 547 -> 546, guard off -> switched", A, FILTERS,
+            dhcp6(7),
+            Forward(&[B])),
+        case("ICMPv4 redirect, IP filter on -> ICMP_REDIRECT", A, FILTERS,
+            redirect4(),
+            Dropped(ICMP_REDIRECT)),
+        case("ICMPv4 redirect, IP filter off, vmpath the gateway -> ICMP_REDIRECT", A, NO_FILTERS,
+            redirect4(),
+            Dropped(ICMP_REDIRECT)),
+        case("ICMPv4 echo to another VM (control) -> switched", A, FILTERS,
+            icmp4(A.mac(), B.mac(), ipv4_hdr(A.ip4(), B.ip4(), 64), echo4_request(1, 1), &[0; 8]),
+            Forward(&[B])),
+        case("ICMPv6 redirect, IP filter off, vmpath the gateway -> ND_SPOOF", A, NO_FILTERS,
+            icmp6(A.mac(), B.mac(), A.ll6(), B.ip6(), 255, icmp6_raw(137, 0, [0; 4]), &[0; 32]),
+            Dropped(ND_SPOOF)),
+        case("RA on a network without a vmpath IPv6 gateway, filter off -> not ND_SPOOF (D is alone)", D, NO_FILTERS,
+            icmp6(D.mac(), ALL_NODES_MAC, D.ll6(), ALL_NODES, 255, icmp6_raw(134, 0, [64, 0x80, 7, 8]), &[0; 8]),
+            Dropped(NO_DESTINATION)),
+        case("ARP reply claiming the gateway address, IP filter on -> ARP_SPOOF", A, FILTERS,
+            frames::arp(A.mac(), B.mac(), ArpOperation::REPLY, A.mac(), GW1_IP4, B.mac(), B.ip4()),
+            Dropped(ARP_SPOOF)),
+        case("ARP reply claiming the gateway address, IP filter off -> ARP_SPOOF", A, NO_FILTERS,
+            frames::arp(A.mac(), B.mac(), ArpOperation::REPLY, A.mac(), GW1_IP4, B.mac(), B.ip4()),
+            Dropped(ARP_SPOOF)),
+        case("gratuitous ARP for the gateway address, IP filter off -> ARP_SPOOF", A, NO_FILTERS,
+            arp_request(A.mac(), GW1_IP4, GW1_IP4),
+            Dropped(ARP_SPOOF)),
+        case("ARP request for another VM, IP filter off (control) -> flooded", A, NO_FILTERS,
+            arp_request(A.mac(), A.ip4(), B.ip4()),
+            Forward(&[B, C])),
+    ];
+    run_table(rows);
+}
+
+/// Unknown unicast goes only to ports that could hold the MAC: B's MAC is
+/// not known yet (detection pending), C's is known and filtered. With the
+/// MAC filter off a port may bridge other MACs, so it gets them too.
+#[test]
+fn unknown_unicast_only_to_ports_that_may_hold_it() {
+    #[rustfmt::skip]
+    let rows = vec![
+        case("unknown unicast -> only B, whose MAC is pending", A, NO_MAC_FILTER,
+            udp_hello(A, FOREIGN_MAC, FOREIGN_IP4),
+            Forward(&[B])),
+        case("unknown IPv6 unicast -> only B", A, NO_MAC_FILTER,
+            udp6(A.mac(), FOREIGN_MAC, A.ip6(), FOREIGN_IP6, 64, 1, 2, b"x"),
+            Forward(&[B])),
+        case("broadcast -> B and C", A, NO_MAC_FILTER,
+            udp_hello(A, BROADCAST, [255; 4]),
+            Forward(&[B, C])),
+        case("known unicast to C -> C", A, NO_MAC_FILTER,
+            udp_hello(A, C.mac(), C.ip4()),
+            Forward(&[C])),
+        case("unknown unicast from C -> A (MAC filter off) and B", C, FILTERS,
+            udp_hello(C, FOREIGN_MAC, FOREIGN_IP4),
+            Forward(&[A, B])),
+    ];
+    run_table_after(|fx| fx.set_flags(B, MAC_UNKNOWN), rows);
+}
+
+/// A BOOTP message of `op` (1 request, 2 reply) from A, with the magic
+/// cookie: 240 bytes.
+fn bootp(op: u8) -> Vec<u8> {
+    let mut m = vec![0u8; 240];
+    m[0] = op;
+    m[1] = 1;
+    m[2] = 6;
+    m[28..34].copy_from_slice(&A.mac());
+    m[236..240].copy_from_slice(&[99, 130, 83, 99]);
+    m
+}
+
 /// A small UDP datagram from `from`'s port to `dmac` / `dst`.
 fn udp_hello(from: P, dmac: Mac, dst: Ip4) -> Vec<u8> {
     udp4(
@@ -1163,12 +1454,12 @@ fn l2_switching() {
         case("IPv6 unicast to a local VM -> its port only", A, FILTERS,
             udp6(A.mac(), C.mac(), A.ip6(), C.ip6(), 64, 1, 2, b"x"),
             Forward(&[C])),
-        case("unknown unicast -> flooded to the network's other ports", A, FILTERS,
+        case("unknown unicast, every other port's MAC known and filtered -> NO_DESTINATION", A, FILTERS,
             udp(A, FOREIGN_MAC, FOREIGN_IP4),
-            Forward(&[B, C])),
-        case("unicast to a MAC of another network -> flooded in its own network only", A, FILTERS,
+            Dropped(NO_DESTINATION)),
+        case("unicast to a MAC of another network -> unknown here, NO_DESTINATION", A, FILTERS,
             udp(A, D.mac(), D.ip4()),
-            Forward(&[B, C])),
+            Dropped(NO_DESTINATION)),
         case("unicast to the port's own MAC -> NO_DESTINATION", A, FILTERS,
             udp(A, A.mac(), A.ip4()),
             Dropped(NO_DESTINATION)),
@@ -1211,9 +1502,9 @@ fn learned_remote_macs() {
         (case("unicast to a learned remote MAC -> the overlay only, no local flood", A, FILTERS,
             udp(A, learned_mac, FOREIGN_IP4),
             Forward(&[])), 1),
-        (case("unicast to an unknown MAC -> still flooded locally", A, FILTERS,
+        (case("unicast to an unknown MAC -> not to local ports whose MAC is known", A, FILTERS,
             udp(A, FOREIGN_MAC, FOREIGN_IP4),
-            Forward(&[B, C])), 0),
+            Dropped(NO_DESTINATION)), 0),
         (case("a learned entry for a local VM's MAC -> the local port wins", A, FILTERS,
             udp(A, B.mac(), B.ip4()),
             Forward(&[B])), 0),

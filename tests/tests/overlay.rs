@@ -341,6 +341,120 @@ for vni, src in ((999, '{FOREIGN_IP}'), (100, '192.0.2.99')):
     });
 }
 
+/// The link-layer address `vm`'s IPv6 neighbour table holds for `ip`.
+fn neigh6_mac(vm: &Vm, ip: &str) -> String {
+    let out = vm
+        .ns
+        .run(&["ip", "-6", "-j", "neigh", "show", ip, "dev", "eth0"]);
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap_or_default();
+    v.get(0)
+        .and_then(|e| e.get("lladdr"))
+        .and_then(|m| m.as_str())
+        .unwrap_or("")
+        .to_string()
+}
+
+/// A VM on another node is no more trusted than a local one: frames from
+/// the foreign VTEP's host (a known node of blue) arriving at node a over
+/// VXLAN with a forged NA for vm2's address, an NA naming another MAC, a
+/// router advertisement and a VLAN-tagged NA are dropped by type and never
+/// change vm1's
+/// neighbour table; the host announcing its own address does.
+#[test]
+fn forged_neighbour_discovery_over_the_overlay_is_dropped() {
+    let bed = two_nodes();
+    let fv = foreign_vtep(&bed);
+    assert!(fv.ping(NODE_A_IP, 1));
+    assert!(
+        bed.vm1.ns.ping("fd20::12", 2),
+        "vm1 -> vm2 IPv6 over the overlay"
+    );
+    let m2 = bed.vm2.mac.clone();
+    assert_eq!(neigh6_mac(&bed.vm1, "fd20::12"), m2);
+    let stale = "52:54:00:00:99:99";
+    bed.vm1.ns.run(&[
+        "ip", "-6", "neigh", "replace", "fd20::50", "lladdr", stale, "dev", "eth0", "nud", "stale",
+    ]);
+    let drops = |r| bed.a.drops(r);
+    let before = [
+        drops(common::drop_reason::ND_SPOOF_TARGET),
+        drops(common::drop_reason::ND_SPOOF_LLADDR),
+        drops(common::drop_reason::ND_SPOOF),
+        drops(common::drop_reason::ETHERTYPE),
+    ];
+    let send = |inner: &str| {
+        fv.scapy(&format!(
+            "inner = {inner}
+send(IP(src='{FOREIGN_IP}', dst='{NODE_A_IP}')/UDP(sport=40000, dport=4789)/VXLAN(flags=8, vni=100)/inner, count=2)
+"
+        ))
+    };
+    let all_nodes = format!(
+        "Ether(src='{FOREIGN_MAC}', dst='33:33:00:00:00:01')/IPv6(src='fd20::50', dst='ff02::1', hlim=255)"
+    );
+    send(&format!(
+        "{all_nodes}/ICMPv6ND_NA(tgt='fd20::12', R=0, S=0, O=1)/ICMPv6NDOptDstLLAddr(lladdr='{FOREIGN_MAC}')"
+    ));
+    send(&format!(
+        "{all_nodes}/ICMPv6ND_NA(tgt='fd20::50', R=0, S=0, O=1)/ICMPv6NDOptDstLLAddr(lladdr='{m2}')"
+    ));
+    send(&format!(
+        "{all_nodes}/ICMPv6ND_RA()/ICMPv6NDOptPrefixInfo(prefix='fd66::', prefixlen=64)"
+    ));
+    // The forged NA again, behind a VLAN tag.
+    send(&format!(
+        "Ether(src='{FOREIGN_MAC}', dst='33:33:00:00:00:01')/Dot1Q(vlan=10)/IPv6(src='fd20::50', dst='ff02::1', hlim=255)/ICMPv6ND_NA(tgt='fd20::12', R=0, S=0, O=1)/ICMPv6NDOptDstLLAddr(lladdr='{FOREIGN_MAC}')"
+    ));
+    let reasons = [
+        common::drop_reason::ND_SPOOF_TARGET,
+        common::drop_reason::ND_SPOOF_LLADDR,
+        common::drop_reason::ND_SPOOF,
+        common::drop_reason::ETHERTYPE,
+    ];
+    let counted = || -> Vec<u64> {
+        reasons
+            .iter()
+            .zip(before)
+            .map(|(&r, b)| drops(r) - b)
+            .collect()
+    };
+    let want = vec![2, 2, 2, 2];
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while counted() != want && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(
+        counted(),
+        want,
+        "drops on a (nd_spoof_target, nd_spoof_lladdr, nd_spoof, ethertype)"
+    );
+    assert_eq!(
+        neigh6_mac(&bed.vm1, "fd20::50"),
+        stale,
+        "a forged NA got through"
+    );
+    // The control: the host announces its own address with its own MAC.
+    send(&format!(
+        "{all_nodes}/ICMPv6ND_NA(tgt='fd20::50', R=0, S=0, O=1)/ICMPv6NDOptDstLLAddr(lladdr='{FOREIGN_MAC}')"
+    ));
+    wait_for(
+        "vm1 takes the host's own announcement",
+        Duration::from_secs(5),
+        || neigh6_mac(&bed.vm1, "fd20::50") == FOREIGN_MAC,
+    );
+    assert_eq!(
+        neigh6_mac(&bed.vm1, "fd20::12"),
+        m2,
+        "vm1's entry for vm2 moved"
+    );
+    let routes = bed.vm1.ns.run(&["ip", "-6", "route"]);
+    assert!(
+        !routes.contains("fd66::"),
+        "the rogue RA's prefix arrived: {routes}"
+    );
+    assert!(bed.vm1.ns.ping("fd20::12", 2), "vm1 -> vm2 IPv6 after");
+}
+
 // ---------------------------------------------------------------------------
 // VXLAN source learning: a MAC detected on its node, learned by the others
 // ---------------------------------------------------------------------------

@@ -82,6 +82,8 @@ pub struct Network {
     pub ipam: bool,
     pub mac_filter: bool,
     pub ip_filter: bool,
+    /// DHCP server traffic from the network's VMs is dropped.
+    pub dhcp_guard: bool,
     pub egress: Egress,
     pub advertise: Advertise,
     pub mtu: u16,

@@ -72,6 +72,12 @@ pub struct PortSecurity {
     /// Source IP filtering; defaults to `ipam.mode == Enabled`.
     #[serde(default)]
     pub ip: Option<bool>,
+    /// Drop DHCPv4/DHCPv6 server traffic (a rogue DHCP server) from the
+    /// network's VMs. Defaults to `ipam.mode == Enabled`, where it cannot
+    /// be switched off (vmpath is the network's DHCP server); on an
+    /// IPAM-less network a VM may be the DHCP server unless this is `true`.
+    #[serde(default, rename = "dhcpGuard")]
+    pub dhcp_guard: Option<bool>,
 }
 
 #[derive(Debug, Clone, Copy, Deserialize, Serialize, PartialEq, Eq, Default)]

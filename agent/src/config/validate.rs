@@ -374,6 +374,12 @@ fn network(doc: &Doc) -> Result<Network, ConfigError> {
             ));
         }
     }
+    if ipam && spec.port_security.dhcp_guard == Some(false) {
+        return Err(doc.error(
+            "spec.portSecurity.dhcpGuard",
+            "false is refused where vmpath serves DHCP (ipam.mode Enabled): a VM's DHCP server would race vmpath's",
+        ));
+    }
     Ok(Network {
         name: doc.meta.name.clone(),
         id: spec.id,
@@ -385,6 +391,7 @@ fn network(doc: &Doc) -> Result<Network, ConfigError> {
         ipam,
         mac_filter: spec.port_security.mac.unwrap_or(true),
         ip_filter: spec.port_security.ip.unwrap_or(ipam),
+        dhcp_guard: spec.port_security.dhcp_guard.unwrap_or(ipam),
         egress: spec.egress,
         advertise: spec.advertise,
         mtu,

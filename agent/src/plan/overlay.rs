@@ -13,7 +13,9 @@
 
 use std::net::IpAddr;
 
-use vmpath_common::{ENDPOINT_REMOTE, Endpoint, EndpointKey, MAX_FLOOD_NODES};
+use vmpath_common::{
+    ADDR_STATIC, AddrInfo, ENDPOINT_REMOTE, Endpoint, EndpointKey, MAX_FLOOD_NODES,
+};
 
 use super::Plan;
 use crate::{
@@ -78,6 +80,20 @@ pub fn overlay(cfg: &Resolved, node: &str, plan: &mut Plan) {
             }
             _ => None,
         };
+        // Its addresses, for the overlay's neighbour discovery check: an
+        // NA from that node may advertise them (and only with this MAC,
+        // where known). A local owner wins.
+        for (ip, _) in &att.addresses {
+            plan.addresses
+                .entry(super::addr_key(net.id, ip.addr()))
+                .or_insert(AddrInfo {
+                    ifindex: 0,
+                    origin: ADDR_STATIC,
+                    mac: known.unwrap_or([0; 6]),
+                    _pad: [0; 2],
+                    port_id: 0,
+                });
+        }
         if let Some(mac) = known {
             // A local port with the same MAC wins (validation refuses such
             // collisions; this only keeps a local VM reachable meanwhile).
@@ -163,12 +179,12 @@ spec: {vm: vm1, interface: eth0, network: blue, node: a, port: p1, mac: '52:54:0
 apiVersion: vmpath.dev/v1alpha1
 kind: Attachment
 metadata: {name: vm2, namespace: prod}
-spec: {vm: vm2, interface: eth0, network: blue, node: b, port: p2, mac: '52:54:00:00:00:02'}
+spec: {vm: vm2, interface: eth0, network: blue, node: b, port: p2, mac: '52:54:00:00:00:02', ips: [10.20.0.12/16]}
 ---
 apiVersion: vmpath.dev/v1alpha1
 kind: Attachment
 metadata: {name: vm3, namespace: prod}
-spec: {vm: vm3, interface: eth0, network: blue, node: b, port: p3}
+spec: {vm: vm3, interface: eth0, network: blue, node: b, port: p3, ips: [10.20.0.13/16]}
 ---
 apiVersion: vmpath.dev/v1alpha1
 kind: Attachment
@@ -215,6 +231,20 @@ spec: {vm: vm4, interface: eth0, network: blue, node: c, port: p4, mac: '52:54:0
             "{:?}",
             plan.problems
         );
+    }
+
+    /// A remote VM's addresses are in `vmp_addresses` with no local port
+    /// and its MAC where this node knows it: `vxlan_rx` checks the
+    /// neighbour advertisements that node sends for them.
+    #[test]
+    fn remote_addresses_name_their_mac_where_known() {
+        let plan = plan_for("a");
+        let addr = |ip: &str| plan.addresses[&crate::plan::addr_key(100, ip.parse().unwrap())];
+        let vm2 = addr("10.20.0.12");
+        assert_eq!((vm2.ifindex, vm2.mac), (0, [0x52, 0x54, 0, 0, 0, 2]));
+        // vm3's MAC is detected on b: unknown here.
+        let vm3 = addr("10.20.0.13");
+        assert_eq!((vm3.ifindex, vm3.mac), (0, [0; 6]));
     }
 
     #[test]
