@@ -194,6 +194,11 @@ pub struct InterfaceDetail {
     /// and dropped for this interface, by kind.
     #[serde(default)]
     pub dhcp: Option<crate::slowpath::Counters>,
+    /// Slow-path frames the data path dropped over the port's rate
+    /// (`slowpath_rate_limited`), by class (`dhcp4`, `dhcp6`,
+    /// `router_solicit`). Present when the port is programmed here.
+    #[serde(default)]
+    pub slowpath_rate_limited: Option<std::collections::BTreeMap<String, u64>>,
 }
 
 /// `GET /v1/vms/{namespace}/{vm}`.
@@ -392,6 +397,20 @@ pub fn route(shared: &SharedView, bpffs: &Path, path: &str) -> Reply {
                             .map(PortCounters::from),
                         _ => None,
                     };
+                    let slowpath_rate_limited = match (state, a.ifindex, &maps) {
+                        (state::LOCAL, Some(ifindex), Some(maps)) => maps
+                            .slow_rate_limited(ifindex)
+                            .ok()
+                            .flatten()
+                            .map(|by_class| {
+                                vmpath_common::slow_class::NAMES
+                                    .iter()
+                                    .zip(by_class)
+                                    .map(|(name, n)| (name.to_string(), n))
+                                    .collect()
+                            }),
+                        _ => None,
+                    };
                     let key = format!("{}/{}/{}", a.namespace, a.vm, a.interface);
                     let dhcp = crate::slowpath::service::stats()
                         .lock()
@@ -404,6 +423,7 @@ pub fn route(shared: &SharedView, bpffs: &Path, path: &str) -> Reply {
                         state: state.to_string(),
                         counters,
                         dhcp,
+                        slowpath_rate_limited,
                     }
                 })
                 .collect();

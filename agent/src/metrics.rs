@@ -220,10 +220,34 @@ pub fn render(view: &View, maps: Option<&Maps>) -> Result<String> {
             "ARP, ND and echo requests the gateway answered in place.",
             &PORT_LABELS,
         )?;
+        let rate_limited = counter_vec(
+            &r,
+            "vmpath_port_slowpath_rate_limited_total",
+            "DHCPv4, DHCPv6 and router solicitation frames from the VM dropped over its slow-path rate, by class.",
+            &[PORT_LABELS.as_slice(), &["class"]].concat(),
+        )?;
         for a in &view.attachments {
             let Some(ifindex) = a.ifindex else { continue };
             if api::state_of(view, a) != state::LOCAL {
                 continue;
+            }
+            match maps.slow_rate_limited(ifindex) {
+                Ok(Some(by_class)) => {
+                    for (class, n) in vmpath_common::slow_class::NAMES.iter().zip(by_class) {
+                        rate_limited
+                            .with_label_values(&[
+                                a.network.as_str(),
+                                a.namespace.as_str(),
+                                a.vm.as_str(),
+                                a.interface.as_str(),
+                                a.port.as_str(),
+                                class,
+                            ])
+                            .inc_by(n);
+                    }
+                }
+                Ok(None) => {}
+                Err(e) => warn!(port = %a.port, "reading slow-path meters: {e:#}"),
             }
             let stats = match maps.port_stats(ifindex) {
                 Ok(Some(s)) => s,

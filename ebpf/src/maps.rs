@@ -8,7 +8,7 @@ use aya_ebpf::{
 use vmpath_common::{
     AddrInfo, AddrKey, Endpoint, EndpointKey, FloodList, LearnedIp, LearnedMac, MAX_ADDRESSES,
     MAX_ENDPOINTS, MAX_LEARNED_IPS, MAX_NETWORKS, MAX_PORTS, NetworkInfo, PortInfo, PortStats,
-    SlowPath, drop_reason,
+    SlowLimits, SlowMeter, SlowPath, drop_reason,
 };
 
 /// ifindex of a VM port (host side) -> the port.
@@ -61,3 +61,11 @@ pub static SLOW: Array<SlowPath, 1> = Array::new();
 /// Queue index -> the agent's AF_XDP socket on `vmp-slow1`.
 #[btf_map(name = "vmp_xsks")]
 pub static XSKS: XskMap<4> = XskMap::new();
+
+/// Port id -> the port's slow-path limits per class (set by the agent).
+#[btf_map(name = "vmp_slow_limits")]
+pub static SLOW_LIMITS: Array<SlowLimits, { MAX_PORTS as usize }> = Array::new();
+
+/// Port id -> the port's slow-path token buckets, per CPU (`meter`).
+#[btf_map(name = "vmp_slow_meter")]
+pub static SLOW_METER: PerCpuArray<SlowMeter, { MAX_PORTS as usize }> = PerCpuArray::new();

@@ -7,11 +7,14 @@ use std::{
 
 use ipnet::IpNet;
 use serde::de::DeserializeOwned;
-use vmpath_common::default_gateway_mac;
+use vmpath_common::{default_gateway_mac, slow_class};
 
 use super::{
     Attachment, AttachmentKey, Config, ConfigError, DocRef, Network, Node,
-    model::{API_VERSION, AttachmentSpec, IpamMode, Metadata, NetworkSpec, NodeSpec},
+    model::{
+        API_VERSION, AttachmentSpec, IpamMode, Metadata, NetworkSpec, NodeSpec, RateLimit,
+        SlowPathLimitsSpec,
+    },
     parse_mac,
     source::{RawDocument, Snapshot},
 };
@@ -374,6 +377,7 @@ fn network(doc: &Doc) -> Result<Network, ConfigError> {
             ));
         }
     }
+    let slow_path_limits = slow_path_limits(doc, &spec.slow_path_limits)?;
     Ok(Network {
         name: doc.meta.name.clone(),
         id: spec.id,
@@ -389,8 +393,53 @@ fn network(doc: &Doc) -> Result<Network, ConfigError> {
         advertise: spec.advertise,
         mtu,
         dhcp: spec.dhcp,
+        slow_path_limits,
         source: doc.source(),
     })
+}
+
+/// Default slow-path limits per port, by `slow_class`: far above what a
+/// booting or renewing client sends (a DHCP exchange is 2 frames, with
+/// retries a handful; RS 3 in 12 s), far below a flood.
+pub const DEFAULT_SLOW_PATH_LIMITS: [RateLimit; slow_class::COUNT] = [
+    RateLimit {
+        rate: 20,
+        burst: 40,
+    },
+    RateLimit {
+        rate: 20,
+        burst: 40,
+    },
+    RateLimit {
+        rate: 10,
+        burst: 20,
+    },
+];
+/// Upper bound of `rate` and `burst`: beyond it the limit protects nothing.
+const MAX_SLOW_PATH_LIMIT: u32 = 100_000;
+
+fn slow_path_limits(
+    doc: &Doc,
+    spec: &SlowPathLimitsSpec,
+) -> Result<[RateLimit; slow_class::COUNT], ConfigError> {
+    let mut out = DEFAULT_SLOW_PATH_LIMITS;
+    for (class, field, given) in [
+        (slow_class::DHCP4, "dhcp4", spec.dhcp4),
+        (slow_class::DHCP6, "dhcp6", spec.dhcp6),
+        (slow_class::RS, "routerSolicit", spec.router_solicit),
+    ] {
+        let Some(limit) = given else { continue };
+        for (name, v) in [("rate", limit.rate), ("burst", limit.burst)] {
+            if !(1..=MAX_SLOW_PATH_LIMIT).contains(&v) {
+                return Err(doc.error(
+                    &format!("spec.slowPathLimits.{field}.{name}"),
+                    format!("{v} is outside 1..={MAX_SLOW_PATH_LIMIT}"),
+                ));
+            }
+        }
+        out[class] = limit;
+    }
+    Ok(out)
 }
 
 fn attachment(doc: &Doc, cfg: &Config) -> Result<Attachment, ConfigError> {
