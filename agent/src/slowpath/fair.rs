@@ -14,11 +14,14 @@ pub const BATCH: u32 = 256;
 /// Frames one port is served per batch; the rest of its frames in the
 /// batch are dropped (`over_quota`).
 pub const PORT_QUOTA: usize = 16;
-/// Frames the slow path serves per second, node-wide, and at once. Far
-/// above what the ports' data-path limits let through in normal life;
-/// reached only when many ports flood at their limit together.
-pub const SERVE_RATE: u64 = 5_000;
-pub const SERVE_BURST: u64 = 1_000;
+/// Frames the slow path serves per second by default, node-wide (the
+/// agent's `--slowpath-serve-rate`). Far above what the ports' data-path
+/// limits let through in normal life (every port of a node booting at once
+/// is served within seconds); reached only when many ports flood at their
+/// limit together. About a fifth of a core.
+pub const DEFAULT_SERVE_RATE: u64 = 10_000;
+/// The budget's burst: a fifth of a second's worth.
+const BURST_SECONDS_DIV: u64 = 5;
 
 /// What to do with each frame of a batch.
 #[derive(Debug, Default, PartialEq, Eq)]
@@ -66,29 +69,35 @@ pub fn schedule(ports: &[Option<u16>], budget: usize) -> Schedule {
 
 /// The node-wide serving budget: a token bucket over wall time.
 pub struct Budget {
+    rate: u64,
+    burst: u64,
     tokens: u64,
     last: Instant,
 }
 
-impl Default for Budget {
-    fn default() -> Self {
+impl Budget {
+    /// `rate` frames per second (at least 1).
+    pub fn new(rate: u64) -> Self {
+        let rate = rate.max(1);
+        let burst = (rate / BURST_SECONDS_DIV).max(BATCH as u64);
         Budget {
-            tokens: SERVE_BURST,
+            rate,
+            burst,
+            tokens: burst,
             last: Instant::now(),
         }
     }
-}
 
-impl Budget {
     /// Frames that may be served now.
     pub fn available(&mut self) -> usize {
         let now = Instant::now();
-        let earned = now.duration_since(self.last).as_nanos() as u64 * SERVE_RATE / 1_000_000_000;
+        let elapsed = now.duration_since(self.last).as_nanos();
+        let earned = (elapsed * u128::from(self.rate) / 1_000_000_000) as u64;
         if earned > 0 {
-            self.tokens = (self.tokens + earned).min(SERVE_BURST);
+            self.tokens = self.tokens.saturating_add(earned).min(self.burst);
             // Keep the remainder: advance by exactly what was earned.
-            self.last += Duration::from_nanos(earned * 1_000_000_000 / SERVE_RATE);
-            if self.tokens == SERVE_BURST {
+            self.last += Duration::from_nanos(earned * 1_000_000_000 / self.rate);
+            if self.tokens == self.burst {
                 self.last = now;
             }
         }
@@ -99,12 +108,14 @@ impl Budget {
         self.tokens = self.tokens.saturating_sub(n as u64);
     }
 
-    /// How long until a frame may be served again (zero: now).
+    /// How long to sleep before serving again (zero: serve now). An empty
+    /// budget waits for a port's quota worth, not a single frame's, so a
+    /// saturated slow path wakes up rarely.
     pub fn wait(&mut self) -> Duration {
         if self.available() > 0 {
             Duration::ZERO
         } else {
-            Duration::from_nanos(1_000_000_000 / SERVE_RATE)
+            Duration::from_nanos(PORT_QUOTA as u64 * 1_000_000_000 / self.rate)
         }
     }
 }
@@ -167,11 +178,12 @@ mod tests {
 
     #[test]
     fn the_budget_refills_with_time_and_caps_at_its_burst() {
-        let mut b = Budget::default();
-        assert_eq!(b.available(), SERVE_BURST as usize);
-        b.spend(SERVE_BURST as usize);
-        assert!(b.available() < SERVE_BURST as usize);
+        let mut b = Budget::new(DEFAULT_SERVE_RATE);
+        let burst = (DEFAULT_SERVE_RATE / BURST_SECONDS_DIV) as usize;
+        assert_eq!(b.available(), burst);
+        b.spend(burst);
+        assert!(b.available() < burst);
         b.last -= Duration::from_secs(10);
-        assert_eq!(b.available(), SERVE_BURST as usize);
+        assert_eq!(b.available(), burst);
     }
 }

@@ -216,6 +216,7 @@ pub fn start(
     root: &std::path::Path,
     services: Services,
     stats: SharedStats,
+    serve_rate: u64,
 ) -> Result<()> {
     ensure_interfaces()?;
     let links = links_dir(root);
@@ -242,13 +243,19 @@ pub fn start(
     info!(ifindex = slow0, "slow path serving DHCPv4, DHCPv6 and RA");
     std::thread::Builder::new()
         .name("slowpath".into())
-        .spawn(move || serve(xsk, xsks, services, stats))?;
+        .spawn(move || serve(xsk, xsks, services, stats, serve_rate))?;
     Ok(())
 }
 
-fn serve(mut xsk: afxdp::Xsk, _xsks: XskMap<MapData>, services: Services, stats: SharedStats) {
+fn serve(
+    mut xsk: afxdp::Xsk,
+    _xsks: XskMap<MapData>,
+    services: Services,
+    stats: SharedStats,
+    serve_rate: u64,
+) {
     let mut last_ra = Instant::now() - RA_INTERVAL;
-    let mut budget = fair::Budget::default();
+    let mut budget = fair::Budget::new(serve_rate);
     loop {
         // Over the node-wide budget: frames wait in the ring (and the
         // kernel drops what does not fit) rather than the agent spinning.
@@ -428,7 +435,7 @@ mod tests {
         let stats = SharedStats::default();
         let frame = discover_frame();
         let frames: Vec<&[u8]> = vec![&frame[..]; 100];
-        let mut budget = fair::Budget::default();
+        let mut budget = fair::Budget::new(fair::DEFAULT_SERVE_RATE);
         let replies = serve_batch(&frames, &mut budget, &services(), &stats);
         assert_eq!(replies.len(), fair::PORT_QUOTA);
         let st = stats.lock().unwrap();
