@@ -11,6 +11,8 @@
 //!   dhcp      DHCP exchanges per second and latency through the slow path
 //!   migration live-migration loss window over the overlay (the migration
 //!             test's scenario) against the sender's interval
+//!   flood     one VM flooding the slow path: another VM's DHCP latency and
+//!             success against no flood, and the agent's CPU
 //!
 //! Needs root; everything runs in network namespaces it creates and
 //! removes (guards), and no packet leaves them.
@@ -19,6 +21,7 @@ mod control;
 mod dhcp;
 mod e2e;
 mod external;
+mod flood;
 mod migration;
 mod overlay_cost;
 mod progcost;
@@ -62,7 +65,7 @@ fn parse_args() -> Result<Args> {
             }
             "-h" | "--help" => {
                 println!(
-                    "vmpath-bench [--out DIR] [--runs N] [--only progcost,e2e,external,control,dhcp,migration] [--quick]"
+                    "vmpath-bench [--out DIR] [--runs N] [--only progcost,e2e,external,control,dhcp,migration,flood] [--quick]"
                 );
                 std::process::exit(0);
             }
@@ -191,6 +194,14 @@ fn run() -> Result<()> {
         step("5. Live migration loss window", &|| {
             migration::run(&migration::Options {
                 runs: if args.quick { 1 } else { args.runs.min(3) },
+            })
+        });
+    }
+    if want("flood") {
+        step("6. One VM flooding the slow path", &|| {
+            flood::run(&flood::Options {
+                runs: if args.quick { 2 } else { runs },
+                exchanges: if args.quick { 20 } else { 50 },
             })
         });
     }
