@@ -535,3 +535,73 @@ fn check_ifname(doc: &Doc, field: &str, name: &str) -> Result<(), ConfigError> {
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod slow_path_limit_tests {
+    use super::*;
+
+    fn network_with(limits: &str) -> Config {
+        let dir = std::env::temp_dir().join(format!(
+            "vmpath-slow-limits-{}-{}",
+            std::process::id(),
+            limits.len()
+        ));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(
+            dir.join("n.yaml"),
+            format!(
+                "apiVersion: vmpath.dev/v1alpha1\nkind: Network\nmetadata: {{name: blue}}\n\
+                 spec:\n  id: 100\n  subnets: [10.20.0.0/24]\n{limits}"
+            ),
+        )
+        .unwrap();
+        let cfg = super::super::validate(
+            &super::super::source::read_dir(&dir),
+            "a",
+            &BTreeSet::new(),
+        );
+        std::fs::remove_dir_all(&dir).unwrap();
+        cfg
+    }
+
+    #[test]
+    fn defaults_apply_where_nothing_is_given() {
+        let cfg = network_with("");
+        assert!(cfg.errors.is_empty(), "{:?}", cfg.errors);
+        assert_eq!(cfg.networks[0].slow_path_limits, DEFAULT_SLOW_PATH_LIMITS);
+    }
+
+    #[test]
+    fn a_given_class_overrides_only_itself() {
+        let cfg = network_with("  slowPathLimits:\n    dhcp6: {rate: 5, burst: 7}\n");
+        assert!(cfg.errors.is_empty(), "{:?}", cfg.errors);
+        let l = cfg.networks[0].slow_path_limits;
+        assert_eq!(l[slow_class::DHCP6], RateLimit { rate: 5, burst: 7 });
+        assert_eq!(l[slow_class::DHCP4], DEFAULT_SLOW_PATH_LIMITS[slow_class::DHCP4]);
+        assert_eq!(l[slow_class::RS], DEFAULT_SLOW_PATH_LIMITS[slow_class::RS]);
+        let data = cfg.networks[0].slow_limits();
+        assert_eq!(data.class[slow_class::DHCP6].cost_ns, 200_000_000);
+        assert_eq!(data.class[slow_class::DHCP6].cap_ns, 7 * 200_000_000);
+    }
+
+    #[test]
+    fn zero_or_huge_limits_are_refused_naming_the_field() {
+        for (limits, field) in [
+            (
+                "  slowPathLimits:\n    routerSolicit: {rate: 0, burst: 3}\n",
+                "spec.slowPathLimits.routerSolicit.rate",
+            ),
+            (
+                "  slowPathLimits:\n    dhcp4: {rate: 10, burst: 1000000}\n",
+                "spec.slowPathLimits.dhcp4.burst",
+            ),
+        ] {
+            let cfg = network_with(limits);
+            assert!(cfg.networks.is_empty(), "{limits} accepted");
+            assert_eq!(cfg.errors.len(), 1, "{:?}", cfg.errors);
+            assert_eq!(cfg.errors[0].field, field);
+        }
+        let cfg = network_with("  slowPathLimits:\n    dhcp4: {rate: 10}\n");
+        assert!(cfg.networks.is_empty(), "a limit without burst accepted");
+    }
+}
