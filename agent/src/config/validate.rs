@@ -555,11 +555,8 @@ mod slow_path_limit_tests {
             ),
         )
         .unwrap();
-        let cfg = super::super::validate(
-            &super::super::source::read_dir(&dir),
-            "a",
-            &BTreeSet::new(),
-        );
+        let cfg =
+            super::super::validate(&super::super::source::read_dir(&dir), "a", &BTreeSet::new());
         std::fs::remove_dir_all(&dir).unwrap();
         cfg
     }
@@ -577,7 +574,10 @@ mod slow_path_limit_tests {
         assert!(cfg.errors.is_empty(), "{:?}", cfg.errors);
         let l = cfg.networks[0].slow_path_limits;
         assert_eq!(l[slow_class::DHCP6], RateLimit { rate: 5, burst: 7 });
-        assert_eq!(l[slow_class::DHCP4], DEFAULT_SLOW_PATH_LIMITS[slow_class::DHCP4]);
+        assert_eq!(
+            l[slow_class::DHCP4],
+            DEFAULT_SLOW_PATH_LIMITS[slow_class::DHCP4]
+        );
         assert_eq!(l[slow_class::RS], DEFAULT_SLOW_PATH_LIMITS[slow_class::RS]);
         let data = cfg.networks[0].slow_limits();
         assert_eq!(data.class[slow_class::DHCP6].cost_ns, 200_000_000);
