@@ -293,7 +293,7 @@ pub fn serve_batch(
     services: &Services,
     stats: &SharedStats,
 ) -> Vec<Vec<u8>> {
-    let ports: Vec<Option<u16>> = frames.iter().map(|f| port_of(f)).collect();
+    let ports: Vec<Option<u16>> = frames.iter().copied().map(port_of).collect();
     let plan = fair::schedule(&ports, budget.available());
     budget.spend(plan.serve.len());
     for (indices, why) in [

@@ -188,8 +188,7 @@ pub fn run(opts: &Options) -> Result<Section> {
         let limited = summary(&phases.iter().map(|p| p.limited_pps).collect::<Vec<_>>());
         (
             format!(
-                "| {name} | {} | {ok}/{total} ({}%) | {} | {} | {} | {} | {} |\n",
-                total,
+                "| {name} | {total} | {ok}/{total} ({}%) | {} | {} | {} | {} | {} |\n",
                 fmt(100.0 * ok as f64 / total.max(1) as f64),
                 fmt(summary(&medians).median),
                 fmt(percentile(&lat, 99.0)),
