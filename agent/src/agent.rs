@@ -35,6 +35,8 @@ pub struct AgentOptions {
     pub interval: Duration,
     /// The node's uplink: routed ingress and SNAT return traffic.
     pub uplink: String,
+    /// Slow-path frames served per second, all ports together.
+    pub slowpath_serve_rate: u64,
 }
 
 fn write_status(dir: &Path, view: &View) -> Result<()> {
@@ -197,7 +199,13 @@ pub fn run(
     let mut dp = Dataplane::open(&opts.bpffs).context("opening the data path")?;
     shared.dataplane_opened();
     let services = slowpath::Services::default();
-    if let Err(e) = slowpath::start(&mut dp, &opts.bpffs, services.clone(), slow_stats) {
+    if let Err(e) = slowpath::start(
+        &mut dp,
+        &opts.bpffs,
+        services.clone(),
+        slow_stats,
+        opts.slowpath_serve_rate,
+    ) {
         error!("slow path (DHCP, DHCPv6, RA) not available: {e:#}");
     }
     info!(node = %opts.node, bpffs = %opts.bpffs.display(), config = %opts.config_dir.display(), "agent started");

@@ -166,6 +166,11 @@ pub struct InterfaceDetail {
     /// and dropped for this interface, by kind.
     #[serde(default)]
     pub dhcp: Option<crate::slowpath::Counters>,
+    /// Slow-path frames the data path dropped over the port's rate
+    /// (`slowpath_rate_limited`), by class (`dhcp4`, `dhcp6`,
+    /// `router_solicit`). Present when the port is programmed here.
+    #[serde(default)]
+    pub slowpath_rate_limited: Option<std::collections::BTreeMap<String, u64>>,
 }
 
 /// `GET /v1/vms/{namespace}/{vm}`.
@@ -295,6 +300,18 @@ pub fn route(observer: &Observer, path: &str) -> Reply {
                         }
                         _ => None,
                     };
+                    let slowpath_rate_limited = match (state, a.ifindex, &snap.dataplane) {
+                        (state::LOCAL, Some(ifindex), Ok(dp)) => {
+                            dp.rate_limited.get(&ifindex).map(|by_class| {
+                                vmpath_common::slow_class::NAMES
+                                    .iter()
+                                    .zip(by_class)
+                                    .map(|(name, n)| (name.to_string(), *n))
+                                    .collect()
+                            })
+                        }
+                        _ => None,
+                    };
                     let key = format!("{}/{}/{}", a.namespace, a.vm, a.interface);
                     let dhcp = snap.slow.ports.get(&key).cloned();
                     InterfaceDetail {
@@ -302,6 +319,7 @@ pub fn route(observer: &Observer, path: &str) -> Reply {
                         state: state.to_string(),
                         counters,
                         dhcp,
+                        slowpath_rate_limited,
                     }
                 })
                 .collect();

@@ -455,6 +455,17 @@ fn format_interface(i: &InterfaceDetail) -> String {
         ),
         None => "none (port not programmed on this node)".into(),
     };
+    let rate_limited = match &i.slowpath_rate_limited {
+        Some(by_class) => format!(
+            "slow-path frames dropped: {}",
+            by_class
+                .iter()
+                .map(|(class, n)| format!("{class} {n}"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
+        None => String::new(),
+    };
     for (k, v) in [
         ("mac", mac),
         ("ips", format_ips(&a.ips)),
@@ -463,6 +474,7 @@ fn format_interface(i: &InterfaceDetail) -> String {
         ("state", i.state.clone()),
         ("migration", migration),
         ("counters", counters),
+        ("rate-limit", rate_limited),
     ] {
         let _ = writeln!(out, "    {:<11} {}", format!("{k}:"), or_dash(&v));
     }

@@ -33,6 +33,7 @@ use vmpath_common::{
 };
 
 pub mod batch;
+mod meter;
 mod migrate;
 mod north_south;
 mod overlay;
@@ -214,6 +215,10 @@ pub struct Maps {
     pub remote_learned: HashMap<MapData, EndpointKey, vmpath_common::RemoteLearned>,
     /// Live migration: target ports whose VM spoke (`vm_migrate`).
     pub migrated: HashMap<MapData, u32, vmpath_common::MigrationEvent>,
+    /// Slow-path limits per port id (`meter`).
+    pub slow_limits: Array<MapData, vmpath_common::SlowLimits>,
+    /// Slow-path token buckets per port id, per CPU (`meter`).
+    pub slow_meter: PerCpuArray<MapData, vmpath_common::SlowMeter>,
 }
 
 fn open_map(root: &Path, name: &str) -> Result<Map> {
@@ -250,6 +255,8 @@ impl Maps {
             overlay_stats: open_map(root, map_names::OVERLAY_STATS)?.try_into()?,
             remote_learned: open_map(root, map_names::REMOTE_LEARNED)?.try_into()?,
             migrated: open_map(root, map_names::MIGRATED)?.try_into()?,
+            slow_limits: open_map(root, map_names::SLOW_LIMITS)?.try_into()?,
+            slow_meter: open_map(root, map_names::SLOW_METER)?.try_into()?,
         })
     }
 
@@ -319,6 +326,8 @@ pub struct Dataplane {
     /// The bench's baseline programs, once `load_bench_baselines` ran.
     #[cfg(feature = "bench")]
     bench: Option<Ebpf>,
+    /// What this agent wrote to `vmp_slow_limits`, by port id.
+    slow_limits_written: BTreeMap<u32, vmpath_common::SlowLimits>,
 }
 
 impl Dataplane {
@@ -388,6 +397,7 @@ impl Dataplane {
             attached: BTreeSet::new(),
             #[cfg(feature = "bench")]
             bench: None,
+            slow_limits_written: BTreeMap::new(),
         })
     }
 
@@ -579,6 +589,7 @@ impl Dataplane {
             batch::update_batch_per_cpu(self.maps.port_stats.map(), &slots, batch::BPF_ANY)
                 .context("zeroing port counters")?;
         }
+        self.apply_slow_limits(plan, &reset)?;
         sync(&mut self.maps.ports, &ports)?;
         sync(&mut self.maps.port_ids, &port_ids)?;
 

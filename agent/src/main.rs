@@ -73,6 +73,13 @@ struct AgentArgs {
     /// How often the config dir and interfaces are checked.
     #[arg(long, default_value_t = 200)]
     interval_ms: u64,
+    /// Slow-path frames (DHCPv4, DHCPv6, RS) the agent serves per second,
+    /// all ports together; ports take turns within it. Bounds the agent's
+    /// CPU whatever the VMs send (each port is also limited in the data
+    /// path by its network's `slowPathLimits`).
+    #[arg(long, default_value_t = vmpath::slowpath::fair::DEFAULT_SERVE_RATE,
+          value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
+    slowpath_serve_rate: u64,
 }
 
 fn main() -> Result<()> {
@@ -164,6 +171,7 @@ fn main() -> Result<()> {
                     state_dir: args.state_dir,
                     interval: Duration::from_millis(args.interval_ms),
                     uplink: args.uplink,
+                    slowpath_serve_rate: args.slowpath_serve_rate,
                 },
                 shared.clone(),
                 slow_stats,

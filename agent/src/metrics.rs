@@ -148,6 +148,12 @@ const PORT_GATEWAY_REPLIES: Family = family(
     COUNTER,
     &PORT_LABELS,
 );
+const PORT_SLOWPATH_RATE_LIMITED: Family = family(
+    "vmpath_port_slowpath_rate_limited_total",
+    "DHCPv4, DHCPv6 and router solicitation frames from the VM dropped over its slow-path rate, by class.",
+    COUNTER,
+    &["network", "namespace", "vm", "interface", "port", "class"],
+);
 const OVERLAY_PACKETS: Family = family(
     "vmpath_overlay_packets_total",
     "Frames sent to (tx) and received from (rx) other nodes over VXLAN.",
@@ -174,7 +180,7 @@ const OVERLAY_LEARNED_MACS: Family = family(
 );
 
 /// Every family the collector produces, the reconcile histogram aside.
-const FAMILIES: [&Family; 20] = [
+const FAMILIES: [&Family; 21] = [
     &READY,
     &DATAPLANE_UP,
     &NETWORKS,
@@ -191,6 +197,7 @@ const FAMILIES: [&Family; 20] = [
     &PORT_TX_BYTES,
     &PORT_DROPS,
     &PORT_GATEWAY_REPLIES,
+    &PORT_SLOWPATH_RATE_LIMITED,
     &OVERLAY_PACKETS,
     &OVERLAY_BYTES,
     &OVERLAY_DROPS,
@@ -406,6 +413,27 @@ pub fn families(snap: &Snapshot) -> Vec<MetricFamily> {
             out.push(samples);
         }
 
+        let mut rate_limited = Samples::of(&PORT_SLOWPATH_RATE_LIMITED);
+        for (a, ifindex) in view.local_ports() {
+            let Some(by_class) = dp.rate_limited.get(&ifindex) else {
+                continue;
+            };
+            for (class, n) in vmpath_common::slow_class::NAMES.iter().zip(by_class) {
+                rate_limited.add(
+                    &[
+                        a.network.as_str(),
+                        a.namespace.as_str(),
+                        a.vm.as_str(),
+                        a.interface.as_str(),
+                        a.port.as_str(),
+                        class,
+                    ],
+                    *n as f64,
+                );
+            }
+        }
+        out.push(rate_limited);
+
         // The overlay: frames to and from other nodes, and its drops.
         if let Some((o, learned)) = &dp.overlay {
             let mut packets = Samples::of(&OVERLAY_PACKETS);
@@ -510,6 +538,7 @@ mod tests {
                 drops: Ok(drops),
                 // vm4 (ifindex 14) is a pending migration target: not counted.
                 ports: BTreeMap::from([(11, port(5)), (14, port(9))]),
+                rate_limited: BTreeMap::from([(11, [2, 0, 0]), (14, [4, 0, 0])]),
                 overlay: None,
             }),
             slow: SlowStats::default(),
@@ -527,6 +556,7 @@ mod tests {
             "# TYPE vmpath_port_rx_packets_total counter",
             "vmpath_port_rx_packets_total{interface=\"eth0\",namespace=\"prod\",network=\"blue\",port=\"p-vm1\",vm=\"vm1\"} 5",
             "vmpath_port_rx_bytes_total{interface=\"eth0\",namespace=\"prod\",network=\"blue\",port=\"p-vm1\",vm=\"vm1\"} 500",
+            "vmpath_port_slowpath_rate_limited_total{class=\"dhcp4\",interface=\"eth0\",namespace=\"prod\",network=\"blue\",port=\"p-vm1\",vm=\"vm1\"} 2",
         ] {
             assert!(t.lines().any(|l| l == line), "no line {line:?} in\n{t}");
         }

@@ -26,6 +26,8 @@ pub struct PlannedPort {
     pub ifindex: u32,
     pub attachment: AttachmentKey,
     pub info: PortInfo,
+    /// Its network's slow-path limits (`vmp_slow_limits`).
+    pub slow_limits: vmpath_common::SlowLimits,
 }
 
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
@@ -214,6 +216,7 @@ pub fn plan_with_ids(
                     ip4,
                     ip6,
                 },
+                slow_limits: net.slow_limits(),
             },
         );
         if let Some((mac, _)) = att.mac_resolved.filter(|_| !pending) {

@@ -10,7 +10,7 @@ use std::{
 };
 
 use tracing::warn;
-use vmpath_common::PortStats;
+use vmpath_common::{PortStats, slow_class};
 
 use crate::{
     dataplane::Maps,
@@ -25,6 +25,8 @@ pub struct DataplaneCounters {
     pub drops: Result<Vec<u64>, String>,
     /// Counters of the ports the view shows programmed here, by ifindex.
     pub ports: BTreeMap<u32, PortStats>,
+    /// Slow-path frames each port sent over its rate, by `slow_class`.
+    pub rate_limited: BTreeMap<u32, [u64; slow_class::COUNT]>,
     /// The overlay's counters and the number of remote MACs it learned;
     /// `None` when the overlay's maps cannot be read.
     pub overlay: Option<(PortStats, usize)>,
@@ -123,7 +125,15 @@ fn counters(maps: &Maps, view: &View) -> DataplaneCounters {
         format!("{e:#}")
     });
     let mut ports = BTreeMap::new();
+    let mut rate_limited = BTreeMap::new();
     for (a, ifindex) in view.local_ports() {
+        match maps.slow_rate_limited(ifindex) {
+            Ok(Some(by_class)) => {
+                rate_limited.insert(ifindex, by_class);
+            }
+            Ok(None) => {}
+            Err(e) => warn!(port = %a.port, "reading slow-path meters: {e:#}"),
+        }
         match maps.port_stats(ifindex) {
             Ok(Some(s)) => {
                 ports.insert(ifindex, s);
@@ -139,6 +149,7 @@ fn counters(maps: &Maps, view: &View) -> DataplaneCounters {
     DataplaneCounters {
         drops,
         ports,
+        rate_limited,
         overlay,
     }
 }

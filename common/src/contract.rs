@@ -75,6 +75,10 @@ pub mod maps {
     pub const SLOW: MapDef = def::<u32, SlowPath>(map_names::SLOW, Array, 1);
     /// One AF_XDP socket per queue of `vmp-slow1`.
     pub const XSKS: MapDef = def::<u32, u32>(map_names::XSKS, XskMap, 4);
+    pub const SLOW_LIMITS: MapDef =
+        def::<u32, SlowLimits>(map_names::SLOW_LIMITS, Array, MAX_PORTS);
+    pub const SLOW_METER: MapDef =
+        def::<u32, SlowMeter>(map_names::SLOW_METER, PerCpuArray, MAX_PORTS);
 
     pub const PROGS: MapDef = def::<u32, u32>(map_names::PROGS, ProgramArray, tail_call::SLOTS);
     pub const ROUTED: MapDef = def::<AddrKey, RoutedAddr>(map_names::ROUTED, Hash, MAX_ROUTED);
@@ -99,7 +103,9 @@ pub mod maps {
     pub const MIGRATED: MapDef = def::<u32, MigrationEvent>(map_names::MIGRATED, Hash, MAX_PORTS);
 
     /// Every map the agent pins (the whole object).
-    pub const ALL: [MapDef; 25] = [
+    pub const ALL: [MapDef; 27] = [
+        SLOW_LIMITS,
+        SLOW_METER,
         PORTS,
         ENDPOINTS,
         ADDRESSES,

@@ -51,6 +51,10 @@ pub mod map_names {
     pub const PORT_IDS: &str = "vmp_port_ids";
     pub const SLOW: &str = "vmp_slow";
     pub const XSKS: &str = "vmp_xsks";
+    /// Slow-path token bucket settings per port id (`SlowLimits`).
+    pub const SLOW_LIMITS: &str = "vmp_slow_limits";
+    /// Slow-path token bucket state per port id, per CPU (`SlowMeter`).
+    pub const SLOW_METER: &str = "vmp_slow_meter";
 }
 
 /// Program names (the Rust function names in the eBPF crate).
@@ -224,6 +228,73 @@ const _: () = assert!(size_of::<SlowPath>() == 8);
 pub const MAX_PORT_ID: u32 = 4094;
 pub const SLOW0: &str = "vmp-slow0";
 pub const SLOW1: &str = "vmp-slow1";
+
+/// What a port may send to the slow path, by protocol class: the frames
+/// the data path hands to the agent are metered per port so one VM cannot
+/// starve the others' DHCP and RAs.
+pub mod slow_class {
+    pub const DHCP4: usize = 0;
+    pub const DHCP6: usize = 1;
+    /// IPv6 router solicitations.
+    pub const RS: usize = 2;
+    pub const COUNT: usize = 3;
+    /// Names as shown in metrics and the CLI, indexed by class.
+    pub const NAMES: [&str; COUNT] = ["dhcp4", "dhcp6", "router_solicit"];
+}
+
+/// One token bucket's settings, kept in time so the data path needs no
+/// division: a frame costs `cost_ns` of credit, credit accrues one per
+/// nanosecond up to `cap_ns` (the burst). All zero: unlimited.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct MeterLimit {
+    pub cost_ns: u64,
+    pub cap_ns: u64,
+}
+const _: () = assert!(size_of::<MeterLimit>() == 16);
+
+impl MeterLimit {
+    /// `rate` frames per second on average, `burst` at once (both >= 1).
+    pub const fn new(rate: u32, burst: u32) -> Self {
+        let rate = if rate == 0 { 1 } else { rate };
+        let cost_ns = 1_000_000_000 / rate as u64;
+        MeterLimit {
+            cost_ns,
+            cap_ns: cost_ns * burst as u64,
+        }
+    }
+}
+
+/// A port's slow-path limits (`vmp_slow_limits`, indexed by port id),
+/// written by the agent from its network's settings.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SlowLimits {
+    pub class: [MeterLimit; slow_class::COUNT],
+}
+const _: () = assert!(size_of::<SlowLimits>() == 48);
+
+/// One token bucket's state (per CPU).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct MeterBucket {
+    /// Credit left, in nanoseconds (at most the limit's `cap_ns`).
+    pub credit_ns: u64,
+    /// bpf_ktime_get_ns of the last frame metered (0: never, full bucket).
+    pub last_ns: u64,
+    /// Frames dropped over the rate.
+    pub limited: u64,
+}
+const _: () = assert!(size_of::<MeterBucket>() == 24);
+
+/// A port's slow-path buckets (`vmp_slow_meter`, per CPU, indexed by port
+/// id). The agent zeroes a slot when it gives its id to a port.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SlowMeter {
+    pub class: [MeterBucket; slow_class::COUNT],
+}
+const _: () = assert!(size_of::<SlowMeter>() == 72);
 
 /// Per-network settings the data path needs, keyed by network id.
 #[repr(C)]
@@ -416,7 +487,10 @@ pub mod drop_reason {
     /// An ICMPv4 redirect from a VM (IP filter on): only the gateway may
     /// redirect.
     pub const ICMP_REDIRECT: u32 = 34;
-    pub const COUNT: u32 = 35;
+    /// A DHCPv4, DHCPv6 or router solicitation frame over its port's
+    /// slow-path rate (`vmp_slow_meter` counts it per port and class).
+    pub const SLOWPATH_RATE_LIMITED: u32 = 35;
+    pub const COUNT: u32 = 36;
 
     /// Names as shown in metrics and the CLI, indexed by reason.
     pub const NAMES: [&str; COUNT as usize] = [
@@ -455,6 +529,7 @@ pub mod drop_reason {
         "nd_spoof_lladdr",
         "dhcp_spoof",
         "icmp_redirect",
+        "slowpath_rate_limited",
     ];
 }
 
@@ -505,6 +580,8 @@ mod pod {
     unsafe impl aya::Pod for LearnedMac {}
     unsafe impl aya::Pod for LearnedIp {}
     unsafe impl aya::Pod for SlowPath {}
+    unsafe impl aya::Pod for SlowLimits {}
+    unsafe impl aya::Pod for SlowMeter {}
 }
 
 // ---------------------------------------------------------------------------

@@ -10,6 +10,7 @@ mod fwd;
 mod icmp;
 mod learn;
 mod maps;
+mod meter;
 mod migrate;
 mod mtu;
 mod nd;
@@ -27,7 +28,7 @@ use aya_ebpf::{bindings::TC_ACT_SHOT, macros::classifier, programs::TcContext};
 use network_types::{eth::EthHdr, ip::Ipv4Hdr, ip::Ipv6Hdr, udp::UdpHdr};
 use vmpath_common::{
     LEARNED_FROM_DHCP, LEARNED_FROM_IPV4, LEARNED_FROM_IPV6, NET_F_GW4, NO_PORT_ID, NetworkInfo,
-    PORT_F_DHCP, PORT_F_DHCP_GUARD, PORT_F_PENDING, PortInfo, drop_reason,
+    PORT_F_DHCP, PORT_F_DHCP_GUARD, PORT_F_PENDING, PortInfo, drop_reason, slow_class,
 };
 
 use crate::{
@@ -159,7 +160,7 @@ fn ipv4(ctx: &TcContext, ifindex: u32, port: &PortInfo, dst: [u8; 6], src: [u8; 
         && port.flags & PORT_F_DHCP != 0
         && udp_dst_port(ctx, l4_off)? == DHCP4_SERVER_PORT
     {
-        return slowpath::punt(ctx, port);
+        return slowpath::punt(ctx, port, slow_class::DHCP4);
     }
     if proto == IPPROTO_ICMP && !is_fragment(ctx)? {
         let icmp_type: u8 = ctx.load(l4_off).map_err(|_| drop_reason::MALFORMED)?;
@@ -235,12 +236,12 @@ fn ipv6(ctx: &TcContext, ifindex: u32, port: &PortInfo, dst: [u8; 6], src: [u8; 
 
     let dhcp = port.flags & PORT_F_DHCP != 0;
     if dhcp && next_hdr == IPPROTO_UDP && udp_dst_port(ctx, ETH_LEN + 40)? == DHCP6_SERVER_PORT {
-        return slowpath::punt(ctx, port);
+        return slowpath::punt(ctx, port, slow_class::DHCP6);
     }
     if next_hdr == IPPROTO_ICMPV6 {
         let icmp_type = hdr::<nd::Icmp6Hdr>(ctx, ETH_LEN + 40)?.type_;
         if dhcp && icmp_type == nd::ND_ROUTER_SOLICIT {
-            return slowpath::punt(ctx, port);
+            return slowpath::punt(ctx, port, slow_class::RS);
         }
         let net = network_of(port)?;
         if icmp_type == nd::ND_NEIGHBOR_SOLICIT && !spoof::is_unspecified6(&src_ip) {

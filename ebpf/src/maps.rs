@@ -10,7 +10,7 @@ use aya_ebpf::{
 };
 use vmpath_common::{
     AddrInfo, AddrKey, Endpoint, EndpointKey, FloodList, LearnedIp, LearnedMac, NetworkInfo,
-    PortInfo, PortStats, SlowPath, maps,
+    PortInfo, PortStats, SlowLimits, SlowMeter, SlowPath, maps,
 };
 
 /// ifindex of a VM port (host side) -> the port.
@@ -68,3 +68,13 @@ pub static SLOW: Array<SlowPath, { maps::SLOW.max_entries as usize }> = Array::n
 /// Queue index -> the agent's AF_XDP socket on `vmp-slow1`.
 #[btf_map(name = "vmp_xsks")]
 pub static XSKS: XskMap<{ maps::XSKS.max_entries as usize }> = XskMap::new();
+
+/// Port id -> the port's slow-path limits per class (set by the agent).
+#[btf_map(name = "vmp_slow_limits")]
+pub static SLOW_LIMITS: Array<SlowLimits, { maps::SLOW_LIMITS.max_entries as usize }> =
+    Array::new();
+
+/// Port id -> the port's slow-path token buckets, per CPU (`meter`).
+#[btf_map(name = "vmp_slow_meter")]
+pub static SLOW_METER: PerCpuArray<SlowMeter, { maps::SLOW_METER.max_entries as usize }> =
+    PerCpuArray::new();

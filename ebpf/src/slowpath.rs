@@ -16,19 +16,22 @@ use crate::{
     counters,
     fwd::{self, Verdict},
     maps::{PORT_IDS, SLOW, XSKS},
+    meter,
     parse::{ETH_LEN, ETH_P_8021Q, hdr_mut},
 };
 
 const VLAN_LEN: u32 = 4;
 const VID_MASK: u16 = 0x0fff;
 
-/// Sends a frame from a VM port to the agent, tagged with the port id.
+/// Sends a frame from a VM port to the agent, tagged with the port id,
+/// if the port is within its rate for the frame's `slow_class`.
 #[inline(always)]
-pub fn punt(ctx: &TcContext, port: &PortInfo) -> Verdict {
+pub fn punt(ctx: &TcContext, port: &PortInfo, class: usize) -> Verdict {
     let slow = match SLOW.get(0) {
         Some(s) if s.ifindex != 0 => s.ifindex,
         _ => return Err(drop_reason::SLOWPATH_DOWN),
     };
+    meter::admit(port.port_id, class)?;
     // Room for the tag between the MAC header and L3.
     if ctx
         .adjust_room(VLAN_LEN as i32, BPF_ADJ_ROOM_MAC, 0)

@@ -22,6 +22,7 @@ use std::{
 pub use vmpath;
 use vmpath::dataplane::Maps;
 
+pub mod flood;
 pub mod migration;
 pub mod qemu;
 

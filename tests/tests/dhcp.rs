@@ -2,9 +2,19 @@
 //! checked with the clients VMs really run: udhcpc, dhclient, dhclient -6
 //! and rdisc6. Nothing is configured inside the node namespace.
 
-use std::{collections::BTreeMap, fs, path::Path, time::Duration};
+use std::{
+    collections::BTreeMap,
+    fs,
+    path::Path,
+    time::{Duration, Instant},
+};
 
-use vmpath_tests::{Node, Vm, vmpath::common::drop_reason, wait_for};
+use vmpath_tests::{
+    Node, Vm,
+    flood::{Flood, FloodKind},
+    vmpath::common::drop_reason,
+    vmpath_bin, wait_for,
+};
 
 const BLUE: &str = "apiVersion: vmpath.dev/v1alpha1
 kind: Network
@@ -429,5 +439,236 @@ fn same_lease_after_agent_restart_and_frames_counted_while_it_is_down() {
         env_file(&env_path)["ip"],
         first,
         "the lease changed across a restart"
+    );
+}
+
+/// Runs the CLI against the node's API socket; its stdout.
+fn cli(node: &Node, args: &[&str]) -> String {
+    let out = std::process::Command::new(vmpath_bin())
+        .args(args)
+        .arg("--api-socket")
+        .arg(node.api_socket())
+        .stdin(std::process::Stdio::null())
+        .output()
+        .expect("running the vmpath CLI");
+    assert!(
+        out.status.success(),
+        "vmpath {}: {}",
+        args.join(" "),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// The per-class rate-limit counts of a VM's interface, from `vm show -o json`.
+fn rate_limited(node: &Node, vm: &str) -> BTreeMap<String, u64> {
+    let v: serde_json::Value = serde_json::from_str(&cli(
+        node,
+        &["vm", "show", &format!("prod/{vm}"), "-o", "json"],
+    ))
+    .expect("vm show JSON");
+    serde_json::from_value(v["interfaces"][0]["slowpath_rate_limited"].clone())
+        .expect("slowpath_rate_limited")
+}
+
+/// DHCPv4 DISCOVERs the slow path received from a VM's interface.
+fn discovers_received(node: &Node, vm: &str) -> u64 {
+    let v: serde_json::Value = serde_json::from_str(&cli(
+        node,
+        &["vm", "show", &format!("prod/{vm}"), "-o", "json"],
+    ))
+    .expect("vm show JSON");
+    v["interfaces"][0]["dhcp"]["received"]["dhcp4_discover"]
+        .as_u64()
+        .unwrap_or(0)
+}
+
+fn wait_link_local(vm: &Vm) {
+    wait_for("a link-local address", Duration::from_secs(5), || {
+        !vm.ns
+            .run(&[
+                "ip",
+                "-6",
+                "addr",
+                "show",
+                "dev",
+                "eth0",
+                "scope",
+                "link",
+                "-tentative",
+            ])
+            .trim()
+            .is_empty()
+    });
+}
+
+/// One VM floods the slow path (DISCOVERs, SOLICITs and RSs from a raw
+/// socket, as fast as it goes); another VM on the node still gets its
+/// DHCPv4 lease (udhcpc), its DHCPv6 address (dhclient -6) and its RA
+/// (rdisc6); the flood is dropped in the data path, counted per port and
+/// class, and the flooding port's own client gets its lease once it stops.
+#[test]
+fn a_flooding_vm_cannot_starve_another_vms_dhcp() {
+    let mut node = Node::new("a");
+    let vm1 = node.add_vm("vm1", "52:54:00:d2:00:01", &[], None);
+    let vm2 = node.add_vm("vm2", "52:54:00:d2:00:02", &[], None);
+    node.write_config(
+        "c.yaml",
+        &[
+            BLUE.to_string(),
+            attachment("vm1", "blue", &vm1.port, &vm1.mac, ""),
+            attachment("vm2", "blue", &vm2.port, &vm2.mac, ""),
+        ]
+        .join("---\n"),
+    );
+    node.set_agent_args(&["--metrics-addr", "127.0.0.1:9469"]);
+    node.start_agent();
+    node.wait_ports(&[&vm1.port, &vm2.port]);
+    let hook = udhcpc_hook(&node.state_dir);
+    let env_path = node.state_dir.join("udhcpc-bound.env");
+    wait_link_local(&vm2);
+    vm2.ns
+        .run(&["sysctl", "-qw", "net.ipv6.conf.eth0.accept_ra=0"]);
+    let limited_before = node.drops(drop_reason::SLOWPATH_RATE_LIMITED);
+
+    let mac1: [u8; 6] = {
+        let b: Vec<u8> = vm1
+            .mac
+            .split(':')
+            .map(|x| u8::from_str_radix(x, 16).unwrap())
+            .collect();
+        b.try_into().unwrap()
+    };
+    let started = Instant::now();
+    let flood = Flood::start(
+        &vm1.ns.path(),
+        "eth0",
+        mac1,
+        &[
+            FloodKind::Dhcp4Discover,
+            FloodKind::Dhcp6Solicit,
+            FloodKind::RouterSolicit,
+        ],
+    );
+    // Let the flood drain every bucket of vm1's port first.
+    wait_for(
+        "the flood to be rate-limited",
+        Duration::from_secs(10),
+        || node.drops(drop_reason::SLOWPATH_RATE_LIMITED) > limited_before + 1000,
+    );
+
+    let v4 = udhcpc(&vm2, &hook, 5);
+    let rdisc = vm2.ns.run_status(&["rdisc6", "-1", "-w", "2000", "eth0"]);
+    let w = |f: &str| node.state_dir.join(f).display().to_string();
+    fs::write(
+        node.state_dir.join("dhclient-hook.sh"),
+        format!(
+            "#!/bin/sh\nenv | grep -E '^(reason|new_)' | sort > {}/dhclient-$reason.env\n",
+            node.state_dir.display()
+        ),
+    )
+    .unwrap();
+    vmpath_tests::run(&["chmod", "+x", &w("dhclient-hook.sh")]);
+    let v6 = vm2.ns.run_status(&[
+        "timeout",
+        "20",
+        "dhclient",
+        "-6",
+        "-1",
+        "-sf",
+        &w("dhclient-hook.sh"),
+        "-lf",
+        &w("l6"),
+        "-pf",
+        &w("p6"),
+        "eth0",
+    ]);
+    let _ = vm2
+        .ns
+        .run_status(&["dhclient", "-6", "-x", "-pf", &w("p6")]);
+    let elapsed = started.elapsed();
+    let sent = flood.stop();
+
+    assert!(
+        v4.status.success(),
+        "vm2 got no DHCPv4 lease during the flood: {}",
+        String::from_utf8_lossy(&v4.stderr)
+    );
+    assert_eq!(
+        env_file(&env_path)["ip"],
+        lease_of(&node, "vm2", false).split('/').next().unwrap()
+    );
+    let ra = String::from_utf8_lossy(&rdisc.stdout);
+    assert!(
+        rdisc.status.success() && ra.contains("fd20::/64"),
+        "vm2 got no RA during the flood:\n{ra}"
+    );
+    assert!(v6.status.success(), "dhclient -6 failed during the flood");
+    let env6 = env_file(&node.state_dir.join("dhclient-BOUND6.env"));
+    assert_eq!(
+        env6.get("new_ip6_address").map(String::as_str),
+        Some(lease_of(&node, "vm2", true).split('/').next().unwrap()),
+        "{env6:?}"
+    );
+
+    // The flood was dropped in the data path, under its reason, per port
+    // and class; vm2 lost nothing.
+    let limited = node.drops(drop_reason::SLOWPATH_RATE_LIMITED) - limited_before;
+    let by_class = rate_limited(&node, "vm1");
+    for class in ["dhcp4", "dhcp6", "router_solicit"] {
+        assert!(
+            by_class[class] > 0,
+            "no {class} frames of vm1 rate-limited: {by_class:?}"
+        );
+    }
+    assert_eq!(by_class.values().sum::<u64>(), limited);
+    assert!(
+        rate_limited(&node, "vm2").values().all(|n| *n == 0),
+        "vm2 was rate-limited"
+    );
+    let text = cli(&node, &["vm", "show", "prod/vm1"]);
+    assert!(
+        text.contains(&format!("dhcp4 {}", by_class["dhcp4"])),
+        "vm show lacks the rate-limited count:\n{text}"
+    );
+    let metrics = node.ns.run(&[
+        "curl",
+        "-sfS",
+        "--max-time",
+        "5",
+        "http://127.0.0.1:9469/metrics",
+    ]);
+    let metric = metrics
+        .lines()
+        .find(|l| {
+            l.starts_with("vmpath_port_slowpath_rate_limited_total{")
+                && l.contains(&format!("port=\"{}\"", vm1.port))
+                && l.contains("class=\"dhcp4\"")
+        })
+        .unwrap_or_else(|| panic!("no rate-limit metric for vm1:\n{metrics}"));
+    let value: u64 = metric.rsplit(' ').next().unwrap().parse().unwrap();
+    assert!(value >= by_class["dhcp4"], "{metric}");
+
+    // What reached the agent from vm1 is what its buckets let through:
+    // per CPU, the burst plus the rate over the flood's time (default
+    // dhcp4 limit: 20/s, burst 40), not the flood.
+    let cpus = aya::util::nr_cpus().expect("nr_cpus") as u64;
+    let allowed = cpus * (40 + 20 * (elapsed.as_secs() + 1));
+    let received = discovers_received(&node, "vm1");
+    assert!(
+        received <= allowed,
+        "{received} DISCOVERs of vm1 reached the agent, its limit allows {allowed} (flood sent {sent})"
+    );
+    assert!(sent > received * 10, "the flood sent only {sent} frames");
+
+    // Flood over: vm1's own client gets its lease.
+    fs::remove_file(&env_path).unwrap();
+    assert!(
+        udhcpc(&vm1, &hook, 5).status.success(),
+        "vm1 got no lease after its flood"
+    );
+    assert_eq!(
+        env_file(&env_path)["ip"],
+        lease_of(&node, "vm1", false).split('/').next().unwrap()
     );
 }

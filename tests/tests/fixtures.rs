@@ -2233,3 +2233,343 @@ fn random_frames_never_bypass_filters() {
         );
     });
 }
+
+// ===========================================================================
+// Slow-path meter: per-port token buckets before the AF_XDP hand-off
+// ===========================================================================
+//
+// BPF_PROG_TEST_RUN cannot move time, so each row preloads the bucket:
+// its credit and the time of its last frame (in the future: nothing
+// refills during the row; in the past: that much refills). A frame costs
+// 10 s of credit: what refills while a row runs (milliseconds) is far less
+// than the half frame of slack the refill rows leave, and the longest
+// "ago" (60 s) is shorter than any host's uptime by the time tests run.
+
+/// One frame's cost in the meter rows: 10 s.
+const METER_COST: u64 = 10_000_000_000;
+const METER_BURST: u64 = 3;
+
+/// When the preloaded bucket last saw a frame.
+#[derive(Clone, Copy)]
+enum Last {
+    /// Later than now: no refill at all.
+    Future,
+    /// Never (0): a full bucket, however much credit is stored.
+    Never,
+    /// This many ns before the row starts.
+    Ago(u64),
+}
+
+/// One meter row: the bucket of `class` on port A preloaded with `credit`
+/// and `last`, then frames of that class sent one by one; `punted` says
+/// for each whether it must reach the slow path (else: dropped as
+/// `slowpath_rate_limited`).
+struct MeterRow {
+    name: &'static str,
+    class: usize,
+    limited: bool,
+    credit: u64,
+    last: Last,
+    punted: &'static [bool],
+}
+
+fn meter_row(
+    name: &'static str,
+    class: usize,
+    credit: u64,
+    last: Last,
+    punted: &'static [bool],
+) -> MeterRow {
+    MeterRow {
+        name,
+        class,
+        limited: true,
+        credit,
+        last,
+        punted,
+    }
+}
+
+/// Keeps the calling thread on the CPU it runs on.
+fn pin_to_current_cpu() {
+    let cpu = unsafe { libc::sched_getcpu() };
+    assert!(
+        cpu >= 0,
+        "sched_getcpu: {}",
+        std::io::Error::last_os_error()
+    );
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    unsafe { libc::CPU_SET(cpu as usize, &mut set) };
+    let rc = unsafe { libc::sched_setaffinity(0, size_of::<libc::cpu_set_t>(), &set) };
+    assert_eq!(
+        rc,
+        0,
+        "sched_setaffinity: {}",
+        std::io::Error::last_os_error()
+    );
+}
+
+fn monotonic_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // CLOCK_MONOTONIC is the clock of bpf_ktime_get_ns.
+    assert_eq!(
+        unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) },
+        0
+    );
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+/// A frame of each slow-path class from port A.
+fn slow_frame(class: usize) -> Vec<u8> {
+    use vmpath_common::slow_class;
+    let a = A.mac();
+    match class {
+        slow_class::DHCP4 => {
+            // BOOTP request: op, htype, hlen, hops, xid, secs, flags,
+            // ciaddr..giaddr, then chaddr (the VM's MAC).
+            let mut bootp = vec![1, 1, 6, 0, 0, 0, 0, 42];
+            bootp.resize(28, 0);
+            bootp.extend_from_slice(&a);
+            bootp.resize(236, 0);
+            bootp.extend_from_slice(&[99, 130, 83, 99, 53, 1, 1, 255]);
+            udp4(a, [0xff; 6], ipv4_hdr([0; 4], [255; 4], 64), 68, 67, &bootp)
+        }
+        slow_class::DHCP6 => {
+            let all_servers = Ipv6Addr::new(0xff02, 0, 0, 0, 0, 0, 1, 2).octets();
+            // SOLICIT, transaction id 42.
+            udp6(
+                a,
+                multicast_mac6(all_servers),
+                A.ll6(),
+                all_servers,
+                1,
+                546,
+                547,
+                &[1, 0, 0, 42],
+            )
+        }
+        _ => {
+            let all_routers = Ipv6Addr::new(0xff02, 0, 0, 0, 0, 0, 0, 2).octets();
+            icmp6(
+                a,
+                multicast_mac6(all_routers),
+                A.ll6(),
+                all_routers,
+                255,
+                icmp6_raw(133, 0, [0; 4]),
+                &[],
+            )
+        }
+    }
+}
+
+/// `frame` as the slow path receives it: an 802.1Q tag with the port id
+/// after the MAC addresses.
+fn tagged(frame: &[u8], port_id: u16) -> Vec<u8> {
+    let mut out = frame[..12].to_vec();
+    out.extend_from_slice(&[0x81, 0x00]);
+    out.extend_from_slice(&port_id.to_be_bytes());
+    out.extend_from_slice(&frame[12..]);
+    out
+}
+
+impl Fixture {
+    /// Sets the slow path up (its ifindex: X's, never used by test_run) and
+    /// gives every port the network's DHCP service and the meter limits.
+    fn program_slow_path(&mut self) {
+        let limit = vmpath_common::MeterLimit {
+            cost_ns: METER_COST,
+            cap_ns: METER_COST * METER_BURST,
+        };
+        let x = self.ifx(X);
+        let maps = self.dp.maps_mut();
+        maps.slow
+            .set(
+                0,
+                vmpath_common::SlowPath {
+                    ifindex: x,
+                    _pad: 0,
+                },
+                0,
+            )
+            .unwrap();
+        for p in [A, B] {
+            maps.slow_limits
+                .set(
+                    p as u32 + 1,
+                    vmpath_common::SlowLimits {
+                        class: [limit; vmpath_common::slow_class::COUNT],
+                    },
+                    0,
+                )
+                .unwrap();
+        }
+        for p in [A, B] {
+            self.set_flags(p, FILTERS | vmpath_common::PORT_F_DHCP);
+        }
+    }
+
+    /// Every CPU's copy of a port's buckets set to `meter`.
+    fn preload_meter(&mut self, p: P, meter: vmpath_common::SlowMeter) {
+        let nr_cpus = aya::util::nr_cpus().expect("nr_cpus");
+        let values = PerCpuValues::try_from(vec![meter; nr_cpus]).unwrap();
+        self.dp
+            .maps_mut()
+            .slow_meter
+            .set(p as u32 + 1, values, 0)
+            .unwrap();
+    }
+
+    /// `limited` of each class of a port, summed over CPUs.
+    fn meter_limited(&self, p: P) -> [u64; vmpath_common::slow_class::COUNT] {
+        self.dp
+            .maps()
+            .slow_rate_limited(self.ifx(p))
+            .unwrap()
+            .expect("port programmed")
+    }
+
+    /// Runs one meter row; `Err` says everything that differs.
+    fn check_meter(&mut self, row: &MeterRow) -> Result<(), String> {
+        use vmpath_common::{MeterBucket, SlowMeter};
+        let empty_future = MeterBucket {
+            credit_ns: 0,
+            last_ns: u64::MAX / 2,
+            limited: 0,
+        };
+        // Every other bucket (other classes, port B) is empty and does not
+        // refill: a frame metered against the wrong one would be dropped.
+        let mut meter = SlowMeter {
+            class: [empty_future; vmpath_common::slow_class::COUNT],
+        };
+        meter.class[row.class] = MeterBucket {
+            credit_ns: row.credit,
+            last_ns: match row.last {
+                Last::Future => u64::MAX / 2,
+                Last::Never => 0,
+                Last::Ago(ns) => monotonic_ns() - ns,
+            },
+            limited: 0,
+        };
+        self.preload_meter(A, meter);
+        self.preload_meter(
+            B,
+            SlowMeter {
+                class: [empty_future; vmpath_common::slow_class::COUNT],
+            },
+        );
+        if !row.limited {
+            self.dp
+                .maps_mut()
+                .slow_limits
+                .set(A as u32 + 1, vmpath_common::SlowLimits::default(), 0)
+                .unwrap();
+        }
+        let frame = slow_frame(row.class);
+        let mut errs = Vec::new();
+        for (n, &punted) in row.punted.iter().enumerate() {
+            let before = self.meter_limited(A);
+            let (run, d) = self
+                .run_counted(A, &frame)
+                .map_err(|e| format!("frame {n}: test_run failed: {e:?}"))?;
+            let limited: Vec<u64> = self
+                .meter_limited(A)
+                .iter()
+                .zip(before)
+                .map(|(a, b)| a - b)
+                .collect();
+            let mut want_limited = vec![0; vmpath_common::slow_class::COUNT];
+            if punted {
+                if run.verdict != TC_ACT_REDIRECT {
+                    errs.push(format!(
+                        "frame {n}: verdict {}, want REDIRECT to the slow path{}",
+                        run.verdict,
+                        reason_hint(&d)
+                    ));
+                }
+                if run.out != tagged(&frame, A as u16 + 1) {
+                    errs.push(format!(
+                        "frame {n}: not tagged for the slow path:\n{}",
+                        hexdiff(&run.out, &tagged(&frame, A as u16 + 1))
+                    ));
+                }
+                if d.drop_total() != 0 {
+                    errs.push(format!("frame {n}: drops {:?}", named_drops(&d)));
+                }
+            } else {
+                want_limited[row.class] = 1;
+                if run.verdict != TC_ACT_SHOT {
+                    errs.push(format!("frame {n}: verdict {}, want SHOT", run.verdict));
+                }
+                if d.single_drop() != Some(SLOWPATH_RATE_LIMITED) || d.port(A).drops != 1 {
+                    errs.push(format!(
+                        "frame {n}: drops {:?} (A: {}), want one slowpath_rate_limited on A",
+                        named_drops(&d),
+                        d.port(A).drops
+                    ));
+                }
+            }
+            if limited != want_limited {
+                errs.push(format!(
+                    "frame {n}: limited per class moved by {limited:?}, want {want_limited:?}"
+                ));
+            }
+        }
+        if !row.limited {
+            self.program_slow_path();
+        }
+        if errs.is_empty() {
+            Ok(())
+        } else {
+            Err(errs.join("\n    "))
+        }
+    }
+}
+
+/// The slow-path token bucket: under, at and over the rate, refill, one
+/// bucket per class, and no limit where none is programmed.
+#[test]
+#[rustfmt::skip]
+fn slow_path_meter() {
+    use vmpath_common::slow_class::{DHCP4, DHCP6, RS};
+    const T: bool = true;
+    const F: bool = false;
+    let c = METER_COST;
+    let rows = vec![
+        meter_row("full bucket: the burst passes, then drops", DHCP4, 3 * c, Last::Future, &[T, T, T, F, F]),
+        meter_row("under the rate: credit for two", DHCP4, 2 * c, Last::Future, &[T, T, F]),
+        meter_row("at the rate: credit for exactly one", DHCP4, c, Last::Future, &[T, F]),
+        meter_row("over the rate: one nanosecond short", DHCP4, c - 1, Last::Future, &[F, F]),
+        meter_row("empty bucket", DHCP4, 0, Last::Future, &[F]),
+        meter_row("refill: never metered is a full bucket", DHCP4, 0, Last::Never, &[T, T, T, F]),
+        meter_row("refill: one and a half frames' time", DHCP4, 0, Last::Ago(3 * c / 2), &[T, F]),
+        meter_row("refill: half a frame's time plus half a frame's credit", DHCP4, c / 2, Last::Ago(c / 2), &[T, F]),
+        meter_row("refill stops at the burst", DHCP4, 0, Last::Ago(6 * c), &[T, T, T, F]),
+        meter_row("dhcp6: its own bucket, at the rate", DHCP6, c, Last::Future, &[T, F]),
+        meter_row("dhcp6: refill", DHCP6, 0, Last::Ago(2 * c), &[T, T, F]),
+        meter_row("router solicitation: its own bucket, at the rate", RS, c, Last::Future, &[T, F]),
+        meter_row("router solicitation: over the rate", RS, 0, Last::Future, &[F]),
+        MeterRow { limited: false, ..meter_row("no limits programmed: unlimited", DHCP4, 0, Last::Future, &[T, T, T, T, T, T]) },
+    ];
+    in_netns(|| {
+        // The buckets are per CPU: every row runs on one CPU, as one
+        // flooding sender's frames do.
+        pin_to_current_cpu();
+        let mut fx = Fixture::new();
+        fx.program_slow_path();
+        let failures: Vec<String> = rows
+            .iter()
+            .filter_map(|r| fx.check_meter(r).err().map(|e| format!("  {}:\n    {e}", r.name)))
+            .collect();
+        assert!(
+            failures.is_empty(),
+            "{} of {} rows failed:\n{}",
+            failures.len(),
+            rows.len(),
+            failures.join("\n")
+        );
+    });
+}

@@ -88,10 +88,20 @@ pub struct Network {
     pub advertise: Advertise,
     pub mtu: u16,
     pub dhcp: Dhcp,
+    /// Slow-path limits per `vmpath_common::slow_class`, defaults filled in.
+    pub slow_path_limits: [model::RateLimit; vmpath_common::slow_class::COUNT],
     pub source: DocRef,
 }
 
 impl Network {
+    /// The limits as the data path keeps them (`vmp_slow_limits`).
+    pub fn slow_limits(&self) -> vmpath_common::SlowLimits {
+        vmpath_common::SlowLimits {
+            class: self
+                .slow_path_limits
+                .map(|l| vmpath_common::MeterLimit::new(l.rate, l.burst)),
+        }
+    }
     pub fn gateway4(&self) -> Option<std::net::Ipv4Addr> {
         self.gateway_ips.iter().find_map(|ip| match ip {
             IpAddr::V4(v4) => Some(*v4),

@@ -121,6 +121,28 @@ pub struct Dhcp {
     pub routes: Vec<StaticRoute>,
 }
 
+/// A token bucket: `rate` frames per second on average, `burst` at once.
+#[derive(Debug, Clone, Copy, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct RateLimit {
+    pub rate: u32,
+    pub burst: u32,
+}
+
+/// What each VM port may send to the agent's slow path, per protocol;
+/// frames over it are dropped in the data path (`slowpath_rate_limited`).
+/// Unset classes keep their defaults.
+#[derive(Debug, Clone, Copy, Deserialize, Serialize, PartialEq, Eq, Default)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct SlowPathLimitsSpec {
+    #[serde(default)]
+    pub dhcp4: Option<RateLimit>,
+    #[serde(default)]
+    pub dhcp6: Option<RateLimit>,
+    #[serde(default)]
+    pub router_solicit: Option<RateLimit>,
+}
+
 #[derive(Debug, Clone, Deserialize, Serialize, PartialEq, Eq)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct NetworkSpec {
@@ -149,6 +171,8 @@ pub struct NetworkSpec {
     pub mtu: Option<u16>,
     #[serde(default)]
     pub dhcp: Dhcp,
+    #[serde(default)]
+    pub slow_path_limits: SlowPathLimitsSpec,
 }
 
 #[derive(Debug, Clone, Copy, Deserialize, Serialize, PartialEq, Eq, Default)]

@@ -7,11 +7,14 @@ use std::{
 
 use ipnet::IpNet;
 use serde::de::DeserializeOwned;
-use vmpath_common::default_gateway_mac;
+use vmpath_common::{default_gateway_mac, slow_class};
 
 use super::{
     Attachment, AttachmentKey, Config, ConfigError, DocRef, Network, Node,
-    model::{API_VERSION, AttachmentSpec, IpamMode, Metadata, NetworkSpec, NodeSpec},
+    model::{
+        API_VERSION, AttachmentSpec, IpamMode, Metadata, NetworkSpec, NodeSpec, RateLimit,
+        SlowPathLimitsSpec,
+    },
     parse_mac,
     source::{RawDocument, Snapshot},
 };
@@ -380,6 +383,7 @@ fn network(doc: &Doc) -> Result<Network, ConfigError> {
             "false is refused where vmpath serves DHCP (ipam.mode Enabled): a VM's DHCP server would race vmpath's",
         ));
     }
+    let slow_path_limits = slow_path_limits(doc, &spec.slow_path_limits)?;
     Ok(Network {
         name: doc.meta.name.clone(),
         id: spec.id,
@@ -396,8 +400,53 @@ fn network(doc: &Doc) -> Result<Network, ConfigError> {
         advertise: spec.advertise,
         mtu,
         dhcp: spec.dhcp,
+        slow_path_limits,
         source: doc.source(),
     })
+}
+
+/// Default slow-path limits per port, by `slow_class`: far above what a
+/// booting or renewing client sends (a DHCP exchange is 2 frames, with
+/// retries a handful; RS 3 in 12 s), far below a flood.
+pub const DEFAULT_SLOW_PATH_LIMITS: [RateLimit; slow_class::COUNT] = [
+    RateLimit {
+        rate: 20,
+        burst: 40,
+    },
+    RateLimit {
+        rate: 20,
+        burst: 40,
+    },
+    RateLimit {
+        rate: 10,
+        burst: 20,
+    },
+];
+/// Upper bound of `rate` and `burst`: beyond it the limit protects nothing.
+const MAX_SLOW_PATH_LIMIT: u32 = 100_000;
+
+fn slow_path_limits(
+    doc: &Doc,
+    spec: &SlowPathLimitsSpec,
+) -> Result<[RateLimit; slow_class::COUNT], ConfigError> {
+    let mut out = DEFAULT_SLOW_PATH_LIMITS;
+    for (class, field, given) in [
+        (slow_class::DHCP4, "dhcp4", spec.dhcp4),
+        (slow_class::DHCP6, "dhcp6", spec.dhcp6),
+        (slow_class::RS, "routerSolicit", spec.router_solicit),
+    ] {
+        let Some(limit) = given else { continue };
+        for (name, v) in [("rate", limit.rate), ("burst", limit.burst)] {
+            if !(1..=MAX_SLOW_PATH_LIMIT).contains(&v) {
+                return Err(doc.error(
+                    &format!("spec.slowPathLimits.{field}.{name}"),
+                    format!("{v} is outside 1..={MAX_SLOW_PATH_LIMIT}"),
+                ));
+            }
+        }
+        out[class] = limit;
+    }
+    Ok(out)
 }
 
 fn attachment(doc: &Doc, cfg: &Config) -> Result<Attachment, ConfigError> {
@@ -492,4 +541,74 @@ fn check_ifname(doc: &Doc, field: &str, name: &str) -> Result<(), ConfigError> {
         return Err(doc.error(field, format!("{name:?} is not a valid interface name (1-{MAX_IFNAME} characters, no '/', ':' or space)")));
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod slow_path_limit_tests {
+    use super::*;
+
+    fn network_with(limits: &str) -> Config {
+        let dir = std::env::temp_dir().join(format!(
+            "vmpath-slow-limits-{}-{}",
+            std::process::id(),
+            limits.len()
+        ));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(
+            dir.join("n.yaml"),
+            format!(
+                "apiVersion: vmpath.dev/v1alpha1\nkind: Network\nmetadata: {{name: blue}}\n\
+                 spec:\n  id: 100\n  subnets: [10.20.0.0/24]\n{limits}"
+            ),
+        )
+        .unwrap();
+        let cfg =
+            super::super::validate(&super::super::source::read_dir(&dir), "a", &BTreeSet::new());
+        std::fs::remove_dir_all(&dir).unwrap();
+        cfg
+    }
+
+    #[test]
+    fn defaults_apply_where_nothing_is_given() {
+        let cfg = network_with("");
+        assert!(cfg.errors.is_empty(), "{:?}", cfg.errors);
+        assert_eq!(cfg.networks[0].slow_path_limits, DEFAULT_SLOW_PATH_LIMITS);
+    }
+
+    #[test]
+    fn a_given_class_overrides_only_itself() {
+        let cfg = network_with("  slowPathLimits:\n    dhcp6: {rate: 5, burst: 7}\n");
+        assert!(cfg.errors.is_empty(), "{:?}", cfg.errors);
+        let l = cfg.networks[0].slow_path_limits;
+        assert_eq!(l[slow_class::DHCP6], RateLimit { rate: 5, burst: 7 });
+        assert_eq!(
+            l[slow_class::DHCP4],
+            DEFAULT_SLOW_PATH_LIMITS[slow_class::DHCP4]
+        );
+        assert_eq!(l[slow_class::RS], DEFAULT_SLOW_PATH_LIMITS[slow_class::RS]);
+        let data = cfg.networks[0].slow_limits();
+        assert_eq!(data.class[slow_class::DHCP6].cost_ns, 200_000_000);
+        assert_eq!(data.class[slow_class::DHCP6].cap_ns, 7 * 200_000_000);
+    }
+
+    #[test]
+    fn zero_or_huge_limits_are_refused_naming_the_field() {
+        for (limits, field) in [
+            (
+                "  slowPathLimits:\n    routerSolicit: {rate: 0, burst: 3}\n",
+                "spec.slowPathLimits.routerSolicit.rate",
+            ),
+            (
+                "  slowPathLimits:\n    dhcp4: {rate: 10, burst: 1000000}\n",
+                "spec.slowPathLimits.dhcp4.burst",
+            ),
+        ] {
+            let cfg = network_with(limits);
+            assert!(cfg.networks.is_empty(), "{limits} accepted");
+            assert_eq!(cfg.errors.len(), 1, "{:?}", cfg.errors);
+            assert_eq!(cfg.errors[0].field, field);
+        }
+        let cfg = network_with("  slowPathLimits:\n    dhcp4: {rate: 10}\n");
+        assert!(cfg.networks.is_empty(), "a limit without burst accepted");
+    }
 }

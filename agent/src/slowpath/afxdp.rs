@@ -142,12 +142,14 @@ impl Xsk {
         Some(unsafe { &mut *chunk.addr.as_ptr() })
     }
 
-    /// Waits up to `timeout` for frames and calls `handle` on each; replies
-    /// it returns are sent.
+    /// Waits up to `timeout` for frames and calls `handle` on a batch of
+    /// at most `max` of them (the rest wait in the ring for the next
+    /// call); the replies it returns are sent.
     pub fn poll(
         &mut self,
         timeout: Duration,
-        mut handle: impl FnMut(&[u8]) -> Vec<Vec<u8>>,
+        max: u32,
+        handle: impl FnOnce(&[&[u8]]) -> Vec<Vec<u8>>,
     ) -> Result<()> {
         self.reap_completions();
         let mut pfd = libc::pollfd {
@@ -165,21 +167,35 @@ impl Xsk {
         }
         let mut received: Vec<XdpDesc> = Vec::new();
         {
-            let mut reader = self.rx.receive(RX_FRAMES);
+            let mut reader = self.rx.receive(max.min(RX_FRAMES));
             while let Some(desc) = reader.read() {
                 received.push(desc);
             }
             reader.release();
         }
-        let mut replies = Vec::new();
-        for desc in &received {
-            let base = desc.addr - desc.addr % u64::from(FRAME_SIZE);
-            if let Some(frame) = self.frame_bytes(base) {
+        let replies = {
+            let mut frames: Vec<&[u8]> = Vec::with_capacity(received.len());
+            for desc in &received {
+                let base = desc.addr - desc.addr % u64::from(FRAME_SIZE);
+                let Some(chunk) = self
+                    .umem
+                    .frame(BufIdx((base / u64::from(FRAME_SIZE)) as u32))
+                else {
+                    continue;
+                };
+                // Safety: one thread owns the socket; the kernel does not
+                // touch a received frame until it is back on the fill ring.
+                let frame: &[u8] = unsafe { &*chunk.addr.as_ptr() };
                 let off = (desc.addr - base) as usize;
                 let end = (off + desc.len as usize).min(frame.len());
-                replies.extend(handle(&frame[off..end]));
+                frames.push(&frame[off.min(end)..end]);
             }
-        }
+            if frames.is_empty() {
+                Vec::new()
+            } else {
+                handle(&frames)
+            }
+        };
         // Give the receive frames back to the kernel.
         if !received.is_empty() {
             let mut fill = self.device.fill(received.len() as u32);

@@ -5,6 +5,7 @@
 mod afxdp;
 pub mod dhcp4;
 pub mod dhcp6;
+pub mod fair;
 pub mod ra;
 pub mod service;
 
@@ -215,6 +216,7 @@ pub fn start(
     root: &std::path::Path,
     services: Services,
     stats: SharedStats,
+    serve_rate: u64,
 ) -> Result<()> {
     ensure_interfaces()?;
     let links = links_dir(root);
@@ -241,28 +243,29 @@ pub fn start(
     info!(ifindex = slow0, "slow path serving DHCPv4, DHCPv6 and RA");
     std::thread::Builder::new()
         .name("slowpath".into())
-        .spawn(move || serve(xsk, xsks, services, stats))?;
+        .spawn(move || serve(xsk, xsks, services, stats, serve_rate))?;
     Ok(())
 }
 
-fn serve(mut xsk: afxdp::Xsk, _xsks: XskMap<MapData>, services: Services, stats: SharedStats) {
+fn serve(
+    mut xsk: afxdp::Xsk,
+    _xsks: XskMap<MapData>,
+    services: Services,
+    stats: SharedStats,
+    serve_rate: u64,
+) {
     let mut last_ra = Instant::now() - RA_INTERVAL;
+    let mut budget = fair::Budget::new(serve_rate);
     loop {
-        let handle = |frame: &[u8]| {
-            // A parser bug must cost one frame, never the slow path.
-            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                dispatch(frame, &services, &stats)
-            }))
-            .unwrap_or_else(|_| {
-                error!("slow path: a frame crashed its parser; dropped");
-                let mut st = stats.lock().unwrap_or_else(|p| p.into_inner());
-                *st.unattributed_drops
-                    .entry("parser_panic".into())
-                    .or_default() += 1;
-                Vec::new()
-            })
-        };
-        if let Err(e) = xsk.poll(Duration::from_millis(200), handle) {
+        // Over the node-wide budget: frames wait in the ring (and the
+        // kernel drops what does not fit) rather than the agent spinning.
+        let wait = budget.wait();
+        if !wait.is_zero() {
+            std::thread::sleep(wait);
+            continue;
+        }
+        let handle = |frames: &[&[u8]]| serve_batch(frames, &mut budget, &services, &stats);
+        if let Err(e) = xsk.poll(Duration::from_millis(200), fair::BATCH, handle) {
             error!("slow path: {e:#}");
             std::thread::sleep(Duration::from_millis(200));
         }
@@ -280,6 +283,61 @@ fn serve(mut xsk: afxdp::Xsk, _xsks: XskMap<MapData>, services: Services, stats:
                 }
             }
         }
+    }
+}
+
+/// Serves one batch fairly (`fair`): the tagged replies to send.
+pub fn serve_batch(
+    frames: &[&[u8]],
+    budget: &mut fair::Budget,
+    services: &Services,
+    stats: &SharedStats,
+) -> Vec<Vec<u8>> {
+    let ports: Vec<Option<u16>> = frames.iter().copied().map(port_of).collect();
+    let plan = fair::schedule(&ports, budget.available());
+    budget.spend(plan.serve.len());
+    for (indices, why) in [
+        (&plan.over_quota, "over_quota"),
+        (&plan.over_budget, "over_budget"),
+    ] {
+        for &i in indices {
+            count_unserved(ports[i], why, services, stats);
+        }
+    }
+    let mut replies = Vec::new();
+    for i in plan.serve {
+        // A parser bug must cost one frame, never the slow path.
+        let answered = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            dispatch(frames[i], services, stats)
+        }))
+        .unwrap_or_else(|_| {
+            error!("slow path: a frame crashed its parser; dropped");
+            let mut st = stats.lock().unwrap_or_else(|p| p.into_inner());
+            *st.unattributed_drops
+                .entry("parser_panic".into())
+                .or_default() += 1;
+            Vec::new()
+        });
+        replies.extend(answered);
+    }
+    replies
+}
+
+/// The port id a tagged frame carries, without copying it.
+fn port_of(frame: &[u8]) -> Option<u16> {
+    if frame.len() < 18 || u16::from_be_bytes([frame[12], frame[13]]) != ETH_P_8021Q {
+        return None;
+    }
+    Some(u16::from_be_bytes([frame[14], frame[15]]) & VID_MASK)
+}
+
+/// Counts a frame the slow path did not serve, under its port if known.
+fn count_unserved(port: Option<u16>, why: &str, services: &Services, stats: &SharedStats) {
+    let services = services.read().unwrap();
+    let mut st = stats.lock().unwrap_or_else(|p| p.into_inner());
+    match port.and_then(|p| services.get(&p)) {
+        Some(svc) => st.count(svc, why, Outcome::Dropped),
+        None => *st.unattributed_drops.entry(why.into()).or_default() += 1,
     }
 }
 
@@ -370,6 +428,20 @@ mod tests {
             stats.lock().unwrap().ports["prod/vm1/eth0"].replied["dhcp4_discover"],
             1
         );
+    }
+
+    #[test]
+    fn a_batch_serves_a_port_its_quota_and_counts_the_rest() {
+        let stats = SharedStats::default();
+        let frame = discover_frame();
+        let frames: Vec<&[u8]> = vec![&frame[..]; 100];
+        let mut budget = fair::Budget::new(fair::DEFAULT_SERVE_RATE);
+        let replies = serve_batch(&frames, &mut budget, &services(), &stats);
+        assert_eq!(replies.len(), fair::PORT_QUOTA);
+        let st = stats.lock().unwrap();
+        let port = &st.ports["prod/vm1/eth0"];
+        assert_eq!(port.replied["dhcp4_discover"], fair::PORT_QUOTA as u64);
+        assert_eq!(port.dropped["over_quota"], 100 - fair::PORT_QUOTA as u64);
     }
 
     proptest! {

@@ -640,7 +640,7 @@ struct Latency {
 }
 
 /// The agent's pid: the process whose command line names this bpffs root.
-fn agent_pid(node: &Node) -> Option<String> {
+pub(crate) fn agent_pid(node: &Node) -> Option<String> {
     let needle = node.bpffs.to_string_lossy().to_string();
     fs::read_dir("/proc")
         .ok()?

@@ -13,6 +13,8 @@
 //!             test's scenario) against the sender's interval
 //!   realmigration  a real QEMU guest's live migration: the gap in a 1 ms
 //!             stream against QEMU's own downtime
+//!   flood     one VM flooding the slow path: another VM's DHCP latency and
+//!             success against no flood, and the agent's CPU
 //!
 //! Needs root; everything runs in network namespaces it creates and
 //! removes (guards), and no packet leaves them.
@@ -21,6 +23,7 @@ mod control;
 mod dhcp;
 mod e2e;
 mod external;
+mod flood;
 mod migration;
 mod overlay_cost;
 mod progcost;
@@ -65,7 +68,7 @@ fn parse_args() -> Result<Args> {
             }
             "-h" | "--help" => {
                 println!(
-                    "vmpath-bench [--out DIR] [--runs N] [--only progcost,e2e,external,control,dhcp,migration,realmigration] [--quick]"
+                    "vmpath-bench [--out DIR] [--runs N] [--only progcost,e2e,external,control,dhcp,migration,realmigration,flood] [--quick]"
                 );
                 std::process::exit(0);
             }
@@ -197,9 +200,17 @@ fn run() -> Result<()> {
             })
         });
     }
+    if want("flood") {
+        step("6. One VM flooding the slow path", &|| {
+            flood::run(&flood::Options {
+                runs: if args.quick { 2 } else { runs },
+                exchanges: if args.quick { 20 } else { 50 },
+            })
+        });
+    }
 
     if want("realmigration") {
-        step("6. Real live migration (QEMU)", &|| {
+        step("7. Real live migration (QEMU)", &|| {
             realmigration::run(&realmigration::Options {
                 runs: if args.quick { 2 } else { args.runs.min(5) },
             })
