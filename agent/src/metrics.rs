@@ -120,6 +120,13 @@ pub fn render(view: &View, maps: Option<&Maps>) -> Result<String> {
         .set(1);
     }
 
+    let parsed = IntCounter::new(
+        "vmpath_config_files_parsed_total",
+        "Config files parsed since the agent started; an unchanged file is not parsed again.",
+    )?;
+    parsed.inc_by(crate::config::source::files_parsed());
+    r.register(Box::new(parsed))?;
+
     let reconciles = IntCounter::new(
         "vmpath_reconciles_total",
         "Reconcile rounds that changed the data path since the agent started.",
