@@ -322,4 +322,82 @@ mod tests {
         let text = format!("x: [{}]\n", vec!["1"; limits::MAX_NODES + 1].join(","));
         assert!(parse(text.as_bytes()).is_err());
     }
+
+    /// A valid config of a few documents, to cut and mutate.
+    const VALID: &str = "apiVersion: vmpath.dev/v1alpha1\nkind: Network\nmetadata: {name: blue}\nspec:\n  id: 100\n  subnets: [10.20.0.0/16, fd20::/64]\n  defaultGatewayIPs: [10.20.0.1]\n---\napiVersion: vmpath.dev/v1alpha1\nkind: Attachment\nmetadata: {name: vm1-eth0, namespace: demo, labels: {a: b}}\nspec:\n  vm: vm1\n  interface: eth0\n  network: blue\n  node: a\n  port: vm1-port\n  mac: \"52:54:00:00:01:01\"\n  ips: [10.20.0.11/16]\n";
+
+    /// Parses and validates `bytes` as the agent would, and says how long
+    /// it took.
+    fn read_and_validate(bytes: &[u8]) -> std::time::Duration {
+        let started = std::time::Instant::now();
+        let dir = std::env::temp_dir().join(format!(
+            "vmpath-prop-{}-{:?}",
+            std::process::id(),
+            std::thread::current().id()
+        ));
+        fs::create_dir_all(&dir).unwrap();
+        fs::write(dir.join("c.yaml"), bytes).unwrap();
+        let snap = read_dir(&dir);
+        let _ = super::super::validate(&snap, "a", &Default::default());
+        let _ = fs::remove_dir_all(&dir);
+        started.elapsed()
+    }
+
+    /// Generous for a debug build on a shared machine; hostile inputs of
+    /// the same size take quadratic time in an unbounded parser.
+    const TIME_BOUND: std::time::Duration = std::time::Duration::from_secs(5);
+
+    #[test]
+    fn the_valid_config_reads() {
+        let docs = parse(VALID.as_bytes()).unwrap();
+        assert_eq!(docs.len(), 2);
+        assert_eq!(docs[1]["spec"]["mac"], "52:54:00:00:01:01");
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(64))]
+
+        #[test]
+        fn random_bytes_are_read_in_bounded_time(bytes in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..4096)) {
+            proptest::prop_assert!(read_and_validate(&bytes) < TIME_BOUND);
+        }
+
+        #[test]
+        fn truncated_documents_are_read_in_bounded_time(cut in 0..VALID.len()) {
+            proptest::prop_assert!(read_and_validate(&VALID.as_bytes()[..cut]) < TIME_BOUND);
+        }
+
+        #[test]
+        fn mutated_documents_are_read_in_bounded_time(
+            edits in proptest::collection::vec((0..VALID.len(), proptest::sample::select(vec![b'[', b']', b'{', b'}', b'&', b'*', b':', b'-', b'\n', b' ', b'"', b'!', b'|'])), 1..16),
+            repeat in 1usize..200,
+        ) {
+            let mut bytes = VALID.as_bytes().to_vec();
+            for (at, b) in edits {
+                bytes[at] = b;
+            }
+            // Some structure repeated many times, as a careless generator would.
+            let mut text = bytes.clone();
+            for _ in 1..repeat {
+                text.extend_from_slice(b"---\n");
+                text.extend_from_slice(&bytes);
+            }
+            proptest::prop_assert!(read_and_validate(&text) < TIME_BOUND);
+        }
+
+        #[test]
+        fn nesting_of_any_depth_is_read_in_bounded_time(depth in 1usize..200_000, flow in proptest::prelude::any::<bool>()) {
+            let text = if flow {
+                format!("x: {}{}\n", "[".repeat(depth), "]".repeat(depth))
+            } else {
+                let mut t = String::new();
+                for i in 0..depth.min(5000) {
+                    t.push_str(&" ".repeat(i));
+                    t.push_str("- \n");
+                }
+                t
+            };
+            proptest::prop_assert!(read_and_validate(text.as_bytes()) < TIME_BOUND);
+        }
+    }
 }

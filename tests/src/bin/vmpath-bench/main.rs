@@ -13,6 +13,8 @@
 //!             test's scenario) against the sender's interval
 //!   realmigration  a real QEMU guest's live migration: the gap in a 1 ms
 //!             stream against QEMU's own downtime
+//!   reactivity port appearing -> first forwarded frame, config write -> map
+//!             update, against the same agent on a 200 ms poll
 //!
 //! Needs root; everything runs in network namespaces it creates and
 //! removes (guards), and no packet leaves them.
@@ -25,6 +27,7 @@ mod migration;
 mod overlay_cost;
 mod progcost;
 mod realmigration;
+mod reactivity;
 mod report;
 mod util;
 
@@ -65,7 +68,7 @@ fn parse_args() -> Result<Args> {
             }
             "-h" | "--help" => {
                 println!(
-                    "vmpath-bench [--out DIR] [--runs N] [--only progcost,e2e,external,control,dhcp,migration,realmigration] [--quick]"
+                    "vmpath-bench [--out DIR] [--runs N] [--only progcost,e2e,external,control,dhcp,migration,realmigration,reactivity] [--quick]"
                 );
                 std::process::exit(0);
             }
@@ -194,6 +197,13 @@ fn run() -> Result<()> {
         step("5. Live migration loss window", &|| {
             migration::run(&migration::Options {
                 runs: if args.quick { 1 } else { args.runs.min(3) },
+            })
+        });
+    }
+    if want("reactivity") {
+        step("6. Reactivity: port and config changes", &|| {
+            reactivity::run(&reactivity::Options {
+                trials: if args.quick { 5 } else { 15 },
             })
         });
     }
