@@ -56,7 +56,10 @@ fn binary_garbage() -> Vec<u8> {
         .collect()
 }
 
-const HOSTILE: [(&str, fn() -> Vec<u8>); 4] = [
+/// A hostile file: its name and how to make its bytes.
+type Hostile = (&'static str, fn() -> Vec<u8>);
+
+const HOSTILE: [Hostile; 4] = [
     ("deep.yaml", deep_nesting),
     ("bomb.yaml", alias_bomb),
     ("huge.yaml", huge_document),
@@ -177,7 +180,7 @@ fn rss_bytes(pid: u32) -> u64 {
 fn hostile_beside_a_good_change(
     node: &mut Node,
     vm1: &Vm,
-    hostile: &[(&str, fn() -> Vec<u8>)],
+    hostile: &[Hostile],
     name: &str,
     host: u8,
 ) {
