@@ -26,8 +26,8 @@ mod external;
 mod migration;
 mod overlay_cost;
 mod progcost;
-mod realmigration;
 mod reactivity;
+mod realmigration;
 mod report;
 mod util;
 
