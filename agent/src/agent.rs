@@ -6,7 +6,7 @@ use std::{
     collections::{BTreeMap, BTreeSet},
     fs,
     path::{Path, PathBuf},
-    time::Duration,
+    time::{Duration, Instant},
 };
 
 use anyhow::{Context as _, Result};
@@ -23,7 +23,7 @@ use crate::{
     resolved::{self, Origin, Resolved},
     slowpath,
     store::{Claim, Store},
-    view::{AttachmentView, IpView, NetworkView, SharedView, View},
+    view::{AttachmentView, IpView, NetworkView, Published, SharedView, View},
 };
 
 #[derive(Debug, Clone)]
@@ -32,7 +32,14 @@ pub struct AgentOptions {
     pub node: String,
     pub bpffs: PathBuf,
     pub state_dir: PathBuf,
+    /// How often the data path's own findings (learned MACs and
+    /// addresses, migration cut-overs) are checked for a change.
     pub interval: Duration,
+    /// The full reconcile's safety net, whatever the events say.
+    pub resync: Duration,
+    /// React to config-dir and link notifications (off: timers only, the
+    /// old polling behaviour).
+    pub events: bool,
     /// The node's uplink: routed ingress and SNAT return traffic.
     pub uplink: String,
     /// Slow-path frames served per second, all ports together.
@@ -220,9 +227,17 @@ pub fn run(
     let mut north_south = crate::routes::NorthSouth::default();
     let mut overlay = crate::overlay::Overlay::default();
     let mut migrations = crate::migration::Migrations::default();
+    let mut reader = config::source::Reader::default();
+    let mut pacer = Pacer::new(opts);
+    shared.set_waker(pacer.events.sender());
+    let mut first = true;
     loop {
+        if !first {
+            pacer.wait(&dp, &shared);
+        }
+        first = false;
         shared.heartbeat();
-        let mut snap = config::source::read_dir(&opts.config_dir);
+        let mut snap = reader.read(&opts.config_dir);
         crate::endpoints::add_documents(&opts.state_dir, &opts.node, &mut snap);
         if snap.empty {
             // A ConfigMap not mounted yet must never wipe a running data path.
@@ -230,7 +245,7 @@ pub fn run(
                 warn!(dir = %opts.config_dir.display(), "config dir missing or empty: data path left as it is");
                 warned_empty = true;
             }
-            std::thread::sleep(opts.interval);
+            pacer.passed(&dp);
             continue;
         }
         warned_empty = false;
@@ -244,7 +259,7 @@ pub fn run(
             Ok(c) => c,
             Err(e) => {
                 error!("reading claims: {e}; retrying");
-                std::thread::sleep(opts.interval);
+                pacer.retry_soon();
                 continue;
             }
         };
@@ -253,7 +268,7 @@ pub fn run(
         let changes = ipam::assign(&mut cfg, &claims);
         if let Err(e) = commit_claims(&store, &mut claims, changes) {
             error!("writing claims: {e}; retrying");
-            std::thread::sleep(opts.interval);
+            pacer.retry_soon();
             continue;
         }
         // MACs the data path saw on ports whose MAC was not given.
@@ -351,7 +366,10 @@ pub fn run(
                     *services.write().unwrap() = slowpath::service::build(&cfg, &plan);
                     last_plan = Some(plan.clone());
                 }
-                Err(e) => error!("applying the plan failed (will retry): {e:#}"),
+                Err(e) => {
+                    error!("applying the plan failed (will retry): {e:#}");
+                    pacer.retry_soon();
+                }
             }
         }
         overlay.tick(&mut dp, &cfg, last_plan.as_ref());
@@ -379,6 +397,99 @@ pub fn run(
             shared.publish(view);
         }
         accepted = cfg.attachments.iter().map(|a| a.key.clone()).collect();
-        std::thread::sleep(opts.interval);
+        // Until a migration is over, the data path's side of it is
+        // followed on every tick.
+        pacer.migrating = cfg.attachments.iter().any(|a| a.migration.is_some());
+        pacer.passed(&dp);
     }
+}
+
+/// Decides when the loop runs a reconcile pass: at once on a config or
+/// link event, on a data-path tick that found something new (or while a
+/// migration is under way), on a retry after an error, and at the latest
+/// every resync interval.
+struct Pacer {
+    events: crate::events::Events,
+    interval: Duration,
+    resync: Duration,
+    last_pass: Instant,
+    data_path: u64,
+    migrating: bool,
+    retry: bool,
+}
+
+impl Pacer {
+    fn new(opts: &AgentOptions) -> Self {
+        let events = if opts.events {
+            crate::events::Events::start(&opts.config_dir)
+        } else {
+            crate::events::Events::none()
+        };
+        Pacer {
+            events,
+            interval: opts.interval,
+            resync: opts.resync,
+            last_pass: Instant::now(),
+            data_path: 0,
+            migrating: false,
+            retry: false,
+        }
+    }
+
+    /// Called after every pass.
+    fn passed(&mut self, dp: &Dataplane) {
+        self.last_pass = Instant::now();
+        self.data_path = data_path_fingerprint(dp);
+    }
+
+    fn retry_soon(&mut self) {
+        self.retry = true;
+    }
+
+    /// Blocks until the next pass is due.
+    fn wait(&mut self, dp: &Dataplane, shared: &Published) {
+        if std::mem::take(&mut self.retry) {
+            std::thread::sleep(self.interval);
+            return;
+        }
+        loop {
+            let due = self.last_pass + self.resync;
+            let now = Instant::now();
+            if now >= due {
+                return;
+            }
+            let wakes = self.events.wait(self.interval.min(due - now));
+            if !wakes.is_empty() {
+                tracing::debug!(?wakes, "woken");
+                return;
+            }
+            shared.heartbeat();
+            if self.migrating || data_path_fingerprint(dp) != self.data_path {
+                return;
+            }
+        }
+    }
+}
+
+/// What the data path learned on its own: MACs, addresses, migration
+/// events. A change is worth a reconcile.
+fn data_path_fingerprint(dp: &Dataplane) -> u64 {
+    let maps = dp.maps();
+    let mut bytes: Vec<u8> = Vec::new();
+    for (ifindex, m) in maps.learned_macs.iter().filter_map(|r| r.ok()) {
+        bytes.extend_from_slice(&ifindex.to_le_bytes());
+        bytes.extend_from_slice(&m.mac);
+    }
+    bytes.push(0xff);
+    for (k, v) in maps.learned_ips.iter().filter_map(|r| r.ok()) {
+        bytes.extend_from_slice(&k.network.to_le_bytes());
+        bytes.extend_from_slice(&k.addr);
+        bytes.extend_from_slice(&v.ifindex.to_le_bytes());
+        bytes.extend_from_slice(&v.mac);
+    }
+    bytes.push(0xff);
+    for (ifindex, _) in maps.migrated.iter().filter_map(|r| r.ok()) {
+        bytes.extend_from_slice(&ifindex.to_le_bytes());
+    }
+    crate::hash::fnv1a(&[&bytes])
 }

@@ -107,35 +107,26 @@ impl EndpointRequest {
     }
 
     /// The Attachment document this endpoint stands for.
-    fn document(&self, node: &str) -> serde_yaml::Value {
-        let mut spec = serde_yaml::Mapping::new();
-        for (k, v) in [
-            ("vm", self.pod_name.as_str()),
-            ("interface", &self.ifname),
-            ("network", &self.network),
-            ("node", node),
-            ("port", &self.port),
-        ] {
-            spec.insert(k.into(), v.into());
-        }
+    fn document(&self, node: &str) -> serde_json::Value {
+        let mut spec = serde_json::json!({
+            "vm": self.pod_name,
+            "interface": self.ifname,
+            "network": self.network,
+            "node": node,
+            "port": self.port,
+        });
         if let Some(mac) = &self.mac {
-            spec.insert("mac".into(), mac.as_str().into());
+            spec["mac"] = mac.as_str().into();
         }
-        let mut meta = serde_yaml::Mapping::new();
-        meta.insert(
-            "name".into(),
-            format!("{}-{}", self.pod_name, self.ifname).into(),
-        );
-        meta.insert("namespace".into(), self.pod_namespace.as_str().into());
-        let mut doc = serde_yaml::Mapping::new();
-        doc.insert(
-            "apiVersion".into(),
-            crate::config::model::API_VERSION.into(),
-        );
-        doc.insert("kind".into(), "Attachment".into());
-        doc.insert("metadata".into(), meta.into());
-        doc.insert("spec".into(), spec.into());
-        doc.into()
+        serde_json::json!({
+            "apiVersion": crate::config::model::API_VERSION,
+            "kind": "Attachment",
+            "metadata": {
+                "name": format!("{}-{}", self.pod_name, self.ifname),
+                "namespace": self.pod_namespace,
+            },
+            "spec": spec,
+        })
     }
 }
 
@@ -329,7 +320,9 @@ pub fn handle(shared: &Published, request: &mut tiny_http::Request) -> Reply {
         }
         (tiny_http::Method::Delete, ["v1", "endpoints", container, ifname]) => {
             let id = endpoint_id(container, ifname);
-            match registry.update(|s| s.endpoints.remove(&id)) {
+            let removed = registry.update(|s| s.endpoints.remove(&id));
+            shared.wake(crate::events::Wake::Endpoint);
+            match removed {
                 Ok((removed, _)) => {
                     if removed.is_some() {
                         info!(endpoint = %id, "CNI endpoint removed");
@@ -385,6 +378,7 @@ fn add(shared: &Published, registry: &Registry, e: EndpointRequest) -> Reply {
         Ok((_, g)) => g,
         Err(err) => return error(500, err),
     };
+    shared.wake(crate::events::Wake::Endpoint);
     info!(endpoint = %id, vm = %key, network = %e.network, port = %e.port, "CNI endpoint added");
     let source = e.source();
     let deadline = Instant::now() + PROGRAM_TIMEOUT;
@@ -459,10 +453,12 @@ mod tests {
             documents: vec![RawDocument {
                 file: "net.yaml".into(),
                 index: 1,
-                value: serde_yaml::from_str(
-                    "apiVersion: vmpath.dev/v1alpha1\nkind: Network\nmetadata: {name: blue}\nspec: {id: 7, subnets: [10.9.0.0/24], defaultGatewayIPs: [10.9.0.1]}\n",
-                )
-                .unwrap(),
+                value: serde_json::json!({
+                    "apiVersion": "vmpath.dev/v1alpha1",
+                    "kind": "Network",
+                    "metadata": {"name": "blue"},
+                    "spec": {"id": 7, "subnets": ["10.9.0.0/24"], "defaultGatewayIPs": ["10.9.0.1"]},
+                }),
             }],
             ..Default::default()
         };

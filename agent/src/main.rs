@@ -70,7 +70,9 @@ struct AgentArgs {
     /// the agent itself needs no privileged mount propagation.
     #[arg(long, conflicts_with = "cleanup")]
     mount_bpffs: bool,
-    /// How often the config dir and interfaces are checked.
+    /// How often the data path's own findings (learned MACs and
+    /// addresses, migration cut-overs) are checked; a change triggers a
+    /// reconcile. Config and port changes trigger one at once.
     #[arg(long, default_value_t = 200)]
     interval_ms: u64,
     /// Slow-path frames (DHCPv4, DHCPv6, RS) the agent serves per second,
@@ -80,6 +82,14 @@ struct AgentArgs {
     #[arg(long, default_value_t = vmpath::slowpath::fair::DEFAULT_SERVE_RATE,
           value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
     slowpath_serve_rate: u64,
+    /// The safety net: a full reconcile at least this often, whatever the
+    /// notifications said (it also paces SNAT and remote-MAC ageing).
+    #[arg(long, default_value_t = 5000)]
+    resync_interval_ms: u64,
+    /// Ignore config-dir and link notifications and reconcile on the
+    /// resync timer alone (the old polling behaviour, kept to compare).
+    #[arg(long)]
+    no_events: bool,
 }
 
 fn main() -> Result<()> {
@@ -170,6 +180,8 @@ fn main() -> Result<()> {
                     bpffs: args.bpffs,
                     state_dir: args.state_dir,
                     interval: Duration::from_millis(args.interval_ms),
+                    resync: Duration::from_millis(args.resync_interval_ms),
+                    events: !args.no_events,
                     uplink: args.uplink,
                     slowpath_serve_rate: args.slowpath_serve_rate,
                 },

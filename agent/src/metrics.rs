@@ -148,6 +148,12 @@ const PORT_GATEWAY_REPLIES: Family = family(
     COUNTER,
     &PORT_LABELS,
 );
+const CONFIG_FILES_PARSED: Family = family(
+    "vmpath_config_files_parsed_total",
+    "Config files parsed since the agent started; an unchanged file is not parsed again.",
+    COUNTER,
+    &[],
+);
 const PORT_SLOWPATH_RATE_LIMITED: Family = family(
     "vmpath_port_slowpath_rate_limited_total",
     "DHCPv4, DHCPv6 and router solicitation frames from the VM dropped over its slow-path rate, by class.",
@@ -180,7 +186,7 @@ const OVERLAY_LEARNED_MACS: Family = family(
 );
 
 /// Every family the collector produces, the reconcile histogram aside.
-const FAMILIES: [&Family; 21] = [
+const FAMILIES: [&Family; 22] = [
     &READY,
     &DATAPLANE_UP,
     &NETWORKS,
@@ -188,6 +194,7 @@ const FAMILIES: [&Family; 21] = [
     &CONFIG_ERRORS,
     &CONFIG_ERROR_INFO,
     &RECONCILES,
+    &CONFIG_FILES_PARSED,
     &DHCP,
     &PORT_DHCP,
     &DROPS,
@@ -351,6 +358,10 @@ pub fn families(snap: &Snapshot) -> Vec<MetricFamily> {
     }
     out.push(info);
     out.push(Samples::one(&RECONCILES, view.reconciles as f64));
+    out.push(Samples::one(
+        &CONFIG_FILES_PARSED,
+        crate::config::source::files_parsed() as f64,
+    ));
 
     let outcomes = |c: &Counters| {
         [

@@ -42,14 +42,7 @@ fn underlay_of(addr: Ipv4Addr) -> Option<(String, u32)> {
 fn block_on<F: std::future::Future<Output = Result<(), OverlayError>>>(
     f: impl FnOnce(rtnetlink::Handle) -> F,
 ) -> Result<(), OverlayError> {
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()?;
-    rt.block_on(async {
-        let (conn, handle, _) = rtnetlink::new_connection()?;
-        tokio::spawn(conn);
-        f(handle).await
-    })
+    crate::netlink::run(f)?
 }
 
 /// Makes `vmp-vxlan` if it is missing, sets its MTU and brings it up.

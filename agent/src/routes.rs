@@ -16,19 +16,15 @@ use std::{
     net::IpAddr,
 };
 
+use futures_util::TryStreamExt as _;
 use ipnet::IpNet;
-use netlink_packet_core::{
-    NLM_F_ACK, NLM_F_CREATE, NLM_F_DUMP, NLM_F_REPLACE, NLM_F_REQUEST, NetlinkHeader,
-    NetlinkMessage, NetlinkPayload,
-};
 use netlink_packet_route::{
-    AddressFamily, RouteNetlinkMessage,
+    AddressFamily,
     route::{
         RouteAddress, RouteAttribute, RouteHeader, RouteMessage, RouteProtocol, RouteScope,
         RouteType,
     },
 };
-use netlink_sys::{Socket, SocketAddr, protocols::NETLINK_ROUTE};
 use tracing::info;
 
 use crate::{
@@ -46,8 +42,6 @@ const RT_TABLE_COMPAT: u8 = 252;
 pub enum RouteError {
     #[error("netlink socket: {0}")]
     Io(#[from] io::Error),
-    #[error("decoding a netlink reply: {0}")]
-    Decode(String),
     #[error("kernel refused to {op} route {route}: {err}")]
     Refused {
         op: &'static str,
@@ -138,26 +132,28 @@ pub fn desired(
     out
 }
 
-/// A netlink socket that owns the routes of one (table, protocol).
+/// Owns the routes of one (table, protocol), over the agent's netlink
+/// stack ([`crate::netlink`]).
 pub struct RouteExporter {
-    socket: Socket,
     table: u32,
     protocol: u8,
-    seq: u32,
     lo_ifindex: u32,
+}
+
+/// A kernel refusal as the errno it carries.
+fn to_io(e: rtnetlink::Error) -> io::Error {
+    match e {
+        rtnetlink::Error::NetlinkError(m) => m.to_io(),
+        other => io::Error::other(other.to_string()),
+    }
 }
 
 impl RouteExporter {
     pub fn new(table: u32, protocol: u8) -> Result<Self, RouteError> {
-        let mut socket = Socket::new(NETLINK_ROUTE)?;
-        socket.bind_auto()?;
-        socket.connect(&SocketAddr::new(0, 0))?;
         let lo_ifindex = crate::netif::ifindex_of("lo").unwrap_or(1);
         Ok(RouteExporter {
-            socket,
             table,
             protocol,
-            seq: 0,
             lo_ifindex,
         })
     }
@@ -172,24 +168,23 @@ impl RouteExporter {
             // hand or by an older agent may not be Universe).
             let mut del = self.message(r);
             del.header.scope = RouteScope::NoWhere;
-            self.request(RouteNetlinkMessage::DelRoute(del), 0)
-                .map_err(|err| RouteError::Refused {
+            crate::netlink::run(|h| async move { h.route().del(del).execute().await })?.map_err(
+                |e| RouteError::Refused {
                     op: "withdraw",
                     route: *r,
-                    err,
-                })?;
+                    err: to_io(e),
+                },
+            )?;
             info!(route = %r, table = self.table, "route withdrawn");
             withdrawn += 1;
         }
         for r in want.difference(&have) {
-            self.request(
-                RouteNetlinkMessage::NewRoute(self.message(r)),
-                NLM_F_CREATE | NLM_F_REPLACE,
-            )
-            .map_err(|err| RouteError::Refused {
+            let msg = self.message(r);
+            crate::netlink::run(|h| async move { h.route().add(msg).replace().execute().await })?
+                .map_err(|e| RouteError::Refused {
                 op: "add",
                 route: *r,
-                err,
+                err: to_io(e),
             })?;
             info!(route = %r, table = self.table, "route added");
             added += 1;
@@ -230,93 +225,21 @@ impl RouteExporter {
         msg
     }
 
-    fn send(&mut self, payload: RouteNetlinkMessage, flags: u16) -> Result<u32, io::Error> {
-        self.seq = self.seq.wrapping_add(1);
-        let mut hdr = NetlinkHeader::default();
-        hdr.flags = NLM_F_REQUEST | flags;
-        hdr.sequence_number = self.seq;
-        let mut msg = NetlinkMessage::new(hdr, NetlinkPayload::from(payload));
-        msg.finalize();
-        let mut buf = vec![0; msg.buffer_len()];
-        msg.serialize(&mut buf);
-        self.socket.send(&buf, 0)?;
-        Ok(self.seq)
-    }
-
-    /// Sends one request and waits for its ACK.
-    fn request(&mut self, payload: RouteNetlinkMessage, flags: u16) -> Result<(), io::Error> {
-        let seq = self.send(payload, flags | NLM_F_ACK)?;
-        let mut done = false;
-        let mut result = Ok(());
-        self.receive(seq, |msg| {
-            if let NetlinkPayload::Error(e) = msg {
-                if e.code.is_some() {
-                    result = Err(e.to_io());
-                }
-                done = true;
-            }
-            done
-        })?;
-        result
-    }
-
-    /// Our routes currently in the table.
+    /// Our routes currently in the table (a dump of every family).
     fn dump(&mut self) -> Result<BTreeSet<ExportRoute>, RouteError> {
-        let seq = self
-            .send(
-                RouteNetlinkMessage::GetRoute(RouteMessage::default()),
-                NLM_F_DUMP,
-            )
-            .map_err(RouteError::Dump)?;
-        let mut out = BTreeSet::new();
-        let (table, protocol) = (self.table, self.protocol);
-        let mut err = None;
-        self.receive(seq, |msg| match msg {
-            NetlinkPayload::InnerMessage(RouteNetlinkMessage::NewRoute(m)) => {
-                if let Some(r) = ours(&m, table, protocol) {
-                    out.insert(r);
-                }
-                false
-            }
-            NetlinkPayload::Done(_) => true,
-            NetlinkPayload::Error(e) => {
-                if e.code.is_some() {
-                    err = Some(e.to_io());
-                }
-                true
-            }
-            _ => false,
+        let all: Vec<RouteMessage> = crate::netlink::run(|h| async move {
+            h.route()
+                .get(RouteMessage::default())
+                .execute()
+                .try_collect()
+                .await
         })
-        .map_err(RouteError::Dump)?;
-        match err {
-            Some(e) => Err(RouteError::Dump(e)),
-            None => Ok(out),
-        }
-    }
-
-    /// Feeds every reply to `seq` to `f` until it returns true.
-    fn receive(
-        &mut self,
-        seq: u32,
-        mut f: impl FnMut(NetlinkPayload<RouteNetlinkMessage>) -> bool,
-    ) -> Result<(), io::Error> {
-        let mut buf = vec![0u8; 1 << 16];
-        loop {
-            let n = self.socket.recv(&mut &mut buf[..], 0)?;
-            let mut off = 0;
-            while off < n {
-                let msg = NetlinkMessage::<RouteNetlinkMessage>::deserialize(&buf[off..n])
-                    .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e.to_string()))?;
-                let len = msg.header.length as usize;
-                if msg.header.sequence_number == seq && f(msg.payload) {
-                    return Ok(());
-                }
-                if len == 0 {
-                    break;
-                }
-                off += (len + 3) & !3;
-            }
-        }
+        .map_err(RouteError::Dump)?
+        .map_err(|e| RouteError::Dump(to_io(e)))?;
+        Ok(all
+            .iter()
+            .filter_map(|m| ours(m, self.table, self.protocol))
+            .collect())
     }
 }
 

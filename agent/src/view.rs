@@ -5,8 +5,9 @@
 
 use std::{
     sync::{
-        Arc, RwLock, TryLockError,
+        Arc, Mutex, RwLock, TryLockError,
         atomic::{AtomicBool, AtomicU64, Ordering},
+        mpsc::Sender,
     },
     time::{Duration, Instant},
 };
@@ -14,7 +15,7 @@ use std::{
 use prometheus::{Histogram, HistogramOpts};
 use serde::{Deserialize, Serialize};
 
-use crate::{clock, config::ConfigError, resolved::Origin};
+use crate::{clock, config::ConfigError, events::Wake, resolved::Origin};
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct IpView {
@@ -137,6 +138,8 @@ pub struct Published {
     /// hold the pinned maps open know when to reopen them.
     dataplane_generation: AtomicU64,
     reconcile_seconds: Histogram,
+    /// Wakes the reconcile loop from another thread (set by the loop).
+    waker: Mutex<Option<Sender<Wake>>>,
 }
 
 pub type SharedView = Arc<Published>;
@@ -162,6 +165,24 @@ impl Published {
             last_heartbeat_ms: AtomicU64::new(0),
             dataplane_generation: AtomicU64::new(0),
             reconcile_seconds,
+            waker: Mutex::new(None),
+        }
+    }
+
+    /// Lets other threads wake the loop through `tx`.
+    pub fn set_waker(&self, tx: Sender<Wake>) {
+        *self.waker.lock().unwrap_or_else(|p| p.into_inner()) = Some(tx);
+    }
+
+    /// Wakes the reconcile loop now (no-op before it set a waker).
+    pub fn wake(&self, why: Wake) {
+        if let Some(tx) = self
+            .waker
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .as_ref()
+        {
+            let _ = tx.send(why);
         }
     }
 

@@ -334,6 +334,11 @@ impl Node {
         }
     }
 
+    /// The agent's process id (nsenter execs it, so the pid is its own).
+    pub fn agent_pid(&self) -> Option<u32> {
+        self.agent.as_ref().map(|c| c.id())
+    }
+
     pub fn agent_running(&mut self) -> bool {
         match &mut self.agent {
             Some(c) => c.try_wait().map(|s| s.is_none()).unwrap_or(false),

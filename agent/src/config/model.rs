@@ -14,10 +14,10 @@ pub struct Metadata {
     pub name: String,
     #[serde(default)]
     pub namespace: Option<String>,
-    #[serde(default)]
-    pub labels: Option<serde_yaml::Mapping>,
-    #[serde(default)]
-    pub annotations: Option<serde_yaml::Mapping>,
+    #[serde(default, deserialize_with = "bounded::map")]
+    pub labels: Option<serde_json::Map<String, serde_json::Value>>,
+    #[serde(default, deserialize_with = "bounded::map")]
+    pub annotations: Option<serde_json::Map<String, serde_json::Value>>,
 }
 
 #[derive(Debug, Clone, Deserialize, Serialize, PartialEq, Eq)]
@@ -113,11 +113,11 @@ pub struct Dhcp {
     pub lease_seconds: Option<u32>,
     #[serde(default)]
     pub default_route: Option<bool>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "bounded::short")]
     pub dns_servers: Vec<IpAddr>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "bounded::short")]
     pub search_domains: Vec<String>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "bounded::long")]
     pub routes: Vec<StaticRoute>,
 }
 
@@ -151,13 +151,17 @@ pub struct NetworkSpec {
     pub topology: Topology,
     #[serde(default)]
     pub role: Role,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "bounded::short")]
     pub subnets: Vec<IpNet>,
-    #[serde(default, rename = "defaultGatewayIPs")]
+    #[serde(
+        default,
+        rename = "defaultGatewayIPs",
+        deserialize_with = "bounded::short"
+    )]
     pub default_gateway_ips: Vec<IpAddr>,
     #[serde(default, rename = "gatewayMAC")]
     pub gateway_mac: Option<String>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "bounded::long")]
     pub exclude_subnets: Vec<IpNet>,
     #[serde(default)]
     pub ipam: Ipam,
@@ -204,8 +208,88 @@ pub struct AttachmentSpec {
     pub mac: Option<String>,
     #[serde(default)]
     pub mac_policy: MacPolicy,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "bounded::short")]
     pub ips: Vec<IpNet>,
     #[serde(default)]
     pub migration: Option<Migration>,
+}
+
+/// List and map fields with a bound: a longer one is refused while it is
+/// read, naming the limit, before the rest of it is looked at.
+mod bounded {
+    use std::{fmt, marker::PhantomData};
+
+    use serde::{
+        Deserialize, Deserializer,
+        de::{self, MapAccess, SeqAccess, Visitor},
+    };
+
+    use crate::config::source::limits;
+
+    struct Seq<T>(usize, PhantomData<T>);
+
+    impl<'de, T: Deserialize<'de>> Visitor<'de> for Seq<T> {
+        type Value = Vec<T>;
+        fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+            write!(f, "a list of at most {} entries", self.0)
+        }
+        fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Vec<T>, A::Error> {
+            let mut out = Vec::new();
+            while let Some(v) = seq.next_element()? {
+                if out.len() == self.0 {
+                    return Err(de::Error::custom(format!(
+                        "more than {} entries (the limit for this list)",
+                        self.0
+                    )));
+                }
+                out.push(v);
+            }
+            Ok(out)
+        }
+    }
+
+    pub fn short<'de, D: Deserializer<'de>, T: Deserialize<'de>>(d: D) -> Result<Vec<T>, D::Error> {
+        d.deserialize_seq(Seq(limits::MAX_SHORT_LIST, PhantomData))
+    }
+
+    pub fn long<'de, D: Deserializer<'de>, T: Deserialize<'de>>(d: D) -> Result<Vec<T>, D::Error> {
+        d.deserialize_seq(Seq(limits::MAX_LONG_LIST, PhantomData))
+    }
+
+    type Object = serde_json::Map<String, serde_json::Value>;
+
+    struct Map;
+
+    impl<'de> Visitor<'de> for Map {
+        type Value = Option<Object>;
+        fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+            write!(f, "a mapping of at most {} entries", limits::MAX_LABELS)
+        }
+        fn visit_unit<E: de::Error>(self) -> Result<Self::Value, E> {
+            Ok(None)
+        }
+        fn visit_none<E: de::Error>(self) -> Result<Self::Value, E> {
+            Ok(None)
+        }
+        fn visit_some<D: Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+            d.deserialize_map(Map)
+        }
+        fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+            let mut out = Object::new();
+            while let Some((k, v)) = map.next_entry::<String, serde_json::Value>()? {
+                if out.len() == limits::MAX_LABELS {
+                    return Err(de::Error::custom(format!(
+                        "more than {} entries (the limit for this mapping)",
+                        limits::MAX_LABELS
+                    )));
+                }
+                out.insert(k, v);
+            }
+            Ok(Some(out))
+        }
+    }
+
+    pub fn map<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Object>, D::Error> {
+        d.deserialize_option(Map)
+    }
 }

@@ -1,30 +1,66 @@
 //! Reads the config dir: every `*.yaml`/`*.yml` file, each holding one or
 //! more documents. Follows Kubernetes ConfigMap mounts, whose files are
 //! symlinks through `..data` that the kubelet swaps atomically.
+//!
+//! Every file is read under hard limits ([`limits`]): its size is checked
+//! before a byte is read, and the parser (serde-saphyr) stops at the first
+//! breach of its budget (nesting, aliases, nodes, documents), so a hostile
+//! file costs bounded work and is refused whole with a message naming the
+//! limit. A [`Reader`] keeps each file's outcome until the file changes
+//! (device, inode, size, mtime, ctime), so a refused file is parsed, and
+//! reported, once.
 
 use std::{
+    collections::HashMap,
     fs,
+    io::Read as _,
+    os::unix::fs::MetadataExt as _,
     path::{Path, PathBuf},
+    sync::atomic::{AtomicU64, Ordering},
 };
 
-use serde::Deserialize;
-
 use super::ConfigError;
+
+/// The bounds every config file is read under.
+pub mod limits {
+    /// Bytes per file, checked before reading.
+    pub const MAX_FILE_BYTES: u64 = 1024 * 1024;
+    /// Nesting of mappings and sequences (a valid document needs 5).
+    pub const MAX_DEPTH: usize = 32;
+    /// Alias (`*name`) uses per file; configs have no need for many.
+    pub const MAX_ALIASES: usize = 64;
+    /// Anchors (`&name`) per file.
+    pub const MAX_ANCHORS: usize = 64;
+    /// Events replayed by alias expansion per file (the alias-bomb bound).
+    pub const MAX_ALIAS_REPLAY: usize = 10_000;
+    /// Documents per file.
+    pub const MAX_DOCUMENTS: usize = 5_000;
+    /// Scalars, mappings and sequences per file.
+    pub const MAX_NODES: usize = 100_000;
+    /// Entries in a list field that makes no sense beyond a few (subnets,
+    /// gateway addresses, an interface's addresses, DNS servers...).
+    pub const MAX_SHORT_LIST: usize = 16;
+    /// Entries in `excludeSubnets` and `dhcp.routes`.
+    pub const MAX_LONG_LIST: usize = 256;
+    /// Entries in `metadata.labels` / `metadata.annotations`.
+    pub const MAX_LABELS: usize = 256;
+}
 
 /// One YAML document with where it came from.
 #[derive(Debug, Clone)]
 pub struct RawDocument {
     pub file: PathBuf,
-    /// 1-based position of the document in its file.
+    /// 1-based position of the document in its file (empty documents are
+    /// not counted).
     pub index: usize,
-    pub value: serde_yaml::Value,
+    pub value: serde_json::Value,
 }
 
 /// What the config dir holds right now.
 #[derive(Debug, Default)]
 pub struct Snapshot {
     pub documents: Vec<RawDocument>,
-    /// Files or documents that are not YAML at all.
+    /// Files that are not YAML at all or break a limit: refused whole.
     pub errors: Vec<ConfigError>,
     /// The dir is missing or has no config file: never a reason to wipe.
     pub empty: bool,
@@ -32,56 +68,336 @@ pub struct Snapshot {
     pub fingerprint: u64,
 }
 
+/// Files parsed since the agent started (cache hits are not counted):
+/// `vmpath_config_files_parsed_total`.
+static FILES_PARSED: AtomicU64 = AtomicU64::new(0);
+
+pub fn files_parsed() -> u64 {
+    FILES_PARSED.load(Ordering::Relaxed)
+}
+
+/// What identifies one version of a file without reading it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Stamp {
+    dev: u64,
+    ino: u64,
+    size: u64,
+    mtime_ns: i128,
+    ctime_ns: i128,
+}
+
+impl Stamp {
+    fn of(meta: &fs::Metadata) -> Self {
+        Stamp {
+            dev: meta.dev(),
+            ino: meta.ino(),
+            size: meta.size(),
+            mtime_ns: meta.mtime() as i128 * 1_000_000_000 + meta.mtime_nsec() as i128,
+            ctime_ns: meta.ctime() as i128 * 1_000_000_000 + meta.ctime_nsec() as i128,
+        }
+    }
+}
+
+/// One file's outcome, kept until the file changes.
+#[derive(Debug, Clone)]
+struct Parsed {
+    stamp: Stamp,
+    documents: Vec<RawDocument>,
+    error: Option<ConfigError>,
+    hash: u64,
+}
+
+/// Reads the config dir, parsing only files that changed since last time.
+#[derive(Debug, Default)]
+pub struct Reader {
+    cache: HashMap<PathBuf, Parsed>,
+}
+
+impl Reader {
+    pub fn read(&mut self, dir: &Path) -> Snapshot {
+        let files = config_files(dir);
+        let mut snap = Snapshot {
+            empty: files.is_empty(),
+            ..Default::default()
+        };
+        let mut fingerprint_parts: Vec<Vec<u8>> = Vec::new();
+        let mut seen = HashMap::with_capacity(files.len());
+        for (file, meta) in files {
+            let stamp = Stamp::of(&meta);
+            let parsed = match self.cache.remove(&file) {
+                Some(p) if p.stamp == stamp => p,
+                _ => parse_file(&file, stamp),
+            };
+            fingerprint_parts.push(file.as_os_str().as_encoded_bytes().to_vec());
+            fingerprint_parts.push(parsed.hash.to_le_bytes().to_vec());
+            snap.documents.extend(parsed.documents.iter().cloned());
+            snap.errors.extend(parsed.error.iter().cloned());
+            seen.insert(file, parsed);
+        }
+        // Files gone from the dir are forgotten.
+        self.cache = seen;
+        let parts: Vec<&[u8]> = fingerprint_parts.iter().map(|p| p.as_slice()).collect();
+        snap.fingerprint = crate::hash::fnv1a(&parts);
+        snap
+    }
+}
+
+/// Reads the config dir once, without a cache.
 pub fn read_dir(dir: &Path) -> Snapshot {
-    let mut snap = Snapshot::default();
-    let mut files: Vec<PathBuf> = match fs::read_dir(dir) {
+    Reader::default().read(dir)
+}
+
+/// The config files in `dir`, sorted, with their (followed) metadata.
+fn config_files(dir: &Path) -> Vec<(PathBuf, fs::Metadata)> {
+    let mut files: Vec<(PathBuf, fs::Metadata)> = match fs::read_dir(dir) {
         Ok(entries) => entries
             .filter_map(|e| e.ok())
             .map(|e| e.path())
             .filter(|p| {
                 let name = p.file_name().and_then(|n| n.to_str()).unwrap_or("");
                 // `..data`, `..2024_...` are the kubelet's own entries.
-                !name.starts_with('.')
-                    && (name.ends_with(".yaml") || name.ends_with(".yml"))
-                    && p.is_file()
+                !name.starts_with('.') && (name.ends_with(".yaml") || name.ends_with(".yml"))
+            })
+            .filter_map(|p| {
+                let meta = fs::metadata(&p).ok()?;
+                meta.is_file().then_some((p, meta))
             })
             .collect(),
         Err(_) => Vec::new(),
     };
-    files.sort();
-    snap.empty = files.is_empty();
+    files.sort_by(|a, b| a.0.cmp(&b.0));
+    files
+}
 
-    let mut fingerprint_parts: Vec<Vec<u8>> = Vec::new();
-    for file in files {
-        let text = match fs::read_to_string(&file) {
-            Ok(t) => t,
-            Err(e) => {
-                snap.errors
-                    .push(ConfigError::file(&file, format!("cannot read: {e}")));
-                continue;
-            }
-        };
-        fingerprint_parts.push(file.as_os_str().as_encoded_bytes().to_vec());
-        fingerprint_parts.push(text.as_bytes().to_vec());
-        for (i, de) in serde_yaml::Deserializer::from_str(&text).enumerate() {
-            match serde_yaml::Value::deserialize(de) {
-                Ok(serde_yaml::Value::Null) => {}
-                Ok(value) => snap.documents.push(RawDocument {
-                    file: file.clone(),
+fn parse_file(file: &Path, stamp: Stamp) -> Parsed {
+    FILES_PARSED.fetch_add(1, Ordering::Relaxed);
+    let refused = |message: String, hash: u64| Parsed {
+        stamp,
+        documents: Vec::new(),
+        error: Some(ConfigError::file(file, message)),
+        hash,
+    };
+    // A file over the limit is never read: its stamp stands for its content.
+    let stamp_hash = crate::hash::fnv1a(&[
+        &stamp.dev.to_le_bytes(),
+        &stamp.ino.to_le_bytes(),
+        &stamp.size.to_le_bytes(),
+        &stamp.mtime_ns.to_le_bytes(),
+    ]);
+    if stamp.size > limits::MAX_FILE_BYTES {
+        return refused(
+            format!(
+                "refused whole: {} bytes, over the limit of {} bytes per config file",
+                stamp.size,
+                limits::MAX_FILE_BYTES
+            ),
+            stamp_hash,
+        );
+    }
+    let bytes = match read_bounded(file) {
+        Ok(b) => b,
+        Err(e) => return refused(format!("cannot read: {e}"), stamp_hash),
+    };
+    let hash = crate::hash::fnv1a(&[&bytes]);
+    match parse(&bytes) {
+        Ok(values) => Parsed {
+            stamp,
+            documents: values
+                .into_iter()
+                .enumerate()
+                .map(|(i, value)| RawDocument {
+                    file: file.to_path_buf(),
                     index: i + 1,
                     value,
-                }),
-                Err(e) => {
-                    let mut err = ConfigError::file(&file, format!("not valid YAML: {e}"));
-                    err.document = format!("document {}", i + 1);
-                    snap.errors.push(err);
-                    // The rest of a broken stream cannot be split reliably.
-                    break;
-                }
+                })
+                .collect(),
+            error: None,
+            hash,
+        },
+        Err(message) => refused(format!("refused whole: {message}"), hash),
+    }
+}
+
+/// Reads at most the limit (the file may grow after it was measured).
+fn read_bounded(file: &Path) -> std::io::Result<Vec<u8>> {
+    let mut bytes = Vec::new();
+    fs::File::open(file)?
+        .take(limits::MAX_FILE_BYTES + 1)
+        .read_to_end(&mut bytes)?;
+    if bytes.len() as u64 > limits::MAX_FILE_BYTES {
+        return Err(std::io::Error::other(format!(
+            "grew over the limit of {} bytes per config file while being read",
+            limits::MAX_FILE_BYTES
+        )));
+    }
+    Ok(bytes)
+}
+
+/// Parses every document of one file under the limits; any syntax error or
+/// breached limit refuses the whole file (what follows a broken document
+/// cannot be split from it reliably).
+pub fn parse(bytes: &[u8]) -> Result<Vec<serde_json::Value>, String> {
+    let text = std::str::from_utf8(bytes).map_err(|e| {
+        format!(
+            "not UTF-8 text (invalid byte at offset {})",
+            e.valid_up_to()
+        )
+    })?;
+    let options = serde_saphyr::options! {
+        budget: serde_saphyr::budget! {
+            max_reader_input_bytes: Some(limits::MAX_FILE_BYTES as usize),
+            max_depth: limits::MAX_DEPTH,
+            flow_nesting_limit: limits::MAX_DEPTH,
+            max_aliases: limits::MAX_ALIASES,
+            max_anchors: limits::MAX_ANCHORS,
+            max_documents: limits::MAX_DOCUMENTS,
+            max_nodes: limits::MAX_NODES,
+            max_events: 4 * limits::MAX_NODES,
+            max_total_scalar_bytes: limits::MAX_FILE_BYTES as usize,
+        },
+        // YAML 1.2 core scalars, as serde_yaml read them: `y`, `on`, `0123`
+        // stay strings.
+        strict_booleans: true,
+        leading_zero_numbers_as_strings: true,
+        underscored_numbers_as_strings: true,
+        merge_keys: serde_saphyr::MergeKeyPolicy::Error,
+        alias_limits: serde_saphyr::alias_limits! {
+            max_total_replayed_events: limits::MAX_ALIAS_REPLAY,
+            max_replay_stack_depth: 8,
+        },
+        with_snippet: false,
+    };
+    serde_saphyr::from_multiple_with_options::<serde_json::Value>(text, options).map_err(|e| {
+        format!(
+            "not accepted as YAML within the limits (nesting {}, {} aliases, {} nodes, \
+                 {} documents per file): {e}",
+            limits::MAX_DEPTH,
+            limits::MAX_ALIASES,
+            limits::MAX_NODES,
+            limits::MAX_DOCUMENTS
+        )
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reads_documents() {
+        let docs = parse(b"a: 1\n---\nb: [x, y]\n---\n").unwrap();
+        assert_eq!(docs.len(), 2);
+        assert_eq!(docs[1]["b"][1], "y");
+    }
+
+    #[test]
+    fn refuses_deep_nesting_quickly() {
+        let depth = 100_000;
+        let text = format!("x: {}{}\n", "[".repeat(depth), "]".repeat(depth));
+        let err = parse(text.as_bytes()).unwrap_err();
+        assert!(err.contains("depth") || err.contains("nest"), "{err}");
+    }
+
+    #[test]
+    fn refuses_alias_bomb() {
+        let mut text = String::from("a0: &a0 [x, x, x, x, x, x, x, x, x, x]\n");
+        for i in 1..10 {
+            let prev = format!("*a{}", i - 1);
+            text.push_str(&format!("a{i}: &a{i} [{}]\n", vec![prev; 10].join(", ")));
+        }
+        let err = parse(text.as_bytes()).unwrap_err();
+        assert!(err.contains("alias") || err.contains("replay"), "{err}");
+    }
+
+    #[test]
+    fn refuses_binary() {
+        let err = parse(&[0xff, 0xfe, 0x00, 0x81, 0x9f]).unwrap_err();
+        assert!(err.contains("UTF-8"), "{err}");
+    }
+
+    #[test]
+    fn refuses_too_many_documents_and_nodes() {
+        let text = "[1]\n---\n".repeat(limits::MAX_DOCUMENTS + 1);
+        assert!(parse(text.as_bytes()).is_err());
+        let text = format!("x: [{}]\n", vec!["1"; limits::MAX_NODES + 1].join(","));
+        assert!(parse(text.as_bytes()).is_err());
+    }
+
+    /// A valid config of a few documents, to cut and mutate.
+    const VALID: &str = "apiVersion: vmpath.dev/v1alpha1\nkind: Network\nmetadata: {name: blue}\nspec:\n  id: 100\n  subnets: [10.20.0.0/16, fd20::/64]\n  defaultGatewayIPs: [10.20.0.1]\n---\napiVersion: vmpath.dev/v1alpha1\nkind: Attachment\nmetadata: {name: vm1-eth0, namespace: demo, labels: {a: b}}\nspec:\n  vm: vm1\n  interface: eth0\n  network: blue\n  node: a\n  port: vm1-port\n  mac: \"52:54:00:00:01:01\"\n  ips: [10.20.0.11/16]\n";
+
+    /// Parses and validates `bytes` as the agent would, and says how long
+    /// it took.
+    fn read_and_validate(bytes: &[u8]) -> std::time::Duration {
+        let started = std::time::Instant::now();
+        let dir = std::env::temp_dir().join(format!(
+            "vmpath-prop-{}-{:?}",
+            std::process::id(),
+            std::thread::current().id()
+        ));
+        fs::create_dir_all(&dir).unwrap();
+        fs::write(dir.join("c.yaml"), bytes).unwrap();
+        let snap = read_dir(&dir);
+        let _ = super::super::validate(&snap, "a", &Default::default());
+        let _ = fs::remove_dir_all(&dir);
+        started.elapsed()
+    }
+
+    /// Generous for a debug build on a shared machine; hostile inputs of
+    /// the same size take quadratic time in an unbounded parser.
+    const TIME_BOUND: std::time::Duration = std::time::Duration::from_secs(5);
+
+    #[test]
+    fn the_valid_config_reads() {
+        let docs = parse(VALID.as_bytes()).unwrap();
+        assert_eq!(docs.len(), 2);
+        assert_eq!(docs[1]["spec"]["mac"], "52:54:00:00:01:01");
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(64))]
+
+        #[test]
+        fn random_bytes_are_read_in_bounded_time(bytes in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..4096)) {
+            proptest::prop_assert!(read_and_validate(&bytes) < TIME_BOUND);
+        }
+
+        #[test]
+        fn truncated_documents_are_read_in_bounded_time(cut in 0..VALID.len()) {
+            proptest::prop_assert!(read_and_validate(&VALID.as_bytes()[..cut]) < TIME_BOUND);
+        }
+
+        #[test]
+        fn mutated_documents_are_read_in_bounded_time(
+            edits in proptest::collection::vec((0..VALID.len(), proptest::sample::select(vec![b'[', b']', b'{', b'}', b'&', b'*', b':', b'-', b'\n', b' ', b'"', b'!', b'|'])), 1..16),
+            repeat in 1usize..200,
+        ) {
+            let mut bytes = VALID.as_bytes().to_vec();
+            for (at, b) in edits {
+                bytes[at] = b;
             }
+            // Some structure repeated many times, as a careless generator would.
+            let mut text = bytes.clone();
+            for _ in 1..repeat {
+                text.extend_from_slice(b"---\n");
+                text.extend_from_slice(&bytes);
+            }
+            proptest::prop_assert!(read_and_validate(&text) < TIME_BOUND);
+        }
+
+        #[test]
+        fn nesting_of_any_depth_is_read_in_bounded_time(depth in 1usize..200_000, flow in proptest::prelude::any::<bool>()) {
+            let text = if flow {
+                format!("x: {}{}\n", "[".repeat(depth), "]".repeat(depth))
+            } else {
+                let mut t = String::new();
+                for i in 0..depth.min(5000) {
+                    t.push_str(&" ".repeat(i));
+                    t.push_str("- \n");
+                }
+                t
+            };
+            proptest::prop_assert!(read_and_validate(text.as_bytes()) < TIME_BOUND);
         }
     }
-    let parts: Vec<&[u8]> = fingerprint_parts.iter().map(|p| p.as_slice()).collect();
-    snap.fingerprint = crate::hash::fnv1a(&parts);
-    snap
 }

@@ -243,7 +243,7 @@ fn header(raw: &RawDocument) -> Result<Doc<'_>, ConfigError> {
         field: field.to_string(),
         message,
     };
-    if !raw.value.is_mapping() {
+    if !raw.value.is_object() {
         return Err(anonymous(
             "",
             "a document must be a mapping with apiVersion, kind, metadata and spec".into(),
@@ -272,9 +272,9 @@ fn header(raw: &RawDocument) -> Result<Doc<'_>, ConfigError> {
         }
         None => return Err(doc.error("apiVersion", "missing")),
     }
-    if let Some(m) = raw.value.as_mapping() {
+    if let Some(m) = raw.value.as_object() {
         for k in m.keys() {
-            let k = k.as_str().unwrap_or("");
+            let k = k.as_str();
             if !matches!(k, "apiVersion" | "kind" | "metadata" | "spec" | "status") {
                 return Err(doc.error(k, "unknown top-level field"));
             }

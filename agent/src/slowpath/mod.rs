@@ -152,12 +152,7 @@ fn answer(svc: &PortService, frame: &[u8]) -> (String, Result<Vec<u8>, &'static 
 
 /// Makes `vmp-slow0`/`vmp-slow1` if they are missing, and brings them up.
 fn ensure_interfaces() -> Result<()> {
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()?;
-    rt.block_on(async {
-        let (conn, handle, _) = rtnetlink::new_connection().context("netlink")?;
-        tokio::spawn(conn);
+    crate::netlink::run(|handle| async move {
         if crate::netif::ifindex_of(SLOW0).is_none() {
             handle
                 .link()
@@ -183,6 +178,7 @@ fn ensure_interfaces() -> Result<()> {
         }
         Ok::<_, anyhow::Error>(())
     })
+    .context("netlink")?
 }
 
 /// Deletes `vmp-slow0`/`vmp-slow1` (`vmpath agent --cleanup`).
@@ -190,12 +186,7 @@ pub fn remove_interfaces() -> Result<()> {
     let Some(index) = crate::netif::ifindex_of(SLOW0) else {
         return Ok(());
     };
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()?;
-    rt.block_on(async {
-        let (conn, handle, _) = rtnetlink::new_connection().context("netlink")?;
-        tokio::spawn(conn);
+    crate::netlink::run(|handle| async move {
         // Deleting one end of a veth pair deletes both.
         handle
             .link()
@@ -204,8 +195,9 @@ pub fn remove_interfaces() -> Result<()> {
             .await
             .with_context(|| format!("deleting {SLOW0}"))?;
         info!("removed slow path interfaces {SLOW0}/{SLOW1}");
-        Ok(())
+        Ok::<_, anyhow::Error>(())
     })
+    .context("netlink")?
 }
 
 /// Sets up the slow path and serves it on a thread of its own. Failure

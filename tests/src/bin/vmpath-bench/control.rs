@@ -600,9 +600,10 @@ pub fn run(opts: &Options) -> Result<Section> {
         "\n**Config change to map updated** (real agent process, release build, \
          `--interval-ms {}`): {} samples, each writes one new Attachment file (write + \
          rename, as a ConfigMap update) for a port that exists, then polls the pinned \
-         `vmp_endpoints` map every 1 ms until its entry appears. The agent polls the \
-         config dir, so about half an interval is expected before it even looks. \
-         Baseline: the poll interval.\n\n\
+         `vmp_endpoints` map every 1 ms until its entry appears. The agent is woken by \
+         the config dir's notifications (inotify), not a poll (section 6 compares the \
+         two). Baseline: the agent's tick interval, which bounded this latency when it \
+         polled.\n\n\
          | p50 ms | p99 ms | min–max ms | p50 ÷ interval | p99 ÷ interval | agent peak RSS at the end ({} ports) |\n|---|---|---|---|---|---|\n\
          | {} | {} | {}–{} | {} | {} | {} MiB |\n",
         lat.interval_ms,

@@ -15,6 +15,8 @@
 //!             stream against QEMU's own downtime
 //!   flood     one VM flooding the slow path: another VM's DHCP latency and
 //!             success against no flood, and the agent's CPU
+//!   reactivity port appearing -> first forwarded frame, config write -> map
+//!             update, against the same agent on a 200 ms poll
 //!
 //! Needs root; everything runs in network namespaces it creates and
 //! removes (guards), and no packet leaves them.
@@ -27,6 +29,7 @@ mod flood;
 mod migration;
 mod overlay_cost;
 mod progcost;
+mod reactivity;
 mod realmigration;
 mod report;
 mod util;
@@ -68,7 +71,7 @@ fn parse_args() -> Result<Args> {
             }
             "-h" | "--help" => {
                 println!(
-                    "vmpath-bench [--out DIR] [--runs N] [--only progcost,e2e,external,control,dhcp,migration,realmigration,flood] [--quick]"
+                    "vmpath-bench [--out DIR] [--runs N] [--only progcost,e2e,external,control,dhcp,migration,realmigration,flood,reactivity] [--quick]"
                 );
                 std::process::exit(0);
             }
@@ -208,9 +211,16 @@ fn run() -> Result<()> {
             })
         });
     }
+    if want("reactivity") {
+        step("7. Reactivity: port and config changes", &|| {
+            reactivity::run(&reactivity::Options {
+                trials: if args.quick { 5 } else { 15 },
+            })
+        });
+    }
 
     if want("realmigration") {
-        step("7. Real live migration (QEMU)", &|| {
+        step("8. Real live migration (QEMU)", &|| {
             realmigration::run(&realmigration::Options {
                 runs: if args.quick { 2 } else { args.runs.min(5) },
             })
