@@ -154,6 +154,7 @@ fn build_view(
         bpffs: opts.bpffs.display().to_string(),
         config_dir: opts.config_dir.display().to_string(),
         config_errors: cfg.errors.clone(),
+        config_warnings: cfg.warnings.clone(),
         networks,
         attachments,
         missing_ports: plan

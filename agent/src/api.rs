@@ -105,6 +105,10 @@ pub struct Status {
     pub config_dir: String,
     pub counts: Counts,
     pub config_errors: Vec<ConfigError>,
+    /// Accepted documents with something to look at (a reserved address
+    /// used on an IPAM-less network).
+    #[serde(default)]
+    pub config_warnings: Vec<ConfigError>,
     pub missing_ports: Vec<String>,
     pub problems: Vec<String>,
     pub reconciles: u64,
@@ -454,6 +458,7 @@ fn status(view: &View, bpffs: &Path) -> Status {
         config_dir: view.config_dir.clone(),
         counts: Counts::of(view),
         config_errors: view.config_errors.clone(),
+        config_warnings: view.config_warnings.clone(),
         missing_ports: view.missing_ports.clone(),
         problems: view.problems.clone(),
         reconciles: view.reconciles,

@@ -331,6 +331,12 @@ fn format_status(s: &Status) -> String {
             let _ = writeln!(out, "  {e}");
         }
     }
+    if !s.config_warnings.is_empty() {
+        let _ = writeln!(out, "config warnings: {}", s.config_warnings.len());
+        for w in &s.config_warnings {
+            let _ = writeln!(out, "  {w}");
+        }
+    }
     if !s.missing_ports.is_empty() {
         let _ = writeln!(out, "missing ports:");
         for p in &s.missing_ports {

@@ -59,6 +59,9 @@ pub struct View {
     pub bpffs: String,
     pub config_dir: String,
     pub config_errors: Vec<ConfigError>,
+    /// Accepted documents the operator should look at.
+    #[serde(default)]
+    pub config_warnings: Vec<ConfigError>,
     pub networks: Vec<NetworkView>,
     pub attachments: Vec<AttachmentView>,
     /// Attachments active here whose port does not exist yet.
