@@ -203,6 +203,7 @@ pub fn run_with(
     slow_stats: slowpath::SharedStats,
 ) -> Result<()> {
     let mut dp = Dataplane::open(&opts.bpffs).context("opening the data path")?;
+    crate::node_lock::record_programs(&opts.state_dir, dp.program_ids());
     let services = slowpath::Services::default();
     if let Err(e) = slowpath::start(&mut dp, &opts.bpffs, services.clone(), slow_stats) {
         error!("slow path (DHCP, DHCPv6, RA) not available: {e:#}");

@@ -119,6 +119,9 @@ pub struct Status {
     pub drops: Option<BTreeMap<String, u64>>,
     /// Why the pinned maps could not be read.
     pub dataplane_error: Option<String>,
+    /// The running build, its programs and what the pinned links run.
+    #[serde(default)]
+    pub programs: crate::node_lock::ProgramsStatus,
 }
 
 /// `GET /v1/networks`.
@@ -466,6 +469,7 @@ fn status(view: &View, bpffs: &Path) -> Status {
         last_reconcile_unix: view.last_reconcile_unix,
         drops,
         dataplane_error,
+        programs: crate::node_lock::programs_status(bpffs),
     }
 }
 

@@ -435,6 +435,14 @@ impl Dataplane {
         &self.maps
     }
 
+    /// The kernel ids of the programs this instance loaded, by name.
+    pub fn program_ids(&self) -> BTreeMap<String, u32> {
+        self.ebpf
+            .programs()
+            .filter_map(|(name, p)| Some((name.to_string(), p.info().ok()?.id())))
+            .collect()
+    }
+
     /// Direct map access, for fixture tests that program entries by hand.
     pub fn maps_mut(&mut self) -> &mut Maps {
         &mut self.maps

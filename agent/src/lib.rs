@@ -11,6 +11,7 @@ pub mod ipam;
 pub mod metrics;
 pub mod migration;
 pub mod netif;
+pub mod node_lock;
 pub mod overlay;
 pub mod plan;
 pub mod resolved;

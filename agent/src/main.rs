@@ -2,7 +2,7 @@ use std::{path::PathBuf, time::Duration};
 
 use anyhow::Result;
 use clap::{Parser, Subcommand};
-use vmpath::{agent, api, cli, dataplane, metrics, view};
+use vmpath::{agent, api, cli, dataplane, metrics, node_lock, view};
 
 #[derive(Parser)]
 #[command(
@@ -70,6 +70,12 @@ struct AgentArgs {
     /// the agent itself needs no privileged mount propagation.
     #[arg(long, conflicts_with = "cleanup")]
     mount_bpffs: bool,
+    /// How long to wait for the agent that owns this node (its lock on the
+    /// state dir and the bpffs root) to exit, e.g. `30s`: a rolling update
+    /// starts the new agent before the old one has gone. `0` (default):
+    /// exit at once, naming the holder.
+    #[arg(long, default_value = "0s", value_parser = node_lock::parse_wait)]
+    lock_wait: Duration,
     /// How often the config dir and interfaces are checked.
     #[arg(long, default_value_t = 200)]
     interval_ms: u64,
@@ -116,7 +122,16 @@ fn main() -> Result<()> {
                 return Ok(());
             }
             if args.cleanup {
+                // Never from under a running agent.
+                let lock = args
+                    .bpffs
+                    .exists()
+                    .then(|| node_lock::acquire(None, &args.bpffs, args.lock_wait))
+                    .transpose()?;
                 dataplane::cleanup(&args.bpffs)?;
+                if let Some(lock) = &lock {
+                    lock.remove_bpffs_holder();
+                }
                 vmpath::slowpath::remove_interfaces()?;
                 vmpath::overlay::remove_device()?;
                 let withdrawn = vmpath::routes::RouteExporter::new(
@@ -132,6 +147,9 @@ fn main() -> Result<()> {
                 tracing::info!(bpffs = %args.bpffs.display(), "removed every vmpath link and map");
                 return Ok(());
             }
+            // The very first act: nothing (map, link, socket, slow path) is
+            // touched unless this agent owns the node.
+            let _lock = node_lock::acquire(Some(&args.state_dir), &args.bpffs, args.lock_wait)?;
             let node = if args.node.is_empty() {
                 hostname()
             } else {
