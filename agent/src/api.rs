@@ -119,6 +119,9 @@ pub struct Status {
     pub drops: Option<BTreeMap<String, u64>>,
     /// Why the pinned maps could not be read.
     pub dataplane_error: Option<String>,
+    /// Attachments refused because their port is not a VM port.
+    #[serde(default)]
+    pub ineligible_ports: usize,
     /// The running build, its programs and what the pinned links run.
     #[serde(default)]
     pub programs: crate::node_lock::ProgramsStatus,
@@ -469,6 +472,7 @@ fn status(view: &View, bpffs: &Path) -> Status {
         last_reconcile_unix: view.last_reconcile_unix,
         drops,
         dataplane_error,
+        ineligible_ports: crate::port_eligibility::refused_count(),
         programs: crate::node_lock::programs_status(bpffs),
     }
 }

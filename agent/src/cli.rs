@@ -337,6 +337,13 @@ fn format_status(s: &Status) -> String {
             let _ = writeln!(out, "  {w}");
         }
     }
+    if s.ineligible_ports > 0 {
+        let _ = writeln!(
+            out,
+            "{:<15} {} (refused: not VM ports, see config errors)",
+            "ineligible ports:", s.ineligible_ports
+        );
+    }
     if !s.missing_ports.is_empty() {
         let _ = writeln!(out, "missing ports:");
         for p in &s.missing_ports {

@@ -596,6 +596,14 @@ impl Dataplane {
     /// finds its entries), then links; only what the plan no longer wants is
     /// removed.
     pub fn apply(&mut self, plan: &Plan) -> Result<()> {
+        // Defense in depth: an interface may have been renamed or replaced
+        // since the plan was made; nothing is written before this passes.
+        for (ifindex, port) in &plan.ports {
+            if !self.attached.contains(ifindex) {
+                crate::port_eligibility::recheck(*ifindex, &port.ifname)
+                    .map_err(|e| anyhow!("refusing to attach: {e}"))?;
+            }
+        }
         self.apply_north_south(plan)?;
         self.apply_overlay(plan)?;
         sync(&mut self.maps.networks, &plan.networks)?;

@@ -14,6 +14,7 @@ pub mod netif;
 pub mod node_lock;
 pub mod overlay;
 pub mod plan;
+pub mod port_eligibility;
 pub mod resolved;
 pub mod routes;
 pub mod slowpath;

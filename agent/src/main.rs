@@ -2,7 +2,7 @@ use std::{path::PathBuf, time::Duration};
 
 use anyhow::Result;
 use clap::{Parser, Subcommand};
-use vmpath::{agent, api, cli, dataplane, metrics, node_lock, view};
+use vmpath::{agent, api, cli, dataplane, metrics, node_lock, port_eligibility, view};
 
 #[derive(Parser)]
 #[command(
@@ -76,6 +76,12 @@ struct AgentArgs {
     /// exit at once, naming the holder.
     #[arg(long, default_value = "0s", value_parser = node_lock::parse_wait)]
     lock_wait: Duration,
+    /// Names a VM port may have, comma-separated globs (`*`, `?`). A port
+    /// must also be a veth or tap, and not the loopback, the uplink,
+    /// vmpath's own devices or an interface with the node's addresses;
+    /// ports vmpath's CNI plugin creates need no pattern.
+    #[arg(long, default_value = port_eligibility::DEFAULT_PORT_PATTERN)]
+    port_pattern: String,
     /// How often the config dir and interfaces are checked.
     #[arg(long, default_value_t = 200)]
     interval_ms: u64,
@@ -155,6 +161,10 @@ fn main() -> Result<()> {
             } else {
                 args.node
             };
+            port_eligibility::set_policy(port_eligibility::PortPolicy::new(
+                &args.port_pattern,
+                &args.uplink,
+            ));
             let shared = view::SharedView::default();
             {
                 let mut v = shared.write().unwrap();

@@ -87,7 +87,7 @@ impl Holder {
     fn me() -> Self {
         Holder {
             pid: std::process::id(),
-            started_unix: crate::view::unix_now(),
+            started_unix: crate::clock::unix_now(),
             build: build_id().to_string(),
         }
     }
