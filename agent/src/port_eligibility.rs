@@ -354,14 +354,16 @@ fn ports_on<'a>(a: &'a Attachment, node: &str) -> Vec<(&'static str, &'a str)> {
 /// exists and is not a VM port: before IPAM, so nothing is claimed for it,
 /// and before planning, so nothing is attached (and a port that stopped
 /// being eligible is detached by the next apply). Ports not present yet are
-/// left to the plan's missing ports.
+/// judged by name alone ([`judge_name`]).
 pub fn refuse_ineligible(cfg: &mut Resolved, node: &str, policy: &PortPolicy) {
     let ifaces = match interfaces() {
         Ok(i) => i,
         Err(e) => {
-            // Without the interfaces nothing can be judged: attach nothing new.
+            // Nothing can be judged this round. Running ports stay as they
+            // are; a new attach is still refused by `recheck`, which fails
+            // closed.
             warn!("listing interfaces to check ports: {e}");
-            return refuse_all_local(cfg, node, &format!("cannot list interfaces: {e}"));
+            return;
         }
     };
     let mut refusals = Vec::new();
@@ -384,26 +386,6 @@ pub fn refuse_ineligible(cfg: &mut Resolved, node: &str, policy: &PortPolicy) {
     REFUSED.store(refusals.len(), Ordering::Relaxed);
     for (key, field, msg) in refusals {
         cfg.refuse(&key, field, msg);
-    }
-}
-
-fn refuse_all_local(cfg: &mut Resolved, node: &str, why: &str) {
-    let keys: Vec<_> = cfg
-        .attachments
-        .iter()
-        .filter_map(|a| {
-            ports_on(a, node)
-                .first()
-                .map(|(f, p)| (a.key.clone(), *f, p.to_string()))
-        })
-        .collect();
-    REFUSED.store(keys.len(), Ordering::Relaxed);
-    for (key, field, port) in keys {
-        cfg.refuse(
-            &key,
-            field,
-            format!("port {port:?} cannot be checked: {why}"),
-        );
     }
 }
 

@@ -287,6 +287,8 @@ impl Node {
 
     pub fn start_agent(&mut self) {
         assert!(self.agent.is_none(), "agent already running");
+        // `wait_ports` must see this agent's status, not a previous one's.
+        let _ = fs::remove_file(self.state_dir.join("status.json"));
         let log = fs::OpenOptions::new()
             .create(true)
             .append(true)
