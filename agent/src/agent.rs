@@ -159,6 +159,7 @@ fn build_view(
         bpffs: opts.bpffs.display().to_string(),
         config_dir: opts.config_dir.display().to_string(),
         config_errors: cfg.errors.clone(),
+        config_warnings: cfg.config.warnings.clone(),
         networks,
         attachments,
         missing_ports: plan
@@ -205,6 +206,10 @@ pub fn run(
 ) -> Result<()> {
     let mut dp = Dataplane::open(&opts.bpffs).context("opening the data path")?;
     shared.dataplane_opened();
+    crate::node_lock::record_programs(&opts.state_dir, dp.program_ids());
+    if let Some(policy) = crate::port_eligibility::policy() {
+        crate::port_eligibility::repair(&crate::dataplane::links_dir(&opts.bpffs), policy);
+    }
     let services = slowpath::Services::default();
     if let Err(e) = slowpath::start(
         &mut dp,
@@ -265,6 +270,10 @@ pub fn run(
         };
         // The enrichment stage: the validated config is only read from here.
         let mut cfg = Resolved::new(validated);
+        // Before IPAM: nothing is claimed for a port that is no VM port.
+        if let Some(policy) = crate::port_eligibility::policy() {
+            crate::port_eligibility::refuse_ineligible(&mut cfg, &opts.node, policy);
+        }
         let changes = ipam::assign(&mut cfg, &claims);
         if let Err(e) = commit_claims(&store, &mut claims, changes) {
             error!("writing claims: {e}; retrying");

@@ -77,6 +77,10 @@ pub struct Status {
     pub config_dir: String,
     pub counts: Counts,
     pub config_errors: Vec<ConfigError>,
+    /// Accepted documents with something to look at (a reserved address
+    /// used on an IPAM-less network).
+    #[serde(default)]
+    pub config_warnings: Vec<ConfigError>,
     pub missing_ports: Vec<String>,
     pub problems: Vec<String>,
     pub reconciles: u64,
@@ -87,6 +91,12 @@ pub struct Status {
     pub drops: Option<BTreeMap<String, u64>>,
     /// Why the pinned maps could not be read.
     pub dataplane_error: Option<String>,
+    /// Attachments refused because their port is not a VM port.
+    #[serde(default)]
+    pub ineligible_ports: usize,
+    /// The running build, its programs and what the pinned links run.
+    #[serde(default)]
+    pub programs: crate::node_lock::ProgramsStatus,
 }
 
 /// `GET /v1/networks`.
@@ -371,6 +381,7 @@ fn status(snap: &Snapshot) -> Status {
         config_dir: view.config_dir.clone(),
         counts: Counts::of(view),
         config_errors: view.config_errors.clone(),
+        config_warnings: view.config_warnings.clone(),
         missing_ports: view.missing_ports.clone(),
         problems: view.problems.clone(),
         reconciles: view.reconciles,
@@ -378,6 +389,8 @@ fn status(snap: &Snapshot) -> Status {
         last_reconcile_unix: view.last_reconcile_unix,
         drops,
         dataplane_error,
+        ineligible_ports: crate::port_eligibility::refused_count(),
+        programs: crate::node_lock::programs_status(std::path::Path::new(&view.bpffs)),
     }
 }
 

@@ -331,6 +331,19 @@ fn format_status(s: &Status) -> String {
             let _ = writeln!(out, "  {e}");
         }
     }
+    if !s.config_warnings.is_empty() {
+        let _ = writeln!(out, "config warnings: {}", s.config_warnings.len());
+        for w in &s.config_warnings {
+            let _ = writeln!(out, "  {w}");
+        }
+    }
+    if s.ineligible_ports > 0 {
+        let _ = writeln!(
+            out,
+            "{:<15} {} (refused: not VM ports, see config errors)",
+            "ineligible ports:", s.ineligible_ports
+        );
+    }
     if !s.missing_ports.is_empty() {
         let _ = writeln!(out, "missing ports:");
         for p in &s.missing_ports {
@@ -342,6 +355,38 @@ fn format_status(s: &Status) -> String {
         for p in &s.problems {
             let _ = writeln!(out, "  {p}");
         }
+    }
+    let p = &s.programs;
+    let _ = writeln!(out, "{:<15} {}", "build:", or_dash(&p.build));
+    let loaded: Vec<String> = p.loaded.iter().map(|(n, id)| format!("{n} {id}")).collect();
+    let _ = writeln!(out, "{:<15} {}", "programs:", or_dash(&loaded.join(", ")));
+    if p.mismatches.is_empty() {
+        let _ = writeln!(
+            out,
+            "{:<15} {} pinned, all running this agent's programs",
+            "links:",
+            p.links.len()
+        );
+    } else {
+        let _ = writeln!(
+            out,
+            "links:          {} pinned, {} NOT running this agent's programs:",
+            p.links.len(),
+            p.mismatches.len()
+        );
+        for m in &p.mismatches {
+            let _ = writeln!(out, "  {m}");
+        }
+    }
+    for l in &p.links {
+        let _ = writeln!(
+            out,
+            "  {:<20} link {:<6} program {:<6} build {}",
+            l.pin,
+            l.link_id,
+            l.program_id,
+            l.build.as_deref().unwrap_or("unknown")
+        );
     }
     match (&s.drops, &s.dataplane_error) {
         (Some(drops), _) => {

@@ -405,6 +405,14 @@ impl Dataplane {
         &self.maps
     }
 
+    /// The kernel ids of the programs this instance loaded, by name.
+    pub fn program_ids(&self) -> BTreeMap<String, u32> {
+        self.ebpf
+            .programs()
+            .filter_map(|(name, p)| Some((name.to_string(), p.info().ok()?.id())))
+            .collect()
+    }
+
     /// Direct map access, for fixture tests that program entries by hand.
     pub fn maps_mut(&mut self) -> &mut Maps {
         &mut self.maps
@@ -558,6 +566,14 @@ impl Dataplane {
     /// finds its entries), then links; only what the plan no longer wants is
     /// removed.
     pub fn apply(&mut self, plan: &Plan) -> Result<()> {
+        // Defense in depth: an interface may have been renamed or replaced
+        // since the plan was made; nothing is written before this passes.
+        for (ifindex, port) in &plan.ports {
+            if !self.attached.contains(ifindex) {
+                crate::port_eligibility::recheck(*ifindex, &port.ifname)
+                    .map_err(|e| anyhow!("refusing to attach: {e}"))?;
+            }
+        }
         self.apply_north_south(plan)?;
         self.apply_overlay(plan)?;
         sync(&mut self.maps.networks, &plan.networks)?;

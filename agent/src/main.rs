@@ -2,7 +2,10 @@ use std::{path::PathBuf, sync::Arc, time::Duration};
 
 use anyhow::Result;
 use clap::{Parser, Subcommand};
-use vmpath::{agent, api, cli, dataplane, metrics, slowpath, snapshot::Observer, view};
+use vmpath::{
+    agent, api, cli, dataplane, metrics, node_lock, port_eligibility, slowpath, snapshot::Observer,
+    view,
+};
 
 #[derive(Parser)]
 #[command(
@@ -70,6 +73,18 @@ struct AgentArgs {
     /// the agent itself needs no privileged mount propagation.
     #[arg(long, conflicts_with = "cleanup")]
     mount_bpffs: bool,
+    /// How long to wait for the agent that owns this node (its lock on the
+    /// state dir and the bpffs root) to exit, e.g. `30s`: a rolling update
+    /// starts the new agent before the old one has gone. `0` (default):
+    /// exit at once, naming the holder.
+    #[arg(long, default_value = "0s", value_parser = node_lock::parse_wait)]
+    lock_wait: Duration,
+    /// Names a VM port may have, comma-separated globs (`*`, `?`). A port
+    /// must also be a veth or tap, and not the loopback, the uplink,
+    /// vmpath's own devices or an interface with the node's addresses;
+    /// ports vmpath's CNI plugin creates need no pattern.
+    #[arg(long, default_value = port_eligibility::DEFAULT_PORT_PATTERN)]
+    port_pattern: String,
     /// How often the data path's own findings (learned MACs and
     /// addresses, migration cut-overs) are checked; a change triggers a
     /// reconcile. Config and port changes trigger one at once.
@@ -133,7 +148,16 @@ fn main() -> Result<()> {
                 return Ok(());
             }
             if args.cleanup {
+                // Never from under a running agent.
+                let lock = args
+                    .bpffs
+                    .exists()
+                    .then(|| node_lock::acquire(None, &args.bpffs, args.lock_wait))
+                    .transpose()?;
                 dataplane::cleanup(&args.bpffs)?;
+                if let Some(lock) = &lock {
+                    lock.remove_bpffs_holder();
+                }
                 vmpath::slowpath::remove_interfaces()?;
                 vmpath::overlay::remove_device()?;
                 let withdrawn = vmpath::routes::RouteExporter::new(
@@ -149,11 +173,18 @@ fn main() -> Result<()> {
                 tracing::info!(bpffs = %args.bpffs.display(), "removed every vmpath link and map");
                 return Ok(());
             }
+            // The very first act: nothing (map, link, socket, slow path) is
+            // touched unless this agent owns the node.
+            let _lock = node_lock::acquire(Some(&args.state_dir), &args.bpffs, args.lock_wait)?;
             let node = if args.node.is_empty() {
                 hostname()
             } else {
                 args.node
             };
+            port_eligibility::set_policy(port_eligibility::PortPolicy::new(
+                &args.port_pattern,
+                &args.uplink,
+            ));
             let shared = Arc::new(view::Published::new(view::View {
                 node: node.clone(),
                 bpffs: args.bpffs.display().to_string(),

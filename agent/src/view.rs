@@ -68,6 +68,9 @@ pub struct View {
     pub bpffs: String,
     pub config_dir: String,
     pub config_errors: Vec<ConfigError>,
+    /// Accepted documents the operator should look at.
+    #[serde(default)]
+    pub config_warnings: Vec<ConfigError>,
     pub networks: Vec<NetworkView>,
     pub attachments: Vec<AttachmentView>,
     /// Attachments active here whose port does not exist yet.
@@ -321,6 +324,7 @@ pub(crate) mod sample {
                 field: "spec.mac".into(),
                 message: "\"zz\" is not a MAC address (six hex bytes)".into(),
             }],
+            config_warnings: vec![],
             networks: vec![NetworkView {
                 name: "blue".into(),
                 id: 100,

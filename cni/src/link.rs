@@ -53,6 +53,11 @@ pub fn show(netns: Option<&str>, name: &str) -> Option<LinkInfo> {
 
 /// Creates the veth pair: `host` here, `ifname` in `netns` with `mac` when
 /// given, both with `mtu`. Nothing is left behind on failure.
+/// The ifalias of every host-side port this plugin creates; the agent's
+/// `port_eligibility::CNI_MARKER` (the crates share no library, so a test
+/// in the agent's suite checks the two agree).
+pub const CNI_PORT_ALIAS: &str = "vmpath:cni-port";
+
 pub fn create_veth(
     host: &str,
     peer_tmp: &str,
@@ -83,6 +88,9 @@ pub fn create_veth(
         }
         ip(Some(netns), &args)?;
         ip(Some(netns), &["link", "set", ifname, "up"])?;
+        // The agent attaches only to VM ports: this alias marks the port
+        // as the plugin's (the agent's port-eligibility rule for CNI ports).
+        ip(None, &["link", "set", "dev", host, "alias", CNI_PORT_ALIAS])?;
         ip(None, &["link", "set", host, "up"])?;
         show(Some(netns), ifname).ok_or_else(|| format!("{ifname} vanished from {netns}"))
     };

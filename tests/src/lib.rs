@@ -288,13 +288,32 @@ impl Node {
 
     pub fn start_agent(&mut self) {
         assert!(self.agent.is_none(), "agent already running");
+        // `wait_ports` must see this agent's status, not a previous one's.
+        let _ = fs::remove_file(self.state_dir.join("status.json"));
         let log = fs::OpenOptions::new()
             .create(true)
             .append(true)
             .open(&self.log_path)
             .unwrap();
-        let child = Command::new("nsenter")
-            .arg(format!("--net={}", self.ns.path()))
+        let child = self
+            .agent_command(&[])
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .spawn()
+            .expect("starting the agent");
+        self.agent = Some(child);
+    }
+
+    /// The `vmpath agent` command `start_agent` runs, with `extra`
+    /// arguments last (a later flag wins): for a second agent beside it.
+    pub fn agent_command(&self, extra: &[&str]) -> Command {
+        self.agent_command_at(&self.state_dir, &self.api_socket(), extra)
+    }
+
+    /// [`Node::agent_command`] with another state dir and API socket.
+    pub fn agent_command_at(&self, state_dir: &Path, api_socket: &Path, extra: &[&str]) -> Command {
+        let mut c = Command::new("nsenter");
+        c.arg(format!("--net={}", self.ns.path()))
             .arg(vmpath_bin())
             .args(["agent", "--node", &self.name, "--interval-ms", "100"])
             .arg("--config-dir")
@@ -302,18 +321,26 @@ impl Node {
             .arg("--bpffs")
             .arg(&self.bpffs)
             .arg("--state-dir")
-            .arg(&self.state_dir)
+            .arg(state_dir)
             .arg("--api-socket")
-            .arg(self.api_socket())
+            .arg(api_socket)
             .args(&self.agent_args)
+            .args(extra)
             .env("RUST_LOG", "info")
             .env("RUST_BACKTRACE", "0")
-            .stdin(Stdio::null())
-            .stdout(log.try_clone().unwrap())
-            .stderr(log)
-            .spawn()
-            .expect("starting the agent");
-        self.agent = Some(child);
+            .stdin(Stdio::null());
+        c
+    }
+
+    /// The running agent's pid (nsenter execs it: the child is the agent).
+    pub fn agent_pid(&self) -> Option<u32> {
+        self.agent.as_ref().map(|c| c.id())
+    }
+
+    /// Hands the running agent over to the caller, so another can be
+    /// started (an upgrade's handover); the caller stops and reaps it.
+    pub fn take_agent(&mut self) -> Option<Child> {
+        self.agent.take()
     }
 
     /// Extra arguments for every later `start_agent` (e.g. `--metrics-addr`).
@@ -332,11 +359,6 @@ impl Node {
             let _ = child.kill();
             let _ = child.wait();
         }
-    }
-
-    /// The agent's process id (nsenter execs it, so the pid is its own).
-    pub fn agent_pid(&self) -> Option<u32> {
-        self.agent.as_ref().map(|c| c.id())
     }
 
     pub fn agent_running(&mut self) -> bool {

@@ -283,3 +283,109 @@ fn ips_a_vm_uses_on_an_ipamless_network_are_learned_and_exposed() {
             && vm_view(&node, "vm2").is_some_and(|v| ips_of(&v, "learned") == ["10.30.0.78"])
     });
 }
+
+/// The `vmpath status` text for the node.
+fn status_text(node: &Node) -> String {
+    let out = std::process::Command::new(vmpath_tests::vmpath_bin())
+        .arg("status")
+        .arg("--api-socket")
+        .arg(node.api_socket())
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+#[test]
+fn reserved_addresses_are_refused_on_ipam_networks_and_warned_about_elsewhere() {
+    let mut node = Node::new("a");
+    let vm1 = node.add_vm("vm1", "52:54:00:ee:00:01", &["10.76.0.11/16"], None);
+    let vm2 = node.add_vm("vm2", "52:54:00:ee:00:02", &["10.76.0.12/16"], None);
+    let vm9 = node.add_vm("vm9", "52:54:00:ee:00:09", &["10.88.255.255/16"], None);
+    let ipam = "  subnets: [10.76.0.0/16, \"fd76::/64\"]\n  defaultGatewayIPs: [10.76.0.1, \"fd76::1\"]\n  ipam: {mode: Enabled}\n";
+    let imported = "  subnets: [10.88.0.0/16]\n  ipam: {mode: Disabled}\n";
+    let good = docs(&[
+        network("red", 76, ipam),
+        network("old", 88, imported),
+        attachment(
+            "vm1",
+            "red",
+            &vm1.port,
+            "  mac: \"52:54:00:ee:00:01\"\n  ips: [10.76.0.11/16]\n",
+        ),
+        attachment(
+            "vm2",
+            "red",
+            &vm2.port,
+            "  mac: \"52:54:00:ee:00:02\"\n  ips: [10.76.0.12/16]\n",
+        ),
+        // An imported VM really configured with its subnet's broadcast address.
+        attachment(
+            "vm9",
+            "old",
+            &vm9.port,
+            "  mac: \"52:54:00:ee:00:09\"\n  ips: [10.88.255.255/16]\n",
+        ),
+    ]);
+    node.write_config("c.yaml", &good);
+    node.start_agent();
+    node.wait_ports(&[&vm1.port, &vm2.port, &vm9.port]);
+    assert!(vm1.ping("10.76.0.12"));
+
+    // A careless import: broadcast, network and subnet-router anycast
+    // addresses requested on the IPAM network.
+    let bad = [
+        (
+            "vm3",
+            "10.76.255.255/16",
+            "broadcast address of 10.76.0.0/16",
+        ),
+        ("vm4", "10.76.0.0/16", "network address of 10.76.0.0/16"),
+        (
+            "vm5",
+            "\"fd76::/64\"",
+            "subnet-router anycast address of fd76::/64",
+        ),
+    ];
+    let mut all = vec![good];
+    for (i, (vm, ip, _)) in bad.iter().enumerate() {
+        all.push(attachment(
+            vm,
+            "red",
+            &format!("vpx{i}"),
+            &format!("  mac: \"52:54:00:ee:01:0{i}\"\n  ips: [{ip}]\n"),
+        ));
+    }
+    node.write_config("c.yaml", &all.join("---\n"));
+    wait_for("the three refusals", Duration::from_secs(10), || {
+        node.status()
+            .is_some_and(|s| s["config_errors"].as_array().is_some_and(|e| e.len() == 3))
+    });
+    let status = node.status().unwrap();
+    for (vm, _, why) in bad {
+        let e = status["config_errors"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|e| e["document"] == format!("Attachment prod/{vm}-eth0"))
+            .unwrap_or_else(|| panic!("{vm} not refused: {status}"));
+        assert_eq!(e["field"], "spec.ips[0]", "{e}");
+        assert!(e["message"].as_str().unwrap().contains(why), "{e}");
+        assert!(vm_view(&node, vm).is_none(), "{vm} accepted");
+    }
+    // Nothing was claimed for them, and the running VMs are undisturbed.
+    assert!(!node.agent_log().contains("prod/vm3/eth0"));
+    assert!(vm1.ping("10.76.0.12"));
+    assert!(vm2.ping("10.76.0.11"));
+    // The imported VM is accepted with a warning `vmpath status` shows.
+    let text = status_text(&node);
+    assert!(
+        text.contains("config warnings: 1")
+            && text.contains("Attachment prod/vm9-eth0: field spec.ips[0]: 10.88.255.255 is the broadcast address of 10.88.0.0/16"),
+        "{text}"
+    );
+    assert_eq!(
+        ips_of(&vm_view(&node, "vm9").unwrap(), "given"),
+        ["10.88.255.255/16"]
+    );
+}

@@ -208,6 +208,13 @@ fn cni_add_gives_a_pod_a_port_that_reaches_a_vm_and_del_removes_it() {
     assert_eq!(ifaces.len(), 2, "host and sandbox interfaces: {result}");
     let host = ifaces[0]["name"].as_str().unwrap().to_string();
     assert!(host.starts_with("vmp") && host.len() <= 15, "{host}");
+    // The host side carries the mark the agent's port-eligibility rule
+    // admits CNI ports by.
+    let link = node.ns.run(&["ip", "-d", "link", "show", "dev", &host]);
+    assert!(
+        link.contains(&format!("alias {}", vmpath::port_eligibility::CNI_MARKER)),
+        "{link}"
+    );
     assert_eq!(ifaces[1]["name"], "eth1");
     assert_eq!(ifaces[1]["sandbox"], pod.ns.path());
     assert_eq!(result["ips"][0]["gateway"], "10.30.0.1");

@@ -5,6 +5,7 @@
 //! rest applies.
 
 pub mod model;
+pub mod reserved;
 pub mod source;
 mod validate;
 
@@ -174,6 +175,9 @@ pub struct Config {
     pub networks: Vec<Network>,
     pub attachments: Vec<Attachment>,
     pub errors: Vec<ConfigError>,
+    /// Accepted documents with something the operator should know (a
+    /// subnet's reserved address used on an IPAM-less network).
+    pub warnings: Vec<ConfigError>,
     /// Every VM interface some Attachment document names, refused ones
     /// included: a claim is released only when its document is gone.
     pub keys_in_documents: std::collections::BTreeSet<AttachmentKey>,

@@ -222,6 +222,7 @@ pub fn validate(
         cfg.attachments.push(a);
     }
     cfg.attachments.sort_by(|x, y| x.key.cmp(&y.key));
+    cfg.warnings = super::reserved::warnings(&cfg);
     cfg
 }
 
@@ -497,11 +498,13 @@ fn attachment(doc: &Doc, cfg: &Config) -> Result<Attachment, ConfigError> {
                 format!("{addr} is outside the subnets of network {:?}", net.name),
             ));
         }
-        if net.gateway_ips.contains(&addr) {
-            return Err(doc.error(
-                &field,
-                format!("{addr} is the gateway IP of network {:?}", net.name),
-            ));
+        // The gateway is the data path's own address on every network; the
+        // rest of a subnet's reserved addresses only on IPAM networks
+        // (`reserved::warnings` reports them on IPAM-less ones).
+        if let Some(why) = super::reserved::reserved_reason(net, addr)
+            .filter(|_| net.ipam || net.gateway_ips.contains(&addr))
+        {
+            return Err(doc.error(&field, why));
         }
         if addr.is_unspecified() || addr.is_multicast() || addr.is_loopback() {
             return Err(doc.error(&field, format!("{addr} is not a unicast host address")));

@@ -687,6 +687,8 @@ fn latency(samples: usize) -> Result<Latency> {
             yaml::attachment("vm0", "blue", "c", "cp0", &mac(0), &[&ip(0)]),
         ]),
     );
+    // Its ports are named outside the default port pattern.
+    node.set_agent_args(&["--port-pattern", "cp*"]);
     node.start_agent();
     node.wait_ports(&["cp0"]);
     let maps = Maps::open(&node.bpffs)?;

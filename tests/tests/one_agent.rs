@@ -1,0 +1,260 @@
+//! One agent per node: a second agent started beside a running one exits
+//! at once naming the holder, before it touches a map, a link or a socket;
+//! a deliberate handover (`--lock-wait`) waits for the old agent to exit,
+//! then takes its links over without losing a packet.
+
+use std::{
+    process::{Child, Stdio},
+    time::{Duration, Instant},
+};
+
+use serde_json::Value;
+use vmpath_tests::{Node, Vm, run, vmpath_bin, wait_for, yaml};
+
+/// Every pinned link: (pin name, link id, program id), as bpftool sees them.
+fn pinned_links(node: &Node) -> Vec<(String, u64, u64)> {
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir(node.bpffs.join("links")).unwrap() {
+        let path = entry.unwrap().path();
+        let v: Value = serde_json::from_str(&run(&[
+            "bpftool",
+            "-j",
+            "link",
+            "show",
+            "pinned",
+            path.to_str().unwrap(),
+        ]))
+        .unwrap();
+        out.push((
+            path.file_name().unwrap().to_string_lossy().into_owned(),
+            v["id"].as_u64().unwrap(),
+            v["prog_id"].as_u64().unwrap(),
+        ));
+    }
+    out.sort();
+    out
+}
+
+/// The forwarding maps' contents, as bpftool dumps them.
+fn maps(node: &Node) -> Vec<String> {
+    let dir = node.bpffs.join(format!(
+        "maps/v{}",
+        vmpath_tests::vmpath::common::MAP_LAYOUT_VERSION
+    ));
+    [
+        "vmp_ports",
+        "vmp_endpoints",
+        "vmp_addresses",
+        "vmp_networks",
+        "vmp_flood",
+    ]
+    .iter()
+    .map(|m| {
+        run(&[
+            "bpftool",
+            "map",
+            "dump",
+            "pinned",
+            dir.join(m).to_str().unwrap(),
+        ])
+    })
+    .collect()
+}
+
+fn bed() -> (Node, Vm, Vm) {
+    let mut node = Node::new("a");
+    let vm1 = node.add_vm("vm1", "52:54:00:f0:00:01", &["10.20.0.11/16"], None);
+    let vm2 = node.add_vm("vm2", "52:54:00:f0:00:02", &["10.20.0.12/16"], None);
+    node.write_config(
+        "c.yaml",
+        &yaml::docs(&[
+            yaml::network("blue", 100, &["10.20.0.0/16"], &["10.20.0.1"], true),
+            yaml::attachment("vm1", "blue", "a", &vm1.port, &vm1.mac, &["10.20.0.11/16"]),
+            yaml::attachment("vm2", "blue", "a", &vm2.port, &vm2.mac, &["10.20.0.12/16"]),
+        ]),
+    );
+    node.start_agent();
+    node.wait_ports(&[&vm1.port, &vm2.port]);
+    (node, vm1, vm2)
+}
+
+/// Waits for a process that must exit by itself; kills it and fails if it
+/// keeps running (a second agent that did not refuse).
+fn exited(mut child: Child, what: &str) -> (std::process::ExitStatus, String) {
+    let start = Instant::now();
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            let out = child.wait_with_output().unwrap();
+            let text = String::from_utf8_lossy(&out.stdout).into_owned()
+                + &String::from_utf8_lossy(&out.stderr);
+            return (status, text);
+        }
+        if start.elapsed() > Duration::from_secs(30) {
+            let _ = child.kill();
+            let out = child.wait_with_output().unwrap();
+            panic!(
+                "{what} kept running beside the first agent:\n{}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// `vmpath status -o json` through the node's API socket.
+fn status(node: &Node) -> Option<Value> {
+    let out = std::process::Command::new(vmpath_bin())
+        .args(["status", "-o", "json", "--api-socket"])
+        .arg(node.api_socket())
+        .stdin(Stdio::null())
+        .output()
+        .ok()?;
+    out.status
+        .success()
+        .then(|| serde_json::from_slice(&out.stdout).ok())
+        .flatten()
+}
+
+#[test]
+fn a_second_agent_exits_at_once_naming_the_holder_and_changes_nothing() {
+    let (node, vm1, vm2) = bed();
+    assert!(vm1.ping("10.20.0.12"));
+    let pid = node.agent_pid().unwrap();
+    let links = pinned_links(&node);
+    assert_eq!(
+        links.iter().filter(|l| l.0.starts_with("vm_port-")).count(),
+        2,
+        "{links:?}"
+    );
+    let contents = maps(&node);
+
+    let work = node.state_dir.parent().unwrap().to_path_buf();
+    let other_state = work.join("state-2");
+    let other_socket = work.join("api-2.sock");
+    let seconds = [
+        ("the same command", node.agent_command(&[])),
+        (
+            "another API socket and metrics address",
+            node.agent_command_at(
+                &node.state_dir,
+                &other_socket,
+                &["--metrics-addr", "127.0.0.1:19469"],
+            ),
+        ),
+        // Another state dir: the lock on the bpffs root refuses it.
+        (
+            "another state dir, the same bpffs",
+            node.agent_command_at(&other_state, &other_socket, &["--metrics-addr", "off"]),
+        ),
+    ];
+    for (what, mut cmd) in seconds {
+        let child = cmd
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let (exit, out) = exited(child, what);
+        assert!(!exit.success(), "{what}: exited successfully:\n{out}");
+        assert!(
+            out.contains("another vmpath agent owns this node")
+                && out.contains(&format!("pid {pid}, started "))
+                && out.contains("build "),
+            "{what}: no message naming the holder:\n{out}"
+        );
+        assert!(
+            !out.contains("adopting pinned map"),
+            "{what}: touched the maps:\n{out}"
+        );
+        // Nothing changed: same links running the same programs, same map
+        // contents, the first agent's API still answering, no new socket.
+        assert_eq!(pinned_links(&node), links, "{what}: pinned links changed");
+        assert_eq!(maps(&node), contents, "{what}: maps changed");
+        assert!(!other_socket.exists(), "{what}: bound a socket");
+        assert!(
+            status(&node).is_some(),
+            "{what}: the first agent's API is gone"
+        );
+    }
+    assert!(vm1.ping("10.20.0.12"));
+    assert!(vm2.ping("10.20.0.11"));
+
+    // The links run the running agent's programs, and status says so.
+    let s = status(&node).unwrap();
+    let programs = &s["programs"];
+    assert_eq!(programs["mismatches"], serde_json::json!([]), "{programs}");
+    let vm_port = programs["loaded"]["vm_port"].as_u64().unwrap();
+    for (pin, _, prog) in links.iter().filter(|l| l.0.starts_with("vm_port-")) {
+        assert_eq!(*prog, vm_port, "{pin} runs another program: {programs}");
+    }
+    assert!(
+        programs["build"].as_str().unwrap().starts_with("0."),
+        "{programs}"
+    );
+}
+
+#[test]
+fn a_handover_waits_for_the_old_agent_then_takes_its_links_over() {
+    let (mut node, vm1, vm2) = bed();
+    let old_links = pinned_links(&node);
+    let old_status = status(&node).unwrap();
+    let old_vm_port = old_status["programs"]["loaded"]["vm_port"]
+        .as_u64()
+        .unwrap();
+    let mut old = node.take_agent().unwrap();
+
+    let pinger = vm1
+        .ns
+        .spawn(&["ping", "-i", "0.01", "-w", "5", "-W", "1", "10.20.0.12"]);
+    node.set_agent_args(&["--lock-wait", "30s"]);
+    node.start_agent();
+    wait_for("the new agent to wait", Duration::from_secs(20), || {
+        node.agent_log()
+            .contains("waiting for the agent that owns this node to exit")
+    });
+    assert!(node.agent_running());
+    assert_eq!(
+        pinned_links(&node),
+        old_links,
+        "the waiting agent touched a link"
+    );
+
+    // The old agent releases the node on SIGTERM; the new one takes over.
+    run(&["kill", "-TERM", &old.id().to_string()]);
+    old.wait().unwrap();
+    wait_for(
+        "the new agent's programs in every link",
+        Duration::from_secs(30),
+        || {
+            status(&node).is_some_and(|s| {
+                let p = &s["programs"];
+                let vm_port = p["loaded"]["vm_port"].as_u64();
+                vm_port.is_some_and(|id| id != old_vm_port)
+                    && p["mismatches"] == serde_json::json!([])
+                    && p["links"]
+                        .as_array()
+                        .is_some_and(|l| l.len() == old_links.len())
+            })
+        },
+    );
+    let now = pinned_links(&node);
+    let vm_port = status(&node).unwrap()["programs"]["loaded"]["vm_port"]
+        .as_u64()
+        .unwrap();
+    for ((pin, link, prog), (old_pin, old_link, _)) in now.iter().zip(&old_links) {
+        assert_eq!(
+            (pin, link),
+            (old_pin, old_link),
+            "links were replaced, not adopted"
+        );
+        if pin.starts_with("vm_port-") {
+            assert_eq!(*prog, vm_port, "{pin}");
+        }
+    }
+    let out = pinger.wait_with_output().unwrap();
+    let report = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        report.contains(" 0% packet loss"),
+        "packets lost in the handover:\n{report}"
+    );
+    assert!(vm2.ping("10.20.0.11"));
+}
