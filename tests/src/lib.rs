@@ -40,8 +40,14 @@ pub fn unique_tag() -> String {
 /// The agent binary: `VMPATH_BIN` (set by `cargo xtask test`), else built once.
 pub fn vmpath_bin() -> PathBuf {
     static BIN: OnceLock<PathBuf> = OnceLock::new();
-    BIN.get_or_init(|| {
-        if let Some(p) = std::env::var_os("VMPATH_BIN") {
+    workspace_bin(&BIN, "VMPATH_BIN", "vmpath")
+}
+
+/// A binary of the workspace: the path in `env_var` when set, else built
+/// by cargo (package and binary named `package`) once per test process.
+pub fn workspace_bin(cell: &'static OnceLock<PathBuf>, env_var: &str, package: &str) -> PathBuf {
+    cell.get_or_init(|| {
+        if let Some(p) = std::env::var_os(env_var) {
             return PathBuf::from(p);
         }
         let root = Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -49,12 +55,12 @@ pub fn vmpath_bin() -> PathBuf {
             .unwrap()
             .to_path_buf();
         let status = Command::new(env!("CARGO"))
-            .args(["build", "-p", "vmpath"])
+            .args(["build", "-p", package])
             .current_dir(&root)
             .status()
-            .expect("running cargo build -p vmpath");
-        assert!(status.success(), "cargo build -p vmpath failed");
-        root.join("target/debug/vmpath")
+            .unwrap_or_else(|e| panic!("running cargo build -p {package}: {e}"));
+        assert!(status.success(), "cargo build -p {package} failed");
+        root.join("target/debug").join(package)
     })
     .clone()
 }

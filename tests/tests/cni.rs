@@ -19,23 +19,7 @@ const BLUE: &str = "blue";
 /// The plugin binary: `VMPATH_CNI_BIN`, else built once.
 fn cni_bin() -> PathBuf {
     static BIN: OnceLock<PathBuf> = OnceLock::new();
-    BIN.get_or_init(|| {
-        if let Some(p) = std::env::var_os("VMPATH_CNI_BIN") {
-            return PathBuf::from(p);
-        }
-        let root = Path::new(env!("CARGO_MANIFEST_DIR"))
-            .parent()
-            .unwrap()
-            .to_path_buf();
-        let status = Command::new(env!("CARGO"))
-            .args(["build", "-p", "vmpath-cni"])
-            .current_dir(&root)
-            .status()
-            .expect("running cargo build -p vmpath-cni");
-        assert!(status.success(), "cargo build -p vmpath-cni failed");
-        root.join("target/debug/vmpath-cni")
-    })
-    .clone()
+    vmpath_tests::workspace_bin(&BIN, "VMPATH_CNI_BIN", "vmpath-cni")
 }
 
 /// What one plugin call gave back.
