@@ -6,7 +6,7 @@
 
 use std::{
     io::Write as _,
-    path::{Path, PathBuf},
+    path::PathBuf,
     process::{Command, Stdio},
     sync::OnceLock,
 };
