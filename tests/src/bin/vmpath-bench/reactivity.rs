@@ -169,7 +169,9 @@ fn measure(mode: &Mode, trials: usize) -> Result<Figures> {
         node.ns.run(&["ip", "link", "set", &c, "up"]);
     }
     node.write_config("config.yaml", &yaml::docs(&docs));
-    let args: Vec<&str> = mode.args.iter().map(String::as_str).collect();
+    // The bench's own port names (`rp*`, `cp*`) beside the test bed's (`vp*`).
+    let mut args: Vec<&str> = vec!["--port-pattern", "rp*,cp*,vp*"];
+    args.extend(mode.args.iter().map(String::as_str));
     node.set_agent_args(&args);
     node.start_agent();
     node.wait_ports(&[&vm1.port]);
