@@ -427,8 +427,11 @@ pub fn bind(path: &Path) -> Result<UnixListener> {
     // The socket is created under umask 0177, so it is never connectable by
     // others, not even for the moment before the chmod below. This runs
     // before the agent starts any other thread.
+    // SAFETY: umask touches no memory; it is process-wide, and no other thread runs
+    // yet (see above), so nothing else creates files under the narrow mask.
     let old = unsafe { libc::umask(0o177) };
     let bound = UnixListener::bind(path);
+    // SAFETY: as above; this restores the mask read back by the first call.
     unsafe { libc::umask(old) };
     let listener = bound.with_context(|| format!("binding the API socket {}", path.display()))?;
     fs::set_permissions(path, fs::Permissions::from_mode(0o600))

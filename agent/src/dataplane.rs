@@ -96,6 +96,8 @@ pub fn ensure_bpffs(root: &Path) -> Result<()> {
 fn mount_bpffs(at: &Path) -> Result<()> {
     let src = CString::new("bpf")?;
     let target = CString::new(at.as_os_str().as_encoded_bytes())?;
+    // SAFETY: `src` and `target` are NUL-terminated CStrings alive for the call; a
+    // null `data` pointer is allowed (bpffs takes no options).
     let rc = unsafe {
         libc::mount(
             src.as_ptr(),
@@ -115,7 +117,10 @@ fn mount_bpffs(at: &Path) -> Result<()> {
 
 fn is_bpffs(path: &Path) -> Result<bool> {
     let c = CString::new(path.as_os_str().as_encoded_bytes())?;
+    // SAFETY: `statfs` is a C struct of integers; all-zero is a valid value.
     let mut st: libc::statfs = unsafe { std::mem::zeroed() };
+    // SAFETY: `c` is a NUL-terminated CString alive for the call and `st` a live,
+    // writable `statfs`.
     if unsafe { libc::statfs(c.as_ptr(), &mut st) } != 0 {
         return Err(io::Error::last_os_error())
             .with_context(|| format!("statfs {}", path.display()));

@@ -44,6 +44,7 @@ pub fn handle(
         return Err(drop_reason::ARP_SPOOF);
     }
     let eth: *const EthHdr = ptr_at(ctx, 0)?;
+    // SAFETY: `eth` is from `ptr_at` just above, bounds-checked against `data_end`.
     let src = unsafe { (*eth).src_addr };
     if a.spa != [0; 4] && mac_eq(&a.sha, &src) {
         learn::mac(ifindex, port, &src, LEARNED_FROM_ARP);

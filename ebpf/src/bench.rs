@@ -47,6 +47,8 @@ fn panic(_info: &core::panic::PanicInfo) -> ! {
     loop {}
 }
 
+// SAFETY: `LICENSE` is the object's only symbol of that name and a plain byte
+// array; the loader reads the section, no Rust code links against it.
 #[unsafe(link_section = "license")]
 #[unsafe(no_mangle)]
 static LICENSE: [u8; 13] = *b"Dual MIT/GPL\0";

@@ -93,6 +93,7 @@ fn try_vm_port(ctx: &TcContext, ifindex: u32, port: &PortInfo) -> Verdict {
     // The kernel takes a VLAN tag off into the skb before tc sees the
     // frame: without this, a tagged frame would pass as its payload and
     // reach the other VMs tagged.
+    // SAFETY: the skb pointer is the program's own context, valid for this run.
     if spoof::ip_filter_on(port) && unsafe { (*ctx.skb.skb).vlan_present } != 0 {
         return Err(drop_reason::ETHERTYPE);
     }
@@ -314,6 +315,8 @@ fn panic(_info: &core::panic::PanicInfo) -> ! {
     loop {}
 }
 
+// SAFETY: `LICENSE` is the object's only symbol of that name and a plain byte
+// array; the loader reads the section, no Rust code links against it.
 #[unsafe(link_section = "license")]
 #[unsafe(no_mangle)]
 static LICENSE: [u8; 13] = *b"Dual MIT/GPL\0";

@@ -37,7 +37,10 @@ pub fn admit(port_id: u32, class: usize) -> Result<(), u32> {
         return Ok(());
     };
     // Per-CPU slot: no other writer.
+    // SAFETY: `meter` is from `get_ptr_mut` on a per-CPU array, valid for this run;
+    // this CPU's slot has no other writer; `class` is index-checked.
     let bucket = unsafe { &mut (*meter).class[class] };
+    // SAFETY: a helper call without arguments; it touches no memory of ours.
     let now = unsafe { bpf_ktime_get_ns() };
     // A last_ns in the future (a preloaded bucket) refills nothing.
     let elapsed = now.saturating_sub(bucket.last_ns);

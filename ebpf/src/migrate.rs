@@ -44,6 +44,8 @@ pub static MIGRATED: HashMap<u32, MigrationEvent, { maps::MIGRATED.max_entries a
 /// (the frame is counted once, when `vm_port` runs again).
 #[inline(always)]
 pub fn to_vm_migrate(ctx: &TcContext) -> Verdict {
+    // SAFETY: `ctx` is this program's own context; on success the tail call does
+    // not return, otherwise execution falls through to the error below.
     unsafe { PROGS.tail_call(ctx, tail_call::VM_MIGRATE) };
     // Only reached when the slot is empty (agent still starting).
     Err(drop_reason::HELPER_FAILED)
@@ -51,6 +53,7 @@ pub fn to_vm_migrate(ctx: &TcContext) -> Verdict {
 
 #[classifier]
 pub fn vm_migrate(ctx: TcContext) -> i32 {
+    // SAFETY: the skb pointer is the program's own context, valid for this run.
     let ifindex = unsafe { (*ctx.skb.skb).ifindex };
     let Some(port) = PORTS.get_ptr_mut(ifindex) else {
         counters::count_drop(NO_PORT_ID, drop_reason::UNKNOWN_PORT);
@@ -59,6 +62,8 @@ pub fn vm_migrate(ctx: TcContext) -> i32 {
     match try_vm_migrate(&ctx, ifindex, port) {
         Ok(action) => action,
         Err(reason) => {
+            // SAFETY: `port` is from `get_ptr_mut` (bpf_map_lookup_elem) above, valid until
+            // the program returns.
             counters::count_drop(unsafe { (*port).port_id }, reason);
             TC_ACT_SHOT
         }
@@ -67,9 +72,12 @@ pub fn vm_migrate(ctx: TcContext) -> i32 {
 
 #[inline(always)]
 fn try_vm_migrate(ctx: &TcContext, ifindex: u32, port: *mut PortInfo) -> Verdict {
+    // SAFETY: `port` is from `vm_migrate`'s `get_ptr_mut` (bpf_map_lookup_elem),
+    // valid until the program returns; plain integer reads.
     let (network, mac, flags, port_id) =
         unsafe { ((*port).network, (*port).mac, (*port).flags, (*port).port_id) };
     let eth: *const EthHdr = ptr_at(ctx, 0)?;
+    // SAFETY: `eth` is from `ptr_at` just above, bounds-checked against `data_end`.
     let src = unsafe { (*eth).src_addr };
     // Only the VM itself resuming counts; anything else on the port waits.
     if flags & PORT_F_MAC_KNOWN == 0 || !mac_eq(&src, &mac) {
@@ -91,13 +99,18 @@ fn try_vm_migrate(ctx: &TcContext, ifindex: u32, port: *mut PortInfo) -> Verdict
             network,
             mac,
             _pad: [0; 2],
+            // SAFETY: a helper call without arguments; it touches no memory of ours.
             ktime_ns: unsafe { bpf_ktime_get_ns() },
         };
         // The first frame's time is the one the agent reports.
         let _ = MIGRATED.insert(&ifindex, &event, u64::from(BPF_NOEXIST));
         // Later frames go straight through `vm_port`.
+        // SAFETY: `port` is valid until the program returns (see above); a frame on
+        // another CPU may store the same value concurrently, a plain u32 store.
         unsafe { (*port).flags = flags & !PORT_F_PENDING };
     }
+    // SAFETY: `ctx` is this program's own context; on success the tail call does
+    // not return, otherwise execution falls through to the error below.
     unsafe { PROGS.tail_call(ctx, tail_call::VM_PORT) };
     Err(drop_reason::HELPER_FAILED)
 }
@@ -119,6 +132,9 @@ pub fn learn_move(network: u32, src: [u8; 6], from: [u8; 4]) -> bool {
     let Some(ep) = ENDPOINTS.get_ptr_mut(&key) else {
         return false;
     };
+    // SAFETY: `ep` is from `get_ptr_mut` (bpf_map_lookup_elem), valid until the
+    // program returns; the fields are plain integers. The store order in the
+    // doc comment is source order only (no compiler or CPU barrier).
     unsafe {
         let to = (*ep).migrate_to;
         if to == [0; 4] || to != from {

@@ -71,12 +71,14 @@ pub fn too_big(ctx: &TcContext, mtu: u16, ip_len: u16, l4_off: usize, proto: u8)
     if mtu == 0 || ip_len <= mtu {
         return false;
     }
+    // SAFETY: the skb pointer is the program's own context, valid for this run.
     let gso = unsafe { (*ctx.skb.skb).gso_size };
     if gso == 0 {
         return true;
     }
     let l4_hdr = match proto {
         IPPROTO_TCP => match ptr_at::<[u8; 13]>(ctx, l4_off) {
+            // SAFETY: `t` is from `ptr_at` in this match, bounds-checked (13 bytes).
             Ok(t) => u32::from(unsafe { (*t)[12] } >> 4) * 4,
             Err(_) => 20,
         },
@@ -100,6 +102,7 @@ pub fn frag_needed4(
     eth_src: [u8; 6],
 ) -> Verdict {
     let ip: *const Ipv4Hdr = ptr_at(ctx, ETH_LEN)?;
+    // SAFETY: `ip` is from `ptr_at` just above, bounds-checked against `data_end`.
     let (vihl, frags, to) = unsafe { ((*ip).vihl, (*ip).frags, (*ip).src_addr) };
     if u16::from_be_bytes(frags) & IP_DF == 0 {
         return Err(drop_reason::MTU_EXCEEDED_NO_DF);
@@ -140,6 +143,7 @@ pub fn time_exceeded4(
     eth_src: [u8; 6],
 ) -> Verdict {
     let ip: *const Ipv4Hdr = ptr_at(ctx, ETH_LEN)?;
+    // SAFETY: `ip` is from `ptr_at` just above, bounds-checked against `data_end`.
     let (vihl, frags, to, proto) =
         unsafe { ((*ip).vihl, (*ip).frags, (*ip).src_addr, (*ip).proto) };
     if from == [0; 4] || u16::from_be_bytes(frags) & 0x1fff != 0 {
@@ -193,6 +197,8 @@ fn error4(
         + u32::from(IPPROTO_ICMP)
         + sum_addr4(from)
         + sum_addr4(to);
+    // SAFETY: `ip` is from `ptr_at` above, taken after `trim`/`push`/`write_eth`
+    // (the helpers that move packet data), bounds-checked.
     unsafe {
         let ip = &mut *ip;
         ip.vihl = 0x45;
@@ -217,6 +223,7 @@ fn error4(
     let check = !csum::fold(sum + sum_packet(ctx, icmp_off + ICMP_HDR, quote)?);
     let icmp: *mut [u8; ICMP_HDR] = ptr_at(ctx, icmp_off)?;
     let c = check.to_be_bytes();
+    // SAFETY: `icmp` is from `ptr_at` just above, bounds-checked against `data_end`.
     unsafe { *icmp = [error.kind, error.code, c[0], c[1], r[0], r[1], r[2], r[3]] };
     sent(ifindex, port_id, error.reason)
 }
@@ -261,6 +268,7 @@ pub fn time_exceeded6(
         return Err(drop_reason::ROUTE_TTL_EXCEEDED);
     }
     let ip: *const Ipv6Hdr = ptr_at(ctx, ETH_LEN)?;
+    // SAFETY: `ip` is from `ptr_at` just above, bounds-checked against `data_end`.
     if unsafe { (*ip).next_hdr } == IPPROTO_ICMPV6 {
         let kind: u8 = ctx
             .load(ETH_LEN + IP6_HDR)
@@ -298,6 +306,8 @@ fn error6(
     // The offending packet's source, now inside the quote.
     let quoted: *const Ipv6Hdr = ptr_at(ctx, hdr_end)?;
     let ip: *mut Ipv6Hdr = ptr_at(ctx, ETH_LEN)?;
+    // SAFETY: `quoted` and `ip` are from `ptr_at` just above, taken after `push`,
+    // bounds-checked against `data_end`.
     let sum = unsafe {
         let ip = &mut *ip;
         ip.vcf = [0x60, 0, 0, 0];
@@ -321,6 +331,7 @@ fn error6(
     let check = !csum::fold(sum + sum_packet(ctx, hdr_end, quote)?);
     let icmp: *mut [u8; ICMP_HDR] = ptr_at(ctx, ETH_LEN + IP6_HDR)?;
     let c = check.to_be_bytes();
+    // SAFETY: `icmp` is from `ptr_at` just above, bounds-checked against `data_end`.
     unsafe { *icmp = [error.kind, error.code, c[0], c[1], r[0], r[1], r[2], r[3]] };
     sent(ifindex, port_id, error.reason)
 }
@@ -331,9 +342,12 @@ fn error6(
 #[inline(always)]
 fn trim(ctx: &TcContext, l3_len: usize) -> Result<usize, u32> {
     let mut quote = l3_len + QUOTE_L4;
+    // SAFETY: the helper takes only our own skb; the callers hold no packet pointer
+    // across `trim` and take them again after it.
     let mut rc = unsafe { bpf_skb_change_tail(ctx.skb.skb, (ETH_LEN + quote) as u32, 0) };
     if rc != 0 {
         quote = l3_len + QUOTE_L4_PARTIAL;
+        // SAFETY: as above: our own skb, no packet pointer held across the call.
         rc = unsafe { bpf_skb_change_tail(ctx.skb.skb, (ETH_LEN + quote) as u32, 0) };
     }
     if rc != 0 {
@@ -360,6 +374,7 @@ fn push(ctx: &TcContext, len: usize) -> Result<(), u32> {
 #[inline(always)]
 fn write_eth(ctx: &TcContext, eth_src: [u8; 6], ether_type: u16) -> Result<(), u32> {
     let eth: *mut EthHdr = ptr_at(ctx, 0)?;
+    // SAFETY: `eth` is from `ptr_at` just above, bounds-checked against `data_end`.
     unsafe {
         (*eth).dst_addr = (*eth).src_addr;
         (*eth).src_addr = eth_src;

@@ -149,6 +149,7 @@ pub fn ns_gateway_target(ctx: &TcContext, net: &NetworkInfo) -> Result<Option<[u
         return Err(drop_reason::MALFORMED);
     }
     let ip: *const Ipv6Hdr = ptr_at(ctx, ETH_LEN)?;
+    // SAFETY: `ip` is from `ptr_at` just above, bounds-checked against `data_end`.
     if unsafe { (*ip).hop_limit } != ND_HOP_LIMIT {
         // RFC 4861 7.1.1: not a valid solicitation.
         return Err(drop_reason::MALFORMED);
@@ -166,11 +167,15 @@ pub fn ns_gateway_target(ctx: &TcContext, net: &NetworkInfo) -> Result<Option<[u
 #[inline(always)]
 pub fn neighbor_advert(ctx: &TcContext, net: &NetworkInfo, target: [u8; 16]) -> Result<(), u32> {
     let eth: *const EthHdr = ptr_at(ctx, 0)?;
+    // SAFETY: `eth` is from `ptr_at` just above, bounds-checked against `data_end`.
     let vm_mac = unsafe { (*eth).src_addr };
     let ip: *const Ipv6Hdr = ptr_at(ctx, ETH_LEN)?;
+    // SAFETY: `ip` is from `ptr_at` just above, bounds-checked against `data_end`.
     let vm_ip = unsafe { (*ip).src_addr };
 
     if ctx.len() as usize != NA_FRAME_LEN {
+        // SAFETY: the helper takes only our own skb; `eth` and `ip` are not used after
+        // it (their fields were copied out above).
         let rc = unsafe { bpf_skb_change_tail(ctx.skb.skb, NA_FRAME_LEN as u32, 0) };
         if rc != 0 {
             return Err(drop_reason::HELPER_FAILED);

@@ -71,6 +71,7 @@ pub static REMOTE_LEARNED: LruHashMap<
 /// `vmp_endpoints` miss: such unicast goes to `vm_remote`, not flooded.)
 #[inline(always)]
 pub fn is_learned(key: &EndpointKey) -> bool {
+    // SAFETY: a map lookup (only its presence is used); valid for this program run.
     unsafe { REMOTE_LEARNED.get(key) }.is_some()
 }
 
@@ -83,8 +84,13 @@ pub fn is_learned(key: &EndpointKey) -> bool {
 #[inline(always)]
 pub fn learn_source(network: u32, src: [u8; 6], from: [u8; 4]) {
     let key = EndpointKey::new(network, src);
+    // SAFETY: a helper call without arguments; it touches no memory of ours.
     let now = unsafe { bpf_ktime_get_ns() };
     if let Some(seen) = REMOTE_LEARNED.get_ptr_mut(&key) {
+        // SAFETY: `seen` is from `get_ptr_mut` (bpf_map_lookup_elem), valid until the
+        // program returns. Another CPU may write the same entry at the same time;
+        // the fields are plain integers, so a race can only leave a stale
+        // timestamp (a whole new value is inserted when the node changes).
         unsafe {
             if (*seen).node_ip4 == from {
                 if now.wrapping_sub((*seen).last_seen_ns) > REMOTE_LEARNED_TOUCH_NS {
@@ -107,12 +113,14 @@ pub fn learn_source(network: u32, src: [u8; 6], from: [u8; 4]) {
 /// Does any other node host `network`?
 #[inline(always)]
 pub fn has_remote(network: u32) -> bool {
+    // SAFETY: a map lookup; the value stays valid for this program run.
     unsafe { FLOOD_REMOTE.get(&network) }.is_some_and(|l| l.count != 0)
 }
 
 /// Is `ip` one of the nodes hosting `network`?
 #[inline(always)]
 pub fn is_remote_node(network: u32, ip: [u8; 4]) -> bool {
+    // SAFETY: a map lookup; the value stays valid for this program run.
     let Some(list) = (unsafe { FLOOD_REMOTE.get(&network) }) else {
         return false;
     };
@@ -135,6 +143,8 @@ pub fn is_remote_node(network: u32, ip: [u8; 4]) -> bool {
 /// flood).
 #[inline(always)]
 pub fn to_remote(ctx: &TcContext) -> Verdict {
+    // SAFETY: `ctx` is this program's own context; on success the tail call does
+    // not return, otherwise execution falls through to the error below.
     unsafe { PROGS.tail_call(ctx, tail_call::VM_REMOTE) };
     // Only reached when the slot is empty (agent still starting).
     Err(drop_reason::OVERLAY_DOWN)
@@ -143,6 +153,8 @@ pub fn to_remote(ctx: &TcContext) -> Verdict {
 #[inline(always)]
 pub fn count_rx(bytes: u32) {
     if let Some(s) = OVERLAY_STATS.get_ptr_mut(0) {
+        // SAFETY: a pointer into this CPU's slot of a per-CPU array, valid for this
+        // run; no other writer (per-CPU, no preemption in BPF).
         unsafe {
             (*s).rx_packets += 1;
             (*s).rx_bytes += u64::from(bytes);
@@ -153,6 +165,7 @@ pub fn count_rx(bytes: u32) {
 #[inline(always)]
 fn count_tx(bytes: u32) {
     if let Some(s) = OVERLAY_STATS.get_ptr_mut(0) {
+        // SAFETY: as in `count_rx`: this CPU's slot of a per-CPU array, no other writer.
         unsafe {
             (*s).tx_packets += 1;
             (*s).tx_bytes += u64::from(bytes);
@@ -169,6 +182,7 @@ pub fn count_relay(bytes: u32) {
 #[inline(always)]
 pub fn count_drop() {
     if let Some(s) = OVERLAY_STATS.get_ptr_mut(0) {
+        // SAFETY: as in `count_rx`: this CPU's slot of a per-CPU array, no other writer.
         unsafe { (*s).drops += 1 };
     }
 }
@@ -178,7 +192,9 @@ pub fn count_drop() {
 /// and local delivery have run already.
 #[classifier]
 pub fn vm_remote(ctx: TcContext) -> i32 {
+    // SAFETY: the skb pointer is the program's own context, valid for this run.
     let ifindex = unsafe { (*ctx.skb.skb).ifindex };
+    // SAFETY: a map lookup; the value stays valid for this program run.
     let Some(port) = (unsafe { PORTS.get(&ifindex) }) else {
         counters::count_drop(NO_PORT_ID, drop_reason::UNKNOWN_PORT);
         count_drop();
@@ -205,6 +221,7 @@ fn try_vm_remote(ctx: &TcContext, port: &PortInfo) -> Verdict {
         return Err(drop_reason::OVERLAY_DOWN);
     }
     let eth: *const EthHdr = ptr_at(ctx, 0)?;
+    // SAFETY: `eth` is from `ptr_at` just above, bounds-checked against `data_end`.
     let dst = unsafe { (*eth).dst_addr };
     let mut key_slot = MaybeUninit::<bpf_tunnel_key>::uninit();
     let key = zeroed(&mut key_slot);
@@ -214,10 +231,12 @@ fn try_vm_remote(ctx: &TcContext, port: &PortInfo) -> Verdict {
 
     if !is_multicast(&dst) {
         let ep_key = EndpointKey::new(network, dst);
+        // SAFETY: a map lookup; the value stays valid for this program run.
         let to = match unsafe { ENDPOINTS.get(&ep_key) } {
             Some(ep) if ep.kind == ENDPOINT_REMOTE => Some(ep.node_ip4),
             Some(_) => None,
             // Not configured anywhere: learned from its own frames?
+            // SAFETY: a map lookup; the value stays valid for this program run.
             None => unsafe { REMOTE_LEARNED.get(&ep_key) }.map(|l| l.node_ip4),
         };
         if let Some(to) = to {
@@ -229,6 +248,7 @@ fn try_vm_remote(ctx: &TcContext, port: &PortInfo) -> Verdict {
 
     // Broadcast, multicast, unknown unicast: one copy per remote node, the
     // original to the last one.
+    // SAFETY: a map lookup; the value stays valid for this program run.
     let Some(list) = (unsafe { FLOOD_REMOTE.get(&network) }) else {
         return Err(drop_reason::NO_DESTINATION);
     };
@@ -243,6 +263,8 @@ fn try_vm_remote(ctx: &TcContext, port: &PortInfo) -> Verdict {
             break;
         }
         set_remote(ctx, key, list.node_ip4[i])?;
+        // SAFETY: the skb is the program's own context and the other arguments are
+        // integers; no packet pointer is held across the call.
         if unsafe { bpf_clone_redirect(ctx.skb.skb, vxlan, 0) } == 0 {
             count_tx(len);
         }

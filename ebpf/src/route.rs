@@ -81,6 +81,8 @@ pub fn egress(ctx: &TcContext, net: &NetworkInfo) -> Verdict {
     if net.flags & (NET_F_ROUTED | NET_F_SNAT) == 0 {
         return Err(drop_reason::GATEWAY_UNROUTED);
     }
+    // SAFETY: `ctx` is this program's own context; on success the tail call does
+    // not return, otherwise execution falls through to the error below.
     unsafe { PROGS.tail_call(ctx, tail_call::VM_EGRESS) };
     // Only reached when the slot is empty (agent still starting).
     Err(drop_reason::HELPER_FAILED)
@@ -95,7 +97,9 @@ pub static PROGS: ProgramArray<{ maps::PROGS.max_entries as usize }> = ProgramAr
 /// Port security and gateway answers have run already.
 #[classifier]
 pub fn vm_egress(ctx: TcContext) -> i32 {
+    // SAFETY: the skb pointer is the program's own context, valid for this run.
     let ifindex = unsafe { (*ctx.skb.skb).ifindex };
+    // SAFETY: a map lookup; the value stays valid for this program run.
     let Some(port) = (unsafe { PORTS.get(&ifindex) }) else {
         counters::count_drop(NO_PORT_ID, drop_reason::UNKNOWN_PORT);
         return TC_ACT_SHOT;
@@ -111,13 +115,16 @@ pub fn vm_egress(ctx: TcContext) -> i32 {
 
 #[inline(always)]
 fn try_vm_egress(ctx: &TcContext, ifindex: u32, port: &PortInfo) -> Verdict {
+    // SAFETY: a map lookup; the value stays valid for this program run.
     let Some(net) = (unsafe { NETWORKS.get(&port.network) }) else {
         return Err(drop_reason::NO_NETWORK);
     };
     let eth: *const EthHdr = ptr_at(ctx, 0)?;
+    // SAFETY: `eth` is from `ptr_at` just above, bounds-checked against `data_end`.
     match u16::from_be(unsafe { (*eth).ether_type }) {
         ETH_P_IP => {
             let ip: *const Ipv4Hdr = ptr_at(ctx, ETH_LEN)?;
+            // SAFETY: `ip` is from `ptr_at` just above, bounds-checked against `data_end`.
             let ihl = usize::from(unsafe { (*ip).vihl } & 0x0f) * 4;
             if !(Ipv4Hdr::LEN..=60).contains(&ihl) {
                 return Err(drop_reason::MALFORMED);
@@ -141,6 +148,7 @@ fn egress4_inner(
         return Err(drop_reason::GATEWAY_UNROUTED);
     }
     let ip: *mut Ipv4Hdr = ptr_at(ctx, ETH_LEN)?;
+    // SAFETY: `ip` is from `ptr_at` just above, bounds-checked against `data_end`.
     let (src, ttl, tot_len, proto) =
         unsafe { ((*ip).src_addr, (*ip).ttl, (*ip).tot_len, (*ip).proto) };
     // With the IP filter on, `vm_port` let only the port's own addresses
@@ -173,6 +181,8 @@ pub fn forward4(ctx: &TcContext, in_ifindex: u32) -> Verdict {
     let ip: *mut Ipv4Hdr = ptr_at(ctx, ETH_LEN)?;
     let mut p_slot = MaybeUninit::<FibParams>::uninit();
     let p = zeroed(&mut p_slot);
+    // SAFETY: `ip` is from `ptr_at` above, bounds-checked, no helper ran since; `p`
+    // is our own zeroed stack struct (union members are plain integers).
     unsafe {
         p.family = kernel_af::AF_INET;
         p.l4_protocol = (*ip).proto;
@@ -181,6 +191,8 @@ pub fn forward4(ctx: &TcContext, in_ifindex: u32) -> Verdict {
         p.__bindgen_anon_3.ipv4_src = u32::from_ne_bytes((*ip).src_addr);
         p.__bindgen_anon_4.ipv4_dst = u32::from_ne_bytes((*ip).dst_addr);
     }
+    // SAFETY: `p` is our zeroed `FibParams` on the stack and the size passed is its
+    // own; the skb is the program's own context.
     let rc = unsafe {
         bpf_fib_lookup(
             ctx.skb.skb as *mut _,
@@ -192,6 +204,7 @@ pub fn forward4(ctx: &TcContext, in_ifindex: u32) -> Verdict {
     let rc = rc as u32;
     forwardable(rc)?;
     let ip: *mut Ipv4Hdr = ptr_at(ctx, ETH_LEN)?;
+    // SAFETY: `ip` is taken again by `ptr_at` after the helper, bounds-checked.
     unsafe {
         let ip = &mut *ip;
         ip.check = csum::dec_ttl4(ip, u16::from_be_bytes(ip.check)).to_be_bytes();
@@ -205,6 +218,8 @@ fn egress6_inner(ctx: &TcContext, ifindex: u32, port: &PortInfo, net: &NetworkIn
         return Err(drop_reason::GATEWAY_UNROUTED);
     }
     let ip: *mut Ipv6Hdr = ptr_at(ctx, ETH_LEN)?;
+    // SAFETY: `ip` is from `ptr_at` just above, bounds-checked against `data_end`;
+    // `src` is not used past a helper that moves packet data.
     let src = unsafe { &(*ip).src_addr };
     // `::` and link-local sources pass the IP filter but never leave the
     // network: only those still need the LPM walk when the filter is on.
@@ -213,6 +228,7 @@ fn egress6_inner(ctx: &TcContext, ifindex: u32, port: &PortInfo, net: &NetworkIn
     if !own && !in_subnet6(port.network, src) {
         return Err(drop_reason::ROUTE_SRC_OUTSIDE);
     }
+    // SAFETY: `ip` as above: checked by `ptr_at`, no packet-moving helper since.
     let (hop, payload_len, next_hdr) =
         unsafe { ((*ip).hop_limit, (*ip).payload_len, (*ip).next_hdr) };
     let from = if net.flags & NET_F_GW6 != 0 {
@@ -229,6 +245,8 @@ fn egress6_inner(ctx: &TcContext, ifindex: u32, port: &PortInfo, net: &NetworkIn
     }
     let mut p_slot = MaybeUninit::<FibParams>::uninit();
     let p = zeroed(&mut p_slot);
+    // SAFETY: `ip` as above: checked by `ptr_at`, no packet-moving helper since;
+    // `p` is our own zeroed stack struct.
     unsafe {
         p.family = kernel_af::AF_INET6;
         p.l4_protocol = (*ip).next_hdr;
@@ -238,6 +256,8 @@ fn egress6_inner(ctx: &TcContext, ifindex: u32, port: &PortInfo, net: &NetworkIn
         p.__bindgen_anon_3.ipv6_src = words16(s);
         p.__bindgen_anon_4.ipv6_dst = words16(d);
     }
+    // SAFETY: `p` is our zeroed `FibParams` on the stack and the size passed is its
+    // own; the skb is the program's own context.
     let rc = unsafe {
         bpf_fib_lookup(
             ctx.skb.skb as *mut _,
@@ -248,6 +268,7 @@ fn egress6_inner(ctx: &TcContext, ifindex: u32, port: &PortInfo, net: &NetworkIn
     } as u32;
     forwardable(rc)?;
     let ip: *mut Ipv6Hdr = ptr_at(ctx, ETH_LEN)?;
+    // SAFETY: `ip` is taken again by `ptr_at` after the helper, bounds-checked.
     unsafe { (*ip).hop_limit -= 1 };
     to_next_hop(ctx, p, rc)
 }
@@ -269,6 +290,8 @@ fn forwardable(rc: u32) -> Result<(), u32> {
 fn to_next_hop(ctx: &TcContext, p: &FibParams, rc: u32) -> Verdict {
     if rc == BPF_FIB_LKUP_RET_SUCCESS {
         let eth: *mut EthHdr = ptr_at(ctx, 0)?;
+        // SAFETY: `eth` is from `ptr_at` just above, bounds-checked against `data_end`;
+        // both MACs lie inside the checked header.
         unsafe {
             write_mac(&raw mut (*eth).dst_addr, p.dmac);
             write_mac(&raw mut (*eth).src_addr, p.smac);
@@ -279,9 +302,12 @@ fn to_next_hop(ctx: &TcContext, p: &FibParams, rc: u32) -> Verdict {
     let nh = zeroed(&mut nh_slot);
     if p.family == kernel_af::AF_INET6 {
         nh.nh_family = u32::from(kernel_af::AF_INET6);
+        // SAFETY: union of plain integers (any bit pattern valid); `family` says which
+        // member `bpf_fib_lookup` filled.
         nh.__bindgen_anon_1.ipv6_nh = unsafe { p.__bindgen_anon_4.ipv6_dst };
     } else {
         nh.nh_family = u32::from(kernel_af::AF_INET);
+        // SAFETY: as above: a plain-integer union member.
         nh.__bindgen_anon_1.ipv4_nh = unsafe { p.__bindgen_anon_4.ipv4_dst };
     }
     // SAFETY: `nh` lives on our stack for the call; the size is its own.

@@ -87,8 +87,12 @@ pub fn slow_return(ctx: TcContext) -> i32 {
 fn try_slow_return(ctx: &TcContext) -> Verdict {
     let skb = ctx.skb.skb;
     // The stack moves a received 802.1Q tag out of the frame before tc.
+    // SAFETY: the skb pointer is the program's own context, valid for this run.
     let port_id = if unsafe { (*skb).vlan_present } != 0 {
+        // SAFETY: the skb pointer is the program's own context, valid for this run.
         let vid = unsafe { (*skb).vlan_tci } & u32::from(VID_MASK);
+        // SAFETY: the helper takes only our own skb; no packet pointer is held across
+        // it (it may move packet data).
         if unsafe { bpf_skb_vlan_pop(skb) } != 0 {
             return Err(drop_reason::HELPER_FAILED);
         }
@@ -110,6 +114,7 @@ fn try_slow_return(ctx: &TcContext) -> Verdict {
         }
         vid
     };
+    // SAFETY: a map lookup; the value stays valid for this program run.
     let Some(ifindex) = (unsafe { PORT_IDS.get(&port_id) }) else {
         return Err(drop_reason::SLOWPATH_BAD_TAG);
     };

@@ -86,6 +86,7 @@ fn l4(ctx: &TcContext, proto: u8, l4_off: usize, outbound: bool) -> Result<L4, u
             let p = hdr::<[u8; 8]>(ctx, l4_off)?;
             let (csum_off, flags) = if proto == IPPROTO_TCP {
                 let t: *const [u8; 14] = ptr_at(ctx, l4_off)?;
+                // SAFETY: `t` is from `ptr_at` on the line above, bounds-checked (14 bytes).
                 (l4_off + 16, unsafe { (*t)[13] })
             } else {
                 (l4_off + 6, 0)
@@ -136,6 +137,10 @@ const TOUCH_GRANULARITY_NS: u64 = 100_000_000;
 /// Refreshes an entry; FIN or RST moves a TCP flow to the closing timeout.
 #[inline(always)]
 fn touch(e: *mut NatEntry, now: u64, tcp_flags: u8) {
+    // SAFETY: callers pass a pointer from `get_ptr_mut` (bpf_map_lookup_elem), valid
+    // until the program returns. The entry is shared by a flow's two
+    // directions (possibly on two CPUs): plain integer stores, a race only
+    // leaves a stale `last_seen` or a repeated state change.
     unsafe {
         if now.saturating_sub((*e).last_seen) > TOUCH_GRANULARITY_NS {
             (*e).last_seen = now;
@@ -163,6 +168,7 @@ pub fn egress4(
         return Err(drop_reason::SNAT_NO_ADDRESS);
     }
     let ip: *const Ipv4Hdr = ptr_at(ctx, ETH_LEN)?;
+    // SAFETY: `ip` is from `ptr_at` just above, bounds-checked against `data_end`.
     let (src, dst, proto, frags) =
         unsafe { ((*ip).src_addr, (*ip).dst_addr, (*ip).proto, (*ip).frags) };
     if u16::from_be_bytes(frags) & 0x3fff != 0 {
@@ -170,14 +176,19 @@ pub fn egress4(
     }
     let l4 = l4(ctx, proto, l4_off, true)?;
     let key = NatKey::new(src, dst, l4.sport, l4.dport, proto);
+    // SAFETY: a helper call without arguments; it touches no memory of ours.
     let now = unsafe { bpf_ktime_get_ns() };
 
     // An existing flow keeps its port while its return entry is still ours.
     let mut nat_port = 0u16;
     if let Some(out) = SNAT_OUT.get_ptr_mut(&key) {
+        // SAFETY: `out` is from `get_ptr_mut` (bpf_map_lookup_elem) just above, valid
+        // until the program returns; a plain integer read.
         let p = unsafe { (*out).port };
         let rkey = NatKey::reply(dst, cfg.addr4, l4.dport, p, proto);
         if let Some(back) = SNAT_IN.get_ptr_mut(&rkey) {
+            // SAFETY: `back` is from `get_ptr_mut` just above, valid until the program
+            // returns; plain integer reads.
             let mine = unsafe { (*back).addr == src && (*back).port == l4.sport };
             if mine {
                 touch(out, now, l4.tcp_flags);
@@ -257,6 +268,8 @@ fn allocate(
     let vm = u32::from_ne_bytes(key.src);
     let held = SNAT_QUOTA.get_ptr_mut(&vm);
     if let Some(n) = held {
+        // SAFETY: `n` is from `get_ptr_mut` just above, valid until the program
+        // returns; a plain integer read.
         if unsafe { *n } >= cfg.quota {
             return Err(drop_reason::SNAT_QUOTA);
         }
@@ -267,8 +280,10 @@ fn allocate(
         return Err(drop_reason::SNAT_PORTS_EXHAUSTED);
     }
     let range = max - min + 1;
+    // SAFETY: a helper call without arguments; it touches no memory of ours.
     let start = unsafe { bpf_get_prandom_u32() } % range;
     let eth: *const EthHdr = ptr_at(ctx, 0)?;
+    // SAFETY: `eth` is from `ptr_at` just above, bounds-checked against `data_end`.
     let vm_mac = unsafe { (*eth).src_addr };
     let back = NatEntry {
         addr: key.src,
@@ -288,6 +303,7 @@ fn allocate(
         let cand = (min + (start + i) % range) as u16;
         i += 1;
         let rkey = NatKey::reply(key.dst, cfg.addr4, key.dport, cand, key.proto);
+        // SAFETY: a map lookup; the value stays valid for this program run.
         let flags = match unsafe { SNAT_IN.get(&rkey) } {
             None => u64::from(BPF_NOEXIST),
             Some(e) if expired(cfg, e, key.proto, now) => u64::from(BPF_ANY),
@@ -321,6 +337,7 @@ fn allocate(
     match held {
         // Not atomic (the BPF target has no AtomicU32 here): a lost
         // increment only delays the quota until the agent's next recount.
+        // SAFETY: `n` is from `get_ptr_mut` above, valid until the program returns.
         Some(n) => unsafe { *n += 1 },
         None => {
             let _ = SNAT_QUOTA.insert(&vm, &1, u64::from(BPF_NOEXIST));
@@ -338,6 +355,7 @@ pub fn ingress4(ctx: &TcContext) -> Result<Option<i32>, u32> {
         return Ok(None);
     };
     let ip: *const Ipv4Hdr = ptr_at(ctx, ETH_LEN)?;
+    // SAFETY: `ip` is from `ptr_at` just above, bounds-checked against `data_end`.
     let (vihl, src, dst, proto, frags, ttl) = unsafe {
         (
             (*ip).vihl,
@@ -368,7 +386,10 @@ pub fn ingress4(ctx: &TcContext) -> Result<Option<i32>, u32> {
     let Some(back) = SNAT_IN.get_ptr_mut(&rkey) else {
         return Ok(None);
     };
+    // SAFETY: a helper call without arguments; it touches no memory of ours.
     let now = unsafe { bpf_ktime_get_ns() };
+    // SAFETY: `back` is from `get_ptr_mut` just above, valid until the program
+    // returns; `NatEntry` is `Copy` plain integers.
     let e = unsafe { *back };
     if expired(cfg, &e, proto, now) {
         return Ok(None);
@@ -392,11 +413,15 @@ pub fn ingress4(ctx: &TcContext) -> Result<Option<i32>, u32> {
     rewrite_port(ctx, &l4, l4.dport, e.port)?;
 
     let ip: *mut Ipv4Hdr = ptr_at(ctx, ETH_LEN)?;
+    // SAFETY: `ip` is taken again by `ptr_at` after the rewrite helpers,
+    // bounds-checked against `data_end`.
     unsafe {
         let ip = &mut *ip;
         ip.check = csum::dec_ttl4(ip, u16::from_be_bytes(ip.check)).to_be_bytes();
     }
     let eth: *mut EthHdr = ptr_at(ctx, 0)?;
+    // SAFETY: `eth` is from `ptr_at` just above, bounds-checked against `data_end`;
+    // both MACs lie inside the checked header.
     unsafe {
         write_mac(&raw mut (*eth).src_addr, e.gw_mac);
         write_mac(&raw mut (*eth).dst_addr, e.vm_mac);

@@ -27,6 +27,7 @@ const ICMP_ECHO_REQUEST: u8 = 8;
 #[inline(always)]
 pub fn ingress4(ctx: &TcContext, cfg: &SnatConfig, l4_off: usize) -> Result<Option<i32>, u32> {
     let icmp: *const [u8; 8] = ptr_at(ctx, l4_off)?;
+    // SAFETY: `icmp` is from `ptr_at` just above, bounds-checked against `data_end`.
     let icmp_type = unsafe { (*icmp)[0] };
     if icmp_type != ICMP_DEST_UNREACH
         && icmp_type != ICMP_TIME_EXCEEDED
@@ -38,6 +39,7 @@ pub fn ingress4(ctx: &TcContext, cfg: &SnatConfig, l4_off: usize) -> Result<Opti
     let Ok(iip) = ptr_at::<Ipv4Hdr>(ctx, in_ip) else {
         return Ok(None);
     };
+    // SAFETY: `iip` is from `ptr_at` just above, bounds-checked against `data_end`.
     let (ivihl, isrc, idst, iproto) =
         unsafe { ((*iip).vihl, (*iip).src_addr, (*iip).dst_addr, (*iip).proto) };
     let ihl = usize::from(ivihl & 0x0f) * 4;
@@ -48,6 +50,7 @@ pub fn ingress4(ctx: &TcContext, cfg: &SnatConfig, l4_off: usize) -> Result<Opti
     let Ok(q) = ptr_at::<[u8; 8]>(ctx, in_l4) else {
         return Ok(None);
     };
+    // SAFETY: `q` is from `ptr_at` just above, bounds-checked against `data_end`.
     let q = unsafe { *q };
     // The quoted packet left from (SNAT address, NAT port) to (remote,
     // remote port): its reply would carry the key SNAT_IN holds.
@@ -61,10 +64,12 @@ pub fn ingress4(ctx: &TcContext, cfg: &SnatConfig, l4_off: usize) -> Result<Opti
         _ => return Ok(None),
     };
     let key: NatKey = NatKey::reply(idst, cfg.addr4, remote_port, nat_port, iproto);
+    // SAFETY: a map lookup; the value stays valid for this program run.
     let Some(e) = (unsafe { SNAT_IN.get(&key) }) else {
         return Ok(None);
     };
     let e = *e;
+    // SAFETY: a helper call without arguments; it touches no memory of ours.
     let now = unsafe { bpf_ktime_get_ns() };
     if expired(cfg, &e, iproto, now) {
         return Ok(None);
@@ -72,6 +77,7 @@ pub fn ingress4(ctx: &TcContext, cfg: &SnatConfig, l4_off: usize) -> Result<Opti
 
     // Outer header: destination back to the VM, TTL down by one.
     let ip: *mut Ipv4Hdr = ptr_at(ctx, ETH_LEN)?;
+    // SAFETY: `ip` is from `ptr_at` just above, bounds-checked against `data_end`.
     unsafe {
         let ip = &mut *ip;
         if ip.ttl <= 1 {
@@ -87,8 +93,10 @@ pub fn ingress4(ctx: &TcContext, cfg: &SnatConfig, l4_off: usize) -> Result<Opti
     // Quoted packet, then the ICMP checksum over every change in it.
     let check_at = l4_off + 2;
     let ic: *mut [u8; 2] = ptr_at(ctx, check_at)?;
+    // SAFETY: `ic` is from `ptr_at` just above, bounds-checked against `data_end`.
     let mut icmp_check = be16(unsafe { *ic });
     let iip: *mut Ipv4Hdr = ptr_at(ctx, in_ip)?;
+    // SAFETY: `iip` is from `ptr_at` just above, bounds-checked against `data_end`.
     unsafe {
         let iip = &mut *iip;
         let old_c = be16(iip.check);
@@ -102,6 +110,7 @@ pub fn ingress4(ctx: &TcContext, cfg: &SnatConfig, l4_off: usize) -> Result<Opti
     // and UDP cover the pseudo header (address) and the port, ICMP echo
     // only its id.
     if let Ok(tc) = ptr_at::<[u8; 2]>(ctx, check_off) {
+        // SAFETY: `tc` is from `ptr_at` in this `if let`, bounds-checked.
         let old_t = be16(unsafe { *tc });
         if !(iproto == IPPROTO_UDP && old_t == 0) {
             let mut new_t = csum::replace16(old_t, nat_port, e.port);
@@ -112,16 +121,21 @@ pub fn ingress4(ctx: &TcContext, cfg: &SnatConfig, l4_off: usize) -> Result<Opti
                 new_t = 0xffff;
             }
             icmp_check = csum::replace16(icmp_check, old_t, new_t);
+            // SAFETY: `tc` as above; no helper ran since the check.
             unsafe { *tc = new_t.to_be_bytes() };
         }
     }
     let p: *mut [u8; 2] = ptr_at(ctx, port_off)?;
+    // SAFETY: `p` is from `ptr_at` just above, bounds-checked against `data_end`.
     unsafe { *p = e.port.to_be_bytes() };
     icmp_check = csum::replace16(icmp_check, nat_port, e.port);
     let ic: *mut [u8; 2] = ptr_at(ctx, check_at)?;
+    // SAFETY: `ic` is from `ptr_at` just above, bounds-checked against `data_end`.
     unsafe { *ic = icmp_check.to_be_bytes() };
 
     let eth: *mut EthHdr = ptr_at(ctx, 0)?;
+    // SAFETY: `eth` is from `ptr_at` just above, bounds-checked against `data_end`;
+    // both MACs lie inside the checked header.
     unsafe {
         write_mac(&raw mut (*eth).src_addr, e.gw_mac);
         write_mac(&raw mut (*eth).dst_addr, e.vm_mac);

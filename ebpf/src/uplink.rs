@@ -39,6 +39,7 @@ pub fn uplink(ctx: TcContext) -> i32 {
 #[inline(always)]
 fn try_uplink(ctx: &TcContext) -> Verdict {
     let eth: *const EthHdr = ptr_at(ctx, 0)?;
+    // SAFETY: `eth` is from `ptr_at` just above, bounds-checked against `data_end`.
     match u16::from_be(unsafe { (*eth).ether_type }) {
         ETH_P_IP => ingress4(ctx),
         ETH_P_IPV6 => ingress6(ctx),
@@ -53,6 +54,7 @@ fn ingress4(ctx: &TcContext) -> Verdict {
     };
     let dst = ip.dst_addr;
     let key = AddrKey::v4(0, dst);
+    // SAFETY: a map lookup; the value stays valid for this program run.
     let Some(r) = (unsafe { ROUTED.get(&key) }) else {
         if let Some(action) = snat::ingress4(ctx)? {
             return Ok(action);
@@ -72,6 +74,8 @@ fn ingress4(ctx: &TcContext) -> Verdict {
     }
     ip.check = csum::dec_ttl4(ip, u16::from_be_bytes(ip.check)).to_be_bytes();
     let eth: *mut EthHdr = ptr_at(ctx, 0)?;
+    // SAFETY: `eth` is from `ptr_at` just above, bounds-checked against `data_end`;
+    // both MACs lie inside the checked header.
     unsafe {
         write_mac(&raw mut (*eth).src_addr, r.gw_mac);
         write_mac(&raw mut (*eth).dst_addr, r.vm_mac);
@@ -85,6 +89,7 @@ fn ingress6(ctx: &TcContext) -> Verdict {
         return Ok(TC_ACT_OK);
     };
     let key = AddrKey::v6(0, &ip.dst_addr);
+    // SAFETY: a map lookup; the value stays valid for this program run.
     let Some(r) = (unsafe { ROUTED.get(&key) }) else {
         return Ok(TC_ACT_OK);
     };
@@ -99,6 +104,8 @@ fn ingress6(ctx: &TcContext) -> Verdict {
     }
     ip.hop_limit -= 1;
     let eth: *mut EthHdr = ptr_at(ctx, 0)?;
+    // SAFETY: `eth` is from `ptr_at` just above, bounds-checked against `data_end`;
+    // both MACs lie inside the checked header.
     unsafe {
         write_mac(&raw mut (*eth).src_addr, r.gw_mac);
         write_mac(&raw mut (*eth).dst_addr, r.vm_mac);
@@ -111,6 +118,7 @@ fn ingress6(ctx: &TcContext) -> Verdict {
 /// Ethernet source (the uplink's own MAC, the frame's destination).
 #[inline(always)]
 fn answer_from4(ctx: &TcContext, r: &RoutedAddr) -> Result<(u32, [u8; 4], [u8; 6]), u32> {
+    // SAFETY: a map lookup; the value stays valid for this program run.
     let from = match unsafe { NETWORKS.get(&r.network) } {
         Some(net) if net.flags & NET_F_GW4 != 0 => net.gw_ip4,
         _ => [0; 4],
@@ -121,6 +129,7 @@ fn answer_from4(ctx: &TcContext, r: &RoutedAddr) -> Result<(u32, [u8; 4], [u8; 6
 
 #[inline(always)]
 fn answer_from6(ctx: &TcContext, r: &RoutedAddr) -> Result<(u32, [u8; 16], [u8; 6]), u32> {
+    // SAFETY: a map lookup; the value stays valid for this program run.
     let from = match unsafe { NETWORKS.get(&r.network) } {
         Some(net) if net.flags & NET_F_GW6 != 0 => net.gw_ip6,
         _ => [0; 16],
@@ -131,7 +140,10 @@ fn answer_from6(ctx: &TcContext, r: &RoutedAddr) -> Result<(u32, [u8; 16], [u8; 
 
 #[inline(always)]
 fn uplink_and_mac(ctx: &TcContext) -> Result<(u32, [u8; 6]), u32> {
+    // SAFETY: the skb pointer is the program's own context, valid for this run.
     let uplink = unsafe { (*ctx.skb.skb).ifindex };
     let eth: *const EthHdr = ptr_at(ctx, 0)?;
+    // SAFETY: `eth` is from `ptr_at` on the line above, bounds-checked against
+    // `data_end`.
     Ok((uplink, unsafe { (*eth).dst_addr }))
 }

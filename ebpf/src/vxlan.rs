@@ -50,6 +50,8 @@ pub fn vxlan_rx(ctx: TcContext) -> i32 {
 fn try_vxlan_rx(ctx: &TcContext) -> Verdict {
     let mut key_slot = MaybeUninit::<bpf_tunnel_key>::uninit();
     let key = zeroed(&mut key_slot);
+    // SAFETY: `key` is a zeroed `bpf_tunnel_key` on our stack and the size passed
+    // is its own; the skb is the program's own context.
     let rc = unsafe {
         bpf_skb_get_tunnel_key(
             ctx.skb.skb,
@@ -63,7 +65,10 @@ fn try_vxlan_rx(ctx: &TcContext) -> Verdict {
     }
     let network = key.tunnel_id;
     // The outer source address (host order from the helper).
+    // SAFETY: a union of plain integers (any bit pattern is valid); with flags 0
+    // the helper filled the IPv4 member.
     let from = unsafe { key.__bindgen_anon_1.remote_ipv4 }.to_be_bytes();
+    // SAFETY: a map lookup; the value stays valid for this program run.
     let Some(net) = (unsafe { NETWORKS.get(&network) }) else {
         return Err(drop_reason::OVERLAY_UNKNOWN_VNI);
     };
@@ -73,11 +78,14 @@ fn try_vxlan_rx(ctx: &TcContext) -> Verdict {
     }
 
     let eth: *const EthHdr = ptr_at(ctx, 0)?;
+    // SAFETY: `eth` is from `ptr_at` just above, bounds-checked against `data_end`.
     let (dst, src) = unsafe { ((*eth).dst_addr, (*eth).src_addr) };
     if is_multicast(&src) {
         return Err(drop_reason::SRC_MULTICAST);
     }
+    // SAFETY: `eth` is from `ptr_at` above, bounds-checked; no helper ran since.
     let ether_type = u16::from_be(unsafe { (*eth).ether_type });
+    // SAFETY: the skb pointer is the program's own context, valid for this run.
     if net.flags & NET_F_IP_FILTER != 0
         && (unsafe { (*ctx.skb.skb).vlan_present } != 0
             || (ether_type != ETH_P_IP
@@ -105,6 +113,7 @@ fn try_vxlan_rx(ctx: &TcContext) -> Verdict {
             return Err(drop_reason::OVERLAY_NO_LOCAL_PORT);
         }
         let ep_key = EndpointKey::new(network, dst);
+        // SAFETY: a map lookup; the value stays valid for this program run.
         if let Some(ep) = unsafe { ENDPOINTS.get(&ep_key) } {
             if ep.kind == ENDPOINT_LOCAL {
                 return fwd::deliver_local(ctx, ep.ifindex, ep.port_id);
@@ -123,6 +132,7 @@ fn try_vxlan_rx(ctx: &TcContext) -> Verdict {
 #[inline(always)]
 fn nd_guard(ctx: &TcContext, network: u32, net: &NetworkInfo, src: &[u8; 6]) -> Result<(), u32> {
     let ip: *const Ipv6Hdr = ptr_at(ctx, ETH_LEN)?;
+    // SAFETY: `ip` is from `ptr_at` just above, bounds-checked against `data_end`.
     let next_hdr = unsafe { (*ip).next_hdr };
     let (proto, l4_off) = spoof::upper_layer6(ctx, next_hdr)?;
     if proto != IPPROTO_ICMPV6 {

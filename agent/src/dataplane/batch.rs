@@ -459,7 +459,11 @@ fn sys_elem(fd: BorrowedFd<'_>, op: Op, key: &[u8], value: &[u8]) -> io::Result<
 /// # Safety
 /// `attr` must be the `bpf_attr` layout `cmd` expects, and every pointer
 /// in it valid for what the kernel reads and writes.
+// SAFETY: unsafe because the kernel dereferences the pointers inside `attr`;
+// callers uphold the `# Safety` contract above.
 unsafe fn sys_bpf<A>(cmd: libc::c_int, attr: &mut A) -> io::Result<()> {
+    // SAFETY: by the caller's contract `attr` is the layout `cmd` expects; it is a
+    // live `&mut` for the call and the size passed is `A`'s own.
     let ret = unsafe {
         libc::syscall(
             libc::SYS_bpf,

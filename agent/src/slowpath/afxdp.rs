@@ -22,6 +22,8 @@ struct Area {
 
 impl Area {
     fn new(len: usize) -> Result<Self> {
+        // SAFETY: a fresh anonymous mapping (null hint, fd -1): it touches no memory
+        // of ours; MAP_FAILED is checked below.
         let ptr = unsafe {
             libc::mmap(
                 std::ptr::null_mut(),
@@ -44,6 +46,8 @@ impl Area {
 
 impl Drop for Area {
     fn drop(&mut self) {
+        // SAFETY: `ptr`/`len` are exactly the mapping made in `Area::new`, unmapped only
+        // here, once; the UMEM and rings over it are dropped first (field order).
         unsafe { libc::munmap(self.ptr.as_ptr().cast(), self.len) };
     }
 }
@@ -58,7 +62,7 @@ pub struct Xsk {
     _area: Area,
 }
 
-// Safety: the socket, its rings and its memory are used by one thread at a
+// SAFETY: the socket, its rings and its memory are used by one thread at a
 // time (the slow path thread, after set-up moves them there).
 unsafe impl Send for Xsk {}
 
@@ -78,7 +82,7 @@ impl Xsk {
             headroom: 0,
             flags: 0,
         };
-        // Safety: the area is page-aligned and outlives the UMEM (field order).
+        // SAFETY: the area is page-aligned and outlives the UMEM (field order).
         let umem = unsafe { Umem::new(config, slice) }
             .map_err(errno)
             .context("creating the UMEM")?;
@@ -137,7 +141,7 @@ impl Xsk {
         let chunk = self
             .umem
             .frame(BufIdx((addr / u64::from(FRAME_SIZE)) as u32))?;
-        // Safety: one thread owns the socket; the kernel does not touch a
+        // SAFETY: one thread owns the socket; the kernel does not touch a
         // frame while userspace holds it.
         Some(unsafe { &mut *chunk.addr.as_ptr() })
     }
@@ -157,6 +161,8 @@ impl Xsk {
             events: libc::POLLIN,
             revents: 0,
         };
+        // SAFETY: `pfd` is a live `pollfd` on our stack and the count is 1; the fd is
+        // the socket `self` owns.
         let rc = unsafe { libc::poll(&mut pfd, 1, timeout.as_millis() as i32) };
         if rc < 0 {
             let e = std::io::Error::last_os_error();
@@ -183,7 +189,7 @@ impl Xsk {
                 else {
                     continue;
                 };
-                // Safety: one thread owns the socket; the kernel does not
+                // SAFETY: one thread owns the socket; the kernel does not
                 // touch a received frame until it is back on the fill ring.
                 let frame: &[u8] = unsafe { &*chunk.addr.as_ptr() };
                 let off = (desc.addr - base) as usize;
