@@ -266,10 +266,6 @@ fn error(code: u16, message: String) -> Reply {
     reply(code, &serde_json::json!({ "error": message }))
 }
 
-fn snapshot(shared: &Published) -> View {
-    shared.view()
-}
-
 /// The endpoint as the view shows it.
 fn describe(view: &View, e: &EndpointRequest) -> EndpointReply {
     let a = view.attachments.iter().find(|a| {
@@ -307,14 +303,14 @@ pub fn handle(shared: &Published, request: &mut tiny_http::Request) -> Reply {
     let parts: Vec<&str> = path.split('/').filter(|s| !s.is_empty()).collect();
     match (request.method(), parts.as_slice()) {
         (tiny_http::Method::Get, ["v1", "endpoints"]) => {
-            let view = snapshot(shared);
+            let view = shared.view();
             let list: Vec<EndpointReply> =
                 registry.all().iter().map(|e| describe(&view, e)).collect();
             reply(200, &serde_json::json!({ "endpoints": list }))
         }
         (tiny_http::Method::Get, ["v1", "endpoints", container, ifname]) => {
             match registry.get(&endpoint_id(container, ifname)) {
-                Some(e) => reply(200, &describe(&snapshot(shared), &e)),
+                Some(e) => reply(200, &describe(&shared.view(), &e)),
                 None => error(404, format!("no endpoint {container}/{ifname}")),
             }
         }
@@ -354,7 +350,7 @@ fn add(shared: &Published, registry: &Registry, e: EndpointRequest) -> Reply {
     if let Err(msg) = e.validate() {
         return error(400, format!("endpoint {}: {msg}", e.id()));
     }
-    let view = snapshot(shared);
+    let view = shared.view();
     if !view.ready {
         return error(
             503,
@@ -389,7 +385,7 @@ fn add(shared: &Published, registry: &Registry, e: EndpointRequest) -> Reply {
         if reading_round.is_none() && registry.seen.load(Ordering::SeqCst) >= generation {
             reading_round = Some(registry.rounds.load(Ordering::SeqCst));
         }
-        let view = snapshot(shared);
+        let view = shared.view();
         let described = describe(&view, &e);
         if described.state == state::LOCAL {
             let kept = (key.namespace.clone(), key.vm.clone(), key.interface.clone());

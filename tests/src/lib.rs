@@ -37,6 +37,16 @@ pub fn unique_tag() -> String {
     format!("{:x}{n:x}", std::process::id() % 0xfff)
 }
 
+/// One udhcpc run in `ns` on `ifname`: up to `tries` DISCOVERs a second
+/// apart, then quit with a lease or without; `hook` is its script (never
+/// the host's default, which would rewrite resolv.conf).
+pub fn udhcpc(ns: &Netns, ifname: &str, hook: &str, tries: u32) -> Output {
+    let tries = tries.to_string();
+    ns.run_status(&[
+        "udhcpc", "-i", ifname, "-n", "-q", "-f", "-t", &tries, "-T", "1", "-s", hook,
+    ])
+}
+
 /// The agent binary: `VMPATH_BIN` (set by `cargo xtask test`), else built once.
 pub fn vmpath_bin() -> PathBuf {
     static BIN: OnceLock<PathBuf> = OnceLock::new();

@@ -575,20 +575,7 @@ fn cni_vm_pod_holds_no_address_and_the_vm_takes_it_by_dhcp() {
     )
     .unwrap();
     vmpath_tests::run(&["chmod", "+x", hook.to_str().unwrap()]);
-    let out = pod.ns.run_status(&[
-        "udhcpc",
-        "-i",
-        "eth1",
-        "-n",
-        "-q",
-        "-f",
-        "-t",
-        "5",
-        "-T",
-        "1",
-        "-s",
-        hook.to_str().unwrap(),
-    ]);
+    let out = vmpath_tests::udhcpc(&pod.ns, "eth1", hook.to_str().unwrap(), 5);
     assert!(
         out.status.success(),
         "udhcpc: {}",

@@ -78,13 +78,8 @@ fi
     path.display().to_string()
 }
 
-/// One udhcpc run in `vm`: up to `tries` DISCOVERs a second apart, then
-/// quit (with a lease or without).
 fn udhcpc(vm: &Vm, hook: &str, tries: u32) -> std::process::Output {
-    let tries = tries.to_string();
-    vm.ns.run_status(&[
-        "udhcpc", "-i", "eth0", "-n", "-q", "-f", "-t", &tries, "-T", "1", "-s", hook,
-    ])
+    vmpath_tests::udhcpc(&vm.ns, "eth0", hook, tries)
 }
 
 fn env_file(path: &Path) -> BTreeMap<String, String> {
@@ -274,22 +269,7 @@ fn dhclient_gets_the_same_address_and_dhclient6_its_ipv6() {
     // IPv6: DHCPv6 hands out the VM's claimed /128.
     vm2.ns
         .run(&["sysctl", "-qw", "net.ipv6.conf.eth0.accept_ra=0"]);
-    wait_for("a link-local address", Duration::from_secs(5), || {
-        !vm2.ns
-            .run(&[
-                "ip",
-                "-6",
-                "addr",
-                "show",
-                "dev",
-                "eth0",
-                "scope",
-                "link",
-                "-tentative",
-            ])
-            .trim()
-            .is_empty()
-    });
+    wait_link_local(&vm2);
     vm2.ns.run(&[
         "timeout",
         "20",

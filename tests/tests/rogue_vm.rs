@@ -269,20 +269,7 @@ for i in range({ROUNDS}):
     )
     .unwrap();
     vmpath_tests::run(&["chmod", "+x", hook.to_str().unwrap()]);
-    let out = bed.vm2.ns.run_status(&[
-        "udhcpc",
-        "-i",
-        "eth0",
-        "-n",
-        "-q",
-        "-f",
-        "-t",
-        "5",
-        "-T",
-        "1",
-        "-s",
-        hook.to_str().unwrap(),
-    ]);
+    let out = vmpath_tests::udhcpc(&bed.vm2.ns, "eth0", hook.to_str().unwrap(), 5);
     assert!(
         out.status.success(),
         "udhcpc got no lease: {}",
