@@ -6,7 +6,8 @@
 use std::time::Duration;
 
 use vmpath_tests::{
-    Netns, Node, Underlay, Vm, iperf3, vmpath::common, wait_for, yaml, yaml_overlay,
+    Netns, Node, Underlay, Vm, iperf3, qemu::Guest as _, vmpath::common, wait_for, yaml,
+    yaml_overlay,
 };
 
 const BLUE: &str = "blue";
@@ -341,19 +342,6 @@ for vni, src in ((999, '{FOREIGN_IP}'), (100, '192.0.2.99')):
     });
 }
 
-/// The link-layer address `vm`'s IPv6 neighbour table holds for `ip`.
-fn neigh6_mac(vm: &Vm, ip: &str) -> String {
-    let out = vm
-        .ns
-        .run(&["ip", "-6", "-j", "neigh", "show", ip, "dev", "eth0"]);
-    let v: serde_json::Value = serde_json::from_str(&out).unwrap_or_default();
-    v.get(0)
-        .and_then(|e| e.get("lladdr"))
-        .and_then(|m| m.as_str())
-        .unwrap_or("")
-        .to_string()
-}
-
 /// A VM on another node is no more trusted than a local one: frames from
 /// the foreign VTEP's host (a known node of blue) arriving at node a over
 /// VXLAN with a forged NA for vm2's address, an NA naming another MAC, a
@@ -370,7 +358,7 @@ fn forged_neighbour_discovery_over_the_overlay_is_dropped() {
         "vm1 -> vm2 IPv6 over the overlay"
     );
     let m2 = bed.vm2.mac.clone();
-    assert_eq!(neigh6_mac(&bed.vm1, "fd20::12"), m2);
+    assert_eq!(bed.vm1.neighbour("fd20::12").unwrap_or_default(), m2);
     let stale = "52:54:00:00:99:99";
     bed.vm1.ns.run(&[
         "ip", "-6", "neigh", "replace", "fd20::50", "lladdr", stale, "dev", "eth0", "nud", "stale",
@@ -429,7 +417,7 @@ send(IP(src='{FOREIGN_IP}', dst='{NODE_A_IP}')/UDP(sport=40000, dport=4789)/VXLA
         "drops on a (nd_spoof_target, nd_spoof_lladdr, nd_spoof, ethertype)"
     );
     assert_eq!(
-        neigh6_mac(&bed.vm1, "fd20::50"),
+        bed.vm1.neighbour("fd20::50").unwrap_or_default(),
         stale,
         "a forged NA got through"
     );
@@ -440,10 +428,10 @@ send(IP(src='{FOREIGN_IP}', dst='{NODE_A_IP}')/UDP(sport=40000, dport=4789)/VXLA
     wait_for(
         "vm1 takes the host's own announcement",
         Duration::from_secs(5),
-        || neigh6_mac(&bed.vm1, "fd20::50") == FOREIGN_MAC,
+        || bed.vm1.neighbour("fd20::50").unwrap_or_default() == FOREIGN_MAC,
     );
     assert_eq!(
-        neigh6_mac(&bed.vm1, "fd20::12"),
+        bed.vm1.neighbour("fd20::12").unwrap_or_default(),
         m2,
         "vm1's entry for vm2 moved"
     );

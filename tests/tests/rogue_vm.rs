@@ -10,7 +10,9 @@ use std::{
     time::Duration,
 };
 
-use vmpath_tests::{Netns, Node, Vm, vmpath::common::drop_reason, wait_for, yaml};
+use vmpath_tests::{
+    Netns, Node, Vm, qemu::Guest as _, vmpath::common::drop_reason, wait_for, yaml,
+};
 
 const BLUE: &str = "blue";
 
@@ -63,20 +65,6 @@ fn three_vms(ipam: bool) -> Bed {
     }
 }
 
-/// The link-layer address `vm`'s neighbour table holds for `ip` ("" when
-/// it has no entry or an incomplete one).
-fn neigh_mac(vm: &Vm, ip: &str) -> String {
-    let out = vm
-        .ns
-        .run(&["ip", "-6", "-j", "neigh", "show", ip, "dev", "eth0"]);
-    let v: serde_json::Value = serde_json::from_str(&out).unwrap_or_default();
-    v.get(0)
-        .and_then(|e| e.get("lladdr"))
-        .and_then(|m| m.as_str())
-        .unwrap_or("")
-        .to_string()
-}
-
 /// vm1 sends a forged NA for vm2's address (override set, its own MAC as
 /// target link-layer address) to all nodes and to vm3, and an NS with vm2's
 /// MAC as its source link-layer address: vm3's neighbour entries do not
@@ -87,7 +75,7 @@ fn rogue_nd_cannot_take_another_vms_ipv6_traffic() {
     let bed = three_vms(true);
     let (m1, m2, m3) = (&bed.vm1.mac, &bed.vm2.mac, &bed.vm3.mac);
     assert!(bed.vm3.ns.ping("fd20::12", 2), "vm3 -> vm2 IPv6 before");
-    assert_eq!(neigh_mac(&bed.vm3, "fd20::12"), *m2);
+    assert_eq!(bed.vm3.neighbour("fd20::12").unwrap_or_default(), *m2);
     // An entry for vm1 with a MAC nobody has: whoever updates it is seen.
     let stale = "52:54:00:00:99:99";
     bed.vm3.ns.run(&[
@@ -118,17 +106,17 @@ sendp(Ether(src='{m1}', dst='{m3}')/IPv6(src='fd20::11', dst='fd20::13', hlim=25
     wait_for(
         "vm3 takes vm1's own announcement",
         Duration::from_secs(5),
-        || neigh_mac(&bed.vm3, "fd20::11") == *m1,
+        || bed.vm3.neighbour("fd20::11").unwrap_or_default() == *m1,
     );
     // The forged NS came before the control and never changed the entry
     // to vm2's MAC; the forged NA never moved vm2's.
     assert_eq!(
-        neigh_mac(&bed.vm3, "fd20::12"),
+        bed.vm3.neighbour("fd20::12").unwrap_or_default(),
         *m2,
         "vm3's entry for vm2 moved"
     );
     assert!(bed.vm3.ns.ping("fd20::12", 2), "vm3 -> vm2 IPv6 after");
-    assert_eq!(neigh_mac(&bed.vm3, "fd20::12"), *m2);
+    assert_eq!(bed.vm3.neighbour("fd20::12").unwrap_or_default(), *m2);
 }
 
 /// vm1's forged NA for vm2's address (override set, vm1's MAC as target
@@ -151,11 +139,14 @@ sendp(Ether(src='{m1}', dst='{m3}')/IPv6(src='fd20::11', dst='fd20::13', hlim=25
 fn rogue_nd_on_an_ipamless_network_is_the_vms_own() {
     let bed = three_vms(false);
     assert!(bed.vm3.ns.ping("fd20::12", 2), "vm3 -> vm2 IPv6");
-    assert_eq!(neigh_mac(&bed.vm3, "fd20::12"), bed.vm2.mac);
+    assert_eq!(
+        bed.vm3.neighbour("fd20::12").unwrap_or_default(),
+        bed.vm2.mac
+    );
     let before = bed.node.drops(drop_reason::ND_SPOOF_TARGET);
     forge_na_for_vm2(&bed);
     wait_for("vm3 takes the forged NA", Duration::from_secs(5), || {
-        neigh_mac(&bed.vm3, "fd20::12") == bed.vm1.mac
+        bed.vm3.neighbour("fd20::12").unwrap_or_default() == bed.vm1.mac
     });
     assert_eq!(bed.node.drops(drop_reason::ND_SPOOF_TARGET), before);
 }
