@@ -44,6 +44,8 @@ pub struct AgentOptions {
     pub uplink: String,
     /// Slow-path frames served per second, all ports together.
     pub slowpath_serve_rate: u64,
+    /// The data path's debug events at start.
+    pub datapath_debug: crate::datapath_log::Switches,
 }
 
 fn write_status(dir: &Path, view: &View) -> Result<()> {
@@ -205,6 +207,10 @@ pub fn run(
     slow_stats: slowpath::SharedStats,
 ) -> Result<()> {
     let mut dp = Dataplane::open(&opts.bpffs).context("opening the data path")?;
+    // What a previous agent switched on does not outlive it.
+    if let Err(e) = crate::datapath_log::set(&opts.bpffs, opts.datapath_debug) {
+        warn!("setting the data path's debug events: {e:#}");
+    }
     shared.dataplane_opened();
     crate::node_lock::record_programs(&opts.state_dir, dp.program_ids());
     if let Some(policy) = crate::port_eligibility::policy() {
@@ -242,8 +248,10 @@ pub fn run(
         }
         first = false;
         shared.heartbeat();
+        let mut phases = crate::phases::Phases::start("reconcile pass");
         let mut snap = reader.read(&opts.config_dir);
         crate::endpoints::add_documents(&opts.state_dir, &opts.node, &mut snap);
+        phases.mark("read");
         if snap.empty {
             // A ConfigMap not mounted yet must never wipe a running data path.
             if !warned_empty {
@@ -256,6 +264,7 @@ pub fn run(
         warned_empty = false;
         let mut validated = config::validate(&snap, &opts.node, &accepted);
         crate::endpoints::keep_claims(&mut validated);
+        phases.mark("validate");
         let changed = last_fingerprint != Some(snap.fingerprint);
         last_fingerprint = Some(snap.fingerprint);
 
@@ -280,6 +289,7 @@ pub fn run(
             pacer.retry_soon();
             continue;
         }
+        phases.mark("ipam");
         // MACs the data path saw on ports whose MAC was not given.
         for (ifindex, learned) in dp.maps().learned_macs.iter().filter_map(|r| r.ok()) {
             let Some(a) = cfg.attachments.iter().find(|a| {
@@ -363,8 +373,10 @@ pub fn run(
                     .collect()
             }
         };
+        phases.mark("learned");
         let plan = plan::plan_with_ids(&cfg, &opts.node, ifindex_of, &previous_ids);
         let plan_changed = last_plan.as_ref() != Some(&plan);
+        phases.mark("plan");
         if plan_changed {
             match dp.apply(&plan) {
                 Ok(()) => {
@@ -381,6 +393,7 @@ pub fn run(
                 }
             }
         }
+        phases.mark("apply");
         overlay.tick(&mut dp, &cfg, last_plan.as_ref());
         north_south.tick(
             &mut dp,
@@ -389,6 +402,7 @@ pub fn run(
             last_plan.as_ref(),
             &last_learned_ips,
         );
+        phases.mark("routes");
         if plan_changed || changed || learned_changed {
             // Show what is programmed, not what was attempted.
             let applied = last_plan.clone().unwrap_or_default();
@@ -409,6 +423,8 @@ pub fn run(
         // Until a migration is over, the data path's side of it is
         // followed on every tick.
         pacer.migrating = cfg.attachments.iter().any(|a| a.migration.is_some());
+        phases.mark("publish");
+        phases.log();
         pacer.passed(&dp);
     }
 }

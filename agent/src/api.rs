@@ -458,7 +458,9 @@ pub fn serve(socket: &Path, observer: Arc<Observer>) -> Result<JoinHandle<()>> {
                     });
                     continue;
                 }
-                let reply = if *request.method() == tiny_http::Method::Get {
+                let reply = if request.url().starts_with("/v1/debug/datapath") {
+                    debug_datapath(&observer, &mut request)
+                } else if *request.method() == tiny_http::Method::Get {
                     route(&observer, request.url())
                 } else {
                     error(405, format!("method {} not allowed", request.method()))
@@ -467,6 +469,42 @@ pub fn serve(socket: &Path, observer: Arc<Observer>) -> Result<JoinHandle<()>> {
             }
         })?;
     Ok(handle)
+}
+
+/// `GET /v1/debug/datapath`: which debug events the data path emits;
+/// `PUT` with `{"drops": bool, "decisions": bool}` switches them.
+fn debug_datapath(observer: &Observer, request: &mut tiny_http::Request) -> Reply {
+    use crate::datapath_log::{self, Switches};
+    let bpffs = observer.bpffs();
+    match request.method() {
+        tiny_http::Method::Get => {}
+        tiny_http::Method::Put => {
+            let mut body = String::new();
+            if let Err(e) = std::io::Read::read_to_string(
+                &mut std::io::Read::take(request.as_reader(), 4096),
+                &mut body,
+            ) {
+                return error(400, format!("reading the request body: {e}"));
+            }
+            let to: Switches = match serde_json::from_str(&body) {
+                Ok(s) => s,
+                Err(e) => {
+                    return error(
+                        400,
+                        format!("body must be {{\"drops\": bool, \"decisions\": bool}}: {e}"),
+                    );
+                }
+            };
+            if let Err(e) = datapath_log::set(bpffs, to) {
+                return error(503, format!("{e:#}"));
+            }
+        }
+        m => return error(405, format!("method {m} not allowed")),
+    }
+    match datapath_log::get(bpffs) {
+        Ok(s) => json(200, &s),
+        Err(e) => error(503, format!("{e:#}")),
+    }
 }
 
 pub(crate) fn respond(request: tiny_http::Request, reply: Reply) {

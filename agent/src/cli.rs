@@ -86,6 +86,67 @@ pub enum VmCommand {
     },
 }
 
+/// What `vmpath debug datapath` switches to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum DatapathDebug {
+    /// No debug events (the default).
+    Off,
+    /// Every drop, with its reason and port id.
+    Drops,
+    /// Migration cut-overs and MACs learned.
+    Decisions,
+    /// Both.
+    All,
+}
+
+impl DatapathDebug {
+    pub fn switches(self) -> crate::datapath_log::Switches {
+        crate::datapath_log::Switches {
+            drops: matches!(self, DatapathDebug::Drops | DatapathDebug::All),
+            decisions: matches!(self, DatapathDebug::Decisions | DatapathDebug::All),
+        }
+    }
+}
+
+#[derive(Debug, Clone, clap::Subcommand)]
+pub enum DebugCommand {
+    /// Show, or switch, the data path's debug events. They go to the
+    /// agent's log under the target `vmpath::datapath`.
+    Datapath {
+        /// Switch to this; without it, show what is on.
+        #[arg(value_enum)]
+        to: Option<DatapathDebug>,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
+}
+
+/// `vmpath debug ...`.
+pub fn debug(cmd: &DebugCommand) -> Result<()> {
+    let DebugCommand::Datapath { to, client } = cmd;
+    let body = match to {
+        Some(to) => success(request(
+            &client.api_socket,
+            "PUT",
+            "/v1/debug/datapath",
+            &serde_json::to_string(&to.switches())?,
+        )?)?,
+        None => fetch(&client.api_socket, "/v1/debug/datapath")?,
+    };
+    if client.output == Format::Json {
+        return print_json(&body);
+    }
+    let s: crate::datapath_log::Switches = serde_json::from_str(&body)
+        .context("the agent's answer to /v1/debug/datapath is not what this CLI expects")?;
+    let on_off = |b: bool| if b { "on" } else { "off" };
+    println!(
+        "data path debug events: drops {}, decisions {}",
+        on_off(s.drops),
+        on_off(s.decisions)
+    );
+    Ok(())
+}
+
 /// An HTTP answer from the API.
 pub struct Answer {
     pub code: u16,
@@ -94,11 +155,22 @@ pub struct Answer {
 
 /// `GET path` on the API socket.
 pub fn get(socket: &Path, path: &str) -> Result<Answer> {
+    request(socket, "GET", path, "")
+}
+
+/// One request on the API socket.
+pub fn request(socket: &Path, method: &str, path: &str, body: &str) -> Result<Answer> {
     let mut stream = UnixStream::connect(socket).map_err(|e| connect_error(socket, e))?;
     stream.set_read_timeout(Some(Duration::from_secs(10)))?;
     stream.set_write_timeout(Some(Duration::from_secs(10)))?;
     stream
-        .write_all(format!("GET {path} HTTP/1.0\r\nHost: vmpath\r\n\r\n").as_bytes())
+        .write_all(
+            format!(
+                "{method} {path} HTTP/1.0\r\nHost: vmpath\r\nContent-Length: {}\r\n\r\n{body}",
+                body.len()
+            )
+            .as_bytes(),
+        )
         .with_context(|| format!("sending the request to {}", socket.display()))?;
     let mut raw = Vec::new();
     stream
@@ -135,7 +207,11 @@ fn connect_error(socket: &Path, e: io::Error) -> anyhow::Error {
 
 /// `GET path`, failing with the API's own message on any non-200 answer.
 fn fetch(socket: &Path, path: &str) -> Result<String> {
-    let answer = get(socket, path)?;
+    success(get(socket, path)?)
+}
+
+/// The body of a 200 answer; any other fails with the API's own message.
+fn success(answer: Answer) -> Result<String> {
     if answer.code != 200 {
         let message = serde_json::from_str::<ApiError>(&answer.body)
             .map(|e| e.error)

@@ -394,6 +394,11 @@ impl Dataplane {
         north_south::load_egress(&mut ebpf)?;
         overlay::load(&mut ebpf)?;
         migrate::load(&mut ebpf)?;
+        // Debug events are a help, not a function: the data path runs
+        // without their reader.
+        if let Err(e) = crate::datapath_log::start(&mut ebpf) {
+            warn!("{e:#}; data path debug events will not be shown");
+        }
         let maps = Maps::open(root)?;
         Ok(Dataplane {
             root: root.to_path_buf(),
@@ -571,6 +576,7 @@ impl Dataplane {
     /// finds its entries), then links; only what the plan no longer wants is
     /// removed.
     pub fn apply(&mut self, plan: &Plan) -> Result<()> {
+        let mut phases = crate::phases::Phases::start("apply");
         // Defense in depth: an interface may have been renamed or replaced
         // since the plan was made; nothing is written before this passes.
         for (ifindex, port) in &plan.ports {
@@ -579,8 +585,11 @@ impl Dataplane {
                     .map_err(|e| anyhow!("refusing to attach: {e}"))?;
             }
         }
+        phases.mark("recheck");
         self.apply_north_south(plan)?;
+        phases.mark("north_south");
         self.apply_overlay(plan)?;
+        phases.mark("overlay");
         sync(&mut self.maps.networks, &plan.networks)?;
         sync(&mut self.maps.flood, &plan.flood)?;
         sync(&mut self.maps.addresses, &plan.addresses)?;
@@ -610,9 +619,12 @@ impl Dataplane {
             batch::update_batch_per_cpu(self.maps.port_stats.map(), &slots, batch::BPF_ANY)
                 .context("zeroing port counters")?;
         }
+        phases.mark("maps");
         self.apply_slow_limits(plan, &reset)?;
+        phases.mark("slow_limits");
         sync(&mut self.maps.ports, &ports)?;
         sync(&mut self.maps.port_ids, &port_ids)?;
+        phases.mark("ports");
 
         for (ifindex, port) in &plan.ports {
             if !self.attached.contains(ifindex) {
@@ -627,6 +639,7 @@ impl Dataplane {
                 info!(ifindex, "detached port");
             }
         }
+        phases.mark("attach");
         // What was learned on a port that is gone (or got its MAC) is stale.
         let stale_macs: Vec<u32> = self
             .maps
@@ -657,6 +670,8 @@ impl Dataplane {
         // MACs learned from the overlay that the config now places itself
         // (or whose node left the network).
         self.prune_remote_learned(plan);
+        phases.mark("prune");
+        phases.log();
         Ok(())
     }
 }
@@ -743,7 +758,17 @@ mod contract_tests {
                 def.name
             );
         }
-        for name in obj.maps.keys().filter(|n| !n.starts_with('.')) {
+        assert!(
+            obj.maps.contains_key(map_names::DEBUG_LOG),
+            "aya-log's ring buffer {} missing: the data path's debug events would have nowhere to go",
+            map_names::DEBUG_LOG
+        );
+        // aya-log's ring buffer is per load, never pinned.
+        for name in obj
+            .maps
+            .keys()
+            .filter(|n| !n.starts_with('.') && *n != map_names::DEBUG_LOG)
+        {
             assert!(
                 maps::ALL.iter().any(|d| d.name == name),
                 "map {name} of the object has no shape in vmpath_common::maps (the agent would not pin it)"

@@ -25,8 +25,11 @@ pub enum Wake {
     Endpoint,
 }
 
-/// How long a wake waits for the rest of its burst (a `kubectl apply` of
-/// many files, a veth pair's two links) before the reconcile starts.
+/// How long a config wake waits for the rest of its burst (a `kubectl
+/// apply` of many files) before the reconcile starts. Link and endpoint
+/// wakes do not wait: a port's first frame waits on them, and a later
+/// event of the same burst costs one more, cheap, pass that finds nothing
+/// new.
 const SETTLE: Duration = Duration::from_millis(2);
 
 /// How often a missing config dir is looked for again.
@@ -81,7 +84,9 @@ impl Events {
             Ok(w) => w,
             Err(RecvTimeoutError::Timeout | RecvTimeoutError::Disconnected) => return Vec::new(),
         };
-        std::thread::sleep(SETTLE);
+        if first == Wake::Config {
+            std::thread::sleep(SETTLE);
+        }
         let mut wakes = vec![first];
         wakes.extend(self.rx.try_iter());
         wakes

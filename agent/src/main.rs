@@ -34,6 +34,11 @@ enum Command {
         #[command(subcommand)]
         command: cli::VmCommand,
     },
+    /// Debug aids: the data path's debug events.
+    Debug {
+        #[command(subcommand)]
+        command: cli::DebugCommand,
+    },
 }
 
 #[derive(clap::Args)]
@@ -105,6 +110,11 @@ struct AgentArgs {
     /// resync timer alone (the old polling behaviour, kept to compare).
     #[arg(long)]
     no_events: bool,
+    /// The data path's debug events at start (aya-log, logged under the
+    /// target `vmpath::datapath`); `vmpath debug datapath` switches them
+    /// at run time.
+    #[arg(long, value_enum, default_value_t = cli::DatapathDebug::Off)]
+    datapath_debug: cli::DatapathDebug,
 }
 
 fn main() -> Result<()> {
@@ -131,6 +141,7 @@ fn main() -> Result<()> {
         Command::Status(args) => Some(cli::status(args)),
         Command::Net { command } => Some(cli::net(command)),
         Command::Vm { command } => Some(cli::vm(command)),
+        Command::Debug { command } => Some(cli::debug(command)),
     };
     if let Some(result) = client {
         if let Err(e) = result {
@@ -140,7 +151,9 @@ fn main() -> Result<()> {
         return Ok(());
     }
     match cli.command {
-        Command::Status(_) | Command::Net { .. } | Command::Vm { .. } => Ok(()),
+        Command::Status(_) | Command::Net { .. } | Command::Vm { .. } | Command::Debug { .. } => {
+            Ok(())
+        }
         Command::Agent(args) => {
             if args.mount_bpffs {
                 dataplane::ensure_bpffs(&args.bpffs)?;
@@ -215,6 +228,7 @@ fn main() -> Result<()> {
                     events: !args.no_events,
                     uplink: args.uplink,
                     slowpath_serve_rate: args.slowpath_serve_rate,
+                    datapath_debug: args.datapath_debug.switches(),
                 },
                 shared.clone(),
                 slow_stats,

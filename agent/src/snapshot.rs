@@ -69,6 +69,11 @@ impl Observer {
         &self.published
     }
 
+    /// The bpffs the agent pins under.
+    pub fn bpffs(&self) -> &std::path::Path {
+        &self.bpffs
+    }
+
     /// The published view alone (no kernel reads).
     pub fn view(&self) -> View {
         self.published.view()

@@ -102,8 +102,12 @@ pub mod maps {
 
     pub const MIGRATED: MapDef = def::<u32, MigrationEvent>(map_names::MIGRATED, Hash, MAX_PORTS);
 
-    /// Every map the agent pins (the whole object).
-    pub const ALL: [MapDef; 27] = [
+    pub const DEBUG: MapDef = def::<u32, u32>(map_names::DEBUG, Array, 1);
+
+    /// Every map the agent pins (the whole object but aya-log's ring
+    /// buffer, `map_names::DEBUG_LOG`).
+    pub const ALL: [MapDef; 28] = [
+        DEBUG,
         SLOW_LIMITS,
         SLOW_METER,
         PORTS,

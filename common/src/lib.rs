@@ -55,6 +55,23 @@ pub mod map_names {
     pub const SLOW_LIMITS: &str = "vmp_slow_limits";
     /// Slow-path token bucket state per port id, per CPU (`SlowMeter`).
     pub const SLOW_METER: &str = "vmp_slow_meter";
+    /// Which data-path debug events are on (one slot, `debug_events` bits).
+    pub const DEBUG: &str = "vmp_debug";
+    /// aya-log's ring buffer of debug events: one per loaded object, read
+    /// by the agent that loaded it, never pinned.
+    pub const DEBUG_LOG: &str = "AYA_LOGS";
+}
+
+/// Bits of `vmp_debug[0]`: which debug events the data path emits through
+/// aya-log. All off by default; `vmpath debug datapath` switches them at
+/// run time. Off, each event site costs one array lookup.
+pub mod debug_events {
+    /// Every drop: its reason and port id.
+    pub const DROPS: u32 = 1 << 0;
+    /// Data-path decisions worth a line: a migration cut-over, a MAC
+    /// learned from a VM's traffic.
+    pub const DECISIONS: u32 = 1 << 1;
+    pub const ALL: u32 = DROPS | DECISIONS;
 }
 
 /// Program names (the Rust function names in the eBPF crate).

@@ -8,6 +8,7 @@ use crate::maps::{DROPS, PORT_STATS};
 
 #[inline(always)]
 pub fn count_drop(port_id: u32, reason: u32) {
+    crate::debug::drop_event(port_id, reason);
     if let Some(slot) = DROPS.get_ptr_mut(reason) {
         // SAFETY: a pointer into this CPU's slot of a per-CPU array, valid
         // for this run; no other writer (per-CPU, no preemption in BPF).

@@ -29,7 +29,12 @@ pub fn mac(ifindex: u32, port: &PortInfo, src: &[u8; 6], how: u32) {
         _pad2: 0,
     };
     // First one wins; the agent decides from there.
-    let _ = LEARNED_MACS.insert(&ifindex, &learned, u64::from(BPF_NOEXIST));
+    if LEARNED_MACS
+        .insert(&ifindex, &learned, u64::from(BPF_NOEXIST))
+        .is_ok()
+    {
+        crate::debug::mac_learned(ifindex, src);
+    }
 }
 
 #[inline(always)]

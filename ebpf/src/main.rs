@@ -6,6 +6,7 @@
 mod arp;
 mod counters;
 mod csum;
+mod debug;
 mod fwd;
 mod icmp;
 mod learn;

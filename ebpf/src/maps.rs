@@ -13,6 +13,10 @@ use vmpath_common::{
     PortInfo, PortStats, SlowLimits, SlowMeter, SlowPath, maps,
 };
 
+/// Slot 0: which debug events are on (`debug_events` bits).
+#[btf_map(name = "vmp_debug")]
+pub static DEBUG: Array<u32, { maps::DEBUG.max_entries as usize }> = Array::new();
+
 /// ifindex of a VM port (host side) -> the port.
 #[btf_map(name = "vmp_ports")]
 pub static PORTS: HashMap<u32, PortInfo, { maps::PORTS.max_entries as usize }> = HashMap::new();

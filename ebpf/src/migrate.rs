@@ -103,7 +103,12 @@ fn try_vm_migrate(ctx: &TcContext, ifindex: u32, port: *mut PortInfo) -> Verdict
             ktime_ns: unsafe { bpf_ktime_get_ns() },
         };
         // The first frame's time is the one the agent reports.
-        let _ = MIGRATED.insert(&ifindex, &event, u64::from(BPF_NOEXIST));
+        if MIGRATED
+            .insert(&ifindex, &event, u64::from(BPF_NOEXIST))
+            .is_ok()
+        {
+            crate::debug::cut_over(ifindex);
+        }
         // Later frames go straight through `vm_port`.
         // SAFETY: `port` is valid until the program returns (see above); a frame on
         // another CPU may store the same value concurrently, a plain u32 store.

@@ -342,7 +342,12 @@ impl Node {
             .arg(api_socket)
             .args(&self.agent_args)
             .args(extra)
-            .env("RUST_LOG", "info")
+            // VMPATH_AGENT_LOG raises the agents' log level when a run
+            // needs their debug output (e.g. `vmpath=debug`).
+            .env(
+                "RUST_LOG",
+                std::env::var("VMPATH_AGENT_LOG").unwrap_or_else(|_| "info".into()),
+            )
             .env("RUST_BACKTRACE", "0")
             .stdin(Stdio::null());
         c

@@ -635,3 +635,93 @@ fn agent_restart_loses_no_packet_and_applies_what_changed_meanwhile() {
     assert!(vm3.ping("10.20.0.11"), "vm3 -> vm1");
     assert!(bed.vm2.ping("10.20.0.13"), "vm2 -> vm3");
 }
+
+/// Pings vm2 from an address vm1 does not own: dropped as `ip_spoof`.
+fn spoof_ping(bed: &Bed) {
+    let out = bed.vm1.ns.run_status(&[
+        "ping",
+        "-c",
+        "2",
+        "-i",
+        "0.2",
+        "-W",
+        "1",
+        "-I",
+        "10.20.0.99",
+        "10.20.0.12",
+    ]);
+    assert!(!out.status.success(), "spoofed source reached vm2");
+}
+
+fn datapath_lines(node: &Node) -> Vec<String> {
+    node.agent_log()
+        .lines()
+        .filter(|l| l.contains(" vmpath::datapath: "))
+        .map(str::to_string)
+        .collect()
+}
+
+#[test]
+fn datapath_debug_events_are_off_by_default_and_switch_at_run_time() {
+    let bed = bed();
+    let node = &bed.node;
+    assert!(bed.vm1.ping("10.20.0.12"), "vm1 cannot reach vm2");
+    bed.vm1
+        .ns
+        .run(&["ip", "addr", "add", "10.20.0.99/16", "dev", "eth0"]);
+
+    let shown = cli_ok(node, &["debug", "datapath"]);
+    assert!(shown.contains("drops off, decisions off"), "{shown}");
+    spoof_ping(&bed);
+    assert!(
+        datapath_lines(node).is_empty(),
+        "debug events while off: {:?}",
+        datapath_lines(node)
+    );
+
+    let shown = cli_ok(node, &["debug", "datapath", "drops"]);
+    assert!(shown.contains("drops on, decisions off"), "{shown}");
+    spoof_ping(&bed);
+    wait_for(
+        "the spoof's drop event in the agent log",
+        Duration::from_secs(5),
+        || {
+            datapath_lines(node)
+                .iter()
+                .any(|l| l.contains("drop reason=ip_spoof port_id="))
+        },
+    );
+
+    let shown = cli_ok(node, &["debug", "datapath", "off"]);
+    assert!(shown.contains("drops off"), "{shown}");
+    let before = datapath_lines(node).len();
+    spoof_ping(&bed);
+    thread::sleep(Duration::from_millis(500));
+    assert_eq!(
+        datapath_lines(node).len(),
+        before,
+        "debug events after switching off: {:?}",
+        &datapath_lines(node)[before..]
+    );
+
+    // A malformed switch is refused with the expected shape named.
+    let body = "{\"drop\": true}";
+    let mut api = std::os::unix::net::UnixStream::connect(node.api_socket()).expect("API socket");
+    std::io::Write::write_all(
+        &mut api,
+        format!(
+            "PUT /v1/debug/datapath HTTP/1.0\r\nContent-Length: {}\r\n\r\n{body}",
+            body.len()
+        )
+        .as_bytes(),
+    )
+    .expect("sending the request");
+    let mut answer = String::new();
+    std::io::Read::read_to_string(&mut api, &mut answer).expect("reading the answer");
+    assert!(
+        answer.starts_with("HTTP/1.1 400") || answer.starts_with("HTTP/1.0 400"),
+        "{answer}"
+    );
+    assert!(answer.contains("body must be"), "{answer}");
+    assert!(cli_ok(node, &["debug", "datapath"]).contains("drops off"));
+}

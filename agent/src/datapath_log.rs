@@ -1,0 +1,179 @@
+//! The data path's debug events: aya-log records from the eBPF programs,
+//! read from their ring buffer by a thread of their own and logged through
+//! `tracing` under the target `vmpath::datapath`. Which events the kernel
+//! emits is switched at run time in `vmp_debug` (`vmpath debug datapath`);
+//! all are off by default.
+
+use std::{
+    os::fd::{AsFd as _, AsRawFd as _},
+    path::Path,
+};
+
+use anyhow::{Context as _, Result, anyhow};
+use aya::{
+    Ebpf,
+    maps::{Array, Map, MapData},
+};
+use aya_log::EbpfLogger;
+use tracing::{info, warn};
+use vmpath_common::{debug_events, drop_reason, map_names};
+
+/// Starts reading the object's debug events. The logger lives in its
+/// thread for the life of the agent: dropping it would close the ring
+/// buffer the loaded programs write to.
+pub fn start(ebpf: &mut Ebpf) -> Result<()> {
+    let mut logger = EbpfLogger::init_with_logger(ebpf, ToTracing)
+        .map_err(|e| anyhow!("opening the data path's debug ring buffer: {e}"))?;
+    std::thread::Builder::new()
+        .name("vmpath-dp-log".into())
+        .spawn(move || {
+            let fd = logger.as_fd().as_raw_fd();
+            loop {
+                let mut pfd = libc::pollfd {
+                    fd,
+                    events: libc::POLLIN,
+                    revents: 0,
+                };
+                // SAFETY: one valid pollfd on this stack frame; the ring
+                // buffer's fd stays open as long as `logger` lives (here).
+                let n = unsafe { libc::poll(&mut pfd, 1, -1) };
+                if n < 0 {
+                    let e = std::io::Error::last_os_error();
+                    if e.kind() == std::io::ErrorKind::Interrupted {
+                        continue;
+                    }
+                    warn!("data path debug events: poll: {e}; no more events");
+                    return;
+                }
+                logger.flush();
+            }
+        })
+        .context("starting the data path debug reader")?;
+    Ok(())
+}
+
+/// Which debug events the data path emits (`GET`/`PUT /v1/debug/datapath`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Switches {
+    /// Every drop, with its reason and port id.
+    #[serde(default)]
+    pub drops: bool,
+    /// Migration cut-overs and MACs learned.
+    #[serde(default)]
+    pub decisions: bool,
+}
+
+impl Switches {
+    pub fn bits(self) -> u32 {
+        (if self.drops { debug_events::DROPS } else { 0 })
+            | (if self.decisions {
+                debug_events::DECISIONS
+            } else {
+                0
+            })
+    }
+
+    pub fn from_bits(bits: u32) -> Self {
+        Switches {
+            drops: bits & debug_events::DROPS != 0,
+            decisions: bits & debug_events::DECISIONS != 0,
+        }
+    }
+}
+
+/// Which events are on, as `vmp_debug` under `bpffs` holds them.
+pub fn get(bpffs: &Path) -> Result<Switches> {
+    let map = open(bpffs)?;
+    Ok(Switches::from_bits(
+        map.get(&0, 0).context("reading vmp_debug")?,
+    ))
+}
+
+/// Switches the data path's debug events to `to`.
+pub fn set(bpffs: &Path, to: Switches) -> Result<()> {
+    let mut map = open(bpffs)?;
+    map.set(0, to.bits(), 0).context("writing vmp_debug")?;
+    info!(
+        drops = to.drops,
+        decisions = to.decisions,
+        "data path debug events switched"
+    );
+    Ok(())
+}
+
+fn open(bpffs: &Path) -> Result<Array<MapData, u32>> {
+    let path = crate::dataplane::maps_dir(bpffs).join(map_names::DEBUG);
+    let data = MapData::from_pin(&path).with_context(|| format!("opening {}", path.display()))?;
+    Ok(Array::try_from(Map::from_map_data(data)?)?)
+}
+
+/// aya-log hands each record to a `log::Log`; this one passes it on to
+/// `tracing` at info level (the kernel side already filtered what is on).
+struct ToTracing;
+
+impl log::Log for ToTracing {
+    fn enabled(&self, _: &log::Metadata<'_>) -> bool {
+        true
+    }
+
+    fn log(&self, record: &log::Record<'_>) {
+        let line = readable(&record.args().to_string());
+        info!(target: "vmpath::datapath", "{line}");
+    }
+
+    fn flush(&self) {}
+}
+
+/// Names the drop reason in a `drop reason=N ...` event.
+pub fn readable(event: &str) -> String {
+    let Some(rest) = event.strip_prefix("drop reason=") else {
+        return event.to_string();
+    };
+    let digits: String = rest.chars().take_while(char::is_ascii_digit).collect();
+    let name = digits
+        .parse::<usize>()
+        .ok()
+        .and_then(|n| drop_reason::NAMES.get(n));
+    match name {
+        Some(name) => format!("drop reason={name}{}", &rest[digits.len()..]),
+        None => event.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_drop_event_names_its_reason() {
+        let n = drop_reason::MAC_SPOOF;
+        assert_eq!(
+            readable(&format!("drop reason={n} port_id=3")),
+            format!("drop reason={} port_id=3", drop_reason::NAMES[n as usize])
+        );
+    }
+
+    #[test]
+    fn switches_round_trip_through_the_map_bits() {
+        for drops in [false, true] {
+            for decisions in [false, true] {
+                let s = Switches { drops, decisions };
+                assert_eq!(Switches::from_bits(s.bits()), s);
+            }
+        }
+        assert_eq!(Switches::default().bits(), 0, "all off by default");
+    }
+
+    #[test]
+    fn other_events_and_unknown_reasons_pass_unchanged() {
+        assert_eq!(
+            readable("migration cut-over ifindex=7"),
+            "migration cut-over ifindex=7"
+        );
+        assert_eq!(
+            readable("drop reason=999 port_id=1"),
+            "drop reason=999 port_id=1"
+        );
+    }
+}
