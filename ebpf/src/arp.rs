@@ -6,7 +6,7 @@ use vmpath_common::{LEARNED_FROM_ARP, NET_F_GW4, NetworkInfo, PortInfo, drop_rea
 
 use crate::{
     learn,
-    parse::{ETH_LEN, be16, hdr_mut, mac_eq, ptr_at},
+    parse::{ETH_LEN, be16, hdr, hdr_mut, mac_eq},
     spoof,
 };
 
@@ -43,9 +43,7 @@ pub fn handle(
     if spoof::ip_filter_on(port) && a.spa != [0; 4] && !spoof::owns_ip4(port, ifindex, a.spa) {
         return Err(drop_reason::ARP_SPOOF);
     }
-    let eth: *const EthHdr = ptr_at(ctx, 0)?;
-    // SAFETY: `eth` is from `ptr_at` just above, bounds-checked against `data_end`.
-    let src = unsafe { (*eth).src_addr };
+    let src = hdr::<EthHdr>(ctx, 0)?.src_addr;
     if a.spa != [0; 4] && mac_eq(&a.sha, &src) {
         learn::mac(ifindex, port, &src, LEARNED_FROM_ARP);
         learn::ip4(ifindex, port, a.spa, &src, LEARNED_FROM_ARP);

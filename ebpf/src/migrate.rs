@@ -29,7 +29,7 @@ use crate::{
     counters,
     fwd::Verdict,
     maps::{ENDPOINTS, PORTS},
-    parse::{mac_eq, ptr_at},
+    parse::{hdr, mac_eq},
     route::PROGS,
 };
 
@@ -76,9 +76,7 @@ fn try_vm_migrate(ctx: &TcContext, ifindex: u32, port: *mut PortInfo) -> Verdict
     // valid until the program returns; plain integer reads.
     let (network, mac, flags, port_id) =
         unsafe { ((*port).network, (*port).mac, (*port).flags, (*port).port_id) };
-    let eth: *const EthHdr = ptr_at(ctx, 0)?;
-    // SAFETY: `eth` is from `ptr_at` just above, bounds-checked against `data_end`.
-    let src = unsafe { (*eth).src_addr };
+    let src = hdr::<EthHdr>(ctx, 0)?.src_addr;
     // Only the VM itself resuming counts; anything else on the port waits.
     if flags & PORT_F_MAC_KNOWN == 0 || !mac_eq(&src, &mac) {
         return Err(drop_reason::MIGRATION_PENDING);

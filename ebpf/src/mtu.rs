@@ -37,8 +37,8 @@ use crate::{
     counters, csum,
     fwd::{Verdict, reply_out},
     parse::{
-        ETH_LEN, ETH_P_IP, ETH_P_IPV6, IPPROTO_ICMP, IPPROTO_ICMPV6, IPPROTO_TCP, IPPROTO_UDP,
-        ptr_at,
+        ETH_LEN, ETH_P_IP, ETH_P_IPV6, IPPROTO_ICMP, IPPROTO_ICMPV6, IPPROTO_TCP, IPPROTO_UDP, hdr,
+        hdr_mut,
     },
 };
 
@@ -77,9 +77,9 @@ pub fn too_big(ctx: &TcContext, mtu: u16, ip_len: u16, l4_off: usize, proto: u8)
         return true;
     }
     let l4_hdr = match proto {
-        IPPROTO_TCP => match ptr_at::<[u8; 13]>(ctx, l4_off) {
-            // SAFETY: `t` is from `ptr_at` in this match, bounds-checked (13 bytes).
-            Ok(t) => u32::from(unsafe { (*t)[12] } >> 4) * 4,
+        IPPROTO_TCP => match hdr::<[u8; 13]>(ctx, l4_off) {
+            // The data offset, in the high nibble of byte 12.
+            Ok(t) => u32::from(t[12] >> 4) * 4,
             Err(_) => 20,
         },
         IPPROTO_UDP => 8,
@@ -101,9 +101,8 @@ pub fn frag_needed4(
     mtu: u16,
     eth_src: [u8; 6],
 ) -> Verdict {
-    let ip: *const Ipv4Hdr = ptr_at(ctx, ETH_LEN)?;
-    // SAFETY: `ip` is from `ptr_at` just above, bounds-checked against `data_end`.
-    let (vihl, frags, to) = unsafe { ((*ip).vihl, (*ip).frags, (*ip).src_addr) };
+    let ip = hdr::<Ipv4Hdr>(ctx, ETH_LEN)?;
+    let (vihl, frags, to) = (ip.vihl, ip.frags, ip.src_addr);
     if u16::from_be_bytes(frags) & IP_DF == 0 {
         return Err(drop_reason::MTU_EXCEEDED_NO_DF);
     }
@@ -142,10 +141,8 @@ pub fn time_exceeded4(
     from: [u8; 4],
     eth_src: [u8; 6],
 ) -> Verdict {
-    let ip: *const Ipv4Hdr = ptr_at(ctx, ETH_LEN)?;
-    // SAFETY: `ip` is from `ptr_at` just above, bounds-checked against `data_end`.
-    let (vihl, frags, to, proto) =
-        unsafe { ((*ip).vihl, (*ip).frags, (*ip).src_addr, (*ip).proto) };
+    let ip = hdr::<Ipv4Hdr>(ctx, ETH_LEN)?;
+    let (vihl, frags, to, proto) = (ip.vihl, ip.frags, ip.src_addr, ip.proto);
     if from == [0; 4] || u16::from_be_bytes(frags) & 0x1fff != 0 {
         return Err(drop_reason::ROUTE_TTL_EXCEEDED);
     }
@@ -189,7 +186,6 @@ fn error4(
     write_eth(ctx, eth_src, ETH_P_IP)?;
 
     let tot = (IP4_HDR + ICMP_HDR + quote) as u16;
-    let ip: *mut Ipv4Hdr = ptr_at(ctx, ETH_LEN)?;
     let ip_sum = 0x4500
         + u32::from(ERROR_TOS)
         + u32::from(tot)
@@ -197,21 +193,18 @@ fn error4(
         + u32::from(IPPROTO_ICMP)
         + sum_addr4(from)
         + sum_addr4(to);
-    // SAFETY: `ip` is from `ptr_at` above, taken after `trim`/`push`/`write_eth`
-    // (the helpers that move packet data), bounds-checked.
-    unsafe {
-        let ip = &mut *ip;
-        ip.vihl = 0x45;
-        ip.tos = ERROR_TOS;
-        ip.tot_len = tot.to_be_bytes();
-        ip.id = [0; 2];
-        ip.frags = [0; 2];
-        ip.ttl = ERROR_TTL;
-        ip.proto = IPPROTO_ICMP;
-        ip.check = (!csum::fold(ip_sum)).to_be_bytes();
-        ip.src_addr = from;
-        ip.dst_addr = to;
-    }
+    // Taken after `trim`/`push`/`write_eth`, the helpers that move packet data.
+    let ip = hdr_mut::<Ipv4Hdr>(ctx, ETH_LEN)?;
+    ip.vihl = 0x45;
+    ip.tos = ERROR_TOS;
+    ip.tot_len = tot.to_be_bytes();
+    ip.id = [0; 2];
+    ip.frags = [0; 2];
+    ip.ttl = ERROR_TTL;
+    ip.proto = IPPROTO_ICMP;
+    ip.check = (!csum::fold(ip_sum)).to_be_bytes();
+    ip.src_addr = from;
+    ip.dst_addr = to;
     let icmp_off = ETH_LEN + IP4_HDR;
     let r = error.rest;
     let sum = (u32::from(error.kind) << 8)
@@ -221,10 +214,9 @@ fn error4(
         + (u32::from(r[2]) << 8)
         + u32::from(r[3]);
     let check = !csum::fold(sum + sum_packet(ctx, icmp_off + ICMP_HDR, quote)?);
-    let icmp: *mut [u8; ICMP_HDR] = ptr_at(ctx, icmp_off)?;
     let c = check.to_be_bytes();
-    // SAFETY: `icmp` is from `ptr_at` just above, bounds-checked against `data_end`.
-    unsafe { *icmp = [error.kind, error.code, c[0], c[1], r[0], r[1], r[2], r[3]] };
+    *hdr_mut::<[u8; ICMP_HDR]>(ctx, icmp_off)? =
+        [error.kind, error.code, c[0], c[1], r[0], r[1], r[2], r[3]];
     sent(ifindex, port_id, error.reason)
 }
 
@@ -267,9 +259,7 @@ pub fn time_exceeded6(
     if from[0] == 0 && from[1] == 0 {
         return Err(drop_reason::ROUTE_TTL_EXCEEDED);
     }
-    let ip: *const Ipv6Hdr = ptr_at(ctx, ETH_LEN)?;
-    // SAFETY: `ip` is from `ptr_at` just above, bounds-checked against `data_end`.
-    if unsafe { (*ip).next_hdr } == IPPROTO_ICMPV6 {
+    if hdr::<Ipv6Hdr>(ctx, ETH_LEN)?.next_hdr == IPPROTO_ICMPV6 {
         let kind: u8 = ctx
             .load(ETH_LEN + IP6_HDR)
             .map_err(|_| drop_reason::MALFORMED)?;
@@ -304,20 +294,16 @@ fn error6(
     let plen = (ICMP_HDR + quote) as u16;
     let hdr_end = ETH_LEN + IP6_HDR + ICMP_HDR;
     // The offending packet's source, now inside the quote.
-    let quoted: *const Ipv6Hdr = ptr_at(ctx, hdr_end)?;
-    let ip: *mut Ipv6Hdr = ptr_at(ctx, ETH_LEN)?;
-    // SAFETY: `quoted` and `ip` are from `ptr_at` just above, taken after `push`,
-    // bounds-checked against `data_end`.
-    let sum = unsafe {
-        let ip = &mut *ip;
-        ip.vcf = [0x60, 0, 0, 0];
-        ip.payload_len = plen.to_be_bytes();
-        ip.next_hdr = IPPROTO_ICMPV6;
-        ip.hop_limit = ERROR_TTL;
-        ip.src_addr = *from;
-        ip.dst_addr = (*quoted).src_addr;
-        csum::sum_addr16(from) + csum::sum_addr16(&ip.dst_addr)
-    };
+    // Taken after `push`, the helper that moved packet data.
+    let to = hdr::<Ipv6Hdr>(ctx, hdr_end)?.src_addr;
+    let ip = hdr_mut::<Ipv6Hdr>(ctx, ETH_LEN)?;
+    ip.vcf = [0x60, 0, 0, 0];
+    ip.payload_len = plen.to_be_bytes();
+    ip.next_hdr = IPPROTO_ICMPV6;
+    ip.hop_limit = ERROR_TTL;
+    ip.src_addr = *from;
+    ip.dst_addr = to;
+    let sum = csum::sum_addr16(from) + csum::sum_addr16(&to);
     let r = error.rest;
     let sum = sum
         + u32::from(plen)
@@ -329,10 +315,9 @@ fn error6(
         + (u32::from(r[2]) << 8)
         + u32::from(r[3]);
     let check = !csum::fold(sum + sum_packet(ctx, hdr_end, quote)?);
-    let icmp: *mut [u8; ICMP_HDR] = ptr_at(ctx, ETH_LEN + IP6_HDR)?;
     let c = check.to_be_bytes();
-    // SAFETY: `icmp` is from `ptr_at` just above, bounds-checked against `data_end`.
-    unsafe { *icmp = [error.kind, error.code, c[0], c[1], r[0], r[1], r[2], r[3]] };
+    *hdr_mut::<[u8; ICMP_HDR]>(ctx, ETH_LEN + IP6_HDR)? =
+        [error.kind, error.code, c[0], c[1], r[0], r[1], r[2], r[3]];
     sent(ifindex, port_id, error.reason)
 }
 
@@ -373,13 +358,10 @@ fn push(ctx: &TcContext, len: usize) -> Result<(), u32> {
 /// Addresses the frame back to the sender of the offending one.
 #[inline(always)]
 fn write_eth(ctx: &TcContext, eth_src: [u8; 6], ether_type: u16) -> Result<(), u32> {
-    let eth: *mut EthHdr = ptr_at(ctx, 0)?;
-    // SAFETY: `eth` is from `ptr_at` just above, bounds-checked against `data_end`.
-    unsafe {
-        (*eth).dst_addr = (*eth).src_addr;
-        (*eth).src_addr = eth_src;
-        (*eth).ether_type = ether_type.to_be();
-    }
+    let eth = hdr_mut::<EthHdr>(ctx, 0)?;
+    eth.dst_addr = eth.src_addr;
+    eth.src_addr = eth_src;
+    eth.ether_type = ether_type.to_be();
     Ok(())
 }
 

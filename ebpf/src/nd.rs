@@ -7,7 +7,7 @@ use vmpath_common::{NET_F_GW6, NetworkInfo, drop_reason};
 
 use crate::{
     csum,
-    parse::{ETH_LEN, ETH_P_IPV6, IPPROTO_ICMPV6, addr16_eq, hdr, hdr_mut, ptr_at},
+    parse::{ETH_LEN, ETH_P_IPV6, IPPROTO_ICMPV6, addr16_eq, hdr, hdr_mut},
 };
 
 pub const ICMPV6_ECHO_REQUEST: u8 = 128;
@@ -148,9 +148,7 @@ pub fn ns_gateway_target(ctx: &TcContext, net: &NetworkInfo) -> Result<Option<[u
     if ns.hdr.code != 0 {
         return Err(drop_reason::MALFORMED);
     }
-    let ip: *const Ipv6Hdr = ptr_at(ctx, ETH_LEN)?;
-    // SAFETY: `ip` is from `ptr_at` just above, bounds-checked against `data_end`.
-    if unsafe { (*ip).hop_limit } != ND_HOP_LIMIT {
+    if hdr::<Ipv6Hdr>(ctx, ETH_LEN)?.hop_limit != ND_HOP_LIMIT {
         // RFC 4861 7.1.1: not a valid solicitation.
         return Err(drop_reason::MALFORMED);
     }
@@ -166,16 +164,13 @@ pub fn ns_gateway_target(ctx: &TcContext, net: &NetworkInfo) -> Result<Option<[u
 /// the soliciting VM.
 #[inline(always)]
 pub fn neighbor_advert(ctx: &TcContext, net: &NetworkInfo, target: [u8; 16]) -> Result<(), u32> {
-    let eth: *const EthHdr = ptr_at(ctx, 0)?;
-    // SAFETY: `eth` is from `ptr_at` just above, bounds-checked against `data_end`.
-    let vm_mac = unsafe { (*eth).src_addr };
-    let ip: *const Ipv6Hdr = ptr_at(ctx, ETH_LEN)?;
-    // SAFETY: `ip` is from `ptr_at` just above, bounds-checked against `data_end`.
-    let vm_ip = unsafe { (*ip).src_addr };
+    // Copied out: the helper below may move packet data.
+    let vm_mac = hdr::<EthHdr>(ctx, 0)?.src_addr;
+    let vm_ip = hdr::<Ipv6Hdr>(ctx, ETH_LEN)?.src_addr;
 
     if ctx.len() as usize != NA_FRAME_LEN {
-        // SAFETY: the helper takes only our own skb; `eth` and `ip` are not used after
-        // it (their fields were copied out above).
+        // SAFETY: the helper takes only our own skb; no packet reference is
+        // held across it (the fields were copied out above).
         let rc = unsafe { bpf_skb_change_tail(ctx.skb.skb, NA_FRAME_LEN as u32, 0) };
         if rc != 0 {
             return Err(drop_reason::HELPER_FAILED);

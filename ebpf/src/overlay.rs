@@ -33,7 +33,7 @@ use crate::{
     counters,
     fwd::{self, Verdict},
     maps::{ENDPOINTS, PORTS},
-    parse::{is_multicast, ptr_at, zeroed},
+    parse::{hdr, is_multicast, zeroed},
     route::PROGS,
 };
 
@@ -220,9 +220,7 @@ fn try_vm_remote(ctx: &TcContext, port: &PortInfo) -> Verdict {
     if vxlan == 0 {
         return Err(drop_reason::OVERLAY_DOWN);
     }
-    let eth: *const EthHdr = ptr_at(ctx, 0)?;
-    // SAFETY: `eth` is from `ptr_at` just above, bounds-checked against `data_end`.
-    let dst = unsafe { (*eth).dst_addr };
+    let dst = hdr::<EthHdr>(ctx, 0)?.dst_addr;
     let mut key_slot = MaybeUninit::<bpf_tunnel_key>::uninit();
     let key = zeroed(&mut key_slot);
     key.tunnel_id = network;

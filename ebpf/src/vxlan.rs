@@ -27,8 +27,8 @@ use crate::{
     maps::{ENDPOINTS, NETWORKS},
     migrate, nd, overlay,
     parse::{
-        ETH_LEN, ETH_P_ARP, ETH_P_IP, ETH_P_IPV6, ETH_P_RARP, IPPROTO_ICMPV6, is_multicast, mac_eq,
-        ptr_at, zeroed,
+        ETH_LEN, ETH_P_ARP, ETH_P_IP, ETH_P_IPV6, ETH_P_RARP, IPPROTO_ICMPV6, hdr, is_multicast,
+        mac_eq, zeroed,
     },
     spoof,
 };
@@ -77,14 +77,11 @@ fn try_vxlan_rx(ctx: &TcContext) -> Verdict {
         return Err(drop_reason::OVERLAY_UNKNOWN_VTEP);
     }
 
-    let eth: *const EthHdr = ptr_at(ctx, 0)?;
-    // SAFETY: `eth` is from `ptr_at` just above, bounds-checked against `data_end`.
-    let (dst, src) = unsafe { ((*eth).dst_addr, (*eth).src_addr) };
+    let eth = hdr::<EthHdr>(ctx, 0)?;
+    let (dst, src, ether_type) = (eth.dst_addr, eth.src_addr, u16::from_be(eth.ether_type));
     if is_multicast(&src) {
         return Err(drop_reason::SRC_MULTICAST);
     }
-    // SAFETY: `eth` is from `ptr_at` above, bounds-checked; no helper ran since.
-    let ether_type = u16::from_be(unsafe { (*eth).ether_type });
     // SAFETY: the skb pointer is the program's own context, valid for this run.
     if net.flags & NET_F_IP_FILTER != 0
         && (unsafe { (*ctx.skb.skb).vlan_present } != 0
@@ -131,9 +128,7 @@ fn try_vxlan_rx(ctx: &TcContext) -> Verdict {
 /// (its node checked it already; this holds should that node not).
 #[inline(always)]
 fn nd_guard(ctx: &TcContext, network: u32, net: &NetworkInfo, src: &[u8; 6]) -> Result<(), u32> {
-    let ip: *const Ipv6Hdr = ptr_at(ctx, ETH_LEN)?;
-    // SAFETY: `ip` is from `ptr_at` just above, bounds-checked against `data_end`.
-    let next_hdr = unsafe { (*ip).next_hdr };
+    let next_hdr = hdr::<Ipv6Hdr>(ctx, ETH_LEN)?.next_hdr;
     let (proto, l4_off) = spoof::upper_layer6(ctx, next_hdr)?;
     if proto != IPPROTO_ICMPV6 {
         return Ok(());
