@@ -178,6 +178,15 @@ impl Netns {
             .success()
     }
 
+    /// `ping` from the source address `src` (e.g. one the VM does not
+    /// own); true when ping succeeds (a reply came back).
+    pub fn ping_from(&self, src: &str, dst: &str, count: u32) -> bool {
+        let c = count.to_string();
+        self.run_status(&["ping", "-c", &c, "-i", "0.2", "-W", "1", "-I", src, dst])
+            .status
+            .success()
+    }
+
     /// Runs a scapy script (Debian's python3) in this namespace.
     pub fn scapy(&self, script: &str) -> String {
         self.run(&[

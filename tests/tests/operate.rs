@@ -219,19 +219,10 @@ fn metrics_count_port_traffic_drops_and_config_errors() {
     bed.vm1
         .ns
         .run(&["ip", "addr", "add", "10.20.0.99/16", "dev", "eth0"]);
-    let spoof = bed.vm1.ns.run_status(&[
-        "ping",
-        "-c",
-        "3",
-        "-i",
-        "0.2",
-        "-W",
-        "1",
-        "-I",
-        "10.20.0.99",
-        "10.20.0.12",
-    ]);
-    assert!(!spoof.status.success(), "spoofed source reached vm2");
+    assert!(
+        !bed.vm1.ns.ping_from("10.20.0.99", "10.20.0.12", 3),
+        "spoofed source reached vm2"
+    );
     let spoofed = scrape(node);
     let reason =
         |text: &str| sample(text, "vmpath_drops_total", &[("reason", "ip_spoof")]).unwrap_or(0.0);
@@ -638,19 +629,10 @@ fn agent_restart_loses_no_packet_and_applies_what_changed_meanwhile() {
 
 /// Pings vm2 from an address vm1 does not own: dropped as `ip_spoof`.
 fn spoof_ping(bed: &Bed) {
-    let out = bed.vm1.ns.run_status(&[
-        "ping",
-        "-c",
-        "2",
-        "-i",
-        "0.2",
-        "-W",
-        "1",
-        "-I",
-        "10.20.0.99",
-        "10.20.0.12",
-    ]);
-    assert!(!out.status.success(), "spoofed source reached vm2");
+    assert!(
+        !bed.vm1.ns.ping_from("10.20.0.99", "10.20.0.12", 2),
+        "spoofed source reached vm2"
+    );
 }
 
 fn datapath_lines(node: &Node) -> Vec<String> {
