@@ -6,6 +6,7 @@ use std::{
     collections::{BTreeMap, BTreeSet},
     fs,
     path::{Path, PathBuf},
+    sync::Arc,
     time::{Duration, Instant},
 };
 
@@ -205,8 +206,12 @@ pub fn run(
     opts: &AgentOptions,
     shared: SharedView,
     slow_stats: slowpath::SharedStats,
+    monitor: Arc<crate::monitor::Hub>,
 ) -> Result<()> {
     let mut dp = Dataplane::open(&opts.bpffs).context("opening the data path")?;
+    if let Err(e) = monitor.start_reader(shared.clone()) {
+        error!("vmpath monitor will show nothing: {e:#}");
+    }
     // What a previous agent switched on does not outlive it.
     if let Err(e) = crate::datapath_log::set(&opts.bpffs, opts.datapath_debug) {
         warn!("setting the data path's debug events: {e:#}");

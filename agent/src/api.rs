@@ -16,7 +16,8 @@
 
 use std::{
     collections::BTreeMap,
-    fs, io,
+    fs,
+    io::{self, Write as _},
     os::unix::{
         fs::{FileTypeExt as _, PermissionsExt as _},
         net::{UnixListener, UnixStream},
@@ -24,6 +25,7 @@ use std::{
     path::Path,
     sync::Arc,
     thread::JoinHandle,
+    time::Duration,
 };
 
 use anyhow::{Context as _, Result, bail};
@@ -347,7 +349,7 @@ pub fn route(observer: &Observer, path: &str) -> Reply {
 }
 
 /// Percent-decodes one path segment.
-fn decode(segment: &str) -> String {
+pub(crate) fn decode(segment: &str) -> String {
     let bytes = segment.as_bytes();
     let mut out = Vec::with_capacity(bytes.len());
     let mut i = 0;
@@ -439,8 +441,13 @@ pub fn bind(path: &Path) -> Result<UnixListener> {
     Ok(listener)
 }
 
-/// Serves the API on `socket` in its own thread.
-pub fn serve(socket: &Path, observer: Arc<Observer>) -> Result<JoinHandle<()>> {
+/// Serves the API on `socket` in its own thread; `monitor` streams the
+/// data path's events to `GET /v1/monitor` clients.
+pub fn serve(
+    socket: &Path,
+    observer: Arc<Observer>,
+    monitor: Arc<crate::monitor::Hub>,
+) -> Result<JoinHandle<()>> {
     let listener = bind(socket)?;
     let server = tiny_http::Server::from_listener(listener, None)
         .map_err(|e| anyhow::anyhow!("starting the API server: {e}"))?;
@@ -449,6 +456,12 @@ pub fn serve(socket: &Path, observer: Arc<Observer>) -> Result<JoinHandle<()>> {
         .name("api".into())
         .spawn(move || {
             for mut request in server.incoming_requests() {
+                // Monitor clients stream until they go: own thread each.
+                if request.url().starts_with("/v1/monitor") {
+                    let monitor = monitor.clone();
+                    std::thread::spawn(move || stream_monitor(&monitor, request));
+                    continue;
+                }
                 // CNI endpoints (ADD waits for the port): own thread each.
                 if request.url().starts_with("/v1/endpoints") {
                     let observer = observer.clone();
@@ -504,6 +517,43 @@ fn debug_datapath(observer: &Observer, request: &mut tiny_http::Request) -> Repl
     match datapath_log::get(bpffs) {
         Ok(s) => json(200, &s),
         Err(e) => error(503, format!("{e:#}")),
+    }
+}
+
+/// `GET /v1/monitor[?type=drop|policy][&vm=NS/VM]`: one JSON object per
+/// line for every event that passes the filter, until the client goes
+/// (an empty line every second tells a closed connection apart).
+fn stream_monitor(monitor: &Arc<crate::monitor::Hub>, request: tiny_http::Request) {
+    if *request.method() != tiny_http::Method::Get {
+        let m = request.method().to_string();
+        return respond(request, error(405, format!("method {m} not allowed")));
+    }
+    let query = request
+        .url()
+        .split_once('?')
+        .map_or("", |(_, q)| q)
+        .to_string();
+    let filter = match crate::monitor::Filter::from_query(&query) {
+        Ok(f) => f,
+        Err(e) => return respond(request, error(400, e)),
+    };
+    let sub = monitor.subscribe(filter);
+    // Written by hand, line by line and flushed: tiny_http would hold a
+    // body of unknown length until its end.
+    let mut out = request.into_writer();
+    let head = "HTTP/1.0 200 OK\r\nContent-Type: application/x-ndjson\r\nConnection: close\r\n\r\n";
+    if out
+        .write_all(head.as_bytes())
+        .and_then(|()| out.flush())
+        .is_err()
+    {
+        return;
+    }
+    // A failed write means the client has gone: the subscription ends here.
+    while let Some(line) = sub.next_line(Duration::from_secs(1)) {
+        if out.write_all(&line).and_then(|()| out.flush()).is_err() {
+            return;
+        }
     }
 }
 

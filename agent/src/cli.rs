@@ -147,6 +147,102 @@ pub fn debug(cmd: &DebugCommand) -> Result<()> {
     Ok(())
 }
 
+#[derive(Debug, Clone, clap::Args)]
+pub struct MonitorArgs {
+    /// Only events of this type (`policy`: none until NetworkPolicy exists).
+    #[arg(long = "type", value_parser = ["drop", "policy"])]
+    pub kind: Option<String>,
+    /// Only events of this VM's interfaces (`namespace/vm`).
+    #[arg(long, value_name = "NS/VM")]
+    pub vm: Option<String>,
+    /// Stop after this many events (default: run until interrupted).
+    #[arg(long)]
+    pub count: Option<u64>,
+    #[command(flatten)]
+    pub client: ClientArgs,
+}
+
+/// `vmpath monitor`: prints each event the agent streams.
+pub fn monitor(args: &MonitorArgs) -> Result<()> {
+    use std::io::BufRead as _;
+    let socket = &args.client.api_socket;
+    let mut query = Vec::new();
+    if let Some(k) = &args.kind {
+        query.push(format!("type={k}"));
+    }
+    if let Some(vm) = &args.vm {
+        query.push(format!("vm={}", vm.replace('%', "%25").replace('&', "%26")));
+    }
+    let path = format!("/v1/monitor?{}", query.join("&"));
+    let mut stream = UnixStream::connect(socket).map_err(|e| connect_error(socket, e))?;
+    stream
+        .write_all(format!("GET {path} HTTP/1.0\r\nHost: vmpath\r\n\r\n").as_bytes())
+        .with_context(|| format!("sending the request to {}", socket.display()))?;
+    let mut reader = io::BufReader::new(stream);
+    let mut status = String::new();
+    reader.read_line(&mut status)?;
+    // The headers, up to the blank line.
+    loop {
+        let mut line = String::new();
+        if reader.read_line(&mut line)? == 0 || line.trim().is_empty() {
+            break;
+        }
+    }
+    if status.split_whitespace().nth(1) != Some("200") {
+        let mut body = String::new();
+        reader.read_to_string(&mut body)?;
+        let message = serde_json::from_str::<ApiError>(&body)
+            .map(|e| e.error)
+            .unwrap_or_else(|_| body.trim().to_string());
+        bail!("{message} ({})", status.trim());
+    }
+    let mut seen = 0;
+    let stdout = io::stdout();
+    for line in reader.lines() {
+        let line = line.context("reading the agent's events")?;
+        if line.trim().is_empty() {
+            continue;
+        }
+        let mut out = stdout.lock();
+        if args.client.output == Format::Json {
+            writeln!(out, "{line}")?;
+        } else {
+            let e: crate::monitor::Event = serde_json::from_str(&line)
+                .context("an event from the agent is not what this CLI expects")?;
+            writeln!(out, "{}", format_event(&e))?;
+        }
+        out.flush()?;
+        seen += 1;
+        if args.count.is_some_and(|n| seen >= n) {
+            break;
+        }
+    }
+    Ok(())
+}
+
+/// One event on one line: type, reason, endpoint, protocol and flow.
+pub fn format_event(e: &crate::monitor::Event) -> String {
+    let at = e
+        .endpoint
+        .clone()
+        .unwrap_or_else(|| format!("ifindex {}", e.ifindex));
+    let flow = match (&e.src, &e.dst) {
+        (Some(s), Some(d)) => {
+            let port = |p: Option<u16>| p.map(|p| format!(":{p}")).unwrap_or_default();
+            format!(
+                "{} {}{} -> {}{}",
+                e.proto.as_deref().unwrap_or("?"),
+                s,
+                port(e.sport),
+                d,
+                port(e.dport)
+            )
+        }
+        _ => format!("ethertype {} {} -> {}", e.ether_type, e.src_mac, e.dst_mac),
+    };
+    format!("{} {} at {at}: {flow}", e.kind, e.reason)
+}
+
 /// An HTTP answer from the API.
 pub struct Answer {
     pub code: u16,
@@ -681,6 +777,35 @@ mod tests {
     use std::{collections::BTreeMap, sync::Arc};
 
     use super::*;
+
+    #[test]
+    fn a_monitor_event_reads_as_one_line() {
+        let mut e = crate::monitor::Event {
+            kind: "drop".into(),
+            reason: "ip_spoof".into(),
+            endpoint: Some("prod/vm1/eth0".into()),
+            ifindex: 11,
+            port_id: Some(3),
+            proto: Some("tcp".into()),
+            src: Some("10.20.0.99".into()),
+            dst: Some("10.20.0.12".into()),
+            sport: Some(40000),
+            dport: Some(80),
+            src_mac: "52:54:00:00:01:01".into(),
+            dst_mac: "02:00:00:00:00:01".into(),
+            ether_type: "0x0800".into(),
+        };
+        assert_eq!(
+            format_event(&e),
+            "drop ip_spoof at prod/vm1/eth0: tcp 10.20.0.99:40000 -> 10.20.0.12:80"
+        );
+        (e.src, e.dst, e.endpoint) = (None, None, None);
+        e.ether_type = "0x0806".into();
+        assert_eq!(
+            format_event(&e),
+            "drop ip_spoof at ifindex 11: ethertype 0x0806 52:54:00:00:01:01 -> 02:00:00:00:00:01"
+        );
+    }
     use crate::{
         api::{self, PortCounters},
         snapshot::Observer,

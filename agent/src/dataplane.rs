@@ -63,6 +63,7 @@ fn map_type(kind: MapKind) -> MapType {
         MapKind::LpmTrie => MapType::LpmTrie,
         MapKind::ProgramArray => MapType::ProgramArray,
         MapKind::XskMap => MapType::XskMap,
+        MapKind::RingBuf => MapType::RingBuf,
     }
 }
 

@@ -13,6 +13,7 @@ pub mod hash;
 pub mod ipam;
 pub mod metrics;
 pub mod migration;
+pub mod monitor;
 pub mod netif;
 pub mod netlink;
 pub mod node_lock;

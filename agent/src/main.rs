@@ -34,6 +34,8 @@ enum Command {
         #[command(subcommand)]
         command: cli::VmCommand,
     },
+    /// Stream the data path's drop events as they happen (Ctrl-C stops).
+    Monitor(cli::MonitorArgs),
     /// Debug aids: the data path's debug events.
     Debug {
         #[command(subcommand)]
@@ -115,6 +117,12 @@ struct AgentArgs {
     /// at run time.
     #[arg(long, value_enum, default_value_t = cli::DatapathDebug::Off)]
     datapath_debug: cli::DatapathDebug,
+    /// Events per second (per CPU) the data path may report to `vmpath
+    /// monitor` clients; more are not reported (they are still counted as
+    /// drops). Nothing is reported while no client is connected.
+    #[arg(long, default_value_t = vmpath::monitor::DEFAULT_RATE,
+          value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
+    monitor_rate: u32,
 }
 
 fn main() -> Result<()> {
@@ -142,6 +150,7 @@ fn main() -> Result<()> {
         Command::Net { command } => Some(cli::net(command)),
         Command::Vm { command } => Some(cli::vm(command)),
         Command::Debug { command } => Some(cli::debug(command)),
+        Command::Monitor(args) => Some(cli::monitor(args)),
     };
     if let Some(result) = client {
         if let Err(e) = result {
@@ -151,9 +160,11 @@ fn main() -> Result<()> {
         return Ok(());
     }
     match cli.command {
-        Command::Status(_) | Command::Net { .. } | Command::Vm { .. } | Command::Debug { .. } => {
-            Ok(())
-        }
+        Command::Status(_)
+        | Command::Net { .. }
+        | Command::Vm { .. }
+        | Command::Debug { .. }
+        | Command::Monitor(_) => Ok(()),
         Command::Agent(args) => {
             if args.mount_bpffs {
                 dataplane::ensure_bpffs(&args.bpffs)?;
@@ -211,9 +222,10 @@ fn main() -> Result<()> {
                 slow_stats.clone(),
                 args.bpffs.clone(),
             ));
+            let monitor = vmpath::monitor::Hub::new(&args.bpffs, args.monitor_rate);
             // The API first: it is bound before any other thread exists (it
             // sets the umask around bind).
-            api::serve(&args.api_socket, observer.clone())?;
+            api::serve(&args.api_socket, observer.clone(), monitor.clone())?;
             if !args.metrics_addr.is_empty() && args.metrics_addr != "off" {
                 metrics::serve(&args.metrics_addr, observer)?;
             }
@@ -232,6 +244,7 @@ fn main() -> Result<()> {
                 },
                 shared.clone(),
                 slow_stats,
+                monitor,
             );
             // Liveness fails from here on, should anything keep the process up.
             shared.loop_exited();

@@ -18,6 +18,8 @@ pub enum MapKind {
     LpmTrie,
     ProgramArray,
     XskMap,
+    /// A ring buffer: no key or value, `max_entries` is its size in bytes.
+    RingBuf,
 }
 
 /// One map's shape: what the eBPF definition declares, what the agent
@@ -104,10 +106,25 @@ pub mod maps {
 
     pub const DEBUG: MapDef = def::<u32, u32>(map_names::DEBUG, Array, 1);
 
+    /// 256 KiB: about 3,000 events, a second of the default rate.
+    pub const MONITOR: MapDef = MapDef {
+        name: map_names::MONITOR,
+        kind: RingBuf,
+        key_size: 0,
+        value_size: 0,
+        max_entries: 256 * 1024,
+    };
+    pub const MONITOR_CFG: MapDef = def::<u32, MonitorConfig>(map_names::MONITOR_CFG, Array, 1);
+    pub const MONITOR_METER: MapDef =
+        def::<u32, MeterBucket>(map_names::MONITOR_METER, PerCpuArray, 1);
+
     /// Every map the agent pins (the whole object but aya-log's ring
     /// buffer, `map_names::DEBUG_LOG`).
-    pub const ALL: [MapDef; 28] = [
+    pub const ALL: [MapDef; 31] = [
         DEBUG,
+        MONITOR,
+        MONITOR_CFG,
+        MONITOR_METER,
         SLOW_LIMITS,
         SLOW_METER,
         PORTS,

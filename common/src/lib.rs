@@ -60,6 +60,18 @@ pub mod map_names {
     /// aya-log's ring buffer of debug events: one per loaded object, read
     /// by the agent that loaded it, never pinned.
     pub const DEBUG_LOG: &str = "AYA_LOGS";
+    /// `vmpath monitor`: drop events (`MonitorEvent`), a ring buffer.
+    pub const MONITOR: &str = "vmp_monitor";
+    /// `vmpath monitor`: listeners and the event rate (`MonitorConfig`).
+    pub const MONITOR_CFG: &str = "vmp_monitor_cfg";
+    /// `vmpath monitor`: the event rate's token bucket, per CPU.
+    pub const MONITOR_METER: &str = "vmp_monitor_meter";
+}
+
+/// What a `MonitorEvent` reports.
+pub mod monitor_kind {
+    /// A dropped frame; `reason` is a `drop_reason`.
+    pub const DROP: u8 = 1;
 }
 
 /// Bits of `vmp_debug[0]`: which debug events the data path emits through
@@ -312,6 +324,51 @@ pub struct SlowMeter {
     pub class: [MeterBucket; slow_class::COUNT],
 }
 const _: () = assert!(size_of::<SlowMeter>() == 72);
+
+/// `vmp_monitor_cfg[0]`: whether anyone listens and how many events per
+/// second the data path may emit (per CPU). Written by the agent.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct MonitorConfig {
+    /// Monitor clients connected; 0: the data path emits nothing.
+    pub listeners: u32,
+    pub _pad: u32,
+    pub limit: MeterLimit,
+}
+const _: () = assert!(size_of::<MonitorConfig>() == 24);
+
+/// One event of `vmpath monitor` (`vmp_monitor`): what died, where, why.
+/// Addresses are IPv4 in the first 4 bytes or IPv6; `family` 0 when the
+/// frame carried no IP (ARP, other ethertypes, too short to read).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct MonitorEvent {
+    pub ktime_ns: u64,
+    /// `monitor_kind`.
+    pub kind: u8,
+    /// `addr_family` tag, or 0.
+    pub family: u8,
+    /// IP protocol (`ip_proto`), or 0.
+    pub proto: u8,
+    pub _pad: u8,
+    /// `drop_reason`.
+    pub reason: u32,
+    /// Where the frame was seen (the hook's interface).
+    pub ifindex: u32,
+    /// The port's id, or `NO_PORT_ID`.
+    pub port_id: u32,
+    pub src: [u8; 16],
+    pub dst: [u8; 16],
+    /// TCP/UDP ports, host order; 0 otherwise.
+    pub sport: u16,
+    pub dport: u16,
+    pub ether_type: u16,
+    pub _pad2: u16,
+    pub src_mac: [u8; 6],
+    pub dst_mac: [u8; 6],
+    pub _pad3: u32,
+}
+const _: () = assert!(size_of::<MonitorEvent>() == 80);
 
 /// Per-network settings the data path needs, keyed by network id.
 #[repr(C)]
@@ -599,6 +656,9 @@ mod pod {
     unsafe impl aya::Pod for SlowPath {}
     unsafe impl aya::Pod for SlowLimits {}
     unsafe impl aya::Pod for SlowMeter {}
+    unsafe impl aya::Pod for MonitorConfig {}
+    unsafe impl aya::Pod for MonitorEvent {}
+    unsafe impl aya::Pod for MeterBucket {}
 }
 
 // ---------------------------------------------------------------------------

@@ -23,6 +23,14 @@ pub fn count_drop(port_id: u32, reason: u32) {
     }
 }
 
+/// A frame of `ctx` dropped at a program's entry: counted as
+/// `count_drop`, and reported to `vmpath monitor` when someone listens.
+#[inline(always)]
+pub fn dropped(ctx: &aya_ebpf::programs::TcContext, ifindex: u32, port_id: u32, reason: u32) {
+    count_drop(port_id, reason);
+    crate::monitor::drop(ctx, ifindex, port_id, reason);
+}
+
 #[inline(always)]
 pub fn count_rx(port_id: u32, bytes: u32) {
     if let Some(stats) = PORT_STATS.get_ptr_mut(port_id) {

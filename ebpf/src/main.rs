@@ -13,6 +13,7 @@ mod learn;
 mod maps;
 mod meter;
 mod migrate;
+mod monitor;
 mod mtu;
 mod nd;
 mod overlay;
@@ -54,13 +55,13 @@ pub fn vm_port(ctx: TcContext) -> i32 {
     let ifindex = unsafe { (*ctx.skb.skb).ifindex };
     // SAFETY: a map lookup; the value stays valid for this program run.
     let Some(port) = (unsafe { PORTS.get(&ifindex) }) else {
-        counters::count_drop(NO_PORT_ID, drop_reason::UNKNOWN_PORT);
+        counters::dropped(&ctx, ifindex, NO_PORT_ID, drop_reason::UNKNOWN_PORT);
         return TC_ACT_SHOT;
     };
     match try_vm_port(&ctx, ifindex, port) {
         Ok(action) => action,
         Err(reason) => {
-            counters::count_drop(port.port_id, reason);
+            counters::dropped(&ctx, ifindex, port.port_id, reason);
             TC_ACT_SHOT
         }
     }

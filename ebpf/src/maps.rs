@@ -5,13 +5,28 @@
 //! by that name and `bpftool map dump pinned` prints their BTF fields.
 
 use aya_ebpf::{
-    btf_maps::{Array, HashMap, LruHashMap, PerCpuArray, XskMap},
+    btf_maps::{Array, HashMap, LruHashMap, PerCpuArray, RingBuf, XskMap},
     macros::btf_map,
 };
 use vmpath_common::{
-    AddrInfo, AddrKey, Endpoint, EndpointKey, FloodList, LearnedIp, LearnedMac, NetworkInfo,
-    PortInfo, PortStats, SlowLimits, SlowMeter, SlowPath, maps,
+    AddrInfo, AddrKey, Endpoint, EndpointKey, FloodList, LearnedIp, LearnedMac, MeterBucket,
+    MonitorConfig, MonitorEvent, NetworkInfo, PortInfo, PortStats, SlowLimits, SlowMeter, SlowPath,
+    maps,
 };
+
+/// `vmpath monitor`'s events (`MonitorEvent`), while someone listens.
+#[btf_map(name = "vmp_monitor")]
+pub static MONITOR: RingBuf<MonitorEvent, { maps::MONITOR.max_entries as usize }> = RingBuf::new();
+
+/// Slot 0: monitor listeners and event rate (`MonitorConfig`).
+#[btf_map(name = "vmp_monitor_cfg")]
+pub static MONITOR_CFG: Array<MonitorConfig, { maps::MONITOR_CFG.max_entries as usize }> =
+    Array::new();
+
+/// Slot 0: the monitor's event-rate bucket, per CPU.
+#[btf_map(name = "vmp_monitor_meter")]
+pub static MONITOR_METER: PerCpuArray<MeterBucket, { maps::MONITOR_METER.max_entries as usize }> =
+    PerCpuArray::new();
 
 /// Slot 0: which debug events are on (`debug_events` bits).
 #[btf_map(name = "vmp_debug")]

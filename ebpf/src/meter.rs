@@ -15,7 +15,7 @@
 //! the last frame, so the data path needs no division.
 
 use aya_ebpf::helpers::bpf_ktime_get_ns;
-use vmpath_common::{drop_reason, slow_class};
+use vmpath_common::{MeterBucket, MeterLimit, drop_reason, slow_class};
 
 use crate::maps::{SLOW_LIMITS, SLOW_METER};
 
@@ -40,6 +40,17 @@ pub fn admit(port_id: u32, class: usize) -> Result<(), u32> {
     // SAFETY: `meter` is from `get_ptr_mut` on a per-CPU array, valid for this run;
     // this CPU's slot has no other writer; `class` is index-checked.
     let bucket = unsafe { &mut (*meter).class[class] };
+    if spend(bucket, &limit) {
+        Ok(())
+    } else {
+        Err(drop_reason::SLOWPATH_RATE_LIMITED)
+    }
+}
+
+/// Takes one frame's credit from `bucket` (refilled since its last use),
+/// or counts the frame in `limited` and returns false.
+#[inline(always)]
+pub fn spend(bucket: &mut MeterBucket, limit: &MeterLimit) -> bool {
     // SAFETY: a helper call without arguments; it touches no memory of ours.
     let now = unsafe { bpf_ktime_get_ns() };
     // A last_ns in the future (a preloaded bucket) refills nothing.
@@ -57,10 +68,10 @@ pub fn admit(port_id: u32, class: usize) -> Result<(), u32> {
     };
     if credit >= limit.cost_ns {
         bucket.credit_ns = credit - limit.cost_ns;
-        Ok(())
+        true
     } else {
         bucket.credit_ns = credit;
         bucket.limited += 1;
-        Err(drop_reason::SLOWPATH_RATE_LIMITED)
+        false
     }
 }

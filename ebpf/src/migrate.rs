@@ -56,7 +56,7 @@ pub fn vm_migrate(ctx: TcContext) -> i32 {
     // SAFETY: the skb pointer is the program's own context, valid for this run.
     let ifindex = unsafe { (*ctx.skb.skb).ifindex };
     let Some(port) = PORTS.get_ptr_mut(ifindex) else {
-        counters::count_drop(NO_PORT_ID, drop_reason::UNKNOWN_PORT);
+        counters::dropped(&ctx, ifindex, NO_PORT_ID, drop_reason::UNKNOWN_PORT);
         return TC_ACT_SHOT;
     };
     match try_vm_migrate(&ctx, ifindex, port) {
@@ -64,7 +64,7 @@ pub fn vm_migrate(ctx: TcContext) -> i32 {
         Err(reason) => {
             // SAFETY: `port` is from `get_ptr_mut` (bpf_map_lookup_elem) above, valid until
             // the program returns.
-            counters::count_drop(unsafe { (*port).port_id }, reason);
+            counters::dropped(&ctx, ifindex, unsafe { (*port).port_id }, reason);
             TC_ACT_SHOT
         }
     }

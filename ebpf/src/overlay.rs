@@ -196,14 +196,14 @@ pub fn vm_remote(ctx: TcContext) -> i32 {
     let ifindex = unsafe { (*ctx.skb.skb).ifindex };
     // SAFETY: a map lookup; the value stays valid for this program run.
     let Some(port) = (unsafe { PORTS.get(&ifindex) }) else {
-        counters::count_drop(NO_PORT_ID, drop_reason::UNKNOWN_PORT);
+        counters::dropped(&ctx, ifindex, NO_PORT_ID, drop_reason::UNKNOWN_PORT);
         count_drop();
         return TC_ACT_SHOT;
     };
     match try_vm_remote(&ctx, port) {
         Ok(action) => action,
         Err(reason) => {
-            counters::count_drop(port.port_id, reason);
+            counters::dropped(&ctx, ifindex, port.port_id, reason);
             count_drop();
             TC_ACT_SHOT
         }

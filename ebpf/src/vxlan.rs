@@ -39,7 +39,9 @@ pub fn vxlan_rx(ctx: TcContext) -> i32 {
     match try_vxlan_rx(&ctx) {
         Ok(action) => action,
         Err(reason) => {
-            counters::count_drop(NO_PORT_ID, reason);
+            // SAFETY: the skb pointer is the program's own context, valid for this run.
+            let ifindex = unsafe { (*ctx.skb.skb).ifindex };
+            counters::dropped(&ctx, ifindex, NO_PORT_ID, reason);
             overlay::count_drop();
             TC_ACT_SHOT
         }

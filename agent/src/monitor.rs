@@ -1,0 +1,397 @@
+//! `vmpath monitor`: the data path's drop events, streamed to whoever
+//! asks (`GET /v1/monitor`). One thread reads the `vmp_monitor` ring
+//! buffer and hands each event, named (reason, endpoint, 5-tuple), to the
+//! connected clients whose filter it passes. The data path emits events
+//! only while a client is connected (`vmp_monitor_cfg.listeners`) and at
+//! most `--monitor-rate` per second per CPU.
+
+use std::{
+    net::{Ipv4Addr, Ipv6Addr},
+    os::fd::{AsFd as _, AsRawFd as _},
+    path::{Path, PathBuf},
+    sync::{
+        Arc, Mutex,
+        atomic::{AtomicU64, Ordering},
+        mpsc::{Receiver, SyncSender, TrySendError, sync_channel},
+    },
+};
+
+use anyhow::{Context as _, Result};
+use aya::maps::{Array, Map, MapData, RingBuf};
+use serde::{Deserialize, Serialize};
+use tracing::warn;
+use vmpath_common::{
+    MeterLimit, MonitorConfig, MonitorEvent, NO_PORT_ID, addr_family, drop_reason, ip_proto,
+    map_names, monitor_kind,
+};
+
+use crate::view::{Published, View};
+
+/// Events one client may have queued before further ones are counted as
+/// lost for it (a slow reader never slows the others or the agent).
+const CLIENT_QUEUE: usize = 4096;
+
+/// Default events per second per CPU.
+pub const DEFAULT_RATE: u32 = 1000;
+
+/// One event as clients get it (a JSON line each).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Event {
+    /// `drop`.
+    #[serde(rename = "type")]
+    pub kind: String,
+    /// The drop reason's name (docs/operations.md, Drop reasons).
+    pub reason: String,
+    /// The endpoint whose port the frame was on, `namespace/vm/interface`.
+    pub endpoint: Option<String>,
+    /// The interface the hook runs on.
+    pub ifindex: u32,
+    pub port_id: Option<u32>,
+    /// `icmp`, `tcp`, `udp`, ... or the protocol number; absent for frames
+    /// without IP.
+    pub proto: Option<String>,
+    pub src: Option<String>,
+    pub dst: Option<String>,
+    pub sport: Option<u16>,
+    pub dport: Option<u16>,
+    pub src_mac: String,
+    pub dst_mac: String,
+    /// The frame's ethertype, e.g. `0x0800`.
+    pub ether_type: String,
+}
+
+/// What a client asked for.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Filter {
+    /// Only events of this type (`drop`); `policy` events do not exist yet.
+    pub kind: Option<String>,
+    /// Only events of this VM (`namespace/vm`).
+    pub vm: Option<String>,
+}
+
+impl Filter {
+    /// From the query string of `GET /v1/monitor?type=drop&vm=ns/vm`.
+    pub fn from_query(query: &str) -> Result<Filter, String> {
+        let mut f = Filter::default();
+        for pair in query.split('&').filter(|p| !p.is_empty()) {
+            let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
+            let v = crate::api::decode(v);
+            match k {
+                "type" if v == "drop" || v == "policy" => f.kind = Some(v),
+                "type" => return Err(format!("type {v:?}: expected drop or policy")),
+                "vm" if v.split('/').count() == 2 && !v.starts_with('/') && !v.ends_with('/') => {
+                    f.vm = Some(v)
+                }
+                "vm" => return Err(format!("vm {v:?}: expected NAMESPACE/VM")),
+                _ => return Err(format!("unknown parameter {k:?} (type, vm)")),
+            }
+        }
+        Ok(f)
+    }
+
+    fn passes(&self, e: &Event) -> bool {
+        self.kind.as_ref().is_none_or(|k| *k == e.kind)
+            && self.vm.as_ref().is_none_or(|vm| {
+                e.endpoint
+                    .as_ref()
+                    .is_some_and(|ep| ep.starts_with(&format!("{vm}/")))
+            })
+    }
+}
+
+struct Client {
+    id: u64,
+    filter: Filter,
+    tx: SyncSender<Event>,
+    lost: Arc<AtomicU64>,
+}
+
+/// The connected clients and the data path's switch for them.
+pub struct Hub {
+    bpffs: PathBuf,
+    rate: u32,
+    clients: Mutex<Vec<Client>>,
+    next_id: AtomicU64,
+}
+
+/// A connected client's end: events arrive on `rx`; dropping it
+/// disconnects (and switches the data path off with the last one).
+pub struct Subscription {
+    hub: Arc<Hub>,
+    id: u64,
+    pub rx: Receiver<Event>,
+    /// Events this client missed because its queue was full.
+    pub lost: Arc<AtomicU64>,
+}
+
+impl Subscription {
+    /// The next event as a JSON line; an empty line when none came within
+    /// `wait` (so a writer notices a client that has gone); `None` once
+    /// the hub is gone.
+    pub fn next_line(&self, wait: std::time::Duration) -> Option<Vec<u8>> {
+        match self.rx.recv_timeout(wait) {
+            Ok(ev) => {
+                let mut line = serde_json::to_vec(&ev).ok()?;
+                line.push(b'\n');
+                Some(line)
+            }
+            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => Some(b"\n".to_vec()),
+            Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => None,
+        }
+    }
+}
+
+impl Drop for Subscription {
+    fn drop(&mut self) {
+        let left = {
+            let mut clients = self.hub.clients.lock().unwrap_or_else(|e| e.into_inner());
+            clients.retain(|c| c.id != self.id);
+            clients.len()
+        };
+        self.hub.switch(left);
+    }
+}
+
+impl Hub {
+    pub fn new(bpffs: &Path, rate: u32) -> Arc<Hub> {
+        let hub = Arc::new(Hub {
+            bpffs: bpffs.to_path_buf(),
+            rate,
+            clients: Mutex::new(Vec::new()),
+            next_id: AtomicU64::new(1),
+        });
+        // A previous agent's listeners are gone with it.
+        hub.switch(0);
+        hub
+    }
+
+    pub fn subscribe(self: &Arc<Self>, filter: Filter) -> Subscription {
+        let (tx, rx) = sync_channel(CLIENT_QUEUE);
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let lost = Arc::new(AtomicU64::new(0));
+        let n = {
+            let mut clients = self.clients.lock().unwrap_or_else(|e| e.into_inner());
+            clients.push(Client {
+                id,
+                filter,
+                tx,
+                lost: lost.clone(),
+            });
+            clients.len()
+        };
+        self.switch(n);
+        Subscription {
+            hub: self.clone(),
+            id,
+            rx,
+            lost,
+        }
+    }
+
+    /// Tells the data path how many listen (0: emit nothing).
+    fn switch(&self, listeners: usize) {
+        let cfg = MonitorConfig {
+            listeners: listeners as u32,
+            _pad: 0,
+            limit: MeterLimit::new(self.rate, self.rate.div_ceil(10).max(1)),
+        };
+        let path = crate::dataplane::maps_dir(&self.bpffs).join(map_names::MONITOR_CFG);
+        let write = || -> Result<()> {
+            let data = MapData::from_pin(&path)?;
+            let mut map: Array<MapData, MonitorConfig> = Map::from_map_data(data)?.try_into()?;
+            map.set(0, cfg, 0)?;
+            Ok(())
+        };
+        if let Err(e) = write() {
+            // Before the first load there is nothing to switch.
+            if listeners > 0 {
+                warn!("switching the monitor on in {}: {e:#}", path.display());
+            }
+        }
+    }
+
+    fn publish(&self, event: &Event) {
+        let clients = self.clients.lock().unwrap_or_else(|e| e.into_inner());
+        for c in clients.iter().filter(|c| c.filter.passes(event)) {
+            if let Err(TrySendError::Full(_)) = c.tx.try_send(event.clone()) {
+                c.lost.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+    }
+
+    /// Starts the thread that reads the ring buffer, once the data path is
+    /// loaded (its pinned `vmp_monitor` exists).
+    pub fn start_reader(self: &Arc<Self>, shared: Arc<Published>) -> Result<()> {
+        let path = crate::dataplane::maps_dir(&self.bpffs).join(map_names::MONITOR);
+        let data =
+            MapData::from_pin(&path).with_context(|| format!("opening {}", path.display()))?;
+        let mut ring: RingBuf<MapData> = Map::from_map_data(data)?.try_into()?;
+        let hub = self.clone();
+        std::thread::Builder::new()
+            .name("vmpath-monitor".into())
+            .spawn(move || {
+                let fd = ring.as_fd().as_raw_fd();
+                loop {
+                    let mut pfd = libc::pollfd {
+                        fd,
+                        events: libc::POLLIN,
+                        revents: 0,
+                    };
+                    // SAFETY: one valid pollfd on this stack frame; the ring's fd
+                    // lives as long as `ring`, owned by this thread.
+                    if unsafe { libc::poll(&mut pfd, 1, -1) } < 0 {
+                        let e = std::io::Error::last_os_error();
+                        if e.kind() == std::io::ErrorKind::Interrupted {
+                            continue;
+                        }
+                        warn!("monitor: poll: {e}; no more monitor events");
+                        return;
+                    }
+                    let view = shared.view();
+                    while let Some(item) = ring.next() {
+                        if item.len() < size_of::<MonitorEvent>() {
+                            continue;
+                        }
+                        // SAFETY: the record holds at least one `MonitorEvent`
+                        // (checked), a plain-data type; read unaligned.
+                        let raw: MonitorEvent =
+                            unsafe { std::ptr::read_unaligned(item.as_ptr().cast()) };
+                        hub.publish(&describe(&raw, &view));
+                    }
+                }
+            })
+            .context("starting the monitor reader")?;
+        Ok(())
+    }
+}
+
+/// Names what the kernel reported.
+pub fn describe(raw: &MonitorEvent, view: &View) -> Event {
+    let endpoint = view
+        .attachments
+        .iter()
+        .find(|a| a.ifindex == Some(raw.ifindex) && a.node == view.node)
+        .map(|a| format!("{}/{}/{}", a.namespace, a.vm, a.interface));
+    let (src, dst) = match raw.family {
+        addr_family::IPV4 => {
+            let v4 = |b: &[u8; 16]| Ipv4Addr::new(b[0], b[1], b[2], b[3]).to_string();
+            (Some(v4(&raw.src)), Some(v4(&raw.dst)))
+        }
+        addr_family::IPV6 => (
+            Some(Ipv6Addr::from(raw.src).to_string()),
+            Some(Ipv6Addr::from(raw.dst).to_string()),
+        ),
+        _ => (None, None),
+    };
+    let has_ports = raw.family != 0 && (raw.proto == ip_proto::TCP || raw.proto == ip_proto::UDP);
+    Event {
+        kind: match raw.kind {
+            monitor_kind::DROP => "drop".into(),
+            k => format!("kind{k}"),
+        },
+        reason: drop_reason::NAMES
+            .get(raw.reason as usize)
+            .map_or_else(|| format!("reason{}", raw.reason), |n| n.to_string()),
+        endpoint,
+        ifindex: raw.ifindex,
+        port_id: (raw.port_id != NO_PORT_ID).then_some(raw.port_id),
+        proto: (raw.family != 0).then(|| match raw.proto {
+            ip_proto::ICMP => "icmp".into(),
+            ip_proto::ICMPV6 => "icmpv6".into(),
+            ip_proto::TCP => "tcp".into(),
+            ip_proto::UDP => "udp".into(),
+            p => p.to_string(),
+        }),
+        src,
+        dst,
+        sport: has_ports.then_some(raw.sport),
+        dport: has_ports.then_some(raw.dport),
+        src_mac: crate::config::format_mac(&raw.src_mac),
+        dst_mac: crate::config::format_mac(&raw.dst_mac),
+        ether_type: format!("{:#06x}", raw.ether_type),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn raw() -> MonitorEvent {
+        let mut e = MonitorEvent {
+            kind: monitor_kind::DROP,
+            family: addr_family::IPV4,
+            proto: ip_proto::UDP,
+            reason: drop_reason::IP_SPOOF,
+            ifindex: 7,
+            port_id: 3,
+            sport: 5353,
+            dport: 53,
+            ether_type: 0x0800,
+            src_mac: [0x52, 0x54, 0, 0, 1, 1],
+            ..MonitorEvent::default()
+        };
+        e.src[..4].copy_from_slice(&[10, 20, 0, 99]);
+        e.dst[..4].copy_from_slice(&[10, 20, 0, 12]);
+        e
+    }
+
+    #[test]
+    fn an_event_is_named_reason_endpoint_and_five_tuple() {
+        let view = crate::view::sample::view();
+        let a = &view.attachments[0];
+        let mut r = raw();
+        r.ifindex = a.ifindex.expect("sample has an ifindex");
+        let e = describe(&r, &view);
+        assert_eq!(e.reason, "ip_spoof");
+        assert_eq!(
+            e.endpoint.as_deref(),
+            Some(format!("{}/{}/{}", a.namespace, a.vm, a.interface).as_str())
+        );
+        assert_eq!(e.proto.as_deref(), Some("udp"));
+        assert_eq!(
+            (e.src.as_deref(), e.dst.as_deref()),
+            (Some("10.20.0.99"), Some("10.20.0.12"))
+        );
+        assert_eq!((e.sport, e.dport), (Some(5353), Some(53)));
+        assert_eq!(e.ether_type, "0x0800");
+    }
+
+    #[test]
+    fn a_frame_without_ip_has_no_tuple_and_no_port_means_none() {
+        let mut r = raw();
+        r.family = 0;
+        r.port_id = NO_PORT_ID;
+        let e = describe(&r, &View::default());
+        assert_eq!(
+            (e.src, e.proto, e.sport, e.port_id, e.endpoint),
+            (None, None, None, None, None)
+        );
+    }
+
+    #[test]
+    fn filters_take_type_and_vm_and_refuse_the_rest() {
+        let f = Filter::from_query("type=drop&vm=prod/vm1").unwrap();
+        assert_eq!(f.vm.as_deref(), Some("prod/vm1"));
+        let mut e = describe(&raw(), &View::default());
+        assert!(!f.passes(&e), "no endpoint: not prod/vm1's");
+        e.endpoint = Some("prod/vm1/eth0".into());
+        assert!(f.passes(&e));
+        e.endpoint = Some("prod/vm10/eth0".into());
+        assert!(!f.passes(&e), "prefix of another VM's name");
+        assert!(
+            Filter::from_query("type=bogus")
+                .unwrap_err()
+                .contains("drop or policy")
+        );
+        assert!(
+            Filter::from_query("vm=prod")
+                .unwrap_err()
+                .contains("NAMESPACE/VM")
+        );
+        assert!(
+            Filter::from_query("x=1")
+                .unwrap_err()
+                .contains("unknown parameter")
+        );
+    }
+}
