@@ -1,0 +1,7 @@
+//! Kubernetes and KubeVirt objects as a config source: Pods, VMIs and
+//! their migrations, NetworkAttachmentDefinitions, IPAMClaims and Nodes,
+//! read from the config dir beside vmpath's own documents, and translated
+//! into Attachment and Node documents (docs/kubernetes.md).
+
+pub mod objects;
+pub mod translate;
