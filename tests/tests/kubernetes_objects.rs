@@ -9,15 +9,8 @@
 //! VMI and the claim, port from the CNI handover) and forwards its
 //! traffic.
 
-use std::{
-    io::Write as _,
-    path::PathBuf,
-    process::{Command, Stdio},
-    sync::OnceLock,
-};
-
 use serde_json::Value;
-use vmpath_tests::{Netns, Node, unique_tag, yaml};
+use vmpath_tests::{Netns, Node, multus, unique_tag, yaml};
 
 const NETWORK: &str = include_str!("../../agent/src/cluster/fixtures/network.yaml");
 const VM: &str = include_str!("../../agent/src/cluster/fixtures/vm.yaml");
@@ -27,48 +20,20 @@ const POD_IFNAME: &str = "pod16477688c0e";
 const VM_MAC: &str = "02:00:00:31:00:0b";
 const VM_IP: &str = "10.31.0.11/24";
 
-fn cni_bin() -> PathBuf {
-    static BIN: OnceLock<PathBuf> = OnceLock::new();
-    vmpath_tests::workspace_bin(&BIN, "VMPATH_CNI_BIN", "vmpath-cni")
-}
-
-/// Calls the plugin in `node`'s namespace as Multus would for one
-/// selection element: exit code and the JSON it printed.
+/// Calls the plugin for the pod's interface as Multus would.
 fn cni_add(node: &Node, conf: &str, pod: &str, netns: &Netns, container: &str) -> (bool, Value) {
-    let mut child = Command::new("nsenter")
-        .arg(format!("--net={}", node.ns.path()))
-        .arg(cni_bin())
-        .env_clear()
-        .env("PATH", std::env::var("PATH").unwrap_or_default())
-        .env("CNI_COMMAND", "ADD")
-        .env("CNI_PATH", "/opt/cni/bin")
-        .env("CNI_CONTAINERID", container)
-        .env("CNI_NETNS", netns.path())
-        .env("CNI_IFNAME", POD_IFNAME)
-        .env(
-            "CNI_ARGS",
-            format!("IgnoreUnknown=1;K8S_POD_NAMESPACE=prod;K8S_POD_NAME={pod}"),
-        )
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("running vmpath-cni");
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(conf.as_bytes())
-        .unwrap();
-    let out = child.wait_with_output().unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let json = serde_json::from_str(&stdout).unwrap_or_else(|_| {
-        panic!(
-            "plugin output is not JSON: {stdout}\nstderr: {}",
-            String::from_utf8_lossy(&out.stderr)
-        )
-    });
-    (out.status.success(), json)
+    multus::call(
+        node,
+        "ADD",
+        &multus::Call {
+            conf,
+            pod_namespace: "prod",
+            pod,
+            ifname: POD_IFNAME,
+            netns,
+            container,
+        },
+    )
 }
 
 /// The documents of `text` that `keep` accepts, with the node renamed.
@@ -123,15 +88,7 @@ fn a_vm_derived_from_its_vmi_and_virt_launcher_pod_reaches_another_vm() {
     node.wait_ports(&[&peer.port]);
 
     // The CNI config is the NAD's own, as Multus hands it to the plugin.
-    let nad_config = NETWORK
-        .split("\n---\n")
-        .find(|d| d.contains("kind: NetworkAttachmentDefinition"))
-        .and_then(|d| d.split("config: '").nth(1))
-        .and_then(|c| c.split('\'').next())
-        .expect("the NAD's spec.config");
-    let mut conf: Value = serde_json::from_str(nad_config).unwrap();
-    conf["socket"] = node.api_socket().to_str().unwrap().into();
-    let conf = conf.to_string();
+    let conf = multus::nad_conf(NETWORK, &node);
 
     let tag = unique_tag();
     let launcher = Netns::new(format!("vt{tag}-launcher"));

@@ -3,5 +3,6 @@
 //! read from the config dir beside vmpath's own documents, and translated
 //! into Attachment and Node documents (docs/kubernetes.md).
 
+pub mod kube_source;
 pub mod objects;
 pub mod translate;
