@@ -47,6 +47,16 @@ pub struct AgentOptions {
     pub slowpath_serve_rate: u64,
     /// The data path's debug events at start.
     pub datapath_debug: crate::datapath_log::Switches,
+    /// Where the documents come from.
+    pub source: Source,
+}
+
+/// Where the documents come from: the config dir, or the API server
+/// (the same kinds, docs/kubernetes.md).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Source {
+    Files,
+    Kubernetes { kubeconfig: Option<PathBuf> },
 }
 
 fn write_status(dir: &Path, view: &View) -> Result<()> {
@@ -246,6 +256,17 @@ pub fn run(
     let mut reader = config::source::Reader::default();
     let mut pacer = Pacer::new(opts);
     shared.set_waker(pacer.events.sender());
+    let cluster = match &opts.source {
+        Source::Files => None,
+        Source::Kubernetes { kubeconfig } => Some(
+            crate::cluster::kube_source::KubeSource::start(
+                kubeconfig.clone(),
+                &opts.node,
+                shared.clone(),
+            )
+            .context("starting the Kubernetes source")?,
+        ),
+    };
     let mut first = true;
     loop {
         if !first {
@@ -254,13 +275,23 @@ pub fn run(
         first = false;
         shared.heartbeat();
         let mut phases = crate::phases::Phases::start("reconcile pass");
-        let mut snap = reader.read(&opts.config_dir);
+        let mut snap = match &cluster {
+            Some(cluster) => cluster.read(),
+            None => reader.read(&opts.config_dir),
+        };
         crate::endpoints::add_documents(&opts.state_dir, &opts.node, &mut snap);
         phases.mark("read");
         if snap.empty {
             // A ConfigMap not mounted yet must never wipe a running data path.
             if !warned_empty {
-                warn!(dir = %opts.config_dir.display(), "config dir missing or empty: data path left as it is");
+                match &cluster {
+                    Some(_) => {
+                        warn!("Kubernetes objects not listed yet or none: data path left as it is")
+                    }
+                    None => {
+                        warn!(dir = %opts.config_dir.display(), "config dir missing or empty: data path left as it is")
+                    }
+                }
                 warned_empty = true;
             }
             pacer.passed(&dp);

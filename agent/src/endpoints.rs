@@ -80,7 +80,11 @@ impl EndpointRequest {
 
     /// Where errors about this endpoint point (config errors name a file).
     fn source(&self) -> PathBuf {
-        PathBuf::from(format!("cni:{}", self.id()))
+        PathBuf::from(format!(
+            "{}{}",
+            crate::cluster::translate::CNI_SOURCE_PREFIX,
+            self.id()
+        ))
     }
 
     fn validate(&self) -> Result<(), String> {
@@ -268,12 +272,13 @@ fn error(code: u16, message: String) -> Reply {
 
 /// The endpoint as the view shows it.
 fn describe(view: &View, e: &EndpointRequest) -> EndpointReply {
-    let a = view.attachments.iter().find(|a| {
-        a.namespace == e.pod_namespace
-            && a.vm == e.pod_name
-            && a.interface == e.ifname
-            && a.port == e.port
-    });
+    // By port: a port is one endpoint's on this node, whether the
+    // endpoint is the pod's own or derived from a Pod object (a VM's
+    // identity is its VMI's, not the pod's).
+    let a = view
+        .attachments
+        .iter()
+        .find(|a| a.namespace == e.pod_namespace && a.node == view.node && a.port == e.port);
     let net = view.networks.iter().find(|n| n.name == e.network);
     EndpointReply {
         endpoint: e.clone(),

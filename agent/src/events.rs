@@ -23,6 +23,8 @@ pub enum Wake {
     Link(LinkEvent),
     /// The CNI plugin added or removed an endpoint (API thread).
     Endpoint,
+    /// A watched Kubernetes object changed (`--source kubernetes`).
+    Cluster,
 }
 
 /// How long a config wake waits for the rest of its burst (a `kubectl

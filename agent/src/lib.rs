@@ -4,6 +4,7 @@ pub mod agent;
 pub mod api;
 pub mod cli;
 pub mod clock;
+pub mod cluster;
 pub mod config;
 pub mod datapath_log;
 pub mod dataplane;

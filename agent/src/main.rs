@@ -21,7 +21,7 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Run the node agent.
-    Agent(AgentArgs),
+    Agent(Box<AgentArgs>),
     /// Show the agent's status: readiness, counts, config errors, drops.
     Status(cli::StatusArgs),
     /// Networks the agent knows.
@@ -108,6 +108,13 @@ struct AgentArgs {
     /// notifications said (it also paces SNAT and remote-MAC ageing).
     #[arg(long, default_value_t = 5000)]
     resync_interval_ms: u64,
+    /// Where the documents come from: `files` (--config-dir) or
+    /// `kubernetes` (the API server: in-cluster, or --kubeconfig).
+    #[arg(long, value_enum, default_value_t = SourceArg::Files)]
+    source: SourceArg,
+    /// The kubeconfig for `--source kubernetes` outside a cluster.
+    #[arg(long)]
+    kubeconfig: Option<PathBuf>,
     /// Ignore config-dir and link notifications and reconcile on the
     /// resync timer alone (the old polling behaviour, kept to compare).
     #[arg(long)]
@@ -123,6 +130,12 @@ struct AgentArgs {
     #[arg(long, default_value_t = vmpath::monitor::DEFAULT_RATE,
           value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
     monitor_rate: u32,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum SourceArg {
+    Files,
+    Kubernetes,
 }
 
 fn main() -> Result<()> {
@@ -241,6 +254,12 @@ fn main() -> Result<()> {
                     uplink: args.uplink,
                     slowpath_serve_rate: args.slowpath_serve_rate,
                     datapath_debug: args.datapath_debug.switches(),
+                    source: match args.source {
+                        SourceArg::Files => agent::Source::Files,
+                        SourceArg::Kubernetes => agent::Source::Kubernetes {
+                            kubeconfig: args.kubeconfig,
+                        },
+                    },
                 },
                 shared.clone(),
                 slow_stats,

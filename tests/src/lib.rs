@@ -23,6 +23,7 @@ pub use vmpath;
 use vmpath::dataplane::Maps;
 
 pub mod flood;
+pub mod kube_api;
 pub mod migration;
 pub mod qemu;
 
@@ -798,4 +799,97 @@ protocol bgp node {{ local {local} as {local_as}; neighbor {node} as {node_as};
   ipv6 {{ import all; export none; }}; }}
 "
     )
+}
+
+// ---------------------------------------------------------------------------
+// Multus's side of a pod's secondary interface: the CNI plugin called with
+// the NAD's config
+// ---------------------------------------------------------------------------
+
+pub mod multus {
+    use std::{
+        io::Write as _,
+        path::PathBuf,
+        process::{Command, Stdio},
+        sync::OnceLock,
+    };
+
+    use serde_json::Value;
+
+    use crate::{Netns, Node};
+
+    pub fn cni_bin() -> PathBuf {
+        static BIN: OnceLock<PathBuf> = OnceLock::new();
+        crate::workspace_bin(&BIN, "VMPATH_CNI_BIN", "vmpath-cni")
+    }
+
+    /// One pod interface as Multus hands it to the plugin.
+    pub struct Call<'a> {
+        pub conf: &'a str,
+        pub pod_namespace: &'a str,
+        pub pod: &'a str,
+        pub ifname: &'a str,
+        pub netns: &'a Netns,
+        pub container: &'a str,
+    }
+
+    /// Runs `command` (ADD, DEL) in `node`'s namespace: whether it
+    /// succeeded, and the JSON it printed (Null for none).
+    pub fn call(node: &Node, command: &str, c: &Call) -> (bool, Value) {
+        let mut child = Command::new("nsenter")
+            .arg(format!("--net={}", node.ns.path()))
+            .arg(cni_bin())
+            .env_clear()
+            .env("PATH", std::env::var("PATH").unwrap_or_default())
+            .env("CNI_COMMAND", command)
+            .env("CNI_PATH", "/opt/cni/bin")
+            .env("CNI_CONTAINERID", c.container)
+            .env("CNI_NETNS", c.netns.path())
+            .env("CNI_IFNAME", c.ifname)
+            .env(
+                "CNI_ARGS",
+                format!(
+                    "IgnoreUnknown=1;K8S_POD_NAMESPACE={};K8S_POD_NAME={}",
+                    c.pod_namespace, c.pod
+                ),
+            )
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("running vmpath-cni");
+        child
+            .stdin
+            .take()
+            .unwrap()
+            .write_all(c.conf.as_bytes())
+            .unwrap();
+        let out = child.wait_with_output().unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        let json = if stdout.trim().is_empty() {
+            Value::Null
+        } else {
+            serde_json::from_str(&stdout).unwrap_or_else(|_| {
+                panic!(
+                    "plugin output is not JSON: {stdout}\nstderr: {}",
+                    String::from_utf8_lossy(&out.stderr)
+                )
+            })
+        };
+        (out.status.success(), json)
+    }
+
+    /// The `spec.config` of the NetworkAttachmentDefinition in `yaml`,
+    /// with the agent's socket: what Multus passes the plugin.
+    pub fn nad_conf(yaml: &str, node: &Node) -> String {
+        let config = yaml
+            .split("\n---\n")
+            .find(|d| d.contains("kind: NetworkAttachmentDefinition"))
+            .and_then(|d| d.split("config: '").nth(1))
+            .and_then(|c| c.split('\'').next())
+            .expect("a NAD's spec.config");
+        let mut conf: Value = serde_json::from_str(config).unwrap();
+        conf["socket"] = node.api_socket().to_str().unwrap().into();
+        conf.to_string()
+    }
 }

@@ -18,6 +18,26 @@ pub struct Metadata {
     pub labels: Option<serde_json::Map<String, serde_json::Value>>,
     #[serde(default, deserialize_with = "bounded::map")]
     pub annotations: Option<serde_json::Map<String, serde_json::Value>>,
+    /// What the API server sets on every object (uid, resourceVersion,
+    /// generation, creationTimestamp, selfLink, managedFields,
+    /// ownerReferences, finalizers): accepted and ignored, so
+    /// `kubectl get -o yaml` output reads as written.
+    #[serde(default, skip_serializing)]
+    pub uid: Option<serde_json::Value>,
+    #[serde(default, skip_serializing, rename = "resourceVersion")]
+    pub resource_version: Option<serde_json::Value>,
+    #[serde(default, skip_serializing)]
+    pub generation: Option<serde_json::Value>,
+    #[serde(default, skip_serializing, rename = "creationTimestamp")]
+    pub creation_timestamp: Option<serde_json::Value>,
+    #[serde(default, skip_serializing, rename = "selfLink")]
+    pub self_link: Option<serde_json::Value>,
+    #[serde(default, skip_serializing, rename = "managedFields")]
+    pub managed_fields: Option<serde_json::Value>,
+    #[serde(default, skip_serializing, rename = "ownerReferences")]
+    pub owner_references: Option<serde_json::Value>,
+    #[serde(default, skip_serializing)]
+    pub finalizers: Option<serde_json::Value>,
 }
 
 #[derive(Debug, Clone, Deserialize, Serialize, PartialEq, Eq)]

@@ -32,9 +32,17 @@ struct Doc<'a> {
 
 impl Doc<'_> {
     fn label(&self) -> String {
-        match &self.meta.namespace {
+        let label = match &self.meta.namespace {
             Some(ns) => format!("{} {}/{}", self.kind, ns, self.meta.name),
             None => format!("{} {}", self.kind, self.meta.name),
+        };
+        let derived_from = self.meta.annotations.as_ref().and_then(|a| {
+            a.get(crate::cluster::translate::DERIVED_FROM_ANNOTATION)?
+                .as_str()
+        });
+        match derived_from {
+            Some(from) => format!("{label} (derived from {from})"),
+            None => label,
         }
     }
     fn error(&self, field: &str, message: impl Into<String>) -> ConfigError {
@@ -83,10 +91,14 @@ pub fn validate(
         errors: snapshot.errors.clone(),
         ..Default::default()
     };
+    // Kubernetes-shaped objects become Attachment and Node documents here.
+    let translated = crate::cluster::translate::translate(&snapshot.documents, node_name);
+    cfg.errors.extend(translated.errors);
+    cfg.keys_in_documents.extend(translated.keep);
     let mut nodes = Vec::new();
     let mut networks = Vec::new();
     let mut attachments = Vec::new();
-    for raw in &snapshot.documents {
+    for raw in &translated.documents {
         match header(raw) {
             Ok(doc) => match doc.kind.as_str() {
                 "Node" => nodes.push(doc),
@@ -94,7 +106,12 @@ pub fn validate(
                 "Attachment" => attachments.push(doc),
                 other => cfg.errors.push(doc.error(
                     "kind",
-                    format!("unknown kind {other:?} (expected Node, Network or Attachment)"),
+                    format!(
+                        "unknown kind {other:?} (expected Node, Network or Attachment, or a \
+                         Kubernetes kind: v1 Pod, Node or List, kubevirt.io \
+                         VirtualMachineInstance or VirtualMachineInstanceMigration, \
+                         k8s.cni.cncf.io NetworkAttachmentDefinition or IPAMClaim)"
+                    ),
                 )),
             },
             Err(e) => cfg.errors.push(e),

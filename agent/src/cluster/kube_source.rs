@@ -1,0 +1,194 @@
+//! `--source kubernetes`: the same objects the config dir can hold, from
+//! the API server. One kube-rs watcher and reflector per kind (this node's
+//! pods only, by field selector) keeps an in-memory copy; each reconcile
+//! round reads the copies as documents, exactly as it reads files.
+//!
+//! Losing the API server never withdraws anything: a watch error leaves
+//! every copy as it was (the watcher retries with backoff, resumes from
+//! its last resourceVersion and relists on 410 Gone), and until every kind
+//! has been listed once, or when all copies are empty, the round is told
+//! the source is empty, which leaves the data path as it is.
+
+use std::{
+    path::{Path, PathBuf},
+    sync::{
+        Arc,
+        atomic::{AtomicBool, AtomicU64, Ordering},
+    },
+};
+
+use anyhow::{Context as _, Result};
+use futures_util::StreamExt as _;
+use kube::{
+    Api, Client,
+    api::{ApiResource, DynamicObject, GroupVersionKind},
+    config::{KubeConfigOptions, Kubeconfig},
+    runtime::{WatchStreamExt as _, reflector, watcher},
+};
+use tracing::{info, warn};
+
+use crate::{
+    config::source::{RawDocument, Snapshot},
+    events::Wake,
+    view::SharedView,
+};
+
+/// Every kind the agent watches: group, version, kind, plural, and
+/// whether only this node's objects are wanted.
+const KINDS: &[(&str, &str, &str, &str, bool)] = &[
+    ("vmpath.dev", "v1alpha1", "Network", "networks", false),
+    ("", "v1", "Node", "nodes", false),
+    ("", "v1", "Pod", "pods", true),
+    (
+        "k8s.cni.cncf.io",
+        "v1",
+        "NetworkAttachmentDefinition",
+        "network-attachment-definitions",
+        false,
+    ),
+    (
+        "k8s.cni.cncf.io",
+        "v1alpha1",
+        "IPAMClaim",
+        "ipamclaims",
+        false,
+    ),
+    (
+        "kubevirt.io",
+        "v1",
+        "VirtualMachineInstance",
+        "virtualmachineinstances",
+        false,
+    ),
+    (
+        "kubevirt.io",
+        "v1",
+        "VirtualMachineInstanceMigration",
+        "virtualmachineinstancemigrations",
+        false,
+    ),
+];
+
+struct Kind {
+    resource: ApiResource,
+    store: reflector::Store<DynamicObject>,
+    /// Listed once: the copy stands for the cluster.
+    listed: Arc<AtomicBool>,
+}
+
+pub struct KubeSource {
+    kinds: Vec<Kind>,
+    /// Bumped on every watch event, for the round's fingerprint.
+    generation: Arc<AtomicU64>,
+}
+
+/// Where the client's config comes from.
+pub fn client_config(kubeconfig: Option<&Path>) -> Result<kube::Config> {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    runtime.block_on(async {
+        match kubeconfig {
+            Some(path) => {
+                let kc = Kubeconfig::read_from(path)
+                    .with_context(|| format!("reading kubeconfig {}", path.display()))?;
+                kube::Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default())
+                    .await
+                    .with_context(|| format!("using kubeconfig {}", path.display()))
+            }
+            None => kube::Config::incluster().context(
+                "no --kubeconfig and not in a cluster (KUBERNETES_SERVICE_HOST unset or no service account)",
+            ),
+        }
+    })
+}
+
+impl KubeSource {
+    /// Starts the watchers on a thread of their own; they wake the
+    /// reconcile loop through `shared` on every event.
+    pub fn start(kubeconfig: Option<PathBuf>, node: &str, shared: SharedView) -> Result<Self> {
+        let config = client_config(kubeconfig.as_deref())?;
+        let generation = Arc::new(AtomicU64::new(0));
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .thread_name("vmpath-kube")
+            .build()?;
+        let client = {
+            let _guard = runtime.enter();
+            Client::try_from(config).context("building the Kubernetes client")?
+        };
+        let mut kinds = Vec::new();
+        for (group, version, kind, plural, on_node) in KINDS {
+            let resource = ApiResource::from_gvk_with_plural(
+                &GroupVersionKind::gvk(group, version, kind),
+                plural,
+            );
+            let writer = reflector::store::Writer::new(resource.clone());
+            let store = writer.as_reader();
+            let listed = Arc::new(AtomicBool::new(false));
+            let api: Api<DynamicObject> = Api::all_with(client.clone(), &resource);
+            let mut wc = watcher::Config::default();
+            if *on_node {
+                wc = wc.fields(&format!("spec.nodeName={node}"));
+            }
+            let stream = reflector::reflector(writer, watcher(api, wc).default_backoff());
+            let (listed2, generation2, shared2) =
+                (listed.clone(), generation.clone(), shared.clone());
+            let kind_name = kind.to_string();
+            runtime.spawn(async move {
+                let mut stream = std::pin::pin!(stream);
+                while let Some(event) = stream.next().await {
+                    match event {
+                        Ok(event) => {
+                            if matches!(event, watcher::Event::InitDone)
+                                && !listed2.swap(true, Ordering::SeqCst)
+                            {
+                                info!(kind = %kind_name, "listed from the API server");
+                            }
+                            generation2.fetch_add(1, Ordering::SeqCst);
+                            shared2.wake(Wake::Cluster);
+                        }
+                        // The copy stays as it was; the watcher retries.
+                        Err(e) => warn!(kind = %kind_name, "watch: {e}; keeping what was read"),
+                    }
+                }
+            });
+            kinds.push(Kind {
+                resource,
+                store,
+                listed,
+            });
+        }
+        // The runtime lives as long as the process.
+        std::thread::Builder::new()
+            .name("vmpath-kube".into())
+            .spawn(move || runtime.block_on(std::future::pending::<()>()))?;
+        Ok(KubeSource { kinds, generation })
+    }
+
+    /// The objects as documents, as the config dir would give them.
+    pub fn read(&self) -> Snapshot {
+        let generation = self.generation.load(Ordering::SeqCst);
+        let mut snap = Snapshot::default();
+        for kind in &self.kinds {
+            for (i, obj) in kind.store.state().iter().enumerate() {
+                let Ok(mut value) = serde_json::to_value(&**obj) else {
+                    continue;
+                };
+                // List items may come without their type.
+                value["apiVersion"] = kind.resource.api_version.clone().into();
+                value["kind"] = kind.resource.kind.clone().into();
+                snap.documents.push(RawDocument {
+                    file: PathBuf::from(format!("kubernetes:{}", kind.resource.plural)),
+                    index: i + 1,
+                    value,
+                });
+            }
+        }
+        let all_listed = self.kinds.iter().all(|k| k.listed.load(Ordering::SeqCst));
+        snap.empty = !all_listed || snap.documents.is_empty();
+        snap.fingerprint = crate::hash::fnv1a(&[b"kubernetes", &generation.to_le_bytes()]);
+        snap
+    }
+}

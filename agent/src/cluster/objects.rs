@@ -1,0 +1,439 @@
+//! The Kubernetes objects vmpath reads, as minimal serde types: only the
+//! fields vmpath uses, every other field ignored (a `kubectl get -o yaml`
+//! dump carries many more). KubeVirt's, Multus's and ipam-extensions'
+//! types are not published as Rust crates; these follow their documented
+//! shapes (kubevirt.io/v1, k8s.cni.cncf.io/v1, k8s.cni.cncf.io/v1alpha1).
+
+use std::collections::BTreeMap;
+
+use serde::Deserialize;
+
+/// The kinds the cluster source reads besides vmpath's own, by
+/// `apiVersion` group (without version) and `kind`.
+pub const POD: (&str, &str) = ("", "Pod");
+pub const NODE: (&str, &str) = ("", "Node");
+pub const VMI: (&str, &str) = ("kubevirt.io", "VirtualMachineInstance");
+pub const VMIM: (&str, &str) = ("kubevirt.io", "VirtualMachineInstanceMigration");
+pub const NAD: (&str, &str) = ("k8s.cni.cncf.io", "NetworkAttachmentDefinition");
+pub const IPAM_CLAIM: (&str, &str) = ("k8s.cni.cncf.io", "IPAMClaim");
+
+/// Multus's network selection annotation on a pod.
+pub const NETWORKS_ANNOTATION: &str = "k8s.v1.cni.cncf.io/networks";
+/// KubeVirt's label on a virt-launcher pod: the uid of its VMI.
+pub const CREATED_BY_LABEL: &str = "kubevirt.io/created-by";
+/// KubeVirt's label on a virt-launcher pod: the VMI's name.
+pub const VM_NAME_LABEL: &str = "vm.kubevirt.io/name";
+/// KubeVirt's label on a migration target pod: the migration's uid.
+pub const MIGRATION_JOB_LABEL: &str = "kubevirt.io/migrationJobUID";
+/// KubeVirt's annotation on a target pod once the domain runs there.
+pub const TARGET_READY_ANNOTATION: &str = "kubevirt.io/migration-target-ready-timestamp";
+/// The CNI plugin type a NAD must name for vmpath to serve it.
+pub const CNI_TYPE: &str = "vmpath-cni";
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ObjectMeta {
+    #[serde(default)]
+    pub name: String,
+    #[serde(default)]
+    pub namespace: Option<String>,
+    #[serde(default)]
+    pub uid: Option<String>,
+    #[serde(default)]
+    pub labels: BTreeMap<String, String>,
+    #[serde(default)]
+    pub annotations: BTreeMap<String, String>,
+}
+
+impl ObjectMeta {
+    pub fn namespace(&self) -> &str {
+        self.namespace.as_deref().unwrap_or("default")
+    }
+}
+
+// --- v1 Pod -----------------------------------------------------------------
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Pod {
+    pub metadata: ObjectMeta,
+    #[serde(default)]
+    pub spec: PodSpec,
+    #[serde(default)]
+    pub status: PodStatus,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PodSpec {
+    #[serde(default)]
+    pub node_name: Option<String>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PodStatus {
+    #[serde(default)]
+    pub phase: Option<String>,
+}
+
+impl Pod {
+    /// A pod that is over holds no port.
+    pub fn finished(&self) -> bool {
+        matches!(
+            self.status.phase.as_deref(),
+            Some("Succeeded") | Some("Failed")
+        )
+    }
+
+    /// A KubeVirt virt-launcher pod.
+    pub fn is_virt_launcher(&self) -> bool {
+        self.metadata.labels.contains_key(CREATED_BY_LABEL)
+            || self.metadata.labels.get("kubevirt.io").map(String::as_str) == Some("virt-launcher")
+    }
+}
+
+/// One element of Multus's selection annotation (the JSON form; the short
+/// form `ns/name@ifname, ...` is read into the same shape).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct NetworkSelection {
+    pub name: String,
+    #[serde(default)]
+    pub namespace: Option<String>,
+    #[serde(default)]
+    pub interface: Option<String>,
+    #[serde(default)]
+    pub mac: Option<String>,
+    #[serde(default)]
+    pub ips: Vec<String>,
+    #[serde(default, rename = "ipam-claim-reference")]
+    pub ipam_claim_reference: Option<String>,
+}
+
+/// Reads the selection annotation: a JSON list of elements, or the short
+/// form (`name`, `ns/name`, `ns/name@ifname`, comma-separated).
+pub fn parse_selection(text: &str) -> Result<Vec<NetworkSelection>, String> {
+    let trimmed = text.trim();
+    if trimmed.starts_with('[') {
+        return serde_json::from_str(trimmed).map_err(|e| format!("not a list of elements: {e}"));
+    }
+    trimmed
+        .split(',')
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .map(|item| {
+            let (path, interface) = match item.split_once('@') {
+                Some((p, i)) => (p, Some(i.to_string())),
+                None => (item, None),
+            };
+            let (namespace, name) = match path.split_once('/') {
+                Some((ns, n)) => (Some(ns.to_string()), n),
+                None => (None, path),
+            };
+            if name.is_empty() {
+                return Err(format!("{item:?} names no network"));
+            }
+            Ok(NetworkSelection {
+                name: name.to_string(),
+                namespace,
+                interface,
+                ..Default::default()
+            })
+        })
+        .collect()
+}
+
+// --- kubevirt.io/v1 VirtualMachineInstance and Migration ---------------------
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Vmi {
+    pub metadata: ObjectMeta,
+    #[serde(default)]
+    pub spec: VmiSpec,
+    #[serde(default)]
+    pub status: VmiStatus,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct VmiSpec {
+    #[serde(default)]
+    pub domain: Domain,
+    #[serde(default)]
+    pub networks: Vec<VmiNetwork>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Domain {
+    #[serde(default)]
+    pub devices: Devices,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Devices {
+    #[serde(default)]
+    pub interfaces: Vec<VmiInterface>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct VmiInterface {
+    pub name: String,
+    #[serde(default)]
+    pub mac_address: Option<String>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct VmiNetwork {
+    pub name: String,
+    #[serde(default)]
+    pub multus: Option<MultusNetwork>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct MultusNetwork {
+    /// `name` or `namespace/name` of a NetworkAttachmentDefinition.
+    pub network_name: String,
+    #[serde(default)]
+    pub default: bool,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct VmiStatus {
+    #[serde(default)]
+    pub node_name: Option<String>,
+    #[serde(default)]
+    pub migration_state: Option<MigrationState>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct MigrationState {
+    #[serde(default)]
+    pub migration_uid: Option<String>,
+    #[serde(default)]
+    pub source_node: Option<String>,
+    #[serde(default)]
+    pub target_node: Option<String>,
+    #[serde(default)]
+    pub source_pod: Option<String>,
+    #[serde(default)]
+    pub target_pod: Option<String>,
+    #[serde(default)]
+    pub target_node_domain_ready_timestamp: Option<String>,
+    #[serde(default)]
+    pub completed: bool,
+    #[serde(default)]
+    pub failed: bool,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Vmim {
+    pub metadata: ObjectMeta,
+    #[serde(default)]
+    pub spec: VmimSpec,
+    #[serde(default)]
+    pub status: VmimStatus,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct VmimSpec {
+    #[serde(default)]
+    pub vmi_name: String,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct VmimStatus {
+    #[serde(default)]
+    pub phase: Option<String>,
+}
+
+// --- k8s.cni.cncf.io NetworkAttachmentDefinition and IPAMClaim ---------------
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Nad {
+    pub metadata: ObjectMeta,
+    #[serde(default)]
+    pub spec: NadSpec,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct NadSpec {
+    /// The CNI config as a JSON string (a single plugin or a conflist).
+    #[serde(default)]
+    pub config: String,
+}
+
+/// What a NAD's CNI config says to vmpath.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum NadConfig {
+    /// `"type": "vmpath-cni"` with the vmpath network it binds to.
+    Vmpath { network: String },
+    /// Another plugin's network: not vmpath's business.
+    Other { plugin_type: String },
+}
+
+impl Nad {
+    /// Reads `spec.config`: a single plugin config or a conflist whose
+    /// first vmpath-cni plugin counts.
+    pub fn cni(&self) -> Result<NadConfig, String> {
+        let conf: serde_json::Value = serde_json::from_str(&self.spec.config)
+            .map_err(|e| format!("spec.config is not JSON: {e}"))?;
+        let plugins: Vec<&serde_json::Value> = match conf.get("plugins") {
+            Some(serde_json::Value::Array(list)) => list.iter().collect(),
+            Some(_) => return Err("spec.config: \"plugins\" is not a list".into()),
+            None => vec![&conf],
+        };
+        let vmpath = plugins
+            .iter()
+            .find(|p| p.get("type").and_then(|t| t.as_str()) == Some(CNI_TYPE));
+        match vmpath {
+            Some(p) => match p.get("network").and_then(|n| n.as_str()) {
+                Some(n) if !n.is_empty() => Ok(NadConfig::Vmpath {
+                    network: n.to_string(),
+                }),
+                _ => Err(format!(
+                    "spec.config: the {CNI_TYPE} plugin names no \"network\" (the vmpath Network)"
+                )),
+            },
+            None => Ok(NadConfig::Other {
+                plugin_type: plugins
+                    .first()
+                    .and_then(|p| p.get("type"))
+                    .and_then(|t| t.as_str())
+                    .unwrap_or("none")
+                    .to_string(),
+            }),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct IpamClaim {
+    pub metadata: ObjectMeta,
+    #[serde(default)]
+    pub spec: IpamClaimSpec,
+    #[serde(default)]
+    pub status: IpamClaimStatus,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct IpamClaimSpec {
+    #[serde(default)]
+    pub network: String,
+    #[serde(default)]
+    pub interface: String,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct IpamClaimStatus {
+    #[serde(default)]
+    pub ips: Vec<String>,
+}
+
+// --- v1 Node ----------------------------------------------------------------
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct K8sNode {
+    pub metadata: ObjectMeta,
+    #[serde(default)]
+    pub status: K8sNodeStatus,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct K8sNodeStatus {
+    #[serde(default)]
+    pub addresses: Vec<NodeAddress>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct NodeAddress {
+    #[serde(rename = "type")]
+    pub kind: String,
+    pub address: String,
+}
+
+impl K8sNode {
+    /// The first InternalIP: the node's underlay address.
+    pub fn internal_ip(&self) -> Option<&str> {
+        self.status
+            .addresses
+            .iter()
+            .find(|a| a.kind == "InternalIP")
+            .map(|a| a.address.as_str())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_short_selection_form_reads_like_the_json_one() {
+        let short = parse_selection("prod/blue@net7, red").unwrap();
+        assert_eq!(short[0].namespace.as_deref(), Some("prod"));
+        assert_eq!(short[0].name, "blue");
+        assert_eq!(short[0].interface.as_deref(), Some("net7"));
+        assert_eq!(short[1].name, "red");
+        assert_eq!(short[1].namespace, None);
+        let json = parse_selection(
+            r#"[{"name":"blue","namespace":"prod","interface":"net7","mac":"02:00:00:00:00:01","ips":["10.0.0.5/24"],"ipam-claim-reference":"vm1.blue"}]"#,
+        )
+        .unwrap();
+        assert_eq!(json[0].ipam_claim_reference.as_deref(), Some("vm1.blue"));
+        assert!(parse_selection("[{\"namespace\": \"x\"}]").is_err());
+        assert!(parse_selection("prod/").is_err());
+    }
+
+    #[test]
+    fn a_nad_config_names_its_network_or_another_plugin() {
+        let nad = |config: &str| Nad {
+            spec: NadSpec {
+                config: config.into(),
+            },
+            ..Default::default()
+        };
+        assert_eq!(
+            nad(r#"{"cniVersion":"1.1.0","type":"vmpath-cni","network":"blue"}"#).cni(),
+            Ok(NadConfig::Vmpath {
+                network: "blue".into()
+            })
+        );
+        assert_eq!(
+            nad(r#"{"plugins":[{"type":"vmpath-cni","network":"blue"},{"type":"tuning"}]}"#).cni(),
+            Ok(NadConfig::Vmpath {
+                network: "blue".into()
+            })
+        );
+        assert_eq!(
+            nad(r#"{"type":"bridge","bridge":"br0"}"#).cni(),
+            Ok(NadConfig::Other {
+                plugin_type: "bridge".into()
+            })
+        );
+        assert!(
+            nad(r#"{"type":"vmpath-cni"}"#)
+                .cni()
+                .unwrap_err()
+                .contains("network")
+        );
+        assert!(nad("{not json").cni().unwrap_err().contains("JSON"));
+    }
+}

@@ -1,0 +1,1307 @@
+//! Derives vmpath Attachments from Kubernetes-shaped objects: a VM
+//! interface from its virt-launcher pod (Multus selection element, node,
+//! the port the CNI plugin created) and its VirtualMachineInstance
+//! (identity, MAC, networks, migration state); a plain pod's interface
+//! from the pod alone. What comes out is an Attachment document like any
+//! other, so validation, IPAM, planning and the data path are shared with
+//! the config files and CNI endpoints. Every refusal names the object.
+
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    path::{Path, PathBuf},
+};
+
+use serde::de::DeserializeOwned;
+use serde_json::{Value, json};
+
+use super::objects::{
+    self, CREATED_BY_LABEL, IpamClaim, K8sNode, MIGRATION_JOB_LABEL, NETWORKS_ANNOTATION, Nad,
+    NadConfig, NetworkSelection, ObjectMeta, Pod, TARGET_READY_ANNOTATION, VM_NAME_LABEL, Vmi,
+    Vmim,
+};
+use crate::config::{AttachmentKey, ConfigError, model::API_VERSION, source::RawDocument};
+
+/// Errors about CNI endpoints name them as `cni:<container id>/<ifname>`
+/// (so the plugin's ADD can answer with the refusal).
+pub const CNI_SOURCE_PREFIX: &str = "cni:";
+/// On a derived Attachment: the objects it was derived from, for messages.
+pub const DERIVED_FROM_ANNOTATION: &str = "vmpath.dev/derived-from";
+
+/// The documents validation reads, and what translation found.
+#[derive(Debug, Default)]
+pub struct Translated {
+    /// vmpath documents as given, then the derived ones.
+    pub documents: Vec<RawDocument>,
+    /// Every VM interface a VMI names on a vmpath network: its claim stays
+    /// while the VMI exists, with or without a pod.
+    pub keep: BTreeSet<AttachmentKey>,
+    pub errors: Vec<ConfigError>,
+}
+
+/// A port the CNI plugin handed over, as its Attachment document says.
+#[derive(Debug, Clone)]
+struct CniPort {
+    file: PathBuf,
+    port: String,
+    network: String,
+    mac: Option<String>,
+}
+
+/// A parsed object with where it came from.
+struct Object<T> {
+    file: PathBuf,
+    index: usize,
+    value: T,
+}
+
+/// One interface of a pod on a vmpath network.
+#[derive(Debug, Clone)]
+struct PodInterface {
+    selection: NetworkSelection,
+    /// The NAD as `namespace/name`.
+    nad: String,
+    ifname: String,
+    network: String,
+}
+
+fn label(kind: &str, meta: &ObjectMeta) -> String {
+    format!("{kind} {}/{}", meta.namespace(), meta.name)
+}
+
+fn error(file: &Path, document: String, field: &str, message: impl Into<String>) -> ConfigError {
+    ConfigError {
+        file: file.to_path_buf(),
+        document,
+        field: field.to_string(),
+        message: message.into(),
+    }
+}
+
+/// `group` and `kind` of a document (`v1` is the core group `""`).
+fn group_kind(value: &Value) -> Option<(&str, &str)> {
+    let api = value.get("apiVersion")?.as_str()?;
+    let kind = value.get("kind")?.as_str()?;
+    let group = api.rsplit_once('/').map(|(g, _)| g).unwrap_or("");
+    Some((group, kind))
+}
+
+/// `kubectl get -o yaml` of several objects is one `v1 List`: its items
+/// are documents of their own.
+fn flatten(documents: &[RawDocument]) -> Vec<RawDocument> {
+    let mut out = Vec::with_capacity(documents.len());
+    for raw in documents {
+        match (group_kind(&raw.value), raw.value.get("items")) {
+            (Some(("", "List")), Some(Value::Array(items))) => {
+                out.extend(items.iter().map(|item| RawDocument {
+                    file: raw.file.clone(),
+                    index: raw.index,
+                    value: item.clone(),
+                }))
+            }
+            _ => out.push(raw.clone()),
+        }
+    }
+    out
+}
+
+/// The hook for the namespace rule (a Network's `namespaceSelector`
+/// decides which namespaces a NAD may bind to it). Every namespace may
+/// until that rule lands.
+fn namespace_may_attach(_nad_namespace: &str, _network: &str) -> Result<(), String> {
+    Ok(())
+}
+
+/// A host-side port name that exists nowhere, for an endpoint whose port
+/// the CNI plugin has not handed over on this node (yet, or because the
+/// pod runs elsewhere): the endpoint is known (claims, overlay) and waits
+/// for its port.
+pub fn placeholder_port(namespace: &str, pod: &str, ifname: &str) -> String {
+    let h = crate::hash::fnv1a(&[namespace.as_bytes(), pod.as_bytes(), ifname.as_bytes()]);
+    format!("vmpw{:011x}", h & 0xfff_ffff_ffff)
+}
+
+pub fn translate(documents: &[RawDocument], node: &str) -> Translated {
+    let mut t = Translated::default();
+    let mut pods: Vec<Object<Pod>> = Vec::new();
+    let mut vmis: Vec<Object<Vmi>> = Vec::new();
+    let mut vmims: Vec<Object<Vmim>> = Vec::new();
+    let mut nads: Vec<Object<Nad>> = Vec::new();
+    let mut claims: Vec<Object<IpamClaim>> = Vec::new();
+    let mut k8s_nodes: Vec<Object<K8sNode>> = Vec::new();
+    let mut cni: BTreeMap<(String, String, String), CniPort> = BTreeMap::new();
+    let mut vmpath_nodes: BTreeSet<String> = BTreeSet::new();
+
+    fn parse<T: DeserializeOwned>(
+        raw: &RawDocument,
+        kind: &str,
+        out: &mut Vec<Object<T>>,
+        errors: &mut Vec<ConfigError>,
+    ) {
+        // Name and namespace only, for messages: the rest may be broken.
+        let text = |p: &str| {
+            raw.value
+                .pointer(p)
+                .and_then(Value::as_str)
+                .map(str::to_string)
+        };
+        let meta = ObjectMeta {
+            name: text("/metadata/name").unwrap_or_default(),
+            namespace: text("/metadata/namespace"),
+            ..Default::default()
+        };
+        let document = if meta.name.is_empty() {
+            format!("{kind} (document {})", raw.index)
+        } else {
+            label(kind, &meta)
+        };
+        if meta.name.is_empty() {
+            errors.push(error(&raw.file, document, "metadata.name", "missing"));
+            return;
+        }
+        match serde_path_to_error::deserialize::<_, T>(raw.value.clone()) {
+            Ok(value) => out.push(Object {
+                file: raw.file.clone(),
+                index: raw.index,
+                value,
+            }),
+            Err(e) => errors.push(error(
+                &raw.file,
+                document,
+                &e.path().to_string(),
+                e.into_inner().to_string(),
+            )),
+        }
+    }
+
+    for raw in flatten(documents) {
+        let gk = group_kind(&raw.value);
+        let errors = &mut t.errors;
+        match gk {
+            Some(objects::POD) => parse(&raw, "Pod", &mut pods, errors),
+            Some(objects::VMI) => parse(&raw, "VirtualMachineInstance", &mut vmis, errors),
+            Some(objects::VMIM) => {
+                parse(&raw, "VirtualMachineInstanceMigration", &mut vmims, errors)
+            }
+            Some(objects::NAD) => parse(&raw, "NetworkAttachmentDefinition", &mut nads, errors),
+            Some(objects::IPAM_CLAIM) => parse(&raw, "IPAMClaim", &mut claims, errors),
+            Some(objects::NODE) => parse(&raw, "Node", &mut k8s_nodes, errors),
+            _ => {
+                let is_attachment =
+                    raw.value.get("kind").and_then(Value::as_str) == Some("Attachment");
+                let is_node = raw.value.get("kind").and_then(Value::as_str) == Some("Node");
+                if is_node
+                    && let Some(name) = raw.value.pointer("/metadata/name").and_then(Value::as_str)
+                {
+                    vmpath_nodes.insert(name.to_string());
+                }
+                if is_attachment && raw.file.to_string_lossy().starts_with(CNI_SOURCE_PREFIX) {
+                    let s = |p: &str| {
+                        raw.value
+                            .pointer(p)
+                            .and_then(Value::as_str)
+                            .map(str::to_string)
+                    };
+                    if let (Some(ns), Some(pod), Some(ifname), Some(port), Some(network)) = (
+                        s("/metadata/namespace"),
+                        s("/spec/vm"),
+                        s("/spec/interface"),
+                        s("/spec/port"),
+                        s("/spec/network"),
+                    ) {
+                        cni.insert(
+                            (ns, pod, ifname),
+                            CniPort {
+                                file: raw.file.clone(),
+                                port,
+                                network,
+                                mac: s("/spec/mac"),
+                            },
+                        );
+                    }
+                }
+                t.documents.push(raw);
+            }
+        }
+    }
+
+    // v1 Nodes give the underlay address where no vmpath Node is written.
+    for n in &k8s_nodes {
+        if vmpath_nodes.contains(&n.value.metadata.name) {
+            continue;
+        }
+        let Some(ip) = n.value.internal_ip() else {
+            continue;
+        };
+        t.documents.push(RawDocument {
+            file: n.file.clone(),
+            index: n.index,
+            value: json!({
+                "apiVersion": API_VERSION,
+                "kind": "Node",
+                "metadata": {"name": n.value.metadata.name},
+                "spec": {"address": ip},
+            }),
+        });
+    }
+
+    // NADs by namespace/name, with what their config says.
+    let mut nad_index: BTreeMap<String, Result<NadConfig, String>> = BTreeMap::new();
+    for n in &nads {
+        let key = format!("{}/{}", n.value.metadata.namespace(), n.value.metadata.name);
+        let cni = n.value.cni();
+        if let Err(msg) = &cni {
+            t.errors.push(error(
+                &n.file,
+                label("NetworkAttachmentDefinition", &n.value.metadata),
+                "spec.config",
+                msg.clone(),
+            ));
+        }
+        nad_index.insert(key, cni);
+    }
+    let claim_ips = |namespace: &str, name: &str| -> Option<Vec<String>> {
+        claims
+            .iter()
+            .find(|c| c.value.metadata.namespace() == namespace && c.value.metadata.name == name)
+            .map(|c| c.value.status.ips.clone())
+            .filter(|ips| !ips.is_empty())
+    };
+
+    let mut tr = Translator {
+        node,
+        nad_index: &nad_index,
+        cni: &mut cni,
+        out: &mut t,
+    };
+
+    // Pods: their vmpath interfaces; plain pods are derived here, VM pods
+    // wait for their VMI.
+    let mut vm_pods: BTreeMap<usize, Vec<(usize, Vec<PodInterface>)>> = BTreeMap::new();
+    for (pi, p) in pods.iter().enumerate() {
+        let pod = &p.value;
+        if pod.finished() {
+            continue;
+        }
+        let Some(ifaces) = tr.pod_interfaces(p) else {
+            continue;
+        };
+        if !pod.is_virt_launcher() {
+            for i in &ifaces {
+                let ips = i
+                    .selection
+                    .ipam_claim_reference
+                    .as_deref()
+                    .and_then(|c| claim_ips(pod.metadata.namespace(), c))
+                    .unwrap_or_else(|| i.selection.ips.clone());
+                let key = AttachmentKey {
+                    namespace: pod.metadata.namespace().to_string(),
+                    vm: pod.metadata.name.clone(),
+                    interface: i.ifname.clone(),
+                };
+                let cni_port = tr.take_cni(pod, &i.ifname);
+                let Some(pod_node) = pod
+                    .spec
+                    .node_name
+                    .clone()
+                    .or_else(|| cni_port.as_ref().map(|_| node.to_string()))
+                else {
+                    continue;
+                };
+                let mac = i
+                    .selection
+                    .mac
+                    .clone()
+                    .or_else(|| cni_port.as_ref().and_then(|c| c.mac.clone()));
+                let port = cni_port
+                    .as_ref()
+                    .map(|c| c.port.clone())
+                    .unwrap_or_else(|| placeholder_port(&key.namespace, &key.vm, &i.ifname));
+                let file = cni_port
+                    .as_ref()
+                    .map(|c| c.file.clone())
+                    .unwrap_or_else(|| p.file.clone());
+                tr.derive(Derived {
+                    file,
+                    name: format!("{}-{}", pod.metadata.name, i.ifname),
+                    from: label("Pod", &pod.metadata),
+                    key,
+                    network: i.network.clone(),
+                    node: pod_node,
+                    port,
+                    mac,
+                    ips,
+                    migration: None,
+                });
+            }
+            continue;
+        }
+        let vmi = vmis
+            .iter()
+            .position(|v| match pod.metadata.labels.get(CREATED_BY_LABEL) {
+                Some(uid) => v.value.metadata.uid.as_deref() == Some(uid.as_str()),
+                None => {
+                    v.value.metadata.namespace() == pod.metadata.namespace()
+                        && pod.metadata.labels.get(VM_NAME_LABEL) == Some(&v.value.metadata.name)
+                }
+            });
+        match vmi {
+            Some(v) => vm_pods.entry(v).or_default().push((pi, ifaces)),
+            None => {
+                let which = match (
+                    pod.metadata.labels.get(VM_NAME_LABEL),
+                    pod.metadata.labels.get(CREATED_BY_LABEL),
+                ) {
+                    (Some(name), Some(uid)) => {
+                        format!("{}/{name} (uid {uid})", pod.metadata.namespace())
+                    }
+                    (Some(name), None) => format!("{}/{name}", pod.metadata.namespace()),
+                    (None, Some(uid)) => format!("with uid {uid}"),
+                    (None, None) => "(none named)".into(),
+                };
+                let files = tr.take_all_cni(pod);
+                tr.refuse_pod(
+                    p,
+                    files,
+                    format!(
+                        "virt-launcher pod of VirtualMachineInstance {which}, which is not known"
+                    ),
+                );
+            }
+        }
+    }
+
+    // VMs: one Attachment per VMI interface on a vmpath network.
+    for (vi, v) in vmis.iter().enumerate() {
+        let vmi = &v.value;
+        let ns = vmi.metadata.namespace();
+        let my_pods = vm_pods.remove(&vi).unwrap_or_default();
+        let migration = migration_of(vmi, &vmims);
+        // The pod the VM runs in now, and the pod it is migrating to.
+        let target_pod = migration.as_ref().and_then(|m| {
+            my_pods.iter().find(|(pi, _)| {
+                let pod = &pods[*pi].value;
+                m.uid.is_some() && pod.metadata.labels.get(MIGRATION_JOB_LABEL) == m.uid.as_ref()
+                    || m.target_pod.as_deref() == Some(pod.metadata.name.as_str())
+            })
+        });
+        let running_node = match &migration {
+            Some(m) => Some(m.source_node.clone()),
+            None => vmi.status.node_name.clone(),
+        };
+        let running_pod = my_pods.iter().find(|(pi, _)| {
+            let pod = &pods[*pi].value;
+            target_pod.is_none_or(|(t, _)| t != pi)
+                && match &migration {
+                    Some(m) if m.source_pod.is_some() => {
+                        m.source_pod.as_deref() == Some(pod.metadata.name.as_str())
+                    }
+                    _ => pod.spec.node_name.is_some() && pod.spec.node_name == running_node,
+                }
+        });
+        for net in &vmi.spec.networks {
+            let Some(multus) = &net.multus else { continue };
+            let nad = match multus.network_name.split_once('/') {
+                Some((n, name)) => format!("{n}/{name}"),
+                None => format!("{ns}/{}", multus.network_name),
+            };
+            let network = match nad_index.get(&nad) {
+                Some(Ok(NadConfig::Vmpath { network })) => network.clone(),
+                Some(Ok(NadConfig::Other { .. })) => continue,
+                Some(Err(_)) => continue, // the NAD's refusal says why
+                None => {
+                    tr.out.errors.push(error(
+                        &v.file,
+                        label("VirtualMachineInstance", &vmi.metadata),
+                        &format!("spec.networks[{}].multus.networkName", net.name),
+                        format!("NetworkAttachmentDefinition {nad} is not known"),
+                    ));
+                    continue;
+                }
+            };
+            let key = AttachmentKey {
+                namespace: ns.to_string(),
+                vm: vmi.metadata.name.clone(),
+                interface: net.name.clone(),
+            };
+            tr.out.keep.insert(key.clone());
+            let mac = vmi
+                .spec
+                .domain
+                .devices
+                .interfaces
+                .iter()
+                .find(|i| i.name == net.name)
+                .and_then(|i| i.mac_address.clone());
+            // The pod's interface for this network: by the NAD it selects.
+            let iface_of =
+                |pod: &(usize, Vec<PodInterface>)| pod.1.iter().find(|i| i.nad == nad).cloned();
+            let mut missing = Vec::new();
+            for pod in running_pod.iter().chain(target_pod.iter()) {
+                if iface_of(pod).is_none() {
+                    missing.push(pod.0);
+                }
+            }
+            if !missing.is_empty() {
+                for pi in missing {
+                    let files = tr.take_all_cni(&pods[pi].value);
+                    tr.refuse_pod(&pods[pi], files, format!(
+                        "selects no network for VirtualMachineInstance {}/{}'s network {:?} (NetworkAttachmentDefinition {nad}) in {NETWORKS_ANNOTATION}",
+                        ns, vmi.metadata.name, net.name
+                    ));
+                }
+                continue;
+            }
+            let running = running_pod.map(|p| (p, iface_of(p).expect("checked above")));
+            let selection = running
+                .as_ref()
+                .map(|(_, i)| i.selection.clone())
+                .unwrap_or_default();
+            // Addresses: the IPAMClaim the selection references (or
+            // ipam-extensions' `<vm>.<network>`), else static requests.
+            let claim_name = selection
+                .ipam_claim_reference
+                .clone()
+                .unwrap_or_else(|| format!("{}.{}", vmi.metadata.name, net.name));
+            let ips = claim_ips(ns, &claim_name).unwrap_or_else(|| selection.ips.clone());
+            let mac = mac.or_else(|| selection.mac.clone());
+            let Some(vm_node) = running_node.clone() else {
+                continue; // not scheduled yet
+            };
+            let (port, file, from) = match &running {
+                Some(((pi, _), iface)) => {
+                    let pod = &pods[*pi];
+                    let cni_port = tr.take_cni(&pod.value, &iface.ifname);
+                    (
+                        cni_port
+                            .as_ref()
+                            .map(|c| c.port.clone())
+                            .unwrap_or_else(|| {
+                                placeholder_port(
+                                    pod.value.metadata.namespace(),
+                                    &pod.value.metadata.name,
+                                    &iface.ifname,
+                                )
+                            }),
+                        cni_port.map(|c| c.file).unwrap_or_else(|| pod.file.clone()),
+                        format!(
+                            "{} and {}",
+                            label("VirtualMachineInstance", &vmi.metadata),
+                            label("Pod", &pod.value.metadata)
+                        ),
+                    )
+                }
+                // No pod seen: a VM on another node (an agent reads only
+                // its own node's pods), known from its VMI.
+                None if vm_node != node => (
+                    placeholder_port(ns, &vmi.metadata.name, &net.name),
+                    v.file.clone(),
+                    label("VirtualMachineInstance", &vmi.metadata),
+                ),
+                None => continue, // its pod is not there yet
+            };
+            let migration_doc = migration.as_ref().map(|m| {
+                let (target_port, ready_annotation) = match target_pod {
+                    Some(tp) => {
+                        let pod = &pods[tp.0].value;
+                        let ifname = iface_of(tp).expect("checked above").ifname;
+                        let port = tr
+                            .take_cni(pod, &ifname)
+                            .map(|c| c.port)
+                            .unwrap_or_else(|| {
+                                placeholder_port(
+                                    pod.metadata.namespace(),
+                                    &pod.metadata.name,
+                                    &ifname,
+                                )
+                            });
+                        (
+                            port,
+                            pod.metadata
+                                .annotations
+                                .contains_key(TARGET_READY_ANNOTATION),
+                        )
+                    }
+                    None => (
+                        placeholder_port(
+                            ns,
+                            &vmi.metadata.name,
+                            &format!("{}@{}", net.name, m.target_node),
+                        ),
+                        false,
+                    ),
+                };
+                json!({
+                    "targetNode": m.target_node,
+                    "targetPort": target_port,
+                    "ready": m.ready || ready_annotation,
+                })
+            });
+            tr.derive(Derived {
+                file,
+                name: format!("{}-{}", vmi.metadata.name, net.name),
+                from,
+                key,
+                network,
+                node: vm_node,
+                port,
+                mac,
+                ips,
+                migration: migration_doc,
+            });
+        }
+    }
+
+    // CNI ports of pods with a Pod object that nothing above took.
+    let leftover: Vec<((String, String, String), CniPort)> = tr
+        .cni
+        .iter()
+        .filter(|((ns, pod, _), _)| {
+            pods.iter()
+                .any(|p| p.value.metadata.namespace() == ns && &p.value.metadata.name == pod)
+        })
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
+    for ((ns, pod, ifname), port) in leftover {
+        tr.cni.remove(&(ns.clone(), pod.clone(), ifname.clone()));
+        tr.out.errors.push(error(
+            &port.file,
+            format!("Pod {ns}/{pod}"),
+            &format!("metadata.annotations[{NETWORKS_ANNOTATION:?}]"),
+            format!("no vmpath network of the pod is its interface {ifname:?} (the CNI plugin was called for it on network {:?})", port.network),
+        ));
+    }
+    // CNI ports taken above stand for their pod's interface: their own
+    // Attachment documents go.
+    let remaining: BTreeSet<PathBuf> = cni.values().map(|c| c.file.clone()).collect();
+    t.documents.retain(|d| {
+        d.value
+            .pointer(&format!(
+                "/metadata/annotations/{}",
+                DERIVED_FROM_ANNOTATION.replace('/', "~1")
+            ))
+            .is_some()
+            || !d.file.to_string_lossy().starts_with(CNI_SOURCE_PREFIX)
+            || d.value.get("kind").and_then(Value::as_str) != Some("Attachment")
+            || remaining.contains(&d.file)
+    });
+    t
+}
+
+/// A migration in progress, as the VMI and its VMIM say.
+struct MigrationNow {
+    uid: Option<String>,
+    source_node: String,
+    target_node: String,
+    source_pod: Option<String>,
+    target_pod: Option<String>,
+    /// The domain runs on the target: cut over.
+    ready: bool,
+}
+
+/// The VMI's migration while it is neither completed nor failed (its VMIM
+/// Failed or Succeeded ends it too: roll back, or the VMI's node).
+fn migration_of(vmi: &Vmi, vmims: &[Object<Vmim>]) -> Option<MigrationNow> {
+    let ms = vmi.status.migration_state.as_ref()?;
+    if ms.completed || ms.failed {
+        return None;
+    }
+    let vmim_phase = vmims
+        .iter()
+        .find(|m| {
+            m.value.metadata.namespace() == vmi.metadata.namespace()
+                && m.value.spec.vmi_name == vmi.metadata.name
+                && (ms.migration_uid.is_none() || m.value.metadata.uid == ms.migration_uid)
+        })
+        .and_then(|m| m.value.status.phase.clone());
+    if matches!(vmim_phase.as_deref(), Some("Failed") | Some("Succeeded")) {
+        return None;
+    }
+    Some(MigrationNow {
+        uid: ms.migration_uid.clone(),
+        source_node: ms
+            .source_node
+            .clone()
+            .or_else(|| vmi.status.node_name.clone())?,
+        target_node: ms.target_node.clone()?,
+        source_pod: ms.source_pod.clone(),
+        target_pod: ms.target_pod.clone(),
+        ready: ms.target_node_domain_ready_timestamp.is_some(),
+    })
+}
+
+/// One derived Attachment, before it becomes a document.
+struct Derived {
+    file: PathBuf,
+    name: String,
+    from: String,
+    key: AttachmentKey,
+    network: String,
+    node: String,
+    port: String,
+    mac: Option<String>,
+    ips: Vec<String>,
+    migration: Option<Value>,
+}
+
+struct Translator<'a> {
+    node: &'a str,
+    nad_index: &'a BTreeMap<String, Result<NadConfig, String>>,
+    cni: &'a mut BTreeMap<(String, String, String), CniPort>,
+    out: &'a mut Translated,
+}
+
+impl Translator<'_> {
+    /// The CNI port of one pod interface, taken: its own document goes.
+    fn take_cni(&mut self, pod: &Pod, ifname: &str) -> Option<CniPort> {
+        if pod
+            .spec
+            .node_name
+            .as_deref()
+            .is_some_and(|n| n != self.node)
+        {
+            return None;
+        }
+        self.cni.remove(&(
+            pod.metadata.namespace().to_string(),
+            pod.metadata.name.clone(),
+            ifname.to_string(),
+        ))
+    }
+
+    /// Every CNI port of a pod, taken.
+    fn take_all_cni(&mut self, pod: &Pod) -> Vec<PathBuf> {
+        let ns = pod.metadata.namespace().to_string();
+        let keys: Vec<_> = self
+            .cni
+            .keys()
+            .filter(|(n, p, _)| *n == ns && *p == pod.metadata.name)
+            .cloned()
+            .collect();
+        keys.into_iter()
+            .filter_map(|k| self.cni.remove(&k))
+            .map(|c| c.file)
+            .collect()
+    }
+
+    /// A refusal of a pod: on its CNI ports (so their ADD fails naming
+    /// it), else on its file.
+    fn refuse_pod(&mut self, p: &Object<Pod>, cni_files: Vec<PathBuf>, message: String) {
+        let document = label("Pod", &p.value.metadata);
+        if cni_files.is_empty() {
+            self.out.errors.push(error(&p.file, document, "", message));
+        } else {
+            for f in cni_files {
+                self.out
+                    .errors
+                    .push(error(&f, document.clone(), "", message.clone()));
+            }
+        }
+    }
+
+    /// The pod's interfaces on vmpath networks, from its selection
+    /// annotation; `None` once the pod is refused.
+    fn pod_interfaces(&mut self, p: &Object<Pod>) -> Option<Vec<PodInterface>> {
+        let pod = &p.value;
+        let ns = pod.metadata.namespace();
+        let field = format!("metadata.annotations[{NETWORKS_ANNOTATION:?}]");
+        let selection = match pod.metadata.annotations.get(NETWORKS_ANNOTATION) {
+            Some(text) => match objects::parse_selection(text) {
+                Ok(s) => s,
+                Err(msg) => {
+                    let files = self.take_all_cni(pod);
+                    self.refuse_field(p, files, &field, msg);
+                    return None;
+                }
+            },
+            None => Vec::new(),
+        };
+        let mut out = Vec::new();
+        for (i, sel) in selection.into_iter().enumerate() {
+            // Multus names unnamed interfaces net1, net2, ... in order.
+            let ifname = sel
+                .interface
+                .clone()
+                .unwrap_or_else(|| format!("net{}", i + 1));
+            let nad = format!("{}/{}", sel.namespace.as_deref().unwrap_or(ns), sel.name);
+            let here = self
+                .cni
+                .get(&(ns.to_string(), pod.metadata.name.clone(), ifname.clone()))
+                .cloned();
+            let refuse = |me: &mut Self, msg: String| {
+                let files = match &here {
+                    Some(c) => {
+                        me.cni
+                            .remove(&(ns.to_string(), pod.metadata.name.clone(), ifname.clone()));
+                        vec![c.file.clone()]
+                    }
+                    None => Vec::new(),
+                };
+                me.refuse_field(p, files, &format!("{field}[{i}]"), msg);
+            };
+            let network = match self.nad_index.get(&nad) {
+                None => {
+                    refuse(
+                        self,
+                        format!("NetworkAttachmentDefinition {nad} is not known"),
+                    );
+                    continue;
+                }
+                Some(Err(msg)) => {
+                    refuse(
+                        self,
+                        format!("NetworkAttachmentDefinition {nad} is refused: {msg}"),
+                    );
+                    continue;
+                }
+                Some(Ok(NadConfig::Other { plugin_type })) => {
+                    if here.is_some() {
+                        refuse(
+                            self,
+                            format!(
+                                "NetworkAttachmentDefinition {nad} is not a vmpath network (its plugin is {plugin_type:?}), yet vmpath-cni was called for interface {ifname:?}"
+                            ),
+                        );
+                    }
+                    continue;
+                }
+                Some(Ok(NadConfig::Vmpath { network })) => network.clone(),
+            };
+            let nad_namespace = nad.split_once('/').map(|(n, _)| n).unwrap_or(ns);
+            if let Err(msg) = namespace_may_attach(nad_namespace, &network) {
+                refuse(self, msg);
+                continue;
+            }
+            if let Some(c) = &here
+                && c.network != network
+            {
+                refuse(
+                    self,
+                    format!(
+                        "NetworkAttachmentDefinition {nad} binds network {network:?}, but vmpath-cni was called for interface {ifname:?} on network {:?}",
+                        c.network
+                    ),
+                );
+                continue;
+            }
+            out.push(PodInterface {
+                selection: sel,
+                nad,
+                ifname,
+                network,
+            });
+        }
+        Some(out)
+    }
+
+    fn refuse_field(&mut self, p: &Object<Pod>, files: Vec<PathBuf>, field: &str, message: String) {
+        let document = label("Pod", &p.value.metadata);
+        let files = if files.is_empty() {
+            vec![p.file.clone()]
+        } else {
+            files
+        };
+        for f in files {
+            self.out
+                .errors
+                .push(error(&f, document.clone(), field, message.clone()));
+        }
+    }
+
+    fn derive(&mut self, d: Derived) {
+        let mut spec = json!({
+            "vm": d.key.vm,
+            "interface": d.key.interface,
+            "network": d.network,
+            "node": d.node,
+            "port": d.port,
+            "ips": d.ips,
+        });
+        if let Some(mac) = d.mac {
+            spec["mac"] = mac.into();
+        }
+        if let Some(m) = d.migration {
+            spec["migration"] = m;
+        }
+        self.out.documents.push(RawDocument {
+            file: d.file,
+            index: 1,
+            value: json!({
+                "apiVersion": API_VERSION,
+                "kind": "Attachment",
+                "metadata": {
+                    "name": d.name,
+                    "namespace": d.key.namespace,
+                    "annotations": {DERIVED_FROM_ANNOTATION: d.from},
+                },
+                "spec": spec,
+            }),
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeSet;
+
+    use super::*;
+    use crate::config::{self, Config, source::Snapshot};
+
+    const NETWORK: &str = include_str!("fixtures/network.yaml");
+    const VM: &str = include_str!("fixtures/vm.yaml");
+    const POD: &str = "virt-launcher-vm1-x7k2p";
+    const VMI_UID: &str = "5d1c5a3e-8f0b-4c1e-9b7a-3f2e1d0c9b8a";
+
+    fn docs(file: &str, yaml: &str) -> Vec<RawDocument> {
+        config::source::parse(yaml.as_bytes())
+            .unwrap()
+            .into_iter()
+            .enumerate()
+            .map(|(i, value)| RawDocument {
+                file: file.into(),
+                index: i + 1,
+                value,
+            })
+            .collect()
+    }
+
+    /// A port the CNI plugin handed over, as `endpoints` turns it into a
+    /// document.
+    fn cni_port(pod: &str, ifname: &str, port: &str) -> RawDocument {
+        RawDocument {
+            file: format!("{CNI_SOURCE_PREFIX}c0ffee{pod}/{ifname}").into(),
+            index: 1,
+            value: json!({
+                "apiVersion": API_VERSION,
+                "kind": "Attachment",
+                "metadata": {"name": format!("{pod}-{ifname}"), "namespace": "prod"},
+                "spec": {"vm": pod, "interface": ifname, "network": "blue", "node": "node-a", "port": port},
+            }),
+        }
+    }
+
+    fn validate(files: &[(&str, &str)], cni: Vec<RawDocument>, node: &str) -> Config {
+        let mut snap = Snapshot::default();
+        for (file, yaml) in files {
+            snap.documents.extend(docs(file, yaml));
+        }
+        snap.documents.extend(cni);
+        config::validate(&snap, node, &BTreeSet::new())
+    }
+
+    fn key(ns: &str, vm: &str, interface: &str) -> AttachmentKey {
+        AttachmentKey {
+            namespace: ns.into(),
+            vm: vm.into(),
+            interface: interface.into(),
+        }
+    }
+
+    #[test]
+    fn a_vm_interface_is_derived_from_its_pod_vmi_nad_and_claim() {
+        let cfg = validate(
+            &[("network.yaml", NETWORK), ("vm.yaml", VM)],
+            vec![cni_port(POD, "pod16477688c0e", "vmp0a1b2c3d4e")],
+            "node-a",
+        );
+        assert!(cfg.errors.is_empty(), "{:#?}", cfg.errors);
+        assert_eq!(
+            cfg.attachments.len(),
+            1,
+            "the CNI port's own document is gone"
+        );
+        let a = &cfg.attachments[0];
+        assert_eq!(a.key, key("prod", "vm1", "blue"), "the VMI's identity");
+        assert_eq!(a.network, "blue", "from the NAD's config");
+        assert_eq!(a.node, "node-a");
+        assert_eq!(a.port, "vmp0a1b2c3d4e", "the port CNI created for the pod");
+        assert_eq!(
+            a.mac,
+            Some([2, 0, 0, 0x31, 0, 0x0b]),
+            "the VMI's macAddress"
+        );
+        assert_eq!(
+            a.ips,
+            ["10.31.0.11/24".parse().unwrap()],
+            "the IPAMClaim's status.ips"
+        );
+        assert!(a.migration.is_none());
+        assert!(
+            a.source.document.contains(
+                "derived from VirtualMachineInstance prod/vm1 and Pod prod/virt-launcher-vm1-x7k2p"
+            ),
+            "{}",
+            a.source.document
+        );
+        assert!(cfg.keys_in_documents.contains(&a.key));
+        // The v1 Node gives the underlay address.
+        assert_eq!(cfg.nodes["node-a"].address.to_string(), "192.0.2.10");
+    }
+
+    #[test]
+    fn without_its_cni_port_the_vm_waits_for_it_and_keeps_its_claim() {
+        let cfg = validate(
+            &[("network.yaml", NETWORK), ("vm.yaml", VM)],
+            vec![],
+            "node-a",
+        );
+        assert!(cfg.errors.is_empty(), "{:#?}", cfg.errors);
+        let a = &cfg.attachments[0];
+        assert_eq!(a.port, placeholder_port("prod", POD, "pod16477688c0e"));
+        // No VMI, no pod: the claim is released; a VMI alone keeps it.
+        let vmi_only: String = VM
+            .split("\n---\n")
+            .next()
+            .unwrap()
+            .replace("  nodeName: node-a\n  phase", "  phase");
+        let cfg = validate(
+            &[("network.yaml", NETWORK), ("vm.yaml", &vmi_only)],
+            vec![],
+            "node-a",
+        );
+        assert!(cfg.errors.is_empty(), "{:#?}", cfg.errors);
+        assert!(
+            cfg.attachments.is_empty(),
+            "not scheduled: nothing to program"
+        );
+        assert!(cfg.keys_in_documents.contains(&key("prod", "vm1", "blue")));
+    }
+
+    #[test]
+    fn a_vm_on_another_node_is_known_from_its_vmi() {
+        let cfg = validate(
+            &[("network.yaml", NETWORK), ("vm.yaml", VM)],
+            vec![],
+            "node-b",
+        );
+        assert!(cfg.errors.is_empty(), "{:#?}", cfg.errors);
+        let a = &cfg.attachments[0];
+        assert_eq!(
+            (a.node.as_str(), a.mac),
+            ("node-a", Some([2, 0, 0, 0x31, 0, 0x0b]))
+        );
+        // The node's own pods only: without the pod, the VMI and the
+        // claim named after ipam-extensions' convention give it.
+        let no_pod: Vec<&str> = VM
+            .split("\n---\n")
+            .filter(|d| !d.contains("kind: Pod"))
+            .collect();
+        let cfg = validate(
+            &[
+                ("network.yaml", NETWORK),
+                ("vm.yaml", &no_pod.join("\n---\n")),
+            ],
+            vec![],
+            "node-b",
+        );
+        assert!(cfg.errors.is_empty(), "{:#?}", cfg.errors);
+        let a = &cfg.attachments[0];
+        assert_eq!(a.node, "node-a");
+        assert_eq!(a.ips, ["10.31.0.11/24".parse().unwrap()]);
+        assert!(
+            a.source
+                .document
+                .ends_with("(derived from VirtualMachineInstance prod/vm1)")
+        );
+    }
+
+    /// One refusal, naming `document` and saying `says`, on `file`.
+    fn refused(cfg: &Config, file: &str, document: &str, says: &str) {
+        assert!(
+            cfg.errors.iter().any(|e| e.file.to_string_lossy() == file
+                && e.document.contains(document)
+                && e.message.contains(says)),
+            "no refusal of {document} in {file} saying {says:?}: {:#?}",
+            cfg.errors
+        );
+    }
+
+    #[test]
+    fn every_refusal_names_the_object_and_reaches_the_cni_add() {
+        let port = || vec![cni_port(POD, "pod16477688c0e", "vmp0a1b2c3d4e")];
+        let cni_file = format!("{CNI_SOURCE_PREFIX}c0ffee{POD}/pod16477688c0e");
+
+        // The VMI the pod was created by is not there.
+        let vm = VM.replace(
+            &format!("created-by: {VMI_UID}"),
+            "created-by: 00000000-dead",
+        );
+        let cfg = validate(
+            &[("network.yaml", NETWORK), ("vm.yaml", &vm)],
+            port(),
+            "node-a",
+        );
+        refused(
+            &cfg,
+            &cni_file,
+            &format!("Pod prod/{POD}"),
+            "VirtualMachineInstance prod/vm1 (uid 00000000-dead), which is not known",
+        );
+        assert!(
+            cfg.attachments.is_empty(),
+            "nothing programmed for it: {:?}",
+            cfg.attachments
+        );
+        // Without a CNI port the refusal names the pod's file.
+        let cfg = validate(
+            &[("network.yaml", NETWORK), ("vm.yaml", &vm)],
+            vec![],
+            "node-a",
+        );
+        refused(
+            &cfg,
+            "vm.yaml",
+            &format!("Pod prod/{POD}"),
+            "which is not known",
+        );
+
+        // The selection names a NAD nobody defined.
+        let vm = VM.replace(
+            r#""name":"blue","namespace":"prod""#,
+            r#""name":"bleu","namespace":"prod""#,
+        );
+        let cfg = validate(
+            &[("network.yaml", NETWORK), ("vm.yaml", &vm)],
+            port(),
+            "node-a",
+        );
+        refused(
+            &cfg,
+            &cni_file,
+            &format!("Pod prod/{POD}"),
+            "NetworkAttachmentDefinition prod/bleu is not known",
+        );
+
+        // The NAD is another plugin's, yet vmpath-cni was called.
+        let net = NETWORK.replace(r#""type": "vmpath-cni""#, r#""type": "bridge""#);
+        let cfg = validate(&[("network.yaml", &net), ("vm.yaml", VM)], port(), "node-a");
+        refused(
+            &cfg,
+            &cni_file,
+            &format!("Pod prod/{POD}"),
+            "is not a vmpath network (its plugin is \"bridge\")",
+        );
+        assert!(cfg.attachments.is_empty());
+        // ... and without vmpath-cni involved it is simply not vmpath's.
+        let cfg = validate(&[("network.yaml", &net), ("vm.yaml", VM)], vec![], "node-a");
+        assert!(
+            cfg.errors.is_empty() && cfg.attachments.is_empty(),
+            "{:#?}",
+            cfg.errors
+        );
+
+        // A vmpath NAD that names no network.
+        let net = NETWORK.replace(r#", "network": "blue""#, "");
+        let cfg = validate(&[("network.yaml", &net), ("vm.yaml", VM)], port(), "node-a");
+        refused(
+            &cfg,
+            "network.yaml",
+            "NetworkAttachmentDefinition prod/blue",
+            "names no \"network\"",
+        );
+        refused(
+            &cfg,
+            &cni_file,
+            &format!("Pod prod/{POD}"),
+            "NetworkAttachmentDefinition prod/blue is refused",
+        );
+
+        // The NAD binds a Network that does not exist: the derived
+        // Attachment is refused by the same validation as any other.
+        let net = NETWORK.replace(r#""network": "blue""#, r#""network": "green""#);
+        let cfg = validate(&[("network.yaml", &net), ("vm.yaml", VM)], vec![], "node-a");
+        refused(
+            &cfg,
+            "vm.yaml",
+            "Attachment prod/vm1-blue (derived from VirtualMachineInstance prod/vm1 and Pod prod/virt-launcher-vm1-x7k2p)",
+            "unknown network \"green\"",
+        );
+
+        // The pod does not select the VMI's network.
+        let vm = VM.replace(r#"networkName: prod/blue"#, "networkName: prod/red")
+            + "---\napiVersion: k8s.cni.cncf.io/v1\nkind: NetworkAttachmentDefinition\nmetadata: {name: red, namespace: prod}\nspec: {config: '{\"type\": \"vmpath-cni\", \"network\": \"blue\"}'}\n";
+        let cfg = validate(
+            &[("network.yaml", NETWORK), ("vm.yaml", &vm)],
+            port(),
+            "node-a",
+        );
+        refused(
+            &cfg,
+            &cni_file,
+            &format!("Pod prod/{POD}"),
+            "selects no network for VirtualMachineInstance prod/vm1's network \"blue\" (NetworkAttachmentDefinition prod/red)",
+        );
+
+        // CNI was called for an interface the pod does not select.
+        let cfg = validate(
+            &[("network.yaml", NETWORK), ("vm.yaml", VM)],
+            vec![cni_port(POD, "net9", "vmp99")],
+            "node-a",
+        );
+        refused(
+            &cfg,
+            &format!("{CNI_SOURCE_PREFIX}c0ffee{POD}/net9"),
+            &format!("Pod prod/{POD}"),
+            "no vmpath network of the pod is its interface \"net9\"",
+        );
+
+        // A Pod object with a broken field names it.
+        let vm = VM.replace("phase: Running\n  podIP", "phase: [Running]\n  podIP");
+        let cfg = validate(
+            &[("network.yaml", NETWORK), ("vm.yaml", &vm)],
+            vec![],
+            "node-a",
+        );
+        refused(
+            &cfg,
+            "vm.yaml",
+            &format!("Pod prod/{POD}"),
+            "expected a string",
+        );
+    }
+
+    const MIGRATING: &str = "  migrationState:
+    migrationUid: 7c6b5a49-3827-4160-9f5e-4d3c2b1a0f9e
+    sourceNode: node-a
+    targetNode: node-b
+    sourcePod: virt-launcher-vm1-x7k2p
+    targetPod: virt-launcher-vm1-q9w8e
+    startTimestamp: \"2026-11-30T10:00:00Z\"
+    mode: PreCopy
+";
+
+    /// The VM mid-migration from node-a to node-b, with its target pod.
+    fn migrating(extra_status: &str) -> String {
+        let target_pod = VM
+            .split("\n---\n")
+            .find(|d| d.contains("kind: Pod"))
+            .unwrap()
+            .replace("virt-launcher-vm1-x7k2p", "virt-launcher-vm1-q9w8e")
+            .replace("nodeName: node-a", "nodeName: node-b")
+            .replace(
+                "    kubevirt.io: virt-launcher\n",
+                "    kubevirt.io: virt-launcher\n    kubevirt.io/migrationJobUID: 7c6b5a49-3827-4160-9f5e-4d3c2b1a0f9e\n",
+            );
+        let vm = VM.replace(
+            "  migrationMethod: LiveMigration\n",
+            &format!("  migrationMethod: LiveMigration\n{MIGRATING}{extra_status}"),
+        );
+        format!(
+            "{vm}---\n{target_pod}\n---\napiVersion: kubevirt.io/v1\nkind: VirtualMachineInstanceMigration\nmetadata: {{name: mig1, namespace: prod, uid: 7c6b5a49-3827-4160-9f5e-4d3c2b1a0f9e}}\nspec: {{vmiName: vm1}}\nstatus: {{phase: Running}}\n"
+        )
+    }
+
+    #[test]
+    fn a_migration_is_derived_from_the_vmi_and_its_target_pod() {
+        let target_port = "vmp5566778899";
+        let cni = |pod: &str, port: &str| vec![cni_port(pod, "pod16477688c0e", port)];
+        let vm = migrating("");
+        // On the target node: the target pod's port, pending.
+        let cfg = validate(
+            &[("network.yaml", NETWORK), ("vm.yaml", &vm)],
+            cni("virt-launcher-vm1-q9w8e", target_port),
+            "node-b",
+        );
+        assert!(cfg.errors.is_empty(), "{:#?}", cfg.errors);
+        let a = &cfg.attachments[0];
+        assert_eq!(a.node, "node-a");
+        let m = a.migration.as_ref().expect("a migration");
+        assert_eq!(
+            (m.target_node.as_str(), m.target_port.as_deref(), m.ready),
+            ("node-b", Some(target_port), false)
+        );
+        assert_eq!(
+            a.ips,
+            ["10.31.0.11/24".parse().unwrap()],
+            "same addresses on both sides"
+        );
+        // On the source node: its own pod's port.
+        let cfg = validate(
+            &[("network.yaml", NETWORK), ("vm.yaml", &vm)],
+            cni(POD, "vmp0a1b2c3d4e"),
+            "node-a",
+        );
+        assert!(cfg.errors.is_empty(), "{:#?}", cfg.errors);
+        assert_eq!(cfg.attachments[0].port, "vmp0a1b2c3d4e");
+        assert!(!cfg.attachments[0].migration.as_ref().unwrap().ready);
+
+        // The domain runs on the target: cut over.
+        let vm = migrating("    targetNodeDomainReadyTimestamp: \"2026-11-30T10:00:07Z\"\n");
+        let cfg = validate(
+            &[("network.yaml", NETWORK), ("vm.yaml", &vm)],
+            cni("virt-launcher-vm1-q9w8e", target_port),
+            "node-b",
+        );
+        assert!(cfg.attachments[0].migration.as_ref().unwrap().ready);
+
+        // The VMIM failed: rolled back, no migration, the source's pod.
+        let vm = migrating("").replace("status: {phase: Running}", "status: {phase: Failed}");
+        let cfg = validate(
+            &[("network.yaml", NETWORK), ("vm.yaml", &vm)],
+            cni(POD, "vmp0a1b2c3d4e"),
+            "node-a",
+        );
+        assert!(cfg.errors.is_empty(), "{:#?}", cfg.errors);
+        assert!(cfg.attachments[0].migration.is_none());
+        assert_eq!(
+            (
+                cfg.attachments[0].node.as_str(),
+                cfg.attachments[0].port.as_str()
+            ),
+            ("node-a", "vmp0a1b2c3d4e")
+        );
+
+        // Completed: the VMI's node is the target's, its pod runs the VM.
+        let vm = migrating("    completed: true\n").replace(
+            "  nodeName: node-a\n  phase: Running",
+            "  nodeName: node-b\n  phase: Running",
+        );
+        let cfg = validate(
+            &[("network.yaml", NETWORK), ("vm.yaml", &vm)],
+            cni("virt-launcher-vm1-q9w8e", target_port),
+            "node-b",
+        );
+        assert!(cfg.errors.is_empty(), "{:#?}", cfg.errors);
+        let a = &cfg.attachments[0];
+        assert!(a.migration.is_none());
+        assert_eq!((a.node.as_str(), a.port.as_str()), ("node-b", target_port));
+    }
+
+    #[test]
+    fn a_plain_pod_and_a_kubectl_list_read_too() {
+        let list = "apiVersion: v1
+kind: List
+items:
+- apiVersion: v1
+  kind: Pod
+  metadata:
+    name: web-0
+    namespace: prod
+    annotations: {k8s.v1.cni.cncf.io/networks: 'blue'}
+  spec: {nodeName: node-a}
+  status: {phase: Running}
+";
+        let cni = cni_port("web-0", "net1", "vmp77");
+        let mut cni_with_mac = cni.clone();
+        cni_with_mac.value["spec"]["mac"] = "02:00:00:00:77:01".into();
+        let cfg = validate(
+            &[("network.yaml", NETWORK), ("pods.yaml", list)],
+            vec![cni_with_mac],
+            "node-a",
+        );
+        assert!(cfg.errors.is_empty(), "{:#?}", cfg.errors);
+        let a = &cfg.attachments[0];
+        assert_eq!(
+            a.key,
+            key("prod", "web-0", "net1"),
+            "Multus's default interface name"
+        );
+        assert_eq!(
+            (a.port.as_str(), a.mac),
+            ("vmp77", Some([2, 0, 0, 0, 0x77, 1]))
+        );
+        // A CNI port of a pod without a Pod object is as before.
+        let cfg = validate(&[("network.yaml", NETWORK)], vec![cni], "node-a");
+        assert!(cfg.errors.is_empty(), "{:#?}", cfg.errors);
+        assert_eq!(cfg.attachments[0].key, key("prod", "web-0", "net1"));
+    }
+}
