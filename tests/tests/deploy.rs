@@ -472,7 +472,9 @@ fn daemonset_installs_the_cni_plugin_into_the_hosts_cni_bin() {
 /// core API only), so these follow KubeVirt's and the NAD CRD's published
 /// field names, refuse every field they do not know, and take `metadata`
 /// and quantities from k8s-openapi. A misspelt or misplaced field fails
-/// to deserialize, as the API server would refuse it.
+/// to deserialize, as the API server would refuse it. Fields are there to
+/// be checked while deserializing, not all to be read.
+#[allow(dead_code)]
 mod upstream {
     use std::collections::BTreeMap;
 
