@@ -405,7 +405,8 @@ fn add(shared: &Published, registry: &Registry, e: EndpointRequest) -> Reply {
     shared.wake(crate::events::Wake::Endpoint);
     info!(endpoint = %id, vm = %key, network = %e.network, port = %e.port, "CNI endpoint added");
     let source = e.source();
-    let deadline = Instant::now() + PROGRAM_TIMEOUT;
+    let received = Instant::now();
+    let deadline = received + PROGRAM_TIMEOUT;
     // Woken by the loop after each round; the first round that read this
     // endpoint (generation) decides a refusal. Programming may take later
     // rounds (a port that appears late).
@@ -420,10 +421,30 @@ fn add(shared: &Published, registry: &Registry, e: EndpointRequest) -> Reply {
                 if let Err(err) = registry.update(|s| s.kept.insert(kept)) {
                     warn!("recording the kept claim of {key}: {err}");
                 }
+                // How long the runtime's ADD waited on the agent.
+                info!(
+                    endpoint = %id,
+                    wait_ms = received.elapsed().as_secs_f64() * 1e3,
+                    "CNI endpoint programmed"
+                );
                 return reply(200, &described);
             }
-            if let Some(refusal) = view.config_errors.iter().find(|c| c.file == source) {
-                let message = format!("refused: {}", refusal.message);
+            // Refused by validation, or valid but not served (a network
+            // whose local ports are at the data path's limit).
+            let not_served = format!("attachment {key} not served");
+            let refusal = view
+                .config_errors
+                .iter()
+                .find(|c| c.file == source)
+                .map(|c| c.message.clone())
+                .or_else(|| {
+                    view.problems
+                        .iter()
+                        .find(|p| p.starts_with(&not_served))
+                        .cloned()
+                });
+            if let Some(refusal) = refusal {
+                let message = format!("refused: {refusal}");
                 drop(done);
                 forget(registry, &id);
                 shared.wake(crate::events::Wake::Endpoint);
