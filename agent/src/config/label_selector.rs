@@ -155,7 +155,9 @@ mod tests {
 
     #[test]
     fn each_operator_as_kubernetes_defines_it() {
-        let table: &[(&str, &[(&str, &str)], bool)] = &[
+        // (expression, the namespace's labels, matches)
+        type Row = (&'static str, &'static [(&'static str, &'static str)], bool);
+        let table: &[Row] = &[
             (
                 "{key: env, operator: In, values: [prod, staging]}",
                 &[("env", "prod")],

@@ -23,6 +23,9 @@ use crate::{
     util::{enter_netns, fmt, percentile},
 };
 
+/// One plugin's figures: its name, sequential and concurrent ADD times (ms).
+type Figures = (&'static str, Vec<f64>, Vec<f64>);
+
 pub struct Options {
     pub sequential: usize,
     pub concurrent: usize,
@@ -213,7 +216,7 @@ pub fn run(opts: &Options) -> Result<Section> {
         },
     ];
     // One untimed warm-up ADD each (page cache, the bridge's creation).
-    let measured = (|| -> Result<Vec<(&str, Vec<f64>, Vec<f64>)>> {
+    let measured = (|| -> Result<Vec<Figures>> {
         let mut figures = Vec::new();
         for (i, p) in plugins.iter().enumerate() {
             sequential(&node, p, 1, &format!("w{i}"))?;
