@@ -387,7 +387,11 @@ mod tests {
             .collect();
         // vm00 sorts before every programmed one.
         let more = plan_with_ids(&cfg(0..=MAX_FLOOD_PORTS), "a", ifindex, &previous);
-        assert_eq!(ids(&more), ids(&full), "the programmed ports stay as they are");
+        assert_eq!(
+            ids(&more),
+            ids(&full),
+            "the programmed ports stay as they are"
+        );
         assert!(
             more.problems
                 .iter()
