@@ -137,6 +137,8 @@ fn build_view(
             egress: format!("{:?}", n.egress),
             mtu: n.mtu,
             attachments: per_network.get(n.name.as_str()).copied().unwrap_or(0),
+            dns_servers: n.dhcp.dns_servers.iter().map(|s| s.to_string()).collect(),
+            search_domains: n.dhcp.search_domains.clone(),
         })
         .collect();
     let attachments = cfg
@@ -455,6 +457,7 @@ pub fn run(
             }
             shared.publish(view);
         }
+        crate::endpoints::round_done();
         accepted = cfg.attachments.iter().map(|a| a.key.clone()).collect();
         // Until a migration is over, the data path's side of it is
         // followed on every tick.

@@ -20,7 +20,7 @@ use std::{
     io::Read as _,
     path::{Path, PathBuf},
     sync::{
-        Mutex, OnceLock,
+        Condvar, Mutex, OnceLock,
         atomic::{AtomicU64, Ordering},
     },
     time::{Duration, Instant},
@@ -151,6 +151,15 @@ pub struct EndpointReply {
     pub ips: Vec<String>,
     pub gateways: Vec<String>,
     pub mtu: Option<u16>,
+    /// The network's DNS servers and search domains (its DHCP options).
+    #[serde(default)]
+    pub dns: Dns,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Dns {
+    pub nameservers: Vec<String>,
+    pub search: Vec<String>,
 }
 
 #[derive(Debug, Default, Serialize, Deserialize)]
@@ -168,8 +177,10 @@ struct Registry {
     generation: AtomicU64,
     /// The generation the last reconcile round started with.
     seen: AtomicU64,
-    /// Reconcile rounds started.
-    rounds: AtomicU64,
+    /// The generation the last finished round read (its view published);
+    /// ADDs wait on `round_finished` for it to reach theirs.
+    done: Mutex<u64>,
+    round_finished: Condvar,
 }
 
 static REGISTRY: OnceLock<Registry> = OnceLock::new();
@@ -189,7 +200,8 @@ fn load(state_dir: &Path) -> Registry {
         stored: Mutex::new(stored),
         generation: AtomicU64::new(1),
         seen: AtomicU64::new(0),
-        rounds: AtomicU64::new(0),
+        done: Mutex::new(0),
+        round_finished: Condvar::new(),
     }
 }
 
@@ -238,7 +250,17 @@ pub fn add_documents(state_dir: &Path, node: &str, snap: &mut Snapshot) {
     snap.fingerprint =
         crate::hash::fnv1a(&[&snap.fingerprint.to_be_bytes(), &generation.to_be_bytes()]);
     registry.seen.store(generation, Ordering::SeqCst);
-    registry.rounds.fetch_add(1, Ordering::SeqCst);
+}
+
+/// Called by the reconcile loop once a round's view is published: wakes
+/// the ADDs waiting for their endpoint to be programmed (or refused).
+pub fn round_done() {
+    let Some(registry) = REGISTRY.get() else {
+        return;
+    };
+    let mut done = registry.done.lock().unwrap_or_else(|p| p.into_inner());
+    *done = registry.seen.load(Ordering::SeqCst);
+    registry.round_finished.notify_all();
 }
 
 /// Keeps the claims of VM interfaces CNI programmed once (DEL never
@@ -295,6 +317,12 @@ fn describe(view: &View, e: &EndpointRequest) -> EndpointReply {
             .unwrap_or_default(),
         gateways: net.map(|n| n.gateway_ips.clone()).unwrap_or_default(),
         mtu: net.map(|n| n.mtu),
+        dns: net
+            .map(|n| Dns {
+                nameservers: n.dns_servers.clone(),
+                search: n.search_domains.clone(),
+            })
+            .unwrap_or_default(),
     }
 }
 
@@ -382,43 +410,72 @@ fn add(shared: &Published, registry: &Registry, e: EndpointRequest) -> Reply {
     shared.wake(crate::events::Wake::Endpoint);
     info!(endpoint = %id, vm = %key, network = %e.network, port = %e.port, "CNI endpoint added");
     let source = e.source();
-    let deadline = Instant::now() + PROGRAM_TIMEOUT;
-    // The round that read this endpoint; once a later one started, that
-    // round's view is published and a refusal in it is final.
-    let mut reading_round = None;
+    let received = Instant::now();
+    let deadline = received + PROGRAM_TIMEOUT;
+    // Woken by the loop after each round; the first round that read this
+    // endpoint (generation) decides a refusal. Programming may take later
+    // rounds (a port that appears late).
+    let mut done = registry.done.lock().unwrap_or_else(|p| p.into_inner());
     loop {
-        if reading_round.is_none() && registry.seen.load(Ordering::SeqCst) >= generation {
-            reading_round = Some(registry.rounds.load(Ordering::SeqCst));
-        }
-        let view = shared.view();
-        let described = describe(&view, &e);
-        if described.state == state::LOCAL {
-            let kept = (key.namespace.clone(), key.vm.clone(), key.interface.clone());
-            if let Err(err) = registry.update(|s| s.kept.insert(kept)) {
-                warn!("recording the kept claim of {key}: {err}");
+        if *done >= generation {
+            let view = shared.view();
+            let described = describe(&view, &e);
+            if described.state == state::LOCAL {
+                drop(done);
+                let kept = (key.namespace.clone(), key.vm.clone(), key.interface.clone());
+                if let Err(err) = registry.update(|s| s.kept.insert(kept)) {
+                    warn!("recording the kept claim of {key}: {err}");
+                }
+                // How long the runtime's ADD waited on the agent.
+                info!(
+                    endpoint = %id,
+                    wait_ms = received.elapsed().as_secs_f64() * 1e3,
+                    "CNI endpoint programmed"
+                );
+                return reply(200, &described);
             }
-            return reply(200, &described);
+            // Refused by validation, or valid but not served (a network
+            // whose local ports are at the data path's limit).
+            let not_served = format!("attachment {key} not served");
+            let refusal = view
+                .config_errors
+                .iter()
+                .find(|c| c.file == source)
+                .map(|c| c.message.clone())
+                .or_else(|| {
+                    view.problems
+                        .iter()
+                        .find(|p| p.starts_with(&not_served))
+                        .cloned()
+                });
+            if let Some(refusal) = refusal {
+                let message = format!("refused: {refusal}");
+                drop(done);
+                forget(registry, &id);
+                shared.wake(crate::events::Wake::Endpoint);
+                return error(409, message);
+            }
         }
-        let decided = reading_round.is_some_and(|r| registry.rounds.load(Ordering::SeqCst) > r);
-        let refusal = view.config_errors.iter().find(|c| c.file == source);
-        if let (true, Some(refusal)) = (decided, refusal) {
-            let message = format!("refused: {}", refusal.message);
+        let now = Instant::now();
+        if now >= deadline {
+            drop(done);
             forget(registry, &id);
-            return error(409, message);
-        }
-        if Instant::now() >= deadline {
-            forget(registry, &id);
+            shared.wake(crate::events::Wake::Endpoint);
+            let state = describe(&shared.view(), &e).state;
             return error(
                 504,
                 format!(
-                    "port {} of {key} not programmed within {} s (state {})",
+                    "port {} of {key} not programmed within {} s (state {state})",
                     e.port,
                     PROGRAM_TIMEOUT.as_secs(),
-                    described.state
                 ),
             );
         }
-        std::thread::sleep(Duration::from_millis(20));
+        done = registry
+            .round_finished
+            .wait_timeout(done, deadline - now)
+            .unwrap_or_else(|p| p.into_inner())
+            .0;
     }
 }
 

@@ -149,7 +149,11 @@ pub fn plan_with_ids(
     }
 
     let ids = port_ids(cfg, node, previous, &mut plan.problems);
-    for att in &cfg.attachments {
+    // Ports programmed before come first: where a network's flood list is
+    // full, a new port is the one refused, never a running one displaced.
+    let mut ordered: Vec<_> = cfg.attachments.iter().collect();
+    ordered.sort_by_key(|a| !previous.contains_key(&a.key));
+    for att in ordered {
         // Active here, or here as the target of a pending migration.
         let Some((port_name, pending)) = local_port(att, node) else {
             continue;
@@ -341,6 +345,59 @@ mod tests {
         assert_eq!(
             ids(&second),
             BTreeMap::from([("vm2".into(), 2), ("vm3".into(), 3), ("vm4".into(), 1)])
+        );
+    }
+
+    /// A network's flood list holds MAX_FLOOD_PORTS local ports: a port
+    /// added to a full network is refused (named in the problems), and
+    /// none of the programmed ones is displaced, whatever the names' order.
+    #[test]
+    fn a_new_port_never_displaces_a_programmed_one() {
+        let cfg = |n: std::ops::RangeInclusive<usize>| {
+            let mut snap = config::source::Snapshot::default();
+            snap.documents.push(config::source::RawDocument {
+                file: "c.yaml".into(),
+                index: 1,
+                value: serde_json::json!({"apiVersion": "vmpath.dev/v1alpha1", "kind": "Network",
+                    "metadata": {"name": "blue"}, "spec": {"id": 100, "subnets": ["10.20.0.0/16"], "ipam": {"mode": "Disabled"}}}),
+            });
+            for i in n {
+                snap.documents.push(config::source::RawDocument {
+                    file: "c.yaml".into(),
+                    index: i + 2,
+                    value: serde_json::json!({"apiVersion": "vmpath.dev/v1alpha1", "kind": "Attachment",
+                        "metadata": {"name": format!("vm{i:02}"), "namespace": "prod"},
+                        "spec": {"vm": format!("vm{i:02}"), "interface": "eth0", "network": "blue", "node": "a",
+                            "port": format!("p-vm{i:02}"), "mac": format!("52:54:00:00:01:{i:02x}")}}),
+                });
+            }
+            Resolved::new(config::validate(&snap, "a", &Default::default()))
+        };
+        let ifindex = |name: &str| {
+            name.strip_prefix("p-vm")
+                .and_then(|n| n.parse::<u32>().ok())
+                .map(|n| 10 + n)
+        };
+        let full = plan(&cfg(1..=MAX_FLOOD_PORTS), "a", ifindex);
+        assert_eq!(full.ports.len(), MAX_FLOOD_PORTS);
+        let previous: BTreeMap<AttachmentKey, u32> = full
+            .ports
+            .values()
+            .map(|p| (p.attachment.clone(), p.info.port_id))
+            .collect();
+        // vm00 sorts before every programmed one.
+        let more = plan_with_ids(&cfg(0..=MAX_FLOOD_PORTS), "a", ifindex, &previous);
+        assert_eq!(
+            ids(&more),
+            ids(&full),
+            "the programmed ports stay as they are"
+        );
+        assert!(
+            more.problems
+                .iter()
+                .any(|p| p.starts_with("attachment prod/vm00/eth0 not served")),
+            "{:?}",
+            more.problems
         );
     }
 

@@ -60,6 +60,11 @@ pub struct NetworkView {
     pub mtu: u16,
     /// Attachments on this network (any node).
     pub attachments: usize,
+    /// DNS servers and search domains handed out (DHCP, CNI results).
+    #[serde(default)]
+    pub dns_servers: Vec<String>,
+    #[serde(default)]
+    pub search_domains: Vec<String>,
 }
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
@@ -339,6 +344,8 @@ pub(crate) mod sample {
                 egress: "None".into(),
                 mtu: 1500,
                 attachments: 4,
+                dns_servers: vec![],
+                search_domains: vec![],
             }],
             attachments: vec![
                 attachment("vm1", "a", Some(11), "none"),

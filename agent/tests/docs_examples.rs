@@ -63,7 +63,10 @@ fn every_example_is_accepted_whole_on_every_node_it_names() {
         );
         assert_eq!(
             documents,
-            cfg.config.nodes.len() + cfg.config.networks.len() + cfg.attachments.len(),
+            cfg.config.nodes.len()
+                + cfg.config.networks.len()
+                + cfg.attachments.len()
+                + cfg.config.namespaces.len(),
             "{}: a document was dropped without a refusal",
             example.display()
         );

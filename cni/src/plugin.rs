@@ -10,7 +10,7 @@ use ipnet::IpNet;
 use rscni_plugin::{
     cni::Cni,
     error::Error,
-    types::{Args, CNIResult, Interface, IpConfig, NetConf, Route},
+    types::{Args, CNIResult, Dns, Interface, IpConfig, NetConf, Route},
 };
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -116,11 +116,6 @@ pub fn host_ifname(container_id: &str, ifname: &str) -> String {
     )
 }
 
-/// The pod side's name until it is renamed inside the pod.
-fn temp_ifname(host: &str) -> String {
-    format!("vmt{}", &host[3..])
-}
-
 /// The identity parts every ADD, DEL and CHECK has.
 struct Call {
     container_id: String,
@@ -173,6 +168,17 @@ struct EndpointReply {
     ips: Vec<String>,
     gateways: Vec<String>,
     mtu: Option<u16>,
+    #[serde(default)]
+    dns: AgentDns,
+}
+
+/// The network's DNS servers and search domains.
+#[derive(Debug, Default, Deserialize)]
+struct AgentDns {
+    #[serde(default)]
+    nameservers: Vec<String>,
+    #[serde(default)]
+    search: Vec<String>,
 }
 
 /// The endpoint as the plugin handed it over.
@@ -259,6 +265,14 @@ fn build_result(
         socket_path: None,
         pci_id: None,
     });
+    if !reply.dns.nameservers.is_empty() || !reply.dns.search.is_empty() {
+        result.dns = Some(Dns {
+            nameservers: reply.dns.nameservers.clone(),
+            domain: None,
+            search: (!reply.dns.search.is_empty()).then(|| reply.dns.search.clone()),
+            options: None,
+        });
+    }
     let gateways: Vec<IpAddr> = reply
         .gateways
         .iter()
@@ -296,32 +310,31 @@ fn build_result(
     Ok(result)
 }
 
-/// Gives a plain pod its addresses and routes.
-fn configure_pod(netns: &str, ifname: &str, result: &CNIResult, base: usize) -> Result<(), String> {
-    for ip in result
+/// Gives a plain pod its addresses and routes (those of the interface at
+/// `base + 1` in `result`).
+fn configure_pod(
+    nl: &link::Netlink,
+    index: u32,
+    result: &CNIResult,
+    base: usize,
+) -> Result<(), String> {
+    let addresses: Vec<IpNet> = result
         .ips
         .iter()
         .filter(|i| i.interface.map(|i| i as usize) == Some(base + 1))
-    {
-        let addr = ip.address.to_string();
-        let mut args = vec!["addr", "add", &addr, "dev", ifname];
-        if ip.address.addr().is_ipv6() {
-            // The agent's IPAM already made the address unique.
-            args.push("nodad");
-        }
-        link::ip(Some(netns), &args)?;
-    }
-    for r in &result.routes {
-        let (Some(gw), dst) = (r.gw, r.dst.to_string()) else {
-            continue;
-        };
-        let gw = gw.to_string();
-        link::ip(
-            Some(netns),
-            &["route", "replace", &dst, "via", &gw, "dev", ifname],
-        )?;
-    }
-    Ok(())
+        .map(|i| i.address)
+        .collect();
+    let routes: Vec<(IpNet, IpAddr)> = result
+        .routes
+        .iter()
+        .filter_map(|r| Some((r.dst, r.gw?)))
+        .collect();
+    nl.configure_pod(index, &addresses, &routes)
+}
+
+fn netlink(netns: Option<&str>) -> Result<link::Netlink, Error> {
+    link::Netlink::open(netns)
+        .map_err(|e| Error::Custom(CODE_AGENT_REFUSED, "netlink is not available".into(), e))
 }
 
 impl Cni for VmpathCni {
@@ -340,24 +353,19 @@ impl Cni for VmpathCni {
         let vm = is_vm(&args);
         let mac = requested_mac(&args);
         let host = host_ifname(&call.container_id, &call.ifname);
-        let pod_side = link::create_veth(
-            &host,
-            &temp_ifname(&host),
-            &netns,
-            &call.ifname,
-            mac.as_deref(),
-            mtu,
-        )
-        .map_err(|e| {
-            Error::Custom(
-                CODE_AGENT_REFUSED,
-                "creating the veth pair failed".into(),
-                e,
-            )
-        })?;
+        let nl = netlink(Some(&netns))?;
+        let pod_side = nl
+            .create_veth(&host, &call.ifname, mac.as_deref(), mtu)
+            .map_err(|e| {
+                Error::Custom(
+                    CODE_AGENT_REFUSED,
+                    "creating the veth pair failed".into(),
+                    e,
+                )
+            })?;
         let undo = |e: Error| {
             let _ = agent::request(&conf.socket, "DELETE", &call.path(), None);
-            let _ = link::delete(&host);
+            let _ = nl.delete(&host);
             e
         };
         let sandbox_mac = pod_side.address.clone().unwrap_or_default();
@@ -415,7 +423,7 @@ impl Cni for VmpathCni {
         };
         let prev = args.config().prev_result.clone();
         let base = prev.as_ref().map_or(0, |p| p.interfaces.len());
-        let host_mac = link::show(None, &host).and_then(|l| l.address);
+        let host_mac = nl.host_link(&host).ok().flatten().and_then(|l| l.address);
         let result = build_result(
             prev,
             Made {
@@ -430,7 +438,7 @@ impl Cni for VmpathCni {
         )
         .map_err(undo)?;
         if !vm {
-            configure_pod(&netns, &call.ifname, &result, base).map_err(|e| {
+            configure_pod(&nl, pod_side.index, &result, base).map_err(|e| {
                 undo(Error::Custom(
                     CODE_AGENT_REFUSED,
                     "configuring the pod's addresses failed".into(),
@@ -446,7 +454,8 @@ impl Cni for VmpathCni {
         let call = Call::of(&args)?;
         // The port first: whatever the agent says, it must not outlive DEL.
         // The pod side goes with it (and with the netns, when that is gone).
-        link::delete(&host_ifname(&call.container_id, &call.ifname))
+        netlink(None)?
+            .delete(&host_ifname(&call.container_id, &call.ifname))
             .map_err(|e| Error::Custom(CODE_AGENT_REFUSED, "deleting the port failed".into(), e))?;
         match agent::request(&conf.socket, "DELETE", &call.path(), None) {
             Ok(a) if a.code == 200 || a.code == 404 => Ok(()),
@@ -494,9 +503,14 @@ impl Cni for VmpathCni {
                 reply.endpoint.port, reply.state
             )));
         }
-        let host = link::show(None, &reply.endpoint.port)
+        let nl = link::Netlink::open(Some(&netns)).map_err(fail)?;
+        let host = nl
+            .host_link(&reply.endpoint.port)
+            .map_err(fail)?
             .ok_or_else(|| fail(format!("the host side {} is missing", reply.endpoint.port)))?;
-        let pod = link::show(Some(&netns), &call.ifname)
+        let pod = nl
+            .pod_link(&call.ifname)
+            .map_err(fail)?
             .ok_or_else(|| fail(format!("{} is missing in {netns}", call.ifname)))?;
         let want_mtu = reply.mtu.map(u32::from).unwrap_or(DEFAULT_MTU);
         for l in [&host, &pod] {
@@ -567,6 +581,7 @@ impl Cni for VmpathCni {
             agent::request(&conf.socket, "GET", "/v1/endpoints", None).map_err(unreachable)?;
         let list: Value = serde_json::from_str(&answer.body)
             .map_err(|e| Error::FailedToDecode(format!("the agent's endpoints: {e}")))?;
+        let nl = netlink(None)?;
         let mut failures = Vec::new();
         for e in list["endpoints"].as_array().into_iter().flatten() {
             let field = |k: &str| e["endpoint"][k].as_str().unwrap_or_default().to_string();
@@ -574,7 +589,7 @@ impl Cni for VmpathCni {
             if field("network") != conf.network || valid.contains(&(cid.clone(), ifname.clone())) {
                 continue;
             }
-            if let Err(err) = link::delete(&field("port")) {
+            if let Err(err) = nl.delete(&field("port")) {
                 failures.push(err);
                 continue;
             }
@@ -603,6 +618,5 @@ mod tests {
         assert!(a.starts_with("vmp"));
         assert_ne!(a, b);
         assert_eq!(a, host_ifname("0123456789abcdef", "eth0"));
-        assert_eq!(temp_ifname(&a).len(), 13);
     }
 }

@@ -15,6 +15,32 @@ use serde_json::{Value, json};
 use vmpath_tests::{Netns, Node, run_status, unique_tag, wait_for, yaml};
 
 const BLUE: &str = "blue";
+/// A network whose namespaceSelector refuses the `default` namespace (where
+/// podman's containers are) and admits namespaces labelled `team: tenant`.
+const TENANT: &str = "tenant";
+const TENANT_NETWORK: &str = "apiVersion: vmpath.dev/v1alpha1
+kind: Network
+metadata: {name: tenant}
+spec:
+  id: 301
+  subnets: [10.31.0.0/24]
+  defaultGatewayIPs: [10.31.0.1]
+  namespaceSelector:
+    matchLabels: {team: tenant}
+    matchExpressions: [{key: kubernetes.io/metadata.name, operator: NotIn, values: [default]}]
+---
+apiVersion: v1
+kind: Namespace
+metadata:
+  name: tenant-a
+  labels: {team: tenant}
+---
+apiVersion: v1
+kind: Namespace
+metadata:
+  name: default
+  labels: {team: tenant}
+";
 
 /// The plugin binary: `VMPATH_CNI_BIN`, else built once.
 fn cni_bin() -> PathBuf {
@@ -105,9 +131,16 @@ impl Pod {
         }
     }
 
+    /// `CNI_ARGS` as Multus passes them; `extra` may name another
+    /// namespace (`;K8S_POD_NAMESPACE=...`).
     fn args(&self, extra: &str) -> String {
+        let namespace = if extra.contains("K8S_POD_NAMESPACE=") {
+            ""
+        } else {
+            ";K8S_POD_NAMESPACE=default"
+        };
         format!(
-            "IgnoreUnknown=1;K8S_POD_NAMESPACE=default;K8S_POD_NAME={}{extra}",
+            "IgnoreUnknown=1{namespace};K8S_POD_NAME={}{extra}",
             self.name
         )
     }
@@ -154,13 +187,28 @@ fn blue_node() -> (Node, vmpath_tests::Vm) {
     node.write_config(
         "config.yaml",
         &yaml::docs(&[
-            yaml::network(BLUE, 300, &["10.30.0.0/24"], &["10.30.0.1"], true),
+            yaml::network(BLUE, 300, &["10.30.0.0/24"], &["10.30.0.1"], true)
+                + "  dhcp: {dnsServers: [10.30.0.53], searchDomains: [blue.example]}\n",
             yaml::attachment("vm1", BLUE, "c", &vm.port, &vm.mac, &["10.30.0.11/24"]),
+            TENANT_NETWORK.to_string(),
         ]),
     );
     node.start_agent();
     node.wait_ports(&[&vm.port]);
     (node, vm)
+}
+
+/// Endpoints the agent holds.
+fn endpoint_count(node: &Node) -> usize {
+    let list: Value = serde_json::from_str(&node.ns.run(&[
+        "curl",
+        "-s",
+        "--unix-socket",
+        node.api_socket().to_str().unwrap(),
+        "http://vmpath/v1/endpoints",
+    ]))
+    .unwrap();
+    list["endpoints"].as_array().map_or(0, Vec::len)
 }
 
 fn pod_ip(result: &Value) -> String {
@@ -204,6 +252,13 @@ fn cni_add_gives_a_pod_a_port_that_reaches_a_vm_and_del_removes_it() {
     assert_eq!(result["ips"][0]["gateway"], "10.30.0.1");
     assert_eq!(result["ips"][0]["interface"], 1);
     assert_eq!(result["routes"][0]["dst"], "0.0.0.0/0");
+    // The network's DNS servers and search domains (its DHCP options).
+    assert_eq!(
+        result["dns"]["nameservers"],
+        json!(["10.30.0.53"]),
+        "{result}"
+    );
+    assert_eq!(result["dns"]["search"], json!(["blue.example"]), "{result}");
     let ip = pod_ip(&result);
     assert!(ip.starts_with("10.30.0."), "{ip}");
     // The plugin configured the pod: address and default route.
@@ -269,6 +324,71 @@ fn cni_add_gives_a_pod_a_port_that_reaches_a_vm_and_del_removes_it() {
     again.call(&node, "DEL", &stdin, "").ok();
 }
 
+/// cniVersion 0.4.0 and 1.0.0 configs, as a runtime of that version calls
+/// the plugin: the result in that version's layout, CHECK and DEL with the
+/// ADD's result as `prevResult`, and a chained ADD appended to a
+/// `prevResult` with its interface indexes shifted.
+#[test]
+fn cni_older_versions_get_their_result_layout_and_prev_result() {
+    let (node, vm) = blue_node();
+    for version in ["0.4.0", "1.0.0"] {
+        let mut config: Value = serde_json::from_str(&conf(&node, BLUE)).unwrap();
+        config["cniVersion"] = json!(version);
+        let pod = Pod::new(&format!("v{}", &version[..1]));
+        let result = pod.call(&node, "ADD", &config.to_string(), "").ok().clone();
+        assert_eq!(result["cniVersion"], version, "{result}");
+        assert_eq!(result["interfaces"][1]["name"], "eth1", "{result}");
+        let ip = &result["ips"][0];
+        if version == "0.4.0" {
+            // 0.4.0: every IP names its family.
+            assert_eq!(ip["version"], "4", "{result}");
+        } else {
+            assert!(ip.get("version").is_none(), "{result}");
+        }
+        assert!(pod.ns.ping("10.30.0.11", 2), "{version} pod -> VM");
+
+        // CHECK and DEL get the ADD's result as prevResult.
+        let mut with_prev = config.clone();
+        with_prev["prevResult"] = result.clone();
+        pod.call(&node, "CHECK", &with_prev.to_string(), "").ok();
+        let mut wrong = with_prev.clone();
+        wrong["prevResult"]["interfaces"][1]["name"] = json!("eth9");
+        let msg = pod.call(&node, "CHECK", &wrong.to_string(), "").error(102);
+        assert!(msg.contains("prevResult does not list eth1"), "{msg}");
+        pod.call(&node, "DEL", &with_prev.to_string(), "").ok();
+        assert!(plugin_links(&node).is_empty(), "{:?}", plugin_links(&node));
+        assert!(
+            !vm.ns.ping(&pod_ip(&result), 1),
+            "{version}: the pod is gone"
+        );
+    }
+
+    // Chained after another plugin: its result comes first, ours is
+    // appended, our IP points at our sandbox interface (index 2).
+    let mut chained: Value = serde_json::from_str(&conf(&node, BLUE)).unwrap();
+    chained["prevResult"] = json!({
+        "cniVersion": "1.1.0",
+        "interfaces": [{"name": "lo0", "mac": "00:00:00:00:00:00"}],
+        "ips": [],
+    });
+    let pod = Pod::new("ch");
+    let result = pod
+        .call(&node, "ADD", &chained.to_string(), "")
+        .ok()
+        .clone();
+    let names: Vec<&str> = result["interfaces"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|i| i["name"].as_str())
+        .collect();
+    assert_eq!(names.len(), 3, "{result}");
+    assert_eq!(names[0], "lo0");
+    assert_eq!(names[2], "eth1");
+    assert_eq!(result["ips"][0]["interface"], 2, "{result}");
+    pod.call(&node, "DEL", &chained.to_string(), "").ok();
+}
+
 #[test]
 fn cni_errors_are_json_with_code_and_message_and_leave_nothing_behind() {
     let (mut node, vm) = blue_node();
@@ -308,6 +428,26 @@ fn cni_errors_are_json_with_code_and_message_and_leave_nothing_behind() {
             != Some(0),
         "eth1 left in the pod"
     );
+
+    // A namespace the network's namespaceSelector does not admit: refused
+    // with the network, the namespace and the rule; nothing left behind.
+    let tenant = conf(&node, TENANT);
+    let msg = pod.call(&node, "ADD", &tenant, "").error(100);
+    assert!(
+        msg.contains("namespace \"default\" may not use network \"tenant\"")
+            && msg.contains("namespaceSelector {matchLabels: {team: tenant}"),
+        "{msg}"
+    );
+    assert!(plugin_links(&node).is_empty(), "{:?}", plugin_links(&node));
+    assert_eq!(endpoint_count(&node), 0, "the refused endpoint is gone");
+    // A namespace it admits (K8S_POD_NAMESPACE, as Multus passes it).
+    let admitted = Pod::new("t1");
+    let result = admitted
+        .call(&node, "ADD", &tenant, ";K8S_POD_NAMESPACE=tenant-a")
+        .ok()
+        .clone();
+    assert!(pod_ip(&result).starts_with("10.31.0."), "{result}");
+    admitted.call(&node, "DEL", &tenant, "").ok();
 
     // GC: two pods, one listed as valid: the other's port goes.
     let keep = Pod::new("g1");
@@ -500,7 +640,10 @@ impl Drop for Podman {
 fn podman_containers_and_a_vm_share_a_vmpath_network() {
     let (node, vm) = blue_node();
     let tag = unique_tag();
-    let podman = Podman::new(&node, &[("vblue", BLUE), ("vgreen", "green")]);
+    let podman = Podman::new(
+        &node,
+        &[("vblue", BLUE), ("vgreen", "green"), ("vtenant", TENANT)],
+    );
     let (c1, c2) = (format!("c1-{tag}"), format!("c2-{tag}"));
     podman.start(&c1, "vblue").unwrap();
     podman.start(&c2, "vblue").unwrap();
@@ -544,6 +687,17 @@ fn podman_containers_and_a_vm_share_a_vmpath_network() {
     let err = podman.start(&format!("c3-{tag}"), "vgreen").unwrap_err();
     assert!(err.contains("no network named \"green\""), "{err}");
     assert_eq!(plugin_links(&node).len(), 2, "{:?}", plugin_links(&node));
+
+    // A network whose namespaceSelector does not admit the container's
+    // namespace (podman passes none: `default`): the container does not
+    // start, podman shows vmpath's refusal, no port is left.
+    let err = podman.start(&format!("c4-{tag}"), "vtenant").unwrap_err();
+    assert!(
+        err.contains("namespace \"default\" may not use network \"tenant\""),
+        "{err}"
+    );
+    assert_eq!(plugin_links(&node).len(), 2, "{:?}", plugin_links(&node));
+    assert_eq!(endpoint_count(&node), 2, "only c1's and c2's endpoints");
 }
 
 #[test]

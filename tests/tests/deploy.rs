@@ -466,9 +466,182 @@ fn daemonset_installs_the_cni_plugin_into_the_hosts_cni_bin() {
     );
 }
 
+/// The subset of `kubevirt.io/v1` and `k8s.cni.cncf.io/v1` that the
+/// deploy/cni/ examples use, as typed mirrors: no Rust crate carries the
+/// KubeVirt or NetworkAttachmentDefinition API types (k8s-openapi has the
+/// core API only), so these follow KubeVirt's and the NAD CRD's published
+/// field names, refuse every field they do not know, and take `metadata`
+/// and quantities from k8s-openapi. A misspelt or misplaced field fails
+/// to deserialize, as the API server would refuse it. Fields are there to
+/// be checked while deserializing, not all to be read.
+#[allow(dead_code)]
+mod upstream {
+    use std::collections::BTreeMap;
+
+    use k8s_openapi::apimachinery::pkg::{api::resource::Quantity, apis::meta::v1::ObjectMeta};
+    use serde::Deserialize;
+
+    #[derive(Deserialize)]
+    #[serde(deny_unknown_fields, rename_all = "camelCase")]
+    pub struct NetworkAttachmentDefinition {
+        pub api_version: String,
+        pub kind: String,
+        pub metadata: ObjectMeta,
+        pub spec: NetworkAttachmentDefinitionSpec,
+    }
+
+    #[derive(Deserialize)]
+    #[serde(deny_unknown_fields)]
+    pub struct NetworkAttachmentDefinitionSpec {
+        /// A CNI network configuration, as JSON text.
+        pub config: String,
+    }
+
+    #[derive(Deserialize)]
+    #[serde(deny_unknown_fields, rename_all = "camelCase")]
+    pub struct VirtualMachine {
+        pub api_version: String,
+        pub kind: String,
+        pub metadata: ObjectMeta,
+        pub spec: VirtualMachineSpec,
+    }
+
+    #[derive(Deserialize)]
+    #[serde(deny_unknown_fields, rename_all = "camelCase")]
+    pub struct VirtualMachineSpec {
+        pub run_strategy: Option<RunStrategy>,
+        pub running: Option<bool>,
+        pub template: VirtualMachineInstanceTemplateSpec,
+    }
+
+    #[derive(Deserialize, Debug, PartialEq, Eq)]
+    pub enum RunStrategy {
+        Always,
+        RerunOnFailure,
+        Manual,
+        Halted,
+        Once,
+        WaitAsReceiver,
+    }
+
+    #[derive(Deserialize)]
+    #[serde(deny_unknown_fields)]
+    pub struct VirtualMachineInstanceTemplateSpec {
+        pub metadata: Option<ObjectMeta>,
+        pub spec: VirtualMachineInstanceSpec,
+    }
+
+    #[derive(Deserialize)]
+    #[serde(deny_unknown_fields)]
+    pub struct VirtualMachineInstanceSpec {
+        pub domain: DomainSpec,
+        #[serde(default)]
+        pub networks: Vec<Network>,
+        #[serde(default)]
+        pub volumes: Vec<Volume>,
+    }
+
+    #[derive(Deserialize)]
+    #[serde(deny_unknown_fields)]
+    pub struct DomainSpec {
+        pub devices: Devices,
+        pub resources: Option<ResourceRequirements>,
+    }
+
+    #[derive(Deserialize)]
+    #[serde(deny_unknown_fields)]
+    pub struct ResourceRequirements {
+        #[serde(default)]
+        pub requests: BTreeMap<String, Quantity>,
+        #[serde(default)]
+        pub limits: BTreeMap<String, Quantity>,
+    }
+
+    #[derive(Deserialize)]
+    #[serde(deny_unknown_fields)]
+    pub struct Devices {
+        #[serde(default)]
+        pub interfaces: Vec<Interface>,
+        #[serde(default)]
+        pub disks: Vec<Disk>,
+    }
+
+    /// One binding method per interface (`bridge`, `masquerade`, or a
+    /// binding plugin by name).
+    #[derive(Deserialize)]
+    #[serde(deny_unknown_fields, rename_all = "camelCase")]
+    pub struct Interface {
+        pub name: String,
+        pub bridge: Option<Empty>,
+        pub masquerade: Option<Empty>,
+        pub binding: Option<PluginBinding>,
+        pub mac_address: Option<String>,
+        pub model: Option<String>,
+    }
+
+    #[derive(Deserialize)]
+    #[serde(deny_unknown_fields)]
+    pub struct Empty {}
+
+    #[derive(Deserialize)]
+    #[serde(deny_unknown_fields)]
+    pub struct PluginBinding {
+        pub name: String,
+    }
+
+    #[derive(Deserialize)]
+    #[serde(deny_unknown_fields)]
+    pub struct Network {
+        pub name: String,
+        pub pod: Option<PodNetwork>,
+        pub multus: Option<MultusNetwork>,
+    }
+
+    #[derive(Deserialize)]
+    #[serde(deny_unknown_fields, rename_all = "camelCase")]
+    pub struct PodNetwork {
+        pub vm_network_cidr: Option<String>,
+    }
+
+    #[derive(Deserialize)]
+    #[serde(deny_unknown_fields, rename_all = "camelCase")]
+    pub struct MultusNetwork {
+        pub network_name: String,
+        #[serde(default)]
+        pub default: bool,
+    }
+
+    #[derive(Deserialize)]
+    #[serde(deny_unknown_fields)]
+    pub struct Disk {
+        pub name: String,
+        pub disk: Option<DiskTarget>,
+    }
+
+    #[derive(Deserialize)]
+    #[serde(deny_unknown_fields)]
+    pub struct DiskTarget {
+        pub bus: Option<String>,
+    }
+
+    #[derive(Deserialize)]
+    #[serde(deny_unknown_fields, rename_all = "camelCase")]
+    pub struct Volume {
+        pub name: String,
+        pub container_disk: Option<ContainerDisk>,
+    }
+
+    #[derive(Deserialize)]
+    #[serde(deny_unknown_fields, rename_all = "camelCase")]
+    pub struct ContainerDisk {
+        pub image: String,
+    }
+}
+
 /// The CNI examples (deploy/cni/): the NetworkAttachmentDefinition carries a
-/// vmpath-cni config for a network the example ConfigMap defines, and the
-/// KubeVirt VM puts a bridge-bound interface with a fixed MAC on it.
+/// vmpath-cni config (a valid CNI network configuration) for a network the
+/// example ConfigMap defines, and the KubeVirt VM puts a bridge-bound
+/// interface with a fixed MAC on it; each deserializes into its API types.
 #[test]
 fn cni_examples_name_a_vmpath_network() {
     let read = |f: &str| -> serde_json::Value {
@@ -476,40 +649,72 @@ fn cni_examples_name_a_vmpath_network() {
         serde_saphyr::from_str::<serde_json::Value>(&text)
             .unwrap_or_else(|e| panic!("deploy/cni/{f}: {e}"))
     };
-    let nad = read("network-attachment-definition.yaml");
-    assert_eq!(nad["apiVersion"], "k8s.cni.cncf.io/v1");
-    assert_eq!(nad["kind"], "NetworkAttachmentDefinition");
-    let config: serde_json::Value =
-        serde_json::from_str(nad["spec"]["config"].as_str().unwrap()).unwrap();
-    assert_eq!(config["type"], "vmpath-cni");
-    assert_eq!(config["cniVersion"], "1.1.0");
-    let network = config["network"].as_str().unwrap();
+    let nad: upstream::NetworkAttachmentDefinition =
+        serde_json::from_value(read("network-attachment-definition.yaml"))
+            .unwrap_or_else(|e| panic!("deploy/cni/network-attachment-definition.yaml: {e}"));
+    assert_eq!(nad.api_version, "k8s.cni.cncf.io/v1");
+    assert_eq!(nad.kind, "NetworkAttachmentDefinition");
+    // The config is a CNI network configuration as the CNI types read it.
+    let config: rscni_types::types::NetConf = serde_json::from_str(&nad.spec.config)
+        .unwrap_or_else(|e| panic!("the NAD's spec.config is not a CNI config: {e}"));
+    assert_eq!(config.r#type, "vmpath-cni");
+    assert_eq!(config.cni_version, "1.1.0");
+    assert_eq!(
+        config.capabilities.as_ref().and_then(|c| c.get("mac")),
+        Some(&true),
+        "the runtime may pass the VM's MAC"
+    );
+    let network = config.custom["network"].as_str().unwrap().to_string();
     let configmap = fs::read_to_string(deploy_dir().join("configmap.yaml")).unwrap();
     assert!(
         configmap.contains(&format!("kind: Network\n    metadata: {{name: {network}}}")),
         "the NAD's network {network} is in the example config"
     );
 
-    let vm = read("virtualmachine.yaml");
-    assert_eq!(vm["apiVersion"], "kubevirt.io/v1");
-    let spec = &vm["spec"]["template"]["spec"];
+    let vm: upstream::VirtualMachine = serde_json::from_value(read("virtualmachine.yaml"))
+        .unwrap_or_else(|e| panic!("deploy/cni/virtualmachine.yaml: {e}"));
+    assert_eq!(vm.api_version, "kubevirt.io/v1");
+    assert_eq!(vm.kind, "VirtualMachine");
+    assert_eq!(vm.spec.run_strategy, Some(upstream::RunStrategy::Always));
+    let spec = &vm.spec.template.spec;
     let nad_ref = format!(
         "{}/{}",
-        nad["metadata"]["namespace"].as_str().unwrap(),
-        nad["metadata"]["name"].as_str().unwrap()
+        nad.metadata.namespace.as_deref().unwrap(),
+        nad.metadata.name.as_deref().unwrap()
     );
-    let net = spec["networks"]
-        .as_array()
-        .unwrap()
+    let net = spec
+        .networks
         .iter()
-        .find(|n| n["multus"]["networkName"] == nad_ref.as_str())
+        .find(|n| n.multus.as_ref().is_some_and(|m| m.network_name == nad_ref))
         .expect("a Multus network using the NAD");
-    let iface = spec["domain"]["devices"]["interfaces"]
-        .as_array()
-        .unwrap()
+    let iface = spec
+        .domain
+        .devices
+        .interfaces
         .iter()
-        .find(|i| i["name"] == net["name"])
+        .find(|i| i.name == net.name)
         .expect("the interface on that network");
-    assert!(iface["bridge"].is_object(), "bridge binding");
-    assert!(iface["macAddress"].is_string(), "MAC kept");
+    assert!(iface.bridge.is_some(), "bridge binding");
+    assert!(
+        iface.binding.is_none() && iface.masquerade.is_none(),
+        "one binding"
+    );
+    let mac = iface.mac_address.as_deref().expect("MAC kept");
+    assert!(vmpath::config::parse_mac(mac).is_ok(), "{mac}");
+    for i in &spec.domain.devices.interfaces {
+        assert!(
+            spec.networks.iter().any(|n| n.name == i.name),
+            "interface {} has a network",
+            i.name
+        );
+    }
+    for d in &spec.domain.devices.disks {
+        assert!(
+            spec.volumes
+                .iter()
+                .any(|v| v.name == d.name && v.container_disk.is_some()),
+            "disk {} has a volume",
+            d.name
+        );
+    }
 }

@@ -17,10 +17,14 @@ pub fn run(args: Vec<String>) -> Result<()> {
         "vmpath",
         "-p",
         "vmpath-tests",
+        "-p",
+        "vmpath-cni",
         "--bin",
         "vmpath",
         "--bin",
         "vmpath-bench",
+        "--bin",
+        "vmpath-cni",
     ]);
     println!("$ {}", cmd::display(&c));
     cmd::run("building the agent and the bench (release)", &mut c)?;
@@ -41,6 +45,7 @@ pub fn run(args: Vec<String>) -> Result<()> {
         .arg(&root)
         .args(&args)
         .env("VMPATH_BIN", release.join("vmpath"))
+        .env("VMPATH_CNI_BIN", release.join("vmpath-cni"))
         .env("VMPATH_BENCH_COMMAND", &shown);
     println!("$ {}", cmd::display(&b));
     cmd::run("running the benchmarks", &mut b)

@@ -4,6 +4,7 @@
 //! document is refused on its own, together with what depends on it; the
 //! rest applies.
 
+pub mod label_selector;
 pub mod model;
 pub mod reserved;
 pub mod source;
@@ -91,6 +92,8 @@ pub struct Network {
     pub dhcp: Dhcp,
     /// Slow-path limits per `vmpath_common::slow_class`, defaults filled in.
     pub slow_path_limits: [model::RateLimit; vmpath_common::slow_class::COUNT],
+    /// Which namespaces may attach (`None`: all).
+    pub namespace_selector: Option<label_selector::LabelSelector>,
     pub source: DocRef,
 }
 
@@ -103,6 +106,23 @@ impl Network {
                 .map(|l| vmpath_common::MeterLimit::new(l.rate, l.burst)),
         }
     }
+    /// Whether an endpoint in `namespace` may attach; `Err` names the
+    /// network, the namespace, the rule and the labels it was checked on.
+    pub fn admits(&self, namespace: &str, config: &Config) -> Result<(), String> {
+        let Some(selector) = &self.namespace_selector else {
+            return Ok(());
+        };
+        let labels = config.namespace_labels(namespace);
+        if selector.matches(&labels) {
+            return Ok(());
+        }
+        Err(format!(
+            "namespace {namespace:?} may not use network {:?}: its namespaceSelector {selector} does not match the namespace's labels {}",
+            self.name,
+            label_selector::show_labels(&labels)
+        ))
+    }
+
     pub fn gateway4(&self) -> Option<std::net::Ipv4Addr> {
         self.gateway_ips.iter().find_map(|ip| match ip {
             IpAddr::V4(v4) => Some(*v4),
@@ -181,6 +201,8 @@ pub struct Config {
     /// Every VM interface some Attachment document names, refused ones
     /// included: a claim is released only when its document is gone.
     pub keys_in_documents: std::collections::BTreeSet<AttachmentKey>,
+    /// Labels of the namespaces `v1 Namespace` documents describe.
+    pub namespaces: std::collections::BTreeMap<String, label_selector::Labels>,
     #[serde(skip)]
     pub network_index: std::collections::HashMap<String, usize>,
 }
@@ -194,6 +216,17 @@ impl Config {
             None if self.network_index.is_empty() => self.networks.iter().find(|n| n.name == name),
             None => None,
         }
+    }
+
+    /// A namespace's labels: those of its Namespace document, and the
+    /// name label Kubernetes gives every namespace.
+    pub fn namespace_labels(&self, namespace: &str) -> label_selector::Labels {
+        let mut labels = self.namespaces.get(namespace).cloned().unwrap_or_default();
+        labels.insert(
+            label_selector::NAMESPACE_NAME_LABEL.to_string(),
+            namespace.to_string(),
+        );
+        labels
     }
 
     /// Rebuilds the name -> network index after `networks` changed.

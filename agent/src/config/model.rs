@@ -6,6 +6,8 @@ use serde::{Deserialize, Serialize};
 use std::net::IpAddr;
 
 pub const API_VERSION: &str = "vmpath.dev/v1alpha1";
+/// Kubernetes' core group (`v1 Namespace`).
+pub const CORE_API_VERSION: &str = "v1";
 
 #[derive(Debug, Clone, Deserialize, Serialize, Default, PartialEq, Eq)]
 #[serde(deny_unknown_fields)]
@@ -197,6 +199,9 @@ pub struct NetworkSpec {
     pub dhcp: Dhcp,
     #[serde(default)]
     pub slow_path_limits: SlowPathLimitsSpec,
+    /// Which namespaces' endpoints may attach; absent: every namespace.
+    #[serde(default)]
+    pub namespace_selector: Option<super::label_selector::LabelSelector>,
 }
 
 #[derive(Debug, Clone, Copy, Deserialize, Serialize, PartialEq, Eq, Default)]

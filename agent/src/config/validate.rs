@@ -11,9 +11,10 @@ use vmpath_common::{default_gateway_mac, slow_class};
 
 use super::{
     Attachment, AttachmentKey, Config, ConfigError, DocRef, Network, Node,
+    label_selector::Labels,
     model::{
-        API_VERSION, AttachmentSpec, IpamMode, Metadata, NetworkSpec, NodeSpec, RateLimit,
-        SlowPathLimitsSpec,
+        API_VERSION, AttachmentSpec, CORE_API_VERSION, IpamMode, Metadata, NetworkSpec, NodeSpec,
+        RateLimit, SlowPathLimitsSpec,
     },
     parse_mac,
     source::{RawDocument, Snapshot},
@@ -98,17 +99,19 @@ pub fn validate(
     let mut nodes = Vec::new();
     let mut networks = Vec::new();
     let mut attachments = Vec::new();
+    let mut namespaces = Vec::new();
     for raw in &translated.documents {
         match header(raw) {
             Ok(doc) => match doc.kind.as_str() {
                 "Node" => nodes.push(doc),
                 "Network" => networks.push(doc),
                 "Attachment" => attachments.push(doc),
+                "Namespace" => namespaces.push(doc),
                 other => cfg.errors.push(doc.error(
                     "kind",
                     format!(
                         "unknown kind {other:?} (expected Node, Network or Attachment, or a \
-                         Kubernetes kind: v1 Pod, Node or List, kubevirt.io \
+                         Kubernetes kind: v1 Pod, Node, Namespace or List, kubevirt.io \
                          VirtualMachineInstance or VirtualMachineInstanceMigration, \
                          k8s.cni.cncf.io NetworkAttachmentDefinition or IPAMClaim)"
                     ),
@@ -125,6 +128,21 @@ pub fn validate(
                     cfg.node = Some(n.clone());
                 }
                 cfg.nodes.insert(n.name.clone(), n);
+            }
+            Err(e) => cfg.errors.push(e),
+        }
+    }
+
+    for doc in &namespaces {
+        match namespace_labels(doc) {
+            Ok(_) if cfg.namespaces.contains_key(&doc.meta.name) => {
+                cfg.errors.push(doc.error(
+                    "metadata.name",
+                    format!("namespace {:?} is defined twice", doc.meta.name),
+                ));
+            }
+            Ok(labels) => {
+                cfg.namespaces.insert(doc.meta.name.clone(), labels);
             }
             Err(e) => cfg.errors.push(e),
         }
@@ -284,7 +302,14 @@ fn header(raw: &RawDocument) -> Result<Doc<'_>, ConfigError> {
     };
     let doc = Doc { raw, kind, meta };
     match raw.value.get("apiVersion").and_then(|v| v.as_str()) {
-        Some(API_VERSION) => {}
+        Some(API_VERSION) if doc.kind != "Namespace" => {}
+        Some(CORE_API_VERSION) if doc.kind == "Namespace" => {}
+        Some(other) if doc.kind == "Namespace" => {
+            return Err(doc.error(
+                "apiVersion",
+                format!("{other:?} is not {CORE_API_VERSION:?} (a Kubernetes Namespace)"),
+            ));
+        }
         Some(other) => {
             return Err(doc.error("apiVersion", format!("{other:?} is not {API_VERSION:?}")));
         }
@@ -311,6 +336,21 @@ fn node(doc: &Doc) -> Result<Node, ConfigError> {
         address: spec.address,
         snat_address: spec.snat_address,
     })
+}
+
+/// A `v1 Namespace`: its labels (string values, as Kubernetes has them).
+fn namespace_labels(doc: &Doc) -> Result<Labels, ConfigError> {
+    let mut labels = Labels::new();
+    for (k, v) in doc.meta.labels.iter().flatten() {
+        let Some(v) = v.as_str() else {
+            return Err(doc.error(
+                &format!("metadata.labels.{k}"),
+                format!("{v} is not a string (label values are strings)"),
+            ));
+        };
+        labels.insert(k.clone(), v.to_string());
+    }
+    Ok(labels)
 }
 
 fn network(doc: &Doc) -> Result<Network, ConfigError> {
@@ -402,6 +442,11 @@ fn network(doc: &Doc) -> Result<Network, ConfigError> {
         ));
     }
     let slow_path_limits = slow_path_limits(doc, &spec.slow_path_limits)?;
+    if let Some(selector) = &spec.namespace_selector {
+        selector
+            .check()
+            .map_err(|(field, msg)| doc.error(&format!("spec.namespaceSelector.{field}"), msg))?;
+    }
     Ok(Network {
         name: doc.meta.name.clone(),
         id: spec.id,
@@ -419,6 +464,7 @@ fn network(doc: &Doc) -> Result<Network, ConfigError> {
         mtu,
         dhcp: spec.dhcp,
         slow_path_limits,
+        namespace_selector: spec.namespace_selector,
         source: doc.source(),
     })
 }
@@ -488,6 +534,8 @@ fn attachment(doc: &Doc, cfg: &Config) -> Result<Attachment, ConfigError> {
             format!("unknown network {:?} (missing or refused)", spec.network),
         ));
     };
+    net.admits(&namespace, cfg)
+        .map_err(|m| doc.error("metadata.namespace", m))?;
     let mac = match &spec.mac {
         Some(s) => {
             let mac = parse_mac(s).map_err(|m| doc.error("spec.mac", m))?;
@@ -630,5 +678,129 @@ mod slow_path_limit_tests {
         }
         let cfg = network_with("  slowPathLimits:\n    dhcp4: {rate: 10}\n");
         assert!(cfg.networks.is_empty(), "a limit without burst accepted");
+    }
+}
+
+#[cfg(test)]
+mod namespace_rule_tests {
+    use super::*;
+
+    fn validate_docs(docs: &[serde_json::Value]) -> Config {
+        let snap = Snapshot {
+            documents: docs
+                .iter()
+                .enumerate()
+                .map(|(i, v)| RawDocument {
+                    file: "ns.yaml".into(),
+                    index: i + 1,
+                    value: v.clone(),
+                })
+                .collect(),
+            ..Default::default()
+        };
+        validate(&snap, "a", &BTreeSet::new())
+    }
+
+    fn blue(selector: serde_json::Value) -> serde_json::Value {
+        serde_json::json!({
+            "apiVersion": API_VERSION, "kind": "Network", "metadata": {"name": "blue"},
+            "spec": {"id": 7, "subnets": ["10.9.0.0/24"], "namespaceSelector": selector},
+        })
+    }
+
+    fn namespace(name: &str, labels: serde_json::Value) -> serde_json::Value {
+        serde_json::json!({
+            "apiVersion": "v1", "kind": "Namespace",
+            "metadata": {"name": name, "labels": labels},
+        })
+    }
+
+    fn attachment(namespace: &str, vm: &str) -> serde_json::Value {
+        serde_json::json!({
+            "apiVersion": API_VERSION, "kind": "Attachment",
+            "metadata": {"name": format!("{vm}-eth0"), "namespace": namespace},
+            "spec": {"vm": vm, "interface": "eth0", "network": "blue", "node": "a", "port": format!("p-{vm}")},
+        })
+    }
+
+    #[test]
+    fn only_namespaces_the_selector_admits_may_attach() {
+        let cfg = validate_docs(&[
+            blue(serde_json::json!({"matchLabels": {"team": "blue"}})),
+            namespace("prod", serde_json::json!({"team": "blue"})),
+            namespace("lab", serde_json::json!({"team": "red"})),
+            attachment("prod", "web"),
+            attachment("lab", "db"),
+            // No Namespace document: only its name label is known.
+            attachment("default", "x"),
+        ]);
+        let accepted: Vec<String> = cfg.attachments.iter().map(|a| a.key.to_string()).collect();
+        assert_eq!(accepted, ["prod/web/eth0"]);
+        assert_eq!(cfg.errors.len(), 2, "{:?}", cfg.errors);
+        let lab = &cfg.errors[0];
+        assert_eq!(lab.document, "Attachment lab/db-eth0");
+        assert_eq!(lab.field, "metadata.namespace");
+        assert_eq!(
+            lab.message,
+            "namespace \"lab\" may not use network \"blue\": its namespaceSelector \
+             {matchLabels: {team: blue}} does not match the namespace's labels \
+             {kubernetes.io/metadata.name: lab, team: red}"
+        );
+        assert!(cfg.errors[1].message.starts_with("namespace \"default\""));
+        // A refused attachment still protects its claim.
+        assert!(cfg.keys_in_documents.iter().any(|k| k.namespace == "lab"));
+    }
+
+    #[test]
+    fn no_selector_admits_every_namespace_and_the_name_label_selects_by_name() {
+        let cfg = validate_docs(&[
+            serde_json::json!({
+                "apiVersion": API_VERSION, "kind": "Network", "metadata": {"name": "blue"},
+                "spec": {"id": 7, "subnets": ["10.9.0.0/24"]},
+            }),
+            attachment("anything", "web"),
+        ]);
+        assert!(cfg.errors.is_empty(), "{:?}", cfg.errors);
+        let cfg = validate_docs(&[
+            blue(serde_json::json!({"matchExpressions": [
+                {"key": "kubernetes.io/metadata.name", "operator": "NotIn", "values": ["default"]}
+            ]})),
+            attachment("prod", "web"),
+            attachment("default", "db"),
+        ]);
+        assert_eq!(cfg.attachments.len(), 1);
+        assert_eq!(cfg.attachments[0].key.namespace, "prod");
+        assert_eq!(cfg.errors[0].document, "Attachment default/db-eth0");
+    }
+
+    #[test]
+    fn bad_namespaces_and_selectors_are_refused_naming_the_field() {
+        let cfg = validate_docs(&[
+            blue(serde_json::json!({"matchExpressions": [{"key": "env", "operator": "In"}]})),
+            namespace("prod", serde_json::json!({"tier": 1})),
+            serde_json::json!({"apiVersion": API_VERSION, "kind": "Namespace", "metadata": {"name": "x"}}),
+            namespace("dup", serde_json::json!({})),
+            namespace("dup", serde_json::json!({})),
+        ]);
+        let fields: Vec<(&str, &str)> = cfg
+            .errors
+            .iter()
+            .map(|e| (e.document.as_str(), e.field.as_str()))
+            .collect();
+        assert_eq!(
+            fields,
+            [
+                ("Namespace x", "apiVersion"),
+                ("Namespace prod", "metadata.labels.tier"),
+                ("Namespace dup", "metadata.name"),
+                (
+                    "Network blue",
+                    "spec.namespaceSelector.matchExpressions[0].values"
+                ),
+            ],
+            "{:?}",
+            cfg.errors
+        );
+        assert!(cfg.networks.is_empty());
     }
 }

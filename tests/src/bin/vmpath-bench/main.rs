@@ -15,12 +15,14 @@
 //!             stream against QEMU's own downtime
 //!   flood     one VM flooding the slow path: another VM's DHCP latency and
 //!             success against no flood, and the agent's CPU
+//!   cni       CNI ADD latency: vmpath-cni against bridge + host-local
 //!   reactivity port appearing -> first forwarded frame, config write -> map
 //!             update, against the same agent on a 200 ms poll
 //!
 //! Needs root; everything runs in network namespaces it creates and
 //! removes (guards), and no packet leaves them.
 
+mod cni;
 mod control;
 mod dhcp;
 mod e2e;
@@ -71,7 +73,7 @@ fn parse_args() -> Result<Args> {
             }
             "-h" | "--help" => {
                 println!(
-                    "vmpath-bench [--out DIR] [--runs N] [--only progcost,e2e,external,control,dhcp,migration,realmigration,flood,reactivity] [--quick]"
+                    "vmpath-bench [--out DIR] [--runs N] [--only progcost,e2e,external,control,dhcp,migration,realmigration,flood,reactivity,cni] [--quick]"
                 );
                 std::process::exit(0);
             }
@@ -223,6 +225,15 @@ fn run() -> Result<()> {
         step("8. Real live migration (QEMU)", &|| {
             realmigration::run(&realmigration::Options {
                 runs: if args.quick { 2 } else { args.runs.min(5) },
+            })
+        });
+    }
+
+    if want("cni") {
+        step("9. CNI ADD latency", &|| {
+            cni::run(&cni::Options {
+                sequential: if args.quick { 20 } else { 100 },
+                concurrent: 20,
             })
         });
     }
