@@ -10,7 +10,7 @@ use crate::{cargo, cmd, image, setup};
 /// The version suffix of the image the upgrade test moves to.
 const NEXT_SUFFIX: &str = "-next";
 
-const PACKAGES: [&str; 3] = ["vmpath-common", "vmpath", "vmpath-tests"];
+const PACKAGES: [&str; 4] = ["vmpath-common", "vmpath", "vmpath-tests", "xtask"];
 const DEFAULT_ARGS: [&str; 1] = ["--test-threads=2"];
 
 pub fn run(args: Vec<String>) -> Result<()> {
