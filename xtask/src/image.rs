@@ -239,6 +239,7 @@ pub fn build(name: &str, version_suffix: Option<&str>) -> Result<Image> {
     let tmp = dir.join(format!(".vmpath-{tag}.oci.tar.tmp"));
     fs::write(&tmp, archive.finish()).with_context(|| format!("writing {}", tmp.display()))?;
     fs::rename(&tmp, &path).with_context(|| format!("writing {}", path.display()))?;
+    prune_other_revisions(&dir, &revision);
     Ok(Image {
         archive: path,
         reference,
@@ -273,6 +274,25 @@ pub fn build_with_successor(suffix: &str) -> Result<(Image, Image)> {
     )
     .with_context(|| format!("writing {}", stamp.display()))?;
     Ok((image, next))
+}
+
+/// Removes archives of other revisions (one per commit would pile up).
+fn prune_other_revisions(dir: &Path, revision: &str) {
+    if revision == "unknown" {
+        return;
+    }
+    let Ok(entries) = fs::read_dir(dir) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if name.starts_with("vmpath-")
+            && name.ends_with(".oci.tar")
+            && !name.ends_with(&format!("-{revision}.oci.tar"))
+        {
+            let _ = fs::remove_file(entry.path());
+        }
+    }
 }
 
 fn image_dir() -> Result<PathBuf> {
