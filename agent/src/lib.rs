@@ -28,5 +28,6 @@ pub mod slowpath;
 pub mod snapshot;
 pub mod snat;
 pub mod store;
+pub mod version;
 pub mod view;
 pub use vmpath_common as common;

@@ -1,7 +1,7 @@
 use std::{path::PathBuf, sync::Arc, time::Duration};
 
 use anyhow::Result;
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory as _, FromArgMatches as _, Parser, Subcommand};
 use vmpath::{
     agent, api, cli, dataplane, metrics, node_lock, port_eligibility, slowpath, snapshot::Observer,
     view,
@@ -10,8 +10,7 @@ use vmpath::{
 #[derive(Parser)]
 #[command(
     name = "vmpath",
-    about = "Keep-your-address networking for KubeVirt VMs",
-    version
+    about = "Keep-your-address networking for KubeVirt VMs"
 )]
 struct Cli {
     #[command(subcommand)]
@@ -156,7 +155,11 @@ fn main() -> Result<()> {
             .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
             .init();
     }
-    let cli = Cli::parse();
+    vmpath::version::init(&version());
+    // `--version`: the version and the git revision it was built from.
+    let long: &'static str = Box::leak(vmpath::version::long().into_boxed_str());
+    let cli = Cli::from_arg_matches(&Cli::command().version(long).get_matches())
+        .unwrap_or_else(|e| e.exit());
     let client = match &cli.command {
         Command::Agent(_) => None,
         Command::Status(args) => Some(cli::status(args)),
@@ -270,6 +273,18 @@ fn main() -> Result<()> {
             result
         }
     }
+}
+
+/// The crate version plus the suffix a special build carries
+/// (`VMPATH_VERSION_SUFFIX` when it was compiled, e.g. `-rc1`; `cargo xtask
+/// image --version-suffix`). Read here, not in the library, so a suffixed
+/// build recompiles only this file.
+fn version() -> String {
+    format!(
+        "{}{}",
+        env!("CARGO_PKG_VERSION"),
+        option_env!("VMPATH_VERSION_SUFFIX").unwrap_or("")
+    )
 }
 
 fn hostname() -> String {

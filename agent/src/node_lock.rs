@@ -61,14 +61,15 @@ pub enum LockError {
     },
 }
 
-/// This build: the crate version and a hash of the eBPF object it loads, so
-/// two binaries with different programs never share a build id.
+/// This build: its version, git revision and a hash of the eBPF object it
+/// loads, so two binaries with different programs never share a build id.
 pub fn build_id() -> &'static str {
     static ID: OnceLock<String> = OnceLock::new();
     ID.get_or_init(|| {
         format!(
-            "{}+ebpf.{:016x}",
-            env!("CARGO_PKG_VERSION"),
+            "{}+git.{}.ebpf.{:016x}",
+            crate::version::version(),
+            crate::version::REVISION,
             crate::hash::fnv1a(&[crate::dataplane::Dataplane::object()])
         )
     })

@@ -23,8 +23,25 @@ fn install(dir: &std::path::Path) -> std::io::Result<()> {
     std::fs::rename(&tmp, dir.join("vmpath-cni"))
 }
 
+/// `vmpath-cni 0.1.0 (revision 0123456789ab)`: the version (with the
+/// suffix of a special build, as `vmpath --version`) and git revision.
+fn version() -> String {
+    format!(
+        "vmpath-cni {}{} (revision {})",
+        env!("CARGO_PKG_VERSION"),
+        option_env!("VMPATH_VERSION_SUFFIX").unwrap_or(""),
+        env!("VMPATH_GIT_REVISION")
+    )
+}
+
 fn main() {
     let argv: Vec<String> = std::env::args().collect();
+    if std::env::var_os("CNI_COMMAND").is_none()
+        && matches!(argv.get(1).map(String::as_str), Some("--version" | "-V"))
+    {
+        println!("{}", version());
+        return;
+    }
     if std::env::var_os("CNI_COMMAND").is_none()
         && argv.get(1).map(String::as_str) == Some("install")
     {

@@ -421,19 +421,7 @@ impl Node {
                 "agent exited; log:\n{}",
                 fs::read_to_string(&log).unwrap_or_default()
             );
-            let have: Option<Vec<String>> = self.status().map(|s| {
-                let mut v: Vec<String> = s["attachments"]
-                    .as_array()
-                    .map(|a| {
-                        a.iter()
-                            .filter(|a| !a["ifindex"].is_null())
-                            .filter_map(|a| a["port"].as_str().map(String::from))
-                            .collect()
-                    })
-                    .unwrap_or_default();
-                v.sort();
-                v
-            });
+            let have = self.programmed_ports();
             if have.as_ref() == Some(&want) {
                 return;
             }
@@ -444,6 +432,25 @@ impl Node {
             );
             sleep(Duration::from_millis(50));
         }
+    }
+
+    /// The ports the agent's last status lists as programmed, sorted
+    /// (`None` before it wrote one): for whichever agent runs, a process
+    /// of the test's or a container.
+    pub fn programmed_ports(&self) -> Option<Vec<String>> {
+        self.status().map(|s| {
+            let mut v: Vec<String> = s["attachments"]
+                .as_array()
+                .map(|a| {
+                    a.iter()
+                        .filter(|a| !a["ifindex"].is_null())
+                        .filter_map(|a| a["port"].as_str().map(String::from))
+                        .collect()
+                })
+                .unwrap_or_default();
+            v.sort();
+            v
+        })
     }
 
     pub fn maps(&self) -> Maps {

@@ -28,28 +28,38 @@ fn deploy_dir() -> PathBuf {
         .join("deploy")
 }
 
-/// Every document of every deploy/*.yaml, with its file.
-fn documents() -> Vec<(String, Value)> {
-    let mut files: Vec<PathBuf> = fs::read_dir(deploy_dir())
+const KUSTOMIZATION: &str = "kustomization.yaml";
+
+/// The manifests in deploy/ (every *.yaml but the kustomization), sorted.
+fn manifest_files() -> Vec<String> {
+    let mut files: Vec<String> = fs::read_dir(deploy_dir())
         .unwrap()
         .map(|e| e.unwrap().path())
         .filter(|p| p.extension().is_some_and(|e| e == "yaml" || e == "yml"))
+        .map(|p| p.file_name().unwrap().to_string_lossy().to_string())
+        .filter(|name| name != KUSTOMIZATION)
         .collect();
     files.sort();
     assert!(!files.is_empty(), "no manifests in deploy/");
-    let mut docs = Vec::new();
-    for file in files {
-        let text = fs::read_to_string(&file).unwrap();
-        let name = file.file_name().unwrap().to_string_lossy().to_string();
-        let values = serde_saphyr::from_multiple::<Value>(&text)
-            .unwrap_or_else(|e| panic!("{name}: not valid YAML: {e}"));
-        for value in values {
-            if !value.is_null() {
-                docs.push((name.clone(), value));
-            }
-        }
-    }
-    docs
+    files
+}
+
+fn read_yaml(name: &str) -> Vec<Value> {
+    let text = fs::read_to_string(deploy_dir().join(name))
+        .unwrap_or_else(|e| panic!("deploy/{name}: {e}"));
+    serde_saphyr::from_multiple::<Value>(&text)
+        .unwrap_or_else(|e| panic!("{name}: not valid YAML: {e}"))
+        .into_iter()
+        .filter(|v| !v.is_null())
+        .collect()
+}
+
+/// Every document of every manifest in deploy/, with its file.
+fn documents() -> Vec<(String, Value)> {
+    manifest_files()
+        .into_iter()
+        .flat_map(|name| read_yaml(&name).into_iter().map(move |v| (name.clone(), v)))
+        .collect()
 }
 
 /// Deserializes `doc` as `T` and checks nothing was dropped on the way: a
@@ -716,5 +726,77 @@ fn cni_examples_name_a_vmpath_network() {
             "disk {} has a volume",
             d.name
         );
+    }
+}
+
+/// deploy/kustomization.yaml (`kubectl apply -k deploy/`): it lists every
+/// manifest of deploy/ and nothing else, and names the vmpath image once,
+/// for every container that runs it, with a tag of this version.
+#[test]
+fn kustomization_lists_every_manifest_and_names_the_image_once() {
+    let docs = read_yaml(KUSTOMIZATION);
+    assert_eq!(docs.len(), 1, "one Kustomization document");
+    let k = &docs[0];
+    assert_eq!(k["apiVersion"], "kustomize.config.k8s.io/v1beta1");
+    assert_eq!(k["kind"], "Kustomization");
+    let mut resources: Vec<String> = k["resources"]
+        .as_array()
+        .expect("resources")
+        .iter()
+        .map(|r| r.as_str().expect("a resource is a path").to_string())
+        .collect();
+    for r in &resources {
+        assert!(
+            deploy_dir().join(r).is_file(),
+            "kustomization lists {r}, which is not in deploy/"
+        );
+        // Each parses (and, through `manifests()`, is a valid object).
+        assert!(!read_yaml(r).is_empty(), "{r} holds no document");
+    }
+    resources.sort();
+    assert_eq!(
+        resources,
+        manifest_files(),
+        "the kustomization's resources are deploy/'s manifests"
+    );
+    let _ = manifests();
+
+    let images = k["images"].as_array().expect("images");
+    assert_eq!(images.len(), 1, "{images:?}");
+    let image = &images[0];
+    let name = image["name"].as_str().unwrap();
+    assert!(image["newName"].as_str().is_some_and(|n| !n.is_empty()));
+    let tag = image["newTag"].as_str().expect("newTag is a string");
+    assert!(
+        tag.starts_with(env!("CARGO_PKG_VERSION")),
+        "newTag {tag} is not of version {}",
+        env!("CARGO_PKG_VERSION")
+    );
+    // Every container running vmpath or vmpath-cni uses exactly that name,
+    // so the one newTag sets them all.
+    let m = manifests();
+    let pod = m.daemonsets[0]
+        .spec
+        .as_ref()
+        .unwrap()
+        .template
+        .spec
+        .as_ref()
+        .unwrap();
+    let ours: Vec<&Container> = pod
+        .containers
+        .iter()
+        .chain(pod.init_containers.iter().flatten())
+        .filter(|c| {
+            c.command
+                .as_ref()
+                .and_then(|c| c.first())
+                .is_some_and(|p| p == "vmpath" || p == "vmpath-cni")
+        })
+        .collect();
+    assert_eq!(ours.len(), 3, "agent, mount-bpffs, install-cni");
+    for c in ours {
+        assert_eq!(c.image.as_deref(), Some(name), "{}'s image", c.name);
+        assert_eq!(c.image_pull_policy.as_deref(), Some("IfNotPresent"));
     }
 }

@@ -1,4 +1,4 @@
-//! Project tasks: `cargo xtask setup | build-ebpf | test | demo | bench`.
+//! Project tasks: `cargo xtask setup | build-ebpf | image | test | demo | bench`.
 //!
 //! Each subcommand lives in its own module; `cmd` runs the tools they shell
 //! out to and names the failing step, `cargo` knows the workspace.
@@ -9,6 +9,7 @@ mod cargo;
 mod cmd;
 mod demo;
 mod guest;
+mod image;
 mod setup;
 mod test;
 mod toolchain;
@@ -37,7 +38,12 @@ enum Command {
     Setup,
     /// Build the eBPF object on its own and print its path.
     BuildEbpf,
-    /// Run setup, build the agent and run the whole test suite (as root).
+    /// Build vmpath's OCI image (static binaries, no base image, no
+    /// registry) into target/image/, reproducibly; print its reference,
+    /// digest and size.
+    Image(image::Options),
+    /// Run setup, build the agent and the image and run the whole test
+    /// suite (as root).
     Test {
         /// Arguments for the test binaries (default: --test-threads=2).
         #[arg(last = true)]
@@ -72,6 +78,7 @@ fn run(command: Command) -> Result<()> {
     match command {
         Command::Setup => setup::run(),
         Command::BuildEbpf => build_ebpf::run().map(|path| println!("{}", path.display())),
+        Command::Image(opts) => image::run(&opts),
         Command::Test { args } => test::run(args),
         Command::Demo(opts) => demo::run(&opts),
         Command::Bench { args } => bench::run(args),

@@ -1,17 +1,23 @@
-//! `cargo xtask test`: setup, build the agent, run every test crate with
-//! VMPATH_BIN pointing at the agent binary the integration tests start.
+//! `cargo xtask test`: setup, build the agent and the image, run every test
+//! crate with VMPATH_BIN pointing at the agent binary the integration tests
+//! start, VMPATH_IMAGE and VMPATH_IMAGE_NEXT at the image archives the image
+//! tests run (the second reports another version: the upgrade's target).
 
 use anyhow::Result;
 
-use crate::{cargo, cmd, setup};
+use crate::{cargo, cmd, image, setup};
 
-const PACKAGES: [&str; 3] = ["vmpath-common", "vmpath", "vmpath-tests"];
+/// The version suffix of the image the upgrade test moves to.
+const NEXT_SUFFIX: &str = "-next";
+
+const PACKAGES: [&str; 4] = ["vmpath-common", "vmpath", "vmpath-tests", "xtask"];
 const DEFAULT_ARGS: [&str; 1] = ["--test-threads=2"];
 
 pub fn run(args: Vec<String>) -> Result<()> {
     cmd::require_root("cargo xtask test")?;
     setup::run()?;
     let bin = cargo::build_agent()?;
+    let (current, next) = image::build_with_successor(NEXT_SUFFIX)?;
     let args = if args.is_empty() {
         DEFAULT_ARGS.iter().map(|s| s.to_string()).collect()
     } else {
@@ -22,7 +28,17 @@ pub fn run(args: Vec<String>) -> Result<()> {
     for p in PACKAGES {
         c.args(["-p", p]);
     }
-    c.arg("--").args(&args).env("VMPATH_BIN", &bin);
-    println!("$ VMPATH_BIN={} {}", bin.display(), cmd::display(&c));
+    c.arg("--")
+        .args(&args)
+        .env("VMPATH_BIN", &bin)
+        .env("VMPATH_IMAGE", &current.archive)
+        .env("VMPATH_IMAGE_NEXT", &next.archive);
+    println!(
+        "$ VMPATH_BIN={} VMPATH_IMAGE={} VMPATH_IMAGE_NEXT={} {}",
+        bin.display(),
+        current.archive.display(),
+        next.archive.display(),
+        cmd::display(&c)
+    );
     cmd::run("running the tests", &mut c)
 }

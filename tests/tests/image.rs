@@ -1,0 +1,722 @@
+//! The container image (`cargo xtask image`) run as the DaemonSet runs it,
+//! with podman: its init containers' commands do their job, the agent
+//! started from the image forwards between VMs, a newer image takes over
+//! the pinned state of an older one's agent without losing a packet, and
+//! `--cleanup` from the image leaves the node as it was.
+//!
+//! The images are the archives in VMPATH_IMAGE and VMPATH_IMAGE_NEXT (the
+//! same sources, built to report another version), which `cargo xtask
+//! test` builds; without them the test builds them with `cargo xtask image`.
+
+use std::{
+    cell::RefCell,
+    collections::BTreeMap,
+    path::{Path, PathBuf},
+    process::{Command, Output, Stdio},
+    sync::OnceLock,
+    time::Duration,
+};
+
+use serde_json::Value;
+use vmpath_tests::{Node, Vm, run, run_status, unique_tag, vmpath_bin, wait_for, yaml};
+
+/// An image archive: from `env_var`, else built by `cargo xtask image`.
+fn archive(env_var: &str, suffix: Option<&str>) -> PathBuf {
+    if let Some(p) = std::env::var_os(env_var) {
+        return PathBuf::from(p);
+    }
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap();
+    let mut c = Command::new(env!("CARGO"));
+    c.current_dir(root)
+        .args(["run", "-q", "-p", "xtask", "--", "image", "--json"]);
+    if let Some(s) = suffix {
+        c.args(["--version-suffix", s]);
+    }
+    let out = c
+        .stderr(Stdio::inherit())
+        .output()
+        .expect("cargo xtask image");
+    assert!(out.status.success(), "cargo xtask image failed");
+    let text = String::from_utf8_lossy(&out.stdout);
+    let line = text.lines().last().unwrap_or_default();
+    let v: Value = serde_json::from_str(line).unwrap_or_else(|e| panic!("{e}: {text}"));
+    PathBuf::from(v["archive"].as_str().unwrap())
+}
+
+fn current_image() -> &'static Path {
+    static P: OnceLock<PathBuf> = OnceLock::new();
+    P.get_or_init(|| archive("VMPATH_IMAGE", None))
+}
+
+fn next_image() -> &'static Path {
+    static P: OnceLock<PathBuf> = OnceLock::new();
+    P.get_or_init(|| archive("VMPATH_IMAGE_NEXT", Some("-next")))
+}
+
+fn text(out: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
+}
+
+const ULIMITS: [&str; 4] = [
+    "--ulimit",
+    "nofile=16384:16384",
+    "--ulimit",
+    "nproc=4096:4096",
+];
+
+/// A private podman (its own storage under a temp dir, removed on drop)
+/// with the images it loaded.
+struct Podman {
+    dir: PathBuf,
+    containers: RefCell<Vec<String>>,
+}
+
+impl Podman {
+    fn new() -> Podman {
+        let dir = std::env::temp_dir().join(format!("vmpath-image-{}", unique_tag()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        Podman {
+            dir,
+            containers: Default::default(),
+        }
+    }
+
+    fn command(&self, args: &[&str]) -> Command {
+        let d = |p: &str| self.dir.join(p).display().to_string();
+        let mut c = Command::new("podman");
+        c.args(["--root", &d("root"), "--runroot", &d("runroot")])
+            // vfs: no overlay mounts to leave behind.
+            .args(["--storage-driver", "vfs"])
+            // crun refuses this host's hybrid cgroups.
+            .args(["--runtime", "runc", "--cgroup-manager", "cgroupfs"])
+            .args(args)
+            .stdin(Stdio::null());
+        c
+    }
+
+    fn podman(&self, args: &[&str]) -> Output {
+        self.command(args)
+            .output()
+            .expect("running podman (cargo xtask setup installs it)")
+    }
+
+    fn ok(&self, args: &[&str]) -> String {
+        let out = self.podman(args);
+        assert!(
+            out.status.success(),
+            "podman {}: {}",
+            args.join(" "),
+            text(&out)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    /// `podman run --rm` of `args` (options, image, command) with the
+    /// ulimits this host allows (podman's defaults exceed its hard limits).
+    fn run(&self, args: &[&str]) -> Output {
+        let mut a = vec!["run", "--rm"];
+        a.extend(ULIMITS);
+        a.extend(args);
+        self.podman(&a)
+    }
+
+    /// Loads an image archive; returns the reference it carries.
+    fn load(&self, archive: &Path) -> String {
+        let out = self.ok(&["load", "-i", archive.to_str().unwrap()]);
+        let reference = out
+            .lines()
+            .find_map(|l| l.strip_prefix("Loaded image: "))
+            .unwrap_or_else(|| panic!("podman load named no image: {out}"))
+            .trim()
+            .to_string();
+        assert!(reference.contains(':'), "{reference}");
+        reference
+    }
+
+    /// Runs `args` in a new container of `image` to completion, privileged
+    /// in `node`'s network namespace with the host's bpffs and `mounts`.
+    fn run_once(&self, image: &str, node: &Node, mounts: &[&Path], args: &[&str]) -> Output {
+        let mut a = self.agent_options(node, mounts);
+        a.push(image.into());
+        a.extend(args.iter().map(|s| s.to_string()));
+        let a: Vec<&str> = a.iter().map(String::as_str).collect();
+        self.run(&a)
+    }
+
+    /// What the DaemonSet gives the agent: privileged here (the test bed's
+    /// namespaces), the node's network namespace, the host's bpffs, and
+    /// the directories it reads and writes at the same paths as outside.
+    fn agent_options(&self, node: &Node, mounts: &[&Path]) -> Vec<String> {
+        let mut a: Vec<String> = [
+            "--privileged",
+            "--network",
+            &format!("ns:{}", node.ns.path()),
+            "-v",
+            "/sys/fs/bpf:/sys/fs/bpf",
+            "-e",
+            "RUST_LOG=info",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        for m in mounts {
+            a.push("-v".into());
+            a.push(format!("{0}:{0}", m.display()));
+        }
+        a
+    }
+
+    /// Starts the agent from `image` in a detached container named `name`
+    /// for `node`, with the test bed's usual flags plus `extra`.
+    fn start_agent(&self, name: &str, image: &str, node: &Node, extra: &[&str]) {
+        // `programmed_ports` must see this agent's status.
+        let _ = std::fs::remove_file(node.state_dir.join("status.json"));
+        self.containers.borrow_mut().push(name.to_string());
+        let mut a: Vec<String> = ["run", "-d", "--name", name]
+            .into_iter()
+            .chain(ULIMITS)
+            .map(String::from)
+            .collect();
+        a.extend(self.agent_options(node, &[&node.config_dir, &node.state_dir]));
+        a.push(image.into());
+        for s in [
+            "vmpath",
+            "agent",
+            "--node",
+            node.name.as_str(),
+            "--interval-ms",
+            "100",
+            "--config-dir",
+            node.config_dir.to_str().unwrap(),
+            "--bpffs",
+            node.bpffs.to_str().unwrap(),
+            "--state-dir",
+            node.state_dir.to_str().unwrap(),
+            "--api-socket",
+            node.api_socket().to_str().unwrap(),
+        ]
+        .into_iter()
+        .chain(extra.iter().copied())
+        {
+            a.push(s.to_string());
+        }
+        let a: Vec<&str> = a.iter().map(String::as_str).collect();
+        self.ok(&a);
+    }
+
+    fn logs(&self, name: &str) -> String {
+        text(&self.podman(&["logs", name]))
+    }
+
+    fn running(&self, name: &str) -> bool {
+        self.podman(&["inspect", "-f", "{{.State.Running}}", name])
+            .stdout
+            .starts_with(b"true")
+    }
+
+    /// Waits until the agent in `name` has programmed exactly `ports`.
+    fn wait_ports(&self, name: &str, node: &Node, ports: &[&str]) {
+        let mut want: Vec<String> = ports.iter().map(|s| s.to_string()).collect();
+        want.sort();
+        wait_for(
+            &format!("the agent in {name} to program {want:?}"),
+            Duration::from_secs(30),
+            || {
+                assert!(
+                    self.running(name),
+                    "container {name} exited:\n{}",
+                    self.logs(name)
+                );
+                node.programmed_ports().as_ref() == Some(&want)
+            },
+        );
+    }
+
+    /// `podman stop`: SIGTERM, as the kubelet stops a pod.
+    fn stop(&self, name: &str) {
+        self.ok(&["stop", "-t", "20", name]);
+    }
+
+    fn exec(&self, name: &str, args: &[&str]) -> String {
+        let mut a = vec!["exec", name];
+        a.extend(args);
+        self.ok(&a)
+    }
+}
+
+impl Drop for Podman {
+    fn drop(&mut self) {
+        for name in self.containers.borrow().iter() {
+            if std::thread::panicking() {
+                eprintln!("--- container {name} ---\n{}", self.logs(name));
+            }
+            let _ = self.podman(&["rm", "-f", "-t", "0", name]);
+        }
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// A node with two VMs on one network; no agent yet.
+fn bed(name: &str) -> (Node, Vm, Vm) {
+    let node = Node::new(name);
+    let vm1 = node.add_vm("vm1", "52:54:00:c1:00:01", &["10.20.0.11/16"], None);
+    let vm2 = node.add_vm("vm2", "52:54:00:c1:00:02", &["10.20.0.12/16"], None);
+    node.write_config(
+        "c.yaml",
+        &yaml::docs(&[
+            yaml::network("blue", 100, &["10.20.0.0/16"], &["10.20.0.1"], true),
+            yaml::attachment(
+                "vm1",
+                "blue",
+                &node.name,
+                &vm1.port,
+                &vm1.mac,
+                &["10.20.0.11/16"],
+            ),
+            yaml::attachment(
+                "vm2",
+                "blue",
+                &node.name,
+                &vm2.port,
+                &vm2.mac,
+                &["10.20.0.12/16"],
+            ),
+        ]),
+    );
+    (node, vm1, vm2)
+}
+
+/// `vmpath status -o json` from the image's own CLI in the container.
+fn status(podman: &Podman, container: &str, node: &Node) -> Value {
+    let out = podman.exec(
+        container,
+        &[
+            "vmpath",
+            "status",
+            "-o",
+            "json",
+            "--api-socket",
+            node.api_socket().to_str().unwrap(),
+        ],
+    );
+    serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}"))
+}
+
+#[test]
+fn the_image_runs_the_agent_its_init_steps_and_forwards_between_vms() {
+    let (node, vm1, vm2) = bed("i");
+    let podman = Podman::new();
+    let image = podman.load(current_image());
+
+    // The image is this build: `--version` of both binaries in it says the
+    // same as the agent built from these sources, and the tag is
+    // `<version>-<revision>`.
+    let out_text = |out: Output| {
+        assert!(out.status.success(), "{}", text(&out));
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let version = out_text(podman.run(&[&image, "vmpath", "--version"]));
+    let here = run(&[vmpath_bin().to_str().unwrap(), "--version"]);
+    assert_eq!(version, here, "the image's vmpath is not this build");
+    let (v, rev) = version
+        .trim()
+        .strip_prefix("vmpath ")
+        .and_then(|r| r.split_once(" (revision "))
+        .unwrap_or_else(|| panic!("{version}"));
+    let rev = rev.trim_end_matches(')');
+    assert!(
+        image.ends_with(&format!(":{v}-{rev}")) || (rev == "unknown" && image.ends_with(v)),
+        "{image} is not tagged {v}-{rev}"
+    );
+    let cni_version = out_text(podman.run(&[&image, "vmpath-cni", "--version"]));
+    assert_eq!(
+        cni_version.trim(),
+        format!("vmpath-cni {v} (revision {rev})")
+    );
+    // Nothing but vmpath in it: no shell.
+    let shell = podman.run(&[&image, "sh", "-c", "true"]);
+    assert!(
+        !shell.status.success() && text(&shell).contains("executable file not found"),
+        "the image has a shell: {}",
+        text(&shell)
+    );
+
+    // The init containers' commands: mount-bpffs checks the bpffs and
+    // exits; install-cni puts a working plugin where the host's runtime
+    // finds it.
+    let out = podman.run_once(
+        &image,
+        &node,
+        &[],
+        &[
+            "vmpath",
+            "agent",
+            "--mount-bpffs",
+            "--bpffs",
+            node.bpffs.to_str().unwrap(),
+        ],
+    );
+    assert!(out.status.success(), "mount-bpffs: {}", text(&out));
+    let cni_dir = node.state_dir.parent().unwrap().join("opt-cni-bin");
+    std::fs::create_dir_all(&cni_dir).unwrap();
+    let out = podman.run(&[
+        "-v",
+        &format!("{}:/host/opt/cni/bin", cni_dir.display()),
+        &image,
+        "vmpath-cni",
+        "install",
+        "/host/opt/cni/bin",
+    ]);
+    assert!(out.status.success(), "install-cni: {}", text(&out));
+    let installed = Command::new(cni_dir.join("vmpath-cni"))
+        .env("CNI_COMMAND", "VERSION")
+        .stdin(Stdio::null())
+        .output()
+        .expect("the installed plugin runs on the host");
+    let reply: Value = serde_json::from_slice(&installed.stdout).unwrap();
+    assert_eq!(reply["cniVersion"], "1.1.0", "{reply}");
+
+    // The agent from the image forwards.
+    let agent = format!("vmpath-{}", node.tag);
+    podman.start_agent(&agent, &image, &node, &[]);
+    podman.wait_ports(&agent, &node, &[&vm1.port, &vm2.port]);
+    assert!(
+        vm1.ping("10.20.0.12"),
+        "vm1 -> vm2 through the image's agent"
+    );
+    assert!(vm2.ping("10.20.0.11"), "vm2 -> vm1");
+    assert!(vm1.ping("10.20.0.1"), "vm1 -> the gateway");
+    let tcp = vmpath_tests::iperf3(&vm2.ns, &vm1.ns, "10.20.0.12", false, 1);
+    assert!(
+        tcp["end"]["sum_received"]["bytes"].as_u64().unwrap_or(0) > 0,
+        "TCP vm1 -> vm2: {tcp}"
+    );
+    // Its CLI reports it ready, as this build, and its program sits in each
+    // port's pinned link.
+    let s = status(&podman, &agent, &node);
+    assert_eq!(s["ready"], true, "{s}");
+    let build = s["programs"]["build"].as_str().unwrap();
+    assert!(build.starts_with(&format!("{v}+git.{rev}.")), "{build}");
+    let vm_port = s["programs"]["loaded"]["vm_port"].as_u64().unwrap();
+    let links = pinned_links(&node);
+    for port in [&vm1.port, &vm2.port] {
+        let pin = format!("vm_port-{}", node.ns.ifindex(port));
+        assert!(
+            links
+                .iter()
+                .any(|(p, _, prog)| *p == pin && *prog == vm_port),
+            "{port}: no link running the agent's program: {links:?}"
+        );
+    }
+}
+
+/// Every pinned link: (pin name, link id, program id).
+fn pinned_links(node: &Node) -> Vec<(String, u64, u64)> {
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir(node.bpffs.join("links")).unwrap() {
+        let path = entry.unwrap().path();
+        let v: Value = serde_json::from_str(&run(&[
+            "bpftool",
+            "-j",
+            "link",
+            "show",
+            "pinned",
+            path.to_str().unwrap(),
+        ]))
+        .unwrap();
+        out.push((
+            path.file_name().unwrap().to_string_lossy().into_owned(),
+            v["id"].as_u64().unwrap(),
+            v["prog_id"].as_u64().unwrap(),
+        ));
+    }
+    out.sort();
+    out
+}
+
+/// Every pinned map of this build's layout: name -> map id.
+fn pinned_maps(node: &Node) -> BTreeMap<String, u64> {
+    let dir = node.bpffs.join(format!(
+        "maps/v{}",
+        vmpath_tests::vmpath::common::MAP_LAYOUT_VERSION
+    ));
+    std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| {
+            let path = e.unwrap().path();
+            let v: Value = serde_json::from_str(&run(&[
+                "bpftool",
+                "-j",
+                "map",
+                "show",
+                "pinned",
+                path.to_str().unwrap(),
+            ]))
+            .unwrap();
+            (
+                path.file_name().unwrap().to_string_lossy().into_owned(),
+                v["id"].as_u64().unwrap(),
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn a_newer_image_adopts_the_pinned_state_without_losing_a_packet() {
+    let (node, vm1, vm2) = bed("u");
+    let podman = Podman::new();
+    let old_image = podman.load(current_image());
+    let new_image = podman.load(next_image());
+    assert_ne!(old_image, new_image);
+
+    let old = format!("vmpath-old-{}", node.tag);
+    podman.start_agent(&old, &old_image, &node, &[]);
+    podman.wait_ports(&old, &node, &[&vm1.port, &vm2.port]);
+    assert!(vm1.ping("10.20.0.12"));
+    let old_links = pinned_links(&node);
+    let old_maps = pinned_maps(&node);
+    let old_status = status(&podman, &old, &node);
+    let old_build = old_status["programs"]["build"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let old_vm_port = old_status["programs"]["loaded"]["vm_port"]
+        .as_u64()
+        .unwrap();
+
+    // A rolling update: the new pod starts while the old one still runs,
+    // waits for the node, and takes over when the old one exits on SIGTERM.
+    let pinger = vm1
+        .ns
+        .spawn(&["ping", "-i", "0.01", "-w", "6", "-W", "1", "10.20.0.12"]);
+    let new = format!("vmpath-new-{}", node.tag);
+    podman.start_agent(&new, &new_image, &node, &["--lock-wait", "60s"]);
+    wait_for(
+        "the new agent to wait for the old one",
+        Duration::from_secs(20),
+        || {
+            podman
+                .logs(&new)
+                .contains("waiting for the agent that owns this node to exit")
+        },
+    );
+    assert_eq!(
+        pinned_links(&node),
+        old_links,
+        "the waiting agent touched a link"
+    );
+    podman.stop(&old);
+    wait_for(
+        "the new agent's programs in every link",
+        Duration::from_secs(30),
+        || {
+            let out = podman.podman(&[
+                "exec",
+                &new,
+                "vmpath",
+                "status",
+                "-o",
+                "json",
+                "--api-socket",
+                node.api_socket().to_str().unwrap(),
+            ]);
+            let Ok(s) = serde_json::from_slice::<Value>(&out.stdout) else {
+                return false;
+            };
+            let p = &s["programs"];
+            p["build"].as_str() != Some(old_build.as_str())
+                && p["loaded"]["vm_port"]
+                    .as_u64()
+                    .is_some_and(|id| id != old_vm_port)
+                && p["mismatches"] == serde_json::json!([])
+                && p["links"]
+                    .as_array()
+                    .is_some_and(|l| l.len() == old_links.len())
+        },
+    );
+    let out = pinger.wait_with_output().unwrap();
+    let report = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        report.contains(" 0% packet loss"),
+        "packets lost in the upgrade:\n{report}"
+    );
+
+    // The new agent is the new version...
+    let version = podman.exec(&new, &["vmpath", "--version"]);
+    assert!(version.contains("-next "), "{version}");
+    let s = status(&podman, &new, &node);
+    let build = s["programs"]["build"].as_str().unwrap();
+    assert!(build.contains("-next+git."), "{build}");
+    // ...that adopted what the old one pinned: the same links (now running
+    // its programs) and the same maps, with their contents.
+    let vm_port = s["programs"]["loaded"]["vm_port"].as_u64().unwrap();
+    let links = pinned_links(&node);
+    assert_eq!(links.len(), old_links.len());
+    for ((pin, link, prog), (old_pin, old_link, _)) in links.iter().zip(&old_links) {
+        assert_eq!(
+            (pin, link),
+            (old_pin, old_link),
+            "links replaced, not adopted"
+        );
+        if pin.starts_with("vm_port-") {
+            assert_eq!(*prog, vm_port, "{pin} runs another program");
+        }
+    }
+    assert_eq!(pinned_maps(&node), old_maps, "maps replaced, not adopted");
+    assert!(
+        podman.logs(&new).contains("adopting pinned map"),
+        "{}",
+        podman.logs(&new)
+    );
+    assert!(vm2.ping("10.20.0.11"));
+    assert!(vm1.ping("10.20.0.1"));
+}
+
+/// What an agent may change on a node, as `ip` and bpftool show it: links
+/// (name, kind, MAC, MTU, XDP), addresses, routes of every table, XDP and
+/// tc (cls_bpf) programs. (tcx links are not listed per device here: the
+/// test checks its pinned links are gone by id.)
+fn node_state(node: &Node) -> Vec<String> {
+    let json = |args: &[&str]| -> Value { serde_json::from_str(&node.ns.run(args)).unwrap() };
+    let mut state = Vec::new();
+    for l in json(&["ip", "-j", "-d", "link", "show"])
+        .as_array()
+        .unwrap()
+    {
+        state.push(format!(
+            "link {} {} {} mtu {} xdp {}",
+            l["ifname"], l["linkinfo"]["info_kind"], l["address"], l["mtu"], l["xdp"]
+        ));
+    }
+    for a in json(&["ip", "-j", "addr", "show"]).as_array().unwrap() {
+        for i in a["addr_info"].as_array().unwrap() {
+            state.push(format!(
+                "addr {} {}/{}",
+                a["ifname"], i["local"], i["prefixlen"]
+            ));
+        }
+    }
+    for family in ["-4", "-6"] {
+        for r in json(&["ip", "-j", family, "route", "show", "table", "all"])
+            .as_array()
+            .unwrap()
+        {
+            state.push(format!(
+                "route {} dev {} table {} proto {}",
+                r["dst"], r["dev"], r["table"], r["protocol"]
+            ));
+        }
+    }
+    state.push(format!(
+        "bpf {}",
+        node.ns.run(&["bpftool", "-j", "net", "show"])
+    ));
+    state.sort();
+    state
+}
+
+#[test]
+fn cleanup_from_the_image_leaves_the_node_as_it_was() {
+    let (node, vm1, vm2) = bed("x");
+    // A route of someone else's in vmpath's table stays.
+    node.ns.run(&[
+        "ip",
+        "route",
+        "add",
+        "192.0.2.99/32",
+        "dev",
+        "lo",
+        "table",
+        "100",
+        "proto",
+        "static",
+    ]);
+    // The ports' own IPv6 link-local addresses come on their own time:
+    // wait for them, so that `before` is the settled node.
+    for vm in [&vm1, &vm2] {
+        wait_for(
+            "the port's link-local address",
+            Duration::from_secs(10),
+            || {
+                let out = node
+                    .ns
+                    .run(&["ip", "-6", "addr", "show", "dev", &vm.port, "scope", "link"]);
+                out.contains("fe80") && !out.contains("tentative")
+            },
+        );
+    }
+    let before = node_state(&node);
+    let podman = Podman::new();
+    let image = podman.load(current_image());
+
+    let agent = format!("vmpath-{}", node.tag);
+    podman.start_agent(&agent, &image, &node, &[]);
+    podman.wait_ports(&agent, &node, &[&vm1.port, &vm2.port]);
+    assert!(vm1.ping("10.20.0.12"));
+    let links = pinned_links(&node);
+    assert_ne!(node_state(&node), before, "the agent changed nothing");
+    // Uninstall: the pod goes (the data path stays on purpose)...
+    podman.stop(&agent);
+    assert!(vm2.ping("10.20.0.11"), "the data path outlives the agent");
+    // ...with an exported route left as a crash would leave it...
+    node.ns.run(&[
+        "ip",
+        "route",
+        "add",
+        "10.20.0.77/32",
+        "dev",
+        "lo",
+        "table",
+        "100",
+        "proto",
+        "250",
+    ]);
+    // ...then `--cleanup`, from the image, as docs/install.md says.
+    let out = podman.run_once(
+        &image,
+        &node,
+        &[],
+        &[
+            "vmpath",
+            "agent",
+            "--cleanup",
+            "--bpffs",
+            node.bpffs.to_str().unwrap(),
+        ],
+    );
+    assert!(out.status.success(), "cleanup: {}", text(&out));
+
+    // No link, no program (the kernel frees them after a grace period).
+    for (_, link, prog) in links {
+        wait_for(
+            &format!("link {link} and program {prog} to go"),
+            Duration::from_secs(10),
+            || {
+                !run_status(&["bpftool", "link", "show", "id", &link.to_string()])
+                    .status
+                    .success()
+                    && !run_status(&["bpftool", "prog", "show", "id", &prog.to_string()])
+                        .status
+                        .success()
+            },
+        );
+    }
+    let left: Vec<_> = std::fs::read_dir(&node.bpffs)
+        .map(|d| d.map(|e| e.unwrap().path()).collect())
+        .unwrap_or_default();
+    assert!(left.is_empty(), "left under the bpffs root: {left:?}");
+    // The node as it was: links, addresses, routes, tc and XDP.
+    let after = node_state(&node);
+    let gone: Vec<_> = before.iter().filter(|l| !after.contains(l)).collect();
+    let added: Vec<_> = after.iter().filter(|l| !before.contains(l)).collect();
+    assert!(
+        gone.is_empty() && added.is_empty(),
+        "the node differs after cleanup:\n gone: {gone:#?}\n added: {added:#?}"
+    );
+    assert!(!vm1.ns.ping("10.20.0.12", 1), "still forwarded");
+}
