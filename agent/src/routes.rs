@@ -83,7 +83,7 @@ fn host(ip: IpAddr) -> IpNet {
 /// addresses of attachments served here on `advertise.perVM` networks,
 /// the addresses learned from their traffic here on `advertise.learned`
 /// networks, and the subnets of `advertise.subnet` networks this node
-/// hosts (a VM of it is served here: ingress for the others goes on over
+/// hosts (`Plan::ingress_hosted`: ingress for VMs elsewhere goes on over
 /// the overlay). SNAT networks advertise IPv4 only (their routed ingress
 /// is IPv4 only).
 pub fn desired(
@@ -94,7 +94,7 @@ pub fn desired(
     use crate::plan::north_south::ingress_family;
     let mut out = BTreeSet::new();
     for net in &cfg.config.networks {
-        if net.advertise.subnet && plan.flood.contains_key(&net.id) {
+        if net.advertise.subnet && plan.ingress_hosted.contains(&net.id) {
             for s in &net.subnets {
                 if ingress_family(net, s.addr()) {
                     out.insert(ExportRoute {
