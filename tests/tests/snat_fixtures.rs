@@ -1353,3 +1353,65 @@ fn snat_without_routed_ingress_translates_every_frame() {
         assert_eq!(fx.dp.maps().inbound.keys().count(), 0, "nothing recorded");
     });
 }
+
+#[test]
+fn routed_ipv6_ingress_for_a_vm_elsewhere_is_relayed_over_the_overlay() {
+    use vmpath_common::{
+        AddrKey, ENDPOINT_REMOTE, Endpoint, EndpointKey, OverlayConfig, RoutedAddr,
+    };
+    const REMOTE6: [u8; 16] = [0xfd, 0x30, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0x22];
+    const LOST6: [u8; 16] = [0xfd, 0x30, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0x24];
+    in_netns(|| {
+        let mut fx = Fx::with_mtu(NET_F_ROUTED, 1500);
+        let uplink = fx.uplink;
+        fx.dp
+            .set_overlay(OverlayConfig {
+                vxlan_ifindex: uplink,
+                local_ip4: NODE_IP,
+            })
+            .unwrap();
+        let maps = fx.dp.maps_mut();
+        for (ip, mac) in [(REMOTE6, REMOTE_VM_MAC), (LOST6, LOST_VM_MAC)] {
+            let r = RoutedAddr {
+                ifindex: 0,
+                network: NET,
+                vm_mac: mac,
+                gw_mac: GW_MAC,
+                mtu: 1500,
+                port_id: 0,
+            };
+            maps.routed.insert(AddrKey::v6(0, &ip), r, 0).unwrap();
+        }
+        maps.endpoints
+            .insert(
+                EndpointKey::new(NET, REMOTE_VM_MAC),
+                Endpoint {
+                    kind: ENDPOINT_REMOTE,
+                    ifindex: 0,
+                    node_ip4: REMOTE_NODE,
+                    migrate_to: [0; 4],
+                    port_id: 0,
+                },
+                0,
+            )
+            .unwrap();
+        let before = fx.dp.maps().overlay_stats().unwrap().tx_packets;
+        let f = big6(TOR_MAC, UPLINK_MAC, EXT6, REMOTE6, 100);
+        let (v, out) = fx.ingress(&f);
+        assert_eq!(v, TC_ACT_REDIRECT);
+        assert_eq!(
+            fx.dp.maps().overlay_stats().unwrap().tx_packets,
+            before + 1,
+            "onto the overlay"
+        );
+        assert_eq!(&out[0..6], &REMOTE_VM_MAC, "to the VM's MAC");
+        assert_eq!(&out[6..12], &GW_MAC, "from the gateway");
+        assert_eq!(out[14 + 7], 63, "hop limit decremented");
+        assert_eq!(&out[14 + 24..14 + 40], &REMOTE6, "destination untouched");
+        // A VM whose place is not known: dropped and counted.
+        let before = fx.drops(drop_reason::INGRESS_NO_ENDPOINT);
+        let (v, _) = fx.ingress(&big6(TOR_MAC, UPLINK_MAC, EXT6, LOST6, 100));
+        assert_eq!(v, TC_ACT_SHOT);
+        assert_eq!(fx.drops(drop_reason::INGRESS_NO_ENDPOINT), before + 1);
+    });
+}
