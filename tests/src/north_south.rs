@@ -2,20 +2,22 @@
 //! (`tests/tests/north_south_imported.rs`) and the bench's external
 //! loss-window figure (`vmpath-bench --only migration`).
 //!
-//! Two nodes and a top-of-rack router (BIRD) on one underlay segment, an
-//! external host behind the ToR. The network `imported` is IPAM-less with
+//! Two nodes (or three) and a top-of-rack router (BIRD) on one underlay
+//! segment, an external host behind the ToR. The network `imported` is IPAM-less with
 //! spoof filtering off, `egress: SNAT` and `advertise: {subnet: true,
 //! learned: true}`: its VMs reach the outside NAT'd to their node's
 //! address and are reached from outside by their own addresses. VM `imp`
 //! (node a) is an imported VM: its old MAC, IP and gateway, written down
 //! in its Attachment, nothing assigned by vmpath; its target pod waits on
 //! node b. VM `lrn` (node b) has only its MAC written down: vmpath learns
-//! its address from its traffic.
+//! its address from its traffic. With three nodes, VM `cvm` (node c,
+//! address written down) makes node c a host of the network too.
 //!
 //! Addresses (all inside namespaces made here):
-//!   underlay 192.0.2.0/24: node a .1, node b .2, ToR .254
+//!   underlay 192.0.2.0/24: node a .1, node b .2, node c .3, ToR .254
 //!   ToR 198.51.100.1/24 <-> external host 198.51.100.10/24
-//!   network 10.40.0.0/16, gateway 10.40.0.1; imp 10.40.0.50, lrn 10.40.0.60
+//!   network 10.40.0.0/16, gateway 10.40.0.1; imp 10.40.0.50, lrn 10.40.0.60,
+//!   cvm 10.40.0.70
 
 use std::{path::PathBuf, process::Child, time::Duration};
 
@@ -30,6 +32,7 @@ pub const NET: &str = "imported";
 pub const NET_ID: u32 = 700;
 pub const NODE_A: &str = "192.0.2.1";
 pub const NODE_B: &str = "192.0.2.2";
+pub const NODE_C: &str = "192.0.2.3";
 pub const TOR_IP: &str = "192.0.2.254";
 pub const EXT_IP: &str = "198.51.100.10";
 pub const GATEWAY: &str = "10.40.0.1";
@@ -37,6 +40,8 @@ pub const IMP_MAC: &str = "52:54:00:40:00:50";
 pub const IMP_IP: &str = "10.40.0.50";
 pub const LRN_MAC: &str = "52:54:00:40:00:60";
 pub const LRN_IP: &str = "10.40.0.60";
+pub const CVM_MAC: &str = "52:54:00:40:00:70";
+pub const CVM_IP: &str = "10.40.0.70";
 /// The UDP port of the stream (`migration::receiver` listens on it).
 pub const UDP_PORT: u16 = crate::migration::UDP_PORT;
 /// The external host's stream: one datagram per millisecond for 5 s.
@@ -53,8 +58,10 @@ pub struct Bed {
     pub imp_t: Vm,
     /// A VM on node b whose address vmpath only learns.
     pub lrn: Vm,
+    /// The third node and its VM, when the bed has three nodes.
+    pub c: Option<(Node, Vm)>,
     pub tor_bird: Bird,
-    _node_birds: [Bird; 2],
+    _node_birds: Vec<Bird>,
     _underlay: Underlay,
 }
 
@@ -79,7 +86,7 @@ pub fn write_config(bed: &Bed, migration: Option<bool>) {
             bed.imp_t.port
         );
     }
-    let docs = [
+    let mut docs = vec![
         yaml_overlay::node("a", NODE_A),
         yaml_overlay::node("b", NODE_B),
         network_doc(),
@@ -87,41 +94,75 @@ pub fn write_config(bed: &Bed, migration: Option<bool>) {
         // Only the MAC: the address is learned from the VM's traffic.
         yaml::attachment("lrn", NET, "b", &bed.lrn.port, LRN_MAC, &[]),
     ];
+    if let Some((_, cvm)) = &bed.c {
+        docs.push(yaml_overlay::node("c", NODE_C));
+        docs.push(yaml::attachment(
+            "cvm",
+            NET,
+            "c",
+            &cvm.port,
+            CVM_MAC,
+            &[&format!("{CVM_IP}/16")],
+        ));
+    }
     let config = yaml::docs(&docs);
-    for node in [&bed.a, &bed.b] {
+    for node in bed.nodes() {
         node.write_config("config.yaml", &config);
     }
 }
 
+impl Bed {
+    pub fn nodes(&self) -> Vec<&Node> {
+        let mut v = vec![&self.a, &self.b];
+        v.extend(self.c.as_ref().map(|(n, _)| n));
+        v
+    }
+}
+
+/// The nodes' underlay addresses and AS numbers.
+const NODES: [(&str, &str, u32); 3] = [
+    ("a", NODE_A, 65001),
+    ("b", NODE_B, 65002),
+    ("c", NODE_C, 65003),
+];
+
 /// BIRD on the ToR: one eBGP session per node, every route learned goes
 /// into the ToR's kernel table.
-fn bird_tor_config() -> String {
-    format!(
+fn bird_tor_config(nodes: usize) -> String {
+    let mut conf = format!(
         "router id {TOR_IP};
 protocol device {{ scan time 1; }}
 protocol kernel {{ scan time 1; ipv4 {{ import none; export all; }}; }}
-protocol bgp node_a {{ local {TOR_IP} as 65000; neighbor {NODE_A} as 65001;
-  connect delay time 1; connect retry time 2; error wait time 1, 10;
-  ipv4 {{ import all; export none; }}; }}
-protocol bgp node_b {{ local {TOR_IP} as 65000; neighbor {NODE_B} as 65002;
+"
+    );
+    for (name, ip, asn) in &NODES[..nodes] {
+        conf.push_str(&format!(
+            "protocol bgp node_{name} {{ local {TOR_IP} as 65000; neighbor {ip} as {asn};
   connect delay time 1; connect retry time 2; error wait time 1, 10;
   ipv4 {{ import all; export none; }}; }}
 "
-    )
+        ));
+    }
+    conf
 }
 
-/// Builds the nodes, the ToR and the external host, starts the agents and
-/// BIRD, and waits until both VMs have spoken (so their addresses are
-/// learned) and the ToR has their routes.
-pub fn bed() -> Bed {
+/// Builds the nodes (2 or 3), the ToR and the external host, starts the
+/// agents and BIRD, and waits until the VMs have spoken (so their
+/// addresses are learned) and the ToR has their routes.
+pub fn bed(nodes: usize) -> Bed {
+    assert!((2..=3).contains(&nodes), "2 or 3 nodes");
     let underlay = Underlay::new();
     let mut a = Node::new("a");
     let mut b = Node::new("b");
+    let mut c = (nodes == 3).then(|| Node::new("c"));
     let tor = Netns::new(format!("vt{}-tor", a.tag));
     let ext = Netns::new(format!("vt{}-ext", a.tag));
     underlay.plug(&a.ns, "ul0", &format!("{NODE_A}/24"), 1500);
     underlay.plug(&b.ns, "ul0", &format!("{NODE_B}/24"), 1500);
     underlay.plug(&tor, "ul0", &format!("{TOR_IP}/24"), 1500);
+    if let Some(c) = &c {
+        underlay.plug(&c.ns, "ul0", &format!("{NODE_C}/24"), 1500);
+    }
     link(
         &tor,
         "tor1",
@@ -130,13 +171,12 @@ pub fn bed() -> Bed {
         "ext0",
         &format!("{EXT_IP}/24"),
     );
-    for ns in [&a.ns, &b.ns, &tor] {
-        enable_forwarding(ns);
-    }
-    for node in [&a, &b] {
+    for node in [Some(&a), Some(&b), c.as_ref()].into_iter().flatten() {
+        enable_forwarding(&node.ns);
         node.ns
             .run(&["ip", "route", "add", "default", "via", TOR_IP]);
     }
+    enable_forwarding(&tor);
     ext.run(&["ip", "route", "add", "default", "via", "198.51.100.1"]);
 
     // The imported VM: its old address and gateway, configured in the
@@ -145,24 +185,30 @@ pub fn bed() -> Bed {
     let imp_t = b.add_vm("impt", IMP_MAC, &[&format!("{IMP_IP}/16")], Some(GATEWAY));
     imp_t.ns.run(&["ip", "link", "set", "eth0", "down"]);
     let lrn = b.add_vm("lrn", LRN_MAC, &[&format!("{LRN_IP}/16")], Some(GATEWAY));
+    let cvm = c
+        .as_ref()
+        .map(|c| c.add_vm("cvm", CVM_MAC, &[&format!("{CVM_IP}/16")], Some(GATEWAY)));
 
     // The VXLAN overlay shares the uplink with the fabric.
-    for node in [&mut a, &mut b] {
+    for node in [Some(&mut a), Some(&mut b), c.as_mut()]
+        .into_iter()
+        .flatten()
+    {
         node.set_agent_args(&["--uplink", "ul0", "--metrics-addr", "off"]);
     }
-    let tor_bird = Bird::start(&tor, "tor", &bird_tor_config());
-    let node_birds = [
-        Bird::start(
-            &a.ns,
-            "node-a",
-            &bird_node_config(NODE_A, NODE_A, 65001, TOR_IP, 65000),
-        ),
-        Bird::start(
-            &b.ns,
-            "node-b",
-            &bird_node_config(NODE_B, NODE_B, 65002, TOR_IP, 65000),
-        ),
-    ];
+    let tor_bird = Bird::start(&tor, "tor", &bird_tor_config(nodes));
+    let node_birds: Vec<Bird> = [Some(&a), Some(&b), c.as_ref()]
+        .into_iter()
+        .flatten()
+        .zip(NODES)
+        .map(|(node, (name, ip, asn))| {
+            Bird::start(
+                &node.ns,
+                &format!("node-{name}"),
+                &bird_node_config(ip, ip, asn, TOR_IP, 65000),
+            )
+        })
+        .collect();
     let mut bed = Bed {
         a,
         b,
@@ -171,6 +217,7 @@ pub fn bed() -> Bed {
         imp,
         imp_t,
         lrn,
+        c: c.zip(cvm),
         tor_bird,
         _node_birds: node_birds,
         _underlay: underlay,
@@ -180,7 +227,11 @@ pub fn bed() -> Bed {
     bed.b.start_agent();
     bed.a.wait_ports(&[&bed.imp.port]);
     bed.b.wait_ports(&[&bed.lrn.port]);
-    for node in [&bed.a, &bed.b] {
+    if let Some((c, cvm)) = &mut bed.c {
+        c.start_agent();
+        c.wait_ports(&[&cvm.port]);
+    }
+    for node in bed.nodes() {
         wait_for(
             &format!("the overlay on node {}", node.name),
             Duration::from_secs(10),
@@ -257,6 +308,9 @@ pub struct ExternalWindow {
     /// Longest silence at the receivers from 200 ms before the cut-over
     /// until the ToR's route to the VM moved to the target node, ms.
     pub gap_ms: f64,
+    /// Longest silence from 200 ms before the cut-over to the end of the
+    /// stream, ms (whatever the ToR did).
+    pub gap_to_end_ms: f64,
     /// Datagrams of the stream no receiver got.
     pub lost: u64,
     /// Datagrams the target received.
@@ -342,6 +396,7 @@ sendp([garp, rarp], iface='eth0')
     }
     let rx = received(&files);
     let (gap_ms, _, _) = longest_gap(&rx, cut - 200_000_000, converged.unwrap_or(end).max(cut));
+    let (gap_to_end_ms, _, _) = longest_gap(&rx, cut - 200_000_000, end);
     let mut seqs: Vec<u64> = rx.iter().map(|(s, _)| *s).collect();
     seqs.sort_unstable();
     seqs.dedup();
@@ -354,6 +409,7 @@ sendp([garp, rarp], iface='eth0')
     let _ = std::fs::remove_dir_all(&dir);
     ExternalWindow {
         gap_ms,
+        gap_to_end_ms,
         lost: STREAM_COUNT - seqs.len() as u64,
         on_target,
         relayed,

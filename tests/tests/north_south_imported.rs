@@ -20,8 +20,8 @@ use serde_json::Value;
 use vmpath_tests::{
     Netns, iperf3,
     north_south::{
-        EXT_IP, GATEWAY, IMP_IP, LRN_IP, NODE_A, NODE_B, STREAM_COUNT, bed, external_loss_window,
-        overlay_tx, start_migration, tor_route,
+        CVM_IP, EXT_IP, GATEWAY, IMP_IP, LRN_IP, NODE_A, NODE_B, NODE_C, STREAM_COUNT, bed,
+        external_loss_window, overlay_tx, start_migration, tor_route,
     },
     wait_for,
 };
@@ -82,7 +82,7 @@ fn echo_source_seen(ns: &Netns, ifname: &str, ping: impl FnOnce() -> bool) -> St
 
 #[test]
 fn imported_vm_nat_out_routed_in_from_any_node_and_across_a_migration() {
-    let bed = bed();
+    let bed = bed(2);
 
     // Out: NAT'd to the hosting node's address (ICMP and TCP).
     let seen = echo_source_seen(&bed.ext, "ext0", || bed.imp.ping(EXT_IP));
@@ -181,4 +181,60 @@ fn imported_vm_nat_out_routed_in_from_any_node_and_across_a_migration() {
         "after the migration the VM's server saw {peer}"
     );
     assert!(bed.imp_t.ping(GATEWAY), "the gateway on b");
+}
+
+/// Three nodes: the fabric sends the imported VM's traffic to node c,
+/// which hosts the network but not the VM, all along (a route on the ToR
+/// more specific than BGP's). Node c relays to node a, then, once the
+/// VM's announcement from node b reached it over the overlay, to node b:
+/// the external stream follows the VM through the migration without the
+/// fabric moving at all.
+#[test]
+fn three_nodes_ingress_through_a_third_node_follows_the_vm_across_a_migration() {
+    let bed = bed(3);
+    let (c, _) = bed.c.as_ref().expect("three nodes");
+    // Node c's own VM is reached directly, by its own address.
+    assert!(bed.ext.ping(CVM_IP, 2), "external -> node c's VM");
+    bed.tor
+        .run(&["ip", "route", "add", IMP_IP, "via", NODE_C, "metric", "1"]);
+    let relayed = overlay_tx(c);
+    let seen = echo_source_seen(&bed.imp.ns, "eth0", || bed.ext.ping(IMP_IP, 3));
+    assert!(
+        seen.contains(&format!("{EXT_IP} > {IMP_IP}")),
+        "ingress through node c did not reach the VM on a un-NATed: {seen}"
+    );
+    let (peer, _) = tcp_peer_seen(&bed.imp.ns, &bed.ext, IMP_IP);
+    assert_eq!(peer, EXT_IP, "through node c: the VM's server saw {peer}");
+    assert!(overlay_tx(c) >= relayed + 3, "node c relayed nothing");
+
+    start_migration(&bed);
+    let relayed = overlay_tx(c);
+    let w = external_loss_window(&bed);
+    let relayed = overlay_tx(c) - relayed;
+    eprintln!(
+        "three nodes, ingress through node c: longest silence {:.1} ms over the whole stream, {} of {STREAM_COUNT} lost, {} on the target, {relayed} frames relayed by node c",
+        w.gap_to_end_ms, w.lost, w.on_target
+    );
+    assert!(w.on_target > 1000, "the target got only {}", w.on_target);
+    assert!(
+        relayed >= STREAM_COUNT - w.lost,
+        "node c relayed {relayed} frames: the stream did not go through it"
+    );
+    assert!(
+        w.gap_to_end_ms < MAX_LOSS_WINDOW_MS,
+        "loss window through node c {:.1} ms",
+        w.gap_to_end_ms
+    );
+    // After the migration the VM still answers through node c, NAT'd out
+    // as node b.
+    let (peer, _) = tcp_peer_seen(&bed.imp_t.ns, &bed.ext, IMP_IP);
+    assert_eq!(
+        peer, EXT_IP,
+        "after the migration the VM's server saw {peer}"
+    );
+    let seen = echo_source_seen(&bed.ext, "ext0", || bed.imp_t.ping(EXT_IP));
+    assert!(
+        seen.contains(&format!("{NODE_B} > {EXT_IP}")),
+        "after the migration the VM did not leave as node b: {seen}"
+    );
 }

@@ -175,7 +175,7 @@ pub fn run(opts: &Options) -> Result<Section> {
 fn external_runs(runs: usize) -> Result<Vec<ExternalWindow>> {
     let mut out = Vec::new();
     for r in 0..runs {
-        let bed = north_south::bed();
+        let bed = north_south::bed(2);
         north_south::start_migration(&bed);
         let w = north_south::external_loss_window(&bed);
         eprintln!(
