@@ -665,7 +665,15 @@ impl Dataplane {
             .learned_ips
             .iter()
             .filter_map(|r| r.ok())
-            .filter(|(_, v)| !plan.ports.contains_key(&v.ifindex))
+            .filter(|(k, v)| {
+                // Still routed on to the VM that used it (it moved to
+                // another node): kept while the plan routes it so.
+                let routed_on = plan
+                    .routed
+                    .get(&AddrKey::from_ip(0, k.ip()))
+                    .is_some_and(|r| r.ifindex == 0 && r.vm_mac == v.mac);
+                !plan.ports.contains_key(&v.ifindex) && !routed_on
+            })
             .map(|(k, _)| k)
             .collect();
         for k in stale_ips {

@@ -199,6 +199,15 @@ fn routed_addresses(cfg: &Resolved, plan: &mut Plan) {
                 plan.routed.entry(addr_key(0, ip.addr())).or_insert(r);
             }
         }
+        // Addresses this node learned from the VM while it was here (a
+        // migration's source after the cut-over): the fabric may still
+        // send them here until its route moves. Kept while so routed
+        // (`Dataplane::apply` keeps such learned entries).
+        for (key, seen) in &cfg.learned_ips {
+            if key.network == net.id && seen.mac == known && ingress_family(net, key.ip()) {
+                plan.routed.entry(addr_key(0, key.ip())).or_insert(r);
+            }
+        }
     }
 }
 
@@ -306,8 +315,28 @@ mod tests {
         c.attachments[0].cut_over = true;
         let p = plan(&c, "c", |n| (n == "p-vm1c").then_some(9));
         assert_eq!(p.routed[&v4([10, 40, 0, 50])].ifindex, 9);
+        // An address vm1 used on a that no document gives: still routed
+        // (on to the endpoint) by the source after the cut-over.
+        c.learned_ips.insert(
+            AddrKey::v4(700, [10, 40, 0, 98]),
+            LearnedIp {
+                ifindex: 7,
+                how: LEARNED_FROM_ARP,
+                mac: [0x52, 0x54, 0, 0, 0, 1],
+                _pad: [0; 2],
+            },
+        );
         let p = plan(&c, "a", |_| None);
         assert_eq!(p.routed[&v4([10, 40, 0, 50])].ifindex, 0);
+        let r = p.routed[&v4([10, 40, 0, 98])];
+        assert_eq!((r.ifindex, r.vm_mac), (0, [0x52, 0x54, 0, 0, 0, 1]));
+        // Not advertised from there: only a hosting node exports it.
+        let routes = crate::routes::desired(&c, &p, &c.learned_ips);
+        assert!(
+            routes
+                .iter()
+                .all(|r| r.dest.addr() != IpAddr::from([10, 40, 0, 98]))
+        );
     }
 
     #[test]
