@@ -321,22 +321,23 @@ pub struct ExternalWindow {
     /// Cut-over until the ToR's kernel route pointed at the target, ms
     /// (NaN: not within the stream): how long the relay carried the flow.
     pub converged_ms: f64,
-    /// Datagrams the target received before the ToR's route moved: the
-    /// fabric still sent them to the source, which relayed them.
+    /// Datagrams the target received before the ToR's route was seen to
+    /// move (polled about every 10 ms, so a few may have come the new
+    /// way): the fabric still sent them to the source, which relayed them.
     pub on_target_before_converged: usize,
 }
 
 /// The cut-over of a migration [`start_migration`] made pending, while
-/// the external host streams to the VM: the source stops, the target
-/// resumes and announces itself (GARP and RARP, as QEMU does) 1.5 s into
-/// the stream, `ready: true` follows 1 s later.
+/// the external host streams to the VM: once the stream reaches the VM on
+/// the source, the source stops, the target resumes and announces itself
+/// (GARP and RARP, as QEMU does); `ready: true` follows 1 s later.
 pub fn external_loss_window(bed: &Bed) -> ExternalWindow {
     let dir = std::env::temp_dir().join(format!("vmpath-ns-migration-{}", bed.a.tag));
     std::fs::create_dir_all(&dir).unwrap();
     let files: [PathBuf; 2] = [dir.join("rx-source"), dir.join("rx-target")];
     let trigger = dir.join("resume");
-    let rx_source = receiver(&bed.imp.ns, &files[0], 9);
-    let rx_target = receiver(&bed.imp_t.ns, &files[1], 9);
+    let rx_source = receiver(&bed.imp.ns, &files[0], 12);
+    let rx_target = receiver(&bed.imp_t.ns, &files[1], 12);
     let announce = bed.imp_t.ns.spawn(&[
         SCAPY_PYTHON,
         "-c",
@@ -356,7 +357,15 @@ sendp([garp, rarp], iface='eth0')
     std::thread::sleep(Duration::from_millis(1500));
     let relayed_before = overlay_tx(&bed.a);
     let tx = sender(&bed.ext);
-    std::thread::sleep(Duration::from_millis(1500));
+    // The stream must flow to the source before the cut-over (a loaded
+    // machine may take a while to start the sender): the receiver's first
+    // buffered lines reach its file after a few hundred datagrams.
+    wait_for(
+        "the stream to reach the VM on the source",
+        Duration::from_secs(15),
+        || std::fs::metadata(&files[0]).is_ok_and(|m| m.len() > 0),
+    );
+    std::thread::sleep(Duration::from_millis(200));
 
     let cut = monotonic_ns();
     bed.imp.ns.run(&["ip", "link", "set", "eth0", "down"]);
