@@ -40,8 +40,9 @@ pub fn ingress(net: &Network) -> bool {
 }
 
 /// Does routed ingress on this network carry `ip`'s family? SNAT is IPv4
-/// only, so a SNAT network's IPv6 VMs could not answer un-NATed replies'
-/// peers: their IPv6 addresses are neither routed to nor advertised.
+/// only and a SNAT network drops its VMs' IPv6 egress, so they could not
+/// answer over IPv6: their IPv6 addresses are neither routed to nor
+/// advertised.
 pub fn ingress_family(net: &Network, ip: IpAddr) -> bool {
     ingress(net) && (routed(net) || ip.is_ipv4())
 }
