@@ -124,7 +124,8 @@ pub fn run(opts: &Options) -> Result<Section> {
          router on one segment, an external host behind the ToR sending UDP 1 ms apart \
          ({} datagrams) to the VM's own address on an IPAM-less `egress: SNAT` network \
          with `advertise: {{subnet: true, learned: true}}`, while the VM moves from node \
-         a to node b (same cut-over as above). The ToR routes by the per-VM /32 over \
+         a to node b (the same cut-over as above, once the stream reaches the VM on \
+         node a). The ToR routes by the per-VM /32 over \
          BGP, so it keeps sending to node a until a withdraws and b announces it; node \
          a relays meanwhile. **Loss window** = the longest silence at the receivers \
          from 200 ms before the cut-over until the ToR's kernel route moved.\n\n\
