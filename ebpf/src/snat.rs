@@ -203,17 +203,8 @@ fn inbound_reply(cfg: &SnatConfig, key: &NatKey, now: u64, tcp_flags: u8) -> boo
 /// requests; anything else is delivered unrecorded.
 #[inline(always)]
 pub fn track_inbound4(ctx: &TcContext) -> Result<(), u32> {
-    let ip: *const Ipv4Hdr = ptr_at(ctx, ETH_LEN)?;
-    // SAFETY: `ip` is from `ptr_at` just above, bounds-checked against `data_end`.
-    let (vihl, src, dst, proto, frags) = unsafe {
-        (
-            (*ip).vihl,
-            (*ip).src_addr,
-            (*ip).dst_addr,
-            (*ip).proto,
-            (*ip).frags,
-        )
-    };
+    let ip = hdr::<Ipv4Hdr>(ctx, ETH_LEN)?;
+    let (vihl, src, dst, proto, frags) = (ip.vihl, ip.src_addr, ip.dst_addr, ip.proto, ip.frags);
     let ihl = usize::from(vihl & 0x0f) * 4;
     if !(Ipv4Hdr::LEN..=60).contains(&ihl) || u16::from_be_bytes(frags) & 0x3fff != 0 {
         return Ok(());
@@ -223,9 +214,7 @@ pub fn track_inbound4(ctx: &TcContext) -> Result<(), u32> {
         IPPROTO_TCP | IPPROTO_UDP => {
             let p = hdr::<[u8; 8]>(ctx, l4_off)?;
             let flags = if proto == IPPROTO_TCP {
-                let t: *const [u8; 14] = ptr_at(ctx, l4_off)?;
-                // SAFETY: `t` is from `ptr_at` on the line above, bounds-checked.
-                unsafe { (*t)[13] }
+                hdr::<[u8; 14]>(ctx, l4_off)?[13]
             } else {
                 0
             };

@@ -26,7 +26,7 @@ use crate::{
     fwd::{Verdict, deliver_local},
     maps::{ENDPOINTS, NETWORKS},
     mtu, overlay,
-    parse::{ETH_LEN, ETH_P_IP, ETH_P_IPV6, hdr_mut, ptr_at, write_mac},
+    parse::{ETH_LEN, ETH_P_IP, ETH_P_IPV6, hdr_mut, ptr_at},
     route::ROUTED,
     snat,
 };
@@ -103,13 +103,9 @@ fn is_local(r: &RoutedAddr) -> bool {
 /// into the VM's port, or to the node that hosts it.
 #[inline(always)]
 fn to_vm(ctx: &TcContext, r: &RoutedAddr) -> Verdict {
-    let eth: *mut EthHdr = ptr_at(ctx, 0)?;
-    // SAFETY: `eth` is from `ptr_at` just above, bounds-checked against `data_end`;
-    // both MACs lie inside the checked header.
-    unsafe {
-        write_mac(&raw mut (*eth).src_addr, r.gw_mac);
-        write_mac(&raw mut (*eth).dst_addr, r.vm_mac);
-    }
+    let eth = hdr_mut::<EthHdr>(ctx, 0)?;
+    eth.src_addr = r.gw_mac;
+    eth.dst_addr = r.vm_mac;
     if r.ifindex != 0 {
         return deliver_local(ctx, r.ifindex, u32::from(r.port_id & ROUTED_PORT_ID));
     }
