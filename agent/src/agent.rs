@@ -381,6 +381,7 @@ pub fn run(
             .collect();
         let learned_changed = learned_ips != last_learned_ips;
         last_learned_ips = learned_ips;
+        cfg.learned_ips = last_learned_ips.clone();
         // Live migrations the data path already cut over on this node.
         migrations.tick(&mut cfg, &opts.node, &mut dp);
         let started = std::time::Instant::now();

@@ -211,6 +211,8 @@ pub struct Maps {
     pub snat_out: HashMap<MapData, NatKey, NatEntry>,
     pub snat_in: HashMap<MapData, NatKey, NatEntry>,
     pub snat_quota: HashMap<MapData, u32, u32>,
+    /// Flows opened from outside to VMs on SNAT networks (`vmp_inbound`).
+    pub inbound: HashMap<MapData, NatKey, vmpath_common::InboundFlow>,
     pub port_ids: HashMap<MapData, u32, u32>,
     pub slow: Array<MapData, SlowPath>,
     pub flood_remote: HashMap<MapData, u32, vmpath_common::RemoteFloodList>,
@@ -254,6 +256,7 @@ impl Maps {
             snat_out: open_map(root, map_names::SNAT_OUT)?.try_into()?,
             snat_in: open_map(root, map_names::SNAT_IN)?.try_into()?,
             snat_quota: open_map(root, map_names::SNAT_QUOTA)?.try_into()?,
+            inbound: open_map(root, map_names::INBOUND)?.try_into()?,
             port_ids: open_map(root, map_names::PORT_IDS)?.try_into()?,
             slow: open_map(root, map_names::SLOW)?.try_into()?,
             flood_remote: open_map(root, map_names::FLOOD_REMOTE)?.try_into()?,
@@ -662,7 +665,15 @@ impl Dataplane {
             .learned_ips
             .iter()
             .filter_map(|r| r.ok())
-            .filter(|(_, v)| !plan.ports.contains_key(&v.ifindex))
+            .filter(|(k, v)| {
+                // Still routed on to the VM that used it (it moved to
+                // another node): kept while the plan routes it so.
+                let routed_on = plan
+                    .routed
+                    .get(&AddrKey::from_ip(0, k.ip()))
+                    .is_some_and(|r| r.ifindex == 0 && r.vm_mac == v.mac);
+                !plan.ports.contains_key(&v.ifindex) && !routed_on
+            })
             .map(|(k, _)| k)
             .collect();
         for k in stale_ips {

@@ -49,6 +49,10 @@ pub struct Plan {
     pub snat: vmpath_common::SnatConfig,
     /// Overlay (`overlay`): per network, the remote nodes hosting it.
     pub flood_remote: BTreeMap<u32, vmpath_common::RemoteFloodList>,
+    /// Networks with routed ingress this node hosts (a VM of it is served
+    /// here, or a migration on it starts or ends here): it routes their
+    /// VMs' addresses and advertises their subnets (`advertise.subnet`).
+    pub ingress_hosted: std::collections::BTreeSet<u32>,
 }
 
 /// The `vmp_addresses` key of `ip` in `network` (`AddrKey::from_ip`).
@@ -251,7 +255,7 @@ pub fn plan_with_ids(
             );
         }
     }
-    north_south::north_south(cfg, &mut plan);
+    north_south::north_south(cfg, node, &mut plan);
     overlay::overlay(cfg, node, &mut plan);
     plan
 }

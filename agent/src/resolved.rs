@@ -91,6 +91,9 @@ pub struct Resolved {
     pub attachments: Vec<Attachment>,
     /// The validation's refusals, then this stage's.
     pub errors: Vec<ConfigError>,
+    /// Addresses the data path learned from the VMs' traffic on this node
+    /// (`vmp_learned_ips`): routed to on networks with routed ingress.
+    pub learned_ips: std::collections::BTreeMap<vmpath_common::AddrKey, vmpath_common::LearnedIp>,
 }
 
 impl Resolved {
@@ -105,6 +108,7 @@ impl Resolved {
                 .collect(),
             errors: config.errors.clone(),
             config,
+            learned_ips: Default::default(),
         }
     }
 

@@ -81,21 +81,27 @@ fn host(ip: IpAddr) -> IpNet {
 
 /// What this node should advertise: the configured (given or claimed)
 /// addresses of attachments served here on `advertise.perVM` networks,
-/// learned addresses only where the network sets `advertise.learned`, and
-/// the subnets of `advertise.subnet` networks.
+/// the addresses learned from their traffic here on `advertise.learned`
+/// networks, and the subnets of `advertise.subnet` networks this node
+/// hosts (`Plan::ingress_hosted`: ingress for VMs elsewhere goes on over
+/// the overlay). SNAT networks advertise IPv4 only (their routed ingress
+/// is IPv4 only).
 pub fn desired(
     cfg: &Resolved,
     plan: &Plan,
     learned: &BTreeMap<AddrKey, LearnedIp>,
 ) -> BTreeSet<ExportRoute> {
+    use crate::plan::north_south::ingress_family;
     let mut out = BTreeSet::new();
     for net in &cfg.config.networks {
-        if net.advertise.subnet {
+        if net.advertise.subnet && plan.ingress_hosted.contains(&net.id) {
             for s in &net.subnets {
-                out.insert(ExportRoute {
-                    dest: s.trunc(),
-                    kind: RouteKind::Blackhole,
-                });
+                if ingress_family(net, s.addr()) {
+                    out.insert(ExportRoute {
+                        dest: s.trunc(),
+                        kind: RouteKind::Blackhole,
+                    });
+                }
             }
         }
     }
@@ -107,14 +113,15 @@ pub fn desired(
         let Some(net) = cfg.network(&att.network) else {
             continue;
         };
-        if !net.advertise.per_vm {
-            continue;
-        }
-        for (ip, _) in &att.addresses {
-            out.insert(ExportRoute {
-                dest: host(ip.addr()),
-                kind: RouteKind::Host,
-            });
+        if net.advertise.per_vm {
+            for (ip, _) in &att.addresses {
+                if ingress_family(net, ip.addr()) {
+                    out.insert(ExportRoute {
+                        dest: host(ip.addr()),
+                        kind: RouteKind::Host,
+                    });
+                }
+            }
         }
         if net.advertise.learned {
             for (key, seen) in learned {
@@ -122,10 +129,12 @@ pub fn desired(
                     continue;
                 }
                 let ip = key.ip();
-                out.insert(ExportRoute {
-                    dest: host(ip),
-                    kind: RouteKind::Host,
-                });
+                if ingress_family(net, ip) {
+                    out.insert(ExportRoute {
+                        dest: host(ip),
+                        kind: RouteKind::Host,
+                    });
+                }
             }
         }
     }

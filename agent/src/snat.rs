@@ -1,7 +1,8 @@
 //! The agent's share of SNAT: reserve the node's SNAT port range so the
 //! host's own sockets never take a port the data path hands out, and sweep
 //! expired flows out of the two flow tables, recounting each VM's ports
-//! (its quota) from what remains.
+//! (its quota) from what remains, and idle flows opened from outside out
+//! of `vmp_inbound`.
 
 use std::{collections::BTreeMap, fs, io};
 
@@ -77,6 +78,18 @@ pub fn sweep(maps: &mut Maps) -> usize {
         if let Err(e) = maps.snat_quota.insert(vm, n, 0) {
             warn!("writing the SNAT quota: {e}");
         }
+    }
+    // Flows opened from outside (routed ingress on SNAT networks), by the
+    // same timeouts.
+    let idle: Vec<_> = maps
+        .inbound
+        .iter()
+        .filter_map(|r| r.ok())
+        .filter(|(k, f)| now.saturating_sub(f.last_seen) > cfg.timeout_ns(k.proto, f.state))
+        .map(|(k, _)| k)
+        .collect();
+    for k in &idle {
+        let _ = maps.inbound.remove(k);
     }
     total
 }

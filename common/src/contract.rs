@@ -92,6 +92,8 @@ pub mod maps {
     pub const SNAT_IN: MapDef =
         def::<NatKey, NatEntry>(map_names::SNAT_IN, LruHash, MAX_SNAT_FLOWS);
     pub const SNAT_QUOTA: MapDef = def::<u32, u32>(map_names::SNAT_QUOTA, Hash, MAX_SNAT_VMS);
+    pub const INBOUND: MapDef =
+        def::<NatKey, InboundFlow>(map_names::INBOUND, LruHash, MAX_SNAT_FLOWS);
 
     pub const FLOOD_REMOTE: MapDef =
         def::<u32, RemoteFloodList>(map_names::FLOOD_REMOTE, Hash, MAX_NETWORKS);
@@ -120,7 +122,7 @@ pub mod maps {
 
     /// Every map the agent pins (the whole object but aya-log's ring
     /// buffer, `map_names::DEBUG_LOG`).
-    pub const ALL: [MapDef; 31] = [
+    pub const ALL: [MapDef; 32] = [
         DEBUG,
         MONITOR,
         MONITOR_CFG,
@@ -147,6 +149,7 @@ pub mod maps {
         SNAT_OUT,
         SNAT_IN,
         SNAT_QUOTA,
+        INBOUND,
         FLOOD_REMOTE,
         OVERLAY,
         OVERLAY_STATS,

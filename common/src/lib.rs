@@ -34,6 +34,8 @@ pub mod map_names {
     pub const SNAT_IN: &str = "vmp_snat_in";
     /// North-south: SNAT ports in use per VM address (quota).
     pub const SNAT_QUOTA: &str = "vmp_snat_quota";
+    /// Flows opened from outside to VMs on SNAT networks (`InboundFlow`).
+    pub const INBOUND: &str = "vmp_inbound";
     /// Tail-call targets (slots: `tail_call`).
     pub const PROGS: &str = "vmp_progs";
     /// Overlay: per network, the remote nodes (VTEPs) that host it.
@@ -242,6 +244,11 @@ pub const NET_F_SNAT: u16 = 1 << 4;
 /// nodes get the same neighbour discovery checks when they arrive over
 /// the overlay.
 pub const NET_F_IP_FILTER: u16 = 1 << 5;
+/// `egress: SNAT` with `advertise`: the fabric reaches the VMs by their
+/// own addresses (routed ingress), so the SNAT path first asks whether a
+/// frame is the reply of a flow opened from outside (`vmp_inbound`); those
+/// leave un-NATed.
+pub const NET_F_INGRESS: u16 = 1 << 6;
 
 /// The slow path's interfaces (`vmp_slow`, one slot).
 #[repr(C)]
@@ -564,7 +571,12 @@ pub mod drop_reason {
     /// A DHCPv4, DHCPv6 or router solicitation frame over its port's
     /// slow-path rate (`vmp_slow_meter` counts it per port and class).
     pub const SLOWPATH_RATE_LIMITED: u32 = 35;
-    pub const COUNT: u32 = 36;
+    /// Routed ingress for a VM hosted elsewhere (or moving) whose place
+    /// this node does not know: no endpoint and no learned node for its
+    /// MAC. Dropped rather than handed to the host, which would route it
+    /// back to the fabric.
+    pub const INGRESS_NO_ENDPOINT: u32 = 36;
+    pub const COUNT: u32 = 37;
 
     /// Names as shown in metrics and the CLI, indexed by reason.
     pub const NAMES: [&str; COUNT as usize] = [
@@ -604,6 +616,7 @@ pub mod drop_reason {
         "dhcp_spoof",
         "icmp_redirect",
         "slowpath_rate_limited",
+        "ingress_no_endpoint",
     ];
 }
 
@@ -670,23 +683,49 @@ pub const MAX_SUBNETS: u32 = 4096;
 pub const MAX_SNAT_FLOWS: u32 = 262144;
 pub const MAX_SNAT_VMS: u32 = 65536;
 
-/// A VM address hosted on this node that the fabric reaches un-NATed
-/// (networks with `egress: Routed`). Keyed by `AddrKey` with network 0:
-/// the uplink program sees only the destination address.
+/// A VM address the fabric reaches un-NATed (routed ingress: `egress:
+/// Routed`, or `egress: SNAT` with `advertise`). Keyed by `AddrKey` with
+/// network 0: the uplink program sees only the destination address.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct RoutedAddr {
-    /// Host-side ifindex of the VM's port.
+    /// Host-side ifindex of the VM's port. 0: the VM is not (only) here
+    /// (hosted on another node, or a migration's source): the uplink
+    /// follows `vmp_endpoints[(network, vm_mac)]`, delivering to a local
+    /// endpoint or relaying over the overlay to a remote one.
     pub ifindex: u32,
     pub network: u32,
     pub vm_mac: [u8; 6],
     pub gw_mac: [u8; 6],
     /// The network's MTU (0: unchecked).
     pub mtu: u16,
-    /// Port id of the VM's port (its counters' slot).
+    /// Port id of the VM's port (its counters' slot) in the low 12 bits
+    /// (`ROUTED_PORT_ID`); `ROUTED_F_*` flags above.
     pub port_id: u16,
 }
 const _: () = assert!(size_of::<RoutedAddr>() == 24);
+
+/// The port id bits of `RoutedAddr::port_id` (ids fit 12 bits, `MAX_PORT_ID`).
+pub const ROUTED_PORT_ID: u16 = 0x0fff;
+/// `RoutedAddr::port_id` flag: the VM's network SNATs its egress, so the
+/// uplink records each flow it delivers in `vmp_inbound` (its replies
+/// must leave un-NATed).
+pub const ROUTED_F_INBOUND: u16 = 0x8000;
+
+/// Flows opened from outside to a VM address on a SNAT network with
+/// routed ingress, keyed by the tuple the VM's replies carry (`NatKey`:
+/// the VM's address and port to the remote's), so the SNAT path sends
+/// those replies un-NATed. Idle timeouts as for SNAT flows.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct InboundFlow {
+    /// bpf_ktime_get_ns of a recent packet either way.
+    pub last_seen: u64,
+    /// `NAT_ST_OPEN` or `NAT_ST_CLOSING` (TCP FIN or RST seen).
+    pub state: u8,
+    pub _pad: [u8; 7],
+}
+const _: () = assert!(size_of::<InboundFlow>() == 16);
 
 /// LPM data of `vmp_subnets4`: prefix length is 32 + the subnet's length.
 #[repr(C)]
@@ -786,6 +825,7 @@ mod pod_north_south {
     unsafe impl aya::Pod for SnatConfig {}
     unsafe impl aya::Pod for NatKey {}
     unsafe impl aya::Pod for NatEntry {}
+    unsafe impl aya::Pod for InboundFlow {}
 }
 
 // ---------------------------------------------------------------------------

@@ -276,6 +276,36 @@ fn try_vm_remote(ctx: &TcContext, port: &PortInfo) -> Verdict {
     fwd::redirect(vxlan)
 }
 
+/// Sends the frame as it is to the node `node_ip4` over the overlay (VNI =
+/// `network`): routed ingress for a VM that node hosts (`uplink`). The
+/// receiving node's `vxlan_rx` delivers it to the VM's local port, or
+/// relays it once more if the VM has just moved on.
+#[inline(always)]
+pub fn send_to_node(ctx: &TcContext, network: u32, node_ip4: [u8; 4]) -> Verdict {
+    let Some(cfg) = OVERLAY.get(0) else {
+        return Err(drop_reason::OVERLAY_DOWN);
+    };
+    let (vxlan, local) = (cfg.vxlan_ifindex, cfg.local_ip4);
+    if vxlan == 0 {
+        return Err(drop_reason::OVERLAY_DOWN);
+    }
+    let mut key_slot = MaybeUninit::<bpf_tunnel_key>::uninit();
+    let key = zeroed(&mut key_slot);
+    key.tunnel_id = network;
+    key.tunnel_ttl = TUNNEL_TTL;
+    key.__bindgen_anon_3.local_ipv4 = u32::from_be_bytes(local);
+    set_remote(ctx, key, node_ip4)?;
+    count_tx(ctx.len());
+    fwd::redirect(vxlan)
+}
+
+/// The node a MAC the config does not place was learned behind, if any.
+#[inline(always)]
+pub fn learned_node(key: &EndpointKey) -> Option<[u8; 4]> {
+    // SAFETY: a map lookup; the value stays valid for this program run.
+    unsafe { REMOTE_LEARNED.get(key) }.map(|l| l.node_ip4)
+}
+
 /// Points the frame's tunnel key at `node_ip4`. Each copy of a flood gets
 /// its own: the key lives in the skb's metadata, and a clone is
 /// encapsulated before `bpf_clone_redirect` returns.

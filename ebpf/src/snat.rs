@@ -6,6 +6,13 @@
 //! protocol-appropriate idle timeout; the agent sweeps expired flows and
 //! recounts each VM's ports (the quota).
 //!
+//! On a SNAT network with routed ingress (`NET_F_INGRESS`), flows opened
+//! from outside to a VM's own address are recorded where they are
+//! delivered (`track_inbound4`, from `uplink` and `vxlan_rx`) in
+//! `vmp_inbound`, keyed by the tuple the VM's replies carry; the egress
+//! path sends a frame that matches one un-NATed, unless the tuple is an
+//! outbound SNAT flow already (that one keeps its translation).
+//!
 //! Checksums are fixed with `bpf_l3_csum_replace` / `bpf_l4_csum_replace`;
 //! address changes use `BPF_F_PSEUDO_HDR`, so a frame a veth hands over
 //! with CHECKSUM_PARTIAL (only the pseudo-header sum filled in) stays
@@ -20,8 +27,8 @@ use aya_ebpf::{
 };
 use network_types::{eth::EthHdr, ip::Ipv4Hdr};
 use vmpath_common::{
-    NAT_ST_CLOSING, NAT_ST_OPEN, NatEntry, NatKey, NetworkInfo, PortInfo, SnatConfig, drop_reason,
-    maps,
+    InboundFlow, NAT_ST_CLOSING, NAT_ST_OPEN, NET_F_INGRESS, NatEntry, NatKey, NetworkInfo,
+    PortInfo, SnatConfig, drop_reason, maps,
 };
 
 use crate::{
@@ -34,6 +41,7 @@ const ICMP_ECHO_REPLY: u8 = 0;
 const ICMP_ECHO_REQUEST: u8 = 8;
 const TCP_FIN: u8 = 0x01;
 const TCP_RST: u8 = 0x04;
+const TCP_SYN: u8 = 0x02;
 /// Candidate ports tried for a new flow before giving up.
 const PROBES: u32 = 16;
 
@@ -63,6 +71,12 @@ pub static SNAT_IN: LruHashMap<NatKey, NatEntry, { maps::SNAT_IN.max_entries as 
 pub static SNAT_QUOTA: HashMap<u32, u32, { maps::SNAT_QUOTA.max_entries as usize }> =
     HashMap::new();
 
+/// Flows opened from outside to VMs of SNAT networks with routed ingress,
+/// by the tuple the VM's replies carry.
+#[btf_map(name = "vmp_inbound")]
+pub static INBOUND: LruHashMap<NatKey, InboundFlow, { maps::INBOUND.max_entries as usize }> =
+    LruHashMap::new();
+
 /// The transport fields SNAT looks at.
 struct L4 {
     proto: u8,
@@ -75,11 +89,16 @@ struct L4 {
     /// way out, destination port or ICMP id on the way back).
     port_off: usize,
     tcp_flags: u8,
+    /// An ICMP echo reply the VM sends (only with `replies`): never
+    /// translated, only the reply of an inbound ping.
+    echo_reply: bool,
 }
 
-/// Reads the transport header; `echo_type` is the ICMP type accepted.
+/// Reads the transport header. ICMP: echo requests on the way out, echo
+/// replies on the way back; with `replies`, also echo replies on the way
+/// out (answers to pings from outside).
 #[inline(always)]
-fn l4(ctx: &TcContext, proto: u8, l4_off: usize, outbound: bool) -> Result<L4, u32> {
+fn l4(ctx: &TcContext, proto: u8, l4_off: usize, outbound: bool, replies: bool) -> Result<L4, u32> {
     match proto {
         IPPROTO_TCP | IPPROTO_UDP => {
             // A UDP datagram may carry less than a TCP header's worth.
@@ -98,6 +117,7 @@ fn l4(ctx: &TcContext, proto: u8, l4_off: usize, outbound: bool) -> Result<L4, u
                 csum_off,
                 port_off: if outbound { l4_off } else { l4_off + 2 },
                 tcp_flags: flags,
+                echo_reply: false,
             })
         }
         IPPROTO_ICMP => {
@@ -107,7 +127,8 @@ fn l4(ctx: &TcContext, proto: u8, l4_off: usize, outbound: bool) -> Result<L4, u
             } else {
                 ICMP_ECHO_REPLY
             };
-            if p[0] != want || p[1] != 0 {
+            let echo_reply = replies && outbound && p[0] == ICMP_ECHO_REPLY;
+            if (p[0] != want && !echo_reply) || p[1] != 0 {
                 return Err(drop_reason::SNAT_UNSUPPORTED);
             }
             let id = u16::from_be_bytes([p[4], p[5]]);
@@ -118,6 +139,7 @@ fn l4(ctx: &TcContext, proto: u8, l4_off: usize, outbound: bool) -> Result<L4, u
                 csum_off: l4_off + 2,
                 port_off: l4_off + 4,
                 tcp_flags: 0,
+                echo_reply,
             })
         }
         _ => Err(drop_reason::SNAT_UNSUPPORTED),
@@ -151,8 +173,100 @@ fn touch(e: *mut NatEntry, now: u64, tcp_flags: u8) {
     }
 }
 
+/// Is `key` (the VM's tuple) the reply of a live flow opened from
+/// outside? Refreshes it when so.
+#[inline(always)]
+fn inbound_reply(cfg: &SnatConfig, key: &NatKey, now: u64, tcp_flags: u8) -> bool {
+    let Some(flow) = INBOUND.get_ptr_mut(key) else {
+        return false;
+    };
+    // SAFETY: `flow` is from `get_ptr_mut` (bpf_map_lookup_elem) just above,
+    // valid until the program returns; plain integer reads and stores (a
+    // race with the other direction only leaves a stale timestamp).
+    unsafe {
+        if now.saturating_sub((*flow).last_seen) > cfg.timeout_ns(key.proto, (*flow).state) {
+            return false;
+        }
+        if now.saturating_sub((*flow).last_seen) > TOUCH_GRANULARITY_NS {
+            (*flow).last_seen = now;
+        }
+        if tcp_flags & (TCP_FIN | TCP_RST) != 0 {
+            (*flow).state = NAT_ST_CLOSING;
+        }
+    }
+    true
+}
+
+/// Records (or refreshes) the IPv4 flow of a frame routed in from outside
+/// to a VM on a SNAT network with routed ingress, just before it is
+/// delivered: the VM's replies must leave un-NATed. TCP, UDP and ICMP echo
+/// requests; anything else is delivered unrecorded.
+#[inline(always)]
+pub fn track_inbound4(ctx: &TcContext) -> Result<(), u32> {
+    let ip = hdr::<Ipv4Hdr>(ctx, ETH_LEN)?;
+    let (vihl, src, dst, proto, frags) = (ip.vihl, ip.src_addr, ip.dst_addr, ip.proto, ip.frags);
+    let ihl = usize::from(vihl & 0x0f) * 4;
+    if !(Ipv4Hdr::LEN..=60).contains(&ihl) || u16::from_be_bytes(frags) & 0x3fff != 0 {
+        return Ok(());
+    }
+    let l4_off = ETH_LEN + ihl;
+    let (vm_port, remote_port, tcp_flags) = match proto {
+        IPPROTO_TCP | IPPROTO_UDP => {
+            let p = hdr::<[u8; 8]>(ctx, l4_off)?;
+            let flags = if proto == IPPROTO_TCP {
+                hdr::<[u8; 14]>(ctx, l4_off)?[13]
+            } else {
+                0
+            };
+            (
+                u16::from_be_bytes([p[2], p[3]]),
+                u16::from_be_bytes([p[0], p[1]]),
+                flags,
+            )
+        }
+        IPPROTO_ICMP => {
+            let p = hdr::<[u8; 8]>(ctx, l4_off)?;
+            if p[0] != ICMP_ECHO_REQUEST {
+                return Ok(());
+            }
+            let id = u16::from_be_bytes([p[4], p[5]]);
+            (id, id, 0)
+        }
+        _ => return Ok(()),
+    };
+    let key = NatKey::new(dst, src, vm_port, remote_port, proto);
+    // SAFETY: a helper call without arguments; it touches no memory of ours.
+    let now = unsafe { bpf_ktime_get_ns() };
+    if let Some(flow) = INBOUND.get_ptr_mut(&key) {
+        // SAFETY: `flow` is from `get_ptr_mut` just above, valid until the
+        // program returns; plain integer stores (see `inbound_reply`).
+        unsafe {
+            if now.saturating_sub((*flow).last_seen) > TOUCH_GRANULARITY_NS {
+                (*flow).last_seen = now;
+            }
+            if tcp_flags & (TCP_FIN | TCP_RST) != 0 {
+                (*flow).state = NAT_ST_CLOSING;
+            } else if tcp_flags & TCP_SYN != 0 {
+                // A new connection on an old tuple.
+                (*flow).state = NAT_ST_OPEN;
+            }
+        }
+        return Ok(());
+    }
+    let flow = InboundFlow {
+        last_seen: now,
+        state: NAT_ST_OPEN,
+        _pad: [0; 7],
+    };
+    // A full table evicts the least recently used flow (LRU).
+    let _ = INBOUND.insert(&key, &flow, u64::from(BPF_ANY));
+    Ok(())
+}
+
 /// Translates the VM's frame in place to the node's SNAT address; the
-/// caller routes it on (`route::forward4`).
+/// caller routes it on (`route::forward4`). On a network with routed
+/// ingress, the reply of a flow opened from outside is left as it is
+/// (routed un-NATed), unless its tuple is an outbound SNAT flow.
 #[inline(always)]
 pub fn egress4(
     ctx: &TcContext,
@@ -164,9 +278,6 @@ pub fn egress4(
     let Some(cfg) = SNAT_CONFIG.get(0) else {
         return Err(drop_reason::SNAT_NO_ADDRESS);
     };
-    if cfg.addr4 == [0; 4] {
-        return Err(drop_reason::SNAT_NO_ADDRESS);
-    }
     let ip: *const Ipv4Hdr = ptr_at(ctx, ETH_LEN)?;
     // SAFETY: `ip` is from `ptr_at` just above, bounds-checked against `data_end`.
     let (src, dst, proto, frags) =
@@ -174,10 +285,24 @@ pub fn egress4(
     if u16::from_be_bytes(frags) & 0x3fff != 0 {
         return Err(drop_reason::SNAT_UNSUPPORTED);
     }
-    let l4 = l4(ctx, proto, l4_off, true)?;
+    let ingress = net.flags & NET_F_INGRESS != 0;
+    let l4 = l4(ctx, proto, l4_off, true, ingress)?;
     let key = NatKey::new(src, dst, l4.sport, l4.dport, proto);
     // SAFETY: a helper call without arguments; it touches no memory of ours.
     let now = unsafe { bpf_ktime_get_ns() };
+    if l4.echo_reply {
+        // Only ever the answer to a ping from outside.
+        if inbound_reply(cfg, &key, now, 0) {
+            return Ok(());
+        }
+        return Err(drop_reason::SNAT_UNSUPPORTED);
+    }
+    if cfg.addr4 == [0; 4] {
+        if ingress && inbound_reply(cfg, &key, now, l4.tcp_flags) {
+            return Ok(());
+        }
+        return Err(drop_reason::SNAT_NO_ADDRESS);
+    }
 
     // An existing flow keeps its port while its return entry is still ours.
     let mut nat_port = 0u16;
@@ -198,6 +323,10 @@ pub fn egress4(
         }
     }
     if nat_port == 0 {
+        // Not an outbound flow of ours: the reply of an inbound one?
+        if ingress && inbound_reply(cfg, &key, now, l4.tcp_flags) {
+            return Ok(());
+        }
         nat_port = allocate(ctx, cfg, &key, &l4, ifindex, port, net, now)?;
     }
 
@@ -379,7 +508,7 @@ pub fn ingress4(ctx: &TcContext) -> Result<Option<i32>, u32> {
             return Ok(Some(action));
         }
     }
-    let Ok(l4) = l4(ctx, proto, l4_off, false) else {
+    let Ok(l4) = l4(ctx, proto, l4_off, false, false) else {
         return Ok(None);
     };
     let rkey = NatKey::new(src, dst, l4.sport, l4.dport, proto);

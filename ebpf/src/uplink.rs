@@ -1,8 +1,11 @@
 //! tcx ingress on the node's uplink: frames from the fabric. Routed
-//! ingress to a VM address hosted on this node is rewritten (src = gateway
-//! MAC, dst = VM MAC, TTL / hop limit decremented) and sent into the VM
-//! with `bpf_redirect_peer`; SNAT return traffic is reverse-translated;
-//! everything else passes to the host stack untouched.
+//! ingress to a VM address is rewritten (src = gateway MAC, dst = VM MAC,
+//! TTL / hop limit decremented) and sent into the VM with
+//! `bpf_redirect_peer` when it is hosted here, or over the overlay to the
+//! node hosting it (an entry without a port follows `vmp_endpoints`, which
+//! the data path itself repoints at a migration's cut-over); SNAT return
+//! traffic is reverse-translated; everything else passes to the host stack
+//! untouched.
 
 use aya_ebpf::{
     bindings::{TC_ACT_OK, TC_ACT_SHOT},
@@ -13,14 +16,17 @@ use network_types::{
     eth::EthHdr,
     ip::{Ipv4Hdr, Ipv6Hdr},
 };
-use vmpath_common::{AddrKey, NET_F_GW4, NET_F_GW6, NO_PORT_ID, RoutedAddr};
+use vmpath_common::{
+    AddrKey, ENDPOINT_LOCAL, EndpointKey, NET_F_GW4, NET_F_GW6, NO_PORT_ID, ROUTED_F_INBOUND,
+    ROUTED_PORT_ID, RoutedAddr, drop_reason,
+};
 
 use crate::{
     counters, csum,
     fwd::{Verdict, deliver_local},
-    maps::NETWORKS,
-    mtu,
-    parse::{ETH_LEN, ETH_P_IP, ETH_P_IPV6, hdr_mut, ptr_at, write_mac},
+    maps::{ENDPOINTS, NETWORKS},
+    mtu, overlay,
+    parse::{ETH_LEN, ETH_P_IP, ETH_P_IPV6, hdr_mut, ptr_at},
     route::ROUTED,
     snat,
 };
@@ -73,14 +79,46 @@ fn ingress4(ctx: &TcContext) -> Verdict {
         return mtu::frag_needed4(ctx, uplink, NO_PORT_ID, from, r.mtu, own_mac);
     }
     ip.check = csum::dec_ttl4(ip, u16::from_be_bytes(ip.check)).to_be_bytes();
-    let eth: *mut EthHdr = ptr_at(ctx, 0)?;
-    // SAFETY: `eth` is from `ptr_at` just above, bounds-checked against `data_end`;
-    // both MACs lie inside the checked header.
-    unsafe {
-        write_mac(&raw mut (*eth).src_addr, r.gw_mac);
-        write_mac(&raw mut (*eth).dst_addr, r.vm_mac);
+    if r.port_id & ROUTED_F_INBOUND != 0 {
+        // A SNAT network: its replies must leave un-NATed. Recorded where
+        // the VM is (a relayed frame is recorded by the receiving node).
+        let here = r.ifindex != 0 || is_local(r);
+        if here {
+            snat::track_inbound4(ctx)?;
+        }
     }
-    deliver_local(ctx, r.ifindex, u32::from(r.port_id))
+    to_vm(ctx, r)
+}
+
+/// Is the VM of an entry without a port local now (a migration's source
+/// before the cut-over, or its target after)?
+#[inline(always)]
+fn is_local(r: &RoutedAddr) -> bool {
+    let key = EndpointKey::new(r.network, r.vm_mac);
+    // SAFETY: a map lookup; the value stays valid for this program run.
+    unsafe { ENDPOINTS.get(&key) }.is_some_and(|ep| ep.kind == ENDPOINT_LOCAL)
+}
+
+/// Sets the frame's MACs for the VM (from the gateway) and sends it on:
+/// into the VM's port, or to the node that hosts it.
+#[inline(always)]
+fn to_vm(ctx: &TcContext, r: &RoutedAddr) -> Verdict {
+    let eth = hdr_mut::<EthHdr>(ctx, 0)?;
+    eth.src_addr = r.gw_mac;
+    eth.dst_addr = r.vm_mac;
+    if r.ifindex != 0 {
+        return deliver_local(ctx, r.ifindex, u32::from(r.port_id & ROUTED_PORT_ID));
+    }
+    let key = EndpointKey::new(r.network, r.vm_mac);
+    // SAFETY: a map lookup; the value stays valid for this program run.
+    match unsafe { ENDPOINTS.get(&key) } {
+        Some(ep) if ep.kind == ENDPOINT_LOCAL => deliver_local(ctx, ep.ifindex, ep.port_id),
+        Some(ep) => overlay::send_to_node(ctx, r.network, ep.node_ip4),
+        None => match overlay::learned_node(&key) {
+            Some(node) => overlay::send_to_node(ctx, r.network, node),
+            None => Err(drop_reason::INGRESS_NO_ENDPOINT),
+        },
+    }
 }
 
 #[inline(always)]
@@ -103,14 +141,7 @@ fn ingress6(ctx: &TcContext) -> Verdict {
         return mtu::packet_too_big6(ctx, uplink, NO_PORT_ID, &from, r.mtu, own_mac);
     }
     ip.hop_limit -= 1;
-    let eth: *mut EthHdr = ptr_at(ctx, 0)?;
-    // SAFETY: `eth` is from `ptr_at` just above, bounds-checked against `data_end`;
-    // both MACs lie inside the checked header.
-    unsafe {
-        write_mac(&raw mut (*eth).src_addr, r.gw_mac);
-        write_mac(&raw mut (*eth).dst_addr, r.vm_mac);
-    }
-    deliver_local(ctx, r.ifindex, u32::from(r.port_id))
+    to_vm(ctx, r)
 }
 
 /// Where an ICMP error about routed ingress goes out (the uplink), from

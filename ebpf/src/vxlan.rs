@@ -17,8 +17,8 @@ use aya_ebpf::{
 };
 use network_types::{eth::EthHdr, ip::Ipv6Hdr};
 use vmpath_common::{
-    ENDPOINT_LOCAL, EndpointKey, NET_F_IP_FILTER, NO_PORT_ID, NetworkInfo, RELAY_TTL,
-    RELAYED_TTL_MAX, drop_reason,
+    ENDPOINT_LOCAL, EndpointKey, NET_F_INGRESS, NET_F_IP_FILTER, NO_PORT_ID, NetworkInfo,
+    RELAY_TTL, RELAYED_TTL_MAX, drop_reason,
 };
 
 use crate::{
@@ -30,7 +30,7 @@ use crate::{
         ETH_LEN, ETH_P_ARP, ETH_P_IP, ETH_P_IPV6, ETH_P_RARP, IPPROTO_ICMPV6, hdr, is_multicast,
         mac_eq, zeroed,
     },
-    spoof,
+    snat, spoof,
 };
 
 #[classifier]
@@ -115,6 +115,15 @@ fn try_vxlan_rx(ctx: &TcContext) -> Verdict {
         // SAFETY: a map lookup; the value stays valid for this program run.
         if let Some(ep) = unsafe { ENDPOINTS.get(&ep_key) } {
             if ep.kind == ENDPOINT_LOCAL {
+                // Routed ingress another node's uplink relayed here (from
+                // the gateway MAC, which no VM sends from): on a SNAT
+                // network the VM's replies must leave un-NATed.
+                if net.flags & NET_F_INGRESS != 0
+                    && ether_type == ETH_P_IP
+                    && mac_eq(&src, &net.gw_mac)
+                {
+                    snat::track_inbound4(ctx)?;
+                }
                 return fwd::deliver_local(ctx, ep.ifindex, ep.port_id);
             }
             // Known on another node: a VM that migrated away while the

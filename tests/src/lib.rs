@@ -25,6 +25,7 @@ use vmpath::dataplane::Maps;
 pub mod flood;
 pub mod kube_api;
 pub mod migration;
+pub mod north_south;
 pub mod qemu;
 
 /// Debian's python3, which has scapy (the pyenv one on PATH does not).

@@ -917,3 +917,501 @@ fn ttl_expiry_is_answered_with_time_exceeded_but_never_about_an_icmp_error() {
         assert_eq!(&icmp[8..], &f[14..14 + 48], "quote: IPv6 header + 8 bytes");
     });
 }
+
+// --- SNAT egress with routed ingress on one network ---------------------------
+
+/// A VM on another node (node `REMOTE_NODE`), reached by relaying over
+/// the overlay.
+const REMOTE_VM_IP: [u8; 4] = [10, 30, 0, 22];
+const REMOTE_VM_MAC: [u8; 6] = [0x52, 0x54, 0, 0, 0x0c, 2];
+const REMOTE_NODE: [u8; 4] = [192, 0, 2, 9];
+/// A VM whose routed entry follows `vmp_endpoints` and whose endpoint is
+/// local (a migration's source before the cut-over, its target after).
+const MOVING_VM_IP: [u8; 4] = [10, 30, 0, 23];
+const MOVING_VM_MAC: [u8; 6] = [0x52, 0x54, 0, 0, 0x0c, 3];
+/// A VM whose routed entry follows `vmp_endpoints` but whose place is not
+/// known here.
+const LOST_VM_IP: [u8; 4] = [10, 30, 0, 24];
+const LOST_VM_MAC: [u8; 6] = [0x52, 0x54, 0, 0, 0x0c, 4];
+/// A VM placed only by VXLAN source learning (its MAC detected on its node).
+const LEARNED_VM_IP: [u8; 4] = [10, 30, 0, 25];
+const LEARNED_VM_MAC: [u8; 6] = [0x52, 0x54, 0, 0, 0x0c, 5];
+const LEARNED_NODE: [u8; 4] = [192, 0, 2, 10];
+
+/// Which program a row runs: `vm_egress` on the VM's port (a frame the VM
+/// sends to its gateway) or `uplink` (a frame from the fabric).
+#[derive(Clone, Copy, Debug)]
+enum Hook {
+    Egress,
+    Uplink,
+}
+
+/// What a row must see.
+#[derive(Clone, Copy, Debug)]
+enum Expect {
+    /// Out of the uplink with the VM's own address and port (never NATed).
+    Unnated { sport: u16 },
+    /// Out of the uplink translated to the node's SNAT address; the port
+    /// is remembered under the given slot for later rows.
+    Snated { slot: usize },
+    /// Into a VM on this node, un-NATed (from the gateway MAC to the VM's),
+    /// to `dst`:`dport`.
+    Delivered {
+        dst: [u8; 4],
+        dport: u16,
+        mac: [u8; 6],
+    },
+    /// Onto the overlay: one frame more sent to other nodes, rewritten for
+    /// the VM (from the gateway MAC to `mac`, TTL 63).
+    Relayed { mac: [u8; 6] },
+    /// Dropped and counted under the reason.
+    Dropped(u32),
+}
+
+struct Row {
+    name: &'static str,
+    hook: Hook,
+    /// The frame; `Some(slot)` to send to the SNAT port a `Snated` row
+    /// remembered (the reply of a translated flow).
+    frame: fn(u16) -> Vec<u8>,
+    reply_to: Option<usize>,
+    expect: Expect,
+}
+
+fn row(name: &'static str, hook: Hook, frame: fn(u16) -> Vec<u8>, expect: Expect) -> Row {
+    Row {
+        name,
+        hook,
+        frame,
+        reply_to: None,
+        expect,
+    }
+}
+
+/// The frame an external host sends to the VM's own address.
+fn ext_tcp_to_vm(_: u16) -> Vec<u8> {
+    tcp(TOR_MAC, UPLINK_MAC, EXT_IP, VM_IP, 5000, 22)
+}
+
+impl Fx {
+    /// A SNAT network with routed ingress: the VM's address routed to its
+    /// port with the inbound flag; a VM on another node (endpoint remote),
+    /// one whose entry follows a local endpoint, one whose place is not
+    /// known, one placed by VXLAN source learning; the overlay up.
+    fn with_ingress() -> Fx {
+        use vmpath_common::{
+            AddrKey, ENDPOINT_LOCAL, ENDPOINT_REMOTE, Endpoint, EndpointKey, NET_F_INGRESS,
+            OverlayConfig, ROUTED_F_INBOUND, RemoteLearned, RoutedAddr,
+        };
+        let mut fx = Fx::new(NET_F_SNAT | NET_F_INGRESS);
+        let (port, uplink) = (fx.port, fx.uplink);
+        // test_run does not execute redirects: any device stands in for
+        // the vxlan device.
+        fx.dp
+            .set_overlay(OverlayConfig {
+                vxlan_ifindex: uplink,
+                local_ip4: NODE_IP,
+            })
+            .unwrap();
+        let maps = fx.dp.maps_mut();
+        let routed = |ifindex: u32, mac: [u8; 6], port_id: u16| RoutedAddr {
+            ifindex,
+            network: NET,
+            vm_mac: mac,
+            gw_mac: GW_MAC,
+            mtu: 1500,
+            port_id: port_id | ROUTED_F_INBOUND,
+        };
+        for (ip, r) in [
+            (VM_IP, routed(port, VM_MAC, 1)),
+            (REMOTE_VM_IP, routed(0, REMOTE_VM_MAC, 0)),
+            (MOVING_VM_IP, routed(0, MOVING_VM_MAC, 0)),
+            (LOST_VM_IP, routed(0, LOST_VM_MAC, 0)),
+            (LEARNED_VM_IP, routed(0, LEARNED_VM_MAC, 0)),
+        ] {
+            maps.routed.insert(AddrKey::v4(0, ip), r, 0).unwrap();
+        }
+        let ep = |kind, ifindex, node_ip4, port_id| Endpoint {
+            kind,
+            ifindex,
+            node_ip4,
+            migrate_to: [0; 4],
+            port_id,
+        };
+        maps.endpoints
+            .insert(
+                EndpointKey::new(NET, REMOTE_VM_MAC),
+                ep(ENDPOINT_REMOTE, 0, REMOTE_NODE, 0),
+                0,
+            )
+            .unwrap();
+        maps.endpoints
+            .insert(
+                EndpointKey::new(NET, MOVING_VM_MAC),
+                ep(ENDPOINT_LOCAL, port, [0; 4], 1),
+                0,
+            )
+            .unwrap();
+        maps.remote_learned
+            .insert(
+                EndpointKey::new(NET, LEARNED_VM_MAC),
+                RemoteLearned {
+                    node_ip4: LEARNED_NODE,
+                    _pad: 0,
+                    last_seen_ns: 0,
+                },
+                0,
+            )
+            .unwrap();
+        fx
+    }
+
+    /// Runs the rows in order (they share flow state) and reports every
+    /// row that failed.
+    fn run_rows(&self, rows: &[Row]) {
+        let mut ports = [0u16; 4];
+        let mut failures = Vec::new();
+        for r in rows {
+            let port = r.reply_to.map_or(0, |s| ports[s]);
+            let frame = (r.frame)(port);
+            let drops_before = self.dp.maps().drop_counts().unwrap();
+            let tx_before = self.dp.maps().overlay_stats().unwrap().tx_packets;
+            let (verdict, out) = match r.hook {
+                Hook::Egress => self.egress(&frame),
+                Hook::Uplink => self.ingress(&frame),
+            };
+            let drops_after = self.dp.maps().drop_counts().unwrap();
+            let relayed = self.dp.maps().overlay_stats().unwrap().tx_packets - tx_before;
+            let mut errs = Vec::new();
+            let new_drops: Vec<String> = drops_after
+                .iter()
+                .zip(&drops_before)
+                .enumerate()
+                .filter(|(_, (a, b))| a > b)
+                .map(|(i, _)| drop_reason::NAMES[i].to_string())
+                .collect();
+            match r.expect {
+                Expect::Dropped(reason) => {
+                    if verdict != TC_ACT_SHOT {
+                        errs.push(format!("verdict {verdict}, want TC_ACT_SHOT"));
+                    }
+                    if new_drops != [drop_reason::NAMES[reason as usize]] {
+                        errs.push(format!(
+                            "drops counted {new_drops:?}, want [{}]",
+                            drop_reason::NAMES[reason as usize]
+                        ));
+                    }
+                }
+                expect => {
+                    if verdict != TC_ACT_REDIRECT {
+                        errs.push(format!(
+                            "verdict {verdict}, want TC_ACT_REDIRECT (drops {new_drops:?})"
+                        ));
+                    } else {
+                        let seen = checked(&out);
+                        let want_relay = matches!(expect, Expect::Relayed { .. }) as u64;
+                        if relayed != want_relay {
+                            errs.push(format!(
+                                "{relayed} frames onto the overlay, want {want_relay}"
+                            ));
+                        }
+                        match expect {
+                            Expect::Unnated { sport } => {
+                                if (seen.src, seen.sport) != (VM_IP, sport) {
+                                    errs.push(format!(
+                                        "left as {:?}:{}, want the VM's own {VM_IP:?}:{sport}",
+                                        seen.src, seen.sport
+                                    ));
+                                }
+                                if (seen.eth_src, seen.eth_dst) != (UPLINK_MAC, TOR_MAC) {
+                                    errs.push("not routed to the next hop".into());
+                                }
+                            }
+                            Expect::Snated { slot } => {
+                                if seen.src != NODE_IP
+                                    || !(PORT_MIN..=PORT_MAX).contains(&seen.sport)
+                                {
+                                    errs.push(format!(
+                                        "left as {:?}:{}, want the SNAT address and a port of the range",
+                                        seen.src, seen.sport
+                                    ));
+                                }
+                                ports[slot] = seen.sport;
+                            }
+                            Expect::Delivered { dst, dport, mac } => {
+                                if (seen.dst, seen.dport, seen.src) != (dst, dport, EXT_IP) {
+                                    errs.push(format!(
+                                        "delivered to {:?}:{} from {:?}, want {dst:?}:{dport} from the external host",
+                                        seen.dst, seen.dport, seen.src
+                                    ));
+                                }
+                                if (seen.eth_src, seen.eth_dst) != (GW_MAC, mac) {
+                                    errs.push("MACs not gateway -> VM".into());
+                                }
+                            }
+                            Expect::Relayed { mac } => {
+                                if (seen.eth_src, seen.eth_dst, seen.ttl) != (GW_MAC, mac, 63) {
+                                    errs.push(format!(
+                                        "relayed as {:02x?} -> {:02x?} TTL {}, want gateway -> VM, TTL 63",
+                                        seen.eth_src, seen.eth_dst, seen.ttl
+                                    ));
+                                }
+                            }
+                            Expect::Dropped(_) => unreachable!(),
+                        }
+                    }
+                }
+            }
+            if !errs.is_empty() {
+                failures.push(format!("  {}:\n    {}", r.name, errs.join("\n    ")));
+            }
+        }
+        assert!(
+            failures.is_empty(),
+            "{} of {} rows failed:\n{}",
+            failures.len(),
+            rows.len(),
+            failures.join("\n")
+        );
+    }
+}
+
+#[test]
+fn snat_with_routed_ingress_replies_of_inbound_flows_leave_unnated() {
+    use Hook::*;
+    let rows = [
+        row(
+            "external host opens TCP to the VM's own address -> delivered un-NATed",
+            Uplink,
+            ext_tcp_to_vm,
+            Expect::Delivered {
+                dst: VM_IP,
+                dport: 22,
+                mac: VM_MAC,
+            },
+        ),
+        row(
+            "the VM's reply of that inbound flow -> leaves with the VM's address, not SNATed",
+            Egress,
+            |_| tcp(VM_MAC, GW_MAC, VM_IP, EXT_IP, 22, 5000),
+            Expect::Unnated { sport: 22 },
+        ),
+        row(
+            "external host pings the VM -> delivered",
+            Uplink,
+            |_| echo(TOR_MAC, UPLINK_MAC, EXT_IP, VM_IP, 0x77, false),
+            Expect::Delivered {
+                dst: VM_IP,
+                dport: 0x77,
+                mac: VM_MAC,
+            },
+        ),
+        row(
+            "the VM's echo reply -> un-NATed",
+            Egress,
+            |_| echo(VM_MAC, GW_MAC, VM_IP, EXT_IP, 0x77, true),
+            Expect::Unnated { sport: 0x77 },
+        ),
+        row(
+            "an echo reply nobody asked for -> dropped",
+            Egress,
+            |_| echo(VM_MAC, GW_MAC, VM_IP, EXT_IP, 0x78, true),
+            Expect::Dropped(drop_reason::SNAT_UNSUPPORTED),
+        ),
+        row(
+            "external host sends UDP to the VM -> delivered",
+            Uplink,
+            |_| udp(TOR_MAC, UPLINK_MAC, EXT_IP, VM_IP, 7000, 53),
+            Expect::Delivered {
+                dst: VM_IP,
+                dport: 53,
+                mac: VM_MAC,
+            },
+        ),
+        row(
+            "the VM's UDP answer -> un-NATed",
+            Egress,
+            |_| udp(VM_MAC, GW_MAC, VM_IP, EXT_IP, 53, 7000),
+            Expect::Unnated { sport: 53 },
+        ),
+        row(
+            "the VM opens TCP to the outside -> SNATed",
+            Egress,
+            |_| tcp(VM_MAC, GW_MAC, VM_IP, EXT_IP, 33000, 443),
+            Expect::Snated { slot: 0 },
+        ),
+        Row {
+            reply_to: Some(0),
+            ..row(
+                "the reply of that outbound flow -> de-NATed into the VM",
+                Uplink,
+                |p| tcp(TOR_MAC, UPLINK_MAC, EXT_IP, NODE_IP, 443, p),
+                Expect::Delivered {
+                    dst: VM_IP,
+                    dport: 33000,
+                    mac: VM_MAC,
+                },
+            )
+        },
+        row(
+            "a frame from outside with the outbound flow's tuple, to the VM's own address -> delivered",
+            Uplink,
+            |_| tcp(TOR_MAC, UPLINK_MAC, EXT_IP, VM_IP, 443, 33000),
+            Expect::Delivered {
+                dst: VM_IP,
+                dport: 33000,
+                mac: VM_MAC,
+            },
+        ),
+        row(
+            "... but the outbound flow keeps its translation",
+            Egress,
+            |_| tcp(VM_MAC, GW_MAC, VM_IP, EXT_IP, 33000, 443),
+            Expect::Snated { slot: 1 },
+        ),
+        row(
+            "routed ingress for a VM on another node -> relayed over the overlay",
+            Uplink,
+            |_| udp(TOR_MAC, UPLINK_MAC, EXT_IP, REMOTE_VM_IP, 7000, 53),
+            Expect::Relayed { mac: REMOTE_VM_MAC },
+        ),
+        row(
+            "routed ingress for a VM whose endpoint is local now -> delivered here",
+            Uplink,
+            |_| udp(TOR_MAC, UPLINK_MAC, EXT_IP, MOVING_VM_IP, 7000, 53),
+            Expect::Delivered {
+                dst: MOVING_VM_IP,
+                dport: 53,
+                mac: MOVING_VM_MAC,
+            },
+        ),
+        row(
+            "routed ingress for a VM placed by source learning -> relayed to that node",
+            Uplink,
+            |_| udp(TOR_MAC, UPLINK_MAC, EXT_IP, LEARNED_VM_IP, 7000, 53),
+            Expect::Relayed {
+                mac: LEARNED_VM_MAC,
+            },
+        ),
+        row(
+            "routed ingress for a VM whose place is unknown -> dropped, never back to the fabric",
+            Uplink,
+            |_| udp(TOR_MAC, UPLINK_MAC, EXT_IP, LOST_VM_IP, 7000, 53),
+            Expect::Dropped(drop_reason::INGRESS_NO_ENDPOINT),
+        ),
+    ];
+    in_netns(|| {
+        let fx = Fx::with_ingress();
+        fx.run_rows(&rows);
+        // The inbound flows are recorded under the tuples the VM's replies
+        // carry; the relayed one is left to the node that delivers it.
+        let keys: std::collections::BTreeSet<_> =
+            fx.dp.maps().inbound.keys().filter_map(|k| k.ok()).collect();
+        use vmpath_common::NatKey;
+        for want in [
+            NatKey::new(VM_IP, EXT_IP, 22, 5000, 6),
+            NatKey::new(VM_IP, EXT_IP, 0x77, 0x77, 1),
+            NatKey::new(VM_IP, EXT_IP, 53, 7000, 17),
+            NatKey::new(MOVING_VM_IP, EXT_IP, 53, 7000, 17),
+        ] {
+            assert!(keys.contains(&want), "{want:?} not recorded: {keys:?}");
+        }
+        assert!(
+            !keys.contains(&NatKey::new(REMOTE_VM_IP, EXT_IP, 53, 7000, 17)),
+            "a relayed flow recorded on the relaying node"
+        );
+    });
+}
+
+#[test]
+fn snat_without_routed_ingress_translates_every_frame() {
+    use Hook::*;
+    // The same frames on a plain SNAT network: the VM's address is not
+    // routed to, so the "reply" is a new outbound flow and is SNATed, and
+    // an echo reply never leaves.
+    let rows = [
+        row(
+            "the VM sends with the tuple of an inbound reply -> SNATed",
+            Egress,
+            |_| tcp(VM_MAC, GW_MAC, VM_IP, EXT_IP, 22, 5000),
+            Expect::Snated { slot: 0 },
+        ),
+        row(
+            "an echo reply -> dropped",
+            Egress,
+            |_| echo(VM_MAC, GW_MAC, VM_IP, EXT_IP, 0x77, true),
+            Expect::Dropped(drop_reason::SNAT_UNSUPPORTED),
+        ),
+    ];
+    in_netns(|| {
+        let fx = Fx::new(NET_F_SNAT);
+        // A frame from outside to the VM's address is not routed to it:
+        // it passes to the host stack, and nothing is recorded.
+        let (v, _) = fx.ingress(&ext_tcp_to_vm(0));
+        assert_eq!(v, 0, "TC_ACT_OK: no routed ingress");
+        fx.run_rows(&rows);
+        assert_eq!(fx.dp.maps().inbound.keys().count(), 0, "nothing recorded");
+    });
+}
+
+#[test]
+fn routed_ipv6_ingress_for_a_vm_elsewhere_is_relayed_over_the_overlay() {
+    use vmpath_common::{
+        AddrKey, ENDPOINT_REMOTE, Endpoint, EndpointKey, OverlayConfig, RoutedAddr,
+    };
+    const REMOTE6: [u8; 16] = [0xfd, 0x30, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0x22];
+    const LOST6: [u8; 16] = [0xfd, 0x30, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0x24];
+    in_netns(|| {
+        let mut fx = Fx::with_mtu(NET_F_ROUTED, 1500);
+        let uplink = fx.uplink;
+        fx.dp
+            .set_overlay(OverlayConfig {
+                vxlan_ifindex: uplink,
+                local_ip4: NODE_IP,
+            })
+            .unwrap();
+        let maps = fx.dp.maps_mut();
+        for (ip, mac) in [(REMOTE6, REMOTE_VM_MAC), (LOST6, LOST_VM_MAC)] {
+            let r = RoutedAddr {
+                ifindex: 0,
+                network: NET,
+                vm_mac: mac,
+                gw_mac: GW_MAC,
+                mtu: 1500,
+                port_id: 0,
+            };
+            maps.routed.insert(AddrKey::v6(0, &ip), r, 0).unwrap();
+        }
+        maps.endpoints
+            .insert(
+                EndpointKey::new(NET, REMOTE_VM_MAC),
+                Endpoint {
+                    kind: ENDPOINT_REMOTE,
+                    ifindex: 0,
+                    node_ip4: REMOTE_NODE,
+                    migrate_to: [0; 4],
+                    port_id: 0,
+                },
+                0,
+            )
+            .unwrap();
+        let before = fx.dp.maps().overlay_stats().unwrap().tx_packets;
+        let f = big6(TOR_MAC, UPLINK_MAC, EXT6, REMOTE6, 100);
+        let (v, out) = fx.ingress(&f);
+        assert_eq!(v, TC_ACT_REDIRECT);
+        assert_eq!(
+            fx.dp.maps().overlay_stats().unwrap().tx_packets,
+            before + 1,
+            "onto the overlay"
+        );
+        assert_eq!(&out[0..6], &REMOTE_VM_MAC, "to the VM's MAC");
+        assert_eq!(&out[6..12], &GW_MAC, "from the gateway");
+        assert_eq!(out[14 + 7], 63, "hop limit decremented");
+        assert_eq!(&out[14 + 24..14 + 40], &REMOTE6, "destination untouched");
+        // A VM whose place is not known: dropped and counted.
+        let before = fx.drops(drop_reason::INGRESS_NO_ENDPOINT);
+        let (v, _) = fx.ingress(&big6(TOR_MAC, UPLINK_MAC, EXT6, LOST6, 100));
+        assert_eq!(v, TC_ACT_SHOT);
+        assert_eq!(fx.drops(drop_reason::INGRESS_NO_ENDPOINT), before + 1);
+    });
+}

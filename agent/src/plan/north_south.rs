@@ -1,33 +1,59 @@
 //! Desired north-south state: network egress flags, subnets for the egress
 //! source check, routed VM addresses for the uplink, and the node's SNAT
 //! settings.
+//!
+//! Routed ingress (`egress: Routed`, or `egress: SNAT` with `advertise`):
+//! every node hosting the network routes the VMs' addresses. Those of a
+//! VM served here go straight to its port; those of a VM on another node,
+//! and of a VM whose migration is under way from here, follow
+//! `vmp_endpoints` in the data path (delivered locally or relayed over the
+//! overlay), so ingress reaches the VM whichever node the fabric picks
+//! and through a cut-over before BGP converges.
 
 use std::net::IpAddr;
 
 use vmpath_common::{
-    NET_F_ROUTED, NET_F_SNAT, RoutedAddr, SNAT_DEFAULT_PORT_MAX, SNAT_DEFAULT_PORT_MIN,
-    SNAT_DEFAULT_QUOTA, SnatConfig, Subnet4, Subnet6,
+    NET_F_INGRESS, NET_F_ROUTED, NET_F_SNAT, ROUTED_F_INBOUND, RoutedAddr, SNAT_DEFAULT_PORT_MAX,
+    SNAT_DEFAULT_PORT_MIN, SNAT_DEFAULT_QUOTA, SnatConfig, Subnet4, Subnet6,
 };
 
 use super::{Plan, addr_key};
-use crate::{config::model::Egress, resolved::Resolved};
+use crate::{
+    config::{Network, model::Egress},
+    resolved::Resolved,
+};
 
 pub const SNAT_TCP_TIMEOUT: u32 = 7440;
 pub const SNAT_TCP_CLOSING_TIMEOUT: u32 = 240;
 pub const SNAT_UDP_TIMEOUT: u32 = 300;
 pub const SNAT_ICMP_TIMEOUT: u32 = 60;
 
-/// Is this network's egress routed (un-NATed)? An advertised network is
-/// never SNATed.
-pub fn routed(net: &crate::config::Network) -> bool {
-    net.egress == Egress::Routed || net.advertise.per_vm || net.advertise.subnet
+/// Is this network's egress routed (un-NATed)?
+pub fn routed(net: &Network) -> bool {
+    net.egress == Egress::Routed
 }
 
-pub fn north_south(cfg: &Resolved, plan: &mut Plan) {
+/// Does the fabric reach this network's VMs by their own addresses?
+/// Routed networks always; SNAT networks when they advertise anything.
+pub fn ingress(net: &Network) -> bool {
+    routed(net) || net.advertise.per_vm || net.advertise.subnet || net.advertise.learned
+}
+
+/// Does routed ingress on this network carry `ip`'s family? SNAT is IPv4
+/// only and a SNAT network drops its VMs' IPv6 egress, so they could not
+/// answer over IPv6: their IPv6 addresses are neither routed to nor
+/// advertised.
+pub fn ingress_family(net: &Network, ip: IpAddr) -> bool {
+    ingress(net) && (routed(net) || ip.is_ipv4())
+}
+
+pub fn north_south(cfg: &Resolved, node: &str, plan: &mut Plan) {
     for net in &cfg.config.networks {
         if let Some(info) = plan.networks.get_mut(&net.id) {
             info.flags |= if routed(net) {
                 NET_F_ROUTED
+            } else if ingress(net) {
+                NET_F_SNAT | NET_F_INGRESS
             } else {
                 NET_F_SNAT
             };
@@ -56,38 +82,18 @@ pub fn north_south(cfg: &Resolved, plan: &mut Plan) {
             }
         }
     }
-    let by_key: std::collections::HashMap<
-        &crate::config::AttachmentKey,
-        &crate::resolved::Attachment,
-    > = cfg.attachments.iter().map(|a| (&a.key, a)).collect();
-    for port in plan.ports.values().filter(|p| !p.pending()) {
-        let Some(att) = by_key.get(&port.attachment).copied() else {
-            continue;
-        };
-        let Some(net) = cfg.network(&att.network) else {
-            continue;
-        };
-        let Some((mac, _)) = att.mac_resolved else {
-            continue;
-        };
-        if !routed(net) {
-            continue;
-        }
-        for (ip, _) in &att.addresses {
-            plan.routed.insert(
-                addr_key(0, ip.addr()),
-                RoutedAddr {
-                    ifindex: port.ifindex,
-                    network: net.id,
-                    vm_mac: mac,
-                    gw_mac: net.gateway_mac,
-                    mtu: net.mtu,
-                    // Port ids are at most MAX_PORT_ID (12 bits).
-                    port_id: port.info.port_id as u16,
-                },
-            );
+    for net in cfg.config.networks.iter().filter(|n| ingress(n)) {
+        let migration_end = cfg.attachments.iter().any(|a| {
+            a.network == net.name
+                && a.migration
+                    .as_ref()
+                    .is_some_and(|m| a.node == node || m.target_node == node)
+        });
+        if plan.flood.contains_key(&net.id) || migration_end {
+            plan.ingress_hosted.insert(net.id);
         }
     }
+    routed_addresses(cfg, plan);
     let snat_addr =
         cfg.config
             .node
@@ -107,4 +113,238 @@ pub fn north_south(cfg: &Resolved, plan: &mut Plan) {
         udp_timeout: SNAT_UDP_TIMEOUT,
         icmp_timeout: SNAT_ICMP_TIMEOUT,
     };
+}
+
+/// `vmp_routed`: the addresses of the ingress networks' VMs (configured,
+/// and learned from their traffic here), on every node hosting the
+/// network.
+fn routed_addresses(cfg: &Resolved, plan: &mut Plan) {
+    let by_key: std::collections::HashMap<
+        &crate::config::AttachmentKey,
+        &crate::resolved::Attachment,
+    > = cfg.attachments.iter().map(|a| (&a.key, a)).collect();
+    let entry = |net: &Network, mac: [u8; 6], ifindex: u32, port_id: u32| RoutedAddr {
+        ifindex,
+        network: net.id,
+        vm_mac: mac,
+        gw_mac: net.gateway_mac,
+        mtu: net.mtu,
+        // Port ids are at most MAX_PORT_ID (12 bits): room for the flag.
+        port_id: port_id as u16 | if routed(net) { 0 } else { ROUTED_F_INBOUND },
+    };
+    for port in plan.ports.values().filter(|p| !p.pending()) {
+        let Some(att) = by_key.get(&port.attachment).copied() else {
+            continue;
+        };
+        let Some(net) = cfg.network(&att.network) else {
+            continue;
+        };
+        let Some((mac, _)) = att.mac_resolved else {
+            continue;
+        };
+        if !ingress(net) {
+            continue;
+        }
+        // The source of a migration under way: where the VM is follows
+        // the endpoint, which the data path repoints at the cut-over.
+        let migrating = att.migration.is_some() && !att.cut_over;
+        let ifindex = if migrating { 0 } else { port.ifindex };
+        let r = entry(net, mac, ifindex, port.info.port_id);
+        for (ip, _) in &att.addresses {
+            if ingress_family(net, ip.addr()) {
+                plan.routed.insert(addr_key(0, ip.addr()), r);
+            }
+        }
+        // Addresses the VM uses that no document gives (a network without
+        // IPAM): known from its traffic, here only. A configured one wins.
+        for (key, seen) in &cfg.learned_ips {
+            if key.network == net.id
+                && seen.ifindex == port.ifindex
+                && ingress_family(net, key.ip())
+            {
+                plan.routed.entry(addr_key(0, key.ip())).or_insert(r);
+            }
+        }
+    }
+    // VMs on other nodes, where this node hosts their network too: the
+    // fabric may send their traffic here (the subnet route of every
+    // hosting node, or the per-VM route of a migration's source before
+    // the fabric converges); it goes on over the overlay. Only where every
+    // node knows the VM's MAC (given or generated; see `overlay`).
+    for att in &cfg.attachments {
+        let Some(net) = cfg.network(&att.network) else {
+            continue;
+        };
+        if !plan.ingress_hosted.contains(&net.id) {
+            continue;
+        }
+        if plan
+            .ports
+            .values()
+            .any(|p| p.attachment == att.key && !p.pending())
+        {
+            continue;
+        }
+        let known = match att.mac_resolved {
+            Some((mac, _))
+                if att.mac.is_some()
+                    || att.mac_policy == crate::config::model::MacPolicy::Generate =>
+            {
+                mac
+            }
+            _ => continue,
+        };
+        let r = entry(net, known, 0, 0);
+        for (ip, _) in &att.addresses {
+            if ingress_family(net, ip.addr()) {
+                plan.routed.entry(addr_key(0, ip.addr())).or_insert(r);
+            }
+        }
+        // Addresses this node learned from the VM while it was here (a
+        // migration's source after the cut-over): the fabric may still
+        // send them here until its route moves. Kept while so routed
+        // (`Dataplane::apply` keeps such learned entries).
+        for (key, seen) in &cfg.learned_ips {
+            if key.network == net.id && seen.mac == known && ingress_family(net, key.ip()) {
+                plan.routed.entry(addr_key(0, key.ip())).or_insert(r);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::{collections::BTreeMap, net::Ipv6Addr};
+
+    use vmpath_common::{AddrKey, LEARNED_FROM_ARP, LearnedIp, ROUTED_PORT_ID};
+
+    use super::*;
+    use crate::{config, plan::plan};
+
+    /// Node a with vm1 (port p-vm1, given 10.40.0.50 and fd40::50) on an
+    /// IPAM-less SNAT network with `advertise`, vm2 on node b (given
+    /// 10.40.0.51), vm3 on node b with a detected MAC; `extra` is added to
+    /// vm1's spec.
+    fn cfg(tag: &str, advertise: &str, vm1_extra: &str) -> Resolved {
+        let docs = format!(
+            "apiVersion: vmpath.dev/v1alpha1\nkind: Network\nmetadata: {{name: imp}}\nspec: {{id: 700, subnets: [10.40.0.0/16, fd40::/64], defaultGatewayIPs: [10.40.0.1], ipam: {{mode: Disabled}}, egress: SNAT, advertise: {advertise}}}\n\
+             ---\napiVersion: vmpath.dev/v1alpha1\nkind: Attachment\nmetadata: {{name: vm1, namespace: prod}}\nspec: {{vm: vm1, interface: eth0, network: imp, node: a, port: p-vm1, mac: '52:54:00:00:00:01', ips: [10.40.0.50/16, fd40::50/64]{vm1_extra}}}\n\
+             ---\napiVersion: vmpath.dev/v1alpha1\nkind: Attachment\nmetadata: {{name: vm2, namespace: prod}}\nspec: {{vm: vm2, interface: eth0, network: imp, node: b, port: p-vm2, mac: '52:54:00:00:00:02', ips: [10.40.0.51/16]}}\n\
+             ---\napiVersion: vmpath.dev/v1alpha1\nkind: Attachment\nmetadata: {{name: vm3, namespace: prod}}\nspec: {{vm: vm3, interface: eth0, network: imp, node: b, port: p-vm3, ips: [10.40.0.52/16]}}\n"
+        );
+        let dir = std::env::temp_dir().join(format!("vmpath-ns-{tag}-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("c.yaml"), docs).unwrap();
+        let snap = config::source::read_dir(&dir);
+        let _ = std::fs::remove_dir_all(&dir);
+        let cfg = Resolved::new(config::validate(&snap, "a", &Default::default()));
+        assert!(cfg.errors.is_empty(), "{:?}", cfg.errors);
+        cfg
+    }
+
+    fn v4(a: [u8; 4]) -> AddrKey {
+        AddrKey::v4(0, a)
+    }
+
+    #[test]
+    fn snat_with_advertise_routes_ingress_and_keeps_snat_egress() {
+        let mut c = cfg("ingress", "{subnet: true, learned: true}", "");
+        // An address vm1 uses that no document gives, learned here.
+        c.learned_ips.insert(
+            AddrKey::v4(700, [10, 40, 0, 99]),
+            LearnedIp {
+                ifindex: 7,
+                how: LEARNED_FROM_ARP,
+                mac: [0x52, 0x54, 0, 0, 0, 1],
+                _pad: [0; 2],
+            },
+        );
+        let p = plan(&c, "a", |n| (n == "p-vm1").then_some(7));
+        assert_eq!(
+            p.networks[&700].flags & (NET_F_SNAT | NET_F_INGRESS | NET_F_ROUTED),
+            NET_F_SNAT | NET_F_INGRESS
+        );
+        assert!(p.ingress_hosted.contains(&700));
+        // vm1 is served here: straight to its port, flows recorded.
+        let r = p.routed[&v4([10, 40, 0, 50])];
+        assert_eq!((r.ifindex, r.port_id & ROUTED_PORT_ID), (7, 1));
+        assert_ne!(r.port_id & ROUTED_F_INBOUND, 0);
+        assert_eq!(p.routed[&v4([10, 40, 0, 99])], r, "the learned address");
+        // SNAT is IPv4 only: no routed IPv6 ingress on this network.
+        assert!(!p.routed.contains_key(&AddrKey::v6(
+            0,
+            &"fd40::50".parse::<Ipv6Addr>().unwrap().octets()
+        )));
+        // vm2 is on node b: its entry follows the endpoint (overlay).
+        let r = p.routed[&v4([10, 40, 0, 51])];
+        assert_eq!((r.ifindex, r.vm_mac), (0, [0x52, 0x54, 0, 0, 0, 2]));
+        // vm3's MAC is known only on b: no entry.
+        assert!(!p.routed.contains_key(&v4([10, 40, 0, 52])));
+
+        // The routes for BGP: the IPv4 subnet (hosted here) and the learned
+        // addresses (without perVM); never the IPv6 subnet.
+        let want: Vec<String> = crate::routes::desired(&c, &p, &c.learned_ips)
+            .iter()
+            .map(|r| r.to_string())
+            .collect();
+        assert_eq!(want, ["blackhole 10.40.0.0/16", "10.40.0.99/32 dev lo"]);
+
+        // Node c hosts nothing of the network: no subnet, no entries.
+        let p = plan(&c, "c", |_| None);
+        assert!(p.routed.is_empty() && p.ingress_hosted.is_empty());
+        assert!(crate::routes::desired(&c, &p, &BTreeMap::new()).is_empty());
+    }
+
+    #[test]
+    fn a_migrations_source_follows_the_endpoint_and_its_target_relays_until_cut_over() {
+        let c = cfg(
+            "migrating",
+            "{perVM: true}",
+            ", migration: {targetNode: c, targetPort: p-vm1c}",
+        );
+        // The source: vm1's entry follows the endpoint (local until the
+        // data path repoints it at the cut-over).
+        let p = plan(&c, "a", |n| (n == "p-vm1").then_some(7));
+        assert_eq!(p.routed[&v4([10, 40, 0, 50])].ifindex, 0);
+        // The target hosts the network through the migration alone.
+        let p = plan(&c, "c", |n| (n == "p-vm1c").then_some(9));
+        assert!(p.ingress_hosted.contains(&700));
+        assert_eq!(p.routed[&v4([10, 40, 0, 50])].ifindex, 0);
+        // Once cut over, the target routes straight to the VM's port, and
+        // the source keeps an entry that follows the endpoint (relay).
+        let mut c = c;
+        c.attachments[0].cut_over = true;
+        let p = plan(&c, "c", |n| (n == "p-vm1c").then_some(9));
+        assert_eq!(p.routed[&v4([10, 40, 0, 50])].ifindex, 9);
+        // An address vm1 used on a that no document gives: still routed
+        // (on to the endpoint) by the source after the cut-over.
+        c.learned_ips.insert(
+            AddrKey::v4(700, [10, 40, 0, 98]),
+            LearnedIp {
+                ifindex: 7,
+                how: LEARNED_FROM_ARP,
+                mac: [0x52, 0x54, 0, 0, 0, 1],
+                _pad: [0; 2],
+            },
+        );
+        let p = plan(&c, "a", |_| None);
+        assert_eq!(p.routed[&v4([10, 40, 0, 50])].ifindex, 0);
+        let r = p.routed[&v4([10, 40, 0, 98])];
+        assert_eq!((r.ifindex, r.vm_mac), (0, [0x52, 0x54, 0, 0, 0, 1]));
+        // Not advertised from there: only a hosting node exports it.
+        let routes = crate::routes::desired(&c, &p, &c.learned_ips);
+        assert!(
+            routes
+                .iter()
+                .all(|r| r.dest.addr() != IpAddr::from([10, 40, 0, 98]))
+        );
+    }
+
+    #[test]
+    fn plain_snat_and_routed_networks_keep_their_meaning() {
+        let c = cfg("plain", "{}", "");
+        let p = plan(&c, "a", |n| (n == "p-vm1").then_some(7));
+        assert_eq!(p.networks[&700].flags & (NET_F_INGRESS | NET_F_ROUTED), 0);
+        assert!(p.routed.is_empty(), "plain SNAT: nothing routed in");
+    }
 }

@@ -4,10 +4,17 @@
 //! underlay with the VXLAN overlay, a client VM on node c streaming UDP
 //! with sequence numbers 1 ms apart to vm1 while vm1 moves from node a to
 //! node b. Each run builds a fresh bed. Baseline: the send interval.
+//!
+//! Beside it, the same cut-over seen from outside (`vmpath_tests::
+//! north_south`, the scenario of `tests/tests/north_south_imported.rs`):
+//! an external host behind a BIRD top-of-rack router streams to the VM's
+//! own address while it moves; the fabric keeps sending to the old node
+//! until BGP moves the per-VM route, and the old node relays meanwhile.
 
 use anyhow::{Result, bail};
-use vmpath_tests::migration::{
-    INTERVAL_MS, LossWindow, STREAM_COUNT, loss_window, start_migration, three_nodes,
+use vmpath_tests::{
+    migration::{INTERVAL_MS, LossWindow, STREAM_COUNT, loss_window, start_migration, three_nodes},
+    north_south::{self, ExternalWindow},
 };
 
 use crate::{
@@ -108,13 +115,83 @@ pub fn run(opts: &Options) -> Result<Section> {
         cmds.median,
         first.median
     ));
+    let external = external_runs(opts.runs)?;
+    let ext_window = summary(&external.iter().map(|w| w.gap_ms).collect::<Vec<_>>());
+    md.push_str(&format!(
+        "\n**From outside (north-south).** The imported-VM test's scenario \
+         (`tests/tests/north_south_imported.rs`; bed and cut-over in \
+         `vmpath_tests::north_south`), {} run(s): two nodes and a BIRD top-of-rack \
+         router on one segment, an external host behind the ToR sending UDP 1 ms apart \
+         ({} datagrams) to the VM's own address on an IPAM-less `egress: SNAT` network \
+         with `advertise: {{subnet: true, learned: true}}`, while the VM moves from node \
+         a to node b (the same cut-over as above, once the stream reaches the VM on \
+         node a). The ToR routes by the per-VM /32 over \
+         BGP, so it keeps sending to node a until a withdraws and b announces it; node \
+         a relays meanwhile. **Loss window** = the longest silence at the receivers \
+         from 200 ms before the cut-over until the ToR's kernel route moved.\n\n\
+         | run | loss window ms | datagrams lost | received on the target | of which \
+         before the ToR's route moved | ToR route moved after the cut-over, ms | frames \
+         relayed by the source |\n|---|---|---|---|---|---|---|\n",
+        external.len(),
+        north_south::STREAM_COUNT
+    ));
+    for (i, w) in external.iter().enumerate() {
+        md.push_str(&format!(
+            "| {} | {:.1} | {} | {} | {} | {:.0} | {} |\n",
+            i + 1,
+            w.gap_ms,
+            w.lost,
+            w.on_target,
+            w.on_target_before_converged,
+            w.converged_ms,
+            w.relayed
+        ));
+    }
+    md.push_str(&format!(
+        "| median (min–max) | {} | | | | | |\n\n\
+         East-west (above) {:.1} ms, north-south {:.1} ms (medians).\n",
+        fmt_summary(&ext_window),
+        window.median,
+        ext_window.median
+    ));
     Ok(Section {
         title: "5. Live migration loss window".into(),
         markdown: md,
-        bars: vec![Bar {
-            label: "live migration loss window (lower is better)".into(),
-            ratio: window.median / interval,
-            baseline: format!("send interval {INTERVAL_MS} ms"),
-        }],
+        bars: vec![
+            Bar {
+                label: "live migration loss window (lower is better)".into(),
+                ratio: window.median / interval,
+                baseline: format!("send interval {INTERVAL_MS} ms"),
+            },
+            Bar {
+                label: "live migration loss window from outside, BGP ToR (lower is better)".into(),
+                ratio: ext_window.median / interval,
+                baseline: format!("send interval {INTERVAL_MS} ms"),
+            },
+        ],
     })
+}
+
+/// The north-south cut-over, `runs` times on a fresh bed each.
+fn external_runs(runs: usize) -> Result<Vec<ExternalWindow>> {
+    let mut out = Vec::new();
+    for r in 0..runs {
+        let bed = north_south::bed(2);
+        north_south::start_migration(&bed);
+        let w = north_south::external_loss_window(&bed);
+        eprintln!(
+            "bench:   external run {r}: longest silence {:.1} ms, {} lost, {} on the target \
+             ({} before the ToR's route moved {:.0} ms after the cut-over), {} relayed",
+            w.gap_ms, w.lost, w.on_target, w.on_target_before_converged, w.converged_ms, w.relayed
+        );
+        if w.on_target < 1000 {
+            bail!(
+                "external run {r}: the target received only {} datagrams",
+                w.on_target
+            );
+        }
+        out.push(w);
+        drop(bed);
+    }
+    Ok(out)
 }
