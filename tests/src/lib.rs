@@ -7,6 +7,7 @@
 //! Traffic only ever goes to addresses inside namespaces made here.
 
 use std::{
+    collections::BTreeMap,
     fs,
     io::Write as _,
     path::{Path, PathBuf},
@@ -256,6 +257,78 @@ impl Node {
         }
     }
 
+    /// A node with VMs vm1 (10.20.0.11) and vm2 (10.20.0.12) on network
+    /// blue (10.20.0.0/16), their MACs `<mac_prefix>:01` and `:02`, and
+    /// the config written; no agent yet.
+    pub fn with_two_vms(name: &str, mac_prefix: &str) -> (Node, Vm, Vm) {
+        let node = Node::new(name);
+        let vm1 = node.add_vm("vm1", &format!("{mac_prefix}:01"), &["10.20.0.11/16"], None);
+        let vm2 = node.add_vm("vm2", &format!("{mac_prefix}:02"), &["10.20.0.12/16"], None);
+        let attach = |name: &str, vm: &Vm, ip: &str| {
+            yaml::attachment(name, "blue", &node.name, &vm.port, &vm.mac, &[ip])
+        };
+        node.write_config(
+            "c.yaml",
+            &yaml::docs(&[
+                yaml::network("blue", 100, &["10.20.0.0/16"], &["10.20.0.1"], true),
+                attach("vm1", &vm1, "10.20.0.11/16"),
+                attach("vm2", &vm2, "10.20.0.12/16"),
+            ]),
+        );
+        (node, vm1, vm2)
+    }
+
+    /// Every pinned link: (pin name, link id, program id), as bpftool sees
+    /// them, sorted.
+    pub fn pinned_links(&self) -> Vec<(String, u64, u64)> {
+        let mut out: Vec<_> = fs::read_dir(self.bpffs.join("links"))
+            .unwrap()
+            .map(|entry| {
+                let path = entry.unwrap().path();
+                let v = bpftool_json(&["link", "show", "pinned", path.to_str().unwrap()]);
+                (
+                    path.file_name().unwrap().to_string_lossy().into_owned(),
+                    v["id"].as_u64().unwrap(),
+                    v["prog_id"].as_u64().unwrap(),
+                )
+            })
+            .collect();
+        out.sort();
+        out
+    }
+
+    /// Every pinned map of this build's layout: name -> map id.
+    pub fn pinned_maps(&self) -> BTreeMap<String, u64> {
+        fs::read_dir(self.maps_dir())
+            .unwrap()
+            .map(|e| {
+                let path = e.unwrap().path();
+                let v = bpftool_json(&["map", "show", "pinned", path.to_str().unwrap()]);
+                (
+                    path.file_name().unwrap().to_string_lossy().into_owned(),
+                    v["id"].as_u64().unwrap(),
+                )
+            })
+            .collect()
+    }
+
+    /// The directory of this build's pinned maps.
+    pub fn maps_dir(&self) -> PathBuf {
+        self.bpffs
+            .join(format!("maps/v{}", vmpath::common::MAP_LAYOUT_VERSION))
+    }
+
+    /// `bpftool map dump` of pinned map `name` (this build's layout).
+    pub fn dump_map(&self, name: &str) -> String {
+        run(&[
+            "bpftool",
+            "map",
+            "dump",
+            "pinned",
+            self.maps_dir().join(name).to_str().unwrap(),
+        ])
+    }
+
     /// Makes a VM namespace with `eth0` (MAC `mac`, `addrs` configured, the
     /// default route via `gateway` when given) and its port `vp<tag><name>`
     /// in this node.
@@ -263,21 +336,7 @@ impl Node {
         let ns = Netns::new(format!("vt{}-{name}", self.tag));
         let port = format!("vp{}{name}", self.tag);
         assert!(port.len() <= 15, "port name {port} too long");
-        run(&[
-            "ip",
-            "link",
-            "add",
-            &port,
-            "netns",
-            &self.ns.name,
-            "type",
-            "veth",
-            "peer",
-            "name",
-            "eth0",
-            "netns",
-            &ns.name,
-        ]);
+        veth(&self.ns, &port, &ns, "eth0");
         ns.run(&["ip", "link", "set", "eth0", "address", mac]);
         for a in addrs {
             if a.contains(':') {
@@ -410,6 +469,30 @@ impl Node {
         serde_json::from_str(&text).ok()
     }
 
+    /// The agent's view of `vm`'s interface (what `vmpath vm show` shows),
+    /// `None` while its status lists none.
+    pub fn attachment_view(&self, vm: &str) -> Option<serde_json::Value> {
+        self.status()?["attachments"]
+            .as_array()?
+            .iter()
+            .find(|a| a["vm"] == vm)
+            .cloned()
+    }
+
+    /// The addresses (with prefix) the agent's status gives `vm`, in its
+    /// order; empty while it lists none.
+    pub fn vm_addresses(&self, vm: &str) -> Vec<String> {
+        self.attachment_view(vm)
+            .and_then(|a| {
+                a["ips"].as_array().map(|ips| {
+                    ips.iter()
+                        .filter_map(|ip| ip["address"].as_str().map(String::from))
+                        .collect()
+                })
+            })
+            .unwrap_or_default()
+    }
+
     /// Waits until the agent has programmed exactly these ports.
     pub fn wait_ports(&mut self, ports: &[&str]) {
         let mut want: Vec<String> = ports.iter().map(|s| s.to_string()).collect();
@@ -531,6 +614,13 @@ pub fn iperf3(
     report
 }
 
+/// `bpftool -j <args>`, parsed.
+pub fn bpftool_json(args: &[&str]) -> serde_json::Value {
+    let mut all = vec!["bpftool", "-j"];
+    all.extend_from_slice(args);
+    serde_json::from_str(&run(&all)).unwrap_or_else(|e| panic!("{all:?}: {e}"))
+}
+
 /// Minimal YAML for the documents tests use.
 pub mod yaml {
     pub fn network(name: &str, id: u32, subnets: &[&str], gateways: &[&str], ipam: bool) -> String {
@@ -550,9 +640,26 @@ pub mod yaml {
         mac: &str,
         ips: &[&str],
     ) -> String {
+        attachment_with(
+            name,
+            network,
+            node,
+            port,
+            &format!("  mac: \"{mac}\"\n  ips: [{}]\n", quoted(ips)),
+        )
+    }
+
+    /// VM `name`'s eth0 in namespace `prod`; `extra` holds further spec
+    /// lines (mac, ips, macPolicy, ...), each indented by two spaces.
+    pub fn attachment_with(
+        name: &str,
+        network: &str,
+        node: &str,
+        port: &str,
+        extra: &str,
+    ) -> String {
         format!(
-            "apiVersion: vmpath.dev/v1alpha1\nkind: Attachment\nmetadata: {{name: {name}-eth0, namespace: prod}}\nspec:\n  vm: {name}\n  interface: eth0\n  network: {network}\n  node: {node}\n  port: {port}\n  mac: \"{mac}\"\n  ips: [{}]\n",
-            quoted(ips)
+            "apiVersion: vmpath.dev/v1alpha1\nkind: Attachment\nmetadata: {{name: {name}-eth0, namespace: prod}}\nspec:\n  vm: {name}\n  interface: eth0\n  network: {network}\n  node: {node}\n  port: {port}\n{extra}"
         )
     }
 
@@ -576,10 +683,7 @@ pub mod yaml {
 /// Joins `a` and `b` with a veth pair (`a_if` in `a`, `b_if` in `b`), each
 /// end with an address (`""`: none) and up.
 pub fn link(a: &Netns, a_if: &str, a_addr: &str, b: &Netns, b_if: &str, b_addr: &str) {
-    run(&[
-        "ip", "link", "add", a_if, "netns", &a.name, "type", "veth", "peer", "name", b_if, "netns",
-        &b.name,
-    ]);
+    veth(a, a_if, b, b_if);
     for (ns, ifname, addr) in [(a, a_if, a_addr), (b, b_if, b_addr)] {
         if !addr.is_empty() {
             let mut args = vec!["ip", "addr", "add", addr, "dev", ifname];
@@ -590,6 +694,14 @@ pub fn link(a: &Netns, a_if: &str, a_addr: &str, b: &Netns, b_if: &str, b_addr: 
         }
         ns.run(&["ip", "link", "set", ifname, "up"]);
     }
+}
+
+/// A veth pair: `a_if` in `a`, `b_if` in `b`, both down and unaddressed.
+pub fn veth(a: &Netns, a_if: &str, b: &Netns, b_if: &str) {
+    run(&[
+        "ip", "link", "add", a_if, "netns", &a.name, "type", "veth", "peer", "name", b_if, "netns",
+        &b.name,
+    ]);
 }
 
 /// Turns IPv4 and IPv6 forwarding on in `ns`.
@@ -818,7 +930,7 @@ pub mod multus {
     use std::{
         io::Write as _,
         path::PathBuf,
-        process::{Command, Stdio},
+        process::{Command, Output, Stdio},
         sync::OnceLock,
     };
 
@@ -844,35 +956,17 @@ pub mod multus {
     /// Runs `command` (ADD, DEL) in `node`'s namespace: whether it
     /// succeeded, and the JSON it printed (Null for none).
     pub fn call(node: &Node, command: &str, c: &Call) -> (bool, Value) {
-        let mut child = Command::new("nsenter")
-            .arg(format!("--net={}", node.ns.path()))
-            .arg(cni_bin())
-            .env_clear()
-            .env("PATH", std::env::var("PATH").unwrap_or_default())
-            .env("CNI_COMMAND", command)
-            .env("CNI_PATH", "/opt/cni/bin")
-            .env("CNI_CONTAINERID", c.container)
-            .env("CNI_NETNS", c.netns.path())
-            .env("CNI_IFNAME", c.ifname)
-            .env(
-                "CNI_ARGS",
-                format!(
-                    "IgnoreUnknown=1;K8S_POD_NAMESPACE={};K8S_POD_NAME={}",
-                    c.pod_namespace, c.pod
-                ),
-            )
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("running vmpath-cni");
-        child
-            .stdin
-            .take()
-            .unwrap()
-            .write_all(c.conf.as_bytes())
-            .unwrap();
-        let out = child.wait_with_output().unwrap();
+        let cni_args = format!(
+            "IgnoreUnknown=1;K8S_POD_NAMESPACE={};K8S_POD_NAME={}",
+            c.pod_namespace, c.pod
+        );
+        let env = [
+            ("CNI_CONTAINERID", c.container),
+            ("CNI_NETNS", &c.netns.path()),
+            ("CNI_IFNAME", c.ifname),
+            ("CNI_ARGS", &cni_args),
+        ];
+        let out = run_plugin(node, command, &env, c.conf);
         let stdout = String::from_utf8_lossy(&out.stdout);
         let json = if stdout.trim().is_empty() {
             Value::Null
@@ -885,6 +979,29 @@ pub mod multus {
             })
         };
         (out.status.success(), json)
+    }
+
+    /// Runs vmpath-cni in `node`'s namespace as a runtime would:
+    /// `CNI_COMMAND=command`, the `env` given (and PATH, CNI_PATH, nothing
+    /// else), `stdin` written to it.
+    pub fn run_plugin(node: &Node, command: &str, env: &[(&str, &str)], stdin: &str) -> Output {
+        let mut child = Command::new("nsenter")
+            .arg(format!("--net={}", node.ns.path()))
+            .arg(cni_bin())
+            .env_clear()
+            .env("PATH", std::env::var("PATH").unwrap_or_default())
+            .env("CNI_COMMAND", command)
+            .env("CNI_PATH", "/opt/cni/bin")
+            .envs(env.iter().copied())
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("running vmpath-cni");
+        // VERSION does not read stdin: the plugin may be gone before it is
+        // written (a broken pipe), as with any runtime.
+        let _ = child.stdin.take().unwrap().write_all(stdin.as_bytes());
+        child.wait_with_output().unwrap()
     }
 
     /// The `spec.config` of the NetworkAttachmentDefinition in `yaml`,

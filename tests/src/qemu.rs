@@ -24,7 +24,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use crate::{Netns, Node, Vm, run};
+use crate::{Netns, Node, Vm};
 use channel::Channel;
 use qmp::Qmp;
 
@@ -153,21 +153,7 @@ impl Pod {
         ] {
             ns.run(&["sysctl", "-qw", sysctl]);
         }
-        run(&[
-            "ip",
-            "link",
-            "add",
-            &port,
-            "netns",
-            &node.ns.name,
-            "type",
-            "veth",
-            "peer",
-            "name",
-            "eth0",
-            "netns",
-            &ns.name,
-        ]);
+        crate::veth(&node.ns, &port, &ns, "eth0");
         ns.run(&["ip", "link", "add", "k6t-eth0", "type", "bridge"]);
         ns.run(&["ip", "tuntap", "add", "tap0", "mode", "tap"]);
         for ifname in ["eth0", "tap0"] {

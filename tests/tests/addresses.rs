@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use serde_json::Value;
-use vmpath_tests::{Node, wait_for};
+use vmpath_tests::{Node, wait_for, yaml};
 
 fn network(name: &str, id: u32, body: &str) -> String {
     format!(
@@ -12,24 +12,10 @@ fn network(name: &str, id: u32, body: &str) -> String {
     )
 }
 
-/// An Attachment; `extra` holds optional spec lines (mac, ips, macPolicy).
+/// An Attachment on node `a`; `extra` holds optional spec lines (mac, ips,
+/// macPolicy).
 fn attachment(vm: &str, net: &str, port: &str, extra: &str) -> String {
-    format!(
-        "apiVersion: vmpath.dev/v1alpha1\nkind: Attachment\nmetadata: {{name: {vm}-eth0, namespace: prod}}\nspec:\n  vm: {vm}\n  interface: eth0\n  network: {net}\n  node: a\n  port: {port}\n{extra}"
-    )
-}
-
-fn docs(d: &[String]) -> String {
-    d.join("---\n")
-}
-
-/// The agent's view of one VM interface (what `vmpath vm show` shows).
-fn vm_view(node: &Node, vm: &str) -> Option<Value> {
-    node.status()?["attachments"]
-        .as_array()?
-        .iter()
-        .find(|a| a["vm"] == vm)
-        .cloned()
+    yaml::attachment_with(vm, net, "a", port, extra)
 }
 
 fn ips_of(view: &Value, origin: &str) -> Vec<String> {
@@ -51,7 +37,7 @@ fn claimed_addresses_and_detected_mac_survive_restart_and_port_recreation() {
     let vm = node.add_vm("vm1", "52:54:00:aa:00:01", &[], None);
     node.write_config(
         "c.yaml",
-        &docs(&[
+        &yaml::docs(&[
             network("blue", 100, BLUE),
             attachment("vm1", "blue", &vm.port, ""),
         ]),
@@ -59,7 +45,7 @@ fn claimed_addresses_and_detected_mac_survive_restart_and_port_recreation() {
     node.start_agent();
     node.wait_ports(&[&vm.port]);
 
-    let view = vm_view(&node, "vm1").unwrap();
+    let view = node.attachment_view("vm1").unwrap();
     let claimed = ips_of(&view, "claimed");
     assert_eq!(claimed.len(), 2, "one address per family: {view}");
     let v4: std::net::Ipv4Addr = claimed[0].split('/').next().unwrap().parse().unwrap();
@@ -87,7 +73,7 @@ fn claimed_addresses_and_detected_mac_survive_restart_and_port_recreation() {
         .run(&["ip", "addr", "add", &v6, "dev", "eth0", "nodad"]);
     assert!(vm.ping("10.20.0.1"));
     wait_for("detected MAC", Duration::from_secs(5), || {
-        vm_view(&node, "vm1")
+        node.attachment_view("vm1")
             .is_some_and(|v| v["mac"] == "52:54:00:aa:00:01" && v["mac_origin"] == "detected")
     });
     // `vmpath vm show` exposes it, with its origin.
@@ -107,21 +93,7 @@ fn claimed_addresses_and_detected_mac_survive_restart_and_port_recreation() {
     // Restart the agent and re-create the port: same IPs, same MAC.
     node.kill_agent();
     node.ns.run(&["ip", "link", "del", &vm.port]);
-    vmpath_tests::run(&[
-        "ip",
-        "link",
-        "add",
-        &vm.port,
-        "netns",
-        &node.ns.name,
-        "type",
-        "veth",
-        "peer",
-        "name",
-        "eth0",
-        "netns",
-        &vm.ns.name,
-    ]);
+    vmpath_tests::veth(&node.ns, &vm.port, &vm.ns, "eth0");
     vm.ns
         .run(&["ip", "link", "set", "eth0", "address", "52:54:00:aa:00:01"]);
     vm.ns
@@ -130,7 +102,7 @@ fn claimed_addresses_and_detected_mac_survive_restart_and_port_recreation() {
     node.ns.run(&["ip", "link", "set", &vm.port, "up"]);
     node.start_agent();
     node.wait_ports(&[&vm.port]);
-    let view = vm_view(&node, "vm1").unwrap();
+    let view = node.attachment_view("vm1").unwrap();
     assert_eq!(
         ips_of(&view, "claimed"),
         claimed,
@@ -154,7 +126,7 @@ fn static_request_may_use_excluded_range_and_conflicts_name_both() {
     let vm2 = node.add_vm("vm2", "52:54:00:bb:00:02", &["10.20.0.10/24"], None);
     node.write_config(
         "c.yaml",
-        &docs(&[
+        &yaml::docs(&[
             network("blue", 100, BLUE),
             attachment("vm1", "blue", &vm1.port, "  mac: \"52:54:00:bb:00:01\"\n"),
             // Inside excludeSubnets: exactly what they are for.
@@ -168,11 +140,11 @@ fn static_request_may_use_excluded_range_and_conflicts_name_both() {
     );
     node.start_agent();
     node.wait_ports(&[&vm1.port, &vm2.port]);
-    let v1 = vm_view(&node, "vm1").unwrap();
+    let v1 = node.attachment_view("vm1").unwrap();
     let claimed = ips_of(&v1, "claimed");
     let v1_ip4 = claimed.iter().find(|a| !a.contains(':')).unwrap().clone();
     assert_eq!(
-        ips_of(&vm_view(&node, "vm2").unwrap(), "given"),
+        ips_of(&node.attachment_view("vm2").unwrap(), "given"),
         ["10.20.0.10/24"]
     );
     vm1.ns.run(&["ip", "addr", "add", &v1_ip4, "dev", "eth0"]);
@@ -211,7 +183,10 @@ fn static_request_may_use_excluded_range_and_conflicts_name_both() {
         line.contains("spec.ips") && line.contains("prod/vm1/eth0"),
         "{line}"
     );
-    assert_eq!(ips_of(&vm_view(&node, "vm1").unwrap(), "claimed"), claimed);
+    assert_eq!(
+        ips_of(&node.attachment_view("vm1").unwrap(), "claimed"),
+        claimed
+    );
     assert!(vm1.ping("10.20.0.10"), "vm1 disturbed by the conflict");
 
     // Deleting vm1's Attachment releases its claim: now vm3 may have it.
@@ -225,7 +200,10 @@ fn static_request_may_use_excluded_range_and_conflicts_name_both() {
     wait_for(
         "vm3 to get the released address",
         Duration::from_secs(10),
-        || vm_view(&node, "vm3").is_some_and(|v| ips_of(&v, "given") == [v1_ip4.clone()]),
+        || {
+            node.attachment_view("vm3")
+                .is_some_and(|v| ips_of(&v, "given") == [v1_ip4.clone()])
+        },
     );
     assert!(node.agent_log().contains("claim released"));
 }
@@ -236,14 +214,14 @@ fn generated_mac_is_stable_and_locally_administered() {
     let vm = node.add_vm("vm1", "52:54:00:cc:00:01", &[], None);
     node.write_config(
         "c.yaml",
-        &docs(&[
+        &yaml::docs(&[
             network("blue", 100, BLUE),
             attachment("vm1", "blue", &vm.port, "  macPolicy: Generate\n"),
         ]),
     );
     node.start_agent();
     node.wait_ports(&[&vm.port]);
-    let view = vm_view(&node, "vm1").unwrap();
+    let view = node.attachment_view("vm1").unwrap();
     assert_eq!(view["mac_origin"], "generated");
     let mac = view["mac"].as_str().unwrap().to_string();
     let first = u8::from_str_radix(&mac[..2], 16).unwrap();
@@ -254,7 +232,7 @@ fn generated_mac_is_stable_and_locally_administered() {
     node.kill_agent();
     node.start_agent();
     node.wait_ports(&[&vm.port]);
-    assert_eq!(vm_view(&node, "vm1").unwrap()["mac"], mac.as_str());
+    assert_eq!(node.attachment_view("vm1").unwrap()["mac"], mac.as_str());
 }
 
 #[test]
@@ -266,7 +244,7 @@ fn ips_a_vm_uses_on_an_ipamless_network_are_learned_and_exposed() {
         "  subnets: [10.30.0.0/16]\n  defaultGatewayIPs: [10.30.0.1]\n  ipam: {mode: Disabled}\n";
     node.write_config(
         "c.yaml",
-        &docs(&[
+        &yaml::docs(&[
             network("red", 200, red),
             attachment("vm1", "red", &vm1.port, "  mac: \"52:54:00:dd:00:01\"\n"),
             attachment("vm2", "red", &vm2.port, "  mac: \"52:54:00:dd:00:02\"\n"),
@@ -275,12 +253,15 @@ fn ips_a_vm_uses_on_an_ipamless_network_are_learned_and_exposed() {
     node.start_agent();
     node.wait_ports(&[&vm1.port, &vm2.port]);
     // Imported VMs keep what they had: nothing is assigned...
-    assert!(ips_of(&vm_view(&node, "vm1").unwrap(), "claimed").is_empty());
+    assert!(ips_of(&node.attachment_view("vm1").unwrap(), "claimed").is_empty());
     // ...and what they use is seen.
     assert!(vm1.ping("10.30.0.78"));
     wait_for("learned IPs", Duration::from_secs(5), || {
-        vm_view(&node, "vm1").is_some_and(|v| ips_of(&v, "learned") == ["10.30.0.77"])
-            && vm_view(&node, "vm2").is_some_and(|v| ips_of(&v, "learned") == ["10.30.0.78"])
+        node.attachment_view("vm1")
+            .is_some_and(|v| ips_of(&v, "learned") == ["10.30.0.77"])
+            && node
+                .attachment_view("vm2")
+                .is_some_and(|v| ips_of(&v, "learned") == ["10.30.0.78"])
     });
 }
 
@@ -304,7 +285,7 @@ fn reserved_addresses_are_refused_on_ipam_networks_and_warned_about_elsewhere() 
     let vm9 = node.add_vm("vm9", "52:54:00:ee:00:09", &["10.88.255.255/16"], None);
     let ipam = "  subnets: [10.76.0.0/16, \"fd76::/64\"]\n  defaultGatewayIPs: [10.76.0.1, \"fd76::1\"]\n  ipam: {mode: Enabled}\n";
     let imported = "  subnets: [10.88.0.0/16]\n  ipam: {mode: Disabled}\n";
-    let good = docs(&[
+    let good = yaml::docs(&[
         network("red", 76, ipam),
         network("old", 88, imported),
         attachment(
@@ -371,7 +352,7 @@ fn reserved_addresses_are_refused_on_ipam_networks_and_warned_about_elsewhere() 
             .unwrap_or_else(|| panic!("{vm} not refused: {status}"));
         assert_eq!(e["field"], "spec.ips[0]", "{e}");
         assert!(e["message"].as_str().unwrap().contains(why), "{e}");
-        assert!(vm_view(&node, vm).is_none(), "{vm} accepted");
+        assert!(node.attachment_view(vm).is_none(), "{vm} accepted");
     }
     // Nothing was claimed for them, and the running VMs are undisturbed.
     assert!(!node.agent_log().contains("prod/vm3/eth0"));
@@ -385,7 +366,7 @@ fn reserved_addresses_are_refused_on_ipam_networks_and_warned_about_elsewhere() 
         "{text}"
     );
     assert_eq!(
-        ips_of(&vm_view(&node, "vm9").unwrap(), "given"),
+        ips_of(&node.attachment_view("vm9").unwrap(), "given"),
         ["10.88.255.255/16"]
     );
 }

@@ -5,14 +5,16 @@
 //! error JSON with a code and a message.
 
 use std::{
-    io::Write as _,
     path::PathBuf,
     process::{Command, Stdio},
-    sync::OnceLock,
 };
 
 use serde_json::{Value, json};
-use vmpath_tests::{Netns, Node, run_status, unique_tag, wait_for, yaml};
+use vmpath_tests::{
+    Netns, Node,
+    multus::{self, cni_bin},
+    run_status, unique_tag, wait_for, yaml,
+};
 
 const BLUE: &str = "blue";
 /// A network whose namespaceSelector refuses the `default` namespace (where
@@ -41,12 +43,6 @@ metadata:
   name: default
   labels: {team: tenant}
 ";
-
-/// The plugin binary: `VMPATH_CNI_BIN`, else built once.
-fn cni_bin() -> PathBuf {
-    static BIN: OnceLock<PathBuf> = OnceLock::new();
-    vmpath_tests::workspace_bin(&BIN, "VMPATH_CNI_BIN", "vmpath-cni")
-}
 
 /// What one plugin call gave back.
 struct Outcome {
@@ -78,23 +74,7 @@ impl Outcome {
 
 /// Runs the plugin in `node`'s namespace as a runtime would.
 fn call(node: &Node, command: &str, env: &[(&str, &str)], stdin: &str) -> Outcome {
-    let mut child = Command::new("nsenter")
-        .arg(format!("--net={}", node.ns.path()))
-        .arg(cni_bin())
-        .env_clear()
-        .env("PATH", std::env::var("PATH").unwrap_or_default())
-        .env("CNI_COMMAND", command)
-        .env("CNI_PATH", "/opt/cni/bin")
-        .envs(env.iter().copied())
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("running vmpath-cni");
-    // VERSION does not read stdin: the plugin may be gone before it is
-    // written (a broken pipe), as with any runtime.
-    let _ = child.stdin.take().unwrap().write_all(stdin.as_bytes());
-    let out = child.wait_with_output().unwrap();
+    let out = multus::run_plugin(node, command, env, stdin);
     let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
     Outcome {
         code: out.status.code(),

@@ -13,7 +13,7 @@ use vmpath_tests::{
     Node, Vm,
     flood::{Flood, FloodKind},
     vmpath::common::drop_reason,
-    vmpath_bin, wait_for,
+    vmpath_bin, wait_for, yaml,
 };
 
 const BLUE: &str = "apiVersion: vmpath.dev/v1alpha1
@@ -44,9 +44,7 @@ spec:
 ";
 
 fn attachment(vm: &str, net: &str, port: &str, mac: &str, ips: &str) -> String {
-    format!(
-        "apiVersion: vmpath.dev/v1alpha1\nkind: Attachment\nmetadata: {{name: {vm}-eth0, namespace: prod}}\nspec:\n  vm: {vm}\n  interface: eth0\n  network: {net}\n  node: a\n  port: {port}\n  mac: \"{mac}\"\n{ips}"
-    )
+    yaml::attachment_with(vm, net, "a", port, &format!("  mac: \"{mac}\"\n{ips}"))
 }
 
 /// A hook for udhcpc that records what it was given and configures the VM
@@ -94,21 +92,10 @@ fn env_file(path: &Path) -> BTreeMap<String, String> {
 }
 
 fn lease_of(node: &Node, vm: &str, family_v6: bool) -> String {
-    let status = node.status().unwrap();
-    let a = status["attachments"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|a| a["vm"] == vm)
-        .unwrap()
-        .clone();
-    a["ips"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|ip| ip["address"].as_str().unwrap().to_string())
+    node.vm_addresses(vm)
+        .into_iter()
         .find(|ip| ip.contains(':') == family_v6)
-        .unwrap()
+        .unwrap_or_else(|| panic!("no address of that family for {vm}"))
 }
 
 fn bed() -> (Node, Vm, Vm) {
@@ -219,34 +206,13 @@ fn dhclient_gets_the_same_address_and_dhclient6_its_ipv6() {
          request subnet-mask, routers, domain-name, domain-name-servers, domain-search, host-name, interface-mtu, rfc3442-classless-static-routes;\n",
     )
     .unwrap();
-    let hook = work.join("dhclient-hook.sh");
-    fs::write(
-        &hook,
-        format!(
-            "#!/bin/sh\nenv | grep -E '^(reason|new_)' | sort > {}/dhclient-$reason.env\n",
-            work.display()
-        ),
-    )
-    .unwrap();
-    vmpath_tests::run(&["chmod", "+x", hook.to_str().unwrap()]);
-    let w = |f: &str| work.join(f).display().to_string();
-    vm2.ns.run(&[
-        "timeout",
-        "20",
-        "dhclient",
-        "-4",
-        "-1",
-        "-v",
-        "-cf",
-        &w("dhclient.conf"),
-        "-sf",
-        &w("dhclient-hook.sh"),
-        "-lf",
-        &w("l4"),
-        "-pf",
-        &w("p4"),
-        "eth0",
-    ]);
+    dhclient_hook(&work);
+    let out = dhclient(&vm2, &work, false);
+    assert!(
+        out.status.success(),
+        "dhclient -4: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let env = env_file(&work.join("dhclient-BOUND.env"));
     let lease = lease_of(&node, "vm2", false);
     assert_eq!(
@@ -264,27 +230,18 @@ fn dhclient_gets_the_same_address_and_dhclient6_its_ipv6() {
         env["new_rfc3442_classless_static_routes"],
         "12 172 16 10 20 0 254 0 10 20 0 1"
     );
-    let _ = vm2.ns.run_status(&["dhclient", "-x", "-pf", &w("p4")]);
+    release_dhclient(&vm2, &work, false);
 
     // IPv6: DHCPv6 hands out the VM's claimed /128.
     vm2.ns
         .run(&["sysctl", "-qw", "net.ipv6.conf.eth0.accept_ra=0"]);
     wait_link_local(&vm2);
-    vm2.ns.run(&[
-        "timeout",
-        "20",
-        "dhclient",
-        "-6",
-        "-1",
-        "-v",
-        "-sf",
-        &w("dhclient-hook.sh"),
-        "-lf",
-        &w("l6"),
-        "-pf",
-        &w("p6"),
-        "eth0",
-    ]);
+    let out = dhclient(&vm2, &work, true);
+    assert!(
+        out.status.success(),
+        "dhclient -6: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let env6 = env_file(&work.join("dhclient-BOUND6.env"));
     let lease6 = lease_of(&node, "vm2", true);
     assert_eq!(
@@ -294,9 +251,51 @@ fn dhclient_gets_the_same_address_and_dhclient6_its_ipv6() {
     );
     assert_eq!(env6["new_ip6_prefixlen"], "128");
     assert_eq!(env6["new_dhcp6_name_servers"], "fd00::53");
-    let _ = vm2
-        .ns
-        .run_status(&["dhclient", "-6", "-x", "-pf", &w("p6")]);
+    release_dhclient(&vm2, &work, true);
+}
+
+/// Writes `dir/dhclient-hook.sh`, which records what dhclient was given in
+/// `dir/dhclient-<reason>.env`.
+fn dhclient_hook(dir: &Path) {
+    let hook = dir.join("dhclient-hook.sh");
+    fs::write(
+        &hook,
+        format!(
+            "#!/bin/sh\nenv | grep -E '^(reason|new_)' | sort > {}/dhclient-$reason.env\n",
+            dir.display()
+        ),
+    )
+    .unwrap();
+    vmpath_tests::run(&["chmod", "+x", hook.to_str().unwrap()]);
+}
+
+/// One dhclient exchange on `vm`'s eth0 (`-4` with `work`'s dhclient.conf,
+/// or `-6`), with the hook [`dhclient_hook`] wrote into `work`.
+fn dhclient(vm: &Vm, work: &Path, v6: bool) -> std::process::Output {
+    let w = |f: &str| work.join(f).display().to_string();
+    let (family, lease, pid) = if v6 {
+        ("-6", w("l6"), w("p6"))
+    } else {
+        ("-4", w("l4"), w("p4"))
+    };
+    let conf = w("dhclient.conf");
+    let hook = w("dhclient-hook.sh");
+    let mut args = vec!["timeout", "20", "dhclient", family, "-1", "-v"];
+    if !v6 {
+        args.extend(["-cf", &conf]);
+    }
+    args.extend(["-sf", &hook, "-lf", &lease, "-pf", &pid, "eth0"]);
+    vm.ns.run_status(&args)
+}
+
+/// Stops the dhclient `dhclient` left running, releasing its lease.
+fn release_dhclient(vm: &Vm, work: &Path, v6: bool) {
+    let pid = work
+        .join(if v6 { "p6" } else { "p4" })
+        .display()
+        .to_string();
+    let family = if v6 { "-6" } else { "-4" };
+    let _ = vm.ns.run_status(&["dhclient", family, "-x", "-pf", &pid]);
 }
 
 #[test]
@@ -539,33 +538,9 @@ fn a_flooding_vm_cannot_starve_another_vms_dhcp() {
 
     let v4 = udhcpc(&vm2, &hook, 5);
     let rdisc = vm2.ns.run_status(&["rdisc6", "-1", "-w", "2000", "eth0"]);
-    let w = |f: &str| node.state_dir.join(f).display().to_string();
-    fs::write(
-        node.state_dir.join("dhclient-hook.sh"),
-        format!(
-            "#!/bin/sh\nenv | grep -E '^(reason|new_)' | sort > {}/dhclient-$reason.env\n",
-            node.state_dir.display()
-        ),
-    )
-    .unwrap();
-    vmpath_tests::run(&["chmod", "+x", &w("dhclient-hook.sh")]);
-    let v6 = vm2.ns.run_status(&[
-        "timeout",
-        "20",
-        "dhclient",
-        "-6",
-        "-1",
-        "-sf",
-        &w("dhclient-hook.sh"),
-        "-lf",
-        &w("l6"),
-        "-pf",
-        &w("p6"),
-        "eth0",
-    ]);
-    let _ = vm2
-        .ns
-        .run_status(&["dhclient", "-6", "-x", "-pf", &w("p6")]);
+    dhclient_hook(&node.state_dir);
+    let v6 = dhclient(&vm2, &node.state_dir, true);
+    release_dhclient(&vm2, &node.state_dir, true);
     let elapsed = started.elapsed();
     let sent = flood.stop();
 

@@ -10,7 +10,6 @@
 
 use std::{
     cell::RefCell,
-    collections::BTreeMap,
     path::{Path, PathBuf},
     process::{Command, Output, Stdio},
     sync::OnceLock,
@@ -18,7 +17,7 @@ use std::{
 };
 
 use serde_json::Value;
-use vmpath_tests::{Node, Vm, run, run_status, unique_tag, vmpath_bin, wait_for, yaml};
+use vmpath_tests::{Node, Vm, run, run_status, unique_tag, vmpath_bin, wait_for};
 
 /// An image archive: from `env_var`, else built by `cargo xtask image`.
 fn archive(env_var: &str, suffix: Option<&str>) -> PathBuf {
@@ -263,32 +262,7 @@ impl Drop for Podman {
 
 /// A node with two VMs on one network; no agent yet.
 fn bed(name: &str) -> (Node, Vm, Vm) {
-    let node = Node::new(name);
-    let vm1 = node.add_vm("vm1", "52:54:00:c1:00:01", &["10.20.0.11/16"], None);
-    let vm2 = node.add_vm("vm2", "52:54:00:c1:00:02", &["10.20.0.12/16"], None);
-    node.write_config(
-        "c.yaml",
-        &yaml::docs(&[
-            yaml::network("blue", 100, &["10.20.0.0/16"], &["10.20.0.1"], true),
-            yaml::attachment(
-                "vm1",
-                "blue",
-                &node.name,
-                &vm1.port,
-                &vm1.mac,
-                &["10.20.0.11/16"],
-            ),
-            yaml::attachment(
-                "vm2",
-                "blue",
-                &node.name,
-                &vm2.port,
-                &vm2.mac,
-                &["10.20.0.12/16"],
-            ),
-        ]),
-    );
-    (node, vm1, vm2)
+    Node::with_two_vms(name, "52:54:00:c1:00")
 }
 
 /// `vmpath status -o json` from the image's own CLI in the container.
@@ -403,7 +377,7 @@ fn the_image_runs_the_agent_its_init_steps_and_forwards_between_vms() {
     let build = s["programs"]["build"].as_str().unwrap();
     assert!(build.starts_with(&format!("{v}+git.{rev}.")), "{build}");
     let vm_port = s["programs"]["loaded"]["vm_port"].as_u64().unwrap();
-    let links = pinned_links(&node);
+    let links = node.pinned_links();
     for port in [&vm1.port, &vm2.port] {
         let pin = format!("vm_port-{}", node.ns.ifindex(port));
         assert!(
@@ -413,57 +387,6 @@ fn the_image_runs_the_agent_its_init_steps_and_forwards_between_vms() {
             "{port}: no link running the agent's program: {links:?}"
         );
     }
-}
-
-/// Every pinned link: (pin name, link id, program id).
-fn pinned_links(node: &Node) -> Vec<(String, u64, u64)> {
-    let mut out = Vec::new();
-    for entry in std::fs::read_dir(node.bpffs.join("links")).unwrap() {
-        let path = entry.unwrap().path();
-        let v: Value = serde_json::from_str(&run(&[
-            "bpftool",
-            "-j",
-            "link",
-            "show",
-            "pinned",
-            path.to_str().unwrap(),
-        ]))
-        .unwrap();
-        out.push((
-            path.file_name().unwrap().to_string_lossy().into_owned(),
-            v["id"].as_u64().unwrap(),
-            v["prog_id"].as_u64().unwrap(),
-        ));
-    }
-    out.sort();
-    out
-}
-
-/// Every pinned map of this build's layout: name -> map id.
-fn pinned_maps(node: &Node) -> BTreeMap<String, u64> {
-    let dir = node.bpffs.join(format!(
-        "maps/v{}",
-        vmpath_tests::vmpath::common::MAP_LAYOUT_VERSION
-    ));
-    std::fs::read_dir(&dir)
-        .unwrap()
-        .map(|e| {
-            let path = e.unwrap().path();
-            let v: Value = serde_json::from_str(&run(&[
-                "bpftool",
-                "-j",
-                "map",
-                "show",
-                "pinned",
-                path.to_str().unwrap(),
-            ]))
-            .unwrap();
-            (
-                path.file_name().unwrap().to_string_lossy().into_owned(),
-                v["id"].as_u64().unwrap(),
-            )
-        })
-        .collect()
 }
 
 #[test]
@@ -478,8 +401,8 @@ fn a_newer_image_adopts_the_pinned_state_without_losing_a_packet() {
     podman.start_agent(&old, &old_image, &node, &[]);
     podman.wait_ports(&old, &node, &[&vm1.port, &vm2.port]);
     assert!(vm1.ping("10.20.0.12"));
-    let old_links = pinned_links(&node);
-    let old_maps = pinned_maps(&node);
+    let old_links = node.pinned_links();
+    let old_maps = node.pinned_maps();
     let old_status = status(&podman, &old, &node);
     let old_build = old_status["programs"]["build"]
         .as_str()
@@ -506,7 +429,7 @@ fn a_newer_image_adopts_the_pinned_state_without_losing_a_packet() {
         },
     );
     assert_eq!(
-        pinned_links(&node),
+        node.pinned_links(),
         old_links,
         "the waiting agent touched a link"
     );
@@ -555,7 +478,7 @@ fn a_newer_image_adopts_the_pinned_state_without_losing_a_packet() {
     // ...that adopted what the old one pinned: the same links (now running
     // its programs) and the same maps, with their contents.
     let vm_port = s["programs"]["loaded"]["vm_port"].as_u64().unwrap();
-    let links = pinned_links(&node);
+    let links = node.pinned_links();
     assert_eq!(links.len(), old_links.len());
     for ((pin, link, prog), (old_pin, old_link, _)) in links.iter().zip(&old_links) {
         assert_eq!(
@@ -567,7 +490,7 @@ fn a_newer_image_adopts_the_pinned_state_without_losing_a_packet() {
             assert_eq!(*prog, vm_port, "{pin} runs another program");
         }
     }
-    assert_eq!(pinned_maps(&node), old_maps, "maps replaced, not adopted");
+    assert_eq!(node.pinned_maps(), old_maps, "maps replaced, not adopted");
     assert!(
         podman.logs(&new).contains("adopting pinned map"),
         "{}",
@@ -658,7 +581,7 @@ fn cleanup_from_the_image_leaves_the_node_as_it_was() {
     podman.start_agent(&agent, &image, &node, &[]);
     podman.wait_ports(&agent, &node, &[&vm1.port, &vm2.port]);
     assert!(vm1.ping("10.20.0.12"));
-    let links = pinned_links(&node);
+    let links = node.pinned_links();
     assert_ne!(node_state(&node), before, "the agent changed nothing");
     // Uninstall: the pod goes (the data path stays on purpose)...
     podman.stop(&agent);

@@ -9,38 +9,10 @@ use std::{
 };
 
 use serde_json::Value;
-use vmpath_tests::{Node, Vm, run, vmpath_bin, wait_for, yaml};
-
-/// Every pinned link: (pin name, link id, program id), as bpftool sees them.
-fn pinned_links(node: &Node) -> Vec<(String, u64, u64)> {
-    let mut out = Vec::new();
-    for entry in std::fs::read_dir(node.bpffs.join("links")).unwrap() {
-        let path = entry.unwrap().path();
-        let v: Value = serde_json::from_str(&run(&[
-            "bpftool",
-            "-j",
-            "link",
-            "show",
-            "pinned",
-            path.to_str().unwrap(),
-        ]))
-        .unwrap();
-        out.push((
-            path.file_name().unwrap().to_string_lossy().into_owned(),
-            v["id"].as_u64().unwrap(),
-            v["prog_id"].as_u64().unwrap(),
-        ));
-    }
-    out.sort();
-    out
-}
+use vmpath_tests::{Node, Vm, run, vmpath_bin, wait_for};
 
 /// The forwarding maps' contents, as bpftool dumps them.
 fn maps(node: &Node) -> Vec<String> {
-    let dir = node.bpffs.join(format!(
-        "maps/v{}",
-        vmpath_tests::vmpath::common::MAP_LAYOUT_VERSION
-    ));
     [
         "vmp_ports",
         "vmp_endpoints",
@@ -49,30 +21,12 @@ fn maps(node: &Node) -> Vec<String> {
         "vmp_flood",
     ]
     .iter()
-    .map(|m| {
-        run(&[
-            "bpftool",
-            "map",
-            "dump",
-            "pinned",
-            dir.join(m).to_str().unwrap(),
-        ])
-    })
+    .map(|m| node.dump_map(m))
     .collect()
 }
 
 fn bed() -> (Node, Vm, Vm) {
-    let mut node = Node::new("a");
-    let vm1 = node.add_vm("vm1", "52:54:00:f0:00:01", &["10.20.0.11/16"], None);
-    let vm2 = node.add_vm("vm2", "52:54:00:f0:00:02", &["10.20.0.12/16"], None);
-    node.write_config(
-        "c.yaml",
-        &yaml::docs(&[
-            yaml::network("blue", 100, &["10.20.0.0/16"], &["10.20.0.1"], true),
-            yaml::attachment("vm1", "blue", "a", &vm1.port, &vm1.mac, &["10.20.0.11/16"]),
-            yaml::attachment("vm2", "blue", "a", &vm2.port, &vm2.mac, &["10.20.0.12/16"]),
-        ]),
-    );
+    let (mut node, vm1, vm2) = Node::with_two_vms("a", "52:54:00:f0:00");
     node.start_agent();
     node.wait_ports(&[&vm1.port, &vm2.port]);
     (node, vm1, vm2)
@@ -120,7 +74,7 @@ fn a_second_agent_exits_at_once_naming_the_holder_and_changes_nothing() {
     let (node, vm1, vm2) = bed();
     assert!(vm1.ping("10.20.0.12"));
     let pid = node.agent_pid().unwrap();
-    let links = pinned_links(&node);
+    let links = node.pinned_links();
     assert_eq!(
         links.iter().filter(|l| l.0.starts_with("vm_port-")).count(),
         2,
@@ -167,7 +121,7 @@ fn a_second_agent_exits_at_once_naming_the_holder_and_changes_nothing() {
         );
         // Nothing changed: same links running the same programs, same map
         // contents, the first agent's API still answering, no new socket.
-        assert_eq!(pinned_links(&node), links, "{what}: pinned links changed");
+        assert_eq!(node.pinned_links(), links, "{what}: pinned links changed");
         assert_eq!(maps(&node), contents, "{what}: maps changed");
         assert!(!other_socket.exists(), "{what}: bound a socket");
         assert!(
@@ -195,7 +149,7 @@ fn a_second_agent_exits_at_once_naming_the_holder_and_changes_nothing() {
 #[test]
 fn a_handover_waits_for_the_old_agent_then_takes_its_links_over() {
     let (mut node, vm1, vm2) = bed();
-    let old_links = pinned_links(&node);
+    let old_links = node.pinned_links();
     let old_status = status(&node).unwrap();
     let old_vm_port = old_status["programs"]["loaded"]["vm_port"]
         .as_u64()
@@ -213,7 +167,7 @@ fn a_handover_waits_for_the_old_agent_then_takes_its_links_over() {
     });
     assert!(node.agent_running());
     assert_eq!(
-        pinned_links(&node),
+        node.pinned_links(),
         old_links,
         "the waiting agent touched a link"
     );
@@ -236,7 +190,7 @@ fn a_handover_waits_for_the_old_agent_then_takes_its_links_over() {
             })
         },
     );
-    let now = pinned_links(&node);
+    let now = node.pinned_links();
     let vm_port = status(&node).unwrap()["programs"]["loaded"]["vm_port"]
         .as_u64()
         .unwrap();

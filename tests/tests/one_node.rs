@@ -331,19 +331,7 @@ fn invalid_documents_are_refused_alone_and_forwarding_continues() {
 #[test]
 fn bpftool_shows_named_fields() {
     let bed = blue_and_red();
-    let maps = bed
-        .node
-        .bpffs
-        .join(format!("maps/v{}", vmpath_common::MAP_LAYOUT_VERSION));
-    let dump = |name: &str| {
-        vmpath_tests::run(&[
-            "bpftool",
-            "map",
-            "dump",
-            "pinned",
-            maps.join(name).to_str().unwrap(),
-        ])
-    };
+    let dump = |name: &str| bed.node.dump_map(name);
     let ports = dump("vmp_ports");
     for field in ["\"port_id\"", "\"network\"", "\"mac\"", "\"flags\""] {
         assert!(

@@ -423,22 +423,10 @@ fn the_api_is_root_only() {
 
 /// The ids of the tcx links pinned under the node's bpffs, and their programs.
 fn pinned_links(node: &Node) -> Vec<(u64, u64)> {
-    let dir = node.bpffs.join("links");
-    let mut out = Vec::new();
-    for entry in std::fs::read_dir(&dir).unwrap() {
-        let path = entry.unwrap().path();
-        let json = vmpath_tests::run(&[
-            "bpftool",
-            "-j",
-            "link",
-            "show",
-            "pinned",
-            path.to_str().unwrap(),
-        ]);
-        let v: serde_json::Value = serde_json::from_str(&json).unwrap();
-        out.push((v["id"].as_u64().unwrap(), v["prog_id"].as_u64().unwrap()));
-    }
-    out
+    node.pinned_links()
+        .into_iter()
+        .map(|(_, link, prog)| (link, prog))
+        .collect()
 }
 
 #[test]

@@ -11,7 +11,7 @@ use vmpath_tests::{
     Node, Vm,
     qemu::{Guest, GuestNet, QemuVm, pod_port},
     vmpath::common::drop_reason,
-    wait_for,
+    wait_for, yaml,
 };
 
 const BLUE: &str = "apiVersion: vmpath.dev/v1alpha1
@@ -48,22 +48,15 @@ fn attachment(vm: &str, net: &str, port: &str, mac: &str, ips: &[&str]) -> Strin
     } else {
         format!("  ips: [{}]\n", ips.join(", "))
     };
-    format!(
-        "apiVersion: vmpath.dev/v1alpha1\nkind: Attachment\nmetadata: {{name: {vm}-eth0, namespace: prod}}\nspec:\n  vm: {vm}\n  interface: eth0\n  network: {net}\n  node: a\n  port: {port}\n  mac: \"{mac}\"\n{ips}"
-    )
+    yaml::attachment_with(vm, net, "a", port, &format!("  mac: \"{mac}\"\n{ips}"))
 }
 
 /// The address the agent allocated to `vm` (IPAM), with its prefix.
 fn allocated(node: &Node, vm: &str) -> String {
-    let status = node.status().unwrap();
-    status["attachments"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|a| a["vm"] == vm)
-        .and_then(|a| a["ips"][0]["address"].as_str())
-        .unwrap_or_else(|| panic!("no address for {vm} in {status}"))
-        .to_string()
+    node.vm_addresses(vm)
+        .into_iter()
+        .next()
+        .unwrap_or_else(|| panic!("no address for {vm} in {:?}", node.status()))
 }
 
 /// Boots guests in parallel (each TCG guest keeps one core busy while it

@@ -4,21 +4,11 @@
 
 use std::time::Duration;
 
-use vmpath_tests::{Node, run, wait_for, yaml};
+use vmpath_tests::{Node, run, wait_for};
 
 #[test]
 fn a_new_map_layout_is_adopted_without_losing_entries_or_packets() {
-    let mut node = Node::new("a");
-    let vm1 = node.add_vm("vm1", "52:54:00:e0:00:01", &["10.20.0.11/16"], None);
-    let vm2 = node.add_vm("vm2", "52:54:00:e0:00:02", &["10.20.0.12/16"], None);
-    node.write_config(
-        "c.yaml",
-        &yaml::docs(&[
-            yaml::network("blue", 100, &["10.20.0.0/16"], &["10.20.0.1"], true),
-            yaml::attachment("vm1", "blue", "a", &vm1.port, &vm1.mac, &["10.20.0.11/16"]),
-            yaml::attachment("vm2", "blue", "a", &vm2.port, &vm2.mac, &["10.20.0.12/16"]),
-        ]),
-    );
+    let (mut node, vm1, vm2) = Node::with_two_vms("a", "52:54:00:e0:00");
     node.start_agent();
     node.wait_ports(&[&vm1.port, &vm2.port]);
     assert!(vm1.ping("10.20.0.12"));
