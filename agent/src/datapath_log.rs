@@ -4,10 +4,7 @@
 //! emits is switched at run time in `vmp_debug` (`vmpath debug datapath`);
 //! all are off by default.
 
-use std::{
-    os::fd::{AsFd as _, AsRawFd as _},
-    path::Path,
-};
+use std::{os::fd::AsFd as _, path::Path};
 
 use anyhow::{Context as _, Result, anyhow};
 use aya::{
@@ -27,26 +24,15 @@ pub fn start(ebpf: &mut Ebpf) -> Result<()> {
     std::thread::Builder::new()
         .name("vmpath-dp-log".into())
         .spawn(move || {
-            let fd = logger.as_fd().as_raw_fd();
-            loop {
-                let mut pfd = libc::pollfd {
-                    fd,
-                    events: libc::POLLIN,
-                    revents: 0,
-                };
-                // SAFETY: one valid pollfd on this stack frame; the ring
-                // buffer's fd stays open as long as `logger` lives (here).
-                let n = unsafe { libc::poll(&mut pfd, 1, -1) };
-                if n < 0 {
-                    let e = std::io::Error::last_os_error();
-                    if e.kind() == std::io::ErrorKind::Interrupted {
-                        continue;
-                    }
-                    warn!("data path debug events: poll: {e}; no more events");
-                    return;
-                }
-                logger.flush();
-            }
+            // The logger's ring-buffer fd, duplicated: `flush` needs the
+            // logger itself mutably while the loop waits on the fd.
+            let fd = match logger.as_fd().try_clone_to_owned() {
+                Ok(fd) => fd,
+                Err(e) => return warn!("data path debug events: {e}; no events"),
+            };
+            crate::ring_wait::drain_when_readable(fd.as_fd(), "data path debug events", || {
+                logger.flush()
+            });
         })
         .context("starting the data path debug reader")?;
     Ok(())

@@ -23,6 +23,7 @@ pub mod phases;
 pub mod plan;
 pub mod port_eligibility;
 pub mod resolved;
+pub mod ring_wait;
 pub mod routes;
 pub mod slowpath;
 pub mod snapshot;

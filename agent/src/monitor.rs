@@ -7,7 +7,7 @@
 
 use std::{
     net::{Ipv4Addr, Ipv6Addr},
-    os::fd::{AsFd as _, AsRawFd as _},
+    os::fd::AsFd as _,
     path::{Path, PathBuf},
     sync::{
         Arc, Mutex,
@@ -230,23 +230,13 @@ impl Hub {
         std::thread::Builder::new()
             .name("vmpath-monitor".into())
             .spawn(move || {
-                let fd = ring.as_fd().as_raw_fd();
-                loop {
-                    let mut pfd = libc::pollfd {
-                        fd,
-                        events: libc::POLLIN,
-                        revents: 0,
-                    };
-                    // SAFETY: one valid pollfd on this stack frame; the ring's fd
-                    // lives as long as `ring`, owned by this thread.
-                    if unsafe { libc::poll(&mut pfd, 1, -1) } < 0 {
-                        let e = std::io::Error::last_os_error();
-                        if e.kind() == std::io::ErrorKind::Interrupted {
-                            continue;
-                        }
-                        warn!("monitor: poll: {e}; no more monitor events");
-                        return;
-                    }
+                // Duplicated: draining needs `ring` mutably while the
+                // loop waits on its fd.
+                let fd = match ring.as_fd().try_clone_to_owned() {
+                    Ok(fd) => fd,
+                    Err(e) => return warn!("monitor: {e}; no monitor events"),
+                };
+                crate::ring_wait::drain_when_readable(fd.as_fd(), "monitor", || {
                     let view = shared.view();
                     while let Some(item) = ring.next() {
                         if item.len() < size_of::<MonitorEvent>() {
@@ -258,7 +248,7 @@ impl Hub {
                             unsafe { std::ptr::read_unaligned(item.as_ptr().cast()) };
                         hub.publish(&describe(&raw, &view));
                     }
-                }
+                });
             })
             .context("starting the monitor reader")?;
         Ok(())

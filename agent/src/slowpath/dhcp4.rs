@@ -22,20 +22,11 @@ fn kind_name(t: MessageType) -> String {
 
 /// Answers `payload` (the UDP payload of a frame from `src_mac`).
 pub fn handle(svc: &PortService, src_mac: [u8; 6], payload: &[u8]) -> Handled {
-    let msg = match super::decode_guarded::<Message>(payload) {
-        Some(m) => m,
-        None => {
-            return Handled {
-                kind: "malformed".into(),
-                reply: Err("undecodable DHCPv4 message"),
-            };
-        }
+    let Some(msg) = super::decode_guarded::<Message>(payload) else {
+        return Handled::malformed("undecodable DHCPv4 message");
     };
     let Some(mtype) = msg.opts().msg_type() else {
-        return Handled {
-            kind: "malformed".into(),
-            reply: Err("no message type option"),
-        };
+        return Handled::malformed("no message type option");
     };
     let kind = kind_name(mtype);
     let reply = answer(svc, src_mac, &msg, mtype);

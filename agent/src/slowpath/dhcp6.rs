@@ -26,14 +26,8 @@ pub fn server_duid(gw_mac: [u8; 6]) -> Vec<u8> {
 
 /// Answers `payload` (the UDP payload of a frame from `src_mac`/`src_ip`).
 pub fn handle(svc: &PortService, src_mac: [u8; 6], src_ip: Ipv6Addr, payload: &[u8]) -> Handled {
-    let msg = match super::decode_guarded::<Message>(payload) {
-        Some(m) => m,
-        None => {
-            return Handled {
-                kind: "malformed".into(),
-                reply: Err("undecodable DHCPv6 message"),
-            };
-        }
+    let Some(msg) = super::decode_guarded::<Message>(payload) else {
+        return Handled::malformed("undecodable DHCPv6 message");
     };
     let kind = format!("{:?}", msg.msg_type()).to_lowercase();
     Handled {

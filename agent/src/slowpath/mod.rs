@@ -32,6 +32,17 @@ pub struct Handled {
     pub reply: Result<Vec<u8>, &'static str>,
 }
 
+impl Handled {
+    /// A message that could not be read: counted as `malformed`, not
+    /// answered, for the reason `why`.
+    pub fn malformed(why: &'static str) -> Self {
+        Handled {
+            kind: "malformed".into(),
+            reply: Err(why),
+        }
+    }
+}
+
 /// Decodes a VM-supplied message. dhcproto has asserts on malformed input
 /// (debug builds) and slices by declared lengths: a panic there is a
 /// malformed message, never a crash.
