@@ -136,16 +136,20 @@ pub fn learn_move(network: u32, src: [u8; 6], from: [u8; 4]) -> bool {
         return false;
     };
     // SAFETY: `ep` is from `get_ptr_mut` (bpf_map_lookup_elem), valid until the
-    // program returns; the fields are plain integers. The store order in the
-    // doc comment is source order only (no compiler or CPU barrier).
+    // program returns; the fields are plain integers, each written whole.
+    // The order in the doc comment is kept by volatile stores with a
+    // compiler fence before the kind: the compiler may not reorder them,
+    // and the JITs emit the stores in program order (x86's stores are
+    // seen in that order by other CPUs).
     unsafe {
         let to = (*ep).migrate_to;
         if to == [0; 4] || to != from {
             return true;
         }
-        (*ep).node_ip4 = from;
-        (*ep).migrate_to = [0; 4];
-        (*ep).kind = ENDPOINT_REMOTE;
+        core::ptr::write_volatile(&raw mut (*ep).node_ip4, from);
+        core::ptr::write_volatile(&raw mut (*ep).migrate_to, [0; 4]);
+        core::sync::atomic::compiler_fence(core::sync::atomic::Ordering::Release);
+        core::ptr::write_volatile(&raw mut (*ep).kind, ENDPOINT_REMOTE);
     }
     true
 }
