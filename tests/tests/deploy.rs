@@ -16,6 +16,7 @@ use k8s_openapi::{
         core::v1::{ConfigMap, Container, Namespace, ServiceAccount},
         rbac::v1::{ClusterRole, ClusterRoleBinding},
     },
+    apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition,
     serde::{Serialize, de::DeserializeOwned},
 };
 use serde_json::Value;
@@ -30,13 +31,16 @@ fn deploy_dir() -> PathBuf {
 
 const KUSTOMIZATION: &str = "kustomization.yaml";
 
-/// The manifests in deploy/ (every *.yaml but the kustomization), sorted.
+/// The manifests in deploy/ and deploy/crds/ (every *.yaml but the
+/// kustomization), relative to deploy/, sorted.
 fn manifest_files() -> Vec<String> {
-    let mut files: Vec<String> = fs::read_dir(deploy_dir())
-        .unwrap()
+    let dir = deploy_dir();
+    let mut files: Vec<String> = [dir.clone(), dir.join("crds")]
+        .iter()
+        .flat_map(|d| fs::read_dir(d).unwrap())
         .map(|e| e.unwrap().path())
         .filter(|p| p.extension().is_some_and(|e| e == "yaml" || e == "yml"))
-        .map(|p| p.file_name().unwrap().to_string_lossy().to_string())
+        .map(|p| p.strip_prefix(&dir).unwrap().to_string_lossy().to_string())
         .filter(|name| name != KUSTOMIZATION)
         .collect();
     files.sort();
@@ -79,8 +83,16 @@ fn typed<T: DeserializeOwned + Serialize>(file: &str, doc: &Value) -> T {
     obj
 }
 
+/// Numbers compared by value: a schema's `minimum: 1` comes back as 1.0.
 fn normalize(v: &Value) -> Value {
-    v.clone()
+    match v {
+        Value::Number(n) => n.as_f64().map(Value::from).unwrap_or(v.clone()),
+        Value::Array(a) => Value::Array(a.iter().map(normalize).collect()),
+        Value::Object(o) => {
+            Value::Object(o.iter().map(|(k, v)| (k.clone(), normalize(v))).collect())
+        }
+        _ => v.clone(),
+    }
 }
 
 fn describe(doc: &Value) -> String {
@@ -98,6 +110,7 @@ struct Manifests {
     bindings: Vec<ClusterRoleBinding>,
     service_accounts: Vec<ServiceAccount>,
     namespaces: Vec<Namespace>,
+    crds: Vec<CustomResourceDefinition>,
 }
 
 fn manifests() -> Manifests {
@@ -108,6 +121,7 @@ fn manifests() -> Manifests {
         bindings: vec![],
         service_accounts: vec![],
         namespaces: vec![],
+        crds: vec![],
     };
     for (file, doc) in documents() {
         match doc["kind"].as_str() {
@@ -117,6 +131,7 @@ fn manifests() -> Manifests {
             Some("ClusterRoleBinding") => m.bindings.push(typed(&file, &doc)),
             Some("ServiceAccount") => m.service_accounts.push(typed(&file, &doc)),
             Some("Namespace") => m.namespaces.push(typed(&file, &doc)),
+            Some("CustomResourceDefinition") => m.crds.push(typed(&file, &doc)),
             other => panic!("{file}: unexpected kind {other:?}"),
         }
     }
@@ -139,6 +154,8 @@ fn every_manifest_is_a_valid_kubernetes_object() {
     assert_eq!(m.service_accounts.len(), 1);
     assert_eq!(m.cluster_roles.len(), 1);
     assert_eq!(m.bindings.len(), 1);
+    let crds: Vec<_> = m.crds.iter().map(|c| c.metadata.name.as_deref()).collect();
+    assert_eq!(crds, [Some("networks.vmpath.dev")]);
     let ns = m.namespaces[0].metadata.name.as_deref().unwrap();
     assert_eq!(ns, "vmpath-system");
     for (kind, obj_ns) in [
