@@ -7,6 +7,7 @@
 use std::{
     path::PathBuf,
     process::{Command, Stdio},
+    time::Duration,
 };
 
 use serde_json::{Value, json};
@@ -308,6 +309,57 @@ fn cni_add_gives_a_pod_a_port_that_reaches_a_vm_and_del_removes_it() {
 /// the plugin: the result in that version's layout, CHECK and DEL with the
 /// ADD's result as `prevResult`, and a chained ADD appended to a
 /// `prevResult` with its interface indexes shifted.
+/// A network with hundreds of VMs: the agent's answer about it is large
+/// enough to come chunked (HTTP/1.1), and the plugin still reads it.
+#[test]
+fn cni_add_works_on_a_network_with_hundreds_of_vms() {
+    let mut node = Node::new("h");
+    let mut docs = vec![yaml::network(
+        "big",
+        310,
+        &["10.31.0.0/16"],
+        &["10.31.0.1"],
+        true,
+    )];
+    // VMs whose ports are not on this node yet: the agent holds them and
+    // lists them under the network.
+    for i in 0..400u32 {
+        docs.push(yaml::attachment(
+            &format!("vm{i}"),
+            "big",
+            "h",
+            &format!("vmpwait{i}"),
+            &format!("52:54:00:31:{:02x}:{:02x}", i / 256, i % 256),
+            &[&format!("10.31.{}.{}/16", 1 + i / 250, 2 + i % 250)],
+        ));
+    }
+    node.write_config("config.yaml", &yaml::docs(&docs));
+    node.start_agent();
+    wait_for("the agent to read 400 VMs", Duration::from_secs(30), || {
+        node.status()
+            .is_some_and(|s| s["attachments"].as_array().is_some_and(|a| a.len() == 400))
+    });
+    let answer = node.ns.run(&[
+        "curl",
+        "-si",
+        "--unix-socket",
+        node.api_socket().to_str().unwrap(),
+        "http://vmpath/v1/networks/big",
+    ]);
+    assert!(
+        answer
+            .to_ascii_lowercase()
+            .contains("transfer-encoding: chunked"),
+        "the answer is not chunked, so this test shows nothing: {}",
+        answer.lines().take(8).collect::<Vec<_>>().join("\n")
+    );
+
+    let pod = Pod::new("big");
+    let result = pod.call(&node, "ADD", &conf(&node, "big"), "").ok().clone();
+    assert!(pod_ip(&result).starts_with("10.31."), "{result}");
+    pod.call(&node, "DEL", &conf(&node, "big"), "").ok();
+}
+
 #[test]
 fn cni_older_versions_get_their_result_layout_and_prev_result() {
     let (node, vm) = blue_node();
