@@ -18,6 +18,8 @@
 //!   cni       CNI ADD latency: vmpath-cni against bridge + host-local
 //!   reactivity port appearing -> first forwarded frame, config write -> map
 //!             update, against the same agent on a 200 ms poll
+//!   kube      the Kubernetes source at 1,000 and 10,000 VMs: agent memory
+//!             against the file source, objects -> programmed latency
 //!
 //! Needs root; everything runs in network namespaces it creates and
 //! removes (guards), and no packet leaves them.
@@ -28,6 +30,7 @@ mod dhcp;
 mod e2e;
 mod external;
 mod flood;
+mod kube_scale;
 mod migration;
 mod overlay_cost;
 mod progcost;
@@ -234,6 +237,19 @@ fn run() -> Result<()> {
             cni::run(&cni::Options {
                 sequential: if args.quick { 20 } else { 100 },
                 concurrent: 20,
+            })
+        });
+    }
+    if want("kube") {
+        step("10. Kubernetes source at scale", &|| {
+            kube_scale::run(&kube_scale::Options {
+                sizes: if args.quick {
+                    vec![1_000]
+                } else {
+                    vec![1_000, 10_000]
+                },
+                latency_at: 1_000,
+                samples: 6,
             })
         });
     }
