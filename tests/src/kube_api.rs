@@ -128,6 +128,7 @@ struct Shared {
 
 pub struct ApiServer {
     pub url: String,
+    netns: String,
     shared: Arc<Shared>,
     acceptor: Option<JoinHandle<()>>,
 }
@@ -137,6 +138,7 @@ impl ApiServer {
     /// such as `/run/netns/NAME`): where the agent under test runs.
     pub fn start(netns: &str) -> ApiServer {
         let netns = netns.to_string();
+        let netns_path = netns.clone();
         // The socket belongs to the namespace of the thread that makes it.
         let listener = std::thread::spawn(move || {
             let ns = std::fs::File::open(&netns).expect("opening the netns");
@@ -175,6 +177,7 @@ impl ApiServer {
         });
         ApiServer {
             url,
+            netns: netns_path,
             shared,
             acceptor: Some(acceptor),
         }
@@ -261,6 +264,67 @@ impl ApiServer {
         for c in self.shared.connections.lock().unwrap().drain(..) {
             let _ = c.shutdown(Shutdown::Both);
         }
+    }
+
+    /// One request from a client in the server's namespace, as a test
+    /// would send it with curl: the status code and the JSON body.
+    pub fn request(
+        &self,
+        method: &str,
+        path: &str,
+        content_type: &str,
+        body: &Value,
+    ) -> (u16, Value) {
+        let (netns, addr) = (
+            self.netns.clone(),
+            self.url.trim_start_matches("http://").to_string(),
+        );
+        let (method, path, content_type) = (
+            method.to_string(),
+            path.to_string(),
+            content_type.to_string(),
+        );
+        let body = if body.is_null() {
+            String::new()
+        } else {
+            body.to_string()
+        };
+        std::thread::spawn(move || {
+            let ns = std::fs::File::open(&netns).expect("opening the netns");
+            // SAFETY: setns on a valid netns fd; it affects this thread only.
+            let rc =
+                unsafe { libc::setns(std::os::fd::AsRawFd::as_raw_fd(&ns), libc::CLONE_NEWNET) };
+            assert_eq!(rc, 0, "setns {netns}");
+            let mut s = TcpStream::connect(&addr).unwrap();
+            write!(
+                s,
+                "{method} {path} HTTP/1.1\r\nHost: x\r\nContent-Type: {content_type}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                body.len()
+            )
+            .unwrap();
+            let mut reader = BufReader::new(s);
+            let mut line = String::new();
+            reader.read_line(&mut line).unwrap();
+            let code: u16 = line.split_whitespace().nth(1).unwrap().parse().unwrap();
+            let mut length = 0;
+            loop {
+                let mut h = String::new();
+                reader.read_line(&mut h).unwrap();
+                if h.trim().is_empty() {
+                    break;
+                }
+                if let Some((k, v)) = h.split_once(':')
+                    && k.eq_ignore_ascii_case("content-length")
+                {
+                    length = v.trim().parse().unwrap();
+                }
+            }
+            let mut buf = vec![0u8; length];
+            std::io::Read::read_exact(&mut reader, &mut buf).unwrap();
+            (code, serde_json::from_slice(&buf).unwrap_or(Value::Null))
+        })
+        .join()
+        .unwrap()
     }
 
     /// List requests served for `collection` so far.

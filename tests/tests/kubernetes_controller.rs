@@ -1,0 +1,368 @@
+//! `vmpath controller` against the test bed's API server (in memory, over
+//! real HTTP; `vmpath_tests::kube_api`): the test API server's writes
+//! (409 on a stale resourceVersion), one leader through a Lease, every
+//! IPAMClaim allocated once with no address twice, with two controllers
+//! racing, two that both believe they lead, the leader killed, a round
+//! cut short after the ledger was written, and the API server restarted.
+
+use std::{
+    collections::BTreeMap,
+    path::PathBuf,
+    process::{Child, Command, Stdio},
+    time::Duration,
+};
+
+use serde_json::{Value, json};
+use vmpath_tests::{Netns, kube_api::ApiServer, unique_tag, vmpath_bin, wait_for};
+
+const NETWORK: &str = include_str!("../../agent/src/cluster/fixtures/network.yaml");
+const CLAIMS: &str = "/apis/k8s.cni.cncf.io/v1alpha1/ipamclaims";
+const LEASES: &str = "/apis/coordination.k8s.io/v1/leases";
+const CONFIGMAPS: &str = "/api/v1/configmaps";
+const LEDGER: &str = "vmpath-ipam-ledger";
+
+/// The fixture's Network (10.31.0.0/24, gateway .1, IPAM) and its NAD.
+fn network_objects() -> Vec<Value> {
+    let mut out = vmpath::config::source::parse(NETWORK.as_bytes()).unwrap();
+    out.retain(|o| o["kind"] != "Node");
+    out
+}
+
+/// An IPAMClaim as KubeVirt makes one for a VM's network (ipam-extensions).
+fn claim(name: &str) -> Value {
+    json!({
+        "apiVersion": "k8s.cni.cncf.io/v1alpha1", "kind": "IPAMClaim",
+        "metadata": {"name": format!("{name}.blue"), "namespace": "prod", "uid": format!("uid-{name}"),
+                     "ownerReferences": [{"apiVersion": "kubevirt.io/v1", "kind": "VirtualMachine",
+                                          "name": name, "uid": format!("vm-{name}")}]},
+        "spec": {"network": "blue", "interface": "pod16477688c0e"},
+    })
+}
+
+struct Controller {
+    child: Child,
+    log: PathBuf,
+}
+
+impl Controller {
+    fn start(
+        ns: &Netns,
+        kubeconfig: &str,
+        identity: &str,
+        lease: &str,
+        dir: &std::path::Path,
+    ) -> Self {
+        let log = dir.join(format!("{identity}.log"));
+        let child = Command::new("nsenter")
+            .arg(format!("--net={}", ns.path()))
+            .arg(vmpath_bin())
+            .args([
+                "controller",
+                "--kubeconfig",
+                kubeconfig,
+                "--namespace",
+                "vmpath-system",
+                "--identity",
+                identity,
+                "--lease-name",
+                lease,
+                "--lease-duration",
+                "3s",
+                "--interval",
+                "300ms",
+            ])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).unwrap())
+            .spawn()
+            .unwrap();
+        Controller { child, log }
+    }
+    fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+    fn allocated(&self) -> usize {
+        self.log().matches("allocated").count()
+    }
+}
+
+impl Drop for Controller {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Every claim's status.ips, by claim name.
+fn addresses(server: &ApiServer) -> BTreeMap<String, Vec<String>> {
+    server
+        .objects(CLAIMS)
+        .iter()
+        .map(|c| {
+            let ips = c["status"]["ips"]
+                .as_array()
+                .map(|a| a.iter().map(|v| v.as_str().unwrap().to_string()).collect())
+                .unwrap_or_default();
+            (c["metadata"]["name"].as_str().unwrap().to_string(), ips)
+        })
+        .collect()
+}
+
+/// No address in two claims; each in the subnet, not its network,
+/// broadcast or gateway address.
+fn assert_unique(server: &ApiServer) {
+    let mut holder: BTreeMap<String, String> = BTreeMap::new();
+    for (claim, ips) in addresses(server) {
+        for ip in ips {
+            let addr = ip.split('/').next().unwrap().to_string();
+            assert!(
+                ip.starts_with("10.31.0.") && ip.ends_with("/24"),
+                "{claim}: {ip}"
+            );
+            assert!(
+                !["10.31.0.0", "10.31.0.1", "10.31.0.255"].contains(&addr.as_str()),
+                "{claim}: {ip}"
+            );
+            if let Some(other) = holder.insert(addr.clone(), claim.clone()) {
+                panic!("{addr} is in both {other} and {claim}");
+            }
+        }
+    }
+}
+
+fn all_allocated(server: &ApiServer, n: usize) -> bool {
+    let a = addresses(server);
+    a.len() == n && a.values().all(|ips| ips.len() == 1)
+}
+
+struct Bed {
+    ns: Netns,
+    server: ApiServer,
+    kubeconfig: String,
+    dir: PathBuf,
+}
+
+fn bed(name: &str) -> Bed {
+    let ns = Netns::new(format!("vc{}{name}", unique_tag()));
+    let server = ApiServer::start(&ns.path());
+    for o in network_objects() {
+        server.put(o);
+    }
+    let dir = std::env::temp_dir().join(format!("vmpath-{}", ns.name));
+    std::fs::create_dir_all(&dir).unwrap();
+    let kubeconfig = dir.join("kubeconfig");
+    std::fs::write(&kubeconfig, server.kubeconfig()).unwrap();
+    Bed {
+        kubeconfig: kubeconfig.to_str().unwrap().to_string(),
+        ns,
+        server,
+        dir,
+    }
+}
+
+impl Drop for Bed {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+#[test]
+fn the_test_api_server_refuses_a_stale_write_with_409() {
+    let b = bed("w");
+    let path = "/api/v1/namespaces/prod/configmaps";
+    let cm = json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "x"}, "data": {"a": "1"}});
+    let (code, made) = b.server.request("POST", path, "application/json", &cm);
+    assert_eq!(code, 201, "{made}");
+    let (code, again) = b.server.request("POST", path, "application/json", &cm);
+    assert_eq!(
+        (code, again["reason"].as_str()),
+        (409, Some("AlreadyExists"))
+    );
+    let one = format!("{path}/x");
+    let mut next = made.clone();
+    next["data"]["a"] = "2".into();
+    let (code, written) = b.server.request("PUT", &one, "application/json", &next);
+    assert_eq!(code, 200, "{written}");
+    // The same resourceVersion again is stale now.
+    next["data"]["a"] = "3".into();
+    let (code, refused) = b.server.request("PUT", &one, "application/json", &next);
+    assert_eq!(
+        (code, refused["reason"].as_str()),
+        (409, Some("Conflict")),
+        "{refused}"
+    );
+    let patch = json!({"data": {"b": "x", "a": null}});
+    let (code, patched) = b
+        .server
+        .request("PATCH", &one, "application/merge-patch+json", &patch);
+    assert_eq!(code, 200);
+    assert_eq!(patched["data"], json!({"b": "x"}));
+    assert_eq!(b.server.conflicts(CONFIGMAPS), 2);
+    let (code, _) = b
+        .server
+        .request("DELETE", &one, "application/json", &Value::Null);
+    assert_eq!(code, 200);
+    assert!(b.server.get(CONFIGMAPS, "prod", "x").is_none());
+    let (code, _) = b
+        .server
+        .request("GET", &one, "application/json", &Value::Null);
+    assert_eq!(code, 404);
+}
+
+#[test]
+fn two_controllers_one_leader_every_claim_allocated_once() {
+    let b = bed("r");
+    for i in 0..30 {
+        b.server.put(claim(&format!("vm{i}")));
+    }
+    // A claim that keeps its address (written before, e.g. restored), and
+    // one that says it holds the same address: refused, named.
+    let mut kept = claim("kept");
+    kept["status"] = json!({"ips": ["10.31.0.77/24"]});
+    b.server.put(kept);
+    // A leader that died between writing the ledger and the claim left
+    // this: the claim gets that address, nobody else does.
+    let ledger = json!({"blue": {"10.31.0.200": {"claim": "prod/vm7.blue", "uid": "uid-vm7", "ip": "10.31.0.200/24"}}});
+    b.server.put(json!({"apiVersion": "v1", "kind": "ConfigMap",
+        "metadata": {"name": LEDGER, "namespace": "vmpath-system"},
+        "data": {"allocations": ledger.to_string()}}));
+
+    let c1 = Controller::start(&b.ns, &b.kubeconfig, "c1", "vmpath-controller", &b.dir);
+    let c2 = Controller::start(&b.ns, &b.kubeconfig, "c2", "vmpath-controller", &b.dir);
+    wait_for("31 claims allocated", Duration::from_secs(60), || {
+        all_allocated(&b.server, 31)
+    });
+    assert_unique(&b.server);
+    let a = addresses(&b.server);
+    assert_eq!(a["kept.blue"], ["10.31.0.77/24"]);
+    assert_eq!(a["vm7.blue"], ["10.31.0.200/24"]);
+    let lease = b
+        .server
+        .get(LEASES, "vmpath-system", "vmpath-controller")
+        .expect("the Lease");
+    let holder = lease["spec"]["holderIdentity"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let (leader, other) = if holder == "c1" {
+        (&c1, &c2)
+    } else {
+        (&c2, &c1)
+    };
+    // The log line follows the write.
+    wait_for(
+        "the leader's 30 allocations logged",
+        Duration::from_secs(10),
+        || leader.allocated() == 30,
+    );
+    assert_eq!(
+        other.allocated(),
+        0,
+        "only the leader writes: {}",
+        other.log()
+    );
+
+    // A claim holding an address another holds is refused, naming it.
+    let mut thief = claim("thief");
+    thief["status"] = json!({"ips": ["10.31.0.77/24"]});
+    b.server.put(thief);
+    wait_for("the conflict named", Duration::from_secs(20), || {
+        leader
+            .log()
+            .contains("IP 10.31.0.77 is claimed by IPAMClaim prod/kept.blue")
+    });
+
+    // The leader killed: the other takes over once the Lease expires and
+    // allocates what came since.
+    let (mut leader, other) = if holder == "c1" { (c1, c2) } else { (c2, c1) };
+    leader.child.kill().unwrap();
+    leader.child.wait().unwrap();
+    for i in 30..40 {
+        b.server.put(claim(&format!("vm{i}")));
+    }
+    wait_for(
+        "the other controller to lead",
+        Duration::from_secs(30),
+        || {
+            b.server
+                .get(LEASES, "vmpath-system", "vmpath-controller")
+                .unwrap()["spec"]["holderIdentity"]
+                != holder.as_str()
+        },
+    );
+    wait_for("the new claims allocated", Duration::from_secs(30), || {
+        addresses(&b.server)
+            .iter()
+            .filter(|(n, ips)| n.as_str() != "thief.blue" && ips.len() == 1)
+            .count()
+            == 41
+    });
+    wait_for(
+        "the new leader's allocations logged",
+        Duration::from_secs(10),
+        || other.allocated() >= 10,
+    );
+    let lease = b
+        .server
+        .get(LEASES, "vmpath-system", "vmpath-controller")
+        .unwrap();
+    assert!(
+        lease["spec"]["leaseTransitions"].as_i64().unwrap() >= 1,
+        "{lease}"
+    );
+
+    // The API server restarts (objects kept, connections cut, history
+    // gone): the controller carries on, no address twice.
+    b.server.delete(CLAIMS, "prod", "thief.blue");
+    b.server.restart();
+    for i in 40..50 {
+        b.server.put(claim(&format!("vm{i}")));
+    }
+    wait_for("claims after the restart", Duration::from_secs(30), || {
+        all_allocated(&b.server, 51)
+    });
+    assert_unique(&b.server);
+
+    // A claim deleted (its VM gone): its address leaves the ledger.
+    let gone = addresses(&b.server)["vm3.blue"][0]
+        .split('/')
+        .next()
+        .unwrap()
+        .to_string();
+    b.server.delete(CLAIMS, "prod", "vm3.blue");
+    wait_for("vm3's address released", Duration::from_secs(20), || {
+        let cm = b.server.get(CONFIGMAPS, "vmpath-system", LEDGER).unwrap();
+        !cm["data"]["allocations"]
+            .as_str()
+            .unwrap()
+            .contains(&format!("\"{gone}\""))
+    });
+}
+
+#[test]
+fn two_controllers_that_both_lead_never_give_one_address_twice() {
+    // Each its own Lease: both lead at once, as a deposed leader that has
+    // not noticed yet does. The ledger's conditional writes keep them
+    // apart.
+    let b = bed("s");
+    let _c1 = Controller::start(&b.ns, &b.kubeconfig, "s1", "lease-a", &b.dir);
+    let _c2 = Controller::start(&b.ns, &b.kubeconfig, "s2", "lease-b", &b.dir);
+    for round in 0..6 {
+        for i in 0..25 {
+            b.server.put(claim(&format!("r{round}vm{i}")));
+        }
+        std::thread::sleep(Duration::from_millis(150));
+    }
+    wait_for("150 claims allocated", Duration::from_secs(90), || {
+        all_allocated(&b.server, 150)
+    });
+    assert_unique(&b.server);
+    let ledger = b.server.get(CONFIGMAPS, "vmpath-system", LEDGER).unwrap();
+    let held: Value =
+        serde_json::from_str(ledger["data"]["allocations"].as_str().unwrap()).unwrap();
+    assert_eq!(held["blue"].as_object().unwrap().len(), 150);
+    eprintln!(
+        "ledger writes refused with 409 (the other leader wrote first): {}",
+        b.server.conflicts(CONFIGMAPS)
+    );
+}
