@@ -13,9 +13,12 @@ use std::{
 };
 
 use serde_json::{Value, json};
-use vmpath_tests::{Netns, kube_api::ApiServer, unique_tag, vmpath_bin, wait_for};
+use vmpath_tests::{Netns, Node, kube_api::ApiServer, multus, unique_tag, vmpath_bin, wait_for};
 
 const NETWORK: &str = include_str!("../../agent/src/cluster/fixtures/network.yaml");
+const VM: &str = include_str!("../../agent/src/cluster/fixtures/vm.yaml");
+const LAUNCHER: &str = "virt-launcher-vm1-x7k2p";
+const LAUNCHER_IFNAME: &str = "pod16477688c0e";
 const CLAIMS: &str = "/apis/k8s.cni.cncf.io/v1alpha1/ipamclaims";
 const LEASES: &str = "/apis/coordination.k8s.io/v1/leases";
 const CONFIGMAPS: &str = "/api/v1/configmaps";
@@ -364,5 +367,140 @@ fn two_controllers_that_both_lead_never_give_one_address_twice() {
     eprintln!(
         "ledger writes refused with 409 (the other leader wrote first): {}",
         b.server.conflicts(CONFIGMAPS)
+    );
+}
+
+#[test]
+fn a_vm_waits_for_its_claim_until_the_controller_writes_it_then_has_traffic() {
+    let mut node = Node::new("kc");
+    let server = ApiServer::start(&node.ns.path());
+    // The fixtures on this node, the claim without status: KubeVirt made
+    // it, nobody has allocated it yet.
+    let text = format!("{NETWORK}\n---\n{VM}").replace("node-a", &node.name);
+    let text = text.replace("status:\n  ips: [10.31.0.11/24]", "");
+    for o in vmpath::config::source::parse(text.as_bytes()).unwrap() {
+        if o["kind"] != "Node" {
+            server.put(o);
+        }
+    }
+    server.put(json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "web-0", "namespace": "prod",
+                     "annotations": {"k8s.v1.cni.cncf.io/networks": "prod/blue"}},
+        "spec": {"nodeName": node.name},
+        "status": {"phase": "Running"},
+    }));
+    let kubeconfig = node.state_dir.join("kubeconfig");
+    std::fs::write(&kubeconfig, server.kubeconfig()).unwrap();
+    let kubeconfig = kubeconfig.to_str().unwrap().to_string();
+    node.set_agent_args(&["--source", "kubernetes", "--kubeconfig", &kubeconfig]);
+    node.start_agent();
+    wait_for(
+        "the agent to list the cluster",
+        Duration::from_secs(30),
+        || {
+            node.status().is_some_and(|s| {
+                s["attachments"]
+                    .as_array()
+                    .is_some_and(|a| a.iter().any(|a| a["vm"] == "web-0"))
+            })
+        },
+    );
+
+    let conf = multus::nad_conf(NETWORK, &node);
+    let tag = unique_tag();
+    let launcher = Netns::new(format!("vt{tag}-launcher"));
+    let web = Netns::new(format!("vt{tag}-web"));
+    let call = |pod: &'static str, ifname: &'static str, netns: &Netns, container: &str| {
+        multus::call(
+            &node,
+            "ADD",
+            &multus::Call {
+                conf: &conf,
+                pod_namespace: "prod",
+                pod,
+                ifname,
+                netns,
+                container,
+            },
+        )
+    };
+    let (ok, result) = call("web-0", "net1", &web, &format!("c{tag}web"));
+    assert!(ok, "ADD of web-0: {result}");
+    let web_ip = result["ips"][0]["address"]
+        .as_str()
+        .unwrap()
+        .split('/')
+        .next()
+        .unwrap()
+        .to_string();
+
+    // No controller yet: the VM's ADD fails after its bound, naming the
+    // claim it waits for; the agent gave the VM no address of its own.
+    let (ok, result) = call(LAUNCHER, LAUNCHER_IFNAME, &launcher, &format!("c{tag}l1"));
+    assert!(!ok, "ADD without the claim's addresses: {result}");
+    assert!(
+        result
+            .to_string()
+            .contains("waits for IPAMClaim prod/vm1.blue's status.ips"),
+        "{result}"
+    );
+    let status = node.status().unwrap();
+    assert!(
+        !status["attachments"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|a| a["vm"] == "vm1"),
+        "{status}"
+    );
+
+    // The controller allocates; the runtime retries the ADD, which now
+    // succeeds, and the VM with the claim's address reaches the pod.
+    let _controller = Controller::start(
+        &node.ns,
+        &kubeconfig,
+        "c1",
+        "vmpath-controller",
+        &node.state_dir,
+    );
+    wait_for("the claim's address", Duration::from_secs(30), || {
+        addresses(&server)
+            .get("vm1.blue")
+            .is_some_and(|ips| !ips.is_empty())
+    });
+    let vm_ip = addresses(&server)["vm1.blue"][0].clone();
+    let (ok, result) = call(LAUNCHER, LAUNCHER_IFNAME, &launcher, &format!("c{tag}l2"));
+    assert!(ok, "ADD once the claim has addresses: {result}");
+    for cmd in [
+        vec![
+            "ip",
+            "link",
+            "set",
+            LAUNCHER_IFNAME,
+            "address",
+            "02:00:00:31:00:0b",
+        ],
+        vec!["ip", "addr", "add", &vm_ip, "dev", LAUNCHER_IFNAME],
+        vec!["ip", "link", "set", LAUNCHER_IFNAME, "up"],
+    ] {
+        launcher.run(&cmd);
+    }
+    assert!(
+        launcher.ping(&web_ip, 3),
+        "VM vm1 ({vm_ip}) -> pod web-0 ({web_ip})"
+    );
+    let vm_addr = vm_ip.split('/').next().unwrap();
+    assert!(web.ping(vm_addr, 3), "pod web-0 -> VM vm1");
+    let status = node.status().unwrap();
+    let vm1 = status["attachments"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|a| a["vm"] == "vm1")
+        .cloned();
+    assert!(
+        vm1.is_some_and(|a| a.to_string().contains(vm_addr)),
+        "{status}"
     );
 }
