@@ -138,6 +138,16 @@ fn all_allocated(server: &ApiServer, n: usize) -> bool {
     a.len() == n && a.values().all(|ips| ips.len() == 1)
 }
 
+/// The message of an Event with `reason` on the object `kind`/`name`.
+fn event_on(server: &ApiServer, kind: &str, name: &str, reason: &str) -> Option<String> {
+    server.objects("/api/v1/events").iter().find_map(|e| {
+        (e["involvedObject"]["kind"] == kind
+            && e["involvedObject"]["name"] == name
+            && e["reason"] == reason)
+            .then(|| e["message"].as_str().unwrap_or("").to_string())
+    })
+}
+
 struct Bed {
     ns: Netns,
     server: ApiServer,
@@ -273,6 +283,8 @@ fn two_controllers_one_leader_every_claim_allocated_once() {
         leader
             .log()
             .contains("IP 10.31.0.77 is claimed by IPAMClaim prod/kept.blue")
+            && event_on(&b.server, "IPAMClaim", "thief.blue", "Refused")
+                .is_some_and(|m| m.contains("claimed by IPAMClaim prod/kept.blue"))
     });
 
     // The leader killed: the other takes over once the Lease expires and
@@ -378,6 +390,12 @@ fn a_vm_waits_for_its_claim_until_the_controller_writes_it_then_has_traffic() {
     // it, nobody has allocated it yet.
     let text = format!("{NETWORK}\n---\n{VM}").replace("node-a", &node.name);
     let text = text.replace("status:\n  ips: [10.31.0.11/24]", "");
+    // No MAC given anywhere: the agent detects it from the VM's traffic
+    // and writes it back to the VMI.
+    let text = text
+        .replace("        macAddress: \"02:00:00:31:00:0b\"\n", "")
+        .replace("\"mac\":\"02:00:00:31:00:0b\",", "");
+    assert!(!text.contains("macAddress"), "the fixture's MACs");
     for o in vmpath::config::source::parse(text.as_bytes()).unwrap() {
         if o["kind"] != "Node" {
             server.put(o);
@@ -386,6 +404,17 @@ fn a_vm_waits_for_its_claim_until_the_controller_writes_it_then_has_traffic() {
     server.put(json!({
         "apiVersion": "v1", "kind": "Pod",
         "metadata": {"name": "web-0", "namespace": "prod",
+                     "annotations": {"k8s.v1.cni.cncf.io/networks": "prod/blue"}},
+        "spec": {"nodeName": node.name},
+        "status": {"phase": "Running"},
+    }));
+    // A virt-launcher pod whose VMI is not there: refused, and said so on
+    // the pod.
+    server.put(json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "virt-launcher-ghost-abcde", "namespace": "prod",
+                     "labels": {"kubevirt.io": "virt-launcher", "kubevirt.io/created-by": "no-such-uid",
+                                "vm.kubevirt.io/name": "ghost"},
                      "annotations": {"k8s.v1.cni.cncf.io/networks": "prod/blue"}},
         "spec": {"nodeName": node.name},
         "status": {"phase": "Running"},
@@ -492,6 +521,21 @@ fn a_vm_waits_for_its_claim_until_the_controller_writes_it_then_has_traffic() {
     );
     let vm_addr = vm_ip.split('/').next().unwrap();
     assert!(web.ping(vm_addr, 3), "pod web-0 -> VM vm1");
+    wait_for(
+        "the detected MAC on the VMI",
+        Duration::from_secs(20),
+        || {
+            let vmi = server
+                .get(
+                    "/apis/kubevirt.io/v1/virtualmachineinstances",
+                    "prod",
+                    "vm1",
+                )
+                .unwrap();
+            vmi["metadata"]["annotations"]["vmpath.dev/detected-macs"].as_str()
+                == Some(r#"{"blue":"02:00:00:31:00:0b"}"#)
+        },
+    );
     let status = node.status().unwrap();
     let vm1 = status["attachments"]
         .as_array()

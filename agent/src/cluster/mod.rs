@@ -6,3 +6,4 @@
 pub mod kube_source;
 pub mod objects;
 pub mod translate;
+pub mod writeback;

@@ -10,9 +10,16 @@
 pub mod allocate;
 pub mod lease;
 
-use std::{collections::BTreeMap, path::PathBuf, time::Duration};
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    path::PathBuf,
+    time::Duration,
+};
 
-use k8s_openapi::api::{coordination::v1::Lease, core::v1::ConfigMap};
+use k8s_openapi::api::{
+    coordination::v1::Lease,
+    core::v1::{ConfigMap, Event},
+};
 use kube::{
     Api, Client,
     api::{ApiResource, DynamicObject, GroupVersionKind, ListParams, ObjectMeta, PostParams},
@@ -20,7 +27,10 @@ use kube::{
 use tracing::{info, warn};
 
 use crate::{
-    cluster::objects::{Nad, NadConfig},
+    cluster::{
+        objects::{Nad, NadConfig},
+        writeback::{self, Involved},
+    },
     config::{
         Network,
         source::{RawDocument, Snapshot},
@@ -73,6 +83,7 @@ pub fn run(opts: &ControllerOptions) -> Result<(), ControllerError> {
         let mut elector =
             lease::Elector::new(leases, &opts.lease_name, &opts.identity, opts.lease_duration);
         let mut leading = false;
+        let mut reported = BTreeSet::new();
         info!(identity = %opts.identity, lease = %opts.lease_name, namespace = %opts.namespace, "controller started");
         loop {
             match elector.tick().await {
@@ -84,7 +95,7 @@ pub fn run(opts: &ControllerOptions) -> Result<(), ControllerError> {
                 }
                 Err(e) => warn!("lease: {e}"),
             }
-            if leading && let Err(e) = round(&client, opts).await {
+            if leading && let Err(e) = round(&client, opts, &mut reported).await {
                 warn!("allocation round: {e}");
             }
             tokio::time::sleep(opts.interval).await;
@@ -148,7 +159,11 @@ fn claim_network(
 
 /// One allocation round: read, plan, write the ledger (conditionally),
 /// then the claims' statuses (each conditionally).
-async fn round(client: &Client, opts: &ControllerOptions) -> Result<(), ControllerError> {
+async fn round(
+    client: &Client,
+    opts: &ControllerOptions,
+    reported: &mut BTreeSet<(String, String)>,
+) -> Result<(), ControllerError> {
     let claims_res = resource("k8s.cni.cncf.io", "v1alpha1", "IPAMClaim", "ipamclaims");
     let claims_api: Api<DynamicObject> = Api::all_with(client.clone(), &claims_res);
     let nets_api: Api<DynamicObject> = Api::all_with(
@@ -230,9 +245,34 @@ async fn round(client: &Client, opts: &ControllerOptions) -> Result<(), Controll
     }
 
     let plan = allocate::plan(&networks, &claims, &ledger, &gone);
-    for (claim, why) in &plan.refusals {
+    // Each refusal once as an Event on the claim (again if it comes back).
+    let current: BTreeSet<(String, String)> = plan
+        .refusals
+        .iter()
+        .map(|(c, w)| (c.clone(), w.clone()))
+        .collect();
+    for (claim, why) in current.difference(reported) {
         warn!(claim = %claim, "IPAMClaim refused: {why}");
+        let (ns, name) = claim.split_once('/').unwrap_or(("", claim));
+        let involved = Involved {
+            api_version: "k8s.cni.cncf.io/v1alpha1",
+            kind: "IPAMClaim",
+            namespace: ns.to_string(),
+            name: name.to_string(),
+        };
+        let event = writeback::event(
+            &involved,
+            writeback::REASON_REFUSED,
+            &format!("IPAMClaim {claim}: {why}"),
+            "vmpath-controller",
+            &opts.identity,
+        );
+        let events: Api<Event> = Api::namespaced(client.clone(), ns);
+        if let Err(e) = events.create(&PostParams::default(), &event).await {
+            warn!(claim = %claim, "posting an Event: {e}");
+        }
     }
+    *reported = current;
     if plan.ledger != ledger || ledger_cm.is_none() {
         let text = serde_json::to_string(&plan.ledger).expect("a ledger serializes");
         let mut cm = ledger_cm.clone().unwrap_or_else(|| ConfigMap {
