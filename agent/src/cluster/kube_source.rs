@@ -137,6 +137,10 @@ impl KubeSource {
         };
         let mut kinds = Vec::new();
         for (group, version, kind, plural, on_node) in KINDS {
+            debug_assert!(
+                super::rbac::allows(super::rbac::AGENT, group, plural, "watch"),
+                "{plural} is watched: the RBAC table must say so"
+            );
             let resource = ApiResource::from_gvk_with_plural(
                 &GroupVersionKind::gvk(group, version, kind),
                 plural,
@@ -274,5 +278,22 @@ impl KubeSource {
         snap.empty = !all_listed || snap.documents.is_empty();
         snap.fingerprint = crate::hash::fnv1a(&[b"kubernetes", &generation.to_le_bytes()]);
         snap
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{super::rbac, KINDS};
+
+    #[test]
+    fn every_watched_kind_is_in_the_rbac_table() {
+        for (group, _, _, plural, _) in KINDS {
+            for verb in ["list", "watch"] {
+                assert!(
+                    rbac::allows(rbac::AGENT, group, plural, verb),
+                    "{group}/{plural} {verb}"
+                );
+            }
+        }
     }
 }
