@@ -275,7 +275,7 @@ mod tests {
             &first.ledger,
             &[],
         );
-        assert_eq!(again.statuses["prod/a"], [ip.clone()]);
+        assert_eq!(again.statuses["prod/a"], std::slice::from_ref(&ip));
         assert!(
             again.refusals["prod/z"].contains("claimed by IPAMClaim prod/a"),
             "{again:?}"
