@@ -55,6 +55,17 @@ impl Controller {
         lease: &str,
         dir: &std::path::Path,
     ) -> Self {
+        Self::start_every(ns, kubeconfig, identity, lease, dir, "300ms")
+    }
+
+    fn start_every(
+        ns: &Netns,
+        kubeconfig: &str,
+        identity: &str,
+        lease: &str,
+        dir: &std::path::Path,
+        interval: &str,
+    ) -> Self {
         let log = dir.join(format!("{identity}.log"));
         let child = Command::new("nsenter")
             .arg(format!("--net={}", ns.path()))
@@ -72,7 +83,7 @@ impl Controller {
                 "--lease-duration",
                 "3s",
                 "--interval",
-                "300ms",
+                interval,
             ])
             .stdin(Stdio::null())
             .stdout(Stdio::null())
@@ -360,22 +371,40 @@ fn two_controllers_that_both_lead_never_give_one_address_twice() {
     // not noticed yet does. The ledger's conditional writes keep them
     // apart.
     let b = bed("s");
-    let _c1 = Controller::start(&b.ns, &b.kubeconfig, "s1", "lease-a", &b.dir);
-    let _c2 = Controller::start(&b.ns, &b.kubeconfig, "s2", "lease-b", &b.dir);
-    for round in 0..6 {
-        for i in 0..25 {
-            b.server.put(claim(&format!("r{round}vm{i}")));
-        }
-        std::thread::sleep(Duration::from_millis(150));
+    // A small network, so that two planners' probes meet often; rounds
+    // every 20 ms each and claims arriving one by one: the two plan from
+    // different views of the claims and of each other's writes.
+    b.server.put(json!({
+        "apiVersion": "vmpath.dev/v1alpha1", "kind": "Network",
+        "metadata": {"name": "tiny"},
+        "spec": {"id": 311, "subnets": ["10.32.0.0/26"], "defaultGatewayIPs": ["10.32.0.1"]},
+    }));
+    let _c1 = Controller::start_every(&b.ns, &b.kubeconfig, "s1", "lease-a", &b.dir, "20ms");
+    let _c2 = Controller::start_every(&b.ns, &b.kubeconfig, "s2", "lease-b", &b.dir, "20ms");
+    for i in 0..60 {
+        let mut c = claim(&format!("vm{i}"));
+        c["spec"]["network"] = "tiny".into();
+        b.server.put(c);
+        std::thread::sleep(Duration::from_millis(7));
     }
-    wait_for("150 claims allocated", Duration::from_secs(90), || {
-        all_allocated(&b.server, 150)
+    wait_for("60 claims allocated", Duration::from_secs(90), || {
+        all_allocated(&b.server, 60)
     });
-    assert_unique(&b.server);
+    let mut holder: BTreeMap<String, String> = BTreeMap::new();
+    for (claim, ips) in addresses(&b.server) {
+        let ip = &ips[0];
+        assert!(
+            ip.starts_with("10.32.0.") && ip.ends_with("/26"),
+            "{claim}: {ip}"
+        );
+        if let Some(other) = holder.insert(ip.clone(), claim.clone()) {
+            panic!("{ip} is in both {other} and {claim}");
+        }
+    }
     let ledger = b.server.get(CONFIGMAPS, "vmpath-system", LEDGER).unwrap();
     let held: Value =
         serde_json::from_str(ledger["data"]["allocations"].as_str().unwrap()).unwrap();
-    assert_eq!(held["blue"].as_object().unwrap().len(), 150);
+    assert_eq!(held["tiny"].as_object().unwrap().len(), 60);
     eprintln!(
         "ledger writes refused with 409 (the other leader wrote first): {}",
         b.server.conflicts(CONFIGMAPS)
