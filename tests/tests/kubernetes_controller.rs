@@ -286,6 +286,35 @@ fn two_controllers_one_leader_every_claim_allocated_once() {
         other.log()
     );
 
+    // The Networks' status: Accepted, or not with the agent's reasons.
+    b.server.put(json!({
+        "apiVersion": "vmpath.dev/v1alpha1", "kind": "Network",
+        "metadata": {"name": "bad"},
+        "spec": {"id": 312, "subnets": ["10.33.0.0/24"], "defaultGatewayIPs": ["10.99.0.1"]},
+    }));
+    let accepted = |name: &str| {
+        let n = b
+            .server
+            .get("/apis/vmpath.dev/v1alpha1/networks", "", name)?;
+        let c = n["status"]["conditions"]
+            .as_array()?
+            .iter()
+            .find(|c| c["type"] == "Accepted")?
+            .clone();
+        Some((
+            c["status"].as_str()?.to_string(),
+            c["message"].as_str()?.to_string(),
+        ))
+    };
+    wait_for(
+        "the Networks' Accepted conditions",
+        Duration::from_secs(20),
+        || {
+            accepted("blue").is_some_and(|(s, _)| s == "True")
+                && accepted("bad").is_some_and(|(s, m)| s == "False" && m.contains("10.99.0.1"))
+        },
+    );
+
     // A claim holding an address another holds is refused, naming it.
     let mut thief = claim("thief");
     thief["status"] = json!({"ips": ["10.31.0.77/24"]});

@@ -33,10 +33,11 @@ pub const AGENT: &[Rule] = &[
 
 /// `vmpath controller`, cluster-wide: it reads the Networks, NADs and
 /// claims, reads a claim it no longer lists (is it gone?), writes claims'
-/// status, posts Events on refused claims.
+/// and Networks' status, posts Events on refused claims.
 pub const CONTROLLER: &[Rule] = &[
     ("", "events", &["create"]),
     ("vmpath.dev", "networks", &["list"]),
+    ("vmpath.dev", "networks/status", &["update"]),
     (
         "k8s.cni.cncf.io",
         "network-attachment-definitions",

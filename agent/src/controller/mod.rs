@@ -103,8 +103,70 @@ pub fn run(opts: &ControllerOptions) -> Result<(), ControllerError> {
     })
 }
 
-/// The vmpath Networks, validated as the agent validates them.
-fn networks(objects: &[DynamicObject]) -> Vec<Network> {
+/// The `Accepted` condition for a Network: `True`, or `False` with every
+/// refusal of it (as the agent would refuse it).
+fn accepted_condition(name: &str, errors: &[crate::config::ConfigError]) -> (bool, String) {
+    let label = format!("Network {name}");
+    let refusals: Vec<String> = errors
+        .iter()
+        .filter(|e| e.document == label)
+        .map(|e| {
+            if e.field.is_empty() {
+                e.message.clone()
+            } else {
+                format!("field {}: {}", e.field, e.message)
+            }
+        })
+        .collect();
+    if refusals.is_empty() {
+        (true, "valid".to_string())
+    } else {
+        (false, refusals.join("; "))
+    }
+}
+
+/// Writes each Network's `status.conditions` (`Accepted`) where it
+/// changed, conditionally on the object's resourceVersion (a 409 is
+/// written again next round).
+async fn write_conditions(
+    api: &Api<DynamicObject>,
+    objects: &[DynamicObject],
+    errors: &[crate::config::ConfigError],
+) {
+    for o in objects {
+        let Some(name) = o.metadata.name.as_deref() else {
+            continue;
+        };
+        let (ok, message) = accepted_condition(name, errors);
+        let status = if ok { "True" } else { "False" };
+        let current = o.data["status"]["conditions"]
+            .as_array()
+            .and_then(|c| c.iter().find(|c| c["type"] == "Accepted"));
+        if current.is_some_and(|c| c["status"] == status && c["message"] == message.as_str()) {
+            continue;
+        }
+        let mut next = o.clone();
+        next.data["status"]["conditions"] = serde_json::json!([{
+            "type": "Accepted",
+            "status": status,
+            "reason": if ok { "Valid" } else { "Refused" },
+            "message": message,
+            "observedGeneration": o.metadata.generation.unwrap_or(0),
+            "lastTransitionTime": k8s_openapi::jiff::Timestamp::now().to_string(),
+        }]);
+        match api
+            .replace_status(name, &PostParams::default(), &next)
+            .await
+        {
+            Ok(_) => info!(network = %name, accepted = ok, "Network status written"),
+            Err(e) => warn!(network = %name, "writing the Network's status: {e}"),
+        }
+    }
+}
+
+/// The vmpath Networks, validated as the agent validates them, and the
+/// refusals.
+fn networks(objects: &[DynamicObject]) -> (Vec<Network>, Vec<crate::config::ConfigError>) {
     let documents = objects
         .iter()
         .enumerate()
@@ -124,10 +186,7 @@ fn networks(objects: &[DynamicObject]) -> Vec<Network> {
         ..Default::default()
     };
     let cfg = crate::config::validate(&snap, "", &Default::default());
-    for e in &cfg.errors {
-        warn!("Network refused: {e}");
-    }
-    cfg.networks
+    (cfg.networks, cfg.errors)
 }
 
 /// The vmpath network an IPAMClaim's `spec.network` names: the network of
@@ -182,7 +241,9 @@ async fn round(
     let ledger_api: Api<ConfigMap> = Api::namespaced(client.clone(), &opts.namespace);
 
     let lp = ListParams::default();
-    let networks = networks(&nets_api.list(&lp).await?.items);
+    let network_objects = nets_api.list(&lp).await?.items;
+    let (networks, refused) = networks(&network_objects);
+    write_conditions(&nets_api, &network_objects, &refused).await;
     let nads: Vec<Nad> = nads_api
         .list(&lp)
         .await?
