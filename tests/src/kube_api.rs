@@ -64,7 +64,13 @@ struct State {
     conflicts: BTreeMap<String, u64>,
     /// Writes served (2xx), by collection.
     writes: BTreeMap<String, u64>,
+    /// Another writer that gets in first: before the next PUT to the
+    /// collection, the objects it returns (given the PUT's body) are put.
+    race: Option<(String, Racer)>,
 }
+
+/// See [`ApiServer::race_next_put`].
+pub type Racer = Box<dyn FnOnce(&Value) -> Vec<Value> + Send>;
 
 impl State {
     /// Stores `object` under its key with the next resourceVersion, and
@@ -235,6 +241,20 @@ impl ApiServer {
         let gone = st.remove(collection, namespace, name);
         self.shared.changed.notify_all();
         gone
+    }
+
+    /// Lets another writer get in first, once: when the next PUT to
+    /// `collection` arrives, `racer` is given its body and the objects it
+    /// returns are stored (new resourceVersions) before the PUT is served,
+    /// as if they had been written a moment earlier by someone else.
+    pub fn race_next_put(&self, collection: &str, racer: Racer) {
+        let mut st = self.shared.state.lock().unwrap();
+        st.race = Some((collection.to_string(), racer));
+    }
+
+    /// Whether the racer set by [`ApiServer::race_next_put`] has run.
+    pub fn raced(&self) -> bool {
+        self.shared.state.lock().unwrap().race.is_none()
     }
 
     /// Writes to `collection` answered 409 Conflict so far.
@@ -689,6 +709,17 @@ fn write(
         return (400, status(400, "BadRequest", "the body is not JSON"));
     };
     let mut st = shared.state.lock().unwrap();
+    if method == "PUT"
+        && st
+            .race
+            .as_ref()
+            .is_some_and(|(c, _)| *c == target.collection)
+        && let Some((_, racer)) = st.race.take()
+    {
+        for o in racer(&body) {
+            st.put(o);
+        }
+    }
     let result = write_locked(&mut st, method, target, content_type, body);
     let coll = target.collection.clone();
     match result.0 {

@@ -606,3 +606,52 @@ fn a_vm_waits_for_its_claim_until_the_controller_writes_it_then_has_traffic() {
         "{status}"
     );
 }
+
+#[test]
+fn a_ledger_write_that_lost_the_race_writes_no_address() {
+    let b = bed("l");
+    let _c = Controller::start(&b.ns, &b.kubeconfig, "c1", "vmpath-controller", &b.dir);
+    wait_for("the ledger", Duration::from_secs(20), || {
+        b.server.get(CONFIGMAPS, "vmpath-system", LEDGER).is_some()
+    });
+    // Another writer gets in just before the controller's next ledger
+    // write: it gives the address the controller planned for x.blue to
+    // its own claim, ledger and claim status both. The controller's write
+    // is stale (409) and nothing of its plan may be written.
+    b.server.race_next_put(
+        CONFIGMAPS,
+        Box::new(|body: &Value| {
+            let mut ledger: Value =
+                serde_json::from_str(body["data"]["allocations"].as_str().unwrap()).unwrap();
+            let mut taken = Vec::new();
+            for h in ledger["blue"].as_object_mut().unwrap().values_mut() {
+                if h["claim"] == "prod/x.blue" {
+                    h["claim"] = "prod/other.blue".into();
+                    h["uid"] = "uid-other".into();
+                    taken.push(h["ip"].clone());
+                }
+            }
+            let mut cm = body.clone();
+            cm["data"]["allocations"] = ledger.to_string().into();
+            cm["metadata"]["namespace"] = "vmpath-system".into();
+            let mut other = claim("other");
+            other["status"] = json!({ "ips": taken });
+            vec![cm, other]
+        }),
+    );
+    b.server.put(claim("x"));
+    wait_for("x.blue allocated", Duration::from_secs(20), || {
+        addresses(&b.server)
+            .get("x.blue")
+            .is_some_and(|ips| !ips.is_empty())
+    });
+    assert!(b.server.raced(), "the other writer got in");
+    assert!(
+        b.server.conflicts(CONFIGMAPS) >= 1,
+        "the stale ledger write got 409"
+    );
+    let a = addresses(&b.server);
+    assert_eq!(a["other.blue"].len(), 1, "{a:?}");
+    assert_ne!(a["x.blue"], a["other.blue"], "{a:?}");
+    assert_unique(&b.server);
+}
