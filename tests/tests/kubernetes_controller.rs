@@ -244,6 +244,10 @@ fn two_controllers_one_leader_every_claim_allocated_once() {
     let mut kept = claim("kept");
     kept["status"] = json!({"ips": ["10.31.0.77/24"]});
     b.server.put(kept);
+    // A static request.
+    let mut asks = claim("asks");
+    asks["metadata"]["annotations"] = json!({"vmpath.dev/requested-ips": "10.31.0.150/24"});
+    b.server.put(asks);
     // A leader that died between writing the ledger and the claim left
     // this: the claim gets that address, nobody else does.
     let ledger = json!({"blue": {"10.31.0.200": {"claim": "prod/vm7.blue", "uid": "uid-vm7", "ip": "10.31.0.200/24"}}});
@@ -253,13 +257,14 @@ fn two_controllers_one_leader_every_claim_allocated_once() {
 
     let c1 = Controller::start(&b.ns, &b.kubeconfig, "c1", "vmpath-controller", &b.dir);
     let c2 = Controller::start(&b.ns, &b.kubeconfig, "c2", "vmpath-controller", &b.dir);
-    wait_for("31 claims allocated", Duration::from_secs(60), || {
-        all_allocated(&b.server, 31)
+    wait_for("32 claims allocated", Duration::from_secs(60), || {
+        all_allocated(&b.server, 32)
     });
     assert_unique(&b.server);
     let a = addresses(&b.server);
     assert_eq!(a["kept.blue"], ["10.31.0.77/24"]);
     assert_eq!(a["vm7.blue"], ["10.31.0.200/24"]);
+    assert_eq!(a["asks.blue"], ["10.31.0.150/24"], "the static request");
     let lease = b
         .server
         .get(LEASES, "vmpath-system", "vmpath-controller")
@@ -275,9 +280,9 @@ fn two_controllers_one_leader_every_claim_allocated_once() {
     };
     // The log line follows the write.
     wait_for(
-        "the leader's 30 allocations logged",
+        "the leader's 31 allocations logged",
         Duration::from_secs(10),
-        || leader.allocated() == 30,
+        || leader.allocated() == 31,
     );
     assert_eq!(
         other.allocated(),
@@ -350,7 +355,7 @@ fn two_controllers_one_leader_every_claim_allocated_once() {
             .iter()
             .filter(|(n, ips)| n.as_str() != "thief.blue" && ips.len() == 1)
             .count()
-            == 41
+            == 42
     });
     wait_for(
         "the new leader's allocations logged",
@@ -374,7 +379,7 @@ fn two_controllers_one_leader_every_claim_allocated_once() {
         b.server.put(claim(&format!("vm{i}")));
     }
     wait_for("claims after the restart", Duration::from_secs(30), || {
-        all_allocated(&b.server, 51)
+        all_allocated(&b.server, 52)
     });
     assert_unique(&b.server);
 

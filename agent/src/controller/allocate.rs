@@ -45,7 +45,13 @@ pub struct Claim {
     pub network: Result<String, String>,
     /// `status.ips` as read.
     pub ips: Vec<String>,
+    /// Addresses asked for ([`REQUESTED_IPS_ANNOTATION`]).
+    pub requested: Vec<String>,
 }
+
+/// On an IPAMClaim: a static request, comma-separated CIDRs
+/// (`10.31.0.50/24`), honoured while the claim has no `status.ips`.
+pub const REQUESTED_IPS_ANNOTATION: &str = "vmpath.dev/requested-ips";
 
 impl Claim {
     pub fn key(&self) -> String {
@@ -94,7 +100,7 @@ pub fn plan(
     claims.sort_by_key(|c| c.key());
     // Claims with addresses first: what a VM holds is never taken by a
     // claim allocated in the same round.
-    claims.sort_by_key(|c| c.ips.is_empty());
+    claims.sort_by_key(|c| (c.ips.is_empty(), c.requested.is_empty()));
     for claim in claims {
         let key = claim.key();
         let network = match &claim.network {
@@ -118,45 +124,60 @@ pub fn plan(
         let pools = pools(net);
         let held = out.ledger.entry(network.clone()).or_default();
         let is_mine = |h: &Holder| h.claim == key && h.uid == claim.uid;
-        if !claim.ips.is_empty() {
-            // The claim keeps what it holds: the ledger learns it, unless
-            // another claim holds it.
-            for text in &claim.ips {
+        // What the claim holds (persistence), else what it asks for (a
+        // static request): taken as is, all or nothing, unless another
+        // claim holds it or IPAM may not hand it out.
+        let (given, field) = if !claim.ips.is_empty() {
+            (&claim.ips, "status.ips")
+        } else {
+            (&claim.requested, REQUESTED_IPS_ANNOTATION)
+        };
+        if !given.is_empty() {
+            let mut taken = Vec::new();
+            let mut refused = None;
+            for text in given {
                 let Ok(ip) = text.parse::<IpNet>() else {
-                    out.refusals
-                        .insert(key.clone(), format!("status.ips: {text:?} is not a CIDR"));
-                    continue;
+                    refused = Some(format!("{field}: {text:?} is not a CIDR"));
+                    break;
                 };
                 match held.get(&ip.addr()) {
-                    Some(h) if is_mine(h) => {}
+                    Some(h) if is_mine(h) => taken.push(ip),
                     Some(h) => {
-                        out.refusals.insert(
-                            key.clone(),
-                            format!(
-                                "IP {} is claimed by IPAMClaim {} on network {network:?}",
-                                ip.addr(),
-                                h.claim
-                            ),
-                        );
+                        refused = Some(format!(
+                            "IP {} is claimed by IPAMClaim {} on network {network:?}",
+                            ip.addr(),
+                            h.claim
+                        ));
+                        break;
                     }
                     None if !pools.iter().any(|p| p.allocatable(ip.addr())) => {
-                        out.refusals.insert(
-                            key.clone(),
-                            format!(
-                                "IP {} is not allocatable on network {network:?} (outside its subnets, excluded or a gateway)",
-                                ip.addr()
-                            ),
-                        );
+                        refused = Some(format!(
+                            "IP {} is not allocatable on network {network:?} (outside its subnets, excluded or a gateway)",
+                            ip.addr()
+                        ));
+                        break;
                     }
-                    None => {
+                    None => taken.push(ip),
+                }
+            }
+            match refused {
+                Some(why) => {
+                    out.refusals.insert(key, why);
+                }
+                None => {
+                    for ip in &taken {
                         held.insert(
                             ip.addr(),
                             Holder {
                                 claim: key.clone(),
                                 uid: claim.uid.clone(),
-                                ip,
+                                ip: *ip,
                             },
                         );
+                    }
+                    if claim.ips.is_empty() {
+                        out.statuses
+                            .insert(key, taken.iter().map(ToString::to_string).collect());
                     }
                 }
             }
@@ -238,6 +259,7 @@ mod tests {
             uid: format!("u-{name}"),
             network: Ok("blue".into()),
             ips: ips.iter().map(|s| s.to_string()).collect(),
+            requested: vec![],
         }
     }
 
@@ -280,6 +302,18 @@ mod tests {
             again.refusals["prod/z"].contains("claimed by IPAMClaim prod/a"),
             "{again:?}"
         );
+        // A static request: given when free, refused naming the holder.
+        let free = ["10.9.0.4/29", "10.9.0.5/29", "10.9.0.6/29"]
+            .into_iter()
+            .find(|x| *x != ip)
+            .unwrap();
+        let mut asks = claim("s", &[]);
+        asks.requested = vec![free.into()];
+        let mut late = claim("t", &[]);
+        late.requested = vec![ip.clone()];
+        let static_plan = plan(&nets, &[asks, late], &first.ledger, &[]);
+        assert_eq!(static_plan.statuses["prod/s"], [free]);
+        assert!(static_plan.refusals["prod/t"].contains("claimed by IPAMClaim prod/a"));
         // Released only once the claim is confirmed gone.
         let kept = plan(&nets, &[], &first.ledger, &[]);
         assert_eq!(kept.ledger, first.ledger);

@@ -284,6 +284,19 @@ async fn round(
                         .collect()
                 })
                 .unwrap_or_default(),
+            requested: o
+                .metadata
+                .annotations
+                .as_ref()
+                .and_then(|a| a.get(allocate::REQUESTED_IPS_ANNOTATION))
+                .map(|v| {
+                    v.split(',')
+                        .map(str::trim)
+                        .filter(|s| !s.is_empty())
+                        .map(str::to_string)
+                        .collect()
+                })
+                .unwrap_or_default(),
             namespace,
             name,
         };
