@@ -365,6 +365,23 @@ pub fn run(
             }
             last_errors = cfg.errors.clone();
         }
+        if let Some(cluster) = &cluster {
+            // MACs seen in the traffic of this node's VMs, for their VMIs.
+            let mut macs = crate::cluster::writeback::DetectedMacs::new();
+            for a in cfg.attachments.iter().filter(|a| {
+                a.active_node() == opts.node
+                    && a.source
+                        .document
+                        .contains("(derived from VirtualMachineInstance ")
+            }) {
+                if let Some((mac, Origin::Detected)) = a.mac_resolved {
+                    macs.entry((a.key.namespace.clone(), a.key.vm.clone()))
+                        .or_default()
+                        .insert(a.key.interface.clone(), format_mac(&mac));
+                }
+            }
+            cluster.report(&cfg.errors, &cfg.config.warnings, macs);
+        }
         if changed {
             info!(
                 networks = cfg.config.networks.len(),

@@ -461,11 +461,19 @@ fn add(shared: &Published, registry: &Registry, e: EndpointRequest) -> Reply {
             drop(done);
             forget(registry, &id);
             shared.wake(crate::events::Wake::Endpoint);
-            let state = describe(&shared.view(), &e).state;
+            let view = shared.view();
+            let state = describe(&view, &e).state;
+            // What it waits for, where the config says (an IPAMClaim).
+            let why = view
+                .config_warnings
+                .iter()
+                .find(|w| w.file == source)
+                .map(|w| format!(": {}", w.message))
+                .unwrap_or_default();
             return error(
                 504,
                 format!(
-                    "port {} of {key} not programmed within {} s (state {state})",
+                    "port {} of {key} not programmed within {} s (state {state}){why}",
                     e.port,
                     PROGRAM_TIMEOUT.as_secs(),
                 ),

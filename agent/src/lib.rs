@@ -6,6 +6,7 @@ pub mod cli;
 pub mod clock;
 pub mod cluster;
 pub mod config;
+pub mod controller;
 pub mod datapath_log;
 pub mod dataplane;
 pub mod endpoints;

@@ -21,6 +21,9 @@ struct Cli {
 enum Command {
     /// Run the node agent.
     Agent(Box<AgentArgs>),
+    /// Run the cluster's address allocator: one active replica (a
+    /// Lease) writes IPAMClaims' status.ips.
+    Controller(ControllerArgs),
     /// Show the agent's status: readiness, counts, config errors, drops.
     Status(cli::StatusArgs),
     /// Networks the agent knows.
@@ -131,6 +134,34 @@ struct AgentArgs {
     monitor_rate: u32,
 }
 
+#[derive(clap::Args)]
+struct ControllerArgs {
+    /// The kubeconfig outside a cluster; in a cluster, the service account.
+    #[arg(long)]
+    kubeconfig: Option<PathBuf>,
+    /// The namespace of the Lease and the ledger ConfigMap (a Deployment
+    /// passes metadata.namespace as POD_NAMESPACE).
+    #[arg(long, env = "POD_NAMESPACE", default_value = "vmpath-system")]
+    namespace: String,
+    /// This replica's holderIdentity in the Lease (a Deployment passes
+    /// metadata.name as POD_NAME); empty: the host name and the pid.
+    #[arg(long, env = "POD_NAME", default_value = "")]
+    identity: String,
+    /// The coordination.k8s.io/v1 Lease that elects the one active replica.
+    #[arg(long, default_value = "vmpath-controller")]
+    lease_name: String,
+    /// The ConfigMap that records every address handed out.
+    #[arg(long, default_value = "vmpath-ipam-ledger")]
+    ledger_name: String,
+    /// How long a leader that stopped renewing keeps the Lease, e.g. `15s`.
+    #[arg(long, default_value = "15s", value_parser = node_lock::parse_wait)]
+    lease_duration: Duration,
+    /// How often the Lease is renewed and, while leading, claims are
+    /// allocated, e.g. `2s` (keep it well under --lease-duration).
+    #[arg(long, default_value = "2s", value_parser = node_lock::parse_wait)]
+    interval: Duration,
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 enum SourceArg {
     Files,
@@ -161,7 +192,7 @@ fn main() -> Result<()> {
     let cli = Cli::from_arg_matches(&Cli::command().version(long).get_matches())
         .unwrap_or_else(|e| e.exit());
     let client = match &cli.command {
-        Command::Agent(_) => None,
+        Command::Agent(_) | Command::Controller(_) => None,
         Command::Status(args) => Some(cli::status(args)),
         Command::Net { command } => Some(cli::net(command)),
         Command::Vm { command } => Some(cli::vm(command)),
@@ -181,6 +212,23 @@ fn main() -> Result<()> {
         | Command::Vm { .. }
         | Command::Debug { .. }
         | Command::Monitor(_) => Ok(()),
+        Command::Controller(args) => {
+            let identity = if args.identity.is_empty() {
+                format!("{}-{}", hostname(), std::process::id())
+            } else {
+                args.identity
+            };
+            vmpath::controller::run(&vmpath::controller::ControllerOptions {
+                kubeconfig: args.kubeconfig,
+                namespace: args.namespace,
+                identity,
+                lease_name: args.lease_name,
+                ledger_name: args.ledger_name,
+                lease_duration: args.lease_duration,
+                interval: args.interval,
+            })?;
+            Ok(())
+        }
         Command::Agent(args) => {
             if args.mount_bpffs {
                 dataplane::ensure_bpffs(&args.bpffs)?;

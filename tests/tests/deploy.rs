@@ -12,9 +12,9 @@ use std::{
 
 use k8s_openapi::{
     api::{
-        apps::v1::DaemonSet,
+        apps::v1::{DaemonSet, Deployment},
         core::v1::{ConfigMap, Container, Namespace, ServiceAccount},
-        rbac::v1::{ClusterRole, ClusterRoleBinding},
+        rbac::v1::{ClusterRole, ClusterRoleBinding, PolicyRule, Role, RoleBinding},
     },
     apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition,
     serde::{Serialize, de::DeserializeOwned},
@@ -111,6 +111,9 @@ struct Manifests {
     service_accounts: Vec<ServiceAccount>,
     namespaces: Vec<Namespace>,
     crds: Vec<CustomResourceDefinition>,
+    deployments: Vec<Deployment>,
+    roles: Vec<Role>,
+    role_bindings: Vec<RoleBinding>,
 }
 
 fn manifests() -> Manifests {
@@ -122,6 +125,9 @@ fn manifests() -> Manifests {
         service_accounts: vec![],
         namespaces: vec![],
         crds: vec![],
+        deployments: vec![],
+        roles: vec![],
+        role_bindings: vec![],
     };
     for (file, doc) in documents() {
         match doc["kind"].as_str() {
@@ -132,6 +138,9 @@ fn manifests() -> Manifests {
             Some("ServiceAccount") => m.service_accounts.push(typed(&file, &doc)),
             Some("Namespace") => m.namespaces.push(typed(&file, &doc)),
             Some("CustomResourceDefinition") => m.crds.push(typed(&file, &doc)),
+            Some("Deployment") => m.deployments.push(typed(&file, &doc)),
+            Some("Role") => m.roles.push(typed(&file, &doc)),
+            Some("RoleBinding") => m.role_bindings.push(typed(&file, &doc)),
             other => panic!("{file}: unexpected kind {other:?}"),
         }
     }
@@ -151,18 +160,31 @@ fn every_manifest_is_a_valid_kubernetes_object() {
     assert_eq!(m.daemonsets.len(), 1);
     assert_eq!(m.config_maps.len(), 2);
     assert_eq!(m.namespaces.len(), 1);
-    assert_eq!(m.service_accounts.len(), 1);
-    assert_eq!(m.cluster_roles.len(), 1);
-    assert_eq!(m.bindings.len(), 1);
+    assert_eq!(
+        m.service_accounts.len(),
+        2,
+        "the agent's and the controller's"
+    );
+    assert_eq!(m.cluster_roles.len(), 2);
+    assert_eq!(m.bindings.len(), 2);
+    assert_eq!((m.roles.len(), m.role_bindings.len()), (1, 1));
+    assert_eq!(m.deployments.len(), 1);
     let crds: Vec<_> = m.crds.iter().map(|c| c.metadata.name.as_deref()).collect();
     assert_eq!(crds, [Some("networks.vmpath.dev")]);
     let ns = m.namespaces[0].metadata.name.as_deref().unwrap();
     assert_eq!(ns, "vmpath-system");
     for (kind, obj_ns) in [
         ("DaemonSet", &m.daemonsets[0].metadata.namespace),
-        ("ServiceAccount", &m.service_accounts[0].metadata.namespace),
+        ("Deployment", &m.deployments[0].metadata.namespace),
+        ("Role", &m.roles[0].metadata.namespace),
+        ("RoleBinding", &m.role_bindings[0].metadata.namespace),
     ]
     .into_iter()
+    .chain(
+        m.service_accounts
+            .iter()
+            .map(|s| ("ServiceAccount", &s.metadata.namespace)),
+    )
     .chain(
         m.config_maps
             .iter()
@@ -192,9 +214,10 @@ fn daemonset_runs_the_agent_unprivileged_on_the_host_network() {
     assert_eq!(pod.host_network, Some(true), "hostNetwork");
     assert_ne!(pod.host_pid, Some(true), "hostPID");
     assert_eq!(pod.service_account_name.as_deref(), Some("vmpath"));
-    assert_eq!(
-        pod.service_account_name.as_deref(),
-        m.service_accounts[0].metadata.name.as_deref()
+    assert!(
+        m.service_accounts
+            .iter()
+            .any(|s| s.metadata.name.as_deref() == pod.service_account_name.as_deref())
     );
     let tolerations = pod.tolerations.as_ref().unwrap();
     assert!(
@@ -360,37 +383,153 @@ fn daemonset_runs_the_agent_unprivileged_on_the_host_network() {
     assert!(cm.data.as_ref().unwrap().contains_key("bird.conf"));
 }
 
-#[test]
-fn rbac_is_read_only_on_nodes_pods_and_vmis() {
-    let m = manifests();
-    let role = &m.cluster_roles[0];
-    let rules = role.rules.as_ref().unwrap();
-    let mut granted = BTreeSet::new();
+/// (group, resource, verb) of RBAC rules.
+fn grants(rules: &[PolicyRule]) -> BTreeSet<(String, String, String)> {
+    let mut out = BTreeSet::new();
     for r in rules {
         assert!(
-            r.verbs
-                .iter()
-                .all(|v| ["get", "list", "watch"].contains(&v.as_str())),
-            "write verb in {r:?}"
+            r.resource_names.is_none() && r.non_resource_urls.is_none(),
+            "{r:?}"
         );
         for g in r.api_groups.iter().flatten() {
             for res in r.resources.iter().flatten() {
-                granted.insert(format!("{g}/{res}"));
+                for v in &r.verbs {
+                    out.insert((g.clone(), res.clone(), v.clone()));
+                }
             }
         }
     }
-    for want in ["/nodes", "/pods", "kubevirt.io/virtualmachineinstances"] {
-        assert!(granted.contains(want), "{want} not granted: {granted:?}");
-    }
-    let binding = &m.bindings[0];
-    assert_eq!(binding.role_ref.name, role.metadata.name.clone().unwrap());
-    let subject = &binding.subjects.as_ref().unwrap()[0];
-    assert_eq!(subject.kind, "ServiceAccount");
+    out
+}
+
+fn table(rules: &[vmpath::cluster::rbac::Rule]) -> BTreeSet<(String, String, String)> {
+    rules
+        .iter()
+        .flat_map(|(g, r, verbs)| {
+            verbs
+                .iter()
+                .map(move |v| (g.to_string(), r.to_string(), v.to_string()))
+        })
+        .collect()
+}
+
+/// Each ServiceAccount gets exactly what its code uses (the table in
+/// agent/src/cluster/rbac.rs): no verb more, none missing.
+#[test]
+fn rbac_grants_exactly_what_the_code_uses() {
+    use vmpath::cluster::rbac;
+    let m = manifests();
+    let cluster_role_of = |sa: &str| -> BTreeSet<(String, String, String)> {
+        let mut out = BTreeSet::new();
+        for b in &m.bindings {
+            let bound = b.subjects.iter().flatten().any(|s| {
+                s.kind == "ServiceAccount"
+                    && s.name == sa
+                    && s.namespace.as_deref() == Some("vmpath-system")
+            });
+            if !bound {
+                continue;
+            }
+            assert_eq!(b.role_ref.kind, "ClusterRole");
+            let role = m
+                .cluster_roles
+                .iter()
+                .find(|r| r.metadata.name.as_ref() == Some(&b.role_ref.name))
+                .unwrap_or_else(|| panic!("ClusterRole {} is not in deploy/", b.role_ref.name));
+            out.extend(grants(role.rules.as_deref().unwrap_or_default()));
+        }
+        out
+    };
+    let role_of = |sa: &str| -> BTreeSet<(String, String, String)> {
+        let mut out = BTreeSet::new();
+        for b in &m.role_bindings {
+            if !b
+                .subjects
+                .iter()
+                .flatten()
+                .any(|s| s.kind == "ServiceAccount" && s.name == sa)
+            {
+                continue;
+            }
+            assert_eq!(b.metadata.namespace.as_deref(), Some("vmpath-system"));
+            let role = m
+                .roles
+                .iter()
+                .find(|r| r.metadata.name.as_ref() == Some(&b.role_ref.name))
+                .unwrap_or_else(|| panic!("Role {} is not in deploy/", b.role_ref.name));
+            assert_eq!(role.metadata.namespace, b.metadata.namespace);
+            out.extend(grants(role.rules.as_deref().unwrap_or_default()));
+        }
+        out
+    };
     assert_eq!(
-        Some(&subject.name),
-        m.service_accounts[0].metadata.name.as_ref()
+        cluster_role_of("vmpath"),
+        table(rbac::AGENT),
+        "the agent's ClusterRole"
     );
-    assert_eq!(subject.namespace.as_deref(), Some("vmpath-system"));
+    assert!(role_of("vmpath").is_empty(), "the agent has no Role");
+    assert_eq!(
+        cluster_role_of("vmpath-controller"),
+        table(rbac::CONTROLLER),
+        "the controller's ClusterRole"
+    );
+    assert_eq!(
+        role_of("vmpath-controller"),
+        table(rbac::CONTROLLER_NAMESPACED),
+        "the controller's Role"
+    );
+    let sas: BTreeSet<_> = m
+        .service_accounts
+        .iter()
+        .filter_map(|s| s.metadata.name.clone())
+        .collect();
+    assert_eq!(
+        sas,
+        ["vmpath".to_string(), "vmpath-controller".to_string()].into()
+    );
+}
+
+/// The controller runs `vmpath controller` under its own ServiceAccount,
+/// with the identity and namespace the Lease needs, unprivileged.
+#[test]
+fn the_controller_deployment_runs_vmpath_controller_unprivileged() {
+    let m = manifests();
+    assert_eq!(m.deployments.len(), 1);
+    let d = &m.deployments[0];
+    let spec = d.spec.as_ref().unwrap().template.spec.as_ref().unwrap();
+    assert_eq!(
+        spec.service_account_name.as_deref(),
+        Some("vmpath-controller")
+    );
+    let c = container(&spec.containers, "controller");
+    assert_eq!(
+        c.command.as_deref(),
+        Some(&["vmpath".to_string(), "controller".to_string()][..])
+    );
+    let env: BTreeMap<_, _> = c
+        .env
+        .iter()
+        .flatten()
+        .map(|e| {
+            let field = e
+                .value_from
+                .as_ref()
+                .and_then(|v| v.field_ref.as_ref())
+                .map(|f| f.field_path.clone());
+            (e.name.clone(), field)
+        })
+        .collect();
+    assert_eq!(env["POD_NAME"].as_deref(), Some("metadata.name"));
+    assert_eq!(env["POD_NAMESPACE"].as_deref(), Some("metadata.namespace"));
+    let sc = c.security_context.as_ref().unwrap();
+    assert_eq!(sc.run_as_non_root, Some(true));
+    assert_eq!(sc.allow_privilege_escalation, Some(false));
+    assert_eq!(sc.privileged, None);
+    assert_eq!(
+        c.image.as_deref(),
+        Some("vmpath"),
+        "the kustomization's image name"
+    );
 }
 
 #[test]

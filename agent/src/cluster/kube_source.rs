@@ -10,9 +10,10 @@
 //! the source is empty, which leaves the data path as it is.
 
 use std::{
+    collections::BTreeSet,
     path::{Path, PathBuf},
     sync::{
-        Arc,
+        Arc, Mutex,
         atomic::{AtomicBool, AtomicU64, Ordering},
     },
 };
@@ -21,14 +22,18 @@ use anyhow::{Context as _, Result};
 use futures_util::StreamExt as _;
 use kube::{
     Api, Client,
-    api::{ApiResource, DynamicObject, GroupVersionKind},
+    api::{ApiResource, DynamicObject, GroupVersionKind, Patch, PatchParams, PostParams},
     config::{KubeConfigOptions, Kubeconfig},
     runtime::{WatchStreamExt as _, reflector, watcher},
 };
 use tracing::{info, warn};
 
+use super::writeback;
 use crate::{
-    config::source::{RawDocument, Snapshot},
+    config::{
+        ConfigError,
+        source::{RawDocument, Snapshot},
+    },
     events::Wake,
     view::SharedView,
 };
@@ -80,6 +85,18 @@ pub struct KubeSource {
     kinds: Vec<Kind>,
     /// Bumped on every watch event, for the round's fingerprint.
     generation: Arc<AtomicU64>,
+    client: Client,
+    runtime: tokio::runtime::Handle,
+    node: String,
+    /// What was written back already: Events (object, message) and the
+    /// detected MACs per VMI. Forgotten on restart: written again then.
+    reported: Mutex<Reported>,
+}
+
+#[derive(Default)]
+struct Reported {
+    events: BTreeSet<(writeback::Involved, String)>,
+    macs: writeback::DetectedMacs,
 }
 
 /// Where the client's config comes from.
@@ -120,6 +137,10 @@ impl KubeSource {
         };
         let mut kinds = Vec::new();
         for (group, version, kind, plural, on_node) in KINDS {
+            debug_assert!(
+                super::rbac::allows(super::rbac::AGENT, group, plural, "watch"),
+                "{plural} is watched: the RBAC table must say so"
+            );
             let resource = ApiResource::from_gvk_with_plural(
                 &GroupVersionKind::gvk(group, version, kind),
                 plural,
@@ -160,11 +181,78 @@ impl KubeSource {
                 listed,
             });
         }
+        let handle = runtime.handle().clone();
         // The runtime lives as long as the process.
         std::thread::Builder::new()
             .name("vmpath-kube".into())
             .spawn(move || runtime.block_on(std::future::pending::<()>()))?;
-        Ok(KubeSource { kinds, generation })
+        Ok(KubeSource {
+            kinds,
+            generation,
+            client,
+            runtime: handle,
+            node: node.to_string(),
+            reported: Mutex::new(Reported::default()),
+        })
+    }
+
+    /// Writes back what a round found, without waiting for the API server:
+    /// an Event for each refusal and wait not reported yet, and the VMIs'
+    /// detected MACs where they changed. A write that fails is logged and
+    /// tried again after the next change.
+    pub fn report(
+        &self,
+        errors: &[ConfigError],
+        warnings: &[ConfigError],
+        macs: writeback::DetectedMacs,
+    ) {
+        let mut reported = self.reported.lock().unwrap_or_else(|p| p.into_inner());
+        let current: BTreeSet<(writeback::Involved, String)> =
+            writeback::events_of(errors, warnings)
+                .into_iter()
+                .map(|(inv, reason, message)| {
+                    if !reported.events.contains(&(inv.clone(), message.clone())) {
+                        let event =
+                            writeback::event(&inv, reason, &message, "vmpath-agent", &self.node);
+                        let api: Api<k8s_openapi::api::core::v1::Event> =
+                            Api::namespaced(self.client.clone(), &inv.namespace);
+                        let what = format!("{} {}/{}", inv.kind, inv.namespace, inv.name);
+                        self.runtime.spawn(async move {
+                            if let Err(e) = api.create(&PostParams::default(), &event).await {
+                                warn!("posting an Event on {what}: {e}");
+                            }
+                        });
+                    }
+                    (inv, message)
+                })
+                .collect();
+        // A refusal that went away and comes back is reported again.
+        reported.events = current;
+        for (vmi, by_iface) in &macs {
+            if reported.macs.get(vmi) == Some(by_iface) {
+                continue;
+            }
+            let resource = ApiResource::from_gvk_with_plural(
+                &GroupVersionKind::gvk("kubevirt.io", "v1", "VirtualMachineInstance"),
+                "virtualmachineinstances",
+            );
+            let api: Api<DynamicObject> =
+                Api::namespaced_with(self.client.clone(), &vmi.0, &resource);
+            let value = serde_json::to_string(by_iface).expect("a map serializes");
+            let patch = serde_json::json!({"metadata": {"annotations": {
+                writeback::DETECTED_MAC_ANNOTATION: value}}});
+            let name = vmi.1.clone();
+            self.runtime.spawn(async move {
+                match api
+                    .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+                    .await
+                {
+                    Ok(_) => info!(vmi = %name, macs = %value, "detected MACs written to the VMI"),
+                    Err(e) => warn!(vmi = %name, "annotating the detected MACs: {e}"),
+                }
+            });
+        }
+        reported.macs = macs;
     }
 
     /// The objects as documents, as the config dir would give them.
@@ -190,5 +278,22 @@ impl KubeSource {
         snap.empty = !all_listed || snap.documents.is_empty();
         snap.fingerprint = crate::hash::fnv1a(&[b"kubernetes", &generation.to_le_bytes()]);
         snap
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{super::rbac, KINDS};
+
+    #[test]
+    fn every_watched_kind_is_in_the_rbac_table() {
+        for (group, _, _, plural, _) in KINDS {
+            for verb in ["list", "watch"] {
+                assert!(
+                    rbac::allows(rbac::AGENT, group, plural, verb),
+                    "{group}/{plural} {verb}"
+                );
+            }
+        }
     }
 }

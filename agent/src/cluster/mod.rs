@@ -5,4 +5,6 @@
 
 pub mod kube_source;
 pub mod objects;
+pub mod rbac;
 pub mod translate;
+pub mod writeback;

@@ -36,6 +36,15 @@ pub struct Translated {
     /// while the VMI exists, with or without a pod.
     pub keep: BTreeSet<AttachmentKey>,
     pub errors: Vec<ConfigError>,
+    /// VM interfaces held back until their IPAMClaim has addresses (the
+    /// controller writes them): reported as warnings, on the CNI port's
+    /// source where there is one, so the plugin's ADD names the wait.
+    pub waiting: Vec<ConfigError>,
+}
+
+/// Whether a vmpath Network document has IPAM (its default).
+fn has_ipam(raw: &RawDocument) -> bool {
+    raw.value.pointer("/spec/ipam/mode").and_then(Value::as_str) != Some("Disabled")
 }
 
 /// A port the CNI plugin handed over, as its Attachment document says.
@@ -259,6 +268,24 @@ pub fn translate(documents: &[RawDocument], node: &str) -> Translated {
         }
         nad_index.insert(key, cni);
     }
+    // A claim that exists but holds no address yet: its VM waits for the
+    // controller rather than take an address of its own.
+    let claim_pending = |namespace: &str, name: &str| -> bool {
+        claims.iter().any(|c| {
+            c.value.metadata.namespace() == namespace
+                && c.value.metadata.name == name
+                && c.value.status.ips.is_empty()
+        })
+    };
+    let ipam_networks: BTreeSet<String> = flatten(documents)
+        .iter()
+        .filter(|raw| {
+            matches!(group_kind(&raw.value), Some((g, "Network")) if g.starts_with("vmpath"))
+                && has_ipam(raw)
+        })
+        .filter_map(|raw| raw.value.pointer("/metadata/name").and_then(Value::as_str))
+        .map(str::to_string)
+        .collect();
     let claim_ips = |namespace: &str, name: &str| -> Option<Vec<String>> {
         claims
             .iter()
@@ -463,6 +490,21 @@ pub fn translate(documents: &[RawDocument], node: &str) -> Translated {
                 .clone()
                 .unwrap_or_else(|| format!("{}.{}", vmi.metadata.name, net.name));
             let ips = claim_ips(ns, &claim_name).unwrap_or_else(|| selection.ips.clone());
+            if ips.is_empty() && ipam_networks.contains(&network) && claim_pending(ns, &claim_name)
+            {
+                let cni_file = running.as_ref().and_then(|((pi, _), iface)| {
+                    tr.take_cni(&pods[*pi].value, &iface.ifname).map(|c| c.file)
+                });
+                tr.out.waiting.push(error(
+                    cni_file.as_ref().unwrap_or(&v.file),
+                    label("VirtualMachineInstance", &vmi.metadata),
+                    &format!("spec.networks[{}]", net.name),
+                    format!(
+                        "waits for IPAMClaim {ns}/{claim_name}'s status.ips: addresses on network {network:?} are allocated by vmpath controller"
+                    ),
+                ));
+                continue;
+            }
             let mac = mac.or_else(|| selection.mac.clone());
             let Some(vm_node) = running_node.clone() else {
                 continue; // not scheduled yet
@@ -935,6 +977,34 @@ mod tests {
         assert!(cfg.keys_in_documents.contains(&a.key));
         // The v1 Node gives the underlay address.
         assert_eq!(cfg.nodes["node-a"].address.to_string(), "192.0.2.10");
+    }
+
+    #[test]
+    fn a_claim_without_addresses_holds_the_vm_back_and_says_so_on_its_port() {
+        // The claim exists (KubeVirt made it) but the controller has not
+        // written status.ips yet: no address of the agent's own.
+        let pending = VM.replace("status:\n  ips: [10.31.0.11/24]", "");
+        assert_ne!(pending, VM, "the fixture's claim status");
+        let cfg = validate(
+            &[("network.yaml", NETWORK), ("vm.yaml", &pending)],
+            vec![cni_port(POD, "pod16477688c0e", "vmp0a1b2c3d4e")],
+            "node-a",
+        );
+        assert!(cfg.errors.is_empty(), "{:#?}", cfg.errors);
+        assert!(cfg.attachments.is_empty(), "{:#?}", cfg.attachments);
+        assert!(cfg.keys_in_documents.contains(&key("prod", "vm1", "blue")));
+        let w = cfg
+            .warnings
+            .iter()
+            .find(|w| {
+                w.message
+                    .contains("waits for IPAMClaim prod/vm1.blue's status.ips")
+            })
+            .unwrap_or_else(|| panic!("{:#?}", cfg.warnings));
+        assert!(
+            w.file.to_string_lossy().starts_with(CNI_SOURCE_PREFIX),
+            "on the CNI port, for the plugin's ADD: {w:?}"
+        );
     }
 
     #[test]

@@ -96,6 +96,7 @@ pub fn validate(
     let translated = crate::cluster::translate::translate(&snapshot.documents, node_name);
     cfg.errors.extend(translated.errors);
     cfg.keys_in_documents.extend(translated.keep);
+    let waiting = translated.waiting;
     let mut nodes = Vec::new();
     let mut networks = Vec::new();
     let mut attachments = Vec::new();
@@ -258,6 +259,7 @@ pub fn validate(
     }
     cfg.attachments.sort_by(|x, y| x.key.cmp(&y.key));
     cfg.warnings = super::reserved::warnings(&cfg);
+    cfg.warnings.extend(waiting);
     cfg
 }
 

@@ -1,0 +1,66 @@
+//! What vmpath asks of the API server, by (API group, resource, verbs): the
+//! one list the code follows and deploy/'s RBAC must grant exactly (a test
+//! compares them).
+
+/// One rule: API group (`""` for core), resource (`x/status` for a
+/// subresource), verbs.
+pub type Rule = (&'static str, &'static str, &'static [&'static str]);
+
+/// `vmpath agent --source kubernetes`: its watchers (list, watch), the
+/// Events it posts, the detected-MAC annotation it patches onto VMIs.
+pub const AGENT: &[Rule] = &[
+    ("", "nodes", &["list", "watch"]),
+    ("", "pods", &["list", "watch"]),
+    ("", "events", &["create"]),
+    ("vmpath.dev", "networks", &["list", "watch"]),
+    (
+        "k8s.cni.cncf.io",
+        "network-attachment-definitions",
+        &["list", "watch"],
+    ),
+    ("k8s.cni.cncf.io", "ipamclaims", &["list", "watch"]),
+    (
+        "kubevirt.io",
+        "virtualmachineinstances",
+        &["list", "watch", "patch"],
+    ),
+    (
+        "kubevirt.io",
+        "virtualmachineinstancemigrations",
+        &["list", "watch"],
+    ),
+];
+
+/// `vmpath controller`, cluster-wide: it reads the Networks, NADs and
+/// claims, reads a claim it no longer lists (is it gone?), writes claims'
+/// and Networks' status, posts Events on refused claims.
+pub const CONTROLLER: &[Rule] = &[
+    ("", "events", &["create"]),
+    ("vmpath.dev", "networks", &["list"]),
+    ("vmpath.dev", "networks/status", &["update"]),
+    (
+        "k8s.cni.cncf.io",
+        "network-attachment-definitions",
+        &["list"],
+    ),
+    ("k8s.cni.cncf.io", "ipamclaims", &["get", "list"]),
+    ("k8s.cni.cncf.io", "ipamclaims/status", &["update"]),
+];
+
+/// `vmpath controller`, in its own namespace: the Lease and the ledger
+/// ConfigMap.
+pub const CONTROLLER_NAMESPACED: &[Rule] = &[
+    ("", "configmaps", &["get", "create", "update"]),
+    (
+        "coordination.k8s.io",
+        "leases",
+        &["get", "create", "update"],
+    ),
+];
+
+/// Whether `rules` grant `verb` on `group`/`resource`.
+pub fn allows(rules: &[Rule], group: &str, resource: &str, verb: &str) -> bool {
+    rules
+        .iter()
+        .any(|(g, r, verbs)| *g == group && *r == resource && verbs.contains(&verb))
+}

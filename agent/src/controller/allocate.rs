@@ -1,0 +1,328 @@
+//! What one allocation round writes, computed from what was read: the
+//! ledger (every address handed out, by network, and the claim holding
+//! it) and the IPAMClaims. Pure: the caller reads and writes.
+//!
+//! The ledger is what makes two writers safe. An address goes into a
+//! claim's `status.ips` only after the ledger, written conditionally on
+//! its resourceVersion, names that claim (by uid) as its holder: two
+//! controllers that planned from the same ledger cannot both write it, so
+//! one address never lands in two claims, whoever leads, however a round
+//! is cut short. The claims themselves keep the addresses too: a lost
+//! ledger is rebuilt from them.
+
+use std::{
+    collections::{BTreeMap, HashSet},
+    net::IpAddr,
+};
+
+use ipnet::IpNet;
+use serde::{Deserialize, Serialize};
+
+use crate::{config::Network, hash::fnv1a, ipam::Pool};
+
+/// Who holds an address.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Holder {
+    /// `namespace/name` of the IPAMClaim.
+    pub claim: String,
+    /// Its uid: a claim deleted and made again is another claim.
+    #[serde(default)]
+    pub uid: String,
+    /// The address with its subnet's prefix, as `status.ips` has it.
+    pub ip: IpNet,
+}
+
+/// Network name -> address -> holder.
+pub type Ledger = BTreeMap<String, BTreeMap<IpAddr, Holder>>;
+
+/// An IPAMClaim as the round sees it.
+#[derive(Debug, Clone)]
+pub struct Claim {
+    pub namespace: String,
+    pub name: String,
+    pub uid: String,
+    /// The vmpath network its `spec.network` resolves to, or why none.
+    pub network: Result<String, String>,
+    /// `status.ips` as read.
+    pub ips: Vec<String>,
+    /// Addresses asked for ([`REQUESTED_IPS_ANNOTATION`]).
+    pub requested: Vec<String>,
+}
+
+/// On an IPAMClaim: a static request, comma-separated CIDRs
+/// (`10.31.0.50/24`), honoured while the claim has no `status.ips`.
+pub const REQUESTED_IPS_ANNOTATION: &str = "vmpath.dev/requested-ips";
+
+impl Claim {
+    pub fn key(&self) -> String {
+        format!("{}/{}", self.namespace, self.name)
+    }
+}
+
+/// The round's writes.
+#[derive(Debug, Default)]
+pub struct Plan {
+    /// The ledger to write (when it differs from the one read).
+    pub ledger: Ledger,
+    /// `status.ips` to write, by claim key.
+    pub statuses: BTreeMap<String, Vec<String>>,
+    /// Claims refused, by key, with the reason.
+    pub refusals: BTreeMap<String, String>,
+}
+
+fn pools(net: &Network) -> Vec<Pool> {
+    net.subnets
+        .iter()
+        .map(|s| Pool::new(*s, &net.exclude_subnets, &net.gateway_ips))
+        .collect()
+}
+
+/// Plans a round. `gone` are the claims (key, uid) confirmed deleted: their
+/// addresses are released. Ledger entries of claims neither listed nor
+/// confirmed gone are kept (a claim made after the list was taken).
+pub fn plan(
+    networks: &[Network],
+    claims: &[Claim],
+    ledger: &Ledger,
+    gone: &[(String, String)],
+) -> Plan {
+    let mut out = Plan {
+        ledger: ledger.clone(),
+        ..Default::default()
+    };
+    let gone: HashSet<&(String, String)> = gone.iter().collect();
+    for held in out.ledger.values_mut() {
+        held.retain(|_, h| !gone.contains(&(h.claim.clone(), h.uid.clone())));
+    }
+    out.ledger.retain(|_, held| !held.is_empty());
+
+    let mut claims: Vec<&Claim> = claims.iter().collect();
+    claims.sort_by_key(|c| c.key());
+    // Claims with addresses first: what a VM holds is never taken by a
+    // claim allocated in the same round.
+    claims.sort_by_key(|c| (c.ips.is_empty(), c.requested.is_empty()));
+    for claim in claims {
+        let key = claim.key();
+        let network = match &claim.network {
+            Ok(n) => n,
+            Err(why) => {
+                out.refusals.insert(key, why.clone());
+                continue;
+            }
+        };
+        let Some(net) = networks.iter().find(|n| &n.name == network) else {
+            out.refusals.insert(
+                key,
+                format!("network {network:?} is not a known vmpath Network"),
+            );
+            continue;
+        };
+        if !net.ipam {
+            // Addresses on an IPAM-less network are the VM's own business.
+            continue;
+        }
+        let pools = pools(net);
+        let held = out.ledger.entry(network.clone()).or_default();
+        let is_mine = |h: &Holder| h.claim == key && h.uid == claim.uid;
+        // What the claim holds (persistence), else what it asks for (a
+        // static request): taken as is, all or nothing, unless another
+        // claim holds it or IPAM may not hand it out.
+        let (given, field) = if !claim.ips.is_empty() {
+            (&claim.ips, "status.ips")
+        } else {
+            (&claim.requested, REQUESTED_IPS_ANNOTATION)
+        };
+        if !given.is_empty() {
+            let mut taken = Vec::new();
+            let mut refused = None;
+            for text in given {
+                let Ok(ip) = text.parse::<IpNet>() else {
+                    refused = Some(format!("{field}: {text:?} is not a CIDR"));
+                    break;
+                };
+                match held.get(&ip.addr()) {
+                    Some(h) if is_mine(h) => taken.push(ip),
+                    Some(h) => {
+                        refused = Some(format!(
+                            "IP {} is claimed by IPAMClaim {} on network {network:?}",
+                            ip.addr(),
+                            h.claim
+                        ));
+                        break;
+                    }
+                    None if !pools.iter().any(|p| p.allocatable(ip.addr())) => {
+                        refused = Some(format!(
+                            "IP {} is not allocatable on network {network:?} (outside its subnets, excluded or a gateway)",
+                            ip.addr()
+                        ));
+                        break;
+                    }
+                    None => taken.push(ip),
+                }
+            }
+            match refused {
+                Some(why) => {
+                    out.refusals.insert(key, why);
+                }
+                None => {
+                    for ip in &taken {
+                        held.insert(
+                            ip.addr(),
+                            Holder {
+                                claim: key.clone(),
+                                uid: claim.uid.clone(),
+                                ip: *ip,
+                            },
+                        );
+                    }
+                    if claim.ips.is_empty() {
+                        out.statuses
+                            .insert(key, taken.iter().map(ToString::to_string).collect());
+                    }
+                }
+            }
+            continue;
+        }
+        // A round cut short after the ledger was written: its addresses
+        // are this claim's already.
+        let mut ips: Vec<IpNet> = held.values().filter(|h| is_mine(h)).map(|h| h.ip).collect();
+        for v6 in [false, true] {
+            if ips.iter().any(|ip| ip.addr().is_ipv6() == v6) {
+                continue;
+            }
+            let Some(pool) = pools.iter().find(|p| p.subnet().addr().is_ipv6() == v6) else {
+                continue;
+            };
+            let taken: HashSet<IpAddr> = held.keys().copied().collect();
+            let seed = fnv1a(&[key.as_bytes(), &[u8::from(v6)]]);
+            match pool.allocate(seed, &taken) {
+                Some(addr) => {
+                    let ip = IpNet::new(addr, pool.subnet().prefix_len())
+                        .expect("prefix of a valid subnet");
+                    held.insert(
+                        addr,
+                        Holder {
+                            claim: key.clone(),
+                            uid: claim.uid.clone(),
+                            ip,
+                        },
+                    );
+                    ips.push(ip);
+                }
+                None => {
+                    out.refusals.insert(
+                        key.clone(),
+                        format!("network {network:?}: subnet {} is exhausted", pool.subnet()),
+                    );
+                }
+            }
+        }
+        if !ips.is_empty() {
+            ips.sort_by_key(|ip| ip.addr().is_ipv6());
+            out.statuses
+                .insert(key, ips.iter().map(ToString::to_string).collect());
+        }
+    }
+    out.ledger.retain(|_, held| !held.is_empty());
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::source::{RawDocument, Snapshot};
+
+    fn network(yaml: &str) -> Vec<Network> {
+        let snap = Snapshot {
+            documents: crate::config::source::parse(yaml.as_bytes())
+                .unwrap()
+                .into_iter()
+                .map(|value| RawDocument {
+                    file: "t".into(),
+                    index: 1,
+                    value,
+                })
+                .collect(),
+            ..Default::default()
+        };
+        let cfg = crate::config::validate(&snap, "", &Default::default());
+        assert!(cfg.errors.is_empty(), "{:?}", cfg.errors);
+        cfg.networks
+    }
+
+    const BLUE: &str = "apiVersion: vmpath.dev/v1alpha1\nkind: Network\nmetadata: {name: blue}\nspec:\n  id: 7\n  subnets: [10.9.0.0/29]\n  excludeSubnets: [10.9.0.2/31]\n  defaultGatewayIPs: [10.9.0.1]\n  ipam: {mode: Enabled}\n";
+
+    fn claim(name: &str, ips: &[&str]) -> Claim {
+        Claim {
+            namespace: "prod".into(),
+            name: name.into(),
+            uid: format!("u-{name}"),
+            network: Ok("blue".into()),
+            ips: ips.iter().map(|s| s.to_string()).collect(),
+            requested: vec![],
+        }
+    }
+
+    #[test]
+    fn allocates_around_exclusions_gateways_and_held_addresses() {
+        let nets = network(BLUE);
+        // 10.9.0.1 gateway, .2-.3 excluded: .4 .5 .6 are left.
+        let claims = vec![
+            claim("a", &["10.9.0.5/29"]),
+            claim("b", &[]),
+            claim("c", &[]),
+            claim("d", &[]),
+        ];
+        let plan = plan(&nets, &claims, &Ledger::new(), &[]);
+        let mut given: Vec<&String> = plan.statuses.values().flatten().collect();
+        given.sort();
+        assert_eq!(given, ["10.9.0.4/29", "10.9.0.6/29"], "{plan:?}");
+        assert_eq!(plan.ledger["blue"].len(), 3);
+        assert!(
+            plan.refusals.values().any(|r| r.contains("exhausted")),
+            "{plan:?}"
+        );
+    }
+
+    #[test]
+    fn a_conflict_is_named_and_a_cut_round_is_resumed() {
+        let nets = network(BLUE);
+        let first = plan(&nets, &[claim("a", &[])], &Ledger::new(), &[]);
+        let ip = first.statuses["prod/a"][0].clone();
+        // The status write was lost: the ledger gives the claim the same
+        // address again, and another claim cannot take it.
+        let again = plan(
+            &nets,
+            &[claim("z", &[&ip]), claim("a", &[])],
+            &first.ledger,
+            &[],
+        );
+        assert_eq!(again.statuses["prod/a"], std::slice::from_ref(&ip));
+        assert!(
+            again.refusals["prod/z"].contains("claimed by IPAMClaim prod/a"),
+            "{again:?}"
+        );
+        // A static request: given when free, refused naming the holder.
+        let free = ["10.9.0.4/29", "10.9.0.5/29", "10.9.0.6/29"]
+            .into_iter()
+            .find(|x| *x != ip)
+            .unwrap();
+        let mut asks = claim("s", &[]);
+        asks.requested = vec![free.into()];
+        let mut late = claim("t", &[]);
+        late.requested = vec![ip.clone()];
+        let static_plan = plan(&nets, &[asks, late], &first.ledger, &[]);
+        assert_eq!(static_plan.statuses["prod/s"], [free]);
+        assert!(static_plan.refusals["prod/t"].contains("claimed by IPAMClaim prod/a"));
+        // Released only once the claim is confirmed gone.
+        let kept = plan(&nets, &[], &first.ledger, &[]);
+        assert_eq!(kept.ledger, first.ledger);
+        let released = plan(
+            &nets,
+            &[],
+            &first.ledger,
+            &[("prod/a".into(), "u-a".into())],
+        );
+        assert!(released.ledger.is_empty());
+    }
+}

@@ -1,0 +1,404 @@
+//! `vmpath controller`: the one writer of addresses in a cluster. One
+//! active replica (a Lease, [`lease`]) allocates into IPAMClaims'
+//! `status.ips` with the node agent's IPAM rules, keeping every address it
+//! hands out in a ledger ConfigMap written conditionally on its
+//! resourceVersion ([`allocate`]): two controllers racing, a leader
+//! killed mid-round or an API server restart never give one address to
+//! two claims. An address is released when its claim is gone (Kubernetes'
+//! garbage collector deletes a claim with its owner, the VirtualMachine).
+
+pub mod allocate;
+pub mod lease;
+
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    path::PathBuf,
+    time::Duration,
+};
+
+use k8s_openapi::api::{
+    coordination::v1::Lease,
+    core::v1::{ConfigMap, Event},
+};
+use kube::{
+    Api, Client,
+    api::{ApiResource, DynamicObject, GroupVersionKind, ListParams, ObjectMeta, PostParams},
+};
+use tracing::{info, warn};
+
+use crate::{
+    cluster::{
+        objects::{Nad, NadConfig},
+        writeback::{self, Involved},
+    },
+    config::{
+        Network,
+        source::{RawDocument, Snapshot},
+    },
+};
+
+/// The ledger ConfigMap's key holding the JSON ledger.
+pub const LEDGER_KEY: &str = "allocations";
+
+#[derive(Debug, thiserror::Error)]
+pub enum ControllerError {
+    #[error("Kubernetes client config: {0}")]
+    Config(String),
+    #[error("API server: {0}")]
+    Api(#[from] kube::Error),
+    #[error("ledger ConfigMap {name}: {message}")]
+    Ledger { name: String, message: String },
+    #[error("starting the runtime: {0}")]
+    Runtime(#[from] std::io::Error),
+}
+
+#[derive(Debug, Clone)]
+pub struct ControllerOptions {
+    pub kubeconfig: Option<PathBuf>,
+    /// Where the Lease and the ledger live.
+    pub namespace: String,
+    /// This replica's name in the Lease's holderIdentity.
+    pub identity: String,
+    pub lease_name: String,
+    pub ledger_name: String,
+    pub lease_duration: Duration,
+    /// How often the Lease is renewed and, while leading, a round runs.
+    pub interval: Duration,
+}
+
+fn resource(group: &str, version: &str, kind: &str, plural: &str) -> ApiResource {
+    ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk(group, version, kind), plural)
+}
+
+/// Runs until the process is stopped.
+pub fn run(opts: &ControllerOptions) -> Result<(), ControllerError> {
+    let config = crate::cluster::kube_source::client_config(opts.kubeconfig.as_deref())
+        .map_err(|e| ControllerError::Config(format!("{e:#}")))?;
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    runtime.block_on(async {
+        let client = Client::try_from(config).map_err(ControllerError::Api)?;
+        let leases: Api<Lease> = Api::namespaced(client.clone(), &opts.namespace);
+        let mut elector =
+            lease::Elector::new(leases, &opts.lease_name, &opts.identity, opts.lease_duration);
+        let mut leading = false;
+        let mut reported = BTreeSet::new();
+        info!(identity = %opts.identity, lease = %opts.lease_name, namespace = %opts.namespace, "controller started");
+        loop {
+            match elector.tick().await {
+                Ok(now) => {
+                    if now != leading {
+                        info!(identity = %opts.identity, leading = now, "{}", if now { "leading" } else { "not leading" });
+                    }
+                    leading = now;
+                }
+                Err(e) => warn!("lease: {e}"),
+            }
+            if leading && let Err(e) = round(&client, opts, &mut reported).await {
+                warn!("allocation round: {e}");
+            }
+            tokio::time::sleep(opts.interval).await;
+        }
+    })
+}
+
+/// The `Accepted` condition for a Network: `True`, or `False` with every
+/// refusal of it (as the agent would refuse it).
+fn accepted_condition(name: &str, errors: &[crate::config::ConfigError]) -> (bool, String) {
+    let label = format!("Network {name}");
+    let refusals: Vec<String> = errors
+        .iter()
+        .filter(|e| e.document == label)
+        .map(|e| {
+            if e.field.is_empty() {
+                e.message.clone()
+            } else {
+                format!("field {}: {}", e.field, e.message)
+            }
+        })
+        .collect();
+    if refusals.is_empty() {
+        (true, "valid".to_string())
+    } else {
+        (false, refusals.join("; "))
+    }
+}
+
+/// Writes each Network's `status.conditions` (`Accepted`) where it
+/// changed, conditionally on the object's resourceVersion (a 409 is
+/// written again next round).
+async fn write_conditions(
+    api: &Api<DynamicObject>,
+    objects: &[DynamicObject],
+    errors: &[crate::config::ConfigError],
+) {
+    for o in objects {
+        let Some(name) = o.metadata.name.as_deref() else {
+            continue;
+        };
+        let (ok, message) = accepted_condition(name, errors);
+        let status = if ok { "True" } else { "False" };
+        let current = o.data["status"]["conditions"]
+            .as_array()
+            .and_then(|c| c.iter().find(|c| c["type"] == "Accepted"));
+        if current.is_some_and(|c| c["status"] == status && c["message"] == message.as_str()) {
+            continue;
+        }
+        let mut next = o.clone();
+        next.data["status"]["conditions"] = serde_json::json!([{
+            "type": "Accepted",
+            "status": status,
+            "reason": if ok { "Valid" } else { "Refused" },
+            "message": message,
+            "observedGeneration": o.metadata.generation.unwrap_or(0),
+            "lastTransitionTime": k8s_openapi::jiff::Timestamp::now().to_string(),
+        }]);
+        match api
+            .replace_status(name, &PostParams::default(), &next)
+            .await
+        {
+            Ok(_) => info!(network = %name, accepted = ok, "Network status written"),
+            Err(e) => warn!(network = %name, "writing the Network's status: {e}"),
+        }
+    }
+}
+
+/// The vmpath Networks, validated as the agent validates them, and the
+/// refusals.
+fn networks(objects: &[DynamicObject]) -> (Vec<Network>, Vec<crate::config::ConfigError>) {
+    let documents = objects
+        .iter()
+        .enumerate()
+        .filter_map(|(i, o)| {
+            let mut value = serde_json::to_value(o).ok()?;
+            value["apiVersion"] = "vmpath.dev/v1alpha1".into();
+            value["kind"] = "Network".into();
+            Some(RawDocument {
+                file: "kubernetes:networks".into(),
+                index: i + 1,
+                value,
+            })
+        })
+        .collect();
+    let snap = Snapshot {
+        documents,
+        ..Default::default()
+    };
+    let cfg = crate::config::validate(&snap, "", &Default::default());
+    (cfg.networks, cfg.errors)
+}
+
+/// The vmpath network an IPAMClaim's `spec.network` names: the network of
+/// the vmpath NAD in its namespace whose CNI config has that `name` (as
+/// ipam-extensions writes it), else a vmpath Network of that name.
+fn claim_network(
+    namespace: &str,
+    spec_network: &str,
+    nads: &[Nad],
+    networks: &[Network],
+) -> Result<String, String> {
+    for nad in nads.iter().filter(|n| n.metadata.namespace() == namespace) {
+        let name = serde_json::from_str::<serde_json::Value>(&nad.spec.config)
+            .ok()
+            .and_then(|c| c["name"].as_str().map(str::to_string));
+        if name.as_deref() == Some(spec_network)
+            && let Ok(NadConfig::Vmpath { network }) = nad.cni()
+        {
+            return Ok(network);
+        }
+    }
+    if networks.iter().any(|n| n.name == spec_network) {
+        return Ok(spec_network.to_string());
+    }
+    Err(format!(
+        "spec.network {spec_network:?} is no vmpath NetworkAttachmentDefinition's network in namespace {namespace:?} nor a vmpath Network"
+    ))
+}
+
+/// One allocation round: read, plan, write the ledger (conditionally),
+/// then the claims' statuses (each conditionally).
+async fn round(
+    client: &Client,
+    opts: &ControllerOptions,
+    reported: &mut BTreeSet<(String, String)>,
+) -> Result<(), ControllerError> {
+    let claims_res = resource("k8s.cni.cncf.io", "v1alpha1", "IPAMClaim", "ipamclaims");
+    let claims_api: Api<DynamicObject> = Api::all_with(client.clone(), &claims_res);
+    let nets_api: Api<DynamicObject> = Api::all_with(
+        client.clone(),
+        &resource("vmpath.dev", "v1alpha1", "Network", "networks"),
+    );
+    let nads_api: Api<DynamicObject> = Api::all_with(
+        client.clone(),
+        &resource(
+            "k8s.cni.cncf.io",
+            "v1",
+            "NetworkAttachmentDefinition",
+            "network-attachment-definitions",
+        ),
+    );
+    let ledger_api: Api<ConfigMap> = Api::namespaced(client.clone(), &opts.namespace);
+
+    let lp = ListParams::default();
+    let network_objects = nets_api.list(&lp).await?.items;
+    let (networks, refused) = networks(&network_objects);
+    write_conditions(&nets_api, &network_objects, &refused).await;
+    let nads: Vec<Nad> = nads_api
+        .list(&lp)
+        .await?
+        .items
+        .iter()
+        .filter_map(|o| serde_json::from_value(serde_json::to_value(o).ok()?).ok())
+        .collect();
+    // Claims before the ledger: an entry for a claim made since is kept
+    // (it is released only when the claim is confirmed gone).
+    let listed = claims_api.list(&lp).await?.items;
+    let ledger_cm = ledger_api.get_opt(&opts.ledger_name).await?;
+    let ledger: allocate::Ledger = match ledger_cm
+        .as_ref()
+        .and_then(|cm| cm.data.as_ref())
+        .and_then(|d| d.get(LEDGER_KEY))
+    {
+        Some(text) => serde_json::from_str(text).map_err(|e| ControllerError::Ledger {
+            name: opts.ledger_name.clone(),
+            message: format!("{LEDGER_KEY} is not a ledger: {e}"),
+        })?,
+        None => allocate::Ledger::new(),
+    };
+
+    let mut claims = Vec::new();
+    let mut versions = BTreeMap::new();
+    for o in &listed {
+        let namespace = o.metadata.namespace.clone().unwrap_or_default();
+        let name = o.metadata.name.clone().unwrap_or_default();
+        let spec_network = o.data["spec"]["network"].as_str().unwrap_or("");
+        let claim = allocate::Claim {
+            network: claim_network(&namespace, spec_network, &nads, &networks),
+            uid: o.metadata.uid.clone().unwrap_or_default(),
+            ips: o.data["status"]["ips"]
+                .as_array()
+                .map(|a| {
+                    a.iter()
+                        .filter_map(|v| v.as_str().map(str::to_string))
+                        .collect()
+                })
+                .unwrap_or_default(),
+            requested: o
+                .metadata
+                .annotations
+                .as_ref()
+                .and_then(|a| a.get(allocate::REQUESTED_IPS_ANNOTATION))
+                .map(|v| {
+                    v.split(',')
+                        .map(str::trim)
+                        .filter(|s| !s.is_empty())
+                        .map(str::to_string)
+                        .collect()
+                })
+                .unwrap_or_default(),
+            namespace,
+            name,
+        };
+        versions.insert(claim.key(), o.clone());
+        claims.push(claim);
+    }
+
+    // Holders not listed: confirmed gone only if the claim (that uid) is.
+    let mut gone = Vec::new();
+    for h in ledger.values().flat_map(|held| held.values()) {
+        if versions.contains_key(&h.claim) || gone.contains(&(h.claim.clone(), h.uid.clone())) {
+            continue;
+        }
+        let (ns, name) = h.claim.split_once('/').unwrap_or(("", &h.claim));
+        let api: Api<DynamicObject> = Api::namespaced_with(client.clone(), ns, &claims_res);
+        let current = api.get_opt(name).await?;
+        if current.is_none_or(|c| c.metadata.uid.unwrap_or_default() != h.uid) {
+            gone.push((h.claim.clone(), h.uid.clone()));
+        }
+    }
+
+    let plan = allocate::plan(&networks, &claims, &ledger, &gone);
+    // Each refusal once as an Event on the claim (again if it comes back).
+    let current: BTreeSet<(String, String)> = plan
+        .refusals
+        .iter()
+        .map(|(c, w)| (c.clone(), w.clone()))
+        .collect();
+    for (claim, why) in current.difference(reported) {
+        warn!(claim = %claim, "IPAMClaim refused: {why}");
+        let (ns, name) = claim.split_once('/').unwrap_or(("", claim));
+        let involved = Involved {
+            api_version: "k8s.cni.cncf.io/v1alpha1",
+            kind: "IPAMClaim",
+            namespace: ns.to_string(),
+            name: name.to_string(),
+        };
+        let event = writeback::event(
+            &involved,
+            writeback::REASON_REFUSED,
+            &format!("IPAMClaim {claim}: {why}"),
+            "vmpath-controller",
+            &opts.identity,
+        );
+        let events: Api<Event> = Api::namespaced(client.clone(), ns);
+        if let Err(e) = events.create(&PostParams::default(), &event).await {
+            warn!(claim = %claim, "posting an Event: {e}");
+        }
+    }
+    *reported = current;
+    if plan.ledger != ledger || ledger_cm.is_none() {
+        let text = serde_json::to_string(&plan.ledger).expect("a ledger serializes");
+        let mut cm = ledger_cm.clone().unwrap_or_else(|| ConfigMap {
+            metadata: ObjectMeta {
+                name: Some(opts.ledger_name.clone()),
+                ..Default::default()
+            },
+            ..Default::default()
+        });
+        cm.data = Some(BTreeMap::from([(LEDGER_KEY.to_string(), text)]));
+        let written = if ledger_cm.is_some() {
+            ledger_api
+                .replace(&opts.ledger_name, &PostParams::default(), &cm)
+                .await
+        } else {
+            ledger_api.create(&PostParams::default(), &cm).await
+        };
+        match written {
+            Ok(_) => {}
+            // Another writer got there first: nothing of this plan is
+            // written; the next round starts from what it wrote.
+            Err(kube::Error::Api(s)) if s.is_conflict() || s.is_already_exists() => {
+                info!("the ledger changed under this round; starting over");
+                return Ok(());
+            }
+            Err(e) => return Err(e.into()),
+        }
+        for (claim, uid) in &gone {
+            info!(claim = %claim, uid = %uid, "IPAMClaim gone: its addresses are released");
+        }
+    }
+
+    for (key, ips) in &plan.statuses {
+        let Some(object) = versions.get(key) else {
+            continue;
+        };
+        let mut next = object.clone();
+        next.data["status"]["ips"] = ips.clone().into();
+        let (ns, name) = key.split_once('/').unwrap_or(("", key));
+        let api: Api<DynamicObject> = Api::namespaced_with(client.clone(), ns, &claims_res);
+        match api
+            .replace_status(name, &PostParams::default(), &next)
+            .await
+        {
+            Ok(_) => info!(claim = %key, ips = ?ips, "allocated"),
+            // The claim changed since it was read: the ledger keeps its
+            // addresses for it; the next round writes them.
+            Err(kube::Error::Api(s)) if s.is_conflict() || s.is_not_found() => {
+                info!(claim = %key, "IPAMClaim changed under this round; next round")
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Ok(())
+}

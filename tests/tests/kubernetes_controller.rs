@@ -1,0 +1,662 @@
+//! `vmpath controller` against the test bed's API server (in memory, over
+//! real HTTP; `vmpath_tests::kube_api`): the test API server's writes
+//! (409 on a stale resourceVersion), one leader through a Lease, every
+//! IPAMClaim allocated once with no address twice, with two controllers
+//! racing, two that both believe they lead, the leader killed, a round
+//! cut short after the ledger was written, and the API server restarted.
+
+use std::{
+    collections::BTreeMap,
+    path::PathBuf,
+    process::{Child, Command, Stdio},
+    time::Duration,
+};
+
+use serde_json::{Value, json};
+use vmpath_tests::{Netns, Node, kube_api::ApiServer, multus, unique_tag, vmpath_bin, wait_for};
+
+const NETWORK: &str = include_str!("../../agent/src/cluster/fixtures/network.yaml");
+const VM: &str = include_str!("../../agent/src/cluster/fixtures/vm.yaml");
+const LAUNCHER: &str = "virt-launcher-vm1-x7k2p";
+const LAUNCHER_IFNAME: &str = "pod16477688c0e";
+const CLAIMS: &str = "/apis/k8s.cni.cncf.io/v1alpha1/ipamclaims";
+const LEASES: &str = "/apis/coordination.k8s.io/v1/leases";
+const CONFIGMAPS: &str = "/api/v1/configmaps";
+const LEDGER: &str = "vmpath-ipam-ledger";
+
+/// The fixture's Network (10.31.0.0/24, gateway .1, IPAM) and its NAD.
+fn network_objects() -> Vec<Value> {
+    let mut out = vmpath::config::source::parse(NETWORK.as_bytes()).unwrap();
+    out.retain(|o| o["kind"] != "Node");
+    out
+}
+
+/// An IPAMClaim as KubeVirt makes one for a VM's network (ipam-extensions).
+fn claim(name: &str) -> Value {
+    json!({
+        "apiVersion": "k8s.cni.cncf.io/v1alpha1", "kind": "IPAMClaim",
+        "metadata": {"name": format!("{name}.blue"), "namespace": "prod", "uid": format!("uid-{name}"),
+                     "ownerReferences": [{"apiVersion": "kubevirt.io/v1", "kind": "VirtualMachine",
+                                          "name": name, "uid": format!("vm-{name}")}]},
+        "spec": {"network": "blue", "interface": "pod16477688c0e"},
+    })
+}
+
+struct Controller {
+    child: Child,
+    log: PathBuf,
+}
+
+impl Controller {
+    fn start(
+        ns: &Netns,
+        kubeconfig: &str,
+        identity: &str,
+        lease: &str,
+        dir: &std::path::Path,
+    ) -> Self {
+        Self::start_every(ns, kubeconfig, identity, lease, dir, "300ms")
+    }
+
+    fn start_every(
+        ns: &Netns,
+        kubeconfig: &str,
+        identity: &str,
+        lease: &str,
+        dir: &std::path::Path,
+        interval: &str,
+    ) -> Self {
+        let log = dir.join(format!("{identity}.log"));
+        let child = Command::new("nsenter")
+            .arg(format!("--net={}", ns.path()))
+            .arg(vmpath_bin())
+            .args([
+                "controller",
+                "--kubeconfig",
+                kubeconfig,
+                "--namespace",
+                "vmpath-system",
+                "--identity",
+                identity,
+                "--lease-name",
+                lease,
+                "--lease-duration",
+                "3s",
+                "--interval",
+                interval,
+            ])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).unwrap())
+            .spawn()
+            .unwrap();
+        Controller { child, log }
+    }
+    fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+    fn allocated(&self) -> usize {
+        self.log().matches("allocated").count()
+    }
+}
+
+impl Drop for Controller {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Every claim's status.ips, by claim name.
+fn addresses(server: &ApiServer) -> BTreeMap<String, Vec<String>> {
+    server
+        .objects(CLAIMS)
+        .iter()
+        .map(|c| {
+            let ips = c["status"]["ips"]
+                .as_array()
+                .map(|a| a.iter().map(|v| v.as_str().unwrap().to_string()).collect())
+                .unwrap_or_default();
+            (c["metadata"]["name"].as_str().unwrap().to_string(), ips)
+        })
+        .collect()
+}
+
+/// No address in two claims; each in the subnet, not its network,
+/// broadcast or gateway address.
+fn assert_unique(server: &ApiServer) {
+    let mut holder: BTreeMap<String, String> = BTreeMap::new();
+    for (claim, ips) in addresses(server) {
+        for ip in ips {
+            let addr = ip.split('/').next().unwrap().to_string();
+            assert!(
+                ip.starts_with("10.31.0.") && ip.ends_with("/24"),
+                "{claim}: {ip}"
+            );
+            assert!(
+                !["10.31.0.0", "10.31.0.1", "10.31.0.255"].contains(&addr.as_str()),
+                "{claim}: {ip}"
+            );
+            if let Some(other) = holder.insert(addr.clone(), claim.clone()) {
+                panic!("{addr} is in both {other} and {claim}");
+            }
+        }
+    }
+}
+
+fn all_allocated(server: &ApiServer, n: usize) -> bool {
+    let a = addresses(server);
+    a.len() == n && a.values().all(|ips| ips.len() == 1)
+}
+
+/// The message of an Event with `reason` on the object `kind`/`name`.
+fn event_on(server: &ApiServer, kind: &str, name: &str, reason: &str) -> Option<String> {
+    server.objects("/api/v1/events").iter().find_map(|e| {
+        (e["involvedObject"]["kind"] == kind
+            && e["involvedObject"]["name"] == name
+            && e["reason"] == reason)
+            .then(|| e["message"].as_str().unwrap_or("").to_string())
+    })
+}
+
+struct Bed {
+    ns: Netns,
+    server: ApiServer,
+    kubeconfig: String,
+    dir: PathBuf,
+}
+
+fn bed(name: &str) -> Bed {
+    let ns = Netns::new(format!("vc{}{name}", unique_tag()));
+    let server = ApiServer::start(&ns.path());
+    for o in network_objects() {
+        server.put(o);
+    }
+    let dir = std::env::temp_dir().join(format!("vmpath-{}", ns.name));
+    std::fs::create_dir_all(&dir).unwrap();
+    let kubeconfig = dir.join("kubeconfig");
+    std::fs::write(&kubeconfig, server.kubeconfig()).unwrap();
+    Bed {
+        kubeconfig: kubeconfig.to_str().unwrap().to_string(),
+        ns,
+        server,
+        dir,
+    }
+}
+
+impl Drop for Bed {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+#[test]
+fn the_test_api_server_refuses_a_stale_write_with_409() {
+    let b = bed("w");
+    let path = "/api/v1/namespaces/prod/configmaps";
+    let cm = json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "x"}, "data": {"a": "1"}});
+    let (code, made) = b.server.request("POST", path, "application/json", &cm);
+    assert_eq!(code, 201, "{made}");
+    let (code, again) = b.server.request("POST", path, "application/json", &cm);
+    assert_eq!(
+        (code, again["reason"].as_str()),
+        (409, Some("AlreadyExists"))
+    );
+    let one = format!("{path}/x");
+    let mut next = made.clone();
+    next["data"]["a"] = "2".into();
+    let (code, written) = b.server.request("PUT", &one, "application/json", &next);
+    assert_eq!(code, 200, "{written}");
+    // The same resourceVersion again is stale now.
+    next["data"]["a"] = "3".into();
+    let (code, refused) = b.server.request("PUT", &one, "application/json", &next);
+    assert_eq!(
+        (code, refused["reason"].as_str()),
+        (409, Some("Conflict")),
+        "{refused}"
+    );
+    let patch = json!({"data": {"b": "x", "a": null}});
+    let (code, patched) = b
+        .server
+        .request("PATCH", &one, "application/merge-patch+json", &patch);
+    assert_eq!(code, 200);
+    assert_eq!(patched["data"], json!({"b": "x"}));
+    assert_eq!(b.server.conflicts(CONFIGMAPS), 2);
+    let (code, _) = b
+        .server
+        .request("DELETE", &one, "application/json", &Value::Null);
+    assert_eq!(code, 200);
+    assert!(b.server.get(CONFIGMAPS, "prod", "x").is_none());
+    let (code, _) = b
+        .server
+        .request("GET", &one, "application/json", &Value::Null);
+    assert_eq!(code, 404);
+}
+
+#[test]
+fn two_controllers_one_leader_every_claim_allocated_once() {
+    let b = bed("r");
+    for i in 0..30 {
+        b.server.put(claim(&format!("vm{i}")));
+    }
+    // A claim that keeps its address (written before, e.g. restored), and
+    // one that says it holds the same address: refused, named.
+    let mut kept = claim("kept");
+    kept["status"] = json!({"ips": ["10.31.0.77/24"]});
+    b.server.put(kept);
+    // A static request.
+    let mut asks = claim("asks");
+    asks["metadata"]["annotations"] = json!({"vmpath.dev/requested-ips": "10.31.0.150/24"});
+    b.server.put(asks);
+    // A leader that died between writing the ledger and the claim left
+    // this: the claim gets that address, nobody else does.
+    let ledger = json!({"blue": {"10.31.0.200": {"claim": "prod/vm7.blue", "uid": "uid-vm7", "ip": "10.31.0.200/24"}}});
+    b.server.put(json!({"apiVersion": "v1", "kind": "ConfigMap",
+        "metadata": {"name": LEDGER, "namespace": "vmpath-system"},
+        "data": {"allocations": ledger.to_string()}}));
+
+    let c1 = Controller::start(&b.ns, &b.kubeconfig, "c1", "vmpath-controller", &b.dir);
+    let c2 = Controller::start(&b.ns, &b.kubeconfig, "c2", "vmpath-controller", &b.dir);
+    wait_for("32 claims allocated", Duration::from_secs(60), || {
+        all_allocated(&b.server, 32)
+    });
+    assert_unique(&b.server);
+    let a = addresses(&b.server);
+    assert_eq!(a["kept.blue"], ["10.31.0.77/24"]);
+    assert_eq!(a["vm7.blue"], ["10.31.0.200/24"]);
+    assert_eq!(a["asks.blue"], ["10.31.0.150/24"], "the static request");
+    let lease = b
+        .server
+        .get(LEASES, "vmpath-system", "vmpath-controller")
+        .expect("the Lease");
+    let holder = lease["spec"]["holderIdentity"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let (leader, other) = if holder == "c1" {
+        (&c1, &c2)
+    } else {
+        (&c2, &c1)
+    };
+    // The log line follows the write.
+    wait_for(
+        "the leader's 31 allocations logged",
+        Duration::from_secs(10),
+        || leader.allocated() == 31,
+    );
+    assert_eq!(
+        other.allocated(),
+        0,
+        "only the leader writes: {}",
+        other.log()
+    );
+
+    // The Networks' status: Accepted, or not with the agent's reasons.
+    b.server.put(json!({
+        "apiVersion": "vmpath.dev/v1alpha1", "kind": "Network",
+        "metadata": {"name": "bad"},
+        "spec": {"id": 312, "subnets": ["10.33.0.0/24"], "defaultGatewayIPs": ["10.99.0.1"]},
+    }));
+    let accepted = |name: &str| {
+        let n = b
+            .server
+            .get("/apis/vmpath.dev/v1alpha1/networks", "", name)?;
+        let c = n["status"]["conditions"]
+            .as_array()?
+            .iter()
+            .find(|c| c["type"] == "Accepted")?
+            .clone();
+        Some((
+            c["status"].as_str()?.to_string(),
+            c["message"].as_str()?.to_string(),
+        ))
+    };
+    wait_for(
+        "the Networks' Accepted conditions",
+        Duration::from_secs(20),
+        || {
+            accepted("blue").is_some_and(|(s, _)| s == "True")
+                && accepted("bad").is_some_and(|(s, m)| s == "False" && m.contains("10.99.0.1"))
+        },
+    );
+
+    // A claim holding an address another holds is refused, naming it.
+    let mut thief = claim("thief");
+    thief["status"] = json!({"ips": ["10.31.0.77/24"]});
+    b.server.put(thief);
+    wait_for("the conflict named", Duration::from_secs(20), || {
+        leader
+            .log()
+            .contains("IP 10.31.0.77 is claimed by IPAMClaim prod/kept.blue")
+            && event_on(&b.server, "IPAMClaim", "thief.blue", "Refused")
+                .is_some_and(|m| m.contains("claimed by IPAMClaim prod/kept.blue"))
+    });
+
+    // The leader killed: the other takes over once the Lease expires and
+    // allocates what came since.
+    let (mut leader, other) = if holder == "c1" { (c1, c2) } else { (c2, c1) };
+    leader.child.kill().unwrap();
+    leader.child.wait().unwrap();
+    for i in 30..40 {
+        b.server.put(claim(&format!("vm{i}")));
+    }
+    wait_for(
+        "the other controller to lead",
+        Duration::from_secs(30),
+        || {
+            b.server
+                .get(LEASES, "vmpath-system", "vmpath-controller")
+                .unwrap()["spec"]["holderIdentity"]
+                != holder.as_str()
+        },
+    );
+    wait_for("the new claims allocated", Duration::from_secs(30), || {
+        addresses(&b.server)
+            .iter()
+            .filter(|(n, ips)| n.as_str() != "thief.blue" && ips.len() == 1)
+            .count()
+            == 42
+    });
+    wait_for(
+        "the new leader's allocations logged",
+        Duration::from_secs(10),
+        || other.allocated() >= 10,
+    );
+    let lease = b
+        .server
+        .get(LEASES, "vmpath-system", "vmpath-controller")
+        .unwrap();
+    assert!(
+        lease["spec"]["leaseTransitions"].as_i64().unwrap() >= 1,
+        "{lease}"
+    );
+
+    // The API server restarts (objects kept, connections cut, history
+    // gone): the controller carries on, no address twice.
+    b.server.delete(CLAIMS, "prod", "thief.blue");
+    b.server.restart();
+    for i in 40..50 {
+        b.server.put(claim(&format!("vm{i}")));
+    }
+    wait_for("claims after the restart", Duration::from_secs(30), || {
+        all_allocated(&b.server, 52)
+    });
+    assert_unique(&b.server);
+
+    // A claim deleted (its VM gone): its address leaves the ledger.
+    let gone = addresses(&b.server)["vm3.blue"][0]
+        .split('/')
+        .next()
+        .unwrap()
+        .to_string();
+    b.server.delete(CLAIMS, "prod", "vm3.blue");
+    wait_for("vm3's address released", Duration::from_secs(20), || {
+        let cm = b.server.get(CONFIGMAPS, "vmpath-system", LEDGER).unwrap();
+        !cm["data"]["allocations"]
+            .as_str()
+            .unwrap()
+            .contains(&format!("\"{gone}\""))
+    });
+}
+
+#[test]
+fn two_controllers_that_both_lead_never_give_one_address_twice() {
+    // Each its own Lease: both lead at once, as a deposed leader that has
+    // not noticed yet does. The ledger's conditional writes keep them
+    // apart.
+    let b = bed("s");
+    // A small network, so that two planners' probes meet often; rounds
+    // every 20 ms each and claims arriving one by one: the two plan from
+    // different views of the claims and of each other's writes.
+    b.server.put(json!({
+        "apiVersion": "vmpath.dev/v1alpha1", "kind": "Network",
+        "metadata": {"name": "tiny"},
+        "spec": {"id": 311, "subnets": ["10.32.0.0/26"], "defaultGatewayIPs": ["10.32.0.1"]},
+    }));
+    let _c1 = Controller::start_every(&b.ns, &b.kubeconfig, "s1", "lease-a", &b.dir, "20ms");
+    let _c2 = Controller::start_every(&b.ns, &b.kubeconfig, "s2", "lease-b", &b.dir, "20ms");
+    for i in 0..60 {
+        let mut c = claim(&format!("vm{i}"));
+        c["spec"]["network"] = "tiny".into();
+        b.server.put(c);
+        std::thread::sleep(Duration::from_millis(7));
+    }
+    wait_for("60 claims allocated", Duration::from_secs(90), || {
+        all_allocated(&b.server, 60)
+    });
+    let mut holder: BTreeMap<String, String> = BTreeMap::new();
+    for (claim, ips) in addresses(&b.server) {
+        let ip = &ips[0];
+        assert!(
+            ip.starts_with("10.32.0.") && ip.ends_with("/26"),
+            "{claim}: {ip}"
+        );
+        if let Some(other) = holder.insert(ip.clone(), claim.clone()) {
+            panic!("{ip} is in both {other} and {claim}");
+        }
+    }
+    let ledger = b.server.get(CONFIGMAPS, "vmpath-system", LEDGER).unwrap();
+    let held: Value =
+        serde_json::from_str(ledger["data"]["allocations"].as_str().unwrap()).unwrap();
+    assert_eq!(held["tiny"].as_object().unwrap().len(), 60);
+    eprintln!(
+        "ledger writes refused with 409 (the other leader wrote first): {}",
+        b.server.conflicts(CONFIGMAPS)
+    );
+}
+
+#[test]
+fn a_vm_waits_for_its_claim_until_the_controller_writes_it_then_has_traffic() {
+    let mut node = Node::new("kc");
+    let server = ApiServer::start(&node.ns.path());
+    // The fixtures on this node, the claim without status: KubeVirt made
+    // it, nobody has allocated it yet.
+    let text = format!("{NETWORK}\n---\n{VM}").replace("node-a", &node.name);
+    let text = text.replace("status:\n  ips: [10.31.0.11/24]", "");
+    // No MAC given anywhere: the agent detects it from the VM's traffic
+    // and writes it back to the VMI.
+    let text = text
+        .replace("        macAddress: \"02:00:00:31:00:0b\"\n", "")
+        .replace("\"mac\":\"02:00:00:31:00:0b\",", "");
+    assert!(!text.contains("macAddress"), "the fixture's MACs");
+    for o in vmpath::config::source::parse(text.as_bytes()).unwrap() {
+        if o["kind"] != "Node" {
+            server.put(o);
+        }
+    }
+    server.put(json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "web-0", "namespace": "prod",
+                     "annotations": {"k8s.v1.cni.cncf.io/networks": "prod/blue"}},
+        "spec": {"nodeName": node.name},
+        "status": {"phase": "Running"},
+    }));
+    // A virt-launcher pod whose VMI is not there: refused, and said so on
+    // the pod.
+    server.put(json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "virt-launcher-ghost-abcde", "namespace": "prod",
+                     "labels": {"kubevirt.io": "virt-launcher", "kubevirt.io/created-by": "no-such-uid",
+                                "vm.kubevirt.io/name": "ghost"},
+                     "annotations": {"k8s.v1.cni.cncf.io/networks": "prod/blue"}},
+        "spec": {"nodeName": node.name},
+        "status": {"phase": "Running"},
+    }));
+    let kubeconfig = node.state_dir.join("kubeconfig");
+    std::fs::write(&kubeconfig, server.kubeconfig()).unwrap();
+    let kubeconfig = kubeconfig.to_str().unwrap().to_string();
+    node.set_agent_args(&["--source", "kubernetes", "--kubeconfig", &kubeconfig]);
+    node.start_agent();
+    wait_for(
+        "the agent to list the cluster",
+        Duration::from_secs(30),
+        || {
+            node.status().is_some_and(|s| {
+                s["attachments"]
+                    .as_array()
+                    .is_some_and(|a| a.iter().any(|a| a["vm"] == "web-0"))
+            })
+        },
+    );
+
+    let conf = multus::nad_conf(NETWORK, &node);
+    let tag = unique_tag();
+    let launcher = Netns::new(format!("vt{tag}-launcher"));
+    let web = Netns::new(format!("vt{tag}-web"));
+    let call = |pod: &'static str, ifname: &'static str, netns: &Netns, container: &str| {
+        multus::call(
+            &node,
+            "ADD",
+            &multus::Call {
+                conf: &conf,
+                pod_namespace: "prod",
+                pod,
+                ifname,
+                netns,
+                container,
+            },
+        )
+    };
+    let (ok, result) = call("web-0", "net1", &web, &format!("c{tag}web"));
+    assert!(ok, "ADD of web-0: {result}");
+    let web_ip = result["ips"][0]["address"]
+        .as_str()
+        .unwrap()
+        .split('/')
+        .next()
+        .unwrap()
+        .to_string();
+
+    // No controller yet: the VM's ADD fails after its bound, naming the
+    // claim it waits for; the agent gave the VM no address of its own.
+    let (ok, result) = call(LAUNCHER, LAUNCHER_IFNAME, &launcher, &format!("c{tag}l1"));
+    assert!(!ok, "ADD without the claim's addresses: {result}");
+    assert!(
+        result
+            .to_string()
+            .contains("waits for IPAMClaim prod/vm1.blue's status.ips"),
+        "{result}"
+    );
+    let status = node.status().unwrap();
+    assert!(
+        !status["attachments"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|a| a["vm"] == "vm1"),
+        "{status}"
+    );
+
+    // The controller allocates; the runtime retries the ADD, which now
+    // succeeds, and the VM with the claim's address reaches the pod.
+    let _controller = Controller::start(
+        &node.ns,
+        &kubeconfig,
+        "c1",
+        "vmpath-controller",
+        &node.state_dir,
+    );
+    wait_for("the claim's address", Duration::from_secs(30), || {
+        addresses(&server)
+            .get("vm1.blue")
+            .is_some_and(|ips| !ips.is_empty())
+    });
+    let vm_ip = addresses(&server)["vm1.blue"][0].clone();
+    let (ok, result) = call(LAUNCHER, LAUNCHER_IFNAME, &launcher, &format!("c{tag}l2"));
+    assert!(ok, "ADD once the claim has addresses: {result}");
+    for cmd in [
+        vec![
+            "ip",
+            "link",
+            "set",
+            LAUNCHER_IFNAME,
+            "address",
+            "02:00:00:31:00:0b",
+        ],
+        vec!["ip", "addr", "add", &vm_ip, "dev", LAUNCHER_IFNAME],
+        vec!["ip", "link", "set", LAUNCHER_IFNAME, "up"],
+    ] {
+        launcher.run(&cmd);
+    }
+    assert!(
+        launcher.ping(&web_ip, 3),
+        "VM vm1 ({vm_ip}) -> pod web-0 ({web_ip})"
+    );
+    let vm_addr = vm_ip.split('/').next().unwrap();
+    assert!(web.ping(vm_addr, 3), "pod web-0 -> VM vm1");
+    wait_for(
+        "the detected MAC on the VMI",
+        Duration::from_secs(20),
+        || {
+            let vmi = server
+                .get(
+                    "/apis/kubevirt.io/v1/virtualmachineinstances",
+                    "prod",
+                    "vm1",
+                )
+                .unwrap();
+            vmi["metadata"]["annotations"]["vmpath.dev/detected-macs"].as_str()
+                == Some(r#"{"blue":"02:00:00:31:00:0b"}"#)
+        },
+    );
+    let status = node.status().unwrap();
+    let vm1 = status["attachments"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|a| a["vm"] == "vm1")
+        .cloned();
+    assert!(
+        vm1.is_some_and(|a| a.to_string().contains(vm_addr)),
+        "{status}"
+    );
+}
+
+#[test]
+fn a_ledger_write_that_lost_the_race_writes_no_address() {
+    let b = bed("l");
+    let _c = Controller::start(&b.ns, &b.kubeconfig, "c1", "vmpath-controller", &b.dir);
+    wait_for("the ledger", Duration::from_secs(20), || {
+        b.server.get(CONFIGMAPS, "vmpath-system", LEDGER).is_some()
+    });
+    // Another writer gets in just before the controller's next ledger
+    // write: it gives the address the controller planned for x.blue to
+    // its own claim, ledger and claim status both. The controller's write
+    // is stale (409) and nothing of its plan may be written.
+    b.server.race_next_put(
+        CONFIGMAPS,
+        Box::new(|body: &Value| {
+            let mut ledger: Value =
+                serde_json::from_str(body["data"]["allocations"].as_str().unwrap()).unwrap();
+            let mut taken = Vec::new();
+            for h in ledger["blue"].as_object_mut().unwrap().values_mut() {
+                if h["claim"] == "prod/x.blue" {
+                    h["claim"] = "prod/other.blue".into();
+                    h["uid"] = "uid-other".into();
+                    taken.push(h["ip"].clone());
+                }
+            }
+            let mut cm = body.clone();
+            cm["data"]["allocations"] = ledger.to_string().into();
+            cm["metadata"]["namespace"] = "vmpath-system".into();
+            let mut other = claim("other");
+            other["status"] = json!({ "ips": taken });
+            vec![cm, other]
+        }),
+    );
+    b.server.put(claim("x"));
+    wait_for("x.blue allocated", Duration::from_secs(20), || {
+        addresses(&b.server)
+            .get("x.blue")
+            .is_some_and(|ips| !ips.is_empty())
+    });
+    assert!(b.server.raced(), "the other writer got in");
+    assert!(
+        b.server.conflicts(CONFIGMAPS) >= 1,
+        "the stale ledger write got 409"
+    );
+    let a = addresses(&b.server);
+    assert_eq!(a["other.blue"].len(), 1, "{a:?}");
+    assert_ne!(a["x.blue"], a["other.blue"], "{a:?}");
+    assert_unique(&b.server);
+}
