@@ -25,7 +25,9 @@ use aya_ebpf::{
     macros::btf_map,
     programs::TcContext,
 };
-use network_types::{eth::EthHdr, ip::Ipv4Hdr};
+use core::mem::offset_of;
+
+use network_types::{eth::EthHdr, icmp::Icmpv4Hdr, ip::Ipv4Hdr, tcp::TcpHdr, udp::UdpHdr};
 use vmpath_common::{
     InboundFlow, NAT_ST_CLOSING, NAT_ST_OPEN, NET_F_INGRESS, NatEntry, NatKey, NetworkInfo,
     PortInfo, SnatConfig, drop_reason, maps,
@@ -34,7 +36,7 @@ use vmpath_common::{
 use crate::{
     csum,
     fwd::deliver_local,
-    parse::{ETH_LEN, IPPROTO_ICMP, IPPROTO_TCP, IPPROTO_UDP, hdr, ptr_at, write_mac},
+    parse::{ETH_LEN, IPPROTO_ICMP, IPPROTO_TCP, IPPROTO_UDP, be16, hdr, hdr_mut, write_mac},
 };
 
 const ICMP_ECHO_REPLY: u8 = 0;
@@ -45,9 +47,9 @@ const TCP_SYN: u8 = 0x02;
 /// Candidate ports tried for a new flow before giving up.
 const PROBES: u32 = 16;
 
-const IP_CSUM_OFF: usize = ETH_LEN + 10;
-const IP_SRC_OFF: usize = ETH_LEN + 12;
-const IP_DST_OFF: usize = ETH_LEN + 16;
+const IP_CSUM_OFF: usize = ETH_LEN + offset_of!(Ipv4Hdr, check);
+const IP_SRC_OFF: usize = ETH_LEN + offset_of!(Ipv4Hdr, src_addr);
+const IP_DST_OFF: usize = ETH_LEN + offset_of!(Ipv4Hdr, dst_addr);
 
 /// Slot 0: the node's SNAT address, port range, quota and timeouts.
 #[btf_map(name = "vmp_snat_cfg")]
@@ -100,50 +102,71 @@ struct L4 {
 #[inline(always)]
 fn l4(ctx: &TcContext, proto: u8, l4_off: usize, outbound: bool, replies: bool) -> Result<L4, u32> {
     match proto {
-        IPPROTO_TCP | IPPROTO_UDP => {
-            // A UDP datagram may carry less than a TCP header's worth.
-            let p = hdr::<[u8; 8]>(ctx, l4_off)?;
-            let (csum_off, flags) = if proto == IPPROTO_TCP {
-                let t: *const [u8; 14] = ptr_at(ctx, l4_off)?;
-                // SAFETY: `t` is from `ptr_at` on the line above, bounds-checked (14 bytes).
-                (l4_off + 16, unsafe { (*t)[13] })
-            } else {
-                (l4_off + 6, 0)
-            };
+        IPPROTO_TCP => {
+            let t = hdr::<TcpHdr>(ctx, l4_off)?;
             Ok(L4 {
                 proto,
-                sport: u16::from_be_bytes([p[0], p[1]]),
-                dport: u16::from_be_bytes([p[2], p[3]]),
-                csum_off,
-                port_off: if outbound { l4_off } else { l4_off + 2 },
-                tcp_flags: flags,
+                sport: be16(t.source),
+                dport: be16(t.dest),
+                csum_off: l4_off + offset_of!(TcpHdr, check),
+                port_off: l4_off
+                    + if outbound {
+                        offset_of!(TcpHdr, source)
+                    } else {
+                        offset_of!(TcpHdr, dest)
+                    },
+                tcp_flags: tcp_flags(t),
+                echo_reply: false,
+            })
+        }
+        IPPROTO_UDP => {
+            let u = hdr::<UdpHdr>(ctx, l4_off)?;
+            Ok(L4 {
+                proto,
+                sport: be16(u.src),
+                dport: be16(u.dst),
+                csum_off: l4_off + offset_of!(UdpHdr, check),
+                port_off: l4_off
+                    + if outbound {
+                        offset_of!(UdpHdr, src)
+                    } else {
+                        offset_of!(UdpHdr, dst)
+                    },
+                tcp_flags: 0,
                 echo_reply: false,
             })
         }
         IPPROTO_ICMP => {
-            let p = hdr::<[u8; 8]>(ctx, l4_off)?;
+            let i = hdr::<Icmpv4Hdr>(ctx, l4_off)?;
             let want = if outbound {
                 ICMP_ECHO_REQUEST
             } else {
                 ICMP_ECHO_REPLY
             };
-            let echo_reply = replies && outbound && p[0] == ICMP_ECHO_REPLY;
-            if (p[0] != want && !echo_reply) || p[1] != 0 {
+            let echo_reply = replies && outbound && i.type_ == ICMP_ECHO_REPLY;
+            if (i.type_ != want && !echo_reply) || i.code != 0 {
                 return Err(drop_reason::SNAT_UNSUPPORTED);
             }
-            let id = u16::from_be_bytes([p[4], p[5]]);
+            // Echo: the identifier is the first half of the rest of the header.
+            let id = be16([i.data[0], i.data[1]]);
             Ok(L4 {
                 proto,
                 sport: id,
                 dport: id,
-                csum_off: l4_off + 2,
-                port_off: l4_off + 4,
+                csum_off: l4_off + offset_of!(Icmpv4Hdr, check),
+                port_off: l4_off + offset_of!(Icmpv4Hdr, data),
                 tcp_flags: 0,
                 echo_reply,
             })
         }
         _ => Err(drop_reason::SNAT_UNSUPPORTED),
     }
+}
+
+/// FIN, SYN and RST of a TCP header, as `TCP_*` bits.
+#[inline(always)]
+pub fn tcp_flags(t: &TcpHdr) -> u8 {
+    (t.fin() | (t.syn() << 1) | (t.rst() << 2)) as u8
 }
 
 #[inline(always)]
@@ -211,25 +234,20 @@ pub fn track_inbound4(ctx: &TcContext) -> Result<(), u32> {
     }
     let l4_off = ETH_LEN + ihl;
     let (vm_port, remote_port, tcp_flags) = match proto {
-        IPPROTO_TCP | IPPROTO_UDP => {
-            let p = hdr::<[u8; 8]>(ctx, l4_off)?;
-            let flags = if proto == IPPROTO_TCP {
-                hdr::<[u8; 14]>(ctx, l4_off)?[13]
-            } else {
-                0
-            };
-            (
-                u16::from_be_bytes([p[2], p[3]]),
-                u16::from_be_bytes([p[0], p[1]]),
-                flags,
-            )
+        IPPROTO_TCP => {
+            let t = hdr::<TcpHdr>(ctx, l4_off)?;
+            (be16(t.dest), be16(t.source), tcp_flags(t))
+        }
+        IPPROTO_UDP => {
+            let u = hdr::<UdpHdr>(ctx, l4_off)?;
+            (be16(u.dst), be16(u.src), 0)
         }
         IPPROTO_ICMP => {
-            let p = hdr::<[u8; 8]>(ctx, l4_off)?;
-            if p[0] != ICMP_ECHO_REQUEST {
+            let i = hdr::<Icmpv4Hdr>(ctx, l4_off)?;
+            if i.type_ != ICMP_ECHO_REQUEST {
                 return Ok(());
             }
-            let id = u16::from_be_bytes([p[4], p[5]]);
+            let id = be16([i.data[0], i.data[1]]);
             (id, id, 0)
         }
         _ => return Ok(()),
@@ -278,10 +296,8 @@ pub fn egress4(
     let Some(cfg) = SNAT_CONFIG.get(0) else {
         return Err(drop_reason::SNAT_NO_ADDRESS);
     };
-    let ip: *const Ipv4Hdr = ptr_at(ctx, ETH_LEN)?;
-    // SAFETY: `ip` is from `ptr_at` just above, bounds-checked against `data_end`.
-    let (src, dst, proto, frags) =
-        unsafe { ((*ip).src_addr, (*ip).dst_addr, (*ip).proto, (*ip).frags) };
+    let ip = hdr::<Ipv4Hdr>(ctx, ETH_LEN)?;
+    let (src, dst, proto, frags) = (ip.src_addr, ip.dst_addr, ip.proto, ip.frags);
     if u16::from_be_bytes(frags) & 0x3fff != 0 {
         return Err(drop_reason::SNAT_UNSUPPORTED);
     }
@@ -411,9 +427,7 @@ fn allocate(
     let range = max - min + 1;
     // SAFETY: a helper call without arguments; it touches no memory of ours.
     let start = unsafe { bpf_get_prandom_u32() } % range;
-    let eth: *const EthHdr = ptr_at(ctx, 0)?;
-    // SAFETY: `eth` is from `ptr_at` just above, bounds-checked against `data_end`.
-    let vm_mac = unsafe { (*eth).src_addr };
+    let vm_mac = hdr::<EthHdr>(ctx, 0)?.src_addr;
     let back = NatEntry {
         addr: key.src,
         port: key.sport,
@@ -483,18 +497,15 @@ pub fn ingress4(ctx: &TcContext) -> Result<Option<i32>, u32> {
     let Some(cfg) = SNAT_CONFIG.get(0) else {
         return Ok(None);
     };
-    let ip: *const Ipv4Hdr = ptr_at(ctx, ETH_LEN)?;
-    // SAFETY: `ip` is from `ptr_at` just above, bounds-checked against `data_end`.
-    let (vihl, src, dst, proto, frags, ttl) = unsafe {
-        (
-            (*ip).vihl,
-            (*ip).src_addr,
-            (*ip).dst_addr,
-            (*ip).proto,
-            (*ip).frags,
-            (*ip).ttl,
-        )
-    };
+    let ip = hdr::<Ipv4Hdr>(ctx, ETH_LEN)?;
+    let (vihl, src, dst, proto, frags, ttl) = (
+        ip.vihl,
+        ip.src_addr,
+        ip.dst_addr,
+        ip.proto,
+        ip.frags,
+        ip.ttl,
+    );
     if dst != cfg.addr4 || cfg.addr4 == [0; 4] || u16::from_be_bytes(frags) & 0x3fff != 0 {
         return Ok(None);
     }
@@ -541,19 +552,18 @@ pub fn ingress4(ctx: &TcContext) -> Result<Option<i32>, u32> {
     rewrite_addr(ctx, &l4, IP_DST_OFF, dst, e.addr)?;
     rewrite_port(ctx, &l4, l4.dport, e.port)?;
 
-    let ip: *mut Ipv4Hdr = ptr_at(ctx, ETH_LEN)?;
-    // SAFETY: `ip` is taken again by `ptr_at` after the rewrite helpers,
-    // bounds-checked against `data_end`.
-    unsafe {
-        let ip = &mut *ip;
-        ip.check = csum::dec_ttl4(ip, u16::from_be_bytes(ip.check)).to_be_bytes();
-    }
-    let eth: *mut EthHdr = ptr_at(ctx, 0)?;
-    // SAFETY: `eth` is from `ptr_at` just above, bounds-checked against `data_end`;
-    // both MACs lie inside the checked header.
-    unsafe {
-        write_mac(&raw mut (*eth).src_addr, e.gw_mac);
-        write_mac(&raw mut (*eth).dst_addr, e.vm_mac);
-    }
+    // Taken again: the rewrite helpers may have moved packet data.
+    let ip = hdr_mut::<Ipv4Hdr>(ctx, ETH_LEN)?;
+    ip.check = csum::dec_ttl4(ip, be16(ip.check)).to_be_bytes();
+    to_vm(ctx, &e)
+}
+
+/// Sets the frame's MACs for the VM of a SNAT flow (from the gateway) and
+/// delivers it to the VM's port.
+#[inline(always)]
+pub fn to_vm(ctx: &TcContext, e: &NatEntry) -> Result<Option<i32>, u32> {
+    let eth = hdr_mut::<EthHdr>(ctx, 0)?;
+    write_mac(&mut eth.src_addr, e.gw_mac);
+    write_mac(&mut eth.dst_addr, e.vm_mac);
     deliver_local(ctx, e.ifindex, e.port_id).map(Some)
 }

@@ -6,15 +6,16 @@
 //! quoted IP header checksums, the quoted transport checksum (when quoted)
 //! and the ICMP checksum over all of it are fixed incrementally.
 
+use core::mem::offset_of;
+
 use aya_ebpf::{helpers::generated::bpf_ktime_get_ns, programs::TcContext};
-use network_types::{eth::EthHdr, ip::Ipv4Hdr};
+use network_types::{icmp::Icmpv4Hdr, ip::Ipv4Hdr, tcp::TcpHdr, udp::UdpHdr};
 use vmpath_common::{NatKey, SnatConfig, drop_reason};
 
 use crate::{
     csum,
-    fwd::deliver_local,
-    parse::{ETH_LEN, IPPROTO_ICMP, IPPROTO_TCP, IPPROTO_UDP, ptr_at, write_mac},
-    snat::{SNAT_IN, expired},
+    parse::{ETH_LEN, IPPROTO_ICMP, IPPROTO_TCP, IPPROTO_UDP, be16, hdr, hdr_mut},
+    snat::{SNAT_IN, expired, to_vm},
 };
 
 const ICMP_DEST_UNREACH: u8 = 3;
@@ -26,40 +27,52 @@ const ICMP_ECHO_REQUEST: u8 = 8;
 /// `Ok(None)` when it is not one for a SNAT flow of this node.
 #[inline(always)]
 pub fn ingress4(ctx: &TcContext, cfg: &SnatConfig, l4_off: usize) -> Result<Option<i32>, u32> {
-    let icmp: *const [u8; 8] = ptr_at(ctx, l4_off)?;
-    // SAFETY: `icmp` is from `ptr_at` just above, bounds-checked against `data_end`.
-    let icmp_type = unsafe { (*icmp)[0] };
+    let icmp_type = hdr::<Icmpv4Hdr>(ctx, l4_off)?.type_;
     if icmp_type != ICMP_DEST_UNREACH
         && icmp_type != ICMP_TIME_EXCEEDED
         && icmp_type != ICMP_PARAMETER_PROB
     {
         return Ok(None);
     }
-    let in_ip = l4_off + 8;
-    let Ok(iip) = ptr_at::<Ipv4Hdr>(ctx, in_ip) else {
+    let in_ip = l4_off + Icmpv4Hdr::LEN;
+    let Ok(iip) = hdr::<Ipv4Hdr>(ctx, in_ip) else {
         return Ok(None);
     };
-    // SAFETY: `iip` is from `ptr_at` just above, bounds-checked against `data_end`.
-    let (ivihl, isrc, idst, iproto) =
-        unsafe { ((*iip).vihl, (*iip).src_addr, (*iip).dst_addr, (*iip).proto) };
+    let (ivihl, isrc, idst, iproto) = (iip.vihl, iip.src_addr, iip.dst_addr, iip.proto);
     let ihl = usize::from(ivihl & 0x0f) * 4;
     if isrc != cfg.addr4 || !(Ipv4Hdr::LEN..=60).contains(&ihl) {
         return Ok(None);
     }
     let in_l4 = in_ip + ihl;
-    let Ok(q) = ptr_at::<[u8; 8]>(ctx, in_l4) else {
+    // An error quotes at least 8 bytes of the transport header: the ports
+    // (or the echo header) and, but for TCP, its checksum.
+    let Ok(q) = hdr::<[u8; 8]>(ctx, in_l4) else {
         return Ok(None);
     };
-    // SAFETY: `q` is from `ptr_at` just above, bounds-checked against `data_end`.
-    let q = unsafe { *q };
+    let q = *q;
     // The quoted packet left from (SNAT address, NAT port) to (remote,
     // remote port): its reply would carry the key SNAT_IN holds.
     let (nat_port, remote_port, port_off, check_off) = match iproto {
-        IPPROTO_TCP => (be(q[0], q[1]), be(q[2], q[3]), in_l4, in_l4 + 16),
-        IPPROTO_UDP => (be(q[0], q[1]), be(q[2], q[3]), in_l4, in_l4 + 6),
+        IPPROTO_TCP => (
+            be(q[0], q[1]),
+            be(q[2], q[3]),
+            in_l4 + offset_of!(TcpHdr, source),
+            in_l4 + offset_of!(TcpHdr, check),
+        ),
+        IPPROTO_UDP => (
+            be(q[0], q[1]),
+            be(q[2], q[3]),
+            in_l4 + offset_of!(UdpHdr, src),
+            in_l4 + offset_of!(UdpHdr, check),
+        ),
         IPPROTO_ICMP if q[0] == ICMP_ECHO_REQUEST => {
             let id = be(q[4], q[5]);
-            (id, id, in_l4 + 4, in_l4 + 2)
+            (
+                id,
+                id,
+                in_l4 + offset_of!(Icmpv4Hdr, data),
+                in_l4 + offset_of!(Icmpv4Hdr, check),
+            )
         }
         _ => return Ok(None),
     };
@@ -76,42 +89,30 @@ pub fn ingress4(ctx: &TcContext, cfg: &SnatConfig, l4_off: usize) -> Result<Opti
     }
 
     // Outer header: destination back to the VM, TTL down by one.
-    let ip: *mut Ipv4Hdr = ptr_at(ctx, ETH_LEN)?;
-    // SAFETY: `ip` is from `ptr_at` just above, bounds-checked against `data_end`.
-    unsafe {
-        let ip = &mut *ip;
-        if ip.ttl <= 1 {
-            return Err(drop_reason::ROUTE_TTL_EXCEEDED);
-        }
-        let mut c = be16(ip.check);
-        c = replace_addr(c, ip.dst_addr, e.addr);
-        c = csum::dec_ttl4(ip, c);
-        ip.check = c.to_be_bytes();
-        ip.dst_addr = e.addr;
+    let ip = hdr_mut::<Ipv4Hdr>(ctx, ETH_LEN)?;
+    if ip.ttl <= 1 {
+        return Err(drop_reason::ROUTE_TTL_EXCEEDED);
     }
+    let mut c = be16(ip.check);
+    c = replace_addr(c, ip.dst_addr, e.addr);
+    c = csum::dec_ttl4(ip, c);
+    ip.check = c.to_be_bytes();
+    ip.dst_addr = e.addr;
 
     // Quoted packet, then the ICMP checksum over every change in it.
-    let check_at = l4_off + 2;
-    let ic: *mut [u8; 2] = ptr_at(ctx, check_at)?;
-    // SAFETY: `ic` is from `ptr_at` just above, bounds-checked against `data_end`.
-    let mut icmp_check = be16(unsafe { *ic });
-    let iip: *mut Ipv4Hdr = ptr_at(ctx, in_ip)?;
-    // SAFETY: `iip` is from `ptr_at` just above, bounds-checked against `data_end`.
-    unsafe {
-        let iip = &mut *iip;
-        let old_c = be16(iip.check);
-        let new_c = replace_addr(old_c, isrc, e.addr);
-        icmp_check = replace_addr(icmp_check, isrc, e.addr);
-        icmp_check = csum::replace16(icmp_check, old_c, new_c);
-        iip.check = new_c.to_be_bytes();
-        iip.src_addr = e.addr;
-    }
+    let mut icmp_check = be16(hdr::<Icmpv4Hdr>(ctx, l4_off)?.check);
+    let iip = hdr_mut::<Ipv4Hdr>(ctx, in_ip)?;
+    let old_c = be16(iip.check);
+    let new_c = replace_addr(old_c, isrc, e.addr);
+    icmp_check = replace_addr(icmp_check, isrc, e.addr);
+    icmp_check = csum::replace16(icmp_check, old_c, new_c);
+    iip.check = new_c.to_be_bytes();
+    iip.src_addr = e.addr;
     // The quoted transport checksum, when quoted (UDP 0 means none): TCP
     // and UDP cover the pseudo header (address) and the port, ICMP echo
     // only its id.
-    if let Ok(tc) = ptr_at::<[u8; 2]>(ctx, check_off) {
-        // SAFETY: `tc` is from `ptr_at` in this `if let`, bounds-checked.
-        let old_t = be16(unsafe { *tc });
+    if let Ok(tc) = hdr_mut::<[u8; 2]>(ctx, check_off) {
+        let old_t = be16(*tc);
         if !(iproto == IPPROTO_UDP && old_t == 0) {
             let mut new_t = csum::replace16(old_t, nat_port, e.port);
             if iproto != IPPROTO_ICMP {
@@ -121,36 +122,18 @@ pub fn ingress4(ctx: &TcContext, cfg: &SnatConfig, l4_off: usize) -> Result<Opti
                 new_t = 0xffff;
             }
             icmp_check = csum::replace16(icmp_check, old_t, new_t);
-            // SAFETY: `tc` as above; no helper ran since the check.
-            unsafe { *tc = new_t.to_be_bytes() };
+            *tc = new_t.to_be_bytes();
         }
     }
-    let p: *mut [u8; 2] = ptr_at(ctx, port_off)?;
-    // SAFETY: `p` is from `ptr_at` just above, bounds-checked against `data_end`.
-    unsafe { *p = e.port.to_be_bytes() };
+    *hdr_mut::<[u8; 2]>(ctx, port_off)? = e.port.to_be_bytes();
     icmp_check = csum::replace16(icmp_check, nat_port, e.port);
-    let ic: *mut [u8; 2] = ptr_at(ctx, check_at)?;
-    // SAFETY: `ic` is from `ptr_at` just above, bounds-checked against `data_end`.
-    unsafe { *ic = icmp_check.to_be_bytes() };
-
-    let eth: *mut EthHdr = ptr_at(ctx, 0)?;
-    // SAFETY: `eth` is from `ptr_at` just above, bounds-checked against `data_end`;
-    // both MACs lie inside the checked header.
-    unsafe {
-        write_mac(&raw mut (*eth).src_addr, e.gw_mac);
-        write_mac(&raw mut (*eth).dst_addr, e.vm_mac);
-    }
-    deliver_local(ctx, e.ifindex, e.port_id).map(Some)
+    hdr_mut::<Icmpv4Hdr>(ctx, l4_off)?.check = icmp_check.to_be_bytes();
+    to_vm(ctx, &e)
 }
 
 #[inline(always)]
 fn be(a: u8, b: u8) -> u16 {
     u16::from_be_bytes([a, b])
-}
-
-#[inline(always)]
-fn be16(b: [u8; 2]) -> u16 {
-    u16::from_be_bytes(b)
 }
 
 /// A checksum after a 4-byte address it covers changed.
