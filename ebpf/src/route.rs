@@ -31,7 +31,7 @@ use crate::{
     maps::{NETWORKS, PORTS},
     mtu,
     parse::{ETH_LEN, ETH_P_IP, ETH_P_IPV6, hdr, hdr_mut, words16, write_mac, zeroed},
-    snat, spoof,
+    snat, snat6, spoof,
 };
 
 /// VM address (network 0) -> the port that hosts it, for routed ingress.
@@ -202,7 +202,7 @@ pub fn forward4(ctx: &TcContext, in_ifindex: u32) -> Verdict {
 
 #[inline(always)]
 fn egress6_inner(ctx: &TcContext, ifindex: u32, port: &PortInfo, net: &NetworkInfo) -> Verdict {
-    if net.flags & NET_F_ROUTED == 0 {
+    if net.flags & (NET_F_ROUTED | NET_F_SNAT) == 0 {
         return Err(drop_reason::GATEWAY_UNROUTED);
     }
     let ip = hdr::<Ipv6Hdr>(ctx, ETH_LEN)?;
@@ -227,6 +227,11 @@ fn egress6_inner(ctx: &TcContext, ifindex: u32, port: &PortInfo, net: &NetworkIn
     if mtu::too_big(ctx, net.mtu, ip_len, ETH_LEN + 40, next_hdr) {
         return mtu::packet_too_big6(ctx, ifindex, port.port_id, &from, net.mtu, net.gw_mac);
     }
+    if net.flags & NET_F_ROUTED == 0 {
+        snat6::egress6(ctx, ifindex, port, net)?;
+    }
+    // Taken again: the translation's helpers may have moved packet data.
+    let ip = hdr::<Ipv6Hdr>(ctx, ETH_LEN)?;
     let mut p_slot = MaybeUninit::<FibParams>::uninit();
     let p = zeroed(&mut p_slot);
     p.family = kernel_af::AF_INET6;

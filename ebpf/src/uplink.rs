@@ -28,7 +28,7 @@ use crate::{
     mtu, overlay,
     parse::{ETH_LEN, ETH_P_IP, ETH_P_IPV6, hdr, hdr_mut},
     route::ROUTED,
-    snat,
+    snat, snat6,
 };
 
 #[classifier]
@@ -127,6 +127,9 @@ fn ingress6(ctx: &TcContext) -> Verdict {
     let key = AddrKey::v6(0, &ip.dst_addr);
     // SAFETY: a map lookup; the value stays valid for this program run.
     let Some(r) = (unsafe { ROUTED.get(&key) }) else {
+        if let Some(action) = snat6::ingress6(ctx)? {
+            return Ok(action);
+        }
         return Ok(TC_ACT_OK);
     };
     if ip.hop_limit <= 1 {
@@ -139,6 +142,10 @@ fn ingress6(ctx: &TcContext) -> Verdict {
         return mtu::packet_too_big6(ctx, uplink, NO_PORT_ID, &from, r.mtu, own_mac);
     }
     ip.hop_limit -= 1;
+    if r.port_id & ROUTED_F_INBOUND != 0 && (r.ifindex != 0 || is_local(r)) {
+        // A SNAT network: as for IPv4.
+        snat6::track_inbound6(ctx)?;
+    }
     to_vm(ctx, r)
 }
 

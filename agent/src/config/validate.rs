@@ -335,6 +335,7 @@ fn node(doc: &Doc) -> Result<Node, ConfigError> {
         name: doc.meta.name.clone(),
         address: spec.address,
         snat_address: spec.snat_address,
+        snat_address6: spec.snat_address6,
     })
 }
 

@@ -94,16 +94,27 @@ pub fn north_south(cfg: &Resolved, node: &str, plan: &mut Plan) {
         }
     }
     routed_addresses(cfg, plan);
-    let snat_addr =
-        cfg.config
-            .node
-            .as_ref()
-            .and_then(|n| match n.snat_address.unwrap_or(n.address) {
-                IpAddr::V4(a) => Some(a.octets()),
-                IpAddr::V6(_) => None,
-            });
+    let node_cfg = cfg.config.node.as_ref();
+    let snat_addr = node_cfg.and_then(|n| match n.snat_address.unwrap_or(n.address) {
+        IpAddr::V4(a) => Some(a.octets()),
+        IpAddr::V6(_) => None,
+    });
+    // IPv6: `snatAddress6`, else whichever of `snatAddress` and `address`
+    // is IPv6.
+    let snat_addr6 = node_cfg.and_then(|n| {
+        n.snat_address6.or_else(|| {
+            [n.snat_address, Some(n.address)]
+                .into_iter()
+                .flatten()
+                .find_map(|a| match a {
+                    IpAddr::V6(a) => Some(a),
+                    IpAddr::V4(_) => None,
+                })
+        })
+    });
     plan.snat = SnatConfig {
         addr4: snat_addr.unwrap_or([0; 4]),
+        addr6: snat_addr6.map_or([0; 16], |a| a.octets()),
         uplink: 0,
         port_min: SNAT_DEFAULT_PORT_MIN,
         port_max: SNAT_DEFAULT_PORT_MAX,
