@@ -213,6 +213,11 @@ pub struct Maps {
     pub snat_quota: HashMap<MapData, u32, u32>,
     /// Flows opened from outside to VMs on SNAT networks (`vmp_inbound`).
     pub inbound: HashMap<MapData, NatKey, vmpath_common::InboundFlow>,
+    /// The IPv6 twins of the four maps above.
+    pub snat6_out: HashMap<MapData, vmpath_common::NatKey6, vmpath_common::NatEntry6>,
+    pub snat6_in: HashMap<MapData, vmpath_common::NatKey6, vmpath_common::NatEntry6>,
+    pub snat6_quota: HashMap<MapData, [u8; 16], u32>,
+    pub inbound6: HashMap<MapData, vmpath_common::NatKey6, vmpath_common::InboundFlow>,
     pub port_ids: HashMap<MapData, u32, u32>,
     pub slow: Array<MapData, SlowPath>,
     pub flood_remote: HashMap<MapData, u32, vmpath_common::RemoteFloodList>,
@@ -257,6 +262,10 @@ impl Maps {
             snat_in: open_map(root, map_names::SNAT_IN)?.try_into()?,
             snat_quota: open_map(root, map_names::SNAT_QUOTA)?.try_into()?,
             inbound: open_map(root, map_names::INBOUND)?.try_into()?,
+            snat6_out: open_map(root, map_names::SNAT6_OUT)?.try_into()?,
+            snat6_in: open_map(root, map_names::SNAT6_IN)?.try_into()?,
+            snat6_quota: open_map(root, map_names::SNAT6_QUOTA)?.try_into()?,
+            inbound6: open_map(root, map_names::INBOUND6)?.try_into()?,
             port_ids: open_map(root, map_names::PORT_IDS)?.try_into()?,
             slow: open_map(root, map_names::SLOW)?.try_into()?,
             flood_remote: open_map(root, map_names::FLOOD_REMOTE)?.try_into()?,

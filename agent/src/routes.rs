@@ -84,8 +84,7 @@ fn host(ip: IpAddr) -> IpNet {
 /// the addresses learned from their traffic here on `advertise.learned`
 /// networks, and the subnets of `advertise.subnet` networks this node
 /// hosts (`Plan::ingress_hosted`: ingress for VMs elsewhere goes on over
-/// the overlay). SNAT networks advertise IPv4 only (their routed ingress
-/// is IPv4 only).
+/// the overlay). SNAT networks advertise both families, as routed ones.
 pub fn desired(
     cfg: &Resolved,
     plan: &Plan,

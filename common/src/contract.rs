@@ -94,6 +94,15 @@ pub mod maps {
     pub const SNAT_QUOTA: MapDef = def::<u32, u32>(map_names::SNAT_QUOTA, Hash, MAX_SNAT_VMS);
     pub const INBOUND: MapDef =
         def::<NatKey, InboundFlow>(map_names::INBOUND, LruHash, MAX_SNAT_FLOWS);
+    pub const SNAT6_OUT: MapDef =
+        def::<NatKey6, NatEntry6>(map_names::SNAT6_OUT, LruHash, MAX_SNAT_FLOWS);
+    pub const SNAT6_IN: MapDef =
+        def::<NatKey6, NatEntry6>(map_names::SNAT6_IN, LruHash, MAX_SNAT_FLOWS);
+    /// Keyed by the VM's IPv6 address.
+    pub const SNAT6_QUOTA: MapDef =
+        def::<[u8; 16], u32>(map_names::SNAT6_QUOTA, Hash, MAX_SNAT_VMS);
+    pub const INBOUND6: MapDef =
+        def::<NatKey6, InboundFlow>(map_names::INBOUND6, LruHash, MAX_SNAT_FLOWS);
 
     pub const FLOOD_REMOTE: MapDef =
         def::<u32, RemoteFloodList>(map_names::FLOOD_REMOTE, Hash, MAX_NETWORKS);
@@ -122,7 +131,7 @@ pub mod maps {
 
     /// Every map the agent pins (the whole object but aya-log's ring
     /// buffer, `map_names::DEBUG_LOG`).
-    pub const ALL: [MapDef; 32] = [
+    pub const ALL: [MapDef; 36] = [
         DEBUG,
         MONITOR,
         MONITOR_CFG,
@@ -155,6 +164,10 @@ pub mod maps {
         OVERLAY_STATS,
         REMOTE_LEARNED,
         MIGRATED,
+        SNAT6_OUT,
+        SNAT6_IN,
+        SNAT6_QUOTA,
+        INBOUND6,
     ];
 }
 
@@ -305,6 +318,61 @@ impl NatKey {
     }
 }
 
+impl NatKey6 {
+    /// One direction of a flow. Built from 32-bit words: as a struct
+    /// literal its padding compiles to a `memset` call in eBPF.
+    #[inline(always)]
+    pub fn new(src: &[u8; 16], dst: &[u8; 16], sport: u16, dport: u16, proto: u8) -> Self {
+        // SAFETY: same size; every bit pattern is a valid `[u32; 4]`.
+        let (s, d) = unsafe {
+            (
+                core::mem::transmute::<[u8; 16], [u32; 4]>(*src),
+                core::mem::transmute::<[u8; 16], [u32; 4]>(*dst),
+            )
+        };
+        let (sp, dp) = (sport.to_ne_bytes(), dport.to_ne_bytes());
+        let words: [u32; 10] = [
+            s[0],
+            s[1],
+            s[2],
+            s[3],
+            d[0],
+            d[1],
+            d[2],
+            d[3],
+            u32::from_ne_bytes([sp[0], sp[1], dp[0], dp[1]]),
+            u32::from_ne_bytes([proto, 0, 0, 0]),
+        ];
+        // SAFETY: `NatKey6` is `#[repr(C)]`, 40 bytes of plain integers and
+        // byte arrays (asserted), so every bit pattern is a valid value.
+        unsafe { core::mem::transmute::<[u32; 10], NatKey6>(words) }
+    }
+
+    /// The key a reply to a translated flow carries on the uplink (see
+    /// `NatKey::reply`; ICMPv6 echo replies carry the identifier in both).
+    #[inline(always)]
+    pub fn reply(
+        remote: &[u8; 16],
+        snat: &[u8; 16],
+        remote_port: u16,
+        port: u16,
+        proto: u8,
+    ) -> Self {
+        let sport = if proto == ip_proto::ICMPV6 {
+            port
+        } else {
+            remote_port
+        };
+        Self::new(remote, snat, sport, port, proto)
+    }
+
+    /// The reply key of the VM-side key `self` translated to `out`.
+    #[inline(always)]
+    pub fn reply_to(&self, out: &NatEntry6) -> Self {
+        Self::reply(&self.dst, &out.addr, self.dport, out.port, self.proto)
+    }
+}
+
 impl SnatConfig {
     /// How long a flow of `proto` in `state` (`NAT_ST_*`) may stay idle.
     #[inline(always)]
@@ -391,6 +459,39 @@ mod tests {
                 40001,
                 ip_proto::ICMP
             )
+        );
+    }
+
+    #[test]
+    fn ipv6_nat_keys_lay_out_and_reply_as_the_ipv4_ones() {
+        let vm = [0xfd, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 5];
+        let remote = [0x20, 1, 0xd, 0xb8, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1];
+        let node = [0x20, 1, 0xd, 0xb8, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0x11];
+        let k = NatKey6::new(&vm, &remote, 5555, 53, ip_proto::UDP);
+        assert_eq!(
+            k,
+            NatKey6 {
+                src: vm,
+                dst: remote,
+                sport: 5555,
+                dport: 53,
+                proto: ip_proto::UDP,
+                _pad: [0; 3]
+            }
+        );
+        let out = NatEntry6 {
+            addr: node,
+            port: 40001,
+            ..Default::default()
+        };
+        assert_eq!(
+            k.reply_to(&out),
+            NatKey6::new(&remote, &node, 53, 40001, ip_proto::UDP)
+        );
+        let ping = NatKey6::new(&vm, &remote, 77, 77, ip_proto::ICMPV6);
+        assert_eq!(
+            ping.reply_to(&out),
+            NatKey6::new(&remote, &node, 40001, 40001, ip_proto::ICMPV6)
         );
     }
 

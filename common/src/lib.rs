@@ -36,6 +36,12 @@ pub mod map_names {
     pub const SNAT_QUOTA: &str = "vmp_snat_quota";
     /// Flows opened from outside to VMs on SNAT networks (`InboundFlow`).
     pub const INBOUND: &str = "vmp_inbound";
+    /// North-south, IPv6: SNAT flows both ways, ports per VM address, and
+    /// flows opened from outside (the IPv4 maps' twins).
+    pub const SNAT6_OUT: &str = "vmp_snat6_out";
+    pub const SNAT6_IN: &str = "vmp_snat6_in";
+    pub const SNAT6_QUOTA: &str = "vmp_snat6_quota";
+    pub const INBOUND6: &str = "vmp_inbound6";
     /// Tail-call targets (slots: `tail_call`).
     pub const PROGS: &str = "vmp_progs";
     /// Overlay: per network, the remote nodes (VTEPs) that host it.
@@ -764,8 +770,11 @@ pub struct SnatConfig {
     pub tcp_closing_timeout: u32,
     pub udp_timeout: u32,
     pub icmp_timeout: u32,
+    /// The node's IPv6 SNAT address; all zero: no IPv6 SNAT. Same port
+    /// range, quota and timeouts.
+    pub addr6: [u8; 16],
 }
-const _: () = assert!(size_of::<SnatConfig>() == 32);
+const _: () = assert!(size_of::<SnatConfig>() == 48);
 
 pub const SNAT_DEFAULT_PORT_MIN: u16 = 40000;
 pub const SNAT_DEFAULT_PORT_MAX: u16 = 59999;
@@ -812,6 +821,41 @@ pub struct NatEntry {
 }
 const _: () = assert!(size_of::<NatEntry>() == 40);
 
+/// One direction of an IPv6 flow (`NatKey`'s IPv6 twin): the tuple as it
+/// appears on the wire. For ICMPv6 echo, `sport` and `dport` both hold
+/// the identifier.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct NatKey6 {
+    pub src: [u8; 16],
+    pub dst: [u8; 16],
+    pub sport: u16,
+    pub dport: u16,
+    pub proto: u8,
+    pub _pad: [u8; 3],
+}
+const _: () = assert!(size_of::<NatKey6>() == 40);
+
+/// `NatEntry`'s IPv6 twin (`vmp_snat6_out`, `vmp_snat6_in`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct NatEntry6 {
+    pub addr: [u8; 16],
+    pub port: u16,
+    pub state: u8,
+    pub _pad: u8,
+    /// Host-side ifindex of the VM's port (in `vmp_snat6_in`).
+    pub ifindex: u32,
+    pub vm_mac: [u8; 6],
+    pub gw_mac: [u8; 6],
+    /// Port id of the VM's port (in `vmp_snat6_in`; its counters' slot).
+    pub port_id: u32,
+    pub _pad2: [u32; 2],
+    /// bpf_ktime_get_ns of the last packet.
+    pub last_seen: u64,
+}
+const _: () = assert!(size_of::<NatEntry6>() == 56);
+
 #[cfg(feature = "user")]
 mod pod_north_south {
     use super::*;
@@ -826,6 +870,8 @@ mod pod_north_south {
     unsafe impl aya::Pod for NatKey {}
     unsafe impl aya::Pod for NatEntry {}
     unsafe impl aya::Pod for InboundFlow {}
+    unsafe impl aya::Pod for NatKey6 {}
+    unsafe impl aya::Pod for NatEntry6 {}
 }
 
 // ---------------------------------------------------------------------------

@@ -35,3 +35,11 @@ pub fn dec_ttl4(ip: &mut network_types::ip::Ipv4Hdr, check: u16) -> u16 {
     ip.ttl -= 1;
     replace16(check, old, (u16::from(ip.ttl) << 8) | u16::from(ip.proto))
 }
+
+/// Checksum field after a 16-byte address it covers changed (one's
+/// complement: add the complement of each old word, then each new one).
+#[inline(always)]
+pub fn replace_addr16(check: u16, old: &[u8; 16], new: &[u8; 16]) -> u16 {
+    let sum = u32::from(!check) + (8 * 0xffff - sum_addr16(old)) + sum_addr16(new);
+    !fold(sum)
+}

@@ -21,6 +21,7 @@ mod parse;
 mod route;
 mod slowpath;
 mod snat;
+mod snat6;
 mod snat_icmp;
 mod spoof;
 mod uplink;

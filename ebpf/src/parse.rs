@@ -25,8 +25,9 @@ pub use vmpath_common::ip_proto::{
 };
 
 /// A pointer to a `T` at `offset` bytes into the frame, or a malformed drop.
+/// Only `hdr_mut` turns it into something usable.
 #[inline(always)]
-pub fn ptr_at<T>(ctx: &TcContext, offset: usize) -> Result<*mut T, u32> {
+fn ptr_at<T>(ctx: &TcContext, offset: usize) -> Result<*mut T, u32> {
     let start = ctx.data();
     let end = ctx.data_end();
     if start + offset + size_of::<T>() > end {
@@ -90,11 +91,12 @@ pub fn be16(b: [u8; 2]) -> u16 {
 /// `[u8; 6]` assignment there can compile to a call of the byte-looping
 /// `memmove` (a bpf-to-bpf call on the hot path); volatile stores cannot.
 #[inline(always)]
-pub fn write_mac(dst: *mut [u8; 6], mac: [u8; 6]) {
-    let p = dst as *mut u8;
+pub fn write_mac(dst: &mut [u8; 6], mac: [u8; 6]) {
+    let p = dst.as_mut_ptr();
     let mut i = 0;
     while i < 6 {
-        // SAFETY: `dst` was bounds-checked by the caller (`ptr_at`).
+        // SAFETY: `p` comes from `dst`, a live exclusive reference to 6
+        // bytes (a header field from `hdr_mut`), and `i < 6`.
         unsafe { core::ptr::write_volatile(p.add(i), mac[i]) };
         i += 1;
     }

@@ -30,8 +30,8 @@ use crate::{
     fwd::{self, Verdict},
     maps::{NETWORKS, PORTS},
     mtu,
-    parse::{ETH_LEN, ETH_P_IP, ETH_P_IPV6, ptr_at, words16, write_mac, zeroed},
-    snat, spoof,
+    parse::{ETH_LEN, ETH_P_IP, ETH_P_IPV6, hdr, hdr_mut, words16, write_mac, zeroed},
+    snat, snat6, spoof,
 };
 
 /// VM address (network 0) -> the port that hosts it, for routed ingress.
@@ -119,13 +119,9 @@ fn try_vm_egress(ctx: &TcContext, ifindex: u32, port: &PortInfo) -> Verdict {
     let Some(net) = (unsafe { NETWORKS.get(&port.network) }) else {
         return Err(drop_reason::NO_NETWORK);
     };
-    let eth: *const EthHdr = ptr_at(ctx, 0)?;
-    // SAFETY: `eth` is from `ptr_at` just above, bounds-checked against `data_end`.
-    match u16::from_be(unsafe { (*eth).ether_type }) {
+    match u16::from_be(hdr::<EthHdr>(ctx, 0)?.ether_type) {
         ETH_P_IP => {
-            let ip: *const Ipv4Hdr = ptr_at(ctx, ETH_LEN)?;
-            // SAFETY: `ip` is from `ptr_at` just above, bounds-checked against `data_end`.
-            let ihl = usize::from(unsafe { (*ip).vihl } & 0x0f) * 4;
+            let ihl = usize::from(hdr::<Ipv4Hdr>(ctx, ETH_LEN)?.vihl & 0x0f) * 4;
             if !(Ipv4Hdr::LEN..=60).contains(&ihl) {
                 return Err(drop_reason::MALFORMED);
             }
@@ -147,10 +143,8 @@ fn egress4_inner(
     if net.flags & (NET_F_ROUTED | NET_F_SNAT) == 0 {
         return Err(drop_reason::GATEWAY_UNROUTED);
     }
-    let ip: *mut Ipv4Hdr = ptr_at(ctx, ETH_LEN)?;
-    // SAFETY: `ip` is from `ptr_at` just above, bounds-checked against `data_end`.
-    let (src, ttl, tot_len, proto) =
-        unsafe { ((*ip).src_addr, (*ip).ttl, (*ip).tot_len, (*ip).proto) };
+    let ip = hdr::<Ipv4Hdr>(ctx, ETH_LEN)?;
+    let (src, ttl, tot_len, proto) = (ip.src_addr, ip.ttl, ip.tot_len, ip.proto);
     // With the IP filter on, `vm_port` let only the port's own addresses
     // through, and those lie inside the subnets (validated): no LPM walk.
     if !spoof::ip_filter_on(port) && !in_subnet4(port.network, src) {
@@ -178,19 +172,16 @@ fn egress4_inner(
 /// the next hop the node's routing table picks.
 #[inline(always)]
 pub fn forward4(ctx: &TcContext, in_ifindex: u32) -> Verdict {
-    let ip: *mut Ipv4Hdr = ptr_at(ctx, ETH_LEN)?;
+    let ip = hdr::<Ipv4Hdr>(ctx, ETH_LEN)?;
     let mut p_slot = MaybeUninit::<FibParams>::uninit();
     let p = zeroed(&mut p_slot);
-    // SAFETY: `ip` is from `ptr_at` above, bounds-checked, no helper ran since; `p`
-    // is our own zeroed stack struct (union members are plain integers).
-    unsafe {
-        p.family = kernel_af::AF_INET;
-        p.l4_protocol = (*ip).proto;
-        p.ifindex = in_ifindex;
-        p.__bindgen_anon_2.tos = (*ip).tos;
-        p.__bindgen_anon_3.ipv4_src = u32::from_ne_bytes((*ip).src_addr);
-        p.__bindgen_anon_4.ipv4_dst = u32::from_ne_bytes((*ip).dst_addr);
-    }
+    p.family = kernel_af::AF_INET;
+    p.l4_protocol = ip.proto;
+    p.ifindex = in_ifindex;
+    // Writing a union field is safe; these are plain integers.
+    p.__bindgen_anon_2.tos = ip.tos;
+    p.__bindgen_anon_3.ipv4_src = u32::from_ne_bytes(ip.src_addr);
+    p.__bindgen_anon_4.ipv4_dst = u32::from_ne_bytes(ip.dst_addr);
     // SAFETY: `p` is our zeroed `FibParams` on the stack and the size passed is its
     // own; the skb is the program's own context.
     let rc = unsafe {
@@ -203,24 +194,19 @@ pub fn forward4(ctx: &TcContext, in_ifindex: u32) -> Verdict {
     };
     let rc = rc as u32;
     forwardable(rc)?;
-    let ip: *mut Ipv4Hdr = ptr_at(ctx, ETH_LEN)?;
-    // SAFETY: `ip` is taken again by `ptr_at` after the helper, bounds-checked.
-    unsafe {
-        let ip = &mut *ip;
-        ip.check = csum::dec_ttl4(ip, u16::from_be_bytes(ip.check)).to_be_bytes();
-    }
+    // Taken again after the helper.
+    let ip = hdr_mut::<Ipv4Hdr>(ctx, ETH_LEN)?;
+    ip.check = csum::dec_ttl4(ip, u16::from_be_bytes(ip.check)).to_be_bytes();
     to_next_hop(ctx, p, rc)
 }
 
 #[inline(always)]
 fn egress6_inner(ctx: &TcContext, ifindex: u32, port: &PortInfo, net: &NetworkInfo) -> Verdict {
-    if net.flags & NET_F_ROUTED == 0 {
+    if net.flags & (NET_F_ROUTED | NET_F_SNAT) == 0 {
         return Err(drop_reason::GATEWAY_UNROUTED);
     }
-    let ip: *mut Ipv6Hdr = ptr_at(ctx, ETH_LEN)?;
-    // SAFETY: `ip` is from `ptr_at` just above, bounds-checked against `data_end`;
-    // `src` is not used past a helper that moves packet data.
-    let src = unsafe { &(*ip).src_addr };
+    let ip = hdr::<Ipv6Hdr>(ctx, ETH_LEN)?;
+    let src = &ip.src_addr;
     // `::` and link-local sources pass the IP filter but never leave the
     // network: only those still need the LPM walk when the filter is on.
     let own =
@@ -228,9 +214,7 @@ fn egress6_inner(ctx: &TcContext, ifindex: u32, port: &PortInfo, net: &NetworkIn
     if !own && !in_subnet6(port.network, src) {
         return Err(drop_reason::ROUTE_SRC_OUTSIDE);
     }
-    // SAFETY: `ip` as above: checked by `ptr_at`, no packet-moving helper since.
-    let (hop, payload_len, next_hdr) =
-        unsafe { ((*ip).hop_limit, (*ip).payload_len, (*ip).next_hdr) };
+    let (hop, payload_len, next_hdr) = (ip.hop_limit, ip.payload_len, ip.next_hdr);
     let from = if net.flags & NET_F_GW6 != 0 {
         net.gw_ip6
     } else {
@@ -243,19 +227,18 @@ fn egress6_inner(ctx: &TcContext, ifindex: u32, port: &PortInfo, net: &NetworkIn
     if mtu::too_big(ctx, net.mtu, ip_len, ETH_LEN + 40, next_hdr) {
         return mtu::packet_too_big6(ctx, ifindex, port.port_id, &from, net.mtu, net.gw_mac);
     }
+    if net.flags & NET_F_ROUTED == 0 {
+        snat6::egress6(ctx, ifindex, port, net)?;
+    }
+    // Taken again: the translation's helpers may have moved packet data.
+    let ip = hdr::<Ipv6Hdr>(ctx, ETH_LEN)?;
     let mut p_slot = MaybeUninit::<FibParams>::uninit();
     let p = zeroed(&mut p_slot);
-    // SAFETY: `ip` as above: checked by `ptr_at`, no packet-moving helper since;
-    // `p` is our own zeroed stack struct.
-    unsafe {
-        p.family = kernel_af::AF_INET6;
-        p.l4_protocol = (*ip).next_hdr;
-        p.ifindex = ifindex;
-        let s = &(*ip).src_addr;
-        let d = &(*ip).dst_addr;
-        p.__bindgen_anon_3.ipv6_src = words16(s);
-        p.__bindgen_anon_4.ipv6_dst = words16(d);
-    }
+    p.family = kernel_af::AF_INET6;
+    p.l4_protocol = ip.next_hdr;
+    p.ifindex = ifindex;
+    p.__bindgen_anon_3.ipv6_src = words16(&ip.src_addr);
+    p.__bindgen_anon_4.ipv6_dst = words16(&ip.dst_addr);
     // SAFETY: `p` is our zeroed `FibParams` on the stack and the size passed is its
     // own; the skb is the program's own context.
     let rc = unsafe {
@@ -267,9 +250,7 @@ fn egress6_inner(ctx: &TcContext, ifindex: u32, port: &PortInfo, net: &NetworkIn
         )
     } as u32;
     forwardable(rc)?;
-    let ip: *mut Ipv6Hdr = ptr_at(ctx, ETH_LEN)?;
-    // SAFETY: `ip` is taken again by `ptr_at` after the helper, bounds-checked.
-    unsafe { (*ip).hop_limit -= 1 };
+    hdr_mut::<Ipv6Hdr>(ctx, ETH_LEN)?.hop_limit -= 1;
     to_next_hop(ctx, p, rc)
 }
 
@@ -289,13 +270,9 @@ fn forwardable(rc: u32) -> Result<(), u32> {
 #[inline(always)]
 fn to_next_hop(ctx: &TcContext, p: &FibParams, rc: u32) -> Verdict {
     if rc == BPF_FIB_LKUP_RET_SUCCESS {
-        let eth: *mut EthHdr = ptr_at(ctx, 0)?;
-        // SAFETY: `eth` is from `ptr_at` just above, bounds-checked against `data_end`;
-        // both MACs lie inside the checked header.
-        unsafe {
-            write_mac(&raw mut (*eth).dst_addr, p.dmac);
-            write_mac(&raw mut (*eth).src_addr, p.smac);
-        }
+        let eth = hdr_mut::<EthHdr>(ctx, 0)?;
+        write_mac(&mut eth.dst_addr, p.dmac);
+        write_mac(&mut eth.src_addr, p.smac);
         return fwd::redirect(p.ifindex);
     }
     let mut nh_slot = MaybeUninit::<bpf_redir_neigh>::uninit();

@@ -25,7 +25,15 @@ use aya_ebpf::{
     macros::btf_map,
     programs::TcContext,
 };
-use network_types::{eth::EthHdr, ip::Ipv4Hdr};
+use core::mem::offset_of;
+
+use network_types::{
+    eth::EthHdr,
+    icmp::{Icmpv4Hdr, Icmpv6Hdr},
+    ip::Ipv4Hdr,
+    tcp::TcpHdr,
+    udp::UdpHdr,
+};
 use vmpath_common::{
     InboundFlow, NAT_ST_CLOSING, NAT_ST_OPEN, NET_F_INGRESS, NatEntry, NatKey, NetworkInfo,
     PortInfo, SnatConfig, drop_reason, maps,
@@ -34,20 +42,25 @@ use vmpath_common::{
 use crate::{
     csum,
     fwd::deliver_local,
-    parse::{ETH_LEN, IPPROTO_ICMP, IPPROTO_TCP, IPPROTO_UDP, hdr, ptr_at, write_mac},
+    parse::{
+        ETH_LEN, IPPROTO_ICMP, IPPROTO_ICMPV6, IPPROTO_TCP, IPPROTO_UDP, be16, hdr, hdr_mut,
+        write_mac,
+    },
 };
 
 const ICMP_ECHO_REPLY: u8 = 0;
 const ICMP_ECHO_REQUEST: u8 = 8;
-const TCP_FIN: u8 = 0x01;
-const TCP_RST: u8 = 0x04;
+const ICMPV6_ECHO_REQUEST: u8 = 128;
+const ICMPV6_ECHO_REPLY: u8 = 129;
+pub const TCP_FIN: u8 = 0x01;
+pub const TCP_RST: u8 = 0x04;
 const TCP_SYN: u8 = 0x02;
 /// Candidate ports tried for a new flow before giving up.
-const PROBES: u32 = 16;
+pub const PROBES: u32 = 16;
 
-const IP_CSUM_OFF: usize = ETH_LEN + 10;
-const IP_SRC_OFF: usize = ETH_LEN + 12;
-const IP_DST_OFF: usize = ETH_LEN + 16;
+const IP_CSUM_OFF: usize = ETH_LEN + offset_of!(Ipv4Hdr, check);
+const IP_SRC_OFF: usize = ETH_LEN + offset_of!(Ipv4Hdr, src_addr);
+const IP_DST_OFF: usize = ETH_LEN + offset_of!(Ipv4Hdr, dst_addr);
 
 /// Slot 0: the node's SNAT address, port range, quota and timeouts.
 #[btf_map(name = "vmp_snat_cfg")]
@@ -78,66 +91,89 @@ pub static INBOUND: LruHashMap<NatKey, InboundFlow, { maps::INBOUND.max_entries 
     LruHashMap::new();
 
 /// The transport fields SNAT looks at.
-struct L4 {
-    proto: u8,
+pub struct L4 {
+    pub proto: u8,
     /// Source port / ICMP identifier, as on the wire.
-    sport: u16,
-    dport: u16,
+    pub sport: u16,
+    pub dport: u16,
     /// Offset of the checksum field.
-    csum_off: usize,
+    pub csum_off: usize,
     /// Offset of the field SNAT rewrites (source port or ICMP id on the
     /// way out, destination port or ICMP id on the way back).
-    port_off: usize,
-    tcp_flags: u8,
+    pub port_off: usize,
+    pub tcp_flags: u8,
     /// An ICMP echo reply the VM sends (only with `replies`): never
     /// translated, only the reply of an inbound ping.
-    echo_reply: bool,
+    pub echo_reply: bool,
 }
 
-/// Reads the transport header. ICMP: echo requests on the way out, echo
-/// replies on the way back; with `replies`, also echo replies on the way
-/// out (answers to pings from outside).
+/// Reads the transport header. ICMP and ICMPv6: echo requests on the way
+/// out, echo replies on the way back; with `replies`, also echo replies
+/// on the way out (answers to pings from outside).
 #[inline(always)]
-fn l4(ctx: &TcContext, proto: u8, l4_off: usize, outbound: bool, replies: bool) -> Result<L4, u32> {
+pub fn l4(
+    ctx: &TcContext,
+    proto: u8,
+    l4_off: usize,
+    outbound: bool,
+    replies: bool,
+) -> Result<L4, u32> {
     match proto {
-        IPPROTO_TCP | IPPROTO_UDP => {
-            // A UDP datagram may carry less than a TCP header's worth.
-            let p = hdr::<[u8; 8]>(ctx, l4_off)?;
-            let (csum_off, flags) = if proto == IPPROTO_TCP {
-                let t: *const [u8; 14] = ptr_at(ctx, l4_off)?;
-                // SAFETY: `t` is from `ptr_at` on the line above, bounds-checked (14 bytes).
-                (l4_off + 16, unsafe { (*t)[13] })
-            } else {
-                (l4_off + 6, 0)
-            };
+        IPPROTO_TCP => {
+            let t = hdr::<TcpHdr>(ctx, l4_off)?;
             Ok(L4 {
                 proto,
-                sport: u16::from_be_bytes([p[0], p[1]]),
-                dport: u16::from_be_bytes([p[2], p[3]]),
-                csum_off,
-                port_off: if outbound { l4_off } else { l4_off + 2 },
-                tcp_flags: flags,
+                sport: be16(t.source),
+                dport: be16(t.dest),
+                csum_off: l4_off + offset_of!(TcpHdr, check),
+                port_off: l4_off
+                    + if outbound {
+                        offset_of!(TcpHdr, source)
+                    } else {
+                        offset_of!(TcpHdr, dest)
+                    },
+                tcp_flags: tcp_flags(t),
                 echo_reply: false,
             })
         }
-        IPPROTO_ICMP => {
-            let p = hdr::<[u8; 8]>(ctx, l4_off)?;
-            let want = if outbound {
-                ICMP_ECHO_REQUEST
+        IPPROTO_UDP => {
+            let u = hdr::<UdpHdr>(ctx, l4_off)?;
+            Ok(L4 {
+                proto,
+                sport: be16(u.src),
+                dport: be16(u.dst),
+                csum_off: l4_off + offset_of!(UdpHdr, check),
+                port_off: l4_off
+                    + if outbound {
+                        offset_of!(UdpHdr, src)
+                    } else {
+                        offset_of!(UdpHdr, dst)
+                    },
+                tcp_flags: 0,
+                echo_reply: false,
+            })
+        }
+        IPPROTO_ICMP | IPPROTO_ICMPV6 => {
+            // The two headers share a layout; only the echo types differ.
+            let i = hdr::<Icmpv4Hdr>(ctx, l4_off)?;
+            let (request, reply) = if proto == IPPROTO_ICMP {
+                (ICMP_ECHO_REQUEST, ICMP_ECHO_REPLY)
             } else {
-                ICMP_ECHO_REPLY
+                (ICMPV6_ECHO_REQUEST, ICMPV6_ECHO_REPLY)
             };
-            let echo_reply = replies && outbound && p[0] == ICMP_ECHO_REPLY;
-            if (p[0] != want && !echo_reply) || p[1] != 0 {
+            let want = if outbound { request } else { reply };
+            let echo_reply = replies && outbound && i.type_ == reply;
+            if (i.type_ != want && !echo_reply) || i.code != 0 {
                 return Err(drop_reason::SNAT_UNSUPPORTED);
             }
-            let id = u16::from_be_bytes([p[4], p[5]]);
+            // Echo: the identifier is the first half of the rest of the header.
+            let id = be16([i.data[0], i.data[1]]);
             Ok(L4 {
                 proto,
                 sport: id,
                 dport: id,
-                csum_off: l4_off + 2,
-                port_off: l4_off + 4,
+                csum_off: l4_off + offset_of!(Icmpv4Hdr, check),
+                port_off: l4_off + offset_of!(Icmpv4Hdr, data),
                 tcp_flags: 0,
                 echo_reply,
             })
@@ -145,6 +181,17 @@ fn l4(ctx: &TcContext, proto: u8, l4_off: usize, outbound: bool, replies: bool) 
         _ => Err(drop_reason::SNAT_UNSUPPORTED),
     }
 }
+
+/// FIN, SYN and RST of a TCP header, as `TCP_*` bits.
+#[inline(always)]
+pub fn tcp_flags(t: &TcpHdr) -> u8 {
+    (t.fin() | (t.syn() << 1) | (t.rst() << 2)) as u8
+}
+
+const _: () = assert!(
+    offset_of!(Icmpv4Hdr, check) == offset_of!(Icmpv6Hdr, check)
+        && offset_of!(Icmpv4Hdr, data) == offset_of!(Icmpv6Hdr, data)
+);
 
 #[inline(always)]
 pub fn expired(cfg: &SnatConfig, e: &NatEntry, proto: u8, now: u64) -> bool {
@@ -154,7 +201,7 @@ pub fn expired(cfg: &SnatConfig, e: &NatEntry, proto: u8, now: u64) -> bool {
 /// How stale `last_seen` may get before a packet rewrites it. Timeouts
 /// are whole seconds; writing the shared entry on every packet would
 /// bounce its cache line between the CPUs a flow's two directions run on.
-const TOUCH_GRANULARITY_NS: u64 = 100_000_000;
+pub const TOUCH_GRANULARITY_NS: u64 = 100_000_000;
 
 /// Refreshes an entry; FIN or RST moves a TCP flow to the closing timeout.
 #[inline(always)]
@@ -180,11 +227,24 @@ fn inbound_reply(cfg: &SnatConfig, key: &NatKey, now: u64, tcp_flags: u8) -> boo
     let Some(flow) = INBOUND.get_ptr_mut(key) else {
         return false;
     };
-    // SAFETY: `flow` is from `get_ptr_mut` (bpf_map_lookup_elem) just above,
+    inbound_live(cfg, key.proto, flow, now, tcp_flags)
+}
+
+/// Is the inbound flow `flow` (from a `vmp_inbound` or `vmp_inbound6`
+/// lookup) still live? Refreshes it when so.
+#[inline(always)]
+pub fn inbound_live(
+    cfg: &SnatConfig,
+    proto: u8,
+    flow: *mut InboundFlow,
+    now: u64,
+    tcp_flags: u8,
+) -> bool {
+    // SAFETY: callers pass a pointer from `get_ptr_mut` (bpf_map_lookup_elem),
     // valid until the program returns; plain integer reads and stores (a
     // race with the other direction only leaves a stale timestamp).
     unsafe {
-        if now.saturating_sub((*flow).last_seen) > cfg.timeout_ns(key.proto, (*flow).state) {
+        if now.saturating_sub((*flow).last_seen) > cfg.timeout_ns(proto, (*flow).state) {
             return false;
         }
         if now.saturating_sub((*flow).last_seen) > TOUCH_GRANULARITY_NS {
@@ -210,57 +270,82 @@ pub fn track_inbound4(ctx: &TcContext) -> Result<(), u32> {
         return Ok(());
     }
     let l4_off = ETH_LEN + ihl;
-    let (vm_port, remote_port, tcp_flags) = match proto {
-        IPPROTO_TCP | IPPROTO_UDP => {
-            let p = hdr::<[u8; 8]>(ctx, l4_off)?;
-            let flags = if proto == IPPROTO_TCP {
-                hdr::<[u8; 14]>(ctx, l4_off)?[13]
-            } else {
-                0
-            };
-            (
-                u16::from_be_bytes([p[2], p[3]]),
-                u16::from_be_bytes([p[0], p[1]]),
-                flags,
-            )
-        }
-        IPPROTO_ICMP => {
-            let p = hdr::<[u8; 8]>(ctx, l4_off)?;
-            if p[0] != ICMP_ECHO_REQUEST {
-                return Ok(());
-            }
-            let id = u16::from_be_bytes([p[4], p[5]]);
-            (id, id, 0)
-        }
-        _ => return Ok(()),
+    let Some((vm_port, remote_port, tcp_flags)) = inbound_ports(ctx, proto, l4_off)? else {
+        return Ok(());
     };
     let key = NatKey::new(dst, src, vm_port, remote_port, proto);
     // SAFETY: a helper call without arguments; it touches no memory of ours.
     let now = unsafe { bpf_ktime_get_ns() };
     if let Some(flow) = INBOUND.get_ptr_mut(&key) {
-        // SAFETY: `flow` is from `get_ptr_mut` just above, valid until the
-        // program returns; plain integer stores (see `inbound_reply`).
-        unsafe {
-            if now.saturating_sub((*flow).last_seen) > TOUCH_GRANULARITY_NS {
-                (*flow).last_seen = now;
-            }
-            if tcp_flags & (TCP_FIN | TCP_RST) != 0 {
-                (*flow).state = NAT_ST_CLOSING;
-            } else if tcp_flags & TCP_SYN != 0 {
-                // A new connection on an old tuple.
-                (*flow).state = NAT_ST_OPEN;
-            }
-        }
+        refresh_inbound(flow, now, tcp_flags);
         return Ok(());
     }
-    let flow = InboundFlow {
+    // A full table evicts the least recently used flow (LRU).
+    let _ = INBOUND.insert(&key, &new_inbound(now), u64::from(BPF_ANY));
+    Ok(())
+}
+
+/// The ports of an inbound frame's transport header as the VM's reply
+/// carries them: (VM port, remote port, TCP flags); `None` for what is
+/// not recorded (not TCP, UDP or an echo request of `proto`).
+#[inline(always)]
+pub fn inbound_ports(
+    ctx: &TcContext,
+    proto: u8,
+    l4_off: usize,
+) -> Result<Option<(u16, u16, u8)>, u32> {
+    Ok(match proto {
+        IPPROTO_TCP => {
+            let t = hdr::<TcpHdr>(ctx, l4_off)?;
+            Some((be16(t.dest), be16(t.source), tcp_flags(t)))
+        }
+        IPPROTO_UDP => {
+            let u = hdr::<UdpHdr>(ctx, l4_off)?;
+            Some((be16(u.dst), be16(u.src), 0))
+        }
+        IPPROTO_ICMP | IPPROTO_ICMPV6 => {
+            let i = hdr::<Icmpv4Hdr>(ctx, l4_off)?;
+            let request = if proto == IPPROTO_ICMP {
+                ICMP_ECHO_REQUEST
+            } else {
+                ICMPV6_ECHO_REQUEST
+            };
+            if i.type_ != request {
+                return Ok(None);
+            }
+            let id = be16([i.data[0], i.data[1]]);
+            Some((id, id, 0))
+        }
+        _ => None,
+    })
+}
+
+/// A new inbound flow's record.
+#[inline(always)]
+pub fn new_inbound(now: u64) -> InboundFlow {
+    InboundFlow {
         last_seen: now,
         state: NAT_ST_OPEN,
         _pad: [0; 7],
-    };
-    // A full table evicts the least recently used flow (LRU).
-    let _ = INBOUND.insert(&key, &flow, u64::from(BPF_ANY));
-    Ok(())
+    }
+}
+
+/// Refreshes a recorded inbound flow with a frame from outside.
+#[inline(always)]
+pub fn refresh_inbound(flow: *mut InboundFlow, now: u64, tcp_flags: u8) {
+    // SAFETY: callers pass a pointer from `get_ptr_mut`, valid until the
+    // program returns; plain integer stores (see `inbound_live`).
+    unsafe {
+        if now.saturating_sub((*flow).last_seen) > TOUCH_GRANULARITY_NS {
+            (*flow).last_seen = now;
+        }
+        if tcp_flags & (TCP_FIN | TCP_RST) != 0 {
+            (*flow).state = NAT_ST_CLOSING;
+        } else if tcp_flags & TCP_SYN != 0 {
+            // A new connection on an old tuple.
+            (*flow).state = NAT_ST_OPEN;
+        }
+    }
 }
 
 /// Translates the VM's frame in place to the node's SNAT address; the
@@ -278,10 +363,8 @@ pub fn egress4(
     let Some(cfg) = SNAT_CONFIG.get(0) else {
         return Err(drop_reason::SNAT_NO_ADDRESS);
     };
-    let ip: *const Ipv4Hdr = ptr_at(ctx, ETH_LEN)?;
-    // SAFETY: `ip` is from `ptr_at` just above, bounds-checked against `data_end`.
-    let (src, dst, proto, frags) =
-        unsafe { ((*ip).src_addr, (*ip).dst_addr, (*ip).proto, (*ip).frags) };
+    let ip = hdr::<Ipv4Hdr>(ctx, ETH_LEN)?;
+    let (src, dst, proto, frags) = (ip.src_addr, ip.dst_addr, ip.proto, ip.frags);
     if u16::from_be_bytes(frags) & 0x3fff != 0 {
         return Err(drop_reason::SNAT_UNSUPPORTED);
     }
@@ -364,7 +447,7 @@ fn rewrite_addr(
 
 /// Replaces the port (or ICMP id) at `l4.port_off`, fixing the checksum.
 #[inline(always)]
-fn rewrite_port(ctx: &TcContext, l4: &L4, old: u16, new: u16) -> Result<(), u32> {
+pub fn rewrite_port(ctx: &TcContext, l4: &L4, old: u16, new: u16) -> Result<(), u32> {
     if old == new {
         return Ok(());
     }
@@ -411,9 +494,7 @@ fn allocate(
     let range = max - min + 1;
     // SAFETY: a helper call without arguments; it touches no memory of ours.
     let start = unsafe { bpf_get_prandom_u32() } % range;
-    let eth: *const EthHdr = ptr_at(ctx, 0)?;
-    // SAFETY: `eth` is from `ptr_at` just above, bounds-checked against `data_end`.
-    let vm_mac = unsafe { (*eth).src_addr };
+    let vm_mac = hdr::<EthHdr>(ctx, 0)?.src_addr;
     let back = NatEntry {
         addr: key.src,
         port: key.sport,
@@ -483,18 +564,15 @@ pub fn ingress4(ctx: &TcContext) -> Result<Option<i32>, u32> {
     let Some(cfg) = SNAT_CONFIG.get(0) else {
         return Ok(None);
     };
-    let ip: *const Ipv4Hdr = ptr_at(ctx, ETH_LEN)?;
-    // SAFETY: `ip` is from `ptr_at` just above, bounds-checked against `data_end`.
-    let (vihl, src, dst, proto, frags, ttl) = unsafe {
-        (
-            (*ip).vihl,
-            (*ip).src_addr,
-            (*ip).dst_addr,
-            (*ip).proto,
-            (*ip).frags,
-            (*ip).ttl,
-        )
-    };
+    let ip = hdr::<Ipv4Hdr>(ctx, ETH_LEN)?;
+    let (vihl, src, dst, proto, frags, ttl) = (
+        ip.vihl,
+        ip.src_addr,
+        ip.dst_addr,
+        ip.proto,
+        ip.frags,
+        ip.ttl,
+    );
     if dst != cfg.addr4 || cfg.addr4 == [0; 4] || u16::from_be_bytes(frags) & 0x3fff != 0 {
         return Ok(None);
     }
@@ -541,19 +619,30 @@ pub fn ingress4(ctx: &TcContext) -> Result<Option<i32>, u32> {
     rewrite_addr(ctx, &l4, IP_DST_OFF, dst, e.addr)?;
     rewrite_port(ctx, &l4, l4.dport, e.port)?;
 
-    let ip: *mut Ipv4Hdr = ptr_at(ctx, ETH_LEN)?;
-    // SAFETY: `ip` is taken again by `ptr_at` after the rewrite helpers,
-    // bounds-checked against `data_end`.
-    unsafe {
-        let ip = &mut *ip;
-        ip.check = csum::dec_ttl4(ip, u16::from_be_bytes(ip.check)).to_be_bytes();
-    }
-    let eth: *mut EthHdr = ptr_at(ctx, 0)?;
-    // SAFETY: `eth` is from `ptr_at` just above, bounds-checked against `data_end`;
-    // both MACs lie inside the checked header.
-    unsafe {
-        write_mac(&raw mut (*eth).src_addr, e.gw_mac);
-        write_mac(&raw mut (*eth).dst_addr, e.vm_mac);
-    }
-    deliver_local(ctx, e.ifindex, e.port_id).map(Some)
+    // Taken again: the rewrite helpers may have moved packet data.
+    let ip = hdr_mut::<Ipv4Hdr>(ctx, ETH_LEN)?;
+    ip.check = csum::dec_ttl4(ip, be16(ip.check)).to_be_bytes();
+    to_vm(ctx, &e)
+}
+
+/// Sets the frame's MACs for the VM of a SNAT flow (from the gateway) and
+/// delivers it to the VM's port.
+#[inline(always)]
+pub fn to_vm(ctx: &TcContext, e: &NatEntry) -> Result<Option<i32>, u32> {
+    to_port(ctx, e.gw_mac, e.vm_mac, e.ifindex, e.port_id)
+}
+
+/// `to_vm` by the entry's fields (either family's).
+#[inline(always)]
+pub fn to_port(
+    ctx: &TcContext,
+    gw_mac: [u8; 6],
+    vm_mac: [u8; 6],
+    ifindex: u32,
+    port_id: u32,
+) -> Result<Option<i32>, u32> {
+    let eth = hdr_mut::<EthHdr>(ctx, 0)?;
+    write_mac(&mut eth.src_addr, gw_mac);
+    write_mac(&mut eth.dst_addr, vm_mac);
+    deliver_local(ctx, ifindex, port_id).map(Some)
 }

@@ -26,9 +26,9 @@ use crate::{
     fwd::{Verdict, deliver_local},
     maps::{ENDPOINTS, NETWORKS},
     mtu, overlay,
-    parse::{ETH_LEN, ETH_P_IP, ETH_P_IPV6, hdr_mut, ptr_at},
+    parse::{ETH_LEN, ETH_P_IP, ETH_P_IPV6, hdr, hdr_mut},
     route::ROUTED,
-    snat,
+    snat, snat6,
 };
 
 #[classifier]
@@ -44,9 +44,7 @@ pub fn uplink(ctx: TcContext) -> i32 {
 
 #[inline(always)]
 fn try_uplink(ctx: &TcContext) -> Verdict {
-    let eth: *const EthHdr = ptr_at(ctx, 0)?;
-    // SAFETY: `eth` is from `ptr_at` just above, bounds-checked against `data_end`.
-    match u16::from_be(unsafe { (*eth).ether_type }) {
+    match u16::from_be(hdr::<EthHdr>(ctx, 0)?.ether_type) {
         ETH_P_IP => ingress4(ctx),
         ETH_P_IPV6 => ingress6(ctx),
         _ => Ok(TC_ACT_OK),
@@ -129,6 +127,9 @@ fn ingress6(ctx: &TcContext) -> Verdict {
     let key = AddrKey::v6(0, &ip.dst_addr);
     // SAFETY: a map lookup; the value stays valid for this program run.
     let Some(r) = (unsafe { ROUTED.get(&key) }) else {
+        if let Some(action) = snat6::ingress6(ctx)? {
+            return Ok(action);
+        }
         return Ok(TC_ACT_OK);
     };
     if ip.hop_limit <= 1 {
@@ -141,6 +142,10 @@ fn ingress6(ctx: &TcContext) -> Verdict {
         return mtu::packet_too_big6(ctx, uplink, NO_PORT_ID, &from, r.mtu, own_mac);
     }
     ip.hop_limit -= 1;
+    if r.port_id & ROUTED_F_INBOUND != 0 && (r.ifindex != 0 || is_local(r)) {
+        // A SNAT network: as for IPv4.
+        snat6::track_inbound6(ctx)?;
+    }
     to_vm(ctx, r)
 }
 
@@ -173,8 +178,5 @@ fn answer_from6(ctx: &TcContext, r: &RoutedAddr) -> Result<(u32, [u8; 16], [u8; 
 fn uplink_and_mac(ctx: &TcContext) -> Result<(u32, [u8; 6]), u32> {
     // SAFETY: the skb pointer is the program's own context, valid for this run.
     let uplink = unsafe { (*ctx.skb.skb).ifindex };
-    let eth: *const EthHdr = ptr_at(ctx, 0)?;
-    // SAFETY: `eth` is from `ptr_at` on the line above, bounds-checked against
-    // `data_end`.
-    Ok((uplink, unsafe { (*eth).dst_addr }))
+    Ok((uplink, hdr::<EthHdr>(ctx, 0)?.dst_addr))
 }

@@ -30,7 +30,7 @@ use crate::{
         ETH_LEN, ETH_P_ARP, ETH_P_IP, ETH_P_IPV6, ETH_P_RARP, IPPROTO_ICMPV6, hdr, is_multicast,
         mac_eq, zeroed,
     },
-    snat, spoof,
+    snat, snat6, spoof,
 };
 
 #[classifier]
@@ -118,11 +118,12 @@ fn try_vxlan_rx(ctx: &TcContext) -> Verdict {
                 // Routed ingress another node's uplink relayed here (from
                 // the gateway MAC, which no VM sends from): on a SNAT
                 // network the VM's replies must leave un-NATed.
-                if net.flags & NET_F_INGRESS != 0
-                    && ether_type == ETH_P_IP
-                    && mac_eq(&src, &net.gw_mac)
-                {
-                    snat::track_inbound4(ctx)?;
+                if net.flags & NET_F_INGRESS != 0 && mac_eq(&src, &net.gw_mac) {
+                    if ether_type == ETH_P_IP {
+                        snat::track_inbound4(ctx)?;
+                    } else if ether_type == ETH_P_IPV6 {
+                        snat6::track_inbound6(ctx)?;
+                    }
                 }
                 return fwd::deliver_local(ctx, ep.ifindex, ep.port_id);
             }

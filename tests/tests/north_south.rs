@@ -630,3 +630,160 @@ fn snat_icmp_port_unreachable_reaches_the_vm() {
     );
     let _ = (&bed.node_bird, &bed.tor_bird, &bed.vm1, &bed.tor);
 }
+
+/// A node whose uplink has only IPv6 towards the ToR, an IPv6 external
+/// host behind it, and a VM on the dual-stack SNAT network `teal` with
+/// `advertise: {subnet: true}` (its subnets routed to the node; here the
+/// ToR's static route stands in for the announcement).
+#[test]
+fn snat6_vm_reaches_outside_as_the_node_ipv6_address_and_inbound_flows_stay_unnated() {
+    const NODE6: &str = "fd00:2::1";
+    const EXT6: &str = "fd00:51::10";
+    const VM6: &str = "fd40::21";
+    let mut node = Node::new("a");
+    let tor = Netns::new(format!("vt{}-tor", node.tag));
+    let ext = Netns::new(format!("vt{}-ext", node.tag));
+    link(
+        &node.ns,
+        "up0",
+        &format!("{NODE6}/64"),
+        &tor,
+        "tor0",
+        "fd00:2::2/64",
+    );
+    link(
+        &tor,
+        "tor1",
+        "fd00:51::1/64",
+        &ext,
+        "ext0",
+        &format!("{EXT6}/64"),
+    );
+    node.ns
+        .run(&["ip", "addr", "add", &format!("{NODE_IP}/30"), "dev", "up0"]);
+    enable_forwarding(&node.ns);
+    enable_forwarding(&tor);
+    node.ns
+        .run(&["ip", "-6", "route", "add", "default", "via", "fd00:2::2"]);
+    ext.run(&["ip", "-6", "route", "add", "default", "via", "fd00:51::1"]);
+    tor.run(&["ip", "-6", "route", "add", "fd40::/64", "via", NODE6]);
+    let vm = node.add_vm(
+        "t1",
+        "52:54:00:00:0c:01",
+        &["10.40.0.21/16", &format!("{VM6}/64")],
+        Some("10.40.0.1"),
+    );
+    vm.ns
+        .run(&["ip", "-6", "route", "add", "default", "via", "fd40::1"]);
+    node.write_config(
+        "node.yaml",
+        &format!("{}  snatAddress6: {NODE6}\n", node_doc()),
+    );
+    node.write_config(
+        "networks.yaml",
+        &network_doc(
+            "teal",
+            502,
+            "10.40.0.0/16\", \"fd40::/64",
+            "10.40.0.1\", \"fd40::1",
+            "  egress: SNAT\n  advertise: {subnet: true}\n",
+        ),
+    );
+    node.write_config(
+        "vm.yaml",
+        &attachment_doc(
+            "t1",
+            "teal",
+            &vm.port,
+            &vm.mac,
+            "10.40.0.21/16\", \"fd40::21/64",
+        ),
+    );
+    node.set_agent_args(&["--uplink", "up0", "--metrics-addr", "off"]);
+    node.start_agent();
+    node.wait_ports(&[&vm.port]);
+
+    // ICMPv6 echo out: the external host sees the node's IPv6 address.
+    let dump = ext.spawn(&[
+        "timeout",
+        "10",
+        "tcpdump",
+        "-n",
+        "-l",
+        "-c",
+        "1",
+        "-i",
+        "ext0",
+        "icmp6 and ip6[40] == 128",
+    ]);
+    std::thread::sleep(Duration::from_millis(700));
+    wait_for(
+        "the VM pings the external host",
+        Duration::from_secs(10),
+        || vm.ping(EXT6),
+    );
+    let out = dump.wait_with_output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains(&format!("{NODE6} > {EXT6}")),
+        "the external host did not see the node's IPv6 address: {text}"
+    );
+
+    // TCP out, 4 streams: from the node's address, ports of the range;
+    // then data back through the reverse translation.
+    let (srv, _) = iperf3_server_view(&ext, &vm.ns, EXT6, "5311", &["-P", "4"]);
+    let conns = srv["start"]["connected"].as_array().expect("connected");
+    assert_eq!(conns.len(), 4, "server saw {} streams", conns.len());
+    for c in conns {
+        assert_eq!(c["remote_host"].as_str(), Some(NODE6), "peer {c}");
+        let p = c["remote_port"].as_u64().unwrap();
+        assert!((40000..=59999).contains(&p), "port {p} outside the range");
+    }
+    let (_, cli) = iperf3_server_view(&ext, &vm.ns, EXT6, "5312", &["-R"]);
+    let bps = cli["end"]["sum_received"]["bits_per_second"]
+        .as_f64()
+        .unwrap();
+    assert!(bps > 1e8, "IPv6 SNAT TCP reverse only {bps} bit/s");
+
+    // UDP to a closed port: the ICMPv6 port unreachable comes back to the
+    // node's address, is translated back, and the VM's socket is refused.
+    let script = format!(
+        "import socket\n\
+         s = socket.socket(socket.AF_INET6, socket.SOCK_DGRAM)\n\
+         s.settimeout(3)\n\
+         s.bind(('{VM6}', 5577))\n\
+         s.connect(('{EXT6}', 9))\n\
+         s.send(b'anyone?')\n\
+         try:\n    s.recv(100)\n    print('data')\n\
+         except ConnectionRefusedError:\n    print('refused')\n\
+         except socket.timeout:\n    print('timeout')\n"
+    );
+    let out = vm.ns.run(&["python3", "-c", &script]);
+    assert_eq!(out.trim(), "refused", "the VM's UDP socket: {out}");
+
+    // Inbound to the VM's own address: ping and TCP from the external host
+    // work (their replies leave un-NATed, else they would not match), and
+    // the VM sees the external host's own address.
+    assert!(ext.ping(VM6, 3), "external host -> VM's IPv6 address");
+    let (srv, _) = iperf3_server_view(&vm.ns, &ext, VM6, "5313", &[]);
+    let conns = srv["start"]["connected"].as_array().expect("connected");
+    assert_eq!(conns[0]["remote_host"].as_str(), Some(EXT6));
+    let maps = node.maps();
+    assert!(
+        maps.inbound6.keys().count() >= 2,
+        "inbound IPv6 flows not recorded"
+    );
+    assert!(maps.snat6_out.keys().count() >= 5, "IPv6 SNAT flows");
+    for reason in [
+        drop_reason::SNAT_UNSUPPORTED,
+        drop_reason::SNAT_NO_ADDRESS,
+        drop_reason::SNAT_PORTS_EXHAUSTED,
+    ] {
+        assert_eq!(
+            node.drops(reason),
+            0,
+            "{}",
+            drop_reason::NAMES[reason as usize]
+        );
+    }
+}

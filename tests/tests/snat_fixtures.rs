@@ -4,7 +4,8 @@
 //! `uplink` translating the replies back; every output frame's IPv4 and
 //! transport checksums are verified from scratch. Port exhaustion, the
 //! per-VM quota and the routed source check are counted under their drop
-//! reasons.
+//! reasons. The IPv6 rows do the same with the node's IPv6 SNAT address
+//! (TCP, UDP, ICMPv6 echo, ICMPv6 errors, inbound flows' replies).
 //!
 //! test_run hands the program an skb without checksum offload state
 //! (CHECKSUM_NONE), so these cover the full-checksum branch of the
@@ -46,6 +47,8 @@ const NODE_IP: [u8; 4] = [192, 0, 2, 1];
 const EXT_IP: [u8; 4] = [198, 51, 100, 10];
 const UPLINK_MAC: [u8; 6] = [0x02, 0, 0, 0, 0, 1];
 const TOR_MAC: [u8; 6] = [0x02, 0, 0, 0, 0, 2];
+/// The node's IPv6 SNAT address, 2001:db8:2::1.
+const NODE6: [u8; 16] = [0x20, 0x01, 0x0d, 0xb8, 0, 2, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1];
 const PORT_MIN: u16 = 40000;
 const PORT_MAX: u16 = 40003;
 
@@ -117,6 +120,39 @@ impl Fx {
         ]);
         sh(&["ip", "route", "add", "198.51.100.0/24", "via", "192.0.2.2"]);
         sh(&["sysctl", "-qw", "net.ipv4.ip_forward=1"]);
+        // IPv6: the node's address on the uplink (NODE6), the ToR as the
+        // next hop to the external host's prefix.
+        sh(&[
+            "ip",
+            "-6",
+            "addr",
+            "add",
+            "2001:db8:2::1/64",
+            "dev",
+            "sf-up",
+            "nodad",
+        ]);
+        sh(&[
+            "ip",
+            "-6",
+            "neigh",
+            "add",
+            "2001:db8:2::2",
+            "lladdr",
+            "02:00:00:00:00:02",
+            "dev",
+            "sf-up",
+        ]);
+        sh(&[
+            "ip",
+            "-6",
+            "route",
+            "add",
+            "2001:db8::/64",
+            "via",
+            "2001:db8:2::2",
+        ]);
+        sh(&["sysctl", "-qw", "net.ipv6.conf.all.forwarding=1"]);
         static N: AtomicU32 = AtomicU32::new(0);
         let root = Root(PathBuf::from(format!(
             "/sys/fs/bpf/vmpath-snatfx-{}-{}",
@@ -190,7 +226,21 @@ impl Fx {
                     tcp_closing_timeout: 240,
                     udp_timeout: 300,
                     icmp_timeout: 60,
+                    addr6: NODE6,
                 },
+                0,
+            )
+            .unwrap();
+        maps.subnets6
+            .insert(
+                &Key::new(
+                    32 + 64,
+                    vmpath_common::Subnet6 {
+                        network: NET.to_be_bytes(),
+                        addr: [0xfd, 0x30, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0],
+                    },
+                ),
+                1,
                 0,
             )
             .unwrap();
@@ -312,10 +362,12 @@ fn fold(mut s: u32) -> u16 {
     s as u16
 }
 
-/// The fields of an IPv4 frame, after checking every checksum in it.
+/// The fields of an IPv4 or IPv6 frame, after checking every checksum in
+/// it.
 struct Seen {
-    src: [u8; 4],
-    dst: [u8; 4],
+    src: Vec<u8>,
+    dst: Vec<u8>,
+    /// TTL or hop limit.
     ttl: u8,
     sport: u16,
     dport: u16,
@@ -324,6 +376,9 @@ struct Seen {
 }
 
 fn checked(frame: &[u8]) -> Seen {
+    if frame[12..14] == [0x86, 0xdd] {
+        return checked6(frame);
+    }
     let ip = &frame[14..];
     let ihl = usize::from(ip[0] & 0x0f) * 4;
     assert_eq!(fold(sum16(&ip[..ihl], 0)), 0xffff, "IPv4 header checksum");
@@ -353,9 +408,45 @@ fn checked(frame: &[u8]) -> Seen {
         )
     };
     Seen {
-        src: ip[12..16].try_into().unwrap(),
-        dst: ip[16..20].try_into().unwrap(),
+        src: ip[12..16].to_vec(),
+        dst: ip[16..20].to_vec(),
         ttl: ip[8],
+        sport,
+        dport,
+        eth_src: frame[6..12].try_into().unwrap(),
+        eth_dst: frame[0..6].try_into().unwrap(),
+    }
+}
+
+/// `checked` for IPv6 (no extension headers): the transport checksum,
+/// ICMPv6's too, over the pseudo header.
+fn checked6(frame: &[u8]) -> Seen {
+    let ip = &frame[14..];
+    let plen = usize::from(u16::from_be_bytes([ip[4], ip[5]]));
+    let proto = ip[6];
+    let l4 = &ip[40..40 + plen];
+    let mut pseudo = Vec::new();
+    pseudo.extend_from_slice(&ip[8..40]);
+    pseudo.extend_from_slice(&(plen as u32).to_be_bytes());
+    pseudo.extend_from_slice(&[0, 0, 0, proto]);
+    assert_eq!(
+        fold(sum16(l4, sum16(&pseudo, 0))),
+        0xffff,
+        "IPv6 transport checksum (next header {proto})"
+    );
+    let (sport, dport) = if proto == 58 {
+        let id = u16::from_be_bytes([l4[4], l4[5]]);
+        (id, id)
+    } else {
+        (
+            u16::from_be_bytes([l4[0], l4[1]]),
+            u16::from_be_bytes([l4[2], l4[3]]),
+        )
+    };
+    Seen {
+        src: ip[8..24].to_vec(),
+        dst: ip[24..40].to_vec(),
+        ttl: ip[7],
         sport,
         dport,
         eth_src: frame[6..12].try_into().unwrap(),
@@ -938,6 +1029,19 @@ const LEARNED_VM_IP: [u8; 4] = [10, 30, 0, 25];
 const LEARNED_VM_MAC: [u8; 6] = [0x52, 0x54, 0, 0, 0x0c, 5];
 const LEARNED_NODE: [u8; 4] = [192, 0, 2, 10];
 
+/// The addresses rows of one family see.
+struct Addrs {
+    vm: &'static [u8],
+    node: &'static [u8],
+    ext: &'static [u8],
+}
+
+const V4: Addrs = Addrs {
+    vm: &VM_IP,
+    node: &NODE_IP,
+    ext: &EXT_IP,
+};
+
 /// Which program a row runs: `vm_egress` on the VM's port (a frame the VM
 /// sends to its gateway) or `uplink` (a frame from the fabric).
 #[derive(Clone, Copy, Debug)]
@@ -957,7 +1061,7 @@ enum Expect {
     /// Into a VM on this node, un-NATed (from the gateway MAC to the VM's),
     /// to `dst`:`dport`.
     Delivered {
-        dst: [u8; 4],
+        dst: &'static [u8],
         dport: u16,
         mac: [u8; 6],
     },
@@ -966,6 +1070,8 @@ enum Expect {
     Relayed { mac: [u8; 6] },
     /// Dropped and counted under the reason.
     Dropped(u32),
+    /// Passed to the host stack untouched (TC_ACT_OK).
+    Host,
 }
 
 struct Row {
@@ -1069,6 +1175,11 @@ impl Fx {
     /// Runs the rows in order (they share flow state) and reports every
     /// row that failed.
     fn run_rows(&self, rows: &[Row]) {
+        self.run_rows_in(rows, &V4)
+    }
+
+    /// `run_rows` with the addresses of one family.
+    fn run_rows_in(&self, rows: &[Row], a: &Addrs) {
         let mut ports = [0u16; 4];
         let mut failures = Vec::new();
         for r in rows {
@@ -1102,6 +1213,13 @@ impl Fx {
                         ));
                     }
                 }
+                Expect::Host => {
+                    if verdict != 0 || !new_drops.is_empty() {
+                        errs.push(format!(
+                            "verdict {verdict} (drops {new_drops:?}), want TC_ACT_OK"
+                        ));
+                    }
+                }
                 expect => {
                     if verdict != TC_ACT_REDIRECT {
                         errs.push(format!(
@@ -1117,10 +1235,10 @@ impl Fx {
                         }
                         match expect {
                             Expect::Unnated { sport } => {
-                                if (seen.src, seen.sport) != (VM_IP, sport) {
+                                if seen.src != a.vm || seen.sport != sport {
                                     errs.push(format!(
-                                        "left as {:?}:{}, want the VM's own {VM_IP:?}:{sport}",
-                                        seen.src, seen.sport
+                                        "left as {:?}:{}, want the VM's own {:?}:{sport}",
+                                        seen.src, seen.sport, a.vm
                                     ));
                                 }
                                 if (seen.eth_src, seen.eth_dst) != (UPLINK_MAC, TOR_MAC) {
@@ -1128,7 +1246,7 @@ impl Fx {
                                 }
                             }
                             Expect::Snated { slot } => {
-                                if seen.src != NODE_IP
+                                if seen.src != a.node
                                     || !(PORT_MIN..=PORT_MAX).contains(&seen.sport)
                                 {
                                     errs.push(format!(
@@ -1139,7 +1257,7 @@ impl Fx {
                                 ports[slot] = seen.sport;
                             }
                             Expect::Delivered { dst, dport, mac } => {
-                                if (seen.dst, seen.dport, seen.src) != (dst, dport, EXT_IP) {
+                                if seen.dst != dst || seen.dport != dport || seen.src != a.ext {
                                     errs.push(format!(
                                         "delivered to {:?}:{} from {:?}, want {dst:?}:{dport} from the external host",
                                         seen.dst, seen.dport, seen.src
@@ -1157,7 +1275,7 @@ impl Fx {
                                     ));
                                 }
                             }
-                            Expect::Dropped(_) => unreachable!(),
+                            Expect::Dropped(_) | Expect::Host => unreachable!(),
                         }
                     }
                 }
@@ -1185,7 +1303,7 @@ fn snat_with_routed_ingress_replies_of_inbound_flows_leave_unnated() {
             Uplink,
             ext_tcp_to_vm,
             Expect::Delivered {
-                dst: VM_IP,
+                dst: &VM_IP,
                 dport: 22,
                 mac: VM_MAC,
             },
@@ -1201,7 +1319,7 @@ fn snat_with_routed_ingress_replies_of_inbound_flows_leave_unnated() {
             Uplink,
             |_| echo(TOR_MAC, UPLINK_MAC, EXT_IP, VM_IP, 0x77, false),
             Expect::Delivered {
-                dst: VM_IP,
+                dst: &VM_IP,
                 dport: 0x77,
                 mac: VM_MAC,
             },
@@ -1223,7 +1341,7 @@ fn snat_with_routed_ingress_replies_of_inbound_flows_leave_unnated() {
             Uplink,
             |_| udp(TOR_MAC, UPLINK_MAC, EXT_IP, VM_IP, 7000, 53),
             Expect::Delivered {
-                dst: VM_IP,
+                dst: &VM_IP,
                 dport: 53,
                 mac: VM_MAC,
             },
@@ -1247,7 +1365,7 @@ fn snat_with_routed_ingress_replies_of_inbound_flows_leave_unnated() {
                 Uplink,
                 |p| tcp(TOR_MAC, UPLINK_MAC, EXT_IP, NODE_IP, 443, p),
                 Expect::Delivered {
-                    dst: VM_IP,
+                    dst: &VM_IP,
                     dport: 33000,
                     mac: VM_MAC,
                 },
@@ -1258,7 +1376,7 @@ fn snat_with_routed_ingress_replies_of_inbound_flows_leave_unnated() {
             Uplink,
             |_| tcp(TOR_MAC, UPLINK_MAC, EXT_IP, VM_IP, 443, 33000),
             Expect::Delivered {
-                dst: VM_IP,
+                dst: &VM_IP,
                 dport: 33000,
                 mac: VM_MAC,
             },
@@ -1280,7 +1398,7 @@ fn snat_with_routed_ingress_replies_of_inbound_flows_leave_unnated() {
             Uplink,
             |_| udp(TOR_MAC, UPLINK_MAC, EXT_IP, MOVING_VM_IP, 7000, 53),
             Expect::Delivered {
-                dst: MOVING_VM_IP,
+                dst: &MOVING_VM_IP,
                 dport: 53,
                 mac: MOVING_VM_MAC,
             },
@@ -1413,5 +1531,362 @@ fn routed_ipv6_ingress_for_a_vm_elsewhere_is_relayed_over_the_overlay() {
         let (v, _) = fx.ingress(&big6(TOR_MAC, UPLINK_MAC, EXT6, LOST6, 100));
         assert_eq!(v, TC_ACT_SHOT);
         assert_eq!(fx.drops(drop_reason::INGRESS_NO_ENDPOINT), before + 1);
+    });
+}
+
+// --- IPv6 SNAT ----------------------------------------------------------------
+
+fn udp6(
+    src_mac: [u8; 6],
+    dst_mac: [u8; 6],
+    src: [u8; 16],
+    dst: [u8; 16],
+    sp: u16,
+    dp: u16,
+) -> Vec<u8> {
+    let mut v = Vec::new();
+    PacketBuilder::ethernet2(src_mac, dst_mac)
+        .ipv6(src, dst, 64)
+        .udp(sp, dp)
+        .write(&mut v, b"vmpath snat6 fixture")
+        .unwrap();
+    v
+}
+
+fn tcp6(
+    src_mac: [u8; 6],
+    dst_mac: [u8; 6],
+    src: [u8; 16],
+    dst: [u8; 16],
+    sp: u16,
+    dp: u16,
+) -> Vec<u8> {
+    let mut v = Vec::new();
+    PacketBuilder::ethernet2(src_mac, dst_mac)
+        .ipv6(src, dst, 64)
+        .tcp(sp, dp, 1000, 64240)
+        .syn()
+        .write(&mut v, b"")
+        .unwrap();
+    v
+}
+
+fn echo6(
+    src_mac: [u8; 6],
+    dst_mac: [u8; 6],
+    src: [u8; 16],
+    dst: [u8; 16],
+    id: u16,
+    reply: bool,
+) -> Vec<u8> {
+    let mut v = Vec::new();
+    let b = PacketBuilder::ethernet2(src_mac, dst_mac).ipv6(src, dst, 64);
+    if reply {
+        b.icmpv6_echo_reply(id, 1)
+            .write(&mut v, b"pingpong")
+            .unwrap();
+    } else {
+        b.icmpv6_echo_request(id, 1)
+            .write(&mut v, b"pingpong")
+            .unwrap();
+    }
+    v
+}
+
+const V6: Addrs = Addrs {
+    vm: &VM6,
+    node: &NODE6,
+    ext: &EXT6,
+};
+
+impl Fx {
+    /// `with_ingress`, and the VM's IPv6 address routed to its port with
+    /// the inbound flag (a SNAT network with `advertise: {subnet: true}`).
+    fn with_ingress6() -> Fx {
+        use vmpath_common::{AddrKey, ROUTED_F_INBOUND, RoutedAddr};
+        let mut fx = Fx::with_ingress();
+        let port = fx.port;
+        fx.dp
+            .maps_mut()
+            .routed
+            .insert(
+                AddrKey::v6(0, &VM6),
+                RoutedAddr {
+                    ifindex: port,
+                    network: NET,
+                    vm_mac: VM_MAC,
+                    gw_mac: GW_MAC,
+                    mtu: 1500,
+                    port_id: 1 | ROUTED_F_INBOUND,
+                },
+                0,
+            )
+            .unwrap();
+        fx
+    }
+}
+
+#[test]
+fn snat6_translates_outbound_flows_and_leaves_replies_of_inbound_ones_unnated() {
+    use Hook::*;
+    let rows = [
+        row(
+            "external host opens TCP to the VM's own IPv6 address -> delivered un-NATed",
+            Uplink,
+            |_| tcp6(TOR_MAC, UPLINK_MAC, EXT6, VM6, 5000, 22),
+            Expect::Delivered {
+                dst: &VM6,
+                dport: 22,
+                mac: VM_MAC,
+            },
+        ),
+        row(
+            "the VM's reply of that inbound flow -> leaves with the VM's address, not SNATed",
+            Egress,
+            |_| tcp6(VM_MAC, GW_MAC, VM6, EXT6, 22, 5000),
+            Expect::Unnated { sport: 22 },
+        ),
+        row(
+            "external host pings the VM -> delivered",
+            Uplink,
+            |_| echo6(TOR_MAC, UPLINK_MAC, EXT6, VM6, 0x66, false),
+            Expect::Delivered {
+                dst: &VM6,
+                dport: 0x66,
+                mac: VM_MAC,
+            },
+        ),
+        row(
+            "the VM's ICMPv6 echo reply -> un-NATed",
+            Egress,
+            |_| echo6(VM_MAC, GW_MAC, VM6, EXT6, 0x66, true),
+            Expect::Unnated { sport: 0x66 },
+        ),
+        row(
+            "an ICMPv6 echo reply nobody asked for -> dropped",
+            Egress,
+            |_| echo6(VM_MAC, GW_MAC, VM6, EXT6, 0x67, true),
+            Expect::Dropped(drop_reason::SNAT_UNSUPPORTED),
+        ),
+        row(
+            "external host sends UDP to the VM -> delivered",
+            Uplink,
+            |_| udp6(TOR_MAC, UPLINK_MAC, EXT6, VM6, 7000, 53),
+            Expect::Delivered {
+                dst: &VM6,
+                dport: 53,
+                mac: VM_MAC,
+            },
+        ),
+        row(
+            "the VM's UDP answer -> un-NATed",
+            Egress,
+            |_| udp6(VM_MAC, GW_MAC, VM6, EXT6, 53, 7000),
+            Expect::Unnated { sport: 53 },
+        ),
+        row(
+            "the VM opens TCP to the outside -> SNATed to the node's IPv6 address",
+            Egress,
+            |_| tcp6(VM_MAC, GW_MAC, VM6, EXT6, 33000, 443),
+            Expect::Snated { slot: 0 },
+        ),
+        Row {
+            reply_to: Some(0),
+            ..row(
+                "the reply of that outbound flow -> de-NATed into the VM",
+                Uplink,
+                |p| tcp6(TOR_MAC, UPLINK_MAC, EXT6, NODE6, 443, p),
+                Expect::Delivered {
+                    dst: &VM6,
+                    dport: 33000,
+                    mac: VM_MAC,
+                },
+            )
+        },
+        row(
+            "the VM's next segment of that flow -> the same translation",
+            Egress,
+            |_| tcp6(VM_MAC, GW_MAC, VM6, EXT6, 33000, 443),
+            Expect::Snated { slot: 3 },
+        ),
+        row(
+            "the VM sends UDP out -> SNATed",
+            Egress,
+            |_| udp6(VM_MAC, GW_MAC, VM6, EXT6, 5555, 53),
+            Expect::Snated { slot: 1 },
+        ),
+        Row {
+            reply_to: Some(1),
+            ..row(
+                "its answer -> de-NATed into the VM",
+                Uplink,
+                |p| udp6(TOR_MAC, UPLINK_MAC, EXT6, NODE6, 53, p),
+                Expect::Delivered {
+                    dst: &VM6,
+                    dport: 5555,
+                    mac: VM_MAC,
+                },
+            )
+        },
+        row(
+            "the VM pings out (ICMPv6 echo) -> SNATed identifier",
+            Egress,
+            |_| echo6(VM_MAC, GW_MAC, VM6, EXT6, 0x4242, false),
+            Expect::Snated { slot: 2 },
+        ),
+        Row {
+            reply_to: Some(2),
+            ..row(
+                "the echo reply -> de-NATed into the VM with its identifier",
+                Uplink,
+                |p| echo6(TOR_MAC, UPLINK_MAC, EXT6, NODE6, p, true),
+                Expect::Delivered {
+                    dst: &VM6,
+                    dport: 0x4242,
+                    mac: VM_MAC,
+                },
+            )
+        },
+        row(
+            "a reply to the node's address for no flow -> to the host stack",
+            Uplink,
+            |_| udp6(TOR_MAC, UPLINK_MAC, EXT6, NODE6, 9999, 40003),
+            Expect::Host,
+        ),
+    ];
+    in_netns(|| {
+        let fx = Fx::with_ingress6();
+        fx.run_rows_in(&rows, &V6);
+        let keys: std::collections::BTreeSet<_> = fx
+            .dp
+            .maps()
+            .inbound6
+            .keys()
+            .filter_map(|k| k.ok())
+            .collect();
+        use vmpath_common::NatKey6;
+        for want in [
+            NatKey6::new(&VM6, &EXT6, 22, 5000, 6),
+            NatKey6::new(&VM6, &EXT6, 0x66, 0x66, 58),
+            NatKey6::new(&VM6, &EXT6, 53, 7000, 17),
+        ] {
+            assert!(keys.contains(&want), "{want:?} not recorded: {keys:?}");
+        }
+        assert_eq!(
+            fx.dp.maps().snat6_quota.get(&VM6, 0).unwrap(),
+            3,
+            "three outbound flows held by the VM"
+        );
+    });
+}
+
+#[test]
+fn snat6_without_an_ipv6_snat_address_drops_and_counts() {
+    in_netns(|| {
+        let mut fx = Fx::new(NET_F_SNAT);
+        let maps = fx.dp.maps_mut();
+        let mut cfg = maps.snat_config.get(&0, 0).unwrap();
+        cfg.addr6 = [0; 16];
+        maps.snat_config.set(0, cfg, 0).unwrap();
+        let before = fx.drops(drop_reason::SNAT_NO_ADDRESS);
+        let (v, _) = fx.egress(&udp6(VM_MAC, GW_MAC, VM6, EXT6, 5555, 53));
+        assert_eq!(v, TC_ACT_SHOT);
+        assert_eq!(fx.drops(drop_reason::SNAT_NO_ADDRESS), before + 1);
+    });
+}
+
+/// An ICMPv6 error from `from` to the node's SNAT address quoting the
+/// first 48 bytes (IPv6 header and 8 of transport) of what left, or
+/// `quote` bytes of it.
+fn icmp6_error(from: [u8; 16], icmp_type: u8, code: u8, sent: &[u8], quote: usize) -> Vec<u8> {
+    let mut v = Vec::new();
+    // Packet too big carries the MTU in the rest of the header.
+    let rest = if icmp_type == 2 {
+        1280u32.to_be_bytes()
+    } else {
+        [0; 4]
+    };
+    let quoted = &sent[14..(14 + quote).min(sent.len())];
+    let mut icmp = vec![icmp_type, code, 0, 0];
+    icmp.extend_from_slice(&rest);
+    icmp.extend_from_slice(quoted);
+    let mut ip = vec![0x60, 0, 0, 0];
+    ip.extend_from_slice(&(icmp.len() as u16).to_be_bytes());
+    ip.extend_from_slice(&[58, 64]);
+    ip.extend_from_slice(&from);
+    ip.extend_from_slice(&NODE6);
+    let mut pseudo = Vec::new();
+    pseudo.extend_from_slice(&ip[8..40]);
+    pseudo.extend_from_slice(&(icmp.len() as u32).to_be_bytes());
+    pseudo.extend_from_slice(&[0, 0, 0, 58]);
+    let c = !fold(sum16(&icmp, sum16(&pseudo, 0)));
+    icmp[2..4].copy_from_slice(&c.to_be_bytes());
+    v.extend_from_slice(&UPLINK_MAC);
+    v.extend_from_slice(&TOR_MAC);
+    v.extend_from_slice(&[0x86, 0xdd]);
+    v.extend_from_slice(&ip);
+    v.extend_from_slice(&icmp);
+    v
+}
+
+/// The error translated back: outer to the VM, ICMPv6 checksum right, the
+/// quoted packet as the VM sent it (source address, ports or identifier,
+/// transport checksum) but for the hop limit the node decremented.
+fn check_error6_back(back: &[u8], vm_frame: &[u8], from: [u8; 16], icmp_type: u8) {
+    assert_eq!(&back[12..14], &[0x86, 0xdd]);
+    let ip = &back[14..54];
+    let icmp = &back[54..];
+    assert_eq!(&ip[8..24], &from, "outer source untouched");
+    assert_eq!(&ip[24..40], &VM6, "outer destination back to the VM");
+    assert_eq!(ip[7], 63, "hop limit decremented");
+    assert_eq!((&back[6..12], &back[0..6]), (&GW_MAC[..], &VM_MAC[..]));
+    assert_eq!(icmp[0], icmp_type);
+    check_icmp6_sum(ip, icmp);
+    let inner = &icmp[8..];
+    assert_eq!(&inner[8..24], &VM6, "quoted source: the VM");
+    assert_eq!(&inner[24..40], &EXT6);
+    let n = inner.len() - 40;
+    assert_eq!(
+        &inner[40..],
+        &vm_frame[54..54 + n],
+        "quoted transport header as the VM sent it (ports, checksum)"
+    );
+}
+
+#[test]
+fn snat6_icmpv6_errors_are_translated_back_to_the_vm() {
+    in_netns(|| {
+        let fx = Fx::new(NET_F_SNAT);
+        let router: [u8; 16] = [0x20, 0x01, 0x0d, 0xb8, 0, 2, 0, 0, 0, 0, 0, 0, 0, 0, 0, 2];
+        // UDP to a closed port: port unreachable (1/4) from the host.
+        let vm_udp = udp6(VM_MAC, GW_MAC, VM6, EXT6, 5555, 9);
+        let (v, sent) = fx.egress(&vm_udp);
+        assert_eq!(v, TC_ACT_REDIRECT);
+        assert_eq!(&sent[14 + 8..14 + 24], &NODE6, "left SNATed");
+        let (v, back) = fx.ingress(&icmp6_error(EXT6, 1, 4, &sent, 48));
+        assert_eq!(v, TC_ACT_REDIRECT, "port unreachable delivered to the VM");
+        check_error6_back(&back, &vm_udp, EXT6, 1);
+
+        // TCP: packet too big from a router, quoting the whole segment
+        // (its checksum included).
+        let vm_tcp = tcp6(VM_MAC, GW_MAC, VM6, EXT6, 33000, 443);
+        let (_, sent) = fx.egress(&vm_tcp);
+        let (v, back) = fx.ingress(&icmp6_error(router, 2, 0, &sent, 60));
+        assert_eq!(v, TC_ACT_REDIRECT, "packet too big delivered to the VM");
+        check_error6_back(&back, &vm_tcp, router, 2);
+        assert_eq!(&back[54 + 4..54 + 8], &1280u32.to_be_bytes(), "MTU kept");
+
+        // ICMPv6 echo: hop limit exceeded (3) from a router.
+        let vm_echo = echo6(VM_MAC, GW_MAC, VM6, EXT6, 0x4242, false);
+        let (_, sent) = fx.egress(&vm_echo);
+        let (v, back) = fx.ingress(&icmp6_error(router, 3, 0, &sent, 48));
+        assert_eq!(v, TC_ACT_REDIRECT);
+        check_error6_back(&back, &vm_echo, router, 3);
+
+        // An error about a flow this node never translated goes to the host.
+        let mut stranger = sent.clone();
+        stranger[14 + 40 + 4] ^= 0xff;
+        let (v, _) = fx.ingress(&icmp6_error(router, 3, 0, &stranger, 48));
+        assert_eq!(v, 0, "unknown flow: TC_ACT_OK to the host stack");
     });
 }

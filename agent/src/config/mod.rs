@@ -70,6 +70,9 @@ pub struct Node {
     pub name: String,
     pub address: IpAddr,
     pub snat_address: Option<IpAddr>,
+    /// IPv6 SNAT egress leaves with this (else `snat_address` or
+    /// `address`, whichever is IPv6).
+    pub snat_address6: Option<std::net::Ipv6Addr>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]

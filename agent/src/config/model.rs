@@ -48,6 +48,8 @@ pub struct NodeSpec {
     pub address: IpAddr,
     #[serde(default)]
     pub snat_address: Option<IpAddr>,
+    #[serde(default)]
+    pub snat_address6: Option<std::net::Ipv6Addr>,
 }
 
 #[derive(Debug, Clone, Copy, Deserialize, Serialize, PartialEq, Eq, Default)]

@@ -337,6 +337,7 @@ fn node(doc: &Doc) -> Result<Node, ConfigError> {
         name: doc.meta.name.clone(),
         address: spec.address,
         snat_address: spec.snat_address,
+        snat_address6: spec.snat_address6,
     })
 }
 
@@ -804,5 +805,41 @@ mod namespace_rule_tests {
             cfg.errors
         );
         assert!(cfg.networks.is_empty());
+    }
+}
+
+#[cfg(test)]
+mod node_spec_tests {
+    use super::*;
+
+    fn node_with(spec: serde_json::Value) -> Config {
+        let snap = Snapshot {
+            documents: vec![RawDocument {
+                file: "node.yaml".into(),
+                index: 1,
+                value: serde_json::json!({
+                    "apiVersion": API_VERSION, "kind": "Node", "metadata": {"name": "a"},
+                    "spec": spec,
+                }),
+            }],
+            ..Default::default()
+        };
+        validate(&snap, "a", &BTreeSet::new())
+    }
+
+    #[test]
+    fn an_ipv6_snat_address_is_taken_and_an_ipv4_one_refused_naming_the_field() {
+        let cfg =
+            node_with(serde_json::json!({"address": "192.0.2.1", "snatAddress6": "fd00:2::1"}));
+        assert!(cfg.errors.is_empty(), "{:?}", cfg.errors);
+        assert_eq!(
+            cfg.node.unwrap().snat_address6,
+            Some("fd00:2::1".parse().unwrap())
+        );
+        let cfg =
+            node_with(serde_json::json!({"address": "192.0.2.1", "snatAddress6": "192.0.2.9"}));
+        assert!(cfg.node.is_none(), "an IPv4 snatAddress6 accepted");
+        assert_eq!(cfg.errors.len(), 1, "{:?}", cfg.errors);
+        assert_eq!(cfg.errors[0].field, "spec.snatAddress6");
     }
 }

@@ -39,12 +39,11 @@ pub fn ingress(net: &Network) -> bool {
     routed(net) || net.advertise.per_vm || net.advertise.subnet || net.advertise.learned
 }
 
-/// Does routed ingress on this network carry `ip`'s family? SNAT is IPv4
-/// only and a SNAT network drops its VMs' IPv6 egress, so they could not
-/// answer over IPv6: their IPv6 addresses are neither routed to nor
-/// advertised.
-pub fn ingress_family(net: &Network, ip: IpAddr) -> bool {
-    ingress(net) && (routed(net) || ip.is_ipv4())
+/// Does routed ingress on this network carry `ip`'s family? Both: a SNAT
+/// network's VMs answer inbound flows un-NATed over IPv4 and IPv6 alike
+/// (the data path records them in `vmp_inbound` / `vmp_inbound6`).
+pub fn ingress_family(net: &Network, _ip: IpAddr) -> bool {
+    ingress(net)
 }
 
 pub fn north_south(cfg: &Resolved, node: &str, plan: &mut Plan) {
@@ -94,16 +93,27 @@ pub fn north_south(cfg: &Resolved, node: &str, plan: &mut Plan) {
         }
     }
     routed_addresses(cfg, plan);
-    let snat_addr =
-        cfg.config
-            .node
-            .as_ref()
-            .and_then(|n| match n.snat_address.unwrap_or(n.address) {
-                IpAddr::V4(a) => Some(a.octets()),
-                IpAddr::V6(_) => None,
-            });
+    let node_cfg = cfg.config.node.as_ref();
+    let snat_addr = node_cfg.and_then(|n| match n.snat_address.unwrap_or(n.address) {
+        IpAddr::V4(a) => Some(a.octets()),
+        IpAddr::V6(_) => None,
+    });
+    // IPv6: `snatAddress6`, else whichever of `snatAddress` and `address`
+    // is IPv6.
+    let snat_addr6 = node_cfg.and_then(|n| {
+        n.snat_address6.or_else(|| {
+            [n.snat_address, Some(n.address)]
+                .into_iter()
+                .flatten()
+                .find_map(|a| match a {
+                    IpAddr::V6(a) => Some(a),
+                    IpAddr::V4(_) => None,
+                })
+        })
+    });
     plan.snat = SnatConfig {
         addr4: snat_addr.unwrap_or([0; 4]),
+        addr6: snat_addr6.map_or([0; 16], |a| a.octets()),
         uplink: 0,
         port_min: SNAT_DEFAULT_PORT_MIN,
         port_max: SNAT_DEFAULT_PORT_MAX,
@@ -270,11 +280,9 @@ mod tests {
         assert_eq!((r.ifindex, r.port_id & ROUTED_PORT_ID), (7, 1));
         assert_ne!(r.port_id & ROUTED_F_INBOUND, 0);
         assert_eq!(p.routed[&v4([10, 40, 0, 99])], r, "the learned address");
-        // SNAT is IPv4 only: no routed IPv6 ingress on this network.
-        assert!(!p.routed.contains_key(&AddrKey::v6(
-            0,
-            &"fd40::50".parse::<Ipv6Addr>().unwrap().octets()
-        )));
+        // IPv6 alike: routed in, flows recorded.
+        let r6 = p.routed[&AddrKey::v6(0, &"fd40::50".parse::<Ipv6Addr>().unwrap().octets())];
+        assert_eq!(r6, r);
         // vm2 is on node b: its entry follows the endpoint (overlay).
         let r = p.routed[&v4([10, 40, 0, 51])];
         assert_eq!((r.ifindex, r.vm_mac), (0, [0x52, 0x54, 0, 0, 0, 2]));
@@ -282,12 +290,19 @@ mod tests {
         assert!(!p.routed.contains_key(&v4([10, 40, 0, 52])));
 
         // The routes for BGP: the IPv4 subnet (hosted here) and the learned
-        // addresses (without perVM); never the IPv6 subnet.
+        // addresses (without perVM), IPv6 as IPv4.
         let want: Vec<String> = crate::routes::desired(&c, &p, &c.learned_ips)
             .iter()
             .map(|r| r.to_string())
             .collect();
-        assert_eq!(want, ["blackhole 10.40.0.0/16", "10.40.0.99/32 dev lo"]);
+        assert_eq!(
+            want,
+            [
+                "blackhole 10.40.0.0/16",
+                "10.40.0.99/32 dev lo",
+                "blackhole fd40::/64"
+            ]
+        );
 
         // Node c hosts nothing of the network: no subnet, no entries.
         let p = plan(&c, "c", |_| None);

@@ -523,6 +523,7 @@ fn north_south_in_netns(opts: &Options) -> Result<Section> {
                 tcp_closing_timeout: 240,
                 udp_timeout: 300,
                 icmp_timeout: 60,
+                addr6: [0; 16],
             },
             0,
         )?;

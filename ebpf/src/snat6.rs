@@ -1,0 +1,429 @@
+//! SNAT for IPv6, as `snat` does it for IPv4: TCP, UDP and ICMPv6 echo
+//! from a VM on a network with `egress: SNAT` leave with the node's IPv6
+//! SNAT address (`SnatConfig::addr6`) and a port (or echo identifier) from
+//! the same reserved range; replies on the uplink are translated back.
+//! The flow tables, quota and inbound-flow record are the IPv4 ones'
+//! twins, keyed by `NatKey6`. Only frames whose transport header follows
+//! the fixed header are translated (no extension headers).
+//!
+//! IPv6 has no header checksum; the transport checksum (ICMPv6's too)
+//! covers the pseudo header, so an address change is four 32-bit
+//! `bpf_l4_csum_replace` steps with `BPF_F_PSEUDO_HDR`.
+
+use core::mem::{MaybeUninit, offset_of};
+
+use aya_ebpf::{
+    bindings::{BPF_ANY, BPF_F_MARK_MANGLED_0, BPF_F_PSEUDO_HDR, BPF_NOEXIST},
+    btf_maps::{HashMap, LruHashMap},
+    helpers::generated::{bpf_get_prandom_u32, bpf_ktime_get_ns},
+    macros::btf_map,
+    programs::TcContext,
+};
+use network_types::{eth::EthHdr, ip::Ipv6Hdr};
+use vmpath_common::{
+    InboundFlow, NAT_ST_CLOSING, NAT_ST_OPEN, NET_F_INGRESS, NatEntry6, NatKey6, NetworkInfo,
+    PortInfo, SnatConfig, drop_reason, maps,
+};
+
+use crate::{
+    parse::{ETH_LEN, IPPROTO_ICMPV6, IPPROTO_UDP, addr16_eq, hdr, hdr_mut, words16, zeroed},
+    snat::{
+        L4, PROBES, SNAT_CONFIG, TCP_FIN, TCP_RST, TOUCH_GRANULARITY_NS, inbound_live,
+        inbound_ports, l4, new_inbound, refresh_inbound, rewrite_port, to_port,
+    },
+};
+
+const IP6_SRC_OFF: usize = ETH_LEN + offset_of!(Ipv6Hdr, src_addr);
+const IP6_DST_OFF: usize = ETH_LEN + offset_of!(Ipv6Hdr, dst_addr);
+/// Where the transport header starts: right after the fixed header.
+pub const L4_OFF: usize = ETH_LEN + Ipv6Hdr::LEN;
+const NO_ADDR: [u8; 16] = [0; 16];
+
+/// The VM's tuple -> the translated source (address, port).
+#[btf_map(name = "vmp_snat6_out")]
+pub static SNAT6_OUT: LruHashMap<NatKey6, NatEntry6, { maps::SNAT6_OUT.max_entries as usize }> =
+    LruHashMap::new();
+
+/// The reply's tuple (as it arrives on the uplink) -> the VM's address,
+/// port, ifindex and MAC.
+#[btf_map(name = "vmp_snat6_in")]
+pub static SNAT6_IN: LruHashMap<NatKey6, NatEntry6, { maps::SNAT6_IN.max_entries as usize }> =
+    LruHashMap::new();
+
+/// VM address -> SNAT flows it holds (quota), as `vmp_snat_quota`.
+#[btf_map(name = "vmp_snat6_quota")]
+pub static SNAT6_QUOTA: HashMap<[u8; 16], u32, { maps::SNAT6_QUOTA.max_entries as usize }> =
+    HashMap::new();
+
+/// Flows opened from outside to VMs' IPv6 addresses on SNAT networks with
+/// routed ingress, by the tuple the VM's replies carry.
+#[btf_map(name = "vmp_inbound6")]
+pub static INBOUND6: LruHashMap<NatKey6, InboundFlow, { maps::INBOUND6.max_entries as usize }> =
+    LruHashMap::new();
+
+/// Builds a key in `slot`, field by field: `NatKey6::new` goes through a
+/// word array, a second copy on the stack, and the uplink program's
+/// IPv4 and IPv6 paths together come close to the 512-byte stack.
+#[inline(always)]
+pub fn key6<'a>(
+    slot: &'a mut MaybeUninit<NatKey6>,
+    src: &[u8; 16],
+    dst: &[u8; 16],
+    sport: u16,
+    dport: u16,
+    proto: u8,
+) -> &'a NatKey6 {
+    let k = zeroed(slot);
+    k.src = *src;
+    k.dst = *dst;
+    k.sport = sport;
+    k.dport = dport;
+    k.proto = proto;
+    k
+}
+
+/// `NatKey6::reply`, built in `slot`.
+#[inline(always)]
+pub fn reply6<'a>(
+    slot: &'a mut MaybeUninit<NatKey6>,
+    remote: &[u8; 16],
+    snat: &[u8; 16],
+    remote_port: u16,
+    port: u16,
+    proto: u8,
+) -> &'a NatKey6 {
+    let sport = if proto == IPPROTO_ICMPV6 {
+        port
+    } else {
+        remote_port
+    };
+    key6(slot, remote, snat, sport, port, proto)
+}
+
+#[inline(always)]
+pub fn expired6(cfg: &SnatConfig, e: &NatEntry6, proto: u8, now: u64) -> bool {
+    now.saturating_sub(e.last_seen) > cfg.timeout_ns(proto, e.state)
+}
+
+/// Refreshes an entry; FIN or RST moves a TCP flow to the closing timeout.
+#[inline(always)]
+fn touch6(e: *mut NatEntry6, now: u64, tcp_flags: u8) {
+    // SAFETY: callers pass a pointer from `get_ptr_mut` (bpf_map_lookup_elem),
+    // valid until the program returns; plain integer stores shared by the
+    // flow's two directions (see `snat::touch`).
+    unsafe {
+        if now.saturating_sub((*e).last_seen) > TOUCH_GRANULARITY_NS {
+            (*e).last_seen = now;
+        }
+        if tcp_flags & (TCP_FIN | TCP_RST) != 0 && (*e).state != NAT_ST_CLOSING {
+            (*e).state = NAT_ST_CLOSING;
+        }
+    }
+}
+
+/// Is `key` (the VM's tuple) the reply of a live flow opened from outside?
+#[inline(always)]
+fn inbound_reply6(cfg: &SnatConfig, key: &NatKey6, now: u64, tcp_flags: u8) -> bool {
+    match INBOUND6.get_ptr_mut(key) {
+        Some(flow) => inbound_live(cfg, key.proto, flow, now, tcp_flags),
+        None => false,
+    }
+}
+
+/// Records (or refreshes) the IPv6 flow of a frame routed in from outside
+/// to a VM on a SNAT network with routed ingress (`snat::track_inbound4`'s
+/// twin).
+#[inline(always)]
+pub fn track_inbound6(ctx: &TcContext) -> Result<(), u32> {
+    let ip = hdr::<Ipv6Hdr>(ctx, ETH_LEN)?;
+    let proto = ip.next_hdr;
+    let Some((vm_port, remote_port, tcp_flags)) = inbound_ports(ctx, proto, L4_OFF)? else {
+        return Ok(());
+    };
+    let mut slot = MaybeUninit::uninit();
+    // Straight from the header: addresses held in locals are spilled byte
+    // by byte (alignment 1), beyond the stack the programs have.
+    let key = key6(
+        &mut slot,
+        &ip.dst_addr,
+        &ip.src_addr,
+        vm_port,
+        remote_port,
+        proto,
+    );
+    // SAFETY: a helper call without arguments; it touches no memory of ours.
+    let now = unsafe { bpf_ktime_get_ns() };
+    if let Some(flow) = INBOUND6.get_ptr_mut(key) {
+        refresh_inbound(flow, now, tcp_flags);
+        return Ok(());
+    }
+    // A full table evicts the least recently used flow (LRU).
+    let _ = INBOUND6.insert(key, &new_inbound(now), u64::from(BPF_ANY));
+    Ok(())
+}
+
+/// Translates the VM's IPv6 frame in place to the node's IPv6 SNAT
+/// address; the caller routes it on. As `snat::egress4`: on a network with
+/// routed ingress the reply of a flow opened from outside leaves as it is.
+#[inline(always)]
+pub fn egress6(
+    ctx: &TcContext,
+    ifindex: u32,
+    port: &PortInfo,
+    net: &NetworkInfo,
+) -> Result<(), u32> {
+    let Some(cfg) = SNAT_CONFIG.get(0) else {
+        return Err(drop_reason::SNAT_NO_ADDRESS);
+    };
+    let ip = hdr::<Ipv6Hdr>(ctx, ETH_LEN)?;
+    let proto = ip.next_hdr;
+    let ingress = net.flags & NET_F_INGRESS != 0;
+    // Extension headers (a fragment header among them) are refused here.
+    let l4 = l4(ctx, proto, L4_OFF, true, ingress)?;
+    let mut key_slot = MaybeUninit::uninit();
+    // The addresses straight from the header into the key, and used from
+    // there (see `track_inbound6`).
+    let key = key6(
+        &mut key_slot,
+        &ip.src_addr,
+        &ip.dst_addr,
+        l4.sport,
+        l4.dport,
+        proto,
+    );
+    // SAFETY: a helper call without arguments; it touches no memory of ours.
+    let now = unsafe { bpf_ktime_get_ns() };
+    if l4.echo_reply {
+        // Only ever the answer to a ping from outside.
+        if inbound_reply6(cfg, key, now, 0) {
+            return Ok(());
+        }
+        return Err(drop_reason::SNAT_UNSUPPORTED);
+    }
+    if addr16_eq(&cfg.addr6, &NO_ADDR) {
+        if ingress && inbound_reply6(cfg, key, now, l4.tcp_flags) {
+            return Ok(());
+        }
+        return Err(drop_reason::SNAT_NO_ADDRESS);
+    }
+
+    // An existing flow keeps its port while its return entry is still ours.
+    let mut nat_port = 0u16;
+    if let Some(out) = SNAT6_OUT.get_ptr_mut(key) {
+        // SAFETY: `out` is from `get_ptr_mut` just above, valid until the
+        // program returns; a plain integer read.
+        let p = unsafe { (*out).port };
+        let mut rkey_slot = MaybeUninit::uninit();
+        let rkey = reply6(&mut rkey_slot, &key.dst, &cfg.addr6, l4.dport, p, proto);
+        if let Some(back) = SNAT6_IN.get_ptr_mut(rkey) {
+            // SAFETY: `back` is from `get_ptr_mut` just above, valid until
+            // the program returns; plain reads.
+            let mine = unsafe { addr16_eq(&(*back).addr, &key.src) && (*back).port == l4.sport };
+            if mine {
+                touch6(out, now, l4.tcp_flags);
+                touch6(back, now, l4.tcp_flags);
+                nat_port = p;
+            }
+        }
+    }
+    if nat_port == 0 {
+        if ingress && inbound_reply6(cfg, key, now, l4.tcp_flags) {
+            return Ok(());
+        }
+        nat_port = allocate6(ctx, cfg, key, ifindex, port, net, now)?;
+    }
+    rewrite_addr6(ctx, &l4, IP6_SRC_OFF, &key.src, &cfg.addr6)?;
+    rewrite_port(ctx, &l4, l4.sport, nat_port)
+}
+
+/// Replaces the IPv6 address at `off`, fixing the transport checksum
+/// (pseudo header) one 32-bit word at a time.
+#[inline(always)]
+fn rewrite_addr6(
+    ctx: &TcContext,
+    l4: &L4,
+    off: usize,
+    old: &[u8; 16],
+    new: &[u8; 16],
+) -> Result<(), u32> {
+    let (o, n) = (words16(old), words16(new));
+    let mut flags = u64::from(BPF_F_PSEUDO_HDR) | 4;
+    if l4.proto == IPPROTO_UDP {
+        flags |= u64::from(BPF_F_MARK_MANGLED_0);
+    }
+    let mut i = 0;
+    while i < 4 {
+        ctx.l4_csum_replace(l4.csum_off, u64::from(o[i]), u64::from(n[i]), flags)
+            .map_err(|_| drop_reason::HELPER_FAILED)?;
+        i += 1;
+    }
+    ctx.store(off, new, 0)
+        .map_err(|_| drop_reason::HELPER_FAILED)
+}
+
+/// Picks a free port for a new flow (within the VM's quota) and records
+/// both directions (`snat::allocate`'s twin).
+#[inline(always)]
+fn allocate6(
+    ctx: &TcContext,
+    cfg: &SnatConfig,
+    key: &NatKey6,
+    ifindex: u32,
+    port: &PortInfo,
+    net: &NetworkInfo,
+    now: u64,
+) -> Result<u16, u32> {
+    let held = SNAT6_QUOTA.get_ptr_mut(&key.src);
+    if let Some(n) = held {
+        // SAFETY: `n` is from `get_ptr_mut` just above, valid until the
+        // program returns; a plain integer read.
+        if unsafe { *n } >= cfg.quota {
+            return Err(drop_reason::SNAT_QUOTA);
+        }
+    }
+    let min = u32::from(cfg.port_min);
+    let max = u32::from(cfg.port_max);
+    if max < min {
+        return Err(drop_reason::SNAT_PORTS_EXHAUSTED);
+    }
+    let range = max - min + 1;
+    // SAFETY: a helper call without arguments; it touches no memory of ours.
+    let start = unsafe { bpf_get_prandom_u32() } % range;
+    let vm_mac = hdr::<EthHdr>(ctx, 0)?.src_addr;
+    let back = NatEntry6 {
+        addr: key.src,
+        port: key.sport,
+        state: NAT_ST_OPEN,
+        _pad: 0,
+        ifindex,
+        vm_mac,
+        gw_mac: net.gw_mac,
+        port_id: port.port_id,
+        _pad2: [0; 2],
+        last_seen: now,
+    };
+    let mut i = 0u32;
+    let mut chosen = 0u16;
+    let mut rkey_slot = MaybeUninit::uninit();
+    while i < PROBES {
+        let cand = (min + (start + i) % range) as u16;
+        i += 1;
+        let rkey = reply6(
+            &mut rkey_slot,
+            &key.dst,
+            &cfg.addr6,
+            key.dport,
+            cand,
+            key.proto,
+        );
+        // SAFETY: a map lookup; the value stays valid for this program run.
+        let flags = match unsafe { SNAT6_IN.get(rkey) } {
+            None => u64::from(BPF_NOEXIST),
+            Some(e) if expired6(cfg, e, key.proto, now) => u64::from(BPF_ANY),
+            Some(_) => continue,
+        };
+        if SNAT6_IN.insert(rkey, &back, flags).is_ok() {
+            chosen = cand;
+            break;
+        }
+    }
+    if chosen == 0 {
+        return Err(drop_reason::SNAT_PORTS_EXHAUSTED);
+    }
+    let out = NatEntry6 {
+        addr: cfg.addr6,
+        port: chosen,
+        ..back
+    };
+    if SNAT6_OUT.insert(key, &out, u64::from(BPF_ANY)).is_err() {
+        let rkey = reply6(
+            &mut rkey_slot,
+            &key.dst,
+            &cfg.addr6,
+            key.dport,
+            chosen,
+            key.proto,
+        );
+        let _ = SNAT6_IN.remove(rkey);
+        return Err(drop_reason::SNAT_TABLE_FULL);
+    }
+    match held {
+        // Not atomic: a lost increment only delays the quota until the
+        // agent's next recount.
+        // SAFETY: `n` is from `get_ptr_mut` above, valid until the program returns.
+        Some(n) => unsafe { *n += 1 },
+        None => {
+            let _ = SNAT6_QUOTA.insert(&key.src, &1, u64::from(BPF_NOEXIST));
+        }
+    }
+    Ok(chosen)
+}
+
+/// Reverse translation of IPv6 return traffic on the uplink: `Ok(None)`
+/// when the frame is not SNAT return traffic (it then goes to the host
+/// stack).
+#[inline(always)]
+pub fn ingress6(ctx: &TcContext) -> Result<Option<i32>, u32> {
+    let Some(cfg) = SNAT_CONFIG.get(0) else {
+        return Ok(None);
+    };
+    let ip = hdr::<Ipv6Hdr>(ctx, ETH_LEN)?;
+    let (proto, hop) = (ip.next_hdr, ip.hop_limit);
+    if addr16_eq(&cfg.addr6, &NO_ADDR) || !addr16_eq(&ip.dst_addr, &cfg.addr6) {
+        return Ok(None);
+    }
+    if proto == IPPROTO_ICMPV6 {
+        if let Some(action) = crate::snat_icmp::ingress6(ctx, cfg, L4_OFF)? {
+            return Ok(Some(action));
+        }
+    }
+    let Ok(l4) = l4(ctx, proto, L4_OFF, false, false) else {
+        return Ok(None);
+    };
+    // Taken again after the ICMP error path's reads; the addresses go
+    // straight into the key (see `track_inbound6`).
+    let ip = hdr::<Ipv6Hdr>(ctx, ETH_LEN)?;
+    let mut slot = MaybeUninit::uninit();
+    let rkey = key6(
+        &mut slot,
+        &ip.src_addr,
+        &ip.dst_addr,
+        l4.sport,
+        l4.dport,
+        proto,
+    );
+    let Some(back) = SNAT6_IN.get_ptr_mut(rkey) else {
+        return Ok(None);
+    };
+    // SAFETY: a helper call without arguments; it touches no memory of ours.
+    let now = unsafe { bpf_ktime_get_ns() };
+    // SAFETY: `back` is from `get_ptr_mut` just above, valid until the
+    // program returns; the reference lives for this call only.
+    if expired6(cfg, unsafe { &*back }, proto, now) {
+        return Ok(None);
+    }
+    if hop <= 1 {
+        return Err(drop_reason::ROUTE_TTL_EXCEEDED);
+    }
+    touch6(back, now, l4.tcp_flags);
+    // SAFETY: as above; no store through `back` follows (read in place:
+    // a copy would cost 56 bytes of stack).
+    let e = unsafe { &*back };
+    let dport = if proto == IPPROTO_ICMPV6 {
+        e.port
+    } else {
+        l4.sport
+    };
+    let mut out_slot = MaybeUninit::uninit();
+    let key = key6(&mut out_slot, &e.addr, &rkey.src, e.port, dport, proto);
+    if let Some(out) = SNAT6_OUT.get_ptr_mut(key) {
+        touch6(out, now, l4.tcp_flags);
+    }
+
+    // Destination back to the VM's address and port; hop limit down by one.
+    // The destination was the SNAT address.
+    rewrite_addr6(ctx, &l4, IP6_DST_OFF, &cfg.addr6, &e.addr)?;
+    rewrite_port(ctx, &l4, l4.dport, e.port)?;
+    hdr_mut::<Ipv6Hdr>(ctx, ETH_LEN)?.hop_limit -= 1;
+    to_port(ctx, e.gw_mac, e.vm_mac, e.ifindex, e.port_id)
+}
