@@ -371,6 +371,17 @@ impl ApiServer {
         }
     }
 
+    /// Makes `node`'s agent read the cluster from this server
+    /// (`--source kubernetes`, a kubeconfig in its state dir); returns the
+    /// kubeconfig's path, for other clients (a controller).
+    pub fn serve_agent_of(&self, node: &mut crate::Node) -> String {
+        let path = node.state_dir.join("kubeconfig");
+        std::fs::write(&path, self.kubeconfig()).unwrap();
+        let path = path.to_str().unwrap().to_string();
+        node.set_agent_args(&["--source", "kubernetes", "--kubeconfig", &path]);
+        path
+    }
+
     /// A kubeconfig that points kube-rs at this server.
     pub fn kubeconfig(&self) -> String {
         format!(

@@ -482,10 +482,7 @@ fn a_vm_waits_for_its_claim_until_the_controller_writes_it_then_has_traffic() {
         "spec": {"nodeName": node.name},
         "status": {"phase": "Running"},
     }));
-    let kubeconfig = node.state_dir.join("kubeconfig");
-    std::fs::write(&kubeconfig, server.kubeconfig()).unwrap();
-    let kubeconfig = kubeconfig.to_str().unwrap().to_string();
-    node.set_agent_args(&["--source", "kubernetes", "--kubeconfig", &kubeconfig]);
+    let kubeconfig = server.serve_agent_of(&mut node);
     node.start_agent();
     wait_for(
         "the agent to list the cluster",

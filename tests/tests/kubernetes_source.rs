@@ -54,14 +54,7 @@ fn the_kubernetes_source_programs_a_vm_relists_on_410_and_outlives_the_api_serve
         server.put(o);
     }
     server.put(web_pod("web-0", &node.name));
-    let kubeconfig = node.state_dir.join("kubeconfig");
-    std::fs::write(&kubeconfig, server.kubeconfig()).unwrap();
-    node.set_agent_args(&[
-        "--source",
-        "kubernetes",
-        "--kubeconfig",
-        kubeconfig.to_str().unwrap(),
-    ]);
+    server.serve_agent_of(&mut node);
     node.start_agent();
     wait_for(
         "the agent to list the cluster",

@@ -86,15 +86,35 @@ fn node_of(i: usize, n: usize) -> String {
     }
 }
 
+/// The Network and N VMs spread over the nodes.
+fn cluster_objects(n: usize) -> Vec<Value> {
+    network_objects()
+        .into_iter()
+        .chain((0..n).flat_map(|i| vm_objects(i, &node_of(i, n))))
+        .collect()
+}
+
+/// Node "a" with an API server holding `objects`, its agent pointed at it
+/// (not started).
+fn kube_node(objects: &[Value]) -> (Node, ApiServer) {
+    let mut node = Node::new("a");
+    node.ns.run(&["ip", "link", "set", "lo", "up"]);
+    let server = ApiServer::start(&node.ns.path());
+    for o in objects {
+        server.put(o.clone());
+    }
+    server.serve_agent_of(&mut node);
+    (node, server)
+}
+
 /// VM `i`'s interface as the agent's status lists it.
 fn derived(node: &Node, vm: &str) -> bool {
     node.attachment_view(vm).is_some()
 }
 
-/// Starts the agent on `node` with `args` and waits until it has derived
-/// every local VM; returns (peak, current) RSS in MiB.
-fn settle(node: &mut Node, args: &[&str], n: usize) -> Result<(f64, f64)> {
-    node.set_agent_args(args);
+/// Starts the agent on `node` and waits until it has derived every local
+/// VM; returns (peak, current) RSS in MiB.
+fn settle(node: &mut Node, n: usize) -> Result<(f64, f64)> {
     node.start_agent();
     let locals: Vec<String> = (0..n)
         .filter(|&i| node_of(i, n) == "a")
@@ -117,30 +137,11 @@ fn settle(node: &mut Node, args: &[&str], n: usize) -> Result<(f64, f64)> {
 /// Peak and current RSS (MiB) of an agent holding `n` VMs, from the API
 /// server and from files.
 fn memory(n: usize) -> Result<[(f64, f64); 2]> {
-    let objects: Vec<Value> = network_objects()
-        .into_iter()
-        .chain((0..n).flat_map(|i| vm_objects(i, &node_of(i, n))))
-        .collect();
-
-    let mut node = Node::new("a");
-    node.ns.run(&["ip", "link", "set", "lo", "up"]);
-    let server = ApiServer::start(&node.ns.path());
-    for o in &objects {
-        server.put(o.clone());
-    }
-    let kubeconfig = node.state_dir.join("kubeconfig");
-    std::fs::write(&kubeconfig, server.kubeconfig())?;
-    let kube = settle(
-        &mut node,
-        &[
-            "--source",
-            "kubernetes",
-            "--kubeconfig",
-            kubeconfig.to_str().unwrap(),
-        ],
-        n,
-    )?;
+    let objects = cluster_objects(n);
+    let (mut node, server) = kube_node(&objects);
+    let kube = settle(&mut node, n)?;
     drop(node);
+    drop(server);
 
     // The files hold what the watches hold: every object but other nodes'
     // pods.
@@ -154,7 +155,7 @@ fn memory(n: usize) -> Result<[(f64, f64); 2]> {
     for (k, chunk) in text.chunks(300).enumerate() {
         node.write_config(&format!("cluster-{k:03}.yaml"), &chunk.join("\n---\n"));
     }
-    let files = settle(&mut node, &[], n)?;
+    let files = settle(&mut node, n)?;
     Ok([kube, files])
 }
 
@@ -181,27 +182,8 @@ fn add(node: &Node, conf: &str, i: usize, since: Instant) -> Result<f64> {
 /// (objects -> ADD answered, ADD alone) in ms, `samples` of each, at `n`
 /// VMs in the cluster.
 fn latency(n: usize, samples: usize) -> Result<(Vec<f64>, Vec<f64>)> {
-    let mut node = Node::new("a");
-    node.ns.run(&["ip", "link", "set", "lo", "up"]);
-    let server = ApiServer::start(&node.ns.path());
-    for o in network_objects()
-        .into_iter()
-        .chain((0..n).flat_map(|i| vm_objects(i, &node_of(i, n))))
-    {
-        server.put(o);
-    }
-    let kubeconfig = node.state_dir.join("kubeconfig");
-    std::fs::write(&kubeconfig, server.kubeconfig())?;
-    settle(
-        &mut node,
-        &[
-            "--source",
-            "kubernetes",
-            "--kubeconfig",
-            kubeconfig.to_str().unwrap(),
-        ],
-        n,
-    )?;
+    let (mut node, server) = kube_node(&cluster_objects(n));
+    settle(&mut node, n)?;
     let conf = multus::nad_conf(NETWORK, &node);
     let (mut fresh, mut known) = (Vec::new(), Vec::new());
     for s in 0..samples {
