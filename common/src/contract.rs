@@ -44,7 +44,8 @@ const fn def<K, V>(name: &'static str, kind: MapKind, max_entries: u32) -> MapDe
     }
 }
 
-/// An LPM trie's key: the 4-byte prefix length, then the data.
+/// An LPM trie's key: the 4-byte prefix length, then the data; the value
+/// is a `u32`.
 const fn lpm<D>(name: &'static str, max_entries: u32) -> MapDef {
     MapDef {
         name,
@@ -129,9 +130,22 @@ pub mod maps {
     pub const MONITOR_METER: MapDef =
         def::<u32, MeterBucket>(map_names::MONITOR_METER, PerCpuArray, 1);
 
+    pub const POLICY_ENDPOINTS: MapDef =
+        def::<u32, PolicyEndpoint>(map_names::POLICY_ENDPOINTS, Array, MAX_PORTS);
+    pub const POLICY_IPCACHE: MapDef =
+        lpm::<IdentityPrefix>(map_names::POLICY_IPCACHE, MAX_POLICY_PREFIXES);
+    pub const POLICY_RULES: MapDef =
+        lpm::<PolicyRuleKey>(map_names::POLICY_RULES, MAX_POLICY_RULES);
+    pub const POLICY_FLOWS: MapDef =
+        def::<PolicyFlowKey, PolicyFlow>(map_names::POLICY_FLOWS, LruHash, MAX_POLICY_FLOWS);
+    pub const POLICY_STATS: MapDef =
+        def::<u32, PolicyStats>(map_names::POLICY_STATS, PerCpuArray, MAX_PORTS);
+    pub const POLICY_HITS: MapDef =
+        def::<u32, u64>(map_names::POLICY_HITS, PerCpuArray, MAX_POLICIES);
+
     /// Every map the agent pins (the whole object but aya-log's ring
     /// buffer, `map_names::DEBUG_LOG`).
-    pub const ALL: [MapDef; 36] = [
+    pub const ALL: [MapDef; 42] = [
         DEBUG,
         MONITOR,
         MONITOR_CFG,
@@ -168,6 +182,12 @@ pub mod maps {
         SNAT6_IN,
         SNAT6_QUOTA,
         INBOUND6,
+        POLICY_ENDPOINTS,
+        POLICY_IPCACHE,
+        POLICY_RULES,
+        POLICY_FLOWS,
+        POLICY_STATS,
+        POLICY_HITS,
     ];
 }
 

@@ -74,12 +74,27 @@ pub mod map_names {
     pub const MONITOR_CFG: &str = "vmp_monitor_cfg";
     /// `vmpath monitor`: the event rate's token bucket, per CPU.
     pub const MONITOR_METER: &str = "vmp_monitor_meter";
+    /// NetworkPolicy: per port id, isolation and identity (`PolicyEndpoint`).
+    pub const POLICY_ENDPOINTS: &str = "vmp_pol_ep";
+    /// NetworkPolicy: (network, address prefix) -> identity (LPM).
+    pub const POLICY_IPCACHE: &str = "vmp_pol_ipcache";
+    /// NetworkPolicy: what each endpoint allows (LPM, `PolicyRuleKey`).
+    pub const POLICY_RULES: &str = "vmp_pol_rules";
+    /// NetworkPolicy: flows allowed, for their later packets and replies.
+    pub const POLICY_FLOWS: &str = "vmp_pol_flows";
+    /// NetworkPolicy: allowed flows and denied packets per port id.
+    pub const POLICY_STATS: &str = "vmp_pol_stats";
+    /// NetworkPolicy: flows each policy allowed, per policy index.
+    pub const POLICY_HITS: &str = "vmp_pol_hits";
 }
 
 /// What a `MonitorEvent` reports.
 pub mod monitor_kind {
     /// A dropped frame; `reason` is a `drop_reason`.
     pub const DROP: u8 = 1;
+    /// A NetworkPolicy verdict on a new flow (`reason` 0: allowed, else
+    /// the `drop_reason`); `direction` and `policy` say which.
+    pub const POLICY: u8 = 2;
 }
 
 /// Bits of `vmp_debug[0]`: which debug events the data path emits through
@@ -363,7 +378,8 @@ pub struct MonitorEvent {
     pub family: u8,
     /// IP protocol (`ip_proto`), or 0.
     pub proto: u8,
-    pub _pad: u8,
+    /// `POLICY` events: `policy_dir`; 0 otherwise.
+    pub direction: u8,
     /// `drop_reason`.
     pub reason: u32,
     /// Where the frame was seen (the hook's interface).
@@ -379,7 +395,8 @@ pub struct MonitorEvent {
     pub _pad2: u16,
     pub src_mac: [u8; 6],
     pub dst_mac: [u8; 6],
-    pub _pad3: u32,
+    /// `POLICY` events: the allowing policy's index (`POLICY_NONE`: none).
+    pub policy: u32,
 }
 const _: () = assert!(size_of::<MonitorEvent>() == 80);
 
@@ -582,7 +599,13 @@ pub mod drop_reason {
     /// MAC. Dropped rather than handed to the host, which would route it
     /// back to the fabric.
     pub const INGRESS_NO_ENDPOINT: u32 = 36;
-    pub const COUNT: u32 = 37;
+    /// NetworkPolicy: the destination endpoint is isolated for ingress and
+    /// no policy selecting it allows this new flow from the sender.
+    pub const POLICY_DENIED_INGRESS: u32 = 37;
+    /// NetworkPolicy: the sending endpoint is isolated for egress and no
+    /// policy selecting it allows this new flow to the destination.
+    pub const POLICY_DENIED_EGRESS: u32 = 38;
+    pub const COUNT: u32 = 39;
 
     /// Names as shown in metrics and the CLI, indexed by reason.
     pub const NAMES: [&str; COUNT as usize] = [
@@ -623,6 +646,8 @@ pub mod drop_reason {
         "icmp_redirect",
         "slowpath_rate_limited",
         "ingress_no_endpoint",
+        "policy_denied_ingress",
+        "policy_denied_egress",
     ];
 }
 
@@ -986,3 +1011,202 @@ pub struct MigrationEvent {
     pub ktime_ns: u64,
 }
 const _: () = assert!(size_of::<MigrationEvent>() == 24);
+
+// ---------------------------------------------------------------------------
+// NetworkPolicy: identities, the address -> identity cache, per-endpoint
+// rules and the flows they allowed
+// ---------------------------------------------------------------------------
+
+/// Which way a policy rule or a tracked flow goes, seen from the endpoint.
+pub mod policy_dir {
+    /// Into the endpoint (policy `ingress`, checked before delivery).
+    pub const INGRESS: u8 = 0;
+    /// Out of the endpoint (policy `egress`, checked on its port).
+    pub const EGRESS: u8 = 1;
+}
+
+/// Identities the agent does not allocate from label sets.
+pub mod identity {
+    /// In a rule key: any peer (a rule with no `from` / `to`).
+    pub const ANY: u32 = 0;
+    /// An address no endpoint and no ipBlock covers (`vmp_pol_ipcache` miss).
+    pub const WORLD: u32 = 1;
+    /// The first identity the agent allocates.
+    pub const FIRST: u32 = 256;
+}
+
+/// `PolicyFlow::policy` / `MonitorEvent::policy` when no policy applies.
+pub const POLICY_NONE: u32 = u32::MAX;
+/// Endpoint policy flags (`PolicyEndpoint::flags`).
+pub const POL_F_INGRESS: u32 = 1 << 0;
+pub const POL_F_EGRESS: u32 = 1 << 1;
+/// Address prefixes (endpoint addresses and ipBlock CIDRs) with an identity.
+pub const MAX_POLICY_PREFIXES: u32 = 65536;
+/// Rule entries (`vmp_pol_rules`), all endpoints of the node together.
+pub const MAX_POLICY_RULES: u32 = 65536;
+/// Flows tracked for policy (LRU: a full table forgets the oldest, whose
+/// next packet is checked against policy again).
+pub const MAX_POLICY_FLOWS: u32 = 262144;
+/// Policies counted per index (`vmp_pol_hits`).
+pub const MAX_POLICIES: u32 = 4096;
+/// A tracked flow idle this long is checked against policy again.
+pub const POLICY_FLOW_TCP_TIMEOUT_NS: u64 = 7440 * 1_000_000_000;
+pub const POLICY_FLOW_OTHER_TIMEOUT_NS: u64 = 300 * 1_000_000_000;
+
+/// Per port id (`vmp_pol_ep`): which directions policy isolates and the
+/// endpoint's own identity. Flags 0: no policy selects it, nothing checked.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord)]
+pub struct PolicyEndpoint {
+    /// `POL_F_*`.
+    pub flags: u32,
+    pub identity: u32,
+}
+const _: () = assert!(size_of::<PolicyEndpoint>() == 8);
+
+/// LPM data of `vmp_pol_ipcache`: (network, address) -> identity. IPv4
+/// addresses are IPv4-mapped (::ffff:a.b.c.d), so one trie holds both;
+/// the prefix length counts the 32 bits of the network first.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord)]
+pub struct IdentityPrefix {
+    /// Network id, big-endian (the prefix covers it first).
+    pub network: [u8; 4],
+    pub addr: [u8; 16],
+}
+const _: () = assert!(size_of::<IdentityPrefix>() == 20);
+
+impl IdentityPrefix {
+    /// An IPv4 address as the trie keeps it (IPv4-mapped).
+    #[inline(always)]
+    pub const fn v4(network: u32, a: [u8; 4]) -> Self {
+        IdentityPrefix {
+            network: network.to_be_bytes(),
+            addr: [
+                0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, a[0], a[1], a[2], a[3],
+            ],
+        }
+    }
+    #[inline(always)]
+    pub const fn v6(network: u32, addr: [u8; 16]) -> Self {
+        IdentityPrefix {
+            network: network.to_be_bytes(),
+            addr,
+        }
+    }
+    /// The LPM prefix length of an IPv4 prefix of `len` bits.
+    pub const fn v4_len(len: u8) -> u32 {
+        32 + 96 + len as u32
+    }
+    pub const fn v6_len(len: u8) -> u32 {
+        32 + len as u32
+    }
+}
+
+/// LPM data of `vmp_pol_rules`: (endpoint, direction, peer identity,
+/// protocol, port). A rule for any port of a protocol stops after the
+/// protocol (`POLICY_LEN_PROTO`), one for any protocol after the identity
+/// (`POLICY_LEN_IDENTITY`); a port range is a few prefixes of the port.
+/// Rules for any peer carry `identity::ANY`. The value is the index of the
+/// policy that allows it.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord)]
+pub struct PolicyRuleKey {
+    /// Port id, big-endian.
+    pub port_id: [u8; 4],
+    /// `policy_dir`.
+    pub direction: u8,
+    /// Peer identity, big-endian.
+    pub identity: [u8; 4],
+    pub proto: u8,
+    /// Destination port, big-endian (ICMP and others: 0).
+    pub port: [u8; 2],
+}
+const _: () = assert!(size_of::<PolicyRuleKey>() == 12);
+
+/// LPM lengths of a `PolicyRuleKey`: the whole key, any port, any protocol.
+pub const POLICY_LEN_FULL: u32 = 96;
+pub const POLICY_LEN_PROTO: u32 = 80;
+pub const POLICY_LEN_IDENTITY: u32 = 72;
+
+impl PolicyRuleKey {
+    #[inline(always)]
+    pub const fn new(port_id: u32, direction: u8, identity: u32, proto: u8, port: u16) -> Self {
+        PolicyRuleKey {
+            port_id: port_id.to_be_bytes(),
+            direction,
+            identity: identity.to_be_bytes(),
+            proto,
+            port: port.to_be_bytes(),
+        }
+    }
+}
+
+/// A flow policy allowed, keyed as the endpoint first saw it
+/// (`vmp_pol_flows`, LRU). Replies match it with the ends swapped.
+/// Addresses are IPv4 in the first 4 bytes or IPv6; for ICMP echo both
+/// ports hold the identifier.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord)]
+pub struct PolicyFlowKey {
+    pub port_id: u32,
+    pub sport: u16,
+    pub dport: u16,
+    /// `addr_family`.
+    pub family: u8,
+    pub proto: u8,
+    /// `policy_dir` of the packet that opened it.
+    pub direction: u8,
+    pub _pad: u8,
+    pub src: [u8; 16],
+    pub dst: [u8; 16],
+}
+const _: () = assert!(size_of::<PolicyFlowKey>() == 44);
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PolicyFlow {
+    /// bpf_ktime_get_ns of a recent packet either way.
+    pub last_seen: u64,
+    /// Index of the policy that allowed it (`POLICY_NONE`: the direction
+    /// was not isolated).
+    pub policy: u32,
+    pub _pad: u32,
+}
+const _: () = assert!(size_of::<PolicyFlow>() == 16);
+
+/// Per port id, per CPU (`vmp_pol_stats`): new flows allowed and packets
+/// denied, by direction.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PolicyStats {
+    pub allowed_ingress: u64,
+    pub allowed_egress: u64,
+    pub denied_ingress: u64,
+    pub denied_egress: u64,
+}
+const _: () = assert!(size_of::<PolicyStats>() == 32);
+
+impl PolicyStats {
+    pub fn add(&mut self, o: &PolicyStats) {
+        self.allowed_ingress += o.allowed_ingress;
+        self.allowed_egress += o.allowed_egress;
+        self.denied_ingress += o.denied_ingress;
+        self.denied_egress += o.denied_egress;
+    }
+}
+
+#[cfg(feature = "user")]
+mod pod_policy {
+    use super::*;
+    // SAFETY (every impl below): the type is `#[repr(C)]` and `Copy`, made
+    // only of integers and byte arrays with its padding spelled out as
+    // fields (sizes asserted above), so it has no uninitialised bytes and
+    // every bit pattern the kernel hands back is a valid value.
+    unsafe impl aya::Pod for PolicyEndpoint {}
+    unsafe impl aya::Pod for IdentityPrefix {}
+    unsafe impl aya::Pod for PolicyRuleKey {}
+    unsafe impl aya::Pod for PolicyFlowKey {}
+    unsafe impl aya::Pod for PolicyFlow {}
+    unsafe impl aya::Pod for PolicyStats {}
+}

@@ -53,9 +53,13 @@ pub fn switch(ctx: &TcContext, ifindex: u32, network: u32, dst: [u8; 6]) -> Verd
 }
 
 /// Straight into the VM's namespace: the peer of its host-side veth
-/// (`port_id` is that port's counters' slot).
+/// (`port_id` is that port's counters' slot), if its ingress policy lets
+/// the frame in.
 #[inline(always)]
 pub fn deliver_local(ctx: &TcContext, port_ifindex: u32, port_id: u32) -> Verdict {
+    // The last check before the VM: whatever way the frame came (another
+    // port, the overlay, the uplink, a SNAT reply).
+    crate::policy::ingress(ctx, port_ifindex, port_id)?;
     count_tx(port_id, ctx.len());
     // SAFETY: a helper call with integer arguments; it touches no memory
     // of ours.
@@ -145,6 +149,9 @@ fn clone_local(ctx: &TcContext, skip: u32, network: u32, unknown_unicast: bool) 
             continue;
         }
         if unknown_unicast && !may_hold_unknown_mac(target) {
+            continue;
+        }
+        if !crate::policy::flood_allowed(ctx, target_id) {
             continue;
         }
         if last != 0 && ctx.clone_redirect(last, 0).is_ok() {

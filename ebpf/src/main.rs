@@ -18,6 +18,7 @@ mod mtu;
 mod nd;
 mod overlay;
 mod parse;
+mod policy;
 mod route;
 mod slowpath;
 mod snat;
@@ -186,8 +187,10 @@ fn ipv4(ctx: &TcContext, ifindex: u32, port: &PortInfo, dst: [u8; 6], src: [u8; 
             icmp::echo_reply4(ctx, l4_off, net)?;
             return gateway_reply(ifindex, port);
         }
+        policy::egress(ctx, port.port_id, port.network)?;
         return route::egress(ctx, net);
     }
+    policy::egress(ctx, port.port_id, port.network)?;
     fwd::switch(ctx, ifindex, port.network, dst)
 }
 
@@ -262,6 +265,7 @@ fn ipv6(ctx: &TcContext, ifindex: u32, port: &PortInfo, dst: [u8; 6], src: [u8; 
         }
     }
 
+    policy::egress(ctx, port.port_id, port.network)?;
     if mac_eq(&dst, &port.gw_mac) {
         return route::egress(ctx, network_of(port)?);
     }

@@ -1,4 +1,5 @@
-//! `vmpath monitor`: one `MonitorEvent` per dropped frame into the
+//! `vmpath monitor`: one `MonitorEvent` per dropped frame (and per policy
+//! verdict on a new flow) into the
 //! `vmp_monitor` ring buffer, only while a monitor client listens, and at
 //! most the configured rate per CPU (a token bucket, as the slow path's),
 //! so a flood costs the ring nothing and nobody listening costs one array
@@ -18,6 +19,36 @@ use crate::{
 /// `reason`.
 #[inline(always)]
 pub fn drop(ctx: &TcContext, ifindex: u32, port_id: u32, reason: u32) {
+    emit(ctx, ifindex, port_id, monitor_kind::DROP, reason, 0, 0);
+}
+
+/// Reports a policy verdict on a new flow of `ctx`: `reason` 0 allowed
+/// by `policy`, else the drop reason; `direction` a `policy_dir`.
+#[inline(always)]
+pub fn policy(ctx: &TcContext, port_id: u32, direction: u8, reason: u32, policy: u32) {
+    // SAFETY: the skb pointer is the program's own context, valid for this run.
+    let ifindex = unsafe { (*ctx.skb.skb).ifindex };
+    emit(
+        ctx,
+        ifindex,
+        port_id,
+        monitor_kind::POLICY,
+        reason,
+        direction,
+        policy,
+    );
+}
+
+#[inline(always)]
+fn emit(
+    ctx: &TcContext,
+    ifindex: u32,
+    port_id: u32,
+    kind: u8,
+    reason: u32,
+    direction: u8,
+    policy: u32,
+) {
     let Some(cfg) = MONITOR_CFG.get(0) else {
         return;
     };
@@ -36,10 +67,14 @@ pub fn drop(ctx: &TcContext, ifindex: u32, port_id: u32, reason: u32) {
         return;
     };
     let ev = entry.as_mut_ptr();
+    let mut event = describe(ctx, ifindex, port_id, reason);
+    event.kind = kind;
+    event.direction = direction;
+    event.policy = policy;
     // SAFETY: `ev` points at a reserved ring-buffer slot sized and aligned
     // for a `MonitorEvent` (8-byte aligned, 80 bytes); it is ours until
     // submitted, and written whole before.
-    unsafe { ev.write(describe(ctx, ifindex, port_id, reason)) };
+    unsafe { ev.write(event) };
     entry.submit(0);
 }
 
