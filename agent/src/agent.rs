@@ -183,6 +183,7 @@ fn build_view(
             .map(|(k, p)| format!("{k} (port {p})"))
             .collect(),
         problems: plan.problems.clone(),
+        policies: plan.policy.policies.clone(),
         reconciles: prev.reconciles,
         last_reconcile_seconds: prev.last_reconcile_seconds,
         last_reconcile_unix: prev.last_reconcile_unix,

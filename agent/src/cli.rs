@@ -240,7 +240,12 @@ pub fn format_event(e: &crate::monitor::Event) -> String {
         }
         _ => format!("ethertype {} {} -> {}", e.ether_type, e.src_mac, e.dst_mac),
     };
-    format!("{} {} at {at}: {flow}", e.kind, e.reason)
+    let policy = match (&e.direction, &e.policy) {
+        (Some(d), Some(p)) => format!(" ({d}, policy {p})"),
+        (Some(d), None) => format!(" ({d})"),
+        _ => String::new(),
+    };
+    format!("{} {} at {at}: {flow}{policy}", e.kind, e.reason)
 }
 
 /// An HTTP answer from the API.
@@ -794,6 +799,8 @@ mod tests {
             src_mac: "52:54:00:00:01:01".into(),
             dst_mac: "02:00:00:00:00:01".into(),
             ether_type: "0x0800".into(),
+            direction: None,
+            policy: None,
         };
         assert_eq!(
             format_event(&e),

@@ -37,6 +37,7 @@ mod meter;
 mod migrate;
 mod north_south;
 mod overlay;
+pub mod policy;
 
 use crate::plan::Plan;
 use aya::maps::lpm_trie::LpmTrie;
@@ -232,6 +233,13 @@ pub struct Maps {
     pub slow_limits: Array<MapData, vmpath_common::SlowLimits>,
     /// Slow-path token buckets per port id, per CPU (`meter`).
     pub slow_meter: PerCpuArray<MapData, vmpath_common::SlowMeter>,
+    /// NetworkPolicy (`policy`).
+    pub policy_endpoints: Array<MapData, vmpath_common::PolicyEndpoint>,
+    pub policy_ipcache: LpmTrie<MapData, vmpath_common::IdentityPrefix, u32>,
+    pub policy_rules: LpmTrie<MapData, vmpath_common::PolicyRuleKey, u32>,
+    pub policy_flows: HashMap<MapData, vmpath_common::PolicyFlowKey, vmpath_common::PolicyFlow>,
+    pub policy_stats: PerCpuArray<MapData, vmpath_common::PolicyStats>,
+    pub policy_hits: PerCpuArray<MapData, u64>,
 }
 
 fn open_map(root: &Path, name: &str) -> Result<Map> {
@@ -275,6 +283,12 @@ impl Maps {
             migrated: open_map(root, map_names::MIGRATED)?.try_into()?,
             slow_limits: open_map(root, map_names::SLOW_LIMITS)?.try_into()?,
             slow_meter: open_map(root, map_names::SLOW_METER)?.try_into()?,
+            policy_endpoints: open_map(root, map_names::POLICY_ENDPOINTS)?.try_into()?,
+            policy_ipcache: open_map(root, map_names::POLICY_IPCACHE)?.try_into()?,
+            policy_rules: open_map(root, map_names::POLICY_RULES)?.try_into()?,
+            policy_flows: open_map(root, map_names::POLICY_FLOWS)?.try_into()?,
+            policy_stats: open_map(root, map_names::POLICY_STATS)?.try_into()?,
+            policy_hits: open_map(root, map_names::POLICY_HITS)?.try_into()?,
         })
     }
 
@@ -346,6 +360,8 @@ pub struct Dataplane {
     bench: Option<Ebpf>,
     /// What this agent wrote to `vmp_slow_limits`, by port id.
     slow_limits_written: BTreeMap<u32, vmpath_common::SlowLimits>,
+    /// What this agent wrote to `vmp_pol_ep`, by port id.
+    policy_written: BTreeMap<u32, vmpath_common::PolicyEndpoint>,
 }
 
 impl Dataplane {
@@ -421,6 +437,7 @@ impl Dataplane {
             #[cfg(feature = "bench")]
             bench: None,
             slow_limits_written: BTreeMap::new(),
+            policy_written: BTreeMap::new(),
         })
     }
 
@@ -635,6 +652,8 @@ impl Dataplane {
         phases.mark("maps");
         self.apply_slow_limits(plan, &reset)?;
         phases.mark("slow_limits");
+        self.apply_policy(plan)?;
+        phases.mark("policy");
         sync(&mut self.maps.ports, &ports)?;
         sync(&mut self.maps.port_ids, &port_ids)?;
         phases.mark("ports");

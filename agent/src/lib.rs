@@ -22,6 +22,7 @@ pub mod node_lock;
 pub mod overlay;
 pub mod phases;
 pub mod plan;
+pub mod policy;
 pub mod port_eligibility;
 pub mod resolved;
 pub mod ring_wait;

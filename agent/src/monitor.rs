@@ -58,12 +58,18 @@ pub struct Event {
     pub dst_mac: String,
     /// The frame's ethertype, e.g. `0x0800`.
     pub ether_type: String,
+    /// `policy` events: `ingress` or `egress`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub direction: Option<String>,
+    /// `policy` events: the allowing policy, `namespace/name`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub policy: Option<String>,
 }
 
 /// What a client asked for.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Filter {
-    /// Only events of this type (`drop`); `policy` events do not exist yet.
+    /// Only events of this type (`drop` or `policy`).
     pub kind: Option<String>,
     /// Only events of this VM (`namespace/vm`).
     pub vm: Option<String>,
@@ -273,15 +279,31 @@ pub fn describe(raw: &MonitorEvent, view: &View) -> Event {
         ),
         _ => (None, None),
     };
-    let has_ports = raw.family != 0 && (raw.proto == ip_proto::TCP || raw.proto == ip_proto::UDP);
+    let has_ports = raw.family != 0
+        && (raw.proto == ip_proto::TCP || raw.proto == ip_proto::UDP || raw.proto == 132);
     Event {
         kind: match raw.kind {
             monitor_kind::DROP => "drop".into(),
+            monitor_kind::POLICY => "policy".into(),
             k => format!("kind{k}"),
         },
-        reason: drop_reason::NAMES
-            .get(raw.reason as usize)
-            .map_or_else(|| format!("reason{}", raw.reason), |n| n.to_string()),
+        reason: if raw.kind == monitor_kind::POLICY && raw.reason == 0 {
+            "allowed".into()
+        } else {
+            drop_reason::NAMES
+                .get(raw.reason as usize)
+                .map_or_else(|| format!("reason{}", raw.reason), |n| n.to_string())
+        },
+        direction: (raw.kind == monitor_kind::POLICY).then(|| {
+            if raw.direction == vmpath_common::policy_dir::INGRESS {
+                "ingress".into()
+            } else {
+                "egress".into()
+            }
+        }),
+        policy: (raw.kind == monitor_kind::POLICY)
+            .then(|| view.policies.get(raw.policy as usize).cloned())
+            .flatten(),
         endpoint,
         ifindex: raw.ifindex,
         port_id: (raw.port_id != NO_PORT_ID).then_some(raw.port_id),

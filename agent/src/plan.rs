@@ -53,6 +53,8 @@ pub struct Plan {
     /// here, or a migration on it starts or ends here): it routes their
     /// VMs' addresses and advertises their subnets (`advertise.subnet`).
     pub ingress_hosted: std::collections::BTreeSet<u32>,
+    /// NetworkPolicy (`policy`): identities, rules, isolated endpoints.
+    pub policy: crate::policy::Compiled,
 }
 
 /// The `vmp_addresses` key of `ip` in `network` (`AddrKey::from_ip`).
@@ -257,6 +259,13 @@ pub fn plan_with_ids(
     }
     north_south::north_south(cfg, node, &mut plan);
     overlay::overlay(cfg, node, &mut plan);
+    let local: BTreeMap<AttachmentKey, u32> = plan
+        .ports
+        .values()
+        .map(|p| (p.attachment.clone(), p.info.port_id))
+        .collect();
+    plan.policy = crate::policy::compile(cfg, &local);
+    plan.problems.extend(plan.policy.problems.iter().cloned());
     plan
 }
 

@@ -81,6 +81,9 @@ pub struct View {
     /// Attachments active here whose port does not exist yet.
     pub missing_ports: Vec<String>,
     pub problems: Vec<String>,
+    /// NetworkPolicies by the index the data path reports them with.
+    #[serde(default)]
+    pub policies: Vec<String>,
     /// Reconcile rounds that changed the data path, and the last one's time.
     pub reconciles: u64,
     pub last_reconcile_seconds: f64,
@@ -355,6 +358,7 @@ pub(crate) mod sample {
             ],
             missing_ports: vec!["prod/vm3/eth0 (port p-vm3)".into()],
             problems: vec![],
+            policies: vec![],
             reconciles: 3,
             last_reconcile_seconds: 0.002,
             last_reconcile_unix: 1,

@@ -6,6 +6,7 @@
 
 pub mod label_selector;
 pub mod model;
+pub mod network_policy;
 pub mod reserved;
 pub mod source;
 mod validate;
@@ -157,6 +158,11 @@ impl fmt::Display for AttachmentKey {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Attachment {
     pub name: String,
+    /// `metadata.labels`: what NetworkPolicy selectors match.
+    pub labels: label_selector::Labels,
+    /// Named ports the endpoint declares (`spec.ports`), for policies that
+    /// name a port.
+    pub ports: Vec<NamedPort>,
     pub key: AttachmentKey,
     pub network: String,
     pub node: String,
@@ -188,6 +194,15 @@ impl Attachment {
     }
 }
 
+/// A port an endpoint declares by name (as a container port).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct NamedPort {
+    pub name: String,
+    pub port: u16,
+    /// IP protocol number.
+    pub protocol: u8,
+}
+
 /// The validated configuration: only documents that passed every check.
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct Config {
@@ -206,6 +221,8 @@ pub struct Config {
     pub keys_in_documents: std::collections::BTreeSet<AttachmentKey>,
     /// Labels of the namespaces `v1 Namespace` documents describe.
     pub namespaces: std::collections::BTreeMap<String, label_selector::Labels>,
+    /// `networking.k8s.io/v1 NetworkPolicy` documents, by namespace and name.
+    pub policies: Vec<network_policy::NetworkPolicy>,
     #[serde(skip)]
     pub network_index: std::collections::HashMap<String, usize>,
 }

@@ -239,6 +239,18 @@ pub struct AttachmentSpec {
     pub ips: Vec<IpNet>,
     #[serde(default)]
     pub migration: Option<Migration>,
+    /// Named ports the VM serves, for NetworkPolicies that name a port.
+    #[serde(default, deserialize_with = "bounded::short")]
+    pub ports: Vec<AttachmentPort>,
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct AttachmentPort {
+    pub name: String,
+    pub port: u16,
+    #[serde(default)]
+    pub protocol: Option<super::network_policy::Protocol>,
 }
 
 /// List and map fields with a bound: a longer one is refused while it is

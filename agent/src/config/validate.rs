@@ -101,6 +101,7 @@ pub fn validate(
     let mut networks = Vec::new();
     let mut attachments = Vec::new();
     let mut namespaces = Vec::new();
+    let mut policies = Vec::new();
     for raw in &translated.documents {
         match header(raw) {
             Ok(doc) => match doc.kind.as_str() {
@@ -108,11 +109,13 @@ pub fn validate(
                 "Network" => networks.push(doc),
                 "Attachment" => attachments.push(doc),
                 "Namespace" => namespaces.push(doc),
+                super::network_policy::KIND => policies.push(doc),
                 other => cfg.errors.push(doc.error(
                     "kind",
                     format!(
                         "unknown kind {other:?} (expected Node, Network or Attachment, or a \
-                         Kubernetes kind: v1 Pod, Node, Namespace or List, kubevirt.io \
+                         Kubernetes kind: v1 Pod, Node, Namespace or List, networking.k8s.io \
+                         NetworkPolicy, kubevirt.io \
                          VirtualMachineInstance or VirtualMachineInstanceMigration, \
                          k8s.cni.cncf.io NetworkAttachmentDefinition or IPAMClaim)"
                     ),
@@ -148,6 +151,26 @@ pub fn validate(
             Err(e) => cfg.errors.push(e),
         }
     }
+
+    for doc in &policies {
+        match network_policy(doc) {
+            Ok(p)
+                if cfg
+                    .policies
+                    .iter()
+                    .any(|o| o.namespace == p.namespace && o.name == p.name) =>
+            {
+                cfg.errors.push(doc.error(
+                    "metadata.name",
+                    format!("NetworkPolicy {}/{} is defined twice", p.namespace, p.name),
+                ));
+            }
+            Ok(p) => cfg.policies.push(p),
+            Err(e) => cfg.errors.push(e),
+        }
+    }
+    cfg.policies
+        .sort_by(|a, b| (&a.namespace, &a.name).cmp(&(&b.namespace, &b.name)));
 
     let mut ids: HashMap<u32, String> = HashMap::new();
     let mut names: BTreeSet<String> = BTreeSet::new();
@@ -304,6 +327,16 @@ fn header(raw: &RawDocument) -> Result<Doc<'_>, ConfigError> {
     };
     let doc = Doc { raw, kind, meta };
     match raw.value.get("apiVersion").and_then(|v| v.as_str()) {
+        Some(super::network_policy::API_VERSION) if doc.kind == super::network_policy::KIND => {}
+        Some(other) if doc.kind == super::network_policy::KIND => {
+            return Err(doc.error(
+                "apiVersion",
+                format!(
+                    "{other:?} is not {:?} (a Kubernetes NetworkPolicy)",
+                    super::network_policy::API_VERSION
+                ),
+            ));
+        }
         Some(API_VERSION) if doc.kind != "Namespace" => {}
         Some(CORE_API_VERSION) if doc.kind == "Namespace" => {}
         Some(other) if doc.kind == "Namespace" => {
@@ -343,6 +376,11 @@ fn node(doc: &Doc) -> Result<Node, ConfigError> {
 
 /// A `v1 Namespace`: its labels (string values, as Kubernetes has them).
 fn namespace_labels(doc: &Doc) -> Result<Labels, ConfigError> {
+    string_labels(doc)
+}
+
+/// A document's `metadata.labels`, every value a string.
+fn string_labels(doc: &Doc) -> Result<Labels, ConfigError> {
     let mut labels = Labels::new();
     for (k, v) in doc.meta.labels.iter().flatten() {
         let Some(v) = v.as_str() else {
@@ -354,6 +392,18 @@ fn namespace_labels(doc: &Doc) -> Result<Labels, ConfigError> {
         labels.insert(k.clone(), v.to_string());
     }
     Ok(labels)
+}
+
+fn network_policy(doc: &Doc) -> Result<super::network_policy::NetworkPolicy, ConfigError> {
+    let Some(namespace) = doc.meta.namespace.as_deref() else {
+        return Err(doc.error(
+            "metadata.namespace",
+            "missing (a NetworkPolicy is namespaced)",
+        ));
+    };
+    let spec: super::network_policy::NetworkPolicySpec = doc.spec()?;
+    super::network_policy::check(namespace, &doc.meta.name, spec)
+        .map_err(|(field, m)| doc.error(&format!("spec.{field}"), m))
 }
 
 fn network(doc: &Doc) -> Result<Network, ConfigError> {
@@ -589,8 +639,29 @@ fn attachment(doc: &Doc, cfg: &Config) -> Result<Attachment, ConfigError> {
             check_ifname(doc, "spec.migration.targetPort", p)?;
         }
     }
+    let mut ports = Vec::new();
+    for (i, p) in spec.ports.iter().enumerate() {
+        let at = |f: &str| format!("spec.ports[{i}].{f}");
+        super::network_policy::check_port_name(&p.name).map_err(|m| doc.error(&at("name"), m))?;
+        if p.port == 0 {
+            return Err(doc.error(&at("port"), "0 is not a port"));
+        }
+        if spec.ports[..i].iter().any(|o| o.name == p.name) {
+            return Err(doc.error(&at("name"), format!("{:?} is declared twice", p.name)));
+        }
+        ports.push(super::NamedPort {
+            name: p.name.clone(),
+            port: p.port,
+            protocol: p
+                .protocol
+                .unwrap_or(super::network_policy::Protocol::Tcp)
+                .number(),
+        });
+    }
     Ok(Attachment {
         name: doc.meta.name.clone(),
+        labels: string_labels(doc)?,
+        ports,
         key: AttachmentKey {
             namespace,
             vm: spec.vm,

@@ -1,0 +1,420 @@
+//! NetworkPolicy compiled into what the data path looks up (after
+//! Cilium): an identity per label set, an address -> identity LPM cache
+//! per network, and per local endpoint the (direction, peer identity,
+//! protocol, port) entries its policies allow. Nothing here is walked per
+//! packet.
+//!
+//! ipBlocks become identities too: every ipBlock CIDR and except is a
+//! prefix of the cache, and the identity of an address says, besides its
+//! endpoint's labels, which ipBlocks (CIDR minus excepts) contain it. The
+//! longest cached prefix holding an address always gives that set right:
+//! every boundary of every ipBlock is itself a cached prefix.
+
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    net::IpAddr,
+};
+
+use ipnet::IpNet;
+use vmpath_common::{
+    IdentityPrefix, MAX_POLICIES, MAX_POLICY_PREFIXES, MAX_POLICY_RULES, POL_F_EGRESS,
+    POL_F_INGRESS, POLICY_LEN_IDENTITY, POLICY_LEN_PROTO, PolicyEndpoint, PolicyRuleKey, identity,
+    policy_dir,
+};
+
+use crate::{
+    config::{
+        AttachmentKey, NamedPort,
+        label_selector::Labels,
+        network_policy::{NetworkPolicy, Peer, PortRef, Rule},
+    },
+    resolved::Resolved,
+};
+
+/// What the policy maps must hold on this node.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct Compiled {
+    /// Port id -> isolation and identity, for local endpoints some policy
+    /// selects.
+    pub endpoints: BTreeMap<u32, PolicyEndpoint>,
+    /// (LPM length, prefix) -> identity (`vmp_pol_ipcache`).
+    pub ipcache: BTreeMap<(u32, IdentityPrefix), u32>,
+    /// (LPM length, rule key) -> policy index (`vmp_pol_rules`).
+    pub rules: BTreeMap<(u32, PolicyRuleKey), u32>,
+    /// Policy index -> `namespace/name`.
+    pub policies: Vec<String>,
+    /// Local endpoint -> the policies selecting it.
+    pub selected_by: BTreeMap<AttachmentKey, Vec<u32>>,
+    /// Limits hit (what was left out denies, never allows).
+    pub problems: Vec<String>,
+}
+
+/// What an identity stands for: an endpoint's (namespace, labels), or
+/// none (an address outside every endpoint), and the ipBlocks holding it.
+type IdentityKey = (Option<(String, Labels)>, BTreeSet<usize>);
+
+struct Endpoint<'a> {
+    key: &'a AttachmentKey,
+    network: u32,
+    labels: &'a Labels,
+    addresses: Vec<IpAddr>,
+    ports: &'a [NamedPort],
+}
+
+/// Compiles `cfg`'s policies for the local endpoints `local` (VM
+/// interface -> port id).
+pub fn compile(cfg: &Resolved, local: &BTreeMap<AttachmentKey, u32>) -> Compiled {
+    let policies = &cfg.config.policies;
+    let mut out = Compiled {
+        policies: policies
+            .iter()
+            .map(|p| format!("{}/{}", p.namespace, p.name))
+            .collect(),
+        ..Default::default()
+    };
+    if policies.is_empty() {
+        return out;
+    }
+    if policies.len() > MAX_POLICIES as usize {
+        out.problems.push(format!(
+            "{} NetworkPolicies, only the first {MAX_POLICIES} are counted per policy",
+            policies.len()
+        ));
+    }
+    let endpoints: Vec<Endpoint> = cfg
+        .attachments
+        .iter()
+        .filter_map(|a| {
+            Some(Endpoint {
+                key: &a.key,
+                network: cfg.network(&a.network)?.id,
+                labels: &a.labels,
+                addresses: a.addresses.iter().map(|(ip, _)| ip.addr()).collect(),
+                ports: &a.ports,
+            })
+        })
+        .collect();
+    let blocks: Vec<(IpNet, &[IpNet])> = policies
+        .iter()
+        .flat_map(|p| p.ingress.iter().chain(p.egress.iter()).flatten())
+        .flat_map(|r| &r.peers)
+        .filter_map(|peer| match peer {
+            Peer::IpBlock { cidr, except } => Some((*cidr, except.as_slice())),
+            Peer::Endpoints { .. } => None,
+        })
+        .collect();
+
+    // Identities: every endpoint address and every ipBlock boundary, in
+    // each network with a local endpoint.
+    let mut ids = Identities::default();
+    let networks: BTreeSet<u32> = endpoints
+        .iter()
+        .filter(|e| local.contains_key(e.key))
+        .map(|e| e.network)
+        .collect();
+    let mut endpoint_ids: BTreeMap<&AttachmentKey, BTreeSet<u32>> = BTreeMap::new();
+    for e in &endpoints {
+        for addr in &e.addresses {
+            let host = IpNet::from(*addr);
+            let id = ids.intern((
+                Some((e.key.namespace.clone(), e.labels.clone())),
+                holding(&blocks, &host),
+            ));
+            endpoint_ids.entry(e.key).or_default().insert(id);
+            if networks.contains(&e.network) {
+                out.ipcache.insert(cache_key(e.network, &host), id);
+            }
+        }
+    }
+    for (cidr, except) in &blocks {
+        for prefix in std::iter::once(cidr).chain(except.iter()) {
+            let id = ids.intern((None, holding(&blocks, prefix)));
+            for net in &networks {
+                // An endpoint's own address keeps its endpoint identity.
+                out.ipcache.entry(cache_key(*net, prefix)).or_insert(id);
+            }
+        }
+    }
+    if out.ipcache.len() > MAX_POLICY_PREFIXES as usize {
+        out.problems.push(format!(
+            "{} address prefixes for policy, more than the {MAX_POLICY_PREFIXES} the data path holds",
+            out.ipcache.len()
+        ));
+    }
+
+    for e in endpoints.iter() {
+        let Some(&port_id) = local.get(e.key) else {
+            continue;
+        };
+        let mut flags = 0;
+        for (index, p) in policies.iter().enumerate() {
+            if p.namespace != e.key.namespace || !p.pod_selector.matches(e.labels) {
+                continue;
+            }
+            out.selected_by
+                .entry(e.key.clone())
+                .or_default()
+                .push(index as u32);
+            for (dir, rules, bit) in [
+                (policy_dir::INGRESS, &p.ingress, POL_F_INGRESS),
+                (policy_dir::EGRESS, &p.egress, POL_F_EGRESS),
+            ] {
+                let Some(rules) = rules else { continue };
+                flags |= bit;
+                for rule in rules {
+                    let ctx = RuleCtx {
+                        cfg,
+                        policy: p,
+                        ids: &ids,
+                        endpoints: &endpoints,
+                        endpoint_ids: &endpoint_ids,
+                        me: e,
+                    };
+                    for (peer, proto, lo, hi) in ctx.entries(dir, rule) {
+                        insert(
+                            &mut out.rules,
+                            port_id,
+                            dir,
+                            peer,
+                            proto,
+                            lo,
+                            hi,
+                            index as u32,
+                        );
+                    }
+                }
+            }
+        }
+        if flags != 0 {
+            let own = endpoint_ids
+                .get(e.key)
+                .and_then(|s| s.iter().next().copied())
+                .unwrap_or(identity::WORLD);
+            out.endpoints.insert(
+                port_id,
+                PolicyEndpoint {
+                    flags,
+                    identity: own,
+                },
+            );
+        }
+    }
+    if out.rules.len() > MAX_POLICY_RULES as usize {
+        out.problems.push(format!(
+            "{} policy rule entries, more than the {MAX_POLICY_RULES} the data path holds: the rest deny",
+            out.rules.len()
+        ));
+        let keep: BTreeMap<_, _> = out
+            .rules
+            .iter()
+            .take(MAX_POLICY_RULES as usize)
+            .map(|(k, v)| (*k, *v))
+            .collect();
+        out.rules = keep;
+    }
+    out
+}
+
+#[derive(Default)]
+struct Identities {
+    by_key: BTreeMap<IdentityKey, u32>,
+}
+
+impl Identities {
+    fn intern(&mut self, key: IdentityKey) -> u32 {
+        if key.0.is_none() && key.1.is_empty() {
+            return identity::WORLD;
+        }
+        let next = identity::FIRST + self.by_key.len() as u32;
+        *self.by_key.entry(key).or_insert(next)
+    }
+}
+
+/// The ipBlocks (by index) that hold all of `prefix`: inside the CIDR and
+/// inside none of its excepts.
+fn holding(blocks: &[(IpNet, &[IpNet])], prefix: &IpNet) -> BTreeSet<usize> {
+    blocks
+        .iter()
+        .enumerate()
+        .filter(|(_, (cidr, except))| {
+            cidr.contains(prefix) && !except.iter().any(|e| e.contains(prefix))
+        })
+        .map(|(i, _)| i)
+        .collect()
+}
+
+fn cache_key(network: u32, prefix: &IpNet) -> (u32, IdentityPrefix) {
+    match prefix {
+        IpNet::V4(p) => (
+            IdentityPrefix::v4_len(p.prefix_len()),
+            IdentityPrefix::v4(network, p.network().octets()),
+        ),
+        IpNet::V6(p) => (
+            IdentityPrefix::v6_len(p.prefix_len()),
+            IdentityPrefix::v6(network, p.network().octets()),
+        ),
+    }
+}
+
+struct RuleCtx<'a> {
+    cfg: &'a Resolved,
+    policy: &'a NetworkPolicy,
+    ids: &'a Identities,
+    endpoints: &'a [Endpoint<'a>],
+    endpoint_ids: &'a BTreeMap<&'a AttachmentKey, BTreeSet<u32>>,
+    me: &'a Endpoint<'a>,
+}
+
+/// (peer identity, protocol, first port, last port); protocol 0: any
+/// protocol, ports 0..=0: any port.
+type Entry = (u32, u8, u16, u16);
+
+impl RuleCtx<'_> {
+    /// The entries one rule gives the endpoint going `dir`.
+    fn entries(&self, dir: u8, rule: &Rule) -> Vec<Entry> {
+        // Peers: identities, or any (no peers given).
+        let peers: Vec<(u32, Vec<&Endpoint>)> = if rule.peers.is_empty() {
+            vec![(identity::ANY, self.endpoints.iter().collect())]
+        } else {
+            let mut set: BTreeMap<u32, Vec<&Endpoint>> = BTreeMap::new();
+            for peer in &rule.peers {
+                for (key, id) in &self.ids.by_key {
+                    if self.peer_matches(peer, key) {
+                        set.entry(*id).or_default();
+                    }
+                }
+            }
+            // The endpoints behind each identity, for named ports of egress.
+            for e in self.endpoints {
+                for id in self.endpoint_ids.get(e.key).into_iter().flatten() {
+                    if let Some(list) = set.get_mut(id) {
+                        list.push(e);
+                    }
+                }
+            }
+            set.into_iter().collect()
+        };
+        let mut out = Vec::new();
+        for (peer, behind) in peers {
+            if rule.ports.is_empty() {
+                out.push((peer, 0, 0, 0));
+                continue;
+            }
+            for port in &rule.ports {
+                match &port.port {
+                    PortRef::Any => out.push((peer, port.protocol, 0, 0)),
+                    PortRef::Range(lo, hi) => out.push((peer, port.protocol, *lo, *hi)),
+                    PortRef::Named(name) => {
+                        // Ingress: the port the endpoint itself declares;
+                        // egress: the one each peer declares.
+                        let declared: Vec<&NamedPort> = if dir == policy_dir::INGRESS {
+                            self.me.ports.iter().collect()
+                        } else {
+                            behind.iter().flat_map(|e| e.ports.iter()).collect()
+                        };
+                        let numbers: BTreeSet<u16> = declared
+                            .iter()
+                            .filter(|d| d.name == *name && d.protocol == port.protocol)
+                            .map(|d| d.port)
+                            .collect();
+                        for n in numbers {
+                            out.push((peer, port.protocol, n, n));
+                        }
+                    }
+                }
+            }
+        }
+        out
+    }
+
+    fn peer_matches(&self, peer: &Peer, key: &IdentityKey) -> bool {
+        match peer {
+            Peer::IpBlock { cidr, except } => {
+                // The ipBlock's index among all blocks, by value: equal
+                // blocks hold the same addresses.
+                let blocks = self.blocks();
+                key.1.iter().any(|i| {
+                    blocks
+                        .get(*i)
+                        .is_some_and(|(c, e)| c == cidr && *e == except.as_slice())
+                })
+            }
+            Peer::Endpoints { namespaces, pods } => {
+                let Some((ns, labels)) = &key.0 else {
+                    return false;
+                };
+                let ns_ok = match namespaces {
+                    None => *ns == self.policy.namespace,
+                    Some(sel) => sel.matches(&self.cfg.config.namespace_labels(ns)),
+                };
+                ns_ok && pods.as_ref().is_none_or(|sel| sel.matches(labels))
+            }
+        }
+    }
+
+    fn blocks(&self) -> Vec<(IpNet, &[IpNet])> {
+        self.cfg
+            .config
+            .policies
+            .iter()
+            .flat_map(|p| p.ingress.iter().chain(p.egress.iter()).flatten())
+            .flat_map(|r| &r.peers)
+            .filter_map(|peer| match peer {
+                Peer::IpBlock { cidr, except } => Some((*cidr, except.as_slice())),
+                Peer::Endpoints { .. } => None,
+            })
+            .collect()
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn insert(
+    rules: &mut BTreeMap<(u32, PolicyRuleKey), u32>,
+    port_id: u32,
+    dir: u8,
+    peer: u32,
+    proto: u8,
+    lo: u16,
+    hi: u16,
+    policy: u32,
+) {
+    if proto == 0 {
+        let key = PolicyRuleKey::new(port_id, dir, peer, 0, 0);
+        rules.entry((POLICY_LEN_IDENTITY, key)).or_insert(policy);
+        return;
+    }
+    if lo == 0 {
+        let key = PolicyRuleKey::new(port_id, dir, peer, proto, 0);
+        rules.entry((POLICY_LEN_PROTO, key)).or_insert(policy);
+        return;
+    }
+    for (port, bits) in port_prefixes(lo, hi) {
+        let key = PolicyRuleKey::new(port_id, dir, peer, proto, port);
+        rules
+            .entry((POLICY_LEN_PROTO + bits, key))
+            .or_insert(policy);
+    }
+}
+
+/// The fewest (first port, prefix bits) covering `lo..=hi` exactly.
+pub fn port_prefixes(lo: u16, hi: u16) -> Vec<(u16, u32)> {
+    let (mut lo, hi) = (u32::from(lo), u32::from(hi));
+    let mut out = Vec::new();
+    while lo <= hi {
+        // The largest aligned block starting at `lo` that stays in range.
+        let mut size: u32 = if lo == 0 {
+            1 << 16
+        } else {
+            lo & lo.wrapping_neg()
+        };
+        while lo + size - 1 > hi {
+            size >>= 1;
+        }
+        out.push((lo as u16, 16 - size.trailing_zeros()));
+        lo += size;
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests;
