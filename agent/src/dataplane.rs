@@ -240,6 +240,7 @@ pub struct Maps {
     pub policy_flows: HashMap<MapData, vmpath_common::PolicyFlowKey, vmpath_common::PolicyFlow>,
     pub policy_stats: PerCpuArray<MapData, vmpath_common::PolicyStats>,
     pub policy_hits: PerCpuArray<MapData, u64>,
+    pub policy_flood: HashMap<MapData, u32, FloodList>,
 }
 
 fn open_map(root: &Path, name: &str) -> Result<Map> {
@@ -289,6 +290,7 @@ impl Maps {
             policy_flows: open_map(root, map_names::POLICY_FLOWS)?.try_into()?,
             policy_stats: open_map(root, map_names::POLICY_STATS)?.try_into()?,
             policy_hits: open_map(root, map_names::POLICY_HITS)?.try_into()?,
+            policy_flood: open_map(root, map_names::POLICY_FLOOD)?.try_into()?,
         })
     }
 
@@ -423,6 +425,7 @@ impl Dataplane {
         north_south::load_egress(&mut ebpf)?;
         overlay::load(&mut ebpf)?;
         migrate::load(&mut ebpf)?;
+        policy::load(&mut ebpf)?;
         // Debug events are a help, not a function: the data path runs
         // without their reader.
         if let Err(e) = crate::datapath_log::start(&mut ebpf) {

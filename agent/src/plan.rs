@@ -265,6 +265,7 @@ pub fn plan_with_ids(
         .map(|p| (p.attachment.clone(), p.info.port_id))
         .collect();
     plan.policy = crate::policy::compile(cfg, &local);
+    plan.policy.guard_floods(&plan.flood);
     plan.problems.extend(plan.policy.problems.iter().cloned());
     plan
 }

@@ -142,10 +142,16 @@ pub mod maps {
         def::<u32, PolicyStats>(map_names::POLICY_STATS, PerCpuArray, MAX_PORTS);
     pub const POLICY_HITS: MapDef =
         def::<u32, u64>(map_names::POLICY_HITS, PerCpuArray, MAX_POLICIES);
+    /// Per network, its flood list less the ports isolated for ingress.
+    pub const POLICY_FLOOD: MapDef =
+        def::<u32, FloodList>(map_names::POLICY_FLOOD, Hash, MAX_NETWORKS);
+    /// The data path's scratch space for a packet's flow key (no state).
+    pub const POLICY_SCRATCH: MapDef =
+        def::<u32, PolicyFlowKey>(map_names::POLICY_SCRATCH, PerCpuArray, 1);
 
     /// Every map the agent pins (the whole object but aya-log's ring
     /// buffer, `map_names::DEBUG_LOG`).
-    pub const ALL: [MapDef; 42] = [
+    pub const ALL: [MapDef; 44] = [
         DEBUG,
         MONITOR,
         MONITOR_CFG,
@@ -188,6 +194,8 @@ pub mod maps {
         POLICY_FLOWS,
         POLICY_STATS,
         POLICY_HITS,
+        POLICY_SCRATCH,
+        POLICY_FLOOD,
     ];
 }
 
@@ -199,9 +207,15 @@ pub mod tail_call {
     pub const VM_REMOTE: u32 = 1;
     /// `vm_migrate`: a pending migration target port, from `vm_port`.
     pub const VM_MIGRATE: u32 = 2;
-    /// `vm_port` itself, re-entered by `vm_migrate`.
+    /// `vm_port` itself, re-entered by `vm_migrate` and `vm_policy_out`.
     pub const VM_PORT: u32 = 3;
-    pub const SLOTS: u32 = 4;
+    /// `vm_policy_out`: egress policy of a VM port whose endpoint a policy
+    /// selects, from `vm_port`; re-enters `vm_port` when allowed.
+    pub const POLICY_EGRESS: u32 = 4;
+    /// `vm_policy_in`: ingress policy and delivery to such a port, from
+    /// every program that delivers to a local port.
+    pub const POLICY_DELIVER: u32 = 5;
+    pub const SLOTS: u32 = 6;
 }
 
 /// The family tag of an `AddrKey` (`AddrKey::family`): the IP version.

@@ -86,6 +86,11 @@ pub mod map_names {
     pub const POLICY_STATS: &str = "vmp_pol_stats";
     /// NetworkPolicy: flows each policy allowed, per policy index.
     pub const POLICY_HITS: &str = "vmp_pol_hits";
+    /// NetworkPolicy: per-CPU scratch space for a packet's flow key.
+    pub const POLICY_SCRATCH: &str = "vmp_pol_scratch";
+    /// NetworkPolicy: per network, the local ports IP floods may reach
+    /// (those not isolated for ingress); absent: all of `vmp_flood`.
+    pub const POLICY_FLOOD: &str = "vmp_pol_flood";
 }
 
 /// What a `MonitorEvent` reports.
@@ -128,6 +133,11 @@ pub mod prog_names {
     pub const VM_REMOTE: &str = "vm_remote";
     /// tcx ingress on the vxlan device: decapsulated frames from remote nodes.
     pub const VXLAN_RX: &str = "vxlan_rx";
+    /// Tail-called from `vm_port`: egress NetworkPolicy, then back.
+    pub const VM_POLICY_OUT: &str = "vm_policy_out";
+    /// Tail-called where a frame is delivered to a local port isolated by
+    /// NetworkPolicy: ingress policy, then the delivery.
+    pub const VM_POLICY_IN: &str = "vm_policy_in";
 }
 
 /// Layout version of the pinned maps. Bump when any type below changes size
@@ -1034,6 +1044,13 @@ pub mod identity {
     /// The first identity the agent allocates.
     pub const FIRST: u32 = 256;
 }
+
+/// `skb->cb[0]` of a frame `vm_policy_out` allowed, when it re-enters
+/// `vm_port` (`cb[1]` holds the port id it was checked for), and of a
+/// frame handed to `vm_policy_in` (`cb[1]` the port id, `cb[2]` the
+/// port's ifindex).
+pub const POLICY_CB_EGRESS_DONE: u32 = 0x766d_7045;
+pub const POLICY_CB_DELIVER: u32 = 0x766d_7049;
 
 /// `PolicyFlow::policy` / `MonitorEvent::policy` when no policy applies.
 pub const POLICY_NONE: u32 = u32::MAX;

@@ -59,7 +59,25 @@ pub fn switch(ctx: &TcContext, ifindex: u32, network: u32, dst: [u8; 6]) -> Verd
 pub fn deliver_local(ctx: &TcContext, port_ifindex: u32, port_id: u32) -> Verdict {
     // The last check before the VM: whatever way the frame came (another
     // port, the overlay, the uplink, a SNAT reply).
-    crate::policy::ingress(ctx, port_ifindex, port_id)?;
+    if let Some(verdict) = crate::policy::deliver(ctx, port_ifindex, port_id) {
+        return verdict;
+    }
+    deliver_checked(ctx, port_ifindex, port_id)
+}
+
+/// `deliver_local` past ingress policy.
+#[inline(always)]
+pub fn deliver_checked(ctx: &TcContext, port_ifindex: u32, port_id: u32) -> Verdict {
+    count_tx(port_id, ctx.len());
+    // SAFETY: a helper call with integer arguments; it touches no memory
+    // of ours.
+    redirected(unsafe { bpf_redirect_peer(port_ifindex, 0) })
+}
+
+/// A flood's original frame to its last port, which `clone_local` chose
+/// past ingress policy already.
+#[inline(always)]
+fn deliver_flooded(ctx: &TcContext, port_ifindex: u32, port_id: u32) -> Verdict {
     count_tx(port_id, ctx.len());
     // SAFETY: a helper call with integer arguments; it touches no memory
     // of ours.
@@ -106,7 +124,7 @@ fn flood(ctx: &TcContext, ifindex: u32, network: u32, unknown_unicast: bool) -> 
     if last == 0 {
         return Err(drop_reason::NO_DESTINATION);
     }
-    deliver_local(ctx, last, last_id)
+    deliver_flooded(ctx, last, last_id)
 }
 
 /// From the overlay: to the network's local ports only, never back to
@@ -117,7 +135,7 @@ pub fn flood_local(ctx: &TcContext, network: u32, unknown_unicast: bool) -> Verd
     if last == 0 {
         return Err(drop_reason::OVERLAY_NO_LOCAL_PORT);
     }
-    deliver_local(ctx, last, last_id)
+    deliver_flooded(ctx, last, last_id)
 }
 
 /// Clones the frame to every local port of `network` except `skip` and
@@ -126,8 +144,14 @@ pub fn flood_local(ctx: &TcContext, network: u32, unknown_unicast: bool) -> Verd
 /// that may hold an unknown MAC.
 #[inline(always)]
 fn clone_local(ctx: &TcContext, skip: u32, network: u32, unknown_unicast: bool) -> (u32, u32) {
-    // SAFETY: a map lookup; the value stays valid for this program run.
-    let Some(list) = (unsafe { FLOOD.get(&network) }) else {
+    // IP floods skip ports isolated for ingress (their own list, where a
+    // network has such ports).
+    // SAFETY: map lookups; the values stay valid for this program run.
+    let guarded = match crate::policy::flood_guarded(ctx) {
+        true => unsafe { crate::policy::POLICY_FLOOD.get(&network) },
+        false => None,
+    };
+    let Some(list) = guarded.or_else(|| unsafe { FLOOD.get(&network) }) else {
         return (0, 0);
     };
     let count = list.count as usize;
@@ -149,9 +173,6 @@ fn clone_local(ctx: &TcContext, skip: u32, network: u32, unknown_unicast: bool) 
             continue;
         }
         if unknown_unicast && !may_hold_unknown_mac(target) {
-            continue;
-        }
-        if !crate::policy::flood_allowed(ctx, target_id) {
             continue;
         }
         if last != 0 && ctx.clone_redirect(last, 0).is_ok() {

@@ -83,7 +83,9 @@ fn try_vm_port(ctx: &TcContext, ifindex: u32, port: &PortInfo) -> Verdict {
         // Live migration target: `vm_migrate` decides, then re-enters here.
         return migrate::to_vm_migrate(ctx);
     }
-    counters::count_rx(port.port_id, ctx.len());
+    if !policy::reentered(ctx, port.port_id) {
+        counters::count_rx(port.port_id, ctx.len());
+    }
 
     let eth = hdr::<EthHdr>(ctx, 0)?;
     let (dst, src, ether_type) = (eth.dst_addr, eth.src_addr, u16::from_be(eth.ether_type));
@@ -177,7 +179,8 @@ fn ipv4(ctx: &TcContext, ifindex: u32, port: &PortInfo, dst: [u8; 6], src: [u8; 
         }
     }
 
-    if mac_eq(&dst, &port.gw_mac) {
+    let to_gateway = mac_eq(&dst, &port.gw_mac);
+    if to_gateway {
         let net = network_of(port)?;
         if proto == IPPROTO_ICMP
             && net.flags & vmpath_common::NET_F_GW4 != 0
@@ -187,10 +190,13 @@ fn ipv4(ctx: &TcContext, ifindex: u32, port: &PortInfo, dst: [u8; 6], src: [u8; 
             icmp::echo_reply4(ctx, l4_off, net)?;
             return gateway_reply(ifindex, port);
         }
-        policy::egress(ctx, port.port_id, port.network)?;
-        return route::egress(ctx, net);
     }
-    policy::egress(ctx, port.port_id, port.network)?;
+    if let Some(verdict) = policy::egress(ctx, port.port_id) {
+        return verdict;
+    }
+    if to_gateway {
+        return route::egress(ctx, network_of(port)?);
+    }
     fwd::switch(ctx, ifindex, port.network, dst)
 }
 
@@ -265,7 +271,9 @@ fn ipv6(ctx: &TcContext, ifindex: u32, port: &PortInfo, dst: [u8; 6], src: [u8; 
         }
     }
 
-    policy::egress(ctx, port.port_id, port.network)?;
+    if let Some(verdict) = policy::egress(ctx, port.port_id) {
+        return verdict;
+    }
     if mac_eq(&dst, &port.gw_mac) {
         return route::egress(ctx, network_of(port)?);
     }

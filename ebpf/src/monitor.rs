@@ -7,7 +7,7 @@
 
 use aya_ebpf::{helpers::bpf_ktime_get_ns, programs::TcContext};
 use network_types::{eth::EthHdr, ip::Ipv4Hdr, ip::Ipv6Hdr};
-use vmpath_common::{MonitorEvent, addr_family, monitor_kind};
+use vmpath_common::{MonitorEvent, PolicyFlowKey, addr_family, monitor_kind};
 
 use crate::{
     maps::{MONITOR, MONITOR_CFG, MONITOR_METER},
@@ -19,63 +19,74 @@ use crate::{
 /// `reason`.
 #[inline(always)]
 pub fn drop(ctx: &TcContext, ifindex: u32, port_id: u32, reason: u32) {
-    emit(ctx, ifindex, port_id, monitor_kind::DROP, reason, 0, 0);
-}
-
-/// Reports a policy verdict on a new flow of `ctx`: `reason` 0 allowed
-/// by `policy`, else the drop reason; `direction` a `policy_dir`.
-#[inline(always)]
-pub fn policy(ctx: &TcContext, port_id: u32, direction: u8, reason: u32, policy: u32) {
-    // SAFETY: the skb pointer is the program's own context, valid for this run.
-    let ifindex = unsafe { (*ctx.skb.skb).ifindex };
-    emit(
-        ctx,
-        ifindex,
-        port_id,
-        monitor_kind::POLICY,
-        reason,
-        direction,
-        policy,
-    );
-}
-
-#[inline(always)]
-fn emit(
-    ctx: &TcContext,
-    ifindex: u32,
-    port_id: u32,
-    kind: u8,
-    reason: u32,
-    direction: u8,
-    policy: u32,
-) {
-    let Some(cfg) = MONITOR_CFG.get(0) else {
-        return;
-    };
-    if cfg.listeners == 0 {
-        return;
-    }
-    let Some(bucket) = MONITOR_METER.get_ptr_mut(0) else {
-        return;
-    };
-    // SAFETY: this CPU's slot of a per-CPU array, valid for this run, no
-    // other writer.
-    if !meter::spend(unsafe { &mut *bucket }, &cfg.limit) {
-        return;
-    }
-    let Some(mut entry) = MONITOR.reserve(0) else {
+    let Some(mut entry) = reserve() else {
         return;
     };
     let ev = entry.as_mut_ptr();
-    let mut event = describe(ctx, ifindex, port_id, reason);
-    event.kind = kind;
-    event.direction = direction;
-    event.policy = policy;
     // SAFETY: `ev` points at a reserved ring-buffer slot sized and aligned
     // for a `MonitorEvent` (8-byte aligned, 80 bytes); it is ours until
     // submitted, and written whole before.
-    unsafe { ev.write(event) };
+    unsafe { ev.write(describe(ctx, ifindex, port_id, reason)) };
     entry.submit(0);
+}
+
+/// Reports a policy verdict on a new flow, whose key `k` policy read:
+/// `reason` 0 allowed by `policy`, else the drop reason. Written straight
+/// into the ring (the policy check has little stack to spare).
+#[inline(always)]
+pub fn policy(ctx: &TcContext, k: &PolicyFlowKey, reason: u32, policy: u32) {
+    let Some(mut entry) = reserve() else {
+        return;
+    };
+    let ev = entry.as_mut_ptr();
+    let (src_mac, dst_mac) = match hdr::<EthHdr>(ctx, 0) {
+        Ok(eth) => (eth.src_addr, eth.dst_addr),
+        Err(_) => ([0; 6], [0; 6]),
+    };
+    // SAFETY: `ev` points at a reserved ring-buffer slot sized and aligned
+    // for a `MonitorEvent`; it is ours until submitted, and every field is
+    // written before.
+    unsafe {
+        (*ev).ktime_ns = bpf_ktime_get_ns();
+        (*ev).kind = monitor_kind::POLICY;
+        (*ev).family = k.family;
+        (*ev).proto = k.proto;
+        (*ev).direction = k.direction;
+        (*ev).reason = reason;
+        (*ev).ifindex = (*ctx.skb.skb).ifindex;
+        (*ev).port_id = k.port_id;
+        (*ev).src = k.src;
+        (*ev).dst = k.dst;
+        (*ev).sport = k.sport;
+        (*ev).dport = k.dport;
+        (*ev).ether_type = if k.family == addr_family::IPV4 {
+            ETH_P_IP
+        } else {
+            ETH_P_IPV6
+        };
+        (*ev)._pad2 = 0;
+        (*ev).src_mac = src_mac;
+        (*ev).dst_mac = dst_mac;
+        (*ev).policy = policy;
+    }
+    entry.submit(0);
+}
+
+/// A ring-buffer slot for one event, if someone listens and the rate
+/// allows one more.
+#[inline(always)]
+fn reserve() -> Option<aya_ebpf::maps::ring_buf::RingBufEntry<MonitorEvent>> {
+    let cfg = MONITOR_CFG.get(0)?;
+    if cfg.listeners == 0 {
+        return None;
+    }
+    let bucket = MONITOR_METER.get_ptr_mut(0)?;
+    // SAFETY: this CPU's slot of a per-CPU array, valid for this run, no
+    // other writer.
+    if !meter::spend(unsafe { &mut *bucket }, &cfg.limit) {
+        return None;
+    }
+    MONITOR.reserve(0)
 }
 
 /// The event: where and why, and what the frame's headers say (as far as

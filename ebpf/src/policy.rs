@@ -14,25 +14,28 @@
 //! checked against policy again, never let through unchecked.
 
 use aya_ebpf::{
-    btf_maps::{Array, LpmTrie, LruHashMap, PerCpuArray, lpm_trie::Key},
+    bindings::TC_ACT_SHOT,
+    btf_maps::{Array, HashMap, LpmTrie, LruHashMap, PerCpuArray, lpm_trie::Key},
     helpers::bpf_ktime_get_ns,
-    macros::btf_map,
+    macros::{btf_map, classifier},
     programs::TcContext,
 };
 use network_types::{eth::EthHdr, ip::Ipv4Hdr, ip::Ipv6Hdr};
 use vmpath_common::{
-    IdentityPrefix, POL_F_EGRESS, POL_F_INGRESS, POLICY_FLOW_OTHER_TIMEOUT_NS,
-    POLICY_FLOW_TCP_TIMEOUT_NS, POLICY_LEN_FULL, POLICY_NONE, PolicyEndpoint, PolicyFlow,
-    PolicyFlowKey, PolicyRuleKey, PolicyStats, addr_family, drop_reason, identity, maps,
-    policy_dir,
+    FloodList, IdentityPrefix, NO_PORT_ID, POL_F_EGRESS, POL_F_INGRESS, POLICY_CB_DELIVER,
+    POLICY_CB_EGRESS_DONE, POLICY_FLOW_OTHER_TIMEOUT_NS, POLICY_FLOW_TCP_TIMEOUT_NS,
+    POLICY_LEN_FULL, POLICY_NONE, PolicyEndpoint, PolicyFlow, PolicyFlowKey, PolicyRuleKey,
+    PolicyStats, addr_family, drop_reason, identity, maps, policy_dir, tail_call,
 };
 
 use crate::{
+    counters,
+    fwd::{self, Verdict},
     maps::PORTS,
     parse::{
         ETH_LEN, ETH_P_IP, ETH_P_IPV6, IPPROTO_ICMP, IPPROTO_ICMPV6, IPPROTO_TCP, IPPROTO_UDP, hdr,
     },
-    spoof,
+    route::PROGS,
 };
 
 /// Port id -> isolation flags and identity of the endpoint.
@@ -68,6 +71,14 @@ pub static POLICY_FLOWS: LruHashMap<
 pub static POLICY_STATS: PerCpuArray<PolicyStats, { maps::POLICY_STATS.max_entries as usize }> =
     PerCpuArray::new();
 
+/// Slot 0: the packet's flow key, per CPU: built here rather than on the
+/// stack, which the VM port's program has little of left.
+#[btf_map(name = "vmp_pol_scratch")]
+pub static POLICY_SCRATCH: PerCpuArray<
+    PolicyFlowKey,
+    { maps::POLICY_SCRATCH.max_entries as usize },
+> = PerCpuArray::new();
+
 /// Policy index -> flows it allowed, per CPU.
 #[btf_map(name = "vmp_pol_hits")]
 pub static POLICY_HITS: PerCpuArray<u64, { maps::POLICY_HITS.max_entries as usize }> =
@@ -83,53 +94,150 @@ const ICMPV6_ERROR_MAX: u8 = 4;
 const ICMPV6_ECHO_REQUEST: u8 = 128;
 const ICMPV6_ECHO_REPLY: u8 = 129;
 
-/// What policy looks at in a packet: its 5-tuple as the endpoint sees it.
-/// For an ICMP error, the tuple of a reply to the packet it quotes, and
-/// `opens: false`: an error never opens a flow.
-struct Tuple {
-    family: u8,
-    proto: u8,
-    sport: u16,
-    dport: u16,
-    src: [u8; 16],
-    dst: [u8; 16],
-    opens: bool,
+/// What `parse` found.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Seen {
+    /// Not policy's business: no IP, or ND, MLD, DHCP.
+    Exempt,
+    /// A packet that may open a flow.
+    Opens,
+    /// An ICMP error: the key is that of a reply to the packet it quotes;
+    /// it never opens a flow.
+    Related,
 }
 
-/// Checks a packet the endpoint with `port_id` on `network` sends:
-/// `Err(POLICY_DENIED_EGRESS)` when its policy denies it.
-#[inline(never)]
-pub fn egress(ctx: &TcContext, port_id: u32, network: u32) -> Result<(), u32> {
-    check(ctx, port_id, network, policy_dir::EGRESS)
-}
-
-/// Checks a packet about to be delivered to the local port `ifindex`
-/// (`port_id`): `Err(POLICY_DENIED_INGRESS)` when its policy denies it.
-#[inline(never)]
-pub fn ingress(ctx: &TcContext, ifindex: u32, port_id: u32) -> Result<(), u32> {
-    let Some(ep) = POLICY_ENDPOINTS.get(port_id) else {
-        return Ok(());
-    };
+/// From `vm_port`, after its filters: `Some(verdict)` when the frame must
+/// first pass the endpoint's egress policy (`vm_policy_out`, which hands
+/// it back to `vm_port` when allowed); `None` when nothing is to check.
+#[inline(always)]
+pub fn egress(ctx: &TcContext, port_id: u32) -> Option<Verdict> {
+    let ep = POLICY_ENDPOINTS.get(port_id)?;
     if ep.flags == 0 {
-        return Ok(());
+        return None;
     }
+    // SAFETY: the skb pointer is the program's own context, valid for this run.
+    let cb = unsafe { &(*ctx.skb.skb).cb };
+    if cb[0] == POLICY_CB_EGRESS_DONE && cb[1] == port_id {
+        return None;
+    }
+    // SAFETY: `ctx` is this program's own context; on success the tail
+    // call does not return, otherwise the error below.
+    unsafe { PROGS.tail_call(ctx, tail_call::POLICY_EGRESS) };
+    Some(Err(drop_reason::HELPER_FAILED))
+}
+
+/// Whether `vm_port` runs again for a frame `vm_policy_out` let through
+/// (its counters already have it).
+#[inline(always)]
+pub fn reentered(ctx: &TcContext, port_id: u32) -> bool {
+    // SAFETY: the skb pointer is the program's own context, valid for this run.
+    let cb = unsafe { &(*ctx.skb.skb).cb };
+    cb[0] == POLICY_CB_EGRESS_DONE && cb[1] == port_id
+}
+
+/// Before delivery to the local port `ifindex` (`port_id`): `Some` when
+/// the port's ingress policy must decide (`vm_policy_in` delivers).
+#[inline(always)]
+pub fn deliver(ctx: &TcContext, ifindex: u32, port_id: u32) -> Option<Verdict> {
+    let ep = POLICY_ENDPOINTS.get(port_id)?;
+    if ep.flags == 0 {
+        return None;
+    }
+    // SAFETY: the skb pointer is the program's own context, valid for this
+    // run; cb is scratch space for the programs that see the frame.
+    unsafe {
+        let cb = &mut (*ctx.skb.skb).cb;
+        cb[0] = POLICY_CB_DELIVER;
+        cb[1] = port_id;
+        cb[2] = ifindex;
+    }
+    // SAFETY: as in `egress`.
+    unsafe { PROGS.tail_call(ctx, tail_call::POLICY_DELIVER) };
+    Some(Err(drop_reason::HELPER_FAILED))
+}
+
+/// Tail-called from `vm_port`: the egress policy of the port's endpoint.
+#[classifier]
+pub fn vm_policy_out(ctx: TcContext) -> i32 {
+    // SAFETY: the skb pointer is the program's own context, valid for this run.
+    let ifindex = unsafe { (*ctx.skb.skb).ifindex };
     // SAFETY: a map lookup; the value stays valid for this program run.
     let Some(port) = (unsafe { PORTS.get(&ifindex) }) else {
-        return Ok(());
+        counters::dropped(&ctx, ifindex, NO_PORT_ID, drop_reason::UNKNOWN_PORT);
+        return TC_ACT_SHOT;
     };
-    check(ctx, port_id, port.network, policy_dir::INGRESS)
+    let port_id = port.port_id;
+    if let Err(reason) = check(&ctx, port_id, port.network, policy_dir::EGRESS) {
+        counters::dropped(&ctx, ifindex, port_id, reason);
+        return TC_ACT_SHOT;
+    }
+    // SAFETY: as above; cb is scratch space for the programs that see it.
+    unsafe {
+        let cb = &mut (*ctx.skb.skb).cb;
+        cb[0] = POLICY_CB_EGRESS_DONE;
+        cb[1] = port_id;
+    }
+    // SAFETY: `ctx` is this program's own context; on success the tail
+    // call does not return.
+    unsafe { PROGS.tail_call(&ctx, tail_call::VM_PORT) };
+    counters::dropped(&ctx, ifindex, port_id, drop_reason::HELPER_FAILED);
+    TC_ACT_SHOT
 }
 
-/// Whether a flooded frame may reach the port `port_id`: a port isolated
-/// for ingress takes only what needs no policy (ARP, ND, MLD, DHCP) from
-/// a flood; unicast IP reaches it through `ingress`.
-#[inline(always)]
-pub fn flood_allowed(ctx: &TcContext, port_id: u32) -> bool {
-    match POLICY_ENDPOINTS.get(port_id) {
-        Some(ep) if ep.flags & POL_F_INGRESS != 0 => matches!(tuple(ctx), Ok(None)),
-        _ => true,
+/// Tail-called where a frame is delivered to a local port a policy
+/// selects (`cb`: port id, ifindex): its ingress policy, then delivery.
+#[classifier]
+pub fn vm_policy_in(ctx: TcContext) -> i32 {
+    // SAFETY: the skb pointer is the program's own context, valid for this run.
+    let (magic, port_id, target) = unsafe {
+        let cb = &(*ctx.skb.skb).cb;
+        (cb[0], cb[1], cb[2])
+    };
+    // SAFETY: the skb pointer is the program's own context, valid for this run.
+    let ifindex = unsafe { (*ctx.skb.skb).ifindex };
+    if magic != POLICY_CB_DELIVER {
+        counters::dropped(&ctx, ifindex, NO_PORT_ID, drop_reason::HELPER_FAILED);
+        return TC_ACT_SHOT;
+    }
+    // SAFETY: a map lookup; the value stays valid for this program run.
+    let Some(port) = (unsafe { PORTS.get(&target) }) else {
+        counters::dropped(&ctx, ifindex, NO_PORT_ID, drop_reason::UNKNOWN_PORT);
+        return TC_ACT_SHOT;
+    };
+    let verdict = check(&ctx, port_id, port.network, policy_dir::INGRESS)
+        .and_then(|()| fwd::deliver_checked(&ctx, target, port_id));
+    match verdict {
+        Ok(action) => action,
+        Err(reason) => {
+            counters::dropped(&ctx, ifindex, port_id, reason);
+            TC_ACT_SHOT
+        }
     }
 }
+
+/// Whether a flooded frame is one ingress policy guards: IPv4, or IPv6
+/// but ICMPv6 (neighbour discovery and MLD flood to every port). Such a
+/// frame floods only to the ports of `POLICY_FLOOD`, those not isolated
+/// for ingress; unicast IP reaches an isolated port through `ingress`.
+#[inline(always)]
+pub fn flood_guarded(ctx: &TcContext) -> bool {
+    let Ok(eth) = hdr::<EthHdr>(ctx, 0) else {
+        return true;
+    };
+    match u16::from_be(eth.ether_type) {
+        ETH_P_IP => true,
+        ETH_P_IPV6 => match hdr::<Ipv6Hdr>(ctx, ETH_LEN) {
+            Ok(ip) => ip.next_hdr != IPPROTO_ICMPV6,
+            Err(_) => true,
+        },
+        _ => false,
+    }
+}
+
+/// Per network, its flood list less the ports isolated for ingress.
+#[btf_map(name = "vmp_pol_flood")]
+pub static POLICY_FLOOD: HashMap<u32, FloodList, { maps::POLICY_FLOOD.max_entries as usize }> =
+    HashMap::new();
 
 #[inline(always)]
 fn check(ctx: &TcContext, port_id: u32, network: u32, dir: u8) -> Result<(), u32> {
@@ -140,12 +248,22 @@ fn check(ctx: &TcContext, port_id: u32, network: u32, dir: u8) -> Result<(), u32
     if flags == 0 {
         return Ok(());
     }
-    let Some(t) = tuple(ctx)? else {
+    let Some(k) = POLICY_SCRATCH.get_ptr_mut(0) else {
         return Ok(());
     };
+    // SAFETY: this CPU's scratch slot, valid for this run; nothing else
+    // uses it while this packet is checked.
+    let k = unsafe { &mut *k };
+    let seen = parse(ctx, k)?;
+    if seen == Seen::Exempt {
+        return Ok(());
+    }
+    k.port_id = port_id;
+    k.direction = dir;
+    k._pad = 0;
     // SAFETY: a helper call without arguments; it touches no memory of ours.
     let now = unsafe { bpf_ktime_get_ns() };
-    if tracked(port_id, dir, &t, now) {
+    if tracked(k, now) {
         return Ok(());
     }
     let isolated = if dir == policy_dir::INGRESS {
@@ -153,104 +271,83 @@ fn check(ctx: &TcContext, port_id: u32, network: u32, dir: u8) -> Result<(), u32
     } else {
         flags & POL_F_EGRESS != 0
     };
-    let policy = if isolated {
+    let mut policy = POLICY_NONE;
+    let mut reason = 0;
+    if isolated {
         let peer = if dir == policy_dir::INGRESS {
-            &t.src
+            k.src
         } else {
-            &t.dst
+            k.dst
         };
-        match allowed_by(port_id, dir, identity_of(network, t.family, peer), &t) {
-            Some(p) if t.opens => p,
-            _ => {
-                let reason = if dir == policy_dir::INGRESS {
-                    drop_reason::POLICY_DENIED_INGRESS
-                } else {
-                    drop_reason::POLICY_DENIED_EGRESS
-                };
-                count(port_id, dir, false);
-                crate::monitor::policy(ctx, port_id, dir, reason, POLICY_NONE);
-                return Err(reason);
-            }
+        match allowed_by(port_id, dir, identity_of(network, k.family, &peer), k) {
+            Some(p) if seen == Seen::Opens => policy = p,
+            _ if dir == policy_dir::INGRESS => reason = drop_reason::POLICY_DENIED_INGRESS,
+            _ => reason = drop_reason::POLICY_DENIED_EGRESS,
         }
-    } else if t.opens {
-        POLICY_NONE
-    } else {
+    } else if seen == Seen::Related {
+        // An ICMP error for no flow of ours, where nothing is isolated.
         return Ok(());
-    };
-    let key = flow_key(port_id, dir, &t, false);
-    let flow = PolicyFlow {
-        last_seen: now,
-        policy,
-        _pad: 0,
-    };
-    // A full table evicts its oldest flow (LRU); should the insert still
-    // fail, the flow's next packet is checked again.
-    let _ = POLICY_FLOWS.insert(&key, &flow, 0);
-    count(port_id, dir, true);
-    if policy != POLICY_NONE {
+    }
+    if reason == 0 {
+        let flow = PolicyFlow {
+            last_seen: now,
+            policy,
+            _pad: 0,
+        };
+        // A full table evicts its oldest flow (LRU); should the insert
+        // still fail, the flow's next packet is checked again.
+        let _ = POLICY_FLOWS.insert(&*k, &flow, 0);
         if let Some(hits) = POLICY_HITS.get_ptr_mut(policy) {
             // SAFETY: this CPU's slot of a per-CPU array, no other writer.
             unsafe { *hits += 1 };
         }
     }
-    crate::monitor::policy(ctx, port_id, dir, 0, policy);
-    Ok(())
+    count(port_id, dir, reason == 0);
+    crate::monitor::policy(ctx, k, reason, policy);
+    if reason == 0 { Ok(()) } else { Err(reason) }
 }
 
-/// A flow this endpoint opened the same way, or a reply to one it opened
-/// the other way, seen recently enough.
+/// A flow this endpoint opened the same way (`k` as it is), or a reply to
+/// one it opened the other way (`k` with its ends swapped), seen recently
+/// enough. Leaves `k` as it found it.
 #[inline(always)]
-fn tracked(port_id: u32, dir: u8, t: &Tuple, now: u64) -> bool {
-    let timeout = if t.proto == IPPROTO_TCP {
+fn tracked(k: &mut PolicyFlowKey, now: u64) -> bool {
+    let timeout = if k.proto == IPPROTO_TCP {
         POLICY_FLOW_TCP_TIMEOUT_NS
     } else {
         POLICY_FLOW_OTHER_TIMEOUT_NS
     };
-    for reply in [false, true] {
-        let key = flow_key(port_id, dir, t, reply);
-        if let Some(flow) = POLICY_FLOWS.get_ptr_mut(&key) {
-            // SAFETY: from `get_ptr_mut` (bpf_map_lookup_elem) just above,
-            // valid for this run; a racing writer only writes a time.
-            unsafe {
-                if now.saturating_sub((*flow).last_seen) < timeout {
-                    (*flow).last_seen = now;
-                    return true;
-                }
-            }
+    if touch(k, now, timeout) {
+        return true;
+    }
+    swap_ends(k);
+    let hit = touch(k, now, timeout);
+    swap_ends(k);
+    hit
+}
+
+#[inline(always)]
+fn touch(k: &PolicyFlowKey, now: u64, timeout: u64) -> bool {
+    let Some(flow) = POLICY_FLOWS.get_ptr_mut(k) else {
+        return false;
+    };
+    // SAFETY: from `get_ptr_mut` (bpf_map_lookup_elem) just above, valid
+    // for this run; a racing writer only writes a time.
+    unsafe {
+        if now.saturating_sub((*flow).last_seen) < timeout {
+            (*flow).last_seen = now;
+            return true;
         }
     }
     false
 }
 
-/// The flow key of `t` going `dir`; `reply`: the key of the flow `t`
-/// answers (opened the other way, ends swapped).
+/// The key of the flow `k` answers: opened the other way, ends swapped.
 #[inline(always)]
-fn flow_key(port_id: u32, dir: u8, t: &Tuple, reply: bool) -> PolicyFlowKey {
-    if reply {
-        PolicyFlowKey {
-            port_id,
-            sport: t.dport,
-            dport: t.sport,
-            family: t.family,
-            proto: t.proto,
-            direction: dir ^ 1,
-            _pad: 0,
-            src: t.dst,
-            dst: t.src,
-        }
-    } else {
-        PolicyFlowKey {
-            port_id,
-            sport: t.sport,
-            dport: t.dport,
-            family: t.family,
-            proto: t.proto,
-            direction: dir,
-            _pad: 0,
-            src: t.src,
-            dst: t.dst,
-        }
-    }
+fn swap_ends(k: &mut PolicyFlowKey) {
+    core::mem::swap(&mut k.src, &mut k.dst);
+    core::mem::swap(&mut k.sport, &mut k.dport);
+    k.direction ^= 1;
 }
 
 #[inline(always)]
@@ -272,13 +369,13 @@ fn identity_of(network: u32, family: u8, addr: &[u8; 16]) -> u32 {
     }
 }
 
-/// The policy allowing `t` from or to `peer`: a rule for that identity,
-/// else one for any peer (each with its protocol and port wildcards, by
-/// longest prefix).
+/// The policy allowing the flow `k` from or to `peer`: a rule for that
+/// identity, else one for any peer (each with its protocol and port
+/// wildcards, by longest prefix).
 #[inline(always)]
-fn allowed_by(port_id: u32, dir: u8, peer: u32, t: &Tuple) -> Option<u32> {
+fn allowed_by(port_id: u32, dir: u8, peer: u32, k: &PolicyFlowKey) -> Option<u32> {
     for id in [peer, identity::ANY] {
-        let key = PolicyRuleKey::new(port_id, dir, id, t.proto, t.dport);
+        let key = PolicyRuleKey::new(port_id, dir, id, k.proto, k.dport);
         if let Some(p) = POLICY_RULES.get(&Key::new(POLICY_LEN_FULL, key)) {
             return Some(*p);
         }
@@ -301,26 +398,26 @@ fn count(port_id: u32, dir: u8, allowed: bool) {
     }
 }
 
-/// The packet's tuple, or `None` for what policy never looks at: no IP,
-/// neighbour discovery and MLD, DHCP.
+/// Reads the packet's tuple, as the endpoint sees it, into `k`.
 #[inline(always)]
-fn tuple(ctx: &TcContext) -> Result<Option<Tuple>, u32> {
+fn parse(ctx: &TcContext, k: &mut PolicyFlowKey) -> Result<Seen, u32> {
     let eth = hdr::<EthHdr>(ctx, 0)?;
+    k.sport = 0;
+    k.dport = 0;
     match u16::from_be(eth.ether_type) {
-        ETH_P_IP => ipv4(ctx),
-        ETH_P_IPV6 => ipv6(ctx),
-        _ => Ok(None),
+        ETH_P_IP => ipv4(ctx, k),
+        ETH_P_IPV6 => ipv6(ctx, k),
+        _ => Ok(Seen::Exempt),
     }
 }
 
 #[inline(always)]
-fn v4_addr(a: [u8; 4]) -> [u8; 16] {
-    let mut out = [0u8; 16];
+fn set_v4(out: &mut [u8; 16], a: [u8; 4]) {
+    *out = [0; 16];
     out[0] = a[0];
     out[1] = a[1];
     out[2] = a[2];
     out[3] = a[3];
-    out
 }
 
 #[inline(always)]
@@ -341,135 +438,119 @@ fn is_dhcp(sport: u16, dport: u16) -> bool {
 }
 
 #[inline(always)]
-fn ipv4(ctx: &TcContext) -> Result<Option<Tuple>, u32> {
+fn ipv4(ctx: &TcContext, k: &mut PolicyFlowKey) -> Result<Seen, u32> {
     let ip = hdr::<Ipv4Hdr>(ctx, ETH_LEN)?;
     let (proto, src, dst, vihl, frags) = (ip.proto, ip.src_addr, ip.dst_addr, ip.vihl, ip.frags);
     let l4 = ETH_LEN + usize::from(vihl & 0x0f) * 4;
-    let mut t = Tuple {
-        family: addr_family::IPV4,
-        proto,
-        sport: 0,
-        dport: 0,
-        src: v4_addr(src),
-        dst: v4_addr(dst),
-        opens: true,
-    };
+    k.family = addr_family::IPV4;
+    k.proto = proto;
+    set_v4(&mut k.src, src);
+    set_v4(&mut k.dst, dst);
     // A later fragment carries no transport header: only rules for any
     // port of its protocol can allow it.
     if u16::from_be_bytes(frags) & 0x1fff != 0 {
-        return Ok(Some(t));
+        return Ok(Seen::Opens);
     }
     match proto {
         IPPROTO_TCP | IPPROTO_UDP | IPPROTO_SCTP => {
             let (s, d) = ports_at(ctx, l4)?;
             if proto == IPPROTO_UDP && is_dhcp(s, d) {
-                return Ok(None);
+                return Ok(Seen::Exempt);
             }
-            t.sport = s;
-            t.dport = d;
+            k.sport = s;
+            k.dport = d;
         }
         IPPROTO_ICMP => {
             let h = hdr::<[u8; 8]>(ctx, l4)?;
             match h[0] {
                 ICMP_ECHO | ICMP_ECHO_REPLY => {
                     let id = u16::from_be_bytes([h[4], h[5]]);
-                    t.sport = id;
-                    t.dport = id;
+                    k.sport = id;
+                    k.dport = id;
                 }
                 ICMP_DEST_UNREACH | ICMP_TIME_EXCEEDED | ICMP_PARAMETER_PROBLEM => {
                     let inner = hdr::<Ipv4Hdr>(ctx, l4 + 8)?;
                     let (iproto, isrc, idst, ivihl) =
                         (inner.proto, inner.src_addr, inner.dst_addr, inner.vihl);
                     let il4 = l4 + 8 + usize::from(ivihl & 0x0f) * 4;
-                    let (is, id) = inner_ports4(ctx, il4, iproto)?;
+                    let (is, id) = inner_ports(ctx, il4, iproto, IPPROTO_ICMP)?;
                     // A reply to the quoted packet: its ends swapped.
-                    t.proto = iproto;
-                    t.src = v4_addr(idst);
-                    t.dst = v4_addr(isrc);
-                    t.sport = id;
-                    t.dport = is;
-                    t.opens = false;
+                    k.proto = iproto;
+                    set_v4(&mut k.src, idst);
+                    set_v4(&mut k.dst, isrc);
+                    k.sport = id;
+                    k.dport = is;
+                    return Ok(Seen::Related);
                 }
                 _ => {}
             }
         }
         _ => {}
     }
-    Ok(Some(t))
+    Ok(Seen::Opens)
 }
 
+/// The quoted packet's ports (an echo's identifier both ways).
 #[inline(always)]
-fn inner_ports4(ctx: &TcContext, off: usize, proto: u8) -> Result<(u16, u16), u32> {
-    match proto {
-        IPPROTO_TCP | IPPROTO_UDP | IPPROTO_SCTP => ports_at(ctx, off),
-        IPPROTO_ICMP => {
-            let h = hdr::<[u8; 8]>(ctx, off)?;
-            let id = u16::from_be_bytes([h[4], h[5]]);
-            Ok((id, id))
-        }
-        _ => Ok((0, 0)),
+fn inner_ports(ctx: &TcContext, off: usize, proto: u8, icmp: u8) -> Result<(u16, u16), u32> {
+    if proto == IPPROTO_TCP || proto == IPPROTO_UDP || proto == IPPROTO_SCTP {
+        return ports_at(ctx, off);
     }
+    if proto == icmp {
+        let h = hdr::<[u8; 8]>(ctx, off)?;
+        let id = u16::from_be_bytes([h[4], h[5]]);
+        return Ok((id, id));
+    }
+    Ok((0, 0))
 }
 
 #[inline(always)]
-fn ipv6(ctx: &TcContext) -> Result<Option<Tuple>, u32> {
+fn ipv6(ctx: &TcContext, k: &mut PolicyFlowKey) -> Result<Seen, u32> {
     let ip = hdr::<Ipv6Hdr>(ctx, ETH_LEN)?;
-    let (next, src, dst) = (ip.next_hdr, ip.src_addr, ip.dst_addr);
-    let (proto, l4) = spoof::upper_layer6(ctx, next)?;
-    let mut t = Tuple {
-        family: addr_family::IPV6,
-        proto,
-        sport: 0,
-        dport: 0,
-        src,
-        dst,
-        opens: true,
-    };
+    // Extension headers are not walked: a packet with one is seen as of
+    // that protocol, without ports, which only a rule for any protocol
+    // allows.
+    let proto = ip.next_hdr;
+    k.src = ip.src_addr;
+    k.dst = ip.dst_addr;
+    k.family = addr_family::IPV6;
+    k.proto = proto;
+    let l4 = ETH_LEN + Ipv6Hdr::LEN;
     match proto {
         IPPROTO_TCP | IPPROTO_UDP | IPPROTO_SCTP => {
             let (s, d) = ports_at(ctx, l4)?;
             if proto == IPPROTO_UDP && is_dhcp(s, d) {
-                return Ok(None);
+                return Ok(Seen::Exempt);
             }
-            t.sport = s;
-            t.dport = d;
+            k.sport = s;
+            k.dport = d;
         }
         IPPROTO_ICMPV6 => {
             let h = hdr::<[u8; 8]>(ctx, l4)?;
             match h[0] {
                 ICMPV6_ECHO_REQUEST | ICMPV6_ECHO_REPLY => {
                     let id = u16::from_be_bytes([h[4], h[5]]);
-                    t.sport = id;
-                    t.dport = id;
+                    k.sport = id;
+                    k.dport = id;
                 }
                 1..=ICMPV6_ERROR_MAX => {
                     let inner = hdr::<Ipv6Hdr>(ctx, l4 + 8)?;
                     let (inext, isrc, idst) = (inner.next_hdr, inner.src_addr, inner.dst_addr);
-                    let (is, id) = match inext {
-                        IPPROTO_TCP | IPPROTO_UDP | IPPROTO_SCTP => {
-                            ports_at(ctx, l4 + 8 + Ipv6Hdr::LEN)?
-                        }
-                        IPPROTO_ICMPV6 => {
-                            let h = hdr::<[u8; 8]>(ctx, l4 + 8 + Ipv6Hdr::LEN)?;
-                            let id = u16::from_be_bytes([h[4], h[5]]);
-                            (id, id)
-                        }
-                        _ => (0, 0),
-                    };
-                    t.proto = inext;
-                    t.src = idst;
-                    t.dst = isrc;
-                    t.sport = id;
-                    t.dport = is;
-                    t.opens = false;
+                    let (is, id) = inner_ports(ctx, l4 + 8 + Ipv6Hdr::LEN, inext, IPPROTO_ICMPV6)?;
+                    k.proto = inext;
+                    k.src = idst;
+                    k.dst = isrc;
+                    k.sport = id;
+                    k.dport = is;
+                    return Ok(Seen::Related);
                 }
                 // Neighbour discovery, MLD and router messages: the
                 // gateway's business, never policy's.
-                130..=137 | 143 => return Ok(None),
+                130..=137 | 143 => return Ok(Seen::Exempt),
                 _ => {}
             }
         }
         _ => {}
     }
-    Ok(Some(t))
+    Ok(Seen::Opens)
 }

@@ -45,8 +45,42 @@ pub struct Compiled {
     pub policies: Vec<String>,
     /// Local endpoint -> the policies selecting it.
     pub selected_by: BTreeMap<AttachmentKey, Vec<u32>>,
+    /// Per network with a port isolated for ingress, its flood list less
+    /// those ports (`vmp_pol_flood`; filled by `plan`, which knows the
+    /// flood lists).
+    pub flood: BTreeMap<u32, vmpath_common::FloodList>,
     /// Limits hit (what was left out denies, never allows).
     pub problems: Vec<String>,
+}
+
+impl Compiled {
+    /// The flood lists IP floods use: `flood` less the ports isolated for
+    /// ingress, for the networks that have such ports.
+    pub fn guard_floods(&mut self, flood: &BTreeMap<u32, vmpath_common::FloodList>) {
+        let isolated = |id: u32| {
+            self.endpoints
+                .get(&id)
+                .is_some_and(|e| e.flags & POL_F_INGRESS != 0)
+        };
+        let mut out = BTreeMap::new();
+        for (net, list) in flood {
+            let n = list.count as usize;
+            if !list.port_id[..n].iter().any(|id| isolated(*id)) {
+                continue;
+            }
+            let mut guarded = vmpath_common::FloodList::default();
+            for i in 0..n {
+                if !isolated(list.port_id[i]) {
+                    let j = guarded.count as usize;
+                    guarded.ifindex[j] = list.ifindex[i];
+                    guarded.port_id[j] = list.port_id[i];
+                    guarded.count += 1;
+                }
+            }
+            out.insert(*net, guarded);
+        }
+        self.flood = out;
+    }
 }
 
 /// What an identity stands for: an endpoint's (namespace, labels), or

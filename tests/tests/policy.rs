@@ -1,0 +1,509 @@
+//! NetworkPolicy reachability matrices, in the style of Kubernetes'
+//! netpol e2e: namespaces x, y, z with endpoints a, b, c in each, TCP and
+//! UDP on ports 80 and 81. For each policy case every endpoint tries every
+//! other on every port with a real connection, and the whole matrix is
+//! compared with the one the case expects. One bed for all cases; the
+//! probes of a case run at once.
+
+use std::{
+    collections::BTreeMap,
+    process::{Child, Stdio},
+    time::{Duration, Instant},
+};
+
+use vmpath_tests::{Node, SCAPY_PYTHON, Vm, vmpath::common::drop_reason, wait_for};
+
+const NAMESPACES: [&str; 3] = ["x", "y", "z"];
+const PODS: [&str; 3] = ["a", "b", "c"];
+const PROBES: [(&str, u16); 4] = [("tcp", 80), ("tcp", 81), ("udp", 80), ("udp", 81)];
+
+/// Echo servers on TCP and UDP 80, 81 and 53, one thread each.
+const SERVER: &str = r#"
+import socket, threading
+def serve(c):
+    try:
+        while True:
+            d = c.recv(100)
+            if not d: break
+            c.sendall(d)
+    except OSError: pass
+    c.close()
+def tcp(p):
+    s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    s.bind(("0.0.0.0", p)); s.listen(256)
+    while True:
+        c, _ = s.accept(); threading.Thread(target=serve, args=(c,), daemon=True).start()
+def udp(p):
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); s.bind(("0.0.0.0", p))
+    while True:
+        d, a = s.recvfrom(100); s.sendto(d, a)
+for p in (80, 81, 53):
+    threading.Thread(target=tcp, args=(p,), daemon=True).start()
+    threading.Thread(target=udp, args=(p,), daemon=True).start()
+print("ready", flush=True)
+threading.Event().wait()
+"#;
+
+/// Tries every probe of argv (ip,proto,port ...) at once; prints one
+/// line per probe: ok or no.
+const CLIENT: &str = r#"
+import socket, sys, threading
+probes = [a.split(",") for a in sys.argv[1:]]
+out = [None] * len(probes)
+def probe(i, ip, proto, port):
+    ok = False
+    try:
+        if proto == "tcp":
+            s = socket.create_connection((ip, int(port)), timeout=1.5)
+            s.settimeout(1.5); s.sendall(b"x"); ok = s.recv(10) == b"x"; s.close()
+        else:
+            s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); s.settimeout(0.7)
+            for _ in range(2):
+                s.sendto(b"x", (ip, int(port)))
+                try:
+                    ok = s.recvfrom(10)[0] == b"x"; break
+                except socket.timeout: pass
+            s.close()
+    except OSError: pass
+    out[i] = ok
+ts = [threading.Thread(target=probe, args=(i, *p)) for i, p in enumerate(probes)]
+for t in ts: t.start()
+for t in ts: t.join()
+for o in out: print("ok" if o else "no")
+"#;
+
+/// Holds a TCP connection to argv[1]:argv[2] open; on each line of stdin
+/// sends a byte and prints whether it came back.
+const HOLDER: &str = r#"
+import socket, sys
+s = socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=2)
+print("open", flush=True)
+for line in sys.stdin:
+    try:
+        s.sendall(b"y"); ok = s.recv(10) == b"y"
+    except OSError: ok = False
+    print("ok" if ok else "no", flush=True)
+"#;
+
+struct Endpoint {
+    ns: &'static str,
+    pod: &'static str,
+    vm: Vm,
+    ip: String,
+}
+
+impl Endpoint {
+    fn name(&self) -> String {
+        format!("{}/{}", self.ns, self.pod)
+    }
+}
+
+struct Bed {
+    node: Node,
+    endpoints: Vec<Endpoint>,
+    servers: Vec<Child>,
+}
+
+impl Drop for Bed {
+    fn drop(&mut self) {
+        for s in &mut self.servers {
+            let _ = s.kill();
+            let _ = s.wait();
+        }
+    }
+}
+
+fn ip_of(n: usize, p: usize) -> String {
+    format!("10.51.{n}.{}", p + 10)
+}
+
+fn base_config(endpoints: &[Endpoint]) -> String {
+    let mut docs = vec![
+        "apiVersion: vmpath.dev/v1alpha1\nkind: Network\nmetadata: {name: pol}\nspec: {id: 510, subnets: [10.51.0.0/16], defaultGatewayIPs: [10.51.255.1], ipam: {mode: Disabled}}\n".to_string(),
+    ];
+    for ns in NAMESPACES {
+        docs.push(format!(
+            "apiVersion: v1\nkind: Namespace\nmetadata: {{name: {ns}, labels: {{ns: {ns}}}}}\n"
+        ));
+    }
+    for e in endpoints {
+        docs.push(format!(
+            "apiVersion: vmpath.dev/v1alpha1\nkind: Attachment\nmetadata: {{name: {pod}, namespace: {ns}, labels: {{pod: {pod}}}}}\nspec:\n  vm: {pod}\n  interface: eth0\n  network: pol\n  node: a\n  port: {port}\n  mac: \"{mac}\"\n  ips: [\"{ip}/16\"]\n  ports: [{{name: serve-81-udp, port: 81, protocol: UDP}}]\n",
+            pod = e.pod,
+            ns = e.ns,
+            port = e.vm.port,
+            mac = e.vm.mac,
+            ip = e.ip,
+        ));
+    }
+    docs.join("---\n")
+}
+
+fn bed() -> Bed {
+    let mut node = Node::new("a");
+    let mut endpoints = Vec::new();
+    for (n, ns) in NAMESPACES.iter().enumerate() {
+        for (p, pod) in PODS.iter().enumerate() {
+            let ip = ip_of(n, p);
+            let vm = node.add_vm(
+                &format!("{ns}{pod}"),
+                &format!("52:54:00:51:{n:02x}:{p:02x}"),
+                &[&format!("{ip}/16")],
+                None,
+            );
+            endpoints.push(Endpoint { ns, pod, vm, ip });
+        }
+    }
+    node.write_config("base.yaml", &base_config(&endpoints));
+    node.start_agent();
+    let ports: Vec<&str> = endpoints.iter().map(|e| e.vm.port.as_str()).collect();
+    node.wait_ports(&ports);
+    let mut servers = Vec::new();
+    for e in &endpoints {
+        let mut child = e.vm.ns.spawn(&[SCAPY_PYTHON, "-u", "-c", SERVER]);
+        let mut line = String::new();
+        use std::io::BufRead as _;
+        std::io::BufReader::new(child.stdout.as_mut().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        assert_eq!(line.trim(), "ready", "server in {}", e.name());
+        servers.push(child);
+    }
+    Bed {
+        node,
+        endpoints,
+        servers,
+    }
+}
+
+/// (from, to, "tcp/80") -> reached.
+type Matrix = BTreeMap<(String, String, String), bool>;
+
+impl Bed {
+    /// Every endpoint to every other on every probe, measured.
+    fn measure(&self) -> Matrix {
+        let runs: Vec<(&Endpoint, Vec<(String, String, String)>, Child)> = self
+            .endpoints
+            .iter()
+            .map(|from| {
+                let mut keys = Vec::new();
+                let mut args = vec![SCAPY_PYTHON.to_string(), "-c".into(), CLIENT.into()];
+                for to in self.endpoints.iter().filter(|t| t.name() != from.name()) {
+                    for (proto, port) in PROBES {
+                        keys.push((from.name(), to.name(), format!("{proto}/{port}")));
+                        args.push(format!("{},{proto},{port}", to.ip));
+                    }
+                }
+                let argv: Vec<&str> = args.iter().map(String::as_str).collect();
+                let child = from.vm.ns.spawn(&argv);
+                (from, keys, child)
+            })
+            .collect();
+        let mut m = Matrix::new();
+        for (from, keys, child) in runs {
+            let out = child.wait_with_output().unwrap();
+            let text = String::from_utf8_lossy(&out.stdout);
+            let lines: Vec<&str> = text.lines().collect();
+            assert_eq!(
+                lines.len(),
+                keys.len(),
+                "probes from {}: {text}",
+                from.name()
+            );
+            for (k, l) in keys.into_iter().zip(lines) {
+                m.insert(k, l == "ok");
+            }
+        }
+        m
+    }
+
+    /// The matrix `allowed` (from, to, proto, port) says.
+    fn expected(&self, allowed: impl Fn(&str, &str, &str, u16) -> bool) -> Matrix {
+        let mut m = Matrix::new();
+        for from in &self.endpoints {
+            for to in self.endpoints.iter().filter(|t| t.name() != from.name()) {
+                for (proto, port) in PROBES {
+                    m.insert(
+                        (from.name(), to.name(), format!("{proto}/{port}")),
+                        allowed(&from.name(), &to.name(), proto, port),
+                    );
+                }
+            }
+        }
+        m
+    }
+
+    /// Applies `policies` (replacing the previous case's) and waits until
+    /// the agent programmed exactly the NetworkPolicies named `names`.
+    fn policies(&self, policies: &[String], names: &[&str]) {
+        if policies.is_empty() {
+            self.node.remove_config("policies.yaml");
+        } else {
+            self.node
+                .write_config("policies.yaml", &policies.join("---\n"));
+        }
+        let want: Vec<String> = names.iter().map(|s| s.to_string()).collect();
+        wait_for(
+            "the policies to be programmed",
+            Duration::from_secs(10),
+            || {
+                self.node.status().is_some_and(|s| {
+                    let have: Vec<String> = s["policies"]
+                        .as_array()
+                        .map(|a| {
+                            a.iter()
+                                .filter_map(|v| v.as_str().map(String::from))
+                                .collect()
+                        })
+                        .unwrap_or_default();
+                    have == want && s["config_errors"].as_array().is_some_and(|e| e.is_empty())
+                })
+            },
+        );
+    }
+
+    /// Measures and compares with `allowed`, listing every difference.
+    fn check(&self, case: &str, allowed: impl Fn(&str, &str, &str, u16) -> bool) {
+        let want = self.expected(allowed);
+        let have = self.measure();
+        let wrong: Vec<String> = want
+            .iter()
+            .filter(|(k, v)| have.get(*k) != Some(v))
+            .map(|((f, t, p), v)| {
+                format!(
+                    "{f} -> {t} {p}: expected {}",
+                    if *v { "reach" } else { "blocked" }
+                )
+            })
+            .collect();
+        assert!(
+            wrong.is_empty(),
+            "case {case}: {} of {} probes differ:\n{}",
+            wrong.len(),
+            want.len(),
+            wrong.join("\n")
+        );
+    }
+
+    fn endpoint(&self, name: &str) -> &Endpoint {
+        self.endpoints.iter().find(|e| e.name() == name).unwrap()
+    }
+}
+
+fn policy(ns: &str, name: &str, spec: &str) -> String {
+    format!(
+        "apiVersion: networking.k8s.io/v1\nkind: NetworkPolicy\nmetadata: {{name: {name}, namespace: {ns}}}\nspec: {spec}\n"
+    )
+}
+
+fn in_ns(endpoint: &str, ns: &str) -> bool {
+    endpoint.starts_with(&format!("{ns}/"))
+}
+
+#[test]
+fn reachability_matrices_follow_network_policy() {
+    let bed = bed();
+    let started = Instant::now();
+
+    bed.check("no policy", |_, _, _, _| true);
+
+    bed.policies(
+        &[policy(
+            "x",
+            "deny-in",
+            "{podSelector: {}, policyTypes: [Ingress]}",
+        )],
+        &["x/deny-in"],
+    );
+    bed.check("default deny ingress", |_, to, _, _| !in_ns(to, "x"));
+    assert!(
+        bed.node.drops(drop_reason::POLICY_DENIED_INGRESS) > 0,
+        "denied probes are counted as policy_denied_ingress"
+    );
+
+    bed.policies(
+        &[policy(
+            "x",
+            "deny-out",
+            "{podSelector: {}, policyTypes: [Egress]}",
+        )],
+        &["x/deny-out"],
+    );
+    bed.check("default deny egress", |from, _, _, _| !in_ns(from, "x"));
+    assert!(bed.node.drops(drop_reason::POLICY_DENIED_EGRESS) > 0);
+
+    bed.policies(
+        &[policy(
+            "x",
+            "a-from-b",
+            "{podSelector: {matchLabels: {pod: a}}, ingress: [{from: [{podSelector: {matchLabels: {pod: b}}}]}]}",
+        )],
+        &["x/a-from-b"],
+    );
+    bed.check("allow from one podSelector", |from, to, _, _| {
+        to != "x/a" || from == "x/b"
+    });
+
+    bed.policies(
+        &[policy(
+            "x",
+            "a-from-y-b",
+            "{podSelector: {matchLabels: {pod: a}}, ingress: [{from: [{namespaceSelector: {matchLabels: {ns: y}}, podSelector: {matchLabels: {pod: b}}}]}]}",
+        )],
+        &["x/a-from-y-b"],
+    );
+    bed.check("namespaceSelector AND podSelector", |from, to, _, _| {
+        to != "x/a" || from == "y/b"
+    });
+
+    // y's addresses are 10.51.1.0/24; y/b (10.51.1.11) is excepted.
+    bed.policies(
+        &[policy(
+            "x",
+            "a-from-cidr",
+            "{podSelector: {matchLabels: {pod: a}}, ingress: [{from: [{ipBlock: {cidr: 10.51.1.0/24, except: [10.51.1.11/32]}}]}]}",
+        )],
+        &["x/a-from-cidr"],
+    );
+    bed.check("ipBlock with except", |from, to, _, _| {
+        to != "x/a" || from == "y/a" || from == "y/c"
+    });
+
+    bed.policies(
+        &[policy(
+            "x",
+            "a-tcp-range",
+            "{podSelector: {matchLabels: {pod: a}}, ingress: [{ports: [{protocol: TCP, port: 81, endPort: 90}]}]}",
+        )],
+        &["x/a-tcp-range"],
+    );
+    bed.check("endPort range", |_, to, proto, port| {
+        to != "x/a" || (proto == "tcp" && (81..=90).contains(&port))
+    });
+
+    bed.policies(
+        &[policy(
+            "x",
+            "a-named",
+            "{podSelector: {matchLabels: {pod: a}}, ingress: [{ports: [{protocol: UDP, port: serve-81-udp}]}]}",
+        )],
+        &["x/a-named"],
+    );
+    bed.check("named port", |_, to, proto, port| {
+        to != "x/a" || (proto == "udp" && port == 81)
+    });
+
+    bed.policies(
+        &[
+            policy(
+                "x",
+                "one",
+                "{podSelector: {matchLabels: {pod: a}}, ingress: [{from: [{podSelector: {matchLabels: {pod: b}}}], ports: [{port: 80}]}]}",
+            ),
+            policy(
+                "x",
+                "two",
+                "{podSelector: {}, ingress: [{from: [{namespaceSelector: {matchLabels: {ns: z}}}], ports: [{protocol: UDP, port: 81}]}]}",
+            ),
+        ],
+        &["x/one", "x/two"],
+    );
+    bed.check("two policies unioned", |from, to, proto, port| {
+        if !in_ns(to, "x") {
+            return true;
+        }
+        let two = in_ns(from, "z") && proto == "udp" && port == 81;
+        let one = to == "x/a" && from == "x/b" && proto == "tcp" && port == 80;
+        one || two
+    });
+
+    bed.policies(
+        &[policy(
+            "x",
+            "dns-only",
+            "{podSelector: {}, policyTypes: [Egress], egress: [{ports: [{protocol: UDP, port: 53}, {protocol: TCP, port: 53}]}]}",
+        )],
+        &["x/dns-only"],
+    );
+    bed.check("egress to DNS only", |from, _, _, _| !in_ns(from, "x"));
+    // ... and DNS itself goes through, to any peer.
+    let xa = bed.endpoint("x/a");
+    let dns = xa.vm.ns.run(&[
+        SCAPY_PYTHON,
+        "-c",
+        CLIENT,
+        &format!("{},udp,53", bed.endpoint("z/c").ip),
+        &format!("{},tcp,53", bed.endpoint("y/b").ip),
+    ]);
+    assert_eq!(
+        dns.lines().collect::<Vec<_>>(),
+        ["ok", "ok"],
+        "DNS from x/a"
+    );
+
+    eprintln!("policy cases measured in {:?}", started.elapsed());
+}
+
+#[test]
+fn a_policy_added_under_an_established_allowed_flow_keeps_it() {
+    use std::io::{BufRead as _, BufReader, Write as _};
+
+    let bed = bed();
+    let (client, server) = (bed.endpoint("y/b"), bed.endpoint("x/a"));
+    let mut holder =
+        client
+            .vm
+            .ns
+            .command_piped(&[SCAPY_PYTHON, "-u", "-c", HOLDER, &server.ip, "80"]);
+    let mut stdin = holder.stdin.take().unwrap();
+    let mut lines = BufReader::new(holder.stdout.take().unwrap()).lines();
+    assert_eq!(lines.next().unwrap().unwrap(), "open");
+    let mut round = |stdin: &mut std::process::ChildStdin| {
+        writeln!(stdin).unwrap();
+        lines.next().unwrap().unwrap()
+    };
+    assert_eq!(round(&mut stdin), "ok", "before any policy");
+
+    bed.policies(
+        &[policy(
+            "x",
+            "a-from-y-b",
+            "{podSelector: {matchLabels: {pod: a}}, ingress: [{from: [{namespaceSelector: {matchLabels: {ns: y}}, podSelector: {matchLabels: {pod: b}}}], ports: [{port: 80}]}]}",
+        )],
+        &["x/a-from-y-b"],
+    );
+    assert_eq!(
+        round(&mut stdin),
+        "ok",
+        "the established flow, still allowed"
+    );
+    bed.check(
+        "policy added under an established flow",
+        |from, to, proto, port| to != "x/a" || (from == "y/b" && proto == "tcp" && port == 80),
+    );
+    assert_eq!(
+        round(&mut stdin),
+        "ok",
+        "the established flow after the matrix"
+    );
+    drop(stdin);
+    let _ = holder.kill();
+    let _ = holder.wait();
+}
+
+trait Piped {
+    fn command_piped(&self, args: &[&str]) -> Child;
+}
+
+impl Piped for vmpath_tests::Netns {
+    fn command_piped(&self, args: &[&str]) -> Child {
+        std::process::Command::new("nsenter")
+            .arg(format!("--net={}", self.path()))
+            .args(args)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap()
+    }
+}
