@@ -313,6 +313,29 @@ impl Maps {
     }
 }
 
+impl Maps {
+    /// The NetworkPolicy counters of the port at `ifindex`, summed over
+    /// CPUs (None: no such port is programmed).
+    pub fn policy_stats(&self, ifindex: u32) -> Result<Option<vmpath_common::PolicyStats>> {
+        let port = match self.ports.get(&ifindex, 0) {
+            Ok(p) => p,
+            Err(aya::maps::MapError::KeyNotFound) => return Ok(None),
+            Err(e) => return Err(e.into()),
+        };
+        Ok(Some(policy::policy_stats(
+            &self.policy_stats,
+            port.port_id,
+        )?))
+    }
+
+    /// New flows each policy allowed (by policy index), summed over CPUs.
+    pub fn policy_hits(&self, policies: usize) -> Result<Vec<u64>> {
+        (0..policies.min(vmpath_common::MAX_POLICIES as usize) as u32)
+            .map(|i| Ok(self.policy_hits.get(&i, 0)?.iter().sum()))
+            .collect()
+    }
+}
+
 /// Per-CPU counters summed.
 pub fn sum_per_cpu(values: &PerCpuValues<PortStats>) -> PortStats {
     values.iter().fold(PortStats::default(), |mut acc, s| {

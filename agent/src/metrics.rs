@@ -185,8 +185,29 @@ const OVERLAY_LEARNED_MACS: Family = family(
     &[],
 );
 
+const PORT_POLICY: Family = family(
+    "vmpath_port_policy_total",
+    "NetworkPolicy verdicts of an endpoint: new flows allowed, packets denied, by direction.",
+    COUNTER,
+    &[
+        "network",
+        "namespace",
+        "vm",
+        "interface",
+        "port",
+        "direction",
+        "verdict",
+    ],
+);
+const POLICY_ALLOWED: Family = family(
+    "vmpath_policy_allowed_flows_total",
+    "New flows each NetworkPolicy (namespace/name) allowed on this node.",
+    COUNTER,
+    &["policy"],
+);
+
 /// Every family the collector produces, the reconcile histogram aside.
-const FAMILIES: [&Family; 22] = [
+const FAMILIES: [&Family; 24] = [
     &READY,
     &DATAPLANE_UP,
     &NETWORKS,
@@ -209,6 +230,8 @@ const FAMILIES: [&Family; 22] = [
     &OVERLAY_BYTES,
     &OVERLAY_DROPS,
     &OVERLAY_LEARNED_MACS,
+    &PORT_POLICY,
+    &POLICY_ALLOWED,
 ];
 
 /// The samples of one family, built during a scrape.
@@ -445,6 +468,38 @@ pub fn families(snap: &Snapshot) -> Vec<MetricFamily> {
         }
         out.push(rate_limited);
 
+        let mut policy = Samples::of(&PORT_POLICY);
+        for (a, ifindex) in view.local_ports() {
+            let Some(p) = dp.policy.get(&ifindex) else {
+                continue;
+            };
+            for (direction, verdict, n) in [
+                ("ingress", "allowed", p.allowed_ingress),
+                ("egress", "allowed", p.allowed_egress),
+                ("ingress", "denied", p.denied_ingress),
+                ("egress", "denied", p.denied_egress),
+            ] {
+                policy.add(
+                    &[
+                        a.network.as_str(),
+                        a.namespace.as_str(),
+                        a.vm.as_str(),
+                        a.interface.as_str(),
+                        a.port.as_str(),
+                        direction,
+                        verdict,
+                    ],
+                    n as f64,
+                );
+            }
+        }
+        out.push(policy);
+        let mut allowed = Samples::of(&POLICY_ALLOWED);
+        for (name, n) in view.policies.iter().zip(&dp.policy_hits) {
+            allowed.add(&[name], *n as f64);
+        }
+        out.push(allowed);
+
         // The overlay: frames to and from other nodes, and its drops.
         if let Some((o, learned)) = &dp.overlay {
             let mut packets = Samples::of(&OVERLAY_PACKETS);
@@ -551,6 +606,8 @@ mod tests {
                 ports: BTreeMap::from([(11, port(5)), (14, port(9))]),
                 rate_limited: BTreeMap::from([(11, [2, 0, 0]), (14, [4, 0, 0])]),
                 overlay: None,
+                policy: BTreeMap::new(),
+                policy_hits: Vec::new(),
             }),
             slow: SlowStats::default(),
         };

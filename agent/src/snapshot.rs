@@ -30,6 +30,10 @@ pub struct DataplaneCounters {
     /// The overlay's counters and the number of remote MACs it learned;
     /// `None` when the overlay's maps cannot be read.
     pub overlay: Option<(PortStats, usize)>,
+    /// NetworkPolicy counters of the ports shown programmed here, by ifindex.
+    pub policy: BTreeMap<u32, vmpath_common::PolicyStats>,
+    /// New flows each policy allowed, by the view's policy index.
+    pub policy_hits: Vec<u64>,
 }
 
 /// Everything one request reads.
@@ -131,6 +135,7 @@ fn counters(maps: &Maps, view: &View) -> DataplaneCounters {
     });
     let mut ports = BTreeMap::new();
     let mut rate_limited = BTreeMap::new();
+    let mut policy = BTreeMap::new();
     for (a, ifindex) in view.local_ports() {
         match maps.slow_rate_limited(ifindex) {
             Ok(Some(by_class)) => {
@@ -138,6 +143,13 @@ fn counters(maps: &Maps, view: &View) -> DataplaneCounters {
             }
             Ok(None) => {}
             Err(e) => warn!(port = %a.port, "reading slow-path meters: {e:#}"),
+        }
+        match maps.policy_stats(ifindex) {
+            Ok(Some(s)) => {
+                policy.insert(ifindex, s);
+            }
+            Ok(None) => {}
+            Err(e) => warn!(port = %a.port, "reading policy counters: {e:#}"),
         }
         match maps.port_stats(ifindex) {
             Ok(Some(s)) => {
@@ -151,10 +163,16 @@ fn counters(maps: &Maps, view: &View) -> DataplaneCounters {
         .overlay_stats()
         .ok()
         .map(|o| (o, maps.remote_learned.keys().filter(|k| k.is_ok()).count()));
+    let policy_hits = maps.policy_hits(view.policies.len()).unwrap_or_else(|e| {
+        warn!("reading policy counters: {e:#}");
+        Vec::new()
+    });
     DataplaneCounters {
         drops,
         ports,
         rate_limited,
         overlay,
+        policy,
+        policy_hits,
     }
 }

@@ -30,11 +30,12 @@ pub fn drop(ctx: &TcContext, ifindex: u32, port_id: u32, reason: u32) {
     entry.submit(0);
 }
 
-/// Reports a policy verdict on a new flow, whose key `k` policy read:
+/// Reports a policy verdict on a new flow of the endpoint on the port
+/// `ifindex`, whose key `k` policy read:
 /// `reason` 0 allowed by `policy`, else the drop reason. Written straight
 /// into the ring (the policy check has little stack to spare).
 #[inline(always)]
-pub fn policy(ctx: &TcContext, k: &PolicyFlowKey, reason: u32, policy: u32) {
+pub fn policy(ctx: &TcContext, ifindex: u32, k: &PolicyFlowKey, reason: u32, policy: u32) {
     let Some(mut entry) = reserve() else {
         return;
     };
@@ -53,7 +54,7 @@ pub fn policy(ctx: &TcContext, k: &PolicyFlowKey, reason: u32, policy: u32) {
         (*ev).proto = k.proto;
         (*ev).direction = k.direction;
         (*ev).reason = reason;
-        (*ev).ifindex = (*ctx.skb.skb).ifindex;
+        (*ev).ifindex = ifindex;
         (*ev).port_id = k.port_id;
         (*ev).src = k.src;
         (*ev).dst = k.dst;

@@ -167,7 +167,7 @@ pub fn vm_policy_out(ctx: TcContext) -> i32 {
         return TC_ACT_SHOT;
     };
     let port_id = port.port_id;
-    if let Err(reason) = check(&ctx, port_id, port.network, policy_dir::EGRESS) {
+    if let Err(reason) = check(&ctx, port_id, ifindex, port.network, policy_dir::EGRESS) {
         counters::dropped(&ctx, ifindex, port_id, reason);
         return TC_ACT_SHOT;
     }
@@ -204,7 +204,7 @@ pub fn vm_policy_in(ctx: TcContext) -> i32 {
         counters::dropped(&ctx, ifindex, NO_PORT_ID, drop_reason::UNKNOWN_PORT);
         return TC_ACT_SHOT;
     };
-    let verdict = check(&ctx, port_id, port.network, policy_dir::INGRESS)
+    let verdict = check(&ctx, port_id, target, port.network, policy_dir::INGRESS)
         .and_then(|()| fwd::deliver_checked(&ctx, target, port_id));
     match verdict {
         Ok(action) => action,
@@ -240,7 +240,7 @@ pub static POLICY_FLOOD: HashMap<u32, FloodList, { maps::POLICY_FLOOD.max_entrie
     HashMap::new();
 
 #[inline(always)]
-fn check(ctx: &TcContext, port_id: u32, network: u32, dir: u8) -> Result<(), u32> {
+fn check(ctx: &TcContext, port_id: u32, ifindex: u32, network: u32, dir: u8) -> Result<(), u32> {
     let Some(ep) = POLICY_ENDPOINTS.get(port_id) else {
         return Ok(());
     };
@@ -303,7 +303,7 @@ fn check(ctx: &TcContext, port_id: u32, network: u32, dir: u8) -> Result<(), u32
         }
     }
     count(port_id, dir, reason == 0);
-    crate::monitor::policy(ctx, k, reason, policy);
+    crate::monitor::policy(ctx, ifindex, k, reason, policy);
     if reason == 0 { Ok(()) } else { Err(reason) }
 }
 

@@ -491,6 +491,43 @@ fn a_policy_added_under_an_established_allowed_flow_keeps_it() {
     let _ = holder.wait();
 }
 
+/// `vmpath monitor --type policy -o json`, its lines on a channel, once
+/// the agent counts it as a listener.
+fn policy_monitor(node: &Node) -> (Child, std::sync::mpsc::Receiver<String>) {
+    use std::io::BufRead as _;
+    let mut child = std::process::Command::new(vmpath_tests::vmpath_bin())
+        .args(["monitor", "--type", "policy", "-o", "json", "--api-socket"])
+        .arg(node.api_socket())
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("starting vmpath monitor");
+    let stdout = child.stdout.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(stdout)
+            .lines()
+            .map_while(Result::ok)
+        {
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    let cfg = vmpath_tests::vmpath::dataplane::maps_dir(&node.bpffs)
+        .join(vmpath_tests::vmpath::common::map_names::MONITOR_CFG);
+    wait_for("the monitor to listen", Duration::from_secs(5), || {
+        let map: aya::maps::Array<aya::maps::MapData, vmpath_tests::vmpath::common::MonitorConfig> =
+            aya::maps::Map::from_map_data(aya::maps::MapData::from_pin(&cfg).unwrap())
+                .unwrap()
+                .try_into()
+                .unwrap();
+        map.get(&0, 0).unwrap().listeners == 1
+    });
+    (child, rx)
+}
+
 trait Piped {
     fn command_piped(&self, args: &[&str]) -> Child;
 }

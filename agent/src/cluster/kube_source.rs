@@ -44,6 +44,14 @@ const KINDS: &[(&str, &str, &str, &str, bool)] = &[
     ("vmpath.dev", "v1alpha1", "Network", "networks", false),
     ("", "v1", "Node", "nodes", false),
     ("", "v1", "Pod", "pods", true),
+    ("", "v1", "Namespace", "namespaces", false),
+    (
+        "networking.k8s.io",
+        "v1",
+        "NetworkPolicy",
+        "networkpolicies",
+        false,
+    ),
     (
         "k8s.cni.cncf.io",
         "v1",

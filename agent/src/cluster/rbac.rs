@@ -29,6 +29,9 @@ pub const AGENT: &[Rule] = &[
         "virtualmachineinstancemigrations",
         &["list", "watch"],
     ),
+    // NetworkPolicy: the policies and the namespace labels they select by.
+    ("networking.k8s.io", "networkpolicies", &["list", "watch"]),
+    ("", "namespaces", &["list", "watch"]),
 ];
 
 /// `vmpath controller`, cluster-wide: it reads the Networks, NADs and
