@@ -176,13 +176,16 @@ fn bed() -> Bed {
     }
 }
 
+/// The probes one endpoint runs: their keys and the client process.
+type Run<'a> = (&'a Endpoint, Vec<(String, String, String)>, Child);
+
 /// (from, to, "tcp/80") -> reached.
 type Matrix = BTreeMap<(String, String, String), bool>;
 
 impl Bed {
     /// Every endpoint to every other on every probe, measured.
     fn measure(&self) -> Matrix {
-        let runs: Vec<(&Endpoint, Vec<(String, String, String)>, Child)> = self
+        let runs: Vec<Run> = self
             .endpoints
             .iter()
             .map(|from| {
@@ -486,6 +489,55 @@ fn a_policy_added_under_an_established_allowed_flow_keeps_it() {
         "ok",
         "the established flow after the matrix"
     );
+
+    // `vmpath monitor --type policy` names the verdicts on new flows.
+    let (mut monitor, events) = policy_monitor(&bed.node);
+    let probe = |from: &str, to: &str| {
+        bed.endpoint(from).vm.ns.run(&[
+            SCAPY_PYTHON,
+            "-c",
+            CLIENT,
+            &format!("{},tcp,80", bed.endpoint(to).ip),
+        ])
+    };
+    assert_eq!(probe("y/c", "x/a").trim(), "no");
+    assert_eq!(probe("y/b", "x/a").trim(), "ok");
+    // The denied SYN is retried (one event each); then the allowed flow.
+    let (yc, yb) = (
+        bed.endpoint("y/c").ip.clone(),
+        bed.endpoint("y/b").ip.clone(),
+    );
+    let mut seen = Vec::new();
+    while !seen
+        .iter()
+        .any(|e: &serde_json::Value| e["src"] == yb.as_str())
+    {
+        let line = events
+            .recv_timeout(Duration::from_secs(5))
+            .unwrap_or_else(|_| panic!("policy events {seen:?}; log:\n{}", bed.node.agent_log()));
+        let e: serde_json::Value = serde_json::from_str(&line).expect("a JSON event");
+        if e["endpoint"] == "x/a/eth0" && e["dport"] == 80 {
+            seen.push(e);
+        }
+    }
+    let denied = &seen[0];
+    assert_eq!(denied["type"], "policy", "{denied}");
+    assert_eq!(denied["reason"], "policy_denied_ingress", "{denied}");
+    assert_eq!(denied["direction"], "ingress", "{denied}");
+    assert_eq!(denied["src"], yc.as_str(), "{denied}");
+    assert_eq!(denied["proto"], "tcp", "{denied}");
+    assert!(
+        seen[..seen.len() - 1]
+            .iter()
+            .all(|e| e["src"] == yc.as_str() && e["reason"] == "policy_denied_ingress"),
+        "{seen:?}"
+    );
+    let allowed = seen.last().unwrap();
+    assert_eq!(allowed["reason"], "allowed", "{allowed}");
+    assert_eq!(allowed["policy"], "x/a-from-y-b", "{allowed}");
+    assert_eq!(allowed["src"], yb.as_str(), "{allowed}");
+    let _ = monitor.kill();
+    let _ = monitor.wait();
     drop(stdin);
     let _ = holder.kill();
     let _ = holder.wait();

@@ -339,22 +339,20 @@ fn port_prefixes_cover_a_range_exactly() {
 
 #[test]
 fn bad_policies_are_refused_naming_the_field() {
-    let (cfg, _) = (|| {
-        let docs = [
-            policy("x", "p1", "{podSelector: {}, ingress: [{ports: [{port: 90, endPort: 80}]}]}"),
-            policy("x", "p2", "{podSelector: {}, ingress: [{from: [{ipBlock: {cidr: 10.0.0.0/8, except: [11.0.0.0/16]}}]}]}"),
-            policy("x", "p3", "{podSelector: {}, ingress: [{from: [{ipBlock: {cidr: 10.0.0.0/8}, podSelector: {}}]}]}"),
-            policy("x", "p4", "{podSelector: {}, ingress: [{ports: [{protocol: ICMP}]}]}"),
-            "---\napiVersion: networking.k8s.io/v1\nkind: NetworkPolicy\nmetadata: {name: p5}\nspec: {podSelector: {}}\n".to_string(),
-        ]
-        .concat();
-        let dir = std::env::temp_dir().join(format!("vmpath-policy-bad-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        std::fs::write(dir.join("c.yaml"), &docs).unwrap();
-        let snap = config::source::read_dir(&dir);
-        let _ = std::fs::remove_dir_all(&dir);
-        (config::validate(&snap, "n1", &Default::default()), ())
-    })();
+    let docs = [
+        policy("x", "p1", "{podSelector: {}, ingress: [{ports: [{port: 90, endPort: 80}]}]}"),
+        policy("x", "p2", "{podSelector: {}, ingress: [{from: [{ipBlock: {cidr: 10.0.0.0/8, except: [11.0.0.0/16]}}]}]}"),
+        policy("x", "p3", "{podSelector: {}, ingress: [{from: [{ipBlock: {cidr: 10.0.0.0/8}, podSelector: {}}]}]}"),
+        policy("x", "p4", "{podSelector: {}, ingress: [{ports: [{protocol: ICMP}]}]}"),
+        "---\napiVersion: networking.k8s.io/v1\nkind: NetworkPolicy\nmetadata: {name: p5}\nspec: {podSelector: {}}\n".to_string(),
+    ]
+    .concat();
+    let dir = std::env::temp_dir().join(format!("vmpath-policy-bad-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("c.yaml"), &docs).unwrap();
+    let snap = config::source::read_dir(&dir);
+    let _ = std::fs::remove_dir_all(&dir);
+    let cfg = config::validate(&snap, "n1", &Default::default());
     let fields: Vec<(&str, &str)> = cfg
         .errors
         .iter()
