@@ -1,0 +1,423 @@
+//! Fixture tables for the NetworkPolicy programs through BPF_PROG_TEST_RUN:
+//! `vm_policy_in` (ingress policy before delivery) and `vm_policy_out`
+//! (egress policy on the sender's port), with identities, rules and
+//! flows written into the maps by hand, as the agent would. Every verdict
+//! path: allowed by identity and port, by port range, by any-protocol
+//! rule, by any-peer rule; denied; a reply of an allowed flow; an ICMP
+//! error for an allowed flow and for none; ARP; and random frames from
+//! outside that must never pass a deny.
+//!
+//! Needs root. Run with:
+//!   cargo test -p vmpath-tests --test policy_fixtures -- --test-threads=1
+
+use std::{
+    path::PathBuf,
+    process::Command,
+    sync::atomic::{AtomicU32, Ordering},
+};
+
+use aya::{
+    maps::lpm_trie::Key,
+    programs::{TestRun, TestRunOptions},
+};
+use etherparse::PacketBuilder;
+use vmpath::dataplane::{self, Dataplane};
+use vmpath_common::{
+    IdentityPrefix, POL_F_EGRESS, POL_F_INGRESS, POLICY_CB_DELIVER, POLICY_LEN_FULL,
+    POLICY_LEN_IDENTITY, POLICY_LEN_PROTO, PolicyEndpoint, PolicyRuleKey, PortInfo, PortStats,
+    default_gateway_mac, drop_reason, identity, policy_dir, prog_names,
+};
+
+const TC_ACT_SHOT: u32 = 2;
+const TC_ACT_REDIRECT: u32 = 7;
+const SKB_CTX_LEN: usize = 192;
+const SKB_INGRESS_IFINDEX: usize = 36;
+const SKB_IFINDEX: usize = 40;
+const SKB_CB: usize = 48;
+
+const NET: u32 = 700;
+const PORT_ID: u32 = 1;
+const GW_MAC: [u8; 6] = default_gateway_mac(NET);
+const A_MAC: [u8; 6] = [0x52, 0x54, 0, 0, 0x0d, 1];
+const PEER_MAC: [u8; 6] = [0x52, 0x54, 0, 0, 0x0d, 2];
+const A: [u8; 4] = [10, 40, 0, 1];
+/// Identity 301: allowed TCP 80 in, UDP 81 out.
+const B: [u8; 4] = [10, 40, 0, 2];
+/// Identity 302: allowed TCP 8000-8015 in.
+const C: [u8; 4] = [10, 40, 0, 3];
+/// Inside the ipBlock 10.40.1.0/24 (identity 303): anything in.
+const CIDR_HOST: [u8; 4] = [10, 40, 1, 77];
+const WORLD: [u8; 4] = [192, 0, 2, 9];
+
+const ID_B: u32 = 301;
+const ID_C: u32 = 302;
+const ID_CIDR: u32 = 303;
+
+fn in_netns<T: Send>(f: impl FnOnce() -> T + Send) -> T {
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            // SAFETY: unshare on this new thread only; no pointers involved.
+            let rc = unsafe { libc::unshare(libc::CLONE_NEWNET) };
+            assert_eq!(rc, 0, "unshare(CLONE_NEWNET) (tests must run as root)");
+            f()
+        })
+        .join()
+        .unwrap_or_else(|e| std::panic::resume_unwind(e))
+    })
+}
+
+fn sh(args: &[&str]) {
+    let out = Command::new(args[0]).args(&args[1..]).output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}: {}",
+        args.join(" "),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+struct Root(PathBuf);
+impl Drop for Root {
+    fn drop(&mut self) {
+        let _ = dataplane::cleanup(&self.0);
+        let _ = std::fs::remove_dir(&self.0);
+    }
+}
+
+struct Fx {
+    dp: Dataplane,
+    port: u32,
+    peer_port: u32,
+    _root: Root,
+}
+
+fn rule(dir: u8, id: u32, proto: u8, port: u16, len: u32) -> Key<PolicyRuleKey> {
+    Key::new(len, PolicyRuleKey::new(PORT_ID, dir, id, proto, port))
+}
+
+impl Fx {
+    fn new() -> Fx {
+        sh(&[
+            "ip", "link", "add", "pf-a", "type", "veth", "peer", "name", "pf-va",
+        ]);
+        sh(&[
+            "ip", "link", "add", "pf-b", "type", "veth", "peer", "name", "pf-vb",
+        ]);
+        for i in ["pf-a", "pf-va", "pf-b", "pf-vb", "lo"] {
+            sh(&["ip", "link", "set", i, "up"]);
+        }
+        static N: AtomicU32 = AtomicU32::new(0);
+        let root = Root(PathBuf::from(format!(
+            "/sys/fs/bpf/vmpath-polfx-{}-{}",
+            std::process::id(),
+            N.fetch_add(1, Ordering::Relaxed)
+        )));
+        let mut dp = Dataplane::open(&root.0).expect("loading the data path");
+        let port = vmpath::netif::ifindex_of("pf-a").unwrap();
+        let peer_port = vmpath::netif::ifindex_of("pf-b").unwrap();
+        let maps = dp.maps_mut();
+        maps.ports
+            .insert(
+                port,
+                PortInfo {
+                    port_id: PORT_ID,
+                    network: NET,
+                    mac: A_MAC,
+                    flags: 0,
+                    gw_mac: GW_MAC,
+                    _pad: 0,
+                    ip4: A,
+                    ip6: [0; 16],
+                },
+                0,
+            )
+            .unwrap();
+        let nr = aya::util::nr_cpus().unwrap();
+        maps.port_stats
+            .set(
+                PORT_ID,
+                aya::maps::PerCpuValues::try_from(vec![PortStats::default(); nr]).unwrap(),
+                0,
+            )
+            .unwrap();
+        maps.policy_endpoints
+            .set(
+                PORT_ID,
+                PolicyEndpoint {
+                    flags: POL_F_INGRESS | POL_F_EGRESS,
+                    identity: 300,
+                },
+                0,
+            )
+            .unwrap();
+        for (addr, len, id) in [(B, 32, ID_B), (C, 32, ID_C), ([10, 40, 1, 0], 24, ID_CIDR)] {
+            maps.policy_ipcache
+                .insert(
+                    &Key::new(IdentityPrefix::v4_len(len), IdentityPrefix::v4(NET, addr)),
+                    id,
+                    0,
+                )
+                .unwrap();
+        }
+        let (i, e) = (policy_dir::INGRESS, policy_dir::EGRESS);
+        for (key, policy) in [
+            (rule(i, ID_B, 6, 80, POLICY_LEN_FULL), 0),
+            // 8000-8015: one prefix of 12 bits.
+            (rule(i, ID_C, 6, 8000, POLICY_LEN_PROTO + 12), 1),
+            (rule(i, ID_CIDR, 0, 0, POLICY_LEN_IDENTITY), 2),
+            (rule(i, identity::ANY, 17, 53, POLICY_LEN_FULL), 3),
+            (rule(e, ID_B, 17, 81, POLICY_LEN_FULL), 4),
+        ] {
+            maps.policy_rules.insert(&key, policy, 0).unwrap();
+        }
+        Fx {
+            dp,
+            port,
+            peer_port,
+            _root: root,
+        }
+    }
+
+    fn run(&self, prog: &str, ctx: &[u8; SKB_CTX_LEN], frame: &[u8]) -> u32 {
+        let mut out = vec![0u8; 8192];
+        self.dp
+            .classifier(prog)
+            .unwrap()
+            .test_run(TestRunOptions {
+                data_in: Some(frame),
+                data_out: Some(&mut out),
+                ctx_in: Some(ctx),
+                ..Default::default()
+            })
+            .expect("test_run")
+            .return_value
+    }
+
+    /// `vm_policy_in` delivering `frame` (arriving on the peer's port) to A.
+    fn deliver(&self, frame: &[u8]) -> u32 {
+        let mut ctx = skb_ctx(self.peer_port);
+        for (i, v) in [POLICY_CB_DELIVER, PORT_ID, self.port].iter().enumerate() {
+            ctx[SKB_CB + 4 * i..SKB_CB + 4 * i + 4].copy_from_slice(&v.to_ne_bytes());
+        }
+        self.run(prog_names::VM_POLICY_IN, &ctx, frame)
+    }
+
+    /// `vm_policy_out` on A's port: SHOT when denied; when allowed the
+    /// frame goes back to `vm_port` (and on, here to no destination: the
+    /// drop counters tell the verdicts apart).
+    fn send(&self, frame: &[u8]) -> u32 {
+        self.run(prog_names::VM_POLICY_OUT, &skb_ctx(self.port), frame)
+    }
+
+    fn drops(&self, reason: u32) -> u64 {
+        self.dp.maps().drop_counts().unwrap()[reason as usize]
+    }
+}
+
+fn skb_ctx(ifindex: u32) -> [u8; SKB_CTX_LEN] {
+    let mut ctx = [0u8; SKB_CTX_LEN];
+    ctx[SKB_INGRESS_IFINDEX..SKB_INGRESS_IFINDEX + 4].copy_from_slice(&ifindex.to_ne_bytes());
+    ctx[SKB_IFINDEX..SKB_IFINDEX + 4].copy_from_slice(&ifindex.to_ne_bytes());
+    ctx
+}
+
+fn tcp(src: [u8; 4], dst: [u8; 4], sp: u16, dp: u16) -> Vec<u8> {
+    let mut v = Vec::new();
+    PacketBuilder::ethernet2(PEER_MAC, A_MAC)
+        .ipv4(src, dst, 64)
+        .tcp(sp, dp, 1000, 64240)
+        .syn()
+        .write(&mut v, b"")
+        .unwrap();
+    v
+}
+
+fn udp(src: [u8; 4], dst: [u8; 4], sp: u16, dp: u16) -> Vec<u8> {
+    let mut v = Vec::new();
+    PacketBuilder::ethernet2(PEER_MAC, A_MAC)
+        .ipv4(src, dst, 64)
+        .udp(sp, dp)
+        .write(&mut v, b"vmpath policy fixture")
+        .unwrap();
+    v
+}
+
+fn echo(src: [u8; 4], dst: [u8; 4], id: u16) -> Vec<u8> {
+    let mut v = Vec::new();
+    PacketBuilder::ethernet2(PEER_MAC, A_MAC)
+        .ipv4(src, dst, 64)
+        .icmpv4_echo_request(id, 1)
+        .write(&mut v, b"ping")
+        .unwrap();
+    v
+}
+
+/// An ICMP destination-unreachable from `from` to A quoting `sent` (a
+/// frame A sent).
+fn unreachable(from: [u8; 4], sent: &[u8]) -> Vec<u8> {
+    let mut v = Vec::new();
+    PacketBuilder::ethernet2(PEER_MAC, A_MAC)
+        .ipv4(from, A, 64)
+        .icmpv4_raw(3, 3, [0; 4])
+        .write(&mut v, &sent[14..14 + 28])
+        .unwrap();
+    v
+}
+
+fn arp_request() -> Vec<u8> {
+    let mut v = Vec::new();
+    v.extend_from_slice(&[0xff; 6]);
+    v.extend_from_slice(&PEER_MAC);
+    v.extend_from_slice(&[0x08, 0x06, 0, 1, 0x08, 0, 6, 4, 0, 1]);
+    v.extend_from_slice(&PEER_MAC);
+    v.extend_from_slice(&B);
+    v.extend_from_slice(&[0; 6]);
+    v.extend_from_slice(&A);
+    v
+}
+
+#[test]
+fn ingress_verdicts() {
+    in_netns(|| {
+        let fx = Fx::new();
+        let table: Vec<(&str, Vec<u8>, u32)> = vec![
+            (
+                "B to TCP 80: rule for B's identity",
+                tcp(B, A, 40000, 80),
+                TC_ACT_REDIRECT,
+            ),
+            ("B to TCP 81: no rule", tcp(B, A, 40000, 81), TC_ACT_SHOT),
+            ("B UDP 80: TCP only", udp(B, A, 40000, 80), TC_ACT_SHOT),
+            ("C to TCP 8000", tcp(C, A, 40000, 8000), TC_ACT_REDIRECT),
+            ("C to TCP 8015", tcp(C, A, 40000, 8015), TC_ACT_REDIRECT),
+            (
+                "C to TCP 8016: past the range",
+                tcp(C, A, 40000, 8016),
+                TC_ACT_SHOT,
+            ),
+            (
+                "C to TCP 7999: before the range",
+                tcp(C, A, 40000, 7999),
+                TC_ACT_SHOT,
+            ),
+            ("C to TCP 80: B's rule", tcp(C, A, 40000, 80), TC_ACT_SHOT),
+            (
+                "ipBlock host, any TCP",
+                tcp(CIDR_HOST, A, 1234, 9999),
+                TC_ACT_REDIRECT,
+            ),
+            ("ipBlock host, ping", echo(CIDR_HOST, A, 7), TC_ACT_REDIRECT),
+            (
+                "world to UDP 53: any peer",
+                udp(WORLD, A, 5353, 53),
+                TC_ACT_REDIRECT,
+            ),
+            (
+                "world to TCP 53: UDP only",
+                tcp(WORLD, A, 5353, 53),
+                TC_ACT_SHOT,
+            ),
+            ("world ping", echo(WORLD, A, 9), TC_ACT_SHOT),
+            ("ARP: never policy's", arp_request(), TC_ACT_REDIRECT),
+            (
+                "DHCP offer: never policy's",
+                udp(WORLD, A, 67, 68),
+                TC_ACT_REDIRECT,
+            ),
+        ];
+        let mut wrong = Vec::new();
+        let mut denied = 0;
+        for (name, frame, want) in &table {
+            let got = fx.deliver(frame);
+            if got != *want {
+                wrong.push(format!("{name}: got {got}, want {want}"));
+            }
+            denied += u64::from(*want == TC_ACT_SHOT);
+        }
+        assert!(wrong.is_empty(), "{}", wrong.join("\n"));
+        assert_eq!(fx.drops(drop_reason::POLICY_DENIED_INGRESS), denied);
+    });
+}
+
+#[test]
+fn replies_and_icmp_errors_of_allowed_flows_pass_others_do_not() {
+    in_netns(|| {
+        let fx = Fx::new();
+        // A -> B UDP 81: egress rule. A -> C UDP 81: denied.
+        let out = udp(A, B, 5000, 81);
+        fx.send(&out);
+        assert_eq!(fx.drops(drop_reason::POLICY_DENIED_EGRESS), 0, "allowed");
+        fx.send(&udp(A, C, 5000, 81));
+        assert_eq!(fx.drops(drop_reason::POLICY_DENIED_EGRESS), 1, "denied");
+        // B's reply: no ingress rule allows UDP from B, the flow does.
+        assert_eq!(fx.deliver(&udp(B, A, 81, 5000)), TC_ACT_REDIRECT);
+        // Not the flow: another port of B.
+        assert_eq!(fx.deliver(&udp(B, A, 82, 5000)), TC_ACT_SHOT);
+        // The same tuple from another sender is no reply.
+        assert_eq!(fx.deliver(&udp(C, A, 81, 5000)), TC_ACT_SHOT);
+        // An ICMP error about the allowed flow, from a router: passes.
+        assert_eq!(fx.deliver(&unreachable(WORLD, &out)), TC_ACT_REDIRECT);
+        // About a flow that never was: denied.
+        let never = udp(A, C, 5001, 81);
+        assert_eq!(fx.deliver(&unreachable(WORLD, &never)), TC_ACT_SHOT);
+        // Later packets of the flow A opened pass on the flow, both ways.
+        fx.send(&out);
+        assert_eq!(fx.drops(drop_reason::POLICY_DENIED_EGRESS), 1);
+        assert_eq!(fx.deliver(&udp(B, A, 81, 5000)), TC_ACT_REDIRECT);
+        // A flow allowed in (B -> A TCP 80): A's replies go out although
+        // no egress rule allows TCP to B.
+        assert_eq!(fx.deliver(&tcp(B, A, 41000, 80)), TC_ACT_REDIRECT);
+        fx.send(&tcp(A, B, 80, 41000));
+        assert_eq!(fx.drops(drop_reason::POLICY_DENIED_EGRESS), 1, "reply out");
+        fx.send(&tcp(A, B, 80, 41001));
+        assert_eq!(
+            fx.drops(drop_reason::POLICY_DENIED_EGRESS),
+            2,
+            "not a reply"
+        );
+    });
+}
+
+#[test]
+fn random_frames_from_outside_never_pass_a_deny() {
+    in_netns(|| {
+        let fx = Fx::new();
+        // A fixed linear congruential sequence: the same frames each run.
+        let mut x: u64 = 0x5eed_1234_abcd_0001;
+        let mut next = || {
+            x = x
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            (x >> 33) as u32
+        };
+        let mut passed = Vec::new();
+        for _ in 0..300 {
+            let src = [192, 0, 2, (next() % 250) as u8 + 1];
+            let (sp, dp) = ((next() % 65535) as u16 + 1, (next() % 65535) as u16 + 1);
+            let (frame, allowed) = match next() % 4 {
+                0 => (tcp(src, A, sp, dp), false),
+                // UDP 53 from anyone is allowed; DHCP is never policy's.
+                1 => (udp(src, A, sp, dp), dp == 53 || (sp, dp) == (67, 68)),
+                2 => (echo(src, A, sp), false),
+                _ => {
+                    // Another IP protocol, a raw payload.
+                    let mut v = Vec::new();
+                    PacketBuilder::ethernet2(PEER_MAC, A_MAC)
+                        .ipv4(src, A, 64)
+                        .write(
+                            &mut v,
+                            etherparse::IpNumber((next() % 200) as u8 + 50),
+                            &dp.to_be_bytes(),
+                        )
+                        .unwrap();
+                    (v, false)
+                }
+            };
+            let got = fx.deliver(&frame);
+            if got != TC_ACT_SHOT && !allowed {
+                passed.push(format!("{frame:02x?}"));
+            }
+        }
+        assert!(passed.is_empty(), "passed a deny:\n{}", passed.join("\n"));
+    });
+}
