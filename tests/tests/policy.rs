@@ -596,3 +596,119 @@ impl Piped for vmpath_tests::Netns {
             .unwrap()
     }
 }
+
+/// Across the overlay: x/a on node a, y/b and y/c on node b. Ingress
+/// policy is enforced where the destination is delivered (node a), egress
+/// policy on the sender's port (node b); replies cross back.
+#[test]
+fn policies_apply_across_the_overlay() {
+    let underlay = vmpath_tests::Underlay::new();
+    let mut a = Node::new("a");
+    let mut b = Node::new("b");
+    underlay.plug(&a.ns, "ul0", "192.0.2.1/24", 1600);
+    underlay.plug(&b.ns, "ul0", "192.0.2.2/24", 1600);
+    let place = [("x", "a", 0, 0), ("y", "b", 1, 1), ("y", "c", 1, 2)];
+    let mut endpoints = Vec::new();
+    for (ns, pod, n, p) in place {
+        let node = if ns == "x" { &a } else { &b };
+        let ip = ip_of(n, p);
+        let vm = node.add_vm(
+            &format!("{ns}{pod}"),
+            &format!("52:54:00:52:{n:02x}:{p:02x}"),
+            &[&format!("{ip}/16")],
+            None,
+        );
+        let ns = NAMESPACES.iter().find(|x| **x == ns).unwrap();
+        let pod = PODS.iter().find(|x| **x == pod).unwrap();
+        endpoints.push(Endpoint { ns, pod, vm, ip });
+    }
+    let mut config = base_config(&endpoints);
+    // Each endpoint on its own node.
+    for e in &endpoints {
+        if e.ns != "x" {
+            config = config.replace(
+                &format!("  node: a\n  port: {}", e.vm.port),
+                &format!("  node: b\n  port: {}", e.vm.port),
+            );
+        }
+    }
+    config.push_str("---\n");
+    config.push_str(&vmpath_tests::yaml_overlay::node("a", "192.0.2.1"));
+    config.push_str("---\n");
+    config.push_str(&vmpath_tests::yaml_overlay::node("b", "192.0.2.2"));
+    for node in [&a, &b] {
+        node.write_config("base.yaml", &config);
+    }
+    a.start_agent();
+    b.start_agent();
+    a.wait_ports(&[&endpoints[0].vm.port]);
+    b.wait_ports(&[&endpoints[1].vm.port, &endpoints[2].vm.port]);
+    let mut servers = Vec::new();
+    for e in &endpoints {
+        let mut child = e.vm.ns.spawn(&[SCAPY_PYTHON, "-u", "-c", SERVER]);
+        let mut line = String::new();
+        use std::io::BufRead as _;
+        std::io::BufReader::new(child.stdout.as_mut().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        assert_eq!(line.trim(), "ready");
+        servers.push(child);
+    }
+    let probe = |from: usize, to: usize, proto: &str, port: u16| {
+        endpoints[from].vm.ns.run(&[
+            SCAPY_PYTHON,
+            "-c",
+            CLIENT,
+            &format!("{},{proto},{port}", endpoints[to].ip),
+        ]) == "ok\n"
+    };
+    let (xa, yb, yc) = (0, 1, 2);
+    assert!(probe(yc, xa, "tcp", 80), "no policy yet");
+
+    let policies = [
+        policy(
+            "x",
+            "a-from-y-b",
+            "{podSelector: {matchLabels: {pod: a}}, ingress: [{from: [{namespaceSelector: {matchLabels: {ns: y}}, podSelector: {matchLabels: {pod: b}}}], ports: [{port: 80}]}]}",
+        ),
+        policy(
+            "y",
+            "c-out-udp",
+            "{podSelector: {matchLabels: {pod: c}}, policyTypes: [Egress], egress: [{ports: [{protocol: UDP, port: 81}]}]}",
+        ),
+    ]
+    .join("---\n");
+    for node in [&a, &b] {
+        node.write_config("policies.yaml", &policies);
+    }
+    for node in [&a, &b] {
+        wait_for("the policies", Duration::from_secs(10), || {
+            node.status()
+                .is_some_and(|s| s["policies"].as_array().is_some_and(|p| p.len() == 2))
+        });
+    }
+    assert!(probe(yb, xa, "tcp", 80), "allowed across the overlay");
+    assert!(!probe(yb, xa, "tcp", 81), "another port");
+    assert!(!probe(yc, xa, "tcp", 80), "y/c denied: egress on node b");
+    assert!(
+        b.drops(drop_reason::POLICY_DENIED_EGRESS) > 0,
+        "denied on the sender's node"
+    );
+    assert!(
+        !probe(yc, xa, "udp", 81),
+        "y/c may send UDP 81, x/a denies it"
+    );
+    assert!(
+        a.drops(drop_reason::POLICY_DENIED_INGRESS) > 0,
+        "denied on the receiver's node"
+    );
+    assert!(
+        probe(xa, yc, "tcp", 80),
+        "x/a's egress is not isolated: replies cross back"
+    );
+    assert!(probe(xa, yb, "udp", 80));
+    for mut s in servers {
+        let _ = s.kill();
+        let _ = s.wait();
+    }
+}
