@@ -635,6 +635,49 @@ mod tests {
     }
 
     #[test]
+    fn policy_counters_per_endpoint_and_per_policy() {
+        let mut view = sample::view();
+        view.policies = vec!["prod/web".into(), "prod/db".into()];
+        let snap = Snapshot {
+            view,
+            dataplane: Ok(DataplaneCounters {
+                drops: Ok(vec![0; drop_reason::COUNT as usize]),
+                ports: BTreeMap::new(),
+                rate_limited: BTreeMap::new(),
+                overlay: None,
+                policy: BTreeMap::from([(
+                    11,
+                    vmpath_common::PolicyStats {
+                        allowed_ingress: 4,
+                        allowed_egress: 1,
+                        denied_ingress: 9,
+                        denied_egress: 0,
+                    },
+                )]),
+                policy_hits: vec![3, 2],
+            }),
+            slow: SlowStats::default(),
+        };
+        let t = text(&snap);
+        let port = "interface=\"eth0\",namespace=\"prod\",network=\"blue\",port=\"p-vm1\"";
+        for line in [
+            format!(
+                "vmpath_port_policy_total{{direction=\"ingress\",{port},verdict=\"allowed\",vm=\"vm1\"}} 4"
+            ),
+            format!(
+                "vmpath_port_policy_total{{direction=\"ingress\",{port},verdict=\"denied\",vm=\"vm1\"}} 9"
+            ),
+            format!(
+                "vmpath_port_policy_total{{direction=\"egress\",{port},verdict=\"allowed\",vm=\"vm1\"}} 1"
+            ),
+            "vmpath_policy_allowed_flows_total{policy=\"prod/web\"} 3".to_string(),
+            "vmpath_policy_allowed_flows_total{policy=\"prod/db\"} 2".to_string(),
+        ] {
+            assert!(t.lines().any(|l| l == line), "no line {line:?} in\n{t}");
+        }
+    }
+
+    #[test]
     fn without_the_pinned_maps_only_the_view_is_shown() {
         let snap = Snapshot {
             view: sample::view(),
