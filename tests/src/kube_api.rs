@@ -36,7 +36,11 @@ pub fn collection(api_version: &str, kind: &str) -> String {
     let plural = match kind {
         "NetworkAttachmentDefinition" => "network-attachment-definitions".to_string(),
         "IPAMClaim" => "ipamclaims".to_string(),
-        k => format!("{}s", k.to_lowercase()),
+        k => match k.to_lowercase() {
+            // NetworkPolicy -> networkpolicies, as the API server names it.
+            lower if lower.ends_with('y') => format!("{}ies", &lower[..lower.len() - 1]),
+            lower => format!("{lower}s"),
+        },
     };
     if api_version.contains('/') {
         format!("/apis/{api_version}/{plural}")
