@@ -244,7 +244,7 @@ pub fn add_documents(state_dir: &Path, node: &str, snap: &mut Snapshot) {
         snap.documents.push(RawDocument {
             file: e.source(),
             index: 1,
-            value: e.document(node),
+            value: e.document(node).into(),
         });
     }
     snap.fingerprint =
@@ -524,14 +524,14 @@ mod tests {
                     "kind": "Network",
                     "metadata": {"name": "blue"},
                     "spec": {"id": 7, "subnets": ["10.9.0.0/24"], "defaultGatewayIPs": ["10.9.0.1"]},
-                }),
+                }).into(),
             }],
             ..Default::default()
         };
         snap.documents.push(RawDocument {
             file: request().source(),
             index: 1,
-            value: request().document("n1"),
+            value: request().document("n1").into(),
         });
         let cfg = crate::config::validate(&snap, "n1", &BTreeSet::new());
         assert!(cfg.errors.is_empty(), "{:?}", cfg.errors);

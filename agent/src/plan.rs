@@ -373,7 +373,7 @@ mod tests {
                 file: "c.yaml".into(),
                 index: 1,
                 value: serde_json::json!({"apiVersion": "vmpath.dev/v1alpha1", "kind": "Network",
-                    "metadata": {"name": "blue"}, "spec": {"id": 100, "subnets": ["10.20.0.0/16"], "ipam": {"mode": "Disabled"}}}),
+                    "metadata": {"name": "blue"}, "spec": {"id": 100, "subnets": ["10.20.0.0/16"], "ipam": {"mode": "Disabled"}}}).into(),
             });
             for i in n {
                 snap.documents.push(config::source::RawDocument {
@@ -382,7 +382,7 @@ mod tests {
                     value: serde_json::json!({"apiVersion": "vmpath.dev/v1alpha1", "kind": "Attachment",
                         "metadata": {"name": format!("vm{i:02}"), "namespace": "prod"},
                         "spec": {"vm": format!("vm{i:02}"), "interface": "eth0", "network": "blue", "node": "a",
-                            "port": format!("p-vm{i:02}"), "mac": format!("52:54:00:00:01:{i:02x}")}}),
+                            "port": format!("p-vm{i:02}"), "mac": format!("52:54:00:00:01:{i:02x}")}}).into(),
                 });
             }
             Resolved::new(config::validate(&snap, "a", &Default::default()))

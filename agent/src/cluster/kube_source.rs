@@ -278,7 +278,7 @@ impl KubeSource {
                 snap.documents.push(RawDocument {
                     file: PathBuf::from(format!("kubernetes:{}", kind.resource.plural)),
                     index: i + 1,
-                    value,
+                    value: value.into(),
                 });
             }
         }

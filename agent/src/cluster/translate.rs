@@ -104,7 +104,7 @@ fn flatten(documents: &[RawDocument]) -> Vec<RawDocument> {
                 out.extend(items.iter().map(|item| RawDocument {
                     file: raw.file.clone(),
                     index: raw.index,
-                    value: item.clone(),
+                    value: item.clone().into(),
                 }))
             }
             _ => out.push(raw.clone()),
@@ -167,7 +167,7 @@ pub fn translate(documents: &[RawDocument], node: &str) -> Translated {
             errors.push(error(&raw.file, document, "metadata.name", "missing"));
             return;
         }
-        match serde_path_to_error::deserialize::<_, T>(raw.value.clone()) {
+        match serde_path_to_error::deserialize::<_, T>(&*raw.value) {
             Ok(value) => out.push(Object {
                 file: raw.file.clone(),
                 index: raw.index,
@@ -244,12 +244,12 @@ pub fn translate(documents: &[RawDocument], node: &str) -> Translated {
         t.documents.push(RawDocument {
             file: n.file.clone(),
             index: n.index,
-            value: json!({
+            value: std::sync::Arc::new(json!({
                 "apiVersion": API_VERSION,
                 "kind": "Node",
                 "metadata": {"name": n.value.metadata.name},
                 "spec": {"address": ip},
-            }),
+            })),
         });
     }
 
@@ -867,7 +867,7 @@ impl Translator<'_> {
         self.out.documents.push(RawDocument {
             file: d.file,
             index: 1,
-            value: json!({
+            value: std::sync::Arc::new(json!({
                 "apiVersion": API_VERSION,
                 "kind": "Attachment",
                 "metadata": {
@@ -876,7 +876,7 @@ impl Translator<'_> {
                     "annotations": {DERIVED_FROM_ANNOTATION: d.from},
                 },
                 "spec": spec,
-            }),
+            })),
         });
     }
 }
@@ -901,7 +901,7 @@ mod tests {
             .map(|(i, value)| RawDocument {
                 file: file.into(),
                 index: i + 1,
-                value,
+                value: value.into(),
             })
             .collect()
     }
@@ -917,7 +917,7 @@ mod tests {
                 "kind": "Attachment",
                 "metadata": {"name": format!("{pod}-{ifname}"), "namespace": "prod"},
                 "spec": {"vm": pod, "interface": ifname, "network": "blue", "node": "node-a", "port": port},
-            }),
+            }).into(),
         }
     }
 
@@ -1352,7 +1352,8 @@ items:
 ";
         let cni = cni_port("web-0", "net1", "vmp77");
         let mut cni_with_mac = cni.clone();
-        cni_with_mac.value["spec"]["mac"] = "02:00:00:00:77:01".into();
+        std::sync::Arc::make_mut(&mut cni_with_mac.value)["spec"]["mac"] =
+            "02:00:00:00:77:01".into();
         let cfg = validate(
             &[("network.yaml", NETWORK), ("pods.yaml", list)],
             vec![cni_with_mac],

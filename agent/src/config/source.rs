@@ -53,7 +53,10 @@ pub struct RawDocument {
     /// 1-based position of the document in its file (empty documents are
     /// not counted).
     pub index: usize,
-    pub value: serde_json::Value,
+    /// Shared: the reader's cache, every snapshot and the translated
+    /// documents hold the same value (a cluster's worth of objects is
+    /// large), so copies of a snapshot are cheap.
+    pub value: std::sync::Arc<serde_json::Value>,
 }
 
 /// What the config dir holds right now.
@@ -208,7 +211,7 @@ fn parse_file(file: &Path, stamp: Stamp) -> Parsed {
                 .map(|(i, value)| RawDocument {
                     file: file.to_path_buf(),
                     index: i + 1,
-                    value,
+                    value: value.into(),
                 })
                 .collect(),
             error: None,

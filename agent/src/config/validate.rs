@@ -767,7 +767,7 @@ mod namespace_rule_tests {
                 .map(|(i, v)| RawDocument {
                     file: "ns.yaml".into(),
                     index: i + 1,
-                    value: v.clone(),
+                    value: v.clone().into(),
                 })
                 .collect(),
             ..Default::default()
@@ -891,7 +891,8 @@ mod node_spec_tests {
                 value: serde_json::json!({
                     "apiVersion": API_VERSION, "kind": "Node", "metadata": {"name": "a"},
                     "spec": spec,
-                }),
+                })
+                .into(),
             }],
             ..Default::default()
         };

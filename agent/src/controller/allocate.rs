@@ -240,7 +240,7 @@ mod tests {
                 .map(|value| RawDocument {
                     file: "t".into(),
                     index: 1,
-                    value,
+                    value: value.into(),
                 })
                 .collect(),
             ..Default::default()

@@ -177,7 +177,7 @@ fn networks(objects: &[DynamicObject]) -> (Vec<Network>, Vec<crate::config::Conf
             Some(RawDocument {
                 file: "kubernetes:networks".into(),
                 index: i + 1,
-                value,
+                value: value.into(),
             })
         })
         .collect();
