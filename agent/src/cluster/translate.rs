@@ -1527,6 +1527,22 @@ mod tests {
             }
         }
 
+        // A VM starting: KubeVirt writes status.nodeName only once the pod
+        // runs, after its ADD; the VMI's one pod says where.
+        let vm = VM.replace("  nodeName: node-a\n  phase: Running", "  phase: Scheduled");
+        assert!(!vm.contains("  nodeName: node-a\n  phase"));
+        let cfg = validate(
+            &[("network.yaml", NETWORK), ("vm.yaml", &vm)],
+            cni(POD, "vmp0a1b2c3d4e"),
+            "node-a",
+        );
+        assert!(cfg.errors.is_empty(), "{:#?}", cfg.errors);
+        let a = &cfg.attachments[0];
+        assert_eq!(
+            (a.node.as_str(), a.port.as_str()),
+            ("node-a", "vmp0a1b2c3d4e")
+        );
+
         // A newer VMIM while migrationState still records the last one
         // (completed): the new one, from its target pod.
         let vm = migrating("    completed: true\n")
