@@ -119,6 +119,12 @@ fn build_view(
         .filter(|p| !p.pending())
         .map(|p| (&p.attachment, p.ifindex))
         .collect();
+    let pending_port: std::collections::HashMap<&AttachmentKey, (&str, u32)> = plan
+        .ports
+        .values()
+        .filter(|p| p.pending())
+        .map(|p| (&p.attachment, (p.ifname.as_str(), p.ifindex)))
+        .collect();
     let networks = cfg
         .config
         .networks
@@ -166,6 +172,9 @@ fn build_view(
                 ips: view_ips(a, cfg, ifindex, learned),
                 migration,
                 migration_target: target,
+                pending_port: pending_port
+                    .get(&a.key)
+                    .map(|(name, ifindex)| (name.to_string(), *ifindex)),
             }
         })
         .collect();

@@ -297,14 +297,32 @@ fn describe(view: &View, e: &EndpointRequest) -> EndpointReply {
     // By port: a port is one endpoint's on this node, whether the
     // endpoint is the pod's own or derived from a Pod object (a VM's
     // identity is its VMI's, not the pod's).
-    let a = view
+    let active = view
         .attachments
         .iter()
         .find(|a| a.namespace == e.pod_namespace && a.node == view.node && a.port == e.port);
+    // A migration target pod's port: programmed pending is as far as it
+    // goes before the VM moves, and KubeVirt starts the migration only once
+    // the target pod runs (its ADD returned).
+    let target = || {
+        view.attachments.iter().find(|a| {
+            a.namespace == e.pod_namespace
+                && a.pending_port
+                    .as_ref()
+                    .is_some_and(|(port, _)| *port == e.port)
+        })
+    };
+    let (a, state) = match active {
+        Some(a) => (Some(a), view.state_of(a)),
+        None => match target() {
+            Some(a) => (Some(a), state::MIGRATION_TARGET),
+            None => (None, "unknown"),
+        },
+    };
     let net = view.networks.iter().find(|n| n.name == e.network);
     EndpointReply {
         endpoint: e.clone(),
-        state: a.map(|a| view.state_of(a)).unwrap_or("unknown").to_string(),
+        state: state.to_string(),
         mac: a.and_then(|a| a.mac.clone()),
         ips: a
             .map(|a| {
@@ -420,7 +438,7 @@ fn add(shared: &Published, registry: &Registry, e: EndpointRequest) -> Reply {
         if *done >= generation {
             let view = shared.view();
             let described = describe(&view, &e);
-            if described.state == state::LOCAL {
+            if described.state == state::LOCAL || described.state == state::MIGRATION_TARGET {
                 drop(done);
                 let kept = (key.namespace.clone(), key.vm.clone(), key.interface.clone());
                 if let Err(err) = registry.update(|s| s.kept.insert(kept)) {

@@ -42,6 +42,10 @@ pub struct AttachmentView {
     /// `none`, `pending` (target known, not ready) or `cut-over`.
     pub migration: String,
     pub migration_target: Option<String>,
+    /// On the target node of a pending migration: the target port and its
+    /// ifindex once it is programmed pending (the VM has not cut over).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pending_port: Option<(String, u32)>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -102,6 +106,9 @@ pub mod state {
     /// A migration is pending (target known, cut-over not signalled).
     pub const MIGRATING: &str = "migrating";
     pub const ALL: [&str; 4] = [LOCAL, REMOTE, MISSING_PORT, MIGRATING];
+    /// A CNI endpoint's port that is the pending target of a migration,
+    /// programmed here (an endpoint's state, not an attachment's).
+    pub const MIGRATION_TARGET: &str = "migration_target";
 }
 
 impl View {
@@ -316,6 +323,7 @@ pub(crate) mod sample {
             }],
             migration: migration.into(),
             migration_target: (migration != "none").then(|| "b".into()),
+            pending_port: None,
         }
     }
 

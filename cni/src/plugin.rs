@@ -497,7 +497,11 @@ impl Cni for VmpathCni {
                 reply.endpoint.network, reply.endpoint.netns, conf.network
             )));
         }
-        if reply.state != "local" {
+        // A migration's source and target ports are programmed too.
+        if !matches!(
+            reply.state.as_str(),
+            "local" | "migrating" | "migration_target"
+        ) {
             return Err(fail(format!(
                 "the port {} is {} in the agent",
                 reply.endpoint.port, reply.state

@@ -147,7 +147,14 @@ impl ApiServer {
     /// Serves on 127.0.0.1 of the network namespace at `netns` (a path
     /// such as `/run/netns/NAME`): where the agent under test runs.
     pub fn start(netns: &str) -> ApiServer {
+        Self::start_at(netns, "127.0.0.1")
+    }
+
+    /// Serves on `ip` of the network namespace at `netns`: an underlay
+    /// address, for agents on several nodes.
+    pub fn start_at(netns: &str, ip: &str) -> ApiServer {
         let netns = netns.to_string();
+        let bind = format!("{ip}:0");
         let netns_path = netns.clone();
         // The socket belongs to the namespace of the thread that makes it.
         let listener = std::thread::spawn(move || {
@@ -156,7 +163,7 @@ impl ApiServer {
             let rc =
                 unsafe { libc::setns(std::os::fd::AsRawFd::as_raw_fd(&ns), libc::CLONE_NEWNET) };
             assert_eq!(rc, 0, "setns {netns}: {}", std::io::Error::last_os_error());
-            TcpListener::bind("127.0.0.1:0").unwrap()
+            TcpListener::bind(&bind).unwrap()
         })
         .join()
         .unwrap();

@@ -5,9 +5,11 @@
 //!
 //! Losing the API server never withdraws anything: a watch error leaves
 //! every copy as it was (the watcher retries with backoff, resumes from
-//! its last resourceVersion and relists on 410 Gone), and until every kind
-//! has been listed once, or when all copies are empty, the round is told
-//! the source is empty, which leaves the data path as it is.
+//! its last resourceVersion and relists on 410 Gone); a relist replaces a
+//! kind's copy only once complete, and one that comes back empty is held
+//! back (see [`Relists`]); until every kind has been listed once, or when
+//! all copies are empty, the round is told the source is empty, which
+//! leaves the data path as it is.
 
 use std::{
     collections::BTreeSet,
@@ -87,6 +89,65 @@ struct Kind {
     store: reflector::Store<DynamicObject>,
     /// Listed once: the copy stands for the cluster.
     listed: Arc<AtomicBool>,
+    /// What a relist that came back empty replaced (see [`Relists`]).
+    held: Arc<Mutex<Relists>>,
+}
+
+/// A kind's relists. The reflector swaps a relist in only once it is
+/// complete (`InitDone`), so a relist in progress or cut short leaves the
+/// last good copy. A relist that comes back with nothing where there were
+/// objects (an API server that lost its data, a storage glitch) is not
+/// applied as deletions: the objects read before are held until the kind
+/// shows life again (any object added, changed or deleted, or a relist
+/// with objects).
+#[derive(Default)]
+struct Relists {
+    /// The copy when the relist began.
+    before: Vec<Arc<DynamicObject>>,
+    held: Option<Vec<Arc<DynamicObject>>>,
+}
+
+impl Relists {
+    /// `state` is the store's copy after the reflector applied the event.
+    /// Returns how many objects an empty relist held back, when it did.
+    fn on_event(
+        &mut self,
+        event: &watcher::Event<DynamicObject>,
+        first_list: bool,
+        state: impl FnOnce() -> Vec<Arc<DynamicObject>>,
+    ) -> Option<usize> {
+        match event {
+            watcher::Event::Init => {
+                // The store still holds the last good copy.
+                self.before = if first_list { Vec::new() } else { state() };
+                None
+            }
+            watcher::Event::InitApply(_) => None,
+            watcher::Event::InitDone => {
+                let before = std::mem::take(&mut self.before);
+                if state().is_empty() && !before.is_empty() {
+                    let n = before.len();
+                    self.held = Some(before);
+                    Some(n)
+                } else {
+                    self.held = None;
+                    None
+                }
+            }
+            watcher::Event::Apply(_) | watcher::Event::Delete(_) => {
+                self.held = None;
+                None
+            }
+        }
+    }
+
+    /// The copy a round reads: the held objects, else the store's.
+    fn read(&self, state: impl FnOnce() -> Vec<Arc<DynamicObject>>) -> Vec<Arc<DynamicObject>> {
+        match &self.held {
+            Some(held) => held.clone(),
+            None => state(),
+        }
+    }
 }
 
 pub struct KubeSource {
@@ -156,20 +217,34 @@ impl KubeSource {
             let writer = reflector::store::Writer::new(resource.clone());
             let store = writer.as_reader();
             let listed = Arc::new(AtomicBool::new(false));
+            let held = Arc::new(Mutex::new(Relists::default()));
             let api: Api<DynamicObject> = Api::all_with(client.clone(), &resource);
             let mut wc = watcher::Config::default();
             if *on_node {
                 wc = wc.fields(&format!("spec.nodeName={node}"));
             }
             let stream = reflector::reflector(writer, watcher(api, wc).default_backoff());
-            let (listed2, generation2, shared2) =
-                (listed.clone(), generation.clone(), shared.clone());
+            let (listed2, generation2, shared2, held2, store2) = (
+                listed.clone(),
+                generation.clone(),
+                shared.clone(),
+                held.clone(),
+                store.clone(),
+            );
             let kind_name = kind.to_string();
             runtime.spawn(async move {
                 let mut stream = std::pin::pin!(stream);
                 while let Some(event) = stream.next().await {
                     match event {
                         Ok(event) => {
+                            let first_list = !listed2.load(Ordering::SeqCst);
+                            let held_back = held2
+                                .lock()
+                                .unwrap_or_else(|p| p.into_inner())
+                                .on_event(&event, first_list, || store2.state());
+                            if let Some(n) = held_back {
+                                warn!(kind = %kind_name, objects = n, "relist came back empty; keeping what was read until the kind changes");
+                            }
                             if matches!(event, watcher::Event::InitDone)
                                 && !listed2.swap(true, Ordering::SeqCst)
                             {
@@ -187,6 +262,7 @@ impl KubeSource {
                 resource,
                 store,
                 listed,
+                held,
             });
         }
         let handle = runtime.handle().clone();
@@ -268,7 +344,12 @@ impl KubeSource {
         let generation = self.generation.load(Ordering::SeqCst);
         let mut snap = Snapshot::default();
         for kind in &self.kinds {
-            for (i, obj) in kind.store.state().iter().enumerate() {
+            let objects = kind
+                .held
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .read(|| kind.store.state());
+            for (i, obj) in objects.iter().enumerate() {
                 let Ok(mut value) = serde_json::to_value(&**obj) else {
                     continue;
                 };
@@ -291,7 +372,51 @@ impl KubeSource {
 
 #[cfg(test)]
 mod tests {
-    use super::{super::rbac, KINDS};
+    use std::sync::Arc;
+
+    use kube::{api::DynamicObject, runtime::watcher::Event};
+
+    use super::{super::rbac, KINDS, Relists};
+
+    fn pod(name: &str) -> Arc<DynamicObject> {
+        let mut o = DynamicObject::new(
+            name,
+            &kube::api::ApiResource::erase::<k8s_openapi::api::core::v1::Pod>(&()),
+        );
+        o.metadata.namespace = Some("prod".into());
+        Arc::new(o)
+    }
+
+    fn names(objects: &[Arc<DynamicObject>]) -> Vec<String> {
+        objects
+            .iter()
+            .map(|o| o.metadata.name.clone().unwrap_or_default())
+            .collect()
+    }
+
+    #[test]
+    fn an_empty_relist_withdraws_nothing_until_the_kind_changes() {
+        let mut r = Relists::default();
+        let a = vec![pod("a"), pod("b")];
+        // The first list, empty: nothing to hold (and not listed before).
+        r.on_event(&Event::Init, true, Vec::new);
+        assert_eq!(r.on_event(&Event::InitDone, true, Vec::new), None);
+        // A relist that brings objects applies.
+        r.on_event(&Event::Init, false, Vec::new);
+        assert_eq!(r.on_event(&Event::InitDone, false, || a.clone()), None);
+        assert_eq!(names(&r.read(|| a.clone())), ["a", "b"]);
+        // A relist that comes back empty: held, the round reads a and b.
+        r.on_event(&Event::Init, false, || a.clone());
+        assert_eq!(r.on_event(&Event::InitDone, false, Vec::new), Some(2));
+        assert_eq!(names(&r.read(Vec::new)), ["a", "b"]);
+        // The kind changes: the store stands for the cluster again.
+        r.on_event(&Event::Apply((*pod("c")).clone()), false, Vec::new);
+        assert_eq!(names(&r.read(|| vec![pod("c")])), ["c"]);
+        // A relist with fewer objects (not none) is a deletion.
+        r.on_event(&Event::Init, false, || a.clone());
+        assert_eq!(r.on_event(&Event::InitDone, false, || vec![pod("a")]), None);
+        assert_eq!(names(&r.read(|| vec![pod("a")])), ["a"]);
+    }
 
     #[test]
     fn every_watched_kind_is_in_the_rbac_table() {

@@ -402,7 +402,19 @@ pub fn translate(documents: &[RawDocument], node: &str) -> Translated {
         let vmi = &v.value;
         let ns = vmi.metadata.namespace();
         let my_pods = vm_pods.remove(&vi).unwrap_or_default();
-        let migration = migration_of(vmi, &vmims);
+        let target_pods: Vec<(String, &str, Option<&str>)> = my_pods
+            .iter()
+            .filter_map(|(pi, _)| {
+                let pod = &pods[*pi].value;
+                let uid = pod.metadata.labels.get(MIGRATION_JOB_LABEL)?;
+                Some((
+                    uid.clone(),
+                    pod.metadata.name.as_str(),
+                    pod.spec.node_name.as_deref(),
+                ))
+            })
+            .collect();
+        let (migration, finished_on) = migration_of(vmi, &vmims, &target_pods);
         // The pod the VM runs in now, and the pod it is migrating to.
         let target_pod = migration.as_ref().and_then(|m| {
             my_pods.iter().find(|(pi, _)| {
@@ -413,7 +425,23 @@ pub fn translate(documents: &[RawDocument], node: &str) -> Translated {
         });
         let running_node = match &migration {
             Some(m) => Some(m.source_node.clone()),
-            None => vmi.status.node_name.clone(),
+            None => finished_on
+                .or_else(|| vmi.status.node_name.clone())
+                // KubeVirt writes status.nodeName once the pod runs, after
+                // its CNI ADD: till then the VMI's one pod says where.
+                .or_else(|| {
+                    let mut launchers = my_pods.iter().filter(|(pi, _)| {
+                        !pods[*pi]
+                            .value
+                            .metadata
+                            .labels
+                            .contains_key(MIGRATION_JOB_LABEL)
+                    });
+                    match (launchers.next(), launchers.next()) {
+                        (Some((pi, _)), None) => pods[*pi].value.spec.node_name.clone(),
+                        _ => None,
+                    }
+                }),
         };
         let running_pod = my_pods.iter().find(|(pi, _)| {
             let pod = &pods[*pi].value;
@@ -425,6 +453,19 @@ pub fn translate(documents: &[RawDocument], node: &str) -> Translated {
                     _ => pod.spec.node_name.is_some() && pod.spec.node_name == running_node,
                 }
         });
+        // Pods the VM left (a migration's source after it, a target after
+        // a rollback): their ports are not served, nor refused; their DEL
+        // releases nothing (the claims are the VMI's).
+        for (pi, _) in &my_pods {
+            let pod = &pods[*pi].value;
+            let left = running_node.is_some()
+                && pod.spec.node_name.is_some()
+                && pod.spec.node_name != running_node
+                && target_pod.is_none_or(|(t, _)| t != pi);
+            if left {
+                tr.take_all_cni(pod);
+            }
+        }
         for net in &vmi.spec.networks {
             let Some(multus) = &net.multus else { continue };
             let nad = match multus.network_name.split_once('/') {
@@ -640,35 +681,104 @@ struct MigrationNow {
     ready: bool,
 }
 
-/// The VMI's migration while it is neither completed nor failed (its VMIM
-/// Failed or Succeeded ends it too: roll back, or the VMI's node).
-fn migration_of(vmi: &Vmi, vmims: &[Object<Vmim>]) -> Option<MigrationNow> {
-    let ms = vmi.status.migration_state.as_ref()?;
-    if ms.completed || ms.failed {
-        return None;
-    }
-    let vmim_phase = vmims
-        .iter()
-        .find(|m| {
-            m.value.metadata.namespace() == vmi.metadata.namespace()
-                && m.value.spec.vmi_name == vmi.metadata.name
-                && (ms.migration_uid.is_none() || m.value.metadata.uid == ms.migration_uid)
-        })
-        .and_then(|m| m.value.status.phase.clone());
-    if matches!(vmim_phase.as_deref(), Some("Failed") | Some("Succeeded")) {
-        return None;
-    }
-    Some(MigrationNow {
-        uid: ms.migration_uid.clone(),
-        source_node: ms
+/// The VMI's migration in progress, and the node a migration that
+/// succeeded left the VM on (KubeVirt may write `completed` before
+/// `status.nodeName`).
+///
+/// KubeVirt's order: the VMIM (`Pending`, `Scheduling`) gets a target
+/// virt-launcher pod labelled with its uid; the pod runs (its CNI ADD
+/// returned) before `status.migrationState` is written (`PreparingTarget`,
+/// `TargetReady`, `Running`). So a VMIM that is neither `Failed` nor
+/// `Succeeded` with its target pod on another node than the VMI's is a
+/// migration already, known to the target node (the only agent that sees
+/// the pod): its target port is programmed pending. `migrationState`
+/// outlives its migration (`completed`/`failed` stay until the next one);
+/// a VMIM of another uid is a newer migration.
+fn migration_of(
+    vmi: &Vmi,
+    vmims: &[Object<Vmim>],
+    target_pods: &[(String, &str, Option<&str>)],
+) -> (Option<MigrationNow>, Option<String>) {
+    let mine = |m: &&Object<Vmim>| {
+        m.value.metadata.namespace() == vmi.metadata.namespace()
+            && m.value.spec.vmi_name == vmi.metadata.name
+    };
+    let ended = |m: &Object<Vmim>| {
+        matches!(
+            m.value.status.phase.as_deref(),
+            Some("Failed") | Some("Succeeded")
+        )
+    };
+    let ms = vmi.status.migration_state.as_ref();
+    // The VMIM migrationState speaks of, when it names one.
+    let current = ms.and_then(|ms| {
+        vmims
+            .iter()
+            .filter(mine)
+            .find(|m| ms.migration_uid.is_none() || m.value.metadata.uid == ms.migration_uid)
+    });
+    // A newer migration than the one migrationState records.
+    let newer = vmims.iter().filter(mine).find(|m| {
+        !ended(m)
+            && m.value.metadata.uid.is_some()
+            && ms.is_none_or(|ms| {
+                ms.migration_uid.is_some() && m.value.metadata.uid != ms.migration_uid
+            })
+    });
+    if let Some(ms) = ms.filter(|_| newer.is_none()) {
+        let succeeded = ms.completed && !ms.failed
+            || current.is_some_and(|m| m.value.status.phase.as_deref() == Some("Succeeded"));
+        if succeeded {
+            return (None, ms.target_node.clone());
+        }
+        if ms.failed || current.is_some_and(ended) {
+            return (None, None);
+        }
+        let Some((source_node, target_node)) = ms
             .source_node
             .clone()
-            .or_else(|| vmi.status.node_name.clone())?,
-        target_node: ms.target_node.clone()?,
-        source_pod: ms.source_pod.clone(),
-        target_pod: ms.target_pod.clone(),
-        ready: ms.target_node_domain_ready_timestamp.is_some(),
-    })
+            .or_else(|| vmi.status.node_name.clone())
+            .zip(ms.target_node.clone())
+        else {
+            return (None, None);
+        };
+        return (
+            Some(MigrationNow {
+                uid: ms.migration_uid.clone(),
+                source_node,
+                target_node,
+                source_pod: ms.source_pod.clone(),
+                target_pod: ms.target_pod.clone(),
+                ready: ms.target_node_domain_ready_timestamp.is_some(),
+            }),
+            None,
+        );
+    }
+    // No migrationState for it yet: the VMIM and its target pod.
+    let Some(vmim) = newer else {
+        return (None, None);
+    };
+    let Some(source_node) = vmi.status.node_name.clone() else {
+        return (None, None);
+    };
+    let uid = vmim.value.metadata.uid.clone();
+    let target = target_pods.iter().find(|(pod_uid, _, node)| {
+        Some(pod_uid) == uid.as_ref() && node.is_some_and(|n| n != source_node)
+    });
+    match target {
+        Some((_, pod, Some(target_node))) => (
+            Some(MigrationNow {
+                uid,
+                source_node,
+                target_node: target_node.to_string(),
+                source_pod: None,
+                target_pod: Some(pod.to_string()),
+                ready: false,
+            }),
+            None,
+        ),
+        _ => (None, None),
+    }
 }
 
 /// One derived Attachment, before it becomes a document.
@@ -1334,6 +1444,134 @@ mod tests {
         let a = &cfg.attachments[0];
         assert!(a.migration.is_none());
         assert_eq!((a.node.as_str(), a.port.as_str()), ("node-b", target_port));
+    }
+
+    #[test]
+    fn a_migration_follows_kubevirts_order_of_writes() {
+        let target_port = "vmp5566778899";
+        let target_pod = "virt-launcher-vm1-q9w8e";
+        let cni = |pod: &str, port: &str| vec![cni_port(pod, "pod16477688c0e", port)];
+        let without_state = |phase: &str| {
+            migrating("").replace(MIGRATING, "").replace(
+                "status: {phase: Running}",
+                &format!("status: {{phase: {phase}}}"),
+            )
+        };
+        // Scheduling: the target pod exists, migrationState does not yet.
+        // The target node programs its port pending (the ADD returns).
+        let vm = without_state("Scheduling");
+        let cfg = validate(
+            &[("network.yaml", NETWORK), ("vm.yaml", &vm)],
+            cni(target_pod, target_port),
+            "node-b",
+        );
+        assert!(cfg.errors.is_empty(), "{:#?}", cfg.errors);
+        let a = &cfg.attachments[0];
+        assert_eq!(a.node, "node-a");
+        let m = a
+            .migration
+            .as_ref()
+            .expect("a migration before migrationState");
+        assert_eq!(
+            (m.target_node.as_str(), m.target_port.as_deref(), m.ready),
+            ("node-b", Some(target_port), false)
+        );
+        // The source node keeps serving the VM on its own port.
+        let cfg = validate(
+            &[("network.yaml", NETWORK), ("vm.yaml", &vm)],
+            cni(POD, "vmp0a1b2c3d4e"),
+            "node-a",
+        );
+        assert!(cfg.errors.is_empty(), "{:#?}", cfg.errors);
+        let a = &cfg.attachments[0];
+        assert_eq!(
+            (a.node.as_str(), a.port.as_str()),
+            ("node-a", "vmp0a1b2c3d4e")
+        );
+        assert!(!a.migration.as_ref().is_some_and(|m| m.ready));
+        // Failed before migrationState: the target's port is not served,
+        // nor refused.
+        let vm = without_state("Failed");
+        let cfg = validate(
+            &[("network.yaml", NETWORK), ("vm.yaml", &vm)],
+            cni(target_pod, target_port),
+            "node-b",
+        );
+        assert!(cfg.errors.is_empty(), "{:#?}", cfg.errors);
+        let a = &cfg.attachments[0];
+        assert!(a.migration.is_none());
+        assert_eq!(a.node, "node-a");
+        assert_ne!(a.port, target_port);
+
+        // Completed while status.nodeName still says the source: the
+        // target runs the VM; the source's pod is left, its port unserved
+        // and not refused.
+        let vm = migrating("    completed: true\n");
+        for (node, pod, port) in [
+            ("node-b", target_pod, target_port),
+            ("node-a", POD, "vmp0a1b2c3d4e"),
+        ] {
+            let cfg = validate(
+                &[("network.yaml", NETWORK), ("vm.yaml", &vm)],
+                cni(pod, port),
+                node,
+            );
+            assert!(cfg.errors.is_empty(), "{node}: {:#?}", cfg.errors);
+            let a = &cfg.attachments[0];
+            assert!(a.migration.is_none());
+            assert_eq!(a.node, "node-b", "{node}");
+            if node == "node-b" {
+                assert_eq!(a.port, target_port);
+            } else {
+                assert_ne!(a.port, port, "the source's port is not served");
+            }
+        }
+
+        // A VM starting: KubeVirt writes status.nodeName only once the pod
+        // runs, after its ADD; the VMI's one pod says where.
+        let vm = VM.replace("  nodeName: node-a\n  phase: Running", "  phase: Scheduled");
+        assert!(!vm.contains("  nodeName: node-a\n  phase"));
+        let cfg = validate(
+            &[("network.yaml", NETWORK), ("vm.yaml", &vm)],
+            cni(POD, "vmp0a1b2c3d4e"),
+            "node-a",
+        );
+        assert!(cfg.errors.is_empty(), "{:#?}", cfg.errors);
+        let a = &cfg.attachments[0];
+        assert_eq!(
+            (a.node.as_str(), a.port.as_str()),
+            ("node-a", "vmp0a1b2c3d4e")
+        );
+
+        // A newer VMIM while migrationState still records the last one
+        // (completed): the new one, from its target pod.
+        let vm = migrating("    completed: true\n")
+            .replace("nodeName: node-b", "nodeName: node-c")
+            .replace(
+                "  nodeName: node-a\n  phase: Running",
+                "  nodeName: node-b\n  phase: Running",
+            )
+            .replace(
+                "kubevirt.io/migrationJobUID: 7c6b5a49-3827-4160-9f5e-4d3c2b1a0f9e",
+                "kubevirt.io/migrationJobUID: 11111111-2222-3333-4444-555555555555",
+            )
+            .replace(
+                "metadata: {name: mig1, namespace: prod, uid: 7c6b5a49-3827-4160-9f5e-4d3c2b1a0f9e}",
+                "metadata: {name: mig2, namespace: prod, uid: 11111111-2222-3333-4444-555555555555}",
+            )
+            .replace("status: {phase: Running}", "status: {phase: Scheduled}");
+        let cfg = validate(
+            &[("network.yaml", NETWORK), ("vm.yaml", &vm)],
+            cni(target_pod, target_port),
+            "node-c",
+        );
+        assert!(cfg.errors.is_empty(), "{:#?}", cfg.errors);
+        let m = cfg.attachments[0]
+            .migration
+            .as_ref()
+            .expect("the newer migration");
+        assert_eq!(m.target_node, "node-c");
+        assert_eq!(m.target_port.as_deref(), Some(target_port));
     }
 
     #[test]

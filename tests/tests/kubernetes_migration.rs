@@ -1,0 +1,520 @@
+//! KubeVirt drives a live migration through the Kubernetes objects alone:
+//! two nodes joined by the overlay, both agents on `--source kubernetes`
+//! against one API server (the test bed's, on node a's underlay address).
+//! vm1 runs on node a (its VMI, virt-launcher pod and IPAMClaim), vm2 on
+//! node b pings it all along. The objects appear in KubeVirt's order: the
+//! VMIM and the target virt-launcher pod (label `kubevirt.io/migrationJobUID`)
+//! on b, whose CNI ADD returns once its port is programmed pending; then the
+//! VMI's `status.migrationState`; the VM resumes on the target and announces
+//! itself (QEMU's RARP), which cuts over in the data path; then
+//! `migrationState.completed`, the VMIM `Succeeded`, and the source pod is
+//! deleted (its DEL releases nothing). A failed migration rolls back.
+//! Nobody writes an Attachment.
+
+use std::{
+    path::PathBuf,
+    process::Child,
+    time::{Duration, Instant},
+};
+
+use serde_json::{Value, json};
+use vmpath_tests::{
+    Netns, Node, SCAPY_PYTHON, Underlay,
+    kube_api::ApiServer,
+    migration::{port_flags, table100},
+    multus, unique_tag,
+    vmpath::common,
+    wait_for,
+};
+
+const NETWORK: &str = include_str!("../../agent/src/cluster/fixtures/network.yaml");
+const VM: &str = include_str!("../../agent/src/cluster/fixtures/vm.yaml");
+const SOURCE_POD: &str = "virt-launcher-vm1-x7k2p";
+const TARGET_POD: &str = "virt-launcher-vm1-q9w8e";
+const VM2_POD: &str = "virt-launcher-vm2-z3m4n";
+const IFNAME: &str = "pod16477688c0e";
+const VM1_MAC: &str = "02:00:00:31:00:0b";
+const VM1_IP: &str = "10.31.0.11";
+const VM2_MAC: &str = "02:00:00:31:00:0c";
+const VM2_IP: &str = "10.31.0.12";
+const MIGRATION_UID: &str = "7c6b5a49-3827-4160-9f5e-4d3c2b1a0f9e";
+const NODE_IPS: [(&str, &str); 2] = [("a", "192.0.2.1"), ("b", "192.0.2.2")];
+/// The ping stream from vm2 to vm1: one echo request every 20 ms.
+const PING_INTERVAL: &str = "0.02";
+/// Echo replies the cut-over may cost (25 x 20 ms = 500 ms): the data
+/// path moves the VM at its first frame on the target; the rest is the
+/// test's own commands on a shared machine.
+const MAX_LOST_PINGS: u64 = 25;
+
+fn pods() -> String {
+    vmpath_tests::kube_api::collection("v1", "Pod")
+}
+fn vmis() -> String {
+    vmpath_tests::kube_api::collection("kubevirt.io/v1", "VirtualMachineInstance")
+}
+
+fn parse(text: &str) -> Vec<Value> {
+    vmpath::config::source::parse(text.as_bytes()).unwrap()
+}
+
+/// The cluster before the migration: the vmpath Network (routed, a /32
+/// per VM), its NAD, both v1 Nodes, vm1 on a and vm2 on b.
+fn cluster() -> Vec<Value> {
+    let mut out = parse(NETWORK);
+    for o in &mut out {
+        if o["kind"] == "Network" {
+            o["spec"]["egress"] = "Routed".into();
+            o["spec"]["advertise"] = json!({"perVM": true});
+        }
+    }
+    out.retain(|o| o["kind"] != "Node");
+    for (name, ip) in NODE_IPS {
+        out.push(json!({
+            "apiVersion": "v1", "kind": "Node",
+            "metadata": {"name": name},
+            "status": {"addresses": [{"type": "InternalIP", "address": ip}]},
+        }));
+    }
+    out.extend(parse(&VM.replace("node-a", "a")));
+    let vm2 = VM
+        .replace("node-a", "b")
+        .replace("vm1", "vm2")
+        .replace("x7k2p", "z3m4n")
+        .replace(
+            "5d1c5a3e-8f0b-4c1e-9b7a-3f2e1d0c9b8a",
+            "5d1c5a3e-8f0b-4c1e-9b7a-3f2e1d0c9b8b",
+        )
+        .replace(VM1_MAC, VM2_MAC)
+        .replace(VM1_IP, VM2_IP);
+    out.extend(parse(&vm2));
+    out
+}
+
+fn vmi(server: &ApiServer) -> Value {
+    server.get(&vmis(), "prod", "vm1").expect("the VMI")
+}
+
+/// KubeVirt's target virt-launcher pod on node b, labelled with the
+/// migration's uid.
+fn target_pod(server: &ApiServer) -> Value {
+    let mut pod = server
+        .get(&pods(), "prod", SOURCE_POD)
+        .expect("the source pod");
+    pod["metadata"]["name"] = TARGET_POD.into();
+    pod["metadata"]["uid"] = "3b2a1c0d-9e8f-4a7b-8c6d-5e4f3a2b1c0d".into();
+    pod["metadata"]["labels"]["kubevirt.io/migrationJobUID"] = MIGRATION_UID.into();
+    pod["metadata"]["labels"]["kubevirt.io/nodeName"] = "b".into();
+    pod["spec"]["nodeName"] = "b".into();
+    for key in ["resourceVersion", "creationTimestamp"] {
+        if let Some(m) = pod["metadata"].as_object_mut() {
+            m.remove(key);
+        }
+    }
+    pod
+}
+
+fn vmim(phase: &str) -> Value {
+    json!({
+        "apiVersion": "kubevirt.io/v1", "kind": "VirtualMachineInstanceMigration",
+        "metadata": {"name": "mig1", "namespace": "prod", "uid": MIGRATION_UID},
+        "spec": {"vmiName": "vm1"},
+        "status": {"phase": phase},
+    })
+}
+
+/// Writes the VMI's `status.migrationState` (KubeVirt's fields) with
+/// `extra` merged in, and `status.nodeName`.
+fn set_migration_state(server: &ApiServer, node: &str, extra: Value) {
+    let mut v = vmi(server);
+    let mut state = json!({
+        "migrationUid": MIGRATION_UID,
+        "sourceNode": "a",
+        "targetNode": "b",
+        "sourcePod": SOURCE_POD,
+        "targetPod": TARGET_POD,
+        "startTimestamp": "2026-12-01T10:00:00Z",
+        "mode": "PreCopy",
+    });
+    for (k, val) in extra.as_object().unwrap() {
+        state[k] = val.clone();
+    }
+    v["status"]["migrationState"] = state;
+    v["status"]["nodeName"] = node.into();
+    v["metadata"]["labels"]["kubevirt.io/nodeName"] = node.into();
+    server.put(v);
+}
+
+struct Bed {
+    a: Node,
+    b: Node,
+    server: ApiServer,
+    conf: [String; 2],
+    tag: String,
+    /// vm1 as it runs on a (the source virt-launcher pod's interface).
+    vm1: Netns,
+    vm2: Netns,
+    _underlay: Underlay,
+}
+
+impl Bed {
+    fn node(&self, name: &str) -> (&Node, &str) {
+        match name {
+            "a" => (&self.a, &self.conf[0]),
+            _ => (&self.b, &self.conf[1]),
+        }
+    }
+
+    /// The CNI call for `pod`'s interface on `node`, as Multus makes it.
+    fn cni(&self, node: &str, pod: &str, netns: &Netns, command: &str) -> (bool, Value) {
+        let (n, conf) = self.node(node);
+        multus::call(
+            n,
+            command,
+            &multus::Call {
+                conf,
+                pod_namespace: "prod",
+                pod,
+                ifname: IFNAME,
+                netns,
+                container: &format!("c{}{pod}", self.tag),
+            },
+        )
+    }
+
+    fn vm_show(&self, node: &Node) -> String {
+        vmpath_tests::run(&[
+            vmpath_tests::vmpath_bin().to_str().unwrap(),
+            "vm",
+            "show",
+            "prod/vm1",
+            "--api-socket",
+            node.api_socket().to_str().unwrap(),
+        ])
+    }
+}
+
+/// The guest's interface in a virt-launcher pod's namespace: its MAC and
+/// address, up or (a paused target) down.
+fn guest(ns: &Netns, mac: &str, ip: &str, up: bool) {
+    ns.run(&[
+        "sysctl",
+        "-qw",
+        &format!("net.ipv6.conf.{IFNAME}.disable_ipv6=1"),
+    ]);
+    ns.run(&["ip", "link", "set", IFNAME, "down"]);
+    ns.run(&["ip", "link", "set", IFNAME, "address", mac]);
+    ns.run(&["ip", "addr", "add", &format!("{ip}/24"), "dev", IFNAME]);
+    if up {
+        ns.run(&["ip", "link", "set", IFNAME, "up"]);
+    }
+}
+
+fn attachment(node: &Node) -> Option<Value> {
+    node.attachment_view("vm1")
+}
+
+fn two_nodes() -> Bed {
+    let underlay = Underlay::new();
+    let mut a = Node::new("a");
+    let mut b = Node::new("b");
+    for (node, (_, ip)) in [&a, &b].into_iter().zip(NODE_IPS) {
+        underlay.plug(&node.ns, "ul0", &format!("{ip}/24"), 9000);
+    }
+    let server = ApiServer::start_at(&a.ns.path(), NODE_IPS[0].1);
+    for o in cluster() {
+        server.put(o);
+    }
+    for node in [&mut a, &mut b] {
+        let kubeconfig = node.state_dir.join("kubeconfig");
+        std::fs::write(&kubeconfig, server.kubeconfig()).unwrap();
+        node.set_agent_args(&[
+            "--source",
+            "kubernetes",
+            "--kubeconfig",
+            kubeconfig.to_str().unwrap(),
+        ]);
+        node.start_agent();
+    }
+    for node in [&a, &b] {
+        wait_for(
+            &format!("node {} lists the cluster and joins the overlay", node.name),
+            Duration::from_secs(30),
+            || {
+                node.agent_log().contains("overlay ready")
+                    && node.attachment_view("vm1").is_some()
+                    && node.attachment_view("vm2").is_some()
+            },
+        );
+    }
+    let tag = unique_tag();
+    let conf = [multus::nad_conf(NETWORK, &a), multus::nad_conf(NETWORK, &b)];
+    let vm1 = Netns::new(format!("vt{tag}-vm1"));
+    let vm2 = Netns::new(format!("vt{tag}-vm2"));
+    let bed = Bed {
+        a,
+        b,
+        server,
+        conf,
+        tag,
+        vm1,
+        vm2,
+        _underlay: underlay,
+    };
+    let (ok, result) = bed.cni("a", SOURCE_POD, &bed.vm1, "ADD");
+    assert!(ok, "ADD of vm1's virt-launcher pod on a: {result}");
+    let (ok, result) = bed.cni("b", VM2_POD, &bed.vm2, "ADD");
+    assert!(ok, "ADD of vm2's virt-launcher pod on b: {result}");
+    guest(&bed.vm1, VM1_MAC, VM1_IP, true);
+    guest(&bed.vm2, VM2_MAC, VM2_IP, true);
+    assert!(bed.vm2.ping(VM1_IP, 3), "vm2 (b) -> vm1 (a)");
+    wait_for("a routes vm1's /32", Duration::from_secs(10), || {
+        table100(&bed.a.ns).contains(VM1_IP)
+    });
+    bed
+}
+
+/// KubeVirt starts the migration: the VMIM, the target pod on b (its
+/// ADD returns with the port programmed pending, the source still serves
+/// the VM), then the VMI's migrationState. Returns the target pod's
+/// namespace (the paused guest) and its host port.
+fn start_migration(bed: &Bed) -> (Netns, String) {
+    bed.server.put(vmim("Scheduling"));
+    bed.server.put(target_pod(&bed.server));
+    let target = Netns::new(format!("vt{}-vm1t", bed.tag));
+    let (ok, result) = bed.cni("b", TARGET_POD, &target, "ADD");
+    assert!(
+        ok,
+        "the target pod's ADD returns before the migration runs: {result}"
+    );
+    let port = result["interfaces"][0]["name"]
+        .as_str()
+        .expect("the host port in the CNI result")
+        .to_string();
+    assert!(
+        result["ips"].to_string().contains(VM1_IP),
+        "the target pod's result carries vm1's address: {result}"
+    );
+    guest(&target, VM1_MAC, VM1_IP, false);
+    assert!(
+        port_flags(&bed.b, &port).is_some_and(|f| f & common::PORT_F_PENDING != 0),
+        "b programmed the target port pending"
+    );
+    let on_b = attachment(&bed.b).unwrap();
+    assert_eq!(
+        (on_b["node"].as_str(), on_b["migration"].as_str()),
+        (Some("a"), Some("pending")),
+        "{on_b}"
+    );
+
+    // The target pod runs: KubeVirt hands off and writes migrationState.
+    bed.server.put(vmim("TargetReady"));
+    set_migration_state(&bed.server, "a", json!({}));
+    bed.server.put(vmim("Running"));
+    wait_for("a knows the migration", Duration::from_secs(10), || {
+        attachment(&bed.a).is_some_and(|v| v["migration"] == "pending")
+    });
+    // Still served by a: its port, its route; b advertises nothing.
+    assert!(port_flags(&bed.a, &host_port(bed, "a", SOURCE_POD)).is_some());
+    assert!(table100(&bed.a.ns).contains(VM1_IP));
+    assert!(
+        !table100(&bed.b.ns).contains(VM1_IP),
+        "b routed a pending VM"
+    );
+    assert!(bed.vm2.ping(VM1_IP, 2), "vm2 -> vm1 on a while pending");
+    (target, port)
+}
+
+/// The host side of `pod`'s interface on `node`, from the agent's status.
+fn host_port(bed: &Bed, node: &str, pod: &str) -> String {
+    let (n, _) = bed.node(node);
+    let status = n.status().unwrap();
+    status["attachments"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|a| a["vm"] == "vm1" && a["node"] == node)
+        .and_then(|a| a["port"].as_str())
+        .unwrap_or_else(|| panic!("no port of {pod} on {node}: {status}"))
+        .to_string()
+}
+
+/// `ping` from vm2 to vm1 until stopped: (transmitted, received).
+fn stop_ping(ping: Child) -> (u64, u64) {
+    // SAFETY: signalling the child this test started (nsenter exec'd ping).
+    unsafe { libc::kill(ping.id() as i32, libc::SIGINT) };
+    let out = ping.wait_with_output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    let line = text
+        .lines()
+        .find(|l| l.contains("packets transmitted"))
+        .unwrap_or_else(|| panic!("no ping summary: {text}"));
+    let num = |word: &str| -> u64 {
+        let words: Vec<&str> = line.split([' ', ',']).filter(|w| !w.is_empty()).collect();
+        let i = words.iter().position(|w| *w == word).unwrap();
+        words[i - 1].parse().unwrap()
+    };
+    (num("packets"), num("received"))
+}
+
+#[test]
+fn kubevirt_migrates_a_vm_through_its_objects_alone() {
+    let bed = two_nodes();
+    let source_port = host_port(&bed, "a", SOURCE_POD);
+    let ping = bed.vm2.spawn(&["ping", "-n", "-i", PING_INTERVAL, VM1_IP]);
+    let (target, target_port) = start_migration(&bed);
+
+    // The VM resumes on the target: QEMU announces it (RARP) at once,
+    // ready before the source stops (scapy takes a second to import).
+    let trigger: PathBuf = std::env::temp_dir().join(format!("vmpath-kmig-{}", bed.tag));
+    let announce = target.spawn(&[
+        SCAPY_PYTHON,
+        "-c",
+        &format!(
+            "import os, time
+from scapy.all import *
+conf.verb = 0
+while not os.path.exists('{}'):
+    time.sleep(0.001)
+rarp = Ether(src='{VM1_MAC}', dst='ff:ff:ff:ff:ff:ff', type=0x8035)/ARP(op=3, hwsrc='{VM1_MAC}', hwdst='{VM1_MAC}', psrc='0.0.0.0', pdst='0.0.0.0')
+sendp(rarp, iface='{IFNAME}')
+",
+            trigger.display()
+        ),
+    ]);
+    std::thread::sleep(Duration::from_millis(1500));
+    let cut = Instant::now();
+    bed.vm1.run(&["ip", "link", "set", IFNAME, "down"]);
+    target.run(&["ip", "link", "set", IFNAME, "up"]);
+    std::fs::write(&trigger, b"").unwrap();
+    let out = announce.wait_with_output().unwrap();
+    let _ = std::fs::remove_file(&trigger);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // The data path cut over at that frame: no object says so yet.
+    wait_for(
+        "b serves vm1 on the target port",
+        Duration::from_secs(10),
+        || port_flags(&bed.b, &target_port).is_some_and(|f| f & common::PORT_F_PENDING == 0),
+    );
+    let cut_over_ms = cut.elapsed().as_secs_f64() * 1e3;
+    let log_b = bed.b.agent_log();
+    assert!(log_b.contains("the VM spoke on the target port"), "{log_b}");
+    assert!(
+        vmi(&bed.server)["status"]["migrationState"]["completed"].is_null(),
+        "the cut-over came from the data path, before KubeVirt's word"
+    );
+
+    // KubeVirt confirms: migrationState completed, the VMI on b, the VMIM
+    // Succeeded; the source pod ends and is deleted, its DEL comes.
+    set_migration_state(
+        &bed.server,
+        "b",
+        json!({"completed": true, "endTimestamp": "2026-12-01T10:00:09Z",
+               "targetNodeDomainReadyTimestamp": "2026-12-01T10:00:08Z",
+               "targetNodeDomainDetected": true}),
+    );
+    bed.server.put(vmim("Succeeded"));
+    wait_for("the /32 moved to b", Duration::from_secs(10), || {
+        table100(&bed.b.ns).contains(VM1_IP) && !table100(&bed.a.ns).contains(VM1_IP)
+    });
+    wait_for("a dropped the source port", Duration::from_secs(10), || {
+        port_flags(&bed.a, &source_port).is_none()
+    });
+    bed.server.delete(&pods(), "prod", SOURCE_POD);
+    let (ok, result) = bed.cni("a", SOURCE_POD, &bed.vm1, "DEL");
+    assert!(ok, "DEL of the source pod: {result}");
+    // Some pings after the move, then the count.
+    assert!(bed.vm2.ping(VM1_IP, 3), "vm2 -> vm1 on b");
+    let (sent, received) = stop_ping(ping);
+    let lost = sent - received;
+    eprintln!(
+        "kubernetes migration: {lost} of {sent} pings ({PING_INTERVAL} s apart) lost; cut-over seen on b {cut_over_ms:.0} ms after the source stopped"
+    );
+    assert!(sent >= 50, "only {sent} pings sent");
+    assert!(
+        lost <= MAX_LOST_PINGS,
+        "{lost} of {sent} pings lost across the migration"
+    );
+
+    // What a user checks: vm1 on b with its MAC, address and claim, on
+    // both nodes; the source pod's DEL released nothing.
+    for node in [&bed.a, &bed.b] {
+        let v = attachment(node).unwrap_or_else(|| panic!("vm1 gone on {}", node.name));
+        assert_eq!(
+            (
+                v["node"].as_str(),
+                v["migration"].as_str(),
+                v["mac"].as_str()
+            ),
+            (Some("b"), Some("none"), Some(VM1_MAC)),
+            "on {}: {v}",
+            node.name
+        );
+        assert!(v["ips"].to_string().contains(VM1_IP), "{v}");
+    }
+    let show = bed.vm_show(&bed.b);
+    for want in [VM1_MAC, VM1_IP, "local", "node:       b"] {
+        assert!(show.contains(want), "no {want:?} in:\n{show}");
+    }
+    assert!(bed.vm_show(&bed.a).contains("remote"), "on a");
+    assert_eq!(
+        bed.server
+            .get(
+                &vmpath_tests::kube_api::collection("k8s.cni.cncf.io/v1alpha1", "IPAMClaim"),
+                "prod",
+                "vm1.blue"
+            )
+            .map(|c| c["status"]["ips"].clone()),
+        Some(json!([format!("{VM1_IP}/24")])),
+        "the claim keeps the address"
+    );
+    assert!(
+        !bed.a.agent_log().contains("no vmpath network of the pod"),
+        "the left source pod was refused"
+    );
+}
+
+#[test]
+fn a_failed_kubevirt_migration_rolls_back() {
+    let bed = two_nodes();
+    let source_port = host_port(&bed, "a", SOURCE_POD);
+    let (target, target_port) = start_migration(&bed);
+
+    // The migration fails before the VM moved: KubeVirt marks it so and
+    // the target pod ends.
+    set_migration_state(
+        &bed.server,
+        "a",
+        json!({"failed": true, "endTimestamp": "2026-12-01T10:00:05Z"}),
+    );
+    bed.server.put(vmim("Failed"));
+    wait_for("b drops the pending port", Duration::from_secs(10), || {
+        port_flags(&bed.b, &target_port).is_none()
+    });
+    bed.server.delete(&pods(), "prod", TARGET_POD);
+    let (ok, result) = bed.cni("b", TARGET_POD, &target, "DEL");
+    assert!(ok, "DEL of the target pod: {result}");
+
+    assert!(
+        bed.vm2.ping(VM1_IP, 3),
+        "vm2 -> vm1 on a after the rollback"
+    );
+    assert!(port_flags(&bed.a, &source_port).is_some());
+    assert!(table100(&bed.a.ns).contains(VM1_IP));
+    assert!(!table100(&bed.b.ns).contains(VM1_IP));
+    for node in [&bed.a, &bed.b] {
+        let v = attachment(node).unwrap();
+        assert_eq!(
+            (v["node"].as_str(), v["migration"].as_str()),
+            (Some("a"), Some("none")),
+            "on {}: {v}",
+            node.name
+        );
+    }
+    assert!(bed.vm_show(&bed.a).contains("local"));
+    // The target pod's DEL released nothing either.
+    assert!(bed.vm2.ping(VM1_IP, 2));
+}
