@@ -27,6 +27,7 @@ pub mod flood;
 pub mod kube_api;
 pub mod migration;
 pub mod north_south;
+pub mod prog_fixture;
 pub mod qemu;
 
 /// Debian's python3, which has scapy (the pyenv one on PATH does not).

@@ -21,12 +21,9 @@ mod frames;
 
 use std::{
     collections::{BTreeMap, BTreeSet},
-    ffi::CString,
     fmt::Write as _,
     net::{IpAddr, Ipv4Addr, Ipv6Addr},
-    path::PathBuf,
     process::Command,
-    sync::atomic::{AtomicU32, Ordering},
 };
 
 use aya::{
@@ -35,10 +32,7 @@ use aya::{
 };
 use etherparse::{ArpOperation, Icmpv4Type, Icmpv6Type};
 use frames::*;
-use vmpath::{
-    dataplane::{self, Dataplane},
-    plan::addr_key,
-};
+use vmpath::{dataplane::Dataplane, plan::addr_key};
 use vmpath_common::{
     ADDR_STATIC, AddrInfo, ENDPOINT_LOCAL, Endpoint, EndpointKey, FloodList, NET_F_GW4, NET_F_GW6,
     NetworkInfo, OverlayConfig, PORT_F_DHCP_GUARD, PORT_F_IP_FILTER, PORT_F_MAC_FILTER,
@@ -46,6 +40,7 @@ use vmpath_common::{
     drop_reason::{self, *},
     link_local_from_mac,
 };
+use vmpath_tests::prog_fixture::{BpffsRoot, ifindex_of, in_fresh_netns};
 
 // ===========================================================================
 // Fixture harness
@@ -158,26 +153,6 @@ impl P {
     }
 }
 
-/// Runs `f` on a new thread inside a new network namespace (unshare only
-/// affects the calling thread; `ip` children inherit it). The namespace and
-/// its veths go away with the thread.
-fn in_netns<T: Send>(f: impl FnOnce() -> T + Send) -> T {
-    std::thread::scope(|s| {
-        s.spawn(|| {
-            let rc = unsafe { libc::unshare(libc::CLONE_NEWNET) };
-            assert_eq!(
-                rc,
-                0,
-                "unshare(CLONE_NEWNET): {} (tests must run as root)",
-                std::io::Error::last_os_error()
-            );
-            f()
-        })
-        .join()
-        .unwrap_or_else(|e| std::panic::resume_unwind(e))
-    })
-}
-
 fn ip(args: &[&str]) {
     let out = Command::new("ip").args(args).output().expect("running ip");
     assert!(
@@ -186,35 +161,6 @@ fn ip(args: &[&str]) {
         args.join(" "),
         String::from_utf8_lossy(&out.stderr)
     );
-}
-
-fn ifindex_of(name: &str) -> u32 {
-    let c = CString::new(name).unwrap();
-    let idx = unsafe { libc::if_nametoindex(c.as_ptr()) };
-    assert_ne!(idx, 0, "no interface {name}");
-    idx
-}
-
-/// A private directory on the shared bpffs; its pins are removed on drop.
-struct BpffsRoot(PathBuf);
-
-impl BpffsRoot {
-    fn new() -> Self {
-        static N: AtomicU32 = AtomicU32::new(0);
-        let n = N.fetch_add(1, Ordering::Relaxed);
-        let path = PathBuf::from(format!(
-            "/sys/fs/bpf/vmpath-fixture-{}-{n}",
-            std::process::id()
-        ));
-        BpffsRoot(path)
-    }
-}
-
-impl Drop for BpffsRoot {
-    fn drop(&mut self) {
-        let _ = dataplane::cleanup(&self.0);
-        let _ = std::fs::remove_dir(&self.0);
-    }
 }
 
 /// What one test run gave.
@@ -303,7 +249,7 @@ impl Fixture {
             ip(&["link", "set", &vm, "up"]);
             ifindex.insert(p, ifindex_of(host));
         }
-        let root = BpffsRoot::new();
+        let root = BpffsRoot::new("fixture");
         let dp = Dataplane::open(&root.0).expect("loading the data path");
         let mut fx = Fixture {
             dp,
@@ -688,7 +634,7 @@ fn run_table_after(setup: impl FnOnce(&mut Fixture) + Send, cases: Vec<Case>) {
             verify_checksums(want).unwrap_or_else(|e| panic!("{}: expected frame: {e}", c.name));
         }
     }
-    in_netns(|| {
+    in_fresh_netns(|| {
         let mut fx = Fixture::new();
         setup(&mut fx);
         let failures: Vec<String> = cases
@@ -1515,7 +1461,7 @@ fn learned_remote_macs() {
             udp(D, learned_mac, [10, 1, 0, 99]),
             Dropped(NO_DESTINATION)), 0),
     ];
-    in_netns(|| {
+    in_fresh_netns(|| {
         let mut fx = Fixture::new();
         // test_run does not execute redirects: any device stands in for
         // the vxlan device.
@@ -1894,7 +1840,7 @@ fn is_einval(r: &Result<Run, ProgramError>) -> bool {
 /// dropped as MALFORMED. Nothing refused may be counted.
 #[test]
 fn kernel_refuses_short_frames() {
-    in_netns(|| {
+    in_fresh_netns(|| {
         let fx = Fixture::new();
         let arp = arp_request(A.mac(), A.ip4(), GW1_IP4);
         for len in 0..14 {
@@ -2135,7 +2081,7 @@ fn passes_filters(f: &[u8]) -> bool {
 /// nothing forwarded ever got past the filters.
 #[test]
 fn random_frames_never_bypass_filters() {
-    in_netns(|| {
+    in_fresh_netns(|| {
         let mut fx = Fixture::new();
         fx.set_flags(P::A, FILTERS);
         let mut rng = XorShift(0x9e37_79b9_7f4a_7c15);
@@ -2554,7 +2500,7 @@ fn slow_path_meter() {
         meter_row("router solicitation: over the rate", RS, 0, Last::Future, &[F]),
         MeterRow { limited: false, ..meter_row("no limits programmed: unlimited", DHCP4, 0, Last::Future, &[T, T, T, T, T, T]) },
     ];
-    in_netns(|| {
+    in_fresh_netns(|| {
         // The buckets are per CPU: every row runs on one CPU, as one
         // flooding sender's frames do.
         pin_to_current_cpu();

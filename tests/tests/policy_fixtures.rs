@@ -10,22 +10,20 @@
 //! Needs root. Run with:
 //!   cargo test -p vmpath-tests --test policy_fixtures -- --test-threads=1
 
-use std::{
-    path::PathBuf,
-    process::Command,
-    sync::atomic::{AtomicU32, Ordering},
-};
-
 use aya::{
     maps::lpm_trie::Key,
     programs::{TestRun, TestRunOptions},
 };
 use etherparse::PacketBuilder;
-use vmpath::dataplane::{self, Dataplane};
+use vmpath::dataplane::Dataplane;
 use vmpath_common::{
     IdentityPrefix, POL_F_EGRESS, POL_F_INGRESS, POLICY_CB_DELIVER, POLICY_LEN_FULL,
     POLICY_LEN_IDENTITY, POLICY_LEN_PROTO, PolicyEndpoint, PolicyRuleKey, PortInfo, PortStats,
     default_gateway_mac, drop_reason, identity, policy_dir, prog_names,
+};
+use vmpath_tests::{
+    prog_fixture::{BpffsRoot, in_fresh_netns},
+    run,
 };
 
 const TC_ACT_SHOT: u32 = 2;
@@ -53,42 +51,11 @@ const ID_B: u32 = 301;
 const ID_C: u32 = 302;
 const ID_CIDR: u32 = 303;
 
-fn in_netns<T: Send>(f: impl FnOnce() -> T + Send) -> T {
-    std::thread::scope(|s| {
-        s.spawn(|| {
-            // SAFETY: unshare on this new thread only; no pointers involved.
-            let rc = unsafe { libc::unshare(libc::CLONE_NEWNET) };
-            assert_eq!(rc, 0, "unshare(CLONE_NEWNET) (tests must run as root)");
-            f()
-        })
-        .join()
-        .unwrap_or_else(|e| std::panic::resume_unwind(e))
-    })
-}
-
-fn sh(args: &[&str]) {
-    let out = Command::new(args[0]).args(&args[1..]).output().unwrap();
-    assert!(
-        out.status.success(),
-        "{}: {}",
-        args.join(" "),
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
-struct Root(PathBuf);
-impl Drop for Root {
-    fn drop(&mut self) {
-        let _ = dataplane::cleanup(&self.0);
-        let _ = std::fs::remove_dir(&self.0);
-    }
-}
-
 struct Fx {
     dp: Dataplane,
     port: u32,
     peer_port: u32,
-    _root: Root,
+    _root: BpffsRoot,
 }
 
 fn rule(dir: u8, id: u32, proto: u8, port: u16, len: u32) -> Key<PolicyRuleKey> {
@@ -97,21 +64,16 @@ fn rule(dir: u8, id: u32, proto: u8, port: u16, len: u32) -> Key<PolicyRuleKey> 
 
 impl Fx {
     fn new() -> Fx {
-        sh(&[
+        run(&[
             "ip", "link", "add", "pf-a", "type", "veth", "peer", "name", "pf-va",
         ]);
-        sh(&[
+        run(&[
             "ip", "link", "add", "pf-b", "type", "veth", "peer", "name", "pf-vb",
         ]);
         for i in ["pf-a", "pf-va", "pf-b", "pf-vb", "lo"] {
-            sh(&["ip", "link", "set", i, "up"]);
+            run(&["ip", "link", "set", i, "up"]);
         }
-        static N: AtomicU32 = AtomicU32::new(0);
-        let root = Root(PathBuf::from(format!(
-            "/sys/fs/bpf/vmpath-polfx-{}-{}",
-            std::process::id(),
-            N.fetch_add(1, Ordering::Relaxed)
-        )));
+        let root = BpffsRoot::new("polfx");
         let mut dp = Dataplane::open(&root.0).expect("loading the data path");
         let port = vmpath::netif::ifindex_of("pf-a").unwrap();
         let peer_port = vmpath::netif::ifindex_of("pf-b").unwrap();
@@ -278,7 +240,7 @@ fn arp_request() -> Vec<u8> {
 
 #[test]
 fn ingress_verdicts() {
-    in_netns(|| {
+    in_fresh_netns(|| {
         let fx = Fx::new();
         let table: Vec<(&str, Vec<u8>, u32)> = vec![
             (
@@ -341,7 +303,7 @@ fn ingress_verdicts() {
 
 #[test]
 fn replies_and_icmp_errors_of_allowed_flows_pass_others_do_not() {
-    in_netns(|| {
+    in_fresh_netns(|| {
         let fx = Fx::new();
         // A -> B UDP 81: egress rule. A -> C UDP 81: denied.
         let out = udp(A, B, 5000, 81);
@@ -380,7 +342,7 @@ fn replies_and_icmp_errors_of_allowed_flows_pass_others_do_not() {
 
 #[test]
 fn random_frames_from_outside_never_pass_a_deny() {
-    in_netns(|| {
+    in_fresh_netns(|| {
         let fx = Fx::new();
         // A fixed linear congruential sequence: the same frames each run.
         let mut x: u64 = 0x5eed_1234_abcd_0001;

@@ -15,22 +15,20 @@
 //! Needs root. Run with:
 //!   cargo test -p vmpath-tests --test snat_fixtures -- --test-threads=1
 
-use std::{
-    path::PathBuf,
-    process::Command,
-    sync::atomic::{AtomicU32, Ordering},
-};
-
 use aya::{
     maps::lpm_trie::Key,
     programs::{TestRun, TestRunOptions},
 };
 use etherparse::PacketBuilder;
-use vmpath::dataplane::{self, Dataplane};
+use vmpath::dataplane::Dataplane;
 use vmpath_common::{
     NET_F_GW4, NET_F_ROUTED, NET_F_SNAT, NetworkInfo, PORT_F_IP_FILTER, PORT_F_MAC_FILTER,
     PORT_F_MAC_KNOWN, PortInfo, PortStats, SnatConfig, Subnet4, default_gateway_mac, drop_reason,
     prog_names,
+};
+use vmpath_tests::{
+    prog_fixture::{BpffsRoot, ifindex_of, in_fresh_netns},
+    run,
 };
 
 const TC_ACT_SHOT: u32 = 2;
@@ -52,63 +50,29 @@ const NODE6: [u8; 16] = [0x20, 0x01, 0x0d, 0xb8, 0, 2, 0, 0, 0, 0, 0, 0, 0, 0, 0
 const PORT_MIN: u16 = 40000;
 const PORT_MAX: u16 = 40003;
 
-fn in_netns<T: Send>(f: impl FnOnce() -> T + Send) -> T {
-    std::thread::scope(|s| {
-        s.spawn(|| {
-            let rc = unsafe { libc::unshare(libc::CLONE_NEWNET) };
-            assert_eq!(rc, 0, "unshare(CLONE_NEWNET) (tests must run as root)");
-            f()
-        })
-        .join()
-        .unwrap_or_else(|e| std::panic::resume_unwind(e))
-    })
-}
-
-fn sh(args: &[&str]) {
-    let out = Command::new(args[0]).args(&args[1..]).output().unwrap();
-    assert!(
-        out.status.success(),
-        "{}: {}",
-        args.join(" "),
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
-fn ifindex_of(name: &str) -> u32 {
-    vmpath::netif::ifindex_of(name).unwrap_or_else(|| panic!("no interface {name}"))
-}
-
-struct Root(PathBuf);
-impl Drop for Root {
-    fn drop(&mut self) {
-        let _ = dataplane::cleanup(&self.0);
-        let _ = std::fs::remove_dir(&self.0);
-    }
-}
-
 struct Fx {
     dp: Dataplane,
     port: u32,
     uplink: u32,
-    _root: Root,
+    _root: BpffsRoot,
 }
 
 impl Fx {
     /// A VM port and an uplink with a route to the external host; the
     /// data path loaded with one SNAT network.
     fn new(egress_flag: u16) -> Fx {
-        sh(&[
+        run(&[
             "ip", "link", "add", "sf-port", "type", "veth", "peer", "name", "sf-vm",
         ]);
-        sh(&[
+        run(&[
             "ip", "link", "add", "sf-up", "type", "veth", "peer", "name", "sf-tor",
         ]);
         for i in ["sf-port", "sf-vm", "sf-up", "sf-tor", "lo"] {
-            sh(&["ip", "link", "set", i, "up"]);
+            run(&["ip", "link", "set", i, "up"]);
         }
-        sh(&["ip", "addr", "add", "192.0.2.1/24", "dev", "sf-up"]);
-        sh(&["ip", "link", "set", "sf-up", "address", "02:00:00:00:00:01"]);
-        sh(&[
+        run(&["ip", "addr", "add", "192.0.2.1/24", "dev", "sf-up"]);
+        run(&["ip", "link", "set", "sf-up", "address", "02:00:00:00:00:01"]);
+        run(&[
             "ip",
             "neigh",
             "add",
@@ -118,11 +82,11 @@ impl Fx {
             "dev",
             "sf-up",
         ]);
-        sh(&["ip", "route", "add", "198.51.100.0/24", "via", "192.0.2.2"]);
-        sh(&["sysctl", "-qw", "net.ipv4.ip_forward=1"]);
+        run(&["ip", "route", "add", "198.51.100.0/24", "via", "192.0.2.2"]);
+        run(&["sysctl", "-qw", "net.ipv4.ip_forward=1"]);
         // IPv6: the node's address on the uplink (NODE6), the ToR as the
         // next hop to the external host's prefix.
-        sh(&[
+        run(&[
             "ip",
             "-6",
             "addr",
@@ -132,7 +96,7 @@ impl Fx {
             "sf-up",
             "nodad",
         ]);
-        sh(&[
+        run(&[
             "ip",
             "-6",
             "neigh",
@@ -143,7 +107,7 @@ impl Fx {
             "dev",
             "sf-up",
         ]);
-        sh(&[
+        run(&[
             "ip",
             "-6",
             "route",
@@ -152,13 +116,8 @@ impl Fx {
             "via",
             "2001:db8:2::2",
         ]);
-        sh(&["sysctl", "-qw", "net.ipv6.conf.all.forwarding=1"]);
-        static N: AtomicU32 = AtomicU32::new(0);
-        let root = Root(PathBuf::from(format!(
-            "/sys/fs/bpf/vmpath-snatfx-{}-{}",
-            std::process::id(),
-            N.fetch_add(1, Ordering::Relaxed)
-        )));
+        run(&["sysctl", "-qw", "net.ipv6.conf.all.forwarding=1"]);
+        let root = BpffsRoot::new("snatfx");
         let mut dp = Dataplane::open(&root.0).expect("loading the data path");
         let port = ifindex_of("sf-port");
         let uplink = ifindex_of("sf-up");
@@ -486,7 +445,7 @@ fn round_trip(fx: &Fx, out_frame: Vec<u8>, reply: impl Fn(u16) -> Vec<u8>, vm_po
 
 #[test]
 fn snat_translates_udp_tcp_icmp_both_ways_with_valid_checksums() {
-    in_netns(|| {
+    in_fresh_netns(|| {
         let fx = Fx::new(NET_F_SNAT);
         let p1 = round_trip(
             &fx,
@@ -517,7 +476,7 @@ fn snat_translates_udp_tcp_icmp_both_ways_with_valid_checksums() {
 
 #[test]
 fn snat_port_exhaustion_and_quota_are_counted() {
-    in_netns(|| {
+    in_fresh_netns(|| {
         let mut fx = Fx::new(NET_F_SNAT);
         // Four ports in the range: four flows to one destination fit.
         let mut ports = std::collections::BTreeSet::new();
@@ -546,7 +505,7 @@ fn snat_port_exhaustion_and_quota_are_counted() {
 
 #[test]
 fn routed_egress_only_from_inside_the_subnets_and_unnated() {
-    in_netns(|| {
+    in_fresh_netns(|| {
         let fx = Fx::new(NET_F_ROUTED);
         let (v, out) = fx.egress(&tcp(VM_MAC, GW_MAC, VM_IP, EXT_IP, 33000, 443));
         assert_eq!(v, TC_ACT_REDIRECT);
@@ -748,7 +707,7 @@ fn check_icmp_error4(
 #[test]
 fn mtu_routed_and_snat_egress_answer_frag_needed_ipv4() {
     for flag in [NET_F_ROUTED, NET_F_SNAT] {
-        in_netns(|| {
+        in_fresh_netns(|| {
             let fx = Fx::with_mtu(flag, 1400);
             // At the MTU: forwarded.
             let (v, out) = fx.egress(&big4(VM_MAC, GW_MAC, VM_IP, EXT_IP, 1400, true));
@@ -772,7 +731,7 @@ fn mtu_routed_and_snat_egress_answer_frag_needed_ipv4() {
 
 #[test]
 fn mtu_gso_packets_are_judged_by_their_segment_size() {
-    in_netns(|| {
+    in_fresh_netns(|| {
         let fx = Fx::with_mtu(NET_F_ROUTED, 1400);
         // 3000 bytes of TCP in 1348-byte segments: each segment is 20 + 20
         // + 1348 = 1388 bytes on the wire, under the MTU: forwarded whole.
@@ -791,7 +750,7 @@ fn mtu_gso_packets_are_judged_by_their_segment_size() {
 
 #[test]
 fn mtu_routed_ingress_answers_the_external_sender_from_the_gateway() {
-    in_netns(|| {
+    in_fresh_netns(|| {
         let fx = Fx::with_mtu(NET_F_ROUTED, 1400);
         let f = big4(TOR_MAC, UPLINK_MAC, EXT_IP, VM_IP, 1450, true);
         let (v, out) = fx.ingress(&f);
@@ -820,7 +779,7 @@ fn check_icmp6_sum(ip: &[u8], icmp: &[u8]) {
 
 #[test]
 fn mtu_ipv6_packet_too_big_both_ways() {
-    in_netns(|| {
+    in_fresh_netns(|| {
         let fx = Fx::with_mtu(NET_F_ROUTED, 1400);
         for (f, eth, from, to, ingress) in [
             (
@@ -908,7 +867,7 @@ fn check_error_back(back: &[u8], vm_frame: &[u8], from: [u8; 4], icmp_type: u8) 
 
 #[test]
 fn snat_icmp_errors_are_translated_back_to_the_vm() {
-    in_netns(|| {
+    in_fresh_netns(|| {
         let fx = Fx::new(NET_F_SNAT);
         let router = [192, 0, 2, 2];
         // UDP to a closed port: port unreachable from the external host.
@@ -960,7 +919,7 @@ fn with_ttl(mut frame: Vec<u8>, ttl: u8) -> Vec<u8> {
 
 #[test]
 fn ttl_expiry_is_answered_with_time_exceeded_but_never_about_an_icmp_error() {
-    in_netns(|| {
+    in_fresh_netns(|| {
         // With the routed addresses, the IPv6 gateway (and MTU 1500).
         let fx = Fx::with_mtu(NET_F_ROUTED, 1500);
         // An echo request (ping -t 1) is answered like any datagram.
@@ -1418,7 +1377,7 @@ fn snat_with_routed_ingress_replies_of_inbound_flows_leave_unnated() {
             Expect::Dropped(drop_reason::INGRESS_NO_ENDPOINT),
         ),
     ];
-    in_netns(|| {
+    in_fresh_netns(|| {
         let fx = Fx::with_ingress();
         fx.run_rows(&rows);
         // The inbound flows are recorded under the tuples the VM's replies
@@ -1461,7 +1420,7 @@ fn snat_without_routed_ingress_translates_every_frame() {
             Expect::Dropped(drop_reason::SNAT_UNSUPPORTED),
         ),
     ];
-    in_netns(|| {
+    in_fresh_netns(|| {
         let fx = Fx::new(NET_F_SNAT);
         // A frame from outside to the VM's address is not routed to it:
         // it passes to the host stack, and nothing is recorded.
@@ -1479,7 +1438,7 @@ fn routed_ipv6_ingress_for_a_vm_elsewhere_is_relayed_over_the_overlay() {
     };
     const REMOTE6: [u8; 16] = [0xfd, 0x30, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0x22];
     const LOST6: [u8; 16] = [0xfd, 0x30, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0x24];
-    in_netns(|| {
+    in_fresh_netns(|| {
         let mut fx = Fx::with_mtu(NET_F_ROUTED, 1500);
         let uplink = fx.uplink;
         fx.dp
@@ -1754,7 +1713,7 @@ fn snat6_translates_outbound_flows_and_leaves_replies_of_inbound_ones_unnated() 
             Expect::Host,
         ),
     ];
-    in_netns(|| {
+    in_fresh_netns(|| {
         let fx = Fx::with_ingress6();
         fx.run_rows_in(&rows, &V6);
         let keys: std::collections::BTreeSet<_> = fx
@@ -1782,7 +1741,7 @@ fn snat6_translates_outbound_flows_and_leaves_replies_of_inbound_ones_unnated() 
 
 #[test]
 fn snat6_without_an_ipv6_snat_address_drops_and_counts() {
-    in_netns(|| {
+    in_fresh_netns(|| {
         let mut fx = Fx::new(NET_F_SNAT);
         let maps = fx.dp.maps_mut();
         let mut cfg = maps.snat_config.get(&0, 0).unwrap();
@@ -1855,7 +1814,7 @@ fn check_error6_back(back: &[u8], vm_frame: &[u8], from: [u8; 16], icmp_type: u8
 
 #[test]
 fn snat6_icmpv6_errors_are_translated_back_to_the_vm() {
-    in_netns(|| {
+    in_fresh_netns(|| {
         let fx = Fx::new(NET_F_SNAT);
         let router: [u8; 16] = [0x20, 0x01, 0x0d, 0xb8, 0, 2, 0, 0, 0, 0, 0, 0, 0, 0, 0, 2];
         // UDP to a closed port: port unreachable (1/4) from the host.

@@ -1,0 +1,58 @@
+//! What the BPF_PROG_TEST_RUN fixture tables share: a private network
+//! namespace per table, a private bpffs directory for the data path's pins,
+//! interface lookups.
+
+use std::{
+    path::PathBuf,
+    sync::atomic::{AtomicU32, Ordering},
+};
+
+use vmpath::dataplane;
+
+/// Runs `f` on a new thread inside a new network namespace (unshare only
+/// affects the calling thread; `ip` children inherit it). The namespace and
+/// its veths go away with the thread.
+pub fn in_fresh_netns<T: Send>(f: impl FnOnce() -> T + Send) -> T {
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            // SAFETY: unshare on this new thread only; no pointers involved.
+            let rc = unsafe { libc::unshare(libc::CLONE_NEWNET) };
+            assert_eq!(
+                rc,
+                0,
+                "unshare(CLONE_NEWNET): {} (tests must run as root)",
+                std::io::Error::last_os_error()
+            );
+            f()
+        })
+        .join()
+        .unwrap_or_else(|e| std::panic::resume_unwind(e))
+    })
+}
+
+/// The ifindex of `name` in the calling thread's namespace.
+pub fn ifindex_of(name: &str) -> u32 {
+    vmpath::netif::ifindex_of(name).unwrap_or_else(|| panic!("no interface {name}"))
+}
+
+/// A private directory on the shared bpffs (`/sys/fs/bpf/vmpath-<what>-<pid>-<n>`);
+/// the data path's pins in it are removed on drop.
+pub struct BpffsRoot(pub PathBuf);
+
+impl BpffsRoot {
+    pub fn new(what: &str) -> Self {
+        static N: AtomicU32 = AtomicU32::new(0);
+        let n = N.fetch_add(1, Ordering::Relaxed);
+        BpffsRoot(PathBuf::from(format!(
+            "/sys/fs/bpf/vmpath-{what}-{}-{n}",
+            std::process::id()
+        )))
+    }
+}
+
+impl Drop for BpffsRoot {
+    fn drop(&mut self) {
+        let _ = dataplane::cleanup(&self.0);
+        let _ = std::fs::remove_dir(&self.0);
+    }
+}
