@@ -358,6 +358,7 @@ pub fn translate(documents: &[RawDocument], node: &str) -> Translated {
                     mac,
                     ips,
                     migration: None,
+                    labels: pod.metadata.labels.clone(),
                 });
             }
             continue;
@@ -550,6 +551,10 @@ pub fn translate(documents: &[RawDocument], node: &str) -> Translated {
             let Some(vm_node) = running_node.clone() else {
                 continue; // not scheduled yet
             };
+            let mut labels = vmi.metadata.labels.clone();
+            if let Some(((pi, _), _)) = &running {
+                labels.extend(pods[*pi].value.metadata.labels.clone());
+            }
             let (port, file, from) = match &running {
                 Some(((pi, _), iface)) => {
                     let pod = &pods[*pi];
@@ -630,6 +635,7 @@ pub fn translate(documents: &[RawDocument], node: &str) -> Translated {
                 mac,
                 ips,
                 migration: migration_doc,
+                labels,
             });
         }
     }
@@ -793,6 +799,10 @@ struct Derived {
     mac: Option<String>,
     ips: Vec<String>,
     migration: Option<Value>,
+    /// The endpoint's labels, for NetworkPolicy and Services: a pod's own;
+    /// a VM's, its VMI's with its virt-launcher pod's over them (KubeVirt
+    /// copies the VMI's onto the pod and adds its own).
+    labels: BTreeMap<String, String>,
 }
 
 struct Translator<'a> {
@@ -983,6 +993,7 @@ impl Translator<'_> {
                 "metadata": {
                     "name": d.name,
                     "namespace": d.key.namespace,
+                    "labels": d.labels,
                     "annotations": {DERIVED_FROM_ANNOTATION: d.from},
                 },
                 "spec": spec,
@@ -1077,6 +1088,16 @@ mod tests {
             "the IPAMClaim's status.ips"
         );
         assert!(a.migration.is_none());
+        // NetworkPolicy selects the VM by its labels: the VMI's, and what
+        // KubeVirt put on its virt-launcher pod.
+        assert_eq!(
+            a.labels.get("kubevirt.io/vm").map(String::as_str),
+            Some("vm1")
+        );
+        assert_eq!(
+            a.labels.get("kubevirt.io").map(String::as_str),
+            Some("virt-launcher")
+        );
         assert!(
             a.source.document.contains(
                 "derived from VirtualMachineInstance prod/vm1 and Pod prod/virt-launcher-vm1-x7k2p"
@@ -1584,6 +1605,7 @@ items:
   metadata:
     name: web-0
     namespace: prod
+    labels: {app: web}
     annotations: {k8s.v1.cni.cncf.io/networks: 'blue'}
   spec: {nodeName: node-a}
   status: {phase: Running}
@@ -1607,6 +1629,11 @@ items:
         assert_eq!(
             (a.port.as_str(), a.mac),
             ("vmp77", Some([2, 0, 0, 0, 0x77, 1]))
+        );
+        assert_eq!(
+            a.labels.get("app").map(String::as_str),
+            Some("web"),
+            "the pod's labels"
         );
         // A CNI port of a pod without a Pod object is as before.
         let cfg = validate(&[("network.yaml", NETWORK)], vec![cni], "node-a");
