@@ -361,6 +361,7 @@ fn kubevirt_migrates_a_vm_through_its_objects_alone() {
     let bed = two_nodes();
     let source_port = host_port(&bed, "a", SOURCE_POD);
     let ping = bed.vm2.spawn(&["ping", "-n", "-i", PING_INTERVAL, VM1_IP]);
+    let ping_started = Instant::now();
     let (target, target_port) = start_migration(&bed);
 
     // The VM resumes on the target: QEMU announces it (RARP) at once,
@@ -426,8 +427,13 @@ sendp(rarp, iface='{IFNAME}')
     bed.server.delete(&pods(), "prod", SOURCE_POD);
     let (ok, result) = bed.cni("a", SOURCE_POD, &bed.vm1, "DEL");
     assert!(ok, "DEL of the source pod: {result}");
-    // Some pings after the move, then the count.
+    // Some pings after the move, then the count. The stream runs at least
+    // 1.5 s in all (a fast machine migrates sooner), so the count below
+    // means something.
     assert!(bed.vm2.ping(VM1_IP, 3), "vm2 -> vm1 on b");
+    if let Some(rest) = Duration::from_millis(1500).checked_sub(ping_started.elapsed()) {
+        std::thread::sleep(rest);
+    }
     let (sent, received) = stop_ping(ping);
     let lost = sent - received;
     eprintln!(
