@@ -145,7 +145,10 @@ fn tcp_and_udp_cross_at_full_offload_with_valid_checksums() {
         .as_f64()
         .unwrap_or_else(|| panic!("no UDP summary: {udp}"));
     assert!(packets > 1000.0, "UDP sent {packets} datagrams");
-    assert!(lost / packets < 0.05, "UDP lost {lost} of {packets}");
+    // Bad checksums lose (nearly) every datagram; an unpaced UDP stream on a
+    // busy 2-CPU machine (CI runs two tests at once, a TCG guest among them)
+    // loses a few percent to full socket buffers alone.
+    assert!(lost / packets < 0.25, "UDP lost {lost} of {packets}");
 
     // tcx keeps the VM side's offloads (XDP on a veth would switch TSO off).
     let offload = bed.vm1.ns.run(&["ethtool", "-k", "eth0"]);
