@@ -9,6 +9,17 @@ use std::{
 
 use vmpath::dataplane;
 
+/// tc verdicts a program returns.
+pub const TC_ACT_OK: u32 = 0;
+pub const TC_ACT_SHOT: u32 = 2;
+pub const TC_ACT_REDIRECT: u32 = 7;
+/// `struct __sk_buff` as BPF_PROG_TEST_RUN takes it: its size and the
+/// offsets of the fields the tables set or read.
+pub const SKB_CTX_LEN: usize = 192;
+pub const SKB_INGRESS_IFINDEX: usize = 36;
+pub const SKB_IFINDEX: usize = 40;
+pub const SKB_CB: usize = 48;
+
 /// Runs `f` on a new thread inside a new network namespace (unshare only
 /// affects the calling thread; `ip` children inherit it). The namespace and
 /// its veths go away with the thread.

@@ -40,23 +40,14 @@ use vmpath_common::{
     drop_reason::{self, *},
     link_local_from_mac,
 };
-use vmpath_tests::prog_fixture::{BpffsRoot, ifindex_of, in_fresh_netns};
+use vmpath_tests::prog_fixture::{
+    BpffsRoot, SKB_CTX_LEN, SKB_IFINDEX, SKB_INGRESS_IFINDEX, TC_ACT_OK, TC_ACT_REDIRECT,
+    TC_ACT_SHOT, ifindex_of, in_fresh_netns,
+};
 
 // ===========================================================================
 // Fixture harness
 // ===========================================================================
-
-const TC_ACT_OK: u32 = 0;
-const TC_ACT_SHOT: u32 = 2;
-const TC_ACT_REDIRECT: u32 = 7;
-
-/// `sizeof(struct __sk_buff)` and the offsets of the two fields we set
-/// (uapi/linux/bpf.h). test_run accepts a ctx_in in which only a few fields
-/// are non-zero (`convert___skb_to_skb`); `ifindex` selects the device the
-/// skb appears to arrive on.
-const SKB_CTX_LEN: usize = 192;
-const SKB_INGRESS_IFINDEX: usize = 36;
-const SKB_IFINDEX: usize = 40;
 
 /// Network 1: gateway with IPv4 and IPv6; ports A, B and C.
 const NET1: u32 = 100;

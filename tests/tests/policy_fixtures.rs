@@ -22,16 +22,12 @@ use vmpath_common::{
     default_gateway_mac, drop_reason, identity, policy_dir, prog_names,
 };
 use vmpath_tests::{
-    prog_fixture::{BpffsRoot, in_fresh_netns},
+    prog_fixture::{
+        BpffsRoot, SKB_CB, SKB_CTX_LEN, SKB_IFINDEX, SKB_INGRESS_IFINDEX, TC_ACT_REDIRECT,
+        TC_ACT_SHOT, in_fresh_netns,
+    },
     run,
 };
-
-const TC_ACT_SHOT: u32 = 2;
-const TC_ACT_REDIRECT: u32 = 7;
-const SKB_CTX_LEN: usize = 192;
-const SKB_INGRESS_IFINDEX: usize = 36;
-const SKB_IFINDEX: usize = 40;
-const SKB_CB: usize = 48;
 
 const NET: u32 = 700;
 const PORT_ID: u32 = 1;

@@ -27,15 +27,12 @@ use vmpath_common::{
     prog_names,
 };
 use vmpath_tests::{
-    prog_fixture::{BpffsRoot, ifindex_of, in_fresh_netns},
+    prog_fixture::{
+        BpffsRoot, SKB_CTX_LEN, SKB_IFINDEX, SKB_INGRESS_IFINDEX, TC_ACT_REDIRECT, TC_ACT_SHOT,
+        ifindex_of, in_fresh_netns,
+    },
     run,
 };
-
-const TC_ACT_SHOT: u32 = 2;
-const TC_ACT_REDIRECT: u32 = 7;
-const SKB_CTX_LEN: usize = 192;
-const SKB_INGRESS_IFINDEX: usize = 36;
-const SKB_IFINDEX: usize = 40;
 
 const NET: u32 = 600;
 const GW_MAC: [u8; 6] = default_gateway_mac(NET);
