@@ -12,6 +12,7 @@ pub mod dataplane;
 pub mod endpoints;
 pub mod events;
 pub mod hash;
+pub mod host_reach;
 pub mod ipam;
 pub mod metrics;
 pub mod migration;

@@ -258,6 +258,8 @@ fn main() -> Result<()> {
                     table = vmpath::routes::DEFAULT_TABLE,
                     "removed vmpath's exported routes"
                 );
+                let withdrawn = vmpath::host_reach::withdraw_all()?;
+                tracing::info!(withdrawn, "removed the node's routes to its endpoints");
                 tracing::info!(bpffs = %args.bpffs.display(), "removed every vmpath link and map");
                 return Ok(());
             }

@@ -292,6 +292,7 @@ fn ours(m: &RouteMessage, table: u32, protocol: u8) -> Option<ExportRoute> {
 pub struct NorthSouth {
     exporter: Option<RouteExporter>,
     exported: Option<BTreeSet<ExportRoute>>,
+    host_reach: crate::host_reach::HostReach,
     uplink: Option<u32>,
     warned_uplink: bool,
     ports_reserved: bool,
@@ -345,6 +346,7 @@ impl NorthSouth {
             crate::snat::sweep(dp.maps_mut());
             self.last_sweep = Some(std::time::Instant::now());
         }
+        self.host_reach.tick(cfg, plan, learned);
         let want = desired(cfg, plan, learned);
         if self.exported.as_ref() == Some(&want) {
             return;

@@ -280,6 +280,9 @@ pub const NET_F_IP_FILTER: u16 = 1 << 5;
 /// frame is the reply of a flow opened from outside (`vmp_inbound`); those
 /// leave un-NATed.
 pub const NET_F_INGRESS: u16 = 1 << 6;
+/// `role: Primary`: the node reaches the network's endpoints, so frames
+/// from them to the node's own addresses go up the node's stack.
+pub const NET_F_HOST_REACH: u16 = 1 << 7;
 
 /// The slow path's interfaces (`vmp_slow`, one slot).
 #[repr(C)]

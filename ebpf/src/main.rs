@@ -8,6 +8,7 @@ mod counters;
 mod csum;
 mod debug;
 mod fwd;
+mod host;
 mod icmp;
 mod learn;
 mod maps;

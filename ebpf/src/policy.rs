@@ -282,6 +282,12 @@ fn check(ctx: &TcContext, port_id: u32, ifindex: u32, network: u32, dir: u8) -> 
         match allowed_by(port_id, dir, identity_of(network, k.family, &peer), k) {
             Some(p) if seen == Seen::Opens => policy = p,
             _ if dir == policy_dir::INGRESS => reason = drop_reason::POLICY_DENIED_INGRESS,
+            // The node reaches its endpoints whatever their policy: their
+            // answers to it pass (not tracked: the node's flows are not seen).
+            _ if reaches_node(ctx, ifindex, network, k) => {
+                count(port_id, dir, true);
+                return Ok(());
+            }
             _ => reason = drop_reason::POLICY_DENIED_EGRESS,
         }
     } else if seen == Seen::Related {
@@ -305,6 +311,17 @@ fn check(ctx: &TcContext, port_id: u32, ifindex: u32, network: u32, dir: u8) -> 
     count(port_id, dir, reason == 0);
     crate::monitor::policy(ctx, ifindex, k, reason, policy);
     if reason == 0 { Ok(()) } else { Err(reason) }
+}
+
+/// An answer from an endpoint of a host-reach network to its node.
+#[inline(always)]
+fn reaches_node(ctx: &TcContext, ifindex: u32, network: u32, k: &PolicyFlowKey) -> bool {
+    // SAFETY: a map lookup; the value stays valid for this program run.
+    let Some(net) = (unsafe { crate::maps::NETWORKS.get(&network) }) else {
+        return false;
+    };
+    net.flags & vmpath_common::NET_F_HOST_REACH != 0
+        && crate::host::answers_node(ctx, ifindex, k.family, &k.src, &k.dst)
 }
 
 /// A flow this endpoint opened the same way (`k` as it is), or a reply to

@@ -21,13 +21,14 @@ use network_types::{
     ip::{Ipv4Hdr, Ipv6Hdr},
 };
 use vmpath_common::{
-    AddrKey, NET_F_GW4, NET_F_GW6, NET_F_ROUTED, NET_F_SNAT, NO_PORT_ID, NetworkInfo, PortInfo,
-    RoutedAddr, Subnet4, Subnet6, drop_reason, kernel_af, maps, tail_call,
+    AddrKey, NET_F_GW4, NET_F_GW6, NET_F_HOST_REACH, NET_F_ROUTED, NET_F_SNAT, NO_PORT_ID,
+    NetworkInfo, PortInfo, RoutedAddr, Subnet4, Subnet6, drop_reason, kernel_af, maps, tail_call,
 };
 
 use crate::{
     counters, csum,
     fwd::{self, Verdict},
+    host,
     maps::{NETWORKS, PORTS},
     mtu,
     parse::{ETH_LEN, ETH_P_IP, ETH_P_IPV6, hdr, hdr_mut, words16, write_mac, zeroed},
@@ -150,6 +151,9 @@ fn egress4_inner(
     if !spoof::ip_filter_on(port) && !in_subnet4(port.network, src) {
         return Err(drop_reason::ROUTE_SRC_OUTSIDE);
     }
+    if net.flags & NET_F_HOST_REACH != 0 && host::to_node4(ctx, ifindex, src, ip.dst_addr) {
+        return host::deliver(ctx);
+    }
     let from = if net.flags & NET_F_GW4 != 0 {
         net.gw_ip4
     } else {
@@ -213,6 +217,9 @@ fn egress6_inner(ctx: &TcContext, ifindex: u32, port: &PortInfo, net: &NetworkIn
         spoof::ip_filter_on(port) && !spoof::is_link_local6(src) && !spoof::is_unspecified6(src);
     if !own && !in_subnet6(port.network, src) {
         return Err(drop_reason::ROUTE_SRC_OUTSIDE);
+    }
+    if net.flags & NET_F_HOST_REACH != 0 && host::to_node6(ctx, ifindex, src, &ip.dst_addr) {
+        return host::deliver(ctx);
     }
     let (hop, payload_len, next_hdr) = (ip.hop_limit, ip.payload_len, ip.next_hdr);
     let from = if net.flags & NET_F_GW6 != 0 {

@@ -56,6 +56,9 @@ pub fn north_south(cfg: &Resolved, node: &str, plan: &mut Plan) {
             } else {
                 NET_F_SNAT
             };
+            if net.role == crate::config::model::Role::Primary {
+                info.flags |= vmpath_common::NET_F_HOST_REACH;
+            }
         }
         for s in &net.subnets {
             let s = s.trunc();
