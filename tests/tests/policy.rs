@@ -11,7 +11,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use vmpath_tests::{Node, SCAPY_PYTHON, Vm, vmpath::common::drop_reason, wait_for};
+use vmpath_tests::{Netns, Node, SCAPY_PYTHON, Vm, multus, vmpath::common::drop_reason, wait_for};
 
 const NAMESPACES: [&str; 3] = ["x", "y", "z"];
 const PODS: [&str; 3] = ["a", "b", "c"];
@@ -88,8 +88,13 @@ for line in sys.stdin:
 struct Endpoint {
     ns: &'static str,
     pod: &'static str,
+    /// A VM's namespace and port; for a pod, its network namespace and
+    /// the port `vmpath-cni` made for it.
     vm: Vm,
     ip: String,
+    /// A plain pod whose interface the runtime created through vmpath-cni
+    /// (its labels and named ports from its Pod object), not a VM.
+    is_pod: bool,
 }
 
 impl Endpoint {
@@ -117,6 +122,26 @@ fn ip_of(n: usize, p: usize) -> String {
     format!("10.51.{n}.{}", p + 10)
 }
 
+/// One of each namespace's endpoints is a pod, the others VMs.
+fn is_pod(n: usize, p: usize) -> bool {
+    (n + p) % 3 == 1
+}
+
+/// The NetworkAttachmentDefinition of network pol in `ns`.
+fn nad(ns: &str) -> String {
+    format!(
+        "apiVersion: k8s.cni.cncf.io/v1\nkind: NetworkAttachmentDefinition\nmetadata: {{name: pol, namespace: {ns}}}\nspec:\n  config: '{{\"cniVersion\": \"1.1.0\", \"name\": \"pol\", \"type\": \"vmpath-cni\", \"network\": \"pol\"}}'\n"
+    )
+}
+
+/// A plain pod on network pol with its address (a Multus selection's
+/// `ips`), its labels and the named port its container declares.
+fn pod_doc(ns: &str, pod: &str, ip: &str) -> String {
+    format!(
+        "apiVersion: v1\nkind: Pod\nmetadata:\n  name: {pod}\n  namespace: {ns}\n  labels: {{pod: {pod}}}\n  annotations: {{k8s.v1.cni.cncf.io/networks: '[{{\"name\": \"pol\", \"interface\": \"eth0\", \"ips\": [\"{ip}/16\"]}}]'}}\nspec:\n  nodeName: a\n  containers: [{{name: serve, image: busybox, ports: [{{name: serve-81-udp, containerPort: 81, protocol: UDP}}]}}]\nstatus: {{phase: Running}}\n"
+    )
+}
+
 fn base_config(endpoints: &[Endpoint]) -> String {
     let mut docs = vec![
         "apiVersion: vmpath.dev/v1alpha1\nkind: Network\nmetadata: {name: pol}\nspec: {id: 510, subnets: [10.51.0.0/16], defaultGatewayIPs: [10.51.255.1], ipam: {mode: Disabled}}\n".to_string(),
@@ -125,8 +150,13 @@ fn base_config(endpoints: &[Endpoint]) -> String {
         docs.push(format!(
             "apiVersion: v1\nkind: Namespace\nmetadata: {{name: {ns}, labels: {{ns: {ns}}}}}\n"
         ));
+        docs.push(nad(ns));
     }
     for e in endpoints {
+        if e.is_pod {
+            docs.push(pod_doc(e.ns, e.pod, &e.ip));
+            continue;
+        }
         docs.push(format!(
             "apiVersion: vmpath.dev/v1alpha1\nkind: Attachment\nmetadata: {{name: {pod}, namespace: {ns}, labels: {{pod: {pod}}}}}\nspec:\n  vm: {pod}\n  interface: eth0\n  network: pol\n  node: a\n  port: {port}\n  mac: \"{mac}\"\n  ips: [\"{ip}/16\"]\n  ports: [{{name: serve-81-udp, port: 81, protocol: UDP}}]\n",
             pod = e.pod,
@@ -142,22 +172,83 @@ fn base_config(endpoints: &[Endpoint]) -> String {
 fn bed() -> Bed {
     let mut node = Node::new("a");
     let mut endpoints = Vec::new();
+    let mut pods = Vec::new();
     for (n, ns) in NAMESPACES.iter().enumerate() {
         for (p, pod) in PODS.iter().enumerate() {
             let ip = ip_of(n, p);
+            if is_pod(n, p) {
+                pods.push((*ns, *pod, ip));
+                continue;
+            }
             let vm = node.add_vm(
                 &format!("{ns}{pod}"),
                 &format!("52:54:00:51:{n:02x}:{p:02x}"),
                 &[&format!("{ip}/16")],
                 None,
             );
-            endpoints.push(Endpoint { ns, pod, vm, ip });
+            endpoints.push(Endpoint {
+                ns,
+                pod,
+                vm,
+                ip,
+                is_pod: false,
+            });
         }
     }
+    // The pods' documents go in with the rest: their ports come below.
+    let pod_endpoints: Vec<Endpoint> = pods
+        .iter()
+        .map(|(ns, pod, ip)| Endpoint {
+            ns,
+            pod,
+            vm: Vm {
+                ns: Netns::new(format!("vt{}-{ns}{pod}", node.tag)),
+                port: String::new(),
+                mac: String::new(),
+            },
+            ip: ip.clone(),
+            is_pod: true,
+        })
+        .collect();
+    endpoints.extend(pod_endpoints);
     node.write_config("base.yaml", &base_config(&endpoints));
     node.start_agent();
-    let ports: Vec<&str> = endpoints.iter().map(|e| e.vm.port.as_str()).collect();
+    let ports: Vec<&str> = endpoints
+        .iter()
+        .filter(|e| !e.is_pod)
+        .map(|e| e.vm.port.as_str())
+        .collect();
     node.wait_ports(&ports);
+    // The runtime creates each pod's interface through vmpath-cni, with
+    // the NAD's config, as Multus does.
+    let conf = multus::nad_conf(&nad("x"), &node);
+    for e in endpoints.iter_mut().filter(|e| e.is_pod) {
+        let container = format!("c{}{}{}", node.tag, e.ns, e.pod);
+        let (ok, result) = multus::call(
+            &node,
+            "ADD",
+            &multus::Call {
+                conf: &conf,
+                pod_namespace: e.ns,
+                pod: e.pod,
+                ifname: "eth0",
+                netns: &e.vm.ns,
+                container: &container,
+            },
+        );
+        assert!(ok, "CNI ADD of pod {}/{}: {result}", e.ns, e.pod);
+        assert_eq!(
+            result["ips"][0]["address"],
+            format!("{}/16", e.ip),
+            "pod {}/{} has the address its Multus selection asks for: {result}",
+            e.ns,
+            e.pod
+        );
+        e.vm.port = result["interfaces"][0]["name"]
+            .as_str()
+            .unwrap()
+            .to_string();
+    }
     let mut servers = Vec::new();
     for e in &endpoints {
         let mut child = e.vm.ns.spawn(&[SCAPY_PYTHON, "-u", "-c", SERVER]);
@@ -620,7 +711,13 @@ fn policies_apply_across_the_overlay() {
         );
         let ns = NAMESPACES.iter().find(|x| **x == ns).unwrap();
         let pod = PODS.iter().find(|x| **x == pod).unwrap();
-        endpoints.push(Endpoint { ns, pod, vm, ip });
+        endpoints.push(Endpoint {
+            ns,
+            pod,
+            vm,
+            ip,
+            is_pod: false,
+        });
     }
     let mut config = base_config(&endpoints);
     // Each endpoint on its own node.

@@ -68,6 +68,28 @@ pub struct Pod {
 pub struct PodSpec {
     #[serde(default)]
     pub node_name: Option<String>,
+    #[serde(default)]
+    pub containers: Vec<Container>,
+}
+
+/// The part of a container vmpath reads: its ports, which NetworkPolicies
+/// may name (KubeVirt puts a VMI interface's `ports` on the virt-launcher
+/// pod's compute container).
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Container {
+    #[serde(default)]
+    pub ports: Vec<ContainerPort>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ContainerPort {
+    #[serde(default)]
+    pub name: Option<String>,
+    pub container_port: u16,
+    #[serde(default)]
+    pub protocol: Option<String>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize)]
@@ -78,6 +100,26 @@ pub struct PodStatus {
 }
 
 impl Pod {
+    /// The pod's named container ports, as an Attachment's `ports`.
+    pub fn named_ports(&self) -> Vec<serde_json::Value> {
+        self.spec
+            .containers
+            .iter()
+            .flat_map(|c| &c.ports)
+            .filter_map(|p| {
+                let name = p.name.as_ref()?;
+                Some(serde_json::json!({
+                    "name": name,
+                    "port": p.container_port,
+                    "protocol": p.protocol.as_deref().unwrap_or("TCP"),
+                }))
+            })
+            // An Attachment holds at most this many; a pod with more keeps
+            // its first ones (policies naming the rest match nothing).
+            .take(crate::config::source::limits::MAX_SHORT_LIST)
+            .collect()
+    }
+
     /// A pod that is over holds no port.
     pub fn finished(&self) -> bool {
         matches!(

@@ -359,6 +359,7 @@ pub fn translate(documents: &[RawDocument], node: &str) -> Translated {
                     ips,
                     migration: None,
                     labels: pod.metadata.labels.clone(),
+                    ports: pod.named_ports(),
                 });
             }
             continue;
@@ -552,8 +553,10 @@ pub fn translate(documents: &[RawDocument], node: &str) -> Translated {
                 continue; // not scheduled yet
             };
             let mut labels = vmi.metadata.labels.clone();
+            let mut named_ports = Vec::new();
             if let Some(((pi, _), _)) = &running {
                 labels.extend(pods[*pi].value.metadata.labels.clone());
+                named_ports = pods[*pi].value.named_ports();
             }
             let (port, file, from) = match &running {
                 Some(((pi, _), iface)) => {
@@ -636,6 +639,7 @@ pub fn translate(documents: &[RawDocument], node: &str) -> Translated {
                 ips,
                 migration: migration_doc,
                 labels,
+                ports: named_ports,
             });
         }
     }
@@ -803,6 +807,8 @@ struct Derived {
     /// a VM's, its VMI's with its virt-launcher pod's over them (KubeVirt
     /// copies the VMI's onto the pod and adds its own).
     labels: BTreeMap<String, String>,
+    /// Named ports its pod declares (a VM's: its virt-launcher pod's).
+    ports: Vec<Value>,
 }
 
 struct Translator<'a> {
@@ -983,6 +989,9 @@ impl Translator<'_> {
         }
         if let Some(m) = d.migration {
             spec["migration"] = m;
+        }
+        if !d.ports.is_empty() {
+            spec["ports"] = d.ports.into();
         }
         self.out.documents.push(RawDocument {
             file: d.file,
@@ -1607,7 +1616,14 @@ items:
     namespace: prod
     labels: {app: web}
     annotations: {k8s.v1.cni.cncf.io/networks: 'blue'}
-  spec: {nodeName: node-a}
+  spec:
+    nodeName: node-a
+    containers:
+    - name: web
+      ports:
+      - {name: http, containerPort: 8080}
+      - {name: dns, containerPort: 53, protocol: UDP}
+      - {containerPort: 9000}
   status: {phase: Running}
 ";
         let cni = cni_port("web-0", "net1", "vmp77");
@@ -1634,6 +1650,16 @@ items:
             a.labels.get("app").map(String::as_str),
             Some("web"),
             "the pod's labels"
+        );
+        let ports: Vec<(&str, u16, u8)> = a
+            .ports
+            .iter()
+            .map(|p| (p.name.as_str(), p.port, p.protocol))
+            .collect();
+        assert_eq!(
+            ports,
+            [("http", 8080, 6), ("dns", 53, 17)],
+            "the pod's named container ports (TCP unless said), for NetworkPolicies naming them"
         );
         // A CNI port of a pod without a Pod object is as before.
         let cfg = validate(&[("network.yaml", NETWORK)], vec![cni], "node-a");
