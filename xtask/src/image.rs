@@ -6,7 +6,8 @@
 //! fixed time (SOURCE_DATE_EPOCH, else the commit's time), and every JSON
 //! document is written the same way, so the same sources and toolchain give
 //! the same digest. The result is an OCI archive that `podman load`,
-//! `ctr images import` and `skopeo copy oci-archive:` take.
+//! `ctr images import` and `skopeo copy oci-archive:` take. The BIRD
+//! sidecar's image is built next to it, with the same tag (`image_bird`).
 
 use std::{
     fs,
@@ -19,7 +20,7 @@ use std::{
 use anyhow::{Context as _, Result, bail, ensure};
 use serde_json::{Value, json};
 
-use crate::{cargo, cmd};
+use crate::{cargo, cmd, image_bird};
 
 /// The repository part of the image reference; `--name` changes it.
 pub const DEFAULT_NAME: &str = "localhost/vmpath";
@@ -84,23 +85,27 @@ impl Image {
 pub fn run(opts: &Options) -> Result<()> {
     let start = Instant::now();
     let image = build(&opts.name, opts.version_suffix.as_deref())?;
+    let bird = image_bird::build(&image)?;
     if opts.json {
-        println!("{}", image.to_json());
+        let mut v = image.to_json();
+        v["bird"] = bird.to_json();
+        println!("{v}");
         return Ok(());
     }
-    let archive_size = fs::metadata(&image.archive).map(|m| m.len()).unwrap_or(0);
-    println!("image:    {}", image.reference);
-    println!("digest:   {}", image.digest);
-    println!(
-        "size:     {:.1} MiB (one layer), archive {:.1} MiB",
-        mib(image.layer_size),
-        mib(archive_size)
-    );
-    println!("archive:  {}", image.archive.display());
+    for i in [&image, &bird] {
+        let archive_size = fs::metadata(&i.archive).map(|m| m.len()).unwrap_or(0);
+        println!("image:    {}", i.reference);
+        println!("digest:   {}", i.digest);
+        println!(
+            "size:     {:.1} MiB (one layer), archive {:.1} MiB",
+            mib(i.layer_size),
+            mib(archive_size)
+        );
+        println!("archive:  {}", i.archive.display());
+    }
     println!("built in  {:.0?}", start.elapsed());
     println!(
-        "load it:  podman load -i {0}   or on a node: ctr -n k8s.io images import {0}",
-        image.archive.display()
+        "load them: podman load -i ARCHIVE   or on a node: ctr -n k8s.io images import ARCHIVE"
     );
     Ok(())
 }
@@ -137,7 +142,6 @@ pub fn build(name: &str, version_suffix: Option<&str>) -> Result<Image> {
             }
         })
         .collect();
-    let reference = format!("{name}:{tag}");
     let epoch = source_date_epoch()?;
 
     let mut layer = Tar::default();
@@ -150,25 +154,76 @@ pub fn build(name: &str, version_suffix: Option<&str>) -> Result<Image> {
         let data = fs::read(&path).with_context(|| format!("reading {}", path.display()))?;
         layer.file(&format!("{BIN_DIR}/{bin}"), 0o755, epoch, &data);
     }
-    let layer = layer.finish();
-    let layer_digest = sha256(&layer)?;
-
-    let created = rfc3339(epoch)?;
     let labels = json!({
         "org.opencontainers.image.title": "vmpath",
         "org.opencontainers.image.description": "vmpath node agent, CLI and CNI plugin",
         "org.opencontainers.image.version": version,
         "org.opencontainers.image.revision": revision,
         "org.opencontainers.image.licenses": "MIT OR Apache-2.0",
-        "org.opencontainers.image.created": created,
     });
+    let written = write_archive(&Assembly {
+        dir: image_dir()?,
+        file_prefix: "vmpath-",
+        reference: format!("{name}:{tag}"),
+        tag: &tag,
+        epoch,
+        layer: layer.finish(),
+        labels,
+        env: vec![format!("PATH=/{BIN_DIR}")],
+        cmd: vec!["vmpath".into(), "agent".into()],
+    })?;
+    prune_other_revisions(&image_dir()?, "vmpath-", &revision);
+    Ok(Image {
+        archive: written.archive,
+        reference: written.reference,
+        version,
+        revision,
+        digest: written.digest,
+        layer_size: written.layer_size,
+    })
+}
+
+/// What goes into one image: its one layer and its config.
+pub(crate) struct Assembly<'a> {
+    /// Where the archive is written, as `<file_prefix><tag>.oci.tar`.
+    pub dir: PathBuf,
+    pub file_prefix: &'a str,
+    /// `<name>:<tag>`.
+    pub reference: String,
+    pub tag: &'a str,
+    /// The one time every entry and the config carry.
+    pub epoch: u64,
+    /// The layer, an uncompressed tar (see [`Tar`]).
+    pub layer: Vec<u8>,
+    /// OCI annotations, also the config's labels (`created` is added).
+    pub labels: Value,
+    pub env: Vec<String>,
+    pub cmd: Vec<String>,
+}
+
+/// An archive written by [`write_archive`].
+pub(crate) struct Written {
+    pub archive: PathBuf,
+    pub reference: String,
+    pub digest: String,
+    pub layer_size: u64,
+}
+
+/// Writes `a` as an OCI archive (config, layer and manifest blobs sorted,
+/// index naming the reference for podman, skopeo and containerd alike).
+pub(crate) fn write_archive(a: &Assembly) -> Result<Written> {
+    let epoch = a.epoch;
+    let layer_digest = sha256(&a.layer)?;
+    let created = rfc3339(epoch)?;
+    let mut labels = a.labels.clone();
+    labels["org.opencontainers.image.created"] = json!(created);
     let config = json!({
         "architecture": oci_arch()?,
         "os": "linux",
         "created": created,
         "config": {
-            "Env": [format!("PATH=/{BIN_DIR}")],
-            "Cmd": ["vmpath", "agent"],
+            "Env": a.env,
+            "Cmd": a.cmd,
             "Labels": labels,
         },
         "rootfs": {"type": "layers", "diff_ids": [layer_digest]},
@@ -187,7 +242,7 @@ pub fn build(name: &str, version_suffix: Option<&str>) -> Result<Image> {
         "layers": [{
             "mediaType": "application/vnd.oci.image.layer.v1.tar",
             "digest": layer_digest,
-            "size": layer.len(),
+            "size": a.layer.len(),
         }],
         "annotations": labels,
     }))?;
@@ -202,18 +257,18 @@ pub fn build(name: &str, version_suffix: Option<&str>) -> Result<Image> {
             "annotations": {
                 // containerd (`ctr images import`) names the image by this,
                 // podman and skopeo by the ref name.
-                "io.containerd.image.name": reference,
-                "org.opencontainers.image.ref.name": reference,
+                "io.containerd.image.name": a.reference,
+                "org.opencontainers.image.ref.name": a.reference,
             },
         }],
     }))?;
 
     let mut blobs = vec![
-        (blob_path(&config_digest), config),
-        (blob_path(&layer_digest), layer),
-        (blob_path(&digest), manifest),
+        (blob_path(&config_digest), &config),
+        (blob_path(&layer_digest), &a.layer),
+        (blob_path(&digest), &manifest),
     ];
-    blobs.sort_by(|a, b| a.0.cmp(&b.0));
+    blobs.sort_by(|x, y| x.0.cmp(&y.0));
     let mut archive = Tar::default();
     archive.dir("blobs/", 0o755, epoch);
     archive.dir("blobs/sha256/", 0o755, epoch);
@@ -227,26 +282,18 @@ pub fn build(name: &str, version_suffix: Option<&str>) -> Result<Image> {
         epoch,
         br#"{"imageLayoutVersion":"1.0.0"}"#,
     );
-    let layer_size = blobs
-        .iter()
-        .find(|(p, _)| *p == blob_path(&layer_digest))
-        .map(|(_, d)| d.len() as u64)
-        .unwrap_or(0);
 
-    let dir = image_dir()?;
-    fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
-    let path = dir.join(format!("vmpath-{tag}.oci.tar"));
-    let tmp = dir.join(format!(".vmpath-{tag}.oci.tar.tmp"));
+    fs::create_dir_all(&a.dir).with_context(|| format!("creating {}", a.dir.display()))?;
+    let name = format!("{}{}.oci.tar", a.file_prefix, a.tag);
+    let path = a.dir.join(&name);
+    let tmp = a.dir.join(format!(".{name}.tmp"));
     fs::write(&tmp, archive.finish()).with_context(|| format!("writing {}", tmp.display()))?;
     fs::rename(&tmp, &path).with_context(|| format!("writing {}", path.display()))?;
-    prune_other_revisions(&dir, &revision);
-    Ok(Image {
+    Ok(Written {
         archive: path,
-        reference,
-        version,
-        revision,
+        reference: a.reference.clone(),
         digest,
-        layer_size,
+        layer_size: a.layer.len() as u64,
     })
 }
 
@@ -276,8 +323,9 @@ pub fn build_with_successor(suffix: &str) -> Result<(Image, Image)> {
     Ok((image, next))
 }
 
-/// Removes archives of other revisions (one per commit would pile up).
-fn prune_other_revisions(dir: &Path, revision: &str) {
+/// Removes `prefix` archives of other revisions (one per commit would pile
+/// up).
+pub(crate) fn prune_other_revisions(dir: &Path, prefix: &str, revision: &str) {
     if revision == "unknown" {
         return;
     }
@@ -286,7 +334,11 @@ fn prune_other_revisions(dir: &Path, revision: &str) {
     };
     for entry in entries.flatten() {
         let name = entry.file_name().to_string_lossy().into_owned();
-        if name.starts_with("vmpath-")
+        let Some(rest) = name.strip_prefix(prefix) else {
+            continue;
+        };
+        // `vmpath-` must not take `vmpath-bird-` archives for its own.
+        if rest.starts_with(|c: char| c.is_ascii_digit())
             && name.ends_with(".oci.tar")
             && !name.ends_with(&format!("-{revision}.oci.tar"))
         {
@@ -295,7 +347,7 @@ fn prune_other_revisions(dir: &Path, revision: &str) {
     }
 }
 
-fn image_dir() -> Result<PathBuf> {
+pub(crate) fn image_dir() -> Result<PathBuf> {
     Ok(cargo::target_dir()?.join("image"))
 }
 
@@ -427,7 +479,7 @@ fn reported_version(bins: &Path) -> Result<(String, String)> {
 }
 
 /// SOURCE_DATE_EPOCH when set, else the time of the commit built, else 0.
-fn source_date_epoch() -> Result<u64> {
+pub(crate) fn source_date_epoch() -> Result<u64> {
     if let Ok(v) = std::env::var("SOURCE_DATE_EPOCH") {
         return v
             .trim()
@@ -476,16 +528,16 @@ fn sha256(data: &[u8]) -> Result<String> {
 /// A ustar archive in memory: entries in the order given, numeric owner 0,
 /// one timestamp; nothing of the build machine (user names, atimes).
 #[derive(Default)]
-struct Tar {
+pub(crate) struct Tar {
     data: Vec<u8>,
 }
 
 impl Tar {
-    fn dir(&mut self, name: &str, mode: u32, mtime: u64) {
+    pub(crate) fn dir(&mut self, name: &str, mode: u32, mtime: u64) {
         self.entry(name, mode, mtime, b'5', &[]);
     }
 
-    fn file(&mut self, name: &str, mode: u32, mtime: u64, data: &[u8]) {
+    pub(crate) fn file(&mut self, name: &str, mode: u32, mtime: u64, data: &[u8]) {
         self.entry(name, mode, mtime, b'0', data);
     }
 
@@ -517,7 +569,7 @@ impl Tar {
         }
     }
 
-    fn finish(mut self) -> Vec<u8> {
+    pub(crate) fn finish(mut self) -> Vec<u8> {
         self.data.resize(self.data.len() + 1024, 0);
         self.data
     }

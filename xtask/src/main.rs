@@ -10,6 +10,7 @@ mod cmd;
 mod demo;
 mod guest;
 mod image;
+mod image_bird;
 mod setup;
 mod test;
 mod toolchain;
@@ -39,8 +40,9 @@ enum Command {
     /// Build the eBPF object on its own and print its path.
     BuildEbpf,
     /// Build vmpath's OCI image (static binaries, no base image, no
-    /// registry) into target/image/, reproducibly; print its reference,
-    /// digest and size.
+    /// registry) and the BIRD sidecar's (from the host's bird2 package)
+    /// into target/image/, reproducibly; print their references, digests
+    /// and sizes.
     Image(image::Options),
     /// Run setup, build the agent and the image and run the whole test
     /// suite (as root).

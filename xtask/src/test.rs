@@ -1,11 +1,12 @@
 //! `cargo xtask test`: setup, build the agent and the image, run every test
 //! crate with VMPATH_BIN pointing at the agent binary the integration tests
 //! start, VMPATH_IMAGE and VMPATH_IMAGE_NEXT at the image archives the image
-//! tests run (the second reports another version: the upgrade's target).
+//! tests run (the second reports another version: the upgrade's target),
+//! VMPATH_BIRD_IMAGE at the BIRD sidecar's image.
 
 use anyhow::Result;
 
-use crate::{cargo, cmd, image, setup};
+use crate::{cargo, cmd, image, image_bird, setup};
 
 /// The version suffix of the image the upgrade test moves to.
 const NEXT_SUFFIX: &str = "-next";
@@ -18,6 +19,7 @@ pub fn run(args: Vec<String>) -> Result<()> {
     setup::run()?;
     let bin = cargo::build_agent()?;
     let (current, next) = image::build_with_successor(NEXT_SUFFIX)?;
+    let bird = image_bird::build(&current)?;
     let args = if args.is_empty() {
         DEFAULT_ARGS.iter().map(|s| s.to_string()).collect()
     } else {
@@ -32,12 +34,14 @@ pub fn run(args: Vec<String>) -> Result<()> {
         .args(&args)
         .env("VMPATH_BIN", &bin)
         .env("VMPATH_IMAGE", &current.archive)
-        .env("VMPATH_IMAGE_NEXT", &next.archive);
+        .env("VMPATH_IMAGE_NEXT", &next.archive)
+        .env("VMPATH_BIRD_IMAGE", &bird.archive);
     println!(
-        "$ VMPATH_BIN={} VMPATH_IMAGE={} VMPATH_IMAGE_NEXT={} {}",
+        "$ VMPATH_BIN={} VMPATH_IMAGE={} VMPATH_IMAGE_NEXT={} VMPATH_BIRD_IMAGE={} {}",
         bin.display(),
         current.archive.display(),
         next.archive.display(),
+        bird.archive.display(),
         cmd::display(&c)
     );
     cmd::run("running the tests", &mut c)
