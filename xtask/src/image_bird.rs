@@ -122,21 +122,21 @@ pub fn assemble(
             parent = p.parent();
         }
     }
-    let mut entries: Vec<(String, Option<(u32, PathBuf)>, u32)> = dirs
+    // One map, so the entries come out sorted by path.
+    let mut entries: BTreeMap<String, Entry> = dirs
         .into_iter()
-        .map(|(d, mode)| (d, None, mode))
-        .chain(
-            files
-                .into_iter()
-                .map(|(f, (mode, from))| (f, Some((mode, from)), 0)),
-        )
+        .map(|(d, mode)| (d, Entry::Dir(mode)))
         .collect();
-    entries.sort_by(|a, b| a.0.cmp(&b.0));
+    entries.extend(
+        files
+            .into_iter()
+            .map(|(f, (mode, from))| (f, Entry::File(mode, from))),
+    );
     let mut layer = Tar::default();
-    for (at, file, dir_mode) in entries {
-        match file {
-            None => layer.dir(&at, dir_mode, epoch),
-            Some((mode, from)) => {
+    for (at, entry) in entries {
+        match entry {
+            Entry::Dir(mode) => layer.dir(&at, mode, epoch),
+            Entry::File(mode, from) => {
                 let data =
                     fs::read(&from).with_context(|| format!("reading {}", from.display()))?;
                 layer.file(&at, mode, epoch, &data);
@@ -172,6 +172,13 @@ pub fn assemble(
         digest: written.digest,
         layer_size: written.layer_size,
     })
+}
+
+/// A layer entry: a directory (mode) or a file (mode, host file whose
+/// content it gets).
+enum Entry {
+    Dir(u32),
+    File(u32, PathBuf),
 }
 
 /// `/usr/sbin/bird` -> `usr/sbin/bird`.
