@@ -886,10 +886,12 @@ fn cni_examples_name_a_vmpath_network() {
 }
 
 /// deploy/kustomization.yaml (`kubectl apply -k deploy/`): it lists every
-/// manifest of deploy/ and nothing else, and names the vmpath image once,
-/// for every container that runs it, with a tag of this version.
+/// manifest of deploy/ and nothing else, names the two images `cargo xtask
+/// image` builds (vmpath's, for every container that runs it, and the BIRD
+/// sidecar's) and no other, with one tag of this version that the BIRD
+/// image takes from vmpath's.
 #[test]
-fn kustomization_lists_every_manifest_and_names_the_image_once() {
+fn kustomization_lists_every_manifest_and_names_the_images_once() {
     let docs = read_yaml(KUSTOMIZATION);
     assert_eq!(docs.len(), 1, "one Kustomization document");
     let k = &docs[0];
@@ -917,19 +919,65 @@ fn kustomization_lists_every_manifest_and_names_the_image_once() {
     );
     let _ = manifests();
 
-    let images = k["images"].as_array().expect("images");
-    assert_eq!(images.len(), 1, "{images:?}");
-    let image = &images[0];
-    let name = image["name"].as_str().unwrap();
-    assert!(image["newName"].as_str().is_some_and(|n| !n.is_empty()));
-    let tag = image["newTag"].as_str().expect("newTag is a string");
+    // `images:`: vmpath with the one tag, the BIRD image with none of its
+    // own.
+    let images: BTreeMap<&str, &Value> = k["images"]
+        .as_array()
+        .expect("images")
+        .iter()
+        .map(|i| (i["name"].as_str().expect("an image's name"), i))
+        .collect();
+    assert_eq!(
+        images.keys().copied().collect::<Vec<_>>(),
+        ["vmpath", "vmpath-bird"],
+        "the images cargo xtask image builds"
+    );
+    for (name, image) in &images {
+        assert!(
+            image["newName"]
+                .as_str()
+                .is_some_and(|n| n.ends_with(&format!("/{name}"))),
+            "{name}: newName {}",
+            image["newName"]
+        );
+    }
+    let tag = images["vmpath"]["newTag"]
+        .as_str()
+        .expect("newTag is a string");
     assert!(
         tag.starts_with(env!("CARGO_PKG_VERSION")),
         "newTag {tag} is not of version {}",
         env!("CARGO_PKG_VERSION")
     );
-    // Every container running vmpath or vmpath-cni uses exactly that name,
-    // so the one newTag sets them all.
+    assert!(
+        images["vmpath-bird"].get("newTag").is_none(),
+        "the BIRD image's tag is vmpath's, set once"
+    );
+    // `replacements:` copies the tag (after the ':') of the agent
+    // container's image to the bird container's.
+    let replacements = k["replacements"].as_array().expect("replacements");
+    assert_eq!(replacements.len(), 1, "{replacements:?}");
+    let r = &replacements[0];
+    let by_tag = serde_json::json!({"delimiter": ":", "index": 1});
+    assert_eq!(r["source"]["kind"], "DaemonSet");
+    assert_eq!(r["source"]["name"], "vmpath");
+    assert_eq!(
+        r["source"]["fieldPath"],
+        "spec.template.spec.containers.[name=vmpath].image"
+    );
+    assert_eq!(normalize(&r["source"]["options"]), normalize(&by_tag));
+    let targets = r["targets"].as_array().expect("targets");
+    assert_eq!(targets.len(), 1);
+    assert_eq!(targets[0]["select"]["kind"], "DaemonSet");
+    assert_eq!(targets[0]["select"]["name"], "vmpath");
+    assert_eq!(
+        targets[0]["fieldPaths"],
+        serde_json::json!(["spec.template.spec.containers.[name=bird].image"])
+    );
+    assert_eq!(normalize(&targets[0]["options"]), normalize(&by_tag));
+
+    // Every container of every workload runs one of these images, by the
+    // name `images:` replaces: no placeholder, nothing built elsewhere.
     let m = manifests();
     let pod = m.daemonsets[0]
         .spec
@@ -939,10 +987,39 @@ fn kustomization_lists_every_manifest_and_names_the_image_once() {
         .spec
         .as_ref()
         .unwrap();
-    let ours: Vec<&Container> = pod
-        .containers
+    let controller = m.deployments[0]
+        .spec
+        .as_ref()
+        .unwrap()
+        .template
+        .spec
+        .as_ref()
+        .unwrap();
+    let every: Vec<&Container> = [pod, controller]
+        .into_iter()
+        .flat_map(|p| {
+            p.containers
+                .iter()
+                .chain(p.init_containers.iter().flatten())
+        })
+        .collect();
+    for c in &every {
+        let image = c.image.as_deref().unwrap_or_default();
+        assert!(
+            images.contains_key(image),
+            "{}: image {image:?} is not one the kustomization names",
+            c.name
+        );
+        assert_eq!(
+            c.image_pull_policy.as_deref(),
+            Some("IfNotPresent"),
+            "{}",
+            c.name
+        );
+    }
+    // vmpath's containers use its name, so the one newTag sets them all.
+    let ours: Vec<&&Container> = every
         .iter()
-        .chain(pod.init_containers.iter().flatten())
         .filter(|c| {
             c.command
                 .as_ref()
@@ -950,9 +1027,54 @@ fn kustomization_lists_every_manifest_and_names_the_image_once() {
                 .is_some_and(|p| p == "vmpath" || p == "vmpath-cni")
         })
         .collect();
-    assert_eq!(ours.len(), 3, "agent, mount-bpffs, install-cni");
+    assert_eq!(
+        ours.len(),
+        4,
+        "agent, mount-bpffs, install-cni, the controller"
+    );
     for c in ours {
-        assert_eq!(c.image.as_deref(), Some(name), "{}'s image", c.name);
-        assert_eq!(c.image_pull_policy.as_deref(), Some("IfNotPresent"));
+        assert_eq!(c.image.as_deref(), Some("vmpath"), "{}'s image", c.name);
+    }
+    assert_eq!(
+        container(&pod.containers, "bird").image.as_deref(),
+        Some("vmpath-bird")
+    );
+
+    // What `kubectl apply -k` applies: kustomize itself (in kubectl) renders
+    // every container with a built image and the one tag.
+    let rendered = match Command::new("kubectl")
+        .args(["kustomize"])
+        .arg(deploy_dir())
+        .output()
+    {
+        Ok(out) => {
+            assert!(
+                out.status.success(),
+                "kubectl kustomize deploy/: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            String::from_utf8(out.stdout).unwrap()
+        }
+        Err(e) => {
+            eprintln!("kubectl not installed ({e}): the rendering check is skipped");
+            return;
+        }
+    };
+    let rendered: Vec<Value> = serde_saphyr::from_multiple(&rendered).unwrap();
+    let mut seen = BTreeMap::new();
+    for doc in &rendered {
+        let spec = &doc["spec"]["template"]["spec"];
+        for list in ["containers", "initContainers"] {
+            for c in spec[list].as_array().into_iter().flatten() {
+                let name = c["name"].as_str().unwrap().to_string();
+                seen.insert(name, c["image"].as_str().unwrap().to_string());
+            }
+        }
+    }
+    let want = |image: &str| format!("{}:{tag}", images[image]["newName"].as_str().unwrap());
+    assert_eq!(seen.len(), every.len(), "{seen:?}");
+    for c in &every {
+        let image = c.image.as_deref().unwrap();
+        assert_eq!(seen[&c.name], want(image), "{} as rendered", c.name);
     }
 }
