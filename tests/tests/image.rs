@@ -2,11 +2,14 @@
 //! with podman: its init containers' commands do their job, the agent
 //! started from the image forwards between VMs, a newer image takes over
 //! the pinned state of an older one's agent without losing a packet, and
-//! `--cleanup` from the image leaves the node as it was.
+//! `--cleanup` from the image leaves the node as it was, and the BIRD
+//! sidecar's image, run with the DaemonSet's command, capabilities and
+//! bird.conf, exports the agent's per-VM routes to a BGP peer.
 //!
-//! The images are the archives in VMPATH_IMAGE and VMPATH_IMAGE_NEXT (the
-//! same sources, built to report another version), which `cargo xtask
-//! test` builds; without them the test builds them with `cargo xtask image`.
+//! The images are the archives in VMPATH_IMAGE, VMPATH_IMAGE_NEXT (the
+//! same sources, built to report another version) and VMPATH_BIRD_IMAGE,
+//! which `cargo xtask test` builds; without them the test builds them with
+//! `cargo xtask image`.
 
 use std::{
     cell::RefCell,
@@ -17,10 +20,19 @@ use std::{
 };
 
 use serde_json::Value;
-use vmpath_tests::{Node, Vm, run, run_status, unique_tag, vmpath_bin, wait_for};
+use vmpath_tests::{
+    Bird, Netns, Node, Vm, enable_forwarding, link, run, run_status, unique_tag, vmpath_bin,
+    wait_for,
+};
 
 /// An image archive: from `env_var`, else built by `cargo xtask image`.
 fn archive(env_var: &str, suffix: Option<&str>) -> PathBuf {
+    archive_at(env_var, suffix, &["archive"])
+}
+
+/// [`archive`], with `key` the path to it in `cargo xtask image --json`'s
+/// object (`archive`, or `bird`, `archive` for the BIRD image).
+fn archive_at(env_var: &str, suffix: Option<&str>, key: &[&str]) -> PathBuf {
     if let Some(p) = std::env::var_os(env_var) {
         return PathBuf::from(p);
     }
@@ -39,7 +51,8 @@ fn archive(env_var: &str, suffix: Option<&str>) -> PathBuf {
     let text = String::from_utf8_lossy(&out.stdout);
     let line = text.lines().last().unwrap_or_default();
     let v: Value = serde_json::from_str(line).unwrap_or_else(|e| panic!("{e}: {text}"));
-    PathBuf::from(v["archive"].as_str().unwrap())
+    let at = key.iter().fold(&v, |v, k| &v[k]);
+    PathBuf::from(at.as_str().unwrap_or_else(|| panic!("no {key:?} in {v}")))
 }
 
 fn current_image() -> &'static Path {
@@ -50,6 +63,11 @@ fn current_image() -> &'static Path {
 fn next_image() -> &'static Path {
     static P: OnceLock<PathBuf> = OnceLock::new();
     P.get_or_init(|| archive("VMPATH_IMAGE_NEXT", Some("-next")))
+}
+
+fn bird_image() -> &'static Path {
+    static P: OnceLock<PathBuf> = OnceLock::new();
+    P.get_or_init(|| archive_at("VMPATH_BIRD_IMAGE", None, &["bird", "archive"]))
 }
 
 fn text(out: &Output) -> String {
@@ -642,4 +660,253 @@ fn cleanup_from_the_image_leaves_the_node_as_it_was() {
         "the node differs after cleanup:\n gone: {gone:#?}\n added: {added:#?}"
     );
     assert!(!vm1.ns.ping("10.20.0.12", 1), "still forwarded");
+}
+
+/// The DaemonSet's BIRD sidecar as deploy/ defines it: its command, the
+/// capabilities it adds, its probe's command, and bird.conf from the
+/// vmpath-bird ConfigMap.
+struct BirdSidecar {
+    command: Vec<String>,
+    capabilities: Vec<String>,
+    probe: Vec<String>,
+    config: String,
+}
+
+fn deploy_yaml(file: &str) -> Vec<Value> {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .unwrap()
+        .join("deploy")
+        .join(file);
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path:?}: {e}"));
+    serde_saphyr::from_multiple::<Value>(&text).unwrap_or_else(|e| panic!("{path:?}: {e}"))
+}
+
+fn deployed_bird_sidecar() -> BirdSidecar {
+    let strings = |v: &Value| -> Vec<String> {
+        v.as_array()
+            .unwrap_or_else(|| panic!("not a list: {v}"))
+            .iter()
+            .map(|s| s.as_str().unwrap().to_string())
+            .collect()
+    };
+    let ds = deploy_yaml("daemonset.yaml")
+        .into_iter()
+        .find(|d| d["kind"] == "DaemonSet")
+        .expect("the DaemonSet");
+    let bird = ds["spec"]["template"]["spec"]["containers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["name"] == "bird")
+        .expect("the bird container")
+        .clone();
+    assert!(bird["args"].is_null(), "the test runs `command` only");
+    let config = deploy_yaml("configmap.yaml")
+        .into_iter()
+        .find(|d| d["kind"] == "ConfigMap" && d["metadata"]["name"] == "vmpath-bird")
+        .expect("the vmpath-bird ConfigMap")["data"]["bird.conf"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    BirdSidecar {
+        command: strings(&bird["command"]),
+        capabilities: strings(&bird["securityContext"]["capabilities"]["add"]),
+        probe: strings(&bird["livenessProbe"]["exec"]["command"]),
+        config,
+    }
+}
+
+/// BIRD on the ToR of the shipped bird.conf (192.0.2.1 and 2001:db8::1,
+/// AS 65000): one session per family with the node (AS 65001), every
+/// route learned into the ToR's kernel tables.
+fn tor_bird_config() -> String {
+    "router id 192.0.2.1;
+protocol device { scan time 1; }
+protocol kernel { scan time 1; ipv4 { import none; export all; }; }
+protocol kernel { scan time 1; ipv6 { import none; export all; }; }
+protocol bgp node4 { local 192.0.2.1 as 65000; neighbor 192.0.2.2 as 65001;
+  connect delay time 1; connect retry time 2; error wait time 1, 10;
+  ipv4 { import all; export none; }; }
+protocol bgp node6 { local 2001:db8::1 as 65000; neighbor 2001:db8::2 as 65001;
+  connect delay time 1; connect retry time 2; error wait time 1, 10;
+  ipv6 { import all; export none; }; }
+"
+    .to_string()
+}
+
+#[test]
+fn the_bird_image_exports_the_agents_vm_routes_to_a_bgp_peer() {
+    let sidecar = deployed_bird_sidecar();
+    // A node whose uplink eth0 faces the ToR the shipped bird.conf names
+    // (its router id comes from "eth*"); one VM on a routed network
+    // advertised per VM.
+    let node = Node::new("r");
+    let tor = Netns::new(format!("vt{}-tor", node.tag));
+    link(
+        &node.ns,
+        "eth0",
+        "192.0.2.2/30",
+        &tor,
+        "tor0",
+        "192.0.2.1/30",
+    );
+    node.ns.run(&[
+        "ip",
+        "addr",
+        "add",
+        "2001:db8::2/64",
+        "dev",
+        "eth0",
+        "nodad",
+    ]);
+    tor.run(&[
+        "ip",
+        "addr",
+        "add",
+        "2001:db8::1/64",
+        "dev",
+        "tor0",
+        "nodad",
+    ]);
+    enable_forwarding(&node.ns);
+    let vm = node.add_vm(
+        "vm1",
+        "52:54:00:c3:00:01",
+        &["10.20.0.11/16", "fd20::11/64"],
+        Some("10.20.0.1"),
+    );
+    node.write_config(
+        "c.yaml",
+        &vmpath_tests::yaml::docs(&[
+            vmpath_tests::yaml::network(
+                "green",
+                500,
+                &["10.20.0.0/16", "fd20::/64"],
+                &["10.20.0.1", "fd20::1"],
+                true,
+            ) + "  egress: Routed\n  advertise: {perVM: true}\n",
+            vmpath_tests::yaml::attachment(
+                "vm1",
+                "green",
+                &node.name,
+                &vm.port,
+                &vm.mac,
+                &["10.20.0.11/16", "fd20::11/64"],
+            ),
+        ]),
+    );
+    // Someone else's route in vmpath's table: BIRD must not export it.
+    node.ns.run(&[
+        "ip",
+        "route",
+        "add",
+        "10.20.0.99/32",
+        "dev",
+        "lo",
+        "table",
+        "100",
+        "proto",
+        "static",
+    ]);
+
+    let podman = Podman::new();
+    let vmpath_image = podman.load(current_image());
+    let bird_image = podman.load(bird_image());
+    // One tag for both: the one deploy/ sets.
+    let tag = |r: &str| r.rsplit_once(':').unwrap().1.to_string();
+    assert_eq!(tag(&bird_image), tag(&vmpath_image), "{bird_image}");
+    assert!(bird_image.contains("/vmpath-bird:"), "{bird_image}");
+
+    let agent = format!("vmpath-{}", node.tag);
+    podman.start_agent(&agent, &vmpath_image, &node, &["--uplink", "eth0"]);
+    podman.wait_ports(&agent, &node, &[&vm.port]);
+    let tor_bird = Bird::start(&tor, "tor", &tor_bird_config());
+
+    // The sidecar: the DaemonSet's command, not privileged, only its
+    // capabilities, bird.conf read-only at /etc/bird, the control socket
+    // on a volume of its own, in the node's network namespace.
+    let dir = podman.dir.join("bird");
+    let (etc, sock) = (dir.join("etc"), dir.join("run"));
+    std::fs::create_dir_all(&etc).unwrap();
+    std::fs::create_dir_all(&sock).unwrap();
+    std::fs::write(etc.join("bird.conf"), &sidecar.config).unwrap();
+    let name = format!("bird-{}", node.tag);
+    podman.containers.borrow_mut().push(name.clone());
+    let mut args: Vec<String> = ["run", "-d", "--name", &name]
+        .into_iter()
+        .chain(ULIMITS)
+        .map(String::from)
+        .collect();
+    args.extend(
+        [
+            "--network",
+            &format!("ns:{}", node.ns.path()),
+            "--cap-drop",
+            "all",
+        ]
+        .map(String::from),
+    );
+    for cap in &sidecar.capabilities {
+        args.extend(["--cap-add".to_string(), cap.clone()]);
+    }
+    args.extend([
+        "-v".into(),
+        format!("{}:/etc/bird:ro", etc.display()),
+        "-v".into(),
+        format!("{}:/run/bird", sock.display()),
+        bird_image.clone(),
+    ]);
+    args.extend(sidecar.command.iter().cloned());
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    podman.ok(&args);
+
+    // The liveness probe's birdc answers from the image.
+    wait_for(
+        "the sidecar's liveness probe",
+        Duration::from_secs(20),
+        || {
+            assert!(
+                podman.running(&name),
+                "the BIRD container exited:\n{}",
+                podman.logs(&name)
+            );
+            let mut probe = vec!["exec", name.as_str()];
+            probe.extend(sidecar.probe.iter().map(String::as_str));
+            let out = podman.podman(&probe);
+            out.status.success() && text(&out).contains("Daemon is up and running")
+        },
+    );
+
+    // The ToR learns the VM's /32 and /128 over BGP from the sidecar, and
+    // only vmpath's routes.
+    for prefix in ["10.20.0.11/32", "fd20::11/128"] {
+        wait_for(
+            &format!("the ToR to learn {prefix} from the BIRD image"),
+            Duration::from_secs(60),
+            || tor_bird.show_route().contains(prefix),
+        );
+    }
+    let routes = tor_bird.show_route();
+    assert!(
+        !routes.contains("10.20.0.99"),
+        "a route not vmpath's was exported:\n{routes}"
+    );
+    let via = tor.run(&["ip", "route", "show", "10.20.0.11"]);
+    assert!(via.contains("via 192.0.2.2"), "ToR kernel route: {via}");
+    // A user's check: the VM is reached from the ToR by its own address,
+    // over the route the sidecar exported.
+    assert!(tor.ping("10.20.0.11", 3), "ToR -> VM over the BGP route");
+
+    // birdcl, the readline-less client, works from the image too.
+    let protocols = podman.exec(
+        &name,
+        &["birdcl", "-s", "/run/bird/bird.ctl", "show", "protocols"],
+    );
+    assert!(
+        protocols
+            .lines()
+            .any(|l| l.starts_with("tor4") && l.contains("Established")),
+        "{protocols}"
+    );
 }
