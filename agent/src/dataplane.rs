@@ -38,6 +38,7 @@ mod migrate;
 mod north_south;
 mod overlay;
 pub mod policy;
+pub mod service;
 
 use crate::plan::Plan;
 use aya::maps::lpm_trie::LpmTrie;
@@ -241,6 +242,13 @@ pub struct Maps {
     pub policy_stats: PerCpuArray<MapData, vmpath_common::PolicyStats>,
     pub policy_hits: PerCpuArray<MapData, u64>,
     pub policy_flood: HashMap<MapData, u32, FloodList>,
+    /// ClusterIP Services (`service`).
+    pub services: HashMap<MapData, vmpath_common::ServiceKey, vmpath_common::Service>,
+    pub service_backends:
+        HashMap<MapData, vmpath_common::ServiceBackendKey, vmpath_common::ServiceBackend>,
+    pub service_flows: HashMap<MapData, vmpath_common::ServiceFlowKey, vmpath_common::ServiceFlow>,
+    pub service_config: Array<MapData, u32>,
+    pub service_stats: PerCpuArray<MapData, vmpath_common::ServiceStats>,
 }
 
 fn open_map(root: &Path, name: &str) -> Result<Map> {
@@ -291,6 +299,11 @@ impl Maps {
             policy_stats: open_map(root, map_names::POLICY_STATS)?.try_into()?,
             policy_hits: open_map(root, map_names::POLICY_HITS)?.try_into()?,
             policy_flood: open_map(root, map_names::POLICY_FLOOD)?.try_into()?,
+            services: open_map(root, map_names::SERVICES)?.try_into()?,
+            service_backends: open_map(root, map_names::SERVICE_BACKENDS)?.try_into()?,
+            service_flows: open_map(root, map_names::SERVICE_FLOWS)?.try_into()?,
+            service_config: open_map(root, map_names::SERVICE_CONFIG)?.try_into()?,
+            service_stats: open_map(root, map_names::SERVICE_STATS)?.try_into()?,
         })
     }
 
@@ -449,6 +462,7 @@ impl Dataplane {
         overlay::load(&mut ebpf)?;
         migrate::load(&mut ebpf)?;
         policy::load(&mut ebpf)?;
+        service::load(&mut ebpf)?;
         // Debug events are a help, not a function: the data path runs
         // without their reader.
         if let Err(e) = crate::datapath_log::start(&mut ebpf) {
@@ -680,6 +694,8 @@ impl Dataplane {
         phases.mark("slow_limits");
         self.apply_policy(plan)?;
         phases.mark("policy");
+        self.apply_services(plan)?;
+        phases.mark("services");
         sync(&mut self.maps.ports, &ports)?;
         sync(&mut self.maps.port_ids, &port_ids)?;
         phases.mark("ports");

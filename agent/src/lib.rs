@@ -28,6 +28,7 @@ pub mod port_eligibility;
 pub mod resolved;
 pub mod ring_wait;
 pub mod routes;
+pub mod service;
 pub mod slowpath;
 pub mod snapshot;
 pub mod snat;

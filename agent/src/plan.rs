@@ -55,6 +55,8 @@ pub struct Plan {
     pub ingress_hosted: std::collections::BTreeSet<u32>,
     /// NetworkPolicy (`policy`): identities, rules, isolated endpoints.
     pub policy: crate::policy::Compiled,
+    /// ClusterIP Services (`service`): Service ports and their backends.
+    pub services: crate::service::Compiled,
 }
 
 /// The `vmp_addresses` key of `ip` in `network` (`AddrKey::from_ip`).
@@ -267,6 +269,10 @@ pub fn plan_with_ids(
     plan.policy = crate::policy::compile(cfg, &local);
     plan.policy.guard_floods(&plan.flood);
     plan.problems.extend(plan.policy.problems.iter().cloned());
+    let local_networks: std::collections::BTreeSet<u32> =
+        plan.ports.values().map(|p| p.info.network).collect();
+    plan.services = crate::service::compile(&cfg.config, &plan.addresses, &local_networks);
+    plan.problems.extend(plan.services.problems.iter().cloned());
     plan
 }
 

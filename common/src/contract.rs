@@ -149,9 +149,27 @@ pub mod maps {
     pub const POLICY_SCRATCH: MapDef =
         def::<u32, PolicyFlowKey>(map_names::POLICY_SCRATCH, PerCpuArray, 1);
 
+    pub const SERVICES: MapDef =
+        def::<ServiceKey, Service>(map_names::SERVICES, Hash, MAX_SERVICES);
+    pub const SERVICE_BACKENDS: MapDef = def::<ServiceBackendKey, ServiceBackend>(
+        map_names::SERVICE_BACKENDS,
+        Hash,
+        MAX_SERVICE_BACKENDS,
+    );
+    pub const SERVICE_FLOWS: MapDef =
+        def::<ServiceFlowKey, ServiceFlow>(map_names::SERVICE_FLOWS, LruHash, MAX_SERVICE_FLOWS);
+    pub const SERVICE_AFFINITY: MapDef = def::<ServiceAffinityKey, ServiceAffinity>(
+        map_names::SERVICE_AFFINITY,
+        LruHash,
+        MAX_SERVICE_AFFINITY,
+    );
+    pub const SERVICE_CONFIG: MapDef = def::<u32, u32>(map_names::SERVICE_CONFIG, Array, 1);
+    pub const SERVICE_STATS: MapDef =
+        def::<u32, ServiceStats>(map_names::SERVICE_STATS, PerCpuArray, MAX_PORTS);
+
     /// Every map the agent pins (the whole object but aya-log's ring
     /// buffer, `map_names::DEBUG_LOG`).
-    pub const ALL: [MapDef; 44] = [
+    pub const ALL: [MapDef; 50] = [
         DEBUG,
         MONITOR,
         MONITOR_CFG,
@@ -196,6 +214,12 @@ pub mod maps {
         POLICY_HITS,
         POLICY_SCRATCH,
         POLICY_FLOOD,
+        SERVICES,
+        SERVICE_BACKENDS,
+        SERVICE_FLOWS,
+        SERVICE_AFFINITY,
+        SERVICE_CONFIG,
+        SERVICE_STATS,
     ];
 }
 
@@ -215,7 +239,14 @@ pub mod tail_call {
     /// `vm_policy_in`: ingress policy and delivery to such a port, from
     /// every program that delivers to a local port.
     pub const POLICY_DELIVER: u32 = 5;
-    pub const SLOTS: u32 = 6;
+    /// `vm_service`: ClusterIP translation of a frame a VM port sends to
+    /// the gateway, from `vm_port`; re-enters `vm_port` for other frames.
+    pub const VM_SERVICE: u32 = 6;
+    /// `vm_service_in`: reverse translation of a reply to a ClusterIP
+    /// client, then its delivery, from every delivery to a local port
+    /// while Services exist.
+    pub const SERVICE_DELIVER: u32 = 7;
+    pub const SLOTS: u32 = 8;
 }
 
 /// The family tag of an `AddrKey` (`AddrKey::family`): the IP version.

@@ -91,6 +91,19 @@ pub mod map_names {
     /// NetworkPolicy: per network, the local ports IP floods may reach
     /// (those not isolated for ingress); absent: all of `vmp_flood`.
     pub const POLICY_FLOOD: &str = "vmp_pol_flood";
+    /// Services: (network, ClusterIP, port, protocol) -> Service port.
+    pub const SERVICES: &str = "vmp_svc";
+    /// Services: (Service port id, slot) -> ready backend.
+    pub const SERVICE_BACKENDS: &str = "vmp_svc_backends";
+    /// Services: translated flows, both directions (LRU).
+    pub const SERVICE_FLOWS: &str = "vmp_svc_flows";
+    /// Services: `sessionAffinity: ClientIP` clients (LRU).
+    pub const SERVICE_AFFINITY: &str = "vmp_svc_affinity";
+    /// Services: slot 0 holds how many Service ports there are (0: the
+    /// data path looks nothing up).
+    pub const SERVICE_CONFIG: &str = "vmp_svc_cfg";
+    /// Services: new flows and rejects per port id.
+    pub const SERVICE_STATS: &str = "vmp_svc_stats";
 }
 
 /// What a `MonitorEvent` reports.
@@ -138,6 +151,10 @@ pub mod prog_names {
     /// Tail-called where a frame is delivered to a local port isolated by
     /// NetworkPolicy: ingress policy, then the delivery.
     pub const VM_POLICY_IN: &str = "vm_policy_in";
+    /// Tail-called from `vm_port`: ClusterIP translation, then back.
+    pub const VM_SERVICE: &str = "vm_service";
+    /// Services: reverse translation of a reply, then the delivery.
+    pub const VM_SERVICE_IN: &str = "vm_service_in";
 }
 
 /// Layout version of the pinned maps. Bump when any type below changes size
@@ -618,7 +635,11 @@ pub mod drop_reason {
     /// NetworkPolicy: the sending endpoint is isolated for egress and no
     /// policy selecting it allows this new flow to the destination.
     pub const POLICY_DENIED_EGRESS: u32 = 38;
-    pub const COUNT: u32 = 39;
+    /// Services: a new flow to a ClusterIP port with no ready backend;
+    /// the client got a TCP reset or an ICMP port unreachable instead,
+    /// as kube-proxy rejects.
+    pub const SERVICE_NO_BACKEND: u32 = 39;
+    pub const COUNT: u32 = 40;
 
     /// Names as shown in metrics and the CLI, indexed by reason.
     pub const NAMES: [&str; COUNT as usize] = [
@@ -661,6 +682,7 @@ pub mod drop_reason {
         "ingress_no_endpoint",
         "policy_denied_ingress",
         "policy_denied_egress",
+        "service_no_backend",
     ];
 }
 
@@ -1229,4 +1251,216 @@ mod pod_policy {
     unsafe impl aya::Pod for PolicyFlowKey {}
     unsafe impl aya::Pod for PolicyFlow {}
     unsafe impl aya::Pod for PolicyStats {}
+}
+
+// ---------------------------------------------------------------------------
+// Services: ClusterIP load balancing at the client's port
+// ---------------------------------------------------------------------------
+
+/// `skb->cb[0]` of a frame `vm_service` found no Service for, when it
+/// re-enters `vm_port` (`cb[1]` holds the port id).
+pub const SERVICE_CB_PASSED: u32 = 0x766d_7053;
+/// `skb->cb[0]` of a frame handed to `vm_service_in` for delivery
+/// (`cb[1]` the port id, `cb[2]` the port's ifindex).
+pub const SERVICE_CB_DELIVER: u32 = 0x766d_7052;
+
+/// Service ports (ClusterIP, port, protocol) per network.
+pub const MAX_SERVICES: u32 = 16384;
+/// Backend slots of all Service ports together.
+pub const MAX_SERVICE_BACKENDS: u32 = 65536;
+/// Translated flows, both directions (LRU).
+pub const MAX_SERVICE_FLOWS: u32 = 262144;
+/// Clients remembered for `sessionAffinity: ClientIP` (LRU).
+pub const MAX_SERVICE_AFFINITY: u32 = 65536;
+/// A UDP (or other non-TCP) flow idle this long picks a backend anew.
+pub const SERVICE_FLOW_UDP_TIMEOUT_NS: u64 = 60 * 1_000_000_000;
+
+/// `Service::flags`.
+pub const SVC_F_AFFINITY: u8 = 1 << 0;
+
+/// `ServiceFlow::flags`: what a tracked translation is for.
+pub mod svc_flow {
+    /// Client -> ClusterIP, looked up on the client's port: to the backend.
+    pub const FORWARD: u8 = 1 << 0;
+    /// Backend -> client, looked up right before delivery to the client:
+    /// from the ClusterIP.
+    pub const REVERSE: u8 = 1 << 1;
+    /// The client is its own backend: both directions are looked up on
+    /// its port and go back into it.
+    pub const HAIRPIN: u8 = 1 << 2;
+}
+
+/// `vmp_svc` key: one Service port on one network (IPv4).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ServiceKey {
+    pub network: u32,
+    pub addr: [u8; 4],
+    /// The Service port (host order).
+    pub port: u16,
+    pub proto: u8,
+    pub _pad: u8,
+}
+const _: () = assert!(size_of::<ServiceKey>() == 12);
+
+impl ServiceKey {
+    /// Built from 32-bit words: as a struct literal its padding can
+    /// compile to a `memset` call in eBPF.
+    #[inline(always)]
+    pub const fn new(network: u32, addr: [u8; 4], port: u16, proto: u8) -> Self {
+        let p = port.to_ne_bytes();
+        let words: [u32; 3] = [
+            network,
+            u32::from_ne_bytes(addr),
+            u32::from_ne_bytes([p[0], p[1], proto, 0]),
+        ];
+        // SAFETY: `ServiceKey` is `#[repr(C)]`, 12 bytes of plain integers
+        // and byte arrays (asserted), so every bit pattern is a valid value.
+        unsafe { core::mem::transmute::<[u32; 3], ServiceKey>(words) }
+    }
+}
+
+/// `vmp_svc` value.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Service {
+    /// The Service port's id: its backends are `(id, 0..count)` in
+    /// `vmp_svc_backends`, its affinity entries carry it.
+    pub id: u32,
+    /// Backends taking new flows (0: the client gets a reject).
+    pub count: u32,
+    /// `sessionAffinity: ClientIP`: how long a client sticks (seconds).
+    pub affinity_timeout: u32,
+    /// `SVC_F_*`.
+    pub flags: u8,
+    pub _pad: [u8; 3],
+}
+const _: () = assert!(size_of::<Service>() == 16);
+
+/// `vmp_svc_backends` key.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ServiceBackendKey {
+    pub service: u32,
+    pub slot: u32,
+}
+const _: () = assert!(size_of::<ServiceBackendKey>() == 8);
+
+/// `vmp_svc_backends` value: one ready endpoint of a Service port.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ServiceBackend {
+    pub addr: [u8; 4],
+    /// The endpoint's port (host order).
+    pub port: u16,
+    pub mac: [u8; 6],
+}
+const _: () = assert!(size_of::<ServiceBackend>() == 12);
+
+/// `vmp_svc_flows` key: a packet's tuple as it is looked up (IPv4).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ServiceFlowKey {
+    pub network: u32,
+    pub src: [u8; 4],
+    pub dst: [u8; 4],
+    pub sport: u16,
+    pub dport: u16,
+    pub proto: u8,
+    pub _pad: [u8; 3],
+}
+const _: () = assert!(size_of::<ServiceFlowKey>() == 20);
+
+impl ServiceFlowKey {
+    /// Built from 32-bit words (see `ServiceKey::new`).
+    #[inline(always)]
+    pub const fn new(
+        network: u32,
+        src: [u8; 4],
+        dst: [u8; 4],
+        sport: u16,
+        dport: u16,
+        proto: u8,
+    ) -> Self {
+        let (s, d) = (sport.to_ne_bytes(), dport.to_ne_bytes());
+        let words: [u32; 5] = [
+            network,
+            u32::from_ne_bytes(src),
+            u32::from_ne_bytes(dst),
+            u32::from_ne_bytes([s[0], s[1], d[0], d[1]]),
+            u32::from_ne_bytes([proto, 0, 0, 0]),
+        ];
+        // SAFETY: `ServiceFlowKey` is `#[repr(C)]`, 20 bytes of plain
+        // integers and byte arrays (asserted), so every bit pattern is a
+        // valid value.
+        unsafe { core::mem::transmute::<[u32; 5], ServiceFlowKey>(words) }
+    }
+}
+
+/// `vmp_svc_flows` value: the tuple the packet leaves with, and the
+/// Ethernet address to send it to (forward: the backend's MAC).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ServiceFlow {
+    /// bpf_ktime_get_ns of the last packet.
+    pub last_seen: u64,
+    pub src: [u8; 4],
+    pub dst: [u8; 4],
+    pub sport: u16,
+    pub dport: u16,
+    pub mac: [u8; 6],
+    /// `svc_flow`.
+    pub flags: u8,
+    pub _pad: u8,
+}
+const _: () = assert!(size_of::<ServiceFlow>() == 32);
+
+/// `vmp_svc_affinity` key: a client of one Service port.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ServiceAffinityKey {
+    pub service: u32,
+    pub client: [u8; 4],
+}
+const _: () = assert!(size_of::<ServiceAffinityKey>() == 8);
+
+/// `vmp_svc_affinity` value: the backend slot the client was sent to.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ServiceAffinity {
+    pub last_seen: u64,
+    pub slot: u32,
+    /// The backend's address then: a slot refilled with another backend
+    /// does not keep the client.
+    pub addr: [u8; 4],
+}
+const _: () = assert!(size_of::<ServiceAffinity>() == 16);
+
+/// Per port id, per CPU (`vmp_svc_stats`): what the port's clients did
+/// with Services.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ServiceStats {
+    /// New flows sent to a backend.
+    pub flows: u64,
+    /// New flows rejected (no ready backend).
+    pub rejected: u64,
+}
+const _: () = assert!(size_of::<ServiceStats>() == 16);
+
+#[cfg(feature = "user")]
+mod pod_service {
+    use super::*;
+    // SAFETY (every impl below): as for the types above: `#[repr(C)]`,
+    // `Copy`, integers and byte arrays with padding spelled out (sizes
+    // asserted), every bit pattern valid.
+    unsafe impl aya::Pod for ServiceKey {}
+    unsafe impl aya::Pod for Service {}
+    unsafe impl aya::Pod for ServiceBackendKey {}
+    unsafe impl aya::Pod for ServiceBackend {}
+    unsafe impl aya::Pod for ServiceFlowKey {}
+    unsafe impl aya::Pod for ServiceFlow {}
+    unsafe impl aya::Pod for ServiceAffinityKey {}
+    unsafe impl aya::Pod for ServiceAffinity {}
+    unsafe impl aya::Pod for ServiceStats {}
 }

@@ -68,6 +68,17 @@ pub fn deliver_local(ctx: &TcContext, port_ifindex: u32, port_id: u32) -> Verdic
 /// `deliver_local` past ingress policy.
 #[inline(always)]
 pub fn deliver_checked(ctx: &TcContext, port_ifindex: u32, port_id: u32) -> Verdict {
+    // A reply to a flow the endpoint opened to a ClusterIP comes from the
+    // ClusterIP again (after ingress policy, which saw the backend).
+    if let Some(verdict) = crate::service::deliver(ctx, port_ifindex, port_id) {
+        return verdict;
+    }
+    deliver_now(ctx, port_ifindex, port_id)
+}
+
+/// The delivery itself, past ingress policy and Service translation.
+#[inline(always)]
+pub fn deliver_now(ctx: &TcContext, port_ifindex: u32, port_id: u32) -> Verdict {
     count_tx(port_id, ctx.len());
     // SAFETY: a helper call with integer arguments; it touches no memory
     // of ours.

@@ -21,6 +21,7 @@ mod overlay;
 mod parse;
 mod policy;
 mod route;
+mod service;
 mod slowpath;
 mod snat;
 mod snat6;
@@ -84,7 +85,7 @@ fn try_vm_port(ctx: &TcContext, ifindex: u32, port: &PortInfo) -> Verdict {
         // Live migration target: `vm_migrate` decides, then re-enters here.
         return migrate::to_vm_migrate(ctx);
     }
-    if !policy::reentered(ctx, port.port_id) {
+    if !policy::reentered(ctx, port.port_id) && !service::passed(ctx, port.port_id) {
         counters::count_rx(port.port_id, ctx.len());
     }
 
@@ -190,6 +191,11 @@ fn ipv4(ctx: &TcContext, ifindex: u32, port: &PortInfo, dst: [u8; 6], src: [u8; 
         {
             icmp::echo_reply4(ctx, l4_off, net)?;
             return gateway_reply(ifindex, port);
+        }
+        // A ClusterIP is reached through the gateway: translated before
+        // egress policy, which then sees the backend.
+        if let Some(verdict) = service::egress(ctx, port.port_id, proto) {
+            return verdict;
         }
     }
     if let Some(verdict) = policy::egress(ctx, port.port_id) {

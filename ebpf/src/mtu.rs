@@ -44,6 +44,7 @@ use crate::{
 
 const ICMP_DEST_UNREACH: u8 = 3;
 const ICMP_FRAG_NEEDED: u8 = 4;
+const ICMP_PORT_UNREACH: u8 = 3;
 const ICMPV6_PKT_TOOBIG: u8 = 2;
 const ICMP_TIME_EXCEEDED: u8 = 11;
 const ICMPV6_TIME_EXCEEDED: u8 = 3;
@@ -115,6 +116,28 @@ pub fn frag_needed4(
         code: ICMP_FRAG_NEEDED,
         rest: [0, 0, m[0], m[1]],
         reason: drop_reason::MTU_EXCEEDED,
+    };
+    error4(ctx, ifindex, port_id, from, eth_src, to, vihl, error)
+}
+
+/// The IPv4 datagram at hand found nothing to serve it (a Service
+/// without a ready backend): it becomes an ICMP port unreachable from
+/// `from` to its sender, sent back out of `ifindex` (port id `port_id`).
+#[inline(always)]
+pub fn port_unreachable4(
+    ctx: &TcContext,
+    ifindex: u32,
+    port_id: u32,
+    from: [u8; 4],
+    eth_src: [u8; 6],
+) -> Verdict {
+    let ip = hdr::<Ipv4Hdr>(ctx, ETH_LEN)?;
+    let (vihl, to) = (ip.vihl, ip.src_addr);
+    let error = Icmp {
+        kind: ICMP_DEST_UNREACH,
+        code: ICMP_PORT_UNREACH,
+        rest: [0; 4],
+        reason: drop_reason::SERVICE_NO_BACKEND,
     };
     error4(ctx, ifindex, port_id, from, eth_src, to, vihl, error)
 }

@@ -8,6 +8,7 @@ pub mod label_selector;
 pub mod model;
 pub mod network_policy;
 pub mod reserved;
+pub mod service;
 pub mod source;
 mod validate;
 
@@ -223,6 +224,10 @@ pub struct Config {
     pub namespaces: std::collections::BTreeMap<String, label_selector::Labels>,
     /// `networking.k8s.io/v1 NetworkPolicy` documents, by namespace and name.
     pub policies: Vec<network_policy::NetworkPolicy>,
+    /// `v1 Service` documents with a ClusterIP, by namespace and name.
+    pub services: Vec<service::Service>,
+    /// `discovery.k8s.io/v1 EndpointSlice` documents naming a Service.
+    pub endpoint_slices: Vec<service::EndpointSlice>,
     #[serde(skip)]
     pub network_index: std::collections::HashMap<String, usize>,
 }

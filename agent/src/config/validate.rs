@@ -102,6 +102,8 @@ pub fn validate(
     let mut attachments = Vec::new();
     let mut namespaces = Vec::new();
     let mut policies = Vec::new();
+    let mut services = Vec::new();
+    let mut slices = Vec::new();
     for raw in &translated.documents {
         match header(raw) {
             Ok(doc) => match doc.kind.as_str() {
@@ -110,12 +112,14 @@ pub fn validate(
                 "Attachment" => attachments.push(doc),
                 "Namespace" => namespaces.push(doc),
                 super::network_policy::KIND => policies.push(doc),
+                super::service::SERVICE_KIND => services.push(doc),
+                super::service::SLICE_KIND => slices.push(doc),
                 other => cfg.errors.push(doc.error(
                     "kind",
                     format!(
                         "unknown kind {other:?} (expected Node, Network or Attachment, or a \
-                         Kubernetes kind: v1 Pod, Node, Namespace or List, networking.k8s.io \
-                         NetworkPolicy, kubevirt.io \
+                         Kubernetes kind: v1 Pod, Node, Namespace, Service or List, \
+                         discovery.k8s.io EndpointSlice, networking.k8s.io NetworkPolicy, kubevirt.io \
                          VirtualMachineInstance or VirtualMachineInstanceMigration, \
                          k8s.cni.cncf.io NetworkAttachmentDefinition or IPAMClaim)"
                     ),
@@ -170,6 +174,47 @@ pub fn validate(
         }
     }
     cfg.policies
+        .sort_by(|a, b| (&a.namespace, &a.name).cmp(&(&b.namespace, &b.name)));
+
+    for doc in &services {
+        match service(doc) {
+            Ok(Some(s))
+                if cfg
+                    .services
+                    .iter()
+                    .any(|o| o.namespace == s.namespace && o.name == s.name) =>
+            {
+                cfg.errors.push(doc.error(
+                    "metadata.name",
+                    format!("Service {}/{} is defined twice", s.namespace, s.name),
+                ));
+            }
+            Ok(Some(s)) => cfg.services.push(s),
+            Ok(None) => {}
+            Err(e) => cfg.errors.push(e),
+        }
+    }
+    cfg.services
+        .sort_by(|a, b| (&a.namespace, &a.name).cmp(&(&b.namespace, &b.name)));
+    for doc in &slices {
+        match endpoint_slice(doc) {
+            Ok(Some(s))
+                if cfg
+                    .endpoint_slices
+                    .iter()
+                    .any(|o| o.namespace == s.namespace && o.name == s.name) =>
+            {
+                cfg.errors.push(doc.error(
+                    "metadata.name",
+                    format!("EndpointSlice {}/{} is defined twice", s.namespace, s.name),
+                ));
+            }
+            Ok(Some(s)) => cfg.endpoint_slices.push(s),
+            Ok(None) => {}
+            Err(e) => cfg.errors.push(e),
+        }
+    }
+    cfg.endpoint_slices
         .sort_by(|a, b| (&a.namespace, &a.name).cmp(&(&b.namespace, &b.name)));
 
     let mut ids: HashMap<u32, String> = HashMap::new();
@@ -337,6 +382,22 @@ fn header(raw: &RawDocument) -> Result<Doc<'_>, ConfigError> {
                 ),
             ));
         }
+        Some(super::service::SERVICE_API_VERSION) if doc.kind == super::service::SERVICE_KIND => {}
+        Some(super::service::SLICE_API_VERSION) if doc.kind == super::service::SLICE_KIND => {}
+        Some(other)
+            if doc.kind == super::service::SERVICE_KIND
+                || doc.kind == super::service::SLICE_KIND =>
+        {
+            let want = if doc.kind == super::service::SERVICE_KIND {
+                super::service::SERVICE_API_VERSION
+            } else {
+                super::service::SLICE_API_VERSION
+            };
+            return Err(doc.error(
+                "apiVersion",
+                format!("{other:?} is not {want:?} (a Kubernetes {})", doc.kind),
+            ));
+        }
         Some(API_VERSION) if doc.kind != "Namespace" => {}
         Some(CORE_API_VERSION) if doc.kind == "Namespace" => {}
         Some(other) if doc.kind == "Namespace" => {
@@ -353,7 +414,10 @@ fn header(raw: &RawDocument) -> Result<Doc<'_>, ConfigError> {
     if let Some(m) = raw.value.as_object() {
         for k in m.keys() {
             let k = k.as_str();
-            if !matches!(k, "apiVersion" | "kind" | "metadata" | "spec" | "status") {
+            let slice_field = doc.kind == super::service::SLICE_KIND
+                && matches!(k, "addressType" | "endpoints" | "ports");
+            if !slice_field && !matches!(k, "apiVersion" | "kind" | "metadata" | "spec" | "status")
+            {
                 return Err(doc.error(k, "unknown top-level field"));
             }
         }
@@ -404,6 +468,31 @@ fn network_policy(doc: &Doc) -> Result<super::network_policy::NetworkPolicy, Con
     let spec: super::network_policy::NetworkPolicySpec = doc.spec()?;
     super::network_policy::check(namespace, &doc.meta.name, spec)
         .map_err(|(field, m)| doc.error(&format!("spec.{field}"), m))
+}
+
+fn service(doc: &Doc) -> Result<Option<super::service::Service>, ConfigError> {
+    let Some(namespace) = doc.meta.namespace.as_deref() else {
+        return Err(doc.error("metadata.namespace", "missing (a Service is namespaced)"));
+    };
+    let spec: super::service::ServiceSpec = doc.spec()?;
+    super::service::check_service(namespace, &doc.meta.name, spec)
+        .map_err(|(field, m)| doc.error(&format!("spec.{field}"), m))
+}
+
+fn endpoint_slice(doc: &Doc) -> Result<Option<super::service::EndpointSlice>, ConfigError> {
+    let Some(namespace) = doc.meta.namespace.as_deref() else {
+        return Err(doc.error(
+            "metadata.namespace",
+            "missing (an EndpointSlice is namespaced)",
+        ));
+    };
+    let labels = string_labels(doc)?;
+    let spec: super::service::SliceSpec =
+        serde_path_to_error::deserialize((*doc.raw.value).clone())
+            .map_err(|e| doc.error(&e.path().to_string(), e.into_inner().to_string()))?;
+    let service = labels.get(super::service::SERVICE_NAME_LABEL);
+    super::service::check_slice(namespace, &doc.meta.name, service.map(String::as_str), spec)
+        .map_err(|(field, m)| doc.error(&field, m))
 }
 
 fn network(doc: &Doc) -> Result<Network, ConfigError> {

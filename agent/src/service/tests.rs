@@ -1,0 +1,294 @@
+//! Service + EndpointSlice documents compiled into map entries.
+
+use std::net::Ipv4Addr;
+
+use super::*;
+use crate::config::{self, ConfigError};
+use vmpath_common::ADDR_STATIC;
+
+const TCP: u8 = 6;
+const UDP: u8 = 17;
+const BLUE: u32 = 100;
+const RED: u32 = 200;
+
+/// Endpoints b1..b3 (10.1.0.11-13) on blue, r1 (10.2.0.11) on red, then
+/// `docs`.
+fn config(docs: &str) -> Config {
+    let mut all = String::from(
+        "apiVersion: vmpath.dev/v1alpha1\nkind: Network\nmetadata: {name: blue}\nspec: {id: 100, subnets: [10.1.0.0/16], ipam: {mode: Disabled}}\n---\napiVersion: vmpath.dev/v1alpha1\nkind: Network\nmetadata: {name: red}\nspec: {id: 200, subnets: [10.2.0.0/16], ipam: {mode: Disabled}}\n",
+    );
+    for (i, name) in ["b1", "b2", "b3"].iter().enumerate() {
+        all.push_str(&format!(
+            "---\napiVersion: vmpath.dev/v1alpha1\nkind: Attachment\nmetadata: {{name: {name}, namespace: default}}\nspec: {{vm: {name}, interface: eth0, network: blue, node: n1, port: p{name}, mac: \"52:54:00:00:00:{:02x}\", ips: [10.1.0.{}/16]}}\n",
+            i + 1,
+            i + 11
+        ));
+    }
+    all.push_str("---\napiVersion: vmpath.dev/v1alpha1\nkind: Attachment\nmetadata: {name: r1, namespace: default}\nspec: {vm: r1, interface: eth0, network: red, node: n1, port: pr1, mac: \"52:54:00:00:01:01\", ips: [10.2.0.11/16]}\n");
+    all.push_str(docs);
+    let dir = std::env::temp_dir().join(format!(
+        "vmpath-service-{}-{:x}",
+        std::process::id(),
+        crate::hash::fnv1a(&[all.as_bytes()])
+    ));
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("c.yaml"), &all).unwrap();
+    let snap = config::source::read_dir(&dir);
+    let _ = std::fs::remove_dir_all(&dir);
+    config::validate(&snap, "n1", &Default::default())
+}
+
+fn compiled(docs: &str) -> Compiled {
+    let cfg = config(docs);
+    assert!(cfg.errors.is_empty(), "{:?}", cfg.errors);
+    // `vmp_addresses` as the plan has it: every endpoint with its MAC.
+    let mut addresses = BTreeMap::new();
+    for a in &cfg.attachments {
+        let net = cfg.network(&a.network).unwrap().id;
+        for ip in &a.ips {
+            addresses.insert(
+                AddrKey::from_ip(net, ip.addr()),
+                AddrInfo {
+                    origin: ADDR_STATIC,
+                    mac: a.mac.unwrap(),
+                    ..Default::default()
+                },
+            );
+        }
+    }
+    compile(&cfg, &addresses, &[BLUE, RED].into_iter().collect())
+}
+
+fn errors(docs: &str) -> Vec<ConfigError> {
+    config(docs).errors
+}
+
+const WEB: &str = "---\napiVersion: v1\nkind: Service\nmetadata: {name: web, namespace: default}\nspec:\n  clusterIP: 10.96.0.10\n  ports:\n  - {name: http, port: 80, targetPort: http}\n  - {name: dns, port: 53, targetPort: 5353, protocol: UDP}\n";
+
+fn slice(name: &str, endpoints: &str, ports: &str) -> String {
+    format!(
+        "---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {{name: {name}, namespace: default, labels: {{kubernetes.io/service-name: web}}}}\naddressType: IPv4\nendpoints: {endpoints}\nports: {ports}\n"
+    )
+}
+
+const PORTS: &str =
+    "[{name: http, port: 8080, protocol: TCP}, {name: dns, port: 5353, protocol: UDP}]";
+
+fn svc(c: &Compiled, net: u32, port: u16, proto: u8) -> Option<Service> {
+    c.services
+        .get(&ServiceKey::new(net, [10, 96, 0, 10], port, proto))
+        .copied()
+}
+
+/// The backends of a Service port as (address, port).
+fn backends(c: &Compiled, s: &Service) -> Vec<(Ipv4Addr, u16)> {
+    (0..s.count)
+        .map(|slot| {
+            let b = c.backends[&ServiceBackendKey {
+                service: s.id,
+                slot,
+            }];
+            (Ipv4Addr::from(b.addr), b.port)
+        })
+        .collect()
+}
+
+#[test]
+fn ready_endpoints_on_the_network_become_the_backends_of_each_port() {
+    let c = compiled(&format!(
+        "{WEB}{}",
+        slice(
+            "web-1",
+            "[{addresses: [10.1.0.11]}, {addresses: [10.1.0.12], conditions: {ready: true}}, {addresses: [10.1.0.13], conditions: {ready: false}}]",
+            PORTS
+        )
+    ));
+    let http = svc(&c, BLUE, 80, TCP).unwrap();
+    // The named targetPort is the slice's port of that name.
+    assert_eq!(
+        backends(&c, &http),
+        [
+            ("10.1.0.11".parse().unwrap(), 8080),
+            ("10.1.0.12".parse().unwrap(), 8080)
+        ]
+    );
+    let dns = svc(&c, BLUE, 53, UDP).unwrap();
+    assert_eq!(dns.count, 2);
+    assert_ne!(dns.id, http.id);
+    assert_eq!(backends(&c, &dns)[0].1, 5353);
+    // The backend's MAC travels with it.
+    let b = c.backends[&ServiceBackendKey {
+        service: http.id,
+        slot: 0,
+    }];
+    assert_eq!(b.mac, [0x52, 0x54, 0, 0, 0, 1]);
+    // Only on the network its endpoints are on.
+    assert_eq!(svc(&c, RED, 80, TCP), None);
+    assert_eq!(http.flags, 0);
+    assert_eq!(c.names[http.id as usize - 1].0, "default/web:80/TCP");
+}
+
+#[test]
+fn slices_are_merged_and_addresses_off_the_networks_do_not_count() {
+    let c = compiled(&format!(
+        "{WEB}{}{}",
+        slice(
+            "web-1",
+            "[{addresses: [10.1.0.11]}, {addresses: [192.0.2.7]}]",
+            PORTS
+        ),
+        slice("web-2", "[{addresses: [10.1.0.13]}]", PORTS),
+    ));
+    let http = svc(&c, BLUE, 80, TCP).unwrap();
+    assert_eq!(
+        backends(&c, &http),
+        [
+            ("10.1.0.11".parse().unwrap(), 8080),
+            ("10.1.0.13".parse().unwrap(), 8080)
+        ]
+    );
+}
+
+#[test]
+fn a_service_whose_endpoints_are_all_elsewhere_is_left_alone() {
+    let c = compiled(&format!(
+        "{WEB}{}",
+        slice("web-1", "[{addresses: [192.0.2.7]}]", PORTS)
+    ));
+    assert!(c.services.is_empty(), "{:?}", c.services);
+}
+
+#[test]
+fn no_ready_backend_programs_a_reject_and_terminating_ones_serve_as_a_last_resort() {
+    // Endpoints on blue, none ready: the port is there with no backend.
+    let c = compiled(&format!(
+        "{WEB}{}",
+        slice(
+            "web-1",
+            "[{addresses: [10.1.0.11], conditions: {ready: false}}]",
+            PORTS
+        )
+    ));
+    assert_eq!(svc(&c, BLUE, 80, TCP).unwrap().count, 0);
+    // No endpoint at all: a reject on every network.
+    let c = compiled(&format!("{WEB}{}", slice("web-1", "[]", PORTS)));
+    assert_eq!(svc(&c, BLUE, 80, TCP).unwrap().count, 0);
+    assert_eq!(svc(&c, RED, 80, TCP).unwrap().count, 0);
+    // Serving while terminating: used only when nothing is ready.
+    let c = compiled(&format!(
+        "{WEB}{}",
+        slice(
+            "web-1",
+            "[{addresses: [10.1.0.11], conditions: {ready: false, serving: true, terminating: true}}]",
+            PORTS
+        )
+    ));
+    assert_eq!(svc(&c, BLUE, 80, TCP).unwrap().count, 1);
+    let c = compiled(&format!(
+        "{WEB}{}",
+        slice(
+            "web-1",
+            "[{addresses: [10.1.0.11], conditions: {ready: false, serving: true, terminating: true}}, {addresses: [10.1.0.12]}]",
+            PORTS
+        )
+    ));
+    let http = svc(&c, BLUE, 80, TCP).unwrap();
+    assert_eq!(backends(&c, &http), [("10.1.0.12".parse().unwrap(), 8080)]);
+}
+
+#[test]
+fn a_slice_without_ports_takes_a_numeric_target_port() {
+    let c = compiled(&format!(
+        "{WEB}{}",
+        slice("web-1", "[{addresses: [10.1.0.11]}]", "[]")
+    ));
+    // dns: targetPort 5353; http: a named targetPort nothing resolves.
+    assert_eq!(svc(&c, BLUE, 53, UDP).unwrap().count, 1);
+    assert_eq!(svc(&c, BLUE, 80, TCP).unwrap().count, 0);
+}
+
+#[test]
+fn session_affinity_client_ip_sets_the_flag_and_timeout() {
+    let sticky = WEB.replace(
+        "  clusterIP: 10.96.0.10\n",
+        "  clusterIP: 10.96.0.10\n  sessionAffinity: ClientIP\n  sessionAffinityConfig: {clientIP: {timeoutSeconds: 60}}\n",
+    );
+    let c = compiled(&format!(
+        "{sticky}{}",
+        slice("web-1", "[{addresses: [10.1.0.11]}]", PORTS)
+    ));
+    let s = svc(&c, BLUE, 80, TCP).unwrap();
+    assert_eq!((s.flags, s.affinity_timeout), (SVC_F_AFFINITY, 60));
+    // Without a config: Kubernetes' default, 3 hours.
+    let sticky = WEB.replace(
+        "  clusterIP: 10.96.0.10\n",
+        "  clusterIP: 10.96.0.10\n  sessionAffinity: ClientIP\n",
+    );
+    let c = compiled(&format!(
+        "{sticky}{}",
+        slice("web-1", "[{addresses: [10.1.0.11]}]", PORTS)
+    ));
+    assert_eq!(svc(&c, BLUE, 80, TCP).unwrap().affinity_timeout, 10800);
+}
+
+#[test]
+fn headless_and_external_name_services_are_not_translated() {
+    let headless = WEB.replace("clusterIP: 10.96.0.10", "clusterIP: None");
+    let c = compiled(&format!(
+        "{headless}{}",
+        slice("web-1", "[{addresses: [10.1.0.11]}]", PORTS)
+    ));
+    assert!(c.services.is_empty());
+    let ext = "---\napiVersion: v1\nkind: Service\nmetadata: {name: ext, namespace: default}\nspec: {type: ExternalName, externalName: example.com}\n";
+    assert!(compiled(ext).services.is_empty());
+}
+
+#[test]
+fn bad_services_and_slices_are_refused_naming_the_field() {
+    let cases = [
+        (
+            WEB.replace("clusterIP: 10.96.0.10", "clusterIP: 10.96.0.300"),
+            "spec.clusterIP[0]",
+        ),
+        (
+            WEB.replace("port: 80,", "port: 70000,"),
+            "spec.ports[0].port",
+        ),
+        (WEB.replace("{name: dns, ", "{"), "spec.ports[1].name"),
+        (
+            WEB.replace(
+                "  clusterIP: 10.96.0.10\n",
+                "  clusterIP: 10.96.0.10\n  sessionAffinity: Cookie\n",
+            ),
+            "spec.sessionAffinity",
+        ),
+        (
+            WEB.replace("apiVersion: v1\n", "apiVersion: v2\n"),
+            "apiVersion",
+        ),
+        (
+            WEB.replace("namespace: default", "labels: {}"),
+            "metadata.namespace",
+        ),
+        (
+            slice("web-1", "[{addresses: [10.1.0]}]", PORTS),
+            "endpoints[0].addresses[0]",
+        ),
+        (
+            slice("web-1", "[]", PORTS).replace("addressType: IPv4", "addressType: IPv5"),
+            "addressType",
+        ),
+        (
+            slice("web-1", "[]", PORTS)
+                .replace("addressType: IPv4\n", "addressType: IPv4\nbogus: 1\n"),
+            "bogus",
+        ),
+    ];
+    for (doc, field) in cases {
+        let errs = errors(&doc);
+        assert!(
+            errs.iter().any(|e| e.field == field),
+            "want an error at {field} for\n{doc}\ngot {errs:?}"
+        );
+    }
+}

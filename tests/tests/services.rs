@@ -1,0 +1,474 @@
+//! ClusterIP Services with real connections: a pod-like client (a plain
+//! network namespace, as a pod's sandbox) and a VM-like client (another
+//! endpoint with its own kernel stack behind its port) reach a Service
+//! of three backends on the network over TCP and UDP, through the
+//! ClusterIP; every backend answers with its name, so the client sees
+//! where each connection went. Also: sessionAffinity ClientIP, a client
+//! reaching itself through its own Service, a backend becoming not ready
+//! (no new flows, its established one goes on), and a Service without
+//! backends (connection refused, ICMP port unreachable).
+
+use std::{
+    collections::BTreeMap,
+    io::{BufRead as _, BufReader, Write as _},
+    process::{Child, ChildStdin, ChildStdout, Stdio},
+    time::Duration,
+};
+
+use vmpath_tests::{Node, SCAPY_PYTHON, Vm, vmpath::common::drop_reason, wait_for};
+
+const NET: u32 = 520;
+const VIP: &str = "10.96.0.10";
+const VIP_STICKY: &str = "10.96.0.11";
+const VIP_SELF: &str = "10.96.0.12";
+const VIP_EMPTY: &str = "10.96.0.13";
+const GW: &str = "10.52.255.1";
+const BACKENDS: [(&str, &str); 3] = [
+    ("b1", "10.52.0.11"),
+    ("b2", "10.52.0.12"),
+    ("b3", "10.52.0.13"),
+];
+/// Connections (and datagrams) per client and protocol.
+const ROUNDS: usize = 90;
+
+/// Answers on TCP 8080 with its name then echoes; on UDP 8080 with its
+/// name.
+const SERVER: &str = r#"
+import socket, sys, threading
+name = sys.argv[1].encode()
+def serve(c):
+    try:
+        c.sendall(name + b"\n")
+        while True:
+            d = c.recv(100)
+            if not d: break
+            c.sendall(d)
+    except OSError: pass
+    c.close()
+def tcp():
+    s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    s.bind(("0.0.0.0", 8080)); s.listen(512)
+    while True:
+        c, _ = s.accept(); threading.Thread(target=serve, args=(c,), daemon=True).start()
+def udp():
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); s.bind(("0.0.0.0", 8080))
+    while True:
+        d, a = s.recvfrom(100); s.sendto(name, a)
+threading.Thread(target=tcp, daemon=True).start()
+threading.Thread(target=udp, daemon=True).start()
+print("ready", flush=True)
+threading.Event().wait()
+"#;
+
+/// argv: ip proto port count. One new connection (or a new socket's
+/// datagram) per round; prints per round the backend's name and the
+/// address the answer came from, or the error (`refused`, `timeout`).
+const CLIENT: &str = r#"
+import socket, sys
+ip, proto, port, n = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+for _ in range(n):
+    try:
+        if proto == "tcp":
+            s = socket.create_connection((ip, port), timeout=2)
+            s.settimeout(2)
+            name = s.makefile().readline().strip()
+            peer = s.getpeername()
+            print(name, "%s:%d" % peer)
+        else:
+            s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); s.settimeout(1)
+            s.connect((ip, port))
+            got = None
+            for _ in range(3):
+                s.send(b"q")
+                try:
+                    got = s.recvfrom(100); break
+                except socket.timeout: pass
+            if got is None: print("timeout", flush=True); continue
+            print(got[0].decode(), "%s:%d" % got[1])
+        s.close()
+    except ConnectionRefusedError: print("refused")
+    except socket.timeout: print("timeout")
+    except OSError as e: print("error", e)
+    sys.stdout.flush()
+"#;
+
+/// Holds one TCP connection to argv[1]:argv[2]: prints the backend's
+/// name, then on each line of stdin sends a byte and prints whether it
+/// came back.
+const HOLDER: &str = r#"
+import socket, sys
+s = socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=2)
+f = s.makefile()
+print(f.readline().strip(), flush=True)
+for line in sys.stdin:
+    try:
+        s.sendall(b"y"); ok = s.recv(10) == b"y"
+    except OSError: ok = False
+    print("ok" if ok else "no", flush=True)
+"#;
+
+struct Bed {
+    node: Node,
+    backends: Vec<(String, String, Vm)>,
+    pod: Vm,
+    vm: Vm,
+    servers: Vec<Child>,
+}
+
+impl Drop for Bed {
+    fn drop(&mut self) {
+        for s in &mut self.servers {
+            let _ = s.kill();
+            let _ = s.wait();
+        }
+    }
+}
+
+fn attachment(name: &str, vm: &Vm, ip: &str) -> String {
+    format!(
+        "apiVersion: vmpath.dev/v1alpha1\nkind: Attachment\nmetadata: {{name: {name}, namespace: default, labels: {{app: {name}}}}}\nspec:\n  vm: {name}\n  interface: eth0\n  network: svc\n  node: a\n  port: {port}\n  mac: \"{mac}\"\n  ips: [\"{ip}/16\"]\n",
+        port = vm.port,
+        mac = vm.mac,
+    )
+}
+
+fn service(name: &str, vip: &str, extra: &str) -> String {
+    format!(
+        "apiVersion: v1\nkind: Service\nmetadata: {{name: {name}, namespace: default}}\nspec:\n  type: ClusterIP\n  clusterIP: {vip}\n  clusterIPs: [{vip}]\n  ports:\n  - {{name: http, port: 80, targetPort: http, protocol: TCP}}\n  - {{name: dns, port: 53, targetPort: 8080, protocol: UDP}}\n{extra}"
+    )
+}
+
+/// An EndpointSlice of Service `svc` with `endpoints` (address, ready).
+fn slice(svc: &str, endpoints: &[(&str, bool)]) -> String {
+    let mut eps = String::new();
+    for (ip, ready) in endpoints {
+        eps.push_str(&format!(
+            "- addresses: [\"{ip}\"]\n  conditions: {{ready: {ready}, serving: {ready}, terminating: false}}\n"
+        ));
+    }
+    if endpoints.is_empty() {
+        eps.push_str("[]\n");
+    }
+    format!(
+        "apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata:\n  name: {svc}-abcde\n  namespace: default\n  labels: {{kubernetes.io/service-name: {svc}}}\naddressType: IPv4\nports:\n- {{name: http, port: 8080, protocol: TCP}}\n- {{name: dns, port: 8080, protocol: UDP}}\nendpoints:\n{eps}"
+    )
+}
+
+fn bed() -> Bed {
+    let mut node = Node::new("a");
+    let mut backends = Vec::new();
+    let mut docs = vec![
+        "apiVersion: vmpath.dev/v1alpha1\nkind: Network\nmetadata: {name: svc}\nspec: {id: 520, subnets: [10.52.0.0/16], defaultGatewayIPs: [10.52.255.1], ipam: {mode: Disabled}}\n".to_string(),
+    ];
+    for (i, (name, ip)) in BACKENDS.iter().enumerate() {
+        let vm = node.add_vm(
+            name,
+            &format!("52:54:00:52:00:{:02x}", i + 1),
+            &[&format!("{ip}/16")],
+            Some(GW),
+        );
+        docs.push(attachment(name, &vm, ip));
+        backends.push((name.to_string(), ip.to_string(), vm));
+    }
+    let pod = node.add_vm("pod", "52:54:00:52:01:01", &["10.52.0.21/16"], Some(GW));
+    let vm = node.add_vm("vm", "52:54:00:52:01:02", &["10.52.0.22/16"], Some(GW));
+    docs.push(attachment("pod", &pod, "10.52.0.21"));
+    docs.push(attachment("vm", &vm, "10.52.0.22"));
+    node.write_config("base.yaml", &docs.join("---\n"));
+    node.start_agent();
+    let mut ports: Vec<&str> = backends.iter().map(|(_, _, v)| v.port.as_str()).collect();
+    ports.push(&pod.port);
+    ports.push(&vm.port);
+    node.wait_ports(&ports);
+    let mut servers = Vec::new();
+    for (name, _, vm) in &backends {
+        let mut child = vm.ns.spawn(&[SCAPY_PYTHON, "-u", "-c", SERVER, name]);
+        let mut line = String::new();
+        BufReader::new(child.stdout.as_mut().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        assert_eq!(line.trim(), "ready", "server on {name}");
+        servers.push(child);
+    }
+    Bed {
+        node,
+        backends,
+        pod,
+        vm,
+        servers,
+    }
+}
+
+impl Bed {
+    /// Writes the Services file and waits until the data path has
+    /// `want` (ClusterIP, port, protocol number, ready backends).
+    fn services(&self, yaml: &str, want: &[(&str, u16, u8, u32)]) {
+        self.node.write_config("services.yaml", yaml);
+        wait_for(
+            "the Services to be programmed",
+            Duration::from_secs(10),
+            || {
+                want.iter()
+                    .all(|w| self.programmed(w.0, w.1, w.2) == Some(w.3))
+            },
+        );
+    }
+
+    /// The ready backends the data path has for a Service port.
+    fn programmed(&self, vip: &str, port: u16, proto: u8) -> Option<u32> {
+        let ip: std::net::Ipv4Addr = vip.parse().unwrap();
+        let key = vmpath_tests::vmpath::common::ServiceKey::new(NET, ip.octets(), port, proto);
+        let maps = self.node.maps();
+        maps.services
+            .iter()
+            .filter_map(|r| r.ok())
+            .find(|(k, _)| *k == key)
+            .map(|(_, v)| v.count)
+    }
+
+    /// `n` rounds from `from` to ip:port over `proto`: one output line each.
+    fn rounds(from: &Vm, ip: &str, proto: &str, port: u16, n: usize) -> Vec<String> {
+        let out = from
+            .ns
+            .spawn(&[
+                SCAPY_PYTHON,
+                "-c",
+                CLIENT,
+                ip,
+                proto,
+                &port.to_string(),
+                &n.to_string(),
+            ])
+            .wait_with_output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        let lines: Vec<String> = text.lines().map(str::to_string).collect();
+        assert_eq!(lines.len(), n, "rounds from {}: {text}", from.port);
+        lines
+    }
+
+    fn ip_of(&self, name: &str) -> &str {
+        &self.backends.iter().find(|b| b.0 == name).unwrap().1
+    }
+}
+
+/// Backend name -> answers, checking every answer came from `vip`:`port`.
+fn tally(lines: &[String], vip: &str, port: u16) -> BTreeMap<String, usize> {
+    let mut by = BTreeMap::new();
+    for l in lines {
+        let mut parts = l.split_whitespace();
+        let name = parts.next().unwrap_or_default().to_string();
+        let from = parts.next().unwrap_or_default();
+        assert!(
+            BACKENDS.iter().any(|(b, _)| *b == name),
+            "an answer that names no backend: {l:?}"
+        );
+        assert_eq!(
+            from,
+            format!("{vip}:{port}"),
+            "answer not from the ClusterIP: {l:?}"
+        );
+        *by.entry(name).or_insert(0) += 1;
+    }
+    by
+}
+
+fn all_services(extra_empty: bool) -> String {
+    let ready: Vec<(&str, bool)> = BACKENDS.iter().map(|(_, ip)| (*ip, true)).collect();
+    let mut docs = vec![
+        service("web", VIP, ""),
+        slice("web", &ready),
+        service(
+            "sticky",
+            VIP_STICKY,
+            "  sessionAffinity: ClientIP\n  sessionAffinityConfig: {clientIP: {timeoutSeconds: 600}}\n",
+        ),
+        slice("sticky", &ready),
+        service("self", VIP_SELF, ""),
+        slice("self", &[("10.52.0.11", true)]),
+    ];
+    if extra_empty {
+        docs.push(service("empty", VIP_EMPTY, ""));
+        docs.push(slice("empty", &[]));
+    }
+    docs.join("---\n")
+}
+
+#[test]
+fn clients_reach_a_three_backend_service_evenly_sticky_and_hairpinned() {
+    let bed = bed();
+    bed.services(
+        &all_services(false),
+        &[
+            (VIP, 80, 6, 3),
+            (VIP, 53, 17, 3),
+            (VIP_STICKY, 80, 6, 3),
+            (VIP_SELF, 80, 6, 1),
+        ],
+    );
+    for (client, label) in [(&bed.pod, "pod"), (&bed.vm, "vm")] {
+        for (proto, port) in [("tcp", 80), ("udp", 53)] {
+            let lines = Bed::rounds(client, VIP, proto, port, ROUNDS);
+            let by = tally(&lines, VIP, port);
+            // A fair share is 30 each; a backend with fewer than 12 of 90
+            // random picks is as good as never (p < 1e-4).
+            for (b, _) in BACKENDS {
+                let got = by.get(b).copied().unwrap_or(0);
+                assert!(
+                    got >= 12,
+                    "{label} over {proto}: backend {b} got {got} of {ROUNDS}: {by:?}"
+                );
+            }
+        }
+        // sessionAffinity ClientIP: every connection to one backend.
+        let lines = Bed::rounds(client, VIP_STICKY, "tcp", 80, 30);
+        let by = tally(&lines, VIP_STICKY, 80);
+        assert_eq!(by.len(), 1, "{label}: affinity did not hold: {by:?}");
+    }
+    // The two clients are two clients: their sticky backends are chosen
+    // independently, and each keeps its own (checked above).
+
+    // A backend reaching itself through its own Service (hairpin).
+    let b1 = &bed.backends[0].2;
+    for (proto, port) in [("tcp", 80), ("udp", 53)] {
+        let lines = Bed::rounds(b1, VIP_SELF, proto, port, 5);
+        let by = tally(&lines, VIP_SELF, port);
+        assert_eq!(by.get("b1"), Some(&5), "hairpin over {proto}: {lines:?}");
+    }
+}
+
+struct Holder {
+    child: Child,
+    stdin: ChildStdin,
+    stdout: BufReader<ChildStdout>,
+    backend: String,
+}
+
+impl Holder {
+    fn open(from: &Vm, ip: &str, port: u16) -> Holder {
+        let mut child =
+            from.ns
+                .command_piped(&[SCAPY_PYTHON, "-u", "-c", HOLDER, ip, &port.to_string()]);
+        let stdin = child.stdin.take().unwrap();
+        let mut stdout = BufReader::new(child.stdout.take().unwrap());
+        let mut line = String::new();
+        stdout.read_line(&mut line).unwrap();
+        Holder {
+            child,
+            stdin,
+            stdout,
+            backend: line.trim().to_string(),
+        }
+    }
+
+    fn still_up(&mut self) -> bool {
+        writeln!(self.stdin, "x").unwrap();
+        let mut line = String::new();
+        self.stdout.read_line(&mut line).unwrap();
+        line.trim() == "ok"
+    }
+}
+
+impl Drop for Holder {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+trait CommandPiped {
+    fn command_piped(&self, args: &[&str]) -> Child;
+}
+
+impl CommandPiped for vmpath_tests::Netns {
+    fn command_piped(&self, args: &[&str]) -> Child {
+        std::process::Command::new("nsenter")
+            .arg(format!("--net={}", self.path()))
+            .args(args)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap()
+    }
+}
+
+#[test]
+fn a_backend_not_ready_gets_no_new_flows_and_no_backend_rejects() {
+    let bed = bed();
+    bed.services(
+        &all_services(true),
+        &[(VIP, 80, 6, 3), (VIP, 53, 17, 3), (VIP_EMPTY, 80, 6, 0)],
+    );
+    // An established connection to b3, to see it outlive b3's readiness.
+    let mut held = (0..60)
+        .map(|_| Holder::open(&bed.vm, VIP, 80))
+        .find(|h| h.backend == "b3")
+        .expect("no connection of 60 landed on b3");
+    assert!(held.still_up());
+
+    // b3 turns not ready: no new flow goes to it.
+    let not_ready = all_services(true).replace(
+        &slice(
+            "web",
+            &BACKENDS
+                .iter()
+                .map(|(_, ip)| (*ip, true))
+                .collect::<Vec<_>>(),
+        ),
+        &slice(
+            "web",
+            &[
+                (bed.ip_of("b1"), true),
+                (bed.ip_of("b2"), true),
+                (bed.ip_of("b3"), false),
+            ],
+        ),
+    );
+    bed.services(&not_ready, &[(VIP, 80, 6, 2), (VIP, 53, 17, 2)]);
+    for (proto, port) in [("tcp", 80), ("udp", 53)] {
+        let lines = Bed::rounds(&bed.pod, VIP, proto, port, 45);
+        let by = tally(&lines, VIP, port);
+        assert_eq!(
+            by.get("b3"),
+            None,
+            "a not-ready backend got new {proto} flows: {by:?}"
+        );
+        assert!(by.get("b1").is_some() && by.get("b2").is_some(), "{by:?}");
+    }
+    assert!(held.still_up(), "the established connection to b3 broke");
+
+    // b3 removed from the slice altogether: still no new flows.
+    let removed = not_ready.replace(
+        &format!(
+            "- addresses: [\"{}\"]\n  conditions: {{ready: false, serving: false, terminating: false}}\n",
+            bed.ip_of("b3")
+        ),
+        "",
+    );
+    assert_ne!(removed, not_ready);
+    bed.services(&removed, &[(VIP, 80, 6, 2)]);
+    let by = tally(&Bed::rounds(&bed.vm, VIP, "tcp", 80, 30), VIP, 80);
+    assert_eq!(
+        by.get("b3"),
+        None,
+        "a removed backend got new flows: {by:?}"
+    );
+
+    // No backend at all: refused, as kube-proxy rejects.
+    let before = bed.node.drops(drop_reason::SERVICE_NO_BACKEND);
+    for (client, label) in [(&bed.pod, "pod"), (&bed.vm, "vm")] {
+        for (proto, port) in [("tcp", 80), ("udp", 53)] {
+            let lines = Bed::rounds(client, VIP_EMPTY, proto, port, 3);
+            assert!(
+                lines.iter().all(|l| l == "refused"),
+                "{label} over {proto} to a Service without backends: {lines:?}"
+            );
+        }
+    }
+    let counted = bed.node.drops(drop_reason::SERVICE_NO_BACKEND) - before;
+    assert!(
+        counted >= 12,
+        "service_no_backend counted {counted}, want >= 12"
+    );
+}
