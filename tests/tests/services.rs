@@ -146,11 +146,13 @@ fn slice(svc: &str, endpoints: &[(&str, bool)]) -> String {
             "- addresses: [\"{ip}\"]\n  conditions: {{ready: {ready}, serving: {ready}, terminating: false}}\n"
         ));
     }
-    if endpoints.is_empty() {
-        eps.push_str("[]\n");
-    }
+    let eps = if endpoints.is_empty() {
+        "endpoints: []\n".to_string()
+    } else {
+        format!("endpoints:\n{eps}")
+    };
     format!(
-        "apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata:\n  name: {svc}-abcde\n  namespace: default\n  labels: {{kubernetes.io/service-name: {svc}}}\naddressType: IPv4\nports:\n- {{name: http, port: 8080, protocol: TCP}}\n- {{name: dns, port: 8080, protocol: UDP}}\nendpoints:\n{eps}"
+        "apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata:\n  name: {svc}-abcde\n  namespace: default\n  labels: {{kubernetes.io/service-name: {svc}}}\naddressType: IPv4\nports:\n- {{name: http, port: 8080, protocol: TCP}}\n- {{name: dns, port: 8080, protocol: UDP}}\n{eps}"
     )
 }
 
