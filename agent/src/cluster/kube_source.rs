@@ -54,6 +54,14 @@ const KINDS: &[(&str, &str, &str, &str, bool)] = &[
         "networkpolicies",
         false,
     ),
+    ("", "v1", "Service", "services", false),
+    (
+        "discovery.k8s.io",
+        "v1",
+        "EndpointSlice",
+        "endpointslices",
+        false,
+    ),
     (
         "k8s.cni.cncf.io",
         "v1",

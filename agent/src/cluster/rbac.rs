@@ -32,6 +32,9 @@ pub const AGENT: &[Rule] = &[
     // NetworkPolicy: the policies and the namespace labels they select by.
     ("networking.k8s.io", "networkpolicies", &["list", "watch"]),
     ("", "namespaces", &["list", "watch"]),
+    // Services: ClusterIPs and their endpoints.
+    ("", "services", &["list", "watch"]),
+    ("discovery.k8s.io", "endpointslices", &["list", "watch"]),
 ];
 
 /// `vmpath controller`, cluster-wide: it reads the Networks, NADs and
