@@ -474,3 +474,140 @@ fn a_backend_not_ready_gets_no_new_flows_and_no_backend_rejects() {
         "service_no_backend counted {counted}, want >= 12"
     );
 }
+
+/// `--source kubernetes`: a Service and its EndpointSlice from the API
+/// server. The KubeVirt VM of the cluster fixtures (vm1, 10.31.0.11)
+/// serves it; the plain pod web-0 on the same network consumes it
+/// through the ClusterIP.
+#[test]
+fn a_pod_reaches_a_vm_through_a_service_from_the_api_server() {
+    use serde_json::json;
+    use vmpath_tests::{Netns, kube_api::ApiServer, multus, unique_tag};
+
+    const NETWORK: &str = include_str!("../../agent/src/cluster/fixtures/network.yaml");
+    const VM: &str = include_str!("../../agent/src/cluster/fixtures/vm.yaml");
+    const LAUNCHER: &str = "virt-launcher-vm1-x7k2p";
+    const LAUNCHER_IFNAME: &str = "pod16477688c0e";
+    const CLUSTER_IP: &str = "10.96.31.10";
+
+    let mut node = Node::new("ks");
+    node.ns.run(&["ip", "link", "set", "lo", "up"]);
+    let server = ApiServer::start(&node.ns.path());
+    for text in [NETWORK, VM] {
+        let text = text.replace("node-a", &node.name);
+        for o in vmpath::config::source::parse(text.as_bytes()).unwrap() {
+            // The v1 Node's address is not in the test bed: no overlay.
+            if o["kind"] != "Node" {
+                server.put(o);
+            }
+        }
+    }
+    server.put(json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "web-0", "namespace": "prod",
+                     "annotations": {"k8s.v1.cni.cncf.io/networks": "prod/blue"}},
+        "spec": {"nodeName": node.name, "containers": [{"name": "web", "image": "busybox"}]},
+        "status": {"phase": "Running"},
+    }));
+    // As the API server holds them (the EndpointSlice controller wrote
+    // the slice from the virt-launcher pod the Service selects).
+    server.put(json!({
+        "apiVersion": "v1", "kind": "Service",
+        "metadata": {"name": "vm1-http", "namespace": "prod", "uid": "5c1e0000-0000-4000-8000-000000000001"},
+        "spec": {"type": "ClusterIP", "clusterIP": CLUSTER_IP, "clusterIPs": [CLUSTER_IP],
+                 "selector": {"kubevirt.io/domain": "vm1"},
+                 "ports": [{"name": "http", "port": 80, "targetPort": 8080, "protocol": "TCP"}],
+                 "sessionAffinity": "None", "ipFamilies": ["IPv4"], "ipFamilyPolicy": "SingleStack"},
+        "status": {"loadBalancer": {}},
+    }));
+    server.put(json!({
+        "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+        "metadata": {"name": "vm1-http-x8d2k", "namespace": "prod",
+                     "labels": {"kubernetes.io/service-name": "vm1-http",
+                                "endpointslice.kubernetes.io/managed-by": "endpointslice-controller.k8s.io"}},
+        "addressType": "IPv4",
+        "endpoints": [{"addresses": ["10.31.0.11"],
+                       "conditions": {"ready": true, "serving": true, "terminating": false},
+                       "nodeName": node.name,
+                       "targetRef": {"kind": "Pod", "name": LAUNCHER, "namespace": "prod"}}],
+        "ports": [{"name": "http", "port": 8080, "protocol": "TCP"}],
+    }));
+    server.serve_agent_of(&mut node);
+    node.start_agent();
+
+    let conf = multus::nad_conf(NETWORK, &node);
+    let tag = unique_tag();
+    let launcher = Netns::new(format!("vt{tag}-launcher"));
+    let web = Netns::new(format!("vt{tag}-web"));
+    wait_for(
+        "the agent to list the cluster",
+        Duration::from_secs(30),
+        || {
+            node.status()
+                .is_some_and(|s| s["attachments"].as_array().is_some_and(|a| a.len() >= 2))
+        },
+    );
+    for (pod, ifname, netns) in [
+        (LAUNCHER, LAUNCHER_IFNAME, &launcher),
+        ("web-0", "net1", &web),
+    ] {
+        let (ok, result) = multus::call(
+            &node,
+            "ADD",
+            &multus::Call {
+                conf: &conf,
+                pod_namespace: "prod",
+                pod,
+                ifname,
+                netns,
+                container: &format!("c{tag}{pod}"),
+            },
+        );
+        assert!(ok, "ADD of {pod}: {result}");
+    }
+    for cmd in [
+        vec![
+            "ip",
+            "link",
+            "set",
+            LAUNCHER_IFNAME,
+            "address",
+            "02:00:00:31:00:0b",
+        ],
+        vec!["ip", "addr", "add", "10.31.0.11/24", "dev", LAUNCHER_IFNAME],
+        vec!["ip", "link", "set", LAUNCHER_IFNAME, "up"],
+    ] {
+        launcher.run(&cmd);
+    }
+    // The pod routes ClusterIPs to its network's gateway.
+    web.run(&["ip", "route", "add", "10.96.0.0/12", "via", "10.31.0.1"]);
+    let mut server_proc = launcher.spawn(&[SCAPY_PYTHON, "-u", "-c", SERVER, "vm1"]);
+    let mut line = String::new();
+    BufReader::new(server_proc.stdout.as_mut().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    assert_eq!(line.trim(), "ready");
+    let key = vmpath_tests::vmpath::common::ServiceKey::new(310, [10, 96, 31, 10], 80, 6);
+    wait_for(
+        "the Service to be programmed",
+        Duration::from_secs(30),
+        || {
+            node.maps()
+                .services
+                .iter()
+                .filter_map(|r| r.ok())
+                .any(|(k, v)| k == key && v.count == 1)
+        },
+    );
+    let vm = Vm {
+        ns: web,
+        port: String::new(),
+        mac: String::new(),
+    };
+    let lines = Bed::rounds(&vm, CLUSTER_IP, "tcp", 80, 5);
+    let _ = server_proc.kill();
+    let _ = server_proc.wait();
+    for l in &lines {
+        assert_eq!(l, &format!("vm1 {CLUSTER_IP}:80"), "{lines:?}");
+    }
+}
