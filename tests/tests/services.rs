@@ -611,3 +611,52 @@ fn a_pod_reaches_a_vm_through_a_service_from_the_api_server() {
         assert_eq!(l, &format!("vm1 {CLUSTER_IP}:80"), "{lines:?}");
     }
 }
+
+/// Egress policy runs after the translation, so it sees the backend (as
+/// in Cilium): a client allowed to reach only b1 reaches a Service whose
+/// backend is b1 through its ClusterIP, and not one whose backend is b2.
+#[test]
+fn egress_policy_sees_the_backend_not_the_cluster_ip() {
+    let bed = bed();
+    let only = |svc: &str, vip: &str, ip: &str| {
+        [service(svc, vip, ""), slice(svc, &[(ip, true)])].join("---\n")
+    };
+    bed.services(
+        &[
+            only("to-b1", VIP_SELF, bed.ip_of("b1")),
+            only("to-b2", VIP_EMPTY, bed.ip_of("b2")),
+        ]
+        .join("---\n"),
+        &[(VIP_SELF, 80, 6, 1), (VIP_EMPTY, 80, 6, 1)],
+    );
+    bed.node.write_config(
+        "policy.yaml",
+        "apiVersion: networking.k8s.io/v1\nkind: NetworkPolicy\nmetadata: {name: pod-to-b1, namespace: default}\nspec:\n  podSelector: {matchLabels: {app: pod}}\n  policyTypes: [Egress]\n  egress:\n  - to: [{podSelector: {matchLabels: {app: b1}}}]\n    ports: [{port: 8080, protocol: TCP}]\n",
+    );
+    wait_for(
+        "the policy to be programmed",
+        Duration::from_secs(10),
+        || {
+            bed.node.status().is_some_and(|s| {
+                s["policies"]
+                    .as_array()
+                    .is_some_and(|a| a.iter().any(|p| p == "default/pod-to-b1"))
+            })
+        },
+    );
+    let lines = Bed::rounds(&bed.pod, VIP_SELF, "tcp", 80, 3);
+    assert_eq!(
+        tally(&lines, VIP_SELF, 80).get("b1"),
+        Some(&3),
+        "allowed backend: {lines:?}"
+    );
+    let denied = bed.node.drops(drop_reason::POLICY_DENIED_EGRESS);
+    let lines = Bed::rounds(&bed.pod, VIP_EMPTY, "tcp", 80, 1);
+    assert_eq!(lines, ["timeout"], "a backend policy does not allow");
+    assert!(bed.node.drops(drop_reason::POLICY_DENIED_EGRESS) > denied);
+    // The VM client, which no policy selects, reaches both.
+    assert_eq!(
+        Bed::rounds(&bed.vm, VIP_EMPTY, "tcp", 80, 1)[0],
+        format!("b2 {VIP_EMPTY}:80")
+    );
+}
