@@ -341,6 +341,20 @@ impl Maps {
         )?))
     }
 
+    /// The Service counters of the port at `ifindex`, summed over CPUs
+    /// (None: no such port is programmed).
+    pub fn service_stats(&self, ifindex: u32) -> Result<Option<vmpath_common::ServiceStats>> {
+        let port = match self.ports.get(&ifindex, 0) {
+            Ok(p) => p,
+            Err(aya::maps::MapError::KeyNotFound) => return Ok(None),
+            Err(e) => return Err(e.into()),
+        };
+        Ok(Some(service::service_stats(
+            &self.service_stats,
+            port.port_id,
+        )?))
+    }
+
     /// New flows each policy allowed (by policy index), summed over CPUs.
     pub fn policy_hits(&self, policies: usize) -> Result<Vec<u64>> {
         (0..policies.min(vmpath_common::MAX_POLICIES as usize) as u32)

@@ -206,8 +206,15 @@ const POLICY_ALLOWED: Family = family(
     &["policy"],
 );
 
+const PORT_SERVICE: Family = family(
+    "vmpath_port_service_flows_total",
+    "New flows an endpoint opened to ClusterIP Services: sent to a backend, or rejected (no ready backend).",
+    COUNTER,
+    &["network", "namespace", "vm", "interface", "port", "verdict"],
+);
+
 /// Every family the collector produces, the reconcile histogram aside.
-const FAMILIES: [&Family; 24] = [
+const FAMILIES: [&Family; 25] = [
     &READY,
     &DATAPLANE_UP,
     &NETWORKS,
@@ -232,6 +239,7 @@ const FAMILIES: [&Family; 24] = [
     &OVERLAY_LEARNED_MACS,
     &PORT_POLICY,
     &POLICY_ALLOWED,
+    &PORT_SERVICE,
 ];
 
 /// The samples of one family, built during a scrape.
@@ -494,6 +502,26 @@ pub fn families(snap: &Snapshot) -> Vec<MetricFamily> {
             }
         }
         out.push(policy);
+        let mut service = Samples::of(&PORT_SERVICE);
+        for (a, ifindex) in view.local_ports() {
+            let Some(s) = dp.service.get(&ifindex) else {
+                continue;
+            };
+            for (verdict, n) in [("sent", s.flows), ("rejected", s.rejected)] {
+                service.add(
+                    &[
+                        a.network.as_str(),
+                        a.namespace.as_str(),
+                        a.vm.as_str(),
+                        a.interface.as_str(),
+                        a.port.as_str(),
+                        verdict,
+                    ],
+                    n as f64,
+                );
+            }
+        }
+        out.push(service);
         let mut allowed = Samples::of(&POLICY_ALLOWED);
         for (name, n) in view.policies.iter().zip(&dp.policy_hits) {
             allowed.add(&[name], *n as f64);
@@ -608,6 +636,7 @@ mod tests {
                 overlay: None,
                 policy: BTreeMap::new(),
                 policy_hits: Vec::new(),
+                service: BTreeMap::new(),
             }),
             slow: SlowStats::default(),
         };
@@ -635,7 +664,7 @@ mod tests {
     }
 
     #[test]
-    fn policy_counters_per_endpoint_and_per_policy() {
+    fn policy_and_service_counters_per_endpoint_and_per_policy() {
         let mut view = sample::view();
         view.policies = vec!["prod/web".into(), "prod/db".into()];
         let snap = Snapshot {
@@ -655,6 +684,13 @@ mod tests {
                     },
                 )]),
                 policy_hits: vec![3, 2],
+                service: BTreeMap::from([(
+                    11,
+                    vmpath_common::ServiceStats {
+                        flows: 7,
+                        rejected: 2,
+                    },
+                )]),
             }),
             slow: SlowStats::default(),
         };
@@ -672,6 +708,8 @@ mod tests {
             ),
             "vmpath_policy_allowed_flows_total{policy=\"prod/web\"} 3".to_string(),
             "vmpath_policy_allowed_flows_total{policy=\"prod/db\"} 2".to_string(),
+            format!("vmpath_port_service_flows_total{{{port},verdict=\"sent\",vm=\"vm1\"}} 7"),
+            format!("vmpath_port_service_flows_total{{{port},verdict=\"rejected\",vm=\"vm1\"}} 2"),
         ] {
             assert!(t.lines().any(|l| l == line), "no line {line:?} in\n{t}");
         }

@@ -34,6 +34,8 @@ pub struct DataplaneCounters {
     pub policy: BTreeMap<u32, vmpath_common::PolicyStats>,
     /// New flows each policy allowed, by the view's policy index.
     pub policy_hits: Vec<u64>,
+    /// Service counters of the ports shown programmed here, by ifindex.
+    pub service: BTreeMap<u32, vmpath_common::ServiceStats>,
 }
 
 /// Everything one request reads.
@@ -136,7 +138,15 @@ fn counters(maps: &Maps, view: &View) -> DataplaneCounters {
     let mut ports = BTreeMap::new();
     let mut rate_limited = BTreeMap::new();
     let mut policy = BTreeMap::new();
+    let mut service = BTreeMap::new();
     for (a, ifindex) in view.local_ports() {
+        match maps.service_stats(ifindex) {
+            Ok(Some(s)) => {
+                service.insert(ifindex, s);
+            }
+            Ok(None) => {}
+            Err(e) => warn!(port = %a.port, "reading Service counters: {e:#}"),
+        }
         match maps.slow_rate_limited(ifindex) {
             Ok(Some(by_class)) => {
                 rate_limited.insert(ifindex, by_class);
@@ -174,5 +184,6 @@ fn counters(maps: &Maps, view: &View) -> DataplaneCounters {
         overlay,
         policy,
         policy_hits,
+        service,
     }
 }
