@@ -176,6 +176,7 @@ pub fn compile(cfg: &Resolved, local: &BTreeMap<AttachmentKey, u32>) -> Compiled
         ));
     }
 
+    let block_index = BlockIndex::new(&blocks, &ids);
     for e in endpoints.iter() {
         let Some(&port_id) = local.get(e.key) else {
             continue;
@@ -198,6 +199,7 @@ pub fn compile(cfg: &Resolved, local: &BTreeMap<AttachmentKey, u32>) -> Compiled
                 for rule in rules {
                     let ctx = RuleCtx {
                         cfg,
+                        blocks: &block_index,
                         policy: p,
                         ids: &ids,
                         endpoints: &endpoints,
@@ -292,6 +294,7 @@ fn cache_key(network: u32, prefix: &IpNet) -> (u32, IdentityPrefix) {
 
 struct RuleCtx<'a> {
     cfg: &'a Resolved,
+    blocks: &'a BlockIndex<'a>,
     policy: &'a NetworkPolicy,
     ids: &'a Identities,
     endpoints: &'a [Endpoint<'a>],
@@ -312,9 +315,23 @@ impl RuleCtx<'_> {
         } else {
             let mut set: BTreeMap<u32, Vec<&Endpoint>> = BTreeMap::new();
             for peer in &rule.peers {
-                for (key, id) in &self.ids.by_key {
-                    if self.peer_matches(peer, key) {
-                        set.entry(*id).or_default();
+                match peer {
+                    // Through the index: a walk of every identity per
+                    // ipBlock is quadratic in the policies' blocks.
+                    Peer::IpBlock { cidr, except } => {
+                        let same = self.blocks.by_value.get(&(*cidr, except.as_slice()));
+                        for i in same.into_iter().flatten() {
+                            for id in self.blocks.holders.get(i).into_iter().flatten() {
+                                set.entry(*id).or_default();
+                            }
+                        }
+                    }
+                    Peer::Endpoints { .. } => {
+                        for (key, id) in &self.ids.by_key {
+                            if self.peer_matches(peer, key) {
+                                set.entry(*id).or_default();
+                            }
+                        }
                     }
                 }
             }
@@ -361,18 +378,10 @@ impl RuleCtx<'_> {
         out
     }
 
+    /// Whether an endpoint identity is one `peer` (a selector) names.
     fn peer_matches(&self, peer: &Peer, key: &IdentityKey) -> bool {
         match peer {
-            Peer::IpBlock { cidr, except } => {
-                // The ipBlock's index among all blocks, by value: equal
-                // blocks hold the same addresses.
-                let blocks = self.blocks();
-                key.1.iter().any(|i| {
-                    blocks
-                        .get(*i)
-                        .is_some_and(|(c, e)| c == cidr && *e == except.as_slice())
-                })
-            }
+            Peer::IpBlock { .. } => false,
             Peer::Endpoints { namespaces, pods } => {
                 let Some((ns, labels)) = &key.0 else {
                     return false;
@@ -385,19 +394,30 @@ impl RuleCtx<'_> {
             }
         }
     }
+}
 
-    fn blocks(&self) -> Vec<(IpNet, &[IpNet])> {
-        self.cfg
-            .config
-            .policies
-            .iter()
-            .flat_map(|p| p.ingress.iter().chain(p.egress.iter()).flatten())
-            .flat_map(|r| &r.peers)
-            .filter_map(|peer| match peer {
-                Peer::IpBlock { cidr, except } => Some((*cidr, except.as_slice())),
-                Peer::Endpoints { .. } => None,
-            })
-            .collect()
+/// Every policy's ipBlocks, indexed both ways once per compile.
+struct BlockIndex<'a> {
+    /// (cidr, except) -> the indices of the blocks equal to it (equal
+    /// blocks hold the same addresses).
+    by_value: BTreeMap<(IpNet, &'a [IpNet]), Vec<usize>>,
+    /// Block index -> the identities whose addresses it holds.
+    holders: BTreeMap<usize, BTreeSet<u32>>,
+}
+
+impl<'a> BlockIndex<'a> {
+    fn new(blocks: &[(IpNet, &'a [IpNet])], ids: &Identities) -> Self {
+        let mut by_value: BTreeMap<(IpNet, &[IpNet]), Vec<usize>> = BTreeMap::new();
+        for (i, (cidr, except)) in blocks.iter().enumerate() {
+            by_value.entry((*cidr, *except)).or_default().push(i);
+        }
+        let mut holders: BTreeMap<usize, BTreeSet<u32>> = BTreeMap::new();
+        for (key, id) in &ids.by_key {
+            for i in &key.1 {
+                holders.entry(*i).or_default().insert(*id);
+            }
+        }
+        BlockIndex { by_value, holders }
     }
 }
 

@@ -33,6 +33,7 @@ mod flood;
 mod kube_scale;
 mod migration;
 mod overlay_cost;
+mod policycost;
 mod progcost;
 mod reactivity;
 mod realmigration;
@@ -76,7 +77,7 @@ fn parse_args() -> Result<Args> {
             }
             "-h" | "--help" => {
                 println!(
-                    "vmpath-bench [--out DIR] [--runs N] [--only progcost,e2e,external,control,dhcp,migration,realmigration,flood,reactivity,cni] [--quick]"
+                    "vmpath-bench [--out DIR] [--runs N] [--only progcost,e2e,external,control,dhcp,migration,realmigration,flood,reactivity,cni,kube,policy] [--quick]"
                 );
                 std::process::exit(0);
             }
@@ -250,6 +251,16 @@ fn run() -> Result<()> {
                 },
                 latency_at: 1_000,
                 samples: 6,
+            })
+        });
+    }
+
+    if want("policy") {
+        step("11. NetworkPolicy cost", &|| {
+            policycost::run(&policycost::Options {
+                runs,
+                repeat: if args.quick { 100_000 } else { 1_000_000 },
+                single_shots: if args.quick { 5_000 } else { 20_000 },
             })
         });
     }
