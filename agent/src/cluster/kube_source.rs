@@ -12,7 +12,7 @@
 //! leaves the data path as it is.
 
 use std::{
-    collections::BTreeSet,
+    collections::{BTreeSet, HashMap},
     path::{Path, PathBuf},
     sync::{
         Arc, Mutex,
@@ -168,7 +168,14 @@ pub struct KubeSource {
     /// What was written back already: Events (object, message) and the
     /// detected MACs per VMI. Forgotten on restart: written again then.
     reported: Mutex<Reported>,
+    documents: Mutex<Documents>,
 }
+
+/// Each cached object's document from the last read, by the object's
+/// address: the reflector replaces an object's `Arc` when it changes, so
+/// an object read before is not converted again. The `Arc` is held so its
+/// address is not reused while it is a key.
+type Documents = HashMap<*const DynamicObject, (Arc<DynamicObject>, Arc<serde_json::Value>)>;
 
 #[derive(Default)]
 struct Reported {
@@ -231,7 +238,15 @@ impl KubeSource {
             if *on_node {
                 wc = wc.fields(&format!("spec.nodeName={node}"));
             }
-            let stream = reflector::reflector(writer, watcher(api, wc).default_backoff());
+            // Pruned before the reflector stores it: the cache holds only
+            // what is read.
+            let prune_as = resource.clone();
+            let stream = reflector::reflector(
+                writer,
+                watcher(api, wc)
+                    .default_backoff()
+                    .modify(move |o| super::prune::prune_object(&prune_as, o)),
+            );
             let (listed2, generation2, shared2, held2, store2) = (
                 listed.clone(),
                 generation.clone(),
@@ -285,6 +300,7 @@ impl KubeSource {
             runtime: handle,
             node: node.to_string(),
             reported: Mutex::new(Reported::default()),
+            documents: Mutex::new(Documents::default()),
         })
     }
 
@@ -351,26 +367,37 @@ impl KubeSource {
     pub fn read(&self) -> Snapshot {
         let generation = self.generation.load(Ordering::SeqCst);
         let mut snap = Snapshot::default();
+        let mut documents = self.documents.lock().unwrap_or_else(|p| p.into_inner());
+        let mut next = Documents::default();
         for kind in &self.kinds {
             let objects = kind
                 .held
                 .lock()
                 .unwrap_or_else(|p| p.into_inner())
                 .read(|| kind.store.state());
-            for (i, obj) in objects.iter().enumerate() {
-                let Ok(mut value) = serde_json::to_value(&**obj) else {
-                    continue;
+            let file = PathBuf::from(format!("kubernetes:{}", kind.resource.plural));
+            for (i, obj) in objects.into_iter().enumerate() {
+                let value = match documents.remove(&Arc::as_ptr(&obj)) {
+                    Some((_, value)) => value,
+                    None => {
+                        let Ok(mut value) = serde_json::to_value(&*obj) else {
+                            continue;
+                        };
+                        // List items may come without their type.
+                        value["apiVersion"] = kind.resource.api_version.clone().into();
+                        value["kind"] = kind.resource.kind.clone().into();
+                        Arc::new(value)
+                    }
                 };
-                // List items may come without their type.
-                value["apiVersion"] = kind.resource.api_version.clone().into();
-                value["kind"] = kind.resource.kind.clone().into();
                 snap.documents.push(RawDocument {
-                    file: PathBuf::from(format!("kubernetes:{}", kind.resource.plural)),
+                    file: file.clone(),
                     index: i + 1,
-                    value: value.into(),
+                    value: value.clone(),
                 });
+                next.insert(Arc::as_ptr(&obj), (obj, value));
             }
         }
+        *documents = next;
         let all_listed = self.kinds.iter().all(|k| k.listed.load(Ordering::SeqCst));
         snap.empty = !all_listed || snap.documents.is_empty();
         snap.fingerprint = crate::hash::fnv1a(&[b"kubernetes", &generation.to_le_bytes()]);

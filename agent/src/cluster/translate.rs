@@ -19,6 +19,7 @@ use super::objects::{
     NadConfig, NetworkSelection, ObjectMeta, Pod, TARGET_READY_ANNOTATION, VM_NAME_LABEL, Vmi,
     Vmim,
 };
+use super::prune::group_kind;
 use crate::config::{AttachmentKey, ConfigError, model::API_VERSION, source::RawDocument};
 
 /// Errors about CNI endpoints name them as `cni:<container id>/<ifname>`
@@ -84,14 +85,6 @@ fn error(file: &Path, document: String, field: &str, message: impl Into<String>)
         field: field.to_string(),
         message: message.into(),
     }
-}
-
-/// `group` and `kind` of a document (`v1` is the core group `""`).
-fn group_kind(value: &Value) -> Option<(&str, &str)> {
-    let api = value.get("apiVersion")?.as_str()?;
-    let kind = value.get("kind")?.as_str()?;
-    let group = api.rsplit_once('/').map(|(g, _)| g).unwrap_or("");
-    Some((group, kind))
 }
 
 /// `kubectl get -o yaml` of several objects is one `v1 List`: its items
@@ -1057,7 +1050,26 @@ mod tests {
             snap.documents.extend(docs(file, yaml));
         }
         snap.documents.extend(cni);
-        config::validate(&snap, node, &BTreeSet::new())
+        let cfg = config::validate(&snap, node, &BTreeSet::new());
+        // Every scenario here also runs on the objects as they are stored
+        // (pruned to the fields read): the outcome must be the same.
+        let pruned = Snapshot {
+            documents: snap
+                .documents
+                .iter()
+                .map(|d| RawDocument {
+                    value: super::super::prune::prune((*d.value).clone()).into(),
+                    ..d.clone()
+                })
+                .collect(),
+            ..Default::default()
+        };
+        assert_eq!(
+            format!("{:?}", config::validate(&pruned, node, &BTreeSet::new())),
+            format!("{cfg:?}"),
+            "pruning the objects changed the outcome"
+        );
+        cfg
     }
 
     fn key(ns: &str, vm: &str, interface: &str) -> AttachmentKey {
