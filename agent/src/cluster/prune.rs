@@ -1,13 +1,12 @@
 //! Objects as vmpath keeps them: only the fields it reads. A cluster's
 //! objects are held for as long as they exist (the config reader's cache,
-//! the watchers' caches), and a parsed object costs about ten times its
+//! the watchers' stores), and a parsed object costs about ten times its
 //! text, most of it in fields vmpath never reads (a VMI's disks and
 //! volumes, a pod's containers, every object's managedFields). Each kind
 //! in [`super::objects`] is read into its typed form and written back from
 //! it, so what is kept follows those types; an object that does not read
 //! is kept whole, so its refusal names the same field as before.
 
-use kube::api::{ApiResource, DynamicObject};
 use serde::{Serialize, de::DeserializeOwned};
 use serde_json::Value;
 
@@ -75,35 +74,6 @@ pub fn prune(value: Value) -> Value {
         }
         _ => value,
     }
-}
-
-/// A watched object with only the fields vmpath reads (see [`prune`]):
-/// what the watcher's cache holds.
-pub fn prune_object(resource: &ApiResource, object: &mut DynamicObject) {
-    let Ok(mut value) = serde_json::to_value(&*object) else {
-        return;
-    };
-    // List items may come without their type.
-    value["apiVersion"] = resource.api_version.clone().into();
-    value["kind"] = resource.kind.clone().into();
-    if group_kind(&value).is_none_or(|gk| !is_typed(gk)) {
-        return;
-    }
-    if let Ok(pruned) = serde_json::from_value(prune(value)) {
-        *object = pruned;
-    }
-}
-
-fn is_typed(gk: (&str, &str)) -> bool {
-    [
-        objects::POD,
-        objects::VMI,
-        objects::VMIM,
-        objects::NAD,
-        objects::IPAM_CLAIM,
-        objects::NODE,
-    ]
-    .contains(&gk)
 }
 
 #[cfg(test)]
@@ -197,21 +167,5 @@ mod tests {
         for (item, original) in p["items"].as_array().unwrap().iter().zip(&objects) {
             assert_eq!(item, &prune(original.clone()));
         }
-    }
-
-    #[test]
-    fn a_watched_object_is_pruned_in_place() {
-        let pod = vm_objects()[1].clone();
-        let mut object: DynamicObject = serde_json::from_value(pod.clone()).unwrap();
-        object.types = None;
-        let resource = ApiResource::erase::<k8s_openapi::api::core::v1::Pod>(&());
-        prune_object(&resource, &mut object);
-        assert!(object.metadata.owner_references.is_none());
-        assert_eq!(
-            object.metadata.uid.as_deref(),
-            pod["metadata"]["uid"].as_str()
-        );
-        assert!(object.data.pointer("/spec/containers").is_none());
-        assert_eq!(object.data["spec"]["nodeName"], "node-a");
     }
 }
