@@ -312,13 +312,18 @@ impl KubeSource {
                     match event {
                         Ok(event) => {
                             let first_list = !listed2.load(Ordering::SeqCst);
-                            let mut store = store2.lock().unwrap_or_else(|p| p.into_inner());
-                            store.apply(&resource2, &event);
+                            store2
+                                .lock()
+                                .unwrap_or_else(|p| p.into_inner())
+                                .apply(&resource2, &event);
+                            // Locks in the order a round takes them: the
+                            // relists, then the store.
                             let held_back = held2
                                 .lock()
                                 .unwrap_or_else(|p| p.into_inner())
-                                .on_event(&event, first_list, || store.state());
-                            drop(store);
+                                .on_event(&event, first_list, || {
+                                    store2.lock().unwrap_or_else(|p| p.into_inner()).state()
+                                });
                             if let Some(n) = held_back {
                                 warn!(kind = %kind_name, objects = n, "relist came back empty; keeping what was read until the kind changes");
                             }
