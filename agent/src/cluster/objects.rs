@@ -75,27 +75,32 @@ pub struct Pod {
 pub struct PodSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub node_name: Option<String>,
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "no_ports")]
     pub containers: Vec<Container>,
+}
+
+/// Containers without ports say nothing vmpath reads.
+fn no_ports(containers: &[Container]) -> bool {
+    containers.iter().all(|c| c.ports.is_empty())
 }
 
 /// The part of a container vmpath reads: its ports, which NetworkPolicies
 /// may name (KubeVirt puts a VMI interface's `ports` on the virt-launcher
 /// pod's compute container).
-#[derive(Debug, Clone, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Container {
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub ports: Vec<ContainerPort>,
 }
 
-#[derive(Debug, Clone, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct ContainerPort {
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub name: Option<String>,
     pub container_port: u16,
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub protocol: Option<String>,
 }
 

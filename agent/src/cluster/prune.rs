@@ -142,6 +142,13 @@ mod tests {
             pod["metadata"]["annotations"]["k8s.v1.cni.cncf.io/networks"]
         );
         assert_eq!(p["spec"], serde_json::json!({"nodeName": "node-a"}));
+        // Named container ports are read (NetworkPolicy), the rest is not.
+        let mut with_ports = pod.clone();
+        with_ports["spec"]["containers"][0]["ports"] = serde_json::json!([{"name": "http", "containerPort": 80, "protocol": "TCP", "hostIP": "0.0.0.0"}]);
+        assert_eq!(
+            prune(with_ports)["spec"]["containers"],
+            serde_json::json!([{"ports": [{"name": "http", "containerPort": 80, "protocol": "TCP"}]}])
+        );
         assert_eq!(p["status"], serde_json::json!({"phase": "Running"}));
 
         let p = prune(claim.clone());
