@@ -338,7 +338,10 @@ pub fn run(
             continue;
         }
         phases.mark("ipam");
-        // MACs the data path saw on ports whose MAC was not given.
+        // MACs the data path saw on ports whose MAC was not given; one that
+        // belongs to another VM on the network is refused (said on the
+        // VM's VMI or pod as an Event), and nothing else changes.
+        let mut mac_refusals: Vec<crate::config::ConfigError> = Vec::new();
         for (ifindex, learned) in dp.maps().learned_macs.iter().filter_map(|r| r.ok()) {
             let Some(a) = cfg.attachments.iter().find(|a| {
                 a.active_node() == opts.node
@@ -361,6 +364,12 @@ pub fn run(
                 }
                 Ok(_) => {}
                 Err(msg) => {
+                    mac_refusals.push(crate::config::ConfigError {
+                        file: a.source.file.clone(),
+                        document: a.source.document.clone(),
+                        field: "detected MAC".into(),
+                        message: msg.clone(),
+                    });
                     if !refused_macs.contains(&(key.clone(), learned.mac)) {
                         error!(vm = %key, "{msg}");
                         refused_macs.insert((key.clone(), learned.mac));
@@ -390,7 +399,9 @@ pub fn run(
                         .insert(a.key.interface.clone(), format_mac(&mac));
                 }
             }
-            cluster.report(&cfg.errors, &cfg.config.warnings, macs);
+            let refusals: Vec<crate::config::ConfigError> =
+                cfg.errors.iter().chain(&mac_refusals).cloned().collect();
+            cluster.report(&refusals, &cfg.config.warnings, macs);
         }
         if changed {
             info!(

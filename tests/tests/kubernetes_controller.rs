@@ -400,6 +400,62 @@ fn two_controllers_one_leader_every_claim_allocated_once() {
 }
 
 #[test]
+fn a_pods_selection_ips_are_its_claims_static_request_and_a_conflict_is_refused_on_the_pod() {
+    let b = bed("s");
+    // Each VM's virt-launcher pod names an address in its Multus selection
+    // element, which references the VM's claim: a and b the same one, c
+    // one outside the network; d asks for nothing.
+    for (vm, ip) in [
+        ("a", "10.31.0.150/24"),
+        ("b", "10.31.0.150/24"),
+        ("c", "10.99.0.5/24"),
+    ] {
+        b.server.put(claim(vm));
+        let selection = json!([{"name": "blue", "namespace": "prod", "interface": LAUNCHER_IFNAME,
+                                "ips": [ip], "ipam-claim-reference": format!("{vm}.blue")}]);
+        b.server.put(json!({
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": format!("virt-launcher-{vm}-x"), "namespace": "prod",
+                         "labels": {"kubevirt.io": "virt-launcher", "vm.kubevirt.io/name": vm},
+                         "annotations": {"k8s.v1.cni.cncf.io/networks": selection.to_string()}},
+            "spec": {"nodeName": "n1"},
+            "status": {"phase": "Running"},
+        }));
+    }
+    b.server.put(claim("d"));
+    let _c = Controller::start(&b.ns, &b.kubeconfig, "c1", "vmpath-controller", &b.dir);
+    wait_for(
+        "a and d allocated, b and c refused on their pods",
+        Duration::from_secs(30),
+        || {
+            let a = addresses(&b.server);
+            a.get("a.blue").is_some_and(|ips| !ips.is_empty())
+                && a.get("d.blue").is_some_and(|ips| !ips.is_empty())
+                && event_on(&b.server, "Pod", "virt-launcher-b-x", "Refused").is_some()
+                && event_on(&b.server, "Pod", "virt-launcher-c-x", "Refused").is_some()
+        },
+    );
+    let a = addresses(&b.server);
+    assert_eq!(a["a.blue"], ["10.31.0.150/24"], "the selection's address");
+    assert_ne!(a["d.blue"], ["10.31.0.150/24"]);
+    assert!(a["b.blue"].is_empty() && a["c.blue"].is_empty(), "{a:?}");
+    assert_unique(&b.server);
+    let on_b = event_on(&b.server, "Pod", "virt-launcher-b-x", "Refused").unwrap();
+    assert!(
+        on_b.contains("IPAMClaim prod/b.blue: IP 10.31.0.150 is claimed by IPAMClaim prod/a.blue")
+            && on_b.contains("Pod prod/virt-launcher-b-x's k8s.v1.cni.cncf.io/networks[0].ips"),
+        "{on_b}"
+    );
+    assert!(
+        event_on(&b.server, "IPAMClaim", "b.blue", "Refused").is_some_and(|m| m == on_b),
+        "the claim is told too"
+    );
+    let on_c = event_on(&b.server, "Pod", "virt-launcher-c-x", "Refused").unwrap();
+    assert!(on_c.contains("IP 10.99.0.5 is not allocatable"), "{on_c}");
+    assert!(event_on(&b.server, "Pod", "virt-launcher-a-x", "Refused").is_none());
+}
+
+#[test]
 fn two_controllers_that_both_lead_never_give_one_address_twice() {
     // Each its own Lease: both lead at once, as a deposed leader that has
     // not noticed yet does. The ledger's conditional writes keep them

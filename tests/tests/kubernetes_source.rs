@@ -162,3 +162,139 @@ fn the_kubernetes_source_programs_a_vm_relists_on_410_and_outlives_the_api_serve
     let status = node.status().unwrap();
     assert!(attachment(&status, "vm1").is_some(), "{status}");
 }
+
+/// An Event with `reason` on the object `kind`/`name`: its message.
+fn event_on(server: &ApiServer, kind: &str, name: &str, reason: &str) -> Option<String> {
+    server.objects("/api/v1/events").iter().find_map(|e| {
+        (e["involvedObject"]["kind"] == kind
+            && e["involvedObject"]["name"] == name
+            && e["reason"] == reason)
+            .then(|| e["message"].as_str().unwrap_or("").to_string())
+    })
+}
+
+#[test]
+fn a_detected_mac_of_another_vm_is_refused_with_an_event_and_disturbs_nothing() {
+    let mut node = Node::new("km");
+    node.ns.run(&["ip", "link", "set", "lo", "up"]);
+    let server = ApiServer::start(&node.ns.path());
+    for o in objects(&node.name) {
+        server.put(o);
+    }
+    // vm2: the fixture's VM renamed, its own claim address, no MAC given
+    // anywhere (the agent takes it from the VM's traffic).
+    let vm2 = VM
+        .replace("node-a", &node.name)
+        .replace("vm1", "vm2")
+        .replace("5d1c5a3e", "6d1c5a3e")
+        .replace("2a7e0c4b", "3a7e0c4b")
+        .replace("9e8d7c6b", "ae8d7c6b")
+        .replace("10.31.0.11/24", "10.31.0.12/24")
+        .replace("        macAddress: \"02:00:00:31:00:0b\"\n", "")
+        .replace("\"mac\":\"02:00:00:31:00:0b\",", "");
+    assert!(!vm2.contains("macAddress"), "the fixture's MACs");
+    for o in vmpath::config::source::parse(vm2.as_bytes()).unwrap() {
+        server.put(o);
+    }
+    server.put(web_pod("web-0", &node.name));
+    server.serve_agent_of(&mut node);
+    node.start_agent();
+    wait_for(
+        "the agent to list the cluster",
+        Duration::from_secs(30),
+        || {
+            node.status().is_some_and(|s| {
+                attachment(&s, "vm1").is_some()
+                    && attachment(&s, "vm2").is_some()
+                    && attachment(&s, "web-0").is_some()
+            })
+        },
+    );
+
+    let conf = multus::nad_conf(NETWORK, &node);
+    let tag = unique_tag();
+    let vm1 = Netns::new(format!("vt{tag}-vm1"));
+    let vm2 = Netns::new(format!("vt{tag}-vm2"));
+    let web = Netns::new(format!("vt{tag}-web"));
+    let add = |pod: &str, ifname: &str, netns: &Netns| {
+        let (ok, result) = multus::call(
+            &node,
+            "ADD",
+            &multus::Call {
+                conf: &conf,
+                pod_namespace: "prod",
+                pod,
+                ifname,
+                netns,
+                container: &format!("c{tag}{pod}"),
+            },
+        );
+        assert!(ok, "ADD of {pod}: {result}");
+        result
+    };
+    add(LAUNCHER, LAUNCHER_IFNAME, &vm1);
+    add("virt-launcher-vm2-x7k2p", LAUNCHER_IFNAME, &vm2);
+    let result = add("web-0", "net1", &web);
+    let web_ip = result["ips"][0]["address"].as_str().unwrap().to_string();
+    let web_ip = web_ip.split('/').next().unwrap().to_string();
+    let up = |ns: &Netns, ip: &str| {
+        for cmd in [
+            vec![
+                "ip",
+                "link",
+                "set",
+                LAUNCHER_IFNAME,
+                "address",
+                "02:00:00:31:00:0b",
+            ],
+            vec!["ip", "addr", "add", ip, "dev", LAUNCHER_IFNAME],
+            vec!["ip", "link", "set", LAUNCHER_IFNAME, "up"],
+        ] {
+            ns.run(&cmd);
+        }
+    };
+    up(&vm1, "10.31.0.11/24");
+    assert!(vm1.ping(&web_ip, 3), "VM vm1 -> pod web-0");
+
+    // vm2 sends with vm1's MAC: refused, said on vm2's VMI.
+    up(&vm2, "10.31.0.12/24");
+    let _ = vm2.ping(&web_ip, 2);
+    wait_for(
+        "an Event on VMI vm2 naming vm1's MAC",
+        Duration::from_secs(30),
+        || {
+            let _ = vm2.ping(&web_ip, 1);
+            event_on(&server, "VirtualMachineInstance", "vm2", "Refused").is_some()
+        },
+    );
+    let message = event_on(&server, "VirtualMachineInstance", "vm2", "Refused").unwrap();
+    assert!(
+        message.contains(
+            "VM interface prod/vm2/blue uses MAC 02:00:00:31:00:0b, which belongs to prod/vm1/blue on network \"blue\""
+        ),
+        "{message}"
+    );
+
+    // Nothing else: vm1 keeps its traffic and its VMI is told nothing;
+    // vm2's VMI gets no detected MAC; the Event is posted once.
+    assert!(vm1.ping(&web_ip, 3), "VM vm1 -> pod web-0, after");
+    assert!(web.ping("10.31.0.11", 3), "pod web-0 -> VM vm1, after");
+    assert!(event_on(&server, "VirtualMachineInstance", "vm1", "Refused").is_none());
+    let vmi2 = server
+        .get(
+            "/apis/kubevirt.io/v1/virtualmachineinstances",
+            "prod",
+            "vm2",
+        )
+        .unwrap();
+    assert!(
+        vmi2["metadata"]["annotations"]["vmpath.dev/detected-macs"].is_null(),
+        "{vmi2}"
+    );
+    let posted = server
+        .objects("/api/v1/events")
+        .iter()
+        .filter(|e| e["involvedObject"]["name"] == "vm2" && e["reason"] == "Refused")
+        .count();
+    assert_eq!(posted, 1, "one Event for one refusal");
+}

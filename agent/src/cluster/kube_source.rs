@@ -1,7 +1,9 @@
 //! `--source kubernetes`: the same objects the config dir can hold, from
-//! the API server. One kube-rs watcher and reflector per kind (this node's
-//! pods only, by field selector) keeps an in-memory copy; each reconcile
-//! round reads the copies as documents, exactly as it reads files.
+//! the API server. One kube-rs watcher per kind (this node's pods only, by
+//! field selector) keeps an in-memory copy, each object stored once as the
+//! document a round reads, pruned to the fields read
+//! ([`super::prune`]); each reconcile round reads the copies as
+//! documents, exactly as it reads files.
 //!
 //! Losing the API server never withdraws anything: a watch error leaves
 //! every copy as it was (the watcher retries with backoff, resumes from
@@ -12,7 +14,7 @@
 //! leaves the data path as it is.
 
 use std::{
-    collections::BTreeSet,
+    collections::{BTreeMap, BTreeSet},
     path::{Path, PathBuf},
     sync::{
         Arc, Mutex,
@@ -26,8 +28,9 @@ use kube::{
     Api, Client,
     api::{ApiResource, DynamicObject, GroupVersionKind, Patch, PatchParams, PostParams},
     config::{KubeConfigOptions, Kubeconfig},
-    runtime::{WatchStreamExt as _, reflector, watcher},
+    runtime::{WatchStreamExt as _, watcher},
 };
+use serde_json::Value;
 use tracing::{info, warn};
 
 use super::writeback;
@@ -94,35 +97,98 @@ const KINDS: &[(&str, &str, &str, &str, bool)] = &[
 
 struct Kind {
     resource: ApiResource,
-    store: reflector::Store<DynamicObject>,
+    store: Arc<Mutex<Store>>,
     /// Listed once: the copy stands for the cluster.
     listed: Arc<AtomicBool>,
     /// What a relist that came back empty replaced (see [`Relists`]).
-    held: Arc<Mutex<Relists>>,
+    held: Arc<Mutex<Relists<Arc<Value>>>>,
 }
 
-/// A kind's relists. The reflector swaps a relist in only once it is
+/// A kind's objects as documents, by namespace and name: what kube-rs's
+/// reflector keeps, but each object once, pruned, and already the document
+/// a round reads (a reflector's copy would be a second one).
+#[derive(Default)]
+struct Store {
+    objects: BTreeMap<(String, String), Arc<Value>>,
+    /// A relist in progress, swapped in once complete.
+    relist: Option<BTreeMap<(String, String), Arc<Value>>>,
+}
+
+impl Store {
+    /// Applies a watch event as kube-rs's reflector does.
+    fn apply(&mut self, resource: &ApiResource, event: &watcher::Event<DynamicObject>) {
+        match event {
+            watcher::Event::Init => self.relist = Some(BTreeMap::new()),
+            watcher::Event::InitApply(o) => {
+                let (key, doc) = document(resource, o);
+                self.relist.get_or_insert_default().insert(key, doc);
+            }
+            watcher::Event::InitDone => {
+                if let Some(relist) = self.relist.take() {
+                    self.objects = relist;
+                }
+            }
+            watcher::Event::Apply(o) => {
+                let (key, doc) = document(resource, o);
+                self.objects.insert(key, doc);
+            }
+            watcher::Event::Delete(o) => {
+                self.objects.remove(&key_of(o));
+            }
+        }
+    }
+
+    fn state(&self) -> Vec<Arc<Value>> {
+        self.objects.values().cloned().collect()
+    }
+}
+
+fn key_of(o: &DynamicObject) -> (String, String) {
+    (
+        o.metadata.namespace.clone().unwrap_or_default(),
+        o.metadata.name.clone().unwrap_or_default(),
+    )
+}
+
+/// An object as the document a round reads: typed (list items may come
+/// without their type) and pruned.
+fn document(resource: &ApiResource, o: &DynamicObject) -> ((String, String), Arc<Value>) {
+    let mut value = serde_json::to_value(o).unwrap_or(Value::Null);
+    value["apiVersion"] = resource.api_version.clone().into();
+    value["kind"] = resource.kind.clone().into();
+    (key_of(o), Arc::new(super::prune::prune(value)))
+}
+
+/// A kind's relists. The store swaps a relist in only once it is
 /// complete (`InitDone`), so a relist in progress or cut short leaves the
 /// last good copy. A relist that comes back with nothing where there were
 /// objects (an API server that lost its data, a storage glitch) is not
 /// applied as deletions: the objects read before are held until the kind
 /// shows life again (any object added, changed or deleted, or a relist
 /// with objects).
-#[derive(Default)]
-struct Relists {
+struct Relists<T> {
     /// The copy when the relist began.
-    before: Vec<Arc<DynamicObject>>,
-    held: Option<Vec<Arc<DynamicObject>>>,
+    before: Vec<T>,
+    held: Option<Vec<T>>,
 }
 
-impl Relists {
-    /// `state` is the store's copy after the reflector applied the event.
+impl<T> Default for Relists<T> {
+    fn default() -> Self {
+        Relists {
+            before: Vec::new(),
+            held: None,
+        }
+    }
+}
+
+impl<T: Clone> Relists<T> {
+    /// `state` is the store's copy after it applied the event.
     /// Returns how many objects an empty relist held back, when it did.
-    fn on_event(
+    fn on_event<K>(
         &mut self,
-        event: &watcher::Event<DynamicObject>,
+        event: &watcher::Event<K>,
         first_list: bool,
-        state: impl FnOnce() -> Vec<Arc<DynamicObject>>,
+        state: impl FnOnce() -> Vec<T>,
     ) -> Option<usize> {
         match event {
             watcher::Event::Init => {
@@ -150,7 +216,7 @@ impl Relists {
     }
 
     /// The copy a round reads: the held objects, else the store's.
-    fn read(&self, state: impl FnOnce() -> Vec<Arc<DynamicObject>>) -> Vec<Arc<DynamicObject>> {
+    fn read(&self, state: impl FnOnce() -> Vec<T>) -> Vec<T> {
         match &self.held {
             Some(held) => held.clone(),
             None => state(),
@@ -222,8 +288,7 @@ impl KubeSource {
                 &GroupVersionKind::gvk(group, version, kind),
                 plural,
             );
-            let writer = reflector::store::Writer::new(resource.clone());
-            let store = writer.as_reader();
+            let store = Arc::new(Mutex::new(Store::default()));
             let listed = Arc::new(AtomicBool::new(false));
             let held = Arc::new(Mutex::new(Relists::default()));
             let api: Api<DynamicObject> = Api::all_with(client.clone(), &resource);
@@ -231,7 +296,8 @@ impl KubeSource {
             if *on_node {
                 wc = wc.fields(&format!("spec.nodeName={node}"));
             }
-            let stream = reflector::reflector(writer, watcher(api, wc).default_backoff());
+            let stream = watcher(api, wc).default_backoff();
+            let resource2 = resource.clone();
             let (listed2, generation2, shared2, held2, store2) = (
                 listed.clone(),
                 generation.clone(),
@@ -246,10 +312,18 @@ impl KubeSource {
                     match event {
                         Ok(event) => {
                             let first_list = !listed2.load(Ordering::SeqCst);
+                            store2
+                                .lock()
+                                .unwrap_or_else(|p| p.into_inner())
+                                .apply(&resource2, &event);
+                            // Locks in the order a round takes them: the
+                            // relists, then the store.
                             let held_back = held2
                                 .lock()
                                 .unwrap_or_else(|p| p.into_inner())
-                                .on_event(&event, first_list, || store2.state());
+                                .on_event(&event, first_list, || {
+                                    store2.lock().unwrap_or_else(|p| p.into_inner()).state()
+                                });
                             if let Some(n) = held_back {
                                 warn!(kind = %kind_name, objects = n, "relist came back empty; keeping what was read until the kind changes");
                             }
@@ -356,18 +430,16 @@ impl KubeSource {
                 .held
                 .lock()
                 .unwrap_or_else(|p| p.into_inner())
-                .read(|| kind.store.state());
-            for (i, obj) in objects.iter().enumerate() {
-                let Ok(mut value) = serde_json::to_value(&**obj) else {
+                .read(|| kind.store.lock().unwrap_or_else(|p| p.into_inner()).state());
+            let file = PathBuf::from(format!("kubernetes:{}", kind.resource.plural));
+            for (i, value) in objects.into_iter().enumerate() {
+                if value.is_null() {
                     continue;
-                };
-                // List items may come without their type.
-                value["apiVersion"] = kind.resource.api_version.clone().into();
-                value["kind"] = kind.resource.kind.clone().into();
+                }
                 snap.documents.push(RawDocument {
-                    file: PathBuf::from(format!("kubernetes:{}", kind.resource.plural)),
+                    file: file.clone(),
                     index: i + 1,
-                    value: value.into(),
+                    value,
                 });
             }
         }
@@ -384,7 +456,9 @@ mod tests {
 
     use kube::{api::DynamicObject, runtime::watcher::Event};
 
-    use super::{super::rbac, KINDS, Relists};
+    use super::{super::rbac, KINDS, Relists, Store};
+
+    type Ev = Event<DynamicObject>;
 
     fn pod(name: &str) -> Arc<DynamicObject> {
         let mut o = DynamicObject::new(
@@ -407,23 +481,63 @@ mod tests {
         let mut r = Relists::default();
         let a = vec![pod("a"), pod("b")];
         // The first list, empty: nothing to hold (and not listed before).
-        r.on_event(&Event::Init, true, Vec::new);
-        assert_eq!(r.on_event(&Event::InitDone, true, Vec::new), None);
+        r.on_event(&Ev::Init, true, Vec::new);
+        assert_eq!(r.on_event(&Ev::InitDone, true, Vec::new), None);
         // A relist that brings objects applies.
-        r.on_event(&Event::Init, false, Vec::new);
-        assert_eq!(r.on_event(&Event::InitDone, false, || a.clone()), None);
+        r.on_event(&Ev::Init, false, Vec::new);
+        assert_eq!(r.on_event(&Ev::InitDone, false, || a.clone()), None);
         assert_eq!(names(&r.read(|| a.clone())), ["a", "b"]);
         // A relist that comes back empty: held, the round reads a and b.
-        r.on_event(&Event::Init, false, || a.clone());
-        assert_eq!(r.on_event(&Event::InitDone, false, Vec::new), Some(2));
+        r.on_event(&Ev::Init, false, || a.clone());
+        assert_eq!(r.on_event(&Ev::InitDone, false, Vec::new), Some(2));
         assert_eq!(names(&r.read(Vec::new)), ["a", "b"]);
         // The kind changes: the store stands for the cluster again.
         r.on_event(&Event::Apply((*pod("c")).clone()), false, Vec::new);
         assert_eq!(names(&r.read(|| vec![pod("c")])), ["c"]);
         // A relist with fewer objects (not none) is a deletion.
-        r.on_event(&Event::Init, false, || a.clone());
-        assert_eq!(r.on_event(&Event::InitDone, false, || vec![pod("a")]), None);
+        r.on_event(&Ev::Init, false, || a.clone());
+        assert_eq!(r.on_event(&Ev::InitDone, false, || vec![pod("a")]), None);
         assert_eq!(names(&r.read(|| vec![pod("a")])), ["a"]);
+    }
+
+    #[test]
+    fn the_store_keeps_each_object_once_pruned_and_swaps_a_relist_in_when_complete() {
+        let resource = kube::api::ApiResource::erase::<k8s_openapi::api::core::v1::Pod>(&());
+        let with_container = |name: &str| {
+            let mut o = (*pod(name)).clone();
+            o.data = serde_json::json!({"spec": {"nodeName": "a", "containers": [{"name": "c"}]}});
+            o
+        };
+        let mut store = Store::default();
+        store.apply(&resource, &Event::Init);
+        store.apply(&resource, &Event::InitApply(with_container("a")));
+        assert!(
+            store.state().is_empty(),
+            "a relist in progress is not shown"
+        );
+        store.apply(&resource, &Event::InitDone);
+        let state = store.state();
+        assert_eq!(state.len(), 1);
+        assert_eq!(state[0]["kind"], "Pod");
+        assert_eq!(state[0]["apiVersion"], "v1");
+        assert_eq!(
+            state[0]["spec"],
+            serde_json::json!({"nodeName": "a"}),
+            "pruned"
+        );
+        store.apply(&resource, &Event::Apply(with_container("b")));
+        store.apply(&resource, &Event::Apply(with_container("a")));
+        assert_eq!(store.state().len(), 2, "one copy per object");
+        store.apply(&resource, &Event::Delete(with_container("a")));
+        let names: Vec<_> = store
+            .state()
+            .iter()
+            .map(|d| d["metadata"]["name"].clone())
+            .collect();
+        assert_eq!(names, ["b"]);
+        // A relist cut short (no InitDone) leaves the last good copy.
+        store.apply(&resource, &Event::Init);
+        assert_eq!(store.state().len(), 1);
     }
 
     #[test]

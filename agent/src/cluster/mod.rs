@@ -5,6 +5,7 @@
 
 pub mod kube_source;
 pub mod objects;
+pub mod prune;
 pub mod rbac;
 pub mod translate;
 pub mod writeback;

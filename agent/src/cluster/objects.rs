@@ -6,7 +6,7 @@
 
 use std::collections::BTreeMap;
 
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 
 /// The kinds the cluster source reads besides vmpath's own, by
 /// `apiVersion` group (without version) and `kind`.
@@ -29,19 +29,26 @@ pub const MIGRATION_JOB_LABEL: &str = "kubevirt.io/migrationJobUID";
 pub const TARGET_READY_ANNOTATION: &str = "kubevirt.io/migration-target-ready-timestamp";
 /// The CNI plugin type a NAD must name for vmpath to serve it.
 pub const CNI_TYPE: &str = "vmpath-cni";
+/// Every annotation vmpath reads on these objects: the others are dropped
+/// when an object is stored ([`super::prune`]).
+pub const READ_ANNOTATIONS: &[&str] = &[NETWORKS_ANNOTATION, TARGET_READY_ANNOTATION];
 
-#[derive(Debug, Clone, Default, Deserialize)]
+fn is_false(b: &bool) -> bool {
+    !*b
+}
+
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct ObjectMeta {
     #[serde(default)]
     pub name: String,
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub namespace: Option<String>,
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub uid: Option<String>,
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub labels: BTreeMap<String, String>,
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub annotations: BTreeMap<String, String>,
 }
 
@@ -53,7 +60,7 @@ impl ObjectMeta {
 
 // --- v1 Pod -----------------------------------------------------------------
 
-#[derive(Debug, Clone, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Pod {
     pub metadata: ObjectMeta,
@@ -63,39 +70,44 @@ pub struct Pod {
     pub status: PodStatus,
 }
 
-#[derive(Debug, Clone, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct PodSpec {
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub node_name: Option<String>,
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "no_ports")]
     pub containers: Vec<Container>,
+}
+
+/// Containers without ports say nothing vmpath reads.
+fn no_ports(containers: &[Container]) -> bool {
+    containers.iter().all(|c| c.ports.is_empty())
 }
 
 /// The part of a container vmpath reads: its ports, which NetworkPolicies
 /// may name (KubeVirt puts a VMI interface's `ports` on the virt-launcher
 /// pod's compute container).
-#[derive(Debug, Clone, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Container {
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub ports: Vec<ContainerPort>,
 }
 
-#[derive(Debug, Clone, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct ContainerPort {
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub name: Option<String>,
     pub container_port: u16,
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub protocol: Option<String>,
 }
 
-#[derive(Debug, Clone, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct PodStatus {
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub phase: Option<String>,
 }
 
@@ -137,19 +149,23 @@ impl Pod {
 
 /// One element of Multus's selection annotation (the JSON form; the short
 /// form `ns/name@ifname, ...` is read into the same shape).
-#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct NetworkSelection {
     pub name: String,
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub namespace: Option<String>,
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub interface: Option<String>,
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mac: Option<String>,
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub ips: Vec<String>,
-    #[serde(default, rename = "ipam-claim-reference")]
+    #[serde(
+        default,
+        rename = "ipam-claim-reference",
+        skip_serializing_if = "Option::is_none"
+    )]
     pub ipam_claim_reference: Option<String>,
 }
 
@@ -188,7 +204,7 @@ pub fn parse_selection(text: &str) -> Result<Vec<NetworkSelection>, String> {
 
 // --- kubevirt.io/v1 VirtualMachineInstance and Migration ---------------------
 
-#[derive(Debug, Clone, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Vmi {
     pub metadata: ObjectMeta,
@@ -198,85 +214,85 @@ pub struct Vmi {
     pub status: VmiStatus,
 }
 
-#[derive(Debug, Clone, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct VmiSpec {
     #[serde(default)]
     pub domain: Domain,
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub networks: Vec<VmiNetwork>,
 }
 
-#[derive(Debug, Clone, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Domain {
     #[serde(default)]
     pub devices: Devices,
 }
 
-#[derive(Debug, Clone, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Devices {
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub interfaces: Vec<VmiInterface>,
 }
 
-#[derive(Debug, Clone, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct VmiInterface {
     pub name: String,
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mac_address: Option<String>,
 }
 
-#[derive(Debug, Clone, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct VmiNetwork {
     pub name: String,
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub multus: Option<MultusNetwork>,
 }
 
-#[derive(Debug, Clone, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct MultusNetwork {
     /// `name` or `namespace/name` of a NetworkAttachmentDefinition.
     pub network_name: String,
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "is_false")]
     pub default: bool,
 }
 
-#[derive(Debug, Clone, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct VmiStatus {
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub node_name: Option<String>,
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub migration_state: Option<MigrationState>,
 }
 
-#[derive(Debug, Clone, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct MigrationState {
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub migration_uid: Option<String>,
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub source_node: Option<String>,
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub target_node: Option<String>,
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub source_pod: Option<String>,
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub target_pod: Option<String>,
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub target_node_domain_ready_timestamp: Option<String>,
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "is_false")]
     pub completed: bool,
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "is_false")]
     pub failed: bool,
 }
 
-#[derive(Debug, Clone, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Vmim {
     pub metadata: ObjectMeta,
@@ -286,23 +302,23 @@ pub struct Vmim {
     pub status: VmimStatus,
 }
 
-#[derive(Debug, Clone, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct VmimSpec {
     #[serde(default)]
     pub vmi_name: String,
 }
 
-#[derive(Debug, Clone, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct VmimStatus {
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub phase: Option<String>,
 }
 
 // --- k8s.cni.cncf.io NetworkAttachmentDefinition and IPAMClaim ---------------
 
-#[derive(Debug, Clone, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Nad {
     pub metadata: ObjectMeta,
@@ -310,7 +326,7 @@ pub struct Nad {
     pub spec: NadSpec,
 }
 
-#[derive(Debug, Clone, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct NadSpec {
     /// The CNI config as a JSON string (a single plugin or a conflist).
@@ -362,7 +378,7 @@ impl Nad {
     }
 }
 
-#[derive(Debug, Clone, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct IpamClaim {
     pub metadata: ObjectMeta,
@@ -372,7 +388,7 @@ pub struct IpamClaim {
     pub status: IpamClaimStatus,
 }
 
-#[derive(Debug, Clone, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct IpamClaimSpec {
     #[serde(default)]
@@ -381,16 +397,16 @@ pub struct IpamClaimSpec {
     pub interface: String,
 }
 
-#[derive(Debug, Clone, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct IpamClaimStatus {
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub ips: Vec<String>,
 }
 
 // --- v1 Node ----------------------------------------------------------------
 
-#[derive(Debug, Clone, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct K8sNode {
     pub metadata: ObjectMeta,
@@ -398,14 +414,14 @@ pub struct K8sNode {
     pub status: K8sNodeStatus,
 }
 
-#[derive(Debug, Clone, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct K8sNodeStatus {
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub addresses: Vec<NodeAddress>,
 }
 
-#[derive(Debug, Clone, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
 pub struct NodeAddress {
     #[serde(rename = "type")]
     pub kind: String,

@@ -38,8 +38,10 @@ pub const AGENT: &[Rule] = &[
 ];
 
 /// `vmpath controller`, cluster-wide: it reads the Networks, NADs and
-/// claims, reads a claim it no longer lists (is it gone?), writes claims'
-/// and Networks' status, posts Events on refused claims.
+/// claims, reads a claim it no longer lists (is it gone?), lists the pods
+/// of namespaces with a claim to allocate (their selections' `ips`),
+/// writes claims' and Networks' status, posts Events on refused claims
+/// (and on the pod whose request was refused).
 pub const CONTROLLER: &[Rule] = &[
     ("", "events", &["create"]),
     ("vmpath.dev", "networks", &["list"]),
@@ -51,6 +53,9 @@ pub const CONTROLLER: &[Rule] = &[
     ),
     ("k8s.cni.cncf.io", "ipamclaims", &["get", "list"]),
     ("k8s.cni.cncf.io", "ipamclaims/status", &["update"]),
+    // The Multus selection's `ips` of a pod referencing a claim not yet
+    // allocated: that claim's static request.
+    ("", "pods", &["list"]),
 ];
 
 /// `vmpath controller`, in its own namespace: the Lease and the ledger

@@ -19,6 +19,7 @@ use super::objects::{
     NadConfig, NetworkSelection, ObjectMeta, Pod, TARGET_READY_ANNOTATION, VM_NAME_LABEL, Vmi,
     Vmim,
 };
+use super::prune::group_kind;
 use crate::config::{AttachmentKey, ConfigError, model::API_VERSION, source::RawDocument};
 
 /// Errors about CNI endpoints name them as `cni:<container id>/<ifname>`
@@ -84,14 +85,6 @@ fn error(file: &Path, document: String, field: &str, message: impl Into<String>)
         field: field.to_string(),
         message: message.into(),
     }
-}
-
-/// `group` and `kind` of a document (`v1` is the core group `""`).
-fn group_kind(value: &Value) -> Option<(&str, &str)> {
-    let api = value.get("apiVersion")?.as_str()?;
-    let kind = value.get("kind")?.as_str()?;
-    let group = api.rsplit_once('/').map(|(g, _)| g).unwrap_or("");
-    Some((group, kind))
 }
 
 /// `kubectl get -o yaml` of several objects is one `v1 List`: its items
@@ -533,8 +526,10 @@ pub fn translate(documents: &[RawDocument], node: &str) -> Translated {
                 .clone()
                 .unwrap_or_else(|| format!("{}.{}", vmi.metadata.name, net.name));
             let ips = claim_ips(ns, &claim_name).unwrap_or_else(|| selection.ips.clone());
-            if ips.is_empty() && ipam_networks.contains(&network) && claim_pending(ns, &claim_name)
-            {
+            // A claim is the one place addresses are decided: the
+            // selection's `ips` are its static request, which the
+            // controller grants or refuses (naming the conflict).
+            if ipam_networks.contains(&network) && claim_pending(ns, &claim_name) {
                 let cni_file = running.as_ref().and_then(|((pi, _), iface)| {
                     tr.take_cni(&pods[*pi].value, &iface.ifname).map(|c| c.file)
                 });
@@ -1057,7 +1052,26 @@ mod tests {
             snap.documents.extend(docs(file, yaml));
         }
         snap.documents.extend(cni);
-        config::validate(&snap, node, &BTreeSet::new())
+        let cfg = config::validate(&snap, node, &BTreeSet::new());
+        // Every scenario here also runs on the objects as they are stored
+        // (pruned to the fields read): the outcome must be the same.
+        let pruned = Snapshot {
+            documents: snap
+                .documents
+                .iter()
+                .map(|d| RawDocument {
+                    value: super::super::prune::prune((*d.value).clone()).into(),
+                    ..d.clone()
+                })
+                .collect(),
+            ..Default::default()
+        };
+        assert_eq!(
+            format!("{:?}", config::validate(&pruned, node, &BTreeSet::new())),
+            format!("{cfg:?}"),
+            "pruning the objects changed the outcome"
+        );
+        cfg
     }
 
     fn key(ns: &str, vm: &str, interface: &str) -> AttachmentKey {
@@ -1144,6 +1158,99 @@ mod tests {
         assert!(
             w.file.to_string_lossy().starts_with(CNI_SOURCE_PREFIX),
             "on the CNI port, for the plugin's ADD: {w:?}"
+        );
+    }
+
+    /// The fixture with `ips` in the pod's selection element.
+    fn asking(vm: &str, ip: &str) -> String {
+        let out = vm.replace(
+            r#"[{"name":"blue","#,
+            &format!(r#"[{{"name":"blue","ips":["{ip}"],"#),
+        );
+        assert_ne!(out, vm, "the fixture's selection");
+        out
+    }
+
+    #[test]
+    fn a_selections_ips_are_its_claims_request_the_controller_decides() {
+        // The claim pending: the VM waits for the controller even though
+        // its selection names an address (the controller grants it).
+        let pending = asking(VM, "10.31.0.150/24").replace("status:\n  ips: [10.31.0.11/24]", "");
+        let cfg = validate(
+            &[("network.yaml", NETWORK), ("vm.yaml", &pending)],
+            vec![cni_port(POD, "pod16477688c0e", "vmp0a1b2c3d4e")],
+            "node-a",
+        );
+        assert!(cfg.attachments.is_empty(), "{:#?}", cfg.attachments);
+        assert!(
+            cfg.warnings
+                .iter()
+                .any(|w| w.message.contains("waits for IPAMClaim prod/vm1.blue")),
+            "{:#?}",
+            cfg.warnings
+        );
+        // Once written, the claim's addresses are the VM's.
+        let cfg = validate(
+            &[
+                ("network.yaml", NETWORK),
+                ("vm.yaml", &asking(VM, "10.31.0.150/24")),
+            ],
+            vec![cni_port(POD, "pod16477688c0e", "vmp0a1b2c3d4e")],
+            "node-a",
+        );
+        assert!(cfg.errors.is_empty(), "{:#?}", cfg.errors);
+        assert_eq!(
+            cfg.attachments[0].ips,
+            ["10.31.0.11/24".parse::<ipnet::IpNet>().unwrap()]
+        );
+    }
+
+    #[test]
+    fn without_a_claim_a_selections_ips_are_a_static_request_conflicts_named() {
+        // No IPAMClaim at all: the selection's `ips` are the interface's
+        // static request, checked by the agent's IPAM like any other.
+        let no_claim = |vm: &str| -> String {
+            vm.split("\n---\n")
+                .filter(|d| !d.contains("kind: IPAMClaim"))
+                .collect::<Vec<_>>()
+                .join("\n---\n")
+        };
+        let vm1 = no_claim(&asking(VM, "10.31.0.150/24"));
+        let vm2 = no_claim(&asking(VM, "10.31.0.150/24"))
+            .replace("vm1", "vm2")
+            .replace("5d1c5a3e", "6d1c5a3e")
+            .replace("02:00:00:31:00:0b", "02:00:00:31:00:0c");
+        let cfg = validate(
+            &[
+                ("network.yaml", NETWORK),
+                ("vm1.yaml", &vm1),
+                ("vm2.yaml", &vm2),
+            ],
+            vec![],
+            "node-a",
+        );
+        let vm1_ifaces: Vec<_> = cfg
+            .attachments
+            .iter()
+            .filter(|a| a.key.vm == "vm1")
+            .collect();
+        assert_eq!(
+            vm1_ifaces[0].ips,
+            ["10.31.0.150/24".parse::<ipnet::IpNet>().unwrap()],
+            "{:#?}",
+            cfg.attachments
+        );
+        assert!(
+            !cfg.attachments.iter().any(|a| a.key.vm == "vm2"),
+            "{:#?}",
+            cfg.attachments
+        );
+        assert!(
+            cfg.errors.iter().any(|e| e.document.contains("vm2")
+                && e.message
+                    .contains("10.31.0.150 is already used by Attachment prod/vm1-blue")),
+            "{:#?}",
+            cfg.errors
         );
     }
 

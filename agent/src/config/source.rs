@@ -211,7 +211,8 @@ fn parse_file(file: &Path, stamp: Stamp) -> Parsed {
                 .map(|(i, value)| RawDocument {
                     file: file.to_path_buf(),
                     index: i + 1,
-                    value: value.into(),
+                    // Only what is read is kept: a cluster's objects are many.
+                    value: crate::cluster::prune::prune(value).into(),
                 })
                 .collect(),
             error: None,

@@ -45,8 +45,11 @@ pub struct Claim {
     pub network: Result<String, String>,
     /// `status.ips` as read.
     pub ips: Vec<String>,
-    /// Addresses asked for ([`REQUESTED_IPS_ANNOTATION`]).
+    /// Addresses asked for ([`REQUESTED_IPS_ANNOTATION`], else the `ips`
+    /// of the Multus selection element that references the claim).
     pub requested: Vec<String>,
+    /// Where `requested` comes from, for messages.
+    pub requested_from: String,
 }
 
 /// On an IPAMClaim: a static request, comma-separated CIDRs
@@ -130,7 +133,7 @@ pub fn plan(
         let (given, field) = if !claim.ips.is_empty() {
             (&claim.ips, "status.ips")
         } else {
-            (&claim.requested, REQUESTED_IPS_ANNOTATION)
+            (&claim.requested, claim.requested_from.as_str())
         };
         if !given.is_empty() {
             let mut taken = Vec::new();
@@ -161,6 +164,11 @@ pub fn plan(
                 }
             }
             match refused {
+                // A static request says where it was asked for.
+                Some(why) if field != "status.ips" && !why.starts_with(field) => {
+                    out.refusals
+                        .insert(key, format!("{why} (asked for in {field})"));
+                }
                 Some(why) => {
                     out.refusals.insert(key, why);
                 }
@@ -260,6 +268,7 @@ mod tests {
             network: Ok("blue".into()),
             ips: ips.iter().map(|s| s.to_string()).collect(),
             requested: vec![],
+            requested_from: REQUESTED_IPS_ANNOTATION.into(),
         }
     }
 
@@ -314,6 +323,17 @@ mod tests {
         let static_plan = plan(&nets, &[asks, late], &first.ledger, &[]);
         assert_eq!(static_plan.statuses["prod/s"], [free]);
         assert!(static_plan.refusals["prod/t"].contains("claimed by IPAMClaim prod/a"));
+        // A request from a pod's selection says where it was asked for.
+        let mut from_pod = claim("u", &[]);
+        from_pod.requested = vec![ip.clone()];
+        from_pod.requested_from = "Pod prod/p's k8s.v1.cni.cncf.io/networks[0].ips".into();
+        let pod_plan = plan(&nets, &[from_pod], &first.ledger, &[]);
+        assert!(
+            pod_plan.refusals["prod/u"].ends_with(
+                "claimed by IPAMClaim prod/a on network \"blue\" (asked for in Pod prod/p's k8s.v1.cni.cncf.io/networks[0].ips)"
+            ),
+            "{pod_plan:?}"
+        );
         // Released only once the claim is confirmed gone.
         let kept = plan(&nets, &[], &first.ledger, &[]);
         assert_eq!(kept.ledger, first.ledger);

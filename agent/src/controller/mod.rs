@@ -18,7 +18,7 @@ use std::{
 
 use k8s_openapi::api::{
     coordination::v1::Lease,
-    core::v1::{ConfigMap, Event},
+    core::v1::{ConfigMap, Event, Pod},
 };
 use kube::{
     Api, Client,
@@ -28,7 +28,7 @@ use tracing::{info, warn};
 
 use crate::{
     cluster::{
-        objects::{Nad, NadConfig},
+        objects::{NETWORKS_ANNOTATION, Nad, NadConfig, parse_selection},
         writeback::{self, Involved},
     },
     config::{
@@ -216,6 +216,59 @@ fn claim_network(
     ))
 }
 
+/// A static request from a pod's Multus selection element.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct SelectionRequest {
+    ips: Vec<String>,
+    /// The pod's name (in the claim's namespace).
+    pod: String,
+    /// Where the request is, for messages.
+    from: String,
+}
+
+/// By claim key (`namespace/name`): the `ips` of the selection element
+/// (`k8s.v1.cni.cncf.io/networks`) of a running pod that references the
+/// claim with `ipam-claim-reference`.
+fn selection_requests(pods: &[Pod]) -> BTreeMap<String, SelectionRequest> {
+    let mut out = BTreeMap::new();
+    for pod in pods {
+        let phase = pod.status.as_ref().and_then(|s| s.phase.as_deref());
+        if matches!(phase, Some("Succeeded") | Some("Failed")) {
+            continue;
+        }
+        let (Some(ns), Some(name)) = (&pod.metadata.namespace, &pod.metadata.name) else {
+            continue;
+        };
+        let Some(text) = pod
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(NETWORKS_ANNOTATION))
+        else {
+            continue;
+        };
+        // A selection that does not read is the agent's to refuse.
+        let Ok(selection) = parse_selection(text) else {
+            continue;
+        };
+        for (i, element) in selection.into_iter().enumerate() {
+            let Some(claim) = element.ipam_claim_reference else {
+                continue;
+            };
+            if element.ips.is_empty() {
+                continue;
+            }
+            out.entry(format!("{ns}/{claim}"))
+                .or_insert_with(|| SelectionRequest {
+                    ips: element.ips,
+                    pod: name.clone(),
+                    from: format!("Pod {ns}/{name}'s {NETWORKS_ANNOTATION}[{i}].ips"),
+                });
+        }
+    }
+    out
+}
+
 /// One allocation round: read, plan, write the ledger (conditionally),
 /// then the claims' statuses (each conditionally).
 async fn round(
@@ -297,11 +350,35 @@ async fn round(
                         .collect()
                 })
                 .unwrap_or_default(),
+            requested_from: allocate::REQUESTED_IPS_ANNOTATION.to_string(),
             namespace,
             name,
         };
         versions.insert(claim.key(), o.clone());
         claims.push(claim);
+    }
+
+    // A claim not yet allocated that asks for nothing itself: the `ips` of
+    // the Multus selection element referencing it are its static request.
+    let asking: BTreeSet<String> = claims
+        .iter()
+        .filter(|c| c.ips.is_empty() && c.requested.is_empty())
+        .map(|c| c.namespace.clone())
+        .collect();
+    let mut pods = Vec::new();
+    for ns in &asking {
+        let api: Api<Pod> = Api::namespaced(client.clone(), ns);
+        pods.extend(api.list(&lp).await?.items);
+    }
+    let selected = selection_requests(&pods);
+    for c in claims
+        .iter_mut()
+        .filter(|c| c.ips.is_empty() && c.requested.is_empty())
+    {
+        if let Some(r) = selected.get(&c.key()) {
+            c.requested = r.ips.clone();
+            c.requested_from = r.from.clone();
+        }
     }
 
     // Holders not listed: confirmed gone only if the claim (that uid) is.
@@ -344,6 +421,25 @@ async fn round(
         let events: Api<Event> = Api::namespaced(client.clone(), ns);
         if let Err(e) = events.create(&PostParams::default(), &event).await {
             warn!(claim = %claim, "posting an Event: {e}");
+        }
+        // A request from a pod's selection is refused on the pod too.
+        if let Some(r) = selected.get(claim) {
+            let involved = Involved {
+                api_version: "v1",
+                kind: "Pod",
+                namespace: ns.to_string(),
+                name: r.pod.clone(),
+            };
+            let event = writeback::event(
+                &involved,
+                writeback::REASON_REFUSED,
+                &format!("IPAMClaim {claim}: {why}"),
+                "vmpath-controller",
+                &opts.identity,
+            );
+            if let Err(e) = events.create(&PostParams::default(), &event).await {
+                warn!(claim = %claim, pod = %r.pod, "posting an Event: {e}");
+            }
         }
     }
     *reported = current;
@@ -401,4 +497,50 @@ async fn round(
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pod(name: &str, phase: &str, networks: &str) -> Pod {
+        serde_json::from_value(serde_json::json!({
+            "metadata": {"name": name, "namespace": "prod",
+                         "annotations": {NETWORKS_ANNOTATION: networks}},
+            "status": {"phase": phase},
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn a_selection_elements_ips_are_its_claims_request() {
+        let pods = [
+            pod(
+                "virt-launcher-vm1-x",
+                "Running",
+                r#"[{"name":"red"},{"name":"blue","ips":["10.31.0.150/24"],"ipam-claim-reference":"vm1.blue"}]"#,
+            ),
+            // Over: its request is no one's.
+            pod(
+                "old",
+                "Succeeded",
+                r#"[{"name":"blue","ips":["10.31.0.9/24"],"ipam-claim-reference":"vm9.blue"}]"#,
+            ),
+            // No ips, or no claim: nothing asked of the controller.
+            pod(
+                "plain",
+                "Running",
+                r#"[{"name":"blue","ipam-claim-reference":"vm2.blue"},{"name":"blue","ips":["10.31.0.7/24"]}]"#,
+            ),
+            pod("short", "Running", "prod/blue"),
+        ];
+        let r = selection_requests(&pods);
+        assert_eq!(r.keys().collect::<Vec<_>>(), ["prod/vm1.blue"], "{r:?}");
+        assert_eq!(r["prod/vm1.blue"].ips, ["10.31.0.150/24"]);
+        assert_eq!(r["prod/vm1.blue"].pod, "virt-launcher-vm1-x");
+        assert_eq!(
+            r["prod/vm1.blue"].from,
+            "Pod prod/virt-launcher-vm1-x's k8s.v1.cni.cncf.io/networks[1].ips"
+        );
+    }
 }

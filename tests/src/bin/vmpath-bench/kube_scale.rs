@@ -14,15 +14,20 @@
 //! the agent has programmed the port), the ADD started right after the
 //! objects, as the kubelet does once the pod is bound. Baseline: the ADD of
 //! a VM whose objects the agent already had.
+//!
+//! Allocation rate: `vmpath controller` (leading, idle) and N IPAMClaims
+//! created at once: claims per second from their creation to the last
+//! one's `status.ips` written.
 
 use std::{
     fmt::Write as _,
+    process::{Command, Stdio},
     time::{Duration, Instant},
 };
 
 use anyhow::{Context as _, Result, bail, ensure};
 use serde_json::Value;
-use vmpath_tests::{Netns, Node, kube_api::ApiServer, multus, unique_tag, wait_for};
+use vmpath_tests::{Netns, Node, kube_api::ApiServer, multus, unique_tag, vmpath_bin, wait_for};
 
 use crate::{
     report::{Bar, Section},
@@ -35,6 +40,8 @@ pub struct Options {
     /// The size the latency is measured at, and its samples.
     pub latency_at: usize,
     pub samples: usize,
+    /// Batches of new claims for the allocation rate.
+    pub claims: Vec<usize>,
 }
 
 const NETWORK: &str = include_str!("../../../../agent/src/cluster/fixtures/network.yaml");
@@ -211,6 +218,75 @@ fn latency(n: usize, samples: usize) -> Result<(Vec<f64>, Vec<f64>)> {
     Ok((fresh, known))
 }
 
+const CLAIMS: &str = "/apis/k8s.cni.cncf.io/v1alpha1/ipamclaims";
+
+/// A new IPAMClaim on network blue, as ipam-extensions makes one.
+fn new_claim(i: usize) -> Value {
+    serde_json::json!({
+        "apiVersion": "k8s.cni.cncf.io/v1alpha1", "kind": "IPAMClaim",
+        "metadata": {"name": format!("c{i}.blue"), "namespace": "prod", "uid": format!("uid-c{i}")},
+        "spec": {"network": "blue", "interface": POD_IFNAME},
+    })
+}
+
+/// Seconds for a leading `vmpath controller` to allocate `n` claims
+/// created at once.
+fn allocation(n: usize) -> Result<f64> {
+    let ns = Netns::new(format!("vb{}a{n}", unique_tag()));
+    ns.run(&["ip", "link", "set", "lo", "up"]);
+    let server = ApiServer::start(&ns.path());
+    for o in network_objects() {
+        server.put(o);
+    }
+    let dir = std::env::temp_dir().join(format!("vmpath-bench-{}", ns.name));
+    std::fs::create_dir_all(&dir)?;
+    let kubeconfig = dir.join("kubeconfig");
+    std::fs::write(&kubeconfig, server.kubeconfig())?;
+    let mut child = Command::new("nsenter")
+        .arg(format!("--net={}", ns.path()))
+        .arg(vmpath_bin())
+        .arg("controller")
+        .arg("--kubeconfig")
+        .arg(&kubeconfig)
+        .args(["--namespace", "vmpath-system", "--identity", "bench"])
+        .args(["--lease-duration", "15s", "--interval", "100ms"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .context("starting vmpath controller")?;
+    let result = (|| {
+        // Leading (its ledger written) before the claims come.
+        wait_for("the controller to lead", Duration::from_secs(30), || {
+            server
+                .get("/api/v1/configmaps", "vmpath-system", "vmpath-ipam-ledger")
+                .is_some()
+        });
+        let started = Instant::now();
+        for i in 0..n {
+            server.put(new_claim(i));
+        }
+        loop {
+            let done = server
+                .objects(CLAIMS)
+                .iter()
+                .filter(|c| c["status"]["ips"].as_array().is_some_and(|a| !a.is_empty()))
+                .count();
+            if done == n {
+                return Ok(started.elapsed().as_secs_f64());
+            }
+            if started.elapsed() > Duration::from_secs(600) {
+                bail!("{done} of {n} claims allocated in 600 s");
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    })();
+    let _ = child.kill();
+    let _ = child.wait();
+    let _ = std::fs::remove_dir_all(&dir);
+    result
+}
+
 pub fn run(opts: &Options) -> Result<Section> {
     let mut md = format!(
         "`vmpath agent --source kubernetes` against the test bed's API server (in memory, \
@@ -271,6 +347,35 @@ pub fn run(opts: &Options) -> Result<Section> {
         ratio,
         baseline: "ADD of a known VM".into(),
     });
+    if !opts.claims.is_empty() {
+        let _ = write!(
+            md,
+            "\n**Controller allocation rate**: `vmpath controller` leading (round every \
+             100 ms), then N IPAMClaims created at once on a /16 network; from the first \
+             create to the last claim's `status.ips` written (one ledger write per round, \
+             one status write per claim, each conditional).\n\n\
+             | new claims | seconds | claims/s |\n|---|---|---|\n"
+        );
+        let mut rates = Vec::new();
+        for &n in &opts.claims {
+            let secs = allocation(n).with_context(|| format!("allocating {n} claims"))?;
+            let rate = n as f64 / secs;
+            rates.push(rate);
+            let _ = writeln!(md, "| {n} | {} | {} |", fmt(secs), fmt(rate));
+        }
+        if let (Some(first), Some(last)) = (rates.first(), rates.last())
+            && rates.len() > 1
+        {
+            bars.push(Bar {
+                label: format!(
+                    "controller claims/s, {} new claims",
+                    opts.claims.last().unwrap()
+                ),
+                ratio: last / first,
+                baseline: format!("claims/s at {} claims", opts.claims[0]),
+            });
+        }
+    }
     Ok(Section {
         title: "10. Kubernetes source at scale".into(),
         markdown: md,

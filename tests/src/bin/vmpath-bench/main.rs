@@ -19,7 +19,8 @@
 //!   reactivity port appearing -> first forwarded frame, config write -> map
 //!             update, against the same agent on a 200 ms poll
 //!   kube      the Kubernetes source at 1,000 and 10,000 VMs: agent memory
-//!             against the file source, objects -> programmed latency
+//!             against the file source, objects -> programmed latency,
+//!             the controller's allocation rate (claims/s)
 //!
 //! Needs root; everything runs in network namespaces it creates and
 //! removes (guards), and no packet leaves them.
@@ -251,6 +252,11 @@ fn run() -> Result<()> {
                 },
                 latency_at: 1_000,
                 samples: 6,
+                claims: if args.quick {
+                    vec![100]
+                } else {
+                    vec![100, 1_000]
+                },
             })
         });
     }
