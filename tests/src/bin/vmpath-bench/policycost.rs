@@ -67,10 +67,11 @@ fn mac(m: &Mac) -> String {
     util::mac_str(m)
 }
 
-/// The network, the namespace and the two endpoints (`a` sends to `b`).
+/// The network (IPAM on, so port security is on as in section 1), the
+/// namespace and the two endpoints (`a` sends to `b`).
 fn base_docs() -> Vec<String> {
     let mut docs = vec![
-        "apiVersion: vmpath.dev/v1alpha1\nkind: Network\nmetadata: {name: pol}\nspec: {id: 100, subnets: [10.0.0.0/8], defaultGatewayIPs: [10.0.0.1], ipam: {mode: Disabled}}\n".to_string(),
+        "apiVersion: vmpath.dev/v1alpha1\nkind: Network\nmetadata: {name: pol}\nspec: {id: 100, subnets: [10.0.0.0/8], defaultGatewayIPs: [10.0.0.1], ipam: {mode: Enabled}}\n".to_string(),
         "apiVersion: v1\nkind: Namespace\nmetadata: {name: bench}\n".to_string(),
     ];
     for (name, port, m, ipaddr) in [("a", "vpbpa", A_MAC, A_IP), ("b", "vpbpb", B_MAC, B_IP)] {
