@@ -34,7 +34,6 @@ use vmpath_common::{
 
 pub mod batch;
 mod meter;
-mod migrate;
 mod north_south;
 mod overlay;
 pub mod policy;
@@ -129,6 +128,31 @@ fn is_bpffs(path: &Path) -> Result<bool> {
             .with_context(|| format!("statfs {}", path.display()));
     }
     Ok(st.f_type as i64 == BPF_FS_MAGIC)
+}
+
+/// Loads every tail-called program (`vm_port` is loaded already) and
+/// puts each in its slot of `vmp_progs`, from the contract's one table.
+fn load_tail_calls(ebpf: &mut Ebpf) -> Result<()> {
+    let mut fds = Vec::new();
+    for (slot, name) in vmpath_common::tail_call::PROGRAMS {
+        let prog: &mut SchedClassifier = ebpf
+            .program_mut(name)
+            .ok_or_else(|| anyhow!("program {name} missing from the object"))?
+            .try_into()?;
+        if prog.fd().is_err() {
+            retry_eagain(|| prog.load())
+                .with_context(|| format!("loading (verifying) the {name} program"))?;
+        }
+        fds.push((slot, prog.fd()?.try_clone()?));
+    }
+    let map = ebpf
+        .map_mut(map_names::PROGS)
+        .ok_or_else(|| anyhow!("map {} missing", map_names::PROGS))?;
+    let mut progs: aya::maps::ProgramArray<&mut MapData> = map.try_into()?;
+    for (slot, fd) in &fds {
+        progs.set(*slot, fd, 0)?;
+    }
+    Ok(())
 }
 
 /// Runs a program load, again when the verifier gave up with EAGAIN: it
@@ -472,11 +496,8 @@ impl Dataplane {
             .ok_or_else(|| anyhow!("program {} missing from the object", prog_names::UPLINK))?
             .try_into()?;
         retry_eagain(|| uplink.load()).context("loading (verifying) the uplink program")?;
-        north_south::load_egress(&mut ebpf)?;
         overlay::load(&mut ebpf)?;
-        migrate::load(&mut ebpf)?;
-        policy::load(&mut ebpf)?;
-        service::load(&mut ebpf)?;
+        load_tail_calls(&mut ebpf)?;
         // Debug events are a help, not a function: the data path runs
         // without their reader.
         if let Err(e) = crate::datapath_log::start(&mut ebpf) {

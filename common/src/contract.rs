@@ -247,6 +247,20 @@ pub mod tail_call {
     /// while Services exist.
     pub const SERVICE_DELIVER: u32 = 7;
     pub const SLOTS: u32 = 8;
+
+    use crate::prog_names;
+    /// Every slot with the program the agent puts in it: the one table
+    /// the loader fills `vmp_progs` from.
+    pub const PROGRAMS: [(u32, &str); SLOTS as usize] = [
+        (VM_EGRESS, prog_names::VM_EGRESS),
+        (VM_REMOTE, prog_names::VM_REMOTE),
+        (VM_MIGRATE, prog_names::VM_MIGRATE),
+        (VM_PORT, prog_names::VM_PORT),
+        (POLICY_EGRESS, prog_names::VM_POLICY_OUT),
+        (POLICY_DELIVER, prog_names::VM_POLICY_IN),
+        (VM_SERVICE, prog_names::VM_SERVICE),
+        (SERVICE_DELIVER, prog_names::VM_SERVICE_IN),
+    ];
 }
 
 /// The family tag of an `AddrKey` (`AddrKey::family`): the IP version.

@@ -58,22 +58,6 @@ impl Dataplane {
     }
 }
 
-/// Loads `vm_egress` and puts it in the VM-port program's tail-call slot.
-pub(super) fn load_egress(ebpf: &mut aya::Ebpf) -> Result<()> {
-    let prog: &mut aya::programs::SchedClassifier = ebpf
-        .program_mut(prog_names::VM_EGRESS)
-        .ok_or_else(|| anyhow::anyhow!("program {} missing", prog_names::VM_EGRESS))?
-        .try_into()?;
-    super::retry_eagain(|| prog.load()).context("loading (verifying) the vm_egress program")?;
-    let fd = prog.fd()?.try_clone()?;
-    let map = ebpf
-        .map_mut(vmpath_common::map_names::PROGS)
-        .ok_or_else(|| anyhow::anyhow!("map {} missing", vmpath_common::map_names::PROGS))?;
-    let mut progs: aya::maps::ProgramArray<&mut MapData> = map.try_into()?;
-    progs.set(vmpath_common::tail_call::VM_EGRESS, &fd, 0)?;
-    Ok(())
-}
-
 fn sync_lpm<K>(map: &mut LpmTrie<MapData, K, u32>, want: &BTreeSet<(u32, K)>) -> Result<()>
 where
     K: aya::Pod + Ord,

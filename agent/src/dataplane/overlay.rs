@@ -5,29 +5,17 @@
 use std::fs;
 
 use anyhow::{Context as _, Result, anyhow};
-use aya::maps::{MapData, PerCpuValues};
+use aya::maps::PerCpuValues;
 use tracing::{debug, info};
 use vmpath_common::{
-    EndpointKey, OverlayConfig, PortStats, REMOTE_LEARNED_MAX_AGE_NS, RemoteLearned, map_names,
-    prog_names, tail_call,
+    EndpointKey, OverlayConfig, PortStats, REMOTE_LEARNED_MAX_AGE_NS, RemoteLearned, prog_names,
 };
 
 use super::{Dataplane, links_dir, sync};
 use crate::plan::Plan;
 
-/// Loads `vm_remote` into its tail-call slot and loads `vxlan_rx`.
+/// Loads `vxlan_rx` (attached to the VXLAN device when there is one).
 pub(super) fn load(ebpf: &mut aya::Ebpf) -> Result<()> {
-    let prog: &mut aya::programs::SchedClassifier = ebpf
-        .program_mut(prog_names::VM_REMOTE)
-        .ok_or_else(|| anyhow!("program {} missing", prog_names::VM_REMOTE))?
-        .try_into()?;
-    super::retry_eagain(|| prog.load()).context("loading (verifying) the vm_remote program")?;
-    let fd = prog.fd()?.try_clone()?;
-    let map = ebpf
-        .map_mut(map_names::PROGS)
-        .ok_or_else(|| anyhow!("map {} missing", map_names::PROGS))?;
-    let mut progs: aya::maps::ProgramArray<&mut MapData> = map.try_into()?;
-    progs.set(tail_call::VM_REMOTE, &fd, 0)?;
     let rx: &mut aya::programs::SchedClassifier = ebpf
         .program_mut(prog_names::VXLAN_RX)
         .ok_or_else(|| anyhow!("program {} missing", prog_names::VXLAN_RX))?

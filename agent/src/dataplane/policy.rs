@@ -84,30 +84,3 @@ pub fn policy_stats(
             acc
         }))
 }
-
-/// Loads `vm_policy_out` and `vm_policy_in` into their tail-call slots.
-pub(super) fn load(ebpf: &mut aya::Ebpf) -> Result<()> {
-    use anyhow::anyhow;
-    use vmpath_common::{map_names, prog_names, tail_call};
-    let mut fds = Vec::new();
-    for (name, slot) in [
-        (prog_names::VM_POLICY_OUT, tail_call::POLICY_EGRESS),
-        (prog_names::VM_POLICY_IN, tail_call::POLICY_DELIVER),
-    ] {
-        let prog: &mut aya::programs::SchedClassifier = ebpf
-            .program_mut(name)
-            .ok_or_else(|| anyhow!("program {name} missing"))?
-            .try_into()?;
-        super::retry_eagain(|| prog.load())
-            .with_context(|| format!("loading (verifying) the {name} program"))?;
-        fds.push((slot, prog.fd()?.try_clone()?));
-    }
-    let map = ebpf
-        .map_mut(map_names::PROGS)
-        .ok_or_else(|| anyhow!("map {} missing", map_names::PROGS))?;
-    let mut progs: aya::maps::ProgramArray<&mut MapData> = map.try_into()?;
-    for (slot, fd) in &fds {
-        progs.set(*slot, fd, 0)?;
-    }
-    Ok(())
-}

@@ -6,8 +6,8 @@ use std::collections::BTreeMap;
 
 use super::Dataplane;
 use crate::plan::Plan;
-use anyhow::{Context as _, Result, anyhow};
-use vmpath_common::{ServiceBackend, ServiceBackendKey, map_names, prog_names, tail_call};
+use anyhow::{Context as _, Result};
+use vmpath_common::{ServiceBackend, ServiceBackendKey};
 
 impl Dataplane {
     pub(super) fn apply_services(&mut self, plan: &Plan) -> Result<()> {
@@ -57,29 +57,4 @@ pub fn service_stats(
             acc.rejected += s.rejected;
             acc
         }))
-}
-
-/// Loads `vm_service` and `vm_service_in` into their tail-call slots.
-pub(super) fn load(ebpf: &mut aya::Ebpf) -> Result<()> {
-    let mut fds = Vec::new();
-    for (name, slot) in [
-        (prog_names::VM_SERVICE, tail_call::VM_SERVICE),
-        (prog_names::VM_SERVICE_IN, tail_call::SERVICE_DELIVER),
-    ] {
-        let prog: &mut aya::programs::SchedClassifier = ebpf
-            .program_mut(name)
-            .ok_or_else(|| anyhow!("program {name} missing"))?
-            .try_into()?;
-        super::retry_eagain(|| prog.load())
-            .with_context(|| format!("loading (verifying) the {name} program"))?;
-        fds.push((slot, prog.fd()?.try_clone()?));
-    }
-    let map = ebpf
-        .map_mut(map_names::PROGS)
-        .ok_or_else(|| anyhow!("map {} missing", map_names::PROGS))?;
-    let mut progs: aya::maps::ProgramArray<&mut aya::maps::MapData> = map.try_into()?;
-    for (slot, fd) in &fds {
-        progs.set(*slot, fd, 0)?;
-    }
-    Ok(())
 }

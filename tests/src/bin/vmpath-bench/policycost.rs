@@ -9,7 +9,6 @@
 use std::{
     collections::{BTreeMap, BTreeSet},
     path::PathBuf,
-    process::Command,
     time::Instant,
 };
 
@@ -18,7 +17,9 @@ use aya::programs::{TestRun, TestRunOptions};
 use vmpath::{config, dataplane::Dataplane, plan, resolved::Resolved};
 
 use crate::{
-    progcost::{Root, SKB_CTX_LEN, SKB_IFINDEX, SKB_INGRESS_IFINDEX, TC_ACT_REDIRECT},
+    progcost::{
+        Root, SKB_CTX_LEN, SKB_IFINDEX, SKB_INGRESS_IFINDEX, TC_ACT_REDIRECT, in_private_netns, ip,
+    },
     report::{Bar, Section},
     util::{self, Mac, fmt, fmt_summary, paired_ratio, summary},
 };
@@ -38,29 +39,7 @@ pub struct Options {
 }
 
 pub fn run(opts: &Options) -> Result<Section> {
-    std::thread::scope(|s| {
-        s.spawn(|| {
-            // SAFETY: affects only this thread (and its children).
-            if unsafe { libc::unshare(libc::CLONE_NEWNET) } != 0 {
-                bail!("unshare(CLONE_NEWNET): {}", std::io::Error::last_os_error());
-            }
-            run_in_netns(opts)
-        })
-        .join()
-        .map_err(|_| anyhow!("policy cost thread panicked"))?
-    })
-}
-
-fn ip(args: &[&str]) -> Result<()> {
-    let out = Command::new("ip").args(args).output()?;
-    if !out.status.success() {
-        bail!(
-            "ip {}: {}",
-            args.join(" "),
-            String::from_utf8_lossy(&out.stderr)
-        );
-    }
-    Ok(())
+    in_private_netns(|| run_in_netns(opts))
 }
 
 fn mac(m: &Mac) -> String {

@@ -60,20 +60,25 @@ struct Case {
 }
 
 pub fn run(opts: &Options) -> Result<Section> {
+    in_private_netns(|| run_in_netns(opts))
+}
+
+/// Runs `f` on a thread of its own in a fresh network namespace.
+pub(crate) fn in_private_netns<T: Send>(f: impl FnOnce() -> Result<T> + Send) -> Result<T> {
     std::thread::scope(|s| {
         s.spawn(|| {
             // SAFETY: affects only this thread (and its children).
             if unsafe { libc::unshare(libc::CLONE_NEWNET) } != 0 {
                 bail!("unshare(CLONE_NEWNET): {}", std::io::Error::last_os_error());
             }
-            run_in_netns(opts)
+            f()
         })
         .join()
-        .map_err(|_| anyhow!("program cost thread panicked"))?
+        .map_err(|_| anyhow!("the bench thread panicked"))?
     })
 }
 
-fn ip(args: &[&str]) -> Result<()> {
+pub(crate) fn ip(args: &[&str]) -> Result<()> {
     let out = Command::new("ip").args(args).output()?;
     if !out.status.success() {
         bail!(
