@@ -52,6 +52,31 @@ pub fn switch(ctx: &TcContext, ifindex: u32, network: u32, dst: [u8; 6]) -> Verd
     flood(ctx, ifindex, network, !is_multicast(&dst))
 }
 
+/// Hands a frame for the local port `ifindex` to the program in tail-call
+/// `slot`, which checks or rewrites it and then delivers it; `cb` carries
+/// (`magic`, port id, ifindex) to it.
+#[inline(always)]
+pub fn deliver_through(
+    ctx: &TcContext,
+    magic: u32,
+    port_id: u32,
+    ifindex: u32,
+    slot: u32,
+) -> Verdict {
+    // SAFETY: the skb pointer is the program's own context, valid for this
+    // run; cb is scratch space for the programs that see the frame.
+    unsafe {
+        let cb = &mut (*ctx.skb.skb).cb;
+        cb[0] = magic;
+        cb[1] = port_id;
+        cb[2] = ifindex;
+    }
+    // SAFETY: `ctx` is this program's own context; on success the tail
+    // call does not return, otherwise the error below.
+    unsafe { crate::route::PROGS.tail_call(ctx, slot) };
+    Err(drop_reason::HELPER_FAILED)
+}
+
 /// Straight into the VM's namespace: the peer of its host-side veth
 /// (`port_id` is that port's counters' slot), if its ingress policy lets
 /// the frame in.

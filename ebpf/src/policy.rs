@@ -143,17 +143,13 @@ pub fn deliver(ctx: &TcContext, ifindex: u32, port_id: u32) -> Option<Verdict> {
     if ep.flags == 0 {
         return None;
     }
-    // SAFETY: the skb pointer is the program's own context, valid for this
-    // run; cb is scratch space for the programs that see the frame.
-    unsafe {
-        let cb = &mut (*ctx.skb.skb).cb;
-        cb[0] = POLICY_CB_DELIVER;
-        cb[1] = port_id;
-        cb[2] = ifindex;
-    }
-    // SAFETY: as in `egress`.
-    unsafe { PROGS.tail_call(ctx, tail_call::POLICY_DELIVER) };
-    Some(Err(drop_reason::HELPER_FAILED))
+    Some(crate::fwd::deliver_through(
+        ctx,
+        POLICY_CB_DELIVER,
+        port_id,
+        ifindex,
+        tail_call::POLICY_DELIVER,
+    ))
 }
 
 /// Tail-called from `vm_port`: the egress policy of the port's endpoint.

@@ -387,18 +387,13 @@ pub fn deliver(ctx: &TcContext, ifindex: u32, port_id: u32) -> Option<Verdict> {
     if !active() {
         return None;
     }
-    // SAFETY: the skb pointer is the program's own context, valid for
-    // this run; cb is scratch space for the programs that see the frame.
-    unsafe {
-        let cb = &mut (*ctx.skb.skb).cb;
-        cb[0] = SERVICE_CB_DELIVER;
-        cb[1] = port_id;
-        cb[2] = ifindex;
-    }
-    // SAFETY: `ctx` is this program's own context; on success the tail
-    // call does not return, otherwise the error below.
-    unsafe { PROGS.tail_call(ctx, tail_call::SERVICE_DELIVER) };
-    Some(Err(drop_reason::HELPER_FAILED))
+    Some(crate::fwd::deliver_through(
+        ctx,
+        SERVICE_CB_DELIVER,
+        port_id,
+        ifindex,
+        tail_call::SERVICE_DELIVER,
+    ))
 }
 
 /// Tail-called where a frame is delivered to a local port while Services
