@@ -9,7 +9,7 @@ use std::time::Instant;
 
 use vmpath_tests::{
     Node, Vm,
-    qemu::{Guest, GuestNet, QemuVm, pod_port},
+    qemu::{Guest, GuestNet, QemuVm, again_if_a_guest_kernel_crashes, pod_port},
     vmpath::common::drop_reason,
     wait_for, yaml,
 };
@@ -96,6 +96,10 @@ fn tcp_echo(server: &dyn Guest, server_ip: &str, client: &dyn Guest) {
 
 #[test]
 fn guests_take_their_lease_from_vmpath_and_reach_each_other() {
+    again_if_a_guest_kernel_crashes(guests_take_their_lease_from_vmpath_and_reach_each_other_once);
+}
+
+fn guests_take_their_lease_from_vmpath_and_reach_each_other_once() {
     let mut node = Node::new("a");
     let vm = node.add_vm("ns1", "52:54:00:e0:00:03", &[], None);
     let (g1_mac, g2_mac) = ("52:54:00:e0:00:01", "52:54:00:e0:00:02");
@@ -213,6 +217,10 @@ fn guests_take_their_lease_from_vmpath_and_reach_each_other() {
 
 #[test]
 fn an_imported_guest_keeps_its_mac_ip_and_gateway() {
+    again_if_a_guest_kernel_crashes(an_imported_guest_keeps_its_mac_ip_and_gateway_once);
+}
+
+fn an_imported_guest_keeps_its_mac_ip_and_gateway_once() {
     let mut node = Node::new("a");
     let mac = "52:54:00:e1:00:01";
     let port = pod_port(&node, "imp");
