@@ -21,6 +21,7 @@
 //!   kube      the Kubernetes source at 1,000 and 10,000 VMs: agent memory
 //!             against the file source, objects -> programmed latency,
 //!             the controller's allocation rate (claims/s)
+//!   services  ClusterIP TCP and 64-byte UDP against direct VM to VM
 //!
 //! Needs root; everything runs in network namespaces it creates and
 //! removes (guards), and no packet leaves them.
@@ -39,6 +40,7 @@ mod progcost;
 mod reactivity;
 mod realmigration;
 mod report;
+mod services;
 mod util;
 
 use std::{path::PathBuf, process::ExitCode, time::Instant};
@@ -78,7 +80,7 @@ fn parse_args() -> Result<Args> {
             }
             "-h" | "--help" => {
                 println!(
-                    "vmpath-bench [--out DIR] [--runs N] [--only progcost,e2e,external,control,dhcp,migration,realmigration,flood,reactivity,cni,kube,policy] [--quick]"
+                    "vmpath-bench [--out DIR] [--runs N] [--only progcost,e2e,external,control,dhcp,migration,realmigration,flood,reactivity,cni,kube,policy,services] [--quick]"
                 );
                 std::process::exit(0);
             }
@@ -267,6 +269,17 @@ fn run() -> Result<()> {
                 runs,
                 repeat: if args.quick { 100_000 } else { 1_000_000 },
                 single_shots: if args.quick { 5_000 } else { 20_000 },
+            })
+        });
+    }
+
+    if want("services") {
+        step("12. ClusterIP Services against direct VM to VM", &|| {
+            services::run(&services::Options {
+                runs,
+                tcp_seconds: if args.quick { 2 } else { 3 },
+                pps_rounds: if args.quick { 6 } else { 36 },
+                pps_slice: std::time::Duration::from_millis(if args.quick { 500 } else { 300 }),
             })
         });
     }
