@@ -22,6 +22,7 @@
 //!             against the file source, objects -> programmed latency,
 //!             the controller's allocation rate (claims/s)
 //!   services  ClusterIP TCP and 64-byte UDP against direct VM to VM
+//!   policylatency  NetworkPolicy written -> enforced by the data path
 //!
 //! Needs root; everything runs in network namespaces it creates and
 //! removes (guards), and no packet leaves them.
@@ -36,6 +37,7 @@ mod kube_scale;
 mod migration;
 mod overlay_cost;
 mod policycost;
+mod policylatency;
 mod progcost;
 mod reactivity;
 mod realmigration;
@@ -80,7 +82,7 @@ fn parse_args() -> Result<Args> {
             }
             "-h" | "--help" => {
                 println!(
-                    "vmpath-bench [--out DIR] [--runs N] [--only progcost,e2e,external,control,dhcp,migration,realmigration,flood,reactivity,cni,kube,policy,services] [--quick]"
+                    "vmpath-bench [--out DIR] [--runs N] [--only progcost,e2e,external,control,dhcp,migration,realmigration,flood,reactivity,cni,kube,policy,services,policylatency] [--quick]"
                 );
                 std::process::exit(0);
             }
@@ -280,6 +282,14 @@ fn run() -> Result<()> {
                 tcp_seconds: if args.quick { 2 } else { 3 },
                 pps_rounds: if args.quick { 6 } else { 36 },
                 pps_slice: std::time::Duration::from_millis(if args.quick { 500 } else { 300 }),
+            })
+        });
+    }
+
+    if want("policylatency") {
+        step("13. Policy update to enforcement latency", &|| {
+            policylatency::run(&policylatency::Options {
+                trials: if args.quick { 5 } else { 15 },
             })
         });
     }
