@@ -377,7 +377,13 @@ pub fn run(opts: &Options) -> Result<Section> {
          received = IPv4 packets the backends' stacks took in (`Ip: InReceives`, summed \
          over the Service's backends); {} rounds of {} ms slices, one slice of each setup \
          per round, order rotated. Ratios are the median (min–max) of the per-round paired \
-         ratios against **direct** (section 2 explains why).\n\n",
+         ratios against **direct** (section 2 explains why).\n\n\
+         With any Service programmed, every delivery to a local port, **direct** ones \
+         included, goes through `vm_service_in` (a tail call and a flow lookup), so the \
+         baseline carries that cost too. What a ClusterIP packet adds on top: the tail call \
+         into `vm_service`, its flow lookup (the tracked flow) and the rewrite with \
+         incremental checksums, and a second pass through `vm_port` (parsing and port \
+         security again) when `vm_service` hands the translated frame back.\n\n",
         opts.tcp_seconds,
         opts.runs,
         opts.pps_rounds,
