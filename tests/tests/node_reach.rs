@@ -184,3 +184,153 @@ fn the_node_reaches_endpoints_of_a_primary_network_whatever_their_policy() {
     );
     assert!(!pings(&node.ns, "10.20.0.11"), "no route, no reach");
 }
+
+/// A TCP echo server on `port` of every IPv6 address, printing "ready".
+fn echo_server6(port: u16) -> String {
+    format!(
+        "import socket\ns = socket.socket(socket.AF_INET6); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)\n\
+         s.bind(('::', {port})); s.listen(16); print('ready', flush=True)\n\
+         while True:\n    c, _ = s.accept(); c.sendall(c.recv(100)); c.close()\n"
+    )
+}
+
+/// Our IPv6 routes in the node's main table (`proto 250`), one per line.
+fn node_routes6(node: &Node) -> String {
+    node.ns
+        .run(&["ip", "-6", "route", "show", "table", "main", "proto", "250"])
+}
+
+/// The same reach over IPv6: a dual-stack Primary network, the node with
+/// an IPv6 address of its own. The node pings and opens TCP to the
+/// endpoint's IPv6 address down its port, the endpoint answers through
+/// its IPv6 gateway into the node's stack, and under deny-all the node
+/// still reaches it while the endpoint's own connections to the node are
+/// denied.
+#[test]
+fn the_node_reaches_endpoints_of_a_primary_network_over_ipv6() {
+    const NODE_IP6: &str = "2001:db8:2::10";
+    const VM_IP6: &str = "fd20::11";
+    let mut node = Node::new("n6");
+    enable_forwarding(&node.ns);
+    // Both ends up: an IPv6 address needs a link with carrier, as a
+    // node's NIC has.
+    node.ns.run(&[
+        "ip",
+        "link",
+        "add",
+        "nodeip",
+        "type",
+        "veth",
+        "peer",
+        "name",
+        "nodeip-peer",
+    ]);
+    node.ns.run(&["ip", "link", "set", "nodeip-peer", "up"]);
+    node.ns.run(&[
+        "ip",
+        "addr",
+        "add",
+        &format!("{NODE_IP6}/128"),
+        "dev",
+        "nodeip",
+        "nodad",
+    ]);
+    node.ns.run(&["ip", "link", "set", "nodeip", "up"]);
+    let vm1: Vm = node.add_vm(
+        "vm1",
+        "02:6e:72:00:06:01",
+        &["10.20.0.11/16", &format!("{VM_IP6}/64")],
+        Some("10.20.0.1"),
+    );
+    vm1.ns
+        .run(&["ip", "-6", "route", "add", "default", "via", "fd20::1"]);
+    let network = format!(
+        "{}  role: Primary\n",
+        yaml::network(
+            "blue",
+            100,
+            &["10.20.0.0/16", "fd20::/64"],
+            &["10.20.0.1", "fd20::1"],
+            true
+        )
+    );
+    node.write_config("networks.yaml", &network);
+    node.write_config(
+        "vm1.yaml",
+        &yaml::attachment(
+            "vm1",
+            "blue",
+            &node.name,
+            &vm1.port,
+            &vm1.mac,
+            &["10.20.0.11/16", &format!("{VM_IP6}/64")],
+        ),
+    );
+    node.start_agent();
+    node.wait_ports(&[&vm1.port]);
+
+    let _vm1_server = Server(vm1.ns.spawn(&["python3", "-c", &echo_server6(8080)]));
+    let _node_server = Server(node.ns.spawn(&["python3", "-c", &echo_server6(8081)]));
+
+    wait_for(
+        "the node's IPv6 route to vm1",
+        Duration::from_secs(10),
+        || node_routes6(&node).contains(VM_IP6),
+    );
+    let routes = node_routes6(&node);
+    assert!(
+        routes.contains(&format!("{VM_IP6} dev {} ", vm1.port)),
+        "the node's IPv6 route to vm1 goes down its port:\n{routes}"
+    );
+    let neigh = node.ns.run(&["ip", "-6", "neigh", "show", VM_IP6]);
+    assert!(
+        neigh.contains(&vm1.mac) && neigh.contains("PERMANENT"),
+        "a permanent neighbour entry with vm1's MAC: {neigh}"
+    );
+    wait_for(
+        "the node pings vm1 over IPv6",
+        Duration::from_secs(10),
+        || pings(&node.ns, VM_IP6),
+    );
+    wait_for(
+        "vm1's TCP server over IPv6, from the node",
+        Duration::from_secs(10),
+        || tcp_echo(&node.ns, VM_IP6, 8080),
+    );
+    assert!(
+        tcp_echo(&vm1.ns, NODE_IP6, 8081),
+        "vm1 opens an IPv6 connection to the node while no policy isolates it"
+    );
+
+    node.write_config(
+        "policy.yaml",
+        "apiVersion: networking.k8s.io/v1\nkind: NetworkPolicy\n\
+         metadata: {name: deny-all, namespace: prod}\n\
+         spec: {podSelector: {}, policyTypes: [Ingress, Egress]}\n",
+    );
+    wait_for(
+        "vm1's IPv6 egress isolation towards the node",
+        Duration::from_secs(10),
+        || !tcp_echo(&vm1.ns, NODE_IP6, 8081),
+    );
+    assert!(
+        node.drops(drop_reason::POLICY_DENIED_EGRESS) > 0,
+        "vm1's IPv6 connection to the node is counted as policy_denied_egress"
+    );
+    assert!(
+        pings(&node.ns, VM_IP6),
+        "the node pings vm1 over IPv6 under deny-all"
+    );
+    assert!(
+        tcp_echo(&node.ns, VM_IP6, 8080),
+        "the node's IPv6 TCP probe reaches vm1 under deny-all"
+    );
+
+    node.remove_config("vm1.yaml");
+    wait_for(
+        "the node's IPv6 route to vm1 withdrawn",
+        Duration::from_secs(10),
+        || !node_routes6(&node).contains(VM_IP6),
+    );
+    assert!(!pings(&node.ns, VM_IP6), "no route, no reach");
+}
