@@ -1076,6 +1076,10 @@ pub mod identity {
 /// port's ifindex).
 pub const POLICY_CB_EGRESS_DONE: u32 = 0x766d_7045;
 pub const POLICY_CB_DELIVER: u32 = 0x766d_7049;
+/// `skb->cb[3]` of a frame handed to `vm_policy_out` or `vm_policy_in`
+/// after the flow table was looked up for it (and missed) on the way: the
+/// tail-called program goes straight to the policy lookup.
+pub const POLICY_CB_UNTRACKED: u32 = 0x766d_7055;
 
 /// `PolicyFlow::policy` / `MonitorEvent::policy` when no policy applies.
 pub const POLICY_NONE: u32 = u32::MAX;

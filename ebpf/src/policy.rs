@@ -23,9 +23,10 @@ use aya_ebpf::{
 use network_types::{eth::EthHdr, ip::Ipv4Hdr, ip::Ipv6Hdr};
 use vmpath_common::{
     FloodList, IdentityPrefix, NO_PORT_ID, POL_F_EGRESS, POL_F_INGRESS, POLICY_CB_DELIVER,
-    POLICY_CB_EGRESS_DONE, POLICY_FLOW_OTHER_TIMEOUT_NS, POLICY_FLOW_TCP_TIMEOUT_NS,
-    POLICY_LEN_FULL, POLICY_NONE, PolicyEndpoint, PolicyFlow, PolicyFlowKey, PolicyRuleKey,
-    PolicyStats, addr_family, drop_reason, identity, maps, policy_dir, tail_call,
+    POLICY_CB_EGRESS_DONE, POLICY_CB_UNTRACKED, POLICY_FLOW_OTHER_TIMEOUT_NS,
+    POLICY_FLOW_TCP_TIMEOUT_NS, POLICY_LEN_FULL, POLICY_NONE, PolicyEndpoint, PolicyFlow,
+    PolicyFlowKey, PolicyRuleKey, PolicyStats, addr_family, drop_reason, identity, maps,
+    policy_dir, tail_call,
 };
 
 use crate::{
@@ -108,7 +109,9 @@ enum Seen {
 
 /// From `vm_port`, after its filters: `Some(verdict)` when the frame must
 /// first pass the endpoint's egress policy (`vm_policy_out`, which hands
-/// it back to `vm_port` when allowed); `None` when nothing is to check.
+/// it back to `vm_port` when allowed); `None` when it may go on: no policy
+/// selects the endpoint, or the frame belongs to a flow already allowed
+/// (checked here, without a tail call: most frames are).
 #[inline(always)]
 pub fn egress(ctx: &TcContext, port_id: u32) -> Option<Verdict> {
     let ep = POLICY_ENDPOINTS.get(port_id)?;
@@ -116,14 +119,44 @@ pub fn egress(ctx: &TcContext, port_id: u32) -> Option<Verdict> {
         return None;
     }
     // SAFETY: the skb pointer is the program's own context, valid for this run.
-    let cb = unsafe { &(*ctx.skb.skb).cb };
+    let cb = unsafe { &mut (*ctx.skb.skb).cb };
     if cb[0] == POLICY_CB_EGRESS_DONE && cb[1] == port_id {
         return None;
     }
+    if passes_tracked(ctx, port_id, policy_dir::EGRESS) {
+        return None;
+    }
+    cb[3] = POLICY_CB_UNTRACKED;
     // SAFETY: `ctx` is this program's own context; on success the tail
     // call does not return, otherwise the error below.
     unsafe { PROGS.tail_call(ctx, tail_call::POLICY_EGRESS) };
     Some(Err(drop_reason::HELPER_FAILED))
+}
+
+/// Whether the frame passes `port_id`'s policy in direction `dir` without
+/// a policy lookup: it is none of policy's business (ARP, ND, DHCP...),
+/// or its flow (or the one it answers) is in the flow table. What `check`
+/// does first, so the verdict is the same; anything else (a new flow, a
+/// malformed frame) goes to `check`.
+#[inline(always)]
+fn passes_tracked(ctx: &TcContext, port_id: u32, dir: u8) -> bool {
+    let Some(k) = POLICY_SCRATCH.get_ptr_mut(0) else {
+        return false;
+    };
+    // SAFETY: this CPU's scratch slot, valid for this run; nothing else
+    // uses it while this packet is checked.
+    let k = unsafe { &mut *k };
+    match parse_plain(ctx, k) {
+        Some(Seen::Exempt) => return true,
+        Some(_) => {}
+        None => return false,
+    }
+    k.port_id = port_id;
+    k.direction = dir;
+    k._pad = 0;
+    // SAFETY: a helper call without arguments; it touches no memory of ours.
+    let now = unsafe { bpf_ktime_get_ns() };
+    tracked(k, now)
 }
 
 /// Whether `vm_port` runs again for a frame `vm_policy_out` let through
@@ -140,9 +173,12 @@ pub fn reentered(ctx: &TcContext, port_id: u32) -> bool {
 #[inline(always)]
 pub fn deliver(ctx: &TcContext, ifindex: u32, port_id: u32) -> Option<Verdict> {
     let ep = POLICY_ENDPOINTS.get(port_id)?;
-    if ep.flags == 0 {
+    if ep.flags == 0 || passes_tracked(ctx, port_id, policy_dir::INGRESS) {
         return None;
     }
+    // SAFETY: the skb pointer is the program's own context, valid for
+    // this run; cb is scratch space for the programs that see the frame.
+    unsafe { (*ctx.skb.skb).cb[3] = POLICY_CB_UNTRACKED };
     Some(crate::fwd::deliver_through(
         ctx,
         POLICY_CB_DELIVER,
@@ -163,7 +199,15 @@ pub fn vm_policy_out(ctx: TcContext) -> i32 {
         return TC_ACT_SHOT;
     };
     let port_id = port.port_id;
-    if let Err(reason) = check(&ctx, port_id, ifindex, port.network, policy_dir::EGRESS) {
+    let untracked = untracked(&ctx);
+    if let Err(reason) = check(
+        &ctx,
+        port_id,
+        ifindex,
+        port.network,
+        policy_dir::EGRESS,
+        untracked,
+    ) {
         counters::dropped(&ctx, ifindex, port_id, reason);
         return TC_ACT_SHOT;
     }
@@ -200,8 +244,16 @@ pub fn vm_policy_in(ctx: TcContext) -> i32 {
         counters::dropped(&ctx, ifindex, NO_PORT_ID, drop_reason::UNKNOWN_PORT);
         return TC_ACT_SHOT;
     };
-    let verdict = check(&ctx, port_id, target, port.network, policy_dir::INGRESS)
-        .and_then(|()| fwd::deliver_checked(&ctx, target, port_id));
+    let untracked = untracked(&ctx);
+    let verdict = check(
+        &ctx,
+        port_id,
+        target,
+        port.network,
+        policy_dir::INGRESS,
+        untracked,
+    )
+    .and_then(|()| fwd::deliver_checked(&ctx, target, port_id));
     match verdict {
         Ok(action) => action,
         Err(reason) => {
@@ -235,8 +287,29 @@ pub fn flood_guarded(ctx: &TcContext) -> bool {
 pub static POLICY_FLOOD: HashMap<u32, FloodList, { maps::POLICY_FLOOD.max_entries as usize }> =
     HashMap::new();
 
+/// Whether the caller already found the frame's flow missing from the
+/// flow table (`passes_tracked`); clears the mark.
 #[inline(always)]
-fn check(ctx: &TcContext, port_id: u32, ifindex: u32, network: u32, dir: u8) -> Result<(), u32> {
+fn untracked(ctx: &TcContext) -> bool {
+    // SAFETY: the skb pointer is the program's own context, valid for this
+    // run; cb is scratch space for the programs that see the frame.
+    let cb = unsafe { &mut (*ctx.skb.skb).cb };
+    let marked = cb[3] == POLICY_CB_UNTRACKED;
+    cb[3] = 0;
+    marked
+}
+
+/// The endpoint's policy for the frame in direction `dir`; `untracked`:
+/// the flow table was looked up for it already (and missed).
+#[inline(always)]
+fn check(
+    ctx: &TcContext,
+    port_id: u32,
+    ifindex: u32,
+    network: u32,
+    dir: u8,
+    untracked: bool,
+) -> Result<(), u32> {
     let Some(ep) = POLICY_ENDPOINTS.get(port_id) else {
         return Ok(());
     };
@@ -259,7 +332,7 @@ fn check(ctx: &TcContext, port_id: u32, ifindex: u32, network: u32, dir: u8) -> 
     k._pad = 0;
     // SAFETY: a helper call without arguments; it touches no memory of ours.
     let now = unsafe { bpf_ktime_get_ns() };
-    if tracked(k, now) {
+    if !untracked && tracked(k, now) {
         return Ok(());
     }
     let isolated = if dir == policy_dir::INGRESS {
@@ -409,6 +482,50 @@ fn count(port_id: u32, dir: u8, allowed: bool) {
             }
         }
     }
+}
+
+/// `parse` for the common case only, small enough to inline into every
+/// delivering program: a frame that is not IP (`Exempt`), or a whole
+/// TCP, UDP or SCTP packet (or first fragment) without IPv6 extension
+/// headers, read exactly as `parse` reads it. `None` for anything else
+/// (ICMP, later fragments, a truncated header): `parse` decides.
+#[inline(always)]
+fn parse_plain(ctx: &TcContext, k: &mut PolicyFlowKey) -> Option<Seen> {
+    let eth = hdr::<EthHdr>(ctx, 0).ok()?;
+    let (family, proto, l4) = match u16::from_be(eth.ether_type) {
+        ETH_P_IP => {
+            let ip = hdr::<Ipv4Hdr>(ctx, ETH_LEN).ok()?;
+            if u16::from_be_bytes(ip.frags) & 0x1fff != 0 {
+                return None;
+            }
+            set_v4(&mut k.src, ip.src_addr);
+            set_v4(&mut k.dst, ip.dst_addr);
+            (
+                addr_family::IPV4,
+                ip.proto,
+                ETH_LEN + usize::from(ip.vihl & 0x0f) * 4,
+            )
+        }
+        ETH_P_IPV6 => {
+            let ip = hdr::<Ipv6Hdr>(ctx, ETH_LEN).ok()?;
+            k.src = ip.src_addr;
+            k.dst = ip.dst_addr;
+            (addr_family::IPV6, ip.next_hdr, ETH_LEN + Ipv6Hdr::LEN)
+        }
+        _ => return Some(Seen::Exempt),
+    };
+    if proto != IPPROTO_TCP && proto != IPPROTO_UDP && proto != IPPROTO_SCTP {
+        return None;
+    }
+    let (s, d) = ports_at(ctx, l4).ok()?;
+    if proto == IPPROTO_UDP && is_dhcp(s, d) {
+        return Some(Seen::Exempt);
+    }
+    k.family = family;
+    k.proto = proto;
+    k.sport = s;
+    k.dport = d;
+    Some(Seen::Opens)
 }
 
 /// Reads the packet's tuple, as the endpoint sees it, into `k`.
