@@ -379,3 +379,32 @@ fn random_frames_from_outside_never_pass_a_deny() {
         assert!(passed.is_empty(), "passed a deny:\n{}", passed.join("\n"));
     });
 }
+
+/// `vm_port` looks a tracked flow up itself: a flow's first frame goes
+/// through `vm_policy_out` (one allowed flow counted), its later frames
+/// pass on the flow table alone (no new count) and go on to switching;
+/// a denied flow is denied every time it is sent.
+#[test]
+fn vm_port_passes_tracked_flows_itself_never_a_denied_one() {
+    in_fresh_netns(|| {
+        let fx = Fx::new();
+        let ctx = skb_ctx(fx.port);
+        let allowed = udp(A, B, 6000, 81);
+        let denied = udp(A, C, 6000, 81);
+        for round in 1..=3u64 {
+            // Allowed, then dropped for want of a destination (A's frames
+            // here go to no known port): past policy either way.
+            assert_eq!(fx.run(prog_names::VM_PORT, &ctx, &allowed), TC_ACT_SHOT);
+            assert_eq!(fx.drops(drop_reason::NO_DESTINATION), round, "{round}");
+            assert_eq!(fx.run(prog_names::VM_PORT, &ctx, &denied), TC_ACT_SHOT);
+            assert_eq!(
+                fx.drops(drop_reason::POLICY_DENIED_EGRESS),
+                round,
+                "{round}"
+            );
+        }
+        let stats = fx.dp.maps().policy_stats(fx.port).unwrap().unwrap();
+        assert_eq!(stats.allowed_egress, 1, "one flow, checked once");
+        assert_eq!(stats.denied_egress, 3);
+    });
+}
