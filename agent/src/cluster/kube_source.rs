@@ -33,11 +33,11 @@ use kube::{
 use serde_json::Value;
 use tracing::{info, warn};
 
-use super::writeback;
+use super::{prune::Kept, writeback};
 use crate::{
     config::{
         ConfigError,
-        source::{RawDocument, Snapshot},
+        source::{ClusterDocument, RawDocument, Snapshot},
     },
     events::Wake,
     view::SharedView,
@@ -101,17 +101,18 @@ struct Kind {
     /// Listed once: the copy stands for the cluster.
     listed: Arc<AtomicBool>,
     /// What a relist that came back empty replaced (see [`Relists`]).
-    held: Arc<Mutex<Relists<Arc<Value>>>>,
+    held: Arc<Mutex<Relists<Kept>>>,
 }
 
-/// A kind's objects as documents, by namespace and name: what kube-rs's
-/// reflector keeps, but each object once, pruned, and already the document
-/// a round reads (a reflector's copy would be a second one).
+/// A kind's objects by namespace and name: what kube-rs's reflector
+/// keeps, but each object once, as a round reads it (the cluster kinds
+/// typed and pruned to the fields read, other kinds as documents; a
+/// reflector's copy would be a second one).
 #[derive(Default)]
 struct Store {
-    objects: BTreeMap<(String, String), Arc<Value>>,
+    objects: BTreeMap<(String, String), Kept>,
     /// A relist in progress, swapped in once complete.
-    relist: Option<BTreeMap<(String, String), Arc<Value>>>,
+    relist: Option<BTreeMap<(String, String), Kept>>,
 }
 
 impl Store {
@@ -138,7 +139,7 @@ impl Store {
         }
     }
 
-    fn state(&self) -> Vec<Arc<Value>> {
+    fn state(&self) -> Vec<Kept> {
         self.objects.values().cloned().collect()
     }
 }
@@ -150,13 +151,13 @@ fn key_of(o: &DynamicObject) -> (String, String) {
     )
 }
 
-/// An object as the document a round reads: typed (list items may come
-/// without their type) and pruned.
-fn document(resource: &ApiResource, o: &DynamicObject) -> ((String, String), Arc<Value>) {
+/// An object as a round reads it (list items may come without their
+/// apiVersion and kind): the cluster kinds typed and pruned.
+fn document(resource: &ApiResource, o: &DynamicObject) -> ((String, String), Kept) {
     let mut value = serde_json::to_value(o).unwrap_or(Value::Null);
     value["apiVersion"] = resource.api_version.clone().into();
     value["kind"] = resource.kind.clone().into();
-    (key_of(o), Arc::new(super::prune::prune(value)))
+    (key_of(o), super::prune::keep(value))
 }
 
 /// A kind's relists. The store swaps a relist in only once it is
@@ -432,19 +433,24 @@ impl KubeSource {
                 .unwrap_or_else(|p| p.into_inner())
                 .read(|| kind.store.lock().unwrap_or_else(|p| p.into_inner()).state());
             let file = PathBuf::from(format!("kubernetes:{}", kind.resource.plural));
-            for (i, value) in objects.into_iter().enumerate() {
-                if value.is_null() {
-                    continue;
+            for (i, kept) in objects.into_iter().enumerate() {
+                match kept {
+                    Kept::Cluster(object) => snap.cluster.push(ClusterDocument {
+                        file: file.clone(),
+                        index: i + 1,
+                        object,
+                    }),
+                    Kept::Document(value) if value.is_null() => {}
+                    Kept::Document(value) => snap.documents.push(RawDocument {
+                        file: file.clone(),
+                        index: i + 1,
+                        value,
+                    }),
                 }
-                snap.documents.push(RawDocument {
-                    file: file.clone(),
-                    index: i + 1,
-                    value,
-                });
             }
         }
         let all_listed = self.kinds.iter().all(|k| k.listed.load(Ordering::SeqCst));
-        snap.empty = !all_listed || snap.documents.is_empty();
+        snap.empty = !all_listed || (snap.documents.is_empty() && snap.cluster.is_empty());
         snap.fingerprint = crate::hash::fnv1a(&[b"kubernetes", &generation.to_le_bytes()]);
         snap
     }
@@ -456,7 +462,10 @@ mod tests {
 
     use kube::{api::DynamicObject, runtime::watcher::Event};
 
-    use super::{super::rbac, KINDS, Relists, Store};
+    use super::{
+        super::{prune::ClusterObject, rbac},
+        KINDS, Kept, Relists, Store,
+    };
 
     type Ev = Event<DynamicObject>;
 
@@ -518,13 +527,19 @@ mod tests {
         store.apply(&resource, &Event::InitDone);
         let state = store.state();
         assert_eq!(state.len(), 1);
-        assert_eq!(state[0]["kind"], "Pod");
-        assert_eq!(state[0]["apiVersion"], "v1");
+        let pod_of = |kept: &Kept| match kept {
+            Kept::Cluster(o) => match &**o {
+                ClusterObject::Pod(p) => p.clone(),
+                other => panic!("not read as a pod: {other:?}"),
+            },
+            Kept::Document(d) => panic!("kept as a document: {d}"),
+        };
+        let a = pod_of(&state[0]);
         assert_eq!(
-            state[0]["spec"],
-            serde_json::json!({"nodeName": "a"}),
-            "pruned"
+            (a.metadata.name.as_str(), a.spec.node_name.as_deref()),
+            ("a", Some("a"))
         );
+        assert!(a.named_ports().is_empty(), "pruned: {a:?}");
         store.apply(&resource, &Event::Apply(with_container("b")));
         store.apply(&resource, &Event::Apply(with_container("a")));
         assert_eq!(store.state().len(), 2, "one copy per object");
@@ -532,7 +547,7 @@ mod tests {
         let names: Vec<_> = store
             .state()
             .iter()
-            .map(|d| d["metadata"]["name"].clone())
+            .map(|d| pod_of(d).metadata.name)
             .collect();
         assert_eq!(names, ["b"]);
         // A relist cut short (no InitDone) leaves the last good copy.

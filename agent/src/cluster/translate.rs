@@ -11,7 +11,6 @@ use std::{
     path::{Path, PathBuf},
 };
 
-use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
 
 use super::objects::{
@@ -19,8 +18,12 @@ use super::objects::{
     NadConfig, NetworkSelection, ObjectMeta, Pod, TARGET_READY_ANNOTATION, VM_NAME_LABEL, Vmi,
     Vmim,
 };
-use super::prune::group_kind;
-use crate::config::{AttachmentKey, ConfigError, model::API_VERSION, source::RawDocument};
+use super::prune::{ClusterObject, cluster_object, group_kind};
+use crate::config::{
+    AttachmentKey, ConfigError,
+    model::API_VERSION,
+    source::{ClusterDocument, RawDocument},
+};
 
 /// Errors about CNI endpoints name them as `cni:<container id>/<ifname>`
 /// (so the plugin's ADD can answer with the refusal).
@@ -57,11 +60,11 @@ struct CniPort {
     mac: Option<String>,
 }
 
-/// A parsed object with where it came from.
-struct Object<T> {
-    file: PathBuf,
+/// A typed object with where it came from.
+struct Object<'a, T> {
+    file: &'a Path,
     index: usize,
-    value: T,
+    value: &'a T,
 }
 
 /// One interface of a pod on a vmpath network.
@@ -122,7 +125,9 @@ pub fn placeholder_port(namespace: &str, pod: &str, ifname: &str) -> String {
     format!("vmpw{:011x}", h & 0xfff_ffff_ffff)
 }
 
-pub fn translate(documents: &[RawDocument], node: &str) -> Translated {
+/// Derives Attachment and Node documents from the cluster objects (kept
+/// typed in `cluster`, or given as documents among `documents`).
+pub fn translate(documents: &[RawDocument], cluster: &[ClusterDocument], node: &str) -> Translated {
     let mut t = Translated::default();
     let mut pods: Vec<Object<Pod>> = Vec::new();
     let mut vmis: Vec<Object<Vmi>> = Vec::new();
@@ -133,95 +138,72 @@ pub fn translate(documents: &[RawDocument], node: &str) -> Translated {
     let mut cni: BTreeMap<(String, String, String), CniPort> = BTreeMap::new();
     let mut vmpath_nodes: BTreeSet<String> = BTreeSet::new();
 
-    fn parse<T: DeserializeOwned>(
-        raw: &RawDocument,
-        kind: &str,
-        out: &mut Vec<Object<T>>,
-        errors: &mut Vec<ConfigError>,
-    ) {
-        // Name and namespace only, for messages: the rest may be broken.
-        let text = |p: &str| {
-            raw.value
-                .pointer(p)
-                .and_then(Value::as_str)
-                .map(str::to_string)
-        };
-        let meta = ObjectMeta {
-            name: text("/metadata/name").unwrap_or_default(),
-            namespace: text("/metadata/namespace"),
-            ..Default::default()
-        };
-        let document = if meta.name.is_empty() {
-            format!("{kind} (document {})", raw.index)
-        } else {
-            label(kind, &meta)
-        };
-        if meta.name.is_empty() {
-            errors.push(error(&raw.file, document, "metadata.name", "missing"));
-            return;
-        }
-        match serde_path_to_error::deserialize::<_, T>(&*raw.value) {
-            Ok(value) => out.push(Object {
-                file: raw.file.clone(),
+    // Cluster kinds given as documents are read as a source keeps them.
+    let mut given: Vec<ClusterDocument> = Vec::new();
+    let flat = flatten(documents);
+    for raw in flat {
+        if let Some(object) = cluster_object(&raw.value) {
+            given.push(ClusterDocument {
+                file: raw.file,
                 index: raw.index,
-                value,
-            }),
-            Err(e) => errors.push(error(
-                &raw.file,
-                document,
-                &e.path().to_string(),
-                e.into_inner().to_string(),
-            )),
+                object: std::sync::Arc::new(object),
+            });
+            continue;
         }
-    }
-
-    for raw in flatten(documents) {
-        let gk = group_kind(&raw.value);
-        let errors = &mut t.errors;
-        match gk {
-            Some(objects::POD) => parse(&raw, "Pod", &mut pods, errors),
-            Some(objects::VMI) => parse(&raw, "VirtualMachineInstance", &mut vmis, errors),
-            Some(objects::VMIM) => {
-                parse(&raw, "VirtualMachineInstanceMigration", &mut vmims, errors)
+        let is_attachment = raw.value.get("kind").and_then(Value::as_str) == Some("Attachment");
+        let is_node = raw.value.get("kind").and_then(Value::as_str) == Some("Node");
+        if is_node && let Some(name) = raw.value.pointer("/metadata/name").and_then(Value::as_str) {
+            vmpath_nodes.insert(name.to_string());
+        }
+        if is_attachment && raw.file.to_string_lossy().starts_with(CNI_SOURCE_PREFIX) {
+            let s = |p: &str| {
+                raw.value
+                    .pointer(p)
+                    .and_then(Value::as_str)
+                    .map(str::to_string)
+            };
+            if let (Some(ns), Some(pod), Some(ifname), Some(port), Some(network)) = (
+                s("/metadata/namespace"),
+                s("/spec/vm"),
+                s("/spec/interface"),
+                s("/spec/port"),
+                s("/spec/network"),
+            ) {
+                cni.insert(
+                    (ns, pod, ifname),
+                    CniPort {
+                        file: raw.file.clone(),
+                        port,
+                        network,
+                        mac: s("/spec/mac"),
+                    },
+                );
             }
-            Some(objects::NAD) => parse(&raw, "NetworkAttachmentDefinition", &mut nads, errors),
-            Some(objects::IPAM_CLAIM) => parse(&raw, "IPAMClaim", &mut claims, errors),
-            Some(objects::NODE) => parse(&raw, "Node", &mut k8s_nodes, errors),
-            _ => {
-                let is_attachment =
-                    raw.value.get("kind").and_then(Value::as_str) == Some("Attachment");
-                let is_node = raw.value.get("kind").and_then(Value::as_str) == Some("Node");
-                if is_node
-                    && let Some(name) = raw.value.pointer("/metadata/name").and_then(Value::as_str)
-                {
-                    vmpath_nodes.insert(name.to_string());
-                }
-                if is_attachment && raw.file.to_string_lossy().starts_with(CNI_SOURCE_PREFIX) {
-                    let s = |p: &str| {
-                        raw.value
-                            .pointer(p)
-                            .and_then(Value::as_str)
-                            .map(str::to_string)
-                    };
-                    if let (Some(ns), Some(pod), Some(ifname), Some(port), Some(network)) = (
-                        s("/metadata/namespace"),
-                        s("/spec/vm"),
-                        s("/spec/interface"),
-                        s("/spec/port"),
-                        s("/spec/network"),
-                    ) {
-                        cni.insert(
-                            (ns, pod, ifname),
-                            CniPort {
-                                file: raw.file.clone(),
-                                port,
-                                network,
-                                mac: s("/spec/mac"),
-                            },
-                        );
-                    }
-                }
-                t.documents.push(raw);
+        }
+        t.documents.push(raw);
+    }
+    for doc in cluster.iter().chain(&given) {
+        let (file, index) = (doc.file.as_path(), doc.index);
+        match &*doc.object {
+            ClusterObject::Pod(value) => pods.push(Object { file, index, value }),
+            ClusterObject::Vmi(value) => vmis.push(Object { file, index, value }),
+            ClusterObject::Vmim(value) => vmims.push(Object { file, index, value }),
+            ClusterObject::Nad(value) => nads.push(Object { file, index, value }),
+            ClusterObject::IpamClaim(value) => claims.push(Object { file, index, value }),
+            ClusterObject::Node(value) => k8s_nodes.push(Object { file, index, value }),
+            ClusterObject::Refused(r) => {
+                let document = if r.name.is_empty() {
+                    format!("{} (document {index})", r.kind)
+                } else {
+                    format!(
+                        "{} {}/{}",
+                        r.kind,
+                        r.namespace.as_deref().unwrap_or("default"),
+                        r.name
+                    )
+                };
+                t.errors
+                    .push(error(file, document, &r.field, r.message.clone()));
             }
         }
     }
@@ -235,7 +217,7 @@ pub fn translate(documents: &[RawDocument], node: &str) -> Translated {
             continue;
         };
         t.documents.push(RawDocument {
-            file: n.file.clone(),
+            file: n.file.to_path_buf(),
             index: n.index,
             value: std::sync::Arc::new(json!({
                 "apiVersion": API_VERSION,
@@ -263,13 +245,19 @@ pub fn translate(documents: &[RawDocument], node: &str) -> Translated {
     }
     // A claim that exists but holds no address yet: its VM waits for the
     // controller rather than take an address of its own.
-    let claim_pending = |namespace: &str, name: &str| -> bool {
-        claims.iter().any(|c| {
-            c.value.metadata.namespace() == namespace
-                && c.value.metadata.name == name
-                && c.value.status.ips.is_empty()
-        })
-    };
+    // Claims by namespace and name (the first of a name holds the
+    // addresses; any without is pending), so a round stays linear.
+    let mut claim_index: BTreeMap<(&str, &str), &IpamClaim> = BTreeMap::new();
+    let mut pending_claims: BTreeSet<(&str, &str)> = BTreeSet::new();
+    for c in &claims {
+        let key = (c.value.metadata.namespace(), c.value.metadata.name.as_str());
+        if c.value.status.ips.is_empty() {
+            pending_claims.insert(key);
+        }
+        claim_index.entry(key).or_insert(c.value);
+    }
+    let claim_pending =
+        |namespace: &str, name: &str| -> bool { pending_claims.contains(&(namespace, name)) };
     let ipam_networks: BTreeSet<String> = flatten(documents)
         .iter()
         .filter(|raw| {
@@ -280,10 +268,9 @@ pub fn translate(documents: &[RawDocument], node: &str) -> Translated {
         .map(str::to_string)
         .collect();
     let claim_ips = |namespace: &str, name: &str| -> Option<Vec<String>> {
-        claims
-            .iter()
-            .find(|c| c.value.metadata.namespace() == namespace && c.value.metadata.name == name)
-            .map(|c| c.value.status.ips.clone())
+        claim_index
+            .get(&(namespace, name))
+            .map(|c| c.status.ips.clone())
             .filter(|ips| !ips.is_empty())
     };
 
@@ -339,7 +326,7 @@ pub fn translate(documents: &[RawDocument], node: &str) -> Translated {
                 let file = cni_port
                     .as_ref()
                     .map(|c| c.file.clone())
-                    .unwrap_or_else(|| p.file.clone());
+                    .unwrap_or_else(|| p.file.to_path_buf());
                 tr.derive(Derived {
                     file,
                     name: format!("{}-{}", pod.metadata.name, i.ifname),
@@ -534,7 +521,7 @@ pub fn translate(documents: &[RawDocument], node: &str) -> Translated {
                     tr.take_cni(&pods[*pi].value, &iface.ifname).map(|c| c.file)
                 });
                 tr.out.waiting.push(error(
-                    cni_file.as_ref().unwrap_or(&v.file),
+                    cni_file.as_deref().unwrap_or(v.file),
                     label("VirtualMachineInstance", &vmi.metadata),
                     &format!("spec.networks[{}]", net.name),
                     format!(
@@ -568,7 +555,9 @@ pub fn translate(documents: &[RawDocument], node: &str) -> Translated {
                                     &iface.ifname,
                                 )
                             }),
-                        cni_port.map(|c| c.file).unwrap_or_else(|| pod.file.clone()),
+                        cni_port
+                            .map(|c| c.file)
+                            .unwrap_or_else(|| pod.file.to_path_buf()),
                         format!(
                             "{} and {}",
                             label("VirtualMachineInstance", &vmi.metadata),
@@ -580,7 +569,7 @@ pub fn translate(documents: &[RawDocument], node: &str) -> Translated {
                 // its own node's pods), known from its VMI.
                 None if vm_node != node => (
                     placeholder_port(ns, &vmi.metadata.name, &net.name),
-                    v.file.clone(),
+                    v.file.to_path_buf(),
                     label("VirtualMachineInstance", &vmi.metadata),
                 ),
                 None => continue, // its pod is not there yet
@@ -959,7 +948,7 @@ impl Translator<'_> {
     fn refuse_field(&mut self, p: &Object<Pod>, files: Vec<PathBuf>, field: &str, message: String) {
         let document = label("Pod", &p.value.metadata);
         let files = if files.is_empty() {
-            vec![p.file.clone()]
+            vec![p.file.to_path_buf()]
         } else {
             files
         };
@@ -1054,22 +1043,25 @@ mod tests {
         snap.documents.extend(cni);
         let cfg = config::validate(&snap, node, &BTreeSet::new());
         // Every scenario here also runs on the objects as they are stored
-        // (pruned to the fields read): the outcome must be the same.
-        let pruned = Snapshot {
-            documents: snap
+        // (typed, pruned to the fields read): the outcome must be the same.
+        let mut stored = Snapshot::default();
+        for d in &snap.documents {
+            let (objects, document) = super::super::prune::keep_all((*d.value).clone());
+            stored
+                .cluster
+                .extend(objects.into_iter().map(|object| ClusterDocument {
+                    file: d.file.clone(),
+                    index: d.index,
+                    object,
+                }));
+            stored
                 .documents
-                .iter()
-                .map(|d| RawDocument {
-                    value: super::super::prune::prune((*d.value).clone()).into(),
-                    ..d.clone()
-                })
-                .collect(),
-            ..Default::default()
-        };
+                .extend(document.map(|value| RawDocument { value, ..d.clone() }));
+        }
         assert_eq!(
-            format!("{:?}", config::validate(&pruned, node, &BTreeSet::new())),
+            format!("{:?}", config::validate(&stored, node, &BTreeSet::new())),
             format!("{cfg:?}"),
-            "pruning the objects changed the outcome"
+            "keeping the objects typed changed the outcome"
         );
         cfg
     }

@@ -59,10 +59,25 @@ pub struct RawDocument {
     pub value: std::sync::Arc<serde_json::Value>,
 }
 
+/// A Kubernetes object of a kind vmpath reads typed (Pod, VMI, ...), as
+/// its source keeps it ([`crate::cluster::prune`]), with where it came
+/// from.
+#[derive(Debug, Clone)]
+pub struct ClusterDocument {
+    pub file: PathBuf,
+    /// As in [`RawDocument`] (a `v1 List`'s items share its index).
+    pub index: usize,
+    /// Shared with the source's copy.
+    pub object: std::sync::Arc<crate::cluster::prune::ClusterObject>,
+}
+
 /// What the config dir holds right now.
 #[derive(Debug, Default)]
 pub struct Snapshot {
     pub documents: Vec<RawDocument>,
+    /// The cluster kinds read typed; translation derives Attachments and
+    /// Nodes from them.
+    pub cluster: Vec<ClusterDocument>,
     /// Files that are not YAML at all or break a limit: refused whole.
     pub errors: Vec<ConfigError>,
     /// The dir is missing or has no config file: never a reason to wipe.
@@ -106,6 +121,7 @@ impl Stamp {
 struct Parsed {
     stamp: Stamp,
     documents: Vec<RawDocument>,
+    cluster: Vec<ClusterDocument>,
     error: Option<ConfigError>,
     hash: u64,
 }
@@ -134,6 +150,7 @@ impl Reader {
             fingerprint_parts.push(file.as_os_str().as_encoded_bytes().to_vec());
             fingerprint_parts.push(parsed.hash.to_le_bytes().to_vec());
             snap.documents.extend(parsed.documents.iter().cloned());
+            snap.cluster.extend(parsed.cluster.iter().cloned());
             snap.errors.extend(parsed.error.iter().cloned());
             seen.insert(file, parsed);
         }
@@ -177,6 +194,7 @@ fn parse_file(file: &Path, stamp: Stamp) -> Parsed {
     let refused = |message: String, hash: u64| Parsed {
         stamp,
         documents: Vec::new(),
+        cluster: Vec::new(),
         error: Some(ConfigError::file(file, message)),
         hash,
     };
@@ -203,21 +221,31 @@ fn parse_file(file: &Path, stamp: Stamp) -> Parsed {
     };
     let hash = crate::hash::fnv1a(&[&bytes]);
     match parse(&bytes) {
-        Ok(values) => Parsed {
-            stamp,
-            documents: values
-                .into_iter()
-                .enumerate()
-                .map(|(i, value)| RawDocument {
+        Ok(values) => {
+            let (mut documents, mut cluster) = (Vec::new(), Vec::new());
+            for (i, value) in values.into_iter().enumerate() {
+                // Only what is read is kept, typed: a cluster's objects
+                // are many.
+                let (objects, document) = crate::cluster::prune::keep_all(value);
+                cluster.extend(objects.into_iter().map(|object| ClusterDocument {
                     file: file.to_path_buf(),
                     index: i + 1,
-                    // Only what is read is kept: a cluster's objects are many.
-                    value: crate::cluster::prune::prune(value).into(),
-                })
-                .collect(),
-            error: None,
-            hash,
-        },
+                    object,
+                }));
+                documents.extend(document.map(|value| RawDocument {
+                    file: file.to_path_buf(),
+                    index: i + 1,
+                    value,
+                }));
+            }
+            Parsed {
+                stamp,
+                documents,
+                cluster,
+                error: None,
+                hash,
+            }
+        }
         Err(message) => refused(format!("refused whole: {message}"), hash),
     }
 }

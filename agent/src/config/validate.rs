@@ -93,7 +93,8 @@ pub fn validate(
         ..Default::default()
     };
     // Kubernetes-shaped objects become Attachment and Node documents here.
-    let translated = crate::cluster::translate::translate(&snapshot.documents, node_name);
+    let translated =
+        crate::cluster::translate::translate(&snapshot.documents, &snapshot.cluster, node_name);
     cfg.errors.extend(translated.errors);
     cfg.keys_in_documents.extend(translated.keep);
     let waiting = translated.waiting;
