@@ -501,6 +501,16 @@ pub fn run(
         // Until a migration is over, the data path's side of it is
         // followed on every tick.
         pacer.migrating = cfg.attachments.iter().any(|a| a.migration.is_some());
+        if changed {
+            // A round over a cluster's objects frees tens of MiB at once:
+            // give the pages back rather than hold them until the next.
+            drop(cfg);
+            #[cfg(all(target_os = "linux", target_env = "gnu"))]
+            // SAFETY: malloc_trim only returns free pages to the kernel.
+            unsafe {
+                libc::malloc_trim(0);
+            }
+        }
         phases.mark("publish");
         phases.log();
         pacer.passed(&dp);

@@ -169,6 +169,17 @@ enum SourceArg {
 }
 
 fn main() -> Result<()> {
+    // glibc gives a thread that meets a busy arena one of its own, and a
+    // freed block only serves its own arena again: the Kubernetes
+    // watchers' thread kept the pages its list responses were parsed in,
+    // which the reconcile rounds (another thread) could not reuse, so
+    // the agent held both at once. One arena lets them share; the agent
+    // allocates little per packet (the data path is in the kernel).
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: mallopt only sets an allocator option, before any thread.
+    unsafe {
+        libc::mallopt(libc::M_ARENA_MAX, 1);
+    }
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
     // VMPATH_LOG_FORMAT=json: one JSON object per line, for log pipelines
