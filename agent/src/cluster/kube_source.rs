@@ -1,9 +1,9 @@
 //! `--source kubernetes`: the same objects the config dir can hold, from
 //! the API server. One kube-rs watcher per kind (this node's pods only, by
-//! field selector) keeps an in-memory copy, each object stored once as the
-//! document a round reads, pruned to the fields read
-//! ([`super::prune`]); each reconcile round reads the copies as
-//! documents, exactly as it reads files.
+//! field selector) keeps an in-memory copy, each object stored once as a
+//! round reads it (the cluster kinds typed, pruned to the fields read:
+//! [`super::prune`]); each reconcile round reads the copies exactly as
+//! it reads files.
 //!
 //! Losing the API server never withdraws anything: a watch error leaves
 //! every copy as it was (the watcher retries with backoff, resumes from
