@@ -235,7 +235,7 @@ pub fn translate(documents: &[RawDocument], cluster: &[ClusterDocument], node: &
         let cni = n.value.cni();
         if let Err(msg) = &cni {
             t.errors.push(error(
-                &n.file,
+                n.file,
                 label("NetworkAttachmentDefinition", &n.value.metadata),
                 "spec.config",
                 msg.clone(),
@@ -460,7 +460,7 @@ pub fn translate(documents: &[RawDocument], cluster: &[ClusterDocument], node: &
                 Some(Err(_)) => continue, // the NAD's refusal says why
                 None => {
                     tr.out.errors.push(error(
-                        &v.file,
+                        v.file,
                         label("VirtualMachineInstance", &vmi.metadata),
                         &format!("spec.networks[{}].multus.networkName", net.name),
                         format!("NetworkAttachmentDefinition {nad} is not known"),
@@ -493,7 +493,7 @@ pub fn translate(documents: &[RawDocument], cluster: &[ClusterDocument], node: &
             }
             if !missing.is_empty() {
                 for pi in missing {
-                    let files = tr.take_all_cni(&pods[pi].value);
+                    let files = tr.take_all_cni(pods[pi].value);
                     tr.refuse_pod(&pods[pi], files, format!(
                         "selects no network for VirtualMachineInstance {}/{}'s network {:?} (NetworkAttachmentDefinition {nad}) in {NETWORKS_ANNOTATION}",
                         ns, vmi.metadata.name, net.name
@@ -518,7 +518,7 @@ pub fn translate(documents: &[RawDocument], cluster: &[ClusterDocument], node: &
             // controller grants or refuses (naming the conflict).
             if ipam_networks.contains(&network) && claim_pending(ns, &claim_name) {
                 let cni_file = running.as_ref().and_then(|((pi, _), iface)| {
-                    tr.take_cni(&pods[*pi].value, &iface.ifname).map(|c| c.file)
+                    tr.take_cni(pods[*pi].value, &iface.ifname).map(|c| c.file)
                 });
                 tr.out.waiting.push(error(
                     cni_file.as_deref().unwrap_or(v.file),
@@ -543,7 +543,7 @@ pub fn translate(documents: &[RawDocument], cluster: &[ClusterDocument], node: &
             let (port, file, from) = match &running {
                 Some(((pi, _), iface)) => {
                     let pod = &pods[*pi];
-                    let cni_port = tr.take_cni(&pod.value, &iface.ifname);
+                    let cni_port = tr.take_cni(pod.value, &iface.ifname);
                     (
                         cni_port
                             .as_ref()
@@ -840,7 +840,7 @@ impl Translator<'_> {
     fn refuse_pod(&mut self, p: &Object<Pod>, cni_files: Vec<PathBuf>, message: String) {
         let document = label("Pod", &p.value.metadata);
         if cni_files.is_empty() {
-            self.out.errors.push(error(&p.file, document, "", message));
+            self.out.errors.push(error(p.file, document, "", message));
         } else {
             for f in cni_files {
                 self.out
