@@ -187,7 +187,7 @@ pub fn udp_pps(bed: &Bed, slice: Duration) -> Result<Rate> {
         VM1_IP,
         VM2_IP,
     );
-    pps(&bed.vm1.ns, &frame, slice, &bed.vm2.ns)
+    pps(&bed.vm1.ns, &frame, slice, &[&bed.vm2.ns])
 }
 
 /// One slice of the packet-rate measurement.
@@ -224,9 +224,11 @@ pub fn cpu_busy_jiffies() -> Result<u64> {
 }
 
 /// Sends `frame` from `eth0` of `sender` for `slice` (raw socket,
-/// sendmmsg); rates of what was sent and what `receiver`'s IP layer took in.
-pub fn pps(sender: &Netns, frame: &[u8], slice: Duration, receiver: &Netns) -> Result<Rate> {
-    let before = ip_in_receives(receiver)?;
+/// sendmmsg); rates of what was sent and what the `receivers`' IP layers
+/// took in, together.
+pub fn pps(sender: &Netns, frame: &[u8], slice: Duration, receivers: &[&Netns]) -> Result<Rate> {
+    let count = || -> Result<u64> { receivers.iter().map(|ns| ip_in_receives(ns)).sum() };
+    let before = count()?;
     let busy_before = cpu_busy_jiffies()?;
     let stop = AtomicBool::new(false);
     let ns_path = sender.path();
@@ -244,12 +246,12 @@ pub fn pps(sender: &Netns, frame: &[u8], slice: Duration, receiver: &Netns) -> R
         Ok((sent, t.elapsed().as_secs_f64()))
     })?;
     let busy_after = cpu_busy_jiffies()?;
-    // What is still queued reaches the receiver within milliseconds.
+    // What is still queued reaches the receivers within milliseconds.
     sleep(Duration::from_millis(30));
-    let after = ip_in_receives(receiver)?;
+    let received = (count()? - before) as f64;
+    // SAFETY: sysconf reads a constant of the system; no memory of ours.
     let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
-    let cpu_s = (busy_after.saturating_sub(busy_before)) as f64 / hz;
-    let received = (after - before) as f64;
+    let cpu_s = busy_after.saturating_sub(busy_before) as f64 / hz;
     Ok(Rate {
         sent_pps: sent as f64 / elapsed,
         received_pps: received / elapsed,

@@ -173,7 +173,7 @@ pub fn run(opts: &Options) -> Result<Section> {
     let rates = e2e::rate_rounds(&names, opts.pps_rounds, |i| {
         let b = &beds[i];
         let frame = util::udp4_min(b.gw_mac, vm_mac, VM_IP, [192, 0, 2, 2]);
-        e2e::pps(&b.vm.ns, &frame, opts.pps_slice, &b.ext)
+        e2e::pps(&b.vm.ns, &frame, opts.pps_slice, &[&b.ext])
     })?;
     for (i, setup) in rates.iter().enumerate() {
         for x in setup {

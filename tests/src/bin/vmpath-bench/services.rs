@@ -13,12 +13,7 @@
 //! takes the tracked-flow path), counted as IPv4 packets the backends'
 //! stacks took in, in short slices rotated per round as in section 2.
 
-use std::{
-    process::Child,
-    sync::atomic::{AtomicBool, Ordering},
-    thread::sleep,
-    time::{Duration, Instant},
-};
+use std::{process::Child, time::Duration};
 
 use anyhow::{Result, anyhow, bail};
 use vmpath::config::parse_mac;
@@ -26,9 +21,9 @@ use vmpath_common::{ServiceKey, default_gateway_mac};
 use vmpath_tests::{Netns, Node, Vm, wait_for, yaml};
 
 use crate::{
-    e2e::{Rate, cpu_busy_jiffies, ip_in_receives, rate_rounds},
+    e2e::{Rate, pps, rate_rounds},
     report::{Bar, Section},
-    util::{self, RawSock, fmt_summary, summary},
+    util::{self, fmt_summary, summary},
 };
 
 pub struct Options {
@@ -221,43 +216,6 @@ fn tcp_gbps(bed: &Bed, dst: [u8; 4], seconds: u32) -> Result<f64> {
         .as_f64()
         .unwrap_or(f64::NAN)
         / 1e9)
-}
-
-/// Sends `frame` from the client's eth0 for `slice`; what the backends'
-/// IP layers took in.
-fn pps(sender: &Netns, frame: &[u8], slice: Duration, receivers: &[&Netns]) -> Result<Rate> {
-    let count = || -> Result<u64> { receivers.iter().map(|ns| ip_in_receives(ns)).sum() };
-    let before = count()?;
-    let busy_before = cpu_busy_jiffies()?;
-    let stop = AtomicBool::new(false);
-    let ns_path = sender.path();
-    let (sent, elapsed) = std::thread::scope(|s| -> Result<(u64, f64)> {
-        let h = s.spawn(|| -> Result<u64> {
-            util::enter_netns(&ns_path)?;
-            let sock = RawSock::open("eth0")?;
-            sock.qdisc_bypass();
-            Ok(sock.blast(frame, 64, &stop))
-        });
-        let t = Instant::now();
-        sleep(slice);
-        stop.store(true, Ordering::Relaxed);
-        let sent = h.join().map_err(|_| anyhow!("sender panicked"))??;
-        Ok((sent, t.elapsed().as_secs_f64()))
-    })?;
-    let busy_after = cpu_busy_jiffies()?;
-    sleep(Duration::from_millis(30));
-    let received = (count()? - before) as f64;
-    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
-    let cpu_s = busy_after.saturating_sub(busy_before) as f64 / hz;
-    Ok(Rate {
-        sent_pps: sent as f64 / elapsed,
-        received_pps: received / elapsed,
-        received_per_cpu_s: if cpu_s > 0.0 {
-            received / cpu_s
-        } else {
-            f64::NAN
-        },
-    })
 }
 
 pub fn run(opts: &Options) -> Result<Section> {
