@@ -2,7 +2,9 @@
 //! (plain TCP on 127.0.0.1): enough of the API for kube-rs watchers and
 //! reflectors. Collections are cluster-wide (`/api/v1/pods`,
 //! `/apis/GROUP/VERSION/PLURAL`); `GET` lists (with `fieldSelector` on one
-//! field, `field=value`) or, with `watch=true`, streams events after the
+//! field, `field=value`; in pages of `limit` items with a `continue`
+//! token, each page from the first page's snapshot, as kube-rs' watchers
+//! ask with 500) or, with `watch=true`, streams events after the
 //! given `resourceVersion` as chunked JSON lines, with `BOOKMARK` events
 //! while idle when `allowWatchBookmarks=true`. A watch from a
 //! resourceVersion older than the kept history gets a 410 `Expired`
@@ -60,8 +62,13 @@ struct State {
     oldest: u64,
     /// Open watches end when this changes.
     epoch: u64,
-    /// List requests served, by collection.
+    /// List requests served (first pages), by collection.
     lists: BTreeMap<String, u64>,
+    /// What is left of paged lists, by continue token: the list's
+    /// resourceVersion and its remaining items.
+    pages: BTreeMap<String, (u64, Vec<Value>)>,
+    /// Continue tokens handed out.
+    tokens: u64,
     /// Watch requests answered with 410, by collection.
     gone: BTreeMap<String, u64>,
     /// Writes answered with 409 Conflict, by collection.
@@ -531,21 +538,51 @@ fn list(
 ) -> bool {
     let path = target.collection.as_str();
     let mut st = shared.state.lock().unwrap();
-    *st.lists.entry(path.to_string()).or_default() += 1;
-    let items: Vec<Value> = st
-        .objects
-        .iter()
-        .filter(|((c, ns, _), o)| {
-            c == path && target.in_namespace(ns) && selected(o, params.get("fieldSelector"))
-        })
-        .map(|(_, o)| o.clone())
-        .collect();
+    let (rv, mut items) = match params.get("continue") {
+        Some(token) => match st.pages.remove(token) {
+            Some(page) => page,
+            None => {
+                drop(st);
+                let body = status(
+                    410,
+                    "Expired",
+                    &format!("continue token {token} is unknown or used"),
+                );
+                return respond(out, 410, &body);
+            }
+        },
+        None => {
+            *st.lists.entry(path.to_string()).or_default() += 1;
+            let items = st
+                .objects
+                .iter()
+                .filter(|((c, ns, _), o)| {
+                    c == path && target.in_namespace(ns) && selected(o, params.get("fieldSelector"))
+                })
+                .map(|(_, o)| o.clone())
+                .collect::<Vec<Value>>();
+            (st.resource_version, items)
+        }
+    };
+    let limit = params
+        .get("limit")
+        .and_then(|l| l.parse::<usize>().ok())
+        .filter(|&l| l > 0);
+    let mut metadata = json!({"resourceVersion": rv.to_string()});
+    if let Some(limit) = limit.filter(|&l| items.len() > l) {
+        let rest = items.split_off(limit);
+        st.tokens += 1;
+        let token = format!("{path}#{}", st.tokens);
+        metadata["continue"] = token.clone().into();
+        metadata["remainingItemCount"] = rest.len().into();
+        st.pages.insert(token, (rv, rest));
+    }
+    drop(st);
     let body = json!({
         "kind": "List", "apiVersion": "v1",
-        "metadata": {"resourceVersion": st.resource_version.to_string()},
+        "metadata": metadata,
         "items": items,
     });
-    drop(st);
     respond(out, 200, &body)
 }
 
@@ -862,5 +899,112 @@ fn write_locked(
             405,
             status(405, "MethodNotAllowed", &format!("{method} is not served")),
         ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io::Read as _;
+
+    use super::*;
+    use crate::{Netns, unique_tag};
+
+    /// `GET path` from inside the namespace at `netns`: status and body.
+    fn get(netns: &str, url: &str, path: &str) -> (u16, Value) {
+        let (netns, addr, path) = (
+            netns.to_string(),
+            url.trim_start_matches("http://").to_string(),
+            path.to_string(),
+        );
+        std::thread::spawn(move || {
+            let ns = std::fs::File::open(&netns).unwrap();
+            // SAFETY: setns on a valid netns fd; it affects this thread only.
+            let rc =
+                unsafe { libc::setns(std::os::fd::AsRawFd::as_raw_fd(&ns), libc::CLONE_NEWNET) };
+            assert_eq!(rc, 0);
+            let mut stream = TcpStream::connect(&addr).unwrap();
+            write!(stream, "GET {path} HTTP/1.1\r\nHost: api\r\n\r\n").unwrap();
+            let mut reader = BufReader::new(stream);
+            let mut line = String::new();
+            reader.read_line(&mut line).unwrap();
+            let code = line.split_whitespace().nth(1).unwrap().parse().unwrap();
+            let mut length = 0;
+            loop {
+                line.clear();
+                reader.read_line(&mut line).unwrap();
+                if line == "\r\n" {
+                    break;
+                }
+                if let Some(v) = line.to_ascii_lowercase().strip_prefix("content-length:") {
+                    length = v.trim().parse().unwrap();
+                }
+            }
+            let mut body = vec![0u8; length];
+            reader.read_exact(&mut body).unwrap();
+            (code, serde_json::from_slice(&body).unwrap())
+        })
+        .join()
+        .unwrap()
+    }
+
+    fn pod(name: &str) -> Value {
+        json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": "vms"}})
+    }
+
+    fn names(list: &Value) -> Vec<String> {
+        list["items"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|o| o["metadata"]["name"].as_str().unwrap().to_string())
+            .collect()
+    }
+
+    /// kube-rs' watchers list in pages of 500: every page comes from the
+    /// first page's snapshot, a used or unknown token is 410 Expired, and
+    /// one paged list counts as one list.
+    #[test]
+    fn lists_come_in_pages_of_limit_from_one_snapshot() {
+        let ns = Netns::new(format!("vt{}-api", unique_tag()));
+        let api = ApiServer::start(&ns.path());
+        for name in ["a", "b", "c", "d", "e"] {
+            api.put(pod(name));
+        }
+        let (code, first) = get(&ns.path(), &api.url, "/api/v1/pods?limit=2");
+        assert_eq!(code, 200, "{first}");
+        assert_eq!(names(&first), ["a", "b"]);
+        assert_eq!(first["metadata"]["remainingItemCount"], 3);
+        let rv = first["metadata"]["resourceVersion"].clone();
+        // Written after the first page: not in this list's pages.
+        api.put(pod("f"));
+        let mut seen = names(&first);
+        let mut token = first["metadata"]["continue"].as_str().unwrap().to_string();
+        let used = token.clone();
+        loop {
+            let (code, page) = get(
+                &ns.path(),
+                &api.url,
+                &format!("/api/v1/pods?limit=2&continue={token}"),
+            );
+            assert_eq!(code, 200, "{page}");
+            assert_eq!(page["metadata"]["resourceVersion"], rv);
+            seen.extend(names(&page));
+            match page["metadata"]["continue"].as_str() {
+                Some(t) => token = t.to_string(),
+                None => break,
+            }
+        }
+        assert_eq!(seen, ["a", "b", "c", "d", "e"]);
+        let (code, expired) = get(
+            &ns.path(),
+            &api.url,
+            &format!("/api/v1/pods?limit=2&continue={used}"),
+        );
+        assert_eq!(code, 410, "{expired}");
+        assert_eq!(expired["reason"], "Expired");
+        // Without a limit: everything, now with f.
+        let (_, all) = get(&ns.path(), &api.url, "/api/v1/pods");
+        assert_eq!(names(&all), ["a", "b", "c", "d", "e", "f"]);
+        assert_eq!(api.lists("/api/v1/pods"), 2);
     }
 }
