@@ -7,6 +7,11 @@ use std::time::Duration;
 
 use vmpath_tests::{Node, Vm, enable_forwarding, vmpath::common::drop_reason, wait_for, yaml};
 
+/// Denies everything, both ways, for every endpoint of namespace prod.
+const DENY_ALL_PROD: &str = "apiVersion: networking.k8s.io/v1\nkind: NetworkPolicy\n\
+    metadata: {name: deny-all, namespace: prod}\n\
+    spec: {podSelector: {}, policyTypes: [Ingress, Egress]}\n";
+
 /// The node's own address (its InternalIP), on a link of its own as a
 /// real node has it on its NIC.
 const NODE_IP: &str = "192.0.2.10";
@@ -149,12 +154,7 @@ fn the_node_reaches_endpoints_of_a_primary_network_whatever_their_policy() {
     );
 
     // Deny everything, both ways, for every endpoint of namespace prod.
-    node.write_config(
-        "policy.yaml",
-        "apiVersion: networking.k8s.io/v1\nkind: NetworkPolicy\n\
-         metadata: {name: deny-all, namespace: prod}\n\
-         spec: {podSelector: {}, policyTypes: [Ingress, Egress]}\n",
-    );
+    node.write_config("policy.yaml", DENY_ALL_PROD);
     wait_for(
         "vm1's egress isolation towards the node",
         Duration::from_secs(10),
@@ -302,12 +302,7 @@ fn the_node_reaches_endpoints_of_a_primary_network_over_ipv6() {
         "vm1 opens an IPv6 connection to the node while no policy isolates it"
     );
 
-    node.write_config(
-        "policy.yaml",
-        "apiVersion: networking.k8s.io/v1\nkind: NetworkPolicy\n\
-         metadata: {name: deny-all, namespace: prod}\n\
-         spec: {podSelector: {}, policyTypes: [Ingress, Egress]}\n",
-    );
+    node.write_config("policy.yaml", DENY_ALL_PROD);
     wait_for(
         "vm1's IPv6 egress isolation towards the node",
         Duration::from_secs(10),

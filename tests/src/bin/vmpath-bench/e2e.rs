@@ -336,12 +336,7 @@ pub fn run(opts: &Options) -> Result<Section> {
     }
     let drops = beds[0].node.maps().drop_counts()?;
     let agent_drops: u64 = drops.iter().sum();
-    let drop_names: Vec<String> = drops
-        .iter()
-        .enumerate()
-        .filter(|(_, n)| **n != 0)
-        .map(|(i, n)| format!("{} {n}", vmpath_common::drop_reason::NAMES[i]))
-        .collect();
+    let drop_names = util::nonzero_drops(&drops);
     let drop_names = if drop_names.is_empty() {
         vec!["none".to_string()]
     } else {

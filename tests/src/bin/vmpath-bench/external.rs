@@ -185,12 +185,7 @@ pub fn run(opts: &Options) -> Result<Section> {
     for (d, n) in drops.iter_mut().zip(beds[2].node.maps().drop_counts()?) {
         *d += n;
     }
-    let drop_names: Vec<String> = drops
-        .iter()
-        .enumerate()
-        .filter(|(_, n)| **n != 0)
-        .map(|(i, n)| format!("{} {n}", vmpath_common::drop_reason::NAMES[i]))
-        .collect();
+    let drop_names = util::nonzero_drops(&drops);
     let ratios = |v: &[Vec<f64>], i: usize| match beds[i].baseline {
         Some(b) => util::paired_ratio(&v[i], &v[b]),
         None => summary(&[1.0]),

@@ -309,12 +309,7 @@ pub fn run(opts: &Options) -> Result<Section> {
         bail!("no Service flow was counted at the client's port");
     }
     let drops = bed.node.maps().drop_counts()?;
-    let drop_names: Vec<String> = drops
-        .iter()
-        .enumerate()
-        .filter(|(_, n)| **n != 0)
-        .map(|(i, n)| format!("{} {n}", vmpath_common::drop_reason::NAMES[i]))
-        .collect();
+    let drop_names = util::nonzero_drops(&drops);
 
     let mut md = format!(
         "One node namespace running the agent (release build), one network with IPAM \

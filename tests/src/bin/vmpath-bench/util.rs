@@ -77,6 +77,16 @@ pub fn fmt(x: f64) -> String {
 }
 
 /// `median (min–max)`.
+/// The drop counters that are not zero, as `name count`, by reason.
+pub fn nonzero_drops(drops: &[u64]) -> Vec<String> {
+    drops
+        .iter()
+        .enumerate()
+        .filter(|(_, n)| **n != 0)
+        .map(|(i, n)| format!("{} {n}", vmpath_common::drop_reason::NAMES[i]))
+        .collect()
+}
+
 pub fn fmt_summary(s: &Summary) -> String {
     format!("{} ({}–{})", fmt(s.median), fmt(s.min), fmt(s.max))
 }
