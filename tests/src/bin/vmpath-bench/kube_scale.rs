@@ -230,8 +230,8 @@ fn new_claim(i: usize) -> Value {
 }
 
 /// Seconds for a leading `vmpath controller` to allocate `n` claims
-/// created at once.
-fn allocation(n: usize) -> Result<f64> {
+/// created at once, and the controller's peak RSS (MiB) once it has.
+fn allocation(n: usize) -> Result<(f64, f64)> {
     let ns = Netns::new(format!("vb{}a{n}", unique_tag()));
     ns.run(&["ip", "link", "set", "lo", "up"]);
     let server = ApiServer::start(&ns.path());
@@ -273,7 +273,9 @@ fn allocation(n: usize) -> Result<f64> {
                 .filter(|c| c["status"]["ips"].as_array().is_some_and(|a| !a.is_empty()))
                 .count();
             if done == n {
-                return Ok(started.elapsed().as_secs_f64());
+                let secs = started.elapsed().as_secs_f64();
+                let (hwm, _) = rss_kb(&child.id().to_string());
+                return Ok((secs, hwm as f64 / 1024.0));
             }
             if started.elapsed() > Duration::from_secs(600) {
                 bail!("{done} of {n} claims allocated in 600 s");
@@ -353,15 +355,17 @@ pub fn run(opts: &Options) -> Result<Section> {
             "\n**Controller allocation rate**: `vmpath controller` leading (round every \
              100 ms), then N IPAMClaims created at once on a /16 network; from the first \
              create to the last claim's `status.ips` written (one ledger write per round, \
-             one status write per claim, each conditional).\n\n\
-             | new claims | seconds | claims/s |\n|---|---|---|\n"
+             one status write per claim, each conditional). The controller's peak RSS \
+             (`VmHWM`) once the last is written: its own memory at that many claims (the \
+             Deployment's limit in deploy/ is 128Mi).\n\n\
+             | new claims | seconds | claims/s | controller peak RSS MiB |\n|---|---|---|---|\n"
         );
         let mut rates = Vec::new();
         for &n in &opts.claims {
-            let secs = allocation(n).with_context(|| format!("allocating {n} claims"))?;
+            let (secs, rss) = allocation(n).with_context(|| format!("allocating {n} claims"))?;
             let rate = n as f64 / secs;
             rates.push(rate);
-            let _ = writeln!(md, "| {n} | {} | {} |", fmt(secs), fmt(rate));
+            let _ = writeln!(md, "| {n} | {} | {} | {} |", fmt(secs), fmt(rate), fmt(rss));
         }
         if let (Some(first), Some(last)) = (rates.first(), rates.last())
             && rates.len() > 1
