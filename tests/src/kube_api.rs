@@ -15,7 +15,8 @@
 //! (409 `Conflict` when `metadata.resourceVersion` is given and stale),
 //! `PATCH` merges (`application/merge-patch+json`, and apply or strategic
 //! patches read as a merge), `.../status` writes only `status`, `DELETE`
-//! removes; `GET` of one object; every write is a watch event. Any kind is
+//! removes (409 `Conflict` when DeleteOptions' `preconditions.uid` is
+//! another object's); `GET` of one object; every write is a watch event. Any kind is
 //! served the same way, `coordination.k8s.io/v1` Leases and `v1` Events
 //! included. No authentication.
 
@@ -844,7 +845,25 @@ fn write_locked(
     };
     match method {
         "GET" => (200, current),
-        "DELETE" => (200, st.remove(&target.collection, &ns, &name).unwrap()),
+        "DELETE" => {
+            // DeleteOptions' preconditions: only the object of that uid.
+            let want = body["preconditions"]["uid"].as_str();
+            if want.is_some_and(|uid| Some(uid) != current["metadata"]["uid"].as_str()) {
+                return (
+                    409,
+                    status(
+                        409,
+                        "Conflict",
+                        &format!(
+                            "Precondition failed: UID in precondition: {}, UID in object meta: {}",
+                            want.unwrap_or(""),
+                            current["metadata"]["uid"].as_str().unwrap_or("")
+                        ),
+                    ),
+                );
+            }
+            (200, st.remove(&target.collection, &ns, &name).unwrap())
+        }
         "PUT" => {
             let given = body["metadata"]["resourceVersion"].as_str();
             if given.is_some_and(|rv| Some(rv) != current["metadata"]["resourceVersion"].as_str()) {

@@ -425,7 +425,10 @@ impl KubeSource {
     /// The objects as documents, as the config dir would give them.
     pub fn read(&self) -> Snapshot {
         let generation = self.generation.load(Ordering::SeqCst);
-        let mut snap = Snapshot::default();
+        let mut snap = Snapshot {
+            pod_claims: true,
+            ..Default::default()
+        };
         for kind in &self.kinds {
             let objects = kind
                 .held

@@ -29,6 +29,10 @@ pub const MIGRATION_JOB_LABEL: &str = "kubevirt.io/migrationJobUID";
 pub const TARGET_READY_ANNOTATION: &str = "kubevirt.io/migration-target-ready-timestamp";
 /// The CNI plugin type a NAD must name for vmpath to serve it.
 pub const CNI_TYPE: &str = "vmpath-cni";
+/// On an IPAMClaim `vmpath controller` made for a plain pod's interface:
+/// that pod's uid. Only the pod of that uid takes the claim's addresses (a
+/// pod made again under the same name gets a claim of its own).
+pub const POD_UID_LABEL: &str = "vmpath.dev/pod-uid";
 /// Every annotation vmpath reads on these objects: the others are dropped
 /// when an object is stored ([`super::prune`]).
 pub const READ_ANNOTATIONS: &[&str] = &[NETWORKS_ANNOTATION, TARGET_READY_ANNOTATION];
@@ -200,6 +204,61 @@ pub fn parse_selection(text: &str) -> Result<Vec<NetworkSelection>, String> {
             })
         })
         .collect()
+}
+
+impl NetworkSelection {
+    /// The pod's interface for the `index`th element: as given, else as
+    /// Multus names unnamed interfaces (`net1`, `net2`, ... in order).
+    pub fn interface_name(&self, index: usize) -> String {
+        self.interface
+            .clone()
+            .unwrap_or_else(|| format!("net{}", index + 1))
+    }
+}
+
+/// The longest object name (a DNS subdomain).
+const MAX_NAME: usize = 253;
+
+/// Whether `name` is a DNS subdomain (RFC 1123), as object names must be.
+fn is_subdomain(name: &str) -> bool {
+    name.len() <= MAX_NAME
+        && name.split('.').all(|label| {
+            !label.is_empty()
+                && label
+                    .bytes()
+                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+                && !label.starts_with('-')
+                && !label.ends_with('-')
+        })
+}
+
+/// The IPAMClaim `vmpath controller` makes for a plain pod's interface:
+/// `<pod>.<interface>` (as ipam-extensions names a VM's `<vm>.<network>`),
+/// or, where that is no valid object name (too long, an interface name
+/// with characters names may not have), the pod's name cut to fit and a
+/// hash of both: `<pod…>.<16 hex digits>`. Deterministic: every replica
+/// and every agent computes the same name.
+pub fn pod_claim_name(pod: &str, interface: &str) -> String {
+    let plain = format!("{pod}.{interface}");
+    if is_subdomain(&plain) {
+        return plain;
+    }
+    let hash = crate::hash::fnv1a(&[pod.as_bytes(), b"/", interface.as_bytes()]);
+    let mut prefix: String = pod
+        .chars()
+        .map(|c| c.to_ascii_lowercase())
+        .filter(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == '-' || *c == '.')
+        .take(MAX_NAME - 17)
+        .collect();
+    // Every label of the prefix must still be valid where it was cut.
+    while !prefix.is_empty() && !is_subdomain(&prefix) {
+        prefix.pop();
+    }
+    if prefix.is_empty() {
+        format!("pod.{hash:016x}")
+    } else {
+        format!("{prefix}.{hash:016x}")
+    }
 }
 
 // --- kubevirt.io/v1 VirtualMachineInstance and Migration ---------------------
@@ -458,6 +517,34 @@ mod tests {
         assert_eq!(json[0].ipam_claim_reference.as_deref(), Some("vm1.blue"));
         assert!(parse_selection("[{\"namespace\": \"x\"}]").is_err());
         assert!(parse_selection("prod/").is_err());
+    }
+
+    #[test]
+    fn a_pod_claim_is_named_after_the_pod_and_interface_and_always_a_valid_name() {
+        assert_eq!(pod_claim_name("web-0", "net1"), "web-0.net1");
+        // Not a valid name as is: cut, with a hash of both, the same each
+        // time, another for another interface.
+        let odd = pod_claim_name("web-0", "Net_1");
+        assert!(
+            odd.starts_with("web-0.") && odd.len() == "web-0.".len() + 16,
+            "{odd}"
+        );
+        assert!(is_subdomain(&odd), "{odd}");
+        assert_eq!(odd, pod_claim_name("web-0", "Net_1"));
+        assert_ne!(odd, pod_claim_name("web-0", "Net_2"));
+        let long = format!("{}-x", "a".repeat(250));
+        let named = pod_claim_name(&long, "net1");
+        assert!(named.len() <= 253 && is_subdomain(&named), "{named}");
+        assert_ne!(named, pod_claim_name(&long, "net2"));
+        // Cut where a label ends in '-': still valid.
+        let dashed = format!("{}-{}", "b".repeat(235), "c".repeat(20));
+        let named = pod_claim_name(&dashed, "net1");
+        assert!(is_subdomain(&named), "{named}");
+        assert!(is_subdomain(&pod_claim_name("", "Net_1")));
+        // Multus's names for unnamed interfaces.
+        let sel = parse_selection("prod/blue, prod/red@eth7").unwrap();
+        assert_eq!(sel[0].interface_name(0), "net1");
+        assert_eq!(sel[1].interface_name(1), "eth7");
     }
 
     #[test]

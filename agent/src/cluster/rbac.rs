@@ -38,10 +38,11 @@ pub const AGENT: &[Rule] = &[
 ];
 
 /// `vmpath controller`, cluster-wide: it reads the Networks, NADs and
-/// claims, reads a claim it no longer lists (is it gone?), lists the pods
-/// of namespaces with a claim to allocate (their selections' `ips`),
-/// writes claims' and Networks' status, posts Events on refused claims
-/// (and on the pod whose request was refused).
+/// claims, reads a claim it no longer lists (is it gone?), lists every
+/// pod (their selections' `ips`; plain pods' interfaces), makes the
+/// claims of plain pods' interfaces and deletes them when their pod is
+/// gone, writes claims' and Networks' status, posts Events on refused
+/// claims (and on the pod they are for).
 pub const CONTROLLER: &[Rule] = &[
     ("", "events", &["create"]),
     ("vmpath.dev", "networks", &["list"]),
@@ -51,10 +52,14 @@ pub const CONTROLLER: &[Rule] = &[
         "network-attachment-definitions",
         &["list"],
     ),
-    ("k8s.cni.cncf.io", "ipamclaims", &["get", "list"]),
+    (
+        "k8s.cni.cncf.io",
+        "ipamclaims",
+        &["get", "list", "create", "delete"],
+    ),
     ("k8s.cni.cncf.io", "ipamclaims/status", &["update"]),
-    // The Multus selection's `ips` of a pod referencing a claim not yet
-    // allocated: that claim's static request.
+    // Plain pods' interfaces (their claims made, and deleted with the
+    // pod), and the Multus selection's `ips` as a claim's static request.
     ("", "pods", &["list"]),
 ];
 

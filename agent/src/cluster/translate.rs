@@ -127,7 +127,16 @@ pub fn placeholder_port(namespace: &str, pod: &str, ifname: &str) -> String {
 
 /// Derives Attachment and Node documents from the cluster objects (kept
 /// typed in `cluster`, or given as documents among `documents`).
-pub fn translate(documents: &[RawDocument], cluster: &[ClusterDocument], node: &str) -> Translated {
+/// `pod_claims`: a plain pod's interface on an IPAM network takes its
+/// addresses from the IPAMClaim `vmpath controller` makes for it
+/// ([`objects::pod_claim_name`]) and waits for it (the Kubernetes source);
+/// else the agent's IPAM allocates them (config files, no controller).
+pub fn translate(
+    documents: &[RawDocument],
+    cluster: &[ClusterDocument],
+    node: &str,
+    pod_claims: bool,
+) -> Translated {
     let mut t = Translated::default();
     let mut pods: Vec<Object<Pod>> = Vec::new();
     let mut vmis: Vec<Object<Vmi>> = Vec::new();
@@ -293,15 +302,50 @@ pub fn translate(documents: &[RawDocument], cluster: &[ClusterDocument], node: &
             continue;
         };
         if !pod.is_virt_launcher() {
+            let ns = pod.metadata.namespace();
             for i in &ifaces {
-                let ips = i
-                    .selection
-                    .ipam_claim_reference
-                    .as_deref()
-                    .and_then(|c| claim_ips(pod.metadata.namespace(), c))
-                    .unwrap_or_else(|| i.selection.ips.clone());
+                // The claim that decides the addresses: the one referenced,
+                // else (Kubernetes source, IPAM network) the one vmpath
+                // controller makes for this pod, which counts only if made
+                // for this pod's uid.
+                let ipam = ipam_networks.contains(&i.network);
+                let (claim_name, ips, waits) = match &i.selection.ipam_claim_reference {
+                    Some(c) => (c.clone(), claim_ips(ns, c), ipam && claim_pending(ns, c)),
+                    None if pod_claims && ipam => {
+                        let name = objects::pod_claim_name(&pod.metadata.name, &i.ifname);
+                        let ips = claim_index
+                            .get(&(ns, name.as_str()))
+                            .filter(|c| {
+                                pod.metadata.uid.is_some()
+                                    && c.metadata.labels.get(objects::POD_UID_LABEL)
+                                        == pod.metadata.uid.as_ref()
+                            })
+                            .map(|c| c.status.ips.clone())
+                            .filter(|ips| !ips.is_empty());
+                        let waits = ips.is_none();
+                        (name, ips, waits)
+                    }
+                    None => (String::new(), None, false),
+                };
+                if waits {
+                    let file = tr
+                        .take_cni(pod, &i.ifname)
+                        .map(|c| c.file)
+                        .unwrap_or_else(|| p.file.to_path_buf());
+                    tr.out.waiting.push(error(
+                        &file,
+                        label("Pod", &pod.metadata),
+                        &format!("metadata.annotations[{NETWORKS_ANNOTATION:?}]"),
+                        format!(
+                            "waits for IPAMClaim {ns}/{claim_name}'s status.ips: addresses on network {:?} are allocated by vmpath controller",
+                            i.network
+                        ),
+                    ));
+                    continue;
+                }
+                let ips = ips.unwrap_or_else(|| i.selection.ips.clone());
                 let key = AttachmentKey {
-                    namespace: pod.metadata.namespace().to_string(),
+                    namespace: ns.to_string(),
                     vm: pod.metadata.name.clone(),
                     interface: i.ifname.clone(),
                 };
@@ -869,11 +913,7 @@ impl Translator<'_> {
         };
         let mut out = Vec::new();
         for (i, sel) in selection.into_iter().enumerate() {
-            // Multus names unnamed interfaces net1, net2, ... in order.
-            let ifname = sel
-                .interface
-                .clone()
-                .unwrap_or_else(|| format!("net{}", i + 1));
+            let ifname = sel.interface_name(i);
             let nad = format!("{}/{}", sel.namespace.as_deref().unwrap_or(ns), sel.name);
             let here = self
                 .cni
@@ -1764,5 +1804,81 @@ items:
         let cfg = validate(&[("network.yaml", NETWORK)], vec![cni], "node-a");
         assert!(cfg.errors.is_empty(), "{:#?}", cfg.errors);
         assert_eq!(cfg.attachments[0].key, key("prod", "web-0", "net1"));
+    }
+    #[test]
+    fn with_the_kubernetes_source_a_plain_pod_waits_for_the_claim_made_for_its_uid() {
+        let pod = "apiVersion: v1
+kind: Pod
+metadata:
+  name: web-0
+  namespace: prod
+  uid: pod-uid-2
+  annotations: {k8s.v1.cni.cncf.io/networks: '[{\"name\":\"blue\",\"ips\":[\"10.31.0.7/24\"]}]'}
+spec: {nodeName: node-a}
+status: {phase: Running}
+";
+        let claim = |uid: &str, ips: &str| {
+            format!(
+                "apiVersion: k8s.cni.cncf.io/v1alpha1
+kind: IPAMClaim
+metadata:
+  name: web-0.net1
+  namespace: prod
+  labels: {{vmpath.dev/pod-uid: {uid}}}
+spec: {{network: blue, interface: net1}}
+status: {{ips: [{ips}]}}
+"
+            )
+        };
+        let run = |pod_claims: bool, claim: Option<String>| {
+            let mut snap = Snapshot {
+                pod_claims,
+                ..Default::default()
+            };
+            snap.documents.extend(docs("network.yaml", NETWORK));
+            snap.documents.extend(docs("pod.yaml", pod));
+            if let Some(c) = &claim {
+                snap.documents.extend(docs("claim.yaml", c));
+            }
+            snap.documents.push(cni_port("web-0", "net1", "vmp77"));
+            let cfg = config::validate(&snap, "node-a", &BTreeSet::new());
+            assert!(cfg.errors.is_empty(), "{:#?}", cfg.errors);
+            cfg
+        };
+        let waits = |cfg: &Config| {
+            cfg.attachments.is_empty()
+                && cfg.warnings.iter().any(|w| {
+                    w.message.starts_with(
+                        "waits for IPAMClaim prod/web-0.net1's status.ips: addresses on network \"blue\" are allocated by vmpath controller",
+                    ) && w.document == "Pod prod/web-0"
+                        && w.file.to_string_lossy().starts_with(CNI_SOURCE_PREFIX)
+                })
+        };
+        // No claim yet, one not allocated yet, or one made for an earlier
+        // pod of that name: the interface waits (on its CNI port, for the
+        // plugin's ADD), with no address of the agent's own.
+        for c in [
+            None,
+            Some(claim("pod-uid-2", "")),
+            Some(claim("pod-uid-1", "10.31.0.9/24")),
+        ] {
+            let cfg = run(true, c.clone());
+            assert!(
+                waits(&cfg),
+                "{c:?}: {:#?} {:#?}",
+                cfg.attachments,
+                cfg.warnings
+            );
+        }
+        // Its own claim's addresses, not the selection's request.
+        let cfg = run(true, Some(claim("pod-uid-2", "10.31.0.9/24")));
+        assert_eq!(
+            cfg.attachments[0].ips,
+            ["10.31.0.9/24".parse::<ipnet::IpNet>().unwrap()]
+        );
+        // Config files (no controller): the agent serves it as before.
+        let cfg = run(false, None);
+        assert_eq!(cfg.attachments[0].key, key("prod", "web-0", "net1"));
+        assert!(!waits(&cfg));
     }
 }

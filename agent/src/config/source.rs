@@ -84,6 +84,10 @@ pub struct Snapshot {
     pub empty: bool,
     /// A fingerprint of everything read, to notice changes cheaply.
     pub fingerprint: u64,
+    /// Plain pods' addresses on IPAM networks come from the IPAMClaims
+    /// `vmpath controller` makes for them (the Kubernetes source); else
+    /// the agent allocates them.
+    pub pod_claims: bool,
 }
 
 /// Files parsed since the agent started (cache hits are not counted):

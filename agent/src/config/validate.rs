@@ -93,8 +93,12 @@ pub fn validate(
         ..Default::default()
     };
     // Kubernetes-shaped objects become Attachment and Node documents here.
-    let translated =
-        crate::cluster::translate::translate(&snapshot.documents, &snapshot.cluster, node_name);
+    let translated = crate::cluster::translate::translate(
+        &snapshot.documents,
+        &snapshot.cluster,
+        node_name,
+        snapshot.pod_claims,
+    );
     cfg.errors.extend(translated.errors);
     cfg.keys_in_documents.extend(translated.keep);
     let waiting = translated.waiting;

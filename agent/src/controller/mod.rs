@@ -9,6 +9,7 @@
 
 pub mod allocate;
 pub mod lease;
+pub mod pods;
 
 use std::{
     collections::{BTreeMap, BTreeSet},
@@ -22,13 +23,16 @@ use k8s_openapi::api::{
 };
 use kube::{
     Api, Client,
-    api::{ApiResource, DynamicObject, GroupVersionKind, ListParams, ObjectMeta, PostParams},
+    api::{
+        ApiResource, DeleteParams, DynamicObject, GroupVersionKind, ListParams, ObjectMeta,
+        PostParams, Preconditions,
+    },
 };
 use tracing::{info, warn};
 
 use crate::{
     cluster::{
-        objects::{NETWORKS_ANNOTATION, Nad, NadConfig, parse_selection},
+        objects::{self, Nad, NadConfig},
         writeback::{self, Involved},
     },
     config::{
@@ -216,57 +220,85 @@ fn claim_network(
     ))
 }
 
-/// A static request from a pod's Multus selection element.
-#[derive(Debug, Clone, PartialEq, Eq)]
-struct SelectionRequest {
-    ips: Vec<String>,
-    /// The pod's name (in the claim's namespace).
-    pod: String,
-    /// Where the request is, for messages.
-    from: String,
-}
-
-/// By claim key (`namespace/name`): the `ips` of the selection element
-/// (`k8s.v1.cni.cncf.io/networks`) of a running pod that references the
-/// claim with `ipam-claim-reference`.
-fn selection_requests(pods: &[Pod]) -> BTreeMap<String, SelectionRequest> {
+/// By claim key (`namespace/name`): the first selection element naming
+/// the claim with `ips` (its static request).
+fn selection_requests(claims: &[pods::ElementClaim]) -> BTreeMap<String, &pods::ElementClaim> {
     let mut out = BTreeMap::new();
-    for pod in pods {
-        let phase = pod.status.as_ref().and_then(|s| s.phase.as_deref());
-        if matches!(phase, Some("Succeeded") | Some("Failed")) {
-            continue;
-        }
-        let (Some(ns), Some(name)) = (&pod.metadata.namespace, &pod.metadata.name) else {
-            continue;
-        };
-        let Some(text) = pod
-            .metadata
-            .annotations
-            .as_ref()
-            .and_then(|a| a.get(NETWORKS_ANNOTATION))
-        else {
-            continue;
-        };
-        // A selection that does not read is the agent's to refuse.
-        let Ok(selection) = parse_selection(text) else {
-            continue;
-        };
-        for (i, element) in selection.into_iter().enumerate() {
-            let Some(claim) = element.ipam_claim_reference else {
-                continue;
-            };
-            if element.ips.is_empty() {
-                continue;
-            }
-            out.entry(format!("{ns}/{claim}"))
-                .or_insert_with(|| SelectionRequest {
-                    ips: element.ips,
-                    pod: name.clone(),
-                    from: format!("Pod {ns}/{name}'s {NETWORKS_ANNOTATION}[{i}].ips"),
-                });
-        }
+    for c in claims.iter().filter(|c| !c.ips.is_empty()) {
+        out.entry(c.key()).or_insert(c);
     }
     out
+}
+
+/// A listed IPAMClaim as [`pods::reconcile`] reads it.
+fn listed_claim(o: &DynamicObject) -> pods::Listed {
+    pods::Listed {
+        namespace: o.metadata.namespace.clone().unwrap_or_default(),
+        name: o.metadata.name.clone().unwrap_or_default(),
+        uid: o.metadata.uid.clone().unwrap_or_default(),
+        pod_uid: o
+            .metadata
+            .labels
+            .as_ref()
+            .and_then(|l| l.get(objects::POD_UID_LABEL))
+            .cloned(),
+    }
+}
+
+/// Deletes the claims of pods gone or over (on their uid: never a newer
+/// claim of the name) and makes the claims plain pods lack; `listed`
+/// follows, so that this round plans what is there now. A claim already
+/// gone (the garbage collector was first) or already made (another
+/// replica) is no error.
+async fn pod_claims(
+    client: &Client,
+    claims_res: &ApiResource,
+    actions: &pods::Actions,
+    listed: &mut Vec<DynamicObject>,
+) {
+    for (ns, name, uid) in &actions.delete {
+        let api: Api<DynamicObject> = Api::namespaced_with(client.clone(), ns, claims_res);
+        let dp = DeleteParams {
+            preconditions: Some(Preconditions {
+                uid: Some(uid.clone()),
+                resource_version: None,
+            }),
+            ..Default::default()
+        };
+        match api.delete(name, &dp).await {
+            Ok(_) => {
+                info!(claim = %format!("{ns}/{name}"), uid = %uid, "IPAMClaim of a pod gone or over deleted")
+            }
+            Err(kube::Error::Api(s)) if s.is_not_found() || s.is_conflict() => {}
+            Err(e) => {
+                warn!(claim = %format!("{ns}/{name}"), "deleting the IPAMClaim of a pod gone or over: {e}");
+                continue;
+            }
+        }
+        listed.retain(|o| o.metadata.uid.as_deref() != Some(uid.as_str()));
+    }
+    for c in &actions.create {
+        let Some(made) = &c.made else { continue };
+        let api: Api<DynamicObject> =
+            Api::namespaced_with(client.clone(), &c.namespace, claims_res);
+        let object: DynamicObject = match serde_json::from_value(pods::claim_object(c, made)) {
+            Ok(o) => o,
+            Err(e) => {
+                warn!(claim = %c.key(), "an IPAMClaim that does not read: {e}");
+                continue;
+            }
+        };
+        match api.create(&PostParams::default(), &object).await {
+            Ok(o) => {
+                info!(claim = %c.key(), pod = %c.pod, uid = %made.pod_uid, "IPAMClaim made for a pod's interface");
+                listed.push(o);
+            }
+            Err(kube::Error::Api(s)) if s.is_already_exists() => {}
+            Err(e) => {
+                warn!(claim = %c.key(), pod = %c.pod, "making the IPAMClaim of a pod's interface: {e}")
+            }
+        }
+    }
 }
 
 /// One allocation round: read, plan, write the ledger (conditionally),
@@ -306,7 +338,7 @@ async fn round(
         .collect();
     // Claims before the ledger: an entry for a claim made since is kept
     // (it is released only when the claim is confirmed gone).
-    let listed = claims_api.list(&lp).await?.items;
+    let mut listed = claims_api.list(&lp).await?.items;
     let ledger_cm = ledger_api.get_opt(&opts.ledger_name).await?;
     let ledger: allocate::Ledger = match ledger_cm
         .as_ref()
@@ -319,6 +351,35 @@ async fn round(
         })?,
         None => allocate::Ledger::new(),
     };
+
+    // Pods after the claims: a claim made for a pod is never seen
+    // without its pod. Every pod: plain pods' claims are made and
+    // deleted here, and selections' `ips` are static requests.
+    let pods_api: Api<Pod> = Api::all(client.clone());
+    let pods: Vec<objects::Pod> = pods_api
+        .list(&lp)
+        .await?
+        .items
+        .iter()
+        .filter_map(|p| serde_json::from_value(serde_json::to_value(p).ok()?).ok())
+        .collect();
+    let ipam_networks: BTreeSet<String> = networks
+        .iter()
+        .filter(|n| n.ipam)
+        .map(|n| n.name.clone())
+        .collect();
+    let element_claims = pods::element_claims(&pods, &nads, &ipam_networks);
+    let running: BTreeSet<String> = pods
+        .iter()
+        .filter(|p| !p.finished())
+        .filter_map(|p| p.metadata.uid.clone())
+        .collect();
+    let actions = pods::reconcile(
+        &element_claims,
+        &listed.iter().map(listed_claim).collect::<Vec<_>>(),
+        &running,
+    );
+    pod_claims(client, &claims_res, &actions, &mut listed).await;
 
     let mut claims = Vec::new();
     let mut versions = BTreeMap::new();
@@ -359,18 +420,8 @@ async fn round(
     }
 
     // A claim not yet allocated that asks for nothing itself: the `ips` of
-    // the Multus selection element referencing it are its static request.
-    let asking: BTreeSet<String> = claims
-        .iter()
-        .filter(|c| c.ips.is_empty() && c.requested.is_empty())
-        .map(|c| c.namespace.clone())
-        .collect();
-    let mut pods = Vec::new();
-    for ns in &asking {
-        let api: Api<Pod> = Api::namespaced(client.clone(), ns);
-        pods.extend(api.list(&lp).await?.items);
-    }
-    let selected = selection_requests(&pods);
+    // the Multus selection element naming it are its static request.
+    let selected = selection_requests(&element_claims);
     for c in claims
         .iter_mut()
         .filter(|c| c.ips.is_empty() && c.requested.is_empty())
@@ -380,11 +431,22 @@ async fn round(
             c.requested_from = r.from.clone();
         }
     }
+    // The pod each claim is for, to say a refusal on it too.
+    let pod_of: BTreeMap<String, &str> = element_claims
+        .iter()
+        .filter(|c| c.made.is_some() || !c.ips.is_empty())
+        .map(|c| (c.key(), c.pod.as_str()))
+        .collect();
 
     // Holders not listed: confirmed gone only if the claim (that uid) is.
     let mut gone = Vec::new();
     for h in ledger.values().flat_map(|held| held.values()) {
-        if versions.contains_key(&h.claim) || gone.contains(&(h.claim.clone(), h.uid.clone())) {
+        // Listed under that name with another uid: that claim is gone
+        // (a pod or VM made again under the same name).
+        let listed_same = versions
+            .get(&h.claim)
+            .is_some_and(|o: &DynamicObject| o.metadata.uid.as_deref().unwrap_or("") == h.uid);
+        if listed_same || gone.contains(&(h.claim.clone(), h.uid.clone())) {
             continue;
         }
         let (ns, name) = h.claim.split_once('/').unwrap_or(("", &h.claim));
@@ -396,49 +458,47 @@ async fn round(
     }
 
     let plan = allocate::plan(&networks, &claims, &ledger, &gone);
-    // Each refusal once as an Event on the claim (again if it comes back).
+    // Each refusal once as an Event on the claim and on the pod it is for
+    // (again if it comes back); a pod's claim name taken, on the pod.
     let current: BTreeSet<(String, String)> = plan
         .refusals
         .iter()
+        .chain(&actions.taken)
         .map(|(c, w)| (c.clone(), w.clone()))
         .collect();
     for (claim, why) in current.difference(reported) {
-        warn!(claim = %claim, "IPAMClaim refused: {why}");
         let (ns, name) = claim.split_once('/').unwrap_or(("", claim));
-        let involved = Involved {
+        let events: Api<Event> = Api::namespaced(client.clone(), ns);
+        let message = format!("IPAMClaim {claim}: {why}");
+        let on_pod = pod_of.get(claim).map(|pod| Involved {
+            api_version: "v1",
+            kind: "Pod",
+            namespace: ns.to_string(),
+            name: pod.to_string(),
+        });
+        let on_claim = Involved {
             api_version: "k8s.cni.cncf.io/v1alpha1",
             kind: "IPAMClaim",
             namespace: ns.to_string(),
             name: name.to_string(),
         };
-        let event = writeback::event(
-            &involved,
-            writeback::REASON_REFUSED,
-            &format!("IPAMClaim {claim}: {why}"),
-            "vmpath-controller",
-            &opts.identity,
-        );
-        let events: Api<Event> = Api::namespaced(client.clone(), ns);
-        if let Err(e) = events.create(&PostParams::default(), &event).await {
-            warn!(claim = %claim, "posting an Event: {e}");
-        }
-        // A request from a pod's selection is refused on the pod too.
-        if let Some(r) = selected.get(claim) {
-            let involved = Involved {
-                api_version: "v1",
-                kind: "Pod",
-                namespace: ns.to_string(),
-                name: r.pod.clone(),
-            };
+        let involved = if actions.taken.get(claim) == Some(why) {
+            warn!(claim = %claim, "IPAMClaim not made: {why}");
+            on_pod.into_iter().collect::<Vec<_>>()
+        } else {
+            warn!(claim = %claim, "IPAMClaim refused: {why}");
+            std::iter::once(on_claim).chain(on_pod).collect()
+        };
+        for inv in involved {
             let event = writeback::event(
-                &involved,
+                &inv,
                 writeback::REASON_REFUSED,
-                &format!("IPAMClaim {claim}: {why}"),
+                &message,
                 "vmpath-controller",
                 &opts.identity,
             );
             if let Err(e) = events.create(&PostParams::default(), &event).await {
-                warn!(claim = %claim, pod = %r.pod, "posting an Event: {e}");
+                warn!(claim = %claim, "posting an Event on {} {}: {e}", inv.kind, inv.name);
             }
         }
     }
@@ -503,10 +563,10 @@ async fn round(
 mod tests {
     use super::*;
 
-    fn pod(name: &str, phase: &str, networks: &str) -> Pod {
+    fn pod(name: &str, phase: &str, networks: &str) -> objects::Pod {
         serde_json::from_value(serde_json::json!({
-            "metadata": {"name": name, "namespace": "prod",
-                         "annotations": {NETWORKS_ANNOTATION: networks}},
+            "metadata": {"name": name, "namespace": "prod", "uid": format!("u-{name}"),
+                         "annotations": {objects::NETWORKS_ANNOTATION: networks}},
             "status": {"phase": phase},
         }))
         .unwrap()
@@ -526,7 +586,8 @@ mod tests {
                 "Succeeded",
                 r#"[{"name":"blue","ips":["10.31.0.9/24"],"ipam-claim-reference":"vm9.blue"}]"#,
             ),
-            // No ips, or no claim: nothing asked of the controller.
+            // No ips, or no claim (and no NAD: no claim made): nothing
+            // asked of the controller.
             pod(
                 "plain",
                 "Running",
@@ -534,7 +595,8 @@ mod tests {
             ),
             pod("short", "Running", "prod/blue"),
         ];
-        let r = selection_requests(&pods);
+        let claims = pods::element_claims(&pods, &[], &BTreeSet::new());
+        let r = selection_requests(&claims);
         assert_eq!(r.keys().collect::<Vec<_>>(), ["prod/vm1.blue"], "{r:?}");
         assert_eq!(r["prod/vm1.blue"].ips, ["10.31.0.150/24"]);
         assert_eq!(r["prod/vm1.blue"].pod, "virt-launcher-vm1-x");
