@@ -311,7 +311,13 @@ pub fn run(
         }
         warned_empty = false;
         let mut validated = config::validate(&snap, &opts.node, &accepted);
-        crate::endpoints::keep_claims(&mut validated);
+        // With the Kubernetes source the objects keep addresses (a VMI's
+        // interfaces while it exists, a pod's IPAMClaim while the pod
+        // does): a CNI port kept past its pod would hold an address the
+        // controller released and gave to another pod.
+        if !snap.pod_claims {
+            crate::endpoints::keep_claims(&mut validated);
+        }
         phases.mark("validate");
         let changed = last_fingerprint != Some(snap.fingerprint);
         last_fingerprint = Some(snap.fingerprint);

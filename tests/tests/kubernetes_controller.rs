@@ -501,12 +501,46 @@ fn two_controllers_that_both_lead_never_give_one_address_twice() {
     );
 }
 
+/// A plain pod on a vmpath NAD (Multus's short form: interface `net1`),
+/// as the API server holds it.
+fn web_pod(name: &str, uid: &str, node: &str, selection: &str) -> Value {
+    json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "namespace": "prod", "uid": uid,
+                     "annotations": {"k8s.v1.cni.cncf.io/networks": selection}},
+        "spec": {"nodeName": node},
+        "status": {"phase": "Running"},
+    })
+}
+
+/// The addresses the ledger holds, with their claim and its uid.
+fn ledger_holders(server: &ApiServer) -> BTreeMap<String, (String, String)> {
+    let Some(cm) = server.get(CONFIGMAPS, "vmpath-system", LEDGER) else {
+        return BTreeMap::new();
+    };
+    let ledger: Value = serde_json::from_str(cm["data"]["allocations"].as_str().unwrap()).unwrap();
+    ledger["blue"]
+        .as_object()
+        .into_iter()
+        .flatten()
+        .map(|(ip, h)| {
+            (
+                ip.clone(),
+                (
+                    h["claim"].as_str().unwrap().to_string(),
+                    h["uid"].as_str().unwrap().to_string(),
+                ),
+            )
+        })
+        .collect()
+}
+
 #[test]
-fn a_vm_waits_for_its_claim_until_the_controller_writes_it_then_has_traffic() {
+fn a_vm_and_a_plain_pod_wait_for_their_claims_from_the_controller_then_have_traffic() {
     let mut node = Node::new("kc");
     let server = ApiServer::start(&node.ns.path());
     // The fixtures on this node, the claim without status: KubeVirt made
-    // it, nobody has allocated it yet.
+    // it, nobody has allocated it yet. One subnet for VMs and pods alike.
     let text = format!("{NETWORK}\n---\n{VM}").replace("node-a", &node.name);
     let text = text.replace("status:\n  ips: [10.31.0.11/24]", "");
     // No MAC given anywhere: the agent detects it from the VM's traffic
@@ -520,13 +554,7 @@ fn a_vm_waits_for_its_claim_until_the_controller_writes_it_then_has_traffic() {
             server.put(o);
         }
     }
-    server.put(json!({
-        "apiVersion": "v1", "kind": "Pod",
-        "metadata": {"name": "web-0", "namespace": "prod",
-                     "annotations": {"k8s.v1.cni.cncf.io/networks": "prod/blue"}},
-        "spec": {"nodeName": node.name},
-        "status": {"phase": "Running"},
-    }));
+    server.put(web_pod("web-0", "uid-web-0", &node.name, "prod/blue"));
     // A virt-launcher pod whose VMI is not there: refused, and said so on
     // the pod.
     server.put(json!({
@@ -540,14 +568,14 @@ fn a_vm_waits_for_its_claim_until_the_controller_writes_it_then_has_traffic() {
     }));
     let kubeconfig = server.serve_agent_of(&mut node);
     node.start_agent();
+    // No controller yet: the pod waits for the claim made for it, and
+    // says so on the pod.
     wait_for(
-        "the agent to list the cluster",
+        "the agent's WaitingForIPAMClaim Event on web-0",
         Duration::from_secs(30),
         || {
-            node.status().is_some_and(|s| {
-                s["attachments"]
-                    .as_array()
-                    .is_some_and(|a| a.iter().any(|a| a["vm"] == "web-0"))
+            event_on(&server, "Pod", "web-0", "WaitingForIPAMClaim").is_some_and(|m| {
+                m.contains("waits for IPAMClaim prod/web-0.net1's status.ips: addresses on network \"blue\" are allocated by vmpath controller")
             })
         },
     );
@@ -556,7 +584,7 @@ fn a_vm_waits_for_its_claim_until_the_controller_writes_it_then_has_traffic() {
     let tag = unique_tag();
     let launcher = Netns::new(format!("vt{tag}-launcher"));
     let web = Netns::new(format!("vt{tag}-web"));
-    let call = |pod: &'static str, ifname: &'static str, netns: &Netns, container: &str| {
+    let call = |pod: &str, ifname: &str, netns: &Netns, container: &str| {
         multus::call(
             &node,
             "ADD",
@@ -570,38 +598,35 @@ fn a_vm_waits_for_its_claim_until_the_controller_writes_it_then_has_traffic() {
             },
         )
     };
-    let (ok, result) = call("web-0", "net1", &web, &format!("c{tag}web"));
-    assert!(ok, "ADD of web-0: {result}");
-    let web_ip = result["ips"][0]["address"]
-        .as_str()
-        .unwrap()
-        .split('/')
-        .next()
-        .unwrap()
-        .to_string();
 
-    // No controller yet: the VM's ADD fails after its bound, naming the
-    // claim it waits for; the agent gave the VM no address of its own.
-    let (ok, result) = call(LAUNCHER, LAUNCHER_IFNAME, &launcher, &format!("c{tag}l1"));
-    assert!(!ok, "ADD without the claim's addresses: {result}");
-    assert!(
-        result
-            .to_string()
-            .contains("waits for IPAMClaim prod/vm1.blue's status.ips"),
-        "{result}"
-    );
+    // Both ADDs fail after their bound, naming the claim each waits for;
+    // the agent gave neither an address of its own.
+    let (vm_add, web_add) = std::thread::scope(|s| {
+        let vm = s.spawn(|| call(LAUNCHER, LAUNCHER_IFNAME, &launcher, &format!("c{tag}l1")));
+        let web_add = call("web-0", "net1", &web, &format!("c{tag}w1"));
+        (vm.join().unwrap(), web_add)
+    });
+    for ((ok, result), claim) in [(vm_add, "prod/vm1.blue"), (web_add, "prod/web-0.net1")] {
+        assert!(!ok, "ADD without the claim's addresses: {result}");
+        assert!(
+            result
+                .to_string()
+                .contains(&format!("waits for IPAMClaim {claim}'s status.ips")),
+            "{result}"
+        );
+    }
     let status = node.status().unwrap();
     assert!(
         !status["attachments"]
             .as_array()
             .unwrap()
             .iter()
-            .any(|a| a["vm"] == "vm1"),
+            .any(|a| a["vm"] == "vm1" || a["vm"] == "web-0"),
         "{status}"
     );
 
-    // The controller allocates; the runtime retries the ADD, which now
-    // succeeds, and the VM with the claim's address reaches the pod.
+    // The controller makes the pod's claim (owned by the pod) and
+    // allocates both; the runtime retries the ADDs, which now succeed.
     let _controller = Controller::start(
         &node.ns,
         &kubeconfig,
@@ -609,12 +634,36 @@ fn a_vm_waits_for_its_claim_until_the_controller_writes_it_then_has_traffic() {
         "vmpath-controller",
         &node.state_dir,
     );
-    wait_for("the claim's address", Duration::from_secs(30), || {
-        addresses(&server)
-            .get("vm1.blue")
-            .is_some_and(|ips| !ips.is_empty())
+    wait_for("both claims' addresses", Duration::from_secs(30), || {
+        let a = addresses(&server);
+        ["vm1.blue", "web-0.net1"]
+            .iter()
+            .all(|c| a.get(*c).is_some_and(|ips| !ips.is_empty()))
     });
+    assert_unique(&server);
+    let made = server.get(CLAIMS, "prod", "web-0.net1").unwrap();
+    assert_eq!(
+        made["metadata"]["ownerReferences"],
+        json!([{"apiVersion": "v1", "kind": "Pod", "name": "web-0", "uid": "uid-web-0",
+                "controller": true, "blockOwnerDeletion": false}]),
+        "{made}"
+    );
+    assert_eq!(
+        made["metadata"]["labels"]["vmpath.dev/pod-uid"],
+        "uid-web-0"
+    );
+    assert_eq!(
+        made["spec"],
+        json!({"network": "blue", "interface": "net1"})
+    );
     let vm_ip = addresses(&server)["vm1.blue"][0].clone();
+    let web_ip = addresses(&server)["web-0.net1"][0].clone();
+    let (ok, result) = call("web-0", "net1", &web, &format!("c{tag}w2"));
+    assert!(ok, "ADD of web-0 once its claim has addresses: {result}");
+    assert_eq!(
+        result["ips"][0]["address"], web_ip,
+        "the claim's address: {result}"
+    );
     let (ok, result) = call(LAUNCHER, LAUNCHER_IFNAME, &launcher, &format!("c{tag}l2"));
     assert!(ok, "ADD once the claim has addresses: {result}");
     for cmd in [
@@ -631,11 +680,12 @@ fn a_vm_waits_for_its_claim_until_the_controller_writes_it_then_has_traffic() {
     ] {
         launcher.run(&cmd);
     }
+    let web_addr = web_ip.split('/').next().unwrap().to_string();
+    let vm_addr = vm_ip.split('/').next().unwrap();
     assert!(
-        launcher.ping(&web_ip, 3),
+        launcher.ping(&web_addr, 3),
         "VM vm1 ({vm_ip}) -> pod web-0 ({web_ip})"
     );
-    let vm_addr = vm_ip.split('/').next().unwrap();
     assert!(web.ping(vm_addr, 3), "pod web-0 -> VM vm1");
     wait_for(
         "the detected MAC on the VMI",
@@ -663,6 +713,75 @@ fn a_vm_waits_for_its_claim_until_the_controller_writes_it_then_has_traffic() {
         vm1.is_some_and(|a| a.to_string().contains(vm_addr)),
         "{status}"
     );
+
+    // The pod deleted (no garbage collector here; the runtime's DEL of
+    // its interface): the controller deletes its claim, and the address
+    // leaves the ledger.
+    server.delete("/api/v1/pods", "prod", "web-0");
+    let (ok, result) = multus::call(
+        &node,
+        "DEL",
+        &multus::Call {
+            conf: &conf,
+            pod_namespace: "prod",
+            pod: "web-0",
+            ifname: "net1",
+            netns: &web,
+            container: &format!("c{tag}w2"),
+        },
+    );
+    assert!(ok, "DEL of web-0: {result}");
+    wait_for(
+        "web-0's claim deleted and its address released",
+        Duration::from_secs(20),
+        || {
+            server.get(CLAIMS, "prod", "web-0.net1").is_none()
+                && !ledger_holders(&server).contains_key(&web_addr)
+        },
+    );
+    // Free again: another pod asking for it gets it.
+    let asks = format!(r#"[{{"name":"blue","ips":["{web_ip}"]}}]"#);
+    server.put(web_pod("web-1", "uid-web-1-a", &node.name, &asks));
+    wait_for("web-1 given the address", Duration::from_secs(20), || {
+        addresses(&server).get("web-1.net1") == Some(&vec![web_ip.clone()])
+    });
+    let first = server.get(CLAIMS, "prod", "web-1.net1").unwrap();
+
+    // web-1 deleted and made again at once under its name (a new uid):
+    // the new pod does not take the old claim; the old claim goes, then
+    // the address it held is the new claim's, never both's.
+    server.delete("/api/v1/pods", "prod", "web-1");
+    server.put(web_pod("web-1", "uid-web-1-b", &node.name, &asks));
+    wait_for(
+        "web-1's new claim allocated",
+        Duration::from_secs(20),
+        || {
+            server.get(CLAIMS, "prod", "web-1.net1").is_some_and(|c| {
+                c["metadata"]["labels"]["vmpath.dev/pod-uid"] == "uid-web-1-b"
+                    && c["status"]["ips"] == json!([web_ip])
+            })
+        },
+    );
+    let second = server.get(CLAIMS, "prod", "web-1.net1").unwrap();
+    assert_ne!(second["metadata"]["uid"], first["metadata"]["uid"]);
+    assert_eq!(
+        second["metadata"]["ownerReferences"][0]["uid"],
+        "uid-web-1-b"
+    );
+    assert_eq!(
+        ledger_holders(&server)[&web_addr],
+        (
+            "prod/web-1.net1".to_string(),
+            second["metadata"]["uid"].as_str().unwrap().to_string()
+        )
+    );
+    assert_unique(&server);
+    // The new pod's interface has it, and reaches the VM.
+    let web1 = Netns::new(format!("vt{tag}-web1"));
+    let (ok, result) = call("web-1", "net1", &web1, &format!("c{tag}w3"));
+    assert!(ok, "ADD of the new web-1: {result}");
+    assert_eq!(result["ips"][0]["address"], web_ip, "{result}");
+    assert!(web1.ping(vm_addr, 3), "pod web-1 -> VM vm1");
 }
 
 #[test]

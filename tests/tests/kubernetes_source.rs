@@ -31,10 +31,24 @@ fn objects(node: &str) -> Vec<Value> {
 fn web_pod(name: &str, node: &str) -> Value {
     serde_json::json!({
         "apiVersion": "v1", "kind": "Pod",
-        "metadata": {"name": name, "namespace": "prod",
+        "metadata": {"name": name, "namespace": "prod", "uid": format!("uid-{name}"),
                      "annotations": {"k8s.v1.cni.cncf.io/networks": "prod/blue"}},
         "spec": {"nodeName": node, "containers": [{"name": "web", "image": "busybox"}]},
         "status": {"phase": "Running"},
+    })
+}
+
+/// The IPAMClaim `vmpath controller` makes for a plain pod's interface,
+/// as it is once allocated (no controller runs here).
+fn web_claim(name: &str, ip: &str) -> Value {
+    serde_json::json!({
+        "apiVersion": "k8s.cni.cncf.io/v1alpha1", "kind": "IPAMClaim",
+        "metadata": {"name": format!("{name}.net1"), "namespace": "prod",
+                     "labels": {"vmpath.dev/pod-uid": format!("uid-{name}")},
+                     "ownerReferences": [{"apiVersion": "v1", "kind": "Pod", "name": name,
+                                          "uid": format!("uid-{name}"), "controller": true}]},
+        "spec": {"network": "blue", "interface": "net1"},
+        "status": {"ips": [ip]},
     })
 }
 
@@ -54,6 +68,7 @@ fn the_kubernetes_source_programs_a_vm_relists_on_410_and_outlives_the_api_serve
         server.put(o);
     }
     server.put(web_pod("web-0", &node.name));
+    server.put(web_claim("web-0", "10.31.0.20/24"));
     server.serve_agent_of(&mut node);
     node.start_agent();
     wait_for(
@@ -120,7 +135,10 @@ fn the_kubernetes_source_programs_a_vm_relists_on_410_and_outlives_the_api_serve
     // the watchers resume from a resourceVersion that is gone, get 410,
     // relist, and the pod shows up.
     let pod_lists = server.lists("/api/v1/pods");
-    server.compact_with(vec![web_pod("web-1", &node.name)]);
+    server.compact_with(vec![
+        web_pod("web-1", &node.name),
+        web_claim("web-1", "10.31.0.21/24"),
+    ]);
     wait_for("web-1 after the relist", Duration::from_secs(30), || {
         node.status()
             .is_some_and(|s| attachment(&s, "web-1").is_some())
@@ -197,6 +215,7 @@ fn a_detected_mac_of_another_vm_is_refused_with_an_event_and_disturbs_nothing() 
         server.put(o);
     }
     server.put(web_pod("web-0", &node.name));
+    server.put(web_claim("web-0", "10.31.0.20/24"));
     server.serve_agent_of(&mut node);
     node.start_agent();
     wait_for(

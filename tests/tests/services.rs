@@ -504,10 +504,18 @@ fn a_pod_reaches_a_vm_through_a_service_from_the_api_server() {
     }
     server.put(json!({
         "apiVersion": "v1", "kind": "Pod",
-        "metadata": {"name": "web-0", "namespace": "prod",
+        "metadata": {"name": "web-0", "namespace": "prod", "uid": "uid-web-0",
                      "annotations": {"k8s.v1.cni.cncf.io/networks": "prod/blue"}},
         "spec": {"nodeName": node.name, "containers": [{"name": "web", "image": "busybox"}]},
         "status": {"phase": "Running"},
+    }));
+    // Its IPAMClaim as vmpath controller makes and allocates it.
+    server.put(json!({
+        "apiVersion": "k8s.cni.cncf.io/v1alpha1", "kind": "IPAMClaim",
+        "metadata": {"name": "web-0.net1", "namespace": "prod",
+                     "labels": {"vmpath.dev/pod-uid": "uid-web-0"}},
+        "spec": {"network": "blue", "interface": "net1"},
+        "status": {"ips": ["10.31.0.20/24"]},
     }));
     // As the API server holds them (the EndpointSlice controller wrote
     // the slice from the virt-launcher pod the Service selects).

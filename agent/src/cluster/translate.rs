@@ -691,6 +691,29 @@ pub fn translate(
             format!("no vmpath network of the pod is its interface {ifname:?} (the CNI plugin was called for it on network {:?})", port.network),
         ));
     }
+    // A port whose Pod is not read (yet, or any more): with the
+    // Kubernetes source its addresses on an IPAM network come from a
+    // claim too, never from the agent's IPAM. It waits.
+    if pod_claims {
+        let held: Vec<(String, String, String)> = cni
+            .iter()
+            .filter(|(_, c)| ipam_networks.contains(&c.network))
+            .map(|(k, _)| k.clone())
+            .collect();
+        for k in held {
+            let port = cni.remove(&k).expect("listed above");
+            let (ns, pod, _) = k;
+            t.waiting.push(error(
+                &port.file,
+                format!("Pod {ns}/{pod}"),
+                "",
+                format!(
+                    "waits for Pod {ns}/{pod} to be read, and for its IPAMClaim's status.ips: addresses on network {:?} are allocated by vmpath controller",
+                    port.network
+                ),
+            ));
+        }
+    }
     // CNI ports taken above stand for their pod's interface: their own
     // Attachment documents go.
     let remaining: BTreeSet<PathBuf> = cni.values().map(|c| c.file.clone()).collect();
@@ -1875,6 +1898,22 @@ status: {{ips: [{ips}]}}
         assert_eq!(
             cfg.attachments[0].ips,
             ["10.31.0.9/24".parse::<ipnet::IpNet>().unwrap()]
+        );
+        // A port whose Pod is not read: it waits too.
+        let mut snap = Snapshot {
+            pod_claims: true,
+            ..Default::default()
+        };
+        snap.documents.extend(docs("network.yaml", NETWORK));
+        snap.documents.push(cni_port("web-9", "net1", "vmp79"));
+        let cfg = config::validate(&snap, "node-a", &BTreeSet::new());
+        assert!(cfg.attachments.is_empty(), "{:#?}", cfg.attachments);
+        assert!(
+            cfg.warnings
+                .iter()
+                .any(|w| w.message.starts_with("waits for Pod prod/web-9 to be read")),
+            "{:#?}",
+            cfg.warnings
         );
         // Config files (no controller): the agent serves it as before.
         let cfg = run(false, None);
