@@ -356,10 +356,18 @@ async fn round(
     // without its pod. Every pod: plain pods' claims are made and
     // deleted here, and selections' `ips` are static requests.
     let pods_api: Api<Pod> = Api::all(client.clone());
-    let pods: Vec<objects::Pod> = pods_api
-        .list(&lp)
-        .await?
-        .items
+    let listed_pods = pods_api.list(&lp).await?.items;
+    // Read from the listed pods themselves: a pod whose fields do not
+    // read as vmpath's form still keeps its claims.
+    let running: BTreeSet<String> = listed_pods
+        .iter()
+        .filter(|p| {
+            let phase = p.status.as_ref().and_then(|s| s.phase.as_deref());
+            !matches!(phase, Some("Succeeded") | Some("Failed"))
+        })
+        .filter_map(|p| p.metadata.uid.clone())
+        .collect();
+    let pods: Vec<objects::Pod> = listed_pods
         .iter()
         .filter_map(|p| serde_json::from_value(serde_json::to_value(p).ok()?).ok())
         .collect();
@@ -369,11 +377,6 @@ async fn round(
         .map(|n| n.name.clone())
         .collect();
     let element_claims = pods::element_claims(&pods, &nads, &ipam_networks);
-    let running: BTreeSet<String> = pods
-        .iter()
-        .filter(|p| !p.finished())
-        .filter_map(|p| p.metadata.uid.clone())
-        .collect();
     let actions = pods::reconcile(
         &element_claims,
         &listed.iter().map(listed_claim).collect::<Vec<_>>(),
