@@ -4,8 +4,10 @@
 //! hands out in a ledger ConfigMap written conditionally on its
 //! resourceVersion ([`allocate`]): two controllers racing, a leader
 //! killed mid-round or an API server restart never give one address to
-//! two claims. An address is released when its claim is gone (Kubernetes'
-//! garbage collector deletes a claim with its owner, the VirtualMachine).
+//! two claims. Plain pods' interfaces get claims made here ([`pods`]).
+//! An address is released when its claim is gone (Kubernetes' garbage
+//! collector deletes a claim with its owner, the VirtualMachine or the
+//! pod; a pod's claim is also deleted here).
 
 pub mod allocate;
 pub mod lease;
