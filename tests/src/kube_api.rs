@@ -81,7 +81,7 @@ struct State {
     race: Option<(String, Racer)>,
 }
 
-/// See [`ApiServer::race_next_put`].
+/// See [`ApiServer::race_next_write`].
 pub type Racer = Box<dyn FnOnce(&Value) -> Vec<Value> + Send>;
 
 impl State {
@@ -266,16 +266,16 @@ impl ApiServer {
         gone
     }
 
-    /// Lets another writer get in first, once: when the next PUT to
-    /// `collection` arrives, `racer` is given its body and the objects it
-    /// returns are stored (new resourceVersions) before the PUT is served,
+    /// Lets another writer get in first, once: when the next PUT or POST
+    /// to `collection` arrives, `racer` is given its body and the objects it
+    /// returns are stored (new resourceVersions) before the write is served,
     /// as if they had been written a moment earlier by someone else.
-    pub fn race_next_put(&self, collection: &str, racer: Racer) {
+    pub fn race_next_write(&self, collection: &str, racer: Racer) {
         let mut st = self.shared.state.lock().unwrap();
         st.race = Some((collection.to_string(), racer));
     }
 
-    /// Whether the racer set by [`ApiServer::race_next_put`] has run.
+    /// Whether the racer set by [`ApiServer::race_next_write`] has run.
     pub fn raced(&self) -> bool {
         self.shared.state.lock().unwrap().race.is_none()
     }
@@ -759,6 +759,9 @@ fn merge(target: &mut Value, patch: &Value) {
 }
 
 /// One write (or a `GET` of one object): the status code and the body.
+/// A ConfigMap's data limit (core/v1 validation, `MaxSecretSize`).
+const CONFIGMAP_MAX_BYTES: usize = 1 << 20;
+
 fn write(
     shared: &Shared,
     method: &str,
@@ -774,8 +777,22 @@ fn write(
     let Ok(body) = parsed else {
         return (400, status(400, "BadRequest", "the body is not JSON"));
     };
+    // As the API server validates a ConfigMap: its data at most 1 MiB.
+    if target.collection.ends_with("/configmaps") && matches!(method, "POST" | "PUT") {
+        let size: usize = body["data"]
+            .as_object()
+            .map(|d| d.values().filter_map(Value::as_str).map(str::len).sum())
+            .unwrap_or(0);
+        if size > CONFIGMAP_MAX_BYTES {
+            let name = body["metadata"]["name"].as_str().unwrap_or("");
+            let message = format!(
+                "ConfigMap {name:?} is invalid: []: Too long: must have at most {CONFIGMAP_MAX_BYTES} bytes"
+            );
+            return (422, status(422, "Invalid", &message));
+        }
+    }
     let mut st = shared.state.lock().unwrap();
-    if method == "PUT"
+    if matches!(method, "PUT" | "POST")
         && st
             .race
             .as_ref()

@@ -24,6 +24,29 @@ const LEASES: &str = "/apis/coordination.k8s.io/v1/leases";
 const CONFIGMAPS: &str = "/api/v1/configmaps";
 const LEDGER: &str = "vmpath-ipam-ledger";
 
+/// The controller's ledger, its shards (`vmpath-ipam-ledger`,
+/// `vmpath-ipam-ledger-<k>`) merged: network -> address -> holder.
+fn ledger(server: &ApiServer) -> Value {
+    let mut out = serde_json::Map::new();
+    for cm in server.objects(CONFIGMAPS) {
+        let name = cm["metadata"]["name"].as_str().unwrap_or("");
+        if cm["metadata"]["namespace"] != "vmpath-system"
+            || !(name == LEDGER || name.starts_with(&format!("{LEDGER}-")))
+        {
+            continue;
+        }
+        let shard: Value =
+            serde_json::from_str(cm["data"]["allocations"].as_str().unwrap()).unwrap();
+        for (network, held) in shard.as_object().unwrap() {
+            let into = out.entry(network.clone()).or_insert_with(|| json!({}));
+            for (ip, holder) in held.as_object().unwrap() {
+                into[ip] = holder.clone();
+            }
+        }
+    }
+    Value::Object(out)
+}
+
 /// The fixture's Network (10.31.0.0/24, gateway .1, IPAM) and its NAD.
 fn network_objects() -> Vec<Value> {
     let mut out = vmpath::config::source::parse(NETWORK.as_bytes()).unwrap();
@@ -250,10 +273,11 @@ fn two_controllers_one_leader_every_claim_allocated_once() {
     b.server.put(asks);
     // A leader that died between writing the ledger and the claim left
     // this: the claim gets that address, nobody else does.
-    let ledger = json!({"blue": {"10.31.0.200": {"claim": "prod/vm7.blue", "uid": "uid-vm7", "ip": "10.31.0.200/24"}}});
+    // (In one ConfigMap, as an unsharded ledger kept everything.)
+    let cut_short = json!({"blue": {"10.31.0.200": {"claim": "prod/vm7.blue", "uid": "uid-vm7", "ip": "10.31.0.200/24"}}});
     b.server.put(json!({"apiVersion": "v1", "kind": "ConfigMap",
         "metadata": {"name": LEDGER, "namespace": "vmpath-system"},
-        "data": {"allocations": ledger.to_string()}}));
+        "data": {"allocations": cut_short.to_string()}}));
 
     let c1 = Controller::start(&b.ns, &b.kubeconfig, "c1", "vmpath-controller", &b.dir);
     let c2 = Controller::start(&b.ns, &b.kubeconfig, "c2", "vmpath-controller", &b.dir);
@@ -391,11 +415,7 @@ fn two_controllers_one_leader_every_claim_allocated_once() {
         .to_string();
     b.server.delete(CLAIMS, "prod", "vm3.blue");
     wait_for("vm3's address released", Duration::from_secs(20), || {
-        let cm = b.server.get(CONFIGMAPS, "vmpath-system", LEDGER).unwrap();
-        !cm["data"]["allocations"]
-            .as_str()
-            .unwrap()
-            .contains(&format!("\"{gone}\""))
+        ledger(&b.server)["blue"].get(&gone).is_none()
     });
 }
 
@@ -491,10 +511,7 @@ fn two_controllers_that_both_lead_never_give_one_address_twice() {
             panic!("{ip} is in both {other} and {claim}");
         }
     }
-    let ledger = b.server.get(CONFIGMAPS, "vmpath-system", LEDGER).unwrap();
-    let held: Value =
-        serde_json::from_str(ledger["data"]["allocations"].as_str().unwrap()).unwrap();
-    assert_eq!(held["tiny"].as_object().unwrap().len(), 60);
+    assert_eq!(ledger(&b.server)["tiny"].as_object().unwrap().len(), 60);
     eprintln!(
         "ledger writes refused with 409 (the other leader wrote first): {}",
         b.server.conflicts(CONFIGMAPS)
@@ -515,11 +532,7 @@ fn web_pod(name: &str, uid: &str, node: &str, selection: &str) -> Value {
 
 /// The addresses the ledger holds, with their claim and its uid.
 fn ledger_holders(server: &ApiServer) -> BTreeMap<String, (String, String)> {
-    let Some(cm) = server.get(CONFIGMAPS, "vmpath-system", LEDGER) else {
-        return BTreeMap::new();
-    };
-    let ledger: Value = serde_json::from_str(cm["data"]["allocations"].as_str().unwrap()).unwrap();
-    ledger["blue"]
+    ledger(server)["blue"]
         .as_object()
         .into_iter()
         .flatten()
@@ -795,7 +808,7 @@ fn a_ledger_write_that_lost_the_race_writes_no_address() {
     // write: it gives the address the controller planned for x.blue to
     // its own claim, ledger and claim status both. The controller's write
     // is stale (409) and nothing of its plan may be written.
-    b.server.race_next_put(
+    b.server.race_next_write(
         CONFIGMAPS,
         Box::new(|body: &Value| {
             let mut ledger: Value =

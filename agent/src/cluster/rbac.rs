@@ -63,10 +63,10 @@ pub const CONTROLLER: &[Rule] = &[
     ("", "pods", &["list"]),
 ];
 
-/// `vmpath controller`, in its own namespace: the Lease and the ledger
-/// ConfigMap.
+/// `vmpath controller`, in its own namespace: the Lease and the ledger's
+/// ConfigMaps (listed each round).
 pub const CONTROLLER_NAMESPACED: &[Rule] = &[
-    ("", "configmaps", &["get", "create", "update"]),
+    ("", "configmaps", &["list", "create", "update"]),
     (
         "coordination.k8s.io",
         "leases",

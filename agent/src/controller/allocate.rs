@@ -173,6 +173,10 @@ pub fn plan(
                     out.refusals.insert(key, why);
                 }
                 None => {
+                    // Anything else the ledger names this claim for (two
+                    // writers that each gave it an address in another
+                    // shard) is released: the claim says what it has.
+                    held.retain(|addr, h| !is_mine(h) || taken.iter().any(|t| t.addr() == *addr));
                     for ip in &taken {
                         held.insert(
                             ip.addr(),
@@ -193,7 +197,18 @@ pub fn plan(
         }
         // A round cut short after the ledger was written: its addresses
         // are this claim's already.
-        let mut ips: Vec<IpNet> = held.values().filter(|h| is_mine(h)).map(|h| h.ip).collect();
+        // One per family; another (two writers each gave it one, in
+        // different shards) is released.
+        let mut ips: Vec<IpNet> = Vec::new();
+        for ip in held.values().filter(|h| is_mine(h)).map(|h| h.ip) {
+            if !ips
+                .iter()
+                .any(|i| i.addr().is_ipv6() == ip.addr().is_ipv6())
+            {
+                ips.push(ip);
+            }
+        }
+        held.retain(|addr, h| !is_mine(h) || ips.iter().any(|i| i.addr() == *addr));
         for v6 in [false, true] {
             if ips.iter().any(|ip| ip.addr().is_ipv6() == v6) {
                 continue;
@@ -344,5 +359,34 @@ mod tests {
             &[("prod/a".into(), "u-a".into())],
         );
         assert!(released.ledger.is_empty());
+    }
+
+    #[test]
+    fn a_claim_the_ledger_names_twice_keeps_one_address_and_the_other_is_released() {
+        let nets = network(BLUE);
+        // Two writers, each in a shard of its own, gave claim a an address.
+        let holder = |ip: &str| Holder {
+            claim: "prod/a".into(),
+            uid: "u-a".into(),
+            ip: ip.parse().unwrap(),
+        };
+        let twice: Ledger = BTreeMap::from([(
+            "blue".to_string(),
+            BTreeMap::from([
+                ("10.9.0.4".parse().unwrap(), holder("10.9.0.4/29")),
+                ("10.9.0.6".parse().unwrap(), holder("10.9.0.6/29")),
+            ]),
+        )]);
+        // Before its status is written: one of them, the other released.
+        let unwritten = plan(&nets, &[claim("a", &[])], &twice, &[]);
+        assert_eq!(unwritten.statuses["prod/a"], ["10.9.0.4/29"]);
+        assert_eq!(unwritten.ledger["blue"].len(), 1, "{unwritten:?}");
+        // After: what its status says, the other released.
+        let written = plan(&nets, &[claim("a", &["10.9.0.6/29"])], &twice, &[]);
+        let kept: Vec<_> = written.ledger["blue"]
+            .keys()
+            .map(ToString::to_string)
+            .collect();
+        assert_eq!(kept, ["10.9.0.6"], "{written:?}");
     }
 }

@@ -11,6 +11,7 @@
 
 pub mod allocate;
 pub mod lease;
+pub mod ledger;
 pub mod pods;
 
 use std::{
@@ -43,8 +44,7 @@ use crate::{
     },
 };
 
-/// The ledger ConfigMap's key holding the JSON ledger.
-pub const LEDGER_KEY: &str = "allocations";
+pub use ledger::LEDGER_KEY;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ControllerError {
@@ -341,18 +341,13 @@ async fn round(
     // Claims before the ledger: an entry for a claim made since is kept
     // (it is released only when the claim is confirmed gone).
     let mut listed = claims_api.list(&lp).await?.items;
-    let ledger_cm = ledger_api.get_opt(&opts.ledger_name).await?;
-    let ledger: allocate::Ledger = match ledger_cm
-        .as_ref()
-        .and_then(|cm| cm.data.as_ref())
-        .and_then(|d| d.get(LEDGER_KEY))
-    {
-        Some(text) => serde_json::from_str(text).map_err(|e| ControllerError::Ledger {
-            name: opts.ledger_name.clone(),
-            message: format!("{LEDGER_KEY} is not a ledger: {e}"),
-        })?,
-        None => allocate::Ledger::new(),
-    };
+    let stored =
+        ledger::Stored::from_configmaps(&opts.ledger_name, ledger_api.list(&lp).await?.items)
+            .map_err(|message| ControllerError::Ledger {
+                name: opts.ledger_name.clone(),
+                message,
+            })?;
+    let ledger = stored.ledger();
 
     // Pods after the claims: a claim made for a pod is never seen
     // without its pod. Every pod: plain pods' claims are made and
@@ -508,32 +503,35 @@ async fn round(
         }
     }
     *reported = current;
-    if plan.ledger != ledger || ledger_cm.is_none() {
-        let text = serde_json::to_string(&plan.ledger).expect("a ledger serializes");
-        let mut cm = ledger_cm.clone().unwrap_or_else(|| ConfigMap {
-            metadata: ObjectMeta {
-                name: Some(opts.ledger_name.clone()),
+    let writes = stored.writes(&plan.ledger);
+    if !writes.is_empty() {
+        for (k, read, text) in writes {
+            let name = ledger::shard_name(&opts.ledger_name, k);
+            let mut cm = read.cloned().unwrap_or_else(|| ConfigMap {
+                metadata: ObjectMeta {
+                    name: Some(name.clone()),
+                    ..Default::default()
+                },
                 ..Default::default()
-            },
-            ..Default::default()
-        });
-        cm.data = Some(BTreeMap::from([(LEDGER_KEY.to_string(), text)]));
-        let written = if ledger_cm.is_some() {
-            ledger_api
-                .replace(&opts.ledger_name, &PostParams::default(), &cm)
-                .await
-        } else {
-            ledger_api.create(&PostParams::default(), &cm).await
-        };
-        match written {
-            Ok(_) => {}
-            // Another writer got there first: nothing of this plan is
-            // written; the next round starts from what it wrote.
-            Err(kube::Error::Api(s)) if s.is_conflict() || s.is_already_exists() => {
-                info!("the ledger changed under this round; starting over");
-                return Ok(());
+            });
+            cm.data = Some(BTreeMap::from([(LEDGER_KEY.to_string(), text)]));
+            let written = if read.is_some() {
+                ledger_api.replace(&name, &PostParams::default(), &cm).await
+            } else {
+                ledger_api.create(&PostParams::default(), &cm).await
+            };
+            match written {
+                Ok(_) => {}
+                // Another writer got there first: no status of this plan
+                // is written; the next round starts from what it wrote
+                // (shards this round did write only hold addresses for
+                // claims that get them next round, or release them).
+                Err(kube::Error::Api(s)) if s.is_conflict() || s.is_already_exists() => {
+                    info!(shard = %name, "the ledger changed under this round; starting over");
+                    return Ok(());
+                }
+                Err(e) => return Err(e.into()),
             }
-            Err(e) => return Err(e.into()),
         }
         for (claim, uid) in &gone {
             info!(claim = %claim, uid = %uid, "IPAMClaim gone: its addresses are released");

@@ -224,7 +224,9 @@ const CLAIMS: &str = "/apis/k8s.cni.cncf.io/v1alpha1/ipamclaims";
 fn new_claim(i: usize) -> Value {
     serde_json::json!({
         "apiVersion": "k8s.cni.cncf.io/v1alpha1", "kind": "IPAMClaim",
-        "metadata": {"name": format!("c{i}.blue"), "namespace": "prod", "uid": format!("uid-c{i}")},
+        // A UUID as the API server gives (the ledger's size depends on it).
+        "metadata": {"name": format!("c{i}.blue"), "namespace": "prod",
+                     "uid": format!("5f0c7a3e-9b1d-4e2a-8c6f-{i:012}")},
         "spec": {"network": "blue", "interface": POD_IFNAME},
     })
 }

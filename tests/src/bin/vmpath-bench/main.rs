@@ -259,7 +259,7 @@ fn run() -> Result<()> {
                 claims: if args.quick {
                     vec![100]
                 } else {
-                    vec![100, 1_000]
+                    vec![100, 1_000, 10_000]
                 },
             })
         });
