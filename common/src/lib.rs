@@ -639,7 +639,15 @@ pub mod drop_reason {
     /// the client got a TCP reset or an ICMP port unreachable instead,
     /// as kube-proxy rejects.
     pub const SERVICE_NO_BACKEND: u32 = 39;
-    pub const COUNT: u32 = 40;
+    /// IPv6 with more extension headers before the transport header than
+    /// the data path walks (4): what it carries is not known, so neither
+    /// the guards nor SNAT can judge it.
+    pub const EXT_HEADER_CHAIN: u32 = 40;
+    /// SNAT: a non-first IPv6 fragment. It carries no ports; translating
+    /// it would take reassembly state SNAT does not keep (the first
+    /// fragment is translated, the datagram does not get through whole).
+    pub const SNAT_FRAGMENT: u32 = 41;
+    pub const COUNT: u32 = 42;
 
     /// Names as shown in metrics and the CLI, indexed by reason.
     pub const NAMES: [&str; COUNT as usize] = [
@@ -683,6 +691,8 @@ pub mod drop_reason {
         "policy_denied_ingress",
         "policy_denied_egress",
         "service_no_backend",
+        "ext_header_chain",
+        "snat_fragment",
     ];
 }
 

@@ -3,8 +3,16 @@
 //! SNAT address (`SnatConfig::addr6`) and a port (or echo identifier) from
 //! the same reserved range; replies on the uplink are translated back.
 //! The flow tables, quota and inbound-flow record are the IPv4 ones'
-//! twins, keyed by `NatKey6`. Only frames whose transport header follows
-//! the fixed header are translated (no extension headers).
+//! twins, keyed by `NatKey6`. The transport header is found past up to
+//! four extension headers (`spoof::upper_layer6`, the walker the guards
+//! use): hop-by-hop, routing and destination options are carried through
+//! untouched (none is covered by the transport checksum), a first
+//! fragment is translated by its ports. A non-first fragment carries no
+//! ports and is dropped on the way out (`snat_fragment`): translating it
+//! would take reassembly state (fragment ID -> flow) SNAT does not keep,
+//! so a datagram the VM fragments does not get through. On the way back
+//! such a fragment goes to the host stack, as anything that is not a
+//! known flow: the SNAT address is the node's own.
 //!
 //! IPv6 has no header checksum; the transport checksum (ICMPv6's too)
 //! covers the pseudo header, so an address change is four 32-bit
@@ -31,12 +39,11 @@ use crate::{
         L4, PROBES, SNAT_CONFIG, TCP_FIN, TCP_RST, TOUCH_GRANULARITY_NS, inbound_live,
         inbound_ports, l4, new_inbound, refresh_inbound, rewrite_port, to_port,
     },
+    spoof::{IPPROTO_FRAGMENT, upper_layer6},
 };
 
 const IP6_SRC_OFF: usize = ETH_LEN + offset_of!(Ipv6Hdr, src_addr);
 const IP6_DST_OFF: usize = ETH_LEN + offset_of!(Ipv6Hdr, dst_addr);
-/// Where the transport header starts: right after the fixed header.
-pub const L4_OFF: usize = ETH_LEN + Ipv6Hdr::LEN;
 const NO_ADDR: [u8; 16] = [0; 16];
 
 /// The VM's tuple -> the translated source (address, port).
@@ -135,11 +142,15 @@ fn inbound_reply6(cfg: &SnatConfig, key: &NatKey6, now: u64, tcp_flags: u8) -> b
 /// twin).
 #[inline(always)]
 pub fn track_inbound6(ctx: &TcContext) -> Result<(), u32> {
-    let ip = hdr::<Ipv6Hdr>(ctx, ETH_LEN)?;
-    let proto = ip.next_hdr;
-    let Some((vm_port, remote_port, tcp_flags)) = inbound_ports(ctx, proto, L4_OFF)? else {
+    // A chain too long to walk is delivered untracked: its reply is judged
+    // (and dropped) on the way out.
+    let Ok((proto, l4_off)) = upper_layer6(ctx, hdr::<Ipv6Hdr>(ctx, ETH_LEN)?.next_hdr) else {
         return Ok(());
     };
+    let Some((vm_port, remote_port, tcp_flags)) = inbound_ports(ctx, proto, l4_off)? else {
+        return Ok(());
+    };
+    let ip = hdr::<Ipv6Hdr>(ctx, ETH_LEN)?;
     let mut slot = MaybeUninit::uninit();
     // Straight from the header: addresses held in locals are spilled byte
     // by byte (alignment 1), beyond the stack the programs have.
@@ -175,11 +186,13 @@ pub fn egress6(
     let Some(cfg) = SNAT_CONFIG.get(0) else {
         return Err(drop_reason::SNAT_NO_ADDRESS);
     };
-    let ip = hdr::<Ipv6Hdr>(ctx, ETH_LEN)?;
-    let proto = ip.next_hdr;
+    let (proto, l4_off) = upper_layer6(ctx, hdr::<Ipv6Hdr>(ctx, ETH_LEN)?.next_hdr)?;
+    if proto == IPPROTO_FRAGMENT {
+        return Err(drop_reason::SNAT_FRAGMENT);
+    }
     let ingress = net.flags & NET_F_INGRESS != 0;
-    // Extension headers (a fragment header among them) are refused here.
-    let l4 = l4(ctx, proto, L4_OFF, true, ingress)?;
+    let l4 = l4(ctx, proto, l4_off, true, ingress)?;
+    let ip = hdr::<Ipv6Hdr>(ctx, ETH_LEN)?;
     let mut key_slot = MaybeUninit::uninit();
     // The addresses straight from the header into the key, and used from
     // there (see `track_inbound6`).
@@ -368,16 +381,21 @@ pub fn ingress6(ctx: &TcContext) -> Result<Option<i32>, u32> {
         return Ok(None);
     };
     let ip = hdr::<Ipv6Hdr>(ctx, ETH_LEN)?;
-    let (proto, hop) = (ip.next_hdr, ip.hop_limit);
+    let (next_hdr, hop) = (ip.next_hdr, ip.hop_limit);
     if addr16_eq(&cfg.addr6, &NO_ADDR) || !addr16_eq(&ip.dst_addr, &cfg.addr6) {
         return Ok(None);
     }
+    // A chain too long to walk, or a later fragment: not ours to judge
+    // (the address is the node's own), the host stack's.
+    let Ok((proto, l4_off)) = upper_layer6(ctx, next_hdr) else {
+        return Ok(None);
+    };
     if proto == IPPROTO_ICMPV6 {
-        if let Some(action) = crate::snat_icmp::ingress6(ctx, cfg, L4_OFF)? {
+        if let Some(action) = crate::snat_icmp::ingress6(ctx, cfg, l4_off)? {
             return Ok(Some(action));
         }
     }
-    let Ok(l4) = l4(ctx, proto, L4_OFF, false, false) else {
+    let Ok(l4) = l4(ctx, proto, l4_off, false, false) else {
         return Ok(None);
     };
     // Taken again after the ICMP error path's reads; the addresses go

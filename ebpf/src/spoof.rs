@@ -94,7 +94,9 @@ pub fn remote_owns_nd_target(network: u32, target: &[u8; 16], mac: &[u8; 6]) -> 
 
 /// What an IPv6 packet carries and where: the upper-layer protocol and its
 /// offset past hop-by-hop, routing, destination options and fragment
-/// headers (a later fragment: `IPPROTO_FRAGMENT`, it carries no header).
+/// headers (a later fragment: `IPPROTO_FRAGMENT`, it carries no header;
+/// a first one: what follows, its ports are there). More than
+/// `MAX_EXT_HEADERS` extension headers: `EXT_HEADER_CHAIN`.
 #[inline(always)]
 pub fn upper_layer6(ctx: &TcContext, next_hdr: u8) -> Result<(u8, usize), u32> {
     let mut proto = next_hdr;
@@ -122,7 +124,7 @@ pub fn upper_layer6(ctx: &TcContext, next_hdr: u8) -> Result<(u8, usize), u32> {
         || proto == IPPROTO_DSTOPTS
         || proto == IPPROTO_FRAGMENT
     {
-        return Err(drop_reason::MALFORMED);
+        return Err(drop_reason::EXT_HEADER_CHAIN);
     }
     Ok((proto, off))
 }

@@ -1553,6 +1553,22 @@ fn port_security() {
         &[],
     );
     let hbh_udp = |src: Ip6| udp6_with(A.mac(), B.mac(), v6_router_alert(src, B.ip6(), 64), 1, 2);
+    // `hbh_udp` from A's own address with `n` destination options headers
+    // (8 bytes each, PadN) between the hop-by-hop header and UDP.
+    let hbh_dstopts_udp = |n: usize| {
+        let f = hbh_udp(A.ip6());
+        let l4 = OFF_L4_6 + 8;
+        let mut v = f[..l4].to_vec();
+        v[OFF_L4_6] = 60;
+        let plen = u16::from_be_bytes([v[18], v[19]]) + 8 * n as u16;
+        v[18..20].copy_from_slice(&plen.to_be_bytes());
+        for i in 0..n {
+            let next = if i + 1 == n { 17 } else { 60 };
+            v.extend_from_slice(&[next, 0, 1, 4, 0, 0, 0, 0]);
+        }
+        v.extend_from_slice(&f[l4..]);
+        v
+    };
     let vlan = |vid: u16, dmac: Mac, src: Ip4, dst: Ip4| {
         udp4_vlan(A.mac(), dmac, vid, ipv4_hdr(src, dst, 64), 5000)
     };
@@ -1650,6 +1666,12 @@ fn port_security() {
         case("IPv6 own source, hop-by-hop then UDP -> forwarded", A, FILTERS,
             hbh_udp(A.ip6()),
             Forward(&[B])),
+        case("IPv6 own source, hop-by-hop and three destination options then UDP (4 headers) -> forwarded", A, FILTERS,
+            hbh_dstopts_udp(3),
+            Forward(&[B])),
+        case("IPv6 own source, hop-by-hop and four destination options then UDP (5 headers) -> EXT_HEADER_CHAIN", A, FILTERS,
+            hbh_dstopts_udp(4),
+            Dropped(EXT_HEADER_CHAIN)),
         case("IPv6 :: source with UDP -> IP_SPOOF", A, FILTERS,
             udp6_from(A.mac(), UNSPEC6, B.ip6()),
             Dropped(IP_SPOOF)),

@@ -374,16 +374,26 @@ fn checked(frame: &[u8]) -> Seen {
     }
 }
 
-/// `checked` for IPv6 (no extension headers): the transport checksum,
-/// ICMPv6's too, over the pseudo header.
+/// `checked` for IPv6: the transport checksum, ICMPv6's too, over the
+/// pseudo header, past hop-by-hop, destination options and fragment
+/// headers (a first fragment here carries its whole datagram).
 fn checked6(frame: &[u8]) -> Seen {
     let ip = &frame[14..];
     let plen = usize::from(u16::from_be_bytes([ip[4], ip[5]]));
-    let proto = ip[6];
-    let l4 = &ip[40..40 + plen];
+    let (mut proto, mut off) = (ip[6], 40);
+    while matches!(proto, 0 | 60 | 44) {
+        let len = if proto == 44 {
+            8
+        } else {
+            (usize::from(ip[off + 1]) + 1) * 8
+        };
+        proto = ip[off];
+        off += len;
+    }
+    let l4 = &ip[off..40 + plen];
     let mut pseudo = Vec::new();
     pseudo.extend_from_slice(&ip[8..40]);
-    pseudo.extend_from_slice(&(plen as u32).to_be_bytes());
+    pseudo.extend_from_slice(&(l4.len() as u32).to_be_bytes());
     pseudo.extend_from_slice(&[0, 0, 0, proto]);
     assert_eq!(
         fold(sum16(l4, sum16(&pseudo, 0))),
@@ -1641,6 +1651,28 @@ fn snat6_translates_outbound_flows_and_leaves_replies_of_inbound_ones_unnated() 
             Expect::Unnated { sport: 53 },
         ),
         row(
+            "external host sends UDP with a destination options header -> delivered",
+            Uplink,
+            |_| {
+                with_ext6(
+                    &udp6(TOR_MAC, UPLINK_MAC, EXT6, VM6, 7100, 54),
+                    &[DSTOPTS],
+                    0,
+                )
+            },
+            Expect::Delivered {
+                dst: &VM6,
+                dport: 54,
+                mac: VM_MAC,
+            },
+        ),
+        row(
+            "the VM's answer, its header too -> un-NATed (the flow was recorded past it)",
+            Egress,
+            |_| with_ext6(&udp6(VM_MAC, GW_MAC, VM6, EXT6, 54, 7100), &[DSTOPTS], 0),
+            Expect::Unnated { sport: 54 },
+        ),
+        row(
             "the VM opens TCP to the outside -> SNATed to the node's IPv6 address",
             Egress,
             |_| tcp6(VM_MAC, GW_MAC, VM6, EXT6, 33000, 443),
@@ -1725,6 +1757,7 @@ fn snat6_translates_outbound_flows_and_leaves_replies_of_inbound_ones_unnated() 
             NatKey6::new(&VM6, &EXT6, 22, 5000, 6),
             NatKey6::new(&VM6, &EXT6, 0x66, 0x66, 58),
             NatKey6::new(&VM6, &EXT6, 53, 7000, 17),
+            NatKey6::new(&VM6, &EXT6, 54, 7100, 17),
         ] {
             assert!(keys.contains(&want), "{want:?} not recorded: {keys:?}");
         }
@@ -1844,5 +1877,209 @@ fn snat6_icmpv6_errors_are_translated_back_to_the_vm() {
         stranger[14 + 40 + 4] ^= 0xff;
         let (v, _) = fx.ingress(&icmp6_error(router, 3, 0, &stranger, 48));
         assert_eq!(v, 0, "unknown flow: TC_ACT_OK to the host stack");
+    });
+}
+
+// --- IPv6 extension headers on SNAT -----------------------------------------
+
+const HOPOPTS: u8 = 0;
+const FRAGMENT: u8 = 44;
+const DSTOPTS: u8 = 60;
+
+/// `frame` (Ethernet + IPv6 + transport) with `exts` inserted after the
+/// fixed header, in order: hop-by-hop and destination options as 8 bytes
+/// (a PadN option), a fragment header with `frag` (offset in 8-byte
+/// units << 3 | M) and identification 0x1234. None is covered by the
+/// transport checksum, which stays valid.
+fn with_ext6(frame: &[u8], exts: &[u8], frag: u16) -> Vec<u8> {
+    let ip = &frame[14..54];
+    let upper = ip[6];
+    let mut hdrs = Vec::new();
+    for (i, &t) in exts.iter().enumerate() {
+        let next = exts.get(i + 1).copied().unwrap_or(upper);
+        if t == FRAGMENT {
+            let f = frag.to_be_bytes();
+            hdrs.extend_from_slice(&[next, 0, f[0], f[1], 0, 0, 0x12, 0x34]);
+        } else {
+            hdrs.extend_from_slice(&[next, 0, 1, 4, 0, 0, 0, 0]);
+        }
+    }
+    let mut v = frame[..54].to_vec();
+    v[14 + 6] = exts[0];
+    let plen = u16::from_be_bytes([v[18], v[19]]) + hdrs.len() as u16;
+    v[18..20].copy_from_slice(&plen.to_be_bytes());
+    v.extend_from_slice(&hdrs);
+    v.extend_from_slice(&frame[54..]);
+    v
+}
+
+/// The VM's UDP 5555 -> 53 with a destination options header.
+fn vm_udp6_dstopts(_: u16) -> Vec<u8> {
+    with_ext6(&udp6(VM_MAC, GW_MAC, VM6, EXT6, 5555, 53), &[DSTOPTS], 0)
+}
+
+#[test]
+fn snat6_walks_extension_headers_and_drops_later_fragments_with_a_reason() {
+    use Hook::*;
+    let rows = [
+        row(
+            "the VM sends UDP with a destination options header -> SNATed, header kept",
+            Egress,
+            vm_udp6_dstopts,
+            Expect::Snated { slot: 0 },
+        ),
+        Row {
+            reply_to: Some(0),
+            ..row(
+                "its answer with a destination options header -> de-NATed into the VM",
+                Uplink,
+                |p| {
+                    with_ext6(
+                        &udp6(TOR_MAC, UPLINK_MAC, EXT6, NODE6, 53, p),
+                        &[DSTOPTS],
+                        0,
+                    )
+                },
+                Expect::Delivered {
+                    dst: &VM6,
+                    dport: 5555,
+                    mac: VM_MAC,
+                },
+            )
+        },
+        row(
+            "TCP behind hop-by-hop and destination options -> SNATed",
+            Egress,
+            |_| {
+                with_ext6(
+                    &tcp6(VM_MAC, GW_MAC, VM6, EXT6, 33000, 443),
+                    &[HOPOPTS, DSTOPTS],
+                    0,
+                )
+            },
+            Expect::Snated { slot: 1 },
+        ),
+        row(
+            "a first fragment (offset 0, more to come) -> SNATed by its ports",
+            Egress,
+            |_| with_ext6(&udp6(VM_MAC, GW_MAC, VM6, EXT6, 6000, 53), &[FRAGMENT], 1),
+            Expect::Snated { slot: 2 },
+        ),
+        Row {
+            reply_to: Some(2),
+            ..row(
+                "a first fragment of its answer -> de-NATed into the VM",
+                Uplink,
+                |p| {
+                    with_ext6(
+                        &udp6(TOR_MAC, UPLINK_MAC, EXT6, NODE6, 53, p),
+                        &[FRAGMENT],
+                        1,
+                    )
+                },
+                Expect::Delivered {
+                    dst: &VM6,
+                    dport: 6000,
+                    mac: VM_MAC,
+                },
+            )
+        },
+        row(
+            "a later fragment from the VM (offset 1448) -> dropped, no ports to translate",
+            Egress,
+            |_| {
+                with_ext6(
+                    &udp6(VM_MAC, GW_MAC, VM6, EXT6, 6000, 53),
+                    &[FRAGMENT],
+                    1448 | 1,
+                )
+            },
+            Expect::Dropped(drop_reason::SNAT_FRAGMENT),
+        ),
+        row(
+            "a later fragment to the SNAT address -> the host stack's (the node's own address)",
+            Uplink,
+            |_| {
+                with_ext6(
+                    &udp6(TOR_MAC, UPLINK_MAC, EXT6, NODE6, 53, 40000),
+                    &[FRAGMENT],
+                    1448,
+                )
+            },
+            Expect::Host,
+        ),
+        row(
+            "five extension headers before UDP (the walk stops at four) -> dropped",
+            Egress,
+            |_| {
+                with_ext6(
+                    &udp6(VM_MAC, GW_MAC, VM6, EXT6, 7000, 53),
+                    &[HOPOPTS, DSTOPTS, DSTOPTS, DSTOPTS, DSTOPTS],
+                    0,
+                )
+            },
+            Expect::Dropped(drop_reason::EXT_HEADER_CHAIN),
+        ),
+        row(
+            "four extension headers before UDP (the bound) -> SNATed",
+            Egress,
+            |_| {
+                with_ext6(
+                    &udp6(VM_MAC, GW_MAC, VM6, EXT6, 7001, 53),
+                    &[HOPOPTS, DSTOPTS, FRAGMENT, DSTOPTS],
+                    0,
+                )
+            },
+            Expect::Snated { slot: 3 },
+        ),
+        row(
+            "five extension headers to the SNAT address -> the host stack's",
+            Uplink,
+            |_| {
+                with_ext6(
+                    &udp6(TOR_MAC, UPLINK_MAC, EXT6, NODE6, 53, 40000),
+                    &[HOPOPTS, DSTOPTS, DSTOPTS, DSTOPTS, DSTOPTS],
+                    0,
+                )
+            },
+            Expect::Host,
+        ),
+    ];
+    in_fresh_netns(|| {
+        let fx = Fx::new(NET_F_SNAT);
+        fx.run_rows_in(&rows, &V6);
+    });
+}
+
+/// Katran style, byte for byte: the frame that leaves is the VM's with
+/// the SNAT address and port, hop limit 63, the next hop's MACs, the
+/// destination options header untouched and the checksum a fresh
+/// computation gives; the reply comes back as the VM's own frame would.
+#[test]
+fn snat6_destination_options_frame_out_and_back_byte_for_byte() {
+    in_fresh_netns(|| {
+        let fx = Fx::new(NET_F_SNAT);
+        let (v, out) = fx.egress(&vm_udp6_dstopts(0));
+        assert_eq!(v, TC_ACT_REDIRECT, "egress verdict");
+        let port = u16::from_be_bytes([out[62], out[63]]);
+        assert!((PORT_MIN..=PORT_MAX).contains(&port), "port {port}");
+        let mut want = with_ext6(
+            &udp6(UPLINK_MAC, TOR_MAC, NODE6, EXT6, port, 53),
+            &[DSTOPTS],
+            0,
+        );
+        want[14 + 7] = 63;
+        assert_eq!(out, want, "translated frame");
+
+        let reply = with_ext6(
+            &udp6(TOR_MAC, UPLINK_MAC, EXT6, NODE6, 53, port),
+            &[DSTOPTS],
+            0,
+        );
+        let (v, back) = fx.ingress(&reply);
+        assert_eq!(v, TC_ACT_REDIRECT, "return verdict");
+        let mut want = with_ext6(&udp6(GW_MAC, VM_MAC, EXT6, VM6, 53, 5555), &[DSTOPTS], 0);
+        want[14 + 7] = 63;
+        assert_eq!(back, want, "reverse-translated frame");
     });
 }
