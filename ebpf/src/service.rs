@@ -380,10 +380,11 @@ fn translate(
         eth.src_addr = port.gw_mac;
         return fwd::deliver_local(ctx, ifindex, port.port_id).map(Some);
     }
-    if let Some(verdict) = crate::policy::egress(ctx, port.port_id) {
-        return verdict.map(Some);
-    }
-    fwd::switch(ctx, ifindex, port.network, f.mac).map(Some)
+    let parsed = match crate::policy::egress(ctx, port.port_id) {
+        crate::policy::Egress::Pass(parsed) => parsed,
+        crate::policy::Egress::Verdict(verdict) => return verdict.map(Some),
+    };
+    fwd::switch_parsed(ctx, ifindex, port.network, f.mac, parsed).map(Some)
 }
 
 /// Before delivery to the local port `ifindex` (`port_id`): `Some` while
