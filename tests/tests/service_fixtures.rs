@@ -442,6 +442,10 @@ const VIP_REMOTE: [u8; 4] = [10, 96, 7, 6];
 const D_MAC: [u8; 6] = [0x52, 0x54, 0, 0, 0x0e, 4];
 const D: [u8; 4] = [10, 72, 0, 4];
 
+/// (name, frame, what leaves, verdict, port whose tx counts it, drop
+/// reason counted).
+type DeliveryRow = (&'static str, Vec<u8>, Seen, u32, Option<u32>, Option<u32>);
+
 #[test]
 fn vm_service_delivers_the_translated_frame_after_the_clients_egress_policy() {
     in_fresh_netns(|| {
@@ -500,9 +504,7 @@ fn vm_service_delivers_the_translated_frame_after_the_clients_egress_policy() {
             .insert(EndpointKey::new(NET, D_MAC), remote, 0)
             .unwrap();
 
-        // (name, frame, what leaves, verdict, port whose tx counts it,
-        // drop reason counted).
-        let table: Vec<(&str, Vec<u8>, Seen, u32, Option<u32>, Option<u32>)> = vec![
+        let table: Vec<DeliveryRow> = vec![
             (
                 "a new flow to B's Service: egress policy allows B:8080, to B",
                 tcp(OUT, A, VIP, 45000, 80, true),
