@@ -20,6 +20,7 @@ use crate::{
     maps::{ENDPOINTS, FLOOD, PORTS},
     overlay,
     parse::is_multicast,
+    policy::Parsed,
     spoof,
 };
 
@@ -28,6 +29,19 @@ pub type Verdict = Result<i32, u32>;
 
 #[inline(always)]
 pub fn switch(ctx: &TcContext, ifindex: u32, network: u32, dst: [u8; 6]) -> Verdict {
+    switch_parsed(ctx, ifindex, network, dst, None)
+}
+
+/// `switch` for a frame whose egress policy check left its tuple for the
+/// delivery's (`parsed`).
+#[inline(always)]
+pub fn switch_parsed(
+    ctx: &TcContext,
+    ifindex: u32,
+    network: u32,
+    dst: [u8; 6],
+    parsed: Option<Parsed>,
+) -> Verdict {
     if !is_multicast(&dst) {
         let key = EndpointKey::new(network, dst);
         // SAFETY: a map lookup; the value stays valid for this program run.
@@ -37,7 +51,7 @@ pub fn switch(ctx: &TcContext, ifindex: u32, network: u32, dst: [u8; 6]) -> Verd
                     // Addressed to itself: the VM's own stack has it already.
                     return Err(drop_reason::NO_DESTINATION);
                 }
-                return deliver_local(ctx, ep.ifindex, ep.port_id);
+                return deliver_local_parsed(ctx, ep.ifindex, ep.port_id, parsed);
             }
             if ep.kind == ENDPOINT_REMOTE {
                 return overlay::to_remote(ctx);
@@ -82,9 +96,21 @@ pub fn deliver_through(
 /// the frame in.
 #[inline(always)]
 pub fn deliver_local(ctx: &TcContext, port_ifindex: u32, port_id: u32) -> Verdict {
+    deliver_local_parsed(ctx, port_ifindex, port_id, None)
+}
+
+/// `deliver_local`; `parsed`: from the egress policy check of the same
+/// frame in this program run.
+#[inline(always)]
+fn deliver_local_parsed(
+    ctx: &TcContext,
+    port_ifindex: u32,
+    port_id: u32,
+    parsed: Option<Parsed>,
+) -> Verdict {
     // The last check before the VM: whatever way the frame came (another
     // port, the overlay, the uplink, a SNAT reply).
-    if let Some(verdict) = crate::policy::deliver(ctx, port_ifindex, port_id) {
+    if let Some(verdict) = crate::policy::deliver(ctx, port_ifindex, port_id, parsed) {
         return verdict;
     }
     deliver_checked(ctx, port_ifindex, port_id)

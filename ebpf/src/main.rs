@@ -198,13 +198,14 @@ fn ipv4(ctx: &TcContext, ifindex: u32, port: &PortInfo, dst: [u8; 6], src: [u8; 
             return verdict;
         }
     }
-    if let Some(verdict) = policy::egress(ctx, port.port_id) {
-        return verdict;
-    }
+    let parsed = match policy::egress(ctx, port.port_id) {
+        policy::Egress::Pass(parsed) => parsed,
+        policy::Egress::Verdict(verdict) => return verdict,
+    };
     if to_gateway {
         return route::egress(ctx, network_of(port)?);
     }
-    fwd::switch(ctx, ifindex, port.network, dst)
+    fwd::switch_parsed(ctx, ifindex, port.network, dst, parsed)
 }
 
 #[inline(always)]
@@ -278,13 +279,14 @@ fn ipv6(ctx: &TcContext, ifindex: u32, port: &PortInfo, dst: [u8; 6], src: [u8; 
         }
     }
 
-    if let Some(verdict) = policy::egress(ctx, port.port_id) {
-        return verdict;
-    }
+    let parsed = match policy::egress(ctx, port.port_id) {
+        policy::Egress::Pass(parsed) => parsed,
+        policy::Egress::Verdict(verdict) => return verdict,
+    };
     if mac_eq(&dst, &port.gw_mac) {
         return route::egress(ctx, network_of(port)?);
     }
-    fwd::switch(ctx, ifindex, port.network, dst)
+    fwd::switch_parsed(ctx, ifindex, port.network, dst, parsed)
 }
 
 /// Any fragment but a whole datagram (MF set or a non-zero offset).

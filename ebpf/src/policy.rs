@@ -107,56 +107,97 @@ enum Seen {
     Related,
 }
 
-/// From `vm_port`, after its filters: `Some(verdict)` when the frame must
-/// first pass the endpoint's egress policy (`vm_policy_out`, which hands
-/// it back to `vm_port` when allowed); `None` when it may go on: no policy
-/// selects the endpoint, or the frame belongs to a flow already allowed
-/// (checked here, without a tail call: most frames are).
+/// A frame's tuple left in this CPU's scratch slot by the egress check in
+/// this same program run, with the time it read: the ingress check before
+/// a local delivery of the same, unchanged frame reuses both instead of
+/// reading the headers and the clock again.
+#[derive(Clone, Copy)]
+pub struct Parsed {
+    now: u64,
+    exempt: bool,
+}
+
+/// What `egress` decided.
+pub enum Egress {
+    /// The frame may go on; `Some`: what the delivery's check may reuse
+    /// (only until the frame changes or another frame is checked).
+    Pass(Option<Parsed>),
+    /// The frame went to `vm_policy_out` (or that tail call failed).
+    Verdict(Verdict),
+}
+
+/// From `vm_port`, after its filters: `Egress::Verdict` when the frame
+/// must first pass the endpoint's egress policy (`vm_policy_out`, which
+/// hands it back to `vm_port` when allowed); `Pass` when it may go on: no
+/// policy selects the endpoint, or the frame belongs to a flow already
+/// allowed (checked here, without a tail call: most frames are).
 #[inline(always)]
-pub fn egress(ctx: &TcContext, port_id: u32) -> Option<Verdict> {
-    let ep = POLICY_ENDPOINTS.get(port_id)?;
+pub fn egress(ctx: &TcContext, port_id: u32) -> Egress {
+    let Some(ep) = POLICY_ENDPOINTS.get(port_id) else {
+        return Egress::Pass(None);
+    };
     if ep.flags == 0 {
-        return None;
+        return Egress::Pass(None);
     }
     // SAFETY: the skb pointer is the program's own context, valid for this run.
     let cb = unsafe { &mut (*ctx.skb.skb).cb };
     if cb[0] == POLICY_CB_EGRESS_DONE && cb[1] == port_id {
-        return None;
+        return Egress::Pass(None);
     }
-    if passes_tracked(ctx, port_id, policy_dir::EGRESS) {
-        return None;
+    let (passes, parsed) = passes_tracked(ctx, port_id, policy_dir::EGRESS, None);
+    if passes {
+        return Egress::Pass(parsed);
     }
     cb[3] = POLICY_CB_UNTRACKED;
     // SAFETY: `ctx` is this program's own context; on success the tail
     // call does not return, otherwise the error below.
     unsafe { PROGS.tail_call(ctx, tail_call::POLICY_EGRESS) };
-    Some(Err(drop_reason::HELPER_FAILED))
+    Egress::Verdict(Err(drop_reason::HELPER_FAILED))
 }
 
 /// Whether the frame passes `port_id`'s policy in direction `dir` without
 /// a policy lookup: it is none of policy's business (ARP, ND, DHCP...),
 /// or its flow (or the one it answers) is in the flow table. What `check`
 /// does first, so the verdict is the same; anything else (a new flow, a
-/// malformed frame) goes to `check`.
+/// malformed frame) goes to `check`. `known`: the scratch slot holds the
+/// frame's tuple already. Also returns what a later check of the same
+/// frame in this run may reuse.
 #[inline(always)]
-fn passes_tracked(ctx: &TcContext, port_id: u32, dir: u8) -> bool {
+fn passes_tracked(
+    ctx: &TcContext,
+    port_id: u32,
+    dir: u8,
+    known: Option<Parsed>,
+) -> (bool, Option<Parsed>) {
     let Some(k) = POLICY_SCRATCH.get_ptr_mut(0) else {
-        return false;
+        return (false, None);
     };
     // SAFETY: this CPU's scratch slot, valid for this run; nothing else
     // uses it while this packet is checked.
     let k = unsafe { &mut *k };
-    match parse_plain(ctx, k) {
-        Some(Seen::Exempt) => return true,
-        Some(_) => {}
-        None => return false,
+    let parsed = match known {
+        Some(p) => p,
+        None => match parse_plain(ctx, k) {
+            Some(Seen::Exempt) => Parsed {
+                now: 0,
+                exempt: true,
+            },
+            Some(_) => Parsed {
+                // SAFETY: a helper call without arguments; it touches no
+                // memory of ours.
+                now: unsafe { bpf_ktime_get_ns() },
+                exempt: false,
+            },
+            None => return (false, None),
+        },
+    };
+    if parsed.exempt {
+        return (true, Some(parsed));
     }
     k.port_id = port_id;
     k.direction = dir;
     k._pad = 0;
-    // SAFETY: a helper call without arguments; it touches no memory of ours.
-    let now = unsafe { bpf_ktime_get_ns() };
-    tracked(k, now)
+    (tracked(k, parsed.now), Some(parsed))
 }
 
 /// Whether `vm_port` runs again for a frame `vm_policy_out` let through
@@ -170,10 +211,16 @@ pub fn reentered(ctx: &TcContext, port_id: u32) -> bool {
 
 /// Before delivery to the local port `ifindex` (`port_id`): `Some` when
 /// the port's ingress policy must decide (`vm_policy_in` delivers).
+/// `known`: from `egress` on the same frame in this run.
 #[inline(always)]
-pub fn deliver(ctx: &TcContext, ifindex: u32, port_id: u32) -> Option<Verdict> {
+pub fn deliver(
+    ctx: &TcContext,
+    ifindex: u32,
+    port_id: u32,
+    known: Option<Parsed>,
+) -> Option<Verdict> {
     let ep = POLICY_ENDPOINTS.get(port_id)?;
-    if ep.flags == 0 || passes_tracked(ctx, port_id, policy_dir::INGRESS) {
+    if ep.flags == 0 || passes_tracked(ctx, port_id, policy_dir::INGRESS, known).0 {
         return None;
     }
     // SAFETY: the skb pointer is the program's own context, valid for

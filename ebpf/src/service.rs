@@ -131,9 +131,9 @@ pub fn passed(ctx: &TcContext, port_id: u32) -> bool {
 }
 
 /// Tail-called from `vm_port`: ClusterIP translation of what a port sends
-/// to the gateway. Frames for no Service, and translated ones but
-/// hairpins, go back to `vm_port` (marked, so it neither counts them
-/// again nor sends them here again).
+/// to the gateway, delivered from here. Frames for no Service go back to
+/// `vm_port` (marked, so it neither counts them again nor sends them here
+/// again).
 #[classifier]
 pub fn vm_service(ctx: TcContext) -> i32 {
     // SAFETY: the skb pointer is the program's own context, valid for this run.
@@ -360,8 +360,11 @@ fn pick(
 
 /// Rewrites the frame's tuple `t` to `f`'s and sends it on: a hairpin
 /// (or its reply) back into the client's own port; anything else to
-/// `f.mac` through `vm_port` again (`None`), whose egress policy then sees
-/// the backend, as the backend's own policy will.
+/// `f.mac` as `vm_port` would send it, whose filters it passed already:
+/// the client's egress policy sees the backend (as the backend's own
+/// policy will), then the switch delivers it to the backend's port or
+/// over the overlay. A flow egress policy has not seen yet goes to
+/// `vm_policy_out`, which hands it to `vm_port` past its policy.
 #[inline(always)]
 fn translate(
     ctx: &TcContext,
@@ -377,7 +380,11 @@ fn translate(
         eth.src_addr = port.gw_mac;
         return fwd::deliver_local(ctx, ifindex, port.port_id).map(Some);
     }
-    Ok(None)
+    let parsed = match crate::policy::egress(ctx, port.port_id) {
+        crate::policy::Egress::Pass(parsed) => parsed,
+        crate::policy::Egress::Verdict(verdict) => return verdict.map(Some),
+    };
+    fwd::switch_parsed(ctx, ifindex, port.network, f.mac, parsed).map(Some)
 }
 
 /// Before delivery to the local port `ifindex` (`port_id`): `Some` while

@@ -4,8 +4,9 @@
 //! flows written into the maps by hand, as the agent would. Every verdict
 //! path: allowed by identity and port, by port range, by any-protocol
 //! rule, by any-peer rule; denied; a reply of an allowed flow; an ICMP
-//! error for an allowed flow and for none; ARP; and random frames from
-//! outside that must never pass a deny.
+//! error for an allowed flow and for none; ARP; random frames from
+//! outside that must never pass a deny; and a local delivery, where the
+//! sender's tracked egress never stands in for the receiver's ingress.
 //!
 //! Needs root. Run with:
 //!   cargo test -p vmpath-tests --test policy_fixtures -- --test-threads=1
@@ -17,9 +18,10 @@ use aya::{
 use etherparse::PacketBuilder;
 use vmpath::dataplane::Dataplane;
 use vmpath_common::{
-    IdentityPrefix, POL_F_EGRESS, POL_F_INGRESS, POLICY_CB_DELIVER, POLICY_LEN_FULL,
-    POLICY_LEN_IDENTITY, POLICY_LEN_PROTO, PolicyEndpoint, PolicyRuleKey, PortInfo, PortStats,
-    default_gateway_mac, drop_reason, identity, policy_dir, prog_names,
+    ENDPOINT_LOCAL, Endpoint, EndpointKey, IdentityPrefix, POL_F_EGRESS, POL_F_INGRESS,
+    POLICY_CB_DELIVER, POLICY_LEN_FULL, POLICY_LEN_IDENTITY, POLICY_LEN_PROTO, PolicyEndpoint,
+    PolicyRuleKey, PortInfo, PortStats, default_gateway_mac, drop_reason, identity, policy_dir,
+    prog_names,
 };
 use vmpath_tests::{
     prog_fixture::{
@@ -406,5 +408,135 @@ fn vm_port_passes_tracked_flows_itself_never_a_denied_one() {
         let stats = fx.dp.maps().policy_stats(fx.port).unwrap().unwrap();
         assert_eq!(stats.allowed_egress, 1, "one flow, checked once");
         assert_eq!(stats.denied_egress, 3);
+    });
+}
+
+/// B's port on this node (pf-b), isolated for ingress: UDP 81 from A only.
+const B_PORT_ID: u32 = 2;
+const ID_A: u32 = 300;
+
+/// From A's port to B's MAC.
+fn udp_to_b(sp: u16, dp: u16) -> Vec<u8> {
+    let mut v = Vec::new();
+    PacketBuilder::ethernet2(A_MAC, PEER_MAC)
+        .ipv4(A, B, 64)
+        .udp(sp, dp)
+        .write(&mut v, b"vmpath policy fixture")
+        .unwrap();
+    v
+}
+
+#[test]
+fn a_local_delivery_checks_the_receivers_ingress_after_the_senders_tracked_egress() {
+    in_fresh_netns(|| {
+        let mut fx = Fx::new();
+        let peer_port = fx.peer_port;
+        let maps = fx.dp.maps_mut();
+        maps.ports
+            .insert(
+                peer_port,
+                PortInfo {
+                    port_id: B_PORT_ID,
+                    network: NET,
+                    mac: PEER_MAC,
+                    flags: 0,
+                    gw_mac: GW_MAC,
+                    _pad: 0,
+                    ip4: B,
+                    ip6: [0; 16],
+                },
+                0,
+            )
+            .unwrap();
+        let ep = Endpoint {
+            kind: ENDPOINT_LOCAL,
+            ifindex: peer_port,
+            port_id: B_PORT_ID,
+            ..Default::default()
+        };
+        maps.endpoints
+            .insert(EndpointKey::new(NET, PEER_MAC), ep, 0)
+            .unwrap();
+        maps.policy_endpoints
+            .set(
+                B_PORT_ID,
+                PolicyEndpoint {
+                    flags: POL_F_INGRESS,
+                    identity: ID_B,
+                },
+                0,
+            )
+            .unwrap();
+        maps.policy_ipcache
+            .insert(
+                &Key::new(IdentityPrefix::v4_len(32), IdentityPrefix::v4(NET, A)),
+                ID_A,
+                0,
+            )
+            .unwrap();
+        let b_in = PolicyRuleKey::new(B_PORT_ID, policy_dir::INGRESS, ID_A, 17, 81);
+        maps.policy_rules
+            .insert(&Key::new(POLICY_LEN_FULL, b_in), 6, 0)
+            .unwrap();
+        // A may send UDP 82 to B too; B does not take it.
+        let a_out = PolicyRuleKey::new(PORT_ID, policy_dir::EGRESS, ID_B, 17, 82);
+        maps.policy_rules
+            .insert(&Key::new(POLICY_LEN_FULL, a_out), 7, 0)
+            .unwrap();
+
+        let ctx = skb_ctx(fx.port);
+        let tx_b = |fx: &Fx| -> u64 {
+            fx.dp
+                .maps()
+                .port_stats
+                .get(&B_PORT_ID, 0)
+                .unwrap()
+                .iter()
+                .map(|s| s.tx_packets)
+                .sum()
+        };
+        // (frame, verdict, delivered to B, counted as denied at B's ingress)
+        let table = [
+            (
+                "UDP 81: both ends allow",
+                udp_to_b(6000, 81),
+                TC_ACT_REDIRECT,
+                true,
+                false,
+            ),
+            (
+                "UDP 82: A's egress allows, B's ingress denies",
+                udp_to_b(6001, 82),
+                TC_ACT_SHOT,
+                false,
+                true,
+            ),
+        ];
+        // The first round opens the flows; in the later ones A's egress
+        // is tracked, and B's ingress must still be B's own verdict.
+        for round in 1..=3 {
+            for (name, frame, verdict, delivered, denied) in &table {
+                let (tx, drops) = (tx_b(&fx), fx.drops(drop_reason::POLICY_DENIED_INGRESS));
+                assert_eq!(
+                    fx.run(prog_names::VM_PORT, &ctx, frame),
+                    *verdict,
+                    "{name}, round {round}"
+                );
+                assert_eq!(
+                    tx_b(&fx),
+                    tx + u64::from(*delivered),
+                    "{name}, round {round}"
+                );
+                assert_eq!(
+                    fx.drops(drop_reason::POLICY_DENIED_INGRESS),
+                    drops + u64::from(*denied),
+                    "{name}, round {round}"
+                );
+            }
+        }
+        let a = fx.dp.maps().policy_stats(fx.port).unwrap().unwrap();
+        assert_eq!(a.allowed_egress, 2, "two flows, each checked once at A");
+        let b = fx.dp.maps().policy_stats(peer_port).unwrap().unwrap();
+        assert_eq!((b.allowed_ingress, b.denied_ingress), (1, 3));
     });
 }

@@ -2,22 +2,28 @@
 //! `vm_service` (ClusterIP translation on the client's port) and
 //! `vm_service_in` (reverse translation right before delivery), with
 //! Service ports and backends written into the maps by hand, as the
-//! agent would. Every verdict path: DNAT to a backend (and on through
-//! `vm_port` to it), a flow sticking to its backend, the reverse NAT of
+//! agent would. Every verdict path: DNAT to a backend (and on to it),
+//! a flow sticking to its backend, the reverse NAT of
 //! the reply, a hairpin both ways, a reject for TCP (reset) and for UDP
-//! (ICMP port unreachable), and frames that are no Service's business
-//! passing unchanged. Checksums of every rewritten frame are verified.
+//! (ICMP port unreachable), frames that are no Service's business
+//! passing unchanged, and the translated frame delivered by `vm_service`
+//! itself past the client's egress policy (allowed, denied, to a backend
+//! on another node). Checksums of every rewritten frame are verified.
 //!
 //! Needs root. Run with:
 //!   cargo test -p vmpath-tests --test service_fixtures -- --test-threads=1
 
-use aya::programs::{TestRun, TestRunOptions};
+use aya::{
+    maps::lpm_trie::Key,
+    programs::{TestRun, TestRunOptions},
+};
 use etherparse::PacketBuilder;
 use vmpath::dataplane::Dataplane;
 use vmpath_common::{
-    ENDPOINT_LOCAL, Endpoint, EndpointKey, NetworkInfo, PortInfo, PortStats, SERVICE_CB_DELIVER,
-    Service, ServiceBackend, ServiceBackendKey, ServiceKey, default_gateway_mac, drop_reason,
-    prog_names,
+    ENDPOINT_LOCAL, ENDPOINT_REMOTE, Endpoint, EndpointKey, IdentityPrefix, NetworkInfo,
+    POL_F_EGRESS, POLICY_LEN_FULL, PolicyEndpoint, PolicyRuleKey, PortInfo, PortStats,
+    SERVICE_CB_DELIVER, Service, ServiceBackend, ServiceBackendKey, ServiceKey,
+    default_gateway_mac, drop_reason, policy_dir, prog_names,
 };
 use vmpath_tests::{
     prog_fixture::{
@@ -423,5 +429,147 @@ fn no_ready_backend_is_rejected_and_other_frames_pass_unchanged() {
         }
         assert_eq!(fx.drops(drop_reason::GATEWAY_UNROUTED), before + 3);
         assert_eq!(fx.drops(drop_reason::SERVICE_NO_BACKEND), 4);
+    });
+}
+
+/// Identities of B and C for the client's egress policy.
+const ID_B: u32 = 401;
+const ID_C: u32 = 402;
+/// TCP 80 -> C:8080, which A's egress policy does not allow.
+const VIP_C: [u8; 4] = [10, 96, 7, 5];
+/// TCP 80 -> D:8080, a VM on another node.
+const VIP_REMOTE: [u8; 4] = [10, 96, 7, 6];
+const D_MAC: [u8; 6] = [0x52, 0x54, 0, 0, 0x0e, 4];
+const D: [u8; 4] = [10, 72, 0, 4];
+
+/// (name, frame, what leaves, verdict, port whose tx counts it, drop
+/// reason counted).
+type DeliveryRow = (&'static str, Vec<u8>, Seen, u32, Option<u32>, Option<u32>);
+
+#[test]
+fn vm_service_delivers_the_translated_frame_after_the_clients_egress_policy() {
+    in_fresh_netns(|| {
+        let mut fx = Fx::new();
+        let maps = fx.dp.maps_mut();
+        // A isolated for egress: TCP 8080 to B only.
+        maps.policy_endpoints
+            .set(
+                A_ID,
+                PolicyEndpoint {
+                    flags: POL_F_EGRESS,
+                    identity: 400,
+                },
+                0,
+            )
+            .unwrap();
+        for (addr, id) in [(B, ID_B), (C, ID_C), (D, ID_B)] {
+            maps.policy_ipcache
+                .insert(
+                    &Key::new(IdentityPrefix::v4_len(32), IdentityPrefix::v4(NET, addr)),
+                    id,
+                    0,
+                )
+                .unwrap();
+        }
+        let rule = PolicyRuleKey::new(A_ID, policy_dir::EGRESS, ID_B, 6, 8080);
+        maps.policy_rules
+            .insert(&Key::new(POLICY_LEN_FULL, rule), 0, 0)
+            .unwrap();
+        for (vip, id, addr, mac) in [(VIP_C, 7, C, C_MAC), (VIP_REMOTE, 8, D, D_MAC)] {
+            let k = ServiceBackendKey {
+                service: id,
+                slot: 0,
+            };
+            let b = ServiceBackend {
+                addr,
+                port: 8080,
+                mac,
+            };
+            maps.service_backends.insert(k, b, 0).unwrap();
+            let svc = Service {
+                id,
+                count: 1,
+                ..Default::default()
+            };
+            maps.services
+                .insert(ServiceKey::new(NET, vip, 80, 6), svc, 0)
+                .unwrap();
+        }
+        let remote = Endpoint {
+            kind: ENDPOINT_REMOTE,
+            node_ip4: [192, 0, 2, 44],
+            ..Default::default()
+        };
+        maps.endpoints
+            .insert(EndpointKey::new(NET, D_MAC), remote, 0)
+            .unwrap();
+
+        let table: Vec<DeliveryRow> = vec![
+            (
+                "a new flow to B's Service: egress policy allows B:8080, to B",
+                tcp(OUT, A, VIP, 45000, 80, true),
+                (A_MAC, B_MAC, A, B, 45000, 8080, 6),
+                TC_ACT_REDIRECT,
+                Some(B_ID),
+                None,
+            ),
+            (
+                "its next segment: the tracked flow, straight from vm_service to B",
+                tcp(OUT, A, VIP, 45000, 80, false),
+                (A_MAC, B_MAC, A, B, 45000, 8080, 6),
+                TC_ACT_REDIRECT,
+                Some(B_ID),
+                None,
+            ),
+            (
+                "a new flow to C's Service: policy sees C, denied",
+                tcp(OUT, A, VIP_C, 45001, 80, true),
+                (A_MAC, C_MAC, A, C, 45001, 8080, 6),
+                TC_ACT_SHOT,
+                None,
+                Some(drop_reason::POLICY_DENIED_EGRESS),
+            ),
+            (
+                "its next segment (the Service flow exists): denied again",
+                tcp(OUT, A, VIP_C, 45001, 80, false),
+                (A_MAC, C_MAC, A, C, 45001, 8080, 6),
+                TC_ACT_SHOT,
+                None,
+                Some(drop_reason::POLICY_DENIED_EGRESS),
+            ),
+            (
+                "a backend on another node: allowed, on to the overlay (down in this bed)",
+                tcp(OUT, A, VIP_REMOTE, 45002, 80, true),
+                (A_MAC, D_MAC, A, D, 45002, 8080, 6),
+                TC_ACT_SHOT,
+                None,
+                Some(drop_reason::OVERLAY_DOWN),
+            ),
+            (
+                "its next segment: the same way, from vm_service",
+                tcp(OUT, A, VIP_REMOTE, 45002, 80, false),
+                (A_MAC, D_MAC, A, D, 45002, 8080, 6),
+                TC_ACT_SHOT,
+                None,
+                Some(drop_reason::OVERLAY_DOWN),
+            ),
+        ];
+        for (name, frame, want, verdict, tx_port, drop) in &table {
+            let tx_before = [fx.tx(B_ID), fx.tx(3)];
+            let drops_before = drop.map(|r| fx.drops(r));
+            let (v, out) = fx.send(frame);
+            assert_eq!(v, *verdict, "{name}");
+            assert_eq!(seen(&out), *want, "{name}");
+            let tx_want = match tx_port {
+                Some(B_ID) => [tx_before[0] + 1, tx_before[1]],
+                Some(_) => [tx_before[0], tx_before[1] + 1],
+                None => tx_before,
+            };
+            assert_eq!([fx.tx(B_ID), fx.tx(3)], tx_want, "{name}: delivered to");
+            if let (Some(r), Some(before)) = (drop, drops_before) {
+                assert_eq!(fx.drops(*r), before + 1, "{name}: drop reason");
+            }
+        }
+        assert_eq!(fx.drops(drop_reason::SERVICE_NO_BACKEND), 0);
     });
 }
