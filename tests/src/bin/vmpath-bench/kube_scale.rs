@@ -356,7 +356,7 @@ pub fn run(opts: &Options) -> Result<Section> {
             md,
             "\n**Controller allocation rate**: `vmpath controller` leading (round every \
              100 ms), then N IPAMClaims created at once on a /16 network; from the first \
-             create to the last claim's `status.ips` written (one ledger write per round, \
+             create to the last claim's `status.ips` written (one write per ledger shard changed in a round, \
              one status write per claim, each conditional). The controller's peak RSS \
              (`VmHWM`) once the last is written: its own memory at that many claims (the \
              Deployment's limit in deploy/ is 128Mi).\n\n\
