@@ -759,6 +759,11 @@ fn merge(target: &mut Value, patch: &Value) {
 }
 
 /// One write (or a `GET` of one object): the status code and the body.
+/// 409 Conflict, with the API server's message.
+fn conflict(message: &str) -> (u16, Value) {
+    (409, status(409, "Conflict", message))
+}
+
 /// A ConfigMap's data limit (core/v1 validation, `MaxSecretSize`).
 const CONFIGMAP_MAX_BYTES: usize = 1 << 20;
 
@@ -866,35 +871,21 @@ fn write_locked(
             // DeleteOptions' preconditions: only the object of that uid.
             let want = body["preconditions"]["uid"].as_str();
             if want.is_some_and(|uid| Some(uid) != current["metadata"]["uid"].as_str()) {
-                return (
-                    409,
-                    status(
-                        409,
-                        "Conflict",
-                        &format!(
-                            "Precondition failed: UID in precondition: {}, UID in object meta: {}",
-                            want.unwrap_or(""),
-                            current["metadata"]["uid"].as_str().unwrap_or("")
-                        ),
-                    ),
-                );
+                return conflict(&format!(
+                    "Precondition failed: UID in precondition: {}, UID in object meta: {}",
+                    want.unwrap_or(""),
+                    current["metadata"]["uid"].as_str().unwrap_or("")
+                ));
             }
             (200, st.remove(&target.collection, &ns, &name).unwrap())
         }
         "PUT" => {
             let given = body["metadata"]["resourceVersion"].as_str();
             if given.is_some_and(|rv| Some(rv) != current["metadata"]["resourceVersion"].as_str()) {
-                return (
-                    409,
-                    status(
-                        409,
-                        "Conflict",
-                        &format!(
-                            "Operation cannot be fulfilled on {} {name:?}: the object has been modified; please apply your changes to the latest version and try again",
-                            target.collection
-                        ),
-                    ),
-                );
+                return conflict(&format!(
+                    "Operation cannot be fulfilled on {} {name:?}: the object has been modified; please apply your changes to the latest version and try again",
+                    target.collection
+                ));
             }
             let next = if target.status {
                 let mut next = current.clone();

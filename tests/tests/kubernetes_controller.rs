@@ -795,6 +795,11 @@ fn a_vm_and_a_plain_pod_wait_for_their_claims_from_the_controller_then_have_traf
     assert!(ok, "ADD of the new web-1: {result}");
     assert_eq!(result["ips"][0]["address"], web_ip, "{result}");
     assert!(web1.ping(vm_addr, 3), "pod web-1 -> VM vm1");
+    // All that from one watch of the pods: the controller does not list
+    // every pod in the cluster each round (one every 300 ms here; the
+    // agent's own watch lists its node's pods once, more on a relist).
+    let pod_lists = server.lists("/api/v1/pods");
+    assert!(pod_lists <= 4, "pods listed {pod_lists} times");
 }
 
 #[test]

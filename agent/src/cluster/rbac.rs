@@ -59,8 +59,9 @@ pub const CONTROLLER: &[Rule] = &[
     ),
     ("k8s.cni.cncf.io", "ipamclaims/status", &["update"]),
     // Plain pods' interfaces (their claims made, and deleted with the
-    // pod), and the Multus selection's `ips` as a claim's static request.
-    ("", "pods", &["list"]),
+    // pod), and the Multus selection's `ips` as a claim's static request:
+    // watched; a pod is read again before its claim is deleted.
+    ("", "pods", &["get", "list", "watch"]),
 ];
 
 /// `vmpath controller`, in its own namespace: the Lease and the ledger's

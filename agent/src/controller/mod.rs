@@ -12,6 +12,7 @@
 pub mod allocate;
 pub mod lease;
 pub mod ledger;
+pub mod pod_watch;
 pub mod pods;
 
 use std::{
@@ -90,6 +91,7 @@ pub fn run(opts: &ControllerOptions) -> Result<(), ControllerError> {
             lease::Elector::new(leases, &opts.lease_name, &opts.identity, opts.lease_duration);
         let mut leading = false;
         let mut reported = BTreeSet::new();
+        let pod_view = pod_watch::PodView::start(client.clone());
         info!(identity = %opts.identity, lease = %opts.lease_name, namespace = %opts.namespace, "controller started");
         loop {
             match elector.tick().await {
@@ -101,7 +103,7 @@ pub fn run(opts: &ControllerOptions) -> Result<(), ControllerError> {
                 }
                 Err(e) => warn!("lease: {e}"),
             }
-            if leading && let Err(e) = round(&client, opts, &mut reported).await {
+            if leading && let Err(e) = round(&client, opts, &pod_view, &mut reported).await {
                 warn!("allocation round: {e}");
             }
             tokio::time::sleep(opts.interval).await;
@@ -247,6 +249,32 @@ fn listed_claim(o: &DynamicObject) -> pods::Listed {
     }
 }
 
+/// Whether the pod a claim was made for (its owner, that uid) is there
+/// and not over, read now; an error reading it counts as running.
+async fn pod_still_runs(client: &Client, ns: &str, claim: &DynamicObject) -> bool {
+    let Some(owner) = claim
+        .metadata
+        .owner_references
+        .as_ref()
+        .and_then(|o| o.iter().find(|r| r.kind == "Pod"))
+    else {
+        return false;
+    };
+    let api: Api<Pod> = Api::namespaced(client.clone(), ns);
+    match api.get_opt(&owner.name).await {
+        Ok(Some(pod)) => {
+            let phase = pod.status.as_ref().and_then(|s| s.phase.as_deref());
+            pod.metadata.uid.as_deref() == Some(owner.uid.as_str())
+                && !matches!(phase, Some("Succeeded" | "Failed"))
+        }
+        Ok(None) => false,
+        Err(e) => {
+            warn!(pod = %format!("{ns}/{}", owner.name), "reading a pod before deleting its claim: {e}");
+            true
+        }
+    }
+}
+
 /// Deletes the claims of pods gone or over (on their uid: never a newer
 /// claim of the name) and makes the claims plain pods lack; `listed`
 /// follows, so that this round plans what is there now. A claim already
@@ -259,6 +287,16 @@ async fn pod_claims(
     listed: &mut Vec<DynamicObject>,
 ) {
     for (ns, name, uid) in &actions.delete {
+        // The pod watch may lag: the pod is read again, and its claim
+        // stays while it runs.
+        if let Some(o) = listed
+            .iter()
+            .find(|o| o.metadata.uid.as_deref() == Some(uid.as_str()))
+            && pod_still_runs(client, ns, o).await
+        {
+            info!(claim = %format!("{ns}/{name}"), "its pod still runs (the watch lags): kept");
+            continue;
+        }
         let api: Api<DynamicObject> = Api::namespaced_with(client.clone(), ns, claims_res);
         let dp = DeleteParams {
             preconditions: Some(Preconditions {
@@ -308,6 +346,7 @@ async fn pod_claims(
 async fn round(
     client: &Client,
     opts: &ControllerOptions,
+    pod_view: &pod_watch::PodView,
     reported: &mut BTreeSet<(String, String)>,
 ) -> Result<(), ControllerError> {
     let claims_res = resource("k8s.cni.cncf.io", "v1alpha1", "IPAMClaim", "ipamclaims");
@@ -349,25 +388,13 @@ async fn round(
             })?;
     let ledger = stored.ledger();
 
-    // Pods after the claims: a claim made for a pod is never seen
-    // without its pod. Every pod: plain pods' claims are made and
-    // deleted here, and selections' `ips` are static requests.
-    let pods_api: Api<Pod> = Api::all(client.clone());
-    let listed_pods = pods_api.list(&lp).await?.items;
-    // Read from the listed pods themselves: a pod whose fields do not
-    // read as vmpath's form still keeps its claims.
-    let running: BTreeSet<String> = listed_pods
-        .iter()
-        .filter(|p| {
-            let phase = p.status.as_ref().and_then(|s| s.phase.as_deref());
-            !matches!(phase, Some("Succeeded") | Some("Failed"))
-        })
-        .filter_map(|p| p.metadata.uid.clone())
-        .collect();
-    let pods: Vec<objects::Pod> = listed_pods
-        .iter()
-        .filter_map(|p| serde_json::from_value(serde_json::to_value(p).ok()?).ok())
-        .collect();
+    // Every pod, from the watch: plain pods' claims are made and deleted
+    // here, and selections' `ips` are static requests. Nothing about pods
+    // is decided before the watch has listed them all once.
+    let Some((running, pods)) = pod_view.snapshot() else {
+        info!("waiting for the pod watch's first list");
+        return Ok(());
+    };
     let ipam_networks: BTreeSet<String> = networks
         .iter()
         .filter(|n| n.ipam)
