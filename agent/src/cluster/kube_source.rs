@@ -97,7 +97,7 @@ const KINDS: &[(&str, &str, &str, &str, bool)] = &[
 
 struct Kind {
     resource: ApiResource,
-    store: Arc<Mutex<Store>>,
+    store: Arc<Mutex<Store<Kept>>>,
     /// Listed once: the copy stands for the cluster.
     listed: Arc<AtomicBool>,
     /// What a relist that came back empty replaced (see [`Relists`]).
@@ -105,24 +105,39 @@ struct Kind {
 }
 
 /// A kind's objects by namespace and name: what kube-rs's reflector
-/// keeps, but each object once, as a round reads it (the cluster kinds
-/// typed and pruned to the fields read, other kinds as documents; a
-/// reflector's copy would be a second one).
-#[derive(Default)]
-struct Store {
-    objects: BTreeMap<(String, String), Kept>,
+/// keeps, but each object once, in the form its reader keeps (here the
+/// cluster kinds typed and pruned to the fields read, other kinds as
+/// documents; the controller's pods as theirs): a reflector's copy would
+/// be a second one.
+pub(crate) struct Store<T> {
+    objects: BTreeMap<(String, String), T>,
     /// A relist in progress, swapped in once complete.
-    relist: Option<BTreeMap<(String, String), Kept>>,
+    relist: Option<BTreeMap<(String, String), T>>,
 }
 
-impl Store {
-    /// Applies a watch event as kube-rs's reflector does.
-    fn apply(&mut self, resource: &ApiResource, event: &watcher::Event<DynamicObject>) {
+impl<T> Default for Store<T> {
+    fn default() -> Self {
+        Self {
+            objects: BTreeMap::new(),
+            relist: None,
+        }
+    }
+}
+
+impl<T: Clone> Store<T> {
+    /// Applies a watch event as kube-rs's reflector does, each object
+    /// kept as `read` makes it.
+    pub(crate) fn apply(
+        &mut self,
+        event: &watcher::Event<DynamicObject>,
+        read: impl Fn(&DynamicObject) -> T,
+    ) {
         match event {
             watcher::Event::Init => self.relist = Some(BTreeMap::new()),
             watcher::Event::InitApply(o) => {
-                let (key, doc) = document(resource, o);
-                self.relist.get_or_insert_default().insert(key, doc);
+                self.relist
+                    .get_or_insert_default()
+                    .insert(key_of(o), read(o));
             }
             watcher::Event::InitDone => {
                 if let Some(relist) = self.relist.take() {
@@ -130,8 +145,7 @@ impl Store {
                 }
             }
             watcher::Event::Apply(o) => {
-                let (key, doc) = document(resource, o);
-                self.objects.insert(key, doc);
+                self.objects.insert(key_of(o), read(o));
             }
             watcher::Event::Delete(o) => {
                 self.objects.remove(&key_of(o));
@@ -139,7 +153,7 @@ impl Store {
         }
     }
 
-    fn state(&self) -> Vec<Kept> {
+    pub(crate) fn state(&self) -> Vec<T> {
         self.objects.values().cloned().collect()
     }
 }
@@ -153,11 +167,11 @@ fn key_of(o: &DynamicObject) -> (String, String) {
 
 /// An object as a round reads it (list items may come without their
 /// apiVersion and kind): the cluster kinds typed and pruned.
-fn document(resource: &ApiResource, o: &DynamicObject) -> ((String, String), Kept) {
+fn document(resource: &ApiResource, o: &DynamicObject) -> Kept {
     let mut value = serde_json::to_value(o).unwrap_or(Value::Null);
     value["apiVersion"] = resource.api_version.clone().into();
     value["kind"] = resource.kind.clone().into();
-    (key_of(o), super::prune::keep(value))
+    super::prune::keep(value)
 }
 
 /// A kind's relists. The store swaps a relist in only once it is
@@ -289,7 +303,7 @@ impl KubeSource {
                 &GroupVersionKind::gvk(group, version, kind),
                 plural,
             );
-            let store = Arc::new(Mutex::new(Store::default()));
+            let store = Arc::new(Mutex::new(Store::<Kept>::default()));
             let listed = Arc::new(AtomicBool::new(false));
             let held = Arc::new(Mutex::new(Relists::default()));
             let api: Api<DynamicObject> = Api::all_with(client.clone(), &resource);
@@ -316,7 +330,7 @@ impl KubeSource {
                             store2
                                 .lock()
                                 .unwrap_or_else(|p| p.into_inner())
-                                .apply(&resource2, &event);
+                                .apply(&event, |o| document(&resource2, o));
                             // Locks in the order a round takes them: the
                             // relists, then the store.
                             let held_back = held2
@@ -467,7 +481,7 @@ mod tests {
 
     use super::{
         super::{prune::ClusterObject, rbac},
-        KINDS, Kept, Relists, Store,
+        KINDS, Kept, Relists, Store, document,
     };
 
     type Ev = Event<DynamicObject>;
@@ -520,14 +534,16 @@ mod tests {
             o.data = serde_json::json!({"spec": {"nodeName": "a", "containers": [{"name": "c"}]}});
             o
         };
-        let mut store = Store::default();
-        store.apply(&resource, &Event::Init);
-        store.apply(&resource, &Event::InitApply(with_container("a")));
+        let mut store = Store::<Kept>::default();
+        store.apply(&Event::Init, |o| document(&resource, o));
+        store.apply(&Event::InitApply(with_container("a")), |o| {
+            document(&resource, o)
+        });
         assert!(
             store.state().is_empty(),
             "a relist in progress is not shown"
         );
-        store.apply(&resource, &Event::InitDone);
+        store.apply(&Event::InitDone, |o| document(&resource, o));
         let state = store.state();
         assert_eq!(state.len(), 1);
         let pod_of = |kept: &Kept| match kept {
@@ -543,10 +559,16 @@ mod tests {
             ("a", Some("a"))
         );
         assert!(a.named_ports().is_empty(), "pruned: {a:?}");
-        store.apply(&resource, &Event::Apply(with_container("b")));
-        store.apply(&resource, &Event::Apply(with_container("a")));
+        store.apply(&Event::Apply(with_container("b")), |o| {
+            document(&resource, o)
+        });
+        store.apply(&Event::Apply(with_container("a")), |o| {
+            document(&resource, o)
+        });
         assert_eq!(store.state().len(), 2, "one copy per object");
-        store.apply(&resource, &Event::Delete(with_container("a")));
+        store.apply(&Event::Delete(with_container("a")), |o| {
+            document(&resource, o)
+        });
         let names: Vec<_> = store
             .state()
             .iter()
@@ -554,7 +576,7 @@ mod tests {
             .collect();
         assert_eq!(names, ["b"]);
         // A relist cut short (no InitDone) leaves the last good copy.
-        store.apply(&resource, &Event::Init);
+        store.apply(&Event::Init, |o| document(&resource, o));
         assert_eq!(store.state().len(), 1);
     }
 

@@ -10,7 +10,7 @@
 //! the pod again before deleting its claim ([`super::pod_claims`]).
 
 use std::{
-    collections::{BTreeMap, BTreeSet},
+    collections::BTreeSet,
     sync::{Arc, Mutex},
 };
 
@@ -22,7 +22,7 @@ use kube::{
 };
 use tracing::warn;
 
-use crate::cluster::objects;
+use crate::cluster::{kube_source::Store, objects};
 
 /// A pod as the rounds see it.
 #[derive(Debug, Clone)]
@@ -39,22 +39,13 @@ struct State {
     /// False until the first list is complete: a round must not decide
     /// anything about pods it has not seen yet.
     synced: bool,
-    /// A relist under way (kube-rs' `Init` .. `InitDone`).
-    relist: Option<BTreeMap<(String, String), Entry>>,
-    pods: BTreeMap<(String, String), Entry>,
+    pods: Store<Entry>,
 }
 
 /// Every pod in the cluster, as the watch last said.
 #[derive(Clone, Default)]
 pub struct PodView {
     state: Arc<Mutex<State>>,
-}
-
-fn key(o: &DynamicObject) -> (String, String) {
-    (
-        o.metadata.namespace.clone().unwrap_or_default(),
-        o.metadata.name.clone().unwrap_or_default(),
-    )
 }
 
 fn entry(o: &DynamicObject) -> Entry {
@@ -99,38 +90,20 @@ impl PodView {
         if !st.synced {
             return None;
         }
-        let running = st
-            .pods
-            .values()
+        let all = st.pods.state();
+        let running = all
+            .iter()
             .filter(|e| !e.over)
             .map(|e| e.uid.clone())
             .collect();
-        let pods = st.pods.values().filter_map(|e| e.pod.clone()).collect();
+        let pods = all.into_iter().filter_map(|e| e.pod).collect();
         Some((running, pods))
     }
 }
 
 fn apply(st: &mut State, event: watcher::Event<DynamicObject>) {
-    match event {
-        watcher::Event::Init => st.relist = Some(BTreeMap::new()),
-        watcher::Event::InitApply(o) => {
-            if let Some(relist) = st.relist.as_mut() {
-                relist.insert(key(&o), entry(&o));
-            }
-        }
-        watcher::Event::InitDone => {
-            if let Some(relist) = st.relist.take() {
-                st.pods = relist;
-            }
-            st.synced = true;
-        }
-        watcher::Event::Apply(o) => {
-            st.pods.insert(key(&o), entry(&o));
-        }
-        watcher::Event::Delete(o) => {
-            st.pods.remove(&key(&o));
-        }
-    }
+    st.synced |= matches!(event, watcher::Event::InitDone);
+    st.pods.apply(&event, entry);
 }
 
 #[cfg(test)]
