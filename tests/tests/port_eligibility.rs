@@ -184,13 +184,20 @@ fn only_vm_ports_are_attached_and_a_port_that_stops_being_one_is_detached() {
     wait_for("the stale link removed", Duration::from_secs(20), || {
         !pins(&node).contains(&format!("vm_port-{vm1_index}"))
     });
+    // The agent says so just after it removed the link: wait for the line
+    // rather than read the log at once.
+    let said = |log: &str| {
+        log.lines().any(|l| {
+            l.contains("removed the VM-port program from an interface that is not a VM port")
+                && l.contains(&vm1.port)
+                && l.contains("203.0.113.7")
+        })
+    };
+    let waited = std::time::Instant::now();
+    while !said(&node.agent_log()) && waited.elapsed() < Duration::from_secs(5) {
+        std::thread::sleep(Duration::from_millis(50));
+    }
     let log = node.agent_log();
-    assert!(
-        log.lines().any(|l| l
-            .contains("removed the VM-port program from an interface that is not a VM port")
-            && l.contains(&vm1.port)
-            && l.contains("203.0.113.7")),
-        "{log}"
-    );
+    assert!(said(&log), "{log}");
     assert!(!vm_port_on(&node, &vm1.port));
 }
