@@ -335,8 +335,8 @@ pub fn run(opts: &Options) -> Result<Section> {
          included, goes through `vm_service_in` (a tail call and a flow lookup), so the \
          baseline carries that cost too. What a ClusterIP packet adds on top: the tail call \
          into `vm_service`, its flow lookup (the tracked flow) and the rewrite with \
-         incremental checksums, and a second pass through `vm_port` (parsing and port \
-         security again) when `vm_service` hands the translated frame back.\n\n",
+         incremental checksums, and the client's egress policy on the backend's tuple; \
+         `vm_service` then delivers the frame itself (no second pass through `vm_port`).\n\n",
         opts.tcp_seconds,
         opts.runs,
         opts.pps_rounds,
