@@ -8,6 +8,7 @@
 use std::{
     collections::BTreeMap,
     process::{Child, Stdio},
+    sync::atomic::{AtomicU32, Ordering},
     time::{Duration, Instant},
 };
 
@@ -44,20 +45,26 @@ print("ready", flush=True)
 threading.Event().wait()
 "#;
 
-/// Tries every probe of argv (ip,proto,port ...) at once; prints one
-/// line per probe: ok or no.
+/// The source port of the next matrix probe: each its own, below the
+/// kernel's ephemeral range (32768 and up).
+static NEXT_SOURCE_PORT: AtomicU32 = AtomicU32::new(20000);
+
+/// Tries every probe of argv (ip,proto,port[,source port] ...) at once;
+/// prints one line per probe: ok or no.
 const CLIENT: &str = r#"
 import socket, sys, threading
 probes = [a.split(",") for a in sys.argv[1:]]
 out = [None] * len(probes)
-def probe(i, ip, proto, port):
+def probe(i, ip, proto, port, sport="0"):
     ok = False
     try:
+        src = ("0.0.0.0", int(sport))
         if proto == "tcp":
-            s = socket.create_connection((ip, int(port)), timeout=1.5)
+            s = socket.create_connection((ip, int(port)), timeout=1.5, source_address=src)
             s.settimeout(1.5); s.sendall(b"x"); ok = s.recv(10) == b"x"; s.close()
         else:
             s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); s.settimeout(0.7)
+            s.bind(src)
             for _ in range(2):
                 s.sendto(b"x", (ip, int(port)))
                 try:
@@ -285,7 +292,12 @@ impl Bed {
                 for to in self.endpoints.iter().filter(|t| t.name() != from.name()) {
                     for (proto, port) in PROBES {
                         keys.push((from.name(), to.name(), format!("{proto}/{port}")));
-                        args.push(format!("{},{proto},{port}", to.ip));
+                        // A source port no earlier probe used: a policy
+                        // change keeps established flows, so a probe that
+                        // happened to reuse an earlier allowed flow's
+                        // ports would pass as established.
+                        let sport = NEXT_SOURCE_PORT.fetch_add(1, Ordering::Relaxed);
+                        args.push(format!("{},{proto},{port},{sport}", to.ip));
                     }
                 }
                 let argv: Vec<&str> = args.iter().map(String::as_str).collect();
