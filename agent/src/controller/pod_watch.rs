@@ -17,7 +17,7 @@ use std::{
 use futures_util::StreamExt as _;
 use kube::{
     Api, Client,
-    api::{ApiResource, DynamicObject, GroupVersionKind},
+    api::DynamicObject,
     runtime::{WatchStreamExt as _, watcher},
 };
 use tracing::warn;
@@ -63,8 +63,7 @@ impl PodView {
     /// Starts the watch on the current runtime.
     pub fn start(client: Client) -> Self {
         let view = Self::default();
-        let resource =
-            ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk("", "v1", "Pod"), "pods");
+        let resource = super::resource("", "v1", "Pod", "pods");
         let api: Api<DynamicObject> = Api::all_with(client, &resource);
         let state = view.state.clone();
         tokio::spawn(async move {
