@@ -536,7 +536,7 @@ impl Dataplane {
             bench: None,
             slow_limits_written: BTreeMap::new(),
             policy_written: BTreeMap::new(),
-            uplink_xdp: north_south::UplinkXdp::Auto,
+            uplink_xdp: north_south::UplinkXdp::Off,
         })
     }
 

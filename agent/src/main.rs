@@ -61,7 +61,7 @@ struct AgentArgs {
     /// Native XDP on the uplink for the common cases of routed ingress and
     /// SNAT return: `auto` where its driver has native XDP, `off` never
     /// (the tc program on the uplink handles everything either way).
-    #[arg(long, value_enum, default_value_t = vmpath::dataplane::UplinkXdp::Auto)]
+    #[arg(long, value_enum, default_value_t = vmpath::dataplane::UplinkXdp::Off)]
     uplink_xdp: vmpath::dataplane::UplinkXdp,
     /// bpffs directory holding this agent's pinned maps (`maps/v<N>/`) and
     /// links (`links/`); mounted as a bpffs if it is not one.

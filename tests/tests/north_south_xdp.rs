@@ -99,7 +99,14 @@ fn bed() -> Bed {
             ("g3", "green", &vm3, VM3_IP),
         ]),
     );
-    node.set_agent_args(&["--uplink", "up0", "--metrics-addr", "off"]);
+    node.set_agent_args(&[
+        "--uplink",
+        "up0",
+        "--metrics-addr",
+        "off",
+        "--uplink-xdp",
+        "auto",
+    ]);
     node.start_agent();
     node.wait_ports(&[&vm1.port, &vm2.port, &vm3.port]);
     Bed {

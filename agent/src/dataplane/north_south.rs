@@ -33,12 +33,15 @@ pub const XDP_PORTS_RECHECK: std::time::Duration = std::time::Duration::from_sec
 /// `--uplink-xdp`: whether the uplink also gets the native XDP program
 /// (the common cases of routed ingress and SNAT return before an skb
 /// exists); the tc program is attached either way and handles the rest.
+/// Off by default: on a veth uplink (the test bed) XDP measured slower
+/// than tc (docs/north-south.md); a NIC with native XDP has not been
+/// measured.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
 pub enum UplinkXdp {
     /// Native XDP where the uplink's driver has it; tc alone where not.
-    #[default]
     Auto,
     /// tc alone.
+    #[default]
     Off,
 }
 
