@@ -43,6 +43,8 @@ pub struct AgentOptions {
     pub events: bool,
     /// The node's uplink: routed ingress and SNAT return traffic.
     pub uplink: String,
+    /// Native XDP on the uplink for the common cases (`--uplink-xdp`).
+    pub uplink_xdp: crate::dataplane::UplinkXdp,
     /// Slow-path frames served per second, all ports together.
     pub slowpath_serve_rate: u64,
     /// The data path's debug events at start.
@@ -231,6 +233,7 @@ pub fn run(
     monitor: Arc<crate::monitor::Hub>,
 ) -> Result<()> {
     let mut dp = Dataplane::open(&opts.bpffs).context("opening the data path")?;
+    dp.set_uplink_xdp(opts.uplink_xdp);
     if let Err(e) = monitor.start_reader(shared.clone()) {
         error!("vmpath monitor will show nothing: {e:#}");
     }

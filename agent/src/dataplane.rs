@@ -35,6 +35,7 @@ use vmpath_common::{
 pub mod batch;
 mod meter;
 mod north_south;
+pub use north_south::{UplinkXdp, XDP_PORTS_RECHECK};
 mod overlay;
 pub mod policy;
 pub mod service;
@@ -273,6 +274,10 @@ pub struct Maps {
     pub service_flows: HashMap<MapData, vmpath_common::ServiceFlowKey, vmpath_common::ServiceFlow>,
     pub service_config: Array<MapData, u32>,
     pub service_stats: PerCpuArray<MapData, vmpath_common::ServiceStats>,
+    /// Uplink XDP: ports it may redirect to (ifindex -> port id).
+    pub xdp_ports: HashMap<MapData, u32, u32>,
+    /// Uplink XDP: what it did, per CPU (`xdp_stat` slots).
+    pub uplink_xdp_stats: PerCpuArray<MapData, u64>,
 }
 
 fn open_map(root: &Path, name: &str) -> Result<Map> {
@@ -328,6 +333,8 @@ impl Maps {
             service_flows: open_map(root, map_names::SERVICE_FLOWS)?.try_into()?,
             service_config: open_map(root, map_names::SERVICE_CONFIG)?.try_into()?,
             service_stats: open_map(root, map_names::SERVICE_STATS)?.try_into()?,
+            xdp_ports: open_map(root, map_names::XDP_PORTS)?.try_into()?,
+            uplink_xdp_stats: open_map(root, map_names::UPLINK_XDP_STATS)?.try_into()?,
         })
     }
 
@@ -335,6 +342,14 @@ impl Maps {
     pub fn drop_counts(&self) -> Result<Vec<u64>> {
         (0..drop_reason::COUNT)
             .map(|i| Ok(self.drops.get(&i, 0)?.iter().sum()))
+            .collect()
+    }
+
+    /// The uplink XDP program's counters summed over CPUs, indexed by
+    /// `xdp_stat`.
+    pub fn uplink_xdp_counts(&self) -> Result<Vec<u64>> {
+        (0..vmpath_common::xdp_stat::COUNT)
+            .map(|i| Ok(self.uplink_xdp_stats.get(&i, 0)?.iter().sum()))
             .collect()
     }
 
@@ -438,6 +453,8 @@ pub struct Dataplane {
     slow_limits_written: BTreeMap<u32, vmpath_common::SlowLimits>,
     /// What this agent wrote to `vmp_pol_ep`, by port id.
     policy_written: BTreeMap<u32, vmpath_common::PolicyEndpoint>,
+    /// Native XDP on the uplink (`--uplink-xdp`).
+    uplink_xdp: north_south::UplinkXdp,
 }
 
 impl Dataplane {
@@ -496,6 +513,12 @@ impl Dataplane {
             .ok_or_else(|| anyhow!("program {} missing from the object", prog_names::UPLINK))?
             .try_into()?;
         retry_eagain(|| uplink.load()).context("loading (verifying) the uplink program")?;
+        let uplink_xdp: &mut Xdp = ebpf
+            .program_mut(prog_names::UPLINK_XDP)
+            .ok_or_else(|| anyhow!("program {} missing from the object", prog_names::UPLINK_XDP))?
+            .try_into()?;
+        retry_eagain(|| uplink_xdp.load())
+            .context("loading (verifying) the uplink's XDP program")?;
         overlay::load(&mut ebpf)?;
         load_tail_calls(&mut ebpf)?;
         // Debug events are a help, not a function: the data path runs
@@ -513,6 +536,7 @@ impl Dataplane {
             bench: None,
             slow_limits_written: BTreeMap::new(),
             policy_written: BTreeMap::new(),
+            uplink_xdp: north_south::UplinkXdp::Off,
         })
     }
 
@@ -733,6 +757,7 @@ impl Dataplane {
         phases.mark("services");
         sync(&mut self.maps.ports, &ports)?;
         sync(&mut self.maps.port_ids, &port_ids)?;
+        self.refresh_xdp_ports(plan)?;
         phases.mark("ports");
 
         for (ifindex, port) in &plan.ports {

@@ -35,4 +35,5 @@ pub mod snat;
 pub mod store;
 pub mod version;
 pub mod view;
+pub mod xdp_features;
 pub use vmpath_common as common;

@@ -58,6 +58,11 @@ struct AgentArgs {
     /// The node's uplink interface (north-south traffic).
     #[arg(long, default_value = "eth0")]
     uplink: String,
+    /// Native XDP on the uplink for the common cases of routed ingress and
+    /// SNAT return: `auto` where its driver has native XDP, `off` never
+    /// (the tc program on the uplink handles everything either way).
+    #[arg(long, value_enum, default_value_t = vmpath::dataplane::UplinkXdp::Off)]
+    uplink_xdp: vmpath::dataplane::UplinkXdp,
     /// bpffs directory holding this agent's pinned maps (`maps/v<N>/`) and
     /// links (`links/`); mounted as a bpffs if it is not one.
     #[arg(long, default_value = "/sys/fs/bpf/vmpath")]
@@ -316,6 +321,7 @@ fn main() -> Result<()> {
                     resync: Duration::from_millis(args.resync_interval_ms),
                     events: !args.no_events,
                     uplink: args.uplink,
+                    uplink_xdp: args.uplink_xdp,
                     slowpath_serve_rate: args.slowpath_serve_rate,
                     datapath_debug: args.datapath_debug.switches(),
                     source: match args.source {

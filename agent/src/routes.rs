@@ -297,6 +297,8 @@ pub struct NorthSouth {
     warned_uplink: bool,
     ports_reserved: bool,
     last_sweep: Option<std::time::Instant>,
+    /// When the ports XDP may deliver to were last asked of the kernel.
+    xdp_checked: Option<std::time::Instant>,
 }
 
 impl NorthSouth {
@@ -333,6 +335,15 @@ impl NorthSouth {
         let Some(plan) = applied else {
             return;
         };
+        if self
+            .xdp_checked
+            .is_none_or(|t| t.elapsed() >= crate::dataplane::XDP_PORTS_RECHECK)
+        {
+            if let Err(e) = dp.refresh_xdp_ports(plan) {
+                tracing::warn!("listing the ports uplink XDP delivers to: {e:#}");
+            }
+            self.xdp_checked = Some(std::time::Instant::now());
+        }
         if !self.ports_reserved {
             match crate::snat::reserve_ports(plan.snat.port_min, plan.snat.port_max) {
                 Ok(()) => self.ports_reserved = true,

@@ -166,10 +166,13 @@ pub mod maps {
     pub const SERVICE_CONFIG: MapDef = def::<u32, u32>(map_names::SERVICE_CONFIG, Array, 1);
     pub const SERVICE_STATS: MapDef =
         def::<u32, ServiceStats>(map_names::SERVICE_STATS, PerCpuArray, MAX_PORTS);
+    pub const XDP_PORTS: MapDef = def::<u32, u32>(map_names::XDP_PORTS, Hash, MAX_PORTS);
+    pub const UPLINK_XDP_STATS: MapDef =
+        def::<u32, u64>(map_names::UPLINK_XDP_STATS, PerCpuArray, xdp_stat::COUNT);
 
     /// Every map the agent pins (the whole object but aya-log's ring
     /// buffer, `map_names::DEBUG_LOG`).
-    pub const ALL: [MapDef; 50] = [
+    pub const ALL: [MapDef; 52] = [
         DEBUG,
         MONITOR,
         MONITOR_CFG,
@@ -220,6 +223,8 @@ pub mod maps {
         SERVICE_AFFINITY,
         SERVICE_CONFIG,
         SERVICE_STATS,
+        XDP_PORTS,
+        UPLINK_XDP_STATS,
     ];
 }
 

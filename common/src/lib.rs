@@ -104,6 +104,25 @@ pub mod map_names {
     pub const SERVICE_CONFIG: &str = "vmp_svc_cfg";
     /// Services: new flows and rejects per port id.
     pub const SERVICE_STATS: &str = "vmp_svc_stats";
+    /// Uplink XDP: ifindex of a VM port XDP_REDIRECT delivers to (its
+    /// device takes `ndo_xdp_xmit`) -> the port's id.
+    pub const XDP_PORTS: &str = "vmp_xdp_ports";
+    /// Uplink XDP: frames it delivered and passed on (`xdp_stat` slots).
+    pub const UPLINK_XDP_STATS: &str = "vmp_uplink_xdp";
+}
+
+/// Slots of `vmp_uplink_xdp` (per CPU): what the uplink's XDP program did.
+pub mod xdp_stat {
+    /// Routed ingress (IPv4) delivered to a local port by XDP_REDIRECT.
+    pub const ROUTED4: u32 = 0;
+    /// Routed ingress (IPv6) delivered to a local port by XDP_REDIRECT.
+    pub const ROUTED6: u32 = 1;
+    /// SNAT return (IPv4) reverse-translated and delivered by XDP_REDIRECT.
+    pub const SNAT4: u32 = 2;
+    /// IPv4 / IPv6 frames passed to the tc program (not a fast case).
+    pub const PASSED: u32 = 3;
+    pub const COUNT: u32 = 4;
+    pub const NAMES: [&str; COUNT as usize] = ["routed4", "routed6", "snat4", "passed"];
 }
 
 /// What a `MonitorEvent` reports.
@@ -155,6 +174,9 @@ pub mod prog_names {
     pub const VM_SERVICE: &str = "vm_service";
     /// Services: reverse translation of a reply, then the delivery.
     pub const VM_SERVICE_IN: &str = "vm_service_in";
+    /// Native XDP on the node's uplink: the fast cases of routed ingress
+    /// and SNAT return; everything else passes to `uplink` (tc).
+    pub const UPLINK_XDP: &str = "uplink_xdp";
 }
 
 /// Layout version of the pinned maps. Bump when any type below changes size

@@ -28,6 +28,7 @@ mod snat6;
 mod snat_icmp;
 mod spoof;
 mod uplink;
+mod uplink_xdp;
 mod vxlan;
 
 use aya_ebpf::{bindings::TC_ACT_SHOT, macros::classifier, programs::TcContext};

@@ -205,7 +205,7 @@ pub const TOUCH_GRANULARITY_NS: u64 = 100_000_000;
 
 /// Refreshes an entry; FIN or RST moves a TCP flow to the closing timeout.
 #[inline(always)]
-fn touch(e: *mut NatEntry, now: u64, tcp_flags: u8) {
+pub fn touch(e: *mut NatEntry, now: u64, tcp_flags: u8) {
     // SAFETY: callers pass a pointer from `get_ptr_mut` (bpf_map_lookup_elem), valid
     // until the program returns. The entry is shared by a flow's two
     // directions (possibly on two CPUs): plain integer stores, a race only

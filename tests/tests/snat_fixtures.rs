@@ -12,6 +12,10 @@
 //! helpers; frames with CHECKSUM_PARTIAL as a veth delivers them are
 //! covered by the live TCP/UDP runs in `north_south.rs`.
 //!
+//! The uplink's XDP program (`uplink_xdp`) gets the same routed ingress and
+//! SNAT return frames: what it takes it must rewrite byte for byte as the
+//! tc program does; what it must not take it passes untouched.
+//!
 //! Needs root. Run with:
 //!   cargo test -p vmpath-tests --test snat_fixtures -- --test-threads=1
 
@@ -2081,5 +2085,225 @@ fn snat6_destination_options_frame_out_and_back_byte_for_byte() {
         let mut want = with_ext6(&udp6(GW_MAC, VM_MAC, EXT6, VM6, 53, 5555), &[DSTOPTS], 0);
         want[14 + 7] = 63;
         assert_eq!(back, want, "reverse-translated frame");
+    });
+}
+
+// --- the uplink's XDP program ------------------------------------------------
+
+const XDP_PASS: u32 = 2;
+const XDP_REDIRECT: u32 = 4;
+
+impl Fx {
+    /// test_run of `uplink_xdp` (no `xdp_md`: it reads none).
+    fn xdp(&self, frame: &[u8]) -> (u32, Vec<u8>) {
+        let mut out = vec![0u8; 8192];
+        let r = self
+            .dp
+            .xdp_program(prog_names::UPLINK_XDP)
+            .unwrap()
+            .test_run(TestRunOptions {
+                data_in: Some(frame),
+                data_out: Some(&mut out),
+                ..Default::default()
+            })
+            .expect("test_run of uplink_xdp");
+        out.truncate(r.data_size_out as usize);
+        (r.return_value, out)
+    }
+
+    /// The VM's port listed as one XDP_REDIRECT delivers to (the agent
+    /// lists it when its device takes `ndo_xdp_xmit`).
+    fn xdp_port(&mut self) {
+        let port = self.port;
+        self.dp.maps_mut().xdp_ports.insert(port, 1, 0).unwrap();
+    }
+
+    fn xdp_count(&self, slot: u32) -> u64 {
+        self.dp.maps().uplink_xdp_counts().unwrap()[slot as usize]
+    }
+
+    fn tx_packets(&self) -> u64 {
+        let v = self.dp.maps().port_stats.get(&1, 0).unwrap();
+        v.iter().map(|s| s.tx_packets).sum()
+    }
+
+    /// XDP takes `frame` and rewrites it exactly as the tc program does
+    /// (its counter `slot` and the port's tx counter move); returns it.
+    fn xdp_takes(&self, frame: &[u8], slot: u32) -> Vec<u8> {
+        let (count, tx) = (self.xdp_count(slot), self.tx_packets());
+        let (v, out) = self.xdp(frame);
+        assert_eq!(v, XDP_REDIRECT, "XDP verdict");
+        assert_eq!(self.xdp_count(slot), count + 1, "XDP counter {slot}");
+        assert_eq!(self.tx_packets(), tx + 1, "the port's tx counter");
+        let (tv, tc_out) = self.ingress(frame);
+        assert_eq!(tv, TC_ACT_REDIRECT, "tc verdict on the same frame");
+        assert_eq!(out, tc_out, "XDP's frame differs from tc's");
+        out
+    }
+
+    /// XDP passes `frame` to tc untouched (and counts it passed).
+    fn xdp_passes(&self, frame: &[u8], why: &str) {
+        let passed = self.xdp_count(vmpath_common::xdp_stat::PASSED);
+        let (v, out) = self.xdp(frame);
+        assert_eq!(v, XDP_PASS, "{why}: XDP verdict");
+        assert_eq!(out, frame, "{why}: a passed frame is untouched");
+        assert_eq!(
+            self.xdp_count(vmpath_common::xdp_stat::PASSED),
+            passed + 1,
+            "{why}: counted passed"
+        );
+    }
+}
+
+/// `frame` (IPv4, 20-byte header) with 4 bytes of options (NOPs, end).
+fn with_ip_options(frame: &[u8]) -> Vec<u8> {
+    let mut v = frame[..34].to_vec();
+    v.extend_from_slice(&[1, 1, 1, 0]);
+    v.extend_from_slice(&frame[34..]);
+    v[14] = 0x46;
+    let total = u16::from_be_bytes([v[16], v[17]]) + 4;
+    v[16..18].copy_from_slice(&total.to_be_bytes());
+    v[24..26].copy_from_slice(&[0, 0]);
+    let c = !fold(sum16(&v[14..38], 0));
+    v[24..26].copy_from_slice(&c.to_be_bytes());
+    v
+}
+
+#[test]
+fn uplink_xdp_routed_ingress_rewritten_as_tc_does() {
+    use vmpath_common::xdp_stat;
+    in_fresh_netns(|| {
+        let mut fx = Fx::with_mtu(NET_F_ROUTED, 1500);
+        fx.xdp_port();
+        for frame in [
+            udp(TOR_MAC, UPLINK_MAC, EXT_IP, VM_IP, 53, 5555),
+            tcp(TOR_MAC, UPLINK_MAC, EXT_IP, VM_IP, 443, 33000),
+            big4(TOR_MAC, UPLINK_MAC, EXT_IP, VM_IP, 1500, true),
+        ] {
+            let out = fx.xdp_takes(&frame, xdp_stat::ROUTED4);
+            let seen = checked(&out);
+            assert_eq!((seen.dst, seen.ttl), (VM_IP.to_vec(), 63));
+            assert_eq!((seen.eth_src, seen.eth_dst), (GW_MAC, VM_MAC));
+        }
+        let out = fx.xdp_takes(
+            &udp6(TOR_MAC, UPLINK_MAC, EXT6, VM6, 53, 5555),
+            xdp_stat::ROUTED6,
+        );
+        let seen = checked(&out);
+        assert_eq!((seen.dst, seen.ttl), (VM6.to_vec(), 63));
+        assert_eq!((seen.eth_src, seen.eth_dst), (GW_MAC, VM_MAC));
+    });
+}
+
+#[test]
+fn uplink_xdp_passes_what_tc_must_handle() {
+    use vmpath_common::{AddrKey, PolicyEndpoint, ROUTED_F_INBOUND};
+    in_fresh_netns(|| {
+        let mut fx = Fx::with_mtu(NET_F_ROUTED, 1400);
+        let frame = udp(TOR_MAC, UPLINK_MAC, EXT_IP, VM_IP, 53, 5555);
+        fx.xdp_passes(&frame, "a port not listed for XDP delivery");
+        fx.xdp_port();
+        fx.xdp_passes(&with_ttl(frame.clone(), 1), "TTL 1 (time exceeded)");
+        fx.xdp_passes(
+            &big4(TOR_MAC, UPLINK_MAC, EXT_IP, VM_IP, 1401, true),
+            "above the MTU (frag needed)",
+        );
+        fx.xdp_passes(&with_ip_options(&frame), "IPv4 options");
+        fx.xdp_passes(
+            &udp(TOR_MAC, UPLINK_MAC, EXT_IP, [10, 30, 0, 99], 53, 5555),
+            "no routed entry",
+        );
+        let mut arp = frame.clone();
+        arp[12..14].copy_from_slice(&[0x08, 0x06]);
+        let (v, out) = fx.xdp(&arp);
+        assert_eq!((v, out), (XDP_PASS, arp), "not IP");
+
+        let maps = fx.dp.maps_mut();
+        maps.policy_endpoints
+            .set(
+                1,
+                PolicyEndpoint {
+                    flags: 1,
+                    identity: 7,
+                },
+                0,
+            )
+            .unwrap();
+        fx.xdp_passes(&frame, "a port NetworkPolicy isolates");
+        let maps = fx.dp.maps_mut();
+        maps.policy_endpoints
+            .set(1, PolicyEndpoint::default(), 0)
+            .unwrap();
+        maps.service_config.set(0, 1, 0).unwrap();
+        fx.xdp_passes(&frame, "Services programmed");
+        let maps = fx.dp.maps_mut();
+        maps.service_config.set(0, 0, 0).unwrap();
+        let key = AddrKey::v4(0, VM_IP);
+        let mut r = maps.routed.get(&key, 0).unwrap();
+        r.port_id |= ROUTED_F_INBOUND;
+        maps.routed.insert(key, r, 0).unwrap();
+        fx.xdp_passes(&frame, "inbound flows recorded (SNAT network)");
+        let maps = fx.dp.maps_mut();
+        r.port_id &= !ROUTED_F_INBOUND;
+        r.ifindex = 0;
+        maps.routed.insert(key, r, 0).unwrap();
+        fx.xdp_passes(&frame, "a VM not (only) here");
+        // Back to a plain entry: taken again.
+        r.ifindex = fx.port;
+        fx.dp.maps_mut().routed.insert(key, r, 0).unwrap();
+        let (v, _) = fx.xdp(&frame);
+        assert_eq!(
+            v, XDP_REDIRECT,
+            "the same frame once nothing stands in the way"
+        );
+    });
+}
+
+#[test]
+fn uplink_xdp_snat_return_reverse_translated_as_tc_does() {
+    use vmpath_common::xdp_stat;
+    in_fresh_netns(|| {
+        let mut fx = Fx::new(NET_F_SNAT);
+        fx.xdp_port();
+        // Flows out through tc; their replies in through XDP.
+        let (v, out) = fx.egress(&udp(VM_MAC, GW_MAC, VM_IP, EXT_IP, 5555, 53));
+        assert_eq!(v, TC_ACT_REDIRECT);
+        let udp_port = checked(&out).sport;
+        let (v, out) = fx.egress(&tcp(VM_MAC, GW_MAC, VM_IP, EXT_IP, 33000, 443));
+        assert_eq!(v, TC_ACT_REDIRECT);
+        let tcp_port = checked(&out).sport;
+        let (v, out) = fx.egress(&echo(VM_MAC, GW_MAC, VM_IP, EXT_IP, 77, false));
+        assert_eq!(v, TC_ACT_REDIRECT);
+        let echo_id = checked(&out).sport;
+
+        let reply = udp(TOR_MAC, UPLINK_MAC, EXT_IP, NODE_IP, 53, udp_port);
+        let back = checked(&fx.xdp_takes(&reply, xdp_stat::SNAT4));
+        assert_eq!((back.dst, back.dport), (VM_IP.to_vec(), 5555));
+        assert_eq!((back.src, back.ttl), (EXT_IP.to_vec(), 63));
+        assert_eq!((back.eth_src, back.eth_dst), (GW_MAC, VM_MAC));
+        // UDP without a checksum stays without one.
+        let mut no_sum = reply.clone();
+        no_sum[40..42].copy_from_slice(&[0, 0]);
+        let out = fx.xdp_takes(&no_sum, xdp_stat::SNAT4);
+        assert_eq!(&out[40..42], &[0, 0], "no UDP checksum made up");
+        let reply = tcp(TOR_MAC, UPLINK_MAC, EXT_IP, NODE_IP, 443, tcp_port);
+        let back = checked(&fx.xdp_takes(&reply, xdp_stat::SNAT4));
+        assert_eq!((back.dst, back.dport), (VM_IP.to_vec(), 33000));
+
+        fx.xdp_passes(
+            &echo(TOR_MAC, UPLINK_MAC, EXT_IP, NODE_IP, echo_id, true),
+            "ICMP echo reply (tc translates it)",
+        );
+        fx.xdp_passes(
+            &udp(TOR_MAC, UPLINK_MAC, EXT_IP, NODE_IP, 53, PORT_MAX + 100),
+            "no SNAT flow",
+        );
+        fx.xdp_passes(
+            &with_ttl(udp(TOR_MAC, UPLINK_MAC, EXT_IP, NODE_IP, 53, udp_port), 1),
+            "TTL 1",
+        );
+        let mut frag = udp(TOR_MAC, UPLINK_MAC, EXT_IP, NODE_IP, 53, udp_port);
+        frag[14 + 6] |= 0x20;
+        fx.xdp_passes(&frag, "a fragment");
     });
 }

@@ -272,9 +272,312 @@ pub fn run(opts: &Options) -> Result<Section> {
         });
     }
     drop(beds);
+    let (ingress_md, ingress_bars) = ingress(opts)?;
+    md.push_str(&ingress_md);
+    bars.extend(ingress_bars);
     Ok(Section {
         title: "2b. VM to external: SNAT and routed".into(),
         markdown: md,
         bars,
     })
+}
+
+// --- external -> VM: the uplink's XDP program against its tc program -------
+
+/// The VM's UDP port of the SNAT flow the external host answers.
+const VM_UDP_PORT: u16 = 4000;
+const EXT_UDP_PORT: u16 = 9;
+
+/// One external -> VM setup: the external namespace's `eth0` sends to
+/// `dst` (the VM's address, or the node's SNAT address).
+struct InBed {
+    name: &'static str,
+    /// Index of the Linux setup it is compared with (None: a baseline).
+    baseline: Option<usize>,
+    /// For the SNAT setups: the VM opens the flow (again before each
+    /// slice, so no timeout ends it).
+    snat: bool,
+    vm: Vm,
+    ext: Netns,
+    node: Node,
+}
+
+/// The node, the external namespace (its end of the uplink named `eth0`,
+/// as the raw-socket sender wants) and the VM, whose pod-side veth has
+/// GRO on (so its port takes XDP frames: docs/north-south.md).
+fn in_base(tag: &str) -> (Node, Netns, Vm) {
+    let node = Node::new(tag);
+    let ext = Netns::new(format!("vt{}-ext", node.tag));
+    link(
+        &node.ns,
+        "up0",
+        "192.0.2.1/30",
+        &ext,
+        "eth0",
+        "192.0.2.2/30",
+    );
+    enable_forwarding(&node.ns);
+    node.ns
+        .run(&["ip", "route", "add", "default", "via", EXT_IP]);
+    let vm = node.add_vm("o1", VM_MAC, &["10.30.0.21/16"], Some("10.30.0.1"));
+    vm.ns.run(&["ethtool", "-K", "eth0", "gro", "on"]);
+    ext.run(&["ip", "route", "add", "10.30.0.0/16", "via", "192.0.2.1"]);
+    (node, ext, vm)
+}
+
+fn in_vmpath(tag: &str, egress: &str, xdp: bool, baseline: usize) -> Result<InBed> {
+    let (mut node, ext, vm) = in_base(tag);
+    node.write_config(
+        "config.yaml",
+        &format!(
+            "apiVersion: vmpath.dev/v1alpha1\nkind: Node\nmetadata: {{name: {tag}}}\nspec:\n  address: 192.0.2.1\n---\n\
+             apiVersion: vmpath.dev/v1alpha1\nkind: Network\nmetadata: {{name: orange}}\nspec:\n  id: {NET_ID}\n  subnets: [\"10.30.0.0/16\"]\n  defaultGatewayIPs: [\"10.30.0.1\"]\n  ipam: {{mode: Enabled}}\n  egress: {egress}\n---\n\
+             apiVersion: vmpath.dev/v1alpha1\nkind: Attachment\nmetadata: {{name: o1-eth0, namespace: prod}}\nspec:\n  vm: o1\n  interface: eth0\n  network: orange\n  node: {tag}\n  port: {}\n  mac: \"{VM_MAC}\"\n  ips: [\"10.30.0.21/16\"]\n",
+            vm.port
+        ),
+    );
+    let mode = if xdp { "auto" } else { "off" };
+    node.set_agent_args(&[
+        "--uplink",
+        "up0",
+        "--metrics-addr",
+        "off",
+        "--uplink-xdp",
+        mode,
+    ]);
+    node.start_agent();
+    node.wait_ports(&[&vm.port]);
+    if xdp {
+        // The port listed for XDP delivery (the agent asks the kernel
+        // every 2 s).
+        let ifindex = node.ns.ifindex(&vm.port);
+        let start = std::time::Instant::now();
+        while node.maps().xdp_ports.get(&ifindex, 0).is_err() {
+            if start.elapsed() > std::time::Duration::from_secs(20) {
+                return Err(anyhow!("{tag}: the VM port never listed for XDP delivery"));
+            }
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        }
+    }
+    let snat = egress == "SNAT";
+    Ok(InBed {
+        name: match (snat, xdp) {
+            (true, true) => "vmpath SNAT return, XDP",
+            (true, false) => "vmpath SNAT return, tc",
+            (false, true) => "vmpath routed ingress, XDP",
+            (false, false) => "vmpath routed ingress, tc",
+        },
+        baseline: Some(baseline),
+        snat,
+        vm,
+        ext,
+        node,
+    })
+}
+
+fn in_linux(tag: &str) -> Result<InBed> {
+    let (node, ext, vm) = in_base(tag);
+    node.ns
+        .run(&["ip", "addr", "add", "10.30.0.1/16", "dev", &vm.port]);
+    Ok(InBed {
+        name: "Linux routing",
+        baseline: None,
+        snat: false,
+        vm,
+        ext,
+        node,
+    })
+}
+
+impl InBed {
+    /// The VM's UDP datagram that opens (or refreshes) the SNAT flow the
+    /// external host answers.
+    fn open_flow(&self) {
+        self.vm.ns.run(&[
+            "python3",
+            "-c",
+            &format!(
+                "import socket\ns = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)\n\
+                 s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)\n\
+                 s.bind(('', {VM_UDP_PORT}))\ns.sendto(b'open', ('{EXT_IP}', {EXT_UDP_PORT}))\n"
+            ),
+        ]);
+    }
+
+    /// Where the external host sends: the VM's address, or the node's
+    /// address and the port the flow was translated to.
+    fn target(&self) -> Result<([u8; 4], u16)> {
+        if !self.snat {
+            return Ok((VM_IP, VM_UDP_PORT));
+        }
+        let maps = self.node.maps();
+        maps.snat_out
+            .iter()
+            .filter_map(|r| r.ok())
+            .find(|(k, _)| k.src == VM_IP && k.proto == 17)
+            .map(|(_, e)| (e.addr, e.port))
+            .ok_or_else(|| anyhow!("{}: no SNAT flow of the VM", self.name))
+    }
+}
+
+/// External host -> VM, 64-byte UDP: routed ingress to the VM's address
+/// and SNAT return on a flow the VM opened, each through the uplink's XDP
+/// program and through its tc program (`--uplink-xdp off`), against Linux
+/// routing to the VM's address.
+fn ingress(opts: &Options) -> Result<(String, Vec<Bar>)> {
+    let beds = [
+        in_vmpath("ix", "Routed", true, 2)?,
+        in_vmpath("it", "Routed", false, 2)?,
+        in_linux("il")?,
+        in_vmpath("sx", "SNAT", true, 2)?,
+        in_vmpath("st", "SNAT", false, 2)?,
+    ];
+    let ext_mac = |b: &InBed| -> Result<Mac> {
+        let link = b.ext.run(&["ip", "-j", "link", "show", "dev", "eth0"]);
+        let v: serde_json::Value = serde_json::from_str(&link)?;
+        parse_mac(v[0]["address"].as_str().unwrap_or("")).map_err(|e| anyhow!(e))
+    };
+    let up_mac = |b: &InBed| -> Result<Mac> {
+        let link = b.node.ns.run(&["ip", "-j", "link", "show", "dev", "up0"]);
+        let v: serde_json::Value = serde_json::from_str(&link)?;
+        parse_mac(v[0]["address"].as_str().unwrap_or("")).map_err(|e| anyhow!(e))
+    };
+    let mut frames = Vec::new();
+    for b in &beds {
+        if b.snat {
+            b.open_flow();
+        } else if !b.ext.ping("10.30.0.21", 2) {
+            return Err(anyhow!("{}: the external host cannot ping the VM", b.name));
+        }
+        let (dst, port) = b.target()?;
+        let mut f = util::udp4_min(up_mac(b)?, ext_mac(b)?, [192, 0, 2, 2], dst);
+        // Source and destination ports of the flow (checksum patched).
+        let l4 = 14 + 20;
+        let old = [
+            u16::from_be_bytes([f[l4], f[l4 + 1]]),
+            u16::from_be_bytes([f[l4 + 2], f[l4 + 3]]),
+        ];
+        f[l4..l4 + 2].copy_from_slice(&EXT_UDP_PORT.to_be_bytes());
+        f[l4 + 2..l4 + 4].copy_from_slice(&port.to_be_bytes());
+        let mut sum = u32::from(!u16::from_be_bytes([f[l4 + 6], f[l4 + 7]]));
+        sum += u32::from(!old[0]) + u32::from(EXT_UDP_PORT);
+        sum += u32::from(!old[1]) + u32::from(port);
+        while sum > 0xffff {
+            sum = (sum & 0xffff) + (sum >> 16);
+        }
+        let mut c = !(sum as u16);
+        if c == 0 {
+            c = 0xffff;
+        }
+        f[l4 + 6..l4 + 8].copy_from_slice(&c.to_be_bytes());
+        frames.push(f);
+    }
+    let xdp_before: Vec<u64> = [0, 3]
+        .iter()
+        .map(|&i| beds[i].node.maps().uplink_xdp_counts().map(|c| c[0] + c[2]))
+        .collect::<Result<_>>()?;
+    let names: Vec<&str> = beds.iter().map(|b| b.name).collect();
+    let rates = e2e::rate_rounds(&names, opts.pps_rounds, |i| {
+        let b = &beds[i];
+        if b.snat {
+            b.open_flow();
+        }
+        e2e::pps(&b.ext, &frames[i], opts.pps_slice, &[&b.vm.ns])
+    })?;
+    let xdp_taken: Vec<u64> = [0, 3]
+        .iter()
+        .zip(&xdp_before)
+        .map(|(&i, before)| {
+            beds[i]
+                .node
+                .maps()
+                .uplink_xdp_counts()
+                .map(|c| c[0] + c[2] - before)
+        })
+        .collect::<Result<_>>()?;
+    let mut pps: Vec<Vec<f64>> = vec![Vec::new(); beds.len()];
+    let mut per_cpu: Vec<Vec<f64>> = vec![Vec::new(); beds.len()];
+    let mut sent: Vec<Vec<f64>> = vec![Vec::new(); beds.len()];
+    for (i, setup) in rates.iter().enumerate() {
+        for x in setup {
+            pps[i].push(x.received_pps / 1e6);
+            per_cpu[i].push(x.received_per_cpu_s / 1e6);
+            sent[i].push(x.sent_pps / 1e6);
+        }
+    }
+    let mut drops = vec![0u64; vmpath_common::drop_reason::COUNT as usize];
+    for i in [0, 1, 3, 4] {
+        for (d, n) in drops.iter_mut().zip(beds[i].node.maps().drop_counts()?) {
+            *d += n;
+        }
+    }
+    let drop_names = util::nonzero_drops(&drops);
+    let ratio = |v: &[Vec<f64>], i: usize, base: usize| util::paired_ratio(&v[i], &v[base]);
+    let mut md = format!(
+        "\n**External → VM.** The reverse direction, 64-byte UDP sent by the same raw-socket \
+         sender from the external namespace, counted by the VM namespace's IP layer, {} \
+         rounds of {} ms slices, the five setups interleaved, the order rotated. **Routed \
+         ingress** to the VM's own address: vmpath with the uplink's native XDP program \
+         (`--uplink-xdp auto`: rewritten and redirected to the VM's port before an skb \
+         exists; the VM's pod-side veth has GRO on, which is what lets its host side take \
+         XDP frames), vmpath with the tc program alone (`--uplink-xdp off`: \
+         `bpf_redirect_peer`), and Linux routing. **SNAT return** to the node's address \
+         on a UDP flow the VM opened (refreshed before each slice): vmpath XDP and vmpath \
+         tc; its ÷ Linux is against Linux routing to the VM's address (no NAT). The \
+         uplink is a veth, where native XDP cannot save an skb: the sender's skb exists \
+         already, the veth copies it into a page for XDP (its headroom is below \
+         `XDP_PACKET_HEADROOM`) and the VM's veth builds a new skb from the XDP frame, \
+         where the tc program hands the original skb on with `bpf_redirect_peer`; a \
+         NIC's native XDP (which saves the driver's skb) is not measured here. XDP \
+         delivered {} (routed) \
+         and {} (SNAT return) frames in the XDP setups' slices.\n\n\
+         | setup | UDP 64 B received Mpps | ÷ Linux | ÷ vmpath tc | sent Mpps | received ÷ sent | per CPU-second ÷ Linux |\n|---|---|---|---|---|---|---|\n",
+        opts.pps_rounds,
+        opts.pps_slice.as_millis(),
+        xdp_taken[0],
+        xdp_taken[1],
+    );
+    for (i, b) in beds.iter().enumerate() {
+        let (vs_linux, vs_tc, cpu) = match b.baseline {
+            Some(base) => (
+                fmt_summary(&ratio(&pps, i, base)),
+                if i == 0 || i == 3 {
+                    fmt_summary(&ratio(&pps, i, i + 1))
+                } else {
+                    "1.000".to_string()
+                },
+                fmt_summary(&ratio(&per_cpu, i, base)),
+            ),
+            None => ("1.000".into(), "".into(), "1.000".into()),
+        };
+        md.push_str(&format!(
+            "| {} | {} | {} | {} | {} | {} | {} |\n",
+            b.name,
+            fmt_summary(&summary(&pps[i])),
+            vs_linux,
+            vs_tc,
+            fmt_summary(&summary(&sent[i])),
+            fmt_summary(&util::paired_ratio(&pps[i], &sent[i])),
+            cpu,
+        ));
+    }
+    md.push_str(&format!(
+        "\nDrops counted by the vmpath data path during the external → VM runs: {}.\n",
+        if drop_names.is_empty() {
+            "none".to_string()
+        } else {
+            drop_names.join(", ")
+        }
+    ));
+    let mut bars = Vec::new();
+    for i in [0, 1, 3, 4] {
+        let base = beds[i].baseline.unwrap_or(i);
+        bars.push(Bar {
+            label: format!("UDP 64 B pps external-to-VM: {}", beds[i].name),
+            ratio: ratio(&pps, i, base).median,
+            baseline: beds[base].name.into(),
+        });
+    }
+    drop(beds);
+    Ok((md, bars))
 }
