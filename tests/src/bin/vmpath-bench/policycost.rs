@@ -369,6 +369,17 @@ fn end_to_end(opts: &Options) -> Result<(String, Bar)> {
             );
         }
     }
+    let policy_drops = |bed: &Bed| -> u64 {
+        [
+            vmpath_common::drop_reason::POLICY_DENIED_INGRESS,
+            vmpath_common::drop_reason::POLICY_DENIED_EGRESS,
+        ]
+        .iter()
+        .map(|r| bed.node.drops(*r))
+        .sum()
+    };
+    // The ping above is denied: counted from here.
+    let denied_before = policy_drops(&beds[1]);
     let frame = util::udp4_min(B_MAC, A_MAC, A_IP, B_IP);
     let names: Vec<&str> = beds.iter().map(|b| b.name).collect();
     let rates = rate_rounds(&names, opts.pps_rounds, |i| {
@@ -384,13 +395,7 @@ fn end_to_end(opts: &Options) -> Result<(String, Bar)> {
     if policed.allowed_ingress == 0 {
         bail!("b's ingress policy never ran");
     }
-    let denied: u64 = [
-        vmpath_common::drop_reason::POLICY_DENIED_INGRESS,
-        vmpath_common::drop_reason::POLICY_DENIED_EGRESS,
-    ]
-    .iter()
-    .map(|r| beds[1].node.drops(*r))
-    .sum();
+    let denied = policy_drops(&beds[1]) - denied_before;
     let pick = |f: fn(&Rate) -> f64, i: usize| -> Vec<f64> { rates[i].iter().map(f).collect() };
     let rx = |r: &Rate| r.received_pps / 1e6;
     let sent = |r: &Rate| r.sent_pps / 1e6;
