@@ -263,16 +263,17 @@ fn run_in_netns(opts: &Options) -> Result<Section> {
     let rb = paired_ratio(&b1, &b0);
     let mut md = format!(
         "The same 60-byte UDP frame from endpoint a to endpoint b on one node, by BPF_PROG_TEST_RUN of \
-         `vm_port` on a's port (a tracked flow is looked up in `vm_port` itself, on both ends; a new \
+         `vm_port` on a's port (a tracked flow is looked up in `vm_port` itself, for both ends; a new \
          flow's tail calls into `vm_policy_out` and, before delivery, `vm_policy_in` included; \
          test_run returns the redirect without executing it). **No policy** \
          against **{POLICIES} policies and {} identities** ({} CIDR identities from /32 ipBlocks, {rules} \
          rule entries; a isolated for egress, b for ingress, both allowed), compiled by the agent's \
          own pipeline and written by `Dataplane::apply`; the two alternate within each of {} runs. \
          **Tracked flow**: one test run with repeat = {} (the first repetition opens the flow, the \
-         rest hit conntrack: one flow-table lookup per end, no tail call). **New flows**: {} test runs \
-         of one repetition each, every one with its own source port (a rule lookup on both ends and \
-         two conntrack inserts per frame). Ratios are \
+         second passes on each end's own flow entry and records the flow's shared entry, the rest \
+         pass both ends on that one lookup, no tail call). **New flows**: {} test runs of one \
+         repetition each, every one with its own source port (flow-table misses, a rule lookup on \
+         both ends and two flow-table inserts per frame). Ratios are \
          the median (min–max) of the per-run paired ratios.\n\n",
         identities.len(),
         POLICIES * BLOCKS_PER_POLICY,
