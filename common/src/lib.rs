@@ -1090,6 +1090,11 @@ pub mod policy_dir {
     pub const INGRESS: u8 = 0;
     /// Out of the endpoint (policy `egress`, checked on its port).
     pub const EGRESS: u8 = 1;
+    /// A flow tracked for both ends of a local delivery at once: its key
+    /// holds the network id where the other directions hold a port id,
+    /// and its `PolicyFlow` names the two ports (`from_port` sent the
+    /// packet that opened it, `to_port` received it).
+    pub const PAIR: u8 = 2;
 }
 
 /// Identities the agent does not allocate from label sets.
@@ -1130,6 +1135,10 @@ pub const MAX_POLICIES: u32 = 4096;
 /// A tracked flow idle this long is checked against policy again.
 pub const POLICY_FLOW_TCP_TIMEOUT_NS: u64 = 7440 * 1_000_000_000;
 pub const POLICY_FLOW_OTHER_TIMEOUT_NS: u64 = 300 * 1_000_000_000;
+/// A tracked flow's `last_seen` is rewritten only once it is this old: most
+/// packets read the entry without dirtying it (the idle timeouts are
+/// minutes, a second more or less is nothing to them).
+pub const POLICY_FLOW_REFRESH_NS: u64 = 1_000_000_000;
 
 /// Per port id (`vmp_pol_ep`): which directions policy isolates and the
 /// endpoint's own identity. Flags 0: no policy selects it, nothing checked.
@@ -1244,14 +1253,21 @@ const _: () = assert!(size_of::<PolicyFlowKey>() == 44);
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct PolicyFlow {
-    /// bpf_ktime_get_ns of a recent packet either way.
+    /// bpf_ktime_get_coarse_ns of a recent packet either way (at most
+    /// `POLICY_FLOW_REFRESH_NS` behind the latest).
     pub last_seen: u64,
     /// Index of the policy that allowed it (`POLICY_NONE`: the direction
-    /// was not isolated).
+    /// was not isolated, or a `policy_dir::PAIR` entry).
     pub policy: u32,
-    pub _pad: u32,
+    /// `policy_dir::PAIR` entries: the port ids of the sender of the
+    /// packet that opened the flow and of its receiver, both of which
+    /// allowed it; 0 in the others.
+    pub from_port: u16,
+    pub to_port: u16,
 }
 const _: () = assert!(size_of::<PolicyFlow>() == 16);
+// Port ids fit `PolicyFlow::from_port` / `to_port`.
+const _: () = assert!(MAX_PORTS <= 1 << 16);
 
 /// Per port id, per CPU (`vmp_pol_stats`): new flows allowed and packets
 /// denied, by direction.

@@ -199,7 +199,9 @@ fn ipv4(ctx: &TcContext, ifindex: u32, port: &PortInfo, dst: [u8; 6], src: [u8; 
             return verdict;
         }
     }
-    let parsed = match policy::egress(ctx, port.port_id) {
+    // Switched unicast may reach a local port: its flow's shared entry.
+    let local = (!to_gateway && !is_multicast(&dst)).then_some(port.network);
+    let parsed = match policy::egress(ctx, port.port_id, local) {
         policy::Egress::Pass(parsed) => parsed,
         policy::Egress::Verdict(verdict) => return verdict,
     };
@@ -280,11 +282,13 @@ fn ipv6(ctx: &TcContext, ifindex: u32, port: &PortInfo, dst: [u8; 6], src: [u8; 
         }
     }
 
-    let parsed = match policy::egress(ctx, port.port_id) {
+    let to_gateway = mac_eq(&dst, &port.gw_mac);
+    let local = (!to_gateway && !is_multicast(&dst)).then_some(port.network);
+    let parsed = match policy::egress(ctx, port.port_id, local) {
         policy::Egress::Pass(parsed) => parsed,
         policy::Egress::Verdict(verdict) => return verdict,
     };
-    if mac_eq(&dst, &port.gw_mac) {
+    if to_gateway {
         return route::egress(ctx, network_of(port)?);
     }
     fwd::switch_parsed(ctx, ifindex, port.network, dst, parsed)

@@ -16,7 +16,7 @@
 use aya_ebpf::{
     bindings::TC_ACT_SHOT,
     btf_maps::{Array, HashMap, LpmTrie, LruHashMap, PerCpuArray, lpm_trie::Key},
-    helpers::bpf_ktime_get_ns,
+    helpers::generated::bpf_ktime_get_coarse_ns,
     macros::{btf_map, classifier},
     programs::TcContext,
 };
@@ -24,9 +24,9 @@ use network_types::{eth::EthHdr, ip::Ipv4Hdr, ip::Ipv6Hdr};
 use vmpath_common::{
     FloodList, IdentityPrefix, NO_PORT_ID, POL_F_EGRESS, POL_F_INGRESS, POLICY_CB_DELIVER,
     POLICY_CB_EGRESS_DONE, POLICY_CB_UNTRACKED, POLICY_FLOW_OTHER_TIMEOUT_NS,
-    POLICY_FLOW_TCP_TIMEOUT_NS, POLICY_LEN_FULL, POLICY_NONE, PolicyEndpoint, PolicyFlow,
-    PolicyFlowKey, PolicyRuleKey, PolicyStats, addr_family, drop_reason, identity, maps,
-    policy_dir, tail_call,
+    POLICY_FLOW_REFRESH_NS, POLICY_FLOW_TCP_TIMEOUT_NS, POLICY_LEN_FULL, POLICY_NONE,
+    PolicyEndpoint, PolicyFlow, PolicyFlowKey, PolicyRuleKey, PolicyStats, addr_family,
+    drop_reason, identity, maps, policy_dir, tail_call,
 };
 
 use crate::{
@@ -115,6 +115,37 @@ enum Seen {
 pub struct Parsed {
     now: u64,
     exempt: bool,
+    /// The port whose ingress a shared (`policy_dir::PAIR`) entry of the
+    /// flow vouches for, with the sender's egress (0: none): the delivery
+    /// to that port looks nothing up.
+    pair_to: u32,
+    /// The sender's port id when its egress passed on its own entry and
+    /// the frame may be switched locally on `network`: a delivery whose
+    /// ingress passes on its own entry too records a shared one, which
+    /// the flow's later frames look up instead of the two (0: no).
+    from_port: u32,
+    network: u32,
+}
+
+impl Parsed {
+    #[inline(always)]
+    fn new(now: u64, exempt: bool) -> Parsed {
+        Parsed {
+            now,
+            exempt,
+            pair_to: 0,
+            from_port: 0,
+            network: 0,
+        }
+    }
+}
+
+/// The clock of `PolicyFlow::last_seen`: idle timeouts are minutes, a
+/// tick's precision is plenty, and it costs a fraction of the precise one.
+#[inline(always)]
+fn now() -> u64 {
+    // SAFETY: a helper call without arguments; it touches no memory of ours.
+    unsafe { bpf_ktime_get_coarse_ns() }
 }
 
 /// What `egress` decided.
@@ -131,8 +162,11 @@ pub enum Egress {
 /// hands it back to `vm_port` when allowed); `Pass` when it may go on: no
 /// policy selects the endpoint, or the frame belongs to a flow already
 /// allowed (checked here, without a tail call: most frames are).
+/// `local`: the frame's network when it is unicast switched on it (not
+/// to the gateway), so it may be delivered to a local port: its flow may
+/// have a shared entry for both ends.
 #[inline(always)]
-pub fn egress(ctx: &TcContext, port_id: u32) -> Egress {
+pub fn egress(ctx: &TcContext, port_id: u32, local: Option<u32>) -> Egress {
     let Some(ep) = POLICY_ENDPOINTS.get(port_id) else {
         return Egress::Pass(None);
     };
@@ -144,15 +178,63 @@ pub fn egress(ctx: &TcContext, port_id: u32) -> Egress {
     if cb[0] == POLICY_CB_EGRESS_DONE && cb[1] == port_id {
         return Egress::Pass(None);
     }
-    let (passes, parsed) = passes_tracked(ctx, port_id, policy_dir::EGRESS, None);
+    let (passes, parsed, looked_up) = egress_tracked(ctx, port_id, local);
     if passes {
         return Egress::Pass(parsed);
     }
-    cb[3] = POLICY_CB_UNTRACKED;
+    if looked_up {
+        cb[3] = POLICY_CB_UNTRACKED;
+    }
     // SAFETY: `ctx` is this program's own context; on success the tail
     // call does not return, otherwise the error below.
     unsafe { PROGS.tail_call(ctx, tail_call::POLICY_EGRESS) };
     Egress::Verdict(Err(drop_reason::HELPER_FAILED))
+}
+
+/// `passes_tracked` for the sender's egress, which first looks for a
+/// shared entry when the frame may be delivered locally (`local`: its
+/// network): found, the delivery it names needs no lookup of its own.
+#[inline(always)]
+fn egress_tracked(
+    ctx: &TcContext,
+    port_id: u32,
+    local: Option<u32>,
+) -> (bool, Option<Parsed>, bool) {
+    let Some(k) = POLICY_SCRATCH.get_ptr_mut(0) else {
+        return (false, None, false);
+    };
+    // SAFETY: this CPU's scratch slot, valid for this run; nothing else
+    // uses it while this packet is checked.
+    let k = unsafe { &mut *k };
+    let Some(mut parsed) = parse_fresh(ctx, k) else {
+        return (false, None, false);
+    };
+    if parsed.exempt {
+        return (true, Some(parsed), false);
+    }
+    if let Some(network) = local {
+        let to = pair_other(k, network, port_id, policy_dir::EGRESS, parsed.now);
+        if to != 0 {
+            parsed.pair_to = to;
+            return (true, Some(parsed), true);
+        }
+        parsed.from_port = port_id;
+        parsed.network = network;
+    }
+    k.port_id = port_id;
+    k.direction = policy_dir::EGRESS;
+    k._pad = 0;
+    (tracked(k, parsed.now), Some(parsed), true)
+}
+
+/// The frame's tuple read into `k` by `parse_plain`, with the time;
+/// `None`: `check` must decide.
+#[inline(always)]
+fn parse_fresh(ctx: &TcContext, k: &mut PolicyFlowKey) -> Option<Parsed> {
+    match parse_plain(ctx, k)? {
+        Seen::Exempt => Some(Parsed::new(0, true)),
+        _ => Some(Parsed::new(now(), false)),
+    }
 }
 
 /// Whether the frame passes `port_id`'s policy in direction `dir` without
@@ -160,44 +242,49 @@ pub fn egress(ctx: &TcContext, port_id: u32) -> Egress {
 /// or its flow (or the one it answers) is in the flow table. What `check`
 /// does first, so the verdict is the same; anything else (a new flow, a
 /// malformed frame) goes to `check`. `known`: the scratch slot holds the
-/// frame's tuple already. Also returns what a later check of the same
-/// frame in this run may reuse.
+/// frame's tuple already. Also returns whether the flow table was looked
+/// up (the frame could be parsed here).
 #[inline(always)]
-fn passes_tracked(
-    ctx: &TcContext,
-    port_id: u32,
-    dir: u8,
-    known: Option<Parsed>,
-) -> (bool, Option<Parsed>) {
+fn passes_tracked(ctx: &TcContext, port_id: u32, dir: u8, known: Option<Parsed>) -> (bool, bool) {
     let Some(k) = POLICY_SCRATCH.get_ptr_mut(0) else {
-        return (false, None);
+        return (false, false);
     };
     // SAFETY: this CPU's scratch slot, valid for this run; nothing else
     // uses it while this packet is checked.
     let k = unsafe { &mut *k };
     let parsed = match known {
         Some(p) => p,
-        None => match parse_plain(ctx, k) {
-            Some(Seen::Exempt) => Parsed {
-                now: 0,
-                exempt: true,
-            },
-            Some(_) => Parsed {
-                // SAFETY: a helper call without arguments; it touches no
-                // memory of ours.
-                now: unsafe { bpf_ktime_get_ns() },
-                exempt: false,
-            },
-            None => return (false, None),
+        None => match parse_fresh(ctx, k) {
+            Some(p) => p,
+            None => return (false, false),
         },
     };
     if parsed.exempt {
-        return (true, Some(parsed));
+        return (true, false);
     }
     k.port_id = port_id;
     k.direction = dir;
     k._pad = 0;
-    (tracked(k, parsed.now), Some(parsed))
+    if !tracked(k, parsed.now) {
+        return (false, true);
+    }
+    // The sender's egress and this port's ingress each passed on their own
+    // entry: one shared entry stands for both from now on.
+    if let Some(p) = known
+        && p.from_port != 0
+    {
+        let flow = PolicyFlow {
+            last_seen: p.now,
+            policy: POLICY_NONE,
+            from_port: p.from_port as u16,
+            to_port: port_id as u16,
+        };
+        k.port_id = p.network;
+        k.direction = policy_dir::PAIR;
+        // Should the insert fail, the two entries go on serving.
+        let _ = POLICY_FLOWS.insert(&*k, &flow, 0);
+    }
+    (true, true)
 }
 
 /// Whether `vm_port` runs again for a frame `vm_policy_out` let through
@@ -219,13 +306,26 @@ pub fn deliver(
     port_id: u32,
     known: Option<Parsed>,
 ) -> Option<Verdict> {
-    let ep = POLICY_ENDPOINTS.get(port_id)?;
-    if ep.flags == 0 || passes_tracked(ctx, port_id, policy_dir::INGRESS, known).0 {
+    // The flow's shared entry holds this port's own verdict (it was made
+    // from this port's entry), not the sender's.
+    if let Some(p) = known
+        && p.pair_to == port_id
+    {
         return None;
     }
-    // SAFETY: the skb pointer is the program's own context, valid for
-    // this run; cb is scratch space for the programs that see the frame.
-    unsafe { (*ctx.skb.skb).cb[3] = POLICY_CB_UNTRACKED };
+    let ep = POLICY_ENDPOINTS.get(port_id)?;
+    if ep.flags == 0 {
+        return None;
+    }
+    let (passes, looked_up) = passes_tracked(ctx, port_id, policy_dir::INGRESS, known);
+    if passes {
+        return None;
+    }
+    if looked_up {
+        // SAFETY: the skb pointer is the program's own context, valid for
+        // this run; cb is scratch space for the programs that see the frame.
+        unsafe { (*ctx.skb.skb).cb[3] = POLICY_CB_UNTRACKED };
+    }
     Some(crate::fwd::deliver_through(
         ctx,
         POLICY_CB_DELIVER,
@@ -374,11 +474,15 @@ fn check(
     if seen == Seen::Exempt {
         return Ok(());
     }
+    let now = now();
+    // An ICMP error about a flow a shared entry holds: the only frames of
+    // such a flow that come here (its others pass on the entry before).
+    if !untracked && seen == Seen::Related && pair_other(k, network, port_id, dir, now) != 0 {
+        return Ok(());
+    }
     k.port_id = port_id;
     k.direction = dir;
     k._pad = 0;
-    // SAFETY: a helper call without arguments; it touches no memory of ours.
-    let now = unsafe { bpf_ktime_get_ns() };
     if !untracked && tracked(k, now) {
         return Ok(());
     }
@@ -414,7 +518,8 @@ fn check(
         let flow = PolicyFlow {
             last_seen: now,
             policy,
-            _pad: 0,
+            from_port: 0,
+            to_port: 0,
         };
         // A full table evicts its oldest flow (LRU); should the insert
         // still fail, the flow's next packet is checked again.
@@ -445,42 +550,95 @@ fn reaches_node(ctx: &TcContext, ifindex: u32, network: u32, k: &PolicyFlowKey) 
 /// enough. Leaves `k` as it found it.
 #[inline(always)]
 fn tracked(k: &mut PolicyFlowKey, now: u64) -> bool {
-    let timeout = if k.proto == IPPROTO_TCP {
-        POLICY_FLOW_TCP_TIMEOUT_NS
-    } else {
-        POLICY_FLOW_OTHER_TIMEOUT_NS
-    };
-    if touch(k, now, timeout) {
+    let timeout = timeout_of(k.proto);
+    if fresh(k, now, timeout).is_some() {
         return true;
     }
     swap_ends(k);
-    let hit = touch(k, now, timeout);
+    let hit = fresh(k, now, timeout).is_some();
     swap_ends(k);
     hit
 }
 
+/// The other end of the frame's flow when a shared entry on `network`
+/// holds it with `port_id` on this end in direction `dir`: as it was
+/// opened (`k` as it is: `from_port` sent) or a reply (ends swapped:
+/// `to_port` sends). 0: none. Leaves `k`'s tuple as it found it, its
+/// port id and direction those of the shared entry.
 #[inline(always)]
-fn touch(k: &PolicyFlowKey, now: u64, timeout: u64) -> bool {
-    let Some(flow) = POLICY_FLOWS.get_ptr_mut(k) else {
-        return false;
+fn pair_other(k: &mut PolicyFlowKey, network: u32, port_id: u32, dir: u8, now: u64) -> u32 {
+    let timeout = timeout_of(k.proto);
+    k.port_id = network;
+    k.direction = policy_dir::PAIR;
+    k._pad = 0;
+    if let Some(f) = fresh(k, now, timeout) {
+        let other = end_of(f.from_port, f.to_port, port_id, dir);
+        if other != 0 {
+            return other;
+        }
+    }
+    swap_tuple(k);
+    let other = match fresh(k, now, timeout) {
+        // A reply: `to_port` sends it, `from_port` receives it.
+        Some(f) => end_of(f.to_port, f.from_port, port_id, dir),
+        None => 0,
     };
+    swap_tuple(k);
+    other
+}
+
+/// For a packet going from port `sender` to port `receiver`: the other
+/// end when `port_id` is the one in direction `dir`, else 0.
+#[inline(always)]
+fn end_of(sender: u16, receiver: u16, port_id: u32, dir: u8) -> u32 {
+    let (sender, receiver) = (u32::from(sender), u32::from(receiver));
+    let (ours, theirs) = if dir == policy_dir::EGRESS {
+        (sender, receiver)
+    } else {
+        (receiver, sender)
+    };
+    if ours == port_id { theirs } else { 0 }
+}
+
+#[inline(always)]
+fn timeout_of(proto: u8) -> u64 {
+    if proto == IPPROTO_TCP {
+        POLICY_FLOW_TCP_TIMEOUT_NS
+    } else {
+        POLICY_FLOW_OTHER_TIMEOUT_NS
+    }
+}
+
+/// `k`'s entry, if seen within `timeout`; its time is moved on (only when
+/// it is `POLICY_FLOW_REFRESH_NS` old: most packets leave it clean).
+#[inline(always)]
+fn fresh(k: &PolicyFlowKey, now: u64, timeout: u64) -> Option<PolicyFlow> {
+    let flow = POLICY_FLOWS.get_ptr_mut(k)?;
     // SAFETY: from `get_ptr_mut` (bpf_map_lookup_elem) just above, valid
     // for this run; a racing writer only writes a time.
     unsafe {
-        if now.saturating_sub((*flow).last_seen) < timeout {
-            (*flow).last_seen = now;
-            return true;
+        let idle = now.saturating_sub((*flow).last_seen);
+        if idle >= timeout {
+            return None;
         }
+        if idle > POLICY_FLOW_REFRESH_NS {
+            (*flow).last_seen = now;
+        }
+        Some(*flow)
     }
-    false
 }
 
 /// The key of the flow `k` answers: opened the other way, ends swapped.
 #[inline(always)]
 fn swap_ends(k: &mut PolicyFlowKey) {
+    swap_tuple(k);
+    k.direction ^= 1;
+}
+
+#[inline(always)]
+fn swap_tuple(k: &mut PolicyFlowKey) {
     core::mem::swap(&mut k.src, &mut k.dst);
     core::mem::swap(&mut k.sport, &mut k.dport);
-    k.direction ^= 1;
 }
 
 #[inline(always)]

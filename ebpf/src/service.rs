@@ -380,7 +380,7 @@ fn translate(
         eth.src_addr = port.gw_mac;
         return fwd::deliver_local(ctx, ifindex, port.port_id).map(Some);
     }
-    let parsed = match crate::policy::egress(ctx, port.port_id) {
+    let parsed = match crate::policy::egress(ctx, port.port_id, None) {
         crate::policy::Egress::Pass(parsed) => parsed,
         crate::policy::Egress::Verdict(verdict) => return verdict.map(Some),
     };

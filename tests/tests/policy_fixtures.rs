@@ -6,7 +6,10 @@
 //! rule, by any-peer rule; denied; a reply of an allowed flow; an ICMP
 //! error for an allowed flow and for none; ARP; random frames from
 //! outside that must never pass a deny; and a local delivery, where the
-//! sender's tracked egress never stands in for the receiver's ingress.
+//! sender's tracked egress never stands in for the receiver's ingress,
+//! and the shared entry a tracked local flow gets for both ends (both
+//! allow, sender denied, receiver denied, the reply, another receiver,
+//! ICMP errors, the entry evicted, a policy change).
 //!
 //! Needs root. Run with:
 //!   cargo test -p vmpath-tests --test policy_fixtures -- --test-threads=1
@@ -426,75 +429,84 @@ fn udp_to_b(sp: u16, dp: u16) -> Vec<u8> {
     v
 }
 
+/// B's port (pf-b) on A's network: isolated for ingress, UDP 81 from A
+/// allowed; A may send UDP 81 and 82 to B.
+fn add_b(fx: &mut Fx) {
+    let peer_port = fx.peer_port;
+    let maps = fx.dp.maps_mut();
+    maps.ports
+        .insert(
+            peer_port,
+            PortInfo {
+                port_id: B_PORT_ID,
+                network: NET,
+                mac: PEER_MAC,
+                flags: 0,
+                gw_mac: GW_MAC,
+                _pad: 0,
+                ip4: B,
+                ip6: [0; 16],
+            },
+            0,
+        )
+        .unwrap();
+    let ep = Endpoint {
+        kind: ENDPOINT_LOCAL,
+        ifindex: peer_port,
+        port_id: B_PORT_ID,
+        ..Default::default()
+    };
+    maps.endpoints
+        .insert(EndpointKey::new(NET, PEER_MAC), ep, 0)
+        .unwrap();
+    maps.policy_endpoints
+        .set(
+            B_PORT_ID,
+            PolicyEndpoint {
+                flags: POL_F_INGRESS,
+                identity: ID_B,
+            },
+            0,
+        )
+        .unwrap();
+    maps.policy_ipcache
+        .insert(
+            &Key::new(IdentityPrefix::v4_len(32), IdentityPrefix::v4(NET, A)),
+            ID_A,
+            0,
+        )
+        .unwrap();
+    let b_in = PolicyRuleKey::new(B_PORT_ID, policy_dir::INGRESS, ID_A, 17, 81);
+    maps.policy_rules
+        .insert(&Key::new(POLICY_LEN_FULL, b_in), 6, 0)
+        .unwrap();
+    // A may send UDP 82 to B too; B does not take it.
+    let a_out = PolicyRuleKey::new(PORT_ID, policy_dir::EGRESS, ID_B, 17, 82);
+    maps.policy_rules
+        .insert(&Key::new(POLICY_LEN_FULL, a_out), 7, 0)
+        .unwrap();
+}
+
+/// Packets delivered to the port with id `port_id`.
+fn tx(fx: &Fx, port_id: u32) -> u64 {
+    fx.dp
+        .maps()
+        .port_stats
+        .get(&port_id, 0)
+        .unwrap()
+        .iter()
+        .map(|s| s.tx_packets)
+        .sum()
+}
+
 #[test]
 fn a_local_delivery_checks_the_receivers_ingress_after_the_senders_tracked_egress() {
     in_fresh_netns(|| {
         let mut fx = Fx::new();
+        add_b(&mut fx);
         let peer_port = fx.peer_port;
-        let maps = fx.dp.maps_mut();
-        maps.ports
-            .insert(
-                peer_port,
-                PortInfo {
-                    port_id: B_PORT_ID,
-                    network: NET,
-                    mac: PEER_MAC,
-                    flags: 0,
-                    gw_mac: GW_MAC,
-                    _pad: 0,
-                    ip4: B,
-                    ip6: [0; 16],
-                },
-                0,
-            )
-            .unwrap();
-        let ep = Endpoint {
-            kind: ENDPOINT_LOCAL,
-            ifindex: peer_port,
-            port_id: B_PORT_ID,
-            ..Default::default()
-        };
-        maps.endpoints
-            .insert(EndpointKey::new(NET, PEER_MAC), ep, 0)
-            .unwrap();
-        maps.policy_endpoints
-            .set(
-                B_PORT_ID,
-                PolicyEndpoint {
-                    flags: POL_F_INGRESS,
-                    identity: ID_B,
-                },
-                0,
-            )
-            .unwrap();
-        maps.policy_ipcache
-            .insert(
-                &Key::new(IdentityPrefix::v4_len(32), IdentityPrefix::v4(NET, A)),
-                ID_A,
-                0,
-            )
-            .unwrap();
-        let b_in = PolicyRuleKey::new(B_PORT_ID, policy_dir::INGRESS, ID_A, 17, 81);
-        maps.policy_rules
-            .insert(&Key::new(POLICY_LEN_FULL, b_in), 6, 0)
-            .unwrap();
-        // A may send UDP 82 to B too; B does not take it.
-        let a_out = PolicyRuleKey::new(PORT_ID, policy_dir::EGRESS, ID_B, 17, 82);
-        maps.policy_rules
-            .insert(&Key::new(POLICY_LEN_FULL, a_out), 7, 0)
-            .unwrap();
-
         let ctx = skb_ctx(fx.port);
-        let tx_b = |fx: &Fx| -> u64 {
-            fx.dp
-                .maps()
-                .port_stats
-                .get(&B_PORT_ID, 0)
-                .unwrap()
-                .iter()
-                .map(|s| s.tx_packets)
-                .sum()
-        };
+        let tx_b = |fx: &Fx| tx(fx, B_PORT_ID);
         // (frame, verdict, delivered to B, counted as denied at B's ingress)
         let table = [
             (
@@ -538,5 +550,212 @@ fn a_local_delivery_checks_the_receivers_ingress_after_the_senders_tracked_egres
         assert_eq!(a.allowed_egress, 2, "two flows, each checked once at A");
         let b = fx.dp.maps().policy_stats(peer_port).unwrap().unwrap();
         assert_eq!((b.allowed_ingress, b.denied_ingress), (1, 3));
+    });
+}
+
+/// C's port (pf-c) on A's network: isolated for ingress, nothing allowed.
+const C_PORT_ID: u32 = 3;
+const C_MAC: [u8; 6] = [0x52, 0x54, 0, 0, 0x0d, 3];
+
+/// A frame from A's MAC to `dst_mac` with the tuple A:sp -> B:dp (UDP).
+fn udp_from_a(dst_mac: [u8; 6], sp: u16, dp: u16) -> Vec<u8> {
+    let mut v = Vec::new();
+    PacketBuilder::ethernet2(A_MAC, dst_mac)
+        .ipv4(A, B, 64)
+        .udp(sp, dp)
+        .write(&mut v, b"vmpath policy fixture")
+        .unwrap();
+    v
+}
+
+/// The shared entries (`policy_dir::PAIR`) of the flow table with source
+/// port `sp`, as (from port, to port).
+fn pairs(fx: &Fx, sp: u16) -> Vec<(u16, u16)> {
+    fx.dp
+        .maps()
+        .policy_flows
+        .iter()
+        .filter_map(|r| r.ok())
+        .filter(|(k, _)| k.direction == policy_dir::PAIR && (k.sport == sp || k.dport == sp))
+        .map(|(k, f)| {
+            assert_eq!(k.port_id, NET, "a shared entry is keyed by the network");
+            (f.from_port, f.to_port)
+        })
+        .collect()
+}
+
+/// Forgets tracked flows as a full table would: the shared entries
+/// (`shared`) or every port's own.
+fn evict(fx: &mut Fx, shared: bool) {
+    let keys: Vec<_> = fx
+        .dp
+        .maps()
+        .policy_flows
+        .keys()
+        .filter_map(|r| r.ok())
+        .filter(|k| (k.direction == policy_dir::PAIR) == shared)
+        .collect();
+    for k in keys {
+        fx.dp.maps_mut().policy_flows.remove(&k).unwrap();
+    }
+}
+
+/// A local flow both ends allow gets one shared entry after its second
+/// frame (the first is checked at each end, the second passes on the two
+/// ends' own entries and records the shared one); from then on its frames
+/// and replies pass on it. The entry names both ports: it never stands
+/// in for another receiver, and a flow either end denies never gets one.
+#[test]
+fn a_shared_entry_stands_for_both_ends_of_a_local_flow_only() {
+    in_fresh_netns(|| {
+        let mut fx = Fx::new();
+        add_b(&mut fx);
+        run(&[
+            "ip", "link", "add", "pf-c", "type", "veth", "peer", "name", "pf-vc",
+        ]);
+        run(&["ip", "link", "set", "pf-c", "up"]);
+        run(&["ip", "link", "set", "pf-vc", "up"]);
+        let c_port = vmpath::netif::ifindex_of("pf-c").unwrap();
+        let (a_port, b_port) = (fx.port, fx.peer_port);
+        let maps = fx.dp.maps_mut();
+        for (mac, ifindex, port_id) in [(A_MAC, a_port, PORT_ID), (C_MAC, c_port, C_PORT_ID)] {
+            let ep = Endpoint {
+                kind: ENDPOINT_LOCAL,
+                ifindex,
+                port_id,
+                ..Default::default()
+            };
+            maps.endpoints
+                .insert(EndpointKey::new(NET, mac), ep, 0)
+                .unwrap();
+        }
+        maps.ports
+            .insert(
+                c_port,
+                PortInfo {
+                    port_id: C_PORT_ID,
+                    network: NET,
+                    mac: C_MAC,
+                    flags: 0,
+                    gw_mac: GW_MAC,
+                    _pad: 0,
+                    ip4: C,
+                    ip6: [0; 16],
+                },
+                0,
+            )
+            .unwrap();
+        maps.policy_endpoints
+            .set(
+                C_PORT_ID,
+                PolicyEndpoint {
+                    flags: POL_F_INGRESS,
+                    identity: ID_C,
+                },
+                0,
+            )
+            .unwrap();
+        let (from_a, from_b) = (skb_ctx(a_port), skb_ctx(b_port));
+        let denied_in = |fx: &Fx| fx.drops(drop_reason::POLICY_DENIED_INGRESS);
+        let denied_out = |fx: &Fx| fx.drops(drop_reason::POLICY_DENIED_EGRESS);
+        let both = (PORT_ID as u16, B_PORT_ID as u16);
+
+        // Both allow: delivered every time, checked once at each end.
+        for round in 1..=4u64 {
+            let f = udp_from_a(PEER_MAC, 7000, 81);
+            assert_eq!(
+                fx.run(prog_names::VM_PORT, &from_a, &f),
+                TC_ACT_REDIRECT,
+                "round {round}"
+            );
+            assert_eq!(tx(&fx, B_PORT_ID), round, "round {round}");
+            let want = if round == 1 { vec![] } else { vec![both] };
+            assert_eq!(pairs(&fx, 7000), want, "round {round}");
+        }
+        let a = fx.dp.maps().policy_stats(a_port).unwrap().unwrap();
+        let b = fx.dp.maps().policy_stats(b_port).unwrap().unwrap();
+        assert_eq!((a.allowed_egress, b.allowed_ingress), (1, 1));
+
+        // The reply, on the shared entry alone: A's ingress allows no UDP
+        // from B, and the ends' own entries are gone.
+        evict(&mut fx, false);
+        assert_eq!(
+            fx.run(prog_names::VM_PORT, &from_b, &udp(B, A, 81, 7000)),
+            TC_ACT_REDIRECT,
+            "the reply"
+        );
+        assert_eq!(tx(&fx, PORT_ID), 1);
+        // Not a reply: another port of A.
+        assert_eq!(
+            fx.run(prog_names::VM_PORT, &from_b, &udp(B, A, 81, 7001)),
+            TC_ACT_SHOT
+        );
+        assert_eq!(denied_in(&fx), 1);
+        // An ICMP error about the flow, from B: passes on the entry.
+        let sent = udp_from_a(PEER_MAC, 7000, 81);
+        assert_eq!(
+            fx.run(prog_names::VM_PORT, &from_b, &unreachable(B, &sent)),
+            TC_ACT_REDIRECT,
+            "ICMP error about the shared flow"
+        );
+        // The same tuple to C's MAC: the entry is B's verdict, not C's.
+        assert_eq!(
+            fx.run(prog_names::VM_PORT, &from_a, &udp_from_a(C_MAC, 7000, 81)),
+            TC_ACT_SHOT
+        );
+        assert_eq!(denied_in(&fx), 2, "C's own ingress denied it");
+        assert_eq!(tx(&fx, C_PORT_ID), 0);
+
+        // Sender denied (UDP 83) and receiver denied (UDP 82): every time,
+        // and never a shared entry.
+        for round in 1..=3u64 {
+            let f = udp_from_a(PEER_MAC, 7200, 83);
+            assert_eq!(fx.run(prog_names::VM_PORT, &from_a, &f), TC_ACT_SHOT);
+            assert_eq!(denied_out(&fx), round, "sender denied, round {round}");
+            let f = udp_from_a(PEER_MAC, 7300, 82);
+            assert_eq!(fx.run(prog_names::VM_PORT, &from_a, &f), TC_ACT_SHOT);
+            assert_eq!(denied_in(&fx), 2 + round, "receiver denied, {round}");
+        }
+        assert!(pairs(&fx, 7200).is_empty() && pairs(&fx, 7300).is_empty());
+
+        // An ICMP error from B about a flow only the ends' own entries hold
+        // (one frame, no shared entry yet) passes on them too.
+        let sent = udp_from_a(PEER_MAC, 7400, 81);
+        assert_eq!(fx.run(prog_names::VM_PORT, &from_a, &sent), TC_ACT_REDIRECT);
+        assert_eq!(
+            fx.run(prog_names::VM_PORT, &from_b, &unreachable(B, &sent)),
+            TC_ACT_REDIRECT,
+            "ICMP error about a flow tracked per end"
+        );
+
+        // The shared entry evicted: the ends' own entries are gone too, so
+        // the next frame is checked again (allowed, counted again).
+        evict(&mut fx, true);
+        evict(&mut fx, false);
+        let f = udp_from_a(PEER_MAC, 7000, 81);
+        assert_eq!(fx.run(prog_names::VM_PORT, &from_a, &f), TC_ACT_REDIRECT);
+        let b = fx.dp.maps().policy_stats(b_port).unwrap().unwrap();
+        assert_eq!(b.allowed_ingress, 3, "7000 again, 7400");
+
+        // A policy change: B no longer takes UDP 81. The established flow
+        // goes on (its entries), a new one is denied, and the established
+        // one too once the table forgot it.
+        let b_in = PolicyRuleKey::new(B_PORT_ID, policy_dir::INGRESS, ID_A, 17, 81);
+        fx.dp
+            .maps_mut()
+            .policy_rules
+            .remove(&Key::new(POLICY_LEN_FULL, b_in))
+            .unwrap();
+        for _ in 0..2 {
+            assert_eq!(fx.run(prog_names::VM_PORT, &from_a, &f), TC_ACT_REDIRECT);
+        }
+        assert_eq!(pairs(&fx, 7000), vec![both]);
+        let before = denied_in(&fx);
+        let new = udp_from_a(PEER_MAC, 7500, 81);
+        assert_eq!(fx.run(prog_names::VM_PORT, &from_a, &new), TC_ACT_SHOT);
+        evict(&mut fx, true);
+        evict(&mut fx, false);
+        assert_eq!(fx.run(prog_names::VM_PORT, &from_a, &f), TC_ACT_SHOT);
+        assert_eq!(denied_in(&fx), before + 2);
     });
 }

@@ -271,6 +271,8 @@ fn run() -> Result<()> {
                 runs,
                 repeat: if args.quick { 100_000 } else { 1_000_000 },
                 single_shots: if args.quick { 5_000 } else { 20_000 },
+                pps_rounds: if args.quick { 6 } else { 36 },
+                pps_slice: std::time::Duration::from_millis(if args.quick { 500 } else { 300 }),
             })
         });
     }
