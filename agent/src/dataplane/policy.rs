@@ -46,10 +46,14 @@ fn remove_lpm<K: aya::Pod>(map: &mut LpmTrie<MapData, K, u32>, gone: &[(u32, K)]
 impl Dataplane {
     pub(super) fn apply_policy(&mut self, plan: &Plan) -> Result<()> {
         let p = &plan.policy;
-        let gone_ids = write_lpm(&mut self.maps.policy_ipcache, &p.ipcache)
-            .context("writing vmp_pol_ipcache")?;
+        // Rules before the addresses that point at their identities: an
+        // identity's number never changes meaning (`policy::compile`), so
+        // a new identity's rules are in before any address maps to it, and
+        // a gone one's stay until no address does.
         let gone_rules =
             write_lpm(&mut self.maps.policy_rules, &p.rules).context("writing vmp_pol_rules")?;
+        let gone_ids = write_lpm(&mut self.maps.policy_ipcache, &p.ipcache)
+            .context("writing vmp_pol_ipcache")?;
         // Before isolation takes effect: IP floods skip isolated ports.
         super::sync(&mut self.maps.policy_flood, &p.flood).context("writing vmp_pol_flood")?;
         // Every port id in use gets its entry (zero: not isolated), so an

@@ -140,7 +140,7 @@ pub fn compile(cfg: &Resolved, local: &BTreeMap<AttachmentKey, u32>) -> Compiled
 
     // Identities: every endpoint address and every ipBlock boundary, in
     // each network with a local endpoint.
-    let mut ids = Identities::default();
+    let mut ids = Identities::new(&blocks);
     let networks: BTreeSet<u32> = endpoints
         .iter()
         .filter(|e| local.contains_key(e.key))
@@ -251,19 +251,72 @@ pub fn compile(cfg: &Resolved, local: &BTreeMap<AttachmentKey, u32>) -> Compiled
     out
 }
 
-#[derive(Default)]
-struct Identities {
+/// Identity numbers come from what an identity is (namespace, labels,
+/// the ipBlocks holding it), not from the order compiling met it: a policy
+/// or endpoint added elsewhere leaves every other identity's number as it
+/// was, also across agent restarts. A number that changed meaning between
+/// two compiles would, while the maps are rewritten one entry at a time,
+/// let a new flow be checked against another identity's rules.
+struct Identities<'b> {
     by_key: BTreeMap<IdentityKey, u32>,
+    taken: BTreeSet<u32>,
+    blocks: &'b [(IpNet, &'b [IpNet])],
 }
 
-impl Identities {
+impl<'b> Identities<'b> {
+    fn new(blocks: &'b [(IpNet, &'b [IpNet])]) -> Self {
+        Identities {
+            by_key: BTreeMap::new(),
+            taken: BTreeSet::new(),
+            blocks,
+        }
+    }
+
     fn intern(&mut self, key: IdentityKey) -> u32 {
         if key.0.is_none() && key.1.is_empty() {
             return identity::WORLD;
         }
-        let next = identity::FIRST + self.by_key.len() as u32;
-        *self.by_key.entry(key).or_insert(next)
+        if let Some(id) = self.by_key.get(&key) {
+            return *id;
+        }
+        // A hash collision (rare: thousands of identities in 2^32) takes
+        // the next free number; only then does the order matter.
+        let mut id = stable_number(&key, self.blocks);
+        while self.taken.contains(&id) {
+            id = id.checked_add(1).unwrap_or(identity::FIRST);
+        }
+        self.taken.insert(id);
+        self.by_key.insert(key, id);
+        id
     }
+}
+
+/// FIRST..=u32::MAX from an FNV-1a hash of the identity's content: its
+/// endpoint namespace and labels, and the ipBlocks (by value, not by
+/// their index in this compile) that hold its addresses.
+fn stable_number(key: &IdentityKey, blocks: &[(IpNet, &[IpNet])]) -> u32 {
+    let mut text = String::new();
+    if let Some((ns, labels)) = &key.0 {
+        text.push_str(&format!("ns={ns}\0"));
+        for (k, v) in labels {
+            text.push_str(&format!("l={k}={v}\0"));
+        }
+    }
+    let held: BTreeSet<String> = key
+        .1
+        .iter()
+        .filter_map(|i| blocks.get(*i))
+        .map(|(cidr, except)| {
+            let except: Vec<String> = except.iter().map(|e| e.to_string()).collect();
+            format!("b={cidr}/{}", except.join(","))
+        })
+        .collect();
+    for b in held {
+        text.push_str(&b);
+        text.push('\0');
+    }
+    let span = u64::from(u32::MAX - identity::FIRST) + 1;
+    identity::FIRST + (crate::hash::fnv1a(&[text.as_bytes()]) % span) as u32
 }
 
 /// The ipBlocks (by index) that hold all of `prefix`: inside the CIDR and
@@ -296,7 +349,7 @@ struct RuleCtx<'a> {
     cfg: &'a Resolved,
     blocks: &'a BlockIndex<'a>,
     policy: &'a NetworkPolicy,
-    ids: &'a Identities,
+    ids: &'a Identities<'a>,
     endpoints: &'a [Endpoint<'a>],
     endpoint_ids: &'a BTreeMap<&'a AttachmentKey, BTreeSet<u32>>,
     me: &'a Endpoint<'a>,

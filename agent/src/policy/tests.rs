@@ -373,3 +373,51 @@ fn bad_policies_are_refused_naming_the_field() {
     );
     assert!(cfg.policies.is_empty());
 }
+
+/// The identity an endpoint address has in `c` (its /32 in the ipcache).
+fn identity_of(c: &Compiled, addr: IpAddr) -> u32 {
+    c.ipcache[&cache_key(100, &IpNet::from(addr))]
+}
+
+#[test]
+fn identity_numbers_keep_their_meaning_when_policies_are_added() {
+    let wide = policy(
+        "x",
+        "wide",
+        "{podSelector: {matchLabels: {pod: b}}, ingress: [{from: [{ipBlock: {cidr: 10.1.0.0/16}}]}]}",
+    );
+    // Put first, so every ipBlock index after it shifts; it holds x/a
+    // alone, so only x/a's identity changes what it is.
+    let narrow = policy(
+        "x",
+        "narrow",
+        "{podSelector: {matchLabels: {pod: c}}, ingress: [{from: [{ipBlock: {cidr: 10.1.0.1/32}}]}]}",
+    );
+    let (cfg1, local1) = world(&wide);
+    let (cfg2, local2) = world(&format!("{narrow}{wide}"));
+    let before = compile(&cfg1, &local1);
+    let after = compile(&cfg2, &local2);
+    let all_before: BTreeSet<u32> = before.ipcache.values().copied().collect();
+    for ns in ["x", "y", "z"] {
+        for pod in ["a", "b", "c"] {
+            let (old, new) = (
+                identity_of(&before, ip(ns, pod)),
+                identity_of(&after, ip(ns, pod)),
+            );
+            if (ns, pod) == ("x", "a") {
+                // A new identity gets a number no identity had before, so
+                // no address or rule written earlier can mean it.
+                assert!(
+                    !all_before.contains(&new),
+                    "x/a's new identity {new} reuses a number of the previous compile"
+                );
+            } else {
+                assert_eq!(old, new, "{ns}/{pod}'s identity was renumbered");
+            }
+        }
+    }
+    // And the verdicts are what the policies say.
+    let xc = port_of(&local2, "x", "c");
+    assert!(allows(&after, xc, IN, ip("x", "a"), TCP, 80));
+    assert!(!allows(&after, xc, IN, ip("x", "b"), TCP, 80));
+}
