@@ -39,7 +39,9 @@ struct Bed {
     node: Node,
 }
 
-fn base(tag: &str) -> (Node, Netns, Vm) {
+/// The node, the external namespace (its end of the uplink named
+/// `ext_if`) and the VM.
+fn base(tag: &str, ext_if: &str) -> (Node, Netns, Vm) {
     let node = Node::new(tag);
     let ext = Netns::new(format!("vt{}-ext", node.tag));
     link(
@@ -47,7 +49,7 @@ fn base(tag: &str) -> (Node, Netns, Vm) {
         "up0",
         "192.0.2.1/30",
         &ext,
-        "ext0",
+        ext_if,
         "192.0.2.2/30",
     );
     enable_forwarding(&node.ns);
@@ -60,7 +62,7 @@ fn base(tag: &str) -> (Node, Netns, Vm) {
 }
 
 fn vmpath_bed(tag: &str, egress: &str, baseline: usize) -> Result<Bed> {
-    let (mut node, ext, vm) = base(tag);
+    let (mut node, ext, vm) = base(tag, "ext0");
     node.write_config(
         "config.yaml",
         &format!(
@@ -88,7 +90,7 @@ fn vmpath_bed(tag: &str, egress: &str, baseline: usize) -> Result<Bed> {
 }
 
 fn linux_bed(tag: &str, masquerade: bool) -> Result<Bed> {
-    let (node, ext, vm) = base(tag);
+    let (node, ext, vm) = base(tag, "ext0");
     node.ns
         .run(&["ip", "addr", "add", "10.30.0.1/16", "dev", &vm.port]);
     let rules: &[&str] = if masquerade {
@@ -306,22 +308,8 @@ struct InBed {
 /// as the raw-socket sender wants) and the VM, whose pod-side veth has
 /// GRO on (so its port takes XDP frames: docs/north-south.md).
 fn in_base(tag: &str) -> (Node, Netns, Vm) {
-    let node = Node::new(tag);
-    let ext = Netns::new(format!("vt{}-ext", node.tag));
-    link(
-        &node.ns,
-        "up0",
-        "192.0.2.1/30",
-        &ext,
-        "eth0",
-        "192.0.2.2/30",
-    );
-    enable_forwarding(&node.ns);
-    node.ns
-        .run(&["ip", "route", "add", "default", "via", EXT_IP]);
-    let vm = node.add_vm("o1", VM_MAC, &["10.30.0.21/16"], Some("10.30.0.1"));
+    let (node, ext, vm) = base(tag, "eth0");
     vm.ns.run(&["ethtool", "-K", "eth0", "gro", "on"]);
-    ext.run(&["ip", "route", "add", "10.30.0.0/16", "via", "192.0.2.1"]);
     (node, ext, vm)
 }
 
