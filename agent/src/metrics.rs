@@ -184,6 +184,12 @@ const OVERLAY_LEARNED_MACS: Family = family(
     GAUGE,
     &[],
 );
+const UPLINK_XDP: Family = family(
+    "vmpath_uplink_xdp_frames_total",
+    "IP frames the uplink's XDP program (--uplink-xdp auto) delivered itself (routed4, routed6, snat4) or passed to the tc program (passed).",
+    COUNTER,
+    &["path"],
+);
 
 const PORT_POLICY: Family = family(
     "vmpath_port_policy_total",
@@ -214,7 +220,7 @@ const PORT_SERVICE: Family = family(
 );
 
 /// Every family the collector produces, the reconcile histogram aside.
-const FAMILIES: [&Family; 25] = [
+const FAMILIES: [&Family; 26] = [
     &READY,
     &DATAPLANE_UP,
     &NETWORKS,
@@ -237,6 +243,7 @@ const FAMILIES: [&Family; 25] = [
     &OVERLAY_BYTES,
     &OVERLAY_DROPS,
     &OVERLAY_LEARNED_MACS,
+    &UPLINK_XDP,
     &PORT_POLICY,
     &POLICY_ALLOWED,
     &PORT_SERVICE,
@@ -541,6 +548,11 @@ pub fn families(snap: &Snapshot) -> Vec<MetricFamily> {
             out.push(Samples::one(&OVERLAY_DROPS, o.drops as f64));
             out.push(Samples::one(&OVERLAY_LEARNED_MACS, *learned as f64));
         }
+        let mut xdp = Samples::of(&UPLINK_XDP);
+        for (path, n) in vmpath_common::xdp_stat::NAMES.iter().zip(&dp.uplink_xdp) {
+            xdp.add(&[path], *n as f64);
+        }
+        out.push(xdp);
     }
     out.into_iter()
         .filter(|s| !s.metrics.is_empty())
@@ -637,6 +649,7 @@ mod tests {
                 policy: BTreeMap::new(),
                 policy_hits: Vec::new(),
                 service: BTreeMap::new(),
+                uplink_xdp: vec![5, 0, 2, 9],
             }),
             slow: SlowStats::default(),
         };
@@ -654,6 +667,9 @@ mod tests {
             "vmpath_port_rx_packets_total{interface=\"eth0\",namespace=\"prod\",network=\"blue\",port=\"p-vm1\",vm=\"vm1\"} 5",
             "vmpath_port_rx_bytes_total{interface=\"eth0\",namespace=\"prod\",network=\"blue\",port=\"p-vm1\",vm=\"vm1\"} 500",
             "vmpath_port_slowpath_rate_limited_total{class=\"dhcp4\",interface=\"eth0\",namespace=\"prod\",network=\"blue\",port=\"p-vm1\",vm=\"vm1\"} 2",
+            "vmpath_uplink_xdp_frames_total{path=\"routed4\"} 5",
+            "vmpath_uplink_xdp_frames_total{path=\"snat4\"} 2",
+            "vmpath_uplink_xdp_frames_total{path=\"passed\"} 9",
         ] {
             assert!(t.lines().any(|l| l == line), "no line {line:?} in\n{t}");
         }
@@ -691,6 +707,7 @@ mod tests {
                         rejected: 2,
                     },
                 )]),
+                uplink_xdp: Vec::new(),
             }),
             slow: SlowStats::default(),
         };

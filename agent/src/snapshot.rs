@@ -36,6 +36,9 @@ pub struct DataplaneCounters {
     pub policy_hits: Vec<u64>,
     /// Service counters of the ports shown programmed here, by ifindex.
     pub service: BTreeMap<u32, vmpath_common::ServiceStats>,
+    /// The uplink XDP program's frames, in `xdp_stat` order (empty when
+    /// its map cannot be read).
+    pub uplink_xdp: Vec<u64>,
 }
 
 /// Everything one request reads.
@@ -177,6 +180,10 @@ fn counters(maps: &Maps, view: &View) -> DataplaneCounters {
         warn!("reading policy counters: {e:#}");
         Vec::new()
     });
+    let uplink_xdp = maps.uplink_xdp_counts().unwrap_or_else(|e| {
+        warn!("reading uplink XDP counters: {e:#}");
+        Vec::new()
+    });
     DataplaneCounters {
         drops,
         ports,
@@ -185,5 +192,6 @@ fn counters(maps: &Maps, view: &View) -> DataplaneCounters {
         policy,
         policy_hits,
         service,
+        uplink_xdp,
     }
 }
