@@ -189,7 +189,7 @@ pub fn run(opts: &Options) -> Result<Section> {
     for (d, n) in drops.iter_mut().zip(beds[2].node.maps().drop_counts()?) {
         *d += n;
     }
-    let drop_names = util::nonzero_drops(&drops);
+    let drop_names = util::drops_text(&drops);
     let ratios = |v: &[Vec<f64>], i: usize| match beds[i].baseline {
         Some(b) => util::paired_ratio(&v[i], &v[b]),
         None => summary(&[1.0]),
@@ -253,11 +253,7 @@ pub fn run(opts: &Options) -> Result<Section> {
     ));
     md.push_str(&format!(
         "\nDrops counted by the vmpath data path during these runs: {}.\n",
-        if drop_names.is_empty() {
-            "none".to_string()
-        } else {
-            drop_names.join(", ")
-        }
+        drop_names
     ));
     let mut bars = Vec::new();
     for i in [0, 2] {
@@ -499,7 +495,7 @@ fn ingress(opts: &Options) -> Result<(String, Vec<Bar>)> {
             *d += n;
         }
     }
-    let drop_names = util::nonzero_drops(&drops);
+    let drop_names = util::drops_text(&drops);
     let ratio = |v: &[Vec<f64>], i: usize, base: usize| util::paired_ratio(&v[i], &v[base]);
     let mut md = format!(
         "\n**External → VM.** The reverse direction, 64-byte UDP sent by the same raw-socket \
@@ -551,11 +547,7 @@ fn ingress(opts: &Options) -> Result<(String, Vec<Bar>)> {
     }
     md.push_str(&format!(
         "\nDrops counted by the vmpath data path during the external → VM runs: {}.\n",
-        if drop_names.is_empty() {
-            "none".to_string()
-        } else {
-            drop_names.join(", ")
-        }
+        drop_names
     ));
     let mut bars = Vec::new();
     for i in [0, 1, 3, 4] {

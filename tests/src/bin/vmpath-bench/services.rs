@@ -309,7 +309,7 @@ pub fn run(opts: &Options) -> Result<Section> {
         bail!("no Service flow was counted at the client's port");
     }
     let drops = bed.node.maps().drop_counts()?;
-    let drop_names = util::nonzero_drops(&drops);
+    let drop_names = util::drops_text(&drops);
 
     let mut md = format!(
         "One node namespace running the agent (release build), one network with IPAM \
@@ -379,11 +379,7 @@ pub fn run(opts: &Options) -> Result<Section> {
         fmt_summary(&util::paired_ratio(&per_cpu[2], &per_cpu[0])),
         if worst >= 0.9 { "Met" } else { "Not met" },
         worst,
-        if drop_names.is_empty() {
-            "none".to_string()
-        } else {
-            drop_names.join(", ")
-        }
+        drop_names
     ));
     let mut bars = Vec::new();
     for i in [1, 2] {

@@ -87,6 +87,16 @@ pub fn nonzero_drops(drops: &[u64]) -> Vec<String> {
         .collect()
 }
 
+/// The drops that moved, as `reason n, ...`, or `none`.
+pub fn drops_text(drops: &[u64]) -> String {
+    let names = nonzero_drops(drops);
+    if names.is_empty() {
+        "none".to_string()
+    } else {
+        names.join(", ")
+    }
+}
+
 pub fn fmt_summary(s: &Summary) -> String {
     format!("{} ({}–{})", fmt(s.median), fmt(s.min), fmt(s.max))
 }
