@@ -401,8 +401,17 @@ sendp(rarp, iface='{IFNAME}')
         || port_flags(&bed.b, &target_port).is_some_and(|f| f & common::PORT_F_PENDING == 0),
     );
     let cut_over_ms = cut.elapsed().as_secs_f64() * 1e3;
-    let log_b = bed.b.agent_log();
-    assert!(log_b.contains("the VM spoke on the target port"), "{log_b}");
+    // The data path clears the pending flag itself; the agent notices the
+    // event on its next pass and says so in its log, a moment later.
+    wait_for(
+        "b's agent logs the data path's cut-over",
+        Duration::from_secs(10),
+        || {
+            bed.b
+                .agent_log()
+                .contains("the VM spoke on the target port")
+        },
+    );
     assert!(
         vmi(&bed.server)["status"]["migrationState"]["completed"].is_null(),
         "the cut-over came from the data path, before KubeVirt's word"
