@@ -56,7 +56,11 @@ fn live_migration_keeps_ip_mac_and_gateway_with_a_short_loss_window() {
     wait_for(
         "b's agent logs the data path's cut-over",
         Duration::from_secs(10),
-        || bed.b.agent_log().contains("the VM spoke on the target port"),
+        || {
+            bed.b
+                .agent_log()
+                .contains("the VM spoke on the target port")
+        },
     );
 
     // The VM kept its identity: `vmpath vm show` on b.
