@@ -51,6 +51,20 @@ pub fn hdr_mut<T>(ctx: &TcContext, offset: usize) -> Result<&mut T, u32> {
     Ok(unsafe { &mut *p })
 }
 
+/// Writes `bytes` at `offset` in place, by direct packet access: cheaper
+/// than `bpf_skb_store_bytes`, and the same for the checksum state (which
+/// that helper, without flags, leaves alone too). The frame is writable:
+/// the verifier unclones it before a program that writes packet data.
+#[inline(always)]
+pub fn write_at<const N: usize>(
+    ctx: &TcContext,
+    offset: usize,
+    bytes: &[u8; N],
+) -> Result<(), u32> {
+    *hdr_mut::<[u8; N]>(ctx, offset)? = *bytes;
+    Ok(())
+}
+
 /// `hdr_mut`, read-only.
 #[inline(always)]
 pub fn hdr<T>(ctx: &TcContext, offset: usize) -> Result<&T, u32> {

@@ -501,8 +501,7 @@ fn rewrite_addr(
     }
     ctx.l4_csum_replace(csum_off, old_a, new_a, flags)
         .map_err(|_| drop_reason::HELPER_FAILED)?;
-    ctx.store(off, &new, 0)
-        .map_err(|_| drop_reason::HELPER_FAILED)
+    crate::parse::write_at(ctx, off, &new)
 }
 
 #[inline(always)]
@@ -522,8 +521,7 @@ fn rewrite_port(
     }
     ctx.l4_csum_replace(csum_off, old_p, new_p, flags)
         .map_err(|_| drop_reason::HELPER_FAILED)?;
-    ctx.store(off, &new.to_be_bytes(), 0)
-        .map_err(|_| drop_reason::HELPER_FAILED)
+    crate::parse::write_at(ctx, off, &new.to_be_bytes())
 }
 
 #[inline(always)]

@@ -44,7 +44,7 @@ use crate::{
     fwd::deliver_local,
     parse::{
         ETH_LEN, IPPROTO_ICMP, IPPROTO_ICMPV6, IPPROTO_TCP, IPPROTO_UDP, be16, hdr, hdr_mut,
-        write_mac,
+        write_at, write_mac,
     },
 };
 
@@ -220,6 +220,24 @@ pub fn touch(e: *mut NatEntry, now: u64, tcp_flags: u8) {
     }
 }
 
+/// Is a refresh of a flow entry last refreshed at `last_seen` due: stale
+/// by more than `TOUCH_GRANULARITY_NS`, or a FIN or RST to record?
+///
+/// Between refreshes the two entries of an outbound flow are trusted as a
+/// pair without looking up the other: the egress path confirms the return
+/// entry is still the flow's (and refreshes both) only when the outbound
+/// entry's refresh is due. Every refresh of the outbound entry follows
+/// such a check or the allocation, and no timeout is shorter than a
+/// second, so the return entry cannot have expired and gone to another
+/// flow in between. The return path refreshes the outbound entry only when
+/// the return entry's refresh is due; the agent's sweep judges a flow by
+/// the later of the two. Each saves a hash lookup on all but a few packets
+/// a second.
+#[inline(always)]
+pub fn refresh_due(last_seen: u64, now: u64, tcp_flags: u8) -> bool {
+    tcp_flags & (TCP_FIN | TCP_RST) != 0 || now.saturating_sub(last_seen) > TOUCH_GRANULARITY_NS
+}
+
 /// Is `key` (the VM's tuple) the reply of a live flow opened from
 /// outside? Refreshes it when so.
 #[inline(always)]
@@ -391,10 +409,13 @@ pub fn egress4(
     let mut nat_port = 0u16;
     if let Some(out) = SNAT_OUT.get_ptr_mut(&key) {
         // SAFETY: `out` is from `get_ptr_mut` (bpf_map_lookup_elem) just above, valid
-        // until the program returns; a plain integer read.
-        let p = unsafe { (*out).port };
-        let rkey = NatKey::reply(dst, cfg.addr4, l4.dport, p, proto);
-        if let Some(back) = SNAT_IN.get_ptr_mut(&rkey) {
+        // until the program returns; plain integer reads.
+        let (p, seen) = unsafe { ((*out).port, (*out).last_seen) };
+        if !refresh_due(seen, now, l4.tcp_flags) {
+            nat_port = p;
+        } else if let Some(back) =
+            SNAT_IN.get_ptr_mut(&NatKey::reply(dst, cfg.addr4, l4.dport, p, proto))
+        {
             // SAFETY: `back` is from `get_ptr_mut` just above, valid until the program
             // returns; plain integer reads.
             let mine = unsafe { (*back).addr == src && (*back).port == l4.sport };
@@ -441,8 +462,7 @@ fn rewrite_addr(
         ctx.l4_csum_replace(l4.csum_off, old_a, new_a, flags)
             .map_err(|_| drop_reason::HELPER_FAILED)?;
     }
-    ctx.store(off, &new, 0)
-        .map_err(|_| drop_reason::HELPER_FAILED)
+    write_at(ctx, off, &new)
 }
 
 /// Replaces the port (or ICMP id) at `l4.port_off`, fixing the checksum.
@@ -459,8 +479,7 @@ pub fn rewrite_port(ctx: &TcContext, l4: &L4, old: u16, new: u16) -> Result<(), 
     }
     ctx.l4_csum_replace(l4.csum_off, old_p, new_p, flags)
         .map_err(|_| drop_reason::HELPER_FAILED)?;
-    ctx.store(l4.port_off, &new.to_be_bytes(), 0)
-        .map_err(|_| drop_reason::HELPER_FAILED)
+    write_at(ctx, l4.port_off, &new.to_be_bytes())
 }
 
 /// Picks a free port for a new flow (within the VM's quota) and records
@@ -605,14 +624,16 @@ pub fn ingress4(ctx: &TcContext) -> Result<Option<i32>, u32> {
         return Err(drop_reason::ROUTE_TTL_EXCEEDED);
     }
     touch(back, now, l4.tcp_flags);
-    let dport = if proto == IPPROTO_ICMP {
-        e.port
-    } else {
-        l4.sport
-    };
-    let key = NatKey::new(e.addr, src, e.port, dport, proto);
-    if let Some(out) = SNAT_OUT.get_ptr_mut(&key) {
-        touch(out, now, l4.tcp_flags);
+    if refresh_due(e.last_seen, now, l4.tcp_flags) {
+        let dport = if proto == IPPROTO_ICMP {
+            e.port
+        } else {
+            l4.sport
+        };
+        let key = NatKey::new(e.addr, src, e.port, dport, proto);
+        if let Some(out) = SNAT_OUT.get_ptr_mut(&key) {
+            touch(out, now, l4.tcp_flags);
+        }
     }
 
     // Destination back to the VM's address and port; TTL down by one.

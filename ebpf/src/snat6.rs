@@ -224,18 +224,23 @@ pub fn egress6(
     let mut nat_port = 0u16;
     if let Some(out) = SNAT6_OUT.get_ptr_mut(key) {
         // SAFETY: `out` is from `get_ptr_mut` just above, valid until the
-        // program returns; a plain integer read.
-        let p = unsafe { (*out).port };
-        let mut rkey_slot = MaybeUninit::uninit();
-        let rkey = reply6(&mut rkey_slot, &key.dst, &cfg.addr6, l4.dport, p, proto);
-        if let Some(back) = SNAT6_IN.get_ptr_mut(rkey) {
-            // SAFETY: `back` is from `get_ptr_mut` just above, valid until
-            // the program returns; plain reads.
-            let mine = unsafe { addr16_eq(&(*back).addr, &key.src) && (*back).port == l4.sport };
-            if mine {
-                touch6(out, now, l4.tcp_flags);
-                touch6(back, now, l4.tcp_flags);
-                nat_port = p;
+        // program returns; plain integer reads.
+        let (p, seen) = unsafe { ((*out).port, (*out).last_seen) };
+        if !crate::snat::refresh_due(seen, now, l4.tcp_flags) {
+            nat_port = p;
+        } else {
+            let mut rkey_slot = MaybeUninit::uninit();
+            let rkey = reply6(&mut rkey_slot, &key.dst, &cfg.addr6, l4.dport, p, proto);
+            if let Some(back) = SNAT6_IN.get_ptr_mut(rkey) {
+                // SAFETY: `back` is from `get_ptr_mut` just above, valid
+                // until the program returns; plain reads.
+                let mine =
+                    unsafe { addr16_eq(&(*back).addr, &key.src) && (*back).port == l4.sport };
+                if mine {
+                    touch6(out, now, l4.tcp_flags);
+                    touch6(back, now, l4.tcp_flags);
+                    nat_port = p;
+                }
             }
         }
     }
@@ -270,8 +275,7 @@ fn rewrite_addr6(
             .map_err(|_| drop_reason::HELPER_FAILED)?;
         i += 1;
     }
-    ctx.store(off, new, 0)
-        .map_err(|_| drop_reason::HELPER_FAILED)
+    crate::parse::write_at(ctx, off, new)
 }
 
 /// Picks a free port for a new flow (within the VM's quota) and records
@@ -423,19 +427,23 @@ pub fn ingress6(ctx: &TcContext) -> Result<Option<i32>, u32> {
     if hop <= 1 {
         return Err(drop_reason::ROUTE_TTL_EXCEEDED);
     }
+    // SAFETY: as above; a plain integer read.
+    let due = crate::snat::refresh_due(unsafe { (*back).last_seen }, now, l4.tcp_flags);
     touch6(back, now, l4.tcp_flags);
     // SAFETY: as above; no store through `back` follows (read in place:
     // a copy would cost 56 bytes of stack).
     let e = unsafe { &*back };
-    let dport = if proto == IPPROTO_ICMPV6 {
-        e.port
-    } else {
-        l4.sport
-    };
-    let mut out_slot = MaybeUninit::uninit();
-    let key = key6(&mut out_slot, &e.addr, &rkey.src, e.port, dport, proto);
-    if let Some(out) = SNAT6_OUT.get_ptr_mut(key) {
-        touch6(out, now, l4.tcp_flags);
+    if due {
+        let dport = if proto == IPPROTO_ICMPV6 {
+            e.port
+        } else {
+            l4.sport
+        };
+        let mut out_slot = MaybeUninit::uninit();
+        let key = key6(&mut out_slot, &e.addr, &rkey.src, e.port, dport, proto);
+        if let Some(out) = SNAT6_OUT.get_ptr_mut(key) {
+            touch6(out, now, l4.tcp_flags);
+        }
     }
 
     // Destination back to the VM's address and port; hop limit down by one.

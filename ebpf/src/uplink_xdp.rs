@@ -39,7 +39,7 @@ use crate::{
     policy::POLICY_ENDPOINTS,
     route::ROUTED,
     service::SERVICE_CONFIG,
-    snat::{SNAT_CONFIG, SNAT_IN, SNAT_OUT, expired, tcp_flags, touch},
+    snat::{SNAT_CONFIG, SNAT_IN, SNAT_OUT, expired, refresh_due, tcp_flags, touch},
 };
 
 /// Host-side ifindex of a port XDP_REDIRECT can deliver to -> its port id.
@@ -225,8 +225,10 @@ fn snat_return4(ctx: &XdpContext) -> Option<u32> {
         return None;
     }
     touch(back, now, flags);
-    if let Some(out) = SNAT_OUT.get_ptr_mut(&NatKey::new(e.addr, src, e.port, sport, proto)) {
-        touch(out, now, flags);
+    if refresh_due(e.last_seen, now, flags) {
+        if let Some(out) = SNAT_OUT.get_ptr_mut(&NatKey::new(e.addr, src, e.port, sport, proto)) {
+            touch(out, now, flags);
+        }
     }
 
     // Destination address and port back to the VM's, checksums patched

@@ -26,9 +26,9 @@ use aya::{
 use etherparse::PacketBuilder;
 use vmpath::dataplane::Dataplane;
 use vmpath_common::{
-    NET_F_GW4, NET_F_ROUTED, NET_F_SNAT, NetworkInfo, PORT_F_IP_FILTER, PORT_F_MAC_FILTER,
-    PORT_F_MAC_KNOWN, PortInfo, PortStats, SnatConfig, Subnet4, default_gateway_mac, drop_reason,
-    prog_names,
+    NAT_ST_CLOSING, NAT_ST_OPEN, NET_F_GW4, NET_F_ROUTED, NET_F_SNAT, NatKey, NetworkInfo,
+    PORT_F_IP_FILTER, PORT_F_MAC_FILTER, PORT_F_MAC_KNOWN, PortInfo, PortStats, SnatConfig,
+    Subnet4, default_gateway_mac, drop_reason, prog_names,
 };
 use vmpath_tests::{
     prog_fixture::{
@@ -482,6 +482,90 @@ fn snat_translates_udp_tcp_icmp_both_ways_with_valid_checksums() {
         // Traffic to the node address that is no reply passes to the host.
         let (verdict, _) = fx.ingress(&udp(TOR_MAC, UPLINK_MAC, EXT_IP, NODE_IP, 53, 9));
         assert_eq!(verdict, 0, "unknown flow: TC_ACT_OK to the host stack");
+    });
+}
+
+/// The egress path trusts an outbound flow's pair of entries between
+/// refreshes and checks the return entry when a refresh is due; a FIN
+/// still moves both entries to closing.
+#[test]
+fn snat_flows_are_confirmed_when_a_refresh_is_due_and_fin_closes_both_entries() {
+    in_fresh_netns(|| {
+        let mut fx = Fx::new(NET_F_SNAT);
+        let frame = udp(VM_MAC, GW_MAC, VM_IP, EXT_IP, 5555, 53);
+        let (_, out) = fx.egress(&frame);
+        let p1 = checked(&out).sport;
+        let key = NatKey::new(VM_IP, EXT_IP, 5555, 53, 17);
+        let rkey = NatKey::reply(EXT_IP, NODE_IP, 53, p1, 17);
+
+        // The return entry went to another flow (another VM's, after an
+        // expiry), but the pair counts as confirmed just now (its last
+        // refresh set ahead of the data path's clock, so no test-machine
+        // stall makes it due): the next frame keeps its port unlooked.
+        let mut e = fx.dp.maps().snat_out.get(&key, 0).unwrap();
+        e.last_seen = u64::MAX / 2;
+        fx.dp.maps_mut().snat_out.insert(key, e, 0).unwrap();
+        let mut other = fx.dp.maps().snat_in.get(&rkey, 0).unwrap();
+        other.addr = [10, 30, 0, 99];
+        fx.dp.maps_mut().snat_in.insert(rkey, other, 0).unwrap();
+        let (_, out) = fx.egress(&frame);
+        assert_eq!(
+            checked(&out).sport,
+            p1,
+            "confirmed within the refresh interval"
+        );
+
+        // Once the out entry's refresh is due, the egress path looks: the
+        // return entry is not the flow's any more, so it gets a new port
+        // and the other flow keeps its own.
+        let mut e = fx.dp.maps().snat_out.get(&key, 0).unwrap();
+        e.last_seen = 0;
+        fx.dp.maps_mut().snat_out.insert(key, e, 0).unwrap();
+        let (v, out) = fx.egress(&frame);
+        assert_eq!(v, TC_ACT_REDIRECT);
+        let p2 = checked(&out).sport;
+        assert_ne!(
+            p2, p1,
+            "a port whose return entry is another flow's is not reused"
+        );
+        assert_eq!(
+            fx.dp.maps().snat_in.get(&rkey, 0).unwrap().addr,
+            [10, 30, 0, 99],
+            "the other flow's return entry untouched"
+        );
+        assert_eq!(fx.dp.maps().snat_out.get(&key, 0).unwrap().port, p2);
+
+        // TCP: a FIN from the VM right after the SYN (no refresh due by
+        // time) moves both entries to the closing timeout.
+        let syn = tcp(VM_MAC, GW_MAC, VM_IP, EXT_IP, 33000, 443);
+        let (_, out) = fx.egress(&syn);
+        let tp = checked(&out).sport;
+        let tkey = NatKey::new(VM_IP, EXT_IP, 33000, 443, 6);
+        let trkey = NatKey::reply(EXT_IP, NODE_IP, 443, tp, 6);
+        assert_eq!(
+            fx.dp.maps().snat_out.get(&tkey, 0).unwrap().state,
+            NAT_ST_OPEN
+        );
+        let mut fin = Vec::new();
+        PacketBuilder::ethernet2(VM_MAC, GW_MAC)
+            .ipv4(VM_IP, EXT_IP, 64)
+            .tcp(33000, 443, 1001, 64240)
+            .fin()
+            .ack(1)
+            .write(&mut fin, b"")
+            .unwrap();
+        let (_, out) = fx.egress(&fin);
+        assert_eq!(checked(&out).sport, tp, "the FIN leaves on the flow's port");
+        assert_eq!(
+            fx.dp.maps().snat_out.get(&tkey, 0).unwrap().state,
+            NAT_ST_CLOSING,
+            "out entry closing"
+        );
+        assert_eq!(
+            fx.dp.maps().snat_in.get(&trkey, 0).unwrap().state,
+            NAT_ST_CLOSING,
+            "return entry closing"
+        );
     });
 }
 
