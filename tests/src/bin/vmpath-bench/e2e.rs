@@ -199,16 +199,30 @@ pub struct Rate {
     /// irq, softirq over all CPUs; not idle, not stolen by the host): the
     /// rate with the host's CPU theft taken out.
     pub received_per_cpu_s: f64,
+    /// The share of the slice the CPU `pps_counted` was asked to watch
+    /// ran, and received packets per second it ran (NaN when none was).
+    pub watched_cpu_busy: f64,
+    pub received_per_watched_cpu_s: f64,
 }
 
 /// Jiffies the machine's CPUs ran (user + nice + system + irq + softirq,
 /// from the `cpu` line of /proc/stat); idle, iowait and steal excluded.
 pub fn cpu_busy_jiffies() -> Result<u64> {
+    busy_jiffies_of("cpu ")
+}
+
+/// `cpu_busy_jiffies` of one CPU.
+pub fn cpu_busy_jiffies_of(cpu: usize) -> Result<u64> {
+    busy_jiffies_of(&format!("cpu{cpu} "))
+}
+
+/// The busy jiffies of the /proc/stat line starting with `prefix`.
+fn busy_jiffies_of(prefix: &str) -> Result<u64> {
     let stat = std::fs::read_to_string("/proc/stat")?;
     let line = stat
         .lines()
-        .find(|l| l.starts_with("cpu "))
-        .ok_or_else(|| anyhow!("no cpu line in /proc/stat"))?;
+        .find(|l| l.starts_with(prefix))
+        .ok_or_else(|| anyhow!("no {prefix:?} line in /proc/stat"))?;
     let f: Vec<u64> = line
         .split_whitespace()
         .skip(1)
@@ -227,14 +241,43 @@ pub fn cpu_busy_jiffies() -> Result<u64> {
 /// sendmmsg); rates of what was sent and what the `receivers`' IP layers
 /// took in, together.
 pub fn pps(sender: &Netns, frame: &[u8], slice: Duration, receivers: &[&Netns]) -> Result<Rate> {
-    let count = || -> Result<u64> { receivers.iter().map(|ns| ip_in_receives(ns)).sum() };
+    pps_counted(sender, frame, slice, None, || {
+        receivers.iter().map(|ns| ip_in_receives(ns)).sum()
+    })
+}
+
+/// Where `pps_counted` runs the sender and which CPU it watches.
+#[derive(Clone, Copy)]
+pub struct Cpus {
+    pub sender: usize,
+    pub watched: usize,
+}
+
+/// `pps` with the sending thread pinned (and one CPU's busy time taken)
+/// when `cpus` says so, and what arrived read by `count` (a running
+/// total).
+pub fn pps_counted(
+    sender: &Netns,
+    frame: &[u8],
+    slice: Duration,
+    cpus: Option<Cpus>,
+    count: impl Fn() -> Result<u64>,
+) -> Result<Rate> {
+    let sender_cpu = cpus.map(|c| c.sender);
+    let watched = |cpus: Option<Cpus>| -> Result<u64> {
+        cpus.map_or(Ok(0), |c| cpu_busy_jiffies_of(c.watched))
+    };
     let before = count()?;
     let busy_before = cpu_busy_jiffies()?;
+    let watched_before = watched(cpus)?;
     let stop = AtomicBool::new(false);
     let ns_path = sender.path();
     let (sent, elapsed) = std::thread::scope(|s| -> Result<(u64, f64)> {
         let h = s.spawn(|| -> Result<u64> {
             util::enter_netns(&ns_path)?;
+            if let Some(cpu) = sender_cpu {
+                util::pin_to_cpu(cpu)?;
+            }
             let sock = RawSock::open("eth0")?;
             sock.qdisc_bypass();
             Ok(sock.blast(frame, 64, &stop))
@@ -246,12 +289,14 @@ pub fn pps(sender: &Netns, frame: &[u8], slice: Duration, receivers: &[&Netns]) 
         Ok((sent, t.elapsed().as_secs_f64()))
     })?;
     let busy_after = cpu_busy_jiffies()?;
+    let watched_after = watched(cpus)?;
     // What is still queued reaches the receivers within milliseconds.
     sleep(Duration::from_millis(30));
     let received = (count()? - before) as f64;
     // SAFETY: sysconf reads a constant of the system; no memory of ours.
     let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
     let cpu_s = busy_after.saturating_sub(busy_before) as f64 / hz;
+    let watched_s = watched_after.saturating_sub(watched_before) as f64 / hz;
     Ok(Rate {
         sent_pps: sent as f64 / elapsed,
         received_pps: received / elapsed,
@@ -259,6 +304,14 @@ pub fn pps(sender: &Netns, frame: &[u8], slice: Duration, receivers: &[&Netns]) 
             received / cpu_s
         } else {
             f64::NAN
+        },
+        watched_cpu_busy: match cpus {
+            Some(_) => watched_s / elapsed,
+            None => f64::NAN,
+        },
+        received_per_watched_cpu_s: match cpus {
+            Some(_) if watched_s > 0.0 => received / watched_s,
+            _ => f64::NAN,
         },
     })
 }

@@ -12,6 +12,11 @@
 //! The "external host" is a namespace at the other end of the uplink veth;
 //! for the routed pair it routes 10.30.0.0/16 back via the node (what BGP
 //! would teach it). Rounds and paired ratios as in section 2 (`e2e`).
+//! The packet rate is measured twice: with everything on the sender's
+//! CPU (as in section 2), and with the forwarding on a CPU of its own
+//! (`forwarding_capacity`: sender pinned, RPS to the other CPU, the
+//! external host discarding at its ingress), whose busy time gives what
+//! the node forwards per CPU-second.
 
 use anyhow::{Result, anyhow};
 use vmpath::config::parse_mac;
@@ -185,6 +190,7 @@ pub fn run(opts: &Options) -> Result<Section> {
             sent[i].push(x.sent_pps / 1e6);
         }
     }
+    let capacity = forwarding_capacity(&beds, vm_mac, opts)?;
     let mut drops = beds[0].node.maps().drop_counts()?;
     for (d, n) in drops.iter_mut().zip(beds[2].node.maps().drop_counts()?) {
         *d += n;
@@ -251,6 +257,7 @@ pub fn run(opts: &Options) -> Result<Section> {
         fmt_summary(&ratios(&per_cpu, 0)),
         fmt_summary(&ratios(&per_cpu, 2)),
     ));
+    md.push_str(&capacity.markdown(&beds));
     md.push_str(&format!(
         "\nDrops counted by the vmpath data path during these runs: {}.\n",
         drop_names
@@ -269,6 +276,16 @@ pub fn run(opts: &Options) -> Result<Section> {
             baseline: base.into(),
         });
     }
+    for i in [0, 2] {
+        bars.push(Bar {
+            label: format!(
+                "UDP 64 B pps per forwarding CPU-second VM-to-external: {}",
+                beds[i].name
+            ),
+            ratio: capacity.ratio(&beds, i).median,
+            baseline: beds[beds[i].baseline.unwrap_or(i)].name.into(),
+        });
+    }
     drop(beds);
     let (ingress_md, ingress_bars) = ingress(opts)?;
     md.push_str(&ingress_md);
@@ -278,6 +295,166 @@ pub fn run(opts: &Options) -> Result<Section> {
         markdown: md,
         bars,
     })
+}
+
+// --- the forwarding CPU saturated ----------------------------------------------
+
+/// The sender's CPU, and the one the node's forwarding and the external
+/// host's receive run on.
+const SENDER_CPU: usize = 0;
+const FORWARD_CPU: usize = 1;
+
+/// Packet rates with the forwarding on a CPU of its own.
+struct Capacity {
+    /// [setup][round]: received Mpps, the forwarding CPU's busy share of
+    /// the slice, and Mpps per second that CPU ran.
+    received: Vec<Vec<f64>>,
+    busy: Vec<Vec<f64>>,
+    per_fwd_cpu_s: Vec<Vec<f64>>,
+    rounds: usize,
+    slice_ms: u128,
+}
+
+impl Capacity {
+    /// The paired ratio of Mpps per forwarding-CPU-second against the
+    /// setup's Linux baseline.
+    fn ratio(&self, beds: &[Bed], i: usize) -> util::Summary {
+        self.ratio_of(&self.per_fwd_cpu_s, beds, i)
+    }
+
+    fn ratio_of(&self, v: &[Vec<f64>], beds: &[Bed], i: usize) -> util::Summary {
+        match beds[i].baseline {
+            Some(b) => util::paired_ratio(&v[i], &v[b]),
+            None => summary(&[1.0]),
+        }
+    }
+
+    fn markdown(&self, beds: &[Bed]) -> String {
+        let mut md = format!(
+            "\n**The forwarding on a CPU of its own.** The same four setups and frame, \
+             {} rounds of {} ms slices, with the work split between the two CPUs \
+             as a router test splits it between traffic generator and device under \
+             test: the sender is pinned to CPU {SENDER_CPU}, and RPS on the node's \
+             end of the VM's veth hands every frame to CPU {FORWARD_CPU}, which runs \
+             the node's forwarding (vmpath's programs, or Linux's forwarding with \
+             conntrack and masquerade) and the external host's receive. The \
+             external host counts and discards the datagrams at its ingress (an \
+             nftables netdev `counter drop`), so little but the forwarding is left \
+             on CPU {FORWARD_CPU}. The sender's socket buffer holds it back while \
+             CPU {FORWARD_CPU} has not freed its frames, so nothing is lost and \
+             received equals sent; what tells the cost is CPU {FORWARD_CPU}'s \
+             busy share of the slice (from /proc/stat). **Mpps per forwarding \
+             CPU-second** = received ÷ the seconds CPU {FORWARD_CPU} ran: the \
+             packet rate one CPU forwards when it does nothing else, and the \
+             figure the north-south goals are judged by; its ÷ Linux is the \
+             median (min–max) of the per-round paired ratios.\n\n\
+             | setup | UDP 64 B received Mpps | ÷ Linux | CPU {FORWARD_CPU} busy | \
+             Mpps per forwarding CPU-second | ÷ Linux |\n\
+             |---|---|---|---|---|---|\n",
+            self.rounds, self.slice_ms
+        );
+        for (i, b) in beds.iter().enumerate() {
+            let shown = |v: &[Vec<f64>]| match b.baseline {
+                Some(_) => fmt_summary(&self.ratio_of(v, beds, i)),
+                None => "1.000".to_string(),
+            };
+            md.push_str(&format!(
+                "| {} | {} | {} | {} | {} | {} |\n",
+                b.name,
+                fmt_summary(&summary(&self.received[i])),
+                shown(&self.received),
+                fmt_summary(&summary(&self.busy[i])),
+                fmt_summary(&summary(&self.per_fwd_cpu_s[i])),
+                shown(&self.per_fwd_cpu_s),
+            ));
+        }
+        md
+    }
+}
+
+/// Moves each bed's forwarding to `FORWARD_CPU` and its external host's
+/// receive to an ingress counter, then measures rounds of packet-rate
+/// slices from a sender pinned to `SENDER_CPU`.
+fn forwarding_capacity(beds: &[Bed], vm_mac: Mac, opts: &Options) -> Result<Capacity> {
+    for b in beds {
+        // The node namespace's sysfs: `ip netns exec` mounts it.
+        util::sh(&[
+            "ip",
+            "netns",
+            "exec",
+            &b.node.ns.name,
+            "sh",
+            "-c",
+            &format!(
+                "echo {:x} > /sys/class/net/{}/queues/rx-0/rps_cpus",
+                1u32 << FORWARD_CPU,
+                b.vm.port
+            ),
+        ])?;
+        for cmd in [
+            "add table netdev sink",
+            "add chain netdev sink in { type filter hook ingress device ext0 priority 0 ; }",
+            "add rule netdev sink in ip protocol udp counter drop",
+        ] {
+            let mut args = vec!["nft"];
+            args.extend(cmd.split(' '));
+            let out = b.ext.run_status(&args);
+            if !out.status.success() {
+                return Err(anyhow!(
+                    "{}: nft {cmd}: {}",
+                    b.name,
+                    String::from_utf8_lossy(&out.stderr)
+                ));
+            }
+        }
+    }
+    let names: Vec<&str> = beds.iter().map(|b| b.name).collect();
+    let cpus = e2e::Cpus {
+        sender: SENDER_CPU,
+        watched: FORWARD_CPU,
+    };
+    let rates = e2e::rate_rounds(&names, opts.pps_rounds, |i| {
+        let b = &beds[i];
+        let frame = util::udp4_min(b.gw_mac, vm_mac, VM_IP, [192, 0, 2, 2]);
+        e2e::pps_counted(&b.vm.ns, &frame, opts.pps_slice, Some(cpus), || {
+            sink_count(&b.ext)
+        })
+    })?;
+    let mut cap = Capacity {
+        received: vec![Vec::new(); beds.len()],
+        busy: vec![Vec::new(); beds.len()],
+        per_fwd_cpu_s: vec![Vec::new(); beds.len()],
+        rounds: opts.pps_rounds,
+        slice_ms: opts.pps_slice.as_millis(),
+    };
+    for (i, setup) in rates.iter().enumerate() {
+        for x in setup {
+            cap.received[i].push(x.received_pps / 1e6);
+            cap.busy[i].push(x.watched_cpu_busy);
+            cap.per_fwd_cpu_s[i].push(x.received_per_watched_cpu_s / 1e6);
+        }
+    }
+    Ok(cap)
+}
+
+/// Packets the external host's ingress counter has discarded so far.
+fn sink_count(ext: &Netns) -> Result<u64> {
+    let out = ext.run_status(&["nft", "-j", "list", "chain", "netdev", "sink", "in"]);
+    if !out.status.success() {
+        return Err(anyhow!(
+            "nft list chain netdev sink in: {}",
+            String::from_utf8_lossy(&out.stderr)
+        ));
+    }
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout)?;
+    v["nftables"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|o| o["rule"]["expr"].as_array())
+        .flatten()
+        .find_map(|e| e["counter"]["packets"].as_u64())
+        .ok_or_else(|| anyhow!("no counter in the external host's sink chain"))
 }
 
 // --- external -> VM: the uplink's XDP program against its tc program -------

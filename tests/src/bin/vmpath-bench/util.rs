@@ -124,6 +124,20 @@ pub fn enter_netns(ns_path: &str) -> Result<()> {
     Ok(())
 }
 
+/// Pins the calling thread to one CPU.
+pub fn pin_to_cpu(cpu: usize) -> Result<()> {
+    // SAFETY: a zeroed cpu_set_t is the empty set; CPU_SET and
+    // sched_setaffinity(0, ..) touch only it and this thread's mask.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_SET(cpu, &mut set);
+        if libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) != 0 {
+            bail!("pinning to CPU {cpu}: {}", std::io::Error::last_os_error());
+        }
+    }
+    Ok(())
+}
+
 /// Runs a command, failing with its stderr.
 pub fn sh(args: &[&str]) -> Result<String> {
     let out = Command::new(args[0])
