@@ -4,6 +4,7 @@
 #![no_main]
 
 mod arp;
+mod clock;
 mod counters;
 mod csum;
 mod debug;

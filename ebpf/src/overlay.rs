@@ -19,7 +19,7 @@ use core::mem::MaybeUninit;
 use aya_ebpf::{
     bindings::{BPF_F_ZERO_CSUM_TX, TC_ACT_SHOT, bpf_tunnel_key},
     btf_maps::{Array, HashMap, LruHashMap, PerCpuArray},
-    helpers::generated::{bpf_clone_redirect, bpf_ktime_get_ns, bpf_skb_set_tunnel_key},
+    helpers::generated::{bpf_clone_redirect, bpf_skb_set_tunnel_key},
     macros::{btf_map, classifier},
     programs::TcContext,
 };
@@ -84,8 +84,7 @@ pub fn is_learned(key: &EndpointKey) -> bool {
 #[inline(always)]
 pub fn learn_source(network: u32, src: [u8; 6], from: [u8; 4]) {
     let key = EndpointKey::new(network, src);
-    // SAFETY: a helper call without arguments; it touches no memory of ours.
-    let now = unsafe { bpf_ktime_get_ns() };
+    let now = crate::clock::flow_now();
     if let Some(seen) = REMOTE_LEARNED.get_ptr_mut(&key) {
         // SAFETY: `seen` is from `get_ptr_mut` (bpf_map_lookup_elem), valid until the
         // program returns. Another CPU may write the same entry at the same time;

@@ -16,7 +16,6 @@
 use aya_ebpf::{
     bindings::TC_ACT_SHOT,
     btf_maps::{Array, HashMap, LpmTrie, LruHashMap, PerCpuArray, lpm_trie::Key},
-    helpers::generated::bpf_ktime_get_coarse_ns,
     macros::{btf_map, classifier},
     programs::TcContext,
 };
@@ -30,6 +29,7 @@ use vmpath_common::{
 };
 
 use crate::{
+    clock::flow_now,
     counters,
     fwd::{self, Verdict},
     maps::PORTS,
@@ -140,14 +140,6 @@ impl Parsed {
     }
 }
 
-/// The clock of `PolicyFlow::last_seen`: idle timeouts are minutes, a
-/// tick's precision is plenty, and it costs a fraction of the precise one.
-#[inline(always)]
-fn now() -> u64 {
-    // SAFETY: a helper call without arguments; it touches no memory of ours.
-    unsafe { bpf_ktime_get_coarse_ns() }
-}
-
 /// What `egress` decided.
 pub enum Egress {
     /// The frame may go on; `Some`: what the delivery's check may reuse
@@ -233,7 +225,7 @@ fn egress_tracked(
 fn parse_fresh(ctx: &TcContext, k: &mut PolicyFlowKey) -> Option<Parsed> {
     match parse_plain(ctx, k)? {
         Seen::Exempt => Some(Parsed::new(0, true)),
-        _ => Some(Parsed::new(now(), false)),
+        _ => Some(Parsed::new(flow_now(), false)),
     }
 }
 
@@ -474,7 +466,7 @@ fn check(
     if seen == Seen::Exempt {
         return Ok(());
     }
-    let now = now();
+    let now = flow_now();
     // An ICMP error about a flow a shared entry holds: the only frames of
     // such a flow that come here (its others pass on the entry before).
     if !untracked && seen == Seen::Related && pair_other(k, network, port_id, dir, now) != 0 {

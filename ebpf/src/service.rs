@@ -22,7 +22,7 @@
 use aya_ebpf::{
     bindings::{BPF_F_MARK_MANGLED_0, BPF_F_PSEUDO_HDR, TC_ACT_SHOT},
     btf_maps::{Array, HashMap, LruHashMap, PerCpuArray},
-    helpers::{bpf_get_prandom_u32, bpf_ktime_get_ns, generated::bpf_skb_change_tail},
+    helpers::{bpf_get_prandom_u32, generated::bpf_skb_change_tail},
     macros::{btf_map, classifier},
     programs::TcContext,
 };
@@ -219,8 +219,7 @@ fn try_vm_service(ctx: &TcContext, ifindex: u32, port: &PortInfo) -> Result<Opti
         return Ok(None);
     };
     let network = port.network;
-    // SAFETY: a helper call without arguments; it touches no memory of ours.
-    let now = unsafe { bpf_ktime_get_ns() };
+    let now = crate::clock::flow_now();
     let key = ServiceFlowKey::new(network, t.src, t.dst, t.sport, t.dport, t.proto);
     if let Some(flow) = SERVICE_FLOWS.get_ptr_mut(&key) {
         // SAFETY: from `get_ptr_mut` (bpf_map_lookup_elem) just above,
@@ -451,7 +450,7 @@ fn reverse(ctx: &TcContext, port_ifindex: u32) -> Result<(), u32> {
         return Ok(());
     }
     // SAFETY: as above.
-    unsafe { (*flow).last_seen = bpf_ktime_get_ns() };
+    unsafe { (*flow).last_seen = crate::clock::flow_now() };
     rewrite(ctx, &t, &f)?;
     hdr_mut::<EthHdr>(ctx, 0)?.src_addr = f.mac;
     Ok(())

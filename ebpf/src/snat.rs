@@ -21,7 +21,7 @@
 use aya_ebpf::{
     bindings::{BPF_ANY, BPF_F_MARK_MANGLED_0, BPF_F_PSEUDO_HDR, BPF_NOEXIST},
     btf_maps::{Array, HashMap, LruHashMap},
-    helpers::generated::{bpf_get_prandom_u32, bpf_ktime_get_ns},
+    helpers::generated::bpf_get_prandom_u32,
     macros::btf_map,
     programs::TcContext,
 };
@@ -292,8 +292,7 @@ pub fn track_inbound4(ctx: &TcContext) -> Result<(), u32> {
         return Ok(());
     };
     let key = NatKey::new(dst, src, vm_port, remote_port, proto);
-    // SAFETY: a helper call without arguments; it touches no memory of ours.
-    let now = unsafe { bpf_ktime_get_ns() };
+    let now = crate::clock::flow_now();
     if let Some(flow) = INBOUND.get_ptr_mut(&key) {
         refresh_inbound(flow, now, tcp_flags);
         return Ok(());
@@ -389,8 +388,7 @@ pub fn egress4(
     let ingress = net.flags & NET_F_INGRESS != 0;
     let l4 = l4(ctx, proto, l4_off, true, ingress)?;
     let key = NatKey::new(src, dst, l4.sport, l4.dport, proto);
-    // SAFETY: a helper call without arguments; it touches no memory of ours.
-    let now = unsafe { bpf_ktime_get_ns() };
+    let now = crate::clock::flow_now();
     if l4.echo_reply {
         // Only ever the answer to a ping from outside.
         if inbound_reply(cfg, &key, now, 0) {
@@ -612,8 +610,7 @@ pub fn ingress4(ctx: &TcContext) -> Result<Option<i32>, u32> {
     let Some(back) = SNAT_IN.get_ptr_mut(&rkey) else {
         return Ok(None);
     };
-    // SAFETY: a helper call without arguments; it touches no memory of ours.
-    let now = unsafe { bpf_ktime_get_ns() };
+    let now = crate::clock::flow_now();
     // SAFETY: `back` is from `get_ptr_mut` just above, valid until the program
     // returns; `NatEntry` is `Copy` plain integers.
     let e = unsafe { *back };

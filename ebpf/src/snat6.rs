@@ -23,7 +23,7 @@ use core::mem::{MaybeUninit, offset_of};
 use aya_ebpf::{
     bindings::{BPF_ANY, BPF_F_MARK_MANGLED_0, BPF_F_PSEUDO_HDR, BPF_NOEXIST},
     btf_maps::{HashMap, LruHashMap},
-    helpers::generated::{bpf_get_prandom_u32, bpf_ktime_get_ns},
+    helpers::generated::bpf_get_prandom_u32,
     macros::btf_map,
     programs::TcContext,
 };
@@ -162,8 +162,7 @@ pub fn track_inbound6(ctx: &TcContext) -> Result<(), u32> {
         remote_port,
         proto,
     );
-    // SAFETY: a helper call without arguments; it touches no memory of ours.
-    let now = unsafe { bpf_ktime_get_ns() };
+    let now = crate::clock::flow_now();
     if let Some(flow) = INBOUND6.get_ptr_mut(key) {
         refresh_inbound(flow, now, tcp_flags);
         return Ok(());
@@ -204,8 +203,7 @@ pub fn egress6(
         l4.dport,
         proto,
     );
-    // SAFETY: a helper call without arguments; it touches no memory of ours.
-    let now = unsafe { bpf_ktime_get_ns() };
+    let now = crate::clock::flow_now();
     if l4.echo_reply {
         // Only ever the answer to a ping from outside.
         if inbound_reply6(cfg, key, now, 0) {
@@ -417,8 +415,7 @@ pub fn ingress6(ctx: &TcContext) -> Result<Option<i32>, u32> {
     let Some(back) = SNAT6_IN.get_ptr_mut(rkey) else {
         return Ok(None);
     };
-    // SAFETY: a helper call without arguments; it touches no memory of ours.
-    let now = unsafe { bpf_ktime_get_ns() };
+    let now = crate::clock::flow_now();
     // SAFETY: `back` is from `get_ptr_mut` just above, valid until the
     // program returns; the reference lives for this call only.
     if expired6(cfg, unsafe { &*back }, proto, now) {

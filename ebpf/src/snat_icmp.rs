@@ -9,7 +9,7 @@
 
 use core::mem::{MaybeUninit, offset_of};
 
-use aya_ebpf::{helpers::generated::bpf_ktime_get_ns, programs::TcContext};
+use aya_ebpf::programs::TcContext;
 use network_types::{
     icmp::{Icmpv4Hdr, Icmpv6Hdr},
     ip::{Ipv4Hdr, Ipv6Hdr},
@@ -96,8 +96,7 @@ pub fn ingress4(ctx: &TcContext, cfg: &SnatConfig, l4_off: usize) -> Result<Opti
         return Ok(None);
     };
     let e = *e;
-    // SAFETY: a helper call without arguments; it touches no memory of ours.
-    let now = unsafe { bpf_ktime_get_ns() };
+    let now = crate::clock::flow_now();
     if expired(cfg, &e, iproto, now) {
         return Ok(None);
     }
@@ -205,8 +204,7 @@ pub fn ingress6(ctx: &TcContext, cfg: &SnatConfig, l4_off: usize) -> Result<Opti
     let Some(e) = (unsafe { SNAT6_IN.get(key) }) else {
         return Ok(None);
     };
-    // SAFETY: a helper call without arguments; it touches no memory of ours.
-    let now = unsafe { bpf_ktime_get_ns() };
+    let now = crate::clock::flow_now();
     if expired6(cfg, e, iproto, now) {
         return Ok(None);
     }

@@ -19,7 +19,7 @@
 use aya_ebpf::{
     bindings::xdp_action::{XDP_PASS, XDP_REDIRECT},
     btf_maps::{HashMap, PerCpuArray},
-    helpers::generated::{bpf_ktime_get_ns, bpf_redirect},
+    helpers::generated::bpf_redirect,
     macros::{btf_map, xdp},
     programs::XdpContext,
 };
@@ -216,8 +216,7 @@ fn snat_return4(ctx: &XdpContext) -> Option<u32> {
     // SAFETY: `back` is from `get_ptr_mut` just above, valid until the
     // program returns; `NatEntry` is `Copy` plain integers.
     let e = unsafe { *back };
-    // SAFETY: a helper call without arguments; it touches no memory of ours.
-    let now = unsafe { bpf_ktime_get_ns() };
+    let now = crate::clock::flow_now();
     if expired(cfg, &e, proto, now) || !fast_port(e.ifindex, e.port_id) {
         return None;
     }
