@@ -15,6 +15,17 @@ pub fn replace16(check: u16, old: u16, new: u16) -> u16 {
     !fold(sum)
 }
 
+/// Checksum field after a 4-byte address it covers changed from `old` to
+/// `new` (the IPv4 header checksum, which is never offloaded).
+#[inline(always)]
+pub fn replace_addr4(check: u16, old: [u8; 4], new: [u8; 4]) -> u16 {
+    let words = |a: [u8; 4]| {
+        u32::from(u16::from_be_bytes([a[0], a[1]])) + u32::from(u16::from_be_bytes([a[2], a[3]]))
+    };
+    let sum = u32::from(!check) + (2 * 0xffff - words(old)) + words(new);
+    !fold(sum)
+}
+
 /// Sum of the 16-bit big-endian words of a 16-byte address.
 #[inline(always)]
 pub fn sum_addr16(a: &[u8; 16]) -> u32 {

@@ -81,7 +81,6 @@ pub static SERVICE_CONFIG: Array<u32, { maps::SERVICE_CONFIG.max_entries as usiz
 pub static SERVICE_STATS: PerCpuArray<ServiceStats, { maps::SERVICE_STATS.max_entries as usize }> =
     PerCpuArray::new();
 
-const IP_CSUM_OFF: usize = ETH_LEN + offset_of!(Ipv4Hdr, check);
 const IP_SRC_OFF: usize = ETH_LEN + offset_of!(Ipv4Hdr, src_addr);
 const IP_DST_OFF: usize = ETH_LEN + offset_of!(Ipv4Hdr, dst_addr);
 const TCP_FIN: u8 = 0x01;
@@ -492,14 +491,16 @@ fn rewrite_addr(
 ) -> Result<(), u32> {
     let old_a = u64::from(u32::from_ne_bytes(old));
     let new_a = u64::from(u32::from_ne_bytes(new));
-    ctx.l3_csum_replace(IP_CSUM_OFF, old_a, new_a, 4)
-        .map_err(|_| drop_reason::HELPER_FAILED)?;
     let mut flags = u64::from(BPF_F_PSEUDO_HDR) | 4;
     if udp {
         flags |= u64::from(BPF_F_MARK_MANGLED_0);
     }
     ctx.l4_csum_replace(csum_off, old_a, new_a, flags)
         .map_err(|_| drop_reason::HELPER_FAILED)?;
+    // The IPv4 header checksum in place (as `snat::rewrite_addr`), after
+    // the helper, which may move packet data.
+    let ip = hdr_mut::<Ipv4Hdr>(ctx, ETH_LEN)?;
+    ip.check = crate::csum::replace_addr4(u16::from_be_bytes(ip.check), old, new).to_be_bytes();
     crate::parse::write_at(ctx, off, &new)
 }
 

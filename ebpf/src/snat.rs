@@ -13,8 +13,9 @@
 //! path sends a frame that matches one un-NATed, unless the tuple is an
 //! outbound SNAT flow already (that one keeps its translation).
 //!
-//! Checksums are fixed with `bpf_l3_csum_replace` / `bpf_l4_csum_replace`;
-//! address changes use `BPF_F_PSEUDO_HDR`, so a frame a veth hands over
+//! The transport checksum is fixed with `bpf_l4_csum_replace` (the IPv4
+//! header's in place, `csum::replace_addr4`); address changes use
+//! `BPF_F_PSEUDO_HDR`, so a frame a veth hands over
 //! with CHECKSUM_PARTIAL (only the pseudo-header sum filled in) stays
 //! right, and a full checksum is updated incrementally.
 
@@ -58,7 +59,6 @@ const TCP_SYN: u8 = 0x02;
 /// Candidate ports tried for a new flow before giving up.
 pub const PROBES: u32 = 16;
 
-const IP_CSUM_OFF: usize = ETH_LEN + offset_of!(Ipv4Hdr, check);
 const IP_SRC_OFF: usize = ETH_LEN + offset_of!(Ipv4Hdr, src_addr);
 const IP_DST_OFF: usize = ETH_LEN + offset_of!(Ipv4Hdr, dst_addr);
 
@@ -450,8 +450,6 @@ fn rewrite_addr(
 ) -> Result<(), u32> {
     let old_a = u64::from(u32::from_ne_bytes(old));
     let new_a = u64::from(u32::from_ne_bytes(new));
-    ctx.l3_csum_replace(IP_CSUM_OFF, old_a, new_a, 4)
-        .map_err(|_| drop_reason::HELPER_FAILED)?;
     if l4.proto != IPPROTO_ICMP {
         let mut flags = u64::from(BPF_F_PSEUDO_HDR) | 4;
         if l4.proto == IPPROTO_UDP {
@@ -460,6 +458,11 @@ fn rewrite_addr(
         ctx.l4_csum_replace(l4.csum_off, old_a, new_a, flags)
             .map_err(|_| drop_reason::HELPER_FAILED)?;
     }
+    // Taken after the helper (it may move packet data). The IP header
+    // checksum is patched here, not by `bpf_l3_csum_replace`: it is never
+    // offloaded, and one helper call less is measurable.
+    let ip = hdr_mut::<Ipv4Hdr>(ctx, ETH_LEN)?;
+    ip.check = csum::replace_addr4(be16(ip.check), old, new).to_be_bytes();
     write_at(ctx, off, &new)
 }
 
