@@ -464,6 +464,16 @@ impl Node {
         fs::read_to_string(&self.log_path).unwrap_or_default()
     }
 
+    /// Waits until the agent's log contains `text` (what it logs on its
+    /// next pass, after the state a test saw already changed).
+    pub fn wait_log(&self, text: &str, timeout: Duration) {
+        wait_for(
+            &format!("node {}'s agent to log {text:?}", self.name),
+            timeout,
+            || self.agent_log().contains(text),
+        );
+    }
+
     /// The agent's last status (state dir `status.json`).
     pub fn status(&self) -> Option<serde_json::Value> {
         let text = fs::read_to_string(self.state_dir.join("status.json")).ok()?;

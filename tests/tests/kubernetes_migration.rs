@@ -403,15 +403,8 @@ sendp(rarp, iface='{IFNAME}')
     let cut_over_ms = cut.elapsed().as_secs_f64() * 1e3;
     // The data path clears the pending flag itself; the agent notices the
     // event on its next pass and says so in its log, a moment later.
-    wait_for(
-        "b's agent logs the data path's cut-over",
-        Duration::from_secs(10),
-        || {
-            bed.b
-                .agent_log()
-                .contains("the VM spoke on the target port")
-        },
-    );
+    bed.b
+        .wait_log("the VM spoke on the target port", Duration::from_secs(10));
     assert!(
         vmi(&bed.server)["status"]["migrationState"]["completed"].is_null(),
         "the cut-over came from the data path, before KubeVirt's word"

@@ -152,11 +152,7 @@ fn the_kubernetes_source_programs_a_vm_relists_on_410_and_outlives_the_api_serve
     // The API server goes away: nothing is withdrawn, traffic flows, and
     // a known pod's new sandbox is still programmed.
     server.stop();
-    wait_for(
-        "the watch error in the agent's log",
-        Duration::from_secs(30),
-        || node.agent_log().contains("keeping what was read"),
-    );
+    node.wait_log("keeping what was read", Duration::from_secs(30));
     assert!(
         launcher.ping(&web_ip, 2),
         "VM -> pod with the API server gone"

@@ -53,15 +53,8 @@ fn live_migration_keeps_ip_mac_and_gateway_with_a_short_loss_window() {
         "the ready signal cost {ready_gap:.1} ms"
     );
     // The agent logs the data path's cut-over on its next pass.
-    wait_for(
-        "b's agent logs the data path's cut-over",
-        Duration::from_secs(10),
-        || {
-            bed.b
-                .agent_log()
-                .contains("the VM spoke on the target port")
-        },
-    );
+    bed.b
+        .wait_log("the VM spoke on the target port", Duration::from_secs(10));
 
     // The VM kept its identity: `vmpath vm show` on b.
     wait_for("b serves vm1 as active", Duration::from_secs(10), || {

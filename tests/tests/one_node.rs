@@ -372,11 +372,8 @@ fn agent_restart_with_empty_config_keeps_forwarding() {
     let saved = std::fs::read_to_string(bed.node.config_dir.join("config.yaml")).unwrap();
     bed.node.remove_config("config.yaml");
     bed.node.start_agent();
-    wait_for(
-        "agent to notice the empty config",
-        Duration::from_secs(10),
-        || bed.node.agent_log().contains("config dir missing or empty"),
-    );
+    bed.node
+        .wait_log("config dir missing or empty", Duration::from_secs(10));
     assert!(
         bed.vm1.ping("10.20.0.12"),
         "empty config wiped the data path"

@@ -98,11 +98,7 @@ fn two_nodes() -> Bed {
     a.wait_ports(&[&vm1.port]);
     b.wait_ports(&[&vm2.port, &vm3.port]);
     for node in [&a, &b] {
-        wait_for(
-            &format!("the overlay on node {}", node.name),
-            Duration::from_secs(10),
-            || node.agent_log().contains("overlay ready"),
-        );
+        node.wait_log("overlay ready", Duration::from_secs(10));
     }
     Bed {
         a,
@@ -526,11 +522,7 @@ fn three_nodes_one_detected() -> LearnBed {
     bed.b.wait_ports(&[&bed.vmb.port]);
     bed.c.wait_ports(&[&bed.vmc.port]);
     for node in [&bed.a, &bed.b, &bed.c] {
-        wait_for(
-            &format!("the overlay on node {}", node.name),
-            Duration::from_secs(10),
-            || node.agent_log().contains("overlay ready"),
-        );
+        node.wait_log("overlay ready", Duration::from_secs(10));
     }
     bed
 }
