@@ -200,9 +200,9 @@ pub struct Rate {
     /// rate with the host's CPU theft taken out.
     pub received_per_cpu_s: f64,
     /// The share of the slice the CPU `pps_counted` was asked to watch
-    /// ran, and received packets per second it ran (NaN when none was).
+    /// ran (NaN when none was): `received_pps / watched_cpu_busy` is the
+    /// received packets per second that CPU ran.
     pub watched_cpu_busy: f64,
-    pub received_per_watched_cpu_s: f64,
 }
 
 /// Jiffies the machine's CPUs ran (user + nice + system + irq + softirq,
@@ -212,7 +212,7 @@ pub fn cpu_busy_jiffies() -> Result<u64> {
 }
 
 /// `cpu_busy_jiffies` of one CPU.
-pub fn cpu_busy_jiffies_of(cpu: usize) -> Result<u64> {
+fn cpu_busy_jiffies_of(cpu: usize) -> Result<u64> {
     busy_jiffies_of(&format!("cpu{cpu} "))
 }
 
@@ -264,12 +264,10 @@ pub fn pps_counted(
     count: impl Fn() -> Result<u64>,
 ) -> Result<Rate> {
     let sender_cpu = cpus.map(|c| c.sender);
-    let watched = |cpus: Option<Cpus>| -> Result<u64> {
-        cpus.map_or(Ok(0), |c| cpu_busy_jiffies_of(c.watched))
-    };
+    let watched = || cpus.map_or(Ok(0), |c| cpu_busy_jiffies_of(c.watched));
     let before = count()?;
     let busy_before = cpu_busy_jiffies()?;
-    let watched_before = watched(cpus)?;
+    let watched_before = watched()?;
     let stop = AtomicBool::new(false);
     let ns_path = sender.path();
     let (sent, elapsed) = std::thread::scope(|s| -> Result<(u64, f64)> {
@@ -289,7 +287,7 @@ pub fn pps_counted(
         Ok((sent, t.elapsed().as_secs_f64()))
     })?;
     let busy_after = cpu_busy_jiffies()?;
-    let watched_after = watched(cpus)?;
+    let watched_after = watched()?;
     // What is still queued reaches the receivers within milliseconds.
     sleep(Duration::from_millis(30));
     let received = (count()? - before) as f64;
@@ -308,10 +306,6 @@ pub fn pps_counted(
         watched_cpu_busy: match cpus {
             Some(_) => watched_s / elapsed,
             None => f64::NAN,
-        },
-        received_per_watched_cpu_s: match cpus {
-            Some(_) if watched_s > 0.0 => received / watched_s,
-            _ => f64::NAN,
         },
     })
 }

@@ -98,25 +98,15 @@ fn linux_bed(tag: &str, masquerade: bool) -> Result<Bed> {
     let (node, ext, vm) = base(tag, "ext0");
     node.ns
         .run(&["ip", "addr", "add", "10.30.0.1/16", "dev", &vm.port]);
-    let rules: &[&str] = if masquerade {
-        &[
-            "add table ip bench",
-            "add chain ip bench post { type nat hook postrouting priority 100 ; }",
-            "add rule ip bench post oifname up0 masquerade",
-        ]
-    } else {
-        &[]
-    };
-    for cmd in rules {
-        let mut args = vec!["nft"];
-        args.extend(cmd.split(' '));
-        let out = node.ns.run_status(&args);
-        if !out.status.success() {
-            return Err(anyhow!(
-                "nft {cmd}: {} (`cargo xtask setup` installs nftables)",
-                String::from_utf8_lossy(&out.stderr)
-            ));
-        }
+    if masquerade {
+        nft(
+            &node.ns,
+            &[
+                "add table ip bench",
+                "add chain ip bench post { type nat hook postrouting priority 100 ; }",
+                "add rule ip bench post oifname up0 masquerade",
+            ],
+        )?;
     }
     let link = node.ns.run(&["ip", "-j", "link", "show", "dev", &vm.port]);
     let v: serde_json::Value = serde_json::from_str(&link)?;
@@ -133,6 +123,40 @@ fn linux_bed(tag: &str, masquerade: bool) -> Result<Bed> {
         gw_mac,
         node,
     })
+}
+
+/// Setup `i`'s per-round paired ratios in `v` ([setup][round]) against
+/// its baseline; 1 for a baseline.
+fn vs_baseline(beds: &[Bed], v: &[Vec<f64>], i: usize) -> util::Summary {
+    match beds[i].baseline {
+        Some(b) => util::paired_ratio(&v[i], &v[b]),
+        None => summary(&[1.0]),
+    }
+}
+
+/// `vs_baseline` as a table cell ("1.000" for a baseline).
+fn shown_vs_baseline(beds: &[Bed], v: &[Vec<f64>], i: usize) -> String {
+    match beds[i].baseline {
+        Some(_) => fmt_summary(&vs_baseline(beds, v, i)),
+        None => "1.000".to_string(),
+    }
+}
+
+/// Runs nftables commands (words split on spaces) in `ns`, in order.
+fn nft(ns: &Netns, cmds: &[&str]) -> Result<()> {
+    for cmd in cmds {
+        let mut args = vec!["nft"];
+        args.extend(cmd.split(' '));
+        let out = ns.run_status(&args);
+        if !out.status.success() {
+            return Err(anyhow!(
+                "in {}: nft {cmd}: {} (`cargo xtask setup` installs nftables)",
+                ns.name,
+                String::from_utf8_lossy(&out.stderr)
+            ));
+        }
+    }
+    Ok(())
 }
 
 pub struct Options {
@@ -196,14 +220,8 @@ pub fn run(opts: &Options) -> Result<Section> {
         *d += n;
     }
     let drop_names = util::drops_text(&drops);
-    let ratios = |v: &[Vec<f64>], i: usize| match beds[i].baseline {
-        Some(b) => util::paired_ratio(&v[i], &v[b]),
-        None => summary(&[1.0]),
-    };
-    let shown = |v: &[Vec<f64>], i: usize| match beds[i].baseline {
-        Some(_) => fmt_summary(&ratios(v, i)),
-        None => "1.000".to_string(),
-    };
+    let ratios = |v: &[Vec<f64>], i: usize| vs_baseline(&beds, v, i);
+    let shown = |v: &[Vec<f64>], i: usize| shown_vs_baseline(&beds, v, i);
     let mut md = format!(
         "One VM namespace behind a node namespace whose uplink veth leads to an \
          \"external\" namespace (192.0.2.2), four ways in two pairs, all measured \
@@ -319,14 +337,7 @@ impl Capacity {
     /// The paired ratio of Mpps per forwarding-CPU-second against the
     /// setup's Linux baseline.
     fn ratio(&self, beds: &[Bed], i: usize) -> util::Summary {
-        self.ratio_of(&self.per_fwd_cpu_s, beds, i)
-    }
-
-    fn ratio_of(&self, v: &[Vec<f64>], beds: &[Bed], i: usize) -> util::Summary {
-        match beds[i].baseline {
-            Some(b) => util::paired_ratio(&v[i], &v[b]),
-            None => summary(&[1.0]),
-        }
+        vs_baseline(beds, &self.per_fwd_cpu_s, i)
     }
 
     fn markdown(&self, beds: &[Bed]) -> String {
@@ -354,10 +365,7 @@ impl Capacity {
             self.rounds, self.slice_ms
         );
         for (i, b) in beds.iter().enumerate() {
-            let shown = |v: &[Vec<f64>]| match b.baseline {
-                Some(_) => fmt_summary(&self.ratio_of(v, beds, i)),
-                None => "1.000".to_string(),
-            };
+            let shown = |v: &[Vec<f64>]| shown_vs_baseline(beds, v, i);
             md.push_str(&format!(
                 "| {} | {} | {} | {} | {} | {} |\n",
                 b.name,
@@ -391,22 +399,15 @@ fn forwarding_capacity(beds: &[Bed], vm_mac: Mac, opts: &Options) -> Result<Capa
                 b.vm.port
             ),
         ])?;
-        for cmd in [
-            "add table netdev sink",
-            "add chain netdev sink in { type filter hook ingress device ext0 priority 0 ; }",
-            "add rule netdev sink in ip protocol udp counter drop",
-        ] {
-            let mut args = vec!["nft"];
-            args.extend(cmd.split(' '));
-            let out = b.ext.run_status(&args);
-            if !out.status.success() {
-                return Err(anyhow!(
-                    "{}: nft {cmd}: {}",
-                    b.name,
-                    String::from_utf8_lossy(&out.stderr)
-                ));
-            }
-        }
+        nft(
+            &b.ext,
+            &[
+                "add table netdev sink",
+                "add chain netdev sink in { type filter hook ingress device ext0 priority 0 ; }",
+                "add rule netdev sink in ip protocol udp counter drop",
+            ],
+        )
+        .map_err(|e| anyhow!("{}: {e}", b.name))?;
     }
     let names: Vec<&str> = beds.iter().map(|b| b.name).collect();
     let cpus = e2e::Cpus {
@@ -431,7 +432,7 @@ fn forwarding_capacity(beds: &[Bed], vm_mac: Mac, opts: &Options) -> Result<Capa
         for x in setup {
             cap.received[i].push(x.received_pps / 1e6);
             cap.busy[i].push(x.watched_cpu_busy);
-            cap.per_fwd_cpu_s[i].push(x.received_per_watched_cpu_s / 1e6);
+            cap.per_fwd_cpu_s[i].push(x.received_pps / x.watched_cpu_busy / 1e6);
         }
     }
     Ok(cap)
