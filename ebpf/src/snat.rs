@@ -203,6 +203,13 @@ pub fn expired(cfg: &SnatConfig, e: &NatEntry, proto: u8, now: u64) -> bool {
 /// bounce its cache line between the CPUs a flow's two directions run on.
 pub const TOUCH_GRANULARITY_NS: u64 = 100_000_000;
 
+/// Was an entry last refreshed at `last_seen` refreshed longer than
+/// `TOUCH_GRANULARITY_NS` ago (so a packet should write it again)?
+#[inline(always)]
+pub fn stale(last_seen: u64, now: u64) -> bool {
+    now.saturating_sub(last_seen) > TOUCH_GRANULARITY_NS
+}
+
 /// Refreshes an entry; FIN or RST moves a TCP flow to the closing timeout.
 #[inline(always)]
 pub fn touch(e: *mut NatEntry, now: u64, tcp_flags: u8) {
@@ -211,7 +218,7 @@ pub fn touch(e: *mut NatEntry, now: u64, tcp_flags: u8) {
     // directions (possibly on two CPUs): plain integer stores, a race only
     // leaves a stale `last_seen` or a repeated state change.
     unsafe {
-        if now.saturating_sub((*e).last_seen) > TOUCH_GRANULARITY_NS {
+        if stale((*e).last_seen, now) {
             (*e).last_seen = now;
         }
         if tcp_flags & (TCP_FIN | TCP_RST) != 0 && (*e).state != NAT_ST_CLOSING {
@@ -235,7 +242,7 @@ pub fn touch(e: *mut NatEntry, now: u64, tcp_flags: u8) {
 /// a second.
 #[inline(always)]
 pub fn refresh_due(last_seen: u64, now: u64, tcp_flags: u8) -> bool {
-    tcp_flags & (TCP_FIN | TCP_RST) != 0 || now.saturating_sub(last_seen) > TOUCH_GRANULARITY_NS
+    tcp_flags & (TCP_FIN | TCP_RST) != 0 || stale(last_seen, now)
 }
 
 /// Is `key` (the VM's tuple) the reply of a live flow opened from
@@ -265,7 +272,7 @@ pub fn inbound_live(
         if now.saturating_sub((*flow).last_seen) > cfg.timeout_ns(proto, (*flow).state) {
             return false;
         }
-        if now.saturating_sub((*flow).last_seen) > TOUCH_GRANULARITY_NS {
+        if stale((*flow).last_seen, now) {
             (*flow).last_seen = now;
         }
         if tcp_flags & (TCP_FIN | TCP_RST) != 0 {
@@ -353,7 +360,7 @@ pub fn refresh_inbound(flow: *mut InboundFlow, now: u64, tcp_flags: u8) {
     // SAFETY: callers pass a pointer from `get_ptr_mut`, valid until the
     // program returns; plain integer stores (see `inbound_live`).
     unsafe {
-        if now.saturating_sub((*flow).last_seen) > TOUCH_GRANULARITY_NS {
+        if stale((*flow).last_seen, now) {
             (*flow).last_seen = now;
         }
         if tcp_flags & (TCP_FIN | TCP_RST) != 0 {

@@ -36,8 +36,8 @@ use vmpath_common::{
 use crate::{
     parse::{ETH_LEN, IPPROTO_ICMPV6, IPPROTO_UDP, addr16_eq, hdr, hdr_mut, words16, zeroed},
     snat::{
-        L4, PROBES, SNAT_CONFIG, TCP_FIN, TCP_RST, TOUCH_GRANULARITY_NS, inbound_live,
-        inbound_ports, l4, new_inbound, refresh_inbound, rewrite_port, to_port,
+        L4, PROBES, SNAT_CONFIG, TCP_FIN, TCP_RST, inbound_live, inbound_ports, l4, new_inbound,
+        refresh_inbound, rewrite_port, stale, to_port,
     },
     spoof::{IPPROTO_FRAGMENT, upper_layer6},
 };
@@ -119,7 +119,7 @@ fn touch6(e: *mut NatEntry6, now: u64, tcp_flags: u8) {
     // valid until the program returns; plain integer stores shared by the
     // flow's two directions (see `snat::touch`).
     unsafe {
-        if now.saturating_sub((*e).last_seen) > TOUCH_GRANULARITY_NS {
+        if stale((*e).last_seen, now) {
             (*e).last_seen = now;
         }
         if tcp_flags & (TCP_FIN | TCP_RST) != 0 && (*e).state != NAT_ST_CLOSING {
