@@ -890,8 +890,20 @@ const _: () = assert!(size_of::<NatKey>() == 16);
 pub const NAT_ST_OPEN: u8 = 0;
 pub const NAT_ST_CLOSING: u8 = 1;
 
+/// Where a frame is sent next: the interface it leaves by and the
+/// Ethernet addresses it carries there.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct L2Hop {
+    pub ifindex: u32,
+    pub dst_mac: [u8; 6],
+    pub src_mac: [u8; 6],
+}
+const _: () = assert!(size_of::<L2Hop>() == 16);
+
 /// What a flow translates to, both ways: in `vmp_snat_out` keyed by the
-/// VM's tuple (the value holds the translated address and port); in
+/// VM's tuple (the value holds the translated address and port, and the
+/// next hop the FIB last gave for the translated frames); in
 /// `vmp_snat_in` keyed by the reply tuple (the value holds the VM's
 /// address and port, and its port's ifindex and MAC).
 #[repr(C)]
@@ -901,17 +913,22 @@ pub struct NatEntry {
     pub port: u16,
     pub state: u8,
     pub _pad: u8,
-    /// Host-side ifindex of the VM's port (in `vmp_snat_in`).
-    pub ifindex: u32,
-    pub vm_mac: [u8; 6],
-    pub gw_mac: [u8; 6],
-    /// Port id of the VM's port (in `vmp_snat_in`; its counters' slot).
+    /// Where the translated frames go. In `vmp_snat_in`: the VM's port
+    /// (host-side ifindex), the VM's MAC, the gateway MAC. In
+    /// `vmp_snat_out`: the next hop `bpf_fib_lookup` gave at `hop_checked`
+    /// (ifindex 0: none kept).
+    pub hop: L2Hop,
+    /// Port id of the VM's port (its counters' slot).
     pub port_id: u32,
-    pub _pad2: u32,
+    /// In `vmp_snat_out`: when `hop` was looked up (`hop_stamp`).
+    pub hop_checked: u32,
     /// bpf_ktime_get_ns of the last packet.
     pub last_seen: u64,
 }
 const _: () = assert!(size_of::<NatEntry>() == 40);
+// Pinned flow tables outlive an upgrade: the fields keep their offsets.
+const _: () = assert!(core::mem::offset_of!(NatEntry, hop) == 8);
+const _: () = assert!(core::mem::offset_of!(NatEntry, last_seen) == 32);
 
 /// One direction of an IPv6 flow (`NatKey`'s IPv6 twin): the tuple as it
 /// appears on the wire. For ICMPv6 echo, `sport` and `dport` both hold
@@ -936,17 +953,19 @@ pub struct NatEntry6 {
     pub port: u16,
     pub state: u8,
     pub _pad: u8,
-    /// Host-side ifindex of the VM's port (in `vmp_snat6_in`).
-    pub ifindex: u32,
-    pub vm_mac: [u8; 6],
-    pub gw_mac: [u8; 6],
-    /// Port id of the VM's port (in `vmp_snat6_in`; its counters' slot).
+    /// As `NatEntry::hop`.
+    pub hop: L2Hop,
+    /// Port id of the VM's port (its counters' slot).
     pub port_id: u32,
-    pub _pad2: [u32; 2],
+    /// In `vmp_snat6_out`: when `hop` was looked up (`hop_stamp`).
+    pub hop_checked: u32,
+    pub _pad2: u32,
     /// bpf_ktime_get_ns of the last packet.
     pub last_seen: u64,
 }
 const _: () = assert!(size_of::<NatEntry6>() == 56);
+const _: () = assert!(core::mem::offset_of!(NatEntry6, hop) == 20);
+const _: () = assert!(core::mem::offset_of!(NatEntry6, last_seen) == 48);
 
 #[cfg(feature = "user")]
 mod pod_north_south {

@@ -18,6 +18,7 @@ mod migrate;
 mod monitor;
 mod mtu;
 mod nd;
+mod next_hop;
 mod overlay;
 mod parse;
 mod policy;

@@ -21,7 +21,7 @@ use network_types::{
     ip::{Ipv4Hdr, Ipv6Hdr},
 };
 use vmpath_common::{
-    AddrKey, NET_F_GW4, NET_F_GW6, NET_F_HOST_REACH, NET_F_ROUTED, NET_F_SNAT, NO_PORT_ID,
+    AddrKey, L2Hop, NET_F_GW4, NET_F_GW6, NET_F_HOST_REACH, NET_F_ROUTED, NET_F_SNAT, NO_PORT_ID,
     NetworkInfo, PortInfo, RoutedAddr, Subnet4, Subnet6, drop_reason, kernel_af, maps, tail_call,
 };
 
@@ -31,6 +31,7 @@ use crate::{
     host,
     maps::{NETWORKS, PORTS},
     mtu,
+    next_hop::{self, NextHop},
     parse::{ETH_LEN, ETH_P_IP, ETH_P_IPV6, hdr, hdr_mut, words16, write_mac, zeroed},
     snat, snat6, spoof,
 };
@@ -166,16 +167,25 @@ fn egress4_inner(
     if mtu::too_big(ctx, net.mtu, u16::from_be_bytes(tot_len), l4_off, proto) {
         return mtu::frag_needed4(ctx, ifindex, port.port_id, from, net.mtu, net.gw_mac);
     }
-    if net.flags & NET_F_ROUTED == 0 {
-        snat::egress4(ctx, ifindex, port, net, l4_off)?;
-    }
-    forward4(ctx, ifindex)
+    let next = if net.flags & NET_F_ROUTED == 0 {
+        snat::egress4(ctx, ifindex, port, net, l4_off)?
+    } else {
+        NextHop::Lookup
+    };
+    forward4(ctx, ifindex, next, net.mtu)
 }
 
 /// Decrements the TTL (fixing the header checksum) and sends the frame to
-/// the next hop the node's routing table picks.
+/// the next hop the node's routing table picks (or a flow kept,
+/// `next_hop`; `net_mtu`: the network's MTU, which decides whether a
+/// lookup's result may be kept).
 #[inline(always)]
-pub fn forward4(ctx: &TcContext, in_ifindex: u32) -> Verdict {
+pub fn forward4(ctx: &TcContext, in_ifindex: u32, next: NextHop, net_mtu: u16) -> Verdict {
+    if let NextHop::Kept(hop) = next {
+        let ip = hdr_mut::<Ipv4Hdr>(ctx, ETH_LEN)?;
+        ip.check = csum::dec_ttl4(ip, u16::from_be_bytes(ip.check)).to_be_bytes();
+        return to_kept_hop(ctx, &hop);
+    }
     let ip = hdr::<Ipv4Hdr>(ctx, ETH_LEN)?;
     let mut p_slot = MaybeUninit::<FibParams>::uninit();
     let p = zeroed(&mut p_slot);
@@ -198,10 +208,22 @@ pub fn forward4(ctx: &TcContext, in_ifindex: u32) -> Verdict {
     };
     let rc = rc as u32;
     forwardable(rc)?;
+    if rc == BPF_FIB_LKUP_RET_SUCCESS {
+        next_hop::keep(next, p, net_mtu);
+    }
     // Taken again after the helper.
     let ip = hdr_mut::<Ipv4Hdr>(ctx, ETH_LEN)?;
     ip.check = csum::dec_ttl4(ip, u16::from_be_bytes(ip.check)).to_be_bytes();
     to_next_hop(ctx, p, rc)
+}
+
+/// Out of a kept next hop's interface, with its MACs.
+#[inline(always)]
+fn to_kept_hop(ctx: &TcContext, hop: &L2Hop) -> Verdict {
+    let eth = hdr_mut::<EthHdr>(ctx, 0)?;
+    write_mac(&mut eth.dst_addr, hop.dst_mac);
+    write_mac(&mut eth.src_addr, hop.src_mac);
+    fwd::redirect(hop.ifindex)
 }
 
 #[inline(always)]
@@ -234,8 +256,14 @@ fn egress6_inner(ctx: &TcContext, ifindex: u32, port: &PortInfo, net: &NetworkIn
     if mtu::too_big(ctx, net.mtu, ip_len, ETH_LEN + 40, next_hdr) {
         return mtu::packet_too_big6(ctx, ifindex, port.port_id, &from, net.mtu, net.gw_mac);
     }
-    if net.flags & NET_F_ROUTED == 0 {
-        snat6::egress6(ctx, ifindex, port, net)?;
+    let next = if net.flags & NET_F_ROUTED == 0 {
+        snat6::egress6(ctx, ifindex, port, net)?
+    } else {
+        NextHop::Lookup
+    };
+    if let NextHop::Kept(hop) = next {
+        hdr_mut::<Ipv6Hdr>(ctx, ETH_LEN)?.hop_limit -= 1;
+        return to_kept_hop(ctx, &hop);
     }
     // Taken again: the translation's helpers may have moved packet data.
     let ip = hdr::<Ipv6Hdr>(ctx, ETH_LEN)?;
@@ -257,6 +285,9 @@ fn egress6_inner(ctx: &TcContext, ifindex: u32, port: &PortInfo, net: &NetworkIn
         )
     } as u32;
     forwardable(rc)?;
+    if rc == BPF_FIB_LKUP_RET_SUCCESS {
+        next_hop::keep(next, p, net.mtu);
+    }
     hdr_mut::<Ipv6Hdr>(ctx, ETH_LEN)?.hop_limit -= 1;
     to_next_hop(ctx, p, rc)
 }

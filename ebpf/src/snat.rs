@@ -36,13 +36,14 @@ use network_types::{
     udp::UdpHdr,
 };
 use vmpath_common::{
-    InboundFlow, NAT_ST_CLOSING, NAT_ST_OPEN, NET_F_INGRESS, NatEntry, NatKey, NetworkInfo,
+    InboundFlow, L2Hop, NAT_ST_CLOSING, NAT_ST_OPEN, NET_F_INGRESS, NatEntry, NatKey, NetworkInfo,
     PortInfo, SnatConfig, drop_reason, maps,
 };
 
 use crate::{
     csum,
     fwd::deliver_local,
+    next_hop::{self, NextHop},
     parse::{
         ETH_LEN, IPPROTO_ICMP, IPPROTO_ICMPV6, IPPROTO_TCP, IPPROTO_UDP, be16, hdr, hdr_mut,
         write_at, write_mac,
@@ -373,7 +374,8 @@ pub fn refresh_inbound(flow: *mut InboundFlow, now: u64, tcp_flags: u8) {
 }
 
 /// Translates the VM's frame in place to the node's SNAT address; the
-/// caller routes it on (`route::forward4`). On a network with routed
+/// caller routes it on (`route::forward4`) by the next hop returned (an
+/// established flow's kept one, `next_hop`). On a network with routed
 /// ingress, the reply of a flow opened from outside is left as it is
 /// (routed un-NATed), unless its tuple is an outbound SNAT flow.
 #[inline(always)]
@@ -383,7 +385,7 @@ pub fn egress4(
     port: &PortInfo,
     net: &NetworkInfo,
     l4_off: usize,
-) -> Result<(), u32> {
+) -> Result<NextHop, u32> {
     let Some(cfg) = SNAT_CONFIG.get(0) else {
         return Err(drop_reason::SNAT_NO_ADDRESS);
     };
@@ -399,19 +401,20 @@ pub fn egress4(
     if l4.echo_reply {
         // Only ever the answer to a ping from outside.
         if inbound_reply(cfg, &key, now, 0) {
-            return Ok(());
+            return Ok(NextHop::Lookup);
         }
         return Err(drop_reason::SNAT_UNSUPPORTED);
     }
     if cfg.addr4 == [0; 4] {
         if ingress && inbound_reply(cfg, &key, now, l4.tcp_flags) {
-            return Ok(());
+            return Ok(NextHop::Lookup);
         }
         return Err(drop_reason::SNAT_NO_ADDRESS);
     }
 
     // An existing flow keeps its port while its return entry is still ours.
     let mut nat_port = 0u16;
+    let mut next = NextHop::Lookup;
     if let Some(out) = SNAT_OUT.get_ptr_mut(&key) {
         // SAFETY: `out` is from `get_ptr_mut` (bpf_map_lookup_elem) just above, valid
         // until the program returns; plain integer reads.
@@ -430,18 +433,24 @@ pub fn egress4(
                 nat_port = p;
             }
         }
+        if nat_port != 0 {
+            // SAFETY: field addresses inside the entry above; no access.
+            next =
+                unsafe { next_hop::of_flow(&raw mut (*out).hop, &raw mut (*out).hop_checked, now) };
+        }
     }
     if nat_port == 0 {
         // Not an outbound flow of ours: the reply of an inbound one?
         if ingress && inbound_reply(cfg, &key, now, l4.tcp_flags) {
-            return Ok(());
+            return Ok(NextHop::Lookup);
         }
         nat_port = allocate(ctx, cfg, &key, &l4, ifindex, port, net, now)?;
     }
 
     // Rewrite: source address (IP header and pseudo header), then port.
     rewrite_addr(ctx, &l4, IP_SRC_OFF, src, cfg.addr4)?;
-    rewrite_port(ctx, &l4, l4.sport, nat_port)
+    rewrite_port(ctx, &l4, l4.sport, nat_port)?;
+    Ok(next)
 }
 
 /// Replaces the IPv4 address at `off` (source or destination), fixing the
@@ -527,11 +536,13 @@ fn allocate(
         port: key.sport,
         state: NAT_ST_OPEN,
         _pad: 0,
-        ifindex,
-        vm_mac,
-        gw_mac: net.gw_mac,
+        hop: L2Hop {
+            ifindex,
+            dst_mac: vm_mac,
+            src_mac: net.gw_mac,
+        },
         port_id: port.port_id,
-        _pad2: 0,
+        hop_checked: 0,
         last_seen: now,
     };
     let mut i = 0u32;
@@ -554,16 +565,15 @@ fn allocate(
     if chosen == 0 {
         return Err(drop_reason::SNAT_PORTS_EXHAUSTED);
     }
+    // No next hop kept yet: the flow's next frame looks it up and keeps it.
     let out = NatEntry {
         addr: cfg.addr4,
         port: chosen,
         state: NAT_ST_OPEN,
         _pad: 0,
-        ifindex,
-        vm_mac,
-        gw_mac: net.gw_mac,
+        hop: L2Hop::default(),
         port_id: port.port_id,
-        _pad2: 0,
+        hop_checked: 0,
         last_seen: now,
     };
     if SNAT_OUT.insert(key, &out, u64::from(BPF_ANY)).is_err() {
@@ -657,20 +667,14 @@ pub fn ingress4(ctx: &TcContext) -> Result<Option<i32>, u32> {
 /// delivers it to the VM's port.
 #[inline(always)]
 pub fn to_vm(ctx: &TcContext, e: &NatEntry) -> Result<Option<i32>, u32> {
-    to_port(ctx, e.gw_mac, e.vm_mac, e.ifindex, e.port_id)
+    to_port(ctx, &e.hop, e.port_id)
 }
 
 /// `to_vm` by the entry's fields (either family's).
 #[inline(always)]
-pub fn to_port(
-    ctx: &TcContext,
-    gw_mac: [u8; 6],
-    vm_mac: [u8; 6],
-    ifindex: u32,
-    port_id: u32,
-) -> Result<Option<i32>, u32> {
+pub fn to_port(ctx: &TcContext, hop: &L2Hop, port_id: u32) -> Result<Option<i32>, u32> {
     let eth = hdr_mut::<EthHdr>(ctx, 0)?;
-    write_mac(&mut eth.src_addr, gw_mac);
-    write_mac(&mut eth.dst_addr, vm_mac);
-    deliver_local(ctx, ifindex, port_id).map(Some)
+    write_mac(&mut eth.src_addr, hop.src_mac);
+    write_mac(&mut eth.dst_addr, hop.dst_mac);
+    deliver_local(ctx, hop.ifindex, port_id).map(Some)
 }

@@ -29,11 +29,12 @@ use aya_ebpf::{
 };
 use network_types::{eth::EthHdr, ip::Ipv6Hdr};
 use vmpath_common::{
-    InboundFlow, NAT_ST_CLOSING, NAT_ST_OPEN, NET_F_INGRESS, NatEntry6, NatKey6, NetworkInfo,
-    PortInfo, SnatConfig, drop_reason, maps,
+    InboundFlow, L2Hop, NAT_ST_CLOSING, NAT_ST_OPEN, NET_F_INGRESS, NatEntry6, NatKey6,
+    NetworkInfo, PortInfo, SnatConfig, drop_reason, maps,
 };
 
 use crate::{
+    next_hop::{self, NextHop},
     parse::{ETH_LEN, IPPROTO_ICMPV6, IPPROTO_UDP, addr16_eq, hdr, hdr_mut, words16, zeroed},
     snat::{
         L4, PROBES, SNAT_CONFIG, TCP_FIN, TCP_RST, inbound_live, inbound_ports, l4, new_inbound,
@@ -181,7 +182,7 @@ pub fn egress6(
     ifindex: u32,
     port: &PortInfo,
     net: &NetworkInfo,
-) -> Result<(), u32> {
+) -> Result<NextHop, u32> {
     let Some(cfg) = SNAT_CONFIG.get(0) else {
         return Err(drop_reason::SNAT_NO_ADDRESS);
     };
@@ -207,19 +208,20 @@ pub fn egress6(
     if l4.echo_reply {
         // Only ever the answer to a ping from outside.
         if inbound_reply6(cfg, key, now, 0) {
-            return Ok(());
+            return Ok(NextHop::Lookup);
         }
         return Err(drop_reason::SNAT_UNSUPPORTED);
     }
     if addr16_eq(&cfg.addr6, &NO_ADDR) {
         if ingress && inbound_reply6(cfg, key, now, l4.tcp_flags) {
-            return Ok(());
+            return Ok(NextHop::Lookup);
         }
         return Err(drop_reason::SNAT_NO_ADDRESS);
     }
 
     // An existing flow keeps its port while its return entry is still ours.
     let mut nat_port = 0u16;
+    let mut next = NextHop::Lookup;
     if let Some(out) = SNAT6_OUT.get_ptr_mut(key) {
         // SAFETY: `out` is from `get_ptr_mut` just above, valid until the
         // program returns; plain integer reads.
@@ -241,15 +243,21 @@ pub fn egress6(
                 }
             }
         }
+        if nat_port != 0 {
+            // SAFETY: field addresses inside the entry above; no access.
+            next =
+                unsafe { next_hop::of_flow(&raw mut (*out).hop, &raw mut (*out).hop_checked, now) };
+        }
     }
     if nat_port == 0 {
         if ingress && inbound_reply6(cfg, key, now, l4.tcp_flags) {
-            return Ok(());
+            return Ok(NextHop::Lookup);
         }
         nat_port = allocate6(ctx, cfg, key, ifindex, port, net, now)?;
     }
     rewrite_addr6(ctx, &l4, IP6_SRC_OFF, &key.src, &cfg.addr6)?;
-    rewrite_port(ctx, &l4, l4.sport, nat_port)
+    rewrite_port(ctx, &l4, l4.sport, nat_port)?;
+    Ok(next)
 }
 
 /// Replaces the IPv6 address at `off`, fixing the transport checksum
@@ -310,11 +318,14 @@ fn allocate6(
         port: key.sport,
         state: NAT_ST_OPEN,
         _pad: 0,
-        ifindex,
-        vm_mac,
-        gw_mac: net.gw_mac,
+        hop: L2Hop {
+            ifindex,
+            dst_mac: vm_mac,
+            src_mac: net.gw_mac,
+        },
         port_id: port.port_id,
-        _pad2: [0; 2],
+        hop_checked: 0,
+        _pad2: 0,
         last_seen: now,
     };
     let mut i = 0u32;
@@ -345,9 +356,11 @@ fn allocate6(
     if chosen == 0 {
         return Err(drop_reason::SNAT_PORTS_EXHAUSTED);
     }
+    // No next hop kept yet: the flow's next frame looks it up and keeps it.
     let out = NatEntry6 {
         addr: cfg.addr6,
         port: chosen,
+        hop: L2Hop::default(),
         ..back
     };
     if SNAT6_OUT.insert(key, &out, u64::from(BPF_ANY)).is_err() {
@@ -448,5 +461,5 @@ pub fn ingress6(ctx: &TcContext) -> Result<Option<i32>, u32> {
     rewrite_addr6(ctx, &l4, IP6_DST_OFF, &cfg.addr6, &e.addr)?;
     rewrite_port(ctx, &l4, l4.dport, e.port)?;
     hdr_mut::<Ipv6Hdr>(ctx, ETH_LEN)?.hop_limit -= 1;
-    to_port(ctx, e.gw_mac, e.vm_mac, e.ifindex, e.port_id)
+    to_port(ctx, &e.hop, e.port_id)
 }

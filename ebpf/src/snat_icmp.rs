@@ -240,7 +240,7 @@ pub fn ingress6(ctx: &TcContext, cfg: &SnatConfig, l4_off: usize) -> Result<Opti
     *hdr_mut::<[u8; 2]>(ctx, port_off)? = e.port.to_be_bytes();
     icmp_check = csum::replace16(icmp_check, nat_port, e.port);
     hdr_mut::<Icmpv6Hdr>(ctx, l4_off)?.check = icmp_check.to_be_bytes();
-    to_port(ctx, e.gw_mac, e.vm_mac, e.ifindex, e.port_id)
+    to_port(ctx, &e.hop, e.port_id)
 }
 
 #[inline(always)]

@@ -217,10 +217,10 @@ fn snat_return4(ctx: &XdpContext) -> Option<u32> {
     // program returns; `NatEntry` is `Copy` plain integers.
     let e = unsafe { *back };
     let now = crate::clock::flow_now();
-    if expired(cfg, &e, proto, now) || !fast_port(e.ifindex, e.port_id) {
+    if expired(cfg, &e, proto, now) || !fast_port(e.hop.ifindex, e.port_id) {
         return None;
     }
-    if !redirect_to(ctx, e.ifindex, e.port_id) {
+    if !redirect_to(ctx, e.hop.ifindex, e.port_id) {
         return None;
     }
     touch(back, now, flags);
@@ -257,7 +257,7 @@ fn snat_return4(ctx: &XdpContext) -> Option<u32> {
     // The destination port: the same offset in TCP and UDP headers.
     let port = at::<[u8; 2]>(ctx, IPV4_L4_OFF + 2)?;
     *port = e.port.to_be_bytes();
-    set_macs(ctx, e.gw_mac, e.vm_mac)?;
+    set_macs(ctx, e.hop.src_mac, e.hop.dst_mac)?;
     Some(xdp_stat::SNAT4)
 }
 

@@ -2391,3 +2391,163 @@ fn uplink_xdp_snat_return_reverse_translated_as_tc_does() {
         fx.xdp_passes(&frag, "a fragment");
     });
 }
+
+// --- next hops kept per flow ---------------------------------------------------
+
+/// The data path's flow clock now (CLOCK_MONOTONIC_COARSE, as
+/// `bpf_ktime_get_coarse_ns`), as `NatEntry::hop_checked` holds it.
+fn hop_stamp_now() -> u32 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid timespec for the call to fill.
+    assert_eq!(
+        unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC_COARSE, &mut ts) },
+        0
+    );
+    let ns = ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64;
+    (ns >> 20) as u32
+}
+
+const PLANTED_DST: [u8; 6] = [0x02, 0, 0, 0, 0, 0xaa];
+const PLANTED_SRC: [u8; 6] = [0x02, 0, 0, 0, 0, 0xbb];
+
+/// An established SNAT flow's frames leave by the next hop its outbound
+/// entry keeps, with no FIB lookup, for 100 ms; then the FIB is asked
+/// again and a changed neighbour is followed. A hop whose interface's MTU
+/// is below the network's is never kept (the kept path skips the FIB's
+/// MTU check). IPv4 and IPv6 alike.
+#[test]
+fn established_snat_flows_leave_by_their_kept_next_hop_and_follow_a_changed_neighbour() {
+    in_fresh_netns(|| {
+        let mut fx = Fx::new(NET_F_SNAT);
+        let uplink = fx.uplink;
+        let frame = udp(VM_MAC, GW_MAC, VM_IP, EXT_IP, 5555, 53);
+        let key = NatKey::new(VM_IP, EXT_IP, 5555, 53, 17);
+
+        // The first frame allocates and looks up; the second keeps its hop.
+        let (v, out) = fx.egress(&frame);
+        assert_eq!(v, TC_ACT_REDIRECT);
+        let s = checked(&out);
+        assert_eq!((s.eth_dst, s.eth_src), (TOR_MAC, UPLINK_MAC));
+        assert_eq!(
+            fx.dp.maps().snat_out.get(&key, 0).unwrap().hop.ifindex,
+            0,
+            "a new flow's entry keeps no hop yet"
+        );
+        let (v, out) = fx.egress(&frame);
+        assert_eq!(v, TC_ACT_REDIRECT);
+        assert_eq!(checked(&out).eth_dst, TOR_MAC);
+        let e = fx.dp.maps().snat_out.get(&key, 0).unwrap();
+        assert_eq!(
+            e.hop,
+            vmpath_common::L2Hop {
+                ifindex: uplink,
+                dst_mac: TOR_MAC,
+                src_mac: UPLINK_MAC,
+            },
+            "the FIB's answer kept in the flow's entry"
+        );
+
+        // A fresh kept hop is used as it is: plant one the FIB would never
+        // give and the frame leaves with it (retried should this machine
+        // stall past the keep time between the write and the run).
+        let planted = |fx: &mut Fx, checked: u32| {
+            let mut e = fx.dp.maps().snat_out.get(&key, 0).unwrap();
+            e.hop.dst_mac = PLANTED_DST;
+            e.hop.src_mac = PLANTED_SRC;
+            e.hop_checked = checked;
+            fx.dp.maps_mut().snat_out.insert(key, e, 0).unwrap();
+        };
+        let mut used = false;
+        for _ in 0..5 {
+            planted(&mut fx, hop_stamp_now());
+            let (v, out) = fx.egress(&frame);
+            assert_eq!(v, TC_ACT_REDIRECT);
+            let s = checked(&out);
+            assert_eq!(s.src, NODE_IP, "translated as ever");
+            if (s.eth_dst, s.eth_src) == (PLANTED_DST, PLANTED_SRC) {
+                assert_eq!(s.ttl, 63, "TTL decremented on the kept path too");
+                used = true;
+                break;
+            }
+        }
+        assert!(used, "a fresh kept hop is used without a lookup");
+
+        // The neighbour changes; once the kept hop is older than 100 ms the
+        // FIB is asked again and the flow follows it.
+        run(&[
+            "ip",
+            "neigh",
+            "replace",
+            "192.0.2.2",
+            "lladdr",
+            "02:00:00:00:00:03",
+            "dev",
+            "sf-up",
+        ]);
+        planted(&mut fx, hop_stamp_now().wrapping_sub(200));
+        let (v, out) = fx.egress(&frame);
+        assert_eq!(v, TC_ACT_REDIRECT);
+        let new_tor = [0x02, 0, 0, 0, 0, 0x03];
+        assert_eq!(checked(&out).eth_dst, new_tor, "the changed neighbour");
+        let e = fx.dp.maps().snat_out.get(&key, 0).unwrap();
+        assert_eq!(e.hop.dst_mac, new_tor, "and kept");
+        assert!(
+            hop_stamp_now().wrapping_sub(e.hop_checked) < 10_000,
+            "renewed just now"
+        );
+
+        // An out interface with a smaller MTU than the network's: its
+        // hop is looked up for every frame, never kept.
+        run(&["ip", "link", "set", "sf-up", "mtu", "1400"]);
+        let mut e = fx.dp.maps().snat_out.get(&key, 0).unwrap();
+        e.hop = vmpath_common::L2Hop::default();
+        fx.dp.maps_mut().snat_out.insert(key, e, 0).unwrap();
+        let (v, out) = fx.egress(&frame);
+        assert_eq!(v, TC_ACT_REDIRECT);
+        assert_eq!(checked(&out).eth_dst, new_tor);
+        assert_eq!(
+            fx.dp.maps().snat_out.get(&key, 0).unwrap().hop.ifindex,
+            0,
+            "no hop kept past a smaller out MTU"
+        );
+        run(&["ip", "link", "set", "sf-up", "mtu", "1500"]);
+
+        // IPv6: the same keeping in `vmp_snat6_out`.
+        let frame6 = big6(VM_MAC, GW_MAC, VM6, EXT6, 100);
+        let key6 = vmpath_common::NatKey6::new(&VM6, &EXT6, 5555, 53, 17);
+        for _ in 0..2 {
+            let (v, out) = fx.egress(&frame6);
+            assert_eq!(v, TC_ACT_REDIRECT);
+            assert_eq!(checked(&out).eth_dst, TOR_MAC);
+        }
+        assert_eq!(
+            fx.dp.maps().snat6_out.get(&key6, 0).unwrap().hop,
+            vmpath_common::L2Hop {
+                ifindex: uplink,
+                dst_mac: TOR_MAC,
+                src_mac: UPLINK_MAC,
+            },
+            "IPv6: the FIB's answer kept in the flow's entry"
+        );
+        let mut used = false;
+        for _ in 0..5 {
+            let mut e = fx.dp.maps().snat6_out.get(&key6, 0).unwrap();
+            e.hop.dst_mac = PLANTED_DST;
+            e.hop_checked = hop_stamp_now();
+            fx.dp.maps_mut().snat6_out.insert(key6, e, 0).unwrap();
+            let (v, out) = fx.egress(&frame6);
+            assert_eq!(v, TC_ACT_REDIRECT);
+            let s = checked(&out);
+            assert_eq!(s.src, NODE6.to_vec());
+            if s.eth_dst == PLANTED_DST {
+                assert_eq!(s.ttl, 63, "hop limit decremented on the kept path");
+                used = true;
+                break;
+            }
+        }
+        assert!(used, "IPv6: a fresh kept hop is used without a lookup");
+    });
+}
