@@ -245,6 +245,9 @@ pub struct Maps {
     pub snat6_in: HashMap<MapData, vmpath_common::NatKey6, vmpath_common::NatEntry6>,
     pub snat6_quota: HashMap<MapData, [u8; 16], u32>,
     pub inbound6: HashMap<MapData, vmpath_common::NatKey6, vmpath_common::InboundFlow>,
+    /// Next hops kept for routed egress (`vmp_hops4`, `vmp_hops6`).
+    pub hops4: HashMap<MapData, vmpath_common::HopKey4, vmpath_common::KeptHop>,
+    pub hops6: HashMap<MapData, vmpath_common::HopKey6, vmpath_common::KeptHop>,
     pub port_ids: HashMap<MapData, u32, u32>,
     pub slow: Array<MapData, SlowPath>,
     pub flood_remote: HashMap<MapData, u32, vmpath_common::RemoteFloodList>,
@@ -312,6 +315,8 @@ impl Maps {
             snat6_in: open_map(root, map_names::SNAT6_IN)?.try_into()?,
             snat6_quota: open_map(root, map_names::SNAT6_QUOTA)?.try_into()?,
             inbound6: open_map(root, map_names::INBOUND6)?.try_into()?,
+            hops4: open_map(root, map_names::HOPS4)?.try_into()?,
+            hops6: open_map(root, map_names::HOPS6)?.try_into()?,
             port_ids: open_map(root, map_names::PORT_IDS)?.try_into()?,
             slow: open_map(root, map_names::SLOW)?.try_into()?,
             flood_remote: open_map(root, map_names::FLOOD_REMOTE)?.try_into()?,

@@ -169,10 +169,12 @@ pub mod maps {
     pub const XDP_PORTS: MapDef = def::<u32, u32>(map_names::XDP_PORTS, Hash, MAX_PORTS);
     pub const UPLINK_XDP_STATS: MapDef =
         def::<u32, u64>(map_names::UPLINK_XDP_STATS, PerCpuArray, xdp_stat::COUNT);
+    pub const HOPS4: MapDef = def::<HopKey4, KeptHop>(map_names::HOPS4, LruHash, MAX_KEPT_HOPS);
+    pub const HOPS6: MapDef = def::<HopKey6, KeptHop>(map_names::HOPS6, LruHash, MAX_KEPT_HOPS);
 
     /// Every map the agent pins (the whole object but aya-log's ring
     /// buffer, `map_names::DEBUG_LOG`).
-    pub const ALL: [MapDef; 52] = [
+    pub const ALL: [MapDef; 54] = [
         DEBUG,
         MONITOR,
         MONITOR_CFG,
@@ -225,6 +227,8 @@ pub mod maps {
         SERVICE_STATS,
         XDP_PORTS,
         UPLINK_XDP_STATS,
+        HOPS4,
+        HOPS6,
     ];
 }
 

@@ -109,6 +109,8 @@ pub mod map_names {
     pub const XDP_PORTS: &str = "vmp_xdp_ports";
     /// Uplink XDP: frames it delivered and passed on (`xdp_stat` slots).
     pub const UPLINK_XDP_STATS: &str = "vmp_uplink_xdp";
+    pub const HOPS4: &str = "vmp_hops4";
+    pub const HOPS6: &str = "vmp_hops6";
 }
 
 /// Slots of `vmp_uplink_xdp` (per CPU): what the uplink's XDP program did.
@@ -779,6 +781,9 @@ mod pod {
 pub const MAX_ROUTED: u32 = 65536;
 pub const MAX_SUBNETS: u32 = 4096;
 pub const MAX_SNAT_FLOWS: u32 = 262144;
+/// Routed next hops kept (`vmp_hops4`, `vmp_hops6`): one per VM and
+/// destination in use, least recently used first out.
+pub const MAX_KEPT_HOPS: u32 = 65536;
 pub const MAX_SNAT_VMS: u32 = 65536;
 
 /// A VM address the fabric reaches un-NATed (routed ingress: `egress:
@@ -967,6 +972,44 @@ const _: () = assert!(size_of::<NatEntry6>() == 56);
 const _: () = assert!(core::mem::offset_of!(NatEntry6, hop) == 20);
 const _: () = assert!(core::mem::offset_of!(NatEntry6, last_seen) == 48);
 
+/// The FIB inputs of a routed IPv4 frame (`vmp_hops4`'s key): the VM
+/// port it came in by, its addresses, TOS and protocol.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct HopKey4 {
+    pub ifindex: u32,
+    pub src: [u8; 4],
+    pub dst: [u8; 4],
+    pub tos: u8,
+    pub proto: u8,
+    pub _pad: [u8; 2],
+}
+const _: () = assert!(size_of::<HopKey4>() == 16);
+
+/// `HopKey4`'s IPv6 twin (`vmp_hops6`; no TOS, as the lookup takes none).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct HopKey6 {
+    pub ifindex: u32,
+    pub src: [u8; 16],
+    pub dst: [u8; 16],
+    pub proto: u8,
+    pub _pad: [u8; 3],
+}
+const _: () = assert!(size_of::<HopKey6>() == 40);
+
+/// A next hop kept for routed frames (`vmp_hops4`, `vmp_hops6`): what
+/// `bpf_fib_lookup` gave and when (`NatEntry::hop` and `hop_checked` are
+/// the same for SNAT flows).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct KeptHop {
+    pub hop: L2Hop,
+    pub checked: u32,
+    pub _pad: u32,
+}
+const _: () = assert!(size_of::<KeptHop>() == 24);
+
 #[cfg(feature = "user")]
 mod pod_north_south {
     use super::*;
@@ -983,6 +1026,9 @@ mod pod_north_south {
     unsafe impl aya::Pod for InboundFlow {}
     unsafe impl aya::Pod for NatKey6 {}
     unsafe impl aya::Pod for NatEntry6 {}
+    unsafe impl aya::Pod for HopKey4 {}
+    unsafe impl aya::Pod for HopKey6 {}
+    unsafe impl aya::Pod for KeptHop {}
 }
 
 // ---------------------------------------------------------------------------

@@ -1,31 +1,71 @@
-//! Next hops kept per SNAT flow. `bpf_fib_lookup` (a FIB walk and a
-//! neighbour lookup) was the largest single cost of a translated frame;
-//! the outbound flow entry keeps what it gave (`NatEntry::hop`) for
-//! `HOP_KEEP_NS`, and the flow's frames in between leave by that hop
-//! without a lookup. A route or neighbour change therefore reaches an
-//! established flow within `HOP_KEEP_NS`; a new flow looks up at once.
+//! Next hops kept for north-south egress. `bpf_fib_lookup` (a FIB walk
+//! and a neighbour lookup) was the largest single cost of a forwarded
+//! frame. What it gave is kept for `HOP_KEEP_NS`: for SNAT in the flow's
+//! outbound entry (`NatEntry::hop`), for routed frames in `vmp_hops4` /
+//! `vmp_hops6` under the lookup's inputs (`HopKey4`, `HopKey6`). Frames in
+//! between leave by the kept hop without a lookup, so a route or neighbour
+//! change reaches traffic already flowing within `HOP_KEEP_NS`; anything
+//! new looks up at once.
 
-use aya_ebpf::bindings::bpf_fib_lookup as FibParams;
-use vmpath_common::L2Hop;
+use aya_ebpf::{
+    bindings::{BPF_NOEXIST, bpf_fib_lookup as FibParams},
+    btf_maps::LruHashMap,
+    macros::btf_map,
+};
+use vmpath_common::{HopKey4, HopKey6, KeptHop, L2Hop, maps};
+
+/// Routed IPv4 frames' FIB inputs -> the next hop the FIB gave.
+#[btf_map(name = "vmp_hops4")]
+static HOPS4: LruHashMap<HopKey4, KeptHop, { maps::HOPS4.max_entries as usize }> =
+    LruHashMap::new();
+
+/// `vmp_hops4`'s IPv6 twin.
+#[btf_map(name = "vmp_hops6")]
+static HOPS6: LruHashMap<HopKey6, KeptHop, { maps::HOPS6.max_entries as usize }> =
+    LruHashMap::new();
 
 /// How long a kept next hop is used before the FIB is asked again.
 pub const HOP_KEEP_NS: u64 = 100_000_000;
 /// `hop_stamp` units (2^20 ns, about a millisecond) in `HOP_KEEP_NS`.
 const HOP_KEEP_UNITS: u32 = (HOP_KEEP_NS >> 20) as u32;
 
-/// Where the forwarding takes a frame's next hop from.
+/// Where the forwarding takes a frame's next hop from: a kept one
+/// (`kept()`), or `bpf_fib_lookup`, whose result `keep` stores where this
+/// says (or nowhere). A plain struct, every field always set (an enum's
+/// unused payload lets LLVM store an unset register, which the verifier
+/// refuses), and small: `vm_egress`'s stack is nearly full.
 #[derive(Clone, Copy)]
-pub enum NextHop {
+pub struct NextHop {
+    /// The kept hop in its map entry; null: none.
+    hop: *mut L2Hop,
+    /// When it was looked up, in the same entry.
+    checked: *mut u32,
+    /// Now, as `checked` holds it.
+    stamp: u32,
+    /// `hop` is fresh: leave by it. Otherwise a lookup renews it.
+    fresh: bool,
+}
+
+impl NextHop {
     /// `bpf_fib_lookup` for this frame alone.
-    Lookup,
-    /// `bpf_fib_lookup`, its result kept in a flow's entry (`keep`).
-    LookupAndKeep {
-        hop: *mut L2Hop,
-        checked: *mut u32,
-        stamp: u32,
-    },
-    /// A flow's kept result, younger than `HOP_KEEP_NS`.
-    Kept(L2Hop),
+    pub const LOOKUP: NextHop = NextHop {
+        hop: core::ptr::null_mut(),
+        checked: core::ptr::null_mut(),
+        stamp: 0,
+        fresh: false,
+    };
+
+    /// The kept hop to leave by, when there is a fresh one.
+    #[inline(always)]
+    pub fn kept(&self) -> Option<L2Hop> {
+        if self.fresh && !self.hop.is_null() {
+            // SAFETY: `hop` points into a map entry from `get_ptr_mut`,
+            // valid until the program returns; a plain copy.
+            Some(unsafe { *self.hop })
+        } else {
+            None
+        }
+    }
 }
 
 /// The coarse clock (ns) as `NatEntry::hop_checked` holds it: 2^20 ns
@@ -45,16 +85,45 @@ pub fn of_flow(hop: *mut L2Hop, checked: *mut u32, now: u64) -> NextHop {
     // (bpf_map_lookup_elem), valid until the program returns; plain
     // integer reads. Another CPU may be renewing the same hop: it writes
     // what the FIB gave it, the same hop but for a route change racing it.
-    unsafe {
-        if (*hop).ifindex != 0 && stamp.wrapping_sub(*checked) <= HOP_KEEP_UNITS {
-            NextHop::Kept(*hop)
-        } else {
-            NextHop::LookupAndKeep {
-                hop,
-                checked,
-                stamp,
-            }
-        }
+    let fresh = unsafe { (*hop).ifindex != 0 && stamp.wrapping_sub(*checked) <= HOP_KEEP_UNITS };
+    NextHop {
+        hop,
+        checked,
+        stamp,
+        fresh,
+    }
+}
+
+/// The next hop of a routed IPv4 frame with FIB inputs `key`. The first
+/// frame of a key makes its entry (no hop yet), which the lookup fills.
+#[inline(always)]
+pub fn routed4(key: &HopKey4, now: u64) -> NextHop {
+    if let Some(k) = HOPS4.get_ptr_mut(key) {
+        // SAFETY: field addresses inside the entry just looked up; no access.
+        return unsafe { of_flow(&raw mut (*k).hop, &raw mut (*k).checked, now) };
+    }
+    // A full table evicts its least recently used hop; should the insert
+    // fail all the same, the frame is looked up alone.
+    let _ = HOPS4.insert(key, &KeptHop::default(), u64::from(BPF_NOEXIST));
+    match HOPS4.get_ptr_mut(key) {
+        // SAFETY: as above.
+        Some(k) => unsafe { of_flow(&raw mut (*k).hop, &raw mut (*k).checked, now) },
+        None => NextHop::LOOKUP,
+    }
+}
+
+/// `routed4` for IPv6.
+#[inline(always)]
+pub fn routed6(key: &HopKey6, now: u64) -> NextHop {
+    if let Some(k) = HOPS6.get_ptr_mut(key) {
+        // SAFETY: field addresses inside the entry just looked up; no access.
+        return unsafe { of_flow(&raw mut (*k).hop, &raw mut (*k).checked, now) };
+    }
+    let _ = HOPS6.insert(key, &KeptHop::default(), u64::from(BPF_NOEXIST));
+    match HOPS6.get_ptr_mut(key) {
+        // SAFETY: as above.
+        Some(k) => unsafe { of_flow(&raw mut (*k).hop, &raw mut (*k).checked, now) },
+        None => NextHop::LOOKUP,
     }
 }
 
@@ -63,29 +132,24 @@ pub fn of_flow(hop: *mut L2Hop, checked: *mut u32, now: u64) -> NextHop {
 /// interface's MTU, so only a hop whose interface takes the network's MTU
 /// (every frame is held to that first, `mtu::too_big`) is kept.
 #[inline(always)]
-pub fn keep(next: NextHop, p: &FibParams, net_mtu: u16) {
-    let NextHop::LookupAndKeep {
-        hop,
-        checked,
-        stamp,
-    } = next
-    else {
+pub fn keep(next: &NextHop, p: &FibParams, net_mtu: u16) {
+    if next.fresh || next.hop.is_null() || next.checked.is_null() {
         return;
-    };
+    }
     // SAFETY: `bpf_fib_lookup` returned success, which fills
     // `mtu_result` (the out interface's MTU; a plain u16 either way).
     let out_mtu = unsafe { p.__bindgen_anon_1.mtu_result };
     if net_mtu == 0 || out_mtu < net_mtu {
         return;
     }
-    // SAFETY: `hop` and `checked` point into a flow entry from
+    // SAFETY: `hop` and `checked` point into a map entry from
     // `get_ptr_mut`, valid until the program returns; plain stores.
     unsafe {
-        *hop = L2Hop {
+        *next.hop = L2Hop {
             ifindex: p.ifindex,
             dst_mac: p.dmac,
             src_mac: p.smac,
         };
-        *checked = stamp;
+        *next.checked = next.stamp;
     }
 }

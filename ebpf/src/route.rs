@@ -2,7 +2,9 @@
 //! MAC that the gateway does not answer itself. Routed networks forward
 //! them un-NATed through the node (next hop by `bpf_fib_lookup`, neighbour
 //! by `bpf_redirect_neigh`); SNAT networks translate them first (`snat`).
-//! Only source addresses inside the network's subnets leave.
+//! What the FIB gave is kept for 100 ms, per SNAT flow or per routed
+//! source, destination and port (`next_hop`). Only source addresses inside
+//! the network's subnets leave.
 
 use core::mem::MaybeUninit;
 
@@ -21,12 +23,13 @@ use network_types::{
     ip::{Ipv4Hdr, Ipv6Hdr},
 };
 use vmpath_common::{
-    AddrKey, L2Hop, NET_F_GW4, NET_F_GW6, NET_F_HOST_REACH, NET_F_ROUTED, NET_F_SNAT, NO_PORT_ID,
-    NetworkInfo, PortInfo, RoutedAddr, Subnet4, Subnet6, drop_reason, kernel_af, maps, tail_call,
+    AddrKey, HopKey4, HopKey6, L2Hop, NET_F_GW4, NET_F_GW6, NET_F_HOST_REACH, NET_F_ROUTED,
+    NET_F_SNAT, NO_PORT_ID, NetworkInfo, PortInfo, RoutedAddr, Subnet4, Subnet6, drop_reason,
+    kernel_af, maps, tail_call,
 };
 
 use crate::{
-    counters, csum,
+    clock, counters, csum,
     fwd::{self, Verdict},
     host,
     maps::{NETWORKS, PORTS},
@@ -170,7 +173,15 @@ fn egress4_inner(
     let next = if net.flags & NET_F_ROUTED == 0 {
         snat::egress4(ctx, ifindex, port, net, l4_off)?
     } else {
-        NextHop::Lookup
+        let key = HopKey4 {
+            ifindex,
+            src,
+            dst: ip.dst_addr,
+            tos: ip.tos,
+            proto,
+            _pad: [0; 2],
+        };
+        next_hop::routed4(&key, clock::flow_now())
     };
     forward4(ctx, ifindex, next, net.mtu)
 }
@@ -181,7 +192,7 @@ fn egress4_inner(
 /// lookup's result may be kept).
 #[inline(always)]
 pub fn forward4(ctx: &TcContext, in_ifindex: u32, next: NextHop, net_mtu: u16) -> Verdict {
-    if let NextHop::Kept(hop) = next {
+    if let Some(hop) = next.kept() {
         let ip = hdr_mut::<Ipv4Hdr>(ctx, ETH_LEN)?;
         ip.check = csum::dec_ttl4(ip, u16::from_be_bytes(ip.check)).to_be_bytes();
         return to_kept_hop(ctx, &hop);
@@ -209,7 +220,7 @@ pub fn forward4(ctx: &TcContext, in_ifindex: u32, next: NextHop, net_mtu: u16) -
     let rc = rc as u32;
     forwardable(rc)?;
     if rc == BPF_FIB_LKUP_RET_SUCCESS {
-        next_hop::keep(next, p, net_mtu);
+        next_hop::keep(&next, p, net_mtu);
     }
     // Taken again after the helper.
     let ip = hdr_mut::<Ipv4Hdr>(ctx, ETH_LEN)?;
@@ -259,9 +270,16 @@ fn egress6_inner(ctx: &TcContext, ifindex: u32, port: &PortInfo, net: &NetworkIn
     let next = if net.flags & NET_F_ROUTED == 0 {
         snat6::egress6(ctx, ifindex, port, net)?
     } else {
-        NextHop::Lookup
+        let key = HopKey6 {
+            ifindex,
+            src: ip.src_addr,
+            dst: ip.dst_addr,
+            proto: next_hdr,
+            _pad: [0; 3],
+        };
+        next_hop::routed6(&key, clock::flow_now())
     };
-    if let NextHop::Kept(hop) = next {
+    if let Some(hop) = next.kept() {
         hdr_mut::<Ipv6Hdr>(ctx, ETH_LEN)?.hop_limit -= 1;
         return to_kept_hop(ctx, &hop);
     }
@@ -286,7 +304,7 @@ fn egress6_inner(ctx: &TcContext, ifindex: u32, port: &PortInfo, net: &NetworkIn
     } as u32;
     forwardable(rc)?;
     if rc == BPF_FIB_LKUP_RET_SUCCESS {
-        next_hop::keep(next, p, net.mtu);
+        next_hop::keep(&next, p, net.mtu);
     }
     hdr_mut::<Ipv6Hdr>(ctx, ETH_LEN)?.hop_limit -= 1;
     to_next_hop(ctx, p, rc)

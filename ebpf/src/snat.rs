@@ -401,20 +401,20 @@ pub fn egress4(
     if l4.echo_reply {
         // Only ever the answer to a ping from outside.
         if inbound_reply(cfg, &key, now, 0) {
-            return Ok(NextHop::Lookup);
+            return Ok(NextHop::LOOKUP);
         }
         return Err(drop_reason::SNAT_UNSUPPORTED);
     }
     if cfg.addr4 == [0; 4] {
         if ingress && inbound_reply(cfg, &key, now, l4.tcp_flags) {
-            return Ok(NextHop::Lookup);
+            return Ok(NextHop::LOOKUP);
         }
         return Err(drop_reason::SNAT_NO_ADDRESS);
     }
 
     // An existing flow keeps its port while its return entry is still ours.
     let mut nat_port = 0u16;
-    let mut next = NextHop::Lookup;
+    let mut next = NextHop::LOOKUP;
     if let Some(out) = SNAT_OUT.get_ptr_mut(&key) {
         // SAFETY: `out` is from `get_ptr_mut` (bpf_map_lookup_elem) just above, valid
         // until the program returns; plain integer reads.
@@ -442,7 +442,7 @@ pub fn egress4(
     if nat_port == 0 {
         // Not an outbound flow of ours: the reply of an inbound one?
         if ingress && inbound_reply(cfg, &key, now, l4.tcp_flags) {
-            return Ok(NextHop::Lookup);
+            return Ok(NextHop::LOOKUP);
         }
         nat_port = allocate(ctx, cfg, &key, &l4, ifindex, port, net, now)?;
     }

@@ -208,20 +208,20 @@ pub fn egress6(
     if l4.echo_reply {
         // Only ever the answer to a ping from outside.
         if inbound_reply6(cfg, key, now, 0) {
-            return Ok(NextHop::Lookup);
+            return Ok(NextHop::LOOKUP);
         }
         return Err(drop_reason::SNAT_UNSUPPORTED);
     }
     if addr16_eq(&cfg.addr6, &NO_ADDR) {
         if ingress && inbound_reply6(cfg, key, now, l4.tcp_flags) {
-            return Ok(NextHop::Lookup);
+            return Ok(NextHop::LOOKUP);
         }
         return Err(drop_reason::SNAT_NO_ADDRESS);
     }
 
     // An existing flow keeps its port while its return entry is still ours.
     let mut nat_port = 0u16;
-    let mut next = NextHop::Lookup;
+    let mut next = NextHop::LOOKUP;
     if let Some(out) = SNAT6_OUT.get_ptr_mut(key) {
         // SAFETY: `out` is from `get_ptr_mut` just above, valid until the
         // program returns; plain integer reads.
@@ -251,7 +251,7 @@ pub fn egress6(
     }
     if nat_port == 0 {
         if ingress && inbound_reply6(cfg, key, now, l4.tcp_flags) {
-            return Ok(NextHop::Lookup);
+            return Ok(NextHop::LOOKUP);
         }
         nat_port = allocate6(ctx, cfg, key, ifindex, port, net, now)?;
     }

@@ -2551,3 +2551,101 @@ fn established_snat_flows_leave_by_their_kept_next_hop_and_follow_a_changed_neig
         assert!(used, "IPv6: a fresh kept hop is used without a lookup");
     });
 }
+
+/// Routed egress keeps the FIB's answer per VM port, source and
+/// destination (`vmp_hops4`, `vmp_hops6`) for 100 ms, as SNAT flows do in
+/// their entries: a fresh kept hop is used without a lookup, a stale one
+/// is renewed and follows a changed neighbour.
+#[test]
+fn routed_egress_leaves_by_the_kept_next_hop_and_follows_a_changed_neighbour() {
+    use vmpath_common::{HopKey4, HopKey6, L2Hop};
+    in_fresh_netns(|| {
+        let mut fx = Fx::new(NET_F_ROUTED);
+        let (port, uplink) = (fx.port, fx.uplink);
+        let frame = udp(VM_MAC, GW_MAC, VM_IP, EXT_IP, 5555, 53);
+        let key = HopKey4 {
+            ifindex: port,
+            src: VM_IP,
+            dst: EXT_IP,
+            tos: 0,
+            proto: 17,
+            _pad: [0; 2],
+        };
+        let (v, out) = fx.egress(&frame);
+        assert_eq!(v, TC_ACT_REDIRECT);
+        let s = checked(&out);
+        assert_eq!((s.src.as_slice(), s.eth_dst), (&VM_IP[..], TOR_MAC));
+        let kept = fx.dp.maps().hops4.get(&key, 0).unwrap();
+        assert_eq!(
+            kept.hop,
+            L2Hop {
+                ifindex: uplink,
+                dst_mac: TOR_MAC,
+                src_mac: UPLINK_MAC,
+            },
+            "the FIB's answer kept under the frame's lookup inputs"
+        );
+
+        let mut used = false;
+        for _ in 0..5 {
+            let mut k = fx.dp.maps().hops4.get(&key, 0).unwrap();
+            k.hop.dst_mac = PLANTED_DST;
+            k.checked = hop_stamp_now();
+            fx.dp.maps_mut().hops4.insert(key, k, 0).unwrap();
+            let (v, out) = fx.egress(&frame);
+            assert_eq!(v, TC_ACT_REDIRECT);
+            let s = checked(&out);
+            if s.eth_dst == PLANTED_DST {
+                assert_eq!(s.ttl, 63, "TTL decremented on the kept path");
+                used = true;
+                break;
+            }
+        }
+        assert!(used, "a fresh kept hop is used without a lookup");
+
+        run(&[
+            "ip",
+            "neigh",
+            "replace",
+            "192.0.2.2",
+            "lladdr",
+            "02:00:00:00:00:03",
+            "dev",
+            "sf-up",
+        ]);
+        let mut k = fx.dp.maps().hops4.get(&key, 0).unwrap();
+        k.checked = hop_stamp_now().wrapping_sub(200);
+        fx.dp.maps_mut().hops4.insert(key, k, 0).unwrap();
+        let (_, out) = fx.egress(&frame);
+        let new_tor = [0x02, 0, 0, 0, 0, 0x03];
+        assert_eq!(checked(&out).eth_dst, new_tor, "the changed neighbour");
+        assert_eq!(fx.dp.maps().hops4.get(&key, 0).unwrap().hop.dst_mac, new_tor);
+
+        // Another destination is its own key, looked up on its own.
+        let (_, out) = fx.egress(&udp(VM_MAC, GW_MAC, VM_IP, [198, 51, 100, 11], 5555, 53));
+        assert_eq!(checked(&out).eth_dst, new_tor);
+        assert_eq!(fx.dp.maps().hops4.iter().count(), 2);
+
+        // IPv6.
+        let frame6 = big6(VM_MAC, GW_MAC, VM6, EXT6, 100);
+        let (v, out) = fx.egress(&frame6);
+        assert_eq!(v, TC_ACT_REDIRECT);
+        assert_eq!(checked(&out).eth_dst, TOR_MAC);
+        let key6 = HopKey6 {
+            ifindex: port,
+            src: VM6,
+            dst: EXT6,
+            proto: 17,
+            _pad: [0; 3],
+        };
+        assert_eq!(
+            fx.dp.maps().hops6.get(&key6, 0).unwrap().hop,
+            L2Hop {
+                ifindex: uplink,
+                dst_mac: TOR_MAC,
+                src_mac: UPLINK_MAC,
+            },
+            "IPv6: kept under the frame's lookup inputs"
+        );
+    });
+}
