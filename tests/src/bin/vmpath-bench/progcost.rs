@@ -403,6 +403,22 @@ fn program_maps(dp: &mut Dataplane, a: u32, b: u32) -> Result<()> {
 /// lookup, redirect_neigh), SNAT return and routed ingress (uplink), routed
 /// egress. Each rewrites the frame, so single-shot runs only; baselines run
 /// the same way in the same loop.
+/// Clears every next hop the egress paths keep (SNAT flows' and routed),
+/// so no row runs on a hop an earlier row kept.
+fn forget_kept_hops(dp: &mut Dataplane) -> Result<()> {
+    let maps = dp.maps_mut();
+    let flows: Vec<_> = maps.snat_out.iter().filter_map(|r| r.ok()).collect();
+    for (k, mut e) in flows {
+        e.hop = Default::default();
+        maps.snat_out.insert(k, e, 0)?;
+    }
+    let hops: Vec<_> = maps.hops4.keys().filter_map(|r| r.ok()).collect();
+    for k in hops {
+        maps.hops4.remove(&k)?;
+    }
+    Ok(())
+}
+
 pub fn north_south(opts: &Options) -> Result<Section> {
     std::thread::scope(|s| {
         s.spawn(|| {
@@ -459,14 +475,16 @@ fn north_south_in_netns(opts: &Options) -> Result<Section> {
     load_baselines(&mut dp, port)?;
     let gw_mac = default_gateway_mac(NS_NET);
     let nr = aya::util::nr_cpus().map_err(|(m, e)| anyhow!("{m}: {e}"))?;
-    let set_net = |dp: &mut Dataplane, flag: u16| -> Result<()> {
+    // `mtu` above the uplink's (1500) keeps no next hop: every frame
+    // looks its own up, as before next hops were kept.
+    let set_net = |dp: &mut Dataplane, flag: u16, mtu: u16| -> Result<()> {
         dp.maps_mut().networks.insert(
             NS_NET,
             NetworkInfo {
                 gw_mac,
                 flags: NET_F_GW4 | flag,
                 gw_ip4: [10, 30, 0, 1],
-                mtu: 1500,
+                mtu,
                 ..Default::default()
             },
             0,
@@ -545,7 +563,7 @@ fn north_south_in_netns(opts: &Options) -> Result<Section> {
             0,
         )?;
     }
-    set_net(&mut dp, NET_F_SNAT)?;
+    set_net(&mut dp, NET_F_SNAT, 1500)?;
 
     let ctx_for = |ifx: u32| {
         let mut ctx = [0u8; SKB_CTX_LEN];
@@ -583,6 +601,8 @@ fn north_south_in_netns(opts: &Options) -> Result<Section> {
         verdict: u32,
         /// Network egress flag while it runs.
         flag: u16,
+        /// Network MTU while it runs (9000: no next hop kept).
+        mtu: u16,
     }
     let rows = [
         Row {
@@ -592,6 +612,7 @@ fn north_south_in_netns(opts: &Options) -> Result<Section> {
             ctx: &port_ctx,
             verdict: TC_ACT_OK,
             flag: NET_F_SNAT,
+            mtu: 1500,
         },
         Row {
             name: "baseline: bare bpf_redirect_peer",
@@ -600,14 +621,16 @@ fn north_south_in_netns(opts: &Options) -> Result<Section> {
             ctx: &port_ctx,
             verdict: TC_ACT_REDIRECT,
             flag: NET_F_SNAT,
+            mtu: 1500,
         },
         Row {
-            name: "SNAT egress (UDP, flow established; vm_port → vm_egress tail call, fib lookup)",
+            name: "SNAT egress (UDP, flow established; vm_port → vm_egress tail call, the flow's kept next hop)",
             prog: "vm_port",
             frame: &egress,
             ctx: &port_ctx,
             verdict: TC_ACT_REDIRECT,
             flag: NET_F_SNAT,
+            mtu: 1500,
         },
         Row {
             name: "SNAT return (uplink, reverse translation, redirect_peer)",
@@ -616,6 +639,7 @@ fn north_south_in_netns(opts: &Options) -> Result<Section> {
             ctx: &up_ctx,
             verdict: TC_ACT_REDIRECT,
             flag: NET_F_SNAT,
+            mtu: 1500,
         },
         Row {
             name: "routed ingress (uplink, TTL and MAC rewrite, redirect_peer)",
@@ -624,20 +648,41 @@ fn north_south_in_netns(opts: &Options) -> Result<Section> {
             ctx: &up_ctx,
             verdict: TC_ACT_REDIRECT,
             flag: NET_F_SNAT,
+            mtu: 1500,
         },
         Row {
-            name: "routed egress (vm_port → vm_egress, fib lookup, redirect_neigh)",
+            name: "routed egress (vm_port → vm_egress, the kept next hop, redirect)",
             prog: "vm_port",
             frame: &egress,
             ctx: &port_ctx,
             verdict: TC_ACT_REDIRECT,
             flag: NET_F_ROUTED,
+            mtu: 1500,
+        },
+        Row {
+            name: "SNAT egress, next hop looked up for every frame (bpf_fib_lookup; nothing kept)",
+            prog: "vm_port",
+            frame: &egress,
+            ctx: &port_ctx,
+            verdict: TC_ACT_REDIRECT,
+            flag: NET_F_SNAT,
+            mtu: 9000,
+        },
+        Row {
+            name: "routed egress, next hop looked up for every frame (bpf_fib_lookup; nothing kept)",
+            prog: "vm_port",
+            frame: &egress,
+            ctx: &port_ctx,
+            verdict: TC_ACT_REDIRECT,
+            flag: NET_F_ROUTED,
+            mtu: 9000,
         },
     ];
     let mut single: Vec<Vec<f64>> = vec![Vec::new(); rows.len()];
     for _ in 0..opts.runs {
         for (i, row) in rows.iter().enumerate() {
-            set_net(&mut dp, row.flag)?;
+            set_net(&mut dp, row.flag, row.mtu)?;
+            forget_kept_hops(&mut dp)?;
             let prog = dp
                 .program(row.prog)
                 .ok_or_else(|| anyhow!("program {} not loaded", row.prog))?;
@@ -661,7 +706,7 @@ fn north_south_in_netns(opts: &Options) -> Result<Section> {
             single[i].push(total as f64 / opts.single_shots as f64);
         }
     }
-    set_net(&mut dp, NET_F_SNAT)?;
+    set_net(&mut dp, NET_F_SNAT, 1500)?;
     let noop = summary(&single[0]).median;
     let redir = summary(&single[1]).median;
     let mut md = format!(
@@ -671,7 +716,11 @@ fn north_south_in_netns(opts: &Options) -> Result<Section> {
          frame in place, so only single-shot runs apply (mode B of section 1: {} \
          runs of one repetition each per run, {} runs; every verdict checked). \
          Baselines: the same two programs, run the same way in the same loop. \
-         Routed egress runs with the network switched to `egress: Routed`.\n\n\
+         Routed egress runs with the network switched to `egress: Routed`. \
+         Egress keeps the next hop `bpf_fib_lookup` gives for 100 ms (in the SNAT \
+         flow's entry, in `vmp_hops4` for routed frames); the last two rows set the \
+         network's MTU above the uplink's, where no hop is kept, so every frame \
+         looks its own up as before hops were kept.\n\n\
          | path | B: ns/pkt, single-shot | ÷ no-op | ÷ redirect_peer |\n|---|---|---|---|\n",
         opts.single_shots, opts.runs
     );
