@@ -2619,7 +2619,10 @@ fn routed_egress_leaves_by_the_kept_next_hop_and_follows_a_changed_neighbour() {
         let (_, out) = fx.egress(&frame);
         let new_tor = [0x02, 0, 0, 0, 0, 0x03];
         assert_eq!(checked(&out).eth_dst, new_tor, "the changed neighbour");
-        assert_eq!(fx.dp.maps().hops4.get(&key, 0).unwrap().hop.dst_mac, new_tor);
+        assert_eq!(
+            fx.dp.maps().hops4.get(&key, 0).unwrap().hop.dst_mac,
+            new_tor
+        );
 
         // Another destination is its own key, looked up on its own.
         let (_, out) = fx.egress(&udp(VM_MAC, GW_MAC, VM_IP, [198, 51, 100, 11], 5555, 53));
