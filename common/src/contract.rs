@@ -171,10 +171,12 @@ pub mod maps {
         def::<u32, u64>(map_names::UPLINK_XDP_STATS, PerCpuArray, xdp_stat::COUNT);
     pub const HOPS4: MapDef = def::<HopKey4, KeptHop>(map_names::HOPS4, LruHash, MAX_KEPT_HOPS);
     pub const HOPS6: MapDef = def::<HopKey6, KeptHop>(map_names::HOPS6, LruHash, MAX_KEPT_HOPS);
+    pub const SNAT_FRAGS: MapDef =
+        def::<FragKey, NatEntry>(map_names::SNAT_FRAGS, LruHash, MAX_SNAT_FRAGS);
 
     /// Every map the agent pins (the whole object but aya-log's ring
     /// buffer, `map_names::DEBUG_LOG`).
-    pub const ALL: [MapDef; 54] = [
+    pub const ALL: [MapDef; 55] = [
         DEBUG,
         MONITOR,
         MONITOR_CFG,
@@ -229,6 +231,7 @@ pub mod maps {
         UPLINK_XDP_STATS,
         HOPS4,
         HOPS6,
+        SNAT_FRAGS,
     ];
 }
 

@@ -110,6 +110,7 @@ pub mod map_names {
     /// Uplink XDP: frames it delivered and passed on (`xdp_stat` slots).
     pub const UPLINK_XDP_STATS: &str = "vmp_uplink_xdp";
     pub const HOPS4: &str = "vmp_hops4";
+    pub const SNAT_FRAGS: &str = "vmp_snat_frags";
     pub const HOPS6: &str = "vmp_hops6";
 }
 
@@ -601,7 +602,7 @@ pub mod drop_reason {
     pub const SNAT_QUOTA: u32 = 19;
     /// SNAT: the flow table refused an entry (table pressure).
     pub const SNAT_TABLE_FULL: u32 = 20;
-    /// SNAT: protocol or fragment SNAT cannot translate.
+    /// SNAT: a protocol SNAT cannot translate.
     pub const SNAT_UNSUPPORTED: u32 = 21;
     /// SNAT: the node has no SNAT address programmed.
     pub const SNAT_NO_ADDRESS: u32 = 22;
@@ -667,9 +668,10 @@ pub mod drop_reason {
     /// the data path walks (4): what it carries is not known, so neither
     /// the guards nor SNAT can judge it.
     pub const EXT_HEADER_CHAIN: u32 = 40;
-    /// SNAT: a non-first IPv6 fragment. It carries no ports; translating
-    /// it would take reassembly state SNAT does not keep (the first
-    /// fragment is translated, the datagram does not get through whole).
+    /// SNAT: a non-first fragment whose first fragment SNAT did not see
+    /// (IPv4: out of order, or over `FRAG_TIMEOUT_NS` later), or any
+    /// non-first IPv6 fragment. It carries no ports, so only the first
+    /// fragment's translation (`vmp_snat_frags`) can place it.
     pub const SNAT_FRAGMENT: u32 = 41;
     pub const COUNT: u32 = 42;
 
@@ -784,6 +786,8 @@ pub const MAX_SNAT_FLOWS: u32 = 262144;
 /// Routed next hops kept (`vmp_hops4`, `vmp_hops6`): one per VM and
 /// destination in use, least recently used first out.
 pub const MAX_KEPT_HOPS: u32 = 65536;
+/// Fragmented SNAT datagrams in flight (`vmp_snat_frags`), both ways.
+pub const MAX_SNAT_FRAGS: u32 = 16384;
 pub const MAX_SNAT_VMS: u32 = 65536;
 
 /// A VM address the fabric reaches un-NATed (routed ingress: `egress:
@@ -876,6 +880,31 @@ const _: () = assert!(size_of::<SnatConfig>() == 48);
 pub const SNAT_DEFAULT_PORT_MIN: u16 = 40000;
 pub const SNAT_DEFAULT_PORT_MAX: u16 = 59999;
 pub const SNAT_DEFAULT_QUOTA: u32 = 4096;
+
+/// An IPv4 datagram SNAT saw the first fragment of (`vmp_snat_frags`'s
+/// key): its addresses, IP ID and protocol as on the wire, and which way
+/// it went (`FRAG_OUT`, `FRAG_IN`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct FragKey {
+    pub src: [u8; 4],
+    pub dst: [u8; 4],
+    pub id: [u8; 2],
+    pub proto: u8,
+    pub dir: u8,
+}
+const _: () = assert!(size_of::<FragKey>() == 12);
+
+/// `FragKey::dir`: from a VM, to the uplink (the value's `addr` is the
+/// source its later fragments take: the SNAT address, or 0 for the reply
+/// of an inbound flow, which leaves un-NATed).
+pub const FRAG_OUT: u8 = 0;
+/// `FragKey::dir`: from the uplink to the SNAT address (the value is the
+/// flow's `vmp_snat_in` entry: the VM's address, port and hop).
+pub const FRAG_IN: u8 = 1;
+/// How long after its first fragment a datagram's later ones are
+/// translated (Linux's `ipfrag_time` default).
+pub const FRAG_TIMEOUT_NS: u64 = 30_000_000_000;
 
 /// One direction of an IPv4 flow: the tuple as it appears on the wire.
 /// For ICMP echo, `sport` and `dport` both hold the identifier.
@@ -1027,6 +1056,7 @@ mod pod_north_south {
     unsafe impl aya::Pod for NatKey6 {}
     unsafe impl aya::Pod for NatEntry6 {}
     unsafe impl aya::Pod for HopKey4 {}
+    unsafe impl aya::Pod for FragKey {}
     unsafe impl aya::Pod for HopKey6 {}
     unsafe impl aya::Pod for KeptHop {}
 }

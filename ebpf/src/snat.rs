@@ -36,8 +36,8 @@ use network_types::{
     udp::UdpHdr,
 };
 use vmpath_common::{
-    InboundFlow, L2Hop, NAT_ST_CLOSING, NAT_ST_OPEN, NET_F_INGRESS, NatEntry, NatKey, NetworkInfo,
-    PortInfo, SnatConfig, drop_reason, maps,
+    FRAG_IN, FRAG_OUT, FRAG_TIMEOUT_NS, FragKey, InboundFlow, L2Hop, NAT_ST_CLOSING, NAT_ST_OPEN,
+    NET_F_INGRESS, NatEntry, NatKey, NetworkInfo, PortInfo, SnatConfig, drop_reason, maps,
 };
 
 use crate::{
@@ -89,6 +89,13 @@ pub static SNAT_QUOTA: HashMap<u32, u32, { maps::SNAT_QUOTA.max_entries as usize
 /// by the tuple the VM's replies carry.
 #[btf_map(name = "vmp_inbound")]
 pub static INBOUND: LruHashMap<NatKey, InboundFlow, { maps::INBOUND.max_entries as usize }> =
+    LruHashMap::new();
+
+/// Fragmented datagrams whose first fragment SNAT translated (or let
+/// through un-NATed), so their later fragments, which carry no ports,
+/// take the same way. Both directions.
+#[btf_map(name = "vmp_snat_frags")]
+pub static SNAT_FRAGS: LruHashMap<FragKey, NatEntry, { maps::SNAT_FRAGS.max_entries as usize }> =
     LruHashMap::new();
 
 /// The transport fields SNAT looks at.
@@ -390,24 +397,35 @@ pub fn egress4(
         return Err(drop_reason::SNAT_NO_ADDRESS);
     };
     let ip = hdr::<Ipv4Hdr>(ctx, ETH_LEN)?;
-    let (src, dst, proto, frags) = (ip.src_addr, ip.dst_addr, ip.proto, ip.frags);
-    if u16::from_be_bytes(frags) & 0x3fff != 0 {
-        return Err(drop_reason::SNAT_UNSUPPORTED);
+    let (src, dst, proto, id) = (ip.src_addr, ip.dst_addr, ip.proto, ip.id);
+    let frags = u16::from_be_bytes(ip.frags);
+    let now = crate::clock::flow_now();
+    let frag = FragKey {
+        src,
+        dst,
+        id,
+        proto,
+        dir: FRAG_OUT,
+    };
+    if frags & IP_OFFSET != 0 {
+        return later_fragment_out(ctx, &frag, now);
     }
+    // A first fragment is translated as a whole datagram would be, and
+    // what was done recorded for the fragments after it.
+    let first = frags & IP_MF != 0;
     let ingress = net.flags & NET_F_INGRESS != 0;
     let l4 = l4(ctx, proto, l4_off, true, ingress)?;
     let key = NatKey::new(src, dst, l4.sport, l4.dport, proto);
-    let now = crate::clock::flow_now();
     if l4.echo_reply {
         // Only ever the answer to a ping from outside.
         if inbound_reply(cfg, &key, now, 0) {
-            return Ok(NextHop::LOOKUP);
+            return unnated(&frag, first, now);
         }
         return Err(drop_reason::SNAT_UNSUPPORTED);
     }
     if cfg.addr4 == [0; 4] {
         if ingress && inbound_reply(cfg, &key, now, l4.tcp_flags) {
-            return Ok(NextHop::LOOKUP);
+            return unnated(&frag, first, now);
         }
         return Err(drop_reason::SNAT_NO_ADDRESS);
     }
@@ -442,15 +460,77 @@ pub fn egress4(
     if nat_port == 0 {
         // Not an outbound flow of ours: the reply of an inbound one?
         if ingress && inbound_reply(cfg, &key, now, l4.tcp_flags) {
-            return Ok(NextHop::LOOKUP);
+            return unnated(&frag, first, now);
         }
         nat_port = allocate(ctx, cfg, &key, &l4, ifindex, port, net, now)?;
+    }
+    if first {
+        remember_fragment(&frag, cfg.addr4, now);
     }
 
     // Rewrite: source address (IP header and pseudo header), then port.
     rewrite_addr(ctx, &l4, IP_SRC_OFF, src, cfg.addr4)?;
     rewrite_port(ctx, &l4, l4.sport, nat_port)?;
     Ok(next)
+}
+
+/// IPv4 fragment offset and more-fragments bits (host order).
+const IP_OFFSET: u16 = 0x1fff;
+const IP_MF: u16 = 0x2000;
+
+/// The reply of an inbound flow leaves un-NATed; a first fragment's later
+/// ones are to follow it.
+#[inline(always)]
+fn unnated(frag: &FragKey, first: bool, now: u64) -> Result<NextHop, u32> {
+    if first {
+        remember_fragment(frag, [0; 4], now);
+    }
+    Ok(NextHop::LOOKUP)
+}
+
+/// Records what a datagram's first fragment became: `addr` the source the
+/// later ones take (0: left as they are).
+#[inline(always)]
+fn remember_fragment(frag: &FragKey, addr: [u8; 4], now: u64) {
+    let e = NatEntry {
+        addr,
+        last_seen: now,
+        ..NatEntry::default()
+    };
+    // A full table evicts its least recently used datagram; a failure
+    // leaves the later fragments to be dropped and counted.
+    let _ = SNAT_FRAGS.insert(frag, &e, u64::from(BPF_ANY));
+}
+
+/// The recorded first fragment of a datagram, if recent enough.
+#[inline(always)]
+fn first_fragment(frag: &FragKey, now: u64) -> Option<NatEntry> {
+    // SAFETY: a map lookup; the value is copied out at once.
+    let e = unsafe { *SNAT_FRAGS.get(frag)? };
+    (now.saturating_sub(e.last_seen) <= FRAG_TIMEOUT_NS).then_some(e)
+}
+
+/// A later fragment from a VM: it takes its first fragment's source
+/// address. No transport header to fix (only the first fragment has
+/// one); the IP header checksum is.
+#[inline(always)]
+fn later_fragment_out(ctx: &TcContext, frag: &FragKey, now: u64) -> Result<NextHop, u32> {
+    let Some(first) = first_fragment(frag, now) else {
+        return Err(drop_reason::SNAT_FRAGMENT);
+    };
+    if first.addr != [0; 4] {
+        rewrite_ip_addr(ctx, IP_SRC_OFF, frag.src, first.addr)?;
+    }
+    Ok(NextHop::LOOKUP)
+}
+
+/// Replaces the IPv4 address at `off`, fixing only the IP header
+/// checksum (a later fragment's transport checksum is in its first).
+#[inline(always)]
+fn rewrite_ip_addr(ctx: &TcContext, off: usize, old: [u8; 4], new: [u8; 4]) -> Result<(), u32> {
+    let ip = hdr_mut::<Ipv4Hdr>(ctx, ETH_LEN)?;
+    ip.check = csum::replace_addr4(be16(ip.check), old, new).to_be_bytes();
+    write_at(ctx, off, &new)
 }
 
 /// Replaces the IPv4 address at `off` (source or destination), fixing the
@@ -602,16 +682,21 @@ pub fn ingress4(ctx: &TcContext) -> Result<Option<i32>, u32> {
         return Ok(None);
     };
     let ip = hdr::<Ipv4Hdr>(ctx, ETH_LEN)?;
-    let (vihl, src, dst, proto, frags, ttl) = (
-        ip.vihl,
-        ip.src_addr,
-        ip.dst_addr,
-        ip.proto,
-        ip.frags,
-        ip.ttl,
-    );
-    if dst != cfg.addr4 || cfg.addr4 == [0; 4] || u16::from_be_bytes(frags) & 0x3fff != 0 {
+    let (vihl, src, dst, proto, id, ttl) =
+        (ip.vihl, ip.src_addr, ip.dst_addr, ip.proto, ip.id, ip.ttl);
+    let frags = u16::from_be_bytes(ip.frags);
+    if dst != cfg.addr4 || cfg.addr4 == [0; 4] {
         return Ok(None);
+    }
+    let frag = FragKey {
+        src,
+        dst,
+        id,
+        proto,
+        dir: FRAG_IN,
+    };
+    if frags & IP_OFFSET != 0 {
+        return later_fragment_in(ctx, &frag, ttl);
     }
     let ihl = usize::from(vihl & 0x0f) * 4;
     if ihl < Ipv4Hdr::LEN || ihl > 60 {
@@ -640,6 +725,17 @@ pub fn ingress4(ctx: &TcContext) -> Result<Option<i32>, u32> {
     if ttl <= 1 {
         return Err(drop_reason::ROUTE_TTL_EXCEEDED);
     }
+    if frags & IP_MF != 0 {
+        // A first fragment: its later ones go where it goes.
+        let _ = SNAT_FRAGS.insert(
+            &frag,
+            &NatEntry {
+                last_seen: now,
+                ..e
+            },
+            u64::from(BPF_ANY),
+        );
+    }
     touch(back, now, l4.tcp_flags);
     if refresh_due(e.last_seen, now, l4.tcp_flags) {
         let dport = if proto == IPPROTO_ICMP {
@@ -658,6 +754,24 @@ pub fn ingress4(ctx: &TcContext) -> Result<Option<i32>, u32> {
     rewrite_port(ctx, &l4, l4.dport, e.port)?;
 
     // Taken again: the rewrite helpers may have moved packet data.
+    let ip = hdr_mut::<Ipv4Hdr>(ctx, ETH_LEN)?;
+    ip.check = csum::dec_ttl4(ip, be16(ip.check)).to_be_bytes();
+    to_vm(ctx, &e)
+}
+
+/// A later fragment to the SNAT address: to the VM its first fragment
+/// went to, destination address back to the VM's, TTL down by one.
+/// Without a recorded first fragment it is no SNAT flow's (or came first
+/// out of order): the host stack gets it, as any frame to the node.
+#[inline(always)]
+fn later_fragment_in(ctx: &TcContext, frag: &FragKey, ttl: u8) -> Result<Option<i32>, u32> {
+    let Some(e) = first_fragment(frag, crate::clock::flow_now()) else {
+        return Ok(None);
+    };
+    if ttl <= 1 {
+        return Err(drop_reason::ROUTE_TTL_EXCEEDED);
+    }
+    rewrite_ip_addr(ctx, IP_DST_OFF, frag.dst, e.addr)?;
     let ip = hdr_mut::<Ipv4Hdr>(ctx, ETH_LEN)?;
     ip.check = csum::dec_ttl4(ip, be16(ip.check)).to_be_bytes();
     to_vm(ctx, &e)

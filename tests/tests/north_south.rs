@@ -427,6 +427,35 @@ fn snat_vm_reaches_outside_as_the_node_address_tcp_udp_icmp() {
         "data path drops during UDP"
     );
 
+    // Fragmented datagrams both ways: a 3000-byte ping and 3000-byte UDP
+    // leave the VM in fragments and come back in fragments; each
+    // direction's later fragments follow their first one's translation.
+    let frag_drops = bed.node.drops(drop_reason::SNAT_FRAGMENT);
+    assert!(
+        bed.vm2
+            .ns
+            .run_status(&[
+                "ping", "-c", "3", "-i", "0.2", "-W", "2", "-s", "3000", EXT_IP
+            ])
+            .status
+            .success(),
+        "a fragmented ping through SNAT and back"
+    );
+    let (_, udp) = iperf3_server_view(
+        &bed.ext,
+        &bed.vm2.ns,
+        EXT_IP,
+        "5304",
+        &["-u", "-b", "20M", "-l", "3000"],
+    );
+    let lost = udp["end"]["sum"]["lost_percent"].as_f64().unwrap_or(100.0);
+    assert!(lost < 20.0, "SNAT fragmented UDP lost {lost}%");
+    assert_eq!(
+        bed.node.drops(drop_reason::SNAT_FRAGMENT),
+        frag_drops,
+        "no later fragment without its first"
+    );
+
     // The flows are in the tables, and the VM's quota counts them.
     let maps = bed.node.maps();
     let flows = maps.snat_out.iter().filter_map(|r| r.ok()).count();
