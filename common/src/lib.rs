@@ -786,8 +786,12 @@ pub const MAX_SNAT_FLOWS: u32 = 262144;
 /// Routed next hops kept (`vmp_hops4`, `vmp_hops6`): one per VM and
 /// destination in use, least recently used first out.
 pub const MAX_KEPT_HOPS: u32 = 65536;
-/// Fragmented SNAT datagrams in flight (`vmp_snat_frags`), both ways.
-pub const MAX_SNAT_FRAGS: u32 = 16384;
+/// Fragmented SNAT datagrams in flight (`vmp_snat_frags`), both ways: a
+/// record is needed only until its datagram's last fragment, so the LRU
+/// turns over a full table before a VM flooding first fragments could
+/// push out another's datagram still arriving (65536 records at a
+/// million first fragments a second last 65 ms).
+pub const MAX_SNAT_FRAGS: u32 = 65536;
 pub const MAX_SNAT_VMS: u32 = 65536;
 
 /// A VM address the fabric reaches un-NATed (routed ingress: `egress:

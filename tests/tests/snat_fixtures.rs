@@ -2397,6 +2397,11 @@ fn uplink_xdp_snat_return_reverse_translated_as_tc_does() {
 /// The data path's flow clock now (CLOCK_MONOTONIC_COARSE, as
 /// `bpf_ktime_get_coarse_ns`), as `NatEntry::hop_checked` holds it.
 fn hop_stamp_now() -> u32 {
+    (coarse_now_ns() >> 20) as u32
+}
+
+/// The data path's flow clock now, in nanoseconds.
+fn coarse_now_ns() -> u64 {
     let mut ts = libc::timespec {
         tv_sec: 0,
         tv_nsec: 0,
@@ -2406,8 +2411,7 @@ fn hop_stamp_now() -> u32 {
         unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC_COARSE, &mut ts) },
         0
     );
-    let ns = ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64;
-    (ns >> 20) as u32
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
 
 const PLANTED_DST: [u8; 6] = [0x02, 0, 0, 0, 0, 0xaa];
@@ -2775,5 +2779,40 @@ fn snat_fragments_follow_their_first_fragment_both_ways() {
         let (v, _) = fx.egress(&stray);
         assert_eq!(v, TC_ACT_SHOT);
         assert_eq!(fx.drops(drop_reason::SNAT_FRAGMENT), before + 2);
+    });
+}
+
+/// On a network with routed ingress, the fragmented answer of a flow
+/// opened from outside leaves un-NATed, its later fragment too.
+#[test]
+fn fragments_of_an_inbound_flows_reply_leave_unnated() {
+    use vmpath_common::{InboundFlow, NET_F_INGRESS};
+    in_fresh_netns(|| {
+        let mut fx = Fx::new(NET_F_SNAT | NET_F_INGRESS);
+        // The external host opened UDP 7000 -> VM:53 (as `uplink` records it).
+        fx.dp
+            .maps_mut()
+            .inbound
+            .insert(
+                NatKey::new(VM_IP, EXT_IP, 53, 7000, 17),
+                InboundFlow {
+                    last_seen: coarse_now_ns(),
+                    state: NAT_ST_OPEN,
+                    _pad: [0; 7],
+                },
+                0,
+            )
+            .unwrap();
+        let answer = udp_sized(VM_MAC, GW_MAC, VM_IP, EXT_IP, 53, 7000);
+        let (first, later) = fragment4(&answer, 96);
+        let (v1, out1) = fx.egress(&first);
+        let (v2, out2) = fx.egress(&later);
+        assert_eq!((v1, v2), (TC_ACT_REDIRECT, TC_ACT_REDIRECT));
+        assert_eq!(
+            reassembled4(&out1, &out2),
+            (VM_IP, EXT_IP, 53, 7000),
+            "the VM's own address and port, both fragments"
+        );
+        assert_eq!(out2[14 + 8], 63);
     });
 }
