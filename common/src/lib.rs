@@ -899,6 +899,18 @@ pub struct FragKey {
 }
 const _: () = assert!(size_of::<FragKey>() == 12);
 
+impl FragKey {
+    pub const fn new(src: [u8; 4], dst: [u8; 4], id: [u8; 2], proto: u8, dir: u8) -> Self {
+        FragKey {
+            src,
+            dst,
+            id,
+            proto,
+            dir,
+        }
+    }
+}
+
 /// `FragKey::dir`: from a VM, to the uplink (the value's `addr` is the
 /// source its later fragments take: the SNAT address, or 0 for the reply
 /// of an inbound flow, which leaves un-NATed).

@@ -14,15 +14,17 @@ use aya_ebpf::{
 };
 use vmpath_common::{HopKey4, HopKey6, KeptHop, L2Hop, maps};
 
+/// Both tables' size (the contract gives them one).
+const HOPS_MAX: usize = maps::HOPS4.max_entries as usize;
+const _: () = assert!(maps::HOPS6.max_entries as usize == HOPS_MAX);
+
 /// Routed IPv4 frames' FIB inputs -> the next hop the FIB gave.
 #[btf_map(name = "vmp_hops4")]
-static HOPS4: LruHashMap<HopKey4, KeptHop, { maps::HOPS4.max_entries as usize }> =
-    LruHashMap::new();
+static HOPS4: LruHashMap<HopKey4, KeptHop, HOPS_MAX> = LruHashMap::new();
 
 /// `vmp_hops4`'s IPv6 twin.
 #[btf_map(name = "vmp_hops6")]
-static HOPS6: LruHashMap<HopKey6, KeptHop, { maps::HOPS6.max_entries as usize }> =
-    LruHashMap::new();
+static HOPS6: LruHashMap<HopKey6, KeptHop, HOPS_MAX> = LruHashMap::new();
 
 /// How long a kept next hop is used before the FIB is asked again.
 pub const HOP_KEEP_NS: u64 = 100_000_000;
@@ -94,33 +96,30 @@ pub fn of_flow(hop: *mut L2Hop, checked: *mut u32, now: u64) -> NextHop {
     }
 }
 
-/// The next hop of a routed IPv4 frame with FIB inputs `key`. The first
-/// frame of a key makes its entry (no hop yet), which the lookup fills.
+/// The next hop of a routed IPv4 frame with FIB inputs `key`.
 #[inline(always)]
 pub fn routed4(key: &HopKey4, now: u64) -> NextHop {
-    if let Some(k) = HOPS4.get_ptr_mut(key) {
+    routed(&HOPS4, key, now)
+}
+
+/// The next hop of a routed IPv6 frame with FIB inputs `key`.
+#[inline(always)]
+pub fn routed6(key: &HopKey6, now: u64) -> NextHop {
+    routed(&HOPS6, key, now)
+}
+
+/// The next hop kept in `hops` under `key`. The first frame of a key
+/// makes its entry (no hop yet), which the lookup then fills.
+#[inline(always)]
+fn routed<K>(hops: &LruHashMap<K, KeptHop, HOPS_MAX>, key: &K, now: u64) -> NextHop {
+    if let Some(k) = hops.get_ptr_mut(key) {
         // SAFETY: field addresses inside the entry just looked up; no access.
         return unsafe { of_flow(&raw mut (*k).hop, &raw mut (*k).checked, now) };
     }
     // A full table evicts its least recently used hop; should the insert
     // fail all the same, the frame is looked up alone.
-    let _ = HOPS4.insert(key, &KeptHop::default(), u64::from(BPF_NOEXIST));
-    match HOPS4.get_ptr_mut(key) {
-        // SAFETY: as above.
-        Some(k) => unsafe { of_flow(&raw mut (*k).hop, &raw mut (*k).checked, now) },
-        None => NextHop::LOOKUP,
-    }
-}
-
-/// `routed4` for IPv6.
-#[inline(always)]
-pub fn routed6(key: &HopKey6, now: u64) -> NextHop {
-    if let Some(k) = HOPS6.get_ptr_mut(key) {
-        // SAFETY: field addresses inside the entry just looked up; no access.
-        return unsafe { of_flow(&raw mut (*k).hop, &raw mut (*k).checked, now) };
-    }
-    let _ = HOPS6.insert(key, &KeptHop::default(), u64::from(BPF_NOEXIST));
-    match HOPS6.get_ptr_mut(key) {
+    let _ = hops.insert(key, &KeptHop::default(), u64::from(BPF_NOEXIST));
+    match hops.get_ptr_mut(key) {
         // SAFETY: as above.
         Some(k) => unsafe { of_flow(&raw mut (*k).hop, &raw mut (*k).checked, now) },
         None => NextHop::LOOKUP,

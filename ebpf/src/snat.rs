@@ -400,13 +400,7 @@ pub fn egress4(
     let (src, dst, proto, id) = (ip.src_addr, ip.dst_addr, ip.proto, ip.id);
     let frags = u16::from_be_bytes(ip.frags);
     let now = crate::clock::flow_now();
-    let frag = FragKey {
-        src,
-        dst,
-        id,
-        proto,
-        dir: FRAG_OUT,
-    };
+    let frag = FragKey::new(src, dst, id, proto, FRAG_OUT);
     if frags & IP_OFFSET != 0 {
         return later_fragment_out(ctx, &frag, now);
     }
@@ -688,13 +682,7 @@ pub fn ingress4(ctx: &TcContext) -> Result<Option<i32>, u32> {
     if dst != cfg.addr4 || cfg.addr4 == [0; 4] {
         return Ok(None);
     }
-    let frag = FragKey {
-        src,
-        dst,
-        id,
-        proto,
-        dir: FRAG_IN,
-    };
+    let frag = FragKey::new(src, dst, id, proto, FRAG_IN);
     if frags & IP_OFFSET != 0 {
         return later_fragment_in(ctx, &frag, ttl);
     }

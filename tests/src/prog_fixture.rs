@@ -67,3 +67,15 @@ impl Drop for BpffsRoot {
         let _ = std::fs::remove_dir(&self.0);
     }
 }
+
+/// `clock` now in nanoseconds: CLOCK_MONOTONIC is `bpf_ktime_get_ns`'s,
+/// CLOCK_MONOTONIC_COARSE `bpf_ktime_get_coarse_ns`'s (the flow clock).
+pub fn clock_ns(clock: libc::clockid_t) -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid timespec for the call to fill.
+    assert_eq!(unsafe { libc::clock_gettime(clock, &mut ts) }, 0);
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}

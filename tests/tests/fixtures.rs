@@ -2269,16 +2269,7 @@ fn pin_to_current_cpu() {
 }
 
 fn monotonic_ns() -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // CLOCK_MONOTONIC is the clock of bpf_ktime_get_ns.
-    assert_eq!(
-        unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) },
-        0
-    );
-    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+    vmpath_tests::prog_fixture::clock_ns(libc::CLOCK_MONOTONIC)
 }
 
 /// A frame of each slow-path class from port A.

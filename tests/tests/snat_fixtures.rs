@@ -2402,16 +2402,38 @@ fn hop_stamp_now() -> u32 {
 
 /// The data path's flow clock now, in nanoseconds.
 fn coarse_now_ns() -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: `ts` is a valid timespec for the call to fill.
-    assert_eq!(
-        unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC_COARSE, &mut ts) },
-        0
-    );
-    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+    vmpath_tests::prog_fixture::clock_ns(libc::CLOCK_MONOTONIC_COARSE)
+}
+
+/// Moves the ToR's IPv4 neighbour entry on the uplink to `mac`.
+fn move_tor_to(mac: &str) {
+    run(&[
+        "ip",
+        "neigh",
+        "replace",
+        "192.0.2.2",
+        "lladdr",
+        mac,
+        "dev",
+        "sf-up",
+    ]);
+}
+
+/// Plants a fresh kept hop (`plant`, with the flow clock now) and sends
+/// `frame` out until it leaves by it (`PLANTED_DST`): retried should this
+/// machine stall past the keep time between the write and the run. The
+/// frame as it left, or None when it never took the planted hop.
+fn leaves_by_planted_hop(fx: &mut Fx, frame: &[u8], plant: impl Fn(&mut Fx, u32)) -> Option<Seen> {
+    for _ in 0..5 {
+        plant(fx, hop_stamp_now());
+        let (v, out) = fx.egress(frame);
+        assert_eq!(v, TC_ACT_REDIRECT);
+        let s = checked(&out);
+        if s.eth_dst == PLANTED_DST {
+            return Some(s);
+        }
+    }
+    None
 }
 
 const PLANTED_DST: [u8; 6] = [0x02, 0, 0, 0, 0, 0xaa];
@@ -2464,33 +2486,15 @@ fn established_snat_flows_leave_by_their_kept_next_hop_and_follow_a_changed_neig
             e.hop_checked = checked;
             fx.dp.maps_mut().snat_out.insert(key, e, 0).unwrap();
         };
-        let mut used = false;
-        for _ in 0..5 {
-            planted(&mut fx, hop_stamp_now());
-            let (v, out) = fx.egress(&frame);
-            assert_eq!(v, TC_ACT_REDIRECT);
-            let s = checked(&out);
-            assert_eq!(s.src, NODE_IP, "translated as ever");
-            if (s.eth_dst, s.eth_src) == (PLANTED_DST, PLANTED_SRC) {
-                assert_eq!(s.ttl, 63, "TTL decremented on the kept path too");
-                used = true;
-                break;
-            }
-        }
-        assert!(used, "a fresh kept hop is used without a lookup");
+        let s = leaves_by_planted_hop(&mut fx, &frame, planted)
+            .expect("a fresh kept hop is used without a lookup");
+        assert_eq!(s.src, NODE_IP, "translated as ever");
+        assert_eq!(s.eth_src, PLANTED_SRC);
+        assert_eq!(s.ttl, 63, "TTL decremented on the kept path too");
 
         // The neighbour changes; once the kept hop is older than 100 ms the
         // FIB is asked again and the flow follows it.
-        run(&[
-            "ip",
-            "neigh",
-            "replace",
-            "192.0.2.2",
-            "lladdr",
-            "02:00:00:00:00:03",
-            "dev",
-            "sf-up",
-        ]);
+        move_tor_to("02:00:00:00:00:03");
         planted(&mut fx, hop_stamp_now().wrapping_sub(200));
         let (v, out) = fx.egress(&frame);
         assert_eq!(v, TC_ACT_REDIRECT);
@@ -2536,23 +2540,15 @@ fn established_snat_flows_leave_by_their_kept_next_hop_and_follow_a_changed_neig
             },
             "IPv6: the FIB's answer kept in the flow's entry"
         );
-        let mut used = false;
-        for _ in 0..5 {
+        let s = leaves_by_planted_hop(&mut fx, &frame6, |fx, now| {
             let mut e = fx.dp.maps().snat6_out.get(&key6, 0).unwrap();
             e.hop.dst_mac = PLANTED_DST;
-            e.hop_checked = hop_stamp_now();
+            e.hop_checked = now;
             fx.dp.maps_mut().snat6_out.insert(key6, e, 0).unwrap();
-            let (v, out) = fx.egress(&frame6);
-            assert_eq!(v, TC_ACT_REDIRECT);
-            let s = checked(&out);
-            assert_eq!(s.src, NODE6.to_vec());
-            if s.eth_dst == PLANTED_DST {
-                assert_eq!(s.ttl, 63, "hop limit decremented on the kept path");
-                used = true;
-                break;
-            }
-        }
-        assert!(used, "IPv6: a fresh kept hop is used without a lookup");
+        })
+        .expect("IPv6: a fresh kept hop is used without a lookup");
+        assert_eq!(s.src, NODE6.to_vec());
+        assert_eq!(s.ttl, 63, "hop limit decremented on the kept path");
     });
 }
 
@@ -2590,33 +2586,16 @@ fn routed_egress_leaves_by_the_kept_next_hop_and_follows_a_changed_neighbour() {
             "the FIB's answer kept under the frame's lookup inputs"
         );
 
-        let mut used = false;
-        for _ in 0..5 {
+        let s = leaves_by_planted_hop(&mut fx, &frame, |fx, now| {
             let mut k = fx.dp.maps().hops4.get(&key, 0).unwrap();
             k.hop.dst_mac = PLANTED_DST;
-            k.checked = hop_stamp_now();
+            k.checked = now;
             fx.dp.maps_mut().hops4.insert(key, k, 0).unwrap();
-            let (v, out) = fx.egress(&frame);
-            assert_eq!(v, TC_ACT_REDIRECT);
-            let s = checked(&out);
-            if s.eth_dst == PLANTED_DST {
-                assert_eq!(s.ttl, 63, "TTL decremented on the kept path");
-                used = true;
-                break;
-            }
-        }
-        assert!(used, "a fresh kept hop is used without a lookup");
+        })
+        .expect("a fresh kept hop is used without a lookup");
+        assert_eq!(s.ttl, 63, "TTL decremented on the kept path");
 
-        run(&[
-            "ip",
-            "neigh",
-            "replace",
-            "192.0.2.2",
-            "lladdr",
-            "02:00:00:00:00:03",
-            "dev",
-            "sf-up",
-        ]);
+        move_tor_to("02:00:00:00:00:03");
         let mut k = fx.dp.maps().hops4.get(&key, 0).unwrap();
         k.checked = hop_stamp_now().wrapping_sub(200);
         fx.dp.maps_mut().hops4.insert(key, k, 0).unwrap();
