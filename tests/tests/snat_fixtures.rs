@@ -2405,6 +2405,16 @@ fn coarse_now_ns() -> u64 {
     vmpath_tests::prog_fixture::clock_ns(libc::CLOCK_MONOTONIC_COARSE)
 }
 
+/// The next hop the FIB gives for the external host: the ToR, out of the
+/// uplink (ifindex `uplink`).
+fn tor_hop(uplink: u32) -> vmpath_common::L2Hop {
+    vmpath_common::L2Hop {
+        ifindex: uplink,
+        dst_mac: TOR_MAC,
+        src_mac: UPLINK_MAC,
+    }
+}
+
 /// Moves the ToR's IPv4 neighbour entry on the uplink to `mac`.
 fn move_tor_to(mac: &str) {
     run(&[
@@ -2468,11 +2478,7 @@ fn established_snat_flows_leave_by_their_kept_next_hop_and_follow_a_changed_neig
         let e = fx.dp.maps().snat_out.get(&key, 0).unwrap();
         assert_eq!(
             e.hop,
-            vmpath_common::L2Hop {
-                ifindex: uplink,
-                dst_mac: TOR_MAC,
-                src_mac: UPLINK_MAC,
-            },
+            tor_hop(uplink),
             "the FIB's answer kept in the flow's entry"
         );
 
@@ -2533,11 +2539,7 @@ fn established_snat_flows_leave_by_their_kept_next_hop_and_follow_a_changed_neig
         }
         assert_eq!(
             fx.dp.maps().snat6_out.get(&key6, 0).unwrap().hop,
-            vmpath_common::L2Hop {
-                ifindex: uplink,
-                dst_mac: TOR_MAC,
-                src_mac: UPLINK_MAC,
-            },
+            tor_hop(uplink),
             "IPv6: the FIB's answer kept in the flow's entry"
         );
         let s = leaves_by_planted_hop(&mut fx, &frame6, |fx, now| {
@@ -2558,7 +2560,7 @@ fn established_snat_flows_leave_by_their_kept_next_hop_and_follow_a_changed_neig
 /// is renewed and follows a changed neighbour.
 #[test]
 fn routed_egress_leaves_by_the_kept_next_hop_and_follows_a_changed_neighbour() {
-    use vmpath_common::{HopKey4, HopKey6, L2Hop};
+    use vmpath_common::{HopKey4, HopKey6};
     in_fresh_netns(|| {
         let mut fx = Fx::new(NET_F_ROUTED);
         let (port, uplink) = (fx.port, fx.uplink);
@@ -2578,11 +2580,7 @@ fn routed_egress_leaves_by_the_kept_next_hop_and_follows_a_changed_neighbour() {
         let kept = fx.dp.maps().hops4.get(&key, 0).unwrap();
         assert_eq!(
             kept.hop,
-            L2Hop {
-                ifindex: uplink,
-                dst_mac: TOR_MAC,
-                src_mac: UPLINK_MAC,
-            },
+            tor_hop(uplink),
             "the FIB's answer kept under the frame's lookup inputs"
         );
 
@@ -2626,11 +2624,7 @@ fn routed_egress_leaves_by_the_kept_next_hop_and_follows_a_changed_neighbour() {
         };
         assert_eq!(
             fx.dp.maps().hops6.get(&key6, 0).unwrap().hop,
-            L2Hop {
-                ifindex: uplink,
-                dst_mac: TOR_MAC,
-                src_mac: UPLINK_MAC,
-            },
+            tor_hop(uplink),
             "IPv6: kept under the frame's lookup inputs"
         );
     });
