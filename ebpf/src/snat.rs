@@ -482,17 +482,28 @@ fn unnated(frag: &FragKey, first: bool, now: u64) -> Result<NextHop, u32> {
     Ok(NextHop::LOOKUP)
 }
 
-/// Records what a datagram's first fragment became: `addr` the source the
-/// later ones take (0: left as they are).
+/// Records what a datagram from a VM became at its first fragment:
+/// `addr` the source the later ones take (0: left as they are).
 #[inline(always)]
 fn remember_fragment(frag: &FragKey, addr: [u8; 4], now: u64) {
     let e = NatEntry {
         addr,
-        last_seen: now,
         ..NatEntry::default()
     };
+    keep_fragment(frag, &e, now);
+}
+
+/// Records a first fragment's `entry` for its datagram's later fragments,
+/// stamped `now` (`first_fragment` judges the age).
+#[inline(always)]
+fn keep_fragment(frag: &FragKey, entry: &NatEntry, now: u64) {
+    let e = NatEntry {
+        last_seen: now,
+        ..*entry
+    };
     // A full table evicts its least recently used datagram; a failure
-    // leaves the later fragments to be dropped and counted.
+    // leaves the later fragments unplaced (dropped and counted out, the
+    // host's in).
     let _ = SNAT_FRAGS.insert(frag, &e, u64::from(BPF_ANY));
 }
 
@@ -715,14 +726,7 @@ pub fn ingress4(ctx: &TcContext) -> Result<Option<i32>, u32> {
     }
     if frags & IP_MF != 0 {
         // A first fragment: its later ones go where it goes.
-        let _ = SNAT_FRAGS.insert(
-            &frag,
-            &NatEntry {
-                last_seen: now,
-                ..e
-            },
-            u64::from(BPF_ANY),
-        );
+        keep_fragment(&frag, &e, now);
     }
     touch(back, now, l4.tcp_flags);
     if refresh_due(e.last_seen, now, l4.tcp_flags) {
