@@ -673,7 +673,13 @@ pub mod drop_reason {
     /// non-first IPv6 fragment. It carries no ports, so only the first
     /// fragment's translation (`vmp_snat_frags`) can place it.
     pub const SNAT_FRAGMENT: u32 = 41;
-    pub const COUNT: u32 = 42;
+    /// Live migration: a frame from the VM's MAC on a pending target port
+    /// that the target pod's own kernel sends when its interface comes up
+    /// with that MAC (IPv6 DAD from ::, MLD, router solicitation, IPv4
+    /// from 0.0.0.0 other than DHCP): it does not mean the VM resumed
+    /// there, so it moves nothing.
+    pub const MIGRATION_NOT_RESUMED: u32 = 42;
+    pub const COUNT: u32 = 43;
 
     /// Names as shown in metrics and the CLI, indexed by reason.
     pub const NAMES: [&str; COUNT as usize] = [
@@ -719,6 +725,7 @@ pub mod drop_reason {
         "service_no_backend",
         "ext_header_chain",
         "snat_fragment",
+        "migration_not_resumed",
     ];
 }
 
