@@ -159,7 +159,8 @@ pub fn build(name: &str, version_suffix: Option<&str>) -> Result<Image> {
         "org.opencontainers.image.description": "vmpath node agent, CLI and CNI plugin",
         "org.opencontainers.image.version": version,
         "org.opencontainers.image.revision": revision,
-        "org.opencontainers.image.licenses": "MIT OR Apache-2.0",
+        // The binaries embed the eBPF object (ebpf/Cargo.toml's license).
+        "org.opencontainers.image.licenses": "(MIT OR Apache-2.0) AND (MIT OR GPL-2.0-only)",
     });
     let written = write_archive(&Assembly {
         dir: image_dir()?,
