@@ -181,26 +181,6 @@ pub fn validate(
     cfg.policies
         .sort_by(|a, b| (&a.namespace, &a.name).cmp(&(&b.namespace, &b.name)));
 
-    for doc in &services {
-        match service(doc) {
-            Ok(Some(s))
-                if cfg
-                    .services
-                    .iter()
-                    .any(|o| o.namespace == s.namespace && o.name == s.name) =>
-            {
-                cfg.errors.push(doc.error(
-                    "metadata.name",
-                    format!("Service {}/{} is defined twice", s.namespace, s.name),
-                ));
-            }
-            Ok(Some(s)) => cfg.services.push(s),
-            Ok(None) => {}
-            Err(e) => cfg.errors.push(e),
-        }
-    }
-    cfg.services
-        .sort_by(|a, b| (&a.namespace, &a.name).cmp(&(&b.namespace, &b.name)));
     for doc in &slices {
         match endpoint_slice(doc) {
             Ok(Some(s))
@@ -330,10 +310,87 @@ pub fn validate(
         );
         cfg.attachments.push(a);
     }
+    // After the attachments and networks: a ClusterIP must not be an
+    // address a VM has or may get (a guest routing it through its gateway
+    // would reach the Service's backend instead of the VM).
+    for doc in &services {
+        match service(doc).and_then(|s| match s {
+            Some(s) => clusterip_taken(doc, &s, &cfg).map(|()| Some(s)),
+            None => Ok(None),
+        }) {
+            Ok(Some(s))
+                if cfg
+                    .services
+                    .iter()
+                    .any(|o| o.namespace == s.namespace && o.name == s.name) =>
+            {
+                cfg.errors.push(doc.error(
+                    "metadata.name",
+                    format!("Service {}/{} is defined twice", s.namespace, s.name),
+                ));
+            }
+            Ok(Some(s)) => cfg.services.push(s),
+            Ok(None) => {}
+            Err(e) => cfg.errors.push(e),
+        }
+    }
+    cfg.services
+        .sort_by(|a, b| (&a.namespace, &a.name).cmp(&(&b.namespace, &b.name)));
     cfg.attachments.sort_by(|x, y| x.key.cmp(&y.key));
     cfg.warnings = super::reserved::warnings(&cfg);
     cfg.warnings.extend(waiting);
     cfg
+}
+
+/// Refuses a Service whose ClusterIP is a VM's address or inside a
+/// network's subnet, naming which.
+fn clusterip_taken(
+    doc: &Doc,
+    s: &super::service::Service,
+    cfg: &Config,
+) -> Result<(), ConfigError> {
+    let field = if doc
+        .raw
+        .value
+        .get("spec")
+        .and_then(|v| v.get("clusterIPs"))
+        .is_some()
+    {
+        "spec.clusterIPs"
+    } else {
+        "spec.clusterIP"
+    };
+    for (i, ip) in s.cluster_ips.iter().enumerate() {
+        let me = format!("Service {}/{}: ClusterIP {ip}", s.namespace, s.name);
+        if let Some(a) = cfg
+            .attachments
+            .iter()
+            .find(|a| a.ips.iter().any(|n| n.addr() == *ip))
+        {
+            return Err(doc.error(
+                &format!("{field}[{i}]"),
+                format!(
+                    "{me} is the address of Attachment {}/{} (VM {}) on network {:?}",
+                    a.key.namespace, a.name, a.key.vm, a.network
+                ),
+            ));
+        }
+        if let Some((net, subnet)) = cfg.networks.iter().find_map(|n| {
+            n.subnets
+                .iter()
+                .find(|sub| sub.contains(ip))
+                .map(|sub| (n, sub))
+        }) {
+            return Err(doc.error(
+                &format!("{field}[{i}]"),
+                format!(
+                    "{me} is inside subnet {subnet} of network {:?}, where VMs have their addresses",
+                    net.name
+                ),
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// The VM interface an Attachment document names, read leniently so that

@@ -292,3 +292,38 @@ fn bad_services_and_slices_are_refused_naming_the_field() {
         );
     }
 }
+
+#[test]
+fn a_cluster_ip_that_is_a_vms_address_or_on_a_network_is_refused_naming_both() {
+    // green has no subnets: only its VM's own address is known.
+    let green = "---\napiVersion: vmpath.dev/v1alpha1\nkind: Network\nmetadata: {name: green}\nspec: {id: 300, ipam: {mode: Disabled}}\n---\napiVersion: vmpath.dev/v1alpha1\nkind: Attachment\nmetadata: {name: g1-eth0, namespace: prod}\nspec: {vm: g1, interface: eth0, network: green, node: n1, port: pg1, mac: \"52:54:00:00:02:01\", ips: [192.168.5.5/24]}\n";
+    for (ip, want) in [
+        (
+            "192.168.5.5",
+            "Service default/web: ClusterIP 192.168.5.5 is the address of Attachment prod/g1-eth0 (VM g1) on network \"green\"",
+        ),
+        (
+            "10.1.0.12",
+            "Service default/web: ClusterIP 10.1.0.12 is the address of Attachment default/b2 (VM b2) on network \"blue\"",
+        ),
+        (
+            "10.2.7.7",
+            "Service default/web: ClusterIP 10.2.7.7 is inside subnet 10.2.0.0/16 of network \"red\", where VMs have their addresses",
+        ),
+    ] {
+        let cfg = config(&format!("{green}{}", WEB.replace("10.96.0.10", ip)));
+        assert_eq!(cfg.errors.len(), 1, "{ip}: {:?}", cfg.errors);
+        let e = &cfg.errors[0];
+        assert_eq!(
+            (e.document.as_str(), e.field.as_str(), e.message.as_str()),
+            ("Service default/web", "spec.clusterIP[0]", want)
+        );
+        assert!(cfg.services.is_empty(), "{ip}: the Service was kept");
+        // Nothing else is disturbed: every VM stays.
+        assert_eq!(cfg.attachments.len(), 5, "{ip}");
+    }
+    // Off every network: accepted as before.
+    let cfg = config(&format!("{green}{WEB}"));
+    assert!(cfg.errors.is_empty(), "{:?}", cfg.errors);
+    assert_eq!(cfg.services.len(), 1);
+}
