@@ -15,7 +15,6 @@ use tracing::{error, info, warn};
 
 use crate::{
     clock::unix_now,
-    common::{AddrKey, LearnedIp},
     config::{self, AttachmentKey, format_mac},
     dataplane::Dataplane,
     ipam,
@@ -47,6 +46,8 @@ pub struct AgentOptions {
     pub uplink_xdp: crate::dataplane::UplinkXdp,
     /// Slow-path frames served per second, all ports together.
     pub slowpath_serve_rate: u64,
+    /// Expiry and per-port cap of learned addresses.
+    pub learned: crate::learned::Limits,
     /// The data path's debug events at start.
     pub datapath_debug: crate::datapath_log::Switches,
     /// Where the documents come from.
@@ -74,7 +75,7 @@ fn view_ips(
     a: &resolved::Attachment,
     cfg: &Resolved,
     ifindex: Option<u32>,
-    learned: &BTreeMap<AddrKey, LearnedIp>,
+    learned: &crate::learned::Outcome,
 ) -> Vec<IpView> {
     let mut ips: Vec<IpView> = a
         .addresses
@@ -87,7 +88,7 @@ fn view_ips(
     let (Some(ifindex), Some(net)) = (ifindex, cfg.network(&a.network)) else {
         return ips;
     };
-    for (key, seen) in learned {
+    for (key, seen) in learned.shown() {
         if key.network != net.id || seen.ifindex != ifindex {
             continue;
         }
@@ -107,7 +108,7 @@ fn build_view(
     opts: &AgentOptions,
     cfg: &Resolved,
     plan: &Plan,
-    learned: &BTreeMap<AddrKey, LearnedIp>,
+    learned: &crate::learned::Outcome,
     prev: &View,
 ) -> View {
     // Indexes, so the view stays linear in the number of attachments.
@@ -172,6 +173,28 @@ fn build_view(
                 mac: a.mac_resolved.map(|(m, _)| format_mac(&m)),
                 mac_origin: a.mac_resolved.map(|(_, o)| o),
                 ips: view_ips(a, cfg, ifindex, learned),
+                learned_refused: ifindex
+                    .and_then(|i| learned.refused.get(&i))
+                    .map(|r| {
+                        r.iter()
+                            .map(|r| crate::view::LearnedRefusalView {
+                                address: r.ip.to_string(),
+                                reason: r.reason.clone(),
+                            })
+                            .collect()
+                    })
+                    .unwrap_or_default(),
+                learned_contested: ifindex
+                    .and_then(|i| learned.contested.get(&i))
+                    .map(|c| {
+                        c.iter()
+                            .map(|(ip, by)| crate::view::LearnedRefusalView {
+                                address: ip.to_string(),
+                                reason: format!("kept here; also used by {by} (refused there)"),
+                            })
+                            .collect()
+                    })
+                    .unwrap_or_default(),
                 migration,
                 migration_target: target,
                 pending_port: pending_port
@@ -263,7 +286,7 @@ pub fn run(
     let mut warned_empty = false;
     let store = Store::open(&opts.state_dir).context("opening the claims store")?;
     let mut last_errors: Vec<config::ConfigError> = Vec::new();
-    let mut last_learned_ips: BTreeMap<AddrKey, LearnedIp> = BTreeMap::new();
+    let mut learned = crate::learned::Outcome::default();
     let mut refused_macs: BTreeSet<(AttachmentKey, [u8; 6])> = BTreeSet::new();
     let mut north_south = crate::routes::NorthSouth::default();
     let mut overlay = crate::overlay::Overlay::default();
@@ -420,15 +443,12 @@ pub fn run(
                 "config read"
             );
         }
-        let learned_ips: BTreeMap<AddrKey, LearnedIp> = dp
-            .maps()
-            .learned_ips
-            .iter()
-            .filter_map(|r| r.ok())
-            .collect();
-        let learned_changed = learned_ips != last_learned_ips;
-        last_learned_ips = learned_ips;
-        cfg.learned_ips = last_learned_ips.clone();
+        // Addresses the guests used: only what the learned stage accepts
+        // is routed, exported or shown.
+        let learned_now = crate::learned::read(&mut dp, &cfg, &opts.node, &learned, opts.learned);
+        let learned_changed = learned_now != learned;
+        learned = learned_now;
+        cfg.learned_ips = learned.routable.clone();
         // Live migrations the data path already cut over on this node.
         migrations.tick(&mut cfg, &opts.node, &mut dp);
         let started = std::time::Instant::now();
@@ -486,13 +506,13 @@ pub fn run(
             &opts.uplink,
             &cfg,
             last_plan.as_ref(),
-            &last_learned_ips,
+            &learned.routable,
         );
         phases.mark("routes");
         if plan_changed || changed || learned_changed {
             // Show what is programmed, not what was attempted.
             let applied = last_plan.clone().unwrap_or_default();
-            let mut view = build_view(opts, &cfg, &applied, &last_learned_ips, &shared.view());
+            let mut view = build_view(opts, &cfg, &applied, &learned, &shared.view());
             if plan_changed {
                 view.reconciles += 1;
                 view.last_reconcile_seconds = started.elapsed().as_secs_f64();

@@ -700,6 +700,15 @@ fn format_interface(i: &InterfaceDetail) -> String {
     ] {
         let _ = writeln!(out, "    {:<11} {}", format!("{k}:"), or_dash(&v));
     }
+    // What the VM used that vmpath did not take as its address, and why.
+    for (label, list) in [
+        ("refused:", &a.learned_refused),
+        ("contested:", &a.learned_contested),
+    ] {
+        for r in list {
+            let _ = writeln!(out, "    {label:<11} {} ({})", r.address, r.reason);
+        }
+    }
     out
 }
 

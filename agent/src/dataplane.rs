@@ -231,6 +231,8 @@ pub struct Maps {
     pub port_stats: PerCpuArray<MapData, PortStats>,
     pub learned_macs: HashMap<MapData, u32, LearnedMac>,
     pub learned_ips: HashMap<MapData, AddrKey, LearnedIp>,
+    /// Ports that used an address another port holds (`learn::ip`).
+    pub learn_conflicts: HashMap<MapData, AddrKey, LearnedIp>,
     pub routed: HashMap<MapData, AddrKey, RoutedAddr>,
     pub subnets4: LpmTrie<MapData, Subnet4, u32>,
     pub subnets6: LpmTrie<MapData, Subnet6, u32>,
@@ -303,6 +305,7 @@ impl Maps {
             port_stats: open_map(root, map_names::PORT_STATS)?.try_into()?,
             learned_macs: open_map(root, map_names::LEARNED_MACS)?.try_into()?,
             learned_ips: open_map(root, map_names::LEARNED_IPS)?.try_into()?,
+            learn_conflicts: open_map(root, map_names::LEARN_CONFLICTS)?.try_into()?,
             routed: open_map(root, map_names::ROUTED)?.try_into()?,
             subnets4: open_map(root, map_names::SUBNETS4)?.try_into()?,
             subnets6: open_map(root, map_names::SUBNETS6)?.try_into()?,

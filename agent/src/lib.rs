@@ -14,6 +14,7 @@ pub mod events;
 pub mod hash;
 pub mod host_reach;
 pub mod ipam;
+pub mod learned;
 pub mod metrics;
 pub mod migration;
 pub mod monitor;

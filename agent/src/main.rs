@@ -111,6 +111,16 @@ struct AgentArgs {
     #[arg(long, default_value_t = vmpath::slowpath::fair::DEFAULT_SERVE_RATE,
           value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
     slowpath_serve_rate: u64,
+    /// A learned address (IPAM-less networks) unheard this long is
+    /// forgotten, with its route and export.
+    #[arg(long, default_value_t = vmpath::learned::DEFAULT_EXPIRY.as_secs(),
+          value_parser = clap::value_parser!(u64).range(1..=86_400))]
+    learned_expiry_seconds: u64,
+    /// Learned addresses one port may hold; more are refused (shown in
+    /// `vm show`).
+    #[arg(long, default_value_t = vmpath::learned::DEFAULT_PER_PORT,
+          value_parser = clap::value_parser!(u64).range(1..=4096))]
+    learned_per_port: u64,
     /// The safety net: a full reconcile at least this often, whatever the
     /// notifications said (it also paces SNAT and remote-MAC ageing).
     #[arg(long, default_value_t = 5000)]
@@ -279,9 +289,12 @@ fn main() -> Result<()> {
                 tracing::info!(bpffs = %args.bpffs.display(), "removed every vmpath link and map");
                 return Ok(());
             }
+            // Whatever the agent writes (state dir, its files) is root's alone.
+            vmpath::state_dir::restrict_new_files();
             // The very first act: nothing (map, link, socket, slow path) is
             // touched unless this agent owns the node.
             let _lock = node_lock::acquire(Some(&args.state_dir), &args.bpffs, args.lock_wait)?;
+            vmpath::state_dir::tighten(&args.state_dir)?;
             let node = if args.node.is_empty() {
                 hostname()
             } else {
@@ -323,6 +336,10 @@ fn main() -> Result<()> {
                     uplink: args.uplink,
                     uplink_xdp: args.uplink_xdp,
                     slowpath_serve_rate: args.slowpath_serve_rate,
+                    learned: vmpath::learned::Limits {
+                        expiry: Duration::from_secs(args.learned_expiry_seconds),
+                        per_port: args.learned_per_port as usize,
+                    },
                     datapath_debug: args.datapath_debug.switches(),
                     source: match args.source {
                         SourceArg::Files => agent::Source::Files,

@@ -115,3 +115,40 @@ mod tests {
         assert_eq!(holding(Ipv4Addr::new(192, 0, 2, 254)), None);
     }
 }
+
+/// Every address of this namespace's interfaces (IPv4 and IPv6).
+pub fn local_addresses() -> std::collections::BTreeSet<std::net::IpAddr> {
+    let mut out = std::collections::BTreeSet::new();
+    let mut head: *mut libc::ifaddrs = std::ptr::null_mut();
+    // SAFETY: getifaddrs writes a list head we free below with freeifaddrs.
+    if unsafe { libc::getifaddrs(&mut head) } != 0 {
+        return out;
+    }
+    let mut cur = head;
+    while !cur.is_null() {
+        // SAFETY: `cur` is a non-null node of the list getifaddrs built,
+        // alive until freeifaddrs.
+        let ifa = unsafe { &*cur };
+        cur = ifa.ifa_next;
+        if ifa.ifa_addr.is_null() {
+            continue;
+        }
+        // SAFETY: a non-null ifa_addr points at a sockaddr of the list.
+        match i32::from(unsafe { (*ifa.ifa_addr).sa_family }) {
+            libc::AF_INET => {
+                // SAFETY: sa_family is AF_INET, so the sockaddr is a sockaddr_in.
+                let sin = unsafe { &*(ifa.ifa_addr as *const libc::sockaddr_in) };
+                out.insert(Ipv4Addr::from(u32::from_be(sin.sin_addr.s_addr)).into());
+            }
+            libc::AF_INET6 => {
+                // SAFETY: sa_family is AF_INET6, so the sockaddr is a sockaddr_in6.
+                let sin6 = unsafe { &*(ifa.ifa_addr as *const libc::sockaddr_in6) };
+                out.insert(std::net::Ipv6Addr::from(sin6.sin6_addr.s6_addr).into());
+            }
+            _ => {}
+        }
+    }
+    // SAFETY: `head` came from getifaddrs and is freed once.
+    unsafe { libc::freeifaddrs(head) };
+    out
+}

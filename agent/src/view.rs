@@ -24,6 +24,13 @@ pub struct IpView {
     pub origin: Origin,
 }
 
+/// A learned address refused (or contested), and why.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LearnedRefusalView {
+    pub address: String,
+    pub reason: String,
+}
+
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct AttachmentView {
     pub name: String,
@@ -39,6 +46,12 @@ pub struct AttachmentView {
     pub mac: Option<String>,
     pub mac_origin: Option<Origin>,
     pub ips: Vec<IpView>,
+    /// Addresses the VM used that were not learned, and why.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub learned_refused: Vec<LearnedRefusalView>,
+    /// Learned addresses kept here that another endpoint also used.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub learned_contested: Vec<LearnedRefusalView>,
     /// `none`, `pending` (target known, not ready) or `cut-over`.
     pub migration: String,
     pub migration_target: Option<String>,
@@ -321,6 +334,8 @@ pub(crate) mod sample {
                 address: "10.20.0.5/16".into(),
                 origin: Origin::Claimed,
             }],
+            learned_refused: Vec::new(),
+            learned_contested: Vec::new(),
             migration: migration.into(),
             migration_target: (migration != "none").then(|| "b".into()),
             pending_port: None,

@@ -74,6 +74,9 @@ pub mod maps {
         def::<u32, LearnedMac>(map_names::LEARNED_MACS, Hash, MAX_PORTS);
     pub const LEARNED_IPS: MapDef =
         def::<AddrKey, LearnedIp>(map_names::LEARNED_IPS, LruHash, MAX_LEARNED_IPS);
+    /// (network, IP) -> the port that used an address another port holds.
+    pub const LEARN_CONFLICTS: MapDef =
+        def::<AddrKey, LearnedIp>(map_names::LEARN_CONFLICTS, LruHash, MAX_LEARN_CONFLICTS);
     pub const PORT_IDS: MapDef = def::<u32, u32>(map_names::PORT_IDS, Hash, MAX_PORTS);
     pub const SLOW: MapDef = def::<u32, SlowPath>(map_names::SLOW, Array, 1);
     /// One AF_XDP socket per queue of `vmp-slow1`.
@@ -176,7 +179,7 @@ pub mod maps {
 
     /// Every map the agent pins (the whole object but aya-log's ring
     /// buffer, `map_names::DEBUG_LOG`).
-    pub const ALL: [MapDef; 55] = [
+    pub const ALL: [MapDef; 56] = [
         DEBUG,
         MONITOR,
         MONITOR_CFG,
@@ -192,6 +195,7 @@ pub mod maps {
         PORT_STATS,
         LEARNED_MACS,
         LEARNED_IPS,
+        LEARN_CONFLICTS,
         PORT_IDS,
         SLOW,
         XSKS,

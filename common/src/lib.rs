@@ -22,6 +22,7 @@ pub mod map_names {
     pub const PORT_STATS: &str = "vmp_port_stats";
     pub const LEARNED_MACS: &str = "vmp_learned_mac";
     pub const LEARNED_IPS: &str = "vmp_learned_ips";
+    pub const LEARN_CONFLICTS: &str = "vmp_learn_conflicts";
     /// North-south: VM addresses reachable un-NATed from the fabric.
     pub const ROUTED: &str = "vmp_routed";
     /// North-south: each network's subnets (LPM), for the egress source check.
@@ -515,7 +516,8 @@ pub struct LearnedMac {
 const _: () = assert!(size_of::<LearnedMac>() == 16);
 
 /// An address a VM uses on a network without IP filtering, keyed by
-/// (network, IP) in an LRU map.
+/// (network, IP) in an LRU map. A guest's claim, not a fact: the agent
+/// decides what of it is routed, advertised or shown (`learned` stage).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct LearnedIp {
@@ -523,8 +525,24 @@ pub struct LearnedIp {
     pub how: u32,
     pub mac: [u8; 6],
     pub _pad: [u8; 2],
+    /// When the holder last used it (flow clock, ns since boot), renewed at
+    /// most every `LEARN_TOUCH_NS`. Another port cannot take the address
+    /// while this is younger than `LEARN_HOLD_NS`.
+    pub seen: u64,
 }
-const _: () = assert!(size_of::<LearnedIp>() == 16);
+const _: () = assert!(size_of::<LearnedIp>() == 24);
+const _: () = assert!(core::mem::offset_of!(LearnedIp, seen) == 16);
+
+/// A learned entry's `seen` is renewed at most this often.
+pub const LEARN_TOUCH_NS: u64 = 1_000_000_000;
+/// How long a learned address stays its first holder's after the holder
+/// last used it: within it another port's use is a conflict
+/// (`vmp_learn_conflicts`), after it the address may move (a VM
+/// renumbered, or moved to another port). The agent expires addresses
+/// unheard for its `--learned-expiry` (longer), with their routes.
+pub const LEARN_HOLD_NS: u64 = 60_000_000_000;
+/// Most recent conflicts kept for the agent to report.
+pub const MAX_LEARN_CONFLICTS: u32 = 4096;
 
 /// Per-port traffic counters (per CPU). `rx` is what the VM sent into the
 /// data path, `tx` what the data path delivered to the VM.

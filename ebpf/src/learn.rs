@@ -5,10 +5,13 @@
 //! teach anything: the pod's bridge also sends frames (link-local ND/MLD).
 
 use aya_ebpf::bindings::BPF_NOEXIST;
-use vmpath_common::{AddrKey, LearnedIp, LearnedMac, PORT_F_MAC_KNOWN, PortInfo};
+use vmpath_common::{
+    AddrKey, LEARN_HOLD_NS, LEARN_TOUCH_NS, LearnedIp, LearnedMac, PORT_F_MAC_KNOWN, PortInfo,
+};
 
 use crate::{
-    maps::{LEARNED_IPS, LEARNED_MACS},
+    clock,
+    maps::{LEARN_CONFLICTS, LEARNED_IPS, LEARNED_MACS},
     parse::mac_eq,
     spoof,
 };
@@ -43,9 +46,25 @@ fn ip(ifindex: u32, port: &PortInfo, key: &AddrKey, src: &[u8; 6], how: u32) {
         // Filtered networks only use the addresses they were given.
         return;
     }
+    let now = clock::flow_now();
     // SAFETY: a map lookup; the value stays valid for this program run.
     if let Some(seen) = unsafe { LEARNED_IPS.get(key) } {
+        let fresh = now.wrapping_sub(seen.seen) < LEARN_HOLD_NS;
         if seen.ifindex == ifindex && mac_eq(&seen.mac, src) {
+            if now.wrapping_sub(seen.seen) < LEARN_TOUCH_NS {
+                return;
+            }
+        } else if fresh {
+            // The first holder keeps it: another port (or MAC) using it is
+            // a conflict the agent reports, never a move.
+            let claimant = LearnedIp {
+                ifindex,
+                how,
+                mac: *src,
+                _pad: [0; 2],
+                seen: now,
+            };
+            let _ = LEARN_CONFLICTS.insert(key, &claimant, 0);
             return;
         }
     }
@@ -54,16 +73,38 @@ fn ip(ifindex: u32, port: &PortInfo, key: &AddrKey, src: &[u8; 6], how: u32) {
         how,
         mac: *src,
         _pad: [0; 2],
+        seen: now,
     };
     let _ = LEARNED_IPS.insert(key, &learned, 0);
 }
 
+/// Addresses no guest can hold: unspecified, loopback, link-local,
+/// multicast and the class E / limited broadcast range. Screened here so
+/// a guest cannot fill the shared table with them; the agent applies the
+/// network's own rules (subnets, gateways, other holders) to the rest.
+#[inline(always)]
+fn plausible4(a: [u8; 4]) -> bool {
+    !(a[0] == 0 || a[0] == 127 || a[0] >= 224 || (a[0] == 169 && a[1] == 254))
+}
+
+#[inline(always)]
+fn plausible6(a: &[u8; 16]) -> bool {
+    let loopback_or_unspecified = a[..15].iter().all(|b| *b == 0) && a[15] <= 1;
+    !(a[0] == 0xff || (a[0] == 0xfe && a[1] & 0xc0 == 0x80) || loopback_or_unspecified)
+}
+
 #[inline(always)]
 pub fn ip4(ifindex: u32, port: &PortInfo, addr: [u8; 4], src: &[u8; 6], how: u32) {
+    if !plausible4(addr) {
+        return;
+    }
     ip(ifindex, port, &AddrKey::v4(port.network, addr), src, how);
 }
 
 #[inline(always)]
 pub fn ip6(ifindex: u32, port: &PortInfo, addr: &[u8; 16], src: &[u8; 6], how: u32) {
+    if !plausible6(addr) {
+        return;
+    }
     ip(ifindex, port, &AddrKey::v6(port.network, addr), src, how);
 }

@@ -76,6 +76,15 @@ pub static LEARNED_MACS: HashMap<u32, LearnedMac, { maps::LEARNED_MACS.max_entri
 pub static LEARNED_IPS: LruHashMap<AddrKey, LearnedIp, { maps::LEARNED_IPS.max_entries as usize }> =
     LruHashMap::new();
 
+/// (network, IP) -> the last port that used an address another port holds
+/// (`learn::ip`): the agent reports the conflict on both.
+#[btf_map(name = "vmp_learn_conflicts")]
+pub static LEARN_CONFLICTS: LruHashMap<
+    AddrKey,
+    LearnedIp,
+    { maps::LEARN_CONFLICTS.max_entries as usize },
+> = LruHashMap::new();
+
 /// Port id (the slow path's VLAN tag) -> host-side ifindex of the port.
 #[btf_map(name = "vmp_port_ids")]
 pub static PORT_IDS: HashMap<u32, u32, { maps::PORT_IDS.max_entries as usize }> = HashMap::new();

@@ -270,6 +270,7 @@ mod tests {
                 how: LEARNED_FROM_ARP,
                 mac: [0x52, 0x54, 0, 0, 0, 1],
                 _pad: [0; 2],
+                seen: 0,
             },
         );
         let p = plan(&c, "a", |n| (n == "p-vm1").then_some(7));
@@ -343,6 +344,7 @@ mod tests {
                 how: LEARNED_FROM_ARP,
                 mac: [0x52, 0x54, 0, 0, 0, 1],
                 _pad: [0; 2],
+                seen: 0,
             },
         );
         let p = plan(&c, "a", |_| None);

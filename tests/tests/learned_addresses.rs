@@ -1,0 +1,315 @@
+//! A tenant's VM on an IPAM-less network (IP filter off by design) tries
+//! to teach vmpath addresses that are not its to take: the node's, the
+//! ToR's, another node's VTEP, its gateway, another VM's, the subnet's own,
+//! special and outside addresses. Checked where an operator looks: `vm
+//! show`, the node's routes (main table and the BGP export table), the
+//! ToR's routes, and the node's reach to its ToR and its peers. Then the
+//! per-port cap, a conflict between two VMs (the first holder keeps the
+//! address, both are told) and expiry.
+//!
+//! Needs root. Run with:
+//!   cargo xtask test -- learned_addresses
+
+use std::time::Duration;
+
+use serde_json::Value;
+use vmpath_tests::{
+    Node, Vm,
+    north_south::{
+        EXT_IP, GATEWAY, IMP_IP, LRN_IP, LRN_MAC, NODE_A, NODE_B, TOR_IP, bed, tor_route,
+    },
+    wait_for, yaml,
+};
+
+/// The gateway's MAC as `vm` resolved it (it pinged its gateway first).
+fn gateway_mac(vm: &Vm, gateway: &str) -> String {
+    let neigh = vm.ns.run(&["ip", "neigh", "show", gateway]);
+    neigh
+        .split_whitespace()
+        .skip_while(|w| *w != "lladdr")
+        .nth(1)
+        .unwrap_or_else(|| panic!("no neighbour entry for {gateway}: {neigh}"))
+        .to_string()
+}
+
+/// One UDP datagram to `dst` through the gateway from each source.
+fn send_from(vm: &Vm, gw_mac: &str, dst: &str, sources: &[&str]) {
+    let v4: Vec<String> = sources
+        .iter()
+        .filter(|s| !s.contains(':'))
+        .map(|s| format!("'{s}'"))
+        .collect();
+    let v6: Vec<String> = sources
+        .iter()
+        .filter(|s| s.contains(':'))
+        .map(|s| format!("'{s}'"))
+        .collect();
+    vm.ns.scapy(&format!(
+        "for s in [{}]:\n    sendp(Ether(src='{mac}', dst='{gw_mac}')/IP(src=s, dst='{dst}')/UDP(sport=4000, dport=9)/b'x', iface='eth0')\n\
+         for s in [{}]:\n    sendp(Ether(src='{mac}', dst='{gw_mac}')/IPv6(src=s, dst='fd40::99')/UDP(sport=4000, dport=9)/b'x', iface='eth0')\n",
+        v4.join(", "),
+        v6.join(", "),
+        mac = vm.mac,
+    ));
+}
+
+fn learned_of(view: &Value) -> Vec<String> {
+    view["ips"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|ip| ip["origin"] == "learned")
+        .filter_map(|ip| ip["address"].as_str().map(str::to_string))
+        .collect()
+}
+
+fn refused_of(view: &Value, field: &str) -> Vec<(String, String)> {
+    view[field]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|r| {
+            (
+                r["address"].as_str().unwrap_or_default().to_string(),
+                r["reason"].as_str().unwrap_or_default().to_string(),
+            )
+        })
+        .collect()
+}
+
+fn vm_show(node: &Node, vm: &str) -> String {
+    vmpath_tests::run(&[
+        vmpath_tests::vmpath_bin().to_str().unwrap(),
+        "vm",
+        "show",
+        &format!("prod/{vm}"),
+        "--api-socket",
+        node.api_socket().to_str().unwrap(),
+    ])
+}
+
+#[test]
+fn a_guest_cannot_teach_vmpath_the_nodes_the_fabrics_or_its_neighbours_addresses() {
+    // lrn on node b: its address only learned; imp on node a (10.40.0.50
+    // given); advertise {subnet, learned} through BIRD to the ToR.
+    let bed = bed(2);
+    let gw_mac = gateway_mac(&bed.lrn, GATEWAY);
+    let hostile = [
+        NODE_B,            // its own node
+        TOR_IP,            // the ToR
+        NODE_A,            // another node's VTEP
+        GATEWAY,           // its gateway
+        IMP_IP,            // another VM's (configured) address
+        "10.99.0.5",       // another network's
+        "127.0.0.1",       // loopback
+        "224.0.0.5",       // multicast
+        "255.255.255.255", // broadcast
+        "240.0.0.1",       // class E
+        "10.40.0.0",       // the subnet's network address
+        "10.40.255.255",   // the subnet's broadcast address
+        "169.254.169.254", // link-local (metadata)
+        "8.8.8.8",         // outside
+        "198.51.100.77",   // a spoofed outside source
+        "::1",
+        "ff02::1",
+    ];
+    send_from(&bed.lrn, &gw_mac, EXT_IP, &hostile);
+    // A gratuitous ARP claiming the gateway, and one claiming imp's address.
+    bed.lrn.ns.scapy(&format!(
+        "for a in ['{GATEWAY}', '{IMP_IP}']:\n    sendp(Ether(src='{LRN_MAC}', dst='ff:ff:ff:ff:ff:ff')/ARP(op=2, hwsrc='{LRN_MAC}', psrc=a, pdst=a), iface='eth0')\n"
+    ));
+    // The agent's view settles: what was refused is listed, with why.
+    wait_for("the refusals in vm show", Duration::from_secs(10), || {
+        bed.b
+            .attachment_view("lrn")
+            .is_some_and(|v| refused_of(&v, "learned_refused").len() >= 10)
+    });
+    let view = bed.b.attachment_view("lrn").unwrap();
+    assert_eq!(
+        learned_of(&view),
+        [LRN_IP],
+        "only lrn's own address: {view:#}"
+    );
+    let refused = refused_of(&view, "learned_refused");
+    for (ip, why) in [
+        (NODE_B, "node's address"),
+        (NODE_A, "outside"),
+        (TOR_IP, "outside"),
+        (GATEWAY, "gateway"),
+        (IMP_IP, "held by"),
+        ("10.99.0.5", "outside"),
+        ("10.40.0.0", "network address"),
+        ("10.40.255.255", "broadcast address"),
+        ("8.8.8.8", "outside"),
+        ("198.51.100.77", "outside"),
+    ] {
+        assert!(
+            refused.iter().any(|(a, r)| a == ip && r.contains(why)),
+            "{ip} not refused as {why:?}: {refused:?}"
+        );
+    }
+    // Addresses no guest can hold never even reach the table.
+    for ip in [
+        "127.0.0.1",
+        "224.0.0.5",
+        "255.255.255.255",
+        "240.0.0.1",
+        "169.254.169.254",
+        "::1",
+        "ff02::1",
+    ] {
+        assert!(
+            !refused.iter().any(|(a, _)| a == ip) && !learned_of(&view).iter().any(|a| a == ip),
+            "{ip} was taken in at all: {view:#}"
+        );
+    }
+    let text = vm_show(&bed.b, "lrn");
+    assert!(
+        text.contains("refused:") && text.contains("8.8.8.8"),
+        "vm show lists no refusal:\n{text}"
+    );
+
+    // The node's own routes: none of them points into the VM.
+    let main = bed.b.ns.run(&["ip", "-4", "route", "show", "proto", "250"]);
+    for ip in hostile.iter().filter(|ip| !ip.contains(':')) {
+        assert!(
+            !main
+                .lines()
+                .any(|l| l.split_whitespace().next() == Some(ip)),
+            "{ip} routed into the VM: {main}"
+        );
+    }
+    let vtep = bed.b.ns.run(&["ip", "route", "get", NODE_A]);
+    assert!(
+        vtep.contains("dev ul0"),
+        "node b's way to node a's VTEP: {vtep}"
+    );
+    assert!(bed.b.ns.ping(TOR_IP, 2), "node b lost its ToR");
+    assert!(bed.a.ns.ping(NODE_B, 2), "node a lost node b");
+    let exports = bed.b.ns.run(&["ip", "-4", "route", "show", "table", "100"]);
+    for ip in ["8.8.8.8", "198.51.100.77", GATEWAY, IMP_IP, NODE_A] {
+        assert!(
+            !exports.lines().any(|l| l.starts_with(&format!("{ip} "))),
+            "{ip} exported for BGP: {exports}"
+        );
+    }
+    // The fabric was told nothing: the ToR's way to 8.8.8.8 and to the
+    // spoofed source is not node b (the ToR's BIRD scans every second).
+    std::thread::sleep(Duration::from_secs(3));
+    for ip in ["8.8.8.8", "198.51.100.77", GATEWAY] {
+        let r = tor_route(&bed, ip);
+        assert!(
+            !r.contains(&format!("via {NODE_B}")),
+            "ToR routes {ip} to node b: {r}"
+        );
+    }
+    assert!(tor_route(&bed, LRN_IP).contains(&format!("via {NODE_B}")));
+    // imp keeps its traffic: the ToR still reaches it through node a.
+    assert!(tor_route(&bed, IMP_IP).contains(&format!("via {NODE_A}")));
+    assert!(bed.ext.ping(IMP_IP, 3), "external host -> imp");
+}
+
+/// Two VMs on one IPAM-less Primary network on one node; the agent with a
+/// cap of 4 learned addresses a port and a 4 s expiry.
+#[test]
+fn learned_addresses_are_capped_first_come_and_expire_with_their_routes() {
+    let mut node = Node::new("a");
+    let gw = "10.31.0.1";
+    let vm1 = node.add_vm("vm1", "52:54:00:31:00:01", &["10.31.0.11/16"], Some(gw));
+    let vm2 = node.add_vm("vm2", "52:54:00:31:00:02", &["10.31.0.12/16"], Some(gw));
+    let net = yaml::network("red", 310, &["10.31.0.0/16"], &[gw], false) + "  role: Primary\n";
+    node.write_config(
+        "c.yaml",
+        &yaml::docs(&[
+            net,
+            yaml::attachment("vm1", "red", "a", &vm1.port, &vm1.mac, &[]),
+            yaml::attachment("vm2", "red", "a", &vm2.port, &vm2.mac, &[]),
+        ]),
+    );
+    node.set_agent_args(&["--learned-per-port", "4", "--learned-expiry-seconds", "4"]);
+    node.start_agent();
+    node.wait_ports(&[&vm1.port, &vm2.port]);
+    assert!(vm1.ping(gw) && vm2.ping(gw));
+    let gw_mac = gateway_mac(&vm1, gw);
+    wait_for(
+        "both VMs' own addresses learned",
+        Duration::from_secs(10),
+        || {
+            node.attachment_view("vm1")
+                .is_some_and(|v| learned_of(&v) == ["10.31.0.11"])
+                && node
+                    .attachment_view("vm2")
+                    .is_some_and(|v| learned_of(&v) == ["10.31.0.12"])
+        },
+    );
+
+    // vm1 keeps speaking (as a VM in use does) until the expiry step.
+    let mut talking = vm1.ns.spawn(&["ping", "-q", "-i", "0.5", gw]);
+    // vm2 tries vm1's learned address: vm1 keeps it, both are told.
+    send_from(&vm2, &gw_mac, "10.31.0.99", &["10.31.0.11"]);
+    wait_for("the conflict on both", Duration::from_secs(10), || {
+        let v1 = node.attachment_view("vm1").unwrap();
+        let v2 = node.attachment_view("vm2").unwrap();
+        refused_of(&v2, "learned_refused")
+            .iter()
+            .any(|(a, r)| a == "10.31.0.11" && r.contains("vm1"))
+            && refused_of(&v1, "learned_contested")
+                .iter()
+                .any(|(a, r)| a == "10.31.0.11" && r.contains("vm2"))
+    });
+    let route = node.ns.run(&["ip", "route", "show", "10.31.0.11"]);
+    assert!(
+        route.contains(&vm1.port),
+        "vm1's address left vm1's port: {route}"
+    );
+    assert!(vm2.ping("10.31.0.11") && vm1.ping("10.31.0.12"));
+
+    // vm1 cycles through 10 more addresses: 4 in all are its.
+    let many: Vec<String> = (100..110).map(|i| format!("10.31.0.{i}")).collect();
+    let refs: Vec<&str> = many.iter().map(String::as_str).collect();
+    send_from(&vm1, &gw_mac, "10.31.0.99", &refs);
+    wait_for("the cap", Duration::from_secs(10), || {
+        node.attachment_view("vm1").is_some_and(|v| {
+            learned_of(&v).len() == 4
+                && refused_of(&v, "learned_refused")
+                    .iter()
+                    .filter(|(_, r)| r.contains("--learned-per-port"))
+                    .count()
+                    == 7
+        })
+    });
+    let v1 = node.attachment_view("vm1").unwrap();
+    assert!(
+        learned_of(&v1).contains(&"10.31.0.11".to_string()),
+        "the cap pushed out vm1's own address: {v1:#}"
+    );
+    let routes = node.ns.run(&["ip", "-4", "route", "show", "proto", "250"]);
+    assert_eq!(
+        routes.lines().filter(|l| l.contains(&vm1.port)).count(),
+        4,
+        "vm1's routes: {routes}"
+    );
+
+    // Silent for longer than the expiry: the addresses and their routes go.
+    let _ = talking.kill();
+    let _ = talking.wait();
+    wait_for(
+        "the learned addresses to expire",
+        Duration::from_secs(15),
+        || {
+            node.attachment_view("vm1")
+                .is_some_and(|v| learned_of(&v).is_empty())
+                && !node
+                    .ns
+                    .run(&["ip", "-4", "route", "show", "proto", "250"])
+                    .contains(&vm1.port)
+        },
+    );
+    assert!(node.agent_log().contains("learned address expired"));
+    // Speaking again teaches it again.
+    assert!(vm1.ping(gw));
+    wait_for("vm1 learned again", Duration::from_secs(10), || {
+        node.attachment_view("vm1")
+            .is_some_and(|v| learned_of(&v) == ["10.31.0.11"])
+    });
+}
