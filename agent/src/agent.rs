@@ -630,6 +630,12 @@ fn data_path_fingerprint(dp: &Dataplane) -> u64 {
         bytes.extend_from_slice(&v.mac);
     }
     bytes.push(0xff);
+    // A new conflict over a learned address is said at once, not at resync.
+    for (k, v) in maps.learn_conflicts.iter().filter_map(|r| r.ok()) {
+        bytes.extend_from_slice(&k.addr);
+        bytes.extend_from_slice(&v.ifindex.to_le_bytes());
+    }
+    bytes.push(0xff);
     for (ifindex, _) in maps.migrated.iter().filter_map(|r| r.ok()) {
         bytes.extend_from_slice(&ifindex.to_le_bytes());
     }
