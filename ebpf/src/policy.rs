@@ -402,10 +402,13 @@ pub fn vm_policy_in(ctx: TcContext) -> i32 {
     }
 }
 
-/// Whether a flooded frame is one ingress policy guards: IPv4, or IPv6
-/// but ICMPv6 (neighbour discovery and MLD flood to every port). Such a
-/// frame floods only to the ports of `POLICY_FLOOD`, those not isolated
-/// for ingress; unicast IP reaches an isolated port through `ingress`.
+/// Whether a flooded frame is one ingress policy guards: any IP but
+/// neighbour discovery and MLD (which flood to every port). Such a frame
+/// floods only to the ports of `POLICY_FLOOD`, those not isolated for
+/// ingress; unicast IP reaches an isolated port through `ingress`. Only
+/// the exempt ICMPv6 types pass: an echo or an ICMPv6 error in a
+/// multicast frame (to an isolated endpoint's unicast address) would
+/// otherwise reach it unchecked.
 #[inline(always)]
 pub fn flood_guarded(ctx: &TcContext) -> bool {
     let Ok(eth) = hdr::<EthHdr>(ctx, 0) else {
@@ -414,11 +417,23 @@ pub fn flood_guarded(ctx: &TcContext) -> bool {
     match u16::from_be(eth.ether_type) {
         ETH_P_IP => true,
         ETH_P_IPV6 => match hdr::<Ipv6Hdr>(ctx, ETH_LEN) {
-            Ok(ip) => ip.next_hdr != IPPROTO_ICMPV6,
-            Err(_) => true,
+            Ok(ip) if ip.next_hdr == IPPROTO_ICMPV6 => {
+                match hdr::<[u8; 1]>(ctx, ETH_LEN + Ipv6Hdr::LEN) {
+                    Ok(t) => !nd_or_mld(t[0]),
+                    Err(_) => true,
+                }
+            }
+            _ => true,
         },
         _ => false,
     }
+}
+
+/// ICMPv6 types that are the gateway's business, never policy's:
+/// neighbour discovery, MLD and router messages.
+#[inline(always)]
+fn nd_or_mld(icmp_type: u8) -> bool {
+    matches!(icmp_type, 130..=137 | 143)
 }
 
 /// Per network, its flood list less the ports isolated for ingress.
@@ -487,11 +502,11 @@ fn check(
     let mut reason = 0;
     if isolated {
         let peer = if dir == policy_dir::INGRESS {
-            k.src
+            source_identity(ctx, network, k)
         } else {
-            k.dst
+            identity_of(network, k.family, &k.dst)
         };
-        match allowed_by(port_id, dir, identity_of(network, k.family, &peer), k) {
+        match allowed_by(port_id, dir, peer, k) {
             Some(p) if seen == Seen::Opens => policy = p,
             _ if dir == policy_dir::INGRESS => reason = drop_reason::POLICY_DENIED_INGRESS,
             // The node reaches its endpoints whatever their policy: their
@@ -649,6 +664,35 @@ fn identity_of(network: u32, family: u8, addr: &[u8; 16]) -> u32 {
     match POLICY_IPCACHE.get(&Key::new(len, data)) {
         Some(id) => *id,
         None => identity::WORLD,
+    }
+}
+
+/// The identity the frame comes from. Sent by a local endpoint (this
+/// program runs on its port's hook): that endpoint's, whatever source
+/// address it wrote: its first address's identity when it wrote that one,
+/// else the one the agent gave its port (`vmp_pol_ep`), so a spoofed
+/// address never borrows another endpoint's rules, and an address it was
+/// not configured with (learned) still has its identity. From elsewhere
+/// (the overlay, the uplink): by source address.
+#[inline(always)]
+fn source_identity(ctx: &TcContext, network: u32, k: &PolicyFlowKey) -> u32 {
+    // SAFETY: the skb pointer is the program's own context, valid for this run.
+    let from = unsafe { (*ctx.skb.skb).ifindex };
+    // SAFETY: a map lookup; the value stays valid for this program run.
+    let Some(port) = (unsafe { PORTS.get(&from) }) else {
+        return identity_of(network, k.family, &k.src);
+    };
+    let own = if k.family == addr_family::IPV4 {
+        port.ip4 != [0; 4] && k.src[..4] == port.ip4
+    } else {
+        port.ip6 != [0; 16] && k.src == port.ip6
+    };
+    if own {
+        return identity_of(network, k.family, &k.src);
+    }
+    match POLICY_ENDPOINTS.get(port.port_id) {
+        Some(ep) if ep.identity != identity::ANY => ep.identity,
+        _ => identity::WORLD,
     }
 }
 
@@ -871,9 +915,7 @@ fn ipv6(ctx: &TcContext, k: &mut PolicyFlowKey) -> Result<Seen, u32> {
                     k.dport = is;
                     return Ok(Seen::Related);
                 }
-                // Neighbour discovery, MLD and router messages: the
-                // gateway's business, never policy's.
-                130..=137 | 143 => return Ok(Seen::Exempt),
+                t if nd_or_mld(t) => return Ok(Seen::Exempt),
                 _ => {}
             }
         }

@@ -34,8 +34,8 @@ use crate::{
 /// What the policy maps must hold on this node.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct Compiled {
-    /// Port id -> isolation and identity, for local endpoints some policy
-    /// selects.
+    /// Port id -> isolation (0: no policy selects it) and identity, for
+    /// every local endpoint.
     pub endpoints: BTreeMap<u32, PolicyEndpoint>,
     /// (LPM length, prefix) -> identity (`vmp_pol_ipcache`).
     pub ipcache: BTreeMap<(u32, IdentityPrefix), u32>,
@@ -147,6 +147,10 @@ pub fn compile(cfg: &Resolved, local: &BTreeMap<AttachmentKey, u32>) -> Compiled
         .map(|e| e.network)
         .collect();
     let mut endpoint_ids: BTreeMap<&AttachmentKey, BTreeSet<u32>> = BTreeMap::new();
+    // Per endpoint, the identity of what its port sends from an address
+    // other than its first configured one: its first address's, or its
+    // labels' alone when it has none configured.
+    let mut port_ids: BTreeMap<&AttachmentKey, u32> = BTreeMap::new();
     for e in &endpoints {
         for addr in &e.addresses {
             let host = IpNet::from(*addr);
@@ -155,9 +159,21 @@ pub fn compile(cfg: &Resolved, local: &BTreeMap<AttachmentKey, u32>) -> Compiled
                 holding(&blocks, &host),
             ));
             endpoint_ids.entry(e.key).or_default().insert(id);
+            port_ids.entry(e.key).or_insert(id);
             if networks.contains(&e.network) {
                 out.ipcache.insert(cache_key(e.network, &host), id);
             }
+        }
+        // An endpoint without configured addresses (IPAM-less, learned)
+        // still has its labels' identity: the data path gives it to the
+        // frames its port sends, whatever their source address.
+        if e.addresses.is_empty() {
+            let id = ids.intern((
+                Some((e.key.namespace.clone(), e.labels.clone())),
+                BTreeSet::new(),
+            ));
+            endpoint_ids.entry(e.key).or_default().insert(id);
+            port_ids.insert(e.key, id);
         }
     }
     for (cidr, except) in &blocks {
@@ -221,19 +237,16 @@ pub fn compile(cfg: &Resolved, local: &BTreeMap<AttachmentKey, u32>) -> Compiled
                 }
             }
         }
-        if flags != 0 {
-            let own = endpoint_ids
-                .get(e.key)
-                .and_then(|s| s.iter().next().copied())
-                .unwrap_or(identity::WORLD);
-            out.endpoints.insert(
-                port_id,
-                PolicyEndpoint {
-                    flags,
-                    identity: own,
-                },
-            );
-        }
+        // Every local endpoint, selected or not (flags 0): its identity is
+        // that of the frames its port sends (`ebpf/src/policy.rs`).
+        let own = port_ids.get(e.key).copied().unwrap_or(identity::WORLD);
+        out.endpoints.insert(
+            port_id,
+            PolicyEndpoint {
+                flags,
+                identity: own,
+            },
+        );
     }
     if out.rules.len() > MAX_POLICY_RULES as usize {
         out.problems.push(format!(
