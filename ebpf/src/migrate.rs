@@ -10,6 +10,12 @@
 //! Nothing waits for an agent round, so traffic is back as soon as the VM
 //! speaks (its GARP or QEMU's RARP, or any frame).
 //!
+//! Not every frame from that MAC is the VM: the target pod's interface
+//! carries the VM's MAC from its CNI ADD on, and a pod kernel with IPv6 on
+//! speaks from it at once (DAD from ::, MLD reports, router solicitations)
+//! while the VM still runs on the source. `resumes` tells them apart; the
+//! pod's own frames are dropped as `migration_not_resumed` and move nothing.
+//!
 //! Other nodes: see `learn_move`, called from `vxlan_rx`.
 
 use aya_ebpf::{
@@ -29,7 +35,10 @@ use crate::{
     counters,
     fwd::Verdict,
     maps::{ENDPOINTS, PORTS},
-    parse::{hdr, mac_eq},
+    parse::{
+        ETH_LEN, ETH_P_IP, ETH_P_IPV6, IPPROTO_HOPOPTS, IPPROTO_ICMPV6, IPPROTO_UDP, be16, hdr,
+        mac_eq, words16,
+    },
     route::PROGS,
 };
 
@@ -82,6 +91,9 @@ fn try_vm_migrate(ctx: &TcContext, ifindex: u32, port: *mut PortInfo) -> Verdict
         return Err(drop_reason::MIGRATION_PENDING);
     }
     if flags & PORT_F_PENDING != 0 {
+        if !resumes(ctx)? {
+            return Err(drop_reason::MIGRATION_NOT_RESUMED);
+        }
         let key = EndpointKey::new(network, mac);
         let ep = Endpoint {
             kind: ENDPOINT_LOCAL,
@@ -116,6 +128,58 @@ fn try_vm_migrate(ctx: &TcContext, ifindex: u32, port: *mut PortInfo) -> Verdict
     // not return, otherwise execution falls through to the error below.
     unsafe { PROGS.tail_call(ctx, tail_call::VM_PORT) };
     Err(drop_reason::HELPER_FAILED)
+}
+
+/// Whether a frame from the VM's MAC on its pending target port can be the
+/// VM itself resuming there. Not what a kernel sends from an interface
+/// that has just come up with that MAC and has no address of its own
+/// (the target pod's, while the VM still runs on the source):
+/// - IPv6 from :: (DAD's neighbour solicitation, MLD reports before a
+///   link-local address exists); a running guest has its addresses;
+/// - MLD queries/reports/done (130-132, 143) and router solicitations
+///   (133), also after a hop-by-hop header (MLD's router alert);
+/// - IPv4 from 0.0.0.0 other than DHCP to port 67 (a guest renewing its
+///   lease right after resuming is the VM).
+/// Everything else counts: QEMU's RARP, the guest's GARP, unsolicited NA
+/// and any ordinary traffic.
+#[inline(always)]
+fn resumes(ctx: &TcContext) -> Result<bool, u32> {
+    let ether_type = u16::from_be(hdr::<EthHdr>(ctx, 0)?.ether_type);
+    if ether_type == ETH_P_IP {
+        // Version/IHL at 0, protocol at 9, source at 12.
+        let ip = hdr::<[u8; 20]>(ctx, ETH_LEN)?;
+        if ip[12] | ip[13] | ip[14] | ip[15] != 0 {
+            return Ok(true);
+        }
+        if ip[9] != IPPROTO_UDP {
+            return Ok(false);
+        }
+        let ihl = usize::from(ip[0] & 0x0f) * 4;
+        let ports = hdr::<[u8; 4]>(ctx, ETH_LEN + ihl)?;
+        return Ok(be16([ports[2], ports[3]]) == 67);
+    }
+    if ether_type != ETH_P_IPV6 {
+        return Ok(true);
+    }
+    // Next header at 6, source at 8.
+    if words16(hdr::<[u8; 16]>(ctx, ETH_LEN + 8)?) == [0; 4] {
+        return Ok(false);
+    }
+    let mut next = *hdr::<u8>(ctx, ETH_LEN + 6)?;
+    let mut off = ETH_LEN + 40;
+    if next == IPPROTO_HOPOPTS {
+        let ext = hdr::<[u8; 2]>(ctx, off)?;
+        next = ext[0];
+        off += (usize::from(ext[1]) + 1) * 8;
+    }
+    if next != IPPROTO_ICMPV6 {
+        return Ok(true);
+    }
+    // MLD query, report, done (130-132), MLDv2 report (143); RS (133).
+    // Type, code and checksum: a 1-byte read at a variable offset
+    // compiles to a bounds check the verifier does not follow.
+    let icmp = hdr::<[u8; 4]>(ctx, off)?;
+    Ok(!matches!(icmp[0], 130..=133 | 143))
 }
 
 /// From `vxlan_rx`: a frame from `src` arrived from the node `from`. If the

@@ -2523,3 +2523,195 @@ fn slow_path_meter() {
         );
     });
 }
+
+/// Live migration, the target side (`vm_migrate`): on a pending target
+/// port, only the VM itself resuming cuts over. The target pod's own
+/// kernel, whose interface has the VM's MAC from its CNI ADD on, speaks
+/// from that MAC too (IPv6 DAD from ::, MLD reports, router solicitations)
+/// while the VM still runs on the source: those are dropped as
+/// `migration_not_resumed` and move nothing. QEMU's RARP, the guest's
+/// GARP, unsolicited NA, DHCP and ordinary traffic cut over.
+#[test]
+fn migration_target_cuts_over_only_when_the_vm_resumes() {
+    use vmpath_common::{ENDPOINT_REMOTE, PORT_F_PENDING};
+    /// The node the VM runs on before the move.
+    const SOURCE_NODE: Ip4 = [192, 0, 2, 1];
+    let pending = FILTERS | PORT_F_PENDING;
+    let all_nodes = Ipv6Addr::new(0xff02, 0, 0, 0, 0, 0, 0, 1).octets();
+    let all_routers = Ipv6Addr::new(0xff02, 0, 0, 0, 0, 0, 0, 2).octets();
+    let mld_routers = Ipv6Addr::new(0xff02, 0, 0, 0, 0, 0, 0, 0x16).octets();
+    let snm = solicited_node(A.ll6());
+    // MLDv2 report: one record, "change to exclude" (4) for the
+    // solicited-node group, as a kernel joining it sends.
+    let mld2_record = [&[4, 0, 0, 0][..], &snm].concat();
+    let mld2 = |src: Ip6| {
+        icmp6_with(
+            A.mac(),
+            multicast_mac6(mld_routers),
+            v6_router_alert(src, mld_routers, 1),
+            icmp6_raw(143, 0, [0, 0, 0, 1]),
+            &mld2_record,
+        )
+    };
+    let mld1 = icmp6_with(
+        A.mac(),
+        multicast_mac6(snm),
+        v6_router_alert(A.ll6(), snm, 1),
+        icmp6_raw(131, 0, [0, 0, 0, 0]),
+        &[&[0u8; 4][..], &snm].concat(),
+    );
+    let rs = |src: Ip6, options: &[u8]| {
+        icmp6(
+            A.mac(),
+            multicast_mac6(all_routers),
+            src,
+            all_routers,
+            255,
+            icmp6_raw(133, 0, [0; 4]),
+            options,
+        )
+    };
+    let rarp_body = [
+        &[0, 1, 8, 0, 6, 4, 0, 3][..],
+        &A.mac(),
+        &[0; 4],
+        &A.mac(),
+        &[0; 4],
+    ]
+    .concat();
+    let unsolicited_na = icmp6(
+        A.mac(),
+        multicast_mac6(all_nodes),
+        A.ll6(),
+        all_nodes,
+        255,
+        Icmpv6Type::NeighborAdvertisement(etherparse::icmpv6::NeighborAdvertisementHeader {
+            router: false,
+            solicited: false,
+            r#override: true,
+        }),
+        &[&A.ip6()[..], &lla_option(2, A.mac())].concat(),
+    );
+    // (row, None: cuts over / Some(reason): dropped so, nothing moves)
+    #[rustfmt::skip]
+    let rows: Vec<(&str, Vec<u8>, Option<u32>)> = vec![
+        // The pod's kernel bringing its interface up.
+        ("DAD neighbour solicitation from :: -> no cut-over",
+            ns(A.mac(), multicast_mac6(snm), UNSPEC6, snm, 255, A.ll6(), &[]),
+            Some(MIGRATION_NOT_RESUMED)),
+        ("MLDv2 report from :: (hop-by-hop router alert) -> no cut-over",
+            mld2(UNSPEC6), Some(MIGRATION_NOT_RESUMED)),
+        ("MLDv2 report from the link-local address -> no cut-over",
+            mld2(A.ll6()), Some(MIGRATION_NOT_RESUMED)),
+        ("MLDv1 report from the link-local address -> no cut-over",
+            mld1, Some(MIGRATION_NOT_RESUMED)),
+        ("router solicitation from :: -> no cut-over",
+            rs(UNSPEC6, &[]), Some(MIGRATION_NOT_RESUMED)),
+        ("router solicitation from the link-local address -> no cut-over",
+            rs(A.ll6(), &lla_option(1, A.mac())), Some(MIGRATION_NOT_RESUMED)),
+        ("ICMP echo from 0.0.0.0 -> no cut-over",
+            icmp4(A.mac(), B.mac(), ipv4_hdr([0; 4], B.ip4(), 64), echo4_request(1, 1), b"x"),
+            Some(MIGRATION_NOT_RESUMED)),
+        ("another MAC on the pending port -> no cut-over",
+            udp4(B.mac(), C.mac(), ipv4_hdr(B.ip4(), C.ip4(), 64), 1000, 2000, b"x"),
+            Some(MIGRATION_PENDING)),
+        // The VM resuming.
+        ("QEMU's RARP announcement -> cut-over",
+            eth(A.mac(), BROADCAST, ETH_P_RARP, &rarp_body), None),
+        ("the guest's gratuitous ARP -> cut-over",
+            frames::arp(A.mac(), BROADCAST, ArpOperation::REQUEST, A.mac(), A.ip4(), [0; 6], A.ip4()),
+            None),
+        ("the guest's unsolicited neighbour advertisement -> cut-over",
+            unsolicited_na, None),
+        ("the guest's DHCP discover from 0.0.0.0 -> cut-over",
+            udp4(A.mac(), BROADCAST, ipv4_hdr([0; 4], [255; 4], 64), 68, 67, &[0; 240]), None),
+        ("the guest's ordinary UDP -> cut-over",
+            udp4(A.mac(), B.mac(), ipv4_hdr(A.ip4(), B.ip4(), 64), 1000, 2000, b"x"), None),
+        ("the guest's IPv6 echo from its link-local address -> cut-over",
+            icmp6(A.mac(), B.mac(), A.ll6(), B.ll6(), 64, echo6_request(1, 1), b"x"), None),
+    ];
+    in_fresh_netns(|| {
+        let mut fx = Fixture::new();
+        let ifx = fx.ifx(A);
+        let key = EndpointKey {
+            network: A.net(),
+            mac: A.mac(),
+            _pad: [0; 2],
+        };
+        let at_source = Endpoint {
+            kind: ENDPOINT_REMOTE,
+            node_ip4: SOURCE_NODE,
+            ..Default::default()
+        };
+        let mut failures = Vec::new();
+        for (name, frame, dropped) in &rows {
+            // A migration pending on A: the VM still runs on the source node.
+            fx.set_flags(A, pending);
+            let maps = fx.dp.maps_mut();
+            maps.endpoints.insert(key, at_source, 0).unwrap();
+            let _ = maps.migrated.remove(&ifx);
+            let (run, d) = fx.run_counted(A, frame).expect("test_run");
+            let maps = fx.dp.maps();
+            let ep = maps.endpoints.get(&key, 0).unwrap();
+            let flags = maps.ports.get(&ifx, 0).unwrap().flags;
+            let event = maps.migrated.get(&ifx, 0).ok();
+            let mut errs = Vec::new();
+            match dropped {
+                Some(reason) => {
+                    if run.verdict != TC_ACT_SHOT {
+                        errs.push(format!("verdict {}, want SHOT (2)", run.verdict));
+                    }
+                    if d.single_drop() != Some(*reason) {
+                        errs.push(format!(
+                            "drops {:?}, want exactly one {}",
+                            named_drops(&d),
+                            drop_reason::NAMES[*reason as usize]
+                        ));
+                    }
+                    if d.port(A).drops != 1 || !d.tx_ports().is_empty() {
+                        errs.push(format!(
+                            "A drops {}, tx on {:?}: want one drop, nothing sent",
+                            d.port(A).drops,
+                            d.tx_ports()
+                        ));
+                    }
+                    if ep != at_source || flags & PORT_F_PENDING == 0 || event.is_some() {
+                        errs.push(format!(
+                            "cut over: endpoint {ep:?}, port flags {flags:#x}, event {event:?}"
+                        ));
+                    }
+                }
+                None => {
+                    if ep.kind != ENDPOINT_LOCAL || ep.ifindex != ifx {
+                        errs.push(format!("endpoint {ep:?}, want local on A ({ifx})"));
+                    }
+                    if flags & PORT_F_PENDING != 0 {
+                        errs.push(format!("port flags {flags:#x} still pending"));
+                    }
+                    if event.is_none_or(|e| e.mac != A.mac() || e.network != A.net()) {
+                        errs.push(format!("vmp_migrated {event:?}, want A's MAC"));
+                    }
+                    let migration = d.drops[MIGRATION_PENDING as usize]
+                        + d.drops[MIGRATION_NOT_RESUMED as usize];
+                    if migration != 0 || d.port(A).rx_packets != 1 {
+                        errs.push(format!(
+                            "drops {:?}, A rx {}: want no migration drop, the frame counted once",
+                            named_drops(&d),
+                            d.port(A).rx_packets
+                        ));
+                    }
+                }
+            }
+            if !errs.is_empty() {
+                failures.push(format!("  {name}:\n    {}", errs.join("\n    ")));
+            }
+        }
+        assert!(
+            failures.is_empty(),
+            "{} of {} rows failed:\n{}",
+            failures.len(),
+            rows.len(),
+            failures.join("\n")
+        );
+    });
+}
