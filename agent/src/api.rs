@@ -279,6 +279,15 @@ pub fn route(observer: &Observer, path: &str) -> Reply {
                             .collect(),
                     },
                 ),
+                // Before the first round the agent knows no network yet:
+                // "not found" would be a permanent answer (the CNI plugin
+                // turns it into "invalid network config"), so ask to retry.
+                None if !view.ready => error(
+                    503,
+                    format!(
+                        "the agent is starting: no view of its networks yet, network {name:?} not known so far"
+                    ),
+                ),
                 None => error(404, format!("no network named {name:?}")),
             }
         }
@@ -675,6 +684,16 @@ mod tests {
             assert_eq!(code, 404, "{path}");
             assert_eq!(body["error"], message, "{path}");
         }
+    }
+
+    #[test]
+    fn a_network_asked_for_before_the_first_round_is_try_again_not_unknown() {
+        let o = observer();
+        // Socket up, no round published yet: the initial view.
+        o.published().publish(View::default());
+        let reply = route(&o, "/v1/networks/blue");
+        assert_eq!(reply.code, 503, "{}", reply.body);
+        assert!(reply.body.contains("starting"), "{}", reply.body);
     }
 
     #[test]

@@ -11,8 +11,10 @@
 //!   GET    /v1/endpoints/{container}/{ifname} one endpoint (CHECK)
 //!   DELETE /v1/endpoints/{container}/{ifname} forget it (idempotent)
 //!
-//! A VM interface an endpoint once programmed keeps its claim after DEL: a
-//! persistent address outlives the pod (a restarted pod gets it back).
+//! A VM interface (a virt-launcher pod's) an endpoint once programmed keeps
+//! its claim after DEL: a persistent address outlives the pod. A plain
+//! pod's claim goes with its last endpoint (DEL, GC), as a pod's address
+//! does in any cluster: a node running jobs would run out of addresses.
 
 use std::{
     collections::{BTreeMap, BTreeSet},
@@ -68,6 +70,15 @@ pub struct EndpointRequest {
 impl EndpointRequest {
     fn id(&self) -> String {
         endpoint_id(&self.container_id, &self.ifname)
+    }
+
+    /// The identity in `Stored::kept`.
+    fn kept_key(&self) -> (String, String, String) {
+        (
+            self.pod_namespace.clone(),
+            self.pod_name.clone(),
+            self.ifname.clone(),
+        )
     }
 
     fn key(&self) -> AttachmentKey {
@@ -167,6 +178,20 @@ struct Stored {
     endpoints: BTreeMap<String, EndpointRequest>,
     /// VM interfaces whose claims stay although no endpoint names them now.
     kept: BTreeSet<(String, String, String)>,
+}
+
+impl Stored {
+    /// Removes endpoint `id` (DEL, GC). A plain pod's identity leaves
+    /// `kept` with its last endpoint, so its claim is released (state files
+    /// written before plain pods were told apart list them there too).
+    fn remove(&mut self, id: &str) -> Option<EndpointRequest> {
+        let removed = self.endpoints.remove(id)?;
+        let key = removed.key();
+        if !removed.vm && !self.endpoints.values().any(|e| e.key() == key) {
+            self.kept.remove(&removed.kept_key());
+        }
+        Some(removed)
+    }
 }
 
 struct Registry {
@@ -367,7 +392,7 @@ pub fn handle(shared: &Published, request: &mut tiny_http::Request) -> Reply {
         }
         (tiny_http::Method::Delete, ["v1", "endpoints", container, ifname]) => {
             let id = endpoint_id(container, ifname);
-            let removed = registry.update(|s| s.endpoints.remove(&id));
+            let removed = registry.update(|s| s.remove(&id));
             shared.wake(crate::events::Wake::Endpoint);
             match removed {
                 Ok((removed, _)) => {
@@ -438,11 +463,28 @@ fn add(shared: &Published, registry: &Registry, e: EndpointRequest) -> Reply {
         if *done >= generation {
             let view = shared.view();
             let described = describe(&view, &e);
-            if described.state == state::LOCAL || described.state == state::MIGRATION_TARGET {
+            let programmed =
+                described.state == state::LOCAL || described.state == state::MIGRATION_TARGET;
+            // Programmed without an address its network's IPAM owes it: the
+            // pool has none free. A pod without its address is no use to the
+            // runtime, so the ADD fails and the port goes.
+            if let Some(exhausted) = programmed
+                .then(|| unaddressed(&view, &e, &described))
+                .flatten()
+            {
                 drop(done);
-                let kept = (key.namespace.clone(), key.vm.clone(), key.interface.clone());
-                if let Err(err) = registry.update(|s| s.kept.insert(kept)) {
-                    warn!("recording the kept claim of {key}: {err}");
+                forget(registry, &id);
+                shared.wake(crate::events::Wake::Endpoint);
+                warn!(endpoint = %id, "CNI endpoint refused: {exhausted}");
+                return error(409, format!("refused: {exhausted}"));
+            }
+            if programmed {
+                drop(done);
+                // Only a VM's claim outlives its pod.
+                if e.vm {
+                    if let Err(err) = registry.update(|s| s.kept.insert(e.kept_key())) {
+                        warn!("recording the kept claim of {key}: {err}");
+                    }
                 }
                 // How long the runtime's ADD waited on the agent.
                 info!(
@@ -505,6 +547,27 @@ fn add(shared: &Published, registry: &Registry, e: EndpointRequest) -> Reply {
     }
 }
 
+/// Why `got`, programmed, lacks an address its IPAM network owes it: the
+/// network's pool of that family (IPAM allocates from the first subnet of
+/// each family) has none free.
+fn unaddressed(view: &View, e: &EndpointRequest, got: &EndpointReply) -> Option<String> {
+    let net = view.networks.iter().find(|n| n.name == e.network)?;
+    if !net.ipam {
+        return None;
+    }
+    let v6 = |cidr: &str| cidr.contains(':');
+    [false, true].into_iter().find_map(|family| {
+        let pool = net.subnets.iter().find(|s| v6(s) == family)?;
+        (!got.ips.iter().any(|ip| v6(ip) == family)).then(|| {
+            format!(
+                "IPAM pool exhausted: network {:?} has no free address in {pool} for {}",
+                e.network,
+                e.key()
+            )
+        })
+    })
+}
+
 /// A failed ADD leaves nothing behind.
 fn forget(registry: &Registry, id: &str) {
     if let Err(err) = registry.update(|s| s.endpoints.remove(id)) {
@@ -557,6 +620,62 @@ mod tests {
         assert_eq!(a.key.to_string(), "default/web/eth1");
         assert_eq!(a.port, "vmp0123456789");
         assert_eq!(a.mac, Some([2, 0, 0, 0, 0, 1]));
+    }
+
+    #[test]
+    fn a_plain_pods_claim_goes_with_its_last_endpoint_a_vms_stays() {
+        let mut stored = Stored::default();
+        let plain = request();
+        let mut vm = request();
+        vm.container_id = "launcher".into();
+        vm.pod_name = "virt-launcher-vm1".into();
+        vm.vm = true;
+        // A newer sandbox of the plain pod beside the older one.
+        let mut newer = request();
+        newer.container_id = "c0ffee2".into();
+        for e in [&plain, &vm, &newer] {
+            stored.endpoints.insert(e.id(), e.clone());
+            // State files of older agents list plain pods too.
+            stored.kept.insert(e.kept_key());
+        }
+        assert!(stored.remove(&plain.id()).is_some());
+        assert!(
+            stored.kept.contains(&plain.kept_key()),
+            "the pod still has a sandbox"
+        );
+        assert!(stored.remove(&newer.id()).is_some());
+        assert!(
+            !stored.kept.contains(&plain.kept_key()),
+            "{:?}",
+            stored.kept
+        );
+        assert!(stored.remove(&vm.id()).is_some());
+        assert!(stored.kept.contains(&vm.kept_key()), "a VM keeps its claim");
+        assert!(stored.remove(&vm.id()).is_none(), "DEL is idempotent");
+    }
+
+    #[test]
+    fn an_endpoint_without_the_address_its_ipam_owes_it_names_network_and_pool() {
+        let mut view = crate::view::sample::view();
+        view.networks[0].subnets.push("fd00:20::/64".into());
+        let mut got = describe(&view, &request());
+        got.ips = vec!["10.20.0.5/16".into(), "fd00:20::5/64".into()];
+        assert_eq!(unaddressed(&view, &request(), &got), None);
+        got.ips.truncate(1);
+        let why = unaddressed(&view, &request(), &got).unwrap();
+        assert!(
+            why.contains("network \"blue\"") && why.contains("fd00:20::/64"),
+            "{why}"
+        );
+        got.ips.clear();
+        let why = unaddressed(&view, &request(), &got).unwrap();
+        assert!(
+            why.contains("10.20.0.0/16") && why.contains("default/web/eth1"),
+            "{why}"
+        );
+        // A network without IPAM owes no address.
+        view.networks[0].ipam = false;
+        assert_eq!(unaddressed(&view, &request(), &got), None);
     }
 
     #[test]

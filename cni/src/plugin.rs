@@ -337,6 +337,33 @@ fn netlink(netns: Option<&str>) -> Result<link::Netlink, Error> {
         .map_err(|e| Error::Custom(CODE_AGENT_REFUSED, "netlink is not available".into(), e))
 }
 
+/// The spec: a runtime must not ADD the same container and interface twice
+/// without a DEL between. One that does (another sandbox, or the same) is
+/// refused while the first one's port is there: replacing it would cut the
+/// running sandbox off. A host side the agent does not know is a crashed
+/// ADD's leftover, which `create_veth` replaces.
+fn refuse_second_add(socket: &Path, call: &Call, nl: &link::Netlink) -> Result<(), Error> {
+    let answer = agent::request(socket, "GET", &call.path(), None).map_err(unreachable)?;
+    if answer.code != 200 {
+        return Ok(());
+    }
+    let held: EndpointReply = serde_json::from_str(&answer.body)
+        .map_err(|e| Error::FailedToDecode(format!("the agent's answer: {e}")))?;
+    let port = &held.endpoint.port;
+    if nl.host_link(port).ok().flatten().is_none() {
+        return Ok(());
+    }
+    Err(Error::Custom(
+        CODE_AGENT_REFUSED,
+        "vmpath refused the endpoint".into(),
+        format!(
+            "container {} interface {} is attached already (sandbox {}, port {port}, network {:?}): \
+             a second ADD without DEL is refused, the first sandbox keeps its port",
+            call.container_id, call.ifname, held.endpoint.netns, held.endpoint.network
+        ),
+    ))
+}
+
 impl Cni for VmpathCni {
     fn add(&self, args: Args) -> Result<CNIResult, Error> {
         let conf = Conf::of(args.config())?;
@@ -354,6 +381,7 @@ impl Cni for VmpathCni {
         let mac = requested_mac(&args);
         let host = host_ifname(&call.container_id, &call.ifname);
         let nl = netlink(Some(&netns))?;
+        refuse_second_add(&conf.socket, &call, &nl)?;
         let pod_side = nl
             .create_veth(&host, &call.ifname, mac.as_deref(), mtu)
             .map_err(|e| {

@@ -293,7 +293,8 @@ fn cni_add_gives_a_pod_a_port_that_reaches_a_vm_and_del_removes_it() {
     // CHECK after DEL fails with the agent's word.
     pod.call(&node, "CHECK", &stdin, "").error(102);
 
-    // The same pod, a new sandbox: the persistent claim gives the same IP.
+    // The same pod, a new sandbox: its address, released at DEL, is still
+    // free, and allocation starts where that identity's does.
     let again = Pod {
         ns: Netns::new(format!("{}r", pod.ns.name)),
         container_id: format!("{}r", pod.container_id),
@@ -517,6 +518,157 @@ fn cni_errors_are_json_with_code_and_message_and_leave_nothing_behind() {
     keep.call(&node, "DEL", &stdin, "").ok();
 }
 
+/// A node whose only network is `jobs`, a /29 with IPAM: five addresses
+/// for pods (network, broadcast and gateway are not given out).
+fn jobs_node() -> Node {
+    let mut node = Node::new("j");
+    node.write_config(
+        "config.yaml",
+        &yaml::network("jobs", 320, &["10.32.0.0/29"], &["10.32.0.1"], true),
+    );
+    node.start_agent();
+    wait_for("the agent to serve jobs", Duration::from_secs(90), || {
+        call(&node, "STATUS", &[], &conf(&node, "jobs")).code == Some(0)
+    });
+    node
+}
+
+#[test]
+fn cni_deleted_pods_release_their_addresses_and_an_exhausted_pool_fails_the_add() {
+    let node = jobs_node();
+    let stdin = conf(&node, "jobs");
+    // Jobs come and go: more over time than the pool holds at once.
+    let mut names = Vec::new();
+    for i in 1..=7 {
+        let job = Pod::new(&format!("job{i}"));
+        let result = job.call(&node, "ADD", &stdin, "").ok().clone();
+        assert!(pod_ip(&result).starts_with("10.32.0."), "{result}");
+        job.call(&node, "DEL", &stdin, "").ok();
+        names.push(job.name.clone());
+    }
+    // The agent's state keeps nothing of a deleted plain pod.
+    let state = std::fs::read_to_string(node.state_dir.join("cni-endpoints.json")).unwrap();
+    for name in &names {
+        assert!(!state.contains(name.as_str()), "{name} kept: {state}");
+    }
+
+    // Five pods hold the five addresses; a sixth ADD fails, naming the
+    // network and the pool, and leaves nothing behind.
+    let holders: Vec<Pod> = (1..=5).map(|i| Pod::new(&format!("h{i}"))).collect();
+    let mut ips = std::collections::BTreeSet::new();
+    for h in &holders {
+        ips.insert(pod_ip(h.call(&node, "ADD", &stdin, "").ok()));
+    }
+    assert_eq!(ips.len(), 5, "{ips:?}");
+    let sixth = Pod::new("h6");
+    let msg = sixth.call(&node, "ADD", &stdin, "").error(100);
+    assert!(
+        msg.contains("IPAM pool exhausted")
+            && msg.contains("network \"jobs\"")
+            && msg.contains("10.32.0.0/29"),
+        "{msg}"
+    );
+    assert_eq!(plugin_links(&node).len(), 5, "{:?}", plugin_links(&node));
+    assert_eq!(endpoint_count(&node), 5, "the refused endpoint is gone");
+    assert!(
+        sixth
+            .ns
+            .run_status(&["ip", "link", "show", "eth1"])
+            .status
+            .code()
+            != Some(0),
+        "eth1 left in the refused pod"
+    );
+    // One pod goes: the sixth gets its address.
+    holders[0].call(&node, "DEL", &stdin, "").ok();
+    let result = sixth.call(&node, "ADD", &stdin, "").ok().clone();
+    assert!(pod_ip(&result).starts_with("10.32.0."), "{result}");
+    for p in holders.iter().skip(1).chain([&sixth]) {
+        p.call(&node, "DEL", &stdin, "").ok();
+    }
+}
+
+#[test]
+fn cni_a_second_add_of_an_attached_container_interface_is_refused() {
+    let (node, vm) = blue_node();
+    let stdin = conf(&node, BLUE);
+    let first = Pod::new("s1");
+    let result = first.call(&node, "ADD", &stdin, "").ok().clone();
+    let host = result["interfaces"][0]["name"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let ip = pod_ip(&result);
+
+    // The same container and interface in another sandbox, no DEL between.
+    let second = Pod {
+        ns: Netns::new(format!("{}b", first.ns.name)),
+        container_id: first.container_id.clone(),
+        name: first.name.clone(),
+    };
+    let msg = second.call(&node, "ADD", &stdin, "").error(100);
+    assert!(
+        msg.contains(&format!(
+            "container {} interface eth1 is attached already",
+            first.container_id
+        )) && msg.contains(&first.ns.path()),
+        "{msg}"
+    );
+    assert!(
+        second
+            .ns
+            .run_status(&["ip", "link", "show", "eth1"])
+            .status
+            .code()
+            != Some(0),
+        "eth1 made in the second sandbox"
+    );
+    // And again in the first sandbox: refused the same way.
+    first.call(&node, "ADD", &stdin, "").error(100);
+
+    // The first sandbox is untouched: its port, its entry, its traffic.
+    assert_eq!(plugin_links(&node), vec![host]);
+    first.call(&node, "CHECK", &stdin, "").ok();
+    assert!(first.ns.ping("10.30.0.11", 2), "pod -> VM");
+    assert!(vm.ns.ping(&ip, 2), "VM -> pod");
+
+    // After DEL the container interface may be added anew.
+    first.call(&node, "DEL", &stdin, "").ok();
+    second.call(&node, "ADD", &stdin, "").ok();
+    second.call(&node, "DEL", &stdin, "").ok();
+}
+
+#[test]
+fn cni_add_while_the_agent_has_no_view_yet_is_try_again_later() {
+    // The agent runs and answers on its socket, but has no view of any
+    // network yet (here: its config dir is empty, as before a ConfigMap is
+    // mounted or the cluster's objects are listed).
+    let mut node = Node::new("s");
+    node.start_agent();
+    wait_for("the agent's socket", Duration::from_secs(20), || {
+        node.api_socket().exists()
+    });
+    node.wait_log("data path left as it is", Duration::from_secs(90));
+    let stdin = conf(&node, BLUE);
+    let pod = Pod::new("w1");
+    let msg = pod.call(&node, "ADD", &stdin, "").error(11);
+    assert!(msg.contains("starting"), "{msg}");
+    assert!(plugin_links(&node).is_empty(), "{:?}", plugin_links(&node));
+    assert_eq!(call(&node, "STATUS", &[], &stdin).code, Some(50));
+
+    // Once it has its networks, the same ADD works.
+    node.write_config(
+        "config.yaml",
+        &yaml::network(BLUE, 300, &["10.30.0.0/24"], &["10.30.0.1"], true),
+    );
+    wait_for("the agent to serve blue", Duration::from_secs(90), || {
+        call(&node, "STATUS", &[], &stdin).code == Some(0)
+    });
+    let result = pod.call(&node, "ADD", &stdin, "").ok().clone();
+    assert!(pod_ip(&result).starts_with("10.30.0."), "{result}");
+    pod.call(&node, "DEL", &stdin, "").ok();
+}
+
 // ---------------------------------------------------------------------------
 // podman's CNI backend: real containers, no image pulled (busybox rootfs)
 // ---------------------------------------------------------------------------
@@ -709,7 +861,7 @@ fn podman_containers_and_a_vm_share_a_vmpath_network() {
     assert!(!vm.ns.ping(&ip2, 1), "c2 is gone");
     assert!(vm.ns.ping(&ip1, 1), "c1 still reachable");
 
-    // The same pod (container name) again: the persistent claim holds.
+    // The same pod (container name) again: the same address, still free.
     podman.start(&c2, "vblue").unwrap();
     assert_eq!(podman.ipv4(&c2), ip2, "a restarted container keeps its IP");
     assert!(podman.netns(&c2).ping("10.30.0.11", 2));
