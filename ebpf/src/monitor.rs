@@ -138,11 +138,11 @@ fn describe(ctx: &TcContext, ifindex: u32, port_id: u32, reason: u32) -> Monitor
         }
         _ => return ev,
     };
-    if ev.proto == IPPROTO_TCP || ev.proto == IPPROTO_UDP {
-        if let Ok(ports) = hdr::<[u8; 4]>(ctx, l4_off) {
-            ev.sport = u16::from_be_bytes([ports[0], ports[1]]);
-            ev.dport = u16::from_be_bytes([ports[2], ports[3]]);
-        }
+    if (ev.proto == IPPROTO_TCP || ev.proto == IPPROTO_UDP)
+        && let Ok(ports) = hdr::<[u8; 4]>(ctx, l4_off)
+    {
+        ev.sport = u16::from_be_bytes([ports[0], ports[1]]);
+        ev.dport = u16::from_be_bytes([ports[2], ports[3]]);
     }
     ev
 }

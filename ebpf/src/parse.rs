@@ -41,6 +41,10 @@ fn ptr_at<T>(ctx: &TcContext, offset: usize) -> Result<*mut T, u32> {
 /// any helper that may move packet data (the reference would dangle), and
 /// hold one mutable reference per header at a time.
 #[inline(always)]
+#[allow(
+    clippy::mut_from_ref,
+    reason = "the reference is into packet memory, not into `ctx`"
+)]
 pub fn hdr_mut<T>(ctx: &TcContext, offset: usize) -> Result<&mut T, u32> {
     let p = ptr_at::<T>(ctx, offset)?;
     // SAFETY: `ptr_at` checked that the `size_of::<T>()` bytes at `offset`

@@ -682,6 +682,11 @@ fn allocate(
 /// Reverse translation of return traffic on the uplink: `Ok(None)` when
 /// the frame is not SNAT return traffic (it then goes to the host stack).
 #[inline(always)]
+#[allow(
+    clippy::manual_range_contains,
+    reason = "two comparisons give the verifier both bounds of `ihl`, which the \
+              range check folds into one unsigned subtraction"
+)]
 pub fn ingress4(ctx: &TcContext) -> Result<Option<i32>, u32> {
     let Some(cfg) = SNAT_CONFIG.get(0) else {
         return Ok(None);
@@ -702,10 +707,10 @@ pub fn ingress4(ctx: &TcContext) -> Result<Option<i32>, u32> {
         return Ok(None);
     }
     let l4_off = ETH_LEN + ihl;
-    if proto == IPPROTO_ICMP {
-        if let Some(action) = crate::snat_icmp::ingress4(ctx, cfg, l4_off)? {
-            return Ok(Some(action));
-        }
+    if proto == IPPROTO_ICMP
+        && let Some(action) = crate::snat_icmp::ingress4(ctx, cfg, l4_off)?
+    {
+        return Ok(Some(action));
     }
     let Ok(l4) = l4(ctx, proto, l4_off, false, false) else {
         return Ok(None);

@@ -405,10 +405,10 @@ pub fn ingress6(ctx: &TcContext) -> Result<Option<i32>, u32> {
     let Ok((proto, l4_off)) = upper_layer6(ctx, next_hdr) else {
         return Ok(None);
     };
-    if proto == IPPROTO_ICMPV6 {
-        if let Some(action) = crate::snat_icmp::ingress6(ctx, cfg, l4_off)? {
-            return Ok(Some(action));
-        }
+    if proto == IPPROTO_ICMPV6
+        && let Some(action) = crate::snat_icmp::ingress6(ctx, cfg, l4_off)?
+    {
+        return Ok(Some(action));
     }
     let Ok(l4) = l4(ctx, proto, l4_off, false, false) else {
         return Ok(None);

@@ -88,6 +88,10 @@ fn count(slot: u32) {
 
 /// The `T` at `offset` bytes into the frame, if the frame holds it.
 #[inline(always)]
+#[allow(
+    clippy::mut_from_ref,
+    reason = "the reference is into packet memory, not into `ctx`"
+)]
 fn at<T>(ctx: &XdpContext, offset: usize) -> Option<&mut T> {
     let start = ctx.data();
     if start + offset + size_of::<T>() > ctx.data_end() {
@@ -224,10 +228,10 @@ fn snat_return4(ctx: &XdpContext) -> Option<u32> {
         return None;
     }
     touch(back, now, flags);
-    if refresh_due(e.last_seen, now, flags) {
-        if let Some(out) = SNAT_OUT.get_ptr_mut(&NatKey::new(e.addr, src, e.port, sport, proto)) {
-            touch(out, now, flags);
-        }
+    if refresh_due(e.last_seen, now, flags)
+        && let Some(out) = SNAT_OUT.get_ptr_mut(&NatKey::new(e.addr, src, e.port, sport, proto))
+    {
+        touch(out, now, flags);
     }
 
     // Destination address and port back to the VM's, checksums patched

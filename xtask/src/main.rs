@@ -1,4 +1,4 @@
-//! Project tasks: `cargo xtask setup | build-ebpf | image | test | demo | bench`.
+//! Project tasks: `cargo xtask setup | build-ebpf | clippy-ebpf | image | test | demo | bench`.
 //!
 //! Each subcommand lives in its own module; `cmd` runs the tools they shell
 //! out to and names the failing step, `cargo` knows the workspace.
@@ -34,11 +34,14 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Install what the build and the tests need (apt packages, nightly
-    /// rust-src, bpf-linker), mount bpffs and build the test guests
+    /// rust-src and clippy, bpf-linker), mount bpffs and build the test guests
     /// (QEMU, kernel, initramfs). Quick when already done.
     Setup,
     /// Build the eBPF object on its own and print its path.
     BuildEbpf,
+    /// Clippy over the eBPF crate (pinned nightly, bpf target), warnings
+    /// denied; CI runs it next to the workspace's clippy.
+    ClippyEbpf,
     /// Build vmpath's OCI image (static binaries, no base image, no
     /// registry) and the BIRD sidecar's (from the host's bird2 package)
     /// into target/image/, reproducibly; print their references, digests
@@ -80,6 +83,7 @@ fn run(command: Command) -> Result<()> {
     match command {
         Command::Setup => setup::run(),
         Command::BuildEbpf => build_ebpf::run().map(|path| println!("{}", path.display())),
+        Command::ClippyEbpf => build_ebpf::clippy(),
         Command::Image(opts) => image::run(&opts),
         Command::Test { args } => test::run(args),
         Command::Demo(opts) => demo::run(&opts),

@@ -41,7 +41,10 @@ const BPFFS: &str = "/sys/fs/bpf";
 
 pub fn run() -> Result<()> {
     report("apt packages", apt_packages()?);
-    report("eBPF toolchain (ebpf/rust-toolchain.toml)", rust_src()?);
+    report(
+        "eBPF toolchain (ebpf/rust-toolchain.toml)",
+        ebpf_toolchain()?,
+    );
     report("bpf-linker 0.13", bpf_linker()?);
     report("bpffs on /sys/fs/bpf", bpffs()?);
     report("guest artefacts (QEMU, kernel, initramfs)", guest::setup()?);
@@ -115,10 +118,14 @@ fn preseed(selection: &str) -> Result<()> {
     Ok(())
 }
 
-/// The eBPF crate's pinned nightly with rust-src (`-Z build-std=core`).
-fn rust_src() -> Result<Done> {
+/// The components the eBPF crate's pinned nightly needs: rust-src for
+/// `-Z build-std=core`, clippy for `cargo xtask clippy-ebpf`.
+const EBPF_COMPONENTS: [&str; 2] = ["rust-src", "clippy"];
+
+/// The eBPF crate's pinned nightly with [`EBPF_COMPONENTS`].
+fn ebpf_toolchain() -> Result<Done> {
     let channel = toolchain::ebpf_channel();
-    let step = format!("setup: {channel} rust-src");
+    let step = format!("setup: {channel} {}", EBPF_COMPONENTS.join(", "));
     let step = step.as_str();
     let installed = cmd::probe(Command::new("rustup").args([
         "component",
@@ -128,34 +135,34 @@ fn rust_src() -> Result<Done> {
         "--installed",
     ]));
     match installed {
-        Some(list) if list.lines().any(|l| l.trim().starts_with("rust-src")) => Ok(None),
-        Some(_) => {
+        Some(list) => {
+            let missing: Vec<&str> = EBPF_COMPONENTS
+                .into_iter()
+                .filter(|c| !list.lines().any(|l| l.trim().starts_with(c)))
+                .collect();
+            if missing.is_empty() {
+                return Ok(None);
+            }
             cmd::run(
                 step,
-                Command::new("rustup").args([
-                    "component",
-                    "add",
-                    "rust-src",
-                    "--toolchain",
-                    channel,
-                ]),
+                Command::new("rustup")
+                    .args(["component", "add"])
+                    .args(&missing)
+                    .args(["--toolchain", channel]),
             )?;
-            Ok(Some(format!("added rust-src to {channel}")))
+            Ok(Some(format!("added {} to {channel}", missing.join(", "))))
         }
         None => {
-            cmd::run(
-                step,
-                Command::new("rustup").args([
-                    "toolchain",
-                    "install",
-                    channel,
-                    "--profile",
-                    "minimal",
-                    "--component",
-                    "rust-src",
-                ]),
-            )?;
-            Ok(Some(format!("installed {channel} with rust-src")))
+            let mut c = Command::new("rustup");
+            c.args(["toolchain", "install", channel, "--profile", "minimal"]);
+            for component in EBPF_COMPONENTS {
+                c.args(["--component", component]);
+            }
+            cmd::run(step, &mut c)?;
+            Ok(Some(format!(
+                "installed {channel} with {}",
+                EBPF_COMPONENTS.join(", ")
+            )))
         }
     }
 }

@@ -11,7 +11,15 @@ use crate::{cargo, cmd, image, image_bird, setup};
 /// The version suffix of the image the upgrade test moves to.
 const NEXT_SUFFIX: &str = "-next";
 
-const PACKAGES: [&str; 4] = ["vmpath-common", "vmpath", "vmpath-tests", "xtask"];
+/// Every crate with tests but the eBPF one (bpf target only: its code is
+/// tested by running it: tests/tests/*fixtures.rs).
+const PACKAGES: [&str; 5] = [
+    "vmpath-common",
+    "vmpath",
+    "vmpath-cni",
+    "vmpath-tests",
+    "xtask",
+];
 const DEFAULT_ARGS: [&str; 1] = ["--test-threads=2"];
 
 pub fn run(args: Vec<String>) -> Result<()> {
