@@ -179,6 +179,7 @@ fn build_view(
                         r.iter()
                             .map(|r| crate::view::LearnedRefusalView {
                                 address: r.ip.to_string(),
+                                kind: r.kind.to_string(),
                                 reason: r.reason.clone(),
                             })
                             .collect()
@@ -190,6 +191,7 @@ fn build_view(
                         c.iter()
                             .map(|(ip, by)| crate::view::LearnedRefusalView {
                                 address: ip.to_string(),
+                                kind: "contested".into(),
                                 reason: format!("kept here; also used by {by} (refused there)"),
                             })
                             .collect()

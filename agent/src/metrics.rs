@@ -52,6 +52,13 @@ const fn family(
 const GAUGE: MetricType = MetricType::GAUGE;
 const COUNTER: MetricType = MetricType::COUNTER;
 
+const LEARNED_REFUSED: Family = family(
+    "vmpath_learned_refused",
+    "Addresses VMs on this node used that were not learned (IPAM-less networks), by reason (vm show lists them).",
+    GAUGE,
+    &["reason"],
+);
+
 const READY: Family = family(
     "vmpath_ready",
     "1 once the data path has been programmed from the config.",
@@ -220,8 +227,9 @@ const PORT_SERVICE: Family = family(
 );
 
 /// Every family the collector produces, the reconcile histogram aside.
-const FAMILIES: [&Family; 26] = [
+const FAMILIES: [&Family; 27] = [
     &READY,
+    &LEARNED_REFUSED,
     &DATAPLANE_UP,
     &NETWORKS,
     &ATTACHMENTS,
@@ -395,6 +403,18 @@ pub fn families(snap: &Snapshot) -> Vec<MetricFamily> {
         info.add(&[file, document, field], 1.0);
     }
     out.push(info);
+    // Addresses guests used that vmpath refused to learn, by why.
+    let mut learned_refused = Samples::of(&LEARNED_REFUSED);
+    for kind in crate::learned::REFUSAL_KINDS {
+        let n = view
+            .attachments
+            .iter()
+            .flat_map(|a| &a.learned_refused)
+            .filter(|r| r.kind == kind)
+            .count();
+        learned_refused.add(&[kind], n as f64);
+    }
+    out.push(learned_refused);
     out.push(Samples::one(&RECONCILES, view.reconciles as f64));
     out.push(Samples::one(
         &CONFIG_FILES_PARSED,

@@ -28,6 +28,10 @@ pub struct IpView {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct LearnedRefusalView {
     pub address: String,
+    /// `learned::REFUSAL_KINDS` (the metric's label); `contested` on the
+    /// holder's side.
+    #[serde(default)]
+    pub kind: String,
     pub reason: String,
 }
 
