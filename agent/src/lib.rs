@@ -33,6 +33,7 @@ pub mod service;
 pub mod slowpath;
 pub mod snapshot;
 pub mod snat;
+pub mod state_dir;
 pub mod store;
 pub mod version;
 pub mod view;

@@ -380,21 +380,11 @@ fn the_api_is_root_only() {
     let meta = std::fs::metadata(&socket).unwrap();
     assert_eq!(meta.permissions().mode() & 0o777, 0o600, "socket mode");
     assert_eq!(meta.uid(), 0, "socket owner");
+    // The state dir holding the socket is root's alone (see
+    // the_state_dir_is_root_only); opened to traversal here so that what
+    // refuses below is the socket's own mode.
+    std::fs::set_permissions(&node.state_dir, std::fs::Permissions::from_mode(0o711)).unwrap();
     let socket = socket.to_str().unwrap();
-    let as_nobody = |args: &[&str]| {
-        vmpath_tests::run_status(
-            &[
-                &[
-                    "setpriv",
-                    "--reuid=65534",
-                    "--regid=65534",
-                    "--clear-groups",
-                ][..],
-                args,
-            ]
-            .concat(),
-        )
-    };
     // The directory is traversable for nobody: what refuses is the socket.
     assert!(
         as_nobody(&["test", "-S", socket]).status.success(),
@@ -419,6 +409,77 @@ fn the_api_is_root_only() {
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("agent not running"), "{err}");
+}
+
+/// `args` run as nobody (uid and gid 65534, no groups).
+fn as_nobody(args: &[&str]) -> Output {
+    vmpath_tests::run_status(
+        &[
+            &[
+                "setpriv",
+                "--reuid=65534",
+                "--regid=65534",
+                "--clear-groups",
+            ][..],
+            args,
+        ]
+        .concat(),
+    )
+}
+
+#[test]
+fn the_state_dir_is_root_only() {
+    let mut node = Node::new("s");
+    let vm1 = node.add_vm("vm1", "52:54:00:00:01:01", &VM1_IPS, Some("10.20.0.1"));
+    let mut docs = networks();
+    docs.push(yaml::attachment(
+        "vm1", "blue", "s", &vm1.port, &vm1.mac, &VM1_IPS,
+    ));
+    node.write_config("config.yaml", &yaml::docs(&docs));
+    // What an older agent left: the dir 0755, its files 0644.
+    let dir = node.state_dir.clone();
+    let old = dir.join("cni-endpoints.json");
+    std::fs::write(&old, r#"{"endpoints": {}, "kept": []}"#).unwrap();
+    std::fs::set_permissions(&old, std::fs::Permissions::from_mode(0o644)).unwrap();
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+    node.start_agent();
+    node.wait_ports(&[&vm1.port]);
+    // A file written after the start (status.json again) is created 0600.
+    docs.push(yaml::network(
+        "green",
+        300,
+        &["10.40.0.0/16"],
+        &["10.40.0.1"],
+        false,
+    ));
+    node.write_config("config.yaml", &yaml::docs(&docs));
+    wait_for("the status to list green", Duration::from_secs(20), || {
+        node.status()
+            .is_some_and(|s| s["networks"].to_string().contains("green"))
+    });
+
+    let mode = |p: &std::path::Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode(&dir), 0o700, "state dir {}", dir.display());
+    let mut names = Vec::new();
+    for entry in std::fs::read_dir(&dir).unwrap() {
+        let path = entry.unwrap().path();
+        let name = path.file_name().unwrap().to_string_lossy().into_owned();
+        assert_eq!(mode(&path), 0o600, "{name} in the state dir");
+        names.push(name);
+    }
+    for want in [
+        "status.json",
+        "claims.redb",
+        "cni-endpoints.json",
+        "agent.lock",
+    ] {
+        assert!(names.iter().any(|n| n == want), "{want} not in {names:?}");
+    }
+    // Nobody reads who runs where.
+    let status = dir.join("status.json");
+    let out = as_nobody(&["cat", status.to_str().unwrap()]);
+    assert!(!out.status.success(), "nobody read status.json");
+    assert!(out.stdout.is_empty());
 }
 
 /// The ids of the tcx links pinned under the node's bpffs, and their programs.
