@@ -465,10 +465,10 @@ pub fn serve(
         .name("api".into())
         .spawn(move || {
             for mut request in server.incoming_requests() {
-                // Monitor clients stream until they go: own thread each.
+                // Monitor clients stream until they go: own thread each,
+                // as many as the hub takes.
                 if request.url().starts_with("/v1/monitor") {
-                    let monitor = monitor.clone();
-                    std::thread::spawn(move || stream_monitor(&monitor, request));
+                    start_monitor(&monitor, request);
                     continue;
                 }
                 // CNI endpoints (ADD waits for the port): own thread each.
@@ -531,8 +531,9 @@ fn debug_datapath(observer: &Observer, request: &mut tiny_http::Request) -> Repl
 
 /// `GET /v1/monitor[?type=drop|policy][&vm=NS/VM]`: one JSON object per
 /// line for every event that passes the filter, until the client goes
-/// (an empty line every second tells a closed connection apart).
-fn stream_monitor(monitor: &Arc<crate::monitor::Hub>, request: tiny_http::Request) {
+/// (an empty line every second tells a closed connection apart). Past
+/// `monitor::MAX_CLIENTS` connected, 503 and why.
+fn start_monitor(monitor: &Arc<crate::monitor::Hub>, request: tiny_http::Request) {
     if *request.method() != tiny_http::Method::Get {
         let m = request.method().to_string();
         return respond(request, error(405, format!("method {m} not allowed")));
@@ -546,7 +547,27 @@ fn stream_monitor(monitor: &Arc<crate::monitor::Hub>, request: tiny_http::Reques
         Ok(f) => f,
         Err(e) => return respond(request, error(400, e)),
     };
-    let sub = monitor.subscribe(filter);
+    // Registered here, in the API's thread, so the count is exact and a
+    // refused client costs no thread.
+    let sub = match monitor.subscribe(filter) {
+        Ok(sub) => sub,
+        Err(refused) => {
+            warn!("vmpath monitor client refused: {}", refused.0);
+            return respond(request, error(503, refused.0));
+        }
+    };
+    // A thread that cannot start drops the request, which tiny_http
+    // answers 500, and the subscription with it.
+    if let Err(e) = std::thread::Builder::new()
+        .name("monitor-client".into())
+        .stack_size(crate::monitor::CLIENT_STACK)
+        .spawn(move || stream_monitor(sub, request))
+    {
+        warn!("starting a vmpath monitor client's thread: {e}");
+    }
+}
+
+fn stream_monitor(sub: crate::monitor::Subscription, request: tiny_http::Request) {
     // Written by hand, line by line and flushed: tiny_http would hold a
     // body of unknown length until its end.
     let mut out = request.into_writer();

@@ -4,6 +4,11 @@
 //! connected clients whose filter it passes. The data path emits events
 //! only while a client is connected (`vmp_monitor_cfg.listeners`) and at
 //! most `--monitor-rate` per second per CPU.
+//!
+//! What clients may cost the agent is bounded: at most [`MAX_CLIENTS`] at
+//! once (the next is refused with a message saying so), each with a queue
+//! of [`CLIENT_QUEUE`] lines shared with the others (an event is encoded
+//! once, whoever gets it) and one thread with a small stack.
 
 use std::{
     net::{Ipv4Addr, Ipv6Addr},
@@ -28,8 +33,21 @@ use vmpath_common::{
 use crate::view::{Published, View};
 
 /// Events one client may have queued before further ones are counted as
-/// lost for it (a slow reader never slows the others or the agent).
-const CLIENT_QUEUE: usize = 4096;
+/// lost for it (a slow reader never slows the others or the agent). The
+/// queue's slots are allocated when the client connects: 1,024 pointers
+/// (24 KiB), where 4,096 whole events took 1.2 MiB a client.
+pub const CLIENT_QUEUE: usize = 1024;
+
+/// Clients connected at once; the next is refused until one leaves
+/// (docs/operations.md, Monitor).
+pub const MAX_CLIENTS: usize = 16;
+
+/// The stack of a client's streaming thread: it only moves encoded lines
+/// to its socket.
+pub const CLIENT_STACK: usize = 128 * 1024;
+
+/// One event encoded as a JSON line, shared by every client it goes to.
+pub type Line = Arc<[u8]>;
 
 /// Default events per second per CPU.
 pub const DEFAULT_RATE: u32 = 1000;
@@ -108,7 +126,7 @@ impl Filter {
 struct Client {
     id: u64,
     filter: Filter,
-    tx: SyncSender<Event>,
+    tx: SyncSender<Line>,
     lost: Arc<AtomicU64>,
 }
 
@@ -125,7 +143,7 @@ pub struct Hub {
 pub struct Subscription {
     hub: Arc<Hub>,
     id: u64,
-    pub rx: Receiver<Event>,
+    pub rx: Receiver<Line>,
     /// Events this client missed because its queue was full.
     pub lost: Arc<AtomicU64>,
 }
@@ -134,14 +152,10 @@ impl Subscription {
     /// The next event as a JSON line; an empty line when none came within
     /// `wait` (so a writer notices a client that has gone); `None` once
     /// the hub is gone.
-    pub fn next_line(&self, wait: std::time::Duration) -> Option<Vec<u8>> {
+    pub fn next_line(&self, wait: std::time::Duration) -> Option<Line> {
         match self.rx.recv_timeout(wait) {
-            Ok(ev) => {
-                let mut line = serde_json::to_vec(&ev).ok()?;
-                line.push(b'\n');
-                Some(line)
-            }
-            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => Some(b"\n".to_vec()),
+            Ok(line) => Some(line),
+            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => Some(Arc::from(&b"\n"[..])),
             Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => None,
         }
     }
@@ -149,14 +163,30 @@ impl Subscription {
 
 impl Drop for Subscription {
     fn drop(&mut self) {
-        let left = {
+        {
+            // Switched under the lock: clients leaving at once would
+            // otherwise write their counts out of order, the last write
+            // a stale one (the data path reporting to nobody).
             let mut clients = self.hub.clients.lock().unwrap_or_else(|e| e.into_inner());
             clients.retain(|c| c.id != self.id);
-            clients.len()
-        };
-        self.hub.switch(left);
+            self.hub.switch(clients.len());
+        }
+        // The queue goes now (both ends are gone), not after this
+        // returns: then its pages and lines go back to the kernel rather
+        // than a crowd's worth staying after it has gone.
+        let (_, none) = sync_channel(0);
+        drop(std::mem::replace(&mut self.rx, none));
+        #[cfg(all(target_os = "linux", target_env = "gnu"))]
+        // SAFETY: malloc_trim only returns free pages to the kernel.
+        unsafe {
+            libc::malloc_trim(0);
+        }
     }
 }
+
+/// Why a client was not taken.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Refused(pub String);
 
 impl Hub {
     pub fn new(bpffs: &Path, rate: u32) -> Arc<Hub> {
@@ -171,27 +201,40 @@ impl Hub {
         hub
     }
 
-    pub fn subscribe(self: &Arc<Self>, filter: Filter) -> Subscription {
-        let (tx, rx) = sync_channel(CLIENT_QUEUE);
+    /// Registers a client, unless [`MAX_CLIENTS`] are connected.
+    pub fn subscribe(self: &Arc<Self>, filter: Filter) -> Result<Subscription, Refused> {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let lost = Arc::new(AtomicU64::new(0));
-        let n = {
+        let rx = {
             let mut clients = self.clients.lock().unwrap_or_else(|e| e.into_inner());
+            if clients.len() >= MAX_CLIENTS {
+                return Err(Refused(format!(
+                    "too many monitor clients: {} are connected, the most this agent serves; \
+                     try again when one has left",
+                    clients.len()
+                )));
+            }
+            let (tx, rx) = sync_channel(CLIENT_QUEUE);
             clients.push(Client {
                 id,
                 filter,
                 tx,
                 lost: lost.clone(),
             });
-            clients.len()
+            self.switch(clients.len());
+            rx
         };
-        self.switch(n);
-        Subscription {
+        Ok(Subscription {
             hub: self.clone(),
             id,
             rx,
             lost,
-        }
+        })
+    }
+
+    /// Clients connected now.
+    pub fn clients(&self) -> usize {
+        self.clients.lock().unwrap_or_else(|e| e.into_inner()).len()
     }
 
     /// Tells the data path how many listen (0: emit nothing).
@@ -218,8 +261,20 @@ impl Hub {
 
     fn publish(&self, event: &Event) {
         let clients = self.clients.lock().unwrap_or_else(|e| e.into_inner());
+        let mut line: Option<Line> = None;
         for c in clients.iter().filter(|c| c.filter.passes(event)) {
-            if let Err(TrySendError::Full(_)) = c.tx.try_send(event.clone()) {
+            // Encoded once, for the first client that wants it.
+            let line = match &line {
+                Some(l) => l.clone(),
+                None => {
+                    let Ok(mut bytes) = serde_json::to_vec(event) else {
+                        return;
+                    };
+                    bytes.push(b'\n');
+                    line.insert(Line::from(bytes)).clone()
+                }
+            };
+            if let Err(TrySendError::Full(_)) = c.tx.try_send(line) {
                 c.lost.fetch_add(1, Ordering::Relaxed);
             }
         }
@@ -378,6 +433,27 @@ mod tests {
             (e.src, e.proto, e.sport, e.port_id, e.endpoint),
             (None, None, None, None, None)
         );
+    }
+
+    #[test]
+    fn past_the_maximum_a_client_is_refused_until_one_leaves() {
+        let hub = Hub::new(Path::new("/nonexistent/vmpath-test-bpffs"), DEFAULT_RATE);
+        let mut subs: Vec<Subscription> = (0..MAX_CLIENTS)
+            .map(|_| hub.subscribe(Filter::default()).expect("under the maximum"))
+            .collect();
+        let Err(Refused(why)) = hub.subscribe(Filter::default()) else {
+            panic!("client {} taken", MAX_CLIENTS + 1);
+        };
+        assert!(why.contains("too many monitor clients"), "{why}");
+        subs.pop();
+        assert_eq!(hub.clients(), MAX_CLIENTS - 1);
+        subs.push(hub.subscribe(Filter::default()).expect("one left"));
+        // An event is encoded once and shared.
+        hub.publish(&describe(&raw(), &View::default()));
+        let a = subs[0].next_line(std::time::Duration::ZERO).unwrap();
+        let b = subs[1].next_line(std::time::Duration::ZERO).unwrap();
+        assert!(Arc::ptr_eq(&a, &b));
+        assert!(a.ends_with(b"\n"));
     }
 
     #[test]

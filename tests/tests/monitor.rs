@@ -3,7 +3,8 @@
 //! configured rate however many frames die. Real agent, real packets.
 
 use std::{
-    io::{BufRead as _, BufReader},
+    io::{BufRead as _, BufReader, Read as _, Write as _},
+    os::unix::net::UnixStream,
     process::{Child, Command, Stdio},
     sync::mpsc::{self, Receiver},
     thread,
@@ -181,4 +182,104 @@ fn a_flood_of_drops_is_reported_no_faster_than_the_rate_and_all_counted() {
         "{} events for {dropped} drops in {elapsed:.2} s: more than {bound:.0} ({RATE}/s per CPU)",
         events.len()
     );
+}
+
+/// The agent's resident memory in KiB (`VmRSS` of /proc/PID/status).
+fn rss_kib(node: &Node) -> u64 {
+    let pid = node.agent_pid().expect("the agent runs");
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap_or_else(|| panic!("no VmRSS in /proc/{pid}/status"))
+}
+
+#[test]
+fn a_crowd_of_clients_costs_a_bounded_amount_and_past_the_maximum_is_refused() {
+    use vmpath::monitor::MAX_CLIENTS;
+    const CROWD: usize = 220;
+    let (node, _vm1, _vm2) = bed();
+    let before = rss_kib(&node);
+    // What MAX_CLIENTS may hold, generously: 1 MiB each (a queue of
+    // pointers, its lines, a thread's stack: well under half of that),
+    // plus 32 MiB for the refused ones' moment and the allocator. A
+    // crowd served as before took 1.2 MiB a client and kept it.
+    let bound = MAX_CLIENTS as u64 * 1024 + 32 * 1024;
+    for round in 1..=2 {
+        let mut streams = Vec::new();
+        for _ in 0..CROWD {
+            let mut s = UnixStream::connect(node.api_socket()).expect("connecting to the API");
+            s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+            s.write_all(b"GET /v1/monitor HTTP/1.0\r\nHost: vmpath\r\n\r\n")
+                .unwrap();
+            streams.push(s);
+        }
+        let mut served = Vec::new();
+        let mut refused = 0;
+        for s in streams {
+            let mut reader = BufReader::new(s);
+            let mut head = String::new();
+            reader.read_line(&mut head).expect("the agent answers");
+            if head.contains(" 200 ") {
+                served.push(reader);
+            } else {
+                assert!(head.contains(" 503 "), "round {round}: {head}");
+                let mut rest = String::new();
+                let _ = reader.read_to_string(&mut rest);
+                assert!(rest.contains("too many monitor clients"), "{rest}");
+                refused += 1;
+            }
+        }
+        assert_eq!(served.len(), MAX_CLIENTS, "round {round}: clients served");
+        assert_eq!(
+            refused,
+            CROWD - MAX_CLIENTS,
+            "round {round}: clients refused"
+        );
+        wait_for(
+            "the served clients to listen",
+            Duration::from_secs(5),
+            || listeners(&node) == MAX_CLIENTS as u32,
+        );
+        // The CLI says why to one over the maximum.
+        let out = Command::new(vmpath_bin())
+            .arg("monitor")
+            .arg("--api-socket")
+            .arg(node.api_socket())
+            .output()
+            .unwrap();
+        assert!(
+            !out.status.success(),
+            "a client past the maximum was served"
+        );
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            err.contains(&format!(
+                "too many monitor clients: {MAX_CLIENTS} are connected"
+            )),
+            "{err}"
+        );
+        let during = rss_kib(&node);
+        assert!(
+            during <= before + bound,
+            "round {round}: {during} KiB with {MAX_CLIENTS} clients, from {before} KiB (bound +{bound} KiB)"
+        );
+        drop(served);
+        wait_for("every client to be gone", Duration::from_secs(10), || {
+            listeners(&node) == 0
+        });
+    }
+    let after = rss_kib(&node);
+    assert!(
+        after <= before + bound,
+        "{after} KiB after the crowds left, from {before} KiB (bound +{bound} KiB)"
+    );
+    // And the monitor still serves.
+    let (mut child, _rx) = monitor(&node, &["-o", "json"]);
+    wait_for("a client after the crowds", Duration::from_secs(5), || {
+        listeners(&node) == 1
+    });
+    let _ = child.kill();
+    let _ = child.wait();
 }
