@@ -394,7 +394,12 @@ fn status(snap: &Snapshot) -> Status {
         config_errors: view.config_errors.clone(),
         config_warnings: view.config_warnings.clone(),
         missing_ports: view.missing_ports.clone(),
-        problems: view.problems.clone(),
+        problems: view
+            .problems
+            .iter()
+            .cloned()
+            .chain(crate::forwarding::current())
+            .collect(),
         reconciles: view.reconciles,
         last_reconcile_seconds: view.last_reconcile_seconds,
         last_reconcile_unix: view.last_reconcile_unix,

@@ -321,6 +321,8 @@ fn main() -> Result<()> {
             // The API first: it is bound before any other thread exists (it
             // sets the umask around bind).
             api::serve(&args.api_socket, observer.clone(), monitor.clone())?;
+            // SNAT and routed egress need the node's forwarding on.
+            vmpath::forwarding::watch(shared.clone());
             if !args.metrics_addr.is_empty() && args.metrics_addr != "off" {
                 metrics::serve(&args.metrics_addr, observer)?;
             }

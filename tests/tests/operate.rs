@@ -411,6 +411,62 @@ fn the_api_is_root_only() {
     assert!(err.contains("agent not running"), "{err}");
 }
 
+/// The problems `vmpath status -o json` lists, joined.
+fn status_problems(node: &Node) -> String {
+    let json: serde_json::Value =
+        serde_json::from_str(&cli_ok(node, &["status", "-o", "json"])).unwrap();
+    json["problems"].to_string()
+}
+
+#[test]
+fn forwarding_off_is_said_in_the_status_until_it_is_on() {
+    // A fresh namespace starts with forwarding off, as a node whose
+    // operator forgot the sysctls.
+    let mut node = Node::new("w");
+    let vm1 = node.add_vm("vm1", "52:54:00:00:01:01", &VM1_IPS, Some("10.20.0.1"));
+    let mut docs = networks();
+    docs.push(yaml::attachment(
+        "vm1", "blue", "w", &vm1.port, &vm1.mac, &VM1_IPS,
+    ));
+    node.write_config("config.yaml", &yaml::docs(&docs));
+    node.start_agent();
+    node.wait_ports(&[&vm1.port]);
+    let v4 = "net.ipv4.ip_forward=0";
+    let v6 = "net.ipv6.conf.all.forwarding=0";
+    wait_for(
+        "the status to say forwarding is off",
+        Duration::from_secs(10),
+        || {
+            let p = status_problems(&node);
+            p.contains(v4) && p.contains(v6)
+        },
+    );
+    let problems = status_problems(&node);
+    // blue has VMs here and gateways of both families; red has no VM here.
+    assert!(problems.contains("network blue"), "{problems}");
+    assert!(!problems.contains("red"), "{problems}");
+    assert!(problems.contains("route_no_route"), "{problems}");
+    let text = cli_ok(&node, &["status"]);
+    assert!(text.contains("problems:") && text.contains(v4), "{text}");
+    assert!(
+        node.agent_log().contains(v4),
+        "not logged:\n{}",
+        node.agent_log()
+    );
+
+    // Fixed while the agent runs: the problem goes, family by family.
+    node.ns.run(&["sysctl", "-qw", "net.ipv4.ip_forward=1"]);
+    wait_for("the IPv4 problem to go", Duration::from_secs(10), || {
+        !status_problems(&node).contains(v4)
+    });
+    assert!(status_problems(&node).contains(v6));
+    node.ns
+        .run(&["sysctl", "-qw", "net.ipv6.conf.all.forwarding=1"]);
+    wait_for("the IPv6 problem to go", Duration::from_secs(10), || {
+        status_problems(&node) == "[]"
+    });
+}
+
 /// `args` run as nobody (uid and gid 65534, no groups).
 fn as_nobody(args: &[&str]) -> Output {
     vmpath_tests::run_status(
