@@ -482,7 +482,29 @@ pub fn run(
             }
         };
         phases.mark("learned");
-        let plan = plan::plan_with_ids(&cfg, &opts.node, ifindex_of, &previous_ids);
+        // Service ports keep their place and id the same way.
+        let previous_services: BTreeMap<vmpath_common::ServiceKey, u32> = match &last_plan {
+            Some(p) => p
+                .services
+                .services
+                .iter()
+                .map(|(k, s)| (*k, s.id))
+                .collect(),
+            None => dp
+                .maps()
+                .services
+                .iter()
+                .filter_map(|r| r.ok())
+                .map(|(k, s)| (k, s.id))
+                .collect(),
+        };
+        let plan = plan::plan_with_previous(
+            &cfg,
+            &opts.node,
+            ifindex_of,
+            &previous_ids,
+            &previous_services,
+        );
         let plan_changed = last_plan.as_ref() != Some(&plan);
         phases.mark("plan");
         if plan_changed {

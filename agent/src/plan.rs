@@ -130,6 +130,18 @@ pub fn plan_with_ids(
     ifindex_of: impl Fn(&str) -> Option<u32>,
     previous: &BTreeMap<AttachmentKey, u32>,
 ) -> Plan {
+    plan_with_previous(cfg, node, ifindex_of, previous, &BTreeMap::new())
+}
+
+/// As [`plan_with_ids`], also keeping the Service ports the data path
+/// holds (`previous_services`: key -> id) ahead of new ones.
+pub fn plan_with_previous(
+    cfg: &Resolved,
+    node: &str,
+    ifindex_of: impl Fn(&str) -> Option<u32>,
+    previous: &BTreeMap<AttachmentKey, u32>,
+    previous_services: &BTreeMap<vmpath_common::ServiceKey, u32>,
+) -> Plan {
     let mut plan = Plan::default();
     for net in &cfg.config.networks {
         let mut info = NetworkInfo {
@@ -271,7 +283,12 @@ pub fn plan_with_ids(
     plan.problems.extend(plan.policy.problems.iter().cloned());
     let local_networks: std::collections::BTreeSet<u32> =
         plan.ports.values().map(|p| p.info.network).collect();
-    plan.services = crate::service::compile(&cfg.config, &plan.addresses, &local_networks);
+    plan.services = crate::service::compile(
+        &cfg.config,
+        &plan.addresses,
+        &local_networks,
+        previous_services,
+    );
     plan.problems.extend(plan.services.problems.iter().cloned());
     plan
 }

@@ -668,3 +668,61 @@ fn egress_policy_sees_the_backend_not_the_cluster_ip() {
         format!("b2 {VIP_EMPTY}:80")
     );
 }
+
+/// A Service of `n` TCP ports (1..=n) in namespace `ns`, without slices.
+fn huge_service(ns: &str, vip: &str, n: u16) -> String {
+    let mut yaml = format!(
+        "apiVersion: v1\nkind: Service\nmetadata: {{name: huge, namespace: {ns}}}\nspec:\n  clusterIP: {vip}\n  ports:\n"
+    );
+    for p in 1..=n {
+        yaml.push_str(&format!("  - {{name: p{p}, port: {p}}}\n"));
+    }
+    yaml
+}
+
+#[test]
+fn a_huge_service_in_another_namespace_leaves_a_working_one_translated() {
+    let bed = bed();
+    let want = [(VIP, 80, 6, 3), (VIP, 53, 17, 3)];
+    bed.services(&all_services(false), &want);
+    let by = tally(&Bed::rounds(&bed.pod, VIP, "tcp", 80, 9), VIP, 80);
+    assert_eq!(by.values().sum::<usize>(), 9);
+    // "aaa" sorts before "default"; 17,000 ports are more Service ports
+    // than the data path holds.
+    bed.node
+        .write_config("huge.yaml", &huge_service("aaa", "10.96.1.1", 17_000));
+    let problems = || -> Vec<String> {
+        bed.node
+            .status()
+            .and_then(|s| s["problems"].as_array().cloned())
+            .unwrap_or_default()
+            .iter()
+            .filter_map(|p| p.as_str().map(str::to_string))
+            .filter(|p| p.contains("aaa/huge"))
+            .collect()
+    };
+    wait_for(
+        "the huge Service to be reported",
+        Duration::from_secs(30),
+        || !problems().is_empty(),
+    );
+    let problems = problems();
+    assert_eq!(problems.len(), 1, "{problems:?}");
+    assert!(
+        problems[0].contains("of its 17000 ports not translated"),
+        "{problems:?}"
+    );
+    // The working Service is still programmed, and still answers.
+    for (vip, port, proto, count) in want {
+        assert_eq!(
+            bed.programmed(vip, port, proto),
+            Some(count),
+            "{vip}:{port}"
+        );
+    }
+    let lines = Bed::rounds(&bed.pod, VIP, "tcp", 80, 9);
+    let by = tally(&lines, VIP, 80);
+    assert_eq!(by.values().sum::<usize>(), 9, "{lines:?}");
+    // The huge one got what was left.
+    assert!(bed.programmed("10.96.1.1", 1, 6).is_some());
+}

@@ -138,6 +138,8 @@ pub fn check_service(
         return Ok(None);
     }
     let mut ports: Vec<ServicePort> = Vec::new();
+    let mut names = std::collections::HashSet::new();
+    let mut numbers = std::collections::HashSet::new();
     for (i, p) in spec.ports.iter().enumerate() {
         let at = |f: &str| format!("ports[{i}].{f}");
         let port = u16::try_from(p.port)
@@ -162,13 +164,12 @@ pub fn check_service(
                 "missing (a Service with several ports names each)".into(),
             ));
         }
-        if ports.iter().any(|o| o.name == name) {
+        // Sets, not a scan of the ports so far: a Service may list
+        // thousands.
+        if !names.insert(name.clone()) {
             return Err((at("name"), format!("{name:?} is used by another port")));
         }
-        if ports
-            .iter()
-            .any(|o| o.port == port && o.protocol == protocol)
-        {
+        if !numbers.insert((port, protocol)) {
             return Err((
                 at("port"),
                 format!("{port}/{protocol:?} is used by another port"),

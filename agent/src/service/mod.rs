@@ -30,19 +30,54 @@ use crate::config::{
 pub struct Compiled {
     pub services: BTreeMap<ServiceKey, Service>,
     pub backends: BTreeMap<ServiceBackendKey, ServiceBackend>,
-    /// Service port id - 1 -> `namespace/name:port/PROTO` on network id.
-    pub names: Vec<(String, u32)>,
-    /// Limits hit, and what is not translated.
+    /// Service port id -> (`namespace/name:port/PROTO`, network id).
+    pub names: BTreeMap<u32, (String, u32)>,
+    /// Limits hit, and what is not translated: one line per Service.
     pub problems: Vec<String>,
+}
+
+/// The ports of a Service left out, and which share they did not fit.
+type Cut = (BTreeSet<(u16, Protocol)>, &'static str);
+
+/// One (network, ClusterIP, port, protocol) a Service wants programmed.
+struct Wanted<'a> {
+    svc: &'a crate::config::service::Service,
+    sp: &'a ServicePort,
+    net: u32,
+    key: ServiceKey,
+    backends: Vec<ServiceBackend>,
+}
+
+/// Max-min fair shares of `capacity` among `demands`: a namespace asking
+/// for no more than an equal part of what is left gets all it asks; the
+/// rest is split evenly among the larger ones. So however much one
+/// namespace asks for, every other keeps at least `capacity / namespaces`.
+pub fn fair_shares(demands: &BTreeMap<&str, usize>, capacity: usize) -> BTreeMap<String, usize> {
+    let mut by_demand: Vec<(&str, usize)> = demands.iter().map(|(k, d)| (*k, *d)).collect();
+    by_demand.sort_by_key(|(_, d)| *d);
+    let mut left = capacity;
+    let mut open = by_demand.len();
+    let mut out = BTreeMap::new();
+    for (ns, demand) in by_demand {
+        let got = demand.min(left / open);
+        out.insert(ns.to_string(), got);
+        left -= got;
+        open -= 1;
+    }
+    out
 }
 
 /// Compiles `cfg`'s Services for the networks in `local_networks` (those
 /// with a port on this node). `addresses` is the plan's `vmp_addresses`:
 /// which address is on which network, with the MAC that has it.
+/// `previous` is what the data path holds (Service key -> id): those go
+/// first within their namespace's share and keep their ids, so a newcomer
+/// that does not fit is the one left out.
 pub fn compile(
     cfg: &Config,
     addresses: &BTreeMap<AddrKey, AddrInfo>,
     local_networks: &BTreeSet<u32>,
+    previous: &BTreeMap<ServiceKey, u32>,
 ) -> Compiled {
     let mut out = Compiled::default();
     if cfg.services.is_empty() {
@@ -58,6 +93,7 @@ pub fn compile(
                 .push((k.network, info.mac));
         }
     }
+    let mut wanted: Vec<Wanted> = Vec::new();
     for svc in &cfg.services {
         let slices: Vec<&EndpointSlice> = cfg
             .endpoint_slices
@@ -89,54 +125,157 @@ pub fn compile(
                     continue;
                 }
                 for net in &networks {
-                    let backends = backends_of(&slices, sp, *net, &on_network);
-                    let key = ServiceKey::new(*net, vip4.octets(), sp.port, sp.protocol.number());
-                    if out.services.len() >= MAX_SERVICES as usize
-                        || out.backends.len() + backends.len() > MAX_SERVICE_BACKENDS as usize
-                    {
-                        out.problems.push(format!(
-                            "Service {}/{} port {}: more Service ports or backends than the data path holds; not translated",
-                            svc.namespace, svc.name, sp.port
-                        ));
-                        continue;
-                    }
-                    let id = out.names.len() as u32 + 1;
-                    out.names.push((
-                        format!(
-                            "{}/{}:{}/{}",
-                            svc.namespace,
-                            svc.name,
-                            sp.port,
-                            proto_name(sp.protocol)
-                        ),
-                        *net,
-                    ));
-                    for (slot, b) in backends.iter().enumerate() {
-                        out.backends.insert(
-                            ServiceBackendKey {
-                                service: id,
-                                slot: slot as u32,
-                            },
-                            *b,
-                        );
-                    }
-                    out.services.insert(
-                        key,
-                        Service {
-                            id,
-                            count: backends.len() as u32,
-                            affinity_timeout: svc.affinity_timeout.unwrap_or(0),
-                            flags: if svc.affinity_timeout.is_some() {
-                                SVC_F_AFFINITY
-                            } else {
-                                0
-                            },
-                            _pad: [0; 3],
-                        },
-                    );
+                    wanted.push(Wanted {
+                        svc,
+                        sp,
+                        net: *net,
+                        key: ServiceKey::new(*net, vip4.octets(), sp.port, sp.protocol.number()),
+                        backends: backends_of(&slices, sp, *net, &on_network),
+                    });
                 }
             }
         }
+    }
+    // What is programmed goes first (stable: then by namespace and name).
+    wanted.sort_by_key(|w| !previous.contains_key(&w.key));
+
+    // Each namespace's share of the Service ports, then of the backends
+    // among the ports it keeps.
+    let mut demand: BTreeMap<&str, usize> = BTreeMap::new();
+    for w in &wanted {
+        *demand.entry(w.svc.namespace.as_str()).or_default() += 1;
+    }
+    let port_share = fair_shares(&demand, MAX_SERVICES as usize);
+    let mut used: BTreeMap<&str, usize> = BTreeMap::new();
+    let mut taken: BTreeSet<ServiceKey> = BTreeSet::new();
+    let mut kept: Vec<&Wanted> = Vec::new();
+    // Per Service: the ports left out, and why.
+    let mut cut: BTreeMap<(&str, &str), Cut> = BTreeMap::new();
+    for w in &wanted {
+        let ns = w.svc.namespace.as_str();
+        if !taken.insert(w.key) {
+            out.problems.push(format!(
+                "Service {}/{} port {}/{}: its ClusterIP and port are another Service's; not translated",
+                w.svc.namespace,
+                w.svc.name,
+                w.sp.port,
+                proto_name(w.sp.protocol)
+            ));
+            continue;
+        }
+        let n = used.entry(ns).or_default();
+        if *n >= port_share[ns] {
+            cut.entry((ns, w.svc.name.as_str()))
+                .or_insert((BTreeSet::new(), "Service ports"))
+                .0
+                .insert((w.sp.port, w.sp.protocol));
+            continue;
+        }
+        *n += 1;
+        kept.push(w);
+    }
+    let mut demand: BTreeMap<&str, usize> = BTreeMap::new();
+    for w in &kept {
+        *demand.entry(w.svc.namespace.as_str()).or_default() += w.backends.len();
+    }
+    let backend_share = fair_shares(&demand, MAX_SERVICE_BACKENDS as usize);
+    let mut used: BTreeMap<&str, usize> = BTreeMap::new();
+    kept.retain(|w| {
+        let ns = w.svc.namespace.as_str();
+        let n = used.entry(ns).or_default();
+        if *n + w.backends.len() > backend_share[ns] {
+            cut.entry((ns, w.svc.name.as_str()))
+                .or_insert((BTreeSet::new(), "backends"))
+                .0
+                .insert((w.sp.port, w.sp.protocol));
+            return false;
+        }
+        *n += w.backends.len();
+        true
+    });
+
+    // Ids: a programmed Service port keeps its own; a new one takes the
+    // smallest free.
+    let mut ids: Vec<u32> = vec![0; kept.len()];
+    let mut in_use: BTreeSet<u32> = BTreeSet::new();
+    for (i, w) in kept.iter().enumerate() {
+        if let Some(&id) = previous.get(&w.key)
+            && id != 0
+            && in_use.insert(id)
+        {
+            ids[i] = id;
+        }
+    }
+    let mut next = 1u32;
+    for id in ids.iter_mut().filter(|id| **id == 0) {
+        while in_use.contains(&next) {
+            next += 1;
+        }
+        *id = next;
+        in_use.insert(next);
+    }
+    for (w, id) in kept.iter().zip(ids) {
+        out.names.insert(
+            id,
+            (
+                format!(
+                    "{}/{}:{}/{}",
+                    w.svc.namespace,
+                    w.svc.name,
+                    w.sp.port,
+                    proto_name(w.sp.protocol)
+                ),
+                w.net,
+            ),
+        );
+        for (slot, b) in w.backends.iter().enumerate() {
+            out.backends.insert(
+                ServiceBackendKey {
+                    service: id,
+                    slot: slot as u32,
+                },
+                *b,
+            );
+        }
+        out.services.insert(
+            w.key,
+            Service {
+                id,
+                count: w.backends.len() as u32,
+                affinity_timeout: w.svc.affinity_timeout.unwrap_or(0),
+                flags: if w.svc.affinity_timeout.is_some() {
+                    SVC_F_AFFINITY
+                } else {
+                    0
+                },
+                _pad: [0; 3],
+            },
+        );
+    }
+    // One line per Service, however many ports and networks it lost.
+    for ((ns, name), (ports, what)) in cut {
+        let svc = cfg
+            .services
+            .iter()
+            .find(|s| s.namespace == ns && s.name == name)
+            .expect("a cut Service is one of the config's");
+        let which = if ports.len() <= 4 {
+            let list: Vec<String> = ports
+                .iter()
+                .map(|(p, proto)| format!("{p}/{}", proto_name(*proto)))
+                .collect();
+            format!("port {}", list.join(", "))
+        } else {
+            format!("{} of its {} ports", ports.len(), svc.ports.len())
+        };
+        let (share, cap) = if what == "backends" {
+            (backend_share[ns], MAX_SERVICE_BACKENDS)
+        } else {
+            (port_share[ns], MAX_SERVICES)
+        };
+        out.problems.push(format!(
+            "Service {ns}/{name}: {which} not translated: namespace {ns:?} has its share of the data path's {what} ({share} of {cap})"
+        ));
     }
     out
 }

@@ -56,7 +56,12 @@ fn compiled(docs: &str) -> Compiled {
             );
         }
     }
-    compile(&cfg, &addresses, &[BLUE, RED].into_iter().collect())
+    compile(
+        &cfg,
+        &addresses,
+        &[BLUE, RED].into_iter().collect(),
+        &BTreeMap::new(),
+    )
 }
 
 fn errors(docs: &str) -> Vec<ConfigError> {
@@ -125,7 +130,7 @@ fn ready_endpoints_on_the_network_become_the_backends_of_each_port() {
     // Only on the network its endpoints are on.
     assert_eq!(svc(&c, RED, 80, TCP), None);
     assert_eq!(http.flags, 0);
-    assert_eq!(c.names[http.id as usize - 1].0, "default/web:80/TCP");
+    assert_eq!(c.names[&http.id].0, "default/web:80/TCP");
 }
 
 #[test]
@@ -326,4 +331,123 @@ fn a_cluster_ip_that_is_a_vms_address_or_on_a_network_is_refused_naming_both() {
     let cfg = config(&format!("{green}{WEB}"));
     assert!(cfg.errors.is_empty(), "{:?}", cfg.errors);
     assert_eq!(cfg.services.len(), 1);
+}
+
+#[test]
+fn fair_shares_give_small_namespaces_all_they_ask() {
+    let demands: BTreeMap<&str, usize> = [("a", 100_000), ("b", 10), ("c", 5000), ("d", 6000)]
+        .into_iter()
+        .collect();
+    let s = fair_shares(&demands, 16384);
+    assert_eq!(s["b"], 10);
+    // What b leaves is split evenly among the three larger ones.
+    assert_eq!(s["c"], 5000);
+    assert_eq!(s["d"], (16384 - 10 - 5000) / 2);
+    assert_eq!(s["a"], 16384 - 10 - 5000 - s["d"]);
+    assert!(s.values().sum::<usize>() <= 16384);
+}
+
+/// A Service `ns/name` on 10.96.1.`vip` with TCP ports 1..=n and no slice
+/// (translated on every network: a reject).
+fn many_ports(ns: &str, name: &str, vip: u8, n: u16) -> crate::config::service::Service {
+    crate::config::service::Service {
+        namespace: ns.into(),
+        name: name.into(),
+        cluster_ips: vec![IpAddr::V4(Ipv4Addr::new(10, 96, 1, vip))],
+        ports: (1..=n)
+            .map(|p| ServicePort {
+                name: format!("p{p}"),
+                port: p,
+                protocol: Protocol::Tcp,
+                target_port: Some(p),
+            })
+            .collect(),
+        affinity_timeout: None,
+    }
+}
+
+fn compile_with(cfg: &Config, previous: &BTreeMap<ServiceKey, u32>) -> Compiled {
+    let mut addresses = BTreeMap::new();
+    for a in &cfg.attachments {
+        let net = cfg.network(&a.network).unwrap().id;
+        for ip in &a.ips {
+            addresses.insert(
+                AddrKey::from_ip(net, ip.addr()),
+                AddrInfo {
+                    origin: ADDR_STATIC,
+                    mac: a.mac.unwrap(),
+                    ..Default::default()
+                },
+            );
+        }
+    }
+    compile(
+        cfg,
+        &addresses,
+        &[BLUE, RED].into_iter().collect(),
+        previous,
+    )
+}
+
+fn programmed(c: &Compiled) -> BTreeMap<ServiceKey, u32> {
+    c.services.iter().map(|(k, s)| (*k, s.id)).collect()
+}
+
+#[test]
+fn a_huge_service_in_one_namespace_leaves_the_others_translated_and_is_reported_once() {
+    let mut cfg = config(&format!(
+        "{WEB}{}",
+        slice("web-1", "[{addresses: [10.1.0.11]}]", PORTS)
+    ));
+    let before = compile_with(&cfg, &BTreeMap::new());
+    let web = svc(&before, BLUE, 80, TCP).unwrap();
+    // "aaa" sorts before "default"; on two networks its 10,000 ports are
+    // 20,000 Service ports, more than the data path holds.
+    cfg.services.insert(0, many_ports("aaa", "huge", 1, 10_000));
+    let after = compile_with(&cfg, &programmed(&before));
+    assert_eq!(
+        svc(&after, BLUE, 80, TCP),
+        Some(web),
+        "default/web lost its place or id"
+    );
+    assert!(svc(&after, BLUE, 53, UDP).is_some());
+    assert_eq!(after.services.len(), MAX_SERVICES as usize);
+    let huge: Vec<&String> = after
+        .problems
+        .iter()
+        .filter(|p| p.contains("aaa/huge"))
+        .collect();
+    assert_eq!(
+        huge,
+        [&format!(
+            "Service aaa/huge: {} of its 10000 ports not translated: namespace \"aaa\" has its share of the data path's Service ports (16382 of 16384)",
+            // The last ports, cut on both networks, each counted once.
+            (20_000 - 16382) / 2
+        )],
+        "{:?}",
+        after.problems
+    );
+    // Without what was programmed, the order alone does not matter either.
+    let cold = compile_with(&cfg, &BTreeMap::new());
+    assert!(svc(&cold, BLUE, 80, TCP).is_some());
+}
+
+#[test]
+fn what_is_programmed_stays_when_a_newcomer_of_the_same_namespace_does_not_fit() {
+    let mut cfg = config("");
+    cfg.services
+        .push(many_ports("aaa", "huge", 1, MAX_SERVICES as u16 / 2));
+    let before = compile_with(&cfg, &BTreeMap::new());
+    assert_eq!(before.services.len(), MAX_SERVICES as usize);
+    assert!(before.problems.is_empty(), "{:?}", before.problems);
+    // A newcomer sorting first: it is the one left out.
+    cfg.services.insert(0, many_ports("aaa", "a-new", 2, 3));
+    let after = compile_with(&cfg, &programmed(&before));
+    assert_eq!(after.services, before.services, "programmed ports moved");
+    assert_eq!(
+        after.problems,
+        [
+            "Service aaa/a-new: port 1/TCP, 2/TCP, 3/TCP not translated: namespace \"aaa\" has its share of the data path's Service ports (16384 of 16384)"
+        ]
+    );
 }
