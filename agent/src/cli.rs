@@ -2,6 +2,7 @@
 //! API (see `api`). It speaks plain HTTP/1.0 over the unix socket.
 
 use std::{
+    collections::BTreeMap,
     fmt::Write as _,
     io::{self, Read as _, Write as _},
     os::unix::net::UnixStream,
@@ -367,38 +368,7 @@ pub fn net(cmd: &NetCommand) -> Result<()> {
             if client.output == Format::Json {
                 return print_json(&body);
             }
-            let rows: Vec<Vec<String>> = list
-                .networks
-                .iter()
-                .map(|n| {
-                    vec![
-                        n.name.clone(),
-                        n.id.to_string(),
-                        n.role.clone(),
-                        on_off(n.ipam).into(),
-                        join(&n.subnets),
-                        join(&n.gateway_ips),
-                        n.egress.clone(),
-                        n.attachments.to_string(),
-                    ]
-                })
-                .collect();
-            print!(
-                "{}",
-                table(
-                    &[
-                        "NAME",
-                        "ID",
-                        "ROLE",
-                        "IPAM",
-                        "SUBNETS",
-                        "GATEWAYS",
-                        "EGRESS",
-                        "INTERFACES"
-                    ],
-                    &rows
-                )
-            );
+            print!("{}", net_table(&list));
             Ok(())
         }
         NetCommand::Show { name, client } => {
@@ -428,7 +398,7 @@ pub fn net(cmd: &NetCommand) -> Result<()> {
                         on_off(net.ip_filter)
                     ),
                 ),
-                ("egress", net.egress.clone()),
+                ("egress", egress(&net.egress).to_string()),
                 ("MTU", net.mtu.to_string()),
             ] {
                 let _ = writeln!(out, "  {:<16} {}", format!("{k}:"), or_dash(&v));
@@ -586,6 +556,48 @@ fn format_status(s: &Status) -> String {
     out
 }
 
+fn net_table(list: &NetworkList) -> String {
+    let rows: Vec<Vec<String>> = list
+        .networks
+        .iter()
+        .map(|n| {
+            vec![
+                n.name.clone(),
+                n.id.to_string(),
+                n.role.clone(),
+                on_off(n.ipam).into(),
+                join(&n.subnets),
+                join(&n.gateway_ips),
+                egress(&n.egress).to_string(),
+                n.attachments.to_string(),
+            ]
+        })
+        .collect();
+    table(
+        &[
+            "NAME",
+            "ID",
+            "ROLE",
+            "IPAM",
+            "SUBNETS",
+            "GATEWAYS",
+            "EGRESS",
+            "INTERFACES",
+        ],
+        &rows,
+    )
+}
+
+/// A network's egress as its config takes it (`SNAT`, `Routed`): the API
+/// carries the model's variant name, `Snat`.
+fn egress(api: &str) -> &str {
+    if api.eq_ignore_ascii_case("snat") {
+        "SNAT"
+    } else {
+        api
+    }
+}
+
 fn vm_table(rows: &[VmRow]) -> String {
     let rows: Vec<Vec<String>> = rows
         .iter()
@@ -688,6 +700,10 @@ fn format_interface(i: &InterfaceDetail) -> String {
         ),
         None => String::new(),
     };
+    let dhcp = match &i.dhcp {
+        Some(c) => format_dhcp(c),
+        None => "none received on this node".into(),
+    };
     for (k, v) in [
         ("mac", mac),
         ("ips", format_ips(&a.ips)),
@@ -696,6 +712,7 @@ fn format_interface(i: &InterfaceDetail) -> String {
         ("state", i.state.clone()),
         ("migration", migration),
         ("counters", counters),
+        ("dhcp", dhcp),
         ("rate-limit", rate_limited),
     ] {
         let _ = writeln!(out, "    {:<11} {}", format!("{k}:"), or_dash(&v));
@@ -710,6 +727,29 @@ fn format_interface(i: &InterfaceDetail) -> String {
         }
     }
     out
+}
+
+/// The slow path's messages for one interface: received, replied and
+/// dropped, each with its total and its kinds (`discover 2, request 1`).
+fn format_dhcp(c: &crate::slowpath::Counters) -> String {
+    let part = |what: &str, by_kind: &BTreeMap<String, u64>| {
+        let total: u64 = by_kind.values().sum();
+        if total == 0 {
+            return format!("{what} 0");
+        }
+        let kinds: Vec<String> = by_kind
+            .iter()
+            .filter(|(_, n)| **n > 0)
+            .map(|(kind, n)| format!("{kind} {n}"))
+            .collect();
+        format!("{what} {total} ({})", kinds.join(", "))
+    };
+    [
+        part("received", &c.received),
+        part("replied", &c.replied),
+        part("dropped", &c.dropped),
+    ]
+    .join("; ")
 }
 
 /// A left-aligned table with a header row.
@@ -941,9 +981,38 @@ mod tests {
         let text = format_vm(&vm);
         assert!(text.contains("    mac:        not known yet\n"), "{text}");
         assert!(
+            text.contains("    dhcp:       none received on this node\n"),
+            "{text}"
+        );
+        vm.interfaces[0].dhcp = Some(crate::slowpath::Counters {
+            received: BTreeMap::from([("discover".into(), 2), ("request".into(), 1)]),
+            replied: BTreeMap::from([("discover".into(), 2), ("request".into(), 0)]),
+            dropped: BTreeMap::new(),
+        });
+        let text = format_vm(&vm);
+        assert!(
+            text.contains(
+                "    dhcp:       received 3 (discover 2, request 1); replied 2 (discover 2); dropped 0\n"
+            ),
+            "{text}"
+        );
+        assert!(
             text.contains("    counters:   rx 1 packets / 60 bytes, tx 2 packets / 120 bytes, drops 0, gateway replies 1\n"),
             "{text}"
         );
+    }
+
+    #[test]
+    fn net_list_prints_egress_as_config_takes_it() {
+        let mut list: NetworkList = answer("/v1/networks");
+        list.networks[0].egress = "Snat".into();
+        let text = net_table(&list);
+        assert!(
+            text.lines().nth(1).is_some_and(|l| l.contains("  SNAT  ")),
+            "{text}"
+        );
+        list.networks[0].egress = "Routed".into();
+        assert!(net_table(&list).contains("  Routed  "));
     }
 
     #[test]
