@@ -481,10 +481,10 @@ fn add(shared: &Published, registry: &Registry, e: EndpointRequest) -> Reply {
             if programmed {
                 drop(done);
                 // Only a VM's claim outlives its pod.
-                if e.vm {
-                    if let Err(err) = registry.update(|s| s.kept.insert(e.kept_key())) {
-                        warn!("recording the kept claim of {key}: {err}");
-                    }
+                if e.vm
+                    && let Err(err) = registry.update(|s| s.kept.insert(e.kept_key()))
+                {
+                    warn!("recording the kept claim of {key}: {err}");
                 }
                 // How long the runtime's ADD waited on the agent.
                 info!(
