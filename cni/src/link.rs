@@ -166,13 +166,16 @@ impl Netlink {
 
     /// Creates the veth pair: `host` here, `ifname` directly in the pod's
     /// namespace with `mac` when given, both with `mtu`, both up; the host
-    /// side carries [`CNI_PORT_ALIAS`]. Nothing is left behind on failure.
+    /// side carries [`CNI_PORT_ALIAS`]. With `quiet`, the pod side's kernel
+    /// IPv6 is off before it comes up ([`Netlink::quiet_ipv6`]). Nothing is
+    /// left behind on failure.
     pub fn create_veth(
         &self,
         host: &str,
         ifname: &str,
         mac: Option<&str>,
         mtu: u32,
+        quiet: bool,
     ) -> Result<LinkInfo, String> {
         let (pod, ns, path) = self.pod()?;
         if self.get(pod, ifname)?.is_some() {
@@ -201,6 +204,9 @@ impl Netlink {
             let pod_side = self
                 .get(pod, ifname)?
                 .ok_or_else(|| format!("{ifname} vanished from {path}"))?;
+            if quiet {
+                self.quiet_ipv6(ifname)?;
+            }
             self.rt
                 .block_on(async {
                     pod.link()
@@ -226,6 +232,36 @@ impl Netlink {
         finish().inspect_err(|_| {
             let _ = self.delete(host);
         })
+    }
+
+    /// Switches the kernel's own IPv6 off on the pod's `ifname`:
+    /// `addr_gen_mode` 1 (no link-local address) and `disable_ipv6` 1, in
+    /// the pod's namespace. A VM pod's interface carries the VM's MAC and
+    /// is only bridged to the VM; were its kernel to speak (DAD from ::,
+    /// MLD, router solicitation the moment the link is up), a live
+    /// migration's target would look as if the VM had resumed there while
+    /// it still runs on the source. Must run before the link goes up. A
+    /// kernel without IPv6 has nothing to switch off.
+    fn quiet_ipv6(&self, ifname: &str) -> Result<(), String> {
+        let (_, ns, path) = self.pod()?;
+        let home = File::open("/proc/thread-self/ns/net")
+            .map_err(|e| format!("opening this thread's namespace: {e}"))?;
+        enter(&ns.as_fd()).map_err(|e| format!("entering {path}: {e}"))?;
+        // /proc/sys/net is the namespace of the thread that opens it.
+        let written = (|| {
+            if !std::path::Path::new("/proc/sys/net/ipv6").exists() {
+                return Ok(());
+            }
+            for (key, value) in [("addr_gen_mode", "1"), ("disable_ipv6", "1")] {
+                let file = format!("/proc/sys/net/ipv6/conf/{ifname}/{key}");
+                std::fs::write(&file, value)
+                    .map_err(|e| format!("setting {file} to {value} in {path}: {e}"))?;
+            }
+            Ok(())
+        })();
+        // Back home before anything else, whatever happened.
+        enter(&home.as_fd()).map_err(|e| format!("leaving {path}: {e}"))?;
+        written
     }
 
     /// Deletes `name` here (its veth peer goes with it); absent is fine.

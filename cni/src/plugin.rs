@@ -383,7 +383,9 @@ impl Cni for VmpathCni {
         let nl = netlink(Some(&netns))?;
         refuse_second_add(&conf.socket, &call, &nl)?;
         let pod_side = nl
-            .create_veth(&host, &call.ifname, mac.as_deref(), mtu)
+            // A VM pod's interface only carries the VM's frames: its own
+            // kernel stays silent (see `quiet_ipv6`).
+            .create_veth(&host, &call.ifname, mac.as_deref(), mtu, vm)
             .map_err(|e| {
                 Error::Custom(
                     CODE_AGENT_REFUSED,

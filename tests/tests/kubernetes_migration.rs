@@ -4,7 +4,10 @@
 //! vm1 runs on node a (its VMI, virt-launcher pod and IPAMClaim), vm2 on
 //! node b pings it all along. The objects appear in KubeVirt's order: the
 //! VMIM and the target virt-launcher pod (label `kubevirt.io/migrationJobUID`)
-//! on b, whose CNI ADD returns once its port is programmed pending; then the
+//! on b, whose CNI ADD returns once its port is programmed pending (made by
+//! vmpath-cni as Multus calls it: the VM's MAC from the network selection
+//! element, the pod namespace's default sysctls, IPv6 on; its kernel says
+//! nothing from the VM's MAC, and vm1 stays on a); then the
 //! VMI's `status.migrationState`; the VM resumes on the target and announces
 //! itself (QEMU's RARP), which cuts over in the data path; then
 //! `migrationState.completed`, the VMIM `Succeeded`, and the source pod is
@@ -181,6 +184,33 @@ impl Bed {
         )
     }
 
+    /// The CNI ADD of `pod`'s interface on `node` with the VM's MAC, as
+    /// Multus makes it for a network selection element with `"mac"`:
+    /// `MAC=` in `CNI_ARGS` and `runtimeConfig.mac`.
+    fn cni_add_with_mac(&self, node: &str, pod: &str, netns: &Netns, mac: &str) -> (bool, Value) {
+        let (n, conf) = self.node(node);
+        let mut conf: Value = serde_json::from_str(conf).unwrap();
+        conf["runtimeConfig"] = json!({"mac": mac});
+        let cni_args =
+            format!("IgnoreUnknown=1;K8S_POD_NAMESPACE=prod;K8S_POD_NAME={pod};MAC={mac}");
+        let container = format!("c{}{pod}", self.tag);
+        let env = [
+            ("CNI_CONTAINERID", container.as_str()),
+            ("CNI_NETNS", &netns.path()),
+            ("CNI_IFNAME", IFNAME),
+            ("CNI_ARGS", &cni_args),
+        ];
+        let out = multus::run_plugin(n, "ADD", &env, &conf.to_string());
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        let json = serde_json::from_str(&stdout).unwrap_or_else(|_| {
+            panic!(
+                "plugin output is not JSON: {stdout}\nstderr: {}",
+                String::from_utf8_lossy(&out.stderr)
+            )
+        });
+        (out.status.success(), json)
+    }
+
     fn vm_show(&self, node: &Node) -> String {
         vmpath_tests::run(&[
             vmpath_tests::vmpath_bin().to_str().unwrap(),
@@ -281,10 +311,49 @@ fn start_migration(bed: &Bed) -> (Netns, String) {
     bed.server.put(vmim("Scheduling"));
     bed.server.put(target_pod(&bed.server));
     let target = Netns::new(format!("vt{}-vm1t", bed.tag));
-    let (ok, result) = bed.cni("b", TARGET_POD, &target, "ADD");
+    // A new pod namespace as the runtime makes it: IPv6 on for every
+    // interface that appears in it.
+    assert_eq!(
+        target
+            .run(&["sysctl", "-n", "net.ipv6.conf.default.disable_ipv6"])
+            .trim(),
+        "0"
+    );
+    let (ok, result) = bed.cni_add_with_mac("b", TARGET_POD, &target, VM1_MAC);
     assert!(
         ok,
         "the target pod's ADD returns before the migration runs: {result}"
+    );
+    // The pod's interface is up with the VM's MAC while the VM runs on a.
+    // Its kernel must not speak from that MAC (DAD, MLD, router
+    // solicitation): b would take that for the VM resuming and pull vm1's
+    // traffic away from a. The kernel sends those within about 2 s of the
+    // link coming up; vm2 reaches vm1 on a all that time.
+    let link = target.run(&["ip", "-j", "-6", "addr", "show", "dev", IFNAME]);
+    let link: Value = serde_json::from_str(&link).unwrap();
+    assert!(
+        link.as_array()
+            .unwrap()
+            .iter()
+            .all(|l| l["addr_info"].as_array().is_none_or(Vec::is_empty)),
+        "the target pod's kernel made itself an IPv6 address: {link}"
+    );
+    let show = target.run(&["ip", "-j", "link", "show", "dev", IFNAME]);
+    let show: Value = serde_json::from_str(&show).unwrap();
+    assert_eq!(show[0]["address"].as_str(), Some(VM1_MAC), "{show}");
+    assert_eq!(show[0]["operstate"].as_str(), Some("UP"), "{show}");
+    let replies = vm2_replies(bed, 15);
+    let port = result["interfaces"][0]["name"].as_str().unwrap_or_default();
+    assert!(
+        port_flags(&bed.b, port).is_some_and(|f| f & common::PORT_F_PENDING != 0),
+        "b cut over to the target pod before the VM moved ({replies} of 15 pings to vm1 on a answered)"
+    );
+    assert_eq!(replies, 15, "vm2 -> vm1 on a while the target pod is up");
+    assert!(
+        !bed.b
+            .agent_log()
+            .contains("the VM spoke on the target port"),
+        "b took the target pod's interface for the VM"
     );
     let port = result["interfaces"][0]["name"]
         .as_str()
@@ -322,6 +391,30 @@ fn start_migration(bed: &Bed) -> (Netns, String) {
     );
     assert!(bed.vm2.ping(VM1_IP, 2), "vm2 -> vm1 on a while pending");
     (target, port)
+}
+
+/// Echo replies vm2 gets from vm1 of `count` requests 200 ms apart.
+fn vm2_replies(bed: &Bed, count: u32) -> u64 {
+    let out = bed.vm2.run_status(&[
+        "ping",
+        "-n",
+        "-c",
+        &count.to_string(),
+        "-i",
+        "0.2",
+        "-W",
+        "1",
+        VM1_IP,
+    ]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    text.lines()
+        .find(|l| l.contains("packets transmitted"))
+        .and_then(|l| {
+            let words: Vec<&str> = l.split([' ', ',']).filter(|w| !w.is_empty()).collect();
+            let i = words.iter().position(|w| *w == "received")?;
+            words[i - 1].parse().ok()
+        })
+        .unwrap_or_else(|| panic!("no ping summary: {text}"))
 }
 
 /// The host side of `pod`'s interface on `node`, from the agent's status.
