@@ -170,7 +170,10 @@ pub fn accept(
                         format!("{ip} is held by {holder} (configured or claimed)"),
                     ))
                 } else if configured.contains_key(&(net.id, ip)) {
-                    // The port's own configured address: not a learned one.
+                    // The port's own configured address, in use: routed
+                    // and exported as learned (`advertise.learned`), not
+                    // counted against the cap.
+                    out.routable.insert(*key, LearnedIp { seen: 0, ..*seen });
                     continue;
                 } else if node_addresses.contains(&ip) {
                     Some(refuse("node_address", format!("{ip} is a node's address")))
@@ -416,6 +419,19 @@ mod tests {
                 key.ip()
             );
         }
+    }
+
+    #[test]
+    fn a_ports_own_configured_address_in_use_is_routed_uncapped() {
+        let key = v4([10, 0, 0, 20]);
+        let raw = BTreeMap::from([(key, seen(12, 0)), (v4([10, 0, 0, 21]), seen(12, 0))]);
+        let limits = Limits {
+            per_port: 1,
+            ..Limits::default()
+        };
+        let out = run(&raw, &BTreeMap::new(), limits);
+        assert!(out.routable.contains_key(&key) && out.routable.contains_key(&v4([10, 0, 0, 21])));
+        assert!(out.refused.is_empty(), "{:?}", out.refused);
     }
 
     #[test]

@@ -94,28 +94,6 @@ pub fn is_up(ifname: &str) -> bool {
         .is_some_and(|req| (unsafe { req.ifr_ifru.ifru_flags } as i32 & libc::IFF_UP) != 0)
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn loopback_is_found_by_name_and_by_address() {
-        let lo = ifindex_of("lo").expect("lo exists in every namespace");
-        assert!(lo > 0);
-        assert_eq!(holding(Ipv4Addr::LOCALHOST).as_deref(), Some("lo"));
-        assert!(mtu_of("lo").is_some_and(|m| m >= 1280));
-    }
-
-    #[test]
-    fn a_missing_interface_is_none() {
-        assert_eq!(ifindex_of("vmp-no-such0"), None);
-        assert_eq!(ifindex_of("bad\0name"), None);
-        assert_eq!(mtu_of("vmp-no-such0"), None);
-        assert!(!is_up("vmp-no-such0"));
-        assert_eq!(holding(Ipv4Addr::new(192, 0, 2, 254)), None);
-    }
-}
-
 /// Every address of this namespace's interfaces (IPv4 and IPv6).
 pub fn local_addresses() -> std::collections::BTreeSet<std::net::IpAddr> {
     let mut out = std::collections::BTreeSet::new();
@@ -151,4 +129,26 @@ pub fn local_addresses() -> std::collections::BTreeSet<std::net::IpAddr> {
     // SAFETY: `head` came from getifaddrs and is freed once.
     unsafe { libc::freeifaddrs(head) };
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn loopback_is_found_by_name_and_by_address() {
+        let lo = ifindex_of("lo").expect("lo exists in every namespace");
+        assert!(lo > 0);
+        assert_eq!(holding(Ipv4Addr::LOCALHOST).as_deref(), Some("lo"));
+        assert!(mtu_of("lo").is_some_and(|m| m >= 1280));
+    }
+
+    #[test]
+    fn a_missing_interface_is_none() {
+        assert_eq!(ifindex_of("vmp-no-such0"), None);
+        assert_eq!(ifindex_of("bad\0name"), None);
+        assert_eq!(mtu_of("vmp-no-such0"), None);
+        assert!(!is_up("vmp-no-such0"));
+        assert_eq!(holding(Ipv4Addr::new(192, 0, 2, 254)), None);
+    }
 }

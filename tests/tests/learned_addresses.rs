@@ -133,7 +133,7 @@ fn a_guest_cannot_teach_vmpath_the_nodes_the_fabrics_or_its_neighbours_addresses
     let refused = refused_of(&view, "learned_refused");
     for (ip, why) in [
         (NODE_B, "node's address"),
-        (NODE_A, "outside"),
+        (NODE_A, "node's address"),
         (TOR_IP, "outside"),
         (GATEWAY, "gateway"),
         (IMP_IP, "held by"),
