@@ -338,7 +338,13 @@ pub fn run(
             continue;
         }
         warned_empty = false;
-        let mut validated = config::validate(&snap, &opts.node, &accepted);
+        // Who holds which address and MAC (the claims store), so that
+        // after a restart document order does not decide it.
+        let held = store
+            .all()
+            .map(|c| config::Held::from_claims(&c))
+            .unwrap_or_default();
+        let mut validated = config::validate_held(&snap, &opts.node, &accepted, &held);
         // With the Kubernetes source the objects keep addresses (a VMI's
         // interfaces while it exists, a pod's IPAMClaim while the pod
         // does): a CNI port kept past its pod would hold an address the

@@ -21,7 +21,7 @@ use std::{
 use ipnet::IpNet;
 use serde::{Deserialize, Serialize};
 
-pub use validate::validate;
+pub use validate::{Held, validate, validate_held};
 
 use model::{Advertise, Dhcp, Egress, MacPolicy, Migration, Role};
 

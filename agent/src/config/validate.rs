@@ -80,6 +80,30 @@ impl Doc<'_> {
     }
 }
 
+/// Who holds an address or MAC on a network (`namespace/vm/interface`),
+/// as recorded outside the documents: the claims store.
+#[derive(Debug, Default, Clone)]
+pub struct Held {
+    pub ips: HashMap<(String, IpAddr), String>,
+    pub macs: HashMap<(String, [u8; 6]), String>,
+}
+
+impl Held {
+    /// What the claims store records.
+    pub fn from_claims(claims: &BTreeMap<String, crate::store::Claim>) -> Self {
+        let mut held = Held::default();
+        for (key, c) in claims {
+            for ip in &c.ips {
+                held.ips.insert((c.network.clone(), ip.addr()), key.clone());
+            }
+            if let Some(mac) = c.mac.as_deref().and_then(|m| parse_mac(m).ok()) {
+                held.macs.insert((c.network.clone(), mac), key.clone());
+            }
+        }
+        held
+    }
+}
+
 /// Validates every document. `keep_first` lists attachments accepted by the
 /// previous round: in a conflict they win, so a running VM is never the one
 /// refused.
@@ -87,6 +111,18 @@ pub fn validate(
     snapshot: &Snapshot,
     node_name: &str,
     keep_first: &BTreeSet<AttachmentKey>,
+) -> Config {
+    validate_held(snapshot, node_name, keep_first, &Held::default())
+}
+
+/// As [`validate`]; an address or MAC `held` records for one VM interface
+/// stays with it whatever order the documents come in (after a restart
+/// `keep_first` is empty): another Attachment asking for it is refused.
+pub fn validate_held(
+    snapshot: &Snapshot,
+    node_name: &str,
+    keep_first: &BTreeSet<AttachmentKey>,
+    held: &Held,
 ) -> Config {
     let mut cfg = Config {
         errors: snapshot.errors.clone(),
@@ -239,6 +275,64 @@ pub fn validate(
             Err(e) => cfg.errors.push(e),
         }
     }
+    // An address or MAC the claims store gives to one of these attachments
+    // stays with it (unless its document now asks for other ones): every
+    // other asking for it is refused, before document order can decide.
+    let by_key: HashMap<String, &Attachment> =
+        parsed.iter().map(|(a, _)| (a.key.to_string(), a)).collect();
+    let keeps_ip = |holder: &str, net: &str, ip: IpAddr| {
+        by_key.get(holder).is_some_and(|o| {
+            o.network == net && (o.ips.is_empty() || o.ips.iter().any(|n| n.addr() == ip))
+        })
+    };
+    let keeps_mac = |holder: &str, net: &str, mac: [u8; 6]| {
+        by_key
+            .get(holder)
+            .is_some_and(|o| o.network == net && o.mac.is_none_or(|m| m == mac))
+    };
+    let mut taken: BTreeSet<usize> = BTreeSet::new();
+    for (i, (a, doc)) in parsed.iter().enumerate() {
+        let me = a.key.to_string();
+        let ip_holder = a.ips.iter().find_map(|ip| {
+            held.ips
+                .get(&(a.network.clone(), ip.addr()))
+                .filter(|h| **h != me && keeps_ip(h, &a.network, ip.addr()))
+                .map(|h| (ip.addr(), h))
+        });
+        let error = if let Some((ip, holder)) = ip_holder {
+            doc.error(
+                "spec.ips",
+                format!(
+                    "IP {ip} is already held by VM interface {holder} on network {:?}",
+                    a.network
+                ),
+            )
+        } else if let Some(mac) = a.mac
+            && let Some(holder) = held
+                .macs
+                .get(&(a.network.clone(), mac))
+                .filter(|h| **h != me && keeps_mac(h, &a.network, mac))
+        {
+            doc.error(
+                "spec.mac",
+                format!(
+                    "MAC {} is already held by VM interface {holder} on network {:?}",
+                    super::format_mac(&mac),
+                    a.network
+                ),
+            )
+        } else {
+            continue;
+        };
+        cfg.errors.push(error);
+        taken.insert(i);
+    }
+    drop(by_key);
+    let mut i = 0;
+    parsed.retain(|_| {
+        i += 1;
+        !taken.contains(&(i - 1))
+    });
     // Attachments that were running go first, so they keep what they hold.
     parsed.sort_by_key(|(a, _)| !keep_first.contains(&a.key));
     let mut seen_keys: BTreeMap<AttachmentKey, String> = BTreeMap::new();
@@ -1064,5 +1158,117 @@ mod node_spec_tests {
         assert!(cfg.node.is_none(), "an IPv4 snatAddress6 accepted");
         assert_eq!(cfg.errors.len(), 1, "{:?}", cfg.errors);
         assert_eq!(cfg.errors[0].field, "spec.snatAddress6");
+    }
+}
+
+#[cfg(test)]
+mod holder_tests {
+    use super::*;
+
+    fn docs(order: &[usize]) -> Snapshot {
+        let all = [
+            serde_json::json!({
+                "apiVersion": API_VERSION, "kind": "Network", "metadata": {"name": "green"},
+                "spec": {"id": 9, "subnets": ["10.64.0.0/16"], "ipam": {"mode": "Enabled"}},
+            }),
+            serde_json::json!({
+                "apiVersion": API_VERSION, "kind": "Attachment",
+                "metadata": {"name": "vmv1-green", "namespace": "nsa"},
+                "spec": {"vm": "vmv1", "interface": "green", "network": "green", "node": "a",
+                         "port": "p-vmv1", "ips": ["10.64.0.50/16"], "mac": "02:00:00:00:00:50"},
+            }),
+            serde_json::json!({
+                "apiVersion": API_VERSION, "kind": "Attachment",
+                "metadata": {"name": "vmx1-green", "namespace": "nsb"},
+                "spec": {"vm": "vmx1", "interface": "green", "network": "green", "node": "a",
+                         "port": "p-vmx1", "ips": ["10.64.0.50/16"], "mac": "02:00:00:00:00:51"},
+            }),
+            serde_json::json!({
+                "apiVersion": API_VERSION, "kind": "Attachment",
+                "metadata": {"name": "vmy1-green", "namespace": "nsb"},
+                "spec": {"vm": "vmy1", "interface": "green", "network": "green", "node": "a",
+                         "port": "p-vmy1", "ips": ["10.64.0.52/16"], "mac": "02:00:00:00:00:52"},
+            }),
+        ];
+        Snapshot {
+            documents: order
+                .iter()
+                .enumerate()
+                .map(|(i, &d)| RawDocument {
+                    file: format!("{i:02}.yaml").into(),
+                    index: 1,
+                    value: all[d].clone().into(),
+                })
+                .collect(),
+            ..Default::default()
+        }
+    }
+
+    /// What the claims store holds while nsa/vmv1 runs: 10.64.0.50, and
+    /// nsb/vmy1's detected MAC, ...:51.
+    fn held() -> Held {
+        let claim = |ip: &str, mac: Option<&str>| crate::store::Claim {
+            network: "green".into(),
+            ips: ip.parse().into_iter().collect(),
+            mac: mac.map(str::to_string),
+            mac_origin: None,
+        };
+        Held::from_claims(&BTreeMap::from([
+            ("nsa/vmv1/green".to_string(), claim("10.64.0.50/16", None)),
+            (
+                "nsb/vmy1/green".to_string(),
+                claim("10.64.0.52/16", Some("02:00:00:00:00:51")),
+            ),
+        ]))
+    }
+
+    #[test]
+    fn the_holder_keeps_its_address_and_mac_in_every_document_order() {
+        let orders = [[0, 1, 2, 3], [0, 2, 1, 3], [0, 3, 2, 1], [0, 2, 3, 1]];
+        for order in orders {
+            // A restart: nothing accepted before.
+            let cfg = validate_held(&docs(&order), "a", &BTreeSet::new(), &held());
+            let accepted: Vec<String> = cfg.attachments.iter().map(|a| a.key.to_string()).collect();
+            assert_eq!(
+                accepted,
+                ["nsa/vmv1/green", "nsb/vmy1/green"],
+                "{order:?}: {:?}",
+                cfg.errors
+            );
+            let errors: Vec<(&str, &str, &str)> = cfg
+                .errors
+                .iter()
+                .map(|e| (e.document.as_str(), e.field.as_str(), e.message.as_str()))
+                .collect();
+            assert_eq!(
+                errors,
+                [(
+                    "Attachment nsb/vmx1-green",
+                    "spec.ips",
+                    "IP 10.64.0.50 is already held by VM interface nsa/vmv1/green on network \"green\""
+                )],
+                "{order:?}"
+            );
+        }
+        // The MAC: vmx1 asks for vmy1's claimed one (its own IP is free).
+        let mut snap = docs(&[0, 2, 3]);
+        snap.documents[1].value = {
+            let mut v = (*snap.documents[1].value).clone();
+            v["spec"]["ips"] = serde_json::json!(["10.64.0.60/16"]);
+            v.into()
+        };
+        // vmy1 gives no MAC: its claim holds the one seen in its traffic.
+        snap.documents[2].value = {
+            let mut v = (*snap.documents[2].value).clone();
+            v["spec"].as_object_mut().unwrap().remove("mac");
+            v.into()
+        };
+        let cfg = validate_held(&snap, "a", &BTreeSet::new(), &held());
+        assert_eq!(cfg.errors.len(), 1, "{:?}", cfg.errors);
+        assert_eq!(cfg.errors[0].field, "spec.mac");
+        assert_eq!(
+            cfg.errors[0].message,
+            "MAC 02:00:00:00:00:51 is already held by VM interface nsb/vmy1/green on network \"green\""
+        );
     }
 }
