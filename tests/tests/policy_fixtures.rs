@@ -759,3 +759,90 @@ fn a_shared_entry_stands_for_both_ends_of_a_local_flow_only() {
         assert_eq!(denied_in(&fx), before + 2);
     });
 }
+
+/// C's address over IPv6 (identity `ID_C`, as C's IPv4 address is).
+const C6: [u8; 16] = [0xfd, 0x40, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 3];
+const A6: [u8; 16] = [0xfd, 0x40, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1];
+/// An address nobody was configured with (a learned one, or a lie).
+const UNCONFIGURED: [u8; 4] = [10, 40, 0, 99];
+const UNCONFIGURED6: [u8; 16] = [0xfd, 0x40, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0x99];
+
+fn tcp6(src: [u8; 16], dst: [u8; 16], sp: u16, dp: u16) -> Vec<u8> {
+    let mut v = Vec::new();
+    PacketBuilder::ethernet2(PEER_MAC, A_MAC)
+        .ipv6(src, dst, 64)
+        .tcp(sp, dp, 1000, 64240)
+        .syn()
+        .write(&mut v, b"")
+        .unwrap();
+    v
+}
+
+/// A frame sent by a local endpoint carries that endpoint's identity,
+/// whatever source address it writes: B's port claiming C's address (v4
+/// and v6) gets B's rules, not C's; an address B was not configured with
+/// (learned, or a lie) still gets B's. From elsewhere than a local port
+/// (here the same frames with no port behind the ifindex), the address
+/// decides, as before.
+#[test]
+fn a_local_endpoints_frames_carry_its_own_identity_whatever_their_source_address() {
+    in_fresh_netns(|| {
+        let mut fx = Fx::new();
+        add_b(&mut fx);
+        fx.dp
+            .maps_mut()
+            .policy_ipcache
+            .insert(
+                &Key::new(IdentityPrefix::v6_len(128), IdentityPrefix::v6(NET, C6)),
+                ID_C,
+                0,
+            )
+            .unwrap();
+        // (name, frame from B's port, verdict at A's ingress)
+        let table: Vec<(&str, Vec<u8>, u32)> = vec![
+            ("B as itself, TCP 80", tcp(B, A, 40000, 80), TC_ACT_REDIRECT),
+            (
+                "B claiming C's address, C's TCP 8000",
+                tcp(C, A, 40000, 8000),
+                TC_ACT_SHOT,
+            ),
+            (
+                "B claiming C's address, B's own TCP 80",
+                tcp(C, A, 40001, 80),
+                TC_ACT_REDIRECT,
+            ),
+            (
+                "B claiming an ipBlock host's address",
+                tcp(CIDR_HOST, A, 1234, 9999),
+                TC_ACT_SHOT,
+            ),
+            (
+                "B from an address it was not configured with, TCP 80",
+                tcp(UNCONFIGURED, A, 40002, 80),
+                TC_ACT_REDIRECT,
+            ),
+            (
+                "B claiming C's IPv6 address, C's TCP 8000",
+                tcp6(C6, A6, 40000, 8000),
+                TC_ACT_SHOT,
+            ),
+            (
+                "B from an IPv6 address it was not configured with, TCP 80",
+                tcp6(UNCONFIGURED6, A6, 40003, 80),
+                TC_ACT_REDIRECT,
+            ),
+        ];
+        let mut wrong = Vec::new();
+        for (name, frame, want) in &table {
+            let got = fx.deliver(frame);
+            if got != *want {
+                wrong.push(format!("{name}: got {got}, want {want}"));
+            }
+        }
+        assert!(wrong.is_empty(), "{}", wrong.join("\n"));
+        // The control: from no local port, C's address is C's.
+        fx.dp.maps_mut().ports.remove(&fx.peer_port).unwrap();
+        assert_eq!(fx.deliver(&tcp(C, A, 40010, 8000)), TC_ACT_REDIRECT);
+        assert_eq!(fx.deliver(&tcp6(C6, A6, 40010, 8000)), TC_ACT_REDIRECT);
+    });
+}
