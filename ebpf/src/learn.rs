@@ -47,27 +47,6 @@ fn ip(ifindex: u32, port: &PortInfo, key: &AddrKey, src: &[u8; 6], how: u32) {
         return;
     }
     let now = clock::flow_now();
-    // SAFETY: a map lookup; the value stays valid for this program run.
-    if let Some(seen) = unsafe { LEARNED_IPS.get(key) } {
-        let fresh = now.wrapping_sub(seen.seen) < LEARN_HOLD_NS;
-        if seen.ifindex == ifindex && mac_eq(&seen.mac, src) {
-            if now.wrapping_sub(seen.seen) < LEARN_TOUCH_NS {
-                return;
-            }
-        } else if fresh {
-            // The first holder keeps it: another port (or MAC) using it is
-            // a conflict the agent reports, never a move.
-            let claimant = LearnedIp {
-                ifindex,
-                how,
-                mac: *src,
-                _pad: [0; 2],
-                seen: now,
-            };
-            let _ = LEARN_CONFLICTS.insert(key, &claimant, 0);
-            return;
-        }
-    }
     let learned = LearnedIp {
         ifindex,
         how,
@@ -75,6 +54,19 @@ fn ip(ifindex: u32, port: &PortInfo, key: &AddrKey, src: &[u8; 6], how: u32) {
         _pad: [0; 2],
         seen: now,
     };
+    // SAFETY: a map lookup; the value stays valid for this program run.
+    if let Some(seen) = unsafe { LEARNED_IPS.get(key) } {
+        if seen.ifindex == ifindex && mac_eq(&seen.mac, src) {
+            if now.wrapping_sub(seen.seen) < LEARN_TOUCH_NS {
+                return;
+            }
+        } else if now.wrapping_sub(seen.seen) < LEARN_HOLD_NS {
+            // The first holder keeps it: another port (or MAC) using it is
+            // a conflict the agent reports, never a move.
+            let _ = LEARN_CONFLICTS.insert(key, &learned, 0);
+            return;
+        }
+    }
     let _ = LEARNED_IPS.insert(key, &learned, 0);
 }
 
