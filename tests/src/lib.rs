@@ -74,7 +74,11 @@ pub fn workspace_bin(cell: &'static OnceLock<PathBuf>, env_var: &str, package: &
             .status()
             .unwrap_or_else(|e| panic!("running cargo build -p {package}: {e}"));
         assert!(status.success(), "cargo build -p {package} failed");
-        root.join("target/debug").join(package)
+        // Where that build put it: CARGO_TARGET_DIR when set, as cargo does.
+        std::env::var_os("CARGO_TARGET_DIR")
+            .map_or_else(|| root.join("target"), PathBuf::from)
+            .join("debug")
+            .join(package)
     })
     .clone()
 }
