@@ -210,7 +210,8 @@ fn a_guest_cannot_teach_vmpath_the_nodes_the_fabrics_or_its_neighbours_addresses
 }
 
 /// Two VMs on one IPAM-less Primary network on one node; the agent with a
-/// cap of 4 learned addresses a port and a 4 s expiry.
+/// cap of 4 learned addresses a port and a 6 s expiry (room for
+/// a loaded machine between a send and the checks that follow it).
 #[test]
 fn learned_addresses_are_capped_first_come_and_expire_with_their_routes() {
     let mut node = Node::new("a");
@@ -226,7 +227,7 @@ fn learned_addresses_are_capped_first_come_and_expire_with_their_routes() {
             yaml::attachment("vm2", "red", "a", &vm2.port, &vm2.mac, &[]),
         ]),
     );
-    node.set_agent_args(&["--learned-per-port", "4", "--learned-expiry-seconds", "4"]);
+    node.set_agent_args(&["--learned-per-port", "4", "--learned-expiry-seconds", "6"]);
     node.start_agent();
     node.wait_ports(&[&vm1.port, &vm2.port]);
     assert!(vm1.ping(gw) && vm2.ping(gw));
