@@ -420,9 +420,13 @@ fn status_problems(node: &Node) -> String {
 
 #[test]
 fn forwarding_off_is_said_in_the_status_until_it_is_on() {
-    // A fresh namespace starts with forwarding off, as a node whose
-    // operator forgot the sysctls.
+    // A node whose operator forgot the sysctls. Set here: a new namespace
+    // copies IPv4's from the host's (net.core.devconf_inherit_init_net),
+    // which podman's tests turn on.
     let mut node = Node::new("w");
+    node.ns.run(&["sysctl", "-qw", "net.ipv4.ip_forward=0"]);
+    node.ns
+        .run(&["sysctl", "-qw", "net.ipv6.conf.all.forwarding=0"]);
     let vm1 = node.add_vm("vm1", "52:54:00:00:01:01", &VM1_IPS, Some("10.20.0.1"));
     let mut docs = networks();
     docs.push(yaml::attachment(
