@@ -41,27 +41,7 @@ fn config(docs: &str) -> Config {
 fn compiled(docs: &str) -> Compiled {
     let cfg = config(docs);
     assert!(cfg.errors.is_empty(), "{:?}", cfg.errors);
-    // `vmp_addresses` as the plan has it: every endpoint with its MAC.
-    let mut addresses = BTreeMap::new();
-    for a in &cfg.attachments {
-        let net = cfg.network(&a.network).unwrap().id;
-        for ip in &a.ips {
-            addresses.insert(
-                AddrKey::from_ip(net, ip.addr()),
-                AddrInfo {
-                    origin: ADDR_STATIC,
-                    mac: a.mac.unwrap(),
-                    ..Default::default()
-                },
-            );
-        }
-    }
-    compile(
-        &cfg,
-        &addresses,
-        &[BLUE, RED].into_iter().collect(),
-        &BTreeMap::new(),
-    )
+    compile_with(&cfg, &BTreeMap::new())
 }
 
 fn errors(docs: &str) -> Vec<ConfigError> {
@@ -366,6 +346,8 @@ fn many_ports(ns: &str, name: &str, vip: u8, n: u16) -> crate::config::service::
     }
 }
 
+/// `vmp_addresses` as the plan has it (every endpoint with its MAC), and
+/// the ports programmed before.
 fn compile_with(cfg: &Config, previous: &BTreeMap<ServiceKey, u32>) -> Compiled {
     let mut addresses = BTreeMap::new();
     for a in &cfg.attachments {
