@@ -118,10 +118,12 @@ pub fn accept(
 ) -> Outcome {
     let cfg = input.cfg;
     let mut out = Outcome::default();
-    // Who holds what by configuration (given or claimed), cluster-wide.
+    // Who holds what by configuration (given or claimed), on the networks
+    // something was learned on: those without learning cost nothing here.
+    let learning: BTreeSet<u32> = raw.keys().map(|k| k.network).collect();
     let mut configured: HashMap<(u32, IpAddr), &AttachmentKey> = HashMap::new();
     for a in &cfg.attachments {
-        if let Some(net) = cfg.network(&a.network) {
+        if let Some(net) = cfg.network(&a.network).filter(|n| learning.contains(&n.id)) {
             for (ip, _) in &a.addresses {
                 configured.insert((net.id, ip.addr()), &a.key);
             }
@@ -263,6 +265,10 @@ pub fn read(
         .iter()
         .filter_map(|r| r.ok())
         .collect();
+    if raw.is_empty() {
+        // Nothing learned (IPAM networks only, say): nothing to decide.
+        return Outcome::default();
+    }
     // Ports of this node's VMs (a pending migration target is not one yet).
     let ports: HashMap<u32, AttachmentKey> = cfg
         .attachments
