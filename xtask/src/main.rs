@@ -50,7 +50,8 @@ enum Command {
     /// Run setup, build the agent and the image and run the whole test
     /// suite (as root).
     Test {
-        /// Arguments for the test binaries (default: --test-threads=2).
+        /// Arguments for `cargo nextest run`: test-name filters and its own
+        /// options (`--no-capture`, `-j 1`).
         #[arg(last = true)]
         args: Vec<String>,
     },

@@ -46,6 +46,7 @@ pub fn run() -> Result<()> {
         ebpf_toolchain()?,
     );
     report("bpf-linker 0.13", bpf_linker()?);
+    report("cargo-nextest (the test runner)", nextest()?);
     report("bpffs on /sys/fs/bpf", bpffs()?);
     report("guest artefacts (QEMU, kernel, initramfs)", guest::setup()?);
     Ok(())
@@ -208,6 +209,32 @@ fn bpf_linker() -> Result<Done> {
         Some(v) => Ok(Some(format!("installed {v}"))),
         None => bail!(
             "{step}: installed, but `bpf-linker --version` does not report 0.13.x; is ~/.cargo/bin on PATH?"
+        ),
+    }
+}
+
+/// Whether `cargo nextest` runs (the machine image usually has it).
+pub(crate) fn nextest_version() -> Option<String> {
+    cmd::probe(cargo::cargo().args(["nextest", "--version"])).map(|v| v.trim().to_string())
+}
+
+/// The suite's runner: all crates' tests in one pool of processes
+/// (`.config/nextest.toml`), which `cargo test`'s one binary at a time
+/// cannot do.
+fn nextest() -> Result<Done> {
+    let step = "setup: cargo-nextest";
+    if nextest_version().is_some() {
+        return Ok(None);
+    }
+    println!("setup: cargo-nextest: building it (takes a few minutes, once)");
+    cmd::run(
+        step,
+        cargo::cargo().args(["install", "cargo-nextest", "--locked"]),
+    )?;
+    match nextest_version() {
+        Some(v) => Ok(Some(format!("installed {v}"))),
+        None => bail!(
+            "{step}: installed, but `cargo nextest --version` fails; is ~/.cargo/bin on PATH?"
         ),
     }
 }

@@ -2,7 +2,9 @@
 //! crate with VMPATH_BIN pointing at the agent binary the integration tests
 //! start, VMPATH_IMAGE and VMPATH_IMAGE_NEXT at the image archives the image
 //! tests run (the second reports another version: the upgrade's target),
-//! VMPATH_BIRD_IMAGE at the BIRD sidecar's image.
+//! VMPATH_BIRD_IMAGE at the BIRD sidecar's image. The runner is
+//! cargo-nextest (`.config/nextest.toml`: how many tests at once, which
+//! ones share the machine with nobody).
 
 use anyhow::Result;
 
@@ -20,7 +22,6 @@ const PACKAGES: [&str; 5] = [
     "vmpath-tests",
     "xtask",
 ];
-const DEFAULT_ARGS: [&str; 1] = ["--test-threads=2"];
 
 pub fn run(args: Vec<String>) -> Result<()> {
     cmd::require_root("cargo xtask test")?;
@@ -28,18 +29,13 @@ pub fn run(args: Vec<String>) -> Result<()> {
     let bin = cargo::build_agent()?;
     let (current, next) = image::build_with_successor(NEXT_SUFFIX)?;
     let bird = image_bird::build(&current)?;
-    let args = if args.is_empty() {
-        DEFAULT_ARGS.iter().map(|s| s.to_string()).collect()
-    } else {
-        args
-    };
     let mut c = cargo::cargo();
-    c.arg("test");
+    c.args(["nextest", "run", "--no-tests=fail"]);
     for p in PACKAGES {
         c.args(["-p", p]);
     }
-    c.arg("--")
-        .args(&args)
+    // Filters and nextest's own options (`--no-capture`, `-j 1`, ...).
+    c.args(&args)
         .env("VMPATH_BIN", &bin)
         .env("VMPATH_IMAGE", &current.archive)
         .env("VMPATH_IMAGE_NEXT", &next.archive)
