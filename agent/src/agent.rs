@@ -49,7 +49,7 @@ pub struct AgentOptions {
     /// Expiry and per-port cap of learned addresses.
     pub learned: crate::learned::Limits,
     /// The data path's debug events at start.
-    pub datapath_debug: crate::datapath_log::Switches,
+    pub datapath_debug: crate::dataplane::debug_log::Switches,
     /// Where the documents come from.
     pub source: Source,
 }
@@ -263,7 +263,7 @@ pub fn run(
         error!("vmpath monitor will show nothing: {e:#}");
     }
     // What a previous agent switched on does not outlive it.
-    if let Err(e) = crate::datapath_log::set(&opts.bpffs, opts.datapath_debug) {
+    if let Err(e) = crate::dataplane::debug_log::set(&opts.bpffs, opts.datapath_debug) {
         warn!("setting the data path's debug events: {e:#}");
     }
     shared.dataplane_opened();
@@ -344,7 +344,7 @@ pub fn run(
             .all()
             .map(|c| config::Held::from_claims(&c))
             .unwrap_or_default();
-        let mut validated = config::validate_held(&snap, &opts.node, &accepted, &held);
+        let mut validated = crate::round::validate_held(&snap, &opts.node, &accepted, &held);
         // With the Kubernetes source the objects keep addresses (a VMI's
         // interfaces while it exists, a pod's IPAMClaim while the pod
         // does): a CNI port kept past its pod would hold an address the

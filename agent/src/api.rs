@@ -501,7 +501,7 @@ pub fn serve(
 /// `GET /v1/debug/datapath`: which debug events the data path emits;
 /// `PUT` with `{"drops": bool, "decisions": bool}` switches them.
 fn debug_datapath(observer: &Observer, request: &mut tiny_http::Request) -> Reply {
-    use crate::datapath_log::{self, Switches};
+    use crate::dataplane::debug_log::{self, Switches};
     let bpffs = observer.bpffs();
     match request.method() {
         tiny_http::Method::Get => {}
@@ -522,13 +522,13 @@ fn debug_datapath(observer: &Observer, request: &mut tiny_http::Request) -> Repl
                     );
                 }
             };
-            if let Err(e) = datapath_log::set(bpffs, to) {
+            if let Err(e) = debug_log::set(bpffs, to) {
                 return error(503, format!("{e:#}"));
             }
         }
         m => return error(405, format!("method {m} not allowed")),
     }
-    match datapath_log::get(bpffs) {
+    match debug_log::get(bpffs) {
         Ok(s) => json(200, &s),
         Err(e) => error(503, format!("{e:#}")),
     }

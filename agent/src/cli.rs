@@ -101,8 +101,8 @@ pub enum DatapathDebug {
 }
 
 impl DatapathDebug {
-    pub fn switches(self) -> crate::datapath_log::Switches {
-        crate::datapath_log::Switches {
+    pub fn switches(self) -> crate::dataplane::debug_log::Switches {
+        crate::dataplane::debug_log::Switches {
             drops: matches!(self, DatapathDebug::Drops | DatapathDebug::All),
             decisions: matches!(self, DatapathDebug::Decisions | DatapathDebug::All),
         }
@@ -137,7 +137,7 @@ pub fn debug(cmd: &DebugCommand) -> Result<()> {
     if client.output == Format::Json {
         return print_json(&body);
     }
-    let s: crate::datapath_log::Switches = serde_json::from_str(&body)
+    let s: crate::dataplane::debug_log::Switches = serde_json::from_str(&body)
         .context("the agent's answer to /v1/debug/datapath is not what this CLI expects")?;
     let on_off = |b: bool| if b { "on" } else { "off" };
     println!(

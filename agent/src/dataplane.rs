@@ -33,6 +33,7 @@ use vmpath_common::{
 };
 
 pub mod batch;
+pub mod debug_log;
 mod meter;
 mod north_south;
 pub use north_south::{UplinkXdp, XDP_PORTS_RECHECK};
@@ -531,7 +532,7 @@ impl Dataplane {
         load_tail_calls(&mut ebpf)?;
         // Debug events are a help, not a function: the data path runs
         // without their reader.
-        if let Err(e) = crate::datapath_log::start(&mut ebpf) {
+        if let Err(e) = debug_log::start(&mut ebpf) {
             warn!("{e:#}; data path debug events will not be shown");
         }
         let maps = Maps::open(root)?;

@@ -614,7 +614,7 @@ mod tests {
             index: 1,
             value: request().document("n1").into(),
         });
-        let cfg = crate::config::validate(&snap, "n1", &BTreeSet::new());
+        let cfg = crate::round::validate(&snap, "n1", &BTreeSet::new());
         assert!(cfg.errors.is_empty(), "{:?}", cfg.errors);
         let a = &cfg.attachments[0];
         assert_eq!(a.key.to_string(), "default/web/eth1");

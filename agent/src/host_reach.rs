@@ -31,9 +31,9 @@ use tracing::{info, warn};
 use crate::{
     common::{AddrKey, LearnedIp},
     config::model::Role,
+    netlink::ROUTE_PROTOCOL as DEFAULT_PROTOCOL,
     plan::Plan,
     resolved::Resolved,
-    routes::DEFAULT_PROTOCOL,
 };
 
 /// The kernel's main routing table.

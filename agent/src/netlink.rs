@@ -22,6 +22,11 @@ use rtnetlink::{
 };
 use tokio::runtime::Runtime;
 
+/// The rtnetlink protocol number on every route vmpath installs (exports
+/// in table 100, node routes in main): how it finds its own routes again
+/// and leaves everyone else's alone.
+pub const ROUTE_PROTOCOL: u8 = 250;
+
 fn runtime() -> io::Result<&'static Runtime> {
     static RT: OnceLock<Result<Runtime, String>> = OnceLock::new();
     RT.get_or_init(|| {

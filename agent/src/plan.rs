@@ -348,7 +348,7 @@ mod tests {
         std::fs::write(dir.join("c.yaml"), docs).unwrap();
         let snap = config::source::read_dir(&dir);
         let _ = std::fs::remove_dir_all(&dir);
-        Resolved::new(config::validate(&snap, "a", &Default::default()))
+        Resolved::new(crate::round::validate(&snap, "a", &Default::default()))
     }
 
     fn ids(plan: &Plan) -> BTreeMap<String, u32> {
@@ -408,7 +408,7 @@ mod tests {
                             "port": format!("p-vm{i:02}"), "mac": format!("52:54:00:00:01:{i:02x}")}}).into(),
                 });
             }
-            Resolved::new(config::validate(&snap, "a", &Default::default()))
+            Resolved::new(crate::round::validate(&snap, "a", &Default::default()))
         };
         let ifindex = |name: &str| {
             name.strip_prefix("p-vm")
@@ -448,7 +448,7 @@ mod tests {
         std::fs::write(dir.join("c.yaml"), docs).unwrap();
         let snap = config::source::read_dir(&dir);
         let _ = std::fs::remove_dir_all(&dir);
-        Resolved::new(config::validate(&snap, "a", &Default::default()))
+        Resolved::new(crate::round::validate(&snap, "a", &Default::default()))
     }
 
     fn port_flags(cfg: &Resolved) -> u16 {

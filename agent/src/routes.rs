@@ -34,7 +34,7 @@ use crate::{
 };
 
 pub const DEFAULT_TABLE: u32 = 100;
-pub const DEFAULT_PROTOCOL: u8 = 250;
+pub use crate::netlink::ROUTE_PROTOCOL as DEFAULT_PROTOCOL;
 /// `RT_TABLE_COMPAT`: the header's table byte when the id needs the attribute.
 const RT_TABLE_COMPAT: u8 = 252;
 

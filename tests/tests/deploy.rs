@@ -558,7 +558,7 @@ fn example_config_passes_vmpath_validation() {
     }
     assert!(nodes.len() >= 2, "example Node documents: {nodes:?}");
     for node in &nodes {
-        let cfg = vmpath::config::validate(&snap, node, &BTreeSet::new());
+        let cfg = vmpath::round::validate(&snap, node, &BTreeSet::new());
         let errors: Vec<String> = cfg.errors.iter().map(|e| e.to_string()).collect();
         assert!(errors.is_empty(), "refused on {node}: {errors:#?}");
         assert_eq!(

@@ -85,9 +85,13 @@ pub fn probe(cmd: &mut Command) -> Option<String> {
 }
 
 /// Fails with a clear message unless this process runs as root.
-pub fn require_root(what: &str) -> Result<()> {
+pub fn is_root() -> bool {
     // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } != 0 {
+    unsafe { libc::geteuid() == 0 }
+}
+
+pub fn require_root(what: &str) -> Result<()> {
+    if !is_root() {
         bail!(
             "{what} needs root (network namespaces, eBPF, bpffs); run it as root, e.g. `sudo -E env PATH=$PATH {what}`"
         );

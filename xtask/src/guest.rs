@@ -107,7 +107,7 @@ pub fn setup() -> Result<Option<String>> {
     if fs::read_to_string(&stamp).is_ok_and(|s| s.trim() == hash) {
         return Ok(None);
     }
-    if !crate::setup::is_root() {
+    if !crate::cmd::is_root() {
         bail!(
             "{step}: {} is missing or stale; run setup as root to build it",
             dir.display()

@@ -7,7 +7,7 @@
 //! document is written the same way, so the same sources and toolchain give
 //! the same digest. The result is an OCI archive that `podman load`,
 //! `ctr images import` and `skopeo copy oci-archive:` take. The BIRD
-//! sidecar's image is built next to it, with the same tag (`image_bird`).
+//! sidecar's image is built next to it, with the same tag (`image::bird`).
 
 use std::{
     fs,
@@ -20,7 +20,9 @@ use std::{
 use anyhow::{Context as _, Result, bail, ensure};
 use serde_json::{Value, json};
 
-use crate::{cargo, cmd, image_bird};
+use crate::{cargo, cmd};
+
+pub mod bird;
 
 /// The repository part of the image reference; `--name` changes it.
 pub const DEFAULT_NAME: &str = "localhost/vmpath";
@@ -85,7 +87,7 @@ impl Image {
 pub fn run(opts: &Options) -> Result<()> {
     let start = Instant::now();
     let image = build(&opts.name, opts.version_suffix.as_deref())?;
-    let bird = image_bird::build(&image)?;
+    let bird = bird::build(&image)?;
     if opts.json {
         let mut v = image.to_json();
         v["bird"] = bird.to_json();

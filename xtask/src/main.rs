@@ -1,4 +1,4 @@
-//! Project tasks: `cargo xtask setup | build-ebpf | clippy-ebpf | image | test | demo | bench`.
+//! Project tasks: `cargo xtask setup | build-ebpf | clippy-ebpf | image | test | demo | bench | modgraph`.
 //!
 //! Each subcommand lives in its own module; `cmd` runs the tools they shell
 //! out to and names the failing step, `cargo` knows the workspace.
@@ -10,7 +10,7 @@ mod cmd;
 mod demo;
 mod guest;
 mod image;
-mod image_bird;
+mod modgraph;
 mod setup;
 mod test;
 mod toolchain;
@@ -55,6 +55,9 @@ enum Command {
         #[arg(last = true)]
         args: Vec<String>,
     },
+    /// Draw which module of a crate uses which (Mermaid, to stdout) and
+    /// name its import cycles (stderr).
+    Modgraph(modgraph::Options),
     /// Build a one-node topology with three VM namespaces, run the agent
     /// and show traffic through the eBPF data path (as root).
     Demo(demo::Options),
@@ -88,6 +91,7 @@ fn run(command: Command) -> Result<()> {
         Command::Image(opts) => image::run(&opts),
         Command::Test { args } => test::run(args),
         Command::Demo(opts) => demo::run(&opts),
+        Command::Modgraph(opts) => modgraph::run(opts),
         Command::Bench { args } => bench::run(args),
     }
 }

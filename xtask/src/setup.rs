@@ -5,7 +5,7 @@ use std::{io::Write as _, process::Command, process::Stdio};
 
 use anyhow::{Context as _, Result, bail};
 
-use crate::{cargo, cmd, guest, toolchain};
+use crate::{cargo, cmd, cmd::is_root, guest, toolchain};
 
 /// Debian packages: LLVM for bpf-linker, the data-path and traffic tools the
 /// tests and the demo drive.
@@ -60,11 +60,6 @@ fn report(step: &str, done: Done) {
         None => println!("setup: {step}: ok (already)"),
         Some(what) => println!("setup: {step}: {what}"),
     }
-}
-
-pub(crate) fn is_root() -> bool {
-    // SAFETY: geteuid has no preconditions.
-    unsafe { libc::geteuid() == 0 }
 }
 
 fn apt_packages() -> Result<Done> {

@@ -8,7 +8,7 @@
 
 use anyhow::Result;
 
-use crate::{cargo, cmd, image, image_bird, setup};
+use crate::{cargo, cmd, image, setup};
 
 /// The version suffix of the image the upgrade test moves to.
 const NEXT_SUFFIX: &str = "-next";
@@ -28,7 +28,7 @@ pub fn run(args: Vec<String>) -> Result<()> {
     setup::run()?;
     let bin = cargo::build_agent()?;
     let (current, next) = image::build_with_successor(NEXT_SUFFIX)?;
-    let bird = image_bird::build(&current)?;
+    let bird = image::bird::build(&current)?;
     let mut c = cargo::cargo();
     c.args(["nextest", "run", "--no-tests=fail"]);
     for p in PACKAGES {

@@ -4,8 +4,11 @@
 //! into Attachment and Node documents (docs/kubernetes.md).
 
 pub mod kube_source;
-pub mod objects;
-pub mod prune;
 pub mod rbac;
 pub mod translate;
 pub mod writeback;
+
+// The objects' shapes sit below both the config reader and this module
+// (the reader keeps them, translation reads them): `objects` and `prune`
+// are their names here too.
+pub use crate::kube_objects::{self as objects, prune};

@@ -19,6 +19,7 @@ use super::objects::{
     Vmim,
 };
 use super::prune::{ClusterObject, cluster_object, group_kind};
+pub use crate::config::Translated;
 use crate::config::{
     AttachmentKey, ConfigError,
     model::API_VERSION,
@@ -28,23 +29,7 @@ use crate::config::{
 /// Errors about CNI endpoints name them as `cni:<container id>/<ifname>`
 /// (so the plugin's ADD can answer with the refusal).
 pub const CNI_SOURCE_PREFIX: &str = "cni:";
-/// On a derived Attachment: the objects it was derived from, for messages.
-pub const DERIVED_FROM_ANNOTATION: &str = "vmpath.dev/derived-from";
-
-/// The documents validation reads, and what translation found.
-#[derive(Debug, Default)]
-pub struct Translated {
-    /// vmpath documents as given, then the derived ones.
-    pub documents: Vec<RawDocument>,
-    /// Every VM interface a VMI names on a vmpath network: its claim stays
-    /// while the VMI exists, with or without a pod.
-    pub keep: BTreeSet<AttachmentKey>,
-    pub errors: Vec<ConfigError>,
-    /// VM interfaces held back until their IPAMClaim has addresses (the
-    /// controller writes them): reported as warnings, on the CNI port's
-    /// source where there is one, so the plugin's ADD names the wait.
-    pub waiting: Vec<ConfigError>,
-}
+pub use crate::kube_objects::DERIVED_FROM_ANNOTATION;
 
 /// Whether a vmpath Network document has IPAM (its default).
 fn has_ipam(raw: &RawDocument) -> bool {
@@ -1104,7 +1089,7 @@ mod tests {
             snap.documents.extend(docs(file, yaml));
         }
         snap.documents.extend(cni);
-        let cfg = config::validate(&snap, node, &BTreeSet::new());
+        let cfg = crate::round::validate(&snap, node, &BTreeSet::new());
         // Every scenario here also runs on the objects as they are stored
         // (typed, pruned to the fields read): the outcome must be the same.
         let mut stored = Snapshot::default();
@@ -1122,7 +1107,10 @@ mod tests {
                 .extend(document.map(|value| RawDocument { value, ..d.clone() }));
         }
         assert_eq!(
-            format!("{:?}", config::validate(&stored, node, &BTreeSet::new())),
+            format!(
+                "{:?}",
+                crate::round::validate(&stored, node, &BTreeSet::new())
+            ),
             format!("{cfg:?}"),
             "keeping the objects typed changed the outcome"
         );
@@ -1864,7 +1852,7 @@ status: {{ips: [{ips}]}}
                 snap.documents.extend(docs("claim.yaml", c));
             }
             snap.documents.push(cni_port("web-0", "net1", "vmp77"));
-            let cfg = config::validate(&snap, "node-a", &BTreeSet::new());
+            let cfg = crate::round::validate(&snap, "node-a", &BTreeSet::new());
             assert!(cfg.errors.is_empty(), "{:#?}", cfg.errors);
             cfg
         };
@@ -1906,7 +1894,7 @@ status: {{ips: [{ips}]}}
         };
         snap.documents.extend(docs("network.yaml", NETWORK));
         snap.documents.push(cni_port("web-9", "net1", "vmp79"));
-        let cfg = config::validate(&snap, "node-a", &BTreeSet::new());
+        let cfg = crate::round::validate(&snap, "node-a", &BTreeSet::new());
         assert!(cfg.attachments.is_empty(), "{:#?}", cfg.attachments);
         assert!(
             cfg.warnings

@@ -21,7 +21,7 @@ use std::{
 use ipnet::IpNet;
 use serde::{Deserialize, Serialize};
 
-pub use validate::{Held, validate, validate_held};
+pub use validate::{Held, Translated, validate_documents};
 
 use model::{Advertise, Dhcp, Egress, MacPolicy, Migration, Role};
 

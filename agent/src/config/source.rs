@@ -21,30 +21,7 @@ use std::{
 
 use super::ConfigError;
 
-/// The bounds every config file is read under.
-pub mod limits {
-    /// Bytes per file, checked before reading.
-    pub const MAX_FILE_BYTES: u64 = 1024 * 1024;
-    /// Nesting of mappings and sequences (a valid document needs 5).
-    pub const MAX_DEPTH: usize = 32;
-    /// Alias (`*name`) uses per file; configs have no need for many.
-    pub const MAX_ALIASES: usize = 64;
-    /// Anchors (`&name`) per file.
-    pub const MAX_ANCHORS: usize = 64;
-    /// Events replayed by alias expansion per file (the alias-bomb bound).
-    pub const MAX_ALIAS_REPLAY: usize = 10_000;
-    /// Documents per file.
-    pub const MAX_DOCUMENTS: usize = 5_000;
-    /// Scalars, mappings and sequences per file.
-    pub const MAX_NODES: usize = 100_000;
-    /// Entries in a list field that makes no sense beyond a few (subnets,
-    /// gateway addresses, an interface's addresses, DNS servers...).
-    pub const MAX_SHORT_LIST: usize = 16;
-    /// Entries in `excludeSubnets` and `dhcp.routes`.
-    pub const MAX_LONG_LIST: usize = 256;
-    /// Entries in `metadata.labels` / `metadata.annotations`.
-    pub const MAX_LABELS: usize = 256;
-}
+pub use crate::limits;
 
 /// One YAML document with where it came from.
 #[derive(Debug, Clone)]
@@ -68,7 +45,7 @@ pub struct ClusterDocument {
     /// As in [`RawDocument`] (a `v1 List`'s items share its index).
     pub index: usize,
     /// Shared with the source's copy.
-    pub object: std::sync::Arc<crate::cluster::prune::ClusterObject>,
+    pub object: std::sync::Arc<crate::kube_objects::prune::ClusterObject>,
 }
 
 /// What the config dir holds right now.
@@ -230,7 +207,7 @@ fn parse_file(file: &Path, stamp: Stamp) -> Parsed {
             for (i, value) in values.into_iter().enumerate() {
                 // Only what is read is kept, typed: a cluster's objects
                 // are many.
-                let (objects, document) = crate::cluster::prune::keep_all(value);
+                let (objects, document) = crate::kube_objects::prune::keep_all(value);
                 cluster.extend(objects.into_iter().map(|object| ClusterDocument {
                     file: file.to_path_buf(),
                     index: i + 1,
@@ -374,7 +351,7 @@ mod tests {
         fs::create_dir_all(&dir).unwrap();
         fs::write(dir.join("c.yaml"), bytes).unwrap();
         let snap = read_dir(&dir);
-        let _ = super::super::validate(&snap, "a", &Default::default());
+        let _ = crate::round::validate(&snap, "a", &Default::default());
         let _ = fs::remove_dir_all(&dir);
         started.elapsed()
     }

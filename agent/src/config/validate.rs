@@ -17,7 +17,7 @@ use super::{
         RateLimit, SlowPathLimitsSpec,
     },
     parse_mac,
-    source::{RawDocument, Snapshot},
+    source::RawDocument,
 };
 
 const MAX_NETWORK_ID: u32 = (1 << 24) - 1;
@@ -38,7 +38,7 @@ impl Doc<'_> {
             None => format!("{} {}", self.kind, self.meta.name),
         };
         let derived_from = self.meta.annotations.as_ref().and_then(|a| {
-            a.get(crate::cluster::translate::DERIVED_FROM_ANNOTATION)?
+            a.get(crate::kube_objects::DERIVED_FROM_ANNOTATION)?
                 .as_str()
         });
         match derived_from {
@@ -82,6 +82,21 @@ impl Doc<'_> {
 
 /// Who holds an address or MAC on a network (`namespace/vm/interface`),
 /// as recorded outside the documents: the claims store.
+/// The documents validation reads, and what translation found.
+#[derive(Debug, Default)]
+pub struct Translated {
+    /// vmpath documents as given, then the derived ones.
+    pub documents: Vec<RawDocument>,
+    /// Every VM interface a VMI names on a vmpath network: its claim stays
+    /// while the VMI exists, with or without a pod.
+    pub keep: BTreeSet<AttachmentKey>,
+    pub errors: Vec<ConfigError>,
+    /// VM interfaces held back until their IPAMClaim has addresses (the
+    /// controller writes them): reported as warnings, on the CNI port's
+    /// source where there is one, so the plugin's ADD names the wait.
+    pub waiting: Vec<ConfigError>,
+}
+
 #[derive(Debug, Default, Clone)]
 pub struct Held {
     pub ips: HashMap<(String, IpAddr), String>,
@@ -104,37 +119,25 @@ impl Held {
     }
 }
 
-/// Validates every document. `keep_first` lists attachments accepted by the
-/// previous round: in a conflict they win, so a running VM is never the one
-/// refused.
-pub fn validate(
-    snapshot: &Snapshot,
-    node_name: &str,
-    keep_first: &BTreeSet<AttachmentKey>,
-) -> Config {
-    validate_held(snapshot, node_name, keep_first, &Held::default())
-}
-
-/// As [`validate`]; an address or MAC `held` records for one VM interface
-/// stays with it whatever order the documents come in (after a restart
-/// `keep_first` is empty): another Attachment asking for it is refused.
-pub fn validate_held(
-    snapshot: &Snapshot,
+/// Validates every document: vmpath's own and those derived from
+/// Kubernetes objects (`translated`, the derive stage's output; the
+/// `round` module chains the two). `read_errors`: what reading found.
+/// `keep_first` lists attachments accepted by the previous round: in a
+/// conflict they win, so a running VM is never the one refused; an address
+/// or MAC `held` records for one VM interface stays with it whatever order
+/// the documents come in (after a restart `keep_first` is empty): another
+/// Attachment asking for it is refused.
+pub fn validate_documents(
+    read_errors: &[ConfigError],
+    translated: Translated,
     node_name: &str,
     keep_first: &BTreeSet<AttachmentKey>,
     held: &Held,
 ) -> Config {
     let mut cfg = Config {
-        errors: snapshot.errors.clone(),
+        errors: read_errors.to_vec(),
         ..Default::default()
     };
-    // Kubernetes-shaped objects become Attachment and Node documents here.
-    let translated = crate::cluster::translate::translate(
-        &snapshot.documents,
-        &snapshot.cluster,
-        node_name,
-        snapshot.pod_claims,
-    );
     cfg.errors.extend(translated.errors);
     cfg.keys_in_documents.extend(translated.keep);
     let waiting = translated.waiting;
@@ -950,7 +953,7 @@ mod slow_path_limit_tests {
         )
         .unwrap();
         let cfg =
-            super::super::validate(&super::super::source::read_dir(&dir), "a", &BTreeSet::new());
+            crate::round::validate(&super::super::source::read_dir(&dir), "a", &BTreeSet::new());
         std::fs::remove_dir_all(&dir).unwrap();
         cfg
     }
@@ -1003,6 +1006,8 @@ mod slow_path_limit_tests {
 #[cfg(test)]
 mod namespace_rule_tests {
     use super::*;
+    use crate::config::source::Snapshot;
+    use crate::round::validate;
 
     fn validate_docs(docs: &[serde_json::Value]) -> Config {
         let snap = Snapshot {
@@ -1127,6 +1132,8 @@ mod namespace_rule_tests {
 #[cfg(test)]
 mod node_spec_tests {
     use super::*;
+    use crate::config::source::Snapshot;
+    use crate::round::validate;
 
     fn node_with(spec: serde_json::Value) -> Config {
         let snap = Snapshot {
@@ -1164,6 +1171,8 @@ mod node_spec_tests {
 #[cfg(test)]
 mod holder_tests {
     use super::*;
+    use crate::config::source::Snapshot;
+    use crate::round::validate_held;
 
     fn docs(order: &[usize]) -> Snapshot {
         let all = [

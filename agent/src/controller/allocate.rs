@@ -268,7 +268,7 @@ mod tests {
                 .collect(),
             ..Default::default()
         };
-        let cfg = crate::config::validate(&snap, "", &Default::default());
+        let cfg = crate::round::validate(&snap, "", &Default::default());
         assert!(cfg.errors.is_empty(), "{:?}", cfg.errors);
         cfg.networks
     }

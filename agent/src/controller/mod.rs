@@ -193,7 +193,7 @@ fn networks(objects: &[DynamicObject]) -> (Vec<Network>, Vec<crate::config::Conf
         documents,
         ..Default::default()
     };
-    let cfg = crate::config::validate(&snap, "", &Default::default());
+    let cfg = crate::round::validate(&snap, "", &Default::default());
     (cfg.networks, cfg.errors)
 }
 

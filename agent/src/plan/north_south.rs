@@ -250,7 +250,7 @@ mod tests {
         std::fs::write(dir.join("c.yaml"), docs).unwrap();
         let snap = config::source::read_dir(&dir);
         let _ = std::fs::remove_dir_all(&dir);
-        let cfg = Resolved::new(config::validate(&snap, "a", &Default::default()));
+        let cfg = Resolved::new(crate::round::validate(&snap, "a", &Default::default()));
         assert!(cfg.errors.is_empty(), "{:?}", cfg.errors);
         cfg
     }

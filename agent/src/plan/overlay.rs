@@ -199,7 +199,7 @@ spec: {vm: vm4, interface: eth0, network: blue, node: c, port: p4, mac: '52:54:0
         std::fs::write(dir.join("c.yaml"), DOCS).unwrap();
         let snap = config::source::read_dir(&dir);
         let _ = std::fs::remove_dir_all(&dir);
-        let mut cfg = Resolved::new(config::validate(&snap, node, &Default::default()));
+        let mut cfg = Resolved::new(crate::round::validate(&snap, node, &Default::default()));
         let _ = crate::ipam::assign(&mut cfg, &Default::default());
         super::super::plan(&cfg, node, |_| Some(7))
     }
@@ -283,7 +283,7 @@ spec: {{address: 192.0.2.3}}
         std::fs::write(dir.join("c.yaml"), docs).unwrap();
         let snap = config::source::read_dir(&dir);
         let _ = std::fs::remove_dir_all(&dir);
-        let validated = config::validate(&snap, node, &Default::default());
+        let validated = crate::round::validate(&snap, node, &Default::default());
         assert!(validated.errors.is_empty(), "{:?}", validated.errors);
         let mut cfg = Resolved::new(validated);
         let _ = crate::ipam::assign(&mut cfg, &Default::default());

@@ -118,7 +118,7 @@ pub fn child(n: usize) -> Result<()> {
         t.push(t0.elapsed());
         stage(&t);
         let t1 = Instant::now();
-        let validated = config::validate(&snap, "node-a", &BTreeSet::new());
+        let validated = vmpath::round::validate(&snap, "node-a", &BTreeSet::new());
         t.push(t1.elapsed());
         stage(&t);
         if !validated.errors.is_empty() {

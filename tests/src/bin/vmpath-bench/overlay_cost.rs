@@ -163,7 +163,7 @@ fn program(dp: &mut Dataplane, dir: &std::path::Path) -> Result<()> {
     std::fs::create_dir_all(dir)?;
     std::fs::write(dir.join("config.yaml"), config_text(PORT))?;
     let snap = config::source::read_dir(dir);
-    let validated = config::validate(&snap, "a", &BTreeSet::new());
+    let validated = vmpath::round::validate(&snap, "a", &BTreeSet::new());
     if !validated.errors.is_empty() {
         bail!("config refused: {}", validated.errors[0]);
     }

@@ -133,7 +133,7 @@ fn plan_of(docs: &[String]) -> Result<(plan::Plan, f64)> {
         ..Default::default()
     };
     let t = Instant::now();
-    let validated = config::validate(&snap, "node-a", &BTreeSet::new());
+    let validated = vmpath::round::validate(&snap, "node-a", &BTreeSet::new());
     if !validated.errors.is_empty() {
         bail!(
             "{} documents refused, first: {}",

@@ -4,7 +4,7 @@
 //! about ten times its text, most of it in fields vmpath never reads (a
 //! VMI's disks and volumes, a pod's containers, every object's
 //! managedFields) and in the document form itself (every map, however
-//! small, is a B-tree node). So each kind in [`super::objects`] is kept
+//! small, is a B-tree node). So each kind in [`super`] is kept
 //! as its typed form, read once when the object arrives; an object that
 //! does not read is kept as its refusal (what translation says of it),
 //! not as a document.
@@ -14,7 +14,9 @@ use std::sync::Arc;
 use serde::de::DeserializeOwned;
 use serde_json::Value;
 
-use super::objects::{self, IpamClaim, K8sNode, Nad, ObjectMeta, Pod, READ_ANNOTATIONS, Vmi, Vmim};
+use super::{
+    self as objects, IpamClaim, K8sNode, Nad, ObjectMeta, Pod, READ_ANNOTATIONS, Vmi, Vmim,
+};
 
 /// `group` and `kind` of a document (`v1` is the core group `""`).
 pub fn group_kind(value: &Value) -> Option<(&str, &str)> {
@@ -161,7 +163,7 @@ pub fn keep_all(value: Value) -> (Vec<Arc<ClusterObject>>, Option<Arc<Value>>) {
 mod tests {
     use super::*;
 
-    const VM: &str = include_str!("fixtures/vm.yaml");
+    const VM: &str = include_str!("../cluster/fixtures/vm.yaml");
 
     fn nodes(v: &Value) -> usize {
         1 + match v {

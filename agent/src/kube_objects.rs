@@ -4,6 +4,12 @@
 //! types are not published as Rust crates; these follow their documented
 //! shapes (kubevirt.io/v1, k8s.cni.cncf.io/v1, k8s.cni.cncf.io/v1alpha1).
 
+pub mod prune;
+
+/// On an Attachment derived from these objects: the objects it was derived
+/// from, for messages (translation writes it, validation reads it).
+pub const DERIVED_FROM_ANNOTATION: &str = "vmpath.dev/derived-from";
+
 use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
@@ -34,7 +40,7 @@ pub const CNI_TYPE: &str = "vmpath-cni";
 /// pod made again under the same name gets a claim of its own).
 pub const POD_UID_LABEL: &str = "vmpath.dev/pod-uid";
 /// Every annotation vmpath reads on these objects: the others are dropped
-/// when an object is stored ([`super::prune`]).
+/// when an object is stored ([`prune`]).
 pub const READ_ANNOTATIONS: &[&str] = &[NETWORKS_ANNOTATION, TARGET_READY_ANNOTATION];
 
 fn is_false(b: &bool) -> bool {
@@ -132,7 +138,7 @@ impl Pod {
             })
             // An Attachment holds at most this many; a pod with more keeps
             // its first ones (policies naming the rest match nothing).
-            .take(crate::config::source::limits::MAX_SHORT_LIST)
+            .take(crate::limits::MAX_SHORT_LIST)
             .collect()
     }
 

@@ -20,10 +20,8 @@ use std::{
 use anyhow::{Context as _, Result, bail, ensure};
 use serde_json::json;
 
-use crate::{
-    cmd,
-    image::{self, Assembly, Image, Tar},
-};
+use super::{Assembly, Image, Tar};
+use crate::{cmd, image};
 
 /// The repository part of the BIRD image's reference.
 pub const DEFAULT_NAME: &str = "localhost/vmpath-bird";

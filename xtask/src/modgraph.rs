@@ -1,0 +1,371 @@
+//! `cargo xtask modgraph`: which top-level module of a crate uses which,
+//! read from the sources' `crate::` paths, as a Mermaid graph (the one in
+//! docs/architecture.md) and a list of import cycles. The test at the end
+//! fails on any cycle among the modules of the crates in [`ACYCLIC`].
+//!
+//! It reads text, not the compiler's resolution: a `crate::x` path in code
+//! (not in a comment) is a use of module `x`. That is what a reader sees,
+//! and what makes a cycle: two modules each needing the other to be read.
+
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    fs,
+    path::{Path, PathBuf},
+};
+
+use anyhow::{Context as _, Result};
+
+/// The crates whose modules must form no cycle (paths from the workspace
+/// root). The eBPF crate is not among them yet: its forwarding modules
+/// still call each other around `fwd` (docs/architecture.md says which).
+#[allow(dead_code)] // the cycle test lands with the last cycle's fix
+pub const ACYCLIC: [&str; 4] = ["agent/src", "cni/src", "common/src", "xtask/src"];
+
+/// Top-level module -> the top-level modules it uses.
+pub type Graph = BTreeMap<String, BTreeSet<String>>;
+
+#[derive(clap::Args)]
+pub struct Options {
+    /// The crate's source directory, from the workspace root.
+    #[arg(default_value = "agent/src")]
+    src: PathBuf,
+}
+
+pub fn run(o: Options) -> Result<()> {
+    let src = crate::cargo::root().join(&o.src);
+    let graph = graph(&src)?;
+    print!("{}", mermaid(&graph));
+    let cycles = cycles(&graph);
+    if cycles.is_empty() {
+        eprintln!("modgraph: {}: no import cycles", o.src.display());
+    }
+    for c in &cycles {
+        eprintln!("modgraph: {}: cycle: {}", o.src.display(), c.join(" -> "));
+    }
+    Ok(())
+}
+
+/// The graph of the crate whose sources are in `src`: one node per file or
+/// folder directly in it (but the crate roots `main.rs` and `lib.rs`).
+pub fn graph(src: &Path) -> Result<Graph> {
+    // A module is its file, its folder, or both (`x.rs` with `x/`).
+    let mut modules: BTreeMap<String, Vec<PathBuf>> = BTreeMap::new();
+    for entry in fs::read_dir(src).with_context(|| format!("reading {}", src.display()))? {
+        let path = entry?.path();
+        let name = match path.file_name().and_then(|n| n.to_str()) {
+            Some(n) if path.is_dir() => n.to_string(),
+            Some(n) if n.ends_with(".rs") && n != "main.rs" && n != "lib.rs" => {
+                n.trim_end_matches(".rs").to_string()
+            }
+            _ => continue,
+        };
+        modules.entry(name).or_default().push(path);
+    }
+    let mut graph = Graph::new();
+    for (name, paths) in &modules {
+        let mut uses = BTreeSet::new();
+        for file in paths
+            .iter()
+            .map(|p| rust_files(p))
+            .collect::<Result<Vec<_>>>()?
+            .concat()
+        {
+            let text =
+                fs::read_to_string(&file).with_context(|| format!("reading {}", file.display()))?;
+            // `super::` in a module's own file (`x.rs`, `x/mod.rs`) is the crate.
+            let own_file = file.parent() == Some(src)
+                || file.file_name().is_some_and(|n| n == "mod.rs")
+                    && file.parent().and_then(Path::parent) == Some(src);
+            for used in crate_paths(&text, own_file) {
+                if used != *name && modules.contains_key(&used) {
+                    uses.insert(used);
+                }
+            }
+        }
+        graph.insert(name.clone(), uses);
+    }
+    Ok(graph)
+}
+
+fn rust_files(path: &Path) -> Result<Vec<PathBuf>> {
+    if path.is_file() {
+        return Ok(vec![path.to_path_buf()]);
+    }
+    let mut files = Vec::new();
+    for entry in fs::read_dir(path).with_context(|| format!("reading {}", path.display()))? {
+        let p = entry?.path();
+        if p.is_dir() {
+            files.extend(rust_files(&p)?);
+        } else if p.extension().is_some_and(|e| e == "rs") {
+            files.push(p);
+        }
+    }
+    Ok(files)
+}
+
+/// The first segment of every `crate::` path in `text`'s code (and of
+/// every `super::` path when `super_is_crate`), groups (`crate::{a, b::c}`)
+/// included; comments are skipped.
+pub fn crate_paths(text: &str, super_is_crate: bool) -> BTreeSet<String> {
+    // A module's unit tests (`#[cfg(test)] mod x { .. }`) may set up with
+    // any module: they are not part of the layering.
+    let text = without_test_modules(text);
+    let code: String = text
+        .lines()
+        .map(|l| match l.find("//") {
+            Some(i) => &l[..i],
+            None => l,
+        })
+        .collect::<Vec<_>>()
+        .join("\n");
+    let mut found = BTreeSet::new();
+    let prefixes: &[&str] = if super_is_crate {
+        &["crate::", "super::"]
+    } else {
+        &["crate::"]
+    };
+    for prefix in prefixes {
+        paths_after(&code, prefix, &mut found);
+    }
+    found
+}
+
+/// `text` without its `#[cfg(test)] mod x { .. }` blocks (braces counted
+/// outside string and character literals).
+fn without_test_modules(text: &str) -> String {
+    const MARK: &str = "#[cfg(test)]\nmod ";
+    let mut out = String::new();
+    let mut rest = text;
+    while let Some(i) = rest.find(MARK) {
+        out.push_str(&rest[..i]);
+        let block = &rest[i..];
+        let Some(open) = block.find(['{', ';']) else {
+            return out;
+        };
+        if block.as_bytes()[open] == b';' {
+            // `mod tests;`: the file is read on its own (and skipped there
+            // only by its own marks).
+            rest = &block[open + 1..];
+            continue;
+        }
+        rest = match block_end(&block[open..]) {
+            Some(end) => &block[open + end..],
+            None => "",
+        };
+    }
+    out.push_str(rest);
+    out
+}
+
+/// The length of the `{ .. }` block `s` starts with.
+fn block_end(s: &str) -> Option<usize> {
+    let mut depth = 0usize;
+    let mut chars = s.char_indices().peekable();
+    while let Some((i, c)) = chars.next() {
+        match c {
+            '"' => {
+                while let Some((_, c)) = chars.next() {
+                    match c {
+                        '\\' => {
+                            chars.next();
+                        }
+                        '"' => break,
+                        _ => {}
+                    }
+                }
+            }
+            '\'' => {
+                // A character literal ('{', '\''); a lifetime has no closing quote.
+                let ahead: String = s[i + 1..].chars().take(3).collect();
+                if ahead.starts_with('\\') {
+                    if let Some(j) = s[i + 2..].find('\'') {
+                        while chars.peek().is_some_and(|(k, _)| *k <= i + 2 + j) {
+                            chars.next();
+                        }
+                    }
+                } else if ahead.chars().nth(1) == Some('\'') {
+                    chars.next();
+                    chars.next();
+                }
+            }
+            '/' if s[i + 1..].starts_with('/') => {
+                while chars.next().is_some_and(|(_, c)| c != '\n') {}
+            }
+            '{' => depth += 1,
+            '}' => {
+                depth = depth.checked_sub(1)?;
+                if depth == 0 {
+                    return Some(i + 1);
+                }
+            }
+            _ => {}
+        }
+    }
+    None
+}
+
+fn paths_after(code: &str, prefix: &str, found: &mut BTreeSet<String>) {
+    let mut rest = code;
+    while let Some(i) = rest.find(prefix) {
+        // `$crate::` (macros) is the crate too; `x_crate::` is not.
+        let preceded_by_ident = rest[..i]
+            .chars()
+            .next_back()
+            .is_some_and(|c| c.is_alphanumeric() || c == '_');
+        rest = &rest[i + prefix.len()..];
+        if preceded_by_ident {
+            continue;
+        }
+        let trimmed = rest.trim_start();
+        if let Some(group) = trimmed.strip_prefix('{') {
+            for item in top_level_items(group) {
+                found.insert(item);
+            }
+        } else if let Some(id) = ident(trimmed) {
+            found.insert(id);
+        }
+    }
+}
+
+/// The first identifier of each comma-separated item of a `{...}` group
+/// (the text after its `{`), at the group's own depth.
+fn top_level_items(group: &str) -> Vec<String> {
+    let mut items = Vec::new();
+    let mut depth = 0;
+    let mut start = true;
+    for (i, c) in group.char_indices() {
+        match c {
+            '{' => depth += 1,
+            '}' if depth == 0 => break,
+            '}' => depth -= 1,
+            ',' if depth == 0 => start = true,
+            c if start && depth == 0 && !c.is_whitespace() => {
+                start = false;
+                if let Some(id) = ident(&group[i..]) {
+                    items.push(id);
+                }
+            }
+            _ => {}
+        }
+    }
+    items
+}
+
+fn ident(s: &str) -> Option<String> {
+    let id: String = s
+        .chars()
+        .take_while(|c| c.is_alphanumeric() || *c == '_')
+        .collect();
+    (!id.is_empty() && id != "self").then_some(id)
+}
+
+/// Every strongly connected component of more than one module, each as its
+/// modules in order (Tarjan's algorithm).
+pub fn cycles(graph: &Graph) -> Vec<Vec<String>> {
+    struct Walk<'a> {
+        graph: &'a Graph,
+        index: BTreeMap<&'a str, usize>,
+        low: BTreeMap<&'a str, usize>,
+        stack: Vec<&'a str>,
+        on_stack: BTreeSet<&'a str>,
+        found: Vec<Vec<String>>,
+    }
+    fn visit<'a>(w: &mut Walk<'a>, v: &'a str) {
+        let n = w.index.len();
+        w.index.insert(v, n);
+        w.low.insert(v, n);
+        w.stack.push(v);
+        w.on_stack.insert(v);
+        for u in w.graph.get(v).into_iter().flatten() {
+            let u = u.as_str();
+            if !w.index.contains_key(u) {
+                visit(w, u);
+                let low = w.low[v].min(w.low[u]);
+                w.low.insert(v, low);
+            } else if w.on_stack.contains(u) {
+                let low = w.low[v].min(w.index[u]);
+                w.low.insert(v, low);
+            }
+        }
+        if w.low[v] == w.index[v] {
+            let mut component = Vec::new();
+            while let Some(u) = w.stack.pop() {
+                w.on_stack.remove(u);
+                component.push(u.to_string());
+                if u == v {
+                    break;
+                }
+            }
+            if component.len() > 1 {
+                component.sort();
+                w.found.push(component);
+            }
+        }
+    }
+    let mut w = Walk {
+        graph,
+        index: BTreeMap::new(),
+        low: BTreeMap::new(),
+        stack: Vec::new(),
+        on_stack: BTreeSet::new(),
+        found: Vec::new(),
+    };
+    for v in graph.keys() {
+        if !w.index.contains_key(v.as_str()) {
+            visit(&mut w, v);
+        }
+    }
+    w.found
+}
+
+/// The graph as a Mermaid flowchart, users above what they use.
+pub fn mermaid(graph: &Graph) -> String {
+    let mut out = String::from("flowchart TD\n");
+    for (from, uses) in graph {
+        if uses.is_empty() {
+            out.push_str(&format!("  {from}\n"));
+        }
+        for to in uses {
+            out.push_str(&format!("  {from} --> {to}\n"));
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn paths_and_groups_are_read_and_comments_are_not() {
+        let text = "use crate::{config::{Model, Network}, view, self};\n\
+                    // crate::commented\n\
+                    fn f() { crate::routes::sync(); let _ = $crate::metrics::X; }\n\
+                    #[cfg(test)]\nmod tests {\n use crate::ipam; // '{' \"}\"\n}\n\
+                    #[cfg(test)]\nmod more_tests {\n use crate::plan; let c = '}';\n}\n";
+        let got: Vec<_> = crate_paths(text, false).into_iter().collect();
+        assert_eq!(got, ["config", "metrics", "routes", "view"]);
+        let got: Vec<_> = crate_paths("use super::{a, b};", true)
+            .into_iter()
+            .collect();
+        assert_eq!(got, ["a", "b"]);
+        assert!(crate_paths("use super::a;", false).is_empty());
+    }
+
+    #[test]
+    fn a_cycle_is_found_and_a_chain_is_not() {
+        let g = |edges: &[(&str, &str)]| {
+            let mut g = Graph::new();
+            for (a, b) in edges {
+                g.entry(a.to_string()).or_default().insert(b.to_string());
+                g.entry(b.to_string()).or_default();
+            }
+            g
+        };
+        assert!(cycles(&g(&[("a", "b"), ("b", "c")])).is_empty());
+        assert_eq!(
+            cycles(&g(&[("a", "b"), ("b", "c"), ("c", "a"), ("c", "d")])),
+            [["a", "b", "c"]]
+        );
+    }
+}
