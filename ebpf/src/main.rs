@@ -19,11 +19,6 @@ mod icmp;
 mod learn;
 mod maps;
 mod meter;
-#[allow(
-    clippy::empty_line_after_outer_attr,
-    clippy::doc_lazy_continuation,
-    reason = "a stray doc line and a doc list in migrate.rs, changed in parallel; fix them with that change"
-)]
 mod migrate;
 mod monitor;
 mod mtu;

@@ -42,8 +42,6 @@ use crate::{
     route::PROGS,
 };
 
-/// Slot of `vm_port` itself, for `vm_migrate` to hand the frame back.
-
 /// Target port ifindex -> the VM's first frame there (written once).
 #[btf_map(name = "vmp_migrated")]
 pub static MIGRATED: HashMap<u32, MigrationEvent, { maps::MIGRATED.max_entries as usize }> =
@@ -140,6 +138,7 @@ fn try_vm_migrate(ctx: &TcContext, ifindex: u32, port: *mut PortInfo) -> Verdict
 ///   (133), also after a hop-by-hop header (MLD's router alert);
 /// - IPv4 from 0.0.0.0 other than DHCP to port 67 (a guest renewing its
 ///   lease right after resuming is the VM).
+///
 /// Everything else counts: QEMU's RARP, the guest's GARP, unsolicited NA
 /// and any ordinary traffic.
 #[inline(always)]
