@@ -45,7 +45,7 @@ fn load(example: &Path, node: &str) -> (usize, vmpath::resolved::Resolved) {
         snap.errors
     );
     let mut cfg =
-        vmpath::resolved::Resolved::new(config::validate(&snap, node, &Default::default()));
+        vmpath::resolved::Resolved::new(vmpath::round::validate(&snap, node, &Default::default()));
     let _ = ipam::assign(&mut cfg, &Default::default());
     (snap.documents.len(), cfg)
 }
@@ -130,7 +130,7 @@ fn the_refused_examples_are_refused_as_documented() {
     const SHOWN_DIR: &str = "/etc/vmpath/";
     let dir = docs_dir().join("examples/refused");
     let snap = config::source::read_dir(&dir);
-    let cfg = config::validate(&snap, "node-a", &Default::default());
+    let cfg = vmpath::round::validate(&snap, "node-a", &Default::default());
     let page = fs::read_to_string(docs_dir().join("config.md")).expect("docs/config.md");
     let mut documented: Vec<&str> = page.lines().filter(|l| l.starts_with(SHOWN_DIR)).collect();
     assert!(!documented.is_empty(), "docs/config.md shows no refusal");
