@@ -29,174 +29,45 @@ use std::{
 };
 
 use anyhow::{Context as _, Result, bail};
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 use tracing::{info, warn};
-use vmpath_common::{PortStats, drop_reason};
+use vmpath_common::drop_reason;
 
 use crate::{
-    config::ConfigError,
     snapshot::{Observer, Snapshot},
-    view::{AttachmentView, NetworkView, View, state},
+    view::{AttachmentView, View, state},
 };
 
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Counts {
-    pub networks: usize,
-    pub attachments: usize,
-    pub local: usize,
-    pub remote: usize,
-    pub missing_ports: usize,
-    pub migrating: usize,
-    pub config_errors: usize,
-}
+/// The answers' types (one home for the agent, the CLI and the plugin).
+pub use vmpath_api::types::{
+    ApiError, Counts, InterfaceDetail, NetworkDetail, NetworkList, PortCounters, Status, VmDetail,
+    VmList, VmRow,
+};
 
-impl Counts {
-    pub fn of(view: &View) -> Self {
-        let mut c = Counts {
-            networks: view.networks.len(),
-            attachments: view.attachments.len(),
-            config_errors: view.config_errors.len(),
-            ..Default::default()
-        };
-        for a in &view.attachments {
-            match view.state_of(a) {
-                state::LOCAL => c.local += 1,
-                state::REMOTE => c.remote += 1,
-                state::MISSING_PORT => c.missing_ports += 1,
-                _ => c.migrating += 1,
-            }
-        }
-        c
-    }
-}
-
-/// `GET /v1/status`.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct Status {
-    pub node: String,
-    pub ready: bool,
-    pub bpffs: String,
-    pub config_dir: String,
-    pub counts: Counts,
-    pub config_errors: Vec<ConfigError>,
-    /// Accepted documents with something to look at (a reserved address
-    /// used on an IPAM-less network).
-    #[serde(default)]
-    pub config_warnings: Vec<ConfigError>,
-    pub missing_ports: Vec<String>,
-    pub problems: Vec<String>,
-    pub reconciles: u64,
-    pub last_reconcile_seconds: f64,
-    pub last_reconcile_unix: u64,
-    /// Data-path drops by reason name, summed over CPUs; absent when the
-    /// pinned maps cannot be read.
-    pub drops: Option<BTreeMap<String, u64>>,
-    /// Why the pinned maps could not be read.
-    pub dataplane_error: Option<String>,
-    /// Attachments refused because their port is not a VM port.
-    #[serde(default)]
-    pub ineligible_ports: usize,
-    /// The running build, its programs and what the pinned links run.
-    #[serde(default)]
-    pub programs: crate::node_lock::ProgramsStatus,
-}
-
-/// `GET /v1/networks`.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct NetworkList {
-    pub networks: Vec<NetworkView>,
-}
-
-/// `GET /v1/networks/{name}`.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct NetworkDetail {
-    #[serde(flatten)]
-    pub network: NetworkView,
-    pub interfaces: Vec<VmRow>,
-}
-
-/// One VM interface, as `GET /v1/vms` lists it: the attachment and its
-/// state from this node's point of view.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct VmRow {
-    #[serde(flatten)]
-    pub attachment: AttachmentView,
-    /// One of [`state::ALL`].
-    pub state: String,
-}
-
-impl VmRow {
-    fn of(view: &View, a: &AttachmentView) -> Self {
-        VmRow {
-            attachment: a.clone(),
-            state: view.state_of(a).to_string(),
+/// How many attachments stand in each state on this view's node.
+pub fn counts(view: &View) -> Counts {
+    let mut c = Counts {
+        networks: view.networks.len(),
+        attachments: view.attachments.len(),
+        config_errors: view.config_errors.len(),
+        ..Default::default()
+    };
+    for a in &view.attachments {
+        match view.state_of(a) {
+            state::LOCAL => c.local += 1,
+            state::REMOTE => c.remote += 1,
+            state::MISSING_PORT => c.missing_ports += 1,
+            _ => c.migrating += 1,
         }
     }
+    c
 }
 
-/// `GET /v1/vms`.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct VmList {
-    pub interfaces: Vec<VmRow>,
-}
-
-/// A port's counters, summed over CPUs. `rx` is what the VM sent, `tx` what
-/// was delivered to it.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct PortCounters {
-    pub rx_packets: u64,
-    pub rx_bytes: u64,
-    pub tx_packets: u64,
-    pub tx_bytes: u64,
-    pub drops: u64,
-    pub gateway_replies: u64,
-}
-
-impl From<PortStats> for PortCounters {
-    fn from(s: PortStats) -> Self {
-        PortCounters {
-            rx_packets: s.rx_packets,
-            rx_bytes: s.rx_bytes,
-            tx_packets: s.tx_packets,
-            tx_bytes: s.tx_bytes,
-            drops: s.drops,
-            gateway_replies: s.gw_replies,
-        }
+fn vm_row(view: &View, a: &AttachmentView) -> VmRow {
+    VmRow {
+        attachment: a.clone(),
+        state: view.state_of(a).to_string(),
     }
-}
-
-/// One interface of a VM, as `GET /v1/vms/{namespace}/{vm}` shows it.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct InterfaceDetail {
-    #[serde(flatten)]
-    pub attachment: AttachmentView,
-    /// One of [`state::ALL`].
-    pub state: String,
-    /// Present when the port is programmed on this node.
-    pub counters: Option<PortCounters>,
-    /// DHCPv4/DHCPv6/RA messages this node's slow path received, answered
-    /// and dropped for this interface, by kind.
-    #[serde(default)]
-    pub dhcp: Option<crate::slowpath::Counters>,
-    /// Slow-path frames the data path dropped over the port's rate
-    /// (`slowpath_rate_limited`), by class (`dhcp4`, `dhcp6`,
-    /// `router_solicit`). Present when the port is programmed here.
-    #[serde(default)]
-    pub slowpath_rate_limited: Option<std::collections::BTreeMap<String, u64>>,
-}
-
-/// `GET /v1/vms/{namespace}/{vm}`.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct VmDetail {
-    pub namespace: String,
-    pub vm: String,
-    pub interfaces: Vec<InterfaceDetail>,
-}
-
-/// Every error body: `{"error": "..."}`.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct ApiError {
-    pub error: String,
 }
 
 /// Drop counters by reason name.
@@ -275,7 +146,7 @@ pub fn route(observer: &Observer, path: &str) -> Reply {
                             .attachments
                             .iter()
                             .filter(|a| a.network == *name)
-                            .map(|a| VmRow::of(&view, a))
+                            .map(|a| vm_row(&view, a))
                             .collect(),
                     },
                 ),
@@ -296,11 +167,7 @@ pub fn route(observer: &Observer, path: &str) -> Reply {
             json(
                 200,
                 &VmList {
-                    interfaces: view
-                        .attachments
-                        .iter()
-                        .map(|a| VmRow::of(&view, a))
-                        .collect(),
+                    interfaces: view.attachments.iter().map(|a| vm_row(&view, a)).collect(),
                 },
             )
         }
@@ -390,7 +257,7 @@ fn status(snap: &Snapshot) -> Status {
         ready: view.ready,
         bpffs: view.bpffs.clone(),
         config_dir: view.config_dir.clone(),
-        counts: Counts::of(view),
+        counts: counts(view),
         config_errors: view.config_errors.clone(),
         config_warnings: view.config_warnings.clone(),
         missing_ports: view.missing_ports.clone(),

@@ -1,26 +1,26 @@
 //! `vmpath status`, `vmpath net ...`, `vmpath vm ...`: the CLI on the admin
-//! API (see `api`). It speaks plain HTTP/1.0 over the unix socket.
+//! API (see `api`), through `vmpath_api`'s client.
 
 use std::{
     collections::BTreeMap,
     fmt::Write as _,
-    io::{self, Read as _, Write as _},
-    os::unix::net::UnixStream,
+    io::{self, Write as _},
     path::{Path, PathBuf},
-    time::Duration,
 };
 
-use anyhow::{Context as _, Result, anyhow, bail};
+use anyhow::{Context as _, Result, anyhow};
 use serde::de::DeserializeOwned;
-
-use crate::{
-    api::{ApiError, InterfaceDetail, NetworkDetail, NetworkList, Status, VmDetail, VmList, VmRow},
-    clock::unix_now,
-    resolved::Origin,
-    view::IpView,
+use vmpath_api::{
+    Client, path,
+    types::{
+        InterfaceDetail, IpView, MonitorEvent, NetworkDetail, NetworkList, Origin,
+        SlowPathCounters, Status, Switches, VmDetail, VmList, VmRow,
+    },
 };
 
-pub const DEFAULT_SOCKET: &str = "/run/vmpath/api.sock";
+use crate::clock::unix_now;
+
+pub use vmpath_api::DEFAULT_SOCKET;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
 pub enum Format {
@@ -101,8 +101,8 @@ pub enum DatapathDebug {
 }
 
 impl DatapathDebug {
-    pub fn switches(self) -> crate::dataplane::debug_log::Switches {
-        crate::dataplane::debug_log::Switches {
+    pub fn switches(self) -> Switches {
+        Switches {
             drops: matches!(self, DatapathDebug::Drops | DatapathDebug::All),
             decisions: matches!(self, DatapathDebug::Decisions | DatapathDebug::All),
         }
@@ -126,18 +126,19 @@ pub enum DebugCommand {
 pub fn debug(cmd: &DebugCommand) -> Result<()> {
     let DebugCommand::Datapath { to, client } = cmd;
     let body = match to {
-        Some(to) => success(request(
-            &client.api_socket,
-            "PUT",
-            "/v1/debug/datapath",
-            &serde_json::to_string(&to.switches())?,
-        )?)?,
-        None => fetch(&client.api_socket, "/v1/debug/datapath")?,
+        Some(to) => Client::new(&client.api_socket)
+            .request(
+                "PUT",
+                path::DEBUG_DATAPATH,
+                Some(&serde_json::to_string(&to.switches())?),
+            )?
+            .success()?,
+        None => fetch(&client.api_socket, path::DEBUG_DATAPATH)?,
     };
     if client.output == Format::Json {
         return print_json(&body);
     }
-    let s: crate::dataplane::debug_log::Switches = serde_json::from_str(&body)
+    let s: Switches = serde_json::from_str(&body)
         .context("the agent's answer to /v1/debug/datapath is not what this CLI expects")?;
     let on_off = |b: bool| if b { "on" } else { "off" };
     println!(
@@ -166,7 +167,6 @@ pub struct MonitorArgs {
 /// `vmpath monitor`: prints each event the agent streams.
 pub fn monitor(args: &MonitorArgs) -> Result<()> {
     use std::io::BufRead as _;
-    let socket = &args.client.api_socket;
     let mut query = Vec::new();
     if let Some(k) = &args.kind {
         query.push(format!("type={k}"));
@@ -174,29 +174,8 @@ pub fn monitor(args: &MonitorArgs) -> Result<()> {
     if let Some(vm) = &args.vm {
         query.push(format!("vm={}", vm.replace('%', "%25").replace('&', "%26")));
     }
-    let path = format!("/v1/monitor?{}", query.join("&"));
-    let mut stream = UnixStream::connect(socket).map_err(|e| connect_error(socket, e))?;
-    stream
-        .write_all(format!("GET {path} HTTP/1.0\r\nHost: vmpath\r\n\r\n").as_bytes())
-        .with_context(|| format!("sending the request to {}", socket.display()))?;
-    let mut reader = io::BufReader::new(stream);
-    let mut status = String::new();
-    reader.read_line(&mut status)?;
-    // The headers, up to the blank line.
-    loop {
-        let mut line = String::new();
-        if reader.read_line(&mut line)? == 0 || line.trim().is_empty() {
-            break;
-        }
-    }
-    if status.split_whitespace().nth(1) != Some("200") {
-        let mut body = String::new();
-        reader.read_to_string(&mut body)?;
-        let message = serde_json::from_str::<ApiError>(&body)
-            .map(|e| e.error)
-            .unwrap_or_else(|_| body.trim().to_string());
-        bail!("{message} ({})", status.trim());
-    }
+    let path = format!("{}?{}", path::MONITOR, query.join("&"));
+    let reader = Client::new(&args.client.api_socket).stream(&path)?;
     let mut seen = 0;
     let stdout = io::stdout();
     for line in reader.lines() {
@@ -208,7 +187,7 @@ pub fn monitor(args: &MonitorArgs) -> Result<()> {
         if args.client.output == Format::Json {
             writeln!(out, "{line}")?;
         } else {
-            let e: crate::monitor::Event = serde_json::from_str(&line)
+            let e: MonitorEvent = serde_json::from_str(&line)
                 .context("an event from the agent is not what this CLI expects")?;
             writeln!(out, "{}", format_event(&e))?;
         }
@@ -222,7 +201,7 @@ pub fn monitor(args: &MonitorArgs) -> Result<()> {
 }
 
 /// One event on one line: type, reason, endpoint, protocol and flow.
-pub fn format_event(e: &crate::monitor::Event) -> String {
+pub fn format_event(e: &MonitorEvent) -> String {
     let at = e
         .endpoint
         .clone()
@@ -249,78 +228,9 @@ pub fn format_event(e: &crate::monitor::Event) -> String {
     format!("{} {} at {at}: {flow}{policy}", e.kind, e.reason)
 }
 
-/// An HTTP answer from the API.
-pub struct Answer {
-    pub code: u16,
-    pub body: String,
-}
-
-/// `GET path` on the API socket.
-pub fn get(socket: &Path, path: &str) -> Result<Answer> {
-    request(socket, "GET", path, "")
-}
-
-/// One request on the API socket.
-pub fn request(socket: &Path, method: &str, path: &str, body: &str) -> Result<Answer> {
-    let mut stream = UnixStream::connect(socket).map_err(|e| connect_error(socket, e))?;
-    stream.set_read_timeout(Some(Duration::from_secs(10)))?;
-    stream.set_write_timeout(Some(Duration::from_secs(10)))?;
-    stream
-        .write_all(
-            format!(
-                "{method} {path} HTTP/1.0\r\nHost: vmpath\r\nContent-Length: {}\r\n\r\n{body}",
-                body.len()
-            )
-            .as_bytes(),
-        )
-        .with_context(|| format!("sending the request to {}", socket.display()))?;
-    let mut raw = Vec::new();
-    stream
-        .read_to_end(&mut raw)
-        .with_context(|| format!("reading the answer from {}", socket.display()))?;
-    let text = String::from_utf8_lossy(&raw);
-    let (head, body) = text
-        .split_once("\r\n\r\n")
-        .ok_or_else(|| anyhow!("malformed answer from the agent: {text:?}"))?;
-    let code = head
-        .lines()
-        .next()
-        .and_then(|status| status.split_whitespace().nth(1))
-        .and_then(|c| c.parse().ok())
-        .ok_or_else(|| anyhow!("malformed status line from the agent: {head:?}"))?;
-    Ok(Answer {
-        code,
-        body: body.to_string(),
-    })
-}
-
-fn connect_error(socket: &Path, e: io::Error) -> anyhow::Error {
-    let at = socket.display();
-    match e.kind() {
-        io::ErrorKind::PermissionDenied => {
-            anyhow!("permission denied: the API is root-only ({at}: {e})")
-        }
-        io::ErrorKind::NotFound | io::ErrorKind::ConnectionRefused => {
-            anyhow!("agent not running: nothing listens on {at} ({e})")
-        }
-        _ => anyhow!("cannot connect to the agent at {at}: {e}"),
-    }
-}
-
 /// `GET path`, failing with the API's own message on any non-200 answer.
 fn fetch(socket: &Path, path: &str) -> Result<String> {
-    success(get(socket, path)?)
-}
-
-/// The body of a 200 answer; any other fails with the API's own message.
-fn success(answer: Answer) -> Result<String> {
-    if answer.code != 200 {
-        let message = serde_json::from_str::<ApiError>(&answer.body)
-            .map(|e| e.error)
-            .unwrap_or_else(|_| answer.body.trim().to_string());
-        bail!("{message} (HTTP {})", answer.code);
-    }
-    Ok(answer.body)
+    Ok(Client::new(socket).get(path)?.success()?)
 }
 
 fn fetch_as<T: DeserializeOwned>(socket: &Path, path: &str) -> Result<(String, T)> {
@@ -340,8 +250,8 @@ pub fn status(args: &StatusArgs) -> Result<()> {
     let socket = &args.client.api_socket;
     if let Some(check) = args.check {
         let path = match check {
-            Check::Live => "/healthz",
-            Check::Ready => "/readyz",
+            Check::Live => path::HEALTHZ,
+            Check::Ready => path::READYZ,
         };
         fetch(socket, path)?;
         println!(
@@ -353,7 +263,7 @@ pub fn status(args: &StatusArgs) -> Result<()> {
         );
         return Ok(());
     }
-    let (body, s) = fetch_as::<Status>(socket, "/v1/status")?;
+    let (body, s) = fetch_as::<Status>(socket, path::STATUS)?;
     if args.client.output == Format::Json {
         return print_json(&body);
     }
@@ -364,7 +274,7 @@ pub fn status(args: &StatusArgs) -> Result<()> {
 pub fn net(cmd: &NetCommand) -> Result<()> {
     match cmd {
         NetCommand::List(client) => {
-            let (body, list) = fetch_as::<NetworkList>(&client.api_socket, "/v1/networks")?;
+            let (body, list) = fetch_as::<NetworkList>(&client.api_socket, path::NETWORKS)?;
             if client.output == Format::Json {
                 return print_json(&body);
             }
@@ -372,10 +282,7 @@ pub fn net(cmd: &NetCommand) -> Result<()> {
             Ok(())
         }
         NetCommand::Show { name, client } => {
-            let (body, n) = fetch_as::<NetworkDetail>(
-                &client.api_socket,
-                &format!("/v1/networks/{}", encode(name)),
-            )?;
+            let (body, n) = fetch_as::<NetworkDetail>(&client.api_socket, &path::network(name))?;
             if client.output == Format::Json {
                 return print_json(&body);
             }
@@ -414,7 +321,7 @@ pub fn net(cmd: &NetCommand) -> Result<()> {
 pub fn vm(cmd: &VmCommand) -> Result<()> {
     match cmd {
         VmCommand::List(client) => {
-            let (body, list) = fetch_as::<VmList>(&client.api_socket, "/v1/vms")?;
+            let (body, list) = fetch_as::<VmList>(&client.api_socket, path::VMS)?;
             if client.output == Format::Json {
                 return print_json(&body);
             }
@@ -426,10 +333,8 @@ pub fn vm(cmd: &VmCommand) -> Result<()> {
                 .split_once('/')
                 .filter(|(ns, vm)| !ns.is_empty() && !vm.is_empty() && !vm.contains('/'))
                 .ok_or_else(|| anyhow!("{vm:?} is not NS/VM (e.g. prod/web-1)"))?;
-            let (body, detail) = fetch_as::<VmDetail>(
-                &client.api_socket,
-                &format!("/v1/vms/{}/{}", encode(namespace), encode(name)),
-            )?;
+            let (body, detail) =
+                fetch_as::<VmDetail>(&client.api_socket, &path::vm(namespace, name))?;
             if client.output == Format::Json {
                 return print_json(&body);
             }
@@ -731,7 +636,7 @@ fn format_interface(i: &InterfaceDetail) -> String {
 
 /// The slow path's messages for one interface: received, replied and
 /// dropped, each with its total and its kinds (`discover 2, request 1`).
-fn format_dhcp(c: &crate::slowpath::Counters) -> String {
+fn format_dhcp(c: &SlowPathCounters) -> String {
     let part = |what: &str, by_kind: &BTreeMap<String, u64>| {
         let total: u64 = by_kind.values().sum();
         if total == 0 {
@@ -813,19 +718,6 @@ fn ago(unix: u64) -> String {
     }
 }
 
-/// Percent-encodes a path segment (names are DNS labels, but be safe).
-fn encode(s: &str) -> String {
-    let mut out = String::new();
-    for b in s.bytes() {
-        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~') {
-            out.push(b as char);
-        } else {
-            let _ = write!(out, "%{b:02X}");
-        }
-    }
-    out
-}
-
 #[cfg(test)]
 mod tests {
     use std::{collections::BTreeMap, sync::Arc};
@@ -834,7 +726,7 @@ mod tests {
 
     #[test]
     fn a_monitor_event_reads_as_one_line() {
-        let mut e = crate::monitor::Event {
+        let mut e = MonitorEvent {
             kind: "drop".into(),
             reason: "ip_spoof".into(),
             endpoint: Some("prod/vm1/eth0".into()),
@@ -984,7 +876,7 @@ mod tests {
             text.contains("    dhcp:       none received on this node\n"),
             "{text}"
         );
-        vm.interfaces[0].dhcp = Some(crate::slowpath::Counters {
+        vm.interfaces[0].dhcp = Some(SlowPathCounters {
             received: BTreeMap::from([("discover".into(), 2), ("request".into(), 1)]),
             replied: BTreeMap::from([("discover".into(), 2), ("request".into(), 0)]),
             dropped: BTreeMap::new(),
@@ -1019,8 +911,6 @@ mod tests {
     fn small_formats() {
         assert_eq!(seconds(0.0025), "2.5 ms");
         assert_eq!(seconds(1.5), "1.50 s");
-        assert_eq!(encode("prod/vm 1"), "prod%2Fvm%201");
-        assert_eq!(encode("web-1.a_b~"), "web-1.a_b~");
         assert_eq!(
             table(&["A", "BB"], &[vec!["xyz".into(), String::new()]]),
             "A    BB\nxyz  -\n"

@@ -25,11 +25,12 @@ use std::{
         Condvar, Mutex, OnceLock,
         atomic::{AtomicU64, Ordering},
     },
-    time::{Duration, Instant},
+    time::Instant,
 };
 
 use serde::{Deserialize, Serialize};
 use tracing::{info, warn};
+pub use vmpath_api::cni::{Dns, EndpointList, EndpointReply, EndpointRequest, Removed};
 
 use crate::{
     api::Reply,
@@ -39,35 +40,25 @@ use crate::{
 };
 
 /// How long an ADD waits for the agent to program the port.
-pub const PROGRAM_TIMEOUT: Duration = Duration::from_secs(10);
+pub use vmpath_api::cni::PROGRAM_TIMEOUT;
 /// The largest request body accepted (an endpoint is a few hundred bytes).
 const MAX_BODY: u64 = 64 * 1024;
 const STATE_FILE: &str = "cni-endpoints.json";
 
-/// What the plugin sends on ADD.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct EndpointRequest {
-    pub container_id: String,
-    pub ifname: String,
-    pub netns: String,
-    pub network: String,
-    /// Host side of the veth pair.
-    pub port: String,
-    /// The pod side's MAC; absent for a VM whose MAC is learned from its
-    /// traffic.
-    #[serde(default)]
-    pub mac: Option<String>,
-    pub pod_namespace: String,
-    pub pod_name: String,
-    #[serde(default)]
-    pub pod_uid: Option<String>,
-    /// A virt-launcher pod: the VM behind it takes its addresses by DHCP.
-    #[serde(default)]
-    pub vm: bool,
+/// The agent's side of an endpoint the plugin handed over.
+trait EndpointExt {
+    fn id(&self) -> String;
+    /// The identity in `Stored::kept`.
+    fn kept_key(&self) -> (String, String, String);
+    fn key(&self) -> AttachmentKey;
+    /// Where errors about this endpoint point (config errors name a file).
+    fn source(&self) -> PathBuf;
+    fn validate(&self) -> Result<(), String>;
+    /// The Attachment document this endpoint stands for.
+    fn document(&self, node: &str) -> serde_json::Value;
 }
 
-impl EndpointRequest {
+impl EndpointExt for EndpointRequest {
     fn id(&self) -> String {
         endpoint_id(&self.container_id, &self.ifname)
     }
@@ -147,30 +138,6 @@ impl EndpointRequest {
 
 pub fn endpoint_id(container_id: &str, ifname: &str) -> String {
     format!("{container_id}/{ifname}")
-}
-
-/// What ADD answers once the port is programmed: what the plugin puts in
-/// its result (and configures in a plain pod).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct EndpointReply {
-    pub endpoint: EndpointRequest,
-    /// One of the API's attachment states (`local` once programmed).
-    pub state: String,
-    /// The MAC in force (given, or claimed).
-    pub mac: Option<String>,
-    /// Given or claimed addresses with prefix, e.g. `10.20.0.5/16`.
-    pub ips: Vec<String>,
-    pub gateways: Vec<String>,
-    pub mtu: Option<u16>,
-    /// The network's DNS servers and search domains (its DHCP options).
-    #[serde(default)]
-    pub dns: Dns,
-}
-
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Dns {
-    pub nameservers: Vec<String>,
-    pub search: Vec<String>,
 }
 
 #[derive(Debug, Default, Serialize, Deserialize)]
@@ -314,7 +281,7 @@ fn reply<T: Serialize>(code: u16, value: &T) -> Reply {
 }
 
 fn error(code: u16, message: String) -> Reply {
-    reply(code, &serde_json::json!({ "error": message }))
+    reply(code, &vmpath_api::types::ApiError { error: message })
 }
 
 /// The endpoint as the view shows it.
@@ -382,7 +349,11 @@ pub fn handle(shared: &Published, request: &mut tiny_http::Request) -> Reply {
             let view = shared.view();
             let list: Vec<EndpointReply> =
                 registry.all().iter().map(|e| describe(&view, e)).collect();
-            reply(200, &serde_json::json!({ "endpoints": list }))
+            // Through a `Value`, as ever: its keys come out sorted.
+            reply(
+                200,
+                &serde_json::to_value(EndpointList { endpoints: list }).unwrap_or_default(),
+            )
         }
         (tiny_http::Method::Get, ["v1", "endpoints", container, ifname]) => {
             match registry.get(&endpoint_id(container, ifname)) {
@@ -399,7 +370,12 @@ pub fn handle(shared: &Published, request: &mut tiny_http::Request) -> Reply {
                     if removed.is_some() {
                         info!(endpoint = %id, "CNI endpoint removed");
                     }
-                    reply(200, &serde_json::json!({ "removed": removed.is_some() }))
+                    reply(
+                        200,
+                        &Removed {
+                            removed: removed.is_some(),
+                        },
+                    )
                 }
                 Err(e) => error(500, e),
             }

@@ -23,7 +23,6 @@ use std::{
 
 use anyhow::{Context as _, Result};
 use aya::maps::{Array, Map, MapData, RingBuf};
-use serde::{Deserialize, Serialize};
 use tracing::warn;
 use vmpath_common::{
     MeterLimit, MonitorConfig, MonitorEvent, NO_PORT_ID, addr_family, drop_reason, ip_proto,
@@ -53,36 +52,7 @@ pub type Line = Arc<[u8]>;
 pub const DEFAULT_RATE: u32 = 1000;
 
 /// One event as clients get it (a JSON line each).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Event {
-    /// `drop`.
-    #[serde(rename = "type")]
-    pub kind: String,
-    /// The drop reason's name (docs/operations.md, Drop reasons).
-    pub reason: String,
-    /// The endpoint whose port the frame was on, `namespace/vm/interface`.
-    pub endpoint: Option<String>,
-    /// The interface the hook runs on.
-    pub ifindex: u32,
-    pub port_id: Option<u32>,
-    /// `icmp`, `tcp`, `udp`, ... or the protocol number; absent for frames
-    /// without IP.
-    pub proto: Option<String>,
-    pub src: Option<String>,
-    pub dst: Option<String>,
-    pub sport: Option<u16>,
-    pub dport: Option<u16>,
-    pub src_mac: String,
-    pub dst_mac: String,
-    /// The frame's ethertype, e.g. `0x0800`.
-    pub ether_type: String,
-    /// `policy` events: `ingress` or `egress`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub direction: Option<String>,
-    /// `policy` events: the allowing policy, `namespace/name`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub policy: Option<String>,
-}
+pub use vmpath_api::types::MonitorEvent as Event;
 
 /// What a client asked for.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]

@@ -366,31 +366,7 @@ pub fn record_programs(state_dir: &Path, own: BTreeMap<String, u32>) {
     let _ = OWN_PROGRAMS.set(own);
 }
 
-/// One pinned link and the program it runs.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct LinkProgram {
-    /// The pin's file name under `links/`, e.g. `vm_port-7`.
-    pub pin: String,
-    pub link_id: u32,
-    pub program_id: u32,
-    /// The build that loaded the program, when recorded.
-    pub build: Option<String>,
-    /// Whether it is one of the running agent's programs.
-    pub current: bool,
-}
-
-/// What `vmpath status` shows about the programs in the kernel.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct ProgramsStatus {
-    /// The running agent's build.
-    pub build: String,
-    /// The running agent's programs by name (empty until the data path
-    /// opened).
-    pub loaded: BTreeMap<String, u32>,
-    pub links: Vec<LinkProgram>,
-    /// Links running a program that is not the running agent's.
-    pub mismatches: Vec<String>,
-}
+pub use vmpath_api::types::{LinkProgram, ProgramsStatus};
 
 /// Reads every pinned link under the bpffs root and says whose program
 /// each runs.

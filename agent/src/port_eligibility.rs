@@ -38,7 +38,7 @@ use vmpath_common::{SLOW0, SLOW1, VXLAN_IFNAME, prog_names};
 use crate::resolved::{Attachment, Resolved};
 
 /// The ifalias vmpath's CNI plugin sets on the ports it creates.
-pub const CNI_MARKER: &str = "vmpath:cni-port";
+pub use vmpath_api::cni::PORT_ALIAS as CNI_MARKER;
 /// Names of VM ports in the tests, the demo (`vmpd-*`) and the examples
 /// (`vm1-port`), and the usual veth/tap names of VM launchers.
 pub const DEFAULT_PORT_PATTERN: &str = "vp*,vm*,veth*,tap*,vnet*";

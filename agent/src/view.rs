@@ -15,78 +15,10 @@ use std::{
 use prometheus::{Histogram, HistogramOpts};
 use serde::{Deserialize, Serialize};
 
-use crate::{clock, config::ConfigError, events::Wake, resolved::Origin};
+use crate::{clock, config::ConfigError, events::Wake};
 
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct IpView {
-    /// With prefix length, e.g. `10.20.0.5/16`.
-    pub address: String,
-    pub origin: Origin,
-}
-
-/// A learned address refused (or contested), and why.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct LearnedRefusalView {
-    pub address: String,
-    /// `learned::REFUSAL_KINDS` (the metric's label); `contested` on the
-    /// holder's side.
-    #[serde(default)]
-    pub kind: String,
-    pub reason: String,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct AttachmentView {
-    pub name: String,
-    pub namespace: String,
-    pub vm: String,
-    pub interface: String,
-    pub network: String,
-    /// The node the VM runs on now.
-    pub node: String,
-    pub port: String,
-    /// Set when the port exists on this node and is programmed.
-    pub ifindex: Option<u32>,
-    pub mac: Option<String>,
-    pub mac_origin: Option<Origin>,
-    pub ips: Vec<IpView>,
-    /// Addresses the VM used that were not learned, and why.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub learned_refused: Vec<LearnedRefusalView>,
-    /// Learned addresses kept here that another endpoint also used.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub learned_contested: Vec<LearnedRefusalView>,
-    /// `none`, `pending` (target known, not ready) or `cut-over`.
-    pub migration: String,
-    pub migration_target: Option<String>,
-    /// On the target node of a pending migration: the target port and its
-    /// ifindex once it is programmed pending (the VM has not cut over).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub pending_port: Option<(String, u32)>,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct NetworkView {
-    pub name: String,
-    pub id: u32,
-    pub role: String,
-    pub subnets: Vec<String>,
-    pub exclude_subnets: Vec<String>,
-    pub gateway_ips: Vec<String>,
-    pub gateway_mac: String,
-    pub ipam: bool,
-    pub mac_filter: bool,
-    pub ip_filter: bool,
-    pub egress: String,
-    pub mtu: u16,
-    /// Attachments on this network (any node).
-    pub attachments: usize,
-    /// DNS servers and search domains handed out (DHCP, CNI results).
-    #[serde(default)]
-    pub dns_servers: Vec<String>,
-    #[serde(default)]
-    pub search_domains: Vec<String>,
-}
+// The parts of the view the API shows, and where an attachment stands.
+pub use vmpath_api::types::{AttachmentView, IpView, LearnedRefusalView, NetworkView, state};
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct View {
@@ -110,22 +42,6 @@ pub struct View {
     pub last_reconcile_seconds: f64,
     pub last_reconcile_unix: u64,
     pub ready: bool,
-}
-
-/// Where an attachment stands as seen from this node.
-pub mod state {
-    /// Runs here and its port is programmed.
-    pub const LOCAL: &str = "local";
-    /// Runs on another node.
-    pub const REMOTE: &str = "remote";
-    /// Should run here, but its port does not exist (yet).
-    pub const MISSING_PORT: &str = "missing_port";
-    /// A migration is pending (target known, cut-over not signalled).
-    pub const MIGRATING: &str = "migrating";
-    pub const ALL: [&str; 4] = [LOCAL, REMOTE, MISSING_PORT, MIGRATING];
-    /// A CNI endpoint's port that is the pending target of a migration,
-    /// programmed here (an endpoint's state, not an attachment's).
-    pub const MIGRATION_TARGET: &str = "migration_target";
 }
 
 impl View {
@@ -316,6 +232,7 @@ impl Default for Published {
 #[cfg(test)]
 pub(crate) mod sample {
     use super::*;
+    use crate::resolved::Origin;
 
     pub fn attachment(
         vm: &str,

@@ -21,11 +21,7 @@ use rtnetlink::{
     },
 };
 use tokio::runtime::Runtime;
-
-/// The ifalias of every host-side port this plugin creates; the agent's
-/// `port_eligibility::CNI_MARKER` (the crates share no library, so a test
-/// in the agent's suite checks the two agree).
-pub const CNI_PORT_ALIAS: &str = "vmpath:cni-port";
+use vmpath_api::cni::PORT_ALIAS;
 
 /// One link as the plugin looks at it.
 #[derive(Debug, Clone)]
@@ -166,7 +162,7 @@ impl Netlink {
 
     /// Creates the veth pair: `host` here, `ifname` directly in the pod's
     /// namespace with `mac` when given, both with `mtu`, both up; the host
-    /// side carries [`CNI_PORT_ALIAS`]. With `quiet`, the pod side's kernel
+    /// side carries [`PORT_ALIAS`]. With `quiet`, the pod side's kernel
     /// IPv6 is off before it comes up ([`Netlink::quiet_ipv6`]). Nothing is
     /// left behind on failure.
     pub fn create_veth(
@@ -219,7 +215,7 @@ impl Netlink {
                         .link()
                         .set(
                             LinkUnspec::new_with_index(host_side.index)
-                                .alias(CNI_PORT_ALIAS)
+                                .alias(PORT_ALIAS)
                                 .up()
                                 .build(),
                         )

@@ -7,7 +7,6 @@
 //!  "network": "blue", "socket": "/run/vmpath/api.sock"}
 //! ```
 
-mod agent;
 mod link;
 mod plugin;
 

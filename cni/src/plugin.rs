@@ -12,12 +12,15 @@ use rscni_plugin::{
     error::Error,
     types::{Args, CNIResult, Dns, Interface, IpConfig, NetConf, Route},
 };
-use serde::{Deserialize, Serialize};
 use serde_json::Value;
+use vmpath_api::{
+    Client, ClientError, DEFAULT_SOCKET,
+    cni::{EndpointList, EndpointReply, EndpointRequest},
+    path,
+    types::{NetworkView, state},
+};
 
-use crate::{agent, link};
-
-pub const DEFAULT_SOCKET: &str = "/run/vmpath/api.sock";
+use crate::link;
 const DEFAULT_MTU: u32 = 1500;
 
 // Error codes of our own (the spec leaves 100 and up to plugins).
@@ -141,67 +144,17 @@ impl Call {
     }
 
     fn path(&self) -> String {
-        format!("/v1/endpoints/{}/{}", self.container_id, self.ifname)
+        path::endpoint(&self.container_id, &self.ifname)
     }
 }
 
-#[derive(Debug, Serialize)]
-struct EndpointRequest {
-    container_id: String,
-    ifname: String,
-    netns: String,
-    network: String,
-    port: String,
-    mac: Option<String>,
-    pod_namespace: String,
-    pod_name: String,
-    pod_uid: Option<String>,
-    vm: bool,
+fn unreachable(e: ClientError) -> Error {
+    Error::TryAgainLater(e.to_string())
 }
 
-/// What the agent answers about an endpoint.
-#[derive(Debug, Deserialize)]
-struct EndpointReply {
-    endpoint: Endpoint,
-    state: String,
-    mac: Option<String>,
-    ips: Vec<String>,
-    gateways: Vec<String>,
-    mtu: Option<u16>,
-    #[serde(default)]
-    dns: AgentDns,
-}
-
-/// The network's DNS servers and search domains.
-#[derive(Debug, Default, Deserialize)]
-struct AgentDns {
-    #[serde(default)]
-    nameservers: Vec<String>,
-    #[serde(default)]
-    search: Vec<String>,
-}
-
-/// The endpoint as the plugin handed it over.
-#[derive(Debug, Deserialize)]
-struct Endpoint {
-    network: String,
-    port: String,
-    netns: String,
-    #[serde(default)]
-    vm: bool,
-}
-
-#[derive(Debug, Deserialize)]
-struct NetworkInfo {
-    mtu: Option<u16>,
-}
-
-fn unreachable(e: String) -> Error {
-    Error::TryAgainLater(e)
-}
-
-fn get_network(socket: &Path, network: &str) -> Result<NetworkInfo, Error> {
-    let answer = agent::request(socket, "GET", &format!("/v1/networks/{network}"), None)
+fn get_network(socket: &Path, network: &str) -> Result<NetworkView, Error> {
+    let answer = Client::new(socket)
+        .get(&path::network(network))
         .map_err(unreachable)?;
     match answer.code {
         200 => serde_json::from_str(&answer.body)
@@ -343,7 +296,7 @@ fn netlink(netns: Option<&str>) -> Result<link::Netlink, Error> {
 /// running sandbox off. A host side the agent does not know is a crashed
 /// ADD's leftover, which `create_veth` replaces.
 fn refuse_second_add(socket: &Path, call: &Call, nl: &link::Netlink) -> Result<(), Error> {
-    let answer = agent::request(socket, "GET", &call.path(), None).map_err(unreachable)?;
+    let answer = Client::new(socket).get(&call.path()).map_err(unreachable)?;
     if answer.code != 200 {
         return Ok(());
     }
@@ -375,8 +328,9 @@ impl Cni for VmpathCni {
         if !Path::new(&netns).exists() {
             return Err(Error::InvalidNetNS(format!("{netns} does not exist")));
         }
+        let agent = Client::new(&conf.socket);
         let network = get_network(&conf.socket, &conf.network)?;
-        let mtu = network.mtu.map(u32::from).unwrap_or(DEFAULT_MTU);
+        let mtu = u32::from(network.mtu);
         let vm = is_vm(&args);
         let mac = requested_mac(&args);
         let host = host_ifname(&call.container_id, &call.ifname);
@@ -394,7 +348,7 @@ impl Cni for VmpathCni {
                 )
             })?;
         let undo = |e: Error| {
-            let _ = agent::request(&conf.socket, "DELETE", &call.path(), None);
+            let _ = agent.request("DELETE", &call.path(), None);
             let _ = nl.delete(&host);
             e
         };
@@ -427,7 +381,8 @@ impl Cni for VmpathCni {
         };
         let body = serde_json::to_string(&request)
             .map_err(|e| undo(Error::FailedToDecode(e.to_string())))?;
-        let answer = agent::request(&conf.socket, "POST", "/v1/endpoints", Some(&body))
+        let answer = agent
+            .request("POST", path::ENDPOINTS, Some(&body))
             .map_err(|e| undo(unreachable(e)))?;
         let reply: EndpointReply = match answer.code {
             200 => serde_json::from_str(&answer.body)
@@ -487,7 +442,7 @@ impl Cni for VmpathCni {
         netlink(None)?
             .delete(&host_ifname(&call.container_id, &call.ifname))
             .map_err(|e| Error::Custom(CODE_AGENT_REFUSED, "deleting the port failed".into(), e))?;
-        match agent::request(&conf.socket, "DELETE", &call.path(), None) {
+        match Client::new(&conf.socket).request("DELETE", &call.path(), None) {
             Ok(a) if a.code == 200 || a.code == 404 => Ok(()),
             Ok(a) => Err(Error::TryAgainLater(format!(
                 "the agent answered {} to DEL: {}",
@@ -509,8 +464,9 @@ impl Cni for VmpathCni {
             .netns
             .clone()
             .ok_or_else(|| Error::missing_env(&["CNI_NETNS"]))?;
-        let answer =
-            agent::request(&conf.socket, "GET", &call.path(), None).map_err(unreachable)?;
+        let answer = Client::new(&conf.socket)
+            .get(&call.path())
+            .map_err(unreachable)?;
         if answer.code != 200 {
             return Err(fail(format!(
                 "the agent has no endpoint {}/{}: {}",
@@ -528,10 +484,9 @@ impl Cni for VmpathCni {
             )));
         }
         // A migration's source and target ports are programmed too.
-        if !matches!(
-            reply.state.as_str(),
-            "local" | "migrating" | "migration_target"
-        ) {
+        if ![state::LOCAL, state::MIGRATING, state::MIGRATION_TARGET]
+            .contains(&reply.state.as_str())
+        {
             return Err(fail(format!(
                 "the port {} is {} in the agent",
                 reply.endpoint.port, reply.state
@@ -588,8 +543,9 @@ impl Cni for VmpathCni {
 
     fn status(&self, args: Args) -> Result<(), Error> {
         let conf = Conf::of(args.config())?;
-        let answer = agent::request(&conf.socket, "GET", "/readyz", None)
-            .map_err(Error::PluginNotAvailable)?;
+        let answer = Client::new(&conf.socket)
+            .get(path::READYZ)
+            .map_err(|e| Error::PluginNotAvailable(e.to_string()))?;
         if answer.code != 200 {
             return Err(Error::PluginNotAvailable(format!(
                 "the vmpath agent is not ready: {}",
@@ -611,25 +567,30 @@ impl Cni for VmpathCni {
             .flatten()
             .map(|a| (a.container_id.clone(), a.ifname.clone()))
             .collect();
-        let answer =
-            agent::request(&conf.socket, "GET", "/v1/endpoints", None).map_err(unreachable)?;
-        let list: Value = serde_json::from_str(&answer.body)
+        let agent = Client::new(&conf.socket);
+        let answer = agent.get(path::ENDPOINTS).map_err(unreachable)?;
+        // An agent that is starting has none to list yet: nothing to collect.
+        if answer.code != 200 {
+            return Ok(());
+        }
+        let list: EndpointList = serde_json::from_str(&answer.body)
             .map_err(|e| Error::FailedToDecode(format!("the agent's endpoints: {e}")))?;
         let nl = netlink(None)?;
         let mut failures = Vec::new();
-        for e in list["endpoints"].as_array().into_iter().flatten() {
-            let field = |k: &str| e["endpoint"][k].as_str().unwrap_or_default().to_string();
-            let (cid, ifname) = (field("container_id"), field("ifname"));
-            if field("network") != conf.network || valid.contains(&(cid.clone(), ifname.clone())) {
+        for EndpointReply { endpoint: e, .. } in list.endpoints {
+            if e.network != conf.network
+                || valid.contains(&(e.container_id.clone(), e.ifname.clone()))
+            {
                 continue;
             }
-            if let Err(err) = nl.delete(&field("port")) {
+            if let Err(err) = nl.delete(&e.port) {
                 failures.push(err);
                 continue;
             }
-            let path = format!("/v1/endpoints/{cid}/{ifname}");
-            if let Err(err) = agent::request(&conf.socket, "DELETE", &path, None) {
-                failures.push(err);
+            if let Err(err) =
+                agent.request("DELETE", &path::endpoint(&e.container_id, &e.ifname), None)
+            {
+                failures.push(err.to_string());
             }
         }
         if failures.is_empty() {

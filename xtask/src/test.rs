@@ -15,8 +15,9 @@ const NEXT_SUFFIX: &str = "-next";
 
 /// Every crate with tests but the eBPF one (bpf target only: its code is
 /// tested by running it: tests/tests/*fixtures.rs).
-const PACKAGES: [&str; 5] = [
+const PACKAGES: [&str; 6] = [
     "vmpath-common",
+    "vmpath-api",
     "vmpath",
     "vmpath-cni",
     "vmpath-tests",

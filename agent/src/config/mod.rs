@@ -12,53 +12,18 @@ pub mod service;
 pub mod source;
 mod validate;
 
-use std::{
-    fmt,
-    net::IpAddr,
-    path::{Path, PathBuf},
-};
+use std::{fmt, net::IpAddr, path::PathBuf};
 
 use ipnet::IpNet;
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 
 pub use validate::{Held, Translated, validate_documents};
 
 use model::{Advertise, Dhcp, Egress, MacPolicy, Migration, Role};
 
-/// A refused document: which file, which document, which field, and why.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
-pub struct ConfigError {
-    pub file: PathBuf,
-    /// `Kind namespace/name` or `document N` when the kind is unknown.
-    pub document: String,
-    /// Dotted path of the offending field, empty for the whole document.
-    pub field: String,
-    pub message: String,
-}
-
-impl ConfigError {
-    pub fn file(file: &Path, message: String) -> Self {
-        ConfigError {
-            file: file.to_path_buf(),
-            document: String::new(),
-            field: String::new(),
-            message,
-        }
-    }
-}
-
-impl fmt::Display for ConfigError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}", self.file.display())?;
-        if !self.document.is_empty() {
-            write!(f, ": {}", self.document)?;
-        }
-        if !self.field.is_empty() {
-            write!(f, ": field {}", self.field)?;
-        }
-        write!(f, ": {}", self.message)
-    }
-}
+/// A refused document: which file, which document, which field, and why
+/// (the API shows it as is).
+pub use vmpath_api::types::ConfigError;
 
 /// Where a valid document came from, for messages.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]

@@ -13,7 +13,7 @@ use aya::{
 };
 use aya_log::EbpfLogger;
 use tracing::{info, warn};
-use vmpath_common::{debug_events, drop_reason, map_names};
+use vmpath_common::{drop_reason, map_names};
 
 /// Starts reading the object's debug events. The logger lives in its
 /// thread for the life of the agent: dropping it would close the ring
@@ -39,34 +39,7 @@ pub fn start(ebpf: &mut Ebpf) -> Result<()> {
 }
 
 /// Which debug events the data path emits (`GET`/`PUT /v1/debug/datapath`).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct Switches {
-    /// Every drop, with its reason and port id.
-    #[serde(default)]
-    pub drops: bool,
-    /// Migration cut-overs and MACs learned.
-    #[serde(default)]
-    pub decisions: bool,
-}
-
-impl Switches {
-    pub fn bits(self) -> u32 {
-        (if self.drops { debug_events::DROPS } else { 0 })
-            | (if self.decisions {
-                debug_events::DECISIONS
-            } else {
-                0
-            })
-    }
-
-    pub fn from_bits(bits: u32) -> Self {
-        Switches {
-            drops: bits & debug_events::DROPS != 0,
-            decisions: bits & debug_events::DECISIONS != 0,
-        }
-    }
-}
+pub use vmpath_api::types::Switches;
 
 /// Which events are on, as `vmp_debug` under `bpffs` holds them.
 pub fn get(bpffs: &Path) -> Result<Switches> {

@@ -132,12 +132,7 @@ pub fn build(cfg: &Resolved, plan: &Plan) -> BTreeMap<u16, PortService> {
 }
 
 /// Messages handled and dropped, by kind, for one port or network.
-#[derive(Debug, Clone, Default, Serialize, serde::Deserialize, PartialEq, Eq)]
-pub struct Counters {
-    pub received: BTreeMap<String, u64>,
-    pub replied: BTreeMap<String, u64>,
-    pub dropped: BTreeMap<String, u64>,
-}
+pub use vmpath_api::types::SlowPathCounters as Counters;
 
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct SlowStats {
