@@ -486,6 +486,34 @@ impl SnatConfig {
 mod tests {
     use super::*;
 
+    /// Metrics, the API and the monitor name a counter by `NAMES[reason]`:
+    /// each name must sit at its reason's index, be the constant's own name
+    /// in lower case (what docs/operations.md lists) and be one reason's.
+    #[test]
+    fn each_drop_reason_is_named_at_its_index_once() {
+        assert_eq!(drop_reason::TABLE.len(), drop_reason::COUNT as usize);
+        for (value, constant, name) in drop_reason::TABLE {
+            assert_eq!(drop_reason::NAMES[value as usize], name, "{constant}");
+            assert!(
+                constant.eq_ignore_ascii_case(name),
+                "{constant} = {value} is named {name:?}"
+            );
+        }
+        for (i, a) in drop_reason::NAMES.iter().enumerate() {
+            for b in &drop_reason::NAMES[i + 1..] {
+                assert_ne!(a, b, "two reasons named {a}");
+            }
+        }
+        assert_eq!(
+            drop_reason::NAMES[drop_reason::MAC_SPOOF as usize],
+            "mac_spoof"
+        );
+        assert_eq!(
+            drop_reason::NAMES[drop_reason::MIGRATION_NOT_RESUMED as usize],
+            "migration_not_resumed"
+        );
+    }
+
     #[test]
     fn key_constructors_lay_out_the_fields_as_the_struct_literals_do() {
         let mac = [2, 0, 0, 0, 0, 9];

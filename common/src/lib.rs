@@ -572,179 +572,163 @@ impl PortStats {
 }
 
 /// Why the data path dropped a frame: the index into the `vmp_drops` per-CPU
-/// array. Plain integers so they cross into the kernel unchanged.
+/// array. Plain integers so they cross into the kernel unchanged. Each
+/// reason is declared once, below: its constant, its number (an index into
+/// counters pinned across upgrades, so never reused or moved) and its name
+/// as metrics, the API and the CLI show it; `NAMES` and `TABLE` are
+/// generated from the same lines.
 pub mod drop_reason {
-    /// Truncated or malformed header.
-    pub const MALFORMED: u32 = 0;
-    /// The frame arrived on an interface that is not (or no longer) a port.
-    pub const UNKNOWN_PORT: u32 = 1;
-    /// Ethernet source MAC is not the port's MAC.
-    pub const MAC_SPOOF: u32 = 2;
-    /// IPv4/IPv6 source address is not one of the port's addresses.
-    pub const IP_SPOOF: u32 = 3;
-    /// ARP sender MAC or sender IP is not the port's.
-    pub const ARP_SPOOF: u32 = 4;
-    /// Ethertype not allowed while IP filtering is on (VLAN tags, ...).
-    pub const ETHERTYPE: u32 = 5;
-    /// Nowhere to deliver: no other port in the network.
-    pub const NO_DESTINATION: u32 = 6;
-    /// Sent to the gateway MAC but not something the gateway answers, and
-    /// the network has no routed or SNAT egress.
-    pub const GATEWAY_UNROUTED: u32 = 7;
-    /// The port's network is not programmed.
-    pub const NO_NETWORK: u32 = 8;
-    /// Source MAC is multicast/broadcast.
-    pub const SRC_MULTICAST: u32 = 9;
-    /// A kernel helper refused (redirect, resize).
-    pub const HELPER_FAILED: u32 = 10;
-    /// DHCP/RS for the slow path, but no slow path interface is set up.
-    pub const SLOWPATH_DOWN: u32 = 11;
-    /// The slow path's XDP program had no AF_XDP socket to hand a frame to
-    /// (the agent is not running).
-    pub const SLOWPATH_NO_LISTENER: u32 = 12;
-    /// A slow path reply tagged with a port id that is not a port.
-    pub const SLOWPATH_BAD_TAG: u32 = 13;
-    /// Routed egress from a source address outside the network's subnets.
-    pub const ROUTE_SRC_OUTSIDE: u32 = 14;
-    /// Routed: TTL / hop limit would reach zero (answered with ICMP
-    /// time-exceeded from the gateway unless the frame is an ICMP error).
-    pub const ROUTE_TTL_EXCEEDED: u32 = 15;
-    /// Routed: the node has no route (or no forwarding) for the destination.
-    pub const ROUTE_NO_ROUTE: u32 = 16;
-    /// Routed or SNAT: larger than the MTU; an ICMP fragmentation-needed /
-    /// packet-too-big went back to the sender instead.
-    pub const MTU_EXCEEDED: u32 = 17;
-    /// SNAT: no free port / ICMP id in the node's range for this flow.
-    pub const SNAT_PORTS_EXHAUSTED: u32 = 18;
-    /// SNAT: the VM has used up its port quota.
-    pub const SNAT_QUOTA: u32 = 19;
-    /// SNAT: the flow table refused an entry (table pressure).
-    pub const SNAT_TABLE_FULL: u32 = 20;
-    /// SNAT: a protocol SNAT cannot translate.
-    pub const SNAT_UNSUPPORTED: u32 = 21;
-    /// SNAT: the node has no SNAT address programmed.
-    pub const SNAT_NO_ADDRESS: u32 = 22;
-    /// A VM sent a router advertisement, a redirect, or a neighbour
-    /// advertisement for the gateway's address (IP filter on).
-    pub const ND_SPOOF: u32 = 23;
-    /// Routed or SNAT: IPv4 larger than the MTU without DF. The data path
-    /// never fragments (a redirected frame skips the kernel's forwarding
-    /// path that would); it drops and counts.
-    pub const MTU_EXCEEDED_NO_DF: u32 = 24;
-    /// Overlay: a frame for a remote node, but the vxlan device is not set
-    /// up (no Node document for this node, or the agent is starting).
-    pub const OVERLAY_DOWN: u32 = 25;
-    /// Overlay: decapsulated frame whose VNI is no network here.
-    pub const OVERLAY_UNKNOWN_VNI: u32 = 26;
-    /// Overlay: decapsulated frame from a VTEP that hosts none of the
-    /// network's attachments (not a node of that network).
-    pub const OVERLAY_UNKNOWN_VTEP: u32 = 27;
-    /// Overlay: decapsulated frame for no local port (a MAC on another node,
-    /// the gateway MAC, or a flood into a network with no port here).
-    pub const OVERLAY_NO_LOCAL_PORT: u32 = 28;
-    /// Overlay: a frame for a MAC on another node that was relayed once
-    /// already, or would go back to the node it came from (loop guard of
-    /// the migration relay).
-    pub const OVERLAY_NOT_RELAYED: u32 = 29;
-    /// Live migration: a frame on a pending target port from a MAC other
-    /// than the VM's: the VM is not active on this node yet.
-    pub const MIGRATION_PENDING: u32 = 30;
-    /// A neighbour advertisement for an address that is not the sender's
-    /// own (given, claimed, or the link-local of its MAC): it would move
-    /// another VM's traffic to the sender, or answer DAD for another's
-    /// address (IP filter on).
-    pub const ND_SPOOF_TARGET: u32 = 31;
-    /// A neighbour solicitation or advertisement whose source or target
-    /// link-layer address option is not the sender's MAC (IP filter on).
-    pub const ND_SPOOF_LLADDR: u32 = 32;
-    /// DHCPv4 or DHCPv6 server traffic (BOOTREPLY 67 -> 68; ADVERTISE,
-    /// REPLY or RECONFIGURE 547 -> 546) from a VM on a network vmpath
-    /// serves, or whose `portSecurity.dhcpGuard` is on.
-    pub const DHCP_SPOOF: u32 = 33;
-    /// An ICMPv4 redirect from a VM (IP filter on): only the gateway may
-    /// redirect.
-    pub const ICMP_REDIRECT: u32 = 34;
-    /// A DHCPv4, DHCPv6 or router solicitation frame over its port's
-    /// slow-path rate (`vmp_slow_meter` counts it per port and class).
-    pub const SLOWPATH_RATE_LIMITED: u32 = 35;
-    /// Routed ingress for a VM hosted elsewhere (or moving) whose place
-    /// this node does not know: no endpoint and no learned node for its
-    /// MAC. Dropped rather than handed to the host, which would route it
-    /// back to the fabric.
-    pub const INGRESS_NO_ENDPOINT: u32 = 36;
-    /// NetworkPolicy: the destination endpoint is isolated for ingress and
-    /// no policy selecting it allows this new flow from the sender.
-    pub const POLICY_DENIED_INGRESS: u32 = 37;
-    /// NetworkPolicy: the sending endpoint is isolated for egress and no
-    /// policy selecting it allows this new flow to the destination.
-    pub const POLICY_DENIED_EGRESS: u32 = 38;
-    /// Services: a new flow to a ClusterIP port with no ready backend;
-    /// the client got a TCP reset or an ICMP port unreachable instead,
-    /// as kube-proxy rejects.
-    pub const SERVICE_NO_BACKEND: u32 = 39;
-    /// IPv6 with more extension headers before the transport header than
-    /// the data path walks (4): what it carries is not known, so neither
-    /// the guards nor SNAT can judge it.
-    pub const EXT_HEADER_CHAIN: u32 = 40;
-    /// SNAT: a non-first fragment whose first fragment SNAT did not see
-    /// (IPv4: out of order, or over `FRAG_TIMEOUT_NS` later), or any
-    /// non-first IPv6 fragment. It carries no ports, so only the first
-    /// fragment's translation (`vmp_snat_frags`) can place it.
-    pub const SNAT_FRAGMENT: u32 = 41;
-    /// Live migration: a frame from the VM's MAC on a pending target port
-    /// that the target pod's own kernel sends when its interface comes up
-    /// with that MAC (IPv6 DAD from ::, MLD, router solicitation, IPv4
-    /// from 0.0.0.0 other than DHCP): it does not mean the VM resumed
-    /// there, so it moves nothing.
-    pub const MIGRATION_NOT_RESUMED: u32 = 42;
-    pub const COUNT: u32 = 43;
+    /// Declares the reasons: `CONSTANT = number => "name"`, numbered from 0
+    /// without gaps (checked at compile time).
+    macro_rules! reasons {
+        ($($(#[$doc:meta])* $constant:ident = $value:literal => $name:literal,)*) => {
+            $($(#[$doc])* pub const $constant: u32 = $value;)*
+            pub const COUNT: u32 = [$($value),*].len() as u32;
+            /// Names as shown in metrics and the CLI, indexed by reason.
+            pub const NAMES: [&str; COUNT as usize] = [$($name),*];
+            /// Every reason as declared: `(number, constant, name)`.
+            pub const TABLE: [(u32, &str, &str); COUNT as usize] =
+                [$(($value, stringify!($constant), $name)),*];
+        };
+    }
 
-    /// Names as shown in metrics and the CLI, indexed by reason.
-    pub const NAMES: [&str; COUNT as usize] = [
-        "malformed",
-        "unknown_port",
-        "mac_spoof",
-        "ip_spoof",
-        "arp_spoof",
-        "ethertype",
-        "no_destination",
-        "gateway_unrouted",
-        "no_network",
-        "src_multicast",
-        "helper_failed",
-        "slowpath_down",
-        "slowpath_no_listener",
-        "slowpath_bad_tag",
-        "route_src_outside",
-        "route_ttl_exceeded",
-        "route_no_route",
-        "mtu_exceeded",
-        "snat_ports_exhausted",
-        "snat_quota",
-        "snat_table_full",
-        "snat_unsupported",
-        "snat_no_address",
-        "nd_spoof",
-        "mtu_exceeded_no_df",
-        "overlay_down",
-        "overlay_unknown_vni",
-        "overlay_unknown_vtep",
-        "overlay_no_local_port",
-        "overlay_not_relayed",
-        "migration_pending",
-        "nd_spoof_target",
-        "nd_spoof_lladdr",
-        "dhcp_spoof",
-        "icmp_redirect",
-        "slowpath_rate_limited",
-        "ingress_no_endpoint",
-        "policy_denied_ingress",
-        "policy_denied_egress",
-        "service_no_backend",
-        "ext_header_chain",
-        "snat_fragment",
-        "migration_not_resumed",
-    ];
+    reasons! {
+        /// Truncated or malformed header.
+        MALFORMED = 0 => "malformed",
+        /// The frame arrived on an interface that is not (or no longer) a port.
+        UNKNOWN_PORT = 1 => "unknown_port",
+        /// Ethernet source MAC is not the port's MAC.
+        MAC_SPOOF = 2 => "mac_spoof",
+        /// IPv4/IPv6 source address is not one of the port's addresses.
+        IP_SPOOF = 3 => "ip_spoof",
+        /// ARP sender MAC or sender IP is not the port's.
+        ARP_SPOOF = 4 => "arp_spoof",
+        /// Ethertype not allowed while IP filtering is on (VLAN tags, ...).
+        ETHERTYPE = 5 => "ethertype",
+        /// Nowhere to deliver: no other port in the network.
+        NO_DESTINATION = 6 => "no_destination",
+        /// Sent to the gateway MAC but not something the gateway answers, and
+        /// the network has no routed or SNAT egress.
+        GATEWAY_UNROUTED = 7 => "gateway_unrouted",
+        /// The port's network is not programmed.
+        NO_NETWORK = 8 => "no_network",
+        /// Source MAC is multicast/broadcast.
+        SRC_MULTICAST = 9 => "src_multicast",
+        /// A kernel helper refused (redirect, resize).
+        HELPER_FAILED = 10 => "helper_failed",
+        /// DHCP/RS for the slow path, but no slow path interface is set up.
+        SLOWPATH_DOWN = 11 => "slowpath_down",
+        /// The slow path's XDP program had no AF_XDP socket to hand a frame to
+        /// (the agent is not running).
+        SLOWPATH_NO_LISTENER = 12 => "slowpath_no_listener",
+        /// A slow path reply tagged with a port id that is not a port.
+        SLOWPATH_BAD_TAG = 13 => "slowpath_bad_tag",
+        /// Routed egress from a source address outside the network's subnets.
+        ROUTE_SRC_OUTSIDE = 14 => "route_src_outside",
+        /// Routed: TTL / hop limit would reach zero (answered with ICMP
+        /// time-exceeded from the gateway unless the frame is an ICMP error).
+        ROUTE_TTL_EXCEEDED = 15 => "route_ttl_exceeded",
+        /// Routed: the node has no route (or no forwarding) for the destination.
+        ROUTE_NO_ROUTE = 16 => "route_no_route",
+        /// Routed or SNAT: larger than the MTU; an ICMP fragmentation-needed /
+        /// packet-too-big went back to the sender instead.
+        MTU_EXCEEDED = 17 => "mtu_exceeded",
+        /// SNAT: no free port / ICMP id in the node's range for this flow.
+        SNAT_PORTS_EXHAUSTED = 18 => "snat_ports_exhausted",
+        /// SNAT: the VM has used up its port quota.
+        SNAT_QUOTA = 19 => "snat_quota",
+        /// SNAT: the flow table refused an entry (table pressure).
+        SNAT_TABLE_FULL = 20 => "snat_table_full",
+        /// SNAT: a protocol SNAT cannot translate.
+        SNAT_UNSUPPORTED = 21 => "snat_unsupported",
+        /// SNAT: the node has no SNAT address programmed.
+        SNAT_NO_ADDRESS = 22 => "snat_no_address",
+        /// A VM sent a router advertisement, a redirect, or a neighbour
+        /// advertisement for the gateway's address (IP filter on).
+        ND_SPOOF = 23 => "nd_spoof",
+        /// Routed or SNAT: IPv4 larger than the MTU without DF. The data path
+        /// never fragments (a redirected frame skips the kernel's forwarding
+        /// path that would); it drops and counts.
+        MTU_EXCEEDED_NO_DF = 24 => "mtu_exceeded_no_df",
+        /// Overlay: a frame for a remote node, but the vxlan device is not set
+        /// up (no Node document for this node, or the agent is starting).
+        OVERLAY_DOWN = 25 => "overlay_down",
+        /// Overlay: decapsulated frame whose VNI is no network here.
+        OVERLAY_UNKNOWN_VNI = 26 => "overlay_unknown_vni",
+        /// Overlay: decapsulated frame from a VTEP that hosts none of the
+        /// network's attachments (not a node of that network).
+        OVERLAY_UNKNOWN_VTEP = 27 => "overlay_unknown_vtep",
+        /// Overlay: decapsulated frame for no local port (a MAC on another node,
+        /// the gateway MAC, or a flood into a network with no port here).
+        OVERLAY_NO_LOCAL_PORT = 28 => "overlay_no_local_port",
+        /// Overlay: a frame for a MAC on another node that was relayed once
+        /// already, or would go back to the node it came from (loop guard of
+        /// the migration relay).
+        OVERLAY_NOT_RELAYED = 29 => "overlay_not_relayed",
+        /// Live migration: a frame on a pending target port from a MAC other
+        /// than the VM's: the VM is not active on this node yet.
+        MIGRATION_PENDING = 30 => "migration_pending",
+        /// A neighbour advertisement for an address that is not the sender's
+        /// own (given, claimed, or the link-local of its MAC): it would move
+        /// another VM's traffic to the sender, or answer DAD for another's
+        /// address (IP filter on).
+        ND_SPOOF_TARGET = 31 => "nd_spoof_target",
+        /// A neighbour solicitation or advertisement whose source or target
+        /// link-layer address option is not the sender's MAC (IP filter on).
+        ND_SPOOF_LLADDR = 32 => "nd_spoof_lladdr",
+        /// DHCPv4 or DHCPv6 server traffic (BOOTREPLY 67 -> 68; ADVERTISE,
+        /// REPLY or RECONFIGURE 547 -> 546) from a VM on a network vmpath
+        /// serves, or whose `portSecurity.dhcpGuard` is on.
+        DHCP_SPOOF = 33 => "dhcp_spoof",
+        /// An ICMPv4 redirect from a VM (IP filter on): only the gateway may
+        /// redirect.
+        ICMP_REDIRECT = 34 => "icmp_redirect",
+        /// A DHCPv4, DHCPv6 or router solicitation frame over its port's
+        /// slow-path rate (`vmp_slow_meter` counts it per port and class).
+        SLOWPATH_RATE_LIMITED = 35 => "slowpath_rate_limited",
+        /// Routed ingress for a VM hosted elsewhere (or moving) whose place
+        /// this node does not know: no endpoint and no learned node for its
+        /// MAC. Dropped rather than handed to the host, which would route it
+        /// back to the fabric.
+        INGRESS_NO_ENDPOINT = 36 => "ingress_no_endpoint",
+        /// NetworkPolicy: the destination endpoint is isolated for ingress and
+        /// no policy selecting it allows this new flow from the sender.
+        POLICY_DENIED_INGRESS = 37 => "policy_denied_ingress",
+        /// NetworkPolicy: the sending endpoint is isolated for egress and no
+        /// policy selecting it allows this new flow to the destination.
+        POLICY_DENIED_EGRESS = 38 => "policy_denied_egress",
+        /// Services: a new flow to a ClusterIP port with no ready backend;
+        /// the client got a TCP reset or an ICMP port unreachable instead,
+        /// as kube-proxy rejects.
+        SERVICE_NO_BACKEND = 39 => "service_no_backend",
+        /// IPv6 with more extension headers before the transport header than
+        /// the data path walks (4): what it carries is not known, so neither
+        /// the guards nor SNAT can judge it.
+        EXT_HEADER_CHAIN = 40 => "ext_header_chain",
+        /// SNAT: a non-first fragment whose first fragment SNAT did not see
+        /// (IPv4: out of order, or over `FRAG_TIMEOUT_NS` later), or any
+        /// non-first IPv6 fragment. It carries no ports, so only the first
+        /// fragment's translation (`vmp_snat_frags`) can place it.
+        SNAT_FRAGMENT = 41 => "snat_fragment",
+        /// Live migration: a frame from the VM's MAC on a pending target port
+        /// that the target pod's own kernel sends when its interface comes up
+        /// with that MAC (IPv6 DAD from ::, MLD, router solicitation, IPv4
+        /// from 0.0.0.0 other than DHCP): it does not mean the VM resumed
+        /// there, so it moves nothing.
+        MIGRATION_NOT_RESUMED = 42 => "migration_not_resumed",
+    }
+
+    // A number out of place would show a count under another reason's name.
+    const _: () = {
+        let mut i = 0;
+        while i < TABLE.len() {
+            assert!(
+                TABLE[i].0 as usize == i,
+                "drop reasons are numbered in order from 0"
+            );
+            i += 1;
+        }
+    };
 }
 
 /// Gateway MAC for a network that does not configure one: locally
