@@ -25,6 +25,7 @@ use vmpath::dataplane::Maps;
 
 pub mod flood;
 pub mod kube_api;
+pub mod kubevirt;
 pub mod migration;
 pub mod north_south;
 pub mod prog_fixture;

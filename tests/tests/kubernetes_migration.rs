@@ -24,6 +24,7 @@ use serde_json::{Value, json};
 use vmpath_tests::{
     Netns, Node, SCAPY_PYTHON, Underlay,
     kube_api::ApiServer,
+    kubevirt::{self, Migration, pods, vmis},
     migration::{port_flags, table100},
     multus, unique_tag,
     vmpath::common,
@@ -48,13 +49,6 @@ const PING_INTERVAL: &str = "0.02";
 /// path moves the VM at its first frame on the target; the rest is the
 /// test's own commands on a shared machine.
 const MAX_LOST_PINGS: u64 = 25;
-
-fn pods() -> String {
-    vmpath_tests::kube_api::collection("v1", "Pod")
-}
-fn vmis() -> String {
-    vmpath_tests::kube_api::collection("kubevirt.io/v1", "VirtualMachineInstance")
-}
 
 fn parse(text: &str) -> Vec<Value> {
     vmpath::config::source::parse(text.as_bytes()).unwrap()
@@ -97,54 +91,24 @@ fn vmi(server: &ApiServer) -> Value {
     server.get(&vmis(), "prod", "vm1").expect("the VMI")
 }
 
-/// KubeVirt's target virt-launcher pod on node b, labelled with the
-/// migration's uid.
-fn target_pod(server: &ApiServer) -> Value {
-    let mut pod = server
-        .get(&pods(), "prod", SOURCE_POD)
-        .expect("the source pod");
-    pod["metadata"]["name"] = TARGET_POD.into();
-    pod["metadata"]["uid"] = "3b2a1c0d-9e8f-4a7b-8c6d-5e4f3a2b1c0d".into();
-    pod["metadata"]["labels"]["kubevirt.io/migrationJobUID"] = MIGRATION_UID.into();
-    pod["metadata"]["labels"]["kubevirt.io/nodeName"] = "b".into();
-    pod["spec"]["nodeName"] = "b".into();
-    for key in ["resourceVersion", "creationTimestamp"] {
-        if let Some(m) = pod["metadata"].as_object_mut() {
-            m.remove(key);
-        }
-    }
-    pod
-}
+/// vm1's migration from a to b.
+const MIGRATION: Migration = Migration {
+    namespace: "prod",
+    vmi: "vm1",
+    name: "mig1",
+    uid: MIGRATION_UID,
+    source_node: "a",
+    target_node: "b",
+    source_pod: SOURCE_POD,
+    target_pod: TARGET_POD,
+};
 
 fn vmim(phase: &str) -> Value {
-    json!({
-        "apiVersion": "kubevirt.io/v1", "kind": "VirtualMachineInstanceMigration",
-        "metadata": {"name": "mig1", "namespace": "prod", "uid": MIGRATION_UID},
-        "spec": {"vmiName": "vm1"},
-        "status": {"phase": phase},
-    })
+    MIGRATION.vmim(phase)
 }
 
-/// Writes the VMI's `status.migrationState` (KubeVirt's fields) with
-/// `extra` merged in, and `status.nodeName`.
 fn set_migration_state(server: &ApiServer, node: &str, extra: Value) {
-    let mut v = vmi(server);
-    let mut state = json!({
-        "migrationUid": MIGRATION_UID,
-        "sourceNode": "a",
-        "targetNode": "b",
-        "sourcePod": SOURCE_POD,
-        "targetPod": TARGET_POD,
-        "startTimestamp": "2026-12-01T10:00:00Z",
-        "mode": "PreCopy",
-    });
-    for (k, val) in extra.as_object().unwrap() {
-        state[k] = val.clone();
-    }
-    v["status"]["migrationState"] = state;
-    v["status"]["nodeName"] = node.into();
-    v["metadata"]["labels"]["kubevirt.io/nodeName"] = node.into();
-    server.put(v);
+    MIGRATION.set_state(server, node, extra);
 }
 
 struct Bed {
@@ -184,42 +148,26 @@ impl Bed {
         )
     }
 
-    /// The CNI ADD of `pod`'s interface on `node` with the VM's MAC, as
-    /// Multus makes it for a network selection element with `"mac"`:
-    /// `MAC=` in `CNI_ARGS` and `runtimeConfig.mac`.
-    fn cni_add_with_mac(&self, node: &str, pod: &str, netns: &Netns, mac: &str) -> (bool, Value) {
-        let (n, conf) = self.node(node);
-        let mut conf: Value = serde_json::from_str(conf).unwrap();
-        conf["runtimeConfig"] = json!({"mac": mac});
-        let cni_args =
-            format!("IgnoreUnknown=1;K8S_POD_NAMESPACE=prod;K8S_POD_NAME={pod};MAC={mac}");
-        let container = format!("c{}{pod}", self.tag);
-        let env = [
-            ("CNI_CONTAINERID", container.as_str()),
-            ("CNI_NETNS", &netns.path()),
-            ("CNI_IFNAME", IFNAME),
-            ("CNI_ARGS", &cni_args),
-        ];
-        let out = multus::run_plugin(n, "ADD", &env, &conf.to_string());
-        let stdout = String::from_utf8_lossy(&out.stdout);
-        let json = serde_json::from_str(&stdout).unwrap_or_else(|_| {
-            panic!(
-                "plugin output is not JSON: {stdout}\nstderr: {}",
-                String::from_utf8_lossy(&out.stderr)
-            )
-        });
-        (out.status.success(), json)
+    fn vm_show(&self, node: &Node) -> String {
+        kubevirt::vm_show(node, "prod/vm1")
     }
 
-    fn vm_show(&self, node: &Node) -> String {
-        vmpath_tests::run(&[
-            vmpath_tests::vmpath_bin().to_str().unwrap(),
-            "vm",
-            "show",
-            "prod/vm1",
-            "--api-socket",
-            node.api_socket().to_str().unwrap(),
-        ])
+    /// The CNI ADD of `pod`'s interface on `node` with the VM's MAC, as
+    /// Multus makes it.
+    fn cni_add_with_mac(&self, node: &str, pod: &str, netns: &Netns, mac: &str) -> (bool, Value) {
+        let (n, conf) = self.node(node);
+        kubevirt::cni_add_with_mac(
+            n,
+            &multus::Call {
+                conf,
+                pod_namespace: "prod",
+                pod,
+                ifname: IFNAME,
+                netns,
+                container: &format!("c{}{pod}", self.tag),
+            },
+            mac,
+        )
     }
 }
 
@@ -268,7 +216,8 @@ fn two_nodes() -> Bed {
     for node in [&a, &b] {
         wait_for(
             &format!("node {} lists the cluster and joins the overlay", node.name),
-            Duration::from_secs(30),
+            // Loading the programs alone takes 30 s on a busy 2-core machine.
+            Duration::from_secs(120),
             || {
                 node.agent_log().contains("overlay ready")
                     && node.attachment_view("vm1").is_some()
@@ -309,16 +258,11 @@ fn two_nodes() -> Bed {
 /// namespace (the paused guest) and its host port.
 fn start_migration(bed: &Bed) -> (Netns, String) {
     bed.server.put(vmim("Scheduling"));
-    bed.server.put(target_pod(&bed.server));
-    let target = Netns::new(format!("vt{}-vm1t", bed.tag));
+    bed.server
+        .put(MIGRATION.target_pod(&bed.server, "3b2a1c0d-9e8f-4a7b-8c6d-5e4f3a2b1c0d"));
     // A new pod namespace as the runtime makes it: IPv6 on for every
     // interface that appears in it.
-    assert_eq!(
-        target
-            .run(&["sysctl", "-n", "net.ipv6.conf.default.disable_ipv6"])
-            .trim(),
-        "0"
-    );
+    let target = kubevirt::fresh_pod_netns(format!("vt{}-vm1t", bed.tag));
     let (ok, result) = bed.cni_add_with_mac("b", TARGET_POD, &target, VM1_MAC);
     assert!(
         ok,
@@ -329,14 +273,10 @@ fn start_migration(bed: &Bed) -> (Netns, String) {
     // solicitation): b would take that for the VM resuming and pull vm1's
     // traffic away from a. The kernel sends those within about 2 s of the
     // link coming up; vm2 reaches vm1 on a all that time.
-    let link = target.run(&["ip", "-j", "-6", "addr", "show", "dev", IFNAME]);
-    let link: Value = serde_json::from_str(&link).unwrap();
     assert!(
-        link.as_array()
-            .unwrap()
-            .iter()
-            .all(|l| l["addr_info"].as_array().is_none_or(Vec::is_empty)),
-        "the target pod's kernel made itself an IPv6 address: {link}"
+        kubevirt::no_ipv6_address(&target, IFNAME),
+        "the target pod's kernel made itself an IPv6 address: {}",
+        target.run(&["ip", "-6", "addr", "show", "dev", IFNAME])
     );
     let show = target.run(&["ip", "-j", "link", "show", "dev", IFNAME]);
     let show: Value = serde_json::from_str(&show).unwrap();
@@ -457,9 +397,9 @@ fn kubevirt_migrates_a_vm_through_its_objects_alone() {
     let ping_started = Instant::now();
     let (target, target_port) = start_migration(&bed);
 
-    // The VM resumes on the target: QEMU announces it (RARP) at once,
-    // ready before the source stops (scapy takes a second to import).
+    // The VM resumes on the target: QEMU announces it (RARP) at once.
     let trigger: PathBuf = std::env::temp_dir().join(format!("vmpath-kmig-{}", bed.tag));
+    let ready: PathBuf = std::env::temp_dir().join(format!("vmpath-kmig-{}-ready", bed.tag));
     let announce = target.spawn(&[
         SCAPY_PYTHON,
         "-c",
@@ -467,15 +407,27 @@ fn kubevirt_migrates_a_vm_through_its_objects_alone() {
             "import os, time
 from scapy.all import *
 conf.verb = 0
-while not os.path.exists('{}'):
+import socket
+# A plain packet socket: scapy's own flushes its queue, which fails on a
+# link that is down (the target's, until the VM resumes).
+s = socket.socket(socket.AF_PACKET, socket.SOCK_RAW)
+s.bind(('{IFNAME}', 0))
+rarp = bytes(Ether(src='{VM1_MAC}', dst='ff:ff:ff:ff:ff:ff', type=0x8035)/ARP(op=3, hwsrc='{VM1_MAC}', hwdst='{VM1_MAC}', psrc='0.0.0.0', pdst='0.0.0.0'))
+open('{ready}', 'w').close()
+while not os.path.exists('{trigger}'):
     time.sleep(0.001)
-rarp = Ether(src='{VM1_MAC}', dst='ff:ff:ff:ff:ff:ff', type=0x8035)/ARP(op=3, hwsrc='{VM1_MAC}', hwdst='{VM1_MAC}', psrc='0.0.0.0', pdst='0.0.0.0')
-sendp(rarp, iface='{IFNAME}')
+s.send(rarp)
 ",
-            trigger.display()
+            ready = ready.display(),
+            trigger = trigger.display()
         ),
     ]);
-    std::thread::sleep(Duration::from_millis(1500));
+    // scapy takes seconds to import on a busy machine: the source stops
+    // once the announcement is ready to go.
+    wait_for("the announcement ready", Duration::from_secs(60), || {
+        ready.exists()
+    });
+    let _ = std::fs::remove_file(&ready);
     let cut = Instant::now();
     bed.vm1.run(&["ip", "link", "set", IFNAME, "down"]);
     target.run(&["ip", "link", "set", IFNAME, "up"]);
