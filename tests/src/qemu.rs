@@ -208,6 +208,44 @@ impl Pod {
         Pod { ns, port }
     }
 
+    /// KubeVirt's bridge binding in a pod whose interface `ifname` the CNI
+    /// plugin made (its veth peer is the node's `port`, the VM's MAC on
+    /// it): virt-launcher gives the VM that MAC and the interface another
+    /// (two bridge ports with one MAC would keep the VM's frames on the
+    /// bridge), then bridges it to the tap. The bridge and tap are kept
+    /// quiet, as vmpath-cni keeps the interface, whatever the namespace's
+    /// defaults.
+    pub fn launcher(ns: Netns, ifname: &str, port: String) -> Pod {
+        let bridge = format!("k6t-{}", &ifname[ifname.len().saturating_sub(11)..]);
+        let own_mac = {
+            use std::hash::{Hash, Hasher};
+            let mut h = std::collections::hash_map::DefaultHasher::new();
+            ns.name.hash(&mut h);
+            let b = h.finish().to_be_bytes();
+            format!("0a:58:{:02x}:{:02x}:{:02x}:{:02x}", b[0], b[1], b[2], b[3])
+        };
+        ns.run(&["ip", "link", "add", &bridge, "type", "bridge"]);
+        ns.run(&["ip", "tuntap", "add", "tap0", "mode", "tap"]);
+        for dev in [bridge.as_str(), "tap0"] {
+            for (key, value) in [("addr_gen_mode", "1"), ("disable_ipv6", "1")] {
+                ns.run(&[
+                    "sysctl",
+                    "-qw",
+                    &format!("net.ipv6.conf.{dev}.{key}={value}"),
+                ]);
+            }
+        }
+        ns.run(&["ip", "link", "set", ifname, "down"]);
+        ns.run(&["ip", "link", "set", ifname, "address", &own_mac]);
+        for dev in [ifname, "tap0"] {
+            ns.run(&["ip", "link", "set", dev, "master", &bridge]);
+        }
+        for dev in [bridge.as_str(), ifname, "tap0"] {
+            ns.run(&["ip", "link", "set", dev, "up"]);
+        }
+        Pod { ns, port }
+    }
+
     /// True when the pod holds no IPv4 or global IPv6 address.
     pub fn holds_no_ip(&self) -> bool {
         let out = self.ns.run(&["ip", "-o", "addr", "show"]);
@@ -239,7 +277,11 @@ pub type Lease = BTreeMap<String, String>;
 impl QemuVm {
     /// Boots a guest in a new pod on `node`.
     pub fn boot(node: &Node, name: &str, mac: &str, net: GuestNet) -> QemuVm {
-        let pod = Pod::new(node, name);
+        Self::boot_in(Pod::new(node, name), mac, net)
+    }
+
+    /// Boots a guest in `pod`.
+    pub fn boot_in(pod: Pod, mac: &str, net: GuestNet) -> QemuVm {
         let append = match &net {
             GuestNet::Dhcp => "vmpath.dhcp=1".to_string(),
             GuestNet::Static { addr, gateway } => match gateway {
@@ -325,7 +367,11 @@ impl QemuVm {
     /// Starts the migration target of `source` in a new pod on `node`:
     /// the same machine, waiting for the source's state (`-incoming`).
     pub fn incoming(node: &Node, name: &str, source: &QemuVm) -> QemuVm {
-        let pod = Pod::new(node, name);
+        Self::incoming_in(Pod::new(node, name), source)
+    }
+
+    /// Starts the migration target of `source` in `pod`.
+    pub fn incoming_in(pod: Pod, source: &QemuVm) -> QemuVm {
         let vm = Self::spawn(pod, &source.mac, source.append.clone(), true);
         vm.qmp().wait_status("inmigrate");
         vm

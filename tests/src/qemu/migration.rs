@@ -1,9 +1,16 @@
-//! A real live migration over the overlay: a QEMU guest moves between
-//! virt-launcher pods on two nodes while a client on a third node pings it
-//! every millisecond and holds a TCP connection to it. QEMU does it all:
-//! the target runs with `-incoming`, the source gets QMP `migrate`, and the
-//! target's own RARP self-announce (its `announce-*` parameters set on the
-//! target) is what the data path sees; the test sends no GARP.
+//! A real live migration driven as KubeVirt drives it: three nodes with
+//! their agents on `--source kubernetes` against the test API server; a
+//! QEMU guest (bridge binding, IPv4 by DHCP, IPv6 on the RA's prefix) runs
+//! on node a from its VMI, virt-launcher pod and NAD; a peer VM on node c
+//! reaches it over both families. A migration is what KubeVirt does: the
+//! VMIM and the target virt-launcher pod (labelled with the VMIM's uid),
+//! the CNI ADD of that pod as Multus makes it (the VM's MAC from the
+//! network selection element, a fresh namespace with the kernel's default
+//! sysctls: IPv6 on), virt-launcher's bridge and tap in it and QEMU
+//! `-incoming`, the VMI's `migrationState`, then QMP `migrate`. QEMU's own
+//! RARP self-announce (its `announce-*` parameters set on the target) is
+//! the only announcement; `migrationState.completed` comes after the
+//! guest resumed, then the source pod's deletion and DEL.
 //!
 //! Under TCG the source is paused before the copy (stop-and-copy). QEMU
 //! 7.2's TCG precopy, copying while the guest runs, left the target's memory
@@ -18,143 +25,327 @@
 //! `realmigration` section.
 
 use std::{
-    path::PathBuf,
+    path::{Path, PathBuf},
     process::Child,
     time::{Duration, Instant},
 };
 
-use serde_json::json;
+use serde_json::{Value, json};
 
-use super::{Accel, Guest, GuestNet, QemuVm, pod_port};
+use super::{Accel, Guest, GuestNet, Pod, QemuVm};
 use crate::{
-    Node, Underlay, Vm,
-    migration::{
-        CLIENT_IP, CLIENT_MAC, GATEWAY, NET, NODE_IPS, UNDERLAY_MTU, VM1_IP, VM1_MAC, network_doc,
-    },
-    wait_for, yaml, yaml_overlay,
+    Netns, Node, Underlay,
+    kube_api::ApiServer,
+    kubevirt::{self, Migration, pods},
+    migration::{NODE_IPS, UNDERLAY_MTU, port_flags},
+    multus, unique_tag,
+    vmpath::common::{PORT_F_PENDING, drop_reason::MIGRATION_NOT_RESUMED},
+    wait_for,
 };
 
-/// Echo requests in the stream, one per millisecond.
-pub const STREAM_COUNT: u64 = 8000;
+const NETWORK: &str = include_str!("../../../agent/src/cluster/fixtures/network.yaml");
+const VM: &str = include_str!("../../../agent/src/cluster/fixtures/vm.yaml");
+/// KubeVirt's name for the pod interface of network `blue`.
+const IFNAME: &str = "pod16477688c0e";
+const NAMESPACE: &str = "prod";
+pub const VM1_MAC: &str = "02:00:00:31:00:0b";
+pub const VM1_IP: &str = "10.31.0.11";
+pub const VM1_IP6: &str = "fd31::b";
+const VM1_POD: &str = "virt-launcher-vm1-x7k2p";
+const PEER_MAC: &str = "02:00:00:31:00:0c";
+pub const PEER_IP: &str = "10.31.0.12";
+pub const PEER_IP6: &str = "fd31::c";
+const PEER_POD: &str = "virt-launcher-peer-z3m4n";
+pub const GATEWAY: &str = "10.31.0.1";
+pub const GATEWAY6: &str = "fd31::1";
+const SUBNET6: &str = "fd31::/64";
+
+/// Echo requests in each stream, one per millisecond: 12 s, for a TCG
+/// guest's stop-and-copy pause of 1-4 s on a busy machine and the streams
+/// running on past KubeVirt's word.
+pub const STREAM_COUNT: u64 = 12000;
 
 /// The copy's bandwidth cap, bytes/s: far above what a unix socket
 /// between two local QEMUs reaches.
 const MIGRATION_BANDWIDTH: u64 = 8 << 30;
 
-/// TCP port of the guest's echo server.
+/// TCP ports of the guest's echo servers (busybox nc serves one
+/// connection each): IPv4 and IPv6.
 const ECHO_PORT: u16 = 7000;
+const ECHO_PORT6: u16 = 7006;
 
-/// Three nodes on one underlay: the guest (vm1) on a, the client on c; b
-/// takes the guest on the first migration, and the guest moves back and
-/// forth from there.
+/// Echo requests (200 ms apart) the peer sends the guest on the source
+/// while the target pod's interface is up and nothing has moved: the pod
+/// kernel's own frames (DAD, MLD, router solicitation) come within about
+/// 2 s of the link coming up.
+const WINDOW_PINGS: u32 = 15;
+
+fn parse(text: &str) -> Vec<Value> {
+    vmpath::config::source::parse(text.as_bytes()).expect("a fixture")
+}
+
+/// The VMI, virt-launcher pod and IPAMClaim of a VM from the fixture,
+/// renamed, on `node`, with `ips` in its claim.
+fn vm_objects(
+    name: &str,
+    pod: &str,
+    uid_tail: &str,
+    node: &str,
+    mac: &str,
+    ips: &[String],
+) -> Vec<Value> {
+    let text = VM
+        .replace("node-a", node)
+        .replace("virt-launcher-vm1-x7k2p", pod)
+        .replace("vm1", name)
+        .replace("3f2e1d0c9b8a", uid_tail)
+        .replace(VM1_MAC, mac);
+    let mut out = parse(&text);
+    for o in &mut out {
+        if o["kind"] == "IPAMClaim" {
+            o["status"]["ips"] = json!(ips);
+        }
+    }
+    out
+}
+
+/// The cluster: the vmpath Network, dual-stack (routed, a /32 and a /128
+/// per VM), its NAD, three v1 Nodes, vm1 on a and the peer on c.
+fn cluster() -> Vec<Value> {
+    let mut out = parse(NETWORK);
+    for o in &mut out {
+        if o["kind"] == "Network" {
+            o["spec"]["subnets"] = json!(["10.31.0.0/24", SUBNET6]);
+            o["spec"]["defaultGatewayIPs"] = json!([GATEWAY, GATEWAY6]);
+            o["spec"]["egress"] = "Routed".into();
+            o["spec"]["advertise"] = json!({"perVM": true});
+        }
+    }
+    out.retain(|o| o["kind"] != "Node");
+    for (name, ip) in NODE_IPS {
+        out.push(json!({
+            "apiVersion": "v1", "kind": "Node",
+            "metadata": {"name": name},
+            "status": {"addresses": [{"type": "InternalIP", "address": ip}]},
+        }));
+    }
+    out.extend(vm_objects(
+        "vm1",
+        VM1_POD,
+        "3f2e1d0c9b8a",
+        "a",
+        VM1_MAC,
+        &[format!("{VM1_IP}/24"), format!("{VM1_IP6}/64")],
+    ));
+    out.extend(vm_objects(
+        "peer",
+        PEER_POD,
+        "3f2e1d0c9b8c",
+        "c",
+        PEER_MAC,
+        &[format!("{PEER_IP}/24"), format!("{PEER_IP6}/64")],
+    ));
+    out
+}
+
+/// Three nodes on one underlay, their agents on the one API server: the
+/// guest (vm1) on a, the peer on c; b takes the guest on the first
+/// migration, and the guest moves back and forth from there.
 pub struct RealBed {
     pub nodes: [Node; 3],
+    pub server: ApiServer,
     /// The guest and the index of the node it runs on.
     pub vm1: QemuVm,
     pub at: usize,
-    pub client: Vm,
+    /// The peer VM on c (its pod's namespace, the VM's addresses on the
+    /// pod interface).
+    pub peer: Netns,
+    /// The guest's current virt-launcher pod.
+    pod: String,
+    /// Each node's NAD config, as Multus passes it there.
+    conf: [String; 3],
+    tag: String,
     rounds: usize,
     _underlay: Underlay,
 }
 
-/// Every node's config: vm1 on node `at` (port `port`), migrating to
-/// `(node, port, ready)` if given, the client on c.
-fn config(
-    client_port: &str,
-    at: &str,
-    port: &str,
-    migration: Option<(&str, &str, bool)>,
-) -> String {
-    let mut docs: Vec<String> = NODE_IPS
-        .iter()
-        .map(|(n, ip)| yaml_overlay::node(n, ip))
-        .collect();
-    docs.push(network_doc());
-    let mut vm1 = yaml::attachment("vm1", NET, at, port, VM1_MAC, &[&format!("{VM1_IP}/16")]);
-    if let Some((node, target_port, ready)) = migration {
-        vm1 += &format!(
-            "  migration: {{targetNode: {node}, targetPort: {target_port}, ready: {ready}}}\n"
-        );
-    }
-    docs.push(vm1);
-    docs.push(yaml::attachment(
-        "client",
-        NET,
-        "c",
-        client_port,
-        CLIENT_MAC,
-        &[&format!("{CLIENT_IP}/16")],
-    ));
-    yaml::docs(&docs)
-}
-
 impl RealBed {
-    /// Builds the nodes, boots the guest on a (static address, gateway
-    /// route: the migration test's VM) and waits until the client reaches
-    /// it over the overlay.
+    /// Builds the nodes and the cluster's objects, makes vm1's pod on a
+    /// (the CNI ADD as Multus makes it, then virt-launcher's bridge and
+    /// tap), boots the guest there and waits until it has its DHCP lease
+    /// and the RA's prefix, and the peer reaches it over both families.
     pub fn boot() -> RealBed {
         let underlay = Underlay::new();
-        let nodes = [Node::new("a"), Node::new("b"), Node::new("c")];
+        let mut nodes = [Node::new("a"), Node::new("b"), Node::new("c")];
         for (node, (_, ip)) in nodes.iter().zip(NODE_IPS) {
             underlay.plug(&node.ns, "ul0", &format!("{ip}/24"), UNDERLAY_MTU);
         }
-        let client = nodes[2].add_vm(
-            "cli",
-            CLIENT_MAC,
-            &[&format!("{CLIENT_IP}/16")],
-            Some(GATEWAY),
-        );
-        let port = pod_port(&nodes[0], "vm1");
-        let text = config(&client.port, "a", &port, None);
-        let [mut a, mut b, mut c] = nodes;
-        for node in [&mut a, &mut b, &mut c] {
-            node.write_config("config.yaml", &text);
+        let server = ApiServer::start_at(&nodes[0].ns.path(), NODE_IPS[0].1);
+        for o in cluster() {
+            server.put(o);
+        }
+        for node in &mut nodes {
+            let kubeconfig = node.state_dir.join("kubeconfig");
+            std::fs::write(&kubeconfig, server.kubeconfig()).unwrap();
+            node.set_agent_args(&[
+                "--source",
+                "kubernetes",
+                "--kubeconfig",
+                kubeconfig.to_str().unwrap(),
+            ]);
             node.start_agent();
         }
-        let vm1 = QemuVm::boot(
-            &a,
-            "vm1",
-            VM1_MAC,
-            GuestNet::Static {
-                addr: format!("{VM1_IP}/16"),
-                gateway: Some(GATEWAY.into()),
-            },
-        );
-        a.wait_ports(&[&vm1.pod.port]);
-        c.wait_ports(&[&client.port]);
-        for node in [&a, &b, &c] {
+        for node in &nodes {
             wait_for(
-                &format!("the overlay on node {}", node.name),
-                Duration::from_secs(20),
-                || node.agent_log().contains("overlay ready"),
+                &format!("node {} lists the cluster and joins the overlay", node.name),
+                // Loading the programs alone takes 30 s on a busy 2-core machine.
+                Duration::from_secs(120),
+                || {
+                    node.agent_log().contains("overlay ready")
+                        && node.attachment_view("vm1").is_some()
+                        && node.attachment_view("peer").is_some()
+                },
             );
         }
+        let tag = unique_tag();
+        let conf = [0, 1, 2].map(|i| multus::nad_conf(NETWORK, &nodes[i]));
+        let cni_add = |node: usize, pod: &str, ns: &Netns, mac: &str| -> String {
+            let (ok, result) = kubevirt::cni_add_with_mac(
+                &nodes[node],
+                &multus::Call {
+                    conf: &conf[node],
+                    pod_namespace: NAMESPACE,
+                    pod,
+                    ifname: IFNAME,
+                    netns: ns,
+                    container: &format!("c{tag}{pod}"),
+                },
+                mac,
+            );
+            assert!(ok, "ADD of {pod} on {}: {result}", nodes[node].name);
+            kubevirt::host_port(&result)
+        };
+
+        // The peer: a VM played by its pod's namespace, both families on
+        // the pod interface (vmpath-cni switched its IPv6 off).
+        let peer = kubevirt::fresh_pod_netns(format!("vt{tag}-peer"));
+        cni_add(2, PEER_POD, &peer, PEER_MAC);
+        peer.run(&[
+            "sysctl",
+            "-qw",
+            &format!("net.ipv6.conf.{IFNAME}.disable_ipv6=0"),
+        ]);
+        peer.run(&["ip", "addr", "add", &format!("{PEER_IP}/24"), "dev", IFNAME]);
+        peer.run(&[
+            "ip",
+            "-6",
+            "addr",
+            "add",
+            &format!("{PEER_IP6}/64"),
+            "dev",
+            IFNAME,
+            "nodad",
+        ]);
+
+        let ns = kubevirt::fresh_pod_netns(format!("vt{tag}-vm1"));
+        let port = cni_add(0, VM1_POD, &ns, VM1_MAC);
+        let vm1 = QemuVm::boot_in(Pod::launcher(ns, IFNAME, port), VM1_MAC, GuestNet::Dhcp);
         let bed = RealBed {
-            nodes: [a, b, c],
+            nodes,
+            server,
             vm1,
             at: 0,
-            client,
+            peer,
+            pod: VM1_POD.to_string(),
+            conf,
+            tag,
             rounds: 0,
             _underlay: underlay,
         };
-        assert!(bed.client.ping(VM1_IP), "client (c) -> guest (a)");
+        let lease = bed.vm1.wait_lease();
+        assert_eq!(
+            lease.get("ip").map(String::as_str),
+            Some(VM1_IP),
+            "the guest's lease: {lease:?}"
+        );
+        // IPv6: vmpath's RA gives the on-link prefix (a secondary network:
+        // no default route); the address is the claim's, as the /128
+        // DHCPv6 would hand out (busybox has no DHCPv6 client).
+        bed.vm1
+            .run(&format!("ip -6 addr add {VM1_IP6}/128 dev eth0"));
+        let deadline = Instant::now() + Duration::from_secs(70);
+        loop {
+            let routes = bed.vm1.run("ip -6 route show");
+            // The prefix route an RA installs expires; the /128's does not.
+            if routes
+                .lines()
+                .any(|l| l.starts_with(SUBNET6) && l.contains("expires"))
+            {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the guest took no RA from vmpath (its on-link prefix) in 70 s: \
+                 routes {routes:?}; {}; vmpath vm show on a:\n{}",
+                bed.vm1.run_status("ip -6 addr show dev eth0; cat /proc/sys/net/ipv6/conf/eth0/accept_ra /proc/sys/net/ipv6/conf/eth0/forwarding").1,
+                kubevirt::vm_show(&bed.nodes[0], "prod/vm1")
+            );
+            std::thread::sleep(Duration::from_millis(500));
+        }
+        wait_for(
+            "the guest's IPv6 address past DAD",
+            Duration::from_secs(20),
+            || bed.vm1.run_status(&format!("ping6 -c 1 -W 1 {GATEWAY6}")).0 == 0,
+        );
+        for dst in [VM1_IP, VM1_IP6] {
+            assert!(bed.peer.ping(dst, 3), "peer (c) -> guest (a) at {dst}");
+        }
         assert!(bed.vm1.ping(GATEWAY), "guest -> its gateway on a");
         bed
     }
 
-    fn write_config(&self, at: usize, port: &str, migration: Option<(usize, &str, bool)>) {
-        let name = |i: usize| self.nodes[i].name.clone();
-        let m = migration.map(|(i, p, r)| (name(i), p, r));
-        let text = config(
-            &self.client.port,
-            &name(at),
-            port,
-            m.as_ref().map(|(n, p, r)| (n.as_str(), *p, *r)),
-        );
-        for node in &self.nodes {
-            node.write_config("config.yaml", &text);
+    fn name(&self, i: usize) -> String {
+        self.nodes[i].name.clone()
+    }
+
+    /// The CNI call for `pod` on node `i`, as Multus makes it.
+    fn call<'a>(
+        &'a self,
+        i: usize,
+        pod: &'a str,
+        container: &'a str,
+        netns: &'a Netns,
+    ) -> multus::Call<'a> {
+        multus::Call {
+            conf: &self.conf[i],
+            pod_namespace: NAMESPACE,
+            pod,
+            ifname: IFNAME,
+            netns,
+            container,
         }
     }
+}
+
+/// One ping stream through a migration, as the peer saw it.
+#[derive(Clone, Debug)]
+pub struct Stream {
+    pub sent: u64,
+    pub answered: u64,
+    /// Longest silence between replies, ms.
+    pub gap_ms: f64,
+    /// RESUME on the target to the first reply after it, ms.
+    pub resume_to_reply_ms: f64,
+}
+
+/// One TCP echo connection through a migration.
+#[derive(Clone, Debug)]
+pub struct Tcp {
+    /// Echoes exchanged, and how many after the migration completed.
+    pub echoes: u64,
+    pub echoes_after: u64,
+    /// Why the client failed, if it did.
+    pub error: Option<String>,
 }
 
 /// What one real migration did.
@@ -163,14 +354,14 @@ pub struct RealMigration {
     /// The source was paused before the copy (TCG guests: see the module
     /// comment), not copied while it ran.
     pub stop_and_copy: bool,
-    /// Longest silence in the client's 1 ms ping replies, ms.
+    /// Longest silence in the peer's 1 ms IPv4 ping replies, ms.
     pub gap_ms: f64,
     /// QEMU's own downtime (`query-migrate` on the source), ms.
     pub downtime_ms: f64,
     /// The guest really paused: STOP on the source to RESUME on the
     /// target (QMP event times), ms.
     pub pause_ms: f64,
-    /// RESUME on the target to the first ping reply after it, ms.
+    /// RESUME on the target to the first IPv4 ping reply after it, ms.
     pub resume_to_reply_ms: f64,
     /// RESUME to QEMU's first RARP on the target pod's NIC, ms.
     pub resume_to_rarp_ms: f64,
@@ -181,20 +372,31 @@ pub struct RealMigration {
     pub request_to_reply_ms: f64,
     /// QEMU's total migration time, ms.
     pub total_ms: f64,
-    /// Pings sent and answered in the stream.
+    /// IPv4 pings sent and answered in the stream.
     pub sent: u64,
     pub answered: u64,
-    /// TCP echoes the client exchanged, and how many of them after the
-    /// migration completed, on the one connection.
+    /// The IPv6 stream, beside the IPv4 one.
+    pub ipv6: Stream,
+    /// The IPv4 TCP connection: echoes, after the migration, error.
     pub echoes: u64,
     pub echoes_after: u64,
-    /// Why the TCP client failed, if it did.
     pub tcp_error: Option<String>,
-    /// The guest's ARP entry for its gateway before and after.
+    /// The IPv6 TCP connection.
+    pub tcp6: Tcp,
+    /// The guest's neighbour entries for its gateway before and after:
+    /// IPv4 and IPv6.
     pub gw_before: String,
     pub gw_after: String,
+    pub gw6_before: String,
+    pub gw6_after: String,
     /// A RARP from the guest's MAC seen on the target pod's NIC.
     pub rarp_seen: bool,
+    /// Before QEMU's migration, with the target pod's interface up: the
+    /// peer's echo replies from the guest on the source (IPv4, IPv6) of
+    /// [`WINDOW_PINGS`] each, and what `vmpath vm show` said on the target
+    /// node (node, migration).
+    pub window_replies: (u64, u64),
+    pub window_show: (String, String),
     /// Node the guest left and node it runs on now.
     pub from: String,
     pub to: String,
@@ -213,16 +415,24 @@ impl RealMigration {
     }
 }
 
-/// Sends `count` ICMP echo requests to the guest, one per millisecond
-/// whatever comes back (unlike ping, which holds back when replies stop),
-/// and prints "seq wall-clock-seconds" for each reply.
-fn pinger(ns: &crate::Netns, count: u64) -> Child {
+/// Sends `count` ICMP (ICMPv6 for an IPv6 `dst`) echo requests to `dst`,
+/// one per millisecond whatever comes back (unlike ping, which holds back
+/// when replies stop), and prints "seq wall-clock-seconds" for each reply.
+/// Makes the file `ready` at the first reply.
+fn pinger(ns: &Netns, dst: &str, count: u64, ready: &Path) -> Child {
+    let v6 = if dst.contains(':') { "True" } else { "False" };
     ns.spawn(&[
         "python3",
         "-c",
         &format!(
             "import os, socket, struct, threading, time
-s = socket.socket(socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_ICMP)
+v6 = {v6}
+if v6:
+    s = socket.socket(socket.AF_INET6, socket.SOCK_RAW, socket.IPPROTO_ICMPV6)
+    request, reply = 128, 129
+else:
+    s = socket.socket(socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_ICMP)
+    request, reply = 8, 0
 ident = os.getpid() & 0xffff
 payload = b'x' * 56
 def csum(b):
@@ -239,17 +449,21 @@ def rx():
             d, _ = s.recvfrom(2048)
         except socket.timeout:
             continue
-        ihl = (d[0] & 15) * 4
-        typ, _, _, i, q = struct.unpack('!BBHHH', d[ihl:ihl + 8])
-        if typ == 0 and i == ident and q not in got:
+        # An IPv6 raw socket gets no IP header; the kernel fills in the
+        # ICMPv6 checksum on sending.
+        off = 0 if v6 else (d[0] & 15) * 4
+        typ, _, _, i, q = struct.unpack('!BBHHH', d[off:off + 8])
+        if typ == reply and i == ident and q not in got:
             got[q] = time.time()
+            if len(got) == 1:
+                open('{ready}', 'w').close()
 th = threading.Thread(target=rx)
 th.start()
 t0 = time.monotonic()
 for q in range({count}):
-    c = csum(struct.pack('!BBHHH', 8, 0, 0, ident, q) + payload)
+    c = 0 if v6 else csum(struct.pack('!BBHHH', request, 0, 0, ident, q) + payload)
     try:
-        s.sendto(struct.pack('!BBHHH', 8, 0, c, ident, q) + payload, ('{VM1_IP}', 0))
+        s.sendto(struct.pack('!BBHHH', request, 0, c, ident, q) + payload, ('{dst}', 0))
     except OSError:
         pass
     w = t0 + (q + 1) / 1000 - time.monotonic()
@@ -258,9 +472,36 @@ for q in range({count}):
 th.join()
 for q in sorted(got):
     print(q, '%.6f' % got[q])
-"
+",
+            ready = ready.display()
         ),
     ])
+}
+
+/// The reply times a [`pinger`] printed, sorted, and the stream's figures.
+fn stream(ping: Child, resumed: Option<f64>) -> Stream {
+    let ping = ping.wait_with_output().unwrap();
+    assert!(
+        ping.status.success(),
+        "the ping stream: {}",
+        String::from_utf8_lossy(&ping.stderr)
+    );
+    let mut stamps: Vec<f64> = String::from_utf8_lossy(&ping.stdout)
+        .lines()
+        .filter_map(|l| l.split_whitespace().nth(1)?.parse().ok())
+        .collect();
+    stamps.sort_by(f64::total_cmp);
+    Stream {
+        sent: STREAM_COUNT,
+        answered: stamps.len() as u64,
+        gap_ms: stamps
+            .windows(2)
+            .map(|w| (w[1] - w[0]) * 1e3)
+            .fold(0.0, f64::max),
+        resume_to_reply_ms: resumed
+            .and_then(|r| stamps.iter().find(|&&t| t > r).map(|t| (t - r) * 1e3))
+            .unwrap_or(f64::NAN),
+    }
 }
 
 fn ms_between(from: Option<f64>, to: Option<f64>) -> f64 {
@@ -270,16 +511,17 @@ fn ms_between(from: Option<f64>, to: Option<f64>) -> f64 {
     }
 }
 
-/// A TCP client on the client VM: one connection to the guest's echo
-/// server, a line every 10 ms until `stop` exists; fails on any error or
-/// reconnect. Prints "echoes <n> after <m>" (m: after `done` appeared).
-fn tcp_client(ns: &crate::Netns, stop: &std::path::Path, done: &std::path::Path) -> Child {
+/// A TCP client in `ns`: one connection to `dst`'s echo server on `port`
+/// (connecting within 5 s), a line every 10 ms until `stop` exists; fails
+/// on any error or reconnect. Prints "echoes <n> after <m>" (m: after
+/// `done` appeared).
+fn tcp_client(ns: &Netns, dst: &str, port: u16, stop: &Path, done: &Path) -> Child {
     ns.spawn(&[
         "python3",
         "-c",
         &format!(
             "import os, socket, time
-s = socket.create_connection(('{VM1_IP}', {ECHO_PORT}), timeout=5)
+s = socket.create_connection(('{dst}', {port}), timeout=5)
 s.settimeout(10)
 f = s.makefile('rb')
 n = after = 0
@@ -306,65 +548,205 @@ raise SystemExit(1 if err else 0)
     ])
 }
 
-/// Migrates the guest to the next node (a -> b, b -> a, ...): a new pod
-/// with QEMU `-incoming` there, pending in the config, then QMP `migrate`
-/// under a 1 ms ping stream and a TCP echo from the client on c, then the
-/// config says `ready: true`.
+fn tcp_result(tcp: Child) -> Tcp {
+    let tcp = tcp.wait_with_output().unwrap();
+    let out = String::from_utf8_lossy(&tcp.stdout).into_owned();
+    let mut words = out.split_whitespace();
+    Tcp {
+        echoes: words.nth(1).and_then(|n| n.parse().ok()).unwrap_or(0),
+        echoes_after: words.nth(1).and_then(|n| n.parse().ok()).unwrap_or(0),
+        error: (!tcp.status.success())
+            .then(|| format!("{out}{}", String::from_utf8_lossy(&tcp.stderr))),
+    }
+}
+
+/// Echo replies `ns` gets from `dst` of `count` requests 200 ms apart.
+fn replies(ns: &Netns, dst: &str, count: u32) -> u64 {
+    let out = ns.run_status(&[
+        "ping",
+        "-n",
+        "-c",
+        &count.to_string(),
+        "-i",
+        "0.2",
+        "-W",
+        "1",
+        dst,
+    ]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    text.lines()
+        .find(|l| l.contains("packets transmitted"))
+        .and_then(|l| {
+            let words: Vec<&str> = l.split([' ', ',']).filter(|w| !w.is_empty()).collect();
+            let i = words.iter().position(|w| *w == "received")?;
+            words[i - 1].parse().ok()
+        })
+        .unwrap_or_else(|| panic!("no ping summary: {text}"))
+}
+
+/// `key:` in `vmpath vm show`'s output.
+fn shown(show: &str, key: &str) -> String {
+    show.lines()
+        .find_map(|l| l.trim().strip_prefix(&format!("{key}:")))
+        .map(|v| v.trim().to_string())
+        .unwrap_or_default()
+}
+
+/// Migrates the guest to the next node (a -> b, b -> a, ...) as KubeVirt
+/// does, under a 1 ms ping stream in each family and a TCP echo
+/// connection in each from the peer on c. Asserts, before QEMU migrates,
+/// that the target pod's interface has no address of its own and sent
+/// nothing the target node dropped as not the VM
+/// (`migration_not_resumed`); what the peer saw then is in the result.
 pub fn migrate(bed: &mut RealBed) -> RealMigration {
     let from = bed.at;
     let to = if from == 0 { 1 } else { 0 };
     bed.rounds += 1;
-    let target_name = format!("m{}", bed.rounds);
-    let target = QemuVm::incoming(&bed.nodes[to], &target_name, &bed.vm1);
-    let source_port = bed.vm1.pod.port.clone();
-    bed.write_config(from, &source_port, Some((to, &target.pod.port, false)));
-    wait_for("the pending target port", Duration::from_secs(20), || {
-        crate::migration::port_flags(&bed.nodes[to], &target.pod.port)
-            .is_some_and(|f| f & crate::vmpath::common::PORT_F_PENDING != 0)
-    });
+    let round = bed.rounds;
+    let (from_name, to_name) = (bed.name(from), bed.name(to));
+    let target_pod = format!("virt-launcher-vm1-m{round}");
+    let name = format!("mig{round}");
+    let uid = format!("7c6b5a49-3827-4160-9f5e-4d3c2b1a{round:04x}");
+    let source_pod = bed.pod.clone();
+    let m = Migration {
+        namespace: NAMESPACE,
+        vmi: "vm1",
+        name: &name,
+        uid: &uid,
+        source_node: &from_name,
+        target_node: &to_name,
+        source_pod: &source_pod,
+        target_pod: &target_pod,
+    };
 
     // The guest knows its gateway; the migration must not change that.
     assert!(bed.vm1.ping(GATEWAY));
+    assert_eq!(
+        bed.vm1
+            .run_status(&format!("ping6 -c 3 -i 0.2 -W 2 {GATEWAY6}"))
+            .0,
+        0,
+        "guest -> its IPv6 gateway"
+    );
     let gw_before = bed
         .vm1
         .neighbour(GATEWAY)
         .expect("guest ARP entry for the gateway");
-
-    let dir = std::env::temp_dir().join(format!(
-        "vmpath-realmig-{}-{}",
-        bed.nodes[0].tag, bed.rounds
-    ));
+    let gw6_before = bed
+        .vm1
+        .neighbour(GATEWAY6)
+        .expect("guest neighbour entry for the IPv6 gateway");
+    let dir = std::env::temp_dir().join(format!("vmpath-realmig-{}-{round}", bed.tag));
     std::fs::create_dir_all(&dir).unwrap();
     let (stop, done): (PathBuf, PathBuf) = (dir.join("stop"), dir.join("done"));
-    bed.vm1.run(&format!(
-        "busybox nc -l -p {ECHO_PORT} -e cat </dev/null >/dev/null 2>&1 &"
+    for port in [ECHO_PORT, ECHO_PORT6] {
+        bed.vm1.run(&format!(
+            "busybox nc -l -p {port} -e cat </dev/null >/dev/null 2>&1 &"
+        ));
+        wait_for("the guest's echo server", Duration::from_secs(20), || {
+            bed.vm1
+                .run_status(&format!("netstat -ltn | grep -q ':{port} '"))
+                .0
+                == 0
+        });
+    }
+
+    // KubeVirt: the VMIM and the target pod; Multus calls vmpath-cni for
+    // it in a new namespace with the kernel's defaults.
+    bed.server.put(m.vmim("Scheduling"));
+    bed.server.put(m.target_pod(
+        &bed.server,
+        &format!("3b2a1c0d-9e8f-4a7b-8c6d-5e4f3a2b{round:04x}"),
     ));
-    wait_for("the guest's echo server", Duration::from_secs(20), || {
-        bed.vm1
-            .run_status(&format!("netstat -ltn | grep -q ':{ECHO_PORT} '"))
-            .0
-            == 0
-    });
-    let tcp = tcp_client(&bed.client.ns, &stop, &done);
+    let target_ns = kubevirt::fresh_pod_netns(format!("vt{}-m{round}", bed.tag));
+    let not_resumed_before = bed.nodes[to].drops(MIGRATION_NOT_RESUMED);
+    let container = format!("c{}{target_pod}", bed.tag);
+    let (ok, result) = kubevirt::cni_add_with_mac(
+        &bed.nodes[to],
+        &bed.call(to, &target_pod, &container, &target_ns),
+        VM1_MAC,
+    );
+    assert!(ok, "the target pod's ADD: {result}");
+    let target_port = kubevirt::host_port(&result);
+    let show = target_ns.run(&["ip", "-j", "link", "show", "dev", IFNAME]);
+    let show: Value = serde_json::from_str(&show).unwrap();
+    assert_eq!(
+        (show[0]["address"].as_str(), show[0]["operstate"].as_str()),
+        (Some(VM1_MAC), Some("UP")),
+        "the target pod's interface: {show}"
+    );
+    // The peer connects now (both families), and pings the guest on the
+    // source while the target pod's interface is up with the VM's MAC.
+    let tcp4 = tcp_client(&bed.peer, VM1_IP, ECHO_PORT, &stop, &done);
+    let tcp6 = tcp_client(&bed.peer, VM1_IP6, ECHO_PORT6, &stop, &done);
+    let window_replies = (
+        replies(&bed.peer, VM1_IP, WINDOW_PINGS),
+        replies(&bed.peer, VM1_IP6, WINDOW_PINGS),
+    );
+    let show = kubevirt::vm_show(&bed.nodes[to], "prod/vm1");
+    let window_show = (shown(&show, "node"), shown(&show, "migration"));
+    // That pod's kernel kept quiet: no address to speak from, nothing
+    // from the VM's MAC the target node had to refuse.
+    assert!(
+        kubevirt::no_ipv6_address(&target_ns, IFNAME),
+        "the target pod's kernel made itself an IPv6 address: {}",
+        target_ns.run(&["ip", "-6", "addr", "show", "dev", IFNAME])
+    );
+    let not_resumed = bed.nodes[to].drops(MIGRATION_NOT_RESUMED) - not_resumed_before;
+    assert_eq!(
+        not_resumed, 0,
+        "the target pod's own kernel sent {not_resumed} frames from the VM's MAC (dropped as migration_not_resumed on {to_name})"
+    );
+
+    // virt-launcher: the bridge and tap, QEMU waiting for the state.
+    let target = QemuVm::incoming_in(
+        Pod::launcher(target_ns, IFNAME, target_port.clone()),
+        &bed.vm1,
+    );
+    bed.server.put(m.vmim("TargetReady"));
+    m.set_state(&bed.server, &from_name, json!({}));
+    bed.server.put(m.vmim("Running"));
+    wait_for(
+        &format!("{from_name} knows the migration"),
+        Duration::from_secs(10),
+        || {
+            bed.nodes[from]
+                .attachment_view("vm1")
+                .is_some_and(|v| v["migration"] == "pending")
+        },
+    );
+    assert!(
+        port_flags(&bed.nodes[to], &target_port).is_some_and(|f| f & PORT_F_PENDING != 0),
+        "{to_name} serves the target port pending until the guest resumes"
+    );
+
     // What crosses the target pod's NIC around the cut-over, time-stamped.
     let capture = target.pod.ns.spawn(&[
         "timeout",
         "15",
         "tcpdump",
         "-i",
-        "eth0",
+        IFNAME,
         "-l",
         "-n",
         "-e",
         "-tt",
         "-c",
-        "3000",
-        "rarp or icmp",
+        "6000",
+        "rarp or icmp or icmp6",
     ]);
-    // 1 ms echo requests for 8 s (a TCG guest's stop-and-copy pause is
-    // 1-3 s), answered by the guest's kernel.
-    let pinger = pinger(&bed.client.ns, STREAM_COUNT);
-    std::thread::sleep(Duration::from_millis(1500));
+    // 1 ms echo requests for 8 s in each family (a TCG guest's
+    // stop-and-copy pause is 1-3 s), answered by the guest's kernel.
+    let (ready4, ready6) = (dir.join("ready4"), dir.join("ready6"));
+    let pinger4 = pinger(&bed.peer, VM1_IP, STREAM_COUNT, &ready4);
+    let pinger6 = pinger(&bed.peer, VM1_IP6, STREAM_COUNT, &ready6);
+    // Python starts slowly on a busy machine: the streams run before the
+    // guest stops, or they would not see the pause.
+    wait_for(
+        "both ping streams answered",
+        Duration::from_secs(30),
+        || ready4.exists() && ready6.exists(),
+    );
 
     let mut tq = target.qmp();
     tq.execute(
@@ -407,20 +789,34 @@ pub fn migrate(bed: &mut RealBed) -> RealMigration {
     let resumed = tq.event_time("RESUME");
     std::fs::write(&done, b"").unwrap();
     let source = std::mem::replace(&mut bed.vm1, target);
-    drop(source);
     bed.at = to;
-    std::thread::sleep(Duration::from_millis(1000));
-    // KubeVirt's ready signal, later: the data path moved the VM already.
-    bed.write_config(from, &source_port, Some((to, &bed.vm1.pod.port, true)));
-    let ping = pinger.wait_with_output().unwrap();
+    bed.pod = target_pod.clone();
+    // KubeVirt's word, 2 s later (a stream that waited for it would show
+    // a gap of the pause plus 2 s): the data path moved the VM already.
+    std::thread::sleep(Duration::from_millis(2000));
+    // Then the source pod ends; its DEL releases nothing.
+    m.set_state(
+        &bed.server,
+        &to_name,
+        json!({"completed": true, "endTimestamp": "2026-12-01T10:00:09Z",
+               "targetNodeDomainReadyTimestamp": "2026-12-01T10:00:08Z",
+               "targetNodeDomainDetected": true}),
+    );
+    bed.server.put(m.vmim("Succeeded"));
+    bed.server.delete(&pods(), NAMESPACE, &source_pod);
+    let container = format!("c{}{source_pod}", bed.tag);
+    let (ok, result) = multus::call(
+        &bed.nodes[from],
+        "DEL",
+        &bed.call(from, &source_pod, &container, &source.pod.ns),
+    );
+    assert!(ok, "DEL of the source pod: {result}");
+    drop(source);
+    let ipv4 = stream(pinger4, resumed);
+    let ipv6 = stream(pinger6, resumed);
     std::fs::write(&stop, b"").unwrap();
-    let tcp = tcp.wait_with_output().unwrap();
-    let tcp_out = String::from_utf8_lossy(&tcp.stdout).into_owned();
-    let tcp_error = if tcp.status.success() {
-        None
-    } else {
-        Some(format!("{tcp_out}{}", String::from_utf8_lossy(&tcp.stderr)))
-    };
+    let tcp = tcp_result(tcp4);
+    let tcp6 = tcp_result(tcp6);
     let capture = capture.wait_with_output().unwrap();
     let capture = String::from_utf8_lossy(&capture.stdout).into_owned();
     let first = |what: &str, after: f64| -> Option<f64> {
@@ -431,59 +827,43 @@ pub fn migrate(bed: &mut RealBed) -> RealMigration {
             .find(|&t| t >= after)
     };
     let rarp_at = first("Reverse ARP", 0.0);
-    // After the move the VM is plainly on its new node.
-    bed.write_config(to, &bed.vm1.pod.port.clone(), None);
     bed.vm1.wait_resumed();
     let gw_after = bed.vm1.neighbour(GATEWAY).unwrap_or_default();
+    let gw6_after = bed.vm1.neighbour(GATEWAY6).unwrap_or_default();
     let _ = std::fs::remove_dir_all(&dir);
 
-    assert!(
-        ping.status.success(),
-        "the ping stream: {}",
-        String::from_utf8_lossy(&ping.stderr)
-    );
-    let mut stamps: Vec<f64> = String::from_utf8_lossy(&ping.stdout)
-        .lines()
-        .filter_map(|l| l.split_whitespace().nth(1)?.parse().ok())
-        .collect();
-    stamps.sort_by(f64::total_cmp);
-    let gap_ms = stamps
-        .windows(2)
-        .map(|w| (w[1] - w[0]) * 1e3)
-        .fold(0.0, f64::max);
-    let pause_ms = match (stopped, resumed) {
-        (Some(s), Some(r)) => (r - s) * 1e3,
-        _ => f64::NAN,
-    };
-    let resume_to_reply_ms = resumed
-        .and_then(|r| stamps.iter().find(|&&t| t > r).map(|t| (t - r) * 1e3))
-        .unwrap_or(f64::NAN);
-    let mut words = tcp_out.split_whitespace();
-    let echoes = words.nth(1).and_then(|n| n.parse().ok()).unwrap_or(0);
-    let echoes_after = words.nth(1).and_then(|n| n.parse().ok()).unwrap_or(0);
     RealMigration {
         stop_and_copy,
-        gap_ms,
+        gap_ms: ipv4.gap_ms,
         downtime_ms: info["downtime"].as_f64().unwrap_or(f64::NAN),
-        pause_ms,
-        resume_to_reply_ms,
+        pause_ms: match (stopped, resumed) {
+            (Some(s), Some(r)) => (r - s) * 1e3,
+            _ => f64::NAN,
+        },
+        resume_to_reply_ms: ipv4.resume_to_reply_ms,
         total_ms: info["total-time"].as_f64().unwrap_or(f64::NAN),
-        sent: STREAM_COUNT,
-        answered: stamps.len() as u64,
-        echoes,
-        echoes_after,
-        tcp_error,
+        sent: ipv4.sent,
+        answered: ipv4.answered,
+        ipv6,
+        echoes: tcp.echoes,
+        echoes_after: tcp.echoes_after,
+        tcp_error: tcp.error,
+        tcp6,
         gw_before,
         gw_after,
+        gw6_before,
+        gw6_after,
         rarp_seen: capture.lines().any(|l| {
             l.contains("Reverse ARP") && l.starts_with(char::is_numeric) && l.contains(VM1_MAC)
         }),
+        window_replies,
+        window_show,
         resume_to_rarp_ms: ms_between(resumed, rarp_at),
         rarp_to_request_ms: ms_between(rarp_at, rarp_at.and_then(|r| first("echo request", r))),
         request_to_reply_ms: rarp_at
             .and_then(|r| first("echo request", r))
             .map_or(f64::NAN, |q| ms_between(Some(q), first("echo reply", q))),
-        from: bed.nodes[from].name.clone(),
-        to: bed.nodes[to].name.clone(),
+        from: from_name,
+        to: to_name,
     }
 }
