@@ -81,11 +81,7 @@ pub fn drops_by_name(counts: &[u64]) -> BTreeMap<String, u64> {
 
 // --- routing ----------------------------------------------------------------
 
-/// An answer: status code and JSON body.
-pub struct Reply {
-    pub code: u16,
-    pub body: String,
-}
+pub use vmpath_api::types::Reply;
 
 fn json<T: Serialize>(code: u16, value: &T) -> Reply {
     match serde_json::to_string_pretty(value) {
@@ -113,7 +109,7 @@ pub fn route(observer: &Observer, path: &str) -> Reply {
     let decoded: Vec<String> = path
         .split('/')
         .filter(|s| !s.is_empty())
-        .map(decode)
+        .map(vmpath_api::path::decode)
         .collect();
     let parts: Vec<&str> = decoded.iter().map(String::as_str).collect();
     match parts.as_slice() {
@@ -222,28 +218,6 @@ pub fn route(observer: &Observer, path: &str) -> Reply {
         }
         _ => error(404, format!("no such endpoint: {path}")),
     }
-}
-
-/// Percent-decodes one path segment.
-pub(crate) fn decode(segment: &str) -> String {
-    let bytes = segment.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        if bytes[i] == b'%'
-            && i + 2 < bytes.len()
-            && let Some(b) = std::str::from_utf8(&bytes[i + 1..i + 3])
-                .ok()
-                .and_then(|h| u8::from_str_radix(h, 16).ok())
-        {
-            out.push(b);
-            i += 3;
-        } else {
-            out.push(bytes[i]);
-            i += 1;
-        }
-    }
-    String::from_utf8_lossy(&out).into_owned()
 }
 
 fn status(snap: &Snapshot) -> Status {
@@ -591,8 +565,8 @@ mod tests {
 
     #[test]
     fn percent_decoding_keeps_what_is_not_an_escape() {
-        assert_eq!(decode("a%2Fb"), "a/b");
-        assert_eq!(decode("100%"), "100%");
-        assert_eq!(decode("%zz"), "%zz");
+        assert_eq!(vmpath_api::path::decode("a%2Fb"), "a/b");
+        assert_eq!(vmpath_api::path::decode("100%"), "100%");
+        assert_eq!(vmpath_api::path::decode("%zz"), "%zz");
     }
 }

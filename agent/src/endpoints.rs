@@ -31,9 +31,9 @@ use std::{
 use serde::{Deserialize, Serialize};
 use tracing::{info, warn};
 pub use vmpath_api::cni::{Dns, EndpointList, EndpointReply, EndpointRequest, Removed};
+use vmpath_api::types::Reply;
 
 use crate::{
-    api::Reply,
     config::{AttachmentKey, Config, source::RawDocument, source::Snapshot},
     resolved::Origin,
     view::{Published, View, state},
@@ -41,6 +41,7 @@ use crate::{
 
 /// How long an ADD waits for the agent to program the port.
 pub use vmpath_api::cni::PROGRAM_TIMEOUT;
+
 /// The largest request body accepted (an endpoint is a few hundred bytes).
 const MAX_BODY: u64 = 64 * 1024;
 const STATE_FILE: &str = "cni-endpoints.json";

@@ -69,7 +69,7 @@ impl Filter {
         let mut f = Filter::default();
         for pair in query.split('&').filter(|p| !p.is_empty()) {
             let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
-            let v = crate::api::decode(v);
+            let v = vmpath_api::path::decode(v);
             match k {
                 "type" if v == "drop" || v == "policy" => f.kind = Some(v),
                 "type" => return Err(format!("type {v:?}: expected drop or policy")),

@@ -376,3 +376,10 @@ pub struct MonitorEvent {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub policy: Option<String>,
 }
+
+/// An answer of the agent's API as its server writes it: status code and
+/// JSON body.
+pub struct Reply {
+    pub code: u16,
+    pub body: String,
+}
