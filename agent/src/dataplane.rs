@@ -237,6 +237,10 @@ pub struct Maps {
     pub routed: HashMap<MapData, AddrKey, RoutedAddr>,
     pub subnets4: LpmTrie<MapData, Subnet4, u32>,
     pub subnets6: LpmTrie<MapData, Subnet6, u32>,
+    /// Subnets resolved over the overlay -> network id.
+    pub resolve_prefixes: LpmTrie<MapData, vmpath_common::ResolvePrefix, u32>,
+    /// What the uplink resolved over the overlay (`resolve`).
+    pub resolved: HashMap<MapData, AddrKey, vmpath_common::ResolvedAddr>,
     pub snat_config: Array<MapData, SnatConfig>,
     pub snat_out: HashMap<MapData, NatKey, NatEntry>,
     pub snat_in: HashMap<MapData, NatKey, NatEntry>,
@@ -310,6 +314,8 @@ impl Maps {
             routed: open_map(root, map_names::ROUTED)?.try_into()?,
             subnets4: open_map(root, map_names::SUBNETS4)?.try_into()?,
             subnets6: open_map(root, map_names::SUBNETS6)?.try_into()?,
+            resolve_prefixes: open_map(root, map_names::RESOLVE_PREFIXES)?.try_into()?,
+            resolved: open_map(root, map_names::RESOLVED)?.try_into()?,
             snat_config: open_map(root, map_names::SNAT_CONFIG)?.try_into()?,
             snat_out: open_map(root, map_names::SNAT_OUT)?.try_into()?,
             snat_in: open_map(root, map_names::SNAT_IN)?.try_into()?,

@@ -47,6 +47,10 @@ pub struct Plan {
     pub subnets4: std::collections::BTreeSet<(u32, vmpath_common::Subnet4)>,
     pub subnets6: std::collections::BTreeSet<(u32, vmpath_common::Subnet6)>,
     pub snat: vmpath_common::SnatConfig,
+    /// Subnets of the learning ingress networks this node hosts, (LPM
+    /// prefix length, prefix) -> network id: the uplink resolves an
+    /// address there that nothing places over the overlay.
+    pub resolve_prefixes: BTreeMap<(u32, vmpath_common::ResolvePrefix), u32>,
     /// Overlay (`overlay`): per network, the remote nodes hosting it.
     pub flood_remote: BTreeMap<u32, vmpath_common::RemoteFloodList>,
     /// Networks with routed ingress this node hosts (a VM of it is served

@@ -177,9 +177,16 @@ pub mod maps {
     pub const SNAT_FRAGS: MapDef =
         def::<FragKey, NatEntry>(map_names::SNAT_FRAGS, LruHash, MAX_SNAT_FRAGS);
 
+    pub const RESOLVE_PREFIXES: MapDef =
+        lpm::<ResolvePrefix>(map_names::RESOLVE_PREFIXES, MAX_RESOLVE_PREFIXES);
+    pub const RESOLVED: MapDef =
+        def::<AddrKey, ResolvedAddr>(map_names::RESOLVED, LruHash, MAX_RESOLVED);
+    pub const RESOLVE_METER: MapDef =
+        def::<u32, MeterBucket>(map_names::RESOLVE_METER, PerCpuArray, 1);
+
     /// Every map the agent pins (the whole object but aya-log's ring
     /// buffer, `map_names::DEBUG_LOG`).
-    pub const ALL: [MapDef; 56] = [
+    pub const ALL: [MapDef; 59] = [
         DEBUG,
         MONITOR,
         MONITOR_CFG,
@@ -236,6 +243,9 @@ pub mod maps {
         HOPS4,
         HOPS6,
         SNAT_FRAGS,
+        RESOLVE_PREFIXES,
+        RESOLVED,
+        RESOLVE_METER,
     ];
 }
 
@@ -262,7 +272,13 @@ pub mod tail_call {
     /// client, then its delivery, from every delivery to a local port
     /// while Services exist.
     pub const SERVICE_DELIVER: u32 = 7;
-    pub const SLOTS: u32 = 8;
+    /// `uplink_resolve`: routed ingress for an address no entry places,
+    /// resolved over the overlay, from `uplink`.
+    pub const UPLINK_RESOLVE: u32 = 8;
+    /// `vxlan_resolve`: resolution requests and answers between nodes,
+    /// from `vxlan_rx`.
+    pub const VXLAN_RESOLVE: u32 = 9;
+    pub const SLOTS: u32 = 10;
 
     use crate::prog_names;
     /// Every slot with the program the agent puts in it: the one table
@@ -276,6 +292,8 @@ pub mod tail_call {
         (POLICY_DELIVER, prog_names::VM_POLICY_IN),
         (VM_SERVICE, prog_names::VM_SERVICE),
         (SERVICE_DELIVER, prog_names::VM_SERVICE_IN),
+        (UPLINK_RESOLVE, prog_names::UPLINK_RESOLVE),
+        (VXLAN_RESOLVE, prog_names::VXLAN_RESOLVE),
     ];
 }
 

@@ -113,6 +113,15 @@ pub mod map_names {
     pub const HOPS4: &str = "vmp_hops4";
     pub const SNAT_FRAGS: &str = "vmp_snat_frags";
     pub const HOPS6: &str = "vmp_hops6";
+    /// Neighbour resolution over the overlay: the subnets of this node's
+    /// learning ingress networks (LPM, address -> network id).
+    pub const RESOLVE_PREFIXES: &str = "vmp_resolve_prefixes";
+    /// Neighbour resolution over the overlay: (network, IP) -> the node
+    /// and MAC that answered (`ResolvedAddr`).
+    pub const RESOLVED: &str = "vmp_resolved";
+    /// Neighbour resolution over the overlay: the node's budget of
+    /// requests (one token bucket per CPU).
+    pub const RESOLVE_METER: &str = "vmp_resolve_meter";
 }
 
 /// Slots of `vmp_uplink_xdp` (per CPU): what the uplink's XDP program did.
@@ -181,6 +190,10 @@ pub mod prog_names {
     /// Native XDP on the node's uplink: the fast cases of routed ingress
     /// and SNAT return; everything else passes to `uplink` (tc).
     pub const UPLINK_XDP: &str = "uplink_xdp";
+    /// Tail call from `uplink`: neighbour resolution over the overlay.
+    pub const UPLINK_RESOLVE: &str = "uplink_resolve";
+    /// Tail call from `vxlan_rx`: resolution requests and answers.
+    pub const VXLAN_RESOLVE: &str = "vxlan_resolve";
 }
 
 /// Layout version of the pinned maps. Bump when any type below changes size
@@ -722,6 +735,27 @@ pub mod drop_reason {
         /// from 0.0.0.0 other than DHCP): it does not mean the VM resumed
         /// there, so it moves nothing.
         MIGRATION_NOT_RESUMED = 42 => "migration_not_resumed",
+        /// Routed ingress for an address inside a learning network's subnet
+        /// that no entry places and no node has answered for (yet): the
+        /// network's other nodes were asked (ARP or NS over the overlay, at
+        /// most once a second per address) and the frame dropped, as a router
+        /// drops while it resolves a neighbour.
+        INGRESS_UNRESOLVED = 43 => "ingress_unresolved",
+        /// Routed ingress that would have started a resolution, but the
+        /// node's budget of resolutions (`RESOLVE_RATE` a second per CPU) is
+        /// spent: dropped without asking (a scan of a subnet cannot turn
+        /// into a flood of requests over the overlay).
+        INGRESS_RESOLVE_LIMITED = 44 => "ingress_resolve_limited",
+        /// Overlay: another node's resolution request for an address this
+        /// node does not serve (every node but the holder drops it), or a
+        /// malformed one.
+        OVERLAY_RESOLVE_NOT_HERE = 45 => "overlay_resolve_not_here",
+        /// Overlay: an answer to a resolution this node did not ask for (or
+        /// asked for over `RESOLVE_ANSWER_WINDOW_NS` ago), naming a MAC this
+        /// node places elsewhere or an address it routes itself, or naming
+        /// another node or MAC than the answer it holds (the first holder
+        /// keeps the address until its answer expires).
+        OVERLAY_RESOLVE_REFUSED = 46 => "overlay_resolve_refused",
     }
 
     // A number out of place would show a count under another reason's name.
@@ -1165,6 +1199,79 @@ pub struct OverlayConfig {
     pub local_ip4: [u8; 4],
 }
 const _: () = assert!(size_of::<OverlayConfig>() == 8);
+
+// ---------------------------------------------------------------------------
+// Neighbour resolution over the overlay (learned-only endpoints)
+// ---------------------------------------------------------------------------
+
+/// Entries of `vmp_resolved` one node keeps (LRU).
+pub const MAX_RESOLVED: u32 = 4096;
+/// Resolution prefixes (`vmp_resolve_prefixes`): subnets of learning
+/// ingress networks.
+pub const MAX_RESOLVE_PREFIXES: u32 = 1024;
+/// An answer is used for this long after it came.
+pub const RESOLVED_TTL_NS: u64 = 60_000_000_000;
+/// An answer older than this is asked again (while still used).
+pub const RESOLVED_REFRESH_NS: u64 = 30_000_000_000;
+/// One address is asked for at most once in this time.
+pub const RESOLVE_RETRY_NS: u64 = 1_000_000_000;
+/// An answer counts only if its request went out at most this long ago.
+pub const RESOLVE_ANSWER_WINDOW_NS: u64 = 3_000_000_000;
+/// Requests a node sends, per second and CPU, and at once.
+pub const RESOLVE_RATE: u32 = 50;
+pub const RESOLVE_BURST: u32 = 10;
+
+/// LPM data of `vmp_resolve_prefixes`: an IPv6 address, or an IPv4 one
+/// mapped (`::ffff:a.b.c.d`, prefix length 96 + the subnet's). The value
+/// is the network id.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord)]
+pub struct ResolvePrefix {
+    pub addr: [u8; 16],
+}
+const _: () = assert!(size_of::<ResolvePrefix>() == 16);
+
+impl ResolvePrefix {
+    /// The key of `ip` and its LPM prefix length for a subnet of `len` bits.
+    pub const fn v4(ip: [u8; 4], len: u32) -> (u32, ResolvePrefix) {
+        let mut addr = [0u8; 16];
+        addr[10] = 0xff;
+        addr[11] = 0xff;
+        addr[12] = ip[0];
+        addr[13] = ip[1];
+        addr[14] = ip[2];
+        addr[15] = ip[3];
+        (96 + len, ResolvePrefix { addr })
+    }
+}
+
+/// `vmp_resolved`: what this node knows of an address another node
+/// serves but no config places (a learned address), keyed by `AddrKey`
+/// (network, family, IP). Written by the uplink when it asks, and by
+/// `vxlan_rx` when the answer comes.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ResolvedAddr {
+    /// When this node last asked (flow clock, ns).
+    pub asked_ns: u64,
+    /// When the answer came (0: none yet).
+    pub answered_ns: u64,
+    /// The node that answered (VTEP, network order).
+    pub node_ip4: [u8; 4],
+    /// The endpoint's MAC it named.
+    pub mac: [u8; 6],
+    pub _pad: [u8; 6],
+}
+const _: () = assert!(size_of::<ResolvedAddr>() == 32);
+
+#[cfg(feature = "user")]
+mod pod_resolve {
+    use super::*;
+    // SAFETY: `#[repr(C)]`, `Copy`, integers and byte arrays with padding
+    // spelled out (sizes asserted above): every bit pattern is valid.
+    unsafe impl aya::Pod for ResolvePrefix {}
+    unsafe impl aya::Pod for ResolvedAddr {}
+}
 
 #[cfg(feature = "user")]
 mod pod_overlay {

@@ -27,6 +27,7 @@ mod next_hop;
 mod overlay;
 mod parse;
 mod policy;
+mod resolve;
 mod route;
 mod service;
 mod slowpath;

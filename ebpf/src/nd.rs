@@ -25,6 +25,9 @@ const NA_LEN: usize = 4 + 4 + 16 + 8;
 const NA_FRAME_LEN: usize = L4_OFF + NA_LEN;
 /// Router, Solicited, Override.
 const NA_FLAGS_RSO: u8 = 0xe0;
+/// Solicited, Override: a host's answer (an endpoint another node serves).
+pub const NA_FLAGS_SO: u8 = 0x60;
+pub const ND_NEIGHBOR_ADVERT_MSG: u8 = ND_NEIGHBOR_ADVERT;
 const ND_HOP_LIMIT: u8 = 255;
 const REPLY_HOP_LIMIT: u8 = 64;
 
@@ -164,6 +167,19 @@ pub fn ns_gateway_target(ctx: &TcContext, net: &NetworkInfo) -> Result<Option<[u
 /// the soliciting VM.
 #[inline(always)]
 pub fn neighbor_advert(ctx: &TcContext, net: &NetworkInfo, target: [u8; 16]) -> Result<(), u32> {
+    neighbor_advert_as(ctx, target, net.gw_mac, NA_FLAGS_RSO)
+}
+
+/// Rewrites the frame (an NS) into the solicited NA for `target` from
+/// `m` (Ethernet source and target link-layer address) with `flags`,
+/// sent back to the soliciting address and MAC.
+#[inline(always)]
+pub fn neighbor_advert_as(
+    ctx: &TcContext,
+    target: [u8; 16],
+    m: [u8; 6],
+    flags: u8,
+) -> Result<(), u32> {
     // Copied out: the helper below may move packet data.
     let vm_mac = hdr::<EthHdr>(ctx, 0)?.src_addr;
     let vm_ip = hdr::<Ipv6Hdr>(ctx, ETH_LEN)?.src_addr;
@@ -182,7 +198,7 @@ pub fn neighbor_advert(ctx: &TcContext, net: &NetworkInfo, target: [u8; 16]) -> 
     // Packet pointers are stale after the resize: take them again.
     let e = hdr_mut::<EthHdr>(ctx, 0)?;
     e.dst_addr = vm_mac;
-    e.src_addr = net.gw_mac;
+    e.src_addr = m;
     e.ether_type = ETH_P_IPV6.to_be();
 
     let ip = hdr_mut::<Ipv6Hdr>(ctx, ETH_LEN)?;
@@ -194,12 +210,11 @@ pub fn neighbor_advert(ctx: &TcContext, net: &NetworkInfo, target: [u8; 16]) -> 
     ip.dst_addr = vm_ip;
 
     let na = hdr_mut::<[u8; NA_LEN]>(ctx, L4_OFF)?;
-    let m = net.gw_mac;
     na[0] = ND_NEIGHBOR_ADVERT;
     na[1] = 0;
     na[2] = 0;
     na[3] = 0;
-    na[4] = NA_FLAGS_RSO;
+    na[4] = flags;
     na[5] = 0;
     na[6] = 0;
     na[7] = 0;
@@ -223,7 +238,7 @@ pub fn neighbor_advert(ctx: &TcContext, net: &NetworkInfo, target: [u8; 16]) -> 
         + NA_LEN as u32
         + u32::from(IPPROTO_ICMPV6)
         + (u32::from(ND_NEIGHBOR_ADVERT) << 8)
-        + (u32::from(NA_FLAGS_RSO) << 8)
+        + (u32::from(flags) << 8)
         + 0x0201
         + ((u32::from(m[0]) << 8) | u32::from(m[1]))
         + ((u32::from(m[2]) << 8) | u32::from(m[3]))

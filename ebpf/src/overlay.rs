@@ -292,8 +292,14 @@ fn try_vm_remote(ctx: &TcContext, port: &PortInfo) -> Verdict {
         }
     }
 
-    // Broadcast, multicast, unknown unicast: one copy per remote node, the
-    // original to the last one.
+    // Broadcast, multicast, unknown unicast: one copy per remote node.
+    flood(ctx, key, network, vxlan)
+}
+
+/// One copy of the frame to each remote node hosting `network`, the
+/// original to the last one.
+#[inline(always)]
+fn flood(ctx: &TcContext, key: &mut bpf_tunnel_key, network: u32, vxlan: u32) -> Verdict {
     // SAFETY: a map lookup; the value stays valid for this program run.
     let Some(list) = (unsafe { FLOOD_REMOTE.get(&network) }) else {
         return Err(drop_reason::NO_DESTINATION);
@@ -345,6 +351,50 @@ pub fn send_to_node(ctx: &TcContext, network: u32, node_ip4: [u8; 4]) -> Verdict
     set_remote(ctx, key, node_ip4)?;
     count_tx(ctx.len());
     fwd::redirect(vxlan)
+}
+
+/// A tunnel key for `network` from this node, and the vxlan device.
+#[inline(always)]
+fn tunnel(key: &mut bpf_tunnel_key, network: u32) -> Result<u32, u32> {
+    let Some(cfg) = OVERLAY.get(0) else {
+        return Err(drop_reason::OVERLAY_DOWN);
+    };
+    let (vxlan, local) = (cfg.vxlan_ifindex, cfg.local_ip4);
+    if vxlan == 0 {
+        return Err(drop_reason::OVERLAY_DOWN);
+    }
+    key.tunnel_id = network;
+    key.tunnel_ttl = TUNNEL_TTL;
+    key.__bindgen_anon_3.local_ipv4 = u32::from_be_bytes(local);
+    Ok(vxlan)
+}
+
+/// The frame to every other node hosting `network` (a resolution
+/// request from the uplink: `resolve`).
+#[inline(always)]
+pub fn flood_nodes(ctx: &TcContext, network: u32) -> Verdict {
+    let mut key_slot = MaybeUninit::<bpf_tunnel_key>::uninit();
+    let key = zeroed(&mut key_slot);
+    let vxlan = tunnel(key, network)?;
+    flood(ctx, key, network, vxlan)
+}
+
+/// A copy of the frame as it is now to `node_ip4`, sent at once; the
+/// program goes on with the original (`resolve`: the forwarded frame
+/// before the original becomes a request).
+#[inline(always)]
+pub fn copy_to_node(ctx: &TcContext, network: u32, node_ip4: [u8; 4]) -> Result<(), u32> {
+    let mut key_slot = MaybeUninit::<bpf_tunnel_key>::uninit();
+    let key = zeroed(&mut key_slot);
+    let vxlan = tunnel(key, network)?;
+    set_remote(ctx, key, node_ip4)?;
+    // SAFETY: the skb is the program's own context and the other arguments are
+    // integers; no packet pointer is held across the call.
+    if unsafe { bpf_clone_redirect(ctx.skb.skb, vxlan, 0) } != 0 {
+        return Err(drop_reason::HELPER_FAILED);
+    }
+    count_tx(ctx.len());
+    Ok(())
 }
 
 /// The node a MAC the config does not place was learned behind, if any.

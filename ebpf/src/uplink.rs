@@ -4,8 +4,10 @@
 //! `bpf_redirect_peer` when it is hosted here, or over the overlay to the
 //! node hosting it (an entry without a port follows `vmp_endpoints`, which
 //! the data path itself repoints at a migration's cut-over); SNAT return
-//! traffic is reverse-translated; everything else passes to the host stack
-//! untouched.
+//! traffic is reverse-translated; an address inside a learning network's
+//! subnet that nothing places is resolved over the overlay
+//! (`uplink_resolve`, `resolve`); everything else passes to the host
+//! stack untouched.
 
 use aya_ebpf::{
     bindings::{TC_ACT_OK, TC_ACT_SHOT},
@@ -18,7 +20,7 @@ use network_types::{
 };
 use vmpath_common::{
     AddrKey, ENDPOINT_LOCAL, EndpointKey, NET_F_GW4, NET_F_GW6, NO_PORT_ID, ROUTED_F_INBOUND,
-    ROUTED_PORT_ID, RoutedAddr, drop_reason,
+    ROUTED_PORT_ID, RoutedAddr, drop_reason, tail_call,
 };
 
 use crate::{
@@ -27,7 +29,8 @@ use crate::{
     maps::{ENDPOINTS, NETWORKS},
     mtu, overlay,
     parse::{ETH_LEN, ETH_P_IP, ETH_P_IPV6, hdr, hdr_mut},
-    route::ROUTED,
+    resolve::{self, Lookup},
+    route::{PROGS, ROUTED},
     snat, snat6,
 };
 
@@ -63,8 +66,18 @@ fn ingress4(ctx: &TcContext) -> Verdict {
         if let Some(action) = snat::ingress4(ctx)? {
             return Ok(action);
         }
-        return Ok(TC_ACT_OK);
+        return Ok(to_resolve(ctx));
     };
+    routed4(ctx, r, None)
+}
+
+/// Routed ingress by `r`: through the node as a hop (TTL, MTU), then into
+/// the VM or to the node hosting it; `via`: to the node that answered a
+/// resolution instead (and whether to ask again as well).
+#[inline(always)]
+fn routed4(ctx: &TcContext, r: &RoutedAddr, via: Option<([u8; 4], bool)>) -> Verdict {
+    let ip = hdr_mut::<Ipv4Hdr>(ctx, ETH_LEN)?;
+    let dst = ip.dst_addr;
     if ip.ttl <= 1 {
         // The node is a hop on the way to the VM: it answers from the
         // VM network's gateway address, as for oversized frames.
@@ -85,7 +98,68 @@ fn ingress4(ctx: &TcContext) -> Verdict {
             snat::track_inbound4(ctx)?;
         }
     }
+    if let Some((node, refresh)) = via {
+        return resolve::forward4(ctx, r, node, refresh, dst);
+    }
     to_vm(ctx, r)
+}
+
+/// An address no entry places and that is not SNAT return: on to
+/// `uplink_resolve` (a tail call: its own stack), or the host's while
+/// that slot is empty.
+#[inline(always)]
+fn to_resolve(ctx: &TcContext) -> i32 {
+    // SAFETY: `ctx` is this program's own context; on success the tail call does
+    // not return.
+    let _ = unsafe { PROGS.tail_call(ctx, tail_call::UPLINK_RESOLVE) };
+    TC_ACT_OK
+}
+
+/// Tail call from `uplink`: routed ingress for an address inside a
+/// learning network's subnet that no entry places (an endpoint whose
+/// address only its own node learned) is resolved over the overlay and
+/// relayed to the node that answered (`resolve`); any other goes up the
+/// host's stack as before.
+#[classifier]
+pub fn uplink_resolve(ctx: TcContext) -> i32 {
+    match try_uplink_resolve(&ctx) {
+        Ok(action) => action,
+        Err(reason) => {
+            counters::count_drop(NO_PORT_ID, reason);
+            TC_ACT_SHOT
+        }
+    }
+}
+
+#[inline(always)]
+fn try_uplink_resolve(ctx: &TcContext) -> Verdict {
+    let lookup = match u16::from_be(hdr::<EthHdr>(ctx, 0)?.ether_type) {
+        ETH_P_IP => {
+            let Ok(ip) = hdr::<Ipv4Hdr>(ctx, ETH_LEN) else {
+                return Ok(TC_ACT_OK);
+            };
+            let dst = ip.dst_addr;
+            resolve::lookup4(ctx, dst)?
+        }
+        ETH_P_IPV6 => {
+            let Ok(ip) = hdr::<Ipv6Hdr>(ctx, ETH_LEN) else {
+                return Ok(TC_ACT_OK);
+            };
+            let dst = ip.dst_addr;
+            match resolve::lookup6(ctx, &dst)? {
+                Lookup::Route { r, node, refresh } => {
+                    return routed6(ctx, &r, Some((node, refresh)));
+                }
+                other => other,
+            }
+        }
+        _ => return Ok(TC_ACT_OK),
+    };
+    match lookup {
+        Lookup::Host => Ok(TC_ACT_OK),
+        Lookup::Sent(action) => Ok(action),
+        Lookup::Route { r, node, refresh } => routed4(ctx, &r, Some((node, refresh))),
+    }
 }
 
 /// Is the VM of an entry without a port local now (a migration's source
@@ -130,8 +204,15 @@ fn ingress6(ctx: &TcContext) -> Verdict {
         if let Some(action) = snat6::ingress6(ctx)? {
             return Ok(action);
         }
-        return Ok(TC_ACT_OK);
+        return Ok(to_resolve(ctx));
     };
+    routed6(ctx, r, None)
+}
+
+/// `routed4` for IPv6.
+#[inline(always)]
+fn routed6(ctx: &TcContext, r: &RoutedAddr, via: Option<([u8; 4], bool)>) -> Verdict {
+    let ip = hdr_mut::<Ipv6Hdr>(ctx, ETH_LEN)?;
     if ip.hop_limit <= 1 {
         let (uplink, from, own_mac) = answer_from6(ctx, r)?;
         return mtu::time_exceeded6(ctx, uplink, NO_PORT_ID, &from, own_mac);
@@ -145,6 +226,10 @@ fn ingress6(ctx: &TcContext) -> Verdict {
     if r.port_id & ROUTED_F_INBOUND != 0 && (r.ifindex != 0 || is_local(r)) {
         // A SNAT network: as for IPv4.
         snat6::track_inbound6(ctx)?;
+    }
+    if let Some((node, refresh)) = via {
+        let dst = hdr::<Ipv6Hdr>(ctx, ETH_LEN)?.dst_addr;
+        return resolve::forward6(ctx, r, node, refresh, &dst);
     }
     to_vm(ctx, r)
 }

@@ -18,7 +18,7 @@ use aya_ebpf::{
 use network_types::{eth::EthHdr, ip::Ipv6Hdr};
 use vmpath_common::{
     ENDPOINT_LOCAL, EndpointKey, NET_F_INGRESS, NET_F_IP_FILTER, NO_PORT_ID, NetworkInfo,
-    RELAY_TTL, RELAYED_TTL_MAX, drop_reason,
+    RELAY_TTL, RELAYED_TTL_MAX, drop_reason, tail_call,
 };
 
 use crate::{
@@ -30,6 +30,8 @@ use crate::{
         ETH_LEN, ETH_P_ARP, ETH_P_IP, ETH_P_IPV6, ETH_P_RARP, IPPROTO_ICMPV6, hdr, is_multicast,
         mac_eq, zeroed,
     },
+    resolve,
+    route::PROGS,
     snat, snat6, spoof,
 };
 
@@ -107,10 +109,21 @@ fn try_vxlan_rx(ctx: &TcContext) -> Verdict {
         overlay::learn_source(network, src, from);
     }
     overlay::mark_sender(ctx, network, src, from, from_gateway);
+    // Another node's gateway resolving an endpoint no config places (an
+    // ARP request or NS from the gateway MAC, which no VM sends from),
+    // and the answers to this node's own requests (to the gateway MAC).
+    if (ether_type == ETH_P_ARP || ether_type == ETH_P_IPV6) && resolve::is_request(&src, &dst, net)
+    {
+        return to_resolve(ctx);
+    }
     if !is_multicast(&dst) {
         // The gateway is anycast: every node answers its own VMs, so
-        // nothing for it ever needs to cross the overlay.
+        // nothing for it ever needs to cross the overlay but the answers
+        // to its resolutions.
         if mac_eq(&dst, &net.gw_mac) {
+            if ether_type == ETH_P_ARP || (ether_type == ETH_P_IPV6 && resolve::is_answer6(ctx)) {
+                return to_resolve(ctx);
+            }
             return Err(drop_reason::OVERLAY_NO_LOCAL_PORT);
         }
         let ep_key = EndpointKey::new(network, dst);
@@ -135,6 +148,65 @@ fn try_vxlan_rx(ctx: &TcContext) -> Verdict {
         }
     }
     fwd::flood_local(ctx, network, !is_multicast(&dst))
+}
+
+/// On to `vxlan_resolve` (a tail call: `vxlan_rx`'s stack is nearly
+/// full); while its slot is empty the frame has nowhere to go.
+#[inline(always)]
+fn to_resolve(ctx: &TcContext) -> Verdict {
+    // SAFETY: `ctx` is this program's own context; on success the tail call does
+    // not return.
+    let _ = unsafe { PROGS.tail_call(ctx, tail_call::VXLAN_RESOLVE) };
+    Err(drop_reason::OVERLAY_NO_LOCAL_PORT)
+}
+
+/// Tail call from `vxlan_rx` (which checked the VNI, the sending node and
+/// the source MAC): another node's resolution request, answered if the
+/// address is served here, or the answer to one of this node's own
+/// (`resolve`).
+#[classifier]
+pub fn vxlan_resolve(ctx: TcContext) -> i32 {
+    match try_vxlan_resolve(&ctx) {
+        Ok(action) => action,
+        Err(reason) => {
+            // SAFETY: the skb pointer is the program's own context, valid for this run.
+            let ifindex = unsafe { (*ctx.skb.skb).ifindex };
+            counters::dropped(&ctx, ifindex, NO_PORT_ID, reason);
+            overlay::count_drop();
+            TC_ACT_SHOT
+        }
+    }
+}
+
+#[inline(always)]
+fn try_vxlan_resolve(ctx: &TcContext) -> Verdict {
+    let mut key_slot = MaybeUninit::<bpf_tunnel_key>::uninit();
+    let key = zeroed(&mut key_slot);
+    // SAFETY: as in `try_vxlan_rx`.
+    let rc = unsafe {
+        bpf_skb_get_tunnel_key(
+            ctx.skb.skb,
+            &raw mut *key,
+            core::mem::size_of::<bpf_tunnel_key>() as u32,
+            0,
+        )
+    };
+    if rc != 0 {
+        return Err(drop_reason::HELPER_FAILED);
+    }
+    let network = key.tunnel_id;
+    // SAFETY: as in `try_vxlan_rx`.
+    let from = unsafe { key.__bindgen_anon_1.remote_ipv4 }.to_be_bytes();
+    // SAFETY: a map lookup; the value stays valid for this program run.
+    let Some(net) = (unsafe { NETWORKS.get(&network) }) else {
+        return Err(drop_reason::OVERLAY_UNKNOWN_VNI);
+    };
+    let eth = hdr::<EthHdr>(ctx, 0)?;
+    let (dst, src, ether_type) = (eth.dst_addr, eth.src_addr, u16::from_be(eth.ether_type));
+    if resolve::is_request(&src, &dst, net) {
+        return resolve::answer(ctx, network, ether_type, from);
+    }
+    resolve::take(ctx, network, net, ether_type, from)
 }
 
 /// A VM on another node is no more trusted than a local one: the

@@ -50,6 +50,7 @@ impl Dataplane {
         sync(&mut self.maps.routed, &plan.routed)?;
         sync_lpm(&mut self.maps.subnets4, &plan.subnets4)?;
         sync_lpm(&mut self.maps.subnets6, &plan.subnets6)?;
+        sync_lpm_values(&mut self.maps.resolve_prefixes, &plan.resolve_prefixes)?;
         let mut snat = plan.snat;
         if let Ok(old) = self.maps.snat_config.get(&0, 0) {
             // The uplink's ifindex is filled in by `attach_uplink`.
@@ -160,6 +161,28 @@ where
     }
     for (len, data) in want.difference(&have) {
         map.insert(&LpmKey::new(*len, *data), 1, 0)?;
+    }
+    Ok(())
+}
+
+/// `sync_lpm` for a trie whose values differ by prefix.
+fn sync_lpm_values<K>(
+    map: &mut LpmTrie<MapData, K, u32>,
+    want: &BTreeMap<(u32, K), u32>,
+) -> Result<()>
+where
+    K: aya::Pod + Ord,
+{
+    let have: BTreeMap<(u32, K), u32> = map
+        .iter()
+        .filter_map(|r| r.ok())
+        .map(|(k, v)| ((k.prefix_len(), k.data()), v))
+        .collect();
+    for key in have.keys().filter(|k| !want.contains_key(k)) {
+        map.remove(&LpmKey::new(key.0, key.1))?;
+    }
+    for (key, value) in want.iter().filter(|(k, v)| have.get(k) != Some(v)) {
+        map.insert(&LpmKey::new(key.0, key.1), value, 0)?;
     }
     Ok(())
 }

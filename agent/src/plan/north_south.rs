@@ -13,8 +13,9 @@
 use std::net::IpAddr;
 
 use vmpath_common::{
-    NET_F_INGRESS, NET_F_ROUTED, NET_F_SNAT, ROUTED_F_INBOUND, RoutedAddr, SNAT_DEFAULT_PORT_MAX,
-    SNAT_DEFAULT_PORT_MIN, SNAT_DEFAULT_QUOTA, SnatConfig, Subnet4, Subnet6,
+    NET_F_INGRESS, NET_F_IP_FILTER, NET_F_ROUTED, NET_F_SNAT, ROUTED_F_INBOUND, ResolvePrefix,
+    RoutedAddr, SNAT_DEFAULT_PORT_MAX, SNAT_DEFAULT_PORT_MIN, SNAT_DEFAULT_QUOTA, SnatConfig,
+    Subnet4, Subnet6,
 };
 
 use super::{Plan, addr_key};
@@ -95,6 +96,7 @@ pub fn north_south(cfg: &Resolved, node: &str, plan: &mut Plan) {
             plan.ingress_hosted.insert(net.id);
         }
     }
+    resolve_prefixes(cfg, plan);
     routed_addresses(cfg, plan);
     let node_cfg = cfg.config.node.as_ref();
     let snat_addr = node_cfg.and_then(|n| match n.snat_address.unwrap_or(n.address) {
@@ -126,6 +128,33 @@ pub fn north_south(cfg: &Resolved, node: &str, plan: &mut Plan) {
         udp_timeout: SNAT_UDP_TIMEOUT,
         icmp_timeout: SNAT_ICMP_TIMEOUT,
     };
+}
+
+/// `vmp_resolve_prefixes`: the subnets of the ingress networks this node
+/// hosts whose ports do not filter source addresses (so learn them): an
+/// address there that no entry places may be a VM's on another node,
+/// known only there, and is resolved over the overlay.
+fn resolve_prefixes(cfg: &Resolved, plan: &mut Plan) {
+    for net in &cfg.config.networks {
+        let learns = plan
+            .networks
+            .get(&net.id)
+            .is_some_and(|i| i.flags & NET_F_IP_FILTER == 0);
+        if !plan.ingress_hosted.contains(&net.id) || !learns {
+            continue;
+        }
+        for s in &net.subnets {
+            let s = s.trunc();
+            let key = match s.addr() {
+                IpAddr::V4(a) => ResolvePrefix::v4(a.octets(), u32::from(s.prefix_len())),
+                IpAddr::V6(a) => (
+                    u32::from(s.prefix_len()),
+                    ResolvePrefix { addr: a.octets() },
+                ),
+            };
+            plan.resolve_prefixes.insert(key, net.id);
+        }
+    }
 }
 
 /// `vmp_routed`: the addresses of the ingress networks' VMs (configured,
@@ -366,5 +395,36 @@ mod tests {
         let p = plan(&c, "a", |n| (n == "p-vm1").then_some(7));
         assert_eq!(p.networks[&700].flags & (NET_F_INGRESS | NET_F_ROUTED), 0);
         assert!(p.routed.is_empty(), "plain SNAT: nothing routed in");
+        assert!(
+            p.resolve_prefixes.is_empty(),
+            "plain SNAT: nothing resolved"
+        );
+    }
+
+    /// Where an address nothing places may be a learned one on another
+    /// node: the subnets of the learning ingress networks hosted here.
+    #[test]
+    fn a_learning_ingress_network_hosted_here_resolves_its_subnets() {
+        let c = cfg("resolve", "{subnet: true, learned: true}", "");
+        let p = plan(&c, "a", |n| (n == "p-vm1").then_some(7));
+        let v6 = |a: &str| ResolvePrefix {
+            addr: a.parse::<Ipv6Addr>().unwrap().octets(),
+        };
+        let want = BTreeMap::from([
+            (ResolvePrefix::v4([10, 40, 0, 0], 16), 700),
+            ((64, v6("fd40::")), 700),
+        ]);
+        assert_eq!(p.resolve_prefixes, want);
+        // Not hosted on a node without a VM of it.
+        let p = plan(&c, "z", |_| None);
+        assert!(p.resolve_prefixes.is_empty());
+        // Not where the ports filter source addresses (nothing is learned).
+        let c = cfg(
+            "resolve-filter",
+            "{subnet: true}, portSecurity: {ip: true}",
+            "",
+        );
+        let p = plan(&c, "a", |n| (n == "p-vm1").then_some(7));
+        assert!(p.resolve_prefixes.is_empty(), "{:?}", p.resolve_prefixes);
     }
 }
