@@ -70,8 +70,28 @@ pub fn network_doc() -> String {
         + "  egress: SNAT\n  advertise: {subnet: true, learned: true}\n"
 }
 
+/// The network with an IPv6 subnet and gateway as well.
+pub fn network_doc_dual_stack() -> String {
+    yaml::network(
+        NET,
+        NET_ID,
+        &["10.40.0.0/16", SUBNET6],
+        &[GATEWAY, GATEWAY6],
+        false,
+    ) + "  egress: SNAT\n  advertise: {subnet: true, learned: true}\n"
+}
+
+/// The network's IPv6 subnet and gateway (`network_doc_dual_stack`).
+pub const SUBNET6: &str = "fd40::/64";
+pub const GATEWAY6: &str = "fd40::1";
+
 /// Every node's config: `imp` on a, migrating to b (`Some(ready)`) or not.
 pub fn write_config(bed: &Bed, migration: Option<bool>) {
+    write_config_with(bed, migration, network_doc());
+}
+
+/// `write_config` with another document for the network.
+pub fn write_config_with(bed: &Bed, migration: Option<bool>, network: String) {
     let mut imp = yaml::attachment(
         "imp",
         NET,
@@ -89,7 +109,7 @@ pub fn write_config(bed: &Bed, migration: Option<bool>) {
     let mut docs = vec![
         yaml_overlay::node("a", NODE_A),
         yaml_overlay::node("b", NODE_B),
-        network_doc(),
+        network,
         imp,
         // Only the MAC: the address is learned from the VM's traffic.
         yaml::attachment("lrn", NET, "b", &bed.lrn.port, LRN_MAC, &[]),

@@ -5,18 +5,23 @@
 //! show`, the node's routes (main table and the BGP export table), the
 //! ToR's routes, and the node's reach to its ToR and its peers. Then the
 //! per-port cap, a conflict between two VMs (the first holder keeps the
-//! address, both are told) and expiry.
+//! address, both are told) and expiry. Then a VM whose addresses only its
+//! own node learned, reached from the fabric through the other node of
+//! its network (which resolves it over the overlay), IPv4 and IPv6, and
+//! what a scan of the subnet costs the overlay.
 //!
 //! Needs root. Run with:
 //!   cargo xtask test -- learned_addresses
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use serde_json::Value;
+use vmpath_common::drop_reason;
 use vmpath_tests::{
-    Node, Vm,
+    Netns, Node, Vm, iperf3,
     north_south::{
-        EXT_IP, GATEWAY, IMP_IP, LRN_IP, LRN_MAC, NODE_A, NODE_B, TOR_IP, bed, tor_route,
+        EXT_IP, GATEWAY, GATEWAY6, IMP_IP, LRN_IP, LRN_MAC, NODE_A, NODE_B, TOR_IP, bed,
+        network_doc_dual_stack, overlay_tx, tor_route, write_config_with,
     },
     wait_for, yaml,
 };
@@ -313,4 +318,211 @@ fn learned_addresses_are_capped_first_come_and_expire_with_their_routes() {
         node.attachment_view("vm1")
             .is_some_and(|v| learned_of(&v) == ["10.31.0.11"])
     });
+}
+
+/// What `ns` sees as the source of the ICMP echo requests (IPv4 or IPv6)
+/// arriving on eth0 while `ping` runs.
+fn echo_seen(ns: &Netns, ping: impl FnOnce() -> bool) -> String {
+    let dump = ns.spawn(&[
+        "timeout",
+        "10",
+        "tcpdump",
+        "-n",
+        "-l",
+        "-c",
+        "1",
+        "-i",
+        "eth0",
+        "icmp[icmptype] = 8 or icmp6[icmp6type] = 128",
+    ]);
+    // Listening once its packet socket exists (/proc/net/packet: a
+    // header line, then one line a socket).
+    wait_for("tcpdump to listen", Duration::from_secs(10), || {
+        ns.run(&["cat", "/proc/net/packet"]).lines().count() > 1
+    });
+    assert!(ping(), "ping failed");
+    let out = dump.wait_with_output().unwrap();
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// Two nodes and a BIRD ToR (`north_south::bed`), the network dual-stack.
+/// VM lrn on node b has only its MAC written down: its addresses
+/// (10.40.0.60, fd40::60) are learned on node b alone. The fabric sends
+/// its traffic to node a (a route on the ToR more specific than BGP's,
+/// as ECMP over the subnet route every node advertises may): node a knows
+/// nothing of the address, asks the network's other nodes over the
+/// overlay (ARP, NS), node b answers, and node a relays. Without that,
+/// node a hands the frames to its own stack, which routes them back to
+/// the ToR. Then a scan of an address no one has: node a asks at most
+/// once a second, whatever the fabric sends.
+#[test]
+fn a_learned_only_vm_is_reached_through_another_node_of_its_network_ipv4_and_ipv6() {
+    let bed = bed(2);
+    write_config_with(&bed, None, network_doc_dual_stack());
+    let lrn6 = "fd40::60";
+    let ext6 = "2001:db8:100::10";
+    bed.lrn.ns.run(&[
+        "ip",
+        "-6",
+        "addr",
+        "add",
+        "fd40::60/64",
+        "dev",
+        "eth0",
+        "nodad",
+    ]);
+    bed.lrn
+        .ns
+        .run(&["ip", "-6", "route", "add", "default", "via", GATEWAY6]);
+    // IPv6 on the fabric: the underlay, the ToR, the external host.
+    for (ns, addr) in [
+        (&bed.a.ns, "fd99::1/64"),
+        (&bed.b.ns, "fd99::2/64"),
+        (&bed.tor, "fd99::254/64"),
+    ] {
+        ns.run(&["ip", "-6", "addr", "add", addr, "dev", "ul0", "nodad"]);
+    }
+    bed.tor.run(&[
+        "ip",
+        "-6",
+        "addr",
+        "add",
+        "2001:db8:100::1/64",
+        "dev",
+        "tor1",
+        "nodad",
+    ]);
+    bed.ext.run(&[
+        "ip",
+        "-6",
+        "addr",
+        "add",
+        "2001:db8:100::10/64",
+        "dev",
+        "ext0",
+        "nodad",
+    ]);
+    bed.ext.run(&[
+        "ip",
+        "-6",
+        "route",
+        "add",
+        "default",
+        "via",
+        "2001:db8:100::1",
+    ]);
+    for node in [&bed.a, &bed.b] {
+        node.ns
+            .run(&["ip", "-6", "route", "add", "default", "via", "fd99::254"]);
+    }
+    // The fabric picks node a, which does not host lrn.
+    bed.tor
+        .run(&["ip", "-6", "route", "add", "fd40::/64", "via", "fd99::1"]);
+    bed.tor
+        .run(&["ip", "route", "add", LRN_IP, "via", NODE_A, "metric", "1"]);
+
+    // lrn speaks (its gateway), so node b learns both addresses.
+    wait_for(
+        "node b to learn lrn's IPv4 and IPv6 addresses",
+        Duration::from_secs(20),
+        || {
+            bed.lrn.ns.ping(GATEWAY, 1);
+            bed.lrn.ns.ping(GATEWAY6, 1);
+            bed.b.attachment_view("lrn").is_some_and(|v| {
+                let learned = learned_of(&v);
+                learned.contains(&LRN_IP.to_string()) && learned.contains(&lrn6.to_string())
+            })
+        },
+    );
+    assert!(
+        bed.a
+            .attachment_view("lrn")
+            .is_none_or(|v| learned_of(&v).is_empty()),
+        "node a should not know lrn's addresses from its config"
+    );
+
+    let unresolved = bed.a.drops(drop_reason::INGRESS_UNRESOLVED);
+    let relayed = overlay_tx(&bed.a);
+    // The first datagram of each family is lost while node a asks.
+    wait_for(
+        "the external host to reach lrn through node a (IPv4)",
+        Duration::from_secs(20),
+        || bed.ext.ping(LRN_IP, 1),
+    );
+    wait_for(
+        "the external host to reach lrn through node a (IPv6)",
+        Duration::from_secs(20),
+        || bed.ext.ping(lrn6, 1),
+    );
+    assert!(
+        bed.a.drops(drop_reason::INGRESS_UNRESOLVED) > unresolved,
+        "node a did not resolve lrn's addresses"
+    );
+    assert!(
+        overlay_tx(&bed.a) > relayed,
+        "node a sent nothing over the overlay"
+    );
+    // lrn sees the external host's own addresses (routed in, not NATed).
+    let seen = echo_seen(&bed.lrn.ns, || bed.ext.ping(LRN_IP, 3));
+    assert!(
+        seen.contains(&format!("{EXT_IP} > {LRN_IP}")),
+        "lrn did not see the external host's address: {seen}"
+    );
+    let seen = echo_seen(&bed.lrn.ns, || bed.ext.ping(lrn6, 3));
+    assert!(
+        seen.contains(&format!("{ext6} > {lrn6}")),
+        "lrn did not see the external host's IPv6 address: {seen}"
+    );
+    // TCP and UDP both ways, through node a.
+    for server_ip in [LRN_IP, lrn6] {
+        let tcp = iperf3(&bed.lrn.ns, &bed.ext, server_ip, false, 1);
+        let bps = tcp["end"]["sum_received"]["bits_per_second"]
+            .as_f64()
+            .unwrap_or(0.0);
+        assert!(bps > 1e6, "TCP to {server_ip} through node a: {bps} bit/s");
+        let udp = iperf3(&bed.lrn.ns, &bed.ext, server_ip, true, 1);
+        let sum = &udp["end"]["sum"];
+        let got =
+            sum["packets"].as_f64().unwrap_or(0.0) - sum["lost_packets"].as_f64().unwrap_or(0.0);
+        assert!(
+            got > 100.0,
+            "UDP to {server_ip} through node a: {got} datagrams"
+        );
+    }
+    assert!(
+        tor_route(&bed, LRN_IP).contains(&format!("via {NODE_A}")),
+        "the ToR's route moved away from node a"
+    );
+
+    // A scan of one address no node has: every frame dropped and counted
+    // on node a, at most one request a second reaches node b.
+    let nobody = "10.40.0.99";
+    bed.tor
+        .run(&["ip", "route", "add", nobody, "via", NODE_A, "metric", "1"]);
+    let count = |n: &Node| {
+        n.drops(drop_reason::INGRESS_UNRESOLVED) + n.drops(drop_reason::INGRESS_RESOLVE_LIMITED)
+    };
+    let dropped = count(&bed.a);
+    let refused = bed.b.drops(drop_reason::OVERLAY_RESOLVE_NOT_HERE);
+    let frames = 300;
+    let start = Instant::now();
+    bed.ext.scapy(&format!(
+        "send(IP(dst='{nobody}')/UDP(sport=4000, dport=9)/b'x', count={frames})"
+    ));
+    wait_for(
+        "node a to count every frame of the scan",
+        Duration::from_secs(10),
+        || count(&bed.a) >= dropped + frames,
+    );
+    let secs = start.elapsed().as_secs() + 1;
+    wait_for("node b to get a request", Duration::from_secs(10), || {
+        bed.b.drops(drop_reason::OVERLAY_RESOLVE_NOT_HERE) > refused
+    });
+    let requests = bed.b.drops(drop_reason::OVERLAY_RESOLVE_NOT_HERE) - refused;
+    // One a second, and one more where two CPUs asked at the same instant.
+    assert!(
+        requests <= secs + 1,
+        "{frames} frames for one address in {secs} s made {requests} requests"
+    );
+    eprintln!("scan: {frames} frames to {nobody} in {secs} s, {requests} requests to node b");
 }
