@@ -111,7 +111,7 @@ fn routed4(ctx: &TcContext, r: &RoutedAddr, via: Option<([u8; 4], bool)>) -> Ver
 fn to_resolve(ctx: &TcContext) -> i32 {
     // SAFETY: `ctx` is this program's own context; on success the tail call does
     // not return.
-    let _ = unsafe { PROGS.tail_call(ctx, tail_call::UPLINK_RESOLVE) };
+    unsafe { PROGS.tail_call(ctx, tail_call::UPLINK_RESOLVE) };
     TC_ACT_OK
 }
 

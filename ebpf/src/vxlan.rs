@@ -156,7 +156,7 @@ fn try_vxlan_rx(ctx: &TcContext) -> Verdict {
 fn to_resolve(ctx: &TcContext) -> Verdict {
     // SAFETY: `ctx` is this program's own context; on success the tail call does
     // not return.
-    let _ = unsafe { PROGS.tail_call(ctx, tail_call::VXLAN_RESOLVE) };
+    unsafe { PROGS.tail_call(ctx, tail_call::VXLAN_RESOLVE) };
     Err(drop_reason::OVERLAY_NO_LOCAL_PORT)
 }
 
