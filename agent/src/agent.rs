@@ -227,6 +227,59 @@ fn build_view(
     }
 }
 
+/// What this round serves on this node's ports: each port's MAC and its
+/// given or claimed addresses, by network id and port name (as
+/// [`running_ports`] reads them after a restart).
+fn served_here(cfg: &Resolved, plan: &Plan) -> config::Held {
+    let programmed: BTreeSet<&AttachmentKey> = plan.ports.values().map(|p| &p.attachment).collect();
+    let mut held = config::Held::default();
+    for a in cfg
+        .attachments
+        .iter()
+        .filter(|a| programmed.contains(&a.key))
+    {
+        let Some(net) = cfg.network(&a.network) else {
+            continue;
+        };
+        let port = a.active_port().to_string();
+        if let Some((mac, _)) = a.mac_resolved {
+            held.port_macs.insert((net.id, mac), port.clone());
+        }
+        for (ip, _) in &a.addresses {
+            held.port_ips.insert((net.id, ip.addr()), port.clone());
+        }
+    }
+    held
+}
+
+/// What the data path serves on this node's ports now: each port's MAC
+/// and its given or claimed addresses (learned ones are the learned
+/// stage's), by network id and port name.
+fn running_ports(dp: &Dataplane) -> config::Held {
+    let mut held = config::Held::default();
+    let mut names: BTreeMap<u32, Option<String>> = BTreeMap::new();
+    let mut name_of = |ifindex: u32| {
+        names
+            .entry(ifindex)
+            .or_insert_with(|| crate::netif::name_of(ifindex))
+            .clone()
+    };
+    for (ifindex, info) in dp.maps().ports.iter().filter_map(|r| r.ok()) {
+        if let Some(name) = name_of(ifindex) {
+            held.port_macs.insert((info.network, info.mac), name);
+        }
+    }
+    for (key, info) in dp.maps().addresses.iter().filter_map(|r| r.ok()) {
+        if info.ifindex == 0 || info.origin == vmpath_common::ADDR_LEARNED {
+            continue;
+        }
+        if let Some(name) = name_of(info.ifindex) {
+            held.port_ips.insert((key.network, key.ip()), name);
+        }
+    }
+    held
+}
+
 /// Writes claim changes and mirrors them into `claims`.
 fn commit_claims(
     store: &Store,
@@ -285,6 +338,7 @@ pub fn run(
     let mut last_fingerprint = None;
     let mut last_plan: Option<Plan> = None;
     let mut accepted: BTreeSet<AttachmentKey> = BTreeSet::new();
+    let mut running = config::Held::default();
     let mut warned_empty = false;
     let store = Store::open(&opts.state_dir).context("opening the claims store")?;
     let mut last_errors: Vec<config::ConfigError> = Vec::new();
@@ -340,10 +394,18 @@ pub fn run(
         warned_empty = false;
         // Who holds which address and MAC (the claims store), so that
         // after a restart document order does not decide it.
-        let held = store
+        let mut held = store
             .all()
             .map(|c| config::Held::from_claims(&c))
             .unwrap_or_default();
+        // Then the ports served here (an IPAM-less address, a given MAC:
+        // no claim records them): until this agent programs anything,
+        // what the data path holds from the previous one.
+        if last_plan.is_none() {
+            running = running_ports(&dp);
+        }
+        held.port_ips.clone_from(&running.port_ips);
+        held.port_macs.clone_from(&running.port_macs);
         let mut validated = crate::round::validate_held(&snap, &opts.node, &accepted, &held);
         // With the Kubernetes source the objects keep addresses (a VMI's
         // interfaces while it exists, a pod's IPAMClaim while the pod
@@ -557,6 +619,9 @@ pub fn run(
         }
         crate::endpoints::round_done();
         accepted = cfg.attachments.iter().map(|a| a.key.clone()).collect();
+        if let Some(plan) = &last_plan {
+            running = served_here(&cfg, plan);
+        }
         // Until a migration is over, the data path's side of it is
         // followed on every tick.
         pacer.migrating = cfg.attachments.iter().any(|a| a.migration.is_some());

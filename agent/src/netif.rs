@@ -17,6 +17,20 @@ pub fn ifindex_of(name: &str) -> Option<u32> {
     }
 }
 
+/// The name of interface `ifindex`, or `None` if there is none here.
+pub fn name_of(ifindex: u32) -> Option<String> {
+    let mut buf = [0 as libc::c_char; libc::IF_NAMESIZE];
+    // SAFETY: `buf` has room for IF_NAMESIZE bytes, as the call requires;
+    // on success it holds a NUL-terminated name.
+    let p = unsafe { libc::if_indextoname(ifindex, buf.as_mut_ptr()) };
+    if p.is_null() {
+        return None;
+    }
+    // SAFETY: if_indextoname succeeded: `buf` is NUL-terminated.
+    let name = unsafe { CStr::from_ptr(buf.as_ptr()) };
+    Some(name.to_string_lossy().into_owned())
+}
+
 /// The interface that holds the IPv4 address `addr`.
 pub fn holding(addr: Ipv4Addr) -> Option<String> {
     let mut head: *mut libc::ifaddrs = std::ptr::null_mut();

@@ -370,3 +370,99 @@ fn reserved_addresses_are_refused_on_ipam_networks_and_warned_about_elsewhere() 
         ["10.88.255.255/16"]
     );
 }
+
+#[test]
+fn on_an_ipamless_network_the_running_port_keeps_its_address_and_mac_across_restart() {
+    let mut node = Node::new("a");
+    let vm1 = node.add_vm("vm1", "52:54:00:65:00:50", &["10.65.0.50/16"], None);
+    let vm2 = node.add_vm("vm2", "52:54:00:65:00:60", &["10.65.0.60/16"], None);
+    let plain =
+        "  subnets: [10.65.0.0/16]\n  defaultGatewayIPs: [10.65.0.1]\n  ipam: {mode: Disabled}\n";
+    node.write_config(
+        "c.yaml",
+        &yaml::docs(&[
+            network("plain", 65, plain),
+            attachment(
+                "vm1",
+                "plain",
+                &vm1.port,
+                "  mac: \"52:54:00:65:00:50\"\n  ips: [10.65.0.50/16]\n",
+            ),
+            attachment(
+                "vm2",
+                "plain",
+                &vm2.port,
+                "  mac: \"52:54:00:65:00:60\"\n  ips: [10.65.0.60/16]\n",
+            ),
+        ]),
+    );
+    node.start_agent();
+    node.wait_ports(&[&vm1.port, &vm2.port]);
+    assert!(vm2.ping("10.65.0.50"));
+    // Later: vm3 asks for vm1's address, vm4 for its MAC (no claim holds
+    // either: the network has no IPAM, the MAC is given).
+    let newcomers = yaml::docs(&[
+        attachment(
+            "vm3",
+            "plain",
+            "vpx3",
+            "  mac: \"52:54:00:65:00:53\"\n  ips: [10.65.0.50/16]\n",
+        ),
+        attachment(
+            "vm4",
+            "plain",
+            "vpx4",
+            "  mac: \"52:54:00:65:00:50\"\n  ips: [10.65.0.54/16]\n",
+        ),
+    ]);
+    node.write_config("z.yaml", &newcomers);
+    let refusal = |node: &Node, vm: &str| {
+        node.status().and_then(|s| {
+            s["config_errors"]
+                .as_array()?
+                .iter()
+                .find(|e| e["document"] == format!("Attachment prod/{vm}-eth0"))
+                .map(|e| {
+                    format!(
+                        "{}: {}",
+                        e["field"].as_str().unwrap(),
+                        e["message"].as_str().unwrap()
+                    )
+                })
+        })
+    };
+    wait_for("vm3 and vm4 refused", Duration::from_secs(10), || {
+        refusal(&node, "vm3").is_some() && refusal(&node, "vm4").is_some()
+    });
+
+    // The newcomers' file renamed to sort first; the agent restarted.
+    node.kill_agent();
+    node.remove_config("z.yaml");
+    node.write_config("0.yaml", &newcomers);
+    node.start_agent();
+    node.wait_ports(&[&vm1.port, &vm2.port]);
+    let says = |node: &Node| {
+        (
+            refusal(node, "vm1"),
+            refusal(node, "vm3"),
+            refusal(node, "vm4"),
+        )
+    };
+    let expected = (
+        None,
+        Some("spec.ips: IP 10.65.0.50 is already held by VM interface prod/vm1/eth0 on network \"plain\"".to_string()),
+        Some("spec.mac: MAC 52:54:00:65:00:50 is already held by VM interface prod/vm1/eth0 on network \"plain\"".to_string()),
+    );
+    assert_eq!(says(&node), expected, "{}", node.status().unwrap());
+    assert!(vm2.ping("10.65.0.50"), "vm2 -> vm1 after restart");
+    assert!(vm1.ping("10.65.0.60"), "vm1 -> vm2 after restart");
+    // A re-read (the file written again) changes nothing.
+    let reads = |node: &Node| node.agent_log().matches("config read").count();
+    let before = reads(&node);
+    node.write_config("0.yaml", &format!("# again\n{newcomers}"));
+    wait_for("the config read again", Duration::from_secs(10), || {
+        reads(&node) > before
+    });
+    assert_eq!(says(&node), expected);
+    assert!(vm2.ping("10.65.0.50"), "vm2 -> vm1 after a re-read");
+}

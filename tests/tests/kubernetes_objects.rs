@@ -9,8 +9,10 @@
 //! VMI and the claim, port from the CNI handover) and forwards its
 //! traffic.
 
+use std::time::Duration;
+
 use serde_json::Value;
-use vmpath_tests::{Netns, Node, multus, unique_tag, yaml};
+use vmpath_tests::{Netns, Node, multus, unique_tag, wait_for, yaml};
 
 const NETWORK: &str = include_str!("../../agent/src/cluster/fixtures/network.yaml");
 const VM: &str = include_str!("../../agent/src/cluster/fixtures/vm.yaml");
@@ -155,5 +157,235 @@ fn a_vm_derived_from_its_vmi_and_virt_launcher_pod_reaches_another_vm() {
         msg.contains("VirtualMachineInstance prod/vm9")
             && msg.contains("11111111-2222-3333-4444-555555555555"),
         "{msg}"
+    );
+}
+
+/// A VM's VirtualMachineInstance, virt-launcher pod and IPAMClaim on the
+/// network green, as KubeVirt and ipam-extensions write them: `uid` its
+/// VMI's, `mac` the VMI's macAddress, `ip` the claim's status.ips.
+fn green_vm(ns: &str, vm: &str, uid: &str, mac: &str, ip: &str, node: &str) -> String {
+    format!(
+        r#"apiVersion: kubevirt.io/v1
+kind: VirtualMachineInstance
+metadata: {{name: {vm}, namespace: {ns}, uid: {uid}}}
+spec:
+  domain:
+    devices:
+      interfaces:
+      - {{name: green, bridge: {{}}, macAddress: "{mac}"}}
+  networks:
+  - name: green
+    multus: {{networkName: {ns}/green}}
+status: {{nodeName: {node}, phase: Running}}
+---
+apiVersion: v1
+kind: Pod
+metadata:
+  name: virt-launcher-{vm}-x
+  namespace: {ns}
+  labels: {{kubevirt.io: virt-launcher, kubevirt.io/created-by: {uid}, vm.kubevirt.io/name: {vm}}}
+  annotations:
+    k8s.v1.cni.cncf.io/networks: '[{{"name":"green","namespace":"{ns}","mac":"{mac}","interface":"{GREEN_IFNAME}","ipam-claim-reference":"{vm}.green"}}]'
+spec: {{nodeName: {node}}}
+status: {{phase: Running}}
+---
+apiVersion: k8s.cni.cncf.io/v1alpha1
+kind: IPAMClaim
+metadata: {{name: {vm}.green, namespace: {ns}}}
+spec: {{network: green, interface: {GREEN_IFNAME}}}
+status: {{ips: [{ip}]}}
+"#
+    )
+}
+
+/// The pod interface of the VMI network green.
+const GREEN_IFNAME: &str = "pod0green";
+
+/// The network green and its NAD in each namespace.
+fn green(namespaces: &[&str]) -> String {
+    let mut docs = vec![
+        "apiVersion: vmpath.dev/v1alpha1\nkind: Network\nmetadata: {name: green}\nspec:\n  id: 64\n  subnets: [10.64.0.0/16]\n  defaultGatewayIPs: [10.64.0.1]\n  ipam: {mode: Enabled}\n".to_string(),
+    ];
+    for ns in namespaces {
+        docs.push(format!(
+            "apiVersion: k8s.cni.cncf.io/v1\nkind: NetworkAttachmentDefinition\nmetadata: {{name: green, namespace: {ns}}}\nspec:\n  config: '{{\"cniVersion\": \"1.1.0\", \"name\": \"green\", \"type\": \"vmpath-cni\", \"network\": \"green\", \"socket\": \"/run/vmpath/api.sock\"}}'\n"
+        ));
+    }
+    docs.join("---\n")
+}
+
+/// The refusal of the Attachment derived from `ns/vm`'s VMI, as status
+/// lists it: (field, message).
+fn refusal_of(node: &Node, ns: &str, vm: &str) -> Option<(String, String)> {
+    let document = format!(
+        "Attachment {ns}/{vm}-green (derived from VirtualMachineInstance {ns}/{vm} and Pod {ns}/virt-launcher-{vm}-x)"
+    );
+    node.status()?["config_errors"]
+        .as_array()?
+        .iter()
+        .find(|e| e["document"] == document.as_str())
+        .map(|e| {
+            (
+                e["field"].as_str().unwrap_or("").to_string(),
+                e["message"].as_str().unwrap_or("").to_string(),
+            )
+        })
+}
+
+#[test]
+fn a_running_vm_keeps_its_address_and_mac_whatever_order_the_files_are_read_in() {
+    let mut node = Node::new("k");
+    let peer = node.add_vm("peer", "52:54:00:00:64:60", &["10.64.0.60/16"], None);
+    node.write_config("green.yaml", &green(&["nsa", "nsb"]));
+    node.write_config(
+        "peer.yaml",
+        &yaml::attachment(
+            "peer",
+            "green",
+            &node.name,
+            &peer.port,
+            &peer.mac,
+            &["10.64.0.60/16"],
+        ),
+    );
+    // The running VM nsa/vmv1: its claim holds 10.64.0.50.
+    let vmv1_mac = "02:00:00:64:00:50";
+    node.write_config(
+        "nsa-vmv1.yaml",
+        &green_vm(
+            "nsa",
+            "vmv1",
+            "aaaaaaaa-0000-0000-0000-000000000001",
+            vmv1_mac,
+            "10.64.0.50/16",
+            &node.name,
+        ),
+    );
+    node.start_agent();
+    node.wait_ports(&[&peer.port]);
+    let conf = multus::nad_conf(&green(&["nsa"]), &node);
+    let tag = unique_tag();
+    let launcher = Netns::new(format!("vt{tag}-vmv1"));
+    let (ok, result) = multus::call(
+        &node,
+        "ADD",
+        &multus::Call {
+            conf: &conf,
+            pod_namespace: "nsa",
+            pod: "virt-launcher-vmv1-x",
+            ifname: GREEN_IFNAME,
+            netns: &launcher,
+            container: &format!("c{tag}vmv1"),
+        },
+    );
+    assert!(ok, "ADD of vmv1's pod interface: {result}");
+    let port = result["interfaces"][0]["name"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    node.wait_ports(&[&peer.port, &port]);
+    launcher.run(&["ip", "link", "set", GREEN_IFNAME, "down"]);
+    launcher.run(&["ip", "link", "set", GREEN_IFNAME, "address", vmv1_mac]);
+    launcher.run(&["ip", "link", "set", GREEN_IFNAME, "up"]);
+    launcher.run(&["ip", "addr", "add", "10.64.0.50/16", "dev", GREEN_IFNAME]);
+    assert!(launcher.ping("10.64.0.60", 3), "vmv1 -> peer");
+
+    // Later: nsb/vmx1, whose claim's status.ips names vmv1's address, and
+    // nsb/vmy1, whose VMI gives vmv1's MAC; both with their pods.
+    let newcomers = |node: &Node, first: bool| {
+        let (x, y) = if first {
+            ("00-nsb-vmx1.yaml", "00-nsb-vmy1.yaml")
+        } else {
+            ("nsb-vmx1.yaml", "nsb-vmy1.yaml")
+        };
+        node.write_config(
+            x,
+            &green_vm(
+                "nsb",
+                "vmx1",
+                "bbbbbbbb-0000-0000-0000-000000000001",
+                "02:00:00:64:00:51",
+                "10.64.0.50/16",
+                &node.name,
+            ),
+        );
+        node.write_config(
+            y,
+            &green_vm(
+                "nsb",
+                "vmy1",
+                "bbbbbbbb-0000-0000-0000-000000000002",
+                vmv1_mac,
+                "10.64.0.52/16",
+                &node.name,
+            ),
+        );
+    };
+    newcomers(&node, false);
+    let refused = |node: &Node| {
+        refusal_of(node, "nsb", "vmx1").is_some() && refusal_of(node, "nsb", "vmy1").is_some()
+    };
+    wait_for("the newcomers refused", Duration::from_secs(10), || {
+        refused(&node)
+    });
+    assert!(launcher.ping("10.64.0.60", 3), "vmv1 -> peer");
+
+    // Their files renamed to sort first, and the agent restarted.
+    node.kill_agent();
+    node.remove_config("nsb-vmx1.yaml");
+    node.remove_config("nsb-vmy1.yaml");
+    newcomers(&node, true);
+    node.start_agent();
+    node.wait_ports(&[&peer.port, &port]);
+    wait_for(
+        "the newcomers refused again",
+        Duration::from_secs(10),
+        || refused(&node),
+    );
+    let status = node.status().unwrap();
+    let vmv1 = node
+        .attachment_view("vmv1")
+        .unwrap_or_else(|| panic!("vmv1 not served: {status}"));
+    assert_eq!(
+        (&vmv1["mac"], &vmv1["ips"][0]["address"]),
+        (&vmv1_mac.into(), &"10.64.0.50/16".into()),
+        "{vmv1}"
+    );
+    assert_eq!(
+        refusal_of(&node, "nsb", "vmx1").unwrap(),
+        (
+            "spec.ips".to_string(),
+            "IP 10.64.0.50 is already held by VM interface nsa/vmv1/green on network \"green\""
+                .to_string()
+        ),
+        "{status}"
+    );
+    assert_eq!(
+        refusal_of(&node, "nsb", "vmy1").unwrap(),
+        (
+            "spec.mac".to_string(),
+            format!(
+                "MAC {vmv1_mac} is already held by VM interface nsa/vmv1/green on network \"green\""
+            )
+        ),
+        "{status}"
+    );
+    assert!(
+        refusal_of(&node, "nsa", "vmv1").is_none(),
+        "the running VM refused: {status}"
+    );
+    assert!(launcher.ping("10.64.0.60", 3), "vmv1 -> peer after restart");
+    assert!(peer.ns.ping("10.64.0.50", 3), "peer -> vmv1 after restart");
+    // `vmpath status` says it, naming the newcomer's own object.
+    let text = vmpath_tests::run(&[
+        vmpath_tests::vmpath_bin().to_str().unwrap(),
+        "status",
+        "--api-socket",
+        node.api_socket().to_str().unwrap(),
+    ]);
+    assert!(
+        text.contains("VirtualMachineInstance nsb/vmx1")
+            && text.contains("IP 10.64.0.50 is already held by VM interface nsa/vmv1/green"),
+        "{text}"
     );
 }

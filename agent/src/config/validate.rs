@@ -80,8 +80,6 @@ impl Doc<'_> {
     }
 }
 
-/// Who holds an address or MAC on a network (`namespace/vm/interface`),
-/// as recorded outside the documents: the claims store.
 /// The documents validation reads, and what translation found.
 #[derive(Debug, Default)]
 pub struct Translated {
@@ -97,10 +95,17 @@ pub struct Translated {
     pub waiting: Vec<ConfigError>,
 }
 
+/// Who holds an address or MAC on a network, as recorded outside the
+/// documents, in order of evidence: the claims store (by network name,
+/// the VM interface `namespace/vm/interface`), then the ports the data
+/// path serves on this node now (by network id, the port's name; after a
+/// restart, what the previous agent programmed).
 #[derive(Debug, Default, Clone)]
 pub struct Held {
     pub ips: HashMap<(String, IpAddr), String>,
     pub macs: HashMap<(String, [u8; 6]), String>,
+    pub port_ips: HashMap<(u32, IpAddr), String>,
+    pub port_macs: HashMap<(u32, [u8; 6]), String>,
 }
 
 impl Held {
@@ -293,13 +298,56 @@ pub fn validate_documents(
             .get(holder)
             .is_some_and(|o| o.network == net && o.mac.is_none_or(|m| m == mac))
     };
+    // A running port names its VM interface through the documents: the
+    // Attachment on this node with that port (or migrating to it).
+    let on_port: HashMap<&str, String> = parsed
+        .iter()
+        .flat_map(|(a, _)| {
+            let here = (a.node == node_name).then_some(a.port.as_str());
+            let target = a.migration.as_ref().and_then(|m| {
+                (m.target_node == node_name)
+                    .then_some(m.target_port.as_deref())
+                    .flatten()
+            });
+            here.into_iter()
+                .chain(target)
+                .map(|port| (port, a.key.to_string()))
+        })
+        .collect();
+    let network_id: HashMap<&str, u32> = cfg
+        .networks
+        .iter()
+        .map(|n| (n.name.as_str(), n.id))
+        .collect();
+    // The holder the first evidence names that still asks for it.
+    let ip_holder_of = |net: &str, ip: IpAddr| -> Option<String> {
+        let stored = held.ips.get(&(net.to_string(), ip)).cloned();
+        let running = network_id
+            .get(net)
+            .and_then(|id| held.port_ips.get(&(*id, ip)))
+            .and_then(|port| on_port.get(port.as_str()).cloned());
+        [stored, running]
+            .into_iter()
+            .flatten()
+            .find(|h| keeps_ip(h, net, ip))
+    };
+    let mac_holder_of = |net: &str, mac: [u8; 6]| -> Option<String> {
+        let stored = held.macs.get(&(net.to_string(), mac)).cloned();
+        let running = network_id
+            .get(net)
+            .and_then(|id| held.port_macs.get(&(*id, mac)))
+            .and_then(|port| on_port.get(port.as_str()).cloned());
+        [stored, running]
+            .into_iter()
+            .flatten()
+            .find(|h| keeps_mac(h, net, mac))
+    };
     let mut taken: BTreeSet<usize> = BTreeSet::new();
     for (i, (a, doc)) in parsed.iter().enumerate() {
         let me = a.key.to_string();
         let ip_holder = a.ips.iter().find_map(|ip| {
-            held.ips
-                .get(&(a.network.clone(), ip.addr()))
-                .filter(|h| **h != me && keeps_ip(h, &a.network, ip.addr()))
+            ip_holder_of(&a.network, ip.addr())
+                .filter(|h| *h != me)
                 .map(|h| (ip.addr(), h))
         });
         let error = if let Some((ip, holder)) = ip_holder {
@@ -311,10 +359,7 @@ pub fn validate_documents(
                 ),
             )
         } else if let Some(mac) = a.mac
-            && let Some(holder) = held
-                .macs
-                .get(&(a.network.clone(), mac))
-                .filter(|h| **h != me && keeps_mac(h, &a.network, mac))
+            && let Some(holder) = mac_holder_of(&a.network, mac).filter(|h| *h != me)
         {
             doc.error(
                 "spec.mac",
@@ -330,7 +375,7 @@ pub fn validate_documents(
         cfg.errors.push(error);
         taken.insert(i);
     }
-    drop(by_key);
+    drop((by_key, on_port));
     let mut i = 0;
     parsed.retain(|_| {
         i += 1;
