@@ -850,3 +850,64 @@ fn a_ledger_write_that_lost_the_race_writes_no_address() {
     assert_ne!(a["x.blue"], a["other.blue"], "{a:?}");
     assert_unique(&b.server);
 }
+
+#[test]
+fn a_claims_status_the_ledger_does_not_vouch_for_is_not_trusted_and_written_again() {
+    let b = bed("u");
+    b.server.put(claim("a"));
+    let _c = Controller::start(&b.ns, &b.kubeconfig, "c1", "vmpath-controller", &b.dir);
+    wait_for("a allocated", Duration::from_secs(30), || {
+        all_allocated(&b.server, 1)
+    });
+    let a_ip = addresses(&b.server)["a.blue"][0].clone();
+    // A tenant that may write its claims' status: t copies a's address,
+    // u writes itself a free one.
+    let mut t = claim("t");
+    t["status"] = json!({"ips": [a_ip]});
+    b.server.put(t);
+    let mut u = claim("u");
+    u["status"] = json!({"ips": ["10.31.0.200/24"]});
+    b.server.put(u);
+    wait_for(
+        "t and u told, and given addresses of their own",
+        Duration::from_secs(30),
+        || {
+            let a = addresses(&b.server);
+            event_on(&b.server, "IPAMClaim", "t.blue", "UntrustedStatus").is_some()
+                && event_on(&b.server, "IPAMClaim", "u.blue", "UntrustedStatus").is_some()
+                && a["t.blue"].len() == 1
+                && a["t.blue"] != [a_ip.clone()]
+                && a["u.blue"].len() == 1
+                && a["u.blue"] != ["10.31.0.200/24"]
+        },
+    );
+    assert_unique(&b.server);
+    assert_eq!(
+        addresses(&b.server)["a.blue"],
+        [a_ip.clone()],
+        "a keeps its address"
+    );
+    let on_t = event_on(&b.server, "IPAMClaim", "t.blue", "UntrustedStatus").unwrap();
+    assert_eq!(
+        on_t,
+        format!(
+            "IPAMClaim prod/t.blue: status.ips [\"{a_ip}\"] was not written by vmpath controller ({a_ip} is held by IPAMClaim prod/a.blue in the ledger on network \"blue\"): not trusted; the claim is allocated again"
+        )
+    );
+    let on_u = event_on(&b.server, "IPAMClaim", "u.blue", "UntrustedStatus").unwrap();
+    assert!(
+        on_u.contains("10.31.0.200/24 is given to no claim in the ledger"),
+        "{on_u}"
+    );
+    // The ledger holds what the statuses say, nothing the tenant wrote.
+    let held = ledger(&b.server);
+    let holders: BTreeMap<String, String> = held["blue"]
+        .as_object()
+        .unwrap()
+        .iter()
+        .map(|(ip, h)| (ip.clone(), h["claim"].as_str().unwrap().to_string()))
+        .collect();
+    assert_eq!(holders.len(), 3, "{holders:?}");
+    assert!(!holders.contains_key("10.31.0.200"), "{holders:?}");
+    assert_eq!(holders[a_ip.split('/').next().unwrap()], "prod/a.blue");
+}

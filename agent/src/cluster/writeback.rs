@@ -23,6 +23,10 @@ pub const REASON_REFUSED: &str = "Refused";
 /// An Event's `reason` for a VM held back until its IPAMClaim has addresses.
 pub const REASON_WAITING: &str = "WaitingForIPAMClaim";
 
+/// An Event's `reason` for an IPAMClaim whose `status.ips` the
+/// controller's ledger does not vouch for.
+pub const REASON_UNTRUSTED: &str = "UntrustedStatus";
+
 /// The object an Event is about.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
 pub struct Involved {

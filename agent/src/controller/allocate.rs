@@ -73,6 +73,65 @@ pub struct Plan {
     pub refusals: BTreeMap<String, String>,
 }
 
+/// Claims whose `status.ips` the ledger does not vouch for: an address
+/// it gives to another claim (or another uid of the name), or to none.
+/// Only this controller writes addresses, ledger first: such a status was
+/// written by someone else (a tenant that may write its claim's status,
+/// or copied one), so it is not trusted. Those claims are read as holding
+/// nothing (they are allocated as any new claim is, and their status is
+/// written again); the result names each, with why. Nothing is checked
+/// when `rebuild` (no ledger ConfigMap at all: it is rebuilt from the
+/// claims) or on an IPAM-less network (addresses are the VM's business).
+pub fn distrust_unvouched(
+    networks: &[Network],
+    claims: &mut [Claim],
+    ledger: &Ledger,
+    rebuild: bool,
+) -> BTreeMap<String, String> {
+    let mut out = BTreeMap::new();
+    if rebuild {
+        return out;
+    }
+    for claim in claims.iter_mut().filter(|c| !c.ips.is_empty()) {
+        let Ok(network) = &claim.network else {
+            continue;
+        };
+        if !networks.iter().any(|n| &n.name == network && n.ipam) {
+            continue;
+        }
+        let key = claim.key();
+        let held = ledger.get(network);
+        let unvouched = claim.ips.iter().find_map(|text| {
+            let Ok(ip) = text.parse::<IpNet>() else {
+                return Some(format!("{text:?} is not a CIDR"));
+            };
+            match held.and_then(|h| h.get(&ip.addr())) {
+                Some(h) if h.claim == key && h.uid == claim.uid && h.ip == ip => None,
+                Some(h) if h.claim == key && h.uid == claim.uid => {
+                    Some(format!("{text} is recorded in the ledger as {}", h.ip))
+                }
+                Some(h) if h.claim == key => Some(format!(
+                    "{text} is held by an earlier IPAMClaim of that name (uid {})",
+                    h.uid
+                )),
+                Some(h) => Some(format!("{text} is held by IPAMClaim {}", h.claim)),
+                None => Some(format!("{text} is given to no claim")),
+            }
+        });
+        if let Some(why) = unvouched {
+            out.insert(
+                key,
+                format!(
+                    "status.ips {:?} was not written by vmpath controller ({why} in the ledger on network {network:?}): not trusted; the claim is allocated again",
+                    claim.ips
+                ),
+            );
+            claim.ips.clear();
+        }
+    }
+    out
+}
+
 fn pools(net: &Network) -> Vec<Pool> {
     net.subnets
         .iter()
@@ -359,6 +418,59 @@ mod tests {
             &[("prod/a".into(), "u-a".into())],
         );
         assert!(released.ledger.is_empty());
+    }
+
+    #[test]
+    fn a_status_the_ledger_does_not_vouch_for_is_not_trusted() {
+        let nets = network(BLUE);
+        let first = plan(&nets, &[claim("a", &[])], &Ledger::new(), &[]);
+        let a_ip = first.statuses["prod/a"][0].clone();
+        // b copied a's status; c wrote itself a free address; a's own is
+        // vouched for; d's is that of an earlier claim of its name.
+        let free = ["10.9.0.4/29", "10.9.0.5/29", "10.9.0.6/29"]
+            .into_iter()
+            .find(|x| *x != a_ip)
+            .unwrap();
+        let mut d = claim("a", &[&a_ip]);
+        d.name = "a".into();
+        d.uid = "u-a-again".into();
+        let mut claims = vec![
+            claim("a", &[&a_ip]),
+            claim("b", &[&a_ip]),
+            claim("c", &[free]),
+        ];
+        let distrusted = distrust_unvouched(&nets, &mut claims, &first.ledger, false);
+        assert_eq!(
+            distrusted.keys().collect::<Vec<_>>(),
+            ["prod/b", "prod/c"],
+            "{distrusted:?}"
+        );
+        assert_eq!(
+            distrusted["prod/b"],
+            format!(
+                "status.ips [\"{a_ip}\"] was not written by vmpath controller ({a_ip} is held by IPAMClaim prod/a in the ledger on network \"blue\"): not trusted; the claim is allocated again"
+            )
+        );
+        assert!(distrusted["prod/c"].contains(&format!("{free} is given to no claim")));
+        assert!(claims[1].ips.is_empty() && claims[2].ips.is_empty());
+        assert_eq!(claims[0].ips, [a_ip.clone()]);
+        let mut again = vec![d];
+        let earlier = distrust_unvouched(&nets, &mut again, &first.ledger, false);
+        assert!(
+            earlier["prod/a"].contains("held by an earlier IPAMClaim of that name (uid u-a)"),
+            "{earlier:?}"
+        );
+        // Read as new claims, b and c get addresses of their own, and
+        // their status is written again.
+        let next = plan(&nets, &claims, &first.ledger, &[]);
+        assert!(next.refusals.is_empty(), "{next:?}");
+        assert_ne!(next.statuses["prod/b"], [a_ip.clone()]);
+        assert!(!next.statuses.contains_key("prod/a"));
+        assert!(next.statuses.contains_key("prod/c"));
+        // No ledger at all: the claims rebuild it.
+        let mut lost = vec![claim("c", &[free])];
+        assert!(distrust_unvouched(&nets, &mut lost, &Ledger::new(), true).is_empty());
+        assert_eq!(lost[0].ips, [free]);
     }
 
     #[test]

@@ -446,6 +446,10 @@ async fn round(
         claims.push(claim);
     }
 
+    // A status the ledger does not vouch for was written by someone else:
+    // the claim is read as holding nothing (and its status written again).
+    let untrusted =
+        allocate::distrust_unvouched(&networks, &mut claims, &ledger, stored.shards.is_empty());
     // A claim not yet allocated that asks for nothing itself: the `ips` of
     // the Multus selection element naming it are its static request.
     let selected = selection_requests(&element_claims);
@@ -491,6 +495,7 @@ async fn round(
         .refusals
         .iter()
         .chain(&actions.taken)
+        .chain(&untrusted)
         .map(|(c, w)| (c.clone(), w.clone()))
         .collect();
     for (claim, why) in current.difference(reported) {
@@ -509,21 +514,21 @@ async fn round(
             namespace: ns.to_string(),
             name: name.to_string(),
         };
+        let mut reason = writeback::REASON_REFUSED;
         let involved = if actions.taken.get(claim) == Some(why) {
             warn!(claim = %claim, "IPAMClaim not made: {why}");
             on_pod.into_iter().collect::<Vec<_>>()
+        } else if untrusted.get(claim) == Some(why) {
+            warn!(claim = %claim, "IPAMClaim's status not trusted: {why}");
+            reason = writeback::REASON_UNTRUSTED;
+            std::iter::once(on_claim).chain(on_pod).collect()
         } else {
             warn!(claim = %claim, "IPAMClaim refused: {why}");
             std::iter::once(on_claim).chain(on_pod).collect()
         };
         for inv in involved {
-            let event = writeback::event(
-                &inv,
-                writeback::REASON_REFUSED,
-                &message,
-                "vmpath-controller",
-                &opts.identity,
-            );
+            let event =
+                writeback::event(&inv, reason, &message, "vmpath-controller", &opts.identity);
             if let Err(e) = events.create(&PostParams::default(), &event).await {
                 warn!(claim = %claim, "posting an Event on {} {}: {e}", inv.kind, inv.name);
             }
