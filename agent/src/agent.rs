@@ -361,6 +361,13 @@ pub fn run(
             .context("starting the Kubernetes source")?,
         ),
     };
+    if let Some(cluster) = &cluster {
+        // Forwarding off is said on the Node too.
+        let node = cluster.node_reporter();
+        crate::forwarding::report_to(Box::new(move |problems| {
+            node.report(crate::cluster::writeback::REASON_FORWARDING_OFF, problems)
+        }));
+    }
     let mut first = true;
     loop {
         if !first {

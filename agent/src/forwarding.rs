@@ -102,6 +102,17 @@ pub fn problems(view: &View, enabled: impl Fn(Family) -> Option<bool>) -> Vec<St
 
 static CURRENT: Mutex<Vec<String>> = Mutex::new(Vec::new());
 
+/// Told what each check finds (the Kubernetes source posts it as Events
+/// on the Node).
+type Reporter = Box<dyn Fn(&[String]) + Send + Sync>;
+static REPORTER: std::sync::OnceLock<Reporter> = std::sync::OnceLock::new();
+
+/// Has every later check's findings passed to `report` too (once: the
+/// first caller's stays).
+pub fn report_to(report: Reporter) {
+    let _ = REPORTER.set(report);
+}
+
 /// The problems the last check found.
 pub fn current() -> Vec<String> {
     CURRENT.lock().unwrap_or_else(|e| e.into_inner()).clone()
@@ -132,6 +143,9 @@ fn check(view: &View) {
     }
     if !current.is_empty() && now.is_empty() {
         info!("forwarding is on for every network that needs it");
+    }
+    if let Some(report) = REPORTER.get() {
+        report(&now);
     }
     *current = now;
 }

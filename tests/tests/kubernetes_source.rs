@@ -313,3 +313,87 @@ fn a_detected_mac_of_another_vm_is_refused_with_an_event_and_disturbs_nothing() 
         .count();
     assert_eq!(posted, 1, "one Event for one refusal");
 }
+
+/// The messages of the Events with `reason` on Node `node`.
+fn node_events(server: &ApiServer, node: &str, reason: &str) -> Vec<String> {
+    server
+        .objects("/api/v1/events")
+        .iter()
+        .filter(|e| {
+            e["involvedObject"]["kind"] == "Node"
+                && e["involvedObject"]["name"] == node
+                && e["reason"] == reason
+        })
+        .map(|e| e["message"].as_str().unwrap_or("").to_string())
+        .collect()
+}
+
+#[test]
+fn forwarding_off_on_the_node_is_an_event_on_its_node() {
+    let mut node = Node::new("kf");
+    node.ns.run(&["ip", "link", "set", "lo", "up"]);
+    // The operator forgot IPv4 forwarding (a new namespace may copy the
+    // host's: set here).
+    node.ns.run(&["sysctl", "-qw", "net.ipv4.ip_forward=0"]);
+    node.ns
+        .run(&["sysctl", "-qw", "net.ipv6.conf.all.forwarding=1"]);
+    let server = ApiServer::start(&node.ns.path());
+    for o in objects(&node.name) {
+        server.put(o);
+    }
+    server.serve_agent_of(&mut node);
+    node.start_agent();
+    let v4 = "net.ipv4.ip_forward=0";
+    wait_for(
+        "the agent to serve vm1 (its port missing)",
+        Duration::from_secs(90),
+        || {
+            node.status()
+                .is_some_and(|s| attachment(&s, "vm1").is_some())
+        },
+    );
+    let told = |server: &ApiServer| !node_events(server, &node.name, "ForwardingOff").is_empty();
+    let start = std::time::Instant::now();
+    while !told(&server) {
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "no Event on the Node saying forwarding is off; events {:?}; log:\n{}",
+            server.objects("/api/v1/events"),
+            node.agent_log()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let events = node_events(&server, &node.name, "ForwardingOff");
+    assert_eq!(events.len(), 1, "{events:?}");
+    assert!(
+        events[0].contains(v4) && events[0].contains("network blue"),
+        "{events:?}"
+    );
+    let event = server
+        .objects("/api/v1/events")
+        .into_iter()
+        .find(|e| e["reason"] == "ForwardingOff")
+        .unwrap();
+    assert_eq!(event["type"], "Warning", "{event}");
+    assert_eq!(event["metadata"]["namespace"], "default", "{event}");
+    // `vmpath status` says the same.
+    let cli_says = |node: &Node| {
+        vmpath_tests::run(&[
+            vmpath_tests::vmpath_bin().to_str().unwrap(),
+            "status",
+            "--api-socket",
+            node.api_socket().to_str().unwrap(),
+        ])
+        .contains(v4)
+    };
+    assert!(cli_says(&node));
+    // Fixed, then off again: said again, once.
+    node.ns.run(&["sysctl", "-qw", "net.ipv4.ip_forward=1"]);
+    wait_for("the problem to go", Duration::from_secs(10), || {
+        !cli_says(&node)
+    });
+    node.ns.run(&["sysctl", "-qw", "net.ipv4.ip_forward=0"]);
+    wait_for("a second Event", Duration::from_secs(10), || {
+        node_events(&server, &node.name, "ForwardingOff").len() == 2
+    });
+}

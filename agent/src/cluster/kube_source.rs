@@ -251,6 +251,35 @@ pub struct KubeSource {
     reported: Mutex<Reported>,
 }
 
+/// Posts problems of the node itself as Warning Events on its Node.
+pub struct NodeReporter {
+    client: Client,
+    runtime: tokio::runtime::Handle,
+    node: String,
+    reported: Mutex<BTreeSet<String>>,
+}
+
+impl NodeReporter {
+    /// `problems` are what holds now: each new one is posted (with
+    /// `reason`), without waiting for the API server; one that went away
+    /// and comes back is posted again.
+    pub fn report(&self, reason: &'static str, problems: &[String]) {
+        let mut reported = self.reported.lock().unwrap_or_else(|p| p.into_inner());
+        for p in problems.iter().filter(|p| !reported.contains(*p)) {
+            let event = writeback::node_event(&self.node, reason, p, "vmpath-agent");
+            let api: Api<k8s_openapi::api::core::v1::Event> =
+                Api::namespaced(self.client.clone(), "default");
+            let node = self.node.clone();
+            self.runtime.spawn(async move {
+                if let Err(e) = api.create(&PostParams::default(), &event).await {
+                    warn!("posting an Event on Node {node}: {e}");
+                }
+            });
+        }
+        *reported = problems.iter().cloned().collect();
+    }
+}
+
 #[derive(Default)]
 struct Reported {
     events: BTreeSet<(writeback::Involved, String)>,
@@ -375,6 +404,17 @@ impl KubeSource {
             node: node.to_string(),
             reported: Mutex::new(Reported::default()),
         })
+    }
+
+    /// What posts this node's own problems (forwarding off) as Events on
+    /// its Node, each once while it lasts.
+    pub fn node_reporter(&self) -> NodeReporter {
+        NodeReporter {
+            client: self.client.clone(),
+            runtime: self.runtime.clone(),
+            node: self.node.clone(),
+            reported: Mutex::new(BTreeSet::new()),
+        }
     }
 
     /// Writes back what a round found, without waiting for the API server:

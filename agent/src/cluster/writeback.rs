@@ -26,6 +26,8 @@ pub const REASON_WAITING: &str = "WaitingForIPAMClaim";
 /// An Event's `reason` for an IPAMClaim whose `status.ips` the
 /// controller's ledger does not vouch for.
 pub const REASON_UNTRUSTED: &str = "UntrustedStatus";
+/// An Event's `reason` for forwarding off on the node (on the Node).
+pub const REASON_FORWARDING_OFF: &str = "ForwardingOff";
 
 /// The object an Event is about.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
@@ -129,6 +131,20 @@ pub fn event(inv: &Involved, reason: &str, message: &str, component: &str, host:
         }),
         ..Default::default()
     }
+}
+
+/// A Warning Event on the Node `node` (cluster-scoped: the Event lives
+/// in `default`, as the kubelet's do), as `kubectl describe node` shows it.
+pub fn node_event(node: &str, reason: &str, message: &str, component: &str) -> Event {
+    let inv = Involved {
+        api_version: "v1",
+        kind: "Node",
+        namespace: "default".to_string(),
+        name: node.to_string(),
+    };
+    let mut e = event(&inv, reason, message, component, node);
+    e.involved_object.namespace = None;
+    e
 }
 
 /// Detected MACs by VMI (namespace, name): interface -> MAC.
