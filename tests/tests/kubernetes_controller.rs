@@ -884,7 +884,7 @@ fn a_claims_status_the_ledger_does_not_vouch_for_is_not_trusted_and_written_agai
     assert_unique(&b.server);
     assert_eq!(
         addresses(&b.server)["a.blue"],
-        [a_ip.clone()],
+        std::slice::from_ref(&a_ip),
         "a keeps its address"
     );
     let on_t = event_on(&b.server, "IPAMClaim", "t.blue", "UntrustedStatus").unwrap();

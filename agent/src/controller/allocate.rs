@@ -453,7 +453,7 @@ mod tests {
         );
         assert!(distrusted["prod/c"].contains(&format!("{free} is given to no claim")));
         assert!(claims[1].ips.is_empty() && claims[2].ips.is_empty());
-        assert_eq!(claims[0].ips, [a_ip.clone()]);
+        assert_eq!(claims[0].ips, std::slice::from_ref(&a_ip));
         let mut again = vec![d];
         let earlier = distrust_unvouched(&nets, &mut again, &first.ledger, false);
         assert!(
@@ -464,7 +464,7 @@ mod tests {
         // their status is written again.
         let next = plan(&nets, &claims, &first.ledger, &[]);
         assert!(next.refusals.is_empty(), "{next:?}");
-        assert_ne!(next.statuses["prod/b"], [a_ip.clone()]);
+        assert_ne!(next.statuses["prod/b"], std::slice::from_ref(&a_ip));
         assert!(!next.statuses.contains_key("prod/a"));
         assert!(next.statuses.contains_key("prod/c"));
         // No ledger at all: the claims rebuild it.
