@@ -52,6 +52,8 @@ pub struct AgentOptions {
     pub datapath_debug: crate::dataplane::debug_log::Switches,
     /// Where the documents come from.
     pub source: Source,
+    /// Sizes of the cluster-sized maps (`--max-endpoints`, `--max-addresses`).
+    pub map_sizes: crate::dataplane::MapSizes,
 }
 
 /// Where the documents come from: the config dir, or the API server
@@ -310,7 +312,8 @@ pub fn run(
     slow_stats: slowpath::SharedStats,
     monitor: Arc<crate::monitor::Hub>,
 ) -> Result<()> {
-    let mut dp = Dataplane::open(&opts.bpffs).context("opening the data path")?;
+    let mut dp =
+        Dataplane::open_sized(&opts.bpffs, &opts.map_sizes).context("opening the data path")?;
     dp.set_uplink_xdp(opts.uplink_xdp);
     if let Err(e) = monitor.start_reader(shared.clone()) {
         error!("vmpath monitor will show nothing: {e:#}");

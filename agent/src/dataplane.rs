@@ -454,6 +454,53 @@ macro_rules! adopt_pinned {
     }};
 }
 
+/// The sizes of the maps the operator sizes (`vmpath_common::sized`), by
+/// map name; a map not named keeps its size in `maps::ALL`.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct MapSizes(BTreeMap<&'static str, u32>);
+
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum MapSizeError {
+    #[error("map {0} is not sized at start (sizable: {1})")]
+    NotSizable(String, String),
+    #[error("{name}: {value} entries is outside {min}..={max}")]
+    OutOfRange {
+        name: &'static str,
+        value: u32,
+        min: u32,
+        max: u32,
+    },
+}
+
+impl MapSizes {
+    /// `name` (one of `vmpath_common::sized::MAPS`) holds `entries`.
+    pub fn set(&mut self, name: &str, entries: u32) -> Result<(), MapSizeError> {
+        use vmpath_common::sized;
+        let Some(def) = sized::MAPS.iter().find(|d| d.name == name) else {
+            let names: Vec<_> = sized::MAPS.iter().map(|d| d.name).collect();
+            return Err(MapSizeError::NotSizable(name.to_string(), names.join(", ")));
+        };
+        if !(sized::MIN..=sized::MAX).contains(&entries) {
+            return Err(MapSizeError::OutOfRange {
+                name: def.name,
+                value: entries,
+                min: sized::MIN,
+                max: sized::MAX,
+            });
+        }
+        self.0.insert(def.name, entries);
+        Ok(())
+    }
+
+    /// The shape the agent loads `def` with.
+    pub fn shape(&self, def: &MapDef) -> MapDef {
+        MapDef {
+            max_entries: self.0.get(def.name).copied().unwrap_or(def.max_entries),
+            ..*def
+        }
+    }
+}
+
 pub struct Dataplane {
     root: PathBuf,
     /// Kept alive so the program stays loaded while we attach it.
@@ -476,6 +523,12 @@ impl Dataplane {
     /// Loads the object with every map pinned under `root` (adopting pins a
     /// previous agent left, after checking their shape).
     pub fn open(root: &Path) -> Result<Self> {
+        Self::open_sized(root, &MapSizes::default())
+    }
+
+    /// `open` with the operator's map sizes (`--max-endpoints`, ...). A
+    /// pinned map of another size is replaced like one of another layout.
+    pub fn open_sized(root: &Path, sizes: &MapSizes) -> Result<Self> {
         ensure_bpffs(root)?;
         let maps_dir = maps_dir(root);
         fs::create_dir_all(&maps_dir)?;
@@ -483,7 +536,11 @@ impl Dataplane {
         let mut loader = EbpfLoader::new();
         let mut paths = Vec::new();
         // What each pinned map must look like before it is adopted.
-        for spec in &maps::ALL {
+        for def in &maps::ALL {
+            let spec = &sizes.shape(def);
+            if spec.max_entries != def.max_entries {
+                loader.map_max_entries(spec.name, spec.max_entries);
+            }
             let path = maps_dir.join(spec.name);
             match check_pinned(&path, spec) {
                 Ok(true) => info!(map = spec.name, "adopting pinned map"),
@@ -865,6 +922,23 @@ where
         .map(|(k, v)| (*k, *v))
         .collect();
     if !changed.is_empty() {
+        // More than the map holds: say so by name (and by flag, for the
+        // maps sized at start) rather than as the kernel's E2BIG halfway.
+        if let Ok(info) = map.map().info()
+            && want.len() > info.max_entries() as usize
+        {
+            let n = name(map.map());
+            let flag = match n.as_str() {
+                map_names::ENDPOINTS => " (raise --max-endpoints)",
+                map_names::ADDRESSES => " (raise --max-addresses)",
+                _ => "",
+            };
+            bail!(
+                "{n}: {} entries to write, the map holds {}{flag}",
+                want.len(),
+                info.max_entries()
+            );
+        }
         batch::update_batch(map.map(), &changed, batch::BPF_ANY)
             .with_context(|| format!("writing entries of {}", name(map.map())))?;
     }

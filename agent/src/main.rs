@@ -147,6 +147,23 @@ struct AgentArgs {
     #[arg(long, default_value_t = vmpath::monitor::DEFAULT_RATE,
           value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
     monitor_rate: u32,
+    /// Endpoints (MACs of VMs on every node of every network) the data
+    /// path holds (`vmp_endpoints`, about 100 bytes each, preallocated);
+    /// the DaemonSet takes it from the `vmpath-config` ConfigMap's
+    /// `maxEndpoints`.
+    #[arg(long, env = "VMPATH_MAX_ENDPOINTS",
+          default_value_t = vmpath_common::maps::ENDPOINTS.max_entries,
+          value_parser = clap::value_parser!(u32)
+              .range(i64::from(vmpath_common::sized::MIN)..=i64::from(vmpath_common::sized::MAX)))]
+    max_endpoints: u32,
+    /// Addresses (IPv4 and IPv6 of VMs on every node) the data path holds
+    /// (`vmp_addresses`, about 110 bytes each, preallocated); the
+    /// DaemonSet takes it from the ConfigMap's `maxAddresses`.
+    #[arg(long, env = "VMPATH_MAX_ADDRESSES",
+          default_value_t = vmpath_common::maps::ADDRESSES.max_entries,
+          value_parser = clap::value_parser!(u32)
+              .range(i64::from(vmpath_common::sized::MIN)..=i64::from(vmpath_common::sized::MAX)))]
+    max_addresses: u32,
 }
 
 #[derive(clap::Args)]
@@ -343,6 +360,12 @@ fn main() -> Result<()> {
                         per_port: args.learned_per_port as usize,
                     },
                     datapath_debug: args.datapath_debug.switches(),
+                    map_sizes: {
+                        let mut sizes = vmpath::dataplane::MapSizes::default();
+                        sizes.set(vmpath_common::map_names::ENDPOINTS, args.max_endpoints)?;
+                        sizes.set(vmpath_common::map_names::ADDRESSES, args.max_addresses)?;
+                        sizes
+                    },
                     source: match args.source {
                         SourceArg::Files => agent::Source::Files,
                         SourceArg::Kubernetes => agent::Source::Kubernetes {

@@ -249,6 +249,22 @@ pub mod maps {
     ];
 }
 
+/// Maps whose size the operator sets at the agent's start (`--max-endpoints`,
+/// `--max-addresses`): the cluster's endpoints and addresses, which grow with
+/// the cluster, not the node. Their `max_entries` in `maps::ALL` is the
+/// default; the agent loads the object with the size chosen
+/// (`EbpfLoader::set_max_entries`) and checks pinned maps against it.
+pub mod sized {
+    use super::{MapDef, maps};
+
+    /// The maps, by their shape in `maps::ALL`.
+    pub const MAPS: [MapDef; 2] = [maps::ENDPOINTS, maps::ADDRESSES];
+    /// The sizes accepted: a hash map's memory is preallocated, about 100
+    /// bytes an entry (docs/config.md, Limits), so the top is 400 MiB.
+    pub const MIN: u32 = 1024;
+    pub const MAX: u32 = 4 * 1024 * 1024;
+}
+
 /// Slots of `vmp_progs`: the eBPF side tail-calls them, the agent fills them.
 pub mod tail_call {
     /// `vm_egress`: routed and SNAT egress, from `vm_port`.

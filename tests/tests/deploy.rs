@@ -1078,3 +1078,62 @@ fn kustomization_lists_every_manifest_and_names_the_images_once() {
         assert_eq!(seen[&c.name], want(image), "{} as rendered", c.name);
     }
 }
+
+/// The data path's map sizes reach the agent from the `vmpath-config`
+/// ConfigMap: each env var the DaemonSet takes from it names a key the
+/// ConfigMap has, with a size the agent accepts, and the agent reads that
+/// variable as its flag (a size out of range is refused naming the flag).
+#[test]
+fn map_sizes_come_from_the_configmap_as_agent_flags() {
+    let m = manifests();
+    let pod = m.daemonsets[0]
+        .spec
+        .as_ref()
+        .unwrap()
+        .template
+        .spec
+        .as_ref()
+        .unwrap();
+    let agent = container(&pod.containers, "vmpath");
+    let config = m
+        .config_maps
+        .iter()
+        .find(|c| c.metadata.name.as_deref() == Some("vmpath-config"))
+        .expect("the vmpath-config ConfigMap");
+    let data = config.data.as_ref().unwrap();
+    for (var, key, flag) in [
+        ("VMPATH_MAX_ENDPOINTS", "maxEndpoints", "--max-endpoints"),
+        ("VMPATH_MAX_ADDRESSES", "maxAddresses", "--max-addresses"),
+    ] {
+        let env = agent
+            .env
+            .as_ref()
+            .unwrap()
+            .iter()
+            .find(|e| e.name == var)
+            .unwrap_or_else(|| panic!("{var} env"));
+        let r = env
+            .value_from
+            .as_ref()
+            .and_then(|v| v.config_map_key_ref.as_ref())
+            .unwrap_or_else(|| panic!("{var} from a ConfigMap key"));
+        assert_eq!((r.name.as_str(), r.key.as_str()), ("vmpath-config", key));
+        let size: u32 = data[key].parse().unwrap_or_else(|e| panic!("{key}: {e}"));
+        assert!(
+            (vmpath_common::sized::MIN..=vmpath_common::sized::MAX).contains(&size),
+            "{key}: {size}"
+        );
+        let out = Command::new(vmpath_tests::vmpath_bin())
+            .arg("agent")
+            .env(var, "12")
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success());
+        assert!(
+            err.contains(&format!("invalid value '12' for '{flag} <"))
+                && err.contains("1024..=4194304"),
+            "{err}"
+        );
+    }
+}
