@@ -416,9 +416,10 @@ fn snat_vm_reaches_outside_as_the_node_address_tcp_udp_icmp() {
     eprintln!("SNAT TCP external -> VM (reverse): {:.2} Gbit/s", bps / 1e9);
     assert!(bps > 1e8, "SNAT TCP reverse only {bps} bit/s");
 
-    // UDP.
+    // UDP, at a rate a loaded 2-core machine sustains beside other tests
+    // (at 300 Mbit/s iperf3's receiver, not the data path, lost 45%).
     let drops_before = total_drops(&bed.node);
-    let (_, udp) = iperf3_server_view(&bed.ext, &bed.vm2.ns, EXT_IP, "5303", &["-u", "-b", "300M"]);
+    let (_, udp) = iperf3_server_view(&bed.ext, &bed.vm2.ns, EXT_IP, "5303", &["-u", "-b", "50M"]);
     let lost = udp["end"]["sum"]["lost_percent"].as_f64().unwrap_or(100.0);
     assert!(lost < 20.0, "SNAT UDP lost {lost}%");
     assert_eq!(
