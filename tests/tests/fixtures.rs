@@ -14,7 +14,7 @@
 //! counted in `gw_replies` of the port they go back out of.
 //!
 //! Needs root. Run with:
-//!   cargo test -p vmpath-tests --test fixtures -- --test-threads=1
+//!   cargo nextest run -p vmpath-tests -E 'test(/^fixtures::/)'
 
 #[path = "fixtures/frames.rs"]
 mod frames;

@@ -5,7 +5,7 @@
 //! the pinned map rather than adopting a map of the wrong size.
 //!
 //! Needs root. Run with:
-//!   cargo test -p vmpath-tests --test map_sizes -- --test-threads=1
+//!   cargo nextest run -p vmpath-tests -E 'test(/^map_sizes::/)'
 
 use std::{net::Ipv6Addr, path::PathBuf, process::Command};
 

@@ -10,7 +10,7 @@
 //!
 //! Needs root. Run with:
 //!   cargo build -p vmpath && VMPATH_BIN=$PWD/target/debug/vmpath \
-//!     cargo test -p vmpath-tests --test north_south -- --test-threads=1
+//!     cargo nextest run -p vmpath-tests -E 'test(/^north_south::/)'
 
 use std::time::Duration;
 

@@ -12,7 +12,7 @@
 //! ICMP errors, the entry evicted, a policy change).
 //!
 //! Needs root. Run with:
-//!   cargo test -p vmpath-tests --test policy_fixtures -- --test-threads=1
+//!   cargo nextest run -p vmpath-tests -E 'test(/^policy_fixtures::/)'
 
 use aya::{
     maps::lpm_trie::Key,

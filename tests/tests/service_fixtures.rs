@@ -11,7 +11,7 @@
 //! on another node). Checksums of every rewritten frame are verified.
 //!
 //! Needs root. Run with:
-//!   cargo test -p vmpath-tests --test service_fixtures -- --test-threads=1
+//!   cargo nextest run -p vmpath-tests -E 'test(/^service_fixtures::/)'
 
 use aya::{
     maps::lpm_trie::Key,

@@ -17,7 +17,7 @@
 //! tc program does; what it must not take it passes untouched.
 //!
 //! Needs root. Run with:
-//!   cargo test -p vmpath-tests --test snat_fixtures -- --test-threads=1
+//!   cargo nextest run -p vmpath-tests -E 'test(/^snat_fixtures::/)'
 
 use aya::{
     maps::lpm_trie::Key,

@@ -1,0 +1,39 @@
+//! The integration suite as one test binary (see tests/Cargo.toml). Each
+//! module is one file of tests; run one with
+//! `cargo xtask test -- <module>::` or, after `cargo build -p vmpath --bin vmpath`,
+//! `VMPATH_BIN=$PWD/target/debug/vmpath cargo nextest run -p vmpath-tests -E 'test(/^<module>::/)'`.
+
+mod addresses;
+mod cni;
+mod crds;
+mod deploy;
+mod dhcp;
+mod fixtures;
+mod hostile_config;
+mod image;
+mod kubernetes_controller;
+mod kubernetes_migration;
+mod kubernetes_objects;
+mod kubernetes_source;
+mod learned_addresses;
+mod map_sizes;
+mod migration;
+mod monitor;
+mod node_reach;
+mod north_south;
+mod north_south_imported;
+mod north_south_xdp;
+mod one_agent;
+mod one_node;
+mod operate;
+mod overlay;
+mod policy;
+mod policy_fixtures;
+mod port_eligibility;
+mod real_migration;
+mod real_vm;
+mod rogue_vm;
+mod service_fixtures;
+mod services;
+mod snat_fixtures;
+mod upgrade;
