@@ -467,7 +467,11 @@ fn rbac_grants_exactly_what_the_code_uses() {
         table(rbac::AGENT),
         "the agent's ClusterRole"
     );
-    assert!(role_of("vmpath").is_empty(), "the agent has no Role");
+    assert_eq!(
+        role_of("vmpath"),
+        table(rbac::AGENT_NAMESPACED),
+        "the agent's Role (the ledger's ConfigMaps)"
+    );
     assert_eq!(
         cluster_role_of("vmpath-controller"),
         table(rbac::CONTROLLER),

@@ -69,6 +69,8 @@ fn the_kubernetes_source_programs_a_vm_relists_on_410_and_outlives_the_api_serve
     }
     server.put(web_pod("web-0", &node.name));
     server.put(web_claim("web-0", "10.31.0.20/24"));
+    // The claims as vmpath controller allocated them, in its ledger.
+    server.vouch_for_claims();
     server.serve_agent_of(&mut node);
     node.start_agent();
     wait_for(
@@ -139,6 +141,7 @@ fn the_kubernetes_source_programs_a_vm_relists_on_410_and_outlives_the_api_serve
         web_pod("web-1", &node.name),
         web_claim("web-1", "10.31.0.21/24"),
     ]);
+    server.vouch_for_claims();
     wait_for("web-1 after the relist", Duration::from_secs(30), || {
         node.status()
             .is_some_and(|s| attachment(&s, "web-1").is_some())
@@ -212,6 +215,8 @@ fn a_detected_mac_of_another_vm_is_refused_with_an_event_and_disturbs_nothing() 
     }
     server.put(web_pod("web-0", &node.name));
     server.put(web_claim("web-0", "10.31.0.20/24"));
+    // The claims as vmpath controller allocated them, in its ledger.
+    server.vouch_for_claims();
     server.serve_agent_of(&mut node);
     node.start_agent();
     wait_for(
@@ -341,6 +346,8 @@ fn forwarding_off_on_the_node_is_an_event_on_its_node() {
     for o in objects(&node.name) {
         server.put(o);
     }
+    // The claims as vmpath controller allocated them, in its ledger.
+    server.vouch_for_claims();
     server.serve_agent_of(&mut node);
     node.start_agent();
     let v4 = "net.ipv4.ip_forward=0";

@@ -540,6 +540,7 @@ fn a_pod_reaches_a_vm_through_a_service_from_the_api_server() {
                        "targetRef": {"kind": "Pod", "name": LAUNCHER, "namespace": "prod"}}],
         "ports": [{"name": "http", "port": 8080, "protocol": "TCP"}],
     }));
+    server.vouch_for_claims();
     server.serve_agent_of(&mut node);
     node.start_agent();
 
