@@ -246,7 +246,10 @@ impl ApiServer {
     /// `vmpath-system/vmpath-ipam-ledger`, read whole as an unsharded
     /// ledger is. Call it again after putting more claims.
     pub fn vouch_for_claims(&self) {
-        let nads = self.objects(&collection("k8s.cni.cncf.io/v1", "NetworkAttachmentDefinition"));
+        let nads = self.objects(&collection(
+            "k8s.cni.cncf.io/v1",
+            "NetworkAttachmentDefinition",
+        ));
         let mut ledger = serde_json::Map::new();
         for c in self.objects(&collection("k8s.cni.cncf.io/v1alpha1", "IPAMClaim")) {
             let ns = c["metadata"]["namespace"].as_str().unwrap_or("default");

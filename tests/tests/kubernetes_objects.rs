@@ -452,11 +452,9 @@ fn a_vm_on_another_node_keeps_its_configured_address_and_mac_across_a_restart_wh
         ),
     );
     node.start_agent();
-    wait_for(
-        "vmv1 on far known",
-        Duration::from_secs(120),
-        || node.attachment_view("vmv1").is_some(),
-    );
+    wait_for("vmv1 on far known", Duration::from_secs(120), || {
+        node.attachment_view("vmv1").is_some()
+    });
 
     // Later, on this node: nsb/vmx1 asks for vmv1's address, nsb/vmy1
     // for its MAC.

@@ -35,12 +35,12 @@ use tracing::{info, warn};
 
 use super::{prune::Kept, writeback};
 use crate::{
-    kube_objects::ledger::{self, Ledger},
     config::{
         ConfigError,
         source::{ClusterDocument, RawDocument, Snapshot},
     },
     events::Wake,
+    kube_objects::ledger::{self, Ledger},
     view::SharedView,
 };
 

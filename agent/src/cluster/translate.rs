@@ -20,12 +20,12 @@ use super::objects::{
 };
 use super::prune::{ClusterObject, cluster_object, group_kind};
 pub use crate::config::Translated;
-use crate::kube_objects::ledger::{self, Ledger};
 use crate::config::{
     AttachmentKey, ConfigError,
     model::API_VERSION,
     source::{ClusterDocument, RawDocument},
 };
+use crate::kube_objects::ledger::{self, Ledger};
 
 /// Errors about CNI endpoints name them as `cni:<container id>/<ifname>`
 /// (so the plugin's ADD can answer with the refusal).
