@@ -594,7 +594,9 @@ fn a_vm_and_a_plain_pod_wait_for_their_claims_from_the_controller_then_have_traf
     // says so on the pod.
     wait_for(
         "the agent's WaitingForIPAMClaim Event on web-0",
-        Duration::from_secs(30),
+        // Its first round: after the data path loads (a minute and more
+        // on a busy machine).
+        Duration::from_secs(120),
         || {
             event_on(&server, "Pod", "web-0", "WaitingForIPAMClaim").is_some_and(|m| {
                 m.contains("waits for IPAMClaim prod/web-0.net1's status.ips: addresses on network \"blue\" are allocated by vmpath controller")
@@ -966,6 +968,7 @@ fn the_agent_takes_no_address_from_a_claims_status_the_ledger_does_not_vouch_for
                 "WaitingForIPAMClaim",
             )
             .is_some_and(|m| m.contains(&said))
+                && node.status().is_some()
         },
     );
     let status = node.status().unwrap();

@@ -75,7 +75,8 @@ fn the_kubernetes_source_programs_a_vm_relists_on_410_and_outlives_the_api_serve
     node.start_agent();
     wait_for(
         "the agent to list the cluster",
-        Duration::from_secs(30),
+        // After the data path loads: a minute and more on a busy machine.
+        Duration::from_secs(120),
         || {
             node.status().is_some_and(|s| {
                 attachment(&s, "vm1").is_some() && attachment(&s, "web-0").is_some()
@@ -221,7 +222,8 @@ fn a_detected_mac_of_another_vm_is_refused_with_an_event_and_disturbs_nothing() 
     node.start_agent();
     wait_for(
         "the agent to list the cluster",
-        Duration::from_secs(30),
+        // After the data path loads: a minute and more on a busy machine.
+        Duration::from_secs(120),
         || {
             node.status().is_some_and(|s| {
                 attachment(&s, "vm1").is_some()
