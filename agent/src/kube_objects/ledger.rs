@@ -277,6 +277,49 @@ mod tests {
     }
 
     #[test]
+    fn a_status_is_vouched_for_only_by_its_own_ledger_entry() {
+        let whole = ledger(1);
+        let (ip, holder) = whole["blue"].iter().next().unwrap();
+        let mine = |ips: &[String]| unvouched(&whole, "blue", &holder.claim, &holder.uid, ips);
+        assert_eq!(mine(&[holder.ip.to_string()]), None);
+        // Another prefix, another uid of the name, another claim, a free
+        // address, another network, not a CIDR: each named.
+        let other_prefix = format!("{ip}/24");
+        assert!(
+            mine(&[other_prefix])
+                .unwrap()
+                .contains("recorded in the ledger as")
+        );
+        let earlier = unvouched(
+            &whole,
+            "blue",
+            &holder.claim,
+            "new-uid",
+            &[holder.ip.to_string()],
+        );
+        assert!(earlier.unwrap().contains("earlier IPAMClaim of that name"));
+        let thief = unvouched(&whole, "blue", "prod/thief", "u", &[holder.ip.to_string()]);
+        assert_eq!(
+            thief.unwrap(),
+            format!("{} is held by IPAMClaim {}", holder.ip, holder.claim)
+        );
+        assert!(
+            mine(&["10.255.0.1/8".into()])
+                .unwrap()
+                .contains("given to no claim")
+        );
+        let elsewhere = unvouched(
+            &whole,
+            "red",
+            &holder.claim,
+            &holder.uid,
+            &[holder.ip.to_string()],
+        );
+        assert!(elsewhere.unwrap().contains("given to no claim"));
+        assert!(mine(&["nope".into()]).unwrap().contains("is not a CIDR"));
+    }
+
+    #[test]
     fn an_address_in_two_shards_is_taken_from_its_own() {
         let whole = ledger(1);
         let (ip, holder) = whole["blue"].iter().next().unwrap();
