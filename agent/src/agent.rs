@@ -61,7 +61,12 @@ pub struct AgentOptions {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Source {
     Files,
-    Kubernetes { kubeconfig: Option<PathBuf> },
+    Kubernetes {
+        kubeconfig: Option<PathBuf>,
+        /// `vmpath controller`'s ledger: a claim's `status.ips` counts
+        /// only where it vouches for them.
+        ledger: crate::cluster::kube_source::LedgerRef,
+    },
 }
 
 fn write_status(dir: &Path, view: &View) -> Result<()> {
@@ -340,10 +345,24 @@ pub fn run(
     info!(node = %opts.node, bpffs = %opts.bpffs.display(), config = %opts.config_dir.display(), "agent started");
     let mut last_fingerprint = None;
     let mut last_plan: Option<Plan> = None;
-    let mut accepted: BTreeSet<AttachmentKey> = BTreeSet::new();
     let mut running = config::Held::default();
     let mut warned_empty = false;
     let store = Store::open(&opts.state_dir).context("opening the claims store")?;
+    // What the previous agent's last round accepted: after a restart it
+    // still wins a conflict no claim or port here decides (an IPAM-less
+    // address or a given MAC of a VM on another node), not file order.
+    let mut stored_accepted = store.accepted().unwrap_or_else(|e| {
+        warn!("reading the accepted VM interfaces: {e}; document order decides this round");
+        BTreeSet::new()
+    });
+    let mut accepted: BTreeSet<AttachmentKey> = stored_accepted
+        .iter()
+        .map(|(namespace, vm, interface)| AttachmentKey {
+            namespace: namespace.clone(),
+            vm: vm.clone(),
+            interface: interface.clone(),
+        })
+        .collect();
     let mut last_errors: Vec<config::ConfigError> = Vec::new();
     let mut learned = crate::learned::Outcome::default();
     let mut refused_macs: BTreeSet<(AttachmentKey, [u8; 6])> = BTreeSet::new();
@@ -355,10 +374,11 @@ pub fn run(
     shared.set_waker(pacer.events.sender());
     let cluster = match &opts.source {
         Source::Files => None,
-        Source::Kubernetes { kubeconfig } => Some(
+        Source::Kubernetes { kubeconfig, ledger } => Some(
             crate::cluster::kube_source::KubeSource::start(
                 kubeconfig.clone(),
                 &opts.node,
+                ledger,
                 shared.clone(),
             )
             .context("starting the Kubernetes source")?,
@@ -629,6 +649,16 @@ pub fn run(
         }
         crate::endpoints::round_done();
         accepted = cfg.attachments.iter().map(|a| a.key.clone()).collect();
+        let keys: BTreeSet<crate::store::InterfaceKey> = accepted
+            .iter()
+            .map(|k| (k.namespace.clone(), k.vm.clone(), k.interface.clone()))
+            .collect();
+        if keys != stored_accepted {
+            match store.set_accepted(&keys) {
+                Ok(()) => stored_accepted = keys,
+                Err(e) => warn!("recording the accepted VM interfaces: {e}"),
+            }
+        }
         if let Some(plan) = &last_plan {
             running = served_here(&cfg, plan);
         }

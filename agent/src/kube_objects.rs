@@ -4,6 +4,7 @@
 //! types are not published as Rust crates; these follow their documented
 //! shapes (kubevirt.io/v1, k8s.cni.cncf.io/v1, k8s.cni.cncf.io/v1alpha1).
 
+pub mod ledger;
 pub mod prune;
 
 /// On an Attachment derived from these objects: the objects it was derived

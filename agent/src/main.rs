@@ -132,6 +132,15 @@ struct AgentArgs {
     /// The kubeconfig for `--source kubernetes` outside a cluster.
     #[arg(long)]
     kubeconfig: Option<PathBuf>,
+    /// With `--source kubernetes`: the namespace of `vmpath controller`'s
+    /// ledger ConfigMaps (an IPAMClaim's `status.ips` counts only where
+    /// the ledger vouches for it).
+    #[arg(long, default_value = "vmpath-system")]
+    ledger_namespace: String,
+    /// With `--source kubernetes`: the ledger's name, as the controller's
+    /// `--ledger-name`.
+    #[arg(long, default_value = "vmpath-ipam-ledger")]
+    ledger_name: String,
     /// Ignore config-dir and link notifications and reconcile on the
     /// resync timer alone (the old polling behaviour, kept to compare).
     #[arg(long)]
@@ -370,6 +379,10 @@ fn main() -> Result<()> {
                         SourceArg::Files => agent::Source::Files,
                         SourceArg::Kubernetes => agent::Source::Kubernetes {
                             kubeconfig: args.kubeconfig,
+                            ledger: vmpath::cluster::kube_source::LedgerRef {
+                                namespace: args.ledger_namespace,
+                                name: args.ledger_name,
+                            },
                         },
                     },
                 },

@@ -36,6 +36,7 @@ pub fn validate_held(
         &snapshot.cluster,
         node_name,
         snapshot.pod_claims,
+        snapshot.ledger.as_deref(),
     );
     validate_documents(&snapshot.errors, translated, node_name, keep_first, held)
 }

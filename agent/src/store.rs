@@ -15,6 +15,15 @@ use serde::{Deserialize, Serialize};
 pub use vmpath_api::types::Origin;
 
 const CLAIMS: TableDefinition<&str, &[u8]> = TableDefinition::new("claims");
+/// The VM interfaces (`[namespace, vm, interface]`) the last round
+/// accepted, on any node: after a restart the previous round still wins a
+/// conflict no claim decides (an address on an IPAM-less network, a given
+/// MAC, of a VM on another node), not document order. One row.
+const ACCEPTED: TableDefinition<&str, &[u8]> = TableDefinition::new("accepted");
+const ACCEPTED_ROW: &str = "keys";
+
+/// A VM interface as [`Store::accepted`] keeps it.
+pub type InterfaceKey = (String, String, String);
 
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
@@ -64,6 +73,7 @@ impl Store {
         // Make sure the table exists so readers never see "no such table".
         let tx = db.begin_write().map_err(db_err)?;
         tx.open_table(CLAIMS).map_err(db_err)?;
+        tx.open_table(ACCEPTED).map_err(db_err)?;
         tx.commit().map_err(db_err)?;
         Ok(Store { db })
     }
@@ -83,6 +93,35 @@ impl Store {
             out.insert(key, claim);
         }
         Ok(out)
+    }
+
+    /// The VM interfaces the last round accepted (empty before any).
+    pub fn accepted(&self) -> Result<std::collections::BTreeSet<InterfaceKey>, StoreError> {
+        let tx = self.db.begin_read().map_err(db_err)?;
+        let table = tx.open_table(ACCEPTED).map_err(db_err)?;
+        match table.get(ACCEPTED_ROW).map_err(db_err)? {
+            Some(v) => serde_json::from_slice(v.value()).map_err(|source| StoreError::Decode {
+                key: format!("accepted/{ACCEPTED_ROW}"),
+                source,
+            }),
+            None => Ok(Default::default()),
+        }
+    }
+
+    /// Records the VM interfaces a round accepted (replacing the last).
+    pub fn set_accepted(
+        &self,
+        keys: &std::collections::BTreeSet<InterfaceKey>,
+    ) -> Result<(), StoreError> {
+        let bytes = serde_json::to_vec(keys).map_err(db_err)?;
+        let tx = self.db.begin_write().map_err(db_err)?;
+        {
+            let mut table = tx.open_table(ACCEPTED).map_err(db_err)?;
+            table
+                .insert(ACCEPTED_ROW, bytes.as_slice())
+                .map_err(db_err)?;
+        }
+        tx.commit().map_err(db_err)
     }
 
     /// Applies puts (`Some`) and deletes (`None`) in one transaction.

@@ -235,6 +235,49 @@ impl ApiServer {
         self.shared.changed.notify_all();
     }
 
+    /// Writes `vmpath controller`'s ledger as the controller would hold it
+    /// for the IPAMClaims stored now, for tests that put claims already
+    /// allocated with no controller running (an agent on `--source
+    /// kubernetes` trusts a claim's `status.ips` only where the ledger
+    /// vouches for them): each address of each claim's `status.ips`, held
+    /// by that claim (its uid), on the vmpath network its `spec.network`
+    /// names (a vmpath NAD's network in its namespace with that name, else
+    /// the Network of that name). One ConfigMap,
+    /// `vmpath-system/vmpath-ipam-ledger`, read whole as an unsharded
+    /// ledger is. Call it again after putting more claims.
+    pub fn vouch_for_claims(&self) {
+        let nads = self.objects(&collection(
+            "k8s.cni.cncf.io/v1",
+            "NetworkAttachmentDefinition",
+        ));
+        let mut ledger = serde_json::Map::new();
+        for c in self.objects(&collection("k8s.cni.cncf.io/v1alpha1", "IPAMClaim")) {
+            let ns = c["metadata"]["namespace"].as_str().unwrap_or("default");
+            let spec_network = c["spec"]["network"].as_str().unwrap_or("");
+            let network = nads
+                .iter()
+                .filter(|n| n["metadata"]["namespace"] == ns)
+                .filter_map(|n| serde_json::from_str::<Value>(n["spec"]["config"].as_str()?).ok())
+                .find(|conf| conf["name"] == spec_network && conf["type"] == "vmpath-cni")
+                .and_then(|conf| conf["network"].as_str().map(str::to_string))
+                .unwrap_or_else(|| spec_network.to_string());
+            let held = ledger.entry(network).or_insert_with(|| json!({}));
+            for ip in c["status"]["ips"].as_array().into_iter().flatten() {
+                let ip = ip.as_str().unwrap();
+                held[ip.split('/').next().unwrap()] = json!({
+                    "claim": format!("{ns}/{}", c["metadata"]["name"].as_str().unwrap()),
+                    "uid": c["metadata"]["uid"].as_str().unwrap_or(""),
+                    "ip": ip,
+                });
+            }
+        }
+        self.put(json!({
+            "apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": "vmpath-ipam-ledger", "namespace": "vmpath-system"},
+            "data": {"allocations": Value::Object(ledger).to_string()},
+        }));
+    }
+
     /// The object `name` in `namespace` (`""`: cluster-scoped) of
     /// `collection` (as [`collection`] names it), as stored.
     pub fn get(&self, collection: &str, namespace: &str, name: &str) -> Option<Value> {

@@ -167,7 +167,8 @@ fn every_manifest_is_a_valid_kubernetes_object() {
     );
     assert_eq!(m.cluster_roles.len(), 2);
     assert_eq!(m.bindings.len(), 2);
-    assert_eq!((m.roles.len(), m.role_bindings.len()), (1, 1));
+    // The controller's (Lease, ledger) and the agent's (reading the ledger).
+    assert_eq!((m.roles.len(), m.role_bindings.len()), (2, 2));
     assert_eq!(m.deployments.len(), 1);
     let crds: Vec<_> = m.crds.iter().map(|c| c.metadata.name.as_deref()).collect();
     assert_eq!(crds, [Some("networks.vmpath.dev")]);
@@ -467,7 +468,11 @@ fn rbac_grants_exactly_what_the_code_uses() {
         table(rbac::AGENT),
         "the agent's ClusterRole"
     );
-    assert!(role_of("vmpath").is_empty(), "the agent has no Role");
+    assert_eq!(
+        role_of("vmpath"),
+        table(rbac::AGENT_NAMESPACED),
+        "the agent's Role (the ledger's ConfigMaps)"
+    );
     assert_eq!(
         cluster_role_of("vmpath-controller"),
         table(rbac::CONTROLLER),

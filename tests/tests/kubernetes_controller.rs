@@ -594,7 +594,9 @@ fn a_vm_and_a_plain_pod_wait_for_their_claims_from_the_controller_then_have_traf
     // says so on the pod.
     wait_for(
         "the agent's WaitingForIPAMClaim Event on web-0",
-        Duration::from_secs(30),
+        // Its first round: after the data path loads (a minute and more
+        // on a busy machine).
+        Duration::from_secs(120),
         || {
             event_on(&server, "Pod", "web-0", "WaitingForIPAMClaim").is_some_and(|m| {
                 m.contains("waits for IPAMClaim prod/web-0.net1's status.ips: addresses on network \"blue\" are allocated by vmpath controller")
@@ -919,4 +921,114 @@ fn a_claims_status_the_ledger_does_not_vouch_for_is_not_trusted_and_written_agai
     assert_eq!(holders.len(), 3, "{holders:?}");
     assert!(!holders.contains_key("10.31.0.200"), "{holders:?}");
     assert_eq!(holders[a_ip.split('/').next().unwrap()], "prod/a.blue");
+}
+
+/// A tenant that may write its IPAMClaim's status picks itself a free
+/// address: until vmpath controller writes the claim, the agent does not
+/// take it (the ledger, which the controller writes before any status,
+/// does not vouch for it); the VM waits, said on its VMI and in the CNI
+/// ADD's error; once the controller has written the claim, the VM has the
+/// ledger's address, never the forged one.
+#[test]
+fn the_agent_takes_no_address_from_a_claims_status_the_ledger_does_not_vouch_for() {
+    const FORGED: &str = "10.31.0.200/24";
+    let mut node = Node::new("kf");
+    let server = ApiServer::start(&node.ns.path());
+    for o in network_objects() {
+        server.put(o);
+    }
+    // Another claim, allocated by the controller before (in its ledger).
+    let mut a = claim("a");
+    a["status"] = json!({"ips": ["10.31.0.2/24"]});
+    server.put(a);
+    server.vouch_for_claims();
+    // vm1 on this node, its claim's status written by the tenant.
+    let text = VM
+        .replace("node-a", &node.name)
+        .replace("ips: [10.31.0.11/24]", &format!("ips: [{FORGED}]"));
+    assert!(text.contains(FORGED), "the fixture's claim status");
+    for o in vmpath::config::source::parse(text.as_bytes()).unwrap() {
+        if o["kind"] != "Node" {
+            server.put(o);
+        }
+    }
+    let kubeconfig = server.serve_agent_of(&mut node);
+    node.start_agent();
+    let said = format!(
+        "waits for IPAMClaim prod/vm1.blue's status.ips: [\"{FORGED}\"] was not written by vmpath controller ({FORGED} is given to no claim in the ledger on network \"blue\"): not trusted until vmpath controller writes it"
+    );
+    wait_for(
+        "the agent's WaitingForIPAMClaim Event on the VMI",
+        Duration::from_secs(120),
+        || {
+            event_on(
+                &server,
+                "VirtualMachineInstance",
+                "vm1",
+                "WaitingForIPAMClaim",
+            )
+            .is_some_and(|m| m.contains(&said))
+                && node.status().is_some()
+        },
+    );
+    let status = node.status().unwrap();
+    assert!(
+        !status["attachments"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|a| a["vm"] == "vm1"),
+        "vm1 served with a forged address: {status}"
+    );
+    // The runtime's ADD is refused with the same words.
+    let conf = multus::nad_conf(NETWORK, &node);
+    let tag = unique_tag();
+    let launcher = Netns::new(format!("vt{tag}-launcher"));
+    let add = |container: &str| {
+        multus::call(
+            &node,
+            "ADD",
+            &multus::Call {
+                conf: &conf,
+                pod_namespace: "prod",
+                pod: LAUNCHER,
+                ifname: LAUNCHER_IFNAME,
+                netns: &launcher,
+                container,
+            },
+        )
+    };
+    let (ok, result) = add(&format!("c{tag}l1"));
+    assert!(!ok, "ADD with a forged claim status: {result}");
+    assert!(result.to_string().contains("not trusted"), "{result}");
+
+    // The controller does not trust it either: it allocates the claim
+    // anew; the agent then serves vm1 with the ledger's address.
+    let _controller = Controller::start(
+        &node.ns,
+        &kubeconfig,
+        "c1",
+        "vmpath-controller",
+        &node.state_dir,
+    );
+    wait_for(
+        "vm1's claim written by the controller",
+        Duration::from_secs(30),
+        || {
+            addresses(&server)
+                .get("vm1.blue")
+                .is_some_and(|ips| ips.len() == 1 && ips[0] != FORGED)
+        },
+    );
+    assert_unique(&server);
+    let vm_ip = addresses(&server)["vm1.blue"][0].clone();
+    let (ok, result) = add(&format!("c{tag}l2"));
+    assert!(ok, "ADD once the controller wrote the claim: {result}");
+    assert_eq!(result["ips"][0]["address"], vm_ip, "{result}");
+    let vm1 = node.attachment_view("vm1").expect("vm1 served");
+    let shown = vm1.to_string();
+    assert!(
+        shown.contains(vm_ip.split('/').next().unwrap()) && !shown.contains("10.31.0.200"),
+        "{vm1}"
+    );
 }

@@ -202,6 +202,8 @@ fn two_nodes() -> Bed {
     for o in cluster() {
         server.put(o);
     }
+    // The claims as vmpath controller allocated them, in its ledger.
+    server.vouch_for_claims();
     for node in [&mut a, &mut b] {
         let kubeconfig = node.state_dir.join("kubeconfig");
         std::fs::write(&kubeconfig, server.kubeconfig()).unwrap();

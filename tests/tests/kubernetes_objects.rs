@@ -389,3 +389,149 @@ fn a_running_vm_keeps_its_address_and_mac_whatever_order_the_files_are_read_in()
         "{text}"
     );
 }
+
+/// As [`green_vm`] on the IPAM-less network green: no claim; the Multus
+/// selection's `ips` are the VM's configured address.
+fn green_vm_static(ns: &str, vm: &str, uid: &str, mac: &str, ip: &str, node: &str) -> String {
+    format!(
+        r#"apiVersion: kubevirt.io/v1
+kind: VirtualMachineInstance
+metadata: {{name: {vm}, namespace: {ns}, uid: {uid}}}
+spec:
+  domain:
+    devices:
+      interfaces:
+      - {{name: green, bridge: {{}}, macAddress: "{mac}"}}
+  networks:
+  - name: green
+    multus: {{networkName: {ns}/green}}
+status: {{nodeName: {node}, phase: Running}}
+---
+apiVersion: v1
+kind: Pod
+metadata:
+  name: virt-launcher-{vm}-x
+  namespace: {ns}
+  labels: {{kubevirt.io: virt-launcher, kubevirt.io/created-by: {uid}, vm.kubevirt.io/name: {vm}}}
+  annotations:
+    k8s.v1.cni.cncf.io/networks: '[{{"name":"green","namespace":"{ns}","mac":"{mac}","interface":"{GREEN_IFNAME}","ips":["{ip}"]}}]'
+spec: {{nodeName: {node}}}
+status: {{phase: Running}}
+"#
+    )
+}
+
+/// A VM running on another node holds its configured address (IPAM-less
+/// network: no claim records it) and its MAC. Newcomers on this node ask
+/// for them; the agent restarts with the newcomers' files sorting first:
+/// the previous round, recorded in the state dir, still decides, so the
+/// running VM keeps both and each newcomer is refused on its own object,
+/// naming the holder.
+#[test]
+fn a_vm_on_another_node_keeps_its_configured_address_and_mac_across_a_restart_whatever_the_file_order()
+ {
+    let mut node = Node::new("ko");
+    let green_static = green(&["nsa", "nsb"]).replace("{mode: Enabled}", "{mode: Disabled}");
+    assert!(green_static.contains("Disabled"), "{green_static}");
+    node.write_config("green.yaml", &green_static);
+    // The other node, as the API server lists it.
+    node.write_config(
+        "far.yaml",
+        "apiVersion: v1\nkind: Node\nmetadata: {name: far}\nstatus:\n  addresses:\n  - {type: InternalIP, address: 192.0.2.99}\n",
+    );
+    let vmv1_mac = "02:00:00:64:00:50";
+    node.write_config(
+        "nsa-vmv1.yaml",
+        &green_vm_static(
+            "nsa",
+            "vmv1",
+            "aaaaaaaa-0000-0000-0000-000000000001",
+            vmv1_mac,
+            "10.64.0.50/16",
+            "far",
+        ),
+    );
+    node.start_agent();
+    wait_for("vmv1 on far known", Duration::from_secs(120), || {
+        node.attachment_view("vmv1").is_some()
+    });
+
+    // Later, on this node: nsb/vmx1 asks for vmv1's address, nsb/vmy1
+    // for its MAC.
+    let newcomers = |node: &Node, first: bool| {
+        let (x, y) = if first {
+            ("00-nsb-vmx1.yaml", "00-nsb-vmy1.yaml")
+        } else {
+            ("nsb-vmx1.yaml", "nsb-vmy1.yaml")
+        };
+        node.write_config(
+            x,
+            &green_vm_static(
+                "nsb",
+                "vmx1",
+                "bbbbbbbb-0000-0000-0000-000000000001",
+                "02:00:00:64:00:51",
+                "10.64.0.50/16",
+                &node.name,
+            ),
+        );
+        node.write_config(
+            y,
+            &green_vm_static(
+                "nsb",
+                "vmy1",
+                "bbbbbbbb-0000-0000-0000-000000000002",
+                vmv1_mac,
+                "10.64.0.52/16",
+                &node.name,
+            ),
+        );
+    };
+    newcomers(&node, false);
+    let refused = |node: &Node| {
+        refusal_of(node, "nsb", "vmx1").is_some() && refusal_of(node, "nsb", "vmy1").is_some()
+    };
+    wait_for("the newcomers refused", Duration::from_secs(30), || {
+        refused(&node)
+    });
+
+    // Their files renamed to sort first, and the agent restarted.
+    node.kill_agent();
+    node.remove_config("nsb-vmx1.yaml");
+    node.remove_config("nsb-vmy1.yaml");
+    newcomers(&node, true);
+    node.start_agent();
+    wait_for(
+        "the newcomers refused again",
+        Duration::from_secs(120),
+        || refused(&node),
+    );
+    let status = node.status().unwrap();
+    let vmv1 = node
+        .attachment_view("vmv1")
+        .unwrap_or_else(|| panic!("vmv1 not served: {status}"));
+    assert_eq!(
+        (&vmv1["node"], &vmv1["mac"], &vmv1["ips"][0]["address"]),
+        (&"far".into(), &vmv1_mac.into(), &"10.64.0.50/16".into()),
+        "{vmv1}"
+    );
+    assert!(
+        refusal_of(&node, "nsa", "vmv1").is_none(),
+        "the running VM refused: {status}"
+    );
+    let holder = "Attachment nsa/vmv1-green";
+    assert_eq!(
+        refusal_of(&node, "nsb", "vmx1").unwrap(),
+        (
+            "spec.ips".to_string(),
+            format!("IP 10.64.0.50 is already used by {holder} on network \"green\"")
+        ),
+        "{status}"
+    );
+    let (field, message) = refusal_of(&node, "nsb", "vmy1").unwrap();
+    assert_eq!(field, "spec.mac", "{status}");
+    assert!(
+        message.contains(vmv1_mac) && message.contains(holder),
+        "{message}"
+    );
+}

@@ -69,11 +69,14 @@ fn the_kubernetes_source_programs_a_vm_relists_on_410_and_outlives_the_api_serve
     }
     server.put(web_pod("web-0", &node.name));
     server.put(web_claim("web-0", "10.31.0.20/24"));
+    // The claims as vmpath controller allocated them, in its ledger.
+    server.vouch_for_claims();
     server.serve_agent_of(&mut node);
     node.start_agent();
     wait_for(
         "the agent to list the cluster",
-        Duration::from_secs(30),
+        // After the data path loads: a minute and more on a busy machine.
+        Duration::from_secs(120),
         || {
             node.status().is_some_and(|s| {
                 attachment(&s, "vm1").is_some() && attachment(&s, "web-0").is_some()
@@ -139,6 +142,7 @@ fn the_kubernetes_source_programs_a_vm_relists_on_410_and_outlives_the_api_serve
         web_pod("web-1", &node.name),
         web_claim("web-1", "10.31.0.21/24"),
     ]);
+    server.vouch_for_claims();
     wait_for("web-1 after the relist", Duration::from_secs(30), || {
         node.status()
             .is_some_and(|s| attachment(&s, "web-1").is_some())
@@ -212,11 +216,14 @@ fn a_detected_mac_of_another_vm_is_refused_with_an_event_and_disturbs_nothing() 
     }
     server.put(web_pod("web-0", &node.name));
     server.put(web_claim("web-0", "10.31.0.20/24"));
+    // The claims as vmpath controller allocated them, in its ledger.
+    server.vouch_for_claims();
     server.serve_agent_of(&mut node);
     node.start_agent();
     wait_for(
         "the agent to list the cluster",
-        Duration::from_secs(30),
+        // After the data path loads: a minute and more on a busy machine.
+        Duration::from_secs(120),
         || {
             node.status().is_some_and(|s| {
                 attachment(&s, "vm1").is_some()
@@ -341,6 +348,8 @@ fn forwarding_off_on_the_node_is_an_event_on_its_node() {
     for o in objects(&node.name) {
         server.put(o);
     }
+    // The claims as vmpath controller allocated them, in its ledger.
+    server.vouch_for_claims();
     server.serve_agent_of(&mut node);
     node.start_agent();
     let v4 = "net.ipv4.ip_forward=0";

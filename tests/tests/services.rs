@@ -540,6 +540,7 @@ fn a_pod_reaches_a_vm_through_a_service_from_the_api_server() {
                        "targetRef": {"kind": "Pod", "name": LAUNCHER, "namespace": "prod"}}],
         "ports": [{"name": "http", "port": 8080, "protocol": "TCP"}],
     }));
+    server.vouch_for_claims();
     server.serve_agent_of(&mut node);
     node.start_agent();
 
@@ -549,7 +550,8 @@ fn a_pod_reaches_a_vm_through_a_service_from_the_api_server() {
     let web = Netns::new(format!("vt{tag}-web"));
     wait_for(
         "the agent to list the cluster",
-        Duration::from_secs(30),
+        // After the data path loads: a minute and more on a busy machine.
+        Duration::from_secs(120),
         || {
             node.status()
                 .is_some_and(|s| s["attachments"].as_array().is_some_and(|a| a.len() >= 2))

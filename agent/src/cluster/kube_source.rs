@@ -40,6 +40,7 @@ use crate::{
         source::{ClusterDocument, RawDocument, Snapshot},
     },
     events::Wake,
+    kube_objects::ledger::{self, Ledger},
     view::SharedView,
 };
 
@@ -239,8 +240,26 @@ impl<T: Clone> Relists<T> {
     }
 }
 
+/// `vmpath controller`'s ledger, watched in its namespace: its shards'
+/// ConfigMaps as read, and the ledger they make (parsed once per change,
+/// not per round: it may hold hundreds of thousands of addresses).
+struct LedgerWatch {
+    /// `namespace/name`, for messages.
+    name: String,
+    listed: Arc<AtomicBool>,
+    ledger: Arc<Mutex<Arc<Ledger>>>,
+}
+
+/// Where the agent reads the controller's ledger.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LedgerRef {
+    pub namespace: String,
+    pub name: String,
+}
+
 pub struct KubeSource {
     kinds: Vec<Kind>,
+    ledger: LedgerWatch,
     /// Bumped on every watch event, for the round's fingerprint.
     generation: Arc<AtomicU64>,
     client: Client,
@@ -310,7 +329,12 @@ pub fn client_config(kubeconfig: Option<&Path>) -> Result<kube::Config> {
 impl KubeSource {
     /// Starts the watchers on a thread of their own; they wake the
     /// reconcile loop through `shared` on every event.
-    pub fn start(kubeconfig: Option<PathBuf>, node: &str, shared: SharedView) -> Result<Self> {
+    pub fn start(
+        kubeconfig: Option<PathBuf>,
+        node: &str,
+        ledger: &LedgerRef,
+        shared: SharedView,
+    ) -> Result<Self> {
         let config = client_config(kubeconfig.as_deref())?;
         let generation = Arc::new(AtomicU64::new(0));
         let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -391,6 +415,7 @@ impl KubeSource {
                 held,
             });
         }
+        let ledger = watch_ledger(&runtime, &client, ledger, &generation, &shared);
         let handle = runtime.handle().clone();
         // The runtime lives as long as the process.
         std::thread::Builder::new()
@@ -398,6 +423,7 @@ impl KubeSource {
             .spawn(move || runtime.block_on(std::future::pending::<()>()))?;
         Ok(KubeSource {
             kinds,
+            ledger,
             generation,
             client,
             runtime: handle,
@@ -506,11 +532,85 @@ impl KubeSource {
                 }
             }
         }
-        let all_listed = self.kinds.iter().all(|k| k.listed.load(Ordering::SeqCst));
+        snap.ledger = Some(
+            self.ledger
+                .ledger
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .clone(),
+        );
+        // Until the ledger is listed no claim could be trusted: the round
+        // waits rather than hold every VM back.
+        let all_listed = self.kinds.iter().all(|k| k.listed.load(Ordering::SeqCst))
+            && self.ledger.listed.load(Ordering::SeqCst);
         snap.empty = !all_listed || (snap.documents.is_empty() && snap.cluster.is_empty());
         snap.fingerprint = crate::hash::fnv1a(&[b"kubernetes", &generation.to_le_bytes()]);
         snap
     }
+}
+
+/// Watches the ledger's ConfigMaps (its namespace only) and keeps the
+/// ledger they make. A relist that comes back empty where there were
+/// shards is held as for the other kinds; a shard that does not read
+/// leaves the last good ledger, and says so.
+fn watch_ledger(
+    runtime: &tokio::runtime::Runtime,
+    client: &Client,
+    at: &LedgerRef,
+    generation: &Arc<AtomicU64>,
+    shared: &SharedView,
+) -> LedgerWatch {
+    let resource = ApiResource::erase::<k8s_openapi::api::core::v1::ConfigMap>(&());
+    let api: Api<DynamicObject> = Api::namespaced_with(client.clone(), &at.namespace, &resource);
+    let stream = watcher(api, watcher::Config::default()).default_backoff();
+    let watch = LedgerWatch {
+        name: format!("{}/{}", at.namespace, at.name),
+        listed: Arc::new(AtomicBool::new(false)),
+        ledger: Arc::new(Mutex::new(Arc::new(Ledger::new()))),
+    };
+    let (listed, parsed, generation, shared) = (
+        watch.listed.clone(),
+        watch.ledger.clone(),
+        generation.clone(),
+        shared.clone(),
+    );
+    let (ledger_name, what) = (at.name.clone(), watch.name.clone());
+    runtime.spawn(async move {
+        let mut store = Store::<Arc<DynamicObject>>::default();
+        let mut held = Relists::<Arc<DynamicObject>>::default();
+        let mut stream = std::pin::pin!(stream);
+        while let Some(event) = stream.next().await {
+            let event = match event {
+                Ok(e) => e,
+                Err(e) => {
+                    warn!(ledger = %what, "watch: {e}; keeping what was read");
+                    continue;
+                }
+            };
+            let first_list = !listed.load(Ordering::SeqCst);
+            store.apply(&event, |o| Arc::new(o.clone()));
+            if let Some(n) = held.on_event(&event, first_list, || store.state()) {
+                warn!(ledger = %what, objects = n, "relist came back empty; keeping what was read until it changes");
+            }
+            let configmaps = held
+                .read(|| store.state())
+                .iter()
+                .filter_map(|o| serde_json::from_value(serde_json::to_value(&**o).ok()?).ok())
+                .collect();
+            match ledger::Stored::from_configmaps(&ledger_name, configmaps) {
+                Ok(stored) => {
+                    *parsed.lock().unwrap_or_else(|p| p.into_inner()) = Arc::new(stored.ledger())
+                }
+                Err(e) => warn!(ledger = %what, "{e}; keeping the last ledger that read"),
+            }
+            if matches!(event, watcher::Event::InitDone) && !listed.swap(true, Ordering::SeqCst) {
+                info!(ledger = %what, "ledger listed from the API server");
+            }
+            generation.fetch_add(1, Ordering::SeqCst);
+            shared.wake(Wake::Cluster);
+        }
+    });
+    watch
 }
 
 #[cfg(test)]

@@ -37,6 +37,11 @@ pub const AGENT: &[Rule] = &[
     ("discovery.k8s.io", "endpointslices", &["list", "watch"]),
 ];
 
+/// `vmpath agent --source kubernetes`, in the controller's namespace
+/// (`--ledger-namespace`): the ledger's ConfigMaps, read only, so that a
+/// claim's `status.ips` counts only where the controller wrote it.
+pub const AGENT_NAMESPACED: &[Rule] = &[("", "configmaps", &["list", "watch"])];
+
 /// `vmpath controller`, cluster-wide: it reads the Networks, NADs and
 /// claims, reads a claim it no longer lists (is it gone?), lists every
 /// pod (their selections' `ips`; plain pods' interfaces), makes the

@@ -25,6 +25,7 @@ use crate::config::{
     model::API_VERSION,
     source::{ClusterDocument, RawDocument},
 };
+use crate::kube_objects::ledger::{self, Ledger};
 
 /// Errors about CNI endpoints name them as `cni:<container id>/<ifname>`
 /// (so the plugin's ADD can answer with the refusal).
@@ -121,6 +122,7 @@ pub fn translate(
     cluster: &[ClusterDocument],
     node: &str,
     pod_claims: bool,
+    ledger: Option<&Ledger>,
 ) -> Translated {
     let mut t = Translated::default();
     let mut pods: Vec<Object<Pod>> = Vec::new();
@@ -240,18 +242,12 @@ pub fn translate(
     // A claim that exists but holds no address yet: its VM waits for the
     // controller rather than take an address of its own.
     // Claims by namespace and name (the first of a name holds the
-    // addresses; any without is pending), so a round stays linear.
+    // addresses), so a round stays linear.
     let mut claim_index: BTreeMap<(&str, &str), &IpamClaim> = BTreeMap::new();
-    let mut pending_claims: BTreeSet<(&str, &str)> = BTreeSet::new();
     for c in &claims {
         let key = (c.value.metadata.namespace(), c.value.metadata.name.as_str());
-        if c.value.status.ips.is_empty() {
-            pending_claims.insert(key);
-        }
         claim_index.entry(key).or_insert(c.value);
     }
-    let claim_pending =
-        |namespace: &str, name: &str| -> bool { pending_claims.contains(&(namespace, name)) };
     let ipam_networks: BTreeSet<String> = flatten(documents)
         .iter()
         .filter(|raw| {
@@ -261,11 +257,40 @@ pub fn translate(
         .filter_map(|raw| raw.value.pointer("/metadata/name").and_then(Value::as_str))
         .map(str::to_string)
         .collect();
-    let claim_ips = |namespace: &str, name: &str| -> Option<Vec<String>> {
+    // What a claim gives an interface on `network`: its `status.ips`, or
+    // why it waits (none yet; with the Kubernetes source, on an IPAM
+    // network, ones the controller's ledger does not vouch for: a tenant
+    // that may write its claim's status must not pick itself an address).
+    let claim_state = |c: &IpamClaim, network: &str| -> ClaimState {
+        let ns = c.metadata.namespace();
+        let name = &c.metadata.name;
+        let ipam = ipam_networks.contains(network);
+        if c.status.ips.is_empty() {
+            return if ipam {
+                ClaimState::Waits(format!(
+                    "waits for IPAMClaim {ns}/{name}'s status.ips: addresses on network {network:?} are allocated by vmpath controller"
+                ))
+            } else {
+                ClaimState::Empty
+            };
+        }
+        if let Some(ledger) = ledger.filter(|_| ipam) {
+            let uid = c.metadata.uid.as_deref().unwrap_or("");
+            if let Some(why) =
+                ledger::unvouched(ledger, network, &format!("{ns}/{name}"), uid, &c.status.ips)
+            {
+                return ClaimState::Waits(format!(
+                    "waits for IPAMClaim {ns}/{name}'s status.ips: {:?} was not written by vmpath controller ({why} in the ledger on network {network:?}): not trusted until vmpath controller writes it",
+                    c.status.ips
+                ));
+            }
+        }
+        ClaimState::Ips(c.status.ips.clone())
+    };
+    let claim_of = |namespace: &str, name: &str, network: &str| -> ClaimState {
         claim_index
             .get(&(namespace, name))
-            .map(|c| c.status.ips.clone())
-            .filter(|ips| !ips.is_empty())
+            .map_or(ClaimState::Empty, |c| claim_state(c, network))
     };
 
     let mut tr = Translator {
@@ -294,25 +319,27 @@ pub fn translate(
                 // controller makes for this pod, which counts only if made
                 // for this pod's uid.
                 let ipam = ipam_networks.contains(&i.network);
-                let (claim_name, ips, waits) = match &i.selection.ipam_claim_reference {
-                    Some(c) => (c.clone(), claim_ips(ns, c), ipam && claim_pending(ns, c)),
+                let state = match &i.selection.ipam_claim_reference {
+                    Some(c) => claim_of(ns, c, &i.network),
                     None if pod_claims && ipam => {
                         let name = objects::pod_claim_name(&pod.metadata.name, &i.ifname);
-                        let ips = claim_index
-                            .get(&(ns, name.as_str()))
-                            .filter(|c| {
-                                pod.metadata.uid.is_some()
-                                    && c.metadata.labels.get(objects::POD_UID_LABEL)
-                                        == pod.metadata.uid.as_ref()
-                            })
-                            .map(|c| c.status.ips.clone())
-                            .filter(|ips| !ips.is_empty());
-                        let waits = ips.is_none();
-                        (name, ips, waits)
+                        let made = claim_index.get(&(ns, name.as_str())).filter(|c| {
+                            pod.metadata.uid.is_some()
+                                && c.metadata.labels.get(objects::POD_UID_LABEL)
+                                    == pod.metadata.uid.as_ref()
+                        });
+                        match made.map(|c| claim_state(c, &i.network)) {
+                            Some(ClaimState::Ips(ips)) => ClaimState::Ips(ips),
+                            Some(ClaimState::Waits(why)) => ClaimState::Waits(why),
+                            _ => ClaimState::Waits(format!(
+                                "waits for IPAMClaim {ns}/{name}'s status.ips: addresses on network {:?} are allocated by vmpath controller",
+                                i.network
+                            )),
+                        }
                     }
-                    None => (String::new(), None, false),
+                    None => ClaimState::Empty,
                 };
-                if waits {
+                if let ClaimState::Waits(why) = &state {
                     let file = tr
                         .take_cni(pod, &i.ifname)
                         .map(|c| c.file)
@@ -321,14 +348,14 @@ pub fn translate(
                         &file,
                         label("Pod", &pod.metadata),
                         &format!("metadata.annotations[{NETWORKS_ANNOTATION:?}]"),
-                        format!(
-                            "waits for IPAMClaim {ns}/{claim_name}'s status.ips: addresses on network {:?} are allocated by vmpath controller",
-                            i.network
-                        ),
+                        why.clone(),
                     ));
                     continue;
                 }
-                let ips = ips.unwrap_or_else(|| i.selection.ips.clone());
+                let ips = match state {
+                    ClaimState::Ips(ips) => ips,
+                    _ => i.selection.ips.clone(),
+                };
                 let key = AttachmentKey {
                     namespace: ns.to_string(),
                     vm: pod.metadata.name.clone(),
@@ -541,11 +568,11 @@ pub fn translate(
                 .ipam_claim_reference
                 .clone()
                 .unwrap_or_else(|| format!("{}.{}", vmi.metadata.name, net.name));
-            let ips = claim_ips(ns, &claim_name).unwrap_or_else(|| selection.ips.clone());
+            let state = claim_of(ns, &claim_name, &network);
             // A claim is the one place addresses are decided: the
             // selection's `ips` are its static request, which the
             // controller grants or refuses (naming the conflict).
-            if ipam_networks.contains(&network) && claim_pending(ns, &claim_name) {
+            if let ClaimState::Waits(why) = state {
                 let cni_file = running.as_ref().and_then(|((pi, _), iface)| {
                     tr.take_cni(pods[*pi].value, &iface.ifname).map(|c| c.file)
                 });
@@ -553,12 +580,14 @@ pub fn translate(
                     cni_file.as_deref().unwrap_or(v.file),
                     label("VirtualMachineInstance", &vmi.metadata),
                     &format!("spec.networks[{}]", net.name),
-                    format!(
-                        "waits for IPAMClaim {ns}/{claim_name}'s status.ips: addresses on network {network:?} are allocated by vmpath controller"
-                    ),
+                    why,
                 ));
                 continue;
             }
+            let ips = match state {
+                ClaimState::Ips(ips) => ips,
+                _ => selection.ips.clone(),
+            };
             let mac = mac.or_else(|| selection.mac.clone());
             let Some(vm_node) = running_node.clone() else {
                 continue; // not scheduled yet
@@ -714,6 +743,17 @@ pub fn translate(
             || remaining.contains(&d.file)
     });
     t
+}
+
+/// What an IPAMClaim gives an interface.
+enum ClaimState {
+    /// No claim, or none on an IPAM network and no addresses: the
+    /// selection's `ips` (if any) are the interface's.
+    Empty,
+    /// Its `status.ips`, trusted.
+    Ips(Vec<String>),
+    /// Nothing yet: the interface waits, for this reason.
+    Waits(String),
 }
 
 /// A migration in progress, as the VMI and its VMIM say.

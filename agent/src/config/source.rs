@@ -65,6 +65,10 @@ pub struct Snapshot {
     /// `vmpath controller` makes for them (the Kubernetes source); else
     /// the agent allocates them.
     pub pod_claims: bool,
+    /// `vmpath controller`'s ledger (the Kubernetes source): an
+    /// IPAMClaim's `status.ips` on an IPAM network counts only where it
+    /// vouches for them. `None` (config files): a claim's file is trusted.
+    pub ledger: Option<std::sync::Arc<crate::kube_objects::ledger::Ledger>>,
 }
 
 /// Files parsed since the agent started (cache hits are not counted):

@@ -16,24 +16,10 @@ use std::{
 };
 
 use ipnet::IpNet;
-use serde::{Deserialize, Serialize};
 
 use crate::{config::Network, hash::fnv1a, ipam::Pool};
 
-/// Who holds an address.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Holder {
-    /// `namespace/name` of the IPAMClaim.
-    pub claim: String,
-    /// Its uid: a claim deleted and made again is another claim.
-    #[serde(default)]
-    pub uid: String,
-    /// The address with its subnet's prefix, as `status.ips` has it.
-    pub ip: IpNet,
-}
-
-/// Network name -> address -> holder.
-pub type Ledger = BTreeMap<String, BTreeMap<IpAddr, Holder>>;
+pub use crate::kube_objects::ledger::{Holder, Ledger};
 
 /// An IPAMClaim as the round sees it.
 #[derive(Debug, Clone)]
@@ -100,24 +86,8 @@ pub fn distrust_unvouched(
             continue;
         }
         let key = claim.key();
-        let held = ledger.get(network);
-        let unvouched = claim.ips.iter().find_map(|text| {
-            let Ok(ip) = text.parse::<IpNet>() else {
-                return Some(format!("{text:?} is not a CIDR"));
-            };
-            match held.and_then(|h| h.get(&ip.addr())) {
-                Some(h) if h.claim == key && h.uid == claim.uid && h.ip == ip => None,
-                Some(h) if h.claim == key && h.uid == claim.uid => {
-                    Some(format!("{text} is recorded in the ledger as {}", h.ip))
-                }
-                Some(h) if h.claim == key => Some(format!(
-                    "{text} is held by an earlier IPAMClaim of that name (uid {})",
-                    h.uid
-                )),
-                Some(h) => Some(format!("{text} is held by IPAMClaim {}", h.claim)),
-                None => Some(format!("{text} is given to no claim")),
-            }
-        });
+        let unvouched =
+            crate::kube_objects::ledger::unvouched(ledger, network, &key, &claim.uid, &claim.ips);
         if let Some(why) = unvouched {
             out.insert(
                 key,

@@ -11,7 +11,7 @@
 
 pub mod allocate;
 pub mod lease;
-pub mod ledger;
+pub use crate::kube_objects::ledger;
 pub mod pod_watch;
 pub mod pods;
 

@@ -184,6 +184,8 @@ impl RealBed {
         for o in cluster() {
             server.put(o);
         }
+        // The claims as vmpath controller allocated them, in its ledger.
+        server.vouch_for_claims();
         for node in &mut nodes {
             let kubeconfig = node.state_dir.join("kubeconfig");
             std::fs::write(&kubeconfig, server.kubeconfig()).unwrap();

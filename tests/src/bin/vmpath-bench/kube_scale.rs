@@ -110,6 +110,8 @@ fn kube_node(objects: &[Value]) -> (Node, ApiServer) {
     for o in objects {
         server.put(o.clone());
     }
+    // The claims as vmpath controller allocated them, in its ledger.
+    server.vouch_for_claims();
     server.serve_agent_of(&mut node);
     (node, server)
 }

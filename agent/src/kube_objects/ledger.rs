@@ -11,12 +11,61 @@
 //! two writers that planned from the same ledger cannot both write the
 //! shard that decides an address.
 
-use std::collections::BTreeMap;
+use std::{collections::BTreeMap, net::IpAddr};
 
+use ipnet::IpNet;
 use k8s_openapi::api::core::v1::ConfigMap;
+use serde::{Deserialize, Serialize};
 
-use super::allocate::Ledger;
 use crate::hash::fnv1a;
+
+/// Who holds an address.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Holder {
+    /// `namespace/name` of the IPAMClaim.
+    pub claim: String,
+    /// Its uid: a claim deleted and made again is another claim.
+    #[serde(default)]
+    pub uid: String,
+    /// The address with its subnet's prefix, as `status.ips` has it.
+    pub ip: IpNet,
+}
+
+/// Network name -> address -> holder.
+pub type Ledger = BTreeMap<String, BTreeMap<IpAddr, Holder>>;
+
+/// Why the ledger does not vouch for a claim's `status.ips` on `network`
+/// (the claim `key`, `namespace/name`, of that `uid`), or `None` when it
+/// names that claim as the holder of every address, each with its
+/// prefix. Only `vmpath controller` writes addresses, ledger first: a
+/// status it does not vouch for was written by someone else. The
+/// controller and the agents judge a status by this one rule.
+pub fn unvouched(
+    ledger: &Ledger,
+    network: &str,
+    key: &str,
+    uid: &str,
+    ips: &[String],
+) -> Option<String> {
+    let held = ledger.get(network);
+    ips.iter().find_map(|text| {
+        let Ok(ip) = text.parse::<IpNet>() else {
+            return Some(format!("{text:?} is not a CIDR"));
+        };
+        match held.and_then(|h| h.get(&ip.addr())) {
+            Some(h) if h.claim == key && h.uid == uid && h.ip == ip => None,
+            Some(h) if h.claim == key && h.uid == uid => {
+                Some(format!("{text} is recorded in the ledger as {}", h.ip))
+            }
+            Some(h) if h.claim == key => Some(format!(
+                "{text} is held by an earlier IPAMClaim of that name (uid {})",
+                h.uid
+            )),
+            Some(h) => Some(format!("{text} is held by IPAMClaim {}", h.claim)),
+            None => Some(format!("{text} is given to no claim")),
+        }
+    })
+}
 
 /// How many ConfigMaps the ledger is spread over: at most 1 MiB each,
 /// room for about half a million addresses. Fixed: an address's shard
@@ -133,12 +182,9 @@ pub fn split(ledger: &Ledger) -> BTreeMap<u64, Ledger> {
 
 #[cfg(test)]
 mod tests {
-    use std::net::IpAddr;
-
     use kube::api::ObjectMeta;
 
     use super::*;
-    use crate::controller::allocate::Holder;
 
     /// A ledger as KubeVirt's claims would fill it: `n` addresses, each
     /// held by a claim with a long name and a UUID.
@@ -228,6 +274,49 @@ mod tests {
             shard_index("vmpath-ipam-ledger", "vmpath-ipam-ledger-x"),
             None
         );
+    }
+
+    #[test]
+    fn a_status_is_vouched_for_only_by_its_own_ledger_entry() {
+        let whole = ledger(1);
+        let (ip, holder) = whole["blue"].iter().next().unwrap();
+        let mine = |ips: &[String]| unvouched(&whole, "blue", &holder.claim, &holder.uid, ips);
+        assert_eq!(mine(&[holder.ip.to_string()]), None);
+        // Another prefix, another uid of the name, another claim, a free
+        // address, another network, not a CIDR: each named.
+        let other_prefix = format!("{ip}/24");
+        assert!(
+            mine(&[other_prefix])
+                .unwrap()
+                .contains("recorded in the ledger as")
+        );
+        let earlier = unvouched(
+            &whole,
+            "blue",
+            &holder.claim,
+            "new-uid",
+            &[holder.ip.to_string()],
+        );
+        assert!(earlier.unwrap().contains("earlier IPAMClaim of that name"));
+        let thief = unvouched(&whole, "blue", "prod/thief", "u", &[holder.ip.to_string()]);
+        assert_eq!(
+            thief.unwrap(),
+            format!("{} is held by IPAMClaim {}", holder.ip, holder.claim)
+        );
+        assert!(
+            mine(&["10.255.0.1/8".into()])
+                .unwrap()
+                .contains("given to no claim")
+        );
+        let elsewhere = unvouched(
+            &whole,
+            "red",
+            &holder.claim,
+            &holder.uid,
+            &[holder.ip.to_string()],
+        );
+        assert!(elsewhere.unwrap().contains("given to no claim"));
+        assert!(mine(&["nope".into()]).unwrap().contains("is not a CIDR"));
     }
 
     #[test]
