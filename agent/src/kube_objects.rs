@@ -476,7 +476,18 @@ pub struct IpamClaimStatus {
 pub struct K8sNode {
     pub metadata: ObjectMeta,
     #[serde(default)]
+    pub spec: K8sNodeSpec,
+    #[serde(default)]
     pub status: K8sNodeStatus,
+}
+
+/// The pod CIDRs the cluster gave the node (kube-controller-manager's node
+/// IPAM writes them): part of the cluster's pod address space.
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct K8sNodeSpec {
+    #[serde(default, rename = "podCIDRs", skip_serializing_if = "Vec::is_empty")]
+    pub pod_cidrs: Vec<String>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize, Serialize)]

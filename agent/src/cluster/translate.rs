@@ -202,6 +202,24 @@ pub fn translate(
         }
     }
 
+    // v1 Nodes' pod CIDRs are the cluster's pod address space.
+    for n in &k8s_nodes {
+        for (i, text) in n.value.spec.pod_cidrs.iter().enumerate() {
+            match text.parse::<ipnet::IpNet>() {
+                Ok(cidr) => t.cluster_cidrs.push(crate::config::ClusterCidr {
+                    cidr: cidr.trunc(),
+                    kind: crate::config::ClusterCidrKind::Pod,
+                    source: format!("v1 Node {}'s spec.podCIDRs", n.value.metadata.name),
+                }),
+                Err(e) => t.errors.push(error(
+                    n.file,
+                    format!("Node {}", n.value.metadata.name),
+                    &format!("spec.podCIDRs[{i}]"),
+                    format!("{text:?}: {e}"),
+                )),
+            }
+        }
+    }
     // v1 Nodes give the underlay address where no vmpath Node is written.
     for n in &k8s_nodes {
         if vmpath_nodes.contains(&n.value.metadata.name) {

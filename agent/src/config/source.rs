@@ -65,6 +65,10 @@ pub struct Snapshot {
     /// `vmpath controller` makes for them (the Kubernetes source); else
     /// the agent allocates them.
     pub pod_claims: bool,
+    /// The cluster's pod and Service CIDRs the agent was given
+    /// (`--cluster-pod-cidrs`, `--cluster-service-cidrs`); those v1 Nodes
+    /// report are added by translation.
+    pub cluster_cidrs: Vec<super::ClusterCidr>,
 }
 
 /// Files parsed since the agent started (cache hits are not counted):
