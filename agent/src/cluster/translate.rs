@@ -2151,6 +2151,33 @@ mod default_network_tests {
         );
     }
 
+    /// A tenant's pod naming another tenant's network as its default
+    /// network meets the network's namespaceSelector, as a secondary
+    /// interface does: refused on the ADD, nothing served.
+    #[test]
+    fn another_tenants_network_is_no_pods_default_network() {
+        let owned = primary().replace(
+            "  ipam: {mode: Enabled}\n",
+            "  ipam: {mode: Enabled}\n  namespaceSelector: {matchLabels: {tenant: prod}}\n",
+        );
+        let lab = "apiVersion: v1\nkind: Namespace\nmetadata: {name: lab, labels: {tenant: lab}}\n---\n\
+                   apiVersion: v1\nkind: Pod\nmetadata:\n  name: thief\n  namespace: lab\n  \
+                   annotations: {v1.multus-cni.io/default-network: prod/blue}\n\
+                   spec: {nodeName: node-a}\nstatus: {phase: Running}\n";
+        let mut port = cni_port("thief", "eth0", "vmp66");
+        std::sync::Arc::make_mut(&mut port.value)["metadata"]["namespace"] = "lab".into();
+        let cfg = validate(&[("network.yaml", &owned), ("lab.yaml", lab)], vec![port]);
+        assert!(cfg.attachments.is_empty(), "{:#?}", cfg.attachments);
+        assert!(
+            cfg.errors.iter().any(|e| e.file.to_string_lossy()
+                == format!("{CNI_SOURCE_PREFIX}c0ffeethief/eth0")
+                && e.message
+                    .contains("namespace \"lab\" may not use network \"blue\"")),
+            "{:#?}",
+            cfg.errors
+        );
+    }
+
     #[test]
     fn what_a_pods_default_network_may_not_be() {
         let eth0 = format!("{CNI_SOURCE_PREFIX}c0ffee{POD}/eth0");
