@@ -54,6 +54,8 @@ pub struct AgentOptions {
     pub source: Source,
     /// Sizes of the cluster-sized maps (`--max-endpoints`, `--max-addresses`).
     pub map_sizes: crate::dataplane::MapSizes,
+    /// The cluster's pod and Service CIDRs as the flags give them.
+    pub cluster_cidrs: Vec<crate::config::ClusterCidr>,
 }
 
 /// Where the documents come from: the config dir, or the API server
@@ -404,6 +406,7 @@ pub fn run(
             None => reader.read(&opts.config_dir),
         };
         crate::endpoints::add_documents(&opts.state_dir, &opts.node, &mut snap);
+        snap.cluster_cidrs.clone_from(&opts.cluster_cidrs);
         phases.mark("read");
         if snap.empty {
             // A ConfigMap not mounted yet must never wipe a running data path.

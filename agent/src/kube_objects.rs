@@ -26,6 +26,12 @@ pub const IPAM_CLAIM: (&str, &str) = ("k8s.cni.cncf.io", "IPAMClaim");
 
 /// Multus's network selection annotation on a pod.
 pub const NETWORKS_ANNOTATION: &str = "k8s.v1.cni.cncf.io/networks";
+/// Multus's annotation naming a pod's default network (its `eth0`) in
+/// place of the cluster's: `ns/name` or `name` of a NAD (KubeVirt sets it
+/// on the virt-launcher pod for a network with `multus: {default: true}`).
+pub const DEFAULT_NETWORK_ANNOTATION: &str = "v1.multus-cni.io/default-network";
+/// The interface Multus gives the default network in the pod.
+pub const DEFAULT_NETWORK_IFNAME: &str = "eth0";
 /// KubeVirt's label on a virt-launcher pod: the uid of its VMI.
 pub const CREATED_BY_LABEL: &str = "kubevirt.io/created-by";
 /// KubeVirt's label on a virt-launcher pod: the VMI's name.
@@ -42,7 +48,11 @@ pub const CNI_TYPE: &str = "vmpath-cni";
 pub const POD_UID_LABEL: &str = "vmpath.dev/pod-uid";
 /// Every annotation vmpath reads on these objects: the others are dropped
 /// when an object is stored ([`prune`]).
-pub const READ_ANNOTATIONS: &[&str] = &[NETWORKS_ANNOTATION, TARGET_READY_ANNOTATION];
+pub const READ_ANNOTATIONS: &[&str] = &[
+    NETWORKS_ANNOTATION,
+    DEFAULT_NETWORK_ANNOTATION,
+    TARGET_READY_ANNOTATION,
+];
 
 fn is_false(b: &bool) -> bool {
     !*b
@@ -477,7 +487,18 @@ pub struct IpamClaimStatus {
 pub struct K8sNode {
     pub metadata: ObjectMeta,
     #[serde(default)]
+    pub spec: K8sNodeSpec,
+    #[serde(default)]
     pub status: K8sNodeStatus,
+}
+
+/// The pod CIDRs the cluster gave the node (kube-controller-manager's node
+/// IPAM writes them): part of the cluster's pod address space.
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct K8sNodeSpec {
+    #[serde(default, rename = "podCIDRs", skip_serializing_if = "Vec::is_empty")]
+    pub pod_cidrs: Vec<String>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize, Serialize)]

@@ -173,6 +173,36 @@ struct AgentArgs {
           value_parser = clap::value_parser!(u32)
               .range(i64::from(vmpath_common::sized::MIN)..=i64::from(vmpath_common::sized::MAX)))]
     max_addresses: u32,
+    /// The cluster's pod CIDRs, comma-separated (kube-controller-manager's
+    /// `--cluster-cidr`): a `role: Primary` network whose subnets overlap
+    /// one is refused. The DaemonSet takes it from the `vmpath-config`
+    /// ConfigMap's `clusterPodCIDRs`; with `--source kubernetes` every v1
+    /// Node's `spec.podCIDRs` count too.
+    #[arg(long, env = "VMPATH_CLUSTER_POD_CIDRS", value_delimiter = ',',
+          value_parser = parse_cidr)]
+    cluster_pod_cidrs: Vec<ipnet::IpNet>,
+    /// The cluster's Service CIDRs, comma-separated (the API server's
+    /// `--service-cluster-ip-range`): a `role: Primary` network whose
+    /// subnets overlap one is refused. From the ConfigMap's
+    /// `clusterServiceCIDRs`.
+    #[arg(long, env = "VMPATH_CLUSTER_SERVICE_CIDRS", value_delimiter = ',',
+          value_parser = parse_cidr)]
+    cluster_service_cidrs: Vec<ipnet::IpNet>,
+}
+
+/// A CIDR as a flag gives it: a prefix without host bits.
+fn parse_cidr(text: &str) -> Result<ipnet::IpNet, String> {
+    let cidr: ipnet::IpNet = text
+        .trim()
+        .parse()
+        .map_err(|e| format!("{text:?} is not a CIDR: {e}"))?;
+    if cidr.trunc() != cidr {
+        return Err(format!(
+            "{cidr} has host bits set (did you mean {}?)",
+            cidr.trunc()
+        ));
+    }
+    Ok(cidr)
 }
 
 #[derive(clap::Args)]
@@ -374,6 +404,27 @@ fn main() -> Result<()> {
                         sizes.set(vmpath_common::map_names::ENDPOINTS, args.max_endpoints)?;
                         sizes.set(vmpath_common::map_names::ADDRESSES, args.max_addresses)?;
                         sizes
+                    },
+                    cluster_cidrs: {
+                        use vmpath::config::{ClusterCidr, ClusterCidrKind};
+                        let given = |cidrs: Vec<ipnet::IpNet>, kind, flag: &'static str| {
+                            cidrs.into_iter().map(move |cidr| ClusterCidr {
+                                cidr,
+                                kind,
+                                source: flag.to_string(),
+                            })
+                        };
+                        given(
+                            args.cluster_pod_cidrs,
+                            ClusterCidrKind::Pod,
+                            "--cluster-pod-cidrs",
+                        )
+                        .chain(given(
+                            args.cluster_service_cidrs,
+                            ClusterCidrKind::Service,
+                            "--cluster-service-cidrs",
+                        ))
+                        .collect()
                     },
                     source: match args.source {
                         SourceArg::Files => agent::Source::Files,

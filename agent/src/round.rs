@@ -31,12 +31,15 @@ pub fn validate_held(
     keep_first: &BTreeSet<AttachmentKey>,
     held: &Held,
 ) -> Config {
-    let translated = translate::translate(
+    let mut translated = translate::translate(
         &snapshot.documents,
         &snapshot.cluster,
         node_name,
         snapshot.pod_claims,
         snapshot.ledger.as_deref(),
     );
+    translated
+        .cluster_cidrs
+        .splice(0..0, snapshot.cluster_cidrs.iter().cloned());
     validate_documents(&snapshot.errors, translated, node_name, keep_first, held)
 }

@@ -1142,3 +1142,108 @@ fn map_sizes_come_from_the_configmap_as_agent_flags() {
         );
     }
 }
+
+/// The cluster's pod and Service CIDRs reach the agent from the
+/// `vmpath-config` ConfigMap as its flags: each env var names a key the
+/// ConfigMap has; the example's values are CIDRs the example networks do
+/// not overlap, and a Primary network that does overlap one is refused
+/// naming both; a value that is not a CIDR stops the agent naming the flag.
+#[test]
+fn cluster_cidrs_come_from_the_configmap_as_agent_flags() {
+    use vmpath::config::{ClusterCidr, ClusterCidrKind};
+    let m = manifests();
+    let pod = m.daemonsets[0]
+        .spec
+        .as_ref()
+        .unwrap()
+        .template
+        .spec
+        .as_ref()
+        .unwrap();
+    let agent = container(&pod.containers, "vmpath");
+    let config = m
+        .config_maps
+        .iter()
+        .find(|c| c.metadata.name.as_deref() == Some("vmpath-config"))
+        .expect("the vmpath-config ConfigMap");
+    let data = config.data.as_ref().unwrap();
+    let mut cidrs = Vec::new();
+    for (var, key, flag, kind) in [
+        (
+            "VMPATH_CLUSTER_POD_CIDRS",
+            "clusterPodCIDRs",
+            "--cluster-pod-cidrs",
+            ClusterCidrKind::Pod,
+        ),
+        (
+            "VMPATH_CLUSTER_SERVICE_CIDRS",
+            "clusterServiceCIDRs",
+            "--cluster-service-cidrs",
+            ClusterCidrKind::Service,
+        ),
+    ] {
+        let env = agent
+            .env
+            .as_ref()
+            .unwrap()
+            .iter()
+            .find(|e| e.name == var)
+            .unwrap_or_else(|| panic!("{var} env"));
+        let r = env
+            .value_from
+            .as_ref()
+            .and_then(|v| v.config_map_key_ref.as_ref())
+            .unwrap_or_else(|| panic!("{var} from a ConfigMap key"));
+        assert_eq!((r.name.as_str(), r.key.as_str()), ("vmpath-config", key));
+        for text in data[key].split(',') {
+            let cidr: ipnet::IpNet = text.parse().unwrap_or_else(|e| panic!("{key}: {e}"));
+            assert_eq!(cidr.trunc(), cidr, "{key}: host bits");
+            cidrs.push(ClusterCidr {
+                cidr,
+                kind,
+                source: flag.into(),
+            });
+        }
+        let out = Command::new(vmpath_tests::vmpath_bin())
+            .arg("agent")
+            .env(var, "10.244.0.0/16,10.96.0.1/12")
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success());
+        assert!(
+            err.contains(&format!("invalid value '10.96.0.1/12' for '{flag} <"))
+                && err.contains("10.96.0.1/12 has host bits set (did you mean 10.96.0.0/12?)"),
+            "{err}"
+        );
+    }
+    assert!(cidrs.iter().any(|c| c.cidr.addr().is_ipv6()));
+
+    // The example config under the example CIDRs: accepted.
+    let dir = std::env::temp_dir().join(format!("vmpath-deploy-cidrs-{}", std::process::id()));
+    let _ = fs::remove_dir_all(&dir);
+    fs::create_dir_all(&dir).unwrap();
+    for (key, text) in data {
+        fs::write(dir.join(key), text).unwrap();
+    }
+    let mut snap = vmpath::config::source::read_dir(&dir);
+    let _ = fs::remove_dir_all(&dir);
+    snap.cluster_cidrs.clone_from(&cidrs);
+    let cfg = vmpath::round::validate(&snap, "node-a", &BTreeSet::new());
+    assert!(cfg.errors.is_empty(), "{:#?}", cfg.errors);
+    // A cluster whose pods are where the example's Primary network is.
+    snap.cluster_cidrs.push(ClusterCidr {
+        cidr: "10.20.128.0/17".parse().unwrap(),
+        kind: ClusterCidrKind::Pod,
+        source: "--cluster-pod-cidrs".into(),
+    });
+    let cfg = vmpath::round::validate(&snap, "node-a", &BTreeSet::new());
+    assert!(cfg.networks.iter().all(|n| n.name != "blue"));
+    assert!(
+        cfg.errors.iter().any(|e| e.to_string().contains(
+            "10.20.0.0/16 of Primary network \"blue\" overlaps the cluster's pod CIDR 10.20.128.0/17 (--cluster-pod-cidrs)"
+        )),
+        "{:#?}",
+        cfg.errors
+    );
+}

@@ -27,6 +27,7 @@ mod one_agent;
 mod one_node;
 mod operate;
 mod overlay;
+mod pod_network;
 mod policy;
 mod policy_fixtures;
 mod port_eligibility;

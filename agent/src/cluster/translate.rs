@@ -14,9 +14,9 @@ use std::{
 use serde_json::{Value, json};
 
 use super::objects::{
-    self, CREATED_BY_LABEL, IpamClaim, K8sNode, MIGRATION_JOB_LABEL, NETWORKS_ANNOTATION, Nad,
-    NadConfig, NetworkSelection, ObjectMeta, Pod, TARGET_READY_ANNOTATION, VM_NAME_LABEL, Vmi,
-    Vmim,
+    self, CREATED_BY_LABEL, DEFAULT_NETWORK_ANNOTATION, DEFAULT_NETWORK_IFNAME, IpamClaim, K8sNode,
+    MIGRATION_JOB_LABEL, NETWORKS_ANNOTATION, Nad, NadConfig, NetworkSelection, ObjectMeta, Pod,
+    TARGET_READY_ANNOTATION, VM_NAME_LABEL, Vmi, Vmim,
 };
 use super::prune::{ClusterObject, cluster_object, group_kind};
 pub use crate::config::Translated;
@@ -204,6 +204,24 @@ pub fn translate(
         }
     }
 
+    // v1 Nodes' pod CIDRs are the cluster's pod address space.
+    for n in &k8s_nodes {
+        for (i, text) in n.value.spec.pod_cidrs.iter().enumerate() {
+            match text.parse::<ipnet::IpNet>() {
+                Ok(cidr) => t.cluster_cidrs.push(crate::config::ClusterCidr {
+                    cidr: cidr.trunc(),
+                    kind: crate::config::ClusterCidrKind::Pod,
+                    source: format!("v1 Node {}'s spec.podCIDRs", n.value.metadata.name),
+                }),
+                Err(e) => t.errors.push(error(
+                    n.file,
+                    format!("Node {}", n.value.metadata.name),
+                    &format!("spec.podCIDRs[{i}]"),
+                    format!("{text:?}: {e}"),
+                )),
+            }
+        }
+    }
     // v1 Nodes give the underlay address where no vmpath Node is written.
     for n in &k8s_nodes {
         if vmpath_nodes.contains(&n.value.metadata.name) {
@@ -293,9 +311,22 @@ pub fn translate(
             .map_or(ClaimState::Empty, |c| claim_state(c, network))
     };
 
+    // Networks a pod's eth0 may not be on: those written with another role
+    // than Primary (an unknown one is refused by validation, naming it).
+    let not_primary: BTreeSet<String> = flatten(documents)
+        .iter()
+        .filter(|raw| {
+            matches!(group_kind(&raw.value), Some((g, "Network")) if g.starts_with("vmpath"))
+                && raw.value.pointer("/spec/role").and_then(Value::as_str) != Some("Primary")
+        })
+        .filter_map(|raw| raw.value.pointer("/metadata/name").and_then(Value::as_str))
+        .map(str::to_string)
+        .collect();
+
     let mut tr = Translator {
         node,
         nad_index: &nad_index,
+        not_primary: &not_primary,
         cni: &mut cni,
         out: &mut t,
     };
@@ -550,8 +581,15 @@ pub fn translate(
             if !missing.is_empty() {
                 for pi in missing {
                     let files = tr.take_all_cni(pods[pi].value);
+                    // KubeVirt's pod network on Multus is the pod's
+                    // default network, named in its own annotation.
+                    let annotation = if multus.default {
+                        DEFAULT_NETWORK_ANNOTATION
+                    } else {
+                        NETWORKS_ANNOTATION
+                    };
                     tr.refuse_pod(&pods[pi], files, format!(
-                        "selects no network for VirtualMachineInstance {}/{}'s network {:?} (NetworkAttachmentDefinition {nad}) in {NETWORKS_ANNOTATION}",
+                        "selects no network for VirtualMachineInstance {}/{}'s network {:?} (NetworkAttachmentDefinition {nad}) in {annotation}",
                         ns, vmi.metadata.name, net.name
                     ));
                 }
@@ -698,10 +736,16 @@ pub fn translate(
         .collect();
     for ((ns, pod, ifname), port) in leftover {
         tr.cni.remove(&(ns.clone(), pod.clone(), ifname.clone()));
+        // eth0 is the default network's: its annotation is the one to name.
+        let annotation = if ifname == DEFAULT_NETWORK_IFNAME {
+            DEFAULT_NETWORK_ANNOTATION
+        } else {
+            NETWORKS_ANNOTATION
+        };
         tr.out.errors.push(error(
             &port.file,
             format!("Pod {ns}/{pod}"),
-            &format!("metadata.annotations[{NETWORKS_ANNOTATION:?}]"),
+            &format!("metadata.annotations[{annotation:?}]"),
             format!("no vmpath network of the pod is its interface {ifname:?} (the CNI plugin was called for it on network {:?})", port.network),
         ));
     }
@@ -890,6 +934,7 @@ struct Derived {
 struct Translator<'a> {
     node: &'a str,
     nad_index: &'a BTreeMap<String, Result<NadConfig, String>>,
+    not_primary: &'a BTreeSet<String>,
     cni: &'a mut BTreeMap<(String, String, String), CniPort>,
     out: &'a mut Translated,
 }
@@ -942,12 +987,42 @@ impl Translator<'_> {
         }
     }
 
-    /// The pod's interfaces on vmpath networks, from its selection
-    /// annotation; `None` once the pod is refused.
+    /// The pod's interfaces on vmpath networks: its default network
+    /// (`eth0`, Multus's default-network annotation) and its selection
+    /// annotation's; `None` once the pod is refused.
     fn pod_interfaces(&mut self, p: &Object<Pod>) -> Option<Vec<PodInterface>> {
         let pod = &p.value;
         let ns = pod.metadata.namespace();
         let field = format!("metadata.annotations[{NETWORKS_ANNOTATION:?}]");
+        let default_field = format!("metadata.annotations[{DEFAULT_NETWORK_ANNOTATION:?}]");
+        // (where a refusal points, the element, the pod's interface, eth0?)
+        let mut elements: Vec<(String, NetworkSelection, String, bool)> = Vec::new();
+        if let Some(text) = pod.metadata.annotations.get(DEFAULT_NETWORK_ANNOTATION) {
+            // Multus reads it as a selection and takes its first element,
+            // always as eth0.
+            match objects::parse_selection(text) {
+                Ok(s) if s.len() == 1 => {
+                    let sel = s.into_iter().next().expect("one element");
+                    let ifname = DEFAULT_NETWORK_IFNAME.to_string();
+                    elements.push((default_field.clone(), sel, ifname, true));
+                }
+                Ok(s) => {
+                    let files = self.take_all_cni(pod);
+                    self.refuse_field(
+                        p,
+                        files,
+                        &default_field,
+                        format!("names {} networks: a pod has one default network", s.len()),
+                    );
+                    return None;
+                }
+                Err(msg) => {
+                    let files = self.take_all_cni(pod);
+                    self.refuse_field(p, files, &default_field, msg);
+                    return None;
+                }
+            }
+        }
         let selection = match pod.metadata.annotations.get(NETWORKS_ANNOTATION) {
             Some(text) => match objects::parse_selection(text) {
                 Ok(s) => s,
@@ -959,9 +1034,12 @@ impl Translator<'_> {
             },
             None => Vec::new(),
         };
-        let mut out = Vec::new();
         for (i, sel) in selection.into_iter().enumerate() {
             let ifname = sel.interface_name(i);
+            elements.push((format!("{field}[{i}]"), sel, ifname, false));
+        }
+        let mut out = Vec::new();
+        for (at, sel, ifname, default) in elements {
             let nad = format!("{}/{}", sel.namespace.as_deref().unwrap_or(ns), sel.name);
             let here = self
                 .cni
@@ -976,7 +1054,7 @@ impl Translator<'_> {
                     }
                     None => Vec::new(),
                 };
-                me.refuse_field(p, files, &format!("{field}[{i}]"), msg);
+                me.refuse_field(p, files, &at, msg);
             };
             let network = match self.nad_index.get(&nad) {
                 None => {
@@ -1006,6 +1084,15 @@ impl Translator<'_> {
                 }
                 Some(Ok(NadConfig::Vmpath { network })) => network.clone(),
             };
+            if default && self.not_primary.contains(&network) {
+                refuse(
+                    self,
+                    format!(
+                        "NetworkAttachmentDefinition {nad} binds network {network:?}, which is not role: Primary: a pod's default network ({DEFAULT_NETWORK_IFNAME}, its default route) must be"
+                    ),
+                );
+                continue;
+            }
             let nad_namespace = nad.split_once('/').map(|(n, _)| n).unwrap_or(ns);
             if let Err(msg) = namespace_may_attach(nad_namespace, &network) {
                 refuse(self, msg);
@@ -1947,5 +2034,248 @@ status: {{ips: [{ips}]}}
         let cfg = run(false, None);
         assert_eq!(cfg.attachments[0].key, key("prod", "web-0", "net1"));
         assert!(!waits(&cfg));
+    }
+}
+
+/// A pod's default network (`eth0`) on vmpath: Multus's default-network
+/// annotation, KubeVirt's `multus: {default: true}`.
+#[cfg(test)]
+mod default_network_tests {
+    use std::collections::BTreeSet;
+
+    use super::*;
+    use crate::config::{self, Config, source::Snapshot};
+
+    const NETWORK: &str = include_str!("fixtures/network.yaml");
+    const VM: &str = include_str!("fixtures/vm-pod-network.yaml");
+    const POD: &str = "virt-launcher-vm1-x7k2p";
+
+    /// The fixtures' network blue as a pod network.
+    fn primary() -> String {
+        NETWORK.replace("  id: 310\n", "  id: 310\n  role: Primary\n")
+    }
+
+    fn cni_port(pod: &str, ifname: &str, port: &str) -> RawDocument {
+        RawDocument {
+            file: format!("{CNI_SOURCE_PREFIX}c0ffee{pod}/{ifname}").into(),
+            index: 1,
+            value: json!({
+                "apiVersion": API_VERSION,
+                "kind": "Attachment",
+                "metadata": {"name": format!("{pod}-{ifname}"), "namespace": "prod"},
+                "spec": {"vm": pod, "interface": ifname, "network": "blue", "node": "node-a", "port": port},
+            }).into(),
+        }
+    }
+
+    fn validate(files: &[(&str, &str)], cni: Vec<RawDocument>) -> Config {
+        let mut snap = Snapshot::default();
+        for (file, yaml) in files {
+            for (i, value) in config::source::parse(yaml.as_bytes())
+                .unwrap()
+                .into_iter()
+                .enumerate()
+            {
+                snap.documents.push(RawDocument {
+                    file: (*file).into(),
+                    index: i + 1,
+                    value: value.into(),
+                });
+            }
+        }
+        snap.documents.extend(cni);
+        let cfg = crate::round::validate(&snap, "node-a", &BTreeSet::new());
+        // The same from the objects as the Kubernetes source stores them
+        // (pruned: the default-network annotation must survive it).
+        let mut stored = Snapshot::default();
+        for d in &snap.documents {
+            let (objects, document) = super::super::prune::keep_all((*d.value).clone());
+            stored
+                .cluster
+                .extend(objects.into_iter().map(|object| ClusterDocument {
+                    file: d.file.clone(),
+                    index: d.index,
+                    object,
+                }));
+            stored
+                .documents
+                .extend(document.map(|value| RawDocument { value, ..d.clone() }));
+        }
+        // (The network index is a HashMap: its order is no outcome.)
+        let unindexed = |mut c: Config| {
+            c.network_index.clear();
+            format!("{c:?}")
+        };
+        assert_eq!(
+            unindexed(crate::round::validate(&stored, "node-a", &BTreeSet::new())),
+            unindexed(cfg.clone()),
+            "keeping the objects typed changed the outcome"
+        );
+        cfg
+    }
+
+    #[test]
+    fn a_vms_pod_network_is_its_virt_launcher_pods_eth0() {
+        let cfg = validate(
+            &[("network.yaml", &primary()), ("vm.yaml", VM)],
+            vec![cni_port(POD, "eth0", "vmp0a1b2c3d4e")],
+        );
+        assert!(cfg.errors.is_empty(), "{:#?}", cfg.errors);
+        assert_eq!(cfg.attachments.len(), 1, "{:#?}", cfg.attachments);
+        let a = &cfg.attachments[0];
+        assert_eq!(
+            (
+                a.key.to_string(),
+                a.network.as_str(),
+                a.port.as_str(),
+                a.mac
+            ),
+            (
+                "prod/vm1/default".to_string(),
+                "blue",
+                "vmp0a1b2c3d4e",
+                Some([2, 0, 0, 0x31, 0, 0x0b])
+            )
+        );
+        assert_eq!(a.ips, ["10.31.0.11/24".parse().unwrap()]);
+        assert!(
+            a.source
+                .document
+                .contains("VirtualMachineInstance prod/vm1")
+                && a.source.document.contains(POD),
+            "{}",
+            a.source.document
+        );
+    }
+
+    #[test]
+    fn a_plain_pods_default_network_is_its_eth0_and_its_selection_counts_from_net1() {
+        let red = "---\napiVersion: vmpath.dev/v1alpha1\nkind: Network\nmetadata: {name: red}\n\
+                   spec: {id: 311, subnets: [10.32.0.0/24], defaultGatewayIPs: [10.32.0.1]}\n---\n\
+                   apiVersion: k8s.cni.cncf.io/v1\nkind: NetworkAttachmentDefinition\n\
+                   metadata: {name: red, namespace: prod}\n\
+                   spec: {config: '{\"type\": \"vmpath-cni\", \"network\": \"red\"}'}\n";
+        let pod = "apiVersion: v1\nkind: Pod\nmetadata:\n  name: web-0\n  namespace: prod\n  \
+                   annotations: {v1.multus-cni.io/default-network: blue, k8s.v1.cni.cncf.io/networks: red}\n\
+                   spec: {nodeName: node-a}\nstatus: {phase: Running}\n";
+        let mut red_port = cni_port("web-0", "net1", "vmp78");
+        std::sync::Arc::make_mut(&mut red_port.value)["spec"]["network"] = "red".into();
+        let cfg = validate(
+            &[
+                ("network.yaml", &format!("{}{red}", primary())),
+                ("pods.yaml", pod),
+            ],
+            vec![cni_port("web-0", "eth0", "vmp77"), red_port],
+        );
+        assert!(cfg.errors.is_empty(), "{:#?}", cfg.errors);
+        let mut got: Vec<(String, &str, &str)> = cfg
+            .attachments
+            .iter()
+            .map(|a| (a.key.to_string(), a.network.as_str(), a.port.as_str()))
+            .collect();
+        got.sort();
+        assert_eq!(
+            got,
+            [
+                ("prod/web-0/eth0".to_string(), "blue", "vmp77"),
+                ("prod/web-0/net1".to_string(), "red", "vmp78"),
+            ]
+        );
+    }
+
+    fn refused(cfg: &Config, file: &str, field: &str, says: &str) {
+        assert!(
+            cfg.errors.iter().any(|e| e.file.to_string_lossy() == file
+                && e.field == field
+                && e.message.contains(says)),
+            "no refusal on {file} at {field} saying {says:?}: {:#?}",
+            cfg.errors
+        );
+    }
+
+    /// A tenant's pod naming another tenant's network as its default
+    /// network meets the network's namespaceSelector, as a secondary
+    /// interface does: refused on the ADD, nothing served.
+    #[test]
+    fn another_tenants_network_is_no_pods_default_network() {
+        let owned = primary().replace(
+            "  ipam: {mode: Enabled}\n",
+            "  ipam: {mode: Enabled}\n  namespaceSelector: {matchLabels: {tenant: prod}}\n",
+        );
+        let lab = "apiVersion: v1\nkind: Namespace\nmetadata: {name: lab, labels: {tenant: lab}}\n---\n\
+                   apiVersion: v1\nkind: Pod\nmetadata:\n  name: thief\n  namespace: lab\n  \
+                   annotations: {v1.multus-cni.io/default-network: prod/blue}\n\
+                   spec: {nodeName: node-a}\nstatus: {phase: Running}\n";
+        let mut port = cni_port("thief", "eth0", "vmp66");
+        std::sync::Arc::make_mut(&mut port.value)["metadata"]["namespace"] = "lab".into();
+        let cfg = validate(&[("network.yaml", &owned), ("lab.yaml", lab)], vec![port]);
+        assert!(cfg.attachments.is_empty(), "{:#?}", cfg.attachments);
+        assert!(
+            cfg.errors.iter().any(|e| e.file.to_string_lossy()
+                == format!("{CNI_SOURCE_PREFIX}c0ffeethief/eth0")
+                && e.message
+                    .contains("namespace \"lab\" may not use network \"blue\"")),
+            "{:#?}",
+            cfg.errors
+        );
+    }
+
+    #[test]
+    fn what_a_pods_default_network_may_not_be() {
+        let eth0 = format!("{CNI_SOURCE_PREFIX}c0ffee{POD}/eth0");
+        let field = format!("metadata.annotations[{DEFAULT_NETWORK_ANNOTATION:?}]");
+        // A Secondary network: no default route by DHCP, the node does not
+        // reach it (kubelet probes): refused, the ADD fails naming it.
+        let cfg = validate(
+            &[("network.yaml", NETWORK), ("vm.yaml", VM)],
+            vec![cni_port(POD, "eth0", "vmp0a1b2c3d4e")],
+        );
+        assert!(cfg.attachments.is_empty(), "{:#?}", cfg.attachments);
+        refused(
+            &cfg,
+            &eth0,
+            &field,
+            "NetworkAttachmentDefinition prod/blue binds network \"blue\", which is not role: Primary",
+        );
+        // Two networks named as one pod's default.
+        let vm = VM.replace(
+            "default-network: prod/blue",
+            "default-network: 'prod/blue, prod/red'",
+        );
+        let cfg = validate(
+            &[("network.yaml", &primary()), ("vm.yaml", &vm)],
+            vec![cni_port(POD, "eth0", "vmp0a1b2c3d4e")],
+        );
+        refused(
+            &cfg,
+            &eth0,
+            &field,
+            "names 2 networks: a pod has one default network",
+        );
+        // The plugin called for eth0 of a pod whose default network is not
+        // vmpath's: the annotation that would make it so is named.
+        let vm = VM.replace("    v1.multus-cni.io/default-network: prod/blue\n", "");
+        let cfg = validate(
+            &[("network.yaml", &primary()), ("vm.yaml", &vm)],
+            vec![cni_port(POD, "eth0", "vmp0a1b2c3d4e")],
+        );
+        refused(
+            &cfg,
+            &eth0,
+            "",
+            "selects no network for VirtualMachineInstance prod/vm1's network \"default\" (NetworkAttachmentDefinition prod/blue) in v1.multus-cni.io/default-network",
+        );
+        let pod = "apiVersion: v1\nkind: Pod\nmetadata: {name: web-0, namespace: prod}\n\
+                   spec: {nodeName: node-a}\nstatus: {phase: Running}\n";
+        let cfg = validate(
+            &[("network.yaml", &primary()), ("pod.yaml", pod)],
+            vec![cni_port("web-0", "eth0", "vmp77")],
+        );
+        refused(
+            &cfg,
+            &format!("{CNI_SOURCE_PREFIX}c0ffeeweb-0/eth0"),
+            &field,
+            "no vmpath network of the pod is its interface \"eth0\"",
+        );
     }
 }

@@ -107,6 +107,43 @@ impl Network {
     }
 }
 
+/// Which of the cluster's own address spaces a [`ClusterCidr`] is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+pub enum ClusterCidrKind {
+    Pod,
+    Service,
+}
+
+/// One of the cluster's own address ranges (its pods' or its Services'),
+/// with where the agent learnt it: a Primary network may not overlap one,
+/// or a pod on it could not reach that part of the cluster.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct ClusterCidr {
+    pub cidr: IpNet,
+    pub kind: ClusterCidrKind,
+    /// For messages: `--cluster-pod-cidrs`, `v1 Node a's spec.podCIDRs`.
+    pub source: String,
+}
+
+impl fmt::Display for ClusterCidr {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let kind = match self.kind {
+            ClusterCidrKind::Pod => "pod",
+            ClusterCidrKind::Service => "Service",
+        };
+        write!(
+            f,
+            "the cluster's {kind} CIDR {} ({})",
+            self.cidr, self.source
+        )
+    }
+}
+
+/// Whether two prefixes share an address (one contains the other).
+pub fn overlaps(a: &IpNet, b: &IpNet) -> bool {
+    a.contains(&b.network()) || b.contains(&a.network())
+}
+
 /// The identity of a VM interface: what survives pods and migrations.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
 pub struct AttachmentKey {

@@ -69,6 +69,10 @@ pub struct Snapshot {
     /// IPAMClaim's `status.ips` on an IPAM network counts only where it
     /// vouches for them. `None` (config files): a claim's file is trusted.
     pub ledger: Option<std::sync::Arc<crate::kube_objects::ledger::Ledger>>,
+    /// The cluster's pod and Service CIDRs the agent was given
+    /// (`--cluster-pod-cidrs`, `--cluster-service-cidrs`); those v1 Nodes
+    /// report are added by translation.
+    pub cluster_cidrs: Vec<super::ClusterCidr>,
 }
 
 /// Files parsed since the agent started (cache hits are not counted):

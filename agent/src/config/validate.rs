@@ -93,6 +93,10 @@ pub struct Translated {
     /// controller writes them): reported as warnings, on the CNI port's
     /// source where there is one, so the plugin's ADD names the wait.
     pub waiting: Vec<ConfigError>,
+    /// The cluster's pod and Service CIDRs: the agent's flags and what v1
+    /// Nodes report (`spec.podCIDRs`). A Primary network may not overlap
+    /// any.
+    pub cluster_cidrs: Vec<super::ClusterCidr>,
 }
 
 /// Who holds an address or MAC on a network, as recorded outside the
@@ -146,6 +150,7 @@ pub fn validate_documents(
     cfg.errors.extend(translated.errors);
     cfg.keys_in_documents.extend(translated.keep);
     let waiting = translated.waiting;
+    let cluster_cidrs = translated.cluster_cidrs;
     let mut nodes = Vec::new();
     let mut networks = Vec::new();
     let mut attachments = Vec::new();
@@ -261,6 +266,8 @@ pub fn validate_documents(
                         "spec.id",
                         format!("id {} is already used by network {other:?}", n.id),
                     ));
+                } else if let Some((field, message)) = primary_overlap(&n, &cfg, &cluster_cidrs) {
+                    cfg.errors.push(doc.error(&field, message));
                 } else {
                     ids.insert(n.id, n.name.clone());
                     cfg.networks.push(n);
@@ -815,6 +822,80 @@ fn network(doc: &Doc) -> Result<Network, ConfigError> {
     })
 }
 
+/// A Primary network is a pod's own network (its eth0, its default
+/// route): its subnets may not overlap the cluster's pod or Service CIDRs
+/// (the pod could not reach those), nor those of another Primary network
+/// a namespace may also use (its pods' addresses would be ambiguous).
+/// `Some((field, message))` names both; the network is refused, the rest
+/// applies.
+fn primary_overlap(
+    n: &Network,
+    cfg: &Config,
+    cluster_cidrs: &[super::ClusterCidr],
+) -> Option<(String, String)> {
+    if n.role != super::model::Role::Primary {
+        return None;
+    }
+    for (i, subnet) in n.subnets.iter().enumerate() {
+        if let Some(c) = cluster_cidrs
+            .iter()
+            .find(|c| super::overlaps(subnet, &c.cidr))
+        {
+            return Some((
+                format!("spec.subnets[{i}]"),
+                format!(
+                    "{subnet} of Primary network {:?} overlaps {c}: pods on it could not reach that part of the cluster",
+                    n.name
+                ),
+            ));
+        }
+    }
+    for other in cfg
+        .networks
+        .iter()
+        .filter(|o| o.role == super::model::Role::Primary)
+    {
+        let Some((i, subnet, theirs)) = n.subnets.iter().enumerate().find_map(|(i, s)| {
+            other
+                .subnets
+                .iter()
+                .find(|o| super::overlaps(s, o))
+                .map(|o| (i, s, o))
+        }) else {
+            continue;
+        };
+        let Some(namespace) = shared_namespace(n, other, cfg) else {
+            continue;
+        };
+        return Some((
+            format!("spec.subnets[{i}]"),
+            format!(
+                "{subnet} of Primary network {:?} overlaps {theirs} of Primary network {:?} ({}), and both may be selected in {namespace}",
+                n.name, other.name, other.source.document
+            ),
+        ));
+    }
+    None
+}
+
+/// A namespace both networks' `namespaceSelector`s admit, for messages:
+/// a `v1 Namespace` the documents describe, else, when both admit a
+/// namespace that has only its name label, "every namespace".
+fn shared_namespace(a: &Network, b: &Network, cfg: &Config) -> Option<String> {
+    if let Some(ns) = cfg
+        .namespaces
+        .keys()
+        .find(|ns| a.admits(ns, cfg).is_ok() && b.admits(ns, cfg).is_ok())
+    {
+        return Some(format!("namespace {ns:?}"));
+    }
+    // A namespace not described: it has only the name label, which no
+    // selector can know in advance (a fresh name stands for any).
+    let fresh = "\u{0}any";
+    (a.admits(fresh, cfg).is_ok() && b.admits(fresh, cfg).is_ok())
+        .then(|| "every namespace".to_string())
+}
+
 /// Default slow-path limits per port, by `slow_class`: far above what a
 /// booting or renewing client sends (a DHCP exchange is 2 frames, with
 /// retries a handful; RS 3 in 12 s), far below a flood.
@@ -1323,6 +1404,176 @@ mod holder_tests {
         assert_eq!(
             cfg.errors[0].message,
             "MAC 02:00:00:00:00:51 is already held by VM interface nsb/vmy1/green on network \"green\""
+        );
+    }
+}
+
+#[cfg(test)]
+mod primary_overlap_tests {
+    use super::*;
+    use crate::config::{ClusterCidr, ClusterCidrKind, source::Snapshot};
+    use crate::round::validate;
+
+    fn snapshot(yaml: &str, cidrs: &[(&str, ClusterCidrKind)]) -> Snapshot {
+        Snapshot {
+            documents: super::super::source::parse(yaml.as_bytes())
+                .unwrap()
+                .into_iter()
+                .enumerate()
+                .map(|(i, v)| RawDocument {
+                    file: "nets.yaml".into(),
+                    index: i + 1,
+                    value: v.into(),
+                })
+                .collect(),
+            cluster_cidrs: cidrs
+                .iter()
+                .map(|(c, kind)| ClusterCidr {
+                    cidr: c.parse().unwrap(),
+                    kind: *kind,
+                    source: "--flag".into(),
+                })
+                .collect(),
+            ..Default::default()
+        }
+    }
+
+    fn net(name: &str, id: u32, role: &str, subnet: &str, selector: &str) -> String {
+        format!(
+            "---\napiVersion: vmpath.dev/v1alpha1\nkind: Network\nmetadata: {{name: {name}}}\n\
+             spec: {{id: {id}, role: {role}, subnets: [{subnet}], ipam: {{mode: Disabled}}{selector}}}\n"
+        )
+    }
+
+    fn names(cfg: &Config) -> Vec<&str> {
+        cfg.networks.iter().map(|n| n.name.as_str()).collect()
+    }
+
+    #[test]
+    fn a_primary_network_over_the_clusters_pod_or_service_cidrs_is_refused_naming_both() {
+        let yaml = [
+            net("pods", 1, "Primary", "10.244.3.0/24", ""),
+            net("svcs", 2, "Primary", "10.96.0.0/16", ""),
+            net("v6", 3, "Primary", "'fd00:10:244::/64'", ""),
+            net("fine", 4, "Primary", "10.20.0.0/16", ""),
+            // A Secondary network is no pod's own: not checked.
+            net("second", 5, "Secondary", "10.244.4.0/24", ""),
+        ]
+        .concat();
+        let cfg = validate(
+            &snapshot(
+                &yaml,
+                &[
+                    ("10.244.0.0/16", ClusterCidrKind::Pod),
+                    ("fd00:10:244::/56", ClusterCidrKind::Pod),
+                    ("10.96.0.0/12", ClusterCidrKind::Service),
+                ],
+            ),
+            "a",
+            &BTreeSet::new(),
+        );
+        assert_eq!(names(&cfg), ["fine", "second"], "{:#?}", cfg.errors);
+        let msgs: Vec<String> = cfg.errors.iter().map(ToString::to_string).collect();
+        assert_eq!(msgs.len(), 3, "{msgs:#?}");
+        assert!(
+            msgs[0].contains("Network pods")
+                && msgs[0].contains("spec.subnets[0]")
+                && msgs[0].contains(
+                    "10.244.3.0/24 of Primary network \"pods\" overlaps the cluster's pod CIDR 10.244.0.0/16 (--flag)"
+                ),
+            "{}",
+            msgs[0]
+        );
+        assert!(
+            msgs[1].contains("10.96.0.0/16 of Primary network \"svcs\" overlaps the cluster's Service CIDR 10.96.0.0/12"),
+            "{}",
+            msgs[1]
+        );
+        assert!(msgs[2].contains("fd00:10:244::/56"), "{}", msgs[2]);
+    }
+
+    #[test]
+    fn two_primary_networks_one_namespace_may_use_may_not_overlap() {
+        // No selectors: every namespace may use both.
+        let yaml = [
+            net("blue", 1, "Primary", "10.20.0.0/16", ""),
+            net("red", 2, "Primary", "10.20.5.0/24", ""),
+        ]
+        .concat();
+        let cfg = validate(&snapshot(&yaml, &[]), "a", &BTreeSet::new());
+        assert_eq!(names(&cfg), ["blue"]);
+        let msg = cfg.errors[0].to_string();
+        assert!(
+            msg.contains("Network red")
+                && msg.contains(
+                    "10.20.5.0/24 of Primary network \"red\" overlaps 10.20.0.0/16 of Primary network \"blue\" (Network blue), and both may be selected in every namespace"
+                ),
+            "{msg}"
+        );
+
+        // Selectors no namespace satisfies both of: tenants apart, the same
+        // addresses in each (as OVN-Kubernetes' primary UDNs may).
+        let apart = [
+            net(
+                "blue",
+                1,
+                "Primary",
+                "10.20.0.0/16",
+                ", namespaceSelector: {matchLabels: {team: a}}",
+            ),
+            net(
+                "red",
+                2,
+                "Primary",
+                "10.20.0.0/16",
+                ", namespaceSelector: {matchLabels: {tier: b}}",
+            ),
+            "---\napiVersion: v1\nkind: Namespace\nmetadata: {name: a, labels: {team: a}}\n".into(),
+        ]
+        .concat();
+        let cfg = validate(&snapshot(&apart, &[]), "a", &BTreeSet::new());
+        assert_eq!(names(&cfg), ["blue", "red"], "{:#?}", cfg.errors);
+
+        // A namespace both select: the later network is refused, naming it.
+        let shared = format!(
+            "{apart}---\napiVersion: v1\nkind: Namespace\nmetadata: {{name: both, labels: {{team: a, tier: b}}}}\n"
+        );
+        let cfg = validate(&snapshot(&shared, &[]), "a", &BTreeSet::new());
+        assert_eq!(names(&cfg), ["blue"]);
+        assert!(
+            cfg.errors[0]
+                .to_string()
+                .contains("both may be selected in namespace \"both\""),
+            "{}",
+            cfg.errors[0]
+        );
+
+        // Secondary networks may overlap a Primary one.
+        let yaml = [
+            net("blue", 1, "Primary", "10.20.0.0/16", ""),
+            net("red", 2, "Secondary", "10.20.5.0/24", ""),
+        ]
+        .concat();
+        let cfg = validate(&snapshot(&yaml, &[]), "a", &BTreeSet::new());
+        assert_eq!(names(&cfg), ["blue", "red"], "{:#?}", cfg.errors);
+    }
+
+    #[test]
+    fn a_v1_nodes_pod_cidrs_are_the_clusters_pod_address_space() {
+        let yaml = [
+            net("blue", 1, "Primary", "10.244.1.0/24", ""),
+            "---\napiVersion: v1\nkind: Node\nmetadata: {name: b}\nspec: {podCIDRs: [10.244.1.0/24, 'fd00:10:244:1::/64']}\n"
+                .into(),
+        ]
+        .concat();
+        let cfg = validate(&snapshot(&yaml, &[]), "a", &BTreeSet::new());
+        assert!(cfg.networks.is_empty());
+        let msg = cfg.errors[0].to_string();
+        assert!(
+            msg.contains(
+                "overlaps the cluster's pod CIDR 10.244.1.0/24 (v1 Node b's spec.podCIDRs)"
+            ),
+            "{msg}"
         );
     }
 }

@@ -1,0 +1,250 @@
+//! The pod network on vmpath (docs/kubernetes.md, "The pod network"): a
+//! virt-launcher pod and a plain pod whose default network
+//! (`v1.multus-cni.io/default-network`) is a vmpath NAD get their `eth0`
+//! from vmpath-cni, called as Multus calls the default network (ifname
+//! eth0, Multus's CNI_ARGS). The VM binds it as KubeVirt's bridge binding
+//! does (a bridge in the launcher pod, a tap to the guest) and takes its
+//! address and default route by DHCP; the plain pod gets its address and
+//! the default route to vmpath's gateway from the plugin. The agent knows
+//! the cluster's pod and Service CIDRs from its flags and refuses a Primary
+//! network over them.
+
+use std::path::Path;
+
+use serde_json::Value;
+use vmpath_tests::{Netns, Node, multus, unique_tag, yaml};
+
+const NETWORK: &str = include_str!("../../agent/src/cluster/fixtures/network.yaml");
+const VM: &str = include_str!("../../agent/src/cluster/fixtures/vm-pod-network.yaml");
+const LAUNCHER: &str = "virt-launcher-vm1-x7k2p";
+const VM_MAC: &str = "02:00:00:31:00:0b";
+const VM_IP: &str = "10.31.0.11";
+const GATEWAY: &str = "10.31.0.1";
+
+/// ADD of the pod's default network, as Multus calls it: `CNI_IFNAME=eth0`
+/// and the CNI_ARGS the runtime gave Multus.
+fn add_default_network(
+    node: &Node,
+    conf: &str,
+    pod: &str,
+    uid: &str,
+    netns: &Netns,
+    container: &str,
+) -> (bool, Value) {
+    let cni_args = format!(
+        "IgnoreUnknown=1;K8S_POD_NAMESPACE=prod;K8S_POD_NAME={pod};K8S_POD_INFRA_CONTAINER_ID={container};K8S_POD_UID={uid}"
+    );
+    let out = multus::run_plugin(
+        node,
+        "ADD",
+        &[
+            ("CNI_CONTAINERID", container),
+            ("CNI_NETNS", &netns.path()),
+            ("CNI_IFNAME", "eth0"),
+            ("CNI_ARGS", &cni_args),
+        ],
+        conf,
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let json = serde_json::from_str(&stdout).unwrap_or_else(|_| {
+        panic!(
+            "plugin output is not JSON: {stdout}\nstderr: {}",
+            String::from_utf8_lossy(&out.stderr)
+        )
+    });
+    (out.status.success(), json)
+}
+
+/// The guest's DHCP client: records the lease and applies it (address and
+/// default route), as a guest OS does.
+fn dhcp(guest: &Netns, ifname: &str, dir: &Path) -> (String, String) {
+    let hook = dir.join("hook.sh");
+    std::fs::write(
+        &hook,
+        format!(
+            "#!/bin/sh\nif [ \"$1\" = bound ]; then\n  echo \"$ip $router\" > {}/lease\n  ip addr add \"$ip/$mask\" dev \"$interface\"\n  ip route add default via \"$router\"\nfi\n",
+            dir.display()
+        ),
+    )
+    .unwrap();
+    vmpath_tests::run(&["chmod", "+x", hook.to_str().unwrap()]);
+    let out = vmpath_tests::udhcpc(guest, ifname, hook.to_str().unwrap(), 10);
+    assert!(
+        out.status.success(),
+        "udhcpc: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let lease = std::fs::read_to_string(dir.join("lease")).unwrap();
+    let (ip, router) = lease.trim().split_once(' ').expect("ip and router");
+    (ip.to_string(), router.to_string())
+}
+
+#[test]
+fn a_vm_and_a_pod_get_eth0_from_vmpath_as_their_default_network() {
+    let mut node = Node::new("pn");
+    let peer = node.add_vm(
+        "vm2",
+        "52:54:00:00:31:0c",
+        &["10.31.0.12/24"],
+        Some(GATEWAY),
+    );
+    let tag = unique_tag();
+    // The network blue as the pod network (role: Primary), its NAD, the VM
+    // of the fixture (multus default: true, its virt-launcher pod with the
+    // default-network annotation, its claim), a plain pod whose default
+    // network is blue; and a Primary network over the cluster's Service
+    // CIDR, which is refused while the rest applies.
+    let primary = NETWORK.replace("  id: 310\n", "  id: 310\n  role: Primary\n");
+    let web = format!(
+        "apiVersion: v1\nkind: Pod\nmetadata:\n  name: web-0\n  namespace: prod\n  uid: u-web-{tag}\n  \
+         annotations: {{v1.multus-cni.io/default-network: prod/blue}}\n\
+         spec: {{nodeName: {}}}\nstatus: {{phase: Running}}\n",
+        node.name
+    );
+    let clash = "apiVersion: vmpath.dev/v1alpha1\nkind: Network\nmetadata: {name: clash}\n\
+                 spec: {id: 312, role: Primary, subnets: [10.96.4.0/24], ipam: {mode: Disabled}}\n";
+    node.write_config(
+        "cluster.yaml",
+        &[
+            primary
+                .split("\n---\n")
+                .filter(|d| !d.contains("kind: Node"))
+                .collect::<Vec<_>>()
+                .join("\n---\n"),
+            VM.replace("node-a", &node.name),
+            web,
+            clash.to_string(),
+        ]
+        .join("\n---\n"),
+    );
+    node.write_config(
+        "vm2.yaml",
+        &yaml::attachment(
+            "vm2",
+            "blue",
+            &node.name,
+            &peer.port,
+            &peer.mac,
+            &["10.31.0.12/24"],
+        ),
+    );
+    node.set_agent_args(&[
+        "--cluster-pod-cidrs",
+        "10.244.0.0/16,fd00:10:244::/56",
+        "--cluster-service-cidrs",
+        "10.96.0.0/12",
+    ]);
+    node.start_agent();
+    node.wait_ports(&[&peer.port]);
+    let conf = multus::nad_conf(NETWORK, &node);
+
+    // The address spaces: clash is refused naming itself and the CIDR.
+    let status = node.status().expect("status");
+    let errors = status["config_errors"].to_string();
+    assert!(
+        errors.contains(
+            "10.96.4.0/24 of Primary network \\\"clash\\\" overlaps the cluster's Service CIDR 10.96.0.0/12 (--cluster-service-cidrs)"
+        ),
+        "{errors}"
+    );
+
+    // The virt-launcher pod's eth0 (pod default sysctls: IPv6 on, as a
+    // runtime leaves a new pod).
+    let launcher = Netns::new(format!("vt{tag}-launcher"));
+    let (ok, result) = add_default_network(
+        &node,
+        &conf,
+        LAUNCHER,
+        "9e8d7c6b-5a4f-4e3d-8c2b-1a0f9e8d7c6b",
+        &launcher,
+        &format!("c{tag}vm1"),
+    );
+    assert!(ok, "ADD of the virt-launcher pod's eth0: {result}");
+    // The result makes the VM's address the pod's IP (what the runtime
+    // reports to kubelet), with vmpath's gateway as the default route.
+    assert_eq!(
+        result["ips"][0]["address"],
+        format!("{VM_IP}/24"),
+        "{result}"
+    );
+    assert_eq!(result["ips"][0]["gateway"], GATEWAY, "{result}");
+    assert!(
+        result["routes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|r| r["dst"] == "0.0.0.0/0" && r["gw"] == GATEWAY),
+        "{result}"
+    );
+    // Nothing in the pod: the VM behind it asks by DHCP.
+    let addrs = launcher.run(&["ip", "-4", "addr", "show", "dev", "eth0"]);
+    assert!(!addrs.contains("inet "), "{addrs}");
+    let a = node.attachment_view("vm1").expect("VM vm1 derived");
+    assert_eq!(
+        (&a["namespace"], &a["interface"], &a["network"], &a["mac"]),
+        (
+            &"prod".into(),
+            &"default".into(),
+            &"blue".into(),
+            &VM_MAC.into()
+        ),
+        "{a}"
+    );
+    assert_eq!(a["port"], result["interfaces"][0]["name"], "{a}\n{result}");
+
+    // KubeVirt's bridge binding: eth0 into a bridge with the VM's tap; the
+    // guest (its own namespace here) has the VMI's MAC.
+    let guest = Netns::new(format!("vt{tag}-guest"));
+    launcher.run(&["ip", "link", "add", "k6t-eth0", "type", "bridge"]);
+    launcher.run(&["ip", "link", "set", "eth0", "master", "k6t-eth0"]);
+    vmpath_tests::veth(&launcher, "tap0", &guest, "eth0");
+    launcher.run(&["ip", "link", "set", "tap0", "master", "k6t-eth0"]);
+    for dev in ["k6t-eth0", "tap0"] {
+        launcher.run(&["ip", "link", "set", dev, "up"]);
+    }
+    guest.run(&["ip", "link", "set", "eth0", "address", VM_MAC]);
+    guest.run(&["ip", "link", "set", "eth0", "up"]);
+    let dir = std::env::temp_dir().join(format!("vmpath-pod-network-{tag}"));
+    std::fs::create_dir_all(&dir).unwrap();
+    let (ip, router) = dhcp(&guest, "eth0", &dir);
+    assert_eq!(
+        (ip.as_str(), router.as_str()),
+        (VM_IP, GATEWAY),
+        "the lease"
+    );
+    let routes = guest.run(&["ip", "-4", "route", "show", "default"]);
+    assert!(routes.contains(&format!("via {GATEWAY}")), "{routes}");
+    assert!(guest.ping(GATEWAY, 3), "the guest reaches vmpath's gateway");
+    assert!(guest.ping("10.31.0.12", 3), "the guest reaches VM vm2");
+    assert!(peer.ns.ping(VM_IP, 3), "VM vm2 reaches the guest");
+
+    // A plain pod: eth0 with its address and the default route to the
+    // gateway, from the plugin.
+    let pod = Netns::new(format!("vt{tag}-web"));
+    let (ok, result) = add_default_network(
+        &node,
+        &conf,
+        "web-0",
+        &format!("u-web-{tag}"),
+        &pod,
+        &format!("c{tag}web"),
+    );
+    assert!(ok, "ADD of the plain pod's eth0: {result}");
+    let pod_ip = result["ips"][0]["address"]
+        .as_str()
+        .and_then(|a| a.split_once('/'))
+        .map(|(ip, _)| ip.to_string())
+        .unwrap_or_else(|| panic!("an address: {result}"));
+    let addrs = pod.run(&["ip", "-4", "addr", "show", "dev", "eth0"]);
+    assert!(addrs.contains(&format!("inet {pod_ip}/24")), "{addrs}");
+    let routes = pod.run(&["ip", "-4", "route", "show", "default"]);
+    assert!(
+        routes.contains(&format!("default via {GATEWAY} dev eth0")),
+        "{routes}"
+    );
+    let w = node.attachment_view("web-0").expect("pod web-0 derived");
+    assert_eq!(w["interface"], "eth0", "{w}");
+    assert!(pod.ping(VM_IP, 3), "the pod reaches the VM");
+    assert!(guest.ping(&pod_ip, 3), "the VM reaches the pod");
+    let _ = std::fs::remove_dir_all(&dir);
+}
