@@ -143,10 +143,6 @@ impl Round {
         }
     }
 
-    pub fn cluster(&self) -> Option<&KubeSource> {
-        self.cluster.as_ref()
-    }
-
     /// One round: every stage in order; `services` gets the slow path's
     /// answers, `shared` the view.
     pub fn run(
