@@ -69,6 +69,8 @@ pub fn graph(src: &Path) -> Result<Graph> {
             .map(|p| rust_files(p))
             .collect::<Result<Vec<_>>>()?
             .concat()
+            .into_iter()
+            .filter(|f| !is_test_module_file(f))
         {
             let text =
                 fs::read_to_string(&file).with_context(|| format!("reading {}", file.display()))?;
@@ -85,6 +87,30 @@ pub fn graph(src: &Path) -> Result<Graph> {
         graph.insert(name.clone(), uses);
     }
     Ok(graph)
+}
+
+/// Whether `file` is a unit-test module kept in a file of its own
+/// (`#[cfg(test)] mod tests;` in its parent): like an inline test module,
+/// not part of the layering.
+fn is_test_module_file(file: &Path) -> bool {
+    let (Some(dir), Some(stem)) = (file.parent(), file.file_stem().and_then(|s| s.to_str())) else {
+        return false;
+    };
+    if stem == "mod" {
+        return false;
+    }
+    // The parent module's file: `dir/mod.rs`, or `dir.rs` beside `dir/`.
+    let parent = [dir.join("mod.rs"), dir.with_extension("rs")]
+        .into_iter()
+        .find(|p| p.is_file());
+    parent
+        .and_then(|p| fs::read_to_string(p).ok())
+        .is_some_and(|text| declares_test_module(&text, stem))
+}
+
+/// Whether `parent`'s text declares `mod {name};` under `#[cfg(test)]`.
+fn declares_test_module(parent: &str, name: &str) -> bool {
+    parent.contains(&format!("#[cfg(test)]\nmod {name};"))
 }
 
 fn rust_files(path: &Path) -> Result<Vec<PathBuf>> {
@@ -350,6 +376,13 @@ mod tests {
             .collect();
         assert_eq!(got, ["a", "b"]);
         assert!(crate_paths("use super::a;", false).is_empty());
+    }
+
+    #[test]
+    fn a_test_module_in_a_file_of_its_own_is_known_by_its_parent() {
+        let parent = "pub fn f() {}\n\n#[cfg(test)]\nmod tests;\nmod helpers;\n";
+        assert!(declares_test_module(parent, "tests"));
+        assert!(!declares_test_module(parent, "helpers"));
     }
 
     #[test]

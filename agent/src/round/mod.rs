@@ -1,0 +1,375 @@
+//! The agent's round: a chain of named stages, each a module with typed
+//! input and output, run in this order by [`Round::run`]:
+//!
+//! | stage | module | takes | gives |
+//! |---|---|---|---|
+//! | read | [`read`] | the config dir or the API server, the CNI ports | [`Snapshot`] |
+//! | derive | [`derive`] | [`Snapshot`] | [`Translated`] (vmpath's own documents) |
+//! | validate | [`mod@validate`] | [`Translated`], who holds what ([`Held`]) | [`Config`] (valid and refused documents) |
+//! | resolve | [`resolve`] | [`Config`] | [`Resolved`](crate::resolved::Resolved) (to be enriched) |
+//! | IPAM | [`ipam`] | [`Resolved`](crate::resolved::Resolved), the claims store, MACs the data path saw | [`Resolved`](crate::resolved::Resolved) with addresses and MACs, MAC refusals |
+//! | observe | [`observe`] | [`Resolved`](crate::resolved::Resolved), the data path's findings | [`Resolved`](crate::resolved::Resolved) with learned addresses and cut-overs |
+//! | plan | [`plan`] | [`Resolved`](crate::resolved::Resolved), the last ids ([`plan::Previous`]) | [`Plan`] (every map's desired content) |
+//! | apply | [`apply`] | [`Plan`] | the data path programmed (the only stage that writes it) |
+//! | publish | [`publish`] | [`Resolved`](crate::resolved::Resolved), the applied [`Plan`] | the log, Events, the view (API, CLI, metrics), `status.json` |
+//!
+//! Every stage but observe and apply runs without a data path (their
+//! unit tests show how); read and publish touch it only for what a
+//! restarted agent finds pinned. `agent::run` owns the data path and the
+//! pacing; a `Round` owns what one round hands the next.
+
+pub mod apply;
+pub mod derive;
+pub mod ipam;
+pub mod observe;
+pub mod plan;
+pub mod publish;
+pub mod read;
+pub mod resolve;
+pub mod validate;
+
+use std::{collections::BTreeSet, path::PathBuf, time::Instant};
+
+use tracing::{error, info, warn};
+
+use crate::{
+    clock::unix_now,
+    cluster::kube_source::KubeSource,
+    config::{
+        AttachmentKey, Config, ConfigError, Held, Translated,
+        source::{Reader, Snapshot},
+        validate_documents,
+    },
+    dataplane::Dataplane,
+    learned,
+    migration::Migrations,
+    netif::ifindex_of,
+    plan::Plan,
+    slowpath,
+    store::Store,
+    view::SharedView,
+};
+
+/// Derives and validates every document of `snapshot` for `node_name`
+/// (the derive and validate stages, as tests use them).
+/// `keep_first`: attachments accepted by the previous round (they win a
+/// conflict).
+pub fn validate(
+    snapshot: &Snapshot,
+    node_name: &str,
+    keep_first: &BTreeSet<AttachmentKey>,
+) -> Config {
+    validate_held(snapshot, node_name, keep_first, &Held::default())
+}
+
+/// As [`validate`]; an address or MAC `held` records (the claims store)
+/// stays with its VM interface whatever order the documents come in.
+pub fn validate_held(
+    snapshot: &Snapshot,
+    node_name: &str,
+    keep_first: &BTreeSet<AttachmentKey>,
+    held: &Held,
+) -> Config {
+    let derived: Translated = derive::derive(snapshot, node_name);
+    validate_documents(&snapshot.errors, derived, node_name, keep_first, held)
+}
+
+/// What the stages need of the agent's options.
+#[derive(Debug, Clone, Default)]
+pub struct Settings {
+    pub node: String,
+    pub config_dir: PathBuf,
+    pub state_dir: PathBuf,
+    pub bpffs: PathBuf,
+    /// The node's uplink (north-south).
+    pub uplink: String,
+    /// Expiry and per-port cap of learned addresses.
+    pub learned: learned::Limits,
+    /// The cluster's pod and Service CIDRs as the flags give them.
+    pub cluster_cidrs: Vec<crate::config::ClusterCidr>,
+}
+
+/// How a round ended, for the loop's pacing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    /// Nothing to work from (no documents yet): the data path is left as
+    /// it is.
+    Empty,
+    /// The claims store failed: the round stopped before planning; try
+    /// again soon.
+    Retry,
+    /// The round ran to the end. `retry`: applying the plan failed and is
+    /// tried again soon; `migrating`: a migration is under way (its data
+    /// path side is followed on every tick).
+    Done { retry: bool, migrating: bool },
+}
+
+/// What one round hands the next.
+pub struct Round {
+    settings: Settings,
+    cluster: Option<KubeSource>,
+    store: Store,
+    reader: Reader,
+    last_fingerprint: Option<u64>,
+    /// The last plan the data path took.
+    last_plan: Option<Plan>,
+    /// Attachments the last round accepted (they win a conflict).
+    accepted: BTreeSet<AttachmentKey>,
+    /// `accepted` as the claims store last recorded it: after a restart
+    /// the previous agent's last round still wins a conflict no claim or
+    /// port here decides (an IPAM-less address or a given MAC of a VM on
+    /// another node), not file order.
+    stored_accepted: BTreeSet<crate::store::InterfaceKey>,
+    /// What the last round served on this node's ports.
+    running: Held,
+    warned_empty: bool,
+    last_errors: Vec<ConfigError>,
+    learned: learned::Outcome,
+    refused_macs: BTreeSet<(AttachmentKey, [u8; 6])>,
+    features: apply::Features,
+    migrations: Migrations,
+}
+
+impl Round {
+    pub fn new(settings: Settings, cluster: Option<KubeSource>, store: Store) -> Self {
+        let stored_accepted = store.accepted().unwrap_or_else(|e| {
+            warn!("reading the accepted VM interfaces: {e}; document order decides this round");
+            BTreeSet::new()
+        });
+        let accepted = stored_accepted
+            .iter()
+            .map(|(namespace, vm, interface)| AttachmentKey {
+                namespace: namespace.clone(),
+                vm: vm.clone(),
+                interface: interface.clone(),
+            })
+            .collect();
+        Round {
+            settings,
+            cluster,
+            store,
+            reader: Reader::default(),
+            last_fingerprint: None,
+            last_plan: None,
+            accepted,
+            stored_accepted,
+            running: Held::default(),
+            warned_empty: false,
+            last_errors: Vec::new(),
+            learned: learned::Outcome::default(),
+            refused_macs: BTreeSet::new(),
+            features: apply::Features::default(),
+            migrations: Migrations::default(),
+        }
+    }
+
+    /// One round: every stage in order; `services` gets the slow path's
+    /// answers, `shared` the view.
+    pub fn run(
+        &mut self,
+        dp: &mut Dataplane,
+        shared: &SharedView,
+        services: &slowpath::Services,
+    ) -> Outcome {
+        let s = &self.settings;
+        let mut phases = crate::phases::Phases::start("reconcile pass");
+
+        // read
+        let mut snap = read::read(
+            self.cluster.as_ref(),
+            &mut self.reader,
+            &s.config_dir,
+            &s.state_dir,
+            &s.node,
+        );
+        snap.cluster_cidrs.clone_from(&s.cluster_cidrs);
+        phases.mark("read");
+        if snap.empty {
+            // A ConfigMap not mounted yet must never wipe a running data path.
+            if !self.warned_empty {
+                match &self.cluster {
+                    Some(_) => {
+                        warn!("Kubernetes objects not listed yet or none: data path left as it is")
+                    }
+                    None => {
+                        warn!(dir = %s.config_dir.display(), "config dir missing or empty: data path left as it is")
+                    }
+                }
+                self.warned_empty = true;
+            }
+            return Outcome::Empty;
+        }
+        self.warned_empty = false;
+        // Until this agent programs anything, what the data path holds
+        // from the previous one.
+        if self.last_plan.is_none() {
+            self.running = read::running_ports(dp);
+        }
+
+        // derive, validate
+        let held = validate::held(self.store.all().ok().as_ref(), &self.running);
+        let derived = derive::derive(&snap, &s.node);
+        let validated = validate::validate(&snap, derived, &s.node, &self.accepted, &held);
+        phases.mark("validate");
+        let changed = self.last_fingerprint != Some(snap.fingerprint);
+        self.last_fingerprint = Some(snap.fingerprint);
+
+        // resolve, IPAM
+        let mut cfg = resolve::resolve(validated, &s.node);
+        let mut claims = match ipam::assign(&mut cfg, &self.store) {
+            Ok(claims) => claims,
+            Err(e) => {
+                error!("{e:#}; retrying");
+                return Outcome::Retry;
+            }
+        };
+        phases.mark("ipam");
+        let seen: Vec<ipam::SeenMac> = dp
+            .maps()
+            .learned_macs
+            .iter()
+            .filter_map(|r| r.ok())
+            .map(|(ifindex, m)| ipam::SeenMac {
+                ifindex,
+                mac: m.mac,
+            })
+            .collect();
+        let mac_refusals = ipam::adopt_detected_macs(
+            &mut cfg,
+            &s.node,
+            &self.store,
+            &mut claims,
+            seen,
+            ifindex_of,
+            &mut self.refused_macs,
+        );
+        if changed {
+            info!(
+                networks = cfg.config.networks.len(),
+                attachments = cfg.attachments.len(),
+                refused = cfg.errors.len(),
+                "config read"
+            );
+        }
+
+        // observe
+        let learned_changed = observe::observe(
+            dp,
+            &mut cfg,
+            &s.node,
+            &mut self.learned,
+            s.learned,
+            &mut self.migrations,
+        );
+        let started = Instant::now();
+        phases.mark("learned");
+
+        // plan
+        let previous = plan::Previous::of(self.last_plan.as_ref(), dp, &cfg, &s.node);
+        let plan = plan::plan(&cfg, &s.node, ifindex_of, &previous);
+        let plan_changed = self.last_plan.as_ref() != Some(&plan);
+        phases.mark("plan");
+
+        // apply
+        let mut retry = false;
+        if plan_changed {
+            match apply::apply(dp, &plan, &cfg, services) {
+                Ok(()) => self.last_plan = Some(plan),
+                Err(e) => {
+                    error!("applying the plan failed (will retry): {e:#}");
+                    retry = true;
+                }
+            }
+        }
+        phases.mark("apply");
+        self.features.tick(
+            dp,
+            &s.uplink,
+            &cfg,
+            self.last_plan.as_ref(),
+            &self.learned.routable,
+        );
+        phases.mark("routes");
+
+        // publish
+        publish::log_refusals(&cfg, &mut self.last_errors);
+        if let Some(cluster) = &self.cluster {
+            publish::report(cluster, &cfg, &s.node, &mac_refusals);
+        }
+        if plan_changed || changed || learned_changed {
+            // Show what is programmed, not what was attempted.
+            let applied = self.last_plan.clone().unwrap_or_default();
+            let mut view = publish::build_view(s, &cfg, &applied, &self.learned, &shared.view());
+            if plan_changed {
+                view.reconciles += 1;
+                view.last_reconcile_seconds = started.elapsed().as_secs_f64();
+                shared.observe_reconcile(view.last_reconcile_seconds);
+                view.last_reconcile_unix = unix_now();
+            }
+            view.ready = self.last_plan.is_some();
+            if let Err(e) = publish::write_status(&s.state_dir, &view) {
+                warn!("writing status: {e:#}");
+            }
+            shared.publish(view);
+        }
+        crate::endpoints::round_done();
+        self.accepted = cfg.attachments.iter().map(|a| a.key.clone()).collect();
+        let keys: BTreeSet<crate::store::InterfaceKey> = self
+            .accepted
+            .iter()
+            .map(|k| (k.namespace.clone(), k.vm.clone(), k.interface.clone()))
+            .collect();
+        if keys != self.stored_accepted {
+            match self.store.set_accepted(&keys) {
+                Ok(()) => self.stored_accepted = keys,
+                Err(e) => warn!("recording the accepted VM interfaces: {e}"),
+            }
+        }
+        if let Some(plan) = &self.last_plan {
+            self.running = publish::served_here(&cfg, plan);
+        }
+        let migrating = cfg.attachments.iter().any(|a| a.migration.is_some());
+        if changed {
+            // A round over a cluster's objects frees tens of MiB at once:
+            // give the pages back rather than hold them until the next.
+            drop(cfg);
+            #[cfg(all(target_os = "linux", target_env = "gnu"))]
+            // SAFETY: malloc_trim only returns free pages to the kernel.
+            unsafe {
+                libc::malloc_trim(0);
+            }
+        }
+        phases.mark("publish");
+        phases.log();
+        Outcome::Done { retry, migrating }
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+
+    /// A network with IPAM for the stages' tests.
+    pub const BLUE: &str = "apiVersion: vmpath.dev/v1alpha1\nkind: Network\nmetadata: {name: blue}\nspec:\n  id: 7\n  subnets: [10.9.0.0/24]\n  defaultGatewayIPs: [10.9.0.1]\n  ipam: {mode: Enabled}\n";
+
+    /// `vm`'s interface eth0 on network blue, on `node`, port `{vm}p`.
+    pub fn attachment(vm: &str, node: &str) -> String {
+        format!(
+            "apiVersion: vmpath.dev/v1alpha1\nkind: Attachment\nmetadata: {{name: {vm}-eth0, namespace: prod}}\nspec:\n  vm: {vm}\n  interface: eth0\n  network: blue\n  node: {node}\n  port: {vm}p\n"
+        )
+    }
+
+    /// What the read stage would give for a config dir holding `yaml`.
+    pub fn snapshot_of(yaml: &str) -> Snapshot {
+        let dir = std::env::temp_dir().join(format!(
+            "vmpath-round-{}-{:x}",
+            std::process::id(),
+            crate::hash::fnv1a(&[yaml.as_bytes()])
+        ));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("c.yaml"), yaml).unwrap();
+        let snap = crate::config::source::read_dir(&dir);
+        let _ = std::fs::remove_dir_all(&dir);
+        snap
+    }
+}

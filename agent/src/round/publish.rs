@@ -1,0 +1,295 @@
+//! Stage 9, **publish**: what the round decided, said to everyone who
+//! reads it. Refusals in the log and, with the Kubernetes source, as
+//! Events on the objects (with the MACs detected for VMIs); the view the
+//! admin API, the CLI and metrics read ([`build_view`]) and
+//! `--state-dir/status.json`.
+
+use std::{
+    collections::{BTreeSet, HashMap},
+    fs,
+    path::Path,
+};
+
+use anyhow::Result;
+use tracing::error;
+
+use crate::{
+    cluster::{kube_source::KubeSource, writeback},
+    config::{self, AttachmentKey, ConfigError, format_mac},
+    learned,
+    plan::Plan,
+    resolved::{self, Origin, Resolved},
+    view::{AttachmentView, IpView, LearnedRefusalView, NetworkView, View},
+};
+
+use super::Settings;
+
+/// Logs each refusal once, when it first appears (`last_errors`: the
+/// previous round's).
+pub fn log_refusals(cfg: &Resolved, last_errors: &mut Vec<ConfigError>) {
+    if cfg.errors != *last_errors {
+        for e in cfg.errors.iter().filter(|e| !last_errors.contains(e)) {
+            error!(file = %e.file.display(), document = %e.document, field = %e.field, "refused: {e}");
+        }
+        last_errors.clone_from(&cfg.errors);
+    }
+}
+
+/// Writes back to the API server: an Event for each refusal and wait, and
+/// the MACs detected in the traffic of this node's VMs, for their VMIs.
+pub fn report(cluster: &KubeSource, cfg: &Resolved, node: &str, mac_refusals: &[ConfigError]) {
+    let mut macs = writeback::DetectedMacs::new();
+    for a in cfg.attachments.iter().filter(|a| {
+        a.active_node() == node
+            && a.source
+                .document
+                .contains("(derived from VirtualMachineInstance ")
+    }) {
+        if let Some((mac, Origin::Detected)) = a.mac_resolved {
+            macs.entry((a.key.namespace.clone(), a.key.vm.clone()))
+                .or_default()
+                .insert(a.key.interface.clone(), format_mac(&mac));
+        }
+    }
+    let refusals: Vec<ConfigError> = cfg.errors.iter().chain(mac_refusals).cloned().collect();
+    cluster.report(&refusals, &cfg.config.warnings, macs);
+}
+
+pub fn write_status(dir: &Path, view: &View) -> Result<()> {
+    fs::create_dir_all(dir)?;
+    let tmp = dir.join(".status.json.tmp");
+    fs::write(&tmp, serde_json::to_vec_pretty(view)?)?;
+    fs::rename(&tmp, dir.join("status.json"))?;
+    Ok(())
+}
+
+/// Given or claimed addresses, then the ones seen in the VM's traffic.
+fn view_ips(
+    a: &resolved::Attachment,
+    cfg: &Resolved,
+    ifindex: Option<u32>,
+    learned: &learned::Outcome,
+) -> Vec<IpView> {
+    let mut ips: Vec<IpView> = a
+        .addresses
+        .iter()
+        .map(|(ip, origin)| IpView {
+            address: ip.to_string(),
+            origin: *origin,
+        })
+        .collect();
+    let (Some(ifindex), Some(net)) = (ifindex, cfg.network(&a.network)) else {
+        return ips;
+    };
+    for (key, seen) in learned.shown() {
+        if key.network != net.id || seen.ifindex != ifindex {
+            continue;
+        }
+        let ip = key.ip();
+        if !a.addresses.iter().any(|(given, _)| given.addr() == ip) {
+            ips.push(IpView {
+                address: ip.to_string(),
+                origin: Origin::Learned,
+            });
+        }
+    }
+    ips
+}
+
+/// Builds what readers see from the resolved config and the applied plan.
+pub fn build_view(
+    settings: &Settings,
+    cfg: &Resolved,
+    plan: &Plan,
+    learned: &learned::Outcome,
+    prev: &View,
+) -> View {
+    // Indexes, so the view stays linear in the number of attachments.
+    let mut per_network: HashMap<&str, usize> = HashMap::new();
+    for a in &cfg.attachments {
+        *per_network.entry(a.network.as_str()).or_default() += 1;
+    }
+    let active_port: HashMap<&AttachmentKey, u32> = plan
+        .ports
+        .values()
+        .filter(|p| !p.pending())
+        .map(|p| (&p.attachment, p.ifindex))
+        .collect();
+    let pending_port: HashMap<&AttachmentKey, (&str, u32)> = plan
+        .ports
+        .values()
+        .filter(|p| p.pending())
+        .map(|p| (&p.attachment, (p.ifname.as_str(), p.ifindex)))
+        .collect();
+    let networks = cfg
+        .config
+        .networks
+        .iter()
+        .map(|n| NetworkView {
+            name: n.name.clone(),
+            id: n.id,
+            role: format!("{:?}", n.role),
+            subnets: n.subnets.iter().map(|s| s.to_string()).collect(),
+            exclude_subnets: n.exclude_subnets.iter().map(|s| s.to_string()).collect(),
+            gateway_ips: n.gateway_ips.iter().map(|s| s.to_string()).collect(),
+            gateway_mac: format_mac(&n.gateway_mac),
+            ipam: n.ipam,
+            mac_filter: n.mac_filter,
+            ip_filter: n.ip_filter,
+            egress: format!("{:?}", n.egress),
+            mtu: n.mtu,
+            attachments: per_network.get(n.name.as_str()).copied().unwrap_or(0),
+            dns_servers: n.dhcp.dns_servers.iter().map(|s| s.to_string()).collect(),
+            search_domains: n.dhcp.search_domains.clone(),
+        })
+        .collect();
+    let attachments = cfg
+        .attachments
+        .iter()
+        .map(|a| {
+            // A pending migration target's port is not where the VM runs yet.
+            let ifindex = active_port.get(&a.key).copied();
+            let (migration, target) = match &a.migration {
+                None => ("none".to_string(), None),
+                Some(m) if a.cut_over => ("cut-over".to_string(), Some(m.target_node.clone())),
+                Some(m) => ("pending".to_string(), Some(m.target_node.clone())),
+            };
+            AttachmentView {
+                name: a.name.clone(),
+                namespace: a.key.namespace.clone(),
+                vm: a.key.vm.clone(),
+                interface: a.key.interface.clone(),
+                network: a.network.clone(),
+                node: a.active_node().to_string(),
+                port: a.active_port().to_string(),
+                ifindex,
+                mac: a.mac_resolved.map(|(m, _)| format_mac(&m)),
+                mac_origin: a.mac_resolved.map(|(_, o)| o),
+                ips: view_ips(a, cfg, ifindex, learned),
+                learned_refused: ifindex
+                    .and_then(|i| learned.refused.get(&i))
+                    .map(|r| {
+                        r.iter()
+                            .map(|r| LearnedRefusalView {
+                                address: r.ip.to_string(),
+                                kind: r.kind.to_string(),
+                                reason: r.reason.clone(),
+                            })
+                            .collect()
+                    })
+                    .unwrap_or_default(),
+                learned_contested: ifindex
+                    .and_then(|i| learned.contested.get(&i))
+                    .map(|c| {
+                        c.iter()
+                            .map(|(ip, by)| LearnedRefusalView {
+                                address: ip.to_string(),
+                                kind: "contested".into(),
+                                reason: format!("kept here; also used by {by} (refused there)"),
+                            })
+                            .collect()
+                    })
+                    .unwrap_or_default(),
+                migration,
+                migration_target: target,
+                pending_port: pending_port
+                    .get(&a.key)
+                    .map(|(name, ifindex)| (name.to_string(), *ifindex)),
+            }
+        })
+        .collect();
+    View {
+        node: settings.node.clone(),
+        bpffs: settings.bpffs.display().to_string(),
+        config_dir: settings.config_dir.display().to_string(),
+        config_errors: cfg.errors.clone(),
+        config_warnings: cfg.config.warnings.clone(),
+        networks,
+        attachments,
+        missing_ports: plan
+            .missing_ports
+            .iter()
+            .map(|(k, p)| format!("{k} (port {p})"))
+            .collect(),
+        problems: plan.problems.clone(),
+        policies: plan.policy.policies.clone(),
+        reconciles: prev.reconciles,
+        last_reconcile_seconds: prev.last_reconcile_seconds,
+        last_reconcile_unix: prev.last_reconcile_unix,
+        ready: prev.ready,
+    }
+}
+
+/// What this round serves on this node's ports: each port's MAC and its
+/// given or claimed addresses, by network id and port name (as
+/// `read::running_ports` reads them after a restart).
+pub fn served_here(cfg: &Resolved, plan: &Plan) -> config::Held {
+    let programmed: BTreeSet<&AttachmentKey> = plan.ports.values().map(|p| &p.attachment).collect();
+    let mut held = config::Held::default();
+    for a in cfg
+        .attachments
+        .iter()
+        .filter(|a| programmed.contains(&a.key))
+    {
+        let Some(net) = cfg.network(&a.network) else {
+            continue;
+        };
+        let port = a.active_port().to_string();
+        if let Some((mac, _)) = a.mac_resolved {
+            held.port_macs.insert((net.id, mac), port.clone());
+        }
+        for (ip, _) in &a.addresses {
+            held.port_ips.insert((net.id, ip.addr()), port.clone());
+        }
+    }
+    held
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::round::{
+        plan::{Previous, plan},
+        resolve::resolve,
+        tests::{BLUE, attachment, snapshot_of},
+    };
+
+    #[test]
+    fn the_view_shows_where_a_vm_runs_and_its_migration() {
+        let snap = snapshot_of(&format!(
+            "{BLUE}---\n{}---\n{}",
+            attachment("vm1", "a"),
+            attachment("vm2", "a")
+                .replace("port: vm2p", "port: vm2p\n  migration: {targetNode: b}")
+        ));
+        let cfg = resolve(crate::round::validate(&snap, "a", &Default::default()), "a");
+        let ports =
+            |p: &str| (p == "vm1p" || p == "vm2p").then_some(if p == "vm1p" { 11 } else { 12 });
+        let plan = plan(&cfg, "a", ports, &Previous::default());
+        let settings = Settings {
+            node: "a".into(),
+            ..Default::default()
+        };
+        let view = build_view(
+            &settings,
+            &cfg,
+            &plan,
+            &Default::default(),
+            &View::default(),
+        );
+        let row = |vm: &str| view.attachments.iter().find(|a| a.vm == vm).unwrap();
+        assert_eq!(
+            (row("vm1").migration.as_str(), row("vm1").ifindex),
+            ("none", Some(11))
+        );
+        assert_eq!(row("vm2").migration, "pending");
+        assert_eq!(row("vm2").migration_target.as_deref(), Some("b"));
+        assert_eq!(view.networks[0].attachments, 2);
+        // What the next round holds as served here: vm1's and vm2's ports.
+        assert_eq!(
+            served_here(&cfg, &plan).port_macs.len(),
+            0,
+            "no MAC known yet"
+        );
+    }
+}

@@ -1,0 +1,31 @@
+//! Stage 4, **resolve**: the validated [`Config`] is never rewritten; it
+//! goes into a [`Resolved`], which the next stages enrich (addresses and
+//! MACs from IPAM, detected MACs, learned addresses, cut-overs). Here an
+//! Attachment whose port on this node is not a VM port is refused, before
+//! IPAM, so nothing is claimed for it.
+
+use crate::{config::Config, resolved::Resolved};
+
+/// The enrichment stage's start: `validated` as `node` serves it.
+pub fn resolve(validated: Config, node: &str) -> Resolved {
+    let mut cfg = Resolved::new(validated);
+    if let Some(policy) = crate::port_eligibility::policy() {
+        crate::port_eligibility::refuse_ineligible(&mut cfg, node, policy);
+    }
+    cfg
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::round::tests::{BLUE, attachment, snapshot_of};
+
+    #[test]
+    fn every_valid_attachment_is_carried_unresolved() {
+        let snap = snapshot_of(&format!("{BLUE}---\n{}", attachment("vm1", "a")));
+        let cfg = resolve(crate::round::validate(&snap, "a", &Default::default()), "a");
+        assert_eq!(cfg.attachments.len(), 1);
+        // IPAM has not run: no address yet.
+        assert!(cfg.attachments[0].addresses.is_empty());
+    }
+}
