@@ -726,7 +726,8 @@ pub mod drop_reason {
         EXT_HEADER_CHAIN = 40 => "ext_header_chain",
         /// SNAT: a non-first fragment whose first fragment SNAT did not see
         /// (IPv4: out of order, or over `FRAG_TIMEOUT_NS` later), or any
-        /// non-first IPv6 fragment. It carries no ports, so only the first
+        /// non-first IPv6 fragment from a VM (IPv6 ones are followed back
+        /// to a VM, `vmp_snat6_frags`, not out yet). It carries no ports, so only the first
         /// fragment's translation (`vmp_snat_frags`) can place it.
         SNAT_FRAGMENT = 41 => "snat_fragment",
         /// Live migration: a frame from the VM's MAC on a pending target port
@@ -986,8 +987,7 @@ pub const FRAG_TIMEOUT_NS: u64 = 30_000_000_000;
 /// holds no protocol: the Next Header of a later fragment's fragment
 /// header plays no part in reassembly, so `proto` is 0). IPv4 addresses
 /// fill the first 4 bytes, its 16-bit ID the first 2 of `id`. Keys
-/// `vmp_snat6_frags` (`dir`: `FRAG_OUT`, `FRAG_IN`) and `vmp_pol_frags`
-/// (`dir` 0).
+/// `vmp_snat6_frags` (`dir`: `FRAG_IN`) and `vmp_pol_frags` (`dir` 0).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct DatagramKey {

@@ -849,7 +849,6 @@ fn a_local_endpoints_frames_carry_its_own_identity_whatever_their_source_address
 
 // --- fragments and IPv6 extension headers -------------------------------------
 
-const A6: [u8; 16] = [0xfd, 0x40, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1];
 /// Identity 301 (B's): TCP 80 in.
 const B6: [u8; 16] = [0xfd, 0x40, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 2];
 const WORLD6: [u8; 16] = [0x20, 0x01, 0x0d, 0xb8, 0, 9, 0, 0, 0, 0, 0, 0, 0, 0, 0, 9];
@@ -892,7 +891,9 @@ fn ip6_frame(src: [u8; 16], dst: [u8; 16], tcp: bool, sp: u16, dp: u16) -> Vec<u
     let mut v = Vec::new();
     let b = PacketBuilder::ethernet2(PEER_MAC, A_MAC).ipv6(src, dst, 64);
     if tcp {
-        b.tcp(sp, dp, 1000, 64240).write(&mut v, &[7u8; 64]).unwrap();
+        b.tcp(sp, dp, 1000, 64240)
+            .write(&mut v, &[7u8; 64])
+            .unwrap();
     } else {
         b.udp(sp, dp).write(&mut v, &[7u8; 64]).unwrap();
     }
@@ -972,7 +973,12 @@ fn fragments_and_extension_headers_are_judged_by_their_ports_both_families() {
                 Some(unplaced),
             ),
             ("v4: first fragment of TCP/80 from B", first80, allow, None),
-            ("v4: its later fragment -> as its first", later80, allow, None),
+            (
+                "v4: its later fragment -> as its first",
+                later80,
+                allow,
+                None,
+            ),
             (
                 "v4: first fragment of TCP/81 from B -> denied",
                 first81,
@@ -1019,7 +1025,12 @@ fn fragments_and_extension_headers_are_judged_by_their_ports_both_families() {
             ),
             (
                 "v6: TCP/80 behind five headers -> past the walk, no ports: denied",
-                ext6(&tcp80_6, &[HOPOPTS, ROUTING, DSTOPTS, DSTOPTS, DSTOPTS], 0, 0),
+                ext6(
+                    &tcp80_6,
+                    &[HOPOPTS, ROUTING, DSTOPTS, DSTOPTS, DSTOPTS],
+                    0,
+                    0,
+                ),
                 deny,
                 Some(denied),
             ),

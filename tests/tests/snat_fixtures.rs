@@ -2827,9 +2827,17 @@ fn snat6_later_fragments_follow_their_first_fragment_back_to_the_vm() {
         assert_eq!(v2, TC_ACT_REDIRECT, "the later fragment follows it");
         assert_eq!(&in2[14 + 24..14 + 40], &VM6, "destination back to the VM's");
         assert_eq!(&in2[14 + 8..14 + 24], &EXT6, "source untouched");
-        assert_eq!(in2[14 + 7], in1[14 + 7], "hop limit down by one, as the first's");
+        assert_eq!(
+            in2[14 + 7],
+            in1[14 + 7],
+            "hop limit down by one, as the first's"
+        );
         assert_eq!((&in2[0..6], &in2[6..12]), (&VM_MAC[..], &GW_MAC[..]));
-        assert_eq!(&in2[14 + 40 + 8..], &later[14 + 40 + 8..], "payload untouched");
+        assert_eq!(
+            &in2[14 + 40 + 8..],
+            &later[14 + 40 + 8..],
+            "payload untouched"
+        );
 
         // Another datagram's later fragment is not placed.
         let (v, _) = fx.ingress(&with_ext6_id(&answer, &[FRAGMENT], 1448, 0xabce));
