@@ -103,13 +103,13 @@ pub fn key6<'a>(
 /// An IPv4 datagram's key in `slot`: (source, destination, IP ID,
 /// protocol), as `ip_fragment` keys it.
 #[inline(always)]
-pub fn key4<'a>(
-    slot: &'a mut MaybeUninit<DatagramKey>,
+pub fn key4(
+    slot: &mut MaybeUninit<DatagramKey>,
     src: [u8; 4],
     dst: [u8; 4],
     id: [u8; 2],
     proto: u8,
-) -> &'a DatagramKey {
+) -> &DatagramKey {
     let k = zeroed(slot);
     let mut i = 0;
     while i < 4 {
