@@ -176,6 +176,10 @@ pub mod maps {
     pub const HOPS6: MapDef = def::<HopKey6, KeptHop>(map_names::HOPS6, LruHash, MAX_KEPT_HOPS);
     pub const SNAT_FRAGS: MapDef =
         def::<FragKey, NatEntry>(map_names::SNAT_FRAGS, LruHash, MAX_SNAT_FRAGS);
+    pub const SNAT6_FRAGS: MapDef =
+        def::<DatagramKey, NatEntry6>(map_names::SNAT6_FRAGS, LruHash, MAX_SNAT_FRAGS);
+    pub const POLICY_FRAGS: MapDef =
+        def::<DatagramKey, PolicyFrag>(map_names::POLICY_FRAGS, LruHash, MAX_POLICY_FRAGS);
 
     pub const RESOLVE_PREFIXES: MapDef =
         lpm::<ResolvePrefix>(map_names::RESOLVE_PREFIXES, MAX_RESOLVE_PREFIXES);
@@ -186,7 +190,7 @@ pub mod maps {
 
     /// Every map the agent pins (the whole object but aya-log's ring
     /// buffer, `map_names::DEBUG_LOG`).
-    pub const ALL: [MapDef; 59] = [
+    pub const ALL: [MapDef; 61] = [
         DEBUG,
         MONITOR,
         MONITOR_CFG,
@@ -243,6 +247,8 @@ pub mod maps {
         HOPS4,
         HOPS6,
         SNAT_FRAGS,
+        SNAT6_FRAGS,
+        POLICY_FRAGS,
         RESOLVE_PREFIXES,
         RESOLVED,
         RESOLVE_METER,

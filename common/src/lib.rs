@@ -112,6 +112,12 @@ pub mod map_names {
     pub const UPLINK_XDP_STATS: &str = "vmp_uplink_xdp";
     pub const HOPS4: &str = "vmp_hops4";
     pub const SNAT_FRAGS: &str = "vmp_snat_frags";
+    /// SNAT, IPv6: datagrams whose first fragment was translated back to
+    /// a VM (the IPv4 `vmp_snat_frags`' twin, one way so far).
+    pub const SNAT6_FRAGS: &str = "vmp_snat6_frags";
+    /// NetworkPolicy: the ports of datagrams whose first fragment policy
+    /// saw, so their later fragments are judged as it was.
+    pub const POLICY_FRAGS: &str = "vmp_pol_frags";
     pub const HOPS6: &str = "vmp_hops6";
     /// Neighbour resolution over the overlay: the subnets of this node's
     /// learning ingress networks (LPM, address -> network id).
@@ -720,7 +726,8 @@ pub mod drop_reason {
         EXT_HEADER_CHAIN = 40 => "ext_header_chain",
         /// SNAT: a non-first fragment whose first fragment SNAT did not see
         /// (IPv4: out of order, or over `FRAG_TIMEOUT_NS` later), or any
-        /// non-first IPv6 fragment. It carries no ports, so only the first
+        /// non-first IPv6 fragment from a VM (IPv6 ones are followed back
+        /// to a VM, `vmp_snat6_frags`, not out yet). It carries no ports, so only the first
         /// fragment's translation (`vmp_snat_frags`) can place it.
         SNAT_FRAGMENT = 41 => "snat_fragment",
         /// Live migration: a frame from the VM's MAC on a pending target port
@@ -750,6 +757,12 @@ pub mod drop_reason {
         /// another node or MAC than the answer it holds (the first holder
         /// keeps the address until its answer expires).
         OVERLAY_RESOLVE_REFUSED = 46 => "overlay_resolve_refused",
+        /// NetworkPolicy: a later fragment (IPv4 or IPv6) to or from an
+        /// endpoint isolated in that direction, whose first fragment policy
+        /// did not see (it came first, out of order, or over
+        /// `FRAG_TIMEOUT_NS` later; `vmp_pol_frags`). It carries no ports,
+        /// so nothing else can judge it: denied.
+        POLICY_FRAGMENT = 47 => "policy_fragment",
     }
 
     // A number out of place would show a count under another reason's name.
@@ -835,6 +848,9 @@ pub const MAX_KEPT_HOPS: u32 = 65536;
 /// push out another's datagram still arriving (65536 records at a
 /// million first fragments a second last 65 ms).
 pub const MAX_SNAT_FRAGS: u32 = 65536;
+/// Fragmented datagrams in flight that NetworkPolicy saw the first
+/// fragment of (`vmp_pol_frags`), as `MAX_SNAT_FRAGS`.
+pub const MAX_POLICY_FRAGS: u32 = 65536;
 pub const MAX_SNAT_VMS: u32 = 65536;
 
 /// A VM address the fabric reaches un-NATed (routed ingress: `egress:
@@ -962,8 +978,45 @@ pub const FRAG_OUT: u8 = 0;
 /// flow's `vmp_snat_in` entry: the VM's address, port and hop).
 pub const FRAG_IN: u8 = 1;
 /// How long after its first fragment a datagram's later ones are
-/// translated (Linux's `ipfrag_time` default).
+/// translated (Linux's `ipfrag_time` default), or judged by policy.
 pub const FRAG_TIMEOUT_NS: u64 = 30_000_000_000;
+
+/// A fragmented datagram of either family, as the kernel's reassembly
+/// keys it: IPv4 by (source, destination, IP ID, protocol), IPv6 by
+/// (source, destination, fragment identification) (`ipv6_frag`'s key
+/// holds no protocol: the Next Header of a later fragment's fragment
+/// header plays no part in reassembly, so `proto` is 0). IPv4 addresses
+/// fill the first 4 bytes, its 16-bit ID the first 2 of `id`. Keys
+/// `vmp_snat6_frags` (`dir`: `FRAG_IN`) and `vmp_pol_frags` (`dir` 0).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct DatagramKey {
+    pub src: [u8; 16],
+    pub dst: [u8; 16],
+    pub id: [u8; 4],
+    pub proto: u8,
+    /// `addr_family`.
+    pub family: u8,
+    pub dir: u8,
+    pub _pad: u8,
+}
+const _: () = assert!(size_of::<DatagramKey>() == 40);
+
+/// What NetworkPolicy saw in a datagram's first fragment
+/// (`vmp_pol_frags`): its protocol (past IPv6 extension headers) and
+/// ports (an ICMP echo's identifier both ways), which its later
+/// fragments, carrying none, are judged by.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PolicyFrag {
+    /// bpf_ktime_get_coarse_ns of the first fragment.
+    pub last_seen: u64,
+    pub sport: u16,
+    pub dport: u16,
+    pub proto: u8,
+    pub _pad: [u8; 3],
+}
+const _: () = assert!(size_of::<PolicyFrag>() == 16);
 
 /// One direction of an IPv4 flow: the tuple as it appears on the wire.
 /// For ICMP echo, `sport` and `dport` both hold the identifier.
@@ -1116,6 +1169,8 @@ mod pod_north_south {
     unsafe impl aya::Pod for NatEntry6 {}
     unsafe impl aya::Pod for HopKey4 {}
     unsafe impl aya::Pod for FragKey {}
+    unsafe impl aya::Pod for DatagramKey {}
+    unsafe impl aya::Pod for PolicyFrag {}
     unsafe impl aya::Pod for HopKey6 {}
     unsafe impl aya::Pod for KeptHop {}
 }

@@ -13,6 +13,7 @@ mod clock;
 mod counters;
 mod csum;
 mod debug;
+mod frag;
 mod fwd;
 mod host;
 mod icmp;

@@ -12,6 +12,16 @@
 //! discovery, MLD and DHCP always pass: the gateway answers them.
 //! A full flow table forgets its oldest flows (LRU); their next packet is
 //! checked against policy again, never let through unchecked.
+//!
+//! IPv6 is judged by what it carries past hop-by-hop, routing,
+//! destination-options and fragment headers (`spoof::walk6`, the bounded
+//! walk the guards and SNAT use). A fragmented datagram is judged by its
+//! first fragment, whose ports `vmp_pol_frags` keeps (keyed as the
+//! kernel keys reassembly) for its later fragments, which carry none:
+//! they take its verdict. A later fragment whose first policy did not see
+//! is denied where the direction is isolated (`policy_fragment`).
+
+use core::mem::MaybeUninit;
 
 use aya_ebpf::{
     bindings::TC_ACT_SHOT,
@@ -21,22 +31,24 @@ use aya_ebpf::{
 };
 use network_types::{eth::EthHdr, ip::Ipv4Hdr, ip::Ipv6Hdr};
 use vmpath_common::{
-    FloodList, IdentityPrefix, NO_PORT_ID, POL_F_EGRESS, POL_F_INGRESS, POLICY_CB_DELIVER,
-    POLICY_CB_EGRESS_DONE, POLICY_CB_UNTRACKED, POLICY_FLOW_OTHER_TIMEOUT_NS,
+    DatagramKey, FloodList, IdentityPrefix, NO_PORT_ID, POL_F_EGRESS, POL_F_INGRESS,
+    POLICY_CB_DELIVER, POLICY_CB_EGRESS_DONE, POLICY_CB_UNTRACKED, POLICY_FLOW_OTHER_TIMEOUT_NS,
     POLICY_FLOW_REFRESH_NS, POLICY_FLOW_TCP_TIMEOUT_NS, POLICY_LEN_FULL, POLICY_NONE,
-    PolicyEndpoint, PolicyFlow, PolicyFlowKey, PolicyRuleKey, PolicyStats, addr_family,
+    PolicyEndpoint, PolicyFlow, PolicyFlowKey, PolicyFrag, PolicyRuleKey, PolicyStats, addr_family,
     drop_reason, identity, maps, policy_dir, tail_call,
 };
 
 use crate::{
     clock::flow_now,
     counters,
+    frag::{self, Noted6, Piece},
     fwd::{self, Verdict},
     maps::PORTS,
     parse::{
         ETH_LEN, ETH_P_IP, ETH_P_IPV6, IPPROTO_ICMP, IPPROTO_ICMPV6, IPPROTO_TCP, IPPROTO_UDP, hdr,
     },
     route::PROGS,
+    spoof::{IPPROTO_FRAGMENT, walk6},
 };
 
 /// Port id -> isolation flags and identity of the endpoint.
@@ -80,6 +92,15 @@ pub static POLICY_SCRATCH: PerCpuArray<
     { maps::POLICY_SCRATCH.max_entries as usize },
 > = PerCpuArray::new();
 
+/// Datagrams whose first fragment policy saw -> its protocol and ports,
+/// for its later fragments (`frag`).
+#[btf_map(name = "vmp_pol_frags")]
+pub static POLICY_FRAGS: LruHashMap<
+    DatagramKey,
+    PolicyFrag,
+    { maps::POLICY_FRAGS.max_entries as usize },
+> = LruHashMap::new();
+
 /// Policy index -> flows it allowed, per CPU.
 #[btf_map(name = "vmp_pol_hits")]
 pub static POLICY_HITS: PerCpuArray<u64, { maps::POLICY_HITS.max_entries as usize }> =
@@ -105,6 +126,9 @@ enum Seen {
     /// An ICMP error: the key is that of a reply to the packet it quotes;
     /// it never opens a flow.
     Related,
+    /// A later fragment whose first fragment policy did not see (or saw
+    /// over `FRAG_TIMEOUT_NS` ago): no ports to judge it by.
+    Unplaced,
 }
 
 /// A frame's tuple left in this CPU's scratch slot by the egress check in
@@ -477,11 +501,11 @@ fn check(
     // SAFETY: this CPU's scratch slot, valid for this run; nothing else
     // uses it while this packet is checked.
     let k = unsafe { &mut *k };
-    let seen = parse(ctx, k)?;
+    let now = flow_now();
+    let seen = parse(ctx, k, now)?;
     if seen == Seen::Exempt {
         return Ok(());
     }
-    let now = flow_now();
     // An ICMP error about a flow a shared entry holds: the only frames of
     // such a flow that come here (its others pass on the entry before).
     if !untracked && seen == Seen::Related && pair_other(k, network, port_id, dir, now) != 0 {
@@ -490,7 +514,8 @@ fn check(
     k.port_id = port_id;
     k.direction = dir;
     k._pad = 0;
-    if !untracked && tracked(k, now) {
+    // An unplaced fragment's ports (0) are none of a flow's.
+    if !untracked && seen != Seen::Unplaced && tracked(k, now) {
         return Ok(());
     }
     let isolated = if dir == policy_dir::INGRESS {
@@ -500,7 +525,12 @@ fn check(
     };
     let mut policy = POLICY_NONE;
     let mut reason = 0;
-    if isolated {
+    if seen == Seen::Unplaced {
+        if !isolated {
+            return Ok(());
+        }
+        reason = drop_reason::POLICY_FRAGMENT;
+    } else if isolated {
         let peer = if dir == policy_dir::INGRESS {
             source_identity(ctx, network, k)
         } else {
@@ -727,16 +757,18 @@ fn count(port_id: u32, dir: u8, allowed: bool) {
 
 /// `parse` for the common case only, small enough to inline into every
 /// delivering program: a frame that is not IP (`Exempt`), or a whole
-/// TCP, UDP or SCTP packet (or first fragment) without IPv6 extension
+/// (unfragmented) TCP, UDP or SCTP packet without IPv6 extension
 /// headers, read exactly as `parse` reads it. `None` for anything else
-/// (ICMP, later fragments, a truncated header): `parse` decides.
+/// (ICMP, fragments, a truncated header): `parse` decides (and keeps a
+/// first fragment's ports for the fragments after it).
 #[inline(always)]
 fn parse_plain(ctx: &TcContext, k: &mut PolicyFlowKey) -> Option<Seen> {
     let eth = hdr::<EthHdr>(ctx, 0).ok()?;
     let (family, proto, l4) = match u16::from_be(eth.ether_type) {
         ETH_P_IP => {
             let ip = hdr::<Ipv4Hdr>(ctx, ETH_LEN).ok()?;
-            if u16::from_be_bytes(ip.frags) & 0x1fff != 0 {
+            // Any fragment, first or later (offset or more-fragments set).
+            if u16::from_be_bytes(ip.frags) & (frag::IP_OFFSET | frag::IP_MF) != 0 {
                 return None;
             }
             set_v4(&mut k.src, ip.src_addr);
@@ -769,17 +801,50 @@ fn parse_plain(ctx: &TcContext, k: &mut PolicyFlowKey) -> Option<Seen> {
     Some(Seen::Opens)
 }
 
-/// Reads the packet's tuple, as the endpoint sees it, into `k`.
+/// Reads the packet's tuple, as the endpoint sees it, into `k`; a
+/// fragment's by its first fragment's record (kept here, at `now`).
 #[inline(always)]
-fn parse(ctx: &TcContext, k: &mut PolicyFlowKey) -> Result<Seen, u32> {
+fn parse(ctx: &TcContext, k: &mut PolicyFlowKey, now: u64) -> Result<Seen, u32> {
     let eth = hdr::<EthHdr>(ctx, 0)?;
     k.sport = 0;
     k.dport = 0;
     match u16::from_be(eth.ether_type) {
-        ETH_P_IP => ipv4(ctx, k),
-        ETH_P_IPV6 => ipv6(ctx, k),
+        ETH_P_IP => ipv4(ctx, k, now),
+        ETH_P_IPV6 => ipv6(ctx, k, now),
         _ => Ok(Seen::Exempt),
     }
+}
+
+/// Keeps a first fragment's protocol and ports (read into `k`) for the
+/// later fragments of its datagram (`key`).
+#[inline(always)]
+fn remember_first(key: &DatagramKey, k: &PolicyFlowKey, now: u64) {
+    let f = PolicyFrag {
+        last_seen: now,
+        sport: k.sport,
+        dport: k.dport,
+        proto: k.proto,
+        _pad: [0; 3],
+    };
+    frag::keep(&POLICY_FRAGS, key, &f);
+}
+
+/// A later fragment takes its first fragment's protocol and ports into
+/// `k`, and so its verdict (a flow it opened, or the rules judging it
+/// again); `Unplaced` without one.
+#[inline(always)]
+fn later_fragment(key: &DatagramKey, k: &mut PolicyFlowKey, now: u64) -> Seen {
+    let Some(f) = frag::first(&POLICY_FRAGS, key, now) else {
+        return Seen::Unplaced;
+    };
+    let (proto, s, d) = (f.proto, f.sport, f.dport);
+    k.proto = proto;
+    k.sport = s;
+    k.dport = d;
+    if proto == IPPROTO_UDP && is_dhcp(s, d) {
+        return Seen::Exempt;
+    }
+    Seen::Opens
 }
 
 #[inline(always)]
@@ -809,35 +874,43 @@ fn is_dhcp(sport: u16, dport: u16) -> bool {
 }
 
 #[inline(always)]
-fn ipv4(ctx: &TcContext, k: &mut PolicyFlowKey) -> Result<Seen, u32> {
+fn ipv4(ctx: &TcContext, k: &mut PolicyFlowKey, now: u64) -> Result<Seen, u32> {
     let ip = hdr::<Ipv4Hdr>(ctx, ETH_LEN)?;
-    let (proto, src, dst, vihl, frags) = (ip.proto, ip.src_addr, ip.dst_addr, ip.vihl, ip.frags);
+    let (proto, src, dst, vihl, frags, id) =
+        (ip.proto, ip.src_addr, ip.dst_addr, ip.vihl, ip.frags, ip.id);
     let l4 = ETH_LEN + usize::from(vihl & 0x0f) * 4;
     k.family = addr_family::IPV4;
     k.proto = proto;
     set_v4(&mut k.src, src);
     set_v4(&mut k.dst, dst);
-    // A later fragment carries no transport header: only rules for any
-    // port of its protocol can allow it.
-    if u16::from_be_bytes(frags) & 0x1fff != 0 {
-        return Ok(Seen::Opens);
+    let piece = frag::piece4(u16::from_be_bytes(frags));
+    let mut slot = MaybeUninit::uninit();
+    if piece == Piece::Later {
+        let key = frag::key4(&mut slot, src, dst, id, proto);
+        return Ok(later_fragment(key, k, now));
     }
     match proto {
         IPPROTO_TCP | IPPROTO_UDP | IPPROTO_SCTP => {
             let (s, d) = ports_at(ctx, l4)?;
+            k.sport = s;
+            k.dport = d;
+            if piece == Piece::First {
+                remember_first(frag::key4(&mut slot, src, dst, id, proto), k, now);
+            }
             if proto == IPPROTO_UDP && is_dhcp(s, d) {
                 return Ok(Seen::Exempt);
             }
-            k.sport = s;
-            k.dport = d;
         }
         IPPROTO_ICMP => {
             let h = hdr::<[u8; 8]>(ctx, l4)?;
             match h[0] {
                 ICMP_ECHO | ICMP_ECHO_REPLY => {
-                    let id = u16::from_be_bytes([h[4], h[5]]);
-                    k.sport = id;
-                    k.dport = id;
+                    let echo = u16::from_be_bytes([h[4], h[5]]);
+                    k.sport = echo;
+                    k.dport = echo;
+                    if piece == Piece::First {
+                        remember_first(frag::key4(&mut slot, src, dst, id, proto), k, now);
+                    }
                 }
                 ICMP_DEST_UNREACH | ICMP_TIME_EXCEEDED | ICMP_PARAMETER_PROBLEM => {
                     let inner = hdr::<Ipv4Hdr>(ctx, l4 + 8)?;
@@ -876,33 +949,51 @@ fn inner_ports(ctx: &TcContext, off: usize, proto: u8, icmp: u8) -> Result<(u16,
 }
 
 #[inline(always)]
-fn ipv6(ctx: &TcContext, k: &mut PolicyFlowKey) -> Result<Seen, u32> {
+fn ipv6(ctx: &TcContext, k: &mut PolicyFlowKey, now: u64) -> Result<Seen, u32> {
     let ip = hdr::<Ipv6Hdr>(ctx, ETH_LEN)?;
-    // Extension headers are not walked: a packet with one is seen as of
-    // that protocol, without ports, which only a rule for any protocol
-    // allows.
-    let proto = ip.next_hdr;
+    let next_hdr = ip.next_hdr;
     k.src = ip.src_addr;
     k.dst = ip.dst_addr;
     k.family = addr_family::IPV6;
+    k.proto = next_hdr;
+    // Past the extension headers (the walk the guards and SNAT take). A
+    // chain longer than it walks is seen as of its first header's
+    // protocol, without ports, which only a rule for any protocol allows.
+    let mut noted = Noted6::new();
+    let (proto, l4) = match walk6(ctx, next_hdr, &mut noted) {
+        Ok(up) => up,
+        Err(drop_reason::EXT_HEADER_CHAIN) => return Ok(Seen::Opens),
+        Err(e) => return Err(e),
+    };
+    let (piece, id) = (noted.piece, noted.id);
+    let mut slot = MaybeUninit::uninit();
+    if proto == IPPROTO_FRAGMENT {
+        let key = frag::key6(&mut slot, &k.src, &k.dst, frag::later_id6(ctx, l4)?, 0);
+        return Ok(later_fragment(key, k, now));
+    }
     k.proto = proto;
-    let l4 = ETH_LEN + Ipv6Hdr::LEN;
     match proto {
         IPPROTO_TCP | IPPROTO_UDP | IPPROTO_SCTP => {
             let (s, d) = ports_at(ctx, l4)?;
+            k.sport = s;
+            k.dport = d;
+            if piece == Piece::First {
+                remember_first(frag::key6(&mut slot, &k.src, &k.dst, id, 0), k, now);
+            }
             if proto == IPPROTO_UDP && is_dhcp(s, d) {
                 return Ok(Seen::Exempt);
             }
-            k.sport = s;
-            k.dport = d;
         }
         IPPROTO_ICMPV6 => {
             let h = hdr::<[u8; 8]>(ctx, l4)?;
             match h[0] {
                 ICMPV6_ECHO_REQUEST | ICMPV6_ECHO_REPLY => {
-                    let id = u16::from_be_bytes([h[4], h[5]]);
-                    k.sport = id;
-                    k.dport = id;
+                    let echo = u16::from_be_bytes([h[4], h[5]]);
+                    k.sport = echo;
+                    k.dport = echo;
+                    if piece == Piece::First {
+                        remember_first(frag::key6(&mut slot, &k.src, &k.dst, id, 0), k, now);
+                    }
                 }
                 1..=ICMPV6_ERROR_MAX => {
                     let inner = hdr::<Ipv6Hdr>(ctx, l4 + 8)?;

@@ -4,15 +4,20 @@
 //! the same reserved range; replies on the uplink are translated back.
 //! The flow tables, quota and inbound-flow record are the IPv4 ones'
 //! twins, keyed by `NatKey6`. The transport header is found past up to
-//! four extension headers (`spoof::upper_layer6`, the walker the guards
-//! use): hop-by-hop, routing and destination options are carried through
-//! untouched (none is covered by the transport checksum), a first
-//! fragment is translated by its ports. A non-first fragment carries no
-//! ports and is dropped on the way out (`snat_fragment`): translating it
-//! would take reassembly state (fragment ID -> flow) SNAT does not keep,
-//! so a datagram the VM fragments does not get through. On the way back
-//! such a fragment goes to the host stack, as anything that is not a
-//! known flow: the SNAT address is the node's own.
+//! four extension headers (`spoof::walk6`, the walker the guards and
+//! NetworkPolicy use): hop-by-hop, routing and destination options are
+//! carried through untouched (none is covered by the transport checksum),
+//! a first fragment is translated by its ports. On the way back its later
+//! fragments, which carry none, follow it as IPv4's do (`frag`,
+//! `vmp_snat6_frags`, keyed by source, destination and fragment
+//! identification, as IPv6 reassembly keys them): to the VM the first
+//! went to; one whose first was not seen goes to the host stack (the
+//! SNAT address is the node's own). On the way out a later fragment is
+//! still dropped (`snat_fragment`): recording the first fragment's
+//! outcome and routing its later ones on took `vm_egress` over the
+//! verifier's million instructions (it verifies at 955k without them), so
+//! following them out needs a program of its own (a tail call), not done
+//! yet.
 //!
 //! IPv6 has no header checksum; the transport checksum (ICMPv6's too)
 //! covers the pseudo header, so an address change is four 32-bit
@@ -29,18 +34,19 @@ use aya_ebpf::{
 };
 use network_types::{eth::EthHdr, ip::Ipv6Hdr};
 use vmpath_common::{
-    InboundFlow, L2Hop, NAT_ST_CLOSING, NAT_ST_OPEN, NET_F_INGRESS, NatEntry6, NatKey6,
-    NetworkInfo, PortInfo, SnatConfig, drop_reason, maps,
+    DatagramKey, FRAG_IN, InboundFlow, L2Hop, NAT_ST_CLOSING, NAT_ST_OPEN, NET_F_INGRESS,
+    NatEntry6, NatKey6, NetworkInfo, PortInfo, SnatConfig, drop_reason, maps,
 };
 
 use crate::{
+    frag::{self, Noted6, Piece},
     next_hop::{self, NextHop},
     parse::{ETH_LEN, IPPROTO_ICMPV6, IPPROTO_UDP, addr16_eq, hdr, hdr_mut, words16, zeroed},
     snat::{
         L4, PROBES, SNAT_CONFIG, TCP_FIN, TCP_RST, inbound_live, inbound_ports, l4, new_inbound,
         refresh_inbound, rewrite_port, stale, to_port,
     },
-    spoof::{IPPROTO_FRAGMENT, upper_layer6},
+    spoof::{IPPROTO_FRAGMENT, upper_layer6, walk6},
 };
 
 const IP6_SRC_OFF: usize = ETH_LEN + offset_of!(Ipv6Hdr, src_addr);
@@ -68,6 +74,16 @@ pub static SNAT6_QUOTA: HashMap<[u8; 16], u32, { maps::SNAT6_QUOTA.max_entries a
 #[btf_map(name = "vmp_inbound6")]
 pub static INBOUND6: LruHashMap<NatKey6, InboundFlow, { maps::INBOUND6.max_entries as usize }> =
     LruHashMap::new();
+
+/// Fragmented datagrams whose first fragment SNAT translated back to a
+/// VM, so their later fragments take the same way: the flow's
+/// `vmp_snat6_in` entry, keyed with `FRAG_IN` (`vmp_snat_frags`' twin).
+#[btf_map(name = "vmp_snat6_frags")]
+pub static SNAT6_FRAGS: LruHashMap<
+    DatagramKey,
+    NatEntry6,
+    { maps::SNAT6_FRAGS.max_entries as usize },
+> = LruHashMap::new();
 
 /// Builds a key in `slot`, field by field: `NatKey6::new` goes through a
 /// word array, a second copy on the stack, and the uplink program's
@@ -186,6 +202,8 @@ pub fn egress6(
     let Some(cfg) = SNAT_CONFIG.get(0) else {
         return Err(drop_reason::SNAT_NO_ADDRESS);
     };
+    // A later fragment carries no ports: dropped (see the module's doc:
+    // `vm_egress` has no verifier budget left for following them out).
     let (proto, l4_off) = upper_layer6(ctx, hdr::<Ipv6Hdr>(ctx, ETH_LEN)?.next_hdr)?;
     if proto == IPPROTO_FRAGMENT {
         return Err(drop_reason::SNAT_FRAGMENT);
@@ -258,6 +276,26 @@ pub fn egress6(
     rewrite_addr6(ctx, &l4, IP6_SRC_OFF, &key.src, &cfg.addr6)?;
     rewrite_port(ctx, &l4, l4.sport, nat_port)?;
     Ok(next)
+}
+
+/// A later fragment to the SNAT address: to the VM its first fragment
+/// went to, destination address back to the VM's, hop limit down by one.
+/// Without a recorded first fragment it is no SNAT flow's (or came first
+/// out of order): the host stack gets it, as any frame to the node.
+#[inline(always)]
+fn later_fragment_in6(ctx: &TcContext, id: [u8; 4], hop: u8) -> Result<Option<i32>, u32> {
+    let ip = hdr::<Ipv6Hdr>(ctx, ETH_LEN)?;
+    let mut slot = MaybeUninit::uninit();
+    let fkey = frag::key6(&mut slot, &ip.src_addr, &ip.dst_addr, id, FRAG_IN);
+    let Some(e) = frag::first(&SNAT6_FRAGS, fkey, crate::clock::flow_now()) else {
+        return Ok(None);
+    };
+    if hop <= 1 {
+        return Err(drop_reason::ROUTE_TTL_EXCEEDED);
+    }
+    crate::parse::write_at(ctx, IP6_DST_OFF, &e.addr)?;
+    hdr_mut::<Ipv6Hdr>(ctx, ETH_LEN)?.hop_limit -= 1;
+    to_port(ctx, &e.hop, e.port_id)
 }
 
 /// Replaces the IPv6 address at `off`, fixing the transport checksum
@@ -400,11 +438,15 @@ pub fn ingress6(ctx: &TcContext) -> Result<Option<i32>, u32> {
     if addr16_eq(&cfg.addr6, &NO_ADDR) || !addr16_eq(&ip.dst_addr, &cfg.addr6) {
         return Ok(None);
     }
-    // A chain too long to walk, or a later fragment: not ours to judge
-    // (the address is the node's own), the host stack's.
-    let Ok((proto, l4_off)) = upper_layer6(ctx, next_hdr) else {
+    // A chain too long to walk: not ours to judge (the address is the
+    // node's own), the host stack's.
+    let mut noted = Noted6::new();
+    let Ok((proto, l4_off)) = walk6(ctx, next_hdr, &mut noted) else {
         return Ok(None);
     };
+    if proto == IPPROTO_FRAGMENT {
+        return later_fragment_in6(ctx, frag::later_id6(ctx, l4_off)?, hop);
+    }
     if proto == IPPROTO_ICMPV6
         && let Some(action) = crate::snat_icmp::ingress6(ctx, cfg, l4_off)?
     {
@@ -440,6 +482,15 @@ pub fn ingress6(ctx: &TcContext) -> Result<Option<i32>, u32> {
     // SAFETY: as above; a plain integer read.
     let due = crate::snat::refresh_due(unsafe { (*back).last_seen }, now, l4.tcp_flags);
     touch6(back, now, l4.tcp_flags);
+    if noted.piece == Piece::First {
+        // Its later fragments go where it goes: the flow's entry as it is
+        // (just refreshed: its time is the first fragment's, within
+        // `TOUCH_GRANULARITY_NS`), straight from the map.
+        let mut fslot = MaybeUninit::uninit();
+        let fkey = frag::key6(&mut fslot, &rkey.src, &rkey.dst, noted.id, FRAG_IN);
+        // SAFETY: `back` as above; the helper reads the value in place.
+        frag::keep(&SNAT6_FRAGS, fkey, unsafe { &*back });
+    }
     // SAFETY: as above; no store through `back` follows (read in place:
     // a copy would cost 56 bytes of stack).
     let e = unsafe { &*back };

@@ -99,6 +99,31 @@ pub fn remote_owns_nd_target(network: u32, target: &[u8; 16], mac: &[u8; 6]) -> 
 /// `MAX_EXT_HEADERS` extension headers: `EXT_HEADER_CHAIN`.
 #[inline(always)]
 pub fn upper_layer6(ctx: &TcContext, next_hdr: u8) -> Result<(u8, usize), u32> {
+    walk6(ctx, next_hdr, &mut ())
+}
+
+/// Told by `walk6` of the fragment header of a first fragment (offset 0).
+pub trait FragNote {
+    /// `off`: the header's offset (its identification is at `off + 4`);
+    /// `more`: its M flag (1: more fragments follow), as a value rather
+    /// than a branch (see `walk6`).
+    fn first_fragment(&mut self, ctx: &TcContext, off: usize, more: u8);
+}
+
+/// Nothing to note (the guards): the walk they always had, unchanged.
+impl FragNote for () {
+    #[inline(always)]
+    fn first_fragment(&mut self, _: &TcContext, _: usize, _: u8) {}
+}
+
+/// `upper_layer6`, telling `note` of a first fragment's header on the
+/// way: the one bounded walk of the guards, SNAT and NetworkPolicy. What
+/// the fragment header tells goes to `note` as values, never as a branch
+/// or a value returned: either would split each state the verifier walks
+/// through the rest of the caller (`vm_egress` is near its budget). A
+/// later fragment's identification is at `off + 4` (`frag::later_id6`).
+#[inline(always)]
+pub fn walk6<N: FragNote>(ctx: &TcContext, next_hdr: u8, note: &mut N) -> Result<(u8, usize), u32> {
     let mut proto = next_hdr;
     let mut off = ETH_LEN + 40;
     let mut i = 0;
@@ -112,6 +137,7 @@ pub fn upper_layer6(ctx: &TcContext, next_hdr: u8) -> Result<(u8, usize), u32> {
             if u16::from_be_bytes([h[2], h[3]]) & 0xfff8 != 0 {
                 return Ok((IPPROTO_FRAGMENT, off));
             }
+            note.first_fragment(ctx, off, h[3] & 1);
             proto = h[0];
             off += 8;
         } else {

@@ -923,3 +923,115 @@ sendp(e/IPv6(src='{src6}', dst='fd53::2')/UDP(sport={sport}, dport=7000)/Raw(b'{
         "c's datagrams as a, twice each over IPv4 and IPv6, denied at b's ingress"
     );
 }
+
+/// Receives UDP datagrams on 5353 and 5354 (IPv4 and IPv6), printing
+/// each one's port, family and size.
+const BIG_SINK: &str = r#"
+import socket, threading
+def serve(p):
+    s = socket.socket(socket.AF_INET6, socket.SOCK_DGRAM)
+    s.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+    s.bind(("::", p))
+    while True:
+        d, a = s.recvfrom(65535)
+        fam = "v4" if a[0].startswith("::ffff:") else "v6"
+        print(f"{p} {fam} {len(d)}", flush=True)
+for p in (5353, 5354):
+    threading.Thread(target=serve, args=(p,), daemon=True).start()
+print("ready", flush=True)
+threading.Event().wait()
+"#;
+
+/// A UDP datagram larger than the MTU, sent by the kernel of an allowed
+/// peer (a real socket: the kernel fragments it), reaches an endpoint
+/// whose policy allows that UDP port, over IPv4 and IPv6: every fragment
+/// after the first takes its verdict (before, they were denied as
+/// `policy_denied_ingress` with ports 0, and the datagram never
+/// reassembled). The same datagram to a port the policy does not allow
+/// arrives in no form. b's UDP 5353 is allowed from a only.
+#[test]
+fn a_datagram_larger_than_the_mtu_reaches_an_endpoint_whose_policy_allows_its_port() {
+    let mut node = Node::new("a");
+    let vm = |name: &str, n: u8| {
+        node.add_vm(
+            name,
+            &format!("52:54:00:54:00:{n:02x}"),
+            &[&format!("10.54.0.{n}/16"), &format!("fd54::{n}/64")],
+            None,
+        )
+    };
+    let (a, b) = (vm("fa", 1), vm("fb", 2));
+    let attachment = |name: &str, v: &Vm, n: u8| {
+        format!(
+            "apiVersion: vmpath.dev/v1alpha1\nkind: Attachment\nmetadata: {{name: {name}, namespace: x, labels: {{pod: {name}}}}}\nspec:\n  vm: {name}\n  interface: eth0\n  network: frag\n  node: a\n  port: {}\n  mac: \"{}\"\n  ips: [\"10.54.0.{n}/16\", \"fd54::{n}/64\"]\n",
+            v.port, v.mac
+        )
+    };
+    let docs = [
+        vmpath_tests::yaml::network(
+            "frag",
+            540,
+            &["10.54.0.0/16", "fd54::/64"],
+            &["10.54.255.1", "fd54::ffff"],
+            false,
+        ),
+        attachment("a", &a, 1),
+        attachment("b", &b, 2),
+        policy(
+            "x",
+            "b-udp-5353-from-a",
+            "{podSelector: {matchLabels: {pod: b}}, ingress: [{from: [{podSelector: {matchLabels: {pod: a}}}], ports: [{protocol: UDP, port: 5353}]}]}",
+        ),
+    ];
+    node.write_config("config.yaml", &vmpath_tests::yaml::docs(&docs));
+    node.start_agent();
+    node.wait_ports(&[&a.port, &b.port]);
+    wait_for("the policy", Duration::from_secs(10), || {
+        node.status()
+            .is_some_and(|s| s["policies"].as_array().is_some_and(|p| p.len() == 1))
+    });
+    for v in [&a, &b] {
+        let mtu: usize =
+            v.ns.run(&["cat", "/sys/class/net/eth0/mtu"])
+                .trim()
+                .parse()
+                .unwrap();
+        assert!(
+            mtu < 4000 / 2,
+            "the datagram below must take several fragments"
+        );
+    }
+
+    let mut sink = b.ns.spawn(&[SCAPY_PYTHON, "-u", "-c", BIG_SINK]);
+    let mut out = std::io::BufReader::new(sink.stdout.take().unwrap());
+    let mut line = String::new();
+    use std::io::{BufRead as _, Read as _};
+    out.read_line(&mut line).unwrap();
+    assert_eq!(line.trim(), "ready");
+    let unplaced = node.drops(drop_reason::POLICY_FRAGMENT);
+    // 4000 bytes: three fragments or more, both families.
+    a.ns.run(&[
+        SCAPY_PYTHON,
+        "-c",
+        "import socket, time
+for fam, dst in ((socket.AF_INET, '10.54.0.2'), (socket.AF_INET6, 'fd54::2')):
+    s = socket.socket(fam, socket.SOCK_DGRAM)
+    for port in (5353, 5354):
+        for _ in range(2):
+            s.sendto(b'x' * 4000, (dst, port)); time.sleep(0.05)
+",
+    ]);
+    std::thread::sleep(Duration::from_millis(700));
+    let _ = sink.kill();
+    let _ = sink.wait();
+    let mut got = String::new();
+    out.read_to_string(&mut got).unwrap();
+    let got: std::collections::BTreeSet<&str> = got.lines().collect();
+    let want: std::collections::BTreeSet<&str> = ["5353 v4 4000", "5353 v6 4000"].into();
+    assert_eq!(got, want, "what b received, whole");
+    assert_eq!(
+        node.drops(drop_reason::POLICY_FRAGMENT),
+        unplaced,
+        "every later fragment found its first"
+    );
+}

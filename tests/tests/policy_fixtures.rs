@@ -846,3 +846,256 @@ fn a_local_endpoints_frames_carry_its_own_identity_whatever_their_source_address
         assert_eq!(fx.deliver(&tcp6(C6, A6, 40010, 8000)), TC_ACT_REDIRECT);
     });
 }
+
+// --- fragments and IPv6 extension headers -------------------------------------
+
+/// Identity 301 (B's): TCP 80 in.
+const B6: [u8; 16] = [0xfd, 0x40, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 2];
+const WORLD6: [u8; 16] = [0x20, 0x01, 0x0d, 0xb8, 0, 9, 0, 0, 0, 0, 0, 0, 0, 0, 0, 9];
+
+const HOPOPTS: u8 = 0;
+const ROUTING: u8 = 43;
+const FRAGMENT: u8 = 44;
+const DSTOPTS: u8 = 60;
+
+/// An IPv4 frame split in two fragments (IP ID `id`), the first carrying
+/// `first_len` bytes (a multiple of 8) of the IP payload.
+fn fragments4(frame: &[u8], first_len: usize, id: u16) -> (Vec<u8>, Vec<u8>) {
+    let (eth, ip) = frame.split_at(14);
+    let payload = &ip[20..];
+    let part = |data: &[u8], offset8: u16, more: bool| {
+        let mut h = ip[..20].to_vec();
+        h[2..4].copy_from_slice(&((20 + data.len()) as u16).to_be_bytes());
+        h[4..6].copy_from_slice(&id.to_be_bytes());
+        let flags = offset8 | if more { 0x2000 } else { 0 };
+        h[6..8].copy_from_slice(&flags.to_be_bytes());
+        [eth, &h, data].concat()
+    };
+    (
+        part(&payload[..first_len], 0, true),
+        part(&payload[first_len..], (first_len / 8) as u16, false),
+    )
+}
+
+fn tcp_with_payload(src: [u8; 4], dst: [u8; 4], sp: u16, dp: u16) -> Vec<u8> {
+    let mut v = Vec::new();
+    PacketBuilder::ethernet2(PEER_MAC, A_MAC)
+        .ipv4(src, dst, 64)
+        .tcp(sp, dp, 1000, 64240)
+        .write(&mut v, &[7u8; 64])
+        .unwrap();
+    v
+}
+
+fn ip6_frame(src: [u8; 16], dst: [u8; 16], tcp: bool, sp: u16, dp: u16) -> Vec<u8> {
+    let mut v = Vec::new();
+    let b = PacketBuilder::ethernet2(PEER_MAC, A_MAC).ipv6(src, dst, 64);
+    if tcp {
+        b.tcp(sp, dp, 1000, 64240)
+            .write(&mut v, &[7u8; 64])
+            .unwrap();
+    } else {
+        b.udp(sp, dp).write(&mut v, &[7u8; 64]).unwrap();
+    }
+    v
+}
+
+/// `frame` with IPv6 extension headers `exts` after the fixed header:
+/// hop-by-hop, routing and destination options as 8 bytes each, a
+/// fragment header with `frag` (offset << 3 | M) and identification `id`.
+fn ext6(frame: &[u8], exts: &[u8], frag: u16, id: u32) -> Vec<u8> {
+    let upper = frame[14 + 6];
+    let mut hdrs = Vec::new();
+    for (i, &t) in exts.iter().enumerate() {
+        let next = exts.get(i + 1).copied().unwrap_or(upper);
+        match t {
+            FRAGMENT => {
+                let (f, i) = (frag.to_be_bytes(), id.to_be_bytes());
+                hdrs.extend_from_slice(&[next, 0, f[0], f[1], i[0], i[1], i[2], i[3]]);
+            }
+            // A type 0 routing header with no segments left.
+            ROUTING => hdrs.extend_from_slice(&[next, 0, 0, 0, 0, 0, 0, 0]),
+            _ => hdrs.extend_from_slice(&[next, 0, 1, 4, 0, 0, 0, 0]),
+        }
+    }
+    let mut v = frame[..54].to_vec();
+    v[14 + 6] = exts[0];
+    let plen = u16::from_be_bytes([v[18], v[19]]) + hdrs.len() as u16;
+    v[18..20].copy_from_slice(&plen.to_be_bytes());
+    v.extend_from_slice(&hdrs);
+    v.extend_from_slice(&frame[54..]);
+    v
+}
+
+/// NetworkPolicy on fragments and IPv6 extension headers, both families,
+/// delivering to A (ingress isolated: TCP 80 from B, UDP 53 from anyone).
+/// A later fragment takes its first fragment's verdict: allowed after an
+/// allowed first (a fragmented TCP/80 segment, a large UDP/53 answer),
+/// denied after a denied one (as the first was, `policy_denied_ingress`);
+/// with no first seen it is denied with its own reason
+/// (`policy_fragment`). TCP and UDP behind hop-by-hop, routing and
+/// destination options are judged by their ports; past the walk's bound
+/// (four headers) by the first header's protocol, without ports.
+#[test]
+fn fragments_and_extension_headers_are_judged_by_their_ports_both_families() {
+    in_fresh_netns(|| {
+        let mut fx = Fx::new();
+        fx.dp
+            .maps_mut()
+            .policy_ipcache
+            .insert(
+                &Key::new(IdentityPrefix::v6_len(128), IdentityPrefix::v6(NET, B6)),
+                ID_B,
+                0,
+            )
+            .unwrap();
+        let (allow, deny) = (TC_ACT_REDIRECT, TC_ACT_SHOT);
+        let (denied, unplaced) = (
+            drop_reason::POLICY_DENIED_INGRESS,
+            drop_reason::POLICY_FRAGMENT,
+        );
+
+        // IPv4: a fragmented TCP/80 segment from B, its later fragment
+        // before and after the first.
+        let (first80, later80) = fragments4(&tcp_with_payload(B, A, 40000, 80), 24, 0x1001);
+        let (first81, later81) = fragments4(&tcp_with_payload(B, A, 40000, 81), 24, 0x1002);
+        let (dns_first, dns_later) = fragments4(&udp(WORLD, A, 5353, 53), 8, 0x1003);
+        let (_, stray) = fragments4(&udp(WORLD, A, 5353, 53), 8, 0x1004);
+        // IPv6: the same through fragment headers (M set on the first).
+        let tcp80_6 = ip6_frame(B6, A6, true, 40000, 80);
+        let tcp81_6 = ip6_frame(B6, A6, true, 40000, 81);
+        let dns6 = ip6_frame(WORLD6, A6, false, 5353, 53);
+        let table: Vec<(&str, Vec<u8>, u32, Option<u32>)> = vec![
+            (
+                "v4: a later fragment before its first -> denied, no first seen",
+                later80.clone(),
+                deny,
+                Some(unplaced),
+            ),
+            ("v4: first fragment of TCP/80 from B", first80, allow, None),
+            (
+                "v4: its later fragment -> as its first",
+                later80,
+                allow,
+                None,
+            ),
+            (
+                "v4: first fragment of TCP/81 from B -> denied",
+                first81,
+                deny,
+                Some(denied),
+            ),
+            (
+                "v4: its later fragment -> denied as its first was",
+                later81,
+                deny,
+                Some(denied),
+            ),
+            ("v4: a large UDP/53 answer, first", dns_first, allow, None),
+            ("v4: ... and its later fragment", dns_later, allow, None),
+            (
+                "v4: a later fragment of another datagram (IP ID) -> denied",
+                stray,
+                deny,
+                Some(unplaced),
+            ),
+            (
+                "v6: TCP/80 from B behind hop-by-hop -> by its port",
+                ext6(&tcp80_6, &[HOPOPTS], 0, 0),
+                allow,
+                None,
+            ),
+            (
+                "v6: TCP/81 from B behind hop-by-hop -> denied by its port",
+                ext6(&tcp81_6, &[HOPOPTS], 0, 0),
+                deny,
+                Some(denied),
+            ),
+            (
+                "v6: UDP/53 behind routing and destination options",
+                ext6(&dns6, &[ROUTING, DSTOPTS], 0, 0),
+                allow,
+                None,
+            ),
+            (
+                "v6: TCP/80 behind four headers (the walk's bound)",
+                ext6(&tcp80_6, &[HOPOPTS, ROUTING, DSTOPTS, DSTOPTS], 0, 0),
+                allow,
+                None,
+            ),
+            (
+                "v6: TCP/80 behind five headers -> past the walk, no ports: denied",
+                ext6(
+                    &tcp80_6,
+                    &[HOPOPTS, ROUTING, DSTOPTS, DSTOPTS, DSTOPTS],
+                    0,
+                    0,
+                ),
+                deny,
+                Some(denied),
+            ),
+            (
+                "v6: a later fragment before its first -> denied, no first seen",
+                ext6(&dns6, &[FRAGMENT], 1448, 7),
+                deny,
+                Some(unplaced),
+            ),
+            (
+                "v6: first fragment of a UDP/53 answer",
+                ext6(&dns6, &[FRAGMENT], 1, 7),
+                allow,
+                None,
+            ),
+            (
+                "v6: its later fragment -> as its first",
+                ext6(&dns6, &[FRAGMENT], 1448, 7),
+                allow,
+                None,
+            ),
+            (
+                "v6: first fragment of TCP/80 from B behind hop-by-hop",
+                ext6(&tcp80_6, &[HOPOPTS, FRAGMENT], 1, 8),
+                allow,
+                None,
+            ),
+            (
+                "v6: its later fragment behind hop-by-hop -> as its first",
+                ext6(&tcp80_6, &[HOPOPTS, FRAGMENT], 1448, 8),
+                allow,
+                None,
+            ),
+            (
+                "v6: first fragment of TCP/81 from B -> denied",
+                ext6(&tcp81_6, &[FRAGMENT], 1, 9),
+                deny,
+                Some(denied),
+            ),
+            (
+                "v6: its later fragment -> denied as its first was",
+                ext6(&tcp81_6, &[FRAGMENT], 1448, 9),
+                deny,
+                Some(denied),
+            ),
+            (
+                "v6: a later fragment of another datagram (identification) -> denied",
+                ext6(&dns6, &[FRAGMENT], 1448, 10),
+                deny,
+                Some(unplaced),
+            ),
+        ];
+        let mut wrong = Vec::new();
+        for (name, frame, want, reason) in &table {
+            let before = reason.map(|r| fx.drops(r));
+            let got = fx.deliver(frame);
+            if got != *want {
+                wrong.push(format!("{name}: got {got}, want {want}"));
+            }
+            if let (Some(r), Some(b)) = (reason, before)
+                && fx.drops(*r) != b + 1
+            {
+                wrong.push(format!("{name}: not counted under reason {r}"));
+            }
+        }
+        assert!(wrong.is_empty(), "{}", wrong.join("\n"));
+    });
+}

@@ -1980,14 +1980,19 @@ const DSTOPTS: u8 = 60;
 /// units << 3 | M) and identification 0x1234. None is covered by the
 /// transport checksum, which stays valid.
 fn with_ext6(frame: &[u8], exts: &[u8], frag: u16) -> Vec<u8> {
+    with_ext6_id(frame, exts, frag, 0x1234)
+}
+
+/// `with_ext6` with the fragment header's identification `id`.
+fn with_ext6_id(frame: &[u8], exts: &[u8], frag: u16, id: u32) -> Vec<u8> {
     let ip = &frame[14..54];
     let upper = ip[6];
     let mut hdrs = Vec::new();
     for (i, &t) in exts.iter().enumerate() {
         let next = exts.get(i + 1).copied().unwrap_or(upper);
         if t == FRAGMENT {
-            let f = frag.to_be_bytes();
-            hdrs.extend_from_slice(&[next, 0, f[0], f[1], 0, 0, 0x12, 0x34]);
+            let (f, i) = (frag.to_be_bytes(), id.to_be_bytes());
+            hdrs.extend_from_slice(&[next, 0, f[0], f[1], i[0], i[1], i[2], i[3]]);
         } else {
             hdrs.extend_from_slice(&[next, 0, 1, 4, 0, 0, 0, 0]);
         }
@@ -2085,13 +2090,14 @@ fn snat6_walks_extension_headers_and_drops_later_fragments_with_a_reason() {
             Expect::Dropped(drop_reason::SNAT_FRAGMENT),
         ),
         row(
-            "a later fragment to the SNAT address -> the host stack's (the node's own address)",
+            "a later fragment to the SNAT address whose first was not seen -> the host stack's (the node's own address)",
             Uplink,
             |_| {
-                with_ext6(
+                with_ext6_id(
                     &udp6(TOR_MAC, UPLINK_MAC, EXT6, NODE6, 53, 40000),
                     &[FRAGMENT],
                     1448,
+                    0x9999,
                 )
             },
             Expect::Host,
@@ -2787,5 +2793,64 @@ fn fragments_of_an_inbound_flows_reply_leave_unnated() {
             "the VM's own address and port, both fragments"
         );
         assert_eq!(out2[14 + 8], 63);
+    });
+}
+
+/// IPv6 through SNAT6, fragmented on the way back (a large DNS answer):
+/// the first fragment is de-NATed by its ports, its later one follows it
+/// to the VM by the first's record (`vmp_snat6_frags`: source,
+/// destination, identification), destination address rewritten, hop
+/// limit down by one, the VM's MACs. A later fragment of another
+/// datagram (another identification) is the host stack's; so is one
+/// whose first came after it. The VM's own later fragments are still
+/// dropped on the way out (`snat_fragment`; see docs/network-policy.md).
+#[test]
+fn snat6_later_fragments_follow_their_first_fragment_back_to_the_vm() {
+    in_fresh_netns(|| {
+        let fx = Fx::new(NET_F_SNAT);
+        // The VM's query opens the flow.
+        let (v, out) = fx.egress(&udp6(VM_MAC, GW_MAC, VM6, EXT6, 5555, 53));
+        assert_eq!(v, TC_ACT_REDIRECT);
+        let nat_port = u16::from_be_bytes([out[14 + 40], out[14 + 41]]);
+        let answer = udp6(TOR_MAC, UPLINK_MAC, EXT6, NODE6, 53, nat_port);
+        let first = with_ext6_id(&answer, &[FRAGMENT], 1, 0xabcd);
+        let later = with_ext6_id(&answer, &[FRAGMENT], 1448, 0xabcd);
+
+        // Out of order: the later fragment first is the host's.
+        let (v, _) = fx.ingress(&later);
+        assert_eq!(v, 0, "TC_ACT_OK: no first seen, the host stack's");
+
+        let (v1, in1) = fx.ingress(&first);
+        assert_eq!(v1, TC_ACT_REDIRECT, "the first fragment de-NATed");
+        assert_eq!(&in1[14 + 24..14 + 40], &VM6, "to the VM's address");
+        let (v2, in2) = fx.ingress(&later);
+        assert_eq!(v2, TC_ACT_REDIRECT, "the later fragment follows it");
+        assert_eq!(&in2[14 + 24..14 + 40], &VM6, "destination back to the VM's");
+        assert_eq!(&in2[14 + 8..14 + 24], &EXT6, "source untouched");
+        assert_eq!(
+            in2[14 + 7],
+            in1[14 + 7],
+            "hop limit down by one, as the first's"
+        );
+        assert_eq!((&in2[0..6], &in2[6..12]), (&VM_MAC[..], &GW_MAC[..]));
+        assert_eq!(
+            &in2[14 + 40 + 8..],
+            &later[14 + 40 + 8..],
+            "payload untouched"
+        );
+
+        // Another datagram's later fragment is not placed.
+        let (v, _) = fx.ingress(&with_ext6_id(&answer, &[FRAGMENT], 1448, 0xabce));
+        assert_eq!(v, 0, "another identification: the host stack's");
+        // A later fragment from the VM: still dropped and counted.
+        let before = fx.drops(drop_reason::SNAT_FRAGMENT);
+        let vm_later = with_ext6_id(
+            &udp6(VM_MAC, GW_MAC, VM6, EXT6, 5555, 53),
+            &[FRAGMENT],
+            1448,
+            0x77,
+        );
+        assert_eq!(fx.egress(&vm_later).0, TC_ACT_SHOT);
+        assert_eq!(fx.drops(drop_reason::SNAT_FRAGMENT), before + 1);
     });
 }
