@@ -1019,6 +1019,7 @@ mod contract_tests {
             prog_names::VM_MIGRATE,
             prog_names::VM_REMOTE,
             prog_names::VXLAN_RX,
+            prog_names::VM_NEIGH,
         ] {
             assert!(obj.programs.contains_key(name), "program {name} missing");
         }

@@ -187,6 +187,9 @@ pub mod prog_names {
     pub const VM_SERVICE: &str = "vm_service";
     /// Services: reverse translation of a reply, then the delivery.
     pub const VM_SERVICE_IN: &str = "vm_service_in";
+    /// Tail-called from `vm_port`: ARP and neighbour solicitation for a
+    /// known endpoint answered at the asking port, others switched.
+    pub const VM_NEIGH: &str = "vm_neigh";
     /// Native XDP on the node's uplink: the fast cases of routed ingress
     /// and SNAT return; everything else passes to `uplink` (tc).
     pub const UPLINK_XDP: &str = "uplink_xdp";
