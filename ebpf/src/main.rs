@@ -13,6 +13,7 @@ mod clock;
 mod counters;
 mod csum;
 mod debug;
+mod flood;
 mod fwd;
 mod host;
 mod icmp;

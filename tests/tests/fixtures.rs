@@ -34,9 +34,10 @@ use etherparse::{ArpOperation, Icmpv4Type, Icmpv6Type};
 use frames::*;
 use vmpath::{dataplane::Dataplane, plan::addr_key};
 use vmpath_common::{
-    ADDR_STATIC, AddrInfo, ENDPOINT_LOCAL, Endpoint, EndpointKey, FloodList, NET_F_GW4, NET_F_GW6,
-    NetworkInfo, OverlayConfig, PORT_F_DHCP_GUARD, PORT_F_IP_FILTER, PORT_F_MAC_FILTER,
-    PORT_F_MAC_KNOWN, PortInfo, PortStats, RemoteLearned, default_gateway_mac,
+    ADDR_STATIC, AddrInfo, ENDPOINT_LOCAL, Endpoint, EndpointKey, FloodList, LearnedIp,
+    MAX_FLOOD_NODES, MAX_FLOOD_PORTS, NET_F_GW4, NET_F_GW6, NetworkInfo, OverlayConfig,
+    PORT_F_DHCP_GUARD, PORT_F_IP_FILTER, PORT_F_MAC_FILTER, PORT_F_MAC_KNOWN, PortInfo, PortStats,
+    RemoteFloodList, RemoteLearned, default_gateway_mac,
     drop_reason::{self, *},
     link_local_from_mac,
 };
@@ -78,6 +79,9 @@ const REMOTE_IP6: Ip6 = Ipv6Addr::new(0xfd00, 0, 0, 0, 0, 0, 0, 0x77).octets();
 /// (detected): its addresses are known, not who answers for them.
 const REMOTE_NO_MAC_IP4: Ip4 = [10, 0, 0, 78];
 const REMOTE_NO_MAC_IP6: Ip6 = Ipv6Addr::new(0xfd00, 0, 0, 0, 0, 0, 0, 0x78).octets();
+/// An address of network 1 port B uses, not accepted by the agent.
+const LEARNED_IP4: Ip4 = [10, 0, 0, 79];
+const LEARNED_IP6: Ip6 = Ipv6Addr::new(0xfd00, 0, 0, 0, 0, 0, 0, 0x79).octets();
 /// An address of network 1 nobody holds.
 const UNKNOWN_IP4: Ip4 = [10, 0, 0, 98];
 const UNKNOWN_IP6: Ip6 = Ipv6Addr::new(0xfd00, 0, 0, 0, 0, 0, 0, 0x98).octets();
@@ -1200,8 +1204,41 @@ fn neighbour_answers() {
         case("NS for a remote VM with hop limit 254 -> MALFORMED", A, FILTERS,
             ns(A.mac(), multicast_mac6(sn(REMOTE_IP6)), A.ip6(), sn(REMOTE_IP6), 254, REMOTE_IP6, &[]),
             Dropped(MALFORMED)),
+        case("NS for an address of another network -> flooded", A, FILTERS,
+            ns_for(A, D.ip6()),
+            Forward(&[B, C])),
+        // A guest's claim the agent has not accepted (only in
+        // `vmp_learned_ips`): its owner answers, never the data path.
+        case("ARP request for an address B uses, not accepted -> flooded", A, FILTERS,
+            arp_request(A.mac(), A.ip4(), LEARNED_IP4),
+            Forward(&[B, C])),
+        case("NS for an address B uses, not accepted -> flooded", A, FILTERS,
+            ns_for(A, LEARNED_IP6),
+            Forward(&[B, C])),
     ];
-    run_table(rows);
+    // B was seen using LEARNED_IP4/6: the learned-address stage has not
+    // decided them (they are not in `vmp_addresses`).
+    run_table_after(
+        |fx| {
+            let b = fx.ifx(B);
+            for addr in [
+                IpAddr::V4(LEARNED_IP4.into()),
+                IpAddr::V6(LEARNED_IP6.into()),
+            ] {
+                let seen = LearnedIp {
+                    ifindex: b,
+                    mac: B.mac(),
+                    ..Default::default()
+                };
+                fx.dp
+                    .maps_mut()
+                    .learned_ips
+                    .insert(addr_key(NET1, addr), seen, 0)
+                    .unwrap();
+            }
+        },
+        rows,
+    );
 }
 
 /// A neighbour advertisement for `target` with the given R/S/O flags byte
@@ -1627,6 +1664,161 @@ fn learned_remote_macs() {
             }
             if !errs.is_empty() {
                 failures.push(format!("  {}:\n    {}", c.name, errs.join("\n    ")));
+            }
+        }
+        assert!(
+            failures.is_empty(),
+            "{} of {} rows failed:\n{}",
+            failures.len(),
+            rows.len(),
+            failures.join("\n")
+        );
+    });
+}
+
+/// The flood loop's bounds: a network's local flood list walked to its
+/// count, at most `MAX_FLOOD_PORTS` (a larger count, which the agent never
+/// writes, walks the width), each member one copy; the remote list to
+/// `MAX_FLOOD_NODES` nodes, one copy each, and refused past it. Members
+/// stand in on one real device (test_run does not deliver redirects; the
+/// clones do go out of it), told apart by their port ids' counters.
+#[test]
+fn flood_loop_bounds() {
+    /// Port ids of the stand-in members: clear of A..E's.
+    const FIRST_ID: u32 = 100;
+    let max = MAX_FLOOD_PORTS as u32;
+    // (row, count written, members in the list, the sender among them,
+    //  remote nodes written (0: none), copies each member must get,
+    //  frames onto the overlay, drop)
+    struct Row {
+        name: &'static str,
+        count: u32,
+        members: u32,
+        sender_at: Option<u32>,
+        nodes: u32,
+        copies: u64,
+        to_overlay: u64,
+        drop: Option<u32>,
+    }
+    #[rustfmt::skip]
+    let rows = [
+        Row { name: "one member besides the sender -> one copy", count: 2, members: 2, sender_at: Some(0), nodes: 0, copies: 1, to_overlay: 0, drop: None },
+        Row { name: "512 members -> one copy each", count: 513, members: 513, sender_at: Some(200), nodes: 0, copies: 1, to_overlay: 0, drop: None },
+        Row { name: "MAX_FLOOD_PORTS members -> one copy each", count: max, members: max, sender_at: Some(max - 1), nodes: 0, copies: 1, to_overlay: 0, drop: None },
+        Row { name: "count past the width -> the width walked, one copy each", count: max + 5000, members: max, sender_at: None, nodes: 0, copies: 1, to_overlay: 0, drop: None },
+        Row { name: "the sender alone -> NO_DESTINATION", count: 1, members: 1, sender_at: Some(0), nodes: 0, copies: 0, to_overlay: 0, drop: Some(NO_DESTINATION) },
+        Row { name: "empty list -> NO_DESTINATION", count: 0, members: 0, sender_at: None, nodes: 0, copies: 0, to_overlay: 0, drop: Some(NO_DESTINATION) },
+        Row { name: "1,000 remote nodes -> one overlay copy each", count: 3, members: 3, sender_at: Some(1), nodes: 1000, copies: 1, to_overlay: 1000, drop: None },
+        Row { name: "MAX_FLOOD_NODES remote nodes -> one overlay copy each", count: 3, members: 3, sender_at: Some(1), nodes: MAX_FLOOD_NODES as u32, copies: 1, to_overlay: MAX_FLOOD_NODES as u64, drop: None },
+        Row { name: "remote count past the width -> NO_DESTINATION, no overlay copy", count: 3, members: 3, sender_at: Some(1), nodes: MAX_FLOOD_NODES as u32 + 1, copies: 1, to_overlay: 0, drop: Some(NO_DESTINATION) },
+    ];
+    // Every clone of one run waits on this CPU's backlog (the stand-in is
+    // a veth): room for the widest list (a host-wide setting, only raised).
+    let backlog = "/proc/sys/net/core/netdev_max_backlog";
+    let now: usize = std::fs::read_to_string(backlog)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    if now < 2 * MAX_FLOOD_NODES {
+        std::fs::write(backlog, (2 * MAX_FLOOD_NODES).to_string()).unwrap();
+    }
+    in_fresh_netns(|| {
+        let mut fx = Fixture::new();
+        let (a, stand_in) = (fx.ifx(A), fx.ifx(X));
+        fx.dp
+            .set_overlay(OverlayConfig {
+                vxlan_ifindex: stand_in,
+                local_ip4: [192, 0, 2, 1],
+            })
+            .unwrap();
+        let frame = udp_hello(A, BROADCAST, [10, 0, 0, 255]);
+        let mut failures = Vec::new();
+        for row in &rows {
+            let mut list = FloodList {
+                count: row.count,
+                ..Default::default()
+            };
+            for i in 0..row.members {
+                let sender = row.sender_at == Some(i);
+                list.ifindex[i as usize] = if sender { a } else { stand_in };
+                list.port_id[i as usize] = if sender {
+                    P::A as u32 + 1
+                } else {
+                    FIRST_ID + i
+                };
+            }
+            let maps = fx.dp.maps_mut();
+            maps.flood.insert(NET1, list, 0).unwrap();
+            let _ = maps.flood_remote.remove(&NET1);
+            if row.nodes != 0 {
+                let mut remote = RemoteFloodList {
+                    count: row.nodes,
+                    ..Default::default()
+                };
+                for n in 0..row.nodes.min(MAX_FLOOD_NODES as u32) {
+                    // Sorted, as the agent writes it: 10.64.0.1 upwards.
+                    remote.node_ip4[n as usize] = (0x0a40_0001 + n).to_be_bytes();
+                }
+                maps.flood_remote.insert(NET1, remote, 0).unwrap();
+            }
+            let tx = |fx: &Fixture| -> Vec<u64> {
+                (0..row.members)
+                    .map(|i| {
+                        let id = if row.sender_at == Some(i) {
+                            P::A as u32 + 1
+                        } else {
+                            FIRST_ID + i
+                        };
+                        let v = fx.dp.maps().port_stats.get(&id, 0).unwrap();
+                        v.iter().map(|s| s.tx_packets).sum()
+                    })
+                    .collect()
+            };
+            let (before, overlay_before) =
+                (tx(&fx), fx.dp.maps().overlay_stats().unwrap().tx_packets);
+            let (run, d) = fx.run_counted(A, &frame).expect("test_run");
+            let after = tx(&fx);
+            let sent = fx.dp.maps().overlay_stats().unwrap().tx_packets - overlay_before;
+            let mut errs = Vec::new();
+            for i in 0..row.members as usize {
+                let got = after[i] - before[i];
+                let want = if row.sender_at == Some(i as u32) {
+                    0
+                } else {
+                    row.copies
+                };
+                if got != want {
+                    errs.push(format!("member {i}: {got} copies, want {want}"));
+                    break;
+                }
+            }
+            if sent != row.to_overlay {
+                errs.push(format!(
+                    "{sent} frames onto the overlay, want {}",
+                    row.to_overlay
+                ));
+            }
+            match row.drop {
+                Some(reason) => {
+                    if run.verdict != TC_ACT_SHOT || d.single_drop() != Some(reason) {
+                        errs.push(format!(
+                            "verdict {}, drops {:?}, want {reason}",
+                            run.verdict, d.drops
+                        ));
+                    }
+                }
+                None => {
+                    if run.verdict != TC_ACT_REDIRECT || d.drop_total() != 0 {
+                        errs.push(format!(
+                            "verdict {}, drops {:?}, want REDIRECT",
+                            run.verdict, d.drops
+                        ));
+                    }
+                }
+            }
+            if !errs.is_empty() {
+                failures.push(format!("  {}:\n    {}", row.name, errs.join("\n    ")));
             }
         }
         assert!(
