@@ -100,7 +100,7 @@ fn drain(fd: &OwnedFd) -> Vec<Vec<u8>> {
         if n < 0 {
             return frames;
         }
-        if from.sll_pkttype != libc::PACKET_OUTGOING as u8 {
+        if from.sll_pkttype != libc::PACKET_OUTGOING {
             frames.push(buf[..n as usize].to_vec());
         }
     }
