@@ -1019,6 +1019,8 @@ mod contract_tests {
             prog_names::VM_MIGRATE,
             prog_names::VM_REMOTE,
             prog_names::VXLAN_RX,
+            prog_names::VM_NEIGH,
+            prog_names::VM_FLOOD,
         ] {
             assert!(obj.programs.contains_key(name), "program {name} missing");
         }

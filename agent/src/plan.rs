@@ -409,7 +409,7 @@ mod tests {
                     value: serde_json::json!({"apiVersion": "vmpath.dev/v1alpha1", "kind": "Attachment",
                         "metadata": {"name": format!("vm{i:02}"), "namespace": "prod"},
                         "spec": {"vm": format!("vm{i:02}"), "interface": "eth0", "network": "blue", "node": "a",
-                            "port": format!("p-vm{i:02}"), "mac": format!("52:54:00:00:01:{i:02x}")}}).into(),
+                            "port": format!("p-vm{i:02}"), "mac": format!("52:54:00:00:{:02x}:{:02x}", i / 256, i % 256)}}).into(),
                 });
             }
             Resolved::new(crate::round::validate(&snap, "a", &Default::default()))

@@ -300,7 +300,17 @@ pub mod tail_call {
     /// `vxlan_resolve`: resolution requests and answers between nodes,
     /// from `vxlan_rx`.
     pub const VXLAN_RESOLVE: u32 = 9;
-    pub const SLOTS: u32 = 10;
+    /// `vm_neigh`: an ARP request or neighbour solicitation a VM port
+    /// broadcasts, answered for a known endpoint or switched, from
+    /// `vm_port` (its own program: inline it overflowed `vm_port`'s
+    /// verifier budget).
+    pub const VM_NEIGH: u32 = 10;
+    /// `vm_flood`: broadcast, multicast and unknown unicast to every
+    /// member of the network, from `vm_port`, `vm_neigh` and `vxlan_rx`
+    /// (its own program: the `bpf_loop` over the members needs stack the
+    /// callers have no room for).
+    pub const VM_FLOOD: u32 = 11;
+    pub const SLOTS: u32 = 12;
 
     use crate::prog_names;
     /// Every slot with the program the agent puts in it: the one table
@@ -316,6 +326,8 @@ pub mod tail_call {
         (SERVICE_DELIVER, prog_names::VM_SERVICE_IN),
         (UPLINK_RESOLVE, prog_names::UPLINK_RESOLVE),
         (VXLAN_RESOLVE, prog_names::VXLAN_RESOLVE),
+        (VM_NEIGH, prog_names::VM_NEIGH),
+        (VM_FLOOD, prog_names::VM_FLOOD),
     ];
 }
 

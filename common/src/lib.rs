@@ -193,6 +193,13 @@ pub mod prog_names {
     pub const VM_SERVICE: &str = "vm_service";
     /// Services: reverse translation of a reply, then the delivery.
     pub const VM_SERVICE_IN: &str = "vm_service_in";
+    /// Tail-called from `vm_port`: ARP and neighbour solicitation for a
+    /// known endpoint answered at the asking port, others switched.
+    pub const VM_NEIGH: &str = "vm_neigh";
+    /// Tail-called wherever a frame floods (`vm_port`, `vm_neigh`,
+    /// `vxlan_rx`): a copy to each member of the network, local ports and
+    /// (from a VM port) other nodes, walked with `bpf_loop`.
+    pub const VM_FLOOD: &str = "vm_flood";
     /// Native XDP on the node's uplink: the fast cases of routed ingress
     /// and SNAT return; everything else passes to `uplink` (tc).
     pub const UPLINK_XDP: &str = "uplink_xdp";
@@ -204,18 +211,27 @@ pub mod prog_names {
 
 /// Layout version of the pinned maps. Bump when any type below changes size
 /// or meaning; pins live under `maps/v{MAP_LAYOUT_VERSION}`.
-pub const MAP_LAYOUT_VERSION: u32 = 2;
+pub const MAP_LAYOUT_VERSION: u32 = 3;
 // v2: per-port counters in a per-CPU array indexed by port id (no hash
 // lookup per frame); PortInfo caches the gateway MAC and first IPv4/IPv6;
 // every entry that delivers to a port carries its port id.
+// v3: flood lists sized for clusters (`MAX_FLOOD_PORTS`, `MAX_FLOOD_NODES`),
+// allocated per network that has one (`FLOOD_MAP_FLAGS`).
 
 pub const MAX_PORTS: u32 = 4096;
 pub const MAX_ENDPOINTS: u32 = 65536;
 pub const MAX_ADDRESSES: u32 = 65536;
 pub const MAX_NETWORKS: u32 = 4096;
 pub const MAX_LEARNED_IPS: u32 = 65536;
-/// Local ports one network can flood to on one node.
-pub const MAX_FLOOD_PORTS: usize = 64;
+/// Local ports one network can flood to on one node. The data path walks
+/// a list with `bpf_loop`, so its cost is the members a flood reaches, not
+/// this width; the width costs memory only (8 bytes a port in each of
+/// `vmp_flood` and `vmp_pol_flood`, per network with local ports).
+pub const MAX_FLOOD_PORTS: usize = 1024;
+/// Map flags of the flood lists (`vmp_flood`, `vmp_pol_flood`,
+/// `vmp_flood_remote`): `BPF_F_NO_PREALLOC`, so an entry's memory is taken
+/// when a network gets one, not for every possible network at start.
+pub const FLOOD_MAP_FLAGS: usize = 1;
 
 /// Port flags (`PortInfo::flags`).
 pub const PORT_F_MAC_FILTER: u16 = 1 << 0;
@@ -1185,13 +1201,17 @@ pub const VXLAN_IFNAME: &str = "vmp-vxlan";
 pub const VXLAN_PORT: u16 = 4789;
 /// Outer IPv4 + UDP + VXLAN + inner Ethernet.
 pub const VXLAN_OVERHEAD: u32 = 50;
-/// Remote nodes one network can flood to.
-pub const MAX_FLOOD_NODES: usize = 64;
+/// Remote nodes one network can flood to (a `bpf_loop` walks the list,
+/// as `MAX_FLOOD_PORTS`: 4 bytes a node per network spanning nodes).
+pub const MAX_FLOOD_NODES: usize = 4096;
+const _: () = assert!(MAX_FLOOD_NODES.is_power_of_two());
 
 /// The remote nodes (VTEP IPv4 addresses, network order) hosting at least
 /// one attachment of a network. Keyed by network id. Broadcast, multicast
 /// and unknown unicast go once to each; decapsulated frames are accepted
-/// only from them.
+/// only from them. `node_ip4[..count]` is sorted ascending (as big-endian
+/// numbers, which is the arrays' order): `vxlan_rx` finds a sender in it
+/// by binary search.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct RemoteFloodList {
@@ -1399,6 +1419,15 @@ pub const POLICY_CB_DELIVER: u32 = 0x766d_7049;
 /// after the flow table was looked up for it (and missed) on the way: the
 /// tail-called program goes straight to the policy lookup.
 pub const POLICY_CB_UNTRACKED: u32 = 0x766d_7055;
+
+/// `skb->cb[0]` of a frame handed to `vm_flood`: `cb[1]` holds the
+/// network, `cb[2]` the ifindex of the port it came in by (0: from the
+/// overlay), `cb[3]` the `FLOOD_F_*` flags.
+pub const FLOOD_CB: u32 = 0x766d_7046;
+/// Unknown unicast: only to ports that may hold an unknown MAC.
+pub const FLOOD_F_UNKNOWN_UNICAST: u32 = 1 << 0;
+/// From a VM port: to the network's other nodes as well.
+pub const FLOOD_F_FROM_PORT: u32 = 1 << 1;
 
 /// `PolicyFlow::policy` / `MonitorEvent::policy` when no policy applies.
 pub const POLICY_NONE: u32 = u32::MAX;

@@ -9,11 +9,15 @@
 //! cannot sniff traffic for an absent MAC just by sharing its network.
 
 use aya_ebpf::{
-    bindings::TC_ACT_REDIRECT,
-    helpers::generated::{bpf_redirect, bpf_redirect_peer},
+    bindings::{__sk_buff, TC_ACT_REDIRECT},
+    cty::c_void,
+    helpers::generated::{bpf_clone_redirect, bpf_loop, bpf_redirect, bpf_redirect_peer},
     programs::TcContext,
 };
-use vmpath_common::{ENDPOINT_LOCAL, ENDPOINT_REMOTE, EndpointKey, MAX_FLOOD_PORTS, drop_reason};
+use vmpath_common::{
+    ENDPOINT_LOCAL, ENDPOINT_REMOTE, EndpointKey, FLOOD_CB, FLOOD_F_FROM_PORT,
+    FLOOD_F_UNKNOWN_UNICAST, FloodList, MAX_FLOOD_PORTS, drop_reason, tail_call,
+};
 
 use crate::{
     counters::count_tx,
@@ -172,10 +176,63 @@ pub fn redirected(rc: i64) -> Verdict {
 }
 
 /// From a VM port: to the network's other local ports and, when other
-/// nodes host the network, once to each of them (the `vm_remote` tail
-/// call sends those copies; it takes the original frame last).
+/// nodes host the network, once to each of them (`vm_flood`).
 #[inline(always)]
 fn flood(ctx: &TcContext, ifindex: u32, network: u32, unknown_unicast: bool) -> Verdict {
+    to_vm_flood(
+        ctx,
+        network,
+        ifindex,
+        FLOOD_F_FROM_PORT | unknown_flag(unknown_unicast),
+    )
+}
+
+/// From the overlay: to the network's local ports only, never back to
+/// another node (every node floods to all the others itself).
+#[inline(always)]
+pub fn flood_local(ctx: &TcContext, network: u32, unknown_unicast: bool) -> Verdict {
+    to_vm_flood(ctx, network, 0, unknown_flag(unknown_unicast))
+}
+
+#[inline(always)]
+fn unknown_flag(unknown_unicast: bool) -> u32 {
+    if unknown_unicast {
+        FLOOD_F_UNKNOWN_UNICAST
+    } else {
+        0
+    }
+}
+
+/// On to `vm_flood` with its orders in `cb`. Returns only when the slot
+/// is empty (the agent still starting).
+#[inline(always)]
+fn to_vm_flood(ctx: &TcContext, network: u32, skip: u32, flags: u32) -> Verdict {
+    // SAFETY: the skb pointer is the program's own context, valid for this
+    // run; cb is scratch space for the programs that see the frame.
+    unsafe {
+        let cb = &mut (*ctx.skb.skb).cb;
+        cb[0] = FLOOD_CB;
+        cb[1] = network;
+        cb[2] = skip;
+        cb[3] = flags;
+    }
+    // SAFETY: `ctx` is this program's own context; on success the tail
+    // call does not return, otherwise the error below.
+    unsafe { crate::route::PROGS.tail_call(ctx, tail_call::VM_FLOOD) };
+    Err(drop_reason::HELPER_FAILED)
+}
+
+/// `vm_flood`, for a frame from the VM port `ifindex`: to the network's
+/// other local ports and, when other nodes host the network, once to each
+/// of them (the `vm_remote` tail call sends those copies; it takes the
+/// original frame last).
+#[inline(always)]
+pub fn flood_from_port(
+    ctx: &TcContext,
+    ifindex: u32,
+    network: u32,
+    unknown_unicast: bool,
+) -> Verdict {
     let (last, last_id) = clone_local(ctx, ifindex, network, unknown_unicast);
     if overlay::has_remote(network) {
         if last != 0 && ctx.clone_redirect(last, 0).is_ok() {
@@ -189,10 +246,9 @@ fn flood(ctx: &TcContext, ifindex: u32, network: u32, unknown_unicast: bool) -> 
     deliver_flooded(ctx, last, last_id)
 }
 
-/// From the overlay: to the network's local ports only, never back to
-/// another node (every node floods to all the others itself).
+/// `vm_flood`, for a frame from the overlay: to the local ports only.
 #[inline(always)]
-pub fn flood_local(ctx: &TcContext, network: u32, unknown_unicast: bool) -> Verdict {
+pub fn flood_from_overlay(ctx: &TcContext, network: u32, unknown_unicast: bool) -> Verdict {
     let (last, last_id) = clone_local(ctx, 0, network, unknown_unicast);
     if last == 0 {
         return Err(drop_reason::OVERLAY_NO_LOCAL_PORT);
@@ -203,7 +259,8 @@ pub fn flood_local(ctx: &TcContext, network: u32, unknown_unicast: bool) -> Verd
 /// Clones the frame to every local port of `network` except `skip` and
 /// the last one, which it returns (ifindex 0: none) with its port id for
 /// the caller to hand the original to. `unknown_unicast`: only to ports
-/// that may hold an unknown MAC.
+/// that may hold an unknown MAC. The list is walked with `bpf_loop`: the
+/// verifier checks one member's step once, whatever the list's length.
 #[inline(always)]
 fn clone_local(ctx: &TcContext, skip: u32, network: u32, unknown_unicast: bool) -> (u32, u32) {
     // IP floods skip ports isolated for ingress (their own list, where a
@@ -216,34 +273,69 @@ fn clone_local(ctx: &TcContext, skip: u32, network: u32, unknown_unicast: bool) 
     let Some(list) = guarded.or_else(|| unsafe { FLOOD.get(&network) }) else {
         return (0, 0);
     };
-    let count = list.count as usize;
-    let len = ctx.len();
-    // Clone to every port but the last; the last takes the original.
-    let mut last = 0u32;
-    let mut last_id = 0u32;
-    let mut i = 0usize;
-    while i < MAX_FLOOD_PORTS {
-        if i >= count {
-            break;
-        }
-        // `get`, not indexing: a bounds-check panic would not verify.
-        let (Some(&target), Some(&target_id)) = (list.ifindex.get(i), list.port_id.get(i)) else {
-            break;
-        };
-        i += 1;
-        if target == 0 || target == skip {
-            continue;
-        }
-        if unknown_unicast && !may_hold_unknown_mac(target) {
-            continue;
-        }
-        if last != 0 && ctx.clone_redirect(last, 0).is_ok() {
-            count_tx(last_id, len);
-        }
-        last = target;
-        last_id = target_id;
+    let mut walk = LocalFlood {
+        skb: ctx.skb.skb,
+        list,
+        skip,
+        len: ctx.len(),
+        unknown_unicast: u32::from(unknown_unicast),
+        last: 0,
+        last_id: 0,
+    };
+    // A count past the list's width (a corrupt entry) walks the width.
+    let members = (list.count as usize).min(MAX_FLOOD_PORTS) as u32;
+    // SAFETY: the callback is a function of this object taking the
+    // context's type; `walk` outlives the call.
+    unsafe {
+        bpf_loop(
+            members,
+            clone_local_member as *mut c_void,
+            (&raw mut walk).cast(),
+            0,
+        )
+    };
+    (walk.last, walk.last_id)
+}
+
+/// `clone_local`'s state across its `bpf_loop`.
+#[repr(C)]
+struct LocalFlood {
+    skb: *mut __sk_buff,
+    list: *const FloodList,
+    skip: u32,
+    len: u32,
+    unknown_unicast: u32,
+    /// The member chosen last so far (0: none): it gets a clone when the
+    /// next one is found, or the original from the caller.
+    last: u32,
+    last_id: u32,
+}
+
+/// One member of a local flood (`bpf_loop` callback: 0 goes on, 1 stops).
+#[inline(never)]
+extern "C" fn clone_local_member(i: u32, walk: *mut c_void) -> i64 {
+    // SAFETY: `walk` is the `LocalFlood` `clone_local` handed to `bpf_loop`.
+    let walk = unsafe { &mut *walk.cast::<LocalFlood>() };
+    // SAFETY: the map value `clone_local` found, valid for this run.
+    let list = unsafe { &*walk.list };
+    let i = i as usize;
+    // `get`, not indexing: a bounds-check panic would not verify.
+    let (Some(&target), Some(&target_id)) = (list.ifindex.get(i), list.port_id.get(i)) else {
+        return 1;
+    };
+    if target == 0 || target == walk.skip {
+        return 0;
     }
-    (last, last_id)
+    if walk.unknown_unicast != 0 && !may_hold_unknown_mac(target) {
+        return 0;
+    }
+    // SAFETY: the program's own skb; integer arguments otherwise.
+    if walk.last != 0 && unsafe { bpf_clone_redirect(walk.skb, walk.last, 0) } == 0 {
+        count_tx(walk.last_id, walk.len);
+    }
+    walk.last = target;
+    walk.last_id = target_id;
+    0
 }
 
 /// Could the port at `ifindex` receive frames for a MAC the network does

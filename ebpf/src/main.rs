@@ -13,6 +13,7 @@ mod clock;
 mod counters;
 mod csum;
 mod debug;
+mod flood;
 mod frag;
 mod fwd;
 mod host;
@@ -24,6 +25,7 @@ mod migrate;
 mod monitor;
 mod mtu;
 mod nd;
+mod neigh;
 mod next_hop;
 mod overlay;
 mod parse;
@@ -118,7 +120,10 @@ fn try_vm_port(ctx: &TcContext, ifindex: u32, port: &PortInfo) -> Verdict {
     match ether_type {
         ETH_P_ARP => match arp::handle(ctx, ifindex, port, network_of(port)?)? {
             ArpVerdict::Answered => gateway_reply(ifindex, port),
-            ArpVerdict::Forward => fwd::switch(ctx, ifindex, port.network, dst),
+            ArpVerdict::Forward => {
+                neigh::to_vm_neigh(ctx, &dst);
+                fwd::switch(ctx, ifindex, port.network, dst)
+            }
         },
         ETH_P_IP => ipv4(ctx, ifindex, port, dst, src),
         ETH_P_IPV6 => ipv6(ctx, ifindex, port, dst, src),
@@ -282,6 +287,8 @@ fn ipv6(ctx: &TcContext, ifindex: u32, port: &PortInfo, dst: [u8; 6], src: [u8; 
                 nd::neighbor_advert(ctx, net, target)?;
                 return gateway_reply(ifindex, port);
             }
+            // Another address: answered for a known endpoint, by `vm_neigh`.
+            neigh::to_vm_neigh(ctx, &dst);
         } else if icmp_type == nd::ICMPV6_ECHO_REQUEST
             && nd::is_gateway6(net, &dst_ip)
             && mac_eq(&dst, &net.gw_mac)

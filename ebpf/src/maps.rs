@@ -5,6 +5,7 @@
 //! by that name and `bpftool map dump pinned` prints their BTF fields.
 
 use aya_ebpf::{
+    bindings::BPF_F_NO_PREALLOC,
     btf_maps::{Array, HashMap, LruHashMap, PerCpuArray, RingBuf, XskMap},
     macros::btf_map,
 };
@@ -53,7 +54,13 @@ pub static NETWORKS: HashMap<u32, NetworkInfo, { maps::NETWORKS.max_entries as u
 
 /// network id -> its local ports, for broadcast, multicast and unknown unicast.
 #[btf_map(name = "vmp_flood")]
-pub static FLOOD: HashMap<u32, FloodList, { maps::FLOOD.max_entries as usize }> = HashMap::new();
+pub static FLOOD: HashMap<
+    u32,
+    FloodList,
+    { maps::FLOOD.max_entries as usize },
+    { vmpath_common::FLOOD_MAP_FLAGS },
+> = HashMap::new();
+const _: () = assert!(vmpath_common::FLOOD_MAP_FLAGS == BPF_F_NO_PREALLOC as usize);
 
 /// Drop counters, one slot per `drop_reason`, per CPU.
 #[btf_map(name = "vmp_drops")]

@@ -163,6 +163,12 @@ pub fn ns_gateway_target(ctx: &TcContext, net: &NetworkInfo) -> Result<Option<[u
     })
 }
 
+/// The target of the NS at L4 (a valid one: `ns_gateway_target` checked it).
+#[inline(always)]
+pub fn ns_target(ctx: &TcContext) -> Result<[u8; 16], u32> {
+    Ok(hdr::<NsMsg>(ctx, L4_OFF)?.target)
+}
+
 /// Rewrites the frame into the gateway's solicited NA for `target`, sent to
 /// the soliciting VM.
 #[inline(always)]

@@ -17,9 +17,10 @@
 use core::mem::MaybeUninit;
 
 use aya_ebpf::{
-    bindings::{BPF_F_ZERO_CSUM_TX, TC_ACT_SHOT, bpf_tunnel_key},
+    bindings::{__sk_buff, BPF_F_ZERO_CSUM_TX, TC_ACT_SHOT, bpf_tunnel_key},
     btf_maps::{Array, HashMap, LruHashMap, PerCpuArray},
-    helpers::generated::{bpf_clone_redirect, bpf_skb_set_tunnel_key},
+    cty::c_void,
+    helpers::generated::{bpf_clone_redirect, bpf_loop, bpf_skb_set_tunnel_key},
     macros::{btf_map, classifier},
     programs::TcContext,
 };
@@ -46,6 +47,7 @@ pub static FLOOD_REMOTE: HashMap<
     u32,
     RemoteFloodList,
     { maps::FLOOD_REMOTE.max_entries as usize },
+    { vmpath_common::FLOOD_MAP_FLAGS },
 > = HashMap::new();
 
 /// Slot 0: the vxlan device; ifindex 0 while it is not set up.
@@ -116,26 +118,76 @@ pub fn has_remote(network: u32) -> bool {
     unsafe { FLOOD_REMOTE.get(&network) }.is_some_and(|l| l.count != 0)
 }
 
-/// Is `ip` one of the nodes hosting `network`?
+/// Is `ip` one of the nodes hosting `network`? A binary search of the
+/// sorted list: every frame from the overlay asks, and a network may span
+/// thousands of nodes. Each halving is a `bpf_loop` step: inline, the
+/// verifier would walk every path of the search through the rest of
+/// `vxlan_rx`.
 #[inline(always)]
 pub fn is_remote_node(network: u32, ip: [u8; 4]) -> bool {
     // SAFETY: a map lookup; the value stays valid for this program run.
     let Some(list) = (unsafe { FLOOD_REMOTE.get(&network) }) else {
         return false;
     };
-    let want = u32::from_ne_bytes(ip);
-    let count = list.count as usize;
-    let mut i = 0usize;
-    while i < MAX_FLOOD_NODES {
-        if i >= count {
-            break;
-        }
-        if u32::from_ne_bytes(list.node_ip4[i]) == want {
-            return true;
-        }
-        i += 1;
+    let mut search = NodeSearch {
+        list,
+        want: u32::from_be_bytes(ip),
+        lo: 0,
+        hi: list.count.min(MAX_FLOOD_NODES as u32),
+        found: 0,
+    };
+    // Halving from MAX_FLOOD_NODES ends within its bit length of steps.
+    // SAFETY: the callback is a function of this object taking the
+    // context's type; `search` outlives the call.
+    unsafe {
+        bpf_loop(
+            MAX_FLOOD_NODES.ilog2() + 1,
+            node_search_step as *mut c_void,
+            (&raw mut search).cast(),
+            0,
+        )
+    };
+    search.found != 0
+}
+
+/// `is_remote_node`'s state across its `bpf_loop`: the half-open range
+/// `lo..hi` of the list still to search.
+#[repr(C)]
+struct NodeSearch {
+    list: *const RemoteFloodList,
+    want: u32,
+    lo: u32,
+    hi: u32,
+    found: u32,
+}
+
+/// One halving (`bpf_loop` callback: 0 goes on, 1 stops).
+#[inline(never)]
+extern "C" fn node_search_step(_: u32, search: *mut c_void) -> i64 {
+    // SAFETY: `search` is the `NodeSearch` `is_remote_node` handed over.
+    let search = unsafe { &mut *search.cast::<NodeSearch>() };
+    if search.lo >= search.hi {
+        return 1;
     }
-    false
+    let mid = search.lo + (search.hi - search.lo) / 2;
+    // SAFETY: the map value `is_remote_node` found, valid for this run.
+    let list = unsafe { &*search.list };
+    // Masked, not only checked: the verifier then needs no precise bounds
+    // of `lo` and `hi`, and the steps' states converge.
+    let Some(node) = list.node_ip4.get(mid as usize & (MAX_FLOOD_NODES - 1)) else {
+        return 1;
+    };
+    let at = u32::from_be_bytes(*node);
+    if at == search.want {
+        search.found = 1;
+        return 1;
+    }
+    if at < search.want {
+        search.lo = mid + 1;
+    } else {
+        search.hi = mid;
+    }
+    0
 }
 
 /// On to `vm_remote` (unicast to a remote MAC, or the remote copies of a
@@ -248,7 +300,8 @@ fn try_vm_remote(ctx: &TcContext, port: &PortInfo) -> Verdict {
 }
 
 /// One copy of the frame to each remote node hosting `network`, the
-/// original to the last one.
+/// original to the last one. The copies are made by a `bpf_loop` over the
+/// list: the verifier checks one node's step once, whatever the count.
 #[inline(always)]
 fn flood(ctx: &TcContext, key: &mut bpf_tunnel_key, network: u32, vxlan: u32) -> Verdict {
     // SAFETY: a map lookup; the value stays valid for this program run.
@@ -259,26 +312,70 @@ fn flood(ctx: &TcContext, key: &mut bpf_tunnel_key, network: u32, vxlan: u32) ->
     if count == 0 || count > MAX_FLOOD_NODES {
         return Err(drop_reason::NO_DESTINATION);
     }
-    let len = ctx.len();
-    let mut i = 0usize;
-    while i + 1 < MAX_FLOOD_NODES {
-        if i + 1 >= count {
-            break;
-        }
-        set_remote(ctx, key, list.node_ip4[i])?;
-        // SAFETY: the skb is the program's own context and the other arguments are
-        // integers; no packet pointer is held across the call.
-        if unsafe { bpf_clone_redirect(ctx.skb.skb, vxlan, 0) } == 0 {
-            count_tx(len);
-        }
-        i += 1;
+    let mut walk = RemoteFlood {
+        skb: ctx.skb.skb,
+        list,
+        key,
+        vxlan,
+        len: ctx.len(),
+        failed: 0,
+    };
+    // SAFETY: the callback is a function of this object taking the
+    // context's type; `walk` outlives the call.
+    unsafe {
+        bpf_loop(
+            (count - 1) as u32,
+            clone_remote_member as *mut c_void,
+            (&raw mut walk).cast(),
+            0,
+        )
+    };
+    if walk.failed != 0 {
+        return Err(drop_reason::HELPER_FAILED);
     }
-    if i >= MAX_FLOOD_NODES {
+    let Some(&last) = list.node_ip4.get(count - 1) else {
         return Err(drop_reason::NO_DESTINATION);
-    }
-    set_remote(ctx, key, list.node_ip4[i])?;
-    count_tx(len);
+    };
+    set_remote(ctx, key, last)?;
+    count_tx(walk.len);
     fwd::redirect(vxlan)
+}
+
+/// `flood`'s state across its `bpf_loop`.
+#[repr(C)]
+struct RemoteFlood {
+    skb: *mut __sk_buff,
+    list: *const RemoteFloodList,
+    key: *mut bpf_tunnel_key,
+    vxlan: u32,
+    len: u32,
+    /// Set when a tunnel key could not be set: the flood stops there.
+    failed: u32,
+}
+
+/// A copy of the frame to node `i` of the list (`bpf_loop` callback: 0
+/// goes on, 1 stops).
+#[inline(never)]
+extern "C" fn clone_remote_member(i: u32, walk: *mut c_void) -> i64 {
+    // SAFETY: `walk` is the `RemoteFlood` `flood` handed to `bpf_loop`.
+    let walk = unsafe { &mut *walk.cast::<RemoteFlood>() };
+    // SAFETY: the map value `flood` found, valid for this run.
+    let list = unsafe { &*walk.list };
+    let Some(&node) = list.node_ip4.get(i as usize) else {
+        return 1;
+    };
+    // SAFETY: `key` points at `flood`'s tunnel key, alive for the call.
+    let key = unsafe { &mut *walk.key };
+    if set_tunnel_key(walk.skb, key, node).is_err() {
+        walk.failed = 1;
+        return 1;
+    }
+    // SAFETY: the skb is the program's own context and the other arguments are
+    // integers; no packet pointer is held across the call.
+    if unsafe { bpf_clone_redirect(walk.skb, walk.vxlan, 0) } == 0 {
+        count_tx(walk.len);
+    }
+    0
 }
 
 /// Sends the frame as it is to the node `node_ip4` over the overlay (VNI =
@@ -360,12 +457,21 @@ pub fn learned_node(key: &EndpointKey) -> Option<[u8; 4]> {
 /// encapsulated before `bpf_clone_redirect` returns.
 #[inline(always)]
 pub fn set_remote(ctx: &TcContext, key: &mut bpf_tunnel_key, node_ip4: [u8; 4]) -> Result<(), u32> {
+    set_tunnel_key(ctx.skb.skb, key, node_ip4)
+}
+
+#[inline(always)]
+fn set_tunnel_key(
+    skb: *mut __sk_buff,
+    key: &mut bpf_tunnel_key,
+    node_ip4: [u8; 4],
+) -> Result<(), u32> {
     key.__bindgen_anon_1.remote_ipv4 = u32::from_be_bytes(node_ip4);
     // SAFETY: `key` is a valid `bpf_tunnel_key` for the call and the size
     // passed is its size; the skb pointer is the program's own context.
     let rc = unsafe {
         bpf_skb_set_tunnel_key(
-            ctx.skb.skb,
+            skb,
             key,
             core::mem::size_of::<bpf_tunnel_key>() as u32,
             // Zero outer UDP checksum, as Linux vxlan devices send by default.

@@ -462,8 +462,12 @@ fn nd_or_mld(icmp_type: u8) -> bool {
 
 /// Per network, its flood list less the ports isolated for ingress.
 #[btf_map(name = "vmp_pol_flood")]
-pub static POLICY_FLOOD: HashMap<u32, FloodList, { maps::POLICY_FLOOD.max_entries as usize }> =
-    HashMap::new();
+pub static POLICY_FLOOD: HashMap<
+    u32,
+    FloodList,
+    { maps::POLICY_FLOOD.max_entries as usize },
+    { vmpath_common::FLOOD_MAP_FLAGS },
+> = HashMap::new();
 
 /// Whether the caller already found the frame's flow missing from the
 /// flow table (`passes_tracked`); clears the mark.

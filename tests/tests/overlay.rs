@@ -670,7 +670,7 @@ fn a_detected_mac_is_learned_and_its_unicast_goes_to_its_node_only() {
     let pin = bed
         .a
         .bpffs
-        .join("maps/v2")
+        .join(format!("maps/v{}", common::MAP_LAYOUT_VERSION))
         .join(common::map_names::REMOTE_LEARNED);
     let dump = vmpath_tests::run(&["bpftool", "map", "dump", "pinned", pin.to_str().unwrap()]);
     assert!(

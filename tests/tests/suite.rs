@@ -4,6 +4,7 @@
 //! `VMPATH_BIN=$PWD/target/debug/vmpath cargo nextest run -p vmpath-tests -E 'test(/^<module>::/)'`.
 
 mod addresses;
+mod cluster_flood;
 mod cni;
 mod crds;
 mod deploy;

@@ -166,6 +166,13 @@ fn run_in_netns(opts: &Options) -> Result<Section> {
             idempotent: false,
         },
         Case {
+            name: "ARP answered for a known VM (vm_port → vm_neigh tail call)",
+            prog: "vm_port",
+            frame: util::arp_request(A_MAC, A_IP, B_IP),
+            verdict: TC_ACT_REDIRECT,
+            idempotent: false,
+        },
+        Case {
             name: "gateway ICMP echo reply",
             prog: "vm_port",
             frame: util::echo4(gw_mac, A_MAC, A_IP, GW_IP),
