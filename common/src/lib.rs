@@ -283,8 +283,14 @@ pub struct Endpoint {
     pub migrate_to: [u8; 4],
     /// Port id of a local port (its counters' slot).
     pub port_id: u32,
+    /// A remote endpoint's NetworkPolicy identity (`vmp_pol_ipcache`'s
+    /// numbers): what a frame from this MAC arriving from `node_ip4` over
+    /// the overlay carries, whatever source address it writes (0: none
+    /// known, such frames are `identity::WORLD`). Unused for local ports,
+    /// whose identity is their port's (`vmp_pol_ep`).
+    pub identity: u32,
 }
-const _: () = assert!(size_of::<Endpoint>() == 20);
+const _: () = assert!(size_of::<Endpoint>() == 24);
 
 /// (network, IP) -> owning attachment. IPv4 addresses use the first 4 bytes.
 #[repr(C)]
@@ -1491,8 +1497,21 @@ pub struct PolicyFlow {
     /// allowed it; 0 in the others.
     pub from_port: u16,
     pub to_port: u16,
+    /// `policy_dir::INGRESS` and `policy_dir::EGRESS` entries: the identity
+    /// of the flow's other end, the one whose packets may use the entry
+    /// on this endpoint's ingress (the sender of an admitted flow, the
+    /// destination of one the endpoint opened). A packet with the flow's
+    /// tuple from any other identity is checked as a new flow, so copying
+    /// an admitted flow's tuple borrows nothing. 0 in `PAIR` entries.
+    pub peer: u32,
+    /// The local port id `peer`'s packets come from, once one was checked
+    /// (0: none yet, or the peer is not on this node): a frame from that
+    /// port passes on the entry without its identity worked out again,
+    /// one from any other local port is checked.
+    pub peer_port: u16,
+    pub _pad: u16,
 }
-const _: () = assert!(size_of::<PolicyFlow>() == 16);
+const _: () = assert!(size_of::<PolicyFlow>() == 24);
 // Port ids fit `PolicyFlow::from_port` / `to_port`.
 const _: () = assert!(MAX_PORTS <= 1 << 16);
 

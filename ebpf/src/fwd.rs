@@ -51,7 +51,7 @@ pub fn switch_parsed(
                     // Addressed to itself: the VM's own stack has it already.
                     return Err(drop_reason::NO_DESTINATION);
                 }
-                return deliver_local_parsed(ctx, ep.ifindex, ep.port_id, parsed);
+                return deliver_local_parsed::<true>(ctx, ep.ifindex, ep.port_id, parsed);
             }
             if ep.kind == ENDPOINT_REMOTE {
                 return overlay::to_remote(ctx);
@@ -96,13 +96,13 @@ pub fn deliver_through(
 /// the frame in.
 #[inline(always)]
 pub fn deliver_local(ctx: &TcContext, port_ifindex: u32, port_id: u32) -> Verdict {
-    deliver_local_parsed(ctx, port_ifindex, port_id, None)
+    deliver_local_parsed::<false>(ctx, port_ifindex, port_id, None)
 }
 
 /// `deliver_local`; `parsed`: from the egress policy check of the same
-/// frame in this program run.
+/// frame in this program run; `FROM_PORT`: switched from a local VM port.
 #[inline(always)]
-fn deliver_local_parsed(
+fn deliver_local_parsed<const FROM_PORT: bool>(
     ctx: &TcContext,
     port_ifindex: u32,
     port_id: u32,
@@ -110,7 +110,7 @@ fn deliver_local_parsed(
 ) -> Verdict {
     // The last check before the VM: whatever way the frame came (another
     // port, the overlay, the uplink, a SNAT reply).
-    if let Some(verdict) = crate::policy::deliver(ctx, port_ifindex, port_id, parsed) {
+    if let Some(verdict) = crate::policy::deliver::<FROM_PORT>(ctx, port_ifindex, port_id, parsed) {
         return verdict;
     }
     deliver_checked(ctx, port_ifindex, port_id)

@@ -216,7 +216,7 @@ fn egress_tracked(
     k.port_id = port_id;
     k.direction = policy_dir::EGRESS;
     k._pad = 0;
-    (tracked(k, parsed.now), Some(parsed), true)
+    (tracked(k, parsed.now).is_some(), Some(parsed), true)
 }
 
 /// The frame's tuple read into `k` by `parse_plain`, with the time;
@@ -229,15 +229,24 @@ fn parse_fresh(ctx: &TcContext, k: &mut PolicyFlowKey) -> Option<Parsed> {
     }
 }
 
-/// Whether the frame passes `port_id`'s policy in direction `dir` without
-/// a policy lookup: it is none of policy's business (ARP, ND, DHCP...),
-/// or its flow (or the one it answers) is in the flow table. What `check`
-/// does first, so the verdict is the same; anything else (a new flow, a
-/// malformed frame) goes to `check`. `known`: the scratch slot holds the
-/// frame's tuple already. Also returns whether the flow table was looked
-/// up (the frame could be parsed here).
+/// Whether the frame passes the ingress policy of `port_id` (at
+/// `ifindex`) without a policy lookup: it is none of policy's business
+/// (ARP, ND, DHCP...), or its flow (or the one it answers) is in the flow
+/// table with the frame's sender as its peer. What `check` does first, so
+/// the verdict is the same; anything else (a new flow, another sender
+/// using the flow's tuple, a malformed frame) goes to `check`. `known`:
+/// the scratch slot holds the frame's tuple already. `FROM_PORT`: the
+/// frame comes from a local VM port (switched by `vm_port` or
+/// `vm_service`), whose program need not carry the other senders' code
+/// (the VM port's verifier budget is tight). Also returns whether the
+/// flow table was looked up (the frame could be parsed here).
 #[inline(always)]
-fn passes_tracked(ctx: &TcContext, port_id: u32, dir: u8, known: Option<Parsed>) -> (bool, bool) {
+fn passes_tracked<const FROM_PORT: bool>(
+    ctx: &TcContext,
+    port_id: u32,
+    ifindex: u32,
+    known: Option<Parsed>,
+) -> (bool, bool) {
     let Some(k) = POLICY_SCRATCH.get_ptr_mut(0) else {
         return (false, false);
     };
@@ -255,21 +264,39 @@ fn passes_tracked(ctx: &TcContext, port_id: u32, dir: u8, known: Option<Parsed>)
         return (true, false);
     }
     k.port_id = port_id;
-    k.direction = dir;
+    k.direction = policy_dir::INGRESS;
     k._pad = 0;
-    if !tracked(k, parsed.now) {
+    let Some(flow) = tracked(k, parsed.now) else {
+        return (false, true);
+    };
+    // The flow's peer only: from a local port, the port it was checked
+    // from (`check` records it); from elsewhere, by identity.
+    let from_port = sender_port(ctx);
+    // SAFETY: from `tracked` (bpf_map_lookup_elem), valid for this run.
+    let (peer, peer_port) = unsafe { ((*flow).peer, u32::from((*flow).peer_port)) };
+    let same = if FROM_PORT || from_port != 0 {
+        from_port != 0 && peer_port == from_port
+    } else {
+        peer == remote_identity(ctx, k, || receiver_network(ifindex))
+    };
+    if !same {
         return (false, true);
     }
     // The sender's egress and this port's ingress each passed on their own
-    // entry: one shared entry stands for both from now on.
-    if let Some(p) = known
-        && p.from_port != 0
-    {
+    // entry: one shared entry stands for both from now on. (`parsed`, not
+    // `known`: a frame parsed here has no sender's port, and the Option's
+    // payload is not read on the path where it is empty, which the
+    // verifier would refuse.)
+    let p = parsed;
+    if p.from_port != 0 {
         let flow = PolicyFlow {
             last_seen: p.now,
             policy: POLICY_NONE,
             from_port: p.from_port as u16,
             to_port: port_id as u16,
+            peer: 0,
+            peer_port: 0,
+            _pad: 0,
         };
         k.port_id = p.network;
         k.direction = policy_dir::PAIR;
@@ -290,9 +317,10 @@ pub fn reentered(ctx: &TcContext, port_id: u32) -> bool {
 
 /// Before delivery to the local port `ifindex` (`port_id`): `Some` when
 /// the port's ingress policy must decide (`vm_policy_in` delivers).
-/// `known`: from `egress` on the same frame in this run.
+/// `known`: from `egress` on the same frame in this run. `FROM_PORT`: the
+/// frame comes from a local VM port (`passes_tracked`).
 #[inline(always)]
-pub fn deliver(
+pub fn deliver<const FROM_PORT: bool>(
     ctx: &TcContext,
     ifindex: u32,
     port_id: u32,
@@ -309,7 +337,7 @@ pub fn deliver(
     if ep.flags == 0 {
         return None;
     }
-    let (passes, looked_up) = passes_tracked(ctx, port_id, policy_dir::INGRESS, known);
+    let (passes, looked_up) = passes_tracked::<FROM_PORT>(ctx, port_id, ifindex, known);
     if passes {
         return None;
     }
@@ -490,8 +518,34 @@ fn check(
     k.port_id = port_id;
     k.direction = dir;
     k._pad = 0;
-    if !untracked && tracked(k, now) {
-        return Ok(());
+    // Who the frame comes from (ingress), or goes to (egress): on ingress
+    // a tracked flow passes only for the peer it was allowed with; an
+    // ICMP error comes from whatever router on the way, and passes for
+    // any flow it quotes.
+    let peer = if dir == policy_dir::INGRESS {
+        source_identity(ctx, k, || network)
+    } else {
+        identity_of(network, k.family, &k.dst)
+    };
+    let from_port = if dir == policy_dir::INGRESS {
+        sender_port(ctx)
+    } else {
+        0
+    };
+    if !untracked && let Some(flow) = tracked(k, now) {
+        if dir == policy_dir::EGRESS || seen == Seen::Related {
+            return Ok(());
+        }
+        // SAFETY: from `tracked` (bpf_map_lookup_elem), valid for this
+        // run; a racing writer writes the same port.
+        unsafe {
+            if (*flow).peer == peer {
+                // The peer's port, for `passes_tracked` (a reply to a flow
+                // this endpoint opened learns it here).
+                (*flow).peer_port = from_port as u16;
+                return Ok(());
+            }
+        }
     }
     let isolated = if dir == policy_dir::INGRESS {
         flags & POL_F_INGRESS != 0
@@ -501,11 +555,6 @@ fn check(
     let mut policy = POLICY_NONE;
     let mut reason = 0;
     if isolated {
-        let peer = if dir == policy_dir::INGRESS {
-            source_identity(ctx, network, k)
-        } else {
-            identity_of(network, k.family, &k.dst)
-        };
         match allowed_by(port_id, dir, peer, k) {
             Some(p) if seen == Seen::Opens => policy = p,
             _ if dir == policy_dir::INGRESS => reason = drop_reason::POLICY_DENIED_INGRESS,
@@ -527,6 +576,9 @@ fn check(
             policy,
             from_port: 0,
             to_port: 0,
+            peer,
+            peer_port: from_port as u16,
+            _pad: 0,
         };
         // A full table evicts its oldest flow (LRU); should the insert
         // still fail, the flow's next packet is checked again.
@@ -554,15 +606,16 @@ fn reaches_node(ctx: &TcContext, ifindex: u32, network: u32, k: &PolicyFlowKey) 
 
 /// A flow this endpoint opened the same way (`k` as it is), or a reply to
 /// one it opened the other way (`k` with its ends swapped), seen recently
-/// enough. Leaves `k` as it found it.
+/// enough: its entry (valid for this run), whose `peer` is the identity
+/// its packets to this endpoint come from. Leaves `k` as it found it.
 #[inline(always)]
-fn tracked(k: &mut PolicyFlowKey, now: u64) -> bool {
+fn tracked(k: &mut PolicyFlowKey, now: u64) -> Option<*mut PolicyFlow> {
     let timeout = timeout_of(k.proto);
-    if fresh(k, now, timeout).is_some() {
-        return true;
+    if let Some(f) = fresh_entry(k, now, timeout) {
+        return Some(f);
     }
     swap_ends(k);
-    let hit = fresh(k, now, timeout).is_some();
+    let hit = fresh_entry(k, now, timeout);
     swap_ends(k);
     hit
 }
@@ -620,6 +673,13 @@ fn timeout_of(proto: u8) -> u64 {
 /// it is `POLICY_FLOW_REFRESH_NS` old: most packets leave it clean).
 #[inline(always)]
 fn fresh(k: &PolicyFlowKey, now: u64, timeout: u64) -> Option<PolicyFlow> {
+    // SAFETY: from `fresh_entry` (bpf_map_lookup_elem), valid for this run.
+    fresh_entry(k, now, timeout).map(|f| unsafe { *f })
+}
+
+/// `fresh`, the entry itself.
+#[inline(always)]
+fn fresh_entry(k: &PolicyFlowKey, now: u64, timeout: u64) -> Option<*mut PolicyFlow> {
     let flow = POLICY_FLOWS.get_ptr_mut(k)?;
     // SAFETY: from `get_ptr_mut` (bpf_map_lookup_elem) just above, valid
     // for this run; a racing writer only writes a time.
@@ -631,7 +691,7 @@ fn fresh(k: &PolicyFlowKey, now: u64, timeout: u64) -> Option<PolicyFlow> {
         if idle > POLICY_FLOW_REFRESH_NS {
             (*flow).last_seen = now;
         }
-        Some(*flow)
+        Some(flow)
     }
 }
 
@@ -672,16 +732,20 @@ fn identity_of(network: u32, family: u8, addr: &[u8; 16]) -> u32 {
 /// address it wrote: its first address's identity when it wrote that one,
 /// else the one the agent gave its port (`vmp_pol_ep`), so a spoofed
 /// address never borrows another endpoint's rules, and an address it was
-/// not configured with (learned) still has its identity. From elsewhere
-/// (the overlay, the uplink): by source address.
+/// not configured with (learned) still has its identity. Sent by an
+/// endpoint on another node: that endpoint's, by its MAC and node
+/// (`overlay::sender_identity`), the same way. From elsewhere (the
+/// uplink, routed): by source address, in the receiver's network
+/// (`network`, asked only then).
 #[inline(always)]
-fn source_identity(ctx: &TcContext, network: u32, k: &PolicyFlowKey) -> u32 {
+fn source_identity(ctx: &TcContext, k: &PolicyFlowKey, network: impl FnOnce() -> u32) -> u32 {
     // SAFETY: the skb pointer is the program's own context, valid for this run.
     let from = unsafe { (*ctx.skb.skb).ifindex };
     // SAFETY: a map lookup; the value stays valid for this program run.
     let Some(port) = (unsafe { PORTS.get(&from) }) else {
-        return identity_of(network, k.family, &k.src);
+        return remote_identity(ctx, k, network);
     };
+    let network = port.network;
     let own = if k.family == addr_family::IPV4 {
         port.ip4 != [0; 4] && k.src[..4] == port.ip4
     } else {
@@ -694,6 +758,34 @@ fn source_identity(ctx: &TcContext, network: u32, k: &PolicyFlowKey) -> u32 {
         Some(ep) if ep.identity != identity::ANY => ep.identity,
         _ => identity::WORLD,
     }
+}
+
+/// `source_identity` of a frame from no local port: its sending
+/// endpoint's when it came over the overlay (`overlay::sender_identity`),
+/// else by its source address in `network`.
+#[inline(always)]
+fn remote_identity(ctx: &TcContext, k: &PolicyFlowKey, network: impl FnOnce() -> u32) -> u32 {
+    match crate::overlay::sender_identity(ctx) {
+        Some(id) => id,
+        None => identity_of(network(), k.family, &k.src),
+    }
+}
+
+/// The port id of the local port the frame came from (0: none).
+#[inline(always)]
+fn sender_port(ctx: &TcContext) -> u32 {
+    // SAFETY: the skb pointer is the program's own context, valid for this run.
+    let from = unsafe { (*ctx.skb.skb).ifindex };
+    // SAFETY: a map lookup; the value stays valid for this program run.
+    unsafe { PORTS.get(&from) }.map_or(0, |p| p.port_id)
+}
+
+/// The network of the local port at `ifindex` (0: none, whose identities
+/// are all `identity::WORLD`).
+#[inline(always)]
+fn receiver_network(ifindex: u32) -> u32 {
+    // SAFETY: a map lookup; the value stays valid for this program run.
+    unsafe { PORTS.get(&ifindex) }.map_or(0, |p| p.network)
 }
 
 /// The policy allowing the flow `k` from or to `peer`: a rule for that

@@ -158,7 +158,12 @@ impl Fx {
 
     /// `vm_policy_in` delivering `frame` (arriving on the peer's port) to A.
     fn deliver(&self, frame: &[u8]) -> u32 {
-        let mut ctx = skb_ctx(self.peer_port);
+        self.deliver_from(self.peer_port, frame)
+    }
+
+    /// `vm_policy_in` delivering `frame`, arriving on `ifindex`, to A.
+    fn deliver_from(&self, ifindex: u32, frame: &[u8]) -> u32 {
+        let mut ctx = skb_ctx(ifindex);
         for (i, v) in [POLICY_CB_DELIVER, PORT_ID, self.port].iter().enumerate() {
             ctx[SKB_CB + 4 * i..SKB_CB + 4 * i + 4].copy_from_slice(&v.to_ne_bytes());
         }
@@ -844,5 +849,102 @@ fn a_local_endpoints_frames_carry_its_own_identity_whatever_their_source_address
         fx.dp.maps_mut().ports.remove(&fx.peer_port).unwrap();
         assert_eq!(fx.deliver(&tcp(C, A, 40010, 8000)), TC_ACT_REDIRECT);
         assert_eq!(fx.deliver(&tcp6(C6, A6, 40010, 8000)), TC_ACT_REDIRECT);
+    });
+}
+
+/// A flow's entry stands for the peer it was admitted with (or opened
+/// to), not for its tuple: C's port writing B's address and the exact
+/// tuple of B's admitted flow to A, or of the reply to A's flow to B, is
+/// checked as a new flow and denied (C's identity has no rule); B's own
+/// packets of both flows pass before and after. An ICMP error about A's
+/// flow passes whoever sends it (routers on the way do).
+#[test]
+fn an_admitted_flows_tuple_passes_only_for_its_peer() {
+    in_fresh_netns(|| {
+        let mut fx = Fx::new();
+        add_b(&mut fx);
+        run(&[
+            "ip", "link", "add", "pf-c", "type", "veth", "peer", "name", "pf-vc",
+        ]);
+        run(&["ip", "link", "set", "pf-c", "up"]);
+        let c_port = vmpath::netif::ifindex_of("pf-c").unwrap();
+        let maps = fx.dp.maps_mut();
+        maps.ports
+            .insert(
+                c_port,
+                PortInfo {
+                    port_id: 3,
+                    network: NET,
+                    mac: [0x52, 0x54, 0, 0, 0x0d, 3],
+                    flags: 0,
+                    gw_mac: GW_MAC,
+                    _pad: 0,
+                    ip4: C,
+                    ip6: [0; 16],
+                },
+                0,
+            )
+            .unwrap();
+        maps.policy_endpoints
+            .set(
+                3,
+                PolicyEndpoint {
+                    flags: 0,
+                    identity: ID_C,
+                },
+                0,
+            )
+            .unwrap();
+        let b_port = fx.peer_port;
+        let admitted = tcp(B, A, 40000, 80);
+        let out = udp(A, B, 5000, 81);
+        let reply = udp(B, A, 81, 5000);
+        let error = unreachable(C, &out);
+        let table: Vec<(&str, u32, &[u8], u32)> = vec![
+            ("B's flow, admitted", b_port, &admitted, TC_ACT_REDIRECT),
+            (
+                "C's port, B's address and tuple",
+                c_port,
+                &admitted,
+                TC_ACT_SHOT,
+            ),
+            ("B's flow again", b_port, &admitted, TC_ACT_REDIRECT),
+            (
+                "C's port, the reply to A's flow to B",
+                c_port,
+                &reply,
+                TC_ACT_SHOT,
+            ),
+            ("B's reply", b_port, &reply, TC_ACT_REDIRECT),
+            (
+                "C's port, an ICMP error about A's flow",
+                c_port,
+                &error,
+                TC_ACT_REDIRECT,
+            ),
+            (
+                "B's flow after all that",
+                b_port,
+                &admitted,
+                TC_ACT_REDIRECT,
+            ),
+        ];
+        let mut wrong = Vec::new();
+        for (name, from, frame, want) in &table {
+            if name.contains("reply to A's flow") {
+                fx.send(&out);
+            }
+            let got = fx.deliver_from(*from, frame);
+            if got != *want {
+                wrong.push(format!("{name}: got {got}, want {want}"));
+            }
+        }
+        assert!(wrong.is_empty(), "{}", wrong.join("\n"));
+        assert_eq!(
+            fx.drops(drop_reason::POLICY_DENIED_EGRESS),
+            0,
+            "A's flow out"
+        );
+        assert_eq!(fx.drops(drop_reason::POLICY_DENIED_INGRESS), 2);
     });
 }
