@@ -243,6 +243,12 @@ fn clone_local(ctx: &TcContext, skip: u32, network: u32, unknown_unicast: bool) 
         last = target;
         last_id = target_id;
     }
+    // Withheld from each port isolated for ingress: policy's drops (not
+    // the sender's own port, which a flood never reaches). After the
+    // loop: a branch before it would have the verifier walk it twice.
+    if let Some(list) = guarded {
+        crate::policy::count_withheld(list.withheld, skip);
+    }
     (last, last_id)
 }
 

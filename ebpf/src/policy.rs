@@ -21,10 +21,10 @@ use aya_ebpf::{
 };
 use network_types::{eth::EthHdr, ip::Ipv4Hdr, ip::Ipv6Hdr};
 use vmpath_common::{
-    FloodList, IdentityPrefix, NO_PORT_ID, POL_F_EGRESS, POL_F_INGRESS, POLICY_CB_DELIVER,
+    EndpointKey, FloodList, IdentityPrefix, NO_PORT_ID, POL_F_EGRESS, POL_F_INGRESS, POLICY_CB_DELIVER,
     POLICY_CB_EGRESS_DONE, POLICY_CB_UNTRACKED, POLICY_FLOW_OTHER_TIMEOUT_NS,
     POLICY_FLOW_REFRESH_NS, POLICY_FLOW_TCP_TIMEOUT_NS, POLICY_LEN_FULL, POLICY_NONE,
-    PolicyEndpoint, PolicyFlow, PolicyFlowKey, PolicyRuleKey, PolicyStats, addr_family,
+    PolicyEndpoint, PolicyFlow, PolicyFlowKey, PolicyRuleKey, PolicyStats, PortInfo, addr_family,
     drop_reason, identity, maps, policy_dir, tail_call,
 };
 
@@ -32,7 +32,7 @@ use crate::{
     clock::flow_now,
     counters,
     fwd::{self, Verdict},
-    maps::PORTS,
+    maps::{ENDPOINTS, PORTS},
     parse::{
         ETH_LEN, ETH_P_IP, ETH_P_IPV6, IPPROTO_ICMP, IPPROTO_ICMPV6, IPPROTO_TCP, IPPROTO_UDP, hdr,
     },
@@ -280,7 +280,10 @@ fn passes_tracked<const FROM_PORT: bool>(
         peer == remote_identity(ctx, k, || receiver_network(ifindex))
     };
     if !same {
-        return (false, true);
+        // Not looked up as far as `check` is concerned: it looks again
+        // and compares the sender itself (a reply to a flow this endpoint
+        // opened has no peer port yet; it learns it there).
+        return (false, false);
     }
     // The sender's egress and this port's ingress each passed on their own
     // entry: one shared entry stands for both from now on. (`parsed`, not
@@ -296,7 +299,7 @@ fn passes_tracked<const FROM_PORT: bool>(
             to_port: port_id as u16,
             peer: 0,
             peer_port: 0,
-            _pad: 0,
+            peer_by_address: 0,
         };
         k.port_id = p.network;
         k.direction = policy_dir::PAIR;
@@ -457,6 +460,26 @@ pub fn flood_guarded(ctx: &TcContext) -> bool {
     }
 }
 
+/// A flood withheld from the `withheld` ports of its network isolated
+/// for ingress (`FloodList::withheld`), sent from the local port at
+/// `sender` (0: from the overlay): a `policy_denied_ingress` drop for
+/// each, but the sender's own port, which a flood never goes back to.
+#[inline(always)]
+pub fn count_withheld(withheld: u32, sender: u32) {
+    if withheld == 0 {
+        return;
+    }
+    // SAFETY: a map lookup; the value stays valid for this program run.
+    let own = match unsafe { PORTS.get(&sender) } {
+        Some(port) => POLICY_ENDPOINTS
+            .get(port.port_id)
+            .is_some_and(|ep| ep.flags & POL_F_INGRESS != 0),
+        None => false,
+    };
+    let n = withheld - u32::from(own && withheld > 0);
+    counters::count_drops(drop_reason::POLICY_DENIED_INGRESS, n);
+}
+
 /// ICMPv6 types that are the gateway's business, never policy's:
 /// neighbour discovery, MLD and router messages.
 #[inline(always)]
@@ -518,14 +541,16 @@ fn check(
     k.port_id = port_id;
     k.direction = dir;
     k._pad = 0;
-    // Who the frame comes from (ingress), or goes to (egress): on ingress
-    // a tracked flow passes only for the peer it was allowed with; an
-    // ICMP error comes from whatever router on the way, and passes for
-    // any flow it quotes.
-    let peer = if dir == policy_dir::INGRESS {
-        source_identity(ctx, k, || network)
+    // Who the frame comes from (ingress), or goes to (egress), as a flow
+    // entry records its other end: by endpoint (`flow_sender`,
+    // `flow_receiver`), so a reply is compared with the endpoint the flow
+    // went to, like with like. On ingress a tracked flow passes only for
+    // that peer; an ICMP error comes from whatever router on the way, and
+    // passes for any flow it quotes.
+    let (peer, peer_by_address) = if dir == policy_dir::INGRESS {
+        (flow_sender(ctx, k, network, false), false)
     } else {
-        identity_of(network, k.family, &k.dst)
+        flow_receiver(ctx, network, k)
     };
     let from_port = if dir == policy_dir::INGRESS {
         sender_port(ctx)
@@ -539,7 +564,12 @@ fn check(
         // SAFETY: from `tracked` (bpf_map_lookup_elem), valid for this
         // run; a racing writer writes the same port.
         unsafe {
-            if (*flow).peer == peer {
+            let sender = if (*flow).peer_by_address != 0 {
+                flow_sender(ctx, k, network, true)
+            } else {
+                peer
+            };
+            if (*flow).peer == sender {
                 // The peer's port, for `passes_tracked` (a reply to a flow
                 // this endpoint opened learns it here).
                 (*flow).peer_port = from_port as u16;
@@ -547,6 +577,13 @@ fn check(
             }
         }
     }
+    // The identity policy rules are written for: the source's (ingress),
+    // the destination address's (egress).
+    let rules_peer = if dir == policy_dir::INGRESS {
+        source_identity(ctx, k, || network)
+    } else {
+        identity_of(network, k.family, &k.dst)
+    };
     let isolated = if dir == policy_dir::INGRESS {
         flags & POL_F_INGRESS != 0
     } else {
@@ -555,7 +592,7 @@ fn check(
     let mut policy = POLICY_NONE;
     let mut reason = 0;
     if isolated {
-        match allowed_by(port_id, dir, peer, k) {
+        match allowed_by(port_id, dir, rules_peer, k) {
             Some(p) if seen == Seen::Opens => policy = p,
             _ if dir == policy_dir::INGRESS => reason = drop_reason::POLICY_DENIED_INGRESS,
             // The node reaches its endpoints whatever their policy: their
@@ -578,7 +615,7 @@ fn check(
             to_port: 0,
             peer,
             peer_port: from_port as u16,
-            _pad: 0,
+            peer_by_address: u16::from(peer_by_address),
         };
         // A full table evicts its oldest flow (LRU); should the insert
         // still fail, the flow's next packet is checked again.
@@ -746,17 +783,65 @@ fn source_identity(ctx: &TcContext, k: &PolicyFlowKey, network: impl FnOnce() ->
         return remote_identity(ctx, k, network);
     };
     let network = port.network;
-    let own = if k.family == addr_family::IPV4 {
-        port.ip4 != [0; 4] && k.src[..4] == port.ip4
-    } else {
-        port.ip6 != [0; 16] && k.src == port.ip6
-    };
-    if own {
+    if writes_own_address(port, k) {
         return identity_of(network, k.family, &k.src);
     }
     match POLICY_ENDPOINTS.get(port.port_id) {
         Some(ep) if ep.identity != identity::ANY => ep.identity,
         _ => identity::WORLD,
+    }
+}
+
+/// Who sent the frame, as a flow entry records its peer: a local
+/// port's endpoint, its port's identity (`vmp_pol_ep`) whatever address
+/// it writes; from no local port, `remote_identity`. `by_address`: the
+/// entry's peer is an address's identity (`PolicyFlow::peer_by_address`):
+/// a local port writing its own address has that address's identity in
+/// the receiver's `network`, any other still its port's, so a spoofed
+/// source never passes for the address it copies.
+#[inline(always)]
+fn flow_sender(ctx: &TcContext, k: &PolicyFlowKey, network: u32, by_address: bool) -> u32 {
+    // SAFETY: the skb pointer is the program's own context, valid for this run.
+    let from = unsafe { (*ctx.skb.skb).ifindex };
+    // SAFETY: a map lookup; the value stays valid for this program run.
+    let Some(port) = (unsafe { PORTS.get(&from) }) else {
+        return remote_identity(ctx, k, || network);
+    };
+    if by_address && writes_own_address(port, k) {
+        return identity_of(network, k.family, &k.src);
+    }
+    match POLICY_ENDPOINTS.get(port.port_id) {
+        Some(ep) if ep.identity != identity::ANY => ep.identity,
+        _ => identity::WORLD,
+    }
+}
+
+/// Who a flow the endpoint opens goes to, as `flow_sender` will name its
+/// replies: the endpoint the frame is switched to (its destination MAC,
+/// local or on another node: `Endpoint::identity`); else (routed through
+/// the gateway, or to a MAC no endpoint holds) the destination address's
+/// identity, marked as such (`true`).
+#[inline(always)]
+fn flow_receiver(ctx: &TcContext, network: u32, k: &PolicyFlowKey) -> (u32, bool) {
+    if let Ok(eth) = hdr::<EthHdr>(ctx, 0) {
+        // SAFETY: a map lookup; the value stays valid for this program run.
+        if let Some(ep) = unsafe { ENDPOINTS.get(&EndpointKey::new(network, eth.dst_addr)) }
+            && ep.identity != identity::ANY
+        {
+            return (ep.identity, false);
+        }
+    }
+    (identity_of(network, k.family, &k.dst), true)
+}
+
+/// Whether the frame's source address is the port's own (first
+/// configured) one of its family.
+#[inline(always)]
+fn writes_own_address(port: &PortInfo, k: &PolicyFlowKey) -> bool {
+    if k.family == addr_family::IPV4 {
+        port.ip4 != [0; 4] && k.src[..4] == port.ip4
+    } else {
+        port.ip6 != [0; 16] && k.src == port.ip6
     }
 }
 

@@ -75,7 +75,9 @@ impl Compiled {
             }
             let mut guarded = vmpath_common::FloodList::default();
             for i in 0..n {
-                if !isolated(list.port_id[i]) {
+                if isolated(list.port_id[i]) {
+                    guarded.withheld += 1;
+                } else {
                     let j = guarded.count as usize;
                     guarded.ifindex[j] = list.ifindex[i];
                     guarded.port_id[j] = list.port_id[i];
