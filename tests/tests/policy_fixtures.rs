@@ -21,7 +21,7 @@ use aya::{
 use etherparse::PacketBuilder;
 use vmpath::dataplane::Dataplane;
 use vmpath_common::{
-    ENDPOINT_LOCAL, Endpoint, EndpointKey, FloodList, IdentityPrefix, POL_F_EGRESS, POL_F_INGRESS,
+    ENDPOINT_LOCAL, Endpoint, EndpointKey, FloodList, IdentityPrefix, NetworkInfo, POL_F_EGRESS, POL_F_INGRESS,
     POLICY_CB_DELIVER, POLICY_LEN_FULL, POLICY_LEN_IDENTITY, POLICY_LEN_PROTO, PolicyEndpoint,
     PolicyRuleKey, PortInfo, PortStats, default_gateway_mac, drop_reason, identity, policy_dir,
     prog_names,
@@ -1056,6 +1056,18 @@ fn add_local_abc(fx: &mut Fx, c_flags: u32) -> u32 {
             0,
         )
         .unwrap();
+    // ICMPv6 from a port needs its network (the gateway's ND).
+    maps.networks
+        .insert(
+            NET,
+            NetworkInfo {
+                gw_mac: GW_MAC,
+                mtu: 1500,
+                ..Default::default()
+            },
+            0,
+        )
+        .unwrap();
     for (addr, id) in [(A6, ID_A), (B6, ID_B)] {
         maps.policy_ipcache
             .insert(
@@ -1203,8 +1215,19 @@ fn a_multicast_frame_to_an_isolated_endpoint_is_withheld_as_policy_denied_ingres
                 before.2 + denied,
             );
             if got != *verdict || after != want {
+                let drops: Vec<(usize, u64)> = fx
+                    .dp
+                    .maps()
+                    .drop_counts()
+                    .unwrap()
+                    .iter()
+                    .copied()
+                    .enumerate()
+                    .filter(|(_, n)| *n != 0)
+                    .collect();
                 wrong.push(format!(
-                    "{name}: got {got} (tx A, tx C, denied) {after:?}, want {verdict} {want:?}"
+                    "{name}: got {got} (tx A, tx C, denied) {after:?}, want {verdict} {want:?}; \
+                     drops by reason so far {drops:?}"
                 ));
             }
         }
