@@ -21,8 +21,8 @@ use aya_ebpf::{
 };
 use network_types::{eth::EthHdr, ip::Ipv4Hdr, ip::Ipv6Hdr};
 use vmpath_common::{
-    EndpointKey, FloodList, IdentityPrefix, NO_PORT_ID, POL_F_EGRESS, POL_F_INGRESS, POLICY_CB_DELIVER,
-    POLICY_CB_EGRESS_DONE, POLICY_CB_UNTRACKED, POLICY_FLOW_OTHER_TIMEOUT_NS,
+    EndpointKey, FloodList, IdentityPrefix, NO_PORT_ID, POL_F_EGRESS, POL_F_INGRESS,
+    POLICY_CB_DELIVER, POLICY_CB_EGRESS_DONE, POLICY_CB_UNTRACKED, POLICY_FLOW_OTHER_TIMEOUT_NS,
     POLICY_FLOW_REFRESH_NS, POLICY_FLOW_TCP_TIMEOUT_NS, POLICY_LEN_FULL, POLICY_NONE,
     PolicyEndpoint, PolicyFlow, PolicyFlowKey, PolicyRuleKey, PolicyStats, PortInfo, addr_family,
     drop_reason, identity, maps, policy_dir, tail_call,

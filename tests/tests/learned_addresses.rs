@@ -21,8 +21,7 @@ use vmpath_tests::{
     Netns, Node, Vm, iperf3,
     north_south::{
         EXT_IP, GATEWAY, GATEWAY6, IMP_IP, LRN_IP, LRN_MAC, NET_ID, NODE_A, NODE_B, NODE_C, TOR_IP,
-        bed,
-        network_doc_dual_stack, overlay_tx, tor_route, write_config_with,
+        bed, network_doc_dual_stack, overlay_tx, tor_route, write_config_with,
     },
     wait_for, yaml,
 };

@@ -21,10 +21,10 @@ use aya::{
 use etherparse::PacketBuilder;
 use vmpath::dataplane::Dataplane;
 use vmpath_common::{
-    ENDPOINT_LOCAL, Endpoint, EndpointKey, FloodList, IdentityPrefix, NetworkInfo, POL_F_EGRESS, POL_F_INGRESS,
-    POLICY_CB_DELIVER, POLICY_LEN_FULL, POLICY_LEN_IDENTITY, POLICY_LEN_PROTO, PolicyEndpoint,
-    PolicyRuleKey, PortInfo, PortStats, default_gateway_mac, drop_reason, identity, policy_dir,
-    prog_names,
+    ENDPOINT_LOCAL, Endpoint, EndpointKey, FloodList, IdentityPrefix, NetworkInfo, POL_F_EGRESS,
+    POL_F_INGRESS, POLICY_CB_DELIVER, POLICY_LEN_FULL, POLICY_LEN_IDENTITY, POLICY_LEN_PROTO,
+    PolicyEndpoint, PolicyRuleKey, PortInfo, PortStats, default_gateway_mac, drop_reason, identity,
+    policy_dir, prog_names,
 };
 use vmpath_tests::{
     prog_fixture::{
@@ -1249,7 +1249,11 @@ fn icmp_errors_pass_only_for_flows_that_exist_ipv4_and_ipv6() {
         let out6 = udp_frame((A_MAC, PEER_MAC), &A6, &B6, 7400, 81);
         fx.send(&out4);
         fx.send(&out6);
-        assert_eq!(fx.drops(drop_reason::POLICY_DENIED_EGRESS), 0, "A's flows out");
+        assert_eq!(
+            fx.drops(drop_reason::POLICY_DENIED_EGRESS),
+            0,
+            "A's flows out"
+        );
         let never4 = udp_frame((A_MAC, PEER_MAC), &A, &B, 7401, 81);
         let never6 = udp_frame((A_MAC, PEER_MAC), &A6, &B6, 7401, 81);
         // (name, frame delivered to A, verdict)
