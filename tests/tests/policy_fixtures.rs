@@ -1136,6 +1136,10 @@ fn a_reply_passes_only_from_the_peer_the_flow_went_to() {
     });
 }
 
+/// (name, frame from B, verdict, delivered to A, delivered to C, more
+/// `policy_denied_ingress`)
+type FloodRow = (&'static str, Vec<u8>, u32, bool, bool, u64);
+
 /// Every delivery path applies the receiver's ingress policy, flooding
 /// included, and every withholding is a counted drop: an ICMPv6 echo (or
 /// a forged ICMPv6 error) in a solicited-node multicast frame, to the
@@ -1169,8 +1173,7 @@ fn a_multicast_frame_to_an_isolated_endpoint_is_withheld_as_policy_denied_ingres
         maps.policy_flood.insert(NET, guarded, 0).unwrap();
         let from_b = skb_ctx(b_port);
         let never = udp_frame((A_MAC, PEER_MAC), &A6, &B6, 7300, 81);
-        // (name, frame from B, verdict, delivered to A, to C, policy_denied_ingress)
-        let table: Vec<(&str, Vec<u8>, u32, bool, bool, u64)> = vec![
+        let table: Vec<FloodRow> = vec![
             (
                 "echo to A6 in a 33:33:ff frame",
                 echo6_to_a(A6_SOLICITED_MAC),
