@@ -284,6 +284,7 @@ pub fn plan_with_previous(
         .collect();
     plan.policy = crate::policy::compile(cfg, &local);
     plan.policy.guard_floods(&plan.flood);
+    overlay::endpoint_identities(cfg, &mut plan);
     plan.problems.extend(plan.policy.problems.iter().cloned());
     let local_networks: std::collections::BTreeSet<u32> =
         plan.ports.values().map(|p| p.info.network).collect();

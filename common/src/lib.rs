@@ -305,8 +305,14 @@ pub struct Endpoint {
     pub migrate_to: [u8; 4],
     /// Port id of a local port (its counters' slot).
     pub port_id: u32,
+    /// A remote endpoint's NetworkPolicy identity (`vmp_pol_ipcache`'s
+    /// numbers): what a frame from this MAC arriving from `node_ip4` over
+    /// the overlay carries, whatever source address it writes (0: none
+    /// known, such frames are `identity::WORLD`). Unused for local ports,
+    /// whose identity is their port's (`vmp_pol_ep`).
+    pub identity: u32,
 }
-const _: () = assert!(size_of::<Endpoint>() == 20);
+const _: () = assert!(size_of::<Endpoint>() == 24);
 
 /// (network, IP) -> owning attachment. IPv4 addresses use the first 4 bytes.
 #[repr(C)]
@@ -513,7 +519,11 @@ const _: () = assert!(size_of::<NetworkInfo>() == 48);
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct FloodList {
     pub count: u32,
-    pub _pad: u32,
+    /// `vmp_pol_flood` lists: how many of the network's ports, isolated
+    /// for ingress, the list leaves out. An IP flood is withheld from
+    /// each, and each withholding is a drop counted as
+    /// `policy_denied_ingress` (0 in `vmp_flood` lists).
+    pub withheld: u32,
     pub ifindex: [u32; MAX_FLOOD_PORTS],
     /// Port id of each port in `ifindex` (its counters' slot).
     pub port_id: [u32; MAX_FLOOD_PORTS],
@@ -524,7 +534,7 @@ impl Default for FloodList {
     fn default() -> Self {
         Self {
             count: 0,
-            _pad: 0,
+            withheld: 0,
             ifindex: [0; MAX_FLOOD_PORTS],
             port_id: [0; MAX_FLOOD_PORTS],
         }
@@ -1575,8 +1585,28 @@ pub struct PolicyFlow {
     /// allowed it; 0 in the others.
     pub from_port: u16,
     pub to_port: u16,
+    /// `policy_dir::INGRESS` and `policy_dir::EGRESS` entries: who the
+    /// flow's other end is, the one whose packets may use the entry on
+    /// this endpoint's ingress (the sender of an admitted flow, the
+    /// destination of one the endpoint opened). A packet with the flow's
+    /// tuple from anyone else is checked as a new flow, so copying an
+    /// admitted flow's tuple borrows nothing. The sending endpoint's
+    /// identity (its port's, or by MAC and node over the overlay, what it
+    /// carries whatever address it writes; by address from no endpoint),
+    /// unless `peer_by_address`. 0 in `PAIR` entries.
+    pub peer: u32,
+    /// The local port id `peer`'s packets come from, once one was checked
+    /// (0: none yet, or the peer is not on this node): a frame from that
+    /// port passes on the entry without its identity worked out again,
+    /// one from any other local port is checked.
+    pub peer_port: u16,
+    /// 1: `peer` is the identity of the address a flow the endpoint
+    /// opened was routed to (through the gateway, to no endpoint its MAC
+    /// names); its replies are judged by their source address, a local
+    /// port's only when it holds that address (else its own identity).
+    pub peer_by_address: u16,
 }
-const _: () = assert!(size_of::<PolicyFlow>() == 16);
+const _: () = assert!(size_of::<PolicyFlow>() == 24);
 // Port ids fit `PolicyFlow::from_port` / `to_port`.
 const _: () = assert!(MAX_PORTS <= 1 << 16);
 

@@ -23,6 +23,16 @@ pub fn count_drop(port_id: u32, reason: u32) {
     }
 }
 
+/// `n` drops under `reason` at once, no port's (a flood withheld from
+/// `n` ports).
+#[inline(always)]
+pub fn count_drops(reason: u32, n: u32) {
+    if let Some(slot) = DROPS.get_ptr_mut(reason) {
+        // SAFETY: as in `count_drop`: this CPU's slot, no other writer.
+        unsafe { *slot += u64::from(n) };
+    }
+}
+
 /// A frame of `ctx` dropped at a program's entry: counted as
 /// `count_drop`, and reported to `vmpath monitor` when someone listens.
 #[inline(always)]

@@ -55,7 +55,7 @@ pub fn switch_parsed(
                     // Addressed to itself: the VM's own stack has it already.
                     return Err(drop_reason::NO_DESTINATION);
                 }
-                return deliver_local_parsed(ctx, ep.ifindex, ep.port_id, parsed);
+                return deliver_local_parsed::<true>(ctx, ep.ifindex, ep.port_id, parsed);
             }
             if ep.kind == ENDPOINT_REMOTE {
                 return overlay::to_remote(ctx);
@@ -100,13 +100,13 @@ pub fn deliver_through(
 /// the frame in.
 #[inline(always)]
 pub fn deliver_local(ctx: &TcContext, port_ifindex: u32, port_id: u32) -> Verdict {
-    deliver_local_parsed(ctx, port_ifindex, port_id, None)
+    deliver_local_parsed::<false>(ctx, port_ifindex, port_id, None)
 }
 
 /// `deliver_local`; `parsed`: from the egress policy check of the same
-/// frame in this program run.
+/// frame in this program run; `FROM_PORT`: switched from a local VM port.
 #[inline(always)]
-fn deliver_local_parsed(
+fn deliver_local_parsed<const FROM_PORT: bool>(
     ctx: &TcContext,
     port_ifindex: u32,
     port_id: u32,
@@ -114,7 +114,7 @@ fn deliver_local_parsed(
 ) -> Verdict {
     // The last check before the VM: whatever way the frame came (another
     // port, the overlay, the uplink, a SNAT reply).
-    if let Some(verdict) = crate::policy::deliver(ctx, port_ifindex, port_id, parsed) {
+    if let Some(verdict) = crate::policy::deliver::<FROM_PORT>(ctx, port_ifindex, port_id, parsed) {
         return verdict;
     }
     deliver_checked(ctx, port_ifindex, port_id)
@@ -294,6 +294,12 @@ fn clone_local(ctx: &TcContext, skip: u32, network: u32, unknown_unicast: bool) 
             0,
         )
     };
+    // Withheld from each port isolated for ingress: policy's drops (not
+    // the sender's own port, which a flood never reaches). After the
+    // loop: a branch before it would have the verifier walk it twice.
+    if let Some(list) = guarded {
+        crate::policy::count_withheld(list.withheld, skip);
+    }
     (walk.last, walk.last_id)
 }
 

@@ -99,6 +99,7 @@ fn try_vm_migrate(ctx: &TcContext, ifindex: u32, port: *mut PortInfo) -> Verdict
             node_ip4: [0; 4],
             migrate_to: [0; 4],
             port_id,
+            identity: 0,
         };
         if ENDPOINTS.insert(&key, &ep, 0).is_err() {
             return Err(drop_reason::HELPER_FAILED);

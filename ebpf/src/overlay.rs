@@ -27,7 +27,8 @@ use aya_ebpf::{
 use network_types::eth::EthHdr;
 use vmpath_common::{
     ENDPOINT_REMOTE, EndpointKey, MAX_FLOOD_NODES, NO_PORT_ID, OverlayConfig, PortInfo, PortStats,
-    REMOTE_LEARNED_TOUCH_NS, RemoteFloodList, RemoteLearned, drop_reason, maps, tail_call,
+    REMOTE_LEARNED_TOUCH_NS, RemoteFloodList, RemoteLearned, drop_reason, identity, maps,
+    tail_call,
 };
 
 use crate::{
@@ -109,6 +110,54 @@ pub fn learn_source(network: u32, src: [u8; 6], from: [u8; 4]) {
         last_seen_ns: now,
     };
     let _ = REMOTE_LEARNED.insert(&key, &learned, 0);
+}
+
+/// From `vxlan_rx`, before any delivery: the policy identity of the
+/// frame's sender, kept in the skb's `cb[4]` (`sender_identity` reads it)
+/// for the ingress checks of this run and of the programs it tail-calls.
+/// The sender is the remote endpoint its inner source MAC `src` names,
+/// and only from the node that endpoint lives on (`from`; a frame another
+/// node relayed, during a migration, is not: the relaying node vouches
+/// for no sender): that endpoint's identity, whatever source address the
+/// frame claims, as for a local sender. A MAC no entry places there
+/// (detected on its node only, or claimed by another VM) is
+/// `identity::WORLD`: a frame never gains permissions by what it claims.
+/// Routed ingress another node's uplink relays (from the gateway MAC) is
+/// outside traffic, judged by its address (0 here).
+#[inline(always)]
+pub fn mark_sender(ctx: &TcContext, network: u32, src: [u8; 6], from: [u8; 4], from_gateway: bool) {
+    let id = if from_gateway {
+        identity::ANY
+    } else {
+        // SAFETY: a map lookup; the value stays valid for this program run.
+        match unsafe { ENDPOINTS.get(&EndpointKey::new(network, src)) } {
+            Some(ep)
+                if ep.kind == ENDPOINT_REMOTE
+                    && ep.node_ip4 == from
+                    && ep.identity != identity::ANY =>
+            {
+                ep.identity
+            }
+            _ => identity::WORLD,
+        }
+    };
+    // SAFETY: the skb pointer is the program's own context, valid for this
+    // run; cb is scratch space for the programs that see the frame.
+    unsafe { (*ctx.skb.skb).cb[4] = id };
+}
+
+/// The policy identity `mark_sender` gave a frame that came over the
+/// overlay (this run started on the vxlan device); `None`: the frame did
+/// not, or it is judged by its source address.
+#[inline(always)]
+pub fn sender_identity(ctx: &TcContext) -> Option<u32> {
+    // SAFETY: the skb pointer is the program's own context, valid for this run.
+    let (ifindex, id) = unsafe { ((*ctx.skb.skb).ifindex, (*ctx.skb.skb).cb[4]) };
+    let cfg = OVERLAY.get(0)?;
+    if cfg.vxlan_ifindex == 0 || ifindex != cfg.vxlan_ifindex || id == identity::ANY {
+        return None;
+    }
+    Some(id)
 }
 
 /// Does any other node host `network`?

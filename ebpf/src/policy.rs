@@ -31,11 +31,11 @@ use aya_ebpf::{
 };
 use network_types::{eth::EthHdr, ip::Ipv4Hdr, ip::Ipv6Hdr};
 use vmpath_common::{
-    DatagramKey, FloodList, IdentityPrefix, NO_PORT_ID, POL_F_EGRESS, POL_F_INGRESS,
+    DatagramKey, EndpointKey, FloodList, IdentityPrefix, NO_PORT_ID, POL_F_EGRESS, POL_F_INGRESS,
     POLICY_CB_DELIVER, POLICY_CB_EGRESS_DONE, POLICY_CB_UNTRACKED, POLICY_FLOW_OTHER_TIMEOUT_NS,
     POLICY_FLOW_REFRESH_NS, POLICY_FLOW_TCP_TIMEOUT_NS, POLICY_LEN_FULL, POLICY_NONE,
-    PolicyEndpoint, PolicyFlow, PolicyFlowKey, PolicyFrag, PolicyRuleKey, PolicyStats, addr_family,
-    drop_reason, identity, maps, policy_dir, tail_call,
+    PolicyEndpoint, PolicyFlow, PolicyFlowKey, PolicyFrag, PolicyRuleKey, PolicyStats, PortInfo,
+    addr_family, drop_reason, identity, maps, policy_dir, tail_call,
 };
 
 use crate::{
@@ -43,7 +43,7 @@ use crate::{
     counters,
     frag::{self, Noted6, Piece},
     fwd::{self, Verdict},
-    maps::PORTS,
+    maps::{ENDPOINTS, PORTS},
     parse::{
         ETH_LEN, ETH_P_IP, ETH_P_IPV6, IPPROTO_ICMP, IPPROTO_ICMPV6, IPPROTO_TCP, IPPROTO_UDP, hdr,
     },
@@ -240,7 +240,7 @@ fn egress_tracked(
     k.port_id = port_id;
     k.direction = policy_dir::EGRESS;
     k._pad = 0;
-    (tracked(k, parsed.now), Some(parsed), true)
+    (tracked(k, parsed.now).is_some(), Some(parsed), true)
 }
 
 /// The frame's tuple read into `k` by `parse_plain`, with the time;
@@ -253,15 +253,24 @@ fn parse_fresh(ctx: &TcContext, k: &mut PolicyFlowKey) -> Option<Parsed> {
     }
 }
 
-/// Whether the frame passes `port_id`'s policy in direction `dir` without
-/// a policy lookup: it is none of policy's business (ARP, ND, DHCP...),
-/// or its flow (or the one it answers) is in the flow table. What `check`
-/// does first, so the verdict is the same; anything else (a new flow, a
-/// malformed frame) goes to `check`. `known`: the scratch slot holds the
-/// frame's tuple already. Also returns whether the flow table was looked
-/// up (the frame could be parsed here).
+/// Whether the frame passes the ingress policy of `port_id` (at
+/// `ifindex`) without a policy lookup: it is none of policy's business
+/// (ARP, ND, DHCP...), or its flow (or the one it answers) is in the flow
+/// table with the frame's sender as its peer. What `check` does first, so
+/// the verdict is the same; anything else (a new flow, another sender
+/// using the flow's tuple, a malformed frame) goes to `check`. `known`:
+/// the scratch slot holds the frame's tuple already. `FROM_PORT`: the
+/// frame comes from a local VM port (switched by `vm_port` or
+/// `vm_service`), whose program need not carry the other senders' code
+/// (the VM port's verifier budget is tight). Also returns whether the
+/// flow table was looked up (the frame could be parsed here).
 #[inline(always)]
-fn passes_tracked(ctx: &TcContext, port_id: u32, dir: u8, known: Option<Parsed>) -> (bool, bool) {
+fn passes_tracked<const FROM_PORT: bool>(
+    ctx: &TcContext,
+    port_id: u32,
+    ifindex: u32,
+    known: Option<Parsed>,
+) -> (bool, bool) {
     let Some(k) = POLICY_SCRATCH.get_ptr_mut(0) else {
         return (false, false);
     };
@@ -279,21 +288,42 @@ fn passes_tracked(ctx: &TcContext, port_id: u32, dir: u8, known: Option<Parsed>)
         return (true, false);
     }
     k.port_id = port_id;
-    k.direction = dir;
+    k.direction = policy_dir::INGRESS;
     k._pad = 0;
-    if !tracked(k, parsed.now) {
+    let Some(flow) = tracked(k, parsed.now) else {
         return (false, true);
+    };
+    // The flow's peer only: from a local port, the port it was checked
+    // from (`check` records it); from elsewhere, by identity.
+    let from_port = sender_port(ctx);
+    // SAFETY: from `tracked` (bpf_map_lookup_elem), valid for this run.
+    let (peer, peer_port) = unsafe { ((*flow).peer, u32::from((*flow).peer_port)) };
+    let same = if FROM_PORT || from_port != 0 {
+        from_port != 0 && peer_port == from_port
+    } else {
+        peer == remote_identity(ctx, k, || receiver_network(ifindex))
+    };
+    if !same {
+        // Not looked up as far as `check` is concerned: it looks again
+        // and compares the sender itself (a reply to a flow this endpoint
+        // opened has no peer port yet; it learns it there).
+        return (false, false);
     }
     // The sender's egress and this port's ingress each passed on their own
-    // entry: one shared entry stands for both from now on.
-    if let Some(p) = known
-        && p.from_port != 0
-    {
+    // entry: one shared entry stands for both from now on. (`parsed`, not
+    // `known`: a frame parsed here has no sender's port, and the Option's
+    // payload is not read on the path where it is empty, which the
+    // verifier would refuse.)
+    let p = parsed;
+    if p.from_port != 0 {
         let flow = PolicyFlow {
             last_seen: p.now,
             policy: POLICY_NONE,
             from_port: p.from_port as u16,
             to_port: port_id as u16,
+            peer: 0,
+            peer_port: 0,
+            peer_by_address: 0,
         };
         k.port_id = p.network;
         k.direction = policy_dir::PAIR;
@@ -314,9 +344,10 @@ pub fn reentered(ctx: &TcContext, port_id: u32) -> bool {
 
 /// Before delivery to the local port `ifindex` (`port_id`): `Some` when
 /// the port's ingress policy must decide (`vm_policy_in` delivers).
-/// `known`: from `egress` on the same frame in this run.
+/// `known`: from `egress` on the same frame in this run. `FROM_PORT`: the
+/// frame comes from a local VM port (`passes_tracked`).
 #[inline(always)]
-pub fn deliver(
+pub fn deliver<const FROM_PORT: bool>(
     ctx: &TcContext,
     ifindex: u32,
     port_id: u32,
@@ -333,7 +364,7 @@ pub fn deliver(
     if ep.flags == 0 {
         return None;
     }
-    let (passes, looked_up) = passes_tracked(ctx, port_id, policy_dir::INGRESS, known);
+    let (passes, looked_up) = passes_tracked::<FROM_PORT>(ctx, port_id, ifindex, known);
     if passes {
         return None;
     }
@@ -453,6 +484,26 @@ pub fn flood_guarded(ctx: &TcContext) -> bool {
     }
 }
 
+/// A flood withheld from the `withheld` ports of its network isolated
+/// for ingress (`FloodList::withheld`), sent from the local port at
+/// `sender` (0: from the overlay): a `policy_denied_ingress` drop for
+/// each, but the sender's own port, which a flood never goes back to.
+#[inline(always)]
+pub fn count_withheld(withheld: u32, sender: u32) {
+    if withheld == 0 {
+        return;
+    }
+    // SAFETY: a map lookup; the value stays valid for this program run.
+    let own = match unsafe { PORTS.get(&sender) } {
+        Some(port) => POLICY_ENDPOINTS
+            .get(port.port_id)
+            .is_some_and(|ep| ep.flags & POL_F_INGRESS != 0),
+        None => false,
+    };
+    let n = withheld - u32::from(own && withheld > 0);
+    counters::count_drops(drop_reason::POLICY_DENIED_INGRESS, n);
+}
+
 /// ICMPv6 types that are the gateway's business, never policy's:
 /// neighbour discovery, MLD and router messages.
 #[inline(always)]
@@ -519,9 +570,52 @@ fn check(
     k.direction = dir;
     k._pad = 0;
     // An unplaced fragment's ports (0) are none of a flow's.
-    if !untracked && seen != Seen::Unplaced && tracked(k, now) {
-        return Ok(());
+    // Who the frame comes from (ingress), or goes to (egress), as a flow
+    // entry records its other end: by endpoint (`flow_sender`,
+    // `flow_receiver`), so a reply is compared with the endpoint the flow
+    // went to, like with like. On ingress a tracked flow passes only for
+    // that peer; an ICMP error comes from whatever router on the way, and
+    // passes for any flow it quotes.
+    let (peer, peer_by_address) = if dir == policy_dir::INGRESS {
+        (flow_sender(ctx, k, network, false), false)
+    } else {
+        flow_receiver(ctx, network, k)
+    };
+    let from_port = if dir == policy_dir::INGRESS {
+        sender_port(ctx)
+    } else {
+        0
+    };
+    if !untracked
+        && seen != Seen::Unplaced
+        && let Some(flow) = tracked(k, now)
+    {
+        if dir == policy_dir::EGRESS || seen == Seen::Related {
+            return Ok(());
+        }
+        // SAFETY: from `tracked` (bpf_map_lookup_elem), valid for this
+        // run; a racing writer writes the same port.
+        unsafe {
+            let sender = if (*flow).peer_by_address != 0 {
+                flow_sender(ctx, k, network, true)
+            } else {
+                peer
+            };
+            if (*flow).peer == sender {
+                // The peer's port, for `passes_tracked` (a reply to a flow
+                // this endpoint opened learns it here).
+                (*flow).peer_port = from_port as u16;
+                return Ok(());
+            }
+        }
     }
+    // The identity policy rules are written for: the source's (ingress),
+    // the destination address's (egress).
+    let rules_peer = if dir == policy_dir::INGRESS {
+        source_identity(ctx, k, || network)
+    } else {
+        identity_of(network, k.family, &k.dst)
+    };
     let isolated = if dir == policy_dir::INGRESS {
         flags & POL_F_INGRESS != 0
     } else {
@@ -535,12 +629,7 @@ fn check(
         }
         reason = drop_reason::POLICY_FRAGMENT;
     } else if isolated {
-        let peer = if dir == policy_dir::INGRESS {
-            source_identity(ctx, network, k)
-        } else {
-            identity_of(network, k.family, &k.dst)
-        };
-        match allowed_by(port_id, dir, peer, k) {
+        match allowed_by(port_id, dir, rules_peer, k) {
             Some(p) if seen == Seen::Opens => policy = p,
             _ if dir == policy_dir::INGRESS => reason = drop_reason::POLICY_DENIED_INGRESS,
             // The node reaches its endpoints whatever their policy: their
@@ -561,6 +650,9 @@ fn check(
             policy,
             from_port: 0,
             to_port: 0,
+            peer,
+            peer_port: from_port as u16,
+            peer_by_address: u16::from(peer_by_address),
         };
         // A full table evicts its oldest flow (LRU); should the insert
         // still fail, the flow's next packet is checked again.
@@ -588,15 +680,16 @@ fn reaches_node(ctx: &TcContext, ifindex: u32, network: u32, k: &PolicyFlowKey) 
 
 /// A flow this endpoint opened the same way (`k` as it is), or a reply to
 /// one it opened the other way (`k` with its ends swapped), seen recently
-/// enough. Leaves `k` as it found it.
+/// enough: its entry (valid for this run), whose `peer` is the identity
+/// its packets to this endpoint come from. Leaves `k` as it found it.
 #[inline(always)]
-fn tracked(k: &mut PolicyFlowKey, now: u64) -> bool {
+fn tracked(k: &mut PolicyFlowKey, now: u64) -> Option<*mut PolicyFlow> {
     let timeout = timeout_of(k.proto);
-    if fresh(k, now, timeout).is_some() {
-        return true;
+    if let Some(f) = fresh_entry(k, now, timeout) {
+        return Some(f);
     }
     swap_ends(k);
-    let hit = fresh(k, now, timeout).is_some();
+    let hit = fresh_entry(k, now, timeout);
     swap_ends(k);
     hit
 }
@@ -654,6 +747,13 @@ fn timeout_of(proto: u8) -> u64 {
 /// it is `POLICY_FLOW_REFRESH_NS` old: most packets leave it clean).
 #[inline(always)]
 fn fresh(k: &PolicyFlowKey, now: u64, timeout: u64) -> Option<PolicyFlow> {
+    // SAFETY: from `fresh_entry` (bpf_map_lookup_elem), valid for this run.
+    fresh_entry(k, now, timeout).map(|f| unsafe { *f })
+}
+
+/// `fresh`, the entry itself.
+#[inline(always)]
+fn fresh_entry(k: &PolicyFlowKey, now: u64, timeout: u64) -> Option<*mut PolicyFlow> {
     let flow = POLICY_FLOWS.get_ptr_mut(k)?;
     // SAFETY: from `get_ptr_mut` (bpf_map_lookup_elem) just above, valid
     // for this run; a racing writer only writes a time.
@@ -665,7 +765,7 @@ fn fresh(k: &PolicyFlowKey, now: u64, timeout: u64) -> Option<PolicyFlow> {
         if idle > POLICY_FLOW_REFRESH_NS {
             (*flow).last_seen = now;
         }
-        Some(*flow)
+        Some(flow)
     }
 }
 
@@ -706,28 +806,108 @@ fn identity_of(network: u32, family: u8, addr: &[u8; 16]) -> u32 {
 /// address it wrote: its first address's identity when it wrote that one,
 /// else the one the agent gave its port (`vmp_pol_ep`), so a spoofed
 /// address never borrows another endpoint's rules, and an address it was
-/// not configured with (learned) still has its identity. From elsewhere
-/// (the overlay, the uplink): by source address.
+/// not configured with (learned) still has its identity. Sent by an
+/// endpoint on another node: that endpoint's, by its MAC and node
+/// (`overlay::sender_identity`), the same way. From elsewhere (the
+/// uplink, routed): by source address, in the receiver's network
+/// (`network`, asked only then).
 #[inline(always)]
-fn source_identity(ctx: &TcContext, network: u32, k: &PolicyFlowKey) -> u32 {
+fn source_identity(ctx: &TcContext, k: &PolicyFlowKey, network: impl FnOnce() -> u32) -> u32 {
     // SAFETY: the skb pointer is the program's own context, valid for this run.
     let from = unsafe { (*ctx.skb.skb).ifindex };
     // SAFETY: a map lookup; the value stays valid for this program run.
     let Some(port) = (unsafe { PORTS.get(&from) }) else {
-        return identity_of(network, k.family, &k.src);
+        return remote_identity(ctx, k, network);
     };
-    let own = if k.family == addr_family::IPV4 {
-        port.ip4 != [0; 4] && k.src[..4] == port.ip4
-    } else {
-        port.ip6 != [0; 16] && k.src == port.ip6
-    };
-    if own {
+    let network = port.network;
+    if writes_own_address(port, k) {
         return identity_of(network, k.family, &k.src);
     }
     match POLICY_ENDPOINTS.get(port.port_id) {
         Some(ep) if ep.identity != identity::ANY => ep.identity,
         _ => identity::WORLD,
     }
+}
+
+/// Who sent the frame, as a flow entry records its peer: a local
+/// port's endpoint, its port's identity (`vmp_pol_ep`) whatever address
+/// it writes; from no local port, `remote_identity`. `by_address`: the
+/// entry's peer is an address's identity (`PolicyFlow::peer_by_address`):
+/// a local port writing its own address has that address's identity in
+/// the receiver's `network`, any other still its port's, so a spoofed
+/// source never passes for the address it copies.
+#[inline(always)]
+fn flow_sender(ctx: &TcContext, k: &PolicyFlowKey, network: u32, by_address: bool) -> u32 {
+    // SAFETY: the skb pointer is the program's own context, valid for this run.
+    let from = unsafe { (*ctx.skb.skb).ifindex };
+    // SAFETY: a map lookup; the value stays valid for this program run.
+    let Some(port) = (unsafe { PORTS.get(&from) }) else {
+        return remote_identity(ctx, k, || network);
+    };
+    if by_address && writes_own_address(port, k) {
+        return identity_of(network, k.family, &k.src);
+    }
+    match POLICY_ENDPOINTS.get(port.port_id) {
+        Some(ep) if ep.identity != identity::ANY => ep.identity,
+        _ => identity::WORLD,
+    }
+}
+
+/// Who a flow the endpoint opens goes to, as `flow_sender` will name its
+/// replies: the endpoint the frame is switched to (its destination MAC,
+/// local or on another node: `Endpoint::identity`); else (routed through
+/// the gateway, or to a MAC no endpoint holds) the destination address's
+/// identity, marked as such (`true`).
+#[inline(always)]
+fn flow_receiver(ctx: &TcContext, network: u32, k: &PolicyFlowKey) -> (u32, bool) {
+    if let Ok(eth) = hdr::<EthHdr>(ctx, 0) {
+        // SAFETY: a map lookup; the value stays valid for this program run.
+        if let Some(ep) = unsafe { ENDPOINTS.get(&EndpointKey::new(network, eth.dst_addr)) }
+            && ep.identity != identity::ANY
+        {
+            return (ep.identity, false);
+        }
+    }
+    (identity_of(network, k.family, &k.dst), true)
+}
+
+/// Whether the frame's source address is the port's own (first
+/// configured) one of its family.
+#[inline(always)]
+fn writes_own_address(port: &PortInfo, k: &PolicyFlowKey) -> bool {
+    if k.family == addr_family::IPV4 {
+        port.ip4 != [0; 4] && k.src[..4] == port.ip4
+    } else {
+        port.ip6 != [0; 16] && k.src == port.ip6
+    }
+}
+
+/// `source_identity` of a frame from no local port: its sending
+/// endpoint's when it came over the overlay (`overlay::sender_identity`),
+/// else by its source address in `network`.
+#[inline(always)]
+fn remote_identity(ctx: &TcContext, k: &PolicyFlowKey, network: impl FnOnce() -> u32) -> u32 {
+    match crate::overlay::sender_identity(ctx) {
+        Some(id) => id,
+        None => identity_of(network(), k.family, &k.src),
+    }
+}
+
+/// The port id of the local port the frame came from (0: none).
+#[inline(always)]
+fn sender_port(ctx: &TcContext) -> u32 {
+    // SAFETY: the skb pointer is the program's own context, valid for this run.
+    let from = unsafe { (*ctx.skb.skb).ifindex };
+    // SAFETY: a map lookup; the value stays valid for this program run.
+    unsafe { PORTS.get(&from) }.map_or(0, |p| p.port_id)
+}
+
+/// The network of the local port at `ifindex` (0: none, whose identities
+/// are all `identity::WORLD`).
+#[inline(always)]
+fn receiver_network(ifindex: u32) -> u32 {
+    // SAFETY: a map lookup; the value stays valid for this program run.
+    unsafe { PORTS.get(&ifindex) }.map_or(0, |p| p.network)
 }
 
 /// The policy allowing the flow `k` from or to `peer`: a rule for that

@@ -104,9 +104,11 @@ fn try_vxlan_rx(ctx: &TcContext) -> Verdict {
     // A migrating VM speaking from its new node moves its endpoint here;
     // a MAC the config does not place is learned behind the sending node
     // (never the gateway's, which every node answers for itself).
-    if !migrate::learn_move(network, src, from) && !mac_eq(&src, &net.gw_mac) {
+    let from_gateway = mac_eq(&src, &net.gw_mac);
+    if !migrate::learn_move(network, src, from) && !from_gateway {
         overlay::learn_source(network, src, from);
     }
+    overlay::mark_sender(ctx, network, src, from, from_gateway);
     // Another node's gateway resolving an endpoint no config places (an
     // ARP request or NS from the gateway MAC, which no VM sends from),
     // and the answers to this node's own requests (to the gateway MAC).

@@ -20,8 +20,8 @@ use vmpath_common::drop_reason;
 use vmpath_tests::{
     Netns, Node, Vm, iperf3,
     north_south::{
-        EXT_IP, GATEWAY, GATEWAY6, IMP_IP, LRN_IP, LRN_MAC, NODE_A, NODE_B, TOR_IP, bed,
-        network_doc_dual_stack, overlay_tx, tor_route, write_config_with,
+        EXT_IP, GATEWAY, GATEWAY6, IMP_IP, LRN_IP, LRN_MAC, NET_ID, NODE_A, NODE_B, NODE_C, TOR_IP,
+        bed, network_doc_dual_stack, overlay_tx, tor_route, write_config_with,
     },
     wait_for, yaml,
 };
@@ -525,4 +525,83 @@ fn a_learned_only_vm_is_reached_through_another_node_of_its_network_ipv4_and_ipv
         "{frames} frames for one address in {secs} s made {requests} requests"
     );
     eprintln!("scan: {frames} frames to {nobody} in {secs} s, {requests} requests to node b");
+}
+
+/// An ARP reply to node a's gateway, over the overlay from node c (a
+/// node of the network, the VXLAN datagram its underlay address sends):
+/// `target`'s answer naming `mac`.
+fn forged_answer(c: &Node, gw_mac: &str, target: &str, mac: &str) {
+    c.ns.scapy(&format!(
+        "send(IP(src='{NODE_C}', dst='{NODE_A}')/UDP(sport=40000, dport=4789)/VXLAN(vni={NET_ID}, flags=0x08)/\
+         Ether(src='{mac}', dst='{gw_mac}')/ARP(op=2, psrc='{target}', hwsrc='{mac}', pdst='{GATEWAY}', hwdst='{gw_mac}'))"
+    ));
+}
+
+/// Three nodes of the network (`cvm` on node c): node a resolves lrn's
+/// learned-only address on node b for the fabric's traffic, as above.
+/// Node c then answers what node a never asked (an address no one has):
+/// refused, `overlay_resolve_refused`, and node a still does not know it
+/// (the fabric's frames to it are still unresolved). Node c answers for
+/// lrn's address, already resolved, with its own MAC: refused too, and
+/// the address stays with node b (the external host still reaches lrn,
+/// which sees its echoes).
+#[test]
+fn overlay_resolution_refuses_unasked_and_competing_answers() {
+    let bed = bed(3);
+    write_config_with(&bed, None, network_doc_dual_stack());
+    let (c, _) = bed.c.as_ref().expect("a third node");
+    bed.tor
+        .run(&["ip", "route", "add", LRN_IP, "via", NODE_A, "metric", "1"]);
+    wait_for(
+        "node b to learn lrn's address",
+        Duration::from_secs(20),
+        || {
+            bed.lrn.ns.ping(GATEWAY, 1);
+            bed.b
+                .attachment_view("lrn")
+                .is_some_and(|v| learned_of(&v).contains(&LRN_IP.to_string()))
+        },
+    );
+    wait_for(
+        "the external host to reach lrn through node a",
+        Duration::from_secs(20),
+        || bed.ext.ping(LRN_IP, 1),
+    );
+    let gw_mac = gateway_mac(&bed.lrn, GATEWAY);
+    let refused = |n: &Node| n.drops(drop_reason::OVERLAY_RESOLVE_REFUSED);
+
+    // An answer nobody asked for.
+    let unasked = "10.40.0.88";
+    let before = refused(&bed.a);
+    forged_answer(c, &gw_mac, unasked, "52:54:00:40:00:88");
+    wait_for(
+        "node a to refuse the answer it never asked for",
+        Duration::from_secs(10),
+        || refused(&bed.a) > before,
+    );
+    bed.tor
+        .run(&["ip", "route", "add", unasked, "via", NODE_A, "metric", "1"]);
+    let unresolved = bed.a.drops(drop_reason::INGRESS_UNRESOLVED)
+        + bed.a.drops(drop_reason::INGRESS_RESOLVE_LIMITED);
+    assert!(!bed.ext.ping(unasked, 1), "the unasked answer was kept");
+    assert!(
+        bed.a.drops(drop_reason::INGRESS_UNRESOLVED)
+            + bed.a.drops(drop_reason::INGRESS_RESOLVE_LIMITED)
+            > unresolved,
+        "node a took the unasked answer: the frame to {unasked} was not left unresolved"
+    );
+
+    // A competing answer for an address node b's answer holds.
+    let before = refused(&bed.a);
+    forged_answer(c, &gw_mac, LRN_IP, "52:54:00:40:00:99");
+    wait_for(
+        "node a to refuse node c's answer for lrn's address",
+        Duration::from_secs(10),
+        || refused(&bed.a) > before,
+    );
+    let seen = echo_seen(&bed.lrn.ns, || bed.ext.ping(LRN_IP, 3));
+    assert!(
+        seen.contains(&format!("{EXT_IP} > {LRN_IP}")),
+        "lrn's address moved away from node b: {seen}"
+    );
 }

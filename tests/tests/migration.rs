@@ -195,6 +195,7 @@ fn the_source_relays_to_the_target_after_cut_over() {
         node_ip4,
         migrate_to: [0; 4],
         port_id: 0,
+        identity: 0,
     };
     bed.c
         .maps()

@@ -833,12 +833,147 @@ while True:
     d, _ = s.recvfrom(100); print(d.decode(), flush=True)
 "#;
 
+/// What `SINK` in `ns` printed first ("ready" read), as lines on a channel.
+fn sink(vm: &Vm) -> (Child, std::sync::mpsc::Receiver<String>) {
+    use std::io::BufRead as _;
+    let mut child = vm.ns.spawn(&[SCAPY_PYTHON, "-u", "-c", SINK]);
+    let mut out = std::io::BufReader::new(child.stdout.take().unwrap());
+    let mut line = String::new();
+    out.read_line(&mut line).unwrap();
+    assert_eq!(line.trim(), "ready");
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in out.lines().map_while(Result::ok) {
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    (child, rx)
+}
+
+/// Reads `rx` until every payload of `want` came; returns everything read.
+fn receive(rx: &std::sync::mpsc::Receiver<String>, want: &[&str]) -> Vec<String> {
+    let mut got = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !want.iter().all(|w| got.iter().any(|g: &String| g == w)) {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match rx.recv_timeout(left) {
+            Ok(line) => got.push(line),
+            Err(_) => panic!("waited for {want:?}, received {got:?}"),
+        }
+    }
+    got
+}
+
+/// `sender` sends one UDP datagram over IPv4 and one over IPv6 to
+/// (`dst4`, `dst6`) port 7000 from (`src4`, `src6`) port `sport`, twice
+/// each; the payload is `tag`-v4 / `tag`-v6.
+fn send_pair(
+    sender: &Vm,
+    to_mac: &str,
+    (src4, src6): (&str, &str),
+    (dst4, dst6): (&str, &str),
+    sport: u16,
+    tag: &str,
+) {
+    sender.ns.scapy(&format!(
+        "e = Ether(src='{}', dst='{to_mac}')
+sendp(e/IP(src='{src4}', dst='{dst4}')/UDP(sport={sport}, dport=7000)/Raw(b'{tag}-v4'), iface='eth0', count=2)
+sendp(e/IPv6(src='{src6}', dst='{dst6}')/UDP(sport={sport}, dport=7000)/Raw(b'{tag}-v6'), iface='eth0', count=2)
+",
+        sender.mac
+    ));
+}
+
+/// The spoofing matrix's sends, on any bed: b's policy admits only
+/// endpoints labelled `pod: a`; a (configured addresses) and d (labelled
+/// `pod: a`, addresses only learned) are genuine, c is not. c writes a's
+/// addresses (IPv4 and IPv6) on a new flow, then on the exact 5-tuple of
+/// the flow b has just admitted from a. b receives a's and d's datagrams,
+/// never c's; c's 8 are counted as `policy_denied_ingress` on b's node
+/// (`denied`: that node's count) and shown by `vmpath monitor`.
+fn spoofing_matrix(b_node: &Node, (a, b, c, d): (&Vm, &Vm, &Vm, &Vm), d_addrs: (&str, &str)) {
+    let (a4, a6) = ("10.53.0.1", "fd53::1");
+    let b_dst = ("10.53.0.2", "fd53::2");
+    let (mut sink, rx) = sink(b);
+    let (mut monitor, events) = policy_monitor(b_node);
+    let denied = b_node.drops(drop_reason::POLICY_DENIED_INGRESS);
+    send_pair(a, &b.mac, (a4, a6), b_dst, 7001, "a");
+    let mut got = receive(&rx, &["a-v4", "a-v6"]);
+    // A new flow as a, then a's admitted flow itself (same tuple).
+    send_pair(c, &b.mac, (a4, a6), b_dst, 7002, "c-as-a");
+    send_pair(c, &b.mac, (a4, a6), b_dst, 7001, "c-in-a-flow");
+    wait_for(
+        "c's datagrams denied at b's ingress",
+        Duration::from_secs(10),
+        || b_node.drops(drop_reason::POLICY_DENIED_INGRESS) >= denied + 8,
+    );
+    send_pair(d, &b.mac, d_addrs, b_dst, 7003, "d");
+    got.extend(receive(&rx, &["d-v4", "d-v6"]));
+    // Genuine again, after c's attempt on its flow.
+    send_pair(a, &b.mac, (a4, a6), b_dst, 7001, "a-again");
+    got.extend(receive(&rx, &["a-again-v4", "a-again-v6"]));
+    let _ = sink.kill();
+    let _ = sink.wait();
+    assert!(
+        !got.iter().any(|g| g.starts_with("c-")),
+        "b received c's datagrams: {got:?}"
+    );
+    assert_eq!(
+        b_node.drops(drop_reason::POLICY_DENIED_INGRESS),
+        denied + 8,
+        "c's datagrams as a, new flow and a's flow, twice each over IPv4 and IPv6"
+    );
+    // The monitor shows the denials, from a's claimed address, and a's
+    // admitted flow.
+    let mut seen_denied = std::collections::BTreeSet::new();
+    let mut seen_allowed = false;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while seen_denied.len() < 4 || !seen_allowed {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let line = events
+            .recv_timeout(left)
+            .unwrap_or_else(|_| panic!("monitor: denied {seen_denied:?}, allowed {seen_allowed}"));
+        let e: serde_json::Value = serde_json::from_str(&line).unwrap();
+        let src = e["src"].as_str().unwrap_or_default().to_string();
+        if e["reason"] == "policy_denied_ingress" && (src == a4 || src == a6) {
+            seen_denied.insert((src, e["sport"].as_u64()));
+        } else if e["reason"] == "allowed" && src == a4 {
+            seen_allowed = true;
+        }
+    }
+    let _ = monitor.kill();
+    let _ = monitor.wait();
+}
+
+fn spoof_network() -> String {
+    vmpath_tests::yaml::network(
+        "spoof",
+        530,
+        &["10.53.0.0/16", "fd53::/64"],
+        &["10.53.255.1", "fd53::ffff"],
+        false,
+    )
+}
+
+fn spoof_attachment(name: &str, label: &str, v: &Vm, node: &str, ips: &str) -> String {
+    format!(
+        "apiVersion: vmpath.dev/v1alpha1\nkind: Attachment\nmetadata: {{name: {name}, namespace: x, labels: {{pod: {label}}}}}\nspec:\n  vm: {name}\n  interface: eth0\n  network: spoof\n  node: {node}\n  port: {}\n  mac: \"{}\"\n{ips}",
+        v.port, v.mac
+    )
+}
+
+fn spoof_ips(n: u8) -> String {
+    format!("  ips: [\"10.53.0.{n}/16\", \"fd53::{n}/64\"]\n")
+}
+
+const B_FROM_A: &str = "{podSelector: {matchLabels: {pod: b}}, ingress: [{from: [{podSelector: {matchLabels: {pod: a}}}]}]}";
+
 /// On an IPAM-less network, b's policy admits only endpoints labelled
-/// `pod: a`. c writes a's addresses (IPv4 and IPv6) as its source: b never
-/// receives those datagrams, and they are counted as denied at b's
-/// ingress. a's own datagrams arrive, and so do those of d (labelled
-/// `pod: a` too, with no address in its Attachment: its addresses are only
-/// what it speaks from): the identity of a frame is its port's endpoint's.
+/// `pod: a`, all four endpoints on one node: `spoofing_matrix`. The
+/// identity of a frame is its port's endpoint's, and a flow admitted from
+/// a is a's alone.
 #[test]
 fn a_claimed_source_address_never_carries_another_endpoints_identity() {
     let mut node = Node::new("a");
@@ -851,31 +986,14 @@ fn a_claimed_source_address_never_carries_another_endpoints_identity() {
         )
     };
     let (a, b, c, d) = (vm("sa", 1), vm("sb", 2), vm("sc", 3), vm("sd", 4));
-    let attachment = |name: &str, label: &str, v: &Vm, ips: &str| {
-        format!(
-            "apiVersion: vmpath.dev/v1alpha1\nkind: Attachment\nmetadata: {{name: {name}, namespace: x, labels: {{pod: {label}}}}}\nspec:\n  vm: {name}\n  interface: eth0\n  network: spoof\n  node: a\n  port: {}\n  mac: \"{}\"\n{ips}",
-            v.port, v.mac
-        )
-    };
-    let ips = |n: u8| format!("  ips: [\"10.53.0.{n}/16\", \"fd53::{n}/64\"]\n");
     let docs = [
-        vmpath_tests::yaml::network(
-            "spoof",
-            530,
-            &["10.53.0.0/16", "fd53::/64"],
-            &["10.53.255.1", "fd53::ffff"],
-            false,
-        ),
-        attachment("a", "a", &a, &ips(1)),
-        attachment("b", "b", &b, &ips(2)),
-        attachment("c", "c", &c, &ips(3)),
+        spoof_network(),
+        spoof_attachment("a", "a", &a, "a", &spoof_ips(1)),
+        spoof_attachment("b", "b", &b, "a", &spoof_ips(2)),
+        spoof_attachment("c", "c", &c, "a", &spoof_ips(3)),
         // No addresses configured: d's are learned, if at all.
-        attachment("d", "a", &d, ""),
-        policy(
-            "x",
-            "b-from-a",
-            "{podSelector: {matchLabels: {pod: b}}, ingress: [{from: [{podSelector: {matchLabels: {pod: a}}}]}]}",
-        ),
+        spoof_attachment("d", "a", &d, "a", ""),
+        policy("x", "b-from-a", B_FROM_A),
     ];
     node.write_config("config.yaml", &vmpath_tests::yaml::docs(&docs));
     node.start_agent();
@@ -884,44 +1002,54 @@ fn a_claimed_source_address_never_carries_another_endpoints_identity() {
         node.status()
             .is_some_and(|s| s["policies"].as_array().is_some_and(|p| p.len() == 1))
     });
+    spoofing_matrix(&node, (&a, &b, &c, &d), ("10.53.0.4", "fd53::4"));
+}
 
-    let mut sink = b.ns.spawn(&[SCAPY_PYTHON, "-u", "-c", SINK]);
-    let mut out = std::io::BufReader::new(sink.stdout.take().unwrap());
-    let mut line = String::new();
-    use std::io::{BufRead as _, Read as _};
-    out.read_line(&mut line).unwrap();
-    assert_eq!(line.trim(), "ready");
-    let denied = node.drops(drop_reason::POLICY_DENIED_INGRESS);
-    // (sender, source v4, source v6, source port, payload tag). c's flow
-    // is a new one: spoofing the exact tuple of a flow b already admitted
-    // is still open (docs/threat-model.md, "Not covered").
-    let sends = [
-        (&a, "10.53.0.1", "fd53::1", 7001, "a"),
-        (&c, "10.53.0.1", "fd53::1", 7002, "c-as-a"),
-        (&d, "10.53.0.4", "fd53::4", 7001, "d"),
+/// The same across the overlay: b alone on node a, a, c and d on node b.
+/// Node a takes a frame's identity from the remote endpoint its source MAC
+/// names, on the node it came from, never from the address it claims; d,
+/// whose addresses are only learned, is still `pod: a` there.
+#[test]
+fn a_claimed_source_address_never_carries_another_endpoints_identity_across_the_overlay() {
+    let underlay = vmpath_tests::Underlay::new();
+    let mut na = Node::new("a");
+    let mut nb = Node::new("b");
+    underlay.plug(&na.ns, "ul0", "192.0.2.1/24", 1600);
+    underlay.plug(&nb.ns, "ul0", "192.0.2.2/24", 1600);
+    let vm = |node: &Node, name: &str, n: u8| {
+        node.add_vm(
+            name,
+            &format!("52:54:00:53:01:{n:02x}"),
+            &[&format!("10.53.0.{n}/16"), &format!("fd53::{n}/64")],
+            None,
+        )
+    };
+    let b = vm(&na, "ob", 2);
+    let (a, c, d) = (vm(&nb, "oa", 1), vm(&nb, "oc", 3), vm(&nb, "od", 4));
+    let docs = [
+        spoof_network(),
+        spoof_attachment("a", "a", &a, "b", &spoof_ips(1)),
+        spoof_attachment("b", "b", &b, "a", &spoof_ips(2)),
+        spoof_attachment("c", "c", &c, "b", &spoof_ips(3)),
+        spoof_attachment("d", "a", &d, "b", ""),
+        policy("x", "b-from-a", B_FROM_A),
+        vmpath_tests::yaml_overlay::node("a", "192.0.2.1"),
+        vmpath_tests::yaml_overlay::node("b", "192.0.2.2"),
     ];
-    for (v, src4, src6, sport, tag) in sends {
-        v.ns.scapy(&format!(
-            "e = Ether(src='{}', dst='{}')
-sendp(e/IP(src='{src4}', dst='10.53.0.2')/UDP(sport={sport}, dport=7000)/Raw(b'{tag}-v4'), iface='eth0', count=2)
-sendp(e/IPv6(src='{src6}', dst='fd53::2')/UDP(sport={sport}, dport=7000)/Raw(b'{tag}-v6'), iface='eth0', count=2)
-",
-            v.mac, b.mac
-        ));
+    for node in [&na, &nb] {
+        node.write_config("config.yaml", &vmpath_tests::yaml::docs(&docs));
     }
-    std::thread::sleep(Duration::from_millis(500));
-    let _ = sink.kill();
-    let _ = sink.wait();
-    let mut got = String::new();
-    out.read_to_string(&mut got).unwrap();
-    let got: std::collections::BTreeSet<&str> = got.lines().collect();
-    let want: std::collections::BTreeSet<&str> = ["a-v4", "a-v6", "d-v4", "d-v6"].into();
-    assert_eq!(got, want, "what b received");
-    assert_eq!(
-        node.drops(drop_reason::POLICY_DENIED_INGRESS),
-        denied + 4,
-        "c's datagrams as a, twice each over IPv4 and IPv6, denied at b's ingress"
-    );
+    na.start_agent();
+    nb.start_agent();
+    na.wait_ports(&[&b.port]);
+    nb.wait_ports(&[&a.port, &c.port, &d.port]);
+    for node in [&na, &nb] {
+        wait_for("the policy", Duration::from_secs(10), || {
+            node.status()
+                .is_some_and(|s| s["policies"].as_array().is_some_and(|p| p.len() == 1))
+        });
+    }
+    spoofing_matrix(&na, (&a, &b, &c, &d), ("10.53.0.4", "fd53::4"));
 }
 
 /// Receives UDP datagrams on 5353 and 5354 (IPv4 and IPv6), printing

@@ -21,10 +21,10 @@ use aya::{
 use etherparse::PacketBuilder;
 use vmpath::dataplane::Dataplane;
 use vmpath_common::{
-    ENDPOINT_LOCAL, Endpoint, EndpointKey, IdentityPrefix, POL_F_EGRESS, POL_F_INGRESS,
-    POLICY_CB_DELIVER, POLICY_LEN_FULL, POLICY_LEN_IDENTITY, POLICY_LEN_PROTO, PolicyEndpoint,
-    PolicyRuleKey, PortInfo, PortStats, default_gateway_mac, drop_reason, identity, policy_dir,
-    prog_names,
+    ENDPOINT_LOCAL, Endpoint, EndpointKey, FloodList, IdentityPrefix, NetworkInfo, POL_F_EGRESS,
+    POL_F_INGRESS, POLICY_CB_DELIVER, POLICY_LEN_FULL, POLICY_LEN_IDENTITY, POLICY_LEN_PROTO,
+    PolicyEndpoint, PolicyRuleKey, PortInfo, PortStats, default_gateway_mac, drop_reason, identity,
+    policy_dir, prog_names,
 };
 use vmpath_tests::{
     prog_fixture::{
@@ -158,7 +158,12 @@ impl Fx {
 
     /// `vm_policy_in` delivering `frame` (arriving on the peer's port) to A.
     fn deliver(&self, frame: &[u8]) -> u32 {
-        let mut ctx = skb_ctx(self.peer_port);
+        self.deliver_from(self.peer_port, frame)
+    }
+
+    /// `vm_policy_in` delivering `frame`, arriving on `ifindex`, to A.
+    fn deliver_from(&self, ifindex: u32, frame: &[u8]) -> u32 {
+        let mut ctx = skb_ctx(ifindex);
         for (i, v) in [POLICY_CB_DELIVER, PORT_ID, self.port].iter().enumerate() {
             ctx[SKB_CB + 4 * i..SKB_CB + 4 * i + 4].copy_from_slice(&v.to_ne_bytes());
         }
@@ -454,6 +459,7 @@ fn add_b(fx: &mut Fx) {
         kind: ENDPOINT_LOCAL,
         ifindex: peer_port,
         port_id: B_PORT_ID,
+        identity: ID_B,
         ..Default::default()
     };
     maps.endpoints
@@ -1097,5 +1103,446 @@ fn fragments_and_extension_headers_are_judged_by_their_ports_both_families() {
             }
         }
         assert!(wrong.is_empty(), "{}", wrong.join("\n"));
+    });
+}
+
+/// A flow's entry stands for the peer it was admitted with (or opened
+/// to), not for its tuple: C's port writing B's address and the exact
+/// tuple of B's admitted flow to A, or of the reply to A's flow to B, is
+/// checked as a new flow and denied (C's identity has no rule); B's own
+/// packets of both flows pass before and after. An ICMP error about A's
+/// flow passes whoever sends it (routers on the way do).
+#[test]
+fn an_admitted_flows_tuple_passes_only_for_its_peer() {
+    in_fresh_netns(|| {
+        let mut fx = Fx::new();
+        add_b(&mut fx);
+        run(&[
+            "ip", "link", "add", "pf-c", "type", "veth", "peer", "name", "pf-vc",
+        ]);
+        run(&["ip", "link", "set", "pf-c", "up"]);
+        let c_port = vmpath::netif::ifindex_of("pf-c").unwrap();
+        let maps = fx.dp.maps_mut();
+        maps.ports
+            .insert(
+                c_port,
+                PortInfo {
+                    port_id: 3,
+                    network: NET,
+                    mac: [0x52, 0x54, 0, 0, 0x0d, 3],
+                    flags: 0,
+                    gw_mac: GW_MAC,
+                    _pad: 0,
+                    ip4: C,
+                    ip6: [0; 16],
+                },
+                0,
+            )
+            .unwrap();
+        maps.policy_endpoints
+            .set(
+                3,
+                PolicyEndpoint {
+                    flags: 0,
+                    identity: ID_C,
+                },
+                0,
+            )
+            .unwrap();
+        let b_port = fx.peer_port;
+        let admitted = tcp(B, A, 40000, 80);
+        let out = udp(A, B, 5000, 81);
+        let reply = udp(B, A, 81, 5000);
+        let error = unreachable(C, &out);
+        let table: Vec<(&str, u32, &[u8], u32)> = vec![
+            ("B's flow, admitted", b_port, &admitted, TC_ACT_REDIRECT),
+            (
+                "C's port, B's address and tuple",
+                c_port,
+                &admitted,
+                TC_ACT_SHOT,
+            ),
+            ("B's flow again", b_port, &admitted, TC_ACT_REDIRECT),
+            (
+                "C's port, the reply to A's flow to B",
+                c_port,
+                &reply,
+                TC_ACT_SHOT,
+            ),
+            ("B's reply", b_port, &reply, TC_ACT_REDIRECT),
+            (
+                "C's port, an ICMP error about A's flow",
+                c_port,
+                &error,
+                TC_ACT_REDIRECT,
+            ),
+            (
+                "B's flow after all that",
+                b_port,
+                &admitted,
+                TC_ACT_REDIRECT,
+            ),
+        ];
+        let mut wrong = Vec::new();
+        for (name, from, frame, want) in &table {
+            if name.contains("reply to A's flow") {
+                fx.send(&out);
+            }
+            let got = fx.deliver_from(*from, frame);
+            if got != *want {
+                wrong.push(format!("{name}: got {got}, want {want}"));
+            }
+        }
+        assert!(wrong.is_empty(), "{}", wrong.join("\n"));
+        assert_eq!(
+            fx.drops(drop_reason::POLICY_DENIED_EGRESS),
+            0,
+            "A's flow out"
+        );
+        assert_eq!(fx.drops(drop_reason::POLICY_DENIED_INGRESS), 2);
+    });
+}
+
+/// The solicited-node multicast MAC of A6 (33:33:ff + its last 3 bytes).
+const A6_SOLICITED_MAC: [u8; 6] = [0x33, 0x33, 0xff, 0, 0, 1];
+
+/// A UDP frame, IPv4 or IPv6 by the addresses' length.
+fn udp_frame(macs: ([u8; 6], [u8; 6]), src: &[u8], dst: &[u8], sp: u16, dp: u16) -> Vec<u8> {
+    let b = PacketBuilder::ethernet2(macs.0, macs.1);
+    let b = match (src.len(), dst.len()) {
+        (4, 4) => b.ipv4(src.try_into().unwrap(), dst.try_into().unwrap(), 64),
+        _ => b.ipv6(src.try_into().unwrap(), dst.try_into().unwrap(), 64),
+    };
+    let mut v = Vec::new();
+    b.udp(sp, dp)
+        .write(&mut v, b"vmpath policy fixture")
+        .unwrap();
+    v
+}
+
+/// An ICMPv6 echo request from B6 to A6 in a frame to `dst_mac`.
+fn echo6_to_a(dst_mac: [u8; 6]) -> Vec<u8> {
+    let mut v = Vec::new();
+    PacketBuilder::ethernet2(PEER_MAC, dst_mac)
+        .ipv6(B6, A6, 64)
+        .icmpv6_echo_request(0x77, 1)
+        .write(&mut v, b"ping")
+        .unwrap();
+    v
+}
+
+/// An ICMPv6 destination-unreachable from `from` to A6, in a frame to
+/// `dst_mac`, quoting `sent` (an IPv6 frame A sent).
+fn unreachable6(dst_mac: [u8; 6], from: [u8; 16], sent: &[u8]) -> Vec<u8> {
+    let mut v = Vec::new();
+    PacketBuilder::ethernet2(PEER_MAC, dst_mac)
+        .ipv6(from, A6, 64)
+        .icmpv6_raw(1, 4, [0; 4])
+        .write(&mut v, &sent[14..14 + 48])
+        .unwrap();
+    v
+}
+
+/// A, B (both isolated for ingress) and C (not isolated: `c_flags`) as
+/// local ports of one network, each reachable by its MAC; B's and A's
+/// IPv6 addresses in the identity cache. Returns C's ifindex.
+fn add_local_abc(fx: &mut Fx, c_flags: u32) -> u32 {
+    add_b(fx);
+    run(&[
+        "ip", "link", "add", "pf-c", "type", "veth", "peer", "name", "pf-vc",
+    ]);
+    run(&["ip", "link", "set", "pf-c", "up"]);
+    run(&["ip", "link", "set", "pf-vc", "up"]);
+    let c_port = vmpath::netif::ifindex_of("pf-c").unwrap();
+    let a_port = fx.port;
+    let maps = fx.dp.maps_mut();
+    for (mac, ifindex, port_id, identity) in [
+        (A_MAC, a_port, PORT_ID, ID_A),
+        (C_MAC, c_port, C_PORT_ID, ID_C),
+    ] {
+        let ep = Endpoint {
+            kind: ENDPOINT_LOCAL,
+            ifindex,
+            port_id,
+            identity,
+            ..Default::default()
+        };
+        maps.endpoints
+            .insert(EndpointKey::new(NET, mac), ep, 0)
+            .unwrap();
+    }
+    maps.ports
+        .insert(
+            c_port,
+            PortInfo {
+                port_id: C_PORT_ID,
+                network: NET,
+                mac: C_MAC,
+                flags: 0,
+                gw_mac: GW_MAC,
+                _pad: 0,
+                ip4: C,
+                ip6: C6,
+            },
+            0,
+        )
+        .unwrap();
+    let nr = aya::util::nr_cpus().unwrap();
+    for id in [B_PORT_ID, C_PORT_ID] {
+        maps.port_stats
+            .set(
+                id,
+                aya::maps::PerCpuValues::try_from(vec![PortStats::default(); nr]).unwrap(),
+                0,
+            )
+            .unwrap();
+    }
+    maps.policy_endpoints
+        .set(
+            C_PORT_ID,
+            PolicyEndpoint {
+                flags: c_flags,
+                identity: ID_C,
+            },
+            0,
+        )
+        .unwrap();
+    // ICMPv6 from a port needs its network (the gateway's ND).
+    maps.networks
+        .insert(
+            NET,
+            NetworkInfo {
+                gw_mac: GW_MAC,
+                mtu: 1500,
+                ..Default::default()
+            },
+            0,
+        )
+        .unwrap();
+    for (addr, id) in [(A6, ID_A), (B6, ID_B)] {
+        maps.policy_ipcache
+            .insert(
+                &Key::new(IdentityPrefix::v6_len(128), IdentityPrefix::v6(NET, addr)),
+                id,
+                0,
+            )
+            .unwrap();
+    }
+    c_port
+}
+
+/// The reply to a flow an isolated endpoint opened passes from the peer
+/// the flow went to, and only from it, whether the flow was switched to
+/// the peer's MAC (the peer recorded by endpoint: its port's identity)
+/// or routed through the gateway (by address: a local port has the
+/// address's identity only when it is its own). A opens UDP 81 to B
+/// (its egress allows it); A's ingress allows no UDP from B or C. B's
+/// reply through `vm_port` passes (the regression the first attempt
+/// had: it was denied); C's port writing B's address and the reply's
+/// exact tuple is a new flow, denied; IPv4 and IPv6.
+#[test]
+fn a_reply_passes_only_from_the_peer_the_flow_went_to() {
+    in_fresh_netns(|| {
+        let mut fx = Fx::new();
+        let c_port = add_local_abc(&mut fx, 0);
+        let (from_b, from_c) = (skb_ctx(fx.peer_port), skb_ctx(c_port));
+        let denied_in = |fx: &Fx| fx.drops(drop_reason::POLICY_DENIED_INGRESS);
+        // (name, A's frame out, the reply's frame, from B or C, passes)
+        let mut sp = 7100u16;
+        let mut wrong = Vec::new();
+        for (a, b) in [(&A[..], &B[..]), (&A6[..], &B6[..])] {
+            for (how, dst_mac) in [("switched", PEER_MAC), ("routed", GW_MAC)] {
+                sp += 1;
+                let out = udp_frame((A_MAC, dst_mac), a, b, sp, 81);
+                let reply = udp_frame((PEER_MAC, A_MAC), b, a, 81, sp);
+                let forged = udp_frame((C_MAC, A_MAC), b, a, 81, sp);
+                let family = if a.len() == 4 { "IPv4" } else { "IPv6" };
+                let drops = fx.drops(drop_reason::POLICY_DENIED_EGRESS);
+                fx.send(&out);
+                if fx.drops(drop_reason::POLICY_DENIED_EGRESS) != drops {
+                    wrong.push(format!("{family} {how}: A's flow out denied"));
+                }
+                let table: [(&str, &[u8; SKB_CTX_LEN], &[u8], bool); 4] = [
+                    ("B's reply", &from_b, &reply, true),
+                    ("C's port, the reply's tuple", &from_c, &forged, false),
+                    ("B's reply again", &from_b, &reply, true),
+                    ("C's port again", &from_c, &forged, false),
+                ];
+                for (name, ctx, frame, passes) in table {
+                    let (tx_a, denied) = (tx(&fx, PORT_ID), denied_in(&fx));
+                    let got = fx.run(prog_names::VM_PORT, ctx, frame);
+                    let delivered = tx(&fx, PORT_ID) > tx_a;
+                    let counted = denied_in(&fx) > denied;
+                    let want = if passes { TC_ACT_REDIRECT } else { TC_ACT_SHOT };
+                    if got != want || delivered != passes || counted == passes {
+                        wrong.push(format!(
+                            "{family} {how}, {name}: got {got} (delivered {delivered}, \
+                             counted as denied {counted}), want {want}"
+                        ));
+                    }
+                }
+            }
+        }
+        assert!(wrong.is_empty(), "{}", wrong.join("\n"));
+    });
+}
+
+/// (name, frame from B, verdict, delivered to A, delivered to C, more
+/// `policy_denied_ingress`)
+type FloodRow = (&'static str, Vec<u8>, u32, bool, bool, u64);
+
+/// Every delivery path applies the receiver's ingress policy, flooding
+/// included, and every withholding is a counted drop: an ICMPv6 echo (or
+/// a forged ICMPv6 error) in a solicited-node multicast frame, to the
+/// unicast address of A (isolated for ingress, no rule for B), reaches
+/// the network's ports not isolated for ingress (C) but not A, and counts
+/// one `policy_denied_ingress` (B, the sender, is isolated too but a
+/// flood never goes back to it); the same echo to A's MAC is denied by
+/// A's ingress policy, as before.
+#[test]
+fn a_multicast_frame_to_an_isolated_endpoint_is_withheld_as_policy_denied_ingress() {
+    in_fresh_netns(|| {
+        let mut fx = Fx::new();
+        let c_port = add_local_abc(&mut fx, 0);
+        let (a_port, b_port) = (fx.port, fx.peer_port);
+        let maps = fx.dp.maps_mut();
+        let mut all = FloodList::default();
+        for (i, (ifindex, id)) in [(a_port, PORT_ID), (b_port, B_PORT_ID), (c_port, C_PORT_ID)]
+            .into_iter()
+            .enumerate()
+        {
+            all.ifindex[i] = ifindex;
+            all.port_id[i] = id;
+        }
+        all.count = 3;
+        let mut guarded = FloodList::default();
+        guarded.ifindex[0] = c_port;
+        guarded.port_id[0] = C_PORT_ID;
+        guarded.count = 1;
+        guarded.withheld = 2;
+        maps.flood.insert(NET, all, 0).unwrap();
+        maps.policy_flood.insert(NET, guarded, 0).unwrap();
+        let from_b = skb_ctx(b_port);
+        let never = udp_frame((A_MAC, PEER_MAC), &A6, &B6, 7300, 81);
+        let table: Vec<FloodRow> = vec![
+            (
+                "echo to A6 in a 33:33:ff frame",
+                echo6_to_a(A6_SOLICITED_MAC),
+                TC_ACT_REDIRECT,
+                false,
+                true,
+                1,
+            ),
+            (
+                "the same echo to A's MAC",
+                echo6_to_a(A_MAC),
+                TC_ACT_SHOT,
+                false,
+                false,
+                1,
+            ),
+            (
+                "a forged ICMPv6 error to A6 in a 33:33:ff frame",
+                unreachable6(A6_SOLICITED_MAC, B6, &never),
+                TC_ACT_REDIRECT,
+                false,
+                true,
+                1,
+            ),
+        ];
+        let mut wrong = Vec::new();
+        for (name, frame, verdict, to_a, to_c, denied) in &table {
+            let before = (
+                tx(&fx, PORT_ID),
+                tx(&fx, C_PORT_ID),
+                fx.drops(drop_reason::POLICY_DENIED_INGRESS),
+            );
+            let got = fx.run(prog_names::VM_PORT, &from_b, frame);
+            let after = (
+                tx(&fx, PORT_ID),
+                tx(&fx, C_PORT_ID),
+                fx.drops(drop_reason::POLICY_DENIED_INGRESS),
+            );
+            let want = (
+                before.0 + u64::from(*to_a),
+                before.1 + u64::from(*to_c),
+                before.2 + denied,
+            );
+            if got != *verdict || after != want {
+                let drops: Vec<(usize, u64)> = fx
+                    .dp
+                    .maps()
+                    .drop_counts()
+                    .unwrap()
+                    .iter()
+                    .copied()
+                    .enumerate()
+                    .filter(|(_, n)| *n != 0)
+                    .collect();
+                wrong.push(format!(
+                    "{name}: got {got} (tx A, tx C, denied) {after:?}, want {verdict} {want:?}; \
+                     drops by reason so far {drops:?}"
+                ));
+            }
+        }
+        assert!(wrong.is_empty(), "{}", wrong.join("\n"));
+    });
+}
+
+/// ICMP errors pass only for flows that exist, IPv4 and IPv6: A (isolated
+/// for ingress, no ICMP rule) opened UDP 81 to B; a destination
+/// unreachable quoting that flow passes whoever sends it (a router on
+/// the way); one quoting a flow that never was is denied as
+/// `policy_denied_ingress`.
+#[test]
+fn icmp_errors_pass_only_for_flows_that_exist_ipv4_and_ipv6() {
+    in_fresh_netns(|| {
+        let mut fx = Fx::new();
+        add_local_abc(&mut fx, 0);
+        let out4 = udp_frame((A_MAC, PEER_MAC), &A, &B, 7400, 81);
+        let out6 = udp_frame((A_MAC, PEER_MAC), &A6, &B6, 7400, 81);
+        fx.send(&out4);
+        fx.send(&out6);
+        assert_eq!(
+            fx.drops(drop_reason::POLICY_DENIED_EGRESS),
+            0,
+            "A's flows out"
+        );
+        let never4 = udp_frame((A_MAC, PEER_MAC), &A, &B, 7401, 81);
+        let never6 = udp_frame((A_MAC, PEER_MAC), &A6, &B6, 7401, 81);
+        // (name, frame delivered to A, verdict)
+        let table: Vec<(&str, Vec<u8>, u32)> = vec![
+            (
+                "ICMPv4 unreachable quoting A's flow",
+                unreachable(WORLD, &out4),
+                TC_ACT_REDIRECT,
+            ),
+            (
+                "ICMPv4 unreachable quoting no flow",
+                unreachable(WORLD, &never4),
+                TC_ACT_SHOT,
+            ),
+            (
+                "ICMPv6 unreachable quoting A's flow",
+                unreachable6(A_MAC, C6, &out6),
+                TC_ACT_REDIRECT,
+            ),
+            (
+                "ICMPv6 unreachable quoting no flow",
+                unreachable6(A_MAC, C6, &never6),
+                TC_ACT_SHOT,
+            ),
+        ];
+        let mut wrong = Vec::new();
+        let mut denied = 0;
+        for (name, frame, want) in &table {
+            let got = fx.deliver(frame);
+            if got != *want {
+                wrong.push(format!("{name}: got {got}, want {want}"));
+            }
+            denied += u64::from(*want == TC_ACT_SHOT);
+        }
+        assert!(wrong.is_empty(), "{}", wrong.join("\n"));
+        assert_eq!(fx.drops(drop_reason::POLICY_DENIED_INGRESS), denied);
     });
 }

@@ -1197,6 +1197,7 @@ impl Fx {
             node_ip4,
             migrate_to: [0; 4],
             port_id,
+            identity: 0,
         };
         maps.endpoints
             .insert(
@@ -1563,6 +1564,7 @@ fn routed_ipv6_ingress_for_a_vm_elsewhere_is_relayed_over_the_overlay() {
                     node_ip4: REMOTE_NODE,
                     migrate_to: [0; 4],
                     port_id: 0,
+                    identity: 0,
                 },
                 0,
             )

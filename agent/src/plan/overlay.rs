@@ -105,12 +105,37 @@ pub fn overlay(cfg: &Resolved, node: &str, plan: &mut Plan) {
                     node_ip4: ip4,
                     migrate_to: migrate_to(cfg, att, node),
                     port_id: 0,
+                    // Set once policy is compiled (`remote_identities`).
+                    identity: 0,
                 });
         }
     }
     // Keep the lists in a stable order, whatever the document order.
     for list in plan.flood_remote.values_mut() {
         list.node_ip4[..list.count as usize].sort_unstable();
+    }
+}
+
+/// Once policy is compiled: every endpoint entry carries its endpoint's
+/// policy identity, so a node receiving a remote endpoint's frame over the
+/// overlay judges it by who sent it (its MAC, from the node it lives on),
+/// never by the source address it claims. Local entries carry it too: a
+/// VM migrating away turns its entry remote in the data path
+/// (`migrate::learn_move`) before the next plan.
+pub fn endpoint_identities(cfg: &Resolved, plan: &mut Plan) {
+    for att in &cfg.attachments {
+        let (Some(net), Some((mac, _))) = (cfg.network(&att.network), att.mac_resolved) else {
+            continue;
+        };
+        let Some(&id) = plan.policy.senders.get(&att.key) else {
+            continue;
+        };
+        // The entry's first holder keeps it (as `overlay` and `plan` insert).
+        if let Some(ep) = plan.endpoints.get_mut(&EndpointKey::new(net.id, mac))
+            && ep.identity == 0
+        {
+            ep.identity = id;
+        }
     }
 }
 

@@ -45,6 +45,11 @@ pub struct Compiled {
     pub policies: Vec<String>,
     /// Local endpoint -> the policies selecting it.
     pub selected_by: BTreeMap<AttachmentKey, Vec<u32>>,
+    /// Every endpoint (local or not) -> the identity of what it sends
+    /// from an address other than its first (its first address's, or its
+    /// labels' alone without one): what its frames carry on the node that
+    /// receives them over the overlay (`Endpoint::identity`).
+    pub senders: BTreeMap<AttachmentKey, u32>,
     /// Per network with a port isolated for ingress, its flood list less
     /// those ports (`vmp_pol_flood`; filled by `plan`, which knows the
     /// flood lists).
@@ -70,7 +75,9 @@ impl Compiled {
             }
             let mut guarded = vmpath_common::FloodList::default();
             for i in 0..n {
-                if !isolated(list.port_id[i]) {
+                if isolated(list.port_id[i]) {
+                    guarded.withheld += 1;
+                } else {
                     let j = guarded.count as usize;
                     guarded.ifindex[j] = list.ifindex[i];
                     guarded.port_id[j] = list.port_id[i];
@@ -248,6 +255,7 @@ pub fn compile(cfg: &Resolved, local: &BTreeMap<AttachmentKey, u32>) -> Compiled
             },
         );
     }
+    out.senders = port_ids.iter().map(|(k, id)| ((*k).clone(), *id)).collect();
     if out.rules.len() > MAX_POLICY_RULES as usize {
         out.problems.push(format!(
             "{} policy rule entries, more than the {MAX_POLICY_RULES} the data path holds: the rest deny",

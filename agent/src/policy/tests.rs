@@ -421,3 +421,39 @@ fn identity_numbers_keep_their_meaning_when_policies_are_added() {
     assert!(allows(&after, xc, IN, ip("x", "a"), TCP, 80));
     assert!(!allows(&after, xc, IN, ip("x", "b"), TCP, 80));
 }
+
+/// A network's guarded flood list leaves out the ports isolated for
+/// ingress and says how many it left out (each withholding is a counted
+/// `policy_denied_ingress` in the data path); a network without such a
+/// port has none.
+#[test]
+fn guarded_flood_lists_leave_out_and_count_the_ports_isolated_for_ingress() {
+    let mut c = Compiled::default();
+    for (id, flags) in [
+        (1, POL_F_INGRESS),
+        (2, 0),
+        (3, POL_F_INGRESS | POL_F_EGRESS),
+    ] {
+        c.endpoints.insert(
+            id,
+            PolicyEndpoint {
+                flags,
+                identity: 300 + id,
+            },
+        );
+    }
+    let list = |ids: &[u32]| {
+        let mut l = vmpath_common::FloodList::default();
+        for (i, id) in ids.iter().enumerate() {
+            l.ifindex[i] = 100 + id;
+            l.port_id[i] = *id;
+        }
+        l.count = ids.len() as u32;
+        l
+    };
+    let flood = BTreeMap::from([(7, list(&[1, 2, 3])), (8, list(&[2]))]);
+    c.guard_floods(&flood);
+    let mut want = list(&[2]);
+    want.withheld = 2;
+    assert_eq!(c.flood, BTreeMap::from([(7, want)]));
+}
