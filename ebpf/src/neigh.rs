@@ -6,6 +6,12 @@
 //! whose MAC is not known here, the asker's own address) are switched as
 //! before. Its own program, tail-called from `vm_port`: inline, it took
 //! `vm_port` past the verifier's budget.
+//!
+//! A local owner still gets the request itself (a clone to its port, not a
+//! flood): a guest learns who asks from the request, and without it a
+//! guest whose entry for the asker is stale (a pod re-created with the
+//! same address and a new MAC) answers the old MAC until its entry
+//! expires.
 
 use aya_ebpf::{bindings::TC_ACT_SHOT, macros::classifier, programs::TcContext};
 use network_types::{arp::ArpHdr, eth::EthHdr, ip::Ipv6Hdr};
@@ -75,32 +81,46 @@ fn try_vm_neigh(ctx: &TcContext, ifindex: u32, port: &PortInfo) -> Verdict {
     fwd::switch(ctx, ifindex, port.network, dst)
 }
 
-/// The MAC to answer with for `key`: known, not the asker's own address
-/// (a VM probing or announcing itself hears from its peers, not from us),
-/// and not the asker's MAC (a migrated VM asking for its own address).
+/// The MAC to answer with for `key`, and the owner's port on this node
+/// (0: on another node): known, not the asker's own address (a VM probing
+/// or announcing itself hears from its peers, not from us), and not the
+/// asker's MAC (a migrated VM asking for its own address).
 #[inline(always)]
-fn owner_mac(key: &AddrKey, ifindex: u32, asker: &[u8; 6]) -> Option<[u8; 6]> {
+fn owner_of(key: &AddrKey, ifindex: u32, asker: &[u8; 6]) -> Option<([u8; 6], u32)> {
     // SAFETY: a map lookup; the value stays valid for this program run.
     let owner = unsafe { ADDRESSES.get(key) }?;
     let mac = owner.mac;
     if mac == [0; 6] || (owner.ifindex != 0 && owner.ifindex == ifindex) || mac_eq(&mac, asker) {
         return None;
     }
-    Some(mac)
+    Some((mac, owner.ifindex))
+}
+
+/// The request as it came, to a local owner's port only (see the module
+/// comment). Before the frame is rewritten; packet pointers taken before
+/// this are stale after it.
+#[inline(always)]
+fn tell_owner(ctx: &TcContext, owner_port: u32) {
+    if owner_port != 0 {
+        // A failed clone only costs the owner a fresher entry.
+        let _ = ctx.clone_redirect(owner_port, 0);
+    }
 }
 
 /// An ARP request for a known address: rewritten into the owner's reply.
 #[inline(always)]
 fn answer_arp(ctx: &TcContext, ifindex: u32, network: u32, src: &[u8; 6]) -> Result<bool, u32> {
-    let a = hdr_mut::<ArpHdr>(ctx, ETH_LEN)?;
+    let a = hdr::<ArpHdr>(ctx, ETH_LEN)?;
     // `vm_port` checked the header's shape and the sender.
     if be16(a.oper) != ARP_REQUEST || a.tpa == a.spa {
         return Ok(false);
     }
     let tpa = a.tpa;
-    let Some(mac) = owner_mac(&AddrKey::v4(network, tpa), ifindex, src) else {
+    let Some((mac, owner_port)) = owner_of(&AddrKey::v4(network, tpa), ifindex, src) else {
         return Ok(false);
     };
+    tell_owner(ctx, owner_port);
+    let a = hdr_mut::<ArpHdr>(ctx, ETH_LEN)?;
     let (requester_mac, requester_ip) = (a.sha, a.spa);
     a.oper = ARP_REPLY.to_be_bytes();
     a.tha = requester_mac;
@@ -118,7 +138,7 @@ fn answer_arp(ctx: &TcContext, ifindex: u32, network: u32, src: &[u8; 6]) -> Res
 #[inline(always)]
 fn answer_ns(ctx: &TcContext, ifindex: u32, network: u32, src: &[u8; 6]) -> Result<bool, u32> {
     let target = nd::ns_target(ctx)?;
-    let Some(mac) = owner_mac(&AddrKey::v6(network, &target), ifindex, src) else {
+    let Some((mac, owner_port)) = owner_of(&AddrKey::v6(network, &target), ifindex, src) else {
         return Ok(false);
     };
     // The asker's own address is its own business (checked after the
@@ -126,6 +146,7 @@ fn answer_ns(ctx: &TcContext, ifindex: u32, network: u32, src: &[u8; 6]) -> Resu
     if hdr::<Ipv6Hdr>(ctx, ETH_LEN)?.src_addr == target {
         return Ok(false);
     }
+    tell_owner(ctx, owner_port);
     nd::neighbor_advert_as(ctx, target, mac, nd::NA_FLAGS_SO)?;
     Ok(true)
 }
