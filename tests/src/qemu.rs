@@ -557,6 +557,16 @@ impl QemuVm {
             .unwrap_or(0)
     }
 
+    /// Runs `cmd` with its line sent in two writes `pause` apart (see
+    /// [`Channel::request_paused`]): (exit status, output).
+    pub fn run_paused(&self, cmd: &str, pause: Duration) -> (i32, String) {
+        self.channel
+            .lock()
+            .unwrap()
+            .request_paused(cmd, pause, COMMAND_TIMEOUT)
+            .unwrap_or_else(|e| panic!("guest {}: `{cmd}`: {e}", self.pod.ns.name))
+    }
+
     /// Kills QEMU now (the source after a migration).
     pub fn kill(&mut self) {
         if let Some(mut qemu) = self.qemu.take() {

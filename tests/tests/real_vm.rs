@@ -5,7 +5,7 @@
 //! with a static address, spoofing from inside a guest. Live migration of a
 //! real guest is in `real_migration.rs`.
 
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use vmpath_tests::{
     Node, Vm,
@@ -79,7 +79,7 @@ fn tcp_echo(server: &dyn Guest, server_ip: &str, client: &dyn Guest) {
         r#"busybox nc -l -p 7000 -e sh -c 'read l; echo "echo:$l"' </dev/null >/dev/null 2>&1 &"#,
     );
     // The listener is up once a socket is bound to the port.
-    wait_for("nc to listen", std::time::Duration::from_secs(20), || {
+    wait_for("nc to listen", Duration::from_secs(20), || {
         server
             .run_status("busybox netstat -ltn | grep -q ':7000 '")
             .0
@@ -254,6 +254,14 @@ fn an_imported_guest_keeps_its_mac_ip_and_gateway_once() {
     assert!(g.ping("10.30.0.1"), "imported guest -> its gateway");
     assert!(g.ping("10.30.0.6"), "imported guest -> namespace VM");
     tcp_echo(&vm, "10.30.0.6", &g);
+    // The command channel itself: a background job that ends while the
+    // next command line is half-way in must not cost that line (busybox's
+    // `read` in the guest's PID 1 started again on the orphan's SIGCHLD and
+    // dropped what it had read: commands after tcp_echo's listener went
+    // unanswered now and then).
+    g.run("sleep 1 >/dev/null 2>&1 &");
+    let (rc, out) = g.run_paused("echo the-whole-line-arrived", Duration::from_secs(2));
+    assert_eq!((rc, out.trim()), (0, "the-whole-line-arrived"));
     // What it came with is what it has: MAC, address, default route, and
     // the gateway answers its ARP.
     assert_eq!(g.addresses(), vec!["10.30.0.5/24".to_string()]);

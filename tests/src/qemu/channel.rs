@@ -44,13 +44,30 @@ impl Channel {
 
     /// Runs `cmd` in the guest: (exit status, output).
     pub fn request(&mut self, cmd: &str, timeout: Duration) -> Result<(i32, String), String> {
+        self.request_paused(cmd, Duration::ZERO, timeout)
+    }
+
+    /// As [`Channel::request`], with the command line sent in two writes
+    /// `pause` apart, so that the guest is half-way through reading it for
+    /// that long (what a slow serial port does to a long line).
+    pub fn request_paused(
+        &mut self,
+        cmd: &str,
+        pause: Duration,
+        timeout: Duration,
+    ) -> Result<(i32, String), String> {
         assert!(!cmd.contains('\n'), "one line per command: {cmd:?}");
         let id = self.next_id;
         self.next_id += 1;
         let stream = self.stream.as_mut().ok_or("no channel")?;
-        stream
-            .write_all(format!("{id} {cmd}\n").as_bytes())
-            .map_err(|e| format!("writing to the guest's channel: {e}"))?;
+        let line = format!("{id} {cmd}\n");
+        let (head, tail) = line.split_at(if pause.is_zero() { 0 } else { line.len() / 2 });
+        for (part, wait) in [(head, pause), (tail, Duration::ZERO)] {
+            stream
+                .write_all(part.as_bytes())
+                .map_err(|e| format!("writing to the guest's channel: {e}"))?;
+            std::thread::sleep(wait);
+        }
         let begin = format!("@@begin {id}\n");
         let end = format!("\n@@end {id} ");
         let deadline = Instant::now() + timeout;
