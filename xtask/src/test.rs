@@ -17,6 +17,7 @@ use std::{
     fs,
     path::{Path, PathBuf},
     process::{Child, Command, Stdio},
+    time::Instant,
 };
 
 use anyhow::{Context as _, Result, bail};
@@ -43,8 +44,12 @@ const IMAGE_TESTS: &str = "test(/^image::/)";
 
 pub fn run(args: Vec<String>) -> Result<()> {
     cmd::require_root("cargo xtask test")?;
+    let started = Instant::now();
+    let phase = |what: &str| println!("test: {what} at {} s", started.elapsed().as_secs());
     setup::run()?;
+    phase("set up");
     let bin = cargo::build_agent()?;
+    phase("agent built");
     let images = ImageBuild::start()?;
     if !args.is_empty() {
         // A chosen set of tests: the images first, then one run.
@@ -58,11 +63,14 @@ pub fn run(args: Vec<String>) -> Result<()> {
         "running the tests",
         &mut nextest(&bin, None, &["-E".into(), format!("not {IMAGE_TESTS}")]),
     )?;
+    phase("tests run");
     let images = images.wait()?;
+    phase("images built");
     let second = cmd::status(
         "running the image tests",
         &mut nextest(&bin, Some(&images), &["-E".into(), IMAGE_TESTS.into()]),
     )?;
+    phase("image tests run");
     if !first.success() || !second.success() {
         bail!(
             "tests failed (all but the image tests: {first}; the image tests: {second}); \
