@@ -34,5 +34,33 @@ fn main() -> anyhow::Result<()> {
         root_dir: concat!(env!("CARGO_MANIFEST_DIR"), "/../ebpf"),
         ..Default::default()
     };
+    share_ebpf_target_dir()?;
     aya_build::build_ebpf([ebpf], Toolchain::Custom(channel)).context("building the eBPF object")
+}
+
+/// Points the target directory aya-build gives its nested cargo (inside
+/// this run's OUT_DIR) at one directory of the workspace's, so that every
+/// run of this script (clippy's, the debug build's, the images' release
+/// build, each with its own OUT_DIR) shares one eBPF build: otherwise each
+/// builds `core` and the data path from scratch, minutes of a cold CI run on
+/// two cores. Cargo's lock on that directory serialises runs at the same
+/// time; the objects copied into OUT_DIR stay per run.
+fn share_ebpf_target_dir() -> anyhow::Result<()> {
+    let out_dir = std::path::PathBuf::from(std::env::var_os("OUT_DIR").context("OUT_DIR not set")?);
+    // aya-build 0.2's layout: OUT_DIR/aya-build/target/<package>.
+    let link_dir = out_dir.join("aya-build").join("target");
+    let link = link_dir.join("vmpath-ebpf");
+    let shared = std::path::Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../target/ebpf"));
+    std::fs::create_dir_all(shared).with_context(|| format!("creating {}", shared.display()))?;
+    std::fs::create_dir_all(&link_dir)
+        .with_context(|| format!("creating {}", link_dir.display()))?;
+    match std::fs::read_link(&link) {
+        Ok(to) if to == shared => return Ok(()),
+        Ok(_) => std::fs::remove_file(&link)?,
+        // A directory from a build before this one shared it.
+        Err(_) if link.is_dir() => std::fs::remove_dir_all(&link)?,
+        Err(_) => {}
+    }
+    std::os::unix::fs::symlink(shared, &link)
+        .with_context(|| format!("linking {} to {}", link.display(), shared.display()))
 }
