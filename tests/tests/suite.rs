@@ -35,6 +35,7 @@ mod port_eligibility;
 mod real_migration;
 mod real_vm;
 mod rogue_vm;
+mod service6_fixtures;
 mod service_fixtures;
 mod services;
 mod snat_fixtures;
