@@ -581,3 +581,32 @@ fn vm_service6_delivers_the_translated_frame_after_the_clients_egress_policy() {
         assert_eq!(fx.drops(drop_reason::SERVICE_NO_BACKEND), 0);
     });
 }
+
+/// What the verifier processed for the programs IPv6 Services touch:
+/// `vm_port` (the hand-off to `vm_service6`), `vm_service6` itself and
+/// `vm_service_in` (the IPv6 reverse beside IPv4's), each under the
+/// kernel's 1,000,000-instruction budget (they would not load otherwise;
+/// printed for the margin).
+#[test]
+fn the_ipv6_service_programs_fit_the_verifier_budget() {
+    in_fresh_netns(|| {
+        let fx = Fx::new();
+        for name in [
+            prog_names::VM_PORT,
+            prog_names::VM_SERVICE,
+            prog_names::VM_SERVICE6,
+            prog_names::VM_SERVICE_IN,
+        ] {
+            let n = fx
+                .dp
+                .classifier(name)
+                .unwrap()
+                .info()
+                .unwrap()
+                .verified_instruction_count()
+                .expect("verified_insns (kernel 5.16+)");
+            println!("{name}: {n} instructions verified");
+            assert!(n < 1_000_000, "{name}: {n}");
+        }
+    });
+}
