@@ -38,5 +38,6 @@ mod rogue_vm;
 mod service6_fixtures;
 mod service_fixtures;
 mod services;
+mod services6;
 mod snat_fixtures;
 mod upgrade;
