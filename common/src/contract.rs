@@ -176,11 +176,8 @@ pub mod maps {
         Hash,
         MAX_SERVICE_BACKENDS,
     );
-    pub const SERVICE6_FLOWS: MapDef = def::<ServiceFlowKey6, ServiceFlow6>(
-        map_names::SERVICE6_FLOWS,
-        LruHash,
-        MAX_SERVICE_FLOWS,
-    );
+    pub const SERVICE6_FLOWS: MapDef =
+        def::<ServiceFlowKey6, ServiceFlow6>(map_names::SERVICE6_FLOWS, LruHash, MAX_SERVICE_FLOWS);
     pub const SERVICE6_AFFINITY: MapDef = def::<ServiceAffinityKey6, ServiceAffinity6>(
         map_names::SERVICE6_AFFINITY,
         LruHash,

@@ -27,9 +27,8 @@ use core::mem::offset_of;
 use network_types::{eth::EthHdr, ip::Ipv6Hdr, tcp::TcpHdr, udp::UdpHdr};
 use vmpath_common::{
     NO_PORT_ID, PortInfo, SVC_F_AFFINITY, Service, ServiceAffinity6, ServiceAffinityKey6,
-    ServiceBackend6, ServiceBackendKey, ServiceFlow6, ServiceFlowKey6, ServiceKey6, ServiceScratch6,
-    drop_reason,
-    maps, svc_flow,
+    ServiceBackend6, ServiceBackendKey, ServiceFlow6, ServiceFlowKey6, ServiceKey6,
+    ServiceScratch6, drop_reason, maps, svc_flow,
 };
 
 use crate::{

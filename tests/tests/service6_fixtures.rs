@@ -23,8 +23,8 @@ use vmpath::dataplane::Dataplane;
 use vmpath_common::{
     ENDPOINT_LOCAL, Endpoint, EndpointKey, IdentityPrefix, NetworkInfo, POL_F_EGRESS,
     POLICY_LEN_FULL, PolicyEndpoint, PolicyRuleKey, PortInfo, PortStats, SERVICE_CB_DELIVER,
-    SVC_F_AFFINITY, Service, ServiceBackend6, ServiceBackendKey, ServiceKey6,
-    default_gateway_mac, drop_reason, policy_dir, prog_names,
+    SVC_F_AFFINITY, Service, ServiceBackend6, ServiceBackendKey, ServiceKey6, default_gateway_mac,
+    drop_reason, policy_dir, prog_names,
 };
 use vmpath_tests::{
     prog_fixture::{
@@ -93,8 +93,11 @@ impl Fx {
             ..Default::default()
         };
         maps.networks.insert(NET, net, 0).unwrap();
-        for (ifindex, id, mac, ip) in [(a, A_ID, A_MAC, A), (b, B_ID, B_MAC, B), (c, C_ID, C_MAC, C)]
-        {
+        for (ifindex, id, mac, ip) in [
+            (a, A_ID, A_MAC, A),
+            (b, B_ID, B_MAC, B),
+            (c, C_ID, C_MAC, C),
+        ] {
             let info = PortInfo {
                 port_id: id,
                 network: NET,
@@ -423,7 +426,11 @@ fn an_ipv6_client_with_session_affinity_keeps_its_backend_across_flows() {
         for sport in 46001..46041u16 {
             let (v, out) = fx.send(&tcp(OUT, A, VIP_STICKY, sport, 80, true));
             assert_eq!(v, TC_ACT_REDIRECT);
-            assert_eq!(seen(&out).3, first, "flow {sport} left its client's backend");
+            assert_eq!(
+                seen(&out).3,
+                first,
+                "flow {sport} left its client's backend"
+            );
         }
     });
 }

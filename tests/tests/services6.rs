@@ -189,7 +189,13 @@ fn bed() -> Bed {
         let mac = format!("52:54:00:53:00:{:02x}", i + 1);
         backends.push(dual(name, &mac, ip4, ip6, &mut docs));
     }
-    let client = dual("c", "52:54:00:53:01:01", "10.53.0.21", "fd53::21", &mut docs);
+    let client = dual(
+        "c",
+        "52:54:00:53:01:01",
+        "10.53.0.21",
+        "fd53::21",
+        &mut docs,
+    );
     node.write_config("base.yaml", &docs.join("---\n"));
     node.start_agent();
     let mut ports: Vec<&str> = backends.iter().map(|v| v.port.as_str()).collect();
@@ -286,8 +292,15 @@ fn tally(lines: &[String], family: &str, vip: &str, port: u16) -> BTreeMap<Strin
             parts.len() == 3 && BACKENDS.iter().any(|(b, _, _)| *b == parts[0]),
             "an answer that names no backend: {l:?}"
         );
-        assert_eq!(parts[1], family, "reached a backend over the other family: {l:?}");
-        assert_eq!(parts[2], format!("{vip}/{port}"), "answer not from the ClusterIP: {l:?}");
+        assert_eq!(
+            parts[1], family,
+            "reached a backend over the other family: {l:?}"
+        );
+        assert_eq!(
+            parts[2],
+            format!("{vip}/{port}"),
+            "answer not from the ClusterIP: {l:?}"
+        );
         *by.entry(parts[0].to_string()).or_insert(0) += 1;
     }
     by
@@ -359,7 +372,11 @@ fn a_dual_stack_service_is_reached_over_both_families_with_tcp_and_udp() {
     for (proto, port) in [("tcp", 80), ("udp", 53)] {
         let lines = rounds(&bed.backends[0], VIP6_SELF, proto, port, 5);
         let by = tally(&lines, "v6", VIP6_SELF, port);
-        assert_eq!(by.get("b1"), Some(&5), "IPv6 hairpin over {proto}: {lines:?}");
+        assert_eq!(
+            by.get("b1"),
+            Some(&5),
+            "IPv6 hairpin over {proto}: {lines:?}"
+        );
     }
 
     // No backend: refused (a reset; an ICMPv6 port unreachable).
@@ -372,5 +389,8 @@ fn a_dual_stack_service_is_reached_over_both_families_with_tcp_and_udp() {
         );
     }
     let counted = bed.node.drops(drop_reason::SERVICE_NO_BACKEND) - before;
-    assert!(counted >= 6, "service_no_backend counted {counted}, want >= 6");
+    assert!(
+        counted >= 6,
+        "service_no_backend counted {counted}, want >= 6"
+    );
 }

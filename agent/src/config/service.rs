@@ -272,7 +272,9 @@ fn check_families(
             "ipFamilyPolicy".into(),
             format!(
                 "{} takes one family; this Service has two (set PreferDualStack or RequireDualStack)",
-                spec.ip_family_policy.as_deref().unwrap_or("SingleStack (the default)")
+                spec.ip_family_policy
+                    .as_deref()
+                    .unwrap_or("SingleStack (the default)")
             ),
         )),
         None | Some("SingleStack") | Some("PreferDualStack") => Ok(()),

@@ -252,8 +252,7 @@ pub fn compile(
             match addr {
                 IpAddr::V4(a) => {
                     let addr = a.octets();
-                    out.backends
-                        .insert(key, ServiceBackend { addr, port, mac });
+                    out.backends.insert(key, ServiceBackend { addr, port, mac });
                 }
                 IpAddr::V6(a) => {
                     let addr = a.octets();
@@ -263,15 +262,15 @@ pub fn compile(
             }
         }
         let service = Service {
-                id,
-                count: w.backends.len() as u32,
-                affinity_timeout: w.svc.affinity_timeout.unwrap_or(0),
-                flags: if w.svc.affinity_timeout.is_some() {
-                    SVC_F_AFFINITY
-                } else {
-                    0
-                },
-                _pad: [0; 3],
+            id,
+            count: w.backends.len() as u32,
+            affinity_timeout: w.svc.affinity_timeout.unwrap_or(0),
+            flags: if w.svc.affinity_timeout.is_some() {
+                SVC_F_AFFINITY
+            } else {
+                0
+            },
+            _pad: [0; 3],
         };
         match w.key {
             PortKey::V4(k) => out.services.insert(k, service),

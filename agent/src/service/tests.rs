@@ -503,7 +503,10 @@ fn a_dual_stack_service_translates_each_cluster_ip_to_its_own_familys_backends()
             ]
         );
         // Only the IPv6 slice's ready endpoint, never an IPv4 one.
-        assert_eq!(backends6(&c, &http6), [("fd00:1::12".parse().unwrap(), 8080)]);
+        assert_eq!(
+            backends6(&c, &http6),
+            [("fd00:1::12".parse().unwrap(), 8080)]
+        );
         let b = c.backends6[&ServiceBackendKey {
             service: http6.id,
             slot: 0,
@@ -516,12 +519,15 @@ fn a_dual_stack_service_translates_each_cluster_ip_to_its_own_familys_backends()
         // Where the endpoints are, as for IPv4.
         assert_eq!(svc6(&c, RED, 80, TCP), None);
         // Ids stay where they were across a recompile, both families.
-        let again = compile_with(&config(&format!(
-            "{}{}{}",
-            web_dual(policy),
-            slice("web-v4", "[{addresses: [10.1.0.11]}]", PORTS),
-            slice6("web-v6", "[{addresses: [\"fd00:1::12\"]}]", PORTS),
-        )), &programmed(&c));
+        let again = compile_with(
+            &config(&format!(
+                "{}{}{}",
+                web_dual(policy),
+                slice("web-v4", "[{addresses: [10.1.0.11]}]", PORTS),
+                slice6("web-v6", "[{addresses: [\"fd00:1::12\"]}]", PORTS),
+            )),
+            &programmed(&c),
+        );
         assert_eq!(svc6(&again, BLUE, 80, TCP).unwrap().id, http6.id);
         assert_eq!(svc(&again, BLUE, 80, TCP).unwrap().id, http4.id);
     }
@@ -540,7 +546,10 @@ fn an_ipv6_single_stack_service_is_translated_and_rejects_without_backends() {
     assert!(c.problems.is_empty(), "{:?}", c.problems);
     assert!(c.services.is_empty(), "an IPv4 port out of nowhere");
     let http = svc6(&c, BLUE, 80, TCP).unwrap();
-    assert_eq!(backends6(&c, &http), [("fd00:1::11".parse().unwrap(), 8080)]);
+    assert_eq!(
+        backends6(&c, &http),
+        [("fd00:1::11".parse().unwrap(), 8080)]
+    );
     assert_eq!(http.flags, SVC_F_AFFINITY);
     assert_eq!(http.affinity_timeout, 10800);
     // No slice address at all: on every network, a reject (count 0).
@@ -590,7 +599,8 @@ fn ip_families_and_policies_are_checked_as_the_api_server_does_naming_the_field(
     for (doc, field, message) in cases {
         let errs = errors(&doc);
         assert!(
-            errs.iter().any(|e| e.field == field && e.message == message),
+            errs.iter()
+                .any(|e| e.field == field && e.message == message),
             "want {message:?} at {field} for\n{doc}\ngot {errs:?}"
         );
     }
