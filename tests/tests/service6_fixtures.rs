@@ -220,7 +220,7 @@ impl Fx {
     }
 
     /// `vm_port` on A's port: the whole way from the guest.
-    fn from_guest(&self, frame: &[u8]) -> (u32, Vec<u8>) {
+    fn send_via_vm_port(&self, frame: &[u8]) -> (u32, Vec<u8>) {
         self.run(prog_names::VM_PORT, &skb_ctx(self.a), frame)
     }
 
@@ -362,7 +362,7 @@ fn a_new_ipv6_flow_is_translated_to_its_backend_and_its_reply_back() {
         }
         // The whole way from the guest: `vm_port` hands it to `vm_service6`.
         let before = fx.tx(B_ID);
-        let (verdict, out) = fx.from_guest(&tcp(OUT, A, VIP, 40002, 80, true));
+        let (verdict, out) = fx.send_via_vm_port(&tcp(OUT, A, VIP, 40002, 80, true));
         assert_eq!(verdict, TC_ACT_REDIRECT, "from vm_port");
         assert_eq!(seen(&out), (A_MAC, B_MAC, A, B, 40002, 8080, 6));
         assert_eq!(fx.tx(B_ID), before + 1, "from vm_port: not delivered to B");
@@ -510,6 +510,9 @@ fn no_ready_ipv6_backend_is_rejected_and_other_frames_pass_unchanged() {
 const ID_B: u32 = 401;
 const ID_C: u32 = 402;
 
+/// (name, frame, what leaves, verdict, drop reason counted).
+type PolicyRow = (&'static str, Vec<u8>, Seen, u32, Option<u32>);
+
 #[test]
 fn vm_service6_delivers_the_translated_frame_after_the_clients_egress_policy() {
     in_fresh_netns(|| {
@@ -539,7 +542,7 @@ fn vm_service6_delivers_the_translated_frame_after_the_clients_egress_policy() {
         maps.policy_rules
             .insert(&Key::new(POLICY_LEN_FULL, rule), 0, 0)
             .unwrap();
-        let table: Vec<(&str, Vec<u8>, Seen, u32, Option<u32>)> = vec![
+        let table: Vec<PolicyRow> = vec![
             (
                 "a new flow to B's Service: egress policy allows B:8080, to B",
                 tcp(OUT, A, VIP, 45000, 80, true),
