@@ -284,6 +284,10 @@ pub struct Maps {
     pub service_flows: HashMap<MapData, vmpath_common::ServiceFlowKey, vmpath_common::ServiceFlow>,
     pub service_config: Array<MapData, u32>,
     pub service_stats: PerCpuArray<MapData, vmpath_common::ServiceStats>,
+    /// IPv6 ClusterIP Services: the same shapes with 16-byte addresses.
+    pub services6: HashMap<MapData, vmpath_common::ServiceKey6, vmpath_common::Service>,
+    pub service6_backends:
+        HashMap<MapData, vmpath_common::ServiceBackendKey, vmpath_common::ServiceBackend6>,
     /// Uplink XDP: ports it may redirect to (ifindex -> port id).
     pub xdp_ports: HashMap<MapData, u32, u32>,
     /// Uplink XDP: what it did, per CPU (`xdp_stat` slots).
@@ -348,6 +352,8 @@ impl Maps {
             service_flows: open_map(root, map_names::SERVICE_FLOWS)?.try_into()?,
             service_config: open_map(root, map_names::SERVICE_CONFIG)?.try_into()?,
             service_stats: open_map(root, map_names::SERVICE_STATS)?.try_into()?,
+            services6: open_map(root, map_names::SERVICES6)?.try_into()?,
+            service6_backends: open_map(root, map_names::SERVICE6_BACKENDS)?.try_into()?,
             xdp_ports: open_map(root, map_names::XDP_PORTS)?.try_into()?,
             uplink_xdp_stats: open_map(root, map_names::UPLINK_XDP_STATS)?.try_into()?,
         })

@@ -144,7 +144,7 @@ pub fn plan_with_previous(
     node: &str,
     ifindex_of: impl Fn(&str) -> Option<u32>,
     previous: &BTreeMap<AttachmentKey, u32>,
-    previous_services: &BTreeMap<vmpath_common::ServiceKey, u32>,
+    previous_services: &BTreeMap<crate::service::PortKey, u32>,
 ) -> Plan {
     let mut plan = Plan::default();
     for net in &cfg.config.networks {

@@ -169,6 +169,22 @@ pub mod maps {
     pub const SERVICE_CONFIG: MapDef = def::<u32, u32>(map_names::SERVICE_CONFIG, Array, 1);
     pub const SERVICE_STATS: MapDef =
         def::<u32, ServiceStats>(map_names::SERVICE_STATS, PerCpuArray, MAX_PORTS);
+    pub const SERVICES6: MapDef =
+        def::<ServiceKey6, Service>(map_names::SERVICES6, Hash, MAX_SERVICES);
+    pub const SERVICE6_BACKENDS: MapDef = def::<ServiceBackendKey, ServiceBackend6>(
+        map_names::SERVICE6_BACKENDS,
+        Hash,
+        MAX_SERVICE_BACKENDS,
+    );
+    pub const SERVICE6_FLOWS: MapDef =
+        def::<ServiceFlowKey6, ServiceFlow6>(map_names::SERVICE6_FLOWS, LruHash, MAX_SERVICE_FLOWS);
+    pub const SERVICE6_AFFINITY: MapDef = def::<ServiceAffinityKey6, ServiceAffinity6>(
+        map_names::SERVICE6_AFFINITY,
+        LruHash,
+        MAX_SERVICE_AFFINITY,
+    );
+    pub const SERVICE6_SCRATCH: MapDef =
+        def::<u32, ServiceScratch6>(map_names::SERVICE6_SCRATCH, PerCpuArray, 1);
     pub const XDP_PORTS: MapDef = def::<u32, u32>(map_names::XDP_PORTS, Hash, MAX_PORTS);
     pub const UPLINK_XDP_STATS: MapDef =
         def::<u32, u64>(map_names::UPLINK_XDP_STATS, PerCpuArray, xdp_stat::COUNT);
@@ -190,7 +206,7 @@ pub mod maps {
 
     /// Every map the agent pins (the whole object but aya-log's ring
     /// buffer, `map_names::DEBUG_LOG`).
-    pub const ALL: [MapDef; 61] = [
+    pub const ALL: [MapDef; 66] = [
         DEBUG,
         MONITOR,
         MONITOR_CFG,
@@ -252,6 +268,11 @@ pub mod maps {
         RESOLVE_PREFIXES,
         RESOLVED,
         RESOLVE_METER,
+        SERVICES6,
+        SERVICE6_BACKENDS,
+        SERVICE6_FLOWS,
+        SERVICE6_AFFINITY,
+        SERVICE6_SCRATCH,
     ];
 }
 
@@ -310,7 +331,12 @@ pub mod tail_call {
     /// (its own program: the `bpf_loop` over the members needs stack the
     /// callers have no room for).
     pub const VM_FLOOD: u32 = 11;
-    pub const SLOTS: u32 = 12;
+    /// `vm_service6`: IPv6 ClusterIP translation of a frame a VM port
+    /// sends to the gateway, from `vm_port`; re-enters `vm_port` for
+    /// other frames (its own program: `vm_service` is IPv4's, and the two
+    /// together would not fit one verifier budget).
+    pub const VM_SERVICE6: u32 = 12;
+    pub const SLOTS: u32 = 13;
 
     use crate::prog_names;
     /// Every slot with the program the agent puts in it: the one table
@@ -328,6 +354,7 @@ pub mod tail_call {
         (VXLAN_RESOLVE, prog_names::VXLAN_RESOLVE),
         (VM_NEIGH, prog_names::VM_NEIGH),
         (VM_FLOOD, prog_names::VM_FLOOD),
+        (VM_SERVICE6, prog_names::VM_SERVICE6),
     ];
 }
 

@@ -105,6 +105,16 @@ pub mod map_names {
     pub const SERVICE_CONFIG: &str = "vmp_svc_cfg";
     /// Services: new flows and rejects per port id.
     pub const SERVICE_STATS: &str = "vmp_svc_stats";
+    /// Services, IPv6: (network, ClusterIP, port, protocol) -> Service port.
+    pub const SERVICES6: &str = "vmp_svc6";
+    /// Services, IPv6: (Service port id, slot) -> ready backend.
+    pub const SERVICE6_BACKENDS: &str = "vmp_svc6_backend";
+    /// Services, IPv6: translated flows, both directions (LRU).
+    pub const SERVICE6_FLOWS: &str = "vmp_svc6_flows";
+    /// Services, IPv6: `sessionAffinity: ClientIP` clients (LRU).
+    pub const SERVICE6_AFFINITY: &str = "vmp_svc6_sticky";
+    /// Services, IPv6: per-CPU scratch space for a flow's key and value.
+    pub const SERVICE6_SCRATCH: &str = "vmp_svc6_scratch";
     /// Uplink XDP: ifindex of a VM port XDP_REDIRECT delivers to (its
     /// device takes `ndo_xdp_xmit`) -> the port's id.
     pub const XDP_PORTS: &str = "vmp_xdp_ports";
@@ -193,6 +203,8 @@ pub mod prog_names {
     pub const VM_SERVICE: &str = "vm_service";
     /// Services: reverse translation of a reply, then the delivery.
     pub const VM_SERVICE_IN: &str = "vm_service_in";
+    /// Tail-called from `vm_port`: IPv6 ClusterIP translation, then back.
+    pub const VM_SERVICE6: &str = "vm_service6";
     /// Tail-called from `vm_port`: ARP and neighbour solicitation for a
     /// known endpoint answered at the asking port, others switched.
     pub const VM_NEIGH: &str = "vm_neigh";
@@ -1841,6 +1853,157 @@ pub struct ServiceStats {
 }
 const _: () = assert!(size_of::<ServiceStats>() == 16);
 
+/// `vmp_svc6` key: one IPv6 Service port on one network.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ServiceKey6 {
+    pub network: u32,
+    pub addr: [u8; 16],
+    /// The Service port (host order).
+    pub port: u16,
+    pub proto: u8,
+    pub _pad: u8,
+}
+const _: () = assert!(size_of::<ServiceKey6>() == 24);
+
+impl ServiceKey6 {
+    /// Built from 32-bit words (see `ServiceKey::new`).
+    #[inline(always)]
+    pub const fn new(network: u32, addr: [u8; 16], port: u16, proto: u8) -> Self {
+        let p = port.to_ne_bytes();
+        let a = words16(&addr);
+        let words: [u32; 6] = [
+            network,
+            a[0],
+            a[1],
+            a[2],
+            a[3],
+            u32::from_ne_bytes([p[0], p[1], proto, 0]),
+        ];
+        // SAFETY: `ServiceKey6` is `#[repr(C)]`, 24 bytes of plain integers
+        // and byte arrays (asserted), so every bit pattern is a valid value.
+        unsafe { core::mem::transmute::<[u32; 6], ServiceKey6>(words) }
+    }
+}
+
+/// An IPv6 address as four 32-bit words in memory order.
+#[inline(always)]
+const fn words16(a: &[u8; 16]) -> [u32; 4] {
+    [
+        u32::from_ne_bytes([a[0], a[1], a[2], a[3]]),
+        u32::from_ne_bytes([a[4], a[5], a[6], a[7]]),
+        u32::from_ne_bytes([a[8], a[9], a[10], a[11]]),
+        u32::from_ne_bytes([a[12], a[13], a[14], a[15]]),
+    ]
+}
+
+/// `vmp_svc6_backend` value: one ready IPv6 endpoint of a Service port.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ServiceBackend6 {
+    pub addr: [u8; 16],
+    /// The endpoint's port (host order).
+    pub port: u16,
+    pub mac: [u8; 6],
+}
+const _: () = assert!(size_of::<ServiceBackend6>() == 24);
+
+/// `vmp_svc6_flows` key: a packet's tuple as it is looked up (IPv6).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ServiceFlowKey6 {
+    pub network: u32,
+    pub src: [u8; 16],
+    pub dst: [u8; 16],
+    pub sport: u16,
+    pub dport: u16,
+    pub proto: u8,
+    pub _pad: [u8; 3],
+}
+const _: () = assert!(size_of::<ServiceFlowKey6>() == 44);
+
+impl ServiceFlowKey6 {
+    /// Built from 32-bit words (see `ServiceKey::new`).
+    #[inline(always)]
+    pub const fn new(
+        network: u32,
+        src: &[u8; 16],
+        dst: &[u8; 16],
+        sport: u16,
+        dport: u16,
+        proto: u8,
+    ) -> Self {
+        let (s, d) = (sport.to_ne_bytes(), dport.to_ne_bytes());
+        let (a, b) = (words16(src), words16(dst));
+        let words: [u32; 11] = [
+            network,
+            a[0],
+            a[1],
+            a[2],
+            a[3],
+            b[0],
+            b[1],
+            b[2],
+            b[3],
+            u32::from_ne_bytes([s[0], s[1], d[0], d[1]]),
+            u32::from_ne_bytes([proto, 0, 0, 0]),
+        ];
+        // SAFETY: `ServiceFlowKey6` is `#[repr(C)]`, 44 bytes of plain
+        // integers and byte arrays (asserted), so every bit pattern is a
+        // valid value.
+        unsafe { core::mem::transmute::<[u32; 11], ServiceFlowKey6>(words) }
+    }
+}
+
+/// `vmp_svc6_flows` value (`ServiceFlow`'s IPv6 twin).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ServiceFlow6 {
+    /// bpf_ktime_get_ns of the last packet.
+    pub last_seen: u64,
+    pub src: [u8; 16],
+    pub dst: [u8; 16],
+    pub sport: u16,
+    pub dport: u16,
+    pub mac: [u8; 6],
+    /// `svc_flow`.
+    pub flags: u8,
+    pub _pad: [u8; 5],
+}
+const _: () = assert!(size_of::<ServiceFlow6>() == 56);
+
+/// `vmp_svc6_sticky` key: an IPv6 client of one Service port.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ServiceAffinityKey6 {
+    pub service: u32,
+    pub client: [u8; 16],
+}
+const _: () = assert!(size_of::<ServiceAffinityKey6>() == 20);
+
+/// `vmp_svc6_sticky` value: the backend slot the client was sent to.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ServiceAffinity6 {
+    pub last_seen: u64,
+    pub slot: u32,
+    /// The backend's address then (see `ServiceAffinity::addr`).
+    pub addr: [u8; 16],
+    pub _pad: u32,
+}
+const _: () = assert!(size_of::<ServiceAffinity6>() == 32);
+
+/// `vmp_svc6_scratch`: a flow's key and value, built here rather than on
+/// the stack (16-byte addresses leave `vm_service6` too little of it).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ServiceScratch6 {
+    pub key: ServiceFlowKey6,
+    pub _pad: u32,
+    pub flow: ServiceFlow6,
+}
+const _: () = assert!(size_of::<ServiceScratch6>() == 104);
+
 #[cfg(feature = "user")]
 mod pod_service {
     use super::*;
@@ -1856,4 +2019,11 @@ mod pod_service {
     unsafe impl aya::Pod for ServiceAffinityKey {}
     unsafe impl aya::Pod for ServiceAffinity {}
     unsafe impl aya::Pod for ServiceStats {}
+    unsafe impl aya::Pod for ServiceKey6 {}
+    unsafe impl aya::Pod for ServiceBackend6 {}
+    unsafe impl aya::Pod for ServiceFlowKey6 {}
+    unsafe impl aya::Pod for ServiceFlow6 {}
+    unsafe impl aya::Pod for ServiceAffinityKey6 {}
+    unsafe impl aya::Pod for ServiceAffinity6 {}
+    unsafe impl aya::Pod for ServiceScratch6 {}
 }

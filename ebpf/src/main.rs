@@ -33,6 +33,7 @@ mod policy;
 mod resolve;
 mod route;
 mod service;
+mod service6;
 mod slowpath;
 mod snat;
 mod snat6;
@@ -46,7 +47,7 @@ use aya_ebpf::{bindings::TC_ACT_SHOT, macros::classifier, programs::TcContext};
 use network_types::{eth::EthHdr, ip::Ipv4Hdr, ip::Ipv6Hdr, udp::UdpHdr};
 use vmpath_common::{
     LEARNED_FROM_DHCP, LEARNED_FROM_IPV4, LEARNED_FROM_IPV6, NET_F_GW4, NO_PORT_ID, NetworkInfo,
-    PORT_F_DHCP, PORT_F_DHCP_GUARD, PORT_F_PENDING, PortInfo, drop_reason, slow_class,
+    PORT_F_DHCP, PORT_F_DHCP_GUARD, PORT_F_PENDING, PortInfo, drop_reason, slow_class, tail_call,
 };
 
 use crate::{
@@ -209,7 +210,7 @@ fn ipv4(ctx: &TcContext, ifindex: u32, port: &PortInfo, dst: [u8; 6], src: [u8; 
         }
         // A ClusterIP is reached through the gateway: translated before
         // egress policy, which then sees the backend.
-        if let Some(verdict) = service::egress(ctx, port.port_id, proto) {
+        if let Some(verdict) = service::egress(ctx, port.port_id, proto, tail_call::VM_SERVICE) {
             return verdict;
         }
     }
@@ -299,6 +300,13 @@ fn ipv6(ctx: &TcContext, ifindex: u32, port: &PortInfo, dst: [u8; 6], src: [u8; 
     }
 
     let to_gateway = mac_eq(&dst, &port.gw_mac);
+    // An IPv6 ClusterIP is reached through the gateway too (TCP or UDP
+    // right after the fixed header: `vm_service6` looks no further).
+    if to_gateway
+        && let Some(verdict) = service::egress(ctx, port.port_id, next_hdr, tail_call::VM_SERVICE6)
+    {
+        return verdict;
+    }
     let local = (!to_gateway && !is_multicast(&dst)).then_some(port.network);
     let parsed = match policy::egress(ctx, port.port_id, local) {
         policy::Egress::Pass(parsed) => parsed,

@@ -48,6 +48,8 @@ const ICMP_PORT_UNREACH: u8 = 3;
 const ICMPV6_PKT_TOOBIG: u8 = 2;
 const ICMP_TIME_EXCEEDED: u8 = 11;
 const ICMPV6_TIME_EXCEEDED: u8 = 3;
+const ICMPV6_DEST_UNREACH: u8 = 1;
+const ICMPV6_PORT_UNREACH: u8 = 4;
 const ICMP_ECHO_REQUEST: u8 = 8;
 /// ICMPv6 types below this are errors.
 const ICMPV6_INFO_MIN: u8 = 128;
@@ -264,6 +266,27 @@ pub fn packet_too_big6(
         code: 0,
         rest: [0, 0, m[0], m[1]],
         reason: drop_reason::MTU_EXCEEDED,
+    };
+    error6(ctx, ifindex, port_id, from, eth_src, error)
+}
+
+/// The IPv6 datagram at hand found nothing to serve it (a Service
+/// without a ready backend): it becomes an ICMPv6 destination
+/// unreachable, port unreachable, from `from` to its sender, sent back
+/// out of `ifindex` (port id `port_id`).
+#[inline(always)]
+pub fn port_unreachable6(
+    ctx: &TcContext,
+    ifindex: u32,
+    port_id: u32,
+    from: &[u8; 16],
+    eth_src: [u8; 6],
+) -> Verdict {
+    let error = Icmp {
+        kind: ICMPV6_DEST_UNREACH,
+        code: ICMPV6_PORT_UNREACH,
+        rest: [0; 4],
+        reason: drop_reason::SERVICE_NO_BACKEND,
     };
     error6(ctx, ifindex, port_id, from, eth_src, error)
 }

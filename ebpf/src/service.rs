@@ -83,14 +83,14 @@ pub static SERVICE_STATS: PerCpuArray<ServiceStats, { maps::SERVICE_STATS.max_en
 
 const IP_SRC_OFF: usize = ETH_LEN + offset_of!(Ipv4Hdr, src_addr);
 const IP_DST_OFF: usize = ETH_LEN + offset_of!(Ipv4Hdr, dst_addr);
-const TCP_FIN: u8 = 0x01;
-const TCP_SYN: u8 = 0x02;
-const TCP_RST: u8 = 0x04;
-const TCP_ACK: u8 = 0x10;
+pub(crate) const TCP_FIN: u8 = 0x01;
+pub(crate) const TCP_SYN: u8 = 0x02;
+pub(crate) const TCP_RST: u8 = 0x04;
+pub(crate) const TCP_ACK: u8 = 0x10;
 const IP_DF: u16 = 0x4000;
-const RESET_TTL: u8 = 64;
+pub(crate) const RESET_TTL: u8 = 64;
 const IP4_HDR: usize = 20;
-const TCP_HDR: usize = 20;
+pub(crate) const TCP_HDR: usize = 20;
 
 /// Whether any Service port is programmed.
 #[inline(always)]
@@ -98,11 +98,12 @@ fn active() -> bool {
     SERVICE_CONFIG.get(0).is_some_and(|n| *n != 0)
 }
 
-/// From `vm_port`, for an IPv4 frame to the gateway MAC: `Some` when
-/// `vm_service` must look at it first (it hands frames that are no
-/// Service's business back to `vm_port`).
+/// From `vm_port`, for a frame to the gateway MAC: `Some` when the
+/// Service program in tail-call slot `slot` (`vm_service` for IPv4,
+/// `vm_service6` for IPv6) must look at it first (it hands frames that
+/// are no Service's business back to `vm_port`).
 #[inline(always)]
-pub fn egress(ctx: &TcContext, port_id: u32, proto: u8) -> Option<Verdict> {
+pub fn egress(ctx: &TcContext, port_id: u32, proto: u8, slot: u32) -> Option<Verdict> {
     if proto != IPPROTO_TCP && proto != IPPROTO_UDP {
         return None;
     }
@@ -116,7 +117,7 @@ pub fn egress(ctx: &TcContext, port_id: u32, proto: u8) -> Option<Verdict> {
     }
     // SAFETY: `ctx` is this program's own context; on success the tail
     // call does not return, otherwise the error below.
-    unsafe { PROGS.tail_call(ctx, tail_call::VM_SERVICE) };
+    unsafe { PROGS.tail_call(ctx, slot) };
     Some(Err(drop_reason::HELPER_FAILED))
 }
 
@@ -142,8 +143,20 @@ pub fn vm_service(ctx: TcContext) -> i32 {
         counters::dropped(&ctx, ifindex, NO_PORT_ID, drop_reason::UNKNOWN_PORT);
         return TC_ACT_SHOT;
     };
-    let port_id = port.port_id;
-    let reason = match try_vm_service(&ctx, ifindex, port) {
+    let verdict = try_vm_service(&ctx, ifindex, port);
+    service_verdict(&ctx, ifindex, port.port_id, verdict)
+}
+
+/// What `vm_service` and `vm_service6` do with their verdict: `None`
+/// (no Service's business) goes back to `vm_port`, marked.
+#[inline(always)]
+pub(crate) fn service_verdict(
+    ctx: &TcContext,
+    ifindex: u32,
+    port_id: u32,
+    verdict: Result<Option<i32>, u32>,
+) -> i32 {
+    let reason = match verdict {
         Ok(Some(action)) => return action,
         Ok(None) => {
             // SAFETY: as above; cb is scratch space for the programs that see it.
@@ -154,12 +167,12 @@ pub fn vm_service(ctx: TcContext) -> i32 {
             }
             // SAFETY: `ctx` is this program's own context; on success the
             // tail call does not return.
-            unsafe { PROGS.tail_call(&ctx, tail_call::VM_PORT) };
+            unsafe { PROGS.tail_call(ctx, tail_call::VM_PORT) };
             drop_reason::HELPER_FAILED
         }
         Err(reason) => reason,
     };
-    counters::dropped(&ctx, ifindex, port_id, reason);
+    counters::dropped(ctx, ifindex, port_id, reason);
     TC_ACT_SHOT
 }
 
@@ -224,7 +237,9 @@ fn try_vm_service(ctx: &TcContext, ifindex: u32, port: &PortInfo) -> Result<Opti
         // SAFETY: from `get_ptr_mut` (bpf_map_lookup_elem) just above,
         // valid for this run; a racing writer only writes a time.
         let f = unsafe { *flow };
-        if f.flags & (svc_flow::FORWARD | svc_flow::HAIRPIN) != 0 && still_open(&f, &t, now) {
+        if f.flags & (svc_flow::FORWARD | svc_flow::HAIRPIN) != 0
+            && still_open(f.last_seen, t.proto, t.tcp_flags, now)
+        {
             // SAFETY: as above.
             unsafe { (*flow).last_seen = now };
             return translate(ctx, ifindex, port, &t, &f);
@@ -297,11 +312,11 @@ fn try_vm_service(ctx: &TcContext, ifindex: u32, port: &PortInfo) -> Result<Opti
 /// a new connection (a reused tuple picks again), a UDP flow idle too
 /// long picks again.
 #[inline(always)]
-fn still_open(f: &ServiceFlow, t: &Tuple, now: u64) -> bool {
-    if t.proto == IPPROTO_TCP {
-        return !(t.tcp_flags & TCP_SYN != 0 && t.tcp_flags & TCP_ACK == 0);
+pub(crate) fn still_open(last_seen: u64, proto: u8, tcp_flags: u8, now: u64) -> bool {
+    if proto == IPPROTO_TCP {
+        return !(tcp_flags & TCP_SYN != 0 && tcp_flags & TCP_ACK == 0);
     }
-    now.saturating_sub(f.last_seen) < SERVICE_FLOW_UDP_TIMEOUT_NS
+    now.saturating_sub(last_seen) < SERVICE_FLOW_UDP_TIMEOUT_NS
 }
 
 /// A backend for a new flow of Service port `id`: the client's sticky
@@ -414,7 +429,9 @@ pub fn vm_service_in(ctx: TcContext) -> i32 {
     // SAFETY: the skb pointer is the program's own context, valid for this run.
     let ifindex = unsafe { (*ctx.skb.skb).ifindex };
     let verdict = if magic == SERVICE_CB_DELIVER {
-        reverse(&ctx, target).and_then(|()| fwd::deliver_now(&ctx, target, port_id))
+        reverse(&ctx, target)
+            .and_then(|()| crate::service6::reverse(&ctx, target))
+            .and_then(|()| fwd::deliver_now(&ctx, target, port_id))
     } else {
         Err(drop_reason::HELPER_FAILED)
     };
@@ -505,7 +522,7 @@ fn rewrite_addr(
 }
 
 #[inline(always)]
-fn rewrite_port(
+pub(crate) fn rewrite_port(
     ctx: &TcContext,
     csum_off: usize,
     udp: bool,
@@ -525,7 +542,7 @@ fn rewrite_port(
 }
 
 #[inline(always)]
-fn count_stats(port_id: u32, sent: bool) {
+pub(crate) fn count_stats(port_id: u32, sent: bool) {
     if let Some(s) = SERVICE_STATS.get_ptr_mut(port_id) {
         // SAFETY: this CPU's slot of a per-CPU array, no other writer.
         unsafe {

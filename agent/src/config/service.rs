@@ -35,6 +35,12 @@ pub struct ServiceSpec {
     pub session_affinity: Option<String>,
     #[serde(default)]
     pub session_affinity_config: Option<AffinityConfigSpec>,
+    /// `SingleStack` (default), `PreferDualStack` or `RequireDualStack`.
+    #[serde(default)]
+    pub ip_family_policy: Option<String>,
+    /// `IPv4` and/or `IPv6`, in the order of `clusterIPs`.
+    #[serde(default)]
+    pub ip_families: Option<Vec<String>>,
 }
 
 #[derive(Debug, Clone, Deserialize, Default)]
@@ -137,6 +143,7 @@ pub fn check_service(
     if cluster_ips.is_empty() {
         return Ok(None);
     }
+    check_families(&spec, field, &cluster_ips)?;
     let mut ports: Vec<ServicePort> = Vec::new();
     let mut names = std::collections::HashSet::new();
     let mut numbers = std::collections::HashSet::new();
@@ -212,6 +219,78 @@ pub fn check_service(
         ports,
         affinity_timeout,
     }))
+}
+
+/// Checks `ipFamilyPolicy` and `ipFamilies` against the ClusterIPs, as
+/// the API server does: at most one ClusterIP per family, each family in
+/// `ipFamilies` in the order of the ClusterIPs, a single one for
+/// `SingleStack` and one of each for `RequireDualStack`.
+fn check_families(
+    spec: &ServiceSpec,
+    field: &str,
+    cluster_ips: &[IpAddr],
+) -> Result<(), (String, String)> {
+    let family = |ip: &IpAddr| if ip.is_ipv4() { "IPv4" } else { "IPv6" };
+    if cluster_ips.len() > 2 {
+        return Err((
+            format!("{field}[2]"),
+            "a Service has at most two ClusterIPs (one per family)".into(),
+        ));
+    }
+    if cluster_ips.len() == 2 && cluster_ips[0].is_ipv4() == cluster_ips[1].is_ipv4() {
+        return Err((
+            format!("{field}[1]"),
+            format!(
+                "{} is of the same family as {} (a dual-stack Service has one ClusterIP per family)",
+                cluster_ips[1], cluster_ips[0]
+            ),
+        ));
+    }
+    let families = spec.ip_families.as_deref().unwrap_or_default();
+    for (i, f) in families.iter().enumerate() {
+        if f != "IPv4" && f != "IPv6" {
+            return Err((
+                format!("ipFamilies[{i}]"),
+                format!("{f:?} is not IPv4 or IPv6"),
+            ));
+        }
+        if families[..i].contains(f) {
+            return Err((format!("ipFamilies[{i}]"), format!("{f} is listed twice")));
+        }
+        if let Some(ip) = cluster_ips.get(i)
+            && family(ip) != f
+        {
+            return Err((
+                format!("ipFamilies[{i}]"),
+                format!("{f} is not the family of {field}[{i}] {ip}"),
+            ));
+        }
+    }
+    let wanted = families.len().max(cluster_ips.len());
+    match spec.ip_family_policy.as_deref() {
+        None | Some("SingleStack") if wanted > 1 => Err((
+            "ipFamilyPolicy".into(),
+            format!(
+                "{} takes one family; this Service has two (set PreferDualStack or RequireDualStack)",
+                spec.ip_family_policy
+                    .as_deref()
+                    .unwrap_or("SingleStack (the default)")
+            ),
+        )),
+        None | Some("SingleStack") | Some("PreferDualStack") => Ok(()),
+        Some("RequireDualStack") if cluster_ips.len() < 2 => Err((
+            "ipFamilyPolicy".into(),
+            format!(
+                "RequireDualStack needs a ClusterIP of each family; {field} has only {}",
+                cluster_ips[0]
+            ),
+        )),
+        Some("RequireDualStack") => Ok(()),
+        Some(other) => Err((
+            "ipFamilyPolicy".into(),
+            format!("{other:?} is not SingleStack, PreferDualStack or RequireDualStack"),
+        )),
+    }
 }
 
 /// An EndpointSlice's fields (they sit at the top level, beside

@@ -7,33 +7,23 @@ use std::collections::BTreeMap;
 use super::Dataplane;
 use crate::plan::Plan;
 use anyhow::{Context as _, Result};
-use vmpath_common::{ServiceBackend, ServiceBackendKey};
+use aya::maps::{HashMap, MapData};
+use vmpath_common::ServiceBackendKey;
 
 impl Dataplane {
     pub(super) fn apply_services(&mut self, plan: &Plan) -> Result<()> {
         let want = &plan.services;
-        let have: BTreeMap<ServiceBackendKey, ServiceBackend> = self
-            .maps
-            .service_backends
-            .iter()
-            .filter_map(|r| r.ok())
-            .collect();
-        for (k, v) in &want.backends {
-            if have.get(k) != Some(v) {
-                self.maps
-                    .service_backends
-                    .insert(k, v, 0)
-                    .context("writing vmp_svc_backends")?;
-            }
-        }
+        let have4 = written_before(&mut self.maps.service_backends, &want.backends)
+            .context("writing vmp_svc_backends")?;
+        let have6 = written_before(&mut self.maps.service6_backends, &want.backends6)
+            .context("writing vmp_svc6_backend")?;
         super::sync(&mut self.maps.services, &want.services).context("writing vmp_svc")?;
-        for k in have.keys().filter(|k| !want.backends.contains_key(k)) {
-            self.maps
-                .service_backends
-                .remove(k)
-                .context("pruning vmp_svc_backends")?;
-        }
-        let count = want.services.len() as u32;
+        super::sync(&mut self.maps.services6, &want.services6).context("writing vmp_svc6")?;
+        pruned_after(&mut self.maps.service_backends, have4, &want.backends)
+            .context("pruning vmp_svc_backends")?;
+        pruned_after(&mut self.maps.service6_backends, have6, &want.backends6)
+            .context("pruning vmp_svc6_backend")?;
+        let count = (want.services.len() + want.services6.len()) as u32;
         if self.maps.service_config.get(&0, 0).ok() != Some(count) {
             self.maps
                 .service_config
@@ -42,6 +32,34 @@ impl Dataplane {
         }
         Ok(())
     }
+}
+
+/// Writes the backends `want` holds that the map does not, before the
+/// Service ports that count them; returns what the map held.
+fn written_before<V: aya::Pod + PartialEq>(
+    map: &mut HashMap<MapData, ServiceBackendKey, V>,
+    want: &BTreeMap<ServiceBackendKey, V>,
+) -> Result<BTreeMap<ServiceBackendKey, V>> {
+    let have: BTreeMap<ServiceBackendKey, V> = map.iter().filter_map(|r| r.ok()).collect();
+    for (k, v) in want {
+        if have.get(k) != Some(v) {
+            map.insert(k, v, 0)?;
+        }
+    }
+    Ok(have)
+}
+
+/// Removes the backends no Service port counts any more (after the
+/// ports were written).
+fn pruned_after<V: aya::Pod>(
+    map: &mut HashMap<MapData, ServiceBackendKey, V>,
+    have: BTreeMap<ServiceBackendKey, V>,
+    want: &BTreeMap<ServiceBackendKey, V>,
+) -> Result<()> {
+    for k in have.keys().filter(|k| !want.contains_key(k)) {
+        map.remove(k)?;
+    }
+    Ok(())
 }
 
 /// Per-CPU Service counters of one port id, summed.

@@ -5,7 +5,7 @@
 
 use std::collections::BTreeMap;
 
-use vmpath_common::ServiceKey;
+use crate::service::PortKey;
 
 use crate::{config::AttachmentKey, dataplane::Dataplane, plan::Plan, resolved::Resolved};
 
@@ -14,7 +14,7 @@ use crate::{config::AttachmentKey, dataplane::Dataplane, plan::Plan, resolved::R
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct Previous {
     pub port_ids: BTreeMap<AttachmentKey, u32>,
-    pub services: BTreeMap<ServiceKey, u32>,
+    pub services: BTreeMap<PortKey, u32>,
 }
 
 impl Previous {
@@ -30,7 +30,13 @@ impl Previous {
                 .services
                 .services
                 .iter()
-                .map(|(k, s)| (*k, s.id))
+                .map(|(k, s)| (PortKey::V4(*k), s.id))
+                .chain(
+                    plan.services
+                        .services6
+                        .iter()
+                        .map(|(k, s)| (PortKey::V6(*k), s.id)),
+                )
                 .collect(),
         }
     }
@@ -43,7 +49,7 @@ impl Previous {
         node: &str,
         ifindex_of: impl Fn(&str) -> Option<u32>,
         pinned_ports: &BTreeMap<u32, u32>,
-        services: BTreeMap<ServiceKey, u32>,
+        services: BTreeMap<PortKey, u32>,
     ) -> Self {
         let port_ids = cfg
             .attachments
@@ -70,12 +76,18 @@ impl Previous {
             .filter_map(|r| r.ok())
             .map(|(i, info)| (i, info.port_id))
             .collect();
-        let services = dp
-            .maps()
+        let maps = dp.maps();
+        let services = maps
             .services
             .iter()
             .filter_map(|r| r.ok())
-            .map(|(k, s)| (k, s.id))
+            .map(|(k, s)| (PortKey::V4(k), s.id))
+            .chain(
+                maps.services6
+                    .iter()
+                    .filter_map(|r| r.ok())
+                    .map(|(k, s)| (PortKey::V6(k), s.id)),
+            )
             .collect();
         Self::of_pinned(cfg, node, crate::netif::ifindex_of, &pinned, services)
     }

@@ -16,7 +16,7 @@ use std::{
 
 use vmpath_common::{
     AddrInfo, AddrKey, MAX_SERVICE_BACKENDS, MAX_SERVICES, SVC_F_AFFINITY, Service, ServiceBackend,
-    ServiceBackendKey, ServiceKey,
+    ServiceBackend6, ServiceBackendKey, ServiceKey, ServiceKey6,
 };
 
 use crate::config::{
@@ -25,11 +25,31 @@ use crate::config::{
     service::{EndpointSlice, ServicePort},
 };
 
+/// One Service port on one network, of either family: its key in
+/// `vmp_svc` (IPv4) or `vmp_svc6` (IPv6). Ids are one space over both.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum PortKey {
+    V4(ServiceKey),
+    V6(ServiceKey6),
+}
+
+impl PortKey {
+    fn new(net: u32, vip: IpAddr, port: u16, proto: u8) -> Self {
+        match vip {
+            IpAddr::V4(a) => PortKey::V4(ServiceKey::new(net, a.octets(), port, proto)),
+            IpAddr::V6(a) => PortKey::V6(ServiceKey6::new(net, a.octets(), port, proto)),
+        }
+    }
+}
+
 /// What the Service maps must hold on this node.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct Compiled {
     pub services: BTreeMap<ServiceKey, Service>,
     pub backends: BTreeMap<ServiceBackendKey, ServiceBackend>,
+    /// IPv6 ClusterIPs (`vmp_svc6`) and their backends (`vmp_svc6_backend`).
+    pub services6: BTreeMap<ServiceKey6, Service>,
+    pub backends6: BTreeMap<ServiceBackendKey, ServiceBackend6>,
     /// Service port id -> (`namespace/name:port/PROTO`, network id).
     pub names: BTreeMap<u32, (String, u32)>,
     /// Limits hit, and what is not translated: one line per Service.
@@ -44,8 +64,9 @@ struct Wanted<'a> {
     svc: &'a crate::config::service::Service,
     sp: &'a ServicePort,
     net: u32,
-    key: ServiceKey,
-    backends: Vec<ServiceBackend>,
+    key: PortKey,
+    /// Of the ClusterIP's family.
+    backends: Vec<(IpAddr, u16, [u8; 6])>,
 }
 
 /// Max-min fair shares of `capacity` among `demands`: a namespace asking
@@ -77,7 +98,7 @@ pub fn compile(
     cfg: &Config,
     addresses: &BTreeMap<AddrKey, AddrInfo>,
     local_networks: &BTreeSet<u32>,
-    previous: &BTreeMap<ServiceKey, u32>,
+    previous: &BTreeMap<PortKey, u32>,
 ) -> Compiled {
     let mut out = Compiled::default();
     if cfg.services.is_empty() {
@@ -112,14 +133,9 @@ pub fn compile(
             networks = local_networks.clone();
         }
         networks.retain(|n| local_networks.contains(n));
+        // A dual-stack Service has a ClusterIP per family, each
+        // translated to that family's backends.
         for vip in &svc.cluster_ips {
-            let IpAddr::V4(vip4) = vip else {
-                out.problems.push(format!(
-                    "Service {}/{}: IPv6 ClusterIP {vip} is not translated (IPv4 only)",
-                    svc.namespace, svc.name
-                ));
-                continue;
-            };
             for sp in &svc.ports {
                 if sp.protocol == Protocol::Sctp {
                     continue;
@@ -129,8 +145,8 @@ pub fn compile(
                         svc,
                         sp,
                         net: *net,
-                        key: ServiceKey::new(*net, vip4.octets(), sp.port, sp.protocol.number()),
-                        backends: backends_of(&slices, sp, *net, &on_network),
+                        key: PortKey::new(*net, *vip, sp.port, sp.protocol.number()),
+                        backends: backends_of(&slices, sp, *net, vip.is_ipv4(), &on_network),
                     });
                 }
             }
@@ -147,7 +163,7 @@ pub fn compile(
     }
     let port_share = fair_shares(&demand, MAX_SERVICES as usize);
     let mut used: BTreeMap<&str, usize> = BTreeMap::new();
-    let mut taken: BTreeSet<ServiceKey> = BTreeSet::new();
+    let mut taken: BTreeSet<PortKey> = BTreeSet::new();
     let mut kept: Vec<&Wanted> = Vec::new();
     // Per Service: the ports left out, and why.
     let mut cut: BTreeMap<(&str, &str), Cut> = BTreeMap::new();
@@ -228,29 +244,38 @@ pub fn compile(
                 w.net,
             ),
         );
-        for (slot, b) in w.backends.iter().enumerate() {
-            out.backends.insert(
-                ServiceBackendKey {
-                    service: id,
-                    slot: slot as u32,
-                },
-                *b,
-            );
+        for (slot, &(addr, port, mac)) in w.backends.iter().enumerate() {
+            let key = ServiceBackendKey {
+                service: id,
+                slot: slot as u32,
+            };
+            match addr {
+                IpAddr::V4(a) => {
+                    let addr = a.octets();
+                    out.backends.insert(key, ServiceBackend { addr, port, mac });
+                }
+                IpAddr::V6(a) => {
+                    let addr = a.octets();
+                    out.backends6
+                        .insert(key, ServiceBackend6 { addr, port, mac });
+                }
+            }
         }
-        out.services.insert(
-            w.key,
-            Service {
-                id,
-                count: w.backends.len() as u32,
-                affinity_timeout: w.svc.affinity_timeout.unwrap_or(0),
-                flags: if w.svc.affinity_timeout.is_some() {
-                    SVC_F_AFFINITY
-                } else {
-                    0
-                },
-                _pad: [0; 3],
+        let service = Service {
+            id,
+            count: w.backends.len() as u32,
+            affinity_timeout: w.svc.affinity_timeout.unwrap_or(0),
+            flags: if w.svc.affinity_timeout.is_some() {
+                SVC_F_AFFINITY
+            } else {
+                0
             },
-        );
+            _pad: [0; 3],
+        };
+        match w.key {
+            PortKey::V4(k) => out.services.insert(k, service),
+            PortKey::V6(k) => out.services6.insert(k, service),
+        };
     }
     // One line per Service, however many ports and networks it lost.
     for ((ns, name), (ports, what)) in cut {
@@ -280,16 +305,17 @@ pub fn compile(
     out
 }
 
-/// The backends of Service port `sp` on network `net`: its ready
-/// endpoints there, or, when none is ready, those still serving while
+/// The backends of Service port `sp` on network `net` of one family
+/// (`v4`: IPv4, else IPv6): its ready endpoints there, or, when none is ready, those still serving while
 /// they terminate (as kube-proxy falls back); sorted, so slots stay put
 /// while the set does.
 fn backends_of(
     slices: &[&EndpointSlice],
     sp: &ServicePort,
     net: u32,
+    v4: bool,
     on_network: &BTreeMap<IpAddr, Vec<(u32, [u8; 6])>>,
-) -> Vec<ServiceBackend> {
+) -> Vec<(IpAddr, u16, [u8; 6])> {
     let mut ready = BTreeSet::new();
     let mut terminating = BTreeSet::new();
     for s in slices {
@@ -305,14 +331,16 @@ fn backends_of(
         };
         let Some(port) = port else { continue };
         for e in &s.endpoints {
-            let IpAddr::V4(a) = e.address else { continue };
+            if e.address.is_ipv4() != v4 {
+                continue;
+            }
             let Some((_, mac)) = on_network
                 .get(&e.address)
                 .and_then(|v| v.iter().find(|(n, _)| *n == net))
             else {
                 continue;
             };
-            let b = (a.octets(), port, *mac);
+            let b = (e.address, port, *mac);
             if e.ready {
                 ready.insert(b);
             } else if e.serving && e.terminating {
@@ -321,10 +349,7 @@ fn backends_of(
         }
     }
     let chosen = if ready.is_empty() { terminating } else { ready };
-    chosen
-        .into_iter()
-        .map(|(addr, port, mac)| ServiceBackend { addr, port, mac })
-        .collect()
+    chosen.into_iter().collect()
 }
 
 fn proto_name(p: Protocol) -> &'static str {

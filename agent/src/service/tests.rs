@@ -1,6 +1,6 @@
 //! Service + EndpointSlice documents compiled into map entries.
 
-use std::net::Ipv4Addr;
+use std::net::{Ipv4Addr, Ipv6Addr};
 
 use super::*;
 use crate::config::{self, ConfigError};
@@ -11,16 +11,17 @@ const UDP: u8 = 17;
 const BLUE: u32 = 100;
 const RED: u32 = 200;
 
-/// Endpoints b1..b3 (10.1.0.11-13) on blue, r1 (10.2.0.11) on red, then
-/// `docs`.
+/// Endpoints b1..b3 (10.1.0.11-13 and fd00:1::11-13) on blue, r1
+/// (10.2.0.11) on red, then `docs`.
 fn config(docs: &str) -> Config {
     let mut all = String::from(
-        "apiVersion: vmpath.dev/v1alpha1\nkind: Network\nmetadata: {name: blue}\nspec: {id: 100, subnets: [10.1.0.0/16], ipam: {mode: Disabled}}\n---\napiVersion: vmpath.dev/v1alpha1\nkind: Network\nmetadata: {name: red}\nspec: {id: 200, subnets: [10.2.0.0/16], ipam: {mode: Disabled}}\n",
+        "apiVersion: vmpath.dev/v1alpha1\nkind: Network\nmetadata: {name: blue}\nspec: {id: 100, subnets: [10.1.0.0/16, \"fd00:1::/64\"], ipam: {mode: Disabled}}\n---\napiVersion: vmpath.dev/v1alpha1\nkind: Network\nmetadata: {name: red}\nspec: {id: 200, subnets: [10.2.0.0/16], ipam: {mode: Disabled}}\n",
     );
     for (i, name) in ["b1", "b2", "b3"].iter().enumerate() {
         all.push_str(&format!(
-            "---\napiVersion: vmpath.dev/v1alpha1\nkind: Attachment\nmetadata: {{name: {name}, namespace: default}}\nspec: {{vm: {name}, interface: eth0, network: blue, node: n1, port: p{name}, mac: \"52:54:00:00:00:{:02x}\", ips: [10.1.0.{}/16]}}\n",
+            "---\napiVersion: vmpath.dev/v1alpha1\nkind: Attachment\nmetadata: {{name: {name}, namespace: default}}\nspec: {{vm: {name}, interface: eth0, network: blue, node: n1, port: p{name}, mac: \"52:54:00:00:00:{:02x}\", ips: [10.1.0.{}/16, \"fd00:1::{}/64\"]}}\n",
             i + 1,
+            i + 11,
             i + 11
         ));
     }
@@ -348,7 +349,7 @@ fn many_ports(ns: &str, name: &str, vip: u8, n: u16) -> crate::config::service::
 
 /// `vmp_addresses` as the plan has it (every endpoint with its MAC), and
 /// the ports programmed before.
-fn compile_with(cfg: &Config, previous: &BTreeMap<ServiceKey, u32>) -> Compiled {
+fn compile_with(cfg: &Config, previous: &BTreeMap<PortKey, u32>) -> Compiled {
     let mut addresses = BTreeMap::new();
     for a in &cfg.attachments {
         let net = cfg.network(&a.network).unwrap().id;
@@ -371,8 +372,12 @@ fn compile_with(cfg: &Config, previous: &BTreeMap<ServiceKey, u32>) -> Compiled 
     )
 }
 
-fn programmed(c: &Compiled) -> BTreeMap<ServiceKey, u32> {
-    c.services.iter().map(|(k, s)| (*k, s.id)).collect()
+fn programmed(c: &Compiled) -> BTreeMap<PortKey, u32> {
+    c.services
+        .iter()
+        .map(|(k, s)| (PortKey::V4(*k), s.id))
+        .chain(c.services6.iter().map(|(k, s)| (PortKey::V6(*k), s.id)))
+        .collect()
 }
 
 #[test]
@@ -432,4 +437,205 @@ fn what_is_programmed_stays_when_a_newcomer_of_the_same_namespace_does_not_fit()
             "Service aaa/a-new: port 1/TCP, 2/TCP, 3/TCP not translated: namespace \"aaa\" has its share of the data path's Service ports (16384 of 16384)"
         ]
     );
+}
+
+/// `WEB`, dual-stack: 10.96.0.10 and fd00:96::10 (`policy`: its
+/// `ipFamilyPolicy`).
+fn web_dual(policy: &str) -> String {
+    WEB.replace(
+        "  clusterIP: 10.96.0.10\n",
+        &format!(
+            "  clusterIP: 10.96.0.10\n  clusterIPs: [10.96.0.10, \"fd00:96::10\"]\n  ipFamilies: [IPv4, IPv6]\n  ipFamilyPolicy: {policy}\n"
+        ),
+    )
+}
+
+fn slice6(name: &str, endpoints: &str, ports: &str) -> String {
+    slice(name, endpoints, ports).replace("addressType: IPv4", "addressType: IPv6")
+}
+
+const VIP6: [u8; 16] = [0xfd, 0, 0, 0x96, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0x10];
+
+fn svc6(c: &Compiled, net: u32, port: u16, proto: u8) -> Option<Service> {
+    c.services6
+        .get(&ServiceKey6::new(net, VIP6, port, proto))
+        .copied()
+}
+
+/// The IPv6 backends of a Service port as (address, port).
+fn backends6(c: &Compiled, s: &Service) -> Vec<(Ipv6Addr, u16)> {
+    (0..s.count)
+        .map(|slot| {
+            let b = c.backends6[&ServiceBackendKey {
+                service: s.id,
+                slot,
+            }];
+            (Ipv6Addr::from(b.addr), b.port)
+        })
+        .collect()
+}
+
+#[test]
+fn a_dual_stack_service_translates_each_cluster_ip_to_its_own_familys_backends() {
+    for policy in ["PreferDualStack", "RequireDualStack"] {
+        let c = compiled(&format!(
+            "{}{}{}",
+            web_dual(policy),
+            slice(
+                "web-v4",
+                "[{addresses: [10.1.0.11]}, {addresses: [10.1.0.12]}]",
+                PORTS
+            ),
+            slice6(
+                "web-v6",
+                "[{addresses: [\"fd00:1::12\"]}, {addresses: [\"fd00:1::13\"], conditions: {ready: false}}]",
+                PORTS
+            ),
+        ));
+        assert!(c.problems.is_empty(), "{policy}: {:?}", c.problems);
+        let http4 = svc(&c, BLUE, 80, TCP).unwrap();
+        let http6 = svc6(&c, BLUE, 80, TCP).unwrap();
+        assert_eq!(
+            backends(&c, &http4),
+            [
+                ("10.1.0.11".parse().unwrap(), 8080),
+                ("10.1.0.12".parse().unwrap(), 8080)
+            ]
+        );
+        // Only the IPv6 slice's ready endpoint, never an IPv4 one.
+        assert_eq!(
+            backends6(&c, &http6),
+            [("fd00:1::12".parse().unwrap(), 8080)]
+        );
+        let b = c.backends6[&ServiceBackendKey {
+            service: http6.id,
+            slot: 0,
+        }];
+        assert_eq!(b.mac, [0x52, 0x54, 0, 0, 0, 2]);
+        // One id space over both families; each port of each family named.
+        assert_ne!(http4.id, http6.id);
+        assert_eq!(c.names[&http6.id].0, "default/web:80/TCP");
+        assert_eq!(svc6(&c, BLUE, 53, UDP).unwrap().count, 1);
+        // Where the endpoints are, as for IPv4.
+        assert_eq!(svc6(&c, RED, 80, TCP), None);
+        // Ids stay where they were across a recompile, both families.
+        let again = compile_with(
+            &config(&format!(
+                "{}{}{}",
+                web_dual(policy),
+                slice("web-v4", "[{addresses: [10.1.0.11]}]", PORTS),
+                slice6("web-v6", "[{addresses: [\"fd00:1::12\"]}]", PORTS),
+            )),
+            &programmed(&c),
+        );
+        assert_eq!(svc6(&again, BLUE, 80, TCP).unwrap().id, http6.id);
+        assert_eq!(svc(&again, BLUE, 80, TCP).unwrap().id, http4.id);
+    }
+}
+
+#[test]
+fn an_ipv6_single_stack_service_is_translated_and_rejects_without_backends() {
+    let web6 = WEB.replace(
+        "  clusterIP: 10.96.0.10\n",
+        "  clusterIP: \"fd00:96::10\"\n  ipFamilies: [IPv6]\n  ipFamilyPolicy: SingleStack\n  sessionAffinity: ClientIP\n",
+    );
+    let c = compiled(&format!(
+        "{web6}{}",
+        slice6("web-v6", "[{addresses: [\"fd00:1::11\"]}]", PORTS)
+    ));
+    assert!(c.problems.is_empty(), "{:?}", c.problems);
+    assert!(c.services.is_empty(), "an IPv4 port out of nowhere");
+    let http = svc6(&c, BLUE, 80, TCP).unwrap();
+    assert_eq!(
+        backends6(&c, &http),
+        [("fd00:1::11".parse().unwrap(), 8080)]
+    );
+    assert_eq!(http.flags, SVC_F_AFFINITY);
+    assert_eq!(http.affinity_timeout, 10800);
+    // No slice address at all: on every network, a reject (count 0).
+    let c = compiled(&web6);
+    assert_eq!(svc6(&c, BLUE, 80, TCP).unwrap().count, 0);
+    assert_eq!(svc6(&c, RED, 80, TCP).unwrap().count, 0);
+}
+
+#[test]
+fn ip_families_and_policies_are_checked_as_the_api_server_does_naming_the_field() {
+    let single = web_dual("SingleStack");
+    let cases = [
+        (
+            single.as_str().to_string(),
+            "spec.ipFamilyPolicy",
+            "SingleStack takes one family; this Service has two (set PreferDualStack or RequireDualStack)",
+        ),
+        (
+            web_dual("Sometimes"),
+            "spec.ipFamilyPolicy",
+            "\"Sometimes\" is not SingleStack, PreferDualStack or RequireDualStack",
+        ),
+        (
+            web_dual("PreferDualStack").replace("[IPv4, IPv6]", "[IPv6, IPv4]"),
+            "spec.ipFamilies[0]",
+            "IPv6 is not the family of clusterIPs[0] 10.96.0.10",
+        ),
+        (
+            web_dual("PreferDualStack").replace("[IPv4, IPv6]", "[IPv4, IPv4]"),
+            "spec.ipFamilies[1]",
+            "IPv4 is listed twice",
+        ),
+        (
+            web_dual("PreferDualStack").replace("\"fd00:96::10\"]", "10.96.0.11]"),
+            "spec.clusterIPs[1]",
+            "10.96.0.11 is of the same family as 10.96.0.10 (a dual-stack Service has one ClusterIP per family)",
+        ),
+        (
+            WEB.replace(
+                "  clusterIP: 10.96.0.10\n",
+                "  clusterIP: 10.96.0.10\n  ipFamilyPolicy: RequireDualStack\n",
+            ),
+            "spec.ipFamilyPolicy",
+            "RequireDualStack needs a ClusterIP of each family; clusterIP has only 10.96.0.10",
+        ),
+    ];
+    for (doc, field, message) in cases {
+        let errs = errors(&doc);
+        assert!(
+            errs.iter()
+                .any(|e| e.field == field && e.message == message),
+            "want {message:?} at {field} for\n{doc}\ngot {errs:?}"
+        );
+    }
+    // PreferDualStack with only one family is what a single-stack
+    // cluster gives: accepted, translated.
+    let prefer = WEB.replace(
+        "  clusterIP: 10.96.0.10\n",
+        "  clusterIP: 10.96.0.10\n  ipFamilies: [IPv4]\n  ipFamilyPolicy: PreferDualStack\n",
+    );
+    assert!(svc(&compiled(&prefer), BLUE, 80, TCP).is_some());
+}
+
+#[test]
+fn an_ipv6_cluster_ip_that_is_a_vms_address_or_on_a_network_is_refused_naming_both() {
+    // A tenant's Service may not take a VM's IPv6 address, nor one in an
+    // IPv6 subnet where VMs have theirs; as for IPv4, in either place of
+    // a dual-stack Service's ClusterIPs.
+    for (ip, want) in [
+        (
+            "fd00:1::12",
+            "Service default/web: ClusterIP fd00:1::12 is the address of Attachment default/b2 (VM b2) on network \"blue\"",
+        ),
+        (
+            "fd00:1::7777",
+            "Service default/web: ClusterIP fd00:1::7777 is inside subnet fd00:1::/64 of network \"blue\", where VMs have their addresses",
+        ),
+    ] {
+        let cfg = config(&web_dual("RequireDualStack").replace("fd00:96::10", ip));
+        assert_eq!(cfg.errors.len(), 1, "{ip}: {:?}", cfg.errors);
+        let e = &cfg.errors[0];
+        assert_eq!(
+            (e.document.as_str(), e.field.as_str(), e.message.as_str()),
+            ("Service default/web", "spec.clusterIPs[1]", want)
+        );
+        assert!(cfg.services.is_empty(), "{ip}: the Service was kept");
+        assert_eq!(cfg.attachments.len(), 4, "{ip}");
+    }
 }
