@@ -318,9 +318,18 @@ pub fn received(files: &[PathBuf]) -> Vec<(u64, u64)> {
 }
 
 /// The longest silence between two datagrams received in `[from, to)`
-/// (monotonic ns), in ms, with the sequence numbers around it.
+/// (monotonic ns), in ms, with the sequence numbers around it. A silence
+/// that `to` cuts ends at the first datagram after it: a stream that
+/// stopped at the cut-over and came back only after `to` shows its whole
+/// silence, not the last gap before it.
 pub fn longest_gap(rx: &[(u64, u64)], from: u64, to: u64) -> (f64, u64, u64) {
-    let window: Vec<&(u64, u64)> = rx.iter().filter(|(_, t)| *t >= from && *t < to).collect();
+    // `rx` is sorted by receive time.
+    let after = rx.iter().find(|(_, t)| *t >= to);
+    let window: Vec<&(u64, u64)> = rx
+        .iter()
+        .filter(|(_, t)| *t >= from && *t < to)
+        .chain(after)
+        .collect();
     window
         .windows(2)
         .map(|w| ((w[1].1 - w[0].1) as f64 / 1e6, w[0].0, w[1].0))
