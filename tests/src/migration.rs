@@ -7,8 +7,10 @@
 //! namespace with the same MAC and IPs on node b (the target pod),
 //! `migration: {targetNode: b, ready: false}` in every node's config, then
 //! the cut-over: the source stops, the target resumes and announces itself
-//! (GARP, QEMU's RARP), and later the config says `ready: true`. The loss
-//! window is measured at the receivers.
+//! (GARP, QEMU's RARP, or an unsolicited neighbour advertisement), and
+//! later the config says `ready: true`. The network is dual-stack: the
+//! client streams to vm1's IPv4 and IPv6 addresses at once, and the loss
+//! window is measured at the receivers for each family.
 
 use std::{
     path::{Path, PathBuf},
@@ -27,13 +29,18 @@ pub const NODE_IPS: [(&str, &str); 3] =
 pub const UNDERLAY_MTU: u32 = 9000;
 pub const VM1_MAC: &str = "52:54:00:00:01:01";
 pub const VM1_IP: &str = "10.20.0.11";
+pub const VM1_IP6: &str = "fd20::11";
 pub const CLIENT_MAC: &str = "52:54:00:00:03:01";
 pub const CLIENT_IP: &str = "10.20.0.31";
+pub const CLIENT_IP6: &str = "fd20::31";
 pub const GATEWAY: &str = "10.20.0.1";
+pub const GATEWAY6: &str = "fd20::1";
+const SUBNET6: &str = "fd20::/64";
 pub const UDP_PORT: u16 = 7001;
 /// The stream: one datagram per millisecond.
 pub const INTERVAL_MS: u64 = 1;
-/// Datagrams in the stream of [`loss_window`] (5 s at one per ms).
+/// Datagrams in each family's stream of [`loss_window`] (5 s at one per
+/// ms).
 pub const STREAM_COUNT: u64 = 5000;
 
 /// Three nodes on one underlay: vm1 on a, its (paused) target on b, the
@@ -50,13 +57,26 @@ pub struct Bed {
 }
 
 pub fn network_doc() -> String {
-    // Advertised per VM, so the /32 is in table 100 and moves with the VM.
-    yaml::network(NET, NET_ID, &["10.20.0.0/16"], &[GATEWAY], false)
-        + "  egress: Routed\n  advertise: {perVM: true}\n"
+    // Advertised per VM, so the /32 and /128 are in table 100 and move
+    // with the VM.
+    yaml::network(
+        NET,
+        NET_ID,
+        &["10.20.0.0/16", SUBNET6],
+        &[GATEWAY, GATEWAY6],
+        false,
+    ) + "  egress: Routed\n  advertise: {perVM: true}\n"
 }
 
 fn vm1_doc(port: &str, migration: Option<(&str, bool)>) -> String {
-    let mut doc = yaml::attachment("vm1", NET, "a", port, VM1_MAC, &[&format!("{VM1_IP}/16")]);
+    let mut doc = yaml::attachment(
+        "vm1",
+        NET,
+        "a",
+        port,
+        VM1_MAC,
+        &[&format!("{VM1_IP}/16"), &format!("{VM1_IP6}/64")],
+    );
     if let Some((target_port, ready)) = migration {
         doc +=
             &format!("  migration: {{targetNode: b, targetPort: {target_port}, ready: {ready}}}\n");
@@ -82,7 +102,7 @@ pub fn write_config(bed: &Bed, migration: Option<bool>) {
         "c",
         &bed.client.port,
         CLIENT_MAC,
-        &[&format!("{CLIENT_IP}/16")],
+        &[&format!("{CLIENT_IP}/16"), &format!("{CLIENT_IP6}/64")],
     ));
     let config = yaml::docs(&docs);
     for node in [&bed.a, &bed.b, &bed.c] {
@@ -100,14 +120,20 @@ pub fn three_nodes() -> Bed {
     for (node, (_, ip)) in [&a, &b, &c].into_iter().zip(NODE_IPS) {
         underlay.plug(&node.ns, "ul0", &format!("{ip}/24"), UNDERLAY_MTU);
     }
-    let vm1 = a.add_vm("vm1", VM1_MAC, &[&format!("{VM1_IP}/16")], Some(GATEWAY));
-    let vm1t = b.add_vm("vm1t", VM1_MAC, &[&format!("{VM1_IP}/16")], Some(GATEWAY));
-    // The target VM is paused until the cut-over: it sends nothing.
+    let vm1_addrs = [format!("{VM1_IP}/16"), format!("{VM1_IP6}/64")];
+    let vm1_addrs: Vec<&str> = vm1_addrs.iter().map(String::as_str).collect();
+    let vm1 = a.add_vm("vm1", VM1_MAC, &vm1_addrs, Some(GATEWAY));
+    let vm1t = b.add_vm("vm1t", VM1_MAC, &vm1_addrs, Some(GATEWAY));
+    // The target VM is paused until the cut-over: it sends nothing. Its
+    // IPv6 address stays through the link's down and up, as a paused
+    // guest's would (the kernel flushes it on down otherwise).
+    vm1t.ns
+        .run(&["sysctl", "-qw", "net.ipv6.conf.eth0.keep_addr_on_down=1"]);
     vm1t.ns.run(&["ip", "link", "set", "eth0", "down"]);
     let client = c.add_vm(
         "cli",
         CLIENT_MAC,
-        &[&format!("{CLIENT_IP}/16")],
+        &[&format!("{CLIENT_IP}/16"), &format!("{CLIENT_IP6}/64")],
         Some(GATEWAY),
     );
     let mut bed = Bed {
@@ -133,11 +159,15 @@ pub fn three_nodes() -> Bed {
             || node.agent_log().contains("overlay ready"),
         );
     }
-    assert!(
-        bed.client.ping(VM1_IP),
-        "client (c) -> vm1 (a) before migrating"
-    );
-    assert!(bed.vm1.ping(GATEWAY), "vm1 -> its gateway on a");
+    for dst in [VM1_IP, VM1_IP6] {
+        assert!(
+            bed.client.ping(dst),
+            "client (c) -> vm1 (a) at {dst} before migrating"
+        );
+    }
+    for gw in [GATEWAY, GATEWAY6] {
+        assert!(bed.vm1.ping(gw), "vm1 -> its gateway {gw} on a");
+    }
     bed
 }
 
@@ -159,10 +189,10 @@ pub fn start_migration(bed: &Bed) {
     // Still served by a: its port, its route.
     assert!(port_flags(&bed.a, &bed.vm1.port).is_some());
     wait_for("a advertises vm1", Duration::from_secs(5), || {
-        table100(&bed.a.ns).contains(VM1_IP)
+        table100(&bed.a.ns).contains(VM1_IP) && table100_v6(&bed.a.ns).contains(VM1_IP6)
     });
     assert!(
-        !table100(&bed.b.ns).contains(VM1_IP),
+        !table100(&bed.b.ns).contains(VM1_IP) && !table100_v6(&bed.b.ns).contains(VM1_IP6),
         "b advertised a pending VM"
     );
 }
@@ -183,17 +213,54 @@ pub fn table100(ns: &Netns) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
-/// A UDP receiver in `ns` writing "seq monotonic_ns" lines to `out`.
+/// The IPv6 routes the agent exports in table 100 ("" while none).
+pub fn table100_v6(ns: &Netns) -> String {
+    let out = ns.run_status(&["ip", "-6", "route", "show", "table", "100", "proto", "250"]);
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// A UDP receiver in `ns` writing "seq monotonic_ns" lines to `out` for
+/// `seconds`.
 pub fn receiver(ns: &Netns, out: &Path, seconds: u32) -> Child {
+    udp_receiver(ns, out, seconds, false, false)
+}
+
+/// A receiver for [`loss_window`], IPv4 or IPv6 (`::`): it creates
+/// `<out>.ready` once bound and ends when `<out>.stop` exists (or after
+/// `seconds`), so a slow start on a busy machine shifts nothing.
+fn signalled_receiver(ns: &Netns, out: &Path, seconds: u32, v6: bool) -> Child {
+    udp_receiver(ns, out, seconds, v6, true)
+}
+
+fn with_suffix(path: &Path, suffix: &str) -> PathBuf {
+    let mut p = path.as_os_str().to_owned();
+    p.push(suffix);
+    PathBuf::from(p)
+}
+
+fn udp_receiver(ns: &Netns, out: &Path, seconds: u32, v6: bool, signals: bool) -> Child {
+    // The IPv6 socket takes IPv6 only: the IPv4 receiver has the port.
+    let (family, any, v6only) = if v6 {
+        (
+            "AF_INET6",
+            "::",
+            "s.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)",
+        )
+    } else {
+        ("AF_INET", "0.0.0.0", "")
+    };
     let script = format!(
-        "import socket, time
-s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        "import os, socket, time
+s = socket.socket(socket.{family}, socket.SOCK_DGRAM)
 s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)
-s.bind(('0.0.0.0', {UDP_PORT}))
+{v6only}
+s.bind(('{any}', {UDP_PORT}))
 s.settimeout(0.2)
-out = open('{}', 'w')
+out = open('{out}', 'w')
+if {signals}:
+    open('{out}.ready', 'w').close()
 end = time.monotonic() + {seconds}
-while time.monotonic() < end:
+while time.monotonic() < end and not ({signals} and os.path.exists('{out}.stop')):
     try:
         d, _ = s.recvfrom(128)
     except socket.timeout:
@@ -201,23 +268,32 @@ while time.monotonic() < end:
     out.write('%d %d\\n' % (int.from_bytes(d[:8], 'big'), time.monotonic_ns()))
 out.close()
 ",
-        out.display()
+        out = out.display(),
+        signals = if signals { "True" } else { "False" },
     );
     ns.spawn(&["python3", "-c", &script])
 }
 
-/// Sends `count` sequence-numbered datagrams to vm1, one per interval.
-pub fn sender(ns: &Netns, count: u64) -> Child {
+/// Sends `count` sequence-numbered datagrams to each of vm1's addresses
+/// (IPv4 and IPv6, the same sequence number at once), one per interval;
+/// creates `started` after the first.
+pub fn sender(ns: &Netns, count: u64, started: &Path) -> Child {
     let script = format!(
         "import socket, time
-s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+s4 = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+s6 = socket.socket(socket.AF_INET6, socket.SOCK_DGRAM)
 t0 = time.monotonic()
 for seq in range({count}):
-    s.sendto(seq.to_bytes(8, 'big') + b'x' * 56, ('{VM1_IP}', {UDP_PORT}))
+    d = seq.to_bytes(8, 'big') + b'x' * 56
+    s4.sendto(d, ('{VM1_IP}', {UDP_PORT}))
+    s6.sendto(d, ('{VM1_IP6}', {UDP_PORT}))
+    if seq == 0:
+        open('{}', 'w').close()
     wait = t0 + (seq + 1) * {INTERVAL_MS} / 1000.0 - time.monotonic()
     if wait > 0:
         time.sleep(wait)
-"
+",
+        started.display()
     );
     ns.spawn(&["python3", "-c", &script])
 }
@@ -242,9 +318,18 @@ pub fn received(files: &[PathBuf]) -> Vec<(u64, u64)> {
 }
 
 /// The longest silence between two datagrams received in `[from, to)`
-/// (monotonic ns), in ms, with the sequence numbers around it.
+/// (monotonic ns), in ms, with the sequence numbers around it. A silence
+/// that `to` cuts ends at the first datagram after it: a stream that
+/// stopped at the cut-over and came back only after `to` shows its whole
+/// silence, not the last gap before it.
 pub fn longest_gap(rx: &[(u64, u64)], from: u64, to: u64) -> (f64, u64, u64) {
-    let window: Vec<&(u64, u64)> = rx.iter().filter(|(_, t)| *t >= from && *t < to).collect();
+    // `rx` is sorted by receive time.
+    let after = rx.iter().find(|(_, t)| *t >= to);
+    let window: Vec<&(u64, u64)> = rx
+        .iter()
+        .filter(|(_, t)| *t >= from && *t < to)
+        .chain(after)
+        .collect();
     window
         .windows(2)
         .map(|w| ((w[1].1 - w[0].1) as f64 / 1e6, w[0].0, w[1].0))
@@ -261,9 +346,10 @@ pub fn monotonic_ns() -> u64 {
     ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
 
-/// What one cut-over cost the stream, as [`loss_window`] measured it.
+/// What one cut-over cost one family's stream, as [`loss_window`]
+/// measured it.
 #[derive(Clone, Debug)]
-pub struct LossWindow {
+pub struct StreamWindow {
     /// Longest silence at the receivers from 200 ms before the cut-over to
     /// the ready signal, ms: the loss window.
     pub gap_ms: f64,
@@ -280,100 +366,56 @@ pub struct LossWindow {
     pub switch_seqs: (u64, u64),
     /// Longest silence after the config said `ready: true`, ms.
     pub ready_gap_ms: f64,
+    /// First datagram on the target after its link came up, ms (NaN: none).
+    pub first_on_target_ms: f64,
+}
+
+/// What one cut-over cost the streams, as [`loss_window`] measured it.
+#[derive(Clone, Debug)]
+pub struct LossWindow {
+    /// The IPv4 stream and the IPv6 stream, sent side by side.
+    pub ipv4: StreamWindow,
+    pub ipv6: StreamWindow,
     /// Source link down to target link up, ms: the cut-over's own `ip`
     /// commands, part of the window.
     pub commands_ms: f64,
-    /// First datagram on the target after its link came up, ms (NaN: none).
-    pub first_on_target_ms: f64,
-    /// The gateway's MAC in the guest's neighbour table before the move.
+    /// The gateway's MAC in the guest's neighbour table before the move:
+    /// its IPv4 entry and its IPv6 entry.
     pub gw_lladdr: String,
+    pub gw6_lladdr: String,
 }
 
-/// Runs the cut-over of a migration [`start_migration`] made pending:
-/// receivers in the source and target VMs, the client streaming
-/// [`STREAM_COUNT`] datagrams [`INTERVAL_MS`] apart, the source stopped and
-/// the target resumed (announcing itself with a GARP and a RARP, as QEMU
-/// does) 1.5 s into the stream, `ready: true` written 1 s later. Panics
-/// when a helper process fails.
-pub fn loss_window(bed: &Bed) -> LossWindow {
-    let gw_mac = bed
-        .vm1
-        .ns
-        .run(&["ip", "neigh", "show", GATEWAY, "dev", "eth0"]);
-    assert!(
-        gw_mac.contains("lladdr"),
-        "vm1 has no gateway entry: {gw_mac}"
-    );
-    let gw_lladdr = gw_mac
+/// How the target announces the VM the moment it resumes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Announce {
+    /// A gratuitous ARP and QEMU's RARP.
+    GarpAndRarp,
+    /// Only an unsolicited neighbour advertisement for the VM's IPv6
+    /// address, from that address to all nodes (what a guest kernel with
+    /// `ndisc_notify` sends): the first frame the target sees from the VM.
+    UnsolicitedNa,
+}
+
+/// The MAC in `ns`'s neighbour entry for `ip` on eth0.
+fn lladdr(ns: &Netns, ip: &str) -> String {
+    let entry = ns.run(&["ip", "neigh", "show", ip, "dev", "eth0"]);
+    entry
         .split_whitespace()
         .skip_while(|w| *w != "lladdr")
         .nth(1)
-        .unwrap()
-        .to_string();
+        .unwrap_or_else(|| panic!("vm1 has no neighbour entry for {ip}: {entry:?}"))
+        .to_string()
+}
 
-    let dir = std::env::temp_dir().join(format!("vmpath-migration-{}", bed.a.tag));
-    std::fs::create_dir_all(&dir).unwrap();
-    let files = [dir.join("rx-source"), dir.join("rx-target")];
-    let trigger = dir.join("resume");
-    let rx_source = receiver(&bed.vm1.ns, &files[0], 8);
-    let rx_target = receiver(&bed.vm1t.ns, &files[1], 8);
-    // QEMU's announcements, ready to go the moment the VM resumes (scapy
-    // takes a second to import).
-    let announce = bed.vm1t.ns.spawn(&[
-        SCAPY_PYTHON,
-        "-c",
-        &format!(
-            "import os, time
-from scapy.all import *
-conf.verb = 0
-while not os.path.exists('{}'):
-    time.sleep(0.001)
-garp = Ether(src='{VM1_MAC}', dst='ff:ff:ff:ff:ff:ff')/ARP(op=1, hwsrc='{VM1_MAC}', psrc='{VM1_IP}', hwdst='00:00:00:00:00:00', pdst='{VM1_IP}')
-rarp = Ether(src='{VM1_MAC}', dst='ff:ff:ff:ff:ff:ff', type=0x8035)/ARP(op=3, hwsrc='{VM1_MAC}', hwdst='{VM1_MAC}', psrc='0.0.0.0', pdst='0.0.0.0')
-sendp([garp, rarp], iface='eth0')
-",
-            trigger.display()
-        ),
-    ]);
-    std::thread::sleep(Duration::from_millis(1500));
-    let tx = sender(&bed.client.ns, STREAM_COUNT);
-    std::thread::sleep(Duration::from_millis(1500));
-
-    // Cut-over: the source stops, the target resumes with the guest's
-    // memory (its neighbour entry for the gateway included) and announces.
-    let cut = monotonic_ns();
-    bed.vm1.ns.run(&["ip", "link", "set", "eth0", "down"]);
-    let stopped = monotonic_ns();
-    bed.vm1t.ns.run(&["ip", "link", "set", "eth0", "up"]);
-    let resumed = monotonic_ns();
-    std::fs::write(&trigger, b"").unwrap();
-    bed.vm1t
-        .ns
-        .run(&["ip", "route", "replace", "default", "via", GATEWAY]);
-    bed.vm1t.ns.run(&[
-        "ip", "neigh", "replace", GATEWAY, "lladdr", &gw_lladdr, "dev", "eth0", "nud", "stale",
-    ]);
-    // KubeVirt's ready signal comes later: the data path alone moved it.
-    std::thread::sleep(Duration::from_millis(1000));
-    let ready_at = monotonic_ns();
-    write_config(bed, Some(true));
-    let tx = tx.wait_with_output().unwrap();
-    assert!(
-        tx.status.success(),
-        "sender: {}",
-        String::from_utf8_lossy(&tx.stderr)
-    );
-    let end = monotonic_ns();
-    for child in [rx_source, rx_target, announce] {
-        let out = child.wait_with_output().unwrap();
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-    }
-
-    let rx = received(&files);
+/// One family's figures from its receivers' files (source, target).
+fn stream_window(
+    files: &[PathBuf; 2],
+    cut: u64,
+    resumed: u64,
+    ready_at: u64,
+    end: u64,
+) -> StreamWindow {
+    let rx = received(files);
     let (gap_ms, before, after) = longest_gap(&rx, cut - 200_000_000, ready_at);
     let (ready_gap_ms, _, _) = longest_gap(&rx, ready_at, end);
     let mut seqs: Vec<u64> = rx.iter().map(|(s, _)| *s).collect();
@@ -391,8 +433,7 @@ sendp([garp, rarp], iface='eth0')
         (Some((s0, t0)), Some(&(s1, t1))) => ((t1 as f64 - t0 as f64) / 1e6, (s0, s1)),
         _ => (f64::NAN, (0, 0)),
     };
-    let _ = std::fs::remove_dir_all(&dir);
-    LossWindow {
+    StreamWindow {
         gap_ms,
         gap_seqs: (before, after),
         switch_ms,
@@ -400,8 +441,130 @@ sendp([garp, rarp], iface='eth0')
         lost: STREAM_COUNT - seqs.len() as u64,
         on_target: on_target_rx.len(),
         ready_gap_ms,
-        commands_ms: (resumed - stopped) as f64 / 1e6,
         first_on_target_ms,
+    }
+}
+
+/// Runs the cut-over of a migration [`start_migration`] made pending:
+/// receivers in the source and target VMs (IPv4 and IPv6), the client
+/// streaming [`STREAM_COUNT`] datagrams [`INTERVAL_MS`] apart to each of
+/// vm1's addresses, the source stopped and the target resumed (announcing
+/// itself as `announce` says) 1.5 s into the stream, `ready: true` written
+/// 1 s later. Panics when a helper process fails.
+pub fn loss_window(bed: &Bed, announce: Announce) -> LossWindow {
+    let gw_lladdr = lladdr(&bed.vm1.ns, GATEWAY);
+    let gw6_lladdr = lladdr(&bed.vm1.ns, GATEWAY6);
+
+    let dir = std::env::temp_dir().join(format!("vmpath-migration-{}", bed.a.tag));
+    std::fs::create_dir_all(&dir).unwrap();
+    let files = [dir.join("rx-source"), dir.join("rx-target")];
+    let files6 = [dir.join("rx6-source"), dir.join("rx6-target")];
+    let trigger = dir.join("resume");
+    // Receivers end at a stop file (60 s at most).
+    let receivers = [
+        signalled_receiver(&bed.vm1.ns, &files[0], 60, false),
+        signalled_receiver(&bed.vm1t.ns, &files[1], 60, false),
+        signalled_receiver(&bed.vm1.ns, &files6[0], 60, true),
+        signalled_receiver(&bed.vm1t.ns, &files6[1], 60, true),
+    ];
+    let announce_ready = dir.join("announce-ready");
+    let frames = match announce {
+        Announce::GarpAndRarp => format!(
+            "[Ether(src='{VM1_MAC}', dst='ff:ff:ff:ff:ff:ff')/ARP(op=1, hwsrc='{VM1_MAC}', psrc='{VM1_IP}', hwdst='00:00:00:00:00:00', pdst='{VM1_IP}'), \
+             Ether(src='{VM1_MAC}', dst='ff:ff:ff:ff:ff:ff', type=0x8035)/ARP(op=3, hwsrc='{VM1_MAC}', hwdst='{VM1_MAC}', psrc='0.0.0.0', pdst='0.0.0.0')]"
+        ),
+        Announce::UnsolicitedNa => format!(
+            "[Ether(src='{VM1_MAC}', dst='33:33:00:00:00:01')/IPv6(src='{VM1_IP6}', dst='ff02::1', hlim=255)/ICMPv6ND_NA(R=0, S=0, O=1, tgt='{VM1_IP6}')/ICMPv6NDOptDstLLAddr(lladdr='{VM1_MAC}')]"
+        ),
+    };
+    // The announcement, ready to go the moment the VM resumes (scapy
+    // takes a second to import).
+    let announce = bed.vm1t.ns.spawn(&[
+        SCAPY_PYTHON,
+        "-c",
+        &format!(
+            "import os, time
+from scapy.all import *
+conf.verb = 0
+frames = {frames}
+open('{}', 'w').close()
+while not os.path.exists('{}'):
+    time.sleep(0.001)
+sendp(frames, iface='eth0')
+",
+            announce_ready.display(),
+            trigger.display()
+        ),
+    ]);
+    // Python and scapy start slowly on a busy machine: every helper is
+    // ready before the stream starts, and the stream runs before the cut.
+    wait_for(
+        "the receivers bound and the announcement ready",
+        Duration::from_secs(60),
+        || {
+            announce_ready.exists()
+                && files
+                    .iter()
+                    .chain(&files6)
+                    .all(|f| with_suffix(f, ".ready").exists())
+        },
+    );
+    let started = dir.join("sender-started");
+    let tx = sender(&bed.client.ns, STREAM_COUNT, &started);
+    wait_for("the stream started", Duration::from_secs(60), || {
+        started.exists()
+    });
+    std::thread::sleep(Duration::from_millis(1500));
+
+    // Cut-over: the source stops, the target resumes with the guest's
+    // memory (its neighbour entries for the gateway included) and
+    // announces.
+    let cut = monotonic_ns();
+    bed.vm1.ns.run(&["ip", "link", "set", "eth0", "down"]);
+    let stopped = monotonic_ns();
+    bed.vm1t.ns.run(&["ip", "link", "set", "eth0", "up"]);
+    let resumed = monotonic_ns();
+    std::fs::write(&trigger, b"").unwrap();
+    bed.vm1t
+        .ns
+        .run(&["ip", "route", "replace", "default", "via", GATEWAY]);
+    for (gw, mac) in [(GATEWAY, &gw_lladdr), (GATEWAY6, &gw6_lladdr)] {
+        bed.vm1t.ns.run(&[
+            "ip", "neigh", "replace", gw, "lladdr", mac, "dev", "eth0", "nud", "stale",
+        ]);
+    }
+    // KubeVirt's ready signal comes later: the data path alone moved it.
+    std::thread::sleep(Duration::from_millis(1000));
+    let ready_at = monotonic_ns();
+    write_config(bed, Some(true));
+    let tx = tx.wait_with_output().unwrap();
+    assert!(
+        tx.status.success(),
+        "sender: {}",
+        String::from_utf8_lossy(&tx.stderr)
+    );
+    let end = monotonic_ns();
+    std::thread::sleep(Duration::from_millis(200));
+    for f in files.iter().chain(&files6) {
+        std::fs::write(with_suffix(f, ".stop"), b"").unwrap();
+    }
+    for child in receivers.into_iter().chain([announce]) {
+        let out = child.wait_with_output().unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+
+    let ipv4 = stream_window(&files, cut, resumed, ready_at, end);
+    let ipv6 = stream_window(&files6, cut, resumed, ready_at, end);
+    let _ = std::fs::remove_dir_all(&dir);
+    LossWindow {
+        ipv4,
+        ipv6,
+        commands_ms: (resumed - stopped) as f64 / 1e6,
         gw_lladdr,
+        gw6_lladdr,
     }
 }

@@ -540,10 +540,75 @@ impl QemuVm {
             self.pod.ns.name,
             self.console()
         );
-        out.lines()
-            .filter_map(|l| l.split_once('='))
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect()
+        lease_fields(&out)
+    }
+
+    /// Starts ISC dhclient for DHCPv6 on eth0 (the image's `dhclient -6`
+    /// with the hook `/etc/dhclient6.sh`, which writes `/run/lease6`), in
+    /// the background: it keeps the lease and renews it. Its lease file
+    /// and pid are in /run; a second call after [`QemuVm::stop_dhcp6`]
+    /// starts from the lease it had (a CONFIRM, then the same address).
+    pub fn start_dhcp6(&self) {
+        // dhclient binds to the link-local address: past DAD first (what
+        // ISC's own dhclient-script waits for at PREINIT6).
+        let (rc, addrs) = self.run_status(
+            "i=0; while { ! ip -6 addr show dev eth0 scope link | grep -q fe80 || \
+             ip -6 addr show dev eth0 | grep -q tentative; } && [ $i -lt 300 ]; do sleep 0.1; i=$((i+1)); done; \
+             ip -6 addr show dev eth0; [ $i -lt 300 ]",
+        );
+        assert_eq!(
+            rc, 0,
+            "guest {}: no link-local address past DAD in 30 s: {addrs}",
+            self.pod.ns.name
+        );
+        self.run(
+            "dhclient -6 -d -v -cf /dev/null -sf /etc/dhclient6.sh -lf /run/dhclient6.leases \
+             -pf /run/dhclient6.pid eth0 </dev/null >/dev/console 2>&1 &",
+        );
+    }
+
+    /// Stops dhclient -6 without releasing its lease (the address stays).
+    pub fn stop_dhcp6(&self) {
+        self.run(
+            "kill $(cat /run/dhclient6.pid); i=0; while kill -0 $(cat /run/dhclient6.pid) 2>/dev/null && \
+             [ $i -lt 50 ]; do sleep 0.1; i=$((i+1)); done; rm -f /run/lease6",
+        );
+    }
+
+    /// Waits (45 s) for `/run/lease6`, the DHCPv6 lease the hook recorded.
+    pub fn wait_lease6(&self) -> Lease {
+        let (rc, out) = self.run_status(
+            "i=0; while [ ! -f /run/lease6 ] && [ $i -lt 450 ]; do sleep 0.1; i=$((i+1)); done; cat /run/lease6",
+        );
+        assert_eq!(
+            rc,
+            0,
+            "guest {} got no DHCPv6 lease: {out}\ndhclient's hook calls: {}\nconsole:\n{}",
+            self.pod.ns.name,
+            self.run_status("cat /run/dhclient6.log").1,
+            self.console()
+        );
+        lease_fields(&out)
+    }
+
+    /// Makes busybox udhcpc renew its DHCPv4 lease now (SIGUSR1) and waits
+    /// (45 s) for the hook's record of the renewed lease: a `/run/lease`
+    /// newer than `after` (the `uptime` of the one before).
+    pub fn renew_dhcp4(&self, after: &Lease) -> Lease {
+        let before = after.get("uptime").cloned().unwrap_or_default();
+        let (rc, out) = self.run_status(&format!(
+            "kill -USR1 $(pidof udhcpc) || exit 1; i=0; \
+             while grep -qx 'uptime={before}' /run/lease && [ $i -lt 450 ]; do sleep 0.1; i=$((i+1)); done; \
+             grep -qx 'uptime={before}' /run/lease && exit 1; cat /run/lease"
+        ));
+        assert_eq!(
+            rc,
+            0,
+            "guest {} did not renew its DHCP lease: {out}\nconsole:\n{}",
+            self.pod.ns.name,
+            self.console()
+        );
+        lease_fields(&out)
     }
 
     /// QEMU's resident memory, KiB.
@@ -619,4 +684,12 @@ impl Drop for QemuVm {
         }
         let _ = fs::remove_dir_all(&self.work);
     }
+}
+
+/// `key=value` lines (the DHCP hooks' records) as a map.
+fn lease_fields(text: &str) -> Lease {
+    text.lines()
+        .filter_map(|l| l.split_once('='))
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect()
 }

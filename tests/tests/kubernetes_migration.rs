@@ -13,6 +13,10 @@
 //! `migrationState.completed`, the VMIM `Succeeded`, and the source pod is
 //! deleted (its DEL releases nothing). A failed migration rolls back.
 //! Nobody writes an Attachment.
+//!
+//! The network is dual-stack (a /32 and a /128 per VM): vm2 streams pings
+//! to vm1's IPv4 and IPv6 addresses through the move, both routes move,
+//! and the gateway keeps its MAC in both families.
 
 use std::{
     path::PathBuf,
@@ -25,7 +29,7 @@ use vmpath_tests::{
     Netns, Node, SCAPY_PYTHON, Underlay,
     kube_api::ApiServer,
     kubevirt::{self, Migration, pods, vmis},
-    migration::{port_flags, table100},
+    migration::{port_flags, table100, table100_v6},
     multus, unique_tag,
     vmpath::common,
     wait_for,
@@ -39,8 +43,12 @@ const VM2_POD: &str = "virt-launcher-vm2-z3m4n";
 const IFNAME: &str = "pod16477688c0e";
 const VM1_MAC: &str = "02:00:00:31:00:0b";
 const VM1_IP: &str = "10.31.0.11";
+const VM1_IP6: &str = "fd31::b";
 const VM2_MAC: &str = "02:00:00:31:00:0c";
 const VM2_IP: &str = "10.31.0.12";
+const VM2_IP6: &str = "fd31::c";
+const GATEWAY: &str = "10.31.0.1";
+const GATEWAY6: &str = "fd31::1";
 const MIGRATION_UID: &str = "7c6b5a49-3827-4160-9f5e-4d3c2b1a0f9e";
 const NODE_IPS: [(&str, &str); 2] = [("a", "192.0.2.1"), ("b", "192.0.2.2")];
 /// The ping stream from vm2 to vm1: one echo request every 20 ms.
@@ -54,12 +62,15 @@ fn parse(text: &str) -> Vec<Value> {
     vmpath::config::source::parse(text.as_bytes()).unwrap()
 }
 
-/// The cluster before the migration: the vmpath Network (routed, a /32
-/// per VM), its NAD, both v1 Nodes, vm1 on a and vm2 on b.
+/// The cluster before the migration: the vmpath Network (dual-stack,
+/// routed, a /32 and a /128 per VM), its NAD, both v1 Nodes, vm1 on a and
+/// vm2 on b.
 fn cluster() -> Vec<Value> {
     let mut out = parse(NETWORK);
     for o in &mut out {
         if o["kind"] == "Network" {
+            o["spec"]["subnets"] = json!(["10.31.0.0/24", "fd31::/64"]);
+            o["spec"]["defaultGatewayIPs"] = json!([GATEWAY, GATEWAY6]);
             o["spec"]["egress"] = "Routed".into();
             o["spec"]["advertise"] = json!({"perVM": true});
         }
@@ -84,6 +95,16 @@ fn cluster() -> Vec<Value> {
         .replace(VM1_MAC, VM2_MAC)
         .replace(VM1_IP, VM2_IP);
     out.extend(parse(&vm2));
+    // Each claim holds both families, as the controller allocates them.
+    for o in &mut out {
+        if o["kind"] == "IPAMClaim" {
+            o["status"]["ips"] = if o["metadata"]["name"] == "vm1.blue" {
+                json!([format!("{VM1_IP}/24"), format!("{VM1_IP6}/64")])
+            } else {
+                json!([format!("{VM2_IP}/24"), format!("{VM2_IP6}/64")])
+            };
+        }
+    }
     out
 }
 
@@ -172,16 +193,33 @@ impl Bed {
 }
 
 /// The guest's interface in a virt-launcher pod's namespace: its MAC and
-/// address, up or (a paused target) down.
-fn guest(ns: &Netns, mac: &str, ip: &str, up: bool) {
-    ns.run(&[
-        "sysctl",
-        "-qw",
-        &format!("net.ipv6.conf.{IFNAME}.disable_ipv6=1"),
-    ]);
+/// addresses (IPv4, and IPv6 without a link-local address, kept while the
+/// link is down as a paused guest keeps it), up or (a paused target) down.
+fn guest(ns: &Netns, mac: &str, ip: &str, ip6: &str, up: bool) {
     ns.run(&["ip", "link", "set", IFNAME, "down"]);
     ns.run(&["ip", "link", "set", IFNAME, "address", mac]);
+    for (key, value) in [
+        ("addr_gen_mode", "1"),
+        ("keep_addr_on_down", "1"),
+        ("disable_ipv6", "0"),
+    ] {
+        ns.run(&[
+            "sysctl",
+            "-qw",
+            &format!("net.ipv6.conf.{IFNAME}.{key}={value}"),
+        ]);
+    }
     ns.run(&["ip", "addr", "add", &format!("{ip}/24"), "dev", IFNAME]);
+    ns.run(&[
+        "ip",
+        "-6",
+        "addr",
+        "add",
+        &format!("{ip6}/64"),
+        "dev",
+        IFNAME,
+        "nodad",
+    ]);
     if up {
         ns.run(&["ip", "link", "set", IFNAME, "up"]);
     }
@@ -245,12 +283,16 @@ fn two_nodes() -> Bed {
     assert!(ok, "ADD of vm1's virt-launcher pod on a: {result}");
     let (ok, result) = bed.cni("b", VM2_POD, &bed.vm2, "ADD");
     assert!(ok, "ADD of vm2's virt-launcher pod on b: {result}");
-    guest(&bed.vm1, VM1_MAC, VM1_IP, true);
-    guest(&bed.vm2, VM2_MAC, VM2_IP, true);
-    assert!(bed.vm2.ping(VM1_IP, 3), "vm2 (b) -> vm1 (a)");
-    wait_for("a routes vm1's /32", Duration::from_secs(10), || {
-        table100(&bed.a.ns).contains(VM1_IP)
-    });
+    guest(&bed.vm1, VM1_MAC, VM1_IP, VM1_IP6, true);
+    guest(&bed.vm2, VM2_MAC, VM2_IP, VM2_IP6, true);
+    for dst in [VM1_IP, VM1_IP6] {
+        assert!(bed.vm2.ping(dst, 3), "vm2 (b) -> vm1 (a) at {dst}");
+    }
+    wait_for(
+        "a routes vm1's /32 and /128",
+        Duration::from_secs(10),
+        || table100(&bed.a.ns).contains(VM1_IP) && table100_v6(&bed.a.ns).contains(VM1_IP6),
+    );
     bed
 }
 
@@ -305,7 +347,7 @@ fn start_migration(bed: &Bed) -> (Netns, String) {
         result["ips"].to_string().contains(VM1_IP),
         "the target pod's result carries vm1's address: {result}"
     );
-    guest(&target, VM1_MAC, VM1_IP, false);
+    guest(&target, VM1_MAC, VM1_IP, VM1_IP6, false);
     assert!(
         port_flags(&bed.b, &port).is_some_and(|f| f & common::PORT_F_PENDING != 0),
         "b programmed the target port pending"
@@ -327,11 +369,17 @@ fn start_migration(bed: &Bed) -> (Netns, String) {
     // Still served by a: its port, its route; b advertises nothing.
     assert!(port_flags(&bed.a, &host_port(bed, "a", SOURCE_POD)).is_some());
     assert!(table100(&bed.a.ns).contains(VM1_IP));
+    assert!(table100_v6(&bed.a.ns).contains(VM1_IP6));
     assert!(
-        !table100(&bed.b.ns).contains(VM1_IP),
+        !table100(&bed.b.ns).contains(VM1_IP) && !table100_v6(&bed.b.ns).contains(VM1_IP6),
         "b routed a pending VM"
     );
-    assert!(bed.vm2.ping(VM1_IP, 2), "vm2 -> vm1 on a while pending");
+    for dst in [VM1_IP, VM1_IP6] {
+        assert!(
+            bed.vm2.ping(dst, 2),
+            "vm2 -> vm1 on a at {dst} while pending"
+        );
+    }
     (target, port)
 }
 
@@ -395,7 +443,20 @@ fn stop_ping(ping: Child) -> (u64, u64) {
 fn kubevirt_migrates_a_vm_through_its_objects_alone() {
     let bed = two_nodes();
     let source_port = host_port(&bed, "a", SOURCE_POD);
+    // The gateway's MAC as vm1 knows it in each family.
+    let gw_lladdr = |ns: &Netns, gw: &str| -> String {
+        assert!(ns.ping(gw, 1), "-> gateway {gw}");
+        let entry = ns.run(&["ip", "neigh", "show", gw, "dev", IFNAME]);
+        entry
+            .split_whitespace()
+            .skip_while(|w| *w != "lladdr")
+            .nth(1)
+            .unwrap_or_else(|| panic!("no neighbour entry for {gw}: {entry:?}"))
+            .to_string()
+    };
+    let gw_before = [GATEWAY, GATEWAY6].map(|gw| gw_lladdr(&bed.vm1, gw));
     let ping = bed.vm2.spawn(&["ping", "-n", "-i", PING_INTERVAL, VM1_IP]);
+    let ping6 = bed.vm2.spawn(&["ping", "-n", "-i", PING_INTERVAL, VM1_IP6]);
     let ping_started = Instant::now();
     let (target, target_port) = start_migration(&bed);
 
@@ -467,9 +528,16 @@ s.send(rarp)
                "targetNodeDomainDetected": true}),
     );
     bed.server.put(vmim("Succeeded"));
-    wait_for("the /32 moved to b", Duration::from_secs(10), || {
-        table100(&bed.b.ns).contains(VM1_IP) && !table100(&bed.a.ns).contains(VM1_IP)
-    });
+    wait_for(
+        "the /32 and /128 moved to b",
+        Duration::from_secs(10),
+        || {
+            table100(&bed.b.ns).contains(VM1_IP)
+                && !table100(&bed.a.ns).contains(VM1_IP)
+                && table100_v6(&bed.b.ns).contains(VM1_IP6)
+                && !table100_v6(&bed.a.ns).contains(VM1_IP6)
+        },
+    );
     wait_for("a dropped the source port", Duration::from_secs(10), || {
         port_flags(&bed.a, &source_port).is_none()
     });
@@ -479,19 +547,30 @@ s.send(rarp)
     // Some pings after the move, then the count. The stream runs at least
     // 1.5 s in all (a fast machine migrates sooner), so the count below
     // means something.
-    assert!(bed.vm2.ping(VM1_IP, 3), "vm2 -> vm1 on b");
+    for dst in [VM1_IP, VM1_IP6] {
+        assert!(bed.vm2.ping(dst, 3), "vm2 -> vm1 on b at {dst}");
+    }
     if let Some(rest) = Duration::from_millis(1500).checked_sub(ping_started.elapsed()) {
         std::thread::sleep(rest);
     }
-    let (sent, received) = stop_ping(ping);
-    let lost = sent - received;
-    eprintln!(
-        "kubernetes migration: {lost} of {sent} pings ({PING_INTERVAL} s apart) lost; cut-over seen on b {cut_over_ms:.0} ms after the source stopped"
-    );
-    assert!(sent >= 50, "only {sent} pings sent");
-    assert!(
-        lost <= MAX_LOST_PINGS,
-        "{lost} of {sent} pings lost across the migration"
+    for (family, ping) in [("IPv4", ping), ("IPv6", ping6)] {
+        let (sent, received) = stop_ping(ping);
+        let lost = sent - received;
+        eprintln!(
+            "kubernetes migration {family}: {lost} of {sent} pings ({PING_INTERVAL} s apart) lost; cut-over seen on b {cut_over_ms:.0} ms after the source stopped"
+        );
+        assert!(sent >= 50, "{family}: only {sent} pings sent");
+        assert!(
+            lost <= MAX_LOST_PINGS,
+            "{family}: {lost} of {sent} pings lost across the migration"
+        );
+    }
+    // The gateway answers vm1 on b with the MAC it had on a, in both
+    // families.
+    let gw_after = [GATEWAY, GATEWAY6].map(|gw| gw_lladdr(&target, gw));
+    assert_eq!(
+        gw_after, gw_before,
+        "the gateway's MAC as vm1 sees it (IPv4, IPv6)"
     );
 
     // What a user checks: vm1 on b with its MAC, address and claim, on
@@ -509,9 +588,10 @@ s.send(rarp)
             node.name
         );
         assert!(v["ips"].to_string().contains(VM1_IP), "{v}");
+        assert!(v["ips"].to_string().contains(VM1_IP6), "{v}");
     }
     let show = bed.vm_show(&bed.b);
-    for want in [VM1_MAC, VM1_IP, "local", "node:       b"] {
+    for want in [VM1_MAC, VM1_IP, VM1_IP6, "local", "node:       b"] {
         assert!(show.contains(want), "no {want:?} in:\n{show}");
     }
     assert!(bed.vm_show(&bed.a).contains("remote"), "on a");
@@ -523,7 +603,7 @@ s.send(rarp)
                 "vm1.blue"
             )
             .map(|c| c["status"]["ips"].clone()),
-        Some(json!([format!("{VM1_IP}/24")])),
+        Some(json!([format!("{VM1_IP}/24"), format!("{VM1_IP6}/64")])),
         "the claim keeps the address"
     );
     assert!(

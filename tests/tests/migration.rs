@@ -1,20 +1,23 @@
-//! Live migration over the overlay: vm1 moves from node a to node b while a
-//! client on node c streams UDP to it. The migration is simulated as
-//! KubeVirt runs one: a second VM namespace with the same MAC and IPs on
-//! node b (the target pod), `migration: {targetNode: b, ready: false}` in
-//! every node's config, then the cut-over: the source stops, the target
-//! resumes and announces itself (GARP, QEMU's RARP), and later the config
-//! says `ready: true`. The loss window is measured at the receivers. The bed
-//! and the cut-over are `vmpath_tests::migration`, which `cargo xtask bench`
-//! runs too (its loss-window figure).
+//! Live migration over the overlay, dual-stack: vm1 moves from node a to
+//! node b while a client on node c streams UDP to its IPv4 and IPv6
+//! addresses. The migration is simulated as KubeVirt runs one: a second VM
+//! namespace with the same MAC and IPs on node b (the target pod),
+//! `migration: {targetNode: b, ready: false}` in every node's config, then
+//! the cut-over: the source stops, the target resumes and announces itself
+//! (here only with an unsolicited neighbour advertisement; the bench's
+//! runs with GARP and RARP, the real guest with QEMU's RARP), and later the
+//! config says `ready: true`. The loss window is measured at the receivers,
+//! per family. The bed and the cut-over are `vmpath_tests::migration`,
+//! which `cargo xtask bench` runs too (its loss-window figure).
 
 use std::time::Duration;
 
 use vmpath_tests::{
     Netns,
     migration::{
-        GATEWAY, INTERVAL_MS, NET_ID, STREAM_COUNT, UDP_PORT, VM1_IP, VM1_MAC, loss_window,
-        port_flags, receiver, start_migration, table100, three_nodes, vm1_endpoint, write_config,
+        Announce, GATEWAY, GATEWAY6, INTERVAL_MS, NET_ID, STREAM_COUNT, UDP_PORT, VM1_IP, VM1_IP6,
+        VM1_MAC, loss_window, port_flags, receiver, start_migration, table100, table100_v6,
+        three_nodes, vm1_endpoint, write_config,
     },
     vmpath::common,
     wait_for,
@@ -24,34 +27,58 @@ use vmpath_tests::{
 /// milliseconds, the rest is the test's own `ip` commands and scheduling.
 const MAX_LOSS_WINDOW_MS: f64 = 500.0;
 
+/// The target's first frame from the VM is an unsolicited neighbour
+/// advertisement (no GARP, no RARP): it cuts over both families, the
+/// pod's own IPv6 chatter as its link comes up (DAD from ::, MLD, router
+/// solicitations) does not.
 #[test]
 fn live_migration_keeps_ip_mac_and_gateway_with_a_short_loss_window() {
     let bed = three_nodes();
     start_migration(&bed);
     // Pending: traffic still reaches the source.
-    assert!(bed.client.ping(VM1_IP), "client -> vm1 on a while pending");
-    let w = loss_window(&bed);
-    let (gap, (before, after), ready_gap) = (w.gap_ms, w.gap_seqs, w.ready_gap_ms);
-    let (lost, on_target, gw_lladdr) = (w.lost, w.on_target, w.gw_lladdr.clone());
+    for dst in [VM1_IP, VM1_IP6] {
+        assert!(
+            bed.client.ping(dst),
+            "client -> vm1 on a at {dst} while pending"
+        );
+    }
+    let w = loss_window(&bed, Announce::UnsolicitedNa);
     eprintln!(
-        "migration: source down -> target up took {:.1} ms (test commands); first datagram on the target {:.1} ms after its link came up; last on the source -> first on the target {:.1} ms",
-        w.commands_ms, w.first_on_target_ms, w.switch_ms
+        "migration: source down -> target up took {:.1} ms (test commands)",
+        w.commands_ms
     );
-    eprintln!(
-        "migration loss window: {gap:.1} ms (seq {before} -> {after}), {lost} of {STREAM_COUNT} datagrams lost ({INTERVAL_MS} ms apart), {on_target} received on the target; longest gap after ready: {ready_gap:.1} ms"
-    );
-    assert!(
-        on_target > 1000,
-        "the target received only {on_target} datagrams"
-    );
-    assert!(
-        gap < MAX_LOSS_WINDOW_MS,
-        "loss window {gap:.1} ms (seq {before} -> {after})"
-    );
-    assert!(
-        ready_gap < MAX_LOSS_WINDOW_MS,
-        "the ready signal cost {ready_gap:.1} ms"
-    );
+    for (family, s) in [("IPv4", &w.ipv4), ("IPv6", &w.ipv6)] {
+        eprintln!(
+            "migration {family}: loss window {:.1} ms (seq {} -> {}), {} of {STREAM_COUNT} datagrams lost ({INTERVAL_MS} ms apart), {} received on the target; last on the source -> first on the target {:.1} ms; first datagram on the target {:.1} ms after its link came up; longest gap after ready: {:.1} ms",
+            s.gap_ms,
+            s.gap_seqs.0,
+            s.gap_seqs.1,
+            s.lost,
+            s.on_target,
+            s.switch_ms,
+            s.first_on_target_ms,
+            s.ready_gap_ms
+        );
+    }
+    for (family, s) in [("IPv4", &w.ipv4), ("IPv6", &w.ipv6)] {
+        assert!(
+            s.on_target > 1000,
+            "{family}: the target received only {} datagrams",
+            s.on_target
+        );
+        assert!(
+            s.gap_ms < MAX_LOSS_WINDOW_MS,
+            "{family}: loss window {:.1} ms (seq {} -> {})",
+            s.gap_ms,
+            s.gap_seqs.0,
+            s.gap_seqs.1
+        );
+        assert!(
+            s.ready_gap_ms < MAX_LOSS_WINDOW_MS,
+            "{family}: the ready signal cost {:.1} ms",
+            s.ready_gap_ms
+        );
+    }
     // The agent logs the data path's cut-over on its next pass.
     bed.b
         .wait_log("the VM spoke on the target port", Duration::from_secs(10));
@@ -69,24 +96,30 @@ fn live_migration_keeps_ip_mac_and_gateway_with_a_short_loss_window() {
         "--api-socket",
         bed.b.api_socket().to_str().unwrap(),
     ]);
-    assert!(show.contains(VM1_MAC) && show.contains(VM1_IP), "{show}");
-    assert!(show.contains("cut-over"), "{show}");
+    for want in [VM1_MAC, VM1_IP, VM1_IP6, "cut-over"] {
+        assert!(show.contains(want), "no {want:?} in:\n{show}");
+    }
 
-    // The gateway answers on b with the MAC the guest already had.
-    assert!(bed.vm1t.ping(GATEWAY), "vm1 (b) -> gateway");
-    let neigh = bed
-        .vm1t
-        .ns
-        .run(&["ip", "neigh", "show", GATEWAY, "dev", "eth0"]);
-    assert!(
-        neigh.contains(&gw_lladdr),
-        "gateway MAC changed: {neigh} vs {gw_lladdr}"
-    );
-    assert!(bed.client.ping(VM1_IP), "client -> vm1 on b");
+    // The gateway answers on b with the MAC the guest already had, in
+    // both families.
+    for (gw, lladdr) in [(GATEWAY, &w.gw_lladdr), (GATEWAY6, &w.gw6_lladdr)] {
+        assert!(bed.vm1t.ping(gw), "vm1 (b) -> gateway {gw}");
+        let neigh = bed.vm1t.ns.run(&["ip", "neigh", "show", gw, "dev", "eth0"]);
+        assert!(
+            neigh.contains(lladdr.as_str()),
+            "gateway {gw}'s MAC changed: {neigh} vs {lladdr}"
+        );
+    }
+    for dst in [VM1_IP, VM1_IP6] {
+        assert!(bed.client.ping(dst), "client -> vm1 on b at {dst}");
+    }
 
-    // The /32 moved: b advertises it, a withdrew it.
-    wait_for("the route moved to b", Duration::from_secs(10), || {
-        table100(&bed.b.ns).contains(VM1_IP) && !table100(&bed.a.ns).contains(VM1_IP)
+    // The /32 and the /128 moved: b advertises them, a withdrew them.
+    wait_for("the routes moved to b", Duration::from_secs(10), || {
+        table100(&bed.b.ns).contains(VM1_IP)
+            && !table100(&bed.a.ns).contains(VM1_IP)
+            && table100_v6(&bed.b.ns).contains(VM1_IP6)
+            && !table100_v6(&bed.a.ns).contains(VM1_IP6)
     });
     // c points at b directly; nothing needs relaying any more.
     let ep = vm1_endpoint(&bed.c).unwrap();

@@ -1,10 +1,11 @@
 //! A real live migration, Kubernetes-driven and dual-stack: a QEMU guest
-//! (bridge binding, IPv4 by DHCP, IPv6 on vmpath's RA) runs on node a from
-//! its VMI, virt-launcher pod and NAD in the API server; KubeVirt's target
-//! pod on node b is made by vmpath-cni as Multus calls it (the VM's MAC, a
-//! fresh namespace with IPv6 on); the guest keeps answering on a until QEMU
-//! moves it, then moves with its TCP connections (IPv4 and IPv6) while the
-//! peer on node c pings it every millisecond in both families. Scenario in
+//! (bridge binding, IPv4 by DHCP, IPv6 by DHCPv6 and vmpath's RA) runs on
+//! node a from its VMI, virt-launcher pod and NAD in the API server;
+//! KubeVirt's target pod on node b is made by vmpath-cni as Multus calls it
+//! (the VM's MAC, a fresh namespace with IPv6 on); the guest keeps
+//! answering on a until QEMU moves it, then moves with its TCP connections (IPv4 and IPv6) while the
+//! peer on node c pings it every millisecond in both families; on b it
+//! renews both leases with b's agent and keeps its addresses. Scenario in
 //! `vmpath_tests::qemu::migration`.
 
 use std::time::Duration;
@@ -105,6 +106,46 @@ fn a_kubevirt_migration_of_a_real_dual_stack_guest_moves_it_only_when_it_resumes
             m.pause_ms
         );
     }
+    // The guest renews its leases with b's agent and keeps its addresses:
+    // DHCPv4 (udhcpc renews at SIGUSR1) and DHCPv6 (dhclient restarted
+    // from its lease: a CONFIRM, as RFC 8415 has a client that may have
+    // moved to another link do).
+    let lease = bed.vm1.wait_lease();
+    let renewed = bed.vm1.renew_dhcp4(&lease);
+    assert_eq!(
+        (renewed.get("ip"), renewed.get("serverid")),
+        (lease.get("ip"), lease.get("serverid")),
+        "the renewed lease: {renewed:?}, before the move: {lease:?}"
+    );
+    assert_eq!(renewed.get("ip").map(String::as_str), Some(VM1_IP));
+    bed.vm1.stop_dhcp6();
+    bed.vm1.start_dhcp6();
+    let lease6 = bed.vm1.wait_lease6();
+    assert_eq!(
+        lease6.get("ip6").map(String::as_str),
+        Some(VM1_IP6),
+        "the guest's DHCPv6 lease after the move: {lease6:?}"
+    );
+    let dhcp = dhcp_counters(&bed.nodes[1]);
+    assert!(
+        dhcp["replied"]["dhcp4_request"].as_u64() >= Some(1),
+        "b's agent answered no DHCPv4 REQUEST of the guest: {dhcp}"
+    );
+    let replied6: u64 = dhcp["replied"]
+        .as_object()
+        .into_iter()
+        .flatten()
+        .filter(|(kind, _)| kind.starts_with("dhcp6_"))
+        .filter_map(|(_, n)| n.as_u64())
+        .sum();
+    assert!(
+        replied6 >= 1,
+        "b's agent answered no DHCPv6 message of the guest: {dhcp}"
+    );
+    println!(
+        "leases after the move: DHCPv4 {renewed:?}; DHCPv6 {lease6:?}; b's slow path for the guest: {dhcp}"
+    );
+
     // The guest is on b, where its /32 and /128 moved, and says so.
     for dst in [VM1_IP, VM1_IP6] {
         assert!(bed.peer.ping(dst, 3), "peer -> guest on b at {dst}");
@@ -128,4 +169,21 @@ fn a_kubevirt_migration_of_a_real_dual_stack_guest_moves_it_only_when_it_resumes
     for want in ["node:       b", "local", VM1_IP, VM1_IP6] {
         assert!(show.contains(want), "no {want:?} in:\n{show}");
     }
+}
+
+/// The DHCP counters of the guest's interface on `node`'s agent (`vmpath
+/// vm show -o json`): received, replied and dropped, by message kind.
+fn dhcp_counters(node: &vmpath_tests::Node) -> serde_json::Value {
+    let show = vmpath_tests::run(&[
+        vmpath_tests::vmpath_bin().to_str().unwrap(),
+        "vm",
+        "show",
+        "prod/vm1",
+        "-o",
+        "json",
+        "--api-socket",
+        node.api_socket().to_str().unwrap(),
+    ]);
+    let detail: serde_json::Value = serde_json::from_str(&show).expect("vm show JSON");
+    detail["interfaces"][0]["dhcp"].clone()
 }

@@ -2,11 +2,13 @@
 //! qemu-system-x86 and the libraries it lacks, unpacked, not installed: the
 //! package conflicts with a backported qemu-utils on the CI machines), a
 //! Debian cloud kernel taken from its package, and an initramfs with a
-//! static busybox, the virtio NIC's modules and a small init.
+//! static busybox, ISC dhclient for DHCPv6 (busybox-static has no
+//! udhcpc6) with the C library it links, the virtio NIC's modules and a
+//! small init.
 //!
 //! Everything lands in one cache directory (`VMPATH_GUEST_DIR`, default
 //! [`DEFAULT_DIR`]) with a stamp: a hash of the inputs (the package lists,
-//! the init and DHCP hook, the layout version). A second run with the same
+//! the init and DHCP hooks, the layout version). A second run with the same
 //! inputs does nothing.
 
 use std::{
@@ -59,6 +61,18 @@ const QEMU_PACKAGES: &[&str] = &[
 /// The metapackage naming the current cloud kernel.
 const KERNEL_META: &str = "linux-image-cloud-amd64";
 const BUSYBOX: &str = "busybox-static";
+/// DHCPv6 in the guest: ISC dhclient (`dhclient -6`), dynamically linked
+/// against the C library only, which comes from its own package so that
+/// the two match.
+const DHCLIENT: &str = "isc-dhcp-client";
+const LIBC: &str = "libc6";
+/// Files of those packages the initramfs takes, at the same paths: the
+/// binary, the C library and the dynamic loader (its PT_INTERP path).
+const DHCLIENT_FILES: &[&str] = &[
+    "sbin/dhclient",
+    "lib/x86_64-linux-gnu/libc.so.6",
+    "lib64/ld-linux-x86-64.so.2",
+];
 
 /// The virtio NIC's modules; the initramfs loads them in the order their
 /// `depends=` fields give.
@@ -75,6 +89,7 @@ const MODULES: &[&str] = &[
 
 const INIT: &str = include_str!("guest/init");
 const UDHCPC_HOOK: &str = include_str!("guest/udhcpc.sh");
+const DHCLIENT6_HOOK: &str = include_str!("guest/dhclient6.sh");
 
 pub fn dir() -> PathBuf {
     std::env::var_os("VMPATH_GUEST_DIR")
@@ -85,10 +100,20 @@ pub fn dir() -> PathBuf {
 /// FNV-1a over the inputs: stable across toolchains, enough for a cache key.
 fn inputs_hash() -> String {
     let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    let parts = [LAYOUT, KERNEL_META, BUSYBOX, INIT, UDHCPC_HOOK]
-        .into_iter()
-        .chain(QEMU_PACKAGES.iter().copied())
-        .chain(MODULES.iter().copied());
+    let parts = [
+        LAYOUT,
+        KERNEL_META,
+        BUSYBOX,
+        INIT,
+        UDHCPC_HOOK,
+        DHCLIENT,
+        LIBC,
+        DHCLIENT6_HOOK,
+    ]
+    .into_iter()
+    .chain(DHCLIENT_FILES.iter().copied())
+    .chain(QEMU_PACKAGES.iter().copied())
+    .chain(MODULES.iter().copied());
     for part in parts {
         for b in part.bytes().chain([0u8]) {
             h ^= u64::from(b);
@@ -120,7 +145,7 @@ pub fn setup() -> Result<Option<String>> {
 
     let kernel_pkg = kernel_package(step)?;
     let mut packages: Vec<&str> = QEMU_PACKAGES.to_vec();
-    packages.push(BUSYBOX);
+    packages.extend([BUSYBOX, DHCLIENT, LIBC]);
     packages.push(&kernel_pkg);
     // `apt-get download` writes into the working directory; `_apt` cannot
     // write to it, hence the unsandboxed download as root.
@@ -140,7 +165,8 @@ pub fn setup() -> Result<Option<String>> {
             continue;
         }
         let name = path.file_name().unwrap().to_string_lossy().into_owned();
-        let into = if name.starts_with("linux-image-") || name.starts_with("busybox") {
+        let guest_side = ["linux-image-", "busybox", DHCLIENT, LIBC];
+        let into = if guest_side.iter().any(|p| name.starts_with(p)) {
             &kernel_root
         } else {
             &qemu_root
@@ -249,6 +275,15 @@ fn initramfs(step: &str, kernel_root: &Path, kver: &str) -> Result<Vec<u8>> {
     cpio.symlink("bin/sh", "busybox");
     cpio.file("init", 0o755, INIT.as_bytes());
     cpio.file("etc/udhcpc.sh", 0o755, UDHCPC_HOOK.as_bytes());
+    cpio.file("etc/dhclient6.sh", 0o755, DHCLIENT6_HOOK.as_bytes());
+    for d in ["sbin", "lib/x86_64-linux-gnu", "lib64"] {
+        cpio.dir(d);
+    }
+    for f in DHCLIENT_FILES {
+        let data = read_in_root(kernel_root, f)
+            .with_context(|| format!("{step}: {f} from {DHCLIENT} or {LIBC}"))?;
+        cpio.file(f, 0o755, &data);
+    }
 
     let modules_root = kernel_root.join(format!("lib/modules/{kver}/kernel"));
     let found = find_modules(&modules_root)?;
@@ -291,6 +326,27 @@ fn initramfs(step: &str, kernel_root: &Path, kver: &str) -> Result<Vec<u8>> {
         format!("{}\n", order.join("\n")).as_bytes(),
     );
     Ok(cpio.finish())
+}
+
+/// The file at `path` in the unpacked tree `root`, following symlinks
+/// inside that tree (lib64's loader is an absolute link, which read from
+/// the host would be the host's loader).
+fn read_in_root(root: &Path, path: &str) -> Result<Vec<u8>> {
+    let mut at = root.join(path);
+    for _ in 0..8 {
+        if !fs::symlink_metadata(&at)?.file_type().is_symlink() {
+            return Ok(fs::read(&at)?);
+        }
+        let target = fs::read_link(&at)?;
+        at = match target.strip_prefix("/") {
+            Ok(inside) => root.join(inside),
+            Err(_) => at.parent().context("a link at the root")?.join(target),
+        };
+    }
+    bail!(
+        "{}: too many levels of symbolic links",
+        root.join(path).display()
+    )
 }
 
 /// Module name (`virtio_net`) to its path, under `root`.

@@ -24,6 +24,25 @@ pub fn server_duid(gw_mac: [u8; 6]) -> Vec<u8> {
     d
 }
 
+/// The addresses of every IA_NA in `msg` (what a CONFIRM asks about).
+fn confirmed_addresses(msg: &Message) -> Vec<Ipv6Addr> {
+    msg.opts()
+        .get_all(OptionCode::IANA)
+        .unwrap_or_default()
+        .iter()
+        .filter_map(|o| match o {
+            DhcpOption::IANA(ia) => Some(ia),
+            _ => None,
+        })
+        .flat_map(|ia| {
+            ia.opts.iter().filter_map(|o| match o {
+                DhcpOption::IAAddr(a) => Some(a.addr),
+                _ => None,
+            })
+        })
+        .collect()
+}
+
 /// Answers `payload` (the UDP payload of a frame from `src_mac`/`src_ip`).
 pub fn handle(svc: &PortService, src_mac: [u8; 6], src_ip: Ipv6Addr, payload: &[u8]) -> Handled {
     let Some(msg) = super::decode_guarded::<Message>(payload) else {
@@ -119,7 +138,18 @@ fn answer(
             }
         }
         MessageType::Confirm => {
-            let on_link = svc.v6.is_some();
+            // A client that may have moved (a migrated VM) asks whether
+            // its addresses still fit the link (RFC 8415 18.3.3). Here
+            // only the VM's own address fits: another VM's, or one from
+            // before a re-addressing, is told NotOnLink and solicits
+            // again. No address at all: no reply, as the RFC says.
+            let confirmed = confirmed_addresses(msg);
+            if confirmed.is_empty() {
+                return Err("a CONFIRM with no address");
+            }
+            let on_link = svc
+                .v6
+                .is_some_and(|lease| confirmed.iter().all(|a| *a == lease.addr()));
             opts.insert(DhcpOption::StatusCode(StatusCode {
                 status: if on_link {
                     Status::Success

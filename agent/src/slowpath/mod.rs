@@ -447,6 +447,83 @@ mod tests {
         assert_eq!(port.dropped["over_quota"], 100 - fair::PORT_QUOTA as u64);
     }
 
+    /// A DHCPv6 CONFIRM from the VM's link-local address, with an IA_NA
+    /// holding `addrs`.
+    fn confirm_frame(addrs: &[Ipv6Addr]) -> Vec<u8> {
+        use dhcproto::v6;
+        let mut msg = v6::Message::new(v6::MessageType::Confirm);
+        let opts = msg.opts_mut();
+        opts.insert(v6::DhcpOption::ClientId(vec![
+            0, 3, 0, 1, 0x52, 0x54, 0, 0, 0, 1,
+        ]));
+        let mut ia_opts = v6::DhcpOptions::new();
+        for a in addrs {
+            ia_opts.insert(v6::DhcpOption::IAAddr(v6::IAAddr {
+                addr: *a,
+                preferred_life: 0,
+                valid_life: 0,
+                opts: v6::DhcpOptions::new(),
+            }));
+        }
+        opts.insert(v6::DhcpOption::IANA(v6::IANA {
+            id: 1,
+            t1: 0,
+            t2: 0,
+            opts: ia_opts,
+        }));
+        let mut payload = Vec::new();
+        msg.encode(&mut Encoder::new(&mut payload)).unwrap();
+        let src = Ipv6Addr::from(vmpath_common::link_local_from_mac(VM_MAC));
+        let all_servers: Ipv6Addr = "ff02::1:2".parse().unwrap();
+        let b = PacketBuilder::ethernet2(VM_MAC, [0x33, 0x33, 0, 1, 0, 2])
+            .ipv6(src.octets(), all_servers.octets(), 1)
+            .udp(546, 547);
+        let mut f = Vec::new();
+        b.write(&mut f, &payload).unwrap();
+        tag(5, &f)
+    }
+
+    /// The status code of the Reply to `frame`, None: no reply.
+    fn confirm_status(frame: &[u8]) -> Option<dhcproto::v6::Status> {
+        use dhcproto::v6;
+        let replies = dispatch(frame, &services(), &SharedStats::default());
+        let (_, frame) = untag(replies.first()?).unwrap();
+        let p = SlicedPacket::from_ethernet(&frame).unwrap();
+        let Some(TransportSlice::Udp(udp)) = p.transport else {
+            panic!("not UDP")
+        };
+        let reply = v6::Message::decode(&mut Decoder::new(udp.payload())).unwrap();
+        assert_eq!(reply.msg_type(), v6::MessageType::Reply);
+        match reply.opts().get(v6::OptionCode::StatusCode) {
+            Some(v6::DhcpOption::StatusCode(s)) => Some(s.status),
+            other => panic!("no status code: {other:?}"),
+        }
+    }
+
+    /// After a migration the guest's client confirms its lease with the
+    /// target node's server: its own address fits the link; another VM's
+    /// (a tenant trying it on) or any mix with one does not, and a CONFIRM
+    /// naming no address gets no reply (RFC 8415 18.3.3).
+    #[test]
+    fn a_confirm_succeeds_only_for_the_vms_own_address() {
+        use dhcproto::v6::Status;
+        let own: Ipv6Addr = "fd20::50".parse().unwrap();
+        let other: Ipv6Addr = "fd20::51".parse().unwrap();
+        assert_eq!(
+            confirm_status(&confirm_frame(&[own])),
+            Some(Status::Success)
+        );
+        assert_eq!(
+            confirm_status(&confirm_frame(&[other])),
+            Some(Status::NotOnLink)
+        );
+        assert_eq!(
+            confirm_status(&confirm_frame(&[own, other])),
+            Some(Status::NotOnLink)
+        );
+        assert_eq!(confirm_status(&confirm_frame(&[])), None);
+    }
+
     proptest! {
         #![proptest_config(ProptestConfig::with_cases(3000))]
 

@@ -1,8 +1,8 @@
 //! A real live migration driven as KubeVirt drives it: three nodes with
 //! their agents on `--source kubernetes` against the test API server; a
-//! QEMU guest (bridge binding, IPv4 by DHCP, IPv6 on the RA's prefix) runs
-//! on node a from its VMI, virt-launcher pod and NAD; a peer VM on node c
-//! reaches it over both families. A migration is what KubeVirt does: the
+//! QEMU guest (bridge binding, IPv4 by DHCP, IPv6 by DHCPv6 and the RA's
+//! prefix) runs on node a from its VMI, virt-launcher pod and NAD; a peer
+//! VM on node c reaches it over both families. A migration is what KubeVirt does: the
 //! VMIM and the target virt-launcher pod (labelled with the VMIM's uid),
 //! the CNI ADD of that pod as Multus makes it (the VM's MAC from the
 //! network selection element, a fresh namespace with the kernel's default
@@ -172,8 +172,9 @@ pub struct RealBed {
 impl RealBed {
     /// Builds the nodes and the cluster's objects, makes vm1's pod on a
     /// (the CNI ADD as Multus makes it, then virt-launcher's bridge and
-    /// tap), boots the guest there and waits until it has its DHCP lease
-    /// and the RA's prefix, and the peer reaches it over both families.
+    /// tap), boots the guest there and waits until it has its DHCP and
+    /// DHCPv6 leases and the RA's prefix, and the peer reaches it over both
+    /// families.
     pub fn boot() -> RealBed {
         let underlay = Underlay::new();
         let mut nodes = [Node::new("a"), Node::new("b"), Node::new("c")];
@@ -270,11 +271,18 @@ impl RealBed {
             Some(VM1_IP),
             "the guest's lease: {lease:?}"
         );
-        // IPv6: vmpath's RA gives the on-link prefix (a secondary network:
-        // no default route); the address is the claim's, as the /128
-        // DHCPv6 would hand out (busybox has no DHCPv6 client).
-        bed.vm1
-            .run(&format!("ip -6 addr add {VM1_IP6}/128 dev eth0"));
+        // IPv6: the address by DHCPv6 (the claim's, a /128), vmpath's RA
+        // gives the on-link prefix (a secondary network: no default route).
+        bed.vm1.start_dhcp6();
+        let lease6 = bed.vm1.wait_lease6();
+        assert_eq!(
+            (
+                lease6.get("ip6").map(String::as_str),
+                lease6.get("prefixlen").map(String::as_str)
+            ),
+            (Some(VM1_IP6), Some("128")),
+            "the guest's DHCPv6 lease: {lease6:?}"
+        );
         let deadline = Instant::now() + Duration::from_secs(70);
         loop {
             let routes = bed.vm1.run("ip -6 route show");
@@ -294,13 +302,39 @@ impl RealBed {
             );
             std::thread::sleep(Duration::from_millis(500));
         }
-        wait_for(
-            "the guest's IPv6 address past DAD",
-            Duration::from_secs(20),
-            || bed.vm1.run_status(&format!("ping6 -c 1 -W 1 {GATEWAY6}")).0 == 0,
+        // Past DAD: usable as a source (a ping to the gateway alone
+        // would pass from the link-local address meanwhile).
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let addrs = bed.vm1.run("ip -6 addr show dev eth0");
+            let entry = addrs
+                .lines()
+                .find(|l| l.contains(&format!("{VM1_IP6}/128")))
+                .unwrap_or_default();
+            if !entry.is_empty() && !entry.contains("tentative") {
+                assert!(!entry.contains("dadfailed"), "DAD failed: {addrs}");
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the guest's DHCPv6 address not past DAD in 30 s: {addrs}"
+            );
+            std::thread::sleep(Duration::from_millis(500));
+        }
+        assert_eq!(
+            bed.vm1
+                .run_status(&format!("ping6 -c 3 -i 0.2 -W 2 {GATEWAY6}"))
+                .0,
+            0,
+            "guest -> its IPv6 gateway on a"
         );
         for dst in [VM1_IP, VM1_IP6] {
-            assert!(bed.peer.ping(dst, 3), "peer (c) -> guest (a) at {dst}");
+            assert!(
+                bed.peer.ping(dst, 3),
+                "peer (c) -> guest (a) at {dst}; the guest's addresses: {}; routes: {}",
+                bed.vm1.run("ip addr show dev eth0"),
+                bed.vm1.run("ip -6 route show")
+            );
         }
         assert!(bed.vm1.ping(GATEWAY), "guest -> its gateway on a");
         bed

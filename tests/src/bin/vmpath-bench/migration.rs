@@ -2,8 +2,9 @@
 //! migration test (`tests/tests/migration.rs`, bed and cut-over in
 //! `vmpath_tests::migration`) with the release agent: three nodes on a veth
 //! underlay with the VXLAN overlay, a client VM on node c streaming UDP
-//! with sequence numbers 1 ms apart to vm1 while vm1 moves from node a to
-//! node b. Each run builds a fresh bed. Baseline: the send interval.
+//! with sequence numbers 1 ms apart to vm1's IPv4 and IPv6 addresses while
+//! vm1 moves from node a to node b. Each run builds a fresh bed. Baseline:
+//! the send interval.
 //!
 //! Beside it, the same cut-over seen from outside (`vmpath_tests::
 //! north_south`, the scenario of `tests/tests/north_south_imported.rs`):
@@ -13,7 +14,9 @@
 
 use anyhow::{Result, bail};
 use vmpath_tests::{
-    migration::{INTERVAL_MS, LossWindow, STREAM_COUNT, loss_window, start_migration, three_nodes},
+    migration::{
+        Announce, INTERVAL_MS, LossWindow, STREAM_COUNT, loss_window, start_migration, three_nodes,
+    },
     north_south::{self, ExternalWindow},
 };
 
@@ -31,87 +34,104 @@ pub fn run(opts: &Options) -> Result<Section> {
     for r in 0..opts.runs {
         let bed = three_nodes();
         start_migration(&bed);
-        let w = loss_window(&bed);
-        eprintln!(
-            "bench:   run {r}: last on the source -> first on the target {:.1} ms (seq {} -> {}), \
-             {} lost, {} on the target; longest silence {:.1} ms (seq {} -> {}); cut-over \
-             commands {:.1} ms, first on the target {:.1} ms after its link came up; longest \
-             gap after ready {:.1} ms",
-            w.switch_ms,
-            w.switch_seqs.0,
-            w.switch_seqs.1,
-            w.lost,
-            w.on_target,
-            w.gap_ms,
-            w.gap_seqs.0,
-            w.gap_seqs.1,
-            w.commands_ms,
-            w.first_on_target_ms,
-            w.ready_gap_ms
-        );
-        // The stream has to have moved, or the window means nothing.
-        if w.on_target < 1000 || !w.switch_ms.is_finite() {
-            bail!(
-                "run {r}: the target received only {} datagrams",
-                w.on_target
+        let w = loss_window(&bed, Announce::GarpAndRarp);
+        for (family, s) in [("IPv4", &w.ipv4), ("IPv6", &w.ipv6)] {
+            eprintln!(
+                "bench:   run {r} {family}: last on the source -> first on the target {:.1} ms \
+                 (seq {} -> {}), {} lost, {} on the target; longest silence {:.1} ms (seq {} -> \
+                 {}); first on the target {:.1} ms after its link came up; longest gap after \
+                 ready {:.1} ms",
+                s.switch_ms,
+                s.switch_seqs.0,
+                s.switch_seqs.1,
+                s.lost,
+                s.on_target,
+                s.gap_ms,
+                s.gap_seqs.0,
+                s.gap_seqs.1,
+                s.first_on_target_ms,
+                s.ready_gap_ms
             );
+            // The stream has to have moved, or the window means nothing.
+            if s.on_target < 1000 || !s.switch_ms.is_finite() {
+                bail!(
+                    "run {r}: the target received only {} {family} datagrams",
+                    s.on_target
+                );
+            }
         }
+        eprintln!(
+            "bench:   run {r}: cut-over commands {:.1} ms",
+            w.commands_ms
+        );
         runs.push(w);
         drop(bed);
     }
     let interval = INTERVAL_MS as f64;
     let col = |f: fn(&LossWindow) -> f64| -> Vec<f64> { runs.iter().map(f).collect() };
-    let window = summary(&col(|w| w.switch_ms));
-    let lost = summary(&col(|w| w.lost as f64));
-    let ready = summary(&col(|w| w.ready_gap_ms));
-    let silence = summary(&col(|w| w.gap_ms));
+    let window = summary(&col(|w| w.ipv4.switch_ms));
+    let window6 = summary(&col(|w| w.ipv6.switch_ms));
+    let lost = summary(&col(|w| w.ipv4.lost as f64));
+    let lost6 = summary(&col(|w| w.ipv6.lost as f64));
+    let ready = summary(&col(|w| w.ipv4.ready_gap_ms.max(w.ipv6.ready_gap_ms)));
+    let silence = summary(&col(|w| w.ipv4.gap_ms));
+    let silence6 = summary(&col(|w| w.ipv6.gap_ms));
     let cmds = summary(&col(|w| w.commands_ms));
-    let first = summary(&col(|w| w.first_on_target_ms));
+    let first = summary(&col(|w| w.ipv4.first_on_target_ms));
 
     let mut md = format!(
         "The migration test's scenario (`tests/tests/migration.rs`; bed and cut-over \
          shared in `vmpath_tests::migration`) with the release agent, {} run(s), a \
          fresh bed each: three node namespaces on a veth underlay (a bridge), the VXLAN \
          overlay, a client VM on node c sending UDP with sequence numbers {INTERVAL_MS} \
-         ms apart ({STREAM_COUNT} datagrams) to vm1 while it moves from node a to node b. \
+         ms apart ({STREAM_COUNT} datagrams in each family) to vm1's IPv4 and IPv6 \
+         addresses at once (a dual-stack network, /32 and /128 per VM) while it moves \
+         from node a to node b. \
          The migration is pending in every node's config (`ready: false`) before the \
          stream starts; 1.5 s into the stream the source VM's link goes down, the \
          target's comes up and it announces itself (GARP and RARP, as QEMU does); the \
          config says `ready: true` 1 s later. **Loss window** = the last datagram \
          received on the source to the first received on the target (receive \
          timestamps, CLOCK_MONOTONIC); datagrams lost = sequence numbers no receiver \
-         got. The window includes the cut-over's own `ip` commands (source down → \
+         got; each family is measured on its own stream. The window includes the cut-over's own `ip` commands (source down → \
          target up, about 3 ms of process starts, shown separately). The migration \
          test asserts on the longest silence at the receivers from 200 ms before the \
          cut-over to the ready signal, shown too: it is the loss window unless a \
          scheduling stall elsewhere in that second was longer. Baseline: the \
          sender's interval ({INTERVAL_MS} ms).\n\n\
-         | run | loss window ms | datagrams lost of {STREAM_COUNT} | ÷ send interval | \
-         longest gap after `ready: true` ms | longest silence around the cut-over ms | \
-         cut-over `ip` commands ms | first datagram on the target after its link came up \
-         ms |\n|---|---|---|---|---|---|---|---|\n",
+         | run | loss window ms | IPv6 loss window ms | datagrams lost of {STREAM_COUNT} \
+         | IPv6 datagrams lost | ÷ send interval | longest gap after `ready: true` ms \
+         (either family) | longest silence around the cut-over ms | IPv6 longest silence \
+         ms | cut-over `ip` commands ms | first datagram on the target after its link \
+         came up ms |\n|---|---|---|---|---|---|---|---|---|---|---|\n",
         opts.runs
     );
     for (i, w) in runs.iter().enumerate() {
         md.push_str(&format!(
-            "| {} | {:.1} | {} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} |\n",
+            "| {} | {:.1} | {:.1} | {} | {} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} |\n",
             i + 1,
-            w.switch_ms,
-            w.lost,
-            w.switch_ms / interval,
-            w.ready_gap_ms,
-            w.gap_ms,
+            w.ipv4.switch_ms,
+            w.ipv6.switch_ms,
+            w.ipv4.lost,
+            w.ipv6.lost,
+            w.ipv4.switch_ms / interval,
+            w.ipv4.ready_gap_ms.max(w.ipv6.ready_gap_ms),
+            w.ipv4.gap_ms,
+            w.ipv6.gap_ms,
             w.commands_ms,
-            w.first_on_target_ms
+            w.ipv4.first_on_target_ms
         ));
     }
     md.push_str(&format!(
-        "| median (min–max) | {} | {:.0} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} |\n",
+        "| median (min–max) | {} | {} | {:.0} | {:.0} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} |\n",
         fmt_summary(&window),
+        fmt_summary(&window6),
         lost.median,
+        lost6.median,
         window.median / interval,
         ready.median,
         silence.median,
+        silence6.median,
         cmds.median,
         first.median
     ));
@@ -149,9 +169,10 @@ pub fn run(opts: &Options) -> Result<Section> {
     }
     md.push_str(&format!(
         "| median (min–max) | {} | | | | | |\n\n\
-         East-west (above) {:.1} ms, north-south {:.1} ms (medians).\n",
+         East-west (above) {:.1} ms (IPv6 {:.1} ms), north-south {:.1} ms (medians).\n",
         fmt_summary(&ext_window),
         window.median,
+        window6.median,
         ext_window.median
     ));
     Ok(Section {
@@ -161,6 +182,11 @@ pub fn run(opts: &Options) -> Result<Section> {
             Bar {
                 label: "live migration loss window (lower is better)".into(),
                 ratio: window.median / interval,
+                baseline: format!("send interval {INTERVAL_MS} ms"),
+            },
+            Bar {
+                label: "live migration loss window, IPv6 (lower is better)".into(),
+                ratio: window6.median / interval,
                 baseline: format!("send interval {INTERVAL_MS} ms"),
             },
             Bar {
