@@ -12,6 +12,7 @@ pub mod endpoints;
 pub mod events;
 pub mod forwarding;
 pub mod hash;
+pub mod handoff;
 pub mod host_reach;
 pub mod ipam;
 pub mod kube_objects;

@@ -13,7 +13,7 @@
 use std::net::IpAddr;
 
 use vmpath_common::{
-    NET_F_INGRESS, NET_F_IP_FILTER, NET_F_ROUTED, NET_F_SNAT, ROUTED_F_INBOUND, ResolvePrefix,
+    CLUSTER_NETWORK, NET_F_INGRESS, NET_F_IP_FILTER, NET_F_ROUTED, NET_F_SNAT, ROUTED_F_INBOUND, ResolvePrefix,
     RoutedAddr, SNAT_DEFAULT_PORT_MAX, SNAT_DEFAULT_PORT_MIN, SNAT_DEFAULT_QUOTA, SnatConfig,
     Subnet4, Subnet6,
 };
@@ -62,29 +62,10 @@ pub fn north_south(cfg: &Resolved, node: &str, plan: &mut Plan) {
             }
         }
         for s in &net.subnets {
-            let s = s.trunc();
-            match s.addr() {
-                IpAddr::V4(a) => {
-                    plan.subnets4.insert((
-                        32 + u32::from(s.prefix_len()),
-                        Subnet4 {
-                            network: net.id.to_be_bytes(),
-                            addr: a.octets(),
-                        },
-                    ));
-                }
-                IpAddr::V6(a) => {
-                    plan.subnets6.insert((
-                        32 + u32::from(s.prefix_len()),
-                        Subnet6 {
-                            network: net.id.to_be_bytes(),
-                            addr: a.octets(),
-                        },
-                    ));
-                }
-            }
+            insert_subnet(plan, net.id, *s);
         }
     }
+    cluster_destinations(cfg, plan);
     for net in cfg.config.networks.iter().filter(|n| ingress(n)) {
         let migration_end = cfg.attachments.iter().any(|a| {
             a.network == net.name
@@ -128,6 +109,53 @@ pub fn north_south(cfg: &Resolved, node: &str, plan: &mut Plan) {
         udp_timeout: SNAT_UDP_TIMEOUT,
         icmp_timeout: SNAT_ICMP_TIMEOUT,
     };
+}
+
+/// `(network, subnet)` into `vmp_subnets4` or `vmp_subnets6`.
+fn insert_subnet(plan: &mut Plan, network: u32, s: ipnet::IpNet) {
+    let s = s.trunc();
+    match s.addr() {
+        IpAddr::V4(a) => {
+            plan.subnets4.insert((
+                32 + u32::from(s.prefix_len()),
+                Subnet4 {
+                    network: network.to_be_bytes(),
+                    addr: a.octets(),
+                },
+            ));
+        }
+        IpAddr::V6(a) => {
+            plan.subnets6.insert((
+                32 + u32::from(s.prefix_len()),
+                Subnet6 {
+                    network: network.to_be_bytes(),
+                    addr: a.octets(),
+                },
+            ));
+        }
+    }
+}
+
+/// The cluster's own address spaces under [`CLUSTER_NETWORK`]: its pod and
+/// Service CIDRs and every node's address. An endpoint of a Primary
+/// network hands its traffic to these to the node's stack, where
+/// kube-proxy translates Services and the node routes to other nodes'
+/// pods. Written only when a Primary network exists: nothing else asks.
+fn cluster_destinations(cfg: &Resolved, plan: &mut Plan) {
+    let primary = cfg
+        .config
+        .networks
+        .iter()
+        .any(|n| n.role == crate::config::model::Role::Primary);
+    if !primary {
+        return;
+    }
+    for c in &cfg.config.cluster_cidrs {
+        insert_subnet(plan, CLUSTER_NETWORK, c.cidr);
+    }
+    for n in cfg.config.nodes.values() {
+        insert_subnet(plan, CLUSTER_NETWORK, ipnet::IpNet::from(n.address));
+    }
 }
 
 /// `vmp_resolve_prefixes`: the subnets of the ingress networks this node
