@@ -129,7 +129,11 @@ impl Handoff {
         }
         match apply(&ruleset(&want)) {
             Ok(()) => {
-                info!(subnets = want.len(), table = TABLE, "hand-off rules written");
+                info!(
+                    subnets = want.len(),
+                    table = TABLE,
+                    "hand-off rules written"
+                );
                 self.synced = Some(want);
             }
             // Retried next round: `synced` stays as it was.

@@ -23,9 +23,9 @@ use network_types::{
     ip::{Ipv4Hdr, Ipv6Hdr},
 };
 use vmpath_common::{
-    AddrKey, CLUSTER_NETWORK, HopKey4, HopKey6, L2Hop, NET_F_GW4, NET_F_GW6, NET_F_HOST_REACH, NET_F_ROUTED,
-    NET_F_SNAT, NO_PORT_ID, NetworkInfo, PortInfo, RoutedAddr, Subnet4, Subnet6, drop_reason,
-    kernel_af, maps, tail_call,
+    AddrKey, CLUSTER_NETWORK, HopKey4, HopKey6, L2Hop, NET_F_GW4, NET_F_GW6, NET_F_HOST_REACH,
+    NET_F_ROUTED, NET_F_SNAT, NO_PORT_ID, NetworkInfo, PortInfo, RoutedAddr, Subnet4, Subnet6,
+    drop_reason, kernel_af, maps, tail_call,
 };
 
 use crate::{

@@ -13,9 +13,9 @@
 use std::net::IpAddr;
 
 use vmpath_common::{
-    CLUSTER_NETWORK, NET_F_INGRESS, NET_F_IP_FILTER, NET_F_ROUTED, NET_F_SNAT, ROUTED_F_INBOUND, ResolvePrefix,
-    RoutedAddr, SNAT_DEFAULT_PORT_MAX, SNAT_DEFAULT_PORT_MIN, SNAT_DEFAULT_QUOTA, SnatConfig,
-    Subnet4, Subnet6,
+    CLUSTER_NETWORK, NET_F_INGRESS, NET_F_IP_FILTER, NET_F_ROUTED, NET_F_SNAT, ROUTED_F_INBOUND,
+    ResolvePrefix, RoutedAddr, SNAT_DEFAULT_PORT_MAX, SNAT_DEFAULT_PORT_MIN, SNAT_DEFAULT_QUOTA,
+    SnatConfig, Subnet4, Subnet6,
 };
 
 use super::{Plan, addr_key};
