@@ -34,6 +34,8 @@ pub const CNI_PLUGINS: &str = "/usr/lib/cni";
 pub const POD_CIDR: &str = "10.244.0.0/16";
 /// The cluster's Service CIDR.
 pub const SERVICE_CIDR: &str = "10.96.0.0/16";
+/// The underlay's router, every node's default route.
+pub const ROUTER: &str = "192.168.90.254";
 /// The DNS Service's ClusterIP (kube-system/kube-dns).
 pub const DNS_IP: &str = "10.96.0.10";
 /// The cluster's DNS domain.
@@ -124,7 +126,8 @@ pub struct ClusterNet {
 }
 
 impl ClusterNet {
-    /// Joins the namespaces `node_ns` (e.g. vmpath `Node`s' `ns`) on an underlay (node i: 192.168.90.(i+1)/24 on `cl0`),
+    /// Joins the namespaces `node_ns` (e.g. vmpath `Node`s' `ns`) on an underlay (node i: 192.168.90.(i+1)/24 on `cl0`,
+    /// the default route via [`ROUTER`]),
     /// gives node i the pod CIDR 10.244.i.0/24, routes every other node's
     /// pod CIDR through that node, and turns forwarding on.
     pub fn new(node_ns: &[&Netns]) -> ClusterNet {
@@ -135,6 +138,10 @@ impl ClusterNet {
         let underlay = Netns::new(format!("vt{tag}-clu"));
         underlay.run(&["ip", "link", "add", "br0", "type", "bridge"]);
         underlay.run(&["ip", "link", "set", "br0", "up"]);
+        // The underlay's router: every node's default route, as a real
+        // node has one (without it, an address no route covers would look
+        // like the node's own to a FIB lookup).
+        underlay.run(&["ip", "addr", "add", &format!("{ROUTER}/24"), "dev", "br0"]);
         let mut nodes = Vec::new();
         for (i, ns) in node_ns.iter().enumerate() {
             let index = u8::try_from(i).expect("a few nodes");
@@ -160,6 +167,13 @@ impl ClusterNet {
             nodes.push(node);
         }
         for a in &nodes {
+            let has_default = !a
+                .run(&["ip", "-4", "route", "show", "default"])
+                .trim()
+                .is_empty();
+            if !has_default {
+                a.run(&["ip", "route", "add", "default", "via", ROUTER]);
+            }
             for b in nodes.iter().filter(|b| b.index != a.index) {
                 a.run(&["ip", "route", "add", &b.pod_cidr, "via", &b.address]);
             }
