@@ -24,15 +24,32 @@ use std::{
     collections::BTreeSet,
     io::Write as _,
     process::{Command, Stdio},
+    sync::atomic::{AtomicBool, Ordering},
 };
 
 use ipnet::IpNet;
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 
 use crate::{config::model::Role, resolved::Resolved};
 
 /// vmpath's nftables table (family `inet`).
 pub const TABLE: &str = "vmpath_handoff";
+
+/// Whether this agent wrote the table for at least one Primary network.
+/// The plan hands nothing off until it has (`plan::north_south`): without
+/// the drop rule, the stack would carry one endpoint's traffic to another
+/// past its policy, so the hand-off fails closed (no `nft`, no hand-off).
+static WRITTEN: AtomicBool = AtomicBool::new(false);
+
+/// See [`WRITTEN`].
+pub fn written() -> bool {
+    WRITTEN.load(Ordering::Relaxed)
+}
+
+#[cfg(test)]
+pub(crate) fn set_written_for_tests() {
+    WRITTEN.store(true, Ordering::Relaxed);
+}
 
 /// The Primary networks' subnets: what the rules are made of.
 pub fn desired(cfg: &Resolved) -> BTreeSet<IpNet> {
@@ -114,6 +131,9 @@ fn apply(script: &str) -> std::io::Result<()> {
 #[derive(Default)]
 pub struct Handoff {
     synced: Option<BTreeSet<IpNet>>,
+    /// Whether the last attempt failed and said so: one warning per
+    /// failure streak, not one per round.
+    warned: bool,
 }
 
 impl Handoff {
@@ -134,10 +154,19 @@ impl Handoff {
                     table = TABLE,
                     "hand-off rules written"
                 );
+                WRITTEN.store(!want.is_empty(), Ordering::Relaxed);
                 self.synced = Some(want);
+                self.warned = false;
             }
             // Retried next round: `synced` stays as it was.
-            Err(e) => warn!("the hand-off's nftables table {TABLE}: {e} (will retry)"),
+            Err(e) if !self.warned => {
+                warn!(
+                    "the hand-off's nftables table {TABLE}: {e} (will retry): endpoints of \
+                     Primary networks hand nothing to the node's stack until it is written"
+                );
+                self.warned = true;
+            }
+            Err(e) => debug!("the hand-off's nftables table {TABLE}: {e} (will retry)"),
         }
     }
 }
