@@ -110,14 +110,16 @@ fn apply(script: &str) -> std::io::Result<()> {
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .spawn()?;
-    child
+    // An `nft` that fails early stops reading: its status and stderr say
+    // why, not the broken pipe.
+    let written = child
         .stdin
         .take()
         .expect("piped stdin")
-        .write_all(script.as_bytes())?;
+        .write_all(script.as_bytes());
     let out = child.wait_with_output()?;
     if out.status.success() {
-        Ok(())
+        written
     } else {
         Err(std::io::Error::other(format!(
             "nft -f: {} ({})",
