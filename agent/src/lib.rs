@@ -11,6 +11,7 @@ pub mod dataplane;
 pub mod endpoints;
 pub mod events;
 pub mod forwarding;
+pub mod handoff;
 pub mod hash;
 pub mod host_reach;
 pub mod ipam;

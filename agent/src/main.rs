@@ -342,6 +342,11 @@ fn main() -> Result<()> {
                 );
                 let withdrawn = vmpath::host_reach::withdraw_all()?;
                 tracing::info!(withdrawn, "removed the node's routes to its endpoints");
+                vmpath::handoff::withdraw_all()?;
+                tracing::info!(
+                    table = vmpath::handoff::TABLE,
+                    "removed the hand-off's nftables table"
+                );
                 tracing::info!(bpffs = %args.bpffs.display(), "removed every vmpath link and map");
                 return Ok(());
             }

@@ -293,6 +293,7 @@ pub struct NorthSouth {
     exporter: Option<RouteExporter>,
     exported: Option<BTreeSet<ExportRoute>>,
     host_reach: crate::host_reach::HostReach,
+    handoff: crate::handoff::Handoff,
     uplink: Option<u32>,
     warned_uplink: bool,
     ports_reserved: bool,
@@ -358,6 +359,7 @@ impl NorthSouth {
             self.last_sweep = Some(std::time::Instant::now());
         }
         self.host_reach.tick(cfg, plan, learned);
+        self.handoff.tick(cfg);
         let want = desired(cfg, plan, learned);
         if self.exported.as_ref() == Some(&want) {
             return;

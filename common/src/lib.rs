@@ -380,6 +380,14 @@ pub const NET_F_INGRESS: u16 = 1 << 6;
 /// from them to the node's own addresses go up the node's stack.
 pub const NET_F_HOST_REACH: u16 = 1 << 7;
 
+/// The network key, in `vmp_subnets4` / `vmp_subnets6`, of the cluster's
+/// own address spaces: its Service and pod CIDRs and its nodes' addresses.
+/// Frames from an endpoint of a `NET_F_HOST_REACH` network to these go up
+/// the node's stack (kube-proxy's translation, the node's routes to other
+/// nodes' pods) instead of the data path's routed or SNAT egress. Outside
+/// the networks' ids (1..=2^24-1), so it never meets a real network.
+pub const CLUSTER_NETWORK: u32 = u32::MAX;
+
 /// The slow path's interfaces (`vmp_slow`, one slot).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

@@ -23,9 +23,9 @@ use network_types::{
     ip::{Ipv4Hdr, Ipv6Hdr},
 };
 use vmpath_common::{
-    AddrKey, HopKey4, HopKey6, L2Hop, NET_F_GW4, NET_F_GW6, NET_F_HOST_REACH, NET_F_ROUTED,
-    NET_F_SNAT, NO_PORT_ID, NetworkInfo, PortInfo, RoutedAddr, Subnet4, Subnet6, drop_reason,
-    kernel_af, maps, tail_call,
+    AddrKey, CLUSTER_NETWORK, HopKey4, HopKey6, L2Hop, NET_F_GW4, NET_F_GW6, NET_F_HOST_REACH,
+    NET_F_ROUTED, NET_F_SNAT, NO_PORT_ID, NetworkInfo, PortInfo, RoutedAddr, Subnet4, Subnet6,
+    drop_reason, kernel_af, maps, tail_call,
 };
 
 use crate::{
@@ -155,7 +155,13 @@ fn egress4_inner(
     if !spoof::ip_filter_on(port) && !in_subnet4(port.network, src) {
         return Err(drop_reason::ROUTE_SRC_OUTSIDE);
     }
-    if net.flags & NET_F_HOST_REACH != 0 && host::to_node4(ctx, ifindex, src, ip.dst_addr) {
+    // The node's own addresses, and the cluster's (Services, pods, other
+    // nodes): up the node's stack, where kube-proxy's translation and the
+    // node's routes apply; a redirect here would pass them by.
+    if net.flags & NET_F_HOST_REACH != 0
+        && (in_subnet4(CLUSTER_NETWORK, ip.dst_addr)
+            || host::to_node4(ctx, ifindex, src, ip.dst_addr))
+    {
         return host::deliver(ctx);
     }
     let from = if net.flags & NET_F_GW4 != 0 {
@@ -251,7 +257,10 @@ fn egress6_inner(ctx: &TcContext, ifindex: u32, port: &PortInfo, net: &NetworkIn
     if !own && !in_subnet6(port.network, src) {
         return Err(drop_reason::ROUTE_SRC_OUTSIDE);
     }
-    if net.flags & NET_F_HOST_REACH != 0 && host::to_node6(ctx, ifindex, src, &ip.dst_addr) {
+    if net.flags & NET_F_HOST_REACH != 0
+        && (in_subnet6(CLUSTER_NETWORK, &ip.dst_addr)
+            || host::to_node6(ctx, ifindex, src, &ip.dst_addr))
+    {
         return host::deliver(ctx);
     }
     let (hop, payload_len, next_hdr) = (ip.hop_limit, ip.payload_len, ip.next_hdr);

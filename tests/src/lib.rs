@@ -23,6 +23,7 @@ use std::{
 pub use vmpath;
 use vmpath::dataplane::Maps;
 
+pub mod cluster_net;
 pub mod flood;
 pub mod kube_api;
 pub mod kubevirt;

@@ -9,10 +9,10 @@
 //! the cluster's pod and Service CIDRs from its flags and refuses a Primary
 //! network over them.
 
-use std::path::Path;
+use std::{path::Path, time::Duration};
 
 use serde_json::Value;
-use vmpath_tests::{Netns, Node, multus, unique_tag, yaml};
+use vmpath_tests::{Netns, Node, multus, unique_tag, wait_for, yaml};
 
 const NETWORK: &str = include_str!("../../agent/src/cluster/fixtures/network.yaml");
 const VM: &str = include_str!("../../agent/src/cluster/fixtures/vm-pod-network.yaml");
@@ -247,4 +247,284 @@ fn a_vm_and_a_pod_get_eth0_from_vmpath_as_their_default_network() {
     assert!(pod.ping(VM_IP, 3), "the pod reaches the VM");
     assert!(guest.ping(&pod_ip, 3), "the VM reaches the pod");
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The pod network and the cluster's own network (issue 36 items 2-4),
+/// on the stand-in of `vmpath_tests::cluster_net`: node pc runs vmpath and
+/// is node 0 of the cluster's network, node 1 only the cluster's network
+/// (its pods, kube-proxy's rules, the API server). A pod whose `eth0` is
+/// vmpath's (web-0, namespace prod) resolves names through the DNS
+/// ClusterIP, reaches ClusterIPs over TCP and UDP whose backends are
+/// cluster-network pods on the other node, the `kubernetes` Service, and
+/// such a pod by address, translated to its node's address (the other
+/// node cannot route back to a vmpath network). Its node's kubelet-style
+/// probe and a cluster-network pod through a ClusterIP reach it. Its
+/// egress policy applies to what it hands off. And the hand-off cannot
+/// carry it to another vmpath endpoint (VM vault, namespace bank, whose
+/// policy admits nothing) through a kube-proxy Service, translated or not.
+#[test]
+fn a_pod_on_the_pod_network_reaches_the_clusters_dns_services_and_pods_and_is_reached() {
+    use vmpath_tests::cluster_net::{
+        self, ClusterNet, DNS_IP, Dns, Echo, POD_CIDR, Proto, SERVICE_CIDR, Service, ask, resolve,
+    };
+    use vmpath_tests::vmpath::common::drop_reason;
+
+    assert!(
+        cluster_net::have_dnsmasq(),
+        "dnsmasq is missing: run `cargo xtask setup`"
+    );
+    let mut node = Node::new("pc");
+    let other = Netns::new(format!("vt{}-pc1", unique_tag()));
+    let cluster = ClusterNet::new(&[&node.ns, &other]);
+    let (node_ip, other_ip) = (
+        cluster.nodes[0].address.clone(),
+        cluster.nodes[1].address.clone(),
+    );
+
+    // The cluster's network: DNS and a web server on the other node, a
+    // client pod on this one, the API server on the other node's address.
+    let (dns_pod, dns_ip) = cluster.nodes[1].pod("dns");
+    let (web_pod, web_ip) = cluster.nodes[1].pod("web");
+    let (client_pod, _client_ip) = cluster.nodes[0].pod("client");
+    let _web_tcp = Echo::start(&web_pod, Proto::Tcp, 8080);
+    let _web_udp = Echo::start(&web_pod, Proto::Udp, 5353);
+    let _api = Echo::start(&other, Proto::Tcp, 6443);
+    let _dns = Dns::start(
+        &dns_pod,
+        &dns_ip,
+        &[
+            ("web.prod.svc", "10.96.0.20"),
+            ("kubernetes.default.svc", "10.96.0.1"),
+        ],
+    );
+
+    // vmpath: blue is the pod network; VM vault (namespace bank) beside it.
+    let vault = node.add_vm(
+        "vault",
+        "52:54:00:00:31:0d",
+        &["10.31.0.13/24"],
+        Some(GATEWAY),
+    );
+    let tag = unique_tag();
+    let primary = NETWORK.replace("  id: 310\n", "  id: 310\n  role: Primary\n");
+    let web = format!(
+        "apiVersion: v1\nkind: Pod\nmetadata:\n  name: web-0\n  namespace: prod\n  uid: u-web-{tag}\n  \
+         annotations: {{v1.multus-cni.io/default-network: prod/blue}}\n\
+         spec: {{nodeName: {}}}\nstatus: {{phase: Running}}\n",
+        node.name
+    );
+    node.write_config(
+        "cluster.yaml",
+        &[
+            primary
+                .split("\n---\n")
+                .filter(|d| !d.contains("kind: Node"))
+                .collect::<Vec<_>>()
+                .join("\n---\n"),
+            web,
+        ]
+        .join("\n---\n"),
+    );
+    node.write_config(
+        "vault.yaml",
+        &yaml::attachment(
+            "vault",
+            "blue",
+            &node.name,
+            &vault.port,
+            &vault.mac,
+            &["10.31.0.13/24"],
+        )
+        .replace("namespace: prod", "namespace: bank"),
+    );
+    node.set_agent_args(&[
+        "--cluster-pod-cidrs",
+        POD_CIDR,
+        "--cluster-service-cidrs",
+        SERVICE_CIDR,
+    ]);
+    node.start_agent();
+    node.wait_ports(&[&vault.port]);
+    let conf = multus::nad_conf(NETWORK, &node);
+    let pod = Netns::new(format!("vt{tag}-web"));
+    let (ok, result) = add_default_network(
+        &node,
+        &conf,
+        "web-0",
+        &format!("u-web-{tag}"),
+        &pod,
+        &format!("c{tag}web"),
+    );
+    assert!(ok, "ADD of the pod's eth0: {result}");
+    let pod_ip = result["ips"][0]["address"]
+        .as_str()
+        .and_then(|a| a.split_once('/'))
+        .map(|(ip, _)| ip.to_string())
+        .unwrap_or_else(|| panic!("an address: {result}"));
+    let _pod_tcp = Echo::start(&pod, Proto::Tcp, 8080);
+    // UDP: a one-way datagram is all an intruder needs, and an unconnected
+    // socket takes the answer from whichever address it comes.
+    let _vault_udp = Echo::start(&vault.ns, Proto::Udp, 5353);
+
+    // kube-proxy's Services, on both nodes.
+    let svc = |name: &str, ip: &str, port, proto, node_port, ep: (&str, u16)| Service {
+        name: name.to_string(),
+        cluster_ip: ip.to_string(),
+        port,
+        proto,
+        node_port,
+        endpoints: vec![(ep.0.to_string(), ep.1)],
+    };
+    cluster.kube_proxy(&[
+        svc(
+            "kube-system/kube-dns:dns",
+            DNS_IP,
+            53,
+            Proto::Udp,
+            None,
+            (&dns_ip, 53),
+        ),
+        svc(
+            "default/kubernetes:https",
+            "10.96.0.1",
+            443,
+            Proto::Tcp,
+            None,
+            (&other_ip, 6443),
+        ),
+        svc(
+            "prod/web:http",
+            "10.96.0.20",
+            80,
+            Proto::Tcp,
+            None,
+            (&web_ip, 8080),
+        ),
+        svc(
+            "prod/web:udp",
+            "10.96.0.21",
+            5353,
+            Proto::Udp,
+            None,
+            (&web_ip, 5353),
+        ),
+        svc(
+            "prod/web-0:http",
+            "10.96.0.30",
+            80,
+            Proto::Tcp,
+            Some(30080),
+            (&pod_ip, 8080),
+        ),
+        svc(
+            "bank/vault:udp",
+            "10.96.0.40",
+            5353,
+            Proto::Udp,
+            None,
+            ("10.31.0.13", 5353),
+        ),
+    ]);
+
+    // Names through the DNS ClusterIP (UDP to a pod on the other node).
+    wait_for(
+        "web.prod.svc resolved through the DNS ClusterIP",
+        Duration::from_secs(20),
+        || resolve(&pod, "web.prod.svc.cluster.local", DNS_IP).as_deref() == Some("10.96.0.20"),
+    );
+    assert_eq!(
+        resolve(&pod, "kubernetes.default.svc.cluster.local", DNS_IP).as_deref(),
+        Some("10.96.0.1")
+    );
+    // ClusterIPs over TCP and UDP to a pod on the other node, the
+    // `kubernetes` Service, and that pod by address: each arrives from the
+    // node's address, each answer comes back.
+    let from_node = format!("probe from {node_ip}");
+    assert_eq!(
+        ask(&pod, Proto::Tcp, "10.96.0.20", 80),
+        Some(from_node.clone()),
+        "TCP ClusterIP"
+    );
+    assert_eq!(
+        ask(&pod, Proto::Udp, "10.96.0.21", 5353),
+        Some(from_node.clone()),
+        "UDP ClusterIP"
+    );
+    assert_eq!(
+        ask(&pod, Proto::Tcp, "10.96.0.1", 443),
+        Some(from_node.clone()),
+        "kubernetes Service"
+    );
+    assert_eq!(
+        ask(&pod, Proto::Tcp, &web_ip, 8080),
+        Some(from_node.clone()),
+        "a cluster pod by address"
+    );
+
+    // Reached: the node's kubelet-style TCP probe to the pod's IP, and a
+    // cluster-network pod on this node through a ClusterIP and through
+    // this node's NodePort, its own address kept.
+    assert!(
+        ask(&node.ns, Proto::Tcp, &pod_ip, 8080).is_some(),
+        "kubelet's probe"
+    );
+    let via_cluster_ip = ask(&client_pod, Proto::Tcp, "10.96.0.30", 80).unwrap_or_default();
+    assert!(
+        via_cluster_ip.starts_with("probe from 10.244.0."),
+        "{via_cluster_ip:?}"
+    );
+    assert!(
+        ask(&client_pod, Proto::Tcp, &node_ip, 30080).is_some(),
+        "the NodePort of this node"
+    );
+
+    // The tenant: the kube-proxy Service whose backend is VM vault (bank,
+    // whose policy admits nothing) is not a way in: the node's stack
+    // forwards nothing from one Primary network endpoint to another, so it
+    // neither skips vault's policy nor wears the node's address there.
+    node.write_config(
+        "bank-policy.yaml",
+        "apiVersion: networking.k8s.io/v1\nkind: NetworkPolicy\n\
+         metadata: {name: deny-in, namespace: bank}\n\
+         spec: {podSelector: {}, policyTypes: [Ingress]}\n",
+    );
+    wait_for("vault isolated", Duration::from_secs(20), || {
+        ask(&pod, Proto::Udp, "10.31.0.13", 5353).is_none()
+    });
+    assert!(
+        node.drops(drop_reason::POLICY_DENIED_INGRESS) > 0,
+        "denied by vault's policy"
+    );
+    assert_eq!(
+        ask(&pod, Proto::Udp, "10.96.0.40", 5353),
+        None,
+        "web-0 reached vault through the node's stack"
+    );
+    let table = node
+        .ns
+        .run(&["nft", "list", "table", "inet", "vmpath_handoff"]);
+    let refused: u64 = table
+        .lines()
+        .find(|l| l.contains("ip saddr @primary4 ip daddr @primary4 counter packets"))
+        .and_then(|l| l.split("packets ").nth(1))
+        .and_then(|n| n.split(' ').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("the refusal rule:\n{table}"));
+    assert!(refused > 0, "the stack's refusal is counted:\n{table}");
+
+    // web-0's own egress policy applies to what it hands off.
+    node.write_config(
+        "prod-policy.yaml",
+        "apiVersion: networking.k8s.io/v1\nkind: NetworkPolicy\n\
+         metadata: {name: deny-out, namespace: prod}\n\
+         spec: {podSelector: {}, policyTypes: [Egress]}\n",
+    );
+    wait_for("web-0's egress isolated", Duration::from_secs(20), || {
+        ask(&pod, Proto::Tcp, "10.96.0.20", 80).is_none()
+    });
+    assert!(node.drops(drop_reason::POLICY_DENIED_EGRESS) > 0);
+    assert!(
+        ask(&node.ns, Proto::Tcp, &pod_ip, 8080).is_some(),
+        "kubelet's probe under deny-all"
+    );
 }

@@ -34,6 +34,8 @@ const APT_PACKAGES: &[&str] = &[
     "containernetworking-plugins",
     "runc",
     "busybox-static",
+    // The cluster-network stand-in's DNS server (tests/src/cluster_net.rs).
+    "dnsmasq-base",
 ];
 
 const LLVM_PREFIX: &str = "/usr/lib/llvm-22";

@@ -230,6 +230,9 @@ pub struct Config {
     pub services: Vec<service::Service>,
     /// `discovery.k8s.io/v1 EndpointSlice` documents naming a Service.
     pub endpoint_slices: Vec<service::EndpointSlice>,
+    /// The cluster's own pod and Service CIDRs (flags, v1 Nodes): what an
+    /// endpoint of a Primary network reaches through the node's stack.
+    pub cluster_cidrs: Vec<ClusterCidr>,
     #[serde(skip)]
     pub network_index: std::collections::HashMap<String, usize>,
 }

@@ -488,6 +488,7 @@ pub fn validate_documents(
     cfg.attachments.sort_by(|x, y| x.key.cmp(&y.key));
     cfg.warnings = super::reserved::warnings(&cfg);
     cfg.warnings.extend(waiting);
+    cfg.cluster_cidrs = cluster_cidrs;
     cfg
 }
 

@@ -13,9 +13,9 @@
 use std::net::IpAddr;
 
 use vmpath_common::{
-    NET_F_INGRESS, NET_F_IP_FILTER, NET_F_ROUTED, NET_F_SNAT, ROUTED_F_INBOUND, ResolvePrefix,
-    RoutedAddr, SNAT_DEFAULT_PORT_MAX, SNAT_DEFAULT_PORT_MIN, SNAT_DEFAULT_QUOTA, SnatConfig,
-    Subnet4, Subnet6,
+    CLUSTER_NETWORK, NET_F_INGRESS, NET_F_IP_FILTER, NET_F_ROUTED, NET_F_SNAT, ROUTED_F_INBOUND,
+    ResolvePrefix, RoutedAddr, SNAT_DEFAULT_PORT_MAX, SNAT_DEFAULT_PORT_MIN, SNAT_DEFAULT_QUOTA,
+    SnatConfig, Subnet4, Subnet6,
 };
 
 use super::{Plan, addr_key};
@@ -62,29 +62,10 @@ pub fn north_south(cfg: &Resolved, node: &str, plan: &mut Plan) {
             }
         }
         for s in &net.subnets {
-            let s = s.trunc();
-            match s.addr() {
-                IpAddr::V4(a) => {
-                    plan.subnets4.insert((
-                        32 + u32::from(s.prefix_len()),
-                        Subnet4 {
-                            network: net.id.to_be_bytes(),
-                            addr: a.octets(),
-                        },
-                    ));
-                }
-                IpAddr::V6(a) => {
-                    plan.subnets6.insert((
-                        32 + u32::from(s.prefix_len()),
-                        Subnet6 {
-                            network: net.id.to_be_bytes(),
-                            addr: a.octets(),
-                        },
-                    ));
-                }
-            }
+            insert_subnet(plan, net.id, *s);
         }
     }
+    cluster_destinations(cfg, plan);
     for net in cfg.config.networks.iter().filter(|n| ingress(n)) {
         let migration_end = cfg.attachments.iter().any(|a| {
             a.network == net.name
@@ -128,6 +109,55 @@ pub fn north_south(cfg: &Resolved, node: &str, plan: &mut Plan) {
         udp_timeout: SNAT_UDP_TIMEOUT,
         icmp_timeout: SNAT_ICMP_TIMEOUT,
     };
+}
+
+/// `(network, subnet)` into `vmp_subnets4` or `vmp_subnets6`.
+fn insert_subnet(plan: &mut Plan, network: u32, s: ipnet::IpNet) {
+    let s = s.trunc();
+    match s.addr() {
+        IpAddr::V4(a) => {
+            plan.subnets4.insert((
+                32 + u32::from(s.prefix_len()),
+                Subnet4 {
+                    network: network.to_be_bytes(),
+                    addr: a.octets(),
+                },
+            ));
+        }
+        IpAddr::V6(a) => {
+            plan.subnets6.insert((
+                32 + u32::from(s.prefix_len()),
+                Subnet6 {
+                    network: network.to_be_bytes(),
+                    addr: a.octets(),
+                },
+            ));
+        }
+    }
+}
+
+/// The cluster's own address spaces under [`CLUSTER_NETWORK`]: its pod and
+/// Service CIDRs and every node's address. An endpoint of a Primary
+/// network hands its traffic to these to the node's stack, where
+/// kube-proxy translates Services and the node routes to other nodes'
+/// pods. Written only when a Primary network exists (nothing else asks)
+/// and the hand-off's nftables table is in place (`handoff::written`):
+/// without its rules the hand-off would open a way past policy.
+fn cluster_destinations(cfg: &Resolved, plan: &mut Plan) {
+    let primary = cfg
+        .config
+        .networks
+        .iter()
+        .any(|n| n.role == crate::config::model::Role::Primary);
+    if !primary || !crate::handoff::written() {
+        return;
+    }
+    for c in &cfg.config.cluster_cidrs {
+        insert_subnet(plan, CLUSTER_NETWORK, c.cidr);
+    }
+    for n in cfg.config.nodes.values() {
+        insert_subnet(plan, CLUSTER_NETWORK, ipnet::IpNet::from(n.address));
+    }
 }
 
 /// `vmp_resolve_prefixes`: the subnets of the ingress networks this node
@@ -286,6 +316,47 @@ mod tests {
 
     fn v4(a: [u8; 4]) -> AddrKey {
         AddrKey::v4(0, a)
+    }
+
+    /// The cluster's address spaces (its CIDRs, every Node's address) are
+    /// written under `CLUSTER_NETWORK` once a Primary network exists, and
+    /// not before: a node without one hands nothing off.
+    #[test]
+    fn the_clusters_address_spaces_are_kept_for_the_hand_off_of_primary_networks() {
+        crate::handoff::set_written_for_tests();
+        let docs = |role: &str| {
+            format!(
+                "apiVersion: vmpath.dev/v1alpha1\nkind: Node\nmetadata: {{name: a}}\nspec: {{address: 192.168.50.1}}\n\
+                 ---\napiVersion: vmpath.dev/v1alpha1\nkind: Node\nmetadata: {{name: b}}\nspec: {{address: 192.168.50.2}}\n\
+                 ---\napiVersion: vmpath.dev/v1alpha1\nkind: Network\nmetadata: {{name: pods}}\nspec: {{id: 31, role: {role}, subnets: [10.31.0.0/24], defaultGatewayIPs: [10.31.0.1], ipam: {{mode: Enabled}}}}\n"
+            )
+        };
+        let planned = |role: &str| {
+            let dir = std::env::temp_dir()
+                .join(format!("vmpath-ns-handoff-{role}-{}", std::process::id()));
+            std::fs::create_dir_all(&dir).unwrap();
+            std::fs::write(dir.join("c.yaml"), docs(role)).unwrap();
+            let mut snap = config::source::read_dir(&dir);
+            let _ = std::fs::remove_dir_all(&dir);
+            snap.cluster_cidrs = vec![config::ClusterCidr {
+                cidr: "10.96.0.0/12".parse().unwrap(),
+                kind: config::ClusterCidrKind::Service,
+                source: "--cluster-service-cidrs".into(),
+            }];
+            let c = Resolved::new(crate::round::validate(&snap, "a", &Default::default()));
+            assert!(c.errors.is_empty(), "{:?}", c.errors);
+            plan(&c, "a", |_| None)
+                .subnets4
+                .iter()
+                .filter(|(_, s)| s.network == CLUSTER_NETWORK.to_be_bytes())
+                .map(|(len, s)| format!("{}/{}", std::net::Ipv4Addr::from(s.addr), len - 32))
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(
+            planned("Primary"),
+            ["10.96.0.0/12", "192.168.50.1/32", "192.168.50.2/32"]
+        );
+        assert!(planned("Secondary").is_empty());
     }
 
     #[test]

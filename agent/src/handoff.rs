@@ -1,0 +1,204 @@
+//! The hand-off to the node's stack (docs/kubernetes.md, "What crosses
+//! into the cluster's own network"): an endpoint of a Primary network
+//! sends its traffic to the cluster's Service and pod CIDRs and nodes up
+//! the node's stack (`vm_egress`, `CLUSTER_NETWORK`), where kube-proxy's
+//! rules translate Services and the node routes to other nodes' pods. Two
+//! netfilter rules, in an nftables table of vmpath's own, finish the job:
+//!
+//! - the source is translated to the node's address (masquerade) on the
+//!   way out, unless the destination is itself on a Primary network: a
+//!   backend on the cluster's network could not route back to a Primary
+//!   network's subnet (it follows no node), and a reply that missed this
+//!   node's conntrack would never be translated back;
+//! - nothing from one Primary network's endpoint to another's is forwarded
+//!   by the node's stack (a kube-proxy Service whose backend is one): the
+//!   data path carries that, with the NetworkPolicy of both ends; through
+//!   the stack it would skip the receiver's policy, and translated it would
+//!   wear the node's address, which a policy isolating an endpoint still
+//!   admits (its kubelet).
+//!
+//! The table is replaced whole in one `nft` transaction when the Primary
+//! networks' subnets change, and deleted when none is left.
+
+use std::{
+    collections::BTreeSet,
+    io::Write as _,
+    process::{Command, Stdio},
+    sync::atomic::{AtomicBool, Ordering},
+};
+
+use ipnet::IpNet;
+use tracing::{debug, info, warn};
+
+use crate::{config::model::Role, resolved::Resolved};
+
+/// vmpath's nftables table (family `inet`).
+pub const TABLE: &str = "vmpath_handoff";
+
+/// Whether this agent wrote the table for at least one Primary network.
+/// The plan hands nothing off until it has (`plan::north_south`): without
+/// the drop rule, the stack would carry one endpoint's traffic to another
+/// past its policy, so the hand-off fails closed (no `nft`, no hand-off).
+static WRITTEN: AtomicBool = AtomicBool::new(false);
+
+/// See [`WRITTEN`].
+pub fn written() -> bool {
+    WRITTEN.load(Ordering::Relaxed)
+}
+
+#[cfg(test)]
+pub(crate) fn set_written_for_tests() {
+    WRITTEN.store(true, Ordering::Relaxed);
+}
+
+/// The Primary networks' subnets: what the rules are made of.
+pub fn desired(cfg: &Resolved) -> BTreeSet<IpNet> {
+    cfg.config
+        .networks
+        .iter()
+        .filter(|n| n.role == Role::Primary)
+        .flat_map(|n| n.subnets.iter().map(|s| s.trunc()))
+        .collect()
+}
+
+/// The whole table for `subnets`, as one `nft -f` script that replaces
+/// any previous one atomically; or only its deletion when there is none.
+pub fn ruleset(subnets: &BTreeSet<IpNet>) -> String {
+    // Declaring it first makes the delete valid when it does not exist.
+    let mut out = format!("table inet {TABLE} {{}}\ndelete table inet {TABLE}\n");
+    if subnets.is_empty() {
+        return out;
+    }
+    let list = |v4: bool| {
+        subnets
+            .iter()
+            .filter(|s| matches!(s, IpNet::V4(_)) == v4)
+            .map(|s| s.to_string())
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    let (v4, v6) = (list(true), list(false));
+    let set = |name: &str, ty: &str, elements: &str| {
+        let elements = if elements.is_empty() {
+            String::new()
+        } else {
+            format!(" elements = {{ {elements} }};")
+        };
+        format!("  set {name} {{ type {ty}; flags interval;{elements} }}\n")
+    };
+    out.push_str(&format!("table inet {TABLE} {{\n"));
+    out.push_str(&set("primary4", "ipv4_addr", &v4));
+    out.push_str(&set("primary6", "ipv6_addr", &v6));
+    out.push_str(
+        "  chain forward {\n    type filter hook forward priority filter - 10; policy accept;\n    \
+         ip saddr @primary4 ip daddr @primary4 counter drop comment \"endpoint to endpoint: the data path's, with policy\"\n    \
+         ip6 saddr @primary6 ip6 daddr @primary6 counter drop comment \"endpoint to endpoint: the data path's, with policy\"\n  }\n",
+    );
+    out.push_str(
+        "  chain postrouting {\n    type nat hook postrouting priority srcnat + 10; policy accept;\n    \
+         ip saddr @primary4 ip daddr != @primary4 counter masquerade comment \"the cluster cannot route back to a Primary network\"\n    \
+         ip6 saddr @primary6 ip6 daddr != @primary6 counter masquerade comment \"the cluster cannot route back to a Primary network\"\n  }\n}\n",
+    );
+    out
+}
+
+/// Runs an `nft -f -` script.
+fn apply(script: &str) -> std::io::Result<()> {
+    let mut child = Command::new("nft")
+        .args(["-f", "-"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()?;
+    // An `nft` that fails early stops reading: its status and stderr say
+    // why, not the broken pipe.
+    let written = child
+        .stdin
+        .take()
+        .expect("piped stdin")
+        .write_all(script.as_bytes());
+    let out = child.wait_with_output()?;
+    if out.status.success() {
+        written
+    } else {
+        Err(std::io::Error::other(format!(
+            "nft -f: {} ({})",
+            String::from_utf8_lossy(&out.stderr).trim(),
+            out.status
+        )))
+    }
+}
+
+/// Keeps the table equal to [`desired`].
+#[derive(Default)]
+pub struct Handoff {
+    synced: Option<BTreeSet<IpNet>>,
+    /// Whether the last attempt failed and said so: one warning per
+    /// failure streak, not one per round.
+    warned: bool,
+}
+
+impl Handoff {
+    pub fn tick(&mut self, cfg: &Resolved) {
+        let want = desired(cfg);
+        if self.synced.as_ref() == Some(&want) {
+            return;
+        }
+        // Nothing to remove on a node that never had a Primary network.
+        if self.synced.is_none() && want.is_empty() {
+            self.synced = Some(want);
+            return;
+        }
+        match apply(&ruleset(&want)) {
+            Ok(()) => {
+                info!(
+                    subnets = want.len(),
+                    table = TABLE,
+                    "hand-off rules written"
+                );
+                WRITTEN.store(!want.is_empty(), Ordering::Relaxed);
+                self.synced = Some(want);
+                self.warned = false;
+            }
+            // Retried next round: `synced` stays as it was.
+            Err(e) if !self.warned => {
+                warn!(
+                    "the hand-off's nftables table {TABLE}: {e} (will retry): endpoints of \
+                     Primary networks hand nothing to the node's stack until it is written"
+                );
+                self.warned = true;
+            }
+            Err(e) => debug!("the hand-off's nftables table {TABLE}: {e} (will retry)"),
+        }
+    }
+}
+
+/// Deletes the table: `vmpath agent --cleanup`.
+pub fn withdraw_all() -> std::io::Result<()> {
+    apply(&ruleset(&BTreeSet::new()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_ruleset_replaces_the_table_whole_and_names_each_family() {
+        let subnets: BTreeSet<IpNet> = ["10.31.0.0/24", "fd00:31::/64"]
+            .iter()
+            .map(|s| s.parse().unwrap())
+            .collect();
+        let r = ruleset(&subnets);
+        assert!(r.starts_with(&format!(
+            "table inet {TABLE} {{}}\ndelete table inet {TABLE}\ntable inet {TABLE} {{\n"
+        )));
+        assert!(r.contains("elements = { 10.31.0.0/24 }"), "{r}");
+        assert!(r.contains("elements = { fd00:31::/64 }"), "{r}");
+        assert!(r.contains("ip saddr @primary4 ip daddr @primary4 counter drop"));
+        assert!(r.contains("ip saddr @primary4 ip daddr != @primary4 counter masquerade"));
+        assert_eq!(
+            ruleset(&BTreeSet::new()),
+            format!("table inet {TABLE} {{}}\ndelete table inet {TABLE}\n")
+        );
+    }
+}
