@@ -482,24 +482,23 @@ fn tunnel(key: &mut bpf_tunnel_key, network: u32) -> Result<(u32, bool), u32> {
     key.__bindgen_anon_2.tunnel_ext = 0;
     key.tunnel_label = 0;
     key.__bindgen_anon_1.remote_ipv6 = [0; 4];
-    key.__bindgen_anon_3.local_ipv6 = if v6 {
-        words(&cfg.local_ip6)
+    if v6 {
+        put_ipv6(&raw mut key.__bindgen_anon_3.local_ipv6, &cfg.local_ip6);
     } else {
-        [u32::from_be_bytes(cfg.local_ip4), 0, 0, 0]
-    };
+        key.__bindgen_anon_3.local_ipv6 = [u32::from_be_bytes(cfg.local_ip4), 0, 0, 0];
+    }
     Ok((vxlan, v6))
 }
 
-/// An IPv6 address as the tunnel key holds it: the bytes in network
-/// order (the helper copies them as they are).
+/// Writes an IPv6 address into a tunnel key's address field, as the key
+/// holds it: the bytes in network order (the helper copies them as they
+/// are). Straight from the map value: a copy on the stack would not fit
+/// beside `vxlan_resolve`'s.
 #[inline(always)]
-fn words(a: &[u8; 16]) -> [u32; 4] {
-    [
-        u32::from_ne_bytes([a[0], a[1], a[2], a[3]]),
-        u32::from_ne_bytes([a[4], a[5], a[6], a[7]]),
-        u32::from_ne_bytes([a[8], a[9], a[10], a[11]]),
-        u32::from_ne_bytes([a[12], a[13], a[14], a[15]]),
-    ]
+fn put_ipv6(to: *mut [u32; 4], addr: &[u8; 16]) {
+    // SAFETY: `to` is a 16-byte field of a `bpf_tunnel_key` the caller
+    // holds mutably; `addr` is 16 readable bytes; they do not overlap.
+    unsafe { core::ptr::copy_nonoverlapping(addr.as_ptr(), to.cast::<u8>(), 16) };
 }
 
 /// The tunnel key of a frame the vxlan device decapsulated, into `key`,
@@ -532,21 +531,12 @@ pub fn received_from(ctx: &TcContext, key: &mut bpf_tunnel_key) -> Result<[u8; 4
         // BPF_F_TUNINFO_IPV6 the helper filled the IPv4 member (host order).
         return Ok(unsafe { key.__bindgen_anon_1.remote_ipv4 }.to_be_bytes());
     }
-    // SAFETY: as above; with BPF_F_TUNINFO_IPV6 the helper filled the IPv6
-    // member, the address's bytes in network order.
-    let w = unsafe { key.__bindgen_anon_1.remote_ipv6 };
-    let (a, b, c, d) = (
-        w[0].to_ne_bytes(),
-        w[1].to_ne_bytes(),
-        w[2].to_ne_bytes(),
-        w[3].to_ne_bytes(),
-    );
-    let from = [
-        a[0], a[1], a[2], a[3], b[0], b[1], b[2], b[3], c[0], c[1], c[2], c[3], d[0], d[1], d[2],
-        d[3],
-    ];
+    // SAFETY: with BPF_F_TUNINFO_IPV6 the helper filled the IPv6 member,
+    // the address's 16 bytes in network order: read in place as bytes (no
+    // copy on the stack, which `vxlan_resolve` has no room for).
+    let from = unsafe { &*(&raw const key.__bindgen_anon_1.remote_ipv6).cast::<[u8; 16]>() };
     // SAFETY: a map lookup; the value is copied out at once.
-    match unsafe { VTEP6_IDS.get(&from) } {
+    match unsafe { VTEP6_IDS.get(from) } {
         Some(id) => Ok(*id),
         None => Err(drop_reason::OVERLAY_UNKNOWN_VTEP),
     }
@@ -617,7 +607,7 @@ fn set_tunnel_key(
             // A handle the agent has not (or no longer) given an address.
             return Err(drop_reason::NO_DESTINATION);
         };
-        key.__bindgen_anon_1.remote_ipv6 = words(addr);
+        put_ipv6(&raw mut key.__bindgen_anon_1.remote_ipv6, addr);
         // With the outer UDP checksum, as Linux vxlan devices send over
         // IPv6 by default (RFC 8200: a receiver may drop zero checksums).
         u64::from(BPF_F_TUNINFO_IPV6)

@@ -25,6 +25,9 @@ pub const NET: &str = "blue";
 pub const NET_ID: u32 = 100;
 /// The nodes, each with its underlay address number (`UnderlayFamily::node_ip`).
 pub const NODES: [(&str, u8); 3] = [("a", 1), ("b", 2), ("c", 3)];
+/// Their addresses on an IPv4 underlay (`UnderlayFamily::V4.node_ip`).
+pub const NODE_IPS: [(&str, &str); 3] =
+    [("a", "192.0.2.1"), ("b", "192.0.2.2"), ("c", "192.0.2.3")];
 pub const UNDERLAY_MTU: u32 = 9000;
 pub const VM1_MAC: &str = "52:54:00:00:01:01";
 pub const VM1_IP: &str = "10.20.0.11";
