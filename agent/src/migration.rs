@@ -90,10 +90,7 @@ impl Migrations {
             let Ok(ep) = dp.maps().endpoints.get(&key, 0) else {
                 continue;
             };
-            if ep.kind == ENDPOINT_REMOTE
-                && ep.node_ip4 == target_vtep
-                && ep.migrate_to == [0; 4]
-            {
+            if ep.kind == ENDPOINT_REMOTE && ep.node_ip4 == target_vtep && ep.migrate_to == [0; 4] {
                 att.cut_over = true;
                 if self.moved.insert(att.key.to_string()) {
                     info!(vm = %att.key, target = %m.target_node, "migration: the data path saw the VM on the target; cut over here before the ready signal");

@@ -217,7 +217,10 @@ mod tests {
         assert!(!v4.is_ipv6());
         let v6 = overlay_slot(7, "fd00:1::1".parse().unwrap(), true);
         assert!(v6.is_ipv6());
-        assert_eq!(v6.local_ip6, "fd00:1::1".parse::<std::net::Ipv6Addr>().unwrap().octets());
+        assert_eq!(
+            v6.local_ip6,
+            "fd00:1::1".parse::<std::net::Ipv6Addr>().unwrap().octets()
+        );
         assert_eq!(v6.local_ip4, [0; 4]);
         // Not held here: routing picks the source, the family stays.
         let unheld = overlay_slot(7, "fd00:1::1".parse().unwrap(), false);

@@ -56,8 +56,7 @@ const EPROTO: i64 = 71;
 
 /// IPv6 underlay: a node's VTEP handle -> its IPv6 address.
 #[btf_map(name = "vmp_vtep6")]
-pub static VTEP6: HashMap<[u8; 4], [u8; 16], { maps::VTEP6.max_entries as usize }> =
-    HashMap::new();
+pub static VTEP6: HashMap<[u8; 4], [u8; 16], { maps::VTEP6.max_entries as usize }> = HashMap::new();
 
 /// IPv6 underlay: a node's IPv6 address -> its VTEP handle.
 #[btf_map(name = "vmp_vtep6_ids")]
@@ -365,13 +364,7 @@ fn try_vm_remote(ctx: &TcContext, port: &PortInfo) -> Verdict {
 /// original to the last one. The copies are made by a `bpf_loop` over the
 /// list: the verifier checks one node's step once, whatever the count.
 #[inline(always)]
-fn flood(
-    ctx: &TcContext,
-    key: &mut bpf_tunnel_key,
-    network: u32,
-    vxlan: u32,
-    v6: bool,
-) -> Verdict {
+fn flood(ctx: &TcContext, key: &mut bpf_tunnel_key, network: u32, vxlan: u32, v6: bool) -> Verdict {
     // SAFETY: a map lookup; the value stays valid for this program run.
     let Some(list) = (unsafe { FLOOD_REMOTE.get(&network) }) else {
         return Err(drop_reason::NO_DESTINATION);
@@ -619,7 +612,12 @@ fn set_tunnel_key(
     // SAFETY: `key` is a valid `bpf_tunnel_key` for the call and the size
     // passed is its size; the skb pointer is the program's own context.
     let rc = unsafe {
-        bpf_skb_set_tunnel_key(skb, key, core::mem::size_of::<bpf_tunnel_key>() as u32, flags)
+        bpf_skb_set_tunnel_key(
+            skb,
+            key,
+            core::mem::size_of::<bpf_tunnel_key>() as u32,
+            flags,
+        )
     };
     if rc != 0 {
         return Err(drop_reason::HELPER_FAILED);

@@ -11,8 +11,7 @@
 use std::time::Duration;
 
 use vmpath_tests::{
-    Netns,
-    UnderlayFamily,
+    Netns, UnderlayFamily,
     migration::{
         GATEWAY, INTERVAL_MS, NET_ID, STREAM_COUNT, UDP_PORT, VM1_IP, VM1_MAC, loss_window,
         port_flags, receiver, start_migration, table100, three_nodes, three_nodes_over,

@@ -7,8 +7,8 @@
 use std::time::Duration;
 
 use vmpath_tests::{
-    Netns, Node, Underlay, UnderlayFamily, Vm, iperf3, qemu::Guest as _, vmpath::common,
-    wait_for, yaml, yaml_overlay,
+    Netns, Node, Underlay, UnderlayFamily, Vm, iperf3, qemu::Guest as _, vmpath::common, wait_for,
+    yaml, yaml_overlay,
 };
 
 const BLUE: &str = "blue";

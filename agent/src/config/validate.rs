@@ -1356,10 +1356,15 @@ mod node_spec_tests {
         let from_a = validate(&snap, "a", &BTreeSet::new());
         assert_eq!(from_a.errors.len(), 1, "{:?}", from_a.errors);
         let e = &from_a.errors[0];
-        assert_eq!((e.document.as_str(), e.field.as_str()), ("Node c", "spec.address"));
+        assert_eq!(
+            (e.document.as_str(), e.field.as_str()),
+            ("Node c", "spec.address")
+        );
         assert!(
-            e.message.contains("\"c\" has an IPv4 underlay address (192.0.2.3)")
-                && e.message.contains("this node \"a\" has an IPv6 one (fd00:1::1)"),
+            e.message
+                .contains("\"c\" has an IPv4 underlay address (192.0.2.3)")
+                && e.message
+                    .contains("this node \"a\" has an IPv6 one (fd00:1::1)"),
             "{}",
             e.message
         );

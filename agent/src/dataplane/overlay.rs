@@ -28,11 +28,8 @@ impl Dataplane {
     pub(super) fn apply_overlay(&mut self, plan: &Plan) -> Result<()> {
         // IPv6 underlay: each other node's handle and address (a handle
         // stays with its address: `plan::overlay::vtep_handles`).
-        let addrs: std::collections::BTreeMap<[u8; 4], [u8; 16]> = plan
-            .vteps6
-            .iter()
-            .map(|(a, h)| (*h, a.octets()))
-            .collect();
+        let addrs: std::collections::BTreeMap<[u8; 4], [u8; 16]> =
+            plan.vteps6.iter().map(|(a, h)| (*h, a.octets())).collect();
         let ids: std::collections::BTreeMap<[u8; 16], [u8; 4]> =
             plan.vteps6.iter().map(|(a, h)| (a.octets(), *h)).collect();
         sync(&mut self.maps.vtep6, &addrs)?;
