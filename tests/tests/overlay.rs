@@ -421,6 +421,28 @@ send({}/UDP(sport=40000, dport=4789)/VXLAN(flags=8, vni=100)/inner, count=3)
         !seen.contains("ICMP echo request"),
         "a refused frame reached vm1: {seen}"
     );
+    if family == UnderlayFamily::V6 {
+        // VXLAN of the other family: node a's vxlan device takes IPv4 too
+        // (a collect-metadata device opens both sockets), but no node of
+        // an IPv6 underlay sends it. Even from an IPv4 address that would
+        // be a node's on an IPv4 underlay, it names no node here.
+        bed.a
+            .ns
+            .run(&["ip", "addr", "add", "192.0.2.1/24", "dev", "ul0"]);
+        fv.run(&["ip", "addr", "add", "192.0.2.3/24", "dev", "ul0"]);
+        assert!(fv.ping("192.0.2.1", 1));
+        let before = bed.a.drops(common::drop_reason::OVERLAY_UNKNOWN_VTEP);
+        fv.scapy(&format!(
+            "inner = Ether(src='{FOREIGN_MAC}', dst='52:54:00:00:01:01')/IP(src='10.20.0.50', dst='10.20.0.11')/ICMP()
+send(IP(src='192.0.2.3', dst='192.0.2.1')/UDP(sport=40000, dport=4789)/VXLAN(flags=8, vni=100)/inner, count=3)
+"
+        ));
+        wait_for(
+            "IPv4 VXLAN to an IPv6-underlay node counted",
+            Duration::from_secs(5),
+            || bed.a.drops(common::drop_reason::OVERLAY_UNKNOWN_VTEP) >= before + 3,
+        );
+    }
 }
 
 /// A VM on another node is no more trusted than a local one: frames from
