@@ -263,6 +263,9 @@ pub struct Maps {
     /// VXLAN source learning: (network, MAC) -> the node's VTEP, written by
     /// the data path, pruned by the agent.
     pub remote_learned: HashMap<MapData, EndpointKey, vmpath_common::RemoteLearned>,
+    /// IPv6 underlay: VTEP handle -> the node's IPv6 address, and back.
+    pub vtep6: HashMap<MapData, [u8; 4], [u8; 16]>,
+    pub vtep6_ids: HashMap<MapData, [u8; 16], [u8; 4]>,
     /// Live migration: target ports whose VM spoke (`vm_migrate`).
     pub migrated: HashMap<MapData, u32, vmpath_common::MigrationEvent>,
     /// Slow-path limits per port id (`meter`).
@@ -337,6 +340,8 @@ impl Maps {
             overlay: open_map(root, map_names::OVERLAY)?.try_into()?,
             overlay_stats: open_map(root, map_names::OVERLAY_STATS)?.try_into()?,
             remote_learned: open_map(root, map_names::REMOTE_LEARNED)?.try_into()?,
+            vtep6: open_map(root, map_names::VTEP6)?.try_into()?,
+            vtep6_ids: open_map(root, map_names::VTEP6_IDS)?.try_into()?,
             migrated: open_map(root, map_names::MIGRATED)?.try_into()?,
             slow_limits: open_map(root, map_names::SLOW_LIMITS)?.try_into()?,
             slow_meter: open_map(root, map_names::SLOW_METER)?.try_into()?,

@@ -36,6 +36,7 @@ impl Migrations {
             dp.maps().migrated.iter().filter_map(|r| r.ok()).collect();
         let mut owned = BTreeSet::new();
         let nodes = &cfg.config.nodes;
+        let vteps6 = dp.pinned_vteps6();
         for att in cfg.attachments.iter_mut() {
             let Some(m) = att.migration.clone() else {
                 continue;
@@ -76,17 +77,20 @@ impl Migrations {
             ) else {
                 continue;
             };
-            let std::net::IpAddr::V4(target4) = target.address else {
-                continue;
+            // The target's VTEP value as the data path stores it (on an
+            // IPv6 underlay, the handle it knows the node by).
+            let target_vtep = match target.address {
+                std::net::IpAddr::V4(a) => a.octets(),
+                std::net::IpAddr::V6(a) => match vteps6.get(&a) {
+                    Some(h) => *h,
+                    None => continue,
+                },
             };
             let key = EndpointKey::new(net.id, mac);
             let Ok(ep) = dp.maps().endpoints.get(&key, 0) else {
                 continue;
             };
-            if ep.kind == ENDPOINT_REMOTE
-                && ep.node_ip4 == target4.octets()
-                && ep.migrate_to == [0; 4]
-            {
+            if ep.kind == ENDPOINT_REMOTE && ep.node_ip4 == target_vtep && ep.migrate_to == [0; 4] {
                 att.cut_over = true;
                 if self.moved.insert(att.key.to_string()) {
                     info!(vm = %att.key, target = %m.target_node, "migration: the data path saw the VM on the target; cut over here before the ready signal");

@@ -4,7 +4,7 @@
 
 use std::{
     ffi::{CStr, CString},
-    net::Ipv4Addr,
+    net::{IpAddr, Ipv4Addr, Ipv6Addr},
 };
 
 /// The ifindex of `name`, or `None` if no such interface exists here.
@@ -31,8 +31,8 @@ pub fn name_of(ifindex: u32) -> Option<String> {
     Some(name.to_string_lossy().into_owned())
 }
 
-/// The interface that holds the IPv4 address `addr`.
-pub fn holding(addr: Ipv4Addr) -> Option<String> {
+/// The interface that holds the address `addr` (either family).
+pub fn holding(addr: IpAddr) -> Option<String> {
     let mut head: *mut libc::ifaddrs = std::ptr::null_mut();
     // SAFETY: getifaddrs writes a list head we free below with freeifaddrs.
     if unsafe { libc::getifaddrs(&mut head) } != 0 {
@@ -45,15 +45,24 @@ pub fn holding(addr: Ipv4Addr) -> Option<String> {
         // alive until freeifaddrs.
         let ifa = unsafe { &*cur };
         cur = ifa.ifa_next;
-        // SAFETY: a non-null ifa_addr points at a sockaddr of the list.
-        if ifa.ifa_addr.is_null()
-            || i32::from(unsafe { (*ifa.ifa_addr).sa_family }) != libc::AF_INET
-        {
+        if ifa.ifa_addr.is_null() {
             continue;
         }
-        // SAFETY: sa_family is AF_INET, so the sockaddr is a sockaddr_in.
-        let sin = unsafe { &*(ifa.ifa_addr as *const libc::sockaddr_in) };
-        if Ipv4Addr::from(u32::from_be(sin.sin_addr.s_addr)) == addr {
+        // SAFETY: a non-null ifa_addr points at a sockaddr of the list.
+        let held = match i32::from(unsafe { (*ifa.ifa_addr).sa_family }) {
+            libc::AF_INET => {
+                // SAFETY: sa_family is AF_INET, so the sockaddr is a sockaddr_in.
+                let sin = unsafe { &*(ifa.ifa_addr as *const libc::sockaddr_in) };
+                IpAddr::V4(Ipv4Addr::from(u32::from_be(sin.sin_addr.s_addr)))
+            }
+            libc::AF_INET6 => {
+                // SAFETY: sa_family is AF_INET6, so the sockaddr is a sockaddr_in6.
+                let sin6 = unsafe { &*(ifa.ifa_addr as *const libc::sockaddr_in6) };
+                IpAddr::V6(Ipv6Addr::from(sin6.sin6_addr.s6_addr))
+            }
+            _ => continue,
+        };
+        if held == addr {
             // SAFETY: ifa_name is a NUL-terminated name owned by the list.
             let name = unsafe { CStr::from_ptr(ifa.ifa_name) }
                 .to_string_lossy()
@@ -153,7 +162,7 @@ mod tests {
     fn loopback_is_found_by_name_and_by_address() {
         let lo = ifindex_of("lo").expect("lo exists in every namespace");
         assert!(lo > 0);
-        assert_eq!(holding(Ipv4Addr::LOCALHOST).as_deref(), Some("lo"));
+        assert_eq!(holding(Ipv4Addr::LOCALHOST.into()).as_deref(), Some("lo"));
         assert!(mtu_of("lo").is_some_and(|m| m >= 1280));
     }
 
@@ -163,6 +172,6 @@ mod tests {
         assert_eq!(ifindex_of("bad\0name"), None);
         assert_eq!(mtu_of("vmp-no-such0"), None);
         assert!(!is_up("vmp-no-such0"));
-        assert_eq!(holding(Ipv4Addr::new(192, 0, 2, 254)), None);
+        assert_eq!(holding(Ipv4Addr::new(192, 0, 2, 254).into()), None);
     }
 }

@@ -2,17 +2,22 @@
 //! (`vmp-vxlan`, UDP 4789, no learning: the data path sets each frame's
 //! tunnel key itself), its `vxlan_rx` program, and the overlay slot the
 //! VM-port programs read. Made when this node has a Node document (its
-//! `spec.address` is the VTEP address); left alone otherwise.
+//! `spec.address` is the VTEP address, IPv4 or IPv6: the underlay's
+//! family); left alone otherwise. One device serves both families (a
+//! collect-metadata vxlan device opens an IPv4 and an IPv6 socket); the
+//! data path sends and accepts only the underlay's.
 
 use std::{
-    net::{IpAddr, Ipv4Addr},
+    net::IpAddr,
     time::{Duration, Instant},
 };
 
 use anyhow::{Context as _, Result};
 use rtnetlink::{LinkMessageBuilder, LinkUnspec, LinkVxlan};
-use tracing::{error, info, warn};
-use vmpath_common::{VXLAN_IFNAME, VXLAN_OVERHEAD, VXLAN_PORT};
+use tracing::{error, info};
+use vmpath_common::{
+    OverlayConfig, VXLAN_IFNAME, VXLAN_OVERHEAD, VXLAN_PORT, VXLAN6_OVERHEAD, addr_family,
+};
 
 use crate::{
     dataplane::Dataplane,
@@ -33,7 +38,7 @@ pub enum OverlayError {
 }
 
 /// The interface holding `addr` in this namespace, and its MTU.
-fn underlay_of(addr: Ipv4Addr) -> Option<(String, u32)> {
+fn underlay_of(addr: IpAddr) -> Option<(String, u32)> {
     let name = netif::holding(addr)?;
     let mtu = netif::mtu_of(&name).unwrap_or(DEFAULT_UNDERLAY_MTU);
     Some((name, mtu))
@@ -47,7 +52,7 @@ fn block_on<F: std::future::Future<Output = Result<(), OverlayError>>>(
 
 /// Makes `vmp-vxlan` if it is missing, sets its MTU and brings it up.
 /// Returns its ifindex.
-pub fn ensure_device(local: Option<Ipv4Addr>, mtu: u32) -> Result<u32> {
+pub fn ensure_device(local: Option<IpAddr>, mtu: u32) -> Result<u32> {
     if ifindex_of(VXLAN_IFNAME).is_none() {
         block_on(|handle| async move {
             let mut msg = LinkMessageBuilder::<LinkVxlan>::new(VXLAN_IFNAME)
@@ -55,8 +60,10 @@ pub fn ensure_device(local: Option<Ipv4Addr>, mtu: u32) -> Result<u32> {
                 .port(VXLAN_PORT)
                 .learning(false)
                 .ttl(64);
-            if let Some(local) = local {
-                msg = msg.local(local);
+            match local {
+                Some(IpAddr::V4(local)) => msg = msg.local(local),
+                Some(IpAddr::V6(local)) => msg = msg.local6(local),
+                None => {}
             }
             handle
                 .link()
@@ -108,8 +115,8 @@ pub fn remove_device() -> Result<()> {
 /// the config, once per reconcile.
 #[derive(Default)]
 pub struct Overlay {
-    /// (ifindex, local VTEP address written to the data path).
-    attached: Option<(u32, [u8; 4])>,
+    /// The overlay slot written to the data path.
+    attached: Option<OverlayConfig>,
     /// The last error, logged once until it changes.
     last_error: Option<String>,
     /// When learned remote MACs were last aged.
@@ -131,27 +138,26 @@ impl Overlay {
         let Some(node) = &cfg.config.node else {
             return;
         };
-        let IpAddr::V4(address) = node.address else {
-            if self.last_error.is_none() {
-                warn!(address = %node.address, "IPv6 VTEP addresses are not supported yet: no overlay");
-                self.last_error = Some("ipv6".into());
-            }
-            return;
-        };
+        let address = node.address;
         // Source encapsulated frames from the node address only when it is
         // configured here (else the kernel's route lookup would refuse it).
         let underlay = underlay_of(address);
         let local = underlay.as_ref().map(|_| address);
+        let overhead = if address.is_ipv6() {
+            VXLAN6_OVERHEAD
+        } else {
+            VXLAN_OVERHEAD
+        };
         let mtu = underlay
             .as_ref()
             .map_or(DEFAULT_UNDERLAY_MTU, |(_, m)| *m)
-            .saturating_sub(VXLAN_OVERHEAD)
+            .saturating_sub(overhead)
             .max(576);
         let result = ensure_device(local, mtu).and_then(|ifindex| {
-            let local4 = local.map_or([0; 4], |a| a.octets());
-            if self.attached != Some((ifindex, local4)) {
-                dp.attach_vxlan(VXLAN_IFNAME, ifindex, local4)?;
-                self.attached = Some((ifindex, local4));
+            let slot = overlay_slot(ifindex, address, local.is_some());
+            if self.attached != Some(slot) {
+                dp.attach_vxlan(VXLAN_IFNAME, slot)?;
+                self.attached = Some(slot);
                 info!(
                     ifindex,
                     local = ?local,
@@ -173,5 +179,51 @@ impl Overlay {
                 self.attached = None;
             }
         }
+    }
+}
+
+/// The overlay slot for the vxlan device `ifindex` on the underlay of
+/// this node's `address`; the local VTEP is written only when this
+/// namespace holds the address (`held`), else routing picks the source.
+fn overlay_slot(ifindex: u32, address: IpAddr, held: bool) -> OverlayConfig {
+    let mut slot = OverlayConfig {
+        vxlan_ifindex: ifindex,
+        ..OverlayConfig::default()
+    };
+    match address {
+        IpAddr::V4(a) => {
+            if held {
+                slot.local_ip4 = a.octets();
+            }
+        }
+        IpAddr::V6(a) => {
+            slot.underlay = addr_family::IPV6;
+            if held {
+                slot.local_ip6 = a.octets();
+            }
+        }
+    }
+    slot
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_overlay_slot_names_the_underlays_family_and_local_vtep() {
+        let v4 = overlay_slot(7, "192.0.2.1".parse().unwrap(), true);
+        assert_eq!((v4.vxlan_ifindex, v4.local_ip4), (7, [192, 0, 2, 1]));
+        assert!(!v4.is_ipv6());
+        let v6 = overlay_slot(7, "fd00:1::1".parse().unwrap(), true);
+        assert!(v6.is_ipv6());
+        assert_eq!(
+            v6.local_ip6,
+            "fd00:1::1".parse::<std::net::Ipv6Addr>().unwrap().octets()
+        );
+        assert_eq!(v6.local_ip4, [0; 4]);
+        // Not held here: routing picks the source, the family stays.
+        let unheld = overlay_slot(7, "fd00:1::1".parse().unwrap(), false);
+        assert!(unheld.is_ipv6() && unheld.local_ip6 == [0; 16]);
     }
 }

@@ -53,6 +53,10 @@ pub struct Plan {
     pub resolve_prefixes: BTreeMap<(u32, vmpath_common::ResolvePrefix), u32>,
     /// Overlay (`overlay`): per network, the remote nodes hosting it.
     pub flood_remote: BTreeMap<u32, vmpath_common::RemoteFloodList>,
+    /// Overlay on an IPv6 underlay: each other node's IPv6 address -> the
+    /// 4-byte VTEP handle the data path knows it by (`vmp_vtep6`,
+    /// `vmp_vtep6_ids`; `overlay::vtep_handles`). Empty on IPv4.
+    pub vteps6: BTreeMap<std::net::Ipv6Addr, [u8; 4]>,
     /// Networks with routed ingress this node hosts (a VM of it is served
     /// here, or a migration on it starts or ends here): it routes their
     /// VMs' addresses and advertises their subnets (`advertise.subnet`).
@@ -134,19 +138,31 @@ pub fn plan_with_ids(
     ifindex_of: impl Fn(&str) -> Option<u32>,
     previous: &BTreeMap<AttachmentKey, u32>,
 ) -> Plan {
-    plan_with_previous(cfg, node, ifindex_of, previous, &BTreeMap::new())
+    plan_with_previous(
+        cfg,
+        node,
+        ifindex_of,
+        previous,
+        &BTreeMap::new(),
+        &BTreeMap::new(),
+    )
 }
 
 /// As [`plan_with_ids`], also keeping the Service ports the data path
-/// holds (`previous_services`: key -> id) ahead of new ones.
+/// holds (`previous_services`: key -> id) ahead of new ones, and the IPv6
+/// underlay's VTEP handles (`previous_vteps6`).
 pub fn plan_with_previous(
     cfg: &Resolved,
     node: &str,
     ifindex_of: impl Fn(&str) -> Option<u32>,
     previous: &BTreeMap<AttachmentKey, u32>,
     previous_services: &BTreeMap<crate::service::PortKey, u32>,
+    previous_vteps6: &BTreeMap<std::net::Ipv6Addr, [u8; 4]>,
 ) -> Plan {
-    let mut plan = Plan::default();
+    let mut plan = Plan {
+        vteps6: overlay::vtep_handles(cfg, node, previous_vteps6),
+        ..Plan::default()
+    };
     for net in &cfg.config.networks {
         let mut info = NetworkInfo {
             gw_mac: net.gateway_mac,
@@ -253,7 +269,7 @@ pub fn plan_with_previous(
                 Endpoint {
                     kind: ENDPOINT_LOCAL,
                     ifindex,
-                    migrate_to: overlay::migrate_to(cfg, att, node),
+                    migrate_to: overlay::migrate_to(cfg, &plan.vteps6, att, node),
                     port_id,
                     ..Default::default()
                 },

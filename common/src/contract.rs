@@ -116,6 +116,8 @@ pub mod maps {
     /// Written by the data path (`vxlan_rx`); the agent only prunes it.
     pub const REMOTE_LEARNED: MapDef =
         def::<EndpointKey, RemoteLearned>(map_names::REMOTE_LEARNED, LruHash, MAX_REMOTE_LEARNED);
+    pub const VTEP6: MapDef = def::<[u8; 4], [u8; 16]>(map_names::VTEP6, Hash, MAX_VTEPS6);
+    pub const VTEP6_IDS: MapDef = def::<[u8; 16], [u8; 4]>(map_names::VTEP6_IDS, Hash, MAX_VTEPS6);
 
     pub const MIGRATED: MapDef = def::<u32, MigrationEvent>(map_names::MIGRATED, Hash, MAX_PORTS);
 
@@ -206,7 +208,7 @@ pub mod maps {
 
     /// Every map the agent pins (the whole object but aya-log's ring
     /// buffer, `map_names::DEBUG_LOG`).
-    pub const ALL: [MapDef; 66] = [
+    pub const ALL: [MapDef; 68] = [
         DEBUG,
         MONITOR,
         MONITOR_CFG,
@@ -273,6 +275,8 @@ pub mod maps {
         SERVICE6_FLOWS,
         SERVICE6_AFFINITY,
         SERVICE6_SCRATCH,
+        VTEP6,
+        VTEP6_IDS,
     ];
 }
 

@@ -54,6 +54,12 @@ pub mod map_names {
     /// Overlay: MACs of remote VMs learned from decapsulated frames (VXLAN
     /// source learning), (network, MAC) -> the node's VTEP.
     pub const REMOTE_LEARNED: &str = "vmp_remote_learned";
+    /// Overlay on an IPv6 underlay: a node's VTEP handle -> its IPv6
+    /// address (the tunnel key's remote).
+    pub const VTEP6: &str = "vmp_vtep6";
+    /// Overlay on an IPv6 underlay: a node's IPv6 address -> its VTEP
+    /// handle (who sent a decapsulated frame; a miss is not a VTEP).
+    pub const VTEP6_IDS: &str = "vmp_vtep6_ids";
     /// Live migration: target ports whose VM spoke (set by `vm_migrate`),
     /// polled by the agent to finish the cut-over.
     pub const MIGRATED: &str = "vmp_migrated";
@@ -1231,6 +1237,8 @@ pub const VXLAN_IFNAME: &str = "vmp-vxlan";
 pub const VXLAN_PORT: u16 = 4789;
 /// Outer IPv4 + UDP + VXLAN + inner Ethernet.
 pub const VXLAN_OVERHEAD: u32 = 50;
+/// Outer IPv6 + UDP + VXLAN + inner Ethernet (an IPv6 underlay).
+pub const VXLAN6_OVERHEAD: u32 = 70;
 /// Remote nodes one network can flood to (a `bpf_loop` walks the list,
 /// as `MAX_FLOOD_PORTS`: 4 bytes a node per network spanning nodes).
 pub const MAX_FLOOD_NODES: usize = 4096;
@@ -1289,15 +1297,41 @@ pub struct RemoteLearned {
 const _: () = assert!(size_of::<RemoteLearned>() == 16);
 
 /// Slot 0 of `vmp_overlay`: where encapsulated frames go.
+///
+/// The underlay is one family for the whole cluster (a Node of the other
+/// family is refused). On an IPv4 underlay a node's 4-byte VTEP value
+/// (`Endpoint::node_ip4`, `RemoteFloodList`, `RemoteLearned`, ...) is its
+/// IPv4 address. On an IPv6 underlay it is a handle the agent gives each
+/// other node (kept across rounds and restarts): `vmp_vtep6` turns it
+/// into the node's IPv6 address for the tunnel key, `vmp_vtep6_ids` turns
+/// a received frame's outer source back into it. Everything else in the
+/// data path compares and stores the 4-byte value as before.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct OverlayConfig {
     /// ifindex of `vmp-vxlan`; 0 while it is not set up.
     pub vxlan_ifindex: u32,
-    /// This node's VTEP address (network order); zero: routing picks.
+    /// This node's VTEP address on an IPv4 underlay (network order);
+    /// zero: routing picks.
     pub local_ip4: [u8; 4],
+    /// `addr_family::IPV6` on an IPv6 underlay; anything else is IPv4
+    /// (0 is what an agent before IPv6 underlays wrote).
+    pub underlay: u8,
+    pub _pad: [u8; 3],
+    /// This node's VTEP address on an IPv6 underlay; zero: routing picks.
+    pub local_ip6: [u8; 16],
 }
-const _: () = assert!(size_of::<OverlayConfig>() == 8);
+const _: () = assert!(size_of::<OverlayConfig>() == 28);
+
+impl OverlayConfig {
+    pub const fn is_ipv6(&self) -> bool {
+        self.underlay == addr_family::IPV6
+    }
+}
+
+/// Other nodes' VTEPs an IPv6-underlay node keeps handles for
+/// (`vmp_vtep6`, `vmp_vtep6_ids`).
+pub const MAX_VTEPS6: u32 = 16384;
 
 // ---------------------------------------------------------------------------
 // Neighbour resolution over the overlay (learned-only endpoints)

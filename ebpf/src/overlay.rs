@@ -3,6 +3,12 @@
 //! remote = the node's VTEP address) and redirects; the kernel's vxlan
 //! driver builds the outer headers, so the wire format is Linux's own.
 //!
+//! The underlay is IPv4 or IPv6 (`OverlayConfig::underlay`, one family
+//! per cluster). Everything but the tunnel key handles a node by its
+//! 4-byte VTEP value: the IPv4 address, or on an IPv6 underlay the
+//! agent's handle for the node (`vmp_vtep6` gives the address to send to,
+//! `vmp_vtep6_ids` names the node a frame came from: `received_from`).
+//!
 //! `vm_remote` is a tail call from `vm_port`: `bpf_tunnel_key` would not
 //! fit on the VM-port program's nearly full stack.
 //!
@@ -17,10 +23,12 @@
 use core::mem::MaybeUninit;
 
 use aya_ebpf::{
-    bindings::{__sk_buff, BPF_F_ZERO_CSUM_TX, TC_ACT_SHOT, bpf_tunnel_key},
+    bindings::{__sk_buff, BPF_F_TUNINFO_IPV6, BPF_F_ZERO_CSUM_TX, TC_ACT_SHOT, bpf_tunnel_key},
     btf_maps::{Array, HashMap, LruHashMap, PerCpuArray},
     cty::c_void,
-    helpers::generated::{bpf_clone_redirect, bpf_loop, bpf_skb_set_tunnel_key},
+    helpers::generated::{
+        bpf_clone_redirect, bpf_loop, bpf_skb_get_tunnel_key, bpf_skb_set_tunnel_key,
+    },
     macros::{btf_map, classifier},
     programs::TcContext,
 };
@@ -41,6 +49,19 @@ use crate::{
 
 /// Outer TTL of encapsulated frames.
 const TUNNEL_TTL: u8 = 64;
+
+/// `bpf_skb_get_tunnel_key`'s answer for a frame whose outer header is
+/// of the other family (-EPROTO).
+const EPROTO: i64 = 71;
+
+/// IPv6 underlay: a node's VTEP handle -> its IPv6 address.
+#[btf_map(name = "vmp_vtep6")]
+pub static VTEP6: HashMap<[u8; 4], [u8; 16], { maps::VTEP6.max_entries as usize }> = HashMap::new();
+
+/// IPv6 underlay: a node's IPv6 address -> its VTEP handle.
+#[btf_map(name = "vmp_vtep6_ids")]
+pub static VTEP6_IDS: HashMap<[u8; 16], [u8; 4], { maps::VTEP6_IDS.max_entries as usize }> =
+    HashMap::new();
 
 /// network id -> remote nodes hosting it.
 #[btf_map(name = "vmp_flood_remote")]
@@ -313,19 +334,10 @@ pub fn vm_remote(ctx: TcContext) -> i32 {
 #[inline(always)]
 fn try_vm_remote(ctx: &TcContext, port: &PortInfo) -> Verdict {
     let network = port.network;
-    let Some(cfg) = OVERLAY.get(0) else {
-        return Err(drop_reason::OVERLAY_DOWN);
-    };
-    let (vxlan, local) = (cfg.vxlan_ifindex, cfg.local_ip4);
-    if vxlan == 0 {
-        return Err(drop_reason::OVERLAY_DOWN);
-    }
     let dst = hdr::<EthHdr>(ctx, 0)?.dst_addr;
     let mut key_slot = MaybeUninit::<bpf_tunnel_key>::uninit();
     let key = zeroed(&mut key_slot);
-    key.tunnel_id = network;
-    key.tunnel_ttl = TUNNEL_TTL;
-    key.__bindgen_anon_3.local_ipv4 = u32::from_be_bytes(local);
+    let (vxlan, v6) = tunnel(key, network)?;
 
     if !is_multicast(&dst) {
         let ep_key = EndpointKey::new(network, dst);
@@ -338,21 +350,21 @@ fn try_vm_remote(ctx: &TcContext, port: &PortInfo) -> Verdict {
             None => unsafe { REMOTE_LEARNED.get(&ep_key) }.map(|l| l.node_ip4),
         };
         if let Some(to) = to {
-            set_remote(ctx, key, to)?;
+            set_tunnel_key(ctx.skb.skb, key, to, v6)?;
             count_tx(ctx.len());
             return fwd::redirect(vxlan);
         }
     }
 
     // Broadcast, multicast, unknown unicast: one copy per remote node.
-    flood(ctx, key, network, vxlan)
+    flood(ctx, key, network, vxlan, v6)
 }
 
 /// One copy of the frame to each remote node hosting `network`, the
 /// original to the last one. The copies are made by a `bpf_loop` over the
 /// list: the verifier checks one node's step once, whatever the count.
 #[inline(always)]
-fn flood(ctx: &TcContext, key: &mut bpf_tunnel_key, network: u32, vxlan: u32) -> Verdict {
+fn flood(ctx: &TcContext, key: &mut bpf_tunnel_key, network: u32, vxlan: u32, v6: bool) -> Verdict {
     // SAFETY: a map lookup; the value stays valid for this program run.
     let Some(list) = (unsafe { FLOOD_REMOTE.get(&network) }) else {
         return Err(drop_reason::NO_DESTINATION);
@@ -367,6 +379,7 @@ fn flood(ctx: &TcContext, key: &mut bpf_tunnel_key, network: u32, vxlan: u32) ->
         key,
         vxlan,
         len: ctx.len(),
+        v6: u32::from(v6),
         failed: 0,
     };
     // SAFETY: the callback is a function of this object taking the
@@ -385,7 +398,7 @@ fn flood(ctx: &TcContext, key: &mut bpf_tunnel_key, network: u32, vxlan: u32) ->
     let Some(&last) = list.node_ip4.get(count - 1) else {
         return Err(drop_reason::NO_DESTINATION);
     };
-    set_remote(ctx, key, last)?;
+    set_tunnel_key(ctx.skb.skb, key, last, v6)?;
     count_tx(walk.len);
     fwd::redirect(vxlan)
 }
@@ -398,6 +411,8 @@ struct RemoteFlood {
     key: *mut bpf_tunnel_key,
     vxlan: u32,
     len: u32,
+    /// 1 on an IPv6 underlay.
+    v6: u32,
     /// Set when a tunnel key could not be set: the flood stops there.
     failed: u32,
 }
@@ -415,7 +430,7 @@ extern "C" fn clone_remote_member(i: u32, walk: *mut c_void) -> i64 {
     };
     // SAFETY: `key` points at `flood`'s tunnel key, alive for the call.
     let key = unsafe { &mut *walk.key };
-    if set_tunnel_key(walk.skb, key, node).is_err() {
+    if set_tunnel_key(walk.skb, key, node, walk.v6 != 0).is_err() {
         walk.failed = 1;
         return 1;
     }
@@ -433,37 +448,104 @@ extern "C" fn clone_remote_member(i: u32, walk: *mut c_void) -> i64 {
 /// relays it once more if the VM has just moved on.
 #[inline(always)]
 pub fn send_to_node(ctx: &TcContext, network: u32, node_ip4: [u8; 4]) -> Verdict {
-    let Some(cfg) = OVERLAY.get(0) else {
-        return Err(drop_reason::OVERLAY_DOWN);
-    };
-    let (vxlan, local) = (cfg.vxlan_ifindex, cfg.local_ip4);
-    if vxlan == 0 {
-        return Err(drop_reason::OVERLAY_DOWN);
-    }
     let mut key_slot = MaybeUninit::<bpf_tunnel_key>::uninit();
     let key = zeroed(&mut key_slot);
-    key.tunnel_id = network;
-    key.tunnel_ttl = TUNNEL_TTL;
-    key.__bindgen_anon_3.local_ipv4 = u32::from_be_bytes(local);
-    set_remote(ctx, key, node_ip4)?;
+    let (vxlan, v6) = tunnel(key, network)?;
+    set_tunnel_key(ctx.skb.skb, key, node_ip4, v6)?;
     count_tx(ctx.len());
     fwd::redirect(vxlan)
 }
 
-/// A tunnel key for `network` from this node, and the vxlan device.
+/// Fills `key` (every field) for `network` from this node: VNI, TTL and
+/// the local VTEP of the underlay's family. Returns the vxlan device and
+/// whether the underlay is IPv6; the remote is `set_tunnel_key`'s.
 #[inline(always)]
-fn tunnel(key: &mut bpf_tunnel_key, network: u32) -> Result<u32, u32> {
+fn tunnel(key: &mut bpf_tunnel_key, network: u32) -> Result<(u32, bool), u32> {
     let Some(cfg) = OVERLAY.get(0) else {
         return Err(drop_reason::OVERLAY_DOWN);
     };
-    let (vxlan, local) = (cfg.vxlan_ifindex, cfg.local_ip4);
+    let vxlan = cfg.vxlan_ifindex;
     if vxlan == 0 {
         return Err(drop_reason::OVERLAY_DOWN);
     }
+    let v6 = cfg.is_ipv6();
     key.tunnel_id = network;
+    key.tunnel_tos = 0;
     key.tunnel_ttl = TUNNEL_TTL;
-    key.__bindgen_anon_3.local_ipv4 = u32::from_be_bytes(local);
-    Ok(vxlan)
+    key.__bindgen_anon_2.tunnel_ext = 0;
+    key.tunnel_label = 0;
+    key.__bindgen_anon_1.remote_ipv6 = [0; 4];
+    if v6 {
+        put_ipv6(&raw mut key.__bindgen_anon_3.local_ipv6, &cfg.local_ip6);
+    } else {
+        key.__bindgen_anon_3.local_ipv6 = [u32::from_be_bytes(cfg.local_ip4), 0, 0, 0];
+    }
+    Ok((vxlan, v6))
+}
+
+/// Writes an IPv6 address into a tunnel key's address field, as the key
+/// holds it: the bytes in network order (the helper copies them as they
+/// are). Straight from the map value: a copy on the stack would not fit
+/// beside `vxlan_resolve`'s.
+#[inline(always)]
+fn put_ipv6(to: *mut [u32; 4], addr: &[u8; 16]) {
+    // SAFETY: `to` is a 16-byte field of a `bpf_tunnel_key` the caller
+    // holds mutably; `addr` is 16 readable bytes; they do not overlap.
+    unsafe { core::ptr::copy_nonoverlapping(addr.as_ptr(), to.cast::<u8>(), 16) };
+}
+
+/// The tunnel key of a frame the vxlan device decapsulated, into `key`,
+/// and the sending node's 4-byte VTEP value: its IPv4 address, or on an
+/// IPv6 underlay the handle `vmp_vtep6_ids` gives its IPv6 address. A
+/// frame of the other underlay family, or from an IPv6 address that is no
+/// node's, is `overlay_unknown_vtep`: it names no node this one knows.
+#[inline(always)]
+pub fn received_from(ctx: &TcContext, key: &mut bpf_tunnel_key) -> Result<[u8; 4], u32> {
+    let v6 = OVERLAY.get(0).is_some_and(|c| c.is_ipv6());
+    let flags = if v6 { u64::from(BPF_F_TUNINFO_IPV6) } else { 0 };
+    // SAFETY: `key` is a `bpf_tunnel_key` on the caller's stack and the size
+    // passed is its own; the skb is the program's own context.
+    let rc = unsafe {
+        bpf_skb_get_tunnel_key(
+            ctx.skb.skb,
+            key,
+            core::mem::size_of::<bpf_tunnel_key>() as u32,
+            flags,
+        )
+    };
+    if rc == -EPROTO {
+        return Err(drop_reason::OVERLAY_UNKNOWN_VTEP);
+    }
+    if rc != 0 {
+        return Err(drop_reason::HELPER_FAILED);
+    }
+    if !v6 {
+        // SAFETY: a union of plain integers (any bit pattern is valid); without
+        // BPF_F_TUNINFO_IPV6 the helper filled the IPv4 member (host order).
+        return Ok(unsafe { key.__bindgen_anon_1.remote_ipv4 }.to_be_bytes());
+    }
+    // SAFETY: with BPF_F_TUNINFO_IPV6 the helper filled the IPv6 member,
+    // the address's 16 bytes in network order: read in place as bytes (no
+    // copy on the stack, which `vxlan_resolve` has no room for).
+    let from = unsafe { &*(&raw const key.__bindgen_anon_1.remote_ipv6).cast::<[u8; 16]>() };
+    // SAFETY: a map lookup; the value is copied out at once.
+    match unsafe { VTEP6_IDS.get(from) } {
+        Some(id) => Ok(*id),
+        None => Err(drop_reason::OVERLAY_UNKNOWN_VTEP),
+    }
+}
+
+/// Re-encapsulates the frame `vxlan_rx` received (its tunnel key in
+/// `key`, reused: the receive program's stack has no room for another)
+/// for the node `to`, with the relay TTL as the once-only marker.
+#[inline(always)]
+pub fn relay_to(ctx: &TcContext, key: &mut bpf_tunnel_key, to: [u8; 4], ttl: u8) -> Verdict {
+    let network = key.tunnel_id;
+    let (vxlan, v6) = tunnel(key, network)?;
+    key.tunnel_ttl = ttl;
+    set_tunnel_key(ctx.skb.skb, key, to, v6)?;
+    count_relay(ctx.len());
+    fwd::redirect(vxlan)
 }
 
 /// The frame to every other node hosting `network` (a resolution
@@ -472,8 +554,8 @@ fn tunnel(key: &mut bpf_tunnel_key, network: u32) -> Result<u32, u32> {
 pub fn flood_nodes(ctx: &TcContext, network: u32) -> Verdict {
     let mut key_slot = MaybeUninit::<bpf_tunnel_key>::uninit();
     let key = zeroed(&mut key_slot);
-    let vxlan = tunnel(key, network)?;
-    flood(ctx, key, network, vxlan)
+    let (vxlan, v6) = tunnel(key, network)?;
+    flood(ctx, key, network, vxlan, v6)
 }
 
 /// A copy of the frame as it is now to `node_ip4`, sent at once; the
@@ -483,8 +565,8 @@ pub fn flood_nodes(ctx: &TcContext, network: u32) -> Verdict {
 pub fn copy_to_node(ctx: &TcContext, network: u32, node_ip4: [u8; 4]) -> Result<(), u32> {
     let mut key_slot = MaybeUninit::<bpf_tunnel_key>::uninit();
     let key = zeroed(&mut key_slot);
-    let vxlan = tunnel(key, network)?;
-    set_remote(ctx, key, node_ip4)?;
+    let (vxlan, v6) = tunnel(key, network)?;
+    set_tunnel_key(ctx.skb.skb, key, node_ip4, v6)?;
     // SAFETY: the skb is the program's own context and the other arguments are
     // integers; no packet pointer is held across the call.
     if unsafe { bpf_clone_redirect(ctx.skb.skb, vxlan, 0) } != 0 {
@@ -501,21 +583,32 @@ pub fn learned_node(key: &EndpointKey) -> Option<[u8; 4]> {
     unsafe { REMOTE_LEARNED.get(key) }.map(|l| l.node_ip4)
 }
 
-/// Points the frame's tunnel key at `node_ip4`. Each copy of a flood gets
-/// its own: the key lives in the skb's metadata, and a clone is
-/// encapsulated before `bpf_clone_redirect` returns.
-#[inline(always)]
-pub fn set_remote(ctx: &TcContext, key: &mut bpf_tunnel_key, node_ip4: [u8; 4]) -> Result<(), u32> {
-    set_tunnel_key(ctx.skb.skb, key, node_ip4)
-}
-
+/// Points the frame's tunnel key at the node `node` (its 4-byte VTEP
+/// value; `v6`: a handle `vmp_vtep6` turns into its IPv6 address). Each
+/// copy of a flood gets its own: the key lives in the skb's metadata, and
+/// a clone is encapsulated before `bpf_clone_redirect` returns.
 #[inline(always)]
 fn set_tunnel_key(
     skb: *mut __sk_buff,
     key: &mut bpf_tunnel_key,
-    node_ip4: [u8; 4],
+    node: [u8; 4],
+    v6: bool,
 ) -> Result<(), u32> {
-    key.__bindgen_anon_1.remote_ipv4 = u32::from_be_bytes(node_ip4);
+    let flags = if v6 {
+        // SAFETY: a map lookup; the value is read at once.
+        let Some(addr) = (unsafe { VTEP6.get(&node) }) else {
+            // A handle the agent has not (or no longer) given an address.
+            return Err(drop_reason::NO_DESTINATION);
+        };
+        put_ipv6(&raw mut key.__bindgen_anon_1.remote_ipv6, addr);
+        // With the outer UDP checksum, as Linux vxlan devices send over
+        // IPv6 by default (RFC 8200: a receiver may drop zero checksums).
+        u64::from(BPF_F_TUNINFO_IPV6)
+    } else {
+        key.__bindgen_anon_1.remote_ipv4 = u32::from_be_bytes(node);
+        // Zero outer UDP checksum, as Linux vxlan devices send by default.
+        u64::from(BPF_F_ZERO_CSUM_TX)
+    };
     // SAFETY: `key` is a valid `bpf_tunnel_key` for the call and the size
     // passed is its size; the skb pointer is the program's own context.
     let rc = unsafe {
@@ -523,8 +616,7 @@ fn set_tunnel_key(
             skb,
             key,
             core::mem::size_of::<bpf_tunnel_key>() as u32,
-            // Zero outer UDP checksum, as Linux vxlan devices send by default.
-            u64::from(BPF_F_ZERO_CSUM_TX),
+            flags,
         )
     };
     if rc != 0 {

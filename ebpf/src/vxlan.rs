@@ -11,7 +11,6 @@ use core::mem::MaybeUninit;
 
 use aya_ebpf::{
     bindings::{TC_ACT_SHOT, bpf_tunnel_key},
-    helpers::generated::bpf_skb_get_tunnel_key,
     macros::classifier,
     programs::TcContext,
 };
@@ -54,24 +53,10 @@ pub fn vxlan_rx(ctx: TcContext) -> i32 {
 fn try_vxlan_rx(ctx: &TcContext) -> Verdict {
     let mut key_slot = MaybeUninit::<bpf_tunnel_key>::uninit();
     let key = zeroed(&mut key_slot);
-    // SAFETY: `key` is a zeroed `bpf_tunnel_key` on our stack and the size passed
-    // is its own; the skb is the program's own context.
-    let rc = unsafe {
-        bpf_skb_get_tunnel_key(
-            ctx.skb.skb,
-            &raw mut *key,
-            core::mem::size_of::<bpf_tunnel_key>() as u32,
-            0,
-        )
-    };
-    if rc != 0 {
-        return Err(drop_reason::HELPER_FAILED);
-    }
+    // The sending node (its VTEP value: the outer source address, or its
+    // handle on an IPv6 underlay; an unknown IPv6 source is refused here).
+    let from = overlay::received_from(ctx, key)?;
     let network = key.tunnel_id;
-    // The outer source address (host order from the helper).
-    // SAFETY: a union of plain integers (any bit pattern is valid); with flags 0
-    // the helper filled the IPv4 member.
-    let from = unsafe { key.__bindgen_anon_1.remote_ipv4 }.to_be_bytes();
     // SAFETY: a map lookup; the value stays valid for this program run.
     let Some(net) = (unsafe { NETWORKS.get(&network) }) else {
         return Err(drop_reason::OVERLAY_UNKNOWN_VNI);
@@ -182,21 +167,8 @@ pub fn vxlan_resolve(ctx: TcContext) -> i32 {
 fn try_vxlan_resolve(ctx: &TcContext) -> Verdict {
     let mut key_slot = MaybeUninit::<bpf_tunnel_key>::uninit();
     let key = zeroed(&mut key_slot);
-    // SAFETY: as in `try_vxlan_rx`.
-    let rc = unsafe {
-        bpf_skb_get_tunnel_key(
-            ctx.skb.skb,
-            &raw mut *key,
-            core::mem::size_of::<bpf_tunnel_key>() as u32,
-            0,
-        )
-    };
-    if rc != 0 {
-        return Err(drop_reason::HELPER_FAILED);
-    }
+    let from = overlay::received_from(ctx, key)?;
     let network = key.tunnel_id;
-    // SAFETY: as in `try_vxlan_rx`.
-    let from = unsafe { key.__bindgen_anon_1.remote_ipv4 }.to_be_bytes();
     // SAFETY: a map lookup; the value stays valid for this program run.
     let Some(net) = (unsafe { NETWORKS.get(&network) }) else {
         return Err(drop_reason::OVERLAY_UNKNOWN_VNI);
@@ -235,17 +207,5 @@ fn relay(ctx: &TcContext, key: &mut bpf_tunnel_key, to: [u8; 4], from: [u8; 4]) 
     if key.tunnel_ttl <= RELAYED_TTL_MAX || to == from {
         return Err(drop_reason::OVERLAY_NOT_RELAYED);
     }
-    let Some(cfg) = overlay::OVERLAY.get(0) else {
-        return Err(drop_reason::OVERLAY_DOWN);
-    };
-    let (vxlan, local) = (cfg.vxlan_ifindex, cfg.local_ip4);
-    if vxlan == 0 {
-        return Err(drop_reason::OVERLAY_DOWN);
-    }
-    key.__bindgen_anon_3.local_ipv4 = u32::from_be_bytes(local);
-    key.tunnel_ttl = RELAY_TTL;
-    key.tunnel_tos = 0;
-    overlay::set_remote(ctx, key, to)?;
-    overlay::count_relay(ctx.len());
-    fwd::redirect(vxlan)
+    overlay::relay_to(ctx, key, to, RELAY_TTL)
 }

@@ -887,11 +887,54 @@ impl Default for Underlay {
     }
 }
 
+/// The family of an overlay test bed's underlay: the overlay tests run
+/// over both (VXLAN over IPv4 and over IPv6; one family per cluster).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum UnderlayFamily {
+    V4,
+    V6,
+}
+
+impl UnderlayFamily {
+    /// Underlay address `i` (from 1): `192.0.2.<i>` or `fd00:192::<i>`.
+    pub fn node_ip(self, i: u8) -> String {
+        match self {
+            UnderlayFamily::V4 => format!("192.0.2.{i}"),
+            UnderlayFamily::V6 => format!("fd00:192::{i:x}"),
+        }
+    }
+
+    /// `node_ip(i)` with the underlay's prefix length, for `Underlay::plug`.
+    pub fn node_cidr(self, i: u8) -> String {
+        match self {
+            UnderlayFamily::V4 => format!("{}/24", self.node_ip(i)),
+            UnderlayFamily::V6 => format!("{}/64", self.node_ip(i)),
+        }
+    }
+
+    /// Outer headers of a VXLAN frame on this underlay (IP + UDP + VXLAN
+    /// + inner Ethernet): what the vxlan device's MTU leaves off.
+    pub fn vxlan_overhead(self) -> u32 {
+        match self {
+            UnderlayFamily::V4 => vmpath::common::VXLAN_OVERHEAD,
+            UnderlayFamily::V6 => vmpath::common::VXLAN6_OVERHEAD,
+        }
+    }
+
+    /// scapy's outer network layer from `src` to `dst` on this underlay.
+    pub fn scapy_ip(self, src: &str, dst: &str) -> String {
+        match self {
+            UnderlayFamily::V4 => format!("IP(src='{src}', dst='{dst}')"),
+            UnderlayFamily::V6 => format!("IPv6(src='{src}', dst='{dst}')"),
+        }
+    }
+}
+
 pub mod yaml_overlay {
     /// A Node document with its underlay (VTEP) address.
     pub fn node(name: &str, address: &str) -> String {
         format!(
-            "apiVersion: vmpath.dev/v1alpha1\nkind: Node\nmetadata: {{name: {name}}}\nspec:\n  address: {address}\n"
+            "apiVersion: vmpath.dev/v1alpha1\nkind: Node\nmetadata: {{name: {name}}}\nspec:\n  address: '{address}'\n"
         )
     }
 }

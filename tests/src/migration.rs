@@ -19,11 +19,15 @@ use std::{
 };
 
 use crate::{
-    Netns, Node, SCAPY_PYTHON, Underlay, Vm, vmpath::common, wait_for, yaml, yaml_overlay,
+    Netns, Node, SCAPY_PYTHON, Underlay, UnderlayFamily, Vm, vmpath::common, wait_for, yaml,
+    yaml_overlay,
 };
 
 pub const NET: &str = "blue";
 pub const NET_ID: u32 = 100;
+/// The nodes, each with its underlay address number (`UnderlayFamily::node_ip`).
+pub const NODES: [(&str, u8); 3] = [("a", 1), ("b", 2), ("c", 3)];
+/// Their addresses on an IPv4 underlay (`UnderlayFamily::V4.node_ip`).
 pub const NODE_IPS: [(&str, &str); 3] =
     [("a", "192.0.2.1"), ("b", "192.0.2.2"), ("c", "192.0.2.3")];
 pub const UNDERLAY_MTU: u32 = 9000;
@@ -46,6 +50,8 @@ pub const STREAM_COUNT: u64 = 5000;
 /// Three nodes on one underlay: vm1 on a, its (paused) target on b, the
 /// client on c.
 pub struct Bed {
+    /// The underlay's family (the overlay tests run over both).
+    pub family: UnderlayFamily,
     pub a: Node,
     pub b: Node,
     pub c: Node,
@@ -87,9 +93,9 @@ fn vm1_doc(port: &str, migration: Option<(&str, bool)>) -> String {
 /// Writes every node's config: no migration (`None`), or the migration of
 /// vm1 to b, pending (`Some(false)`) or ready (`Some(true)`).
 pub fn write_config(bed: &Bed, migration: Option<bool>) {
-    let mut docs: Vec<String> = NODE_IPS
+    let mut docs: Vec<String> = NODES
         .iter()
-        .map(|(n, ip)| yaml_overlay::node(n, ip))
+        .map(|(n, i)| yaml_overlay::node(n, &bed.family.node_ip(*i)))
         .collect();
     docs.push(network_doc());
     docs.push(vm1_doc(
@@ -111,14 +117,19 @@ pub fn write_config(bed: &Bed, migration: Option<bool>) {
 }
 
 /// Builds the three nodes, starts their agents and waits until the client
-/// reaches vm1 over the overlay.
+/// reaches vm1 over the overlay (an IPv4 underlay).
 pub fn three_nodes() -> Bed {
+    three_nodes_over(UnderlayFamily::V4)
+}
+
+/// [`three_nodes`] over an underlay of `family`.
+pub fn three_nodes_over(family: UnderlayFamily) -> Bed {
     let underlay = Underlay::new();
     let a = Node::new("a");
     let b = Node::new("b");
     let c = Node::new("c");
-    for (node, (_, ip)) in [&a, &b, &c].into_iter().zip(NODE_IPS) {
-        underlay.plug(&node.ns, "ul0", &format!("{ip}/24"), UNDERLAY_MTU);
+    for (node, (_, i)) in [&a, &b, &c].into_iter().zip(NODES) {
+        underlay.plug(&node.ns, "ul0", &family.node_cidr(i), UNDERLAY_MTU);
     }
     let vm1_addrs = [format!("{VM1_IP}/16"), format!("{VM1_IP6}/64")];
     let vm1_addrs: Vec<&str> = vm1_addrs.iter().map(String::as_str).collect();
@@ -137,6 +148,7 @@ pub fn three_nodes() -> Bed {
         Some(GATEWAY),
     );
     let mut bed = Bed {
+        family,
         a,
         b,
         c,
@@ -195,6 +207,21 @@ pub fn start_migration(bed: &Bed) {
         !table100(&bed.b.ns).contains(VM1_IP) && !table100_v6(&bed.b.ns).contains(VM1_IP6),
         "b advertised a pending VM"
     );
+}
+
+/// The 4-byte VTEP value `on` knows node `to` (1: a, 2: b, 3: c) by in its
+/// maps: the IPv4 address, or on an IPv6 underlay the handle its agent
+/// gave the node's address (`vmp_vtep6_ids`).
+pub fn vtep_on(bed: &Bed, on: &Node, to: u8) -> [u8; 4] {
+    let ip: std::net::IpAddr = bed.family.node_ip(to).parse().unwrap();
+    match ip {
+        std::net::IpAddr::V4(a) => a.octets(),
+        std::net::IpAddr::V6(a) => on
+            .maps()
+            .vtep6_ids
+            .get(&a.octets(), 0)
+            .unwrap_or_else(|e| panic!("no VTEP handle for {a} on node {}: {e}", on.name)),
+    }
 }
 
 /// vm1's endpoint entry on `node`, if any.

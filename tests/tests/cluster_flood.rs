@@ -14,7 +14,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use vmpath_tests::{Netns, Node, veth, yaml, yaml_overlay};
+use vmpath_tests::{Netns, Node, UnderlayFamily, veth, yaml, yaml_overlay};
 
 /// A broadcast ping's frames from the sender: what every member must get.
 const PINGS: u64 = 3;
@@ -266,34 +266,60 @@ fn a_broadcast_reaches_512_local_ports_once_each() {
 /// exactly once per frame, VNI = the network id.
 #[test]
 fn a_broadcast_reaches_1000_remote_vteps_once_each() {
+    broadcast_reaches_remote_vteps_over(UnderlayFamily::V4);
+}
+
+/// The same over an IPv6 underlay: 1,000 IPv6 VTEPs, each known to the
+/// data path by its handle, each gets every copy once.
+#[test]
+fn a_broadcast_reaches_1000_remote_ipv6_vteps_once_each() {
+    broadcast_reaches_remote_vteps_over(UnderlayFamily::V6);
+}
+
+fn broadcast_reaches_remote_vteps_over(family: UnderlayFamily) {
     const NODES: usize = 1000;
+    let v6 = family == UnderlayFamily::V6;
     ensure_backlog(4096);
     let mut node = Node::new("a");
     let (vm, sender_doc) = sender(&node);
     vm.ns
         .run(&["sysctl", "-qw", "net.ipv6.conf.all.disable_ipv6=1"]);
-    // The underlay: node a at 10.99.0.1 routes the VTEP range to the
-    // underlay namespace, which holds the 1,000 VTEP addresses.
+    // The underlay: node a at 10.99.0.1 (fd99::1) routes the VTEP range
+    // to the underlay namespace, which holds the 1,000 VTEP addresses.
+    let (a_ip, ul_ip, plen, range) = if v6 {
+        ("fd99::1", "fd99::2", 126, "fd68::/16")
+    } else {
+        ("10.99.0.1", "10.99.0.2", 30, "192.168.0.0/16")
+    };
     let underlay = Netns::new(format!("vt{}-ul", node.tag));
     veth(&node.ns, "ul0", &underlay, "ul");
+    let (a_cidr, ul_cidr) = (format!("{a_ip}/{plen}"), format!("{ul_ip}/{plen}"));
     node.ns
-        .run(&["ip", "addr", "add", "10.99.0.1/30", "dev", "ul0"]);
+        .run(&["ip", "addr", "add", &a_cidr, "dev", "ul0", "nodad"]);
     node.ns.run(&["ip", "link", "set", "ul0", "up"]);
-    underlay.run(&["ip", "addr", "add", "10.99.0.2/30", "dev", "ul"]);
+    underlay.run(&["ip", "addr", "add", &ul_cidr, "dev", "ul", "nodad"]);
     underlay.run(&["ip", "link", "set", "ul", "up"]);
-    node.ns
-        .run(&["ip", "route", "add", "192.168.0.0/16", "via", "10.99.0.2"]);
-    let vtep = |i: usize| format!("192.168.{}.{}", 1 + i / 250, 1 + i % 250);
+    node.ns.run(&["ip", "route", "add", range, "via", ul_ip]);
+    let vtep = |i: usize| -> std::net::IpAddr {
+        if v6 {
+            format!("fd68::{:x}:{:x}", 1 + i / 250, 1 + i % 250)
+        } else {
+            format!("192.168.{}.{}", 1 + i / 250, 1 + i % 250)
+        }
+        .parse()
+        .unwrap()
+    };
+    let host_len = if v6 { 128 } else { 32 };
     let mut batch = String::new();
     let mut docs = vec![
-        yaml_overlay::node("a", "10.99.0.1"),
+        yaml_overlay::node("a", a_ip),
         yaml::network("blue", 100, &["10.20.0.0/16"], &["10.20.0.1"], false),
         sender_doc,
     ];
     for i in 0..NODES {
-        batch.push_str(&format!("addr add {}/32 dev lo\n", vtep(i)));
+        batch.push_str(&format!("addr add {}/{host_len} dev lo nodad\n", vtep(i)));
         let name = format!("n{i}");
-        docs.push(yaml_overlay::node(&name, &vtep(i)));
+        docs.push(yaml_overlay::node(&name, &vtep(i).to_string()));
         docs.push(yaml::attachment(
             &format!("v{i}"),
             "blue",
@@ -312,33 +338,39 @@ fn a_broadcast_reaches_1000_remote_vteps_once_each() {
 
     // The next hop resolved first: the kernel holds only about 100 frames
     // for a neighbour it is still resolving, and a flood is 1,000 at once.
-    node.ns.run(&["ping", "-c", "1", "-W", "5", "10.99.0.2"]);
+    node.ns.run(&["ping", "-c", "1", "-W", "5", ul_ip]);
     // Every copy, read after the pings: 3,000 frames of about 150 bytes.
     let socket = packet_socket(&underlay, "ul", 64 << 20);
     broadcast_pings(&vm);
     std::thread::sleep(Duration::from_secs(2));
-    let mut per_vtep: std::collections::BTreeMap<[u8; 4], u64> = Default::default();
+    let mut per_vtep: std::collections::BTreeMap<std::net::IpAddr, u64> = Default::default();
     for f in drain(&socket) {
-        // Outer Ethernet, IPv4 (20 bytes), UDP to 4789, VXLAN with VNI
-        // 100, then the inner frame.
-        if f.len() < 50 + 34 || f[12..14] != [0x08, 0x00] || f[23] != 17 {
-            continue;
-        }
-        let ihl = usize::from(f[14] & 0x0f) * 4;
-        let udp = 14 + ihl;
-        if f[udp + 2..udp + 4] != 4789u16.to_be_bytes() {
+        // Outer Ethernet, IPv4 (20 bytes) or IPv6 (40), UDP to 4789, VXLAN
+        // with VNI 100, then the inner frame.
+        let (udp, dst): (usize, std::net::IpAddr) = match f.get(12..14) {
+            Some([0x08, 0x00]) if f.len() >= 14 + 20 && f[23] == 17 => {
+                let dst: [u8; 4] = f[30..34].try_into().unwrap();
+                (14 + usize::from(f[14] & 0x0f) * 4, dst.into())
+            }
+            Some([0x86, 0xdd]) if f.len() >= 14 + 40 && f[20] == 17 => {
+                let dst: [u8; 16] = f[38..54].try_into().unwrap();
+                (14 + 40, dst.into())
+            }
+            _ => continue,
+        };
+        if f.len() < udp + 16 + 14 || f[udp + 2..udp + 4] != 4789u16.to_be_bytes() {
             continue;
         }
         let vxlan = udp + 8;
         assert_eq!(f[vxlan + 4..vxlan + 7], [0, 0, 100], "VNI of a copy");
         if is_sender_broadcast_ping(&f[vxlan + 8..]) {
-            *per_vtep.entry(f[30..34].try_into().unwrap()).or_default() += 1;
+            *per_vtep.entry(dst).or_default() += 1;
         }
     }
     let wrong: Vec<String> = (0..NODES)
         .filter_map(|i| {
-            let ip: std::net::Ipv4Addr = vtep(i).parse().unwrap();
-            let got = per_vtep.get(&ip.octets()).copied().unwrap_or(0);
+            let ip = vtep(i);
+            let got = per_vtep.get(&ip).copied().unwrap_or(0);
             (got != PINGS).then(|| format!("{ip}: {got}"))
         })
         .collect();

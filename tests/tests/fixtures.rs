@@ -1635,6 +1635,7 @@ fn learned_remote_macs() {
             .set_overlay(OverlayConfig {
                 vxlan_ifindex: vxlan,
                 local_ip4: [192, 0, 2, 1],
+                ..Default::default()
             })
             .unwrap();
         let entry = RemoteLearned {
@@ -1730,6 +1731,7 @@ fn flood_loop_bounds() {
             .set_overlay(OverlayConfig {
                 vxlan_ifindex: stand_in,
                 local_ip4: [192, 0, 2, 1],
+                ..Default::default()
             })
             .unwrap();
         let frame = udp_hello(A, BROADCAST, [10, 0, 0, 255]);

@@ -13,11 +13,11 @@
 use std::time::Duration;
 
 use vmpath_tests::{
-    Netns,
+    Netns, UnderlayFamily,
     migration::{
         Announce, GATEWAY, GATEWAY6, INTERVAL_MS, NET_ID, STREAM_COUNT, UDP_PORT, VM1_IP, VM1_IP6,
         VM1_MAC, loss_window, port_flags, receiver, start_migration, table100, table100_v6,
-        three_nodes, vm1_endpoint, write_config,
+        three_nodes, three_nodes_over, vm1_endpoint, vtep_on, write_config,
     },
     vmpath::common,
     wait_for,
@@ -33,7 +33,19 @@ const MAX_LOSS_WINDOW_MS: f64 = 500.0;
 /// solicitations) does not.
 #[test]
 fn live_migration_keeps_ip_mac_and_gateway_with_a_short_loss_window() {
-    let bed = three_nodes();
+    live_migration_over(UnderlayFamily::V4);
+}
+
+/// The same migration between nodes whose underlay is IPv6: the relay,
+/// the data path's cut-over (a VM's first frame from the target's IPv6
+/// VTEP) and the repointed endpoints work on handles of IPv6 addresses.
+#[test]
+fn live_migration_over_an_ipv6_underlay() {
+    live_migration_over(UnderlayFamily::V6);
+}
+
+fn live_migration_over(family: UnderlayFamily) {
+    let bed = three_nodes_over(family);
     start_migration(&bed);
     // Pending: traffic still reaches the source.
     for dst in [VM1_IP, VM1_IP6] {
@@ -125,7 +137,7 @@ fn live_migration_keeps_ip_mac_and_gateway_with_a_short_loss_window() {
     let ep = vm1_endpoint(&bed.c).unwrap();
     assert_eq!(
         (ep.kind, ep.node_ip4),
-        (common::ENDPOINT_REMOTE, [192, 0, 2, 2])
+        (common::ENDPOINT_REMOTE, vtep_on(&bed, &bed.c, 2))
     );
 }
 
@@ -175,7 +187,18 @@ for i in range({count}):
 /// marks them), and a relayed frame is never relayed again.
 #[test]
 fn the_source_relays_to_the_target_after_cut_over() {
-    let bed = three_nodes();
+    source_relays_over(UnderlayFamily::V4);
+}
+
+/// The relay and its loop guard over an IPv6 underlay (the hop limit of
+/// the outer IPv6 header carries the relay mark).
+#[test]
+fn the_source_relays_to_the_target_after_cut_over_an_ipv6_underlay() {
+    source_relays_over(UnderlayFamily::V6);
+}
+
+fn source_relays_over(family: UnderlayFamily) {
+    let bed = three_nodes_over(family);
     // The client knows vm1's MAC for good (no ARP probes whose answers
     // would teach c the new place), and the target says nothing but its
     // GARP (no IPv6 chatter).
@@ -230,11 +253,8 @@ fn the_source_relays_to_the_target_after_cut_over() {
         port_id: 0,
         identity: 0,
     };
-    bed.c
-        .maps()
-        .endpoints
-        .insert(key, at([192, 0, 2, 1]), 0)
-        .unwrap();
+    let a_on_c = vtep_on(&bed, &bed.c, 1);
+    bed.c.maps().endpoints.insert(key, at(a_on_c), 0).unwrap();
     // A listener on the target, so no port-unreachable goes back to c.
     let out = std::env::temp_dir().join(format!("vmpath-relay-{}", bed.a.tag));
     let rx = receiver(&bed.vm1t.ns, &out, 3);
@@ -243,19 +263,13 @@ fn the_source_relays_to_the_target_after_cut_over() {
     send_udp(&bed.client.ns, 20);
     let relayed = bed.a.maps().overlay_stats().unwrap().tx_packets - sent_before;
     assert!(relayed >= 20, "a sent {relayed} of 20 frames on");
-    assert_eq!(
-        vm1_endpoint(&bed.c).map(|e| e.node_ip4),
-        Some([192, 0, 2, 1])
-    );
+    assert_eq!(vm1_endpoint(&bed.c).map(|e| e.node_ip4), Some(a_on_c));
 
     // Loop guard: with b wrongly pointing vm1 at c, a's relay arrives at b
     // marked (outer TTL) and b drops it instead of sending it round again.
     let before = bed.b.drops(common::drop_reason::OVERLAY_NOT_RELAYED);
-    bed.b
-        .maps()
-        .endpoints
-        .insert(key, at([192, 0, 2, 3]), 0)
-        .unwrap();
+    let c_on_b = vtep_on(&bed, &bed.b, 3);
+    bed.b.maps().endpoints.insert(key, at(c_on_b), 0).unwrap();
     send_udp(&bed.client.ns, 20);
     let refused = bed.b.drops(common::drop_reason::OVERLAY_NOT_RELAYED) - before;
     assert!(

@@ -1,13 +1,14 @@
 //! Two nodes, one Layer2 network: VMs on different nodes reach each other
 //! over VXLAN (VNI = network id) built by the kernel's own vxlan driver,
 //! networks stay apart across nodes, and a plain Linux VXLAN device (a
-//! foreign VTEP) speaks the same wire format.
+//! foreign VTEP) speaks the same wire format. The key tests run over an
+//! IPv4 and over an IPv6 underlay (`UnderlayFamily`).
 
 use std::time::Duration;
 
 use vmpath_tests::{
-    Netns, Node, Underlay, Vm, iperf3, qemu::Guest as _, vmpath::common, wait_for, yaml,
-    yaml_overlay,
+    Netns, Node, Underlay, UnderlayFamily, Vm, iperf3, qemu::Guest as _, vmpath::common, wait_for,
+    yaml, yaml_overlay,
 };
 
 const BLUE: &str = "blue";
@@ -15,7 +16,8 @@ const RED: &str = "red";
 const NODE_A_IP: &str = "192.0.2.1";
 const NODE_B_IP: &str = "192.0.2.2";
 const FOREIGN_IP: &str = "192.0.2.3";
-/// Jumbo underlay: the VMs keep MTU 1500 and the 50 bytes of VXLAN fit.
+/// Jumbo underlay: the VMs keep MTU 1500 and the 50 (70 over IPv6) bytes
+/// of VXLAN fit.
 const UNDERLAY_MTU: u32 = 9000;
 const FOREIGN_MAC: &str = "52:54:00:00:09:01";
 
@@ -30,14 +32,24 @@ struct Bed {
     vm2: Vm,
     vm3: Vm,
     underlay: Underlay,
+    family: UnderlayFamily,
+    /// The underlay addresses of a, b and the foreign VTEP c.
+    a_ip: String,
+    b_ip: String,
+    c_ip: String,
 }
 
 fn two_nodes() -> Bed {
+    two_nodes_over(UnderlayFamily::V4)
+}
+
+fn two_nodes_over(family: UnderlayFamily) -> Bed {
+    let (a_ip, b_ip, c_ip) = (family.node_ip(1), family.node_ip(2), family.node_ip(3));
     let underlay = Underlay::new();
     let mut a = Node::new("a");
     let mut b = Node::new("b");
-    underlay.plug(&a.ns, "ul0", &format!("{NODE_A_IP}/24"), UNDERLAY_MTU);
-    underlay.plug(&b.ns, "ul0", &format!("{NODE_B_IP}/24"), UNDERLAY_MTU);
+    underlay.plug(&a.ns, "ul0", &family.node_cidr(1), UNDERLAY_MTU);
+    underlay.plug(&b.ns, "ul0", &family.node_cidr(2), UNDERLAY_MTU);
     let vm1 = a.add_vm(
         "vm1",
         "52:54:00:00:01:01",
@@ -52,9 +64,9 @@ fn two_nodes() -> Bed {
     );
     let vm3 = b.add_vm("vm3", "52:54:00:00:03:01", &["10.20.0.13/16"], None);
     let config = yaml::docs(&[
-        yaml_overlay::node("a", NODE_A_IP),
-        yaml_overlay::node("b", NODE_B_IP),
-        yaml_overlay::node("c", FOREIGN_IP),
+        yaml_overlay::node("a", &a_ip),
+        yaml_overlay::node("b", &b_ip),
+        yaml_overlay::node("c", &c_ip),
         yaml::network(
             BLUE,
             100,
@@ -107,6 +119,10 @@ fn two_nodes() -> Bed {
         vm2,
         vm3,
         underlay,
+        family,
+        a_ip,
+        b_ip,
+        c_ip,
     }
 }
 
@@ -125,7 +141,18 @@ fn capture(ns: &Netns, ifname: &str, filter: &str, traffic: impl FnOnce()) -> St
 
 #[test]
 fn vms_on_two_nodes_ping_v4_and_v6_over_vxlan() {
-    let bed = two_nodes();
+    vms_ping_v4_and_v6_over(UnderlayFamily::V4);
+}
+
+/// The same over an IPv6 underlay: VXLAN in IPv6 between the node
+/// addresses, no IPv4 on the underlay at all.
+#[test]
+fn vms_on_two_nodes_ping_v4_and_v6_over_an_ipv6_underlay() {
+    vms_ping_v4_and_v6_over(UnderlayFamily::V6);
+}
+
+fn vms_ping_v4_and_v6_over(family: UnderlayFamily) {
+    let bed = two_nodes_over(family);
     assert!(bed.vm1.ping("10.20.0.12"), "vm1 (a) -> vm2 (b) IPv4");
     assert!(bed.vm2.ping("10.20.0.11"), "vm2 (b) -> vm1 (a) IPv4");
     assert!(bed.vm1.ping("fd20::12"), "vm1 (a) -> vm2 (b) IPv6");
@@ -142,9 +169,24 @@ fn vms_on_two_nodes_ping_v4_and_v6_over_vxlan() {
     assert!(wire.contains("VXLAN"), "no VXLAN on the underlay: {wire}");
     assert!(wire.contains("vni 100"), "not VNI 100: {wire}");
     assert!(
-        wire.contains(&format!("{NODE_A_IP}.")) && wire.contains(&format!("{NODE_B_IP}.4789")),
+        wire.contains(&format!("{}.", bed.a_ip)) && wire.contains(&format!("{}.4789", bed.b_ip)),
         "not between the node addresses: {wire}"
     );
+    if family == UnderlayFamily::V6 {
+        // IPv6 with the outer UDP checksum (RFC 8200), as Linux sends it.
+        // Computed in software (no offload to the veth), so the capture
+        // shows the checksum the wire would carry.
+        for node in [&bed.a, &bed.b] {
+            node.ns.run(&["ethtool", "-K", "ul0", "tx", "off"]);
+        }
+        let wire = capture(&bed.a.ns, "ul0", "-vv udp port 4789", || {
+            assert!(bed.vm1.ping("fd20::12"));
+        });
+        assert!(
+            wire.contains("[udp sum ok]") && !wire.contains("bad udp cksum"),
+            "outer UDP checksum over IPv6: {wire}"
+        );
+    }
 
     for node in [&bed.a, &bed.b] {
         let s = node.maps().overlay_stats().unwrap();
@@ -167,7 +209,12 @@ fn vms_on_two_nodes_ping_v4_and_v6_over_vxlan() {
         "{dev}"
     );
     assert!(dev.contains("nolearning"), "{dev}");
-    assert!(dev.contains("mtu 8950"), "vxlan MTU = underlay - 50: {dev}");
+    let mtu = UNDERLAY_MTU - family.vxlan_overhead();
+    assert!(
+        dev.contains(&format!("mtu {mtu} ")),
+        "vxlan MTU = underlay - {}: {dev}",
+        family.vxlan_overhead()
+    );
 }
 
 #[test]
@@ -242,12 +289,12 @@ fn networks_stay_apart_across_nodes() {
     assert!(bed.b.maps().flood_remote.get(&200, 0).is_err());
 }
 
-/// A Linux VXLAN device in a third namespace ("node" c, 192.0.2.3):
-/// VNI 100, UDP 4789, static FDB entries toward the nodes.
+/// A Linux VXLAN device in a third namespace ("node" c, 192.0.2.3 or
+/// fd00:192::3): VNI 100, UDP 4789, static FDB entries toward the nodes.
 fn foreign_vtep(bed: &Bed) -> Netns {
     let ns = Netns::new(format!("vt{}-fv", bed.a.tag));
     bed.underlay
-        .plug(&ns, "ul0", &format!("{FOREIGN_IP}/24"), UNDERLAY_MTU);
+        .plug(&ns, "ul0", &bed.family.node_cidr(3), UNDERLAY_MTU);
     ns.run(&[
         "ip",
         "link",
@@ -260,7 +307,7 @@ fn foreign_vtep(bed: &Bed) -> Netns {
         "dstport",
         "4789",
         "local",
-        FOREIGN_IP,
+        &bed.c_ip,
         "nolearning",
     ]);
     ns.run(&["ip", "link", "set", "vx", "address", FOREIGN_MAC]);
@@ -268,7 +315,7 @@ fn foreign_vtep(bed: &Bed) -> Netns {
     ns.run(&["ip", "addr", "add", "fd20::50/64", "dev", "vx", "nodad"]);
     ns.run(&["ip", "link", "set", "vx", "mtu", "1500", "up"]);
     // Broadcast and multicast to both nodes; vm1's MAC straight to a.
-    for dst in [NODE_A_IP, NODE_B_IP] {
+    for dst in [&bed.a_ip, &bed.b_ip] {
         ns.run(&[
             "bridge",
             "fdb",
@@ -288,14 +335,23 @@ fn foreign_vtep(bed: &Bed) -> Netns {
         "dev",
         "vx",
         "dst",
-        NODE_A_IP,
+        &bed.a_ip,
     ]);
     ns
 }
 
 #[test]
 fn a_linux_vxlan_device_interoperates() {
-    let bed = two_nodes();
+    linux_vxlan_interoperates_over(UnderlayFamily::V4);
+}
+
+#[test]
+fn a_linux_vxlan_device_interoperates_over_an_ipv6_underlay() {
+    linux_vxlan_interoperates_over(UnderlayFamily::V6);
+}
+
+fn linux_vxlan_interoperates_over(family: UnderlayFamily) {
+    let bed = two_nodes_over(family);
     let fv = foreign_vtep(&bed);
     assert!(bed.vm1.ping("10.20.0.50"), "vm1 -> Linux VTEP host IPv4");
     assert!(fv.ping("10.20.0.11", 3), "Linux VTEP host -> vm1 IPv4");
@@ -316,26 +372,77 @@ fn a_linux_vxlan_device_interoperates() {
 
 #[test]
 fn unknown_vni_and_unknown_vtep_are_dropped_and_counted() {
-    let bed = two_nodes();
+    unknown_vni_and_vtep_dropped_over(UnderlayFamily::V4);
+}
+
+/// The tenant's attack over an IPv6 underlay: frames for blue's VM from
+/// an IPv6 address that is no node (a host on the underlay that learned
+/// the VNI) are dropped and counted, and the VM never sees them.
+#[test]
+fn unknown_vni_and_unknown_vtep_are_dropped_and_counted_over_an_ipv6_underlay() {
+    unknown_vni_and_vtep_dropped_over(UnderlayFamily::V6);
+}
+
+fn unknown_vni_and_vtep_dropped_over(family: UnderlayFamily) {
+    let bed = two_nodes_over(family);
     let fv = foreign_vtep(&bed);
     // Resolve node a's underlay MAC once with a real ping.
-    assert!(fv.ping(NODE_A_IP, 1));
+    assert!(fv.ping(&bed.a_ip, 1));
     let before_vni = bed.a.drops(common::drop_reason::OVERLAY_UNKNOWN_VNI);
     let before_vtep = bed.a.drops(common::drop_reason::OVERLAY_UNKNOWN_VTEP);
     // scapy builds the VXLAN frames by hand (flags = I only: scapy's default
     // on port 4789 is VXLAN-GPE, which Linux refuses): VNI 999 (no such network) from
     // the known VTEP, and VNI 100 from an address that is no node.
-    fv.run(&["ip", "addr", "add", "192.0.2.99/24", "dev", "ul0"]);
-    fv.scapy(&format!(
-        "inner = Ether(src='{FOREIGN_MAC}', dst='52:54:00:00:01:01')/IP(src='10.20.0.50', dst='10.20.0.11')/ICMP()
-for vni, src in ((999, '{FOREIGN_IP}'), (100, '192.0.2.99')):
-    send(IP(src=src, dst='{NODE_A_IP}')/UDP(sport=40000, dport=4789)/VXLAN(flags=8, vni=vni)/inner, count=3)
-"
-    ));
+    let rogue = family.node_ip(99);
+    let rogue_cidr = family.node_cidr(99);
+    let mut add = vec!["ip", "addr", "add", &rogue_cidr, "dev", "ul0"];
+    if family == UnderlayFamily::V6 {
+        add.push("nodad");
+    }
+    fv.run(&add);
+    let outer = |src: &str| family.scapy_ip(src, &bed.a_ip);
+    // What reaches vm1 meanwhile (an AF_PACKET capture sees the frames the
+    // data path delivers with bpf_redirect_peer).
+    let seen = capture(&bed.vm1.ns, "eth0", "icmp and src host 10.20.0.50", || {
+        fv.scapy(&format!(
+            "inner = Ether(src='{FOREIGN_MAC}', dst='52:54:00:00:01:01')/IP(src='10.20.0.50', dst='10.20.0.11')/ICMP()
+send({}/UDP(sport=40000, dport=4789)/VXLAN(flags=8, vni=999)/inner, count=3)
+send({}/UDP(sport=40000, dport=4789)/VXLAN(flags=8, vni=100)/inner, count=3)
+",
+            outer(&bed.c_ip),
+            outer(&rogue),
+        ));
+    });
     wait_for("overlay drops counted", Duration::from_secs(5), || {
         bed.a.drops(common::drop_reason::OVERLAY_UNKNOWN_VNI) >= before_vni + 3
             && bed.a.drops(common::drop_reason::OVERLAY_UNKNOWN_VTEP) >= before_vtep + 3
     });
+    assert!(
+        !seen.contains("ICMP echo request"),
+        "a refused frame reached vm1: {seen}"
+    );
+    if family == UnderlayFamily::V6 {
+        // VXLAN of the other family: node a's vxlan device takes IPv4 too
+        // (a collect-metadata device opens both sockets), but no node of
+        // an IPv6 underlay sends it. Even from an IPv4 address that would
+        // be a node's on an IPv4 underlay, it names no node here.
+        bed.a
+            .ns
+            .run(&["ip", "addr", "add", "192.0.2.1/24", "dev", "ul0"]);
+        fv.run(&["ip", "addr", "add", "192.0.2.3/24", "dev", "ul0"]);
+        assert!(fv.ping("192.0.2.1", 1));
+        let before = bed.a.drops(common::drop_reason::OVERLAY_UNKNOWN_VTEP);
+        fv.scapy(&format!(
+            "inner = Ether(src='{FOREIGN_MAC}', dst='52:54:00:00:01:01')/IP(src='10.20.0.50', dst='10.20.0.11')/ICMP()
+send(IP(src='192.0.2.3', dst='192.0.2.1')/UDP(sport=40000, dport=4789)/VXLAN(flags=8, vni=100)/inner, count=3)
+"
+        ));
+        wait_for(
+            "IPv4 VXLAN to an IPv6-underlay node counted",
+            Duration::from_secs(5),
+            || bed.a.drops(common::drop_reason::OVERLAY_UNKNOWN_VTEP) >= before + 3,
+        );
+    }
 }
 
 /// A VM on another node is no more trusted than a local one: frames from
@@ -348,7 +455,7 @@ for vni, src in ((999, '{FOREIGN_IP}'), (100, '192.0.2.99')):
 fn forged_neighbour_discovery_over_the_overlay_is_dropped() {
     let bed = two_nodes();
     let fv = foreign_vtep(&bed);
-    assert!(fv.ping(NODE_A_IP, 1));
+    assert!(fv.ping(&bed.a_ip, 1));
     assert!(
         bed.vm1.ns.ping("fd20::12", 2),
         "vm1 -> vm2 IPv6 over the overlay"

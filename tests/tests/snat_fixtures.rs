@@ -1171,6 +1171,7 @@ impl Fx {
             .set_overlay(OverlayConfig {
                 vxlan_ifindex: uplink,
                 local_ip4: NODE_IP,
+                ..Default::default()
             })
             .unwrap();
         let maps = fx.dp.maps_mut();
@@ -1541,6 +1542,7 @@ fn routed_ipv6_ingress_for_a_vm_elsewhere_is_relayed_over_the_overlay() {
             .set_overlay(OverlayConfig {
                 vxlan_ifindex: uplink,
                 local_ip4: NODE_IP,
+                ..Default::default()
             })
             .unwrap();
         let maps = fx.dp.maps_mut();

@@ -1303,6 +1303,21 @@ mod tests {
         assert_eq!(cfg.nodes["node-a"].address.to_string(), "192.0.2.10");
     }
 
+    /// An IPv6-only cluster: the v1 Nodes' InternalIPs are IPv6, and so is
+    /// the underlay (a dual-stack Node gives its first InternalIP, the
+    /// cluster's primary family, as kubelet lists it).
+    #[test]
+    fn a_v1_nodes_ipv6_internal_ip_is_its_underlay_address() {
+        let v6 = NETWORK.replace(
+            "  - {type: InternalIP, address: 192.0.2.10}\n",
+            "  - {type: InternalIP, address: 'fd00:192::10'}\n  - {type: InternalIP, address: 192.0.2.10}\n",
+        );
+        assert_ne!(v6, NETWORK, "the fixture's Node");
+        let cfg = validate(&[("network.yaml", &v6)], vec![], "node-a");
+        assert!(cfg.errors.is_empty(), "{:#?}", cfg.errors);
+        assert_eq!(cfg.nodes["node-a"].address.to_string(), "fd00:192::10");
+    }
+
     #[test]
     fn a_claim_without_addresses_holds_the_vm_back_and_says_so_on_its_port() {
         // The claim exists (KubeVirt made it) but the controller has not

@@ -183,9 +183,36 @@ pub fn validate_documents(
         }
     }
 
-    for doc in &nodes {
-        match node(doc) {
+    let parsed: Vec<(&Doc, Result<Node, ConfigError>)> =
+        nodes.iter().map(|doc| (doc, node(doc))).collect();
+    // The overlay runs over one underlay family: this node's. A Node of
+    // the other family could neither send to this one nor be sent to.
+    let own = parsed
+        .iter()
+        .find_map(|(_, n)| n.as_ref().ok().filter(|n| n.name == node_name))
+        .map(|n| n.address);
+    for (doc, n) in parsed {
+        match n {
             Ok(n) => {
+                if let Some(own) = own
+                    && n.name != node_name
+                    && own.is_ipv6() != n.address.is_ipv6()
+                {
+                    cfg.errors.push(doc.error(
+                        "spec.address",
+                        format!(
+                            "node {:?} has an {} underlay address ({}), but this node {node_name:?} has an {} one ({own}): \
+                             the overlay runs over one family, so nodes {:?} and {node_name:?} cannot reach each other; \
+                             give every node an address of the same family",
+                            n.name,
+                            family_name(n.address),
+                            n.address,
+                            family_name(own),
+                            n.name,
+                        ),
+                    ));
+                    continue;
+                }
                 if n.name == node_name {
                     cfg.node = Some(n.clone());
                 }
@@ -638,6 +665,10 @@ fn header(raw: &RawDocument) -> Result<Doc<'_>, ConfigError> {
         return Err(doc.error("metadata.name", "missing"));
     }
     Ok(doc)
+}
+
+fn family_name(a: std::net::IpAddr) -> &'static str {
+    if a.is_ipv6() { "IPv6" } else { "IPv4" }
 }
 
 fn node(doc: &Doc) -> Result<Node, ConfigError> {
@@ -1292,6 +1323,56 @@ mod node_spec_tests {
         assert!(cfg.node.is_none(), "an IPv4 snatAddress6 accepted");
         assert_eq!(cfg.errors.len(), 1, "{:?}", cfg.errors);
         assert_eq!(cfg.errors[0].field, "spec.snatAddress6");
+    }
+
+    fn nodes(a: &str, b: &str, c: &str) -> Snapshot {
+        let doc = |i: usize, name: &str, address: &str| RawDocument {
+            file: "nodes.yaml".into(),
+            index: i,
+            value: serde_json::json!({
+                "apiVersion": API_VERSION, "kind": "Node", "metadata": {"name": name},
+                "spec": {"address": address},
+            })
+            .into(),
+        };
+        Snapshot {
+            documents: vec![doc(1, "a", a), doc(2, "b", b), doc(3, "c", c)],
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn an_ipv6_underlay_is_taken_and_a_node_of_the_other_family_refused_naming_both() {
+        let cfg = validate(
+            &nodes("fd00:1::1", "fd00:1::2", "fd00:1::3"),
+            "a",
+            &BTreeSet::new(),
+        );
+        assert!(cfg.errors.is_empty(), "{:?}", cfg.errors);
+        assert_eq!(cfg.nodes.len(), 3);
+
+        // Mixed: seen from a (IPv6), the IPv4 node c is refused; seen from
+        // c (IPv4), both IPv6 nodes are.
+        let snap = nodes("fd00:1::1", "fd00:1::2", "192.0.2.3");
+        let from_a = validate(&snap, "a", &BTreeSet::new());
+        assert_eq!(from_a.errors.len(), 1, "{:?}", from_a.errors);
+        let e = &from_a.errors[0];
+        assert_eq!(
+            (e.document.as_str(), e.field.as_str()),
+            ("Node c", "spec.address")
+        );
+        assert!(
+            e.message
+                .contains("\"c\" has an IPv4 underlay address (192.0.2.3)")
+                && e.message
+                    .contains("this node \"a\" has an IPv6 one (fd00:1::1)"),
+            "{}",
+            e.message
+        );
+        assert!(from_a.nodes.contains_key("b") && !from_a.nodes.contains_key("c"));
+        let from_c = validate(&snap, "c", &BTreeSet::new());
+        assert_eq!(from_c.errors.len(), 2, "{:?}", from_c.errors);
+        assert_eq!(from_c.nodes.keys().collect::<Vec<_>>(), ["c"]);
     }
 }
 

@@ -26,13 +26,33 @@ pub(super) fn load(ebpf: &mut aya::Ebpf) -> Result<()> {
 
 impl Dataplane {
     pub(super) fn apply_overlay(&mut self, plan: &Plan) -> Result<()> {
+        // IPv6 underlay: each other node's handle and address (a handle
+        // stays with its address: `plan::overlay::vtep_handles`).
+        let addrs: std::collections::BTreeMap<[u8; 4], [u8; 16]> =
+            plan.vteps6.iter().map(|(a, h)| (*h, a.octets())).collect();
+        let ids: std::collections::BTreeMap<[u8; 16], [u8; 4]> =
+            plan.vteps6.iter().map(|(a, h)| (a.octets(), *h)).collect();
+        sync(&mut self.maps.vtep6, &addrs)?;
+        sync(&mut self.maps.vtep6_ids, &ids)?;
         sync(&mut self.maps.flood_remote, &plan.flood_remote)
+    }
+
+    /// IPv6 underlay: the VTEP handles the data path holds (the IPv6
+    /// address of each other node -> its handle), kept across restarts.
+    pub fn pinned_vteps6(&self) -> std::collections::BTreeMap<std::net::Ipv6Addr, [u8; 4]> {
+        self.maps
+            .vtep6_ids
+            .iter()
+            .filter_map(|r| r.ok())
+            .map(|(a, h)| (std::net::Ipv6Addr::from(a), h))
+            .collect()
     }
 
     /// Attaches `vxlan_rx` at tcx ingress of the vxlan device (or adopts
     /// the pinned link) and points the data path at it; pins left for a
     /// vxlan device with another ifindex are removed.
-    pub fn attach_vxlan(&mut self, ifname: &str, ifindex: u32, local_ip4: [u8; 4]) -> Result<()> {
+    pub fn attach_vxlan(&mut self, ifname: &str, slot: OverlayConfig) -> Result<()> {
+        let ifindex = slot.vxlan_ifindex;
         let prefix = format!("{}-", prog_names::VXLAN_RX);
         let links = links_dir(&self.root);
         for entry in fs::read_dir(&links)? {
@@ -45,10 +65,7 @@ impl Dataplane {
         let pin = links.join(format!("{prefix}{ifindex}"));
         self.attach_tcx(prog_names::VXLAN_RX, ifname, &pin)
             .with_context(|| format!("attaching vxlan_rx to {ifname}"))?;
-        self.set_overlay(OverlayConfig {
-            vxlan_ifindex: ifindex,
-            local_ip4,
-        })?;
+        self.set_overlay(slot)?;
         info!(ifname, ifindex, "overlay receive program attached");
         Ok(())
     }

@@ -11,7 +11,10 @@
 //! it is flooded (to every node of the network, and the hosting node
 //! delivers it).
 
-use std::net::IpAddr;
+use std::{
+    collections::{BTreeMap, BTreeSet, HashSet},
+    net::{IpAddr, Ipv6Addr},
+};
 
 use vmpath_common::{
     ADDR_STATIC, AddrInfo, ENDPOINT_REMOTE, Endpoint, EndpointKey, MAX_FLOOD_NODES,
@@ -35,7 +38,7 @@ pub fn overlay(cfg: &Resolved, node: &str, plan: &mut Plan) {
             for host in [att.node.as_str(), m.target_node.as_str()] {
                 if host != node
                     && host != att.active_node()
-                    && let Some(ip4) = vtep4(cfg, host)
+                    && let Some(ip4) = vtep(cfg, &plan.vteps6, host)
                 {
                     add_flood_node(plan, net, host, ip4);
                 }
@@ -52,16 +55,6 @@ pub fn overlay(cfg: &Resolved, node: &str, plan: &mut Plan) {
             ));
             continue;
         };
-        let ip4 = match remote.address {
-            IpAddr::V4(a) => a.octets(),
-            IpAddr::V6(_) => {
-                plan.problems.push(format!(
-                    "node {host:?}: IPv6 VTEP address {} is not supported yet; attachment {} is not reachable over the overlay",
-                    remote.address, att.key
-                ));
-                continue;
-            }
-        };
         if Some(remote.address) == own {
             plan.problems.push(format!(
                 "node {host:?} has this node's address {}: attachment {} is not reachable over the overlay",
@@ -69,6 +62,15 @@ pub fn overlay(cfg: &Resolved, node: &str, plan: &mut Plan) {
             ));
             continue;
         }
+        let Some(ip4) = vtep(cfg, &plan.vteps6, host) else {
+            // Only without a Node of its own (validation refuses a Node of
+            // the other underlay family): nothing to send from.
+            plan.problems.push(format!(
+                "node {host:?}: this node has no Node document with an underlay address; attachment {} is not reachable over the overlay",
+                att.key
+            ));
+            continue;
+        };
 
         add_flood_node(plan, net, host, ip4);
 
@@ -103,7 +105,7 @@ pub fn overlay(cfg: &Resolved, node: &str, plan: &mut Plan) {
                     kind: ENDPOINT_REMOTE,
                     ifindex: 0,
                     node_ip4: ip4,
-                    migrate_to: migrate_to(cfg, att, node),
+                    migrate_to: migrate_to(cfg, &plan.vteps6, att, node),
                     port_id: 0,
                     // Set once policy is compiled (`remote_identities`).
                     identity: 0,
@@ -154,22 +156,79 @@ fn add_flood_node(plan: &mut Plan, net: &crate::config::Network, host: &str, ip4
     }
 }
 
-/// The IPv4 VTEP address of `node`, if it has a Node document with one.
-fn vtep4(cfg: &Resolved, node: &str) -> Option<[u8; 4]> {
+/// The 4-byte VTEP value the data path knows `node` by, if it has a Node
+/// document: its IPv4 address, or on an IPv6 underlay its handle in
+/// `vteps6` (`vtep_handles`).
+pub fn vtep(cfg: &Resolved, vteps6: &BTreeMap<Ipv6Addr, [u8; 4]>, node: &str) -> Option<[u8; 4]> {
     match cfg.config.nodes.get(node)?.address {
         IpAddr::V4(a) => Some(a.octets()),
-        IpAddr::V6(_) => None,
+        IpAddr::V6(a) => vteps6.get(&a).copied(),
     }
 }
 
-/// For a VM whose migration is pending, the target's VTEP address: the
+/// IPv6 underlay: a 4-byte handle for each other node's IPv6 address
+/// (the data path's node values are 4 bytes wide; `vmp_vtep6` maps a
+/// handle to the address). A handle stays with its address across rounds
+/// and restarts (`previous`: the last plan's, or the pinned map's), since
+/// the data path stores handles itself (learned MACs, a migrated VM's
+/// endpoint, resolution answers). A new address takes the FNV-1a hash of
+/// its bytes, the next free value on a collision: the same on every
+/// restart, and a node that leaves and comes back gets its handle again.
+/// Empty unless this node's own address is IPv6.
+pub fn vtep_handles(
+    cfg: &Resolved,
+    node: &str,
+    previous: &BTreeMap<Ipv6Addr, [u8; 4]>,
+) -> BTreeMap<Ipv6Addr, [u8; 4]> {
+    let Some(IpAddr::V6(own)) = cfg.config.nodes.get(node).map(|n| n.address) else {
+        return BTreeMap::new();
+    };
+    let others: BTreeSet<Ipv6Addr> = cfg
+        .config
+        .nodes
+        .values()
+        .filter_map(|n| match n.address {
+            IpAddr::V6(a) if a != own => Some(a),
+            _ => None,
+        })
+        .collect();
+    let mut used = HashSet::new();
+    let mut handles = BTreeMap::new();
+    for a in &others {
+        if let Some(&h) = previous.get(a)
+            && h != [0; 4]
+            && used.insert(h)
+        {
+            handles.insert(*a, h);
+        }
+    }
+    for a in &others {
+        if handles.contains_key(a) {
+            continue;
+        }
+        let mut h = crate::hash::fnv1a(&[&a.octets()]) as u32;
+        while h == 0 || used.contains(&h.to_be_bytes()) {
+            h = h.wrapping_add(1);
+        }
+        used.insert(h.to_be_bytes());
+        handles.insert(*a, h.to_be_bytes());
+    }
+    handles
+}
+
+/// For a VM whose migration is pending, the target's VTEP value: the
 /// endpoint entry on every node but the target carries it, so the VM's
 /// first frame from the target moves the entry there in the data path
 /// (`migrate::learn_move`). Zero otherwise.
-pub fn migrate_to(cfg: &Resolved, att: &Attachment, node: &str) -> [u8; 4] {
+pub fn migrate_to(
+    cfg: &Resolved,
+    vteps6: &BTreeMap<Ipv6Addr, [u8; 4]>,
+    att: &Attachment,
+    node: &str,
+) -> [u8; 4] {
     match &att.migration {
         Some(m) if !att.cut_over && m.target_node != node && m.target_node != att.node => {
-            vtep4(cfg, &m.target_node).unwrap_or([0; 4])
+            vtep(cfg, vteps6, &m.target_node).unwrap_or([0; 4])
         }
         _ => [0; 4],
     }
@@ -218,15 +277,74 @@ spec: {vm: vm4, interface: eth0, network: blue, node: c, port: p4, mac: '52:54:0
 ";
 
     fn plan_for(node: &str) -> Plan {
-        let dir =
-            std::env::temp_dir().join(format!("vmpath-plan-overlay-{}-{node}", std::process::id()));
+        plan_of(DOCS, node, &BTreeMap::new())
+    }
+
+    fn plan_of(docs: &str, node: &str, vteps6: &BTreeMap<Ipv6Addr, [u8; 4]>) -> Plan {
+        let dir = std::env::temp_dir().join(format!(
+            "vmpath-plan-overlay-{}-{node}-{}",
+            std::process::id(),
+            crate::hash::fnv1a(&[docs.as_bytes()])
+        ));
         std::fs::create_dir_all(&dir).unwrap();
-        std::fs::write(dir.join("c.yaml"), DOCS).unwrap();
+        std::fs::write(dir.join("c.yaml"), docs).unwrap();
         let snap = config::source::read_dir(&dir);
         let _ = std::fs::remove_dir_all(&dir);
         let mut cfg = Resolved::new(crate::round::validate(&snap, node, &Default::default()));
         let _ = crate::ipam::assign(&mut cfg, &Default::default());
-        super::super::plan(&cfg, node, |_| Some(7))
+        super::super::plan_with_previous(
+            &cfg,
+            node,
+            |_| Some(7),
+            &BTreeMap::new(),
+            &BTreeMap::new(),
+            vteps6,
+        )
+    }
+
+    /// The same cluster over an IPv6 underlay: other nodes are known by
+    /// handles, each handle names its node's address, and a handle stays
+    /// with its address when the cluster changes around it.
+    #[test]
+    fn an_ipv6_underlay_knows_other_nodes_by_handles_that_stay() {
+        let docs = DOCS
+            .replace("address: 192.0.2.1", "address: 'fd00:1::1'")
+            .replace("address: 192.0.2.2", "address: 'fd00:1::2'");
+        let b6: Ipv6Addr = "fd00:1::2".parse().unwrap();
+        let plan = plan_of(&docs, "a", &BTreeMap::new());
+        assert_eq!(plan.vteps6.len(), 1, "{:?}", plan.vteps6);
+        let handle = plan.vteps6[&b6];
+        assert_ne!(handle, [0; 4]);
+        let ep = plan.endpoints[&EndpointKey::new(100, [0x52, 0x54, 0, 0, 0, 2])];
+        assert_eq!((ep.kind, ep.node_ip4), (ENDPOINT_REMOTE, handle));
+        let list = plan.flood_remote[&100];
+        assert_eq!((list.count, list.node_ip4[0]), (1, handle));
+        // A handle the data path already holds is kept, whatever the hash.
+        let kept = plan_of(&docs, "a", &BTreeMap::from([(b6, [0, 0, 0, 9])]));
+        assert_eq!(kept.vteps6[&b6], [0, 0, 0, 9]);
+        assert_eq!(kept.flood_remote[&100].node_ip4[0], [0, 0, 0, 9]);
+        // From b: a is known by a handle of its own; no IPv4 anywhere.
+        let from_b = plan_of(&docs, "b", &BTreeMap::new());
+        let a6: Ipv6Addr = "fd00:1::1".parse().unwrap();
+        assert_eq!(from_b.vteps6.keys().collect::<Vec<_>>(), [&a6]);
+        // An IPv4 underlay has no handles.
+        assert!(plan_for("a").vteps6.is_empty());
+    }
+
+    #[test]
+    fn colliding_handles_are_told_apart() {
+        let docs = DOCS
+            .replace("address: 192.0.2.1", "address: 'fd00:1::1'")
+            .replace("address: 192.0.2.2", "address: 'fd00:1::2'")
+            + "---\napiVersion: vmpath.dev/v1alpha1\nkind: Node\nmetadata: {name: c}\nspec: {address: 'fd00:1::3'}\n";
+        let (b6, c6): (Ipv6Addr, Ipv6Addr) =
+            ("fd00:1::2".parse().unwrap(), "fd00:1::3".parse().unwrap());
+        // b holds c's hash already: c takes the next free value.
+        let c_hash = (crate::hash::fnv1a(&[&c6.octets()]) as u32).to_be_bytes();
+        let plan = plan_of(&docs, "a", &BTreeMap::from([(b6, c_hash)]));
+        assert_eq!(plan.vteps6[&b6], c_hash);
+        assert_ne!(plan.vteps6[&c6], c_hash);
+        assert_eq!(plan.vteps6.len(), 2);
     }
 
     #[test]

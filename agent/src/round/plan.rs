@@ -15,6 +15,8 @@ use crate::{config::AttachmentKey, dataplane::Dataplane, plan::Plan, resolved::R
 pub struct Previous {
     pub port_ids: BTreeMap<AttachmentKey, u32>,
     pub services: BTreeMap<PortKey, u32>,
+    /// IPv6 underlay: each other node's VTEP handle (`Plan::vteps6`).
+    pub vteps6: BTreeMap<std::net::Ipv6Addr, [u8; 4]>,
 }
 
 impl Previous {
@@ -38,6 +40,7 @@ impl Previous {
                         .map(|(k, s)| (PortKey::V6(*k), s.id)),
                 )
                 .collect(),
+            vteps6: plan.vteps6.clone(),
         }
     }
 
@@ -61,7 +64,11 @@ impl Previous {
                     .map(|id| (a.key.clone(), *id))
             })
             .collect();
-        Previous { port_ids, services }
+        Previous {
+            port_ids,
+            services,
+            vteps6: BTreeMap::new(),
+        }
     }
 
     /// The last plan's ids, or the data path's without one.
@@ -89,7 +96,10 @@ impl Previous {
                     .map(|(k, s)| (PortKey::V6(k), s.id)),
             )
             .collect();
-        Self::of_pinned(cfg, node, crate::netif::ifindex_of, &pinned, services)
+        Previous {
+            vteps6: dp.pinned_vteps6(),
+            ..Self::of_pinned(cfg, node, crate::netif::ifindex_of, &pinned, services)
+        }
     }
 }
 
@@ -106,6 +116,7 @@ pub fn plan(
         ifindex_of,
         &previous.port_ids,
         &previous.services,
+        &previous.vteps6,
     )
 }
 

@@ -175,10 +175,17 @@ fn program(dp: &mut Dataplane, dir: &std::path::Path) -> Result<()> {
     }
     dp.apply(&p).context("applying the plan")?;
     let ifindex = vmpath::overlay::ensure_device(
-        Some(std::net::Ipv4Addr::from(LOCAL_IP)),
+        Some(std::net::Ipv4Addr::from(LOCAL_IP).into()),
         UNDERLAY_MTU - VXLAN_OVERHEAD,
     )?;
-    dp.attach_vxlan(VXLAN_IFNAME, ifindex, LOCAL_IP)?;
+    dp.attach_vxlan(
+        VXLAN_IFNAME,
+        vmpath_common::OverlayConfig {
+            vxlan_ifindex: ifindex,
+            local_ip4: LOCAL_IP,
+            ..Default::default()
+        },
+    )?;
     let cfg0 = dp
         .maps()
         .overlay
