@@ -137,6 +137,7 @@ pub fn run(
             // The safety net: every object derived again and every map
             // read back, whatever the increments kept.
             round.forget_increments();
+            dp.forget_written();
         }
         first = false;
         shared.heartbeat();
