@@ -275,18 +275,12 @@ pub fn affected(changes: &ChangeSet, old: &Dependents, new: &Dependents) -> Affe
             "Attachment" | "VirtualMachineInstance" | "IPAMClaim" | "Pod" => {
                 // An Attachment, a claim or a pod is named after its VM,
                 // with a suffix (`vm1-eth0`, `vm1.blue`,
-                // `virt-launcher-vm1-x7k2p`): every VM whose name it
-                // contains, in its namespace.
-                for dep in [old, new] {
-                    for ((ns, vm), keys) in dep
-                        .by_vm
-                        .range((key.namespace.clone(), String::new())..)
-                        .take_while(|((ns, _), _)| *ns == key.namespace)
-                    {
-                        if *ns == key.namespace && names_vm(&key.name, vm) {
-                            out.endpoints.extend(keys.iter().cloned());
-                        }
-                    }
+                // `virt-launcher-vm1-x7k2p`): each VM name it could stand
+                // for is looked up, never every VM of the namespace.
+                for vm in vm_names(&key.name) {
+                    let at = (key.namespace.clone(), vm.to_string());
+                    take(&mut out.endpoints, old.by_vm.get(&at));
+                    take(&mut out.endpoints, new.by_vm.get(&at));
                 }
             }
             "VirtualMachineInstanceMigration" => {
@@ -299,17 +293,27 @@ pub fn affected(changes: &ChangeSet, old: &Dependents, new: &Dependents) -> Affe
     out
 }
 
-/// Whether object `name` is one of VM `vm`'s: the VM's own name, or it
-/// with a separator and a suffix or a prefix.
+/// The VM names object `name` may belong to: itself, and every prefix
+/// of it ending before a `-` or `.` (of what follows `virt-launcher-`
+/// too).
+fn vm_names(name: &str) -> Vec<&str> {
+    fn prefixes(s: &str) -> impl Iterator<Item = &str> {
+        s.char_indices()
+            .filter(|(_, c)| *c == '-' || *c == '.')
+            .map(move |(i, _)| &s[..i])
+    }
+    let mut out = vec![name];
+    out.extend(prefixes(name));
+    if let Some(rest) = name.strip_prefix("virt-launcher-") {
+        out.extend(prefixes(rest));
+    }
+    out
+}
+
+/// Whether object `name` may be one of VM `vm`'s.
+#[cfg(test)]
 fn names_vm(name: &str, vm: &str) -> bool {
-    name == vm
-        || name
-            .strip_prefix(vm)
-            .is_some_and(|rest| rest.starts_with(['-', '.']))
-        || name
-            .strip_prefix("virt-launcher-")
-            .and_then(|rest| rest.strip_prefix(vm))
-            .is_some_and(|rest| rest.starts_with('-'))
+    vm_names(name).contains(&vm)
 }
 
 #[cfg(test)]
