@@ -27,8 +27,8 @@ impl Rng {
     fn below(&mut self, n: u64) -> u64 {
         self.next() % n
     }
-    fn pick<'a, T>(&mut self, items: &'a [T]) -> &'a T {
-        &items[self.below(items.len() as u64) as usize]
+    fn pick<T: Copy>(&mut self, items: &[T]) -> T {
+        items[self.below(items.len() as u64) as usize]
     }
 }
 
@@ -198,9 +198,9 @@ fn run_sequence(seed: u64, steps: usize) {
         let what = match op {
             0 | 1 => {
                 let vm = Vm {
-                    network: *rng.pick(&["blue", "red"]),
-                    node: *rng.pick(&NODES),
-                    app: *rng.pick(&APPS),
+                    network: rng.pick(&["blue", "red"]),
+                    node: rng.pick(&NODES),
+                    app: rng.pick(&APPS),
                     ip: 10 + rng.below(6) as u8,
                     mac: (rng.below(2) == 0).then(|| rng.below(40) as u8),
                     migration: None,
@@ -215,17 +215,17 @@ fn run_sequence(seed: u64, steps: usize) {
                 format!("add {name}")
             }
             2 if !vms.is_empty() => {
-                let k = *rng.pick(&vms.keys().copied().collect::<Vec<_>>());
+                let k = rng.pick(&vms.keys().copied().collect::<Vec<_>>());
                 vms.remove(&k);
                 remove(&config, &format!("vm{k}.yaml"));
                 format!("delete vm{k}")
             }
             3 | 4 if !vms.is_empty() => {
-                let k = *rng.pick(&vms.keys().copied().collect::<Vec<_>>());
+                let k = rng.pick(&vms.keys().copied().collect::<Vec<_>>());
                 let vm = vms.get_mut(&k).unwrap();
                 match rng.below(4) {
-                    0 => vm.app = *rng.pick(&APPS),
-                    1 => vm.node = *rng.pick(&NODES),
+                    0 => vm.app = rng.pick(&APPS),
+                    1 => vm.node = rng.pick(&NODES),
                     2 => vm.ip = 10 + rng.below(6) as u8,
                     _ => vm.mac = (rng.below(2) == 0).then(|| rng.below(40) as u8),
                 }
@@ -237,10 +237,10 @@ fn run_sequence(seed: u64, steps: usize) {
                 format!("update vm{k}")
             }
             5 if !vms.is_empty() => {
-                let k = *rng.pick(&vms.keys().copied().collect::<Vec<_>>());
+                let k = rng.pick(&vms.keys().copied().collect::<Vec<_>>());
                 let vm = vms.get_mut(&k).unwrap();
                 vm.migration = match vm.migration {
-                    None => Some((*rng.pick(&NODES), false)),
+                    None => Some((rng.pick(&NODES), false)),
                     Some((t, false)) => Some((t, true)),
                     Some((t, true)) => {
                         // The migration done: the VM runs on the target.
@@ -285,7 +285,7 @@ fn run_sequence(seed: u64, steps: usize) {
                     );
                     format!("network blue's mtu {mtu}")
                 } else {
-                    let n = *rng.pick(&["b", "c"]);
+                    let n = rng.pick(&["b", "c"]);
                     let last = 20 + rng.below(5);
                     write(
                         &config,
