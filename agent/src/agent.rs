@@ -133,8 +133,11 @@ pub fn run(
     let mut round = Round::new(settings, cluster, store);
     let mut first = true;
     loop {
-        if !first {
-            pacer.wait(&dp, &shared);
+        if !first && pacer.wait(&dp, &shared) == Wake::Resync {
+            // The safety net: every object derived again and every map
+            // read back, whatever the increments kept.
+            round.forget_increments();
+            dp.forget_written();
         }
         first = false;
         shared.heartbeat();
@@ -152,6 +155,15 @@ pub fn run(
             }
         }
     }
+}
+
+/// Why the loop woke.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Wake {
+    /// A config or link event, the data path's findings, a retry.
+    Event,
+    /// The resync interval passed with nothing else.
+    Resync,
 }
 
 /// Decides when the loop runs a reconcile pass: at once on a config or
@@ -196,26 +208,26 @@ impl Pacer {
         self.retry = true;
     }
 
-    /// Blocks until the next pass is due.
-    fn wait(&mut self, dp: &Dataplane, shared: &Published) {
+    /// Blocks until the next pass is due; says why it is.
+    fn wait(&mut self, dp: &Dataplane, shared: &Published) -> Wake {
         if std::mem::take(&mut self.retry) {
             std::thread::sleep(self.interval);
-            return;
+            return Wake::Event;
         }
         loop {
             let due = self.last_pass + self.resync;
             let now = Instant::now();
             if now >= due {
-                return;
+                return Wake::Resync;
             }
             let wakes = self.events.wait(self.interval.min(due - now));
             if !wakes.is_empty() {
                 tracing::debug!(?wakes, "woken");
-                return;
+                return Wake::Event;
             }
             shared.heartbeat();
             if self.migrating || data_path_fingerprint(dp) != self.data_path {
-                return;
+                return Wake::Event;
             }
         }
     }

@@ -526,6 +526,10 @@ pub struct Dataplane {
     slow_limits_written: BTreeMap<u32, vmpath_common::SlowLimits>,
     /// What this agent wrote to `vmp_pol_ep`, by port id.
     policy_written: BTreeMap<u32, vmpath_common::PolicyEndpoint>,
+    /// What this agent last wrote to the cluster-sized maps only it
+    /// writes: the next apply writes the difference (`None`: it reads the
+    /// maps back first).
+    written: Option<Written>,
     /// Native XDP on the uplink (`--uplink-xdp`).
     uplink_xdp: north_south::UplinkXdp,
 }
@@ -619,6 +623,7 @@ impl Dataplane {
             bench: None,
             slow_limits_written: BTreeMap::new(),
             policy_written: BTreeMap::new(),
+            written: None,
             uplink_xdp: north_south::UplinkXdp::Off,
         })
     }
@@ -802,9 +807,32 @@ impl Dataplane {
         phases.mark("north_south");
         self.apply_overlay(plan)?;
         phases.mark("overlay");
-        sync(&mut self.maps.networks, &plan.networks)?;
-        sync(&mut self.maps.flood, &plan.flood)?;
-        sync(&mut self.maps.addresses, &plan.addresses)?;
+        // Only what changed since the last apply is written; the data path
+        // never writes these maps, so nothing is read back (at 10,000 VMs a
+        // read-back is tens of thousands of syscalls a round).
+        let last = self.written.take();
+        sync_since(
+            &mut self.maps.networks,
+            last.as_ref().map(|w| &w.networks),
+            &plan.networks,
+        )?;
+        sync_since(
+            &mut self.maps.flood,
+            last.as_ref().map(|w| &w.flood),
+            &plan.flood,
+        )?;
+        sync_since(
+            &mut self.maps.addresses,
+            last.as_ref().map(|w| &w.addresses),
+            &plan.addresses,
+        )?;
+        self.written = Some(Written {
+            networks: plan.networks.clone(),
+            flood: plan.flood.clone(),
+            addresses: plan.addresses.clone(),
+        });
+        // The data path writes endpoints too (a migration's cut-over):
+        // read back and made to match the plan every round.
         sync(&mut self.maps.endpoints, &plan.endpoints)?;
         let ports: BTreeMap<u32, PortInfo> = plan.ports.iter().map(|(k, p)| (*k, p.info)).collect();
         let port_ids: BTreeMap<u32, u32> = plan
@@ -899,6 +927,64 @@ impl Dataplane {
         phases.log();
         Ok(())
     }
+}
+
+/// What [`Dataplane::apply`] last wrote to the maps only the agent writes.
+struct Written {
+    networks: BTreeMap<u32, NetworkInfo>,
+    flood: BTreeMap<u32, FloodList>,
+    addresses: BTreeMap<AddrKey, AddrInfo>,
+}
+
+impl Dataplane {
+    /// The next apply reads every map back rather than trust what this
+    /// agent wrote last (the periodic resync: a map someone else edited is
+    /// repaired there).
+    pub fn forget_written(&mut self) {
+        self.written = None;
+    }
+}
+
+/// As [`sync`], against `last` (what this agent wrote last) when given:
+/// only the entries whose value changed are written or removed, and
+/// nothing is read.
+fn sync_since<K, V>(
+    map: &mut HashMap<MapData, K, V>,
+    last: Option<&BTreeMap<K, V>>,
+    want: &BTreeMap<K, V>,
+) -> Result<()>
+where
+    K: aya::Pod + Ord,
+    V: aya::Pod + PartialEq,
+{
+    use aya::maps::IterableMap as _;
+    let Some(last) = last else {
+        return sync(map, want);
+    };
+    let gone: Vec<K> = last
+        .keys()
+        .filter(|k| !want.contains_key(k))
+        .copied()
+        .collect();
+    if !gone.is_empty() {
+        batch::delete_batch(map.map(), &gone).context("removing entries the plan dropped")?;
+    }
+    let changed: Vec<(K, V)> = want
+        .iter()
+        .filter(|(k, v)| last.get(k) != Some(v))
+        .map(|(k, v)| (*k, *v))
+        .collect();
+    if !changed.is_empty() {
+        if let Ok(info) = map.map().info()
+            && want.len() > info.max_entries() as usize
+        {
+            // Said by name, as a full sync says it.
+            return sync(map, want);
+        }
+        batch::update_batch(map.map(), &changed, batch::BPF_ANY)
+            .context("writing the entries the plan changed")?;
+    }
+    Ok(())
 }
 
 /// Removes what `want` lacks and writes what differs.

@@ -12,6 +12,7 @@ mod dhcp;
 mod fixtures;
 mod hostile_config;
 mod image;
+mod incremental;
 mod kubernetes_controller;
 mod kubernetes_migration;
 mod kubernetes_objects;

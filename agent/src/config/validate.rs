@@ -104,7 +104,7 @@ pub struct Translated {
 /// the VM interface `namespace/vm/interface`), then the ports the data
 /// path serves on this node now (by network id, the port's name; after a
 /// restart, what the previous agent programmed).
-#[derive(Debug, Default, Clone)]
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct Held {
     pub ips: HashMap<(String, IpAddr), String>,
     pub macs: HashMap<(String, [u8; 6]), String>,

@@ -19,7 +19,10 @@
 //! pacing; a `Round` owns what one round hands the next.
 
 pub mod apply;
+pub mod changes;
 pub mod derive;
+#[cfg(test)]
+mod equivalence;
 pub mod ipam;
 pub mod observe;
 pub mod plan;
@@ -128,6 +131,23 @@ pub struct Round {
     refused_macs: BTreeSet<(AttachmentKey, [u8; 6])>,
     features: apply::Features,
     migrations: Migrations,
+    /// The objects the last round read, and who depended on what then:
+    /// the next round's changed set is taken against them.
+    versions: changes::Versions,
+    dependents: changes::Dependents,
+    /// The last validated config and what it was validated against.
+    validated: Option<Validated>,
+}
+
+/// A validated config and the inputs it came from besides the objects:
+/// while neither the objects nor these change, derive and validate would
+/// give it again, so they are skipped (a port appearing, the data path's
+/// findings, a resync with nothing new).
+struct Validated {
+    config: Config,
+    held: Held,
+    accepted: BTreeSet<AttachmentKey>,
+    cluster_cidrs: Vec<crate::config::ClusterCidr>,
 }
 
 impl Round {
@@ -160,7 +180,74 @@ impl Round {
             refused_macs: BTreeSet::new(),
             features: apply::Features::default(),
             migrations: Migrations::default(),
+            versions: changes::Versions::default(),
+            dependents: changes::Dependents::default(),
+            validated: None,
         }
+    }
+
+    /// Forgets what the increments keep: the next round derives and
+    /// validates every object and reads back every map (the periodic
+    /// resync, and what a restarted agent does).
+    pub fn forget_increments(&mut self) {
+        self.versions = changes::Versions::default();
+        self.dependents = changes::Dependents::default();
+        self.validated = None;
+    }
+
+    /// The derive and validate stages, for the objects that changed since
+    /// the last round: none changed (and neither did what validation
+    /// weighs them against), the last validated config; else every
+    /// object. Returns the config and what changed.
+    pub fn derive_and_validate(
+        &mut self,
+        snap: &Snapshot,
+        held: Held,
+    ) -> (Config, changes::ChangeSet) {
+        let versions = changes::Versions::of(snap);
+        let changed = changes::ChangeSet::between(&self.versions, &versions);
+        self.versions = versions;
+        if let Some(v) = &self.validated
+            && changed.is_empty()
+            && v.held == held
+            && v.accepted == self.accepted
+            && v.cluster_cidrs == snap.cluster_cidrs
+        {
+            return (v.config.clone(), changed);
+        }
+        let derived = derive::derive(snap, &self.settings.node);
+        let config = validate::validate(snap, derived, &self.settings.node, &self.accepted, &held);
+        self.validated = Some(Validated {
+            config: config.clone(),
+            held,
+            accepted: self.accepted.clone(),
+            cluster_cidrs: snap.cluster_cidrs.clone(),
+        });
+        (config, changed)
+    }
+
+    /// The resolve and IPAM stages on `validated`; then the changed set
+    /// fanned out through the dependency indexes (logged: what the change
+    /// touched).
+    pub fn resolve_and_assign(
+        &mut self,
+        validated: Config,
+        changed: &changes::ChangeSet,
+    ) -> anyhow::Result<(crate::resolved::Resolved, ipam::Claims)> {
+        let mut cfg = resolve::resolve(validated, &self.settings.node);
+        let claims = ipam::assign(&mut cfg, &self.store)?;
+        if !changed.is_empty() {
+            let dependents = changes::Dependents::of(&cfg);
+            let hit = changes::affected(changed, &self.dependents, &dependents);
+            tracing::debug!(
+                objects = changed.len(),
+                endpoints = hit.endpoints.len(),
+                everything = hit.everything,
+                "changed"
+            );
+            self.dependents = dependents;
+        }
+        Ok((cfg, claims))
     }
 
     /// One round: every stage in order; `services` gets the slow path's
@@ -208,21 +295,20 @@ impl Round {
 
         // derive, validate
         let held = validate::held(self.store.all().ok().as_ref(), &self.running);
-        let derived = derive::derive(&snap, &s.node);
-        let validated = validate::validate(&snap, derived, &s.node, &self.accepted, &held);
+        let (validated, changed_objects) = self.derive_and_validate(&snap, held);
         phases.mark("validate");
         let changed = self.last_fingerprint != Some(snap.fingerprint);
         self.last_fingerprint = Some(snap.fingerprint);
 
         // resolve, IPAM
-        let mut cfg = resolve::resolve(validated, &s.node);
-        let mut claims = match ipam::assign(&mut cfg, &self.store) {
-            Ok(claims) => claims,
+        let (mut cfg, mut claims) = match self.resolve_and_assign(validated, &changed_objects) {
+            Ok(r) => r,
             Err(e) => {
                 error!("{e:#}; retrying");
                 return Outcome::Retry;
             }
         };
+        let s = &self.settings;
         phases.mark("ipam");
         let seen: Vec<ipam::SeenMac> = dp
             .maps()
