@@ -37,10 +37,56 @@ pub const SCAPY_PYTHON: &str = "/usr/bin/python3";
 
 static COUNTER: AtomicU32 = AtomicU32::new(0);
 
-/// A short unique tag: interface names are limited to 15 characters.
+/// Where the tags in use are held: one file per tag, locked by the test
+/// process using it (`/run` is a tmpfs, gone at boot).
+const TAG_DIR: &str = "/run/vmpath-test-tags";
+/// Tags are this many base-36 characters (1.7 million of them): short,
+/// as interface names are limited to 15 characters, and all of one
+/// length, so no two (process, counter) pairs can spell the same one.
+const TAG_LEN: u32 = 4;
+
+/// A short tag no other live test process holds: the names of a bed's
+/// namespaces, interfaces, bpffs and work directories are made from it.
+/// It was `pid % 0xfff` and a counter, in hex, run together: two tests at
+/// once now and then got the same tag (pids 4095 apart, or `1`+`23` and
+/// `12`+`3`) and shared a bpffs root ("another vmpath agent owns this
+/// node"). A tag is now held by an exclusive lock on its file for the
+/// process's lifetime; the kernel drops the lock when the process ends.
 pub fn unique_tag() -> String {
-    let n = COUNTER.fetch_add(1, Ordering::SeqCst);
-    format!("{:x}{n:x}", std::process::id() % 0xfff)
+    static HELD: std::sync::Mutex<Vec<fs::File>> = std::sync::Mutex::new(Vec::new());
+    fs::create_dir_all(TAG_DIR).unwrap_or_else(|e| panic!("creating {TAG_DIR}: {e}"));
+    let space = 36u64.pow(TAG_LEN);
+    loop {
+        let n = COUNTER.fetch_add(1, Ordering::SeqCst);
+        // Spread (pid, n) over the space (splitmix64's finaliser), so that
+        // processes started one after another do not walk the same tags.
+        let mut x = (u64::from(std::process::id()) << 32 | u64::from(n))
+            .wrapping_add(0x9e37_79b9_7f4a_7c15);
+        x = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        x = (x ^ (x >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        x ^= x >> 31;
+        let mut v = x % space;
+        let mut tag = String::new();
+        for _ in 0..TAG_LEN {
+            tag.insert(0, char::from_digit((v % 36) as u32, 36).unwrap());
+            v /= 36;
+        }
+        let path = Path::new(TAG_DIR).join(&tag);
+        let file = fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&path)
+            .unwrap_or_else(|e| panic!("opening {}: {e}", path.display()));
+        match file.try_lock() {
+            Ok(()) => {
+                HELD.lock().unwrap().push(file);
+                return tag;
+            }
+            Err(fs::TryLockError::WouldBlock) => continue,
+            Err(fs::TryLockError::Error(e)) => panic!("locking {}: {e}", path.display()),
+        }
+    }
 }
 
 /// One udhcpc run in `ns` on `ifname`: up to `tries` DISCOVERs a second
