@@ -1011,10 +1011,20 @@ fn node_footprint(node: &Node) -> Vec<(String, String)> {
         "programmed ports".into(),
         format!("{:?}", node.programmed_ports()),
     ));
-    out.push((
-        "cni-endpoints.json".into(),
-        std::fs::read_to_string(node.state_dir.join("cni-endpoints.json")).unwrap_or_default(),
-    ));
+    // The agent's state file, as what it holds: none before the first
+    // ADD, empty once every endpoint is gone.
+    let state: Value = std::fs::read_to_string(node.state_dir.join("cni-endpoints.json"))
+        .ok()
+        .and_then(|t| serde_json::from_str(&t).ok())
+        .unwrap_or(Value::Null);
+    for part in ["endpoints", "kept"] {
+        let held = match &state[part] {
+            Value::Object(o) => o.keys().cloned().collect::<Vec<_>>(),
+            Value::Array(a) => a.iter().map(Value::to_string).collect(),
+            _ => Vec::new(),
+        };
+        out.push((format!("cni-endpoints.json {part}"), held.join("\n")));
+    }
     out
 }
 
@@ -1035,27 +1045,44 @@ fn cni_churn_of_adds_and_dels_leaves_nothing_behind() {
     const THREADS: usize = 4;
     const ROUNDS: usize = 4;
     const ALIVE: usize = 3;
-    std::thread::scope(|scope| {
-        for t in 0..THREADS {
-            let (node, stdin) = (&node, &stdin);
-            scope.spawn(move || {
-                for r in 0..ROUNDS {
-                    // ALIVE pods of this thread at once, deleted in
-                    // another order than they came.
-                    let pods: Vec<Pod> = (0..ALIVE)
-                        .map(|k| Pod::new(&format!("ch{t}{r}{k}")))
-                        .collect();
-                    for p in &pods {
-                        let result = p.call(node, "ADD", stdin, "").ok().clone();
-                        assert!(pod_ip(&result).starts_with("10.30.0."), "{result}");
+    // Addresses held by pods alive now: no two at once.
+    let alive = std::sync::Mutex::new(std::collections::BTreeMap::<String, String>::new());
+    // Every pod's namespace lives until the end: its port can only go by
+    // its DEL, not by the namespace's removal taking the veth with it.
+    let sandboxes: Vec<Pod> = std::thread::scope(|scope| {
+        let threads: Vec<_> = (0..THREADS)
+            .map(|t| {
+                let (node, stdin, alive) = (&node, &stdin, &alive);
+                scope.spawn(move || {
+                    let mut mine = Vec::new();
+                    for r in 0..ROUNDS {
+                        // ALIVE pods of this thread at once, deleted in
+                        // another order than they came.
+                        let pods: Vec<Pod> = (0..ALIVE)
+                            .map(|k| Pod::new(&format!("ch{t}{r}{k}")))
+                            .collect();
+                        for p in &pods {
+                            let ip = pod_ip(p.call(node, "ADD", stdin, "").ok());
+                            assert!(ip.starts_with("10.30.0."), "{ip}");
+                            let holder = alive.lock().unwrap().insert(ip.clone(), p.name.clone());
+                            assert_eq!(holder, None, "{ip} given to {} while held", p.name);
+                        }
+                        for p in pods.iter().rev() {
+                            alive.lock().unwrap().retain(|_, pod| *pod != p.name);
+                            p.call(node, "DEL", stdin, "").ok();
+                        }
+                        mine.extend(pods);
                     }
-                    for p in pods.iter().rev() {
-                        p.call(node, "DEL", stdin, "").ok();
-                    }
-                }
-            });
-        }
+                    mine
+                })
+            })
+            .collect();
+        threads
+            .into_iter()
+            .flat_map(|h| h.join().unwrap_or_else(|e| std::panic::resume_unwind(e)))
+            .collect()
     });
+    assert_eq!(sandboxes.len(), THREADS * ROUNDS * ALIVE);
 
     // The port ids and addresses freed are given again and work: a pod
     // after the churn reaches the VM that stayed.
@@ -1090,5 +1117,5 @@ fn cni_churn_of_adds_and_dels_leaves_nothing_behind() {
             changed.join("\n")
         );
     }
-    drop(vm);
+    drop((sandboxes, vm));
 }

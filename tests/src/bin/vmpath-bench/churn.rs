@@ -62,17 +62,13 @@ fn footprint(node: &Node) -> Vec<(&'static str, usize)> {
             .map_or(0, Vec::len)
     };
     let lines = |args: &[&str]| node.ns.run(args).lines().count();
+    // `{"endpoints": {...}, "kept": [...]}`; none before the first ADD.
     let cni_endpoints = std::fs::read_to_string(node.state_dir.join("cni-endpoints.json"))
         .ok()
         .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok())
         .map_or(0, |v| {
-            v.as_array()
-                .map(Vec::len)
-                .or_else(|| {
-                    v.as_object()
-                        .map(|o| o.values().map(|x| x.as_array().map_or(1, Vec::len)).sum())
-                })
-                .unwrap_or(0)
+            v["endpoints"].as_object().map_or(0, |o| o.len())
+                + v["kept"].as_array().map_or(0, Vec::len)
         });
     vec![
         ("`vmp_ports` entries", entries(m::PORTS)),
