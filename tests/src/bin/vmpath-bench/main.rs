@@ -323,7 +323,11 @@ fn run() -> Result<()> {
         step("15. Churn: pods created and deleted", &|| {
             churn::run(&churn::Options {
                 rate: 100.0,
-                seconds: if args.quick { 30 } else { 600 },
+                // VMPATH_BENCH_CHURN_SECONDS=60: a shorter run.
+                seconds: std::env::var("VMPATH_BENCH_CHURN_SECONDS")
+                    .ok()
+                    .and_then(|v| v.parse().ok())
+                    .unwrap_or(if args.quick { 30 } else { 600 }),
                 workers: 16,
                 alive: 32,
                 window: if args.quick { 10 } else { 60 },
