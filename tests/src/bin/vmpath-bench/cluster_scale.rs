@@ -23,7 +23,7 @@ use vmpath_tests::{Node, kube_api::ApiServer, multus, wait_for};
 
 use crate::{
     kube_scale::{
-        LOCAL, NETWORK, NODES, add, cluster_objects, derived, kube_node, node_of, vm_objects,
+        LOCAL, NETWORK, NODES, add, cluster_objects, create_vm, derived, kube_node, node_of,
     },
     report::{Bar, Section},
     util::{fmt, percentile, rss_kb},
@@ -114,16 +114,11 @@ fn latencies(
     let (mut fresh, mut known) = (Vec::new(), Vec::new());
     for s in 0..samples {
         let i = n + 2 * s;
-        let started = Instant::now();
-        for o in vm_objects(i, "a").into_iter().rev() {
-            server.put(o);
-        }
+        let started = create_vm(server, i, "a");
         fresh.push(add(node, &conf, i, started)?);
 
         let j = i + 1;
-        for o in vm_objects(j, "a").into_iter().rev() {
-            server.put(o);
-        }
+        create_vm(server, j, "a");
         let vm = format!("vm{j}");
         wait_for(
             "the agent to derive the VM",
@@ -178,8 +173,9 @@ pub fn run(opts: &Options) -> Result<Section> {
          smaller), one Network. For each N and each agent, a fresh API server and agent:\n\n\
          - **derive s**: from the agent's start to its status listing every VM of its node \
            (lists, watches, the first rounds);\n\
-         - **objects → programmed**: a new VM on this node, its IPAMClaim, VMI and pod created, \
-           then its pod's CNI ADD at once; the clock stops at the ADD's answer, which comes once \
+         - **objects → programmed**: a new VM on this node, its IPAMClaim created and \
+           allocated, then (the clock started) its VMI and pod created and its pod's CNI ADD \
+           at once; the clock stops at the ADD's answer, which comes once \
            the port is programmed ({} samples, p50 and p99: with few samples p99 is the worst);\n\
          - **ADD p50**: the CNI ADD of a VM the agent had already derived;\n\
          - **peak RSS / RSS**: the agent's `VmHWM` and `VmRSS` after the samples (the maps' \
