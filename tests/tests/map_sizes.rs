@@ -23,6 +23,9 @@ use vmpath_tests::prog_fixture::{BpffsRoot, in_fresh_netns};
 
 const NETWORK: u32 = 7;
 const CLUSTER: u32 = 250_000;
+// The defaults hold a cluster of 250,000 endpoints and addresses.
+const _: () =
+    assert!(maps::ENDPOINTS.max_entries >= CLUSTER && maps::ADDRESSES.max_entries >= CLUSTER);
 
 fn pin(root: &BpffsRoot, name: &str) -> PathBuf {
     root.0.join(format!("maps/v{MAP_LAYOUT_VERSION}/{name}"))
@@ -94,7 +97,6 @@ fn a_cluster_of_250000_endpoints_fits_once_the_maps_are_sized_for_it() {
             max_entries(&root, map_names::ENDPOINTS),
             maps::ENDPOINTS.max_entries
         );
-        assert!(maps::ENDPOINTS.max_entries >= CLUSTER && maps::ADDRESSES.max_entries >= CLUSTER);
         let e = dp
             .apply(&plan)
             .expect_err("500,000 addresses in the default 262,144");

@@ -284,11 +284,7 @@ pub fn run(opts: &Options) -> Result<Section> {
             .map(|c| c.ms)
             .collect();
         let late = inside.iter().map(|c| c.late).fold(0.0, f64::max);
-        let rss_at = rss
-            .iter()
-            .filter(|(t, _)| *t < to)
-            .next_back()
-            .map_or(0.0, |(_, m)| *m);
+        let rss_at = rss.iter().rfind(|(t, _)| *t < to).map_or(0.0, |(_, m)| *m);
         let p = |v: &[f64], q| {
             if v.is_empty() {
                 "-".to_string()
