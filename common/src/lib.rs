@@ -237,8 +237,12 @@ pub const MAP_LAYOUT_VERSION: u32 = 3;
 // allocated per network that has one (`FLOOD_MAP_FLAGS`).
 
 pub const MAX_PORTS: u32 = 4096;
-pub const MAX_ENDPOINTS: u32 = 65536;
-pub const MAX_ADDRESSES: u32 = 65536;
+/// Default sizes of the cluster-sized maps (`--max-endpoints`,
+/// `--max-addresses`, set at start): 250,000 endpoints and addresses
+/// cluster-wide fit without a flag. Preallocated, about 27 MB and 29 MB
+/// of kernel memory per node at this size (docs/config.md, Limits).
+pub const MAX_ENDPOINTS: u32 = 262_144;
+pub const MAX_ADDRESSES: u32 = 262_144;
 pub const MAX_NETWORKS: u32 = 4096;
 pub const MAX_LEARNED_IPS: u32 = 65536;
 /// Local ports one network can flood to on one node. The data path walks

@@ -1,7 +1,8 @@
 //! The cluster-sized maps (`vmp_endpoints`, `vmp_addresses`) take the size
 //! the operator gives at the agent's start (`--max-endpoints`,
-//! `--max-addresses`): a cluster of 250,000 endpoints fits where the
-//! default size stops at 65,536, and a restart with another size replaces
+//! `--max-addresses`): the default holds 250,000 endpoints and addresses,
+//! a dual-stack cluster of 250,000 VMs fits once the addresses are sized
+//! for it, and a restart with another size replaces
 //! the pinned map rather than adopting a map of the wrong size.
 //!
 //! Needs root. Run with:
@@ -22,6 +23,9 @@ use vmpath_tests::prog_fixture::{BpffsRoot, in_fresh_netns};
 
 const NETWORK: u32 = 7;
 const CLUSTER: u32 = 250_000;
+// The defaults hold a cluster of 250,000 endpoints and addresses.
+const _: () =
+    assert!(maps::ENDPOINTS.max_entries >= CLUSTER && maps::ADDRESSES.max_entries >= CLUSTER);
 
 fn pin(root: &BpffsRoot, name: &str) -> PathBuf {
     root.0.join(format!("maps/v{MAP_LAYOUT_VERSION}/{name}"))
@@ -84,18 +88,21 @@ fn a_cluster_of_250000_endpoints_fits_once_the_maps_are_sized_for_it() {
     in_fresh_netns(|| {
         let root = BpffsRoot::new("sizes");
 
-        // The default size: a cluster of 250,000 VMs does not fit, and
-        // the agent says which map and which flag.
+        // The default size holds 250,000 endpoints and as many addresses:
+        // a dual-stack cluster of 250,000 VMs (500,000 addresses) does
+        // not fit, and the agent says which map and which flag.
         let plan = cluster_plan(CLUSTER);
         let mut dp = Dataplane::open(&root.0).expect("loading the data path");
         assert_eq!(
             max_entries(&root, map_names::ENDPOINTS),
             maps::ENDPOINTS.max_entries
         );
-        let e = dp.apply(&plan).expect_err("250,000 endpoints in 65,536");
+        let e = dp
+            .apply(&plan)
+            .expect_err("500,000 addresses in the default 262,144");
         assert!(
             format!("{e:#}").contains(
-                "vmp_addresses: 500000 entries to write, the map holds 65536 (raise --max-addresses)"
+                "vmp_addresses: 500000 entries to write, the map holds 262144 (raise --max-addresses)"
             ),
             "{e:#}"
         );

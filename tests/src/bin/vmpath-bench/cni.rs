@@ -36,17 +36,17 @@ const DEBIAN_CNI_DIR: &str = "/usr/lib/cni";
 /// The goal: no single ADD slower than this.
 const CEILING_MS: f64 = 100.0;
 
-fn cni_bin() -> PathBuf {
+pub(crate) fn cni_bin() -> PathBuf {
     static BIN: OnceLock<PathBuf> = OnceLock::new();
     vmpath_tests::workspace_bin(&BIN, "VMPATH_CNI_BIN", "vmpath-cni")
 }
 
 /// One plugin under test: its binary, its config, its plugin dir.
-struct Plugin {
-    name: &'static str,
-    bin: PathBuf,
-    config: String,
-    cni_path: String,
+pub(crate) struct Plugin {
+    pub(crate) name: &'static str,
+    pub(crate) bin: PathBuf,
+    pub(crate) config: String,
+    pub(crate) cni_path: String,
 }
 
 /// A pod sandbox: its namespace and container id.
@@ -58,14 +58,26 @@ struct Sandbox {
 /// Runs one CNI command in the calling thread's namespace (the node's);
 /// returns the wall time in ms and the plugin's stdout.
 fn invoke(p: &Plugin, command: &str, s: &Sandbox, pod: &str) -> Result<(f64, String)> {
+    invoke_in(p, command, &s.ns, &s.id, pod)
+}
+
+/// [`invoke`] with the sandbox's namespace and container id given apart
+/// (a namespace that sees several sandboxes in turn).
+pub(crate) fn invoke_in(
+    p: &Plugin,
+    command: &str,
+    ns: &Netns,
+    id: &str,
+    pod: &str,
+) -> Result<(f64, String)> {
     let args = format!("IgnoreUnknown=1;K8S_POD_NAMESPACE=bench;K8S_POD_NAME={pod}");
     let started = Instant::now();
     let mut child = Command::new(&p.bin)
         .env_clear()
         .env("PATH", std::env::var("PATH").unwrap_or_default())
         .env("CNI_COMMAND", command)
-        .env("CNI_CONTAINERID", &s.id)
-        .env("CNI_NETNS", s.ns.path())
+        .env("CNI_CONTAINERID", id)
+        .env("CNI_NETNS", ns.path())
         .env("CNI_IFNAME", "eth0")
         .env("CNI_PATH", &p.cni_path)
         .env("CNI_ARGS", &args)
@@ -154,7 +166,7 @@ fn sandbox(node: &Node, tag: &str, i: usize) -> Sandbox {
 }
 
 /// Every ADD must have given the pod an address, or the figure is void.
-fn check_result(p: &Plugin, out: &str) -> Result<()> {
+pub(crate) fn check_result(p: &Plugin, out: &str) -> Result<()> {
     let v: Value = serde_json::from_str(out).with_context(|| format!("{} result {out}", p.name))?;
     if v["ips"][0]["address"].as_str().is_none() {
         bail!("{} result without an address: {out}", p.name);

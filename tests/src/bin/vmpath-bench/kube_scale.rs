@@ -44,20 +44,21 @@ pub struct Options {
     pub claims: Vec<usize>,
 }
 
-const NETWORK: &str = include_str!("../../../../agent/src/cluster/fixtures/network.yaml");
+pub(crate) const NETWORK: &str =
+    include_str!("../../../../agent/src/cluster/fixtures/network.yaml");
 const VM: &str = include_str!("../../../../agent/src/cluster/fixtures/vm.yaml");
 /// KubeVirt's pod interface name for network `blue` (a hash of its name).
 const POD_IFNAME: &str = "pod16477688c0e";
 /// Nodes the VMs are spread over, and how many are on this node ("a"):
 /// a network has at most 64 ports per node, and the latency figure adds
 /// two per sample.
-const NODES: usize = 200;
-const LOCAL: usize = 50;
+pub(crate) const NODES: usize = 200;
+pub(crate) const LOCAL: usize = 50;
 
-/// The bench's Network: the fixture's, with a /16 for 10,000 VMs.
+/// The bench's Network: the fixture's, with a /14 for 100,000 VMs.
 fn network_objects() -> Vec<Value> {
     let text = NETWORK
-        .replace("10.31.0.0/24", "10.32.0.0/16")
+        .replace("10.31.0.0/24", "10.32.0.0/14")
         .replace("10.31.0.1", "10.32.0.1");
     let mut out = vmpath::config::source::parse(text.as_bytes()).expect("network fixture");
     // No overlay in this bed: the v1 Node would point at an address that
@@ -67,10 +68,11 @@ fn network_objects() -> Vec<Value> {
 }
 
 /// VM `i`'s VMI, virt-launcher pod and IPAMClaim, on `node`.
-fn vm_objects(i: usize, node: &str) -> Vec<Value> {
+pub(crate) fn vm_objects(i: usize, node: &str) -> Vec<Value> {
     let (hi, lo) = (i / 250, i % 250 + 2);
+    let (b, c) = (32 + hi / 256, hi % 256);
     let text = VM
-        .replace("10.31.0.11/24", &format!("10.32.{hi}.{lo}/16"))
+        .replace("10.31.0.11/24", &format!("10.{b}.{c}.{lo}/14"))
         .replace("02:00:00:31:00:0b", &mac(i))
         .replace("node-a", node)
         .replace("5d1c5a3e", &format!("{i:08x}"))
@@ -81,10 +83,15 @@ fn vm_objects(i: usize, node: &str) -> Vec<Value> {
 }
 
 fn mac(i: usize) -> String {
-    format!("02:00:00:32:{:02x}:{:02x}", i / 256, i % 256)
+    format!(
+        "02:00:{:02x}:32:{:02x}:{:02x}",
+        (i >> 16) & 0xff,
+        (i >> 8) & 0xff,
+        i & 0xff
+    )
 }
 
-fn node_of(i: usize, n: usize) -> String {
+pub(crate) fn node_of(i: usize, n: usize) -> String {
     let every = (n / LOCAL).max(1);
     if i.is_multiple_of(every) {
         "a".into()
@@ -94,7 +101,7 @@ fn node_of(i: usize, n: usize) -> String {
 }
 
 /// The Network and N VMs spread over the nodes.
-fn cluster_objects(n: usize) -> Vec<Value> {
+pub(crate) fn cluster_objects(n: usize) -> Vec<Value> {
     network_objects()
         .into_iter()
         .chain((0..n).flat_map(|i| vm_objects(i, &node_of(i, n))))
@@ -103,7 +110,7 @@ fn cluster_objects(n: usize) -> Vec<Value> {
 
 /// Node "a" with an API server holding `objects`, its agent pointed at it
 /// (not started).
-fn kube_node(objects: &[Value]) -> (Node, ApiServer) {
+pub(crate) fn kube_node(objects: &[Value]) -> (Node, ApiServer) {
     let mut node = Node::new("a");
     node.ns.run(&["ip", "link", "set", "lo", "up"]);
     let server = ApiServer::start(&node.ns.path());
@@ -117,13 +124,13 @@ fn kube_node(objects: &[Value]) -> (Node, ApiServer) {
 }
 
 /// VM `i`'s interface as the agent's status lists it.
-fn derived(node: &Node, vm: &str) -> bool {
+pub(crate) fn derived(node: &Node, vm: &str) -> bool {
     node.attachment_view(vm).is_some()
 }
 
 /// Starts the agent on `node` and waits until it has derived every local
 /// VM; returns (peak, current) RSS in MiB.
-fn settle(node: &mut Node, n: usize) -> Result<(f64, f64)> {
+pub(crate) fn settle(node: &mut Node, n: usize) -> Result<(f64, f64)> {
     node.start_agent();
     let locals: Vec<String> = (0..n)
         .filter(|&i| node_of(i, n) == "a")
@@ -168,8 +175,27 @@ fn memory(n: usize) -> Result<[(f64, f64); 2]> {
     Ok([kube, files])
 }
 
+/// Creates VM `i` on `node`: its IPAMClaim first, allocated (the test
+/// API server's ledger vouches for it, as vmpath controller's does before
+/// the pod can start), then, with the clock started, its VMI and pod.
+/// Returns when the clock started.
+pub(crate) fn create_vm(server: &ApiServer, i: usize, node: &str) -> Instant {
+    let (claims, rest): (Vec<Value>, Vec<Value>) = vm_objects(i, node)
+        .into_iter()
+        .partition(|o| o["kind"] == "IPAMClaim");
+    for o in claims {
+        server.put(o);
+    }
+    server.vouch_for_claims();
+    let started = Instant::now();
+    for o in rest.into_iter().rev() {
+        server.put(o);
+    }
+    started
+}
+
 /// CNI ADD of VM `i`'s pod on `node`: ms from `since` to its answer.
-fn add(node: &Node, conf: &str, i: usize, since: Instant) -> Result<f64> {
+pub(crate) fn add(node: &Node, conf: &str, i: usize, since: Instant) -> Result<f64> {
     let netns = Netns::new(format!("vt{}-l{i}", unique_tag()));
     let (ok, result) = multus::call(
         node,
@@ -198,17 +224,12 @@ fn latency(n: usize, samples: usize) -> Result<(Vec<f64>, Vec<f64>)> {
     for s in 0..samples {
         // Fresh: objects created, then the ADD at once.
         let i = n + 2 * s;
-        let started = Instant::now();
-        for o in vm_objects(i, "a").into_iter().rev() {
-            server.put(o);
-        }
+        let started = create_vm(&server, i, "a");
         fresh.push(add(&node, &conf, i, started)?);
 
         // Known: the agent has derived the VM before its ADD.
         let j = i + 1;
-        for o in vm_objects(j, "a").into_iter().rev() {
-            server.put(o);
-        }
+        create_vm(&server, j, "a");
         let vm = format!("vm{j}");
         wait_for(
             "the agent to derive the VM",
@@ -357,7 +378,7 @@ pub fn run(opts: &Options) -> Result<Section> {
         let _ = write!(
             md,
             "\n**Controller allocation rate**: `vmpath controller` leading (round every \
-             100 ms), then N IPAMClaims created at once on a /16 network; from the first \
+             100 ms), then N IPAMClaims created at once on a /14 network; from the first \
              create to the last claim's `status.ips` written (one write per ledger shard changed in a round, \
              one status write per claim, each conditional). The controller's peak RSS \
              (`VmHWM`) once the last is written: its own memory at that many claims (the \

@@ -27,6 +27,8 @@
 //! Needs root; everything runs in network namespaces it creates and
 //! removes (guards), and no packet leaves them.
 
+mod churn;
+mod cluster_scale;
 mod cni;
 mod control;
 mod dhcp;
@@ -82,7 +84,7 @@ fn parse_args() -> Result<Args> {
             }
             "-h" | "--help" => {
                 println!(
-                    "vmpath-bench [--out DIR] [--runs N] [--only progcost,e2e,external,control,dhcp,migration,realmigration,flood,reactivity,cni,kube,policy,services,policylatency] [--quick]"
+                    "vmpath-bench [--out DIR] [--runs N] [--only progcost,e2e,external,control,dhcp,migration,realmigration,flood,reactivity,cni,kube,policy,services,policylatency,scale,churn] [--quick]"
                 );
                 std::process::exit(0);
             }
@@ -292,6 +294,43 @@ fn run() -> Result<()> {
         step("13. Policy update to enforcement latency", &|| {
             policylatency::run(&policylatency::Options {
                 trials: if args.quick { 5 } else { 15 },
+            })
+        });
+    }
+
+    if want("scale") {
+        step("14. Cluster scale", &|| {
+            cluster_scale::run(&cluster_scale::Options {
+                // VMPATH_BENCH_SCALE_SIZES=10,1000 measures other sizes
+                // (100,000 takes long on a small machine).
+                sizes: std::env::var("VMPATH_BENCH_SCALE_SIZES")
+                    .ok()
+                    .map(|v| v.split(',').filter_map(|n| n.trim().parse().ok()).collect())
+                    .unwrap_or_else(|| {
+                        if args.quick {
+                            vec![10, 1_000]
+                        } else {
+                            vec![10, 1_000, 10_000, 100_000]
+                        }
+                    }),
+                samples: if args.quick { 3 } else { 8 },
+                settle_limit: std::time::Duration::from_secs(if args.quick { 300 } else { 1_800 }),
+            })
+        });
+    }
+
+    if want("churn") {
+        step("15. Churn: pods created and deleted", &|| {
+            churn::run(&churn::Options {
+                rate: 100.0,
+                // VMPATH_BENCH_CHURN_SECONDS=60: a shorter run.
+                seconds: std::env::var("VMPATH_BENCH_CHURN_SECONDS")
+                    .ok()
+                    .and_then(|v| v.parse().ok())
+                    .unwrap_or(if args.quick { 30 } else { 600 }),
+                workers: 16,
+                alive: 32,
+                window: if args.quick { 10 } else { 60 },
             })
         });
     }

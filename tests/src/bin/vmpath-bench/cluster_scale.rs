@@ -1,0 +1,258 @@
+//! Cluster scale (issue 34): one agent (`--source kubernetes`) against the
+//! test bed's API server holding N KubeVirt VMs (VMI, virt-launcher pod,
+//! IPAMClaim each) over 200 nodes, 50 of them on this agent's node, at
+//! each N: how long the agent takes to derive its node's VMs from a cold
+//! start, objects -> programmed for a new VM on this node (p50, p99), the
+//! CNI ADD of a VM it already knows (p50), and its RSS.
+//!
+//! Each figure is taken for each agent build or switch given, in the same
+//! run, so the growth with N shows side by side: "this build" (the agent
+//! as it is) and, when `VMPATH_BENCH_FULL_ROUND_ARGS` names the agent's
+//! flags that force a full reconcile round per event (an incremental
+//! control plane's fallback), the same agent with them. An agent without
+//! such a switch runs a full round per event already: its row is the
+//! full-round figure.
+
+use std::{
+    fmt::Write as _,
+    time::{Duration, Instant},
+};
+
+use anyhow::{Context as _, Result, bail};
+use vmpath_tests::{Node, kube_api::ApiServer, multus, wait_for};
+
+use crate::{
+    kube_scale::{
+        LOCAL, NETWORK, NODES, add, cluster_objects, create_vm, derived, kube_node, node_of,
+    },
+    report::{Bar, Section},
+    util::{fmt, percentile, rss_kb},
+};
+
+pub struct Options {
+    /// Cluster sizes (VMs), smallest first: the first is the baseline of
+    /// the growth ratios.
+    pub sizes: Vec<usize>,
+    /// Samples of each latency at each size.
+    pub samples: usize,
+    /// How long the agent may take to derive its node's VMs at one size;
+    /// a size that takes longer is reported as such, not measured.
+    pub settle_limit: Duration,
+}
+
+/// One agent variant: a name and its extra flags.
+struct Variant {
+    name: String,
+    args: Vec<String>,
+}
+
+fn variants() -> Vec<Variant> {
+    let mut out = vec![Variant {
+        name: "this build".into(),
+        args: Vec::new(),
+    }];
+    if let Ok(args) = std::env::var("VMPATH_BENCH_FULL_ROUND_ARGS")
+        && !args.trim().is_empty()
+    {
+        out.push(Variant {
+            name: format!("full round (`{}`)", args.trim()),
+            args: args.split_whitespace().map(str::to_string).collect(),
+        });
+    }
+    out
+}
+
+/// One size's figures for one variant.
+struct Figures {
+    settle_s: f64,
+    fresh: Vec<f64>,
+    known: Vec<f64>,
+    hwm_mib: f64,
+    rss_mib: f64,
+}
+
+/// Starts `node`'s agent and waits (at most `limit`) until it has derived
+/// every VM of this node among the `n`; returns the seconds it took.
+fn settle(node: &mut Node, n: usize, limit: Duration) -> Result<f64> {
+    let locals: Vec<String> = (0..n)
+        .filter(|&i| node_of(i, n) == "a")
+        .map(|i| format!("vm{i}"))
+        .collect();
+    let started = Instant::now();
+    node.start_agent();
+    while !locals.iter().all(|vm| derived(node, vm)) {
+        if started.elapsed() > limit {
+            bail!(
+                "the agent had not derived its {} VMs after {} s",
+                locals.len(),
+                limit.as_secs()
+            );
+        }
+        if !node.agent_running() {
+            bail!("the agent exited: {}", last_lines(&node.agent_log(), 5));
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    Ok(started.elapsed().as_secs_f64())
+}
+
+fn last_lines(text: &str, n: usize) -> String {
+    let lines: Vec<&str> = text.lines().collect();
+    lines[lines.len().saturating_sub(n)..].join(" | ")
+}
+
+/// New VMs on this node, `samples` of each kind: objects created then
+/// the ADD at once (objects -> programmed), and the ADD of a VM the agent
+/// has derived (ADD alone).
+fn latencies(
+    node: &Node,
+    server: &ApiServer,
+    n: usize,
+    samples: usize,
+) -> Result<(Vec<f64>, Vec<f64>)> {
+    let conf = multus::nad_conf(NETWORK, node);
+    let (mut fresh, mut known) = (Vec::new(), Vec::new());
+    for s in 0..samples {
+        let i = n + 2 * s;
+        let started = create_vm(server, i, "a");
+        fresh.push(add(node, &conf, i, started)?);
+
+        let j = i + 1;
+        create_vm(server, j, "a");
+        let vm = format!("vm{j}");
+        wait_for(
+            "the agent to derive the VM",
+            Duration::from_secs(120),
+            || derived(node, &vm),
+        );
+        known.push(add(node, &conf, j, Instant::now())?);
+    }
+    Ok((fresh, known))
+}
+
+fn measure(n: usize, variant: &Variant, opts: &Options) -> Result<Figures> {
+    let t = Instant::now();
+    let objects = cluster_objects(n);
+    let (mut node, server) = kube_node(&objects);
+    drop(objects);
+    eprintln!(
+        "bench: cluster scale: {n} VMs in the API server in {:.1} s",
+        t.elapsed().as_secs_f64()
+    );
+    let kubeconfig = node.state_dir.join("kubeconfig");
+    let mut args = vec![
+        "--source".to_string(),
+        "kubernetes".into(),
+        "--kubeconfig".into(),
+        kubeconfig.to_string_lossy().into_owned(),
+    ];
+    args.extend(variant.args.iter().cloned());
+    node.set_agent_args(&args.iter().map(String::as_str).collect::<Vec<_>>());
+    let settle_s = settle(&mut node, n, opts.settle_limit)?;
+    // The first rounds' garbage gone before the resident size is read.
+    std::thread::sleep(Duration::from_secs(2));
+    let pid = node.agent_pid().context("agent pid")?.to_string();
+    let (fresh, known) = latencies(&node, &server, n, opts.samples)?;
+    let (hwm, rss) = rss_kb(&pid);
+    Ok(Figures {
+        settle_s,
+        fresh,
+        known,
+        hwm_mib: hwm as f64 / 1024.0,
+        rss_mib: rss as f64 / 1024.0,
+    })
+}
+
+pub fn run(opts: &Options) -> Result<Section> {
+    let variants = variants();
+    let mut md = format!(
+        "`vmpath agent --source kubernetes` (release build) against the test bed's API \
+         server (in memory, real HTTP, paged lists, watches) holding N KubeVirt VMs (VMI, \
+         virt-launcher pod and IPAMClaim each, as KubeVirt, Multus and ipam-extensions write \
+         them) over {NODES} nodes, {LOCAL} of them on this agent's node (all N when N is \
+         smaller), one Network. For each N and each agent, a fresh API server and agent:\n\n\
+         - **derive s**: from the agent's start to its status listing every VM of its node \
+           (lists, watches, the first rounds);\n\
+         - **objects → programmed**: a new VM on this node, its IPAMClaim created and \
+           allocated, then (the clock started) its VMI and pod created and its pod's CNI ADD \
+           at once; the clock stops at the ADD's answer, which comes once \
+           the port is programmed ({} samples, p50 and p99: with few samples p99 is the worst);\n\
+         - **ADD p50**: the CNI ADD of a VM the agent had already derived;\n\
+         - **peak RSS / RSS**: the agent's `VmHWM` and `VmRSS` after the samples (the maps' \
+           kernel memory is not in it: docs/config.md, Limits).\n\n\
+         Agents: {}.{}\n\n\
+         | VMs | agent | derive s | objects → programmed p50 ms | p99 ms | ADD p50 ms | peak RSS MiB | RSS MiB |\n\
+         |---|---|---|---|---|---|---|---|\n",
+        opts.samples,
+        variants
+            .iter()
+            .map(|v| v.name.as_str())
+            .collect::<Vec<_>>()
+            .join(", "),
+        if variants.len() == 1 {
+            " This agent runs a full reconcile round per event (no switch was given with \
+             `VMPATH_BENCH_FULL_ROUND_ARGS`): its rows are the full-round figures."
+        } else {
+            ""
+        },
+    );
+    let mut bars = Vec::new();
+    // Per variant: (N, objects -> programmed p50, ADD p50, peak RSS) of
+    // the smallest size measured, the baseline of the growth bars.
+    let mut first: Vec<Option<(usize, f64, f64)>> = vec![None; variants.len()];
+    for &n in &opts.sizes {
+        for (k, v) in variants.iter().enumerate() {
+            let t = Instant::now();
+            match measure(n, v, opts) {
+                Ok(f) => {
+                    let (p50, add50) = (percentile(&f.fresh, 50.0), percentile(&f.known, 50.0));
+                    let _ = writeln!(
+                        md,
+                        "| {n} | {} | {} | {} | {} | {} | {} | {} |",
+                        v.name,
+                        fmt(f.settle_s),
+                        fmt(p50),
+                        fmt(percentile(&f.fresh, 99.0)),
+                        fmt(add50),
+                        fmt(f.hwm_mib),
+                        fmt(f.rss_mib)
+                    );
+                    match first[k] {
+                        None => first[k] = Some((n, p50, add50)),
+                        Some((n0, p0, a0)) => {
+                            bars.push(Bar {
+                                label: format!("{}: objects -> programmed p50, {n} VMs", v.name),
+                                ratio: p50 / p0,
+                                baseline: format!("{n0} VMs"),
+                            });
+                            bars.push(Bar {
+                                label: format!("{}: CNI ADD p50, {n} VMs", v.name),
+                                ratio: add50 / a0,
+                                baseline: format!("{n0} VMs"),
+                            });
+                        }
+                    }
+                }
+                Err(e) => {
+                    let _ = writeln!(
+                        md,
+                        "| {n} | {} | not measured: {} (after {:.0} s) | | | | | |",
+                        v.name,
+                        format!("{e:#}").replace('|', "/"),
+                        t.elapsed().as_secs_f64()
+                    );
+                }
+            }
+            eprintln!(
+                "bench: cluster scale: {n} VMs, {}: {:.0} s",
+                v.name,
+                t.elapsed().as_secs_f64()
+            );
+        }
+    }
+    Ok(Section {
+        title: "14. Cluster scale".into(),
+        markdown: md,
+        bars,
+    })
+}
