@@ -2858,3 +2858,26 @@ fn snat6_later_fragments_follow_their_first_fragment_back_to_the_vm() {
         assert_eq!(fx.drops(drop_reason::SNAT_FRAGMENT), before + 1);
     });
 }
+
+/// What the verifier processed for the north-south programs: `vm_egress`
+/// (routed and SNAT egress, both families), `uplink` (routed ingress and
+/// SNAT return), each under the kernel's 1,000,000-instruction budget
+/// (they would not load otherwise; printed for the margin).
+#[test]
+fn the_north_south_programs_fit_the_verifier_budget() {
+    in_fresh_netns(|| {
+        let fx = Fx::new(NET_F_SNAT);
+        for name in [prog_names::VM_EGRESS, prog_names::UPLINK] {
+            let n = fx
+                .dp
+                .classifier(name)
+                .unwrap()
+                .info()
+                .unwrap()
+                .verified_instruction_count()
+                .expect("verified_insns (kernel 5.16+)");
+            println!("{name}: {n} instructions verified");
+            assert!(n < 1_000_000, "{name}: {n}");
+        }
+    });
+}
