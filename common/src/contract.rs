@@ -340,7 +340,14 @@ pub mod tail_call {
     /// other frames (its own program: `vm_service` is IPv4's, and the two
     /// together would not fit one verifier budget).
     pub const VM_SERVICE6: u32 = 12;
-    pub const SLOTS: u32 = 13;
+    /// `vm_snat6_ext`: SNAT of an IPv6 frame from a VM with extension
+    /// headers (fragments among them: a first fragment translated and its
+    /// outcome recorded, a later one given its first's source), then
+    /// routed on, from `vm_egress` (its own program: the walk of the
+    /// chain and the fragments' records took `vm_egress` over the
+    /// verifier budget).
+    pub const VM_SNAT6_EXT: u32 = 13;
+    pub const SLOTS: u32 = 14;
 
     use crate::prog_names;
     /// Every slot with the program the agent puts in it: the one table
@@ -359,6 +366,7 @@ pub mod tail_call {
         (VM_NEIGH, prog_names::VM_NEIGH),
         (VM_FLOOD, prog_names::VM_FLOOD),
         (VM_SERVICE6, prog_names::VM_SERVICE6),
+        (VM_SNAT6_EXT, prog_names::VM_SNAT6_EXT),
     ];
 }
 

@@ -211,6 +211,9 @@ pub mod prog_names {
     pub const VM_SERVICE_IN: &str = "vm_service_in";
     /// Tail-called from `vm_port`: IPv6 ClusterIP translation, then back.
     pub const VM_SERVICE6: &str = "vm_service6";
+    /// Tail-called from `vm_egress`: SNAT of an IPv6 frame from a VM with
+    /// extension headers (fragments: first and later), then routed on.
+    pub const VM_SNAT6_EXT: &str = "vm_snat6_ext";
     /// Tail-called from `vm_port`: ARP and neighbour solicitation for a
     /// known endpoint answered at the asking port, others switched.
     pub const VM_NEIGH: &str = "vm_neigh";
@@ -1026,12 +1029,14 @@ impl FragKey {
     }
 }
 
-/// `FragKey::dir`: from a VM, to the uplink (the value's `addr` is the
-/// source its later fragments take: the SNAT address, or 0 for the reply
-/// of an inbound flow, which leaves un-NATed).
+/// `FragKey::dir` (`DatagramKey::dir` in `vmp_snat6_frags`): from a VM,
+/// to the uplink (the value's `addr` is the source its later fragments
+/// take: the SNAT address, or 0 for the reply of an inbound flow, which
+/// leaves un-NATed).
 pub const FRAG_OUT: u8 = 0;
-/// `FragKey::dir`: from the uplink to the SNAT address (the value is the
-/// flow's `vmp_snat_in` entry: the VM's address, port and hop).
+/// `FragKey::dir` (and `DatagramKey::dir`): from the uplink to the SNAT
+/// address (the value is the flow's `vmp_snat_in` / `vmp_snat6_in`
+/// entry: the VM's address, port and hop).
 pub const FRAG_IN: u8 = 1;
 /// How long after its first fragment a datagram's later ones are
 /// translated (Linux's `ipfrag_time` default), or judged by policy.
@@ -1043,7 +1048,8 @@ pub const FRAG_TIMEOUT_NS: u64 = 30_000_000_000;
 /// holds no protocol: the Next Header of a later fragment's fragment
 /// header plays no part in reassembly, so `proto` is 0). IPv4 addresses
 /// fill the first 4 bytes, its 16-bit ID the first 2 of `id`. Keys
-/// `vmp_snat6_frags` (`dir`: `FRAG_IN`) and `vmp_pol_frags` (`dir` 0).
+/// `vmp_snat6_frags` (`dir`: `FRAG_OUT` or `FRAG_IN`) and `vmp_pol_frags`
+/// (`dir` 0).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct DatagramKey {

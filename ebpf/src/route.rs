@@ -288,6 +288,14 @@ fn egress6_inner(ctx: &TcContext, ifindex: u32, port: &PortInfo, net: &NetworkIn
         };
         next_hop::routed6(&key, clock::flow_now())
     };
+    forward6(ctx, ifindex, next, net.mtu)
+}
+
+/// Decrements the hop limit and sends the frame to the next hop the
+/// node's routing table picks (or a flow kept, `next_hop`), as `forward4`
+/// does for IPv4. The hop limit was checked (above 1) by the caller.
+#[inline(always)]
+pub fn forward6(ctx: &TcContext, in_ifindex: u32, next: NextHop, net_mtu: u16) -> Verdict {
     if let Some(hop) = next.kept() {
         hdr_mut::<Ipv6Hdr>(ctx, ETH_LEN)?.hop_limit -= 1;
         return to_kept_hop(ctx, &hop);
@@ -298,7 +306,7 @@ fn egress6_inner(ctx: &TcContext, ifindex: u32, port: &PortInfo, net: &NetworkIn
     let p = zeroed(&mut p_slot);
     p.family = kernel_af::AF_INET6;
     p.l4_protocol = ip.next_hdr;
-    p.ifindex = ifindex;
+    p.ifindex = in_ifindex;
     p.__bindgen_anon_3.ipv6_src = words16(&ip.src_addr);
     p.__bindgen_anon_4.ipv6_dst = words16(&ip.dst_addr);
     // SAFETY: `p` is our zeroed `FibParams` on the stack and the size passed is its
@@ -313,7 +321,7 @@ fn egress6_inner(ctx: &TcContext, ifindex: u32, port: &PortInfo, net: &NetworkIn
     } as u32;
     forwardable(rc)?;
     if rc == BPF_FIB_LKUP_RET_SUCCESS {
-        next_hop::keep(&next, p, net.mtu);
+        next_hop::keep(&next, p, net_mtu);
     }
     hdr_mut::<Ipv6Hdr>(ctx, ETH_LEN)?.hop_limit -= 1;
     to_next_hop(ctx, p, rc)

@@ -26,27 +26,34 @@
 use core::mem::{MaybeUninit, offset_of};
 
 use aya_ebpf::{
-    bindings::{BPF_ANY, BPF_F_MARK_MANGLED_0, BPF_F_PSEUDO_HDR, BPF_NOEXIST},
+    bindings::{BPF_ANY, BPF_F_MARK_MANGLED_0, BPF_F_PSEUDO_HDR, BPF_NOEXIST, TC_ACT_SHOT},
     btf_maps::{HashMap, LruHashMap},
     helpers::generated::bpf_get_prandom_u32,
-    macros::btf_map,
+    macros::{btf_map, classifier},
     programs::TcContext,
 };
 use network_types::{eth::EthHdr, ip::Ipv6Hdr};
 use vmpath_common::{
-    DatagramKey, FRAG_IN, InboundFlow, L2Hop, NAT_ST_CLOSING, NAT_ST_OPEN, NET_F_INGRESS,
-    NatEntry6, NatKey6, NetworkInfo, PortInfo, SnatConfig, drop_reason, maps,
+    DatagramKey, FRAG_IN, FRAG_OUT, InboundFlow, L2Hop, NAT_ST_CLOSING, NAT_ST_OPEN, NET_F_INGRESS,
+    NO_PORT_ID, NatEntry6, NatKey6, NetworkInfo, PortInfo, SnatConfig, drop_reason, maps,
+    tail_call,
 };
 
 use crate::{
+    counters,
     frag::{self, Noted6, Piece},
+    fwd::Verdict,
+    maps::{NETWORKS, PORTS},
     next_hop::{self, NextHop},
-    parse::{ETH_LEN, IPPROTO_ICMPV6, IPPROTO_UDP, addr16_eq, hdr, hdr_mut, words16, zeroed},
+    parse::{
+        ETH_LEN, IPPROTO_ICMPV6, IPPROTO_TCP, IPPROTO_UDP, addr16_eq, hdr, hdr_mut, words16, zeroed,
+    },
+    route::{self, PROGS},
     snat::{
         L4, PROBES, SNAT_CONFIG, TCP_FIN, TCP_RST, inbound_live, inbound_ports, l4, new_inbound,
         refresh_inbound, rewrite_port, stale, to_port,
     },
-    spoof::{IPPROTO_FRAGMENT, upper_layer6, walk6},
+    spoof::{FragNote, IPPROTO_FRAGMENT, upper_layer6, walk6},
 };
 
 const IP6_SRC_OFF: usize = ETH_LEN + offset_of!(Ipv6Hdr, src_addr);
@@ -75,9 +82,11 @@ pub static SNAT6_QUOTA: HashMap<[u8; 16], u32, { maps::SNAT6_QUOTA.max_entries a
 pub static INBOUND6: LruHashMap<NatKey6, InboundFlow, { maps::INBOUND6.max_entries as usize }> =
     LruHashMap::new();
 
-/// Fragmented datagrams whose first fragment SNAT translated back to a
-/// VM, so their later fragments take the same way: the flow's
-/// `vmp_snat6_in` entry, keyed with `FRAG_IN` (`vmp_snat_frags`' twin).
+/// Fragmented datagrams whose first fragment SNAT translated (or let
+/// through un-NATed), so their later fragments take the same way; both
+/// directions (`vmp_snat_frags`' twin). Keyed with `FRAG_OUT`: the source
+/// a VM's later fragments take (the SNAT address, or none); with
+/// `FRAG_IN`: the flow's `vmp_snat6_in` entry, back to the VM.
 #[btf_map(name = "vmp_snat6_frags")]
 pub static SNAT6_FRAGS: LruHashMap<
     DatagramKey,
@@ -192,6 +201,10 @@ pub fn track_inbound6(ctx: &TcContext) -> Result<(), u32> {
 /// Translates the VM's IPv6 frame in place to the node's IPv6 SNAT
 /// address; the caller routes it on. As `snat::egress4`: on a network with
 /// routed ingress the reply of a flow opened from outside leaves as it is.
+/// Only a frame whose transport header follows the fixed header: one with
+/// extension headers (a fragment's among them) goes on to `vm_snat6_ext`
+/// (a tail call; see the module's doc), which translates and routes it
+/// itself.
 #[inline(always)]
 pub fn egress6(
     ctx: &TcContext,
@@ -199,15 +212,120 @@ pub fn egress6(
     port: &PortInfo,
     net: &NetworkInfo,
 ) -> Result<NextHop, u32> {
+    let proto = hdr::<Ipv6Hdr>(ctx, ETH_LEN)?.next_hdr;
+    if proto != IPPROTO_TCP && proto != IPPROTO_UDP && proto != IPPROTO_ICMPV6 {
+        // SAFETY: `ctx` is this program's own context; on success the tail
+        // call does not return, otherwise execution falls through to the
+        // error below.
+        unsafe { PROGS.tail_call(ctx, tail_call::VM_SNAT6_EXT) };
+        // Only reached when the slot is empty (agent still starting).
+        return Err(drop_reason::HELPER_FAILED);
+    }
+    translate6(ctx, ifindex, port, net, proto, ETH_LEN + 40, false)
+}
+
+/// Where `walk6` met the fragment header of a first fragment with more to
+/// come (0: none; an atomic fragment, offset 0 and none to come, is a
+/// whole datagram), as a value (see `walk6`).
+struct FirstAt(usize);
+
+impl FragNote for FirstAt {
+    #[inline(always)]
+    fn first_fragment(&mut self, _: &TcContext, off: usize, more: u8) {
+        self.0 = off * usize::from(more);
+    }
+}
+
+/// tcx ingress on a VM port, reached by tail call from `vm_egress`
+/// (`egress6`) for an IPv6 frame a VM sends through SNAT with extension
+/// headers: the transport header found past them (`walk6`) and the frame
+/// translated by its ports; a first fragment's outcome recorded for its
+/// later fragments (`vmp_snat6_frags`, `FRAG_OUT`: the SNAT address, or
+/// none for the reply of an inbound flow); a later fragment given its
+/// first's source. Then routed on as `vm_egress` routes
+/// (`route::forward6`): `vm_egress` has checked the source, the hop limit
+/// and the MTU already.
+#[classifier]
+pub fn vm_snat6_ext(ctx: TcContext) -> i32 {
+    // SAFETY: the skb pointer is the program's own context, valid for this run.
+    let ifindex = unsafe { (*ctx.skb.skb).ifindex };
+    // SAFETY: a map lookup; the value stays valid for this program run.
+    let Some(port) = (unsafe { PORTS.get(&ifindex) }) else {
+        counters::count_drop(NO_PORT_ID, drop_reason::UNKNOWN_PORT);
+        return TC_ACT_SHOT;
+    };
+    match try_vm_snat6_ext(&ctx, ifindex, port) {
+        Ok(action) => action,
+        Err(reason) => {
+            counters::count_drop(port.port_id, reason);
+            TC_ACT_SHOT
+        }
+    }
+}
+
+#[inline(always)]
+fn try_vm_snat6_ext(ctx: &TcContext, ifindex: u32, port: &PortInfo) -> Verdict {
+    // SAFETY: a map lookup; the value stays valid for this program run.
+    let Some(net) = (unsafe { NETWORKS.get(&port.network) }) else {
+        return Err(drop_reason::NO_NETWORK);
+    };
+    let mut first = FirstAt(0);
+    let (proto, l4_off) = walk6(ctx, hdr::<Ipv6Hdr>(ctx, ETH_LEN)?.next_hdr, &mut first)?;
+    let next = if proto == IPPROTO_FRAGMENT {
+        later_fragment_out6(ctx, frag::later_id6(ctx, l4_off)?)?
+    } else {
+        let l4_off = through_cb(ctx, first.0, l4_off)?;
+        translate6(ctx, ifindex, port, net, proto, l4_off, true)?
+    };
+    route::forward6(ctx, ifindex, next, net.mtu)
+}
+
+/// Bound of the offsets `through_cb` carries: four extension headers of
+/// at most 2048 bytes each end before 8300; the verifier takes a packet
+/// offset under 0x3fff plus a header's size.
+const OFF_MAX: usize = 0x3fff;
+
+/// Where the first fragment's header is (`first_at`, 0: none) for
+/// `remember6`, and where the transport header is, put in `skb->cb[4]`;
+/// the transport header's offset read back. From the context it is one
+/// unknown value whatever way the walk went: as locals the two would keep
+/// each of the walk's paths apart through the whole translation, over the
+/// verifier's budget.
+#[inline(always)]
+fn through_cb(ctx: &TcContext, first_at: usize, l4_off: usize) -> Result<usize, u32> {
+    if first_at > OFF_MAX || l4_off > OFF_MAX {
+        return Err(drop_reason::MALFORMED);
+    }
+    // SAFETY: the skb pointer is the program's own context, valid for this
+    // run; cb is scratch space for the programs that see the frame (cb[4]
+    // is `overlay::mark_sender`'s only for frames from the vxlan device,
+    // never one from a VM port). The volatile read keeps the compiler from
+    // handing back the value stored.
+    let v = unsafe {
+        let cb = &mut (*ctx.skb.skb).cb;
+        cb[4] = ((first_at as u32) << 16) | l4_off as u32;
+        core::ptr::read_volatile(&cb[4])
+    };
+    Ok((v & OFF_MAX as u32) as usize)
+}
+
+/// The translation of a frame whose transport header is at `l4_off`;
+/// with `frags` (`vm_snat6_ext`) what became of a first fragment is
+/// recorded for its later ones (`remember6`): the SNAT address, or none
+/// for the reply of an inbound flow, which leaves un-NATed.
+#[inline(always)]
+fn translate6(
+    ctx: &TcContext,
+    ifindex: u32,
+    port: &PortInfo,
+    net: &NetworkInfo,
+    proto: u8,
+    l4_off: usize,
+    frags: bool,
+) -> Result<NextHop, u32> {
     let Some(cfg) = SNAT_CONFIG.get(0) else {
         return Err(drop_reason::SNAT_NO_ADDRESS);
     };
-    // A later fragment carries no ports: dropped (see the module's doc:
-    // `vm_egress` has no verifier budget left for following them out).
-    let (proto, l4_off) = upper_layer6(ctx, hdr::<Ipv6Hdr>(ctx, ETH_LEN)?.next_hdr)?;
-    if proto == IPPROTO_FRAGMENT {
-        return Err(drop_reason::SNAT_FRAGMENT);
-    }
     let ingress = net.flags & NET_F_INGRESS != 0;
     let l4 = l4(ctx, proto, l4_off, true, ingress)?;
     let ip = hdr::<Ipv6Hdr>(ctx, ETH_LEN)?;
@@ -226,13 +344,13 @@ pub fn egress6(
     if l4.echo_reply {
         // Only ever the answer to a ping from outside.
         if inbound_reply6(cfg, key, now, 0) {
-            return Ok(NextHop::LOOKUP);
+            return unnated6(ctx, key, frags, now);
         }
         return Err(drop_reason::SNAT_UNSUPPORTED);
     }
     if addr16_eq(&cfg.addr6, &NO_ADDR) {
         if ingress && inbound_reply6(cfg, key, now, l4.tcp_flags) {
-            return Ok(NextHop::LOOKUP);
+            return unnated6(ctx, key, frags, now);
         }
         return Err(drop_reason::SNAT_NO_ADDRESS);
     }
@@ -269,13 +387,80 @@ pub fn egress6(
     }
     if nat_port == 0 {
         if ingress && inbound_reply6(cfg, key, now, l4.tcp_flags) {
-            return Ok(NextHop::LOOKUP);
+            return unnated6(ctx, key, frags, now);
         }
         nat_port = allocate6(ctx, cfg, key, ifindex, port, net, now)?;
+    }
+    if frags {
+        remember6(ctx, key, &cfg.addr6, now);
     }
     rewrite_addr6(ctx, &l4, IP6_SRC_OFF, &key.src, &cfg.addr6)?;
     rewrite_port(ctx, &l4, l4.sport, nat_port)?;
     Ok(next)
+}
+
+/// The reply of an inbound flow leaves un-NATed; a first fragment's later
+/// ones are to follow it (`snat::unnated`'s twin).
+#[inline(always)]
+fn unnated6(ctx: &TcContext, key: &NatKey6, frags: bool, now: u64) -> Result<NextHop, u32> {
+    if frags {
+        remember6(ctx, key, &NO_ADDR, now);
+    }
+    Ok(NextHop::LOOKUP)
+}
+
+/// Records what a datagram from a VM became at its first fragment (where
+/// `through_cb` left its header; none: not a first fragment, nothing to
+/// record), keyed by the addresses as the VM sent them (`key`, before the
+/// rewrite) and the fragment identification, `FRAG_OUT`: `addr` the
+/// source its later fragments take (`NO_ADDR`: left as they are), stamped
+/// `now`.
+#[inline(always)]
+fn remember6(ctx: &TcContext, key: &NatKey6, addr: &[u8; 16], now: u64) {
+    // SAFETY: the skb pointer is the program's own context, valid for
+    // this run; cb[4] as `through_cb` left it, cleared after.
+    let at = unsafe {
+        let cb = &mut (*ctx.skb.skb).cb;
+        let at = cb[4] >> 16;
+        cb[4] = 0;
+        at
+    };
+    if at == 0 {
+        return;
+    }
+    let Ok(id) = frag::later_id6(ctx, at as usize) else {
+        return;
+    };
+    let mut fslot = MaybeUninit::uninit();
+    let fkey = frag::key6(&mut fslot, &key.src, &key.dst, id, FRAG_OUT);
+    let e = NatEntry6 {
+        addr: *addr,
+        last_seen: now,
+        ..NatEntry6::default()
+    };
+    // A failure leaves the later fragments unplaced: dropped and counted
+    // (`snat_fragment`).
+    frag::keep(&SNAT6_FRAGS, fkey, &e);
+}
+
+/// A later fragment from a VM: it takes its first fragment's source
+/// address (none recorded: the reply of an inbound flow, left as it is).
+/// No transport header to fix (only the first fragment has one) and no
+/// IPv6 header checksum. Without a recorded first fragment (it came first,
+/// out of order, or over `FRAG_TIMEOUT_NS` after) it carries nothing to
+/// place it by: `snat_fragment`.
+#[inline(always)]
+fn later_fragment_out6(ctx: &TcContext, id: [u8; 4]) -> Result<NextHop, u32> {
+    let ip = hdr::<Ipv6Hdr>(ctx, ETH_LEN)?;
+    let mut slot = MaybeUninit::uninit();
+    let fkey = frag::key6(&mut slot, &ip.src_addr, &ip.dst_addr, id, FRAG_OUT);
+    let Some(e) = frag::first(&SNAT6_FRAGS, fkey, crate::clock::flow_now()) else {
+        return Err(drop_reason::SNAT_FRAGMENT);
+    };
+    if !addr16_eq(&e.addr, &NO_ADDR) {
+        crate::parse::write_at(ctx, IP6_SRC_OFF, &e.addr)?;
+    }
+    Ok(NextHop::LOOKUP)
 }
 
 /// A later fragment to the SNAT address: to the VM its first fragment
