@@ -1122,6 +1122,9 @@ enum Expect {
     /// Onto the overlay: one frame more sent to other nodes, rewritten for
     /// the VM (from the gateway MAC to `mac`, TTL 63).
     Relayed { mac: [u8; 6] },
+    /// A later fragment (no transport header) out of the uplink with the
+    /// node's SNAT address as its source, hop limit (TTL) 63.
+    LaterSnated,
     /// Dropped and counted under the reason.
     Dropped(u32),
     /// Passed to the host stack untouched (TC_ACT_OK).
@@ -1269,6 +1272,27 @@ impl Fx {
                         ));
                     }
                 }
+                Expect::LaterSnated => {
+                    if verdict != TC_ACT_REDIRECT {
+                        errs.push(format!(
+                            "verdict {verdict}, want TC_ACT_REDIRECT (drops {new_drops:?})"
+                        ));
+                    } else {
+                        let (src, ttl) = if out[12..14] == [0x86, 0xdd] {
+                            (&out[14 + 8..14 + 24], out[14 + 7])
+                        } else {
+                            (&out[14 + 12..14 + 16], out[14 + 8])
+                        };
+                        if src != a.node || ttl != 63 {
+                            errs.push(format!(
+                                "left from {src:?} hop limit {ttl}, want the SNAT address, 63"
+                            ));
+                        }
+                        if (&out[6..12], &out[0..6]) != (&UPLINK_MAC[..], &TOR_MAC[..]) {
+                            errs.push("not routed to the next hop".into());
+                        }
+                    }
+                }
                 Expect::Host => {
                     if verdict != 0 || !new_drops.is_empty() {
                         errs.push(format!(
@@ -1331,7 +1355,9 @@ impl Fx {
                                     ));
                                 }
                             }
-                            Expect::Dropped(_) | Expect::Host => unreachable!(),
+                            Expect::Dropped(_) | Expect::Host | Expect::LaterSnated => {
+                                unreachable!()
+                            }
                         }
                     }
                 }
@@ -2016,7 +2042,7 @@ fn vm_udp6_dstopts(_: u16) -> Vec<u8> {
 }
 
 #[test]
-fn snat6_walks_extension_headers_and_drops_later_fragments_with_a_reason() {
+fn snat6_walks_extension_headers_and_later_fragments_follow_their_first_out() {
     use Hook::*;
     let rows = [
         row(
@@ -2082,13 +2108,26 @@ fn snat6_walks_extension_headers_and_drops_later_fragments_with_a_reason() {
             )
         },
         row(
-            "a later fragment from the VM (offset 1448) -> dropped, no ports to translate",
+            "a later fragment from the VM (offset 1448) -> the first's SNAT address, routed on",
             Egress,
             |_| {
                 with_ext6(
                     &udp6(VM_MAC, GW_MAC, VM6, EXT6, 6000, 53),
                     &[FRAGMENT],
                     1448 | 1,
+                )
+            },
+            Expect::LaterSnated,
+        ),
+        row(
+            "a later fragment from the VM whose first was not seen (another identification) -> dropped, no ports to place it by",
+            Egress,
+            |_| {
+                with_ext6_id(
+                    &udp6(VM_MAC, GW_MAC, VM6, EXT6, 6000, 53),
+                    &[FRAGMENT],
+                    1448,
+                    0x9999,
                 )
             },
             Expect::Dropped(drop_reason::SNAT_FRAGMENT),
@@ -2806,8 +2845,8 @@ fn fragments_of_an_inbound_flows_reply_leave_unnated() {
 /// destination, identification), destination address rewritten, hop
 /// limit down by one, the VM's MACs. A later fragment of another
 /// datagram (another identification) is the host stack's; so is one
-/// whose first came after it. The VM's own later fragments are still
-/// dropped on the way out (`snat_fragment`; see docs/network-policy.md).
+/// whose first came after it. A later fragment from the VM whose first
+/// was not seen is dropped on the way out (`snat_fragment`).
 #[test]
 fn snat6_later_fragments_follow_their_first_fragment_back_to_the_vm() {
     in_fresh_netns(|| {
@@ -2846,7 +2885,7 @@ fn snat6_later_fragments_follow_their_first_fragment_back_to_the_vm() {
         // Another datagram's later fragment is not placed.
         let (v, _) = fx.ingress(&with_ext6_id(&answer, &[FRAGMENT], 1448, 0xabce));
         assert_eq!(v, 0, "another identification: the host stack's");
-        // A later fragment from the VM: still dropped and counted.
+        // A later fragment from the VM without its first: dropped and counted.
         let before = fx.drops(drop_reason::SNAT_FRAGMENT);
         let vm_later = with_ext6_id(
             &udp6(VM_MAC, GW_MAC, VM6, EXT6, 5555, 53),
@@ -2860,14 +2899,19 @@ fn snat6_later_fragments_follow_their_first_fragment_back_to_the_vm() {
 }
 
 /// What the verifier processed for the north-south programs: `vm_egress`
-/// (routed and SNAT egress, both families), `uplink` (routed ingress and
+/// (routed and SNAT egress, both families), `vm_snat6_ext` (a VM's
+/// fragmented IPv6 datagrams through SNAT), `uplink` (routed ingress and
 /// SNAT return), each under the kernel's 1,000,000-instruction budget
 /// (they would not load otherwise; printed for the margin).
 #[test]
 fn the_north_south_programs_fit_the_verifier_budget() {
     in_fresh_netns(|| {
         let fx = Fx::new(NET_F_SNAT);
-        for name in [prog_names::VM_EGRESS, prog_names::UPLINK] {
+        for name in [
+            prog_names::VM_EGRESS,
+            prog_names::VM_SNAT6_EXT,
+            prog_names::UPLINK,
+        ] {
             let n = fx
                 .dp
                 .classifier(name)
@@ -2879,5 +2923,166 @@ fn the_north_south_programs_fit_the_verifier_budget() {
             println!("{name}: {n} instructions verified");
             assert!(n < 1_000_000, "{name}: {n}");
         }
+    });
+}
+
+// --- IPv6 fragments out ----------------------------------------------------------
+
+/// Splits an IPv6 frame (Ethernet + fixed header + upper layer) into two
+/// fragments with identification `id`, the first carrying `first_len`
+/// bytes (a multiple of 8) of the upper layer, each behind a fragment
+/// header.
+fn fragment6(frame: &[u8], first_len: usize, id: u32) -> (Vec<u8>, Vec<u8>) {
+    let (head, payload) = frame.split_at(14 + 40);
+    let upper = head[14 + 6];
+    let part = |data: &[u8], offset: usize, more: bool| {
+        let mut h = head.to_vec();
+        h[14 + 6] = FRAGMENT;
+        h[18..20].copy_from_slice(&((8 + data.len()) as u16).to_be_bytes());
+        let f = (offset as u16) | u16::from(more);
+        let (f, i) = (f.to_be_bytes(), id.to_be_bytes());
+        h.extend_from_slice(&[upper, 0, f[0], f[1], i[0], i[1], i[2], i[3]]);
+        [&h[..], data].concat()
+    };
+    (
+        part(&payload[..first_len], 0, true),
+        part(&payload[first_len..], first_len, false),
+    )
+}
+
+/// Checks that both fragments carry the same addresses and the UDP
+/// checksum of the datagram they make together; returns (source,
+/// destination, source port, destination port) of the datagram.
+fn reassembled6(a: &[u8], b: &[u8]) -> ([u8; 16], [u8; 16], u16, u16) {
+    assert_eq!(a[14 + 8..14 + 40], b[14 + 8..14 + 40], "same addresses");
+    let l4 = [&a[14 + 48..], &b[14 + 48..]].concat();
+    let mut pseudo = Vec::new();
+    pseudo.extend_from_slice(&a[14 + 8..14 + 40]);
+    pseudo.extend_from_slice(&(l4.len() as u32).to_be_bytes());
+    pseudo.extend_from_slice(&[0, 0, 0, 17]);
+    assert_eq!(
+        fold(sum16(&l4, sum16(&pseudo, 0))),
+        0xffff,
+        "UDP checksum of the reassembled datagram"
+    );
+    (
+        a[14 + 8..14 + 24].try_into().unwrap(),
+        a[14 + 24..14 + 40].try_into().unwrap(),
+        u16::from_be_bytes([l4[0], l4[1]]),
+        u16::from_be_bytes([l4[2], l4[3]]),
+    )
+}
+
+fn udp6_sized(
+    src_mac: [u8; 6],
+    dst_mac: [u8; 6],
+    src: [u8; 16],
+    dst: [u8; 16],
+    sp: u16,
+    dp: u16,
+) -> Vec<u8> {
+    let mut v = Vec::new();
+    let payload: Vec<u8> = (0..200u16).map(|i| (i * 7) as u8).collect();
+    PacketBuilder::ethernet2(src_mac, dst_mac)
+        .ipv6(src, dst, 64)
+        .udp(sp, dp)
+        .write(&mut v, &payload)
+        .unwrap();
+    v
+}
+
+/// A fragmented IPv6 UDP datagram through SNAT both ways (IPv4's
+/// `snat_fragments_follow_their_first_fragment_both_ways`): the first
+/// fragment, which `vm_egress` hands to `vm_snat6_ext`, is translated by
+/// its ports (the checksum fixed for the whole datagram); the later one
+/// takes the same source by the first's record (`vmp_snat6_frags`,
+/// `FRAG_OUT`), its hop limit down by one, routed to the next hop. A later
+/// fragment whose first was not seen (out of order, or another
+/// identification) is dropped and counted (`snat_fragment`). The reply's
+/// fragments come back to the VM.
+#[test]
+fn snat6_fragments_follow_their_first_fragment_both_ways() {
+    in_fresh_netns(|| {
+        let fx = Fx::new(NET_F_SNAT);
+        let frame = udp6_sized(VM_MAC, GW_MAC, VM6, EXT6, 5555, 53);
+        let (first, later) = fragment6(&frame, 96, 0x4242);
+
+        // Out of order on the way out: no first fragment seen yet.
+        let before = fx.drops(drop_reason::SNAT_FRAGMENT);
+        let (v, _) = fx.egress(&later);
+        assert_eq!(v, TC_ACT_SHOT);
+        assert_eq!(fx.drops(drop_reason::SNAT_FRAGMENT), before + 1);
+
+        let (v1, out1) = fx.egress(&first);
+        let (v2, out2) = fx.egress(&later);
+        assert_eq!((v1, v2), (TC_ACT_REDIRECT, TC_ACT_REDIRECT));
+        let (src, dst, sport, dport) = reassembled6(&out1, &out2);
+        assert_eq!((src, dst, dport), (NODE6, EXT6, 53));
+        assert!((PORT_MIN..=PORT_MAX).contains(&sport), "port {sport}");
+        for f in [&out1, &out2] {
+            assert_eq!(f[14 + 7], 63, "hop limit decremented");
+            assert_eq!((&f[0..6], &f[6..12]), (&TOR_MAC[..], &UPLINK_MAC[..]));
+        }
+        assert_eq!(
+            &out2[14 + 40..],
+            &later[14 + 40..],
+            "fragment header and payload untouched"
+        );
+
+        // The reply, fragmented: both reach the VM translated back.
+        let reply = udp6_sized(TOR_MAC, UPLINK_MAC, EXT6, NODE6, 53, sport);
+        let (rfirst, rlater) = fragment6(&reply, 96, 0x5151);
+        let (v1, in1) = fx.ingress(&rfirst);
+        let (v2, in2) = fx.ingress(&rlater);
+        assert_eq!((v1, v2), (TC_ACT_REDIRECT, TC_ACT_REDIRECT));
+        let (src, dst, sport, dport) = reassembled6(&in1, &in2);
+        assert_eq!((src, dst, sport, dport), (EXT6, VM6, 53, 5555));
+        for f in [&in1, &in2] {
+            assert_eq!((&f[0..6], &f[6..12]), (&VM_MAC[..], &GW_MAC[..]));
+            assert_eq!(f[14 + 7], 63);
+        }
+
+        // Another datagram's later fragment (another identification) is
+        // not placed.
+        let (_, stray) = fragment6(&frame, 96, 0x4343);
+        let (v, _) = fx.egress(&stray);
+        assert_eq!(v, TC_ACT_SHOT);
+        assert_eq!(fx.drops(drop_reason::SNAT_FRAGMENT), before + 2);
+    });
+}
+
+/// On a network with routed ingress, the fragmented IPv6 answer of a
+/// flow opened from outside leaves un-NATed, its later fragment too
+/// (IPv4's `fragments_of_an_inbound_flows_reply_leave_unnated`).
+#[test]
+fn ipv6_fragments_of_an_inbound_flows_reply_leave_unnated() {
+    use vmpath_common::{InboundFlow, NET_F_INGRESS, NatKey6};
+    in_fresh_netns(|| {
+        let mut fx = Fx::new(NET_F_SNAT | NET_F_INGRESS);
+        // The external host opened UDP 7000 -> VM:53 (as `uplink` records it).
+        fx.dp
+            .maps_mut()
+            .inbound6
+            .insert(
+                NatKey6::new(&VM6, &EXT6, 53, 7000, 17),
+                InboundFlow {
+                    last_seen: coarse_now_ns(),
+                    state: NAT_ST_OPEN,
+                    _pad: [0; 7],
+                },
+                0,
+            )
+            .unwrap();
+        let answer = udp6_sized(VM_MAC, GW_MAC, VM6, EXT6, 53, 7000);
+        let (first, later) = fragment6(&answer, 96, 0x6161);
+        let (v1, out1) = fx.egress(&first);
+        let (v2, out2) = fx.egress(&later);
+        assert_eq!((v1, v2), (TC_ACT_REDIRECT, TC_ACT_REDIRECT));
+        assert_eq!(
+            reassembled6(&out1, &out2),
+            (VM6, EXT6, 53, 7000),
+            "the VM's own address and port, both fragments"
+        );
+        assert_eq!(out2[14 + 7], 63);
     });
 }
