@@ -1118,6 +1118,7 @@ mod contract_tests {
             prog_names::VXLAN_RX,
             prog_names::VM_NEIGH,
             prog_names::VM_FLOOD,
+            prog_names::VM_SNAT6_EXT,
         ] {
             assert!(obj.programs.contains_key(name), "program {name} missing");
         }

@@ -783,11 +783,11 @@ pub mod drop_reason {
         /// the data path walks (4): what it carries is not known, so neither
         /// the guards nor SNAT can judge it.
         EXT_HEADER_CHAIN = 40 => "ext_header_chain",
-        /// SNAT: a non-first fragment whose first fragment SNAT did not see
-        /// (IPv4: out of order, or over `FRAG_TIMEOUT_NS` later), or any
-        /// non-first IPv6 fragment from a VM (IPv6 ones are followed back
-        /// to a VM, `vmp_snat6_frags`, not out yet). It carries no ports, so only the first
-        /// fragment's translation (`vmp_snat_frags`) can place it.
+        /// SNAT: a non-first fragment from a VM whose first fragment SNAT
+        /// did not see (out of order, or over `FRAG_TIMEOUT_NS` later;
+        /// IPv4 or IPv6). It carries no ports, so only the first
+        /// fragment's record (`vmp_snat_frags`, `vmp_snat6_frags`) can
+        /// place it.
         SNAT_FRAGMENT = 41 => "snat_fragment",
         /// Live migration: a frame from the VM's MAC on a pending target port
         /// that the target pod's own kernel sends when its interface comes up

@@ -7,17 +7,23 @@
 //! four extension headers (`spoof::walk6`, the walker the guards and
 //! NetworkPolicy use): hop-by-hop, routing and destination options are
 //! carried through untouched (none is covered by the transport checksum),
-//! a first fragment is translated by its ports. On the way back its later
-//! fragments, which carry none, follow it as IPv4's do (`frag`,
-//! `vmp_snat6_frags`, keyed by source, destination and fragment
-//! identification, as IPv6 reassembly keys them): to the VM the first
-//! went to; one whose first was not seen goes to the host stack (the
-//! SNAT address is the node's own). On the way out a later fragment is
-//! still dropped (`snat_fragment`): recording the first fragment's
-//! outcome and routing its later ones on took `vm_egress` over the
-//! verifier's million instructions (it verifies at 955k without them), so
-//! following them out needs a program of its own (a tail call), not done
-//! yet.
+//! a first fragment is translated by its ports. Its later fragments, which
+//! carry none, follow it as IPv4's do (`frag`, `vmp_snat6_frags`, keyed
+//! by source, destination and fragment identification, as IPv6
+//! reassembly keys them, and the direction). Out: they take the source
+//! the first took (the SNAT address, or the VM's own for the reply of an
+//! inbound flow, `FRAG_OUT`); one whose first was not seen is dropped
+//! (`snat_fragment`). Back: to the VM the first went to (`FRAG_IN`); one
+//! whose first was not seen goes to the host stack (the SNAT address is
+//! the node's own).
+//!
+//! `vm_egress` translates a frame whose transport header follows the
+//! fixed header (`egress6`); one with extension headers, every fragment
+//! among them, goes by tail call to a program of its own, `vm_snat6_ext`,
+//! which walks the chain, translates (recording a first fragment's
+//! outcome) and routes on as `vm_egress` does. Inline, the walk's paths
+//! through the translation and the fragments' records took `vm_egress`
+//! over the verifier's million instructions.
 //!
 //! IPv6 has no header checksum; the transport checksum (ICMPv6's too)
 //! covers the pseudo header, so an address change is four 32-bit
