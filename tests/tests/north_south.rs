@@ -791,6 +791,25 @@ fn snat6_vm_reaches_outside_as_the_node_ipv6_address_and_inbound_flows_stay_unna
     let out = vm.ns.run(&["python3", "-c", &script]);
     assert_eq!(out.trim(), "refused", "the VM's UDP socket: {out}");
 
+    // A fragmented datagram both ways: a 3000-byte ping leaves the VM in
+    // fragments (`vm_snat6_ext`) and its answer comes back in fragments;
+    // each direction's later fragments follow their first's translation.
+    let frag_drops = node.drops(drop_reason::SNAT_FRAGMENT);
+    assert!(
+        vm.ns
+            .run_status(&[
+                "ping", "-c", "3", "-i", "0.2", "-W", "2", "-s", "3000", EXT6
+            ])
+            .status
+            .success(),
+        "a fragmented IPv6 ping through SNAT and back"
+    );
+    assert_eq!(
+        node.drops(drop_reason::SNAT_FRAGMENT),
+        frag_drops,
+        "no later IPv6 fragment without its first"
+    );
+
     // Inbound to the VM's own address: ping and TCP from the external host
     // work (their replies leave un-NATed, else they would not match), and
     // the VM sees the external host's own address.
