@@ -237,6 +237,7 @@ pub fn add_documents(state_dir: &Path, node: &str, snap: &mut Snapshot) {
         snap.documents.push(RawDocument {
             file: e.source(),
             index: 1,
+            origin: crate::config::DocOrigin::CniPort,
             value: e.document(node).into(),
         });
     }
@@ -577,6 +578,7 @@ mod tests {
             documents: vec![RawDocument {
                 file: "net.yaml".into(),
                 index: 1,
+                origin: crate::config::DocOrigin::Given,
                 value: serde_json::json!({
                     "apiVersion": "vmpath.dev/v1alpha1",
                     "kind": "Network",
@@ -589,6 +591,7 @@ mod tests {
         snap.documents.push(RawDocument {
             file: request().source(),
             index: 1,
+            origin: crate::config::DocOrigin::CniPort,
             value: request().document("n1").into(),
         });
         let cfg = crate::round::validate(&snap, "n1", &BTreeSet::new());

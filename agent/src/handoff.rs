@@ -174,8 +174,9 @@ impl Handoff {
 }
 
 /// Deletes the table: `vmpath agent --cleanup`. Without `nft` there is
-/// nothing to delete: an agent that has no `nft` never wrote the table (the
-/// image has none; `--cleanup` from it must still clean the rest).
+/// nothing to delete: an agent that has no `nft` never wrote the table
+/// (vmpath's image carries it; an agent run elsewhere may not have it, and
+/// `--cleanup` must still clean the rest).
 pub fn withdraw_all() -> std::io::Result<()> {
     match apply(&ruleset(&BTreeSet::new())) {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),

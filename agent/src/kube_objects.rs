@@ -7,10 +7,6 @@
 pub mod ledger;
 pub mod prune;
 
-/// On an Attachment derived from these objects: the objects it was derived
-/// from, for messages (translation writes it, validation reads it).
-pub const DERIVED_FROM_ANNOTATION: &str = "vmpath.dev/derived-from";
-
 use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};

@@ -416,6 +416,7 @@ mod tests {
             snap.documents.push(config::source::RawDocument {
                 file: "c.yaml".into(),
                 index: 1,
+                origin: crate::config::DocOrigin::Given,
                 value: serde_json::json!({"apiVersion": "vmpath.dev/v1alpha1", "kind": "Network",
                     "metadata": {"name": "blue"}, "spec": {"id": 100, "subnets": ["10.20.0.0/16"], "ipam": {"mode": "Disabled"}}}).into(),
             });
@@ -423,6 +424,7 @@ mod tests {
                 snap.documents.push(config::source::RawDocument {
                     file: "c.yaml".into(),
                     index: i + 2,
+                    origin: crate::config::DocOrigin::Given,
                     value: serde_json::json!({"apiVersion": "vmpath.dev/v1alpha1", "kind": "Attachment",
                         "metadata": {"name": format!("vm{i:02}"), "namespace": "prod"},
                         "spec": {"vm": format!("vm{i:02}"), "interface": "eth0", "network": "blue", "node": "a",

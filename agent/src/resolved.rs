@@ -122,6 +122,7 @@ impl Resolved {
                 document: a.spec.source.document,
                 field: field.to_string(),
                 message,
+                about: a.spec.source.origin.about(),
             });
         }
     }

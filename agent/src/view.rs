@@ -275,6 +275,7 @@ pub(crate) mod sample {
                 document: "Attachment prod/vm9".into(),
                 field: "spec.mac".into(),
                 message: "\"zz\" is not a MAC address (six hex bytes)".into(),
+                about: None,
             }],
             config_warnings: vec![],
             networks: vec![NetworkView {

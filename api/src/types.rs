@@ -35,6 +35,12 @@ pub struct ConfigError {
     /// Dotted path of the offending field, empty for the whole document.
     pub field: String,
     pub message: String,
+    /// The Kubernetes object the refusal is about (where its Event goes):
+    /// the VMI or pod a derived document came from, or the object itself.
+    /// Set by the reader that made the document, never read from its text.
+    /// (Boxed: refusals travel in `Result`s, kept small.)
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub about: Option<Box<ObjectRef>>,
 }
 
 impl ConfigError {
@@ -44,6 +50,26 @@ impl ConfigError {
             document: String::new(),
             field: String::new(),
             message,
+            about: None,
+        }
+    }
+}
+
+/// A Kubernetes object by kind, namespace and name (`Pod prod/web-0`);
+/// the namespace is empty for a cluster-scoped one (`Node n1`).
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct ObjectRef {
+    pub kind: String,
+    pub namespace: String,
+    pub name: String,
+}
+
+impl fmt::Display for ObjectRef {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.namespace.is_empty() {
+            write!(f, "{} {}", self.kind, self.name)
+        } else {
+            write!(f, "{} {}/{}", self.kind, self.namespace, self.name)
         }
     }
 }

@@ -279,6 +279,28 @@ impl Drop for Podman {
 }
 
 /// A node with two VMs on one network; no agent yet.
+/// A Primary network: the agent writes the pod network's hand-off table
+/// (`table inet vmpath_handoff`) for it.
+const PRIMARY_NETWORK: &str = "apiVersion: vmpath.dev/v1alpha1
+kind: Network
+metadata:
+  name: pods
+spec:
+  id: 101
+  role: Primary
+  subnets: [\"10.99.0.0/16\"]
+  defaultGatewayIPs: [\"10.99.0.1\"]
+";
+
+/// The hand-off table in the node's namespace, as nft lists it ("" when
+/// there is none).
+fn handoff_table(node: &Node) -> String {
+    let out = node
+        .ns
+        .run_status(&["nft", "list", "table", "inet", "vmpath_handoff"]);
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
 fn bed(name: &str) -> (Node, Vm, Vm) {
     Node::with_two_vms(name, "52:54:00:c1:00")
 }
@@ -373,10 +395,21 @@ fn the_image_runs_the_agent_its_init_steps_and_forwards_between_vms() {
     let reply: Value = serde_json::from_slice(&installed.stdout).unwrap();
     assert_eq!(reply["cniVersion"], "1.1.0", "{reply}");
 
-    // The agent from the image forwards.
+    // nft is there for the pod network's hand-off, and runs.
+    let nft = out_text(podman.run(&[&image, "nft", "--version"]));
+    assert!(nft.starts_with("nftables v"), "{nft}");
+
+    // The agent from the image forwards, and writes the hand-off table of
+    // a Primary network (its nftables table, with the image's nft).
+    node.write_config("pods.yaml", PRIMARY_NETWORK);
     let agent = format!("vmpath-{}", node.tag);
     podman.start_agent(&agent, &image, &node, &[]);
     podman.wait_ports(&agent, &node, &[&vm1.port, &vm2.port]);
+    wait_for(
+        "the hand-off table from the image's agent",
+        Duration::from_secs(30),
+        || handoff_table(&node).contains("10.99.0.0/16"),
+    );
     assert!(
         vm1.ping("10.20.0.12"),
         "vm1 -> vm2 through the image's agent"
@@ -542,6 +575,10 @@ fn node_state(node: &Node) -> Vec<String> {
             ));
         }
     }
+    // nftables tables (the hand-off's).
+    for t in node.ns.run(&["nft", "list", "tables"]).lines() {
+        state.push(format!("nft {t}"));
+    }
     for family in ["-4", "-6"] {
         for r in json(&["ip", "-j", family, "route", "show", "table", "all"])
             .as_array()
@@ -595,10 +632,15 @@ fn cleanup_from_the_image_leaves_the_node_as_it_was() {
     let podman = Podman::new();
     let image = podman.load(current_image());
 
+    // A Primary network: the agent's nftables table is the node's too.
+    node.write_config("pods.yaml", PRIMARY_NETWORK);
     let agent = format!("vmpath-{}", node.tag);
     podman.start_agent(&agent, &image, &node, &[]);
     podman.wait_ports(&agent, &node, &[&vm1.port, &vm2.port]);
     assert!(vm1.ping("10.20.0.12"));
+    wait_for("the hand-off table", Duration::from_secs(30), || {
+        !handoff_table(&node).is_empty()
+    });
     let links = node.pinned_links();
     assert_ne!(node_state(&node), before, "the agent changed nothing");
     // Uninstall: the pod goes (the data path stays on purpose)...

@@ -2,14 +2,17 @@
 //! image and no registry. Statically linked release binaries (`vmpath`:
 //! agent and CLI, with the eBPF object embedded; `vmpath-cni`: the plugin
 //! and its `install` for the init container) in one layer; no shell, no
-//! package manager. Entries are sorted, owned by root and stamped with one
-//! fixed time (SOURCE_DATE_EPOCH, else the commit's time), and every JSON
+//! package manager; beside them the build machine's `nft` (Debian's
+//! nftables, with its libraries and their copyright files: the pod
+//! network's hand-off writes an nftables table). Entries are sorted,
+//! owned by root and stamped with one fixed time (SOURCE_DATE_EPOCH, else the commit's time), and every JSON
 //! document is written the same way, so the same sources and toolchain give
 //! the same digest. The result is an OCI archive that `podman load`,
 //! `ctr images import` and `skopeo copy oci-archive:` take. The BIRD
 //! sidecar's image is built next to it, with the same tag (`image::bird`).
 
 use std::{
+    collections::BTreeMap,
     fs,
     io::Write as _,
     path::{Path, PathBuf},
@@ -23,12 +26,16 @@ use serde_json::{Value, json};
 use crate::{cargo, cmd};
 
 pub mod bird;
+mod host;
 
 /// The repository part of the image reference; `--name` changes it.
 pub const DEFAULT_NAME: &str = "localhost/vmpath";
 /// Where the binaries live in the image (also its PATH).
 const BIN_DIR: &str = "usr/bin";
 const BINARIES: [&str; 2] = ["vmpath", "vmpath-cni"];
+/// nftables' CLI, where Debian installs it: the agent runs it for the pod
+/// network's hand-off table (agent/src/handoff.rs).
+const NFT: &str = "/usr/sbin/nft";
 
 #[derive(clap::Args)]
 pub struct Options {
@@ -146,23 +153,28 @@ pub fn build(name: &str, version_suffix: Option<&str>) -> Result<Image> {
         .collect();
     let epoch = source_date_epoch()?;
 
-    let mut layer = Tar::default();
-    layer.dir("etc/", 0o755, epoch);
-    layer.dir("tmp/", 0o1777, epoch);
-    layer.dir("usr/", 0o755, epoch);
-    layer.dir(&format!("{BIN_DIR}/"), 0o755, epoch);
+    // The host's nft with its libraries and licenses (the pod network's
+    // hand-off writes its nftables table with it), then vmpath's static
+    // binaries.
+    let nft = Path::new(NFT);
+    ensure!(
+        nft.is_file(),
+        "{NFT} missing: the nftables package provides it (cargo xtask setup)"
+    );
+    let mut files = host::binaries_with_libraries(&[nft])?;
     for bin in BINARIES {
-        let path = bins.join(bin);
-        let data = fs::read(&path).with_context(|| format!("reading {}", path.display()))?;
-        layer.file(&format!("{BIN_DIR}/{bin}"), 0o755, epoch, &data);
+        files.insert(format!("{BIN_DIR}/{bin}"), (0o755, bins.join(bin)));
     }
+    let dirs = BTreeMap::from([("etc/".to_string(), 0o755), ("tmp/".to_string(), 0o1777)]);
+    let layer = host::layer(dirs, files, epoch)?;
     let labels = json!({
         "org.opencontainers.image.title": "vmpath",
         "org.opencontainers.image.description": "vmpath node agent, CLI and CNI plugin",
         "org.opencontainers.image.version": version,
         "org.opencontainers.image.revision": revision,
-        // The binaries embed the eBPF object (ebpf/Cargo.toml's license).
-        "org.opencontainers.image.licenses": "(MIT OR Apache-2.0) AND (MIT OR GPL-2.0-only)",
+        // The binaries embed the eBPF object (ebpf/Cargo.toml's license);
+        // nft and its libraries come with their Debian copyright files.
+        "org.opencontainers.image.licenses": "(MIT OR Apache-2.0) AND (MIT OR GPL-2.0-only) AND GPL-2.0-only",
     });
     let written = write_archive(&Assembly {
         dir: image_dir()?,
@@ -170,9 +182,9 @@ pub fn build(name: &str, version_suffix: Option<&str>) -> Result<Image> {
         reference: format!("{name}:{tag}"),
         tag: &tag,
         epoch,
-        layer: layer.finish(),
+        layer,
         labels,
-        env: vec![format!("PATH=/{BIN_DIR}")],
+        env: vec![format!("PATH=/{BIN_DIR}:/usr/sbin")],
         cmd: vec!["vmpath".into(), "agent".into()],
     })?;
     prune_other_revisions(&image_dir()?, "vmpath-", &revision);

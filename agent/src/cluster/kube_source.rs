@@ -527,6 +527,7 @@ impl KubeSource {
                     Kept::Document(value) => snap.documents.push(RawDocument {
                         file: file.clone(),
                         index: i + 1,
+                        origin: crate::config::DocOrigin::Given,
                         value,
                     }),
                 }

@@ -7,7 +7,7 @@
 //! the config files and CNI endpoints. Every refusal names the object.
 
 use std::{
-    collections::{BTreeMap, BTreeSet},
+    collections::{BTreeMap, BTreeSet, HashMap, HashSet},
     path::{Path, PathBuf},
 };
 
@@ -21,16 +21,16 @@ use super::objects::{
 use super::prune::{ClusterObject, cluster_object, group_kind};
 pub use crate::config::Translated;
 use crate::config::{
-    AttachmentKey, ConfigError,
+    AttachmentKey, ConfigError, DocOrigin,
     model::API_VERSION,
     source::{ClusterDocument, RawDocument},
 };
 use crate::kube_objects::ledger::{self, Ledger};
+use vmpath_api::types::ObjectRef;
 
 /// Errors about CNI endpoints name them as `cni:<container id>/<ifname>`
 /// (so the plugin's ADD can answer with the refusal).
 pub const CNI_SOURCE_PREFIX: &str = "cni:";
-pub use crate::kube_objects::DERIVED_FROM_ANNOTATION;
 
 /// Whether a vmpath Network document has IPAM (its default).
 fn has_ipam(raw: &RawDocument) -> bool {
@@ -63,16 +63,22 @@ struct PodInterface {
     network: String,
 }
 
-fn label(kind: &str, meta: &ObjectMeta) -> String {
-    format!("{kind} {}/{}", meta.namespace(), meta.name)
+fn object(kind: &str, meta: &ObjectMeta) -> ObjectRef {
+    ObjectRef {
+        kind: kind.to_string(),
+        namespace: meta.namespace().to_string(),
+        name: meta.name.clone(),
+    }
 }
 
-fn error(file: &Path, document: String, field: &str, message: impl Into<String>) -> ConfigError {
+/// A refusal about a Kubernetes object: named by it, its Event on it.
+fn error(file: &Path, about: ObjectRef, field: &str, message: impl Into<String>) -> ConfigError {
     ConfigError {
         file: file.to_path_buf(),
-        document,
+        document: about.to_string(),
         field: field.to_string(),
         message: message.into(),
+        about: Some(Box::new(about)),
     }
 }
 
@@ -86,6 +92,7 @@ fn flatten(documents: &[RawDocument]) -> Vec<RawDocument> {
                 out.extend(items.iter().map(|item| RawDocument {
                     file: raw.file.clone(),
                     index: raw.index,
+                    origin: raw.origin.clone(),
                     value: item.clone().into(),
                 }))
             }
@@ -151,7 +158,7 @@ pub fn translate(
         if is_node && let Some(name) = raw.value.pointer("/metadata/name").and_then(Value::as_str) {
             vmpath_nodes.insert(name.to_string());
         }
-        if is_attachment && raw.file.to_string_lossy().starts_with(CNI_SOURCE_PREFIX) {
+        if is_attachment && raw.origin == DocOrigin::CniPort {
             let s = |p: &str| {
                 raw.value
                     .pointer(p)
@@ -188,18 +195,22 @@ pub fn translate(
             ClusterObject::IpamClaim(value) => claims.push(Object { file, index, value }),
             ClusterObject::Node(value) => k8s_nodes.push(Object { file, index, value }),
             ClusterObject::Refused(r) => {
-                let document = if r.name.is_empty() {
-                    format!("{} (document {index})", r.kind)
+                t.errors.push(if r.name.is_empty() {
+                    ConfigError {
+                        file: file.to_path_buf(),
+                        document: format!("{} (document {index})", r.kind),
+                        field: r.field.clone(),
+                        message: r.message.clone(),
+                        about: None,
+                    }
                 } else {
-                    format!(
-                        "{} {}/{}",
-                        r.kind,
-                        r.namespace.as_deref().unwrap_or("default"),
-                        r.name
-                    )
-                };
-                t.errors
-                    .push(error(file, document, &r.field, r.message.clone()));
+                    let about = ObjectRef {
+                        kind: r.kind.to_string(),
+                        namespace: r.namespace.as_deref().unwrap_or("default").to_string(),
+                        name: r.name.clone(),
+                    };
+                    error(file, about, &r.field, r.message.clone())
+                });
             }
         }
     }
@@ -215,7 +226,11 @@ pub fn translate(
                 }),
                 Err(e) => t.errors.push(error(
                     n.file,
-                    format!("Node {}", n.value.metadata.name),
+                    ObjectRef {
+                        kind: "Node".into(),
+                        namespace: String::new(),
+                        name: n.value.metadata.name.clone(),
+                    },
                     &format!("spec.podCIDRs[{i}]"),
                     format!("{text:?}: {e}"),
                 )),
@@ -233,6 +248,7 @@ pub fn translate(
         t.documents.push(RawDocument {
             file: n.file.to_path_buf(),
             index: n.index,
+            origin: DocOrigin::Object(object("Node", &n.value.metadata)),
             value: std::sync::Arc::new(json!({
                 "apiVersion": API_VERSION,
                 "kind": "Node",
@@ -250,7 +266,7 @@ pub fn translate(
         if let Err(msg) = &cni {
             t.errors.push(error(
                 n.file,
-                label("NetworkAttachmentDefinition", &n.value.metadata),
+                object("NetworkAttachmentDefinition", &n.value.metadata),
                 "spec.config",
                 msg.clone(),
             ));
@@ -332,7 +348,20 @@ pub fn translate(
     };
 
     // Pods: their vmpath interfaces; plain pods are derived here, VM pods
-    // wait for their VMI.
+    // wait for their VMI, found by uid or name through these indexes (a
+    // search of every VMI per pod made a round quadratic in the cluster's
+    // VMs). The first VMI of a key wins, as the search's did.
+    let mut vmi_by_uid: HashMap<&str, usize> = HashMap::new();
+    let mut vmi_by_name: HashMap<(&str, &str), usize> = HashMap::new();
+    for (i, v) in vmis.iter().enumerate() {
+        let meta = &v.value.metadata;
+        if let Some(uid) = meta.uid.as_deref() {
+            vmi_by_uid.entry(uid).or_insert(i);
+        }
+        vmi_by_name
+            .entry((meta.namespace(), meta.name.as_str()))
+            .or_insert(i);
+    }
     let mut vm_pods: BTreeMap<usize, Vec<(usize, Vec<PodInterface>)>> = BTreeMap::new();
     for (pi, p) in pods.iter().enumerate() {
         let pod = &p.value;
@@ -377,7 +406,7 @@ pub fn translate(
                         .unwrap_or_else(|| p.file.to_path_buf());
                     tr.out.waiting.push(error(
                         &file,
-                        label("Pod", &pod.metadata),
+                        object("Pod", &pod.metadata),
                         &format!("metadata.annotations[{NETWORKS_ANNOTATION:?}]"),
                         why.clone(),
                     ));
@@ -417,7 +446,7 @@ pub fn translate(
                 tr.derive(Derived {
                     file,
                     name: format!("{}-{}", pod.metadata.name, i.ifname),
-                    from: label("Pod", &pod.metadata),
+                    from: vec![object("Pod", &pod.metadata)],
                     key,
                     network: i.network.clone(),
                     node: pod_node,
@@ -431,15 +460,14 @@ pub fn translate(
             }
             continue;
         }
-        let vmi = vmis
-            .iter()
-            .position(|v| match pod.metadata.labels.get(CREATED_BY_LABEL) {
-                Some(uid) => v.value.metadata.uid.as_deref() == Some(uid.as_str()),
-                None => {
-                    v.value.metadata.namespace() == pod.metadata.namespace()
-                        && pod.metadata.labels.get(VM_NAME_LABEL) == Some(&v.value.metadata.name)
-                }
-            });
+        let vmi = match pod.metadata.labels.get(CREATED_BY_LABEL) {
+            Some(uid) => vmi_by_uid.get(uid.as_str()).copied(),
+            None => pod.metadata.labels.get(VM_NAME_LABEL).and_then(|name| {
+                vmi_by_name
+                    .get(&(pod.metadata.namespace(), name.as_str()))
+                    .copied()
+            }),
+        };
         match vmi {
             Some(v) => vm_pods.entry(v).or_default().push((pi, ifaces)),
             None => {
@@ -466,6 +494,16 @@ pub fn translate(
         }
     }
 
+    // Each VMI's migrations, in order (one pass, not one per VMI: completed
+    // VMIMs pile up cluster-wide).
+    let mut vmims_of: HashMap<(&str, &str), Vec<&Object<Vmim>>> = HashMap::new();
+    for m in &vmims {
+        vmims_of
+            .entry((m.value.metadata.namespace(), m.value.spec.vmi_name.as_str()))
+            .or_default()
+            .push(m);
+    }
+
     // VMs: one Attachment per VMI interface on a vmpath network.
     for (vi, v) in vmis.iter().enumerate() {
         let vmi = &v.value;
@@ -483,7 +521,10 @@ pub fn translate(
                 ))
             })
             .collect();
-        let (migration, finished_on) = migration_of(vmi, &vmims, &target_pods);
+        let my_vmims = vmims_of
+            .get(&(vmi.metadata.namespace(), vmi.metadata.name.as_str()))
+            .map_or(&[][..], Vec::as_slice);
+        let (migration, finished_on) = migration_of(vmi, my_vmims, &target_pods);
         // The pod the VM runs in now, and the pod it is migrating to.
         let target_pod = migration.as_ref().and_then(|m| {
             my_pods.iter().find(|(pi, _)| {
@@ -548,7 +589,7 @@ pub fn translate(
                 None => {
                     tr.out.errors.push(error(
                         v.file,
-                        label("VirtualMachineInstance", &vmi.metadata),
+                        object("VirtualMachineInstance", &vmi.metadata),
                         &format!("spec.networks[{}].multus.networkName", net.name),
                         format!("NetworkAttachmentDefinition {nad} is not known"),
                     ));
@@ -616,7 +657,7 @@ pub fn translate(
                 });
                 tr.out.waiting.push(error(
                     cni_file.as_deref().unwrap_or(v.file),
-                    label("VirtualMachineInstance", &vmi.metadata),
+                    object("VirtualMachineInstance", &vmi.metadata),
                     &format!("spec.networks[{}]", net.name),
                     why,
                 ));
@@ -654,11 +695,10 @@ pub fn translate(
                         cni_port
                             .map(|c| c.file)
                             .unwrap_or_else(|| pod.file.to_path_buf()),
-                        format!(
-                            "{} and {}",
-                            label("VirtualMachineInstance", &vmi.metadata),
-                            label("Pod", &pod.value.metadata)
-                        ),
+                        vec![
+                            object("VirtualMachineInstance", &vmi.metadata),
+                            object("Pod", &pod.value.metadata),
+                        ],
                     )
                 }
                 // No pod seen: a VM on another node (an agent reads only
@@ -666,7 +706,7 @@ pub fn translate(
                 None if vm_node != node => (
                     placeholder_port(ns, &vmi.metadata.name, &net.name),
                     v.file.to_path_buf(),
-                    label("VirtualMachineInstance", &vmi.metadata),
+                    vec![object("VirtualMachineInstance", &vmi.metadata)],
                 ),
                 None => continue, // its pod is not there yet
             };
@@ -725,13 +765,14 @@ pub fn translate(
     }
 
     // CNI ports of pods with a Pod object that nothing above took.
+    let pod_names: HashSet<(&str, &str)> = pods
+        .iter()
+        .map(|p| (p.value.metadata.namespace(), p.value.metadata.name.as_str()))
+        .collect();
     let leftover: Vec<((String, String, String), CniPort)> = tr
         .cni
         .iter()
-        .filter(|((ns, pod, _), _)| {
-            pods.iter()
-                .any(|p| p.value.metadata.namespace() == ns && &p.value.metadata.name == pod)
-        })
+        .filter(|((ns, pod, _), _)| pod_names.contains(&(ns.as_str(), pod.as_str())))
         .map(|(k, v)| (k.clone(), v.clone()))
         .collect();
     for ((ns, pod, ifname), port) in leftover {
@@ -744,7 +785,11 @@ pub fn translate(
         };
         tr.out.errors.push(error(
             &port.file,
-            format!("Pod {ns}/{pod}"),
+            ObjectRef {
+                kind: "Pod".into(),
+                namespace: ns.clone(),
+                name: pod.clone(),
+            },
             &format!("metadata.annotations[{annotation:?}]"),
             format!("no vmpath network of the pod is its interface {ifname:?} (the CNI plugin was called for it on network {:?})", port.network),
         ));
@@ -763,7 +808,11 @@ pub fn translate(
             let (ns, pod, _) = k;
             t.waiting.push(error(
                 &port.file,
-                format!("Pod {ns}/{pod}"),
+                ObjectRef {
+                    kind: "Pod".into(),
+                    namespace: ns.clone(),
+                    name: pod.clone(),
+                },
                 "",
                 format!(
                     "waits for Pod {ns}/{pod} to be read, and for its IPAMClaim's status.ips: addresses on network {:?} are allocated by vmpath controller",
@@ -776,13 +825,7 @@ pub fn translate(
     // Attachment documents go.
     let remaining: BTreeSet<PathBuf> = cni.values().map(|c| c.file.clone()).collect();
     t.documents.retain(|d| {
-        d.value
-            .pointer(&format!(
-                "/metadata/annotations/{}",
-                DERIVED_FROM_ANNOTATION.replace('/', "~1")
-            ))
-            .is_some()
-            || !d.file.to_string_lossy().starts_with(CNI_SOURCE_PREFIX)
+        d.origin != DocOrigin::CniPort
             || d.value.get("kind").and_then(Value::as_str) != Some("Attachment")
             || remaining.contains(&d.file)
     });
@@ -826,10 +869,10 @@ struct MigrationNow {
 /// a VMIM of another uid is a newer migration.
 fn migration_of(
     vmi: &Vmi,
-    vmims: &[Object<Vmim>],
+    vmims: &[&Object<Vmim>],
     target_pods: &[(String, &str, Option<&str>)],
 ) -> (Option<MigrationNow>, Option<String>) {
-    let mine = |m: &&Object<Vmim>| {
+    let mine = |m: &&&Object<Vmim>| {
         m.value.metadata.namespace() == vmi.metadata.namespace()
             && m.value.spec.vmi_name == vmi.metadata.name
     };
@@ -861,7 +904,7 @@ fn migration_of(
         if succeeded {
             return (None, ms.target_node.clone());
         }
-        if ms.failed || current.is_some_and(ended) {
+        if ms.failed || current.is_some_and(|m| ended(m)) {
             return (None, None);
         }
         let Some((source_node, target_node)) = ms
@@ -915,7 +958,7 @@ fn migration_of(
 struct Derived {
     file: PathBuf,
     name: String,
-    from: String,
+    from: Vec<ObjectRef>,
     key: AttachmentKey,
     network: String,
     node: String,
@@ -975,7 +1018,7 @@ impl Translator<'_> {
     /// A refusal of a pod: on its CNI ports (so their ADD fails naming
     /// it), else on its file.
     fn refuse_pod(&mut self, p: &Object<Pod>, cni_files: Vec<PathBuf>, message: String) {
-        let document = label("Pod", &p.value.metadata);
+        let document = object("Pod", &p.value.metadata);
         if cni_files.is_empty() {
             self.out.errors.push(error(p.file, document, "", message));
         } else {
@@ -1121,7 +1164,7 @@ impl Translator<'_> {
     }
 
     fn refuse_field(&mut self, p: &Object<Pod>, files: Vec<PathBuf>, field: &str, message: String) {
-        let document = label("Pod", &p.value.metadata);
+        let document = object("Pod", &p.value.metadata);
         let files = if files.is_empty() {
             vec![p.file.to_path_buf()]
         } else {
@@ -1155,6 +1198,7 @@ impl Translator<'_> {
         self.out.documents.push(RawDocument {
             file: d.file,
             index: 1,
+            origin: DocOrigin::Derived(d.from),
             value: std::sync::Arc::new(json!({
                 "apiVersion": API_VERSION,
                 "kind": "Attachment",
@@ -1162,7 +1206,6 @@ impl Translator<'_> {
                     "name": d.name,
                     "namespace": d.key.namespace,
                     "labels": d.labels,
-                    "annotations": {DERIVED_FROM_ANNOTATION: d.from},
                 },
                 "spec": spec,
             })),
@@ -1190,6 +1233,7 @@ mod tests {
             .map(|(i, value)| RawDocument {
                 file: file.into(),
                 index: i + 1,
+                origin: crate::config::DocOrigin::Given,
                 value: value.into(),
             })
             .collect()
@@ -1201,6 +1245,7 @@ mod tests {
         RawDocument {
             file: format!("{CNI_SOURCE_PREFIX}c0ffee{pod}/{ifname}").into(),
             index: 1,
+            origin: crate::config::DocOrigin::CniPort,
             value: json!({
                 "apiVersion": API_VERSION,
                 "kind": "Attachment",
@@ -1514,6 +1559,52 @@ mod tests {
                 && e.message.contains(says)),
             "no refusal of {document} in {file} saying {says:?}: {:#?}",
             cfg.errors
+        );
+    }
+
+    /// Where a document came from is its reader's word, not the
+    /// document's: a tenant's Attachment that says it was derived from
+    /// another namespace's VMI (the annotation translation once wrote and
+    /// validation believed) is a file's document, and its refusal is
+    /// posted on no object; a derived one's is about its VMI.
+    #[test]
+    fn a_files_document_cannot_claim_to_be_derived_from_another_tenants_vm() {
+        let forged = r#"
+apiVersion: vmpath.dev/v1alpha1
+kind: Attachment
+metadata:
+  name: thief
+  namespace: tenant
+  annotations: {"vmpath.dev/derived-from": "VirtualMachineInstance prod/vm1"}
+spec: {vm: thief, interface: eth0, network: nowhere, node: node-a, port: p0}
+"#;
+        let cfg = validate(
+            &[("network.yaml", NETWORK), ("thief.yaml", forged)],
+            vec![],
+            "node-a",
+        );
+        let e = cfg
+            .errors
+            .iter()
+            .find(|e| e.file.to_str() == Some("thief.yaml"))
+            .expect("the forged document is refused (no such network)");
+        assert_eq!(e.document, "Attachment tenant/thief", "{e}");
+        assert_eq!(e.about, None, "{e}");
+        assert!(
+            crate::cluster::writeback::events_of(&cfg.errors, &[]).is_empty(),
+            "no Event for a file's document"
+        );
+
+        let cfg = validate(
+            &[("network.yaml", NETWORK), ("vm.yaml", VM)],
+            vec![cni_port(POD, "pod16477688c0e", "vmp0a1b2c3d4e")],
+            "node-a",
+        );
+        let a = cfg.attachments.first().expect("the VM's interface");
+        assert!(a.source.origin.is_from_vmi(), "{:?}", a.source);
+        assert_eq!(
+            a.source.origin.about().map(|o| o.to_string()).as_deref(),
+            Some("VirtualMachineInstance prod/vm1")
         );
     }
 
@@ -2074,6 +2165,7 @@ mod default_network_tests {
         RawDocument {
             file: format!("{CNI_SOURCE_PREFIX}c0ffee{pod}/{ifname}").into(),
             index: 1,
+            origin: crate::config::DocOrigin::CniPort,
             value: json!({
                 "apiVersion": API_VERSION,
                 "kind": "Attachment",
@@ -2094,6 +2186,7 @@ mod default_network_tests {
                 snap.documents.push(RawDocument {
                     file: (*file).into(),
                     index: i + 1,
+                    origin: crate::config::DocOrigin::Given,
                     value: value.into(),
                 });
             }

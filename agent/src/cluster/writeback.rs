@@ -47,26 +47,19 @@ const KINDS: &[(&str, &str)] = &[
     ("IPAMClaim", "k8s.cni.cncf.io/v1alpha1"),
 ];
 
-/// The object a refusal is about, from how it is named: a derived
-/// Attachment's first source (`... (derived from VirtualMachineInstance
-/// ns/vm and Pod ns/pod)`: the VMI), else the document itself (`Pod
-/// ns/name`). `None` for vmpath's own documents.
-pub fn involved_in(document: &str) -> Option<Involved> {
-    let text = match document.split_once("(derived from ") {
-        Some((_, from)) => from,
-        None => document,
-    };
-    let mut words = text.split_whitespace();
-    let kind = words.next()?;
-    let (_, api_version) = KINDS.iter().find(|(k, _)| *k == kind)?;
-    let kind = KINDS.iter().find(|(k, _)| *k == kind)?.0;
-    let name = words.next()?.trim_end_matches(')');
-    let (namespace, name) = name.split_once('/')?;
-    Some(Involved {
+/// The object a refusal's Event goes on: the object its document came
+/// from, as the reader or translation recorded it (`ConfigError::about`:
+/// a derived Attachment's VMI, else its pod; a refused Pod, VMI, NAD or
+/// IPAMClaim itself). `None` for vmpath's own documents and kinds Events
+/// are not posted on.
+pub fn involved_in(e: &ConfigError) -> Option<Involved> {
+    let about = e.about.as_ref()?;
+    let &(kind, api_version) = KINDS.iter().find(|(k, _)| *k == about.kind)?;
+    (!about.namespace.is_empty()).then(|| Involved {
         api_version,
         kind,
-        namespace: namespace.to_string(),
-        name: name.to_string(),
+        namespace: about.namespace.clone(),
+        name: about.name.clone(),
     })
 }
 
@@ -78,7 +71,7 @@ pub fn events_of(
 ) -> Vec<(Involved, &'static str, String)> {
     let mut out = Vec::new();
     for e in errors {
-        if let Some(inv) = involved_in(&e.document) {
+        if let Some(inv) = involved_in(e) {
             let message = if e.field.is_empty() {
                 format!("{}: {}", e.document, e.message)
             } else {
@@ -91,7 +84,7 @@ pub fn events_of(
         .iter()
         .filter(|w| w.message.starts_with("waits for IPAMClaim"))
     {
-        if let Some(inv) = involved_in(&w.document) {
+        if let Some(inv) = involved_in(w) {
             out.push((inv, REASON_WAITING, w.message.clone()));
         }
     }
@@ -154,12 +147,25 @@ pub type DetectedMacs = BTreeMap<(String, String), BTreeMap<String, String>>;
 mod tests {
     use super::*;
 
+    fn refusal(about: Option<(&str, &str, &str)>) -> ConfigError {
+        ConfigError {
+            file: "f".into(),
+            document: "d".into(),
+            field: String::new(),
+            message: "m".into(),
+            about: about.map(|(kind, namespace, name)| {
+                Box::new(vmpath_api::types::ObjectRef {
+                    kind: kind.into(),
+                    namespace: namespace.into(),
+                    name: name.into(),
+                })
+            }),
+        }
+    }
+
     #[test]
     fn a_refusal_is_about_the_vmi_a_pod_or_nothing() {
-        let vmi = involved_in(
-            "Attachment prod/vm1-blue (derived from VirtualMachineInstance prod/vm1 and Pod prod/virt-launcher-vm1-x7k2p)",
-        )
-        .unwrap();
+        let vmi = involved_in(&refusal(Some(("VirtualMachineInstance", "prod", "vm1")))).unwrap();
         assert_eq!(
             (
                 vmi.kind,
@@ -169,11 +175,17 @@ mod tests {
             ),
             ("VirtualMachineInstance", "kubevirt.io/v1", "prod", "vm1")
         );
-        let pod = involved_in("Attachment prod/web-0-net1 (derived from Pod prod/web-0)").unwrap();
+        let pod = involved_in(&refusal(Some(("Pod", "prod", "web-0")))).unwrap();
         assert_eq!((pod.kind, pod.name.as_str()), ("Pod", "web-0"));
-        let nad = involved_in("NetworkAttachmentDefinition prod/blue").unwrap();
-        assert_eq!(nad.api_version, "k8s.cni.cncf.io/v1");
-        assert!(involved_in("Attachment prod/a").is_none());
-        assert!(involved_in("Network blue").is_none());
+        let nad = involved_in(&refusal(Some((
+            "NetworkAttachmentDefinition",
+            "prod",
+            "blue",
+        ))));
+        assert_eq!(nad.unwrap().api_version, "k8s.cni.cncf.io/v1");
+        // vmpath's own documents, and a cluster-scoped v1 Node (its own
+        // Events are posted by the forwarding check).
+        assert!(involved_in(&refusal(None)).is_none());
+        assert!(involved_in(&refusal(Some(("Node", "", "n1")))).is_none());
     }
 }

@@ -17,6 +17,7 @@ use std::{fmt, net::IpAddr, path::PathBuf};
 use ipnet::IpNet;
 use serde::Serialize;
 
+pub use source::DocOrigin;
 pub use validate::{Held, Translated, validate_documents};
 
 use model::{Advertise, Dhcp, Egress, MacPolicy, Migration, Role};
@@ -30,6 +31,9 @@ pub use vmpath_api::types::ConfigError;
 pub struct DocRef {
     pub file: PathBuf,
     pub document: String,
+    /// Who made the document (typed: what write-back and Events act on).
+    #[serde(skip)]
+    pub origin: DocOrigin,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]

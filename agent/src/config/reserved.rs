@@ -61,6 +61,7 @@ pub fn warnings(cfg: &Config) -> Vec<ConfigError> {
                     document: a.source.document.clone(),
                     field: format!("spec.ips[{i}]"),
                     message: format!("{why}; accepted because network {:?} has no IPAM", net.name),
+                    about: a.source.origin.about(),
                 });
             }
         }

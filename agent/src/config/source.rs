@@ -20,8 +20,56 @@ use std::{
 };
 
 use super::ConfigError;
+use vmpath_api::types::ObjectRef;
 
 pub use crate::limits;
+
+/// Where a document came from, as the reader or stage that made it knows
+/// it. Never taken from the document's own text: a file cannot pass for a
+/// CNI port or say it was derived from another namespace's VM (whose
+/// Events its refusals would then be posted on).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub enum DocOrigin {
+    /// A config file, or a vmpath object the API server holds.
+    #[default]
+    Given,
+    /// A port vmpath-cni handed over (its file reads
+    /// `cni:<container>/<interface>`, for messages only).
+    CniPort,
+    /// Made by translation from Kubernetes objects: the VMI first where
+    /// there is one, then the pod.
+    Derived(Vec<ObjectRef>),
+    /// Made from a Kubernetes object read as it is (a v1 Node's address).
+    Object(ObjectRef),
+}
+
+impl DocOrigin {
+    /// The Kubernetes object a refusal of this document is about (where
+    /// its Event goes).
+    pub fn about(&self) -> Option<Box<ObjectRef>> {
+        match self {
+            DocOrigin::Derived(from) => from.first().cloned().map(Box::new),
+            DocOrigin::Object(o) => Some(Box::new(o.clone())),
+            DocOrigin::Given | DocOrigin::CniPort => None,
+        }
+    }
+
+    /// A VM interface translation made from a VMI.
+    pub fn is_from_vmi(&self) -> bool {
+        matches!(self, DocOrigin::Derived(from)
+            if from.first().is_some_and(|o| o.kind == "VirtualMachineInstance"))
+    }
+
+    /// `derived from VirtualMachineInstance prod/vm1 and Pod prod/...`,
+    /// for a derived document's label.
+    pub fn derived_from(&self) -> Option<String> {
+        let DocOrigin::Derived(from) = self else {
+            return None;
+        };
+        let names: Vec<String> = from.iter().map(ToString::to_string).collect();
+        Some(format!("derived from {}", names.join(" and ")))
+    }
+}
 
 /// One YAML document with where it came from.
 #[derive(Debug, Clone)]
@@ -30,6 +78,8 @@ pub struct RawDocument {
     /// 1-based position of the document in its file (empty documents are
     /// not counted).
     pub index: usize,
+    /// Who made the document (a file, a CNI port, translation).
+    pub origin: DocOrigin,
     /// Shared: the reader's cache, every snapshot and the translated
     /// documents hold the same value (a cluster's worth of objects is
     /// large), so copies of a snapshot are cheap.
@@ -224,6 +274,7 @@ fn parse_file(file: &Path, stamp: Stamp) -> Parsed {
                 documents.extend(document.map(|value| RawDocument {
                     file: file.to_path_buf(),
                     index: i + 1,
+                    origin: crate::config::DocOrigin::Given,
                     value,
                 }));
             }

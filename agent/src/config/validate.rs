@@ -37,12 +37,8 @@ impl Doc<'_> {
             Some(ns) => format!("{} {}/{}", self.kind, ns, self.meta.name),
             None => format!("{} {}", self.kind, self.meta.name),
         };
-        let derived_from = self.meta.annotations.as_ref().and_then(|a| {
-            a.get(crate::kube_objects::DERIVED_FROM_ANNOTATION)?
-                .as_str()
-        });
-        match derived_from {
-            Some(from) => format!("{label} (derived from {from})"),
+        match self.raw.origin.derived_from() {
+            Some(from) => format!("{label} ({from})"),
             None => label,
         }
     }
@@ -52,12 +48,14 @@ impl Doc<'_> {
             document: self.label(),
             field: field.to_string(),
             message: message.into(),
+            about: self.raw.origin.about(),
         }
     }
     fn source(&self) -> DocRef {
         DocRef {
             file: self.raw.file.clone(),
             document: self.label(),
+            origin: self.raw.origin.clone(),
         }
     }
     /// Deserializes `spec`, naming the failing field by its path.
@@ -237,14 +235,14 @@ pub fn validate_documents(
         }
     }
 
+    // Each kind's (namespace, name)s accepted so far: a document defined
+    // twice is refused (a set, not a search of the accepted per document).
+    let mut seen_policies = std::collections::HashSet::new();
+    let mut seen_endpoint_slices = std::collections::HashSet::new();
+    let mut seen_services = std::collections::HashSet::new();
     for doc in &policies {
         match network_policy(doc) {
-            Ok(p)
-                if cfg
-                    .policies
-                    .iter()
-                    .any(|o| o.namespace == p.namespace && o.name == p.name) =>
-            {
+            Ok(p) if !seen_policies.insert((p.namespace.clone(), p.name.clone())) => {
                 cfg.errors.push(doc.error(
                     "metadata.name",
                     format!("NetworkPolicy {}/{} is defined twice", p.namespace, p.name),
@@ -259,12 +257,7 @@ pub fn validate_documents(
 
     for doc in &slices {
         match endpoint_slice(doc) {
-            Ok(Some(s))
-                if cfg
-                    .endpoint_slices
-                    .iter()
-                    .any(|o| o.namespace == s.namespace && o.name == s.name) =>
-            {
+            Ok(Some(s)) if !seen_endpoint_slices.insert((s.namespace.clone(), s.name.clone())) => {
                 cfg.errors.push(doc.error(
                     "metadata.name",
                     format!("EndpointSlice {}/{} is defined twice", s.namespace, s.name),
@@ -489,17 +482,20 @@ pub fn validate_documents(
     // After the attachments and networks: a ClusterIP must not be an
     // address a VM has or may get (a guest routing it through its gateway
     // would reach the Service's backend instead of the VM).
+    // Every attachment's addresses, to the first attachment holding each.
+    let mut attachment_by_ip: std::collections::HashMap<std::net::IpAddr, usize> =
+        std::collections::HashMap::new();
+    for (i, a) in cfg.attachments.iter().enumerate() {
+        for n in &a.ips {
+            attachment_by_ip.entry(n.addr()).or_insert(i);
+        }
+    }
     for doc in &services {
         match service(doc).and_then(|s| match s {
-            Some(s) => clusterip_taken(doc, &s, &cfg).map(|()| Some(s)),
+            Some(s) => clusterip_taken(doc, &s, &cfg, &attachment_by_ip).map(|()| Some(s)),
             None => Ok(None),
         }) {
-            Ok(Some(s))
-                if cfg
-                    .services
-                    .iter()
-                    .any(|o| o.namespace == s.namespace && o.name == s.name) =>
-            {
+            Ok(Some(s)) if !seen_services.insert((s.namespace.clone(), s.name.clone())) => {
                 cfg.errors.push(doc.error(
                     "metadata.name",
                     format!("Service {}/{} is defined twice", s.namespace, s.name),
@@ -525,6 +521,7 @@ fn clusterip_taken(
     doc: &Doc,
     s: &super::service::Service,
     cfg: &Config,
+    attachment_by_ip: &std::collections::HashMap<std::net::IpAddr, usize>,
 ) -> Result<(), ConfigError> {
     let field = if doc
         .raw
@@ -539,11 +536,7 @@ fn clusterip_taken(
     };
     for (i, ip) in s.cluster_ips.iter().enumerate() {
         let me = format!("Service {}/{}: ClusterIP {ip}", s.namespace, s.name);
-        if let Some(a) = cfg
-            .attachments
-            .iter()
-            .find(|a| a.ips.iter().any(|n| n.addr() == *ip))
-        {
+        if let Some(a) = attachment_by_ip.get(ip).map(|&i| &cfg.attachments[i]) {
             return Err(doc.error(
                 &format!("{field}[{i}]"),
                 format!(
@@ -587,6 +580,7 @@ fn header(raw: &RawDocument) -> Result<Doc<'_>, ConfigError> {
         document: format!("document {}", raw.index),
         field: field.to_string(),
         message,
+        about: raw.origin.about(),
     };
     if !raw.value.is_object() {
         return Err(anonymous(
@@ -1175,6 +1169,7 @@ mod namespace_rule_tests {
                 .map(|(i, v)| RawDocument {
                     file: "ns.yaml".into(),
                     index: i + 1,
+                    origin: crate::config::DocOrigin::Given,
                     value: v.clone().into(),
                 })
                 .collect(),
@@ -1298,6 +1293,7 @@ mod node_spec_tests {
             documents: vec![RawDocument {
                 file: "node.yaml".into(),
                 index: 1,
+                origin: crate::config::DocOrigin::Given,
                 value: serde_json::json!({
                     "apiVersion": API_VERSION, "kind": "Node", "metadata": {"name": "a"},
                     "spec": spec,
@@ -1329,6 +1325,7 @@ mod node_spec_tests {
         let doc = |i: usize, name: &str, address: &str| RawDocument {
             file: "nodes.yaml".into(),
             index: i,
+            origin: crate::config::DocOrigin::Given,
             value: serde_json::json!({
                 "apiVersion": API_VERSION, "kind": "Node", "metadata": {"name": name},
                 "spec": {"address": address},
@@ -1414,6 +1411,7 @@ mod holder_tests {
                 .map(|(i, &d)| RawDocument {
                     file: format!("{i:02}.yaml").into(),
                     index: 1,
+                    origin: crate::config::DocOrigin::Given,
                     value: all[d].clone().into(),
                 })
                 .collect(),
@@ -1505,6 +1503,7 @@ mod primary_overlap_tests {
                 .map(|(i, v)| RawDocument {
                     file: "nets.yaml".into(),
                     index: i + 1,
+                    origin: crate::config::DocOrigin::Given,
                     value: v.into(),
                 })
                 .collect(),

@@ -292,6 +292,7 @@ mod tests {
                 .map(|value| RawDocument {
                     file: "t".into(),
                     index: 1,
+                    origin: crate::config::DocOrigin::Given,
                     value: value.into(),
                 })
                 .collect(),

@@ -185,6 +185,7 @@ fn networks(objects: &[DynamicObject]) -> (Vec<Network>, Vec<crate::config::Conf
             Some(RawDocument {
                 file: "kubernetes:networks".into(),
                 index: i + 1,
+                origin: crate::config::DocOrigin::Given,
                 value: value.into(),
             })
         })

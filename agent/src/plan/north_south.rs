@@ -243,6 +243,14 @@ fn routed_addresses(cfg: &Resolved, plan: &mut Plan) {
     // hosting node, or the per-VM route of a migration's source before
     // the fabric converges); it goes on over the overlay. Only where every
     // node knows the VM's MAC (given or generated; see `overlay`).
+    // (The attachments this node serves, collected once: a search of the
+    // ports per attachment grew with the cluster times the node.)
+    let served: std::collections::HashSet<&crate::config::AttachmentKey> = plan
+        .ports
+        .values()
+        .filter(|p| !p.pending())
+        .map(|p| &p.attachment)
+        .collect();
     for att in &cfg.attachments {
         let Some(net) = cfg.network(&att.network) else {
             continue;
@@ -250,11 +258,7 @@ fn routed_addresses(cfg: &Resolved, plan: &mut Plan) {
         if !plan.ingress_hosted.contains(&net.id) {
             continue;
         }
-        if plan
-            .ports
-            .values()
-            .any(|p| p.attachment == att.key && !p.pending())
-        {
+        if served.contains(&att.key) {
             continue;
         }
         let known = match att.mac_resolved {

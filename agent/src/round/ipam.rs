@@ -101,6 +101,7 @@ pub fn adopt_detected_macs(
                     document: a.source.document.clone(),
                     field: "detected MAC".into(),
                     message: msg.clone(),
+                    about: a.source.origin.about(),
                 });
                 if !refused_macs.contains(&(key.clone(), learned.mac)) {
                     error!(vm = %key, "{msg}");

@@ -39,12 +39,11 @@ pub fn log_refusals(cfg: &Resolved, last_errors: &mut Vec<ConfigError>) {
 /// the MACs detected in the traffic of this node's VMs, for their VMIs.
 pub fn report(cluster: &KubeSource, cfg: &Resolved, node: &str, mac_refusals: &[ConfigError]) {
     let mut macs = writeback::DetectedMacs::new();
-    for a in cfg.attachments.iter().filter(|a| {
-        a.active_node() == node
-            && a.source
-                .document
-                .contains("(derived from VirtualMachineInstance ")
-    }) {
+    for a in cfg
+        .attachments
+        .iter()
+        .filter(|a| a.active_node() == node && a.source.origin.is_from_vmi())
+    {
         if let Some((mac, Origin::Detected)) = a.mac_resolved {
             macs.entry((a.key.namespace.clone(), a.key.vm.clone()))
                 .or_default()

@@ -10,17 +10,12 @@
 //! give the same digest. The tag is vmpath's (`<version>-<revision>`), so
 //! deploy/ names both images with one tag.
 
-use std::{
-    collections::{BTreeMap, BTreeSet},
-    fs,
-    path::{Path, PathBuf},
-    process::Command,
-};
+use std::{collections::BTreeMap, path::Path, process::Command};
 
-use anyhow::{Context as _, Result, bail, ensure};
+use anyhow::{Context as _, Result, ensure};
 use serde_json::json;
 
-use super::{Assembly, Image, Tar};
+use super::{Assembly, Image, host};
 use crate::{cmd, image};
 
 /// The repository part of the BIRD image's reference.
@@ -78,69 +73,23 @@ pub fn assemble(
     )
     .with_context(|| format!("is {PACKAGE} installed? (cargo xtask setup installs it)"))?;
 
-    // Image path -> (mode, host file whose content it gets).
-    let mut files: BTreeMap<String, (u32, PathBuf)> = BTreeMap::new();
-    for bin in BINARIES {
-        let path = Path::new(bin);
+    let paths: Vec<&Path> = BINARIES.iter().map(Path::new).collect();
+    for path in &paths {
         ensure!(
             path.is_file(),
-            "{bin} missing: the {PACKAGE} package provides it (cargo xtask setup)"
+            "{} missing: the {PACKAGE} package provides it (cargo xtask setup)",
+            path.display()
         );
-        files.insert(relative(path), (0o755, path.to_path_buf()));
-        for (at, from) in shared_libraries(path)? {
-            files.insert(at, (0o755, from));
-        }
     }
-    let packages = owning_packages(files.values().map(|(_, from)| from.as_path()))?;
-    for p in &packages {
-        let copyright = PathBuf::from(format!("/usr/share/doc/{p}/copyright"));
-        ensure!(
-            copyright.is_file(),
-            "{} missing: the image must carry the license of {p}, whose files it ships",
-            copyright.display()
-        );
-        files.insert(relative(&copyright), (0o644, copyright));
-    }
-
-    // Every parent directory gets an entry of its own; mount points for the
-    // config (read-only ConfigMap) and the control socket (shared volume).
-    let mut dirs: BTreeMap<String, u32> = BTreeMap::new();
-    for d in ["etc/bird/", "run/bird/"] {
-        dirs.insert(d.to_string(), 0o755);
-    }
-    dirs.insert("tmp/".to_string(), 0o1777);
-    for at in files
-        .keys()
-        .cloned()
-        .chain(dirs.keys().cloned().collect::<Vec<_>>())
-    {
-        let mut parent = Path::new(at.trim_end_matches('/')).parent();
-        while let Some(p) = parent.filter(|p| !p.as_os_str().is_empty()) {
-            dirs.entry(format!("{}/", p.display())).or_insert(0o755);
-            parent = p.parent();
-        }
-    }
-    // One map, so the entries come out sorted by path.
-    let mut entries: BTreeMap<String, Entry> = dirs
-        .into_iter()
-        .map(|(d, mode)| (d, Entry::Dir(mode)))
-        .collect();
-    entries.extend(
-        files
-            .into_iter()
-            .map(|(f, (mode, from))| (f, Entry::File(mode, from))),
-    );
-    let mut layer = Tar::default();
-    for (at, entry) in entries {
-        match entry {
-            Entry::Dir(mode) => layer.dir(&at, mode, epoch),
-            Entry::File(mode, from) => {
-                let data =
-                    fs::read(&from).with_context(|| format!("reading {}", from.display()))?;
-                layer.file(&at, mode, epoch, &data);
-            }
-        }
-    }
+    let files = host::binaries_with_libraries(&paths)?;
+    // Mount points for the config (read-only ConfigMap) and the control
+    // socket (shared volume).
+    let dirs = BTreeMap::from([
+        ("etc/bird/".to_string(), 0o755),
+        ("run/bird/".to_string(), 0o755),
+        ("tmp/".to_string(), 0o1777),
+    ]);
+    let layer = host::layer(dirs, files, epoch)?;
 
     let labels = json!({
         "org.opencontainers.image.title": "vmpath-bird",
@@ -157,7 +106,7 @@ pub fn assemble(
         reference: format!("{name}:{tag}"),
         tag,
         epoch,
-        layer: layer.finish(),
+        layer,
         labels,
         env: vec![format!("PATH={PATH}")],
         cmd: CMD.iter().map(|s| s.to_string()).collect(),
@@ -172,106 +121,10 @@ pub fn assemble(
     })
 }
 
-/// A layer entry: a directory (mode) or a file (mode, host file whose
-/// content it gets).
-enum Entry {
-    Dir(u32),
-    File(u32, PathBuf),
-}
-
-/// `/usr/sbin/bird` -> `usr/sbin/bird`.
-fn relative(path: &Path) -> String {
-    path.display()
-        .to_string()
-        .trim_start_matches('/')
-        .to_string()
-}
-
-/// The libraries `binary` loads, as `ldd` resolves them: (path in the
-/// image, host file). A library goes where its directory really is (Debian
-/// merged /lib into /usr/lib, a directory the loader searches) under the
-/// name the binary asks for; the loader goes exactly where the binary's
-/// ELF interpreter field points.
-fn shared_libraries(binary: &Path) -> Result<Vec<(String, PathBuf)>> {
-    let step = format!("listing the libraries of {}", binary.display());
-    let out = cmd::output(&step, Command::new("ldd").arg(binary))?;
-    let mut libs = Vec::new();
-    for line in out.lines().map(str::trim) {
-        let line = line.split(" (0x").next().unwrap_or_default();
-        if let Some((needed, path)) = line.split_once(" => ") {
-            ensure!(
-                path.starts_with('/'),
-                "{step}: {needed} not found ({line:?})"
-            );
-            let path = Path::new(path);
-            let dir = path
-                .parent()
-                .context("a library path without a directory")?
-                .canonicalize()
-                .with_context(|| format!("{step}: resolving {}", path.display()))?;
-            libs.push((relative(&dir.join(needed)), path.to_path_buf()));
-        } else if line.starts_with('/') {
-            libs.push((relative(Path::new(line)), PathBuf::from(line)));
-        } else if !line.starts_with("linux-vdso") && !line.is_empty() {
-            bail!("{step}: unexpected ldd line {line:?}");
-        }
-    }
-    Ok(libs)
-}
-
-/// The Debian package that installed each of `paths`, in one dpkg query
-/// (dpkg knows some files by their /usr-merged path, some by the other).
-fn owning_packages<'a>(paths: impl Iterator<Item = &'a Path>) -> Result<BTreeSet<String>> {
-    let mut wanted: Vec<(String, Vec<String>)> = Vec::new();
-    for path in paths {
-        let shown = path.display().to_string();
-        let real = path
-            .canonicalize()
-            .with_context(|| format!("resolving {shown}"))?
-            .display()
-            .to_string();
-        let mut candidates = vec![shown.clone(), real.clone()];
-        for p in [&shown, &real] {
-            match p.strip_prefix("/usr") {
-                Some(rest) => candidates.push(rest.to_string()),
-                None => candidates.push(format!("/usr{p}")),
-            }
-        }
-        wanted.push((shown, candidates));
-    }
-    // Exits 1 when any candidate is unknown: what matters is what it found.
-    let out = Command::new("dpkg-query")
-        .arg("-S")
-        .args(wanted.iter().flat_map(|(_, c)| c))
-        .stdin(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .output()
-        .context("running dpkg-query -S")?;
-    // `pkg[:arch][, pkg2...]: path`
-    let owners: BTreeMap<&str, &str> = std::str::from_utf8(&out.stdout)
-        .context("dpkg-query -S output")?
-        .lines()
-        .filter_map(|l| {
-            let (pkgs, path) = l.split_once(": ")?;
-            let pkg = pkgs.split([',', ':']).next()?.trim();
-            Some((path.trim(), pkg))
-        })
-        .collect();
-    let mut packages = BTreeSet::new();
-    for (shown, candidates) in &wanted {
-        let pkg = candidates
-            .iter()
-            .find_map(|c| owners.get(c.as_str()))
-            .with_context(|| {
-                format!("{shown}: no Debian package owns it (tried {candidates:?})")
-            })?;
-        packages.insert(pkg.to_string());
-    }
-    Ok(packages)
-}
-
 #[cfg(test)]
 mod tests {
+    use std::{fs, path::PathBuf};
+
     use super::*;
 
     fn scratch(name: &str) -> PathBuf {

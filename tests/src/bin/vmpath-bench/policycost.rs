@@ -127,6 +127,7 @@ fn plan_of(docs: &[String]) -> Result<(plan::Plan, f64)> {
             .map(|(i, value)| config::source::RawDocument {
                 file: PathBuf::from("bench.yaml"),
                 index: i + 1,
+                origin: vmpath::config::DocOrigin::Given,
                 value: std::sync::Arc::new(value),
             })
             .collect(),
