@@ -497,9 +497,14 @@ fn add(shared: &Published, registry: &Registry, e: EndpointRequest) -> Reply {
         let now = Instant::now();
         if now >= deadline {
             drop(done);
+            // What the last round said of this endpoint, read before it
+            // is forgotten: a round after the forget no longer holds it
+            // (two ADDs timing out together: the first one's forget
+            // started a round that published, before the second read the
+            // view, one without the second's wait reason).
+            let view = shared.view();
             forget(registry, &id);
             shared.wake(crate::events::Wake::Endpoint);
-            let view = shared.view();
             let state = describe(&view, &e).state;
             // What it waits for, where the config says (an IPAMClaim).
             let why = view
