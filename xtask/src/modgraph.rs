@@ -21,7 +21,7 @@ use anyhow::{Context as _, Result};
 #[cfg(test)]
 pub const ACYCLIC: [&str; 5] = ["agent/src", "api/src", "cni/src", "common/src", "xtask/src"];
 
-/// Top-level module -> the top-level modules it uses.
+/// Module -> the modules of the same folder it uses.
 pub type Graph = BTreeMap<String, BTreeSet<String>>;
 
 #[derive(clap::Args)]
@@ -33,7 +33,7 @@ pub struct Options {
 
 pub fn run(o: Options) -> Result<()> {
     let src = crate::cargo::root().join(&o.src);
-    let graph = graph(&src)?;
+    let graph = graph_in(&src, &prefix_of(&o.src))?;
     print!("{}", mermaid(&graph));
     let cycles = cycles(&graph);
     if cycles.is_empty() {
@@ -45,16 +45,42 @@ pub fn run(o: Options) -> Result<()> {
     Ok(())
 }
 
+/// The path prefix of the modules in `dir` (a crate's `src` or a folder
+/// under it): `agent/src` -> `crate::`, `agent/src/round` ->
+/// `crate::round::`.
+fn prefix_of(dir: &Path) -> String {
+    let mut prefix = "crate::".to_string();
+    let mut below_src = false;
+    for c in dir.components() {
+        let c = c.as_os_str().to_string_lossy();
+        if below_src {
+            prefix.push_str(&format!("{c}::"));
+        } else if c == "src" {
+            below_src = true;
+        }
+    }
+    prefix
+}
+
 /// The graph of the crate whose sources are in `src`: one node per file or
 /// folder directly in it (but the crate roots `main.rs` and `lib.rs`).
+#[cfg(test)]
 pub fn graph(src: &Path) -> Result<Graph> {
+    graph_in(src, "crate::")
+}
+
+/// The graph of the modules directly in `dir`, whose paths from the crate
+/// root start with `prefix` (`crate::` for the crate's own folder,
+/// `crate::round::` for `round/`): a module uses a sibling it names by that
+/// prefix, or by `super::` from its own file.
+fn graph_in(src: &Path, prefix: &str) -> Result<Graph> {
     // A module is its file, its folder, or both (`x.rs` with `x/`).
     let mut modules: BTreeMap<String, Vec<PathBuf>> = BTreeMap::new();
     for entry in fs::read_dir(src).with_context(|| format!("reading {}", src.display()))? {
         let path = entry?.path();
         let name = match path.file_name().and_then(|n| n.to_str()) {
             Some(n) if path.is_dir() => n.to_string(),
-            Some(n) if n.ends_with(".rs") && n != "main.rs" && n != "lib.rs" => {
+            Some(n) if n.ends_with(".rs") && !["main.rs", "lib.rs", "mod.rs"].contains(&n) => {
                 n.trim_end_matches(".rs").to_string()
             }
             _ => continue,
@@ -78,7 +104,7 @@ pub fn graph(src: &Path) -> Result<Graph> {
             let own_file = file.parent() == Some(src)
                 || file.file_name().is_some_and(|n| n == "mod.rs")
                     && file.parent().and_then(Path::parent) == Some(src);
-            for used in crate_paths(&text, own_file) {
+            for used in paths_from(&text, prefix, own_file) {
                 if used != *name && modules.contains_key(&used) {
                     uses.insert(used);
                 }
@@ -132,7 +158,14 @@ fn rust_files(path: &Path) -> Result<Vec<PathBuf>> {
 /// The first segment of every `crate::` path in `text`'s code (and of
 /// every `super::` path when `super_is_crate`), groups (`crate::{a, b::c}`)
 /// included; comments are skipped.
+#[cfg(test)]
 pub fn crate_paths(text: &str, super_is_crate: bool) -> BTreeSet<String> {
+    paths_from(text, "crate::", super_is_crate)
+}
+
+/// The first segment after `prefix` of every path in `text`'s code (and
+/// after `super::` when `super_is_parent`).
+fn paths_from(text: &str, prefix: &str, super_is_parent: bool) -> BTreeSet<String> {
     // A module's unit tests (`#[cfg(test)] mod x { .. }`) may set up with
     // any module: they are not part of the layering.
     let text = without_test_modules(text);
@@ -145,10 +178,10 @@ pub fn crate_paths(text: &str, super_is_crate: bool) -> BTreeSet<String> {
         .collect::<Vec<_>>()
         .join("\n");
     let mut found = BTreeSet::new();
-    let prefixes: &[&str] = if super_is_crate {
-        &["crate::", "super::"]
+    let prefixes: &[&str] = if super_is_parent {
+        &[prefix, "super::"]
     } else {
-        &["crate::"]
+        &[prefix]
     };
     for prefix in prefixes {
         paths_after(&code, prefix, &mut found);
@@ -417,6 +450,42 @@ mod tests {
         assert!(
             all.is_empty(),
             "import cycles (`cargo xtask modgraph <src>` draws the graph):\n{}",
+            all.join("\n")
+        );
+    }
+
+    /// Every folder of those crates too (`round/`, `cluster/`, `config/`,
+    /// ...): its modules form no cycle among themselves.
+    #[test]
+    fn no_folder_has_an_import_cycle() {
+        fn folders(dir: &Path, prefix: &str, out: &mut Vec<(PathBuf, String)>) {
+            for entry in fs::read_dir(dir).unwrap() {
+                let path = entry.unwrap().path();
+                if path.is_dir() {
+                    let name = path.file_name().unwrap().to_str().unwrap().to_string();
+                    let inner = format!("{prefix}{name}::");
+                    out.push((path.clone(), inner.clone()));
+                    folders(&path, &inner, out);
+                }
+            }
+        }
+        let mut all = Vec::new();
+        let mut checked = 0;
+        for src in ACYCLIC {
+            let mut dirs = Vec::new();
+            folders(&crate::cargo::root().join(src), "crate::", &mut dirs);
+            for (dir, prefix) in dirs {
+                let graph = graph_in(&dir, &prefix).unwrap();
+                checked += 1;
+                for c in cycles(&graph) {
+                    all.push(format!("{}: {}", dir.display(), c.join(" <-> ")));
+                }
+            }
+        }
+        assert!(checked > 5, "only {checked} folders read");
+        assert!(
+            all.is_empty(),
+            "import cycles in folders:\n{}",
             all.join("\n")
         );
     }
