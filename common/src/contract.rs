@@ -370,6 +370,28 @@ pub mod tail_call {
     ];
 }
 
+/// `skb->cb`: the five 32-bit words (`__sk_buff.cb[5]`) a frame carries
+/// from one of vmpath's programs to the next (a tail call, or re-entry
+/// into `vm_port`). Which word holds what, in one place; the marker says
+/// which hand-over the other words follow (`POLICY_CB_EGRESS_DONE`,
+/// `POLICY_CB_DELIVER`, `SERVICE_CB_PASSED`, `FLOOD_CB`, ...).
+pub mod skb_cb {
+    /// The hand-over's marker (0: none).
+    pub const MARKER: usize = 0;
+    /// The port id the marker was set for; for `FLOOD_CB`, the network.
+    pub const PORT: usize = 1;
+    /// The port's ifindex; for `FLOOD_CB`, the port the frame came in by
+    /// (0: from the overlay).
+    pub const IFINDEX: usize = 2;
+    /// `POLICY_CB_UNTRACKED` (the flow table was looked up and missed on
+    /// the way); for `FLOOD_CB`, the `FLOOD_F_*` flags.
+    pub const FLAGS: usize = 3;
+    /// On a frame from `vmp-vxlan`, its sender's identity
+    /// (`overlay::mark_sender`); inside `vm_snat6_ext`, its header walk's
+    /// result, cleared before it routes on.
+    pub const SCRATCH: usize = 4;
+}
+
 /// The family tag of an `AddrKey` (`AddrKey::family`): the IP version.
 /// Not the kernel's socket address families (`kernel_af`).
 pub mod addr_family {

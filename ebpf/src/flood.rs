@@ -12,7 +12,7 @@
 
 use aya_ebpf::{bindings::TC_ACT_SHOT, macros::classifier, programs::TcContext};
 use vmpath_common::{
-    FLOOD_CB, FLOOD_F_FROM_PORT, FLOOD_F_UNKNOWN_UNICAST, NO_PORT_ID, drop_reason,
+    FLOOD_CB, FLOOD_F_FROM_PORT, FLOOD_F_UNKNOWN_UNICAST, NO_PORT_ID, drop_reason, skb_cb,
 };
 
 use crate::{counters, fwd, maps::PORTS, overlay};
@@ -24,8 +24,14 @@ pub fn vm_flood(ctx: TcContext) -> i32 {
     let (ifindex, magic, network, skip, flags) = unsafe {
         let skb = ctx.skb.skb;
         let cb = &mut (*skb).cb;
-        let orders = ((*skb).ifindex, cb[0], cb[1], cb[2], cb[3]);
-        cb[0] = 0;
+        let orders = (
+            (*skb).ifindex,
+            cb[skb_cb::MARKER],
+            cb[skb_cb::PORT],
+            cb[skb_cb::IFINDEX],
+            cb[skb_cb::FLAGS],
+        );
+        cb[skb_cb::MARKER] = 0;
         orders
     };
     let from_port = flags & FLOOD_F_FROM_PORT != 0;

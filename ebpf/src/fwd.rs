@@ -16,7 +16,7 @@ use aya_ebpf::{
 };
 use vmpath_common::{
     ENDPOINT_LOCAL, ENDPOINT_REMOTE, EndpointKey, FLOOD_CB, FLOOD_F_FROM_PORT,
-    FLOOD_F_UNKNOWN_UNICAST, FloodList, MAX_FLOOD_PORTS, drop_reason, tail_call,
+    FLOOD_F_UNKNOWN_UNICAST, FloodList, MAX_FLOOD_PORTS, drop_reason, skb_cb, tail_call,
 };
 
 use crate::{
@@ -85,9 +85,9 @@ pub fn deliver_through(
     // run; cb is scratch space for the programs that see the frame.
     unsafe {
         let cb = &mut (*ctx.skb.skb).cb;
-        cb[0] = magic;
-        cb[1] = port_id;
-        cb[2] = ifindex;
+        cb[skb_cb::MARKER] = magic;
+        cb[skb_cb::PORT] = port_id;
+        cb[skb_cb::IFINDEX] = ifindex;
     }
     // SAFETY: `ctx` is this program's own context; on success the tail
     // call does not return, otherwise the error below.
@@ -211,10 +211,10 @@ fn to_vm_flood(ctx: &TcContext, network: u32, skip: u32, flags: u32) -> Verdict 
     // run; cb is scratch space for the programs that see the frame.
     unsafe {
         let cb = &mut (*ctx.skb.skb).cb;
-        cb[0] = FLOOD_CB;
-        cb[1] = network;
-        cb[2] = skip;
-        cb[3] = flags;
+        cb[skb_cb::MARKER] = FLOOD_CB;
+        cb[skb_cb::PORT] = network;
+        cb[skb_cb::IFINDEX] = skip;
+        cb[skb_cb::FLAGS] = flags;
     }
     // SAFETY: `ctx` is this program's own context; on success the tail
     // call does not return, otherwise the error below.

@@ -35,7 +35,7 @@ use aya_ebpf::{
 use network_types::eth::EthHdr;
 use vmpath_common::{
     ENDPOINT_REMOTE, EndpointKey, MAX_FLOOD_NODES, NO_PORT_ID, OverlayConfig, PortInfo, PortStats,
-    REMOTE_LEARNED_TOUCH_NS, RemoteFloodList, RemoteLearned, drop_reason, identity, maps,
+    REMOTE_LEARNED_TOUCH_NS, RemoteFloodList, RemoteLearned, drop_reason, identity, maps, skb_cb,
     tail_call,
 };
 
@@ -164,7 +164,7 @@ pub fn mark_sender(ctx: &TcContext, network: u32, src: [u8; 6], from: [u8; 4], f
     };
     // SAFETY: the skb pointer is the program's own context, valid for this
     // run; cb is scratch space for the programs that see the frame.
-    unsafe { (*ctx.skb.skb).cb[4] = id };
+    unsafe { (*ctx.skb.skb).cb[skb_cb::SCRATCH] = id };
 }
 
 /// The policy identity `mark_sender` gave a frame that came over the
@@ -173,7 +173,7 @@ pub fn mark_sender(ctx: &TcContext, network: u32, src: [u8; 6], from: [u8; 4], f
 #[inline(always)]
 pub fn sender_identity(ctx: &TcContext) -> Option<u32> {
     // SAFETY: the skb pointer is the program's own context, valid for this run.
-    let (ifindex, id) = unsafe { ((*ctx.skb.skb).ifindex, (*ctx.skb.skb).cb[4]) };
+    let (ifindex, id) = unsafe { ((*ctx.skb.skb).ifindex, (*ctx.skb.skb).cb[skb_cb::SCRATCH]) };
     let cfg = OVERLAY.get(0)?;
     if cfg.vxlan_ifindex == 0 || ifindex != cfg.vxlan_ifindex || id == identity::ANY {
         return None;

@@ -35,7 +35,7 @@ use vmpath_common::{
     POLICY_CB_DELIVER, POLICY_CB_EGRESS_DONE, POLICY_CB_UNTRACKED, POLICY_FLOW_OTHER_TIMEOUT_NS,
     POLICY_FLOW_REFRESH_NS, POLICY_FLOW_TCP_TIMEOUT_NS, POLICY_LEN_FULL, POLICY_NONE,
     PolicyEndpoint, PolicyFlow, PolicyFlowKey, PolicyFrag, PolicyRuleKey, PolicyStats, PortInfo,
-    addr_family, drop_reason, identity, maps, policy_dir, tail_call,
+    addr_family, drop_reason, identity, maps, policy_dir, skb_cb, tail_call,
 };
 
 use crate::{
@@ -191,7 +191,7 @@ pub fn egress(ctx: &TcContext, port_id: u32, local: Option<u32>) -> Egress {
     }
     // SAFETY: the skb pointer is the program's own context, valid for this run.
     let cb = unsafe { &mut (*ctx.skb.skb).cb };
-    if cb[0] == POLICY_CB_EGRESS_DONE && cb[1] == port_id {
+    if cb[skb_cb::MARKER] == POLICY_CB_EGRESS_DONE && cb[skb_cb::PORT] == port_id {
         return Egress::Pass(None);
     }
     let (passes, parsed, looked_up) = egress_tracked(ctx, port_id, local);
@@ -199,7 +199,7 @@ pub fn egress(ctx: &TcContext, port_id: u32, local: Option<u32>) -> Egress {
         return Egress::Pass(parsed);
     }
     if looked_up {
-        cb[3] = POLICY_CB_UNTRACKED;
+        cb[skb_cb::FLAGS] = POLICY_CB_UNTRACKED;
     }
     // SAFETY: `ctx` is this program's own context; on success the tail
     // call does not return, otherwise the error below.
@@ -339,7 +339,7 @@ fn passes_tracked<const FROM_PORT: bool>(
 pub fn reentered(ctx: &TcContext, port_id: u32) -> bool {
     // SAFETY: the skb pointer is the program's own context, valid for this run.
     let cb = unsafe { &(*ctx.skb.skb).cb };
-    cb[0] == POLICY_CB_EGRESS_DONE && cb[1] == port_id
+    cb[skb_cb::MARKER] == POLICY_CB_EGRESS_DONE && cb[skb_cb::PORT] == port_id
 }
 
 /// Before delivery to the local port `ifindex` (`port_id`): `Some` when
@@ -371,7 +371,7 @@ pub fn deliver<const FROM_PORT: bool>(
     if looked_up {
         // SAFETY: the skb pointer is the program's own context, valid for
         // this run; cb is scratch space for the programs that see the frame.
-        unsafe { (*ctx.skb.skb).cb[3] = POLICY_CB_UNTRACKED };
+        unsafe { (*ctx.skb.skb).cb[skb_cb::FLAGS] = POLICY_CB_UNTRACKED };
     }
     Some(crate::fwd::deliver_through(
         ctx,
@@ -408,8 +408,8 @@ pub fn vm_policy_out(ctx: TcContext) -> i32 {
     // SAFETY: as above; cb is scratch space for the programs that see it.
     unsafe {
         let cb = &mut (*ctx.skb.skb).cb;
-        cb[0] = POLICY_CB_EGRESS_DONE;
-        cb[1] = port_id;
+        cb[skb_cb::MARKER] = POLICY_CB_EGRESS_DONE;
+        cb[skb_cb::PORT] = port_id;
     }
     // SAFETY: `ctx` is this program's own context; on success the tail
     // call does not return.
@@ -425,7 +425,7 @@ pub fn vm_policy_in(ctx: TcContext) -> i32 {
     // SAFETY: the skb pointer is the program's own context, valid for this run.
     let (magic, port_id, target) = unsafe {
         let cb = &(*ctx.skb.skb).cb;
-        (cb[0], cb[1], cb[2])
+        (cb[skb_cb::MARKER], cb[skb_cb::PORT], cb[skb_cb::IFINDEX])
     };
     // SAFETY: the skb pointer is the program's own context, valid for this run.
     let ifindex = unsafe { (*ctx.skb.skb).ifindex };
@@ -527,8 +527,8 @@ fn untracked(ctx: &TcContext) -> bool {
     // SAFETY: the skb pointer is the program's own context, valid for this
     // run; cb is scratch space for the programs that see the frame.
     let cb = unsafe { &mut (*ctx.skb.skb).cb };
-    let marked = cb[3] == POLICY_CB_UNTRACKED;
-    cb[3] = 0;
+    let marked = cb[skb_cb::FLAGS] == POLICY_CB_UNTRACKED;
+    cb[skb_cb::FLAGS] = 0;
     marked
 }
 

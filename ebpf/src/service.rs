@@ -32,7 +32,7 @@ use vmpath_common::{
     NO_PORT_ID, POLICY_CB_EGRESS_DONE, PortInfo, SERVICE_CB_DELIVER, SERVICE_CB_PASSED,
     SERVICE_FLOW_UDP_TIMEOUT_NS, SVC_F_AFFINITY, Service, ServiceAffinity, ServiceAffinityKey,
     ServiceBackend, ServiceBackendKey, ServiceFlow, ServiceFlowKey, ServiceKey, ServiceStats,
-    drop_reason, maps, svc_flow, tail_call,
+    drop_reason, maps, skb_cb, svc_flow, tail_call,
 };
 
 use crate::{
@@ -109,7 +109,9 @@ pub fn egress(ctx: &TcContext, port_id: u32, proto: u8, slot: u32) -> Option<Ver
     }
     // SAFETY: the skb pointer is the program's own context, valid for this run.
     let cb = unsafe { &(*ctx.skb.skb).cb };
-    if (cb[0] == SERVICE_CB_PASSED || cb[0] == POLICY_CB_EGRESS_DONE) && cb[1] == port_id {
+    if (cb[skb_cb::MARKER] == SERVICE_CB_PASSED || cb[skb_cb::MARKER] == POLICY_CB_EGRESS_DONE)
+        && cb[skb_cb::PORT] == port_id
+    {
         return None;
     }
     if !active() {
@@ -127,7 +129,7 @@ pub fn egress(ctx: &TcContext, port_id: u32, proto: u8, slot: u32) -> Option<Ver
 pub fn passed(ctx: &TcContext, port_id: u32) -> bool {
     // SAFETY: the skb pointer is the program's own context, valid for this run.
     let cb = unsafe { &(*ctx.skb.skb).cb };
-    cb[0] == SERVICE_CB_PASSED && cb[1] == port_id
+    cb[skb_cb::MARKER] == SERVICE_CB_PASSED && cb[skb_cb::PORT] == port_id
 }
 
 /// Tail-called from `vm_port`: ClusterIP translation of what a port sends
@@ -162,8 +164,8 @@ pub(crate) fn service_verdict(
             // SAFETY: as above; cb is scratch space for the programs that see it.
             unsafe {
                 let cb = &mut (*ctx.skb.skb).cb;
-                cb[0] = SERVICE_CB_PASSED;
-                cb[1] = port_id;
+                cb[skb_cb::MARKER] = SERVICE_CB_PASSED;
+                cb[skb_cb::PORT] = port_id;
             }
             // SAFETY: `ctx` is this program's own context; on success the
             // tail call does not return.
@@ -424,7 +426,7 @@ pub fn vm_service_in(ctx: TcContext) -> i32 {
     // SAFETY: the skb pointer is the program's own context, valid for this run.
     let (magic, port_id, target) = unsafe {
         let cb = &(*ctx.skb.skb).cb;
-        (cb[0], cb[1], cb[2])
+        (cb[skb_cb::MARKER], cb[skb_cb::PORT], cb[skb_cb::IFINDEX])
     };
     // SAFETY: the skb pointer is the program's own context, valid for this run.
     let ifindex = unsafe { (*ctx.skb.skb).ifindex };

@@ -41,7 +41,7 @@ use aya_ebpf::{
 use network_types::{eth::EthHdr, ip::Ipv6Hdr};
 use vmpath_common::{
     DatagramKey, FRAG_IN, FRAG_OUT, InboundFlow, L2Hop, NAT_ST_CLOSING, NAT_ST_OPEN, NET_F_INGRESS,
-    NO_PORT_ID, NatEntry6, NatKey6, NetworkInfo, PortInfo, SnatConfig, drop_reason, maps,
+    NO_PORT_ID, NatEntry6, NatKey6, NetworkInfo, PortInfo, SnatConfig, drop_reason, maps, skb_cb,
     tail_call,
 };
 
@@ -309,8 +309,8 @@ fn through_cb(ctx: &TcContext, first_at: usize, l4_off: usize) -> Result<usize, 
     // handing back the value stored.
     let v = unsafe {
         let cb = &mut (*ctx.skb.skb).cb;
-        cb[4] = ((first_at as u32) << 16) | l4_off as u32;
-        core::ptr::read_volatile(&cb[4])
+        cb[skb_cb::SCRATCH] = ((first_at as u32) << 16) | l4_off as u32;
+        core::ptr::read_volatile(&cb[skb_cb::SCRATCH])
     };
     Ok((v & OFF_MAX as u32) as usize)
 }
@@ -427,8 +427,8 @@ fn remember6(ctx: &TcContext, key: &NatKey6, addr: &[u8; 16], now: u64) {
     // this run; cb[4] as `through_cb` left it, cleared after.
     let at = unsafe {
         let cb = &mut (*ctx.skb.skb).cb;
-        let at = cb[4] >> 16;
-        cb[4] = 0;
+        let at = cb[skb_cb::SCRATCH] >> 16;
+        cb[skb_cb::SCRATCH] = 0;
         at
     };
     if at == 0 {
