@@ -79,3 +79,35 @@ pub fn clock_ns(clock: libc::clockid_t) -> u64 {
     assert_eq!(unsafe { libc::clock_gettime(clock, &mut ts) }, 0);
     ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
+
+/// An `__sk_buff` for BPF_PROG_TEST_RUN: a frame that arrived on `ifindex`.
+pub fn skb_ctx(ifindex: u32) -> [u8; SKB_CTX_LEN] {
+    let mut ctx = [0u8; SKB_CTX_LEN];
+    ctx[SKB_INGRESS_IFINDEX..SKB_INGRESS_IFINDEX + 4].copy_from_slice(&ifindex.to_ne_bytes());
+    ctx[SKB_IFINDEX..SKB_IFINDEX + 4].copy_from_slice(&ifindex.to_ne_bytes());
+    ctx
+}
+
+/// BPF_PROG_TEST_RUN of the data path's classifier `prog` on `frame`
+/// with the `__sk_buff` `ctx`: its verdict and the frame as it left.
+pub fn run_classifier(
+    dp: &dataplane::Dataplane,
+    prog: &str,
+    ctx: &[u8; SKB_CTX_LEN],
+    frame: &[u8],
+) -> (u32, Vec<u8>) {
+    use aya::programs::{TestRun as _, TestRunOptions};
+    let mut out = vec![0u8; 8192];
+    let r = dp
+        .classifier(prog)
+        .unwrap()
+        .test_run(TestRunOptions {
+            data_in: Some(frame),
+            data_out: Some(&mut out),
+            ctx_in: Some(ctx),
+            ..Default::default()
+        })
+        .expect("test_run");
+    out.truncate(r.data_size_out as usize);
+    (r.return_value, out)
+}

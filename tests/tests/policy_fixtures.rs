@@ -14,10 +14,7 @@
 //! Needs root. Run with:
 //!   cargo nextest run -p vmpath-tests -E 'test(/^policy_fixtures::/)'
 
-use aya::{
-    maps::lpm_trie::Key,
-    programs::{TestRun, TestRunOptions},
-};
+use aya::maps::lpm_trie::Key;
 use etherparse::PacketBuilder;
 use vmpath::dataplane::Dataplane;
 use vmpath_common::{
@@ -28,8 +25,8 @@ use vmpath_common::{
 };
 use vmpath_tests::{
     prog_fixture::{
-        BpffsRoot, SKB_CB, SKB_CTX_LEN, SKB_IFINDEX, SKB_INGRESS_IFINDEX, TC_ACT_REDIRECT,
-        TC_ACT_SHOT, in_fresh_netns,
+        BpffsRoot, SKB_CB, SKB_CTX_LEN, TC_ACT_REDIRECT, TC_ACT_SHOT, in_fresh_netns,
+        run_classifier, skb_ctx,
     },
     run,
 };
@@ -142,18 +139,7 @@ impl Fx {
     }
 
     fn run(&self, prog: &str, ctx: &[u8; SKB_CTX_LEN], frame: &[u8]) -> u32 {
-        let mut out = vec![0u8; 8192];
-        self.dp
-            .classifier(prog)
-            .unwrap()
-            .test_run(TestRunOptions {
-                data_in: Some(frame),
-                data_out: Some(&mut out),
-                ctx_in: Some(ctx),
-                ..Default::default()
-            })
-            .expect("test_run")
-            .return_value
+        run_classifier(&self.dp, prog, ctx, frame).0
     }
 
     /// `vm_policy_in` delivering `frame` (arriving on the peer's port) to A.
@@ -180,13 +166,6 @@ impl Fx {
     fn drops(&self, reason: u32) -> u64 {
         self.dp.maps().drop_counts().unwrap()[reason as usize]
     }
-}
-
-fn skb_ctx(ifindex: u32) -> [u8; SKB_CTX_LEN] {
-    let mut ctx = [0u8; SKB_CTX_LEN];
-    ctx[SKB_INGRESS_IFINDEX..SKB_INGRESS_IFINDEX + 4].copy_from_slice(&ifindex.to_ne_bytes());
-    ctx[SKB_IFINDEX..SKB_IFINDEX + 4].copy_from_slice(&ifindex.to_ne_bytes());
-    ctx
 }
 
 fn tcp(src: [u8; 4], dst: [u8; 4], sp: u16, dp: u16) -> Vec<u8> {

@@ -14,10 +14,7 @@
 //! Needs root. Run with:
 //!   cargo nextest run -p vmpath-tests -E 'test(/^service6_fixtures::/)'
 
-use aya::{
-    maps::lpm_trie::Key,
-    programs::{TestRun, TestRunOptions},
-};
+use aya::maps::lpm_trie::Key;
 use etherparse::PacketBuilder;
 use vmpath::dataplane::Dataplane;
 use vmpath_common::{
@@ -28,8 +25,8 @@ use vmpath_common::{
 };
 use vmpath_tests::{
     prog_fixture::{
-        BpffsRoot, SKB_CB, SKB_CTX_LEN, SKB_IFINDEX, SKB_INGRESS_IFINDEX, TC_ACT_REDIRECT,
-        TC_ACT_SHOT, in_fresh_netns,
+        BpffsRoot, SKB_CB, SKB_CTX_LEN, TC_ACT_REDIRECT, TC_ACT_SHOT, in_fresh_netns,
+        run_classifier, skb_ctx,
     },
     run,
 };
@@ -198,20 +195,7 @@ impl Fx {
     }
 
     fn run(&self, prog: &str, ctx: &[u8; SKB_CTX_LEN], frame: &[u8]) -> (u32, Vec<u8>) {
-        let mut out = vec![0u8; 8192];
-        let r = self
-            .dp
-            .classifier(prog)
-            .unwrap()
-            .test_run(TestRunOptions {
-                data_in: Some(frame),
-                data_out: Some(&mut out),
-                ctx_in: Some(ctx),
-                ..Default::default()
-            })
-            .expect("test_run");
-        out.truncate(r.data_size_out as usize);
-        (r.return_value, out)
+        run_classifier(&self.dp, prog, ctx, frame)
     }
 
     /// `vm_service6` on A's port.
@@ -247,13 +231,6 @@ impl Fx {
             .map(|s| s.tx_packets)
             .sum()
     }
-}
-
-fn skb_ctx(ifindex: u32) -> [u8; SKB_CTX_LEN] {
-    let mut ctx = [0u8; SKB_CTX_LEN];
-    ctx[SKB_INGRESS_IFINDEX..SKB_INGRESS_IFINDEX + 4].copy_from_slice(&ifindex.to_ne_bytes());
-    ctx[SKB_IFINDEX..SKB_IFINDEX + 4].copy_from_slice(&ifindex.to_ne_bytes());
-    ctx
 }
 
 const TCP_ACK: u8 = 0x10;

@@ -32,8 +32,8 @@ use vmpath_common::{
 };
 use vmpath_tests::{
     prog_fixture::{
-        BpffsRoot, SKB_CTX_LEN, SKB_IFINDEX, SKB_INGRESS_IFINDEX, TC_ACT_REDIRECT, TC_ACT_SHOT,
-        ifindex_of, in_fresh_netns,
+        BpffsRoot, SKB_CTX_LEN, TC_ACT_REDIRECT, TC_ACT_SHOT, ifindex_of, in_fresh_netns,
+        run_classifier, skb_ctx,
     },
     run,
 };
@@ -218,20 +218,7 @@ impl Fx {
 
     /// test_run of `prog` with the `__sk_buff` `ctx`.
     fn run_with(&self, prog: &str, ctx: &[u8; SKB_CTX_LEN], frame: &[u8]) -> (u32, Vec<u8>) {
-        let mut out = vec![0u8; 8192];
-        let r = self
-            .dp
-            .classifier(prog)
-            .unwrap()
-            .test_run(TestRunOptions {
-                data_in: Some(frame),
-                data_out: Some(&mut out),
-                ctx_in: Some(ctx),
-                ..Default::default()
-            })
-            .expect("test_run");
-        out.truncate(r.data_size_out as usize);
-        (r.return_value, out)
+        run_classifier(&self.dp, prog, ctx, frame)
     }
 
     fn egress(&self, frame: &[u8]) -> (u32, Vec<u8>) {
@@ -996,13 +983,6 @@ fn snat_icmp_errors_are_translated_back_to_the_vm() {
 }
 
 /// An `__sk_buff` for a frame arriving on `ifindex`.
-fn skb_ctx(ifindex: u32) -> [u8; SKB_CTX_LEN] {
-    let mut ctx = [0u8; SKB_CTX_LEN];
-    ctx[SKB_INGRESS_IFINDEX..SKB_INGRESS_IFINDEX + 4].copy_from_slice(&ifindex.to_ne_bytes());
-    ctx[SKB_IFINDEX..SKB_IFINDEX + 4].copy_from_slice(&ifindex.to_ne_bytes());
-    ctx
-}
-
 /// `frame` (IPv4) with its TTL set to `ttl` and the header checksum fixed.
 fn with_ttl(mut frame: Vec<u8>, ttl: u8) -> Vec<u8> {
     frame[14 + 8] = ttl;
