@@ -93,7 +93,7 @@ impl Image {
 
 pub fn run(opts: &Options) -> Result<()> {
     let start = Instant::now();
-    let image = build(&opts.name, opts.version_suffix.as_deref())?;
+    let image = build(&opts.name, opts.version_suffix.as_deref(), Profile::Release)?;
     let bird = bird::build(&image)?;
     if opts.json {
         let mut v = image.to_json();
@@ -123,8 +123,34 @@ fn mib(bytes: u64) -> f64 {
     bytes as f64 / (1024.0 * 1024.0)
 }
 
+/// How the image's binaries are compiled.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Profile {
+    /// `cargo xtask image`: what is shipped (cargo's `release` profile).
+    Release,
+    /// The image tests' images (Cargo.toml's `image-test` profile): the
+    /// same sources, static, stripped and remapped like the release, but
+    /// not optimised. On two cores the optimised build of the whole
+    /// dependency tree was the longest part of a cold CI run (minutes
+    /// after the last other test), and what the image tests check (the
+    /// image's assembly, init steps, upgrade, cleanup, the BIRD sidecar)
+    /// does not depend on the compiler's optimisation: the data path is
+    /// the same eBPF object either way.
+    Test,
+}
+
+impl Profile {
+    /// Cargo's profile name, which is also its output folder's name.
+    fn cargo_name(self) -> &'static str {
+        match self {
+            Profile::Release => "release",
+            Profile::Test => "image-test",
+        }
+    }
+}
+
 /// Builds the static binaries and assembles the image from them.
-pub fn build(name: &str, version_suffix: Option<&str>) -> Result<Image> {
+pub fn build(name: &str, version_suffix: Option<&str>, profile: Profile) -> Result<Image> {
     if let Some(s) = version_suffix {
         ensure!(
             !s.is_empty()
@@ -134,7 +160,7 @@ pub fn build(name: &str, version_suffix: Option<&str>) -> Result<Image> {
             "--version-suffix {s:?}: use 1 to 40 of A-Z a-z 0-9 - . _ (it goes into the image tag)"
         );
     }
-    let bins = static_binaries(version_suffix)?;
+    let bins = static_binaries(version_suffix, profile)?;
     let (version, revision) = reported_version(&bins)?;
     let tag = if revision == "unknown" {
         version.clone()
@@ -175,6 +201,8 @@ pub fn build(name: &str, version_suffix: Option<&str>) -> Result<Image> {
         // The binaries embed the eBPF object (ebpf/Cargo.toml's license);
         // nft and its libraries come with their Debian copyright files.
         "org.opencontainers.image.licenses": "(MIT OR Apache-2.0) AND (MIT OR GPL-2.0-only) AND GPL-2.0-only",
+        // Which cargo profile built the binaries: a test image says so.
+        "dev.vmpath.cargo-profile": profile.cargo_name(),
     });
     let written = write_archive(&Assembly {
         dir: image_dir()?,
@@ -316,8 +344,8 @@ pub(crate) fn write_archive(a: &Assembly) -> Result<Written> {
 /// another version (`suffix`): an upgrade from one to the other is a real
 /// image-to-image upgrade. The second is rebuilt only when the first
 /// changed (its suffix recompiles the binaries' `main.rs` alone).
-pub fn build_with_successor(suffix: &str) -> Result<(Image, Image)> {
-    let image = build(DEFAULT_NAME, None)?;
+pub fn build_with_successor(suffix: &str, profile: Profile) -> Result<(Image, Image)> {
+    let image = build(DEFAULT_NAME, None, profile)?;
     let stamp = image_dir()?.join(format!("successor{suffix}.json"));
     let cached = fs::read_to_string(&stamp)
         .ok()
@@ -329,7 +357,7 @@ pub fn build_with_successor(suffix: &str) -> Result<(Image, Image)> {
         println!("image: {} (unchanged)", next.reference);
         return Ok((image, next));
     }
-    let next = build(DEFAULT_NAME, Some(suffix))?;
+    let next = build(DEFAULT_NAME, Some(suffix), profile)?;
     fs::write(
         &stamp,
         json!({"base": image.digest, "image": next.to_json()}).to_string(),
@@ -385,10 +413,11 @@ fn oci_arch() -> Result<&'static str> {
     })
 }
 
-/// `cargo build --release` of both binaries, statically linked (glibc's
-/// static libc: nothing to load at run time, so the image needs no base).
-/// Paths are remapped so the binaries do not carry the build machine's.
-fn static_binaries(version_suffix: Option<&str>) -> Result<PathBuf> {
+/// `cargo build --profile <profile>` of both binaries, statically linked
+/// (glibc's static libc: nothing to load at run time, so the image needs no
+/// base). Paths are remapped so the binaries do not carry the build
+/// machine's.
+fn static_binaries(version_suffix: Option<&str>, profile: Profile) -> Result<PathBuf> {
     let triple = target_triple();
     let root = cargo::root()
         .canonicalize()
@@ -405,7 +434,13 @@ fn static_binaries(version_suffix: Option<&str>) -> Result<PathBuf> {
     ]
     .join("\x1f");
     let mut c = cargo::cargo();
-    c.args(["build", "--release", "--target", &triple]);
+    c.args([
+        "build",
+        "--profile",
+        profile.cargo_name(),
+        "--target",
+        &triple,
+    ]);
     for bin in BINARIES {
         c.args(["-p", bin]);
     }
@@ -425,7 +460,9 @@ fn static_binaries(version_suffix: Option<&str>) -> Result<PathBuf> {
         cmd::display(&c)
     );
     cmd::run("building the static binaries", &mut c)?;
-    let dir = cargo::target_dir()?.join(&triple).join("release");
+    let dir = cargo::target_dir()?
+        .join(&triple)
+        .join(profile.cargo_name());
     for bin in BINARIES {
         let path = dir.join(bin);
         ensure!(

@@ -6,8 +6,9 @@
 //! cargo-nextest (`.config/nextest.toml`: how many tests at once, which
 //! ones share the machine with nobody).
 //!
-//! The images' static release build shares nothing with the tests' debug
-//! build (other profile, other rustflags), and on two cores it is minutes
+//! The images' static build (profile `image-test`: release's settings,
+//! unoptimised; `image::Profile::Test`) shares nothing with the tests'
+//! debug build (other profile, other rustflags), and on two cores it is minutes
 //! of a cold run. So it runs beside the tests, niced (the tests mostly wait
 //! on packets and timers; a niced build takes only the CPU they leave), in
 //! a target directory of its own (no lock shared with the tests' build),
@@ -185,7 +186,7 @@ impl ImageBuild {
 /// image, its successor and the BIRD image; write their archives' paths to
 /// `out` as JSON.
 pub fn build_images(out: &Path) -> Result<()> {
-    let (current, next) = image::build_with_successor(NEXT_SUFFIX)?;
+    let (current, next) = image::build_with_successor(NEXT_SUFFIX, image::Profile::Test)?;
     let bird = image::bird::build(&current)?;
     let v = json!({
         "current": current.archive,
