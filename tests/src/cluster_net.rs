@@ -5,8 +5,10 @@
 //!   `host-local` IPAM (Debian's containernetworking-plugins), a bridge
 //!   `cni0` with the node's pod CIDR, as flannel's or kindnet's nodes have;
 //! - the nodes joined on an underlay link and routing each other's pod
-//!   CIDRs (static routes, what a routed CNI's agent installs);
-//! - kube-proxy's iptables rules for ClusterIP and NodePort Services,
+//!   CIDRs (static routes, what a routed CNI's agent installs); dual-stack:
+//!   every node and pod has an IPv4 and an IPv6 address;
+//! - kube-proxy's iptables rules for ClusterIP and NodePort Services (and
+//!   ip6tables' for IPv6 Services: kube-proxy keeps one table per family),
 //!   written the way kube-proxy (iptables mode) writes them: `KUBE-SERVICES`
 //!   jumps from PREROUTING and OUTPUT, a `KUBE-SVC-*` chain per Service
 //!   port picking a `KUBE-SEP-*` chain per endpoint that DNATs to it,
@@ -32,12 +34,20 @@ pub const CNI_PLUGINS: &str = "/usr/lib/cni";
 
 /// The cluster's pod CIDR (every node's pod CIDR is a /24 of it).
 pub const POD_CIDR: &str = "10.244.0.0/16";
+/// The cluster's IPv6 pod CIDR (every node's is a /64 of it).
+pub const POD_CIDR6: &str = "fd00:10:244::/56";
 /// The cluster's Service CIDR.
 pub const SERVICE_CIDR: &str = "10.96.0.0/16";
+/// The cluster's IPv6 Service CIDR.
+pub const SERVICE_CIDR6: &str = "fd00:10:96::/112";
 /// The underlay's router, every node's default route.
 pub const ROUTER: &str = "192.168.90.254";
+/// The underlay's IPv6 router.
+pub const ROUTER6: &str = "fd00:90::fe";
 /// The DNS Service's ClusterIP (kube-system/kube-dns).
 pub const DNS_IP: &str = "10.96.0.10";
+/// The DNS Service's IPv6 ClusterIP (a dual-stack Service's second).
+pub const DNS_IP6: &str = "fd00:10:96::a";
 /// The cluster's DNS domain.
 pub const DOMAIN: &str = "cluster.local";
 
@@ -50,6 +60,10 @@ pub struct ClusterNode {
     pub address: String,
     /// This node's pod CIDR, a /24 of [`POD_CIDR`].
     pub pod_cidr: String,
+    /// The node's IPv6 address on the underlay.
+    pub address6: String,
+    /// This node's IPv6 pod CIDR, a /64 of [`POD_CIDR6`].
+    pub pod_cidr6: String,
     dir: PathBuf,
 }
 
@@ -66,17 +80,24 @@ impl ClusterNode {
     }
 
     /// A pod of the cluster's own network on this node: a namespace whose
-    /// `eth0` the `bridge` plugin makes (host-local picks the address),
-    /// with the default route to the node's bridge. Returns the pod and
-    /// its address.
+    /// `eth0` the `bridge` plugin makes (host-local picks the addresses),
+    /// with the default routes to the node's bridge. Returns the pod and
+    /// its IPv4 address.
     pub fn pod(&self, name: &str) -> (Netns, String) {
+        let (pod, ip, _) = self.pod_dual(name);
+        (pod, ip)
+    }
+
+    /// [`ClusterNode::pod`], returning its IPv4 and IPv6 addresses.
+    pub fn pod_dual(&self, name: &str) -> (Netns, String, String) {
         let pod = Netns::new(format!("vt{}-cp{name}", unique_tag()));
         let conf = format!(
             r#"{{"cniVersion": "1.0.0", "name": "cluster", "type": "bridge", "bridge": "cni0",
                 "isGateway": true, "ipMasq": false,
-                "ipam": {{"type": "host-local", "ranges": [[{{"subnet": "{}"}}]],
-                          "routes": [{{"dst": "0.0.0.0/0"}}], "dataDir": "{}"}}}}"#,
+                "ipam": {{"type": "host-local", "ranges": [[{{"subnet": "{}"}}], [{{"subnet": "{}"}}]],
+                          "routes": [{{"dst": "0.0.0.0/0"}}, {{"dst": "::/0"}}], "dataDir": "{}"}}}}"#,
             self.pod_cidr,
+            self.pod_cidr6,
             self.dir.join("ipam").display()
         );
         let mut child = Command::new("nsenter")
@@ -108,12 +129,31 @@ impl ClusterNode {
             String::from_utf8_lossy(&out.stdout),
             String::from_utf8_lossy(&out.stderr)
         );
-        let ip = result["ips"][0]["address"]
-            .as_str()
-            .and_then(|a| a.split_once('/'))
-            .map(|(ip, _)| ip.to_string())
-            .unwrap_or_else(|| panic!("an address from host-local: {result}"));
-        (pod, ip)
+        let address = |v6: bool| {
+            result["ips"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(|a| a["address"].as_str()?.split_once('/'))
+                .map(|(ip, _)| ip.to_string())
+                .find(|ip| ip.contains(':') == v6)
+                .unwrap_or_else(|| panic!("an address of each family from host-local: {result}"))
+        };
+        let (ip, ip6) = (address(false), address(true));
+        // The address is usable once DAD is done (a test's first packet
+        // must not be lost to a tentative address).
+        crate::wait_for(
+            "the pod's and its gateway's IPv6 addresses past DAD",
+            std::time::Duration::from_secs(10),
+            || {
+                !pod.run(&["ip", "-6", "addr", "show", "dev", "eth0", "tentative"])
+                    .contains("inet6")
+                    && !self
+                        .run(&["ip", "-6", "addr", "show", "dev", "cni0", "tentative"])
+                        .contains("inet6")
+            },
+        );
+        (pod, ip, ip6)
     }
 }
 
@@ -126,10 +166,12 @@ pub struct ClusterNet {
 }
 
 impl ClusterNet {
-    /// Joins the namespaces `node_ns` (e.g. vmpath `Node`s' `ns`) on an underlay (node i: 192.168.90.(i+1)/24 on `cl0`,
-    /// the default route via [`ROUTER`]),
-    /// gives node i the pod CIDR 10.244.i.0/24, routes every other node's
-    /// pod CIDR through that node, and turns forwarding on.
+    /// Joins the namespaces `node_ns` (e.g. vmpath `Node`s' `ns`) on an
+    /// underlay (node i: 192.168.90.(i+1)/24 and fd00:90::(i+1)/64 on
+    /// `cl0`, the default routes via [`ROUTER`] and [`ROUTER6`]), gives
+    /// node i the pod CIDRs 10.244.i.0/24 and fd00:10:244:i::/64, routes
+    /// every other node's pod CIDRs through that node, and turns
+    /// forwarding on.
     pub fn new(node_ns: &[&Netns]) -> ClusterNet {
         let tag = unique_tag();
         let dir = std::env::temp_dir().join(format!("vmpath-cluster-net-{tag}"));
@@ -142,6 +184,15 @@ impl ClusterNet {
         // node has one (without it, an address no route covers would look
         // like the node's own to a FIB lookup).
         underlay.run(&["ip", "addr", "add", &format!("{ROUTER}/24"), "dev", "br0"]);
+        underlay.run(&[
+            "ip",
+            "addr",
+            "add",
+            &format!("{ROUTER6}/64"),
+            "dev",
+            "br0",
+            "nodad",
+        ]);
         let mut nodes = Vec::new();
         for (i, ns) in node_ns.iter().enumerate() {
             let index = u8::try_from(i).expect("a few nodes");
@@ -150,6 +201,8 @@ impl ClusterNet {
                 index,
                 address: format!("192.168.90.{}", index + 1),
                 pod_cidr: format!("10.244.{index}.0/24"),
+                address6: format!("fd00:90::{}", index + 1),
+                pod_cidr6: format!("fd00:10:244:{index}::/64"),
                 dir: dir.join(format!("node{index}")),
             };
             fs::create_dir_all(&node.dir).unwrap();
@@ -163,6 +216,15 @@ impl ClusterNet {
                 "",
             );
             underlay.run(&["ip", "link", "set", &peer, "master", "br0"]);
+            ns.run(&[
+                "ip",
+                "addr",
+                "add",
+                &format!("{}/64", node.address6),
+                "dev",
+                "cl0",
+                "nodad",
+            ]);
             crate::enable_forwarding(ns);
             nodes.push(node);
         }
@@ -174,8 +236,16 @@ impl ClusterNet {
             if !has_default {
                 a.run(&["ip", "route", "add", "default", "via", ROUTER]);
             }
+            let has_default6 = !a
+                .run(&["ip", "-6", "route", "show", "default"])
+                .trim()
+                .is_empty();
+            if !has_default6 {
+                a.run(&["ip", "-6", "route", "add", "default", "via", ROUTER6]);
+            }
             for b in nodes.iter().filter(|b| b.index != a.index) {
                 a.run(&["ip", "route", "add", &b.pod_cidr, "via", &b.address]);
+                a.run(&["ip", "-6", "route", "add", &b.pod_cidr6, "via", &b.address6]);
             }
         }
         ClusterNet {
@@ -186,13 +256,24 @@ impl ClusterNet {
     }
 
     /// kube-proxy's rules for `services` on every node (iptables mode,
-    /// the nat table replaced whole, as `iptables-restore` does for it).
+    /// the nat table of each family replaced whole, as `iptables-restore`
+    /// and `ip6tables-restore` do for it).
     pub fn kube_proxy(&self, services: &[Service]) {
-        let rules = kube_proxy_rules(services);
+        for (restore, v6) in [("iptables-restore", false), ("ip6tables-restore", true)] {
+            let family: Vec<Service> = services
+                .iter()
+                .filter(|s| s.cluster_ip.contains(':') == v6)
+                .cloned()
+                .collect();
+            self.restore(restore, &kube_proxy_rules(&family));
+        }
+    }
+
+    fn restore(&self, restore: &str, rules: &str) {
         for n in &self.nodes {
             let mut child = Command::new("nsenter")
                 .arg(format!("--net=/run/netns/{}", n.ns_name))
-                .args(["iptables-restore"])
+                .arg(restore)
                 .stdin(Stdio::piped())
                 .stdout(Stdio::piped())
                 .stderr(Stdio::piped())
@@ -207,7 +288,7 @@ impl ClusterNet {
             let out = child.wait_with_output().unwrap();
             assert!(
                 out.status.success(),
-                "iptables-restore on {}: {}\n{rules}",
+                "{restore} on {}: {}\n{rules}",
                 n.ns_name,
                 String::from_utf8_lossy(&out.stderr)
             );
@@ -275,8 +356,23 @@ fn chain_hash(prefix: &str, what: &str) -> String {
     format!("{prefix}-{s}")
 }
 
-/// The nat table kube-proxy writes for `services`.
+/// The nat table kube-proxy writes for `services` (all of one family:
+/// kube-proxy writes each family's to its own table).
 pub fn kube_proxy_rules(services: &[Service]) -> String {
+    let host = |ip: &str| {
+        if ip.contains(':') {
+            format!("{ip}/128")
+        } else {
+            format!("{ip}/32")
+        }
+    };
+    let socket = |ip: &str, port: u16| {
+        if ip.contains(':') {
+            format!("[{ip}]:{port}")
+        } else {
+            format!("{ip}:{port}")
+        }
+    };
     let mut chains = vec![
         "KUBE-SERVICES".to_string(),
         "KUBE-NODEPORTS".to_string(),
@@ -298,8 +394,10 @@ pub fn kube_proxy_rules(services: &[Service]) -> String {
         let svc = chain_hash("KUBE-SVC", &format!("{}{p}", s.name));
         chains.push(svc.clone());
         rules.push(format!(
-            "-A KUBE-SERVICES -d {}/32 -p {p} -m comment --comment \"{} cluster IP\" -m {p} --dport {} -j {svc}",
-            s.cluster_ip, s.name, s.port
+            "-A KUBE-SERVICES -d {} -p {p} -m comment --comment \"{} cluster IP\" -m {p} --dport {} -j {svc}",
+            host(&s.cluster_ip),
+            s.name,
+            s.port
         ));
         if let Some(np) = s.node_port {
             let ext = chain_hash("KUBE-EXT", &format!("{}{p}", s.name));
@@ -332,12 +430,14 @@ pub fn kube_proxy_rules(services: &[Service]) -> String {
                 ));
             }
             rules.push(format!(
-                "-A {sep} -s {ip}/32 -m comment --comment \"{}\" -j KUBE-MARK-MASQ",
+                "-A {sep} -s {} -m comment --comment \"{}\" -j KUBE-MARK-MASQ",
+                host(ip),
                 s.name
             ));
             rules.push(format!(
-                "-A {sep} -p {p} -m comment --comment \"{}\" -m {p} -j DNAT --to-destination {ip}:{port}",
-                s.name
+                "-A {sep} -p {p} -m comment --comment \"{}\" -m {p} -j DNAT --to-destination {}",
+                s.name,
+                socket(ip, *port)
             ));
         }
     }
@@ -361,18 +461,24 @@ pub fn kube_proxy_rules(services: &[Service]) -> String {
 }
 
 /// dnsmasq in `pod` (at `pod_ip`), answering for `records` (name under
-/// [`DOMAIN`], address) and nothing else; killed on drop.
+/// [`DOMAIN`], address: `a`, or `a,aaaa` for both families) and nothing
+/// else; killed on drop.
 pub struct Dns(Child);
 
 impl Dns {
     pub fn start(pod: &Netns, pod_ip: &str, records: &[(&str, &str)]) -> Dns {
+        Dns::start_on(pod, &[pod_ip], records)
+    }
+
+    /// [`Dns::start`], listening on each of `pod_ips`.
+    pub fn start_on(pod: &Netns, pod_ips: &[&str], records: &[(&str, &str)]) -> Dns {
         let mut args = vec![
             "dnsmasq".to_string(),
             "--keep-in-foreground".into(),
             "--no-resolv".into(),
             "--no-hosts".into(),
             "--bind-interfaces".into(),
-            format!("--listen-address={pod_ip}"),
+            format!("--listen-address={}", pod_ips.join(",")),
             "--user=root".into(),
             "--pid-file".into(),
             "--conf-file=/dev/null".into(),
@@ -388,8 +494,16 @@ impl Dns {
             "dnsmasq listening",
             std::time::Duration::from_secs(20),
             || {
-                String::from_utf8_lossy(&pod.run_status(&["ss", "-lun"]).stdout)
-                    .contains(&format!("{pod_ip}:53"))
+                let listening =
+                    String::from_utf8_lossy(&pod.run_status(&["ss", "-lun"]).stdout).into_owned();
+                pod_ips.iter().all(|ip| {
+                    let at = if ip.contains(':') {
+                        format!("[{ip}]:53")
+                    } else {
+                        format!("{ip}:53")
+                    };
+                    listening.contains(&at)
+                })
             },
         );
         dns
@@ -423,16 +537,36 @@ pub fn resolve(ns: &Netns, name: &str, server: &str) -> Option<String> {
 pub struct Echo(Child);
 
 impl Echo {
+    /// On IPv4 (`0.0.0.0`).
     pub fn start(ns: &Netns, proto: Proto, port: u16) -> Echo {
+        Echo::start_family(ns, proto, port, false)
+    }
+
+    /// On IPv6 (`::`, IPv6 only: beside an IPv4 one on the same port).
+    pub fn start6(ns: &Netns, proto: Proto, port: u16) -> Echo {
+        Echo::start_family(ns, proto, port, true)
+    }
+
+    fn start_family(ns: &Netns, proto: Proto, port: u16, v6: bool) -> Echo {
+        let (family, any) = if v6 {
+            ("AF_INET6", "::")
+        } else {
+            ("AF_INET", "0.0.0.0")
+        };
+        let v6only = if v6 {
+            "s.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)\n"
+        } else {
+            ""
+        };
         let script = match proto {
             Proto::Tcp => format!(
-                "import socket\ns = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)\n\
-                 s.bind(('0.0.0.0', {port})); s.listen(16); print('ready', flush=True)\n\
+                "import socket\ns = socket.socket(socket.{family}); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)\n{v6only}\
+                 s.bind(('{any}', {port})); s.listen(16); print('ready', flush=True)\n\
                  while True:\n    c, a = s.accept()\n    try:\n        c.sendall(c.recv(100) + b' from ' + a[0].encode())\n    except OSError:\n        pass\n    c.close()\n"
             ),
             Proto::Udp => format!(
-                "import socket\ns = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)\n\
-                 s.bind(('0.0.0.0', {port})); print('ready', flush=True)\n\
+                "import socket\ns = socket.socket(socket.{family}, socket.SOCK_DGRAM)\n{v6only}\
+                 s.bind(('{any}', {port})); print('ready', flush=True)\n\
                  while True:\n    d, a = s.recvfrom(100); s.sendto(d + b' from ' + a[0].encode(), a)\n"
             ),
         };
@@ -458,13 +592,18 @@ impl Drop for Echo {
 /// Sends "probe" to `ip:port` over `proto` from `ns`; the answer ("probe
 /// from <the source the server saw>"), or `None` when none came in 2 s.
 pub fn ask(ns: &Netns, proto: Proto, ip: &str, port: u16) -> Option<String> {
+    let family = if ip.contains(':') {
+        "AF_INET6"
+    } else {
+        "AF_INET"
+    };
     let script = match proto {
         Proto::Tcp => format!(
             "import socket\ntry:\n    s = socket.create_connection(('{ip}', {port}), timeout=2); s.settimeout(2)\n    \
              s.sendall(b'probe'); print(s.recv(100).decode())\nexcept OSError:\n    print('')\n"
         ),
         Proto::Udp => format!(
-            "import socket\ns = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); s.settimeout(2)\ntry:\n    \
+            "import socket\ns = socket.socket(socket.{family}, socket.SOCK_DGRAM); s.settimeout(2)\ntry:\n    \
              s.sendto(b'probe', ('{ip}', {port})); print(s.recv(100).decode())\nexcept OSError:\n    print('')\n"
         ),
     };

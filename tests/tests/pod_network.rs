@@ -528,3 +528,265 @@ fn a_pod_on_the_pod_network_reaches_the_clusters_dns_services_and_pods_and_is_re
         "kubelet's probe under deny-all"
     );
 }
+
+/// The same crossing over IPv6, on a dual-stack pod network: names
+/// through the DNS Service's IPv6 ClusterIP (an AAAA query over IPv6), TCP
+/// and UDP ClusterIPs, the `kubernetes` Service and a cluster pod by
+/// address, all from the node's IPv6 address (ip6tables' kube-proxy
+/// chains, the hand-off's `ip6` masquerade); kubelet's probe to the pod's
+/// IPv6 address, a cluster pod on this node through an IPv6 ClusterIP (its
+/// own address kept) and through this node's IPv6 NodePort; and the
+/// tenant's way round: a kube-proxy Service whose backend is another
+/// namespace's VM is refused by the stack (`ip6 saddr @primary6 ip6 daddr
+/// @primary6`, counted) while the data path still carries the direct path.
+#[test]
+fn a_pod_on_a_dual_stack_pod_network_reaches_the_clusters_services_over_ipv6_and_is_reached() {
+    use vmpath_tests::cluster_net::{
+        self, ClusterNet, DNS_IP6, Dns, Echo, POD_CIDR, POD_CIDR6, Proto, SERVICE_CIDR,
+        SERVICE_CIDR6, Service, ask, resolve,
+    };
+
+    assert!(
+        cluster_net::have_dnsmasq(),
+        "dnsmasq is missing: run `cargo xtask setup`"
+    );
+    let mut node = Node::new("p6");
+    let other = Netns::new(format!("vt{}-p61", unique_tag()));
+    let cluster = ClusterNet::new(&[&node.ns, &other]);
+    let (node_ip6, other_ip6) = (
+        cluster.nodes[0].address6.clone(),
+        cluster.nodes[1].address6.clone(),
+    );
+
+    let (dns_pod, _, dns_ip6) = cluster.nodes[1].pod_dual("dns");
+    let (web_pod, _, web_ip6) = cluster.nodes[1].pod_dual("web");
+    let (client_pod, _, client_ip6) = cluster.nodes[0].pod_dual("client");
+    let _web_tcp = Echo::start6(&web_pod, Proto::Tcp, 8080);
+    let _web_udp = Echo::start6(&web_pod, Proto::Udp, 5353);
+    let _api = Echo::start6(&other, Proto::Tcp, 6443);
+    let _dns = Dns::start_on(
+        &dns_pod,
+        &[&dns_ip6],
+        &[
+            ("web.prod.svc", "fd00:10:96::14"),
+            ("kubernetes.default.svc", "fd00:10:96::1"),
+        ],
+    );
+
+    // blue, dual-stack, is the pod network; VM vault (namespace bank) on it.
+    let vault = node.add_vm(
+        "vault",
+        "52:54:00:00:31:0d",
+        &["10.31.0.13/24", "fd31::13/64"],
+        Some(GATEWAY),
+    );
+    let tag = unique_tag();
+    let primary = NETWORK
+        .replace("  id: 310\n", "  id: 310\n  role: Primary\n")
+        .replace(
+            "subnets: [10.31.0.0/24]",
+            "subnets: [10.31.0.0/24, 'fd31::/64']",
+        )
+        .replace(
+            "defaultGatewayIPs: [10.31.0.1]",
+            "defaultGatewayIPs: [10.31.0.1, 'fd31::1']",
+        );
+    assert!(primary.contains("fd31::1"), "{primary}");
+    let web = format!(
+        "apiVersion: v1\nkind: Pod\nmetadata:\n  name: web-0\n  namespace: prod\n  uid: u-web-{tag}\n  \
+         annotations: {{v1.multus-cni.io/default-network: prod/blue}}\n\
+         spec: {{nodeName: {}}}\nstatus: {{phase: Running}}\n",
+        node.name
+    );
+    node.write_config(
+        "cluster.yaml",
+        &[
+            primary
+                .split("\n---\n")
+                .filter(|d| !d.contains("kind: Node"))
+                .collect::<Vec<_>>()
+                .join("\n---\n"),
+            web,
+        ]
+        .join("\n---\n"),
+    );
+    node.write_config(
+        "vault.yaml",
+        &yaml::attachment(
+            "vault",
+            "blue",
+            &node.name,
+            &vault.port,
+            &vault.mac,
+            &["10.31.0.13/24", "fd31::13/64"],
+        )
+        .replace("namespace: prod", "namespace: bank"),
+    );
+    node.set_agent_args(&[
+        "--cluster-pod-cidrs",
+        &format!("{POD_CIDR},{POD_CIDR6}"),
+        "--cluster-service-cidrs",
+        &format!("{SERVICE_CIDR},{SERVICE_CIDR6}"),
+    ]);
+    node.start_agent();
+    node.wait_ports(&[&vault.port]);
+    let conf = multus::nad_conf(NETWORK, &node);
+    let pod = Netns::new(format!("vt{tag}-web"));
+    let (ok, result) = add_default_network(
+        &node,
+        &conf,
+        "web-0",
+        &format!("u-web-{tag}"),
+        &pod,
+        &format!("c{tag}web"),
+    );
+    assert!(ok, "ADD of the pod's eth0: {result}");
+    let pod_ip6 = result["ips"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|a| a["address"].as_str()?.split_once('/'))
+        .map(|(ip, _)| ip.to_string())
+        .find(|ip| ip.contains(':'))
+        .unwrap_or_else(|| panic!("an IPv6 address on the dual-stack pod network: {result}"));
+    wait_for(
+        "web-0's IPv6 address past DAD",
+        Duration::from_secs(10),
+        || {
+            !pod.run(&["ip", "-6", "addr", "show", "dev", "eth0", "tentative"])
+                .contains("inet6")
+        },
+    );
+    let _pod_tcp = Echo::start6(&pod, Proto::Tcp, 8080);
+    let _vault_udp = Echo::start6(&vault.ns, Proto::Udp, 5353);
+
+    let svc = |name: &str, ip: &str, port, proto, node_port, ep: (&str, u16)| Service {
+        name: name.to_string(),
+        cluster_ip: ip.to_string(),
+        port,
+        proto,
+        node_port,
+        endpoints: vec![(ep.0.to_string(), ep.1)],
+    };
+    cluster.kube_proxy(&[
+        svc(
+            "kube-system/kube-dns:dns",
+            DNS_IP6,
+            53,
+            Proto::Udp,
+            None,
+            (&dns_ip6, 53),
+        ),
+        svc(
+            "default/kubernetes:https",
+            "fd00:10:96::1",
+            443,
+            Proto::Tcp,
+            None,
+            (&other_ip6, 6443),
+        ),
+        svc(
+            "prod/web:http",
+            "fd00:10:96::14",
+            80,
+            Proto::Tcp,
+            None,
+            (&web_ip6, 8080),
+        ),
+        svc(
+            "prod/web:udp",
+            "fd00:10:96::15",
+            5353,
+            Proto::Udp,
+            None,
+            (&web_ip6, 5353),
+        ),
+        svc(
+            "prod/web-0:http",
+            "fd00:10:96::1e",
+            80,
+            Proto::Tcp,
+            Some(30080),
+            (&pod_ip6, 8080),
+        ),
+        svc(
+            "bank/vault:udp",
+            "fd00:10:96::28",
+            5353,
+            Proto::Udp,
+            None,
+            ("fd31::13", 5353),
+        ),
+    ]);
+
+    // Out: each arrives from the node's IPv6 address, each answer returns.
+    wait_for(
+        "web.prod.svc resolved through the DNS Service's IPv6 ClusterIP",
+        Duration::from_secs(20),
+        || {
+            resolve(&pod, "web.prod.svc.cluster.local", DNS_IP6).as_deref()
+                == Some("fd00:10:96::14")
+        },
+    );
+    let from_node = format!("probe from {node_ip6}");
+    assert_eq!(
+        ask(&pod, Proto::Tcp, "fd00:10:96::14", 80),
+        Some(from_node.clone()),
+        "TCP ClusterIP over IPv6"
+    );
+    assert_eq!(
+        ask(&pod, Proto::Udp, "fd00:10:96::15", 5353),
+        Some(from_node.clone()),
+        "UDP ClusterIP over IPv6"
+    );
+    assert_eq!(
+        ask(&pod, Proto::Tcp, "fd00:10:96::1", 443),
+        Some(from_node.clone()),
+        "kubernetes Service over IPv6"
+    );
+    assert_eq!(
+        ask(&pod, Proto::Tcp, &web_ip6, 8080),
+        Some(from_node),
+        "a cluster pod by its IPv6 address"
+    );
+
+    // In: kubelet's probe, a cluster pod on this node through a ClusterIP
+    // (its own address kept) and through this node's NodePort.
+    assert!(
+        ask(&node.ns, Proto::Tcp, &pod_ip6, 8080).is_some(),
+        "kubelet's probe to the pod's IPv6 address"
+    );
+    assert_eq!(
+        ask(&client_pod, Proto::Tcp, "fd00:10:96::1e", 80),
+        Some(format!("probe from {client_ip6}")),
+        "a cluster pod through an IPv6 ClusterIP"
+    );
+    assert!(
+        ask(&client_pod, Proto::Tcp, &node_ip6, 30080).is_some(),
+        "the IPv6 NodePort of this node"
+    );
+
+    // The tenant's way round: vault directly (the data path) answers, the
+    // kube-proxy Service with vault behind it (the stack) does not.
+    assert_eq!(
+        ask(&pod, Proto::Udp, "fd31::13", 5353),
+        Some(format!("probe from {pod_ip6}")),
+        "web-0 to vault through the data path"
+    );
+    assert_eq!(
+        ask(&pod, Proto::Udp, "fd00:10:96::28", 5353),
+        None,
+        "web-0 reached vault through the node's stack"
+    );
+    let table = node
+        .ns
+        .run(&["nft", "list", "table", "inet", "vmpath_handoff"]);
+    let refused: u64 = table
+        .lines()
+        .find(|l| l.contains("ip6 saddr @primary6 ip6 daddr @primary6 counter packets"))
+        .and_then(|l| l.split("packets ").nth(1))
+        .and_then(|n| n.split(' ').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("the IPv6 refusal rule:\n{table}"));
+    assert!(refused > 0, "the stack's refusal is counted:\n{table}");
+}
