@@ -417,6 +417,7 @@ fn main() -> Result<()> {
                                 cidr,
                                 kind,
                                 source: flag.to_string(),
+                                node: None,
                             })
                         };
                         given(

@@ -1202,6 +1202,7 @@ fn cluster_cidrs_come_from_the_configmap_as_agent_flags() {
                 cidr,
                 kind,
                 source: flag.into(),
+                node: None,
             });
         }
         let out = Command::new(vmpath_tests::vmpath_bin())
@@ -1236,6 +1237,7 @@ fn cluster_cidrs_come_from_the_configmap_as_agent_flags() {
         cidr: "10.20.128.0/17".parse().unwrap(),
         kind: ClusterCidrKind::Pod,
         source: "--cluster-pod-cidrs".into(),
+        node: None,
     });
     let cfg = vmpath::round::validate(&snap, "node-a", &BTreeSet::new());
     assert!(cfg.networks.iter().all(|n| n.name != "blue"));

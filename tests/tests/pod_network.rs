@@ -285,7 +285,8 @@ fn a_pod_on_the_pod_network_reaches_the_clusters_dns_services_and_pods_and_is_re
     // client pod on this one, the API server on the other node's address.
     let (dns_pod, dns_ip) = cluster.nodes[1].pod("dns");
     let (web_pod, web_ip) = cluster.nodes[1].pod("web");
-    let (client_pod, _client_ip) = cluster.nodes[0].pod("client");
+    let (client_pod, client_ip) = cluster.nodes[0].pod("client");
+    let _client_tcp = Echo::start(&client_pod, Proto::Tcp, 8080);
     let _web_tcp = Echo::start(&web_pod, Proto::Tcp, 8080);
     let _web_udp = Echo::start(&web_pod, Proto::Udp, 5353);
     let _api = Echo::start(&other, Proto::Tcp, 6443);
@@ -322,6 +323,12 @@ fn a_pod_on_the_pod_network_reaches_the_clusters_dns_services_and_pods_and_is_re
                 .collect::<Vec<_>>()
                 .join("\n---\n"),
             web,
+            // This node's v1 Node: its pod CIDR is the one the hand-off
+            // does not masquerade towards.
+            format!(
+                "apiVersion: v1\nkind: Node\nmetadata: {{name: {}}}\nspec: {{podCIDRs: [{}]}}\n",
+                node.name, cluster.nodes[0].pod_cidr
+            ),
         ]
         .join("\n---\n"),
     );
@@ -417,6 +424,14 @@ fn a_pod_on_the_pod_network_reaches_the_clusters_dns_services_and_pods_and_is_re
             (&pod_ip, 8080),
         ),
         svc(
+            "prod/client:http",
+            "10.96.0.50",
+            80,
+            Proto::Tcp,
+            None,
+            (&client_ip, 8080),
+        ),
+        svc(
             "bank/vault:udp",
             "10.96.0.40",
             5353,
@@ -459,6 +474,24 @@ fn a_pod_on_the_pod_network_reaches_the_clusters_dns_services_and_pods_and_is_re
         ask(&pod, Proto::Tcp, &web_ip, 8080),
         Some(from_node.clone()),
         "a cluster pod by address"
+    );
+    // A backend in this node's own pod CIDR answers through this node, so
+    // it sees the endpoint's own address, by ClusterIP and by address.
+    let from_pod = format!("probe from {pod_ip}");
+    assert_eq!(
+        ask(&pod, Proto::Tcp, "10.96.0.50", 80),
+        Some(from_pod.clone()),
+        "a ClusterIP whose backend is on this node; the hand-off:\n{}\nstatus: {}",
+        node.ns
+            .run(&["nft", "list", "table", "inet", "vmpath_handoff"]),
+        node.status()
+            .map(|s| s["errors"].to_string())
+            .unwrap_or_default()
+    );
+    assert_eq!(
+        ask(&pod, Proto::Tcp, &client_ip, 8080),
+        Some(from_pod),
+        "a cluster pod on this node by address"
     );
 
     // Reached: the node's kubelet-style TCP probe to the pod's IP, and a

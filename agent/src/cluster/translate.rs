@@ -223,6 +223,7 @@ pub fn translate(
                     cidr: cidr.trunc(),
                     kind: crate::config::ClusterCidrKind::Pod,
                     source: format!("v1 Node {}'s spec.podCIDRs", n.value.metadata.name),
+                    node: Some(n.value.metadata.name.clone()),
                 }),
                 Err(e) => t.errors.push(error(
                     n.file,

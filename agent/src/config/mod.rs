@@ -127,6 +127,9 @@ pub struct ClusterCidr {
     pub kind: ClusterCidrKind,
     /// For messages: `--cluster-pod-cidrs`, `v1 Node a's spec.podCIDRs`.
     pub source: String,
+    /// The Node whose `spec.podCIDRs` it is (none for a flag's): this
+    /// node's own pod CIDRs need no masquerade in the hand-off.
+    pub node: Option<String>,
 }
 
 impl fmt::Display for ClusterCidr {
@@ -213,6 +216,9 @@ pub struct NamedPort {
 /// The validated configuration: only documents that passed every check.
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct Config {
+    /// This agent's node (`--node`), whether or not a Node document names
+    /// it.
+    pub node_name: String,
     pub node: Option<Node>,
     /// Every valid Node document by name, this node's included: the overlay
     /// needs the other nodes' VTEP addresses.

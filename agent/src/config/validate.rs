@@ -142,6 +142,7 @@ pub fn validate_documents(
     held: &Held,
 ) -> Config {
     let mut cfg = Config {
+        node_name: node_name.to_string(),
         errors: read_errors.to_vec(),
         ..Default::default()
     };
@@ -1513,6 +1514,7 @@ mod primary_overlap_tests {
                     cidr: c.parse().unwrap(),
                     kind: *kind,
                     source: "--flag".into(),
+                    node: None,
                 })
                 .collect(),
             ..Default::default()

@@ -346,6 +346,7 @@ mod tests {
                 cidr: "10.96.0.0/12".parse().unwrap(),
                 kind: config::ClusterCidrKind::Service,
                 source: "--cluster-service-cidrs".into(),
+                node: None,
             }];
             let c = Resolved::new(crate::round::validate(&snap, "a", &Default::default()));
             assert!(c.errors.is_empty(), "{:?}", c.errors);
