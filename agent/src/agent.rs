@@ -171,7 +171,7 @@ enum Wake {
 /// migration is under way), on a retry after an error, and at the latest
 /// every resync interval.
 struct Pacer {
-    events: crate::events::Events,
+    events: crate::sys::events::Events,
     interval: Duration,
     resync: Duration,
     last_pass: Instant,
@@ -183,9 +183,9 @@ struct Pacer {
 impl Pacer {
     fn new(opts: &AgentOptions) -> Self {
         let events = if opts.events {
-            crate::events::Events::start(&opts.config_dir)
+            crate::sys::events::Events::start(&opts.config_dir)
         } else {
-            crate::events::Events::none()
+            crate::sys::events::Events::none()
         };
         Pacer {
             events,
@@ -259,5 +259,5 @@ fn data_path_fingerprint(dp: &Dataplane) -> u64 {
     for (ifindex, _) in maps.migrated.iter().filter_map(|r| r.ok()) {
         bytes.extend_from_slice(&ifindex.to_le_bytes());
     }
-    crate::hash::fnv1a(&[&bytes])
+    crate::sys::hash::fnv1a(&[&bytes])
 }

@@ -18,7 +18,7 @@ use vmpath_api::{
     },
 };
 
-use crate::clock::unix_now;
+use crate::sys::clock::unix_now;
 
 pub use vmpath_api::DEFAULT_SOCKET;
 

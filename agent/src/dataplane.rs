@@ -793,7 +793,7 @@ impl Dataplane {
     /// finds its entries), then links; only what the plan no longer wants is
     /// removed.
     pub fn apply(&mut self, plan: &Plan) -> Result<()> {
-        let mut phases = crate::phases::Phases::start("apply");
+        let mut phases = crate::sys::phases::Phases::start("apply");
         // Defense in depth: an interface may have been renamed or replaced
         // since the plan was made; nothing is written before this passes.
         for (ifindex, port) in &plan.ports {

@@ -242,7 +242,7 @@ pub fn add_documents(state_dir: &Path, node: &str, snap: &mut Snapshot) {
         });
     }
     snap.fingerprint =
-        crate::hash::fnv1a(&[&snap.fingerprint.to_be_bytes(), &generation.to_be_bytes()]);
+        crate::sys::hash::fnv1a(&[&snap.fingerprint.to_be_bytes(), &generation.to_be_bytes()]);
     registry.seen.store(generation, Ordering::SeqCst);
 }
 
@@ -366,7 +366,7 @@ pub fn handle(shared: &Published, request: &mut tiny_http::Request) -> Reply {
         (tiny_http::Method::Delete, ["v1", "endpoints", container, ifname]) => {
             let id = endpoint_id(container, ifname);
             let removed = registry.update(|s| s.remove(&id));
-            shared.wake(crate::events::Wake::Endpoint);
+            shared.wake(crate::sys::events::Wake::Endpoint);
             match removed {
                 Ok((removed, _)) => {
                     if removed.is_some() {
@@ -428,7 +428,7 @@ fn add(shared: &Published, registry: &Registry, e: EndpointRequest) -> Reply {
         Ok((_, g)) => g,
         Err(err) => return error(500, err),
     };
-    shared.wake(crate::events::Wake::Endpoint);
+    shared.wake(crate::sys::events::Wake::Endpoint);
     info!(endpoint = %id, vm = %key, network = %e.network, port = %e.port, "CNI endpoint added");
     let source = e.source();
     let received = Instant::now();
@@ -452,7 +452,7 @@ fn add(shared: &Published, registry: &Registry, e: EndpointRequest) -> Reply {
             {
                 drop(done);
                 forget(registry, &id);
-                shared.wake(crate::events::Wake::Endpoint);
+                shared.wake(crate::sys::events::Wake::Endpoint);
                 warn!(endpoint = %id, "CNI endpoint refused: {exhausted}");
                 return error(409, format!("refused: {exhausted}"));
             }
@@ -490,7 +490,7 @@ fn add(shared: &Published, registry: &Registry, e: EndpointRequest) -> Reply {
                 let message = format!("refused: {refusal}");
                 drop(done);
                 forget(registry, &id);
-                shared.wake(crate::events::Wake::Endpoint);
+                shared.wake(crate::sys::events::Wake::Endpoint);
                 return error(409, message);
             }
         }
@@ -504,7 +504,7 @@ fn add(shared: &Published, registry: &Registry, e: EndpointRequest) -> Reply {
             // view, one without the second's wait reason).
             let view = shared.view();
             forget(registry, &id);
-            shared.wake(crate::events::Wake::Endpoint);
+            shared.wake(crate::sys::events::Wake::Endpoint);
             let state = describe(&view, &e).state;
             // What it waits for, where the config says (an IPAMClaim).
             let why = view

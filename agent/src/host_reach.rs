@@ -31,9 +31,9 @@ use tracing::{info, warn};
 use crate::{
     common::{AddrKey, LearnedIp},
     config::model::Role,
-    netlink::ROUTE_PROTOCOL as DEFAULT_PROTOCOL,
     plan::Plan,
     resolved::Resolved,
+    sys::netlink::ROUTE_PROTOCOL as DEFAULT_PROTOCOL,
 };
 
 /// The kernel's main routing table.
@@ -120,12 +120,12 @@ fn sync(want: &BTreeMap<HostRoute, [u8; 6]>) -> io::Result<()> {
     for r in have.difference(&want.keys().copied().collect()) {
         let mut del = message(r);
         del.header.scope = RouteScope::NoWhere;
-        crate::netlink::run(|h| async move { h.route().del(del).execute().await })?
+        crate::sys::netlink::run(|h| async move { h.route().del(del).execute().await })?
             .map_err(to_io)?;
         // The neighbour entry goes with it; the port may be gone already.
         let ip = r.ip;
         let ifindex = r.ifindex;
-        let _ = crate::netlink::run(|h| async move {
+        let _ = crate::sys::netlink::run(|h| async move {
             let mut msg = netlink_packet_route::neighbour::NeighbourMessage::default();
             msg.header.family = family(ip);
             msg.header.ifindex = ifindex;
@@ -141,7 +141,7 @@ fn sync(want: &BTreeMap<HostRoute, [u8; 6]>) -> io::Result<()> {
     }
     for (r, mac) in want {
         let (ip, ifindex, mac) = (r.ip, r.ifindex, *mac);
-        crate::netlink::run(|h| async move {
+        crate::sys::netlink::run(|h| async move {
             h.neighbours()
                 .add(ifindex, ip)
                 .link_layer_address(&mac)
@@ -152,8 +152,10 @@ fn sync(want: &BTreeMap<HostRoute, [u8; 6]>) -> io::Result<()> {
         .map_err(to_io)?;
         if !have.contains(r) {
             let msg = message(r);
-            crate::netlink::run(|h| async move { h.route().add(msg).replace().execute().await })?
-                .map_err(to_io)?;
+            crate::sys::netlink::run(
+                |h| async move { h.route().add(msg).replace().execute().await },
+            )?
+            .map_err(to_io)?;
             info!(ip = %r.ip, ifindex = r.ifindex, "route from the node to an endpoint added");
         }
     }
@@ -197,7 +199,7 @@ fn message(r: &HostRoute) -> RouteMessage {
 
 /// Our routes in the main table.
 fn dump() -> io::Result<BTreeSet<HostRoute>> {
-    let all: Vec<RouteMessage> = crate::netlink::run(|h| async move {
+    let all: Vec<RouteMessage> = crate::sys::netlink::run(|h| async move {
         h.route()
             .get(RouteMessage::default())
             .execute()

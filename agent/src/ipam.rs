@@ -15,9 +15,9 @@ use ipnet::IpNet;
 
 use crate::{
     config::{AttachmentKey, Network, format_mac, model::MacPolicy, parse_mac},
-    hash::fnv1a,
     resolved::{Origin, Resolved},
     store::Claim,
+    sys::hash::fnv1a,
 };
 
 /// The addresses IPAM may hand out from one subnet.

@@ -145,7 +145,7 @@ impl Pod {
             })
             // An Attachment holds at most this many; a pod with more keeps
             // its first ones (policies naming the rest match nothing).
-            .take(crate::limits::MAX_SHORT_LIST)
+            .take(crate::sys::limits::MAX_SHORT_LIST)
             .collect()
     }
 
@@ -256,7 +256,7 @@ pub fn pod_claim_name(pod: &str, interface: &str) -> String {
     if is_subdomain(&plain) {
         return plain;
     }
-    let hash = crate::hash::fnv1a(&[pod.as_bytes(), b"/", interface.as_bytes()]);
+    let hash = crate::sys::hash::fnv1a(&[pod.as_bytes(), b"/", interface.as_bytes()]);
     let mut prefix: String = pod
         .chars()
         .map(|c| c.to_ascii_lowercase())

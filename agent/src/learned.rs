@@ -274,9 +274,9 @@ pub fn read(
         .attachments
         .iter()
         .filter(|a| a.active_node() == node)
-        .filter_map(|a| crate::netif::ifindex_of(a.active_port()).map(|i| (i, a.key.clone())))
+        .filter_map(|a| crate::sys::netif::ifindex_of(a.active_port()).map(|i| (i, a.key.clone())))
         .collect();
-    let local_addresses = crate::netif::local_addresses();
+    let local_addresses = crate::sys::netif::local_addresses();
     let mut out = accept(
         &raw,
         &conflicts,
@@ -285,7 +285,7 @@ pub fn read(
             cfg,
             ports: &ports,
             local_addresses: &local_addresses,
-            now_ns: crate::clock::monotonic_ns(),
+            now_ns: crate::sys::clock::monotonic_ns(),
             limits,
         },
     );

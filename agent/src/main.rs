@@ -268,9 +268,9 @@ fn main() -> Result<()> {
             .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
             .init();
     }
-    vmpath::version::init(&version());
+    vmpath::sys::version::init(&version());
     // `--version`: the version and the git revision it was built from.
-    let long: &'static str = Box::leak(vmpath::version::long().into_boxed_str());
+    let long: &'static str = Box::leak(vmpath::sys::version::long().into_boxed_str());
     let cli = Cli::from_arg_matches(&Cli::command().version(long).get_matches())
         .unwrap_or_else(|e| e.exit());
     let client = match &cli.command {
@@ -351,11 +351,11 @@ fn main() -> Result<()> {
                 return Ok(());
             }
             // Whatever the agent writes (state dir, its files) is root's alone.
-            vmpath::state_dir::restrict_new_files();
+            vmpath::sys::state_dir::restrict_new_files();
             // The very first act: nothing (map, link, socket, slow path) is
             // touched unless this agent owns the node.
             let _lock = node_lock::acquire(Some(&args.state_dir), &args.bpffs, args.lock_wait)?;
-            vmpath::state_dir::tighten(&args.state_dir)?;
+            vmpath::sys::state_dir::tighten(&args.state_dir)?;
             let node = if args.node.is_empty() {
                 hostname()
             } else {

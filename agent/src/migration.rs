@@ -15,8 +15,8 @@ use tracing::{info, warn};
 use vmpath_common::{ENDPOINT_REMOTE, EndpointKey};
 
 use crate::{
-    clock::since_ms, config::format_mac, dataplane::Dataplane, netif::ifindex_of,
-    plan::pending_target_port, resolved::Resolved,
+    config::format_mac, dataplane::Dataplane, plan::pending_target_port, resolved::Resolved,
+    sys::clock::since_ms, sys::netif::ifindex_of,
 };
 
 #[derive(Default)]

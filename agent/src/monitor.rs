@@ -267,7 +267,7 @@ impl Hub {
                     Ok(fd) => fd,
                     Err(e) => return warn!("monitor: {e}; no monitor events"),
                 };
-                crate::ring_wait::drain_when_readable(fd.as_fd(), "monitor", || {
+                crate::sys::ring_wait::drain_when_readable(fd.as_fd(), "monitor", || {
                     let view = shared.view();
                     while let Some(item) = ring.next() {
                         if item.len() < size_of::<MonitorEvent>() {

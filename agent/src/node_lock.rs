@@ -68,9 +68,9 @@ pub fn build_id() -> &'static str {
     ID.get_or_init(|| {
         format!(
             "{}+git.{}.ebpf.{:016x}",
-            crate::version::version(),
-            crate::version::REVISION,
-            crate::hash::fnv1a(&[crate::dataplane::Dataplane::object()])
+            crate::sys::version::version(),
+            crate::sys::version::REVISION,
+            crate::sys::hash::fnv1a(&[crate::dataplane::Dataplane::object()])
         )
     })
 }
@@ -88,7 +88,7 @@ impl Holder {
     fn me() -> Self {
         Holder {
             pid: std::process::id(),
-            started_unix: crate::clock::unix_now(),
+            started_unix: crate::sys::clock::unix_now(),
             build: build_id().to_string(),
         }
     }

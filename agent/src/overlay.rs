@@ -21,9 +21,9 @@ use vmpath_common::{
 
 use crate::{
     dataplane::Dataplane,
-    netif::{self, ifindex_of},
     plan::Plan,
     resolved::Resolved,
+    sys::netif::{self, ifindex_of},
 };
 
 /// MTU of the vxlan device when the underlay interface is not found.
@@ -47,7 +47,7 @@ fn underlay_of(addr: IpAddr) -> Option<(String, u32)> {
 fn block_on<F: std::future::Future<Output = Result<(), OverlayError>>>(
     f: impl FnOnce(rtnetlink::Handle) -> F,
 ) -> Result<(), OverlayError> {
-    crate::netlink::run(f)?
+    crate::sys::netlink::run(f)?
 }
 
 /// Makes `vmp-vxlan` if it is missing, sets its MTU and brings it up.

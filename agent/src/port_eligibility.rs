@@ -199,7 +199,7 @@ pub fn judge(policy: &PortPolicy, iface: &Iface) -> Result<(), Ineligible> {
 /// the agent's one netlink connection.
 fn dump() -> io::Result<(Vec<LinkMessage>, Vec<AddressMessage>)> {
     let to_io = |e: rtnetlink::Error| io::Error::other(e.to_string());
-    crate::netlink::run(|handle| async move {
+    crate::sys::netlink::run(|handle| async move {
         let links: Vec<LinkMessage> = handle
             .link()
             .get()

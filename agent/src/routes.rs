@@ -34,7 +34,7 @@ use crate::{
 };
 
 pub const DEFAULT_TABLE: u32 = 100;
-pub use crate::netlink::ROUTE_PROTOCOL as DEFAULT_PROTOCOL;
+pub use crate::sys::netlink::ROUTE_PROTOCOL as DEFAULT_PROTOCOL;
 /// `RT_TABLE_COMPAT`: the header's table byte when the id needs the attribute.
 const RT_TABLE_COMPAT: u8 = 252;
 
@@ -141,7 +141,7 @@ pub fn desired(
 }
 
 /// Owns the routes of one (table, protocol), over the agent's netlink
-/// stack ([`crate::netlink`]).
+/// stack ([`crate::sys::netlink`]).
 pub struct RouteExporter {
     table: u32,
     protocol: u8,
@@ -158,7 +158,7 @@ fn to_io(e: rtnetlink::Error) -> io::Error {
 
 impl RouteExporter {
     pub fn new(table: u32, protocol: u8) -> Result<Self, RouteError> {
-        let lo_ifindex = crate::netif::ifindex_of("lo").unwrap_or(1);
+        let lo_ifindex = crate::sys::netif::ifindex_of("lo").unwrap_or(1);
         Ok(RouteExporter {
             table,
             protocol,
@@ -176,20 +176,21 @@ impl RouteExporter {
             // hand or by an older agent may not be Universe).
             let mut del = self.message(r);
             del.header.scope = RouteScope::NoWhere;
-            crate::netlink::run(|h| async move { h.route().del(del).execute().await })?.map_err(
-                |e| RouteError::Refused {
+            crate::sys::netlink::run(|h| async move { h.route().del(del).execute().await })?
+                .map_err(|e| RouteError::Refused {
                     op: "withdraw",
                     route: *r,
                     err: to_io(e),
-                },
-            )?;
+                })?;
             info!(route = %r, table = self.table, "route withdrawn");
             withdrawn += 1;
         }
         for r in want.difference(&have) {
             let msg = self.message(r);
-            crate::netlink::run(|h| async move { h.route().add(msg).replace().execute().await })?
-                .map_err(|e| RouteError::Refused {
+            crate::sys::netlink::run(
+                |h| async move { h.route().add(msg).replace().execute().await },
+            )?
+            .map_err(|e| RouteError::Refused {
                 op: "add",
                 route: *r,
                 err: to_io(e),
@@ -235,7 +236,7 @@ impl RouteExporter {
 
     /// Our routes currently in the table (a dump of every family).
     fn dump(&mut self) -> Result<BTreeSet<ExportRoute>, RouteError> {
-        let all: Vec<RouteMessage> = crate::netlink::run(|h| async move {
+        let all: Vec<RouteMessage> = crate::sys::netlink::run(|h| async move {
             h.route()
                 .get(RouteMessage::default())
                 .execute()
@@ -311,7 +312,7 @@ impl NorthSouth {
         applied: Option<&Plan>,
         learned: &BTreeMap<AddrKey, LearnedIp>,
     ) {
-        let ifindex = crate::netif::ifindex_of(uplink);
+        let ifindex = crate::sys::netif::ifindex_of(uplink);
         if ifindex != self.uplink {
             match ifindex {
                 Some(i) => match dp.attach_uplink(uplink, i) {

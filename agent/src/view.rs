@@ -15,7 +15,7 @@ use std::{
 use prometheus::{Histogram, HistogramOpts};
 use serde::{Deserialize, Serialize};
 
-use crate::{clock, config::ConfigError, events::Wake};
+use crate::{config::ConfigError, sys::clock, sys::events::Wake};
 
 // The parts of the view the API shows, and where an attachment stands.
 pub use vmpath_api::types::{AttachmentView, IpView, LearnedRefusalView, NetworkView, state};

@@ -81,7 +81,7 @@ impl Fx {
         }
         let root = BpffsRoot::new("svc6fx");
         let mut dp = Dataplane::open(&root.0).expect("loading the data path");
-        let ifx = |n: &str| vmpath::netif::ifindex_of(n).unwrap();
+        let ifx = |n: &str| vmpath::sys::netif::ifindex_of(n).unwrap();
         let (a, b, c) = (ifx("s6-a"), ifx("s6-b"), ifx("s6-c"));
         let maps = dp.maps_mut();
         let nr = aya::util::nr_cpus().unwrap();

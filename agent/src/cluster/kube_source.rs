@@ -39,8 +39,8 @@ use crate::{
         ConfigError,
         source::{ClusterDocument, RawDocument, Snapshot},
     },
-    events::Wake,
     kube_objects::ledger::{self, Ledger},
+    sys::events::Wake,
     view::SharedView,
 };
 
@@ -545,7 +545,7 @@ impl KubeSource {
         let all_listed = self.kinds.iter().all(|k| k.listed.load(Ordering::SeqCst))
             && self.ledger.listed.load(Ordering::SeqCst);
         snap.empty = !all_listed || (snap.documents.is_empty() && snap.cluster.is_empty());
-        snap.fingerprint = crate::hash::fnv1a(&[b"kubernetes", &generation.to_le_bytes()]);
+        snap.fingerprint = crate::sys::hash::fnv1a(&[b"kubernetes", &generation.to_le_bytes()]);
         snap
     }
 }

@@ -114,7 +114,7 @@ fn namespace_may_attach(_nad_namespace: &str, _network: &str) -> Result<(), Stri
 /// pod runs elsewhere): the endpoint is known (claims, overlay) and waits
 /// for its port.
 pub fn placeholder_port(namespace: &str, pod: &str, ifname: &str) -> String {
-    let h = crate::hash::fnv1a(&[namespace.as_bytes(), pod.as_bytes(), ifname.as_bytes()]);
+    let h = crate::sys::hash::fnv1a(&[namespace.as_bytes(), pod.as_bytes(), ifname.as_bytes()]);
     format!("vmpw{:011x}", h & 0xfff_ffff_ffff)
 }
 

@@ -94,7 +94,7 @@ pub fn events_of(
 /// A Warning Event as `kubectl describe` shows it.
 pub fn event(inv: &Involved, reason: &str, message: &str, component: &str, host: &str) -> Event {
     let now = Timestamp::now();
-    let hash = crate::hash::fnv1a(&[message.as_bytes(), now.to_string().as_bytes()]);
+    let hash = crate::sys::hash::fnv1a(&[message.as_bytes(), now.to_string().as_bytes()]);
     Event {
         metadata: ObjectMeta {
             name: Some(format!("{}.{hash:016x}", inv.name)),

@@ -22,7 +22,7 @@ use std::{
 use super::ConfigError;
 use vmpath_api::types::ObjectRef;
 
-pub use crate::limits;
+pub use crate::sys::limits;
 
 /// Where a document came from, as the reader or stage that made it knows
 /// it. Never taken from the document's own text: a file cannot pass for a
@@ -196,7 +196,7 @@ impl Reader {
         // Files gone from the dir are forgotten.
         self.cache = seen;
         let parts: Vec<&[u8]> = fingerprint_parts.iter().map(|p| p.as_slice()).collect();
-        snap.fingerprint = crate::hash::fnv1a(&parts);
+        snap.fingerprint = crate::sys::hash::fnv1a(&parts);
         snap
     }
 }
@@ -238,7 +238,7 @@ fn parse_file(file: &Path, stamp: Stamp) -> Parsed {
         hash,
     };
     // A file over the limit is never read: its stamp stands for its content.
-    let stamp_hash = crate::hash::fnv1a(&[
+    let stamp_hash = crate::sys::hash::fnv1a(&[
         &stamp.dev.to_le_bytes(),
         &stamp.ino.to_le_bytes(),
         &stamp.size.to_le_bytes(),
@@ -258,7 +258,7 @@ fn parse_file(file: &Path, stamp: Stamp) -> Parsed {
         Ok(b) => b,
         Err(e) => return refused(format!("cannot read: {e}"), stamp_hash),
     };
-    let hash = crate::hash::fnv1a(&[&bytes]);
+    let hash = crate::sys::hash::fnv1a(&[&bytes]);
     match parse(&bytes) {
         Ok(values) => {
             let (mut documents, mut cluster) = (Vec::new(), Vec::new());

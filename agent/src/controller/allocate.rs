@@ -17,7 +17,7 @@ use std::{
 
 use ipnet::IpNet;
 
-use crate::{config::Network, hash::fnv1a, ipam::Pool};
+use crate::{config::Network, ipam::Pool, sys::hash::fnv1a};
 
 pub use crate::kube_objects::ledger::{Holder, Ledger};
 

@@ -30,9 +30,11 @@ pub fn start(ebpf: &mut Ebpf) -> Result<()> {
                 Ok(fd) => fd,
                 Err(e) => return warn!("data path debug events: {e}; no events"),
             };
-            crate::ring_wait::drain_when_readable(fd.as_fd(), "data path debug events", || {
-                logger.flush()
-            });
+            crate::sys::ring_wait::drain_when_readable(
+                fd.as_fd(),
+                "data path debug events",
+                || logger.flush(),
+            );
         })
         .context("starting the data path debug reader")?;
     Ok(())

@@ -128,7 +128,7 @@ impl Dataplane {
     pub fn refresh_xdp_ports(&mut self, plan: &Plan) -> Result<()> {
         let mut want = BTreeMap::new();
         if self.uplink_xdp == UplinkXdp::Auto && !plan.ports.is_empty() {
-            match crate::xdp_features::Netdev::open() {
+            match crate::sys::xdp_features::Netdev::open() {
                 Ok(mut netdev) => {
                     for (ifindex, port) in &plan.ports {
                         match netdev.takes_redirects(*ifindex) {

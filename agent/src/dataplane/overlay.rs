@@ -89,7 +89,7 @@ impl Dataplane {
     /// time: the LRU map may evict an entry meanwhile, which would stop a
     /// batch delete.
     pub fn prune_remote_learned(&mut self, plan: &Plan) -> usize {
-        let now = crate::clock::monotonic_ns();
+        let now = crate::sys::clock::monotonic_ns();
         let (stale, kept): (Vec<_>, Vec<_>) = self
             .maps
             .remote_learned()

@@ -17,7 +17,7 @@ use ipnet::IpNet;
 use k8s_openapi::api::core::v1::ConfigMap;
 use serde::{Deserialize, Serialize};
 
-use crate::hash::fnv1a;
+use crate::sys::hash::fnv1a;
 
 /// Who holds an address.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

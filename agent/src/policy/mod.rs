@@ -337,7 +337,7 @@ fn stable_number(key: &IdentityKey, blocks: &[(IpNet, &[IpNet])]) -> u32 {
         text.push('\0');
     }
     let span = u64::from(u32::MAX - identity::FIRST) + 1;
-    identity::FIRST + (crate::hash::fnv1a(&[text.as_bytes()]) % span) as u32
+    identity::FIRST + (crate::sys::hash::fnv1a(&[text.as_bytes()]) % span) as u32
 }
 
 /// The ipBlocks (by index) that hold all of `prefix`: inside the CIDR and

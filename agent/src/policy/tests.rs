@@ -30,7 +30,7 @@ fn world(policies: &str) -> (Resolved, BTreeMap<AttachmentKey, u32>) {
     let dir = std::env::temp_dir().join(format!(
         "vmpath-policy-{}-{:x}",
         std::process::id(),
-        crate::hash::fnv1a(&[docs.as_bytes()])
+        crate::sys::hash::fnv1a(&[docs.as_bytes()])
     ));
     std::fs::create_dir_all(&dir).unwrap();
     std::fs::write(dir.join("c.yaml"), &docs).unwrap();

@@ -36,7 +36,6 @@ use std::{collections::BTreeSet, path::PathBuf, time::Instant};
 use tracing::{error, info, warn};
 
 use crate::{
-    clock::unix_now,
     cluster::kube_source::KubeSource,
     config::{
         AttachmentKey, Config, ConfigError, Held, Translated,
@@ -46,10 +45,11 @@ use crate::{
     dataplane::Dataplane,
     learned,
     migration::Migrations,
-    netif::ifindex_of,
     plan::Plan,
     slowpath,
     store::Store,
+    sys::clock::unix_now,
+    sys::netif::ifindex_of,
     view::SharedView,
 };
 
@@ -259,7 +259,7 @@ impl Round {
         services: &slowpath::Services,
     ) -> Outcome {
         let s = &self.settings;
-        let mut phases = crate::phases::Phases::start("reconcile pass");
+        let mut phases = crate::sys::phases::Phases::start("reconcile pass");
 
         // read
         let mut snap = read::read(
@@ -450,7 +450,7 @@ pub(crate) mod tests {
         let dir = std::env::temp_dir().join(format!(
             "vmpath-round-{}-{:x}",
             std::process::id(),
-            crate::hash::fnv1a(&[yaml.as_bytes()])
+            crate::sys::hash::fnv1a(&[yaml.as_bytes()])
         ));
         std::fs::create_dir_all(&dir).unwrap();
         std::fs::write(dir.join("c.yaml"), yaml).unwrap();

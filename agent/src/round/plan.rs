@@ -98,7 +98,7 @@ impl Previous {
             .collect();
         Previous {
             vteps6: dp.pinned_vteps6(),
-            ..Self::of_pinned(cfg, node, crate::netif::ifindex_of, &pinned, services)
+            ..Self::of_pinned(cfg, node, crate::sys::netif::ifindex_of, &pinned, services)
         }
     }
 }

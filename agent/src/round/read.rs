@@ -41,7 +41,7 @@ pub fn running_ports(dp: &Dataplane) -> Held {
     let mut name_of = |ifindex: u32| {
         names
             .entry(ifindex)
-            .or_insert_with(|| crate::netif::name_of(ifindex))
+            .or_insert_with(|| crate::sys::netif::name_of(ifindex))
             .clone()
     };
     for (ifindex, info) in dp.maps().ports.iter().filter_map(|r| r.ok()) {

@@ -30,7 +30,7 @@ fn config(docs: &str) -> Config {
     let dir = std::env::temp_dir().join(format!(
         "vmpath-service-{}-{:x}",
         std::process::id(),
-        crate::hash::fnv1a(&[all.as_bytes()])
+        crate::sys::hash::fnv1a(&[all.as_bytes()])
     ));
     std::fs::create_dir_all(&dir).unwrap();
     std::fs::write(dir.join("c.yaml"), &all).unwrap();

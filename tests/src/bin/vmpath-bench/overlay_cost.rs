@@ -169,7 +169,7 @@ fn program(dp: &mut Dataplane, dir: &std::path::Path) -> Result<()> {
     }
     let mut cfg = Resolved::new(validated);
     ipam::assign(&mut cfg, &Default::default());
-    let p = plan::plan(&cfg, "a", vmpath::netif::ifindex_of);
+    let p = plan::plan(&cfg, "a", vmpath::sys::netif::ifindex_of);
     if !p.problems.is_empty() || p.ports.len() != 1 {
         bail!("plan: {} ports, problems {:?}", p.ports.len(), p.problems);
     }
@@ -272,10 +272,10 @@ fn measure(
     beds: &Beds,
     dir: &std::path::Path,
 ) -> Result<Section> {
-    let port = vmpath::netif::ifindex_of(PORT).ok_or_else(|| anyhow!("no {PORT}"))?;
+    let port = vmpath::sys::netif::ifindex_of(PORT).ok_or_else(|| anyhow!("no {PORT}"))?;
     program(dp, dir)?;
     let vxlan =
-        vmpath::netif::ifindex_of(VXLAN_IFNAME).ok_or_else(|| anyhow!("no {VXLAN_IFNAME}"))?;
+        vmpath::sys::netif::ifindex_of(VXLAN_IFNAME).ok_or_else(|| anyhow!("no {VXLAN_IFNAME}"))?;
     crate::progcost::load_baselines(dp, port)?;
     let (port_ctx, vxlan_ctx) = (ctx_for(port), ctx_for(vxlan));
     // VM1 -> VM2 (on node b): encap. VM2 -> VM1 as it comes out of the

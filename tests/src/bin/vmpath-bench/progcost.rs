@@ -91,7 +91,7 @@ pub(crate) fn ip(args: &[&str]) -> Result<()> {
 }
 
 fn ifindex_of(name: &str) -> Result<u32> {
-    vmpath::netif::ifindex_of(name).ok_or_else(|| anyhow!("no interface {name}"))
+    vmpath::sys::netif::ifindex_of(name).ok_or_else(|| anyhow!("no interface {name}"))
 }
 
 /// A bpffs root for a private data path, cleaned up on drop.

@@ -12,7 +12,7 @@ use std::{
 use inotify::{EventMask, Inotify, WatchMask};
 use tracing::{debug, warn};
 
-use crate::netlink::{self, LinkEvent};
+use crate::sys::netlink::{self, LinkEvent};
 
 /// Why the loop was woken.
 #[derive(Debug, Clone, PartialEq, Eq)]
