@@ -14,9 +14,9 @@ use tracing::{error, info, warn};
 
 use crate::{
     dataplane::Dataplane,
+    resolve::store::Store,
     round::{self, Round},
     slowpath,
-    store::Store,
     view::{Published, SharedView},
 };
 
@@ -85,8 +85,8 @@ pub fn run(
     }
     shared.dataplane_opened();
     crate::node_lock::record_programs(&opts.state_dir, dp.program_ids());
-    if let Some(policy) = crate::port_eligibility::policy() {
-        crate::port_eligibility::repair(&crate::dataplane::links_dir(&opts.bpffs), policy);
+    if let Some(policy) = crate::resolve::port_eligibility::policy() {
+        crate::resolve::port_eligibility::repair(&crate::dataplane::links_dir(&opts.bpffs), policy);
     }
     let services = slowpath::Services::default();
     if let Err(e) = slowpath::start(

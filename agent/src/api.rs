@@ -246,7 +246,7 @@ fn status(snap: &Snapshot) -> Status {
         last_reconcile_unix: view.last_reconcile_unix,
         drops,
         dataplane_error,
-        ineligible_ports: crate::port_eligibility::refused_count(),
+        ineligible_ports: crate::resolve::port_eligibility::refused_count(),
         programs: crate::node_lock::programs_status(std::path::Path::new(&view.bpffs)),
     }
 }

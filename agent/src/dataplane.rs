@@ -798,7 +798,7 @@ impl Dataplane {
         // since the plan was made; nothing is written before this passes.
         for (ifindex, port) in &plan.ports {
             if !self.attached.contains(ifindex) {
-                crate::port_eligibility::recheck(*ifindex, &port.ifname)
+                crate::resolve::port_eligibility::recheck(*ifindex, &port.ifname)
                     .map_err(|e| anyhow!("refusing to attach: {e}"))?;
             }
         }

@@ -35,7 +35,7 @@ use vmpath_api::types::Reply;
 
 use crate::{
     config::{AttachmentKey, Config, source::RawDocument, source::Snapshot},
-    resolved::Origin,
+    resolve::resolved::Origin,
     view::{Published, View, state},
 };
 

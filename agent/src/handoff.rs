@@ -30,7 +30,7 @@ use std::{
 use ipnet::IpNet;
 use tracing::{debug, info, warn};
 
-use crate::{config::model::Role, resolved::Resolved};
+use crate::{config::model::Role, resolve::resolved::Resolved};
 
 /// vmpath's nftables table (family `inet`).
 pub const TABLE: &str = "vmpath_handoff";

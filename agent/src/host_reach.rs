@@ -32,7 +32,7 @@ use crate::{
     common::{AddrKey, LearnedIp},
     config::model::Role,
     plan::Plan,
-    resolved::Resolved,
+    resolve::resolved::Resolved,
     sys::netlink::ROUTE_PROTOCOL as DEFAULT_PROTOCOL,
 };
 

@@ -19,7 +19,7 @@ use vmpath_common::{AddrKey, LearnedIp};
 
 use crate::{
     config::{AttachmentKey, reserved::reserved_reason},
-    resolved::Resolved,
+    resolve::resolved::Resolved,
 };
 
 /// Default time an address may go unheard before it is forgotten.

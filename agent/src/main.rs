@@ -3,8 +3,8 @@ use std::{path::PathBuf, sync::Arc, time::Duration};
 use anyhow::Result;
 use clap::{CommandFactory as _, FromArgMatches as _, Parser, Subcommand};
 use vmpath::{
-    agent, api, cli, dataplane, metrics, node_lock, port_eligibility, slowpath, snapshot::Observer,
-    view,
+    agent, api, cli, dataplane, metrics, node_lock, resolve::port_eligibility, slowpath,
+    snapshot::Observer, view,
 };
 
 #[derive(Parser)]

@@ -22,7 +22,7 @@ use vmpath_common::{
 use crate::{
     dataplane::Dataplane,
     plan::Plan,
-    resolved::Resolved,
+    resolve::resolved::Resolved,
     sys::netif::{self, ifindex_of},
 };
 

@@ -16,7 +16,7 @@ pub mod overlay;
 
 use crate::{
     config::AttachmentKey,
-    resolved::{Attachment, Origin, Resolved},
+    resolve::resolved::{Attachment, Origin, Resolved},
 };
 
 /// A port this node should serve.

@@ -30,7 +30,7 @@ use tracing::info;
 use crate::{
     common::{AddrKey, LearnedIp},
     plan::Plan,
-    resolved::Resolved,
+    resolve::resolved::Resolved,
 };
 
 pub const DEFAULT_TABLE: u32 = 100;

@@ -232,7 +232,7 @@ impl Default for Published {
 #[cfg(test)]
 pub(crate) mod sample {
     use super::*;
-    use crate::resolved::Origin;
+    use crate::resolve::resolved::Origin;
 
     pub fn attachment(
         vm: &str,

@@ -35,11 +35,11 @@ use tracing::{info, warn};
 
 use super::{prune::Kept, writeback};
 use crate::{
+    config::kube_objects::ledger::{self, Ledger},
     config::{
         ConfigError,
         source::{ClusterDocument, RawDocument, Snapshot},
     },
-    kube_objects::ledger::{self, Ledger},
     sys::events::Wake,
     view::SharedView,
 };

@@ -11,4 +11,4 @@ pub mod writeback;
 // The objects' shapes sit below both the config reader and this module
 // (the reader keeps them, translation reads them): `objects` and `prune`
 // are their names here too.
-pub use crate::kube_objects::{self as objects, prune};
+pub use crate::config::kube_objects::{self as objects, prune};

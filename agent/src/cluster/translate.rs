@@ -20,12 +20,12 @@ use super::objects::{
 };
 use super::prune::{ClusterObject, cluster_object, group_kind};
 pub use crate::config::Translated;
+use crate::config::kube_objects::ledger::{self, Ledger};
 use crate::config::{
     AttachmentKey, ConfigError, DocOrigin,
     model::API_VERSION,
     source::{ClusterDocument, RawDocument},
 };
-use crate::kube_objects::ledger::{self, Ledger};
 use vmpath_api::types::ObjectRef;
 
 /// Errors about CNI endpoints name them as `cni:<container id>/<ifname>`

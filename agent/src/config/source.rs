@@ -95,7 +95,7 @@ pub struct ClusterDocument {
     /// As in [`RawDocument`] (a `v1 List`'s items share its index).
     pub index: usize,
     /// Shared with the source's copy.
-    pub object: std::sync::Arc<crate::kube_objects::prune::ClusterObject>,
+    pub object: std::sync::Arc<crate::config::kube_objects::prune::ClusterObject>,
 }
 
 /// What the config dir holds right now.
@@ -118,7 +118,7 @@ pub struct Snapshot {
     /// `vmpath controller`'s ledger (the Kubernetes source): an
     /// IPAMClaim's `status.ips` on an IPAM network counts only where it
     /// vouches for them. `None` (config files): a claim's file is trusted.
-    pub ledger: Option<std::sync::Arc<crate::kube_objects::ledger::Ledger>>,
+    pub ledger: Option<std::sync::Arc<crate::config::kube_objects::ledger::Ledger>>,
     /// The cluster's pod and Service CIDRs the agent was given
     /// (`--cluster-pod-cidrs`, `--cluster-service-cidrs`); those v1 Nodes
     /// report are added by translation.
@@ -265,7 +265,7 @@ fn parse_file(file: &Path, stamp: Stamp) -> Parsed {
             for (i, value) in values.into_iter().enumerate() {
                 // Only what is read is kept, typed: a cluster's objects
                 // are many.
-                let (objects, document) = crate::kube_objects::prune::keep_all(value);
+                let (objects, document) = crate::config::kube_objects::prune::keep_all(value);
                 cluster.extend(objects.into_iter().map(|object| ClusterDocument {
                     file: file.to_path_buf(),
                     index: i + 1,

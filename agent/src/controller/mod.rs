@@ -11,7 +11,7 @@
 
 pub mod allocate;
 pub mod lease;
-pub use crate::kube_objects::ledger;
+pub use crate::config::kube_objects::ledger;
 pub mod pod_watch;
 pub mod pods;
 

@@ -21,7 +21,7 @@ use vmpath_common::{
 use super::{Plan, addr_key};
 use crate::{
     config::{Network, model::Egress},
-    resolved::Resolved,
+    resolve::resolved::Resolved,
 };
 
 pub const SNAT_TCP_TIMEOUT: u32 = 7440;
@@ -193,7 +193,7 @@ fn resolve_prefixes(cfg: &Resolved, plan: &mut Plan) {
 fn routed_addresses(cfg: &Resolved, plan: &mut Plan) {
     let by_key: std::collections::HashMap<
         &crate::config::AttachmentKey,
-        &crate::resolved::Attachment,
+        &crate::resolve::resolved::Attachment,
     > = cfg.attachments.iter().map(|a| (&a.key, a)).collect();
     let entry = |net: &Network, mac: [u8; 6], ifindex: u32, port_id: u32| RoutedAddr {
         ifindex,

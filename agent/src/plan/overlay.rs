@@ -23,7 +23,7 @@ use vmpath_common::{
 use super::Plan;
 use crate::{
     config::model::MacPolicy,
-    resolved::{Attachment, Resolved},
+    resolve::resolved::{Attachment, Resolved},
 };
 
 pub fn overlay(cfg: &Resolved, node: &str, plan: &mut Plan) {
@@ -291,7 +291,7 @@ spec: {vm: vm4, interface: eth0, network: blue, node: c, port: p4, mac: '52:54:0
         let snap = config::source::read_dir(&dir);
         let _ = std::fs::remove_dir_all(&dir);
         let mut cfg = Resolved::new(crate::round::validate(&snap, node, &Default::default()));
-        let _ = crate::ipam::assign(&mut cfg, &Default::default());
+        let _ = crate::resolve::ipam::assign(&mut cfg, &Default::default());
         super::super::plan_with_previous(
             &cfg,
             node,
@@ -429,7 +429,7 @@ spec: {{address: 192.0.2.3}}
         let validated = crate::round::validate(&snap, node, &Default::default());
         assert!(validated.errors.is_empty(), "{:?}", validated.errors);
         let mut cfg = Resolved::new(validated);
-        let _ = crate::ipam::assign(&mut cfg, &Default::default());
+        let _ = crate::resolve::ipam::assign(&mut cfg, &Default::default());
         // Distinct ifindexes so the ports can be told apart.
         super::super::plan(&cfg, node, |name| {
             Some(match name {

@@ -28,7 +28,7 @@ use crate::{
         label_selector::Labels,
         network_policy::{NetworkPolicy, Peer, PortRef, Rule},
     },
-    resolved::Resolved,
+    resolve::resolved::Resolved,
 };
 
 /// What the policy maps must hold on this node.

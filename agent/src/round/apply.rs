@@ -12,8 +12,8 @@ use tracing::info;
 use vmpath_common::{AddrKey, LearnedIp};
 
 use crate::{
-    dataplane::Dataplane, overlay::Overlay, plan::Plan, resolved::Resolved, routes::NorthSouth,
-    slowpath,
+    dataplane::Dataplane, overlay::Overlay, plan::Plan, resolve::resolved::Resolved,
+    routes::NorthSouth, slowpath,
 };
 
 /// Writes `plan` into the data path, then rebuilds the slow path's

@@ -6,12 +6,12 @@
 //! | read | [`read`] | the config dir or the API server, the CNI ports | [`Snapshot`] |
 //! | derive | [`derive`] | [`Snapshot`] | [`Translated`] (vmpath's own documents) |
 //! | validate | [`mod@validate`] | [`Translated`], who holds what ([`Held`]) | [`Config`] (valid and refused documents) |
-//! | resolve | [`resolve`] | [`Config`] | [`Resolved`](crate::resolved::Resolved) (to be enriched) |
-//! | IPAM | [`ipam`] | [`Resolved`](crate::resolved::Resolved), the claims store, MACs the data path saw | [`Resolved`](crate::resolved::Resolved) with addresses and MACs, MAC refusals |
-//! | observe | [`observe`] | [`Resolved`](crate::resolved::Resolved), the data path's findings | [`Resolved`](crate::resolved::Resolved) with learned addresses and cut-overs |
-//! | plan | [`plan`] | [`Resolved`](crate::resolved::Resolved), the last ids ([`plan::Previous`]) | [`Plan`] (every map's desired content) |
+//! | resolve | [`resolve`] | [`Config`] | [`Resolved`](crate::resolve::resolved::Resolved) (to be enriched) |
+//! | IPAM | [`ipam`] | [`Resolved`](crate::resolve::resolved::Resolved), the claims store, MACs the data path saw | [`Resolved`](crate::resolve::resolved::Resolved) with addresses and MACs, MAC refusals |
+//! | observe | [`observe`] | [`Resolved`](crate::resolve::resolved::Resolved), the data path's findings | [`Resolved`](crate::resolve::resolved::Resolved) with learned addresses and cut-overs |
+//! | plan | [`plan`] | [`Resolved`](crate::resolve::resolved::Resolved), the last ids ([`plan::Previous`]) | [`Plan`] (every map's desired content) |
 //! | apply | [`apply`] | [`Plan`] | the data path programmed (the only stage that writes it) |
-//! | publish | [`publish`] | [`Resolved`](crate::resolved::Resolved), the applied [`Plan`] | the log, Events, the view (API, CLI, metrics), `status.json` |
+//! | publish | [`publish`] | [`Resolved`](crate::resolve::resolved::Resolved), the applied [`Plan`] | the log, Events, the view (API, CLI, metrics), `status.json` |
 //!
 //! Every stage but observe and apply runs without a data path (their
 //! unit tests show how); read and publish touch it only for what a
@@ -46,8 +46,8 @@ use crate::{
     learned,
     migration::Migrations,
     plan::Plan,
+    resolve::store::Store,
     slowpath,
-    store::Store,
     sys::clock::unix_now,
     sys::netif::ifindex_of,
     view::SharedView,
@@ -122,7 +122,7 @@ pub struct Round {
     /// the previous agent's last round still wins a conflict no claim or
     /// port here decides (an IPAM-less address or a given MAC of a VM on
     /// another node), not file order.
-    stored_accepted: BTreeSet<crate::store::InterfaceKey>,
+    stored_accepted: BTreeSet<crate::resolve::store::InterfaceKey>,
     /// What the last round served on this node's ports.
     running: Held,
     warned_empty: bool,
@@ -233,7 +233,7 @@ impl Round {
         &mut self,
         validated: Config,
         changed: &changes::ChangeSet,
-    ) -> anyhow::Result<(crate::resolved::Resolved, ipam::Claims)> {
+    ) -> anyhow::Result<(crate::resolve::resolved::Resolved, ipam::Claims)> {
         let mut cfg = resolve::resolve(validated, &self.settings.node);
         let claims = ipam::assign(&mut cfg, &self.store)?;
         if !changed.is_empty() {
@@ -400,7 +400,7 @@ impl Round {
         }
         crate::endpoints::round_done();
         self.accepted = cfg.attachments.iter().map(|a| a.key.clone()).collect();
-        let keys: BTreeSet<crate::store::InterfaceKey> = self
+        let keys: BTreeSet<crate::resolve::store::InterfaceKey> = self
             .accepted
             .iter()
             .map(|k| (k.namespace.clone(), k.vm.clone(), k.interface.clone()))

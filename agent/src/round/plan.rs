@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 
 use crate::service::PortKey;
 
-use crate::{config::AttachmentKey, dataplane::Dataplane, plan::Plan, resolved::Resolved};
+use crate::{config::AttachmentKey, dataplane::Dataplane, plan::Plan, resolve::resolved::Resolved};
 
 /// The ids the last plan gave: each VM interface's port id, each service
 /// port's id.

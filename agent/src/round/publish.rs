@@ -18,7 +18,7 @@ use crate::{
     config::{self, AttachmentKey, ConfigError, format_mac},
     learned,
     plan::Plan,
-    resolved::{self, Origin, Resolved},
+    resolve::resolved::{self, Origin, Resolved},
     view::{AttachmentView, IpView, LearnedRefusalView, NetworkView, View},
 };
 

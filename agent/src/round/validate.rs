@@ -9,7 +9,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use crate::{
     config::{AttachmentKey, Config, Held, Translated, source::Snapshot, validate_documents},
-    store::Claim,
+    resolve::store::Claim,
 };
 
 /// Who holds which address and MAC: the claims store's `claims`, then the

@@ -39,9 +39,10 @@ use vmpath::{
         Dataplane, Maps,
         batch::{delete_batch, update_batch, update_batch_per_cpu},
     },
-    ipam, plan,
-    resolved::Resolved,
-    store::Store,
+    plan,
+    resolve::ipam,
+    resolve::resolved::Resolved,
+    resolve::store::Store,
 };
 use vmpath_common::{
     AddrInfo, AddrKey, Endpoint, EndpointKey, FloodList, MAX_ADDRESSES, MAX_ENDPOINTS, MAX_PORT_ID,

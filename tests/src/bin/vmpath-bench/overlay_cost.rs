@@ -32,7 +32,7 @@ use std::{
 
 use anyhow::{Context as _, Result, anyhow, bail};
 use aya::programs::{LinkOrder, SchedClassifier, TcAttachType, TestRun, TestRunOptions, tc};
-use vmpath::{config, dataplane::Dataplane, ipam, plan, resolved::Resolved};
+use vmpath::{config, dataplane::Dataplane, plan, resolve::ipam, resolve::resolved::Resolved};
 use vmpath_common::{VXLAN_IFNAME, VXLAN_OVERHEAD, VXLAN_PORT, drop_reason, prog_names};
 use vmpath_tests::{Netns, link, unique_tag, yaml, yaml_overlay};
 

@@ -18,7 +18,7 @@ use std::{
 
 use anyhow::{Context as _, Result, anyhow, bail};
 use aya::programs::{TestRun, TestRunOptions};
-use vmpath::{config, dataplane::Dataplane, plan, resolved::Resolved};
+use vmpath::{config, dataplane::Dataplane, plan, resolve::resolved::Resolved};
 use vmpath_tests::{Node, Vm};
 
 use crate::{
@@ -143,7 +143,7 @@ fn plan_of(docs: &[String]) -> Result<(plan::Plan, f64)> {
         );
     }
     let mut cfg = Resolved::new(validated);
-    vmpath::ipam::assign(&mut cfg, &BTreeMap::new());
+    vmpath::resolve::ipam::assign(&mut cfg, &BTreeMap::new());
     let p = plan::plan(&cfg, "node-a", vmpath::sys::netif::ifindex_of);
     let ms = t.elapsed().as_secs_f64() * 1e3;
     if !p.problems.is_empty() {

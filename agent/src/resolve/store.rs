@@ -25,6 +25,27 @@ const ACCEPTED_ROW: &str = "keys";
 /// A VM interface as [`Store::accepted`] keeps it.
 pub type InterfaceKey = (String, String, String);
 
+impl crate::config::Held {
+    /// What the claims store records (here, not in `config`: the documents
+    /// know no store; the store knows what validation is given).
+    pub fn from_claims(claims: &BTreeMap<String, Claim>) -> Self {
+        let mut held = Self::default();
+        for (key, c) in claims {
+            for ip in &c.ips {
+                held.ips.insert((c.network.clone(), ip.addr()), key.clone());
+            }
+            if let Some(mac) = c
+                .mac
+                .as_deref()
+                .and_then(|m| crate::config::parse_mac(m).ok())
+            {
+                held.macs.insert((c.network.clone(), mac), key.clone());
+            }
+        }
+        held
+    }
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
     #[error("claims database {path}: {source}")]

@@ -15,7 +15,7 @@ use crate::config::{self, AttachmentKey, Config, ConfigError, Network};
 
 // Where an address or MAC came from: the claims store records it with
 // each claim, so it is defined there.
-pub use crate::store::Origin;
+pub use crate::resolve::store::Origin;
 
 /// One attachment as this round runs it. Derefs to its validated document.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -133,7 +133,7 @@ mod tests {
     use std::collections::BTreeMap;
 
     use super::*;
-    use crate::{config, ipam, store::Claim};
+    use crate::{config, resolve::ipam, resolve::store::Claim};
 
     const DOCS: &str = "apiVersion: vmpath.dev/v1alpha1
 kind: Network

@@ -15,8 +15,8 @@ use ipnet::IpNet;
 
 use crate::{
     config::{AttachmentKey, Network, format_mac, model::MacPolicy, parse_mac},
-    resolved::{Origin, Resolved},
-    store::Claim,
+    resolve::resolved::{Origin, Resolved},
+    resolve::store::Claim,
     sys::hash::fnv1a,
 };
 

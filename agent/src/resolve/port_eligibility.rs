@@ -35,7 +35,7 @@ use netlink_packet_route::{
 use tracing::warn;
 use vmpath_common::{SLOW0, SLOW1, VXLAN_IFNAME, prog_names};
 
-use crate::resolved::{Attachment, Resolved};
+use crate::resolve::resolved::{Attachment, Resolved};
 
 /// The ifalias vmpath's CNI plugin sets on the ports it creates.
 pub use vmpath_api::cni::PORT_ALIAS as CNI_MARKER;
