@@ -14,10 +14,10 @@ use tracing::{error, info, warn};
 
 use crate::{
     dataplane::Dataplane,
+    publish::view::{Published, SharedView},
     resolve::store::Store,
     round::{self, Round},
     slowpath,
-    view::{Published, SharedView},
 };
 
 #[derive(Debug, Clone)]
@@ -61,7 +61,7 @@ pub enum Source {
         kubeconfig: Option<PathBuf>,
         /// `vmpath controller`'s ledger: a claim's `status.ips` counts
         /// only where it vouches for them.
-        ledger: crate::cluster::kube_source::LedgerRef,
+        ledger: crate::read::kube_source::LedgerRef,
     },
 }
 
@@ -105,7 +105,7 @@ pub fn run(
     let cluster = match &opts.source {
         Source::Files => None,
         Source::Kubernetes { kubeconfig, ledger } => Some(
-            crate::cluster::kube_source::KubeSource::start(
+            crate::read::kube_source::KubeSource::start(
                 kubeconfig.clone(),
                 &opts.node,
                 ledger,
@@ -118,7 +118,7 @@ pub fn run(
         // Forwarding off is said on the Node too.
         let node = cluster.node_reporter();
         crate::forwarding::report_to(Box::new(move |problems| {
-            node.report(crate::cluster::writeback::REASON_FORWARDING_OFF, problems)
+            node.report(crate::publish::writeback::REASON_FORWARDING_OFF, problems)
         }));
     }
     let settings = round::Settings {

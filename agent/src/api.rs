@@ -34,8 +34,8 @@ use tracing::{info, warn};
 use vmpath_common::drop_reason;
 
 use crate::{
+    publish::view::{AttachmentView, View, state},
     snapshot::{Observer, Snapshot},
-    view::{AttachmentView, View, state},
 };
 
 /// The answers' types (one home for the agent, the CLI and the plugin).
@@ -450,8 +450,8 @@ mod tests {
 
     use super::*;
     use crate::{
+        publish::view::{Published, sample},
         slowpath::{Counters, SharedStats},
-        view::{Published, sample},
     };
 
     /// An observer over the sample view; its bpffs does not exist, so the

@@ -756,8 +756,8 @@ mod tests {
     }
     use crate::{
         api::{self, PortCounters},
+        publish::view::{Published, sample},
         snapshot::Observer,
-        view::{Published, sample},
     };
 
     /// What the API answers at `path` over the sample view (no pinned maps).

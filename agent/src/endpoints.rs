@@ -35,8 +35,8 @@ use vmpath_api::types::Reply;
 
 use crate::{
     config::{AttachmentKey, Config, source::RawDocument, source::Snapshot},
+    publish::view::{Published, View, state},
     resolve::resolved::Origin,
-    view::{Published, View, state},
 };
 
 /// How long an ADD waits for the agent to program the port.
@@ -85,7 +85,7 @@ impl EndpointExt for EndpointRequest {
     fn source(&self) -> PathBuf {
         PathBuf::from(format!(
             "{}{}",
-            crate::cluster::translate::CNI_SOURCE_PREFIX,
+            crate::derive::translate::CNI_SOURCE_PREFIX,
             self.id()
         ))
     }
@@ -641,7 +641,7 @@ mod tests {
 
     #[test]
     fn an_endpoint_without_the_address_its_ipam_owes_it_names_network_and_pool() {
-        let mut view = crate::view::sample::view();
+        let mut view = crate::publish::view::sample::view();
         view.networks[0].subnets.push("fd00:20::/64".into());
         let mut got = describe(&view, &request());
         got.ips = vec!["10.20.0.5/16".into(), "fd00:20::5/64".into()];

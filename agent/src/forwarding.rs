@@ -17,7 +17,7 @@ use std::{
 
 use tracing::{info, warn};
 
-use crate::view::{Published, View};
+use crate::publish::view::{Published, View};
 
 /// How often the sysctls are read again: an operator may fix them while
 /// the agent runs.
@@ -153,7 +153,7 @@ fn check(view: &View) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::view::{AttachmentView, NetworkView, sample};
+    use crate::publish::view::{AttachmentView, NetworkView, sample};
 
     fn view() -> View {
         let base = sample::view();

@@ -3,8 +3,8 @@ use std::{path::PathBuf, sync::Arc, time::Duration};
 use anyhow::Result;
 use clap::{CommandFactory as _, FromArgMatches as _, Parser, Subcommand};
 use vmpath::{
-    agent, api, cli, dataplane, metrics, node_lock, resolve::port_eligibility, slowpath,
-    snapshot::Observer, view,
+    agent, api, cli, dataplane, metrics, node_lock, publish::view, resolve::port_eligibility,
+    slowpath, snapshot::Observer,
 };
 
 #[derive(Parser)]
@@ -435,7 +435,7 @@ fn main() -> Result<()> {
                         SourceArg::Files => agent::Source::Files,
                         SourceArg::Kubernetes => agent::Source::Kubernetes {
                             kubeconfig: args.kubeconfig,
-                            ledger: vmpath::cluster::kube_source::LedgerRef {
+                            ledger: vmpath::read::kube_source::LedgerRef {
                                 namespace: args.ledger_namespace,
                                 name: args.ledger_name,
                             },

@@ -17,9 +17,9 @@ use tracing::{info, warn};
 use vmpath_common::{PortStats, drop_reason};
 
 use crate::{
+    publish::view::state,
     slowpath::Counters,
     snapshot::{Observer, Snapshot},
-    view::state,
 };
 
 /// Reads one counter of a port.
@@ -636,7 +636,7 @@ mod tests {
     use std::collections::BTreeMap;
 
     use super::*;
-    use crate::{slowpath::SlowStats, snapshot::DataplaneCounters, view::sample};
+    use crate::{publish::view::sample, slowpath::SlowStats, snapshot::DataplaneCounters};
 
     fn text(snap: &Snapshot) -> String {
         let mut buf = Vec::new();
@@ -770,7 +770,7 @@ mod tests {
     fn the_registered_collector_adds_the_reconcile_histogram() {
         let view = sample::view();
         let bpffs = view.bpffs.clone().into();
-        let published = Arc::new(crate::view::Published::new(view));
+        let published = Arc::new(crate::publish::view::Published::new(view));
         published.observe_reconcile(0.003);
         let observer = Arc::new(Observer::new(published, Default::default(), bpffs));
         let r = registry(observer).unwrap();

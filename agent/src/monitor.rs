@@ -29,7 +29,7 @@ use vmpath_common::{
     map_names, monitor_kind,
 };
 
-use crate::view::{Published, View};
+use crate::publish::view::{Published, View};
 
 /// Events one client may have queued before further ones are counted as
 /// lost for it (a slow reader never slows the others or the agent). The
@@ -374,7 +374,7 @@ mod tests {
 
     #[test]
     fn an_event_is_named_reason_endpoint_and_five_tuple() {
-        let view = crate::view::sample::view();
+        let view = crate::publish::view::sample::view();
         let a = &view.attachments[0];
         let mut r = raw();
         r.ifindex = a.ifindex.expect("sample has an ifindex");

@@ -14,8 +14,8 @@ use vmpath_common::{PortStats, slow_class};
 
 use crate::{
     dataplane::Maps,
+    publish::view::{Published, View},
     slowpath::{SharedStats, SlowStats},
-    view::{Published, View},
 };
 
 /// The data path's counters at one moment, summed over CPUs.

@@ -87,7 +87,7 @@ pub struct RawDocument {
 }
 
 /// A Kubernetes object of a kind vmpath reads typed (Pod, VMI, ...), as
-/// its source keeps it ([`crate::cluster::prune`]), with where it came
+/// its source keeps it ([`crate::config::kube_objects::prune`]), with where it came
 /// from.
 #[derive(Debug, Clone)]
 pub struct ClusterDocument {

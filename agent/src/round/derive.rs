@@ -5,8 +5,8 @@
 //! stage's job, and it never derives.
 
 use crate::{
-    cluster::translate,
     config::{Translated, source::Snapshot},
+    derive::translate,
 };
 
 /// Derives `snapshot`'s documents as `node` sees them.

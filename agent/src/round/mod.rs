@@ -36,7 +36,6 @@ use std::{collections::BTreeSet, path::PathBuf, time::Instant};
 use tracing::{error, info, warn};
 
 use crate::{
-    cluster::kube_source::KubeSource,
     config::{
         AttachmentKey, Config, ConfigError, Held, Translated,
         source::{Reader, Snapshot},
@@ -46,11 +45,12 @@ use crate::{
     learned,
     migration::Migrations,
     plan::Plan,
+    publish::view::SharedView,
+    read::kube_source::KubeSource,
     resolve::store::Store,
     slowpath,
     sys::clock::unix_now,
     sys::netif::ifindex_of,
-    view::SharedView,
 };
 
 /// Derives and validates every document of `snapshot` for `node_name`

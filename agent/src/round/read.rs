@@ -6,12 +6,12 @@
 use std::{collections::BTreeMap, path::Path};
 
 use crate::{
-    cluster::kube_source::KubeSource,
     config::{
         Held,
         source::{Reader, Snapshot},
     },
     dataplane::Dataplane,
+    read::kube_source::KubeSource,
 };
 
 /// Reads every document: from the API server when `cluster` is given,

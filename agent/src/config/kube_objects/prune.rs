@@ -163,7 +163,7 @@ pub fn keep_all(value: Value) -> (Vec<Arc<ClusterObject>>, Option<Arc<Value>>) {
 mod tests {
     use super::*;
 
-    const VM: &str = include_str!("../../cluster/fixtures/vm.yaml");
+    const VM: &str = include_str!("../../derive/fixtures/vm.yaml");
 
     fn nodes(v: &Value) -> usize {
         1 + match v {

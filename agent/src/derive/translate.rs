@@ -13,14 +13,14 @@ use std::{
 
 use serde_json::{Value, json};
 
-use super::objects::{
-    self, CREATED_BY_LABEL, DEFAULT_NETWORK_ANNOTATION, DEFAULT_NETWORK_IFNAME, IpamClaim, K8sNode,
-    MIGRATION_JOB_LABEL, NETWORKS_ANNOTATION, Nad, NadConfig, NetworkSelection, ObjectMeta, Pod,
-    TARGET_READY_ANNOTATION, VM_NAME_LABEL, Vmi, Vmim,
-};
-use super::prune::{ClusterObject, cluster_object, group_kind};
 pub use crate::config::Translated;
 use crate::config::kube_objects::ledger::{self, Ledger};
+use crate::config::kube_objects::prune::{ClusterObject, cluster_object, group_kind};
+use crate::config::kube_objects::{
+    self as objects, CREATED_BY_LABEL, DEFAULT_NETWORK_ANNOTATION, DEFAULT_NETWORK_IFNAME,
+    IpamClaim, K8sNode, MIGRATION_JOB_LABEL, NETWORKS_ANNOTATION, Nad, NadConfig, NetworkSelection,
+    ObjectMeta, Pod, TARGET_READY_ANNOTATION, VM_NAME_LABEL, Vmi, Vmim,
+};
 use crate::config::{
     AttachmentKey, ConfigError, DocOrigin,
     model::API_VERSION,
@@ -1266,7 +1266,8 @@ mod tests {
         // (typed, pruned to the fields read): the outcome must be the same.
         let mut stored = Snapshot::default();
         for d in &snap.documents {
-            let (objects, document) = super::super::prune::keep_all((*d.value).clone());
+            let (objects, document) =
+                crate::config::kube_objects::prune::keep_all((*d.value).clone());
             stored
                 .cluster
                 .extend(objects.into_iter().map(|object| ClusterDocument {
@@ -1591,7 +1592,7 @@ spec: {vm: thief, interface: eth0, network: nowhere, node: node-a, port: p0}
         assert_eq!(e.document, "Attachment tenant/thief", "{e}");
         assert_eq!(e.about, None, "{e}");
         assert!(
-            crate::cluster::writeback::events_of(&cfg.errors, &[]).is_empty(),
+            crate::publish::writeback::events_of(&cfg.errors, &[]).is_empty(),
             "no Event for a file's document"
         );
 
@@ -2197,7 +2198,8 @@ mod default_network_tests {
         // (pruned: the default-network annotation must survive it).
         let mut stored = Snapshot::default();
         for d in &snap.documents {
-            let (objects, document) = super::super::prune::keep_all((*d.value).clone());
+            let (objects, document) =
+                crate::config::kube_objects::prune::keep_all((*d.value).clone());
             stored
                 .cluster
                 .extend(objects.into_iter().map(|object| ClusterDocument {

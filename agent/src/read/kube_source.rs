@@ -2,7 +2,7 @@
 //! the API server. One kube-rs watcher per kind (this node's pods only, by
 //! field selector) keeps an in-memory copy, each object stored once as a
 //! round reads it (the cluster kinds typed, pruned to the fields read:
-//! [`super::prune`]); each reconcile round reads the copies exactly as
+//! [`crate::config::kube_objects::prune`]); each reconcile round reads the copies exactly as
 //! it reads files.
 //!
 //! Losing the API server never withdraws anything: a watch error leaves
@@ -33,16 +33,17 @@ use kube::{
 use serde_json::Value;
 use tracing::{info, warn};
 
-use super::{prune::Kept, writeback};
+use super::rbac;
 use crate::{
     config::kube_objects::ledger::{self, Ledger},
     config::{
         ConfigError,
         source::{ClusterDocument, RawDocument, Snapshot},
     },
+    publish::view::SharedView,
     sys::events::Wake,
-    view::SharedView,
 };
+use crate::{config::kube_objects::prune::Kept, publish::writeback};
 
 /// Every kind the agent watches: group, version, kind, plural, and
 /// whether only this node's objects are wanted.
@@ -172,7 +173,7 @@ fn document(resource: &ApiResource, o: &DynamicObject) -> Kept {
     let mut value = serde_json::to_value(o).unwrap_or(Value::Null);
     value["apiVersion"] = resource.api_version.clone().into();
     value["kind"] = resource.kind.clone().into();
-    super::prune::keep(value)
+    crate::config::kube_objects::prune::keep(value)
 }
 
 /// A kind's relists. The store swaps a relist in only once it is
@@ -349,7 +350,7 @@ impl KubeSource {
         let mut kinds = Vec::new();
         for (group, version, kind, plural, on_node) in KINDS {
             debug_assert!(
-                super::rbac::allows(super::rbac::AGENT, group, plural, "watch"),
+                rbac::allows(rbac::AGENT, group, plural, "watch"),
                 "{plural} is watched: the RBAC table must say so"
             );
             let resource = ApiResource::from_gvk_with_plural(
@@ -620,10 +621,8 @@ mod tests {
 
     use kube::{api::DynamicObject, runtime::watcher::Event};
 
-    use super::{
-        super::{prune::ClusterObject, rbac},
-        KINDS, Kept, Relists, Store, document,
-    };
+    use super::{KINDS, Kept, Relists, Store, document, rbac};
+    use crate::config::kube_objects::prune::ClusterObject;
 
     type Ev = Event<DynamicObject>;
 
