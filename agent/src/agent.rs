@@ -13,7 +13,7 @@ use anyhow::{Context as _, Result};
 use tracing::{error, info, warn};
 
 use crate::{
-    dataplane::Dataplane,
+    apply::dataplane::Dataplane,
     publish::view::{Published, SharedView},
     resolve::store::Store,
     round::{self, Round},
@@ -37,17 +37,17 @@ pub struct AgentOptions {
     /// The node's uplink: routed ingress and SNAT return traffic.
     pub uplink: String,
     /// Native XDP on the uplink for the common cases (`--uplink-xdp`).
-    pub uplink_xdp: crate::dataplane::UplinkXdp,
+    pub uplink_xdp: crate::apply::dataplane::UplinkXdp,
     /// Slow-path frames served per second, all ports together.
     pub slowpath_serve_rate: u64,
     /// Expiry and per-port cap of learned addresses.
-    pub learned: crate::learned::Limits,
+    pub learned: crate::observe::learned::Limits,
     /// The data path's debug events at start.
-    pub datapath_debug: crate::dataplane::debug_log::Switches,
+    pub datapath_debug: crate::apply::dataplane::debug_log::Switches,
     /// Where the documents come from.
     pub source: Source,
     /// Sizes of the cluster-sized maps (`--max-endpoints`, `--max-addresses`).
-    pub map_sizes: crate::dataplane::MapSizes,
+    pub map_sizes: crate::apply::dataplane::MapSizes,
     /// The cluster's pod and Service CIDRs as the flags give them.
     pub cluster_cidrs: Vec<crate::config::ClusterCidr>,
 }
@@ -80,13 +80,16 @@ pub fn run(
         error!("vmpath monitor will show nothing: {e:#}");
     }
     // What a previous agent switched on does not outlive it.
-    if let Err(e) = crate::dataplane::debug_log::set(&opts.bpffs, opts.datapath_debug) {
+    if let Err(e) = crate::apply::dataplane::debug_log::set(&opts.bpffs, opts.datapath_debug) {
         warn!("setting the data path's debug events: {e:#}");
     }
     shared.dataplane_opened();
-    crate::node_lock::record_programs(&opts.state_dir, dp.program_ids());
+    crate::apply::node_lock::record_programs(&opts.state_dir, dp.program_ids());
     if let Some(policy) = crate::resolve::port_eligibility::policy() {
-        crate::resolve::port_eligibility::repair(&crate::dataplane::links_dir(&opts.bpffs), policy);
+        crate::resolve::port_eligibility::repair(
+            &crate::apply::dataplane::links_dir(&opts.bpffs),
+            policy,
+        );
     }
     let services = slowpath::Services::default();
     if let Err(e) = slowpath::start(

@@ -247,7 +247,7 @@ fn status(snap: &Snapshot) -> Status {
         drops,
         dataplane_error,
         ineligible_ports: crate::resolve::port_eligibility::refused_count(),
-        programs: crate::node_lock::programs_status(std::path::Path::new(&view.bpffs)),
+        programs: crate::apply::node_lock::programs_status(std::path::Path::new(&view.bpffs)),
     }
 }
 
@@ -342,7 +342,7 @@ pub fn serve(
 /// `GET /v1/debug/datapath`: which debug events the data path emits;
 /// `PUT` with `{"drops": bool, "decisions": bool}` switches them.
 fn debug_datapath(observer: &Observer, request: &mut tiny_http::Request) -> Reply {
-    use crate::dataplane::debug_log::{self, Switches};
+    use crate::apply::dataplane::debug_log::{self, Switches};
     let bpffs = observer.bpffs();
     match request.method() {
         tiny_http::Method::Get => {}

@@ -405,7 +405,7 @@ pub fn families(snap: &Snapshot) -> Vec<MetricFamily> {
     out.push(info);
     // Addresses guests used that vmpath refused to learn, by why.
     let mut learned_refused = Samples::of(&LEARNED_REFUSED);
-    for kind in crate::learned::REFUSAL_KINDS {
+    for kind in crate::observe::learned::REFUSAL_KINDS {
         let n = view
             .attachments
             .iter()

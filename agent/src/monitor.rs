@@ -214,7 +214,7 @@ impl Hub {
             _pad: 0,
             limit: MeterLimit::new(self.rate, self.rate.div_ceil(10).max(1)),
         };
-        let path = crate::dataplane::maps_dir(&self.bpffs).join(map_names::MONITOR_CFG);
+        let path = crate::apply::dataplane::maps_dir(&self.bpffs).join(map_names::MONITOR_CFG);
         let write = || -> Result<()> {
             let data = MapData::from_pin(&path)?;
             let mut map: Array<MapData, MonitorConfig> = Map::from_map_data(data)?.try_into()?;
@@ -253,7 +253,7 @@ impl Hub {
     /// Starts the thread that reads the ring buffer, once the data path is
     /// loaded (its pinned `vmp_monitor` exists).
     pub fn start_reader(self: &Arc<Self>, shared: Arc<Published>) -> Result<()> {
-        let path = crate::dataplane::maps_dir(&self.bpffs).join(map_names::MONITOR);
+        let path = crate::apply::dataplane::maps_dir(&self.bpffs).join(map_names::MONITOR);
         let data =
             MapData::from_pin(&path).with_context(|| format!("opening {}", path.display()))?;
         let mut ring: RingBuf<MapData> = Map::from_map_data(data)?.try_into()?;

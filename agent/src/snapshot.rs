@@ -13,7 +13,7 @@ use tracing::warn;
 use vmpath_common::{PortStats, slow_class};
 
 use crate::{
-    dataplane::Maps,
+    apply::dataplane::Maps,
     publish::view::{Published, View},
     slowpath::{SharedStats, SlowStats},
 };

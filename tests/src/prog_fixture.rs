@@ -7,7 +7,7 @@ use std::{
     sync::atomic::{AtomicU32, Ordering},
 };
 
-use vmpath::dataplane;
+use vmpath::apply::dataplane;
 
 /// tc verdicts a program returns.
 pub const TC_ACT_OK: u32 = 0;

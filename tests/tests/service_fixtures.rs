@@ -15,7 +15,7 @@
 
 use aya::maps::lpm_trie::Key;
 use etherparse::PacketBuilder;
-use vmpath::dataplane::Dataplane;
+use vmpath::apply::dataplane::Dataplane;
 use vmpath_common::{
     ENDPOINT_LOCAL, ENDPOINT_REMOTE, Endpoint, EndpointKey, IdentityPrefix, NetworkInfo,
     POL_F_EGRESS, POLICY_LEN_FULL, PolicyEndpoint, PolicyRuleKey, PortInfo, PortStats,

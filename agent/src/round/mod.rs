@@ -36,14 +36,14 @@ use std::{collections::BTreeSet, path::PathBuf, time::Instant};
 use tracing::{error, info, warn};
 
 use crate::{
+    apply::dataplane::Dataplane,
     config::{
         AttachmentKey, Config, ConfigError, Held, Translated,
         source::{Reader, Snapshot},
         validate_documents,
     },
-    dataplane::Dataplane,
-    learned,
-    migration::Migrations,
+    observe::learned,
+    observe::migration::Migrations,
     plan::Plan,
     publish::view::SharedView,
     read::kube_source::KubeSource,

@@ -5,9 +5,11 @@
 
 use std::collections::BTreeMap;
 
-use crate::service::PortKey;
+use crate::plan::service::PortKey;
 
-use crate::{config::AttachmentKey, dataplane::Dataplane, plan::Plan, resolve::resolved::Resolved};
+use crate::{
+    apply::dataplane::Dataplane, config::AttachmentKey, plan::Plan, resolve::resolved::Resolved,
+};
 
 /// The ids the last plan gave: each VM interface's port id, each service
 /// port's id.

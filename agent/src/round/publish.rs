@@ -15,7 +15,7 @@ use tracing::error;
 
 use crate::{
     config::{self, AttachmentKey, ConfigError, format_mac},
-    learned,
+    observe::learned,
     plan::Plan,
     publish::view::{AttachmentView, IpView, LearnedRefusalView, NetworkView, View},
     publish::writeback,

@@ -6,11 +6,11 @@
 use std::{collections::BTreeMap, path::Path};
 
 use crate::{
+    apply::dataplane::Dataplane,
     config::{
         Held,
         source::{Reader, Snapshot},
     },
-    dataplane::Dataplane,
     read::kube_source::KubeSource,
 };
 

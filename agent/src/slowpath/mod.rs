@@ -20,7 +20,7 @@ use etherparse::{LinkSlice, NetSlice, SlicedPacket, TransportSlice};
 use tracing::{error, info, warn};
 use vmpath_common::{SLOW0, SLOW1, SlowPath, map_names, prog_names};
 
-use crate::dataplane::{Dataplane, links_dir, maps_dir};
+use crate::apply::dataplane::{Dataplane, links_dir, maps_dir};
 pub use service::{Counters, Outcome, PortService, Services, SharedStats, SlowStats};
 
 /// What one DHCPv4 or DHCPv6 message led to.

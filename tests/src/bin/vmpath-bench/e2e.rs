@@ -27,7 +27,7 @@ use aya::{
     maps::Array,
     programs::{LinkOrder, SchedClassifier, TcAttachType, tc::TcAttachOptions},
 };
-use vmpath::{config::parse_mac, dataplane::Dataplane};
+use vmpath::{apply::dataplane::Dataplane, config::parse_mac};
 use vmpath_tests::{Netns, Node, Vm, yaml};
 
 use crate::{

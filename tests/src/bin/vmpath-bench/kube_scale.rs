@@ -44,8 +44,7 @@ pub struct Options {
     pub claims: Vec<usize>,
 }
 
-pub(crate) const NETWORK: &str =
-    include_str!("../../../../agent/src/derive/fixtures/network.yaml");
+pub(crate) const NETWORK: &str = include_str!("../../../../agent/src/derive/fixtures/network.yaml");
 const VM: &str = include_str!("../../../../agent/src/derive/fixtures/vm.yaml");
 /// KubeVirt's pod interface name for network `blue` (a hash of its name).
 const POD_IFNAME: &str = "pod16477688c0e";

@@ -32,7 +32,9 @@ use std::{
 
 use anyhow::{Context as _, Result, anyhow, bail};
 use aya::programs::{LinkOrder, SchedClassifier, TcAttachType, TestRun, TestRunOptions, tc};
-use vmpath::{config, dataplane::Dataplane, plan, resolve::ipam, resolve::resolved::Resolved};
+use vmpath::{
+    apply::dataplane::Dataplane, config, plan, resolve::ipam, resolve::resolved::Resolved,
+};
 use vmpath_common::{VXLAN_IFNAME, VXLAN_OVERHEAD, VXLAN_PORT, drop_reason, prog_names};
 use vmpath_tests::{Netns, link, unique_tag, yaml, yaml_overlay};
 
@@ -174,7 +176,7 @@ fn program(dp: &mut Dataplane, dir: &std::path::Path) -> Result<()> {
         bail!("plan: {} ports, problems {:?}", p.ports.len(), p.problems);
     }
     dp.apply(&p).context("applying the plan")?;
-    let ifindex = vmpath::overlay::ensure_device(
+    let ifindex = vmpath::apply::overlay::ensure_device(
         Some(std::net::Ipv4Addr::from(LOCAL_IP).into()),
         UNDERLAY_MTU - VXLAN_OVERHEAD,
     )?;

@@ -18,7 +18,7 @@ use std::{
 
 use anyhow::{Context as _, Result, anyhow, bail};
 use aya::programs::{TestRun, TestRunOptions};
-use vmpath::{config, dataplane::Dataplane, plan, resolve::resolved::Resolved};
+use vmpath::{apply::dataplane::Dataplane, config, plan, resolve::resolved::Resolved};
 use vmpath_tests::{Node, Vm};
 
 use crate::{

@@ -247,7 +247,7 @@ pub fn accept(
 /// Reads the data path's learned addresses and conflicts, decides them
 /// and forgets what expired (from the map: its route and export follow).
 pub fn read(
-    dp: &mut crate::dataplane::Dataplane,
+    dp: &mut crate::apply::dataplane::Dataplane,
     cfg: &Resolved,
     node: &str,
     previous: &Outcome,

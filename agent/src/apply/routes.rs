@@ -293,8 +293,8 @@ fn ours(m: &RouteMessage, table: u32, protocol: u8) -> Option<ExportRoute> {
 pub struct NorthSouth {
     exporter: Option<RouteExporter>,
     exported: Option<BTreeSet<ExportRoute>>,
-    host_reach: crate::host_reach::HostReach,
-    handoff: crate::handoff::Handoff,
+    host_reach: crate::apply::host_reach::HostReach,
+    handoff: crate::plan::handoff::Handoff,
     uplink: Option<u32>,
     warned_uplink: bool,
     ports_reserved: bool,
@@ -306,7 +306,7 @@ pub struct NorthSouth {
 impl NorthSouth {
     pub fn tick(
         &mut self,
-        dp: &mut crate::dataplane::Dataplane,
+        dp: &mut crate::apply::dataplane::Dataplane,
         uplink: &str,
         cfg: &Resolved,
         applied: Option<&Plan>,
@@ -339,7 +339,7 @@ impl NorthSouth {
         };
         if self
             .xdp_checked
-            .is_none_or(|t| t.elapsed() >= crate::dataplane::XDP_PORTS_RECHECK)
+            .is_none_or(|t| t.elapsed() >= crate::apply::dataplane::XDP_PORTS_RECHECK)
         {
             if let Err(e) = dp.refresh_xdp_ports(plan) {
                 tracing::warn!("listing the ports uplink XDP delivers to: {e:#}");
@@ -347,7 +347,7 @@ impl NorthSouth {
             self.xdp_checked = Some(std::time::Instant::now());
         }
         if !self.ports_reserved {
-            match crate::snat::reserve_ports(plan.snat.port_min, plan.snat.port_max) {
+            match crate::apply::snat::reserve_ports(plan.snat.port_min, plan.snat.port_max) {
                 Ok(()) => self.ports_reserved = true,
                 Err(e) => tracing::warn!("reserving the SNAT port range: {e}"),
             }
@@ -356,7 +356,7 @@ impl NorthSouth {
             .last_sweep
             .is_none_or(|t| t.elapsed() >= std::time::Duration::from_secs(5))
         {
-            crate::snat::sweep(dp.maps_mut());
+            crate::apply::snat::sweep(dp.maps_mut());
             self.last_sweep = Some(std::time::Instant::now());
         }
         self.host_reach.tick(cfg, plan, learned);

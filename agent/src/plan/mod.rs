@@ -1,6 +1,11 @@
 //! Desired map contents for this node, computed from the resolved config
 //! and the interfaces that exist now. `dataplane` diffs it against the
 //! pinned maps.
+//!
+//! The plan stage's substance, with what it compiles: [`policy`]
+//! (NetworkPolicy), [`service`] (ClusterIP Services), [`handoff`] (the
+//! hand-off to the node's stack: its nftables table, which the plan asks
+//! about and apply's `routes` keeps), [`north_south`] and [`overlay`].
 
 use std::{collections::BTreeMap, net::IpAddr};
 
@@ -11,8 +16,11 @@ use vmpath_common::{
     PORT_F_PENDING, PortInfo, link_local_from_mac,
 };
 
+pub mod handoff;
 pub mod north_south;
 pub mod overlay;
+pub mod policy;
+pub mod service;
 
 use crate::{
     config::AttachmentKey,
@@ -62,9 +70,9 @@ pub struct Plan {
     /// VMs' addresses and advertises their subnets (`advertise.subnet`).
     pub ingress_hosted: std::collections::BTreeSet<u32>,
     /// NetworkPolicy (`policy`): identities, rules, isolated endpoints.
-    pub policy: crate::policy::Compiled,
+    pub policy: crate::plan::policy::Compiled,
     /// ClusterIP Services (`service`): Service ports and their backends.
-    pub services: crate::service::Compiled,
+    pub services: crate::plan::service::Compiled,
 }
 
 /// The `vmp_addresses` key of `ip` in `network` (`AddrKey::from_ip`).
@@ -156,7 +164,7 @@ pub fn plan_with_previous(
     node: &str,
     ifindex_of: impl Fn(&str) -> Option<u32>,
     previous: &BTreeMap<AttachmentKey, u32>,
-    previous_services: &BTreeMap<crate::service::PortKey, u32>,
+    previous_services: &BTreeMap<crate::plan::service::PortKey, u32>,
     previous_vteps6: &BTreeMap<std::net::Ipv6Addr, [u8; 4]>,
 ) -> Plan {
     let mut plan = Plan {
@@ -298,13 +306,13 @@ pub fn plan_with_previous(
         .values()
         .map(|p| (p.attachment.clone(), p.info.port_id))
         .collect();
-    plan.policy = crate::policy::compile(cfg, &local);
+    plan.policy = crate::plan::policy::compile(cfg, &local);
     plan.policy.guard_floods(&plan.flood);
     overlay::endpoint_identities(cfg, &mut plan);
     plan.problems.extend(plan.policy.problems.iter().cloned());
     let local_networks: std::collections::BTreeSet<u32> =
         plan.ports.values().map(|p| p.info.network).collect();
-    plan.services = crate::service::compile(
+    plan.services = crate::plan::service::compile(
         &cfg.config,
         &plan.addresses,
         &local_networks,

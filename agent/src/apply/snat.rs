@@ -10,7 +10,7 @@ use aya::maps::{HashMap, MapData};
 use tracing::{debug, warn};
 use vmpath_common::{InboundFlow, NatEntry, NatEntry6, NatKey, NatKey6, SnatConfig};
 
-use crate::{dataplane::Maps, sys::clock::monotonic_ns};
+use crate::{apply::dataplane::Maps, sys::clock::monotonic_ns};
 
 const RESERVED_PORTS: &str = "/proc/sys/net/ipv4/ip_local_reserved_ports";
 

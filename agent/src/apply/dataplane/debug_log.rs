@@ -64,7 +64,7 @@ pub fn set(bpffs: &Path, to: Switches) -> Result<()> {
 }
 
 fn open(bpffs: &Path) -> Result<Array<MapData, u32>> {
-    let path = crate::dataplane::maps_dir(bpffs).join(map_names::DEBUG);
+    let path = crate::apply::dataplane::maps_dir(bpffs).join(map_names::DEBUG);
     let data = MapData::from_pin(&path).with_context(|| format!("opening {}", path.display()))?;
     Ok(Array::try_from(Map::from_map_data(data)?)?)
 }

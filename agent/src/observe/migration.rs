@@ -15,7 +15,7 @@ use tracing::{info, warn};
 use vmpath_common::{ENDPOINT_REMOTE, EndpointKey};
 
 use crate::{
-    config::format_mac, dataplane::Dataplane, plan::pending_target_port,
+    apply::dataplane::Dataplane, config::format_mac, plan::pending_target_port,
     resolve::resolved::Resolved, sys::clock::since_ms, sys::netif::ifindex_of,
 };
 

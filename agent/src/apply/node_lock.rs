@@ -70,7 +70,7 @@ pub fn build_id() -> &'static str {
             "{}+git.{}.ebpf.{:016x}",
             crate::sys::version::version(),
             crate::sys::version::REVISION,
-            crate::sys::hash::fnv1a(&[crate::dataplane::Dataplane::object()])
+            crate::sys::hash::fnv1a(&[crate::apply::dataplane::Dataplane::object()])
         )
     })
 }
@@ -273,7 +273,7 @@ pub fn acquire(state_dir: Option<&Path>, bpffs: &Path, wait: Duration) -> anyhow
         }
         None => None,
     };
-    crate::dataplane::ensure_bpffs(bpffs)?;
+    crate::apply::dataplane::ensure_bpffs(bpffs)?;
     let holder_dir = bpffs.join(BPFFS_HOLDER);
     let root = OpenOptions::new()
         .read(true)
@@ -380,7 +380,7 @@ pub fn programs_status(bpffs: &Path) -> ProgramsStatus {
         .unwrap_or_default();
     let mut links = Vec::new();
     let mut mismatches = Vec::new();
-    let mut entries: Vec<PathBuf> = fs::read_dir(crate::dataplane::links_dir(bpffs))
+    let mut entries: Vec<PathBuf> = fs::read_dir(crate::apply::dataplane::links_dir(bpffs))
         .map(|d| d.filter_map(|e| e.ok()).map(|e| e.path()).collect())
         .unwrap_or_default();
     entries.sort();

@@ -20,7 +20,7 @@ use vmpath_common::{
 };
 
 use crate::{
-    dataplane::Dataplane,
+    apply::dataplane::Dataplane,
     plan::Plan,
     resolve::resolved::Resolved,
     sys::netif::{self, ifindex_of},
