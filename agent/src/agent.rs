@@ -120,7 +120,7 @@ pub fn run(
     if let Some(cluster) = &cluster {
         // Forwarding off is said on the Node too.
         let node = cluster.node_reporter();
-        crate::forwarding::report_to(Box::new(move |problems| {
+        crate::api::forwarding::report_to(Box::new(move |problems| {
             node.report(crate::publish::writeback::REASON_FORWARDING_OFF, problems)
         }));
     }

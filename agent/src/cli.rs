@@ -755,9 +755,9 @@ mod tests {
         );
     }
     use crate::{
+        api::snapshot::Observer,
         api::{self, PortCounters},
         publish::view::{Published, sample},
-        snapshot::Observer,
     };
 
     /// What the API answers at `path` over the sample view (no pinned maps).

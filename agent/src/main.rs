@@ -3,8 +3,8 @@ use std::{path::PathBuf, sync::Arc, time::Duration};
 use anyhow::Result;
 use clap::{CommandFactory as _, FromArgMatches as _, Parser, Subcommand};
 use vmpath::{
-    agent, api, apply::dataplane, apply::node_lock, cli, metrics, publish::view,
-    resolve::port_eligibility, slowpath, snapshot::Observer,
+    agent, api, api::snapshot::Observer, apply::dataplane, apply::node_lock, cli, metrics,
+    publish::view, resolve::port_eligibility, slowpath,
 };
 
 #[derive(Parser)]
@@ -383,7 +383,7 @@ fn main() -> Result<()> {
             // sets the umask around bind).
             api::serve(&args.api_socket, observer.clone(), monitor.clone())?;
             // SNAT and routed egress need the node's forwarding on.
-            vmpath::forwarding::watch(shared.clone());
+            vmpath::api::forwarding::watch(shared.clone());
             if !args.metrics_addr.is_empty() && args.metrics_addr != "off" {
                 metrics::serve(&args.metrics_addr, observer)?;
             }

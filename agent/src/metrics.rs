@@ -17,9 +17,9 @@ use tracing::{info, warn};
 use vmpath_common::{PortStats, drop_reason};
 
 use crate::{
+    api::snapshot::{Observer, Snapshot},
     publish::view::state,
     slowpath::Counters,
-    snapshot::{Observer, Snapshot},
 };
 
 /// Reads one counter of a port.
@@ -636,7 +636,7 @@ mod tests {
     use std::collections::BTreeMap;
 
     use super::*;
-    use crate::{publish::view::sample, slowpath::SlowStats, snapshot::DataplaneCounters};
+    use crate::{api::snapshot::DataplaneCounters, publish::view::sample, slowpath::SlowStats};
 
     fn text(snap: &Snapshot) -> String {
         let mut buf = Vec::new();

@@ -398,7 +398,7 @@ impl Round {
             }
             shared.publish(view);
         }
-        crate::endpoints::round_done();
+        crate::api::endpoints::round_done();
         self.accepted = cfg.attachments.iter().map(|a| a.key.clone()).collect();
         let keys: BTreeSet<crate::resolve::store::InterfaceKey> = self
             .accepted

@@ -28,7 +28,7 @@ pub fn read(
         Some(cluster) => cluster.read(),
         None => reader.read(config_dir),
     };
-    crate::endpoints::add_documents(state_dir, node, &mut snap);
+    crate::api::endpoints::add_documents(state_dir, node, &mut snap);
     snap
 }
 

@@ -39,7 +39,7 @@ pub fn validate(
     // does): a CNI port kept past its pod would hold an address the
     // controller released and gave to another pod.
     if !snapshot.pod_claims {
-        crate::endpoints::keep_claims(&mut validated);
+        crate::api::endpoints::keep_claims(&mut validated);
     }
     validated
 }

@@ -2,6 +2,14 @@
 //! open (mode 0600). `vmpath status|net|vm` (see `cli`) and the DaemonSet's
 //! probes talk to it.
 //!
+//! The node service beside the round, with what it serves from:
+//!
+//! | module | what |
+//! |---|---|
+//! | [`endpoints`] | the CNI plugin's hand-off: its ports, which the read stage takes in, and the ADD's answer |
+//! | [`snapshot`] | what the API and metrics read: the published view and the data path's counters |
+//! | [`forwarding`] | forwarding off in the node's namespace: watched, logged, reported in the status |
+//!
 //! Endpoints (GET only; `/v1/endpoints`, the CNI plugin's, is in
 //! `endpoints`):
 //!   /healthz                  200 while the agent loop is alive
@@ -13,6 +21,10 @@
 //!   /v1/vms                   one row per VM interface
 //!   /v1/vms/{namespace}/{vm}  every interface of one VM, with counters
 //! Unknown paths and names answer 404 with `{"error": "..."}`.
+
+pub mod endpoints;
+pub mod forwarding;
+pub mod snapshot;
 
 use std::{
     collections::BTreeMap,
@@ -34,8 +46,8 @@ use tracing::{info, warn};
 use vmpath_common::drop_reason;
 
 use crate::{
+    api::snapshot::{Observer, Snapshot},
     publish::view::{AttachmentView, View, state},
-    snapshot::{Observer, Snapshot},
 };
 
 /// The answers' types (one home for the agent, the CLI and the plugin).
@@ -239,7 +251,7 @@ fn status(snap: &Snapshot) -> Status {
             .problems
             .iter()
             .cloned()
-            .chain(crate::forwarding::current())
+            .chain(crate::api::forwarding::current())
             .collect(),
         reconciles: view.reconciles,
         last_reconcile_seconds: view.last_reconcile_seconds,
@@ -321,7 +333,8 @@ pub fn serve(
                 if request.url().starts_with("/v1/endpoints") {
                     let observer = observer.clone();
                     std::thread::spawn(move || {
-                        let reply = crate::endpoints::handle(observer.published(), &mut request);
+                        let reply =
+                            crate::api::endpoints::handle(observer.published(), &mut request);
                         respond(request, reply);
                     });
                     continue;
