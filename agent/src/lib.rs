@@ -1,4 +1,16 @@
 //! vmpath node agent: config -> validation -> plan -> pinned eBPF maps.
+//!
+//! One folder per part (docs/architecture.md, "The agent's folders"),
+//! lowest first, each using only what comes before it (`AGENT_LAYERS` in
+//! xtask/src/modgraph.rs, which a test holds the code to):
+//!
+//! - [`sys`]: the operating system's plumbing;
+//! - the round's stages' substance: [`config`] (the documents, validate),
+//!   [`derive`](mod@derive), [`resolve`] (and IPAM), [`publish`], [`read`], [`plan`],
+//!   [`apply`], [`observe`];
+//! - the node services: [`slowpath`], [`monitor`], [`api`], [`metrics`];
+//! - [`round`] (the stages' drivers, chained), [`controller`] (a process
+//!   of its own), [`agent`] (the main loop), [`cli`].
 
 pub mod agent;
 pub mod api;

@@ -26,8 +26,8 @@ const ACCEPTED_ROW: &str = "keys";
 pub type InterfaceKey = (String, String, String);
 
 impl crate::config::Held {
-    /// What the claims store records (here, not in `config`: the documents
-    /// know no store; the store knows what validation is given).
+    /// What the claims store records. Beside the store, not in `config`:
+    /// validation takes a [`Held`](crate::config::Held) and knows no store.
     pub fn from_claims(claims: &BTreeMap<String, Claim>) -> Self {
         let mut held = Self::default();
         for (key, c) in claims {

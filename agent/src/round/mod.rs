@@ -13,6 +13,13 @@
 //! | apply | [`apply`] | [`Plan`] | the data path programmed (the only stage that writes it) |
 //! | publish | [`publish`] | [`Resolved`](crate::resolve::resolved::Resolved), the applied [`Plan`] | the log, Events, the view (API, CLI, metrics), `status.json` |
 //!
+//! Each driver here runs the substance of its stage, which lives in a
+//! folder of its own beside `round/` (docs/architecture.md, "The agent's
+//! folders"): read: `config::source`, `crate::read`, `api::endpoints`;
+//! derive: `crate::derive`; validate: `crate::config`; resolve and IPAM:
+//! `crate::resolve`; observe: `crate::observe`; plan: `crate::plan`;
+//! apply: `crate::apply`; publish: `crate::publish`.
+//!
 //! Every stage but observe and apply runs without a data path (their
 //! unit tests show how); read and publish touch it only for what a
 //! restarted agent finds pinned. `agent::run` owns the data path and the
