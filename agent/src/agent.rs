@@ -13,11 +13,11 @@ use anyhow::{Context as _, Result};
 use tracing::{error, info, warn};
 
 use crate::{
-    dataplane::Dataplane,
+    apply::dataplane::Dataplane,
+    publish::view::{Published, SharedView},
+    resolve::store::Store,
     round::{self, Round},
     slowpath,
-    store::Store,
-    view::{Published, SharedView},
 };
 
 #[derive(Debug, Clone)]
@@ -37,17 +37,17 @@ pub struct AgentOptions {
     /// The node's uplink: routed ingress and SNAT return traffic.
     pub uplink: String,
     /// Native XDP on the uplink for the common cases (`--uplink-xdp`).
-    pub uplink_xdp: crate::dataplane::UplinkXdp,
+    pub uplink_xdp: crate::apply::dataplane::UplinkXdp,
     /// Slow-path frames served per second, all ports together.
     pub slowpath_serve_rate: u64,
     /// Expiry and per-port cap of learned addresses.
-    pub learned: crate::learned::Limits,
+    pub learned: crate::observe::learned::Limits,
     /// The data path's debug events at start.
-    pub datapath_debug: crate::dataplane::debug_log::Switches,
+    pub datapath_debug: crate::apply::dataplane::debug_log::Switches,
     /// Where the documents come from.
     pub source: Source,
     /// Sizes of the cluster-sized maps (`--max-endpoints`, `--max-addresses`).
-    pub map_sizes: crate::dataplane::MapSizes,
+    pub map_sizes: crate::apply::dataplane::MapSizes,
     /// The cluster's pod and Service CIDRs as the flags give them.
     pub cluster_cidrs: Vec<crate::config::ClusterCidr>,
 }
@@ -61,7 +61,7 @@ pub enum Source {
         kubeconfig: Option<PathBuf>,
         /// `vmpath controller`'s ledger: a claim's `status.ips` counts
         /// only where it vouches for them.
-        ledger: crate::cluster::kube_source::LedgerRef,
+        ledger: crate::read::kube_source::LedgerRef,
     },
 }
 
@@ -80,13 +80,16 @@ pub fn run(
         error!("vmpath monitor will show nothing: {e:#}");
     }
     // What a previous agent switched on does not outlive it.
-    if let Err(e) = crate::dataplane::debug_log::set(&opts.bpffs, opts.datapath_debug) {
+    if let Err(e) = crate::apply::dataplane::debug_log::set(&opts.bpffs, opts.datapath_debug) {
         warn!("setting the data path's debug events: {e:#}");
     }
     shared.dataplane_opened();
-    crate::node_lock::record_programs(&opts.state_dir, dp.program_ids());
-    if let Some(policy) = crate::port_eligibility::policy() {
-        crate::port_eligibility::repair(&crate::dataplane::links_dir(&opts.bpffs), policy);
+    crate::apply::node_lock::record_programs(&opts.state_dir, dp.program_ids());
+    if let Some(policy) = crate::resolve::port_eligibility::policy() {
+        crate::resolve::port_eligibility::repair(
+            &crate::apply::dataplane::links_dir(&opts.bpffs),
+            policy,
+        );
     }
     let services = slowpath::Services::default();
     if let Err(e) = slowpath::start(
@@ -105,7 +108,7 @@ pub fn run(
     let cluster = match &opts.source {
         Source::Files => None,
         Source::Kubernetes { kubeconfig, ledger } => Some(
-            crate::cluster::kube_source::KubeSource::start(
+            crate::read::kube_source::KubeSource::start(
                 kubeconfig.clone(),
                 &opts.node,
                 ledger,
@@ -117,8 +120,8 @@ pub fn run(
     if let Some(cluster) = &cluster {
         // Forwarding off is said on the Node too.
         let node = cluster.node_reporter();
-        crate::forwarding::report_to(Box::new(move |problems| {
-            node.report(crate::cluster::writeback::REASON_FORWARDING_OFF, problems)
+        crate::api::forwarding::report_to(Box::new(move |problems| {
+            node.report(crate::publish::writeback::REASON_FORWARDING_OFF, problems)
         }));
     }
     let settings = round::Settings {
@@ -171,7 +174,7 @@ enum Wake {
 /// migration is under way), on a retry after an error, and at the latest
 /// every resync interval.
 struct Pacer {
-    events: crate::events::Events,
+    events: crate::sys::events::Events,
     interval: Duration,
     resync: Duration,
     last_pass: Instant,
@@ -183,9 +186,9 @@ struct Pacer {
 impl Pacer {
     fn new(opts: &AgentOptions) -> Self {
         let events = if opts.events {
-            crate::events::Events::start(&opts.config_dir)
+            crate::sys::events::Events::start(&opts.config_dir)
         } else {
-            crate::events::Events::none()
+            crate::sys::events::Events::none()
         };
         Pacer {
             events,
@@ -259,5 +262,5 @@ fn data_path_fingerprint(dp: &Dataplane) -> u64 {
     for (ifindex, _) in maps.migrated.iter().filter_map(|r| r.ok()) {
         bytes.extend_from_slice(&ifindex.to_le_bytes());
     }
-    crate::hash::fnv1a(&[&bytes])
+    crate::sys::hash::fnv1a(&[&bytes])
 }

@@ -18,7 +18,7 @@ use vmpath_api::{
     },
 };
 
-use crate::clock::unix_now;
+use crate::sys::clock::unix_now;
 
 pub use vmpath_api::DEFAULT_SOCKET;
 
@@ -755,9 +755,9 @@ mod tests {
         );
     }
     use crate::{
+        api::snapshot::Observer,
         api::{self, PortCounters},
-        snapshot::Observer,
-        view::{Published, sample},
+        publish::view::{Published, sample},
     };
 
     /// What the API answers at `path` over the sample view (no pinned maps).

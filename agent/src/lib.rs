@@ -1,45 +1,32 @@
 //! vmpath node agent: config -> validation -> plan -> pinned eBPF maps.
+//!
+//! One folder per part (docs/architecture.md, "The agent's folders"),
+//! lowest first, each using only what comes before it (`AGENT_LAYERS` in
+//! xtask/src/modgraph.rs, which a test holds the code to):
+//!
+//! - [`sys`]: the operating system's plumbing;
+//! - the round's stages' substance: [`config`] (the documents, validate),
+//!   [`derive`](mod@derive), [`resolve`] (and IPAM), [`publish`], [`read`], [`plan`],
+//!   [`apply`], [`observe`];
+//! - the node services: [`slowpath`], [`monitor`], [`api`], [`metrics`];
+//! - [`round`] (the stages' drivers, chained), [`controller`] (a process
+//!   of its own), [`agent`] (the main loop), [`cli`].
 
 pub mod agent;
 pub mod api;
+pub mod apply;
 pub mod cli;
-pub mod clock;
-pub mod cluster;
 pub mod config;
 pub mod controller;
-pub mod dataplane;
-pub mod endpoints;
-pub mod events;
-pub mod forwarding;
-pub mod handoff;
-pub mod hash;
-pub mod host_reach;
-pub mod ipam;
-pub mod kube_objects;
-pub mod learned;
-pub mod limits;
+pub mod derive;
 pub mod metrics;
-pub mod migration;
 pub mod monitor;
-pub mod netif;
-pub mod netlink;
-pub mod node_lock;
-pub mod overlay;
-pub mod phases;
+pub mod observe;
 pub mod plan;
-pub mod policy;
-pub mod port_eligibility;
-pub mod resolved;
-pub mod ring_wait;
+pub mod publish;
+pub mod read;
+pub mod resolve;
 pub mod round;
-pub mod routes;
-pub mod service;
 pub mod slowpath;
-pub mod snapshot;
-pub mod snat;
-pub mod state_dir;
-pub mod store;
-pub mod version;
-pub mod view;
-pub mod xdp_features;
+pub mod sys;
 pub use vmpath_common as common;

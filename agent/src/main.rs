@@ -3,8 +3,8 @@ use std::{path::PathBuf, sync::Arc, time::Duration};
 use anyhow::Result;
 use clap::{CommandFactory as _, FromArgMatches as _, Parser, Subcommand};
 use vmpath::{
-    agent, api, cli, dataplane, metrics, node_lock, port_eligibility, slowpath, snapshot::Observer,
-    view,
+    agent, api, api::snapshot::Observer, apply::dataplane, apply::node_lock, cli, metrics,
+    publish::view, resolve::port_eligibility, slowpath,
 };
 
 #[derive(Parser)]
@@ -61,8 +61,8 @@ struct AgentArgs {
     /// Native XDP on the uplink for the common cases of routed ingress and
     /// SNAT return: `auto` where its driver has native XDP, `off` never
     /// (the tc program on the uplink handles everything either way).
-    #[arg(long, value_enum, default_value_t = vmpath::dataplane::UplinkXdp::Off)]
-    uplink_xdp: vmpath::dataplane::UplinkXdp,
+    #[arg(long, value_enum, default_value_t = vmpath::apply::dataplane::UplinkXdp::Off)]
+    uplink_xdp: vmpath::apply::dataplane::UplinkXdp,
     /// bpffs directory holding this agent's pinned maps (`maps/v<N>/`) and
     /// links (`links/`); mounted as a bpffs if it is not one.
     #[arg(long, default_value = "/sys/fs/bpf/vmpath")]
@@ -113,12 +113,12 @@ struct AgentArgs {
     slowpath_serve_rate: u64,
     /// A learned address (IPAM-less networks) unheard this long is
     /// forgotten, with its route and export.
-    #[arg(long, default_value_t = vmpath::learned::DEFAULT_EXPIRY.as_secs(),
+    #[arg(long, default_value_t = vmpath::observe::learned::DEFAULT_EXPIRY.as_secs(),
           value_parser = clap::value_parser!(u64).range(1..=86_400))]
     learned_expiry_seconds: u64,
     /// Learned addresses one port may hold; more are refused (shown in
     /// `vm show`).
-    #[arg(long, default_value_t = vmpath::learned::DEFAULT_PER_PORT,
+    #[arg(long, default_value_t = vmpath::observe::learned::DEFAULT_PER_PORT,
           value_parser = clap::value_parser!(u64).range(1..=4096))]
     learned_per_port: u64,
     /// The safety net: a full reconcile at least this often, whatever the
@@ -268,9 +268,9 @@ fn main() -> Result<()> {
             .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
             .init();
     }
-    vmpath::version::init(&version());
+    vmpath::sys::version::init(&version());
     // `--version`: the version and the git revision it was built from.
-    let long: &'static str = Box::leak(vmpath::version::long().into_boxed_str());
+    let long: &'static str = Box::leak(vmpath::sys::version::long().into_boxed_str());
     let cli = Cli::from_arg_matches(&Cli::command().version(long).get_matches())
         .unwrap_or_else(|e| e.exit());
     let client = match &cli.command {
@@ -329,33 +329,33 @@ fn main() -> Result<()> {
                     lock.remove_bpffs_holder();
                 }
                 vmpath::slowpath::remove_interfaces()?;
-                vmpath::overlay::remove_device()?;
-                let withdrawn = vmpath::routes::RouteExporter::new(
-                    vmpath::routes::DEFAULT_TABLE,
-                    vmpath::routes::DEFAULT_PROTOCOL,
+                vmpath::apply::overlay::remove_device()?;
+                let withdrawn = vmpath::apply::routes::RouteExporter::new(
+                    vmpath::apply::routes::DEFAULT_TABLE,
+                    vmpath::apply::routes::DEFAULT_PROTOCOL,
                 )?
                 .withdraw_all()?;
                 tracing::info!(
                     withdrawn,
-                    table = vmpath::routes::DEFAULT_TABLE,
+                    table = vmpath::apply::routes::DEFAULT_TABLE,
                     "removed vmpath's exported routes"
                 );
-                let withdrawn = vmpath::host_reach::withdraw_all()?;
+                let withdrawn = vmpath::apply::host_reach::withdraw_all()?;
                 tracing::info!(withdrawn, "removed the node's routes to its endpoints");
-                vmpath::handoff::withdraw_all()?;
+                vmpath::plan::handoff::withdraw_all()?;
                 tracing::info!(
-                    table = vmpath::handoff::TABLE,
+                    table = vmpath::plan::handoff::TABLE,
                     "removed the hand-off's nftables table"
                 );
                 tracing::info!(bpffs = %args.bpffs.display(), "removed every vmpath link and map");
                 return Ok(());
             }
             // Whatever the agent writes (state dir, its files) is root's alone.
-            vmpath::state_dir::restrict_new_files();
+            vmpath::sys::state_dir::restrict_new_files();
             // The very first act: nothing (map, link, socket, slow path) is
             // touched unless this agent owns the node.
             let _lock = node_lock::acquire(Some(&args.state_dir), &args.bpffs, args.lock_wait)?;
-            vmpath::state_dir::tighten(&args.state_dir)?;
+            vmpath::sys::state_dir::tighten(&args.state_dir)?;
             let node = if args.node.is_empty() {
                 hostname()
             } else {
@@ -383,7 +383,7 @@ fn main() -> Result<()> {
             // sets the umask around bind).
             api::serve(&args.api_socket, observer.clone(), monitor.clone())?;
             // SNAT and routed egress need the node's forwarding on.
-            vmpath::forwarding::watch(shared.clone());
+            vmpath::api::forwarding::watch(shared.clone());
             if !args.metrics_addr.is_empty() && args.metrics_addr != "off" {
                 metrics::serve(&args.metrics_addr, observer)?;
             }
@@ -399,13 +399,13 @@ fn main() -> Result<()> {
                     uplink: args.uplink,
                     uplink_xdp: args.uplink_xdp,
                     slowpath_serve_rate: args.slowpath_serve_rate,
-                    learned: vmpath::learned::Limits {
+                    learned: vmpath::observe::learned::Limits {
                         expiry: Duration::from_secs(args.learned_expiry_seconds),
                         per_port: args.learned_per_port as usize,
                     },
                     datapath_debug: args.datapath_debug.switches(),
                     map_sizes: {
-                        let mut sizes = vmpath::dataplane::MapSizes::default();
+                        let mut sizes = vmpath::apply::dataplane::MapSizes::default();
                         sizes.set(vmpath_common::map_names::ENDPOINTS, args.max_endpoints)?;
                         sizes.set(vmpath_common::map_names::ADDRESSES, args.max_addresses)?;
                         sizes
@@ -436,7 +436,7 @@ fn main() -> Result<()> {
                         SourceArg::Files => agent::Source::Files,
                         SourceArg::Kubernetes => agent::Source::Kubernetes {
                             kubeconfig: args.kubeconfig,
-                            ledger: vmpath::cluster::kube_source::LedgerRef {
+                            ledger: vmpath::read::kube_source::LedgerRef {
                                 namespace: args.ledger_namespace,
                                 name: args.ledger_name,
                             },

@@ -17,9 +17,9 @@ use tracing::{info, warn};
 use vmpath_common::{PortStats, drop_reason};
 
 use crate::{
+    api::snapshot::{Observer, Snapshot},
+    publish::view::state,
     slowpath::Counters,
-    snapshot::{Observer, Snapshot},
-    view::state,
 };
 
 /// Reads one counter of a port.
@@ -405,7 +405,7 @@ pub fn families(snap: &Snapshot) -> Vec<MetricFamily> {
     out.push(info);
     // Addresses guests used that vmpath refused to learn, by why.
     let mut learned_refused = Samples::of(&LEARNED_REFUSED);
-    for kind in crate::learned::REFUSAL_KINDS {
+    for kind in crate::observe::learned::REFUSAL_KINDS {
         let n = view
             .attachments
             .iter()
@@ -636,7 +636,7 @@ mod tests {
     use std::collections::BTreeMap;
 
     use super::*;
-    use crate::{slowpath::SlowStats, snapshot::DataplaneCounters, view::sample};
+    use crate::{api::snapshot::DataplaneCounters, publish::view::sample, slowpath::SlowStats};
 
     fn text(snap: &Snapshot) -> String {
         let mut buf = Vec::new();
@@ -770,7 +770,7 @@ mod tests {
     fn the_registered_collector_adds_the_reconcile_histogram() {
         let view = sample::view();
         let bpffs = view.bpffs.clone().into();
-        let published = Arc::new(crate::view::Published::new(view));
+        let published = Arc::new(crate::publish::view::Published::new(view));
         published.observe_reconcile(0.003);
         let observer = Arc::new(Observer::new(published, Default::default(), bpffs));
         let r = registry(observer).unwrap();

@@ -29,7 +29,7 @@ use vmpath_common::{
     map_names, monitor_kind,
 };
 
-use crate::view::{Published, View};
+use crate::publish::view::{Published, View};
 
 /// Events one client may have queued before further ones are counted as
 /// lost for it (a slow reader never slows the others or the agent). The
@@ -214,7 +214,7 @@ impl Hub {
             _pad: 0,
             limit: MeterLimit::new(self.rate, self.rate.div_ceil(10).max(1)),
         };
-        let path = crate::dataplane::maps_dir(&self.bpffs).join(map_names::MONITOR_CFG);
+        let path = crate::apply::dataplane::maps_dir(&self.bpffs).join(map_names::MONITOR_CFG);
         let write = || -> Result<()> {
             let data = MapData::from_pin(&path)?;
             let mut map: Array<MapData, MonitorConfig> = Map::from_map_data(data)?.try_into()?;
@@ -253,7 +253,7 @@ impl Hub {
     /// Starts the thread that reads the ring buffer, once the data path is
     /// loaded (its pinned `vmp_monitor` exists).
     pub fn start_reader(self: &Arc<Self>, shared: Arc<Published>) -> Result<()> {
-        let path = crate::dataplane::maps_dir(&self.bpffs).join(map_names::MONITOR);
+        let path = crate::apply::dataplane::maps_dir(&self.bpffs).join(map_names::MONITOR);
         let data =
             MapData::from_pin(&path).with_context(|| format!("opening {}", path.display()))?;
         let mut ring: RingBuf<MapData> = Map::from_map_data(data)?.try_into()?;
@@ -267,7 +267,7 @@ impl Hub {
                     Ok(fd) => fd,
                     Err(e) => return warn!("monitor: {e}; no monitor events"),
                 };
-                crate::ring_wait::drain_when_readable(fd.as_fd(), "monitor", || {
+                crate::sys::ring_wait::drain_when_readable(fd.as_fd(), "monitor", || {
                     let view = shared.view();
                     while let Some(item) = ring.next() {
                         if item.len() < size_of::<MonitorEvent>() {
@@ -374,7 +374,7 @@ mod tests {
 
     #[test]
     fn an_event_is_named_reason_endpoint_and_five_tuple() {
-        let view = crate::view::sample::view();
+        let view = crate::publish::view::sample::view();
         let a = &view.attachments[0];
         let mut r = raw();
         r.ifindex = a.ifindex.expect("sample has an ifindex");

@@ -9,7 +9,7 @@ use std::{
     path::{Path, PathBuf},
 };
 
-use vmpath::{config, ipam, plan};
+use vmpath::{config, plan, resolve::ipam};
 
 fn docs_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs")
@@ -28,7 +28,7 @@ fn examples() -> Vec<PathBuf> {
 
 /// Reads `example` alone (as the agent reads a config dir), validated for
 /// `node`, with IPAM run over it (no earlier claims).
-fn load(example: &Path, node: &str) -> (usize, vmpath::resolved::Resolved) {
+fn load(example: &Path, node: &str) -> (usize, vmpath::resolve::resolved::Resolved) {
     let stem = example.file_stem().unwrap().to_string_lossy();
     let dir = std::env::temp_dir().join(format!(
         "vmpath-docs-example-{}-{stem}-{node}",
@@ -44,8 +44,11 @@ fn load(example: &Path, node: &str) -> (usize, vmpath::resolved::Resolved) {
         example.display(),
         snap.errors
     );
-    let mut cfg =
-        vmpath::resolved::Resolved::new(vmpath::round::validate(&snap, node, &Default::default()));
+    let mut cfg = vmpath::resolve::resolved::Resolved::new(vmpath::round::validate(
+        &snap,
+        node,
+        &Default::default(),
+    ));
     let _ = ipam::assign(&mut cfg, &Default::default());
     (snap.documents.len(), cfg)
 }

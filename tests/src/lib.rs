@@ -21,7 +21,7 @@ use std::{
 };
 
 pub use vmpath;
-use vmpath::dataplane::Maps;
+use vmpath::apply::dataplane::Maps;
 
 pub mod cluster_net;
 pub mod flood;

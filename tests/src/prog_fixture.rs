@@ -7,7 +7,7 @@ use std::{
     sync::atomic::{AtomicU32, Ordering},
 };
 
-use vmpath::dataplane;
+use vmpath::apply::dataplane;
 
 /// tc verdicts a program returns.
 pub const TC_ACT_OK: u32 = 0;
@@ -43,7 +43,7 @@ pub fn in_fresh_netns<T: Send>(f: impl FnOnce() -> T + Send) -> T {
 
 /// The ifindex of `name` in the calling thread's namespace.
 pub fn ifindex_of(name: &str) -> u32 {
-    vmpath::netif::ifindex_of(name).unwrap_or_else(|| panic!("no interface {name}"))
+    vmpath::sys::netif::ifindex_of(name).unwrap_or_else(|| panic!("no interface {name}"))
 }
 
 /// A private directory on the shared bpffs (`/sys/fs/bpf/vmpath-<what>-<pid>-<n>`);

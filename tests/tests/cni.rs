@@ -225,7 +225,10 @@ fn cni_add_gives_a_pod_a_port_that_reaches_a_vm_and_del_removes_it() {
     // admits CNI ports by.
     let link = node.ns.run(&["ip", "-d", "link", "show", "dev", &host]);
     assert!(
-        link.contains(&format!("alias {}", vmpath::port_eligibility::CNI_MARKER)),
+        link.contains(&format!(
+            "alias {}",
+            vmpath::resolve::port_eligibility::CNI_MARKER
+        )),
         "{link}"
     );
     assert_eq!(ifaces[1]["name"], "eth1");

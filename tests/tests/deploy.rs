@@ -403,7 +403,7 @@ fn grants(rules: &[PolicyRule]) -> BTreeSet<(String, String, String)> {
     out
 }
 
-fn table(rules: &[vmpath::cluster::rbac::Rule]) -> BTreeSet<(String, String, String)> {
+fn table(rules: &[vmpath::read::rbac::Rule]) -> BTreeSet<(String, String, String)> {
     rules
         .iter()
         .flat_map(|(g, r, verbs)| {
@@ -415,10 +415,10 @@ fn table(rules: &[vmpath::cluster::rbac::Rule]) -> BTreeSet<(String, String, Str
 }
 
 /// Each ServiceAccount gets exactly what its code uses (the table in
-/// agent/src/cluster/rbac.rs): no verb more, none missing.
+/// agent/src/read/rbac.rs): no verb more, none missing.
 #[test]
 fn rbac_grants_exactly_what_the_code_uses() {
-    use vmpath::cluster::rbac;
+    use vmpath::read::rbac;
     let m = manifests();
     let cluster_role_of = |sa: &str| -> BTreeSet<(String, String, String)> {
         let mut out = BTreeSet::new();

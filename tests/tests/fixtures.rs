@@ -32,7 +32,7 @@ use aya::{
 };
 use etherparse::{ArpOperation, Icmpv4Type, Icmpv6Type};
 use frames::*;
-use vmpath::{dataplane::Dataplane, plan::addr_key};
+use vmpath::{apply::dataplane::Dataplane, plan::addr_key};
 use vmpath_common::{
     ADDR_STATIC, AddrInfo, ENDPOINT_LOCAL, Endpoint, EndpointKey, FloodList, LearnedIp,
     MAX_FLOOD_NODES, MAX_FLOOD_PORTS, NET_F_GW4, NET_F_GW6, NetworkInfo, OverlayConfig,

@@ -15,8 +15,8 @@ use std::{
 use serde_json::{Value, json};
 use vmpath_tests::{Netns, Node, kube_api::ApiServer, multus, unique_tag, vmpath_bin, wait_for};
 
-const NETWORK: &str = include_str!("../../agent/src/cluster/fixtures/network.yaml");
-const VM: &str = include_str!("../../agent/src/cluster/fixtures/vm.yaml");
+const NETWORK: &str = include_str!("../../agent/src/derive/fixtures/network.yaml");
+const VM: &str = include_str!("../../agent/src/derive/fixtures/vm.yaml");
 const LAUNCHER: &str = "virt-launcher-vm1-x7k2p";
 const LAUNCHER_IFNAME: &str = "pod16477688c0e";
 const CLAIMS: &str = "/apis/k8s.cni.cncf.io/v1alpha1/ipamclaims";

@@ -35,8 +35,8 @@ use vmpath_tests::{
     wait_for,
 };
 
-const NETWORK: &str = include_str!("../../agent/src/cluster/fixtures/network.yaml");
-const VM: &str = include_str!("../../agent/src/cluster/fixtures/vm.yaml");
+const NETWORK: &str = include_str!("../../agent/src/derive/fixtures/network.yaml");
+const VM: &str = include_str!("../../agent/src/derive/fixtures/vm.yaml");
 const SOURCE_POD: &str = "virt-launcher-vm1-x7k2p";
 const TARGET_POD: &str = "virt-launcher-vm1-q9w8e";
 const VM2_POD: &str = "virt-launcher-vm2-z3m4n";

@@ -14,8 +14,8 @@ use std::time::Duration;
 use serde_json::Value;
 use vmpath_tests::{Netns, Node, multus, unique_tag, wait_for, yaml};
 
-const NETWORK: &str = include_str!("../../agent/src/cluster/fixtures/network.yaml");
-const VM: &str = include_str!("../../agent/src/cluster/fixtures/vm.yaml");
+const NETWORK: &str = include_str!("../../agent/src/derive/fixtures/network.yaml");
+const VM: &str = include_str!("../../agent/src/derive/fixtures/vm.yaml");
 const POD: &str = "virt-launcher-vm1-x7k2p";
 /// KubeVirt's name for the pod interface of the VMI network `blue`.
 const POD_IFNAME: &str = "pod16477688c0e";

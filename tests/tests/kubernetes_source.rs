@@ -10,8 +10,8 @@ use std::time::Duration;
 use serde_json::Value;
 use vmpath_tests::{Netns, Node, kube_api::ApiServer, multus, unique_tag, wait_for};
 
-const NETWORK: &str = include_str!("../../agent/src/cluster/fixtures/network.yaml");
-const VM: &str = include_str!("../../agent/src/cluster/fixtures/vm.yaml");
+const NETWORK: &str = include_str!("../../agent/src/derive/fixtures/network.yaml");
+const VM: &str = include_str!("../../agent/src/derive/fixtures/vm.yaml");
 const LAUNCHER: &str = "virt-launcher-vm1-x7k2p";
 const LAUNCHER_IFNAME: &str = "pod16477688c0e";
 

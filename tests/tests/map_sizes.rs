@@ -12,7 +12,7 @@ use std::{net::Ipv6Addr, path::PathBuf, process::Command};
 
 use aya::maps::MapInfo;
 use vmpath::{
-    dataplane::{Dataplane, MapSizes},
+    apply::dataplane::{Dataplane, MapSizes},
     plan::Plan,
 };
 use vmpath_common::{

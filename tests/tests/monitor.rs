@@ -65,7 +65,7 @@ fn monitor(node: &Node, args: &[&str]) -> (Child, Receiver<String>) {
 }
 
 fn listeners(node: &Node) -> u32 {
-    let path = vmpath::dataplane::maps_dir(&node.bpffs).join(map_names::MONITOR_CFG);
+    let path = vmpath::apply::dataplane::maps_dir(&node.bpffs).join(map_names::MONITOR_CFG);
     let map: Array<MapData, MonitorConfig> =
         Map::from_map_data(MapData::from_pin(&path).expect("vmp_monitor_cfg pinned"))
             .unwrap()

@@ -14,8 +14,8 @@ use std::{path::Path, time::Duration};
 use serde_json::Value;
 use vmpath_tests::{Netns, Node, multus, unique_tag, wait_for, yaml};
 
-const NETWORK: &str = include_str!("../../agent/src/cluster/fixtures/network.yaml");
-const VM: &str = include_str!("../../agent/src/cluster/fixtures/vm-pod-network.yaml");
+const NETWORK: &str = include_str!("../../agent/src/derive/fixtures/network.yaml");
+const VM: &str = include_str!("../../agent/src/derive/fixtures/vm-pod-network.yaml");
 const LAUNCHER: &str = "virt-launcher-vm1-x7k2p";
 const VM_MAC: &str = "02:00:00:31:00:0b";
 const VM_IP: &str = "10.31.0.11";

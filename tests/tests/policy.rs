@@ -670,7 +670,7 @@ fn policy_monitor(node: &Node) -> (Child, std::sync::mpsc::Receiver<String>) {
             }
         }
     });
-    let cfg = vmpath_tests::vmpath::dataplane::maps_dir(&node.bpffs)
+    let cfg = vmpath_tests::vmpath::apply::dataplane::maps_dir(&node.bpffs)
         .join(vmpath_tests::vmpath::common::map_names::MONITOR_CFG);
     wait_for("the monitor to listen", Duration::from_secs(5), || {
         let map: aya::maps::Array<aya::maps::MapData, vmpath_tests::vmpath::common::MonitorConfig> =

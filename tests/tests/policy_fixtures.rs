@@ -16,7 +16,7 @@
 
 use aya::maps::lpm_trie::Key;
 use etherparse::PacketBuilder;
-use vmpath::dataplane::Dataplane;
+use vmpath::apply::dataplane::Dataplane;
 use vmpath_common::{
     ENDPOINT_LOCAL, Endpoint, EndpointKey, FloodList, IdentityPrefix, NetworkInfo, POL_F_EGRESS,
     POL_F_INGRESS, POLICY_CB_DELIVER, POLICY_LEN_FULL, POLICY_LEN_IDENTITY, POLICY_LEN_PROTO,
@@ -73,8 +73,8 @@ impl Fx {
         }
         let root = BpffsRoot::new("polfx");
         let mut dp = Dataplane::open(&root.0).expect("loading the data path");
-        let port = vmpath::netif::ifindex_of("pf-a").unwrap();
-        let peer_port = vmpath::netif::ifindex_of("pf-b").unwrap();
+        let port = vmpath::sys::netif::ifindex_of("pf-a").unwrap();
+        let peer_port = vmpath::sys::netif::ifindex_of("pf-b").unwrap();
         let maps = dp.maps_mut();
         maps.ports
             .insert(
@@ -600,7 +600,7 @@ fn a_shared_entry_stands_for_both_ends_of_a_local_flow_only() {
         ]);
         run(&["ip", "link", "set", "pf-c", "up"]);
         run(&["ip", "link", "set", "pf-vc", "up"]);
-        let c_port = vmpath::netif::ifindex_of("pf-c").unwrap();
+        let c_port = vmpath::sys::netif::ifindex_of("pf-c").unwrap();
         let (a_port, b_port) = (fx.port, fx.peer_port);
         let maps = fx.dp.maps_mut();
         for (mac, ifindex, port_id) in [(A_MAC, a_port, PORT_ID), (C_MAC, c_port, C_PORT_ID)] {
@@ -1100,7 +1100,7 @@ fn an_admitted_flows_tuple_passes_only_for_its_peer() {
             "ip", "link", "add", "pf-c", "type", "veth", "peer", "name", "pf-vc",
         ]);
         run(&["ip", "link", "set", "pf-c", "up"]);
-        let c_port = vmpath::netif::ifindex_of("pf-c").unwrap();
+        let c_port = vmpath::sys::netif::ifindex_of("pf-c").unwrap();
         let maps = fx.dp.maps_mut();
         maps.ports
             .insert(
@@ -1232,7 +1232,7 @@ fn add_local_abc(fx: &mut Fx, c_flags: u32) -> u32 {
     ]);
     run(&["ip", "link", "set", "pf-c", "up"]);
     run(&["ip", "link", "set", "pf-vc", "up"]);
-    let c_port = vmpath::netif::ifindex_of("pf-c").unwrap();
+    let c_port = vmpath::sys::netif::ifindex_of("pf-c").unwrap();
     let a_port = fx.port;
     let maps = fx.dp.maps_mut();
     for (mac, ifindex, port_id, identity) in [

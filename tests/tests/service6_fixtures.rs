@@ -16,7 +16,7 @@
 
 use aya::maps::lpm_trie::Key;
 use etherparse::PacketBuilder;
-use vmpath::dataplane::Dataplane;
+use vmpath::apply::dataplane::Dataplane;
 use vmpath_common::{
     ENDPOINT_LOCAL, Endpoint, EndpointKey, IdentityPrefix, NetworkInfo, POL_F_EGRESS,
     POLICY_LEN_FULL, PolicyEndpoint, PolicyRuleKey, PortInfo, PortStats, SERVICE_CB_DELIVER,
@@ -81,7 +81,7 @@ impl Fx {
         }
         let root = BpffsRoot::new("svc6fx");
         let mut dp = Dataplane::open(&root.0).expect("loading the data path");
-        let ifx = |n: &str| vmpath::netif::ifindex_of(n).unwrap();
+        let ifx = |n: &str| vmpath::sys::netif::ifindex_of(n).unwrap();
         let (a, b, c) = (ifx("s6-a"), ifx("s6-b"), ifx("s6-c"));
         let maps = dp.maps_mut();
         let nr = aya::util::nr_cpus().unwrap();

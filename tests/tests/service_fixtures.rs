@@ -15,7 +15,7 @@
 
 use aya::maps::lpm_trie::Key;
 use etherparse::PacketBuilder;
-use vmpath::dataplane::Dataplane;
+use vmpath::apply::dataplane::Dataplane;
 use vmpath_common::{
     ENDPOINT_LOCAL, ENDPOINT_REMOTE, Endpoint, EndpointKey, IdentityPrefix, NetworkInfo,
     POL_F_EGRESS, POLICY_LEN_FULL, PolicyEndpoint, PolicyRuleKey, PortInfo, PortStats,
@@ -66,7 +66,7 @@ impl Fx {
         }
         let root = BpffsRoot::new("svcfx");
         let mut dp = Dataplane::open(&root.0).expect("loading the data path");
-        let ifx = |n: &str| vmpath::netif::ifindex_of(n).unwrap();
+        let ifx = |n: &str| vmpath::sys::netif::ifindex_of(n).unwrap();
         let (a, b, c) = (ifx("sf-a"), ifx("sf-b"), ifx("sf-c"));
         let maps = dp.maps_mut();
         let nr = aya::util::nr_cpus().unwrap();

@@ -484,8 +484,8 @@ fn a_pod_reaches_a_vm_through_a_service_from_the_api_server() {
     use serde_json::json;
     use vmpath_tests::{Netns, kube_api::ApiServer, multus, unique_tag};
 
-    const NETWORK: &str = include_str!("../../agent/src/cluster/fixtures/network.yaml");
-    const VM: &str = include_str!("../../agent/src/cluster/fixtures/vm.yaml");
+    const NETWORK: &str = include_str!("../../agent/src/derive/fixtures/network.yaml");
+    const VM: &str = include_str!("../../agent/src/derive/fixtures/vm.yaml");
     const LAUNCHER: &str = "virt-launcher-vm1-x7k2p";
     const LAUNCHER_IFNAME: &str = "pod16477688c0e";
     const CLUSTER_IP: &str = "10.96.31.10";

@@ -24,7 +24,7 @@ use aya::{
     programs::{TestRun, TestRunOptions},
 };
 use etherparse::PacketBuilder;
-use vmpath::dataplane::Dataplane;
+use vmpath::apply::dataplane::Dataplane;
 use vmpath_common::{
     NAT_ST_CLOSING, NAT_ST_OPEN, NET_F_GW4, NET_F_ROUTED, NET_F_SNAT, NatKey, NetworkInfo,
     PORT_F_IP_FILTER, PORT_F_MAC_FILTER, PORT_F_MAC_KNOWN, PortInfo, PortStats, SnatConfig,

@@ -34,7 +34,7 @@ pub const DEFAULT_NAME: &str = "localhost/vmpath";
 const BIN_DIR: &str = "usr/bin";
 const BINARIES: [&str; 2] = ["vmpath", "vmpath-cni"];
 /// nftables' CLI, where Debian installs it: the agent runs it for the pod
-/// network's hand-off table (agent/src/handoff.rs).
+/// network's hand-off table (agent/src/plan/handoff.rs).
 const NFT: &str = "/usr/sbin/nft";
 
 #[derive(clap::Args)]

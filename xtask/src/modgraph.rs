@@ -1,7 +1,8 @@
 //! `cargo xtask modgraph`: which top-level module of a crate uses which,
 //! read from the sources' `crate::` paths, as a Mermaid graph (the one in
-//! docs/architecture.md) and a list of import cycles. The test at the end
-//! fails on any cycle among the modules of the crates in [`ACYCLIC`].
+//! docs/architecture.md) and a list of import cycles. The tests at the end
+//! fail on any cycle among the modules of the crates in [`ACYCLIC`], and on
+//! any use of the agent's that goes against its [`AGENT_LAYERS`].
 //!
 //! It reads text, not the compiler's resolution: a `crate::x` path in code
 //! (not in a comment) is a use of module `x`. That is what a reader sees,
@@ -20,6 +21,39 @@ use anyhow::{Context as _, Result};
 /// still call each other around `fwd` (docs/architecture.md says which).
 #[cfg(test)]
 pub const ACYCLIC: [&str; 5] = ["agent/src", "api/src", "cni/src", "common/src", "xtask/src"];
+
+/// The agent's top-level modules (agent/src), lowest first: each may use
+/// only those before it. The round's stages each have a folder; their
+/// order here is the round's (docs/architecture.md) but where a stage's
+/// substance serves an earlier one: `config` (the documents every stage
+/// reads) under them all, `publish`'s view under `read` (the Kubernetes
+/// source reports its watches there), `observe` above `apply` (it reads
+/// back what apply programmed). The node services come next, then the
+/// round's driver chain, the controller, and the binary's faces. A new
+/// top-level module must be placed here.
+pub const AGENT_LAYERS: [&str; 17] = [
+    // The operating system's plumbing.
+    "sys",
+    // The stages' substance.
+    "config",
+    "derive",
+    "resolve",
+    "publish",
+    "read",
+    "plan",
+    "apply",
+    "observe",
+    // The node services.
+    "slowpath",
+    "monitor",
+    "api",
+    "metrics",
+    // The round's driver chain, the controller, the binary's faces.
+    "round",
+    "controller",
+    "agent",
+    "cli",
+];
 
 /// Module -> the modules of the same folder it uses.
 pub type Graph = BTreeMap<String, BTreeSet<String>>;
@@ -42,7 +76,37 @@ pub fn run(o: Options) -> Result<()> {
     for c in &cycles {
         eprintln!("modgraph: {}: cycle: {}", o.src.display(), c.join(" -> "));
     }
+    if o.src == Path::new("agent/src") {
+        let against = against_layers(&graph, &AGENT_LAYERS);
+        if against.is_empty() {
+            eprintln!("modgraph: agent/src: every use keeps to AGENT_LAYERS");
+        }
+        for a in &against {
+            eprintln!("modgraph: agent/src: against the layers: {a}");
+        }
+    }
     Ok(())
+}
+
+/// Every module of `graph` that `layers` (lowest first) does not place,
+/// and every use of a module placed at or above the user's own layer.
+pub fn against_layers(graph: &Graph, layers: &[&str]) -> Vec<String> {
+    let layer = |m: &str| layers.iter().position(|l| *l == m);
+    let mut found = Vec::new();
+    for (from, uses) in graph {
+        let Some(at) = layer(from) else {
+            found.push(format!("{from}: not in the layers"));
+            continue;
+        };
+        for to in uses {
+            match layer(to) {
+                Some(l) if l < at => {}
+                Some(_) => found.push(format!("{from} -> {to}: {to} is not below {from}")),
+                None => found.push(format!("{from} -> {to}: {to} is not in the layers")),
+            }
+        }
+    }
+    found
 }
 
 /// The path prefix of the modules in `dir` (a crate's `src` or a folder
@@ -435,6 +499,47 @@ mod tests {
         );
     }
 
+    #[test]
+    fn a_use_against_the_layers_is_found() {
+        let g = |edges: &[(&str, &str)]| {
+            let mut g = Graph::new();
+            for (a, b) in edges {
+                g.entry(a.to_string()).or_default().insert(b.to_string());
+                g.entry(b.to_string()).or_default();
+            }
+            g
+        };
+        let layers = ["sys", "plan", "apply"];
+        assert!(against_layers(&g(&[("apply", "plan"), ("plan", "sys")]), &layers).is_empty());
+        assert_eq!(
+            against_layers(&g(&[("plan", "apply"), ("sys", "sys2")]), &layers),
+            [
+                "plan -> apply: apply is not below plan",
+                "sys -> sys2: sys2 is not in the layers",
+                "sys2: not in the layers",
+            ]
+        );
+    }
+
+    /// The agent's top-level folders keep to [`AGENT_LAYERS`]: a stage, a
+    /// service or plumbing uses only what lies below it (which also rules
+    /// out a cycle among them).
+    #[test]
+    fn the_agent_keeps_to_its_layers() {
+        let graph = graph(&crate::cargo::root().join("agent/src")).unwrap();
+        assert!(
+            graph.len() > 10,
+            "agent/src: only {} modules read",
+            graph.len()
+        );
+        let against = against_layers(&graph, &AGENT_LAYERS);
+        assert!(
+            against.is_empty(),
+            "agent/src against AGENT_LAYERS (xtask/src/modgraph.rs; `cargo xtask modgraph` draws the graph):\n{}",
+            against.join("\n")
+        );
+    }
+
     /// The layering docs/architecture.md draws: no crate of [`ACYCLIC`] has
     /// two modules that need each other.
     #[test]
@@ -454,7 +559,7 @@ mod tests {
         );
     }
 
-    /// Every folder of those crates too (`round/`, `cluster/`, `config/`,
+    /// Every folder of those crates too (`round/`, `config/`, `apply/`,
     /// ...): its modules form no cycle among themselves.
     #[test]
     fn no_folder_has_an_import_cycle() {

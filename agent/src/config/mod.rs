@@ -3,7 +3,13 @@
 //! Every document is checked before any is applied. A bad or conflicting
 //! document is refused on its own, together with what depends on it; the
 //! rest applies.
+//!
+//! The validate stage's substance (`crate::round::validate` runs it), and
+//! the documents every later stage reads: vmpath's own ([`source`] reads
+//! the config dir, [`model`]) and the Kubernetes objects they are derived
+//! from ([`kube_objects`]: minimal serde types, pruned copies, the ledger).
 
+pub mod kube_objects;
 pub mod label_selector;
 pub mod model;
 pub mod network_policy;

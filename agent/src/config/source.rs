@@ -22,7 +22,7 @@ use std::{
 use super::ConfigError;
 use vmpath_api::types::ObjectRef;
 
-pub use crate::limits;
+pub use crate::sys::limits;
 
 /// Where a document came from, as the reader or stage that made it knows
 /// it. Never taken from the document's own text: a file cannot pass for a
@@ -87,7 +87,7 @@ pub struct RawDocument {
 }
 
 /// A Kubernetes object of a kind vmpath reads typed (Pod, VMI, ...), as
-/// its source keeps it ([`crate::cluster::prune`]), with where it came
+/// its source keeps it ([`crate::config::kube_objects::prune`]), with where it came
 /// from.
 #[derive(Debug, Clone)]
 pub struct ClusterDocument {
@@ -95,7 +95,7 @@ pub struct ClusterDocument {
     /// As in [`RawDocument`] (a `v1 List`'s items share its index).
     pub index: usize,
     /// Shared with the source's copy.
-    pub object: std::sync::Arc<crate::kube_objects::prune::ClusterObject>,
+    pub object: std::sync::Arc<crate::config::kube_objects::prune::ClusterObject>,
 }
 
 /// What the config dir holds right now.
@@ -118,7 +118,7 @@ pub struct Snapshot {
     /// `vmpath controller`'s ledger (the Kubernetes source): an
     /// IPAMClaim's `status.ips` on an IPAM network counts only where it
     /// vouches for them. `None` (config files): a claim's file is trusted.
-    pub ledger: Option<std::sync::Arc<crate::kube_objects::ledger::Ledger>>,
+    pub ledger: Option<std::sync::Arc<crate::config::kube_objects::ledger::Ledger>>,
     /// The cluster's pod and Service CIDRs the agent was given
     /// (`--cluster-pod-cidrs`, `--cluster-service-cidrs`); those v1 Nodes
     /// report are added by translation.
@@ -196,7 +196,7 @@ impl Reader {
         // Files gone from the dir are forgotten.
         self.cache = seen;
         let parts: Vec<&[u8]> = fingerprint_parts.iter().map(|p| p.as_slice()).collect();
-        snap.fingerprint = crate::hash::fnv1a(&parts);
+        snap.fingerprint = crate::sys::hash::fnv1a(&parts);
         snap
     }
 }
@@ -238,7 +238,7 @@ fn parse_file(file: &Path, stamp: Stamp) -> Parsed {
         hash,
     };
     // A file over the limit is never read: its stamp stands for its content.
-    let stamp_hash = crate::hash::fnv1a(&[
+    let stamp_hash = crate::sys::hash::fnv1a(&[
         &stamp.dev.to_le_bytes(),
         &stamp.ino.to_le_bytes(),
         &stamp.size.to_le_bytes(),
@@ -258,14 +258,14 @@ fn parse_file(file: &Path, stamp: Stamp) -> Parsed {
         Ok(b) => b,
         Err(e) => return refused(format!("cannot read: {e}"), stamp_hash),
     };
-    let hash = crate::hash::fnv1a(&[&bytes]);
+    let hash = crate::sys::hash::fnv1a(&[&bytes]);
     match parse(&bytes) {
         Ok(values) => {
             let (mut documents, mut cluster) = (Vec::new(), Vec::new());
             for (i, value) in values.into_iter().enumerate() {
                 // Only what is read is kept, typed: a cluster's objects
                 // are many.
-                let (objects, document) = crate::kube_objects::prune::keep_all(value);
+                let (objects, document) = crate::config::kube_objects::prune::keep_all(value);
                 cluster.extend(objects.into_iter().map(|object| ClusterDocument {
                     file: file.to_path_buf(),
                     index: i + 1,

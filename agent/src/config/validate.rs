@@ -110,22 +110,6 @@ pub struct Held {
     pub port_macs: HashMap<(u32, [u8; 6]), String>,
 }
 
-impl Held {
-    /// What the claims store records.
-    pub fn from_claims(claims: &BTreeMap<String, crate::store::Claim>) -> Self {
-        let mut held = Held::default();
-        for (key, c) in claims {
-            for ip in &c.ips {
-                held.ips.insert((c.network.clone(), ip.addr()), key.clone());
-            }
-            if let Some(mac) = c.mac.as_deref().and_then(|m| parse_mac(m).ok()) {
-                held.macs.insert((c.network.clone(), mac), key.clone());
-            }
-        }
-        held
-    }
-}
-
 /// Validates every document: vmpath's own and those derived from
 /// Kubernetes objects (`translated`, the derive stage's output; the
 /// `round` module chains the two). `read_errors`: what reading found.
@@ -1423,7 +1407,7 @@ mod holder_tests {
     /// What the claims store holds while nsa/vmv1 runs: 10.64.0.50, and
     /// nsb/vmy1's detected MAC, ...:51.
     fn held() -> Held {
-        let claim = |ip: &str, mac: Option<&str>| crate::store::Claim {
+        let claim = |ip: &str, mac: Option<&str>| crate::resolve::store::Claim {
             network: "green".into(),
             ips: ip.parse().into_iter().collect(),
             mac: mac.map(str::to_string),

@@ -17,9 +17,9 @@ use std::{
 
 use ipnet::IpNet;
 
-use crate::{config::Network, hash::fnv1a, ipam::Pool};
+use crate::{config::Network, resolve::ipam::Pool, sys::hash::fnv1a};
 
-pub use crate::kube_objects::ledger::{Holder, Ledger};
+pub use crate::config::kube_objects::ledger::{Holder, Ledger};
 
 /// An IPAMClaim as the round sees it.
 #[derive(Debug, Clone)]
@@ -86,8 +86,9 @@ pub fn distrust_unvouched(
             continue;
         }
         let key = claim.key();
-        let unvouched =
-            crate::kube_objects::ledger::unvouched(ledger, network, &key, &claim.uid, &claim.ips);
+        let unvouched = crate::config::kube_objects::ledger::unvouched(
+            ledger, network, &key, &claim.uid, &claim.ips,
+        );
         if let Some(why) = unvouched {
             out.insert(
                 key,

@@ -11,7 +11,7 @@
 
 pub mod allocate;
 pub mod lease;
-pub use crate::kube_objects::ledger;
+pub use crate::config::kube_objects::ledger;
 pub mod pod_watch;
 pub mod pods;
 
@@ -35,14 +35,12 @@ use kube::{
 use tracing::{info, warn};
 
 use crate::{
-    cluster::{
-        objects::{self, Nad, NadConfig},
-        writeback::{self, Involved},
-    },
     config::{
         Network,
+        kube_objects::{self as objects, Nad, NadConfig},
         source::{RawDocument, Snapshot},
     },
+    publish::writeback::{self, Involved},
 };
 
 pub use ledger::LEDGER_KEY;
@@ -79,7 +77,7 @@ fn resource(group: &str, version: &str, kind: &str, plural: &str) -> ApiResource
 
 /// Runs until the process is stopped.
 pub fn run(opts: &ControllerOptions) -> Result<(), ControllerError> {
-    let config = crate::cluster::kube_source::client_config(opts.kubeconfig.as_deref())
+    let config = crate::read::kube_source::client_config(opts.kubeconfig.as_deref())
         .map_err(|e| ControllerError::Config(format!("{e:#}")))?;
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()

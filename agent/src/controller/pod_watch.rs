@@ -22,7 +22,7 @@ use kube::{
 };
 use tracing::warn;
 
-use crate::cluster::{kube_source::Store, objects};
+use crate::{config::kube_objects as objects, read::kube_source::Store};
 
 /// A pod as the rounds see it.
 #[derive(Debug, Clone)]

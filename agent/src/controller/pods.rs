@@ -13,7 +13,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use serde_json::{Value, json};
 
-use crate::cluster::objects::{
+use crate::config::kube_objects::{
     NETWORKS_ANNOTATION, Nad, NadConfig, POD_UID_LABEL, Pod, parse_selection, pod_claim_name,
 };
 

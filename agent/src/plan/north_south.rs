@@ -21,7 +21,7 @@ use vmpath_common::{
 use super::{Plan, addr_key};
 use crate::{
     config::{Network, model::Egress},
-    resolved::Resolved,
+    resolve::resolved::Resolved,
 };
 
 pub const SNAT_TCP_TIMEOUT: u32 = 7440;
@@ -149,7 +149,7 @@ fn cluster_destinations(cfg: &Resolved, plan: &mut Plan) {
         .networks
         .iter()
         .any(|n| n.role == crate::config::model::Role::Primary);
-    if !primary || !crate::handoff::written() {
+    if !primary || !crate::plan::handoff::written() {
         return;
     }
     for c in &cfg.config.cluster_cidrs {
@@ -193,7 +193,7 @@ fn resolve_prefixes(cfg: &Resolved, plan: &mut Plan) {
 fn routed_addresses(cfg: &Resolved, plan: &mut Plan) {
     let by_key: std::collections::HashMap<
         &crate::config::AttachmentKey,
-        &crate::resolved::Attachment,
+        &crate::resolve::resolved::Attachment,
     > = cfg.attachments.iter().map(|a| (&a.key, a)).collect();
     let entry = |net: &Network, mac: [u8; 6], ifindex: u32, port_id: u32| RoutedAddr {
         ifindex,
@@ -327,7 +327,7 @@ mod tests {
     /// not before: a node without one hands nothing off.
     #[test]
     fn the_clusters_address_spaces_are_kept_for_the_hand_off_of_primary_networks() {
-        crate::handoff::set_written_for_tests();
+        crate::plan::handoff::set_written_for_tests();
         let docs = |role: &str| {
             format!(
                 "apiVersion: vmpath.dev/v1alpha1\nkind: Node\nmetadata: {{name: a}}\nspec: {{address: 192.168.50.1}}\n\
@@ -400,7 +400,7 @@ mod tests {
 
         // The routes for BGP: the IPv4 subnet (hosted here) and the learned
         // addresses (without perVM), IPv6 as IPv4.
-        let want: Vec<String> = crate::routes::desired(&c, &p, &c.learned_ips)
+        let want: Vec<String> = crate::apply::routes::desired(&c, &p, &c.learned_ips)
             .iter()
             .map(|r| r.to_string())
             .collect();
@@ -416,7 +416,7 @@ mod tests {
         // Node c hosts nothing of the network: no subnet, no entries.
         let p = plan(&c, "c", |_| None);
         assert!(p.routed.is_empty() && p.ingress_hosted.is_empty());
-        assert!(crate::routes::desired(&c, &p, &BTreeMap::new()).is_empty());
+        assert!(crate::apply::routes::desired(&c, &p, &BTreeMap::new()).is_empty());
     }
 
     #[test]
@@ -457,7 +457,7 @@ mod tests {
         let r = p.routed[&v4([10, 40, 0, 98])];
         assert_eq!((r.ifindex, r.vm_mac), (0, [0x52, 0x54, 0, 0, 0, 1]));
         // Not advertised from there: only a hosting node exports it.
-        let routes = crate::routes::desired(&c, &p, &c.learned_ips);
+        let routes = crate::apply::routes::desired(&c, &p, &c.learned_ips);
         assert!(
             routes
                 .iter()

@@ -23,7 +23,7 @@ use vmpath_common::{
 use super::Plan;
 use crate::{
     config::model::MacPolicy,
-    resolved::{Attachment, Resolved},
+    resolve::resolved::{Attachment, Resolved},
 };
 
 pub fn overlay(cfg: &Resolved, node: &str, plan: &mut Plan) {
@@ -206,7 +206,7 @@ pub fn vtep_handles(
         if handles.contains_key(a) {
             continue;
         }
-        let mut h = crate::hash::fnv1a(&[&a.octets()]) as u32;
+        let mut h = crate::sys::hash::fnv1a(&[&a.octets()]) as u32;
         while h == 0 || used.contains(&h.to_be_bytes()) {
             h = h.wrapping_add(1);
         }
@@ -284,14 +284,14 @@ spec: {vm: vm4, interface: eth0, network: blue, node: c, port: p4, mac: '52:54:0
         let dir = std::env::temp_dir().join(format!(
             "vmpath-plan-overlay-{}-{node}-{}",
             std::process::id(),
-            crate::hash::fnv1a(&[docs.as_bytes()])
+            crate::sys::hash::fnv1a(&[docs.as_bytes()])
         ));
         std::fs::create_dir_all(&dir).unwrap();
         std::fs::write(dir.join("c.yaml"), docs).unwrap();
         let snap = config::source::read_dir(&dir);
         let _ = std::fs::remove_dir_all(&dir);
         let mut cfg = Resolved::new(crate::round::validate(&snap, node, &Default::default()));
-        let _ = crate::ipam::assign(&mut cfg, &Default::default());
+        let _ = crate::resolve::ipam::assign(&mut cfg, &Default::default());
         super::super::plan_with_previous(
             &cfg,
             node,
@@ -340,7 +340,7 @@ spec: {vm: vm4, interface: eth0, network: blue, node: c, port: p4, mac: '52:54:0
         let (b6, c6): (Ipv6Addr, Ipv6Addr) =
             ("fd00:1::2".parse().unwrap(), "fd00:1::3".parse().unwrap());
         // b holds c's hash already: c takes the next free value.
-        let c_hash = (crate::hash::fnv1a(&[&c6.octets()]) as u32).to_be_bytes();
+        let c_hash = (crate::sys::hash::fnv1a(&[&c6.octets()]) as u32).to_be_bytes();
         let plan = plan_of(&docs, "a", &BTreeMap::from([(b6, c_hash)]));
         assert_eq!(plan.vteps6[&b6], c_hash);
         assert_ne!(plan.vteps6[&c6], c_hash);
@@ -429,7 +429,7 @@ spec: {{address: 192.0.2.3}}
         let validated = crate::round::validate(&snap, node, &Default::default());
         assert!(validated.errors.is_empty(), "{:?}", validated.errors);
         let mut cfg = Resolved::new(validated);
-        let _ = crate::ipam::assign(&mut cfg, &Default::default());
+        let _ = crate::resolve::ipam::assign(&mut cfg, &Default::default());
         // Distinct ifindexes so the ports can be told apart.
         super::super::plan(&cfg, node, |name| {
             Some(match name {

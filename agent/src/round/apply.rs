@@ -12,8 +12,8 @@ use tracing::info;
 use vmpath_common::{AddrKey, LearnedIp};
 
 use crate::{
-    dataplane::Dataplane, overlay::Overlay, plan::Plan, resolved::Resolved, routes::NorthSouth,
-    slowpath,
+    apply::dataplane::Dataplane, apply::overlay::Overlay, apply::routes::NorthSouth, plan::Plan,
+    resolve::resolved::Resolved, slowpath,
 };
 
 /// Writes `plan` into the data path, then rebuilds the slow path's

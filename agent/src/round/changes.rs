@@ -17,9 +17,9 @@ use std::{
 use serde_json::Value;
 
 use crate::{
+    config::kube_objects::prune::{ClusterObject, group_kind},
     config::{AttachmentKey, source::Snapshot},
-    kube_objects::prune::{ClusterObject, group_kind},
-    resolved::Resolved,
+    resolve::resolved::Resolved,
 };
 
 /// What identifies an object across rounds.

@@ -1,12 +1,12 @@
 //! Stage 2, **derive**: Kubernetes objects (Pods, VMIs, VMIMs, NADs,
 //! IPAMClaims, Nodes) and CNI ports become vmpath's own documents
 //! (Attachments and Nodes), beside the vmpath documents as given
-//! (`cluster::translate`). Nothing is checked here: that is the next
+//! (`derive::translate`). Nothing is checked here: that is the next
 //! stage's job, and it never derives.
 
 use crate::{
-    cluster::translate,
     config::{Translated, source::Snapshot},
+    derive::translate,
 };
 
 /// Derives `snapshot`'s documents as `node` sees them.

@@ -11,7 +11,7 @@ use std::{
 };
 
 use super::{Round, Settings, derive, ipam, plan, publish, resolve, validate};
-use crate::{config::source::Reader, plan::Plan, store::Store};
+use crate::{config::source::Reader, plan::Plan, resolve::store::Store};
 
 /// splitmix64: a reproducible stream from one seed.
 struct Rng(u64);

@@ -12,9 +12,9 @@ use tracing::{error, info};
 
 use crate::{
     config::{AttachmentKey, ConfigError, format_mac},
-    ipam,
-    resolved::{Origin, Resolved},
-    store::{Claim, Store},
+    resolve::ipam,
+    resolve::resolved::{Origin, Resolved},
+    resolve::store::{Claim, Store},
 };
 
 /// Every claim, by VM interface.

@@ -6,12 +6,19 @@
 //! | read | [`read`] | the config dir or the API server, the CNI ports | [`Snapshot`] |
 //! | derive | [`derive`] | [`Snapshot`] | [`Translated`] (vmpath's own documents) |
 //! | validate | [`mod@validate`] | [`Translated`], who holds what ([`Held`]) | [`Config`] (valid and refused documents) |
-//! | resolve | [`resolve`] | [`Config`] | [`Resolved`](crate::resolved::Resolved) (to be enriched) |
-//! | IPAM | [`ipam`] | [`Resolved`](crate::resolved::Resolved), the claims store, MACs the data path saw | [`Resolved`](crate::resolved::Resolved) with addresses and MACs, MAC refusals |
-//! | observe | [`observe`] | [`Resolved`](crate::resolved::Resolved), the data path's findings | [`Resolved`](crate::resolved::Resolved) with learned addresses and cut-overs |
-//! | plan | [`plan`] | [`Resolved`](crate::resolved::Resolved), the last ids ([`plan::Previous`]) | [`Plan`] (every map's desired content) |
+//! | resolve | [`resolve`] | [`Config`] | [`Resolved`](crate::resolve::resolved::Resolved) (to be enriched) |
+//! | IPAM | [`ipam`] | [`Resolved`](crate::resolve::resolved::Resolved), the claims store, MACs the data path saw | [`Resolved`](crate::resolve::resolved::Resolved) with addresses and MACs, MAC refusals |
+//! | observe | [`observe`] | [`Resolved`](crate::resolve::resolved::Resolved), the data path's findings | [`Resolved`](crate::resolve::resolved::Resolved) with learned addresses and cut-overs |
+//! | plan | [`plan`] | [`Resolved`](crate::resolve::resolved::Resolved), the last ids ([`plan::Previous`]) | [`Plan`] (every map's desired content) |
 //! | apply | [`apply`] | [`Plan`] | the data path programmed (the only stage that writes it) |
-//! | publish | [`publish`] | [`Resolved`](crate::resolved::Resolved), the applied [`Plan`] | the log, Events, the view (API, CLI, metrics), `status.json` |
+//! | publish | [`publish`] | [`Resolved`](crate::resolve::resolved::Resolved), the applied [`Plan`] | the log, Events, the view (API, CLI, metrics), `status.json` |
+//!
+//! Each driver here runs the substance of its stage, which lives in a
+//! folder of its own beside `round/` (docs/architecture.md, "The agent's
+//! folders"): read: `config::source`, `crate::read`, `api::endpoints`;
+//! derive: `crate::derive`; validate: `crate::config`; resolve and IPAM:
+//! `crate::resolve`; observe: `crate::observe`; plan: `crate::plan`;
+//! apply: `crate::apply`; publish: `crate::publish`.
 //!
 //! Every stage but observe and apply runs without a data path (their
 //! unit tests show how); read and publish touch it only for what a
@@ -36,21 +43,21 @@ use std::{collections::BTreeSet, path::PathBuf, time::Instant};
 use tracing::{error, info, warn};
 
 use crate::{
-    clock::unix_now,
-    cluster::kube_source::KubeSource,
+    apply::dataplane::Dataplane,
     config::{
         AttachmentKey, Config, ConfigError, Held, Translated,
         source::{Reader, Snapshot},
         validate_documents,
     },
-    dataplane::Dataplane,
-    learned,
-    migration::Migrations,
-    netif::ifindex_of,
+    observe::learned,
+    observe::migration::Migrations,
     plan::Plan,
+    publish::view::SharedView,
+    read::kube_source::KubeSource,
+    resolve::store::Store,
     slowpath,
-    store::Store,
-    view::SharedView,
+    sys::clock::unix_now,
+    sys::netif::ifindex_of,
 };
 
 /// Derives and validates every document of `snapshot` for `node_name`
@@ -122,7 +129,7 @@ pub struct Round {
     /// the previous agent's last round still wins a conflict no claim or
     /// port here decides (an IPAM-less address or a given MAC of a VM on
     /// another node), not file order.
-    stored_accepted: BTreeSet<crate::store::InterfaceKey>,
+    stored_accepted: BTreeSet<crate::resolve::store::InterfaceKey>,
     /// What the last round served on this node's ports.
     running: Held,
     warned_empty: bool,
@@ -233,7 +240,7 @@ impl Round {
         &mut self,
         validated: Config,
         changed: &changes::ChangeSet,
-    ) -> anyhow::Result<(crate::resolved::Resolved, ipam::Claims)> {
+    ) -> anyhow::Result<(crate::resolve::resolved::Resolved, ipam::Claims)> {
         let mut cfg = resolve::resolve(validated, &self.settings.node);
         let claims = ipam::assign(&mut cfg, &self.store)?;
         if !changed.is_empty() {
@@ -259,7 +266,7 @@ impl Round {
         services: &slowpath::Services,
     ) -> Outcome {
         let s = &self.settings;
-        let mut phases = crate::phases::Phases::start("reconcile pass");
+        let mut phases = crate::sys::phases::Phases::start("reconcile pass");
 
         // read
         let mut snap = read::read(
@@ -398,9 +405,9 @@ impl Round {
             }
             shared.publish(view);
         }
-        crate::endpoints::round_done();
+        crate::api::endpoints::round_done();
         self.accepted = cfg.attachments.iter().map(|a| a.key.clone()).collect();
-        let keys: BTreeSet<crate::store::InterfaceKey> = self
+        let keys: BTreeSet<crate::resolve::store::InterfaceKey> = self
             .accepted
             .iter()
             .map(|k| (k.namespace.clone(), k.vm.clone(), k.interface.clone()))
@@ -450,7 +457,7 @@ pub(crate) mod tests {
         let dir = std::env::temp_dir().join(format!(
             "vmpath-round-{}-{:x}",
             std::process::id(),
-            crate::hash::fnv1a(&[yaml.as_bytes()])
+            crate::sys::hash::fnv1a(&[yaml.as_bytes()])
         ));
         std::fs::create_dir_all(&dir).unwrap();
         std::fs::write(dir.join("c.yaml"), yaml).unwrap();

@@ -3,7 +3,10 @@
 //! (only what the learned stage accepts is routed, exported or shown), and
 //! live migrations the data path already cut over on this node.
 
-use crate::{dataplane::Dataplane, learned, migration::Migrations, resolved::Resolved};
+use crate::{
+    apply::dataplane::Dataplane, observe::learned, observe::migration::Migrations,
+    resolve::resolved::Resolved,
+};
 
 /// Takes the data path's findings into `cfg`; `learned` is the previous
 /// round's outcome, replaced by this one's. Returns whether the learned

@@ -5,9 +5,11 @@
 
 use std::collections::BTreeMap;
 
-use crate::service::PortKey;
+use crate::plan::service::PortKey;
 
-use crate::{config::AttachmentKey, dataplane::Dataplane, plan::Plan, resolved::Resolved};
+use crate::{
+    apply::dataplane::Dataplane, config::AttachmentKey, plan::Plan, resolve::resolved::Resolved,
+};
 
 /// The ids the last plan gave: each VM interface's port id, each service
 /// port's id.
@@ -98,7 +100,7 @@ impl Previous {
             .collect();
         Previous {
             vteps6: dp.pinned_vteps6(),
-            ..Self::of_pinned(cfg, node, crate::netif::ifindex_of, &pinned, services)
+            ..Self::of_pinned(cfg, node, crate::sys::netif::ifindex_of, &pinned, services)
         }
     }
 }

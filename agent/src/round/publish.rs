@@ -14,12 +14,13 @@ use anyhow::Result;
 use tracing::error;
 
 use crate::{
-    cluster::{kube_source::KubeSource, writeback},
     config::{self, AttachmentKey, ConfigError, format_mac},
-    learned,
+    observe::learned,
     plan::Plan,
-    resolved::{self, Origin, Resolved},
-    view::{AttachmentView, IpView, LearnedRefusalView, NetworkView, View},
+    publish::view::{AttachmentView, IpView, LearnedRefusalView, NetworkView, View},
+    publish::writeback,
+    read::kube_source::KubeSource,
+    resolve::resolved::{self, Origin, Resolved},
 };
 
 use super::Settings;

@@ -6,12 +6,12 @@
 use std::{collections::BTreeMap, path::Path};
 
 use crate::{
-    cluster::kube_source::KubeSource,
+    apply::dataplane::Dataplane,
     config::{
         Held,
         source::{Reader, Snapshot},
     },
-    dataplane::Dataplane,
+    read::kube_source::KubeSource,
 };
 
 /// Reads every document: from the API server when `cluster` is given,
@@ -28,7 +28,7 @@ pub fn read(
         Some(cluster) => cluster.read(),
         None => reader.read(config_dir),
     };
-    crate::endpoints::add_documents(state_dir, node, &mut snap);
+    crate::api::endpoints::add_documents(state_dir, node, &mut snap);
     snap
 }
 
@@ -41,7 +41,7 @@ pub fn running_ports(dp: &Dataplane) -> Held {
     let mut name_of = |ifindex: u32| {
         names
             .entry(ifindex)
-            .or_insert_with(|| crate::netif::name_of(ifindex))
+            .or_insert_with(|| crate::sys::netif::name_of(ifindex))
             .clone()
     };
     for (ifindex, info) in dp.maps().ports.iter().filter_map(|r| r.ok()) {

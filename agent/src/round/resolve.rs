@@ -4,13 +4,13 @@
 //! Attachment whose port on this node is not a VM port is refused, before
 //! IPAM, so nothing is claimed for it.
 
-use crate::{config::Config, resolved::Resolved};
+use crate::{config::Config, resolve::resolved::Resolved};
 
 /// The enrichment stage's start: `validated` as `node` serves it.
 pub fn resolve(validated: Config, node: &str) -> Resolved {
     let mut cfg = Resolved::new(validated);
-    if let Some(policy) = crate::port_eligibility::policy() {
-        crate::port_eligibility::refuse_ineligible(&mut cfg, node, policy);
+    if let Some(policy) = crate::resolve::port_eligibility::policy() {
+        crate::resolve::port_eligibility::refuse_ineligible(&mut cfg, node, policy);
     }
     cfg
 }

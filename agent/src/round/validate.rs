@@ -9,7 +9,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use crate::{
     config::{AttachmentKey, Config, Held, Translated, source::Snapshot, validate_documents},
-    store::Claim,
+    resolve::store::Claim,
 };
 
 /// Who holds which address and MAC: the claims store's `claims`, then the
@@ -39,7 +39,7 @@ pub fn validate(
     // does): a CNI port kept past its pod would hold an address the
     // controller released and gave to another pod.
     if !snapshot.pod_claims {
-        crate::endpoints::keep_claims(&mut validated);
+        crate::api::endpoints::keep_claims(&mut validated);
     }
     validated
 }

@@ -20,7 +20,7 @@ use etherparse::{LinkSlice, NetSlice, SlicedPacket, TransportSlice};
 use tracing::{error, info, warn};
 use vmpath_common::{SLOW0, SLOW1, SlowPath, map_names, prog_names};
 
-use crate::dataplane::{Dataplane, links_dir, maps_dir};
+use crate::apply::dataplane::{Dataplane, links_dir, maps_dir};
 pub use service::{Counters, Outcome, PortService, Services, SharedStats, SlowStats};
 
 /// What one DHCPv4 or DHCPv6 message led to.
@@ -163,8 +163,8 @@ fn answer(svc: &PortService, frame: &[u8]) -> (String, Result<Vec<u8>, &'static 
 
 /// Makes `vmp-slow0`/`vmp-slow1` if they are missing, and brings them up.
 fn ensure_interfaces() -> Result<()> {
-    crate::netlink::run(|handle| async move {
-        if crate::netif::ifindex_of(SLOW0).is_none() {
+    crate::sys::netlink::run(|handle| async move {
+        if crate::sys::netif::ifindex_of(SLOW0).is_none() {
             handle
                 .link()
                 .add(rtnetlink::LinkVeth::new(SLOW0, SLOW1).build())
@@ -194,10 +194,10 @@ fn ensure_interfaces() -> Result<()> {
 
 /// Deletes `vmp-slow0`/`vmp-slow1` (`vmpath agent --cleanup`).
 pub fn remove_interfaces() -> Result<()> {
-    let Some(index) = crate::netif::ifindex_of(SLOW0) else {
+    let Some(index) = crate::sys::netif::ifindex_of(SLOW0) else {
         return Ok(());
     };
-    crate::netlink::run(|handle| async move {
+    crate::sys::netlink::run(|handle| async move {
         // Deleting one end of a veth pair deletes both.
         handle
             .link()
@@ -234,7 +234,7 @@ pub fn start(
         Map::from_map_data(MapData::from_pin(maps_dir(root).join(map_names::XSKS))?)?.try_into()?;
     xsks.set(0, xsk.fd(), 0)
         .context("registering the AF_XDP socket")?;
-    let slow0 = crate::netif::ifindex_of(SLOW0).ok_or_else(|| anyhow!("{SLOW0} vanished"))?;
+    let slow0 = crate::sys::netif::ifindex_of(SLOW0).ok_or_else(|| anyhow!("{SLOW0} vanished"))?;
     dp.maps_mut().slow.set(
         0,
         SlowPath {

@@ -43,8 +43,8 @@ use crate::{
     wait_for,
 };
 
-const NETWORK: &str = include_str!("../../../agent/src/cluster/fixtures/network.yaml");
-const VM: &str = include_str!("../../../agent/src/cluster/fixtures/vm.yaml");
+const NETWORK: &str = include_str!("../../../agent/src/derive/fixtures/network.yaml");
+const VM: &str = include_str!("../../../agent/src/derive/fixtures/vm.yaml");
 /// KubeVirt's name for the pod interface of network `blue`.
 const IFNAME: &str = "pod16477688c0e";
 const NAMESPACE: &str = "prod";

@@ -10,7 +10,7 @@
 //!
 //! Batch: the same entries written again into emptied maps, one
 //! `bpf(BPF_MAP_UPDATE_ELEM)` per entry against `BPF_MAP_UPDATE_BATCH`
-//! (`vmpath::dataplane::batch`; aya 0.14 has no batch map operations, so
+//! (`vmpath::apply::dataplane::batch`; aya 0.14 has no batch map operations, so
 //! vmpath issues the command itself).
 //!
 //! Latency: the real agent process; one Attachment file written per sample
@@ -34,14 +34,14 @@ use aya::{
 };
 use serde_json::json;
 use vmpath::{
-    config,
-    dataplane::{
+    apply::dataplane::{
         Dataplane, Maps,
         batch::{delete_batch, update_batch, update_batch_per_cpu},
     },
-    ipam, plan,
-    resolved::Resolved,
-    store::Store,
+    config, plan,
+    resolve::ipam,
+    resolve::resolved::Resolved,
+    resolve::store::Store,
 };
 use vmpath_common::{
     AddrInfo, AddrKey, Endpoint, EndpointKey, FloodList, MAX_ADDRESSES, MAX_ENDPOINTS, MAX_PORT_ID,
@@ -163,7 +163,7 @@ pub fn child(n: usize) -> Result<()> {
             "batch": batch,
         }))
     })();
-    let _ = vmpath::dataplane::cleanup(&root);
+    let _ = vmpath::apply::dataplane::cleanup(&root);
     let _ = fs::remove_dir(&root);
     let _ = fs::remove_dir_all(&work);
     println!("RESULT {}", result?);
@@ -192,11 +192,12 @@ fn write_maps(dp: &mut Dataplane, p: &plan::Plan) -> Result<serde_json::Value> {
     let nr_cpus = aya::util::nr_cpus().map_err(|(m, e)| anyhow!("{m}: {e}"))?;
     let maps = dp.maps_mut();
     let mut out = serde_json::Map::new();
-    let mut count =
-        |name: &str, written: Result<usize, vmpath::dataplane::batch::BatchError>, want: usize| {
-            let ok = written.unwrap_or_else(|e| e.written());
-            out.insert(name.into(), json!([ok, want]));
-        };
+    let mut count = |name: &str,
+                     written: Result<usize, vmpath::apply::dataplane::batch::BatchError>,
+                     want: usize| {
+        let ok = written.unwrap_or_else(|e| e.written());
+        out.insert(name.into(), json!([ok, want]));
+    };
     count(
         "networks",
         update_batch(maps.networks.map(), &pairs(&p.networks), 0),
@@ -578,7 +579,7 @@ pub fn run(opts: &Options) -> Result<Section> {
     let _ = writeln!(
         md,
         "\n**Map writes, per entry vs batch.** aya 0.14 has no batch map operations; \
-         vmpath issues `BPF_MAP_UPDATE_BATCH` itself (`vmpath::dataplane::batch`, one \
+         vmpath issues `BPF_MAP_UPDATE_BATCH` itself (`vmpath::apply::dataplane::batch`, one \
          syscall per map and MiB of keys and values, per-entry fallback where the kernel \
          lacks it). In the same process after the figures above: the entries the map \
          writes left in the maps (the planned entries the maps accept) written again \

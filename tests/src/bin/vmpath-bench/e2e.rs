@@ -27,7 +27,7 @@ use aya::{
     maps::Array,
     programs::{LinkOrder, SchedClassifier, TcAttachType, tc::TcAttachOptions},
 };
-use vmpath::{config::parse_mac, dataplane::Dataplane};
+use vmpath::{apply::dataplane::Dataplane, config::parse_mac};
 use vmpath_tests::{Netns, Node, Vm, yaml};
 
 use crate::{
@@ -113,7 +113,7 @@ fn attach_redirect(ns: &Netns, port: &str, target: &str) -> Result<Ebpf> {
     let (port, target) = (port.to_string(), target.to_string());
     util::in_netns(&ns_path, move || -> Result<Ebpf> {
         let target_ifx =
-            vmpath::netif::ifindex_of(&target).ok_or_else(|| anyhow!("no {target}"))?;
+            vmpath::sys::netif::ifindex_of(&target).ok_or_else(|| anyhow!("no {target}"))?;
         let mut ebpf = Ebpf::load(Dataplane::bench_object()).context("loading the bench object")?;
         {
             let mut peer: Array<_, u32> = Array::try_from(

@@ -44,9 +44,8 @@ pub struct Options {
     pub claims: Vec<usize>,
 }
 
-pub(crate) const NETWORK: &str =
-    include_str!("../../../../agent/src/cluster/fixtures/network.yaml");
-const VM: &str = include_str!("../../../../agent/src/cluster/fixtures/vm.yaml");
+pub(crate) const NETWORK: &str = include_str!("../../../../agent/src/derive/fixtures/network.yaml");
+const VM: &str = include_str!("../../../../agent/src/derive/fixtures/vm.yaml");
 /// KubeVirt's pod interface name for network `blue` (a hash of its name).
 const POD_IFNAME: &str = "pod16477688c0e";
 /// Nodes the VMs are spread over, and how many are on this node ("a"):

@@ -32,7 +32,9 @@ use std::{
 
 use anyhow::{Context as _, Result, anyhow, bail};
 use aya::programs::{LinkOrder, SchedClassifier, TcAttachType, TestRun, TestRunOptions, tc};
-use vmpath::{config, dataplane::Dataplane, ipam, plan, resolved::Resolved};
+use vmpath::{
+    apply::dataplane::Dataplane, config, plan, resolve::ipam, resolve::resolved::Resolved,
+};
 use vmpath_common::{VXLAN_IFNAME, VXLAN_OVERHEAD, VXLAN_PORT, drop_reason, prog_names};
 use vmpath_tests::{Netns, link, unique_tag, yaml, yaml_overlay};
 
@@ -169,12 +171,12 @@ fn program(dp: &mut Dataplane, dir: &std::path::Path) -> Result<()> {
     }
     let mut cfg = Resolved::new(validated);
     ipam::assign(&mut cfg, &Default::default());
-    let p = plan::plan(&cfg, "a", vmpath::netif::ifindex_of);
+    let p = plan::plan(&cfg, "a", vmpath::sys::netif::ifindex_of);
     if !p.problems.is_empty() || p.ports.len() != 1 {
         bail!("plan: {} ports, problems {:?}", p.ports.len(), p.problems);
     }
     dp.apply(&p).context("applying the plan")?;
-    let ifindex = vmpath::overlay::ensure_device(
+    let ifindex = vmpath::apply::overlay::ensure_device(
         Some(std::net::Ipv4Addr::from(LOCAL_IP).into()),
         UNDERLAY_MTU - VXLAN_OVERHEAD,
     )?;
@@ -272,10 +274,10 @@ fn measure(
     beds: &Beds,
     dir: &std::path::Path,
 ) -> Result<Section> {
-    let port = vmpath::netif::ifindex_of(PORT).ok_or_else(|| anyhow!("no {PORT}"))?;
+    let port = vmpath::sys::netif::ifindex_of(PORT).ok_or_else(|| anyhow!("no {PORT}"))?;
     program(dp, dir)?;
     let vxlan =
-        vmpath::netif::ifindex_of(VXLAN_IFNAME).ok_or_else(|| anyhow!("no {VXLAN_IFNAME}"))?;
+        vmpath::sys::netif::ifindex_of(VXLAN_IFNAME).ok_or_else(|| anyhow!("no {VXLAN_IFNAME}"))?;
     crate::progcost::load_baselines(dp, port)?;
     let (port_ctx, vxlan_ctx) = (ctx_for(port), ctx_for(vxlan));
     // VM1 -> VM2 (on node b): encap. VM2 -> VM1 as it comes out of the

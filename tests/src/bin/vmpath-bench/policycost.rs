@@ -18,7 +18,7 @@ use std::{
 
 use anyhow::{Context as _, Result, anyhow, bail};
 use aya::programs::{TestRun, TestRunOptions};
-use vmpath::{config, dataplane::Dataplane, plan, resolved::Resolved};
+use vmpath::{apply::dataplane::Dataplane, config, plan, resolve::resolved::Resolved};
 use vmpath_tests::{Node, Vm};
 
 use crate::{
@@ -143,8 +143,8 @@ fn plan_of(docs: &[String]) -> Result<(plan::Plan, f64)> {
         );
     }
     let mut cfg = Resolved::new(validated);
-    vmpath::ipam::assign(&mut cfg, &BTreeMap::new());
-    let p = plan::plan(&cfg, "node-a", vmpath::netif::ifindex_of);
+    vmpath::resolve::ipam::assign(&mut cfg, &BTreeMap::new());
+    let p = plan::plan(&cfg, "node-a", vmpath::sys::netif::ifindex_of);
     let ms = t.elapsed().as_secs_f64() * 1e3;
     if !p.problems.is_empty() {
         bail!("plan problems: {:?}", p.problems);
@@ -167,7 +167,7 @@ fn run_in_netns(opts: &Options) -> Result<Section> {
         ip(&["link", "set", p, "up"])?;
         ip(&["link", "set", &format!("{p}-vm"), "up"])?;
     }
-    let a = vmpath::netif::ifindex_of("vpbpa").ok_or_else(|| anyhow!("no vpbpa"))?;
+    let a = vmpath::sys::netif::ifindex_of("vpbpa").ok_or_else(|| anyhow!("no vpbpa"))?;
     let root = Root(PathBuf::from(format!(
         "/sys/fs/bpf/vmpath-bench-pol-{}",
         std::process::id()

@@ -17,7 +17,7 @@ use aya::{
     maps::PerCpuValues,
     programs::{TestRun, TestRunOptions},
 };
-use vmpath::{dataplane::Dataplane, plan::addr_key};
+use vmpath::{apply::dataplane::Dataplane, plan::addr_key};
 use vmpath_common::{
     ADDR_STATIC, AddrInfo, ENDPOINT_LOCAL, Endpoint, EndpointKey, FloodList, NET_F_GW4,
     NetworkInfo, PORT_F_IP_FILTER, PORT_F_MAC_FILTER, PORT_F_MAC_KNOWN, PortInfo, PortStats,
@@ -91,14 +91,14 @@ pub(crate) fn ip(args: &[&str]) -> Result<()> {
 }
 
 fn ifindex_of(name: &str) -> Result<u32> {
-    vmpath::netif::ifindex_of(name).ok_or_else(|| anyhow!("no interface {name}"))
+    vmpath::sys::netif::ifindex_of(name).ok_or_else(|| anyhow!("no interface {name}"))
 }
 
 /// A bpffs root for a private data path, cleaned up on drop.
 pub(crate) struct Root(pub(crate) PathBuf);
 impl Drop for Root {
     fn drop(&mut self) {
-        let _ = vmpath::dataplane::cleanup(&self.0);
+        let _ = vmpath::apply::dataplane::cleanup(&self.0);
         let _ = std::fs::remove_dir(&self.0);
     }
 }

@@ -11,7 +11,7 @@ use std::{
 };
 
 use anyhow::{Context as _, Result, anyhow, bail};
-use vmpath::{config, dataplane::Maps};
+use vmpath::{apply::dataplane::Maps, config};
 use vmpath_common::EndpointKey;
 use vmpath_tests::{Netns, Node, yaml};
 

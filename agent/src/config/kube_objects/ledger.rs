@@ -1,0 +1,338 @@
+//! Where the ledger lives: ConfigMaps in the controller's namespace, the
+//! addresses spread over [`SHARDS`] of them by a hash of (network,
+//! address). One ConfigMap cannot hold it: the API server refuses a
+//! ConfigMap whose data passes 1 MiB, about 8,000 addresses with
+//! KubeVirt's uids and names.
+//!
+//! Shard 0 is the ConfigMap named as the ledger (the whole ledger, before
+//! it was sharded, lived there), shard k the one named `<ledger>-<k>`. An
+//! address belongs to one shard forever, and every shard is written
+//! conditionally on its resourceVersion, so the guarantee stays as it was:
+//! two writers that planned from the same ledger cannot both write the
+//! shard that decides an address.
+
+use std::{collections::BTreeMap, net::IpAddr};
+
+use ipnet::IpNet;
+use k8s_openapi::api::core::v1::ConfigMap;
+use serde::{Deserialize, Serialize};
+
+use crate::sys::hash::fnv1a;
+
+/// Who holds an address.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Holder {
+    /// `namespace/name` of the IPAMClaim.
+    pub claim: String,
+    /// Its uid: a claim deleted and made again is another claim.
+    #[serde(default)]
+    pub uid: String,
+    /// The address with its subnet's prefix, as `status.ips` has it.
+    pub ip: IpNet,
+}
+
+/// Network name -> address -> holder.
+pub type Ledger = BTreeMap<String, BTreeMap<IpAddr, Holder>>;
+
+/// Why the ledger does not vouch for a claim's `status.ips` on `network`
+/// (the claim `key`, `namespace/name`, of that `uid`), or `None` when it
+/// names that claim as the holder of every address, each with its
+/// prefix. Only `vmpath controller` writes addresses, ledger first: a
+/// status it does not vouch for was written by someone else. The
+/// controller and the agents judge a status by this one rule.
+pub fn unvouched(
+    ledger: &Ledger,
+    network: &str,
+    key: &str,
+    uid: &str,
+    ips: &[String],
+) -> Option<String> {
+    let held = ledger.get(network);
+    ips.iter().find_map(|text| {
+        let Ok(ip) = text.parse::<IpNet>() else {
+            return Some(format!("{text:?} is not a CIDR"));
+        };
+        match held.and_then(|h| h.get(&ip.addr())) {
+            Some(h) if h.claim == key && h.uid == uid && h.ip == ip => None,
+            Some(h) if h.claim == key && h.uid == uid => {
+                Some(format!("{text} is recorded in the ledger as {}", h.ip))
+            }
+            Some(h) if h.claim == key => Some(format!(
+                "{text} is held by an earlier IPAMClaim of that name (uid {})",
+                h.uid
+            )),
+            Some(h) => Some(format!("{text} is held by IPAMClaim {}", h.claim)),
+            None => Some(format!("{text} is given to no claim")),
+        }
+    })
+}
+
+/// How many ConfigMaps the ledger is spread over: at most 1 MiB each,
+/// room for about half a million addresses. Fixed: an address's shard
+/// must never change.
+pub const SHARDS: u64 = 64;
+
+/// The key in each shard's data holding its part of the ledger (JSON).
+pub const LEDGER_KEY: &str = "allocations";
+
+/// The shard an address of a network belongs to.
+pub fn shard_of(network: &str, ip: &std::net::IpAddr) -> u64 {
+    fnv1a(&[network.as_bytes(), ip.to_string().as_bytes()]) % SHARDS
+}
+
+/// The ConfigMap name of shard `k`.
+pub fn shard_name(ledger: &str, k: u64) -> String {
+    if k == 0 {
+        ledger.to_string()
+    } else {
+        format!("{ledger}-{k}")
+    }
+}
+
+/// The shard a ConfigMap name is, if it is one of this ledger's.
+fn shard_index(ledger: &str, name: &str) -> Option<u64> {
+    if name == ledger {
+        return Some(0);
+    }
+    let k: u64 = name.strip_prefix(ledger)?.strip_prefix('-')?.parse().ok()?;
+    (1..SHARDS).contains(&k).then_some(k)
+}
+
+/// The ledger's shards as read: each ConfigMap and what it holds.
+#[derive(Debug, Default)]
+pub struct Stored {
+    pub shards: BTreeMap<u64, (ConfigMap, Ledger)>,
+}
+
+impl Stored {
+    /// The shards among a namespace's ConfigMaps; a shard whose data is
+    /// not a ledger is an error naming it.
+    pub fn from_configmaps(ledger: &str, configmaps: Vec<ConfigMap>) -> Result<Self, String> {
+        let mut shards = BTreeMap::new();
+        for cm in configmaps {
+            let name = cm.metadata.name.clone().unwrap_or_default();
+            let Some(k) = shard_index(ledger, &name) else {
+                continue;
+            };
+            let held: Ledger = match cm.data.as_ref().and_then(|d| d.get(LEDGER_KEY)) {
+                Some(text) => serde_json::from_str(text)
+                    .map_err(|e| format!("ConfigMap {name}: {LEDGER_KEY} is not a ledger: {e}"))?,
+                None => Ledger::new(),
+            };
+            shards.insert(k, (cm, held));
+        }
+        Ok(Self { shards })
+    }
+
+    /// The whole ledger. An address found in two shards (a move into its
+    /// own shard cut short) is taken from the shard it belongs to.
+    pub fn ledger(&self) -> Ledger {
+        let mut out = Ledger::new();
+        for (k, (_, held)) in &self.shards {
+            for (network, addrs) in held {
+                let into = out.entry(network.clone()).or_default();
+                for (ip, holder) in addrs {
+                    if !into.contains_key(ip) || shard_of(network, ip) == *k {
+                        into.insert(*ip, holder.clone());
+                    }
+                }
+            }
+        }
+        out
+    }
+
+    /// The writes that make the stored shards hold `ledger`: (shard, the
+    /// ConfigMap read, or None to create it, and its new data). Shard 0
+    /// comes last and always exists (a leader's first round creates it):
+    /// entries leave it, where an unsharded ledger kept them, only after
+    /// their own shards hold them.
+    pub fn writes(&self, ledger: &Ledger) -> Vec<(u64, Option<&ConfigMap>, String)> {
+        let split = split(ledger);
+        let mut out = Vec::new();
+        for k in (1..SHARDS).chain([0]) {
+            let want = split.get(&k).cloned().unwrap_or_default();
+            let stored = self.shards.get(&k);
+            let unchanged = match stored {
+                Some((_, held)) => *held == want,
+                None => want.is_empty() && k != 0,
+            };
+            if !unchanged {
+                let text = serde_json::to_string(&want).expect("a ledger serializes");
+                out.push((k, stored.map(|(cm, _)| cm), text));
+            }
+        }
+        out
+    }
+}
+
+/// The ledger by shard; a shard with nothing is left out.
+pub fn split(ledger: &Ledger) -> BTreeMap<u64, Ledger> {
+    let mut out: BTreeMap<u64, Ledger> = BTreeMap::new();
+    for (network, addrs) in ledger {
+        for (ip, holder) in addrs {
+            out.entry(shard_of(network, ip))
+                .or_default()
+                .entry(network.clone())
+                .or_default()
+                .insert(*ip, holder.clone());
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use kube::api::ObjectMeta;
+
+    use super::*;
+
+    /// A ledger as KubeVirt's claims would fill it: `n` addresses, each
+    /// held by a claim with a long name and a UUID.
+    fn ledger(n: u32) -> Ledger {
+        let mut held = BTreeMap::new();
+        for i in 0..n {
+            let ip: IpAddr = std::net::Ipv4Addr::from(0x0a00_0000 + i).into();
+            held.insert(
+                ip,
+                Holder {
+                    claim: format!("tenant-namespace-{}/imported-vm-{i:06}.blue", i % 50),
+                    uid: format!("8c5d2f3e-1b4a-4c6d-9e7f-{i:012}"),
+                    ip: format!("{ip}/8").parse().unwrap(),
+                },
+            );
+        }
+        BTreeMap::from([("blue".to_string(), held)])
+    }
+
+    fn configmap(name: &str, text: &str) -> ConfigMap {
+        ConfigMap {
+            metadata: ObjectMeta {
+                name: Some(name.into()),
+                ..Default::default()
+            },
+            data: Some(BTreeMap::from([(LEDGER_KEY.to_string(), text.to_string())])),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn a_ledger_of_200k_addresses_fits_configmaps_of_1_mib() {
+        let whole = ledger(200_000);
+        let text = serde_json::to_string(&whole).unwrap();
+        assert!(text.len() > 20 << 20, "one ConfigMap: {} bytes", text.len());
+        let split = split(&whole);
+        let biggest = split
+            .values()
+            .map(|s| serde_json::to_string(s).unwrap().len())
+            .max()
+            .unwrap();
+        assert!(biggest < 1 << 20, "biggest shard {biggest} bytes");
+        // And nothing is lost or doubled.
+        let stored = Stored {
+            shards: split
+                .into_iter()
+                .map(|(k, l)| (k, (ConfigMap::default(), l)))
+                .collect(),
+        };
+        assert_eq!(stored.ledger(), whole);
+        assert!(stored.writes(&whole).is_empty());
+    }
+
+    #[test]
+    fn an_unsharded_ledger_is_read_whole_and_moved_out_of_shard_0_last() {
+        let whole = ledger(100);
+        let legacy = configmap(
+            "vmpath-ipam-ledger",
+            &serde_json::to_string(&whole).unwrap(),
+        );
+        let other = configmap("unrelated", "{}");
+        let stored = Stored::from_configmaps("vmpath-ipam-ledger", vec![legacy, other]).unwrap();
+        assert_eq!(stored.shards.len(), 1);
+        assert_eq!(stored.ledger(), whole);
+        let writes = stored.writes(&whole);
+        assert!(writes.len() > 2);
+        // Created shards first, shard 0 (rewritten with its own part) last.
+        let (last, read, _) = writes.last().unwrap();
+        assert_eq!((*last, read.is_some()), (0, true));
+        assert!(
+            writes[..writes.len() - 1]
+                .iter()
+                .all(|(k, read, _)| *k != 0 && read.is_none())
+        );
+    }
+
+    #[test]
+    fn a_shard_that_is_not_a_ledger_is_named() {
+        let bad = configmap("vmpath-ipam-ledger-7", "[1,2]");
+        let err = Stored::from_configmaps("vmpath-ipam-ledger", vec![bad]).unwrap_err();
+        assert!(err.contains("vmpath-ipam-ledger-7"), "{err}");
+        assert_eq!(
+            shard_index("vmpath-ipam-ledger", "vmpath-ipam-ledger-64"),
+            None
+        );
+        assert_eq!(
+            shard_index("vmpath-ipam-ledger", "vmpath-ipam-ledger-x"),
+            None
+        );
+    }
+
+    #[test]
+    fn a_status_is_vouched_for_only_by_its_own_ledger_entry() {
+        let whole = ledger(1);
+        let (ip, holder) = whole["blue"].iter().next().unwrap();
+        let mine = |ips: &[String]| unvouched(&whole, "blue", &holder.claim, &holder.uid, ips);
+        assert_eq!(mine(&[holder.ip.to_string()]), None);
+        // Another prefix, another uid of the name, another claim, a free
+        // address, another network, not a CIDR: each named.
+        let other_prefix = format!("{ip}/24");
+        assert!(
+            mine(&[other_prefix])
+                .unwrap()
+                .contains("recorded in the ledger as")
+        );
+        let earlier = unvouched(
+            &whole,
+            "blue",
+            &holder.claim,
+            "new-uid",
+            &[holder.ip.to_string()],
+        );
+        assert!(earlier.unwrap().contains("earlier IPAMClaim of that name"));
+        let thief = unvouched(&whole, "blue", "prod/thief", "u", &[holder.ip.to_string()]);
+        assert_eq!(
+            thief.unwrap(),
+            format!("{} is held by IPAMClaim {}", holder.ip, holder.claim)
+        );
+        assert!(
+            mine(&["10.255.0.1/8".into()])
+                .unwrap()
+                .contains("given to no claim")
+        );
+        let elsewhere = unvouched(
+            &whole,
+            "red",
+            &holder.claim,
+            &holder.uid,
+            &[holder.ip.to_string()],
+        );
+        assert!(elsewhere.unwrap().contains("given to no claim"));
+        assert!(mine(&["nope".into()]).unwrap().contains("is not a CIDR"));
+    }
+
+    #[test]
+    fn an_address_in_two_shards_is_taken_from_its_own() {
+        let whole = ledger(1);
+        let (ip, holder) = whole["blue"].iter().next().unwrap();
+        let own = shard_of("blue", ip);
+        let mut stale = holder.clone();
+        stale.claim = "old/claim".into();
+        let stale = BTreeMap::from([("blue".to_string(), BTreeMap::from([(*ip, stale)]))]);
+        let stored = Stored {
+            shards: BTreeMap::from([
+                ((own + 1) % SHARDS, (ConfigMap::default(), stale)),
+                (own, (ConfigMap::default(), whole.clone())),
+            ]),
+        };
+        assert_eq!(stored.ledger(), whole);
+    }
+}

@@ -1,0 +1,340 @@
+//! What the agent knows right now, as the API, the CLI, metrics and the
+//! status file show it. The reconcile loop publishes a new [`View`] after
+//! each round into [`Published`], with its heartbeat and reconcile times;
+//! readers take a clone under a short read lock.
+
+use std::{
+    sync::{
+        Arc, Mutex, RwLock, TryLockError,
+        atomic::{AtomicBool, AtomicU64, Ordering},
+        mpsc::Sender,
+    },
+    time::{Duration, Instant},
+};
+
+use prometheus::{Histogram, HistogramOpts};
+use serde::{Deserialize, Serialize};
+
+use crate::{config::ConfigError, sys::clock, sys::events::Wake};
+
+// The parts of the view the API shows, and where an attachment stands.
+pub use vmpath_api::types::{AttachmentView, IpView, LearnedRefusalView, NetworkView, state};
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct View {
+    pub node: String,
+    pub bpffs: String,
+    pub config_dir: String,
+    pub config_errors: Vec<ConfigError>,
+    /// Accepted documents the operator should look at.
+    #[serde(default)]
+    pub config_warnings: Vec<ConfigError>,
+    pub networks: Vec<NetworkView>,
+    pub attachments: Vec<AttachmentView>,
+    /// Attachments active here whose port does not exist yet.
+    pub missing_ports: Vec<String>,
+    pub problems: Vec<String>,
+    /// NetworkPolicies by the index the data path reports them with.
+    #[serde(default)]
+    pub policies: Vec<String>,
+    /// Reconcile rounds that changed the data path, and the last one's time.
+    pub reconciles: u64,
+    pub last_reconcile_seconds: f64,
+    pub last_reconcile_unix: u64,
+    pub ready: bool,
+}
+
+impl View {
+    /// The state of `a` on this view's node. Exclusive: a pending
+    /// migration counts as `migrating` whichever side this node is.
+    pub fn state_of(&self, a: &AttachmentView) -> &'static str {
+        if a.migration == "pending" {
+            state::MIGRATING
+        } else if a.node != self.node {
+            state::REMOTE
+        } else if a.ifindex.is_some() {
+            state::LOCAL
+        } else {
+            state::MISSING_PORT
+        }
+    }
+
+    /// Ifindexes of the attachments running here with their port programmed.
+    pub fn local_ports(&self) -> impl Iterator<Item = (&AttachmentView, u32)> {
+        self.attachments
+            .iter()
+            .filter(|a| self.state_of(a) == state::LOCAL)
+            .filter_map(|a| Some((a, a.ifindex?)))
+    }
+
+    pub fn attachments_of_vm<'a>(
+        &'a self,
+        namespace: &'a str,
+        vm: &'a str,
+    ) -> impl Iterator<Item = &'a AttachmentView> {
+        self.attachments
+            .iter()
+            .filter(move |a| a.namespace == namespace && a.vm == vm)
+    }
+}
+
+/// What the reconcile loop publishes and every reader (API, metrics)
+/// reads: the view, the loop's liveness, its reconcile times, and which
+/// data path the pinned maps belong to.
+pub struct Published {
+    view: RwLock<View>,
+    loop_exited: AtomicBool,
+    last_heartbeat_ms: AtomicU64,
+    /// Bumped each time the loop (re)opens the data path, so readers that
+    /// hold the pinned maps open know when to reopen them.
+    dataplane_generation: AtomicU64,
+    reconcile_seconds: Histogram,
+    /// Wakes the reconcile loop from another thread (set by the loop).
+    waker: Mutex<Option<Sender<Wake>>>,
+}
+
+pub type SharedView = Arc<Published>;
+
+/// A heartbeat older than this means the loop is stuck.
+const HEARTBEAT_STALE: Duration = Duration::from_secs(60);
+
+impl Published {
+    pub fn new(view: View) -> Self {
+        let reconcile_seconds = Histogram::with_opts(
+            HistogramOpts::new(
+                "vmpath_reconcile_duration_seconds",
+                "Time to plan and program the data path, per reconcile round that changed it.",
+            )
+            .buckets(vec![
+                0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
+            ]),
+        )
+        .expect("a valid histogram");
+        Published {
+            view: RwLock::new(view),
+            loop_exited: AtomicBool::new(false),
+            last_heartbeat_ms: AtomicU64::new(0),
+            dataplane_generation: AtomicU64::new(0),
+            reconcile_seconds,
+            waker: Mutex::new(None),
+        }
+    }
+
+    /// Lets other threads wake the loop through `tx`.
+    pub fn set_waker(&self, tx: Sender<Wake>) {
+        *self.waker.lock().unwrap_or_else(|p| p.into_inner()) = Some(tx);
+    }
+
+    /// Wakes the reconcile loop now (no-op before it set a waker).
+    pub fn wake(&self, why: Wake) {
+        if let Some(tx) = self
+            .waker
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .as_ref()
+        {
+            let _ = tx.send(why);
+        }
+    }
+
+    /// The current view (a clone: the lock is held briefly).
+    pub fn view(&self) -> View {
+        match self.view.read() {
+            Ok(v) => v.clone(),
+            Err(poisoned) => poisoned.into_inner().clone(),
+        }
+    }
+
+    /// Replaces the view; readers see the new one from their next read.
+    pub fn publish(&self, view: View) {
+        match self.view.write() {
+            Ok(mut v) => *v = view,
+            Err(poisoned) => *poisoned.into_inner() = view,
+        }
+    }
+
+    /// Called by the reconcile loop on every round.
+    pub fn heartbeat(&self) {
+        self.last_heartbeat_ms
+            .store(clock::unix_now_ms(), Ordering::Relaxed);
+    }
+
+    /// Marks the reconcile loop as gone (it returned or panicked).
+    pub fn loop_exited(&self) {
+        self.loop_exited.store(true, Ordering::Relaxed);
+    }
+
+    /// Records one reconcile round that changed the data path.
+    pub fn observe_reconcile(&self, seconds: f64) {
+        self.reconcile_seconds.observe(seconds);
+    }
+
+    /// The reconcile rounds' durations, for metrics.
+    pub fn reconcile_seconds(&self) -> &Histogram {
+        &self.reconcile_seconds
+    }
+
+    /// The loop opened the data path (anew): pinned maps held by readers
+    /// may be stale.
+    pub fn dataplane_opened(&self) {
+        self.dataplane_generation.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// 0 until the loop first opened the data path.
+    pub fn dataplane_generation(&self) -> u64 {
+        self.dataplane_generation.load(Ordering::Relaxed)
+    }
+
+    /// Whether the reconcile loop is alive: not exited, a recent heartbeat
+    /// (if it ever beat), and its view lockable.
+    pub fn alive(&self) -> Result<(), String> {
+        if self.loop_exited.load(Ordering::Relaxed) {
+            return Err("the reconcile loop has exited".into());
+        }
+        let beat = self.last_heartbeat_ms.load(Ordering::Relaxed);
+        if beat != 0 {
+            let now = clock::unix_now() * 1000;
+            if now.saturating_sub(beat) > HEARTBEAT_STALE.as_millis() as u64 + 1000 {
+                return Err(format!(
+                    "no reconcile round for {} s",
+                    now.saturating_sub(beat) / 1000
+                ));
+            }
+        }
+        // The loop holds the write lock only to swap in a new view: if it
+        // cannot be had for seconds, the loop is stuck; if it is poisoned,
+        // it panicked.
+        let deadline = Instant::now() + Duration::from_secs(2);
+        loop {
+            match self.view.try_read() {
+                Ok(_) => return Ok(()),
+                Err(TryLockError::Poisoned(_)) => {
+                    return Err("the reconcile loop panicked".into());
+                }
+                Err(TryLockError::WouldBlock) if Instant::now() < deadline => {
+                    std::thread::sleep(Duration::from_millis(10));
+                }
+                Err(TryLockError::WouldBlock) => {
+                    return Err("the agent's state stayed locked for 2 s".into());
+                }
+            }
+        }
+    }
+}
+
+impl Default for Published {
+    fn default() -> Self {
+        Published::new(View::default())
+    }
+}
+
+/// A view with one attachment in each state, for the readers' tests.
+#[cfg(test)]
+pub(crate) mod sample {
+    use super::*;
+    use crate::resolve::resolved::Origin;
+
+    pub fn attachment(
+        vm: &str,
+        node: &str,
+        ifindex: Option<u32>,
+        migration: &str,
+    ) -> AttachmentView {
+        AttachmentView {
+            name: vm.into(),
+            namespace: "prod".into(),
+            vm: vm.into(),
+            interface: "eth0".into(),
+            network: "blue".into(),
+            node: node.into(),
+            port: format!("p-{vm}"),
+            ifindex,
+            mac: Some("52:54:00:00:00:01".into()),
+            mac_origin: Some(Origin::Given),
+            ips: vec![IpView {
+                address: "10.20.0.5/16".into(),
+                origin: Origin::Claimed,
+            }],
+            learned_refused: Vec::new(),
+            learned_contested: Vec::new(),
+            migration: migration.into(),
+            migration_target: (migration != "none").then(|| "b".into()),
+            pending_port: None,
+        }
+    }
+
+    /// On node `a`: vm1 local (ifindex 11), vm2 remote, vm3 missing its
+    /// port, vm4 migrating; one refused document.
+    pub fn view() -> View {
+        View {
+            node: "a".into(),
+            bpffs: "/nonexistent/vmpath-test-bpffs".into(),
+            config_dir: "/etc/vmpath".into(),
+            config_errors: vec![ConfigError {
+                file: "/etc/vmpath/bad.yaml".into(),
+                document: "Attachment prod/vm9".into(),
+                field: "spec.mac".into(),
+                message: "\"zz\" is not a MAC address (six hex bytes)".into(),
+                about: None,
+            }],
+            config_warnings: vec![],
+            networks: vec![NetworkView {
+                name: "blue".into(),
+                id: 100,
+                role: "Secondary".into(),
+                subnets: vec!["10.20.0.0/16".into()],
+                exclude_subnets: vec![],
+                gateway_ips: vec!["10.20.0.1".into()],
+                gateway_mac: "02:00:00:00:00:01".into(),
+                ipam: true,
+                mac_filter: true,
+                ip_filter: true,
+                egress: "None".into(),
+                mtu: 1500,
+                attachments: 4,
+                dns_servers: vec![],
+                search_domains: vec![],
+            }],
+            attachments: vec![
+                attachment("vm1", "a", Some(11), "none"),
+                attachment("vm2", "b", None, "none"),
+                attachment("vm3", "a", None, "none"),
+                attachment("vm4", "a", Some(14), "pending"),
+            ],
+            missing_ports: vec!["prod/vm3/eth0 (port p-vm3)".into()],
+            problems: vec![],
+            policies: vec![],
+            reconciles: 3,
+            last_reconcile_seconds: 0.002,
+            last_reconcile_unix: 1,
+            ready: true,
+        }
+    }
+
+    #[test]
+    fn each_attachment_has_one_state() {
+        let v = view();
+        let states: Vec<&str> = v.attachments.iter().map(|a| v.state_of(a)).collect();
+        assert_eq!(
+            states,
+            [
+                state::LOCAL,
+                state::REMOTE,
+                state::MISSING_PORT,
+                state::MIGRATING
+            ]
+        );
+        let local: Vec<u32> = v.local_ports().map(|(_, i)| i).collect();
+        assert_eq!(local, [11]);
+    }
+
+    #[test]
+    fn liveness_fails_once_the_loop_exits() {
+        let p = Published::default();
+        assert_eq!(p.alive(), Ok(()));
+        p.heartbeat();
+        assert_eq!(p.alive(), Ok(()));
+        p.loop_exited();
+        assert_eq!(p.alive(), Err("the reconcile loop has exited".into()));
+    }
+}

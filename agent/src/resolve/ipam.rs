@@ -1,0 +1,524 @@
+//! IPAM with persistent claims, and MAC resolution.
+//!
+//! Every node computes the claims of every attachment in the config, not
+//! only its own, in the same deterministic way (existing claims first, then
+//! new ones by a probe that starts at a hash of the VM interface), so all
+//! nodes agree on a VM's address and a migrated VM finds its claim already
+//! there.
+
+use std::{
+    collections::{BTreeMap, HashMap, HashSet},
+    net::{IpAddr, Ipv4Addr, Ipv6Addr},
+};
+
+use ipnet::IpNet;
+
+use crate::{
+    config::{AttachmentKey, Network, format_mac, model::MacPolicy, parse_mac},
+    resolve::resolved::{Origin, Resolved},
+    resolve::store::Claim,
+    sys::hash::fnv1a,
+};
+
+/// The addresses IPAM may hand out from one subnet.
+#[derive(Debug, Clone)]
+pub struct Pool {
+    subnet: IpNet,
+    excluded: Vec<IpNet>,
+    reserved: HashSet<IpAddr>,
+}
+
+fn to_u128(ip: IpAddr) -> u128 {
+    match ip {
+        IpAddr::V4(v4) => u128::from(u32::from(v4)),
+        IpAddr::V6(v6) => u128::from(v6),
+    }
+}
+
+fn from_u128(v: u128, v6: bool) -> IpAddr {
+    if v6 {
+        IpAddr::V6(Ipv6Addr::from(v))
+    } else {
+        IpAddr::V4(Ipv4Addr::from(v as u32))
+    }
+}
+
+impl Pool {
+    /// `excluded` subnets and `reserved` addresses (the gateways) are never
+    /// handed out.
+    pub fn new(subnet: IpNet, excluded: &[IpNet], reserved: &[IpAddr]) -> Self {
+        Pool {
+            subnet,
+            excluded: excluded
+                .iter()
+                .copied()
+                .filter(|e| subnet.contains(e) || e.contains(&subnet))
+                .collect(),
+            reserved: reserved
+                .iter()
+                .copied()
+                .filter(|r| subnet.contains(r))
+                .collect(),
+        }
+    }
+
+    pub fn subnet(&self) -> IpNet {
+        self.subnet
+    }
+
+    /// First and last address a host may have: IPv4 skips the network and
+    /// broadcast addresses (except /31 and /32), IPv6 the subnet-router
+    /// anycast address.
+    fn range(&self) -> (u128, u128) {
+        let first = to_u128(self.subnet.network());
+        let last = to_u128(self.subnet.broadcast());
+        match self.subnet {
+            IpNet::V4(n) if n.prefix_len() >= 31 => (first, last),
+            IpNet::V4(_) => (first + 1, last - 1),
+            IpNet::V6(n) if n.prefix_len() == 128 => (first, last),
+            IpNet::V6(_) => (first + 1, last),
+        }
+    }
+
+    fn excluded_range(&self, v: u128, v6: bool) -> Option<u128> {
+        let ip = from_u128(v, v6);
+        self.excluded
+            .iter()
+            .find(|e| e.contains(&ip))
+            .map(|e| to_u128(e.broadcast()))
+    }
+
+    /// May IPAM hand `ip` out at all (ignoring who holds what)?
+    pub fn allocatable(&self, ip: IpAddr) -> bool {
+        let (first, last) = self.range();
+        let v = to_u128(ip);
+        self.subnet.contains(&ip)
+            && (first..=last).contains(&v)
+            && !self.reserved.contains(&ip)
+            && !self.excluded.iter().any(|e| e.contains(&ip))
+    }
+
+    /// How many addresses the pool can hand out in all.
+    pub fn capacity(&self) -> u128 {
+        let (first, last) = self.range();
+        let v6 = self.subnet.addr().is_ipv6();
+        let mut excluded = 0u128;
+        // Excluded subnets may overlap each other: count each address once.
+        let mut spans: Vec<(u128, u128)> = self
+            .excluded
+            .iter()
+            .map(|e| {
+                (
+                    to_u128(e.network()).max(first),
+                    to_u128(e.broadcast()).min(last),
+                )
+            })
+            .filter(|(a, b)| a <= b)
+            .collect();
+        spans.sort();
+        let mut end: Option<u128> = None;
+        for (a, b) in spans {
+            let a = match end {
+                Some(e) if a <= e => e + 1,
+                _ => a,
+            };
+            if a <= b {
+                excluded += b - a + 1;
+            }
+            end = Some(end.map_or(b, |e| e.max(b)));
+        }
+        let reserved = self
+            .reserved
+            .iter()
+            .filter(|r| {
+                let v = to_u128(**r);
+                (first..=last).contains(&v) && self.excluded_range(v, v6).is_none()
+            })
+            .count() as u128;
+        (last - first + 1) - excluded - reserved
+    }
+
+    /// A free address, probing from a position derived from `seed` so that
+    /// the same VM interface lands on the same address on every node.
+    pub fn allocate(&self, seed: u64, taken: &HashSet<IpAddr>) -> Option<IpAddr> {
+        let (first, last) = self.range();
+        let v6 = self.subnet.addr().is_ipv6();
+        let size = last - first + 1;
+        let mut candidate = first + u128::from(seed) % size;
+        // Every step passes over at least one address: at most `size` steps.
+        let mut passed: u128 = 0;
+        while passed < size {
+            if let Some(end) = self.excluded_range(candidate, v6) {
+                let end = end.min(last);
+                passed += end - candidate + 1;
+                candidate = if end >= last { first } else { end + 1 };
+                continue;
+            }
+            let ip = from_u128(candidate, v6);
+            if !self.reserved.contains(&ip) && !taken.contains(&ip) {
+                return Some(ip);
+            }
+            passed += 1;
+            candidate = if candidate >= last {
+                first
+            } else {
+                candidate + 1
+            };
+        }
+        None
+    }
+}
+
+fn pools(net: &Network) -> Vec<Pool> {
+    net.subnets
+        .iter()
+        .map(|s| Pool::new(*s, &net.exclude_subnets, &net.gateway_ips))
+        .collect()
+}
+
+/// A MAC for `macPolicy: Generate`: locally administered, unicast, stable.
+pub fn generated_mac(key: &AttachmentKey, attempt: u32) -> [u8; 6] {
+    let h = fnv1a(&[b"mac", key.to_string().as_bytes(), &attempt.to_be_bytes()]).to_be_bytes();
+    [0x02, h[0], h[1], h[2], h[3], h[4]]
+}
+
+/// Claims to write (`Some`) or release (`None`), by claim key.
+pub type ClaimChanges = BTreeMap<String, Option<Claim>>;
+
+/// Resolves every attachment's addresses and MAC against the claims,
+/// allocating and generating what is missing, refusing what conflicts, and
+/// releasing claims whose Attachment document is gone. The validated
+/// config inside `cfg` is only read.
+pub fn assign(cfg: &mut Resolved, claims: &BTreeMap<String, Claim>) -> ClaimChanges {
+    let mut changes = ClaimChanges::new();
+    let mut live: BTreeMap<String, Claim> = BTreeMap::new();
+    let in_documents: HashSet<String> = cfg
+        .config
+        .keys_in_documents
+        .iter()
+        .map(|k| k.to_string())
+        .collect();
+    for (key, claim) in claims {
+        if in_documents.contains(key) {
+            live.insert(key.clone(), claim.clone());
+        } else {
+            changes.insert(key.clone(), None);
+        }
+    }
+
+    // Addresses held per network: claims first, then static requests.
+    let mut held: HashMap<(String, IpAddr), String> = HashMap::new();
+    for (key, claim) in &live {
+        for ip in &claim.ips {
+            held.insert((claim.network.clone(), ip.addr()), key.clone());
+        }
+    }
+
+    // Static requests on IPAM networks must not take another VM's claim.
+    let mut refusals = Vec::new();
+    for a in &cfg.attachments {
+        let Some(net) = cfg.network(&a.network) else {
+            continue;
+        };
+        if !net.ipam || a.ips.is_empty() {
+            continue;
+        }
+        let me = a.key.to_string();
+        if let Some((ip, holder)) = a.ips.iter().find_map(|ip| {
+            held.get(&(a.network.clone(), ip.addr()))
+                .filter(|h| **h != me)
+                .map(|h| (ip.addr(), h.clone()))
+        }) {
+            refusals.push((
+                a.key.clone(),
+                format!(
+                    "IP {ip} is claimed by VM interface {holder} on network {:?}",
+                    a.network
+                ),
+            ));
+        }
+    }
+    for (key, msg) in refusals {
+        cfg.refuse(&key, "spec.ips", msg);
+    }
+    for a in &cfg.attachments {
+        if cfg.network(&a.network).is_some_and(|n| n.ipam) {
+            for ip in &a.ips {
+                held.insert((a.network.clone(), ip.addr()), a.key.to_string());
+            }
+        }
+    }
+
+    // MACs in use per network, to keep generated and detected ones unique.
+    let mut macs: HashSet<(String, [u8; 6])> = HashSet::new();
+    for a in &cfg.attachments {
+        if let Some(m) = a.mac {
+            macs.insert((a.network.clone(), m));
+        }
+    }
+
+    let net_by_name: HashMap<&str, &Network> = cfg
+        .config
+        .networks
+        .iter()
+        .map(|n| (n.name.as_str(), n))
+        .collect();
+    // Addresses taken per network, kept as allocation proceeds (rebuilding
+    // it per attachment would be quadratic).
+    let mut taken: HashMap<String, HashSet<IpAddr>> = HashMap::new();
+    for (net, ip) in held.keys() {
+        taken.entry(net.clone()).or_default().insert(*ip);
+    }
+    for a in cfg.attachments.iter_mut() {
+        let Some(net) = net_by_name.get(a.network.as_str()) else {
+            continue;
+        };
+        let key = a.key.to_string();
+        let previous = live.get(&key).filter(|c| c.network == a.network);
+        let mut claim = Claim {
+            network: a.network.clone(),
+            ips: Vec::new(),
+            mac: previous.and_then(|c| c.mac.clone()),
+            mac_origin: previous.and_then(|c| c.mac_origin),
+        };
+
+        if net.ipam {
+            if !a.ips.is_empty() {
+                claim.ips = a.ips.clone();
+            } else {
+                let pools = pools(net);
+                // Keep what the VM holds while it is still inside a subnet.
+                let mut ips: Vec<IpNet> = previous
+                    .map(|c| {
+                        c.ips
+                            .iter()
+                            .copied()
+                            .filter(|ip| pools.iter().any(|p| p.subnet().contains(&ip.addr())))
+                            .collect()
+                    })
+                    .unwrap_or_default();
+                for v6 in [false, true] {
+                    if ips.iter().any(|ip| ip.addr().is_ipv6() == v6) {
+                        continue;
+                    }
+                    let Some(pool) = pools.iter().find(|p| p.subnet().addr().is_ipv6() == v6)
+                    else {
+                        continue;
+                    };
+
+                    let seed = fnv1a(&[key.as_bytes(), &[u8::from(v6)]]);
+                    let net_taken = taken.entry(a.network.clone()).or_default();
+                    match pool.allocate(seed, net_taken) {
+                        Some(ip) => {
+                            let net_ip = IpNet::new(ip, pool.subnet().prefix_len())
+                                .expect("prefix of a valid subnet");
+                            held.insert((a.network.clone(), ip), key.clone());
+                            net_taken.insert(ip);
+                            ips.push(net_ip);
+                        }
+                        None => {
+                            tracing::error!(vm = %a.key, network = %a.network, subnet = %pool.subnet(), "IPAM pool exhausted")
+                        }
+                    }
+                }
+                claim.ips = ips;
+                a.addresses = claim.ips.iter().map(|ip| (*ip, Origin::Claimed)).collect();
+            }
+        }
+
+        if a.mac.is_none() {
+            let from_claim = claim
+                .mac
+                .as_deref()
+                .and_then(|m| parse_mac(m).ok())
+                .zip(claim.mac_origin);
+            a.mac_resolved = match from_claim {
+                Some((mac, origin)) if !macs.contains(&(a.network.clone(), mac)) => {
+                    Some((mac, origin))
+                }
+                _ if a.mac_policy == MacPolicy::Generate => {
+                    let mac = (0..)
+                        .map(|i| generated_mac(&a.key, i))
+                        .find(|m| !macs.contains(&(a.network.clone(), *m)))
+                        .unwrap();
+                    claim.mac = Some(format_mac(&mac));
+                    claim.mac_origin = Some(Origin::Generated);
+                    Some((mac, Origin::Generated))
+                }
+                _ => None,
+            };
+            if let Some((mac, _)) = a.mac_resolved {
+                macs.insert((a.network.clone(), mac));
+            }
+        } else {
+            // A given MAC overrides anything detected before.
+            claim.mac = None;
+            claim.mac_origin = None;
+        }
+
+        let wanted = if claim.ips.is_empty() && claim.mac.is_none() {
+            None
+        } else {
+            Some(claim)
+        };
+        match (wanted, live.get(&key)) {
+            (Some(c), Some(old)) if &c == old => {}
+            (Some(c), _) => {
+                changes.insert(key, Some(c));
+            }
+            (None, Some(_)) => {
+                changes.insert(key, None);
+            }
+            (None, None) => {}
+        }
+    }
+    changes
+}
+
+/// Records a MAC seen in the VM's traffic into its claim. Returns the
+/// change, or an error message when the MAC is another VM's.
+pub fn detected_mac(
+    cfg: &Resolved,
+    claims: &BTreeMap<String, Claim>,
+    key: &AttachmentKey,
+    mac: [u8; 6],
+) -> Result<ClaimChanges, String> {
+    let Some(a) = cfg.attachments.iter().find(|a| &a.key == key) else {
+        return Ok(ClaimChanges::new());
+    };
+    if a.mac.is_some() || a.mac_resolved.is_some() {
+        return Ok(ClaimChanges::new());
+    }
+    if let Some(other) = cfg
+        .attachments
+        .iter()
+        .find(|o| o.network == a.network && o.mac_resolved.map(|(m, _)| m) == Some(mac))
+    {
+        return Err(format!(
+            "VM interface {key} uses MAC {}, which belongs to {} on network {:?}: not adopted",
+            format_mac(&mac),
+            other.key,
+            a.network
+        ));
+    }
+    let mut claim = claims.get(&key.to_string()).cloned().unwrap_or(Claim {
+        network: a.network.clone(),
+        ips: Vec::new(),
+        mac: None,
+        mac_origin: None,
+    });
+    claim.mac = Some(format_mac(&mac));
+    claim.mac_origin = Some(Origin::Detected);
+    Ok(ClaimChanges::from([(key.to_string(), Some(claim))]))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn net(s: &str) -> IpNet {
+        s.parse().unwrap()
+    }
+
+    #[test]
+    fn a_24_with_a_26_excluded_yields_exactly_the_rest() {
+        let gw: IpAddr = "10.0.0.1".parse().unwrap();
+        // .0/26 excluded: .1-.63 go (the network address was never usable),
+        // and the gateway sits inside the excluded range.
+        let pool = Pool::new(net("10.0.0.0/24"), &[net("10.0.0.0/26")], &[gw]);
+        assert_eq!(pool.capacity(), 254 - 63);
+        let mut taken = HashSet::new();
+        let mut seed = 7u64;
+        while let Some(ip) = pool.allocate(seed, &taken) {
+            assert!(!net("10.0.0.0/26").contains(&ip), "{ip} is excluded");
+            assert!(taken.insert(ip), "{ip} handed out twice");
+            seed = seed
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+        }
+        assert_eq!(taken.len(), 254 - 63);
+        assert!(!taken.contains(&"10.0.0.255".parse::<IpAddr>().unwrap()));
+        assert!(!taken.contains(&"10.0.0.0".parse::<IpAddr>().unwrap()));
+    }
+
+    #[test]
+    fn same_seed_same_address() {
+        let pool = Pool::new(
+            net("fd00::/64"),
+            &[net("fd00::/80")],
+            &["fd00::1".parse().unwrap()],
+        );
+        let a = pool.allocate(42, &HashSet::new()).unwrap();
+        assert_eq!(a, pool.allocate(42, &HashSet::new()).unwrap());
+        assert!(!net("fd00::/80").contains(&a));
+    }
+
+    #[test]
+    fn excluded_at_the_end_wraps() {
+        let pool = Pool::new(net("10.1.0.0/29"), &[net("10.1.0.4/30")], &[]);
+        // usable .1-.6, .4-.6 excluded -> .1 .2 .3
+        assert_eq!(pool.capacity(), 3);
+        let mut taken = HashSet::new();
+        for seed in 0..20 {
+            if let Some(ip) = pool.allocate(seed, &taken) {
+                taken.insert(ip);
+            }
+        }
+        let mut got: Vec<String> = taken.iter().map(|i| i.to_string()).collect();
+        got.sort();
+        assert_eq!(got, ["10.1.0.1", "10.1.0.2", "10.1.0.3"]);
+    }
+
+    /// A small deterministic generator, so the property test needs no crate.
+    struct Rng(u64);
+    impl Rng {
+        fn next(&mut self) -> u64 {
+            self.0 ^= self.0 << 13;
+            self.0 ^= self.0 >> 7;
+            self.0 ^= self.0 << 17;
+            self.0
+        }
+    }
+
+    #[test]
+    fn property_never_hands_out_excluded_gateway_or_duplicate() {
+        let mut rng = Rng(0x9e3779b97f4a7c15);
+        for _ in 0..300 {
+            let prefix = 22 + (rng.next() % 9) as u8; // /22../30
+            let subnet = IpNet::new(IpAddr::V4(Ipv4Addr::new(10, 9, 0, 0)), prefix)
+                .unwrap()
+                .trunc();
+            let size = 1u32 << (32 - prefix);
+            let mut excluded = Vec::new();
+            for _ in 0..(rng.next() % 4) {
+                let ex_prefix = prefix + 1 + (rng.next() % u64::from(32 - prefix)) as u8;
+                let ex_prefix = ex_prefix.min(32);
+                let off = (rng.next() as u32) % size;
+                let base = u32::from(Ipv4Addr::new(10, 9, 0, 0)) + off;
+                excluded.push(
+                    IpNet::new(IpAddr::V4(Ipv4Addr::from(base)), ex_prefix)
+                        .unwrap()
+                        .trunc(),
+                );
+            }
+            let gw = IpAddr::V4(Ipv4Addr::from(u32::from(Ipv4Addr::new(10, 9, 0, 0)) + 1));
+            let pool = Pool::new(subnet, &excluded, &[gw]);
+            let mut taken = HashSet::new();
+            while let Some(ip) = pool.allocate(rng.next(), &taken) {
+                assert!(
+                    pool.allocatable(ip),
+                    "{ip} not allocatable in {subnet} ex {excluded:?}"
+                );
+                assert!(!excluded.iter().any(|e| e.contains(&ip)), "{ip} excluded");
+                assert_ne!(ip, gw);
+                assert!(taken.insert(ip), "{ip} twice");
+                assert!(taken.len() as u128 <= pool.capacity());
+            }
+            assert_eq!(
+                taken.len() as u128,
+                pool.capacity(),
+                "{subnet} ex {excluded:?}: pool ran dry early"
+            );
+        }
+    }
+}

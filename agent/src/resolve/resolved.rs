@@ -1,0 +1,234 @@
+//! The enrichment stage between validation and planning. The validated
+//! [`Config`] is what the documents say and is never rewritten; a
+//! [`Resolved`] config is what this round runs: each attachment with the
+//! addresses and MAC it uses (given, claimed, generated or detected) and
+//! whether its migration is cut over (signalled in the config, or already
+//! carried out by the data path). `ipam::assign` builds the addresses and
+//! MACs (refusing what conflicts with a claim), the reconcile loop adds
+//! detected MACs, `migration` adds cut-overs; `plan` consumes the result.
+
+use std::ops::Deref;
+
+use ipnet::IpNet;
+
+use crate::config::{self, AttachmentKey, Config, ConfigError, Network};
+
+// Where an address or MAC came from: the claims store records it with
+// each claim, so it is defined there.
+pub use crate::resolve::store::Origin;
+
+/// One attachment as this round runs it. Derefs to its validated document.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Attachment {
+    pub spec: config::Attachment,
+    /// The addresses the VM uses, with where each came from.
+    pub addresses: Vec<(IpNet, Origin)>,
+    /// The MAC in force: given, or from the claim (detected or generated).
+    pub mac_resolved: Option<([u8; 6], Origin)>,
+    /// The migration is cut over: the VM runs on its target node now.
+    pub cut_over: bool,
+}
+
+impl Attachment {
+    /// Only what the document gives: its IPs and MAC, its ready signal.
+    pub fn given(spec: config::Attachment) -> Self {
+        Attachment {
+            addresses: spec.ips.iter().map(|ip| (*ip, Origin::Given)).collect(),
+            mac_resolved: spec.mac.map(|m| (m, Origin::Given)),
+            cut_over: spec.migration.as_ref().is_some_and(|m| m.ready),
+            spec,
+        }
+    }
+
+    /// The node the VM runs on now: the target once cut over.
+    pub fn active_node(&self) -> &str {
+        match &self.spec.migration {
+            Some(m) if self.cut_over => &m.target_node,
+            _ => &self.spec.node,
+        }
+    }
+
+    /// The host-side port on the active node.
+    pub fn active_port(&self) -> &str {
+        match &self.spec.migration {
+            Some(m) if self.cut_over => m.target_port.as_deref().unwrap_or(&self.spec.port),
+            _ => &self.spec.port,
+        }
+    }
+
+    /// A migration is named and not cut over yet.
+    pub fn migration_pending(&self) -> bool {
+        self.spec.migration.is_some() && !self.cut_over
+    }
+}
+
+impl Deref for Attachment {
+    type Target = config::Attachment;
+    fn deref(&self) -> &config::Attachment {
+        &self.spec
+    }
+}
+
+/// The config as this round runs it: the validated config, untouched, and
+/// its attachments resolved; an attachment refused here (its static IP is
+/// another VM's claim) is left out and its refusal added to `errors`.
+#[derive(Debug, Clone, Default)]
+pub struct Resolved {
+    pub config: Config,
+    pub attachments: Vec<Attachment>,
+    /// The validation's refusals, then this stage's.
+    pub errors: Vec<ConfigError>,
+    /// Addresses the data path learned from the VMs' traffic on this node
+    /// (`vmp_learned_ips`): routed to on networks with routed ingress.
+    pub learned_ips: std::collections::BTreeMap<vmpath_common::AddrKey, vmpath_common::LearnedIp>,
+}
+
+impl Resolved {
+    /// Every attachment with only what its document gives (no IPAM).
+    pub fn new(config: Config) -> Self {
+        Resolved {
+            attachments: config
+                .attachments
+                .iter()
+                .cloned()
+                .map(Attachment::given)
+                .collect(),
+            errors: config.errors.clone(),
+            config,
+            learned_ips: Default::default(),
+        }
+    }
+
+    /// The network called `name`.
+    pub fn network(&self, name: &str) -> Option<&Network> {
+        self.config.network(name)
+    }
+
+    pub fn attachment(&self, key: &AttachmentKey) -> Option<&Attachment> {
+        self.attachments.iter().find(|a| &a.key == key)
+    }
+
+    pub fn attachment_mut(&mut self, key: &AttachmentKey) -> Option<&mut Attachment> {
+        self.attachments.iter_mut().find(|a| &a.key == key)
+    }
+
+    /// Refuses an attachment that passed validation but conflicts here
+    /// (with a claim), naming its document.
+    pub fn refuse(&mut self, key: &AttachmentKey, field: &str, message: String) {
+        if let Some(i) = self.attachments.iter().position(|a| &a.key == key) {
+            let a = self.attachments.remove(i);
+            self.errors.push(ConfigError {
+                file: a.spec.source.file,
+                document: a.spec.source.document,
+                field: field.to_string(),
+                message,
+                about: a.spec.source.origin.about(),
+            });
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use super::*;
+    use crate::{config, resolve::ipam, resolve::store::Claim};
+
+    const DOCS: &str = "apiVersion: vmpath.dev/v1alpha1
+kind: Network
+metadata: {name: blue}
+spec: {id: 100, subnets: [10.20.0.0/16]}
+---
+apiVersion: vmpath.dev/v1alpha1
+kind: Attachment
+metadata: {name: vm1, namespace: prod}
+spec: {vm: vm1, interface: eth0, network: blue, node: a, port: p1, macPolicy: Generate}
+---
+apiVersion: vmpath.dev/v1alpha1
+kind: Attachment
+metadata: {name: vm2, namespace: prod}
+spec: {vm: vm2, interface: eth0, network: blue, node: a, port: p2, mac: '52:54:00:00:00:02', ips: [10.20.0.9/16]}
+---
+apiVersion: vmpath.dev/v1alpha1
+kind: Attachment
+metadata: {name: vm3, namespace: prod}
+spec: {vm: vm3, interface: eth0, network: blue, node: a, port: p3, mac: '52:54:00:00:00:03', migration: {targetNode: b}}
+";
+
+    fn validated() -> Config {
+        let dir = std::env::temp_dir().join(format!("vmpath-resolved-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("c.yaml"), DOCS).unwrap();
+        let snap = config::source::read_dir(&dir);
+        let _ = std::fs::remove_dir_all(&dir);
+        let cfg = crate::round::validate(&snap, "a", &Default::default());
+        assert!(cfg.errors.is_empty(), "{:?}", cfg.errors);
+        cfg
+    }
+
+    fn key(vm: &str) -> AttachmentKey {
+        AttachmentKey {
+            namespace: "prod".into(),
+            vm: vm.into(),
+            interface: "eth0".into(),
+        }
+    }
+
+    /// IPAM, a refusal and a cut-over land in the resolved stage; the
+    /// validated config it was built from stays as the documents say.
+    #[test]
+    fn enrichment_leaves_the_validated_config_as_it_was() {
+        let cfg = validated();
+        let before = serde_json::to_value(&cfg).unwrap();
+        // vm3 holds the address vm2 asks for statically.
+        let claims = BTreeMap::from([(
+            key("vm3").to_string(),
+            Claim {
+                network: "blue".into(),
+                ips: vec!["10.20.0.9/16".parse().unwrap()],
+                mac: None,
+                mac_origin: None,
+            },
+        )]);
+        let mut resolved = Resolved::new(cfg);
+        ipam::assign(&mut resolved, &claims);
+        resolved.attachment_mut(&key("vm3")).unwrap().cut_over = true;
+
+        let vm1 = resolved.attachment(&key("vm1")).unwrap();
+        assert_eq!(vm1.addresses.len(), 1);
+        assert_eq!(vm1.addresses[0].1, Origin::Claimed);
+        assert_eq!(vm1.mac_resolved.map(|(_, o)| o), Some(Origin::Generated));
+        assert!(resolved.attachment(&key("vm2")).is_none(), "vm2 refused");
+        assert_eq!(resolved.errors.len(), 1);
+        assert_eq!(resolved.errors[0].field, "spec.ips");
+        let vm3 = resolved.attachment(&key("vm3")).unwrap();
+        assert_eq!(
+            vm3.addresses,
+            [("10.20.0.9/16".parse().unwrap(), Origin::Claimed)]
+        );
+        assert_eq!(vm3.active_node(), "b");
+        assert_eq!(vm3.signalled_node(), "a");
+
+        assert_eq!(serde_json::to_value(&resolved.config).unwrap(), before);
+        assert!(resolved.config.errors.is_empty());
+        assert_eq!(resolved.config.attachments.len(), 3);
+    }
+
+    #[test]
+    fn without_ipam_only_what_the_document_gives() {
+        let resolved = Resolved::new(validated());
+        let vm2 = resolved.attachment(&key("vm2")).unwrap();
+        assert_eq!(
+            vm2.addresses,
+            [("10.20.0.9/16".parse().unwrap(), Origin::Given)]
+        );
+        assert_eq!(
+            vm2.mac_resolved,
+            Some(([0x52, 0x54, 0, 0, 0, 2], Origin::Given))
+        );
+        assert!(!vm2.cut_over);
+        let vm1 = resolved.attachment(&key("vm1")).unwrap();
+        assert!(vm1.addresses.is_empty() && vm1.mac_resolved.is_none());
+    }
+}

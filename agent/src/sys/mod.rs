@@ -1,0 +1,29 @@
+//! The operating system's plumbing, under every stage and service: it
+//! knows no stage of the round and no node service, so any module may use
+//! it (the layering test in `xtask/src/modgraph.rs` holds it to that).
+//!
+//! | module | what |
+//! |---|---|
+//! | [`clock`] | the kernel's monotonic clock, wall-clock seconds |
+//! | [`events`] | what wakes the reconcile loop (inotify, link notifications) |
+//! | [`hash`] | FNV-1a, the stable hash |
+//! | [`limits`] | the bounds every config file and object is read under |
+//! | [`netif`] | interface lookups: names, indexes, MTUs, addresses |
+//! | [`netlink`] | the agent's one netlink stack |
+//! | [`phases`] | where a pass spends its time (debug log) |
+//! | [`ring_wait`] | the wait loop of the ring-buffer readers |
+//! | [`state_dir`] | the state dir's modes (root's alone) |
+//! | [`version`] | this build's version and revision |
+//! | [`xdp_features`] | a device's XDP features (netdev generic netlink) |
+
+pub mod clock;
+pub mod events;
+pub mod hash;
+pub mod limits;
+pub mod netif;
+pub mod netlink;
+pub mod phases;
+pub mod ring_wait;
+pub mod state_dir;
+pub mod version;
+pub mod xdp_features;
