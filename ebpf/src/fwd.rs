@@ -9,9 +9,9 @@
 //! cannot sniff traffic for an absent MAC just by sharing its network.
 
 use aya_ebpf::{
-    bindings::{__sk_buff, TC_ACT_REDIRECT},
+    bindings::__sk_buff,
     cty::c_void,
-    helpers::generated::{bpf_clone_redirect, bpf_loop, bpf_redirect, bpf_redirect_peer},
+    helpers::generated::{bpf_clone_redirect, bpf_loop, bpf_redirect_peer},
     programs::TcContext,
 };
 use vmpath_common::{
@@ -26,10 +26,8 @@ use crate::{
     parse::is_multicast,
     policy::Parsed,
     spoof,
+    verdict::{PROGS, Verdict, redirected},
 };
-
-/// Verdict of a frame that leaves the data path (a redirect) or a drop reason.
-pub type Verdict = Result<i32, u32>;
 
 #[inline(always)]
 pub fn switch(ctx: &TcContext, ifindex: u32, network: u32, dst: [u8; 6]) -> Verdict {
@@ -68,31 +66,6 @@ pub fn switch_parsed(
         }
     }
     flood(ctx, ifindex, network, !is_multicast(&dst))
-}
-
-/// Hands a frame for the local port `ifindex` to the program in tail-call
-/// `slot`, which checks or rewrites it and then delivers it; `cb` carries
-/// (`magic`, port id, ifindex) to it.
-#[inline(always)]
-pub fn deliver_through(
-    ctx: &TcContext,
-    magic: u32,
-    port_id: u32,
-    ifindex: u32,
-    slot: u32,
-) -> Verdict {
-    // SAFETY: the skb pointer is the program's own context, valid for this
-    // run; cb is scratch space for the programs that see the frame.
-    unsafe {
-        let cb = &mut (*ctx.skb.skb).cb;
-        cb[skb_cb::MARKER] = magic;
-        cb[skb_cb::PORT] = port_id;
-        cb[skb_cb::IFINDEX] = ifindex;
-    }
-    // SAFETY: `ctx` is this program's own context; on success the tail
-    // call does not return, otherwise the error below.
-    unsafe { crate::route::PROGS.tail_call(ctx, slot) };
-    Err(drop_reason::HELPER_FAILED)
 }
 
 /// Straight into the VM's namespace: the peer of its host-side veth
@@ -150,31 +123,6 @@ fn deliver_flooded(ctx: &TcContext, port_ifindex: u32, port_id: u32) -> Verdict 
     redirected(unsafe { bpf_redirect_peer(port_ifindex, 0) })
 }
 
-/// Back out of the port it came in by (a gateway reply to the VM).
-#[inline(always)]
-pub fn reply_out(port_ifindex: u32) -> Verdict {
-    redirect(port_ifindex)
-}
-
-/// Out of `ifindex` (its egress).
-#[inline(always)]
-pub fn redirect(ifindex: u32) -> Verdict {
-    // SAFETY: a helper call with integer arguments; it touches no memory
-    // of ours.
-    redirected(unsafe { bpf_redirect(ifindex, 0) })
-}
-
-/// The verdict of a redirect helper's return value: every redirect of the
-/// data path is checked here.
-#[inline(always)]
-pub fn redirected(rc: i64) -> Verdict {
-    if rc == i64::from(TC_ACT_REDIRECT) {
-        Ok(TC_ACT_REDIRECT)
-    } else {
-        Err(drop_reason::HELPER_FAILED)
-    }
-}
-
 /// From a VM port: to the network's other local ports and, when other
 /// nodes host the network, once to each of them (`vm_flood`).
 #[inline(always)]
@@ -218,7 +166,7 @@ fn to_vm_flood(ctx: &TcContext, network: u32, skip: u32, flags: u32) -> Verdict 
     }
     // SAFETY: `ctx` is this program's own context; on success the tail
     // call does not return, otherwise the error below.
-    unsafe { crate::route::PROGS.tail_call(ctx, tail_call::VM_FLOOD) };
+    unsafe { PROGS.tail_call(ctx, tail_call::VM_FLOOD) };
     Err(drop_reason::HELPER_FAILED)
 }
 

@@ -16,11 +16,11 @@ use network_types::ip::{Ipv4Hdr, Ipv6Hdr};
 use vmpath_common::{addr_family, drop_reason, kernel_af};
 
 use crate::{
-    fwd::Verdict,
     parse::{
         ETH_LEN, ETH_P_IP, ETH_P_IPV6, IPPROTO_ICMP, IPPROTO_ICMPV6, IPPROTO_TCP, hdr, words16,
         zeroed,
     },
+    verdict::Verdict,
 };
 
 /// `skb->pkt_type` for a frame addressed to this host.

@@ -113,3 +113,12 @@ pub static SLOW_LIMITS: Array<SlowLimits, { maps::SLOW_LIMITS.max_entries as usi
 #[btf_map(name = "vmp_slow_meter")]
 pub static SLOW_METER: PerCpuArray<SlowMeter, { maps::SLOW_METER.max_entries as usize }> =
     PerCpuArray::new();
+
+/// Host-side ifindex of a port XDP_REDIRECT can deliver to -> its port id.
+#[btf_map(name = "vmp_xdp_ports")]
+pub static XDP_PORTS: HashMap<u32, u32, { maps::XDP_PORTS.max_entries as usize }> = HashMap::new();
+
+/// What `uplink_xdp` did, per CPU (`xdp_stat` slots).
+#[btf_map(name = "vmp_uplink_xdp")]
+pub static UPLINK_XDP_STATS: PerCpuArray<u64, { maps::UPLINK_XDP_STATS.max_entries as usize }> =
+    PerCpuArray::new();

@@ -35,11 +35,11 @@ use vmpath_common::drop_reason;
 
 use crate::{
     counters, csum,
-    fwd::{Verdict, reply_out},
     parse::{
         ETH_LEN, ETH_P_IP, ETH_P_IPV6, IPPROTO_ICMP, IPPROTO_ICMPV6, IPPROTO_TCP, IPPROTO_UDP, hdr,
         hdr_mut,
     },
+    verdict::{Verdict, reply_out},
 };
 
 const ICMP_DEST_UNREACH: u8 = 3;

@@ -23,28 +23,25 @@
 use core::mem::MaybeUninit;
 
 use aya_ebpf::{
-    bindings::{__sk_buff, BPF_F_TUNINFO_IPV6, BPF_F_ZERO_CSUM_TX, TC_ACT_SHOT, bpf_tunnel_key},
+    bindings::{__sk_buff, BPF_F_TUNINFO_IPV6, BPF_F_ZERO_CSUM_TX, bpf_tunnel_key},
     btf_maps::{Array, HashMap, LruHashMap, PerCpuArray},
     cty::c_void,
     helpers::generated::{
         bpf_clone_redirect, bpf_loop, bpf_skb_get_tunnel_key, bpf_skb_set_tunnel_key,
     },
-    macros::{btf_map, classifier},
+    macros::btf_map,
     programs::TcContext,
 };
-use network_types::eth::EthHdr;
 use vmpath_common::{
-    ENDPOINT_REMOTE, EndpointKey, MAX_FLOOD_NODES, NO_PORT_ID, OverlayConfig, PortInfo, PortStats,
+    ENDPOINT_REMOTE, EndpointKey, MAX_FLOOD_NODES, OverlayConfig, PortStats,
     REMOTE_LEARNED_TOUCH_NS, RemoteFloodList, RemoteLearned, drop_reason, identity, maps, skb_cb,
     tail_call,
 };
 
 use crate::{
-    counters,
-    fwd::{self, Verdict},
-    maps::{ENDPOINTS, PORTS},
-    parse::{hdr, is_multicast, zeroed},
-    route::PROGS,
+    maps::ENDPOINTS,
+    parse::zeroed,
+    verdict::{self, PROGS, Verdict},
 };
 
 /// Outer TTL of encapsulated frames.
@@ -284,7 +281,7 @@ pub fn count_rx(bytes: u32) {
 }
 
 #[inline(always)]
-fn count_tx(bytes: u32) {
+pub fn count_tx(bytes: u32) {
     if let Some(s) = OVERLAY_STATS.get_ptr_mut(0) {
         // SAFETY: as in `count_rx`: this CPU's slot of a per-CPU array, no other writer.
         unsafe {
@@ -308,63 +305,17 @@ pub fn count_drop() {
     }
 }
 
-/// tcx ingress on a VM port, reached by tail call from `vm_port` once it
-/// decided the frame (or a copy of it) goes to other nodes. Port security
-/// and local delivery have run already.
-#[classifier]
-pub fn vm_remote(ctx: TcContext) -> i32 {
-    // SAFETY: the skb pointer is the program's own context, valid for this run.
-    let ifindex = unsafe { (*ctx.skb.skb).ifindex };
-    // SAFETY: a map lookup; the value stays valid for this program run.
-    let Some(port) = (unsafe { PORTS.get(&ifindex) }) else {
-        counters::dropped(&ctx, ifindex, NO_PORT_ID, drop_reason::UNKNOWN_PORT);
-        count_drop();
-        return TC_ACT_SHOT;
-    };
-    match try_vm_remote(&ctx, port) {
-        Ok(action) => action,
-        Err(reason) => {
-            counters::dropped(&ctx, ifindex, port.port_id, reason);
-            count_drop();
-            TC_ACT_SHOT
-        }
-    }
-}
-
-#[inline(always)]
-fn try_vm_remote(ctx: &TcContext, port: &PortInfo) -> Verdict {
-    let network = port.network;
-    let dst = hdr::<EthHdr>(ctx, 0)?.dst_addr;
-    let mut key_slot = MaybeUninit::<bpf_tunnel_key>::uninit();
-    let key = zeroed(&mut key_slot);
-    let (vxlan, v6) = tunnel(key, network)?;
-
-    if !is_multicast(&dst) {
-        let ep_key = EndpointKey::new(network, dst);
-        // SAFETY: a map lookup; the value stays valid for this program run.
-        let to = match unsafe { ENDPOINTS.get(&ep_key) } {
-            Some(ep) if ep.kind == ENDPOINT_REMOTE => Some(ep.node_ip4),
-            Some(_) => None,
-            // Not configured anywhere: learned from its own frames?
-            // SAFETY: a map lookup; the value stays valid for this program run.
-            None => unsafe { REMOTE_LEARNED.get(&ep_key) }.map(|l| l.node_ip4),
-        };
-        if let Some(to) = to {
-            set_tunnel_key(ctx.skb.skb, key, to, v6)?;
-            count_tx(ctx.len());
-            return fwd::redirect(vxlan);
-        }
-    }
-
-    // Broadcast, multicast, unknown unicast: one copy per remote node.
-    flood(ctx, key, network, vxlan, v6)
-}
-
 /// One copy of the frame to each remote node hosting `network`, the
 /// original to the last one. The copies are made by a `bpf_loop` over the
 /// list: the verifier checks one node's step once, whatever the count.
 #[inline(always)]
-fn flood(ctx: &TcContext, key: &mut bpf_tunnel_key, network: u32, vxlan: u32, v6: bool) -> Verdict {
+pub fn flood(
+    ctx: &TcContext,
+    key: &mut bpf_tunnel_key,
+    network: u32,
+    vxlan: u32,
+    v6: bool,
+) -> Verdict {
     // SAFETY: a map lookup; the value stays valid for this program run.
     let Some(list) = (unsafe { FLOOD_REMOTE.get(&network) }) else {
         return Err(drop_reason::NO_DESTINATION);
@@ -400,7 +351,7 @@ fn flood(ctx: &TcContext, key: &mut bpf_tunnel_key, network: u32, vxlan: u32, v6
     };
     set_tunnel_key(ctx.skb.skb, key, last, v6)?;
     count_tx(walk.len);
-    fwd::redirect(vxlan)
+    verdict::redirect(vxlan)
 }
 
 /// `flood`'s state across its `bpf_loop`.
@@ -453,14 +404,14 @@ pub fn send_to_node(ctx: &TcContext, network: u32, node_ip4: [u8; 4]) -> Verdict
     let (vxlan, v6) = tunnel(key, network)?;
     set_tunnel_key(ctx.skb.skb, key, node_ip4, v6)?;
     count_tx(ctx.len());
-    fwd::redirect(vxlan)
+    verdict::redirect(vxlan)
 }
 
 /// Fills `key` (every field) for `network` from this node: VNI, TTL and
 /// the local VTEP of the underlay's family. Returns the vxlan device and
 /// whether the underlay is IPv6; the remote is `set_tunnel_key`'s.
 #[inline(always)]
-fn tunnel(key: &mut bpf_tunnel_key, network: u32) -> Result<(u32, bool), u32> {
+pub fn tunnel(key: &mut bpf_tunnel_key, network: u32) -> Result<(u32, bool), u32> {
     let Some(cfg) = OVERLAY.get(0) else {
         return Err(drop_reason::OVERLAY_DOWN);
     };
@@ -545,7 +496,7 @@ pub fn relay_to(ctx: &TcContext, key: &mut bpf_tunnel_key, to: [u8; 4], ttl: u8)
     key.tunnel_ttl = ttl;
     set_tunnel_key(ctx.skb.skb, key, to, v6)?;
     count_relay(ctx.len());
-    fwd::redirect(vxlan)
+    verdict::redirect(vxlan)
 }
 
 /// The frame to every other node hosting `network` (a resolution
@@ -588,7 +539,7 @@ pub fn learned_node(key: &EndpointKey) -> Option<[u8; 4]> {
 /// copy of a flood gets its own: the key lives in the skb's metadata, and
 /// a clone is encapsulated before `bpf_clone_redirect` returns.
 #[inline(always)]
-fn set_tunnel_key(
+pub fn set_tunnel_key(
     skb: *mut __sk_buff,
     key: &mut bpf_tunnel_key,
     node: [u8; 4],

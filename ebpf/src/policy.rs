@@ -24,14 +24,13 @@
 use core::mem::MaybeUninit;
 
 use aya_ebpf::{
-    bindings::TC_ACT_SHOT,
     btf_maps::{Array, HashMap, LpmTrie, LruHashMap, PerCpuArray, lpm_trie::Key},
-    macros::{btf_map, classifier},
+    macros::btf_map,
     programs::TcContext,
 };
 use network_types::{eth::EthHdr, ip::Ipv4Hdr, ip::Ipv6Hdr};
 use vmpath_common::{
-    DatagramKey, EndpointKey, FloodList, IdentityPrefix, NO_PORT_ID, POL_F_EGRESS, POL_F_INGRESS,
+    DatagramKey, EndpointKey, FloodList, IdentityPrefix, POL_F_EGRESS, POL_F_INGRESS,
     POLICY_CB_DELIVER, POLICY_CB_EGRESS_DONE, POLICY_CB_UNTRACKED, POLICY_FLOW_OTHER_TIMEOUT_NS,
     POLICY_FLOW_REFRESH_NS, POLICY_FLOW_TCP_TIMEOUT_NS, POLICY_LEN_FULL, POLICY_NONE,
     PolicyEndpoint, PolicyFlow, PolicyFlowKey, PolicyFrag, PolicyRuleKey, PolicyStats, PortInfo,
@@ -42,13 +41,12 @@ use crate::{
     clock::flow_now,
     counters,
     frag::{self, Noted6, Piece},
-    fwd::{self, Verdict},
     maps::{ENDPOINTS, PORTS},
     parse::{
         ETH_LEN, ETH_P_IP, ETH_P_IPV6, IPPROTO_ICMP, IPPROTO_ICMPV6, IPPROTO_TCP, IPPROTO_UDP, hdr,
     },
-    route::PROGS,
     spoof::{IPPROTO_FRAGMENT, walk6},
+    verdict::{PROGS, Verdict},
 };
 
 /// Port id -> isolation flags and identity of the endpoint.
@@ -373,88 +371,13 @@ pub fn deliver<const FROM_PORT: bool>(
         // this run; cb is scratch space for the programs that see the frame.
         unsafe { (*ctx.skb.skb).cb[skb_cb::FLAGS] = POLICY_CB_UNTRACKED };
     }
-    Some(crate::fwd::deliver_through(
+    Some(crate::verdict::deliver_through(
         ctx,
         POLICY_CB_DELIVER,
         port_id,
         ifindex,
         tail_call::POLICY_DELIVER,
     ))
-}
-
-/// Tail-called from `vm_port`: the egress policy of the port's endpoint.
-#[classifier]
-pub fn vm_policy_out(ctx: TcContext) -> i32 {
-    // SAFETY: the skb pointer is the program's own context, valid for this run.
-    let ifindex = unsafe { (*ctx.skb.skb).ifindex };
-    // SAFETY: a map lookup; the value stays valid for this program run.
-    let Some(port) = (unsafe { PORTS.get(&ifindex) }) else {
-        counters::dropped(&ctx, ifindex, NO_PORT_ID, drop_reason::UNKNOWN_PORT);
-        return TC_ACT_SHOT;
-    };
-    let port_id = port.port_id;
-    let untracked = untracked(&ctx);
-    if let Err(reason) = check(
-        &ctx,
-        port_id,
-        ifindex,
-        port.network,
-        policy_dir::EGRESS,
-        untracked,
-    ) {
-        counters::dropped(&ctx, ifindex, port_id, reason);
-        return TC_ACT_SHOT;
-    }
-    // SAFETY: as above; cb is scratch space for the programs that see it.
-    unsafe {
-        let cb = &mut (*ctx.skb.skb).cb;
-        cb[skb_cb::MARKER] = POLICY_CB_EGRESS_DONE;
-        cb[skb_cb::PORT] = port_id;
-    }
-    // SAFETY: `ctx` is this program's own context; on success the tail
-    // call does not return.
-    unsafe { PROGS.tail_call(&ctx, tail_call::VM_PORT) };
-    counters::dropped(&ctx, ifindex, port_id, drop_reason::HELPER_FAILED);
-    TC_ACT_SHOT
-}
-
-/// Tail-called where a frame is delivered to a local port a policy
-/// selects (`cb`: port id, ifindex): its ingress policy, then delivery.
-#[classifier]
-pub fn vm_policy_in(ctx: TcContext) -> i32 {
-    // SAFETY: the skb pointer is the program's own context, valid for this run.
-    let (magic, port_id, target) = unsafe {
-        let cb = &(*ctx.skb.skb).cb;
-        (cb[skb_cb::MARKER], cb[skb_cb::PORT], cb[skb_cb::IFINDEX])
-    };
-    // SAFETY: the skb pointer is the program's own context, valid for this run.
-    let ifindex = unsafe { (*ctx.skb.skb).ifindex };
-    if magic != POLICY_CB_DELIVER {
-        counters::dropped(&ctx, ifindex, NO_PORT_ID, drop_reason::HELPER_FAILED);
-        return TC_ACT_SHOT;
-    }
-    // SAFETY: a map lookup; the value stays valid for this program run.
-    let Some(port) = (unsafe { PORTS.get(&target) }) else {
-        counters::dropped(&ctx, ifindex, NO_PORT_ID, drop_reason::UNKNOWN_PORT);
-        return TC_ACT_SHOT;
-    };
-    let untracked = untracked(&ctx);
-    let verdict = check(
-        &ctx,
-        port_id,
-        target,
-        port.network,
-        policy_dir::INGRESS,
-        untracked,
-    )
-    .and_then(|()| fwd::deliver_checked(&ctx, target, port_id));
-    match verdict {
-        Ok(action) => action,
-        Err(reason) => {
-            counters::dropped(&ctx, ifindex, port_id, reason);
-            TC_ACT_SHOT
-        }
-    }
 }
 
 /// Whether a flooded frame is one ingress policy guards: any IP but
@@ -523,7 +446,7 @@ pub static POLICY_FLOOD: HashMap<
 /// Whether the caller already found the frame's flow missing from the
 /// flow table (`passes_tracked`); clears the mark.
 #[inline(always)]
-fn untracked(ctx: &TcContext) -> bool {
+pub fn untracked(ctx: &TcContext) -> bool {
     // SAFETY: the skb pointer is the program's own context, valid for this
     // run; cb is scratch space for the programs that see the frame.
     let cb = unsafe { &mut (*ctx.skb.skb).cb };
@@ -535,7 +458,7 @@ fn untracked(ctx: &TcContext) -> bool {
 /// The endpoint's policy for the frame in direction `dir`; `untracked`:
 /// the flow table was looked up for it already (and missed).
 #[inline(always)]
-fn check(
+pub fn check(
     ctx: &TcContext,
     port_id: u32,
     ifindex: u32,

@@ -42,11 +42,11 @@ use vmpath_common::{
 
 use crate::{
     clock, counters, csum,
-    fwd::Verdict,
     maps::{ENDPOINTS, NETWORKS},
     meter, nd, overlay,
     parse::{ETH_LEN, ETH_P_ARP, ETH_P_IPV6, IPPROTO_ICMPV6, hdr, hdr_mut, is_multicast, mac_eq},
     route::ROUTED,
+    verdict::Verdict,
 };
 
 /// Subnets of this node's learning ingress networks -> network id.

@@ -11,11 +11,11 @@ use core::mem::MaybeUninit;
 use aya_ebpf::{
     bindings::{
         BPF_FIB_LKUP_RET_FRAG_NEEDED, BPF_FIB_LKUP_RET_NO_NEIGH, BPF_FIB_LKUP_RET_SUCCESS,
-        TC_ACT_SHOT, bpf_fib_lookup as FibParams, bpf_redir_neigh,
+        bpf_fib_lookup as FibParams, bpf_redir_neigh,
     },
-    btf_maps::{HashMap, LpmTrie, ProgramArray, lpm_trie::Key},
+    btf_maps::{HashMap, LpmTrie, lpm_trie::Key},
     helpers::generated::{bpf_fib_lookup, bpf_redirect_neigh},
-    macros::{btf_map, classifier},
+    macros::btf_map,
     programs::TcContext,
 };
 use network_types::{
@@ -23,20 +23,15 @@ use network_types::{
     ip::{Ipv4Hdr, Ipv6Hdr},
 };
 use vmpath_common::{
-    AddrKey, CLUSTER_NETWORK, HopKey4, HopKey6, L2Hop, NET_F_GW4, NET_F_GW6, NET_F_HOST_REACH,
-    NET_F_ROUTED, NET_F_SNAT, NO_PORT_ID, NetworkInfo, PortInfo, RoutedAddr, Subnet4, Subnet6,
+    AddrKey, L2Hop, NET_F_ROUTED, NET_F_SNAT, NetworkInfo, RoutedAddr, Subnet4, Subnet6,
     drop_reason, kernel_af, maps, tail_call,
 };
 
 use crate::{
-    clock, counters, csum,
-    fwd::{self, Verdict},
-    host,
-    maps::{NETWORKS, PORTS},
-    mtu,
+    csum,
     next_hop::{self, NextHop},
-    parse::{ETH_LEN, ETH_P_IP, ETH_P_IPV6, hdr, hdr_mut, words16, write_mac, zeroed},
-    snat, snat6, spoof,
+    parse::{ETH_LEN, hdr, hdr_mut, words16, write_mac, zeroed},
+    verdict::{self, PROGS, Verdict},
 };
 
 /// VM address (network 0) -> the port that hosts it, for routed ingress.
@@ -67,7 +62,7 @@ pub fn in_subnet4(network: u32, addr: [u8; 4]) -> bool {
 }
 
 #[inline(always)]
-fn in_subnet6(network: u32, addr: &[u8; 16]) -> bool {
+pub fn in_subnet6(network: u32, addr: &[u8; 16]) -> bool {
     let key = Key::new(
         160,
         Subnet6 {
@@ -91,105 +86,6 @@ pub fn egress(ctx: &TcContext, net: &NetworkInfo) -> Verdict {
     unsafe { PROGS.tail_call(ctx, tail_call::VM_EGRESS) };
     // Only reached when the slot is empty (agent still starting).
     Err(drop_reason::HELPER_FAILED)
-}
-
-/// Tail-call targets (`vmpath_common::maps::PROGS`); slots in `tail_call`.
-#[btf_map(name = "vmp_progs")]
-pub static PROGS: ProgramArray<{ maps::PROGS.max_entries as usize }> = ProgramArray::new();
-
-/// tcx ingress on a VM port, reached by tail call from `vm_port` for
-/// frames to the gateway MAC that leave the network (routed or SNAT).
-/// Port security and gateway answers have run already.
-#[classifier]
-pub fn vm_egress(ctx: TcContext) -> i32 {
-    // SAFETY: the skb pointer is the program's own context, valid for this run.
-    let ifindex = unsafe { (*ctx.skb.skb).ifindex };
-    // SAFETY: a map lookup; the value stays valid for this program run.
-    let Some(port) = (unsafe { PORTS.get(&ifindex) }) else {
-        counters::count_drop(NO_PORT_ID, drop_reason::UNKNOWN_PORT);
-        return TC_ACT_SHOT;
-    };
-    match try_vm_egress(&ctx, ifindex, port) {
-        Ok(action) => action,
-        Err(reason) => {
-            counters::count_drop(port.port_id, reason);
-            TC_ACT_SHOT
-        }
-    }
-}
-
-#[inline(always)]
-fn try_vm_egress(ctx: &TcContext, ifindex: u32, port: &PortInfo) -> Verdict {
-    // SAFETY: a map lookup; the value stays valid for this program run.
-    let Some(net) = (unsafe { NETWORKS.get(&port.network) }) else {
-        return Err(drop_reason::NO_NETWORK);
-    };
-    match u16::from_be(hdr::<EthHdr>(ctx, 0)?.ether_type) {
-        ETH_P_IP => {
-            let ihl = usize::from(hdr::<Ipv4Hdr>(ctx, ETH_LEN)?.vihl & 0x0f) * 4;
-            if !(Ipv4Hdr::LEN..=60).contains(&ihl) {
-                return Err(drop_reason::MALFORMED);
-            }
-            egress4_inner(ctx, ifindex, port, net, ETH_LEN + ihl)
-        }
-        ETH_P_IPV6 => egress6_inner(ctx, ifindex, port, net),
-        _ => Err(drop_reason::GATEWAY_UNROUTED),
-    }
-}
-
-#[inline(always)]
-fn egress4_inner(
-    ctx: &TcContext,
-    ifindex: u32,
-    port: &PortInfo,
-    net: &NetworkInfo,
-    l4_off: usize,
-) -> Verdict {
-    if net.flags & (NET_F_ROUTED | NET_F_SNAT) == 0 {
-        return Err(drop_reason::GATEWAY_UNROUTED);
-    }
-    let ip = hdr::<Ipv4Hdr>(ctx, ETH_LEN)?;
-    let (src, ttl, tot_len, proto) = (ip.src_addr, ip.ttl, ip.tot_len, ip.proto);
-    // With the IP filter on, `vm_port` let only the port's own addresses
-    // through, and those lie inside the subnets (validated): no LPM walk.
-    if !spoof::ip_filter_on(port) && !in_subnet4(port.network, src) {
-        return Err(drop_reason::ROUTE_SRC_OUTSIDE);
-    }
-    // The node's own addresses, and the cluster's (Services, pods, other
-    // nodes): up the node's stack, where kube-proxy's translation and the
-    // node's routes apply; a redirect here would pass them by.
-    if net.flags & NET_F_HOST_REACH != 0
-        && (in_subnet4(CLUSTER_NETWORK, ip.dst_addr)
-            || host::to_node4(ctx, ifindex, src, ip.dst_addr))
-    {
-        return host::deliver(ctx);
-    }
-    let from = if net.flags & NET_F_GW4 != 0 {
-        net.gw_ip4
-    } else {
-        [0; 4]
-    };
-    if ttl <= 1 {
-        // traceroute's first hop: the gateway answers.
-        return mtu::time_exceeded4(ctx, ifindex, port.port_id, from, net.gw_mac);
-    }
-    if mtu::too_big(ctx, net.mtu, u16::from_be_bytes(tot_len), l4_off, proto) {
-        return mtu::frag_needed4(ctx, ifindex, port.port_id, from, net.mtu, net.gw_mac);
-    }
-    let next = if net.flags & NET_F_ROUTED == 0 {
-        snat::egress4(ctx, ifindex, port, net, l4_off)?
-    } else {
-        let key = HopKey4 {
-            ifindex,
-            src,
-            dst: ip.dst_addr,
-            tos: ip.tos,
-            proto,
-            _pad: [0; 2],
-        };
-        next_hop::routed4(&key, clock::flow_now())
-    };
-    forward4(ctx, ifindex, next, net.mtu)
 }
 
 /// Decrements the TTL (fixing the header checksum) and sends the frame to
@@ -240,55 +136,7 @@ fn to_kept_hop(ctx: &TcContext, hop: &L2Hop) -> Verdict {
     let eth = hdr_mut::<EthHdr>(ctx, 0)?;
     write_mac(&mut eth.dst_addr, hop.dst_mac);
     write_mac(&mut eth.src_addr, hop.src_mac);
-    fwd::redirect(hop.ifindex)
-}
-
-#[inline(always)]
-fn egress6_inner(ctx: &TcContext, ifindex: u32, port: &PortInfo, net: &NetworkInfo) -> Verdict {
-    if net.flags & (NET_F_ROUTED | NET_F_SNAT) == 0 {
-        return Err(drop_reason::GATEWAY_UNROUTED);
-    }
-    let ip = hdr::<Ipv6Hdr>(ctx, ETH_LEN)?;
-    let src = &ip.src_addr;
-    // `::` and link-local sources pass the IP filter but never leave the
-    // network: only those still need the LPM walk when the filter is on.
-    let own =
-        spoof::ip_filter_on(port) && !spoof::is_link_local6(src) && !spoof::is_unspecified6(src);
-    if !own && !in_subnet6(port.network, src) {
-        return Err(drop_reason::ROUTE_SRC_OUTSIDE);
-    }
-    if net.flags & NET_F_HOST_REACH != 0
-        && (in_subnet6(CLUSTER_NETWORK, &ip.dst_addr)
-            || host::to_node6(ctx, ifindex, src, &ip.dst_addr))
-    {
-        return host::deliver(ctx);
-    }
-    let (hop, payload_len, next_hdr) = (ip.hop_limit, ip.payload_len, ip.next_hdr);
-    let from = if net.flags & NET_F_GW6 != 0 {
-        net.gw_ip6
-    } else {
-        [0; 16]
-    };
-    if hop <= 1 {
-        return mtu::time_exceeded6(ctx, ifindex, port.port_id, &from, net.gw_mac);
-    }
-    let ip_len = 40u16.saturating_add(u16::from_be_bytes(payload_len));
-    if mtu::too_big(ctx, net.mtu, ip_len, ETH_LEN + 40, next_hdr) {
-        return mtu::packet_too_big6(ctx, ifindex, port.port_id, &from, net.mtu, net.gw_mac);
-    }
-    let next = if net.flags & NET_F_ROUTED == 0 {
-        snat6::egress6(ctx, ifindex, port, net)?
-    } else {
-        let key = HopKey6 {
-            ifindex,
-            src: ip.src_addr,
-            dst: ip.dst_addr,
-            proto: next_hdr,
-            _pad: [0; 3],
-        };
-        next_hop::routed6(&key, clock::flow_now())
-    };
-    forward6(ctx, ifindex, next, net.mtu)
+    verdict::redirect(hop.ifindex)
 }
 
 /// Decrements the hop limit and sends the frame to the next hop the
@@ -346,7 +194,7 @@ fn to_next_hop(ctx: &TcContext, p: &FibParams, rc: u32) -> Verdict {
         let eth = hdr_mut::<EthHdr>(ctx, 0)?;
         write_mac(&mut eth.dst_addr, p.dmac);
         write_mac(&mut eth.src_addr, p.smac);
-        return fwd::redirect(p.ifindex);
+        return verdict::redirect(p.ifindex);
     }
     let mut nh_slot = MaybeUninit::<bpf_redir_neigh>::uninit();
     let nh = zeroed(&mut nh_slot);
@@ -361,7 +209,7 @@ fn to_next_hop(ctx: &TcContext, p: &FibParams, rc: u32) -> Verdict {
         nh.__bindgen_anon_1.ipv4_nh = unsafe { p.__bindgen_anon_4.ipv4_dst };
     }
     // SAFETY: `nh` lives on our stack for the call; the size is its own.
-    fwd::redirected(unsafe {
+    verdict::redirected(unsafe {
         bpf_redirect_neigh(p.ifindex, nh, size_of::<bpf_redir_neigh>() as i32, 0)
     })
 }

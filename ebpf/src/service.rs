@@ -19,17 +19,18 @@
 //! datagram with an ICMP port unreachable, from the ClusterIP, as
 //! kube-proxy rejects; counted as `service_no_backend`.
 
+use core::mem::offset_of;
+
 use aya_ebpf::{
     bindings::{BPF_F_MARK_MANGLED_0, BPF_F_PSEUDO_HDR, TC_ACT_SHOT},
     btf_maps::{Array, HashMap, LruHashMap, PerCpuArray},
     helpers::{bpf_get_prandom_u32, generated::bpf_skb_change_tail},
-    macros::{btf_map, classifier},
+    macros::btf_map,
     programs::TcContext,
 };
-use core::mem::offset_of;
 use network_types::{eth::EthHdr, ip::Ipv4Hdr, tcp::TcpHdr, udp::UdpHdr};
 use vmpath_common::{
-    NO_PORT_ID, POLICY_CB_EGRESS_DONE, PortInfo, SERVICE_CB_DELIVER, SERVICE_CB_PASSED,
+    POLICY_CB_EGRESS_DONE, PortInfo, SERVICE_CB_DELIVER, SERVICE_CB_PASSED,
     SERVICE_FLOW_UDP_TIMEOUT_NS, SVC_F_AFFINITY, Service, ServiceAffinity, ServiceAffinityKey,
     ServiceBackend, ServiceBackendKey, ServiceFlow, ServiceFlowKey, ServiceKey, ServiceStats,
     drop_reason, maps, skb_cb, svc_flow, tail_call,
@@ -37,10 +38,9 @@ use vmpath_common::{
 
 use crate::{
     counters, csum,
-    fwd::{self, Verdict},
     maps::PORTS,
     parse::{ETH_LEN, ETH_P_IP, IPPROTO_TCP, IPPROTO_UDP, hdr, hdr_mut},
-    route::PROGS,
+    verdict::{self, PROGS, Verdict},
 };
 
 /// (network, ClusterIP, port, protocol) -> Service port.
@@ -132,23 +132,6 @@ pub fn passed(ctx: &TcContext, port_id: u32) -> bool {
     cb[skb_cb::MARKER] == SERVICE_CB_PASSED && cb[skb_cb::PORT] == port_id
 }
 
-/// Tail-called from `vm_port`: ClusterIP translation of what a port sends
-/// to the gateway, delivered from here. Frames for no Service go back to
-/// `vm_port` (marked, so it neither counts them again nor sends them here
-/// again).
-#[classifier]
-pub fn vm_service(ctx: TcContext) -> i32 {
-    // SAFETY: the skb pointer is the program's own context, valid for this run.
-    let ifindex = unsafe { (*ctx.skb.skb).ifindex };
-    // SAFETY: a map lookup; the value stays valid for this program run.
-    let Some(port) = (unsafe { PORTS.get(&ifindex) }) else {
-        counters::dropped(&ctx, ifindex, NO_PORT_ID, drop_reason::UNKNOWN_PORT);
-        return TC_ACT_SHOT;
-    };
-    let verdict = try_vm_service(&ctx, ifindex, port);
-    service_verdict(&ctx, ifindex, port.port_id, verdict)
-}
-
 /// What `vm_service` and `vm_service6` do with their verdict: `None`
 /// (no Service's business) goes back to `vm_port`, marked.
 #[inline(always)]
@@ -179,20 +162,20 @@ pub(crate) fn service_verdict(
 }
 
 /// A packet's transport tuple and where its checksum is.
-struct Tuple {
-    src: [u8; 4],
-    dst: [u8; 4],
-    sport: u16,
-    dport: u16,
-    proto: u8,
-    l4_off: usize,
-    tcp_flags: u8,
+pub struct Tuple {
+    pub src: [u8; 4],
+    pub dst: [u8; 4],
+    pub sport: u16,
+    pub dport: u16,
+    pub proto: u8,
+    pub l4_off: usize,
+    pub tcp_flags: u8,
 }
 
 /// The IPv4 TCP/UDP tuple of the frame, `None` for anything else (other
 /// protocols, later fragments).
 #[inline(always)]
-fn tuple(ctx: &TcContext) -> Result<Option<Tuple>, u32> {
+pub fn tuple(ctx: &TcContext) -> Result<Option<Tuple>, u32> {
     let eth = hdr::<EthHdr>(ctx, 0)?;
     if u16::from_be(eth.ether_type) != ETH_P_IP {
         return Ok(None);
@@ -227,89 +210,6 @@ fn tuple(ctx: &TcContext) -> Result<Option<Tuple>, u32> {
     }))
 }
 
-#[inline(always)]
-fn try_vm_service(ctx: &TcContext, ifindex: u32, port: &PortInfo) -> Result<Option<i32>, u32> {
-    let Some(t) = tuple(ctx)? else {
-        return Ok(None);
-    };
-    let network = port.network;
-    let now = crate::clock::flow_now();
-    let key = ServiceFlowKey::new(network, t.src, t.dst, t.sport, t.dport, t.proto);
-    if let Some(flow) = SERVICE_FLOWS.get_ptr_mut(&key) {
-        // SAFETY: from `get_ptr_mut` (bpf_map_lookup_elem) just above,
-        // valid for this run; a racing writer only writes a time.
-        let f = unsafe { *flow };
-        if f.flags & (svc_flow::FORWARD | svc_flow::HAIRPIN) != 0
-            && still_open(f.last_seen, t.proto, t.tcp_flags, now)
-        {
-            // SAFETY: as above.
-            unsafe { (*flow).last_seen = now };
-            return translate(ctx, ifindex, port, &t, &f);
-        }
-    }
-    let skey = ServiceKey::new(network, t.dst, t.dport, t.proto);
-    // SAFETY: a map lookup; the value stays valid for this program run.
-    let Some(svc) = (unsafe { SERVICES.get(&skey) }) else {
-        return Ok(None);
-    };
-    let (id, count, flags, affinity_timeout) = (svc.id, svc.count, svc.flags, svc.affinity_timeout);
-    if count == 0 {
-        count_stats(port.port_id, false);
-        return reject(ctx, ifindex, port, &t).map(Some);
-    }
-    let Some(backend) = pick(id, count, flags, affinity_timeout, t.src, now) else {
-        count_stats(port.port_id, false);
-        return reject(ctx, ifindex, port, &t).map(Some);
-    };
-    let hairpin = backend.addr == t.src;
-    // The reply as it will be looked up, and what it becomes: from the
-    // ClusterIP. A hairpin goes back into the client's own port from the
-    // ClusterIP (a packet from its own address would be a martian); it
-    // replies to the ClusterIP, and that reply is turned around on its
-    // port too.
-    let mut f = ServiceFlow {
-        last_seen: now,
-        src: t.dst,
-        dst: t.src,
-        sport: t.dport,
-        dport: t.sport,
-        mac: port.gw_mac,
-        flags: svc_flow::REVERSE,
-        _pad: 0,
-    };
-    let rev_to = if hairpin {
-        f.mac = port.mac;
-        f.flags = svc_flow::REVERSE | svc_flow::HAIRPIN;
-        t.dst
-    } else {
-        t.src
-    };
-    let rev_key = ServiceFlowKey::new(
-        network,
-        backend.addr,
-        rev_to,
-        backend.port,
-        t.sport,
-        t.proto,
-    );
-    // A full table evicts its oldest flows (LRU); should an insert still
-    // fail, the next packet of the flow picks again.
-    let _ = SERVICE_FLOWS.insert(&rev_key, &f, 0);
-    f.src = if hairpin { t.dst } else { t.src };
-    f.dst = backend.addr;
-    f.sport = t.sport;
-    f.dport = backend.port;
-    if hairpin {
-        f.flags = svc_flow::FORWARD | svc_flow::HAIRPIN;
-    } else {
-        f.mac = backend.mac;
-        f.flags = svc_flow::FORWARD;
-    }
-    let _ = SERVICE_FLOWS.insert(&key, &f, 0);
-    count_stats(port.port_id, true);
-    translate(ctx, ifindex, port, &t, &f)
-}
-
 /// Whether a tracked flow still stands for this packet: a TCP SYN opens
 /// a new connection (a reused tuple picks again), a UDP flow idle too
 /// long picks again.
@@ -324,7 +224,7 @@ pub(crate) fn still_open(last_seen: u64, proto: u8, tcp_flags: u8, now: u64) -> 
 /// A backend for a new flow of Service port `id`: the client's sticky
 /// one while it is still among the `count` ready ones, else one at random.
 #[inline(always)]
-fn pick(
+pub fn pick(
     id: u32,
     count: u32,
     flags: u8,
@@ -373,35 +273,6 @@ fn pick(
     Some(b)
 }
 
-/// Rewrites the frame's tuple `t` to `f`'s and sends it on: a hairpin
-/// (or its reply) back into the client's own port; anything else to
-/// `f.mac` as `vm_port` would send it, whose filters it passed already:
-/// the client's egress policy sees the backend (as the backend's own
-/// policy will), then the switch delivers it to the backend's port or
-/// over the overlay. A flow egress policy has not seen yet goes to
-/// `vm_policy_out`, which hands it to `vm_port` past its policy.
-#[inline(always)]
-fn translate(
-    ctx: &TcContext,
-    ifindex: u32,
-    port: &PortInfo,
-    t: &Tuple,
-    f: &ServiceFlow,
-) -> Result<Option<i32>, u32> {
-    rewrite(ctx, t, f)?;
-    let eth = hdr_mut::<EthHdr>(ctx, 0)?;
-    eth.dst_addr = f.mac;
-    if f.flags & svc_flow::HAIRPIN != 0 {
-        eth.src_addr = port.gw_mac;
-        return fwd::deliver_local(ctx, ifindex, port.port_id).map(Some);
-    }
-    let parsed = match crate::policy::egress(ctx, port.port_id, None) {
-        crate::policy::Egress::Pass(parsed) => parsed,
-        crate::policy::Egress::Verdict(verdict) => return verdict.map(Some),
-    };
-    fwd::switch_parsed(ctx, ifindex, port.network, f.mac, parsed).map(Some)
-}
-
 /// Before delivery to the local port `ifindex` (`port_id`): `Some` while
 /// Services exist (`vm_service_in` translates a reply back and delivers).
 #[inline(always)]
@@ -409,7 +280,7 @@ pub fn deliver(ctx: &TcContext, ifindex: u32, port_id: u32) -> Option<Verdict> {
     if !active() {
         return None;
     }
-    Some(crate::fwd::deliver_through(
+    Some(crate::verdict::deliver_through(
         ctx,
         SERVICE_CB_DELIVER,
         port_id,
@@ -418,38 +289,10 @@ pub fn deliver(ctx: &TcContext, ifindex: u32, port_id: u32) -> Option<Verdict> {
     ))
 }
 
-/// Tail-called where a frame is delivered to a local port while Services
-/// exist (`cb`: port id, ifindex): a reply of a flow the port's endpoint
-/// opened to a ClusterIP comes from the ClusterIP; then the delivery.
-#[classifier]
-pub fn vm_service_in(ctx: TcContext) -> i32 {
-    // SAFETY: the skb pointer is the program's own context, valid for this run.
-    let (magic, port_id, target) = unsafe {
-        let cb = &(*ctx.skb.skb).cb;
-        (cb[skb_cb::MARKER], cb[skb_cb::PORT], cb[skb_cb::IFINDEX])
-    };
-    // SAFETY: the skb pointer is the program's own context, valid for this run.
-    let ifindex = unsafe { (*ctx.skb.skb).ifindex };
-    let verdict = if magic == SERVICE_CB_DELIVER {
-        reverse(&ctx, target)
-            .and_then(|()| crate::service6::reverse(&ctx, target))
-            .and_then(|()| fwd::deliver_now(&ctx, target, port_id))
-    } else {
-        Err(drop_reason::HELPER_FAILED)
-    };
-    match verdict {
-        Ok(action) => action,
-        Err(reason) => {
-            counters::dropped(&ctx, ifindex, port_id, reason);
-            TC_ACT_SHOT
-        }
-    }
-}
-
 /// A reply of a flow the endpoint at `port_ifindex` opened to a
 /// ClusterIP: from the ClusterIP.
 #[inline(always)]
-fn reverse(ctx: &TcContext, port_ifindex: u32) -> Result<(), u32> {
+pub fn reverse(ctx: &TcContext, port_ifindex: u32) -> Result<(), u32> {
     let Some(t) = tuple(ctx)? else {
         return Ok(());
     };
@@ -476,7 +319,7 @@ fn reverse(ctx: &TcContext, port_ifindex: u32) -> Result<(), u32> {
 
 /// The tuple `t` of the frame becomes `f`'s, checksums fixed.
 #[inline(always)]
-fn rewrite(ctx: &TcContext, t: &Tuple, f: &ServiceFlow) -> Result<(), u32> {
+pub fn rewrite(ctx: &TcContext, t: &Tuple, f: &ServiceFlow) -> Result<(), u32> {
     let csum_off = t.l4_off
         + if t.proto == IPPROTO_TCP {
             offset_of!(TcpHdr, check)
@@ -516,7 +359,7 @@ fn rewrite_addr(
     }
     ctx.l4_csum_replace(csum_off, old_a, new_a, flags)
         .map_err(|_| drop_reason::HELPER_FAILED)?;
-    // The IPv4 header checksum in place (as `snat::rewrite_addr`), after
+    // The IPv4 header checksum in place (as `snat::ipv4::rewrite_addr`), after
     // the helper, which may move packet data.
     let ip = hdr_mut::<Ipv4Hdr>(ctx, ETH_LEN)?;
     ip.check = crate::csum::replace_addr4(u16::from_be_bytes(ip.check), old, new).to_be_bytes();
@@ -559,7 +402,7 @@ pub(crate) fn count_stats(port_id: u32, sent: bool) {
 
 /// No ready backend: the client hears so at once, as from kube-proxy.
 #[inline(always)]
-fn reject(ctx: &TcContext, ifindex: u32, port: &PortInfo, t: &Tuple) -> Verdict {
+pub fn reject(ctx: &TcContext, ifindex: u32, port: &PortInfo, t: &Tuple) -> Verdict {
     if t.proto == IPPROTO_UDP {
         return crate::mtu::port_unreachable4(ctx, ifindex, port.port_id, t.dst, port.gw_mac);
     }
@@ -640,7 +483,7 @@ fn tcp_reset(ctx: &TcContext, ifindex: u32, port: &PortInfo, t: &Tuple) -> Verdi
     h[16] = c[0];
     h[17] = c[1];
     counters::count_drop(port.port_id, drop_reason::SERVICE_NO_BACKEND);
-    fwd::reply_out(ifindex)
+    verdict::reply_out(ifindex)
 }
 
 #[inline(always)]

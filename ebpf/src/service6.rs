@@ -16,32 +16,30 @@
 //! IPv6 has no header checksum: only the transport checksum (its pseudo
 //! header) is fixed, one 32-bit word of an address at a time.
 
+use core::mem::offset_of;
+
 use aya_ebpf::{
-    bindings::{BPF_F_MARK_MANGLED_0, BPF_F_PSEUDO_HDR, TC_ACT_SHOT},
+    bindings::{BPF_F_MARK_MANGLED_0, BPF_F_PSEUDO_HDR},
     btf_maps::{HashMap, LruHashMap, PerCpuArray},
     helpers::{bpf_get_prandom_u32, generated::bpf_skb_change_tail},
-    macros::{btf_map, classifier},
+    macros::btf_map,
     programs::TcContext,
 };
-use core::mem::offset_of;
 use network_types::{eth::EthHdr, ip::Ipv6Hdr, tcp::TcpHdr, udp::UdpHdr};
 use vmpath_common::{
-    NO_PORT_ID, PortInfo, SVC_F_AFFINITY, Service, ServiceAffinity6, ServiceAffinityKey6,
-    ServiceBackend6, ServiceBackendKey, ServiceFlow6, ServiceFlowKey6, ServiceKey6,
-    ServiceScratch6, drop_reason, maps, svc_flow,
+    PortInfo, SVC_F_AFFINITY, Service, ServiceAffinity6, ServiceAffinityKey6, ServiceBackend6,
+    ServiceBackendKey, ServiceFlow6, ServiceFlowKey6, ServiceKey6, ServiceScratch6, drop_reason,
+    maps, svc_flow,
 };
 
 use crate::{
     counters, csum,
-    fwd::{self, Verdict},
     maps::PORTS,
     parse::{
         ETH_LEN, ETH_P_IPV6, IPPROTO_TCP, IPPROTO_UDP, addr16_eq, hdr, hdr_mut, words16, write_at,
     },
-    service::{
-        RESET_TTL, TCP_ACK, TCP_FIN, TCP_HDR, TCP_RST, TCP_SYN, count_stats, rewrite_port,
-        service_verdict, still_open,
-    },
+    service::{RESET_TTL, TCP_ACK, TCP_FIN, TCP_HDR, TCP_RST, TCP_SYN, rewrite_port},
+    verdict::{self, Verdict},
 };
 
 /// (network, IPv6 ClusterIP, port, protocol) -> Service port.
@@ -85,26 +83,10 @@ const IP6_DST_OFF: usize = ETH_LEN + offset_of!(Ipv6Hdr, dst_addr);
 const IP6_HDR: usize = 40;
 const L4_OFF: usize = ETH_LEN + IP6_HDR;
 
-/// Tail-called from `vm_port`: IPv6 ClusterIP translation of what a port
-/// sends to the gateway, delivered from here. Frames for no Service go
-/// back to `vm_port`, as from `vm_service`.
-#[classifier]
-pub fn vm_service6(ctx: TcContext) -> i32 {
-    // SAFETY: the skb pointer is the program's own context, valid for this run.
-    let ifindex = unsafe { (*ctx.skb.skb).ifindex };
-    // SAFETY: a map lookup; the value stays valid for this program run.
-    let Some(port) = (unsafe { PORTS.get(&ifindex) }) else {
-        counters::dropped(&ctx, ifindex, NO_PORT_ID, drop_reason::UNKNOWN_PORT);
-        return TC_ACT_SHOT;
-    };
-    let verdict = try_vm_service6(&ctx, ifindex, port);
-    service_verdict(&ctx, ifindex, port.port_id, verdict)
-}
-
 /// The scratch slot: a packet's tuple is its flow key there (`key`),
 /// built once and rebuilt after a reverse key took its place.
 #[inline(always)]
-fn scratch() -> Result<&'static mut ServiceScratch6, u32> {
+pub fn scratch() -> Result<&'static mut ServiceScratch6, u32> {
     let s = SERVICE6_SCRATCH
         .get_ptr_mut(0)
         .ok_or(drop_reason::HELPER_FAILED)?;
@@ -118,7 +100,7 @@ fn scratch() -> Result<&'static mut ServiceScratch6, u32> {
 /// flags; `None` for anything else (extension headers, fragments: left
 /// to the node, as before).
 #[inline(always)]
-fn tuple(ctx: &TcContext, network: u32, key: &mut ServiceFlowKey6) -> Result<Option<u8>, u32> {
+pub fn tuple(ctx: &TcContext, network: u32, key: &mut ServiceFlowKey6) -> Result<Option<u8>, u32> {
     let eth = hdr::<EthHdr>(ctx, 0)?;
     if u16::from_be(eth.ether_type) != ETH_P_IPV6 {
         return Ok(None);
@@ -143,88 +125,9 @@ fn tuple(ctx: &TcContext, network: u32, key: &mut ServiceFlowKey6) -> Result<Opt
     Ok(Some(tcp_flags))
 }
 
-#[inline(always)]
-fn try_vm_service6(ctx: &TcContext, ifindex: u32, port: &PortInfo) -> Result<Option<i32>, u32> {
-    let s = scratch()?;
-    let network = port.network;
-    let Some(tcp_flags) = tuple(ctx, network, &mut s.key)? else {
-        return Ok(None);
-    };
-    let t = &s.key;
-    let (proto, sport, dport) = (t.proto, t.sport, t.dport);
-    let now = crate::clock::flow_now();
-    if let Some(flow) = SERVICE6_FLOWS.get_ptr_mut(&s.key) {
-        // SAFETY: from `get_ptr_mut` (bpf_map_lookup_elem) just above,
-        // valid for this run; a racing writer only writes a time.
-        s.flow = unsafe { *flow };
-        if s.flow.flags & (svc_flow::FORWARD | svc_flow::HAIRPIN) != 0
-            && still_open(s.flow.last_seen, proto, tcp_flags, now)
-        {
-            // SAFETY: as above.
-            unsafe { (*flow).last_seen = now };
-            return translate(ctx, ifindex, port, s);
-        }
-    }
-    let skey = ServiceKey6::new(network, s.key.dst, dport, proto);
-    // SAFETY: a map lookup; the value stays valid for this program run.
-    let Some(svc) = (unsafe { SERVICES6.get(&skey) }) else {
-        return Ok(None);
-    };
-    let (id, count, flags, affinity_timeout) = (svc.id, svc.count, svc.flags, svc.affinity_timeout);
-    let backend = if count == 0 {
-        None
-    } else {
-        pick(id, count, flags, affinity_timeout, &s.key.src, now)
-    };
-    let Some(backend) = backend else {
-        count_stats(port.port_id, false);
-        return reject(ctx, ifindex, port, s, tcp_flags).map(Some);
-    };
-    let hairpin = addr16_eq(&backend.addr, &s.key.src);
-    // As in `service`: the reply as it will be looked up, and what it
-    // becomes (from the ClusterIP); a hairpin's both ways on its port.
-    let f = &mut s.flow;
-    f.last_seen = now;
-    f.src = s.key.dst;
-    f.dst = s.key.src;
-    f.sport = dport;
-    f.dport = sport;
-    f.mac = port.gw_mac;
-    f.flags = svc_flow::REVERSE;
-    if hairpin {
-        f.mac = port.mac;
-        f.flags = svc_flow::REVERSE | svc_flow::HAIRPIN;
-    }
-    // The reply comes from the backend to the client (a hairpin's, to
-    // the ClusterIP it spoke to); built where the tuple was, which is
-    // rebuilt from the flow below.
-    let rev_to = if hairpin { s.key.dst } else { s.key.src };
-    s.key = ServiceFlowKey6::new(network, &backend.addr, &rev_to, backend.port, sport, proto);
-    // A full table evicts its oldest flows (LRU); should an insert still
-    // fail, the next packet of the flow picks again.
-    let _ = SERVICE6_FLOWS.insert(&s.key, &s.flow, 0);
-    // The tuple again: the reverse entry's (src, dst) are (ClusterIP,
-    // client) swapped.
-    let f = &mut s.flow;
-    s.key = ServiceFlowKey6::new(network, &f.dst, &f.src, sport, dport, proto);
-    f.src = if hairpin { f.src } else { f.dst };
-    f.dst = backend.addr;
-    f.sport = sport;
-    f.dport = backend.port;
-    if hairpin {
-        f.flags = svc_flow::FORWARD | svc_flow::HAIRPIN;
-    } else {
-        f.mac = backend.mac;
-        f.flags = svc_flow::FORWARD;
-    }
-    let _ = SERVICE6_FLOWS.insert(&s.key, &s.flow, 0);
-    count_stats(port.port_id, true);
-    translate(ctx, ifindex, port, s)
-}
-
 /// `service::pick` for IPv6 clients and backends.
 #[inline(always)]
-fn pick(
+pub fn pick(
     id: u32,
     count: u32,
     flags: u8,
@@ -274,31 +177,6 @@ fn pick(
     Some(b)
 }
 
-/// `service::translate` for IPv6 (the tuple `s.key` becomes `s.flow`'s):
-/// a hairpin back into the client's port; anything else through the
-/// client's egress policy to the flow's MAC.
-#[inline(always)]
-fn translate(
-    ctx: &TcContext,
-    ifindex: u32,
-    port: &PortInfo,
-    s: &ServiceScratch6,
-) -> Result<Option<i32>, u32> {
-    rewrite(ctx, &s.key, &s.flow)?;
-    let (mac, flags) = (s.flow.mac, s.flow.flags);
-    let eth = hdr_mut::<EthHdr>(ctx, 0)?;
-    eth.dst_addr = mac;
-    if flags & svc_flow::HAIRPIN != 0 {
-        eth.src_addr = port.gw_mac;
-        return fwd::deliver_local(ctx, ifindex, port.port_id).map(Some);
-    }
-    let parsed = match crate::policy::egress(ctx, port.port_id, None) {
-        crate::policy::Egress::Pass(parsed) => parsed,
-        crate::policy::Egress::Verdict(verdict) => return verdict.map(Some),
-    };
-    fwd::switch_parsed(ctx, ifindex, port.network, mac, parsed).map(Some)
-}
-
 /// From `vm_service_in`, before delivery to the local port at
 /// `port_ifindex`: a reply of an IPv6 flow its endpoint opened to a
 /// ClusterIP comes from the ClusterIP. Anything else is left as it is.
@@ -330,7 +208,7 @@ pub fn reverse(ctx: &TcContext, port_ifindex: u32) -> Result<(), u32> {
 
 /// The tuple `t` of the frame becomes `f`'s, the transport checksum fixed.
 #[inline(always)]
-fn rewrite(ctx: &TcContext, t: &ServiceFlowKey6, f: &ServiceFlow6) -> Result<(), u32> {
+pub fn rewrite(ctx: &TcContext, t: &ServiceFlowKey6, f: &ServiceFlow6) -> Result<(), u32> {
     let csum_off = L4_OFF
         + if t.proto == IPPROTO_TCP {
             offset_of!(TcpHdr, check)
@@ -354,7 +232,7 @@ fn rewrite(ctx: &TcContext, t: &ServiceFlowKey6, f: &ServiceFlow6) -> Result<(),
 }
 
 /// Replaces the IPv6 address at `off`, fixing the transport checksum
-/// (pseudo header) one 32-bit word at a time (as `snat6` does).
+/// (pseudo header) one 32-bit word at a time (as `snat::ipv6` does).
 #[inline(always)]
 fn rewrite_addr(
     ctx: &TcContext,
@@ -380,7 +258,7 @@ fn rewrite_addr(
 
 /// No ready backend: the client hears so at once, as from kube-proxy.
 #[inline(always)]
-fn reject(
+pub fn reject(
     ctx: &TcContext,
     ifindex: u32,
     port: &PortInfo,
@@ -463,5 +341,5 @@ fn tcp_reset(
     h[16] = c[0];
     h[17] = c[1];
     counters::count_drop(port.port_id, drop_reason::SERVICE_NO_BACKEND);
-    fwd::reply_out(ifindex)
+    verdict::reply_out(ifindex)
 }

@@ -4,7 +4,7 @@
 //!   vmpath    the real agent (release build) programs two ports of one
 //!             network, port security on; the VM-port program forwards
 //!   bridge    the two host-side veths in a Linux bridge (the bridge CNI)
-//!   redirect  `bench_redirect_peer` (ebpf/src/bench.rs) at tcx ingress of
+//!   redirect  `bench_redirect_peer` (ebpf/src/prog/bench.rs) at tcx ingress of
 //!             each host-side veth, sending every frame into the other VM:
 //!             the floor for any tc forwarder here
 //! TCP: iperf3, VM1 -> VM2, one run of each setup per round. Packet rate:

@@ -264,7 +264,7 @@ fn run_in_netns(opts: &Options) -> Result<Section> {
         "BPF_PROG_TEST_RUN of the VM-port program (`vm_port`, tcx ingress) with the \
          frame arriving on a real veth port (`__sk_buff.ifindex`), port security on \
          (MAC, IP), counters on. Baselines are two programs of the bench's own object (`vmpath-bench`) \
-         (`ebpf/src/bench.rs`) on the same hook with the same frame and context: \
+         (`ebpf/src/prog/bench.rs`) on the same hook with the same frame and context: \
          `bench_noop` (returns TC_ACT_OK) and `bench_redirect_peer` (one array \
          lookup, `bpf_redirect_peer`). test_run does not execute redirects; it \
          returns the verdict, so this is the program's own cost.\n\n\
@@ -332,7 +332,7 @@ fn run_in_netns(opts: &Options) -> Result<Section> {
     })
 }
 
-/// Loads the baseline programs (`ebpf/src/bench.rs`, their own object)
+/// Loads the baseline programs (`ebpf/src/prog/bench.rs`, their own object)
 /// beside the data path's; `bench_redirect_peer` redirects to `peer`.
 pub(crate) fn load_baselines(dp: &mut Dataplane, peer: u32) -> Result<()> {
     dp.load_bench_baselines(peer)

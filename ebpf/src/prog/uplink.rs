@@ -25,13 +25,14 @@ use vmpath_common::{
 
 use crate::{
     counters, csum,
-    fwd::{Verdict, deliver_local},
+    fwd::deliver_local,
     maps::{ENDPOINTS, NETWORKS},
     mtu, overlay,
     parse::{ETH_LEN, ETH_P_IP, ETH_P_IPV6, hdr, hdr_mut},
     resolve::{self, Lookup},
-    route::{PROGS, ROUTED},
-    snat, snat6,
+    route::ROUTED,
+    snat,
+    verdict::{PROGS, Verdict},
 };
 
 #[classifier]
@@ -63,7 +64,7 @@ fn ingress4(ctx: &TcContext) -> Verdict {
     let key = AddrKey::v4(0, dst);
     // SAFETY: a map lookup; the value stays valid for this program run.
     let Some(r) = (unsafe { ROUTED.get(&key) }) else {
-        if let Some(action) = snat::ingress4(ctx)? {
+        if let Some(action) = snat::ipv4::ingress4(ctx)? {
             return Ok(action);
         }
         return Ok(to_resolve(ctx));
@@ -95,7 +96,7 @@ fn routed4(ctx: &TcContext, r: &RoutedAddr, via: Option<([u8; 4], bool)>) -> Ver
         // the VM is (a relayed frame is recorded by the receiving node).
         let here = r.ifindex != 0 || is_local(r);
         if here {
-            snat::track_inbound4(ctx)?;
+            snat::ipv4::track_inbound4(ctx)?;
         }
     }
     if let Some((node, refresh)) = via {
@@ -201,7 +202,7 @@ fn ingress6(ctx: &TcContext) -> Verdict {
     let key = AddrKey::v6(0, &ip.dst_addr);
     // SAFETY: a map lookup; the value stays valid for this program run.
     let Some(r) = (unsafe { ROUTED.get(&key) }) else {
-        if let Some(action) = snat6::ingress6(ctx)? {
+        if let Some(action) = snat::ipv6::ingress6(ctx)? {
             return Ok(action);
         }
         return Ok(to_resolve(ctx));
@@ -225,7 +226,7 @@ fn routed6(ctx: &TcContext, r: &RoutedAddr, via: Option<([u8; 4], bool)>) -> Ver
     ip.hop_limit -= 1;
     if r.port_id & ROUTED_F_INBOUND != 0 && (r.ifindex != 0 || is_local(r)) {
         // A SNAT network: as for IPv4.
-        snat6::track_inbound6(ctx)?;
+        snat::ipv6::track_inbound6(ctx)?;
     }
     if let Some((node, refresh)) = via {
         let dst = hdr::<Ipv6Hdr>(ctx, ETH_LEN)?.dst_addr;

@@ -21,17 +21,15 @@ use vmpath_common::{
 };
 
 use crate::{
-    counters,
-    fwd::{self, Verdict},
+    counters, fwd,
     maps::{ENDPOINTS, NETWORKS},
     migrate, nd, overlay,
     parse::{
         ETH_LEN, ETH_P_ARP, ETH_P_IP, ETH_P_IPV6, ETH_P_RARP, IPPROTO_ICMPV6, hdr, is_multicast,
         mac_eq, zeroed,
     },
-    resolve,
-    route::PROGS,
-    snat, snat6, spoof,
+    resolve, snat, spoof,
+    verdict::{PROGS, Verdict},
 };
 
 #[classifier]
@@ -120,9 +118,9 @@ fn try_vxlan_rx(ctx: &TcContext) -> Verdict {
                 // network the VM's replies must leave un-NATed.
                 if net.flags & NET_F_INGRESS != 0 && mac_eq(&src, &net.gw_mac) {
                     if ether_type == ETH_P_IP {
-                        snat::track_inbound4(ctx)?;
+                        snat::ipv4::track_inbound4(ctx)?;
                     } else if ether_type == ETH_P_IPV6 {
-                        snat6::track_inbound6(ctx)?;
+                        snat::ipv6::track_inbound6(ctx)?;
                     }
                 }
                 return fwd::deliver_local(ctx, ep.ifindex, ep.port_id);

@@ -16,40 +16,35 @@
 //! anything it cannot judge, goes on unchanged (XDP_PASS) to the tc
 //! program, which handles it in full: this program never drops.
 
+use core::mem::size_of;
+
 use aya_ebpf::{
     bindings::xdp_action::{XDP_PASS, XDP_REDIRECT},
-    btf_maps::{HashMap, PerCpuArray},
     helpers::generated::bpf_redirect,
-    macros::{btf_map, xdp},
+    macros::xdp,
     programs::XdpContext,
 };
-use core::mem::size_of;
 use network_types::{
     eth::EthHdr,
     ip::{Ipv4Hdr, Ipv6Hdr},
     tcp::TcpHdr,
     udp::UdpHdr,
 };
-use vmpath_common::{AddrKey, NatKey, ROUTED_F_INBOUND, ROUTED_PORT_ID, maps, xdp_stat};
+use vmpath_common::{AddrKey, NatKey, ROUTED_F_INBOUND, ROUTED_PORT_ID, xdp_stat};
 
 use crate::{
     counters::count_tx,
     csum,
+    maps::{UPLINK_XDP_STATS, XDP_PORTS},
     parse::{ETH_LEN, ETH_P_IP, ETH_P_IPV6, IPPROTO_TCP, IPPROTO_UDP, write_mac},
     policy::POLICY_ENDPOINTS,
     route::ROUTED,
     service::SERVICE_CONFIG,
-    snat::{SNAT_CONFIG, SNAT_IN, SNAT_OUT, expired, refresh_due, tcp_flags, touch},
+    snat::{
+        flow::{expired, refresh_due, tcp_flags, touch},
+        maps::{SNAT_CONFIG, SNAT_IN, SNAT_OUT},
+    },
 };
-
-/// Host-side ifindex of a port XDP_REDIRECT can deliver to -> its port id.
-#[btf_map(name = "vmp_xdp_ports")]
-pub static XDP_PORTS: HashMap<u32, u32, { maps::XDP_PORTS.max_entries as usize }> = HashMap::new();
-
-/// What this program did, per CPU (`xdp_stat` slots).
-#[btf_map(name = "vmp_uplink_xdp")]
-pub static UPLINK_XDP_STATS: PerCpuArray<u64, { maps::UPLINK_XDP_STATS.max_entries as usize }> =
-    PerCpuArray::new();
 
 /// IPv4 header of 20 bytes, version 4.
 const IPV4_NO_OPTIONS: u8 = 0x45;
@@ -186,7 +181,7 @@ fn routed6(ctx: &XdpContext) -> Option<u32> {
 }
 
 /// A reply of a live IPv4 SNAT flow (TCP or UDP): destination back to the
-/// VM's address and port, as `snat::ingress4` does.
+/// VM's address and port, as `snat::ipv4::ingress4` does.
 #[inline(always)]
 fn snat_return4(ctx: &XdpContext) -> Option<u32> {
     let cfg = SNAT_CONFIG.get(0)?;

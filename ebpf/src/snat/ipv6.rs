@@ -1,4 +1,4 @@
-//! SNAT for IPv6, as `snat` does it for IPv4: TCP, UDP and ICMPv6 echo
+//! SNAT for IPv6, as `ipv4` does it for IPv4: TCP, UDP and ICMPv6 echo
 //! from a VM on a network with `egress: SNAT` leave with the node's IPv6
 //! SNAT address (`SnatConfig::addr6`) and a port (or echo identifier) from
 //! the same reserved range; replies on the uplink are translated back.
@@ -32,124 +32,43 @@
 use core::mem::{MaybeUninit, offset_of};
 
 use aya_ebpf::{
-    bindings::{BPF_ANY, BPF_F_MARK_MANGLED_0, BPF_F_PSEUDO_HDR, BPF_NOEXIST, TC_ACT_SHOT},
-    btf_maps::{HashMap, LruHashMap},
+    bindings::{BPF_ANY, BPF_F_MARK_MANGLED_0, BPF_F_PSEUDO_HDR, BPF_NOEXIST},
     helpers::generated::bpf_get_prandom_u32,
-    macros::{btf_map, classifier},
     programs::TcContext,
 };
 use network_types::{eth::EthHdr, ip::Ipv6Hdr};
 use vmpath_common::{
-    DatagramKey, FRAG_IN, FRAG_OUT, InboundFlow, L2Hop, NAT_ST_CLOSING, NAT_ST_OPEN, NET_F_INGRESS,
-    NO_PORT_ID, NatEntry6, NatKey6, NetworkInfo, PortInfo, SnatConfig, drop_reason, maps, skb_cb,
-    tail_call,
+    FRAG_IN, FRAG_OUT, L2Hop, NAT_ST_CLOSING, NAT_ST_OPEN, NET_F_INGRESS, NatEntry6, NatKey6,
+    NetworkInfo, PortInfo, SnatConfig, drop_reason, skb_cb, tail_call,
 };
 
 use crate::{
-    counters,
     frag::{self, Noted6, Piece},
-    fwd::Verdict,
-    maps::{NETWORKS, PORTS},
     next_hop::{self, NextHop},
-    parse::{
-        ETH_LEN, IPPROTO_ICMPV6, IPPROTO_TCP, IPPROTO_UDP, addr16_eq, hdr, hdr_mut, words16, zeroed,
-    },
-    route::{self, PROGS},
-    snat::{
-        L4, PROBES, SNAT_CONFIG, TCP_FIN, TCP_RST, inbound_live, inbound_ports, l4, new_inbound,
-        refresh_inbound, rewrite_port, stale, to_port,
-    },
+    parse::{ETH_LEN, IPPROTO_ICMPV6, IPPROTO_TCP, IPPROTO_UDP, addr16_eq, hdr, hdr_mut, words16},
     spoof::{FragNote, IPPROTO_FRAGMENT, upper_layer6, walk6},
+    verdict::PROGS,
+};
+
+use super::{
+    flow::{
+        L4, PROBES, TCP_FIN, TCP_RST, expired6, inbound_live, inbound_ports, key6, l4, new_inbound,
+        refresh_due, refresh_inbound, reply6, rewrite_port, stale, to_port,
+    },
+    icmp,
+    maps::{INBOUND6, SNAT_CONFIG, SNAT6_FRAGS, SNAT6_IN, SNAT6_OUT, SNAT6_QUOTA},
 };
 
 const IP6_SRC_OFF: usize = ETH_LEN + offset_of!(Ipv6Hdr, src_addr);
 const IP6_DST_OFF: usize = ETH_LEN + offset_of!(Ipv6Hdr, dst_addr);
 const NO_ADDR: [u8; 16] = [0; 16];
 
-/// The VM's tuple -> the translated source (address, port).
-#[btf_map(name = "vmp_snat6_out")]
-pub static SNAT6_OUT: LruHashMap<NatKey6, NatEntry6, { maps::SNAT6_OUT.max_entries as usize }> =
-    LruHashMap::new();
-
-/// The reply's tuple (as it arrives on the uplink) -> the VM's address,
-/// port, ifindex and MAC.
-#[btf_map(name = "vmp_snat6_in")]
-pub static SNAT6_IN: LruHashMap<NatKey6, NatEntry6, { maps::SNAT6_IN.max_entries as usize }> =
-    LruHashMap::new();
-
-/// VM address -> SNAT flows it holds (quota), as `vmp_snat_quota`.
-#[btf_map(name = "vmp_snat6_quota")]
-pub static SNAT6_QUOTA: HashMap<[u8; 16], u32, { maps::SNAT6_QUOTA.max_entries as usize }> =
-    HashMap::new();
-
-/// Flows opened from outside to VMs' IPv6 addresses on SNAT networks with
-/// routed ingress, by the tuple the VM's replies carry.
-#[btf_map(name = "vmp_inbound6")]
-pub static INBOUND6: LruHashMap<NatKey6, InboundFlow, { maps::INBOUND6.max_entries as usize }> =
-    LruHashMap::new();
-
-/// Fragmented datagrams whose first fragment SNAT translated (or let
-/// through un-NATed), so their later fragments take the same way; both
-/// directions (`vmp_snat_frags`' twin). Keyed with `FRAG_OUT`: the source
-/// a VM's later fragments take (the SNAT address, or none); with
-/// `FRAG_IN`: the flow's `vmp_snat6_in` entry, back to the VM.
-#[btf_map(name = "vmp_snat6_frags")]
-pub static SNAT6_FRAGS: LruHashMap<
-    DatagramKey,
-    NatEntry6,
-    { maps::SNAT6_FRAGS.max_entries as usize },
-> = LruHashMap::new();
-
-/// Builds a key in `slot`, field by field: `NatKey6::new` goes through a
-/// word array, a second copy on the stack, and the uplink program's
-/// IPv4 and IPv6 paths together come close to the 512-byte stack.
-#[inline(always)]
-pub fn key6<'a>(
-    slot: &'a mut MaybeUninit<NatKey6>,
-    src: &[u8; 16],
-    dst: &[u8; 16],
-    sport: u16,
-    dport: u16,
-    proto: u8,
-) -> &'a NatKey6 {
-    let k = zeroed(slot);
-    k.src = *src;
-    k.dst = *dst;
-    k.sport = sport;
-    k.dport = dport;
-    k.proto = proto;
-    k
-}
-
-/// `NatKey6::reply`, built in `slot`.
-#[inline(always)]
-pub fn reply6<'a>(
-    slot: &'a mut MaybeUninit<NatKey6>,
-    remote: &[u8; 16],
-    snat: &[u8; 16],
-    remote_port: u16,
-    port: u16,
-    proto: u8,
-) -> &'a NatKey6 {
-    let sport = if proto == IPPROTO_ICMPV6 {
-        port
-    } else {
-        remote_port
-    };
-    key6(slot, remote, snat, sport, port, proto)
-}
-
-#[inline(always)]
-pub fn expired6(cfg: &SnatConfig, e: &NatEntry6, proto: u8, now: u64) -> bool {
-    now.saturating_sub(e.last_seen) > cfg.timeout_ns(proto, e.state)
-}
-
 /// Refreshes an entry; FIN or RST moves a TCP flow to the closing timeout.
 #[inline(always)]
 fn touch6(e: *mut NatEntry6, now: u64, tcp_flags: u8) {
     // SAFETY: callers pass a pointer from `get_ptr_mut` (bpf_map_lookup_elem),
     // valid until the program returns; plain integer stores shared by the
-    // flow's two directions (see `snat::touch`).
+    // flow's two directions (see `flow::touch`).
     unsafe {
         if stale((*e).last_seen, now) {
             (*e).last_seen = now;
@@ -170,7 +89,7 @@ fn inbound_reply6(cfg: &SnatConfig, key: &NatKey6, now: u64, tcp_flags: u8) -> b
 }
 
 /// Records (or refreshes) the IPv6 flow of a frame routed in from outside
-/// to a VM on a SNAT network with routed ingress (`snat::track_inbound4`'s
+/// to a VM on a SNAT network with routed ingress (`ipv4::track_inbound4`'s
 /// twin).
 #[inline(always)]
 pub fn track_inbound6(ctx: &TcContext) -> Result<(), u32> {
@@ -205,7 +124,7 @@ pub fn track_inbound6(ctx: &TcContext) -> Result<(), u32> {
 }
 
 /// Translates the VM's IPv6 frame in place to the node's IPv6 SNAT
-/// address; the caller routes it on. As `snat::egress4`: on a network with
+/// address; the caller routes it on. As `ipv4::egress4`: on a network with
 /// routed ingress the reply of a flow opened from outside leaves as it is.
 /// Only a frame whose transport header follows the fixed header: one with
 /// extension headers (a fragment's among them) goes on to `vm_snat6_ext`
@@ -233,57 +152,13 @@ pub fn egress6(
 /// Where `walk6` met the fragment header of a first fragment with more to
 /// come (0: none; an atomic fragment, offset 0 and none to come, is a
 /// whole datagram), as a value (see `walk6`).
-struct FirstAt(usize);
+pub struct FirstAt(pub usize);
 
 impl FragNote for FirstAt {
     #[inline(always)]
     fn first_fragment(&mut self, _: &TcContext, off: usize, more: u8) {
         self.0 = off * usize::from(more);
     }
-}
-
-/// tcx ingress on a VM port, reached by tail call from `vm_egress`
-/// (`egress6`) for an IPv6 frame a VM sends through SNAT with extension
-/// headers: the transport header found past them (`walk6`) and the frame
-/// translated by its ports; a first fragment's outcome recorded for its
-/// later fragments (`vmp_snat6_frags`, `FRAG_OUT`: the SNAT address, or
-/// none for the reply of an inbound flow); a later fragment given its
-/// first's source. Then routed on as `vm_egress` routes
-/// (`route::forward6`): `vm_egress` has checked the source, the hop limit
-/// and the MTU already.
-#[classifier]
-pub fn vm_snat6_ext(ctx: TcContext) -> i32 {
-    // SAFETY: the skb pointer is the program's own context, valid for this run.
-    let ifindex = unsafe { (*ctx.skb.skb).ifindex };
-    // SAFETY: a map lookup; the value stays valid for this program run.
-    let Some(port) = (unsafe { PORTS.get(&ifindex) }) else {
-        counters::count_drop(NO_PORT_ID, drop_reason::UNKNOWN_PORT);
-        return TC_ACT_SHOT;
-    };
-    match try_vm_snat6_ext(&ctx, ifindex, port) {
-        Ok(action) => action,
-        Err(reason) => {
-            counters::count_drop(port.port_id, reason);
-            TC_ACT_SHOT
-        }
-    }
-}
-
-#[inline(always)]
-fn try_vm_snat6_ext(ctx: &TcContext, ifindex: u32, port: &PortInfo) -> Verdict {
-    // SAFETY: a map lookup; the value stays valid for this program run.
-    let Some(net) = (unsafe { NETWORKS.get(&port.network) }) else {
-        return Err(drop_reason::NO_NETWORK);
-    };
-    let mut first = FirstAt(0);
-    let (proto, l4_off) = walk6(ctx, hdr::<Ipv6Hdr>(ctx, ETH_LEN)?.next_hdr, &mut first)?;
-    let next = if proto == IPPROTO_FRAGMENT {
-        later_fragment_out6(ctx, frag::later_id6(ctx, l4_off)?)?
-    } else {
-        let l4_off = through_cb(ctx, first.0, l4_off)?;
-        translate6(ctx, ifindex, port, net, proto, l4_off, true)?
-    };
-    route::forward6(ctx, ifindex, next, net.mtu)
 }
 
 /// Bound of the offsets `through_cb` carries: four extension headers of
@@ -298,7 +173,7 @@ const OFF_MAX: usize = 0x3fff;
 /// each of the walk's paths apart through the whole translation, over the
 /// verifier's budget.
 #[inline(always)]
-fn through_cb(ctx: &TcContext, first_at: usize, l4_off: usize) -> Result<usize, u32> {
+pub fn through_cb(ctx: &TcContext, first_at: usize, l4_off: usize) -> Result<usize, u32> {
     if first_at > OFF_MAX || l4_off > OFF_MAX {
         return Err(drop_reason::MALFORMED);
     }
@@ -320,7 +195,7 @@ fn through_cb(ctx: &TcContext, first_at: usize, l4_off: usize) -> Result<usize, 
 /// recorded for its later ones (`remember6`): the SNAT address, or none
 /// for the reply of an inbound flow, which leaves un-NATed.
 #[inline(always)]
-fn translate6(
+pub fn translate6(
     ctx: &TcContext,
     ifindex: u32,
     port: &PortInfo,
@@ -368,7 +243,7 @@ fn translate6(
         // SAFETY: `out` is from `get_ptr_mut` just above, valid until the
         // program returns; plain integer reads.
         let (p, seen) = unsafe { ((*out).port, (*out).last_seen) };
-        if !crate::snat::refresh_due(seen, now, l4.tcp_flags) {
+        if !refresh_due(seen, now, l4.tcp_flags) {
             nat_port = p;
         } else {
             let mut rkey_slot = MaybeUninit::uninit();
@@ -406,7 +281,7 @@ fn translate6(
 }
 
 /// The reply of an inbound flow leaves un-NATed; a first fragment's later
-/// ones are to follow it (`snat::unnated`'s twin).
+/// ones are to follow it (`ipv4::unnated`'s twin).
 #[inline(always)]
 fn unnated6(ctx: &TcContext, key: &NatKey6, frags: bool, now: u64) -> Result<NextHop, u32> {
     if frags {
@@ -456,7 +331,7 @@ fn remember6(ctx: &TcContext, key: &NatKey6, addr: &[u8; 16], now: u64) {
 /// out of order, or over `FRAG_TIMEOUT_NS` after) it carries nothing to
 /// place it by: `snat_fragment`.
 #[inline(always)]
-fn later_fragment_out6(ctx: &TcContext, id: [u8; 4]) -> Result<NextHop, u32> {
+pub fn later_fragment_out6(ctx: &TcContext, id: [u8; 4]) -> Result<NextHop, u32> {
     let ip = hdr::<Ipv6Hdr>(ctx, ETH_LEN)?;
     let mut slot = MaybeUninit::uninit();
     let fkey = frag::key6(&mut slot, &ip.src_addr, &ip.dst_addr, id, FRAG_OUT);
@@ -514,7 +389,7 @@ fn rewrite_addr6(
 }
 
 /// Picks a free port for a new flow (within the VM's quota) and records
-/// both directions (`snat::allocate`'s twin).
+/// both directions (`ipv4::allocate`'s twin).
 #[inline(always)]
 fn allocate6(
     ctx: &TcContext,
@@ -639,7 +514,7 @@ pub fn ingress6(ctx: &TcContext) -> Result<Option<i32>, u32> {
         return later_fragment_in6(ctx, frag::later_id6(ctx, l4_off)?, hop);
     }
     if proto == IPPROTO_ICMPV6
-        && let Some(action) = crate::snat_icmp::ingress6(ctx, cfg, l4_off)?
+        && let Some(action) = icmp::ingress6(ctx, cfg, l4_off)?
     {
         return Ok(Some(action));
     }
@@ -671,7 +546,7 @@ pub fn ingress6(ctx: &TcContext) -> Result<Option<i32>, u32> {
         return Err(drop_reason::ROUTE_TTL_EXCEEDED);
     }
     // SAFETY: as above; a plain integer read.
-    let due = crate::snat::refresh_due(unsafe { (*back).last_seen }, now, l4.tcp_flags);
+    let due = refresh_due(unsafe { (*back).last_seen }, now, l4.tcp_flags);
     touch6(back, now, l4.tcp_flags);
     if noted.piece == Piece::First {
         // Its later fragments go where it goes: the flow's entry as it is

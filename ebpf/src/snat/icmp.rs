@@ -24,8 +24,11 @@ use crate::{
         ETH_LEN, IPPROTO_ICMP, IPPROTO_ICMPV6, IPPROTO_TCP, IPPROTO_UDP, addr16_eq, be16, hdr,
         hdr_mut,
     },
-    snat::{SNAT_IN, expired, to_port, to_vm},
-    snat6::{SNAT6_IN, expired6, reply6},
+};
+
+use super::{
+    flow::{expired, expired6, reply6, to_port, to_vm},
+    maps::{SNAT_IN, SNAT6_IN},
 };
 
 const ICMP_DEST_UNREACH: u8 = 3;
