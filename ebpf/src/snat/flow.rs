@@ -4,7 +4,11 @@
 
 use core::mem::{MaybeUninit, offset_of};
 
-use aya_ebpf::{bindings::BPF_F_MARK_MANGLED_0, programs::TcContext};
+use aya_ebpf::{
+    bindings::{BPF_ANY, BPF_F_MARK_MANGLED_0, BPF_NOEXIST},
+    helpers::generated::bpf_get_prandom_u32,
+    programs::TcContext,
+};
 use network_types::{
     eth::EthHdr,
     icmp::{Icmpv4Hdr, Icmpv6Hdr},
@@ -12,12 +16,13 @@ use network_types::{
     udp::UdpHdr,
 };
 use vmpath_common::{
-    InboundFlow, L2Hop, NAT_ST_CLOSING, NAT_ST_OPEN, NatEntry, NatEntry6, NatKey6, SnatConfig,
-    drop_reason,
+    InboundFlow, L2Hop, NAT_ST_CLOSING, NAT_ST_OPEN, NatEntry, NatEntry6, NatKey6, NetworkInfo,
+    PortInfo, SnatConfig, drop_reason,
 };
 
 use crate::{
     fwd::deliver_local,
+    next_hop::{self, NextHop},
     parse::{
         IPPROTO_ICMP, IPPROTO_ICMPV6, IPPROTO_TCP, IPPROTO_UDP, be16, hdr, hdr_mut, write_at,
         write_mac, zeroed,
@@ -137,9 +142,227 @@ const _: () = assert!(
         && offset_of!(Icmpv4Hdr, data) == offset_of!(Icmpv6Hdr, data)
 );
 
+/// A flow entry of either family (`NatEntry`, `NatEntry6`: the same fields
+/// but the address's width), for the code both share; each function
+/// generic over it is monomorphised per family, as the family's own copy
+/// was.
+pub trait FlowEntry: Copy {
+    fn port(&self) -> u16;
+    fn state(&self) -> u8;
+    fn last_seen(&self) -> u64;
+    /// Where the entry's refresh stores go: (`last_seen`, `state`).
+    ///
+    /// # Safety
+    /// `e` points to an entry valid for the call (a map value from
+    /// `get_ptr_mut`); only field addresses are taken, nothing is read.
+    unsafe fn refreshed(e: *mut Self) -> (*mut u64, *mut u8);
+    /// Where a kept next hop lives in the entry: (`hop`, `hop_checked`).
+    ///
+    /// # Safety
+    /// As `refreshed`.
+    unsafe fn kept_hop(e: *mut Self) -> (*mut L2Hop, *mut u32);
+}
+
+/// The two entries' `FlowEntry`, field for field.
+macro_rules! flow_entry {
+    ($($entry:ty),*) => {$(
+        impl FlowEntry for $entry {
+            #[inline(always)]
+            fn port(&self) -> u16 {
+                self.port
+            }
+            #[inline(always)]
+            fn state(&self) -> u8 {
+                self.state
+            }
+            #[inline(always)]
+            fn last_seen(&self) -> u64 {
+                self.last_seen
+            }
+            #[inline(always)]
+            unsafe fn refreshed(e: *mut Self) -> (*mut u64, *mut u8) {
+                // SAFETY: the caller's: `e` is valid; field addresses only.
+                unsafe { (&raw mut (*e).last_seen, &raw mut (*e).state) }
+            }
+            #[inline(always)]
+            unsafe fn kept_hop(e: *mut Self) -> (*mut L2Hop, *mut u32) {
+                // SAFETY: as in `refreshed`.
+                unsafe { (&raw mut (*e).hop, &raw mut (*e).hop_checked) }
+            }
+        }
+    )*};
+}
+flow_entry!(NatEntry, NatEntry6);
+
+/// One address family's side of what the two SNAT paths share (`ipv4::V4`,
+/// `ipv6::V6`): its flow key and entry and its tables. `established` and
+/// `allocate` are generic over it, monomorphised per family.
+pub trait Family {
+    /// `NatKey`, `NatKey6`.
+    type Key;
+    /// `NatEntry`, `NatEntry6`.
+    type Entry: FlowEntry;
+    fn proto(key: &Self::Key) -> u8;
+    /// Is the return entry `back` still the flow `key`'s (its VM's address
+    /// and port)?
+    fn is_flow_of(back: &Self::Entry, key: &Self::Key) -> bool;
+    /// The key of the return entry of flow `key` translated to `port` (the
+    /// reply's tuple as it arrives on the uplink). By value: a slot the
+    /// caller keeps across `allocate`'s probes costs IPv4's `vm_egress`
+    /// 9% more verified instructions.
+    fn reply(key: &Self::Key, cfg: &SnatConfig, port: u16) -> Self::Key;
+    /// A new flow's return entry: back to its VM's address and port, out of
+    /// `ifindex` (the VM's port) from the gateway MAC to the VM's.
+    fn back_entry(
+        key: &Self::Key,
+        ifindex: u32,
+        vm_mac: [u8; 6],
+        gw_mac: [u8; 6],
+        port_id: u32,
+        now: u64,
+    ) -> Self::Entry;
+    /// A new flow's outbound entry, translated to `port`, from its return
+    /// entry `back`; no next hop kept yet.
+    fn out_entry(back: &Self::Entry, cfg: &SnatConfig, port: u16) -> Self::Entry;
+    /// The outbound table's entry of `key`.
+    fn out(key: &Self::Key) -> Option<*mut Self::Entry>;
+    fn insert_out(key: &Self::Key, e: &Self::Entry) -> bool;
+    /// The return table's entry of `rkey`.
+    fn back(rkey: &Self::Key) -> Option<*mut Self::Entry>;
+    /// As `back`, by reference (`get`), for `allocate`'s probes: through
+    /// `back`'s pointer the verifier walks IPv4's `vm_egress` 11% further.
+    ///
+    /// # Safety
+    /// A map lookup (`HashMap::get`): the value stays valid for this
+    /// program run, and another CPU may write it meanwhile.
+    unsafe fn back_ref(rkey: &Self::Key) -> Option<&Self::Entry>;
+    fn insert_back(rkey: &Self::Key, e: &Self::Entry, flags: u64) -> bool;
+    fn remove_back(rkey: &Self::Key);
+    /// The inbound-flow record of `key` (the VM's tuple), if any.
+    fn inbound(key: &Self::Key) -> Option<*mut InboundFlow>;
+    /// The count of flows the VM of `key` holds (its quota's), if any yet.
+    fn held(key: &Self::Key) -> Option<*mut u32>;
+    /// Counts the first flow of the VM of `key`.
+    fn count_first(key: &Self::Key);
+}
+
+/// The translated port of the outbound flow `key`, and its kept next hop:
+/// the port while the flow's return entry is still its own (looked up, and
+/// both entries refreshed, only when a refresh is due: `refresh_due`); 0
+/// and `NextHop::LOOKUP` for no such flow.
 #[inline(always)]
-pub fn expired(cfg: &SnatConfig, e: &NatEntry, proto: u8, now: u64) -> bool {
-    now.saturating_sub(e.last_seen) > cfg.timeout_ns(proto, e.state)
+pub fn established<F: Family>(
+    cfg: &SnatConfig,
+    key: &F::Key,
+    tcp_flags: u8,
+    now: u64,
+) -> (u16, NextHop) {
+    let mut nat_port = 0u16;
+    let mut next = NextHop::LOOKUP;
+    if let Some(out) = F::out(key) {
+        // SAFETY: `out` is from `get_ptr_mut` (bpf_map_lookup_elem) just
+        // above, valid until the program returns; plain integer reads.
+        let (p, seen) = unsafe { ((*out).port(), (*out).last_seen()) };
+        if !refresh_due(seen, now, tcp_flags) {
+            nat_port = p;
+        } else if let Some(back) = F::back(&F::reply(key, cfg, p)) {
+            // SAFETY: `back` is from `get_ptr_mut` just above, valid until
+            // the program returns; plain reads.
+            if F::is_flow_of(unsafe { &*back }, key) {
+                touch(out, now, tcp_flags);
+                touch(back, now, tcp_flags);
+                nat_port = p;
+            }
+        }
+        if nat_port != 0 {
+            // SAFETY: `out` as above; field addresses only.
+            let (hop, checked) = unsafe { F::Entry::kept_hop(out) };
+            next = next_hop::of_flow(hop, checked, now);
+        }
+    }
+    (nat_port, next)
+}
+
+/// Is `key` (the VM's tuple) the reply of a live flow opened from
+/// outside? Refreshes it when so.
+#[inline(always)]
+pub fn inbound_reply<F: Family>(cfg: &SnatConfig, key: &F::Key, now: u64, tcp_flags: u8) -> bool {
+    let Some(flow) = F::inbound(key) else {
+        return false;
+    };
+    inbound_live(cfg, F::proto(key), flow, now, tcp_flags)
+}
+
+/// Picks a free port for a new flow (within the VM's quota) and records
+/// both directions.
+#[inline(always)]
+pub fn allocate<F: Family>(
+    ctx: &TcContext,
+    cfg: &SnatConfig,
+    key: &F::Key,
+    ifindex: u32,
+    port: &PortInfo,
+    net: &NetworkInfo,
+    now: u64,
+) -> Result<u16, u32> {
+    let held = F::held(key);
+    if let Some(n) = held {
+        // SAFETY: `n` is from `get_ptr_mut` just above, valid until the
+        // program returns; a plain integer read.
+        if unsafe { *n } >= cfg.quota {
+            return Err(drop_reason::SNAT_QUOTA);
+        }
+    }
+    let min = u32::from(cfg.port_min);
+    let max = u32::from(cfg.port_max);
+    if max < min {
+        return Err(drop_reason::SNAT_PORTS_EXHAUSTED);
+    }
+    let range = max - min + 1;
+    // SAFETY: a helper call without arguments; it touches no memory of ours.
+    let start = unsafe { bpf_get_prandom_u32() } % range;
+    let vm_mac = hdr::<EthHdr>(ctx, 0)?.src_addr;
+    let back = F::back_entry(key, ifindex, vm_mac, net.gw_mac, port.port_id, now);
+    let mut i = 0u32;
+    let mut chosen = 0u16;
+    while i < PROBES {
+        let cand = (min + (start + i) % range) as u16;
+        i += 1;
+        let rkey = F::reply(key, cfg, cand);
+        // SAFETY: a map lookup; the value stays valid for this program run.
+        let flags = match unsafe { F::back_ref(&rkey) } {
+            None => u64::from(BPF_NOEXIST),
+            Some(e) if expired(cfg, e, F::proto(key), now) => u64::from(BPF_ANY),
+            Some(_) => continue,
+        };
+        if F::insert_back(&rkey, &back, flags) {
+            chosen = cand;
+            break;
+        }
+    }
+    if chosen == 0 {
+        return Err(drop_reason::SNAT_PORTS_EXHAUSTED);
+    }
+    let out = F::out_entry(&back, cfg, chosen);
+    if !F::insert_out(key, &out) {
+        F::remove_back(&F::reply(key, cfg, chosen));
+        return Err(drop_reason::SNAT_TABLE_FULL);
+    }
+    match held {
+        // Not atomic (the BPF target has no AtomicU32 here): a lost
+        // increment only delays the quota until the agent's next recount.
+        // SAFETY: `n` is from `get_ptr_mut` above, valid until the program returns.
+        Some(n) => unsafe { *n += 1 },
+        None => F::count_first(key),
+    }
+    Ok(chosen)
+}
+
+/// Has the flow of entry `e` been idle past its protocol's (and state's)
+/// timeout?
+#[inline(always)]
+pub fn expired<E: FlowEntry>(cfg: &SnatConfig, e: &E, proto: u8, now: u64) -> bool {
+    now.saturating_sub(e.last_seen()) > cfg.timeout_ns(proto, e.state())
 }
 
 /// How stale `last_seen` may get before a packet rewrites it. Timeouts
@@ -156,17 +379,18 @@ pub fn stale(last_seen: u64, now: u64) -> bool {
 
 /// Refreshes an entry; FIN or RST moves a TCP flow to the closing timeout.
 #[inline(always)]
-pub fn touch(e: *mut NatEntry, now: u64, tcp_flags: u8) {
+pub fn touch<E: FlowEntry>(e: *mut E, now: u64, tcp_flags: u8) {
     // SAFETY: callers pass a pointer from `get_ptr_mut` (bpf_map_lookup_elem), valid
     // until the program returns. The entry is shared by a flow's two
     // directions (possibly on two CPUs): plain integer stores, a race only
     // leaves a stale `last_seen` or a repeated state change.
     unsafe {
-        if stale((*e).last_seen, now) {
-            (*e).last_seen = now;
+        let (last_seen, state) = E::refreshed(e);
+        if stale(*last_seen, now) {
+            *last_seen = now;
         }
-        if tcp_flags & (TCP_FIN | TCP_RST) != 0 && (*e).state != NAT_ST_CLOSING {
-            (*e).state = NAT_ST_CLOSING;
+        if tcp_flags & (TCP_FIN | TCP_RST) != 0 && *state != NAT_ST_CLOSING {
+            *state = NAT_ST_CLOSING;
         }
     }
 }
@@ -349,9 +573,4 @@ pub fn reply6<'a>(
         remote_port
     };
     key6(slot, remote, snat, sport, port, proto)
-}
-
-#[inline(always)]
-pub fn expired6(cfg: &SnatConfig, e: &NatEntry6, proto: u8, now: u64) -> bool {
-    now.saturating_sub(e.last_seen) > cfg.timeout_ns(proto, e.state)
 }

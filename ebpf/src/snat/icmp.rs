@@ -27,7 +27,7 @@ use crate::{
 };
 
 use super::{
-    flow::{expired, expired6, reply6, to_port, to_vm},
+    flow::{expired, reply6, to_port, to_vm},
     maps::{SNAT_IN, SNAT6_IN},
 };
 
@@ -208,7 +208,7 @@ pub fn ingress6(ctx: &TcContext, cfg: &SnatConfig, l4_off: usize) -> Result<Opti
         return Ok(None);
     };
     let now = crate::clock::flow_now();
-    if expired6(cfg, e, iproto, now) {
+    if expired(cfg, e, iproto, now) {
         return Ok(None);
     }
 

@@ -5,25 +5,24 @@ use core::mem::offset_of;
 
 use aya_ebpf::{
     bindings::{BPF_ANY, BPF_F_MARK_MANGLED_0, BPF_F_PSEUDO_HDR, BPF_NOEXIST},
-    helpers::generated::bpf_get_prandom_u32,
     programs::TcContext,
 };
-use network_types::{eth::EthHdr, ip::Ipv4Hdr};
+use network_types::ip::Ipv4Hdr;
 use vmpath_common::{
-    FRAG_IN, FRAG_OUT, FRAG_TIMEOUT_NS, FragKey, L2Hop, NAT_ST_OPEN, NET_F_INGRESS, NatEntry,
-    NatKey, NetworkInfo, PortInfo, SnatConfig, drop_reason,
+    FRAG_IN, FRAG_OUT, FRAG_TIMEOUT_NS, FragKey, InboundFlow, L2Hop, NAT_ST_OPEN, NET_F_INGRESS,
+    NatEntry, NatKey, NetworkInfo, PortInfo, SnatConfig, drop_reason,
 };
 
 use crate::{
     csum,
-    next_hop::{self, NextHop},
+    next_hop::NextHop,
     parse::{ETH_LEN, IPPROTO_ICMP, IPPROTO_UDP, be16, hdr, hdr_mut, write_at},
 };
 
 use super::{
     flow::{
-        L4, PROBES, expired, inbound_live, inbound_ports, l4, new_inbound, refresh_due,
-        refresh_inbound, rewrite_port, to_vm, touch,
+        Family, L4, allocate, established, expired, inbound_ports, inbound_reply, l4, new_inbound,
+        refresh_due, refresh_inbound, rewrite_port, to_vm, touch,
     },
     icmp,
     maps::{INBOUND, SNAT_CONFIG, SNAT_FRAGS, SNAT_IN, SNAT_OUT, SNAT_QUOTA},
@@ -31,16 +30,6 @@ use super::{
 
 const IP_SRC_OFF: usize = ETH_LEN + offset_of!(Ipv4Hdr, src_addr);
 const IP_DST_OFF: usize = ETH_LEN + offset_of!(Ipv4Hdr, dst_addr);
-
-/// Is `key` (the VM's tuple) the reply of a live flow opened from
-/// outside? Refreshes it when so.
-#[inline(always)]
-fn inbound_reply(cfg: &SnatConfig, key: &NatKey, now: u64, tcp_flags: u8) -> bool {
-    let Some(flow) = INBOUND.get_ptr_mut(key) else {
-        return false;
-    };
-    inbound_live(cfg, key.proto, flow, now, tcp_flags)
-}
 
 /// Records (or refreshes) the IPv4 flow of a frame routed in from outside
 /// to a VM on a SNAT network with routed ingress, just before it is
@@ -101,51 +90,26 @@ pub fn egress4(
     let key = NatKey::new(src, dst, l4.sport, l4.dport, proto);
     if l4.echo_reply {
         // Only ever the answer to a ping from outside.
-        if inbound_reply(cfg, &key, now, 0) {
+        if inbound_reply::<V4>(cfg, &key, now, 0) {
             return unnated(&frag, first, now);
         }
         return Err(drop_reason::SNAT_UNSUPPORTED);
     }
     if cfg.addr4 == [0; 4] {
-        if ingress && inbound_reply(cfg, &key, now, l4.tcp_flags) {
+        if ingress && inbound_reply::<V4>(cfg, &key, now, l4.tcp_flags) {
             return unnated(&frag, first, now);
         }
         return Err(drop_reason::SNAT_NO_ADDRESS);
     }
 
     // An existing flow keeps its port while its return entry is still ours.
-    let mut nat_port = 0u16;
-    let mut next = NextHop::LOOKUP;
-    if let Some(out) = SNAT_OUT.get_ptr_mut(&key) {
-        // SAFETY: `out` is from `get_ptr_mut` (bpf_map_lookup_elem) just above, valid
-        // until the program returns; plain integer reads.
-        let (p, seen) = unsafe { ((*out).port, (*out).last_seen) };
-        if !refresh_due(seen, now, l4.tcp_flags) {
-            nat_port = p;
-        } else if let Some(back) =
-            SNAT_IN.get_ptr_mut(&NatKey::reply(dst, cfg.addr4, l4.dport, p, proto))
-        {
-            // SAFETY: `back` is from `get_ptr_mut` just above, valid until the program
-            // returns; plain integer reads.
-            let mine = unsafe { (*back).addr == src && (*back).port == l4.sport };
-            if mine {
-                touch(out, now, l4.tcp_flags);
-                touch(back, now, l4.tcp_flags);
-                nat_port = p;
-            }
-        }
-        if nat_port != 0 {
-            // SAFETY: field addresses inside the entry above; no access.
-            next =
-                unsafe { next_hop::of_flow(&raw mut (*out).hop, &raw mut (*out).hop_checked, now) };
-        }
-    }
+    let (mut nat_port, next) = established::<V4>(cfg, &key, l4.tcp_flags, now);
     if nat_port == 0 {
         // Not an outbound flow of ours: the reply of an inbound one?
-        if ingress && inbound_reply(cfg, &key, now, l4.tcp_flags) {
+        if ingress && inbound_reply::<V4>(cfg, &key, now, l4.tcp_flags) {
             return unnated(&frag, first, now);
         }
-        nat_port = allocate(ctx, cfg, &key, &l4, ifindex, port, net, now)?;
+        nat_port = allocate::<V4>(ctx, cfg, &key, ifindex, port, net, now)?;
     }
     if first {
         remember_fragment(&frag, cfg.addr4, now);
@@ -256,99 +220,113 @@ fn rewrite_addr(
     write_at(ctx, off, &new)
 }
 
-/// Picks a free port for a new flow (within the VM's quota) and records
-/// both directions.
-#[inline(always)]
-#[allow(clippy::too_many_arguments)]
-fn allocate(
-    ctx: &TcContext,
-    cfg: &SnatConfig,
-    key: &NatKey,
-    l4: &L4,
-    ifindex: u32,
-    port: &PortInfo,
-    net: &NetworkInfo,
-    now: u64,
-) -> Result<u16, u32> {
-    let vm = u32::from_ne_bytes(key.src);
-    let held = SNAT_QUOTA.get_ptr_mut(&vm);
-    if let Some(n) = held {
-        // SAFETY: `n` is from `get_ptr_mut` just above, valid until the program
-        // returns; a plain integer read.
-        if unsafe { *n } >= cfg.quota {
-            return Err(drop_reason::SNAT_QUOTA);
+/// IPv4's side of what the two families' SNAT shares.
+pub struct V4;
+
+impl Family for V4 {
+    type Key = NatKey;
+    type Entry = NatEntry;
+
+    #[inline(always)]
+    fn proto(key: &NatKey) -> u8 {
+        key.proto
+    }
+
+    #[inline(always)]
+    fn is_flow_of(back: &NatEntry, key: &NatKey) -> bool {
+        back.addr == key.src && back.port == key.sport
+    }
+
+    #[inline(always)]
+    fn reply(key: &NatKey, cfg: &SnatConfig, port: u16) -> NatKey {
+        NatKey::reply(key.dst, cfg.addr4, key.dport, port, key.proto)
+    }
+
+    #[inline(always)]
+    fn back_entry(
+        key: &NatKey,
+        ifindex: u32,
+        vm_mac: [u8; 6],
+        gw_mac: [u8; 6],
+        port_id: u32,
+        now: u64,
+    ) -> NatEntry {
+        NatEntry {
+            addr: key.src,
+            port: key.sport,
+            state: NAT_ST_OPEN,
+            _pad: 0,
+            hop: L2Hop {
+                ifindex,
+                dst_mac: vm_mac,
+                src_mac: gw_mac,
+            },
+            port_id,
+            hop_checked: 0,
+            last_seen: now,
         }
     }
-    let min = u32::from(cfg.port_min);
-    let max = u32::from(cfg.port_max);
-    if max < min {
-        return Err(drop_reason::SNAT_PORTS_EXHAUSTED);
-    }
-    let range = max - min + 1;
-    // SAFETY: a helper call without arguments; it touches no memory of ours.
-    let start = unsafe { bpf_get_prandom_u32() } % range;
-    let vm_mac = hdr::<EthHdr>(ctx, 0)?.src_addr;
-    let back = NatEntry {
-        addr: key.src,
-        port: key.sport,
-        state: NAT_ST_OPEN,
-        _pad: 0,
-        hop: L2Hop {
-            ifindex,
-            dst_mac: vm_mac,
-            src_mac: net.gw_mac,
-        },
-        port_id: port.port_id,
-        hop_checked: 0,
-        last_seen: now,
-    };
-    let mut i = 0u32;
-    let mut chosen = 0u16;
-    while i < PROBES {
-        let cand = (min + (start + i) % range) as u16;
-        i += 1;
-        let rkey = NatKey::reply(key.dst, cfg.addr4, key.dport, cand, key.proto);
-        // SAFETY: a map lookup; the value stays valid for this program run.
-        let flags = match unsafe { SNAT_IN.get(&rkey) } {
-            None => u64::from(BPF_NOEXIST),
-            Some(e) if expired(cfg, e, key.proto, now) => u64::from(BPF_ANY),
-            Some(_) => continue,
-        };
-        if SNAT_IN.insert(&rkey, &back, flags).is_ok() {
-            chosen = cand;
-            break;
+
+    #[inline(always)]
+    fn out_entry(back: &NatEntry, cfg: &SnatConfig, port: u16) -> NatEntry {
+        NatEntry {
+            addr: cfg.addr4,
+            port,
+            state: NAT_ST_OPEN,
+            _pad: 0,
+            hop: L2Hop::default(),
+            port_id: back.port_id,
+            hop_checked: 0,
+            last_seen: back.last_seen,
         }
     }
-    if chosen == 0 {
-        return Err(drop_reason::SNAT_PORTS_EXHAUSTED);
+
+    #[inline(always)]
+    fn out(key: &NatKey) -> Option<*mut NatEntry> {
+        SNAT_OUT.get_ptr_mut(key)
     }
-    // No next hop kept yet: the flow's next frame looks it up and keeps it.
-    let out = NatEntry {
-        addr: cfg.addr4,
-        port: chosen,
-        state: NAT_ST_OPEN,
-        _pad: 0,
-        hop: L2Hop::default(),
-        port_id: port.port_id,
-        hop_checked: 0,
-        last_seen: now,
-    };
-    if SNAT_OUT.insert(key, &out, u64::from(BPF_ANY)).is_err() {
-        let rkey = NatKey::reply(key.dst, cfg.addr4, key.dport, chosen, key.proto);
-        let _ = SNAT_IN.remove(&rkey);
-        return Err(drop_reason::SNAT_TABLE_FULL);
+
+    #[inline(always)]
+    fn insert_out(key: &NatKey, e: &NatEntry) -> bool {
+        SNAT_OUT.insert(key, e, u64::from(BPF_ANY)).is_ok()
     }
-    match held {
-        // Not atomic (the BPF target has no AtomicU32 here): a lost
-        // increment only delays the quota until the agent's next recount.
-        // SAFETY: `n` is from `get_ptr_mut` above, valid until the program returns.
-        Some(n) => unsafe { *n += 1 },
-        None => {
-            let _ = SNAT_QUOTA.insert(&vm, &1, u64::from(BPF_NOEXIST));
-        }
+
+    #[inline(always)]
+    fn back(rkey: &NatKey) -> Option<*mut NatEntry> {
+        SNAT_IN.get_ptr_mut(rkey)
     }
-    let _ = l4;
-    Ok(chosen)
+
+    #[inline(always)]
+    unsafe fn back_ref(rkey: &NatKey) -> Option<&NatEntry> {
+        // SAFETY: the caller's (see `Family::back_ref`).
+        unsafe { SNAT_IN.get(rkey) }
+    }
+
+    #[inline(always)]
+    fn insert_back(rkey: &NatKey, e: &NatEntry, flags: u64) -> bool {
+        SNAT_IN.insert(rkey, e, flags).is_ok()
+    }
+
+    #[inline(always)]
+    fn remove_back(rkey: &NatKey) {
+        let _ = SNAT_IN.remove(rkey);
+    }
+
+    #[inline(always)]
+    fn inbound(key: &NatKey) -> Option<*mut InboundFlow> {
+        INBOUND.get_ptr_mut(key)
+    }
+
+    /// The quota's key: the VM's address as a native u32.
+    #[inline(always)]
+    fn held(key: &NatKey) -> Option<*mut u32> {
+        SNAT_QUOTA.get_ptr_mut(&u32::from_ne_bytes(key.src))
+    }
+
+    #[inline(always)]
+    fn count_first(key: &NatKey) {
+        let _ = SNAT_QUOTA.insert(&u32::from_ne_bytes(key.src), &1, u64::from(BPF_NOEXIST));
+    }
 }
 
 /// Reverse translation of return traffic on the uplink: `Ok(None)` when

@@ -33,18 +33,17 @@ use core::mem::{MaybeUninit, offset_of};
 
 use aya_ebpf::{
     bindings::{BPF_ANY, BPF_F_MARK_MANGLED_0, BPF_F_PSEUDO_HDR, BPF_NOEXIST},
-    helpers::generated::bpf_get_prandom_u32,
     programs::TcContext,
 };
-use network_types::{eth::EthHdr, ip::Ipv6Hdr};
+use network_types::ip::Ipv6Hdr;
 use vmpath_common::{
-    FRAG_IN, FRAG_OUT, L2Hop, NAT_ST_CLOSING, NAT_ST_OPEN, NET_F_INGRESS, NatEntry6, NatKey6,
+    FRAG_IN, FRAG_OUT, InboundFlow, L2Hop, NAT_ST_OPEN, NET_F_INGRESS, NatEntry6, NatKey6,
     NetworkInfo, PortInfo, SnatConfig, drop_reason, skb_cb, tail_call,
 };
 
 use crate::{
     frag::{self, Noted6, Piece},
-    next_hop::{self, NextHop},
+    next_hop::NextHop,
     parse::{ETH_LEN, IPPROTO_ICMPV6, IPPROTO_TCP, IPPROTO_UDP, addr16_eq, hdr, hdr_mut, words16},
     spoof::{FragNote, IPPROTO_FRAGMENT, upper_layer6, walk6},
     verdict::PROGS,
@@ -52,8 +51,8 @@ use crate::{
 
 use super::{
     flow::{
-        L4, PROBES, TCP_FIN, TCP_RST, expired6, inbound_live, inbound_ports, key6, l4, new_inbound,
-        refresh_due, refresh_inbound, reply6, rewrite_port, stale, to_port,
+        Family, L4, allocate, established, expired, inbound_ports, inbound_reply, key6, l4,
+        new_inbound, refresh_due, refresh_inbound, rewrite_port, to_port, touch,
     },
     icmp,
     maps::{INBOUND6, SNAT_CONFIG, SNAT6_FRAGS, SNAT6_IN, SNAT6_OUT, SNAT6_QUOTA},
@@ -62,31 +61,6 @@ use super::{
 const IP6_SRC_OFF: usize = ETH_LEN + offset_of!(Ipv6Hdr, src_addr);
 const IP6_DST_OFF: usize = ETH_LEN + offset_of!(Ipv6Hdr, dst_addr);
 const NO_ADDR: [u8; 16] = [0; 16];
-
-/// Refreshes an entry; FIN or RST moves a TCP flow to the closing timeout.
-#[inline(always)]
-fn touch6(e: *mut NatEntry6, now: u64, tcp_flags: u8) {
-    // SAFETY: callers pass a pointer from `get_ptr_mut` (bpf_map_lookup_elem),
-    // valid until the program returns; plain integer stores shared by the
-    // flow's two directions (see `flow::touch`).
-    unsafe {
-        if stale((*e).last_seen, now) {
-            (*e).last_seen = now;
-        }
-        if tcp_flags & (TCP_FIN | TCP_RST) != 0 && (*e).state != NAT_ST_CLOSING {
-            (*e).state = NAT_ST_CLOSING;
-        }
-    }
-}
-
-/// Is `key` (the VM's tuple) the reply of a live flow opened from outside?
-#[inline(always)]
-fn inbound_reply6(cfg: &SnatConfig, key: &NatKey6, now: u64, tcp_flags: u8) -> bool {
-    match INBOUND6.get_ptr_mut(key) {
-        Some(flow) => inbound_live(cfg, key.proto, flow, now, tcp_flags),
-        None => false,
-    }
-}
 
 /// Records (or refreshes) the IPv6 flow of a frame routed in from outside
 /// to a VM on a SNAT network with routed ingress (`ipv4::track_inbound4`'s
@@ -224,53 +198,25 @@ pub fn translate6(
     let now = crate::clock::flow_now();
     if l4.echo_reply {
         // Only ever the answer to a ping from outside.
-        if inbound_reply6(cfg, key, now, 0) {
+        if inbound_reply::<V6>(cfg, key, now, 0) {
             return unnated6(ctx, key, frags, now);
         }
         return Err(drop_reason::SNAT_UNSUPPORTED);
     }
     if addr16_eq(&cfg.addr6, &NO_ADDR) {
-        if ingress && inbound_reply6(cfg, key, now, l4.tcp_flags) {
+        if ingress && inbound_reply::<V6>(cfg, key, now, l4.tcp_flags) {
             return unnated6(ctx, key, frags, now);
         }
         return Err(drop_reason::SNAT_NO_ADDRESS);
     }
 
     // An existing flow keeps its port while its return entry is still ours.
-    let mut nat_port = 0u16;
-    let mut next = NextHop::LOOKUP;
-    if let Some(out) = SNAT6_OUT.get_ptr_mut(key) {
-        // SAFETY: `out` is from `get_ptr_mut` just above, valid until the
-        // program returns; plain integer reads.
-        let (p, seen) = unsafe { ((*out).port, (*out).last_seen) };
-        if !refresh_due(seen, now, l4.tcp_flags) {
-            nat_port = p;
-        } else {
-            let mut rkey_slot = MaybeUninit::uninit();
-            let rkey = reply6(&mut rkey_slot, &key.dst, &cfg.addr6, l4.dport, p, proto);
-            if let Some(back) = SNAT6_IN.get_ptr_mut(rkey) {
-                // SAFETY: `back` is from `get_ptr_mut` just above, valid
-                // until the program returns; plain reads.
-                let mine =
-                    unsafe { addr16_eq(&(*back).addr, &key.src) && (*back).port == l4.sport };
-                if mine {
-                    touch6(out, now, l4.tcp_flags);
-                    touch6(back, now, l4.tcp_flags);
-                    nat_port = p;
-                }
-            }
-        }
-        if nat_port != 0 {
-            // SAFETY: field addresses inside the entry above; no access.
-            next =
-                unsafe { next_hop::of_flow(&raw mut (*out).hop, &raw mut (*out).hop_checked, now) };
-        }
-    }
+    let (mut nat_port, next) = established::<V6>(cfg, key, l4.tcp_flags, now);
     if nat_port == 0 {
-        if ingress && inbound_reply6(cfg, key, now, l4.tcp_flags) {
+        if ingress && inbound_reply::<V6>(cfg, key, now, l4.tcp_flags) {
             return unnated6(ctx, key, frags, now);
         }
-        nat_port = allocate6(ctx, cfg, key, ifindex, port, net, now)?;
+        nat_port = allocate::<V6>(ctx, cfg, key, ifindex, port, net, now)?;
     }
     if frags {
         remember6(ctx, key, &cfg.addr6, now);
@@ -388,107 +334,124 @@ fn rewrite_addr6(
     crate::parse::write_at(ctx, off, new)
 }
 
-/// Picks a free port for a new flow (within the VM's quota) and records
-/// both directions (`ipv4::allocate`'s twin).
-#[inline(always)]
-fn allocate6(
-    ctx: &TcContext,
-    cfg: &SnatConfig,
-    key: &NatKey6,
-    ifindex: u32,
-    port: &PortInfo,
-    net: &NetworkInfo,
-    now: u64,
-) -> Result<u16, u32> {
-    let held = SNAT6_QUOTA.get_ptr_mut(&key.src);
-    if let Some(n) = held {
-        // SAFETY: `n` is from `get_ptr_mut` just above, valid until the
-        // program returns; a plain integer read.
-        if unsafe { *n } >= cfg.quota {
-            return Err(drop_reason::SNAT_QUOTA);
-        }
+/// IPv6's side of what the two families' SNAT shares.
+pub struct V6;
+
+impl Family for V6 {
+    type Key = NatKey6;
+    type Entry = NatEntry6;
+
+    #[inline(always)]
+    fn proto(key: &NatKey6) -> u8 {
+        key.proto
     }
-    let min = u32::from(cfg.port_min);
-    let max = u32::from(cfg.port_max);
-    if max < min {
-        return Err(drop_reason::SNAT_PORTS_EXHAUSTED);
+
+    #[inline(always)]
+    fn is_flow_of(back: &NatEntry6, key: &NatKey6) -> bool {
+        addr16_eq(&back.addr, &key.src) && back.port == key.sport
     }
-    let range = max - min + 1;
-    // SAFETY: a helper call without arguments; it touches no memory of ours.
-    let start = unsafe { bpf_get_prandom_u32() } % range;
-    let vm_mac = hdr::<EthHdr>(ctx, 0)?.src_addr;
-    let back = NatEntry6 {
-        addr: key.src,
-        port: key.sport,
-        state: NAT_ST_OPEN,
-        _pad: 0,
-        hop: L2Hop {
-            ifindex,
-            dst_mac: vm_mac,
-            src_mac: net.gw_mac,
-        },
-        port_id: port.port_id,
-        hop_checked: 0,
-        _pad2: 0,
-        last_seen: now,
-    };
-    let mut i = 0u32;
-    let mut chosen = 0u16;
-    let mut rkey_slot = MaybeUninit::uninit();
-    while i < PROBES {
-        let cand = (min + (start + i) % range) as u16;
-        i += 1;
-        let rkey = reply6(
-            &mut rkey_slot,
-            &key.dst,
-            &cfg.addr6,
-            key.dport,
-            cand,
-            key.proto,
-        );
-        // SAFETY: a map lookup; the value stays valid for this program run.
-        let flags = match unsafe { SNAT6_IN.get(rkey) } {
-            None => u64::from(BPF_NOEXIST),
-            Some(e) if expired6(cfg, e, key.proto, now) => u64::from(BPF_ANY),
-            Some(_) => continue,
+
+    /// `NatKey6::reply` (`reply6`'s), as a struct literal: `reply6` into a
+    /// slot, then copied out, takes `vm_egress` past the 512-byte stack.
+    #[inline(always)]
+    fn reply(key: &NatKey6, cfg: &SnatConfig, port: u16) -> NatKey6 {
+        let sport = if key.proto == IPPROTO_ICMPV6 {
+            port
+        } else {
+            key.dport
         };
-        if SNAT6_IN.insert(rkey, &back, flags).is_ok() {
-            chosen = cand;
-            break;
+        NatKey6 {
+            src: key.dst,
+            dst: cfg.addr6,
+            sport,
+            dport: port,
+            proto: key.proto,
+            _pad: [0; 3],
         }
     }
-    if chosen == 0 {
-        return Err(drop_reason::SNAT_PORTS_EXHAUSTED);
+
+    #[inline(always)]
+    fn back_entry(
+        key: &NatKey6,
+        ifindex: u32,
+        vm_mac: [u8; 6],
+        gw_mac: [u8; 6],
+        port_id: u32,
+        now: u64,
+    ) -> NatEntry6 {
+        NatEntry6 {
+            addr: key.src,
+            port: key.sport,
+            state: NAT_ST_OPEN,
+            _pad: 0,
+            hop: L2Hop {
+                ifindex,
+                dst_mac: vm_mac,
+                src_mac: gw_mac,
+            },
+            port_id,
+            hop_checked: 0,
+            _pad2: 0,
+            last_seen: now,
+        }
     }
-    // No next hop kept yet: the flow's next frame looks it up and keeps it.
-    let out = NatEntry6 {
-        addr: cfg.addr6,
-        port: chosen,
-        hop: L2Hop::default(),
-        ..back
-    };
-    if SNAT6_OUT.insert(key, &out, u64::from(BPF_ANY)).is_err() {
-        let rkey = reply6(
-            &mut rkey_slot,
-            &key.dst,
-            &cfg.addr6,
-            key.dport,
-            chosen,
-            key.proto,
-        );
+
+    #[inline(always)]
+    fn out_entry(back: &NatEntry6, cfg: &SnatConfig, port: u16) -> NatEntry6 {
+        NatEntry6 {
+            addr: cfg.addr6,
+            port,
+            hop: L2Hop::default(),
+            ..*back
+        }
+    }
+
+    #[inline(always)]
+    fn out(key: &NatKey6) -> Option<*mut NatEntry6> {
+        SNAT6_OUT.get_ptr_mut(key)
+    }
+
+    #[inline(always)]
+    fn insert_out(key: &NatKey6, e: &NatEntry6) -> bool {
+        SNAT6_OUT.insert(key, e, u64::from(BPF_ANY)).is_ok()
+    }
+
+    #[inline(always)]
+    fn back(rkey: &NatKey6) -> Option<*mut NatEntry6> {
+        SNAT6_IN.get_ptr_mut(rkey)
+    }
+
+    #[inline(always)]
+    unsafe fn back_ref(rkey: &NatKey6) -> Option<&NatEntry6> {
+        // SAFETY: the caller's (see `Family::back_ref`).
+        unsafe { SNAT6_IN.get(rkey) }
+    }
+
+    #[inline(always)]
+    fn insert_back(rkey: &NatKey6, e: &NatEntry6, flags: u64) -> bool {
+        SNAT6_IN.insert(rkey, e, flags).is_ok()
+    }
+
+    #[inline(always)]
+    fn remove_back(rkey: &NatKey6) {
         let _ = SNAT6_IN.remove(rkey);
-        return Err(drop_reason::SNAT_TABLE_FULL);
     }
-    match held {
-        // Not atomic: a lost increment only delays the quota until the
-        // agent's next recount.
-        // SAFETY: `n` is from `get_ptr_mut` above, valid until the program returns.
-        Some(n) => unsafe { *n += 1 },
-        None => {
-            let _ = SNAT6_QUOTA.insert(&key.src, &1, u64::from(BPF_NOEXIST));
-        }
+
+    #[inline(always)]
+    fn inbound(key: &NatKey6) -> Option<*mut InboundFlow> {
+        INBOUND6.get_ptr_mut(key)
     }
-    Ok(chosen)
+
+    /// The quota's key: the VM's address.
+    #[inline(always)]
+    fn held(key: &NatKey6) -> Option<*mut u32> {
+        SNAT6_QUOTA.get_ptr_mut(&key.src)
+    }
+
+    #[inline(always)]
+    fn count_first(key: &NatKey6) {
+        let _ = SNAT6_QUOTA.insert(&key.src, &1, u64::from(BPF_NOEXIST));
+    }
 }
 
 /// Reverse translation of IPv6 return traffic on the uplink: `Ok(None)`
@@ -539,7 +502,7 @@ pub fn ingress6(ctx: &TcContext) -> Result<Option<i32>, u32> {
     let now = crate::clock::flow_now();
     // SAFETY: `back` is from `get_ptr_mut` just above, valid until the
     // program returns; the reference lives for this call only.
-    if expired6(cfg, unsafe { &*back }, proto, now) {
+    if expired(cfg, unsafe { &*back }, proto, now) {
         return Ok(None);
     }
     if hop <= 1 {
@@ -547,7 +510,7 @@ pub fn ingress6(ctx: &TcContext) -> Result<Option<i32>, u32> {
     }
     // SAFETY: as above; a plain integer read.
     let due = refresh_due(unsafe { (*back).last_seen }, now, l4.tcp_flags);
-    touch6(back, now, l4.tcp_flags);
+    touch(back, now, l4.tcp_flags);
     if noted.piece == Piece::First {
         // Its later fragments go where it goes: the flow's entry as it is
         // (just refreshed: its time is the first fragment's, within
@@ -569,7 +532,7 @@ pub fn ingress6(ctx: &TcContext) -> Result<Option<i32>, u32> {
         let mut out_slot = MaybeUninit::uninit();
         let key = key6(&mut out_slot, &e.addr, &rkey.src, e.port, dport, proto);
         if let Some(out) = SNAT6_OUT.get_ptr_mut(key) {
-            touch6(out, now, l4.tcp_flags);
+            touch(out, now, l4.tcp_flags);
         }
     }
 

@@ -22,9 +22,17 @@
 //! Layered bottom up, no module using one above it: `maps` (both
 //! families' tables), `flow` (what a flow of either family is and how it
 //! lives: the transport fields read, timeouts, refreshes, inbound records,
-//! the port rewrite, the delivery to the VM), `icmp` (ICMP errors for SNAT
-//! flows, both families), then `ipv4` and `ipv6` (each family's way out
-//! and back, which hands ICMP errors to `icmp`).
+//! an established flow's check, a new flow's port allocation, the port
+//! rewrite, the delivery to the VM), `icmp` (ICMP errors for SNAT flows,
+//! both families), then `ipv4` and `ipv6` (each family's way out and back,
+//! which hands ICMP errors to `icmp`).
+//!
+//! What the families share is written once, generic over `flow::Family`
+//! (`ipv4::V4`, `ipv6::V6`: key, entry, tables) and `flow::FlowEntry`, and
+//! monomorphised per family: each program still inlines its own family's
+//! code, as before. What differs stays apart: the headers (IPv4's
+//! checksum and fragments, IPv6's extension headers), and the return
+//! path, whose IPv6 side reads its entry in place to save stack.
 
 pub mod flow;
 pub mod icmp;
