@@ -345,6 +345,23 @@ pub struct ExternalWindow {
     /// move (polled about every 10 ms, so a few may have come the new
     /// way): the fabric still sent them to the source, which relayed them.
     pub on_target_before_converged: usize,
+    /// The test's own cut-over between the source's link going down and
+    /// the target up and announcing (an `ip` command and the announcer's
+    /// trigger), ms: the namespace migration's pause. A loaded machine
+    /// stretches it; what vmpath adds is the window beyond it.
+    pub commands_ms: f64,
+}
+
+impl ExternalWindow {
+    /// `gap_ms` beyond the test's own cut-over commands.
+    pub fn beyond_commands_ms(&self) -> f64 {
+        self.gap_ms - self.commands_ms
+    }
+
+    /// `gap_to_end_ms` beyond the test's own cut-over commands.
+    pub fn to_end_beyond_commands_ms(&self) -> f64 {
+        self.gap_to_end_ms - self.commands_ms
+    }
 }
 
 /// The cut-over of a migration [`start_migration`] made pending, while
@@ -389,8 +406,10 @@ sendp([garp, rarp], iface='eth0')
 
     let cut = monotonic_ns();
     bed.imp.ns.run(&["ip", "link", "set", "eth0", "down"]);
+    let stopped = monotonic_ns();
     bed.imp_t.ns.run(&["ip", "link", "set", "eth0", "up"]);
     std::fs::write(&trigger, b"").unwrap();
+    let resumed = monotonic_ns();
     bed.imp_t
         .ns
         .run(&["ip", "route", "replace", "default", "via", GATEWAY]);
@@ -444,5 +463,6 @@ sendp([garp, rarp], iface='eth0')
         relayed,
         converged_ms: converged.map_or(f64::NAN, |t| (t - cut) as f64 / 1e6),
         on_target_before_converged,
+        commands_ms: (resumed - stopped) as f64 / 1e6,
     }
 }
