@@ -135,7 +135,9 @@ fn tcp_and_udp_cross_at_full_offload_with_valid_checksums() {
         .unwrap_or_else(|| panic!("no TCP summary: {tcp6}"));
     assert!(bytes6 > 10e6, "TCP over IPv6 moved only {bytes6} bytes");
 
-    // UDP: datagrams with bad checksums would be dropped by the receiver.
+    // UDP: datagrams with bad checksums would be dropped by the receiver,
+    // which counts them (`Udp: InCsumErrors` of its namespace).
+    let csum_errors_before = udp_in_csum_errors(&bed.vm2.ns);
     let udp = iperf3(&bed.vm2.ns, &bed.vm1.ns, "10.20.0.12", true, 2);
     let sum = &udp["end"]["sum"];
     let packets = sum["packets"]
@@ -144,11 +146,18 @@ fn tcp_and_udp_cross_at_full_offload_with_valid_checksums() {
     let lost = sum["lost_packets"]
         .as_f64()
         .unwrap_or_else(|| panic!("no UDP summary: {udp}"));
-    assert!(packets > 1000.0, "UDP sent {packets} datagrams");
-    // Bad checksums lose (nearly) every datagram; an unpaced UDP stream on a
-    // busy 2-CPU machine (CI runs two tests at once, a TCG guest among them)
-    // loses a few percent to full socket buffers alone.
-    assert!(lost / packets < 0.25, "UDP lost {lost} of {packets}");
+    // What arrived was checked by the receiver's stack and none failed. How
+    // many are lost besides is the machine's load (an unpaced stream into a
+    // starved receiver overflows its socket buffer), not the data path's.
+    assert!(
+        packets - lost > 1000.0,
+        "UDP: {lost} of {packets} datagrams lost, too few to judge"
+    );
+    assert_eq!(
+        udp_in_csum_errors(&bed.vm2.ns),
+        csum_errors_before,
+        "UDP datagrams with bad checksums reached the receiver"
+    );
 
     // tcx keeps the VM side's offloads (XDP on a veth would switch TSO off).
     let offload = bed.vm1.ns.run(&["ethtool", "-k", "eth0"]);
@@ -386,4 +395,21 @@ fn agent_restart_with_empty_config_keeps_forwarding() {
     bed.node
         .wait_ports(&[&bed.vm1.port, &bed.vm2.port, &bed.vm3.port]);
     assert!(bed.vm2.ping("10.20.0.11"));
+}
+
+/// The namespace's count of UDP datagrams its stack dropped for a bad
+/// checksum (`/proc/net/snmp`, read from inside the namespace).
+fn udp_in_csum_errors(ns: &vmpath_tests::Netns) -> u64 {
+    let snmp = ns.run(&["cat", "/proc/net/snmp"]);
+    let mut udp = snmp.lines().filter(|l| l.starts_with("Udp: "));
+    let (names, values) = (udp.next(), udp.next());
+    let (Some(names), Some(values)) = (names, values) else {
+        panic!("no Udp lines in /proc/net/snmp:\n{snmp}");
+    };
+    names
+        .split_whitespace()
+        .zip(values.split_whitespace())
+        .find(|(n, _)| *n == "InCsumErrors")
+        .and_then(|(_, v)| v.parse().ok())
+        .unwrap_or_else(|| panic!("no InCsumErrors in /proc/net/snmp:\n{snmp}"))
 }
