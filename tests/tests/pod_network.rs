@@ -79,6 +79,139 @@ fn dhcp(guest: &Netns, ifname: &str, dir: &Path) -> (String, String) {
     (ip.to_string(), router.to_string())
 }
 
+/// Pod network blue (the fixture, `role: Primary`), IPv4 or dual-stack,
+/// without the fixture's Node.
+fn primary_network(dual_stack: bool) -> String {
+    let mut net = NETWORK.replace("  id: 310\n", "  id: 310\n  role: Primary\n");
+    if dual_stack {
+        net = net
+            .replace(
+                "subnets: [10.31.0.0/24]",
+                "subnets: [10.31.0.0/24, 'fd31::/64']",
+            )
+            .replace(
+                "defaultGatewayIPs: [10.31.0.1]",
+                "defaultGatewayIPs: [10.31.0.1, 'fd31::1']",
+            );
+        assert!(net.contains("fd31::1"), "{net}");
+    }
+    net.split("\n---\n")
+        .filter(|d| !d.contains("kind: Node"))
+        .collect::<Vec<_>>()
+        .join("\n---\n")
+}
+
+/// Pod web-0 (namespace prod) as the pod-network tests run it.
+struct WebPod {
+    ns: Netns,
+    /// The plugin's ADD result.
+    result: Value,
+}
+
+/// Writes `primary`, pod web-0 whose default network it is, `extra`
+/// documents and VM vault's Attachment (namespace bank, `vault_ips`),
+/// starts the agent with the cluster's pod and Service CIDRs
+/// (`cidrs`: the two flags' values), then makes web-0's `eth0` as Multus
+/// calls vmpath-cni for a default network.
+fn start_pod_network(
+    node: &mut Node,
+    vault: &vmpath_tests::Vm,
+    vault_ips: &[&str],
+    primary: &str,
+    extra: &[String],
+    cidrs: [&str; 2],
+) -> WebPod {
+    let tag = unique_tag();
+    let web = format!(
+        "apiVersion: v1\nkind: Pod\nmetadata:\n  name: web-0\n  namespace: prod\n  uid: u-web-{tag}\n  \
+         annotations: {{v1.multus-cni.io/default-network: prod/blue}}\n\
+         spec: {{nodeName: {}}}\nstatus: {{phase: Running}}\n",
+        node.name
+    );
+    let mut docs = vec![primary.to_string(), web];
+    docs.extend(extra.iter().cloned());
+    node.write_config("cluster.yaml", &docs.join("\n---\n"));
+    node.write_config(
+        "vault.yaml",
+        &yaml::attachment(
+            "vault",
+            "blue",
+            &node.name,
+            &vault.port,
+            &vault.mac,
+            vault_ips,
+        )
+        .replace("namespace: prod", "namespace: bank"),
+    );
+    node.set_agent_args(&[
+        "--cluster-pod-cidrs",
+        cidrs[0],
+        "--cluster-service-cidrs",
+        cidrs[1],
+    ]);
+    node.start_agent();
+    node.wait_ports(&[&vault.port]);
+    let conf = multus::nad_conf(NETWORK, node);
+    let ns = Netns::new(format!("vt{tag}-web"));
+    let (ok, result) = add_default_network(
+        node,
+        &conf,
+        "web-0",
+        &format!("u-web-{tag}"),
+        &ns,
+        &format!("c{tag}web"),
+    );
+    assert!(ok, "ADD of the pod's eth0: {result}");
+    WebPod { ns, result }
+}
+
+/// The ADD result's address of one family.
+fn address_of(result: &Value, v6: bool) -> String {
+    result["ips"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|a| a["address"].as_str()?.split_once('/'))
+        .map(|(ip, _)| ip.to_string())
+        .find(|ip| ip.contains(':') == v6)
+        .unwrap_or_else(|| panic!("an address of that family (IPv6: {v6}): {result}"))
+}
+
+/// A Service port with one endpoint, as kube-proxy sees it.
+fn one_endpoint_service(
+    name: &str,
+    ip: &str,
+    port: u16,
+    proto: vmpath_tests::cluster_net::Proto,
+    node_port: Option<u16>,
+    endpoint: (&str, u16),
+) -> vmpath_tests::cluster_net::Service {
+    vmpath_tests::cluster_net::Service {
+        name: name.to_string(),
+        cluster_ip: ip.to_string(),
+        port,
+        proto,
+        node_port,
+        endpoints: vec![(endpoint.0.to_string(), endpoint.1)],
+    }
+}
+
+/// The packets the hand-off table's refusal rule starting `rule` counted,
+/// and the table as listed.
+fn stack_refusals(node: &Node, rule: &str) -> (u64, String) {
+    let table = node
+        .ns
+        .run(&["nft", "list", "table", "inet", "vmpath_handoff"]);
+    let packets = table
+        .lines()
+        .find(|l| l.contains(&format!("{rule} counter packets")))
+        .and_then(|l| l.split("packets ").nth(1))
+        .and_then(|n| n.split(' ').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("the refusal rule {rule:?}:\n{table}"));
+    (packets, table)
+}
+
 #[test]
 fn a_vm_and_a_pod_get_eth0_from_vmpath_as_their_default_network() {
     let mut node = Node::new("pn");
@@ -265,7 +398,7 @@ fn a_vm_and_a_pod_get_eth0_from_vmpath_as_their_default_network() {
 #[test]
 fn a_pod_on_the_pod_network_reaches_the_clusters_dns_services_and_pods_and_is_reached() {
     use vmpath_tests::cluster_net::{
-        self, ClusterNet, DNS_IP, Dns, Echo, POD_CIDR, Proto, SERVICE_CIDR, Service, ask, resolve,
+        self, ClusterNet, DNS_IP, Dns, Echo, POD_CIDR, Proto, SERVICE_CIDR, ask, resolve,
     };
     use vmpath_tests::vmpath::common::drop_reason;
 
@@ -306,82 +439,29 @@ fn a_pod_on_the_pod_network_reaches_the_clusters_dns_services_and_pods_and_is_re
         &["10.31.0.13/24"],
         Some(GATEWAY),
     );
-    let tag = unique_tag();
-    let primary = NETWORK.replace("  id: 310\n", "  id: 310\n  role: Primary\n");
-    let web = format!(
-        "apiVersion: v1\nkind: Pod\nmetadata:\n  name: web-0\n  namespace: prod\n  uid: u-web-{tag}\n  \
-         annotations: {{v1.multus-cni.io/default-network: prod/blue}}\n\
-         spec: {{nodeName: {}}}\nstatus: {{phase: Running}}\n",
-        node.name
+    // This node's v1 Node: its pod CIDR is the one the hand-off does not
+    // masquerade towards.
+    let this_node = format!(
+        "apiVersion: v1\nkind: Node\nmetadata: {{name: {}}}\nspec: {{podCIDRs: [{}]}}\n",
+        node.name, cluster.nodes[0].pod_cidr
     );
-    node.write_config(
-        "cluster.yaml",
-        &[
-            primary
-                .split("\n---\n")
-                .filter(|d| !d.contains("kind: Node"))
-                .collect::<Vec<_>>()
-                .join("\n---\n"),
-            web,
-            // This node's v1 Node: its pod CIDR is the one the hand-off
-            // does not masquerade towards.
-            format!(
-                "apiVersion: v1\nkind: Node\nmetadata: {{name: {}}}\nspec: {{podCIDRs: [{}]}}\n",
-                node.name, cluster.nodes[0].pod_cidr
-            ),
-        ]
-        .join("\n---\n"),
+    let pod = start_pod_network(
+        &mut node,
+        &vault,
+        &["10.31.0.13/24"],
+        &primary_network(false),
+        &[this_node],
+        [POD_CIDR, SERVICE_CIDR],
     );
-    node.write_config(
-        "vault.yaml",
-        &yaml::attachment(
-            "vault",
-            "blue",
-            &node.name,
-            &vault.port,
-            &vault.mac,
-            &["10.31.0.13/24"],
-        )
-        .replace("namespace: prod", "namespace: bank"),
-    );
-    node.set_agent_args(&[
-        "--cluster-pod-cidrs",
-        POD_CIDR,
-        "--cluster-service-cidrs",
-        SERVICE_CIDR,
-    ]);
-    node.start_agent();
-    node.wait_ports(&[&vault.port]);
-    let conf = multus::nad_conf(NETWORK, &node);
-    let pod = Netns::new(format!("vt{tag}-web"));
-    let (ok, result) = add_default_network(
-        &node,
-        &conf,
-        "web-0",
-        &format!("u-web-{tag}"),
-        &pod,
-        &format!("c{tag}web"),
-    );
-    assert!(ok, "ADD of the pod's eth0: {result}");
-    let pod_ip = result["ips"][0]["address"]
-        .as_str()
-        .and_then(|a| a.split_once('/'))
-        .map(|(ip, _)| ip.to_string())
-        .unwrap_or_else(|| panic!("an address: {result}"));
+    let pod_ip = address_of(&pod.result, false);
+    let pod = pod.ns;
     let _pod_tcp = Echo::start(&pod, Proto::Tcp, 8080);
     // UDP: a one-way datagram is all an intruder needs, and an unconnected
     // socket takes the answer from whichever address it comes.
     let _vault_udp = Echo::start(&vault.ns, Proto::Udp, 5353);
 
     // kube-proxy's Services, on both nodes.
-    let svc = |name: &str, ip: &str, port, proto, node_port, ep: (&str, u16)| Service {
-        name: name.to_string(),
-        cluster_ip: ip.to_string(),
-        port,
-        proto,
-        node_port,
-        endpoints: vec![(ep.0.to_string(), ep.1)],
-    };
+    let svc = one_endpoint_service;
     cluster.kube_proxy(&[
         svc(
             "kube-system/kube-dns:dns",
@@ -533,16 +613,7 @@ fn a_pod_on_the_pod_network_reaches_the_clusters_dns_services_and_pods_and_is_re
         None,
         "web-0 reached vault through the node's stack"
     );
-    let table = node
-        .ns
-        .run(&["nft", "list", "table", "inet", "vmpath_handoff"]);
-    let refused: u64 = table
-        .lines()
-        .find(|l| l.contains("ip saddr @primary4 ip daddr @primary4 counter packets"))
-        .and_then(|l| l.split("packets ").nth(1))
-        .and_then(|n| n.split(' ').next())
-        .and_then(|n| n.parse().ok())
-        .unwrap_or_else(|| panic!("the refusal rule:\n{table}"));
+    let (refused, table) = stack_refusals(&node, "ip saddr @primary4 ip daddr @primary4");
     assert!(refused > 0, "the stack's refusal is counted:\n{table}");
 
     // web-0's own egress policy applies to what it hands off.
@@ -576,7 +647,7 @@ fn a_pod_on_the_pod_network_reaches_the_clusters_dns_services_and_pods_and_is_re
 fn a_pod_on_a_dual_stack_pod_network_reaches_the_clusters_services_over_ipv6_and_is_reached() {
     use vmpath_tests::cluster_net::{
         self, ClusterNet, DNS_IP6, Dns, Echo, POD_CIDR, POD_CIDR6, Proto, SERVICE_CIDR,
-        SERVICE_CIDR6, Service, ask, resolve,
+        SERVICE_CIDR6, ask, resolve,
     };
 
     assert!(
@@ -613,75 +684,19 @@ fn a_pod_on_a_dual_stack_pod_network_reaches_the_clusters_services_over_ipv6_and
         &["10.31.0.13/24", "fd31::13/64"],
         Some(GATEWAY),
     );
-    let tag = unique_tag();
-    let primary = NETWORK
-        .replace("  id: 310\n", "  id: 310\n  role: Primary\n")
-        .replace(
-            "subnets: [10.31.0.0/24]",
-            "subnets: [10.31.0.0/24, 'fd31::/64']",
-        )
-        .replace(
-            "defaultGatewayIPs: [10.31.0.1]",
-            "defaultGatewayIPs: [10.31.0.1, 'fd31::1']",
-        );
-    assert!(primary.contains("fd31::1"), "{primary}");
-    let web = format!(
-        "apiVersion: v1\nkind: Pod\nmetadata:\n  name: web-0\n  namespace: prod\n  uid: u-web-{tag}\n  \
-         annotations: {{v1.multus-cni.io/default-network: prod/blue}}\n\
-         spec: {{nodeName: {}}}\nstatus: {{phase: Running}}\n",
-        node.name
+    let pod = start_pod_network(
+        &mut node,
+        &vault,
+        &["10.31.0.13/24", "fd31::13/64"],
+        &primary_network(true),
+        &[],
+        [
+            &format!("{POD_CIDR},{POD_CIDR6}"),
+            &format!("{SERVICE_CIDR},{SERVICE_CIDR6}"),
+        ],
     );
-    node.write_config(
-        "cluster.yaml",
-        &[
-            primary
-                .split("\n---\n")
-                .filter(|d| !d.contains("kind: Node"))
-                .collect::<Vec<_>>()
-                .join("\n---\n"),
-            web,
-        ]
-        .join("\n---\n"),
-    );
-    node.write_config(
-        "vault.yaml",
-        &yaml::attachment(
-            "vault",
-            "blue",
-            &node.name,
-            &vault.port,
-            &vault.mac,
-            &["10.31.0.13/24", "fd31::13/64"],
-        )
-        .replace("namespace: prod", "namespace: bank"),
-    );
-    node.set_agent_args(&[
-        "--cluster-pod-cidrs",
-        &format!("{POD_CIDR},{POD_CIDR6}"),
-        "--cluster-service-cidrs",
-        &format!("{SERVICE_CIDR},{SERVICE_CIDR6}"),
-    ]);
-    node.start_agent();
-    node.wait_ports(&[&vault.port]);
-    let conf = multus::nad_conf(NETWORK, &node);
-    let pod = Netns::new(format!("vt{tag}-web"));
-    let (ok, result) = add_default_network(
-        &node,
-        &conf,
-        "web-0",
-        &format!("u-web-{tag}"),
-        &pod,
-        &format!("c{tag}web"),
-    );
-    assert!(ok, "ADD of the pod's eth0: {result}");
-    let pod_ip6 = result["ips"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter_map(|a| a["address"].as_str()?.split_once('/'))
-        .map(|(ip, _)| ip.to_string())
-        .find(|ip| ip.contains(':'))
-        .unwrap_or_else(|| panic!("an IPv6 address on the dual-stack pod network: {result}"));
+    let pod_ip6 = address_of(&pod.result, true);
+    let pod = pod.ns;
     wait_for(
         "web-0's IPv6 address past DAD",
         Duration::from_secs(10),
@@ -693,14 +708,7 @@ fn a_pod_on_a_dual_stack_pod_network_reaches_the_clusters_services_over_ipv6_and
     let _pod_tcp = Echo::start6(&pod, Proto::Tcp, 8080);
     let _vault_udp = Echo::start6(&vault.ns, Proto::Udp, 5353);
 
-    let svc = |name: &str, ip: &str, port, proto, node_port, ep: (&str, u16)| Service {
-        name: name.to_string(),
-        cluster_ip: ip.to_string(),
-        port,
-        proto,
-        node_port,
-        endpoints: vec![(ep.0.to_string(), ep.1)],
-    };
+    let svc = one_endpoint_service;
     cluster.kube_proxy(&[
         svc(
             "kube-system/kube-dns:dns",
@@ -811,15 +819,6 @@ fn a_pod_on_a_dual_stack_pod_network_reaches_the_clusters_services_over_ipv6_and
         None,
         "web-0 reached vault through the node's stack"
     );
-    let table = node
-        .ns
-        .run(&["nft", "list", "table", "inet", "vmpath_handoff"]);
-    let refused: u64 = table
-        .lines()
-        .find(|l| l.contains("ip6 saddr @primary6 ip6 daddr @primary6 counter packets"))
-        .and_then(|l| l.split("packets ").nth(1))
-        .and_then(|n| n.split(' ').next())
-        .and_then(|n| n.parse().ok())
-        .unwrap_or_else(|| panic!("the IPv6 refusal rule:\n{table}"));
+    let (refused, table) = stack_refusals(&node, "ip6 saddr @primary6 ip6 daddr @primary6");
     assert!(refused > 0, "the stack's refusal is counted:\n{table}");
 }
