@@ -392,6 +392,15 @@ pub mod skb_cb {
     pub const SCRATCH: usize = 4;
 }
 
+/// `skb->mark` of a frame the data path sends out of a VM port's host side
+/// (`bpf_redirect` or `bpf_clone_redirect` to its egress: the gateway's
+/// replies, the slow path's, flood copies), so `vm_from_stack` there tells
+/// them from the node stack's frames, which it judges by ingress policy.
+/// Set only on frames bound for a port and cleared there (a copy's
+/// original gets its own mark back): no other hook sees it. A pod cannot
+/// forge it: a frame's mark is scrubbed when it leaves its namespace.
+pub const DATA_PATH_MARK: u32 = 0x7670_6d01;
+
 /// The family tag of an `AddrKey` (`AddrKey::family`): the IP version.
 /// Not the kernel's socket address families (`kernel_af`).
 pub mod addr_family {

@@ -184,6 +184,10 @@ pub mod debug_events {
 /// Program names (the Rust function names in the eBPF crate).
 pub mod prog_names {
     pub const VM_PORT: &str = "vm_port";
+    /// tcx egress on a VM port: what the node's stack sends down the port
+    /// (kubelet, kube-proxy, routed cluster pods) meets the endpoint's
+    /// ingress policy; the data path's own frames pass (`DATA_PATH_MARK`).
+    pub const VM_FROM_STACK: &str = "vm_from_stack";
     /// tcx ingress on the node's uplink: routed ingress and SNAT return.
     pub const UPLINK: &str = "uplink";
     /// Tail-called from `vm_port`: routed and SNAT egress.

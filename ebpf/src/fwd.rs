@@ -26,7 +26,7 @@ use crate::{
     parse::is_multicast,
     policy::Parsed,
     spoof,
-    verdict::{PROGS, Verdict, redirected},
+    verdict::{PROGS, Verdict, mark_for_port, redirected, restore_mark},
 };
 
 #[inline(always)]
@@ -183,8 +183,12 @@ pub fn flood_from_port(
 ) -> Verdict {
     let (last, last_id) = clone_local(ctx, ifindex, network, unknown_unicast);
     if overlay::has_remote(network) {
-        if last != 0 && ctx.clone_redirect(last, 0).is_ok() {
-            count_tx(last_id, ctx.len());
+        if last != 0 {
+            let mark = mark_for_port(ctx.skb.skb);
+            if ctx.clone_redirect(last, 0).is_ok() {
+                count_tx(last_id, ctx.len());
+            }
+            restore_mark(ctx.skb.skb, mark);
         }
         return overlay::to_remote(ctx);
     }
@@ -232,6 +236,9 @@ fn clone_local(ctx: &TcContext, skip: u32, network: u32, unknown_unicast: bool) 
     };
     // A count past the list's width (a corrupt entry) walks the width.
     let members = (list.count as usize).min(MAX_FLOOD_PORTS) as u32;
+    // The copies are the data path's (`vm_from_stack` lets them by); the
+    // original goes on with its own mark.
+    let mark = mark_for_port(ctx.skb.skb);
     // SAFETY: the callback is a function of this object taking the
     // context's type; `walk` outlives the call.
     unsafe {
@@ -242,6 +249,7 @@ fn clone_local(ctx: &TcContext, skip: u32, network: u32, unknown_unicast: bool) 
             0,
         )
     };
+    restore_mark(ctx.skb.skb, mark);
     // Withheld from each port isolated for ingress: policy's drops (not
     // the sender's own port, which a flood never reaches). After the
     // loop: a branch before it would have the verifier walk it twice.

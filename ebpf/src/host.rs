@@ -58,6 +58,23 @@ fn is_node(ctx: &TcContext, ifindex: u32, family: u8, src: &[u8; 16], dst: &[u8;
     rc as u32 == BPF_FIB_LKUP_RET_NOT_FWDED
 }
 
+/// Whether a frame the node's stack sends down the port `ifindex` comes
+/// from one of the node's own addresses (kubelet, or what kube-proxy
+/// translated to the node's address): `src` is the frame's source, `to`
+/// the endpoint's address it goes to.
+#[inline(always)]
+pub fn sent_by_node(
+    ctx: &TcContext,
+    ifindex: u32,
+    family: u8,
+    src: &[u8; 16],
+    to: &[u8; 16],
+) -> bool {
+    // Asked the other way round: would a frame from the endpoint to
+    // `src`, arriving on its port, be for the node itself?
+    is_node(ctx, ifindex, family, to, src)
+}
+
 /// An IPv4 frame from an endpoint of a host-reach network to one of the
 /// node's own addresses.
 #[inline(always)]

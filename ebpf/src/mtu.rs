@@ -242,7 +242,7 @@ fn error4(
     let c = check.to_be_bytes();
     *hdr_mut::<[u8; ICMP_HDR]>(ctx, icmp_off)? =
         [error.kind, error.code, c[0], c[1], r[0], r[1], r[2], r[3]];
-    sent(ifindex, port_id, error.reason)
+    sent(ctx, ifindex, port_id, error.reason)
 }
 
 /// The IPv6 frame at hand is too big for `mtu`: it becomes an ICMPv6
@@ -364,7 +364,7 @@ fn error6(
     let c = check.to_be_bytes();
     *hdr_mut::<[u8; ICMP_HDR]>(ctx, ETH_LEN + IP6_HDR)? =
         [error.kind, error.code, c[0], c[1], r[0], r[1], r[2], r[3]];
-    sent(ifindex, port_id, error.reason)
+    sent(ctx, ifindex, port_id, error.reason)
 }
 
 /// Trims the frame to its Ethernet and IP headers (`l3_len` bytes) and
@@ -437,7 +437,7 @@ fn sum_packet(ctx: &TcContext, off: usize, len: usize) -> Result<u32, u32> {
 /// The offending frame is consumed (counted under `reason`); its error
 /// goes back out of the interface it came in by.
 #[inline(always)]
-fn sent(ifindex: u32, port_id: u32, reason: u32) -> Verdict {
+fn sent(ctx: &TcContext, ifindex: u32, port_id: u32, reason: u32) -> Verdict {
     counters::count_drop(port_id, reason);
-    reply_out(ifindex)
+    reply_out(ctx, ifindex)
 }

@@ -590,6 +590,95 @@ pub fn check(
     if reason == 0 { Ok(()) } else { Err(reason) }
 }
 
+/// The ingress policy of the endpoint at port `port_id` (`ifindex`, on
+/// `network`) for a frame the node's stack sends down its port
+/// (`vm_from_stack`): a cluster pod's the node routes, kube-proxy's
+/// translation to the endpoint, kubelet's probe. Its sender is no vmpath
+/// port (the frame runs on the receiver's own hook), so it is known by
+/// its source address only, as traffic from the uplink is. The node's
+/// own addresses pass whatever the policy (Kubernetes: a policy never
+/// cuts a pod off from its node's kubelet). What passes is tracked, as
+/// `check` tracks what it allows, so the endpoint's answers pass its
+/// egress policy on the entry, UDP ones included.
+#[inline(always)]
+pub fn from_stack(ctx: &TcContext, port_id: u32, ifindex: u32, network: u32) -> Result<(), u32> {
+    let Some(ep) = POLICY_ENDPOINTS.get(port_id) else {
+        return Ok(());
+    };
+    let flags = ep.flags;
+    if flags == 0 {
+        return Ok(());
+    }
+    let Some(k) = POLICY_SCRATCH.get_ptr_mut(0) else {
+        return Err(drop_reason::HELPER_FAILED);
+    };
+    // SAFETY: this CPU's scratch slot, valid for this run; nothing else
+    // uses it while this packet is checked.
+    let k = unsafe { &mut *k };
+    let now = flow_now();
+    let seen = parse(ctx, k, now)?;
+    if seen == Seen::Exempt {
+        return Ok(());
+    }
+    k.port_id = port_id;
+    k.direction = policy_dir::INGRESS;
+    k._pad = 0;
+    let sender = identity_of(network, k.family, &k.src);
+    if seen != Seen::Unplaced
+        && let Some(flow) = tracked(k, now)
+    {
+        // SAFETY: from `tracked` (bpf_map_lookup_elem), valid for this run.
+        if seen == Seen::Related || unsafe { (*flow).peer } == sender {
+            return Ok(());
+        }
+    }
+    let isolated = flags & POL_F_INGRESS != 0;
+    let mut policy = POLICY_NONE;
+    let reason = if seen == Seen::Unplaced {
+        if !isolated {
+            return Ok(());
+        }
+        drop_reason::POLICY_FRAGMENT
+    } else if seen == Seen::Related {
+        // An ICMP error for no flow of the endpoint's: the node's own
+        // pass, as everything of theirs does; from elsewhere as `check`.
+        if !isolated || crate::host::sent_by_node(ctx, ifindex, k.family, &k.src, &k.dst) {
+            return Ok(());
+        }
+        drop_reason::POLICY_DENIED_INGRESS
+    } else if !isolated || crate::host::sent_by_node(ctx, ifindex, k.family, &k.src, &k.dst) {
+        0
+    } else {
+        match allowed_by(port_id, policy_dir::INGRESS, sender, k) {
+            Some(p) => {
+                policy = p;
+                0
+            }
+            None => drop_reason::POLICY_DENIED_INGRESS,
+        }
+    };
+    if reason == 0 {
+        let flow = PolicyFlow {
+            last_seen: now,
+            policy,
+            from_port: 0,
+            to_port: 0,
+            peer: sender,
+            peer_port: 0,
+            peer_by_address: 1,
+        };
+        // As in `check`: a failed insert costs a check of the next packet.
+        let _ = POLICY_FLOWS.insert(&*k, &flow, 0);
+        if let Some(hits) = POLICY_HITS.get_ptr_mut(policy) {
+            // SAFETY: this CPU's slot of a per-CPU array, no other writer.
+            unsafe { *hits += 1 };
+        }
+    }
+    count(port_id, policy_dir::INGRESS, reason == 0);
+    crate::monitor::policy(ctx, ifindex, k, reason, policy);
+    if reason == 0 { Ok(()) } else { Err(reason) }
+}
+
 /// An answer from an endpoint of a host-reach network to its node.
 #[inline(always)]
 fn reaches_node(ctx: &TcContext, ifindex: u32, network: u32, k: &PolicyFlowKey) -> bool {

@@ -483,7 +483,7 @@ fn tcp_reset(ctx: &TcContext, ifindex: u32, port: &PortInfo, t: &Tuple) -> Verdi
     h[16] = c[0];
     h[17] = c[1];
     counters::count_drop(port.port_id, drop_reason::SERVICE_NO_BACKEND);
-    verdict::reply_out(ifindex)
+    verdict::reply_out(ctx, ifindex)
 }
 
 #[inline(always)]

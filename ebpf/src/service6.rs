@@ -341,5 +341,5 @@ fn tcp_reset(
     h[16] = c[0];
     h[17] = c[1];
     counters::count_drop(port.port_id, drop_reason::SERVICE_NO_BACKEND);
-    verdict::reply_out(ifindex)
+    verdict::reply_out(ctx, ifindex)
 }

@@ -4,10 +4,13 @@
 //! library: every module that ends a run uses it, it uses none of theirs.
 
 use aya_ebpf::{
-    bindings::TC_ACT_REDIRECT, btf_maps::ProgramArray, helpers::generated::bpf_redirect,
-    macros::btf_map, programs::TcContext,
+    bindings::{__sk_buff, TC_ACT_REDIRECT},
+    btf_maps::ProgramArray,
+    helpers::generated::bpf_redirect,
+    macros::btf_map,
+    programs::TcContext,
 };
-use vmpath_common::{drop_reason, maps, skb_cb};
+use vmpath_common::{DATA_PATH_MARK, drop_reason, maps, skb_cb};
 
 /// Verdict of a frame that leaves the data path (a redirect) or a drop reason.
 pub type Verdict = Result<i32, u32>;
@@ -43,8 +46,37 @@ pub fn deliver_through(
 
 /// Back out of the port it came in by (a gateway reply to the VM).
 #[inline(always)]
-pub fn reply_out(port_ifindex: u32) -> Verdict {
+pub fn reply_out(ctx: &TcContext, port_ifindex: u32) -> Verdict {
+    to_port(ctx, port_ifindex)
+}
+
+/// Out of the VM port `port_ifindex`'s host side (its egress), as the
+/// data path's own frame: `vm_from_stack` there lets it by.
+#[inline(always)]
+pub fn to_port(ctx: &TcContext, port_ifindex: u32) -> Verdict {
+    mark_for_port(ctx.skb.skb);
     redirect(port_ifindex)
+}
+
+/// Marks the frame as the data path's (`DATA_PATH_MARK`) before it is
+/// sent or cloned out of a VM port's host side; returns the mark it had,
+/// which a clone's original gets back (`restore_mark`).
+#[inline(always)]
+pub fn mark_for_port(skb: *mut __sk_buff) -> u32 {
+    // SAFETY: the program's own context, valid for this run; `mark` is a
+    // field tc programs may write.
+    unsafe {
+        let old = (*skb).mark;
+        (*skb).mark = DATA_PATH_MARK;
+        old
+    }
+}
+
+/// Gives the frame back the mark `mark_for_port` replaced.
+#[inline(always)]
+pub fn restore_mark(skb: *mut __sk_buff, mark: u32) {
+    // SAFETY: as in `mark_for_port`.
+    unsafe { (*skb).mark = mark };
 }
 
 /// Out of `ifindex` (its egress).

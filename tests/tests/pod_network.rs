@@ -822,3 +822,150 @@ fn a_pod_on_a_dual_stack_pod_network_reaches_the_clusters_services_over_ipv6_and
     let (refused, table) = stack_refusals(&node, "ip6 saddr @primary6 ip6 daddr @primary6");
     assert!(refused > 0, "the stack's refusal is counted:\n{table}");
 }
+
+/// What the node's stack delivers to a pod-network endpoint meets the
+/// endpoint's ingress policy (`vm_from_stack`, the port's tcx egress): a
+/// cluster-network pod on this node, by the pod's address (the node routes
+/// it) and through a kube-proxy ClusterIP (translated by the node, its
+/// source kept), is refused once a policy isolates the pod, and counted;
+/// the node's own kubelet-style probe still passes, as Kubernetes
+/// defines; an `ipBlock` naming the cluster pod's CIDR lets it in again,
+/// and its answers come back (the endpoint's egress passes on the flow
+/// the ingress check recorded).
+#[test]
+fn an_isolated_pod_network_endpoint_admits_its_nodes_kubelet_and_only_what_its_policy_allows_from_the_cluster()
+ {
+    use vmpath_tests::cluster_net::{ClusterNet, Echo, POD_CIDR, Proto, SERVICE_CIDR, ask};
+    use vmpath_tests::vmpath::common::drop_reason;
+
+    let mut node = Node::new("pi");
+    let other = Netns::new(format!("vt{}-pi1", unique_tag()));
+    let cluster = ClusterNet::new(&[&node.ns, &other]);
+    let (client_pod, client_ip) = cluster.nodes[0].pod("client");
+    let vault = node.add_vm(
+        "vault",
+        "52:54:00:00:31:0d",
+        &["10.31.0.13/24"],
+        Some(GATEWAY),
+    );
+    let this_node = format!(
+        "apiVersion: v1\nkind: Node\nmetadata: {{name: {}}}\nspec: {{podCIDRs: [{}]}}\n",
+        node.name, cluster.nodes[0].pod_cidr
+    );
+    let pod = start_pod_network(
+        &mut node,
+        &vault,
+        &["10.31.0.13/24"],
+        &primary_network(false),
+        &[this_node],
+        [POD_CIDR, SERVICE_CIDR],
+    );
+    let pod_ip = address_of(&pod.result, false);
+    let pod = pod.ns;
+    let _pod_tcp = Echo::start(&pod, Proto::Tcp, 8080);
+    cluster.kube_proxy(&[one_endpoint_service(
+        "prod/web-0:http",
+        "10.96.0.30",
+        80,
+        Proto::Tcp,
+        None,
+        (&pod_ip, 8080),
+    )]);
+    let from_client = format!("probe from {client_ip}");
+    wait_for(
+        "the cluster pod reaches web-0 by address",
+        Duration::from_secs(20),
+        || ask(&client_pod, Proto::Tcp, &pod_ip, 8080).as_deref() == Some(from_client.as_str()),
+    );
+    assert_eq!(
+        ask(&client_pod, Proto::Tcp, "10.96.0.30", 80).as_deref(),
+        Some(from_client.as_str()),
+        "through the ClusterIP, not isolated yet"
+    );
+
+    // Isolated for ingress: nothing the cluster sends is admitted.
+    node.write_config(
+        "prod-policy.yaml",
+        "apiVersion: networking.k8s.io/v1\nkind: NetworkPolicy\n\
+         metadata: {name: deny-in, namespace: prod}\n\
+         spec: {podSelector: {}, policyTypes: [Ingress]}\n",
+    );
+    let denied = node.drops(drop_reason::POLICY_DENIED_INGRESS);
+    wait_for("web-0 isolated", Duration::from_secs(20), || {
+        ask(&client_pod, Proto::Tcp, &pod_ip, 8080).is_none()
+    });
+    assert_eq!(
+        ask(&client_pod, Proto::Tcp, "10.96.0.30", 80),
+        None,
+        "the cluster pod through the ClusterIP"
+    );
+    assert!(
+        node.drops(drop_reason::POLICY_DENIED_INGRESS) > denied,
+        "the refusals are counted as policy's"
+    );
+    assert_eq!(
+        ask(&node.ns, Proto::Tcp, &pod_ip, 8080).as_deref(),
+        Some(format!("probe from {}", cluster.nodes[0].address).as_str()),
+        "kubelet's probe from the node passes an isolating policy"
+    );
+
+    // An ipBlock of the cluster's pod CIDR admits the cluster pod again,
+    // by address and through the ClusterIP; its answers come back.
+    node.write_config(
+        "prod-policy.yaml",
+        &format!(
+            "apiVersion: networking.k8s.io/v1\nkind: NetworkPolicy\n\
+             metadata: {{name: from-cluster-pods, namespace: prod}}\n\
+             spec:\n  podSelector: {{}}\n  policyTypes: [Ingress]\n  \
+             ingress:\n  - from: [{{ipBlock: {{cidr: {POD_CIDR}}}}}]\n    \
+             ports: [{{protocol: TCP, port: 8080}}]\n"
+        ),
+    );
+    wait_for(
+        "the ipBlock admits the cluster pod",
+        Duration::from_secs(20),
+        || ask(&client_pod, Proto::Tcp, &pod_ip, 8080).as_deref() == Some(from_client.as_str()),
+    );
+    assert_eq!(
+        ask(&client_pod, Proto::Tcp, "10.96.0.30", 80).as_deref(),
+        Some(from_client.as_str()),
+        "through the ClusterIP"
+    );
+
+    // Isolated both ways: web-0's answers pass its egress policy on the
+    // flows the stack's frames opened, TCP and UDP from the cluster pod,
+    // and UDP from the node, which no reply's shape tells from a datagram
+    // web-0 would start; web-0's own new flows do not.
+    let _pod_udp = Echo::start(&pod, Proto::Udp, 5353);
+    let _client_tcp = Echo::start(&client_pod, Proto::Tcp, 8080);
+    node.write_config(
+        "prod-policy.yaml",
+        &format!(
+            "apiVersion: networking.k8s.io/v1\nkind: NetworkPolicy\n\
+             metadata: {{name: from-cluster-pods, namespace: prod}}\n\
+             spec:\n  podSelector: {{}}\n  policyTypes: [Ingress, Egress]\n  \
+             ingress:\n  - from: [{{ipBlock: {{cidr: {POD_CIDR}}}}}]\n    \
+             ports: [{{protocol: TCP, port: 8080}}, {{protocol: UDP, port: 5353}}]\n"
+        ),
+    );
+    let denied_out = node.drops(drop_reason::POLICY_DENIED_EGRESS);
+    wait_for("web-0 isolated for egress", Duration::from_secs(20), || {
+        ask(&pod, Proto::Tcp, &client_ip, 8080).is_none()
+    });
+    assert!(node.drops(drop_reason::POLICY_DENIED_EGRESS) > denied_out);
+    assert_eq!(
+        ask(&client_pod, Proto::Tcp, &pod_ip, 8080).as_deref(),
+        Some(from_client.as_str()),
+        "TCP from the cluster pod, answered"
+    );
+    assert_eq!(
+        ask(&client_pod, Proto::Udp, &pod_ip, 5353).as_deref(),
+        Some(from_client.as_str()),
+        "UDP from the cluster pod, answered"
+    );
+    assert_eq!(
+        ask(&node.ns, Proto::Udp, &pod_ip, 5353).as_deref(),
+        Some(format!("probe from {}", cluster.nodes[0].address).as_str()),
+        "UDP from the node, answered"
+    );
+}

@@ -3,7 +3,9 @@
 //!
 //! Layout under the root:
 //!   maps/v{MAP_LAYOUT_VERSION}/<map name>   pinned maps (bpftool-readable)
-//!   links/vm_port-<ifindex>                pinned tcx links, one per port
+//!   links/vm_port-<ifindex>                pinned tcx links (ingress), one per port
+//!   links/vm_from_stack-<ifindex>          and their egress links (what the
+//!                                          node's stack sends meets policy)
 //! Links and maps are pinned, so the data path keeps forwarding while the
 //! agent is down; a new agent adopts them.
 
@@ -78,8 +80,25 @@ pub fn links_dir(root: &Path) -> PathBuf {
     root.join("links")
 }
 
-fn link_pin(root: &Path, ifindex: u32) -> PathBuf {
-    links_dir(root).join(format!("{}-{ifindex}", prog_names::VM_PORT))
+/// The programs every VM port runs, each through its own pinned tcx link
+/// (`<program>-<ifindex>`): `vm_port` at ingress, every frame the VM
+/// sends; `vm_from_stack` at egress, what the node's stack sends it.
+pub const PORT_PROGRAMS: [(&str, TcAttachType); 2] = [
+    (prog_names::VM_PORT, TcAttachType::Ingress),
+    (prog_names::VM_FROM_STACK, TcAttachType::Egress),
+];
+
+fn link_pin(root: &Path, prog_name: &str, ifindex: u32) -> PathBuf {
+    links_dir(root).join(format!("{prog_name}-{ifindex}"))
+}
+
+/// The ifindex of a port's link pin named `name`, if it is one.
+pub fn port_pin_ifindex(name: &str) -> Option<u32> {
+    PORT_PROGRAMS.iter().find_map(|(prog, _)| {
+        name.strip_prefix(prog)
+            .and_then(|s| s.strip_prefix('-'))
+            .and_then(|s| s.parse().ok())
+    })
 }
 
 /// Makes sure `root` is on a bpffs, mounting one there if not.
@@ -581,7 +600,11 @@ impl Dataplane {
         let mut ebpf = loader
             .load(EBPF_OBJECT)
             .context("loading the eBPF object")?;
-        for name in [prog_names::VM_PORT, prog_names::SLOW_RETURN] {
+        for name in [
+            prog_names::VM_PORT,
+            prog_names::VM_FROM_STACK,
+            prog_names::SLOW_RETURN,
+        ] {
             let prog: &mut SchedClassifier = ebpf
                 .program_mut(name)
                 .ok_or_else(|| anyhow!("program {name} missing from the object"))?
@@ -711,17 +734,33 @@ impl Dataplane {
         BENCH_OBJECT
     }
 
-    /// Attaches the VM-port program at tcx ingress of `ifname`, or swaps it
-    /// into the link a previous agent pinned there.
+    /// Attaches the VM port's programs (`PORT_PROGRAMS`) to `ifname`, or
+    /// swaps them into the links a previous agent pinned there. Egress
+    /// first: from the moment `vm_port` forwards the VM's frames, what the
+    /// node's stack sends it meets its policy.
     fn attach_port(&mut self, ifname: &str, ifindex: u32) -> Result<()> {
-        let pin = link_pin(&self.root, ifindex);
-        self.attach_tcx(prog_names::VM_PORT, ifname, &pin)
+        for (prog_name, at) in PORT_PROGRAMS.iter().rev() {
+            let pin = link_pin(&self.root, prog_name, ifindex);
+            self.attach_tcx_at(prog_name, ifname, &pin, *at)?;
+        }
+        Ok(())
     }
 
     /// Attaches the tc program `prog_name` at tcx ingress of `ifname` through
     /// a link pinned at `pin`; when a previous agent left that pin, swaps
     /// this agent's program into the existing link (no gap in forwarding).
     pub fn attach_tcx(&mut self, prog_name: &str, ifname: &str, pin: &Path) -> Result<()> {
+        self.attach_tcx_at(prog_name, ifname, pin, TcAttachType::Ingress)
+    }
+
+    /// `attach_tcx` at `at` (ingress or egress).
+    fn attach_tcx_at(
+        &mut self,
+        prog_name: &str,
+        ifname: &str,
+        pin: &Path,
+        at: TcAttachType,
+    ) -> Result<()> {
         let prog: &mut SchedClassifier = self
             .ebpf
             .program_mut(prog_name)
@@ -731,12 +770,8 @@ impl Dataplane {
             return Ok(());
         }
         let id = prog
-            .attach_with_options(
-                ifname,
-                TcAttachType::Ingress,
-                TcAttachOptions::TcxOrder(LinkOrder::default()),
-            )
-            .with_context(|| format!("attaching {prog_name} at tcx ingress on {ifname}"))?;
+            .attach_with_options(ifname, at, TcAttachOptions::TcxOrder(LinkOrder::default()))
+            .with_context(|| format!("attaching {prog_name} at tcx {at:?} on {ifname}"))?;
         let link = prog.take_link(id)?;
         let fd_link: FdLink = link
             .try_into()
@@ -775,15 +810,14 @@ impl Dataplane {
         Ok(())
     }
 
-    /// Pinned links of ports, by ifindex.
-    fn pinned_links(&self) -> Result<BTreeMap<u32, PathBuf>> {
-        let prefix = format!("{}-", prog_names::VM_PORT);
-        let mut out = BTreeMap::new();
+    /// Pinned links of ports (`PORT_PROGRAMS`), with the ifindex of each.
+    fn pinned_links(&self) -> Result<Vec<(u32, PathBuf)>> {
+        let mut out = Vec::new();
         for entry in fs::read_dir(links_dir(&self.root))? {
             let entry = entry?;
             let name = entry.file_name().to_string_lossy().to_string();
-            if let Some(idx) = name.strip_prefix(&prefix).and_then(|s| s.parse().ok()) {
-                out.insert(idx, entry.path());
+            if let Some(idx) = port_pin_ifindex(&name) {
+                out.push((idx, entry.path()));
             }
         }
         Ok(out)
@@ -881,7 +915,7 @@ impl Dataplane {
             if !plan.ports.contains_key(&ifindex) {
                 fs::remove_file(&pin).with_context(|| format!("removing {}", pin.display()))?;
                 self.attached.remove(&ifindex);
-                info!(ifindex, "detached port");
+                info!(ifindex, pin = %pin.display(), "detached port");
             }
         }
         phases.mark("attach");
@@ -1109,6 +1143,7 @@ mod contract_tests {
         let obj = object();
         for name in [
             prog_names::VM_PORT,
+            prog_names::VM_FROM_STACK,
             prog_names::UPLINK,
             prog_names::VM_EGRESS,
             prog_names::SLOW_RX,

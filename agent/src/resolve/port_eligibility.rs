@@ -33,7 +33,7 @@ use netlink_packet_route::{
     link::{InfoKind, LinkAttribute, LinkFlags, LinkInfo, LinkMessage},
 };
 use tracing::warn;
-use vmpath_common::{SLOW0, SLOW1, VXLAN_IFNAME, prog_names};
+use vmpath_common::{SLOW0, SLOW1, VXLAN_IFNAME};
 
 use crate::resolve::resolved::{Attachment, Resolved};
 
@@ -376,7 +376,6 @@ pub fn recheck(ifindex: u32, ifname: &str) -> Result<(), String> {
 /// a VM port (an older agent's doing, or a renamed link), saying so.
 /// Returns how many were removed.
 pub fn repair(links_dir: &Path, policy: &PortPolicy) -> usize {
-    let prefix = format!("{}-", prog_names::VM_PORT);
     let Ok(entries) = fs::read_dir(links_dir) else {
         return 0;
     };
@@ -390,10 +389,7 @@ pub fn repair(links_dir: &Path, policy: &PortPolicy) -> usize {
     let mut removed = 0;
     for entry in entries.filter_map(|e| e.ok()) {
         let name = entry.file_name().to_string_lossy().into_owned();
-        let Some(ifindex) = name
-            .strip_prefix(&prefix)
-            .and_then(|s| s.parse::<u32>().ok())
-        else {
+        let Some(ifindex) = crate::apply::dataplane::port_pin_ifindex(&name) else {
             continue;
         };
         // A pin whose interface is gone holds no attachment; the first

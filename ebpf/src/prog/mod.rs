@@ -10,6 +10,8 @@
 //! bottom: the verdict type, redirects and the tail-call array).
 //!
 //! - `port`: `vm_port`, tcx ingress of a VM port (every frame a VM sends)
+//! - `stack`: `vm_from_stack`, tcx egress of a VM port (what the node's
+//!   stack sends the VM meets its ingress policy)
 //! - `egress`: `vm_egress` (routed and SNAT egress) and `vm_snat6_ext`
 //!   (IPv6 through SNAT with extension headers), its tail call
 //! - `remote`: `vm_remote`, to other nodes over the overlay
@@ -35,6 +37,7 @@ mod port;
 mod remote;
 mod service;
 mod slowpath;
+mod stack;
 mod uplink;
 mod uplink_xdp;
 mod vxlan;

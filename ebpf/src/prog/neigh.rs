@@ -62,7 +62,7 @@ fn try_vm_neigh(ctx: &TcContext, ifindex: u32, port: &PortInfo) -> Verdict {
     };
     if answered {
         counters::count_gw_reply(port.port_id);
-        return verdict::reply_out(ifindex);
+        return verdict::reply_out(ctx, ifindex);
     }
     fwd::switch(ctx, ifindex, port.network, dst)
 }
@@ -89,7 +89,9 @@ fn owner_of(key: &AddrKey, ifindex: u32, asker: &[u8; 6]) -> Option<([u8; 6], u3
 fn tell_owner(ctx: &TcContext, owner_port: u32) {
     if owner_port != 0 {
         // A failed clone only costs the owner a fresher entry.
+        let mark = verdict::mark_for_port(ctx.skb.skb);
         let _ = ctx.clone_redirect(owner_port, 0);
+        verdict::restore_mark(ctx.skb.skb, mark);
     }
 }
 

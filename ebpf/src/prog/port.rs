@@ -83,7 +83,7 @@ fn try_vm_port(ctx: &TcContext, ifindex: u32, port: &PortInfo) -> Verdict {
     }
     match ether_type {
         ETH_P_ARP => match arp::handle(ctx, ifindex, port, network_of(port)?)? {
-            ArpVerdict::Answered => gateway_reply(ifindex, port),
+            ArpVerdict::Answered => gateway_reply(ctx, ifindex, port),
             ArpVerdict::Forward => {
                 neigh::to_vm_neigh(ctx, &dst);
                 fwd::switch(ctx, ifindex, port.network, dst)
@@ -100,9 +100,9 @@ fn try_vm_port(ctx: &TcContext, ifindex: u32, port: &PortInfo) -> Verdict {
 }
 
 #[inline(always)]
-fn gateway_reply(ifindex: u32, port: &PortInfo) -> Verdict {
+fn gateway_reply(ctx: &TcContext, ifindex: u32, port: &PortInfo) -> Verdict {
     counters::count_gw_reply(port.port_id);
-    verdict::reply_out(ifindex)
+    verdict::reply_out(ctx, ifindex)
 }
 
 #[inline(always)]
@@ -169,7 +169,7 @@ fn ipv4(ctx: &TcContext, ifindex: u32, port: &PortInfo, dst: [u8; 6], src: [u8; 
             && !is_fragment(ctx)?
         {
             icmp::echo_reply4(ctx, l4_off, net)?;
-            return gateway_reply(ifindex, port);
+            return gateway_reply(ctx, ifindex, port);
         }
         // A ClusterIP is reached through the gateway: translated before
         // egress policy, which then sees the backend.
@@ -249,7 +249,7 @@ fn ipv6(ctx: &TcContext, ifindex: u32, port: &PortInfo, dst: [u8; 6], src: [u8; 
         if icmp_type == nd::ND_NEIGHBOR_SOLICIT && !spoof::is_unspecified6(&src_ip) {
             if let Some(target) = nd::ns_gateway_target(ctx, net)? {
                 nd::neighbor_advert(ctx, net, target)?;
-                return gateway_reply(ifindex, port);
+                return gateway_reply(ctx, ifindex, port);
             }
             // Another address: answered for a known endpoint, by `vm_neigh`.
             neigh::to_vm_neigh(ctx, &dst);
@@ -258,7 +258,7 @@ fn ipv6(ctx: &TcContext, ifindex: u32, port: &PortInfo, dst: [u8; 6], src: [u8; 
             && mac_eq(&dst, &net.gw_mac)
         {
             nd::echo_reply6(ctx, net)?;
-            return gateway_reply(ifindex, port);
+            return gateway_reply(ctx, ifindex, port);
         }
     }
 

@@ -85,5 +85,5 @@ fn try_slow_return(ctx: &TcContext) -> Verdict {
     };
     let ifindex = *ifindex;
     counters::count_tx(port_id, ctx.len());
-    verdict::redirect(ifindex)
+    verdict::to_port(ctx, ifindex)
 }
