@@ -143,6 +143,8 @@ pub mod maps {
         lpm::<PolicyRuleKey>(map_names::POLICY_RULES, MAX_POLICY_RULES);
     pub const POLICY_FLOWS: MapDef =
         def::<PolicyFlowKey, PolicyFlow>(map_names::POLICY_FLOWS, LruHash, MAX_POLICY_FLOWS);
+    pub const REACH_FLOWS: MapDef =
+        def::<ReachFlowKey, ReachFlow>(map_names::REACH_FLOWS, LruHash, MAX_REACH_FLOWS);
     pub const POLICY_STATS: MapDef =
         def::<u32, PolicyStats>(map_names::POLICY_STATS, PerCpuArray, MAX_PORTS);
     pub const POLICY_HITS: MapDef =
@@ -208,7 +210,7 @@ pub mod maps {
 
     /// Every map the agent pins (the whole object but aya-log's ring
     /// buffer, `map_names::DEBUG_LOG`).
-    pub const ALL: [MapDef; 68] = [
+    pub const ALL: [MapDef; 69] = [
         DEBUG,
         MONITOR,
         MONITOR_CFG,
@@ -277,6 +279,7 @@ pub mod maps {
         SERVICE6_SCRATCH,
         VTEP6,
         VTEP6_IDS,
+        REACH_FLOWS,
     ];
 }
 
@@ -347,7 +350,11 @@ pub mod tail_call {
     /// chain and the fragments' records took `vm_egress` over the
     /// verifier budget).
     pub const VM_SNAT6_EXT: u32 = 13;
-    pub const SLOTS: u32 = 14;
+    /// `vxlan_reach`: a frame with `REACH_VNI` (another node's stack to a
+    /// local endpoint, or an endpoint's answer to this node's stack), from
+    /// `vxlan_rx` (whose stack has no room for it).
+    pub const VXLAN_REACH: u32 = 14;
+    pub const SLOTS: u32 = 15;
 
     use crate::prog_names;
     /// Every slot with the program the agent puts in it: the one table
@@ -367,6 +374,7 @@ pub mod tail_call {
         (VM_FLOOD, prog_names::VM_FLOOD),
         (VM_SERVICE6, prog_names::VM_SERVICE6),
         (VM_SNAT6_EXT, prog_names::VM_SNAT6_EXT),
+        (VXLAN_REACH, prog_names::VXLAN_REACH),
     ];
 }
 
@@ -607,6 +615,23 @@ impl SnatConfig {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Adoption, cleanup and the start-up repair find a port's links by
+    /// their pins' names: both programs', never another link's.
+    #[test]
+    fn a_port_link_pin_names_its_port_and_nothing_else_does() {
+        assert_eq!(prog_names::port_pin_ifindex("vm_port-12"), Some(12));
+        assert_eq!(prog_names::port_pin_ifindex("vm_from_stack-7"), Some(7));
+        for other in [
+            "uplink-12",
+            "vxlan_rx-3",
+            "vxlan_from_stack-3",
+            "vm_port",
+            "vm_port-x",
+        ] {
+            assert_eq!(prog_names::port_pin_ifindex(other), None, "{other}");
+        }
+    }
 
     /// Metrics, the API and the monitor name a counter by `NAMES[reason]`:
     /// each name must sit at its reason's index, be the constant's own name

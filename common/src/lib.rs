@@ -98,6 +98,9 @@ pub mod map_names {
     /// NetworkPolicy: per network, the local ports IP floods may reach
     /// (those not isolated for ingress); absent: all of `vmp_flood`.
     pub const POLICY_FLOOD: &str = "vmp_pol_flood";
+    /// Reach: flows other nodes' stacks opened to a local endpoint of a
+    /// Primary network, keyed as the endpoint answers (LRU).
+    pub const REACH_FLOWS: &str = "vmp_reach_flows";
     /// Services: (network, ClusterIP, port, protocol) -> Service port.
     pub const SERVICES: &str = "vmp_svc";
     /// Services: (Service port id, slot) -> ready backend.
@@ -232,6 +235,27 @@ pub mod prog_names {
     pub const UPLINK_RESOLVE: &str = "uplink_resolve";
     /// Tail call from `vxlan_rx`: resolution requests and answers.
     pub const VXLAN_RESOLVE: &str = "vxlan_resolve";
+    /// tcx egress on the vxlan device: what the node's stack routes to a
+    /// Primary network's endpoint on another node, over the overlay.
+    pub const VXLAN_FROM_STACK: &str = "vxlan_from_stack";
+    /// Tail call from `vxlan_rx` for `REACH_VNI`: another node's stack to
+    /// a local endpoint, and an endpoint's answers to this node's stack.
+    pub const VXLAN_REACH: &str = "vxlan_reach";
+
+    /// The programs every VM port runs, each through its own pinned tcx
+    /// link named `<program>-<ifindex>`: `vm_port` at ingress,
+    /// `vm_from_stack` at egress.
+    pub const PORT_PROGRAMS: [&str; 2] = [VM_PORT, VM_FROM_STACK];
+
+    /// The port's ifindex in a link pin's name (`<program>-<ifindex>` of
+    /// `PORT_PROGRAMS`), if it is one.
+    pub fn port_pin_ifindex(name: &str) -> Option<u32> {
+        PORT_PROGRAMS.iter().find_map(|prog| {
+            name.strip_prefix(prog)
+                .and_then(|s| s.strip_prefix('-'))
+                .and_then(|s| s.parse().ok())
+        })
+    }
 }
 
 /// Layout version of the pinned maps. Bump when any type below changes size
@@ -371,8 +395,13 @@ pub struct AddrInfo {
     pub _pad: [u8; 2],
     /// Port id of that port.
     pub port_id: u32,
+    /// An address on another node (`ifindex` 0): that node's 4-byte VTEP
+    /// value (as `Endpoint::node_ip4`), where what the node's stack sends
+    /// the address goes (`reach`) when its MAC is not known here; zero:
+    /// local, or no node known.
+    pub node_ip4: [u8; 4],
 }
-const _: () = assert!(size_of::<AddrInfo>() == 20);
+const _: () = assert!(size_of::<AddrInfo>() == 24);
 
 /// Network flags (`NetworkInfo::flags`).
 pub const NET_F_GW4: u16 = 1 << 0;
@@ -826,6 +855,11 @@ pub mod drop_reason {
         /// `FRAG_TIMEOUT_NS` later; `vmp_pol_frags`). It carries no ports,
         /// so nothing else can judge it: denied.
         POLICY_FRAGMENT = 47 => "policy_fragment",
+        /// Reach: a frame a node's stack routed to a Primary network's
+        /// address that no endpoint holds (or whose endpoint is local but
+        /// has no route here yet), or one from another node's stack for
+        /// an endpoint no longer here.
+        REACH_NO_ENDPOINT = 48 => "reach_no_endpoint",
     }
 
     // A number out of place would show a count under another reason's name.
@@ -1519,6 +1553,50 @@ pub const MAX_POLICY_RULES: u32 = 65536;
 /// Flows tracked for policy (LRU: a full table forgets the oldest, whose
 /// next packet is checked against policy again).
 pub const MAX_POLICY_FLOWS: u32 = 262144;
+
+/// The VNI of overlay frames between a node's own stack and a Primary
+/// network's endpoint on another node (`reach`): no network has id 0, so
+/// they never meet a network's frames, and only vmpath's programs set a
+/// tunnel key: a VM cannot send one.
+pub const REACH_VNI: u32 = 0;
+/// The network id under which `vmp_subnets4`/`vmp_subnets6` hold every
+/// Primary network's subnets, each with its network's id as the value
+/// (`reach`: an address's network without knowing it). Outside the
+/// networks' ids, as `CLUSTER_NETWORK`.
+pub const PRIMARY_SUBNETS: u32 = u32::MAX - 1;
+/// Flows other nodes' stacks keep open to local endpoints (`vmp_reach_flows`).
+pub const MAX_REACH_FLOWS: u32 = 65536;
+/// A reach flow unused this long is forgotten (an endpoint's later frame
+/// to that peer takes the hand-off again).
+pub const REACH_FLOW_TIMEOUT_NS: u64 = 7_200_000_000_000;
+
+/// A flow another node's stack opened to a local endpoint, keyed as the
+/// endpoint answers it: from the endpoint's address and port to the
+/// peer's (`family`: `addr_family`; IPv4 in the first 4 bytes).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ReachFlowKey {
+    pub family: u8,
+    pub proto: u8,
+    pub _pad: [u8; 2],
+    pub sport: u16,
+    pub dport: u16,
+    pub src: [u8; 16],
+    pub dst: [u8; 16],
+}
+const _: () = assert!(size_of::<ReachFlowKey>() == 40);
+
+/// Where a reach flow's answers go: the node (4-byte VTEP value) whose
+/// stack opened it.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ReachFlow {
+    pub node: [u8; 4],
+    pub _pad: u32,
+    /// Flow clock (ns since boot) of the flow's last frame from that node.
+    pub last_seen: u64,
+}
+const _: () = assert!(size_of::<ReachFlow>() == 16);
 /// Policies counted per index (`vmp_pol_hits`).
 pub const MAX_POLICIES: u32 = 4096;
 /// A tracked flow idle this long is checked against policy again.

@@ -35,6 +35,7 @@ mod overlay;
 mod parse;
 mod policy;
 mod prog;
+mod reach;
 mod resolve;
 mod route;
 mod service;

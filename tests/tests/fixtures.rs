@@ -381,6 +381,7 @@ impl Fixture {
                 mac: p.mac(),
                 _pad: [0; 2],
                 port_id: info.port_id,
+                node_ip4: [0; 4],
             };
             for addr in [
                 IpAddr::V4(Ipv4Addr::from(p.ip4())),

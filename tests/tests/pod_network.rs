@@ -106,6 +106,8 @@ struct WebPod {
     ns: Netns,
     /// The plugin's ADD result.
     result: Value,
+    /// The Pod object as written.
+    doc: String,
 }
 
 /// Writes `primary`, pod web-0 whose default network it is, `extra`
@@ -128,7 +130,7 @@ fn start_pod_network(
          spec: {{nodeName: {}}}\nstatus: {{phase: Running}}\n",
         node.name
     );
-    let mut docs = vec![primary.to_string(), web];
+    let mut docs = vec![primary.to_string(), web.clone()];
     docs.extend(extra.iter().cloned());
     node.write_config("cluster.yaml", &docs.join("\n---\n"));
     node.write_config(
@@ -162,7 +164,11 @@ fn start_pod_network(
         &format!("c{tag}web"),
     );
     assert!(ok, "ADD of the pod's eth0: {result}");
-    WebPod { ns, result }
+    WebPod {
+        ns,
+        result,
+        doc: web,
+    }
 }
 
 /// The ADD result's address of one family.
@@ -967,5 +973,149 @@ fn an_isolated_pod_network_endpoint_admits_its_nodes_kubelet_and_only_what_its_p
         ask(&node.ns, Proto::Udp, &pod_ip, 5353).as_deref(),
         Some(format!("probe from {}", cluster.nodes[0].address).as_str()),
         "UDP from the node, answered"
+    );
+}
+
+/// Reached from another node (DESIGN.md 12.3; `ebpf/src/reach.rs`): web-0
+/// runs on node a; node b routes the pod network's subnet into its vxlan
+/// device, whose program sends it to a over the overlay, and a sends
+/// web-0's answers back to b's stack, whose conntrack saw them leave. A
+/// cluster-network pod on b reaches web-0 by address (its own address
+/// seen), b's NodePort (kube-proxy's translation on b) and b's own stack
+/// reach it too. web-0's ingress policy judges them all by address on a:
+/// isolated, the cluster pod on b and b's node are refused and counted
+/// (only a, web-0's own node, passes as its kubelet), and an `ipBlock` of
+/// the cluster's pod CIDR lets the pod in again. Without the reach, b has
+/// no route to the pod network at all.
+#[test]
+fn a_pod_network_endpoint_is_reached_from_another_nodes_pods_nodeport_and_stack() {
+    use vmpath_tests::cluster_net::{ClusterNet, Echo, POD_CIDR, Proto, SERVICE_CIDR, ask};
+    use vmpath_tests::vmpath::common::drop_reason;
+    use vmpath_tests::{Underlay, UnderlayFamily, yaml_overlay};
+
+    let family = UnderlayFamily::V4;
+    let underlay = Underlay::new();
+    let mut a = Node::new("ra");
+    let mut b = Node::new("rb");
+    underlay.plug(&a.ns, "ul0", &family.node_cidr(1), 1500);
+    underlay.plug(&b.ns, "ul0", &family.node_cidr(2), 1500);
+    let cluster = ClusterNet::new(&[&a.ns, &b.ns]);
+    let b_ip = cluster.nodes[1].address.clone();
+    let (client_pod, client_ip) = cluster.nodes[1].pod("client");
+    let nodes = [
+        yaml_overlay::node(&a.name, &family.node_ip(1)),
+        yaml_overlay::node(&b.name, &family.node_ip(2)),
+    ]
+    .join("\n---\n");
+    let vault = a.add_vm(
+        "vault",
+        "52:54:00:00:31:0d",
+        &["10.31.0.13/24"],
+        Some(GATEWAY),
+    );
+    let primary = primary_network(false);
+    let web = start_pod_network(
+        &mut a,
+        &vault,
+        &["10.31.0.13/24"],
+        &primary,
+        std::slice::from_ref(&nodes),
+        [POD_CIDR, SERVICE_CIDR],
+    );
+    let pod_ip = address_of(&web.result, false);
+    let mac = web.result["interfaces"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|i| i["sandbox"].is_string())
+        .and_then(|i| i["mac"].as_str())
+        .unwrap_or_else(|| panic!("the pod's MAC in {}", web.result))
+        .to_string();
+    // What Multus writes back once the ADD answered, which every node's
+    // agent reads: the pod's interface on the pod network.
+    let with_status = web.doc.replace(
+        "annotations: {v1.multus-cni.io/default-network: prod/blue}",
+        &format!(
+            "annotations: {{v1.multus-cni.io/default-network: prod/blue, \
+             k8s.v1.cni.cncf.io/network-status: '[{{\"name\":\"prod/blue\",\"interface\":\"eth0\",\
+             \"ips\":[\"{pod_ip}\"],\"mac\":\"{mac}\",\"default\":true}}]'}}"
+        ),
+    );
+    assert_ne!(with_status, web.doc);
+    let cluster_yaml = [primary.clone(), with_status, nodes.clone()].join("\n---\n");
+    a.write_config("cluster.yaml", &cluster_yaml);
+    b.write_config("cluster.yaml", &cluster_yaml);
+    b.set_agent_args(&[
+        "--cluster-pod-cidrs",
+        POD_CIDR,
+        "--cluster-service-cidrs",
+        SERVICE_CIDR,
+    ]);
+    b.start_agent();
+    let pod = web.ns;
+    let _pod_tcp = Echo::start(&pod, Proto::Tcp, 8080);
+    cluster.kube_proxy(&[one_endpoint_service(
+        "prod/web-0:http",
+        "10.96.0.30",
+        80,
+        Proto::Tcp,
+        Some(30080),
+        (&pod_ip, 8080),
+    )]);
+
+    // A cluster pod on b, by address: over the overlay, its address kept.
+    let from_client = format!("probe from {client_ip}");
+    wait_for(
+        "a cluster pod on b reaches web-0 on a by address",
+        Duration::from_secs(30),
+        || ask(&client_pod, Proto::Tcp, &pod_ip, 8080).as_deref() == Some(from_client.as_str()),
+    );
+    // b's NodePort and ClusterIP (kube-proxy on b translates to web-0).
+    assert!(
+        ask(&client_pod, Proto::Tcp, &b_ip, 30080).is_some(),
+        "b's NodePort to web-0 on a"
+    );
+    assert_eq!(
+        ask(&client_pod, Proto::Tcp, "10.96.0.30", 80).as_deref(),
+        Some(from_client.as_str()),
+        "the ClusterIP from a cluster pod on b"
+    );
+    // b's own stack (kubelet-style, from another node).
+    let from_b = ask(&b.ns, Proto::Tcp, &pod_ip, 8080).unwrap_or_default();
+    assert!(from_b.starts_with("probe from "), "b's stack: {from_b:?}");
+
+    // Isolated: what b sends is judged on a, by address.
+    let policy = |name: &str, ingress: &str| {
+        let doc = format!(
+            "apiVersion: networking.k8s.io/v1\nkind: NetworkPolicy\n\
+             metadata: {{name: {name}, namespace: prod}}\n\
+             spec:\n  podSelector: {{}}\n  policyTypes: [Ingress]\n{ingress}"
+        );
+        a.write_config("prod-policy.yaml", &doc);
+        b.write_config("prod-policy.yaml", &doc);
+    };
+    policy("deny-in", "");
+    let denied = a.drops(drop_reason::POLICY_DENIED_INGRESS);
+    wait_for("web-0 isolated", Duration::from_secs(20), || {
+        ask(&client_pod, Proto::Tcp, &pod_ip, 8080).is_none()
+    });
+    assert!(a.drops(drop_reason::POLICY_DENIED_INGRESS) > denied);
+    assert_eq!(
+        ask(&b.ns, Proto::Tcp, &pod_ip, 8080),
+        None,
+        "another node is not web-0's kubelet"
+    );
+    assert!(
+        ask(&a.ns, Proto::Tcp, &pod_ip, 8080).is_some(),
+        "web-0's own node is"
+    );
+    policy(
+        "from-cluster-pods",
+        &format!("  ingress:\n  - from: [{{ipBlock: {{cidr: {POD_CIDR}}}}}]\n"),
+    );
+    wait_for(
+        "the ipBlock admits the cluster pod on b",
+        Duration::from_secs(20),
+        || ask(&client_pod, Proto::Tcp, &pod_ip, 8080).as_deref() == Some(from_client.as_str()),
     );
 }

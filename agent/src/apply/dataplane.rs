@@ -80,25 +80,16 @@ pub fn links_dir(root: &Path) -> PathBuf {
     root.join("links")
 }
 
-/// The programs every VM port runs, each through its own pinned tcx link
-/// (`<program>-<ifindex>`): `vm_port` at ingress, every frame the VM
-/// sends; `vm_from_stack` at egress, what the node's stack sends it.
-pub const PORT_PROGRAMS: [(&str, TcAttachType); 2] = [
-    (prog_names::VM_PORT, TcAttachType::Ingress),
-    (prog_names::VM_FROM_STACK, TcAttachType::Egress),
+/// Where each of `prog_names::PORT_PROGRAMS` attaches on a port: `vm_port`
+/// at ingress, every frame the VM sends; `vm_from_stack` at egress, what
+/// the node's stack sends it.
+const PORT_PROGRAMS: [(&str, TcAttachType); 2] = [
+    (prog_names::PORT_PROGRAMS[0], TcAttachType::Ingress),
+    (prog_names::PORT_PROGRAMS[1], TcAttachType::Egress),
 ];
 
 fn link_pin(root: &Path, prog_name: &str, ifindex: u32) -> PathBuf {
     links_dir(root).join(format!("{prog_name}-{ifindex}"))
-}
-
-/// The ifindex of a port's link pin named `name`, if it is one.
-pub fn port_pin_ifindex(name: &str) -> Option<u32> {
-    PORT_PROGRAMS.iter().find_map(|(prog, _)| {
-        name.strip_prefix(prog)
-            .and_then(|s| s.strip_prefix('-'))
-            .and_then(|s| s.parse().ok())
-    })
 }
 
 /// Makes sure `root` is on a bpffs, mounting one there if not.
@@ -603,6 +594,7 @@ impl Dataplane {
         for name in [
             prog_names::VM_PORT,
             prog_names::VM_FROM_STACK,
+            prog_names::VXLAN_FROM_STACK,
             prog_names::SLOW_RETURN,
         ] {
             let prog: &mut SchedClassifier = ebpf
@@ -754,7 +746,7 @@ impl Dataplane {
     }
 
     /// `attach_tcx` at `at` (ingress or egress).
-    fn attach_tcx_at(
+    pub(crate) fn attach_tcx_at(
         &mut self,
         prog_name: &str,
         ifname: &str,
@@ -816,7 +808,7 @@ impl Dataplane {
         for entry in fs::read_dir(links_dir(&self.root))? {
             let entry = entry?;
             let name = entry.file_name().to_string_lossy().to_string();
-            if let Some(idx) = port_pin_ifindex(&name) {
+            if let Some(idx) = prog_names::port_pin_ifindex(&name) {
                 out.push((idx, entry.path()));
             }
         }

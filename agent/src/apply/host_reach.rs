@@ -10,6 +10,12 @@
 //! own addresses to the node's stack (`NET_F_HOST_REACH`), and the route
 //! here is what makes them pass the node's reverse-path filter.
 //!
+//! Reach (other nodes' endpoints, `ebpf/src/reach.rs`): with the overlay
+//! up, each Primary network's subnets are routed `dev vmp-vxlan` (a NOARP
+//! device: no neighbour needed), where `vxlan_from_stack` sends the
+//! stack's frames to the node hosting the address. The node's own
+//! endpoints' host routes are longer and win.
+//!
 //! Only routes in the main table with vmpath's protocol are ever touched.
 
 use std::{
@@ -39,23 +45,62 @@ use crate::{
 /// The kernel's main routing table.
 const MAIN_TABLE: u8 = 254;
 
-/// One endpoint address the node reaches through a port.
+/// A prefix the node reaches through an interface: an endpoint's address
+/// (full length) down its port, or a Primary network's subnet into the
+/// vxlan device.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub struct HostRoute {
     pub ip: IpAddr,
+    pub len: u8,
     pub ifindex: u32,
+}
+
+impl HostRoute {
+    /// An endpoint's address down its port.
+    fn host(ip: IpAddr, ifindex: u32) -> HostRoute {
+        let len = if ip.is_ipv4() { 32 } else { 128 };
+        HostRoute { ip, len, ifindex }
+    }
+
+    /// A host route (with a permanent neighbour entry), not a subnet's.
+    fn is_host(&self) -> bool {
+        self.len == if self.ip.is_ipv4() { 32 } else { 128 }
+    }
 }
 
 /// The addresses of this node's endpoints on Primary networks, with the
 /// MAC each is reached at: configured (given or claimed) ones, and on
 /// IPAM-less networks the ones learned from the endpoint's traffic. A
 /// pending migration target is not reached yet: its source still is.
+/// With `reach_dev` (the vxlan device's ifindex, the overlay up), every
+/// Primary network's subnets into it, without a neighbour.
 pub fn desired(
     cfg: &Resolved,
     plan: &Plan,
     learned: &BTreeMap<AddrKey, LearnedIp>,
-) -> BTreeMap<HostRoute, [u8; 6]> {
+    reach_dev: Option<u32>,
+) -> BTreeMap<HostRoute, Option<[u8; 6]>> {
     let mut out = BTreeMap::new();
+    if let Some(dev) = reach_dev {
+        for net in cfg
+            .config
+            .networks
+            .iter()
+            .filter(|n| n.role == Role::Primary)
+        {
+            for s in &net.subnets {
+                let s = s.trunc();
+                out.insert(
+                    HostRoute {
+                        ip: s.addr(),
+                        len: s.prefix_len(),
+                        ifindex: dev,
+                    },
+                    None,
+                );
+            }
+        }
+    }
     for port in plan.ports.values().filter(|p| !p.pending()) {
         let Some(att) = cfg.attachments.iter().find(|a| a.key == port.attachment) else {
             continue;
@@ -68,24 +113,12 @@ pub fn desired(
         }
         let mac = port.info.mac;
         for (ip, _) in &att.addresses {
-            out.insert(
-                HostRoute {
-                    ip: ip.addr(),
-                    ifindex: port.ifindex,
-                },
-                mac,
-            );
+            out.insert(HostRoute::host(ip.addr(), port.ifindex), Some(mac));
         }
         for (key, seen) in learned {
             let link_local = matches!(key.ip(), IpAddr::V6(a) if a.is_unicast_link_local());
             if key.network == net.id && seen.ifindex == port.ifindex && !link_local {
-                out.insert(
-                    HostRoute {
-                        ip: key.ip(),
-                        ifindex: port.ifindex,
-                    },
-                    seen.mac,
-                );
+                out.insert(HostRoute::host(key.ip(), port.ifindex), Some(seen.mac));
             }
         }
     }
@@ -96,12 +129,13 @@ pub fn desired(
 /// [`desired`].
 #[derive(Default)]
 pub struct HostReach {
-    synced: Option<BTreeMap<HostRoute, [u8; 6]>>,
+    synced: Option<BTreeMap<HostRoute, Option<[u8; 6]>>>,
 }
 
 impl HostReach {
     pub fn tick(&mut self, cfg: &Resolved, plan: &Plan, learned: &BTreeMap<AddrKey, LearnedIp>) {
-        let want = desired(cfg, plan, learned);
+        let reach_dev = crate::sys::netif::ifindex_of(vmpath_common::VXLAN_IFNAME);
+        let want = desired(cfg, plan, learned, reach_dev);
         if self.synced.as_ref() == Some(&want) {
             return;
         }
@@ -113,9 +147,9 @@ impl HostReach {
     }
 }
 
-/// Makes the main table's vmpath routes exactly `want`, each with its
-/// permanent neighbour entry.
-fn sync(want: &BTreeMap<HostRoute, [u8; 6]>) -> io::Result<()> {
+/// Makes the main table's vmpath routes exactly `want`, each host route
+/// with its permanent neighbour entry.
+fn sync(want: &BTreeMap<HostRoute, Option<[u8; 6]>>) -> io::Result<()> {
     let have = dump()?;
     for r in have.difference(&want.keys().copied().collect()) {
         let mut del = message(r);
@@ -125,38 +159,42 @@ fn sync(want: &BTreeMap<HostRoute, [u8; 6]>) -> io::Result<()> {
         // The neighbour entry goes with it; the port may be gone already.
         let ip = r.ip;
         let ifindex = r.ifindex;
-        let _ = crate::sys::netlink::run(|h| async move {
-            let mut msg = netlink_packet_route::neighbour::NeighbourMessage::default();
-            msg.header.family = family(ip);
-            msg.header.ifindex = ifindex;
-            msg.attributes.push(
-                netlink_packet_route::neighbour::NeighbourAttribute::Destination(match ip {
-                    IpAddr::V4(a) => a.into(),
-                    IpAddr::V6(a) => a.into(),
-                }),
-            );
-            h.neighbours().del(msg).execute().await
+        let _ = r.is_host().then(|| {
+            crate::sys::netlink::run(|h| async move {
+                let mut msg = netlink_packet_route::neighbour::NeighbourMessage::default();
+                msg.header.family = family(ip);
+                msg.header.ifindex = ifindex;
+                msg.attributes.push(
+                    netlink_packet_route::neighbour::NeighbourAttribute::Destination(match ip {
+                        IpAddr::V4(a) => a.into(),
+                        IpAddr::V6(a) => a.into(),
+                    }),
+                );
+                h.neighbours().del(msg).execute().await
+            })
         });
-        info!(ip = %r.ip, ifindex = r.ifindex, "route from the node to an endpoint withdrawn");
+        info!(ip = %r.ip, len = r.len, ifindex = r.ifindex, "route from the node to an endpoint withdrawn");
     }
     for (r, mac) in want {
-        let (ip, ifindex, mac) = (r.ip, r.ifindex, *mac);
-        crate::sys::netlink::run(|h| async move {
-            h.neighbours()
-                .add(ifindex, ip)
-                .link_layer_address(&mac)
-                .replace()
-                .execute()
-                .await
-        })?
-        .map_err(to_io)?;
+        if let Some(mac) = *mac {
+            let (ip, ifindex) = (r.ip, r.ifindex);
+            crate::sys::netlink::run(|h| async move {
+                h.neighbours()
+                    .add(ifindex, ip)
+                    .link_layer_address(&mac)
+                    .replace()
+                    .execute()
+                    .await
+            })?
+            .map_err(to_io)?;
+        }
         if !have.contains(r) {
             let msg = message(r);
             crate::sys::netlink::run(
                 |h| async move { h.route().add(msg).replace().execute().await },
             )?
             .map_err(to_io)?;
-            info!(ip = %r.ip, ifindex = r.ifindex, "route from the node to an endpoint added");
+            info!(ip = %r.ip, len = r.len, ifindex = r.ifindex, "route from the node to an endpoint added");
         }
     }
     Ok(())
@@ -179,8 +217,8 @@ fn family(ip: IpAddr) -> AddressFamily {
 
 fn message(r: &HostRoute) -> RouteMessage {
     let (dest, len) = match r.ip {
-        IpAddr::V4(a) => (RouteAddress::Inet(a), 32),
-        IpAddr::V6(a) => (RouteAddress::Inet6(a), 128),
+        IpAddr::V4(a) => (RouteAddress::Inet(a), r.len),
+        IpAddr::V6(a) => (RouteAddress::Inet6(a), r.len),
     };
     let mut msg = RouteMessage::default();
     msg.header = RouteHeader {
@@ -227,6 +265,7 @@ fn ours(m: &RouteMessage) -> Option<HostRoute> {
     }
     Some(HostRoute {
         ip: ip?,
+        len: m.header.destination_prefix_length,
         ifindex: ifindex?,
     })
 }

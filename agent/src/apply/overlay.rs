@@ -67,7 +67,7 @@ pub fn ensure_device(local: Option<IpAddr>, mtu: u32) -> Result<u32> {
             }
             handle
                 .link()
-                .add(msg.mtu(mtu).up().build())
+                .add(msg.mtu(mtu).arp(false).up().build())
                 .execute()
                 .await?;
             Ok(())
@@ -83,11 +83,23 @@ pub fn ensure_device(local: Option<IpAddr>, mtu: u32) -> Result<u32> {
     let index = ifindex_of(VXLAN_IFNAME)
         .with_context(|| format!("{VXLAN_IFNAME} vanished after creation"))?;
     // The device outlives agents; an adopted one gets this agent's MTU.
-    if netif::mtu_of(VXLAN_IFNAME) != Some(mtu) || !netif::is_up(VXLAN_IFNAME) {
+    // NOARP: the stack's frames routed into it (reach, the Primary
+    // networks' subnets) need no neighbour; `vxlan_from_stack` picks the
+    // node by address.
+    if netif::mtu_of(VXLAN_IFNAME) != Some(mtu)
+        || !netif::is_up(VXLAN_IFNAME)
+        || !netif::is_noarp(VXLAN_IFNAME)
+    {
         block_on(|handle| async move {
             handle
                 .link()
-                .set(LinkUnspec::new_with_index(index).mtu(mtu).up().build())
+                .set(
+                    LinkUnspec::new_with_index(index)
+                        .mtu(mtu)
+                        .arp(false)
+                        .up()
+                        .build(),
+                )
                 .execute()
                 .await?;
             Ok(())

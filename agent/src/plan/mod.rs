@@ -51,9 +51,10 @@ pub struct Plan {
     pub problems: Vec<String>,
     /// North-south (`north_south`): routed VM addresses by (0, IP).
     pub routed: BTreeMap<AddrKey, vmpath_common::RoutedAddr>,
-    /// (LPM prefix length, subnet) of every network.
-    pub subnets4: std::collections::BTreeSet<(u32, vmpath_common::Subnet4)>,
-    pub subnets6: std::collections::BTreeSet<(u32, vmpath_common::Subnet6)>,
+    /// (LPM prefix length, subnet) of every network -> 1; under
+    /// `PRIMARY_SUBNETS`, the Primary networks' subnets -> their network's id.
+    pub subnets4: BTreeMap<(u32, vmpath_common::Subnet4), u32>,
+    pub subnets6: BTreeMap<(u32, vmpath_common::Subnet6), u32>,
     pub snat: vmpath_common::SnatConfig,
     /// Subnets of the learning ingress networks this node hosts, (LPM
     /// prefix length, prefix) -> network id: the uplink resolves an
@@ -295,6 +296,7 @@ pub fn plan_with_previous(
                     mac,
                     _pad: [0; 2],
                     port_id,
+                    node_ip4: [0; 4],
                 },
             );
         }

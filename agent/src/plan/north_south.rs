@@ -13,9 +13,9 @@
 use std::net::IpAddr;
 
 use vmpath_common::{
-    CLUSTER_NETWORK, NET_F_INGRESS, NET_F_IP_FILTER, NET_F_ROUTED, NET_F_SNAT, ROUTED_F_INBOUND,
-    ResolvePrefix, RoutedAddr, SNAT_DEFAULT_PORT_MAX, SNAT_DEFAULT_PORT_MIN, SNAT_DEFAULT_QUOTA,
-    SnatConfig, Subnet4, Subnet6,
+    CLUSTER_NETWORK, NET_F_INGRESS, NET_F_IP_FILTER, NET_F_ROUTED, NET_F_SNAT, PRIMARY_SUBNETS,
+    ROUTED_F_INBOUND, ResolvePrefix, RoutedAddr, SNAT_DEFAULT_PORT_MAX, SNAT_DEFAULT_PORT_MIN,
+    SNAT_DEFAULT_QUOTA, SnatConfig, Subnet4, Subnet6,
 };
 
 use super::{Plan, addr_key};
@@ -62,7 +62,12 @@ pub fn north_south(cfg: &Resolved, node: &str, plan: &mut Plan) {
             }
         }
         for s in &net.subnets {
-            insert_subnet(plan, net.id, *s);
+            insert_subnet(plan, net.id, *s, 1);
+            // Reach: an address's Primary network, for the stack's frames
+            // to it and from it over the overlay (`ebpf/src/reach.rs`).
+            if net.role == crate::config::model::Role::Primary {
+                insert_subnet(plan, PRIMARY_SUBNETS, *s, net.id);
+            }
         }
     }
     cluster_destinations(cfg, plan);
@@ -111,27 +116,33 @@ pub fn north_south(cfg: &Resolved, node: &str, plan: &mut Plan) {
     };
 }
 
-/// `(network, subnet)` into `vmp_subnets4` or `vmp_subnets6`.
-fn insert_subnet(plan: &mut Plan, network: u32, s: ipnet::IpNet) {
+/// `(network, subnet) -> value` into `vmp_subnets4` or `vmp_subnets6`.
+fn insert_subnet(plan: &mut Plan, network: u32, s: ipnet::IpNet, value: u32) {
     let s = s.trunc();
     match s.addr() {
         IpAddr::V4(a) => {
-            plan.subnets4.insert((
-                32 + u32::from(s.prefix_len()),
-                Subnet4 {
-                    network: network.to_be_bytes(),
-                    addr: a.octets(),
-                },
-            ));
+            plan.subnets4.insert(
+                (
+                    32 + u32::from(s.prefix_len()),
+                    Subnet4 {
+                        network: network.to_be_bytes(),
+                        addr: a.octets(),
+                    },
+                ),
+                value,
+            );
         }
         IpAddr::V6(a) => {
-            plan.subnets6.insert((
-                32 + u32::from(s.prefix_len()),
-                Subnet6 {
-                    network: network.to_be_bytes(),
-                    addr: a.octets(),
-                },
-            ));
+            plan.subnets6.insert(
+                (
+                    32 + u32::from(s.prefix_len()),
+                    Subnet6 {
+                        network: network.to_be_bytes(),
+                        addr: a.octets(),
+                    },
+                ),
+                value,
+            );
         }
     }
 }
@@ -153,10 +164,10 @@ fn cluster_destinations(cfg: &Resolved, plan: &mut Plan) {
         return;
     }
     for c in &cfg.config.cluster_cidrs {
-        insert_subnet(plan, CLUSTER_NETWORK, c.cidr);
+        insert_subnet(plan, CLUSTER_NETWORK, c.cidr, 1);
     }
     for n in cfg.config.nodes.values() {
-        insert_subnet(plan, CLUSTER_NETWORK, ipnet::IpNet::from(n.address));
+        insert_subnet(plan, CLUSTER_NETWORK, ipnet::IpNet::from(n.address), 1);
     }
 }
 
@@ -352,7 +363,7 @@ mod tests {
             assert!(c.errors.is_empty(), "{:?}", c.errors);
             plan(&c, "a", |_| None)
                 .subnets4
-                .iter()
+                .keys()
                 .filter(|(_, s)| s.network == CLUSTER_NETWORK.to_be_bytes())
                 .map(|(len, s)| format!("{}/{}", std::net::Ipv4Addr::from(s.addr), len - 32))
                 .collect::<Vec<_>>()

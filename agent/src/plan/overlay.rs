@@ -94,6 +94,7 @@ pub fn overlay(cfg: &Resolved, node: &str, plan: &mut Plan) {
                     mac: known.unwrap_or([0; 6]),
                     _pad: [0; 2],
                     port_id: 0,
+                    node_ip4: ip4,
                 });
         }
         if let Some(mac) = known {

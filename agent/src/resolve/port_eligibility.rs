@@ -389,7 +389,7 @@ pub fn repair(links_dir: &Path, policy: &PortPolicy) -> usize {
     let mut removed = 0;
     for entry in entries.filter_map(|e| e.ok()) {
         let name = entry.file_name().to_string_lossy().into_owned();
-        let Some(ifindex) = crate::apply::dataplane::port_pin_ifindex(&name) else {
+        let Some(ifindex) = vmpath_common::prog_names::port_pin_ifindex(&name) else {
             continue;
         };
         // A pin whose interface is gone holds no attachment; the first

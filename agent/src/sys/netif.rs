@@ -117,6 +117,13 @@ pub fn is_up(ifname: &str) -> bool {
         .is_some_and(|req| (unsafe { req.ifr_ifru.ifru_flags } as i32 & libc::IFF_UP) != 0)
 }
 
+/// Whether `ifname` resolves no neighbours (`IFF_NOARP`).
+pub fn is_noarp(ifname: &str) -> bool {
+    ifreq(ifname, libc::SIOCGIFFLAGS)
+        // SAFETY: SIOCGIFFLAGS succeeded, so the union holds ifru_flags.
+        .is_some_and(|req| (unsafe { req.ifr_ifru.ifru_flags } as i32 & libc::IFF_NOARP) != 0)
+}
+
 /// Every address of this namespace's interfaces (IPv4 and IPv6).
 pub fn local_addresses() -> std::collections::BTreeSet<std::net::IpAddr> {
     let mut out = std::collections::BTreeSet::new();

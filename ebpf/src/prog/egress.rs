@@ -18,6 +18,7 @@ use crate::{
     maps::{NETWORKS, PORTS},
     mtu, next_hop,
     parse::{ETH_LEN, ETH_P_IP, ETH_P_IPV6, hdr},
+    reach,
     route::{self, forward4, forward6, in_subnet4, in_subnet6},
     snat::{
         self,
@@ -88,11 +89,17 @@ fn egress4_inner(
     // The node's own addresses, and the cluster's (Services, pods, other
     // nodes): up the node's stack, where kube-proxy's translation and the
     // node's routes apply; a redirect here would pass them by.
-    if net.flags & NET_F_HOST_REACH != 0
-        && (in_subnet4(CLUSTER_NETWORK, ip.dst_addr)
-            || host::to_node4(ctx, ifindex, src, ip.dst_addr))
-    {
-        return host::deliver(ctx);
+    if net.flags & NET_F_HOST_REACH != 0 {
+        // An answer to another node's stack goes back the way it came.
+        if let Some(node) = reach::answered_node(ctx) {
+            return reach::to_node(ctx, node);
+        }
+        let ip = hdr::<Ipv4Hdr>(ctx, ETH_LEN)?;
+        if in_subnet4(CLUSTER_NETWORK, ip.dst_addr)
+            || host::to_node4(ctx, ifindex, src, ip.dst_addr)
+        {
+            return host::deliver(ctx);
+        }
     }
     let from = if net.flags & NET_F_GW4 != 0 {
         net.gw_ip4
@@ -136,11 +143,16 @@ fn egress6_inner(ctx: &TcContext, ifindex: u32, port: &PortInfo, net: &NetworkIn
     if !own && !in_subnet6(port.network, src) {
         return Err(drop_reason::ROUTE_SRC_OUTSIDE);
     }
-    if net.flags & NET_F_HOST_REACH != 0
-        && (in_subnet6(CLUSTER_NETWORK, &ip.dst_addr)
-            || host::to_node6(ctx, ifindex, src, &ip.dst_addr))
-    {
-        return host::deliver(ctx);
+    if net.flags & NET_F_HOST_REACH != 0 {
+        if let Some(node) = reach::answered_node(ctx) {
+            return reach::to_node(ctx, node);
+        }
+        let ip = hdr::<Ipv6Hdr>(ctx, ETH_LEN)?;
+        if in_subnet6(CLUSTER_NETWORK, &ip.dst_addr)
+            || host::to_node6(ctx, ifindex, &ip.src_addr, &ip.dst_addr)
+        {
+            return host::deliver(ctx);
+        }
     }
     let (hop, payload_len, next_hdr) = (ip.hop_limit, ip.payload_len, ip.next_hdr);
     let from = if net.flags & NET_F_GW6 != 0 {

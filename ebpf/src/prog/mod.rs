@@ -23,6 +23,9 @@
 //! - `uplink`: `uplink`, `uplink_resolve` (tcx ingress of the uplink);
 //!   `uplink_xdp`: its XDP fast path
 //! - `vxlan`: `vxlan_rx`, `vxlan_resolve` (tcx ingress of `vmp-vxlan`)
+//! - `reach`: `vxlan_from_stack` (tcx egress of `vmp-vxlan`) and
+//!   `vxlan_reach`, its tail call from `vxlan_rx`: a node's stack and the
+//!   Primary networks' endpoints on other nodes
 //! - `slowpath`: `slow_rx`, `slow_return` (the slow path's interfaces)
 //! - `bench.rs` is not a module of this crate: it is the root of the
 //!   bench's own object (`vmpath-bench`, ebpf/Cargo.toml), kept here
@@ -34,6 +37,7 @@ mod migrate;
 mod neigh;
 mod policy;
 mod port;
+mod reach;
 mod remote;
 mod service;
 mod slowpath;

@@ -17,7 +17,7 @@ use aya_ebpf::{
 use network_types::{eth::EthHdr, ip::Ipv6Hdr};
 use vmpath_common::{
     ENDPOINT_LOCAL, EndpointKey, NET_F_INGRESS, NET_F_IP_FILTER, NO_PORT_ID, NetworkInfo,
-    RELAY_TTL, RELAYED_TTL_MAX, drop_reason, tail_call,
+    REACH_VNI, RELAY_TTL, RELAYED_TTL_MAX, drop_reason, tail_call,
 };
 
 use crate::{
@@ -55,6 +55,12 @@ fn try_vxlan_rx(ctx: &TcContext) -> Verdict {
     // handle on an IPv6 underlay; an unknown IPv6 source is refused here).
     let from = overlay::received_from(ctx, key)?;
     let network = key.tunnel_id;
+    if network == REACH_VNI {
+        // SAFETY: `ctx` is this program's own context; on success the
+        // tail call does not return, otherwise the error below.
+        unsafe { PROGS.tail_call(ctx, tail_call::VXLAN_REACH) };
+        return Err(drop_reason::HELPER_FAILED);
+    }
     // SAFETY: a map lookup; the value stays valid for this program run.
     let Some(net) = (unsafe { NETWORKS.get(&network) }) else {
         return Err(drop_reason::OVERLAY_UNKNOWN_VNI);

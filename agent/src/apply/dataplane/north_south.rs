@@ -1,11 +1,7 @@
 //! The north-south part of the data path: the uplink program's link and
 //! the routed / SNAT maps.
 
-use std::{
-    collections::{BTreeMap, BTreeSet},
-    fs,
-    path::PathBuf,
-};
+use std::{collections::BTreeMap, fs, path::PathBuf};
 
 use anyhow::{Context as _, Result};
 use aya::maps::{
@@ -48,8 +44,8 @@ pub enum UplinkXdp {
 impl Dataplane {
     pub(super) fn apply_north_south(&mut self, plan: &Plan) -> Result<()> {
         sync(&mut self.maps.routed, &plan.routed)?;
-        sync_lpm(&mut self.maps.subnets4, &plan.subnets4)?;
-        sync_lpm(&mut self.maps.subnets6, &plan.subnets6)?;
+        sync_lpm_values(&mut self.maps.subnets4, &plan.subnets4)?;
+        sync_lpm_values(&mut self.maps.subnets6, &plan.subnets6)?;
         sync_lpm_values(&mut self.maps.resolve_prefixes, &plan.resolve_prefixes)?;
         let mut snat = plan.snat;
         if let Ok(old) = self.maps.snat_config.get(&0, 0) {
@@ -147,25 +143,7 @@ impl Dataplane {
     }
 }
 
-fn sync_lpm<K>(map: &mut LpmTrie<MapData, K, u32>, want: &BTreeSet<(u32, K)>) -> Result<()>
-where
-    K: aya::Pod + Ord,
-{
-    let have: BTreeSet<(u32, K)> = map
-        .keys()
-        .filter_map(|k| k.ok())
-        .map(|k| (k.prefix_len(), k.data()))
-        .collect();
-    for (len, data) in have.difference(want) {
-        map.remove(&LpmKey::new(*len, *data))?;
-    }
-    for (len, data) in want.difference(&have) {
-        map.insert(&LpmKey::new(*len, *data), 1, 0)?;
-    }
-    Ok(())
-}
-
-/// `sync_lpm` for a trie whose values differ by prefix.
+/// Makes an LPM trie hold exactly `want` (prefix length, key -> value).
 fn sync_lpm_values<K>(
     map: &mut LpmTrie<MapData, K, u32>,
     want: &BTreeMap<(u32, K), u32>,

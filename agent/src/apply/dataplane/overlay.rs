@@ -65,6 +65,23 @@ impl Dataplane {
         let pin = links.join(format!("{prefix}{ifindex}"));
         self.attach_tcx(prog_names::VXLAN_RX, ifname, &pin)
             .with_context(|| format!("attaching vxlan_rx to {ifname}"))?;
+        // Reach: what the node's stack routes into the device goes to the
+        // node hosting the address (`ebpf/src/reach.rs`).
+        let egress = format!("{}-", prog_names::VXLAN_FROM_STACK);
+        for entry in fs::read_dir(&links)? {
+            let entry = entry?;
+            let name = entry.file_name().to_string_lossy().to_string();
+            if name.starts_with(&egress) && name != format!("{egress}{ifindex}") {
+                let _ = fs::remove_file(entry.path());
+            }
+        }
+        self.attach_tcx_at(
+            prog_names::VXLAN_FROM_STACK,
+            ifname,
+            &links.join(format!("{egress}{ifindex}")),
+            aya::programs::TcAttachType::Egress,
+        )
+        .with_context(|| format!("attaching vxlan_from_stack to {ifname}"))?;
         self.set_overlay(slot)?;
         info!(ifname, ifindex, "overlay receive program attached");
         Ok(())

@@ -399,6 +399,7 @@ fn program_maps(dp: &mut Dataplane, a: u32, b: u32) -> Result<()> {
                 mac,
                 _pad: [0; 2],
                 port_id: i as u32 + 1,
+                node_ip4: [0; 4],
             },
             0,
         )?;
@@ -527,6 +528,7 @@ fn north_south_in_netns(opts: &Options) -> Result<Section> {
                 mac: NS_VM_MAC,
                 _pad: [0; 2],
                 port_id: 1,
+                node_ip4: [0; 4],
             },
             0,
         )?;
