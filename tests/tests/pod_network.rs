@@ -21,8 +21,7 @@ const VM_MAC: &str = "02:00:00:31:00:0b";
 const VM_IP: &str = "10.31.0.11";
 const GATEWAY: &str = "10.31.0.1";
 
-/// ADD of the pod's default network, as Multus calls it: `CNI_IFNAME=eth0`
-/// and the CNI_ARGS the runtime gave Multus.
+/// ADD of the pod's default network (namespace prod), as Multus calls it.
 fn add_default_network(
     node: &Node,
     conf: &str,
@@ -31,28 +30,15 @@ fn add_default_network(
     netns: &Netns,
     container: &str,
 ) -> (bool, Value) {
-    let cni_args = format!(
-        "IgnoreUnknown=1;K8S_POD_NAMESPACE=prod;K8S_POD_NAME={pod};K8S_POD_INFRA_CONTAINER_ID={container};K8S_POD_UID={uid}"
-    );
-    let out = multus::run_plugin(
-        node,
-        "ADD",
-        &[
-            ("CNI_CONTAINERID", container),
-            ("CNI_NETNS", &netns.path()),
-            ("CNI_IFNAME", "eth0"),
-            ("CNI_ARGS", &cni_args),
-        ],
+    let call = multus::Call {
         conf,
-    );
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let json = serde_json::from_str(&stdout).unwrap_or_else(|_| {
-        panic!(
-            "plugin output is not JSON: {stdout}\nstderr: {}",
-            String::from_utf8_lossy(&out.stderr)
-        )
-    });
-    (out.status.success(), json)
+        pod_namespace: "prod",
+        pod,
+        ifname: "eth0",
+        netns,
+        container,
+    };
+    multus::add_default_network(node, &call, uid)
 }
 
 /// The guest's DHCP client: records the lease and applies it (address and
