@@ -520,7 +520,11 @@ impl Drop for Dns {
 /// `busybox nslookup name server` from `ns`: the first address answered.
 pub fn resolve(ns: &Netns, name: &str, server: &str) -> Option<String> {
     let out = ns.run_status(&["busybox", "nslookup", name, server]);
-    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    nslookup_answer(&String::from_utf8_lossy(&out.stdout))
+}
+
+/// The first address in busybox nslookup's output.
+pub fn nslookup_answer(text: &str) -> Option<String> {
     // The answer follows the server's own lines ("Server:", "Address:").
     text.split("Name:")
         .nth(1)
@@ -586,6 +590,47 @@ impl Drop for Echo {
     fn drop(&mut self) {
         let _ = self.0.kill();
         let _ = self.0.wait();
+    }
+}
+
+/// A web server (busybox httpd) in `ns` on `port`, serving `body` at `/`;
+/// killed on drop.
+pub struct Http {
+    child: Child,
+    dir: PathBuf,
+}
+
+impl Http {
+    pub fn start(ns: &Netns, port: u16, body: &str) -> Http {
+        let dir = std::env::temp_dir().join(format!("vmpath-http-{}-{port}", ns.name));
+        fs::create_dir_all(&dir).unwrap();
+        fs::write(dir.join("index.html"), body).unwrap();
+        let child = ns.spawn(&[
+            "busybox",
+            "httpd",
+            "-f",
+            "-p",
+            &port.to_string(),
+            "-h",
+            dir.to_str().unwrap(),
+        ]);
+        crate::wait_for(
+            "the web server listening",
+            std::time::Duration::from_secs(20),
+            || {
+                String::from_utf8_lossy(&ns.run_status(&["ss", "-ltn"]).stdout)
+                    .contains(&format!(":{port} "))
+            },
+        );
+        Http { child, dir }
+    }
+}
+
+impl Drop for Http {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = fs::remove_dir_all(&self.dir);
     }
 }
 
