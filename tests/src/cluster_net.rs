@@ -341,6 +341,38 @@ pub struct Service {
     pub endpoints: Vec<(String, u16)>,
 }
 
+/// A Service port with one endpoint, as kube-proxy sees it.
+pub fn one_endpoint_service(
+    name: &str,
+    ip: &str,
+    port: u16,
+    proto: Proto,
+    node_port: Option<u16>,
+    endpoint: (&str, u16),
+) -> Service {
+    Service {
+        name: name.to_string(),
+        cluster_ip: ip.to_string(),
+        port,
+        proto,
+        node_port,
+        endpoints: vec![(endpoint.0.to_string(), endpoint.1)],
+    }
+}
+
+/// The DNS Service (kube-system/kube-dns, UDP 53) at `cluster_ip`, its
+/// one endpoint the DNS server's pod at `endpoint`.
+pub fn dns_service(cluster_ip: &str, endpoint: &str) -> Service {
+    one_endpoint_service(
+        "kube-system/kube-dns:dns",
+        cluster_ip,
+        53,
+        Proto::Udp,
+        None,
+        (endpoint, 53),
+    )
+}
+
 /// kube-proxy's hash for chain names: the first 16 characters of the
 /// base32 of a SHA-256 (here a stable stand-in of the same shape).
 fn chain_hash(prefix: &str, what: &str) -> String {

@@ -163,25 +163,6 @@ fn address_of(result: &Value, v6: bool) -> String {
         .unwrap_or_else(|| panic!("an address of that family (IPv6: {v6}): {result}"))
 }
 
-/// A Service port with one endpoint, as kube-proxy sees it.
-fn one_endpoint_service(
-    name: &str,
-    ip: &str,
-    port: u16,
-    proto: vmpath_tests::cluster_net::Proto,
-    node_port: Option<u16>,
-    endpoint: (&str, u16),
-) -> vmpath_tests::cluster_net::Service {
-    vmpath_tests::cluster_net::Service {
-        name: name.to_string(),
-        cluster_ip: ip.to_string(),
-        port,
-        proto,
-        node_port,
-        endpoints: vec![(endpoint.0.to_string(), endpoint.1)],
-    }
-}
-
 /// The packets the hand-off table's refusal rule starting `rule` counted,
 /// and the table as listed.
 fn stack_refusals(node: &Node, rule: &str) -> (u64, String) {
@@ -447,16 +428,9 @@ fn a_pod_on_the_pod_network_reaches_the_clusters_dns_services_and_pods_and_is_re
     let _vault_udp = Echo::start(&vault.ns, Proto::Udp, 5353);
 
     // kube-proxy's Services, on both nodes.
-    let svc = one_endpoint_service;
+    let svc = cluster_net::one_endpoint_service;
     cluster.kube_proxy(&[
-        svc(
-            "kube-system/kube-dns:dns",
-            DNS_IP,
-            53,
-            Proto::Udp,
-            None,
-            (&dns_ip, 53),
-        ),
+        cluster_net::dns_service(DNS_IP, &dns_ip),
         svc(
             "default/kubernetes:https",
             "10.96.0.1",
@@ -694,16 +668,9 @@ fn a_pod_on_a_dual_stack_pod_network_reaches_the_clusters_services_over_ipv6_and
     let _pod_tcp = Echo::start6(&pod, Proto::Tcp, 8080);
     let _vault_udp = Echo::start6(&vault.ns, Proto::Udp, 5353);
 
-    let svc = one_endpoint_service;
+    let svc = cluster_net::one_endpoint_service;
     cluster.kube_proxy(&[
-        svc(
-            "kube-system/kube-dns:dns",
-            DNS_IP6,
-            53,
-            Proto::Udp,
-            None,
-            (&dns_ip6, 53),
-        ),
+        cluster_net::dns_service(DNS_IP6, &dns_ip6),
         svc(
             "default/kubernetes:https",
             "fd00:10:96::1",

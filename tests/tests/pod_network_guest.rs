@@ -68,22 +68,15 @@ fn a_real_guest_on_the_pod_network_reaches_the_clusters_dns_and_services_and_kee
     let _dns = Dns::start(&dns_pod, &dns_ip, &[(WEB_NAME, WEB_IP)]);
     let _web = Http::start(&web_pod, 8080, WEB_BODY);
     cluster.kube_proxy(&[
-        cluster_net::Service {
-            name: "kube-system/kube-dns:dns".into(),
-            cluster_ip: DNS_IP.into(),
-            port: 53,
-            proto: Proto::Udp,
-            node_port: None,
-            endpoints: vec![(dns_ip.clone(), 53)],
-        },
-        cluster_net::Service {
-            name: "prod/web:http".into(),
-            cluster_ip: WEB_IP.into(),
-            port: 80,
-            proto: Proto::Tcp,
-            node_port: None,
-            endpoints: vec![(web_ip.clone(), 8080)],
-        },
+        cluster_net::dns_service(DNS_IP, &dns_ip),
+        cluster_net::one_endpoint_service(
+            "prod/web:http",
+            WEB_IP,
+            80,
+            Proto::Tcp,
+            None,
+            (&web_ip, 8080),
+        ),
     ]);
 
     // The guest's lease from vmpath: the claim's address, vmpath's gateway
