@@ -22,7 +22,9 @@
 //! pause is longer. With KVM the copy runs live.
 //!
 //! Shared by `tests/tests/real_migration.rs` and the bench's
-//! `realmigration` section.
+//! `realmigration` section; on the pod network ([`BedNetwork::Pod`]: each
+//! virt-launcher pod's `eth0`, Multus's default-network ADD) by
+//! `tests/tests/pod_network_guest.rs`.
 
 use std::{
     path::{Path, PathBuf},
