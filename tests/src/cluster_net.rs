@@ -341,6 +341,38 @@ pub struct Service {
     pub endpoints: Vec<(String, u16)>,
 }
 
+/// A Service port with one endpoint, as kube-proxy sees it.
+pub fn one_endpoint_service(
+    name: &str,
+    ip: &str,
+    port: u16,
+    proto: Proto,
+    node_port: Option<u16>,
+    endpoint: (&str, u16),
+) -> Service {
+    Service {
+        name: name.to_string(),
+        cluster_ip: ip.to_string(),
+        port,
+        proto,
+        node_port,
+        endpoints: vec![(endpoint.0.to_string(), endpoint.1)],
+    }
+}
+
+/// The DNS Service (kube-system/kube-dns, UDP 53) at `cluster_ip`, its
+/// one endpoint the DNS server's pod at `endpoint`.
+pub fn dns_service(cluster_ip: &str, endpoint: &str) -> Service {
+    one_endpoint_service(
+        "kube-system/kube-dns:dns",
+        cluster_ip,
+        53,
+        Proto::Udp,
+        None,
+        (endpoint, 53),
+    )
+}
+
 /// kube-proxy's hash for chain names: the first 16 characters of the
 /// base32 of a SHA-256 (here a stable stand-in of the same shape).
 fn chain_hash(prefix: &str, what: &str) -> String {
@@ -520,7 +552,11 @@ impl Drop for Dns {
 /// `busybox nslookup name server` from `ns`: the first address answered.
 pub fn resolve(ns: &Netns, name: &str, server: &str) -> Option<String> {
     let out = ns.run_status(&["busybox", "nslookup", name, server]);
-    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    nslookup_answer(&String::from_utf8_lossy(&out.stdout))
+}
+
+/// The first address in busybox nslookup's output.
+pub fn nslookup_answer(text: &str) -> Option<String> {
     // The answer follows the server's own lines ("Server:", "Address:").
     text.split("Name:")
         .nth(1)
@@ -586,6 +622,47 @@ impl Drop for Echo {
     fn drop(&mut self) {
         let _ = self.0.kill();
         let _ = self.0.wait();
+    }
+}
+
+/// A web server (busybox httpd) in `ns` on `port`, serving `body` at `/`;
+/// killed on drop.
+pub struct Http {
+    child: Child,
+    dir: PathBuf,
+}
+
+impl Http {
+    pub fn start(ns: &Netns, port: u16, body: &str) -> Http {
+        let dir = std::env::temp_dir().join(format!("vmpath-http-{}-{port}", ns.name));
+        fs::create_dir_all(&dir).unwrap();
+        fs::write(dir.join("index.html"), body).unwrap();
+        let child = ns.spawn(&[
+            "busybox",
+            "httpd",
+            "-f",
+            "-p",
+            &port.to_string(),
+            "-h",
+            dir.to_str().unwrap(),
+        ]);
+        crate::wait_for(
+            "the web server listening",
+            std::time::Duration::from_secs(20),
+            || {
+                String::from_utf8_lossy(&ns.run_status(&["ss", "-ltn"]).stdout)
+                    .contains(&format!(":{port} "))
+            },
+        );
+        Http { child, dir }
+    }
+}
+
+impl Drop for Http {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = fs::remove_dir_all(&self.dir);
     }
 }
 

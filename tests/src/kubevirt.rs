@@ -97,21 +97,7 @@ pub fn cni_add_with_mac(node: &Node, c: &multus::Call, mac: &str) -> (bool, Valu
         "IgnoreUnknown=1;K8S_POD_NAMESPACE={};K8S_POD_NAME={};MAC={mac}",
         c.pod_namespace, c.pod
     );
-    let env = [
-        ("CNI_CONTAINERID", c.container),
-        ("CNI_NETNS", &c.netns.path()),
-        ("CNI_IFNAME", c.ifname),
-        ("CNI_ARGS", &cni_args),
-    ];
-    let out = multus::run_plugin(node, "ADD", &env, &conf.to_string());
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let json = serde_json::from_str(&stdout).unwrap_or_else(|_| {
-        panic!(
-            "plugin output is not JSON: {stdout}\nstderr: {}",
-            String::from_utf8_lossy(&out.stderr)
-        )
-    });
-    (out.status.success(), json)
+    multus::call_with(node, "ADD", c, &cni_args, &conf.to_string())
 }
 
 /// The host port in a CNI ADD's result.

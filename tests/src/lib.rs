@@ -1071,13 +1071,38 @@ pub mod multus {
             "IgnoreUnknown=1;K8S_POD_NAMESPACE={};K8S_POD_NAME={}",
             c.pod_namespace, c.pod
         );
+        call_with(node, command, c, &cni_args, c.conf)
+    }
+
+    /// ADD of a pod's default network, as Multus calls it for
+    /// `v1.multus-cni.io/default-network`: `CNI_IFNAME` (eth0) and the
+    /// CNI_ARGS the runtime gave Multus (the pod's infra container and
+    /// `uid`), no selection element (so no MAC). Whether it succeeded, and
+    /// the result.
+    pub fn add_default_network(node: &Node, c: &Call, uid: &str) -> (bool, Value) {
+        let cni_args = format!(
+            "IgnoreUnknown=1;K8S_POD_NAMESPACE={};K8S_POD_NAME={};K8S_POD_INFRA_CONTAINER_ID={};K8S_POD_UID={uid}",
+            c.pod_namespace, c.pod, c.container
+        );
+        call_with(node, "ADD", c, &cni_args, c.conf)
+    }
+
+    /// [`call`] with `cni_args` as `CNI_ARGS` and `conf` as the network
+    /// configuration on stdin.
+    pub fn call_with(
+        node: &Node,
+        command: &str,
+        c: &Call,
+        cni_args: &str,
+        conf: &str,
+    ) -> (bool, Value) {
         let env = [
             ("CNI_CONTAINERID", c.container),
             ("CNI_NETNS", &c.netns.path()),
             ("CNI_IFNAME", c.ifname),
-            ("CNI_ARGS", &cni_args),
+            ("CNI_ARGS", cni_args),
         ];
-        let out = run_plugin(node, command, &env, c.conf);
+        let out = run_plugin(node, command, &env, conf);
         let stdout = String::from_utf8_lossy(&out.stdout);
         let json = if stdout.trim().is_empty() {
             Value::Null

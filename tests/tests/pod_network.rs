@@ -21,8 +21,7 @@ const VM_MAC: &str = "02:00:00:31:00:0b";
 const VM_IP: &str = "10.31.0.11";
 const GATEWAY: &str = "10.31.0.1";
 
-/// ADD of the pod's default network, as Multus calls it: `CNI_IFNAME=eth0`
-/// and the CNI_ARGS the runtime gave Multus.
+/// ADD of the pod's default network (namespace prod), as Multus calls it.
 fn add_default_network(
     node: &Node,
     conf: &str,
@@ -31,28 +30,15 @@ fn add_default_network(
     netns: &Netns,
     container: &str,
 ) -> (bool, Value) {
-    let cni_args = format!(
-        "IgnoreUnknown=1;K8S_POD_NAMESPACE=prod;K8S_POD_NAME={pod};K8S_POD_INFRA_CONTAINER_ID={container};K8S_POD_UID={uid}"
-    );
-    let out = multus::run_plugin(
-        node,
-        "ADD",
-        &[
-            ("CNI_CONTAINERID", container),
-            ("CNI_NETNS", &netns.path()),
-            ("CNI_IFNAME", "eth0"),
-            ("CNI_ARGS", &cni_args),
-        ],
+    let call = multus::Call {
         conf,
-    );
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let json = serde_json::from_str(&stdout).unwrap_or_else(|_| {
-        panic!(
-            "plugin output is not JSON: {stdout}\nstderr: {}",
-            String::from_utf8_lossy(&out.stderr)
-        )
-    });
-    (out.status.success(), json)
+        pod_namespace: "prod",
+        pod,
+        ifname: "eth0",
+        netns,
+        container,
+    };
+    multus::add_default_network(node, &call, uid)
 }
 
 /// The guest's DHCP client: records the lease and applies it (address and
@@ -181,25 +167,6 @@ fn address_of(result: &Value, v6: bool) -> String {
         .map(|(ip, _)| ip.to_string())
         .find(|ip| ip.contains(':') == v6)
         .unwrap_or_else(|| panic!("an address of that family (IPv6: {v6}): {result}"))
-}
-
-/// A Service port with one endpoint, as kube-proxy sees it.
-fn one_endpoint_service(
-    name: &str,
-    ip: &str,
-    port: u16,
-    proto: vmpath_tests::cluster_net::Proto,
-    node_port: Option<u16>,
-    endpoint: (&str, u16),
-) -> vmpath_tests::cluster_net::Service {
-    vmpath_tests::cluster_net::Service {
-        name: name.to_string(),
-        cluster_ip: ip.to_string(),
-        port,
-        proto,
-        node_port,
-        endpoints: vec![(endpoint.0.to_string(), endpoint.1)],
-    }
 }
 
 /// The packets the hand-off table's refusal rule starting `rule` counted,
@@ -467,16 +434,9 @@ fn a_pod_on_the_pod_network_reaches_the_clusters_dns_services_and_pods_and_is_re
     let _vault_udp = Echo::start(&vault.ns, Proto::Udp, 5353);
 
     // kube-proxy's Services, on both nodes.
-    let svc = one_endpoint_service;
+    let svc = cluster_net::one_endpoint_service;
     cluster.kube_proxy(&[
-        svc(
-            "kube-system/kube-dns:dns",
-            DNS_IP,
-            53,
-            Proto::Udp,
-            None,
-            (&dns_ip, 53),
-        ),
+        cluster_net::dns_service(DNS_IP, &dns_ip),
         svc(
             "default/kubernetes:https",
             "10.96.0.1",
@@ -714,16 +674,9 @@ fn a_pod_on_a_dual_stack_pod_network_reaches_the_clusters_services_over_ipv6_and
     let _pod_tcp = Echo::start6(&pod, Proto::Tcp, 8080);
     let _vault_udp = Echo::start6(&vault.ns, Proto::Udp, 5353);
 
-    let svc = one_endpoint_service;
+    let svc = cluster_net::one_endpoint_service;
     cluster.kube_proxy(&[
-        svc(
-            "kube-system/kube-dns:dns",
-            DNS_IP6,
-            53,
-            Proto::Udp,
-            None,
-            (&dns_ip6, 53),
-        ),
+        cluster_net::dns_service(DNS_IP6, &dns_ip6),
         svc(
             "default/kubernetes:https",
             "fd00:10:96::1",
@@ -869,7 +822,7 @@ fn an_isolated_pod_network_endpoint_admits_its_nodes_kubelet_and_only_what_its_p
     let pod_ip = address_of(&pod.result, false);
     let pod = pod.ns;
     let _pod_tcp = Echo::start(&pod, Proto::Tcp, 8080);
-    cluster.kube_proxy(&[one_endpoint_service(
+    cluster.kube_proxy(&[vmpath_tests::cluster_net::one_endpoint_service(
         "prod/web-0:http",
         "10.96.0.30",
         80,
@@ -1054,7 +1007,7 @@ fn a_pod_network_endpoint_is_reached_from_another_nodes_pods_nodeport_and_stack(
     b.start_agent();
     let pod = web.ns;
     let _pod_tcp = Echo::start(&pod, Proto::Tcp, 8080);
-    cluster.kube_proxy(&[one_endpoint_service(
+    cluster.kube_proxy(&[vmpath_tests::cluster_net::one_endpoint_service(
         "prod/web-0:http",
         "10.96.0.30",
         80,

@@ -30,6 +30,7 @@ mod one_node;
 mod operate;
 mod overlay;
 mod pod_network;
+mod pod_network_guest;
 mod policy;
 mod policy_fixtures;
 mod port_eligibility;

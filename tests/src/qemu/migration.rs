@@ -22,7 +22,9 @@
 //! pause is longer. With KVM the copy runs live.
 //!
 //! Shared by `tests/tests/real_migration.rs` and the bench's
-//! `realmigration` section.
+//! `realmigration` section; on the pod network ([`BedNetwork::Pod`]: each
+//! virt-launcher pod's `eth0`, Multus's default-network ADD) by
+//! `tests/tests/pod_network_guest.rs`.
 
 use std::{
     path::{Path, PathBuf},
@@ -45,8 +47,11 @@ use crate::{
 
 const NETWORK: &str = include_str!("../../../agent/src/derive/fixtures/network.yaml");
 const VM: &str = include_str!("../../../agent/src/derive/fixtures/vm.yaml");
+const VM_POD_NETWORK: &str = include_str!("../../../agent/src/derive/fixtures/vm-pod-network.yaml");
 /// KubeVirt's name for the pod interface of network `blue`.
 const IFNAME: &str = "pod16477688c0e";
+/// The virt-launcher pods' uid in both fixtures.
+const POD_UID: &str = "9e8d7c6b-5a4f-4e3d-8c2b-1a0f9e8d7c6b";
 const NAMESPACE: &str = "prod";
 pub const VM1_MAC: &str = "02:00:00:31:00:0b";
 pub const VM1_IP: &str = "10.31.0.11";
@@ -80,13 +85,53 @@ const ECHO_PORT6: u16 = 7006;
 /// 2 s of the link coming up.
 const WINDOW_PINGS: u32 = 15;
 
+/// The vmpath network the guests' interface is on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BedNetwork {
+    /// A Multus secondary network beside KubeVirt's own pod network: blue,
+    /// routed with a /32 and a /128 advertised per VM, on the interface
+    /// KubeVirt names `pod16477688c0e`, the VM's MAC in its network
+    /// selection element.
+    Secondary,
+    /// The pod network (docs/kubernetes.md): blue with `role: Primary`,
+    /// the VMs' `multus: {networkName: prod/blue, default: true}` network,
+    /// so each virt-launcher pod's `eth0` (Multus's ADD for
+    /// `v1.multus-cni.io/default-network`: no selection element, no MAC).
+    /// The agents know the cluster's pod and Service CIDRs (those of
+    /// [`crate::cluster_net`]), and DHCP hands out the DNS Service's
+    /// ClusterIP as resolver with the cluster's search domains.
+    Pod,
+}
+
+impl BedNetwork {
+    /// The virt-launcher pod's interface for blue.
+    pub fn ifname(self) -> &'static str {
+        match self {
+            BedNetwork::Secondary => IFNAME,
+            BedNetwork::Pod => "eth0",
+        }
+    }
+}
+
+/// The CNI ADD of a virt-launcher pod's interface (pod uid `uid`) as
+/// Multus makes it on `net`; the host port.
+fn launcher_add(net: BedNetwork, node: &Node, c: &multus::Call, mac: &str, uid: &str) -> String {
+    let (ok, result) = match net {
+        BedNetwork::Secondary => kubevirt::cni_add_with_mac(node, c, mac),
+        BedNetwork::Pod => multus::add_default_network(node, c, uid),
+    };
+    assert!(ok, "ADD of {} on {}: {result}", c.pod, node.name);
+    kubevirt::host_port(&result)
+}
+
 fn parse(text: &str) -> Vec<Value> {
     vmpath::config::source::parse(text.as_bytes()).expect("a fixture")
 }
 
-/// The VMI, virt-launcher pod and IPAMClaim of a VM from the fixture,
-/// renamed, on `node`, with `ips` in its claim.
+/// The VMI, virt-launcher pod and IPAMClaim of a VM from the fixture
+/// for `net`, renamed, on `node`, with `ips` in its claim.
 fn vm_objects(
+    net: BedNetwork,
     name: &str,
     pod: &str,
     uid_tail: &str,
@@ -94,7 +139,11 @@ fn vm_objects(
     mac: &str,
     ips: &[String],
 ) -> Vec<Value> {
-    let text = VM
+    let fixture = match net {
+        BedNetwork::Secondary => VM,
+        BedNetwork::Pod => VM_POD_NETWORK,
+    };
+    let text = fixture
         .replace("node-a", node)
         .replace("virt-launcher-vm1-x7k2p", pod)
         .replace("vm1", name)
@@ -109,16 +158,32 @@ fn vm_objects(
     out
 }
 
-/// The cluster: the vmpath Network, dual-stack (routed, a /32 and a /128
-/// per VM), its NAD, three v1 Nodes, vm1 on a and the peer on c.
-fn cluster() -> Vec<Value> {
+/// The cluster: the vmpath Network as `net` has it, dual-stack, its NAD,
+/// three v1 Nodes, vm1 on a and the peer on c.
+fn cluster(net: BedNetwork) -> Vec<Value> {
     let mut out = parse(NETWORK);
     for o in &mut out {
         if o["kind"] == "Network" {
             o["spec"]["subnets"] = json!(["10.31.0.0/24", SUBNET6]);
             o["spec"]["defaultGatewayIPs"] = json!([GATEWAY, GATEWAY6]);
-            o["spec"]["egress"] = "Routed".into();
-            o["spec"]["advertise"] = json!({"perVM": true});
+            match net {
+                BedNetwork::Secondary => {
+                    o["spec"]["egress"] = "Routed".into();
+                    o["spec"]["advertise"] = json!({"perVM": true});
+                }
+                BedNetwork::Pod => {
+                    let domain = crate::cluster_net::DOMAIN;
+                    o["spec"]["role"] = "Primary".into();
+                    o["spec"]["dhcp"] = json!({
+                        "dnsServers": [crate::cluster_net::DNS_IP],
+                        "searchDomains": [
+                            format!("{NAMESPACE}.svc.{domain}"),
+                            format!("svc.{domain}"),
+                            domain,
+                        ],
+                    });
+                }
+            }
         }
     }
     out.retain(|o| o["kind"] != "Node");
@@ -130,6 +195,7 @@ fn cluster() -> Vec<Value> {
         }));
     }
     out.extend(vm_objects(
+        net,
         "vm1",
         VM1_POD,
         "3f2e1d0c9b8a",
@@ -138,6 +204,7 @@ fn cluster() -> Vec<Value> {
         &[format!("{VM1_IP}/24"), format!("{VM1_IP6}/64")],
     ));
     out.extend(vm_objects(
+        net,
         "peer",
         PEER_POD,
         "3f2e1d0c9b8c",
@@ -160,6 +227,8 @@ pub struct RealBed {
     /// The peer VM on c (its pod's namespace, the VM's addresses on the
     /// pod interface).
     pub peer: Netns,
+    /// The network the guest's interface is on.
+    pub net: BedNetwork,
     /// The guest's current virt-launcher pod.
     pod: String,
     /// Each node's NAD config, as Multus passes it there.
@@ -174,15 +243,21 @@ impl RealBed {
     /// (the CNI ADD as Multus makes it, then virt-launcher's bridge and
     /// tap), boots the guest there and waits until it has its DHCP and
     /// DHCPv6 leases and the RA's prefix, and the peer reaches it over both
-    /// families.
+    /// families. Blue is a secondary network.
     pub fn boot() -> RealBed {
+        RealBed::boot_on(BedNetwork::Secondary)
+    }
+
+    /// [`RealBed::boot`] with the guest's and the peer's interfaces on `net`.
+    pub fn boot_on(net: BedNetwork) -> RealBed {
+        let ifname = net.ifname();
         let underlay = Underlay::new();
         let mut nodes = [Node::new("a"), Node::new("b"), Node::new("c")];
         for (node, (_, ip)) in nodes.iter().zip(NODE_IPS) {
             underlay.plug(&node.ns, "ul0", &format!("{ip}/24"), UNDERLAY_MTU);
         }
         let server = ApiServer::start_at(&nodes[0].ns.path(), NODE_IPS[0].1);
-        for o in cluster() {
+        for o in cluster(net) {
             server.put(o);
         }
         // The claims as vmpath controller allocated them, in its ledger.
@@ -190,12 +265,23 @@ impl RealBed {
         for node in &mut nodes {
             let kubeconfig = node.state_dir.join("kubeconfig");
             std::fs::write(&kubeconfig, server.kubeconfig()).unwrap();
-            node.set_agent_args(&[
-                "--source",
-                "kubernetes",
-                "--kubeconfig",
-                kubeconfig.to_str().unwrap(),
-            ]);
+            let mut args = vec![
+                "--source".to_string(),
+                "kubernetes".into(),
+                "--kubeconfig".into(),
+                kubeconfig.to_str().unwrap().into(),
+            ];
+            if net == BedNetwork::Pod {
+                use crate::cluster_net::{POD_CIDR, POD_CIDR6, SERVICE_CIDR, SERVICE_CIDR6};
+                args.extend([
+                    "--cluster-pod-cidrs".to_string(),
+                    format!("{POD_CIDR},{POD_CIDR6}"),
+                    "--cluster-service-cidrs".into(),
+                    format!("{SERVICE_CIDR},{SERVICE_CIDR6}"),
+                ]);
+            }
+            let args: Vec<&str> = args.iter().map(String::as_str).collect();
+            node.set_agent_args(&args);
             node.start_agent();
         }
         for node in &nodes {
@@ -213,32 +299,29 @@ impl RealBed {
         let tag = unique_tag();
         let conf = [0, 1, 2].map(|i| multus::nad_conf(NETWORK, &nodes[i]));
         let cni_add = |node: usize, pod: &str, ns: &Netns, mac: &str| -> String {
-            let (ok, result) = kubevirt::cni_add_with_mac(
-                &nodes[node],
-                &multus::Call {
-                    conf: &conf[node],
-                    pod_namespace: NAMESPACE,
-                    pod,
-                    ifname: IFNAME,
-                    netns: ns,
-                    container: &format!("c{tag}{pod}"),
-                },
-                mac,
-            );
-            assert!(ok, "ADD of {pod} on {}: {result}", nodes[node].name);
-            kubevirt::host_port(&result)
+            let call = multus::Call {
+                conf: &conf[node],
+                pod_namespace: NAMESPACE,
+                pod,
+                ifname,
+                netns: ns,
+                container: &format!("c{tag}{pod}"),
+            };
+            launcher_add(net, &nodes[node], &call, mac, POD_UID)
         };
 
         // The peer: a VM played by its pod's namespace, both families on
         // the pod interface (vmpath-cni switched its IPv6 off).
         let peer = kubevirt::fresh_pod_netns(format!("vt{tag}-peer"));
         cni_add(2, PEER_POD, &peer, PEER_MAC);
+        // The VM's MAC (the pod network's ADD asks for none).
+        peer.run(&["ip", "link", "set", ifname, "address", PEER_MAC]);
         peer.run(&[
             "sysctl",
             "-qw",
-            &format!("net.ipv6.conf.{IFNAME}.disable_ipv6=0"),
+            &format!("net.ipv6.conf.{ifname}.disable_ipv6=0"),
         ]);
-        peer.run(&["ip", "addr", "add", &format!("{PEER_IP}/24"), "dev", IFNAME]);
+        peer.run(&["ip", "addr", "add", &format!("{PEER_IP}/24"), "dev", ifname]);
         peer.run(&[
             "ip",
             "-6",
@@ -246,19 +329,20 @@ impl RealBed {
             "add",
             &format!("{PEER_IP6}/64"),
             "dev",
-            IFNAME,
+            ifname,
             "nodad",
         ]);
 
         let ns = kubevirt::fresh_pod_netns(format!("vt{tag}-vm1"));
         let port = cni_add(0, VM1_POD, &ns, VM1_MAC);
-        let vm1 = QemuVm::boot_in(Pod::launcher(ns, IFNAME, port), VM1_MAC, GuestNet::Dhcp);
+        let vm1 = QemuVm::boot_in(Pod::launcher(ns, ifname, port), VM1_MAC, GuestNet::Dhcp);
         let bed = RealBed {
             nodes,
             server,
             vm1,
             at: 0,
             peer,
+            net,
             pod: VM1_POD.to_string(),
             conf,
             tag,
@@ -356,7 +440,7 @@ impl RealBed {
             conf: &self.conf[i],
             pod_namespace: NAMESPACE,
             pod,
-            ifname: IFNAME,
+            ifname: self.net.ifname(),
             netns,
             container,
         }
@@ -690,25 +774,30 @@ pub fn migrate(bed: &mut RealBed) -> RealMigration {
     // KubeVirt: the VMIM and the target pod; Multus calls vmpath-cni for
     // it in a new namespace with the kernel's defaults.
     bed.server.put(m.vmim("Scheduling"));
-    bed.server.put(m.target_pod(
-        &bed.server,
-        &format!("3b2a1c0d-9e8f-4a7b-8c6d-5e4f3a2b{round:04x}"),
-    ));
+    let target_uid = format!("3b2a1c0d-9e8f-4a7b-8c6d-5e4f3a2b{round:04x}");
+    bed.server.put(m.target_pod(&bed.server, &target_uid));
     let target_ns = kubevirt::fresh_pod_netns(format!("vt{}-m{round}", bed.tag));
     let not_resumed_before = bed.nodes[to].drops(MIGRATION_NOT_RESUMED);
     let container = format!("c{}{target_pod}", bed.tag);
-    let (ok, result) = kubevirt::cni_add_with_mac(
+    let target_port = launcher_add(
+        bed.net,
         &bed.nodes[to],
         &bed.call(to, &target_pod, &container, &target_ns),
         VM1_MAC,
+        &target_uid,
     );
-    assert!(ok, "the target pod's ADD: {result}");
-    let target_port = kubevirt::host_port(&result);
-    let show = target_ns.run(&["ip", "-j", "link", "show", "dev", IFNAME]);
+    let ifname = bed.net.ifname();
+    let show = target_ns.run(&["ip", "-j", "link", "show", "dev", ifname]);
     let show: Value = serde_json::from_str(&show).unwrap();
+    // The VM's MAC where the selection element asks for it (the pod
+    // network has none).
+    let mac_wanted = match bed.net {
+        BedNetwork::Secondary => Some(VM1_MAC),
+        BedNetwork::Pod => show[0]["address"].as_str(),
+    };
     assert_eq!(
         (show[0]["address"].as_str(), show[0]["operstate"].as_str()),
-        (Some(VM1_MAC), Some("UP")),
+        (mac_wanted, Some("UP")),
         "the target pod's interface: {show}"
     );
     // The peer connects now (both families), and pings the guest on the
@@ -724,9 +813,9 @@ pub fn migrate(bed: &mut RealBed) -> RealMigration {
     // That pod's kernel kept quiet: no address to speak from, nothing
     // from the VM's MAC the target node had to refuse.
     assert!(
-        kubevirt::no_ipv6_address(&target_ns, IFNAME),
+        kubevirt::no_ipv6_address(&target_ns, ifname),
         "the target pod's kernel made itself an IPv6 address: {}",
-        target_ns.run(&["ip", "-6", "addr", "show", "dev", IFNAME])
+        target_ns.run(&["ip", "-6", "addr", "show", "dev", ifname])
     );
     let not_resumed = bed.nodes[to].drops(MIGRATION_NOT_RESUMED) - not_resumed_before;
     assert_eq!(
@@ -736,7 +825,7 @@ pub fn migrate(bed: &mut RealBed) -> RealMigration {
 
     // virt-launcher: the bridge and tap, QEMU waiting for the state.
     let target = QemuVm::incoming_in(
-        Pod::launcher(target_ns, IFNAME, target_port.clone()),
+        Pod::launcher(target_ns, ifname, target_port.clone()),
         &bed.vm1,
     );
     bed.server.put(m.vmim("TargetReady"));
@@ -762,7 +851,7 @@ pub fn migrate(bed: &mut RealBed) -> RealMigration {
         "15",
         "tcpdump",
         "-i",
-        IFNAME,
+        ifname,
         "-l",
         "-n",
         "-e",
