@@ -143,6 +143,7 @@ pub mod maps {
         lpm::<PolicyRuleKey>(map_names::POLICY_RULES, MAX_POLICY_RULES);
     pub const POLICY_FLOWS: MapDef =
         def::<PolicyFlowKey, PolicyFlow>(map_names::POLICY_FLOWS, LruHash, MAX_POLICY_FLOWS);
+    pub const REACH_NODES: MapDef = def::<[u8; 4], u32>(map_names::REACH_NODES, Hash, MAX_VTEPS6);
     pub const REACH_FLOWS: MapDef =
         def::<ReachFlowKey, ReachFlow>(map_names::REACH_FLOWS, LruHash, MAX_REACH_FLOWS);
     pub const POLICY_STATS: MapDef =
@@ -210,7 +211,7 @@ pub mod maps {
 
     /// Every map the agent pins (the whole object but aya-log's ring
     /// buffer, `map_names::DEBUG_LOG`).
-    pub const ALL: [MapDef; 69] = [
+    pub const ALL: [MapDef; 70] = [
         DEBUG,
         MONITOR,
         MONITOR_CFG,
@@ -280,6 +281,7 @@ pub mod maps {
         VTEP6,
         VTEP6_IDS,
         REACH_FLOWS,
+        REACH_NODES,
     ];
 }
 

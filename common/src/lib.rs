@@ -60,6 +60,9 @@ pub mod map_names {
     /// Overlay on an IPv6 underlay: a node's IPv6 address -> its VTEP
     /// handle (who sent a decapsulated frame; a miss is not a VTEP).
     pub const VTEP6_IDS: &str = "vmp_vtep6_ids";
+    /// Reach: every other node's 4-byte VTEP value, the only senders of
+    /// `REACH_VNI` frames this node takes.
+    pub const REACH_NODES: &str = "vmp_reach_nodes";
     /// Live migration: target ports whose VM spoke (set by `vm_migrate`),
     /// polled by the agent to finish the cut-over.
     pub const MIGRATED: &str = "vmp_migrated";
@@ -860,6 +863,10 @@ pub mod drop_reason {
         /// has no route here yet), or one from another node's stack for
         /// an endpoint no longer here.
         REACH_NO_ENDPOINT = 48 => "reach_no_endpoint",
+        /// A VM's UDP datagram to another node's overlay port (VXLAN): it
+        /// would arrive there as this node's own overlay frame, any VNI,
+        /// any inner source.
+        OVERLAY_INJECTION = 49 => "overlay_injection",
     }
 
     // A number out of place would show a count under another reason's name.

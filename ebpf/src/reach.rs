@@ -23,7 +23,7 @@ use core::mem::MaybeUninit;
 use aya_ebpf::btf_maps::lpm_trie::Key;
 use aya_ebpf::{
     bindings::{TC_ACT_OK, bpf_tunnel_key},
-    btf_maps::LruHashMap,
+    btf_maps::{HashMap, LruHashMap},
     helpers::generated::bpf_skb_get_tunnel_key,
     macros::btf_map,
     programs::TcContext,
@@ -34,8 +34,8 @@ use network_types::{
 };
 use vmpath_common::{
     AddrKey, ENDPOINT_REMOTE, EndpointKey, POLICY_FLOW_REFRESH_NS, PRIMARY_SUBNETS,
-    REACH_FLOW_TIMEOUT_NS, REACH_VNI, ReachFlow, ReachFlowKey, Subnet4, Subnet6, addr_family,
-    drop_reason, identity, maps, skb_cb,
+    REACH_FLOW_TIMEOUT_NS, REACH_VNI, ReachFlow, ReachFlowKey, Subnet4, Subnet6, VXLAN_PORT,
+    addr_family, drop_reason, identity, maps, skb_cb,
 };
 
 use crate::{
@@ -52,6 +52,11 @@ use crate::{
 
 const IPPROTO_SCTP: u8 = 132;
 const IP_MF_OFFSET: u16 = 0x3fff;
+
+/// Every other node's VTEP value: the only senders of `REACH_VNI`.
+#[btf_map(name = "vmp_reach_nodes")]
+pub static REACH_NODES: HashMap<[u8; 4], u32, { maps::REACH_NODES.max_entries as usize }> =
+    HashMap::new();
 
 /// Flows other nodes' stacks opened to local endpoints, keyed as the
 /// endpoint answers them.
@@ -181,6 +186,13 @@ pub fn received(ctx: &TcContext) -> Verdict {
     let mut key_slot = MaybeUninit::<bpf_tunnel_key>::uninit();
     let key = zeroed(&mut key_slot);
     let from = overlay::received_from(ctx, key)?;
+    // Only another node: anything else writing VXLAN to this node's port
+    // (a pod, a VM through its node's stack, a host on the underlay)
+    // would hand a frame of any source to an endpoint or the stack.
+    // SAFETY: a map lookup; the value is not kept.
+    if unsafe { REACH_NODES.get(&from) }.is_none() {
+        return Err(drop_reason::OVERLAY_UNKNOWN_VTEP);
+    }
     let mut k_slot = MaybeUninit::<ReachFlowKey>::uninit();
     let k = zeroed(&mut k_slot);
     if !tuple(ctx, k)? {
@@ -259,6 +271,37 @@ pub fn answered_node(ctx: &TcContext) -> Option<[u8; 4]> {
         return None;
     }
     Some(node)
+}
+
+/// Whether a VM's frame (`vm_egress`) is UDP to another node's overlay
+/// port: routed or translated to the node's address, it would reach that
+/// node's vxlan device as this node's own frame (any VNI, any inner
+/// source).
+#[inline(always)]
+pub fn to_overlay_port(
+    ctx: &TcContext,
+    family: u8,
+    dst: &[u8; 16],
+    proto: u8,
+    l4_off: usize,
+) -> bool {
+    if proto != IPPROTO_UDP {
+        return false;
+    }
+    let Ok(ports) = hdr::<[u8; 4]>(ctx, l4_off) else {
+        return false;
+    };
+    if u16::from_be_bytes([ports[2], ports[3]]) != VXLAN_PORT {
+        return false;
+    }
+    // SAFETY: map lookups; the values are not kept.
+    unsafe {
+        if family == addr_family::IPV4 {
+            REACH_NODES.get(&[dst[0], dst[1], dst[2], dst[3]]).is_some()
+        } else {
+            overlay::VTEP6_IDS.get(dst).is_some()
+        }
+    }
 }
 
 /// Over the overlay to `node`'s stack (`REACH_VNI`).

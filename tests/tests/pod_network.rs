@@ -1071,4 +1071,95 @@ fn a_pod_network_endpoint_is_reached_from_another_nodes_pods_nodeport_and_stack(
         Duration::from_secs(20),
         || ask(&client_pod, Proto::Tcp, &pod_ip, 8080).as_deref() == Some(from_client.as_str()),
     );
+
+    // The tenants: the overlay's reserved VNI carries another node's
+    // stack, so whoever could write it could hand web-0 a frame from any
+    // address (one the ipBlock admits) or hand a node's stack one from
+    // any endpoint. A cluster pod on b writes VXLAN with that VNI to a
+    // (refused: from no node), VM vault (bank, a Primary endpoint on a)
+    // to b's VTEP (refused at its port's egress: as the node's own frame
+    // it would pass) and to a itself (refused by the hand-off's table);
+    // each inner datagram claims a cluster pod's address towards web-0's
+    // UDP listener. None arrives; a genuine datagram does.
+    let seen = a.state_dir.parent().unwrap().join("web0-udp.log");
+    let mut sink = pod.spawn(&[
+        "python3",
+        "-c",
+        &format!(
+            "import socket\ns = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)\n\
+             s.bind(('0.0.0.0', 5353))\nwhile True:\n    d, _ = s.recvfrom(2048)\n    \
+             open('{}', 'a').write(d.decode(errors='replace') + '\\n')\n",
+            seen.display()
+        ),
+    ]);
+    let received = || std::fs::read_to_string(&seen).unwrap_or_default();
+    let genuine = |mark: &str| {
+        wait_for(
+            &format!("web-0 receives the cluster pod's {mark}"),
+            Duration::from_secs(10),
+            || {
+                client_pod.scapy(&format!(
+                    "send(IP(dst='{pod_ip}')/UDP(sport=40001, dport=5353)/Raw(b'{mark}'))"
+                ));
+                received().contains(mark)
+            },
+        )
+    };
+    policy(
+        "from-cluster-pods",
+        &format!(
+            "  ingress:\n  - from: [{{ipBlock: {{cidr: {POD_CIDR}}}}}]\n    \
+             ports: [{{protocol: TCP, port: 8080}}, {{protocol: UDP, port: 5353}}]\n"
+        ),
+    );
+    genuine("GENUINE-BEFORE");
+    let a_ip = cluster.nodes[0].address.clone();
+    let forged = |to: &str, mark: &str| {
+        format!(
+            "send(IP(dst='{to}')/UDP(sport=40000, dport=4789)/VXLAN(vni=0, flags=0x08)/\
+             Ether(src='02:00:00:00:00:99', dst='02:00:00:00:00:98')/\
+             IP(src='10.244.1.99', dst='{pod_ip}')/UDP(sport=40002, dport=5353)/Raw(b'{mark}'), count=3)"
+        )
+    };
+    let unknown_vtep = a.drops(drop_reason::OVERLAY_UNKNOWN_VTEP);
+    client_pod.scapy(&forged(&a_ip, "FORGED-BY-A-POD"));
+    let injection = a.drops(drop_reason::OVERLAY_INJECTION);
+    vault
+        .ns
+        .scapy(&forged(&family.node_ip(2), "FORGED-BY-A-VM-TO-B"));
+    vault.ns.scapy(&forged(&a_ip, "FORGED-BY-A-VM-TO-A"));
+    genuine("GENUINE-AFTER");
+    let log = received();
+    let _ = sink.kill();
+    let _ = sink.wait();
+    assert!(
+        !log.contains("FORGED"),
+        "web-0 received a forged frame:\n{log}"
+    );
+    assert!(
+        a.drops(drop_reason::OVERLAY_UNKNOWN_VTEP) > unknown_vtep,
+        "the pod's VXLAN, from no node, is refused and counted on a"
+    );
+    assert!(
+        a.drops(drop_reason::OVERLAY_INJECTION) > injection,
+        "the VM's VXLAN to b is refused at its port's egress and counted"
+    );
+    let table =
+        a.ns.run(&["nft", "list", "table", "inet", "vmpath_handoff"]);
+    let refused: u64 = table
+        .lines()
+        .filter(|l| l.contains("udp dport 4789 counter packets"))
+        .filter_map(|l| {
+            l.split("packets ")
+                .nth(1)?
+                .split(' ')
+                .next()?
+                .parse::<u64>()
+                .ok()
+        })
+        .sum();
+    assert!(
+        refused > 0,
+        "the VM's VXLAN to a, refused by the stack:\n{table}"
+    );
 }

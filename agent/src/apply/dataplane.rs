@@ -276,6 +276,7 @@ pub struct Maps {
     /// IPv6 underlay: VTEP handle -> the node's IPv6 address, and back.
     pub vtep6: HashMap<MapData, [u8; 4], [u8; 16]>,
     pub vtep6_ids: HashMap<MapData, [u8; 16], [u8; 4]>,
+    pub reach_nodes: HashMap<MapData, [u8; 4], u32>,
     /// Live migration: target ports whose VM spoke (`vm_migrate`).
     pub migrated: HashMap<MapData, u32, vmpath_common::MigrationEvent>,
     /// Slow-path limits per port id (`meter`).
@@ -352,6 +353,7 @@ impl Maps {
             remote_learned: open_map(root, map_names::REMOTE_LEARNED)?.try_into()?,
             vtep6: open_map(root, map_names::VTEP6)?.try_into()?,
             vtep6_ids: open_map(root, map_names::VTEP6_IDS)?.try_into()?,
+            reach_nodes: open_map(root, map_names::REACH_NODES)?.try_into()?,
             migrated: open_map(root, map_names::MIGRATED)?.try_into()?,
             slow_limits: open_map(root, map_names::SLOW_LIMITS)?.try_into()?,
             slow_meter: open_map(root, map_names::SLOW_METER)?.try_into()?,

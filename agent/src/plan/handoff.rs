@@ -32,6 +32,7 @@ use std::{
 
 use ipnet::IpNet;
 use tracing::{debug, info, warn};
+use vmpath_common::VXLAN_PORT;
 
 use crate::{
     config::{ClusterCidrKind, model::Role},
@@ -128,8 +129,20 @@ pub fn ruleset(want: &Desired) -> String {
     out.push_str(
         "  chain forward {\n    type filter hook forward priority filter - 10; policy accept;\n    \
          ip saddr @primary4 ip daddr @primary4 counter drop comment \"endpoint to endpoint: the data path's, with policy\"\n    \
-         ip6 saddr @primary6 ip6 daddr @primary6 counter drop comment \"endpoint to endpoint: the data path's, with policy\"\n  }\n",
+         ip6 saddr @primary6 ip6 daddr @primary6 counter drop comment \"endpoint to endpoint: the data path's, with policy\"\n",
     );
+    // An endpoint's VXLAN to a node (masqueraded to this node's address,
+    // or to this node itself) would enter that node's overlay as a node's
+    // own frame: refused in both ways through the stack.
+    let overlay = format!(
+        "    ip saddr @primary4 udp dport {VXLAN_PORT} counter drop comment \"an endpoint's VXLAN: only nodes speak the overlay\"\n    \
+         ip6 saddr @primary6 udp dport {VXLAN_PORT} counter drop comment \"an endpoint's VXLAN: only nodes speak the overlay\"\n"
+    );
+    out.push_str(&overlay);
+    out.push_str("  }\n");
+    out.push_str(&format!(
+        "  chain input {{\n    type filter hook input priority filter - 10; policy accept;\n{overlay}  }}\n"
+    ));
     out.push_str(
         "  chain postrouting {\n    type nat hook postrouting priority srcnat + 10; policy accept;\n    \
          ip saddr @primary4 ip daddr != @primary4 ip daddr != @local_pods4 counter masquerade comment \"the cluster cannot route back to a Primary network\"\n    \

@@ -66,6 +66,9 @@ pub struct Plan {
     /// 4-byte VTEP handle the data path knows it by (`vmp_vtep6`,
     /// `vmp_vtep6_ids`; `overlay::vtep_handles`). Empty on IPv4.
     pub vteps6: BTreeMap<std::net::Ipv6Addr, [u8; 4]>,
+    /// Reach (`vmp_reach_nodes`): every other node's VTEP value, the only
+    /// senders of `REACH_VNI` frames taken.
+    pub reach_nodes: BTreeMap<[u8; 4], u32>,
     /// Networks with routed ingress this node hosts (a VM of it is served
     /// here, or a migration on it starts or ends here): it routes their
     /// VMs' addresses and advertises their subnets (`advertise.subnet`).

@@ -28,6 +28,14 @@ use crate::{
 
 pub fn overlay(cfg: &Resolved, node: &str, plan: &mut Plan) {
     let own = cfg.config.nodes.get(node).map(|n| n.address);
+    // Reach: a frame with `REACH_VNI` reaches an endpoint or this node's
+    // stack, so only another node may send one (not a pod or a VM that
+    // writes VXLAN itself).
+    for name in cfg.config.nodes.keys().filter(|n| n.as_str() != node) {
+        if let Some(v) = vtep(cfg, &plan.vteps6, name) {
+            plan.reach_nodes.insert(v, 1);
+        }
+    }
     for att in &cfg.attachments {
         let Some(net) = cfg.network(&att.network) else {
             continue;

@@ -10,7 +10,7 @@ use network_types::{
 };
 use vmpath_common::{
     CLUSTER_NETWORK, HopKey4, HopKey6, NET_F_GW4, NET_F_GW6, NET_F_HOST_REACH, NET_F_ROUTED,
-    NET_F_SNAT, NO_PORT_ID, NetworkInfo, PortInfo, drop_reason,
+    NET_F_SNAT, NO_PORT_ID, NetworkInfo, PortInfo, addr_family, drop_reason,
 };
 
 use crate::{
@@ -89,6 +89,11 @@ fn egress4_inner(
     // The node's own addresses, and the cluster's (Services, pods, other
     // nodes): up the node's stack, where kube-proxy's translation and the
     // node's routes apply; a redirect here would pass them by.
+    let mut dst16 = [0u8; 16];
+    dst16[..4].copy_from_slice(&ip.dst_addr);
+    if reach::to_overlay_port(ctx, addr_family::IPV4, &dst16, proto, l4_off) {
+        return Err(drop_reason::OVERLAY_INJECTION);
+    }
     if net.flags & NET_F_HOST_REACH != 0 {
         // An answer to another node's stack goes back the way it came.
         if let Some(node) = reach::answered_node(ctx) {
@@ -142,6 +147,15 @@ fn egress6_inner(ctx: &TcContext, ifindex: u32, port: &PortInfo, net: &NetworkIn
         spoof::ip_filter_on(port) && !spoof::is_link_local6(src) && !spoof::is_unspecified6(src);
     if !own && !in_subnet6(port.network, src) {
         return Err(drop_reason::ROUTE_SRC_OUTSIDE);
+    }
+    if reach::to_overlay_port(
+        ctx,
+        addr_family::IPV6,
+        &ip.dst_addr,
+        ip.next_hdr,
+        ETH_LEN + Ipv6Hdr::LEN,
+    ) {
+        return Err(drop_reason::OVERLAY_INJECTION);
     }
     if net.flags & NET_F_HOST_REACH != 0 {
         if let Some(node) = reach::answered_node(ctx) {

@@ -34,6 +34,7 @@ impl Dataplane {
             plan.vteps6.iter().map(|(a, h)| (a.octets(), *h)).collect();
         sync(&mut self.maps.vtep6, &addrs)?;
         sync(&mut self.maps.vtep6_ids, &ids)?;
+        sync(&mut self.maps.reach_nodes, &plan.reach_nodes)?;
         sync(&mut self.maps.flood_remote, &plan.flood_remote)
     }
 
