@@ -929,6 +929,124 @@ fn an_isolated_pod_network_endpoint_admits_its_nodes_kubelet_and_only_what_its_p
     );
 }
 
+use vmpath_tests::{Underlay, UnderlayFamily, yaml_overlay};
+
+/// Two vmpath nodes on an underlay of `family` with the cluster's own
+/// network across them: pod web-0 (the pod network's eth0, dual-stack on
+/// an IPv6 underlay) on node a with VM vault (bank) beside it, its
+/// network-status written back as Multus writes it and read by both
+/// agents; a cluster-network pod on b; TCP echo servers in web-0.
+struct ReachBed {
+    a: Node,
+    b: Node,
+    cluster: vmpath_tests::cluster_net::ClusterNet,
+    family: UnderlayFamily,
+    vault: vmpath_tests::Vm,
+    pod: Netns,
+    /// web-0's address of the underlay's family, and the client's.
+    pod_ip: String,
+    client_pod: Netns,
+    client_ip: String,
+    _underlay: Underlay,
+    _echo: Vec<vmpath_tests::cluster_net::Echo>,
+}
+
+impl ReachBed {
+    fn start(family: UnderlayFamily) -> ReachBed {
+        use vmpath_tests::cluster_net::{
+            ClusterNet, Echo, POD_CIDR, POD_CIDR6, Proto, SERVICE_CIDR, SERVICE_CIDR6,
+        };
+        let v6 = family == UnderlayFamily::V6;
+        let underlay = Underlay::new();
+        let mut a = Node::new("ra");
+        let mut b = Node::new("rb");
+        underlay.plug(&a.ns, "ul0", &family.node_cidr(1), 1500);
+        underlay.plug(&b.ns, "ul0", &family.node_cidr(2), 1500);
+        let cluster = ClusterNet::new(&[&a.ns, &b.ns]);
+        let (client_pod, client4, client6) = cluster.nodes[1].pod_dual("client");
+        let nodes = [
+            yaml_overlay::node(&a.name, &family.node_ip(1)),
+            yaml_overlay::node(&b.name, &family.node_ip(2)),
+        ]
+        .join("\n---\n");
+        let vault = a.add_vm(
+            "vault",
+            "52:54:00:00:31:0d",
+            &["10.31.0.13/24"],
+            Some(GATEWAY),
+        );
+        let cidrs = if v6 {
+            [
+                format!("{POD_CIDR},{POD_CIDR6}"),
+                format!("{SERVICE_CIDR},{SERVICE_CIDR6}"),
+            ]
+        } else {
+            [POD_CIDR.to_string(), SERVICE_CIDR.to_string()]
+        };
+        let primary = primary_network(v6);
+        let web = start_pod_network(
+            &mut a,
+            &vault,
+            &["10.31.0.13/24"],
+            &primary,
+            std::slice::from_ref(&nodes),
+            [&cidrs[0], &cidrs[1]],
+        );
+        let ips: Vec<String> = [false, true]
+            .into_iter()
+            .filter(|six| !*six || v6)
+            .map(|six| format!("\"{}\"", address_of(&web.result, six)))
+            .collect();
+        let mac = web.result["interfaces"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|i| i["sandbox"].is_string())
+            .and_then(|i| i["mac"].as_str())
+            .unwrap_or_else(|| panic!("the pod's MAC in {}", web.result))
+            .to_string();
+        // What Multus writes back once the ADD answered, which every
+        // node's agent reads: the pod's interface on the pod network.
+        let with_status = web.doc.replace(
+            "annotations: {v1.multus-cni.io/default-network: prod/blue}",
+            &format!(
+                "annotations: {{v1.multus-cni.io/default-network: prod/blue, \
+                 k8s.v1.cni.cncf.io/network-status: '[{{\"name\":\"prod/blue\",\"interface\":\"eth0\",\
+                 \"ips\":[{}],\"mac\":\"{mac}\",\"default\":true}}]'}}",
+                ips.join(",")
+            ),
+        );
+        assert_ne!(with_status, web.doc);
+        let cluster_yaml = [primary, with_status, nodes].join("\n---\n");
+        a.write_config("cluster.yaml", &cluster_yaml);
+        b.write_config("cluster.yaml", &cluster_yaml);
+        b.set_agent_args(&[
+            "--cluster-pod-cidrs",
+            &cidrs[0],
+            "--cluster-service-cidrs",
+            &cidrs[1],
+        ]);
+        b.start_agent();
+        let mut echo = vec![Echo::start(&web.ns, Proto::Tcp, 8080)];
+        if v6 {
+            echo.push(Echo::start6(&web.ns, Proto::Tcp, 8080));
+        }
+        ReachBed {
+            pod_ip: address_of(&web.result, v6),
+            client_ip: if v6 { client6 } else { client4 },
+            a,
+            b,
+            cluster,
+            family,
+            vault,
+            pod: web.ns,
+            client_pod,
+            _underlay: underlay,
+            _echo: echo,
+        }
+    }
+}
+
 /// Reached from another node (DESIGN.md 12.3; `ebpf/src/reach.rs`): web-0
 /// runs on node a; node b routes the pod network's subnet into its vxlan
 /// device, whose program sends it to a over the overlay, and a sends
@@ -942,78 +1060,28 @@ fn an_isolated_pod_network_endpoint_admits_its_nodes_kubelet_and_only_what_its_p
 /// no route to the pod network at all.
 #[test]
 fn a_pod_network_endpoint_is_reached_from_another_nodes_pods_nodeport_and_stack() {
-    use vmpath_tests::cluster_net::{ClusterNet, Echo, POD_CIDR, Proto, SERVICE_CIDR, ask};
+    use vmpath_tests::cluster_net::{POD_CIDR, Proto, ask};
     use vmpath_tests::vmpath::common::drop_reason;
-    use vmpath_tests::{Underlay, UnderlayFamily, yaml_overlay};
 
-    let family = UnderlayFamily::V4;
-    let underlay = Underlay::new();
-    let mut a = Node::new("ra");
-    let mut b = Node::new("rb");
-    underlay.plug(&a.ns, "ul0", &family.node_cidr(1), 1500);
-    underlay.plug(&b.ns, "ul0", &family.node_cidr(2), 1500);
-    let cluster = ClusterNet::new(&[&a.ns, &b.ns]);
-    let b_ip = cluster.nodes[1].address.clone();
-    let (client_pod, client_ip) = cluster.nodes[1].pod("client");
-    let nodes = [
-        yaml_overlay::node(&a.name, &family.node_ip(1)),
-        yaml_overlay::node(&b.name, &family.node_ip(2)),
-    ]
-    .join("\n---\n");
-    let vault = a.add_vm(
-        "vault",
-        "52:54:00:00:31:0d",
-        &["10.31.0.13/24"],
-        Some(GATEWAY),
-    );
-    let primary = primary_network(false);
-    let web = start_pod_network(
-        &mut a,
-        &vault,
-        &["10.31.0.13/24"],
-        &primary,
-        std::slice::from_ref(&nodes),
-        [POD_CIDR, SERVICE_CIDR],
-    );
-    let pod_ip = address_of(&web.result, false);
-    let mac = web.result["interfaces"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .find(|i| i["sandbox"].is_string())
-        .and_then(|i| i["mac"].as_str())
-        .unwrap_or_else(|| panic!("the pod's MAC in {}", web.result))
-        .to_string();
-    // What Multus writes back once the ADD answered, which every node's
-    // agent reads: the pod's interface on the pod network.
-    let with_status = web.doc.replace(
-        "annotations: {v1.multus-cni.io/default-network: prod/blue}",
-        &format!(
-            "annotations: {{v1.multus-cni.io/default-network: prod/blue, \
-             k8s.v1.cni.cncf.io/network-status: '[{{\"name\":\"prod/blue\",\"interface\":\"eth0\",\
-             \"ips\":[\"{pod_ip}\"],\"mac\":\"{mac}\",\"default\":true}}]'}}"
-        ),
-    );
-    assert_ne!(with_status, web.doc);
-    let cluster_yaml = [primary.clone(), with_status, nodes.clone()].join("\n---\n");
-    a.write_config("cluster.yaml", &cluster_yaml);
-    b.write_config("cluster.yaml", &cluster_yaml);
-    b.set_agent_args(&[
-        "--cluster-pod-cidrs",
-        POD_CIDR,
-        "--cluster-service-cidrs",
-        SERVICE_CIDR,
-    ]);
-    b.start_agent();
-    let pod = web.ns;
-    let _pod_tcp = Echo::start(&pod, Proto::Tcp, 8080);
+    let bed = ReachBed::start(UnderlayFamily::V4);
+    let ReachBed {
+        a,
+        b,
+        cluster,
+        family,
+        vault,
+        pod,
+        client_pod,
+        ..
+    } = &bed;
+    let (pod_ip, client_ip, b_ip) = (&bed.pod_ip, &bed.client_ip, &cluster.nodes[1].address);
     cluster.kube_proxy(&[vmpath_tests::cluster_net::one_endpoint_service(
         "prod/web-0:http",
         "10.96.0.30",
         80,
         Proto::Tcp,
         Some(30080),
-        (&pod_ip, 8080),
+        (pod_ip, 8080),
     )]);
 
     // A cluster pod on b, by address: over the overlay, its address kept.
@@ -1021,20 +1089,20 @@ fn a_pod_network_endpoint_is_reached_from_another_nodes_pods_nodeport_and_stack(
     wait_for(
         "a cluster pod on b reaches web-0 on a by address",
         Duration::from_secs(30),
-        || ask(&client_pod, Proto::Tcp, &pod_ip, 8080).as_deref() == Some(from_client.as_str()),
+        || ask(client_pod, Proto::Tcp, pod_ip, 8080).as_deref() == Some(from_client.as_str()),
     );
     // b's NodePort and ClusterIP (kube-proxy on b translates to web-0).
     assert!(
-        ask(&client_pod, Proto::Tcp, &b_ip, 30080).is_some(),
+        ask(client_pod, Proto::Tcp, b_ip, 30080).is_some(),
         "b's NodePort to web-0 on a"
     );
     assert_eq!(
-        ask(&client_pod, Proto::Tcp, "10.96.0.30", 80).as_deref(),
+        ask(client_pod, Proto::Tcp, "10.96.0.30", 80).as_deref(),
         Some(from_client.as_str()),
         "the ClusterIP from a cluster pod on b"
     );
     // b's own stack (kubelet-style, from another node).
-    let from_b = ask(&b.ns, Proto::Tcp, &pod_ip, 8080).unwrap_or_default();
+    let from_b = ask(&b.ns, Proto::Tcp, pod_ip, 8080).unwrap_or_default();
     assert!(from_b.starts_with("probe from "), "b's stack: {from_b:?}");
 
     // Isolated: what b sends is judged on a, by address.
@@ -1050,16 +1118,16 @@ fn a_pod_network_endpoint_is_reached_from_another_nodes_pods_nodeport_and_stack(
     policy("deny-in", "");
     let denied = a.drops(drop_reason::POLICY_DENIED_INGRESS);
     wait_for("web-0 isolated", Duration::from_secs(20), || {
-        ask(&client_pod, Proto::Tcp, &pod_ip, 8080).is_none()
+        ask(client_pod, Proto::Tcp, pod_ip, 8080).is_none()
     });
     assert!(a.drops(drop_reason::POLICY_DENIED_INGRESS) > denied);
     assert_eq!(
-        ask(&b.ns, Proto::Tcp, &pod_ip, 8080),
+        ask(&b.ns, Proto::Tcp, pod_ip, 8080),
         None,
         "another node is not web-0's kubelet"
     );
     assert!(
-        ask(&a.ns, Proto::Tcp, &pod_ip, 8080).is_some(),
+        ask(&a.ns, Proto::Tcp, pod_ip, 8080).is_some(),
         "web-0's own node is"
     );
     policy(
@@ -1069,7 +1137,7 @@ fn a_pod_network_endpoint_is_reached_from_another_nodes_pods_nodeport_and_stack(
     wait_for(
         "the ipBlock admits the cluster pod on b",
         Duration::from_secs(20),
-        || ask(&client_pod, Proto::Tcp, &pod_ip, 8080).as_deref() == Some(from_client.as_str()),
+        || ask(client_pod, Proto::Tcp, pod_ip, 8080).as_deref() == Some(from_client.as_str()),
     );
 
     // The tenants: the overlay's reserved VNI carries another node's
@@ -1161,5 +1229,59 @@ fn a_pod_network_endpoint_is_reached_from_another_nodes_pods_nodeport_and_stack(
     assert!(
         refused > 0,
         "the VM's VXLAN to a, refused by the stack:\n{table}"
+    );
+}
+
+/// The same reach over IPv6, on an IPv6 underlay (every Node's VTEP an
+/// IPv6 address) and a dual-stack pod network: a cluster pod on node b
+/// reaches web-0 on node a by its IPv6 address, its own IPv6 address
+/// seen, and so does b's stack; isolated, both are refused and counted on
+/// a while a's own stack passes (its kubelet), and an `ipBlock` of the
+/// cluster's IPv6 pod CIDR admits the pod again.
+#[test]
+fn a_dual_stack_pod_network_endpoint_is_reached_from_another_node_over_an_ipv6_underlay() {
+    use vmpath_tests::cluster_net::{POD_CIDR6, Proto, ask};
+    use vmpath_tests::vmpath::common::drop_reason;
+
+    let bed = ReachBed::start(UnderlayFamily::V6);
+    let (a, b, pod_ip, client) = (&bed.a, &bed.b, &bed.pod_ip, &bed.client_pod);
+    assert!(pod_ip.contains(':'), "{pod_ip}");
+    let from_client = format!("probe from {}", bed.client_ip);
+    wait_for(
+        "a cluster pod on b reaches web-0 on a by its IPv6 address",
+        Duration::from_secs(30),
+        || ask(client, Proto::Tcp, pod_ip, 8080).as_deref() == Some(from_client.as_str()),
+    );
+    let from_b = ask(&b.ns, Proto::Tcp, pod_ip, 8080).unwrap_or_default();
+    assert!(from_b.starts_with("probe from "), "b's stack: {from_b:?}");
+
+    let policy = |name: &str, ingress: &str| {
+        let doc = format!(
+            "apiVersion: networking.k8s.io/v1\nkind: NetworkPolicy\n\
+             metadata: {{name: {name}, namespace: prod}}\n\
+             spec:\n  podSelector: {{}}\n  policyTypes: [Ingress]\n{ingress}"
+        );
+        a.write_config("prod-policy.yaml", &doc);
+        b.write_config("prod-policy.yaml", &doc);
+    };
+    policy("deny-in", "");
+    let denied = a.drops(drop_reason::POLICY_DENIED_INGRESS);
+    wait_for("web-0 isolated", Duration::from_secs(20), || {
+        ask(client, Proto::Tcp, pod_ip, 8080).is_none()
+    });
+    assert!(a.drops(drop_reason::POLICY_DENIED_INGRESS) > denied);
+    assert_eq!(ask(&b.ns, Proto::Tcp, pod_ip, 8080), None, "b's stack");
+    assert!(
+        ask(&a.ns, Proto::Tcp, pod_ip, 8080).is_some(),
+        "web-0's own node over IPv6"
+    );
+    policy(
+        "from-cluster-pods",
+        &format!("  ingress:\n  - from: [{{ipBlock: {{cidr: '{POD_CIDR6}'}}}}]\n"),
+    );
+    wait_for(
+        "the IPv6 ipBlock admits the cluster pod on b",
+        Duration::from_secs(20),
+        || ask(client, Proto::Tcp, pod_ip, 8080).as_deref() == Some(from_client.as_str()),
     );
 }
