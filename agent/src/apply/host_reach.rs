@@ -276,3 +276,34 @@ fn to_io(e: rtnetlink::Error) -> io::Error {
         other => io::Error::other(other.to_string()),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Reach: with the overlay's device, every Primary network's subnets
+    /// (both families) are routed into it, no neighbour; a Secondary
+    /// network's are not, and without the device nothing is.
+    #[test]
+    fn the_primary_networks_subnets_go_into_the_vxlan_device_and_nothing_else() {
+        let docs = "apiVersion: vmpath.dev/v1alpha1\nkind: Network\nmetadata: {name: blue}\n\
+             spec: {id: 310, role: Primary, subnets: [10.31.0.0/24, 'fd31::/64'], defaultGatewayIPs: [10.31.0.1, 'fd31::1'], ipam: {mode: Enabled}}\n---\n\
+             apiVersion: vmpath.dev/v1alpha1\nkind: Network\nmetadata: {name: red}\n\
+             spec: {id: 320, subnets: [10.32.0.0/24], defaultGatewayIPs: [10.32.0.1], ipam: {mode: Enabled}}\n";
+        let snap = crate::round::tests::snapshot_of(docs);
+        let cfg = Resolved::new(crate::round::validate(&snap, "a", &Default::default()));
+        assert!(cfg.errors.is_empty(), "{:?}", cfg.errors);
+        let plan = Plan::default();
+        let want = desired(&cfg, &plan, &BTreeMap::new(), Some(7));
+        let routes: Vec<String> = want
+            .iter()
+            .map(|(r, mac)| format!("{}/{} dev {} {mac:?}", r.ip, r.len, r.ifindex))
+            .collect();
+        assert_eq!(
+            routes,
+            ["10.31.0.0/24 dev 7 None", "fd31::/64 dev 7 None"],
+            "{want:?}"
+        );
+        assert!(desired(&cfg, &plan, &BTreeMap::new(), None).is_empty());
+    }
+}

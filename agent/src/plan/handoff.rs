@@ -252,6 +252,20 @@ mod tests {
         assert!(r.contains("elements = { 10.31.0.0/24 }"), "{r}");
         assert!(r.contains("elements = { fd00:31::/64 }"), "{r}");
         assert!(r.contains("ip saddr @primary4 ip daddr @primary4 counter drop"));
+        // An endpoint's VXLAN, towards another node and to this one.
+        for chain in ["forward", "input"] {
+            let body = r
+                .split(&format!("chain {chain} {{"))
+                .nth(1)
+                .unwrap_or_default();
+            let body = body.split("  }").next().unwrap_or_default();
+            for rule in [
+                "ip saddr @primary4 udp dport 4789 counter drop",
+                "ip6 saddr @primary6 udp dport 4789 counter drop",
+            ] {
+                assert!(body.contains(rule), "{chain} lacks {rule}: {r}");
+            }
+        }
         assert!(
             r.contains(
                 "set local_pods4 { type ipv4_addr; flags interval; elements = { 10.244.0.0/24 }; }"

@@ -86,9 +86,8 @@ fn egress4_inner(
     if !spoof::ip_filter_on(port) && !in_subnet4(port.network, src) {
         return Err(drop_reason::ROUTE_SRC_OUTSIDE);
     }
-    // The node's own addresses, and the cluster's (Services, pods, other
-    // nodes): up the node's stack, where kube-proxy's translation and the
-    // node's routes apply; a redirect here would pass them by.
+    // Only nodes speak the overlay: a VM's VXLAN to one would arrive as
+    // this node's own frame (`reach::to_overlay_port`).
     let mut dst16 = [0u8; 16];
     dst16[..4].copy_from_slice(&ip.dst_addr);
     if reach::to_overlay_port(ctx, addr_family::IPV4, &dst16, proto, l4_off) {
@@ -99,6 +98,10 @@ fn egress4_inner(
         if let Some(node) = reach::answered_node(ctx) {
             return reach::to_node(ctx, node);
         }
+        // The node's own addresses, and the cluster's (Services, pods,
+        // other nodes): up the node's stack, where kube-proxy's
+        // translation and the node's routes apply; a redirect here would
+        // pass them by.
         let ip = hdr::<Ipv4Hdr>(ctx, ETH_LEN)?;
         if in_subnet4(CLUSTER_NETWORK, ip.dst_addr)
             || host::to_node4(ctx, ifindex, src, ip.dst_addr)
