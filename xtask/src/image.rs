@@ -329,7 +329,11 @@ pub(crate) fn write_archive(a: &Assembly) -> Result<Written> {
     fs::create_dir_all(&a.dir).with_context(|| format!("creating {}", a.dir.display()))?;
     let name = format!("{}{}.oci.tar", a.file_prefix, a.tag);
     let path = a.dir.join(&name);
-    let tmp = a.dir.join(format!(".{name}.tmp"));
+    // Each writer its own temporary file: the image tests build the same
+    // image from parallel processes, and a shared one was renamed away
+    // under the second writer ("writing ...: No such file or directory").
+    // The archives are the same bytes; the last rename wins.
+    let tmp = a.dir.join(format!(".{name}.{}.tmp", std::process::id()));
     fs::write(&tmp, archive.finish()).with_context(|| format!("writing {}", tmp.display()))?;
     fs::rename(&tmp, &path).with_context(|| format!("writing {}", path.display()))?;
     Ok(Written {
