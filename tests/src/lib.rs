@@ -652,10 +652,27 @@ pub fn iperf3(
     udp: bool,
     seconds: u32,
 ) -> serde_json::Value {
-    let port = (5201 + COUNTER.fetch_add(1, Ordering::SeqCst) % 1000).to_string();
+    let port = 5201 + (COUNTER.fetch_add(1, Ordering::SeqCst) % 1000) as u16;
+    iperf3_via(server, port, client, server_ip, port, udp, seconds)
+}
+
+/// [`iperf3`] with the server on `server_port` and the client connecting
+/// to `dst:dst_port`: a Service's address and port that lead to it.
+pub fn iperf3_via(
+    server: &Netns,
+    server_port: u16,
+    client: &Netns,
+    dst: &str,
+    dst_port: u16,
+    udp: bool,
+    seconds: u32,
+) -> serde_json::Value {
+    let server_ip = dst;
+    let port = server_port.to_string();
     let mut srv = server.spawn(&["iperf3", "-s", "-1", "-p", &port]);
     let secs = seconds.to_string();
-    let mut args = vec!["iperf3", "-c", server_ip, "-p", &port, "-t", &secs, "-J"];
+    let dst_port = dst_port.to_string();
+    let mut args = vec!["iperf3", "-c", dst, "-p", &dst_port, "-t", &secs, "-J"];
     if udp {
         args.extend(["-u", "-b", "50M"]);
     }

@@ -19,8 +19,8 @@ use std::{
 };
 
 use crate::{
-    Netns, Node, SCAPY_PYTHON, Underlay, UnderlayFamily, Vm, vmpath::common, wait_for, yaml,
-    yaml_overlay,
+    Netns, Node, SCAPY_PYTHON, Underlay, UnderlayFamily, Vm, cluster_net, vmpath::common, wait_for,
+    yaml, yaml_overlay,
 };
 
 pub const NET: &str = "blue";
@@ -47,11 +47,24 @@ pub const INTERVAL_MS: u64 = 1;
 /// ms).
 pub const STREAM_COUNT: u64 = 5000;
 
+/// What the migrating VM's network is to its pods.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Role {
+    /// A Multus secondary network (the default).
+    Secondary,
+    /// The pod network (`role: Primary`): the agents are given the
+    /// cluster's pod and Service CIDRs (`cluster_net`'s), as a pod
+    /// network's agents are.
+    Primary,
+}
+
 /// Three nodes on one underlay: vm1 on a, its (paused) target on b, the
 /// client on c.
 pub struct Bed {
     /// The underlay's family (the overlay tests run over both).
     pub family: UnderlayFamily,
+    /// The network's role.
+    pub role: Role,
     pub a: Node,
     pub b: Node,
     pub c: Node,
@@ -63,8 +76,17 @@ pub struct Bed {
 }
 
 pub fn network_doc() -> String {
+    network_doc_for(Role::Secondary)
+}
+
+/// [`network_doc`] with the network's `role`.
+pub fn network_doc_for(role: Role) -> String {
     // Advertised per VM, so the /32 and /128 are in table 100 and move
     // with the VM.
+    let role = match role {
+        Role::Secondary => "",
+        Role::Primary => "  role: Primary\n",
+    };
     yaml::network(
         NET,
         NET_ID,
@@ -72,6 +94,7 @@ pub fn network_doc() -> String {
         &[GATEWAY, GATEWAY6],
         false,
     ) + "  egress: Routed\n  advertise: {perVM: true}\n"
+        + role
 }
 
 fn vm1_doc(port: &str, migration: Option<(&str, bool)>) -> String {
@@ -97,7 +120,7 @@ pub fn write_config(bed: &Bed, migration: Option<bool>) {
         .iter()
         .map(|(n, i)| yaml_overlay::node(n, &bed.family.node_ip(*i)))
         .collect();
-    docs.push(network_doc());
+    docs.push(network_doc_for(bed.role));
     docs.push(vm1_doc(
         &bed.vm1.port,
         migration.map(|ready| (bed.vm1t.port.as_str(), ready)),
@@ -124,6 +147,17 @@ pub fn three_nodes() -> Bed {
 
 /// [`three_nodes`] over an underlay of `family`.
 pub fn three_nodes_over(family: UnderlayFamily) -> Bed {
+    three_nodes_with(family, Role::Secondary)
+}
+
+/// [`three_nodes`] with vm1 and the client on the pod network (`role:
+/// Primary`), the agents given the cluster's pod and Service CIDRs.
+pub fn three_nodes_on_pod_network() -> Bed {
+    three_nodes_with(UnderlayFamily::V4, Role::Primary)
+}
+
+/// [`three_nodes`] over an underlay of `family`, the network's role `role`.
+pub fn three_nodes_with(family: UnderlayFamily, role: Role) -> Bed {
     let underlay = Underlay::new();
     let a = Node::new("a");
     let b = Node::new("b");
@@ -149,6 +183,7 @@ pub fn three_nodes_over(family: UnderlayFamily) -> Bed {
     );
     let mut bed = Bed {
         family,
+        role,
         a,
         b,
         c,
@@ -158,7 +193,23 @@ pub fn three_nodes_over(family: UnderlayFamily) -> Bed {
         _underlay: underlay,
     };
     write_config(&bed, None);
+    let cidrs = [
+        format!("{},{}", cluster_net::POD_CIDR, cluster_net::POD_CIDR6),
+        format!(
+            "{},{}",
+            cluster_net::SERVICE_CIDR,
+            cluster_net::SERVICE_CIDR6
+        ),
+    ];
     for node in [&mut bed.a, &mut bed.b, &mut bed.c] {
+        if role == Role::Primary {
+            node.set_agent_args(&[
+                "--cluster-pod-cidrs",
+                &cidrs[0],
+                "--cluster-service-cidrs",
+                &cidrs[1],
+            ]);
+        }
         node.start_agent();
     }
     bed.a.wait_ports(&[&bed.vm1.port]);

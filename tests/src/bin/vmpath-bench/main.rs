@@ -23,6 +23,10 @@
 //!             the controller's allocation rate (claims/s)
 //!   services  ClusterIP TCP and 64-byte UDP against direct VM to VM
 //!   policylatency  NetworkPolicy written -> enforced by the data path
+//!   podnet    the pod network: a VM on a Primary network through a
+//!             ClusterIP to a cluster-network pod against a cluster-network
+//!             pod doing the same; the migration loss window of a Primary
+//!             network against a secondary one
 //!
 //! Needs root; everything runs in network namespaces it creates and
 //! removes (guards), and no packet leaves them.
@@ -38,6 +42,7 @@ mod flood;
 mod kube_scale;
 mod migration;
 mod overlay_cost;
+mod podnet;
 mod policycost;
 mod policylatency;
 mod progcost;
@@ -84,7 +89,7 @@ fn parse_args() -> Result<Args> {
             }
             "-h" | "--help" => {
                 println!(
-                    "vmpath-bench [--out DIR] [--runs N] [--only progcost,e2e,external,control,dhcp,migration,realmigration,flood,reactivity,cni,kube,policy,services,policylatency,scale,churn] [--quick]"
+                    "vmpath-bench [--out DIR] [--runs N] [--only progcost,e2e,external,control,dhcp,migration,realmigration,flood,reactivity,cni,kube,policy,services,policylatency,scale,churn,podnet] [--quick]"
                 );
                 std::process::exit(0);
             }
@@ -331,6 +336,17 @@ fn run() -> Result<()> {
                 workers: 16,
                 alive: 32,
                 window: if args.quick { 10 } else { 60 },
+            })
+        });
+    }
+
+    if want("podnet") {
+        step("16. The pod network", &|| {
+            podnet::run(&podnet::Options {
+                rounds: if args.quick { 2 } else { runs },
+                tcp_seconds: if args.quick { 2 } else { 3 },
+                requests: if args.quick { 100 } else { 300 },
+                migration_runs: if args.quick { 1 } else { args.runs.min(3) },
             })
         });
     }

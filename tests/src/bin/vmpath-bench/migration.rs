@@ -15,7 +15,8 @@
 use anyhow::{Result, bail};
 use vmpath_tests::{
     migration::{
-        Announce, INTERVAL_MS, LossWindow, STREAM_COUNT, loss_window, start_migration, three_nodes,
+        Announce, Bed, INTERVAL_MS, LossWindow, STREAM_COUNT, loss_window, start_migration,
+        three_nodes,
     },
     north_south::{self, ExternalWindow},
 };
@@ -32,40 +33,7 @@ pub struct Options {
 pub fn run(opts: &Options) -> Result<Section> {
     let mut runs: Vec<LossWindow> = Vec::new();
     for r in 0..opts.runs {
-        let bed = three_nodes();
-        start_migration(&bed);
-        let w = loss_window(&bed, Announce::GarpAndRarp);
-        for (family, s) in [("IPv4", &w.ipv4), ("IPv6", &w.ipv6)] {
-            eprintln!(
-                "bench:   run {r} {family}: last on the source -> first on the target {:.1} ms \
-                 (seq {} -> {}), {} lost, {} on the target; longest silence {:.1} ms (seq {} -> \
-                 {}); first on the target {:.1} ms after its link came up; longest gap after \
-                 ready {:.1} ms",
-                s.switch_ms,
-                s.switch_seqs.0,
-                s.switch_seqs.1,
-                s.lost,
-                s.on_target,
-                s.gap_ms,
-                s.gap_seqs.0,
-                s.gap_seqs.1,
-                s.first_on_target_ms,
-                s.ready_gap_ms
-            );
-            // The stream has to have moved, or the window means nothing.
-            if s.on_target < 1000 || !s.switch_ms.is_finite() {
-                bail!(
-                    "run {r}: the target received only {} {family} datagrams",
-                    s.on_target
-                );
-            }
-        }
-        eprintln!(
-            "bench:   run {r}: cut-over commands {:.1} ms",
-            w.commands_ms
-        );
-        runs.push(w);
-        drop(bed);
+        runs.push(measure(&format!("run {r}"), three_nodes())?);
     }
     let interval = INTERVAL_MS as f64;
     let col = |f: fn(&LossWindow) -> f64| -> Vec<f64> { runs.iter().map(f).collect() };
@@ -196,6 +164,44 @@ pub fn run(opts: &Options) -> Result<Section> {
             },
         ],
     })
+}
+
+/// One cut-over on `bed` (made by `three_nodes` or a variant of it), its
+/// figures logged under `label`; an error when the stream did not move.
+pub fn measure(label: &str, bed: Bed) -> Result<LossWindow> {
+    start_migration(&bed);
+    let w = loss_window(&bed, Announce::GarpAndRarp);
+    for (family, s) in [("IPv4", &w.ipv4), ("IPv6", &w.ipv6)] {
+        eprintln!(
+            "bench:   {label} {family}: last on the source -> first on the target {:.1} ms \
+             (seq {} -> {}), {} lost, {} on the target; longest silence {:.1} ms (seq {} -> \
+             {}); first on the target {:.1} ms after its link came up; longest gap after \
+             ready {:.1} ms",
+            s.switch_ms,
+            s.switch_seqs.0,
+            s.switch_seqs.1,
+            s.lost,
+            s.on_target,
+            s.gap_ms,
+            s.gap_seqs.0,
+            s.gap_seqs.1,
+            s.first_on_target_ms,
+            s.ready_gap_ms
+        );
+        // The stream has to have moved, or the window means nothing.
+        if s.on_target < 1000 || !s.switch_ms.is_finite() {
+            bail!(
+                "{label}: the target received only {} {family} datagrams",
+                s.on_target
+            );
+        }
+    }
+    eprintln!(
+        "bench:   {label}: cut-over commands {:.1} ms",
+        w.commands_ms
+    );
+    drop(bed);
+    Ok(w)
 }
 
 /// The north-south cut-over, `runs` times on a fresh bed each.
