@@ -567,26 +567,42 @@ pub fn check(
         // An ICMP error for no flow of ours, where nothing is isolated.
         return Ok(());
     }
+    let flow = PolicyFlow {
+        last_seen: now,
+        policy,
+        from_port: 0,
+        to_port: 0,
+        peer,
+        peer_port: from_port as u16,
+        peer_by_address: u16::from(peer_by_address),
+    };
+    conclude(ctx, k, port_id, dir, ifindex, reason, &flow)
+}
+
+/// The end of a new flow's check (`check`, `from_stack`): allowed
+/// (`reason` 0), `flow` is entered and its policy's hit counted; either
+/// way the verdict is counted and reported.
+#[inline(always)]
+fn conclude(
+    ctx: &TcContext,
+    k: &PolicyFlowKey,
+    port_id: u32,
+    dir: u8,
+    ifindex: u32,
+    reason: u32,
+    flow: &PolicyFlow,
+) -> Result<(), u32> {
     if reason == 0 {
-        let flow = PolicyFlow {
-            last_seen: now,
-            policy,
-            from_port: 0,
-            to_port: 0,
-            peer,
-            peer_port: from_port as u16,
-            peer_by_address: u16::from(peer_by_address),
-        };
         // A full table evicts its oldest flow (LRU); should the insert
         // still fail, the flow's next packet is checked again.
-        let _ = POLICY_FLOWS.insert(&*k, &flow, 0);
-        if let Some(hits) = POLICY_HITS.get_ptr_mut(policy) {
+        let _ = POLICY_FLOWS.insert(k, flow, 0);
+        if let Some(hits) = POLICY_HITS.get_ptr_mut(flow.policy) {
             // SAFETY: this CPU's slot of a per-CPU array, no other writer.
             unsafe { *hits += 1 };
         }
     }
     count(port_id, dir, reason == 0);
-    crate::monitor::policy(ctx, ifindex, k, reason, policy);
+    crate::monitor::policy(ctx, ifindex, k, reason, flow.policy);
     if reason == 0 { Ok(()) } else { Err(reason) }
 }
 
@@ -657,26 +673,16 @@ pub fn from_stack(ctx: &TcContext, port_id: u32, ifindex: u32, network: u32) -> 
             None => drop_reason::POLICY_DENIED_INGRESS,
         }
     };
-    if reason == 0 {
-        let flow = PolicyFlow {
-            last_seen: now,
-            policy,
-            from_port: 0,
-            to_port: 0,
-            peer: sender,
-            peer_port: 0,
-            peer_by_address: 1,
-        };
-        // As in `check`: a failed insert costs a check of the next packet.
-        let _ = POLICY_FLOWS.insert(&*k, &flow, 0);
-        if let Some(hits) = POLICY_HITS.get_ptr_mut(policy) {
-            // SAFETY: this CPU's slot of a per-CPU array, no other writer.
-            unsafe { *hits += 1 };
-        }
-    }
-    count(port_id, policy_dir::INGRESS, reason == 0);
-    crate::monitor::policy(ctx, ifindex, k, reason, policy);
-    if reason == 0 { Ok(()) } else { Err(reason) }
+    let flow = PolicyFlow {
+        last_seen: now,
+        policy,
+        from_port: 0,
+        to_port: 0,
+        peer: sender,
+        peer_port: 0,
+        peer_by_address: 1,
+    };
+    conclude(ctx, k, port_id, policy_dir::INGRESS, ifindex, reason, &flow)
 }
 
 /// An answer from an endpoint of a host-reach network to its node.

@@ -1,7 +1,7 @@
 //! Reach: a node's own stack and the endpoints of Primary networks on
-//! other nodes (DESIGN.md 12.3), so kube-proxy's NodePort on any node
-//! reaches a backend on any other, and cluster pods reach an endpoint by
-//! address wherever it runs.
+//! other nodes (docs/kubernetes.md, "In, from any other node"), so
+//! kube-proxy's NodePort on any node reaches a backend on any other, and
+//! cluster pods reach an endpoint by address wherever it runs.
 //!
 //! Every node routes each Primary network's subnets into the vxlan device
 //! (the agent's routes; its own endpoints have host routes down their

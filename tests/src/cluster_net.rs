@@ -129,17 +129,7 @@ impl ClusterNode {
             String::from_utf8_lossy(&out.stdout),
             String::from_utf8_lossy(&out.stderr)
         );
-        let address = |v6: bool| {
-            result["ips"]
-                .as_array()
-                .into_iter()
-                .flatten()
-                .filter_map(|a| a["address"].as_str()?.split_once('/'))
-                .map(|(ip, _)| ip.to_string())
-                .find(|ip| ip.contains(':') == v6)
-                .unwrap_or_else(|| panic!("an address of each family from host-local: {result}"))
-        };
-        let (ip, ip6) = (address(false), address(true));
+        let (ip, ip6) = (address_of(&result, false), address_of(&result, true));
         // The address is usable once DAD is done (a test's first packet
         // must not be lost to a tentative address).
         crate::wait_for(
@@ -694,4 +684,17 @@ pub fn have_dnsmasq() -> bool {
     run_status(&["sh", "-c", "command -v dnsmasq"])
         .status
         .success()
+}
+
+/// A CNI ADD result's address of one family (IPv6: `v6`), without its
+/// prefix length.
+pub fn address_of(result: &serde_json::Value, v6: bool) -> String {
+    result["ips"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|a| a["address"].as_str()?.split_once('/'))
+        .map(|(ip, _)| ip.to_string())
+        .find(|ip| ip.contains(':') == v6)
+        .unwrap_or_else(|| panic!("an address of that family (IPv6: {v6}): {result}"))
 }

@@ -157,17 +157,7 @@ fn start_pod_network(
     }
 }
 
-/// The ADD result's address of one family.
-fn address_of(result: &Value, v6: bool) -> String {
-    result["ips"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter_map(|a| a["address"].as_str()?.split_once('/'))
-        .map(|(ip, _)| ip.to_string())
-        .find(|ip| ip.contains(':') == v6)
-        .unwrap_or_else(|| panic!("an address of that family (IPv6: {v6}): {result}"))
-}
+use vmpath_tests::cluster_net::address_of;
 
 /// The packets the hand-off table's refusal rule starting `rule` counted,
 /// and the table as listed.
@@ -952,6 +942,53 @@ struct ReachBed {
 }
 
 impl ReachBed {
+    /// Writes one NetworkPolicy `name` of namespace prod, selecting every
+    /// pod, isolated for ingress with `ingress` (its YAML, or nothing), to
+    /// both nodes.
+    fn policy(&self, name: &str, ingress: &str) {
+        let doc = format!(
+            "apiVersion: networking.k8s.io/v1\nkind: NetworkPolicy\n\
+             metadata: {{name: {name}, namespace: prod}}\n\
+             spec:\n  podSelector: {{}}\n  policyTypes: [Ingress]\n{ingress}"
+        );
+        self.a.write_config("prod-policy.yaml", &doc);
+        self.b.write_config("prod-policy.yaml", &doc);
+    }
+
+    /// web-0 isolated: the cluster pod on b and b's own stack are refused
+    /// (counted on a; another node is not web-0's kubelet) while a's own
+    /// stack passes; then an `ipBlock` of `pod_cidr` admits the pod again
+    /// (`from_client`: what web-0's echo answers it).
+    fn isolated_then_admitted(&self, pod_cidr: &str, from_client: &str) {
+        use vmpath_tests::cluster_net::{Proto, ask};
+        use vmpath_tests::vmpath::common::drop_reason;
+        let (a, b, pod_ip, client) = (&self.a, &self.b, &self.pod_ip, &self.client_pod);
+        self.policy("deny-in", "");
+        let denied = a.drops(drop_reason::POLICY_DENIED_INGRESS);
+        wait_for("web-0 isolated", Duration::from_secs(20), || {
+            ask(client, Proto::Tcp, pod_ip, 8080).is_none()
+        });
+        assert!(a.drops(drop_reason::POLICY_DENIED_INGRESS) > denied);
+        assert_eq!(
+            ask(&b.ns, Proto::Tcp, pod_ip, 8080),
+            None,
+            "another node is not web-0's kubelet"
+        );
+        assert!(
+            ask(&a.ns, Proto::Tcp, pod_ip, 8080).is_some(),
+            "web-0's own node is"
+        );
+        self.policy(
+            "from-cluster-pods",
+            &format!("  ingress:\n  - from: [{{ipBlock: {{cidr: '{pod_cidr}'}}}}]\n"),
+        );
+        wait_for(
+            &format!("the ipBlock {pod_cidr} admits the cluster pod on b"),
+            Duration::from_secs(20),
+            || ask(client, Proto::Tcp, pod_ip, 8080).as_deref() == Some(from_client),
+        );
+    }
+
     fn start(family: UnderlayFamily) -> ReachBed {
         use vmpath_tests::cluster_net::{
             ClusterNet, Echo, POD_CIDR, POD_CIDR6, Proto, SERVICE_CIDR, SERVICE_CIDR6,
@@ -1047,7 +1084,7 @@ impl ReachBed {
     }
 }
 
-/// Reached from another node (DESIGN.md 12.3; `ebpf/src/reach.rs`): web-0
+/// Reached from another node (docs/kubernetes.md; `ebpf/src/reach.rs`): web-0
 /// runs on node a; node b routes the pod network's subnet into its vxlan
 /// device, whose program sends it to a over the overlay, and a sends
 /// web-0's answers back to b's stack, whose conntrack saw them leave. A
@@ -1106,39 +1143,7 @@ fn a_pod_network_endpoint_is_reached_from_another_nodes_pods_nodeport_and_stack(
     assert!(from_b.starts_with("probe from "), "b's stack: {from_b:?}");
 
     // Isolated: what b sends is judged on a, by address.
-    let policy = |name: &str, ingress: &str| {
-        let doc = format!(
-            "apiVersion: networking.k8s.io/v1\nkind: NetworkPolicy\n\
-             metadata: {{name: {name}, namespace: prod}}\n\
-             spec:\n  podSelector: {{}}\n  policyTypes: [Ingress]\n{ingress}"
-        );
-        a.write_config("prod-policy.yaml", &doc);
-        b.write_config("prod-policy.yaml", &doc);
-    };
-    policy("deny-in", "");
-    let denied = a.drops(drop_reason::POLICY_DENIED_INGRESS);
-    wait_for("web-0 isolated", Duration::from_secs(20), || {
-        ask(client_pod, Proto::Tcp, pod_ip, 8080).is_none()
-    });
-    assert!(a.drops(drop_reason::POLICY_DENIED_INGRESS) > denied);
-    assert_eq!(
-        ask(&b.ns, Proto::Tcp, pod_ip, 8080),
-        None,
-        "another node is not web-0's kubelet"
-    );
-    assert!(
-        ask(&a.ns, Proto::Tcp, pod_ip, 8080).is_some(),
-        "web-0's own node is"
-    );
-    policy(
-        "from-cluster-pods",
-        &format!("  ingress:\n  - from: [{{ipBlock: {{cidr: {POD_CIDR}}}}}]\n"),
-    );
-    wait_for(
-        "the ipBlock admits the cluster pod on b",
-        Duration::from_secs(20),
-        || ask(client_pod, Proto::Tcp, pod_ip, 8080).as_deref() == Some(from_client.as_str()),
-    );
+    bed.isolated_then_admitted(POD_CIDR, &from_client);
 
     // The tenants: the overlay's reserved VNI carries another node's
     // stack, so whoever could write it could hand web-0 a frame from any
@@ -1173,7 +1178,7 @@ fn a_pod_network_endpoint_is_reached_from_another_nodes_pods_nodeport_and_stack(
             },
         )
     };
-    policy(
+    bed.policy(
         "from-cluster-pods",
         &format!(
             "  ingress:\n  - from: [{{ipBlock: {{cidr: {POD_CIDR}}}}}]\n    \
@@ -1241,10 +1246,9 @@ fn a_pod_network_endpoint_is_reached_from_another_nodes_pods_nodeport_and_stack(
 #[test]
 fn a_dual_stack_pod_network_endpoint_is_reached_from_another_node_over_an_ipv6_underlay() {
     use vmpath_tests::cluster_net::{POD_CIDR6, Proto, ask};
-    use vmpath_tests::vmpath::common::drop_reason;
 
     let bed = ReachBed::start(UnderlayFamily::V6);
-    let (a, b, pod_ip, client) = (&bed.a, &bed.b, &bed.pod_ip, &bed.client_pod);
+    let (b, pod_ip, client) = (&bed.b, &bed.pod_ip, &bed.client_pod);
     assert!(pod_ip.contains(':'), "{pod_ip}");
     let from_client = format!("probe from {}", bed.client_ip);
     wait_for(
@@ -1255,33 +1259,5 @@ fn a_dual_stack_pod_network_endpoint_is_reached_from_another_node_over_an_ipv6_u
     let from_b = ask(&b.ns, Proto::Tcp, pod_ip, 8080).unwrap_or_default();
     assert!(from_b.starts_with("probe from "), "b's stack: {from_b:?}");
 
-    let policy = |name: &str, ingress: &str| {
-        let doc = format!(
-            "apiVersion: networking.k8s.io/v1\nkind: NetworkPolicy\n\
-             metadata: {{name: {name}, namespace: prod}}\n\
-             spec:\n  podSelector: {{}}\n  policyTypes: [Ingress]\n{ingress}"
-        );
-        a.write_config("prod-policy.yaml", &doc);
-        b.write_config("prod-policy.yaml", &doc);
-    };
-    policy("deny-in", "");
-    let denied = a.drops(drop_reason::POLICY_DENIED_INGRESS);
-    wait_for("web-0 isolated", Duration::from_secs(20), || {
-        ask(client, Proto::Tcp, pod_ip, 8080).is_none()
-    });
-    assert!(a.drops(drop_reason::POLICY_DENIED_INGRESS) > denied);
-    assert_eq!(ask(&b.ns, Proto::Tcp, pod_ip, 8080), None, "b's stack");
-    assert!(
-        ask(&a.ns, Proto::Tcp, pod_ip, 8080).is_some(),
-        "web-0's own node over IPv6"
-    );
-    policy(
-        "from-cluster-pods",
-        &format!("  ingress:\n  - from: [{{ipBlock: {{cidr: '{POD_CIDR6}'}}}}]\n"),
-    );
-    wait_for(
-        "the IPv6 ipBlock admits the cluster pod on b",
-        Duration::from_secs(20),
-        || ask(client, Proto::Tcp, pod_ip, 8080).as_deref() == Some(from_client.as_str()),
-    );
+    bed.isolated_then_admitted(POD_CIDR6, &from_client);
 }
