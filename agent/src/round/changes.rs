@@ -81,7 +81,7 @@ fn document_key(value: &Value) -> ObjectKey {
     }
 }
 
-fn cluster_key(object: &ClusterObject) -> ObjectKey {
+pub(crate) fn cluster_key(object: &ClusterObject) -> ObjectKey {
     let (kind, meta) = match object {
         ClusterObject::Pod(o) => ("Pod", &o.metadata),
         ClusterObject::Vmi(o) => ("VirtualMachineInstance", &o.metadata),

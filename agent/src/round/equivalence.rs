@@ -10,8 +10,12 @@ use std::{
     path::{Path, PathBuf},
 };
 
-use super::{Round, Settings, derive, ipam, plan, publish, resolve, validate};
-use crate::{config::source::Reader, plan::Plan, resolve::store::Store};
+use super::{Passes, Round, Settings, derive, ipam, plan, publish, resolve, validate};
+use crate::{
+    config::{Config, source::Reader},
+    plan::Plan,
+    resolve::store::Store,
+};
 
 /// splitmix64: a reproducible stream from one seed.
 struct Rng(u64);
@@ -89,20 +93,23 @@ fn remove(dir: &Path, file: &str) {
 /// interfaces the last round accepted, the last plan's ids).
 fn full(
     round: &Round,
+    store: &Store,
     snap: &crate::config::source::Snapshot,
     held: &crate::config::Held,
     ports: &dyn Fn(&str) -> Option<u32>,
-) -> Plan {
-    let derived = derive::derive(snap, "a");
-    let validated = validate::validate(snap, derived, "a", &round.accepted, held);
-    let mut cfg = resolve::resolve(validated, "a");
-    ipam::assign(&mut cfg, &round.store).unwrap();
+) -> (Plan, Config) {
+    let node = round.settings.node.as_str();
+    let derived = derive::derive(snap, node);
+    let validated = validate::validate(snap, derived, node, &round.accepted, held);
+    let kept = validated.clone();
+    let mut cfg = resolve::resolve(validated, node);
+    ipam::assign(&mut cfg, store).unwrap();
     let previous = round
         .last_plan
         .as_ref()
         .map(plan::Previous::of_plan)
         .unwrap_or_default();
-    plan::plan(&cfg, "a", ports, &previous)
+    (plan::plan(&cfg, node, ports, &previous), kept)
 }
 
 /// One round as `Round::run` takes it, without a data path: what the
@@ -112,19 +119,129 @@ fn incremental(
     snap: &crate::config::source::Snapshot,
     held: crate::config::Held,
     ports: &dyn Fn(&str) -> Option<u32>,
-) -> Plan {
+) -> (Plan, Config) {
+    let node = round.settings.node.clone();
     let (validated, changed) = round.derive_and_validate(snap, held);
+    let kept = validated.clone();
     let (cfg, _) = round.resolve_and_assign(validated, &changed).unwrap();
     let previous = round
         .last_plan
         .as_ref()
         .map(plan::Previous::of_plan)
         .unwrap_or_default();
-    let plan = plan::plan(&cfg, "a", ports, &previous);
+    let plan = plan::plan(&cfg, &node, ports, &previous);
     round.accepted = cfg.attachments.iter().map(|a| a.key.clone()).collect();
     round.running = publish::served_here(&cfg, &plan);
     round.last_plan = Some(plan.clone());
-    plan
+    (plan, kept)
+}
+
+/// What of two validated configs differs: the accepted VM interfaces,
+/// the keys documents name, the refusals and warnings (as sets: a partial
+/// pass appends its VMs' refusals after the others').
+fn config_differs(a: &Config, b: &Config) -> Option<String> {
+    fn set(errors: &[crate::config::ConfigError]) -> BTreeSet<String> {
+        errors.iter().map(|e| format!("{e:?}")).collect()
+    }
+    if a.attachments != b.attachments {
+        let keys = |c: &Config| {
+            c.attachments
+                .iter()
+                .map(|a| a.key.to_string())
+                .collect::<BTreeSet<_>>()
+        };
+        let differ: Vec<String> = a
+            .attachments
+            .iter()
+            .filter(|x| !b.attachments.contains(x))
+            .map(|x| format!("{x:?}"))
+            .collect();
+        return Some(format!(
+            "attachments: only in the increments {:?}, only in the full pass {:?}; differing {differ:?}",
+            keys(a).difference(&keys(b)).collect::<Vec<_>>(),
+            keys(b).difference(&keys(a)).collect::<Vec<_>>()
+        ));
+    }
+    if a.keys_in_documents != b.keys_in_documents {
+        return Some("keys in documents".into());
+    }
+    if set(&a.errors) != set(&b.errors) {
+        return Some(format!(
+            "refusals: only in the increments {:?}, only in the full pass {:?}",
+            set(&a.errors)
+                .difference(&set(&b.errors))
+                .collect::<Vec<_>>(),
+            set(&b.errors)
+                .difference(&set(&a.errors))
+                .collect::<Vec<_>>()
+        ));
+    }
+    if set(&a.warnings) != set(&b.warnings) {
+        return Some(format!(
+            "warnings: {:?}",
+            set(&a.warnings)
+                .symmetric_difference(&set(&b.warnings))
+                .collect::<Vec<_>>()
+        ));
+    }
+    None
+}
+
+/// Runs one step's round both ways and compares them (`what`: the step,
+/// for the failure).
+fn check_step(
+    round: &mut Round,
+    snap: &crate::config::source::Snapshot,
+    ports: &dyn Fn(&str) -> Option<u32>,
+    seed: u64,
+    step: usize,
+    what: &str,
+) {
+    let held = validate::held(round.store.all().ok().as_ref(), &round.running);
+    let want_inputs = (
+        held.clone(),
+        round.accepted.clone(),
+        round.last_plan.clone(),
+    );
+    // The claims store as the step found it, for the full recompute (the
+    // increments' IPAM writes to the round's own).
+    let state = &round.settings.state_dir;
+    let copy = state.with_extension("full");
+    std::fs::create_dir_all(&copy).unwrap();
+    std::fs::copy(state.join("claims.redb"), copy.join("claims.redb")).unwrap();
+    let before = round.passes;
+    let (got, got_cfg) = incremental(round, snap, held, ports);
+    let pass = if round.passes.partial > before.partial {
+        "a partial pass"
+    } else if round.passes.full > before.full {
+        "a full pass"
+    } else {
+        "no pass (nothing changed)"
+    };
+    // The full recompute from the state the increments started from.
+    let saved = (
+        std::mem::replace(&mut round.accepted, want_inputs.1),
+        std::mem::replace(&mut round.last_plan, want_inputs.2),
+    );
+    let store = Store::open(&copy).unwrap();
+    let (want, want_cfg) = full(round, &store, snap, &want_inputs.0, ports);
+    drop(store);
+    (round.accepted, round.last_plan) = saved;
+    if let Some(d) = config_differs(&got_cfg, &want_cfg) {
+        panic!("seed {seed:#x}, step {step} ({what}, {pass}): the validated configs differ in {d}");
+    }
+    // The plans whole in the log only when asked: they are long.
+    let show = std::env::var_os("VMPATH_EQUIVALENCE_SHOW").is_some();
+    assert!(
+        got == want,
+        "seed {seed:#x}, step {step} ({what}, {pass}): the increments and a full recompute differ in {:?}{}",
+        differing(&got, &want),
+        if show {
+            format!("\nincrements: {got:#?}\nfull: {want:#?}")
+        } else {
+            String::new()
+        }
+    );
 }
 
 /// The maps that differ between two plans, by name (for the failure).
@@ -160,7 +277,7 @@ fn differing(a: &Plan, b: &Plan) -> Vec<&'static str> {
     out
 }
 
-fn run_sequence(seed: u64, steps: usize) {
+fn run_sequence(seed: u64, steps: usize) -> Passes {
     let dir: PathBuf = std::env::temp_dir().join(format!(
         "vmpath-equivalence-{}-{seed:x}",
         std::process::id()
@@ -319,27 +436,11 @@ fn run_sequence(seed: u64, steps: usize) {
             .map(|(i, name)| (name.clone(), 100 + i as u32))
             .collect();
         let ports = |name: &str| ifindexes.get(name).copied();
-        let held = validate::held(round.store.all().ok().as_ref(), &round.running);
-        let want_inputs = (
-            held.clone(),
-            round.accepted.clone(),
-            round.last_plan.clone(),
-        );
-        let got = incremental(&mut round, &snap, held, &ports);
-        // The full recompute from the state the increments started from.
-        let saved = (
-            std::mem::replace(&mut round.accepted, want_inputs.1),
-            std::mem::replace(&mut round.last_plan, want_inputs.2),
-        );
-        let want = full(&round, &snap, &want_inputs.0, &ports);
-        (round.accepted, round.last_plan) = saved;
-        assert!(
-            got == want,
-            "seed {seed:#x}, step {step} ({what}): the increments and a full recompute differ in {:?}\nincrements: {got:#?}\nfull: {want:#?}",
-            differing(&got, &want)
-        );
+        check_step(&mut round, &snap, &ports, seed, step, &what);
     }
+    eprintln!("seed {seed}: derive and validate {:?}", round.passes);
     let _ = std::fs::remove_dir_all(&dir);
+    round.passes
 }
 
 #[test]
@@ -354,9 +455,241 @@ fn increments_reach_what_a_full_recompute_reaches() {
             (0..4).map(|i| base.wrapping_add(i)).collect()
         }
     };
+    let mut partial = 0;
     for seed in seeds {
         // Printed so a failure can be replayed.
         eprintln!("equivalence seed {seed} (VMPATH_EQUIVALENCE_SEED={seed} replays it)");
-        run_sequence(seed, 120);
+        partial += run_sequence(seed, 120).partial;
+        partial += run_kube_sequence(seed, 120).partial;
     }
+    // The increments were taken, not only the full passes.
+    assert!(partial > 0, "no round derived and validated in part");
+}
+
+const FIXTURE_NETWORK: &str = include_str!("../derive/fixtures/network.yaml");
+const FIXTURE_VM: &str = include_str!("../derive/fixtures/vm.yaml");
+const KUBE_NODES: [&str; 3] = ["node-a", "node-b", "node-c"];
+
+/// One KubeVirt VM as its objects say: VMI and virt-launcher pod in one
+/// file, its IPAMClaim in another (they come and go on their own).
+#[derive(Debug, Clone)]
+struct KubeVm {
+    node: &'static str,
+    app: &'static str,
+    /// The claim's address (a small range: VMs collide now and then).
+    ip: u8,
+    mac: u8,
+    /// The pod's own label set (the VMI's labels are merged with it).
+    tier: &'static str,
+    pod: bool,
+    claim: bool,
+    migration: Option<(&'static str, &'static str)>,
+}
+
+impl KubeVm {
+    fn objects(&self, k: u32) -> (String, String) {
+        let text = FIXTURE_VM
+            .replace("vm1", &format!("vm{k}"))
+            .replace("5d1c5a3e", &format!("{k:08x}"))
+            .replace("9e8d7c6b", &format!("{:08x}", k + 0x1000_0000))
+            .replace("node-a", self.node)
+            .replace(
+                "02:00:00:31:00:0b",
+                &format!("02:00:00:31:00:{:02x}", self.mac),
+            )
+            .replace("10.31.0.11/24", &format!("10.31.0.{}/24", self.ip))
+            .replace(
+                "kubevirt.io/vm: vm",
+                &format!("app: {}\n    kubevirt.io/vm: vm", self.app),
+            )
+            .replace(
+                "    vm.kubevirt.io/name:",
+                &format!("    tier: {}\n    vm.kubevirt.io/name:", self.tier),
+            );
+        let docs: Vec<&str> = text.split("\n---\n").collect();
+        let (vmi, pod, claim) = (docs[0], docs[1], docs[2]);
+        let mut vm = vmi.to_string();
+        if self.pod {
+            vm.push_str("\n---\n");
+            vm.push_str(pod);
+        }
+        if let Some((target, phase)) = self.migration {
+            vm.push_str(&format!(
+                "\n---\napiVersion: kubevirt.io/v1\nkind: VirtualMachineInstanceMigration\nmetadata: {{name: mig-vm{k}, namespace: prod, uid: {k:08x}-0000-4000-8000-00000000abcd}}\nspec: {{vmiName: vm{k}}}\nstatus:\n  phase: {phase}\n  migrationState: {{targetNode: {target}, sourceNode: {}}}\n",
+                self.node
+            ));
+        }
+        let claim = if self.claim {
+            claim.to_string()
+        } else {
+            String::new()
+        };
+        (vm, claim)
+    }
+}
+
+/// As [`run_sequence`], with KubeVirt's objects read from files (typed,
+/// as the Kubernetes source keeps them): VMIs, virt-launcher pods,
+/// IPAMClaims and migrations coming and going on their own, labels,
+/// addresses and nodes changing, policies, the network, restarts.
+fn run_kube_sequence(seed: u64, steps: usize) -> Passes {
+    let dir: PathBuf = std::env::temp_dir().join(format!(
+        "vmpath-equivalence-kube-{}-{seed:x}",
+        std::process::id()
+    ));
+    let _ = std::fs::remove_dir_all(&dir);
+    let config = dir.join("config");
+    std::fs::create_dir_all(&config).unwrap();
+    let settings = Settings {
+        node: "node-a".into(),
+        config_dir: config.clone(),
+        state_dir: dir.join("state"),
+        ..Default::default()
+    };
+    let mut round = Round::new(settings, None, Store::open(&dir.join("state")).unwrap());
+    let mut reader = Reader::default();
+    let mut rng = Rng(seed ^ 0x5eed);
+    let nodes = |mtu: u32| {
+        let mut out = FIXTURE_NETWORK.replace(
+            "ipam: {mode: Enabled}",
+            &format!("ipam: {{mode: Enabled}}\n  mtu: {mtu}"),
+        );
+        for (i, n) in KUBE_NODES.iter().enumerate().skip(1) {
+            out.push_str(&format!(
+                "\n---\napiVersion: v1\nkind: Node\nmetadata: {{name: {n}}}\nstatus:\n  addresses:\n  - {{type: InternalIP, address: 192.0.2.{}}}\n",
+                11 + i
+            ));
+        }
+        out
+    };
+    let mut mtu = 1450;
+    write(&config, "network.yaml", &nodes(mtu));
+    let mut vms: BTreeMap<u32, KubeVm> = BTreeMap::new();
+    let mut next_vm = 0u32;
+    let save = |vms: &BTreeMap<u32, KubeVm>, k: u32| {
+        let (vm, claim) = vms[&k].objects(k);
+        write(&config, &format!("vm{k}.yaml"), &vm);
+        if claim.is_empty() {
+            remove(&config, &format!("claim{k}.yaml"));
+        } else {
+            write(&config, &format!("claim{k}.yaml"), &claim);
+        }
+    };
+    for step in 0..steps {
+        let pick = |rng: &mut Rng, vms: &BTreeMap<u32, KubeVm>| {
+            rng.pick(&vms.keys().copied().collect::<Vec<_>>())
+        };
+        let what = match rng.below(10) {
+            0..=2 => {
+                let vm = KubeVm {
+                    node: rng.pick(&KUBE_NODES),
+                    app: rng.pick(&APPS),
+                    ip: 10 + rng.below(60) as u8,
+                    mac: 10 + rng.below(200) as u8,
+                    tier: rng.pick(&["front", "back"]),
+                    pod: rng.below(4) != 0,
+                    claim: rng.below(5) != 0,
+                    migration: None,
+                };
+                vms.insert(next_vm, vm);
+                save(&vms, next_vm);
+                next_vm += 1;
+                format!("add vm{}", next_vm - 1)
+            }
+            3 if !vms.is_empty() => {
+                let k = pick(&mut rng, &vms);
+                vms.remove(&k);
+                remove(&config, &format!("vm{k}.yaml"));
+                if rng.below(2) == 0 {
+                    remove(&config, &format!("claim{k}.yaml"));
+                    format!("delete vm{k} and its claim")
+                } else {
+                    format!("delete vm{k}, its claim left")
+                }
+            }
+            4 | 5 if !vms.is_empty() => {
+                let k = pick(&mut rng, &vms);
+                let vm = vms.get_mut(&k).unwrap();
+                let what = match rng.below(7) {
+                    0 => {
+                        vm.app = rng.pick(&APPS);
+                        "app label"
+                    }
+                    1 => {
+                        vm.tier = rng.pick(&["front", "back"]);
+                        "pod label"
+                    }
+                    2 => {
+                        vm.node = rng.pick(&KUBE_NODES);
+                        "node"
+                    }
+                    3 => {
+                        vm.ip = 10 + rng.below(60) as u8;
+                        "claim address"
+                    }
+                    4 => {
+                        vm.mac = 10 + rng.below(200) as u8;
+                        "mac"
+                    }
+                    5 => {
+                        vm.pod = !vm.pod;
+                        "pod"
+                    }
+                    _ => {
+                        vm.claim = !vm.claim;
+                        "claim"
+                    }
+                };
+                save(&vms, k);
+                format!("vm{k}'s {what}")
+            }
+            6 if !vms.is_empty() => {
+                let k = pick(&mut rng, &vms);
+                let vm = vms.get_mut(&k).unwrap();
+                vm.migration = match vm.migration {
+                    None => Some((rng.pick(&KUBE_NODES), "Running")),
+                    Some((t, "Running")) => Some((t, "Succeeded")),
+                    Some(_) => None,
+                };
+                let now = vm.migration;
+                save(&vms, k);
+                format!("vm{k}'s migration {now:?}")
+            }
+            7 => {
+                let p = rng.below(2);
+                if rng.below(3) == 0 {
+                    remove(&config, &format!("policy{p}.yaml"));
+                    format!("delete policy{p}")
+                } else {
+                    let (to, from) = (rng.pick(&APPS), rng.pick(&APPS));
+                    write(
+                        &config,
+                        &format!("policy{p}.yaml"),
+                        &format!(
+                            "apiVersion: networking.k8s.io/v1\nkind: NetworkPolicy\nmetadata: {{name: p{p}, namespace: prod}}\nspec:\n  podSelector: {{matchLabels: {{app: {to}}}}}\n  policyTypes: [Ingress]\n  ingress: [{{from: [{{podSelector: {{matchLabels: {{app: {from}}}}}}}]}}]\n"
+                        ),
+                    );
+                    format!("policy{p}: {from} -> {to}")
+                }
+            }
+            8 => {
+                mtu = if mtu == 1450 { 1400 } else { 1450 };
+                write(&config, "network.yaml", &nodes(mtu));
+                format!("network mtu {mtu}")
+            }
+            _ => {
+                round.forget_increments();
+                "restart".to_string()
+            }
+        };
+        let snap = reader.read(&config);
+        let ports = |_: &str| None;
+        check_step(&mut round, &snap, &ports, seed, step, &what);
+    }
+    eprintln!(
+        "seed {seed} (KubeVirt objects): derive and validate {:?}",
+        round.passes
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+    round.passes
 }

@@ -30,6 +30,7 @@ pub mod changes;
 pub mod derive;
 #[cfg(test)]
 mod equivalence;
+pub mod groups;
 pub mod ipam;
 pub mod observe;
 pub mod plan;
@@ -144,17 +145,38 @@ pub struct Round {
     dependents: changes::Dependents,
     /// The last validated config and what it was validated against.
     validated: Option<Validated>,
+    /// Rounds whose derive and validate ran on the changed VMs alone, and
+    /// on every object (`vmpath_derive_passes_total`).
+    pub passes: Passes,
+}
+
+/// How the derive and validate stages ran, round by round.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Passes {
+    /// Nothing changed: the last config as it was.
+    pub skipped: u64,
+    /// Only some VMs' objects changed: those VMs alone.
+    pub partial: u64,
+    /// Every object.
+    pub full: u64,
 }
 
 /// A validated config and the inputs it came from besides the objects:
 /// while neither the objects nor these change, derive and validate would
 /// give it again, so they are skipped (a port appearing, the data path's
-/// findings, a resync with nothing new).
+/// findings, a resync with nothing new); when only some VMs' objects
+/// changed, they run on those VMs alone ([`groups`]).
 struct Validated {
+    /// The validated documents, before the CNI plugin's kept claims are
+    /// added (`validate::keep_claims`, which reads state of its own).
     config: Config,
     held: Held,
     accepted: BTreeSet<AttachmentKey>,
     cluster_cidrs: Vec<crate::config::ClusterCidr>,
+    /// Where each object went, and who holds what, for the next partial
+    /// pass.
+    membership: groups::Membership,
+    holdings: groups::Holdings,
 }
 
 impl Round {
@@ -190,6 +212,7 @@ impl Round {
             versions: changes::Versions::default(),
             dependents: changes::Dependents::default(),
             validated: None,
+            passes: Passes::default(),
         }
     }
 
@@ -204,8 +227,10 @@ impl Round {
 
     /// The derive and validate stages, for the objects that changed since
     /// the last round: none changed (and neither did what validation
-    /// weighs them against), the last validated config; else every
-    /// object. Returns the config and what changed.
+    /// weighs them against), the last validated config; only some VMs'
+    /// objects, those VMs' (with the context they are read against), their
+    /// output spliced into the last config ([`groups::splice`]); else
+    /// every object. Returns the config and what changed.
     pub fn derive_and_validate(
         &mut self,
         snap: &Snapshot,
@@ -214,23 +239,60 @@ impl Round {
         let versions = changes::Versions::of(snap);
         let changed = changes::ChangeSet::between(&self.versions, &versions);
         self.versions = versions;
+        let node = self.settings.node.clone();
         if let Some(v) = &self.validated
             && changed.is_empty()
             && v.held == held
             && v.accepted == self.accepted
             && v.cluster_cidrs == snap.cluster_cidrs
         {
-            return (v.config.clone(), changed);
+            self.passes.skipped += 1;
+            return (validate::with_kept_claims(snap, v.config.clone()), changed);
         }
-        let derived = derive::derive(snap, &self.settings.node);
-        let config = validate::validate(snap, derived, &self.settings.node, &self.accepted, &held);
+        let membership = groups::Membership::of(snap);
+        if let Some(mut v) = self.validated.take()
+            && v.cluster_cidrs == snap.cluster_cidrs
+            && let Some(touched) = membership.touched(&v.membership)
+        {
+            let partial_snap = membership.partial(snap, &touched);
+            let derived = derive::derive(&partial_snap, &node);
+            let partial = validate::documents(&partial_snap, derived, &node, &self.accepted, &held);
+            if let Some(config) = groups::splice(
+                v.config,
+                &mut v.holdings,
+                &v.membership,
+                &membership,
+                &touched,
+                partial,
+            ) {
+                tracing::debug!(groups = touched.len(), "derived and validated in part");
+                self.passes.partial += 1;
+                let out = validate::with_kept_claims(snap, config.clone());
+                self.validated = Some(Validated {
+                    config,
+                    held,
+                    accepted: self.accepted.clone(),
+                    cluster_cidrs: snap.cluster_cidrs.clone(),
+                    membership,
+                    holdings: v.holdings,
+                });
+                return (out, changed);
+            }
+        }
+        self.passes.full += 1;
+        let derived = derive::derive(snap, &node);
+        let config = validate::documents(snap, derived, &node, &self.accepted, &held);
+        let holdings = groups::Holdings::of(&config);
+        let out = validate::with_kept_claims(snap, config.clone());
         self.validated = Some(Validated {
-            config: config.clone(),
+            config,
             held,
             accepted: self.accepted.clone(),
             cluster_cidrs: snap.cluster_cidrs.clone(),
+            membership,
+            holdings,
         });
-        (config, changed)
+        (out, changed)
     }
 
     /// The resolve and IPAM stages on `validated`; then the changed set

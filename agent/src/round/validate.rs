@@ -33,11 +33,29 @@ pub fn validate(
     keep_first: &BTreeSet<AttachmentKey>,
     held: &Held,
 ) -> Config {
-    let mut validated = validate_documents(&snapshot.errors, derived, node, keep_first, held);
-    // With the Kubernetes source the objects keep addresses (a VMI's
-    // interfaces while it exists, a pod's IPAMClaim while the pod
-    // does): a CNI port kept past its pod would hold an address the
-    // controller released and gave to another pod.
+    with_kept_claims(
+        snapshot,
+        documents(snapshot, derived, node, keep_first, held),
+    )
+}
+
+/// The documents' part of [`validate`]: what they alone decide.
+pub fn documents(
+    snapshot: &Snapshot,
+    derived: Translated,
+    node: &str,
+    keep_first: &BTreeSet<AttachmentKey>,
+    held: &Held,
+) -> Config {
+    validate_documents(&snapshot.errors, derived, node, keep_first, held)
+}
+
+/// `validated` with the VM interfaces whose claims the CNI plugin keeps
+/// (files source). With the Kubernetes source the objects keep addresses
+/// (a VMI's interfaces while it exists, a pod's IPAMClaim while the pod
+/// does): a CNI port kept past its pod would hold an address the
+/// controller released and gave to another pod.
+pub fn with_kept_claims(snapshot: &Snapshot, mut validated: Config) -> Config {
     if !snapshot.pod_claims {
         crate::api::endpoints::keep_claims(&mut validated);
     }

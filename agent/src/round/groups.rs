@@ -1,0 +1,559 @@
+//! Derive and validate by VM: the objects of a snapshot fall into groups,
+//! one per VM or pod (`namespace`, name: the VMI with its virt-launcher
+//! pods, migrations and IPAMClaims; a plain pod with its claims; a CNI
+//! port with its pod; a vmpath Attachment by its `spec.vm`), and the
+//! context every group is read against (Networks, NADs, Nodes, policies,
+//! Services, namespaces, anything else). When only groups changed, the
+//! derive and validate stages run on the context and those groups alone,
+//! and their output replaces what the same groups gave before
+//! ([`splice`]). Everything else, and every case where one VM's documents
+//! could decide another's fate (a conflict over an address, MAC or port,
+//! a Service's ClusterIP), takes the full stages: the increments are an
+//! optimisation that must give exactly what a full pass gives, which the
+//! equivalence test checks (`round::equivalence`).
+
+use std::{
+    collections::{BTreeSet, HashMap, HashSet},
+    net::IpAddr,
+    path::PathBuf,
+    sync::Arc,
+};
+
+use serde_json::Value;
+
+use crate::config::{
+    Config, ConfigError,
+    kube_objects::prune::{ClusterObject, group_kind},
+    kube_objects::{
+        CREATED_BY_LABEL, DEFAULT_NETWORK_ANNOTATION, NETWORKS_ANNOTATION, VM_NAME_LABEL,
+    },
+    source::{DocOrigin, Snapshot},
+};
+
+/// A VM's or a plain pod's group: (namespace, name). Its Attachments'
+/// keys carry the same pair.
+pub type GroupKey = (String, String);
+
+/// One object's identity in a snapshot: the `Arc` the source shares
+/// between snapshots while the object is unchanged.
+#[derive(Debug, Clone)]
+enum Member {
+    Document(Arc<Value>),
+    Cluster(Arc<ClusterObject>),
+}
+
+impl Member {
+    fn same(&self, other: &Member) -> bool {
+        match (self, other) {
+            (Member::Document(a), Member::Document(b)) => Arc::ptr_eq(a, b) || a == b,
+            (Member::Cluster(a), Member::Cluster(b)) => Arc::ptr_eq(a, b),
+            _ => false,
+        }
+    }
+    fn ptr(&self) -> usize {
+        match self {
+            Member::Document(a) => Arc::as_ptr(a) as *const u8 as usize,
+            Member::Cluster(a) => Arc::as_ptr(a) as *const u8 as usize,
+        }
+    }
+}
+
+fn same_list(a: &[Member], b: &[Member]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.same(y))
+}
+
+/// Where each object of a snapshot belongs.
+#[derive(Debug, Clone, Default)]
+pub struct Membership {
+    /// Each group's objects, in snapshot order.
+    groups: HashMap<GroupKey, Vec<Member>>,
+    /// The objects no group owns, in snapshot order; with the snapshot's
+    /// read errors, ledger and given CIDRs (compared as a whole).
+    context: Vec<Member>,
+    /// IPAMClaims no group's name or reference leads to: a group may
+    /// still read one (a claim named by a hash), so every partial pass
+    /// sees them and a change to one takes the full pass.
+    orphans: Vec<Member>,
+    read_errors: Vec<ConfigError>,
+    ledger: Option<usize>,
+    /// (kind, namespace, name) of each grouped object -> its groups, to
+    /// attribute a refusal (`ConfigError::about`) to the groups.
+    by_object: HashMap<(String, String, String), Vec<GroupKey>>,
+    /// A file's groups where every document in it is grouped (a file
+    /// also holding context documents is not here): a refusal with no
+    /// object (a vmpath document's) is attributed by its file.
+    by_file: HashMap<PathBuf, BTreeSet<GroupKey>>,
+    context_files: HashSet<PathBuf>,
+}
+
+/// The groups an object names, before claims (which are placed once
+/// every group is known).
+enum Place {
+    Context,
+    Group(GroupKey),
+    Claim(String, String),
+}
+
+fn cluster_place(object: &ClusterObject, uids: &HashMap<&str, GroupKey>) -> Place {
+    match object {
+        ClusterObject::Vmi(v) => {
+            Place::Group((v.metadata.namespace().to_string(), v.metadata.name.clone()))
+        }
+        ClusterObject::Pod(p) => {
+            let ns = p.metadata.namespace().to_string();
+            let labels = &p.metadata.labels;
+            if p.is_virt_launcher() {
+                // As translation finds a launcher's VMI: by the uid its
+                // created-by label names, else by the VM name label.
+                if let Some(uid) = labels.get(CREATED_BY_LABEL)
+                    && let Some(g) = uids.get(uid.as_str())
+                {
+                    return Place::Group(g.clone());
+                }
+                if let Some(name) = labels.get(VM_NAME_LABEL) {
+                    return Place::Group((ns, name.clone()));
+                }
+            }
+            Place::Group((ns, p.metadata.name.clone()))
+        }
+        ClusterObject::Vmim(m) => {
+            Place::Group((m.metadata.namespace().to_string(), m.spec.vmi_name.clone()))
+        }
+        ClusterObject::IpamClaim(c) => {
+            Place::Claim(c.metadata.namespace().to_string(), c.metadata.name.clone())
+        }
+        ClusterObject::Nad(_) | ClusterObject::Node(_) | ClusterObject::Refused(_) => {
+            Place::Context
+        }
+    }
+}
+
+/// A vmpath Attachment document's group: its namespace and `spec.vm`
+/// (a CNI port's: its pod's group). Anything else is context.
+fn document_place(
+    origin: &DocOrigin,
+    value: &Value,
+    pods: &HashMap<(String, String), GroupKey>,
+) -> Place {
+    let is_attachment =
+        matches!(group_kind(value), Some((g, "Attachment")) if g.starts_with("vmpath"));
+    if !is_attachment {
+        return Place::Context;
+    }
+    let (Some(ns), Some(vm)) = (
+        value.pointer("/metadata/namespace").and_then(Value::as_str),
+        value.pointer("/spec/vm").and_then(Value::as_str),
+    ) else {
+        return Place::Context;
+    };
+    let own = (ns.to_string(), vm.to_string());
+    if *origin == DocOrigin::CniPort {
+        return Place::Group(pods.get(&own).cloned().unwrap_or(own));
+    }
+    Place::Group(own)
+}
+
+/// Every `ipam-claim-reference` a pod's Multus annotations name.
+fn claim_references(pod: &crate::config::kube_objects::Pod) -> Vec<String> {
+    fn walk(v: &Value, out: &mut Vec<String>) {
+        match v {
+            Value::Array(items) => items.iter().for_each(|i| walk(i, out)),
+            Value::Object(map) => {
+                if let Some(Value::String(s)) = map.get("ipam-claim-reference") {
+                    out.push(s.clone());
+                }
+            }
+            _ => {}
+        }
+    }
+    let mut out = Vec::new();
+    for a in [NETWORKS_ANNOTATION, DEFAULT_NETWORK_ANNOTATION] {
+        if let Some(text) = pod.metadata.annotations.get(a)
+            && text.contains("ipam-claim-reference")
+            && let Ok(v) = serde_json::from_str::<Value>(text)
+        {
+            walk(&v, &mut out);
+        }
+    }
+    out
+}
+
+/// The names an object called `name` may be the VM of: itself and every
+/// prefix before a `-` or `.` (`vm1.blue`, `vm1-eth0`).
+fn name_prefixes(name: &str) -> impl Iterator<Item = &str> {
+    std::iter::once(name).chain(
+        name.char_indices()
+            .filter(|(_, c)| *c == '-' || *c == '.')
+            .map(move |(i, _)| &name[..i]),
+    )
+}
+
+impl Membership {
+    pub fn of(snap: &Snapshot) -> Self {
+        let mut m = Membership {
+            read_errors: snap.errors.clone(),
+            ledger: snap
+                .ledger
+                .as_ref()
+                .map(|l| Arc::as_ptr(l) as *const u8 as usize),
+            ..Default::default()
+        };
+        let uids: HashMap<&str, GroupKey> = snap
+            .cluster
+            .iter()
+            .filter_map(|c| match &*c.object {
+                ClusterObject::Vmi(v) => v.metadata.uid.as_deref().map(|u| {
+                    (
+                        u,
+                        (v.metadata.namespace().to_string(), v.metadata.name.clone()),
+                    )
+                }),
+                _ => None,
+            })
+            .collect();
+        let mut pods: HashMap<(String, String), GroupKey> = HashMap::new();
+        let mut references: Vec<((String, String), GroupKey)> = Vec::new();
+        let mut claims: Vec<(usize, String, String)> = Vec::new();
+        let add =
+            |m: &mut Membership, g: GroupKey, member: Member, id: (String, String, String)| {
+                m.by_object.entry(id).or_default().push(g.clone());
+                m.groups.entry(g).or_default().push(member);
+            };
+        for (i, c) in snap.cluster.iter().enumerate() {
+            let member = Member::Cluster(c.object.clone());
+            match cluster_place(&c.object, &uids) {
+                Place::Context => m.context.push(member),
+                Place::Claim(ns, name) => claims.push((i, ns, name)),
+                Place::Group(g) => {
+                    let id = super::changes::cluster_key(&c.object);
+                    if let ClusterObject::Pod(p) = &*c.object {
+                        pods.insert((id.namespace.clone(), id.name.clone()), g.clone());
+                        for r in claim_references(p) {
+                            references.push(((id.namespace.clone(), r), g.clone()));
+                        }
+                    }
+                    add(&mut m, g, member, (id.kind, id.namespace, id.name));
+                }
+            }
+        }
+        // Claims: in every group their name or a pod's reference leads to.
+        for (i, ns, name) in claims {
+            let member = Member::Cluster(snap.cluster[i].object.clone());
+            let mut into: BTreeSet<GroupKey> = name_prefixes(&name)
+                .map(|p| (ns.clone(), p.to_string()))
+                .filter(|g| m.groups.contains_key(g))
+                .collect();
+            into.extend(
+                references
+                    .iter()
+                    .filter(|((rns, r), _)| *rns == ns && *r == name)
+                    .map(|(_, g)| g.clone()),
+            );
+            if into.is_empty() {
+                m.orphans.push(member);
+                continue;
+            }
+            for g in into {
+                add(
+                    &mut m,
+                    g,
+                    member.clone(),
+                    ("IPAMClaim".into(), ns.clone(), name.clone()),
+                );
+            }
+        }
+        let mut file_groups: HashMap<PathBuf, BTreeSet<GroupKey>> = HashMap::new();
+        for d in &snap.documents {
+            let member = Member::Document(d.value.clone());
+            match document_place(&d.origin, &d.value, &pods) {
+                Place::Group(g) => {
+                    file_groups
+                        .entry(d.file.clone())
+                        .or_default()
+                        .insert(g.clone());
+                    m.groups.entry(g).or_default().push(member);
+                }
+                _ => {
+                    m.context_files.insert(d.file.clone());
+                    m.context.push(member);
+                }
+            }
+        }
+        m.by_file = file_groups
+            .into_iter()
+            .filter(|(f, _)| !m.context_files.contains(f))
+            .collect();
+        m
+    }
+
+    /// The groups whose objects differ from `old`'s; `None` when the
+    /// context (or an orphan claim) did: then only a full pass will do.
+    pub fn touched(&self, old: &Membership) -> Option<BTreeSet<GroupKey>> {
+        if !same_list(&self.context, &old.context)
+            || !same_list(&self.orphans, &old.orphans)
+            || self.read_errors != old.read_errors
+            || self.ledger != old.ledger
+        {
+            return None;
+        }
+        let mut out = BTreeSet::new();
+        for (g, members) in &self.groups {
+            if old.groups.get(g).is_none_or(|o| !same_list(o, members)) {
+                out.insert(g.clone());
+            }
+        }
+        out.extend(
+            old.groups
+                .keys()
+                .filter(|g| !self.groups.contains_key(*g))
+                .cloned(),
+        );
+        Some(out)
+    }
+
+    /// `snap` cut down to the context, the orphan claims and the objects
+    /// of `groups`, in its own order.
+    pub fn partial(&self, snap: &Snapshot, groups: &BTreeSet<GroupKey>) -> Snapshot {
+        let keep: HashSet<usize> = groups
+            .iter()
+            .filter_map(|g| self.groups.get(g))
+            .flatten()
+            .chain(&self.context)
+            .chain(&self.orphans)
+            .map(Member::ptr)
+            .collect();
+        Snapshot {
+            documents: snap
+                .documents
+                .iter()
+                .filter(|d| keep.contains(&(Arc::as_ptr(&d.value) as *const u8 as usize)))
+                .cloned()
+                .collect(),
+            cluster: snap
+                .cluster
+                .iter()
+                .filter(|c| keep.contains(&(Arc::as_ptr(&c.object) as *const u8 as usize)))
+                .cloned()
+                .collect(),
+            errors: snap.errors.clone(),
+            empty: snap.empty,
+            fingerprint: snap.fingerprint,
+            pod_claims: snap.pod_claims,
+            ledger: snap.ledger.clone(),
+            cluster_cidrs: snap.cluster_cidrs.clone(),
+        }
+    }
+
+    /// The groups a refusal or warning is about; `None`: the context's.
+    fn groups_of(&self, e: &ConfigError) -> Option<Vec<GroupKey>> {
+        if let Some(about) = &e.about {
+            let id = (
+                about.kind.clone(),
+                about.namespace.clone(),
+                about.name.clone(),
+            );
+            if let Some(gs) = self.by_object.get(&id) {
+                return Some(gs.clone());
+            }
+            // A CNI port's pod not read (yet): the port's own group.
+            if about.kind == "Pod" && self.groups.contains_key(&(id.1.clone(), id.2.clone())) {
+                return Some(vec![(id.1, id.2)]);
+            }
+            return None;
+        }
+        self.by_file
+            .get(&e.file)
+            .map(|gs| gs.iter().cloned().collect())
+    }
+}
+
+/// Whether a refusal is one document losing to another (an address, MAC,
+/// port or VM interface someone else has): the outcome then depends on
+/// documents of other groups, and only a full pass decides it.
+fn is_conflict(e: &ConfigError) -> bool {
+    let m = &e.message;
+    m.contains("is already held by")
+        || m.contains(" collides with ")
+        || m.contains("is already used by")
+        || m.contains("is already attached by")
+        || e.field.starts_with("spec.clusterIP")
+}
+
+/// Who holds what among accepted VM interfaces, by group: a partial
+/// pass's new attachments must not meet another group's.
+#[derive(Debug, Clone, Default)]
+pub struct Holdings {
+    ips: HashMap<(String, IpAddr), GroupKey>,
+    macs: HashMap<(String, [u8; 6]), GroupKey>,
+    ports: HashMap<(String, String), GroupKey>,
+    service_ips: HashSet<IpAddr>,
+}
+
+fn group_of(a: &crate::config::Attachment) -> GroupKey {
+    (a.key.namespace.clone(), a.key.vm.clone())
+}
+
+impl Holdings {
+    pub fn of(cfg: &Config) -> Self {
+        let mut h = Holdings {
+            service_ips: cfg
+                .services
+                .iter()
+                .flat_map(|s| s.cluster_ips.iter().copied())
+                .collect(),
+            ..Default::default()
+        };
+        for a in &cfg.attachments {
+            h.insert(a);
+        }
+        h
+    }
+    fn insert(&mut self, a: &crate::config::Attachment) {
+        let g = group_of(a);
+        for ip in &a.ips {
+            self.ips.insert((a.network.clone(), ip.addr()), g.clone());
+        }
+        if let Some(mac) = a.mac {
+            self.macs.insert((a.network.clone(), mac), g.clone());
+        }
+        self.ports.insert(
+            (
+                a.signalled_node().to_string(),
+                a.signalled_port().to_string(),
+            ),
+            g,
+        );
+    }
+    fn remove(&mut self, a: &crate::config::Attachment) {
+        let g = group_of(a);
+        for ip in &a.ips {
+            let k = (a.network.clone(), ip.addr());
+            if self.ips.get(&k) == Some(&g) {
+                self.ips.remove(&k);
+            }
+        }
+        if let Some(mac) = a.mac {
+            let k = (a.network.clone(), mac);
+            if self.macs.get(&k) == Some(&g) {
+                self.macs.remove(&k);
+            }
+        }
+        let k = (
+            a.signalled_node().to_string(),
+            a.signalled_port().to_string(),
+        );
+        if self.ports.get(&k) == Some(&g) {
+            self.ports.remove(&k);
+        }
+    }
+    /// Whether `a` would meet what another group holds, or a Service's
+    /// ClusterIP.
+    fn meets(&self, a: &crate::config::Attachment) -> bool {
+        let g = group_of(a);
+        let other = |h: Option<&GroupKey>| h.is_some_and(|h| *h != g);
+        a.ips.iter().any(|ip| {
+            self.service_ips.contains(&ip.addr())
+                || other(self.ips.get(&(a.network.clone(), ip.addr())))
+        }) || a
+            .mac
+            .is_some_and(|m| other(self.macs.get(&(a.network.clone(), m))))
+            || other(self.ports.get(&(
+                a.signalled_node().to_string(),
+                a.signalled_port().to_string(),
+            )))
+    }
+}
+
+/// `previous` (a full or spliced pass's config, `old` its membership)
+/// with the output for `groups` replaced by `partial`'s (the stages run
+/// on the context and those groups, `new` the membership now). `None`
+/// when the groups' documents meet another group's or the context's
+/// refusals would differ: the caller takes the full pass.
+pub fn splice(
+    previous: Config,
+    holdings: &mut Holdings,
+    old: &Membership,
+    new: &Membership,
+    groups: &BTreeSet<GroupKey>,
+    partial: Config,
+) -> Option<Config> {
+    if previous
+        .errors
+        .iter()
+        .chain(&partial.errors)
+        .any(is_conflict)
+    {
+        return None;
+    }
+    let touches = |gs: &Option<Vec<GroupKey>>| {
+        gs.as_ref()
+            .is_some_and(|gs| gs.iter().any(|g| groups.contains(g)))
+    };
+    // The context's refusals as the partial pass gives them must be the
+    // ones already said: anything new there came from a group's
+    // documents it could not attribute.
+    for e in partial.errors.iter().chain(&partial.warnings) {
+        let gs = new.groups_of(e);
+        if gs.is_none() && !previous.errors.contains(e) && !previous.warnings.contains(e) {
+            return None;
+        }
+        if gs.is_some() && !touches(&gs) {
+            return None;
+        }
+    }
+    if partial
+        .attachments
+        .iter()
+        .any(|a| !groups.contains(&group_of(a)))
+    {
+        return None;
+    }
+    let mut h = holdings.clone();
+    for a in previous
+        .attachments
+        .iter()
+        .filter(|a| groups.contains(&group_of(a)))
+    {
+        h.remove(a);
+    }
+    if partial.attachments.iter().any(|a| h.meets(a)) {
+        return None;
+    }
+    let mut cfg = previous;
+    let kept = |e: &ConfigError| !touches(&old.groups_of(e));
+    let fresh = |e: &&ConfigError| touches(&new.groups_of(e));
+    cfg.errors.retain(kept);
+    cfg.errors
+        .extend(partial.errors.iter().filter(fresh).cloned());
+    cfg.warnings.retain(kept);
+    cfg.warnings
+        .extend(partial.warnings.iter().filter(fresh).cloned());
+    let in_groups =
+        |k: &crate::config::AttachmentKey| groups.contains(&(k.namespace.clone(), k.vm.clone()));
+    cfg.keys_in_documents.retain(|k| !in_groups(k));
+    cfg.keys_in_documents.extend(
+        partial
+            .keys_in_documents
+            .iter()
+            .filter(|k| in_groups(k))
+            .cloned(),
+    );
+    let mut attachments = std::mem::take(&mut cfg.attachments);
+    attachments.retain(|a| !groups.contains(&group_of(a)));
+    for a in &partial.attachments {
+        h.insert(a);
+    }
+    attachments.extend(partial.attachments);
+    attachments.sort_by(|x, y| x.key.cmp(&y.key));
+    cfg.attachments = attachments;
+    *holdings = h;
+    Some(cfg)
+}
+
+/// The VM interface keys of `groups` (for the log).
+pub fn count_keys(cfg: &Config, groups: &BTreeSet<GroupKey>) -> usize {
+    cfg.attachments
+        .iter()
+        .filter(|a| groups.contains(&group_of(a)))
+        .count()
+}
