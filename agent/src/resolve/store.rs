@@ -116,6 +116,21 @@ impl Store {
         Ok(out)
     }
 
+    /// One VM interface's claim (`namespace/vm/interface`), if any.
+    pub fn get(&self, key: &str) -> Result<Option<Claim>, StoreError> {
+        let tx = self.db.begin_read().map_err(db_err)?;
+        let table = tx.open_table(CLAIMS).map_err(db_err)?;
+        match table.get(key).map_err(db_err)? {
+            Some(v) => serde_json::from_slice(v.value())
+                .map(Some)
+                .map_err(|source| StoreError::Decode {
+                    key: key.to_string(),
+                    source,
+                }),
+            None => Ok(None),
+        }
+    }
+
     /// The VM interfaces the last round accepted (empty before any).
     pub fn accepted(&self) -> Result<std::collections::BTreeSet<InterfaceKey>, StoreError> {
         let tx = self.db.begin_read().map_err(db_err)?;

@@ -156,10 +156,19 @@ fn config_differs(a: &Config, b: &Config) -> Option<String> {
             .filter(|x| !b.attachments.contains(x))
             .map(|x| format!("{x:?}"))
             .collect();
+        let only = |x: &Config, y: &Config| {
+            x.errors
+                .iter()
+                .filter(|e| !y.errors.contains(e))
+                .map(|e| format!("{}: {}", e.field, e.message))
+                .collect::<Vec<_>>()
+        };
         return Some(format!(
-            "attachments: only in the increments {:?}, only in the full pass {:?}; differing {differ:?}",
+            "attachments: only in the increments {:?}, only in the full pass {:?}; refusals only in the increments {:?}, only in the full pass {:?}; differing {differ:?}",
             keys(a).difference(&keys(b)).collect::<Vec<_>>(),
-            keys(b).difference(&keys(a)).collect::<Vec<_>>()
+            keys(b).difference(&keys(a)).collect::<Vec<_>>(),
+            only(a, b),
+            only(b, a),
         ));
     }
     if a.keys_in_documents != b.keys_in_documents {

@@ -22,7 +22,7 @@ use std::{
 use serde_json::Value;
 
 use crate::config::{
-    Config, ConfigError,
+    Config, ConfigError, Held,
     kube_objects::prune::{ClusterObject, group_kind},
     kube_objects::{
         CREATED_BY_LABEL, DEFAULT_NETWORK_ANNOTATION, NETWORKS_ANNOTATION, VM_NAME_LABEL,
@@ -446,11 +446,11 @@ impl Holdings {
             self.ports.remove(&k);
         }
     }
-    /// Whether `a` would meet what another group holds, or a Service's
-    /// ClusterIP.
-    fn meets(&self, a: &crate::config::Attachment) -> bool {
-        let g = group_of(a);
-        let other = |h: Option<&GroupKey>| h.is_some_and(|h| *h != g);
+    /// Whether `a` would meet what a group other than `recomputed` holds,
+    /// or a Service's ClusterIP (the recomputed groups meet each other in
+    /// their own pass).
+    fn meets(&self, a: &crate::config::Attachment, recomputed: &BTreeSet<GroupKey>) -> bool {
+        let other = |h: Option<&GroupKey>| h.is_some_and(|h| !recomputed.contains(h));
         a.ips.iter().any(|ip| {
             self.service_ips.contains(&ip.addr())
                 || other(self.ips.get(&(a.network.clone(), ip.addr())))
@@ -464,11 +464,153 @@ impl Holdings {
     }
 }
 
+/// What validation weighs besides the documents: who holds what in the
+/// claims store and on this node's running ports ([`Held`]), and one VM
+/// interface's claim (`stored`, by `namespace/vm/interface`).
+pub struct Evidence<'a> {
+    pub held: &'a Held,
+    pub stored: &'a dyn Fn(&str) -> Option<crate::resolve::store::Claim>,
+}
+
+fn key_of(text: &str) -> Option<crate::config::AttachmentKey> {
+    let mut it = text.splitn(3, '/');
+    Some(crate::config::AttachmentKey {
+        namespace: it.next()?.to_string(),
+        vm: it.next()?.to_string(),
+        interface: it.next()?.to_string(),
+    })
+}
+
+impl Evidence<'_> {
+    /// Why `a` (a recomputed group's, accepted by its partial pass) might
+    /// be decided differently by a full pass: an address or MAC the
+    /// evidence gives to a VM interface of another group, which a full
+    /// pass would weigh against `a`, or one the evidence gives `a` (its
+    /// document asks for none) that another group asks for.
+    fn decides(
+        &self,
+        a: &crate::config::Attachment,
+        previous: &Config,
+        holdings: &Holdings,
+        recomputed: &BTreeSet<GroupKey>,
+    ) -> Option<&'static str> {
+        let me = a.key.to_string();
+        let own_port = |port: &str| {
+            port == a.port
+                || a.migration.as_ref().and_then(|m| m.target_port.as_deref()) == Some(port)
+        };
+        // A holder outside the recomputed groups that keeps what it holds
+        // (its accepted document asks for it, or for no address or MAC).
+        let keeps = |holder: &str, ask: &dyn Fn(&crate::config::Attachment) -> bool| {
+            if holder == me {
+                return false;
+            }
+            let Some(k) = key_of(holder) else {
+                return true;
+            };
+            if recomputed.contains(&(k.namespace.clone(), k.vm.clone())) {
+                return false;
+            }
+            let at = previous.attachments.partition_point(|x| x.key < k);
+            previous
+                .attachments
+                .get(at)
+                .is_some_and(|o| o.key == k && o.network == a.network && ask(o))
+        };
+        let id = previous.network(&a.network).map(|n| n.id);
+        for ip in &a.ips {
+            let ip = ip.addr();
+            if let Some(h) = self.held.ips.get(&(a.network.clone(), ip))
+                && keeps(h, &|o| {
+                    o.ips.is_empty() || o.ips.iter().any(|n| n.addr() == ip)
+                })
+            {
+                return Some("an address the claims store gives another VM interface");
+            }
+            if let Some(id) = id
+                && let Some(port) = self.held.port_ips.get(&(id, ip))
+                && !own_port(port)
+            {
+                return Some("an address a running port of another VM interface has");
+            }
+        }
+        if let Some(mac) = a.mac {
+            if let Some(h) = self.held.macs.get(&(a.network.clone(), mac))
+                && keeps(h, &|o| o.mac.is_none_or(|m| m == mac))
+            {
+                return Some("a MAC the claims store gives another VM interface");
+            }
+            if let Some(id) = id
+                && let Some(port) = self.held.port_macs.get(&(id, mac))
+                && !own_port(port)
+            {
+                return Some("a MAC a running port of another VM interface has");
+            }
+        }
+        // What the evidence gives `a` when its document asks for nothing:
+        // a full pass would refuse another group asking for it.
+        let other = |g: Option<&GroupKey>| g.is_some_and(|g| !recomputed.contains(g));
+        if a.ips.is_empty() || a.mac.is_none() {
+            if let Some(c) = (self.stored)(&me).filter(|c| c.network == a.network) {
+                if a.ips.is_empty()
+                    && c.ips
+                        .iter()
+                        .any(|ip| other(holdings.ips.get(&(a.network.clone(), ip.addr()))))
+                {
+                    return Some("an address stored for it that another group asks for");
+                }
+                if a.mac.is_none()
+                    && let Some(mac) = c
+                        .mac
+                        .as_deref()
+                        .and_then(|m| crate::config::parse_mac(m).ok())
+                    && other(holdings.macs.get(&(a.network.clone(), mac)))
+                {
+                    return Some("a MAC stored for it that another group asks for");
+                }
+            }
+            if let Some(id) = id {
+                if a.ips.is_empty()
+                    && self.held.port_ips.iter().any(|((n, ip), port)| {
+                        *n == id
+                            && own_port(port)
+                            && other(holdings.ips.get(&(a.network.clone(), *ip)))
+                    })
+                {
+                    return Some("an address its running port has that another group asks for");
+                }
+                if a.mac.is_none()
+                    && self.held.port_macs.iter().any(|((n, mac), port)| {
+                        *n == id
+                            && own_port(port)
+                            && other(holdings.macs.get(&(a.network.clone(), *mac)))
+                    })
+                {
+                    return Some("a MAC its running port has that another group asks for");
+                }
+            }
+        }
+        None
+    }
+}
+
+/// The range of `attachments` (sorted by key) in group `g`: a group's
+/// VM interfaces share the key's (namespace, VM) prefix.
+fn range_of(attachments: &[crate::config::Attachment], g: &GroupKey) -> std::ops::Range<usize> {
+    fn at(a: &crate::config::Attachment) -> (&str, &str) {
+        (a.key.namespace.as_str(), a.key.vm.as_str())
+    }
+    let want = (g.0.as_str(), g.1.as_str());
+    let start = attachments.partition_point(|a| at(a) < want);
+    let end = start + attachments[start..].partition_point(|a| at(a) == want);
+    start..end
+}
+
 /// `previous` (a full or spliced pass's config, `old` its membership)
 /// with the output for `groups` replaced by `partial`'s (the stages run
-/// on the context and those groups, `new` the membership now). `None`
-/// when the groups' documents meet another group's or the context's
-/// refusals would differ: the caller takes the full pass.
+/// on the context and those groups, `new` the membership now). Refused,
+/// with why, when the groups' documents meet another group's or the
+/// context's refusals would differ: the caller takes the full pass.
 pub fn splice(
     previous: Config,
     holdings: &mut Holdings,
@@ -476,14 +618,15 @@ pub fn splice(
     new: &Membership,
     groups: &BTreeSet<GroupKey>,
     partial: Config,
-) -> Option<Config> {
+    evidence: &Evidence,
+) -> Result<Config, &'static str> {
     if previous
         .errors
         .iter()
         .chain(&partial.errors)
         .any(is_conflict)
     {
-        return None;
+        return Err("a conflict between documents");
     }
     let touches = |gs: &Option<Vec<GroupKey>>| {
         gs.as_ref()
@@ -495,10 +638,10 @@ pub fn splice(
     for e in partial.errors.iter().chain(&partial.warnings) {
         let gs = new.groups_of(e);
         if gs.is_none() && !previous.errors.contains(e) && !previous.warnings.contains(e) {
-            return None;
+            return Err("a refusal no group owns");
         }
         if gs.is_some() && !touches(&gs) {
-            return None;
+            return Err("a refusal of a group not recomputed");
         }
     }
     if partial
@@ -506,18 +649,21 @@ pub fn splice(
         .iter()
         .any(|a| !groups.contains(&group_of(a)))
     {
-        return None;
+        return Err("a VM interface outside the recomputed groups");
     }
-    let mut h = holdings.clone();
-    for a in previous
+    if partial
         .attachments
         .iter()
-        .filter(|a| groups.contains(&group_of(a)))
+        .any(|a| holdings.meets(a, groups))
     {
-        h.remove(a);
+        return Err("an address, MAC or port another group holds");
     }
-    if partial.attachments.iter().any(|a| h.meets(a)) {
-        return None;
+    if let Some(why) = partial
+        .attachments
+        .iter()
+        .find_map(|a| evidence.decides(a, &previous, holdings, groups))
+    {
+        return Err(why);
     }
     let mut cfg = previous;
     let kept = |e: &ConfigError| !touches(&old.groups_of(e));
@@ -530,7 +676,22 @@ pub fn splice(
         .extend(partial.warnings.iter().filter(fresh).cloned());
     let in_groups =
         |k: &crate::config::AttachmentKey| groups.contains(&(k.namespace.clone(), k.vm.clone()));
-    cfg.keys_in_documents.retain(|k| !in_groups(k));
+    for g in groups {
+        let low = crate::config::AttachmentKey {
+            namespace: g.0.clone(),
+            vm: g.1.clone(),
+            interface: String::new(),
+        };
+        let stale: Vec<_> = cfg
+            .keys_in_documents
+            .range(low..)
+            .take_while(|k| k.namespace == g.0 && k.vm == g.1)
+            .cloned()
+            .collect();
+        for k in stale {
+            cfg.keys_in_documents.remove(&k);
+        }
+    }
     cfg.keys_in_documents.extend(
         partial
             .keys_in_documents
@@ -538,16 +699,21 @@ pub fn splice(
             .filter(|k| in_groups(k))
             .cloned(),
     );
-    let mut attachments = std::mem::take(&mut cfg.attachments);
-    attachments.retain(|a| !groups.contains(&group_of(a)));
-    for a in &partial.attachments {
-        h.insert(a);
+    // Each group's old VM interfaces out (a contiguous range of the
+    // sorted list), its new ones in at their place.
+    for g in groups.iter().rev() {
+        let r = range_of(&cfg.attachments, g);
+        for a in &cfg.attachments[r.clone()] {
+            holdings.remove(a);
+        }
+        cfg.attachments.drain(r);
     }
-    attachments.extend(partial.attachments);
-    attachments.sort_by(|x, y| x.key.cmp(&y.key));
-    cfg.attachments = attachments;
-    *holdings = h;
-    Some(cfg)
+    for a in partial.attachments {
+        holdings.insert(&a);
+        let at = cfg.attachments.partition_point(|x| x.key < a.key);
+        cfg.attachments.insert(at, a);
+    }
+    Ok(cfg)
 }
 
 /// The VM interface keys of `groups` (for the log).

@@ -257,26 +257,38 @@ impl Round {
             let partial_snap = membership.partial(snap, &touched);
             let derived = derive::derive(&partial_snap, &node);
             let partial = validate::documents(&partial_snap, derived, &node, &self.accepted, &held);
-            if let Some(config) = groups::splice(
+            let store = &self.store;
+            let stored = |key: &str| store.get(key).ok().flatten();
+            let evidence = groups::Evidence {
+                held: &held,
+                stored: &stored,
+            };
+            match groups::splice(
                 v.config,
                 &mut v.holdings,
                 &v.membership,
                 &membership,
                 &touched,
                 partial,
+                &evidence,
             ) {
-                tracing::debug!(groups = touched.len(), "derived and validated in part");
-                self.passes.partial += 1;
-                let out = validate::with_kept_claims(snap, config.clone());
-                self.validated = Some(Validated {
-                    config,
-                    held,
-                    accepted: self.accepted.clone(),
-                    cluster_cidrs: snap.cluster_cidrs.clone(),
-                    membership,
-                    holdings: v.holdings,
-                });
-                return (out, changed);
+                Ok(config) => {
+                    tracing::debug!(groups = touched.len(), "derived and validated in part");
+                    self.passes.partial += 1;
+                    let out = validate::with_kept_claims(snap, config.clone());
+                    self.validated = Some(Validated {
+                        config,
+                        held,
+                        accepted: self.accepted.clone(),
+                        cluster_cidrs: snap.cluster_cidrs.clone(),
+                        membership,
+                        holdings: v.holdings,
+                    });
+                    return (out, changed);
+                }
+                Err(why) => {
+                    tracing::debug!(groups = touched.len(), "derived and validated whole: {why}")
+                }
             }
         }
         self.passes.full += 1;
