@@ -34,7 +34,7 @@ pub use vmpath_api::cni::{Dns, EndpointList, EndpointReply, EndpointRequest, Rem
 use vmpath_api::types::Reply;
 
 use crate::{
-    config::{AttachmentKey, Config, source::RawDocument, source::Snapshot},
+    config::{AttachmentKey, source::RawDocument, source::Snapshot},
     publish::view::{Published, View, state},
     resolve::resolved::Origin,
 };
@@ -257,20 +257,22 @@ pub fn round_done() {
     registry.round_finished.notify_all();
 }
 
-/// Keeps the claims of VM interfaces CNI programmed once (DEL never
-/// releases a persistent address).
-pub fn keep_claims(cfg: &mut Config) {
+/// The VM interfaces CNI programmed once, whose claims are kept (DEL
+/// never releases a persistent address).
+pub fn kept_claims() -> std::collections::BTreeSet<AttachmentKey> {
     let Some(registry) = REGISTRY.get() else {
-        return;
+        return Default::default();
     };
     let stored = registry.stored.lock().unwrap_or_else(|p| p.into_inner());
-    for (namespace, vm, interface) in &stored.kept {
-        cfg.keys_in_documents.insert(AttachmentKey {
+    stored
+        .kept
+        .iter()
+        .map(|(namespace, vm, interface)| AttachmentKey {
             namespace: namespace.clone(),
             vm: vm.clone(),
             interface: interface.clone(),
-        });
-    }
+        })
+        .collect()
 }
 
 // --- API --------------------------------------------------------------------

@@ -74,7 +74,8 @@ impl Deref for Attachment {
 /// another VM's claim) is left out and its refusal added to `errors`.
 #[derive(Debug, Clone, Default)]
 pub struct Resolved {
-    pub config: Config,
+    /// Shared with the round that keeps it for the next partial pass.
+    pub config: std::sync::Arc<Config>,
     pub attachments: Vec<Attachment>,
     /// The validation's refusals, then this stage's.
     pub errors: Vec<ConfigError>,
@@ -85,7 +86,8 @@ pub struct Resolved {
 
 impl Resolved {
     /// Every attachment with only what its document gives (no IPAM).
-    pub fn new(config: Config) -> Self {
+    pub fn new(config: impl Into<std::sync::Arc<Config>>) -> Self {
+        let config: std::sync::Arc<Config> = config.into();
         Resolved {
             attachments: config
                 .attachments
@@ -210,7 +212,7 @@ spec: {vm: vm3, interface: eth0, network: blue, node: a, port: p3, mac: '52:54:0
         assert_eq!(vm3.active_node(), "b");
         assert_eq!(vm3.signalled_node(), "a");
 
-        assert_eq!(serde_json::to_value(&resolved.config).unwrap(), before);
+        assert_eq!(serde_json::to_value(&*resolved.config).unwrap(), before);
         assert!(resolved.config.errors.is_empty());
         assert_eq!(resolved.config.attachments.len(), 3);
     }

@@ -81,6 +81,12 @@ pub struct Claim {
 
 pub struct Store {
     db: Database,
+    /// Every claim as last read or written: a round reads them all, and
+    /// parsing the database's JSON again each time grew with the cluster.
+    cache: std::sync::Mutex<Option<std::sync::Arc<BTreeMap<String, Claim>>>>,
+    /// Counts writes: what was built from the claims stays valid while
+    /// it is the same.
+    generation: std::sync::atomic::AtomicU64,
 }
 
 impl Store {
@@ -96,11 +102,36 @@ impl Store {
         tx.open_table(CLAIMS).map_err(db_err)?;
         tx.open_table(ACCEPTED).map_err(db_err)?;
         tx.commit().map_err(db_err)?;
-        Ok(Store { db })
+        Ok(Store {
+            db,
+            cache: std::sync::Mutex::new(None),
+            generation: std::sync::atomic::AtomicU64::new(0),
+        })
+    }
+
+    /// The number of writes so far.
+    pub fn generation(&self) -> u64 {
+        self.generation.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Every claim, keyed by `namespace/vm/interface`, shared with the
+    /// store's cache (the same `Arc` until a write).
+    pub fn shared(&self) -> Result<std::sync::Arc<BTreeMap<String, Claim>>, StoreError> {
+        let mut cache = self.cache.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(all) = &*cache {
+            return Ok(all.clone());
+        }
+        let all = std::sync::Arc::new(self.read_all()?);
+        *cache = Some(all.clone());
+        Ok(all)
     }
 
     /// Every claim, keyed by `namespace/vm/interface`.
     pub fn all(&self) -> Result<BTreeMap<String, Claim>, StoreError> {
+        Ok((*self.shared()?).clone())
+    }
+
+    fn read_all(&self) -> Result<BTreeMap<String, Claim>, StoreError> {
         let tx = self.db.begin_read().map_err(db_err)?;
         let table = tx.open_table(CLAIMS).map_err(db_err)?;
         let mut out = BTreeMap::new();
@@ -118,6 +149,9 @@ impl Store {
 
     /// One VM interface's claim (`namespace/vm/interface`), if any.
     pub fn get(&self, key: &str) -> Result<Option<Claim>, StoreError> {
+        if let Some(all) = &*self.cache.lock().unwrap_or_else(|p| p.into_inner()) {
+            return Ok(all.get(key).cloned());
+        }
         let tx = self.db.begin_read().map_err(db_err)?;
         let table = tx.open_table(CLAIMS).map_err(db_err)?;
         match table.get(key).map_err(db_err)? {
@@ -182,6 +216,27 @@ impl Store {
                 }
             }
         }
-        tx.commit().map_err(db_err)
+        let mut cache = self.cache.lock().unwrap_or_else(|p| p.into_inner());
+        let committed = tx.commit().map_err(db_err);
+        self.generation
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        match (&committed, cache.as_mut()) {
+            (Ok(()), Some(all)) => {
+                let all = std::sync::Arc::make_mut(all);
+                for (key, change) in changes {
+                    match change {
+                        Some(c) => {
+                            all.insert(key.clone(), c.clone());
+                        }
+                        None => {
+                            all.remove(key);
+                        }
+                    }
+                }
+            }
+            // Whatever the database holds now is read again.
+            _ => *cache = None,
+        }
+        committed
     }
 }

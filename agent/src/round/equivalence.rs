@@ -121,9 +121,9 @@ fn incremental(
     ports: &dyn Fn(&str) -> Option<u32>,
 ) -> (Plan, Config) {
     let node = round.settings.node.clone();
-    let (validated, changed) = round.derive_and_validate(snap, held);
-    let kept = validated.clone();
-    let (cfg, _) = round.resolve_and_assign(validated, &changed).unwrap();
+    let (validated, _) = round.derive_and_validate(snap, held);
+    let kept = (*validated).clone();
+    let (cfg, _) = round.resolve_and_assign(validated).unwrap();
     let previous = round
         .last_plan
         .as_ref()

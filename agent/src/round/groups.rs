@@ -128,6 +128,36 @@ fn cluster_place(object: &ClusterObject, uids: &HashMap<&str, GroupKey>) -> Plac
     }
 }
 
+/// An object's (kind, namespace, name), as a refusal's `about` names it.
+struct ObjectId {
+    kind: String,
+    namespace: String,
+    name: String,
+}
+
+fn object_id(object: &ClusterObject) -> ObjectId {
+    let (kind, meta) = match object {
+        ClusterObject::Pod(o) => ("Pod", &o.metadata),
+        ClusterObject::Vmi(o) => ("VirtualMachineInstance", &o.metadata),
+        ClusterObject::Vmim(o) => ("VirtualMachineInstanceMigration", &o.metadata),
+        ClusterObject::Nad(o) => ("NetworkAttachmentDefinition", &o.metadata),
+        ClusterObject::IpamClaim(o) => ("IPAMClaim", &o.metadata),
+        ClusterObject::Node(o) => ("Node", &o.metadata),
+        ClusterObject::Refused(r) => {
+            return ObjectId {
+                kind: r.kind.to_string(),
+                namespace: r.namespace.clone().unwrap_or_default(),
+                name: r.name.clone(),
+            };
+        }
+    };
+    ObjectId {
+        kind: kind.to_string(),
+        namespace: meta.namespace().to_string(),
+        name: meta.name.clone(),
+    }
+}
+
 /// A vmpath Attachment document's group: its namespace and `spec.vm`
 /// (a CNI port's: its pod's group). Anything else is context.
 fn document_place(
@@ -225,7 +255,7 @@ impl Membership {
                 Place::Context => m.context.push(member),
                 Place::Claim(ns, name) => claims.push((i, ns, name)),
                 Place::Group(g) => {
-                    let id = super::changes::cluster_key(&c.object);
+                    let id = object_id(&c.object);
                     if let ClusterObject::Pod(p) = &*c.object {
                         pods.insert((id.namespace.clone(), id.name.clone()), g.clone());
                         for r in claim_references(p) {

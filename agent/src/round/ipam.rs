@@ -22,11 +22,28 @@ pub type Claims = BTreeMap<String, Claim>;
 
 /// Assigns addresses and MACs to `cfg`'s attachments and records the
 /// claims; returns the claims as they now are.
-pub fn assign(cfg: &mut Resolved, store: &Store) -> Result<Claims> {
-    let mut claims = store.all().context("reading claims")?;
+pub fn assign(cfg: &mut Resolved, store: &Store) -> Result<std::sync::Arc<Claims>> {
+    let claims = store.shared().context("reading claims")?;
     let changes = ipam::assign(cfg, &claims);
-    commit_claims(store, &mut claims, changes).context("writing claims")?;
-    Ok(claims)
+    if changes.is_empty() {
+        return Ok(claims);
+    }
+    // The store's copy alone, so that it is updated in place.
+    drop(claims);
+    store.apply(&changes).context("writing claims")?;
+    log_changes(&changes);
+    Ok(store.shared().context("reading claims")?)
+}
+
+fn log_changes(changes: &ipam::ClaimChanges) {
+    for (key, change) in changes {
+        match change {
+            Some(c) => {
+                info!(vm = %key, network = %c.network, ips = ?c.ips.iter().map(|i| i.to_string()).collect::<Vec<_>>(), mac = ?c.mac, "claim recorded")
+            }
+            None => info!(vm = %key, "claim released"),
+        }
+    }
 }
 
 /// Writes claim changes and mirrors them into `claims`.
@@ -36,14 +53,13 @@ pub fn commit_claims(
     changes: ipam::ClaimChanges,
 ) -> Result<()> {
     store.apply(&changes)?;
+    log_changes(&changes);
     for (key, change) in changes {
         match change {
             Some(c) => {
-                info!(vm = %key, network = %c.network, ips = ?c.ips.iter().map(|i| i.to_string()).collect::<Vec<_>>(), mac = ?c.mac, "claim recorded");
                 claims.insert(key, c);
             }
             None => {
-                info!(vm = %key, "claim released");
                 claims.remove(&key);
             }
         }
@@ -67,7 +83,7 @@ pub fn adopt_detected_macs(
     cfg: &mut Resolved,
     node: &str,
     store: &Store,
-    claims: &mut Claims,
+    claims: &mut std::sync::Arc<Claims>,
     seen: impl IntoIterator<Item = SeenMac>,
     ifindex_of: impl Fn(&str) -> Option<u32>,
     refused_macs: &mut BTreeSet<(AttachmentKey, [u8; 6])>,
@@ -86,7 +102,7 @@ pub fn adopt_detected_macs(
         match ipam::detected_mac(cfg, claims, &key, learned.mac) {
             Ok(changes) if !changes.is_empty() => {
                 info!(vm = %key, mac = %format_mac(&learned.mac), "MAC detected from the VM's traffic");
-                if let Err(e) = commit_claims(store, claims, changes) {
+                if let Err(e) = commit_claims(store, std::sync::Arc::make_mut(claims), changes) {
                     error!("writing claims: {e}");
                     continue;
                 }
@@ -137,7 +153,7 @@ mod tests {
         let mut cfg = resolve(crate::round::validate(&snap, "a", &Default::default()), "a");
         let mut claims = assign(&mut cfg, &store).unwrap();
         assert!(cfg.attachments.iter().all(|a| !a.addresses.is_empty()));
-        assert_eq!(store.all().unwrap(), claims);
+        assert_eq!(store.all().unwrap(), *claims);
 
         // vm1's port (ifindex 1) speaks from vm2's MAC: refused, named.
         let ports = |p: &str| match p {

@@ -26,7 +26,6 @@
 //! pacing; a `Round` owns what one round hands the next.
 
 pub mod apply;
-pub mod changes;
 pub mod derive;
 #[cfg(test)]
 mod equivalence;
@@ -39,7 +38,7 @@ pub mod read;
 pub mod resolve;
 pub mod validate;
 
-use std::{collections::BTreeSet, path::PathBuf, time::Instant};
+use std::{collections::BTreeSet, path::PathBuf, sync::Arc, time::Instant};
 
 use tracing::{error, info, warn};
 
@@ -139,12 +138,11 @@ pub struct Round {
     refused_macs: BTreeSet<(AttachmentKey, [u8; 6])>,
     features: apply::Features,
     migrations: Migrations,
-    /// The objects the last round read, and who depended on what then:
-    /// the next round's changed set is taken against them.
-    versions: changes::Versions,
-    dependents: changes::Dependents,
     /// The last validated config and what it was validated against.
     validated: Option<Validated>,
+    /// Who holds what, as last built from the claims store's copy and the
+    /// running ports: built again only when either changed.
+    held: Option<(u64, Held, Arc<Held>)>,
     /// Rounds whose derive and validate ran on the changed VMs alone, and
     /// on every object (`vmpath_derive_passes_total`).
     pub passes: Passes,
@@ -168,9 +166,9 @@ pub struct Passes {
 /// changed, they run on those VMs alone ([`groups`]).
 struct Validated {
     /// The validated documents, before the CNI plugin's kept claims are
-    /// added (`validate::keep_claims`, which reads state of its own).
-    config: Config,
-    held: Held,
+    /// added (`validate::with_kept_claims`, which reads state of its own).
+    config: Arc<Config>,
+    held: Arc<Held>,
     accepted: BTreeSet<AttachmentKey>,
     cluster_cidrs: Vec<crate::config::ClusterCidr>,
     /// Where each object went, and who holds what, for the next partial
@@ -209,9 +207,8 @@ impl Round {
             refused_macs: BTreeSet::new(),
             features: apply::Features::default(),
             migrations: Migrations::default(),
-            versions: changes::Versions::default(),
-            dependents: changes::Dependents::default(),
             validated: None,
+            held: None,
             passes: Passes::default(),
         }
     }
@@ -220,8 +217,6 @@ impl Round {
     /// validates every object and reads back every map (the periodic
     /// resync, and what a restarted agent does).
     pub fn forget_increments(&mut self) {
-        self.versions = changes::Versions::default();
-        self.dependents = changes::Dependents::default();
         self.validated = None;
     }
 
@@ -230,61 +225,76 @@ impl Round {
     /// weighs them against), the last validated config; only some VMs'
     /// objects, those VMs' (with the context they are read against), their
     /// output spliced into the last config ([`groups::splice`]); else
-    /// every object. Returns the config and what changed.
+    /// every object. Returns the config (shared with the next round's
+    /// partial pass) and how many groups changed (`None`: the context, so
+    /// everything).
     pub fn derive_and_validate(
         &mut self,
         snap: &Snapshot,
-        held: Held,
-    ) -> (Config, changes::ChangeSet) {
-        let versions = changes::Versions::of(snap);
-        let changed = changes::ChangeSet::between(&self.versions, &versions);
-        self.versions = versions;
+        held: impl Into<Arc<Held>>,
+    ) -> (Arc<Config>, Option<usize>) {
+        let held: Arc<Held> = held.into();
+        let mut phases = crate::sys::phases::Phases::start("derive and validate");
         let node = self.settings.node.clone();
-        if let Some(v) = &self.validated
-            && changed.is_empty()
-            && v.held == held
+        let membership = groups::Membership::of(snap);
+        phases.mark("membership");
+        let touched = self
+            .validated
+            .as_ref()
+            .filter(|v| v.cluster_cidrs == snap.cluster_cidrs)
+            .and_then(|v| membership.touched(&v.membership));
+        if let Some(v) = &mut self.validated
+            && touched.as_ref().is_some_and(BTreeSet::is_empty)
             && v.accepted == self.accepted
-            && v.cluster_cidrs == snap.cluster_cidrs
+            && v.held == held
         {
             self.passes.skipped += 1;
-            return (validate::with_kept_claims(snap, v.config.clone()), changed);
+            v.membership = membership;
+            return (validate::with_kept_claims(snap, v.config.clone()), Some(0));
         }
-        let membership = groups::Membership::of(snap);
         if let Some(mut v) = self.validated.take()
-            && v.cluster_cidrs == snap.cluster_cidrs
-            && let Some(touched) = membership.touched(&v.membership)
+            && let Some(touched) = &touched
         {
-            let partial_snap = membership.partial(snap, &touched);
+            let partial_snap = membership.partial(snap, touched);
             let derived = derive::derive(&partial_snap, &node);
             let partial = validate::documents(&partial_snap, derived, &node, &self.accepted, &held);
+            phases.mark("partial pass");
             let store = &self.store;
             let stored = |key: &str| store.get(key).ok().flatten();
             let evidence = groups::Evidence {
                 held: &held,
                 stored: &stored,
             };
+            // The round's own copy, or a clone when the last round's
+            // resolved config still shares it.
+            let previous = Arc::try_unwrap(v.config).unwrap_or_else(|shared| (*shared).clone());
             match groups::splice(
-                v.config,
+                previous,
                 &mut v.holdings,
                 &v.membership,
                 &membership,
-                &touched,
+                touched,
                 partial,
                 &evidence,
             ) {
                 Ok(config) => {
+                    phases.mark("splice");
+                    phases.log();
                     tracing::debug!(groups = touched.len(), "derived and validated in part");
                     self.passes.partial += 1;
-                    let out = validate::with_kept_claims(snap, config.clone());
+                    let config = Arc::new(config);
                     self.validated = Some(Validated {
-                        config,
+                        config: config.clone(),
                         held,
                         accepted: self.accepted.clone(),
                         cluster_cidrs: snap.cluster_cidrs.clone(),
                         membership,
                         holdings: v.holdings,
                     });
-                    return (out, changed);
+                    return (
+                        validate::with_kept_claims(snap, config),
+                        Some(touched.len()),
+                    );
                 }
                 Err(why) => {
                     tracing::debug!(groups = touched.len(), "derived and validated whole: {why}")
@@ -295,39 +305,48 @@ impl Round {
         let derived = derive::derive(snap, &node);
         let config = validate::documents(snap, derived, &node, &self.accepted, &held);
         let holdings = groups::Holdings::of(&config);
-        let out = validate::with_kept_claims(snap, config.clone());
+        let config = Arc::new(config);
         self.validated = Some(Validated {
-            config,
+            config: config.clone(),
             held,
             accepted: self.accepted.clone(),
             cluster_cidrs: snap.cluster_cidrs.clone(),
             membership,
             holdings,
         });
-        (out, changed)
+        (validate::with_kept_claims(snap, config), None)
     }
 
-    /// The resolve and IPAM stages on `validated`; then the changed set
-    /// fanned out through the dependency indexes (logged: what the change
-    /// touched).
+    /// Who holds what ([`validate::held`]), built again only when the
+    /// claims store or the running ports changed.
+    fn held(&mut self) -> Arc<Held> {
+        let generation = self.store.generation();
+        if let Some((g, running, held)) = &self.held
+            && *g == generation
+            && *running == self.running
+        {
+            return held.clone();
+        }
+        let Ok(claims) = self.store.shared() else {
+            self.held = None;
+            return Arc::new(validate::held(None, &self.running));
+        };
+        let held = Arc::new(validate::held(Some(&claims), &self.running));
+        self.held = Some((generation, self.running.clone(), held.clone()));
+        held
+    }
+
+    /// The resolve and IPAM stages on `validated`.
     pub fn resolve_and_assign(
         &mut self,
-        validated: Config,
-        changed: &changes::ChangeSet,
-    ) -> anyhow::Result<(crate::resolve::resolved::Resolved, ipam::Claims)> {
+        validated: Arc<Config>,
+    ) -> anyhow::Result<(crate::resolve::resolved::Resolved, Arc<ipam::Claims>)> {
+        let mut phases = crate::sys::phases::Phases::start("resolve and IPAM");
         let mut cfg = resolve::resolve(validated, &self.settings.node);
+        phases.mark("resolve");
         let claims = ipam::assign(&mut cfg, &self.store)?;
-        if !changed.is_empty() {
-            let dependents = changes::Dependents::of(&cfg);
-            let hit = changes::affected(changed, &self.dependents, &dependents);
-            tracing::debug!(
-                objects = changed.len(),
-                endpoints = hit.endpoints.len(),
-                everything = hit.everything,
-                "changed"
-            );
-            self.dependents = dependents;
-        }
+        phases.mark("ipam");
+        phases.log();
         Ok((cfg, claims))
     }
 
@@ -375,14 +394,16 @@ impl Round {
         }
 
         // derive, validate
-        let held = validate::held(self.store.all().ok().as_ref(), &self.running);
-        let (validated, changed_objects) = self.derive_and_validate(&snap, held);
+        let held = self.held();
+        phases.mark("held");
+        let (validated, changed_groups) = self.derive_and_validate(&snap, held);
+        tracing::debug!(groups = ?changed_groups, "objects changed (groups; none: the context)");
         phases.mark("validate");
         let changed = self.last_fingerprint != Some(snap.fingerprint);
         self.last_fingerprint = Some(snap.fingerprint);
 
         // resolve, IPAM
-        let (mut cfg, mut claims) = match self.resolve_and_assign(validated, &changed_objects) {
+        let (mut cfg, mut claims) = match self.resolve_and_assign(validated) {
             Ok(r) => r,
             Err(e) => {
                 error!("{e:#}; retrying");
@@ -463,6 +484,7 @@ impl Round {
         if let Some(cluster) = &self.cluster {
             publish::report(cluster, &cfg, &s.node, &mac_refusals);
         }
+        phases.mark("report");
         if plan_changed || changed || learned_changed {
             // Show what is programmed, not what was attempted.
             let applied = self.last_plan.clone().unwrap_or_default();
@@ -474,9 +496,11 @@ impl Round {
                 view.last_reconcile_unix = unix_now();
             }
             view.ready = self.last_plan.is_some();
+            phases.mark("view");
             if let Err(e) = publish::write_status(&s.state_dir, &view) {
                 warn!("writing status: {e:#}");
             }
+            phases.mark("status");
             shared.publish(view);
         }
         crate::api::endpoints::round_done();

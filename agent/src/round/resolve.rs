@@ -7,7 +7,7 @@
 use crate::{config::Config, resolve::resolved::Resolved};
 
 /// The enrichment stage's start: `validated` as `node` serves it.
-pub fn resolve(validated: Config, node: &str) -> Resolved {
+pub fn resolve(validated: impl Into<std::sync::Arc<Config>>, node: &str) -> Resolved {
     let mut cfg = Resolved::new(validated);
     if let Some(policy) = crate::resolve::port_eligibility::policy() {
         crate::resolve::port_eligibility::refuse_ineligible(&mut cfg, node, policy);

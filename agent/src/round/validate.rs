@@ -33,10 +33,9 @@ pub fn validate(
     keep_first: &BTreeSet<AttachmentKey>,
     held: &Held,
 ) -> Config {
-    with_kept_claims(
-        snapshot,
-        documents(snapshot, derived, node, keep_first, held),
-    )
+    let validated = documents(snapshot, derived, node, keep_first, held);
+    let validated = with_kept_claims(snapshot, std::sync::Arc::new(validated));
+    std::sync::Arc::unwrap_or_clone(validated)
 }
 
 /// The documents' part of [`validate`]: what they alone decide.
@@ -55,9 +54,17 @@ pub fn documents(
 /// (a VMI's interfaces while it exists, a pod's IPAMClaim while the pod
 /// does): a CNI port kept past its pod would hold an address the
 /// controller released and gave to another pod.
-pub fn with_kept_claims(snapshot: &Snapshot, mut validated: Config) -> Config {
+pub fn with_kept_claims(
+    snapshot: &Snapshot,
+    mut validated: std::sync::Arc<Config>,
+) -> std::sync::Arc<Config> {
     if !snapshot.pod_claims {
-        crate::api::endpoints::keep_claims(&mut validated);
+        let kept = crate::api::endpoints::kept_claims();
+        if !kept.is_subset(&validated.keys_in_documents) {
+            std::sync::Arc::make_mut(&mut validated)
+                .keys_in_documents
+                .extend(kept);
+        }
     }
     validated
 }
