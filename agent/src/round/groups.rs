@@ -78,7 +78,11 @@ pub struct Membership {
     ledger: Option<usize>,
     /// (kind, namespace, name) of each grouped object -> its groups, to
     /// attribute a refusal (`ConfigError::about`) to the groups.
+    /// Only pods and migrations are here (this node's, few): a VMI's
+    /// group is its own name, a claim's is found as it was placed.
     by_object: HashMap<(String, String, String), Vec<GroupKey>>,
+    /// (namespace, claim) -> the groups whose pods reference it.
+    references: HashMap<(String, String), Vec<GroupKey>>,
     /// A file's groups where every document in it is grouped (a file
     /// also holding context documents is not here): a refusal with no
     /// object (a vmpath document's) is attributed by its file.
@@ -94,7 +98,7 @@ enum Place {
     Claim(String, String),
 }
 
-fn cluster_place(object: &ClusterObject, uids: &HashMap<&str, GroupKey>) -> Place {
+fn cluster_place(object: &ClusterObject, uids: &HashMap<&str, (&str, &str)>) -> Place {
     match object {
         ClusterObject::Vmi(v) => {
             Place::Group((v.metadata.namespace().to_string(), v.metadata.name.clone()))
@@ -106,9 +110,9 @@ fn cluster_place(object: &ClusterObject, uids: &HashMap<&str, GroupKey>) -> Plac
                 // As translation finds a launcher's VMI: by the uid its
                 // created-by label names, else by the VM name label.
                 if let Some(uid) = labels.get(CREATED_BY_LABEL)
-                    && let Some(g) = uids.get(uid.as_str())
+                    && let Some((ns, name)) = uids.get(uid.as_str())
                 {
-                    return Place::Group(g.clone());
+                    return Place::Group((ns.to_string(), name.to_string()));
                 }
                 if let Some(name) = labels.get(VM_NAME_LABEL) {
                     return Place::Group((ns, name.clone()));
@@ -228,68 +232,56 @@ impl Membership {
                 .map(|l| Arc::as_ptr(l) as *const u8 as usize),
             ..Default::default()
         };
-        let uids: HashMap<&str, GroupKey> = snap
+        let uids: HashMap<&str, (&str, &str)> = snap
             .cluster
             .iter()
             .filter_map(|c| match &*c.object {
-                ClusterObject::Vmi(v) => v.metadata.uid.as_deref().map(|u| {
-                    (
-                        u,
-                        (v.metadata.namespace().to_string(), v.metadata.name.clone()),
-                    )
-                }),
+                ClusterObject::Vmi(v) => v
+                    .metadata
+                    .uid
+                    .as_deref()
+                    .map(|u| (u, (v.metadata.namespace(), v.metadata.name.as_str()))),
                 _ => None,
             })
             .collect();
         let mut pods: HashMap<(String, String), GroupKey> = HashMap::new();
-        let mut references: Vec<((String, String), GroupKey)> = Vec::new();
         let mut claims: Vec<(usize, String, String)> = Vec::new();
-        let add =
-            |m: &mut Membership, g: GroupKey, member: Member, id: (String, String, String)| {
-                m.by_object.entry(id).or_default().push(g.clone());
-                m.groups.entry(g).or_default().push(member);
-            };
         for (i, c) in snap.cluster.iter().enumerate() {
             let member = Member::Cluster(c.object.clone());
             match cluster_place(&c.object, &uids) {
                 Place::Context => m.context.push(member),
                 Place::Claim(ns, name) => claims.push((i, ns, name)),
                 Place::Group(g) => {
-                    let id = object_id(&c.object);
-                    if let ClusterObject::Pod(p) = &*c.object {
-                        pods.insert((id.namespace.clone(), id.name.clone()), g.clone());
-                        for r in claim_references(p) {
-                            references.push(((id.namespace.clone(), r), g.clone()));
+                    if matches!(&*c.object, ClusterObject::Pod(_) | ClusterObject::Vmim(_)) {
+                        let id = object_id(&c.object);
+                        if let ClusterObject::Pod(p) = &*c.object {
+                            pods.insert((id.namespace.clone(), id.name.clone()), g.clone());
+                            for r in claim_references(p) {
+                                m.references
+                                    .entry((id.namespace.clone(), r))
+                                    .or_default()
+                                    .push(g.clone());
+                            }
                         }
+                        m.by_object
+                            .entry((id.kind, id.namespace, id.name))
+                            .or_default()
+                            .push(g.clone());
                     }
-                    add(&mut m, g, member, (id.kind, id.namespace, id.name));
+                    m.groups.entry(g).or_default().push(member);
                 }
             }
         }
         // Claims: in every group their name or a pod's reference leads to.
         for (i, ns, name) in claims {
             let member = Member::Cluster(snap.cluster[i].object.clone());
-            let mut into: BTreeSet<GroupKey> = name_prefixes(&name)
-                .map(|p| (ns.clone(), p.to_string()))
-                .filter(|g| m.groups.contains_key(g))
-                .collect();
-            into.extend(
-                references
-                    .iter()
-                    .filter(|((rns, r), _)| *rns == ns && *r == name)
-                    .map(|(_, g)| g.clone()),
-            );
+            let into = m.claim_groups(&ns, &name);
             if into.is_empty() {
                 m.orphans.push(member);
                 continue;
             }
             for g in into {
-                add(
-                    &mut m,
-                    g,
-                    member.clone(),
-                    ("IPAMClaim".into(), ns.clone(), name.clone()),
-                );
+                m.groups.entry(g).or_default().push(member.clone());
             }
         }
         let mut file_groups: HashMap<PathBuf, BTreeSet<GroupKey>> = HashMap::new();
@@ -374,9 +366,37 @@ impl Membership {
         }
     }
 
+    /// The groups claim `namespace/name` is read by: those its name may
+    /// be a VM's or pod's of (`vm1.blue`), and those whose pods reference
+    /// it.
+    fn claim_groups(&self, namespace: &str, name: &str) -> BTreeSet<GroupKey> {
+        let mut into: BTreeSet<GroupKey> = name_prefixes(name)
+            .map(|p| (namespace.to_string(), p.to_string()))
+            .filter(|g| self.groups.contains_key(g))
+            .collect();
+        if let Some(gs) = self
+            .references
+            .get(&(namespace.to_string(), name.to_string()))
+        {
+            into.extend(gs.iter().cloned());
+        }
+        into
+    }
+
     /// The groups a refusal or warning is about; `None`: the context's.
     fn groups_of(&self, e: &ConfigError) -> Option<Vec<GroupKey>> {
         if let Some(about) = &e.about {
+            match about.kind.as_str() {
+                "VirtualMachineInstance" => {
+                    let g = (about.namespace.clone(), about.name.clone());
+                    return self.groups.contains_key(&g).then(|| vec![g]);
+                }
+                "IPAMClaim" => {
+                    let gs = self.claim_groups(&about.namespace, &about.name);
+                    return (!gs.is_empty()).then(|| gs.into_iter().collect());
+                }
+                _ => {}
+            }
             let id = (
                 about.kind.clone(),
                 about.namespace.clone(),
