@@ -190,8 +190,8 @@ pub fn run(opts: &Options) -> Result<Section> {
             .collect::<Vec<_>>()
             .join(", "),
         if variants.len() == 1 {
-            " This agent runs a full reconcile round per event (no switch was given with \
-             `VMPATH_BENCH_FULL_ROUND_ARGS`): its rows are the full-round figures."
+            " No switch forcing full rounds was given (`VMPATH_BENCH_FULL_ROUND_ARGS`): \
+             the rows are this build's alone."
         } else {
             ""
         },
