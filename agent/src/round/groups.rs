@@ -75,11 +75,13 @@ pub struct Membership {
     /// sees them and a change to one takes the full pass.
     orphans: Vec<Member>,
     read_errors: Vec<ConfigError>,
-    ledger: Option<usize>,
-    /// (kind, namespace, name) of each grouped object -> its groups, to
-    /// attribute a refusal (`ConfigError::about`) to the groups.
-    /// Only pods and migrations are here (this node's, few): a VMI's
-    /// group is its own name, a claim's is found as it was placed.
+    /// Held, not only its address: a freed ledger's address may be the
+    /// next one's.
+    ledger: Option<Arc<crate::config::kube_objects::ledger::Ledger>>,
+    /// (kind, namespace, name) of each grouped pod and migration (this
+    /// node's, few) -> its groups, to attribute a refusal
+    /// (`ConfigError::about`): a VMI's group is its own name, a claim's
+    /// is found as it was placed.
     by_object: HashMap<(String, String, String), Vec<GroupKey>>,
     /// (namespace, claim) -> the groups whose pods reference it.
     references: HashMap<(String, String), Vec<GroupKey>>,
@@ -226,10 +228,7 @@ impl Membership {
     pub fn of(snap: &Snapshot) -> Self {
         let mut m = Membership {
             read_errors: snap.errors.clone(),
-            ledger: snap
-                .ledger
-                .as_ref()
-                .map(|l| Arc::as_ptr(l) as *const u8 as usize),
+            ledger: snap.ledger.clone(),
             ..Default::default()
         };
         let uids: HashMap<&str, (&str, &str)> = snap
@@ -314,7 +313,10 @@ impl Membership {
         if !same_list(&self.context, &old.context)
             || !same_list(&self.orphans, &old.orphans)
             || self.read_errors != old.read_errors
-            || self.ledger != old.ledger
+            || match (&self.ledger, &old.ledger) {
+                (Some(a), Some(b)) => !Arc::ptr_eq(a, b),
+                (a, b) => a.is_some() != b.is_some(),
+            }
         {
             return None;
         }

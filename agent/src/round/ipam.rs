@@ -32,7 +32,7 @@ pub fn assign(cfg: &mut Resolved, store: &Store) -> Result<std::sync::Arc<Claims
     drop(claims);
     store.apply(&changes).context("writing claims")?;
     log_changes(&changes);
-    Ok(store.shared().context("reading claims")?)
+    store.shared().context("reading claims")
 }
 
 fn log_changes(changes: &ipam::ClaimChanges) {
