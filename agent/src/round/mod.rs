@@ -143,8 +143,8 @@ pub struct Round {
     /// Who holds what, as last built from the claims store's copy and the
     /// running ports: built again only when either changed.
     held: Option<(u64, Held, Arc<Held>)>,
-    /// Rounds whose derive and validate ran on the changed VMs alone, and
-    /// on every object (`vmpath_derive_passes_total`).
+    /// How derive and validate ran, round by round (the equivalence test
+    /// asserts the partial passes are taken).
     pub passes: Passes,
 }
 
