@@ -286,6 +286,26 @@ fn differing(a: &Plan, b: &Plan) -> Vec<&'static str> {
     out
 }
 
+/// Writes, rewrites or deletes one of `policies` NetworkPolicies in
+/// namespace prod (an app's ingress from another app); says which.
+fn policy_step(rng: &mut Rng, config: &Path, policies: u64) -> String {
+    let p = rng.below(policies);
+    if rng.below(3) == 0 {
+        remove(config, &format!("policy{p}.yaml"));
+        format!("delete policy{p}")
+    } else {
+        let (to, from) = (rng.pick(&APPS), rng.pick(&APPS));
+        write(
+            config,
+            &format!("policy{p}.yaml"),
+            &format!(
+                "apiVersion: networking.k8s.io/v1\nkind: NetworkPolicy\nmetadata: {{name: p{p}, namespace: prod}}\nspec:\n  podSelector: {{matchLabels: {{app: {to}}}}}\n  policyTypes: [Ingress]\n  ingress: [{{from: [{{podSelector: {{matchLabels: {{app: {from}}}}}}}]}}]\n"
+            ),
+        );
+        format!("policy{p}: {from} -> {to}")
+    }
+}
+
 fn run_sequence(seed: u64, steps: usize) -> Passes {
     let dir: PathBuf = std::env::temp_dir().join(format!(
         "vmpath-equivalence-{}-{seed:x}",
@@ -384,23 +404,7 @@ fn run_sequence(seed: u64, steps: usize) -> Passes {
                 );
                 format!("migration step of vm{k}")
             }
-            6 => {
-                let p = rng.below(3);
-                if rng.below(3) == 0 {
-                    remove(&config, &format!("policy{p}.yaml"));
-                    format!("delete policy{p}")
-                } else {
-                    let (to, from) = (rng.pick(&APPS), rng.pick(&APPS));
-                    write(
-                        &config,
-                        &format!("policy{p}.yaml"),
-                        &format!(
-                            "apiVersion: networking.k8s.io/v1\nkind: NetworkPolicy\nmetadata: {{name: p{p}, namespace: prod}}\nspec:\n  podSelector: {{matchLabels: {{app: {to}}}}}\n  policyTypes: [Ingress]\n  ingress: [{{from: [{{podSelector: {{matchLabels: {{app: {from}}}}}}}]}}]\n"
-                        ),
-                    );
-                    format!("policy{p}: {from} -> {to}")
-                }
-            }
+            6 => policy_step(&mut rng, &config, 3),
             7 => {
                 if rng.below(2) == 0 {
                     mtu = if mtu == 1450 { 1400 } else { 1450 };
@@ -664,23 +668,7 @@ fn run_kube_sequence(seed: u64, steps: usize) -> Passes {
                 save(&vms, k);
                 format!("vm{k}'s migration {now:?}")
             }
-            7 => {
-                let p = rng.below(2);
-                if rng.below(3) == 0 {
-                    remove(&config, &format!("policy{p}.yaml"));
-                    format!("delete policy{p}")
-                } else {
-                    let (to, from) = (rng.pick(&APPS), rng.pick(&APPS));
-                    write(
-                        &config,
-                        &format!("policy{p}.yaml"),
-                        &format!(
-                            "apiVersion: networking.k8s.io/v1\nkind: NetworkPolicy\nmetadata: {{name: p{p}, namespace: prod}}\nspec:\n  podSelector: {{matchLabels: {{app: {to}}}}}\n  policyTypes: [Ingress]\n  ingress: [{{from: [{{podSelector: {{matchLabels: {{app: {from}}}}}}}]}}]\n"
-                        ),
-                    );
-                    format!("policy{p}: {from} -> {to}")
-                }
-            }
+            7 => policy_step(&mut rng, &config, 2),
             8 => {
                 mtu = if mtu == 1450 { 1400 } else { 1450 };
                 write(&config, "network.yaml", &nodes(mtu));

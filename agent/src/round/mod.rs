@@ -282,19 +282,8 @@ impl Round {
                     phases.log();
                     tracing::debug!(groups = touched.len(), "derived and validated in part");
                     self.passes.partial += 1;
-                    let config = Arc::new(config);
-                    self.validated = Some(Validated {
-                        config: config.clone(),
-                        held,
-                        accepted: self.accepted.clone(),
-                        cluster_cidrs: snap.cluster_cidrs.clone(),
-                        membership,
-                        holdings: v.holdings,
-                    });
-                    return (
-                        validate::with_kept_claims(snap, config),
-                        Some(touched.len()),
-                    );
+                    let config = self.keep_validated(snap, config, held, membership, v.holdings);
+                    return (config, Some(touched.len()));
                 }
                 Err(why) => {
                     tracing::debug!(groups = touched.len(), "derived and validated whole: {why}")
@@ -305,6 +294,22 @@ impl Round {
         let derived = derive::derive(snap, &node);
         let config = validate::documents(snap, derived, &node, &self.accepted, &held);
         let holdings = groups::Holdings::of(&config);
+        (
+            self.keep_validated(snap, config, held, membership, holdings),
+            None,
+        )
+    }
+
+    /// Keeps `config` and what it was validated against for the next
+    /// round; returns it with the CNI plugin's kept claims.
+    fn keep_validated(
+        &mut self,
+        snap: &Snapshot,
+        config: Config,
+        held: Arc<Held>,
+        membership: groups::Membership,
+        holdings: groups::Holdings,
+    ) -> Arc<Config> {
         let config = Arc::new(config);
         self.validated = Some(Validated {
             config: config.clone(),
@@ -314,7 +319,7 @@ impl Round {
             membership,
             holdings,
         });
-        (validate::with_kept_claims(snap, config), None)
+        validate::with_kept_claims(snap, config)
     }
 
     /// Who holds what ([`validate::held`]), built again only when the
