@@ -8,11 +8,16 @@
 use std::{
     collections::{BTreeMap, BTreeSet},
     path::{Path, PathBuf},
+    sync::Arc,
 };
 
 use super::{Passes, Round, Settings, derive, ipam, plan, publish, resolve, validate};
 use crate::{
-    config::{Config, source::Reader},
+    config::{
+        Config,
+        kube_objects::ledger::{Holder, Ledger},
+        source::Reader,
+    },
     plan::Plan,
     resolve::store::Store,
 };
@@ -541,6 +546,29 @@ impl KubeVm {
     }
 }
 
+/// The ledger entry vouching 10.31.0.`ip` for vm`k`'s claim.
+fn holder(k: u32, ip: u8) -> Holder {
+    Holder {
+        claim: format!("prod/vm{k}.blue"),
+        uid: String::new(),
+        ip: format!("10.31.0.{ip}/24").parse().unwrap(),
+    }
+}
+
+/// A new ledger (as a write makes one) with 10.31.0.`ip`'s entry on
+/// network blue edited.
+fn ledger_edit(ledger: &mut Arc<Ledger>, ip: u8, edit: impl FnOnce(&mut Option<Holder>)) {
+    let mut next = (**ledger).clone();
+    let addr = std::net::IpAddr::from([10, 31, 0, ip]);
+    let blue = next.entry("blue".to_string()).or_default();
+    let mut held = blue.remove(&addr);
+    edit(&mut held);
+    if let Some(h) = held {
+        blue.insert(addr, h);
+    }
+    *ledger = Arc::new(next);
+}
+
 /// As [`run_sequence`], with KubeVirt's objects read from files (typed,
 /// as the Kubernetes source keeps them): VMIs, virt-launcher pods,
 /// IPAMClaims and migrations coming and going on their own, labels,
@@ -579,6 +607,7 @@ fn run_kube_sequence(seed: u64, steps: usize) -> Passes {
     write(&config, "network.yaml", &nodes(mtu));
     let mut vms: BTreeMap<u32, KubeVm> = BTreeMap::new();
     let mut next_vm = 0u32;
+    let mut ledger: Arc<Ledger> = Arc::default();
     let save = |vms: &BTreeMap<u32, KubeVm>, k: u32| {
         let (vm, claim) = vms[&k].objects(k);
         write(&config, &format!("vm{k}.yaml"), &vm);
@@ -592,7 +621,7 @@ fn run_kube_sequence(seed: u64, steps: usize) -> Passes {
         let pick = |rng: &mut Rng, vms: &BTreeMap<u32, KubeVm>| {
             rng.pick(&vms.keys().copied().collect::<Vec<_>>())
         };
-        let what = match rng.below(10) {
+        let what = match rng.below(11) {
             0..=2 => {
                 let vm = KubeVm {
                     node: rng.pick(&KUBE_NODES),
@@ -604,6 +633,14 @@ fn run_kube_sequence(seed: u64, steps: usize) -> Passes {
                     claim: rng.below(5) != 0,
                     migration: None,
                 };
+                // The controller vouches for most new claims' addresses
+                // (not for one another claim holds).
+                if vm.claim && rng.below(4) != 0 {
+                    let ip = vm.ip;
+                    ledger_edit(&mut ledger, ip, |held| {
+                        held.get_or_insert_with(|| holder(next_vm, ip));
+                    });
+                }
                 vms.insert(next_vm, vm);
                 save(&vms, next_vm);
                 next_vm += 1;
@@ -674,12 +711,36 @@ fn run_kube_sequence(seed: u64, steps: usize) -> Passes {
                 write(&config, "network.yaml", &nodes(mtu));
                 format!("network mtu {mtu}")
             }
+            9 if !vms.is_empty() => {
+                // The controller's ledger: an address vouched for a VM's
+                // claim, taken from it, or a write that changed nothing.
+                let k = pick(&mut rng, &vms);
+                let ip = vms[&k].ip;
+                match rng.below(3) {
+                    0 => {
+                        ledger_edit(&mut ledger, ip, |held| *held = Some(holder(k, ip)));
+                        format!("ledger: 10.31.0.{ip} vouched for vm{k}")
+                    }
+                    1 => {
+                        ledger_edit(&mut ledger, ip, |held| *held = None);
+                        format!("ledger: 10.31.0.{ip} given to no claim")
+                    }
+                    _ => {
+                        ledger = Arc::new((*ledger).clone());
+                        "ledger written unchanged".to_string()
+                    }
+                }
+            }
             _ => {
                 round.forget_increments();
                 "restart".to_string()
             }
         };
-        let snap = reader.read(&config);
+        let mut snap = reader.read(&config);
+        // As the Kubernetes source reads: claims made for plain pods, and
+        // the ledger (shared between reads until it is written).
+        snap.pod_claims = true;
+        snap.ledger = Some(ledger.clone());
         let ports = |_: &str| None;
         check_step(&mut round, &snap, &ports, seed, step, &what);
     }

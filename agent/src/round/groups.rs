@@ -70,10 +70,16 @@ pub struct Membership {
     /// The objects no group owns, in snapshot order; with the snapshot's
     /// read errors, ledger and given CIDRs (compared as a whole).
     context: Vec<Member>,
-    /// IPAMClaims no group's name or reference leads to: a group may
-    /// still read one (a claim named by a hash), so every partial pass
-    /// sees them and a change to one takes the full pass.
+    /// IPAMClaims no group's name or reference leads to whose name is
+    /// hashed as `pod_claim_name` makes it for a long pod name: a plain
+    /// pod may still read one, so every partial pass sees them and a
+    /// change to one takes the full pass. Any other claim no group leads
+    /// to is read by nobody (translation finds claims by name only), and
+    /// a change to it costs nothing until a group that reads it comes.
     orphans: Vec<Member>,
+    /// Every IPAMClaim with addresses in its status, with the groups that
+    /// read it (`None`: an orphan's): what a ledger change reaches.
+    claim_ips: Vec<(Arc<ClusterObject>, Option<Vec<GroupKey>>)>,
     read_errors: Vec<ConfigError>,
     /// Held, not only its address: a freed ledger's address may be the
     /// next one's.
@@ -273,11 +279,23 @@ impl Membership {
         }
         // Claims: in every group their name or a pod's reference leads to.
         for (i, ns, name) in claims {
-            let member = Member::Cluster(snap.cluster[i].object.clone());
+            let object = &snap.cluster[i].object;
+            let member = Member::Cluster(object.clone());
             let into = m.claim_groups(&ns, &name);
+            let has_ips =
+                matches!(&**object, ClusterObject::IpamClaim(c) if !c.status.ips.is_empty());
             if into.is_empty() {
-                m.orphans.push(member);
+                if hashed_claim_name(&name) {
+                    m.orphans.push(member);
+                    if has_ips {
+                        m.claim_ips.push((object.clone(), None));
+                    }
+                }
                 continue;
+            }
+            if has_ips {
+                m.claim_ips
+                    .push((object.clone(), Some(into.iter().cloned().collect())));
             }
             for g in into {
                 m.groups.entry(g).or_default().push(member.clone());
@@ -313,14 +331,16 @@ impl Membership {
         if !same_list(&self.context, &old.context)
             || !same_list(&self.orphans, &old.orphans)
             || self.read_errors != old.read_errors
-            || match (&self.ledger, &old.ledger) {
-                (Some(a), Some(b)) => !Arc::ptr_eq(a, b),
-                (a, b) => a.is_some() != b.is_some(),
-            }
         {
             return None;
         }
-        let mut out = BTreeSet::new();
+        let mut out = match (&self.ledger, &old.ledger) {
+            (Some(a), Some(b)) if !Arc::ptr_eq(a, b) => {
+                self.ledger_readers(&ledger_changes(b, a))?
+            }
+            (a, b) if a.is_some() != b.is_some() => return None,
+            _ => BTreeSet::new(),
+        };
         for (g, members) in &self.groups {
             if old.groups.get(g).is_none_or(|o| !same_list(o, members)) {
                 out.insert(g.clone());
@@ -332,6 +352,29 @@ impl Membership {
                 .filter(|g| !self.groups.contains_key(*g))
                 .cloned(),
         );
+        Some(out)
+    }
+
+    /// The groups whose claims' `status.ips` name an address whose ledger
+    /// entry changed (translation asks the ledger of those alone);
+    /// `None` when an orphan claim's does.
+    fn ledger_readers(&self, changed: &HashSet<IpAddr>) -> Option<BTreeSet<GroupKey>> {
+        let mut out = BTreeSet::new();
+        if changed.is_empty() {
+            return Some(out);
+        }
+        for (object, groups) in &self.claim_ips {
+            let ClusterObject::IpamClaim(c) = &**object else {
+                continue;
+            };
+            let names = c.status.ips.iter().any(|text| {
+                text.parse::<ipnet::IpNet>()
+                    .map_or(true, |ip| changed.contains(&ip.addr()))
+            });
+            if names {
+                out.extend(groups.as_ref()?.iter().cloned());
+            }
+        }
         Some(out)
     }
 
@@ -417,6 +460,61 @@ impl Membership {
             .get(&e.file)
             .map(|gs| gs.iter().cloned().collect())
     }
+}
+
+/// Whether `name` is one `pod_claim_name` hashed (`<prefix>.<16 hex
+/// digits>`): its pod's group cannot be found from it.
+fn hashed_claim_name(name: &str) -> bool {
+    name.rsplit_once('.')
+        .is_some_and(|(_, h)| h.len() == 16 && h.bytes().all(|b| b.is_ascii_hexdigit()))
+}
+
+/// The addresses whose ledger entry differs between `old` and `new` (on
+/// any network): one walk of both, in order.
+fn ledger_changes(
+    old: &crate::config::kube_objects::ledger::Ledger,
+    new: &crate::config::kube_objects::ledger::Ledger,
+) -> HashSet<IpAddr> {
+    use std::cmp::Ordering;
+    let mut out = HashSet::new();
+    let empty = Default::default();
+    let networks: BTreeSet<&String> = old.keys().chain(new.keys()).collect();
+    for n in networks {
+        let a = old.get(n).unwrap_or(&empty);
+        let b = new.get(n).unwrap_or(&empty);
+        let (mut x, mut y) = (a.iter().peekable(), b.iter().peekable());
+        loop {
+            match (x.peek(), y.peek()) {
+                (None, None) => break,
+                (Some((ip, _)), None) => {
+                    out.insert(**ip);
+                    x.next();
+                }
+                (None, Some((ip, _))) => {
+                    out.insert(**ip);
+                    y.next();
+                }
+                (Some((i, h)), Some((j, k))) => match i.cmp(j) {
+                    Ordering::Less => {
+                        out.insert(**i);
+                        x.next();
+                    }
+                    Ordering::Greater => {
+                        out.insert(**j);
+                        y.next();
+                    }
+                    Ordering::Equal => {
+                        if h != k {
+                            out.insert(**i);
+                        }
+                        x.next();
+                        y.next();
+                    }
+                },
+            }
+        }
+    }
+    out
 }
 
 /// Whether a refusal is one document losing to another (an address, MAC,
