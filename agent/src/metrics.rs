@@ -659,7 +659,7 @@ mod tests {
         let mut drops = vec![0; drop_reason::COUNT as usize];
         drops[1] = 7;
         let snap = Snapshot {
-            view: sample::view(),
+            view: sample::view().into(),
             dataplane: Ok(DataplaneCounters {
                 drops: Ok(drops),
                 // vm4 (ifindex 14) is a pending migration target: not counted.
@@ -704,7 +704,7 @@ mod tests {
         let mut view = sample::view();
         view.policies = vec!["prod/web".into(), "prod/db".into()];
         let snap = Snapshot {
-            view,
+            view: view.into(),
             dataplane: Ok(DataplaneCounters {
                 drops: Ok(vec![0; drop_reason::COUNT as usize]),
                 ports: BTreeMap::new(),
@@ -755,7 +755,7 @@ mod tests {
     #[test]
     fn without_the_pinned_maps_only_the_view_is_shown() {
         let snap = Snapshot {
-            view: sample::view(),
+            view: sample::view().into(),
             dataplane: Err("no maps".into()),
             slow: SlowStats::default(),
         };

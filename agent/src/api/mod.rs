@@ -140,7 +140,7 @@ pub fn route(observer: &Observer, path: &str) -> Reply {
         ["v1", "networks"] => json(
             200,
             &NetworkList {
-                networks: observer.view().networks,
+                networks: observer.view().networks.clone(),
             },
         ),
         ["v1", "networks", name] => {

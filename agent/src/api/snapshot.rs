@@ -44,7 +44,7 @@ pub struct DataplaneCounters {
 /// Everything one request reads.
 #[derive(Debug, Clone)]
 pub struct Snapshot {
-    pub view: View,
+    pub view: std::sync::Arc<View>,
     /// Why the pinned maps could not be opened, when they could not.
     pub dataplane: Result<DataplaneCounters, String>,
     pub slow: SlowStats,
@@ -84,7 +84,7 @@ impl Observer {
     }
 
     /// The published view alone (no kernel reads).
-    pub fn view(&self) -> View {
+    pub fn view(&self) -> std::sync::Arc<View> {
         self.published.view()
     }
 

@@ -230,7 +230,7 @@ pub struct Config {
     /// needs the other nodes' VTEP addresses.
     pub nodes: std::collections::BTreeMap<String, Node>,
     pub networks: Vec<Network>,
-    pub attachments: Vec<Attachment>,
+    pub attachments: Vec<std::sync::Arc<Attachment>>,
     pub errors: Vec<ConfigError>,
     /// Accepted documents with something the operator should know (a
     /// subnet's reserved address used on an IPAM-less network).

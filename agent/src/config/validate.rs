@@ -462,7 +462,7 @@ pub fn validate_documents(
             ),
             me,
         );
-        cfg.attachments.push(a);
+        cfg.attachments.push(std::sync::Arc::new(a));
     }
     // After the attachments and networks: a ClusterIP must not be an
     // address a VM has or may get (a guest routing it through its gateway

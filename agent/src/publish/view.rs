@@ -82,7 +82,9 @@ impl View {
 /// reads: the view, the loop's liveness, its reconcile times, and which
 /// data path the pinned maps belong to.
 pub struct Published {
-    view: RwLock<View>,
+    /// Shared: a reader (an ADD's reply, the API) takes it without a copy
+    /// of every VM interface.
+    view: RwLock<Arc<View>>,
     loop_exited: AtomicBool,
     last_heartbeat_ms: AtomicU64,
     /// Bumped each time the loop (re)opens the data path, so readers that
@@ -111,7 +113,7 @@ impl Published {
         )
         .expect("a valid histogram");
         Published {
-            view: RwLock::new(view),
+            view: RwLock::new(Arc::new(view)),
             loop_exited: AtomicBool::new(false),
             last_heartbeat_ms: AtomicU64::new(0),
             dataplane_generation: AtomicU64::new(0),
@@ -137,8 +139,9 @@ impl Published {
         }
     }
 
-    /// The current view (a clone: the lock is held briefly).
-    pub fn view(&self) -> View {
+    /// The current view (shared: the lock is held briefly, nothing is
+    /// copied).
+    pub fn view(&self) -> Arc<View> {
         match self.view.read() {
             Ok(v) => v.clone(),
             Err(poisoned) => poisoned.into_inner().clone(),
@@ -146,7 +149,8 @@ impl Published {
     }
 
     /// Replaces the view; readers see the new one from their next read.
-    pub fn publish(&self, view: View) {
+    pub fn publish(&self, view: impl Into<Arc<View>>) {
+        let view = view.into();
         match self.view.write() {
             Ok(mut v) => *v = view,
             Err(poisoned) => *poisoned.into_inner() = view,

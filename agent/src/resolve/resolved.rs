@@ -20,7 +20,8 @@ pub use crate::resolve::store::Origin;
 /// One attachment as this round runs it. Derefs to its validated document.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Attachment {
-    pub spec: config::Attachment,
+    /// Shared with the validated config: a round copies no document.
+    pub spec: std::sync::Arc<config::Attachment>,
     /// The addresses the VM uses, with where each came from.
     pub addresses: Vec<(IpNet, Origin)>,
     /// The MAC in force: given, or from the claim (detected or generated).
@@ -31,7 +32,7 @@ pub struct Attachment {
 
 impl Attachment {
     /// Only what the document gives: its IPs and MAC, its ready signal.
-    pub fn given(spec: config::Attachment) -> Self {
+    pub fn given(spec: std::sync::Arc<config::Attachment>) -> Self {
         Attachment {
             addresses: spec.ips.iter().map(|ip| (*ip, Origin::Given)).collect(),
             mac_resolved: spec.mac.map(|m| (m, Origin::Given)),
@@ -120,8 +121,8 @@ impl Resolved {
         if let Some(i) = self.attachments.iter().position(|a| &a.key == key) {
             let a = self.attachments.remove(i);
             self.errors.push(ConfigError {
-                file: a.spec.source.file,
-                document: a.spec.source.document,
+                file: a.spec.source.file.clone(),
+                document: a.spec.source.document.clone(),
                 field: field.to_string(),
                 message,
                 about: a.spec.source.origin.about(),

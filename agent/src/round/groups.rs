@@ -746,7 +746,10 @@ impl Evidence<'_> {
 
 /// The range of `attachments` (sorted by key) in group `g`: a group's
 /// VM interfaces share the key's (namespace, VM) prefix.
-fn range_of(attachments: &[crate::config::Attachment], g: &GroupKey) -> std::ops::Range<usize> {
+fn range_of(
+    attachments: &[Arc<crate::config::Attachment>],
+    g: &GroupKey,
+) -> std::ops::Range<usize> {
     fn at(a: &crate::config::Attachment) -> (&str, &str) {
         (a.key.namespace.as_str(), a.key.vm.as_str())
     }

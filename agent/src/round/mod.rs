@@ -130,6 +130,8 @@ pub struct Round {
     /// port here decides (an IPAM-less address or a given MAC of a VM on
     /// another node), not file order.
     stored_accepted: BTreeSet<crate::resolve::store::InterfaceKey>,
+    /// Recording `accepted` failed: try again next round.
+    accepted_unrecorded: bool,
     /// What the last round served on this node's ports.
     running: Held,
     warned_empty: bool,
@@ -146,6 +148,8 @@ pub struct Round {
     /// How derive and validate ran, round by round (the equivalence test
     /// asserts the partial passes are taken).
     pub passes: Passes,
+    /// When the heap was last trimmed.
+    last_trim: Option<Instant>,
 }
 
 /// How the derive and validate stages ran, round by round.
@@ -200,6 +204,7 @@ impl Round {
             last_plan: None,
             accepted,
             stored_accepted,
+            accepted_unrecorded: false,
             running: Held::default(),
             warned_empty: false,
             last_errors: Vec::new(),
@@ -210,6 +215,7 @@ impl Round {
             validated: None,
             held: None,
             passes: Passes::default(),
+            last_trim: None,
         }
     }
 
@@ -509,25 +515,40 @@ impl Round {
             shared.publish(view);
         }
         crate::api::endpoints::round_done();
-        self.accepted = cfg.attachments.iter().map(|a| a.key.clone()).collect();
-        let keys: BTreeSet<crate::resolve::store::InterfaceKey> = self
-            .accepted
-            .iter()
-            .map(|k| (k.namespace.clone(), k.vm.clone(), k.interface.clone()))
-            .collect();
-        if keys != self.stored_accepted {
-            match self.store.set_accepted(&keys) {
-                Ok(()) => self.stored_accepted = keys,
-                Err(e) => warn!("recording the accepted VM interfaces: {e}"),
+        let accepted: BTreeSet<AttachmentKey> =
+            cfg.attachments.iter().map(|a| a.key.clone()).collect();
+        // Recorded when it changed (or the last record failed), not copied
+        // again every round.
+        if accepted != self.accepted || self.accepted_unrecorded {
+            let keys: BTreeSet<crate::resolve::store::InterfaceKey> = accepted
+                .iter()
+                .map(|k| (k.namespace.clone(), k.vm.clone(), k.interface.clone()))
+                .collect();
+            self.accepted_unrecorded = false;
+            if keys != self.stored_accepted {
+                match self.store.set_accepted(&keys) {
+                    Ok(()) => self.stored_accepted = keys,
+                    Err(e) => {
+                        self.accepted_unrecorded = true;
+                        warn!("recording the accepted VM interfaces: {e}")
+                    }
+                }
             }
         }
+        self.accepted = accepted;
         if let Some(plan) = &self.last_plan {
             self.running = publish::served_here(&cfg, plan);
         }
         let migrating = cfg.attachments.iter().any(|a| a.migration.is_some());
-        if changed {
-            // A round over a cluster's objects frees tens of MiB at once:
-            // give the pages back rather than hold them until the next.
+        // A full pass over a cluster's objects frees tens of MiB at once:
+        // give the pages back rather than hold them until the next. A
+        // partial pass frees little, and the trim walks the whole heap (tens
+        // of ms at 10,000 VMs): then at most every few seconds.
+        let trim_due = self
+            .last_trim
+            .is_none_or(|t| t.elapsed() >= std::time::Duration::from_secs(5));
+        if changed && (changed_groups.is_none() || trim_due) {
+            self.last_trim = Some(Instant::now());
             drop(cfg);
             #[cfg(all(target_os = "linux", target_env = "gnu"))]
             // SAFETY: malloc_trim only returns free pages to the kernel.

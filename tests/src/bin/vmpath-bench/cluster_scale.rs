@@ -154,6 +154,13 @@ fn measure(n: usize, variant: &Variant, opts: &Options) -> Result<Figures> {
     let pid = node.agent_pid().context("agent pid")?.to_string();
     let (fresh, known) = latencies(&node, &server, n, opts.samples)?;
     let (hwm, rss) = rss_kb(&pid);
+    // With VMPATH_AGENT_LOG=vmpath=debug the agent's round phases are in
+    // its log: kept for whoever looks into a slow figure.
+    if std::env::var_os("VMPATH_AGENT_LOG").is_some() {
+        let path = std::env::temp_dir().join(format!("vmpath-cluster-scale-{n}.log"));
+        let _ = std::fs::write(&path, node.agent_log());
+        eprintln!("bench: agent log at {n} VMs kept in {}", path.display());
+    }
     Ok(Figures {
         settle_s,
         fresh,
