@@ -285,6 +285,8 @@ pub struct Node {
     agent: Option<Child>,
     /// Extra `vmpath agent` arguments (see [`Node::set_agent_args`]).
     agent_args: Vec<String>,
+    /// Another agent binary than [`vmpath_bin`] (see [`Node::set_agent_bin`]).
+    agent_bin: Option<PathBuf>,
 }
 
 impl Node {
@@ -307,6 +309,7 @@ impl Node {
             tag,
             agent: None,
             agent_args: Vec::new(),
+            agent_bin: None,
         }
     }
 
@@ -453,7 +456,7 @@ impl Node {
     pub fn agent_command_at(&self, state_dir: &Path, api_socket: &Path, extra: &[&str]) -> Command {
         let mut c = Command::new("nsenter");
         c.arg(format!("--net={}", self.ns.path()))
-            .arg(vmpath_bin())
+            .arg(self.agent_bin.clone().unwrap_or_else(vmpath_bin))
             .args(["agent", "--node", &self.name, "--interval-ms", "100"])
             .arg("--config-dir")
             .arg(&self.config_dir)
@@ -485,6 +488,12 @@ impl Node {
     /// started (an upgrade's handover); the caller stops and reaps it.
     pub fn take_agent(&mut self) -> Option<Child> {
         self.agent.take()
+    }
+
+    /// The agent binary every later `start_agent` runs (a bench's build to
+    /// compare with), instead of [`vmpath_bin`].
+    pub fn set_agent_bin(&mut self, bin: &Path) {
+        self.agent_bin = Some(bin.to_path_buf());
     }
 
     /// Extra arguments for every later `start_agent` (e.g. `--metrics-addr`).

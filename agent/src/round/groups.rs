@@ -65,8 +65,12 @@ fn same_list(a: &[Member], b: &[Member]) -> bool {
 /// Where each object of a snapshot belongs.
 #[derive(Debug, Clone, Default)]
 pub struct Membership {
-    /// Each group's objects, in snapshot order.
-    groups: HashMap<GroupKey, Vec<Member>>,
+    /// Each group's key and objects, in snapshot order.
+    groups: Vec<(GroupKey, Vec<Member>)>,
+    /// namespace -> name -> the group's index in `groups`: two levels so
+    /// that a lookup by borrowed names copies none (a round looks up a
+    /// name or more per IPAMClaim).
+    index: HashMap<String, HashMap<String, usize>>,
     /// The objects no group owns, in snapshot order; with the snapshot's
     /// read errors, ledger and given CIDRs (compared as a whole).
     context: Vec<Member>,
@@ -77,9 +81,10 @@ pub struct Membership {
     /// to is read by nobody (translation finds claims by name only), and
     /// a change to it costs nothing until a group that reads it comes.
     orphans: Vec<Member>,
-    /// Every IPAMClaim with addresses in its status, with the groups that
-    /// read it (`None`: an orphan's): what a ledger change reaches.
-    claim_ips: Vec<(Arc<ClusterObject>, Option<Vec<GroupKey>>)>,
+    /// Every IPAMClaim with addresses in its status that a group or
+    /// nobody-knows-who (an orphan: `true`) reads: what a ledger change
+    /// reaches.
+    claim_ips: Vec<(Arc<ClusterObject>, bool)>,
     read_errors: Vec<ConfigError>,
     /// Held, not only its address: a freed ledger's address may be the
     /// next one's.
@@ -89,8 +94,8 @@ pub struct Membership {
     /// (`ConfigError::about`): a VMI's group is its own name, a claim's
     /// is found as it was placed.
     by_object: HashMap<(String, String, String), Vec<GroupKey>>,
-    /// (namespace, claim) -> the groups whose pods reference it.
-    references: HashMap<(String, String), Vec<GroupKey>>,
+    /// namespace -> claim -> the groups (indexes) whose pods reference it.
+    references: HashMap<String, HashMap<String, Vec<usize>>>,
     /// A file's groups where every document in it is grouped (a file
     /// also holding context documents is not here): a refusal with no
     /// object (a vmpath document's) is attributed by its file.
@@ -100,19 +105,20 @@ pub struct Membership {
 
 /// The groups an object names, before claims (which are placed once
 /// every group is known).
-enum Place {
+enum Place<'a> {
     Context,
-    Group(GroupKey),
-    Claim(String, String),
+    Group(&'a str, &'a str),
+    Claim(&'a str, &'a str),
 }
 
-fn cluster_place(object: &ClusterObject, uids: &HashMap<&str, (&str, &str)>) -> Place {
+fn cluster_place<'a>(
+    object: &'a ClusterObject,
+    uids: &HashMap<&'a str, (&'a str, &'a str)>,
+) -> Place<'a> {
     match object {
-        ClusterObject::Vmi(v) => {
-            Place::Group((v.metadata.namespace().to_string(), v.metadata.name.clone()))
-        }
+        ClusterObject::Vmi(v) => Place::Group(v.metadata.namespace(), &v.metadata.name),
         ClusterObject::Pod(p) => {
-            let ns = p.metadata.namespace().to_string();
+            let ns = p.metadata.namespace();
             let labels = &p.metadata.labels;
             if p.is_virt_launcher() {
                 // As translation finds a launcher's VMI: by the uid its
@@ -120,20 +126,16 @@ fn cluster_place(object: &ClusterObject, uids: &HashMap<&str, (&str, &str)>) -> 
                 if let Some(uid) = labels.get(CREATED_BY_LABEL)
                     && let Some((ns, name)) = uids.get(uid.as_str())
                 {
-                    return Place::Group((ns.to_string(), name.to_string()));
+                    return Place::Group(ns, name);
                 }
                 if let Some(name) = labels.get(VM_NAME_LABEL) {
-                    return Place::Group((ns, name.clone()));
+                    return Place::Group(ns, name);
                 }
             }
-            Place::Group((ns, p.metadata.name.clone()))
+            Place::Group(ns, &p.metadata.name)
         }
-        ClusterObject::Vmim(m) => {
-            Place::Group((m.metadata.namespace().to_string(), m.spec.vmi_name.clone()))
-        }
-        ClusterObject::IpamClaim(c) => {
-            Place::Claim(c.metadata.namespace().to_string(), c.metadata.name.clone())
-        }
+        ClusterObject::Vmim(m) => Place::Group(m.metadata.namespace(), &m.spec.vmi_name),
+        ClusterObject::IpamClaim(c) => Place::Claim(c.metadata.namespace(), &c.metadata.name),
         ClusterObject::Nad(_) | ClusterObject::Node(_) | ClusterObject::Refused(_) => {
             Place::Context
         }
@@ -172,11 +174,12 @@ fn object_id(object: &ClusterObject) -> ObjectId {
 
 /// A vmpath Attachment document's group: its namespace and `spec.vm`
 /// (a CNI port's: its pod's group). Anything else is context.
-fn document_place(
+fn document_place<'a>(
     origin: &DocOrigin,
-    value: &Value,
-    pods: &HashMap<(String, String), GroupKey>,
-) -> Place {
+    value: &'a Value,
+    pods: &HashMap<(&str, &str), usize>,
+    groups: &'a [(GroupKey, Vec<Member>)],
+) -> Place<'a> {
     let is_attachment =
         matches!(group_kind(value), Some((g, "Attachment")) if g.starts_with("vmpath"));
     if !is_attachment {
@@ -188,11 +191,13 @@ fn document_place(
     ) else {
         return Place::Context;
     };
-    let own = (ns.to_string(), vm.to_string());
-    if *origin == DocOrigin::CniPort {
-        return Place::Group(pods.get(&own).cloned().unwrap_or(own));
+    if *origin == DocOrigin::CniPort
+        && let Some(&g) = pods.get(&(ns, vm))
+    {
+        let (ns, name) = &groups[g].0;
+        return Place::Group(ns, name);
     }
-    Place::Group(own)
+    Place::Group(ns, vm)
 }
 
 /// Every `ipam-claim-reference` a pod's Multus annotations name.
@@ -231,6 +236,28 @@ fn name_prefixes(name: &str) -> impl Iterator<Item = &str> {
 }
 
 impl Membership {
+    /// The index of group (`namespace`, `name`), if it has objects.
+    fn group(&self, namespace: &str, name: &str) -> Option<usize> {
+        self.index.get(namespace)?.get(name).copied()
+    }
+
+    /// The index of group (`namespace`, `name`), made when new (the
+    /// names copied then only).
+    fn group_or_new(&mut self, namespace: &str, name: &str) -> usize {
+        if let Some(g) = self.group(namespace, name) {
+            return g;
+        }
+        let g = self.groups.len();
+        self.groups
+            .push(((namespace.to_string(), name.to_string()), Vec::new()));
+        let names = match self.index.get_mut(namespace) {
+            Some(names) => names,
+            None => self.index.entry(namespace.to_string()).or_default(),
+        };
+        names.insert(name.to_string(), g);
+        g
+    }
+
     pub fn of(snap: &Snapshot) -> Self {
         let mut m = Membership {
             read_errors: snap.errors.clone(),
@@ -249,68 +276,72 @@ impl Membership {
                 _ => None,
             })
             .collect();
-        let mut pods: HashMap<(String, String), GroupKey> = HashMap::new();
-        let mut claims: Vec<(usize, String, String)> = Vec::new();
+        let mut pods: HashMap<(&str, &str), usize> = HashMap::new();
+        let mut claims: Vec<(usize, &str, &str)> = Vec::new();
         for (i, c) in snap.cluster.iter().enumerate() {
-            let member = Member::Cluster(c.object.clone());
             match cluster_place(&c.object, &uids) {
-                Place::Context => m.context.push(member),
+                Place::Context => m.context.push(Member::Cluster(c.object.clone())),
                 Place::Claim(ns, name) => claims.push((i, ns, name)),
-                Place::Group(g) => {
+                Place::Group(ns, name) => {
+                    let g = m.group_or_new(ns, name);
                     if matches!(&*c.object, ClusterObject::Pod(_) | ClusterObject::Vmim(_)) {
                         let id = object_id(&c.object);
                         if let ClusterObject::Pod(p) = &*c.object {
-                            pods.insert((id.namespace.clone(), id.name.clone()), g.clone());
+                            pods.insert((p.metadata.namespace(), p.metadata.name.as_str()), g);
                             for r in claim_references(p) {
                                 m.references
-                                    .entry((id.namespace.clone(), r))
+                                    .entry(id.namespace.clone())
                                     .or_default()
-                                    .push(g.clone());
+                                    .entry(r)
+                                    .or_default()
+                                    .push(g);
                             }
                         }
+                        let key = m.groups[g].0.clone();
                         m.by_object
                             .entry((id.kind, id.namespace, id.name))
                             .or_default()
-                            .push(g.clone());
+                            .push(key);
                     }
-                    m.groups.entry(g).or_default().push(member);
+                    m.groups[g].1.push(Member::Cluster(c.object.clone()));
                 }
             }
         }
         // Claims: in every group their name or a pod's reference leads to.
+        let mut into = Vec::new();
         for (i, ns, name) in claims {
             let object = &snap.cluster[i].object;
-            let member = Member::Cluster(object.clone());
-            let into = m.claim_groups(&ns, &name);
+            m.claim_group_indexes(ns, name, &mut into);
             let has_ips =
                 matches!(&**object, ClusterObject::IpamClaim(c) if !c.status.ips.is_empty());
             if into.is_empty() {
-                if hashed_claim_name(&name) {
-                    m.orphans.push(member);
+                if hashed_claim_name(name) {
+                    m.orphans.push(Member::Cluster(object.clone()));
                     if has_ips {
-                        m.claim_ips.push((object.clone(), None));
+                        m.claim_ips.push((object.clone(), true));
                     }
                 }
                 continue;
             }
             if has_ips {
-                m.claim_ips
-                    .push((object.clone(), Some(into.iter().cloned().collect())));
+                m.claim_ips.push((object.clone(), false));
             }
-            for g in into {
-                m.groups.entry(g).or_default().push(member.clone());
+            for &g in &into {
+                m.groups[g].1.push(Member::Cluster(object.clone()));
             }
         }
         let mut file_groups: HashMap<PathBuf, BTreeSet<GroupKey>> = HashMap::new();
         for d in &snap.documents {
             let member = Member::Document(d.value.clone());
-            match document_place(&d.origin, &d.value, &pods) {
-                Place::Group(g) => {
+            match document_place(&d.origin, &d.value, &pods, &m.groups) {
+                Place::Group(ns, name) => {
+                    let (ns, name) = (ns.to_string(), name.to_string());
+                    let g = m.group_or_new(&ns, &name);
                     file_groups
                         .entry(d.file.clone())
                         .or_default()
-                        .insert(g.clone());
-                    m.groups.entry(g).or_default().push(member);
+                        .insert((ns, name));
+                    m.groups[g].1.push(member);
                 }
                 _ => {
                     m.context_files.insert(d.file.clone());
@@ -341,15 +372,19 @@ impl Membership {
             (a, b) if a.is_some() != b.is_some() => return None,
             _ => BTreeSet::new(),
         };
-        for (g, members) in &self.groups {
-            if old.groups.get(g).is_none_or(|o| !same_list(o, members)) {
-                out.insert(g.clone());
+        for ((ns, name), members) in &self.groups {
+            let same = old
+                .group(ns, name)
+                .is_some_and(|g| same_list(&old.groups[g].1, members));
+            if !same {
+                out.insert((ns.clone(), name.clone()));
             }
         }
         out.extend(
             old.groups
-                .keys()
-                .filter(|g| !self.groups.contains_key(*g))
+                .iter()
+                .map(|(key, _)| key)
+                .filter(|(ns, name)| self.group(ns, name).is_none())
                 .cloned(),
         );
         Some(out)
@@ -363,7 +398,7 @@ impl Membership {
         if changed.is_empty() {
             return Some(out);
         }
-        for (object, groups) in &self.claim_ips {
+        for (object, orphan) in &self.claim_ips {
             let ClusterObject::IpamClaim(c) = &**object else {
                 continue;
             };
@@ -372,7 +407,10 @@ impl Membership {
                     .map_or(true, |ip| changed.contains(&ip.addr()))
             });
             if names {
-                out.extend(groups.as_ref()?.iter().cloned());
+                if *orphan {
+                    return None;
+                }
+                out.extend(self.claim_groups(c.metadata.namespace(), &c.metadata.name));
             }
         }
         Some(out)
@@ -383,8 +421,8 @@ impl Membership {
     pub fn partial(&self, snap: &Snapshot, groups: &BTreeSet<GroupKey>) -> Snapshot {
         let keep: HashSet<usize> = groups
             .iter()
-            .filter_map(|g| self.groups.get(g))
-            .flatten()
+            .filter_map(|(ns, name)| self.group(ns, name))
+            .flat_map(|g| &self.groups[g].1)
             .chain(&self.context)
             .chain(&self.orphans)
             .map(Member::ptr)
@@ -411,21 +449,26 @@ impl Membership {
         }
     }
 
-    /// The groups claim `namespace/name` is read by: those its name may
-    /// be a VM's or pod's of (`vm1.blue`), and those whose pods reference
-    /// it.
-    fn claim_groups(&self, namespace: &str, name: &str) -> BTreeSet<GroupKey> {
-        let mut into: BTreeSet<GroupKey> = name_prefixes(name)
-            .map(|p| (namespace.to_string(), p.to_string()))
-            .filter(|g| self.groups.contains_key(g))
-            .collect();
-        if let Some(gs) = self
-            .references
-            .get(&(namespace.to_string(), name.to_string()))
-        {
-            into.extend(gs.iter().cloned());
+    /// The groups (indexes, into `out`) claim `namespace/name` is read
+    /// by: those its name may be a VM's or pod's of (`vm1.blue`), and
+    /// those whose pods reference it. Copies no name.
+    fn claim_group_indexes(&self, namespace: &str, name: &str, out: &mut Vec<usize>) {
+        out.clear();
+        if let Some(names) = self.index.get(namespace) {
+            out.extend(name_prefixes(name).filter_map(|p| names.get(p).copied()));
         }
-        into
+        if let Some(gs) = self.references.get(namespace).and_then(|r| r.get(name)) {
+            out.extend(gs);
+        }
+        out.sort_unstable();
+        out.dedup();
+    }
+
+    /// As [`Self::claim_group_indexes`], by key.
+    fn claim_groups(&self, namespace: &str, name: &str) -> BTreeSet<GroupKey> {
+        let mut out = Vec::new();
+        self.claim_group_indexes(namespace, name, &mut out);
+        out.into_iter().map(|g| self.groups[g].0.clone()).collect()
     }
 
     /// The groups a refusal or warning is about; `None`: the context's.
@@ -433,8 +476,9 @@ impl Membership {
         if let Some(about) = &e.about {
             match about.kind.as_str() {
                 "VirtualMachineInstance" => {
-                    let g = (about.namespace.clone(), about.name.clone());
-                    return self.groups.contains_key(&g).then(|| vec![g]);
+                    return self
+                        .group(&about.namespace, &about.name)
+                        .map(|g| vec![self.groups[g].0.clone()]);
                 }
                 "IPAMClaim" => {
                     let gs = self.claim_groups(&about.namespace, &about.name);
@@ -451,8 +495,10 @@ impl Membership {
                 return Some(gs.clone());
             }
             // A CNI port's pod not read (yet): the port's own group.
-            if about.kind == "Pod" && self.groups.contains_key(&(id.1.clone(), id.2.clone())) {
-                return Some(vec![(id.1, id.2)]);
+            if about.kind == "Pod"
+                && let Some(g) = self.group(&id.1, &id.2)
+            {
+                return Some(vec![self.groups[g].0.clone()]);
             }
             return None;
         }

@@ -515,11 +515,18 @@ impl Round {
             shared.publish(view);
         }
         crate::api::endpoints::round_done();
-        let accepted: BTreeSet<AttachmentKey> =
-            cfg.attachments.iter().map(|a| a.key.clone()).collect();
-        // Recorded when it changed (or the last record failed), not copied
-        // again every round.
-        if accepted != self.accepted || self.accepted_unrecorded {
+        // Built, and recorded, only when it changed (or the last record
+        // failed): not copied again every round. The resolved interfaces
+        // are in key order, as the set is.
+        let same = cfg.attachments.len() == self.accepted.len()
+            && cfg
+                .attachments
+                .iter()
+                .zip(&self.accepted)
+                .all(|(a, k)| a.key == *k);
+        if !same || self.accepted_unrecorded {
+            let accepted: BTreeSet<AttachmentKey> =
+                cfg.attachments.iter().map(|a| a.key.clone()).collect();
             let keys: BTreeSet<crate::resolve::store::InterfaceKey> = accepted
                 .iter()
                 .map(|k| (k.namespace.clone(), k.vm.clone(), k.interface.clone()))
@@ -534,8 +541,8 @@ impl Round {
                     }
                 }
             }
+            self.accepted = accepted;
         }
-        self.accepted = accepted;
         if let Some(plan) = &self.last_plan {
             self.running = publish::served_here(&cfg, plan);
         }

@@ -11,7 +11,9 @@
 //! flags that force a full reconcile round per event (an incremental
 //! control plane's fallback), the same agent with them. An agent without
 //! such a switch runs a full round per event already: its row is the
-//! full-round figure.
+//! full-round figure. `VMPATH_BENCH_BASELINE_BIN` (and
+//! `VMPATH_BENCH_BASELINE_NAME`) add another build's agent, e.g. an
+//! earlier commit's release binary, measured in the same pass.
 
 use std::{
     fmt::Write as _,
@@ -40,23 +42,40 @@ pub struct Options {
     pub settle_limit: Duration,
 }
 
-/// One agent variant: a name and its extra flags.
+/// One agent variant: a name, its extra flags, its binary (`None`: this
+/// build's).
 struct Variant {
     name: String,
     args: Vec<String>,
+    bin: Option<std::path::PathBuf>,
 }
 
 fn variants() -> Vec<Variant> {
     let mut out = vec![Variant {
         name: "this build".into(),
         args: Vec::new(),
+        bin: None,
     }];
+    // Another build (an earlier commit's release agent), measured in the
+    // same pass: what a change gained, with the machine's noise the same.
+    if let Ok(bin) = std::env::var("VMPATH_BENCH_BASELINE_BIN")
+        && !bin.trim().is_empty()
+    {
+        let name = std::env::var("VMPATH_BENCH_BASELINE_NAME")
+            .unwrap_or_else(|_| format!("baseline `{}`", bin.trim()));
+        out.push(Variant {
+            name,
+            args: Vec::new(),
+            bin: Some(bin.trim().into()),
+        });
+    }
     if let Ok(args) = std::env::var("VMPATH_BENCH_FULL_ROUND_ARGS")
         && !args.trim().is_empty()
     {
         out.push(Variant {
             name: format!("full round (`{}`)", args.trim()),
             args: args.split_whitespace().map(str::to_string).collect(),
+            bin: None,
         });
     }
     out
@@ -147,6 +166,9 @@ fn measure(n: usize, variant: &Variant, opts: &Options) -> Result<Figures> {
         kubeconfig.to_string_lossy().into_owned(),
     ];
     args.extend(variant.args.iter().cloned());
+    if let Some(bin) = &variant.bin {
+        node.set_agent_bin(bin);
+    }
     node.set_agent_args(&args.iter().map(String::as_str).collect::<Vec<_>>());
     let settle_s = settle(&mut node, n, opts.settle_limit)?;
     // The first rounds' garbage gone before the resident size is read.
@@ -197,10 +219,11 @@ pub fn run(opts: &Options) -> Result<Section> {
             .collect::<Vec<_>>()
             .join(", "),
         if variants.len() == 1 {
-            " No switch forcing full rounds was given (`VMPATH_BENCH_FULL_ROUND_ARGS`): \
-             the rows are this build's alone."
+            " No switch forcing full rounds (`VMPATH_BENCH_FULL_ROUND_ARGS`) and no \
+             earlier build (`VMPATH_BENCH_BASELINE_BIN`) was given: the rows are this \
+             build's alone."
         } else {
-            ""
+            " Each size's agents run one after the other in the same pass."
         },
     );
     let mut bars = Vec::new();
