@@ -175,10 +175,10 @@ mod tests {
                 net("l2", &[]),
             ],
             attachments: vec![
-                vm("blue", "a"),
-                vm("red", "a"),
-                vm("elsewhere", "b"),
-                vm("l2", "a"),
+                vm("blue", "a").into(),
+                vm("red", "a").into(),
+                vm("elsewhere", "b").into(),
+                vm("l2", "a").into(),
             ],
             ..base
         }

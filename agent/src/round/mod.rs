@@ -150,6 +150,9 @@ pub struct Round {
     pub passes: Passes,
     /// When the heap was last trimmed.
     last_trim: Option<Instant>,
+    /// The resolved VM interfaces the published view was built from, one
+    /// for one (`publish::build_view`).
+    viewed: Vec<crate::resolve::resolved::Attachment>,
 }
 
 /// How the derive and validate stages ran, round by round.
@@ -216,6 +219,7 @@ impl Round {
             held: None,
             passes: Passes::default(),
             last_trim: None,
+            viewed: Vec::new(),
         }
     }
 
@@ -491,6 +495,7 @@ impl Round {
         phases.mark("routes");
 
         // publish
+        let mut view_built = false;
         publish::log_refusals(&cfg, &mut self.last_errors);
         if let Some(cluster) = &self.cluster {
             publish::report(cluster, &cfg, &s.node, &mac_refusals);
@@ -499,7 +504,15 @@ impl Round {
         if plan_changed || changed || learned_changed {
             // Show what is programmed, not what was attempted.
             let applied = self.last_plan.clone().unwrap_or_default();
-            let mut view = publish::build_view(s, &cfg, &applied, &self.learned, &shared.view());
+            let mut view = publish::build_view(
+                s,
+                &cfg,
+                &applied,
+                &self.learned,
+                &shared.view(),
+                &self.viewed,
+            );
+            view_built = true;
             if plan_changed {
                 view.reconciles += 1;
                 view.last_reconcile_seconds = started.elapsed().as_secs_f64();
@@ -547,6 +560,11 @@ impl Round {
             self.running = publish::served_here(&cfg, plan);
         }
         let migrating = cfg.attachments.iter().any(|a| a.migration.is_some());
+        if view_built {
+            // What the published view's entries were built from, for the
+            // next view to share the unchanged ones.
+            self.viewed = std::mem::take(&mut cfg.attachments);
+        }
         // A full pass over a cluster's objects frees tens of MiB at once:
         // give the pages back rather than hold them until the next. A
         // partial pass frees little, and the trim walks the whole heap (tens

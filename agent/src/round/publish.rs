@@ -103,13 +103,21 @@ fn view_ips(
 }
 
 /// Builds what readers see from the resolved config and the applied plan.
+///
+/// `viewed`: the VM interfaces `prev`'s entries were built from, one for
+/// one. An entry whose interface is unchanged and has no port here (most
+/// of a cluster's: other nodes' VMs) depends on nothing else, and is
+/// shared with `prev`'s rather than built again.
 pub fn build_view(
     settings: &Settings,
     cfg: &Resolved,
     plan: &Plan,
     learned: &learned::Outcome,
     prev: &View,
+    viewed: &[resolved::Attachment],
 ) -> View {
+    let reusable = viewed.len() == prev.attachments.len();
+    let mut was = 0usize;
     // Indexes, so the view stays linear in the number of attachments.
     let mut per_network: HashMap<&str, usize> = HashMap::new();
     for a in &cfg.attachments {
@@ -155,6 +163,23 @@ pub fn build_view(
         .map(|a| {
             // A pending migration target's port is not where the VM runs yet.
             let ifindex = active_port.get(&a.key).copied();
+            let pending = pending_port.get(&a.key);
+            // Both lists are in key order: the last entry of this key, if
+            // any, is at or after `was`.
+            if reusable {
+                while was < viewed.len() && viewed[was].key < a.key {
+                    was += 1;
+                }
+                if let (Some(old), Some(entry)) = (viewed.get(was), prev.attachments.get(was))
+                    && ifindex.is_none()
+                    && pending.is_none()
+                    && entry.ifindex.is_none()
+                    && entry.pending_port.is_none()
+                    && old == a
+                {
+                    return entry.clone();
+                }
+            }
             let (migration, target) = match &a.migration {
                 None => ("none".to_string(), None),
                 Some(m) if a.cut_over => ("cut-over".to_string(), Some(m.target_node.clone())),
@@ -198,10 +223,9 @@ pub fn build_view(
                     .unwrap_or_default(),
                 migration,
                 migration_target: target,
-                pending_port: pending_port
-                    .get(&a.key)
-                    .map(|(name, ifindex)| (name.to_string(), *ifindex)),
+                pending_port: pending.map(|(name, ifindex)| (name.to_string(), *ifindex)),
             }
+            .into()
         })
         .collect();
     View {
@@ -253,6 +277,8 @@ pub fn served_here(cfg: &Resolved, plan: &Plan) -> config::Held {
 
 #[cfg(test)]
 mod tests {
+    use std::sync::Arc;
+
     use super::*;
     use crate::round::{
         plan::{Previous, plan},
@@ -282,6 +308,7 @@ mod tests {
             &plan,
             &Default::default(),
             &View::default(),
+            &[],
         );
         let row = |vm: &str| view.attachments.iter().find(|a| a.vm == vm).unwrap();
         assert_eq!(
@@ -297,5 +324,74 @@ mod tests {
             0,
             "no MAC known yet"
         );
+    }
+
+    #[test]
+    fn the_view_shares_the_entries_of_unchanged_vms_without_a_port_here() {
+        // One config file, edited (its documents keep their source).
+        let dir = std::env::temp_dir().join(format!("vmpath-view-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let docs = |vm3_node: &str| {
+            let yaml = format!(
+                "{BLUE}---\n{}---\n{}---\n{}",
+                attachment("vm1", "a"),
+                attachment("vm2", "b"),
+                attachment("vm3", vm3_node)
+            );
+            std::fs::write(dir.join("c.yaml"), yaml).unwrap();
+            crate::config::source::read_dir(&dir)
+        };
+        let ports = |p: &str| (p == "vm1p").then_some(11);
+        let settings = Settings {
+            node: "a".into(),
+            ..Default::default()
+        };
+        let build = |cfg: &Resolved, prev: &View, viewed: &[resolved::Attachment]| {
+            let plan = plan(cfg, "a", ports, &Previous::default());
+            build_view(&settings, cfg, &plan, &Default::default(), prev, viewed)
+        };
+        let before = resolve(
+            crate::round::validate(&docs("b"), "a", &Default::default()),
+            "a",
+        );
+        let first = build(&before, &View::default(), &[]);
+        // vm3 moves to node c; vm1 (its port here) and vm2 do not change.
+        let after = resolve(
+            crate::round::validate(&docs("c"), "a", &Default::default()),
+            "a",
+        );
+        let second = build(&after, &first, &before.attachments);
+        let fresh = build(&after, &View::default(), &[]);
+        assert_eq!(
+            second.attachments, fresh.attachments,
+            "the shared entries are what building them again gives"
+        );
+        let shared = |vm: &str| {
+            let find = |v: &View| v.attachments.iter().find(|a| a.vm == vm).unwrap().clone();
+            Arc::ptr_eq(&find(&first), &find(&second))
+        };
+        assert!(shared("vm2"), "vm2 is unchanged and remote: shared");
+        assert!(!shared("vm3"), "vm3 moved: built again");
+        assert!(!shared("vm1"), "vm1 has its port here: built again");
+        assert_eq!(
+            second
+                .attachments
+                .iter()
+                .find(|a| a.vm == "vm3")
+                .unwrap()
+                .node,
+            "c"
+        );
+        // A list the entries were not built from shares nothing.
+        let unrelated = build(&after, &first, &[]);
+        assert_eq!(unrelated.attachments, fresh.attachments);
+        assert!(
+            unrelated
+                .attachments
+                .iter()
+                .zip(&first.attachments)
+                .all(|(a, b)| !Arc::ptr_eq(a, b))
+        );
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }
