@@ -185,6 +185,12 @@ pub fn generated_mac(key: &AttachmentKey, attempt: u32) -> [u8; 6] {
 /// Claims to write (`Some`) or release (`None`), by claim key.
 pub type ClaimChanges = BTreeMap<String, Option<Claim>>;
 
+/// A claim's key (`namespace/vm/interface`) as its three parts.
+fn split_key(text: &str) -> Option<(&str, &str, &str)> {
+    let mut parts = text.splitn(3, '/');
+    Some((parts.next()?, parts.next()?, parts.next()?))
+}
+
 /// Whether `text` is `key` as it prints (`namespace/vm/interface`),
 /// without printing it.
 fn names_key(text: &str, key: &AttachmentKey) -> bool {
@@ -211,17 +217,24 @@ pub fn assign(cfg: &mut Resolved, claims: &BTreeMap<String, Claim>) -> ClaimChan
         .enumerate()
         .map(|(i, n)| (n.name.as_str(), i))
         .collect();
-    let in_documents: HashSet<String> = config
+    // Keys as (namespace, VM, interface), borrowed: a claim's key is the
+    // three joined by `/` (which none of them may hold), so nothing is
+    // printed to match one with its VM interface.
+    let in_documents: HashSet<(&str, &str, &str)> = config
         .keys_in_documents
         .iter()
-        .map(|k| k.to_string())
+        .map(|k| (k.namespace.as_str(), k.vm.as_str(), k.interface.as_str()))
         .collect();
-    let mut live: HashMap<&str, &Claim> = HashMap::with_capacity(claims.len());
+    let mut live: HashMap<(&str, &str, &str), (&str, &Claim)> =
+        HashMap::with_capacity(claims.len());
     for (key, claim) in claims {
-        if in_documents.contains(key) {
-            live.insert(key, claim);
-        } else {
-            changes.insert(key.clone(), None);
+        match split_key(key).filter(|k| in_documents.contains(k)) {
+            Some(k) => {
+                live.insert(k, (key.as_str(), claim));
+            }
+            None => {
+                changes.insert(key.clone(), None);
+            }
         }
     }
     drop(in_documents);
@@ -230,7 +243,7 @@ pub fn assign(cfg: &mut Resolved, claims: &BTreeMap<String, Claim>) -> ClaimChan
     // requests. A claim on a network the config does not have holds
     // nothing any attachment could ask for.
     let mut held: HashMap<(usize, IpAddr), &str> = HashMap::new();
-    for (key, claim) in &live {
+    for (key, claim) in live.values() {
         if let Some(&n) = net_index.get(claim.network.as_str()) {
             for ip in &claim.ips {
                 held.insert((n, ip.addr()), key);
@@ -288,18 +301,18 @@ pub fn assign(cfg: &mut Resolved, claims: &BTreeMap<String, Claim>) -> ClaimChan
         }
     }
 
-    let mut key = String::new();
     for a in cfg.attachments.iter_mut() {
         let Some(&n) = net_index.get(a.network.as_str()) else {
             continue;
         };
         let net = &config.networks[n];
-        key.clear();
-        {
-            use std::fmt::Write as _;
-            let _ = write!(key, "{}", a.key);
-        }
-        let old = live.get(key.as_str()).copied();
+        let old = live
+            .get(&(
+                a.key.namespace.as_str(),
+                a.key.vm.as_str(),
+                a.key.interface.as_str(),
+            ))
+            .map(|(_, c)| *c);
         let previous = old.filter(|c| c.network == a.network);
         let mut mac: Option<std::borrow::Cow<'_, str>> =
             previous.and_then(|c| c.mac.as_deref()).map(Into::into);
@@ -328,6 +341,7 @@ pub fn assign(cfg: &mut Resolved, claims: &BTreeMap<String, Claim>) -> ClaimChan
                     continue;
                 };
 
+                let key = a.key.to_string();
                 let seed = fnv1a(&[key.as_bytes(), &[u8::from(v6)]]);
                 let net_taken = taken.entry(n).or_default();
                 match pool.allocate(seed, net_taken) {
@@ -389,7 +403,7 @@ pub fn assign(cfg: &mut Resolved, claims: &BTreeMap<String, Claim>) -> ClaimChan
             (true, _) if unchanged => {}
             (true, _) => {
                 changes.insert(
-                    key.clone(),
+                    a.key.to_string(),
                     Some(Claim {
                         network: a.network.clone(),
                         ips: ips.to_vec(),
@@ -399,7 +413,7 @@ pub fn assign(cfg: &mut Resolved, claims: &BTreeMap<String, Claim>) -> ClaimChan
                 );
             }
             (false, Some(_)) => {
-                changes.insert(key.clone(), None);
+                changes.insert(a.key.to_string(), None);
             }
             (false, None) => {}
         }

@@ -503,11 +503,13 @@ impl Round {
         phases.mark("report");
         if plan_changed || changed || learned_changed {
             // Show what is programmed, not what was attempted.
-            let applied = self.last_plan.clone().unwrap_or_default();
+            // Borrowed, not copied: the plan holds every endpoint.
+            let none = Plan::default();
+            let applied = self.last_plan.as_ref().unwrap_or(&none);
             let mut view = publish::build_view(
                 s,
                 &cfg,
-                &applied,
+                applied,
                 &self.learned,
                 &shared.view(),
                 &self.viewed,

@@ -8,6 +8,7 @@ use std::{
     collections::{BTreeSet, HashMap},
     fs,
     path::Path,
+    sync::Arc,
 };
 
 use anyhow::Result;
@@ -157,7 +158,7 @@ pub fn build_view(
             search_domains: n.dhcp.search_domains.clone(),
         })
         .collect();
-    let attachments = cfg
+    let attachments: Vec<Arc<AttachmentView>> = cfg
         .attachments
         .iter()
         .map(|a| {
@@ -228,6 +229,16 @@ pub fn build_view(
             .into()
         })
         .collect();
+    tracing::debug!(
+        entries = attachments.len(),
+        shared = attachments
+            .iter()
+            .zip(&prev.attachments)
+            .filter(|(a, b)| Arc::ptr_eq(a, b))
+            .count(),
+        errors = cfg.errors.len(),
+        "view built"
+    );
     View {
         node: settings.node.clone(),
         bpffs: settings.bpffs.display().to_string(),
