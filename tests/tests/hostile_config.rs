@@ -137,6 +137,11 @@ fn cli(node: &Node, args: &[&str]) -> Output {
         .expect("running the vmpath CLI")
 }
 
+fn last_lines(text: &str, n: usize) -> String {
+    let lines: Vec<&str> = text.lines().collect();
+    lines[lines.len().saturating_sub(n)..].join("\n")
+}
+
 fn scrape(node: &Node) -> String {
     let url = format!("http://{METRICS}/metrics");
     let out = node
@@ -205,7 +210,14 @@ fn hostile_beside_a_good_change(
     });
 
     // Each hostile file is reported refused: status, /metrics, the log.
-    let status = String::from_utf8_lossy(&cli(node, &["status"]).stdout).into_owned();
+    let out = cli(node, &["status"]);
+    let status = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "`vmpath status` failed: {}\n{}",
+        String::from_utf8_lossy(&out.stderr),
+        last_lines(&node.agent_log(), 30)
+    );
     let metrics = scrape(node);
     for (file, _) in hostile {
         assert!(
