@@ -119,6 +119,7 @@ pub fn build_view(
 ) -> View {
     let reusable = viewed.len() == prev.attachments.len();
     let mut was = 0usize;
+    let mut shared = 0usize;
     // Indexes, so the view stays linear in the number of attachments.
     let mut per_network: HashMap<&str, usize> = HashMap::new();
     for a in &cfg.attachments {
@@ -178,6 +179,7 @@ pub fn build_view(
                     && entry.pending_port.is_none()
                     && old == a
                 {
+                    shared += 1;
                     return entry.clone();
                 }
             }
@@ -229,16 +231,7 @@ pub fn build_view(
             .into()
         })
         .collect();
-    tracing::debug!(
-        entries = attachments.len(),
-        shared = attachments
-            .iter()
-            .zip(&prev.attachments)
-            .filter(|(a, b)| Arc::ptr_eq(a, b))
-            .count(),
-        errors = cfg.errors.len(),
-        "view built"
-    );
+    tracing::debug!(entries = attachments.len(), shared, "view built");
     View {
         node: settings.node.clone(),
         bpffs: settings.bpffs.display().to_string(),
