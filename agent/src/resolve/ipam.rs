@@ -225,31 +225,26 @@ pub fn assign(cfg: &mut Resolved, claims: &BTreeMap<String, Claim>) -> ClaimChan
         .iter()
         .map(|k| (k.namespace.as_str(), k.vm.as_str(), k.interface.as_str()))
         .collect();
-    let mut live: HashMap<(&str, &str, &str), (&str, &Claim)> =
-        HashMap::with_capacity(claims.len());
-    for (key, claim) in claims {
-        match split_key(key).filter(|k| in_documents.contains(k)) {
-            Some(k) => {
-                live.insert(k, (key.as_str(), claim));
-            }
-            None => {
-                changes.insert(key.clone(), None);
-            }
-        }
-    }
-    drop(in_documents);
-
     // Addresses held per network (by index): claims first, then static
     // requests. A claim on a network the config does not have holds
-    // nothing any attachment could ask for.
+    // nothing any attachment could ask for. Filled in the claims' key
+    // order, so that of two claims of one address the same one wins
+    // every round.
     let mut held: HashMap<(usize, IpAddr), &str> = HashMap::new();
-    for (key, claim) in live.values() {
+    let mut live: HashMap<(&str, &str, &str), &Claim> = HashMap::with_capacity(claims.len());
+    for (key, claim) in claims {
+        let Some(k) = split_key(key).filter(|k| in_documents.contains(k)) else {
+            changes.insert(key.clone(), None);
+            continue;
+        };
+        live.insert(k, claim);
         if let Some(&n) = net_index.get(claim.network.as_str()) {
             for ip in &claim.ips {
                 held.insert((n, ip.addr()), key);
             }
         }
     }
+    drop(in_documents);
 
     // Static requests on IPAM networks must not take another VM's claim.
     let mut refusals = Vec::new();
@@ -312,7 +307,7 @@ pub fn assign(cfg: &mut Resolved, claims: &BTreeMap<String, Claim>) -> ClaimChan
                 a.key.vm.as_str(),
                 a.key.interface.as_str(),
             ))
-            .map(|(_, c)| *c);
+            .copied();
         let previous = old.filter(|c| c.network == a.network);
         let mut mac: Option<std::borrow::Cow<'_, str>> =
             previous.and_then(|c| c.mac.as_deref()).map(Into::into);
