@@ -152,6 +152,13 @@ pub fn run_status(args: &[&str]) -> Output {
         .unwrap_or_else(|e| panic!("cannot run {}: {e}", args[0]))
 }
 
+/// The last `n` lines of `text` (an agent's log, for a failure's
+/// message), joined by `sep`.
+pub fn last_lines(text: &str, n: usize, sep: &str) -> String {
+    let lines: Vec<&str> = text.lines().collect();
+    lines[lines.len().saturating_sub(n)..].join(sep)
+}
+
 /// Polls `cond` until it holds or `timeout` passes.
 pub fn wait_for(what: &str, timeout: Duration, mut cond: impl FnMut() -> bool) {
     let start = Instant::now();

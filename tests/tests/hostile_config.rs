@@ -137,11 +137,6 @@ fn cli(node: &Node, args: &[&str]) -> Output {
         .expect("running the vmpath CLI")
 }
 
-fn last_lines(text: &str, n: usize) -> String {
-    let lines: Vec<&str> = text.lines().collect();
-    lines[lines.len().saturating_sub(n)..].join("\n")
-}
-
 fn scrape(node: &Node) -> String {
     let url = format!("http://{METRICS}/metrics");
     let out = node
@@ -216,7 +211,7 @@ fn hostile_beside_a_good_change(
         out.status.success(),
         "`vmpath status` failed: {}\n{}",
         String::from_utf8_lossy(&out.stderr),
-        last_lines(&node.agent_log(), 30)
+        vmpath_tests::last_lines(&node.agent_log(), 30, "\n")
     );
     let metrics = scrape(node);
     for (file, _) in hostile {

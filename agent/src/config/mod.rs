@@ -171,6 +171,31 @@ impl fmt::Display for AttachmentKey {
     }
 }
 
+impl AttachmentKey {
+    /// The key's (namespace, VM, interface), borrowed.
+    pub fn parts(&self) -> (&str, &str, &str) {
+        (&self.namespace, &self.vm, &self.interface)
+    }
+
+    /// The parts of a key as it prints (`namespace/vm/interface`, as the
+    /// claims store keys its claims), borrowed: no namespace or name
+    /// holds a `/`.
+    pub fn parts_of(text: &str) -> Option<(&str, &str, &str)> {
+        let mut it = text.splitn(3, '/');
+        Some((it.next()?, it.next()?, it.next()?))
+    }
+
+    /// The key `text` prints as.
+    pub fn parse(text: &str) -> Option<Self> {
+        let (namespace, vm, interface) = Self::parts_of(text)?;
+        Some(AttachmentKey {
+            namespace: namespace.to_string(),
+            vm: vm.to_string(),
+            interface: interface.to_string(),
+        })
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Attachment {
     pub name: String,

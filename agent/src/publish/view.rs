@@ -1,7 +1,7 @@
 //! What the agent knows right now, as the API, the CLI, metrics and the
 //! status file show it. The reconcile loop publishes a new [`View`] after
 //! each round into [`Published`], with its heartbeat and reconcile times;
-//! readers take a clone under a short read lock.
+//! readers share it (`Arc`), taken under a short read lock.
 
 use std::{
     sync::{

@@ -185,21 +185,6 @@ pub fn generated_mac(key: &AttachmentKey, attempt: u32) -> [u8; 6] {
 /// Claims to write (`Some`) or release (`None`), by claim key.
 pub type ClaimChanges = BTreeMap<String, Option<Claim>>;
 
-/// A claim's key (`namespace/vm/interface`) as its three parts.
-fn split_key(text: &str) -> Option<(&str, &str, &str)> {
-    let mut parts = text.splitn(3, '/');
-    Some((parts.next()?, parts.next()?, parts.next()?))
-}
-
-/// Whether `text` is `key` as it prints (`namespace/vm/interface`),
-/// without printing it.
-fn names_key(text: &str, key: &AttachmentKey) -> bool {
-    let mut parts = text.splitn(3, '/');
-    parts.next() == Some(key.namespace.as_str())
-        && parts.next() == Some(key.vm.as_str())
-        && parts.next() == Some(key.interface.as_str())
-}
-
 /// Resolves every attachment's addresses and MAC against the claims,
 /// allocating and generating what is missing, refusing what conflicts, and
 /// releasing claims whose Attachment document is gone. The validated
@@ -217,13 +202,12 @@ pub fn assign(cfg: &mut Resolved, claims: &BTreeMap<String, Claim>) -> ClaimChan
         .enumerate()
         .map(|(i, n)| (n.name.as_str(), i))
         .collect();
-    // Keys as (namespace, VM, interface), borrowed: a claim's key is the
-    // three joined by `/` (which none of them may hold), so nothing is
-    // printed to match one with its VM interface.
+    // Keys as their borrowed parts: nothing is printed to match a claim
+    // with its VM interface.
     let in_documents: HashSet<(&str, &str, &str)> = config
         .keys_in_documents
         .iter()
-        .map(|k| (k.namespace.as_str(), k.vm.as_str(), k.interface.as_str()))
+        .map(AttachmentKey::parts)
         .collect();
     // Addresses held per network (by index): claims first, then static
     // requests. A claim on a network the config does not have holds
@@ -233,7 +217,7 @@ pub fn assign(cfg: &mut Resolved, claims: &BTreeMap<String, Claim>) -> ClaimChan
     let mut held: HashMap<(usize, IpAddr), &str> = HashMap::new();
     let mut live: HashMap<(&str, &str, &str), &Claim> = HashMap::with_capacity(claims.len());
     for (key, claim) in claims {
-        let Some(k) = split_key(key).filter(|k| in_documents.contains(k)) else {
+        let Some(k) = AttachmentKey::parts_of(key).filter(|k| in_documents.contains(k)) else {
             changes.insert(key.clone(), None);
             continue;
         };
@@ -257,7 +241,7 @@ pub fn assign(cfg: &mut Resolved, claims: &BTreeMap<String, Claim>) -> ClaimChan
         }
         if let Some((ip, holder)) = a.ips.iter().find_map(|ip| {
             held.get(&(n, ip.addr()))
-                .filter(|h| !names_key(h, &a.key))
+                .filter(|h| AttachmentKey::parts_of(h) != Some(a.key.parts()))
                 .map(|h| (ip.addr(), *h))
         }) {
             refusals.push((
@@ -301,13 +285,7 @@ pub fn assign(cfg: &mut Resolved, claims: &BTreeMap<String, Claim>) -> ClaimChan
             continue;
         };
         let net = &config.networks[n];
-        let old = live
-            .get(&(
-                a.key.namespace.as_str(),
-                a.key.vm.as_str(),
-                a.key.interface.as_str(),
-            ))
-            .copied();
+        let old = live.get(&a.key.parts()).copied();
         let previous = old.filter(|c| c.network == a.network);
         let mut mac: Option<std::borrow::Cow<'_, str>> =
             previous.and_then(|c| c.mac.as_deref()).map(Into::into);

@@ -668,15 +668,6 @@ pub struct Evidence<'a> {
     pub stored: &'a dyn Fn(&str) -> Option<crate::resolve::store::Claim>,
 }
 
-fn key_of(text: &str) -> Option<crate::config::AttachmentKey> {
-    let mut it = text.splitn(3, '/');
-    Some(crate::config::AttachmentKey {
-        namespace: it.next()?.to_string(),
-        vm: it.next()?.to_string(),
-        interface: it.next()?.to_string(),
-    })
-}
-
 impl Evidence<'_> {
     /// Why `a` (a recomputed group's, accepted by its partial pass) might
     /// be decided differently by a full pass: an address or MAC the
@@ -701,7 +692,7 @@ impl Evidence<'_> {
             if holder == me {
                 return false;
             }
-            let Some(k) = key_of(holder) else {
+            let Some(k) = crate::config::AttachmentKey::parse(holder) else {
                 return true;
             };
             if recomputed.contains(&(k.namespace.clone(), k.vm.clone())) {

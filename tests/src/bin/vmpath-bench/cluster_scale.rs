@@ -108,16 +108,14 @@ fn settle(node: &mut Node, n: usize, limit: Duration) -> Result<f64> {
             );
         }
         if !node.agent_running() {
-            bail!("the agent exited: {}", last_lines(&node.agent_log(), 5));
+            bail!(
+                "the agent exited: {}",
+                vmpath_tests::last_lines(&node.agent_log(), 5, " | ")
+            );
         }
         std::thread::sleep(Duration::from_millis(100));
     }
     Ok(started.elapsed().as_secs_f64())
-}
-
-fn last_lines(text: &str, n: usize) -> String {
-    let lines: Vec<&str> = text.lines().collect();
-    lines[lines.len().saturating_sub(n)..].join(" | ")
 }
 
 /// New VMs on this node, `samples` of each kind: objects created then
