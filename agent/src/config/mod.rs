@@ -275,7 +275,7 @@ pub struct Config {
     /// endpoint of a Primary network reaches through the node's stack.
     pub cluster_cidrs: Vec<ClusterCidr>,
     #[serde(skip)]
-    pub network_index: std::collections::HashMap<String, usize>,
+    pub network_index: crate::sys::hash::HashMap<String, usize>,
 }
 
 impl Config {

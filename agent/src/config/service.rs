@@ -145,8 +145,8 @@ pub fn check_service(
     }
     check_families(&spec, field, &cluster_ips)?;
     let mut ports: Vec<ServicePort> = Vec::new();
-    let mut names = std::collections::HashSet::new();
-    let mut numbers = std::collections::HashSet::new();
+    let mut names = crate::sys::hash::HashSet::default();
+    let mut numbers = crate::sys::hash::HashSet::default();
     for (i, p) in spec.ports.iter().enumerate() {
         let at = |f: &str| format!("ports[{i}].{f}");
         let port = u16::try_from(p.port)

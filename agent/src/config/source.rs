@@ -11,7 +11,6 @@
 //! reported, once.
 
 use std::{
-    collections::HashMap,
     fs,
     io::Read as _,
     os::unix::fs::MetadataExt as _,
@@ -20,6 +19,7 @@ use std::{
 };
 
 use super::ConfigError;
+use crate::sys::hash::HashMap;
 use vmpath_api::types::ObjectRef;
 
 pub use crate::sys::limits;
@@ -179,7 +179,7 @@ impl Reader {
             ..Default::default()
         };
         let mut fingerprint_parts: Vec<Vec<u8>> = Vec::new();
-        let mut seen = HashMap::with_capacity(files.len());
+        let mut seen = HashMap::with_capacity_and_hasher(files.len(), Default::default());
         for (file, meta) in files {
             let stamp = Stamp::of(&meta);
             let parsed = match self.cache.remove(&file) {

@@ -1,7 +1,7 @@
 //! Turns raw documents into a [`Config`], refusing bad ones one by one.
 
 use std::{
-    collections::{BTreeMap, BTreeSet, HashMap},
+    collections::{BTreeMap, BTreeSet},
     net::IpAddr,
 };
 
@@ -19,6 +19,7 @@ use super::{
     parse_mac,
     source::RawDocument,
 };
+use crate::sys::hash::HashMap;
 
 const MAX_NETWORK_ID: u32 = (1 << 24) - 1;
 const DEFAULT_MTU: u16 = 1500;
@@ -222,9 +223,9 @@ pub fn validate_documents(
 
     // Each kind's (namespace, name)s accepted so far: a document defined
     // twice is refused (a set, not a search of the accepted per document).
-    let mut seen_policies = std::collections::HashSet::new();
-    let mut seen_endpoint_slices = std::collections::HashSet::new();
-    let mut seen_services = std::collections::HashSet::new();
+    let mut seen_policies = crate::sys::hash::HashSet::default();
+    let mut seen_endpoint_slices = crate::sys::hash::HashSet::default();
+    let mut seen_services = crate::sys::hash::HashSet::default();
     for doc in &policies {
         match network_policy(doc) {
             Ok(p) if !seen_policies.insert((p.namespace.clone(), p.name.clone())) => {
@@ -256,7 +257,7 @@ pub fn validate_documents(
     cfg.endpoint_slices
         .sort_by(|a, b| (&a.namespace, &a.name).cmp(&(&b.namespace, &b.name)));
 
-    let mut ids: HashMap<u32, String> = HashMap::new();
+    let mut ids: HashMap<u32, String> = HashMap::default();
     let mut names: BTreeSet<String> = BTreeSet::new();
     for doc in &networks {
         match network(doc) {
@@ -396,9 +397,9 @@ pub fn validate_documents(
     // Attachments that were running go first, so they keep what they hold.
     parsed.sort_by_key(|(a, _)| !keep_first.contains(&a.key));
     let mut seen_keys: BTreeMap<AttachmentKey, String> = BTreeMap::new();
-    let mut macs: HashMap<(String, [u8; 6]), String> = HashMap::new();
-    let mut ips: HashMap<(String, IpAddr), String> = HashMap::new();
-    let mut ports: HashMap<(String, String), String> = HashMap::new();
+    let mut macs: HashMap<(String, [u8; 6]), String> = HashMap::default();
+    let mut ips: HashMap<(String, IpAddr), String> = HashMap::default();
+    let mut ports: HashMap<(String, String), String> = HashMap::default();
     for (a, doc) in parsed {
         let me = format!("Attachment {}/{}", a.key.namespace, a.name);
         if let Some(other) = seen_keys.get(&a.key) {
@@ -468,8 +469,8 @@ pub fn validate_documents(
     // address a VM has or may get (a guest routing it through its gateway
     // would reach the Service's backend instead of the VM).
     // Every attachment's addresses, to the first attachment holding each.
-    let mut attachment_by_ip: std::collections::HashMap<std::net::IpAddr, usize> =
-        std::collections::HashMap::new();
+    let mut attachment_by_ip: crate::sys::hash::HashMap<std::net::IpAddr, usize> =
+        crate::sys::hash::HashMap::default();
     for (i, a) in cfg.attachments.iter().enumerate() {
         for n in &a.ips {
             attachment_by_ip.entry(n.addr()).or_insert(i);
@@ -506,7 +507,7 @@ fn clusterip_taken(
     doc: &Doc,
     s: &super::service::Service,
     cfg: &Config,
-    attachment_by_ip: &std::collections::HashMap<std::net::IpAddr, usize>,
+    attachment_by_ip: &crate::sys::hash::HashMap<std::net::IpAddr, usize>,
 ) -> Result<(), ConfigError> {
     let field = if doc
         .raw

@@ -10,14 +10,15 @@
 //! is cut short. The claims themselves keep the addresses too: a lost
 //! ledger is rebuilt from them.
 
-use std::{
-    collections::{BTreeMap, HashSet},
-    net::IpAddr,
-};
+use std::{collections::BTreeMap, net::IpAddr};
 
 use ipnet::IpNet;
 
-use crate::{config::Network, resolve::ipam::Pool, sys::hash::fnv1a};
+use crate::{
+    config::Network,
+    resolve::ipam::Pool,
+    sys::hash::{HashSet, fnv1a},
+};
 
 pub use crate::config::kube_objects::ledger::{Holder, Ledger};
 

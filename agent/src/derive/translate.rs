@@ -7,7 +7,7 @@
 //! the config files and CNI endpoints. Every refusal names the object.
 
 use std::{
-    collections::{BTreeMap, BTreeSet, HashMap, HashSet},
+    collections::{BTreeMap, BTreeSet},
     path::{Path, PathBuf},
 };
 
@@ -26,6 +26,7 @@ use crate::config::{
     model::API_VERSION,
     source::{ClusterDocument, RawDocument},
 };
+use crate::sys::hash::{HashMap, HashSet};
 use vmpath_api::types::ObjectRef;
 
 /// Errors about CNI endpoints name them as `cni:<container id>/<ifname>`
@@ -352,8 +353,8 @@ pub fn translate(
     // wait for their VMI, found by uid or name through these indexes (a
     // search of every VMI per pod made a round quadratic in the cluster's
     // VMs). The first VMI of a key wins, as the search's did.
-    let mut vmi_by_uid: HashMap<&str, usize> = HashMap::new();
-    let mut vmi_by_name: HashMap<(&str, &str), usize> = HashMap::new();
+    let mut vmi_by_uid: HashMap<&str, usize> = HashMap::default();
+    let mut vmi_by_name: HashMap<(&str, &str), usize> = HashMap::default();
     for (i, v) in vmis.iter().enumerate() {
         let meta = &v.value.metadata;
         if let Some(uid) = meta.uid.as_deref() {
@@ -497,7 +498,7 @@ pub fn translate(
 
     // Each VMI's migrations, in order (one pass, not one per VMI: completed
     // VMIMs pile up cluster-wide).
-    let mut vmims_of: HashMap<(&str, &str), Vec<&Object<Vmim>>> = HashMap::new();
+    let mut vmims_of: HashMap<(&str, &str), Vec<&Object<Vmim>>> = HashMap::default();
     for m in &vmims {
         vmims_of
             .entry((m.value.metadata.namespace(), m.value.spec.vmi_name.as_str()))

@@ -108,15 +108,15 @@ fn port_ids<'a>(
     node: &str,
     previous: &BTreeMap<AttachmentKey, u32>,
     problems: &mut Vec<String>,
-) -> std::collections::HashMap<&'a AttachmentKey, u32> {
+) -> crate::sys::hash::HashMap<&'a AttachmentKey, u32> {
     let local: Vec<&AttachmentKey> = cfg
         .attachments
         .iter()
         .filter(|a| local_port(a, node).is_some())
         .map(|a| &a.key)
         .collect();
-    let mut used = std::collections::HashSet::new();
-    let mut ids = std::collections::HashMap::new();
+    let mut used = crate::sys::hash::HashSet::default();
+    let mut ids = crate::sys::hash::HashMap::default();
     for key in &local {
         if let Some(&id) = previous.get(*key)
             && (1..=MAX_PORT_ID).contains(&id)

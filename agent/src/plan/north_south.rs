@@ -202,7 +202,7 @@ fn resolve_prefixes(cfg: &Resolved, plan: &mut Plan) {
 /// and learned from their traffic here), on every node hosting the
 /// network.
 fn routed_addresses(cfg: &Resolved, plan: &mut Plan) {
-    let by_key: std::collections::HashMap<
+    let by_key: crate::sys::hash::HashMap<
         &crate::config::AttachmentKey,
         &crate::resolve::resolved::Attachment,
     > = cfg.attachments.iter().map(|a| (&a.key, a)).collect();
@@ -256,7 +256,7 @@ fn routed_addresses(cfg: &Resolved, plan: &mut Plan) {
     // node knows the VM's MAC (given or generated; see `overlay`).
     // (The attachments this node serves, collected once: a search of the
     // ports per attachment grew with the cluster times the node.)
-    let served: std::collections::HashSet<&crate::config::AttachmentKey> = plan
+    let served: crate::sys::hash::HashSet<&crate::config::AttachmentKey> = plan
         .ports
         .values()
         .filter(|p| !p.pending())

@@ -12,7 +12,7 @@
 //! delivers it).
 
 use std::{
-    collections::{BTreeMap, BTreeSet, HashSet},
+    collections::{BTreeMap, BTreeSet},
     net::{IpAddr, Ipv6Addr},
 };
 
@@ -21,6 +21,7 @@ use vmpath_common::{
 };
 
 use super::Plan;
+use crate::sys::hash::HashSet;
 use crate::{
     config::model::MacPolicy,
     resolve::resolved::{Attachment, Resolved},
@@ -201,7 +202,7 @@ pub fn vtep_handles(
             _ => None,
         })
         .collect();
-    let mut used = HashSet::new();
+    let mut used = HashSet::default();
     let mut handles = BTreeMap::new();
     for a in &others {
         if let Some(&h) = previous.get(a)

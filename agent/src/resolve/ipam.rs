@@ -7,12 +7,13 @@
 //! there.
 
 use std::{
-    collections::{BTreeMap, HashMap, HashSet},
+    collections::BTreeMap,
     net::{IpAddr, Ipv4Addr, Ipv6Addr},
 };
 
 use ipnet::IpNet;
 
+use crate::sys::hash::{HashMap, HashSet};
 use crate::{
     config::{AttachmentKey, Network, format_mac, model::MacPolicy, parse_mac},
     resolve::resolved::{Origin, Resolved},
@@ -214,8 +215,9 @@ pub fn assign(cfg: &mut Resolved, claims: &BTreeMap<String, Claim>) -> ClaimChan
     // nothing any attachment could ask for. Filled in the claims' key
     // order, so that of two claims of one address the same one wins
     // every round.
-    let mut held: HashMap<(usize, IpAddr), &str> = HashMap::new();
-    let mut live: HashMap<(&str, &str, &str), &Claim> = HashMap::with_capacity(claims.len());
+    let mut held: HashMap<(usize, IpAddr), &str> = HashMap::default();
+    let mut live: HashMap<(&str, &str, &str), &Claim> =
+        HashMap::with_capacity_and_hasher(claims.len(), Default::default());
     for (key, claim) in claims {
         let Some(k) = AttachmentKey::parts_of(key).filter(|k| in_documents.contains(k)) else {
             changes.insert(key.clone(), None);
@@ -257,7 +259,7 @@ pub fn assign(cfg: &mut Resolved, claims: &BTreeMap<String, Claim>) -> ClaimChan
         cfg.refuse(&key, "spec.ips", msg);
     }
     // From here on only which addresses are taken matters, not by whom.
-    let mut taken: HashMap<usize, HashSet<IpAddr>> = HashMap::new();
+    let mut taken: HashMap<usize, HashSet<IpAddr>> = HashMap::default();
     for (n, ip) in held.keys() {
         taken.entry(*n).or_default().insert(*ip);
     }
@@ -273,7 +275,7 @@ pub fn assign(cfg: &mut Resolved, claims: &BTreeMap<String, Claim>) -> ClaimChan
     }
 
     // MACs in use per network, to keep generated and detected ones unique.
-    let mut macs: HashSet<(usize, [u8; 6])> = HashSet::new();
+    let mut macs: HashSet<(usize, [u8; 6])> = HashSet::default();
     for a in &cfg.attachments {
         if let (Some(m), Some(&n)) = (a.mac, net_index.get(a.network.as_str())) {
             macs.insert((n, m));
@@ -446,7 +448,7 @@ mod tests {
         // and the gateway sits inside the excluded range.
         let pool = Pool::new(net("10.0.0.0/24"), &[net("10.0.0.0/26")], &[gw]);
         assert_eq!(pool.capacity(), 254 - 63);
-        let mut taken = HashSet::new();
+        let mut taken = HashSet::default();
         let mut seed = 7u64;
         while let Some(ip) = pool.allocate(seed, &taken) {
             assert!(!net("10.0.0.0/26").contains(&ip), "{ip} is excluded");
@@ -467,8 +469,8 @@ mod tests {
             &[net("fd00::/80")],
             &["fd00::1".parse().unwrap()],
         );
-        let a = pool.allocate(42, &HashSet::new()).unwrap();
-        assert_eq!(a, pool.allocate(42, &HashSet::new()).unwrap());
+        let a = pool.allocate(42, &HashSet::default()).unwrap();
+        assert_eq!(a, pool.allocate(42, &HashSet::default()).unwrap());
         assert!(!net("fd00::/80").contains(&a));
     }
 
@@ -477,7 +479,7 @@ mod tests {
         let pool = Pool::new(net("10.1.0.0/29"), &[net("10.1.0.4/30")], &[]);
         // usable .1-.6, .4-.6 excluded -> .1 .2 .3
         assert_eq!(pool.capacity(), 3);
-        let mut taken = HashSet::new();
+        let mut taken = HashSet::default();
         for seed in 0..20 {
             if let Some(ip) = pool.allocate(seed, &taken) {
                 taken.insert(ip);
@@ -522,7 +524,7 @@ mod tests {
             }
             let gw = IpAddr::V4(Ipv4Addr::from(u32::from(Ipv4Addr::new(10, 9, 0, 0)) + 1));
             let pool = Pool::new(subnet, &excluded, &[gw]);
-            let mut taken = HashSet::new();
+            let mut taken = HashSet::default();
             while let Some(ip) = pool.allocate(rng.next(), &taken) {
                 assert!(
                     pool.allocatable(ip),

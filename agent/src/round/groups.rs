@@ -12,12 +12,7 @@
 //! optimisation that must give exactly what a full pass gives, which the
 //! equivalence test checks (`round::equivalence`).
 
-use std::{
-    collections::{BTreeSet, HashMap, HashSet},
-    net::IpAddr,
-    path::PathBuf,
-    sync::Arc,
-};
+use std::{collections::BTreeSet, net::IpAddr, path::PathBuf, sync::Arc};
 
 use serde_json::Value;
 
@@ -29,6 +24,7 @@ use crate::config::{
     },
     source::{DocOrigin, Snapshot},
 };
+use crate::sys::hash::{HashMap, HashSet};
 
 /// A VM's or a plain pod's group: (namespace, name). Its Attachments'
 /// keys carry the same pair.
@@ -276,7 +272,7 @@ impl Membership {
                 _ => None,
             })
             .collect();
-        let mut pods: HashMap<(&str, &str), usize> = HashMap::new();
+        let mut pods: HashMap<(&str, &str), usize> = HashMap::default();
         let mut claims: Vec<(usize, &str, &str)> = Vec::new();
         for (i, c) in snap.cluster.iter().enumerate() {
             match cluster_place(&c.object, &uids) {
@@ -330,7 +326,7 @@ impl Membership {
                 m.groups[g].1.push(Member::Cluster(object.clone()));
             }
         }
-        let mut file_groups: HashMap<PathBuf, BTreeSet<GroupKey>> = HashMap::new();
+        let mut file_groups: HashMap<PathBuf, BTreeSet<GroupKey>> = HashMap::default();
         for d in &snap.documents {
             let member = Member::Document(d.value.clone());
             match document_place(&d.origin, &d.value, &pods, &m.groups) {
@@ -522,7 +518,7 @@ fn ledger_changes(
     new: &crate::config::kube_objects::ledger::Ledger,
 ) -> HashSet<IpAddr> {
     use std::cmp::Ordering;
-    let mut out = HashSet::new();
+    let mut out = HashSet::default();
     let empty = Default::default();
     let networks: BTreeSet<&String> = old.keys().chain(new.keys()).collect();
     for n in networks {

@@ -15,3 +15,13 @@ pub fn fnv1a(parts: &[&[u8]]) -> u64 {
     }
     h
 }
+
+/// The control plane's hash maps and sets. Their keys are names and
+/// addresses tenants choose, so the hasher is seeded at random per map as
+/// std's is (no one can precompute collisions), but it is aHash, not
+/// SipHash: SipHash on short names was a sixth of a round's time at
+/// 10,000 VMs (BENCHMARKS.md section 14). Built with `default()` or
+/// `collect()`, not `new()`.
+pub type HashMap<K, V> = std::collections::HashMap<K, V, ahash::RandomState>;
+/// See [`HashMap`].
+pub type HashSet<K> = std::collections::HashSet<K, ahash::RandomState>;
