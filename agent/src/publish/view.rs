@@ -48,6 +48,44 @@ pub struct View {
 }
 
 impl View {
+    /// A copy with no VM interfaces (the rest is small), for `status.json`
+    /// to add the entries it kept as text. Every field named: a new one
+    /// must say whether it is copied.
+    pub fn clone_without_attachments(&self) -> View {
+        let View {
+            node,
+            bpffs,
+            config_dir,
+            config_errors,
+            config_warnings,
+            networks,
+            attachments: _,
+            missing_ports,
+            problems,
+            policies,
+            reconciles,
+            last_reconcile_seconds,
+            last_reconcile_unix,
+            ready,
+        } = self;
+        View {
+            node: node.clone(),
+            bpffs: bpffs.clone(),
+            config_dir: config_dir.clone(),
+            config_errors: config_errors.clone(),
+            config_warnings: config_warnings.clone(),
+            networks: networks.clone(),
+            attachments: Vec::new(),
+            missing_ports: missing_ports.clone(),
+            problems: problems.clone(),
+            policies: policies.clone(),
+            reconciles: *reconciles,
+            last_reconcile_seconds: *last_reconcile_seconds,
+            last_reconcile_unix: *last_reconcile_unix,
+            ready: *ready,
+        }
+    }
+
     /// The state of `a` on this view's node. Exclusive: a pending
     /// migration counts as `migrating` whichever side this node is.
     pub fn state_of(&self, a: &AttachmentView) -> &'static str {

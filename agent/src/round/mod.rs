@@ -153,6 +153,8 @@ pub struct Round {
     /// The resolved VM interfaces the published view was built from, one
     /// for one (`publish::build_view`).
     viewed: Vec<crate::resolve::resolved::Attachment>,
+    /// `status.json`'s entries as text, kept for the next write.
+    status_file: publish::StatusFile,
 }
 
 /// How the derive and validate stages ran, round by round.
@@ -220,6 +222,7 @@ impl Round {
             passes: Passes::default(),
             last_trim: None,
             viewed: Vec::new(),
+            status_file: publish::StatusFile::default(),
         }
     }
 
@@ -523,7 +526,7 @@ impl Round {
             }
             view.ready = self.last_plan.is_some();
             phases.mark("view");
-            if let Err(e) = publish::write_status(&s.state_dir, &view) {
+            if let Err(e) = self.status_file.write(&s.state_dir, &view) {
                 warn!("writing status: {e:#}");
             }
             phases.mark("status");

@@ -4,16 +4,12 @@
 //! admin API, the CLI and metrics read ([`build_view`]) and
 //! `--state-dir/status.json`.
 
-use std::{
-    collections::{BTreeSet, HashMap},
-    fs,
-    path::Path,
-    sync::Arc,
-};
+use std::{collections::BTreeSet, fs, path::Path, sync::Arc};
 
 use anyhow::Result;
 use tracing::error;
 
+use crate::sys::hash::HashMap;
 use crate::{
     config::{self, AttachmentKey, ConfigError, format_mac},
     observe::learned,
@@ -56,18 +52,65 @@ pub fn report(cluster: &KubeSource, cfg: &Resolved, node: &str, mac_refusals: &[
     cluster.report(&refusals, &cfg.config.warnings, macs);
 }
 
-pub fn write_status(dir: &Path, view: &View) -> Result<()> {
-    fs::create_dir_all(dir)?;
-    let tmp = dir.join(".status.json.tmp");
-    // Compact and streamed: at 10,000 VM interfaces, pretty printing into
-    // one buffer first took most of the publish stage (`jq .` shows it
-    // indented).
-    let mut out = std::io::BufWriter::new(fs::File::create(&tmp)?);
-    serde_json::to_writer(&mut out, view)?;
-    std::io::Write::flush(&mut out)?;
-    drop(out);
-    fs::rename(&tmp, dir.join("status.json"))?;
-    Ok(())
+/// Writes `--state-dir/status.json`, the published view as JSON, keeping
+/// each VM interface's entry as text between rounds: an entry the view
+/// shares with the last one (`build_view`: most of a cluster's, other
+/// nodes' VMs) is not serialised again. At 10,000 VM interfaces,
+/// escaping every entry's strings each round was most of the publish
+/// stage; the text costs about as much memory as the file's size.
+#[derive(Default)]
+pub struct StatusFile {
+    /// The entry's address -> the entry (held, so that the address is not
+    /// another's while it is here) and its JSON.
+    entries: HashMap<usize, (Arc<AttachmentView>, Box<[u8]>)>,
+}
+
+/// Where the top-level `attachments` list opens in a view's JSON with no
+/// entries. Unique: inside a JSON string a quote is escaped, so `,"`
+/// never appears there, and a network's `attachments` is a number.
+const EMPTY_ATTACHMENTS: &[u8] = b",\"attachments\":[]";
+
+impl StatusFile {
+    /// `view` as `serde_json::to_vec` gives it, from the kept entries
+    /// where they are the view's (and keeps only the view's).
+    pub fn json(&mut self, view: &View) -> Result<Vec<u8>> {
+        let head = serde_json::to_vec(&view.clone_without_attachments())?;
+        let at = head
+            .windows(EMPTY_ATTACHMENTS.len())
+            .position(|w| w == EMPTY_ATTACHMENTS)
+            .ok_or_else(|| anyhow::anyhow!("the view's JSON has no attachments list"))?
+            + EMPTY_ATTACHMENTS.len()
+            - 1;
+        let mut kept = std::mem::take(&mut self.entries);
+        let mut out =
+            Vec::with_capacity(head.len() + kept.values().map(|(_, j)| j.len() + 1).sum::<usize>());
+        out.extend_from_slice(&head[..at]);
+        for (i, entry) in view.attachments.iter().enumerate() {
+            let key = Arc::as_ptr(entry) as usize;
+            let json = match kept.remove(&key) {
+                Some((_, json)) => json,
+                None => serde_json::to_vec(&**entry)?.into_boxed_slice(),
+            };
+            if i > 0 {
+                out.push(b',');
+            }
+            out.extend_from_slice(&json);
+            self.entries.insert(key, (entry.clone(), json));
+        }
+        out.extend_from_slice(&head[at..]);
+        Ok(out)
+    }
+
+    /// Writes `view` to `dir/status.json` (whole or not at all).
+    pub fn write(&mut self, dir: &Path, view: &View) -> Result<()> {
+        // Compact: `jq .` shows it indented.
+        let json = self.json(view)?;
+        fs::create_dir_all(dir)?;
+        let tmp = dir.join(".status.json.tmp");
+        fs::write(&tmp, json)?;
+        fs::rename(&tmp, dir.join("status.json"))?;
+        Ok(())
+    }
 }
 
 /// Given or claimed addresses, then the ones seen in the VM's traffic.
@@ -121,7 +164,7 @@ pub fn build_view(
     let mut was = 0usize;
     let mut shared = 0usize;
     // Indexes, so the view stays linear in the number of attachments.
-    let mut per_network: HashMap<&str, usize> = HashMap::new();
+    let mut per_network: HashMap<&str, usize> = HashMap::default();
     for a in &cfg.attachments {
         *per_network.entry(a.network.as_str()).or_default() += 1;
     }
@@ -328,6 +371,85 @@ mod tests {
             0,
             "no MAC known yet"
         );
+    }
+
+    #[test]
+    fn status_json_is_the_view_as_serde_writes_it_with_its_kept_entries() {
+        let entry = |vm: &str, node: &str| {
+            Arc::new(AttachmentView {
+                name: format!("{vm}-eth0"),
+                namespace: "prod".into(),
+                vm: vm.into(),
+                interface: "eth0".into(),
+                network: "blue".into(),
+                node: node.into(),
+                port: format!("{vm}p"),
+                ifindex: None,
+                mac: Some("02:00:00:00:00:01".into()),
+                mac_origin: Some(Origin::Generated),
+                ips: vec![IpView {
+                    address: "10.9.0.5/24".into(),
+                    origin: Origin::Claimed,
+                }],
+                learned_refused: Vec::new(),
+                learned_contested: Vec::new(),
+                migration: "none".into(),
+                migration_target: None,
+                pending_port: None,
+            })
+        };
+        // A refusal whose text holds what the entries are spliced at, and
+        // a network with its own `attachments` (a count).
+        let mut first = View {
+            node: "a".into(),
+            config_errors: vec![ConfigError {
+                file: "x,\"attachments\":[]".into(),
+                document: "d".into(),
+                field: "f".into(),
+                message: ",\"attachments\":[] \\\"".into(),
+                about: None,
+            }],
+            networks: vec![NetworkView {
+                name: "blue".into(),
+                id: 7,
+                role: "secondary".into(),
+                subnets: vec![],
+                exclude_subnets: vec![],
+                gateway_ips: vec![],
+                gateway_mac: String::new(),
+                ipam: true,
+                mac_filter: false,
+                ip_filter: false,
+                egress: "none".into(),
+                mtu: 1500,
+                attachments: 2,
+                dns_servers: vec![],
+                search_domains: vec![],
+            }],
+            attachments: vec![entry("vm1", "a"), entry("vm2", "b")],
+            ..Default::default()
+        };
+        let mut file = StatusFile::default();
+        assert_eq!(
+            file.json(&first).unwrap(),
+            serde_json::to_vec(&first).unwrap()
+        );
+        // vm2's entry shared, vm1's built again, vm3 new: the same text as
+        // serialising the whole view, and only the view's entries kept.
+        let vm2 = first.attachments[1].clone();
+        first.attachments = vec![entry("vm1", "c"), vm2.clone(), entry("vm3", "a")];
+        first.reconciles = 9;
+        let text = file.json(&first).unwrap();
+        assert_eq!(text, serde_json::to_vec(&first).unwrap());
+        assert_eq!(file.entries.len(), 3);
+        assert!(file.entries.contains_key(&(Arc::as_ptr(&vm2) as usize)));
+        // No entries: an empty list.
+        first.attachments.clear();
+        assert_eq!(
+            file.json(&first).unwrap(),
+            serde_json::to_vec(&first).unwrap()
+        );
+        assert!(file.entries.is_empty());
     }
 
     #[test]
