@@ -60,10 +60,66 @@ fn network_objects() -> Vec<Value> {
         .replace("10.31.0.0/24", "10.32.0.0/14")
         .replace("10.31.0.1", "10.32.0.1");
     let mut out = vmpath::config::source::parse(text.as_bytes()).expect("network fixture");
-    // No overlay in this bed: the v1 Node would point at an address that
-    // is not here.
+    // Every node of the cluster has its v1 Node, as in a real cluster (the
+    // fixture's is node-a's): without them every other node's VM is a
+    // problem the agent reports, each round, instead of an overlay entry.
     out.retain(|o| o["kind"] != "Node");
+    out.extend(
+        std::iter::once("a".to_string())
+            .chain((0..NODES).map(|k| format!("n{k}")))
+            .enumerate()
+            .map(|(k, name)| node_object(&name, k)),
+    );
     out
+}
+
+/// The underlay of the bench's cluster: node k's InternalIP is
+/// 192.168.64.0/18's address k + 1 ("a" is k = 0, on one end of a veth
+/// pair whose other end is in the same namespace, with no address: this
+/// kernel has no dummy links. Nothing sent to another node's address
+/// leaves the namespace).
+const UNDERLAY: &str = "192.168.64.0/18";
+
+fn underlay_address(k: usize) -> String {
+    let k = k + 1;
+    format!("192.168.{}.{}", 64 + k / 256, k % 256)
+}
+
+fn node_object(name: &str, k: usize) -> Value {
+    serde_json::json!({
+        "apiVersion": "v1", "kind": "Node",
+        "metadata": {"name": name, "labels": {"kubernetes.io/hostname": name, "kubernetes.io/os": "linux"}},
+        "status": {"addresses": [
+            {"type": "InternalIP", "address": underlay_address(k)},
+            {"type": "Hostname", "address": name},
+        ]},
+    })
+}
+
+/// Node "a"'s underlay address (see [`UNDERLAY`]).
+pub(crate) fn join_underlay(node: &Node) {
+    node.ns.run(&[
+        "ip",
+        "link",
+        "add",
+        "underlay",
+        "type",
+        "veth",
+        "peer",
+        "name",
+        "underlay-end",
+    ]);
+    node.ns.run(&["ip", "link", "set", "underlay-end", "up"]);
+    node.ns.run(&["ip", "link", "set", "underlay", "up"]);
+    let prefix = UNDERLAY.split('/').nth(1).expect("a prefix");
+    node.ns.run(&[
+        "ip",
+        "addr",
+        "add",
+        &format!("{}/{prefix}", underlay_address(0)),
+        "dev",
+        "underlay",
+    ]);
 }
 
 /// VM `i`'s VMI, virt-launcher pod and IPAMClaim, on `node`.
@@ -112,6 +168,7 @@ pub(crate) fn cluster_objects(n: usize) -> Vec<Value> {
 pub(crate) fn kube_node(objects: &[Value]) -> (Node, ApiServer) {
     let mut node = Node::new("a");
     node.ns.run(&["ip", "link", "set", "lo", "up"]);
+    join_underlay(&node);
     let server = ApiServer::start(&node.ns.path());
     for o in objects {
         server.put(o.clone());
@@ -161,6 +218,7 @@ fn memory(n: usize) -> Result<[(f64, f64); 2]> {
     // The files hold what the watches hold: every object but other nodes'
     // pods.
     let mut node = Node::new("a");
+    join_underlay(&node);
     let text: Vec<String> = objects
         .iter()
         .filter(|o| o["kind"] != "Pod" || o["spec"]["nodeName"] == "a")
