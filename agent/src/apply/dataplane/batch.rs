@@ -174,7 +174,7 @@ pub fn delete_batch<K: Pod>(map: &MapData, keys: &[K]) -> Result<usize, BatchErr
 /// Every entry of a hash map (`BPF_MAP_TYPE_HASH`, LRU hash), read with
 /// `BPF_MAP_LOOKUP_BATCH`: a few syscalls for the whole map, where aya's
 /// iteration makes two per entry (next key, lookup). At 10,000 endpoints
-/// that read-back was a fifth of a round. `None` where the kernel has no
+/// that read-back was more than a tenth of a round. `None` where the kernel has no
 /// batch lookup for the map (the caller iterates instead).
 pub fn lookup_batch<K: Pod, V: Pod>(map: &MapData) -> Result<Option<Vec<(K, V)>>, BatchError> {
     if check::<K, V>(map)? {
