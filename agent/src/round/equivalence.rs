@@ -210,7 +210,7 @@ fn check_step(
     seed: u64,
     step: usize,
     what: &str,
-) {
+) -> Config {
     let held = validate::held(round.store.all().ok().as_ref(), &round.running);
     let want_inputs = (
         held.clone(),
@@ -256,6 +256,7 @@ fn check_step(
             String::new()
         }
     );
+    got_cfg
 }
 
 /// The maps that differ between two plans, by name (for the failure).
@@ -474,14 +475,22 @@ fn increments_reach_what_a_full_recompute_reaches() {
         }
     };
     let mut partial = 0;
+    let mut claimed = (0, 0);
     for seed in seeds {
         // Printed so a failure can be replayed.
         eprintln!("equivalence seed {seed} (VMPATH_EQUIVALENCE_SEED={seed} replays it)");
         partial += run_sequence(seed, 120).partial;
-        partial += run_kube_sequence(seed, 120).partial;
+        let (passes, by_claim) = run_kube_sequence(seed, 120);
+        partial += passes.partial;
+        claimed = (claimed.0 + by_claim.0, claimed.1 + by_claim.1);
     }
     // The increments were taken, not only the full passes.
     assert!(partial > 0, "no round derived and validated in part");
+    // Plain pods took their addresses from claims, by hashed names too.
+    assert!(
+        claimed.0 > 0 && claimed.1 > 0,
+        "plain pods addressed by hashed and plain claim names: {claimed:?}"
+    );
 }
 
 const FIXTURE_NETWORK: &str = include_str!("../derive/fixtures/network.yaml");
@@ -555,6 +564,64 @@ fn holder(k: u32, ip: u8) -> Holder {
     }
 }
 
+/// A plain pod on network blue (a Deployment's), as vmpath controller
+/// claims its address: the pod, and its IPAMClaim (named by
+/// `pod_claim_name`, which hashes the name of an interface that is no DNS
+/// label, `Net_1`, or of a long pod) with `ip`.
+#[derive(Clone)]
+struct PlainPod {
+    node: &'static str,
+    interface: &'static str,
+    ip: u8,
+    claim: bool,
+}
+
+impl PlainPod {
+    fn name(k: u32) -> String {
+        // Every third pod's name is long enough that its claim's name is
+        // cut and hashed whatever the interface.
+        if k.is_multiple_of(3) {
+            format!("web{k}-{}", "x".repeat(240))
+        } else {
+            format!("web{k}")
+        }
+    }
+
+    fn claim_name(&self, k: u32) -> String {
+        crate::config::kube_objects::pod_claim_name(&Self::name(k), self.interface)
+    }
+
+    fn objects(&self, k: u32) -> (String, String) {
+        let name = Self::name(k);
+        let uid = format!("{k:08x}-0000-4000-8000-0000000000ef");
+        let pod = format!(
+            "apiVersion: v1\nkind: Pod\nmetadata:\n  name: {name}\n  namespace: prod\n  uid: {uid}\n  labels: {{app: web}}\n  annotations:\n    k8s.v1.cni.cncf.io/networks: '[{{\"name\":\"blue\",\"interface\":\"{}\"}}]'\nspec:\n  nodeName: {}\nstatus:\n  phase: Running\n",
+            self.interface, self.node
+        );
+        let claim = if self.claim {
+            format!(
+                "apiVersion: k8s.cni.cncf.io/v1alpha1\nkind: IPAMClaim\nmetadata:\n  name: {}\n  namespace: prod\n  labels: {{vmpath.dev/pod-uid: {uid}}}\nspec:\n  network: blue\n  interface: {}\nstatus:\n  ips: [10.31.0.{}/24]\n",
+                self.claim_name(k),
+                self.interface,
+                self.ip
+            )
+        } else {
+            String::new()
+        };
+        (pod, claim)
+    }
+}
+
+/// The ledger entry vouching 10.31.0.`ip` for the plain pod's claim
+/// `claim`.
+fn pod_holder(claim: &str, ip: u8) -> Holder {
+    Holder {
+        claim: format!("prod/{claim}"),
+        uid: String::new(),
+        ip: format!("10.31.0.{ip}/24").parse().unwrap(),
+    }
+}
+
 /// A new ledger (as a write makes one) with 10.31.0.`ip`'s entry on
 /// network blue edited.
 fn ledger_edit(ledger: &mut Arc<Ledger>, ip: u8, edit: impl FnOnce(&mut Option<Holder>)) {
@@ -573,7 +640,8 @@ fn ledger_edit(ledger: &mut Arc<Ledger>, ip: u8, edit: impl FnOnce(&mut Option<H
 /// as the Kubernetes source keeps them): VMIs, virt-launcher pods,
 /// IPAMClaims and migrations coming and going on their own, labels,
 /// addresses and nodes changing, policies, the network, restarts.
-fn run_kube_sequence(seed: u64, steps: usize) -> Passes {
+fn run_kube_sequence(seed: u64, steps: usize) -> (Passes, (usize, usize)) {
+    let mut claimed = (0, 0);
     let dir: PathBuf = std::env::temp_dir().join(format!(
         "vmpath-equivalence-kube-{}-{seed:x}",
         std::process::id()
@@ -607,6 +675,17 @@ fn run_kube_sequence(seed: u64, steps: usize) -> Passes {
     write(&config, "network.yaml", &nodes(mtu));
     let mut vms: BTreeMap<u32, KubeVm> = BTreeMap::new();
     let mut next_vm = 0u32;
+    let mut pods: BTreeMap<u32, PlainPod> = BTreeMap::new();
+    let mut next_pod = 0u32;
+    let save_pod = |pods: &BTreeMap<u32, PlainPod>, k: u32| {
+        let (pod, claim) = pods[&k].objects(k);
+        write(&config, &format!("web{k}.yaml"), &pod);
+        if claim.is_empty() {
+            remove(&config, &format!("webclaim{k}.yaml"));
+        } else {
+            write(&config, &format!("webclaim{k}.yaml"), &claim);
+        }
+    };
     let mut ledger: Arc<Ledger> = Arc::default();
     let save = |vms: &BTreeMap<u32, KubeVm>, k: u32| {
         let (vm, claim) = vms[&k].objects(k);
@@ -621,7 +700,62 @@ fn run_kube_sequence(seed: u64, steps: usize) -> Passes {
         let pick = |rng: &mut Rng, vms: &BTreeMap<u32, KubeVm>| {
             rng.pick(&vms.keys().copied().collect::<Vec<_>>())
         };
-        let what = match rng.below(11) {
+        let what = match rng.below(13) {
+            11 => {
+                // A plain pod comes, its claim (most often) with it and
+                // vouched for by the controller (most often).
+                let pod = PlainPod {
+                    node: rng.pick(&KUBE_NODES),
+                    interface: rng.pick(&["net1", "Net_1"]),
+                    ip: 10 + rng.below(60) as u8,
+                    claim: rng.below(5) != 0,
+                };
+                let k = next_pod;
+                if pod.claim && rng.below(4) != 0 {
+                    let (ip, claim) = (pod.ip, pod.claim_name(k));
+                    ledger_edit(&mut ledger, ip, |held| {
+                        held.get_or_insert_with(|| pod_holder(&claim, ip));
+                    });
+                }
+                pods.insert(k, pod);
+                save_pod(&pods, k);
+                next_pod += 1;
+                format!("add plain pod web{k}")
+            }
+            12 if !pods.is_empty() => {
+                let k = rng.pick(&pods.keys().copied().collect::<Vec<_>>());
+                let what = match rng.below(5) {
+                    0 => {
+                        pods.remove(&k);
+                        remove(&config, &format!("web{k}.yaml"));
+                        "deleted, its claim left"
+                    }
+                    1 => {
+                        let pod = pods.get_mut(&k).unwrap();
+                        pod.ip = 10 + rng.below(60) as u8;
+                        save_pod(&pods, k);
+                        "claim address"
+                    }
+                    2 => {
+                        let pod = pods.get_mut(&k).unwrap();
+                        pod.claim = !pod.claim;
+                        save_pod(&pods, k);
+                        "claim"
+                    }
+                    3 => {
+                        let pod = pods.get_mut(&k).unwrap();
+                        pod.node = rng.pick(&KUBE_NODES);
+                        save_pod(&pods, k);
+                        "node"
+                    }
+                    _ => {
+                        let (ip, claim) = (pods[&k].ip, pods[&k].claim_name(k));
+                        ledger_edit(&mut ledger, ip, |held| *held = Some(pod_holder(&claim, ip)));
+                        "address vouched"
+                    }
+                };
+                format!("plain pod web{k}: {what}")
+            }
             0..=2 => {
                 let vm = KubeVm {
                     node: rng.pick(&KUBE_NODES),
@@ -742,12 +876,29 @@ fn run_kube_sequence(seed: u64, steps: usize) -> Passes {
         snap.pod_claims = true;
         snap.ledger = Some(ledger.clone());
         let ports = |_: &str| None;
-        check_step(&mut round, &snap, &ports, seed, step, &what);
+        let cfg = check_step(&mut round, &snap, &ports, seed, step, &what);
+        // Plain pods' interfaces with the address of a claim read by a
+        // hashed name, and by a plain one.
+        for a in cfg
+            .attachments
+            .iter()
+            .filter(|a| a.key.vm.starts_with("web"))
+        {
+            if !a.ips.is_empty() {
+                let plain = format!("{}.{}", a.key.vm, a.key.interface);
+                let name = crate::config::kube_objects::pod_claim_name(&a.key.vm, &a.key.interface);
+                *if name == plain {
+                    &mut claimed.1
+                } else {
+                    &mut claimed.0
+                } += 1;
+            }
+        }
     }
     eprintln!(
-        "seed {seed} (KubeVirt objects): derive and validate {:?}",
+        "seed {seed} (KubeVirt objects): derive and validate {:?}; plain pods' interfaces addressed by hashed and plain claim names, over the steps: {claimed:?}",
         round.passes
     );
     let _ = std::fs::remove_dir_all(&dir);
-    round.passes
+    (round.passes, claimed)
 }
