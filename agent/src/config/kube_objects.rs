@@ -257,6 +257,14 @@ pub fn pod_claim_name(pod: &str, interface: &str) -> String {
         return plain;
     }
     let hash = crate::sys::hash::fnv1a(&[pod.as_bytes(), b"/", interface.as_bytes()]);
+    format!("{}.{hash:016x}", pod_claim_prefix(pod))
+}
+
+/// What a hashed [`pod_claim_name`] of `pod` starts with, whatever the
+/// interface: the pod's name as a DNS subdomain, cut to leave room for the
+/// hash (`pod` when nothing of it is left). The round finds a hashed
+/// claim's pods by it.
+pub fn pod_claim_prefix(pod: &str) -> String {
     let mut prefix: String = pod
         .chars()
         .map(|c| c.to_ascii_lowercase())
@@ -268,9 +276,9 @@ pub fn pod_claim_name(pod: &str, interface: &str) -> String {
         prefix.pop();
     }
     if prefix.is_empty() {
-        format!("pod.{hash:016x}")
+        "pod".to_string()
     } else {
-        format!("{prefix}.{hash:016x}")
+        prefix
     }
 }
 

@@ -21,6 +21,7 @@ use crate::config::{
     kube_objects::prune::{ClusterObject, group_kind},
     kube_objects::{
         CREATED_BY_LABEL, DEFAULT_NETWORK_ANNOTATION, NETWORKS_ANNOTATION, VM_NAME_LABEL,
+        pod_claim_prefix,
     },
     source::{DocOrigin, Snapshot},
 };
@@ -70,17 +71,16 @@ pub struct Membership {
     /// The objects no group owns, in snapshot order; with the snapshot's
     /// read errors, ledger and given CIDRs (compared as a whole).
     context: Vec<Member>,
-    /// IPAMClaims no group's name or reference leads to whose name is
-    /// hashed as `pod_claim_name` makes it for a long pod name: a plain
-    /// pod may still read one, so every partial pass sees them and a
-    /// change to one takes the full pass. Any other claim no group leads
-    /// to is read by nobody (translation finds claims by name only), and
-    /// a change to it costs nothing until a group that reads it comes.
-    orphans: Vec<Member>,
-    /// Every IPAMClaim with addresses in its status that a group or
-    /// nobody-knows-who (an orphan: `true`) reads: what a ledger change
-    /// reaches.
-    claim_ips: Vec<(Arc<ClusterObject>, bool)>,
+    /// namespace -> `pod_claim_prefix` -> the groups (indexes) of the
+    /// plain pods with that prefix: the only ones that may read a claim
+    /// whose name is hashed as `pod_claim_name` makes it (an interface
+    /// that is no DNS label, a long pod name). A claim no group leads to
+    /// is read by nobody (translation finds claims by name only), and a
+    /// change to it costs nothing until a group that reads it comes.
+    claim_prefixes: HashMap<String, HashMap<String, Vec<usize>>>,
+    /// Every IPAMClaim with addresses in its status that a group reads:
+    /// what a ledger change reaches.
+    claim_ips: Vec<Arc<ClusterObject>>,
     read_errors: Vec<ConfigError>,
     /// Held, not only its address: a freed ledger's address may be the
     /// next one's.
@@ -284,6 +284,14 @@ impl Membership {
                         let id = object_id(&c.object);
                         if let ClusterObject::Pod(p) = &*c.object {
                             pods.insert((p.metadata.namespace(), p.metadata.name.as_str()), g);
+                            if !p.is_virt_launcher() {
+                                m.claim_prefixes
+                                    .entry(id.namespace.clone())
+                                    .or_default()
+                                    .entry(pod_claim_prefix(&p.metadata.name))
+                                    .or_default()
+                                    .push(g);
+                            }
                             for r in claim_references(p) {
                                 m.references
                                     .entry(id.namespace.clone())
@@ -308,19 +316,11 @@ impl Membership {
         for (i, ns, name) in claims {
             let object = &snap.cluster[i].object;
             m.claim_group_indexes(ns, name, &mut into);
-            let has_ips =
-                matches!(&**object, ClusterObject::IpamClaim(c) if !c.status.ips.is_empty());
             if into.is_empty() {
-                if hashed_claim_name(name) {
-                    m.orphans.push(Member::Cluster(object.clone()));
-                    if has_ips {
-                        m.claim_ips.push((object.clone(), true));
-                    }
-                }
                 continue;
             }
-            if has_ips {
-                m.claim_ips.push((object.clone(), false));
+            if matches!(&**object, ClusterObject::IpamClaim(c) if !c.status.ips.is_empty()) {
+                m.claim_ips.push(object.clone());
             }
             for &g in &into {
                 m.groups[g].1.push(Member::Cluster(object.clone()));
@@ -353,12 +353,9 @@ impl Membership {
     }
 
     /// The groups whose objects differ from `old`'s; `None` when the
-    /// context (or an orphan claim) did: then only a full pass will do.
+    /// context did: then only a full pass will do.
     pub fn touched(&self, old: &Membership) -> Option<BTreeSet<GroupKey>> {
-        if !same_list(&self.context, &old.context)
-            || !same_list(&self.orphans, &old.orphans)
-            || self.read_errors != old.read_errors
-        {
+        if !same_list(&self.context, &old.context) || self.read_errors != old.read_errors {
             return None;
         }
         let mut out = match (&self.ledger, &old.ledger) {
@@ -387,14 +384,13 @@ impl Membership {
     }
 
     /// The groups whose claims' `status.ips` name an address whose ledger
-    /// entry changed (translation asks the ledger of those alone);
-    /// `None` when an orphan claim's does.
+    /// entry changed (translation asks the ledger of those alone).
     fn ledger_readers(&self, changed: &HashSet<IpAddr>) -> Option<BTreeSet<GroupKey>> {
         let mut out = BTreeSet::new();
         if changed.is_empty() {
             return Some(out);
         }
-        for (object, orphan) in &self.claim_ips {
+        for object in &self.claim_ips {
             let ClusterObject::IpamClaim(c) = &**object else {
                 continue;
             };
@@ -403,24 +399,20 @@ impl Membership {
                     .map_or(true, |ip| changed.contains(&ip.addr()))
             });
             if names {
-                if *orphan {
-                    return None;
-                }
                 out.extend(self.claim_groups(c.metadata.namespace(), &c.metadata.name));
             }
         }
         Some(out)
     }
 
-    /// `snap` cut down to the context, the orphan claims and the objects
-    /// of `groups`, in its own order.
+    /// `snap` cut down to the context and the objects of `groups`, in its
+    /// own order.
     pub fn partial(&self, snap: &Snapshot, groups: &BTreeSet<GroupKey>) -> Snapshot {
         let keep: HashSet<usize> = groups
             .iter()
             .filter_map(|(ns, name)| self.group(ns, name))
             .flat_map(|g| &self.groups[g].1)
             .chain(&self.context)
-            .chain(&self.orphans)
             .map(Member::ptr)
             .collect();
         Snapshot {
@@ -446,14 +438,21 @@ impl Membership {
     }
 
     /// The groups (indexes, into `out`) claim `namespace/name` is read
-    /// by: those its name may be a VM's or pod's of (`vm1.blue`), and
-    /// those whose pods reference it. Copies no name.
+    /// by: those its name may be a VM's or pod's of (`vm1.blue`), those
+    /// whose pods reference it, and, for a hashed name, the plain pods it
+    /// may be made from. Copies no name.
     fn claim_group_indexes(&self, namespace: &str, name: &str, out: &mut Vec<usize>) {
         out.clear();
         if let Some(names) = self.index.get(namespace) {
             out.extend(name_prefixes(name).filter_map(|p| names.get(p).copied()));
         }
         if let Some(gs) = self.references.get(namespace).and_then(|r| r.get(name)) {
+            out.extend(gs);
+        }
+        // A hashed name: the plain pods whose names it may be made from.
+        if let Some(gs) = hashed_claim_prefix(name)
+            .and_then(|prefix| self.claim_prefixes.get(namespace)?.get(prefix))
+        {
             out.extend(gs);
         }
         out.sort_unstable();
@@ -504,11 +503,13 @@ impl Membership {
     }
 }
 
-/// Whether `name` is one `pod_claim_name` hashed (`<prefix>.<16 hex
-/// digits>`): its pod's group cannot be found from it.
-fn hashed_claim_name(name: &str) -> bool {
+/// The prefix of `name` if it is one `pod_claim_name` hashed
+/// (`<prefix>.<16 hex digits>`): its pod's name cannot be read from it,
+/// only its `pod_claim_prefix`.
+fn hashed_claim_prefix(name: &str) -> Option<&str> {
     name.rsplit_once('.')
-        .is_some_and(|(_, h)| h.len() == 16 && h.bytes().all(|b| b.is_ascii_hexdigit()))
+        .filter(|(_, h)| h.len() == 16 && h.bytes().all(|b| b.is_ascii_hexdigit()))
+        .map(|(prefix, _)| prefix)
 }
 
 /// The addresses whose ledger entry differs between `old` and `new` (on
@@ -908,4 +909,58 @@ pub fn count_keys(cfg: &Config, groups: &BTreeSet<GroupKey>) -> usize {
         .iter()
         .filter(|a| groups.contains(&group_of(a)))
         .count()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const POD: &str = "apiVersion: v1\nkind: Pod\nmetadata:\n  name: web-0\n  namespace: prod\n  uid: 0000000a-0000-4000-8000-0000000000ef\n  annotations:\n    k8s.v1.cni.cncf.io/networks: '[{\"name\":\"blue\",\"interface\":\"Net_1\"}]'\nspec: {nodeName: node-a}\nstatus: {phase: Running}\n";
+
+    fn claim(name: &str, ip: &str) -> String {
+        format!(
+            "apiVersion: k8s.cni.cncf.io/v1alpha1\nkind: IPAMClaim\nmetadata: {{name: {name}, namespace: prod}}\nspec: {{network: blue, interface: Net_1}}\nstatus:\n  ips: [{ip}]\n"
+        )
+    }
+
+    /// A tenant's claim with a hashed name costs only the groups that may
+    /// read it: its pod's, or none; never the full pass.
+    #[test]
+    fn a_hashed_claim_touches_the_plain_pods_it_may_be_made_for_and_no_more() {
+        let theirs = crate::config::kube_objects::pod_claim_name("web-0", "Net_1");
+        assert!(hashed_claim_prefix(&theirs).is_some(), "{theirs} is hashed");
+        // One no pod's name makes: a tenant's, named to look hashed.
+        let stray = "db-7.0123456789abcdef";
+        // Each object in a file of its own, read as the agent reads: an
+        // unchanged file's objects are the same (`Arc`) from read to read.
+        let dir = std::env::temp_dir().join(format!("vmpath-groups-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let mut reader = crate::config::source::Reader::default();
+        let write = |file: &str, text: &str| {
+            let path = dir.join(file);
+            if std::fs::read_to_string(&path).ok().as_deref() != Some(text) {
+                std::fs::write(path, text).unwrap();
+            }
+        };
+        let mut membership = |ips: [&str; 2]| {
+            write("pod.yaml", POD);
+            write("theirs.yaml", &claim(&theirs, ips[0]));
+            write("stray.yaml", &claim(stray, ips[1]));
+            Membership::of(&reader.read(&dir))
+        };
+        let before = membership(["10.9.0.5/24", "10.9.0.6/24"]);
+        let group = ("prod".to_string(), "web-0".to_string());
+        let after = membership(["10.9.0.7/24", "10.9.0.6/24"]);
+        assert_eq!(
+            after.touched(&before),
+            Some(BTreeSet::from([group])),
+            "the pod's claim changed: its group alone"
+        );
+        assert_eq!(
+            membership(["10.9.0.7/24", "10.9.0.8/24"]).touched(&after),
+            Some(BTreeSet::new()),
+            "a claim nobody reads changed: nothing to do"
+        );
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 }
