@@ -359,9 +359,7 @@ impl Membership {
             return None;
         }
         let mut out = match (&self.ledger, &old.ledger) {
-            (Some(a), Some(b)) if !Arc::ptr_eq(a, b) => {
-                self.ledger_readers(&ledger_changes(b, a))?
-            }
+            (Some(a), Some(b)) if !Arc::ptr_eq(a, b) => self.ledger_readers(&ledger_changes(b, a)),
             (a, b) if a.is_some() != b.is_some() => return None,
             _ => BTreeSet::new(),
         };
@@ -385,10 +383,10 @@ impl Membership {
 
     /// The groups whose claims' `status.ips` name an address whose ledger
     /// entry changed (translation asks the ledger of those alone).
-    fn ledger_readers(&self, changed: &HashSet<IpAddr>) -> Option<BTreeSet<GroupKey>> {
+    fn ledger_readers(&self, changed: &HashSet<IpAddr>) -> BTreeSet<GroupKey> {
         let mut out = BTreeSet::new();
         if changed.is_empty() {
-            return Some(out);
+            return out;
         }
         for object in &self.claim_ips {
             let ClusterObject::IpamClaim(c) = &**object else {
@@ -402,7 +400,7 @@ impl Membership {
                 out.extend(self.claim_groups(c.metadata.namespace(), &c.metadata.name));
             }
         }
-        Some(out)
+        out
     }
 
     /// `snap` cut down to the context and the objects of `groups`, in its
