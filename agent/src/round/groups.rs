@@ -913,7 +913,13 @@ pub fn count_keys(cfg: &Config, groups: &BTreeSet<GroupKey>) -> usize {
 mod tests {
     use super::*;
 
-    const POD: &str = "apiVersion: v1\nkind: Pod\nmetadata:\n  name: web-0\n  namespace: prod\n  uid: 0000000a-0000-4000-8000-0000000000ef\n  annotations:\n    k8s.v1.cni.cncf.io/networks: '[{\"name\":\"blue\",\"interface\":\"Net_1\"}]'\nspec: {nodeName: node-a}\nstatus: {phase: Running}\n";
+    /// A pod whose name is too long for its claim's: the claim's name is
+    /// the name cut, and hashed, and leads to no group by itself.
+    fn long_name() -> String {
+        format!("web-0-{}", "x".repeat(240))
+    }
+
+    const POD: &str = "apiVersion: v1\nkind: Pod\nmetadata:\n  name: NAME\n  namespace: prod\n  uid: 0000000a-0000-4000-8000-0000000000ef\n  annotations:\n    k8s.v1.cni.cncf.io/networks: '[{\"name\":\"blue\",\"interface\":\"Net_1\"}]'\nspec: {nodeName: node-a}\nstatus: {phase: Running}\n";
 
     fn claim(name: &str, ip: &str) -> String {
         format!(
@@ -925,7 +931,7 @@ mod tests {
     /// read it: its pod's, or none; never the full pass.
     #[test]
     fn a_hashed_claim_touches_the_plain_pods_it_may_be_made_for_and_no_more() {
-        let theirs = crate::config::kube_objects::pod_claim_name("web-0", "Net_1");
+        let theirs = crate::config::kube_objects::pod_claim_name(&long_name(), "Net_1");
         assert!(hashed_claim_prefix(&theirs).is_some(), "{theirs} is hashed");
         // One no pod's name makes: a tenant's, named to look hashed.
         let stray = "db-7.0123456789abcdef";
@@ -941,13 +947,13 @@ mod tests {
             }
         };
         let mut membership = |ips: [&str; 2]| {
-            write("pod.yaml", POD);
+            write("pod.yaml", &POD.replace("NAME", &long_name()));
             write("theirs.yaml", &claim(&theirs, ips[0]));
             write("stray.yaml", &claim(stray, ips[1]));
             Membership::of(&reader.read(&dir))
         };
         let before = membership(["10.9.0.5/24", "10.9.0.6/24"]);
-        let group = ("prod".to_string(), "web-0".to_string());
+        let group = ("prod".to_string(), long_name());
         let after = membership(["10.9.0.7/24", "10.9.0.6/24"]);
         assert_eq!(
             after.touched(&before),
