@@ -93,6 +93,16 @@ fn remove(dir: &Path, file: &str) {
     let _ = std::fs::remove_file(dir.join(file));
 }
 
+/// Writes an object's file and its claim's (removed when it has none).
+fn write_with_claim(dir: &Path, file: &str, claim_file: &str, (text, claim): (String, String)) {
+    write(dir, file, &text);
+    if claim.is_empty() {
+        remove(dir, claim_file);
+    } else {
+        write(dir, claim_file, &claim);
+    }
+}
+
 /// The plan every object derived and validated again gives, from the
 /// same round state as the increments had (who held what, which VM
 /// interfaces the last round accepted, the last plan's ids).
@@ -679,23 +689,13 @@ fn run_kube_sequence(seed: u64, steps: usize) -> (Passes, (usize, usize)) {
     let mut pods: BTreeMap<u32, PlainPod> = BTreeMap::new();
     let mut next_pod = 0u32;
     let save_pod = |pods: &BTreeMap<u32, PlainPod>, k: u32| {
-        let (pod, claim) = pods[&k].objects(k);
-        write(&config, &format!("web{k}.yaml"), &pod);
-        if claim.is_empty() {
-            remove(&config, &format!("webclaim{k}.yaml"));
-        } else {
-            write(&config, &format!("webclaim{k}.yaml"), &claim);
-        }
+        let (file, claim) = (format!("web{k}.yaml"), format!("webclaim{k}.yaml"));
+        write_with_claim(&config, &file, &claim, pods[&k].objects(k));
     };
     let mut ledger: Arc<Ledger> = Arc::default();
     let save = |vms: &BTreeMap<u32, KubeVm>, k: u32| {
-        let (vm, claim) = vms[&k].objects(k);
-        write(&config, &format!("vm{k}.yaml"), &vm);
-        if claim.is_empty() {
-            remove(&config, &format!("claim{k}.yaml"));
-        } else {
-            write(&config, &format!("claim{k}.yaml"), &claim);
-        }
+        let (file, claim) = (format!("vm{k}.yaml"), format!("claim{k}.yaml"));
+        write_with_claim(&config, &file, &claim, vms[&k].objects(k));
     };
     for step in 0..steps {
         let pick = |rng: &mut Rng, vms: &BTreeMap<u32, KubeVm>| {
