@@ -191,9 +191,10 @@ pub fn lookup_batch<K: Pod, V: Pod>(map: &MapData) -> Result<Option<Vec<(K, V)>>
     let mut in_batch = vec![0u64; ks.div_ceil(8).max(1)];
     let mut out_batch = vec![0u64; ks.div_ceil(8).max(1)];
     let mut first = true;
+    // Staging for one call, made once (grown only on ENOSPC below).
+    let mut keys = vec![0u8; per_call * ks];
+    let mut values = vec![0u8; per_call * vs];
     loop {
-        let mut keys = vec![0u8; per_call * ks];
-        let mut values = vec![0u8; per_call * vs];
         let mut attr = BatchAttr {
             in_batch: if first { 0 } else { in_batch.as_ptr() as u64 },
             out_batch: out_batch.as_mut_ptr() as u64,
@@ -219,6 +220,8 @@ pub fn lookup_batch<K: Pod, V: Pod>(map: &MapData) -> Result<Option<Vec<(K, V)>>
                     && per_call <= info.max_entries() as usize =>
             {
                 per_call *= 2;
+                keys.resize(per_call * ks, 0);
+                values.resize(per_call * vs, 0);
                 continue;
             }
             Err(e)
