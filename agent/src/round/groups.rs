@@ -921,9 +921,9 @@ mod tests {
 
     const POD: &str = "apiVersion: v1\nkind: Pod\nmetadata:\n  name: NAME\n  namespace: prod\n  uid: 0000000a-0000-4000-8000-0000000000ef\n  annotations:\n    k8s.v1.cni.cncf.io/networks: '[{\"name\":\"blue\",\"interface\":\"Net_1\"}]'\nspec: {nodeName: node-a}\nstatus: {phase: Running}\n";
 
-    fn claim(name: &str, ip: &str) -> String {
+    fn claim(namespace: &str, name: &str, ip: &str) -> String {
         format!(
-            "apiVersion: k8s.cni.cncf.io/v1alpha1\nkind: IPAMClaim\nmetadata: {{name: {name}, namespace: prod}}\nspec: {{network: blue, interface: Net_1}}\nstatus:\n  ips: [{ip}]\n"
+            "apiVersion: k8s.cni.cncf.io/v1alpha1\nkind: IPAMClaim\nmetadata: {{name: {name}, namespace: {namespace}}}\nspec: {{network: blue, interface: Net_1}}\nstatus:\n  ips: [{ip}]\n"
         )
     }
 
@@ -935,6 +935,8 @@ mod tests {
         assert!(hashed_claim_prefix(&theirs).is_some(), "{theirs} is hashed");
         // One no pod's name makes: a tenant's, named to look hashed.
         let stray = "db-7.0123456789abcdef";
+        // And another tenant's, in its own namespace, with the very name
+        // of the pod's claim.
         // Each object in a file of its own, read as the agent reads: an
         // unchanged file's objects are the same (`Arc`) from read to read.
         let dir = std::env::temp_dir().join(format!("vmpath-groups-{}", std::process::id()));
@@ -946,24 +948,31 @@ mod tests {
                 std::fs::write(path, text).unwrap();
             }
         };
-        let mut membership = |ips: [&str; 2]| {
+        let mut membership = |ips: [&str; 3]| {
             write("pod.yaml", &POD.replace("NAME", &long_name()));
-            write("theirs.yaml", &claim(&theirs, ips[0]));
-            write("stray.yaml", &claim(stray, ips[1]));
+            write("theirs.yaml", &claim("prod", &theirs, ips[0]));
+            write("stray.yaml", &claim("prod", stray, ips[1]));
+            write("other.yaml", &claim("other", &theirs, ips[2]));
             Membership::of(&reader.read(&dir))
         };
-        let before = membership(["10.9.0.5/24", "10.9.0.6/24"]);
+        let before = membership(["10.9.0.5/24", "10.9.0.6/24", "10.9.0.9/24"]);
         let group = ("prod".to_string(), long_name());
-        let after = membership(["10.9.0.7/24", "10.9.0.6/24"]);
+        let after = membership(["10.9.0.7/24", "10.9.0.6/24", "10.9.0.9/24"]);
         assert_eq!(
             after.touched(&before),
             Some(BTreeSet::from([group])),
             "the pod's claim changed: its group alone"
         );
         assert_eq!(
-            membership(["10.9.0.7/24", "10.9.0.8/24"]).touched(&after),
+            membership(["10.9.0.7/24", "10.9.0.8/24", "10.9.0.9/24"]).touched(&after),
             Some(BTreeSet::new()),
             "a claim nobody reads changed: nothing to do"
+        );
+        let last = membership(["10.9.0.7/24", "10.9.0.8/24", "10.9.0.9/24"]);
+        assert_eq!(
+            membership(["10.9.0.7/24", "10.9.0.8/24", "10.9.0.7/24"]).touched(&last),
+            Some(BTreeSet::new()),
+            "another namespace's claim of the same name reaches no pod here"
         );
         let _ = std::fs::remove_dir_all(&dir);
     }
