@@ -7,6 +7,7 @@ mod addresses;
 mod cluster_flood;
 mod cni;
 mod crds;
+mod cut_over;
 mod deploy;
 mod dhcp;
 mod fixtures;

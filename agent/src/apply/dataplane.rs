@@ -35,6 +35,7 @@ use vmpath_common::{
 };
 
 pub mod batch;
+mod cut_over;
 pub mod debug_log;
 mod meter;
 mod north_south;
@@ -860,9 +861,14 @@ impl Dataplane {
             addresses: plan.addresses.clone(),
         });
         // The data path writes endpoints too (a migration's cut-over):
-        // read back and made to match the plan every round.
-        sync(&mut self.maps.endpoints, &plan.endpoints)?;
+        // read back and made to match the plan every round, except for a
+        // cut-over this round's plan predates (`cut_over`).
         let ports: BTreeMap<u32, PortInfo> = plan.ports.iter().map(|(k, p)| (*k, p.info)).collect();
+        sync_keeping(
+            &mut self.maps.endpoints,
+            &plan.endpoints,
+            |k, want, have| cut_over::endpoint_moved(k, want, have, &ports),
+        )?;
         let port_ids: BTreeMap<u32, u32> = plan
             .ports
             .iter()
@@ -894,7 +900,9 @@ impl Dataplane {
         phases.mark("policy");
         self.apply_services(plan)?;
         phases.mark("services");
-        sync(&mut self.maps.ports, &ports)?;
+        sync_keeping(&mut self.maps.ports, &ports, |_, want, have| {
+            cut_over::port_resumed(want, have)
+        })?;
         sync(&mut self.maps.port_ids, &port_ids)?;
         self.refresh_xdp_ports(plan)?;
         phases.mark("ports");
@@ -1021,6 +1029,21 @@ where
     K: aya::Pod + Ord,
     V: aya::Pod + PartialEq,
 {
+    sync_keeping(map, want, |_, _, _| false)
+}
+
+/// As [`sync`], but an entry whose value in the map `keep(key, wanted,
+/// held)` accepts is left as it is (a value the data path wrote that the
+/// plan has not caught up with).
+fn sync_keeping<K, V>(
+    map: &mut HashMap<MapData, K, V>,
+    want: &BTreeMap<K, V>,
+    keep: impl Fn(&K, &V, &V) -> bool,
+) -> Result<()>
+where
+    K: aya::Pod + Ord,
+    V: aya::Pod + PartialEq,
+{
     use aya::maps::IterableMap as _;
     // Read in a few syscalls (a batch lookup), not two per entry.
     let have: BTreeMap<K, V> = match batch::lookup_batch::<K, V>(map.map()) {
@@ -1047,7 +1070,7 @@ where
     }
     let changed: Vec<(K, V)> = want
         .iter()
-        .filter(|(k, v)| have.get(k) != Some(v))
+        .filter(|(k, v)| have.get(k).is_none_or(|h| h != *v && !keep(k, v, h)))
         .map(|(k, v)| (*k, *v))
         .collect();
     if !changed.is_empty() {
