@@ -57,6 +57,7 @@ use crate::{
     resolve::store::Store,
     slowpath,
     sys::clock::unix_now,
+    sys::drop_later::drop_later,
     sys::netif::ifindex_of,
 };
 
@@ -262,7 +263,7 @@ impl Round {
             && v.held == held
         {
             self.passes.skipped += 1;
-            v.membership = membership;
+            drop_later(std::mem::replace(&mut v.membership, membership));
             return (validate::with_kept_claims(snap, v.config.clone()), Some(0));
         }
         if let Some(mut v) = self.validated.take()
@@ -296,6 +297,7 @@ impl Round {
                     tracing::debug!(groups = touched.len(), "derived and validated in part");
                     self.passes.partial += 1;
                     let config = self.keep_validated(snap, config, held, membership, v.holdings);
+                    drop_later(v.membership);
                     return (config, Some(touched.len()));
                 }
                 Err(why) => {
@@ -324,7 +326,7 @@ impl Round {
         holdings: groups::Holdings,
     ) -> Arc<Config> {
         let config = Arc::new(config);
-        self.validated = Some(Validated {
+        let previous = self.validated.replace(Validated {
             config: config.clone(),
             held,
             accepted: self.accepted.clone(),
@@ -332,6 +334,9 @@ impl Round {
             membership,
             holdings,
         });
+        if let Some(previous) = previous {
+            drop_later(previous);
+        }
         validate::with_kept_claims(snap, config)
     }
 
@@ -480,7 +485,11 @@ impl Round {
         let mut retry = false;
         if plan_changed {
             match apply::apply(dp, &plan, &cfg, services) {
-                Ok(()) => self.last_plan = Some(plan),
+                Ok(()) => {
+                    if let Some(previous) = self.last_plan.replace(plan) {
+                        drop_later(previous);
+                    }
+                }
                 Err(e) => {
                     error!("applying the plan failed (will retry): {e:#}");
                     retry = true;
@@ -577,14 +586,13 @@ impl Round {
         let trim_due = self
             .last_trim
             .is_none_or(|t| t.elapsed() >= std::time::Duration::from_secs(5));
+        // Both off the loop's path, the trim after what was handed over
+        // before it (the dropping thread frees in order).
         if changed && (changed_groups.is_none() || trim_due) {
             self.last_trim = Some(Instant::now());
-            drop(cfg);
-            #[cfg(all(target_os = "linux", target_env = "gnu"))]
-            // SAFETY: malloc_trim only returns free pages to the kernel.
-            unsafe {
-                libc::malloc_trim(0);
-            }
+            drop_later(crate::sys::drop_later::ThenTrim::new(cfg));
+        } else {
+            drop_later(cfg);
         }
         phases.mark("publish");
         phases.log();

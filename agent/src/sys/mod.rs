@@ -5,6 +5,7 @@
 //! | module | what |
 //! |---|---|
 //! | [`clock`] | the kernel's monotonic clock, wall-clock seconds |
+//! | [`drop_later`] | freeing big structures off the reconcile loop's path |
 //! | [`events`] | what wakes the reconcile loop (inotify, link notifications) |
 //! | [`hash`] | FNV-1a, the stable hash |
 //! | [`limits`] | the bounds every config file and object is read under |
@@ -17,6 +18,7 @@
 //! | [`xdp_features`] | a device's XDP features (netdev generic netlink) |
 
 pub mod clock;
+pub mod drop_later;
 pub mod events;
 pub mod hash;
 pub mod limits;
