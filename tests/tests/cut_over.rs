@@ -175,64 +175,71 @@ fn vm_port(dp: &Dataplane, ifindex: u32, frame: &[u8]) {
 }
 
 /// The target: `vm_migrate` made the endpoint local on the pending port
-/// and cleared its flag; the round planned before keeps both, the next
+/// and cleared its flag; the round planned before keeps both (a resync too), the next
 /// round's tick finds the event and plans the cut-over.
 #[test]
 fn a_round_planned_before_the_target_cut_over_does_not_undo_it() {
-    in_fresh_netns(|| {
-        veth("p1b");
-        let port = ifindex_of("p1b").unwrap();
-        let root = BpffsRoot::new("cut-over-b");
-        let mut dp = Dataplane::open(&root.0).expect("loading the data path");
-        let mut ticks = Migrations::default();
-        let pending = docs(false, true);
-        round("b", &pending, &mut ticks, &mut dp);
-        assert_eq!(
-            (endpoint(&dp).kind, endpoint(&dp).node_ip4),
-            (ENDPOINT_REMOTE, NODE_A),
-            "pending: vm1 still at a"
-        );
+    // `resync`: that round is the periodic resync, which reads every map
+    // back rather than trust what the agent wrote last.
+    for resync in [false, true] {
+        in_fresh_netns(|| {
+            veth("p1b");
+            let port = ifindex_of("p1b").unwrap();
+            let root = BpffsRoot::new("cut-over-b");
+            let mut dp = Dataplane::open(&root.0).expect("loading the data path");
+            let mut ticks = Migrations::default();
+            let pending = docs(false, true);
+            round("b", &pending, &mut ticks, &mut dp);
+            assert_eq!(
+                (endpoint(&dp).kind, endpoint(&dp).node_ip4),
+                (ENDPOINT_REMOTE, NODE_A),
+                "pending: vm1 still at a"
+            );
 
-        // A round starts: its tick sees no event yet.
-        let stale = tick_and_plan("b", &pending, &mut ticks, &mut dp);
-        // The VM resumes on b.
-        vm_port(&dp, port, &rarp());
-        let moved = endpoint(&dp);
-        assert_eq!(
-            (moved.kind, moved.ifindex),
-            (ENDPOINT_LOCAL, port),
-            "vm_migrate did not cut over"
-        );
-        // The round applies what it planned.
-        dp.apply(&stale).unwrap();
-        assert_eq!(
-            endpoint(&dp),
-            moved,
-            "a plan older than the cut-over put vm1 back at a"
-        );
-        let flags = dp.maps().ports.get(&port, 0).unwrap().flags;
-        assert_eq!(
-            flags & PORT_F_PENDING,
-            0,
-            "the target port is pending again"
-        );
+            // A round starts: its tick sees no event yet.
+            let stale = tick_and_plan("b", &pending, &mut ticks, &mut dp);
+            // The VM resumes on b.
+            vm_port(&dp, port, &rarp());
+            let moved = endpoint(&dp);
+            assert_eq!(
+                (moved.kind, moved.ifindex),
+                (ENDPOINT_LOCAL, port),
+                "vm_migrate did not cut over"
+            );
+            // The round applies what it planned.
+            if resync {
+                dp.forget_written();
+            }
+            dp.apply(&stale).unwrap();
+            assert_eq!(
+                endpoint(&dp),
+                moved,
+                "resync {resync}: a plan older than the cut-over put vm1 back at a"
+            );
+            let flags = dp.maps().ports.get(&port, 0).unwrap().flags;
+            assert_eq!(
+                flags & PORT_F_PENDING,
+                0,
+                "the target port is pending again"
+            );
 
-        // The next round: the tick finds the event; plan and maps agree.
-        let next = tick_and_plan("b", &pending, &mut ticks, &mut dp);
-        assert_eq!(next.endpoints[&EndpointKey::new(NETWORK, VM_MAC)], moved);
-        assert_eq!(next.ports[&port].info.flags & PORT_F_PENDING, 0);
-        dp.apply(&next).unwrap();
-        assert_eq!(endpoint(&dp), moved);
-    });
+            // The next round: the tick finds the event; plan and maps agree.
+            let next = tick_and_plan("b", &pending, &mut ticks, &mut dp);
+            assert_eq!(next.endpoints[&EndpointKey::new(NETWORK, VM_MAC)], moved);
+            assert_eq!(next.ports[&port].info.flags & PORT_F_PENDING, 0);
+            dp.apply(&next).unwrap();
+            assert_eq!(endpoint(&dp), moved);
+        });
+    }
 }
 
 /// The source and a third node: `learn_move` pointed the endpoint at the
-/// target; the round planned before keeps it, the next round's tick sees
+/// target; the round planned before keeps it (a resync too), the next round's tick sees
 /// it and plans it so. A migration that failed (gone from the object) is
 /// still repaired: the guard keeps only a move to the planned target.
 #[test]
 fn a_round_planned_before_another_nodes_cut_over_does_not_undo_it() {
-    for node in ["a", "c"] {
+    for (node, resync) in [("a", false), ("c", false), ("a", true), ("c", true)] {
         in_fresh_netns(|| {
             veth("p1");
             let root = BpffsRoot::new(&format!("cut-over-{node}"));
@@ -258,11 +265,14 @@ fn a_round_planned_before_another_nodes_cut_over_does_not_undo_it() {
                 .endpoints
                 .insert(EndpointKey::new(NETWORK, VM_MAC), moved, 0)
                 .unwrap();
+            if resync {
+                dp.forget_written();
+            }
             dp.apply(&stale).unwrap();
             assert_eq!(
                 endpoint(&dp),
                 moved,
-                "{node}: a plan older than the cut-over put vm1 back at a"
+                "{node}, resync {resync}: a plan older than the cut-over put vm1 back at a"
             );
 
             let next = tick_and_plan(node, &pending, &mut ticks, &mut dp);
@@ -278,22 +288,31 @@ fn a_round_planned_before_another_nodes_cut_over_does_not_undo_it() {
                 (ENDPOINT_REMOTE, NODE_B)
             );
 
-            // Another time, the migration fails before the VM moves, yet
-            // something moved the entry: the plan (vm1 on a) is written.
+            // Another time, the data path moves the entry, and the
+            // migration is gone from the object before the agent saw the
+            // move (KubeVirt failed it): the plan (vm1 on a) is written, the
+            // move is not kept.
             let failed = docs(false, false);
             round(node, &failed, &mut ticks, &mut dp);
             let at_a = endpoint(&dp);
             assert_eq!(at_a.migrate_to, [0; 4], "{node}");
             assert_ne!(at_a.node_ip4, NODE_B, "{node}");
+            let mut ticks = Migrations::default();
+            round(node, &pending, &mut ticks, &mut dp);
             dp.maps_mut()
                 .endpoints
                 .insert(EndpointKey::new(NETWORK, VM_MAC), moved, 0)
                 .unwrap();
-            round(node, &failed, &mut ticks, &mut dp);
+            dp.apply(&vmpath::plan::plan(
+                &resolved(node, &failed),
+                node,
+                ifindex_of,
+            ))
+            .unwrap();
             assert_eq!(
                 endpoint(&dp),
                 at_a,
-                "{node}: a move to no planned target was kept"
+                "{node}: a move to a target no longer planned was kept"
             );
         });
     }
