@@ -136,7 +136,7 @@ pub fn run(
     let mut round = Round::new(settings, cluster, store);
     let mut first = true;
     loop {
-        if !first && pacer.wait(&dp, &shared) == Wake::Resync {
+        if !first && pacer.wait(&dp, &shared, |name| round.link_matters(name)) == Wake::Resync {
             // The safety net: every object derived again and every map
             // read back, whatever the increments kept.
             round.forget_increments();
@@ -211,8 +211,14 @@ impl Pacer {
         self.retry = true;
     }
 
-    /// Blocks until the next pass is due; says why it is.
-    fn wait(&mut self, dp: &Dataplane, shared: &Published) -> Wake {
+    /// Blocks until the next pass is due; says why it is. A wake made of
+    /// link events alone, none of which `link_matters`, is no reason.
+    fn wait(
+        &mut self,
+        dp: &Dataplane,
+        shared: &Published,
+        link_matters: impl Fn(&str) -> bool,
+    ) -> Wake {
         if std::mem::take(&mut self.retry) {
             std::thread::sleep(self.interval);
             return Wake::Event;
@@ -224,15 +230,28 @@ impl Pacer {
                 return Wake::Resync;
             }
             let wakes = self.events.wait(self.interval.min(due - now));
-            if !wakes.is_empty() {
+            if wakes.iter().any(|w| wake_matters(w, &link_matters)) {
                 tracing::debug!(?wakes, "woken");
                 return Wake::Event;
+            }
+            if !wakes.is_empty() {
+                tracing::debug!(?wakes, "not woken: links no round serves yet");
             }
             shared.heartbeat();
             if self.migrating || data_path_fingerprint(dp) != self.data_path {
                 return Wake::Event;
             }
         }
+    }
+}
+
+/// Whether `wake` is a reason for a pass: any but a link event for an
+/// interface `link_matters` says no round serves yet.
+fn wake_matters(wake: &crate::sys::events::Wake, link_matters: impl Fn(&str) -> bool) -> bool {
+    use crate::sys::{events::Wake as W, netlink::LinkEvent};
+    match wake {
+        W::Link(LinkEvent::New(name) | LinkEvent::Gone(name)) => link_matters(name),
+        _ => true,
     }
 }
 

@@ -9,6 +9,29 @@ use serde::{Deserialize, Serialize};
 /// agent takes a port carrying it as a VM port whatever its name.
 pub const PORT_ALIAS: &str = "vmpath:cni-port";
 
+/// The host side's name of a pod's veth pair: `vmp` + 10 hex digits of
+/// the FNV-1a hash of `{container_id}/{ifname}` (13 characters; the
+/// kernel allows 15). Stable across versions of the plugin.
+pub fn host_ifname(container_id: &str, ifname: &str) -> String {
+    let mut h: u64 = 0xcbf29ce484222325;
+    for b in format!("{container_id}/{ifname}").bytes() {
+        h ^= u64::from(b);
+        h = h.wrapping_mul(0x100000001b3);
+    }
+    format!("vmp{:010x}", h & 0xff_ffff_ffff)
+}
+
+/// Whether `name` has the shape [`host_ifname`] gives: an interface the
+/// plugin made, which the agent serves only once the plugin hands over
+/// its endpoint (until then its appearing changes nothing).
+pub fn is_host_ifname(name: &str) -> bool {
+    name.len() == 13
+        && name.starts_with("vmp")
+        && name[3..]
+            .bytes()
+            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+}
+
 /// How long the agent holds an ADD while it programs the port; the
 /// client's timeout ([`crate::client::TIMEOUT`]) is longer.
 pub const PROGRAM_TIMEOUT: Duration = Duration::from_secs(10);
@@ -82,6 +105,38 @@ mod tests {
 
     /// The bytes a released plugin sends: an agent of this version must
     /// take them, and this version must send the same.
+    #[test]
+    fn host_names_fit_differ_and_are_recognised() {
+        let a = host_ifname("0123456789abcdef", "eth0");
+        let b = host_ifname("0123456789abcdef", "eth1");
+        // The plugin's names since round 1: a change would orphan ports.
+        assert_eq!(
+            a,
+            "vmp".to_string()
+                + &format!("{:010x}", {
+                    let mut h: u64 = 0xcbf29ce484222325;
+                    for c in b"0123456789abcdef/eth0" {
+                        h ^= u64::from(*c);
+                        h = h.wrapping_mul(0x100000001b3);
+                    }
+                    h & 0xff_ffff_ffff
+                })
+        );
+        assert_eq!(a.len(), 13);
+        assert_ne!(a, b);
+        assert!(is_host_ifname(&a) && is_host_ifname(&b));
+        for other in [
+            "vmp-vxlan",
+            "vmp-slow0",
+            "eth0",
+            "vmp0123456789a",
+            "vmp012345678g",
+            "VMP0123456789",
+        ] {
+            assert!(!is_host_ifname(other), "{other}");
+        }
+    }
+
     #[test]
     fn an_endpoint_request_keeps_its_wire_format() {
         let wire = r#"{"container_id":"c0ffee","ifname":"eth1","netns":"/run/netns/x","network":"blue","port":"vmp0123456789","mac":null,"pod_namespace":"default","pod_name":"web","pod_uid":null,"vm":true}"#;

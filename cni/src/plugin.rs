@@ -15,7 +15,7 @@ use rscni_plugin::{
 use serde_json::Value;
 use vmpath_api::{
     Client, ClientError, DEFAULT_SOCKET,
-    cni::{EndpointList, EndpointReply, EndpointRequest},
+    cni::{EndpointList, EndpointReply, EndpointRequest, host_ifname},
     path,
     types::{NetworkView, state},
 };
@@ -98,25 +98,6 @@ fn requested_mac(args: &Args) -> Option<String> {
         .and_then(Value::as_str)
         .map(str::to_string)
         .or_else(|| cni_arg(args, "MAC").map(str::to_string))
-}
-
-/// FNV-1a, as the agent hashes: stable across versions of the plugin.
-fn fnv1a(bytes: &[u8]) -> u64 {
-    let mut h: u64 = 0xcbf29ce484222325;
-    for b in bytes {
-        h ^= u64::from(*b);
-        h = h.wrapping_mul(0x100000001b3);
-    }
-    h
-}
-
-/// Host-side name: `vmp` + 10 hex digits of a hash of container id and
-/// ifname (13 characters; the kernel allows 15).
-pub fn host_ifname(container_id: &str, ifname: &str) -> String {
-    format!(
-        "vmp{:010x}",
-        fnv1a(format!("{container_id}/{ifname}").as_bytes()) & 0xff_ffff_ffff
-    )
 }
 
 /// The identity parts every ADD, DEL and CHECK has.
@@ -598,20 +579,5 @@ impl Cni for VmpathCni {
         } else {
             Err(Error::TryAgainLater(failures.join("; ")))
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn host_names_fit_and_differ() {
-        let a = host_ifname("0123456789abcdef", "eth0");
-        let b = host_ifname("0123456789abcdef", "eth1");
-        assert_eq!(a.len(), 13);
-        assert!(a.starts_with("vmp"));
-        assert_ne!(a, b);
-        assert_eq!(a, host_ifname("0123456789abcdef", "eth0"));
     }
 }

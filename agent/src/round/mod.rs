@@ -227,6 +227,24 @@ impl Round {
         }
     }
 
+    /// Whether a link event for interface `name` may change what a round
+    /// does. Not for an interface the CNI plugin made that the last plan
+    /// neither programs nor misses: the plugin hands its endpoint over
+    /// after making it, and that wakes a round of its own (at 10,000 VMs
+    /// a round woken by the link alone was a whole round more on every
+    /// pod's ADD). Any other interface may be an uplink, an underlay or a
+    /// port a document names.
+    pub fn link_matters(&self, name: &str) -> bool {
+        if !vmpath_api::cni::is_host_ifname(name) {
+            return true;
+        }
+        let Some(plan) = &self.last_plan else {
+            return true;
+        };
+        plan.ports.values().any(|p| p.ifname == name)
+            || plan.missing_ports.iter().any(|(_, port)| port == name)
+    }
+
     /// Forgets what the increments keep: the next round derives and
     /// validates every object and reads back every map (the periodic
     /// resync, and what a restarted agent does).
@@ -612,6 +630,53 @@ pub(crate) mod tests {
         format!(
             "apiVersion: vmpath.dev/v1alpha1\nkind: Attachment\nmetadata: {{name: {vm}-eth0, namespace: prod}}\nspec:\n  vm: {vm}\n  interface: eth0\n  network: blue\n  node: {node}\n  port: {vm}p\n"
         )
+    }
+
+    #[test]
+    fn a_link_the_cni_plugin_made_wakes_no_round_until_a_plan_names_it() {
+        let dir = std::env::temp_dir().join(format!("vmpath-link-matters-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let settings = Settings {
+            node: "a".into(),
+            state_dir: dir.join("state"),
+            ..Default::default()
+        };
+        let mut round = Round::new(settings, None, Store::open(&dir.join("state")).unwrap());
+        let programmed = vmpath_api::cni::host_ifname("c1", "eth0");
+        let missing = vmpath_api::cni::host_ifname("c2", "eth0");
+        let unknown = vmpath_api::cni::host_ifname("c3", "eth0");
+        // Before any plan, every link may matter.
+        assert!(round.link_matters(&unknown));
+        let mut plan = Plan::default();
+        plan.ports.insert(
+            7,
+            crate::plan::PlannedPort {
+                ifname: programmed.clone(),
+                ifindex: 7,
+                attachment: crate::config::AttachmentKey {
+                    namespace: "prod".into(),
+                    vm: "vm1".into(),
+                    interface: "eth0".into(),
+                },
+                info: Default::default(),
+                slow_limits: Default::default(),
+            },
+        );
+        plan.missing_ports
+            .push((plan.ports[&7].attachment.clone(), missing.clone()));
+        round.last_plan = Some(plan);
+        for (name, matters) in [
+            (programmed.as_str(), true),
+            (missing.as_str(), true),
+            (unknown.as_str(), false),
+            // Not the plugin's: an uplink, an underlay, a document's port.
+            ("eth5", true),
+            ("vmp-vxlan", true),
+            ("vm-db1b", true),
+        ] {
+            assert_eq!(round.link_matters(name), matters, "{name}");
+        }
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     /// What the read stage would give for a config dir holding `yaml`.
