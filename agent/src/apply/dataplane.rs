@@ -1337,7 +1337,6 @@ mod endpoint_sync_tests {
         want: &BTreeMap<EndpointKey, Endpoint>,
         ports: &BTreeMap<u32, PortInfo>,
     ) -> BTreeMap<EndpointKey, Endpoint> {
-        use aya::maps::IterableMap as _;
         let written = WrittenEndpoints {
             entries: written.clone(),
             pending: BTreeSet::new(),

@@ -113,7 +113,15 @@ mod tests {
             migrate_to: [0; 4],
             ..local_source
         };
-        let cases: [(&str, Endpoint, Endpoint, &BTreeMap<u32, PortInfo>, bool); 9] = [
+        /// What the row is, the plan's entry, the map's, the plan's ports, kept?
+        type Case<'a> = (
+            &'a str,
+            Endpoint,
+            Endpoint,
+            &'a BTreeMap<u32, PortInfo>,
+            bool,
+        );
+        let cases: [Case; 9] = [
             (
                 "a third node, moved",
                 remote(SOURCE, TARGET),
