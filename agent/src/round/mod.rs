@@ -442,6 +442,9 @@ impl Round {
         phases.mark("validate");
         let changed = self.last_fingerprint != Some(snap.fingerprint);
         self.last_fingerprint = Some(snap.fingerprint);
+        // Its objects live on in the reader's cache; the rest is freed
+        // off the loop's path.
+        drop_later(snap);
 
         // resolve, IPAM
         let (mut cfg, mut claims) = match self.resolve_and_assign(validated) {
@@ -526,6 +529,7 @@ impl Round {
 
         // publish
         let mut view_built = false;
+        let mut published = None;
         publish::log_refusals(&cfg, &mut self.last_errors);
         if let Some(cluster) = &self.cluster {
             publish::report(cluster, &cfg, &s.node, &mac_refusals);
@@ -553,13 +557,19 @@ impl Round {
             }
             view.ready = self.last_plan.is_some();
             phases.mark("view");
+            let view = Arc::new(view);
+            shared.publish(view.clone());
+            published = Some(view);
+        }
+        // The ADDs waiting on this round are answered from the published
+        // view; the status file (megabytes at 10,000 VMs) is written after.
+        crate::api::endpoints::round_done();
+        if let Some(view) = published {
             if let Err(e) = self.status_file.write(&s.state_dir, &view) {
                 warn!("writing status: {e:#}");
             }
             phases.mark("status");
-            shared.publish(view);
         }
-        crate::api::endpoints::round_done();
         // Built, and recorded, only when it changed (or the last record
         // failed): not copied again every round. The resolved interfaces
         // are in key order, as the set is.
