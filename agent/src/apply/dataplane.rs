@@ -1012,7 +1012,7 @@ fn pending_endpoints(ports: &BTreeMap<u32, PortInfo>) -> BTreeSet<EndpointKey> {
 /// entries the data path may have written since are read: those of VMs
 /// that were or are migrating (`learn_move` repoints an entry with a
 /// `migrate_to`) and of pending target ports, then and now (`vm_migrate`).
-/// A full read-back at 10,000 VMs was a fifth of a round's time.
+/// A full read-back at 10,000 VMs was up to a fifth of a round's time.
 fn sync_endpoints_since(
     map: &mut HashMap<MapData, EndpointKey, Endpoint>,
     written: &WrittenEndpoints,
