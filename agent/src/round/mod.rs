@@ -608,9 +608,10 @@ impl Round {
             self.viewed = std::mem::take(&mut cfg.attachments);
         }
         // A full pass over a cluster's objects frees tens of MiB at once:
-        // give the pages back rather than hold them until the next. A
-        // partial pass frees little, and the trim walks the whole heap (tens
-        // of ms at 10,000 VMs): then at most every few seconds.
+        // give glibc's pages back rather than hold them until the next (the
+        // agent binary allocates with mimalloc, which gives its own back;
+        // `ThenTrim`). A partial pass frees little, and the trim walks
+        // glibc's whole heap: then at most every few seconds.
         let trim_due = self
             .last_trim
             .is_none_or(|t| t.elapsed() >= std::time::Duration::from_secs(5));

@@ -43,9 +43,11 @@ pub fn drop_later<T: Send + 'static>(value: T) {
     }
 }
 
-/// Drops what it holds, then gives the heap's free pages back to the
-/// kernel (a full pass over a cluster's objects frees tens of MiB at once;
-/// the trim walks the whole heap, tens of ms at 10,000 VMs).
+/// Drops what it holds, then gives glibc's heap's free pages back to the
+/// kernel (a full pass over a cluster's objects frees tens of MiB at once).
+/// In the agent binary that heap holds what C code allocates only: its
+/// own allocations are mimalloc's, which gives freed pages back itself
+/// (`main.rs`).
 pub struct ThenTrim<T>(Option<T>);
 
 impl<T> ThenTrim<T> {
