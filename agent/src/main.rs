@@ -275,12 +275,11 @@ enum SourceArg {
 }
 
 fn main() -> Result<()> {
-    // glibc gives a thread that meets a busy arena one of its own, and a
-    // freed block only serves its own arena again: the Kubernetes
-    // watchers' thread kept the pages its list responses were parsed in,
-    // which the reconcile rounds (another thread) could not reuse, so
-    // the agent held both at once. One arena lets them share; the agent
-    // allocates little per packet (the data path is in the kernel).
+    // What still allocates with glibc's malloc (C code; the agent's own
+    // allocations are mimalloc's, above) does so in one arena: glibc
+    // gives a thread that meets a busy arena one of its own, whose freed
+    // blocks serve no other thread (before mimalloc, the watchers' pages
+    // were held beside the rounds').
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     // SAFETY: mallopt only sets an allocator option, before any thread.
     unsafe {
