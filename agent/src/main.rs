@@ -15,7 +15,7 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 /// mimalloc's defaults trade memory for speed where the agent does not
 /// need it: freed memory is given back to the kernel at once (not after
 /// 10 ms: a round frees and allocates again within that, and the agent
-/// held 243 MiB at 10,000 VMs rather than 180) and its arenas are
+/// peaked at 243 MiB at 10,000 VMs rather than 200) and its arenas are
 /// committed as they are used. Set before the first allocation (an arena
 /// is committed as the option says when it is made): from the ELF's
 /// constructors, which run before Rust's runtime allocates anything.
