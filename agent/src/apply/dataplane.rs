@@ -1020,7 +1020,6 @@ fn sync_endpoints_since(
     pending: &BTreeSet<EndpointKey>,
     ports: &BTreeMap<u32, PortInfo>,
 ) -> Result<()> {
-    use aya::maps::IterableMap as _;
     let moving = |e: &Endpoint| e.migrate_to != [0; 4];
     let volatile: BTreeSet<EndpointKey> = written
         .entries
@@ -1045,9 +1044,6 @@ fn sync_endpoints_since(
         .collect::<BTreeSet<_>>()
         .into_iter()
         .collect();
-    if !gone.is_empty() {
-        batch::delete_batch(map.map(), &gone).context("removing the endpoints the plan dropped")?;
-    }
     let changed: Vec<(EndpointKey, Endpoint)> = want
         .iter()
         .filter(|(k, v)| {
@@ -1060,17 +1056,7 @@ fn sync_endpoints_since(
         })
         .map(|(k, v)| (*k, *v))
         .collect();
-    if !changed.is_empty() {
-        if let Ok(info) = map.map().info()
-            && want.len() > info.max_entries() as usize
-        {
-            // Said by name, as a full sync says it.
-            return sync(map, want);
-        }
-        batch::update_batch(map.map(), &changed, batch::BPF_ANY)
-            .context("writing the endpoints the plan changed")?;
-    }
-    Ok(())
+    write_difference(map, &gone, &changed, want)
 }
 
 impl Dataplane {
@@ -1094,7 +1080,6 @@ where
     K: aya::Pod + Ord,
     V: aya::Pod + PartialEq,
 {
-    use aya::maps::IterableMap as _;
     let Some(last) = last else {
         return sync(map, want);
     };
@@ -1103,22 +1088,38 @@ where
         .filter(|k| !want.contains_key(k))
         .copied()
         .collect();
-    if !gone.is_empty() {
-        batch::delete_batch(map.map(), &gone).context("removing entries the plan dropped")?;
-    }
     let changed: Vec<(K, V)> = want
         .iter()
         .filter(|(k, v)| last.get(k) != Some(v))
         .map(|(k, v)| (*k, *v))
         .collect();
+    write_difference(map, &gone, &changed, want)
+}
+
+/// Removes `gone` and writes `changed`, the difference the incremental
+/// syncs found between what was written last and `want`; more than the
+/// map holds is said by name, as a full sync says it.
+fn write_difference<K, V>(
+    map: &mut HashMap<MapData, K, V>,
+    gone: &[K],
+    changed: &[(K, V)],
+    want: &BTreeMap<K, V>,
+) -> Result<()>
+where
+    K: aya::Pod + Ord,
+    V: aya::Pod + PartialEq,
+{
+    use aya::maps::IterableMap as _;
+    if !gone.is_empty() {
+        batch::delete_batch(map.map(), gone).context("removing entries the plan dropped")?;
+    }
     if !changed.is_empty() {
         if let Ok(info) = map.map().info()
             && want.len() > info.max_entries() as usize
         {
-            // Said by name, as a full sync says it.
             return sync(map, want);
         }
-        batch::update_batch(map.map(), &changed, batch::BPF_ANY)
+        batch::update_batch(map.map(), changed, batch::BPF_ANY)
             .context("writing the entries the plan changed")?;
     }
     Ok(())
