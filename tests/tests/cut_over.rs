@@ -28,7 +28,10 @@ use vmpath::{
     resolve::resolved::Resolved, sys::netif::ifindex_of,
 };
 use vmpath_common::{ENDPOINT_LOCAL, ENDPOINT_REMOTE, Endpoint, EndpointKey, PORT_F_PENDING};
-use vmpath_tests::prog_fixture::{BpffsRoot, SKB_CTX_LEN, in_fresh_netns, skb_ctx};
+use vmpath_tests::{
+    prog_fixture::{BpffsRoot, SKB_CTX_LEN, in_fresh_netns, skb_ctx},
+    yaml, yaml_overlay,
+};
 
 const NETWORK: u32 = 100;
 const VM_MAC: [u8; 6] = [0x52, 0x54, 0, 0, 0, 1];
@@ -44,23 +47,12 @@ fn docs(ready: bool, migrating: bool) -> String {
     } else {
         String::new()
     };
+    let nodes: Vec<String> = [("a", "192.0.2.1"), ("b", "192.0.2.2"), ("c", "192.0.2.3")]
+        .iter()
+        .map(|(name, address)| yaml_overlay::node(name, address))
+        .collect();
     format!(
-        "
-apiVersion: vmpath.dev/v1alpha1
-kind: Node
-metadata: {{name: a}}
-spec: {{address: 192.0.2.1}}
----
-apiVersion: vmpath.dev/v1alpha1
-kind: Node
-metadata: {{name: b}}
-spec: {{address: 192.0.2.2}}
----
-apiVersion: vmpath.dev/v1alpha1
-kind: Node
-metadata: {{name: c}}
-spec: {{address: 192.0.2.3}}
----
+        "{}---
 apiVersion: vmpath.dev/v1alpha1
 kind: Network
 metadata: {{name: blue}}
@@ -75,7 +67,8 @@ apiVersion: vmpath.dev/v1alpha1
 kind: Attachment
 metadata: {{name: vm4, namespace: prod}}
 spec: {{vm: vm4, interface: eth0, network: blue, node: c, port: p4, mac: '52:54:00:00:00:04', ips: [10.20.0.14/16]}}
-"
+",
+        yaml::docs(&nodes)
     )
 }
 
