@@ -489,15 +489,15 @@ fn main() -> Result<()> {
     }
 }
 
-/// The crate version plus the suffix a special build carries
-/// (`VMPATH_VERSION_SUFFIX` when it was compiled, e.g. `-rc1`; `cargo xtask
-/// image --version-suffix`). Read here, not in the library, so a suffixed
-/// build recompiles only this file.
+/// The crate version plus the suffix a special build was stamped with
+/// (e.g. `-rc1`; `cargo xtask image --version-suffix`,
+/// `vmpath_common::version_stamp`).
 fn version() -> String {
+    let (suffix, len) = vmpath_common::version_stamp::suffix();
     format!(
         "{}{}",
         env!("CARGO_PKG_VERSION"),
-        option_env!("VMPATH_VERSION_SUFFIX").unwrap_or("")
+        String::from_utf8_lossy(&suffix[..len])
     )
 }
 

@@ -25,10 +25,11 @@ fn install(dir: &std::path::Path) -> std::io::Result<()> {
 /// `vmpath-cni 0.1.0 (revision 0123456789ab)`: the version (with the
 /// suffix of a special build, as `vmpath --version`) and git revision.
 fn version() -> String {
+    let (suffix, len) = vmpath_common::version_stamp::suffix();
     format!(
         "vmpath-cni {}{} (revision {})",
         env!("CARGO_PKG_VERSION"),
-        option_env!("VMPATH_VERSION_SUFFIX").unwrap_or(""),
+        String::from_utf8_lossy(&suffix[..len]),
         env!("VMPATH_GIT_REVISION")
     )
 }

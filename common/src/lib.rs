@@ -9,6 +9,7 @@ use core::mem::size_of;
 
 mod contract;
 pub use contract::*;
+pub mod version_stamp;
 
 /// Map names as the kernel (and `bpftool`) sees them; also the pin file names.
 /// Each map's whole shape is in `maps` (same constant name).

@@ -126,16 +126,17 @@ fn mib(bytes: u64) -> f64 {
 /// How the image's binaries are compiled.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Profile {
-    /// `cargo xtask image`: what is shipped (cargo's `release` profile).
+    /// `cargo xtask image`: what is shipped: cargo's `release` profile,
+    /// statically linked (checked: no ELF interpreter).
     Release,
-    /// The image tests' images (Cargo.toml's `image-test` profile): the
-    /// same sources, static, stripped and remapped like the release, but
-    /// not optimised. On two cores the optimised build of the whole
-    /// dependency tree was the longest part of a cold CI run (minutes
-    /// after the last other test), and what the image tests check (the
+    /// The image tests' images: the test suite's own debug build of the
+    /// same sources, stripped, with the libraries it loads beside it. A
+    /// second, static build of the whole dependency tree was the longest
+    /// part of a cold CI run on two cores; what the image tests check (the
     /// image's assembly, init steps, upgrade, cleanup, the BIRD sidecar)
-    /// does not depend on the compiler's optimisation: the data path is
-    /// the same eBPF object either way.
+    /// does not depend on how the binaries were linked or optimised, and
+    /// the data path is the same eBPF object either way. The static link
+    /// is checked where it is made, by `cargo xtask image`.
     Test,
 }
 
@@ -144,23 +145,27 @@ impl Profile {
     fn cargo_name(self) -> &'static str {
         match self {
             Profile::Release => "release",
-            Profile::Test => "image-test",
+            Profile::Test => "dev",
         }
     }
 }
 
-/// Builds the static binaries and assembles the image from them.
+/// Builds the binaries and assembles the image from them.
 pub fn build(name: &str, version_suffix: Option<&str>, profile: Profile) -> Result<Image> {
     if let Some(s) = version_suffix {
         ensure!(
             !s.is_empty()
-                && s.len() <= 40
+                && s.len() <= vmpath_common::version_stamp::SUFFIX_MAX
                 && s.chars()
                     .all(|c| c.is_ascii_alphanumeric() || "-._".contains(c)),
             "--version-suffix {s:?}: use 1 to 40 of A-Z a-z 0-9 - . _ (it goes into the image tag)"
         );
     }
-    let bins = static_binaries(version_suffix, profile)?;
+    let built = match profile {
+        Profile::Release => static_binaries()?,
+        Profile::Test => debug_binaries()?,
+    };
+    let bins = staged_binaries(&built, version_suffix, profile)?;
     let (version, revision) = reported_version(&bins)?;
     let tag = if revision == "unknown" {
         version.clone()
@@ -180,16 +185,21 @@ pub fn build(name: &str, version_suffix: Option<&str>, profile: Profile) -> Resu
     let epoch = source_date_epoch()?;
 
     // The host's nft with its libraries and licenses (the pod network's
-    // hand-off writes its nftables table with it), then vmpath's static
-    // binaries.
+    // hand-off writes its nftables table with it), then vmpath's
+    // binaries (with the libraries a test build loads).
     let nft = Path::new(NFT);
     ensure!(
         nft.is_file(),
         "{NFT} missing: the nftables package provides it (cargo xtask setup)"
     );
     let mut files = host::binaries_with_libraries(&[nft])?;
-    for bin in BINARIES {
-        files.insert(format!("{BIN_DIR}/{bin}"), (0o755, bins.join(bin)));
+    let paths: Vec<PathBuf> = BINARIES.iter().map(|b| bins.join(b)).collect();
+    if profile == Profile::Test {
+        let paths: Vec<&Path> = paths.iter().map(PathBuf::as_path).collect();
+        files.extend(host::libraries_of(&paths)?);
+    }
+    for (bin, path) in BINARIES.iter().zip(paths) {
+        files.insert(format!("{BIN_DIR}/{bin}"), (0o755, path));
     }
     let dirs = BTreeMap::from([("etc/".to_string(), 0o755), ("tmp/".to_string(), 0o1777)]);
     let layer = host::layer(dirs, files, epoch)?;
@@ -417,11 +427,11 @@ fn oci_arch() -> Result<&'static str> {
     })
 }
 
-/// `cargo build --profile <profile>` of both binaries, statically linked
-/// (glibc's static libc: nothing to load at run time, so the image needs no
-/// base). Paths are remapped so the binaries do not carry the build
-/// machine's.
-fn static_binaries(version_suffix: Option<&str>, profile: Profile) -> Result<PathBuf> {
+/// `cargo build --release` of both binaries, statically linked (glibc's
+/// static libc: nothing to load at run time, so the image needs no base).
+/// Paths are remapped so the binaries do not carry the build machine's.
+fn static_binaries() -> Result<PathBuf> {
+    let profile = Profile::Release;
     let triple = target_triple();
     let root = cargo::root()
         .canonicalize()
@@ -452,17 +462,7 @@ fn static_binaries(version_suffix: Option<&str>, profile: Profile) -> Result<Pat
     // of these sources is the same.
     c.env("CARGO_ENCODED_RUSTFLAGS", &rustflags)
         .env_remove("RUSTFLAGS");
-    match version_suffix {
-        Some(s) => c.env("VMPATH_VERSION_SUFFIX", s),
-        None => c.env_remove("VMPATH_VERSION_SUFFIX"),
-    };
-    println!(
-        "$ {}{}",
-        version_suffix
-            .map(|s| format!("VMPATH_VERSION_SUFFIX={s} "))
-            .unwrap_or_default(),
-        cmd::display(&c)
-    );
+    println!("$ {}", cmd::display(&c));
     cmd::run("building the static binaries", &mut c)?;
     let dir = cargo::target_dir()?
         .join(&triple)
@@ -481,6 +481,77 @@ fn static_binaries(version_suffix: Option<&str>, profile: Profile) -> Result<Pat
             "{} is dynamically linked (it names an ELF interpreter)",
             path.display()
         );
+    }
+    Ok(dir)
+}
+
+/// The test suite's debug build of both binaries (nothing to build when
+/// the tests' build made them).
+fn debug_binaries() -> Result<PathBuf> {
+    let mut c = cargo::cargo();
+    c.arg("build");
+    for bin in BINARIES {
+        c.args(["-p", bin]);
+    }
+    println!("$ {}", cmd::display(&c));
+    cmd::run("building the binaries", &mut c)?;
+    let dir = cargo::target_dir()?.join("debug");
+    for bin in BINARIES {
+        ensure!(
+            dir.join(bin).is_file(),
+            "building the binaries: {} missing after the build",
+            dir.join(bin).display()
+        );
+    }
+    Ok(dir)
+}
+
+/// The image's copies of the binaries `built` holds: stripped when they
+/// are a debug build (the line tables are most of their size), stamped
+/// with `version_suffix` when there is one
+/// (`vmpath_common::version_stamp`), in a folder of their own per profile
+/// and suffix.
+fn staged_binaries(
+    built: &Path,
+    version_suffix: Option<&str>,
+    profile: Profile,
+) -> Result<PathBuf> {
+    let dir = image_dir()?.join("binaries").join(format!(
+        "{}{}",
+        profile.cargo_name(),
+        version_suffix.unwrap_or("")
+    ));
+    fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+    for bin in BINARIES {
+        let (from, to) = (built.join(bin), dir.join(bin));
+        let _ = fs::remove_file(&to);
+        match profile {
+            Profile::Release => {
+                fs::copy(&from, &to)
+                    .with_context(|| format!("copying {} to {}", from.display(), to.display()))?;
+            }
+            Profile::Test => {
+                cmd::run(
+                    "stripping the binaries",
+                    Command::new("strip")
+                        .arg("--strip-all")
+                        .arg("-o")
+                        .arg(&to)
+                        .arg(&from),
+                )?;
+            }
+        }
+        if let Some(suffix) = version_suffix {
+            let mut bytes = fs::read(&to).with_context(|| format!("reading {}", to.display()))?;
+            vmpath_common::version_stamp::stamp(&mut bytes, suffix.as_bytes()).map_err(|e| {
+                anyhow::anyhow!(
+                    "stamping {} with version suffix {suffix:?}: {e:?} \
+                     (vmpath_common::version_stamp)",
+                    to.display()
+                )
+            })?;
+            fs::write(&to, bytes).with_context(|| format!("writing {}", to.display()))?;
+        }
     }
     Ok(dir)
 }

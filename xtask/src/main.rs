@@ -55,10 +55,6 @@ enum Command {
         #[arg(last = true)]
         args: Vec<String>,
     },
-    /// Build the images the image tests run and write their archives'
-    /// paths to OUT as JSON (run by `test`, beside the tests).
-    #[command(hide = true)]
-    TestImages { out: std::path::PathBuf },
     /// Draw which module of a crate uses which (Mermaid, to stdout) and
     /// name its import cycles (stderr).
     Modgraph(modgraph::Options),
@@ -94,7 +90,6 @@ fn run(command: Command) -> Result<()> {
         Command::ClippyEbpf => build_ebpf::clippy(),
         Command::Image(opts) => image::run(&opts),
         Command::Test { args } => test::run(args),
-        Command::TestImages { out } => test::build_images(&out),
         Command::Demo(opts) => demo::run(&opts),
         Command::Modgraph(opts) => modgraph::run(opts),
         Command::Bench { args } => bench::run(args),

@@ -6,23 +6,17 @@
 //! cargo-nextest (`.config/nextest.toml`: how many tests at once, which
 //! ones share the machine with nobody).
 //!
-//! The images' static build (profile `image-test`: release's settings,
-//! unoptimised; `image::Profile::Test`) shares nothing with the tests'
-//! debug build (other profile, other rustflags), and on two cores it is minutes
-//! of a cold run. So it runs beside the tests, niced (the tests mostly wait
-//! on packets and timers; a niced build takes only the CPU they leave), in
-//! a target directory of its own (no lock shared with the tests' build),
-//! and the image tests run once it is done.
+//! The image tests' images are assembled from the tests' own debug build
+//! (`image::Profile::Test`), after the other tests ran: seconds, where a
+//! static build of its own was minutes of a cold run on two cores.
 
 use std::{
-    fs,
     path::{Path, PathBuf},
-    process::{Child, Command, Stdio},
+    process::Command,
     time::Instant,
 };
 
-use anyhow::{Context as _, Result, bail};
-use serde_json::{Value, json};
+use anyhow::{Result, bail};
 
 use crate::{cargo, cmd, image, setup};
 
@@ -51,10 +45,9 @@ pub fn run(args: Vec<String>) -> Result<()> {
     phase("set up");
     let bin = cargo::build_agent()?;
     phase("agent built");
-    let images = ImageBuild::start()?;
     if !args.is_empty() {
         // A chosen set of tests: the images first, then one run.
-        let images = images.wait()?;
+        let images = build_images()?;
         return cmd::run(
             "running the tests",
             &mut nextest(&bin, Some(&images), &args),
@@ -65,7 +58,7 @@ pub fn run(args: Vec<String>) -> Result<()> {
         &mut nextest(&bin, None, &["-E".into(), format!("not {IMAGE_TESTS}")]),
     )?;
     phase("tests run");
-    let images = images.wait()?;
+    let images = build_images()?;
     phase("images built");
     let second = cmd::status(
         "running the image tests",
@@ -113,85 +106,17 @@ struct Images {
     bird: PathBuf,
 }
 
-/// The images' build, running as a child process (`cargo xtask test-images`).
-struct ImageBuild {
-    child: Child,
-    log: PathBuf,
-    out: PathBuf,
-}
-
-impl ImageBuild {
-    fn start() -> Result<ImageBuild> {
-        let target = cargo::target_dir()?;
-        let log = target.join("image-build.log");
-        let out = target.join("image-build.json");
-        let _ = fs::remove_file(&out);
-        let exe = std::env::current_exe().context("locating xtask's own binary")?;
-        let log_file =
-            fs::File::create(&log).with_context(|| format!("creating {}", log.display()))?;
-        let mut c = Command::new("nice");
-        c.args(["-n", "19"])
-            .arg(exe)
-            .arg("test-images")
-            .arg(&out)
-            .current_dir(cargo::root())
-            .env("CARGO_TARGET_DIR", target.join("image-build"))
-            .stdin(Stdio::null())
-            .stdout(log_file.try_clone()?)
-            .stderr(log_file);
-        println!(
-            "$ {} (building the images beside the tests; log: {})",
-            cmd::display(&c),
-            log.display()
-        );
-        let child = c.spawn().context("starting the images' build")?;
-        Ok(ImageBuild { child, log, out })
-    }
-
-    fn wait(mut self) -> Result<Images> {
-        println!("waiting for the images' build ({})", self.log.display());
-        let status = self.child.wait().context("waiting for the images' build")?;
-        let log = fs::read_to_string(&self.log).unwrap_or_default();
-        if !status.success() {
-            let tail: Vec<&str> = log.lines().rev().take(30).collect();
-            let tail: Vec<&str> = tail.into_iter().rev().collect();
-            bail!(
-                "building the images failed ({status}); the end of {}:\n{}",
-                self.log.display(),
-                tail.join("\n")
-            );
-        }
-        // What the build printed of the images (references, digests).
-        for line in log.lines().filter(|l| l.starts_with("image: ")) {
-            println!("{line}");
-        }
-        let text = fs::read_to_string(&self.out)
-            .with_context(|| format!("reading {}", self.out.display()))?;
-        let v: Value = serde_json::from_str(&text)
-            .with_context(|| format!("parsing {}", self.out.display()))?;
-        let path = |k: &str| -> Result<PathBuf> {
-            v[k].as_str()
-                .map(PathBuf::from)
-                .with_context(|| format!("{}: no {k}", self.out.display()))
-        };
-        Ok(Images {
-            current: path("current")?,
-            next: path("next")?,
-            bird: path("bird")?,
-        })
-    }
-}
-
-/// `cargo xtask test-images <out>` (run by `test` above): build vmpath's
-/// image, its successor and the BIRD image; write their archives' paths to
-/// `out` as JSON.
-pub fn build_images(out: &Path) -> Result<()> {
+/// vmpath's image, its successor and the BIRD image, from the tests'
+/// debug build.
+fn build_images() -> Result<Images> {
     let (current, next) = image::build_with_successor(NEXT_SUFFIX, image::Profile::Test)?;
     let bird = image::bird::build(&current)?;
-    let v = json!({
-        "current": current.archive,
-        "next": next.archive,
-        "bird": bird.archive,
-    });
-    fs::write(out, v.to_string()).with_context(|| format!("writing {}", out.display()))
+    for i in [&current, &next, &bird] {
+        println!("image: {} ({})", i.reference, i.archive.display());
+    }
+    Ok(Images {
+        current: current.archive,
+        next: next.archive,
+        bird: bird.archive,
+    })
 }

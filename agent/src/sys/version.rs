@@ -9,10 +9,10 @@ pub const REVISION: &str = env!("VMPATH_GIT_REVISION");
 
 static VERSION: OnceLock<String> = OnceLock::new();
 
-/// Records the version the binary was built as: the crate version plus the
-/// suffix a special build adds (`VMPATH_VERSION_SUFFIX`). The binary reads
-/// the suffix, not this library, so a suffixed build recompiles `main.rs`
-/// alone. First call wins; call before anything reports the build.
+/// Records the version the binary reports: the crate version plus the
+/// suffix a special build was stamped with (`vmpath_common::version_stamp`,
+/// read by the binary). First call wins; call before anything reports the
+/// build.
 pub fn init(version: &str) {
     let _ = VERSION.set(version.to_string());
 }

@@ -25,6 +25,20 @@ pub fn binaries_with_libraries(binaries: &[&Path]) -> Result<Files> {
     let mut files = Files::new();
     for path in binaries {
         files.insert(relative(path), (0o755, path.to_path_buf()));
+    }
+    with_licenses(files, binaries)
+}
+
+/// The libraries `binaries` load and their packages' copyright files, not
+/// the binaries themselves (ours, which no Debian package owns).
+pub fn libraries_of(binaries: &[&Path]) -> Result<Files> {
+    with_licenses(Files::new(), binaries)
+}
+
+/// `files` with the libraries `binaries` load, and the copyright file of
+/// every package any of `files` comes from.
+fn with_licenses(mut files: Files, binaries: &[&Path]) -> Result<Files> {
+    for path in binaries {
         for (at, from) in shared_libraries(path)? {
             files.insert(at, (0o755, from));
         }
