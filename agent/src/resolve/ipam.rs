@@ -195,14 +195,21 @@ pub type ClaimChanges = BTreeMap<String, Option<Claim>>;
 /// config (networks by index, no copy of a claim or a name per entry): at
 /// 10,000 VM interfaces the copies, not the decisions, were the cost.
 pub fn assign(cfg: &mut Resolved, claims: &BTreeMap<String, Claim>) -> ClaimChanges {
+    assign_settled(cfg, claims).0
+}
+
+/// [`assign`], and whether every result stands on its own: no refusal,
+/// no pool ran dry, no MAC had to give way to another's. Only then may
+/// the next round decide just the VM interfaces that changed
+/// (`ipam_memo`): otherwise one VM's leaving could change another's
+/// result.
+pub fn assign_settled(
+    cfg: &mut Resolved,
+    claims: &BTreeMap<String, Claim>,
+) -> (ClaimChanges, bool) {
     let mut changes = ClaimChanges::new();
     let config = cfg.config.clone();
-    let net_index: HashMap<&str, usize> = config
-        .networks
-        .iter()
-        .enumerate()
-        .map(|(i, n)| (n.name.as_str(), i))
-        .collect();
+    let net_index = network_index(&config.networks);
     // Keys as their borrowed parts: nothing is printed to match a claim
     // with its VM interface.
     let in_documents: HashSet<(&str, &str, &str)> = config
@@ -255,11 +262,12 @@ pub fn assign(cfg: &mut Resolved, claims: &BTreeMap<String, Claim>) -> ClaimChan
             ));
         }
     }
+    let mut settled = refusals.is_empty();
     for (key, msg) in refusals {
         cfg.refuse(&key, "spec.ips", msg);
     }
     // From here on only which addresses are taken matters, not by whom.
-    let mut taken: HashMap<usize, HashSet<IpAddr>> = HashMap::default();
+    let mut taken: Taken = HashMap::default();
     for (n, ip) in held.keys() {
         taken.entry(*n).or_default().insert(*ip);
     }
@@ -275,7 +283,7 @@ pub fn assign(cfg: &mut Resolved, claims: &BTreeMap<String, Claim>) -> ClaimChan
     }
 
     // MACs in use per network, to keep generated and detected ones unique.
-    let mut macs: HashSet<(usize, [u8; 6])> = HashSet::default();
+    let mut macs: Macs = HashSet::default();
     for a in &cfg.attachments {
         if let (Some(m), Some(&n)) = (a.mac, net_index.get(a.network.as_str())) {
             macs.insert((n, m));
@@ -286,114 +294,173 @@ pub fn assign(cfg: &mut Resolved, claims: &BTreeMap<String, Claim>) -> ClaimChan
         let Some(&n) = net_index.get(a.network.as_str()) else {
             continue;
         };
-        let net = &config.networks[n];
         let old = live.get(&a.key.parts()).copied();
-        let previous = old.filter(|c| c.network == a.network);
-        let mut mac: Option<std::borrow::Cow<'_, str>> =
-            previous.and_then(|c| c.mac.as_deref()).map(Into::into);
-        let mut mac_origin = previous.and_then(|c| c.mac_origin);
-        // What IPAM gave (`None`: the document's own addresses on an IPAM
-        // network, or none elsewhere).
-        let mut allocated: Option<Vec<IpNet>> = None;
-
-        if net.ipam && a.ips.is_empty() {
-            let pools = pools(net);
-            // Keep what the VM holds while it is still inside a subnet.
-            let mut kept: Vec<IpNet> = previous
-                .map(|c| {
-                    c.ips
-                        .iter()
-                        .copied()
-                        .filter(|ip| pools.iter().any(|p| p.subnet().contains(&ip.addr())))
-                        .collect()
-                })
-                .unwrap_or_default();
-            for v6 in [false, true] {
-                if kept.iter().any(|ip| ip.addr().is_ipv6() == v6) {
-                    continue;
-                }
-                let Some(pool) = pools.iter().find(|p| p.subnet().addr().is_ipv6() == v6) else {
-                    continue;
-                };
-
-                let key = a.key.to_string();
-                let seed = fnv1a(&[key.as_bytes(), &[u8::from(v6)]]);
-                let net_taken = taken.entry(n).or_default();
-                match pool.allocate(seed, net_taken) {
-                    Some(ip) => {
-                        let net_ip = IpNet::new(ip, pool.subnet().prefix_len())
-                            .expect("prefix of a valid subnet");
-                        net_taken.insert(ip);
-                        kept.push(net_ip);
-                    }
-                    None => {
-                        tracing::error!(vm = %a.key, network = %a.network, subnet = %pool.subnet(), "IPAM pool exhausted")
-                    }
-                }
-            }
-            a.addresses = kept.iter().map(|ip| (*ip, Origin::Claimed)).collect();
-            allocated = Some(kept);
-        }
-
-        if a.mac.is_none() {
-            let from_claim = mac
-                .as_deref()
-                .and_then(|m| parse_mac(m).ok())
-                .zip(mac_origin);
-            a.mac_resolved = match from_claim {
-                Some((m, origin)) if !macs.contains(&(n, m)) => Some((m, origin)),
-                _ if a.mac_policy == MacPolicy::Generate => {
-                    let m = (0..)
-                        .map(|i| generated_mac(&a.key, i))
-                        .find(|m| !macs.contains(&(n, *m)))
-                        .unwrap();
-                    mac = Some(format_mac(&m).into());
-                    mac_origin = Some(Origin::Generated);
-                    Some((m, Origin::Generated))
-                }
-                _ => None,
-            };
-            if let Some((m, _)) = a.mac_resolved {
-                macs.insert((n, m));
-            }
-        } else {
-            // A given MAC overrides anything detected before.
-            mac = None;
-            mac_origin = None;
-        }
-
-        let ips: &[IpNet] = match &allocated {
-            Some(v) => v,
-            None if net.ipam => &a.spec.ips,
-            None => &[],
-        };
-        let wanted = !(ips.is_empty() && mac.is_none());
-        let unchanged = old.is_some_and(|c| {
-            c.network == a.network
-                && c.ips[..] == *ips
-                && c.mac.as_deref() == mac.as_deref()
-                && c.mac_origin == mac_origin
-        });
-        match (wanted, old) {
-            (true, _) if unchanged => {}
-            (true, _) => {
-                changes.insert(
-                    a.key.to_string(),
-                    Some(Claim {
-                        network: a.network.clone(),
-                        ips: ips.to_vec(),
-                        mac: mac.map(std::borrow::Cow::into_owned),
-                        mac_origin,
-                    }),
-                );
-            }
-            (false, Some(_)) => {
-                changes.insert(a.key.to_string(), None);
-            }
-            (false, None) => {}
-        }
+        let decided = decide(
+            a,
+            &config.networks[n],
+            n,
+            old,
+            &mut taken,
+            &mut macs,
+            &mut changes,
+        );
+        settled &= decided.settled();
     }
-    changes
+    (changes, settled)
+}
+
+/// Networks by name -> index in the config's list.
+pub(crate) fn network_index(networks: &[Network]) -> HashMap<&str, usize> {
+    networks
+        .iter()
+        .enumerate()
+        .map(|(i, n)| (n.name.as_str(), i))
+        .collect()
+}
+
+/// Addresses taken, by network index.
+pub(crate) type Taken = HashMap<usize, HashSet<IpAddr>>;
+/// MACs in use, by network index.
+pub(crate) type Macs = HashSet<(usize, [u8; 6])>;
+
+/// What deciding one VM interface met that ties its result to others'.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct Decided {
+    /// A pool had no address left for it: one freed later would be its.
+    pub exhausted: bool,
+    /// Its claimed or first generated MAC was another's.
+    pub mac_gave_way: bool,
+}
+
+impl Decided {
+    pub fn settled(self) -> bool {
+        !self.exhausted && !self.mac_gave_way
+    }
+}
+
+/// One VM interface `a` on network `net` (index `n`), whose claim was
+/// `old`: its addresses and MAC, against what is `taken` and the `macs`
+/// in use (both updated with what it gets), and its claim's change.
+pub(crate) fn decide(
+    a: &mut crate::resolve::resolved::Attachment,
+    net: &Network,
+    n: usize,
+    old: Option<&Claim>,
+    taken: &mut Taken,
+    macs: &mut Macs,
+    changes: &mut ClaimChanges,
+) -> Decided {
+    let mut decided = Decided::default();
+    let previous = old.filter(|c| c.network == a.network);
+    let mut mac: Option<std::borrow::Cow<'_, str>> =
+        previous.and_then(|c| c.mac.as_deref()).map(Into::into);
+    let mut mac_origin = previous.and_then(|c| c.mac_origin);
+    // What IPAM gave (`None`: the document's own addresses on an IPAM
+    // network, or none elsewhere).
+    let mut allocated: Option<Vec<IpNet>> = None;
+
+    if net.ipam && a.ips.is_empty() {
+        let pools = pools(net);
+        // Keep what the VM holds while it is still inside a subnet.
+        let mut kept: Vec<IpNet> = previous
+            .map(|c| {
+                c.ips
+                    .iter()
+                    .copied()
+                    .filter(|ip| pools.iter().any(|p| p.subnet().contains(&ip.addr())))
+                    .collect()
+            })
+            .unwrap_or_default();
+        for v6 in [false, true] {
+            if kept.iter().any(|ip| ip.addr().is_ipv6() == v6) {
+                continue;
+            }
+            let Some(pool) = pools.iter().find(|p| p.subnet().addr().is_ipv6() == v6) else {
+                continue;
+            };
+
+            let key = a.key.to_string();
+            let seed = fnv1a(&[key.as_bytes(), &[u8::from(v6)]]);
+            let net_taken = taken.entry(n).or_default();
+            match pool.allocate(seed, net_taken) {
+                Some(ip) => {
+                    let net_ip = IpNet::new(ip, pool.subnet().prefix_len())
+                        .expect("prefix of a valid subnet");
+                    net_taken.insert(ip);
+                    kept.push(net_ip);
+                }
+                None => {
+                    decided.exhausted = true;
+                    tracing::error!(vm = %a.key, network = %a.network, subnet = %pool.subnet(), "IPAM pool exhausted")
+                }
+            }
+        }
+        a.addresses = kept.iter().map(|ip| (*ip, Origin::Claimed)).collect();
+        allocated = Some(kept);
+    }
+
+    if a.mac.is_none() {
+        let from_claim = mac
+            .as_deref()
+            .and_then(|m| parse_mac(m).ok())
+            .zip(mac_origin);
+        if from_claim.is_some_and(|(m, _)| macs.contains(&(n, m))) {
+            decided.mac_gave_way = true;
+        }
+        a.mac_resolved = match from_claim {
+            Some((m, origin)) if !macs.contains(&(n, m)) => Some((m, origin)),
+            _ if a.mac_policy == MacPolicy::Generate => {
+                let (i, m) = (0..)
+                    .map(|i| (i, generated_mac(&a.key, i)))
+                    .find(|(_, m)| !macs.contains(&(n, *m)))
+                    .unwrap();
+                decided.mac_gave_way |= i > 0;
+                mac = Some(format_mac(&m).into());
+                mac_origin = Some(Origin::Generated);
+                Some((m, Origin::Generated))
+            }
+            _ => None,
+        };
+        if let Some((m, _)) = a.mac_resolved {
+            macs.insert((n, m));
+        }
+    } else {
+        // A given MAC overrides anything detected before.
+        mac = None;
+        mac_origin = None;
+    }
+
+    let ips: &[IpNet] = match &allocated {
+        Some(v) => v,
+        None if net.ipam => &a.spec.ips,
+        None => &[],
+    };
+    let wanted = !(ips.is_empty() && mac.is_none());
+    let unchanged = old.is_some_and(|c| {
+        c.network == a.network
+            && c.ips[..] == *ips
+            && c.mac.as_deref() == mac.as_deref()
+            && c.mac_origin == mac_origin
+    });
+    match (wanted, old) {
+        (true, _) if unchanged => {}
+        (true, _) => {
+            changes.insert(
+                a.key.to_string(),
+                Some(Claim {
+                    network: a.network.clone(),
+                    ips: ips.to_vec(),
+                    mac: mac.map(std::borrow::Cow::into_owned),
+                    mac_origin,
+                }),
+            );
+        }
+        (false, Some(_)) => {
+            changes.insert(a.key.to_string(), None);
+        }
+        (false, None) => {}
+    }
+    decided
 }
 
 /// Records a MAC seen in the VM's traffic into its claim. Returns the

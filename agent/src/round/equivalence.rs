@@ -249,7 +249,17 @@ fn check_step(
     );
     let store = Store::open(&copy).unwrap();
     let (want, want_cfg) = full(round, &store, snap, &want_inputs.0, ports);
+    let (got_claims, want_claims) = (round.store.all().unwrap(), store.all().unwrap());
     drop(store);
+    if got_claims != want_claims {
+        let differ: Vec<_> = got_claims
+            .iter()
+            .filter(|(k, c)| want_claims.get(*k) != Some(c))
+            .map(|(k, _)| k)
+            .chain(want_claims.keys().filter(|k| !got_claims.contains_key(*k)))
+            .collect();
+        panic!("seed {seed:#x}, step {step} ({what}, {pass}): the claims differ for {differ:?}");
+    }
     (round.accepted, round.last_plan) = saved;
     if let Some(d) = config_differs(&got_cfg, &want_cfg) {
         panic!("seed {seed:#x}, step {step} ({what}, {pass}): the validated configs differ in {d}");
@@ -485,17 +495,25 @@ fn increments_reach_what_a_full_recompute_reaches() {
         }
     };
     let mut partial = 0;
+    let mut ipam_increments = 0;
     let mut claimed = (0, 0);
     for seed in seeds {
         // Printed so a failure can be replayed.
         eprintln!("equivalence seed {seed} (VMPATH_EQUIVALENCE_SEED={seed} replays it)");
-        partial += run_sequence(seed, 120).partial;
+        let passes = run_sequence(seed, 120);
+        partial += passes.partial;
+        ipam_increments += passes.ipam_increments;
         let (passes, by_claim) = run_kube_sequence(seed, 120);
         partial += passes.partial;
+        ipam_increments += passes.ipam_increments;
         claimed = (claimed.0 + by_claim.0, claimed.1 + by_claim.1);
     }
     // The increments were taken, not only the full passes.
     assert!(partial > 0, "no round derived and validated in part");
+    assert!(
+        ipam_increments > 0,
+        "no round's IPAM decided only what changed"
+    );
     // Plain pods took their addresses from claims, by hashed names too
     // (the first step makes sure of it: this checks the test itself).
     assert!(

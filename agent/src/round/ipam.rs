@@ -13,6 +13,7 @@ use tracing::{error, info};
 use crate::{
     config::{AttachmentKey, ConfigError, format_mac},
     resolve::ipam,
+    resolve::ipam_memo::Memo,
     resolve::resolved::{Origin, Resolved},
     resolve::store::{Claim, Store},
 };
@@ -33,6 +34,48 @@ pub fn assign(cfg: &mut Resolved, store: &Store) -> Result<std::sync::Arc<Claims
     store.apply(&changes).context("writing claims")?;
     log_changes(&changes);
     store.shared().context("reading claims")
+}
+
+/// As [`assign`], deciding only what changed since the last round when
+/// `memo` shows that gives the same (`resolve::ipam_memo`), and keeping
+/// `memo` for the next round. Returns the claims as they now are and
+/// whether only what changed was decided.
+pub fn assign_incremental(
+    cfg: &mut Resolved,
+    store: &Store,
+    memo: &mut Option<Memo>,
+) -> Result<(std::sync::Arc<Claims>, bool)> {
+    let claims = store.shared().context("reading claims")?;
+    let generation = store.generation();
+    let increment = memo
+        .as_mut()
+        .and_then(|m| m.assign(cfg, &claims, generation));
+    let incremental = increment.is_some();
+    let (changes, settled) = match increment {
+        Some(r) => r,
+        None => ipam::assign_settled(cfg, &claims),
+    };
+    tracing::debug!(incremental, settled, changes = changes.len(), "IPAM");
+    drop(claims);
+    if !changes.is_empty() {
+        // Whatever happens, the memo no longer knows the claims.
+        if let Err(e) = store.apply(&changes) {
+            *memo = None;
+            return Err(e).context("writing claims");
+        }
+        log_changes(&changes);
+    }
+    let claims = store.shared().context("reading claims")?;
+    let generation = store.generation();
+    *memo = match (settled, incremental, memo.take()) {
+        (false, ..) => None,
+        (true, true, Some(mut m)) => {
+            m.written(generation);
+            Some(m)
+        }
+        _ => Memo::of(cfg, &claims, generation),
+    };
+    Ok((claims, incremental))
 }
 
 fn log_changes(changes: &ipam::ClaimChanges) {

@@ -143,6 +143,8 @@ pub struct Round {
     migrations: Migrations,
     /// The last validated config and what it was validated against.
     validated: Option<Validated>,
+    /// What the last round's IPAM left, for deciding only what changed.
+    ipam_memo: Option<crate::resolve::ipam_memo::Memo>,
     /// Who holds what, as last built from the claims store's copy and the
     /// running ports: built again only when either changed.
     held: Option<(u64, Held, Arc<Held>)>,
@@ -167,6 +169,9 @@ pub struct Passes {
     pub partial: u64,
     /// Every object.
     pub full: u64,
+    /// IPAM decided only the VM interfaces that changed
+    /// (`resolve::ipam_memo`).
+    pub ipam_increments: u64,
 }
 
 /// A validated config and the inputs it came from besides the objects:
@@ -219,6 +224,7 @@ impl Round {
             features: apply::Features::default(),
             migrations: Migrations::default(),
             validated: None,
+            ipam_memo: None,
             held: None,
             passes: Passes::default(),
             last_trim: None,
@@ -250,6 +256,7 @@ impl Round {
     /// resync, and what a restarted agent does).
     pub fn forget_increments(&mut self) {
         self.validated = None;
+        self.ipam_memo = None;
     }
 
     /// The derive and validate stages, for the objects that changed since
@@ -385,7 +392,9 @@ impl Round {
         let mut phases = crate::sys::phases::Phases::start("resolve and IPAM");
         let mut cfg = resolve::resolve(validated, &self.settings.node);
         phases.mark("resolve");
-        let claims = ipam::assign(&mut cfg, &self.store)?;
+        let (claims, incremental) =
+            ipam::assign_incremental(&mut cfg, &self.store, &mut self.ipam_memo)?;
+        self.passes.ipam_increments += u64::from(incremental);
         phases.mark("ipam");
         phases.log();
         Ok((cfg, claims))
