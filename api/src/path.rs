@@ -17,6 +17,13 @@ pub fn network(name: &str) -> String {
     format!("{NETWORKS}/{}", encode(name))
 }
 
+/// `GET /v1/networks/{name}?interfaces=false`: the network without its
+/// VM interfaces' rows (what the CNI plugin asks on every ADD; the rows
+/// are the network's whole cluster).
+pub fn network_alone(name: &str) -> String {
+    format!("{}?interfaces=false", network(name))
+}
+
 /// `GET /v1/vms/{namespace}/{vm}`.
 pub fn vm(namespace: &str, vm: &str) -> String {
     format!("{VMS}/{}/{}", encode(namespace), encode(vm))

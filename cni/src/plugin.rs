@@ -135,7 +135,7 @@ fn unreachable(e: ClientError) -> Error {
 
 fn get_network(socket: &Path, network: &str) -> Result<NetworkView, Error> {
     let answer = Client::new(socket)
-        .get(&path::network(network))
+        .get(&path::network_alone(network))
         .map_err(unreachable)?;
     match answer.code {
         200 => serde_json::from_str(&answer.body)

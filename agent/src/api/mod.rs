@@ -112,7 +112,9 @@ fn error(code: u16, message: String) -> Reply {
 
 /// Answers one GET. Public so it can be tested without a socket.
 pub fn route(observer: &Observer, path: &str) -> Reply {
-    let path = path.split(['?', '#']).next().unwrap_or("");
+    let (path, query) = path.split_once('?').unwrap_or((path, ""));
+    let path = path.split('#').next().unwrap_or("");
+    let query = query.split('#').next().unwrap_or("");
     let path = if path.len() > 1 {
         path.trim_end_matches('/')
     } else {
@@ -145,6 +147,10 @@ pub fn route(observer: &Observer, path: &str) -> Reply {
         ),
         ["v1", "networks", name] => {
             let view = observer.view();
+            // `?interfaces=false`: the network alone. The CNI plugin asks
+            // so on every ADD: the rows are every VM interface of the
+            // network, cluster-wide.
+            let rows = !query.split('&').any(|q| q == "interfaces=false");
             match view.networks.iter().find(|n| n.name == *name) {
                 Some(n) => json(
                     200,
@@ -153,7 +159,7 @@ pub fn route(observer: &Observer, path: &str) -> Reply {
                         interfaces: view
                             .attachments
                             .iter()
-                            .filter(|a| a.network == *name)
+                            .filter(|a| rows && a.network == *name)
                             .map(|a| vm_row(&view, a))
                             .collect(),
                     },
@@ -549,6 +555,11 @@ mod tests {
         let net: NetworkDetail = serde_json::from_value(body).unwrap();
         assert_eq!(net.network.id, 100);
         assert_eq!(net.interfaces.len(), 4);
+        // What the CNI plugin asks on every ADD: the network alone.
+        let (code, body) = get(&vmpath_api::path::network_alone("blue"));
+        assert_eq!(code, 200);
+        let net: NetworkDetail = serde_json::from_value(body).unwrap();
+        assert_eq!((net.network.id, net.interfaces.len()), (100, 0));
         let (_, body) = get("/v1/networks");
         assert_eq!(body["networks"][0]["name"], "blue");
     }
