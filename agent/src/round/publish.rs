@@ -60,9 +60,9 @@ pub fn report(cluster: &KubeSource, cfg: &Resolved, node: &str, mac_refusals: &[
 /// stage; the text costs about as much memory as the file's size.
 #[derive(Default)]
 pub struct StatusFile {
-    /// The entry's address -> the entry (held, so that the address is not
-    /// another's while it is here) and its JSON.
-    entries: HashMap<usize, (Arc<AttachmentView>, Box<[u8]>)>,
+    /// The last view's entries in its order (each held, so that its
+    /// address is not another's while it is here) with their JSON.
+    entries: Vec<(Arc<AttachmentView>, Box<[u8]>)>,
 }
 
 /// Where the top-level `attachments` list opens in a view's JSON with no
@@ -83,21 +83,40 @@ impl StatusFile {
             - 1;
         let mut kept = std::mem::take(&mut self.entries);
         let mut out =
-            Vec::with_capacity(head.len() + kept.values().map(|(_, j)| j.len() + 1).sum::<usize>());
+            Vec::with_capacity(head.len() + kept.iter().map(|(_, j)| j.len() + 1).sum::<usize>());
         out.extend_from_slice(&head[..at]);
+        // Where each kept entry is, built only when an entry is not where
+        // it was: most rounds change a few VMs' entries in place.
+        let mut index: Option<HashMap<usize, usize>> = None;
+        let mut next = Vec::with_capacity(view.attachments.len());
         for (i, entry) in view.attachments.iter().enumerate() {
-            let key = Arc::as_ptr(entry) as usize;
-            let json = match kept.remove(&key) {
-                Some((_, json)) => json,
+            let at = if kept.get(i).is_some_and(|(e, _)| Arc::ptr_eq(e, entry)) {
+                Some(i)
+            } else {
+                let index = index.get_or_insert_with(|| {
+                    kept.iter()
+                        .enumerate()
+                        .map(|(j, (e, _))| (Arc::as_ptr(e) as usize, j))
+                        .collect()
+                });
+                index.get(&(Arc::as_ptr(entry) as usize)).copied()
+            };
+            // A taken entry's text is empty: JSON text never is.
+            let json = at
+                .map(|j| std::mem::take(&mut kept[j].1))
+                .filter(|t| !t.is_empty());
+            let json = match json {
+                Some(json) => json,
                 None => serde_json::to_vec(&**entry)?.into_boxed_slice(),
             };
             if i > 0 {
                 out.push(b',');
             }
             out.extend_from_slice(&json);
-            self.entries.insert(key, (entry.clone(), json));
+            next.push((entry.clone(), json));
         }
         out.extend_from_slice(&head[at..]);
+        self.entries = next;
         Ok(out)
     }
 
@@ -442,7 +461,20 @@ mod tests {
         let text = file.json(&first).unwrap();
         assert_eq!(text, serde_json::to_vec(&first).unwrap());
         assert_eq!(file.entries.len(), 3);
-        assert!(file.entries.contains_key(&(Arc::as_ptr(&vm2) as usize)));
+        assert!(file.entries.iter().any(|(e, _)| Arc::ptr_eq(e, &vm2)));
+        // The same entries again, and one moved: the same text.
+        first.attachments.swap(0, 2);
+        assert_eq!(
+            file.json(&first).unwrap(),
+            serde_json::to_vec(&first).unwrap()
+        );
+        // One entry twice (not a view's shape, but the text must hold).
+        first.attachments.push(vm2.clone());
+        assert_eq!(
+            file.json(&first).unwrap(),
+            serde_json::to_vec(&first).unwrap()
+        );
+        first.attachments.pop();
         // No entries: an empty list.
         first.attachments.clear();
         assert_eq!(
