@@ -27,6 +27,10 @@ use crate::{
     resolve::resolved::{Attachment, Resolved},
 };
 
+/// Another node as the overlay reaches it: its address, and its VTEP
+/// value when this node has one for it.
+type NodeReach = (IpAddr, Option<[u8; 4]>);
+
 pub fn overlay(cfg: &Resolved, node: &str, plan: &mut Plan) {
     let own = cfg.config.nodes.get(node).map(|n| n.address);
     // Reach: a frame with `REACH_VNI` reaches an endpoint or this node's
@@ -46,7 +50,7 @@ pub fn overlay(cfg: &Resolved, node: &str, plan: &mut Plan) {
         .iter()
         .map(|n| (n.name.as_str(), n))
         .collect();
-    let mut hosts: HashMap<&str, Option<(IpAddr, Option<[u8; 4]>)>> = HashMap::default();
+    let mut hosts: HashMap<&str, Option<NodeReach>> = HashMap::default();
     let mut flooded: HashSet<(u32, [u8; 4])> = HashSet::default();
     let mut flood = |plan: &mut Plan, net: &crate::config::Network, host: &str, ip4: [u8; 4]| {
         if flooded.insert((net.id, ip4)) {
