@@ -1083,17 +1083,52 @@ where
     let Some(last) = last else {
         return sync(map, want);
     };
-    let gone: Vec<K> = last
-        .keys()
-        .filter(|k| !want.contains_key(k))
-        .copied()
-        .collect();
-    let changed: Vec<(K, V)> = want
-        .iter()
-        .filter(|(k, v)| last.get(k) != Some(v))
-        .map(|(k, v)| (*k, *v))
-        .collect();
+    let (gone, changed) = difference(last, want);
     write_difference(map, &gone, &changed, want)
+}
+
+/// What went from `last` to `want` (keys) and what is new or changed
+/// there (entries), both in key order: one walk over the two sorted maps
+/// together, not a lookup per entry (at 10,000 VMs the address map has
+/// 20,000 entries each round).
+fn difference<K, V>(last: &BTreeMap<K, V>, want: &BTreeMap<K, V>) -> (Vec<K>, Vec<(K, V)>)
+where
+    K: Copy + Ord,
+    V: Copy + PartialEq,
+{
+    let (mut gone, mut changed) = (Vec::new(), Vec::new());
+    let (mut old, mut new) = (last.iter().peekable(), want.iter().peekable());
+    loop {
+        match (old.peek(), new.peek()) {
+            (None, None) => break,
+            (Some((k, _)), None) => {
+                gone.push(**k);
+                old.next();
+            }
+            (None, Some((k, v))) => {
+                changed.push((**k, **v));
+                new.next();
+            }
+            (Some((ko, vo)), Some((kn, vn))) => match ko.cmp(kn) {
+                std::cmp::Ordering::Less => {
+                    gone.push(**ko);
+                    old.next();
+                }
+                std::cmp::Ordering::Greater => {
+                    changed.push((**kn, **vn));
+                    new.next();
+                }
+                std::cmp::Ordering::Equal => {
+                    if vo != vn {
+                        changed.push((**kn, **vn));
+                    }
+                    old.next();
+                    new.next();
+                }
+            },
+        }
+    }
+    (gone, changed)
 }
 
 /// Removes `gone` and writes `changed`, the difference the incremental
@@ -1418,5 +1453,43 @@ mod endpoint_sync_tests {
         assert_eq!(got.len(), 3, "{got:?}");
         assert_eq!(got[&key(1)], next[&key(1)]);
         assert_eq!(got[&key(4)], next[&key(4)]);
+    }
+}
+
+#[cfg(test)]
+mod difference_tests {
+    use super::*;
+
+    #[test]
+    fn the_difference_names_what_went_and_what_is_new_or_changed() {
+        // (what was written, what is wanted, gone, changed)
+        type Row = (
+            &'static [(u8, u8)],
+            &'static [(u8, u8)],
+            &'static [u8],
+            &'static [(u8, u8)],
+        );
+        let rows: [Row; 6] = [
+            (&[], &[], &[], &[]),
+            (&[], &[(1, 1), (2, 2)], &[], &[(1, 1), (2, 2)]),
+            (&[(1, 1), (2, 2)], &[], &[1, 2], &[]),
+            (&[(1, 1), (2, 2)], &[(1, 1), (2, 2)], &[], &[]),
+            (
+                &[(1, 1), (3, 3), (5, 5)],
+                &[(2, 2), (3, 4), (5, 5), (6, 6)],
+                &[1],
+                &[(2, 2), (3, 4), (6, 6)],
+            ),
+            (&[(1, 1), (9, 9)], &[(5, 5)], &[1, 9], &[(5, 5)]),
+        ];
+        for (last, want, gone, changed) in rows {
+            let map = |e: &[(u8, u8)]| e.iter().copied().collect::<BTreeMap<u8, u8>>();
+            let got = difference(&map(last), &map(want));
+            assert_eq!(
+                got,
+                (gone.to_vec(), changed.to_vec()),
+                "{last:?} -> {want:?}"
+            );
+        }
     }
 }
