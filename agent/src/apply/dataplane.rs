@@ -1096,38 +1096,23 @@ where
     K: Copy + Ord,
     V: Copy + PartialEq,
 {
+    use crate::sys::sorted::{Side, merge};
     let (mut gone, mut changed) = (Vec::new(), Vec::new());
-    let (mut old, mut new) = (last.iter().peekable(), want.iter().peekable());
-    loop {
-        match (old.peek(), new.peek()) {
-            (None, None) => break,
-            (Some((k, _)), None) => {
-                gone.push(**k);
-                old.next();
+    merge(
+        last.iter(),
+        want.iter(),
+        |(k, _)| *k,
+        |(k, _)| *k,
+        |side| match side {
+            Side::Old((k, _)) => gone.push(*k),
+            Side::New((k, v)) => changed.push((*k, *v)),
+            Side::Both((_, was), (k, v)) => {
+                if was != v {
+                    changed.push((*k, *v));
+                }
             }
-            (None, Some((k, v))) => {
-                changed.push((**k, **v));
-                new.next();
-            }
-            (Some((ko, vo)), Some((kn, vn))) => match ko.cmp(kn) {
-                std::cmp::Ordering::Less => {
-                    gone.push(**ko);
-                    old.next();
-                }
-                std::cmp::Ordering::Greater => {
-                    changed.push((**kn, **vn));
-                    new.next();
-                }
-                std::cmp::Ordering::Equal => {
-                    if vo != vn {
-                        changed.push((**kn, **vn));
-                    }
-                    old.next();
-                    new.next();
-                }
-            },
-        }
-    }
+        },
+    );
     (gone, changed)
 }
 

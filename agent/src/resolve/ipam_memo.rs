@@ -39,6 +39,7 @@ use crate::{
         store::Claim,
     },
     sys::hash::{HashMap, HashSet},
+    sys::sorted::{Side, merge},
 };
 
 /// What the last settled round left, for the next round's increment.
@@ -338,40 +339,6 @@ fn first_mac(a: &Attachment, claim: Option<&Claim>) -> Option<[u8; 6]> {
             Some(ipam::generated_mac(&a.key, 0))
         }
         None => None,
-    }
-}
-
-/// One side or both of a merge of two key-ordered sequences.
-enum Side<A, B> {
-    Old(A),
-    New(B),
-    Both(A, B),
-}
-
-/// Walks two sequences ordered by key together.
-fn merge<A, B, K: Ord + ?Sized>(
-    old: impl Iterator<Item = A>,
-    new: impl Iterator<Item = B>,
-    old_key: impl Fn(&A) -> &K,
-    new_key: impl Fn(&B) -> &K,
-    mut each: impl FnMut(Side<A, B>),
-) {
-    let (mut old, mut new) = (old.peekable(), new.peekable());
-    loop {
-        let order = match (old.peek(), new.peek()) {
-            (None, None) => return,
-            (Some(_), None) => std::cmp::Ordering::Less,
-            (None, Some(_)) => std::cmp::Ordering::Greater,
-            (Some(a), Some(b)) => old_key(a).cmp(new_key(b)),
-        };
-        match order {
-            std::cmp::Ordering::Less => each(Side::Old(old.next().unwrap())),
-            std::cmp::Ordering::Greater => each(Side::New(new.next().unwrap())),
-            std::cmp::Ordering::Equal => {
-                let a = old.next().unwrap();
-                each(Side::Both(a, new.next().unwrap()));
-            }
-        }
     }
 }
 

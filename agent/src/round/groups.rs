@@ -516,44 +516,29 @@ fn ledger_changes(
     old: &crate::config::kube_objects::ledger::Ledger,
     new: &crate::config::kube_objects::ledger::Ledger,
 ) -> HashSet<IpAddr> {
-    use std::cmp::Ordering;
+    use crate::sys::sorted::Side;
     let mut out = HashSet::default();
     let empty = Default::default();
     let networks: BTreeSet<&String> = old.keys().chain(new.keys()).collect();
     for n in networks {
         let a = old.get(n).unwrap_or(&empty);
         let b = new.get(n).unwrap_or(&empty);
-        let (mut x, mut y) = (a.iter().peekable(), b.iter().peekable());
-        loop {
-            match (x.peek(), y.peek()) {
-                (None, None) => break,
-                (Some((ip, _)), None) => {
-                    out.insert(**ip);
-                    x.next();
+        crate::sys::sorted::merge(
+            a.iter(),
+            b.iter(),
+            |(ip, _)| *ip,
+            |(ip, _)| *ip,
+            |side| match side {
+                Side::Old((ip, _)) | Side::New((ip, _)) => {
+                    out.insert(*ip);
                 }
-                (None, Some((ip, _))) => {
-                    out.insert(**ip);
-                    y.next();
+                Side::Both((ip, h), (_, k)) => {
+                    if h != k {
+                        out.insert(*ip);
+                    }
                 }
-                (Some((i, h)), Some((j, k))) => match i.cmp(j) {
-                    Ordering::Less => {
-                        out.insert(**i);
-                        x.next();
-                    }
-                    Ordering::Greater => {
-                        out.insert(**j);
-                        y.next();
-                    }
-                    Ordering::Equal => {
-                        if h != k {
-                            out.insert(**i);
-                        }
-                        x.next();
-                        y.next();
-                    }
-                },
-            }
-        }
+            },
+        );
     }
     out
 }

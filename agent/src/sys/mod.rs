@@ -26,6 +26,7 @@ pub mod netif;
 pub mod netlink;
 pub mod phases;
 pub mod ring_wait;
+pub mod sorted;
 pub mod state_dir;
 pub mod version;
 pub mod xdp_features;
