@@ -158,7 +158,6 @@ impl Memo {
                 }
             },
         );
-        changed.sort_unstable();
 
         // What the changed ones would meet: checked before anything moves.
         let leaving_macs: HashSet<(usize, [u8; 6])> = left

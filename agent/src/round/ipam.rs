@@ -26,13 +26,17 @@ pub type Claims = BTreeMap<String, Claim>;
 pub fn assign(cfg: &mut Resolved, store: &Store) -> Result<std::sync::Arc<Claims>> {
     let claims = store.shared().context("reading claims")?;
     let changes = ipam::assign(cfg, &claims);
-    if changes.is_empty() {
-        return Ok(claims);
-    }
     // The store's copy alone, so that it is updated in place.
     drop(claims);
-    store.apply(&changes).context("writing claims")?;
-    log_changes(&changes);
+    record(store, &changes)
+}
+
+/// Writes `changes` (logged) and returns the claims as they now are.
+fn record(store: &Store, changes: &ipam::ClaimChanges) -> Result<std::sync::Arc<Claims>> {
+    if !changes.is_empty() {
+        store.apply(changes).context("writing claims")?;
+        log_changes(changes);
+    }
     store.shared().context("reading claims")
 }
 
@@ -57,15 +61,10 @@ pub fn assign_incremental(
     };
     tracing::debug!(incremental, settled, changes = changes.len(), "IPAM");
     drop(claims);
-    if !changes.is_empty() {
-        // Whatever happens, the memo no longer knows the claims.
-        if let Err(e) = store.apply(&changes) {
-            *memo = None;
-            return Err(e).context("writing claims");
-        }
-        log_changes(&changes);
-    }
-    let claims = store.shared().context("reading claims")?;
+    let claims = record(store, &changes).inspect_err(|_| {
+        // The memo no longer knows the claims.
+        *memo = None;
+    })?;
     let generation = store.generation();
     *memo = match (settled, incremental, memo.take()) {
         (false, ..) => None,
