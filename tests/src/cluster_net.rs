@@ -100,7 +100,7 @@ impl ClusterNode {
             self.pod_cidr6,
             self.dir.join("ipam").display()
         );
-        let mut child = Command::new("nsenter")
+        let mut child = Command::new(crate::on_path("nsenter"))
             .arg(format!("--net=/run/netns/{}", self.ns_name))
             .arg(format!("{CNI_PLUGINS}/bridge"))
             .env_clear()

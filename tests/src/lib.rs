@@ -107,6 +107,23 @@ pub fn vmpath_bin() -> PathBuf {
 
 /// A binary of the workspace: the path in `env_var` when set, else built
 /// by cargo (package and binary named `package`) once per test process.
+/// `program` as an absolute path, found on `PATH` (itself when no file of
+/// that name is there). A command run with an environment of its own that
+/// sets `PATH` and names its program bare is forked, not spawned: the
+/// standard library cannot look the program up in the child's `PATH`
+/// with `posix_spawn`. Forking a process that holds a whole cluster's
+/// objects (the bench's API server at 10,000 VMs) took about 90 ms of
+/// page-table copying and teardown, and the bench counted it in the CNI
+/// ADD.
+pub fn on_path(program: &str) -> PathBuf {
+    std::env::var_os("PATH")
+        .iter()
+        .flat_map(std::env::split_paths)
+        .map(|dir| dir.join(program))
+        .find(|candidate| candidate.is_file())
+        .unwrap_or_else(|| PathBuf::from(program))
+}
+
 pub fn workspace_bin(cell: &'static OnceLock<PathBuf>, env_var: &str, package: &str) -> PathBuf {
     cell.get_or_init(|| {
         if let Some(p) = std::env::var_os(env_var) {
@@ -1154,7 +1171,7 @@ pub mod multus {
     /// `CNI_COMMAND=command`, the `env` given (and PATH, CNI_PATH, nothing
     /// else), `stdin` written to it.
     pub fn run_plugin(node: &Node, command: &str, env: &[(&str, &str)], stdin: &str) -> Output {
-        let mut child = Command::new("nsenter")
+        let mut child = Command::new(crate::on_path("nsenter"))
             .arg(format!("--net={}", node.ns.path()))
             .arg(cni_bin())
             .env_clear()
