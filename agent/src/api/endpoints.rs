@@ -22,7 +22,7 @@ use std::{
     io::Read as _,
     path::{Path, PathBuf},
     sync::{
-        Condvar, Mutex, OnceLock,
+        Arc, Condvar, Mutex, OnceLock,
         atomic::{AtomicU64, Ordering},
     },
     time::Instant,
@@ -174,6 +174,10 @@ struct Registry {
     /// ADDs wait on `round_finished` for it to reach theirs.
     done: Mutex<u64>,
     round_finished: Condvar,
+    /// Each endpoint's Attachment document as the last round read it: an
+    /// unchanged endpoint hands every round the same `Arc`, so the round
+    /// sees by identity that it did not change (`round::membership`).
+    documents: Mutex<crate::sys::hash::HashMap<String, (EndpointRequest, Arc<serde_json::Value>)>>,
 }
 
 static REGISTRY: OnceLock<Registry> = OnceLock::new();
@@ -195,6 +199,7 @@ fn load(state_dir: &Path) -> Registry {
         seen: AtomicU64::new(0),
         done: Mutex::new(0),
         round_finished: Condvar::new(),
+        documents: Mutex::default(),
     }
 }
 
@@ -233,14 +238,27 @@ impl Registry {
 pub fn add_documents(state_dir: &Path, node: &str, snap: &mut Snapshot) {
     let registry = REGISTRY.get_or_init(|| load(state_dir));
     let generation = registry.generation.load(Ordering::SeqCst);
+    let mut documents = registry
+        .documents
+        .lock()
+        .unwrap_or_else(|p| p.into_inner());
+    let mut kept = crate::sys::hash::HashMap::default();
     for e in registry.all() {
+        let id = e.id();
+        let value = match documents.remove(&id) {
+            Some((was, value)) if was == e => value,
+            _ => Arc::new(e.document(node)),
+        };
         snap.documents.push(RawDocument {
             file: e.source(),
             index: 1,
             origin: crate::config::DocOrigin::CniPort,
-            value: e.document(node).into(),
+            value: value.clone(),
         });
+        kept.insert(id, (e, value));
     }
+    *documents = kept;
+    drop(documents);
     snap.fingerprint =
         crate::sys::hash::fnv1a(&[&snap.fingerprint.to_be_bytes(), &generation.to_be_bytes()]);
     registry.seen.store(generation, Ordering::SeqCst);

@@ -31,6 +31,7 @@ pub mod derive;
 mod equivalence;
 pub mod groups;
 pub mod ipam;
+pub mod membership;
 pub mod observe;
 pub mod plan;
 pub mod publish;
@@ -275,24 +276,32 @@ impl Round {
         let held: Arc<Held> = held.into();
         let mut phases = crate::sys::phases::Phases::start("derive and validate");
         let node = self.settings.node.clone();
-        let membership = groups::Membership::of(snap);
+        // Where the last round's refusals were, before the membership
+        // reads this snapshot; then the groups this snapshot changed.
+        let (attribution, touched, membership) = match &mut self.validated {
+            Some(v) => {
+                let attribution = groups::Attribution::of(&v.config, &v.membership);
+                let mut membership = std::mem::take(&mut v.membership);
+                let touched = membership
+                    .update(snap)
+                    .filter(|_| v.cluster_cidrs == snap.cluster_cidrs);
+                (Some(attribution), touched, membership)
+            }
+            None => (None, None, groups::Membership::of(snap)),
+        };
         phases.mark("membership");
-        let touched = self
-            .validated
-            .as_ref()
-            .filter(|v| v.cluster_cidrs == snap.cluster_cidrs)
-            .and_then(|v| membership.touched(&v.membership));
         if let Some(v) = &mut self.validated
             && touched.as_ref().is_some_and(BTreeSet::is_empty)
             && v.accepted == self.accepted
             && v.held == held
         {
             self.passes.skipped += 1;
-            drop_later(std::mem::replace(&mut v.membership, membership));
+            v.membership = membership;
             return (validate::with_kept_claims(snap, v.config.clone()), Some(0));
         }
         if let Some(mut v) = self.validated.take()
             && let Some(touched) = &touched
+            && let Some(attribution) = &attribution
         {
             let partial_snap = membership.partial(snap, touched);
             let derived = derive::derive(&partial_snap, &node);
@@ -310,7 +319,7 @@ impl Round {
             match groups::splice(
                 previous,
                 &mut v.holdings,
-                &v.membership,
+                attribution,
                 &membership,
                 touched,
                 partial,
@@ -322,7 +331,6 @@ impl Round {
                     tracing::debug!(groups = touched.len(), "derived and validated in part");
                     self.passes.partial += 1;
                     let config = self.keep_validated(snap, config, held, membership, v.holdings);
-                    drop_later(v.membership);
                     return (config, Some(touched.len()));
                 }
                 Err(why) => {

@@ -1,0 +1,1255 @@
+//! Where each object of a snapshot belongs, kept from round to round and
+//! updated by what changed (issue 34: a change costs what it touches).
+//!
+//! The objects of a snapshot fall into groups, one per VM or pod
+//! (`namespace`, name): the VMI with its virt-launcher pods, migrations
+//! and IPAMClaims; a plain pod with its claims; a CNI port with its pod; a
+//! vmpath Attachment by its `spec.vm`. The rest is the context every group
+//! is read against (Networks, NADs, Nodes, policies, Services, anything
+//! else). [`Membership::update`] takes the next snapshot and says which
+//! groups' objects changed; `round::groups` derives and validates those
+//! alone.
+//!
+//! An object is known by its `Arc`: the sources hand every round the same
+//! one while it is unchanged, so the update finds the objects that came
+//! and went with one lookup each and places only those, and the objects
+//! whose place they decide: a VMI's launchers (found by its uid), a pod's
+//! CNI ports and the claims its annotations name, the claims a group's
+//! coming or going reaches by name. Placing every object of a snapshot
+//! into an empty membership ([`Membership::of`]) is the full pass; a test
+//! holds the update to it.
+
+use std::{collections::BTreeSet, net::IpAddr, path::PathBuf, sync::Arc};
+
+use serde_json::Value;
+
+use super::groups::GroupKey;
+
+/// A group's key, shared by everything that names the group (one copy of
+/// its names however many objects and indexes point at it).
+type Key = Arc<GroupKey>;
+use crate::config::{
+    ConfigError,
+    kube_objects::prune::{ClusterObject, group_kind},
+    kube_objects::{
+        CREATED_BY_LABEL, DEFAULT_NETWORK_ANNOTATION, NETWORKS_ANNOTATION, VM_NAME_LABEL,
+        pod_claim_prefix,
+    },
+    source::{DocOrigin, Snapshot},
+};
+use crate::sys::hash::{HashMap, HashSet};
+
+/// One object of a snapshot: the `Arc` the source shares between
+/// snapshots while the object is unchanged.
+#[derive(Debug, Clone)]
+enum Member {
+    Document(Arc<Value>, PathBuf, DocOrigin),
+    Cluster(Arc<ClusterObject>),
+}
+
+fn ptr_of<T: ?Sized>(a: &Arc<T>) -> usize {
+    Arc::as_ptr(a) as *const u8 as usize
+}
+
+impl Member {
+    fn ptr(&self) -> usize {
+        match self {
+            Member::Document(a, ..) => ptr_of(a),
+            Member::Cluster(a) => ptr_of(a),
+        }
+    }
+    fn cluster(&self) -> Option<&ClusterObject> {
+        match self {
+            Member::Cluster(c) => Some(c),
+            Member::Document(..) => None,
+        }
+    }
+    /// A cluster object that is not a claim: only groups with one are
+    /// groups a claim's name can lead to (translation reads claims for
+    /// the VMs and pods it derives from cluster objects).
+    fn makes_claimable_group(&self) -> bool {
+        matches!(self.cluster(), Some(c) if !matches!(c, ClusterObject::IpamClaim(_)))
+    }
+}
+
+/// One object and where it is.
+#[derive(Debug, Clone)]
+struct Entry {
+    member: Member,
+    /// The groups it is in, sorted; none: the context, or a claim no
+    /// group reads.
+    groups: Vec<Key>,
+    context: bool,
+    /// The last update whose snapshot held it.
+    seen: u64,
+}
+
+/// One group's objects.
+#[derive(Debug, Clone)]
+struct Group {
+    key: Key,
+    members: Vec<usize>,
+    /// How many of them are cluster objects other than claims.
+    claimable: usize,
+}
+
+/// Two-level maps (namespace, then name), so a lookup by borrowed names
+/// copies none.
+type ByName<V> = HashMap<String, HashMap<String, V>>;
+
+fn get<'a, V>(m: &'a ByName<V>, ns: &str, name: &str) -> Option<&'a V> {
+    m.get(ns)?.get(name)
+}
+
+/// The value at (`ns`, `name`), made when new (the names copied then
+/// only).
+fn entry<'a, V: Default>(m: &'a mut ByName<V>, ns: &str, name: &str) -> &'a mut V {
+    if !m.contains_key(ns) {
+        m.insert(ns.to_string(), HashMap::default());
+    }
+    let names = m.get_mut(ns).expect("made above");
+    if !names.contains_key(name) {
+        names.insert(name.to_string(), V::default());
+    }
+    names.get_mut(name).expect("made above")
+}
+
+/// Removes `name` from `m` when `empty` says its value is.
+fn prune<V>(m: &mut ByName<V>, ns: &str, name: &str, empty: impl Fn(&V) -> bool) {
+    if let Some(names) = m.get_mut(ns) {
+        if names.get(name).is_some_and(empty) {
+            names.remove(name);
+        }
+        if names.is_empty() {
+            m.remove(ns);
+        }
+    }
+}
+
+/// Removes one `item` from the list, if there.
+fn remove_one<T: PartialEq>(list: &mut Vec<T>, item: &T) {
+    if let Some(i) = list.iter().position(|x| x == item) {
+        list.swap_remove(i);
+    }
+}
+
+/// Where each object of a snapshot belongs.
+#[derive(Debug, Clone, Default)]
+pub struct Membership {
+    /// Every object of the last snapshot, by identity.
+    entries: HashMap<usize, Entry>,
+    groups: ByName<Group>,
+    /// The objects no group owns.
+    context: HashSet<usize>,
+    /// VMI uid -> the VMIs with it (one, but for a duplicate): how a
+    /// launcher finds its VMI.
+    uids: HashMap<String, Vec<usize>>,
+    /// created-by uid -> the launcher pods that name it.
+    launchers: HashMap<String, Vec<usize>>,
+    /// (namespace, pod name) -> the pods of that name (one, but for a
+    /// duplicate): how a CNI port finds its pod's group.
+    pods: ByName<Vec<usize>>,
+    /// (namespace, `spec.vm`) -> the CNI port documents naming it.
+    cni_ports: ByName<Vec<usize>>,
+    /// (namespace, name) -> the claims of that name.
+    claims: ByName<Vec<usize>>,
+    /// (namespace, each prefix of a claim's name its VM may have,
+    /// `name_prefixes`) -> those claims.
+    claims_under: ByName<Vec<usize>>,
+    /// (namespace, `pod_claim_prefix`) -> the claims with a name hashed
+    /// from it (`hashed_claim_prefix`).
+    hashed_claims: ByName<Vec<usize>>,
+    /// (namespace, claim) -> the groups of the pods whose annotations
+    /// name it (with repeats).
+    references: ByName<Vec<Key>>,
+    /// (namespace, `pod_claim_prefix`) -> the groups of the plain pods
+    /// with that prefix (with repeats): the only ones that may read a
+    /// claim hashed as `pod_claim_name` makes it. A claim no group leads
+    /// to is read by nobody, and a change to it costs nothing until a
+    /// group that reads it comes.
+    claim_prefixes: ByName<Vec<Key>>,
+    /// Every placed IPAMClaim with addresses in its status: what a ledger
+    /// change reaches.
+    claim_ips: HashSet<usize>,
+    /// kind -> (namespace, name) of each grouped pod and migration -> its
+    /// groups, to attribute a refusal (`ConfigError::about`).
+    by_object: HashMap<&'static str, ByName<Vec<Key>>>,
+    /// file -> its documents: how many are context, and the groups of the
+    /// others (with repeats). A refusal with no object (a vmpath
+    /// document's) is attributed by its file, where every document in it
+    /// is grouped.
+    files: HashMap<PathBuf, (usize, Vec<Key>)>,
+    /// Duplicated VMI uids and pod names: a full pass decides those.
+    ambiguous: usize,
+    read_errors: Vec<ConfigError>,
+    /// Held, not only its address: a freed ledger's address may be the
+    /// next one's.
+    ledger: Option<Arc<crate::config::kube_objects::ledger::Ledger>>,
+    /// Has read a snapshot.
+    started: bool,
+    /// Updates so far (what `Entry::seen` counts).
+    updates: u64,
+}
+
+/// What placing or removing objects leaves to do.
+#[derive(Default)]
+struct Work {
+    /// Objects whose place may have changed.
+    dirty: Vec<usize>,
+    /// Groups whose objects changed.
+    touched: BTreeSet<GroupKey>,
+    /// The context changed.
+    context: bool,
+}
+
+impl Membership {
+    /// Every object of `snap` placed: the full pass.
+    pub fn of(snap: &Snapshot) -> Self {
+        let mut m = Membership::default();
+        m.update(snap);
+        m
+    }
+
+    /// Reads `snap`, the snapshot after the last one read; returns the
+    /// groups whose objects changed, or `None` when only a full pass will
+    /// do (the context changed, the first snapshot, an ambiguity).
+    pub fn update(&mut self, snap: &Snapshot) -> Option<BTreeSet<GroupKey>> {
+        let mut work = Work::default();
+        let mut added: Vec<Member> = Vec::new();
+        let mut seen = 0usize;
+        self.updates += 1;
+        let now = self.updates;
+        for c in &snap.cluster {
+            match self.entries.get_mut(&ptr_of(&c.object)) {
+                Some(e) if e.seen != now => {
+                    e.seen = now;
+                    seen += 1;
+                }
+                Some(_) => return self.rebuild(snap),
+                None => added.push(Member::Cluster(c.object.clone())),
+            }
+        }
+        for d in &snap.documents {
+            match self.entries.get_mut(&ptr_of(&d.value)) {
+                Some(e) if e.seen != now => {
+                    e.seen = now;
+                    seen += 1;
+                }
+                Some(_) => return self.rebuild(snap),
+                None => added.push(Member::Document(
+                    d.value.clone(),
+                    d.file.clone(),
+                    d.origin.clone(),
+                )),
+            }
+        }
+        let removed: Vec<usize> = if seen == self.entries.len() {
+            Vec::new()
+        } else {
+            self.entries
+                .iter()
+                .filter(|(_, e)| e.seen != now)
+                .map(|(p, _)| *p)
+                .collect()
+        };
+        {
+            let mut ptrs: HashSet<usize> = HashSet::default();
+            if !added.iter().all(|m| ptrs.insert(m.ptr())) {
+                return self.rebuild(snap);
+            }
+        }
+        for p in removed {
+            self.remove(p, &mut work);
+        }
+        for member in added {
+            self.insert(member, &mut work);
+        }
+        self.settle(&mut work);
+
+        let mut whole = !self.started || work.context || self.ambiguous > 0;
+        self.started = true;
+        if self.read_errors != snap.errors {
+            self.read_errors.clone_from(&snap.errors);
+            whole = true;
+        }
+        let ledger = snap.ledger.clone();
+        match (&self.ledger, &ledger) {
+            (Some(a), Some(b)) if !Arc::ptr_eq(a, b) => {
+                let readers = self.ledger_readers(&ledger_changes(a, b));
+                work.touched.extend(readers);
+            }
+            (a, b) if a.is_some() != b.is_some() => whole = true,
+            _ => {}
+        }
+        self.ledger = ledger;
+        (!whole).then_some(work.touched)
+    }
+
+    /// Starts again from nothing (a snapshot holding one object twice).
+    fn rebuild(&mut self, snap: &Snapshot) -> Option<BTreeSet<GroupKey>> {
+        *self = Membership::default();
+        // One object twice: each placed once; a full pass decides.
+        let mut once = Snapshot {
+            documents: Vec::new(),
+            cluster: Vec::new(),
+            errors: snap.errors.clone(),
+            empty: snap.empty,
+            fingerprint: snap.fingerprint,
+            pod_claims: snap.pod_claims,
+            ledger: snap.ledger.clone(),
+            cluster_cidrs: snap.cluster_cidrs.clone(),
+        };
+        let mut ptrs: HashSet<usize> = HashSet::default();
+        once.cluster = snap
+            .cluster
+            .iter()
+            .filter(|c| ptrs.insert(ptr_of(&c.object)))
+            .cloned()
+            .collect();
+        once.documents = snap
+            .documents
+            .iter()
+            .filter(|d| ptrs.insert(ptr_of(&d.value)))
+            .cloned()
+            .collect();
+        self.update(&once);
+        None
+    }
+
+    /// Registers a new object and marks it to be placed.
+    fn insert(&mut self, member: Member, work: &mut Work) {
+        let p = member.ptr();
+        match &member {
+            Member::Cluster(c) => match &**c {
+                ClusterObject::Vmi(v) => {
+                    if let Some(uid) = v.metadata.uid.as_deref() {
+                        let holders = self.uids.entry(uid.to_string()).or_default();
+                        holders.push(p);
+                        if holders.len() > 1 {
+                            self.ambiguous += 1;
+                        }
+                        work.dirty
+                            .extend(self.launchers.get(uid).into_iter().flatten());
+                    }
+                }
+                ClusterObject::Pod(pod) => {
+                    let ns = pod.metadata.namespace();
+                    let same = entry(&mut self.pods, ns, &pod.metadata.name);
+                    same.push(p);
+                    if same.len() > 1 {
+                        self.ambiguous += 1;
+                    }
+                    if pod.is_virt_launcher()
+                        && let Some(uid) = pod.metadata.labels.get(CREATED_BY_LABEL)
+                    {
+                        self.launchers.entry(uid.clone()).or_default().push(p);
+                    }
+                    work.dirty.extend(
+                        get(&self.cni_ports, ns, &pod.metadata.name)
+                            .into_iter()
+                            .flatten(),
+                    );
+                }
+                ClusterObject::IpamClaim(claim) => {
+                    let (ns, name) = (claim.metadata.namespace(), claim.metadata.name.as_str());
+                    entry(&mut self.claims, ns, name).push(p);
+                    for prefix in name_prefixes(name) {
+                        entry(&mut self.claims_under, ns, prefix).push(p);
+                    }
+                    if let Some(prefix) = hashed_claim_prefix(name) {
+                        entry(&mut self.hashed_claims, ns, prefix).push(p);
+                    }
+                }
+                _ => {}
+            },
+            Member::Document(value, _, origin) => {
+                if *origin == DocOrigin::CniPort
+                    && let Some((ns, vm)) = attachment_vm(value)
+                {
+                    entry(&mut self.cni_ports, ns, vm).push(p);
+                }
+            }
+        }
+        self.entries.insert(
+            p,
+            Entry {
+                member,
+                groups: Vec::new(),
+                context: false,
+                seen: self.updates,
+            },
+        );
+        work.dirty.push(p);
+    }
+
+    /// Takes a gone object out of its groups and the indexes.
+    fn remove(&mut self, p: usize, work: &mut Work) {
+        self.place(p, Vec::new(), false, work);
+        let Some(e) = self.entries.remove(&p) else {
+            return;
+        };
+        match &e.member {
+            Member::Cluster(c) => match &**c {
+                ClusterObject::Vmi(v) => {
+                    if let Some(uid) = v.metadata.uid.as_deref() {
+                        if let Some(holders) = self.uids.get_mut(uid) {
+                            if holders.len() > 1 {
+                                self.ambiguous -= 1;
+                            }
+                            remove_one(holders, &p);
+                            if holders.is_empty() {
+                                self.uids.remove(uid);
+                            }
+                        }
+                        work.dirty
+                            .extend(self.launchers.get(uid).into_iter().flatten());
+                    }
+                }
+                ClusterObject::Pod(pod) => {
+                    let ns = pod.metadata.namespace();
+                    if let Some(names) = self.pods.get_mut(ns)
+                        && let Some(same) = names.get_mut(&pod.metadata.name)
+                    {
+                        if same.len() > 1 {
+                            self.ambiguous -= 1;
+                        }
+                        remove_one(same, &p);
+                    }
+                    prune(&mut self.pods, ns, &pod.metadata.name, Vec::is_empty);
+                    if let Some(uid) = pod.metadata.labels.get(CREATED_BY_LABEL)
+                        && let Some(set) = self.launchers.get_mut(uid)
+                    {
+                        remove_one(set, &p);
+                        if set.is_empty() {
+                            self.launchers.remove(uid);
+                        }
+                    }
+                    work.dirty.extend(
+                        get(&self.cni_ports, ns, &pod.metadata.name)
+                            .into_iter()
+                            .flatten(),
+                    );
+                }
+                ClusterObject::IpamClaim(claim) => {
+                    let (ns, name) = (claim.metadata.namespace(), claim.metadata.name.as_str());
+                    let drop_from = |m: &mut ByName<Vec<usize>>, key: &str| {
+                        if let Some(list) = m.get_mut(ns).and_then(|n| n.get_mut(key)) {
+                            remove_one(list, &p);
+                        }
+                        prune(m, ns, key, Vec::is_empty);
+                    };
+                    drop_from(&mut self.claims, name);
+                    for prefix in name_prefixes(name) {
+                        drop_from(&mut self.claims_under, prefix);
+                    }
+                    if let Some(prefix) = hashed_claim_prefix(name) {
+                        drop_from(&mut self.hashed_claims, prefix);
+                    }
+                }
+                _ => {}
+            },
+            Member::Document(value, _, origin) => {
+                if *origin == DocOrigin::CniPort
+                    && let Some((ns, vm)) = attachment_vm(value)
+                {
+                    if let Some(list) = self.cni_ports.get_mut(ns).and_then(|n| n.get_mut(vm)) {
+                        remove_one(list, &p);
+                    }
+                    prune(&mut self.cni_ports, ns, vm, Vec::is_empty);
+                }
+            }
+        }
+    }
+
+    /// Places every object whose place may have changed, and those their
+    /// new places reach, until none moves.
+    fn settle(&mut self, work: &mut Work) {
+        while let Some(p) = work.dirty.pop() {
+            let Some(e) = self.entries.get(&p) else {
+                continue;
+            };
+            let (groups, context) = self.place_of(&e.member);
+            let same = groups.len() == e.groups.len()
+                && groups.iter().zip(&e.groups).all(|(a, b)| a == &**b);
+            if !same || context != e.context {
+                self.place(p, groups, context, work);
+            }
+        }
+    }
+
+    /// Where `member` belongs now: its groups (sorted), and whether it is
+    /// context.
+    fn place_of(&self, member: &Member) -> (Vec<GroupKey>, bool) {
+        let one = |ns: &str, name: &str| (vec![(ns.to_string(), name.to_string())], false);
+        match member {
+            Member::Cluster(c) => match &**c {
+                ClusterObject::Vmi(v) => one(v.metadata.namespace(), &v.metadata.name),
+                ClusterObject::Pod(pod) => {
+                    let ns = pod.metadata.namespace();
+                    let labels = &pod.metadata.labels;
+                    if pod.is_virt_launcher() {
+                        // As translation finds a launcher's VMI: by the
+                        // uid its created-by label names, else by the VM
+                        // name label.
+                        if let Some(uid) = labels.get(CREATED_BY_LABEL)
+                            && let Some(holders) = self.uids.get(uid.as_str())
+                        {
+                            let mut gs: Vec<GroupKey> = holders
+                                .iter()
+                                .filter_map(|p| match self.entries.get(p)?.member.cluster()? {
+                                    ClusterObject::Vmi(v) => Some((
+                                        v.metadata.namespace().to_string(),
+                                        v.metadata.name.clone(),
+                                    )),
+                                    _ => None,
+                                })
+                                .collect();
+                            gs.sort();
+                            gs.dedup();
+                            return (gs, false);
+                        }
+                        if let Some(name) = labels.get(VM_NAME_LABEL) {
+                            return one(ns, name);
+                        }
+                    }
+                    one(ns, &pod.metadata.name)
+                }
+                ClusterObject::Vmim(m) => one(m.metadata.namespace(), &m.spec.vmi_name),
+                ClusterObject::IpamClaim(c) => {
+                    (self.claim_groups(c.metadata.namespace(), &c.metadata.name), false)
+                }
+                ClusterObject::Nad(_) | ClusterObject::Node(_) | ClusterObject::Refused(_) => {
+                    (Vec::new(), true)
+                }
+            },
+            Member::Document(value, _, origin) => {
+                let is_attachment =
+                    matches!(group_kind(value), Some((g, "Attachment")) if g.starts_with("vmpath"));
+                let Some((ns, vm)) = attachment_vm(value).filter(|_| is_attachment) else {
+                    return (Vec::new(), true);
+                };
+                if *origin == DocOrigin::CniPort
+                    && let Some(pods) = get(&self.pods, ns, vm)
+                {
+                    let mut gs: Vec<GroupKey> = pods
+                        .iter()
+                        .filter_map(|p| self.entries.get(p))
+                        .flat_map(|e| e.groups.iter().map(|k| (**k).clone()))
+                        .collect();
+                    gs.sort();
+                    gs.dedup();
+                    if !gs.is_empty() {
+                        return (gs, false);
+                    }
+                }
+                one(ns, vm)
+            }
+        }
+    }
+
+    /// The shared key of group `g`, the group made when new.
+    fn intern(&mut self, g: GroupKey) -> Key {
+        if let Some(group) = get(&self.groups, &g.0, &g.1) {
+            return group.key.clone();
+        }
+        let key = Arc::new(g);
+        let group = Group {
+            key: key.clone(),
+            members: Vec::new(),
+            claimable: 0,
+        };
+        if !self.groups.contains_key(&key.0) {
+            self.groups.insert(key.0.clone(), HashMap::default());
+        }
+        let names = self.groups.get_mut(&key.0).expect("made above");
+        names.insert(key.1.clone(), group);
+        key
+    }
+
+    /// Moves object `p` to `groups` (or the context), keeping the indexes
+    /// its place feeds, and marks what its move reaches.
+    fn place(&mut self, p: usize, groups: Vec<GroupKey>, context: bool, work: &mut Work) {
+        if !self.entries.contains_key(&p) {
+            return;
+        }
+        let groups: Vec<Key> = groups.into_iter().map(|g| self.intern(g)).collect();
+        let Some(e) = self.entries.get_mut(&p) else {
+            return;
+        };
+        let old = std::mem::replace(&mut e.groups, groups.clone());
+        let was_context = std::mem::replace(&mut e.context, context);
+        let member = e.member.clone();
+        if was_context != context {
+            work.context = true;
+            if context {
+                self.context.insert(p);
+            } else {
+                self.context.remove(&p);
+            }
+        }
+        let claimable = member.makes_claimable_group();
+        for g in old.iter().filter(|g| !groups.contains(g)) {
+            work.touched.insert((**g).clone());
+            let Some(group) = self.groups.get_mut(&g.0).and_then(|n| n.get_mut(&g.1)) else {
+                continue;
+            };
+            remove_one(&mut group.members, &p);
+            if claimable {
+                group.claimable -= 1;
+                if group.claimable == 0 {
+                    work.dirty
+                        .extend(get(&self.claims_under, &g.0, &g.1).into_iter().flatten());
+                }
+            }
+            prune(&mut self.groups, &g.0, &g.1, |g| g.members.is_empty());
+        }
+        for g in groups.iter().filter(|g| !old.contains(g)) {
+            work.touched.insert((**g).clone());
+            let group = self
+                .groups
+                .get_mut(&g.0)
+                .and_then(|n| n.get_mut(&g.1))
+                .expect("interned above");
+            group.members.push(p);
+            if claimable {
+                group.claimable += 1;
+                if group.claimable == 1 {
+                    work.dirty
+                        .extend(get(&self.claims_under, &g.0, &g.1).into_iter().flatten());
+                }
+            }
+        }
+        // What the object's groups feed.
+        let moved = |list: &mut Vec<Key>| {
+            old.iter().for_each(|g| remove_one(list, g));
+            list.extend(groups.iter().cloned());
+        };
+        match &member {
+            Member::Cluster(c) => match &**c {
+                ClusterObject::Pod(pod) => {
+                    let ns = pod.metadata.namespace();
+                    let name = pod.metadata.name.as_str();
+                    self.object_groups("Pod", ns, name, &old, &groups);
+                    for r in claim_references(pod) {
+                        moved(entry(&mut self.references, ns, &r));
+                        prune(&mut self.references, ns, &r, Vec::is_empty);
+                        work.dirty
+                            .extend(get(&self.claims, ns, &r).into_iter().flatten());
+                    }
+                    if !pod.is_virt_launcher() {
+                        let prefix = pod_claim_prefix(name);
+                        moved(entry(&mut self.claim_prefixes, ns, &prefix));
+                        prune(&mut self.claim_prefixes, ns, &prefix, Vec::is_empty);
+                        work.dirty.extend(
+                            get(&self.hashed_claims, ns, &prefix)
+                                .into_iter()
+                                .flatten(),
+                        );
+                    }
+                    work.dirty
+                        .extend(get(&self.cni_ports, ns, name).into_iter().flatten());
+                }
+                ClusterObject::Vmim(m) => {
+                    self.object_groups(
+                        "VirtualMachineInstanceMigration",
+                        m.metadata.namespace(),
+                        &m.metadata.name,
+                        &old,
+                        &groups,
+                    );
+                }
+                ClusterObject::IpamClaim(claim) => {
+                    if !groups.is_empty() && !claim.status.ips.is_empty() {
+                        self.claim_ips.insert(p);
+                    } else {
+                        self.claim_ips.remove(&p);
+                    }
+                }
+                _ => {}
+            },
+            Member::Document(_, file, _) => {
+                let (contexts, gs) = self.files.entry(file.clone()).or_default();
+                if was_context {
+                    *contexts -= 1;
+                }
+                if context {
+                    *contexts += 1;
+                }
+                moved(gs);
+                if *contexts == 0 && gs.is_empty() {
+                    self.files.remove(file);
+                }
+            }
+        }
+    }
+
+    /// Keeps `by_object` for a pod or migration that moved from `old` to
+    /// `new` groups.
+    fn object_groups(&mut self, kind: &'static str, ns: &str, name: &str, old: &[Key], new: &[Key]) {
+        let names = self.by_object.entry(kind).or_default();
+        let list = entry(names, ns, name);
+        old.iter().for_each(|g| remove_one(list, g));
+        list.extend(new.iter().cloned());
+        prune(names, ns, name, Vec::is_empty);
+        if names.is_empty() {
+            self.by_object.remove(kind);
+        }
+    }
+
+    fn has_claimable_group(&self, ns: &str, name: &str) -> bool {
+        get(&self.groups, ns, name).is_some_and(|g| g.claimable > 0)
+    }
+
+    /// The groups claim `namespace/name` is read by (sorted): those its
+    /// name may be a VM's or pod's of (`vm1.blue`), those whose pods
+    /// reference it, and, for a hashed name, the plain pods it may be
+    /// made from.
+    fn claim_groups(&self, namespace: &str, name: &str) -> Vec<GroupKey> {
+        let mut out: Vec<GroupKey> = name_prefixes(name)
+            .filter(|p| self.has_claimable_group(namespace, p))
+            .map(|p| (namespace.to_string(), p.to_string()))
+            .collect();
+        if let Some(gs) = get(&self.references, namespace, name) {
+            out.extend(gs.iter().map(|k| (**k).clone()));
+        }
+        if let Some(gs) = hashed_claim_prefix(name)
+            .and_then(|prefix| get(&self.claim_prefixes, namespace, prefix))
+        {
+            out.extend(gs.iter().map(|k| (**k).clone()));
+        }
+        out.sort();
+        out.dedup();
+        out
+    }
+
+    /// The groups whose claims' `status.ips` name an address whose ledger
+    /// entry changed (translation asks the ledger of those alone).
+    fn ledger_readers(&self, changed: &HashSet<IpAddr>) -> BTreeSet<GroupKey> {
+        let mut out = BTreeSet::new();
+        if changed.is_empty() {
+            return out;
+        }
+        for e in self.claim_ips.iter().filter_map(|p| self.entries.get(p)) {
+            let Some(ClusterObject::IpamClaim(c)) = e.member.cluster() else {
+                continue;
+            };
+            let names = c.status.ips.iter().any(|text| {
+                text.parse::<ipnet::IpNet>()
+                    .map_or(true, |ip| changed.contains(&ip.addr()))
+            });
+            if names {
+                out.extend(e.groups.iter().map(|k| (**k).clone()));
+            }
+        }
+        out
+    }
+
+    /// `snap` cut down to the context and the objects of `groups`, in its
+    /// own order.
+    pub fn partial(&self, snap: &Snapshot, groups: &BTreeSet<GroupKey>) -> Snapshot {
+        let keep: HashSet<usize> = groups
+            .iter()
+            .filter_map(|(ns, name)| get(&self.groups, ns, name))
+            .flat_map(|g| g.members.iter().copied())
+            .chain(self.context.iter().copied())
+            .collect();
+        Snapshot {
+            documents: snap
+                .documents
+                .iter()
+                .filter(|d| keep.contains(&ptr_of(&d.value)))
+                .cloned()
+                .collect(),
+            cluster: snap
+                .cluster
+                .iter()
+                .filter(|c| keep.contains(&ptr_of(&c.object)))
+                .cloned()
+                .collect(),
+            errors: snap.errors.clone(),
+            empty: snap.empty,
+            fingerprint: snap.fingerprint,
+            pod_claims: snap.pod_claims,
+            ledger: snap.ledger.clone(),
+            cluster_cidrs: snap.cluster_cidrs.clone(),
+        }
+    }
+
+    /// The groups a refusal or warning is about; `None`: the context's.
+    pub fn groups_of(&self, e: &ConfigError) -> Option<Vec<GroupKey>> {
+        let exists = |ns: &str, name: &str| get(&self.groups, ns, name).is_some();
+        if let Some(about) = &e.about {
+            match about.kind.as_str() {
+                "VirtualMachineInstance" => {
+                    return exists(&about.namespace, &about.name)
+                        .then(|| vec![(about.namespace.clone(), about.name.clone())]);
+                }
+                "IPAMClaim" => {
+                    let gs = self.claim_groups(&about.namespace, &about.name);
+                    return (!gs.is_empty()).then_some(gs);
+                }
+                _ => {}
+            }
+            if let Some(gs) = self
+                .by_object
+                .get(about.kind.as_str())
+                .and_then(|names| get(names, &about.namespace, &about.name))
+            {
+                return Some(gs.iter().map(|k| (**k).clone()).collect());
+            }
+            // A CNI port's pod not read (yet): the port's own group.
+            if about.kind == "Pod" && exists(&about.namespace, &about.name) {
+                return Some(vec![(about.namespace.clone(), about.name.clone())]);
+            }
+            return None;
+        }
+        match self.files.get(&e.file) {
+            Some((0, gs)) if !gs.is_empty() => {
+                let mut gs: Vec<GroupKey> = gs.iter().map(|k| (**k).clone()).collect();
+                gs.sort();
+                gs.dedup();
+                Some(gs)
+            }
+            _ => None,
+        }
+    }
+
+    /// Every group with its objects (sorted by identity), the context's
+    /// objects and what refusals are attributed by: what the full pass
+    /// and the updates must agree on (tests).
+    #[cfg(test)]
+    fn canonical(&self) -> String {
+        use std::collections::BTreeMap;
+        let mut groups: BTreeMap<&GroupKey, Vec<usize>> = BTreeMap::new();
+        let mut lines = Vec::new();
+        for (p, e) in &self.entries {
+            for g in &e.groups {
+                groups.entry(&**g).or_default().push(*p);
+            }
+        }
+        for (g, mut ps) in groups {
+            ps.sort();
+            let claimable = ps
+                .iter()
+                .filter(|p| self.entries[p].member.makes_claimable_group())
+                .count();
+            let group = get(&self.groups, &g.0, &g.1).expect("a group of its members");
+            let mut held = group.members.clone();
+            held.sort();
+            assert_eq!(held, ps, "group {g:?}'s members");
+            assert_eq!(group.claimable, claimable, "group {g:?}'s claimable count");
+            lines.push(format!("{g:?}: {ps:?}"));
+        }
+        let count: usize = self.groups.values().map(|n| n.len()).sum();
+        assert_eq!(count, lines.len(), "no empty group is kept");
+        let mut context: Vec<_> = self.context.iter().collect();
+        context.sort();
+        lines.push(format!("context: {context:?}"));
+        let mut claim_ips: Vec<_> = self.claim_ips.iter().collect();
+        claim_ips.sort();
+        lines.push(format!("claim ips: {claim_ips:?}"));
+        let mut by_object: Vec<_> = self
+            .by_object
+            .iter()
+            .flat_map(|(kind, names)| {
+                names.iter().flat_map(move |(ns, names)| {
+                    names.iter().map(move |(name, gs)| {
+                        let mut gs = gs.clone();
+                        gs.sort();
+                        format!("{kind} {ns} {name} {gs:?}")
+                    })
+                })
+            })
+            .collect();
+        by_object.sort();
+        lines.extend(by_object);
+        let mut files: Vec<_> = self
+            .files
+            .iter()
+            .map(|(f, (c, gs))| {
+                let mut gs = gs.clone();
+                gs.sort();
+                format!("{} {c} {gs:?}", f.display())
+            })
+            .collect();
+        files.sort();
+        lines.extend(files);
+        lines.push(format!("ambiguous {}", self.ambiguous));
+        lines.join("\n")
+    }
+
+    /// The groups whose objects differ between `self` and `other` (tests).
+    #[cfg(test)]
+    fn differing(&self, other: &Membership) -> BTreeSet<GroupKey> {
+        use std::collections::BTreeMap;
+        let members = |m: &Membership| {
+            let mut out: BTreeMap<GroupKey, Vec<usize>> = BTreeMap::new();
+            for (p, e) in &m.entries {
+                for g in &e.groups {
+                    out.entry((**g).clone()).or_default().push(*p);
+                }
+            }
+            out.values_mut().for_each(|v| v.sort());
+            out
+        };
+        let (a, b) = (members(self), members(other));
+        a.keys()
+            .chain(b.keys())
+            .filter(|g| a.get(*g) != b.get(*g))
+            .cloned()
+            .collect()
+    }
+}
+
+/// A vmpath Attachment document's (namespace, `spec.vm`).
+fn attachment_vm(value: &Value) -> Option<(&str, &str)> {
+    Some((
+        value.pointer("/metadata/namespace")?.as_str()?,
+        value.pointer("/spec/vm")?.as_str()?,
+    ))
+}
+
+/// Every `ipam-claim-reference` a pod's Multus annotations name.
+fn claim_references(pod: &crate::config::kube_objects::Pod) -> Vec<String> {
+    fn walk(v: &Value, out: &mut Vec<String>) {
+        match v {
+            Value::Array(items) => items.iter().for_each(|i| walk(i, out)),
+            Value::Object(map) => {
+                if let Some(Value::String(s)) = map.get("ipam-claim-reference") {
+                    out.push(s.clone());
+                }
+            }
+            _ => {}
+        }
+    }
+    let mut out = Vec::new();
+    for a in [NETWORKS_ANNOTATION, DEFAULT_NETWORK_ANNOTATION] {
+        if let Some(text) = pod.metadata.annotations.get(a)
+            && text.contains("ipam-claim-reference")
+            && let Ok(v) = serde_json::from_str::<Value>(text)
+        {
+            walk(&v, &mut out);
+        }
+    }
+    out.sort();
+    out.dedup();
+    out
+}
+
+/// The names an object called `name` may be the VM of: itself and every
+/// prefix before a `-` or `.` (`vm1.blue`, `vm1-eth0`).
+fn name_prefixes(name: &str) -> impl Iterator<Item = &str> {
+    std::iter::once(name).chain(
+        name.char_indices()
+            .filter(|(_, c)| *c == '-' || *c == '.')
+            .map(move |(i, _)| &name[..i]),
+    )
+}
+
+/// The prefix of `name` if it is one `pod_claim_name` hashed
+/// (`<prefix>.<16 hex digits>`): its pod's name cannot be read from it,
+/// only its `pod_claim_prefix`.
+fn hashed_claim_prefix(name: &str) -> Option<&str> {
+    name.rsplit_once('.')
+        .filter(|(_, h)| h.len() == 16 && h.bytes().all(|b| b.is_ascii_hexdigit()))
+        .map(|(prefix, _)| prefix)
+}
+
+/// The addresses whose ledger entry differs between `old` and `new` (on
+/// any network): one walk of both, in order.
+fn ledger_changes(
+    old: &crate::config::kube_objects::ledger::Ledger,
+    new: &crate::config::kube_objects::ledger::Ledger,
+) -> HashSet<IpAddr> {
+    use crate::sys::sorted::Side;
+    let mut out = HashSet::default();
+    let empty = Default::default();
+    let networks: BTreeSet<&String> = old.keys().chain(new.keys()).collect();
+    for n in networks {
+        let a = old.get(n).unwrap_or(&empty);
+        let b = new.get(n).unwrap_or(&empty);
+        crate::sys::sorted::merge(
+            a.iter(),
+            b.iter(),
+            |(ip, _)| *ip,
+            |(ip, _)| *ip,
+            |side| match side {
+                Side::Old((ip, _)) | Side::New((ip, _)) => {
+                    out.insert(*ip);
+                }
+                Side::Both((ip, h), (_, k)) => {
+                    if h != k {
+                        out.insert(*ip);
+                    }
+                }
+            },
+        );
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A pod whose name is too long for its claim's: the claim's name is
+    /// the name cut, and hashed, and leads to no group by itself.
+    fn long_name() -> String {
+        format!("web-0-{}", "x".repeat(240))
+    }
+
+    const POD: &str = "apiVersion: v1\nkind: Pod\nmetadata:\n  name: NAME\n  namespace: prod\n  uid: 0000000a-0000-4000-8000-0000000000ef\n  annotations:\n    k8s.v1.cni.cncf.io/networks: '[{\"name\":\"blue\",\"interface\":\"Net_1\"}]'\nspec: {nodeName: node-a}\nstatus: {phase: Running}\n";
+
+    fn claim(namespace: &str, name: &str, ip: &str) -> String {
+        format!(
+            "apiVersion: k8s.cni.cncf.io/v1alpha1\nkind: IPAMClaim\nmetadata: {{name: {name}, namespace: {namespace}}}\nspec: {{network: blue, interface: Net_1}}\nstatus:\n  ips: [{ip}]\n"
+        )
+    }
+
+    /// A tenant's claim with a hashed name costs only the groups that may
+    /// read it: its pod's, or none; never the full pass.
+    #[test]
+    fn a_hashed_claim_touches_the_plain_pods_it_may_be_made_for_and_no_more() {
+        let theirs = crate::config::kube_objects::pod_claim_name(&long_name(), "Net_1");
+        assert!(hashed_claim_prefix(&theirs).is_some(), "{theirs} is hashed");
+        // One no pod's name makes: a tenant's, named to look hashed.
+        let stray = "db-7.0123456789abcdef";
+        // And another tenant's, in its own namespace, with the very name
+        // of the pod's claim.
+        // Each object in a file of its own, read as the agent reads: an
+        // unchanged file's objects are the same (`Arc`) from read to read.
+        let dir = std::env::temp_dir().join(format!("vmpath-groups-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let mut reader = crate::config::source::Reader::default();
+        let write = |file: &str, text: &str| {
+            let path = dir.join(file);
+            if std::fs::read_to_string(&path).ok().as_deref() != Some(text) {
+                std::fs::write(path, text).unwrap();
+            }
+        };
+        let mut kept = Membership::default();
+        let mut membership = |ips: [&str; 3]| {
+            write("pod.yaml", &POD.replace("NAME", &long_name()));
+            write("theirs.yaml", &claim("prod", &theirs, ips[0]));
+            write("stray.yaml", &claim("prod", stray, ips[1]));
+            write("other.yaml", &claim("other", &theirs, ips[2]));
+            kept.update(&reader.read(&dir))
+        };
+        assert_eq!(
+            membership(["10.9.0.5/24", "10.9.0.6/24", "10.9.0.9/24"]),
+            None,
+            "the first snapshot: the full pass"
+        );
+        let group = ("prod".to_string(), long_name());
+        assert_eq!(
+            membership(["10.9.0.7/24", "10.9.0.6/24", "10.9.0.9/24"]),
+            Some(BTreeSet::from([group])),
+            "the pod's claim changed: its group alone"
+        );
+        assert_eq!(
+            membership(["10.9.0.7/24", "10.9.0.8/24", "10.9.0.9/24"]),
+            Some(BTreeSet::new()),
+            "a claim nobody reads changed: nothing to do"
+        );
+        assert_eq!(
+            membership(["10.9.0.7/24", "10.9.0.8/24", "10.9.0.7/24"]),
+            Some(BTreeSet::new()),
+            "another namespace's claim of the same name reaches no pod here"
+        );
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+
+    /// A small random source (the tests replay a seed).
+    struct Rng(u64);
+    impl Rng {
+        fn below(&mut self, n: u64) -> u64 {
+            self.0 ^= self.0 << 13;
+            self.0 ^= self.0 >> 7;
+            self.0 ^= self.0 << 17;
+            self.0 % n
+        }
+        fn pick<'a>(&mut self, from: &[&'a str]) -> &'a str {
+            from[self.below(from.len() as u64) as usize]
+        }
+    }
+
+    const UIDS: [&str; 5] = ["u0", "u1", "u2", "u3", "gone"];
+    const VMS: [&str; 4] = ["vm0", "vm1", "vm2", "vm3"];
+    const CLAIMS: [&str; 8] = [
+        "vm0.blue", "vm1", "vm2-net1", "web-0-net1", "ref1", "vm3.blue.x", "stray", "web",
+    ];
+
+    fn vmi(name: &str, uid: &str) -> String {
+        format!(
+            "apiVersion: kubevirt.io/v1\nkind: VirtualMachineInstance\nmetadata: {{name: {name}, namespace: prod, uid: {uid}}}\nspec: {{}}\nstatus: {{nodeName: node-a}}\n"
+        )
+    }
+
+    fn pod(name: &str, labels: &str, references: &[&str]) -> String {
+        let networks: Vec<String> = references
+            .iter()
+            .map(|r| format!("{{\"name\":\"blue\",\"interface\":\"net1\",\"ipam-claim-reference\":\"{r}\"}}"))
+            .collect();
+        format!(
+            "apiVersion: v1\nkind: Pod\nmetadata:\n  name: {name}\n  namespace: prod\n  labels: {{{labels}}}\n  annotations:\n    k8s.v1.cni.cncf.io/networks: '[{}]'\nspec: {{nodeName: node-a}}\nstatus: {{phase: Running}}\n",
+            networks.join(",")
+        )
+    }
+
+    fn vmim(name: &str, vmi: &str) -> String {
+        format!(
+            "apiVersion: kubevirt.io/v1\nkind: VirtualMachineInstanceMigration\nmetadata: {{name: {name}, namespace: prod}}\nspec: {{vmiName: {vmi}}}\n"
+        )
+    }
+
+    fn attachment(vm: &str) -> String {
+        format!(
+            "apiVersion: vmpath.dev/v1alpha1\nkind: Attachment\nmetadata: {{name: {vm}-a, namespace: prod}}\nspec: {{vm: {vm}, interface: eth0, network: blue, node: a, port: p-{vm}}}\n"
+        )
+    }
+
+    const NETWORK: &str = "apiVersion: vmpath.dev/v1alpha1\nkind: Network\nmetadata: {name: blue}\nspec: {id: 7, subnets: [10.9.0.0/24], ipam: {mode: Disabled}}\n";
+
+    /// One random object for file `slot`'s kind.
+    fn object(rng: &mut Rng, slot: usize) -> String {
+        let some_refs = |rng: &mut Rng| -> Vec<&str> {
+            (0..rng.below(3)).map(|_| rng.pick(&CLAIMS)).collect()
+        };
+        match slot % 8 {
+            0 => vmi(rng.pick(&VMS), rng.pick(&UIDS)),
+            1 => {
+                let uid = rng.pick(&UIDS);
+                let labels = match rng.below(3) {
+                    0 => format!("kubevirt.io/created-by: {uid}"),
+                    _ => format!(
+                        "kubevirt.io/created-by: {uid}, vm.kubevirt.io/name: {}",
+                        rng.pick(&VMS)
+                    ),
+                };
+                let refs = some_refs(rng);
+                pod(&format!("virt-launcher-{slot}"), &labels, &refs)
+            }
+            2 => {
+                let refs = some_refs(rng);
+                let name = match rng.below(3) {
+                    0 => long_name(),
+                    1 => "web-0".to_string(),
+                    _ => rng.pick(&VMS).to_string(),
+                };
+                pod(&name, "", &refs)
+            }
+            3 | 4 => {
+                let name = match rng.below(4) {
+                    0 => crate::config::kube_objects::pod_claim_name(&long_name(), "net1"),
+                    _ => rng.pick(&CLAIMS).to_string(),
+                };
+                let ips = if rng.below(2) == 0 { "[]" } else { "[10.9.0.5/24]" };
+                format!(
+                    "apiVersion: k8s.cni.cncf.io/v1alpha1\nkind: IPAMClaim\nmetadata: {{name: {name}, namespace: prod}}\nspec: {{network: blue, interface: net1}}\nstatus: {{ips: {ips}}}\n"
+                )
+            }
+            5 => vmim(&format!("m{slot}"), rng.pick(&VMS)),
+            6 => attachment(rng.pick(&VMS)),
+            _ => match rng.below(4) {
+                // A file with a context document and a grouped one.
+                0 => format!("{NETWORK}---\n{}", attachment(rng.pick(&VMS))),
+                _ => attachment(rng.pick(&["vm0", "web-0", "virt-launcher-1"])),
+            },
+        }
+    }
+
+    /// A CNI port's Attachment document, as `api::endpoints` makes it.
+    fn cni_port(vm: &str) -> Arc<Value> {
+        Arc::new(serde_json::json!({
+            "apiVersion": crate::config::model::API_VERSION,
+            "kind": "Attachment",
+            "metadata": {"name": format!("cni-{vm}"), "namespace": "prod"},
+            "spec": {"vm": vm, "interface": "net1", "network": "blue", "node": "a", "port": format!("c-{vm}")},
+        }))
+    }
+
+    fn run(seed: u64, steps: usize) -> (usize, usize) {
+        let dir = std::env::temp_dir().join(format!(
+            "vmpath-membership-{}-{seed}",
+            std::process::id()
+        ));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("network.yaml"), NETWORK).unwrap();
+        let mut rng = Rng(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1);
+        let mut reader = crate::config::source::Reader::default();
+        let mut kept = Membership::default();
+        let mut last: Option<Membership> = None;
+        let mut ports: std::collections::BTreeMap<usize, Arc<Value>> = Default::default();
+        let (mut partial, mut whole) = (0, 0);
+        for step in 0..steps {
+            // Two changes at once, now and then: a VMI and its launcher in
+            // one snapshot, as a watch may deliver them.
+            for _ in 0..1 + rng.below(3) / 2 {
+                let slot = rng.below(24) as usize;
+                let path = dir.join(format!("o{slot}.yaml"));
+                match rng.below(10) {
+                    0..=2 => {
+                        let _ = std::fs::remove_file(&path);
+                    }
+                    3 => {
+                        let port = rng.below(4) as usize;
+                        if ports.remove(&port).is_none() {
+                            let vm = rng.pick(&["vm0", "web-0", "virt-launcher-1", "virt-launcher-9"]);
+                            ports.insert(port, cni_port(vm));
+                        }
+                    }
+                    _ => std::fs::write(&path, object(&mut rng, slot)).unwrap(),
+                }
+            }
+            let mut snap = reader.read(&dir);
+            for (i, value) in &ports {
+                snap.documents.push(crate::config::source::RawDocument {
+                    file: PathBuf::from(format!("cni:{i}")),
+                    index: 1,
+                    origin: DocOrigin::CniPort,
+                    value: value.clone(),
+                });
+            }
+            let touched = kept.update(&snap);
+            let full = Membership::of(&snap);
+            assert_eq!(
+                kept.canonical(),
+                full.canonical(),
+                "seed {seed} step {step}: the update and the full pass differ"
+            );
+            match (touched, &last) {
+                (Some(touched), Some(last)) => {
+                    partial += 1;
+                    assert_eq!(
+                        touched,
+                        last.differing(&full),
+                        "seed {seed} step {step}: the groups said changed"
+                    );
+                }
+                _ => whole += 1,
+            }
+            last = Some(full);
+        }
+        let _ = std::fs::remove_dir_all(&dir);
+        (partial, whole)
+    }
+
+    /// Random changes (VMIs with shared or missing uids, launchers found
+    /// by uid or name, plain pods, claims by name, reference or hash,
+    /// migrations, Attachments in files alone or with context, CNI ports):
+    /// after each, the kept membership is the full pass's of the same
+    /// snapshot, and the groups it says changed are exactly those whose
+    /// objects differ.
+    #[test]
+    fn an_updated_membership_is_the_full_pass_of_its_snapshot() {
+        let (mut partial, mut whole) = (0, 0);
+        for seed in 1..=12 {
+            let (p, w) = run(seed, 120);
+            partial += p;
+            whole += w;
+        }
+        assert!(partial > whole, "the updates were taken: {partial} partial, {whole} whole");
+    }
+}
