@@ -105,8 +105,11 @@ pub struct Translated {
 /// restart, what the previous agent programmed).
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct Held {
-    pub ips: HashMap<(String, IpAddr), String>,
-    pub macs: HashMap<(String, [u8; 6]), String>,
+    /// The claims store's part, shared: rounds whose ports changed but
+    /// not the store's claims take it as it was (10,000 claims were a
+    /// map of 10,000 built again on every CNI ADD).
+    pub ips: std::sync::Arc<HashMap<(String, IpAddr), String>>,
+    pub macs: std::sync::Arc<HashMap<(String, [u8; 6]), String>>,
     pub port_ips: HashMap<(u32, IpAddr), String>,
     pub port_macs: HashMap<(u32, [u8; 6]), String>,
 }

@@ -29,20 +29,25 @@ impl crate::config::Held {
     /// What the claims store records. Beside the store, not in `config`:
     /// validation takes a [`Held`](crate::config::Held) and knows no store.
     pub fn from_claims(claims: &BTreeMap<String, Claim>) -> Self {
-        let mut held = Self::default();
+        let mut ips = crate::sys::hash::HashMap::default();
+        let mut macs = crate::sys::hash::HashMap::default();
         for (key, c) in claims {
             for ip in &c.ips {
-                held.ips.insert((c.network.clone(), ip.addr()), key.clone());
+                ips.insert((c.network.clone(), ip.addr()), key.clone());
             }
             if let Some(mac) = c
                 .mac
                 .as_deref()
                 .and_then(|m| crate::config::parse_mac(m).ok())
             {
-                held.macs.insert((c.network.clone(), mac), key.clone());
+                macs.insert((c.network.clone(), mac), key.clone());
             }
         }
-        held
+        Self {
+            ips: ips.into(),
+            macs: macs.into(),
+            ..Self::default()
+        }
     }
 }
 

@@ -148,7 +148,7 @@ pub struct Round {
     ipam_memo: Option<crate::resolve::ipam_memo::Memo>,
     /// Who holds what, as last built from the claims store's copy and the
     /// running ports: built again only when either changed.
-    held: Option<(u64, Held, Arc<Held>)>,
+    held: Option<(u64, Arc<Held>)>,
     /// How derive and validate ran, round by round (the equivalence test
     /// asserts the partial passes are taken).
     pub passes: Passes,
@@ -377,18 +377,32 @@ impl Round {
     /// claims store or the running ports changed.
     fn held(&mut self) -> Arc<Held> {
         let generation = self.store.generation();
-        if let Some((g, running, held)) = &self.held
-            && *g == generation
-            && *running == self.running
-        {
-            return held.clone();
+        match &self.held {
+            Some((g, held)) if *g == generation => {
+                if held.port_ips == self.running.port_ips
+                    && held.port_macs == self.running.port_macs
+                {
+                    return held.clone();
+                }
+                // The ports changed, not the claims: the claims' part as
+                // it was (shared), the ports' as they are.
+                let held = Arc::new(Held {
+                    ips: held.ips.clone(),
+                    macs: held.macs.clone(),
+                    port_ips: self.running.port_ips.clone(),
+                    port_macs: self.running.port_macs.clone(),
+                });
+                self.held = Some((generation, held.clone()));
+                return held;
+            }
+            _ => {}
         }
         let Ok(claims) = self.store.shared() else {
             self.held = None;
             return Arc::new(validate::held(None, &self.running));
         };
         let held = Arc::new(validate::held(Some(&claims), &self.running));
-        self.held = Some((generation, self.running.clone(), held.clone()));
+        self.held = Some((generation, held.clone()));
         held
     }
 
