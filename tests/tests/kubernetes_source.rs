@@ -406,3 +406,62 @@ fn forwarding_off_on_the_node_is_an_event_on_its_node() {
         node_events(&server, &node.name, "ForwardingOff").len() == 2
     });
 }
+
+/// The runtime calls ADD as soon as a virt-launcher pod is scheduled, and
+/// the agent's watches may deliver the pod before its VMI: the ADD waits
+/// for the VMI (`api::endpoints::UNSEEN_VMI_GRACE`) rather than failing
+/// the sandbox, and the VM is programmed when it comes.
+#[test]
+fn a_launchers_add_before_its_vmi_is_seen_waits_for_it() {
+    let mut node = Node::new("kw");
+    node.ns.run(&["ip", "link", "set", "lo", "up"]);
+    let mut server = ApiServer::start(&node.ns.path());
+    let (vmi, rest): (Vec<Value>, Vec<Value>) = objects(&node.name)
+        .into_iter()
+        .partition(|o| o["kind"] == "VirtualMachineInstance");
+    for o in rest {
+        server.put(o);
+    }
+    server.vouch_for_claims();
+    server.serve_agent_of(&mut node);
+    node.start_agent();
+    wait_for(
+        "the agent to list the cluster",
+        Duration::from_secs(120),
+        || {
+            node.status()
+                .is_some_and(|s| s["networks"].as_array().is_some_and(|n| !n.is_empty()))
+        },
+    );
+    let conf = multus::nad_conf(NETWORK, &node);
+    let tag = unique_tag();
+    let launcher = Netns::new(format!("vt{tag}-launcher"));
+    let add = std::thread::scope(|s| {
+        let adding = s.spawn(|| {
+            multus::call(
+                &node,
+                "ADD",
+                &multus::Call {
+                    conf: &conf,
+                    pod_namespace: "prod",
+                    pod: LAUNCHER,
+                    ifname: LAUNCHER_IFNAME,
+                    netns: &launcher,
+                    container: &format!("c{tag}"),
+                },
+            )
+        });
+        // The ADD is with the agent, which has not seen the VMI: its
+        // round refuses the pod ("which is not known").
+        node.wait_log("CNI endpoint added", Duration::from_secs(30));
+        for o in vmi {
+            server.put(o);
+        }
+        adding.join().unwrap()
+    });
+    let (ok, result) = add;
+    assert!(ok, "ADD of the launcher whose VMI came after it: {result}");
+    let status = node.status().expect("status");
+    let a = attachment(&status, "vm1").unwrap_or_else(|| panic!("vm1 derived: {status}"));
+    assert_eq!(a["port"], result["interfaces"][0]["name"], "{a}\n{result}");
+}

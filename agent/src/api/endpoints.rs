@@ -42,6 +42,13 @@ use crate::{
 /// How long an ADD waits for the agent to program the port.
 pub use vmpath_api::cni::PROGRAM_TIMEOUT;
 
+/// How long an ADD refused because its launcher pod's VMI is not known
+/// waits before the refusal is answered: the agent's watches deliver the
+/// pod and its VMI in either order, and the runtime calls ADD as soon as
+/// the pod is scheduled. Past it the VMI is taken as absent (a pod naming
+/// a VMI nobody has).
+pub const UNSEEN_VMI_GRACE: std::time::Duration = std::time::Duration::from_secs(5);
+
 /// The largest request body accepted (an endpoint is a few hundred bytes).
 const MAX_BODY: u64 = 64 * 1024;
 const STATE_FILE: &str = "cni-endpoints.json";
@@ -238,10 +245,7 @@ impl Registry {
 pub fn add_documents(state_dir: &Path, node: &str, snap: &mut Snapshot) {
     let registry = REGISTRY.get_or_init(|| load(state_dir));
     let generation = registry.generation.load(Ordering::SeqCst);
-    let mut documents = registry
-        .documents
-        .lock()
-        .unwrap_or_else(|p| p.into_inner());
+    let mut documents = registry.documents.lock().unwrap_or_else(|p| p.into_inner());
     let mut kept = crate::sys::hash::HashMap::default();
     for e in registry.all() {
         let id = e.id();
@@ -506,7 +510,11 @@ fn add(shared: &Published, registry: &Registry, e: EndpointRequest) -> Reply {
                         .find(|p| p.starts_with(&not_served))
                         .cloned()
                 });
-            if let Some(refusal) = refusal {
+            let waits_for_vmi = refusal
+                .as_deref()
+                .is_some_and(|r| r.contains(crate::derive::translate::VMI_NOT_KNOWN))
+                && received.elapsed() < UNSEEN_VMI_GRACE;
+            if let Some(refusal) = refusal.filter(|_| !waits_for_vmi) {
                 let message = format!("refused: {refusal}");
                 drop(done);
                 forget(registry, &id);
@@ -542,9 +550,15 @@ fn add(shared: &Published, registry: &Registry, e: EndpointRequest) -> Reply {
                 ),
             );
         }
+        // Within the grace for an unseen VMI: look again when it ends,
+        // if no round came before.
+        let wake = match received + UNSEEN_VMI_GRACE {
+            grace if grace > now => deadline.min(grace),
+            _ => deadline,
+        };
         done = registry
             .round_finished
-            .wait_timeout(done, deadline - now)
+            .wait_timeout(done, wake - now)
             .unwrap_or_else(|p| p.into_inner())
             .0;
     }

@@ -31,6 +31,12 @@ use vmpath_api::types::ObjectRef;
 
 /// Errors about CNI endpoints name them as `cni:<container id>/<ifname>`
 /// (so the plugin's ADD can answer with the refusal).
+/// How a launcher pod whose VMI the agent has not seen is refused. The
+/// CNI endpoint API gives such an ADD a moment before it answers
+/// (`api::endpoints::UNSEEN_VMI_GRACE`): the pod's watch event may come
+/// before its VMI's.
+pub const VMI_NOT_KNOWN: &str = "which is not known";
+
 pub const CNI_SOURCE_PREFIX: &str = "cni:";
 
 /// Whether a vmpath Network document has IPAM (its default).
@@ -488,9 +494,7 @@ pub fn translate(
                 tr.refuse_pod(
                     p,
                     files,
-                    format!(
-                        "virt-launcher pod of VirtualMachineInstance {which}, which is not known"
-                    ),
+                    format!("virt-launcher pod of VirtualMachineInstance {which}, {VMI_NOT_KNOWN}"),
                 );
             }
         }

@@ -396,4 +396,3 @@ pub fn count_keys(cfg: &Config, groups: &BTreeSet<GroupKey>) -> usize {
         .filter(|a| groups.contains(&group_of(a)))
         .count()
 }
-

@@ -515,9 +515,10 @@ impl Membership {
                     one(ns, &pod.metadata.name)
                 }
                 ClusterObject::Vmim(m) => one(m.metadata.namespace(), &m.spec.vmi_name),
-                ClusterObject::IpamClaim(c) => {
-                    (self.claim_groups(c.metadata.namespace(), &c.metadata.name), false)
-                }
+                ClusterObject::IpamClaim(c) => (
+                    self.claim_groups(c.metadata.namespace(), &c.metadata.name),
+                    false,
+                ),
                 ClusterObject::Nad(_) | ClusterObject::Node(_) | ClusterObject::Refused(_) => {
                     (Vec::new(), true)
                 }
@@ -640,11 +641,8 @@ impl Membership {
                         let prefix = pod_claim_prefix(name);
                         moved(entry(&mut self.claim_prefixes, ns, &prefix));
                         prune(&mut self.claim_prefixes, ns, &prefix, Vec::is_empty);
-                        work.dirty.extend(
-                            get(&self.hashed_claims, ns, &prefix)
-                                .into_iter()
-                                .flatten(),
-                        );
+                        work.dirty
+                            .extend(get(&self.hashed_claims, ns, &prefix).into_iter().flatten());
                     }
                     work.dirty
                         .extend(get(&self.cni_ports, ns, name).into_iter().flatten());
@@ -685,7 +683,14 @@ impl Membership {
 
     /// Keeps `by_object` for a pod or migration that moved from `old` to
     /// `new` groups.
-    fn object_groups(&mut self, kind: &'static str, ns: &str, name: &str, old: &[Key], new: &[Key]) {
+    fn object_groups(
+        &mut self,
+        kind: &'static str,
+        ns: &str,
+        name: &str,
+        old: &[Key],
+        new: &[Key],
+    ) {
         let names = self.by_object.entry(kind).or_default();
         let list = entry(names, ns, name);
         old.iter().for_each(|g| remove_one(list, g));
@@ -1059,7 +1064,6 @@ mod tests {
         let _ = std::fs::remove_dir_all(&dir);
     }
 
-
     /// A small random source (the tests replay a seed).
     struct Rng(u64);
     impl Rng {
@@ -1077,7 +1081,14 @@ mod tests {
     const UIDS: [&str; 5] = ["u0", "u1", "u2", "u3", "gone"];
     const VMS: [&str; 4] = ["vm0", "vm1", "vm2", "vm3"];
     const CLAIMS: [&str; 8] = [
-        "vm0.blue", "vm1", "vm2-net1", "web-0-net1", "ref1", "vm3.blue.x", "stray", "web",
+        "vm0.blue",
+        "vm1",
+        "vm2-net1",
+        "web-0-net1",
+        "ref1",
+        "vm3.blue.x",
+        "stray",
+        "web",
     ];
 
     fn vmi(name: &str, uid: &str) -> String {
@@ -1089,7 +1100,11 @@ mod tests {
     fn pod(name: &str, labels: &str, references: &[&str]) -> String {
         let networks: Vec<String> = references
             .iter()
-            .map(|r| format!("{{\"name\":\"blue\",\"interface\":\"net1\",\"ipam-claim-reference\":\"{r}\"}}"))
+            .map(|r| {
+                format!(
+                    "{{\"name\":\"blue\",\"interface\":\"net1\",\"ipam-claim-reference\":\"{r}\"}}"
+                )
+            })
             .collect();
         format!(
             "apiVersion: v1\nkind: Pod\nmetadata:\n  name: {name}\n  namespace: prod\n  labels: {{{labels}}}\n  annotations:\n    k8s.v1.cni.cncf.io/networks: '[{}]'\nspec: {{nodeName: node-a}}\nstatus: {{phase: Running}}\n",
@@ -1113,9 +1128,8 @@ mod tests {
 
     /// One random object for file `slot`'s kind.
     fn object(rng: &mut Rng, slot: usize) -> String {
-        let some_refs = |rng: &mut Rng| -> Vec<&str> {
-            (0..rng.below(3)).map(|_| rng.pick(&CLAIMS)).collect()
-        };
+        let some_refs =
+            |rng: &mut Rng| -> Vec<&str> { (0..rng.below(3)).map(|_| rng.pick(&CLAIMS)).collect() };
         match slot % 8 {
             0 => vmi(rng.pick(&VMS), rng.pick(&UIDS)),
             1 => {
@@ -1144,7 +1158,11 @@ mod tests {
                     0 => crate::config::kube_objects::pod_claim_name(&long_name(), "net1"),
                     _ => rng.pick(&CLAIMS).to_string(),
                 };
-                let ips = if rng.below(2) == 0 { "[]" } else { "[10.9.0.5/24]" };
+                let ips = if rng.below(2) == 0 {
+                    "[]"
+                } else {
+                    "[10.9.0.5/24]"
+                };
                 format!(
                     "apiVersion: k8s.cni.cncf.io/v1alpha1\nkind: IPAMClaim\nmetadata: {{name: {name}, namespace: prod}}\nspec: {{network: blue, interface: net1}}\nstatus: {{ips: {ips}}}\n"
                 )
@@ -1170,10 +1188,8 @@ mod tests {
     }
 
     fn run(seed: u64, steps: usize) -> (usize, usize) {
-        let dir = std::env::temp_dir().join(format!(
-            "vmpath-membership-{}-{seed}",
-            std::process::id()
-        ));
+        let dir =
+            std::env::temp_dir().join(format!("vmpath-membership-{}-{seed}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
         std::fs::write(dir.join("network.yaml"), NETWORK).unwrap();
@@ -1196,7 +1212,8 @@ mod tests {
                     3 => {
                         let port = rng.below(4) as usize;
                         if ports.remove(&port).is_none() {
-                            let vm = rng.pick(&["vm0", "web-0", "virt-launcher-1", "virt-launcher-9"]);
+                            let vm =
+                                rng.pick(&["vm0", "web-0", "virt-launcher-1", "virt-launcher-9"]);
                             ports.insert(port, cni_port(vm));
                         }
                     }
@@ -1250,6 +1267,9 @@ mod tests {
             partial += p;
             whole += w;
         }
-        assert!(partial > whole, "the updates were taken: {partial} partial, {whole} whole");
+        assert!(
+            partial > whole,
+            "the updates were taken: {partial} partial, {whole} whole"
+        );
     }
 }
