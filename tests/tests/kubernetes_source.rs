@@ -415,7 +415,7 @@ fn forwarding_off_on_the_node_is_an_event_on_its_node() {
 fn a_launchers_add_before_its_vmi_is_seen_waits_for_it() {
     let mut node = Node::new("kw");
     node.ns.run(&["ip", "link", "set", "lo", "up"]);
-    let mut server = ApiServer::start(&node.ns.path());
+    let server = ApiServer::start(&node.ns.path());
     let (vmi, rest): (Vec<Value>, Vec<Value>) = objects(&node.name)
         .into_iter()
         .partition(|o| o["kind"] == "VirtualMachineInstance");
