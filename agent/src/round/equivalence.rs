@@ -145,7 +145,7 @@ fn incremental(
         .map(plan::Previous::of_plan)
         .unwrap_or_default();
     let plan = plan::plan(&cfg, &node, ports, &previous);
-    round.accepted = cfg.attachments.iter().map(|a| a.key.clone()).collect();
+    round.accepted = Arc::new(cfg.attachments.iter().map(|a| a.key.clone()).collect());
     round.running = publish::served_here(&cfg, &plan);
     round.last_plan = Some(plan.clone());
     (plan, kept)

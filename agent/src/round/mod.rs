@@ -125,8 +125,10 @@ pub struct Round {
     last_fingerprint: Option<u64>,
     /// The last plan the data path took.
     last_plan: Option<Plan>,
-    /// Attachments the last round accepted (they win a conflict).
-    accepted: BTreeSet<AttachmentKey>,
+    /// Attachments the last round accepted (they win a conflict). Shared
+    /// with the validated config kept for the next round: copied (and
+    /// compared) only when it changed.
+    accepted: Arc<BTreeSet<AttachmentKey>>,
     /// `accepted` as the claims store last recorded it: after a restart
     /// the previous agent's last round still wins a conflict no claim or
     /// port here decides (an IPAM-less address or a given MAC of a VM on
@@ -185,7 +187,7 @@ struct Validated {
     /// added (`validate::with_kept_claims`, which reads state of its own).
     config: Arc<Config>,
     held: Arc<Held>,
-    accepted: BTreeSet<AttachmentKey>,
+    accepted: Arc<BTreeSet<AttachmentKey>>,
     cluster_cidrs: Vec<crate::config::ClusterCidr>,
     /// Where each object went, and who holds what, for the next partial
     /// pass.
@@ -199,7 +201,7 @@ impl Round {
             warn!("reading the accepted VM interfaces: {e}; document order decides this round");
             BTreeSet::new()
         });
-        let accepted = stored_accepted
+        let accepted: BTreeSet<AttachmentKey> = stored_accepted
             .iter()
             .map(|(namespace, vm, interface)| AttachmentKey {
                 namespace: namespace.clone(),
@@ -214,7 +216,7 @@ impl Round {
             reader: Reader::default(),
             last_fingerprint: None,
             last_plan: None,
-            accepted,
+            accepted: Arc::new(accepted),
             stored_accepted,
             accepted_unrecorded: false,
             running: Held::default(),
@@ -608,7 +610,7 @@ impl Round {
             && cfg
                 .attachments
                 .iter()
-                .zip(&self.accepted)
+                .zip(self.accepted.iter())
                 .all(|(a, k)| a.key == *k);
         if !same || self.accepted_unrecorded {
             let accepted: BTreeSet<AttachmentKey> =
@@ -627,7 +629,7 @@ impl Round {
                     }
                 }
             }
-            self.accepted = accepted;
+            self.accepted = Arc::new(accepted);
         }
         if let Some(plan) = &self.last_plan {
             self.running = publish::served_here(&cfg, plan);

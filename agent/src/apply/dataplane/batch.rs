@@ -50,6 +50,8 @@ pub const BPF_F_LOCK: u64 = 4;
 
 /// Bytes of keys plus values per syscall; bounds the staging buffers.
 const CHUNK_BYTES: usize = 1 << 20;
+/// A batch lookup's first call: a few hundred entries.
+const FIRST_CHUNK_BYTES: usize = 16 << 10;
 
 /// `union bpf_attr`'s `batch` member (the `BPF_MAP_*_BATCH` commands).
 #[repr(C, align(8))]
@@ -182,8 +184,11 @@ pub fn lookup_batch<K: Pod, V: Pod>(map: &MapData) -> Result<Option<Vec<(K, V)>>
     }
     let info = map.info()?;
     let (ks, vs) = (size_of::<K>(), size_of::<V>());
-    let mut per_call =
-        (CHUNK_BYTES / (ks + vs).max(1)).clamp(1, info.max_entries().max(1) as usize);
+    // Staging starts small and doubles while calls come back full, up to
+    // CHUNK_BYTES: most maps read back each round hold a few entries, and
+    // a zeroed MiB per map and round was most of this function's time.
+    let most = (CHUNK_BYTES / (ks + vs).max(1)).clamp(1, info.max_entries().max(1) as usize);
+    let mut per_call = (FIRST_CHUNK_BYTES / (ks + vs).max(1)).clamp(1, most);
     let fd = map.fd().as_fd();
     let mut out = Vec::new();
     // The position between calls: a hash map's is a bucket index (u32);
@@ -254,6 +259,11 @@ pub fn lookup_batch<K: Pod, V: Pod>(map: &MapData) -> Result<Option<Vec<(K, V)>>
         }
         if done {
             return Ok(Some(out));
+        }
+        if got == per_call && per_call < most {
+            per_call = (per_call * 2).min(most);
+            keys.resize(per_call * ks, 0);
+            values.resize(per_call * vs, 0);
         }
         std::mem::swap(&mut in_batch, &mut out_batch);
         first = false;
