@@ -80,8 +80,6 @@ struct Entry {
     /// group reads.
     groups: Vec<Key>,
     context: bool,
-    /// The last update whose snapshot held it.
-    seen: u64,
 }
 
 /// One group's objects.
@@ -187,8 +185,8 @@ pub struct Membership {
     ledger: Option<Arc<crate::config::kube_objects::ledger::Ledger>>,
     /// Has read a snapshot.
     started: bool,
-    /// Updates so far (what `Entry::seen` counts).
-    updates: u64,
+    /// The last snapshot's objects, in its order.
+    order: Vec<usize>,
 }
 
 /// What placing or removing objects leaves to do.
@@ -215,49 +213,60 @@ impl Membership {
     /// do (the context changed, the first snapshot, an ambiguity).
     pub fn update(&mut self, snap: &Snapshot) -> Option<BTreeSet<GroupKey>> {
         let mut work = Work::default();
+        // What came and went: the snapshot's objects in its order (the
+        // sources keep one: by kind, then key) against the last one's.
+        // Past the common head and tail, only what lies between is looked
+        // at, so an unchanged object costs a comparison, not a lookup.
+        let order: Vec<usize> = snap
+            .cluster
+            .iter()
+            .map(|c| ptr_of(&c.object))
+            .chain(snap.documents.iter().map(|d| ptr_of(&d.value)))
+            .collect();
+        let head = self
+            .order
+            .iter()
+            .zip(&order)
+            .take_while(|(a, b)| a == b)
+            .count();
+        let tail = self.order[head..]
+            .iter()
+            .rev()
+            .zip(order[head..].iter().rev())
+            .take_while(|(a, b)| a == b)
+            .count();
+        let old_mid: HashSet<usize> = self.order[head..self.order.len() - tail]
+            .iter()
+            .copied()
+            .collect();
+        let mut new_mid: HashSet<usize> = HashSet::default();
         let mut added: Vec<Member> = Vec::new();
-        let mut seen = 0usize;
-        self.updates += 1;
-        let now = self.updates;
-        for c in &snap.cluster {
-            match self.entries.get_mut(&ptr_of(&c.object)) {
-                Some(e) if e.seen != now => {
-                    e.seen = now;
-                    seen += 1;
-                }
-                Some(_) => return self.rebuild(snap),
-                None => added.push(Member::Cluster(c.object.clone())),
-            }
-        }
-        for d in &snap.documents {
-            match self.entries.get_mut(&ptr_of(&d.value)) {
-                Some(e) if e.seen != now => {
-                    e.seen = now;
-                    seen += 1;
-                }
-                Some(_) => return self.rebuild(snap),
-                None => added.push(Member::Document(
-                    d.value.clone(),
-                    d.file.clone(),
-                    d.origin.clone(),
-                )),
-            }
-        }
-        let removed: Vec<usize> = if seen == self.entries.len() {
-            Vec::new()
-        } else {
-            self.entries
-                .iter()
-                .filter(|(_, e)| e.seen != now)
-                .map(|(p, _)| *p)
-                .collect()
-        };
-        {
-            let mut ptrs: HashSet<usize> = HashSet::default();
-            if !added.iter().all(|m| ptrs.insert(m.ptr())) {
+        for (i, &p) in order.iter().enumerate().take(order.len() - tail).skip(head) {
+            if !new_mid.insert(p) {
                 return self.rebuild(snap);
             }
+            if old_mid.contains(&p) {
+                continue;
+            }
+            // Not among the last snapshot's in between: new, unless it is
+            // also in the head or tail (one object twice).
+            if self.entries.contains_key(&p) {
+                return self.rebuild(snap);
+            }
+            added.push(match snap.cluster.get(i) {
+                Some(c) => Member::Cluster(c.object.clone()),
+                None => {
+                    let d = &snap.documents[i - snap.cluster.len()];
+                    Member::Document(d.value.clone(), d.file.clone(), d.origin.clone())
+                }
+            });
         }
+        let removed: Vec<usize> = old_mid
+            .iter()
+            .filter(|p| !new_mid.contains(p))
+            .copied()
+            .collect();
+        self.order = order;
         for p in removed {
             self.remove(p, &mut work);
         }
@@ -376,7 +385,6 @@ impl Membership {
                 member,
                 groups: Vec::new(),
                 context: false,
-                seen: self.updates,
             },
         );
         work.dirty.push(p);
@@ -1271,5 +1279,27 @@ mod tests {
             partial > whole,
             "the updates were taken: {partial} partial, {whole} whole"
         );
+    }
+
+    /// One object twice in a snapshot (no source does this; a bug could):
+    /// placed once, and the round takes the full pass.
+    #[test]
+    fn an_object_twice_in_a_snapshot_is_placed_once_and_asks_for_the_full_pass() {
+        let dir =
+            std::env::temp_dir().join(format!("vmpath-membership-twice-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("a.yaml"), vmi("vm0", "u0")).unwrap();
+        std::fs::write(dir.join("b.yaml"), vmi("vm1", "u1")).unwrap();
+        let mut reader = crate::config::source::Reader::default();
+        let snap = reader.read(&dir);
+        let mut kept = Membership::of(&snap);
+        assert_eq!(kept.update(&snap), Some(BTreeSet::new()), "nothing changed");
+        let mut twice = reader.read(&dir);
+        let first = twice.cluster[0].clone();
+        twice.cluster.push(first);
+        assert_eq!(kept.update(&twice), None);
+        assert_eq!(kept.canonical(), Membership::of(&snap).canonical());
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }
