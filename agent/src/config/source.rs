@@ -91,7 +91,10 @@ pub struct RawDocument {
 /// from.
 #[derive(Debug, Clone)]
 pub struct ClusterDocument {
-    pub file: PathBuf,
+    /// Shared by the objects of one file or kind (a round's snapshot
+    /// holds one per object: a copy each was tens of thousands of
+    /// allocations a round).
+    pub file: std::sync::Arc<std::path::Path>,
     /// As in [`RawDocument`] (a `v1 List`'s items share its index).
     pub index: usize,
     /// Shared with the source's copy.
@@ -262,12 +265,13 @@ fn parse_file(file: &Path, stamp: Stamp) -> Parsed {
     match parse(&bytes) {
         Ok(values) => {
             let (mut documents, mut cluster) = (Vec::new(), Vec::new());
+            let shared: std::sync::Arc<Path> = file.into();
             for (i, value) in values.into_iter().enumerate() {
                 // Only what is read is kept, typed: a cluster's objects
                 // are many.
                 let (objects, document) = crate::config::kube_objects::prune::keep_all(value);
                 cluster.extend(objects.into_iter().map(|object| ClusterDocument {
-                    file: file.to_path_buf(),
+                    file: shared.clone(),
                     index: i + 1,
                     object,
                 }));

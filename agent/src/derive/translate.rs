@@ -154,7 +154,7 @@ pub fn translate(
     for raw in flat {
         if let Some(object) = cluster_object(&raw.value) {
             given.push(ClusterDocument {
-                file: raw.file,
+                file: raw.file.into(),
                 index: raw.index,
                 object: std::sync::Arc::new(object),
             });
@@ -193,7 +193,7 @@ pub fn translate(
         t.documents.push(raw);
     }
     for doc in cluster.iter().chain(&given) {
-        let (file, index) = (doc.file.as_path(), doc.index);
+        let (file, index) = (&*doc.file, doc.index);
         match &*doc.object {
             ClusterObject::Pod(value) => pods.push(Object { file, index, value }),
             ClusterObject::Vmi(value) => vmis.push(Object { file, index, value }),
@@ -1277,7 +1277,7 @@ mod tests {
             stored
                 .cluster
                 .extend(objects.into_iter().map(|object| ClusterDocument {
-                    file: d.file.clone(),
+                    file: d.file.clone().into(),
                     index: d.index,
                     object,
                 }));
@@ -2209,7 +2209,7 @@ mod default_network_tests {
             stored
                 .cluster
                 .extend(objects.into_iter().map(|object| ClusterDocument {
-                    file: d.file.clone(),
+                    file: d.file.clone().into(),
                     index: d.index,
                     object,
                 }));

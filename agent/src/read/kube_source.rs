@@ -516,7 +516,8 @@ impl KubeSource {
                 .lock()
                 .unwrap_or_else(|p| p.into_inner())
                 .read(|| kind.store.lock().unwrap_or_else(|p| p.into_inner()).state());
-            let file = PathBuf::from(format!("kubernetes:{}", kind.resource.plural));
+            let file: std::sync::Arc<std::path::Path> =
+                PathBuf::from(format!("kubernetes:{}", kind.resource.plural)).into();
             for (i, kept) in objects.into_iter().enumerate() {
                 match kept {
                     Kept::Cluster(object) => snap.cluster.push(ClusterDocument {
@@ -526,7 +527,7 @@ impl KubeSource {
                     }),
                     Kept::Document(value) if value.is_null() => {}
                     Kept::Document(value) => snap.documents.push(RawDocument {
-                        file: file.clone(),
+                        file: file.to_path_buf(),
                         index: i + 1,
                         origin: crate::config::DocOrigin::Given,
                         value,
