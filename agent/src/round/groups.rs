@@ -14,11 +14,7 @@ use std::{collections::BTreeSet, net::IpAddr, sync::Arc};
 use crate::config::{Config, ConfigError, Held};
 use crate::sys::hash::{HashMap, HashSet};
 
-pub use super::membership::Membership;
-
-/// A VM's or a plain pod's group: (namespace, name). Its Attachments'
-/// keys carry the same pair.
-pub type GroupKey = (String, String);
+pub use super::membership::{GroupKey, Membership};
 
 /// Whether a refusal is one document losing to another (an address, MAC,
 /// port or VM interface someone else has): the outcome then depends on

@@ -23,7 +23,9 @@ use std::{collections::BTreeSet, net::IpAddr, path::PathBuf, sync::Arc};
 
 use serde_json::Value;
 
-use super::groups::GroupKey;
+/// A VM's or a plain pod's group: (namespace, name). Its Attachments'
+/// keys carry the same pair.
+pub type GroupKey = (String, String);
 
 /// A group's key, shared by everything that names the group (one copy of
 /// its names however many objects and indexes point at it).
