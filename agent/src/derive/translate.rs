@@ -469,7 +469,13 @@ pub fn translate(
             continue;
         }
         let vmi = match pod.metadata.labels.get(CREATED_BY_LABEL) {
-            Some(uid) => vmi_by_uid.get(uid.as_str()).copied(),
+            // The label is the pod's author's word: a uid names a VMI of
+            // the pod's own namespace only (a tenant's pod naming another
+            // namespace's VMI is not its launcher).
+            Some(uid) => vmi_by_uid
+                .get(uid.as_str())
+                .copied()
+                .filter(|&i| vmis[i].value.metadata.namespace() == pod.metadata.namespace()),
             None => pod.metadata.labels.get(VM_NAME_LABEL).and_then(|name| {
                 vmi_by_name
                     .get(&(pod.metadata.namespace(), name.as_str()))
@@ -1248,6 +1254,10 @@ mod tests {
     /// A port the CNI plugin handed over, as `endpoints` turns it into a
     /// document.
     fn cni_port(pod: &str, ifname: &str, port: &str) -> RawDocument {
+        cni_port_in("prod", pod, ifname, port)
+    }
+
+    fn cni_port_in(namespace: &str, pod: &str, ifname: &str, port: &str) -> RawDocument {
         RawDocument {
             file: format!("{CNI_SOURCE_PREFIX}c0ffee{pod}/{ifname}").into(),
             index: 1,
@@ -1255,7 +1265,7 @@ mod tests {
             value: json!({
                 "apiVersion": API_VERSION,
                 "kind": "Attachment",
-                "metadata": {"name": format!("{pod}-{ifname}"), "namespace": "prod"},
+                "metadata": {"name": format!("{pod}-{ifname}"), "namespace": namespace},
                 "spec": {"vm": pod, "interface": ifname, "network": "blue", "node": "node-a", "port": port},
             }).into(),
         }
@@ -1612,6 +1622,55 @@ spec: {vm: thief, interface: eth0, network: nowhere, node: node-a, port: p0}
         assert_eq!(
             a.source.origin.about().map(|o| o.to_string()).as_deref(),
             Some("VirtualMachineInstance prod/vm1")
+        );
+    }
+
+    /// A tenant's pod that names another namespace's VMI in its
+    /// created-by label (the label is the pod's author's word) is not
+    /// that VM's launcher: it is refused, and the VM keeps its own pod's
+    /// port.
+    #[test]
+    fn a_pod_cannot_name_another_namespaces_vmi_as_its_creator() {
+        let theirs = VM
+            .split("\n---\n")
+            .find(|d| d.contains("kind: Pod"))
+            .expect("the launcher pod")
+            .replace(POD, "virt-launcher-thief-aaaaa")
+            .replace("namespace: prod", "namespace: tenant");
+        let cfg = validate(
+            &[
+                ("network.yaml", NETWORK),
+                ("vm.yaml", VM),
+                ("thief.yaml", &theirs),
+            ],
+            vec![
+                cni_port(POD, "pod16477688c0e", "vmp0a1b2c3d4e"),
+                cni_port_in(
+                    "tenant",
+                    "virt-launcher-thief-aaaaa",
+                    "pod16477688c0e",
+                    "vmp0thief000",
+                ),
+            ],
+            "node-a",
+        );
+        let vm1: Vec<_> = cfg
+            .attachments
+            .iter()
+            .filter(|a| a.key.vm == "vm1")
+            .collect();
+        assert_eq!(vm1.len(), 1, "{:?}", cfg.attachments);
+        assert_eq!(vm1[0].port, "vmp0a1b2c3d4e", "vm1 keeps its own pod's port");
+        assert!(
+            cfg.attachments.iter().all(|a| a.key.namespace != "tenant"),
+            "{:?}",
+            cfg.attachments
+        );
+        refused(
+            &cfg,
+            &format!("{CNI_SOURCE_PREFIX}c0ffeevirt-launcher-thief-aaaaa/pod16477688c0e"),
+            "Pod tenant/virt-launcher-thief-aaaaa",
+            VMI_NOT_KNOWN,
         );
     }
 

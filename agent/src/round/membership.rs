@@ -504,19 +504,22 @@ impl Membership {
                         if let Some(uid) = labels.get(CREATED_BY_LABEL)
                             && let Some(holders) = self.uids.get(uid.as_str())
                         {
+                            // A VMI of the pod's own namespace, as
+                            // translation reads the label.
                             let mut gs: Vec<GroupKey> = holders
                                 .iter()
                                 .filter_map(|p| match self.entries.get(p)?.member.cluster()? {
-                                    ClusterObject::Vmi(v) => Some((
-                                        v.metadata.namespace().to_string(),
-                                        v.metadata.name.clone(),
-                                    )),
+                                    ClusterObject::Vmi(v) if v.metadata.namespace() == ns => {
+                                        Some((ns.to_string(), v.metadata.name.clone()))
+                                    }
                                     _ => None,
                                 })
                                 .collect();
                             gs.sort();
                             gs.dedup();
-                            return (gs, false);
+                            if !gs.is_empty() {
+                                return (gs, false);
+                            }
                         }
                         if let Some(name) = labels.get(VM_NAME_LABEL) {
                             return one(ns, name);
