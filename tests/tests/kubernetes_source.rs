@@ -52,6 +52,22 @@ fn web_claim(name: &str, ip: &str) -> Value {
     })
 }
 
+/// A node whose agent reads the test bed's API server, which holds
+/// `objects(node name)` with their claims vouched for in the ledger (as
+/// vmpath controller allocates them); the agent started.
+fn agent_against(name: &str, objects: impl FnOnce(&str) -> Vec<Value>) -> (Node, ApiServer) {
+    let mut node = Node::new(name);
+    node.ns.run(&["ip", "link", "set", "lo", "up"]);
+    let server = ApiServer::start(&node.ns.path());
+    for o in objects(&node.name) {
+        server.put(o);
+    }
+    server.vouch_for_claims();
+    server.serve_agent_of(&mut node);
+    node.start_agent();
+    (node, server)
+}
+
 fn attachment<'a>(status: &'a Value, vm: &str) -> Option<&'a Value> {
     status["attachments"]
         .as_array()?
@@ -61,18 +77,12 @@ fn attachment<'a>(status: &'a Value, vm: &str) -> Option<&'a Value> {
 
 #[test]
 fn the_kubernetes_source_programs_a_vm_relists_on_410_and_outlives_the_api_server() {
-    let mut node = Node::new("ks");
-    node.ns.run(&["ip", "link", "set", "lo", "up"]);
-    let mut server = ApiServer::start(&node.ns.path());
-    for o in objects(&node.name) {
-        server.put(o);
-    }
-    server.put(web_pod("web-0", &node.name));
-    server.put(web_claim("web-0", "10.31.0.20/24"));
-    // The claims as vmpath controller allocated them, in its ledger.
-    server.vouch_for_claims();
-    server.serve_agent_of(&mut node);
-    node.start_agent();
+    let (node, mut server) = agent_against("ks", |node| {
+        let mut out = objects(node);
+        out.push(web_pod("web-0", node));
+        out.push(web_claim("web-0", "10.31.0.20/24"));
+        out
+    });
     wait_for(
         "the agent to list the cluster",
         // After the data path loads: a minute and more on a busy machine.
@@ -413,18 +423,14 @@ fn forwarding_off_on_the_node_is_an_event_on_its_node() {
 /// the sandbox, and the VM is programmed when it comes.
 #[test]
 fn a_launchers_add_before_its_vmi_is_seen_waits_for_it() {
-    let mut node = Node::new("kw");
-    node.ns.run(&["ip", "link", "set", "lo", "up"]);
-    let server = ApiServer::start(&node.ns.path());
-    let (vmi, rest): (Vec<Value>, Vec<Value>) = objects(&node.name)
-        .into_iter()
-        .partition(|o| o["kind"] == "VirtualMachineInstance");
-    for o in rest {
-        server.put(o);
-    }
-    server.vouch_for_claims();
-    server.serve_agent_of(&mut node);
-    node.start_agent();
+    let mut vmi = Vec::new();
+    let (node, server) = agent_against("kw", |node| {
+        let (vmis, rest): (Vec<Value>, Vec<Value>) = objects(node)
+            .into_iter()
+            .partition(|o| o["kind"] == "VirtualMachineInstance");
+        vmi = vmis;
+        rest
+    });
     wait_for(
         "the agent to list the cluster",
         Duration::from_secs(120),

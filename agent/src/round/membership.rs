@@ -114,6 +114,11 @@ fn entry<'a, V: Default>(m: &'a mut ByName<V>, ns: &str, name: &str) -> &'a mut 
     names.get_mut(name).expect("made above")
 }
 
+/// The objects an index lists at (`ns`, `name`), none when absent.
+fn listed<'a>(m: &'a ByName<Vec<usize>>, ns: &str, name: &str) -> impl Iterator<Item = usize> + 'a {
+    get(m, ns, name).into_iter().flatten().copied()
+}
+
 /// Removes `name` from `m` when `empty` says its value is.
 fn prune<V>(m: &mut ByName<V>, ns: &str, name: &str, empty: impl Fn(&V) -> bool) {
     if let Some(names) = m.get_mut(ns) {
@@ -355,21 +360,12 @@ impl Membership {
                     {
                         self.launchers.entry(uid.clone()).or_default().push(p);
                     }
-                    work.dirty.extend(
-                        get(&self.cni_ports, ns, &pod.metadata.name)
-                            .into_iter()
-                            .flatten(),
-                    );
+                    work.dirty
+                        .extend(listed(&self.cni_ports, ns, &pod.metadata.name));
                 }
                 ClusterObject::IpamClaim(claim) => {
                     let (ns, name) = (claim.metadata.namespace(), claim.metadata.name.as_str());
-                    entry(&mut self.claims, ns, name).push(p);
-                    for prefix in name_prefixes(name) {
-                        entry(&mut self.claims_under, ns, prefix).push(p);
-                    }
-                    if let Some(prefix) = hashed_claim_prefix(name) {
-                        entry(&mut self.hashed_claims, ns, prefix).push(p);
-                    }
+                    self.index_claim(ns, name, p, true);
                 }
                 _ => {}
             },
@@ -390,6 +386,29 @@ impl Membership {
             },
         );
         work.dirty.push(p);
+    }
+
+    /// Lists claim `p` (`ns`/`name`) in the claim indexes (`add`), or
+    /// takes it out: by its name, under each prefix its VM may have, and
+    /// under its hashed prefix.
+    fn index_claim(&mut self, ns: &str, name: &str, p: usize, add: bool) {
+        let one = |index: &mut ByName<Vec<usize>>, key: &str| {
+            if add {
+                entry(index, ns, key).push(p);
+            } else {
+                if let Some(list) = index.get_mut(ns).and_then(|n| n.get_mut(key)) {
+                    remove_one(list, &p);
+                }
+                prune(index, ns, key, Vec::is_empty);
+            }
+        };
+        one(&mut self.claims, name);
+        for prefix in name_prefixes(name) {
+            one(&mut self.claims_under, prefix);
+        }
+        if let Some(prefix) = hashed_claim_prefix(name) {
+            one(&mut self.hashed_claims, prefix);
+        }
     }
 
     /// Takes a gone object out of its groups and the indexes.
@@ -434,27 +453,12 @@ impl Membership {
                             self.launchers.remove(uid);
                         }
                     }
-                    work.dirty.extend(
-                        get(&self.cni_ports, ns, &pod.metadata.name)
-                            .into_iter()
-                            .flatten(),
-                    );
+                    work.dirty
+                        .extend(listed(&self.cni_ports, ns, &pod.metadata.name));
                 }
                 ClusterObject::IpamClaim(claim) => {
                     let (ns, name) = (claim.metadata.namespace(), claim.metadata.name.as_str());
-                    let drop_from = |m: &mut ByName<Vec<usize>>, key: &str| {
-                        if let Some(list) = m.get_mut(ns).and_then(|n| n.get_mut(key)) {
-                            remove_one(list, &p);
-                        }
-                        prune(m, ns, key, Vec::is_empty);
-                    };
-                    drop_from(&mut self.claims, name);
-                    for prefix in name_prefixes(name) {
-                        drop_from(&mut self.claims_under, prefix);
-                    }
-                    if let Some(prefix) = hashed_claim_prefix(name) {
-                        drop_from(&mut self.hashed_claims, prefix);
-                    }
+                    self.index_claim(ns, name, p, false);
                 }
                 _ => {}
             },
@@ -611,8 +615,7 @@ impl Membership {
             if claimable {
                 group.claimable -= 1;
                 if group.claimable == 0 {
-                    work.dirty
-                        .extend(get(&self.claims_under, &g.0, &g.1).into_iter().flatten());
+                    work.dirty.extend(listed(&self.claims_under, &g.0, &g.1));
                 }
             }
             prune(&mut self.groups, &g.0, &g.1, |g| g.members.is_empty());
@@ -628,8 +631,7 @@ impl Membership {
             if claimable {
                 group.claimable += 1;
                 if group.claimable == 1 {
-                    work.dirty
-                        .extend(get(&self.claims_under, &g.0, &g.1).into_iter().flatten());
+                    work.dirty.extend(listed(&self.claims_under, &g.0, &g.1));
                 }
             }
         }
@@ -647,18 +649,15 @@ impl Membership {
                     for r in claim_references(pod) {
                         moved(entry(&mut self.references, ns, &r));
                         prune(&mut self.references, ns, &r, Vec::is_empty);
-                        work.dirty
-                            .extend(get(&self.claims, ns, &r).into_iter().flatten());
+                        work.dirty.extend(listed(&self.claims, ns, &r));
                     }
                     if !pod.is_virt_launcher() {
                         let prefix = pod_claim_prefix(name);
                         moved(entry(&mut self.claim_prefixes, ns, &prefix));
                         prune(&mut self.claim_prefixes, ns, &prefix, Vec::is_empty);
-                        work.dirty
-                            .extend(get(&self.hashed_claims, ns, &prefix).into_iter().flatten());
+                        work.dirty.extend(listed(&self.hashed_claims, ns, &prefix));
                     }
-                    work.dirty
-                        .extend(get(&self.cni_ports, ns, name).into_iter().flatten());
+                    work.dirty.extend(listed(&self.cni_ports, ns, name));
                 }
                 ClusterObject::Vmim(m) => {
                     self.object_groups(
