@@ -86,10 +86,7 @@ pub fn run(
     shared.dataplane_opened();
     crate::apply::node_lock::record_programs(&opts.state_dir, dp.program_ids());
     if let Some(policy) = crate::resolve::port_eligibility::policy() {
-        crate::resolve::port_eligibility::repair(
-            &crate::apply::dataplane::links_dir(&opts.bpffs),
-            policy,
-        );
+        crate::resolve::port_eligibility::repair(policy);
     }
     let services = slowpath::Services::default();
     if let Err(e) = slowpath::start(

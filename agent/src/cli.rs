@@ -440,6 +440,14 @@ fn format_status(s: &Status) -> String {
             l.build.as_deref().unwrap_or("unknown")
         );
     }
+    let current = p.ports.iter().filter(|f| f.current).count();
+    let _ = writeln!(
+        out,
+        "{:<15} {} port filters, {} running this agent's programs",
+        "ports:",
+        p.ports.len(),
+        current
+    );
     match (&s.drops, &s.dataplane_error) {
         (Some(drops), _) => {
             let nonzero: Vec<_> = drops.iter().filter(|(_, n)| **n > 0).collect();

@@ -185,6 +185,22 @@ pub struct Counts {
     pub config_errors: usize,
 }
 
+/// One VM port's program, a tc filter on the port (not a pinned link).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PortProgram {
+    /// The port's interface index.
+    pub ifindex: u32,
+    /// `ingress` (what the VM sends) or `egress` (what it is sent).
+    pub hook: String,
+    /// The program's name, e.g. `vm_port`.
+    pub name: String,
+    pub program_id: u32,
+    /// The build that loaded the program, when recorded.
+    pub build: Option<String>,
+    /// Whether it is one of the running agent's programs.
+    pub current: bool,
+}
+
 /// One pinned link and the program it runs.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct LinkProgram {
@@ -206,8 +222,14 @@ pub struct ProgramsStatus {
     /// The running agent's programs by name (empty until the data path
     /// opened).
     pub loaded: BTreeMap<String, u32>,
+    /// The node's devices' programs (uplink, vxlan, slow path): pinned
+    /// tcx links.
     pub links: Vec<LinkProgram>,
-    /// Links running a program that is not the running agent's.
+    /// The VM ports' programs: tc filters, by port.
+    #[serde(default)]
+    pub ports: Vec<PortProgram>,
+    /// Links and port filters running a program that is not the running
+    /// agent's.
     pub mismatches: Vec<String>,
 }
 

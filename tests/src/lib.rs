@@ -358,6 +358,28 @@ impl Node {
         (node, vm1, vm2)
     }
 
+    /// The VM-port programs (tc filters on the node's interfaces), as
+    /// `bpftool net show` lists them: (`PROGRAM-IFINDEX`, e.g.
+    /// `vm_port-7`, program id), sorted.
+    pub fn port_programs(&self) -> Vec<(String, u64)> {
+        let v: serde_json::Value =
+            serde_json::from_str(&self.ns.run(&["bpftool", "-j", "net", "show"])).unwrap();
+        let mut out = Vec::new();
+        for section in v.as_array().into_iter().flatten() {
+            for f in section["tc"].as_array().into_iter().flatten() {
+                let name = f["name"].as_str().unwrap_or_default();
+                if ["vm_port", "vm_from_stack"].contains(&name) {
+                    out.push((
+                        format!("{name}-{}", f["ifindex"]),
+                        f["id"].as_u64().unwrap_or_default(),
+                    ));
+                }
+            }
+        }
+        out.sort();
+        out
+    }
+
     /// Every pinned link: (pin name, link id, program id), as bpftool sees
     /// them, sorted.
     pub fn pinned_links(&self) -> Vec<(String, u64, u64)> {

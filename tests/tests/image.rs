@@ -422,20 +422,18 @@ fn the_image_runs_the_agent_its_init_steps_and_forwards_between_vms() {
         "TCP vm1 -> vm2: {tcp}"
     );
     // Its CLI reports it ready, as this build, and its program sits in each
-    // port's pinned link.
+    // port's filter.
     let s = status(&podman, &agent, &node);
     assert_eq!(s["ready"], true, "{s}");
     let build = s["programs"]["build"].as_str().unwrap();
     assert!(build.starts_with(&format!("{v}+git.{rev}.")), "{build}");
     let vm_port = s["programs"]["loaded"]["vm_port"].as_u64().unwrap();
-    let links = node.pinned_links();
+    let ports = node.port_programs();
     for port in [&vm1.port, &vm2.port] {
-        let pin = format!("vm_port-{}", node.ns.ifindex(port));
+        let name = format!("vm_port-{}", node.ns.ifindex(port));
         assert!(
-            links
-                .iter()
-                .any(|(p, _, prog)| *p == pin && *prog == vm_port),
-            "{port}: no link running the agent's program: {links:?}"
+            ports.iter().any(|(p, prog)| *p == name && *prog == vm_port),
+            "{port}: no filter running the agent's program: {ports:?}"
         );
     }
 }
@@ -453,6 +451,7 @@ fn a_newer_image_adopts_the_pinned_state_without_losing_a_packet() {
     podman.wait_ports(&old, &node, &[&vm1.port, &vm2.port]);
     assert!(vm1.ping("10.20.0.12"));
     let old_links = node.pinned_links();
+    let old_ports = node.port_programs();
     let old_maps = node.pinned_maps();
     let old_status = status(&podman, &old, &node);
     let old_build = old_status["programs"]["build"]
@@ -484,6 +483,11 @@ fn a_newer_image_adopts_the_pinned_state_without_losing_a_packet() {
         old_links,
         "the waiting agent touched a link"
     );
+    assert_eq!(
+        node.port_programs(),
+        old_ports,
+        "the waiting agent touched a port"
+    );
     podman.stop(&old);
     wait_for(
         "the new agent's programs in every link",
@@ -511,6 +515,9 @@ fn a_newer_image_adopts_the_pinned_state_without_losing_a_packet() {
                 && p["links"]
                     .as_array()
                     .is_some_and(|l| l.len() == old_links.len())
+                && p["ports"].as_array().is_some_and(|l| {
+                    l.len() == old_ports.len() && l.iter().all(|f| f["current"] == true)
+                })
         },
     );
     let out = pinger.wait_with_output().unwrap();
@@ -526,19 +533,25 @@ fn a_newer_image_adopts_the_pinned_state_without_losing_a_packet() {
     let s = status(&podman, &new, &node);
     let build = s["programs"]["build"].as_str().unwrap();
     assert!(build.contains("-next+git."), "{build}");
-    // ...that adopted what the old one pinned: the same links (now running
-    // its programs) and the same maps, with their contents.
+    // ...that adopted what the old one left: the same links, the same
+    // ports' filters (now running its programs) and the same maps, with
+    // their contents.
     let vm_port = s["programs"]["loaded"]["vm_port"].as_u64().unwrap();
     let links = node.pinned_links();
     assert_eq!(links.len(), old_links.len());
-    for ((pin, link, prog), (old_pin, old_link, _)) in links.iter().zip(&old_links) {
+    for ((pin, link, _), (old_pin, old_link, _)) in links.iter().zip(&old_links) {
         assert_eq!(
             (pin, link),
             (old_pin, old_link),
             "links replaced, not adopted"
         );
-        if pin.starts_with("vm_port-") {
-            assert_eq!(*prog, vm_port, "{pin} runs another program");
+    }
+    let ports = node.port_programs();
+    assert_eq!(ports.len(), old_ports.len(), "{ports:?} vs {old_ports:?}");
+    for ((port, prog), (old_port, _)) in ports.iter().zip(&old_ports) {
+        assert_eq!(port, old_port);
+        if port.starts_with("vm_port-") {
+            assert_eq!(*prog, vm_port, "{port} runs another program");
         }
     }
     assert_eq!(node.pinned_maps(), old_maps, "maps replaced, not adopted");

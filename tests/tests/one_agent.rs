@@ -75,10 +75,11 @@ fn a_second_agent_exits_at_once_naming_the_holder_and_changes_nothing() {
     assert!(vm1.ping("10.20.0.12"));
     let pid = node.agent_pid().unwrap();
     let links = node.pinned_links();
+    let ports = node.port_programs();
     assert_eq!(
-        links.iter().filter(|l| l.0.starts_with("vm_port-")).count(),
+        ports.iter().filter(|l| l.0.starts_with("vm_port-")).count(),
         2,
-        "{links:?}"
+        "{ports:?}"
     );
     let contents = maps(&node);
 
@@ -122,6 +123,7 @@ fn a_second_agent_exits_at_once_naming_the_holder_and_changes_nothing() {
         // Nothing changed: same links running the same programs, same map
         // contents, the first agent's API still answering, no new socket.
         assert_eq!(node.pinned_links(), links, "{what}: pinned links changed");
+        assert_eq!(node.port_programs(), ports, "{what}: port programs changed");
         assert_eq!(maps(&node), contents, "{what}: maps changed");
         assert!(!other_socket.exists(), "{what}: bound a socket");
         assert!(
@@ -137,8 +139,8 @@ fn a_second_agent_exits_at_once_naming_the_holder_and_changes_nothing() {
     let programs = &s["programs"];
     assert_eq!(programs["mismatches"], serde_json::json!([]), "{programs}");
     let vm_port = programs["loaded"]["vm_port"].as_u64().unwrap();
-    for (pin, _, prog) in links.iter().filter(|l| l.0.starts_with("vm_port-")) {
-        assert_eq!(*prog, vm_port, "{pin} runs another program: {programs}");
+    for (port, prog) in ports.iter().filter(|l| l.0.starts_with("vm_port-")) {
+        assert_eq!(*prog, vm_port, "{port} runs another program: {programs}");
     }
     assert!(
         programs["build"].as_str().unwrap().starts_with("0."),
@@ -150,6 +152,7 @@ fn a_second_agent_exits_at_once_naming_the_holder_and_changes_nothing() {
 fn a_handover_waits_for_the_old_agent_then_takes_its_links_over() {
     let (mut node, vm1, vm2) = bed();
     let old_links = node.pinned_links();
+    let old_ports = node.port_programs();
     let old_status = status(&node).unwrap();
     let old_vm_port = old_status["programs"]["loaded"]["vm_port"]
         .as_u64()
@@ -171,6 +174,11 @@ fn a_handover_waits_for_the_old_agent_then_takes_its_links_over() {
         old_links,
         "the waiting agent touched a link"
     );
+    assert_eq!(
+        node.port_programs(),
+        old_ports,
+        "the waiting agent touched a port"
+    );
 
     // The old agent releases the node on SIGTERM; the new one takes over.
     run(&["kill", "-TERM", &old.id().to_string()]);
@@ -187,6 +195,9 @@ fn a_handover_waits_for_the_old_agent_then_takes_its_links_over() {
                     && p["links"]
                         .as_array()
                         .is_some_and(|l| l.len() == old_links.len())
+                    && p["ports"].as_array().is_some_and(|l| {
+                        l.len() == old_ports.len() && l.iter().all(|f| f["current"] == true)
+                    })
             })
         },
     );
@@ -200,8 +211,15 @@ fn a_handover_waits_for_the_old_agent_then_takes_its_links_over() {
             (old_pin, old_link),
             "links were replaced, not adopted"
         );
-        if pin.starts_with("vm_port-") {
-            assert_eq!(*prog, vm_port, "{pin}");
+        let _ = prog;
+    }
+    // The ports keep their filters, now running the new agent's programs.
+    let ports = node.port_programs();
+    assert_eq!(ports.len(), old_ports.len(), "{ports:?} vs {old_ports:?}");
+    for ((port, prog), (old_port, _)) in ports.iter().zip(&old_ports) {
+        assert_eq!(port, old_port);
+        if port.starts_with("vm_port-") {
+            assert_eq!(*prog, vm_port, "{port}");
         }
     }
     let out = pinger.wait_with_output().unwrap();

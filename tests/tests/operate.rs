@@ -556,12 +556,14 @@ fn cleanup_leaves_nothing_attached_or_pinned() {
     let mut node = bed.node;
     assert!(bed.vm1.ping("10.20.0.12"));
     let links = pinned_links(&node);
+    let ports = node.port_programs();
     for vm in [&bed.vm1, &bed.vm2] {
-        let pin = node
-            .bpffs
-            .join("links")
-            .join(format!("vm_port-{}", node.ns.ifindex(&vm.port)));
-        assert!(pin.exists(), "no link pinned for {}", vm.port);
+        let port = format!("vm_port-{}", node.ns.ifindex(&vm.port));
+        assert!(
+            ports.iter().any(|(p, _)| *p == port),
+            "no program on {}: {ports:?}",
+            vm.port
+        );
     }
     node.kill_agent();
     // Routes as the agent exports them (protocol 250; added once it is
@@ -586,8 +588,21 @@ fn cleanup_leaves_nothing_attached_or_pinned() {
         "--bpffs",
         &bpffs,
     ]);
-    // ...and cleanup removes it: no link, no program, no pin.
-    // (The kernel frees them once the pins are gone, after a grace period.)
+    // ...and cleanup removes it: no link, no program, no pin, no port
+    // filter. (The kernel frees them once the pins are gone, after a grace
+    // period.)
+    assert_eq!(node.port_programs(), vec![], "port programs left");
+    for (_, prog) in &ports {
+        wait_for(
+            &format!("port program {prog} to go"),
+            Duration::from_secs(10),
+            || {
+                !vmpath_tests::run_status(&["bpftool", "prog", "show", "id", &prog.to_string()])
+                    .status
+                    .success()
+            },
+        );
+    }
     for (link, prog) in links {
         wait_for(
             &format!("link {link} and program {prog} to go"),

@@ -9,17 +9,9 @@ use std::time::Duration;
 use serde_json::Value;
 use vmpath_tests::{Netns, Node, iperf3, link, unique_tag, vmpath_bin, wait_for, yaml};
 
-/// Pin names under the node's `links/` (`vm_port-<ifindex>`, ...).
+/// The VM-port programs on the node's interfaces (`vm_port-IFINDEX`).
 fn pins(node: &Node) -> Vec<String> {
-    let mut v: Vec<String> = std::fs::read_dir(node.bpffs.join("links"))
-        .map(|d| {
-            d.filter_map(|e| e.ok())
-                .map(|e| e.file_name().to_string_lossy().into_owned())
-                .collect()
-        })
-        .unwrap_or_default();
-    v.sort();
-    v
+    node.port_programs().into_iter().map(|(p, _)| p).collect()
 }
 
 /// Whether `bpftool net` shows the VM-port program on `ifname` in the node.
@@ -132,7 +124,7 @@ fn only_vm_ports_are_attached_and_a_port_that_stops_being_one_is_detached() {
         );
         assert!(!vm_port_on(&node, port), "the VM-port program on {port}");
     }
-    // The only VM-port links are the VMs'.
+    // The only VM-port programs are the VMs'.
     let vm_links: Vec<String> = pins(&node)
         .into_iter()
         .filter(|p| p.starts_with("vm_port-"))
@@ -181,14 +173,14 @@ fn only_vm_ports_are_attached_and_a_port_that_stops_being_one_is_detached() {
     node.ns
         .run(&["ip", "addr", "add", "203.0.113.7/32", "dev", &vm1.port]);
     node.start_agent();
-    wait_for("the stale link removed", Duration::from_secs(20), || {
+    wait_for("the stale program removed", Duration::from_secs(20), || {
         !pins(&node).contains(&format!("vm_port-{vm1_index}"))
     });
     // The agent says so just after it removed the link: wait for the line
     // rather than read the log at once.
     let said = |log: &str| {
         log.lines().any(|l| {
-            l.contains("removed the VM-port program from an interface that is not a VM port")
+            l.contains("removed the VM-port programs from an interface that is not a VM port")
                 && l.contains(&vm1.port)
                 && l.contains("203.0.113.7")
         })

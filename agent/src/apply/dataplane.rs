@@ -42,6 +42,7 @@ mod north_south;
 pub use north_south::{UplinkXdp, XDP_PORTS_RECHECK};
 mod overlay;
 pub mod policy;
+pub mod port_filters;
 pub mod service;
 
 use crate::plan::Plan;
@@ -531,8 +532,9 @@ pub struct Dataplane {
     /// Kept alive so the program stays loaded while we attach it.
     ebpf: Ebpf,
     maps: Maps,
-    /// Ports whose link this agent has attached or adopted.
-    attached: BTreeSet<u32>,
+    /// Ports carrying this agent's programs, by ifindex; `None` until the
+    /// first apply has read the node's port filters back (`sweep_ports`).
+    attached: Option<BTreeSet<u32>>,
     /// The bench's baseline programs, once `load_bench_baselines` ran.
     #[cfg(feature = "bench")]
     bench: Option<Ebpf>,
@@ -637,7 +639,7 @@ impl Dataplane {
             root: root.to_path_buf(),
             ebpf,
             maps,
-            attached: BTreeSet::new(),
+            attached: None,
             #[cfg(feature = "bench")]
             bench: None,
             slow_limits_written: BTreeMap::new(),
@@ -730,14 +732,58 @@ impl Dataplane {
         BENCH_OBJECT
     }
 
-    /// Attaches the VM port's programs (`PORT_PROGRAMS`) to `ifname`, or
-    /// swaps them into the links a previous agent pinned there. Egress
-    /// first: from the moment `vm_port` forwards the VM's frames, what the
-    /// node's stack sends it meets its policy.
+    /// Attaches the VM port's programs (`PORT_PROGRAMS`) to `ifname` as tc
+    /// filters (`port_filters`: why not tcx), or swaps them into the
+    /// filters a previous agent left. Egress first: from the moment
+    /// `vm_port` forwards the VM's frames, what the node's stack sends it
+    /// meets its policy. An older agent's tcx link on the port (a pin) goes
+    /// once the filter is there: no frame meets the port without a program.
     fn attach_port(&mut self, ifname: &str, ifindex: u32) -> Result<()> {
         for (prog_name, at) in PORT_PROGRAMS.iter().rev() {
+            let prog: &mut SchedClassifier = self
+                .ebpf
+                .program_mut(prog_name)
+                .ok_or_else(|| anyhow!("program {prog_name} missing"))?
+                .try_into()?;
+            let replaced = port_filters::attach(prog, ifname, *at)?;
             let pin = link_pin(&self.root, prog_name, ifindex);
-            self.attach_tcx_at(prog_name, ifname, &pin, *at)?;
+            if pin.exists() {
+                fs::remove_file(&pin).with_context(|| format!("removing {}", pin.display()))?;
+                info!(
+                    prog = prog_name,
+                    ifname, "an older agent's tcx link replaced by a tc filter"
+                );
+            }
+            if replaced {
+                debug!(prog = prog_name, ifname, "swapped into the port's filter");
+            } else {
+                info!(prog = prog_name, ifname, "attached");
+            }
+        }
+        Ok(())
+    }
+
+    /// After a start: the ports that carry port programs, read back from
+    /// the kernel. Those the plan has no port for lose them (an endpoint
+    /// removed while no agent ran); so do older agents' port pins. The
+    /// planned ports are attached next, which swaps this agent's programs
+    /// into their filters.
+    fn sweep_ports(&mut self, plan: &Plan) -> Result<()> {
+        let filters = port_filters::on_node().context("reading the ports' filters back")?;
+        let stale: BTreeSet<u32> = filters
+            .iter()
+            .map(|f| f.ifindex)
+            .filter(|i| !plan.ports.contains_key(i))
+            .collect();
+        for ifindex in stale {
+            port_filters::detach_port(ifindex)?;
+            info!(ifindex, "detached port (no endpoint)");
+        }
+        for (ifindex, pin) in self.pinned_links()? {
+            if !plan.ports.contains_key(&ifindex) {
+                fs::remove_file(&pin).with_context(|| format!("removing {}", pin.display()))?;
+                info!(ifindex, pin = %pin.display(), "removed an older agent's port link");
+            }
         }
         Ok(())
     }
@@ -827,7 +873,7 @@ impl Dataplane {
         // Defense in depth: an interface may have been renamed or replaced
         // since the plan was made; nothing is written before this passes.
         for (ifindex, port) in &plan.ports {
-            if !self.attached.contains(ifindex) {
+            if !self.attached.as_ref().is_some_and(|a| a.contains(ifindex)) {
                 crate::resolve::port_eligibility::recheck(*ifindex, &port.ifname)
                     .map_err(|e| anyhow!("refusing to attach: {e}"))?;
             }
@@ -925,19 +971,41 @@ impl Dataplane {
         self.refresh_xdp_ports(plan)?;
         phases.mark("ports");
 
+        let mut attached = match self.attached.take() {
+            Some(a) => a,
+            None => {
+                self.sweep_ports(plan)?;
+                BTreeSet::new()
+            }
+        };
+        // Kept even when an attach fails: what is attached stays known.
+        let mut result = Ok(());
         for (ifindex, port) in &plan.ports {
-            if !self.attached.contains(ifindex) {
-                self.attach_port(&port.ifname, *ifindex)?;
-                self.attached.insert(*ifindex);
+            if !attached.contains(ifindex) {
+                if let Err(e) = self.attach_port(&port.ifname, *ifindex) {
+                    result = Err(e);
+                    break;
+                }
+                attached.insert(*ifindex);
             }
         }
-        for (ifindex, pin) in self.pinned_links()? {
-            if !plan.ports.contains_key(&ifindex) {
-                fs::remove_file(&pin).with_context(|| format!("removing {}", pin.display()))?;
-                self.attached.remove(&ifindex);
-                info!(ifindex, pin = %pin.display(), "detached port");
+        let gone: Vec<u32> = attached
+            .iter()
+            .copied()
+            .filter(|i| !plan.ports.contains_key(i))
+            .collect();
+        for ifindex in gone {
+            match port_filters::detach_port(ifindex) {
+                Ok(_) => {
+                    attached.remove(&ifindex);
+                    info!(ifindex, "detached port");
+                }
+                Err(e) if result.is_ok() => result = Err(e.into()),
+                Err(_) => {}
             }
         }
+        self.attached = Some(attached);
+        result?;
         phases.mark("attach");
         // What was learned on a port that is gone (or got its MAC) is stale.
         let stale_macs: Vec<u32> = self
@@ -1240,8 +1308,19 @@ where
     Ok(())
 }
 
-/// Removes every link and map pin under `root` (`vmpath agent --cleanup`).
+/// Removes every link and map pin under `root`, and the port programs'
+/// filters from every interface (`vmpath agent --cleanup`).
 pub fn cleanup(root: &Path) -> Result<()> {
+    let mut ports: Vec<u32> = port_filters::on_node()
+        .context("reading the ports' filters")?
+        .iter()
+        .map(|f| f.ifindex)
+        .collect();
+    ports.dedup();
+    for ifindex in ports {
+        port_filters::detach_port(ifindex)?;
+        info!(ifindex, "removed the port programs");
+    }
     if !root.exists() {
         return Ok(());
     }

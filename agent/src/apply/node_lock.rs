@@ -366,7 +366,7 @@ pub fn record_programs(state_dir: &Path, own: BTreeMap<String, u32>) {
     let _ = OWN_PROGRAMS.set(own);
 }
 
-pub use vmpath_api::types::{LinkProgram, ProgramsStatus};
+pub use vmpath_api::types::{LinkProgram, PortProgram, ProgramsStatus};
 
 /// Reads every pinned link under the bpffs root and says whose program
 /// each runs.
@@ -421,10 +421,43 @@ pub fn programs_status(bpffs: &Path) -> ProgramsStatus {
             current,
         });
     }
+    let mut ports = Vec::new();
+    match crate::apply::dataplane::port_filters::on_node() {
+        Ok(filters) => {
+            for f in filters {
+                let current = loaded.values().any(|id| *id == f.program_id);
+                let build = if current {
+                    Some(build_id().to_string())
+                } else {
+                    recorded.programs.get(&f.program_id).map(|(_, b)| b.clone())
+                };
+                let hook = if f.ingress { "ingress" } else { "egress" };
+                if !current && !loaded.is_empty() {
+                    mismatches.push(format!(
+                        "port ifindex {} {hook}: runs program {} loaded by {}, not this agent's (build {})",
+                        f.ifindex,
+                        f.program_id,
+                        build.as_deref().unwrap_or("an unknown build"),
+                        build_id()
+                    ));
+                }
+                ports.push(PortProgram {
+                    ifindex: f.ifindex,
+                    hook: hook.to_string(),
+                    name: f.name,
+                    program_id: f.program_id,
+                    build,
+                    current,
+                });
+            }
+        }
+        Err(e) => mismatches.push(format!("the ports' filters: unreadable: {e}")),
+    }
     ProgramsStatus {
         build: build_id().to_string(),
         loaded,
         links,
+        ports,
         mismatches,
     }
 }

@@ -18,9 +18,8 @@
 
 use std::{
     collections::BTreeMap,
-    fmt, fs, io,
+    fmt, io,
     net::IpAddr,
-    path::Path,
     sync::{
         OnceLock,
         atomic::{AtomicUsize, Ordering},
@@ -372,39 +371,33 @@ pub fn recheck(ifindex: u32, ifname: &str) -> Result<(), String> {
     verdict.map_err(|why| format!("port {ifname:?} (ifindex {ifindex}) is not a VM port: {why}"))
 }
 
-/// At start: removes the VM-port program from every interface that is not
-/// a VM port (an older agent's doing, or a renamed link), saying so.
-/// Returns how many were removed.
-pub fn repair(links_dir: &Path, policy: &PortPolicy) -> usize {
-    let Ok(entries) = fs::read_dir(links_dir) else {
-        return 0;
-    };
-    let ifaces = match interfaces() {
-        Ok(i) => i,
+/// At start: removes the VM-port programs from every interface that is
+/// not a VM port (an older agent's doing, or a renamed link), saying so.
+/// Returns how many interfaces lost them.
+pub fn repair(policy: &PortPolicy) -> usize {
+    use crate::apply::dataplane::port_filters;
+    let (ifaces, filters) = match interfaces().and_then(|i| Ok((i, port_filters::on_node()?))) {
+        Ok(found) => found,
         Err(e) => {
             warn!("listing interfaces to check attached ports: {e}");
             return 0;
         }
     };
+    let mut carrying: Vec<u32> = filters.iter().map(|f| f.ifindex).collect();
+    carrying.dedup();
     let mut removed = 0;
-    for entry in entries.filter_map(|e| e.ok()) {
-        let name = entry.file_name().to_string_lossy().into_owned();
-        let Some(ifindex) = vmpath_common::prog_names::port_pin_ifindex(&name) else {
-            continue;
-        };
-        // A pin whose interface is gone holds no attachment; the first
-        // apply removes it.
+    for ifindex in carrying {
         let Some(iface) = ifaces.values().find(|i| i.index == ifindex) else {
             continue;
         };
         if let Err(why) = judge(policy, iface) {
-            match fs::remove_file(entry.path()) {
-                Ok(()) => {
+            match port_filters::detach_port(ifindex) {
+                Ok(_) => {
                     removed += 1;
-                    warn!(ifname = %iface.name, ifindex, "removed the VM-port program from an interface that is not a VM port: {why}");
+                    warn!(ifname = %iface.name, ifindex, "removed the VM-port programs from an interface that is not a VM port: {why}");
                 }
                 Err(e) => {
-                    warn!(ifname = %iface.name, ifindex, "cannot remove the VM-port program from an interface that is not a VM port ({why}): {e}")
+                    warn!(ifname = %iface.name, ifindex, "cannot remove the VM-port programs from an interface that is not a VM port ({why}): {e}")
                 }
             }
         }
