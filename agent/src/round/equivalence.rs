@@ -232,6 +232,8 @@ fn check_step(
     let state = &round.settings.state_dir;
     let copy = state.with_extension("full");
     std::fs::create_dir_all(&copy).unwrap();
+    // Not while the accepted record's thread writes the file.
+    round.flush_records();
     std::fs::copy(state.join("claims.redb"), copy.join("claims.redb")).unwrap();
     let before = round.passes;
     let (got, got_cfg) = incremental(round, snap, held, ports);

@@ -59,6 +59,7 @@ use crate::{
     slowpath,
     sys::clock::unix_now,
     sys::drop_later::drop_later,
+    sys::latest::Latest,
     sys::netif::ifindex_of,
 };
 
@@ -120,7 +121,7 @@ pub enum Outcome {
 pub struct Round {
     settings: Settings,
     cluster: Option<KubeSource>,
-    store: Store,
+    store: Arc<Store>,
     reader: Reader,
     last_fingerprint: Option<u64>,
     /// The last plan the data path took.
@@ -134,8 +135,8 @@ pub struct Round {
     /// port here decides (an IPAM-less address or a given MAC of a VM on
     /// another node), not file order.
     stored_accepted: BTreeSet<crate::resolve::store::InterfaceKey>,
-    /// Recording `accepted` failed: try again next round.
-    accepted_unrecorded: bool,
+    /// Records `stored_accepted` in the claims store, off the loop's path.
+    accepted_record: Latest<BTreeSet<crate::resolve::store::InterfaceKey>>,
     /// What the last round served on this node's ports.
     running: Held,
     warned_empty: bool,
@@ -159,8 +160,9 @@ pub struct Round {
     /// The resolved VM interfaces the published view was built from, one
     /// for one (`publish::build_view`).
     viewed: Vec<crate::resolve::resolved::Attachment>,
-    /// `status.json`'s entries as text, kept for the next write.
-    status_file: publish::StatusFile,
+    /// Writes `status.json` (its thread keeps the entries as text for the
+    /// next write), off the loop's path.
+    status_record: Latest<(std::path::PathBuf, Arc<crate::publish::view::View>)>,
 }
 
 /// How the derive and validate stages ran, round by round.
@@ -209,6 +211,20 @@ impl Round {
                 interface: interface.clone(),
             })
             .collect();
+        let store = Arc::new(store);
+        let record_store = store.clone();
+        let accepted_record = Latest::spawn("vmpath-accepted", move |keys| {
+            record_store.set_accepted(keys).map_err(|e| e.to_string())
+        });
+        let mut status_file = publish::StatusFile::default();
+        let status_record = Latest::spawn(
+            "vmpath-status",
+            move |(dir, view): &(std::path::PathBuf, Arc<crate::publish::view::View>)| {
+                status_file
+                    .write(dir, view)
+                    .map_err(|e| format!("{}: {e:#}", dir.join("status.json").display()))
+            },
+        );
         Round {
             settings,
             cluster,
@@ -218,7 +234,7 @@ impl Round {
             last_plan: None,
             accepted: Arc::new(accepted),
             stored_accepted,
-            accepted_unrecorded: false,
+            accepted_record,
             running: Held::default(),
             warned_empty: false,
             last_errors: Vec::new(),
@@ -232,8 +248,15 @@ impl Round {
             passes: Passes::default(),
             last_trim: None,
             viewed: Vec::new(),
-            status_file: publish::StatusFile::default(),
+            status_record,
         }
+    }
+
+    /// Waits until the records handed to their threads (`status.json`, the
+    /// accepted interfaces) are written.
+    pub fn flush_records(&self) {
+        self.accepted_record.flush();
+        self.status_record.flush();
     }
 
     /// Whether a link event for interface `name` may change what a round
@@ -598,9 +621,7 @@ impl Round {
         // view; the status file (megabytes at 10,000 VMs) is written after.
         crate::api::endpoints::round_done();
         if let Some(view) = published {
-            if let Err(e) = self.status_file.write(&s.state_dir, &view) {
-                warn!("writing status: {e:#}");
-            }
+            self.status_record.submit((s.state_dir.clone(), view));
             phases.mark("status");
         }
         // Built, and recorded, only when it changed (or the last record
@@ -612,22 +633,17 @@ impl Round {
                 .iter()
                 .zip(self.accepted.iter())
                 .all(|(a, k)| a.key == *k);
-        if !same || self.accepted_unrecorded {
+        if !same {
             let accepted: BTreeSet<AttachmentKey> =
                 cfg.attachments.iter().map(|a| a.key.clone()).collect();
             let keys: BTreeSet<crate::resolve::store::InterfaceKey> = accepted
                 .iter()
                 .map(|k| (k.namespace.clone(), k.vm.clone(), k.interface.clone()))
                 .collect();
-            self.accepted_unrecorded = false;
             if keys != self.stored_accepted {
-                match self.store.set_accepted(&keys) {
-                    Ok(()) => self.stored_accepted = keys,
-                    Err(e) => {
-                        self.accepted_unrecorded = true;
-                        warn!("recording the accepted VM interfaces: {e}")
-                    }
-                }
+                // Written (and, when that fails, tried again) by its thread.
+                self.accepted_record.submit(keys.clone());
+                self.stored_accepted = keys;
             }
             self.accepted = Arc::new(accepted);
         }

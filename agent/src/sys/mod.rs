@@ -8,6 +8,7 @@
 //! | [`drop_later`] | freeing big structures off the reconcile loop's path |
 //! | [`events`] | what wakes the reconcile loop (inotify, link notifications) |
 //! | [`hash`] | FNV-1a, the stable hash |
+//! | [`latest`] | records written off the loop's path, the latest only |
 //! | [`limits`] | the bounds every config file and object is read under |
 //! | [`netif`] | interface lookups: names, indexes, MTUs, addresses |
 //! | [`netlink`] | the agent's one netlink stack |
@@ -21,6 +22,7 @@ pub mod clock;
 pub mod drop_later;
 pub mod events;
 pub mod hash;
+pub mod latest;
 pub mod limits;
 pub mod netif;
 pub mod netlink;

@@ -118,8 +118,9 @@ pub fn run(opts: &Options) -> Result<Section> {
          reconciles on the timer alone, as the agent did before it listened to \
          notifications.\n\n\
          Third row: the shipped agent with the kernel's expedited RCU grace periods \
-         (`echo 1 > /sys/kernel/rcu_expedited`, restored after): attaching a tcx program \
-         waits for an RCU grace period, most of a new port's time here.\n\n\
+         (`echo 1 > /sys/kernel/rcu_expedited`, restored after). Ports' programs are tc \
+         filters since stop 51 (a tcx attach waited two grace periods under the RTNL, most \
+         of a new port's time here before).\n\n\
          | mode | port → first frame p50 ms | p90 ms | `ip` process p50 ms | config → map p50 ms | p90 ms |\n\
          |---|---|---|---|---|---|\n",
         opts.trials
