@@ -422,7 +422,7 @@ pub fn programs_status(bpffs: &Path) -> ProgramsStatus {
         });
     }
     let mut ports = Vec::new();
-    match crate::apply::dataplane::port_filters::on_node() {
+    match crate::sys::tc_filters::on_node() {
         Ok(filters) => {
             for f in filters {
                 let current = loaded.values().any(|id| *id == f.program_id);

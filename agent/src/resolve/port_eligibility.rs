@@ -375,7 +375,7 @@ pub fn recheck(ifindex: u32, ifname: &str) -> Result<(), String> {
 /// not a VM port (an older agent's doing, or a renamed link), saying so.
 /// Returns how many interfaces lost them.
 pub fn repair(policy: &PortPolicy) -> usize {
-    use crate::apply::dataplane::port_filters;
+    use crate::sys::tc_filters as port_filters;
     let (ifaces, filters) = match interfaces().and_then(|i| Ok((i, port_filters::on_node()?))) {
         Ok(found) => found,
         Err(e) => {

@@ -107,12 +107,21 @@ impl Resolved {
         self.config.network(name)
     }
 
+    /// The VM interface `key`. Validation leaves them in key order: a
+    /// binary search, with a scan should an order have been broken.
     pub fn attachment(&self, key: &AttachmentKey) -> Option<&Attachment> {
-        self.attachments.iter().find(|a| &a.key == key)
+        match self.attachments.binary_search_by(|a| a.key.cmp(key)) {
+            Ok(i) => Some(&self.attachments[i]),
+            Err(_) => self.attachments.iter().find(|a| &a.key == key),
+        }
     }
 
     pub fn attachment_mut(&mut self, key: &AttachmentKey) -> Option<&mut Attachment> {
-        self.attachments.iter_mut().find(|a| &a.key == key)
+        let i = match self.attachments.binary_search_by(|a| a.key.cmp(key)) {
+            Ok(i) => i,
+            Err(_) => self.attachments.iter().position(|a| &a.key == key)?,
+        };
+        Some(&mut self.attachments[i])
     }
 
     /// Refuses an attachment that passed validation but conflicts here

@@ -8,7 +8,7 @@
 use std::collections::BTreeMap;
 
 use anyhow::Result;
-use tracing::info;
+use tracing::{debug, info};
 use vmpath_common::{AddrKey, LearnedIp};
 
 use crate::{
@@ -25,8 +25,10 @@ pub fn apply(
     services: &slowpath::Services,
 ) -> Result<()> {
     dp.apply(plan)?;
+    // Every round while it lasts (at debug): the status lists them, and
+    // a node whose pods are not started yet would log each every event.
     for (key, port) in &plan.missing_ports {
-        info!(vm = %key, port = %port, "port not present yet");
+        debug!(vm = %key, port = %port, "port not present yet");
     }
     info!(ports = plan.ports.len(), "data path programmed");
     *services.write().unwrap() = slowpath::service::build(cfg, plan);

@@ -57,10 +57,8 @@ pub type Services = Arc<RwLock<BTreeMap<u16, PortService>>>;
 /// Services for the ports this node programmed, on networks vmpath serves.
 pub fn build(cfg: &Resolved, plan: &Plan) -> BTreeMap<u16, PortService> {
     let mut out = BTreeMap::new();
-    let by_key: crate::sys::hash::HashMap<&AttachmentKey, &crate::resolve::resolved::Attachment> =
-        cfg.attachments.iter().map(|a| (&a.key, a)).collect();
     for port in plan.ports.values() {
-        let Some(att) = by_key.get(&port.attachment) else {
+        let Some(att) = cfg.attachment(&port.attachment) else {
             continue;
         };
         let Some(net) = cfg.network(&att.network) else {
