@@ -26,6 +26,7 @@ use vmpath_tests::{Node, kube_api::ApiServer, multus, wait_for};
 use crate::{
     kube_scale::{
         LOCAL, NETWORK, NODES, add, cluster_objects, create_vm, derived, kube_node, node_of,
+        pod_netns,
     },
     report::{Bar, Section},
     util::{fmt, percentile, rss_kb},
@@ -131,8 +132,9 @@ fn latencies(
     let (mut fresh, mut known) = (Vec::new(), Vec::new());
     for s in 0..samples {
         let i = n + 2 * s;
+        let netns = pod_netns(i);
         let started = create_vm(server, i, "a");
-        fresh.push(add(node, &conf, i, started)?);
+        fresh.push(add(node, &conf, i, &netns, started)?);
 
         let j = i + 1;
         create_vm(server, j, "a");
@@ -142,7 +144,8 @@ fn latencies(
             Duration::from_secs(120),
             || derived(node, &vm),
         );
-        known.push(add(node, &conf, j, Instant::now())?);
+        let netns = pod_netns(j);
+        known.push(add(node, &conf, j, &netns, Instant::now())?);
     }
     Ok((fresh, known))
 }
@@ -201,10 +204,12 @@ pub fn run(opts: &Options) -> Result<Section> {
          - **derive s**: from the agent's start to its status listing every VM of its node \
            (lists, watches, the first rounds);\n\
          - **objects → programmed**: a new VM on this node, its IPAMClaim created and \
-           allocated, then (the clock started) its VMI and pod created and its pod's CNI ADD \
-           at once; the clock stops at the ADD's answer, which comes once \
+           allocated and its pod's network namespace made (the runtime's sandbox), then (the \
+           clock started) its VMI and pod created and its pod's CNI ADD at once; the clock \
+           stops at the ADD's answer, which comes once \
            the port is programmed ({} samples, p50 and p99: with few samples p99 is the worst);\n\
-         - **ADD p50**: the CNI ADD of a VM the agent had already derived;\n\
+         - **ADD p50**: the CNI ADD (the plugin's run, as Multus calls it) of a VM the agent \
+           had already derived, into a network namespace made before;\n\
          - **peak RSS / RSS**: the agent's `VmHWM` and `VmRSS` after the samples (the maps' \
            kernel memory is not in it: docs/config.md, Limits).\n\n\
          Agents: {}.{}\n\n\

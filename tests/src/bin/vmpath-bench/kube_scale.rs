@@ -252,8 +252,14 @@ pub(crate) fn create_vm(server: &ApiServer, i: usize, node: &str) -> Instant {
 }
 
 /// CNI ADD of VM `i`'s pod on `node`: ms from `since` to its answer.
-pub(crate) fn add(node: &Node, conf: &str, i: usize, since: Instant) -> Result<f64> {
-    let netns = Netns::new(format!("vt{}-l{i}", unique_tag()));
+/// The sandbox of vm`i`'s pod, as the runtime makes it before the ADD
+/// (not on the ADD's clock: three processes of its own).
+pub(crate) fn pod_netns(i: usize) -> Netns {
+    Netns::new(format!("vt{}-l{i}", unique_tag()))
+}
+
+/// vm`i`'s ADD into `netns`: the ms from `since` to its answer.
+pub(crate) fn add(node: &Node, conf: &str, i: usize, netns: &Netns, since: Instant) -> Result<f64> {
     let (ok, result) = multus::call(
         node,
         "ADD",
@@ -262,7 +268,7 @@ pub(crate) fn add(node: &Node, conf: &str, i: usize, since: Instant) -> Result<f
             pod_namespace: "prod",
             pod: &format!("virt-launcher-vm{i}-x7k2p"),
             ifname: POD_IFNAME,
-            netns: &netns,
+            netns,
             container: &format!("c{i}"),
         },
     );
@@ -281,8 +287,9 @@ fn latency(n: usize, samples: usize) -> Result<(Vec<f64>, Vec<f64>)> {
     for s in 0..samples {
         // Fresh: objects created, then the ADD at once.
         let i = n + 2 * s;
+        let netns = pod_netns(i);
         let started = create_vm(&server, i, "a");
-        fresh.push(add(&node, &conf, i, started)?);
+        fresh.push(add(&node, &conf, i, &netns, started)?);
 
         // Known: the agent has derived the VM before its ADD.
         let j = i + 1;
@@ -293,7 +300,8 @@ fn latency(n: usize, samples: usize) -> Result<(Vec<f64>, Vec<f64>)> {
             Duration::from_secs(30),
             || derived(&node, &vm),
         );
-        known.push(add(&node, &conf, j, Instant::now())?);
+        let netns = pod_netns(j);
+        known.push(add(&node, &conf, j, &netns, Instant::now())?);
     }
     Ok((fresh, known))
 }
