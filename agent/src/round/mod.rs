@@ -130,13 +130,11 @@ pub struct Round {
     /// with the validated config kept for the next round: copied (and
     /// compared) only when it changed.
     accepted: Arc<BTreeSet<AttachmentKey>>,
-    /// `accepted` as the claims store last recorded it: after a restart
-    /// the previous agent's last round still wins a conflict no claim or
-    /// port here decides (an IPAM-less address or a given MAC of a VM on
-    /// another node), not file order.
-    stored_accepted: BTreeSet<crate::resolve::store::InterfaceKey>,
-    /// Records `stored_accepted` in the claims store, off the loop's path.
-    accepted_record: Latest<BTreeSet<crate::resolve::store::InterfaceKey>>,
+    /// Records `accepted` in the claims store, off the loop's path: after
+    /// a restart the previous agent's last round still wins a conflict no
+    /// claim or port here decides (an IPAM-less address or a given MAC of
+    /// a VM on another node), not file order.
+    accepted_record: Latest<Arc<BTreeSet<AttachmentKey>>>,
     /// What the last round served on this node's ports.
     running: Held,
     warned_empty: bool,
@@ -213,9 +211,18 @@ impl Round {
             .collect();
         let store = Arc::new(store);
         let record_store = store.clone();
-        let accepted_record = Latest::spawn("vmpath-accepted", move |keys| {
-            record_store.set_accepted(keys).map_err(|e| e.to_string())
-        });
+        // The store's keys are made on the record's thread: at 10,000 VMs
+        // a copy of every key was milliseconds of the round.
+        let accepted_record = Latest::spawn(
+            "vmpath-accepted",
+            move |accepted: &Arc<BTreeSet<AttachmentKey>>| {
+                let keys: BTreeSet<crate::resolve::store::InterfaceKey> = accepted
+                    .iter()
+                    .map(|k| (k.namespace.clone(), k.vm.clone(), k.interface.clone()))
+                    .collect();
+                record_store.set_accepted(&keys).map_err(|e| e.to_string())
+            },
+        );
         let mut status_file = publish::StatusFile::default();
         let status_record = Latest::spawn(
             "vmpath-status",
@@ -233,7 +240,6 @@ impl Round {
             last_fingerprint: None,
             last_plan: None,
             accepted: Arc::new(accepted),
-            stored_accepted,
             accepted_record,
             running: Held::default(),
             warned_empty: false,
@@ -634,18 +640,13 @@ impl Round {
                 .zip(self.accepted.iter())
                 .all(|(a, k)| a.key == *k);
         if !same {
-            let accepted: BTreeSet<AttachmentKey> =
-                cfg.attachments.iter().map(|a| a.key.clone()).collect();
-            let keys: BTreeSet<crate::resolve::store::InterfaceKey> = accepted
-                .iter()
-                .map(|k| (k.namespace.clone(), k.vm.clone(), k.interface.clone()))
-                .collect();
-            if keys != self.stored_accepted {
+            let accepted: Arc<BTreeSet<AttachmentKey>> =
+                Arc::new(cfg.attachments.iter().map(|a| a.key.clone()).collect());
+            if accepted != self.accepted {
                 // Written (and, when that fails, tried again) by its thread.
-                self.accepted_record.submit(keys.clone());
-                self.stored_accepted = keys;
+                self.accepted_record.submit(accepted.clone());
             }
-            self.accepted = Arc::new(accepted);
+            self.accepted = accepted;
         }
         if let Some(plan) = &self.last_plan {
             self.running = publish::served_here(&cfg, plan);
