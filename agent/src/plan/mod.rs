@@ -171,6 +171,7 @@ pub fn plan_with_previous(
     previous_services: &BTreeMap<crate::plan::service::PortKey, u32>,
     previous_vteps6: &BTreeMap<std::net::Ipv6Addr, [u8; 4]>,
 ) -> Plan {
+    let mut phases = crate::sys::phases::Phases::start("plan");
     let mut plan = Plan {
         vteps6: overlay::vtep_handles(cfg, node, previous_vteps6),
         ..Plan::default()
@@ -201,6 +202,7 @@ pub fn plan_with_previous(
     }
 
     let ids = port_ids(cfg, node, previous, &mut plan.problems);
+    phases.mark("port_ids");
     // Ports programmed before come first: where a network's flood list is
     // full, a new port is the one refused, never a running one displaced.
     let mut ordered: Vec<_> = cfg.attachments.iter().collect();
@@ -304,8 +306,11 @@ pub fn plan_with_previous(
             );
         }
     }
+    phases.mark("ports");
     north_south::north_south(cfg, node, &mut plan);
+    phases.mark("north_south");
     overlay::overlay(cfg, node, &mut plan);
+    phases.mark("overlay");
     let local: BTreeMap<AttachmentKey, u32> = plan
         .ports
         .values()
@@ -313,7 +318,9 @@ pub fn plan_with_previous(
         .collect();
     plan.policy = crate::plan::policy::compile(cfg, &local);
     plan.policy.guard_floods(&plan.flood);
+    phases.mark("policy");
     overlay::endpoint_identities(cfg, &mut plan);
+    phases.mark("identities");
     plan.problems.extend(plan.policy.problems.iter().cloned());
     let local_networks: std::collections::BTreeSet<u32> =
         plan.ports.values().map(|p| p.info.network).collect();
@@ -324,6 +331,8 @@ pub fn plan_with_previous(
         previous_services,
     );
     plan.problems.extend(plan.services.problems.iter().cloned());
+    phases.mark("services");
+    phases.log();
     plan
 }
 

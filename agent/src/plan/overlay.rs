@@ -17,7 +17,7 @@ use std::{
 };
 
 use vmpath_common::{
-    ADDR_STATIC, AddrInfo, ENDPOINT_REMOTE, Endpoint, EndpointKey, MAX_FLOOD_NODES,
+    ADDR_STATIC, AddrInfo, AddrKey, ENDPOINT_REMOTE, Endpoint, EndpointKey, MAX_FLOOD_NODES,
 };
 
 use super::Plan;
@@ -57,6 +57,12 @@ pub fn overlay(cfg: &Resolved, node: &str, plan: &mut Plan) {
             add_flood_node(plan, net, host, ip4);
         }
     };
+    // Every other node's entries, in the VM interfaces' order, merged into
+    // the plan's maps once at the end: inserted one by one, at 10,000 VM
+    // interfaces the trees' random inserts were most of this stage.
+    let mut remote_addresses: Vec<(AddrKey, AddrInfo)> = Vec::with_capacity(cfg.attachments.len());
+    let mut remote_endpoints: Vec<(EndpointKey, Endpoint)> =
+        Vec::with_capacity(cfg.attachments.len());
     for att in &cfg.attachments {
         let Some(&net) = networks.get(att.network.as_str()) else {
             continue;
@@ -121,23 +127,24 @@ pub fn overlay(cfg: &Resolved, node: &str, plan: &mut Plan) {
         // NA from that node may advertise them (and only with this MAC,
         // where known). A local owner wins.
         for (ip, _) in &att.addresses {
-            plan.addresses
-                .entry(super::addr_key(net.id, ip.addr()))
-                .or_insert(AddrInfo {
+            remote_addresses.push((
+                super::addr_key(net.id, ip.addr()),
+                AddrInfo {
                     ifindex: 0,
                     origin: ADDR_STATIC,
                     mac: known.unwrap_or([0; 6]),
                     _pad: [0; 2],
                     port_id: 0,
                     node_ip4: ip4,
-                });
+                },
+            ));
         }
         if let Some(mac) = known {
             // A local port with the same MAC wins (validation refuses such
             // collisions; this only keeps a local VM reachable meanwhile).
-            plan.endpoints
-                .entry(EndpointKey::new(net.id, mac))
-                .or_insert(Endpoint {
+            remote_endpoints.push((
+                EndpointKey::new(net.id, mac),
+                Endpoint {
                     kind: ENDPOINT_REMOTE,
                     ifindex: 0,
                     node_ip4: ip4,
@@ -145,13 +152,45 @@ pub fn overlay(cfg: &Resolved, node: &str, plan: &mut Plan) {
                     port_id: 0,
                     // Set once policy is compiled (`remote_identities`).
                     identity: 0,
-                });
+                },
+            ));
         }
     }
+    merge_first_wins(&mut plan.addresses, remote_addresses);
+    merge_first_wins(&mut plan.endpoints, remote_endpoints);
     // Keep the lists in a stable order, whatever the document order.
     for list in plan.flood_remote.values_mut() {
         list.node_ip4[..list.count as usize].sort_unstable();
     }
+}
+
+/// Adds `later` to `map` where `map` has no entry for the key, the first
+/// of `later` winning among its own (as `entry().or_insert()` one by one
+/// would), built as one sorted run: the tree is made in bulk.
+fn merge_first_wins<K: Ord + Copy, V>(map: &mut BTreeMap<K, V>, mut later: Vec<(K, V)>) {
+    if later.is_empty() {
+        return;
+    }
+    // Stable: among equal keys the first pushed stays first.
+    later.sort_by_key(|(k, _)| *k);
+    later.dedup_by_key(|(k, _)| *k);
+    let earlier = std::mem::take(map);
+    let mut earlier = earlier.into_iter().peekable();
+    let mut merged = Vec::with_capacity(earlier.len() + later.len());
+    for (k, v) in later {
+        while let Some((ek, _)) = earlier.peek() {
+            if *ek <= k {
+                merged.push(earlier.next().expect("peeked"));
+            } else {
+                break;
+            }
+        }
+        if merged.last().is_none_or(|(mk, _): &(K, V)| *mk != k) {
+            merged.push((k, v));
+        }
+    }
+    merged.extend(earlier);
+    *map = merged.into_iter().collect();
 }
 
 /// Once policy is compiled: every endpoint entry carries its endpoint's
@@ -273,6 +312,34 @@ pub fn migrate_to(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn merged_entries_keep_the_first_holder_as_one_by_one_inserts_do() {
+        let mut map = BTreeMap::from([(2u32, "local 2"), (5, "local 5")]);
+        let later = vec![
+            (7, "first 7"),
+            (2, "remote 2"),
+            (1, "first 1"),
+            (7, "second 7"),
+            (5, "remote 5"),
+            (1, "second 1"),
+        ];
+        let mut one_by_one = map.clone();
+        for (k, v) in later.clone() {
+            one_by_one.entry(k).or_insert(v);
+        }
+        merge_first_wins(&mut map, later);
+        assert_eq!(map, one_by_one);
+        assert_eq!(
+            map.into_iter().collect::<Vec<_>>(),
+            vec![
+                (1, "first 1"),
+                (2, "local 2"),
+                (5, "local 5"),
+                (7, "first 7")
+            ]
+        );
+    }
     use crate::config;
 
     const DOCS: &str = "

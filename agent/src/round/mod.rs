@@ -560,9 +560,11 @@ impl Round {
 
         // plan
         let previous = plan::Previous::of(self.last_plan.as_ref(), dp, &cfg, &s.node);
+        phases.mark("previous");
         let plan = plan::plan(&cfg, &s.node, ifindex_of, &previous);
-        let plan_changed = self.last_plan.as_ref() != Some(&plan);
         phases.mark("plan");
+        let plan_changed = self.last_plan.as_ref() != Some(&plan);
+        phases.mark("compare");
 
         // apply
         let mut retry = false;
