@@ -380,6 +380,21 @@ impl Node {
         out
     }
 
+    /// Asserts the ports still carry the filters of `old` (from
+    /// [`port_programs`](Self::port_programs)), each `vm_port` one now
+    /// running program `vm_port`: an agent that took over swapped its
+    /// program in rather than attaching anew.
+    pub fn assert_ports_kept_running(&self, old: &[(String, u64)], vm_port: u64) {
+        let ports = self.port_programs();
+        assert_eq!(ports.len(), old.len(), "{ports:?} vs {old:?}");
+        for ((port, prog), (old_port, _)) in ports.iter().zip(old) {
+            assert_eq!(port, old_port);
+            if port.starts_with("vm_port-") {
+                assert_eq!(*prog, vm_port, "{port} runs another program");
+            }
+        }
+    }
+
     /// Every pinned link: (pin name, link id, program id), as bpftool sees
     /// them, sorted.
     pub fn pinned_links(&self) -> Vec<(String, u64, u64)> {

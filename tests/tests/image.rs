@@ -546,14 +546,7 @@ fn a_newer_image_adopts_the_pinned_state_without_losing_a_packet() {
             "links replaced, not adopted"
         );
     }
-    let ports = node.port_programs();
-    assert_eq!(ports.len(), old_ports.len(), "{ports:?} vs {old_ports:?}");
-    for ((port, prog), (old_port, _)) in ports.iter().zip(&old_ports) {
-        assert_eq!(port, old_port);
-        if port.starts_with("vm_port-") {
-            assert_eq!(*prog, vm_port, "{port} runs another program");
-        }
-    }
+    node.assert_ports_kept_running(&old_ports, vm_port);
     assert_eq!(node.pinned_maps(), old_maps, "maps replaced, not adopted");
     assert!(
         podman.logs(&new).contains("adopting pinned map"),

@@ -56,8 +56,19 @@ fn web_claim(name: &str, ip: &str) -> Value {
 /// `objects(node name)` with their claims vouched for in the ledger (as
 /// vmpath controller allocates them); the agent started.
 fn agent_against(name: &str, objects: impl FnOnce(&str) -> Vec<Value>) -> (Node, ApiServer) {
+    agent_against_prepared(name, |_| {}, objects)
+}
+
+/// [`agent_against`], with `prepare` run on the node's namespace before
+/// the API server and the agent start.
+fn agent_against_prepared(
+    name: &str,
+    prepare: impl FnOnce(&Node),
+    objects: impl FnOnce(&str) -> Vec<Value>,
+) -> (Node, ApiServer) {
     let mut node = Node::new(name);
     node.ns.run(&["ip", "link", "set", "lo", "up"]);
+    prepare(&node);
     let server = ApiServer::start(&node.ns.path());
     for o in objects(&node.name) {
         server.put(o);
@@ -347,21 +358,17 @@ fn node_events(server: &ApiServer, node: &str, reason: &str) -> Vec<String> {
 
 #[test]
 fn forwarding_off_on_the_node_is_an_event_on_its_node() {
-    let mut node = Node::new("kf");
-    node.ns.run(&["ip", "link", "set", "lo", "up"]);
-    // The operator forgot IPv4 forwarding (a new namespace may copy the
-    // host's: set here).
-    node.ns.run(&["sysctl", "-qw", "net.ipv4.ip_forward=0"]);
-    node.ns
-        .run(&["sysctl", "-qw", "net.ipv6.conf.all.forwarding=1"]);
-    let server = ApiServer::start(&node.ns.path());
-    for o in objects(&node.name) {
-        server.put(o);
-    }
-    // The claims as vmpath controller allocated them, in its ledger.
-    server.vouch_for_claims();
-    server.serve_agent_of(&mut node);
-    node.start_agent();
+    let (node, server) = agent_against_prepared(
+        "kf",
+        |node| {
+            // The operator forgot IPv4 forwarding (a new namespace may copy
+            // the host's: set here).
+            node.ns.run(&["sysctl", "-qw", "net.ipv4.ip_forward=0"]);
+            node.ns
+                .run(&["sysctl", "-qw", "net.ipv6.conf.all.forwarding=1"]);
+        },
+        objects,
+    );
     let v4 = "net.ipv4.ip_forward=0";
     wait_for(
         "the agent to serve vm1 (its port missing)",
