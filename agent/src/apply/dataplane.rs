@@ -769,13 +769,8 @@ impl Dataplane {
     /// planned ports are attached next, which swaps this agent's programs
     /// into their filters.
     fn sweep_ports(&mut self, plan: &Plan) -> Result<()> {
-        let filters = port_filters::on_node().context("reading the ports' filters back")?;
-        let stale: BTreeSet<u32> = filters
-            .iter()
-            .map(|f| f.ifindex)
-            .filter(|i| !plan.ports.contains_key(i))
-            .collect();
-        for ifindex in stale {
+        let carrying = port_filters::ports_carrying().context("reading the ports' filters back")?;
+        for ifindex in carrying.into_iter().filter(|i| !plan.ports.contains_key(i)) {
             port_filters::detach_port(ifindex)?;
             info!(ifindex, "detached port (no endpoint)");
         }
@@ -1311,13 +1306,7 @@ where
 /// Removes every link and map pin under `root`, and the port programs'
 /// filters from every interface (`vmpath agent --cleanup`).
 pub fn cleanup(root: &Path) -> Result<()> {
-    let mut ports: Vec<u32> = port_filters::on_node()
-        .context("reading the ports' filters")?
-        .iter()
-        .map(|f| f.ifindex)
-        .collect();
-    ports.dedup();
-    for ifindex in ports {
+    for ifindex in port_filters::ports_carrying().context("reading the ports' filters")? {
         port_filters::detach_port(ifindex)?;
         info!(ifindex, "removed the port programs");
     }

@@ -376,15 +376,14 @@ pub fn recheck(ifindex: u32, ifname: &str) -> Result<(), String> {
 /// Returns how many interfaces lost them.
 pub fn repair(policy: &PortPolicy) -> usize {
     use crate::sys::tc_filters as port_filters;
-    let (ifaces, filters) = match interfaces().and_then(|i| Ok((i, port_filters::on_node()?))) {
-        Ok(found) => found,
-        Err(e) => {
-            warn!("listing interfaces to check attached ports: {e}");
-            return 0;
-        }
-    };
-    let mut carrying: Vec<u32> = filters.iter().map(|f| f.ifindex).collect();
-    carrying.dedup();
+    let (ifaces, carrying) =
+        match interfaces().and_then(|i| Ok((i, port_filters::ports_carrying()?))) {
+            Ok(found) => found,
+            Err(e) => {
+                warn!("listing interfaces to check attached ports: {e}");
+                return 0;
+            }
+        };
     let mut removed = 0;
     for ifindex in carrying {
         let Some(iface) = ifaces.values().find(|i| i.index == ifindex) else {

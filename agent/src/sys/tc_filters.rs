@@ -162,6 +162,11 @@ pub fn list(ifindex: u32) -> io::Result<Vec<PortFilter>> {
     Ok(out)
 }
 
+/// The interfaces of this namespace that carry a port program.
+pub fn ports_carrying() -> io::Result<std::collections::BTreeSet<u32>> {
+    Ok(on_node()?.into_iter().map(|f| f.ifindex).collect())
+}
+
 /// Every port program attached in this namespace, by interface.
 pub fn on_node() -> io::Result<Vec<PortFilter>> {
     let links = crate::sys::netlink::run(|h| async move {

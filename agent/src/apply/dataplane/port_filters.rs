@@ -23,7 +23,7 @@ use aya::programs::{
     tc::{self, NlOptions, SchedClassifierLink, TcAttachOptions, TcError, TcHandle},
 };
 
-pub use crate::sys::tc_filters::{HANDLE, PRIORITY, detach_port, on_node};
+pub use crate::sys::tc_filters::{HANDLE, PRIORITY, detach_port, ports_carrying};
 
 fn errno(e: &TcError) -> Option<i32> {
     match e {
