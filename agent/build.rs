@@ -35,7 +35,50 @@ fn main() -> anyhow::Result<()> {
         ..Default::default()
     };
     share_ebpf_target_dir()?;
-    aya_build::build_ebpf([ebpf], Toolchain::Custom(channel)).context("building the eBPF object")
+    aya_build::build_ebpf([ebpf], Toolchain::Custom(channel)).context("building the eBPF object")?;
+    let out_dir = std::path::PathBuf::from(std::env::var_os("OUT_DIR").context("OUT_DIR not set")?);
+    for object in ["vmpath", "vmpath-bench"] {
+        strip_dwarf(&out_dir.join(object))?;
+    }
+    Ok(())
+}
+
+/// Removes the object's DWARF sections (and their relocations). The
+/// loader reads the programs, maps, BTF and BTF.ext (CO-RE relocations
+/// and the line info the verifier's log shows), never DWARF; the DWARF is
+/// three quarters of the object, embedded in the agent and read whole
+/// when the agent loads it, so it was some 5 MiB of every agent's
+/// resident memory. The eBPF crate is still built with debug info: the
+/// linker makes the BTF from it.
+fn strip_dwarf(path: &std::path::Path) -> anyhow::Result<()> {
+    let data = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
+    let mut builder = object::build::elf::Builder::read(&*data)
+        .with_context(|| format!("parsing {}", path.display()))?;
+    for section in builder.sections.iter_mut() {
+        let name = &*section.name;
+        if name.starts_with(b".debug_") || name.starts_with(b".rel.debug_") {
+            section.delete = true;
+        }
+    }
+    builder.delete_orphans();
+    // LLVM names the sections from the symbols' string table; the writer
+    // wants a table of section names of its own.
+    if !builder
+        .sections
+        .iter()
+        .any(|s| matches!(s.data, object::build::elf::SectionData::SectionString))
+    {
+        let names = builder.sections.add();
+        names.name = b".shstrtab".to_vec().into();
+        names.sh_type = object::elf::SHT_STRTAB;
+        names.sh_addralign = 1;
+        names.data = object::build::elf::SectionData::SectionString;
+    }
+    let mut out = Vec::new();
+    builder
+        .write(&mut out)
+        .with_context(|| format!("writing {} without DWARF", path.display()))?;
+    std::fs::write(path, out).with_context(|| format!("writing {}", path.display()))
 }
 
 /// Points the target directory aya-build gives its nested cargo (inside

@@ -7,9 +7,10 @@
 pub mod ledger;
 pub mod prune;
 
-use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
+
+use crate::config::label_selector::Labels;
 
 /// The kinds the cluster source reads besides vmpath's own, by
 /// `apiVersion` group (without version) and `kind`.
@@ -63,10 +64,11 @@ pub struct ObjectMeta {
     pub namespace: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub uid: Option<String>,
-    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
-    pub labels: BTreeMap<String, String>,
-    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
-    pub annotations: BTreeMap<String, String>,
+    #[serde(default, skip_serializing_if = "Labels::is_empty")]
+    pub labels: Labels,
+    /// Only those vmpath reads ([`READ_ANNOTATIONS`]) once stored.
+    #[serde(default, skip_serializing_if = "Labels::is_empty")]
+    pub annotations: Labels,
 }
 
 impl ObjectMeta {

@@ -981,7 +981,7 @@ struct Derived {
     /// The endpoint's labels, for NetworkPolicy and Services: a pod's own;
     /// a VM's, its VMI's with its virt-launcher pod's over them (KubeVirt
     /// copies the VMI's onto the pod and adds its own).
-    labels: BTreeMap<String, String>,
+    labels: crate::config::label_selector::Labels,
     /// Named ports its pod declares (a VM's: its virt-launcher pod's).
     ports: Vec<Value>,
 }
