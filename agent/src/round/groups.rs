@@ -30,16 +30,56 @@ fn is_conflict(e: &ConfigError) -> bool {
 
 /// Who holds what among accepted VM interfaces, by group: a partial
 /// pass's new attachments must not meet another group's.
+///
+/// Kept between rounds for every VM interface of the cluster: by network
+/// (and node) first, so that an entry holds no copy of those names and a
+/// lookup makes none, and each interface's group once, shared by its
+/// entries.
 #[derive(Debug, Clone, Default)]
 pub struct Holdings {
-    ips: HashMap<(String, IpAddr), GroupKey>,
-    macs: HashMap<(String, [u8; 6]), GroupKey>,
-    ports: HashMap<(String, String), GroupKey>,
+    /// network -> address -> its group.
+    ips: HashMap<String, HashMap<IpAddr, Arc<GroupKey>>>,
+    /// network -> MAC -> its group.
+    macs: HashMap<String, HashMap<[u8; 6], Arc<GroupKey>>>,
+    /// node -> port -> its group.
+    ports: HashMap<String, HashMap<String, Arc<GroupKey>>>,
     service_ips: HashSet<IpAddr>,
 }
 
 fn group_of(a: &crate::config::Attachment) -> GroupKey {
     (a.key.namespace.clone(), a.key.vm.clone())
+}
+
+/// The inner map at `outer`, made when new.
+fn within<'a, V>(
+    m: &'a mut HashMap<String, HashMap<V, Arc<GroupKey>>>,
+    outer: &str,
+) -> &'a mut HashMap<V, Arc<GroupKey>> {
+    if !m.contains_key(outer) {
+        m.insert(outer.to_string(), HashMap::default());
+    }
+    m.get_mut(outer).expect("made above")
+}
+
+/// Removes `inner` from the map at `outer` if `g` holds it (and the map,
+/// once empty).
+fn release<V, Q>(
+    m: &mut HashMap<String, HashMap<V, Arc<GroupKey>>>,
+    outer: &str,
+    inner: &Q,
+    g: &GroupKey,
+) where
+    V: std::hash::Hash + Eq + std::borrow::Borrow<Q>,
+    Q: std::hash::Hash + Eq + ?Sized,
+{
+    if let Some(held) = m.get_mut(outer) {
+        if held.get(inner).is_some_and(|h| **h == *g) {
+            held.remove(inner);
+        }
+        if held.is_empty() {
+            m.remove(outer);
+        }
+    }
 }
 
 impl Holdings {
@@ -58,42 +98,35 @@ impl Holdings {
         h
     }
     fn insert(&mut self, a: &crate::config::Attachment) {
-        let g = group_of(a);
-        for ip in &a.ips {
-            self.ips.insert((a.network.clone(), ip.addr()), g.clone());
+        let g = Arc::new(group_of(a));
+        if !a.ips.is_empty() {
+            let held = within(&mut self.ips, &a.network);
+            for ip in &a.ips {
+                held.insert(ip.addr(), g.clone());
+            }
         }
         if let Some(mac) = a.mac {
-            self.macs.insert((a.network.clone(), mac), g.clone());
+            within(&mut self.macs, &a.network).insert(mac, g.clone());
         }
-        self.ports.insert(
-            (
-                a.signalled_node().to_string(),
-                a.signalled_port().to_string(),
-            ),
-            g,
-        );
+        within(&mut self.ports, a.signalled_node()).insert(a.signalled_port().to_string(), g);
     }
     fn remove(&mut self, a: &crate::config::Attachment) {
         let g = group_of(a);
         for ip in &a.ips {
-            let k = (a.network.clone(), ip.addr());
-            if self.ips.get(&k) == Some(&g) {
-                self.ips.remove(&k);
-            }
+            release(&mut self.ips, &a.network, &ip.addr(), &g);
         }
         if let Some(mac) = a.mac {
-            let k = (a.network.clone(), mac);
-            if self.macs.get(&k) == Some(&g) {
-                self.macs.remove(&k);
-            }
+            release(&mut self.macs, &a.network, &mac, &g);
         }
-        let k = (
-            a.signalled_node().to_string(),
-            a.signalled_port().to_string(),
-        );
-        if self.ports.get(&k) == Some(&g) {
-            self.ports.remove(&k);
-        }
+        release(&mut self.ports, a.signalled_node(), a.signalled_port(), &g);
+    }
+    /// The group holding `ip` on `network`.
+    fn ip(&self, network: &str, ip: &IpAddr) -> Option<&GroupKey> {
+        self.ips.get(network)?.get(ip).map(|g| &**g)
+    }
+    /// The group holding `mac` on `network`.
+    fn mac(&self, network: &str, mac: &[u8; 6]) -> Option<&GroupKey> {
+        self.macs.get(network)?.get(mac).map(|g| &**g)
     }
     /// Whether `a` would meet what a group other than `recomputed` holds,
     /// or a Service's ClusterIP (the recomputed groups meet each other in
@@ -101,15 +134,14 @@ impl Holdings {
     fn meets(&self, a: &crate::config::Attachment, recomputed: &BTreeSet<GroupKey>) -> bool {
         let other = |h: Option<&GroupKey>| h.is_some_and(|h| !recomputed.contains(h));
         a.ips.iter().any(|ip| {
-            self.service_ips.contains(&ip.addr())
-                || other(self.ips.get(&(a.network.clone(), ip.addr())))
-        }) || a
-            .mac
-            .is_some_and(|m| other(self.macs.get(&(a.network.clone(), m))))
-            || other(self.ports.get(&(
-                a.signalled_node().to_string(),
-                a.signalled_port().to_string(),
-            )))
+            self.service_ips.contains(&ip.addr()) || other(self.ip(&a.network, &ip.addr()))
+        }) || a.mac.is_some_and(|m| other(self.mac(&a.network, &m)))
+            || other(
+                self.ports
+                    .get(a.signalled_node())
+                    .and_then(|p| p.get(a.signalled_port()))
+                    .map(|g| &**g),
+            )
     }
 }
 
@@ -195,7 +227,7 @@ impl Evidence<'_> {
                 if a.ips.is_empty()
                     && c.ips
                         .iter()
-                        .any(|ip| other(holdings.ips.get(&(a.network.clone(), ip.addr()))))
+                        .any(|ip| other(holdings.ip(&a.network, &ip.addr())))
                 {
                     return Some("an address stored for it that another group asks for");
                 }
@@ -204,7 +236,7 @@ impl Evidence<'_> {
                         .mac
                         .as_deref()
                         .and_then(|m| crate::config::parse_mac(m).ok())
-                    && other(holdings.macs.get(&(a.network.clone(), mac)))
+                    && other(holdings.mac(&a.network, &mac))
                 {
                     return Some("a MAC stored for it that another group asks for");
                 }
@@ -212,18 +244,14 @@ impl Evidence<'_> {
             if let Some(id) = id {
                 if a.ips.is_empty()
                     && self.held.port_ips.iter().any(|((n, ip), port)| {
-                        *n == id
-                            && own_port(port)
-                            && other(holdings.ips.get(&(a.network.clone(), *ip)))
+                        *n == id && own_port(port) && other(holdings.ip(&a.network, ip))
                     })
                 {
                     return Some("an address its running port has that another group asks for");
                 }
                 if a.mac.is_none()
                     && self.held.port_macs.iter().any(|((n, mac), port)| {
-                        *n == id
-                            && own_port(port)
-                            && other(holdings.macs.get(&(a.network.clone(), *mac)))
+                        *n == id && own_port(port) && other(holdings.mac(&a.network, mac))
                     })
                 {
                     return Some("a MAC its running port has that another group asks for");

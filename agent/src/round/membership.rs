@@ -45,7 +45,10 @@ use crate::sys::hash::{HashMap, HashSet};
 /// snapshots while the object is unchanged.
 #[derive(Debug, Clone)]
 enum Member {
-    Document(Arc<Value>, PathBuf, DocOrigin),
+    /// Boxed: an entry per object of the cluster is kept, most of them
+    /// cluster objects, and the document's file and origin would make
+    /// each of those seven times its size.
+    Document(Box<(Arc<Value>, PathBuf, DocOrigin)>),
     Cluster(Arc<ClusterObject>),
 }
 
@@ -56,7 +59,7 @@ fn ptr_of<T: ?Sized>(a: &Arc<T>) -> usize {
 impl Member {
     fn ptr(&self) -> usize {
         match self {
-            Member::Document(a, ..) => ptr_of(a),
+            Member::Document(d) => ptr_of(&d.0),
             Member::Cluster(a) => ptr_of(a),
         }
     }
@@ -264,7 +267,11 @@ impl Membership {
                 Some(c) => Member::Cluster(c.object.clone()),
                 None => {
                     let d = &snap.documents[i - snap.cluster.len()];
-                    Member::Document(d.value.clone(), d.file.clone(), d.origin.clone())
+                    Member::Document(Box::new((
+                        d.value.clone(),
+                        d.file.clone(),
+                        d.origin.clone(),
+                    )))
                 }
             });
         }
@@ -369,7 +376,8 @@ impl Membership {
                 }
                 _ => {}
             },
-            Member::Document(value, _, origin) => {
+            Member::Document(d) => {
+                let (value, _, origin) = &**d;
                 if *origin == DocOrigin::CniPort
                     && let Some((ns, vm)) = attachment_vm(value)
                 {
@@ -462,7 +470,8 @@ impl Membership {
                 }
                 _ => {}
             },
-            Member::Document(value, _, origin) => {
+            Member::Document(d) => {
+                let (value, _, origin) = &**d;
                 if *origin == DocOrigin::CniPort
                     && let Some((ns, vm)) = attachment_vm(value)
                 {
@@ -540,7 +549,8 @@ impl Membership {
                     (Vec::new(), true)
                 }
             },
-            Member::Document(value, _, origin) => {
+            Member::Document(d) => {
+                let (value, _, origin) = &**d;
                 let is_attachment =
                     matches!(group_kind(value), Some((g, "Attachment")) if g.starts_with("vmpath"));
                 let Some((ns, vm)) = attachment_vm(value).filter(|_| is_attachment) else {
@@ -677,7 +687,8 @@ impl Membership {
                 }
                 _ => {}
             },
-            Member::Document(_, file, _) => {
+            Member::Document(d) => {
+                let file = &d.1;
                 let (contexts, gs) = self.files.entry(file.clone()).or_default();
                 if was_context {
                     *contexts -= 1;

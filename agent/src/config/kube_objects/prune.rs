@@ -30,7 +30,9 @@ pub fn group_kind(value: &Value) -> Option<(&str, &str)> {
 #[derive(Debug)]
 pub enum ClusterObject {
     Pod(Pod),
-    Vmi(Vmi),
+    /// Boxed: twice the size of the others, and every IPAMClaim of the
+    /// cluster is kept as one of these.
+    Vmi(Box<Vmi>),
     Vmim(Vmim),
     Nad(Nad),
     IpamClaim(IpamClaim),
@@ -114,7 +116,9 @@ fn read<T: Typed>(
 pub fn cluster_object(value: &Value) -> Option<ClusterObject> {
     Some(match group_kind(value)? {
         objects::POD => read(value, "Pod", ClusterObject::Pod),
-        objects::VMI => read(value, "VirtualMachineInstance", ClusterObject::Vmi),
+        objects::VMI => read(value, "VirtualMachineInstance", |v| {
+            ClusterObject::Vmi(Box::new(v))
+        }),
         objects::VMIM => read(
             value,
             "VirtualMachineInstanceMigration",
