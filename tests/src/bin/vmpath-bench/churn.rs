@@ -233,6 +233,14 @@ pub fn run(opts: &Options) -> Result<Section> {
     if calls.is_empty() {
         bail!("no plugin call was made");
     }
+    // With VMPATH_AGENT_LOG set, the agent's log (each ADD's wait in the
+    // agent, and at debug its round phases) is kept for whoever looks into
+    // a slow window.
+    if std::env::var_os("VMPATH_AGENT_LOG").is_some() {
+        let path = std::env::temp_dir().join("vmpath-churn.log");
+        let _ = std::fs::write(&path, node.agent_log());
+        eprintln!("bench: churn: agent log kept in {}", path.display());
+    }
     let errors: Vec<&Call> = calls.iter().filter(|c| c.error.is_some()).collect();
     let adds = calls.iter().filter(|c| c.add).count();
     let dels = calls.len() - adds;
