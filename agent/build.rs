@@ -35,7 +35,8 @@ fn main() -> anyhow::Result<()> {
         ..Default::default()
     };
     share_ebpf_target_dir()?;
-    aya_build::build_ebpf([ebpf], Toolchain::Custom(channel)).context("building the eBPF object")?;
+    aya_build::build_ebpf([ebpf], Toolchain::Custom(channel))
+        .context("building the eBPF object")?;
     let out_dir = std::path::PathBuf::from(std::env::var_os("OUT_DIR").context("OUT_DIR not set")?);
     for object in ["vmpath", "vmpath-bench"] {
         strip_dwarf(&out_dir.join(object))?;

@@ -7,7 +7,6 @@
 pub mod ledger;
 pub mod prune;
 
-
 use serde::{Deserialize, Serialize};
 
 use crate::config::label_selector::Labels;
