@@ -26,6 +26,17 @@ pub enum Origin {
     Learned,
 }
 
+/// Why a document was refused, where a program acts on it (the message
+/// says it to people; it is never parsed).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum RefusalReason {
+    /// A virt-launcher pod names a VirtualMachineInstance the agent has
+    /// not read: its CNI ADD may come before the VMI's watch event, so the
+    /// ADD waits a little for it (`UNSEEN_VMI_GRACE`).
+    VmiNotKnown,
+}
+
 /// A refused document: which file, which document, which field, and why.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
 pub struct ConfigError {
@@ -41,6 +52,9 @@ pub struct ConfigError {
     /// (Boxed: refusals travel in `Result`s, kept small.)
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub about: Option<Box<ObjectRef>>,
+    /// Why, where a program acts on it (most refusals: none).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<RefusalReason>,
 }
 
 impl ConfigError {
@@ -51,6 +65,7 @@ impl ConfigError {
             field: String::new(),
             message,
             about: None,
+            reason: None,
         }
     }
 }

@@ -499,20 +499,15 @@ fn add(shared: &Published, registry: &Registry, e: EndpointRequest) -> Reply {
             // Refused by validation, or valid but not served (a network
             // whose local ports are at the data path's limit).
             let not_served = format!("attachment {key} not served");
-            let refusal = view
-                .config_errors
-                .iter()
-                .find(|c| c.file == source)
-                .map(|c| c.message.clone())
-                .or_else(|| {
-                    view.problems
-                        .iter()
-                        .find(|p| p.starts_with(&not_served))
-                        .cloned()
-                });
-            let waits_for_vmi = refusal
-                .as_deref()
-                .is_some_and(|r| r.contains(crate::derive::translate::VMI_NOT_KNOWN))
+            let refused = view.config_errors.iter().find(|c| c.file == source);
+            let refusal = refused.map(|c| c.message.clone()).or_else(|| {
+                view.problems
+                    .iter()
+                    .find(|p| p.starts_with(&not_served))
+                    .cloned()
+            });
+            let waits_for_vmi = refused
+                .is_some_and(|c| c.reason == Some(vmpath_api::types::RefusalReason::VmiNotKnown))
                 && received.elapsed() < UNSEEN_VMI_GRACE;
             if let Some(refusal) = refusal.filter(|_| !waits_for_vmi) {
                 let message = format!("refused: {refusal}");

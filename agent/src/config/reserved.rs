@@ -62,6 +62,7 @@ pub fn warnings(cfg: &Config) -> Vec<ConfigError> {
                     field: format!("spec.ips[{i}]"),
                     message: format!("{why}; accepted because network {:?} has no IPAM", net.name),
                     about: a.source.origin.about(),
+                    reason: None,
                 });
             }
         }

@@ -50,6 +50,7 @@ impl Doc<'_> {
             field: field.to_string(),
             message: message.into(),
             about: self.raw.origin.about(),
+            reason: None,
         }
     }
     fn source(&self) -> DocRef {
@@ -570,6 +571,7 @@ fn header(raw: &RawDocument) -> Result<Doc<'_>, ConfigError> {
         field: field.to_string(),
         message,
         about: raw.origin.about(),
+        reason: None,
     };
     if !raw.value.is_object() {
         return Err(anonymous(

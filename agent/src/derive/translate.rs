@@ -27,16 +27,10 @@ use crate::config::{
     source::{ClusterDocument, RawDocument},
 };
 use crate::sys::hash::{HashMap, HashSet};
-use vmpath_api::types::ObjectRef;
+use vmpath_api::types::{ObjectRef, RefusalReason};
 
 /// Errors about CNI endpoints name them as `cni:<container id>/<ifname>`
 /// (so the plugin's ADD can answer with the refusal).
-/// How a launcher pod whose VMI the agent has not seen is refused. The
-/// CNI endpoint API gives such an ADD a moment before it answers
-/// (`api::endpoints::UNSEEN_VMI_GRACE`): the pod's watch event may come
-/// before its VMI's.
-pub const VMI_NOT_KNOWN: &str = "which is not known";
-
 pub const CNI_SOURCE_PREFIX: &str = "cni:";
 
 /// Whether a vmpath Network document has IPAM (its default).
@@ -86,6 +80,7 @@ fn error(file: &Path, about: ObjectRef, field: &str, message: impl Into<String>)
         field: field.to_string(),
         message: message.into(),
         about: Some(Box::new(about)),
+        reason: None,
     }
 }
 
@@ -209,6 +204,7 @@ pub fn translate(
                         field: r.field.clone(),
                         message: r.message.clone(),
                         about: None,
+                        reason: None,
                     }
                 } else {
                     let about = ObjectRef {
@@ -497,10 +493,13 @@ pub fn translate(
                     (None, None) => "(none named)".into(),
                 };
                 let files = tr.take_all_cni(pod);
-                tr.refuse_pod(
+                tr.refuse_pod_for(
                     p,
                     files,
-                    format!("virt-launcher pod of VirtualMachineInstance {which}, {VMI_NOT_KNOWN}"),
+                    format!(
+                        "virt-launcher pod of VirtualMachineInstance {which}, which is not known"
+                    ),
+                    Some(RefusalReason::VmiNotKnown),
                 );
             }
         }
@@ -1030,15 +1029,27 @@ impl Translator<'_> {
     /// A refusal of a pod: on its CNI ports (so their ADD fails naming
     /// it), else on its file.
     fn refuse_pod(&mut self, p: &Object<Pod>, cni_files: Vec<PathBuf>, message: String) {
+        self.refuse_pod_for(p, cni_files, message, None);
+    }
+
+    /// [`Self::refuse_pod`], with a reason a program acts on.
+    fn refuse_pod_for(
+        &mut self,
+        p: &Object<Pod>,
+        cni_files: Vec<PathBuf>,
+        message: String,
+        reason: Option<RefusalReason>,
+    ) {
         let document = object("Pod", &p.value.metadata);
-        if cni_files.is_empty() {
-            self.out.errors.push(error(p.file, document, "", message));
+        let files = if cni_files.is_empty() {
+            vec![p.file.to_path_buf()]
         } else {
-            for f in cni_files {
-                self.out
-                    .errors
-                    .push(error(&f, document.clone(), "", message.clone()));
-            }
+            cni_files
+        };
+        for f in files {
+            let mut e = error(&f, document.clone(), "", message.clone());
+            e.reason = reason;
+            self.out.errors.push(e);
         }
     }
 
@@ -1666,11 +1677,19 @@ spec: {vm: thief, interface: eth0, network: nowhere, node: node-a, port: p0}
             "{:?}",
             cfg.attachments
         );
+        let file = format!("{CNI_SOURCE_PREFIX}c0ffeevirt-launcher-thief-aaaaa/pod16477688c0e");
         refused(
             &cfg,
-            &format!("{CNI_SOURCE_PREFIX}c0ffeevirt-launcher-thief-aaaaa/pod16477688c0e"),
+            &file,
             "Pod tenant/virt-launcher-thief-aaaaa",
-            VMI_NOT_KNOWN,
+            "which is not known",
+        );
+        // The CNI ADD waits a moment on this reason, not on the words.
+        assert!(
+            cfg.errors.iter().any(|e| e.file.to_string_lossy() == file
+                && e.reason == Some(RefusalReason::VmiNotKnown)),
+            "{:#?}",
+            cfg.errors
         );
     }
 

@@ -322,6 +322,7 @@ pub(crate) mod sample {
                 field: "spec.mac".into(),
                 message: "\"zz\" is not a MAC address (six hex bytes)".into(),
                 about: None,
+                reason: None,
             }],
             config_warnings: vec![],
             networks: vec![NetworkView {

@@ -160,6 +160,7 @@ mod tests {
                     name: name.into(),
                 })
             }),
+            reason: None,
         }
     }
 

@@ -135,6 +135,7 @@ impl Resolved {
                 field: field.to_string(),
                 message,
                 about: a.spec.source.origin.about(),
+                reason: None,
             });
         }
     }

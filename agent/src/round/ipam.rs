@@ -160,6 +160,7 @@ pub fn adopt_detected_macs(
                     field: "detected MAC".into(),
                     message: msg.clone(),
                     about: a.source.origin.about(),
+                    reason: None,
                 });
                 if !refused_macs.contains(&(key.clone(), learned.mac)) {
                     error!(vm = %key, "{msg}");

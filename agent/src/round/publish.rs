@@ -436,6 +436,7 @@ mod tests {
                 field: "f".into(),
                 message: ",\"attachments\":[] \\\"".into(),
                 about: None,
+                reason: None,
             }],
             networks: vec![NetworkView {
                 name: "blue".into(),
