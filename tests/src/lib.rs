@@ -596,48 +596,10 @@ impl Node {
         );
     }
 
-    /// The agent's last status (state dir `status.json`), as of its last
-    /// pass: the agent writes the file on a thread of its own after the
-    /// pass has answered (a CNI ADD returns before the file has it), so
-    /// while the agent's API answers, the file is read until it has the
-    /// API's reconcile count (at most 2 s).
+    /// The agent's last status (state dir `status.json`).
     pub fn status(&self) -> Option<serde_json::Value> {
-        let read = || -> Option<serde_json::Value> {
-            let text = fs::read_to_string(self.state_dir.join("status.json")).ok()?;
-            serde_json::from_str(&text).ok()
-        };
-        let Some(reconciles) = self.api_reconciles() else {
-            return read();
-        };
-        let deadline = Instant::now() + Duration::from_secs(2);
-        loop {
-            let status = read();
-            let caught_up = status
-                .as_ref()
-                .and_then(|s| s["reconciles"].as_u64())
-                .is_some_and(|r| r >= reconciles);
-            if caught_up || Instant::now() >= deadline {
-                return status;
-            }
-            std::thread::sleep(Duration::from_millis(5));
-        }
-    }
-
-    /// The reconcile count the agent's API gives (`GET /v1/status`), if it
-    /// answers within a second.
-    fn api_reconciles(&self) -> Option<u64> {
-        use std::io::{Read as _, Write as _};
-        let mut sock = std::os::unix::net::UnixStream::connect(self.api_socket()).ok()?;
-        sock.set_read_timeout(Some(Duration::from_secs(1))).ok()?;
-        sock.set_write_timeout(Some(Duration::from_secs(1))).ok()?;
-        // HTTP/1.0: the whole body, not chunked, and the connection closed.
-        sock.write_all(b"GET /v1/status HTTP/1.0\r\nHost: agent\r\n\r\n")
-            .ok()?;
-        let mut reply = Vec::new();
-        sock.read_to_end(&mut reply).ok()?;
-        let at = reply.windows(4).position(|w| w == b"\r\n\r\n")?;
-        let body: serde_json::Value = serde_json::from_slice(&reply[at + 4..]).ok()?;
-        body["reconciles"].as_u64()
+        let text = fs::read_to_string(self.state_dir.join("status.json")).ok()?;
+        serde_json::from_str(&text).ok()
     }
 
     /// The agent's view of `vm`'s interface (what `vmpath vm show` shows),
