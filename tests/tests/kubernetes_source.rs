@@ -477,7 +477,8 @@ fn a_launchers_add_before_its_vmi_is_seen_waits_for_it() {
     // The agent writes status.json after the pass that answered the ADD
     // (on a thread of its own): the file may still hold the pass before.
     wait_for("vm1 in the status", Duration::from_secs(10), || {
-        node.status().is_some_and(|s| attachment(&s, "vm1").is_some())
+        node.status()
+            .is_some_and(|s| attachment(&s, "vm1").is_some())
     });
     let status = node.status().expect("status");
     let a = attachment(&status, "vm1").unwrap_or_else(|| panic!("vm1 derived: {status}"));
