@@ -89,10 +89,12 @@ impl FromIterator<(String, String)> for Labels {
 }
 
 impl Extend<(String, String)> for Labels {
+    /// One sort for the lot (a tenant's pod may carry many labels: one
+    /// insert each would move the list once per label).
     fn extend<I: IntoIterator<Item = (String, String)>>(&mut self, iter: I) {
-        for (k, v) in iter {
-            self.insert(k, v);
-        }
+        let mut pairs = std::mem::take(&mut self.0);
+        pairs.extend(iter);
+        *self = pairs.into_iter().collect();
     }
 }
 
