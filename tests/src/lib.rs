@@ -176,6 +176,15 @@ pub fn last_lines(text: &str, n: usize, sep: &str) -> String {
     lines[lines.len().saturating_sub(n)..].join(sep)
 }
 
+/// How long a test waits for a starting agent to program its first ports.
+/// A liveness bound, not a speed check: the kernel's verifier takes about
+/// 3 s of CPU per agent (vm_egress, vm_port and uplink most of it), so
+/// eight agents loading at once on two cores take 14 s each, and in CI,
+/// beside the image tests' podman and the lints' build, one took 30 s
+/// before it programmed anything (stop 52's CI: the image tests waited
+/// 30 s). Every wait that includes an agent's program load uses this.
+pub const AGENT_START_BOUND: Duration = Duration::from_secs(120);
+
 /// Polls `cond` until it holds or `timeout` passes.
 pub fn wait_for(what: &str, timeout: Duration, mut cond: impl FnMut() -> bool) {
     let start = Instant::now();
@@ -642,12 +651,9 @@ impl Node {
             if have.as_ref() == Some(&want) {
                 return;
             }
-            // A liveness bound, not a speed check: the verifier alone takes
-            // 7-10 s per agent here, a two-node test loads four at once on
-            // two cores, and beside other builds a load took two minutes.
             assert!(
-                start.elapsed() < Duration::from_secs(120),
-                "agent did not program ports {want:?} within 120 s (status ports {have:?}); log:\n{}",
+                start.elapsed() < AGENT_START_BOUND,
+                "agent did not program ports {want:?} within {AGENT_START_BOUND:?} (status ports {have:?}); log:\n{}",
                 self.agent_log()
             );
             sleep(Duration::from_millis(50));

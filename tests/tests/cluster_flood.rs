@@ -14,7 +14,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use vmpath_tests::{Netns, Node, UnderlayFamily, veth, yaml, yaml_overlay};
+use vmpath_tests::{Netns, Node, UnderlayFamily, veth, vmpath_bin, yaml, yaml_overlay};
 
 /// A broadcast ping's frames from the sender: what every member must get.
 const PINGS: u64 = 3;
@@ -167,6 +167,56 @@ fn start_and_wait(node: &mut Node, ports: usize) {
     }
 }
 
+/// `vmpath status -o json` against the node's agent: the API's answer, or
+/// why there was none.
+fn vmpath_status(node: &Node) -> Result<serde_json::Value, String> {
+    let out = std::process::Command::new(vmpath_bin())
+        .args(["status", "-o", "json", "--api-socket"])
+        .arg(node.api_socket())
+        .output()
+        .map_err(|e| e.to_string())?;
+    if !out.status.success() {
+        return Err(String::from_utf8_lossy(&out.stderr).into_owned());
+    }
+    serde_json::from_slice(&out.stdout).map_err(|e| e.to_string())
+}
+
+/// `vmpath status` run again and again from a thread, as `watch` would.
+struct StatusWatch {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    thread: std::thread::JoinHandle<usize>,
+}
+
+impl StatusWatch {
+    fn start(node: &Node) -> Self {
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let socket = node.api_socket();
+        let flag = stop.clone();
+        let thread = std::thread::spawn(move || {
+            let mut answers = 0;
+            while !flag.load(std::sync::atomic::Ordering::Relaxed) {
+                let ok = std::process::Command::new(vmpath_bin())
+                    .args(["status", "-o", "json", "--api-socket"])
+                    .arg(&socket)
+                    .stdout(std::process::Stdio::null())
+                    .stderr(std::process::Stdio::null())
+                    .status()
+                    .is_ok_and(|s| s.success());
+                answers += usize::from(ok);
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            answers
+        });
+        StatusWatch { stop, thread }
+    }
+
+    /// Stops the watch; how many times `vmpath status` answered.
+    fn stop(self) -> usize {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        self.thread.join().unwrap()
+    }
+}
+
 fn broadcast_pings(vm: &vmpath_tests::Vm) {
     // No answer comes (nobody has an address there): the exit status says
     // nothing; what arrived is counted by the receivers.
@@ -232,7 +282,28 @@ fn a_broadcast_reaches_512_local_ports_once_each() {
     batch(&node.ns, &near_batch, "near.batch");
     batch(&far, &far_batch, "far.batch");
     node.write_config("c.yaml", &yaml::docs(&docs));
+    // An operator watches `vmpath status` while the node comes up: its
+    // listing of every port's programs must not stall the programming
+    // (the two once shared one netlink socket, and the kernel answers a
+    // second dump on a socket with EBUSY: no port was ever programmed).
+    let watch = StatusWatch::start(&node);
     start_and_wait(&mut node, RECEIVERS + 1);
+    let answers = watch.stop();
+    assert!(
+        answers > 0,
+        "`vmpath status` never answered while ports were programmed"
+    );
+    let status = vmpath_status(&node).expect("`vmpath status -o json` after the ports");
+    let ports = status["programs"]["ports"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    assert_eq!(
+        ports.iter().filter(|p| p["current"] == true).count(),
+        2 * (RECEIVERS + 1),
+        "`vmpath status` lists this agent's programs at both hooks of every port: {:?}",
+        &ports[..ports.len().min(4)]
+    );
 
     let sockets: Vec<OwnedFd> = (0..RECEIVERS)
         .map(|i| packet_socket(&far, &format!("f{i}"), 1 << 20))

@@ -12,7 +12,7 @@ use std::{
 
 use serde_json::{Value, json};
 use vmpath_tests::{
-    Netns, Node,
+    AGENT_START_BOUND, Netns, Node,
     multus::{self, cni_bin},
     run_status, unique_tag, wait_for, yaml,
 };
@@ -339,7 +339,7 @@ fn cni_add_works_on_a_network_with_hundreds_of_vms() {
     }
     node.write_config("config.yaml", &yaml::docs(&docs));
     node.start_agent();
-    wait_for("the agent to read 400 VMs", Duration::from_secs(30), || {
+    wait_for("the agent to read 400 VMs", AGENT_START_BOUND, || {
         node.status()
             .is_some_and(|s| s["attachments"].as_array().is_some_and(|a| a.len() == 400))
     });

@@ -21,8 +21,8 @@ use std::{
 
 use serde_json::Value;
 use vmpath_tests::{
-    Bird, Netns, Node, Vm, enable_forwarding, link, run, run_status, unique_tag, vmpath_bin,
-    wait_for,
+    AGENT_START_BOUND, Bird, Netns, Node, Vm, enable_forwarding, link, run, run_status, unique_tag,
+    vmpath_bin, wait_for,
 };
 
 /// An image archive: from `env_var`, else built by `cargo xtask image`.
@@ -242,7 +242,7 @@ impl Podman {
         want.sort();
         wait_for(
             &format!("the agent in {name} to program {want:?}"),
-            Duration::from_secs(30),
+            AGENT_START_BOUND,
             || {
                 assert!(
                     self.running(name),
@@ -491,7 +491,8 @@ fn a_newer_image_adopts_the_pinned_state_without_losing_a_packet() {
     podman.stop(&old);
     wait_for(
         "the new agent's programs in every link",
-        Duration::from_secs(30),
+        // It loads its programs once the old one has exited.
+        AGENT_START_BOUND,
         || {
             let out = podman.podman(&[
                 "exec",

@@ -9,7 +9,7 @@ use std::{
 };
 
 use serde_json::Value;
-use vmpath_tests::{Node, Vm, run, vmpath_bin, wait_for};
+use vmpath_tests::{AGENT_START_BOUND, Node, Vm, run, vmpath_bin, wait_for};
 
 /// The forwarding maps' contents, as bpftool dumps them.
 fn maps(node: &Node) -> Vec<String> {
@@ -185,7 +185,7 @@ fn a_handover_waits_for_the_old_agent_then_takes_its_links_over() {
     old.wait().unwrap();
     wait_for(
         "the new agent's programs in every link",
-        Duration::from_secs(30),
+        AGENT_START_BOUND,
         || {
             status(&node).is_some_and(|s| {
                 let p = &s["programs"];

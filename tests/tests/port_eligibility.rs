@@ -7,7 +7,9 @@
 use std::time::Duration;
 
 use serde_json::Value;
-use vmpath_tests::{Netns, Node, iperf3, link, unique_tag, vmpath_bin, wait_for, yaml};
+use vmpath_tests::{
+    AGENT_START_BOUND, Netns, Node, iperf3, link, unique_tag, vmpath_bin, wait_for, yaml,
+};
 
 /// The VM-port programs on the node's interfaces (`vm_port-IFINDEX`).
 fn pins(node: &Node) -> Vec<String> {
@@ -173,7 +175,7 @@ fn only_vm_ports_are_attached_and_a_port_that_stops_being_one_is_detached() {
     node.ns
         .run(&["ip", "addr", "add", "203.0.113.7/32", "dev", &vm1.port]);
     node.start_agent();
-    wait_for("the stale program removed", Duration::from_secs(20), || {
+    wait_for("the stale program removed", AGENT_START_BOUND, || {
         !pins(&node).contains(&format!("vm_port-{vm1_index}"))
     });
     // The agent says so just after it removed the link: wait for the line

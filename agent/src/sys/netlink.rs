@@ -46,31 +46,51 @@ fn netns_id() -> io::Result<u64> {
     Ok(std::fs::metadata("/proc/thread-self/ns/net")?.ino())
 }
 
+/// One namespace's request connection, and the lock that gives it to one
+/// exchange at a time.
+#[derive(Clone)]
+struct Connection {
+    handle: Handle,
+    /// The kernel runs one dump per netlink socket at a time and answers a
+    /// second with EBUSY: the status API's filter listing beside the
+    /// round's link dump (at 513 ports) failed every round that way. Each
+    /// exchange holds this for its whole run; its callers are a few
+    /// threads (the round, the API, the slow path), never one inside
+    /// another (an exchange is a `block_on`, which cannot nest).
+    exclusive: std::sync::Arc<Mutex<()>>,
+}
+
 /// The request connection for the calling thread's namespace.
-fn handle() -> io::Result<Handle> {
-    static HANDLES: OnceLock<Mutex<HashMap<u64, Handle>>> = OnceLock::new();
+fn connection() -> io::Result<Connection> {
+    static CONNECTIONS: OnceLock<Mutex<HashMap<u64, Connection>>> = OnceLock::new();
     let rt = runtime()?;
     let ns = netns_id()?;
-    let mut handles = HANDLES
+    let mut connections = CONNECTIONS
         .get_or_init(Default::default)
         .lock()
         .unwrap_or_else(|e| e.into_inner());
-    if let Some(h) = handles.get(&ns) {
-        return Ok(h.clone());
+    if let Some(c) = connections.get(&ns) {
+        return Ok(c.clone());
     }
     // The socket is opened here, in this thread's namespace; the runtime
     // only drives it.
     let _ctx = rt.enter();
     let (conn, handle, _) = rtnetlink::new_connection()?;
     rt.spawn(conn);
-    handles.insert(ns, handle.clone());
-    Ok(handle)
+    let c = Connection {
+        handle,
+        exclusive: Default::default(),
+    };
+    connections.insert(ns, c.clone());
+    Ok(c)
 }
 
-/// Runs one netlink exchange to completion on the shared runtime.
+/// Runs one netlink exchange to completion on the shared runtime, alone on
+/// its namespace's connection.
 pub fn run<T, F: Future<Output = T>>(f: impl FnOnce(Handle) -> F) -> io::Result<T> {
-    let h = handle()?;
-    Ok(runtime()?.block_on(f(h)))
+    let c = connection()?;
+    let _alone = c.exclusive.lock().unwrap_or_else(|e| e.into_inner());
+    Ok(runtime()?.block_on(f(c.handle)))
 }
 
 /// What a link notification said, for logs.
