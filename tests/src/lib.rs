@@ -605,10 +605,49 @@ impl Node {
         );
     }
 
-    /// The agent's last status (state dir `status.json`).
+    /// The agent's status (state dir `status.json`) as of the view it last
+    /// published. The agent writes the file on a thread of its own after
+    /// the round has answered (a CNI ADD returns, a port is programmed,
+    /// before the file has it), so while the agent answers `/healthz`, the
+    /// file is read until it has that view's generation (at most 5 s).
     pub fn status(&self) -> Option<serde_json::Value> {
-        let text = fs::read_to_string(self.state_dir.join("status.json")).ok()?;
-        serde_json::from_str(&text).ok()
+        let read = || -> Option<serde_json::Value> {
+            let text = fs::read_to_string(self.state_dir.join("status.json")).ok()?;
+            serde_json::from_str(&text).ok()
+        };
+        let Some(published) = self.published_generation() else {
+            return read();
+        };
+        let deadline = Instant::now() + Duration::from_secs(5);
+        loop {
+            let status = read();
+            let caught_up = status
+                .as_ref()
+                .and_then(|s| s["generation"].as_u64())
+                .is_some_and(|g| g >= published);
+            if caught_up || Instant::now() >= deadline {
+                return status;
+            }
+            sleep(Duration::from_millis(5));
+        }
+    }
+
+    /// The generation of the view the agent last published (`GET
+    /// /healthz`: no netlink, no copy of the view), if it answers within a
+    /// second.
+    fn published_generation(&self) -> Option<u64> {
+        use std::io::{Read as _, Write as _};
+        let mut sock = std::os::unix::net::UnixStream::connect(self.api_socket()).ok()?;
+        sock.set_read_timeout(Some(Duration::from_secs(1))).ok()?;
+        sock.set_write_timeout(Some(Duration::from_secs(1))).ok()?;
+        // HTTP/1.0: the whole body, and the connection closed.
+        sock.write_all(b"GET /healthz HTTP/1.0\r\nHost: agent\r\n\r\n")
+            .ok()?;
+        let mut reply = Vec::new();
+        sock.read_to_end(&mut reply).ok()?;
+        let at = reply.windows(4).position(|w| w == b"\r\n\r\n")?;
+        let body: serde_json::Value = serde_json::from_slice(&reply[at + 4..]).ok()?;
+        body["generation"].as_u64()
     }
 
     /// The agent's view of `vm`'s interface (what `vmpath vm show` shows),

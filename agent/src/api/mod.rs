@@ -128,7 +128,12 @@ pub fn route(observer: &Observer, path: &str) -> Reply {
     let parts: Vec<&str> = decoded.iter().map(String::as_str).collect();
     match parts.as_slice() {
         ["healthz"] => match observer.published().alive() {
-            Ok(()) => json(200, &serde_json::json!({"alive": true})),
+            // The published view's number: what `status.json` catches up
+            // to (View::generation).
+            Ok(()) => json(
+                200,
+                &serde_json::json!({"alive": true, "generation": observer.view().generation}),
+            ),
             Err(e) => error(503, e),
         },
         ["readyz"] => {
@@ -519,7 +524,11 @@ mod tests {
     #[test]
     fn probes_answer_by_readiness_and_liveness() {
         let o = observer();
-        assert_eq!(route(&o, "/healthz").code, 200);
+        let alive = route(&o, "/healthz");
+        assert_eq!(alive.code, 200);
+        // The published view's generation: what status.json catches up to.
+        let body: serde_json::Value = serde_json::from_str(&alive.body).unwrap();
+        assert_eq!(body["generation"], 4, "{}", alive.body);
         assert_eq!(route(&o, "/readyz").code, 200);
         o.published().publish(View::default());
         let reply = route(&o, "/readyz");

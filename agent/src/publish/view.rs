@@ -45,6 +45,12 @@ pub struct View {
     pub last_reconcile_seconds: f64,
     pub last_reconcile_unix: u64,
     pub ready: bool,
+    /// How many views this agent has published, this one included: the
+    /// API's `/healthz` gives the latest, and `status.json` (written after
+    /// the round answered, on a thread of its own) has caught up with the
+    /// API once its number is as high.
+    #[serde(default)]
+    pub generation: u64,
 }
 
 impl View {
@@ -67,6 +73,7 @@ impl View {
             last_reconcile_seconds,
             last_reconcile_unix,
             ready,
+            generation,
         } = self;
         View {
             node: node.clone(),
@@ -83,6 +90,7 @@ impl View {
             last_reconcile_seconds: *last_reconcile_seconds,
             last_reconcile_unix: *last_reconcile_unix,
             ready: *ready,
+            generation: *generation,
         }
     }
 
@@ -355,6 +363,7 @@ pub(crate) mod sample {
             last_reconcile_seconds: 0.002,
             last_reconcile_unix: 1,
             ready: true,
+            generation: 4,
         }
     }
 

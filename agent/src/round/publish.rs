@@ -322,6 +322,7 @@ pub fn build_view(
         last_reconcile_seconds: prev.last_reconcile_seconds,
         last_reconcile_unix: prev.last_reconcile_unix,
         ready: prev.ready,
+        generation: prev.generation + 1,
     }
 }
 
@@ -468,6 +469,7 @@ mod tests {
         let vm2 = first.attachments[1].clone();
         first.attachments = vec![entry("vm1", "c"), vm2.clone(), entry("vm3", "a")];
         first.reconciles = 9;
+        first.generation = 10;
         let text = file.json(&first).unwrap();
         assert_eq!(text, serde_json::to_vec(&first).unwrap());
         assert_eq!(file.entries.len(), 3);
@@ -529,6 +531,9 @@ mod tests {
             "a",
         );
         let second = build(&after, &first, &before.attachments);
+        // Each view published is numbered after the one before (what the
+        // API's /healthz gives, and status.json catches up to).
+        assert_eq!((first.generation, second.generation), (1, 2));
         let fresh = build(&after, &View::default(), &[]);
         assert_eq!(
             second.attachments, fresh.attachments,
