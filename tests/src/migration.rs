@@ -306,11 +306,11 @@ pub fn receiver(ns: &Netns, out: &Path, seconds: u32) -> Child {
 /// A receiver for [`loss_window`], IPv4 or IPv6 (`::`): it creates
 /// `<out>.ready` once bound and ends when `<out>.stop` exists (or after
 /// `seconds`), so a slow start on a busy machine shifts nothing.
-fn signalled_receiver(ns: &Netns, out: &Path, seconds: u32, v6: bool) -> Child {
+pub fn signalled_receiver(ns: &Netns, out: &Path, seconds: u32, v6: bool) -> Child {
     udp_receiver(ns, out, seconds, v6, true)
 }
 
-fn with_suffix(path: &Path, suffix: &str) -> PathBuf {
+pub fn with_suffix(path: &Path, suffix: &str) -> PathBuf {
     let mut p = path.as_os_str().to_owned();
     p.push(suffix);
     PathBuf::from(p)

@@ -23,7 +23,7 @@ use std::{path::PathBuf, process::Child, time::Duration};
 
 use crate::{
     Bird, Netns, Node, SCAPY_PYTHON, Underlay, Vm, bird_node_config, enable_forwarding, link,
-    migration::{longest_gap, monotonic_ns, received, receiver},
+    migration::{longest_gap, monotonic_ns, received, signalled_receiver, with_suffix},
     vmpath::common,
     wait_for, yaml, yaml_overlay,
 };
@@ -373,25 +373,42 @@ pub fn external_loss_window(bed: &Bed) -> ExternalWindow {
     std::fs::create_dir_all(&dir).unwrap();
     let files: [PathBuf; 2] = [dir.join("rx-source"), dir.join("rx-target")];
     let trigger = dir.join("resume");
-    let rx_source = receiver(&bed.imp.ns, &files[0], 12);
-    let rx_target = receiver(&bed.imp_t.ns, &files[1], 12);
+    // Receivers that end when told: however long the helpers took to
+    // start, they hear the whole stream.
+    let rx_source = signalled_receiver(&bed.imp.ns, &files[0], 60, false);
+    let rx_target = signalled_receiver(&bed.imp_t.ns, &files[1], 60, false);
+    // The announcement is ready to go before the stream starts: scapy
+    // takes seconds to import on a busy machine, and a fixed pause here
+    // once let the cut-over wait 0.8 s for it (a CI run: the "loss window"
+    // was the announcer still importing). A plain packet socket, bound
+    // while the target's link is down; scapy only builds the frames.
+    let ready = dir.join("announce-ready");
     let announce = bed.imp_t.ns.spawn(&[
         SCAPY_PYTHON,
         "-c",
         &format!(
-            "import os, time
+            "import os, socket, time
 from scapy.all import *
 conf.verb = 0
+s = socket.socket(socket.AF_PACKET, socket.SOCK_RAW)
+s.bind(('eth0', 0))
+garp = bytes(Ether(src='{IMP_MAC}', dst='ff:ff:ff:ff:ff:ff')/ARP(op=1, hwsrc='{IMP_MAC}', psrc='{IMP_IP}', hwdst='00:00:00:00:00:00', pdst='{IMP_IP}'))
+rarp = bytes(Ether(src='{IMP_MAC}', dst='ff:ff:ff:ff:ff:ff', type=0x8035)/ARP(op=3, hwsrc='{IMP_MAC}', hwdst='{IMP_MAC}', psrc='0.0.0.0', pdst='0.0.0.0'))
+open('{}', 'w').close()
 while not os.path.exists('{}'):
     time.sleep(0.001)
-garp = Ether(src='{IMP_MAC}', dst='ff:ff:ff:ff:ff:ff')/ARP(op=1, hwsrc='{IMP_MAC}', psrc='{IMP_IP}', hwdst='00:00:00:00:00:00', pdst='{IMP_IP}')
-rarp = Ether(src='{IMP_MAC}', dst='ff:ff:ff:ff:ff:ff', type=0x8035)/ARP(op=3, hwsrc='{IMP_MAC}', hwdst='{IMP_MAC}', psrc='0.0.0.0', pdst='0.0.0.0')
-sendp([garp, rarp], iface='eth0')
+s.send(garp)
+s.send(rarp)
 ",
+            ready.display(),
             trigger.display()
         ),
     ]);
-    std::thread::sleep(Duration::from_millis(1500));
+    wait_for(
+        "the receivers bound and the announcement ready",
+        Duration::from_secs(60),
+        || ready.exists() && files.iter().all(|f| with_suffix(f, ".ready").exists()),
+    );
     let relayed_before = overlay_tx(&bed.a);
     let tx = sender(&bed.ext);
     // The stream must flow to the source before the cut-over (a loaded
@@ -434,6 +451,11 @@ sendp([garp, rarp], iface='eth0')
     );
     let relayed = overlay_tx(&bed.a) - relayed_before;
     let end = monotonic_ns();
+    // The last datagrams in flight, then the receivers stop.
+    std::thread::sleep(Duration::from_millis(200));
+    for f in &files {
+        std::fs::write(with_suffix(f, ".stop"), b"").unwrap();
+    }
     for child in [rx_source, rx_target, announce] {
         let out = child.wait_with_output().unwrap();
         assert!(

@@ -209,7 +209,41 @@ fn measure(n: usize, variant: &Variant, opts: &Options) -> Result<Figures> {
     // The first rounds' garbage gone before the resident size is read.
     std::thread::sleep(Duration::from_secs(2));
     let pid = node.agent_pid().context("agent pid")?.to_string();
+    // VMPATH_BENCH_PERF=DIR: the agent's CPU samples over the latency
+    // samples (`perf record`, call graphs from DWARF) in
+    // DIR/perf-N-VARIANT.data, for whoever looks into where a round's time
+    // goes.
+    let perf = std::env::var_os("VMPATH_BENCH_PERF").map(|dir| {
+        let variant: String = variant
+            .name
+            .chars()
+            .map(|c| if c.is_ascii_alphanumeric() { c } else { '-' })
+            .collect();
+        let out = std::path::Path::new(&dir).join(format!("perf-{n}-{variant}.data"));
+        std::process::Command::new("perf")
+            .args([
+                "record",
+                "-q",
+                "-F",
+                "499",
+                "--call-graph",
+                "dwarf,16384",
+                "-p",
+                &pid,
+                "-o",
+            ])
+            .arg(&out)
+            .stdout(std::process::Stdio::null())
+            .spawn()
+    });
     let (fresh, known) = latencies(&node, &server, n, opts.samples)?;
+    if let Some(Ok(mut perf)) = perf {
+        // SIGINT: perf writes its file and exits.
+        let _ = std::process::Command::new("kill")
+            .args(["-INT", &perf.id().to_string()])
+            .status();
+        let _ = perf.wait();
+    }
     let (hwm, rss) = rss_at_rest(&pid);
     // With VMPATH_AGENT_LOG=vmpath=debug the agent's round phases are in
     // its log: kept for whoever looks into a slow figure.
