@@ -581,6 +581,7 @@ fn watch_ledger(
     runtime.spawn(async move {
         let mut store = Store::<Arc<DynamicObject>>::default();
         let mut held = Relists::<Arc<DynamicObject>>::default();
+        let mut shards = ledger::ShardCache::default();
         let mut stream = std::pin::pin!(stream);
         while let Some(event) = stream.next().await {
             let event = match event {
@@ -595,14 +596,23 @@ fn watch_ledger(
             if let Some(n) = held.on_event(&event, first_list, || store.state()) {
                 warn!(ledger = %what, objects = n, "relist came back empty; keeping what was read until it changes");
             }
-            let configmaps = held
-                .read(|| store.state())
-                .iter()
-                .filter_map(|o| serde_json::from_value(serde_json::to_value(&**o).ok()?).ok())
-                .collect();
-            match ledger::Stored::from_configmaps(&ledger_name, configmaps) {
-                Ok(stored) => {
-                    *parsed.lock().unwrap_or_else(|p| p.into_inner()) = Arc::new(stored.ledger())
+            let configmaps = held.read(|| store.state());
+            let read = shards.update(
+                &ledger_name,
+                configmaps.iter().map(|o| {
+                    (
+                        o.metadata.name.as_deref().unwrap_or_default(),
+                        o.metadata.resource_version.as_deref(),
+                        o.data
+                            .get("data")
+                            .and_then(|d| d.get(ledger::LEDGER_KEY))
+                            .and_then(|t| t.as_str()),
+                    )
+                }),
+            );
+            match read {
+                Ok(()) => {
+                    *parsed.lock().unwrap_or_else(|p| p.into_inner()) = Arc::new(shards.ledger())
                 }
                 Err(e) => warn!(ledger = %what, "{e}; keeping the last ledger that read"),
             }

@@ -98,6 +98,74 @@ fn shard_index(ledger: &str, name: &str) -> Option<u64> {
     (1..SHARDS).contains(&k).then_some(k)
 }
 
+/// The whole ledger from its shards, in shard order. An address found in
+/// two shards (a move into its own shard cut short) is taken from the
+/// shard it belongs to.
+pub fn merge<'a>(shards: impl Iterator<Item = (u64, &'a Ledger)>) -> Ledger {
+    let mut out = Ledger::new();
+    for (k, held) in shards {
+        for (network, addrs) in held {
+            let into = out.entry(network.clone()).or_default();
+            for (ip, holder) in addrs {
+                if !into.contains_key(ip) || shard_of(network, ip) == k {
+                    into.insert(*ip, holder.clone());
+                }
+            }
+        }
+    }
+    out
+}
+
+/// The agent's read of the ledger, kept from one watch event to the next:
+/// a shard is parsed again only when its ConfigMap's resourceVersion
+/// changed. Every shard parsed on every event was a tenth of the agent's
+/// CPU at 10,000 VMs (each allocation writes one shard, of 64).
+#[derive(Debug, Default)]
+pub struct ShardCache {
+    /// Shard -> (the resourceVersion it was parsed at, what it holds).
+    shards: BTreeMap<u64, (Option<String>, std::sync::Arc<Ledger>)>,
+}
+
+impl ShardCache {
+    /// Brings the cache to `configmaps` (each `(name, resourceVersion,
+    /// the ledger's text)`), the namespace's ConfigMaps as the watch has
+    /// them: others' are skipped. A shard whose text is not a ledger is an
+    /// error naming it, and the cache is left as it was.
+    pub fn update<'a>(
+        &mut self,
+        ledger: &str,
+        configmaps: impl Iterator<Item = (&'a str, Option<&'a str>, Option<&'a str>)>,
+    ) -> Result<(), String> {
+        let mut shards = BTreeMap::new();
+        for (name, version, text) in configmaps {
+            let Some(k) = shard_index(ledger, name) else {
+                continue;
+            };
+            let kept = self
+                .shards
+                .get(&k)
+                .filter(|(v, _)| v.is_some() && v.as_deref() == version);
+            let held = match (kept, text) {
+                (Some((_, held)), _) => held.clone(),
+                (None, Some(text)) => {
+                    std::sync::Arc::new(serde_json::from_str(text).map_err(|e| {
+                        format!("ConfigMap {name}: {LEDGER_KEY} is not a ledger: {e}")
+                    })?)
+                }
+                (None, None) => Default::default(),
+            };
+            shards.insert(k, (version.map(String::from), held));
+        }
+        self.shards = shards;
+        Ok(())
+    }
+
+    /// The whole ledger (see [`merge`]).
+    pub fn ledger(&self) -> Ledger {
+        merge(self.shards.iter().map(|(k, (_, held))| (*k, &**held)))
+    }
+}
+
 /// The ledger's shards as read: each ConfigMap and what it holds.
 #[derive(Debug, Default)]
 pub struct Stored {
@@ -124,21 +192,9 @@ impl Stored {
         Ok(Self { shards })
     }
 
-    /// The whole ledger. An address found in two shards (a move into its
-    /// own shard cut short) is taken from the shard it belongs to.
+    /// The whole ledger (see [`merge`]).
     pub fn ledger(&self) -> Ledger {
-        let mut out = Ledger::new();
-        for (k, (_, held)) in &self.shards {
-            for (network, addrs) in held {
-                let into = out.entry(network.clone()).or_default();
-                for (ip, holder) in addrs {
-                    if !into.contains_key(ip) || shard_of(network, ip) == *k {
-                        into.insert(*ip, holder.clone());
-                    }
-                }
-            }
-        }
-        out
+        merge(self.shards.iter().map(|(k, (_, held))| (*k, held)))
     }
 
     /// The writes that make the stored shards hold `ledger`: (shard, the
@@ -236,6 +292,65 @@ mod tests {
         };
         assert_eq!(stored.ledger(), whole);
         assert!(stored.writes(&whole).is_empty());
+    }
+
+    #[test]
+    fn the_agents_cache_parses_a_shard_again_only_when_its_configmap_changed() {
+        let whole = ledger(2_000);
+        let mut texts: BTreeMap<String, String> = split(&whole)
+            .into_iter()
+            .map(|(k, l)| (shard_name("led", k), serde_json::to_string(&l).unwrap()))
+            .collect();
+        texts.insert("unrelated".into(), "not a ledger".into());
+        let names: Vec<String> = texts.keys().cloned().collect();
+        let versions = |bumped: &str, to: &str| -> BTreeMap<String, String> {
+            names
+                .iter()
+                .map(|n| (n.clone(), if n == bumped { to } else { "1" }.to_string()))
+                .collect()
+        };
+        let read = |cache: &mut ShardCache,
+                    texts: &BTreeMap<String, String>,
+                    versions: &BTreeMap<String, String>| {
+            cache.update(
+                "led",
+                texts
+                    .iter()
+                    .map(|(n, t)| (n.as_str(), Some(versions[n].as_str()), Some(t.as_str()))),
+            )
+        };
+        let mut cache = ShardCache::default();
+        read(&mut cache, &texts, &versions("", "")).unwrap();
+        assert_eq!(cache.ledger(), whole, "the same ledger as the shards make");
+        let before: Vec<_> = cache.shards.values().map(|(_, l)| l.clone()).collect();
+
+        // One allocation: shard 5 rewritten at a new resourceVersion.
+        let moved: IpAddr = "10.0.0.7".parse().unwrap();
+        let mut after = whole.clone();
+        let k = shard_of("blue", &moved);
+        after
+            .get_mut("blue")
+            .unwrap()
+            .get_mut(&moved)
+            .unwrap()
+            .claim = "prod/other.blue".into();
+        let name = shard_name("led", k);
+        texts.insert(
+            name.clone(),
+            serde_json::to_string(&split(&after)[&k]).unwrap(),
+        );
+        read(&mut cache, &texts, &versions(&name, "2")).unwrap();
+        assert_eq!(cache.ledger(), after);
+        // Every other shard is the one parsed before, not parsed again.
+        for ((shard, (_, l)), old) in cache.shards.iter().zip(&before) {
+            assert_eq!(std::sync::Arc::ptr_eq(l, old), *shard != k, "shard {shard}");
+        }
+
+        // A shard that is not a ledger: an error naming it, the cache as it was.
+        texts.insert(name.clone(), "[".into());
+        let e = read(&mut cache, &texts, &versions(&name, "3")).unwrap_err();
+        assert!(e.contains(&name), "{e}");
+        assert_eq!(cache.ledger(), after);
     }
 
     #[test]
