@@ -242,9 +242,12 @@ impl ApiServer {
     /// vouches for them): each address of each claim's `status.ips`, held
     /// by that claim (its uid), on the vmpath network its `spec.network`
     /// names (a vmpath NAD's network in its namespace with that name, else
-    /// the Network of that name). One ConfigMap,
-    /// `vmpath-system/vmpath-ipam-ledger`, read whole as an unsharded
-    /// ledger is. Call it again after putting more claims.
+    /// the Network of that name). Sharded as the controller writes it
+    /// (`vmpath-system/vmpath-ipam-ledger` and `...-<k>`, an address in
+    /// the shard its hash names), and, as the controller does, only the
+    /// shards whose content changed are written: each allocation is one
+    /// shard's new resourceVersion, not the whole ledger's. Call it again
+    /// after putting more claims.
     pub fn vouch_for_claims(&self) {
         let nads = self.objects(&collection(
             "k8s.cni.cncf.io/v1",
@@ -271,11 +274,43 @@ impl ApiServer {
                 });
             }
         }
-        self.put(json!({
-            "apiVersion": "v1", "kind": "ConfigMap",
-            "metadata": {"name": "vmpath-ipam-ledger", "namespace": "vmpath-system"},
-            "data": {"allocations": Value::Object(ledger).to_string()},
-        }));
+        use vmpath::config::kube_objects::ledger;
+        const NAME: &str = "vmpath-ipam-ledger";
+        let write = |name: &str, text: String| {
+            let stored = self.get("/api/v1/configmaps", "vmpath-system", name);
+            if stored.is_some_and(|o| o["data"][ledger::LEDGER_KEY] == text.as_str()) {
+                return;
+            }
+            self.put(json!({
+                "apiVersion": "v1", "kind": "ConfigMap",
+                "metadata": {"name": name, "namespace": "vmpath-system"},
+                "data": {ledger::LEDGER_KEY: text},
+            }));
+        };
+        let text = Value::Object(ledger).to_string();
+        match serde_json::from_str::<ledger::Ledger>(&text) {
+            Ok(whole) => {
+                let mut shards = ledger::split(&whole);
+                for k in 0..ledger::SHARDS {
+                    let shard = shards.remove(&k).unwrap_or_default();
+                    // Shard 0 always exists (the controller's first round
+                    // makes it); the others once they hold an address (and
+                    // then are emptied, not removed, when none is left).
+                    let name = ledger::shard_name(NAME, k);
+                    if k == 0
+                        || !shard.is_empty()
+                        || self
+                            .get("/api/v1/configmaps", "vmpath-system", &name)
+                            .is_some()
+                    {
+                        write(&name, serde_json::to_string(&shard).unwrap());
+                    }
+                }
+            }
+            // A status that is no address (a test of that): the ledger
+            // unsharded, as an older controller wrote it.
+            Err(_) => write(NAME, text),
+        }
     }
 
     /// The object `name` in `namespace` (`""`: cluster-scoped) of
