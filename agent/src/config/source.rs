@@ -121,7 +121,7 @@ pub struct Snapshot {
     /// `vmpath controller`'s ledger (the Kubernetes source): an
     /// IPAMClaim's `status.ips` on an IPAM network counts only where it
     /// vouches for them. `None` (config files): a claim's file is trusted.
-    pub ledger: Option<std::sync::Arc<crate::config::kube_objects::ledger::Ledger>>,
+    pub ledger: Option<std::sync::Arc<crate::config::kube_objects::ledger::Shards>>,
     /// The cluster's pod and Service CIDRs the agent was given
     /// (`--cluster-pod-cidrs`, `--cluster-service-cidrs`); those v1 Nodes
     /// report are added by translation.

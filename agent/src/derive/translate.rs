@@ -14,7 +14,7 @@ use std::{
 use serde_json::{Value, json};
 
 pub use crate::config::Translated;
-use crate::config::kube_objects::ledger::{self, Ledger};
+use crate::config::kube_objects::ledger::{self, Shards};
 use crate::config::kube_objects::prune::{ClusterObject, cluster_object, group_kind};
 use crate::config::kube_objects::{
     self as objects, CREATED_BY_LABEL, DEFAULT_NETWORK_ANNOTATION, DEFAULT_NETWORK_IFNAME,
@@ -131,7 +131,7 @@ pub fn translate(
     cluster: &[ClusterDocument],
     node: &str,
     pod_claims: bool,
-    ledger: Option<&Ledger>,
+    ledger: Option<&Shards>,
 ) -> Translated {
     let mut t = Translated::default();
     let mut pods: Vec<Object<Pod>> = Vec::new();

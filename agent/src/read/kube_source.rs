@@ -35,7 +35,7 @@ use tracing::{info, warn};
 
 use super::rbac;
 use crate::{
-    config::kube_objects::ledger::{self, Ledger},
+    config::kube_objects::ledger,
     config::{
         ConfigError,
         source::{ClusterDocument, RawDocument, Snapshot},
@@ -248,7 +248,7 @@ struct LedgerWatch {
     /// `namespace/name`, for messages.
     name: String,
     listed: Arc<AtomicBool>,
-    ledger: Arc<Mutex<Arc<Ledger>>>,
+    ledger: Arc<Mutex<Arc<ledger::Shards>>>,
 }
 
 /// Where the agent reads the controller's ledger.
@@ -569,7 +569,7 @@ fn watch_ledger(
     let watch = LedgerWatch {
         name: format!("{}/{}", at.namespace, at.name),
         listed: Arc::new(AtomicBool::new(false)),
-        ledger: Arc::new(Mutex::new(Arc::new(Ledger::new()))),
+        ledger: Arc::new(Mutex::new(Arc::default())),
     };
     let (listed, parsed, generation, shared) = (
         watch.listed.clone(),
@@ -612,7 +612,7 @@ fn watch_ledger(
             );
             match read {
                 Ok(()) => {
-                    *parsed.lock().unwrap_or_else(|p| p.into_inner()) = Arc::new(shards.ledger())
+                    *parsed.lock().unwrap_or_else(|p| p.into_inner()) = Arc::new(shards.shards())
                 }
                 Err(e) => warn!(ledger = %what, "{e}; keeping the last ledger that read"),
             }

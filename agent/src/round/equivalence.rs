@@ -15,7 +15,7 @@ use super::{Passes, Round, Settings, derive, ipam, plan, publish, resolve, valid
 use crate::{
     config::{
         Config,
-        kube_objects::ledger::{Holder, Ledger},
+        kube_objects::ledger::{Holder, Ledger, Shards},
         source::Reader,
     },
     plan::Plan,
@@ -713,6 +713,7 @@ fn run_kube_sequence(seed: u64, steps: usize) -> (Passes, (usize, usize)) {
         write_with_claim(&config, &file, &claim, pods[&k].objects(k));
     };
     let mut ledger: Arc<Ledger> = Arc::default();
+    let mut shards: Option<(Arc<Ledger>, Arc<Shards>)> = None;
     let save = |vms: &BTreeMap<u32, KubeVm>, k: u32| {
         let (file, claim) = (format!("vm{k}.yaml"), format!("claim{k}.yaml"));
         write_with_claim(&config, &file, &claim, vms[&k].objects(k));
@@ -914,7 +915,14 @@ fn run_kube_sequence(seed: u64, steps: usize) -> (Passes, (usize, usize)) {
         // As the Kubernetes source reads: claims made for plain pods, and
         // the ledger (shared between reads until it is written).
         snap.pod_claims = true;
-        snap.ledger = Some(ledger.clone());
+        // Split as the watch reads it, again only after a write.
+        if !shards
+            .as_ref()
+            .is_some_and(|(l, _)| Arc::ptr_eq(l, &ledger))
+        {
+            shards = Some((ledger.clone(), Arc::new(Shards::of(&ledger))));
+        }
+        snap.ledger = shards.as_ref().map(|(_, s)| s.clone());
         let ports = |_: &str| None;
         let cfg = check_step(&mut round, &snap, &ports, seed, step, &what);
         // Plain pods' interfaces with the address of a claim read by a

@@ -192,7 +192,7 @@ pub struct Membership {
     read_errors: Vec<ConfigError>,
     /// Held, not only its address: a freed ledger's address may be the
     /// next one's.
-    ledger: Option<Arc<crate::config::kube_objects::ledger::Ledger>>,
+    ledger: Option<Arc<crate::config::kube_objects::ledger::Shards>>,
     /// Has read a snapshot.
     started: bool,
     /// The last snapshot's objects, in its order.
@@ -984,13 +984,26 @@ fn hashed_claim_prefix(name: &str) -> Option<&str> {
 }
 
 /// The addresses whose ledger entry differs between `old` and `new` (on
-/// any network): one walk of both, in order.
+/// any network): one walk of each shard that was read again, in order
+/// (a shard's address found in another shard too counts as changed, which
+/// only derives its readers again).
 fn ledger_changes(
+    old: &crate::config::kube_objects::ledger::Shards,
+    new: &crate::config::kube_objects::ledger::Shards,
+) -> HashSet<IpAddr> {
+    let mut out = HashSet::default();
+    for (a, b) in old.differing(new) {
+        shard_changes(a, b, &mut out);
+    }
+    out
+}
+
+fn shard_changes(
     old: &crate::config::kube_objects::ledger::Ledger,
     new: &crate::config::kube_objects::ledger::Ledger,
-) -> HashSet<IpAddr> {
+    out: &mut HashSet<IpAddr>,
+) {
     use crate::sys::sorted::Side;
-    let mut out = HashSet::default();
     let empty = Default::default();
     let networks: BTreeSet<&String> = old.keys().chain(new.keys()).collect();
     for n in networks {
@@ -1013,7 +1026,6 @@ fn ledger_changes(
             },
         );
     }
-    out
 }
 
 #[cfg(test)]

@@ -11,7 +11,7 @@
 //! two writers that planned from the same ledger cannot both write the
 //! shard that decides an address.
 
-use std::{collections::BTreeMap, net::IpAddr};
+use std::{collections::BTreeMap, net::IpAddr, sync::Arc};
 
 use ipnet::IpNet;
 use k8s_openapi::api::core::v1::ConfigMap;
@@ -34,25 +34,88 @@ pub struct Holder {
 /// Network name -> address -> holder.
 pub type Ledger = BTreeMap<String, BTreeMap<IpAddr, Holder>>;
 
+/// Who the ledger says holds an address: the controller's whole
+/// [`Ledger`], or the agent's [`Shards`].
+pub trait Vouches {
+    fn holder(&self, network: &str, ip: &IpAddr) -> Option<&Holder>;
+}
+
+impl Vouches for Ledger {
+    fn holder(&self, network: &str, ip: &IpAddr) -> Option<&Holder> {
+        self.get(network)?.get(ip)
+    }
+}
+
+/// The ledger as the agent reads it: each shard as parsed, shared until
+/// its ConfigMap changes, never merged into a copy of the whole (at
+/// 100,000 VMs a copy is tens of MB, and a walk of it on every
+/// allocation was what an allocation cost the agent).
+#[derive(Debug, Clone, Default)]
+pub struct Shards {
+    shards: BTreeMap<u64, Arc<Ledger>>,
+}
+
+impl Vouches for Shards {
+    /// As [`merge`] decides: from the address's own shard, else from the
+    /// first shard holding it.
+    fn holder(&self, network: &str, ip: &IpAddr) -> Option<&Holder> {
+        self.shards
+            .get(&shard_of(network, ip))
+            .and_then(|l| l.holder(network, ip))
+            .or_else(|| self.shards.values().find_map(|l| l.holder(network, ip)))
+    }
+}
+
+impl Shards {
+    /// A whole ledger, split as the controller stores it.
+    pub fn of(ledger: &Ledger) -> Self {
+        Shards {
+            shards: split(ledger)
+                .into_iter()
+                .map(|(k, l)| (k, Arc::new(l)))
+                .collect(),
+        }
+    }
+
+    /// The shards that differ between `self` and `new` (one side empty
+    /// where it has no such shard): a shard read again is compared, one
+    /// shared by both is not.
+    pub fn differing<'a>(&'a self, new: &'a Shards) -> Vec<(&'a Ledger, &'a Ledger)> {
+        static EMPTY: std::sync::LazyLock<Ledger> = std::sync::LazyLock::new(Ledger::new);
+        let keys: std::collections::BTreeSet<&u64> =
+            self.shards.keys().chain(new.shards.keys()).collect();
+        keys.into_iter()
+            .filter_map(|k| match (self.shards.get(k), new.shards.get(k)) {
+                (Some(a), Some(b)) if Arc::ptr_eq(a, b) => None,
+                (a, b) => Some((a.map_or(&*EMPTY, |l| &**l), b.map_or(&*EMPTY, |l| &**l))),
+            })
+            .collect()
+    }
+
+    /// The whole ledger these shards make ([`merge`]).
+    pub fn merged(&self) -> Ledger {
+        merge(self.shards.iter().map(|(k, l)| (*k, &**l)))
+    }
+}
+
 /// Why the ledger does not vouch for a claim's `status.ips` on `network`
 /// (the claim `key`, `namespace/name`, of that `uid`), or `None` when it
 /// names that claim as the holder of every address, each with its
 /// prefix. Only `vmpath controller` writes addresses, ledger first: a
 /// status it does not vouch for was written by someone else. The
 /// controller and the agents judge a status by this one rule.
-pub fn unvouched(
-    ledger: &Ledger,
+pub fn unvouched<L: Vouches + ?Sized>(
+    ledger: &L,
     network: &str,
     key: &str,
     uid: &str,
     ips: &[String],
 ) -> Option<String> {
-    let held = ledger.get(network);
     ips.iter().find_map(|text| {
         let Ok(ip) = text.parse::<IpNet>() else {
             return Some(format!("{text:?} is not a CIDR"));
         };
-        match held.and_then(|h| h.get(&ip.addr())) {
+        match ledger.holder(network, &ip.addr()) {
             Some(h) if h.claim == key && h.uid == uid && h.ip == ip => None,
             Some(h) if h.claim == key && h.uid == uid => {
                 Some(format!("{text} is recorded in the ledger as {}", h.ip))
@@ -123,7 +186,7 @@ pub fn merge<'a>(shards: impl Iterator<Item = (u64, &'a Ledger)>) -> Ledger {
 #[derive(Debug, Default)]
 pub struct ShardCache {
     /// Shard -> (the resourceVersion it was parsed at, what it holds).
-    shards: BTreeMap<u64, (Option<String>, std::sync::Arc<Ledger>)>,
+    shards: BTreeMap<u64, (Option<String>, Arc<Ledger>)>,
 }
 
 impl ShardCache {
@@ -145,24 +208,29 @@ impl ShardCache {
                 .shards
                 .get(&k)
                 .filter(|(v, _)| v.is_some() && v.as_deref() == version);
-            let held = match (kept, text) {
-                (Some((_, held)), _) => held.clone(),
-                (None, Some(text)) => {
-                    std::sync::Arc::new(serde_json::from_str(text).map_err(|e| {
+            let held =
+                match (kept, text) {
+                    (Some((_, held)), _) => held.clone(),
+                    (None, Some(text)) => Arc::new(serde_json::from_str(text).map_err(|e| {
                         format!("ConfigMap {name}: {LEDGER_KEY} is not a ledger: {e}")
-                    })?)
-                }
-                (None, None) => Default::default(),
-            };
+                    })?),
+                    (None, None) => Default::default(),
+                };
             shards.insert(k, (version.map(String::from), held));
         }
         self.shards = shards;
         Ok(())
     }
 
-    /// The whole ledger (see [`merge`]).
-    pub fn ledger(&self) -> Ledger {
-        merge(self.shards.iter().map(|(k, (_, held))| (*k, &**held)))
+    /// The shards as last read.
+    pub fn shards(&self) -> Shards {
+        Shards {
+            shards: self
+                .shards
+                .iter()
+                .map(|(k, (_, held))| (*k, held.clone()))
+                .collect(),
+        }
     }
 }
 
@@ -321,7 +389,11 @@ mod tests {
         };
         let mut cache = ShardCache::default();
         read(&mut cache, &texts, &versions("", "")).unwrap();
-        assert_eq!(cache.ledger(), whole, "the same ledger as the shards make");
+        assert_eq!(
+            cache.shards().merged(),
+            whole,
+            "the same ledger as the shards make"
+        );
         let before: Vec<_> = cache.shards.values().map(|(_, l)| l.clone()).collect();
 
         // One allocation: shard 5 rewritten at a new resourceVersion.
@@ -340,17 +412,17 @@ mod tests {
             serde_json::to_string(&split(&after)[&k]).unwrap(),
         );
         read(&mut cache, &texts, &versions(&name, "2")).unwrap();
-        assert_eq!(cache.ledger(), after);
+        assert_eq!(cache.shards().merged(), after);
         // Every other shard is the one parsed before, not parsed again.
         for ((shard, (_, l)), old) in cache.shards.iter().zip(&before) {
-            assert_eq!(std::sync::Arc::ptr_eq(l, old), *shard != k, "shard {shard}");
+            assert_eq!(Arc::ptr_eq(l, old), *shard != k, "shard {shard}");
         }
 
         // A shard that is not a ledger: an error naming it, the cache as it was.
         texts.insert(name.clone(), "[".into());
         let e = read(&mut cache, &texts, &versions(&name, "3")).unwrap_err();
         assert!(e.contains(&name), "{e}");
-        assert_eq!(cache.ledger(), after);
+        assert_eq!(cache.shards().merged(), after);
     }
 
     #[test]
@@ -449,5 +521,24 @@ mod tests {
             ]),
         };
         assert_eq!(stored.ledger(), whole);
+        // The agent's shards say the same without merging them.
+        let mut shards = Shards {
+            shards: stored
+                .shards
+                .iter()
+                .map(|(k, (_, l))| (*k, Arc::new(l.clone())))
+                .collect(),
+        };
+        assert_eq!(shards.holder("blue", ip), Some(holder));
+        assert_eq!(shards.merged(), whole);
+        // Its own shard emptied: the other shard's entry is the holder.
+        let before = shards.clone();
+        shards.shards.insert(own, Arc::default());
+        assert_eq!(shards.holder("blue", ip).unwrap().claim, "old/claim");
+        assert_eq!(shards.holder("red", ip), None);
+        // Only the shard read again is compared.
+        let differing = before.differing(&shards);
+        assert_eq!(differing.len(), 1);
+        assert_eq!(differing[0], (&whole, &Ledger::new()));
     }
 }
