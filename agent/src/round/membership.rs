@@ -197,6 +197,85 @@ pub struct Membership {
     started: bool,
     /// The last snapshot's objects, in its order.
     order: Vec<usize>,
+    /// Where each kind's (file's) objects lie in `order`.
+    segments: Vec<(u64, std::ops::Range<usize>)>,
+}
+
+/// The snapshot's objects by identity, in its order, and the runs of one
+/// file each (a kind, for the cluster source): (the file's name hashed,
+/// its run).
+fn order_of(snap: &Snapshot) -> (Vec<usize>, Vec<(u64, std::ops::Range<usize>)>) {
+    let objects = snap
+        .cluster
+        .iter()
+        .map(|c| (ptr_of(&c.object), &*c.file))
+        .chain(
+            snap.documents
+                .iter()
+                .map(|d| (ptr_of(&d.value), d.file.as_path())),
+        );
+    let mut order = Vec::with_capacity(snap.cluster.len() + snap.documents.len());
+    let mut segments: Vec<(u64, std::ops::Range<usize>)> = Vec::new();
+    let mut last_file: Option<&std::path::Path> = None;
+    for (at, (ptr, file)) in objects.enumerate() {
+        order.push(ptr);
+        match segments.last_mut() {
+            Some((_, run)) if last_file == Some(file) => run.end = at + 1,
+            _ => {
+                let name = crate::sys::hash::fnv1a(&[file.as_os_str().as_encoded_bytes()]);
+                segments.push((name, at..at + 1));
+                last_file = Some(file);
+            }
+        }
+    }
+    (order, segments)
+}
+
+/// What changed between two orders, run by run (`order_of`): the old
+/// objects past each run's common head and tail, and the new positions
+/// there; a run only one side has is changed whole. `None` when a file's
+/// name comes twice on one side (its runs are not one each).
+#[allow(clippy::type_complexity)]
+fn changed_runs(
+    old: &[usize],
+    old_runs: &[(u64, std::ops::Range<usize>)],
+    new: &[usize],
+    new_runs: &[(u64, std::ops::Range<usize>)],
+) -> Option<(HashSet<usize>, Vec<std::ops::Range<usize>>)> {
+    let mut old_by_file: HashMap<u64, std::ops::Range<usize>> = HashMap::default();
+    for (file, run) in old_runs {
+        if old_by_file.insert(*file, run.clone()).is_some() {
+            return None;
+        }
+    }
+    let mut seen: HashSet<u64> = HashSet::default();
+    let mut old_mid: HashSet<usize> = HashSet::default();
+    let mut new_mid: Vec<std::ops::Range<usize>> = Vec::new();
+    for (file, run) in new_runs {
+        if !seen.insert(*file) {
+            return None;
+        }
+        let Some(was) = old_by_file.get(file) else {
+            new_mid.push(run.clone());
+            continue;
+        };
+        let (a, b) = (&old[was.clone()], &new[run.clone()]);
+        let head = a.iter().zip(b).take_while(|(x, y)| x == y).count();
+        let tail = a[head..]
+            .iter()
+            .rev()
+            .zip(b[head..].iter().rev())
+            .take_while(|(x, y)| x == y)
+            .count();
+        old_mid.extend(a[head..a.len() - tail].iter().copied());
+        new_mid.push(run.start + head..run.end - tail);
+    }
+    for (file, run) in old_runs {
+        if !seen.contains(file) {
+            old_mid.extend(old[run.clone()].iter().copied());
+        }
+    }
+    Some((old_mid, new_mid))
 }
 
 /// What placing or removing objects leaves to do.
@@ -224,42 +303,36 @@ impl Membership {
     pub fn update(&mut self, snap: &Snapshot) -> Option<BTreeSet<GroupKey>> {
         let mut work = Work::default();
         // What came and went: the snapshot's objects in its order (the
-        // sources keep one: by kind, then key) against the last one's.
-        // Past the common head and tail, only what lies between is looked
-        // at, so an unchanged object costs a comparison, not a lookup.
-        let order: Vec<usize> = snap
-            .cluster
-            .iter()
-            .map(|c| ptr_of(&c.object))
-            .chain(snap.documents.iter().map(|d| ptr_of(&d.value)))
-            .collect();
-        let head = self
-            .order
-            .iter()
-            .zip(&order)
-            .take_while(|(a, b)| a == b)
-            .count();
-        let tail = self.order[head..]
-            .iter()
-            .rev()
-            .zip(order[head..].iter().rev())
-            .take_while(|(a, b)| a == b)
-            .count();
-        let old_mid: HashSet<usize> = self.order[head..self.order.len() - tail]
-            .iter()
-            .copied()
-            .collect();
+        // sources keep one: by kind, then key) against the last one's,
+        // kind by kind (file by file). Within a kind, past the common
+        // head and tail only what lies between is looked at, so an
+        // unchanged object costs a comparison, not a lookup; and a change
+        // in two kinds at once (a VM's pod and its VMI) looks at two
+        // small runs, not everything between them.
+        let (order, segments) = order_of(snap);
+        let (old_mid, new_mid_ranges) =
+            match changed_runs(&self.order, &self.segments, &order, &segments) {
+                Some(runs) => runs,
+                // A kind (file) in two places: the whole as one run.
+                None => {
+                    let whole = [(0u64, 0..self.order.len())];
+                    let new_whole = [(0u64, 0..order.len())];
+                    changed_runs(&self.order, &whole, &order, &new_whole)
+                        .expect("one run each side")
+                }
+            };
         let mut new_mid: HashSet<usize> = HashSet::default();
         let mut added: Vec<Member> = Vec::new();
-        for (i, &p) in order.iter().enumerate().take(order.len() - tail).skip(head) {
+        for i in new_mid_ranges.into_iter().flatten() {
+            let p = order[i];
             if !new_mid.insert(p) {
                 return self.rebuild(snap);
             }
             if old_mid.contains(&p) {
                 continue;
             }
-            // Not among the last snapshot's in between: new, unless it is
-            // also in the head or tail (one object twice).
+            // Not among the last snapshot's changed runs: new, unless it
+            // is also in an unchanged part (one object twice).
             if self.entries.contains_key(&p) {
                 return self.rebuild(snap);
             }
@@ -281,6 +354,7 @@ impl Membership {
             .copied()
             .collect();
         self.order = order;
+        self.segments = segments;
         for p in removed {
             self.remove(p, &mut work);
         }
@@ -1328,5 +1402,40 @@ mod tests {
         assert_eq!(kept.update(&twice), None);
         assert_eq!(kept.canonical(), Membership::of(&snap).canonical());
         let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// A change at the start of one kind and at the end of another (a
+    /// VM's pod and its VMI, say) is looked at as two runs of one object
+    /// each, not as everything between them; a kind that came or went is
+    /// looked at whole.
+    #[test]
+    fn changes_in_two_kinds_are_two_small_runs_not_the_span_between() {
+        let pods: Vec<usize> = (1000..2000).collect();
+        let vmis: Vec<usize> = (5000..6000).collect();
+        let old: Vec<usize> = pods.iter().chain(&vmis).copied().collect();
+        let old_runs = vec![(1, 0..1000), (2, 1000..2000)];
+        // A new pod first, the last VMI replaced.
+        let mut new = vec![999];
+        new.extend(&pods);
+        new.extend(&vmis[..999]);
+        new.push(7777);
+        let new_runs = vec![(1, 0..1001), (2, 1001..2001)];
+        let (old_mid, new_mid) = changed_runs(&old, &old_runs, &new, &new_runs).unwrap();
+        assert_eq!(old_mid, HashSet::from_iter([5999]));
+        let looked: Vec<usize> = new_mid.into_iter().flatten().map(|i| new[i]).collect();
+        assert_eq!(looked, vec![999, 7777]);
+
+        // The VMIs gone, a third kind come.
+        let new: Vec<usize> = pods.iter().copied().chain([8000, 8001]).collect();
+        let new_runs = vec![(1, 0..1000), (3, 1000..1002)];
+        let (old_mid, new_mid) = changed_runs(&old, &old_runs, &new, &new_runs).unwrap();
+        assert_eq!(old_mid, vmis.iter().copied().collect::<HashSet<_>>());
+        let looked: Vec<usize> = new_mid.into_iter().flatten().map(|i| new[i]).collect();
+        assert_eq!(looked, vec![8000, 8001]);
+
+        // A kind in two places on one side: not run by run.
+        let twice = vec![(1, 0..500), (2, 500..1000), (1, 1000..2000)];
+        assert!(changed_runs(&old, &twice, &old, &old_runs).is_none());
+        assert!(changed_runs(&old, &old_runs, &old, &twice).is_none());
     }
 }
