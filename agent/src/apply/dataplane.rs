@@ -546,6 +546,8 @@ pub struct Dataplane {
     /// writes: the next apply writes the difference (`None`: it reads the
     /// maps back first).
     written: Option<Written>,
+    /// What this agent last wrote to the Service maps, as `written`.
+    services_written: Option<service::WrittenServices>,
     /// Native XDP on the uplink (`--uplink-xdp`).
     uplink_xdp: north_south::UplinkXdp,
 }
@@ -645,6 +647,7 @@ impl Dataplane {
             slow_limits_written: BTreeMap::new(),
             policy_written: BTreeMap::new(),
             written: None,
+            services_written: None,
             uplink_xdp: north_south::UplinkXdp::Off,
         })
     }
@@ -1149,6 +1152,7 @@ impl Dataplane {
     /// repaired there).
     pub fn forget_written(&mut self) {
         self.written = None;
+        self.services_written = None;
     }
 }
 
