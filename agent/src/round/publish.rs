@@ -332,11 +332,9 @@ pub fn build_view(
 pub fn served_here(cfg: &Resolved, plan: &Plan) -> config::Held {
     let programmed: BTreeSet<&AttachmentKey> = plan.ports.values().map(|p| &p.attachment).collect();
     let mut held = config::Held::default();
-    for a in cfg
-        .attachments
-        .iter()
-        .filter(|a| programmed.contains(&a.key))
-    {
+    // In key order, as the resolved interfaces are: the ports' few looked
+    // up, not every VM interface of the cluster checked against them.
+    for a in programmed.into_iter().filter_map(|k| cfg.attachment(k)) {
         let Some(net) = cfg.network(&a.network) else {
             continue;
         };
