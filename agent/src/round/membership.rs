@@ -179,6 +179,13 @@ pub struct Membership {
     /// Every placed IPAMClaim with addresses in its status: what a ledger
     /// change reaches.
     claim_ips: HashSet<usize>,
+    /// `claim_ips` by each address their status gives: the claims a
+    /// ledger change reaches are looked up by its addresses (walking
+    /// every claim was a pass over the cluster on each allocation).
+    claims_by_ip: HashMap<IpAddr, Vec<usize>>,
+    /// Of `claim_ips`, those with an address that does not read: any
+    /// ledger change reaches them.
+    claims_unread: HashSet<usize>,
     /// kind -> (namespace, name) of each grouped pod and migration -> its
     /// groups, to attribute a refusal (`ConfigError::about`).
     by_object: HashMap<&'static str, ByName<Vec<Key>>>,
@@ -208,27 +215,35 @@ fn order_of(snap: &Snapshot) -> (Vec<usize>, Vec<(u64, std::ops::Range<usize>)>)
     let objects = snap
         .cluster
         .iter()
-        .map(|c| (ptr_of(&c.object), &*c.file))
+        .map(|c| (ptr_of(&c.object), c.file.as_os_str()))
         .chain(
             snap.documents
                 .iter()
-                .map(|d| (ptr_of(&d.value), d.file.as_path())),
+                .map(|d| (ptr_of(&d.value), d.file.as_os_str())),
         );
     let mut order = Vec::with_capacity(snap.cluster.len() + snap.documents.len());
     let mut segments: Vec<(u64, std::ops::Range<usize>)> = Vec::new();
-    let mut last_file: Option<&std::path::Path> = None;
+    // Compared as bytes: a `Path`'s equality walks its components, and
+    // this runs for every object of the cluster each round.
+    let mut last_file: Option<&std::ffi::OsStr> = None;
     for (at, (ptr, file)) in objects.enumerate() {
         order.push(ptr);
         match segments.last_mut() {
             Some((_, run)) if last_file == Some(file) => run.end = at + 1,
             _ => {
-                let name = crate::sys::hash::fnv1a(&[file.as_os_str().as_encoded_bytes()]);
+                let name = crate::sys::hash::fnv1a(&[file.as_encoded_bytes()]);
                 segments.push((name, at..at + 1));
                 last_file = Some(file);
             }
         }
     }
     (order, segments)
+}
+
+/// Each address a claim's status gives (`None`: one that does not read).
+fn claim_addresses(ips: &[String]) -> impl Iterator<Item = Option<IpAddr>> + '_ {
+    ips.iter()
+        .map(|text| text.parse::<ipnet::IpNet>().ok().map(|ip| ip.addr()))
 }
 
 /// What changed between two orders, run by run (`order_of`): the old
@@ -754,9 +769,26 @@ impl Membership {
                 }
                 ClusterObject::IpamClaim(claim) => {
                     if !groups.is_empty() && !claim.status.ips.is_empty() {
-                        self.claim_ips.insert(p);
-                    } else {
-                        self.claim_ips.remove(&p);
+                        if self.claim_ips.insert(p) {
+                            for ip in claim_addresses(&claim.status.ips) {
+                                match ip {
+                                    Some(ip) => self.claims_by_ip.entry(ip).or_default().push(p),
+                                    None => {
+                                        self.claims_unread.insert(p);
+                                    }
+                                }
+                            }
+                        }
+                    } else if self.claim_ips.remove(&p) {
+                        for ip in claim_addresses(&claim.status.ips).flatten() {
+                            if let Some(holders) = self.claims_by_ip.get_mut(&ip) {
+                                remove_one(holders, &p);
+                                if holders.is_empty() {
+                                    self.claims_by_ip.remove(&ip);
+                                }
+                            }
+                        }
+                        self.claims_unread.remove(&p);
                     }
                 }
                 _ => {}
@@ -831,17 +863,15 @@ impl Membership {
         if changed.is_empty() {
             return out;
         }
-        for e in self.claim_ips.iter().filter_map(|p| self.entries.get(p)) {
-            let Some(ClusterObject::IpamClaim(c)) = e.member.cluster() else {
-                continue;
-            };
-            let names = c.status.ips.iter().any(|text| {
-                text.parse::<ipnet::IpNet>()
-                    .map_or(true, |ip| changed.contains(&ip.addr()))
-            });
-            if names {
-                out.extend(e.groups.iter().map(|k| (**k).clone()));
-            }
+        let readers: HashSet<usize> = changed
+            .iter()
+            .filter_map(|ip| self.claims_by_ip.get(ip))
+            .flatten()
+            .chain(&self.claims_unread)
+            .copied()
+            .collect();
+        for e in readers.iter().filter_map(|p| self.entries.get(p)) {
+            out.extend(e.groups.iter().map(|k| (**k).clone()));
         }
         out
     }
@@ -950,6 +980,20 @@ impl Membership {
         let mut claim_ips: Vec<_> = self.claim_ips.iter().collect();
         claim_ips.sort();
         lines.push(format!("claim ips: {claim_ips:?}"));
+        let mut by_ip: Vec<(IpAddr, Vec<usize>)> = self
+            .claims_by_ip
+            .iter()
+            .map(|(ip, ps)| {
+                let mut ps = ps.clone();
+                ps.sort();
+                (*ip, ps)
+            })
+            .collect();
+        by_ip.sort();
+        lines.push(format!("claims by ip: {by_ip:?}"));
+        let mut unread: Vec<_> = self.claims_unread.iter().collect();
+        unread.sort();
+        lines.push(format!("claims unread: {unread:?}"));
         let mut by_object: Vec<_> = self
             .by_object
             .iter()
@@ -1170,6 +1214,94 @@ mod tests {
             Some(BTreeSet::new()),
             "another namespace's claim of the same name reaches no pod here"
         );
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// A ledger write reaches the groups whose claims name a changed
+    /// address, found by the address (not by reading every claim), and a
+    /// claim with an address that does not read is reached by any write;
+    /// a claim's addresses leave the index with it.
+    #[test]
+    fn a_ledger_write_reaches_the_claims_of_its_addresses_and_those_that_do_not_read() {
+        use crate::config::kube_objects::ledger::{Holder, Ledger, Shards};
+        let dir =
+            std::env::temp_dir().join(format!("vmpath-ledger-readers-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let mut reader = crate::config::source::Reader::default();
+        let write = |file: &str, text: &str| {
+            let path = dir.join(file);
+            if std::fs::read_to_string(&path).ok().as_deref() != Some(text) {
+                std::fs::write(path, text).unwrap();
+            }
+        };
+        let web = |name: &str| {
+            let claim = crate::config::kube_objects::pod_claim_name(name, "Net_1");
+            (POD.replace("NAME", name), claim)
+        };
+        let (pod_a, claim_a) = web("web-a");
+        let (pod_b, claim_b) = web("web-b");
+        write("a.yaml", &pod_a);
+        write("b.yaml", &pod_b);
+        write("claim-a.yaml", &claim("prod", &claim_a, "10.9.0.5/24"));
+        write("claim-b.yaml", &claim("prod", &claim_b, "10.9.0.6/24"));
+        let vouch = |ips: &[&str]| {
+            let mut ledger = Ledger::new();
+            for ip in ips {
+                let net: ipnet::IpNet = ip.parse().unwrap();
+                ledger.entry("blue".into()).or_default().insert(
+                    net.addr(),
+                    Holder {
+                        claim: "prod/x".into(),
+                        uid: String::new(),
+                        ip: net,
+                    },
+                );
+            }
+            Some(Arc::new(Shards::of(&ledger)))
+        };
+        let group = |name: &str| ("prod".to_string(), name.to_string());
+        let mut kept = Membership::default();
+        let mut update = |ledger: Option<Arc<Shards>>| {
+            let mut snap = reader.read(&dir);
+            snap.ledger = ledger;
+            kept.update(&snap)
+        };
+        assert_eq!(
+            update(vouch(&[])),
+            None,
+            "the first snapshot: the full pass"
+        );
+        assert_eq!(
+            update(vouch(&["10.9.0.6/24"])),
+            Some(BTreeSet::from([group("web-b")])),
+            "10.9.0.6 vouched: web-b's claim names it"
+        );
+        assert_eq!(
+            update(vouch(&["10.9.0.6/24", "10.9.0.77/24"])),
+            Some(BTreeSet::new()),
+            "an address no claim names reaches nobody"
+        );
+        write("claim-a.yaml", &claim("prod", &claim_a, "not-an-address"));
+        assert_eq!(
+            update(vouch(&["10.9.0.6/24", "10.9.0.77/24"])),
+            Some(BTreeSet::from([group("web-a")])),
+            "the claim itself changed"
+        );
+        assert_eq!(
+            update(vouch(&["10.9.0.6/24"])),
+            Some(BTreeSet::from([group("web-a")])),
+            "a claim that does not read is reached by any write"
+        );
+        write("claim-b.yaml", &claim("prod", &claim_b, "10.9.0.8/24"));
+        update(vouch(&["10.9.0.6/24"]));
+        assert_eq!(
+            update(vouch(&[])),
+            Some(BTreeSet::from([group("web-a")])),
+            "web-b's claim no longer names 10.9.0.6"
+        );
+        assert!(!kept.claims_by_ip.contains_key(&"10.9.0.6".parse().unwrap()));
+        assert!(kept.claims_by_ip.contains_key(&"10.9.0.8".parse().unwrap()));
         let _ = std::fs::remove_dir_all(&dir);
     }
 
