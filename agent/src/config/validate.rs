@@ -111,8 +111,27 @@ pub struct Held {
     /// map of 10,000 built again on every CNI ADD).
     pub ips: std::sync::Arc<HashMap<(String, IpAddr), String>>,
     pub macs: std::sync::Arc<HashMap<(String, [u8; 6]), String>>,
+    /// Claims the store recorded since `ips` and `macs` were built, kept
+    /// beside them (pairs neither has), so a new claim does not copy the
+    /// map of every claim of the cluster (`Round::held`).
+    pub ips_added: HashMap<(String, IpAddr), String>,
+    pub macs_added: HashMap<(String, [u8; 6]), String>,
     pub port_ips: HashMap<(u32, IpAddr), String>,
     pub port_macs: HashMap<(u32, [u8; 6]), String>,
+}
+
+impl Held {
+    /// The VM interface the claims store gives `ip` on network `net`.
+    pub fn stored_ip(&self, net: &str, ip: IpAddr) -> Option<&String> {
+        let key = (net.to_string(), ip);
+        self.ips_added.get(&key).or_else(|| self.ips.get(&key))
+    }
+
+    /// The VM interface the claims store gives `mac` on network `net`.
+    pub fn stored_mac(&self, net: &str, mac: [u8; 6]) -> Option<&String> {
+        let key = (net.to_string(), mac);
+        self.macs_added.get(&key).or_else(|| self.macs.get(&key))
+    }
 }
 
 /// Validates every document: vmpath's own and those derived from
@@ -338,7 +357,7 @@ pub fn validate_documents(
         .collect();
     // The holder the first evidence names that still asks for it.
     let ip_holder_of = |net: &str, ip: IpAddr| -> Option<String> {
-        let stored = held.ips.get(&(net.to_string(), ip)).cloned();
+        let stored = held.stored_ip(net, ip).cloned();
         let running = network_id
             .get(net)
             .and_then(|id| held.port_ips.get(&(*id, ip)))
@@ -349,7 +368,7 @@ pub fn validate_documents(
             .find(|h| keeps_ip(h, net, ip))
     };
     let mac_holder_of = |net: &str, mac: [u8; 6]| -> Option<String> {
-        let stored = held.macs.get(&(net.to_string(), mac)).cloned();
+        let stored = held.stored_mac(net, mac).cloned();
         let running = network_id
             .get(net)
             .and_then(|id| held.port_macs.get(&(*id, mac)))

@@ -49,6 +49,58 @@ impl crate::config::Held {
             ..Self::default()
         }
     }
+
+    /// `self` (the claims' part) with the claims `changes` wrote since it
+    /// was built, when they only add pairs no claim has (a new claim, an
+    /// address added to one): what [`from_claims`](Self::from_claims)
+    /// would give, without a pass over every claim. `None` when a pair
+    /// goes away, changes hands or is held twice (those are decided by
+    /// the order of every claim: the caller builds it whole), or when the
+    /// additions grow past `cap`.
+    pub fn with_added(&self, changes: &[ClaimChange], cap: usize) -> Option<Self> {
+        fn pairs(c: &Claim) -> (Vec<(String, std::net::IpAddr)>, Option<(String, [u8; 6])>) {
+            let ips = c
+                .ips
+                .iter()
+                .map(|ip| (c.network.clone(), ip.addr()))
+                .collect();
+            let mac = c
+                .mac
+                .as_deref()
+                .and_then(|m| crate::config::parse_mac(m).ok())
+                .map(|mac| (c.network.clone(), mac));
+            (ips, mac)
+        }
+        let mut next = Self {
+            ips: self.ips.clone(),
+            macs: self.macs.clone(),
+            ips_added: self.ips_added.clone(),
+            macs_added: self.macs_added.clone(),
+            ..Self::default()
+        };
+        for change in changes {
+            let (was_ips, was_mac) = change.was.as_ref().map(pairs).unwrap_or_default();
+            let (now_ips, now_mac) = change.now.as_ref().map(pairs).unwrap_or_default();
+            if was_ips.iter().any(|p| !now_ips.contains(p))
+                || (was_mac.is_some() && was_mac != now_mac)
+            {
+                return None;
+            }
+            for pair in now_ips.into_iter().filter(|p| !was_ips.contains(p)) {
+                if next.stored_ip(&pair.0, pair.1).is_some() {
+                    return None;
+                }
+                next.ips_added.insert(pair, change.key.clone());
+            }
+            if let Some(pair) = now_mac.filter(|p| was_mac.as_ref() != Some(p)) {
+                if next.stored_mac(&pair.0, pair.1).is_some() {
+                    return None;
+                }
+                next.macs_added.insert(pair, change.key.clone());
+            }
+        }
+        (next.ips_added.len() + next.macs_added.len() <= cap).then_some(next)
+    }
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -84,11 +136,28 @@ pub struct Claim {
     pub mac_origin: Option<Origin>,
 }
 
+/// One claim written: its key, and the claim before and after (`None`:
+/// none).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClaimChange {
+    pub key: String,
+    pub was: Option<Claim>,
+    pub now: Option<Claim>,
+}
+
+/// How many writes the store's log keeps: a round reads the writes since
+/// the last (one or two); further back, it reads every claim.
+const LOG_WRITES: usize = 64;
+
 pub struct Store {
     db: Database,
     /// Every claim as last read or written: a round reads them all, and
     /// parsing the database's JSON again each time grew with the cluster.
     cache: std::sync::Mutex<Option<std::sync::Arc<BTreeMap<String, Claim>>>>,
+    /// The last writes, each as the generation it made and its claims
+    /// before and after (`changes_since`); emptied when a write leaves
+    /// them unknown (no cache to compare with, a failed commit).
+    log: std::sync::Mutex<std::collections::VecDeque<(u64, Vec<ClaimChange>)>>,
     /// Counts writes: what was built from the claims stays valid while
     /// it is the same.
     generation: std::sync::atomic::AtomicU64,
@@ -110,6 +179,7 @@ impl Store {
         Ok(Store {
             db,
             cache: std::sync::Mutex::new(None),
+            log: std::sync::Mutex::default(),
             generation: std::sync::atomic::AtomicU64::new(0),
         })
     }
@@ -117,6 +187,23 @@ impl Store {
     /// The number of writes so far.
     pub fn generation(&self) -> u64 {
         self.generation.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// The claims written since generation `from`, in order, when the
+    /// log still holds every write since (`None`: read them all).
+    pub fn changes_since(&self, from: u64) -> Option<Vec<ClaimChange>> {
+        let log = self.log.lock().unwrap_or_else(|p| p.into_inner());
+        let now = self.generation();
+        let mut next = from + 1;
+        let mut out = Vec::new();
+        for (generation, changes) in log.iter().filter(|(g, _)| *g > from) {
+            if *generation != next {
+                return None;
+            }
+            next += 1;
+            out.extend(changes.iter().cloned());
+        }
+        (next == now + 1).then_some(out)
     }
 
     /// Every claim, keyed by `namespace/vm/interface`, shared with the
@@ -222,26 +309,136 @@ impl Store {
             }
         }
         let mut cache = self.cache.lock().unwrap_or_else(|p| p.into_inner());
+        let mut log = self.log.lock().unwrap_or_else(|p| p.into_inner());
         let committed = tx.commit().map_err(db_err);
-        self.generation
-            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let generation = self
+            .generation
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+            + 1;
         match (&committed, cache.as_mut()) {
             (Ok(()), Some(all)) => {
                 let all = std::sync::Arc::make_mut(all);
+                let mut logged = Vec::with_capacity(changes.len());
                 for (key, change) in changes {
-                    match change {
-                        Some(c) => {
-                            all.insert(key.clone(), c.clone());
-                        }
-                        None => {
-                            all.remove(key);
-                        }
-                    }
+                    let was = match change {
+                        Some(c) => all.insert(key.clone(), c.clone()),
+                        None => all.remove(key),
+                    };
+                    logged.push(ClaimChange {
+                        key: key.clone(),
+                        was,
+                        now: change.clone(),
+                    });
+                }
+                log.push_back((generation, logged));
+                if log.len() > LOG_WRITES {
+                    log.pop_front();
                 }
             }
             // Whatever the database holds now is read again.
-            _ => *cache = None,
+            _ => {
+                *cache = None;
+                log.clear();
+            }
         }
         committed
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::Held;
+
+    /// Every pair `held` gives, claims' part and additions together.
+    fn lookups(held: &Held) -> BTreeMap<String, String> {
+        let mut out = BTreeMap::new();
+        for ((net, ip), key) in held.ips.iter().chain(&held.ips_added) {
+            assert_eq!(held.stored_ip(net, *ip), Some(key));
+            out.insert(format!("{net} {ip}"), key.clone());
+        }
+        for ((net, mac), key) in held.macs.iter().chain(&held.macs_added) {
+            assert_eq!(held.stored_mac(net, *mac), Some(key));
+            out.insert(format!("{net} {mac:?}"), key.clone());
+        }
+        out
+    }
+
+    /// After random writes (new claims, addresses added, moved, shared,
+    /// released, MACs), the store's log turned into additions gives what
+    /// a build from every claim gives, or declines; and a store whose log
+    /// was emptied, or that has no cache to compare with, declines.
+    #[test]
+    fn added_claims_give_what_every_claim_gives_or_nothing() {
+        let dir = std::env::temp_dir().join(format!("vmpath-store-log-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let store = Store::open(&dir).unwrap();
+        let mut seed = 0x9e37_79b9_7f4a_7c15u64;
+        let mut below = |n: u64| {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed % n
+        };
+        // Before any read there is no cache: the log says nothing.
+        let mut first = BTreeMap::new();
+        first.insert(
+            "ns/vm0/eth0".to_string(),
+            Some(Claim {
+                network: "blue".into(),
+                ips: vec!["10.0.0.1/24".parse().unwrap()],
+                mac: None,
+                mac_origin: None,
+            }),
+        );
+        store.apply(&first).unwrap();
+        assert_eq!(store.changes_since(0), None);
+        let mut generation = store.generation();
+        let mut held = Held::from_claims(&store.shared().unwrap());
+        let (mut incremental, mut whole) = (0, 0);
+        for _ in 0..400 {
+            let mut writes = BTreeMap::new();
+            for _ in 0..=below(2) {
+                let key = format!("ns/vm{}/eth0", below(12));
+                let claim = match below(6) {
+                    0 => None,
+                    _ => Some(Claim {
+                        network: ["blue", "red"][below(2) as usize].into(),
+                        ips: (0..below(3))
+                            .map(|_| format!("10.0.0.{}/24", below(20)).parse().unwrap())
+                            .collect(),
+                        mac: (below(3) == 0).then(|| format!("52:54:00:00:00:{:02x}", below(8))),
+                        mac_origin: None,
+                    }),
+                };
+                writes.insert(key, claim);
+            }
+            store.apply(&writes).unwrap();
+            let all = store.shared().unwrap();
+            let want = Held::from_claims(&all);
+            let changes = store
+                .changes_since(generation)
+                .expect("the log has every write since");
+            match held.with_added(&changes, usize::MAX) {
+                Some(next) => {
+                    assert_eq!(lookups(&next), lookups(&want), "after {changes:?}");
+                    held = next;
+                    incremental += 1;
+                }
+                None => {
+                    held = want;
+                    whole += 1;
+                }
+            }
+            generation = store.generation();
+        }
+        assert!(
+            incremental > 50 && whole > 50,
+            "both taken: {incremental} and {whole}"
+        );
+        // Further back than the log keeps: nothing.
+        assert_eq!(store.changes_since(0), None);
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }

@@ -192,7 +192,7 @@ impl Evidence<'_> {
         let id = previous.network(&a.network).map(|n| n.id);
         for ip in &a.ips {
             let ip = ip.addr();
-            if let Some(h) = self.held.ips.get(&(a.network.clone(), ip))
+            if let Some(h) = self.held.stored_ip(&a.network, ip)
                 && keeps(h, &|o| {
                     o.ips.is_empty() || o.ips.iter().any(|n| n.addr() == ip)
                 })
@@ -207,7 +207,7 @@ impl Evidence<'_> {
             }
         }
         if let Some(mac) = a.mac {
-            if let Some(h) = self.held.macs.get(&(a.network.clone(), mac))
+            if let Some(h) = self.held.stored_mac(&a.network, mac)
                 && keeps(h, &|o| o.mac.is_none_or(|m| m == mac))
             {
                 return Some("a MAC the claims store gives another VM interface");

@@ -117,6 +117,10 @@ pub enum Outcome {
     Done { retry: bool, migrating: bool },
 }
 
+/// How many claim pairs `Round::held` keeps beside the claims' part
+/// before it builds the whole again (a lookup checks both).
+const HELD_ADDED_CAP: usize = 1024;
+
 /// What one round hands the next.
 pub struct Round {
     settings: Settings,
@@ -420,11 +424,29 @@ impl Round {
                 let held = Arc::new(Held {
                     ips: held.ips.clone(),
                     macs: held.macs.clone(),
+                    ips_added: held.ips_added.clone(),
+                    macs_added: held.macs_added.clone(),
                     port_ips: self.running.port_ips.clone(),
                     port_macs: self.running.port_macs.clone(),
                 });
                 self.held = Some((generation, held.clone()));
                 return held;
+            }
+            // New claims since (a VM's first address): added beside the
+            // claims' part, not built again from every claim (every node
+            // keeps every VM's claim: 10,000 at 10,000 VMs).
+            Some((g, held)) => {
+                if let Some(mut next) = self
+                    .store
+                    .changes_since(*g)
+                    .and_then(|changes| held.with_added(&changes, HELD_ADDED_CAP))
+                {
+                    next.port_ips.clone_from(&self.running.port_ips);
+                    next.port_macs.clone_from(&self.running.port_macs);
+                    let held = Arc::new(next);
+                    self.held = Some((generation, held.clone()));
+                    return held;
+                }
             }
             _ => {}
         }
