@@ -58,7 +58,9 @@ impl crate::config::Held {
     /// the order of every claim: the caller builds it whole), or when the
     /// additions grow past `cap`.
     pub fn with_added(&self, changes: &[ClaimChange], cap: usize) -> Option<Self> {
-        fn pairs(c: &Claim) -> (Vec<(String, std::net::IpAddr)>, Option<(String, [u8; 6])>) {
+        /// A claim's (network, address) pairs and its (network, MAC).
+        type Pairs = (Vec<(String, std::net::IpAddr)>, Option<(String, [u8; 6])>);
+        fn pairs(c: &Claim) -> Pairs {
             let ips = c
                 .ips
                 .iter()
