@@ -288,11 +288,15 @@ impl Round {
     }
 
     /// Forgets what the increments keep: the next round derives and
-    /// validates every object and reads back every map (the periodic
-    /// resync, and what a restarted agent does).
+    /// validates every object, builds who holds what from every claim and
+    /// reads back every map (the periodic resync, and what a restarted
+    /// agent does).
     pub fn forget_increments(&mut self) {
         self.validated = None;
         self.ipam_memo = None;
+        // Who holds what is built from every claim again (the claims
+        // added beside it folded in).
+        self.held = None;
     }
 
     /// The derive and validate stages, for the objects that changed since
