@@ -104,6 +104,17 @@ struct Kind {
     listed: Arc<AtomicBool>,
     /// What a relist that came back empty replaced (see [`Relists`]).
     held: Arc<Mutex<Relists<Kept>>>,
+    /// The kind's objects as the last round read them, until its watch
+    /// applies an event (it empties this after `store` and `held`): a
+    /// round copies an unchanged kind's list, not its store's tree again.
+    read: Arc<Mutex<Option<ReadKind>>>,
+}
+
+/// One kind's part of a snapshot.
+#[derive(Clone)]
+struct ReadKind {
+    cluster: Arc<[ClusterDocument]>,
+    documents: Arc<[RawDocument]>,
 }
 
 /// A kind's objects by namespace and name: what kube-rs's reflector
@@ -360,6 +371,7 @@ impl KubeSource {
             let store = Arc::new(Mutex::new(Store::<Kept>::default()));
             let listed = Arc::new(AtomicBool::new(false));
             let held = Arc::new(Mutex::new(Relists::default()));
+            let read = Arc::new(Mutex::new(None));
             let api: Api<DynamicObject> = Api::all_with(client.clone(), &resource);
             let mut wc = watcher::Config::default();
             if *on_node {
@@ -367,12 +379,13 @@ impl KubeSource {
             }
             let stream = watcher(api, wc).default_backoff();
             let resource2 = resource.clone();
-            let (listed2, generation2, shared2, held2, store2) = (
+            let (listed2, generation2, shared2, held2, store2, read2) = (
                 listed.clone(),
                 generation.clone(),
                 shared.clone(),
                 held.clone(),
                 store.clone(),
+                read.clone(),
             );
             let kind_name = kind.to_string();
             runtime.spawn(async move {
@@ -396,6 +409,9 @@ impl KubeSource {
                             if let Some(n) = held_back {
                                 warn!(kind = %kind_name, objects = n, "relist came back empty; keeping what was read until the kind changes");
                             }
+                            // After the store and the relists: a round that
+                            // read before this is read again.
+                            *read2.lock().unwrap_or_else(|p| p.into_inner()) = None;
                             if matches!(event, watcher::Event::InitDone)
                                 && !listed2.swap(true, Ordering::SeqCst)
                             {
@@ -414,6 +430,7 @@ impl KubeSource {
                 store,
                 listed,
                 held,
+                read,
             });
         }
         let ledger = watch_ledger(&runtime, &client, ledger, &generation, &shared);
@@ -511,29 +528,11 @@ impl KubeSource {
             ..Default::default()
         };
         for kind in &self.kinds {
-            let objects = kind
-                .held
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .read(|| kind.store.lock().unwrap_or_else(|p| p.into_inner()).state());
-            let file: std::sync::Arc<std::path::Path> =
-                PathBuf::from(format!("kubernetes:{}", kind.resource.plural)).into();
-            for (i, kept) in objects.into_iter().enumerate() {
-                match kept {
-                    Kept::Cluster(object) => snap.cluster.push(ClusterDocument {
-                        file: file.clone(),
-                        index: i + 1,
-                        object,
-                    }),
-                    Kept::Document(value) if value.is_null() => {}
-                    Kept::Document(value) => snap.documents.push(RawDocument {
-                        file: file.to_path_buf(),
-                        index: i + 1,
-                        origin: crate::config::DocOrigin::Given,
-                        value,
-                    }),
-                }
-            }
+            let mut read = kind.read.lock().unwrap_or_else(|p| p.into_inner());
+            let part = read.get_or_insert_with(|| kind.read_now()).clone();
+            drop(read);
+            snap.cluster.extend(part.cluster.iter().cloned());
+            snap.documents.extend(part.documents.iter().cloned());
         }
         snap.ledger = Some(
             self.ledger
@@ -549,6 +548,42 @@ impl KubeSource {
         snap.empty = !all_listed || (snap.documents.is_empty() && snap.cluster.is_empty());
         snap.fingerprint = crate::sys::hash::fnv1a(&[b"kubernetes", &generation.to_le_bytes()]);
         snap
+    }
+}
+
+impl Kind {
+    /// The kind's objects as a round reads them: the relists' held copy,
+    /// else the store's.
+    fn read_now(&self) -> ReadKind {
+        let objects = self
+            .held
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .read(|| self.store.lock().unwrap_or_else(|p| p.into_inner()).state());
+        let file: std::sync::Arc<std::path::Path> =
+            PathBuf::from(format!("kubernetes:{}", self.resource.plural)).into();
+        let mut cluster = Vec::new();
+        let mut documents = Vec::new();
+        for (i, kept) in objects.into_iter().enumerate() {
+            match kept {
+                Kept::Cluster(object) => cluster.push(ClusterDocument {
+                    file: file.clone(),
+                    index: i + 1,
+                    object,
+                }),
+                Kept::Document(value) if value.is_null() => {}
+                Kept::Document(value) => documents.push(RawDocument {
+                    file: file.to_path_buf(),
+                    index: i + 1,
+                    origin: crate::config::DocOrigin::Given,
+                    value,
+                }),
+            }
+        }
+        ReadKind {
+            cluster: cluster.into(),
+            documents: documents.into(),
+        }
     }
 }
 
