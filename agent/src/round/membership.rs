@@ -1150,6 +1150,23 @@ fn shard_changes(
 mod tests {
     use super::*;
 
+    /// An empty directory of this test run's own, `name` telling whose.
+    fn fresh_dir(name: &str) -> PathBuf {
+        let dir = std::env::temp_dir().join(format!("vmpath-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        dir
+    }
+
+    /// Writes `text` to `dir/file` unless it holds it already: an
+    /// unchanged file's objects stay the same (`Arc`) from read to read.
+    fn write_if_changed(dir: &std::path::Path, file: &str, text: &str) {
+        let path = dir.join(file);
+        if std::fs::read_to_string(&path).ok().as_deref() != Some(text) {
+            std::fs::write(path, text).unwrap();
+        }
+    }
+
     /// A pod whose name is too long for its claim's: the claim's name is
     /// the name cut, and hashed, and leads to no group by itself.
     fn long_name() -> String {
@@ -1176,15 +1193,9 @@ mod tests {
         // of the pod's claim.
         // Each object in a file of its own, read as the agent reads: an
         // unchanged file's objects are the same (`Arc`) from read to read.
-        let dir = std::env::temp_dir().join(format!("vmpath-groups-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
+        let dir = fresh_dir("groups");
         let mut reader = crate::config::source::Reader::default();
-        let write = |file: &str, text: &str| {
-            let path = dir.join(file);
-            if std::fs::read_to_string(&path).ok().as_deref() != Some(text) {
-                std::fs::write(path, text).unwrap();
-            }
-        };
+        let write = |file: &str, text: &str| write_if_changed(&dir, file, text);
         let mut kept = Membership::default();
         let mut membership = |ips: [&str; 3]| {
             write("pod.yaml", &POD.replace("NAME", &long_name()));
@@ -1224,17 +1235,9 @@ mod tests {
     #[test]
     fn a_ledger_write_reaches_the_claims_of_its_addresses_and_those_that_do_not_read() {
         use crate::config::kube_objects::ledger::{Holder, Ledger, Shards};
-        let dir =
-            std::env::temp_dir().join(format!("vmpath-ledger-readers-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
+        let dir = fresh_dir("ledger-readers");
         let mut reader = crate::config::source::Reader::default();
-        let write = |file: &str, text: &str| {
-            let path = dir.join(file);
-            if std::fs::read_to_string(&path).ok().as_deref() != Some(text) {
-                std::fs::write(path, text).unwrap();
-            }
-        };
+        let write = |file: &str, text: &str| write_if_changed(&dir, file, text);
         let web = |name: &str| {
             let claim = crate::config::kube_objects::pod_claim_name(name, "Net_1");
             (POD.replace("NAME", name), claim)
@@ -1429,10 +1432,7 @@ mod tests {
     }
 
     fn run(seed: u64, steps: usize) -> (usize, usize) {
-        let dir =
-            std::env::temp_dir().join(format!("vmpath-membership-{}-{seed}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
+        let dir = fresh_dir(&format!("membership-{seed}"));
         std::fs::write(dir.join("network.yaml"), NETWORK).unwrap();
         let mut rng = Rng(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1);
         let mut reader = crate::config::source::Reader::default();
@@ -1518,10 +1518,7 @@ mod tests {
     /// placed once, and the round takes the full pass.
     #[test]
     fn an_object_twice_in_a_snapshot_is_placed_once_and_asks_for_the_full_pass() {
-        let dir =
-            std::env::temp_dir().join(format!("vmpath-membership-twice-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
+        let dir = fresh_dir("membership-twice");
         std::fs::write(dir.join("a.yaml"), vmi("vm0", "u0")).unwrap();
         std::fs::write(dir.join("b.yaml"), vmi("vm1", "u1")).unwrap();
         let mut reader = crate::config::source::Reader::default();
