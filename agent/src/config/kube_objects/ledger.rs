@@ -67,7 +67,9 @@ impl Vouches for Shards {
 }
 
 impl Shards {
-    /// A whole ledger, split as the controller stores it.
+    /// A whole ledger, split as the controller stores it (the tests'
+    /// ledgers; the agent reads its shards, [`ShardCache`]).
+    #[cfg(test)]
     pub fn of(ledger: &Ledger) -> Self {
         Shards {
             shards: split(ledger)
@@ -92,7 +94,9 @@ impl Shards {
             .collect()
     }
 
-    /// The whole ledger these shards make ([`merge`]).
+    /// The whole ledger these shards make ([`merge`]): what the tests
+    /// compare; the agent never builds it.
+    #[cfg(test)]
     pub fn merged(&self) -> Ledger {
         merge(self.shards.iter().map(|(k, l)| (*k, &**l)))
     }
