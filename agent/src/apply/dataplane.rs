@@ -45,8 +45,7 @@ pub mod policy;
 pub mod port_filters;
 pub mod service;
 
-use crate::plan::Plan;
-use crate::sys::sorted::Side;
+use crate::plan::{Plan, layered::Layered};
 use aya::maps::lpm_trie::LpmTrie;
 use vmpath_common::{NatEntry, NatKey, RoutedAddr, SnatConfig, Subnet4, Subnet6};
 
@@ -895,7 +894,7 @@ impl Dataplane {
             last.as_ref().map(|w| &w.flood),
             &plan.flood,
         )?;
-        sync_since(
+        sync_layered_since(
             &mut self.maps.addresses,
             last.as_ref().map(|w| &w.addresses),
             &plan.addresses,
@@ -916,7 +915,7 @@ impl Dataplane {
             ),
             None => sync_keeping(
                 &mut self.maps.endpoints,
-                &plan.endpoints,
+                &plan.endpoints.to_map(),
                 |k, want, have| cut_over::endpoint_moved(k, want, have, &ports),
             ),
         };
@@ -1054,14 +1053,16 @@ impl Dataplane {
 struct Written {
     networks: BTreeMap<u32, NetworkInfo>,
     flood: BTreeMap<u32, FloodList>,
-    addresses: BTreeMap<AddrKey, AddrInfo>,
+    /// Other nodes' layer shared with the plan: kept for a reference
+    /// count, compared by identity.
+    addresses: Layered<AddrKey, AddrInfo>,
     endpoints: Option<WrittenEndpoints>,
 }
 
 /// `vmp_endpoints` as the agent last wrote it, and the VMs its pending
 /// target ports were for (`vm_migrate` may have written those since).
 struct WrittenEndpoints {
-    entries: BTreeMap<EndpointKey, Endpoint>,
+    entries: Layered<EndpointKey, Endpoint>,
     pending: BTreeSet<EndpointKey>,
 }
 
@@ -1083,17 +1084,29 @@ fn pending_endpoints(ports: &BTreeMap<u32, PortInfo>) -> BTreeSet<EndpointKey> {
 fn sync_endpoints_since(
     map: &mut HashMap<MapData, EndpointKey, Endpoint>,
     written: &WrittenEndpoints,
-    want: &BTreeMap<EndpointKey, Endpoint>,
+    want: &Layered<EndpointKey, Endpoint>,
     pending: &BTreeSet<EndpointKey>,
     ports: &BTreeMap<u32, PortInfo>,
 ) -> Result<()> {
     let moving = |e: &Endpoint| e.migrate_to != [0; 4];
-    let volatile: BTreeSet<EndpointKey> = written
-        .entries
-        .iter()
-        .chain(want.iter())
-        .filter(|(_, e)| moving(e))
-        .map(|(k, _)| *k)
+    let moving_in = |m: &BTreeMap<EndpointKey, Endpoint>| {
+        m.iter()
+            .filter(|(_, e)| moving(e))
+            .map(|(k, _)| *k)
+            .collect::<Vec<_>>()
+    };
+    // Keys whose entry in force moves, then or now: the layers' moving
+    // entries (other nodes' layer once when it is the same), those a
+    // local entry hides left out.
+    let mut candidates = moving_in(&written.entries.local);
+    candidates.extend(moving_in(&want.local));
+    candidates.extend(moving_in(&written.entries.remote));
+    if !std::sync::Arc::ptr_eq(&written.entries.remote, &want.remote) {
+        candidates.extend(moving_in(&want.remote));
+    }
+    let volatile: BTreeSet<EndpointKey> = candidates
+        .into_iter()
+        .filter(|k| written.entries.get(k).is_some_and(moving) || want.get(k).is_some_and(moving))
         .chain(written.pending.iter().copied())
         .chain(pending.iter().copied())
         .collect();
@@ -1108,42 +1121,55 @@ fn sync_endpoints_since(
         held.get(k)
             .is_none_or(|h| h != v && !cut_over::endpoint_moved(k, v, h, ports))
     };
-    // One walk of what was written and what is wanted, both in key order
-    // (a lookup per entry in the other map was most of this at 10,000).
     let mut gone: Vec<EndpointKey> = Vec::new();
     let mut changed: Vec<(EndpointKey, Endpoint)> = Vec::new();
-    crate::sys::sorted::merge(
-        written.entries.iter(),
-        want.iter(),
-        |(k, _)| *k,
-        |(k, _)| *k,
-        |side| match side {
-            Side::Old((k, _)) => {
-                if !volatile.contains(k) {
-                    gone.push(*k);
-                }
-            }
-            Side::New((k, v)) => {
-                if !volatile.contains(k) || stale(k, v) {
-                    changed.push((*k, *v));
-                }
-            }
-            Side::Both((k, w), (_, v)) => {
-                let write = if volatile.contains(k) {
-                    stale(k, v)
-                } else {
-                    w != v
-                };
-                if write {
-                    changed.push((*k, *v));
-                }
-            }
-        },
-    );
-    gone.extend(held.keys().filter(|k| !want.contains_key(k)));
+    // The others where what was written and what is wanted differ: the
+    // local layers' keys alone while other nodes' layer is the same.
+    for (k, _, now) in written.entries.changes(want) {
+        if volatile.contains(&k) {
+            continue;
+        }
+        match now {
+            Some(v) => changed.push((k, *v)),
+            None => gone.push(k),
+        }
+    }
+    for k in &volatile {
+        match want.get(k) {
+            Some(v) if stale(k, v) => changed.push((*k, *v)),
+            Some(_) => {}
+            None if held.contains_key(k) => gone.push(*k),
+            None => {}
+        }
+    }
     gone.sort_unstable();
-    gone.dedup();
-    write_difference(map, &gone, &changed, want)
+    changed.sort_unstable_by_key(|(k, _)| *k);
+    write_difference_sized(map, &gone, &changed, want.len(), || want.to_map())
+}
+
+/// As [`sync_since`] for a map of this node's entries over other nodes'
+/// ([`Layered`]): while other nodes' layer is the one last written, only
+/// the local layers' keys are compared.
+fn sync_layered_since<K, V>(
+    map: &mut HashMap<MapData, K, V>,
+    last: Option<&Layered<K, V>>,
+    want: &Layered<K, V>,
+) -> Result<()>
+where
+    K: aya::Pod + Ord,
+    V: aya::Pod + PartialEq,
+{
+    let Some(last) = last else {
+        return sync(map, &want.to_map());
+    };
+    let (mut gone, mut changed) = (Vec::new(), Vec::new());
+    for (k, _, now) in last.changes(want) {
+        match now {
+            Some(v) => changed.push((k, *v)),
+            None => gone.push(k),
+        }
+    }
+    write_difference_sized(map, &gone, &changed, want.len(), || want.to_map())
 }
 
 impl Dataplane {
@@ -1217,15 +1243,32 @@ where
     K: aya::Pod + Ord,
     V: aya::Pod + PartialEq,
 {
+    write_difference_sized(map, gone, changed, want.len(), || want.clone())
+}
+
+/// As [`write_difference`], with the wanted map's size, and the map
+/// itself made only when it is too big for the kernel's.
+fn write_difference_sized<K, V>(
+    map: &mut HashMap<MapData, K, V>,
+    gone: &[K],
+    changed: &[(K, V)],
+    want_len: usize,
+    want: impl FnOnce() -> BTreeMap<K, V>,
+) -> Result<()>
+where
+    K: aya::Pod + Ord,
+    V: aya::Pod + PartialEq,
+{
     use aya::maps::IterableMap as _;
     if !gone.is_empty() {
         batch::delete_batch(map.map(), gone).context("removing entries the plan dropped")?;
     }
     if !changed.is_empty() {
+        // More than the map holds: the full sync says so by name.
         if let Ok(info) = map.map().info()
-            && want.len() > info.max_entries() as usize
+            && want_len > info.max_entries() as usize
         {
-            return sync(map, want);
+            return sync(map, &want());
         }
         batch::update_batch(map.map(), changed, batch::BPF_ANY)
             .context("writing the entries the plan changed")?;
@@ -1451,11 +1494,17 @@ mod endpoint_sync_tests {
         want: &BTreeMap<EndpointKey, Endpoint>,
         ports: &BTreeMap<u32, PortInfo>,
     ) -> BTreeMap<EndpointKey, Endpoint> {
+        // What was written as other nodes' layer, what is wanted as this
+        // node's: every key compared.
         let written = WrittenEndpoints {
-            entries: written.clone(),
+            entries: Layered {
+                local: BTreeMap::new(),
+                remote: std::sync::Arc::new(written.clone()),
+            },
             pending: BTreeSet::new(),
         };
-        sync_endpoints_since(map, &written, want, &pending_endpoints(ports), ports).unwrap();
+        let want: Layered<_, _> = want.iter().map(|(k, v)| (*k, *v)).collect();
+        sync_endpoints_since(map, &written, &want, &pending_endpoints(ports), ports).unwrap();
         map.iter().map(|r| r.unwrap()).collect()
     }
 
@@ -1531,6 +1580,53 @@ mod endpoint_sync_tests {
         assert_eq!(got.len(), 3, "{got:?}");
         assert_eq!(got[&key(1)], next[&key(1)]);
         assert_eq!(got[&key(4)], next[&key(4)]);
+    }
+
+    /// Over the same other nodes' layer, only this node's keys are
+    /// compared and written: a local entry going uncovers the remote one
+    /// it hid, a move the data path made is kept, and an entry nothing
+    /// local touched is not read back (an edit by someone else waits for
+    /// the resync).
+    #[test]
+    fn over_the_same_remote_layer_only_local_keys_are_written() {
+        let mut map = HashMap::<_, EndpointKey, Endpoint>::create(64, 0)
+            .expect("creating a hash map (root?)");
+        let local = |ifindex: u32| Endpoint {
+            kind: ENDPOINT_LOCAL,
+            ifindex,
+            port_id: ifindex,
+            ..Default::default()
+        };
+        let remote_layer = std::sync::Arc::new(BTreeMap::from([
+            (key(1), remote(SOURCE, [0; 4], 0)),
+            (key(2), remote(SOURCE, [0; 4], 0)),
+            (key(3), remote(SOURCE, TARGET, 0)),
+        ]));
+        let written = WrittenEndpoints {
+            entries: Layered {
+                local: BTreeMap::from([(key(2), local(5))]),
+                remote: remote_layer.clone(),
+            },
+            pending: BTreeSet::new(),
+        };
+        sync(&mut map, &written.entries.to_map()).unwrap();
+        // Someone else edits vm1; the data path moves vm3 to its target.
+        map.insert(key(1), remote(TARGET, [0; 4], 9), 0).unwrap();
+        let moved_vm3 = remote(TARGET, [0; 4], 0);
+        map.insert(key(3), moved_vm3, 0).unwrap();
+        // vm2 leaves this node (its remote entry shows again), vm4 comes.
+        let want = Layered {
+            local: BTreeMap::from([(key(4), local(6))]),
+            remote: remote_layer,
+        };
+        let ports = BTreeMap::new();
+        sync_endpoints_since(&mut map, &written, &want, &BTreeSet::new(), &ports).unwrap();
+        let got: BTreeMap<EndpointKey, Endpoint> = map.iter().map(|r| r.unwrap()).collect();
+        assert_eq!(got[&key(2)], remote(SOURCE, [0; 4], 0), "the hidden entry");
+        assert_eq!(got[&key(4)], local(6));
+        assert_eq!(got[&key(3)], moved_vm3, "the move undone");
+        assert_eq!(got[&key(1)], remote(TARGET, [0; 4], 9), "vm1 was read back");
+        assert_eq!(got.len(), 4);
     }
 }
 

@@ -17,6 +17,7 @@ use vmpath_common::{
 };
 
 pub mod handoff;
+pub mod layered;
 pub mod north_south;
 pub mod overlay;
 pub mod policy;
@@ -41,8 +42,10 @@ pub struct PlannedPort {
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct Plan {
     pub ports: BTreeMap<u32, PlannedPort>,
-    pub endpoints: BTreeMap<EndpointKey, Endpoint>,
-    pub addresses: BTreeMap<AddrKey, AddrInfo>,
+    /// This node's endpoints over other nodes' (`layered`).
+    pub endpoints: layered::Layered<EndpointKey, Endpoint>,
+    /// This node's VMs' addresses over other nodes'.
+    pub addresses: layered::Layered<AddrKey, AddrInfo>,
     pub networks: BTreeMap<u32, NetworkInfo>,
     pub flood: BTreeMap<u32, FloodList>,
     /// Attachments active here whose port does not exist (yet).
@@ -170,6 +173,28 @@ pub fn plan_with_previous(
     previous: &BTreeMap<AttachmentKey, u32>,
     previous_services: &BTreeMap<crate::plan::service::PortKey, u32>,
     previous_vteps6: &BTreeMap<std::net::Ipv6Addr, [u8; 4]>,
+) -> Plan {
+    plan_cached(
+        cfg,
+        node,
+        ifindex_of,
+        previous,
+        previous_services,
+        previous_vteps6,
+        &mut overlay::Cache::default(),
+    )
+}
+
+/// As [`plan_with_previous`], other nodes' part taken from `cache` where
+/// it still holds (`overlay::Cache`), and left there for the next plan.
+pub fn plan_cached(
+    cfg: &Resolved,
+    node: &str,
+    ifindex_of: impl Fn(&str) -> Option<u32>,
+    previous: &BTreeMap<AttachmentKey, u32>,
+    previous_services: &BTreeMap<crate::plan::service::PortKey, u32>,
+    previous_vteps6: &BTreeMap<std::net::Ipv6Addr, [u8; 4]>,
+    cache: &mut overlay::Cache,
 ) -> Plan {
     let mut phases = crate::sys::phases::Phases::start("plan");
     let mut plan = Plan {
@@ -309,7 +334,7 @@ pub fn plan_with_previous(
     phases.mark("ports");
     north_south::north_south(cfg, node, &mut plan);
     phases.mark("north_south");
-    overlay::overlay(cfg, node, &mut plan);
+    overlay::overlay(cfg, node, &mut plan, cache);
     phases.mark("overlay");
     let local: BTreeMap<AttachmentKey, u32> = plan
         .ports
@@ -319,7 +344,7 @@ pub fn plan_with_previous(
     plan.policy = crate::plan::policy::compile(cfg, &local);
     plan.policy.guard_floods(&plan.flood);
     phases.mark("policy");
-    overlay::endpoint_identities(cfg, &mut plan);
+    overlay::endpoint_identities(cfg, node, &mut plan, cache);
     phases.mark("identities");
     plan.problems.extend(plan.policy.problems.iter().cloned());
     let local_networks: std::collections::BTreeSet<u32> =

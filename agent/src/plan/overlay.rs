@@ -14,6 +14,7 @@
 use std::{
     collections::{BTreeMap, BTreeSet},
     net::{IpAddr, Ipv6Addr},
+    sync::Arc,
 };
 
 use vmpath_common::{
@@ -31,14 +32,213 @@ use crate::{
 /// value when this node has one for it.
 type NodeReach = (IpAddr, Option<[u8; 4]>);
 
-pub fn overlay(cfg: &Resolved, node: &str, plan: &mut Plan) {
+/// Other nodes' part of the plan: where their VMs live, which nodes
+/// host each network, what may send this node overlay frames. Built from
+/// the VM interfaces active elsewhere (or migrating), the networks and the
+/// Nodes alone, so it is shared between rounds while those stay
+/// ([`Cache`]).
+#[derive(Debug, Clone, Default)]
+pub struct Remote {
+    /// Other nodes' VMs' addresses (`vmp_addresses`).
+    pub addresses: Arc<BTreeMap<AddrKey, AddrInfo>>,
+    /// Other nodes' VMs' endpoints, without identities.
+    endpoints: SharedEndpoints,
+    /// Each endpoint entry's holder (the first VM interface with that
+    /// MAC), as an index into the inputs: whose identity it carries.
+    holders: Vec<(EndpointKey, usize)>,
+    flood_remote: BTreeMap<u32, vmpath_common::RemoteFloodList>,
+    reach_nodes: BTreeMap<[u8; 4], u32>,
+    problems: Vec<String>,
+}
+
+/// Other nodes' endpoint entries, shared between plans.
+type SharedEndpoints = Arc<BTreeMap<EndpointKey, Endpoint>>;
+
+/// Whether the overlay reads `att`: it is active on another node, or it
+/// migrates (both ends host its network meanwhile).
+fn overlay_reads(att: &Attachment, node: &str) -> bool {
+    att.migration.is_some() || att.active_node() != node
+}
+
+/// What of a VM interface the overlay reads besides its document (shared,
+/// compared by identity): its addresses, MAC and cut-over, hashed.
+fn resolved_digest(att: &Attachment) -> u64 {
+    use std::hash::{BuildHasher as _, Hash as _, Hasher as _};
+    // Fixed seeds: a digest is compared with the last round's.
+    let mut h = ahash::RandomState::with_seeds(1, 2, 3, 4).build_hasher();
+    for (ip, _) in &att.addresses {
+        ip.hash(&mut h);
+    }
+    att.mac_resolved.map(|(m, _)| m).hash(&mut h);
+    att.cut_over.hash(&mut h);
+    h.finish()
+}
+
+/// [`overlay`] as the last round left it, and what it was built from:
+/// built again only when a VM interface the overlay reads, a network or a
+/// Node changed. A VM's ADD on this node then costs the overlay a
+/// comparison per other node's VM interface, not its entries' sort and
+/// the maps built again. The resync starts from an empty cache.
+#[derive(Debug, Default)]
+pub struct Cache {
+    /// Each VM interface the overlay read, in order: its document (kept,
+    /// so an address is never reused for another) and its digest.
+    inputs: Vec<(Arc<crate::config::Attachment>, u64)>,
+    networks: Vec<crate::config::Network>,
+    nodes: BTreeMap<String, crate::config::Node>,
+    vteps6: BTreeMap<Ipv6Addr, [u8; 4]>,
+    node: String,
+    remote: Option<Remote>,
+    /// The endpoints with identities, and the identities they were given.
+    identified: Option<(SharedEndpoints, Vec<u32>)>,
+}
+
+impl Cache {
+    /// Whether the last build still holds for `cfg`.
+    fn holds(&self, cfg: &Resolved, node: &str, vteps6: &BTreeMap<Ipv6Addr, [u8; 4]>) -> bool {
+        if self.remote.is_none()
+            || self.node != node
+            || self.networks != cfg.config.networks
+            || self.nodes != cfg.config.nodes
+            || self.vteps6 != *vteps6
+        {
+            return false;
+        }
+        let mut inputs = self.inputs.iter();
+        for att in cfg.attachments.iter().filter(|a| overlay_reads(a, node)) {
+            match inputs.next() {
+                Some((spec, digest))
+                    if Arc::ptr_eq(spec, &att.spec) && *digest == resolved_digest(att) => {}
+                _ => return false,
+            }
+        }
+        inputs.next().is_none()
+    }
+
+    /// Other nodes' part of the plan for `cfg`: the last one when it holds.
+    fn remote(
+        &mut self,
+        cfg: &Resolved,
+        node: &str,
+        vteps6: &BTreeMap<Ipv6Addr, [u8; 4]>,
+    ) -> &Remote {
+        if !self.holds(cfg, node, vteps6) {
+            let read: Vec<&Attachment> = cfg
+                .attachments
+                .iter()
+                .filter(|a| overlay_reads(a, node))
+                .collect();
+            self.remote = Some(remote(cfg, node, vteps6, &read));
+            self.inputs = read
+                .iter()
+                .map(|a| (a.spec.clone(), resolved_digest(a)))
+                .collect();
+            self.networks.clone_from(&cfg.config.networks);
+            self.nodes.clone_from(&cfg.config.nodes);
+            self.vteps6.clone_from(vteps6);
+            self.node = node.to_string();
+            self.identified = None;
+        }
+        self.remote.as_ref().expect("built above")
+    }
+
+    /// The remote endpoints with the identity of each one's holder
+    /// (`senders`: the compiled policy's), shared while they stay.
+    fn identified(
+        &mut self,
+        senders: &BTreeMap<crate::config::AttachmentKey, u32>,
+    ) -> SharedEndpoints {
+        let Some(remote) = &self.remote else {
+            return Arc::default();
+        };
+        if senders.is_empty() {
+            return remote.endpoints.clone();
+        }
+        let ids: Vec<u32> = remote
+            .holders
+            .iter()
+            .map(|(_, i)| senders.get(&self.inputs[*i].0.key).copied().unwrap_or(0))
+            .collect();
+        if let Some((endpoints, was)) = &self.identified
+            && *was == ids
+        {
+            return endpoints.clone();
+        }
+        let mut endpoints = (*remote.endpoints).clone();
+        for ((key, _), id) in remote.holders.iter().zip(&ids) {
+            if *id != 0
+                && let Some(ep) = endpoints.get_mut(key)
+            {
+                ep.identity = *id;
+            }
+        }
+        let endpoints = Arc::new(endpoints);
+        self.identified = Some((endpoints.clone(), ids));
+        endpoints
+    }
+}
+
+/// Puts other nodes' part of the plan (`cache`'s, built again where it
+/// no longer holds) into `plan`: its remote layers, flood lists, the
+/// nodes that may send overlay frames, its problems.
+pub fn overlay(cfg: &Resolved, node: &str, plan: &mut Plan, cache: &mut Cache) {
+    let remote = cache.remote(cfg, node, &plan.vteps6);
+    plan.addresses.remote = remote.addresses.clone();
+    plan.endpoints.remote = remote.endpoints.clone();
+    plan.flood_remote.clone_from(&remote.flood_remote);
+    plan.reach_nodes.clone_from(&remote.reach_nodes);
+    plan.problems.extend(remote.problems.iter().cloned());
+}
+
+/// Once policy is compiled: every endpoint entry carries its endpoint's
+/// policy identity, so a node receiving a remote endpoint's frame over the
+/// overlay judges it by who sent it (its MAC, from the node it lives on),
+/// never by the source address it claims. Local entries carry it too: a
+/// VM migrating away turns its entry remote in the data path
+/// (`migrate::learn_move`) before the next plan. A local entry takes the
+/// identity of the first VM interface served here with its MAC, a remote
+/// one that of the VM interface it was made for.
+pub fn endpoint_identities(cfg: &Resolved, node: &str, plan: &mut Plan, cache: &mut Cache) {
+    plan.endpoints.remote = cache.identified(&plan.policy.senders);
+    if plan.policy.senders.is_empty() {
+        return;
+    }
+    for att in cfg
+        .attachments
+        .iter()
+        .filter(|a| super::local_port(a, node).is_some())
+    {
+        let (Some(net), Some((mac, _))) = (cfg.network(&att.network), att.mac_resolved) else {
+            continue;
+        };
+        let Some(&id) = plan.policy.senders.get(&att.key) else {
+            continue;
+        };
+        // The entry's first holder keeps it (as `plan` inserts).
+        if let Some(ep) = plan.endpoints.local.get_mut(&EndpointKey::new(net.id, mac))
+            && ep.identity == 0
+        {
+            ep.identity = id;
+        }
+    }
+}
+
+/// Other nodes' part of the plan, from `read`: the VM interfaces the
+/// overlay reads ([`overlay_reads`]), in key order.
+fn remote(
+    cfg: &Resolved,
+    node: &str,
+    vteps6: &BTreeMap<Ipv6Addr, [u8; 4]>,
+    read: &[&Attachment],
+) -> Remote {
+    let mut out = Remote::default();
     let own = cfg.config.nodes.get(node).map(|n| n.address);
     // Reach: a frame with `REACH_VNI` reaches an endpoint or this node's
     // stack, so only another node may send one (not a pod or a VM that
     // writes VXLAN itself).
     for name in cfg.config.nodes.keys().filter(|n| n.as_str() != node) {
-        if let Some(v) = vtep(cfg, &plan.vteps6, name) {
-            plan.reach_nodes.insert(v, 1);
+        if let Some(v) = vtep(cfg, vteps6, name) {
+            out.reach_nodes.insert(v, 1);
         }
     }
     // Looked up once per network and per node, not per VM interface: at
@@ -52,18 +252,18 @@ pub fn overlay(cfg: &Resolved, node: &str, plan: &mut Plan) {
         .collect();
     let mut hosts: HashMap<&str, Option<NodeReach>> = HashMap::default();
     let mut flooded: HashSet<(u32, [u8; 4])> = HashSet::default();
-    let mut flood = |plan: &mut Plan, net: &crate::config::Network, host: &str, ip4: [u8; 4]| {
+    let mut flood = |out: &mut Remote, net: &crate::config::Network, host: &str, ip4: [u8; 4]| {
         if flooded.insert((net.id, ip4)) {
-            add_flood_node(plan, net, host, ip4);
+            add_flood_node(out, net, host, ip4);
         }
     };
-    // Every other node's entries, in the VM interfaces' order, merged into
-    // the plan's maps once at the end: inserted one by one, at 10,000 VM
-    // interfaces the trees' random inserts were most of this stage.
-    let mut remote_addresses: Vec<(AddrKey, AddrInfo)> = Vec::with_capacity(cfg.attachments.len());
-    let mut remote_endpoints: Vec<(EndpointKey, Endpoint)> =
-        Vec::with_capacity(cfg.attachments.len());
-    for att in &cfg.attachments {
+    // In the VM interfaces' order, made into maps once at the end:
+    // inserted one by one, at 10,000 VM interfaces the trees' random
+    // inserts were most of this stage.
+    let mut remote_addresses: Vec<(AddrKey, AddrInfo)> = Vec::with_capacity(read.len());
+    let mut remote_endpoints: Vec<(EndpointKey, Endpoint)> = Vec::with_capacity(read.len());
+    let mut holders: Vec<(EndpointKey, usize)> = Vec::with_capacity(read.len());
+    for (index, att) in read.iter().enumerate() {
         let Some(&net) = networks.get(att.network.as_str()) else {
             continue;
         };
@@ -73,9 +273,9 @@ pub fn overlay(cfg: &Resolved, node: &str, plan: &mut Plan) {
             for host in [att.node.as_str(), m.target_node.as_str()] {
                 if host != node
                     && host != att.active_node()
-                    && let Some(ip4) = vtep(cfg, &plan.vteps6, host)
+                    && let Some(ip4) = vtep(cfg, vteps6, host)
                 {
-                    flood(plan, net, host, ip4);
+                    flood(&mut out, net, host, ip4);
                 }
             }
         }
@@ -83,21 +283,21 @@ pub fn overlay(cfg: &Resolved, node: &str, plan: &mut Plan) {
         if host == node {
             continue;
         }
-        let remote = *hosts.entry(host).or_insert_with(|| {
+        let reach = *hosts.entry(host).or_insert_with(|| {
             cfg.config
                 .nodes
                 .get(host)
-                .map(|n| (n.address, vtep(cfg, &plan.vteps6, host)))
+                .map(|n| (n.address, vtep(cfg, vteps6, host)))
         });
-        let Some((remote_address, vtep4)) = remote else {
-            plan.problems.push(format!(
+        let Some((remote_address, vtep4)) = reach else {
+            out.problems.push(format!(
                 "attachment {} on node {host:?}: no Node document for that node, so it is not reachable over the overlay",
                 att.key
             ));
             continue;
         };
         if Some(remote_address) == own {
-            plan.problems.push(format!(
+            out.problems.push(format!(
                 "node {host:?} has this node's address {remote_address}: attachment {} is not reachable over the overlay",
                 att.key
             ));
@@ -106,14 +306,14 @@ pub fn overlay(cfg: &Resolved, node: &str, plan: &mut Plan) {
         let Some(ip4) = vtep4 else {
             // Only without a Node of its own (validation refuses a Node of
             // the other underlay family): nothing to send from.
-            plan.problems.push(format!(
+            out.problems.push(format!(
                 "node {host:?}: this node has no Node document with an underlay address; attachment {} is not reachable over the overlay",
                 att.key
             ));
             continue;
         };
 
-        flood(plan, net, host, ip4);
+        flood(&mut out, net, host, ip4);
 
         // Detected MACs are only known on the hosting node; the others
         // learn them from the overlay (see above).
@@ -125,7 +325,7 @@ pub fn overlay(cfg: &Resolved, node: &str, plan: &mut Plan) {
         };
         // Its addresses, for the overlay's neighbour discovery check: an
         // NA from that node may advertise them (and only with this MAC,
-        // where known). A local owner wins.
+        // where known). A local owner wins (`Layered`).
         for (ip, _) in &att.addresses {
             remote_addresses.push((
                 super::addr_key(net.id, ip.addr()),
@@ -142,85 +342,50 @@ pub fn overlay(cfg: &Resolved, node: &str, plan: &mut Plan) {
         if let Some(mac) = known {
             // A local port with the same MAC wins (validation refuses such
             // collisions; this only keeps a local VM reachable meanwhile).
+            let key = EndpointKey::new(net.id, mac);
             remote_endpoints.push((
-                EndpointKey::new(net.id, mac),
+                key,
                 Endpoint {
                     kind: ENDPOINT_REMOTE,
                     ifindex: 0,
                     node_ip4: ip4,
-                    migrate_to: migrate_to(cfg, &plan.vteps6, att, node),
+                    migrate_to: migrate_to(cfg, vteps6, att, node),
                     port_id: 0,
-                    // Set once policy is compiled (`remote_identities`).
+                    // Set once policy is compiled (`endpoint_identities`).
                     identity: 0,
                 },
             ));
+            holders.push((key, index));
         }
     }
-    merge_first_wins(&mut plan.addresses, remote_addresses);
-    merge_first_wins(&mut plan.endpoints, remote_endpoints);
+    out.addresses = Arc::new(first_wins(remote_addresses));
+    out.endpoints = Arc::new(first_wins(remote_endpoints));
+    // The first holder of a key is the one whose entry stands.
+    holders.sort_by_key(|(k, _)| *k);
+    holders.dedup_by_key(|(k, _)| *k);
+    out.holders = holders;
     // Keep the lists in a stable order, whatever the document order.
-    for list in plan.flood_remote.values_mut() {
+    for list in out.flood_remote.values_mut() {
         list.node_ip4[..list.count as usize].sort_unstable();
     }
+    out
 }
 
-/// Adds `later` to `map` where `map` has no entry for the key, the first
-/// of `later` winning among its own (as `entry().or_insert()` one by one
-/// would), built as one sorted run: the tree is made in bulk.
-fn merge_first_wins<K: Ord + Copy, V>(map: &mut BTreeMap<K, V>, mut later: Vec<(K, V)>) {
-    if later.is_empty() {
-        return;
-    }
+/// `entries` as a map, the first of equal keys winning (as
+/// `entry().or_insert()` one by one would), built as one sorted run: the
+/// tree is made in bulk.
+fn first_wins<K: Ord + Copy, V>(mut entries: Vec<(K, V)>) -> BTreeMap<K, V> {
     // Stable: among equal keys the first pushed stays first.
-    later.sort_by_key(|(k, _)| *k);
-    later.dedup_by_key(|(k, _)| *k);
-    let earlier = std::mem::take(map);
-    let mut earlier = earlier.into_iter().peekable();
-    let mut merged = Vec::with_capacity(earlier.len() + later.len());
-    for (k, v) in later {
-        while let Some((ek, _)) = earlier.peek() {
-            if *ek <= k {
-                merged.push(earlier.next().expect("peeked"));
-            } else {
-                break;
-            }
-        }
-        if merged.last().is_none_or(|(mk, _): &(K, V)| *mk != k) {
-            merged.push((k, v));
-        }
-    }
-    merged.extend(earlier);
-    *map = merged.into_iter().collect();
+    entries.sort_by_key(|(k, _)| *k);
+    entries.dedup_by_key(|(k, _)| *k);
+    entries.into_iter().collect()
 }
 
-/// Once policy is compiled: every endpoint entry carries its endpoint's
-/// policy identity, so a node receiving a remote endpoint's frame over the
-/// overlay judges it by who sent it (its MAC, from the node it lives on),
-/// never by the source address it claims. Local entries carry it too: a
-/// VM migrating away turns its entry remote in the data path
-/// (`migrate::learn_move`) before the next plan.
-pub fn endpoint_identities(cfg: &Resolved, plan: &mut Plan) {
-    for att in &cfg.attachments {
-        let (Some(net), Some((mac, _))) = (cfg.network(&att.network), att.mac_resolved) else {
-            continue;
-        };
-        let Some(&id) = plan.policy.senders.get(&att.key) else {
-            continue;
-        };
-        // The entry's first holder keeps it (as `overlay` and `plan` insert).
-        if let Some(ep) = plan.endpoints.get_mut(&EndpointKey::new(net.id, mac))
-            && ep.identity == 0
-        {
-            ep.identity = id;
-        }
-    }
-}
-
-fn add_flood_node(plan: &mut Plan, net: &crate::config::Network, host: &str, ip4: [u8; 4]) {
-    let list = plan.flood_remote.entry(net.id).or_default();
+fn add_flood_node(out: &mut Remote, net: &crate::config::Network, host: &str, ip4: [u8; 4]) {
+    let list = out.flood_remote.entry(net.id).or_default();
     if !list.node_ip4[..list.count as usize].contains(&ip4) {
         if list.count as usize >= MAX_FLOOD_NODES {
-            plan.problems.push(format!(
+            out.problems.push(format!(
                 "network {:?} spans more than {MAX_FLOOD_NODES} other nodes: node {host:?} gets no floods",
                 net.name
             ));
@@ -314,8 +479,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn merged_entries_keep_the_first_holder_as_one_by_one_inserts_do() {
-        let mut map = BTreeMap::from([(2u32, "local 2"), (5, "local 5")]);
+    fn remote_entries_keep_their_first_holder_and_a_local_one_wins() {
         let later = vec![
             (7, "first 7"),
             (2, "remote 2"),
@@ -324,14 +488,18 @@ mod tests {
             (5, "remote 5"),
             (1, "second 1"),
         ];
-        let mut one_by_one = map.clone();
+        let mut one_by_one = BTreeMap::new();
         for (k, v) in later.clone() {
             one_by_one.entry(k).or_insert(v);
         }
-        merge_first_wins(&mut map, later);
-        assert_eq!(map, one_by_one);
+        let remote = first_wins(later);
+        assert_eq!(remote, one_by_one);
+        let layered = crate::plan::layered::Layered {
+            local: BTreeMap::from([(2u32, "local 2"), (5, "local 5")]),
+            remote: Arc::new(remote),
+        };
         assert_eq!(
-            map.into_iter().collect::<Vec<_>>(),
+            layered.iter().map(|(k, v)| (*k, *v)).collect::<Vec<_>>(),
             vec![
                 (1, "first 1"),
                 (2, "local 2"),
@@ -341,6 +509,7 @@ mod tests {
         );
     }
     use crate::config;
+    use crate::resolve::resolved::Origin;
 
     const DOCS: &str = "
 apiVersion: vmpath.dev/v1alpha1
@@ -405,6 +574,101 @@ spec: {vm: vm4, interface: eth0, network: blue, node: c, port: p4, mac: '52:54:0
         )
     }
 
+    fn resolved_of(docs: &str, node: &str) -> Resolved {
+        let dir = std::env::temp_dir().join(format!(
+            "vmpath-plan-cache-{}-{node}-{}",
+            std::process::id(),
+            crate::sys::hash::fnv1a(&[docs.as_bytes()])
+        ));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("c.yaml"), docs).unwrap();
+        let snap = config::source::read_dir(&dir);
+        let _ = std::fs::remove_dir_all(&dir);
+        let mut cfg = Resolved::new(crate::round::validate(&snap, node, &Default::default()));
+        let _ = crate::resolve::ipam::assign(&mut cfg, &Default::default());
+        cfg
+    }
+
+    fn cached(cfg: &Resolved, cache: &mut Cache) -> Plan {
+        let (ids, services, vteps6) = (BTreeMap::new(), BTreeMap::new(), BTreeMap::new());
+        super::super::plan_cached(cfg, "a", |_| Some(7), &ids, &services, &vteps6, cache)
+    }
+
+    fn uncached(cfg: &Resolved) -> Plan {
+        cached(cfg, &mut Cache::default())
+    }
+
+    /// A VM of this node coming takes other nodes' part of the plan as
+    /// the last plan had it (the same shared maps, not built again); a
+    /// VM of another node changing its address builds it again. Either way
+    /// the plan is the one a plan without the cache gives.
+    #[test]
+    fn other_nodes_part_is_kept_until_a_vm_interface_it_reads_changes() {
+        let mut cfg = resolved_of(DOCS, "a");
+        let mut cache = Cache::default();
+        let first = cached(&cfg, &mut cache);
+        assert_eq!(first, uncached(&cfg));
+        // vm2 (vm3 has no MAC to place; vm4's node c has no Node).
+        assert_eq!(first.endpoints.remote.len(), 1);
+
+        // A new VM on this node (a document of its own).
+        let mut local = (*cfg.attachments[0].spec).clone();
+        local.key.vm = "vm9".into();
+        local.name = "vm9".into();
+        local.mac = Some([0x52, 0x54, 0, 0, 0, 9]);
+        cfg.attachments
+            .push(crate::resolve::resolved::Attachment::given(Arc::new(local)));
+        let second = cached(&cfg, &mut cache);
+        assert!(Arc::ptr_eq(
+            &first.endpoints.remote,
+            &second.endpoints.remote
+        ));
+        assert!(Arc::ptr_eq(
+            &first.addresses.remote,
+            &second.addresses.remote
+        ));
+        assert_eq!(second, uncached(&cfg));
+        assert_ne!(second, first, "vm9's endpoint is new");
+
+        // vm2 (on b) takes another address: the same document, another
+        // resolved address.
+        let vm2 = cfg
+            .attachments
+            .iter_mut()
+            .find(|a| a.key.vm == "vm2")
+            .unwrap();
+        vm2.addresses = vec![("10.20.0.99/16".parse().unwrap(), Origin::Claimed)];
+        let third = cached(&cfg, &mut cache);
+        assert!(!Arc::ptr_eq(
+            &second.addresses.remote,
+            &third.addresses.remote
+        ));
+        assert_eq!(third, uncached(&cfg));
+        assert!(
+            third
+                .addresses
+                .contains_key(&crate::plan::addr_key(100, "10.20.0.99".parse().unwrap()))
+        );
+        assert!(
+            !third
+                .addresses
+                .contains_key(&crate::plan::addr_key(100, "10.20.0.12".parse().unwrap()))
+        );
+
+        // A Node moving its address builds it again too.
+        cfg.config = Arc::new({
+            let mut c = (*cfg.config).clone();
+            c.nodes.get_mut("b").unwrap().address = "192.0.2.22".parse().unwrap();
+            c
+        });
+        let fourth = cached(&cfg, &mut cache);
+        assert_eq!(fourth, uncached(&cfg));
+        assert_eq!(
+            fourth.endpoints[&EndpointKey::new(100, [0x52, 0x54, 0, 0, 0, 2])].node_ip4,
+            [192, 0, 2, 22]
+        );
+    }
+
     /// The same cluster over an IPv6 underlay: other nodes are known by
     /// handles, each handle names its node's address, and a handle stays
     /// with its address when the cluster changes around it.
@@ -463,8 +727,8 @@ spec: {vm: vm4, interface: eth0, network: blue, node: c, port: p4, mac: '52:54:0
         // vm3's MAC is to be detected: only node b will know it.
         assert_eq!(
             plan.endpoints
-                .values()
-                .filter(|e| e.kind == ENDPOINT_REMOTE)
+                .iter()
+                .filter(|(_, e)| e.kind == ENDPOINT_REMOTE)
                 .count(),
             1
         );

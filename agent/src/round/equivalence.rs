@@ -124,7 +124,10 @@ fn full(
         .as_ref()
         .map(plan::Previous::of_plan)
         .unwrap_or_default();
-    (plan::plan(&cfg, node, ports, &previous), kept)
+    (
+        plan::plan(&cfg, node, ports, &previous, &mut Default::default()),
+        kept,
+    )
 }
 
 /// One round as `Round::run` takes it, without a data path: what the
@@ -144,7 +147,7 @@ fn incremental(
         .as_ref()
         .map(plan::Previous::of_plan)
         .unwrap_or_default();
-    let plan = plan::plan(&cfg, &node, ports, &previous);
+    let plan = plan::plan(&cfg, &node, ports, &previous, &mut round.overlay);
     round.accepted = Arc::new(cfg.attachments.iter().map(|a| a.key.clone()).collect());
     round.running = publish::served_here(&cfg, &plan);
     round.last_plan = Some(plan.clone());

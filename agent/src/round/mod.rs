@@ -151,6 +151,8 @@ pub struct Round {
     validated: Option<Validated>,
     /// What the last round's IPAM left, for deciding only what changed.
     ipam_memo: Option<crate::resolve::ipam_memo::Memo>,
+    /// Other nodes' part of the last plan, for the next while it holds.
+    overlay: crate::plan::overlay::Cache,
     /// Who holds what, as last built from the claims store's copy and the
     /// running ports: built again only when either changed.
     held: Option<(u64, Arc<Held>)>,
@@ -254,6 +256,7 @@ impl Round {
             migrations: Migrations::default(),
             validated: None,
             ipam_memo: None,
+            overlay: Default::default(),
             held: None,
             passes: Passes::default(),
             last_trim: None,
@@ -294,6 +297,7 @@ impl Round {
     pub fn forget_increments(&mut self) {
         self.validated = None;
         self.ipam_memo = None;
+        self.overlay = Default::default();
         // Who holds what is built from every claim again (the claims
         // added beside it folded in).
         self.held = None;
@@ -587,7 +591,7 @@ impl Round {
         // plan
         let previous = plan::Previous::of(self.last_plan.as_ref(), dp, &cfg, &s.node);
         phases.mark("previous");
-        let plan = plan::plan(&cfg, &s.node, ifindex_of, &previous);
+        let plan = plan::plan(&cfg, &s.node, ifindex_of, &previous, &mut self.overlay);
         phases.mark("plan");
         let plan_changed = self.last_plan.as_ref() != Some(&plan);
         phases.mark("compare");

@@ -111,14 +111,16 @@ pub fn plan(
     node: &str,
     ifindex_of: impl Fn(&str) -> Option<u32>,
     previous: &Previous,
+    cache: &mut crate::plan::overlay::Cache,
 ) -> Plan {
-    crate::plan::plan_with_previous(
+    crate::plan::plan_cached(
         cfg,
         node,
         ifindex_of,
         &previous.port_ids,
         &previous.services,
         &previous.vteps6,
+        cache,
     )
 }
 
@@ -140,7 +142,13 @@ mod tests {
         let cfg = resolve(crate::round::validate(&snap, "a", &Default::default()), "a");
         // vm2's port does not exist yet.
         let ports = |p: &str| (p == "vm1p").then_some(11);
-        let first = plan(&cfg, "a", ports, &Previous::default());
+        let first = plan(
+            &cfg,
+            "a",
+            ports,
+            &Previous::default(),
+            &mut Default::default(),
+        );
         assert_eq!(first.ports.len(), 1);
         assert_eq!(first.missing_ports.len(), 1);
 
@@ -149,6 +157,9 @@ mod tests {
         let pinned = BTreeMap::from([(11, id)]);
         let previous = Previous::of_pinned(&cfg, "a", ports, &pinned, BTreeMap::new());
         assert_eq!(previous, Previous::of_plan(&first));
-        assert_eq!(plan(&cfg, "a", ports, &previous), first);
+        assert_eq!(
+            plan(&cfg, "a", ports, &previous, &mut Default::default()),
+            first
+        );
     }
 }

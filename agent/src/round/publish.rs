@@ -371,7 +371,13 @@ mod tests {
         let cfg = resolve(crate::round::validate(&snap, "a", &Default::default()), "a");
         let ports =
             |p: &str| (p == "vm1p" || p == "vm2p").then_some(if p == "vm1p" { 11 } else { 12 });
-        let plan = plan(&cfg, "a", ports, &Previous::default());
+        let plan = plan(
+            &cfg,
+            "a",
+            ports,
+            &Previous::default(),
+            &mut Default::default(),
+        );
         let settings = Settings {
             node: "a".into(),
             ..Default::default()
@@ -515,7 +521,13 @@ mod tests {
             ..Default::default()
         };
         let build = |cfg: &Resolved, prev: &View, viewed: &[resolved::Attachment]| {
-            let plan = plan(cfg, "a", ports, &Previous::default());
+            let plan = plan(
+                cfg,
+                "a",
+                ports,
+                &Previous::default(),
+                &mut Default::default(),
+            );
             build_view(&settings, cfg, &plan, &Default::default(), prev, viewed)
         };
         let before = resolve(

@@ -96,7 +96,7 @@ pub fn fair_shares(demands: &BTreeMap<&str, usize>, capacity: usize) -> BTreeMap
 /// that does not fit is the one left out.
 pub fn compile(
     cfg: &Config,
-    addresses: &BTreeMap<AddrKey, AddrInfo>,
+    addresses: &crate::plan::layered::Layered<AddrKey, AddrInfo>,
     local_networks: &BTreeSet<u32>,
     previous: &BTreeMap<PortKey, u32>,
 ) -> Compiled {
@@ -104,15 +104,25 @@ pub fn compile(
     if cfg.services.is_empty() {
         return out;
     }
-    // Address -> (network, MAC) of every endpoint with a known MAC.
+    // Address -> (network, MAC) of each endpoint a slice names that has a
+    // known MAC: looked up per address and network, not a walk of every
+    // address of the cluster.
     let mut on_network: BTreeMap<IpAddr, Vec<(u32, [u8; 6])>> = BTreeMap::new();
-    for (k, info) in addresses {
-        if info.mac != [0; 6] {
-            on_network
-                .entry(k.ip())
-                .or_default()
-                .push((k.network, info.mac));
+    for e in cfg.endpoint_slices.iter().flat_map(|s| &s.endpoints) {
+        if on_network.contains_key(&e.address) {
+            continue;
         }
+        let found: Vec<(u32, [u8; 6])> = cfg
+            .networks
+            .iter()
+            .filter_map(|n| {
+                addresses
+                    .get(&AddrKey::from_ip(n.id, e.address))
+                    .map(|i| (n.id, i.mac))
+            })
+            .filter(|(_, mac)| *mac != [0; 6])
+            .collect();
+        on_network.insert(e.address, found);
     }
     let mut wanted: Vec<Wanted> = Vec::new();
     for svc in &cfg.services {

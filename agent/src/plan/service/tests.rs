@@ -366,7 +366,7 @@ fn compile_with(cfg: &Config, previous: &BTreeMap<PortKey, u32>) -> Compiled {
     }
     compile(
         cfg,
-        &addresses,
+        &addresses.into_iter().collect(),
         &[BLUE, RED].into_iter().collect(),
         previous,
     )

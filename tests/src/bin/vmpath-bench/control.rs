@@ -210,12 +210,12 @@ fn write_maps(dp: &mut Dataplane, p: &plan::Plan) -> Result<serde_json::Value> {
     );
     count(
         "addresses",
-        update_batch(maps.addresses.map(), &pairs(&p.addresses), 0),
+        update_batch(maps.addresses.map(), &pairs(&p.addresses.to_map()), 0),
         p.addresses.len(),
     );
     count(
         "endpoints",
-        update_batch(maps.endpoints.map(), &pairs(&p.endpoints), 0),
+        update_batch(maps.endpoints.map(), &pairs(&p.endpoints.to_map()), 0),
         p.endpoints.len(),
     );
     let zero = vec![PortStats::default(); nr_cpus];
