@@ -151,6 +151,12 @@ pub struct ClaimChange {
 /// the last (one or two); further back, it reads every claim.
 const LOG_WRITES: usize = 64;
 
+/// How many claim changes the log keeps in all: a reader of more builds
+/// what it keeps from every claim anyway (`Held::with_added` declines
+/// past 1,024), and a first write of every claim of a cluster kept as
+/// its changes was 250 bytes per VM interface for as long as the agent ran.
+const LOG_CHANGES: usize = 1024;
+
 pub struct Store {
     db: Database,
     /// Every claim as last read or written: a round reads them all, and
@@ -332,8 +338,15 @@ impl Store {
                         now: change.clone(),
                     });
                 }
-                log.push_back((generation, logged));
-                if log.len() > LOG_WRITES {
+                if logged.len() > LOG_CHANGES {
+                    // Unknown from here back: a reader reads every claim.
+                    log.clear();
+                } else {
+                    log.push_back((generation, logged));
+                }
+                while log.len() > LOG_WRITES
+                    || log.iter().map(|(_, c)| c.len()).sum::<usize>() > LOG_CHANGES
+                {
                     log.pop_front();
                 }
             }
@@ -441,6 +454,50 @@ mod tests {
         );
         // Further back than the log keeps: nothing.
         assert_eq!(store.changes_since(0), None);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// A write of more claims than the log keeps in all (an agent's first
+    /// write at cluster scale) is not kept: a reader from before it reads
+    /// every claim, and the writes after it are logged again.
+    #[test]
+    fn the_log_keeps_at_most_its_changes_and_a_bigger_write_empties_it() {
+        let dir = std::env::temp_dir().join(format!("vmpath-store-cap-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let store = Store::open(&dir).unwrap();
+        let claim = |i: usize| Claim {
+            network: "blue".into(),
+            ips: vec![format!("10.{}.{}.1/8", i / 256, i % 256).parse().unwrap()],
+            mac: None,
+            mac_origin: None,
+        };
+        let write = |from: usize, n: usize| {
+            let writes: BTreeMap<String, Option<Claim>> = (from..from + n)
+                .map(|i| (format!("ns/vm{i}/eth0"), Some(claim(i))))
+                .collect();
+            store.apply(&writes).unwrap();
+        };
+        // A cache to log against.
+        write(0, 1);
+        let _ = store.shared().unwrap();
+        let before = store.generation();
+        write(1, 3);
+        assert_eq!(store.changes_since(before).map(|c| c.len()), Some(3));
+        write(4, LOG_CHANGES + 1);
+        let after_big = store.generation();
+        assert_eq!(
+            store.changes_since(before),
+            None,
+            "the big write was not kept"
+        );
+        write(5000, 2);
+        assert_eq!(store.changes_since(after_big).map(|c| c.len()), Some(2));
+        // Small writes up to the cap in all: the oldest go first.
+        for k in 0..(LOG_CHANGES / 100 + 2) {
+            write(6000 + 100 * k, 100);
+        }
+        let logged: usize = store.log.lock().unwrap().iter().map(|(_, c)| c.len()).sum();
+        assert!(logged <= LOG_CHANGES, "{logged} changes logged");
         let _ = std::fs::remove_dir_all(&dir);
     }
 }
