@@ -95,6 +95,10 @@ impl StatusFile {
         // it was: most rounds change a few VMs' entries in place.
         let mut index: Option<HashMap<usize, usize>> = None;
         let mut next = Vec::with_capacity(view.attachments.len());
+        // A new entry is written here, then kept at its size: a vector
+        // shrunk in place (`into_boxed_slice`) keeps the allocator's
+        // bigger block, twice the text across a cluster's entries.
+        let mut scratch = Vec::new();
         for (i, entry) in view.attachments.iter().enumerate() {
             let at = if kept.get(i).is_some_and(|(e, _)| Arc::ptr_eq(e, entry)) {
                 Some(i)
@@ -113,7 +117,11 @@ impl StatusFile {
                 .filter(|t| !t.is_empty());
             let json = match json {
                 Some(json) => json,
-                None => serde_json::to_vec(&**entry)?.into_boxed_slice(),
+                None => {
+                    scratch.clear();
+                    serde_json::to_writer(&mut scratch, &**entry)?;
+                    Box::from(&scratch[..])
+                }
             };
             if i > 0 {
                 out.write_all(b",")?;
