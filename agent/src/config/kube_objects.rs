@@ -348,8 +348,9 @@ pub struct MultusNetwork {
 pub struct VmiStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub node_name: Option<String>,
+    /// Boxed: most VMIs have none, and every VMI of the cluster is kept.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub migration_state: Option<MigrationState>,
+    pub migration_state: Option<Box<MigrationState>>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize, Serialize)]
