@@ -141,23 +141,42 @@ impl Memo {
         let mut changed: Vec<(usize, Option<usize>)> = Vec::new();
         let mut left: Vec<usize> = Vec::new();
         let mut same: Vec<(usize, usize)> = Vec::new();
-        merge(
-            self.attachments.iter().enumerate(),
-            cfg.attachments.iter().enumerate(),
-            |(_, a)| &a.key,
-            |(_, a)| &a.key,
-            |side| match side {
-                Side::Old((i, _)) => left.push(i),
-                Side::New((j, _)) => changed.push((j, None)),
-                Side::Both((i, old), (j, new)) => {
-                    if std::sync::Arc::ptr_eq(&old.spec, &new.spec) || old.spec == new.spec {
+        // Both in key order; a document shared with the last round is the
+        // same key without comparing its strings (most of them, every
+        // round).
+        let (old, new) = (&self.attachments, &cfg.attachments);
+        let (mut i, mut j) = (0, 0);
+        while i < old.len() || j < new.len() {
+            let order = match (old.get(i), new.get(j)) {
+                (Some(a), Some(b)) if std::sync::Arc::ptr_eq(&a.spec, &b.spec) => {
+                    std::cmp::Ordering::Equal
+                }
+                (Some(a), Some(b)) => a.key.cmp(&b.key),
+                (Some(_), None) => std::cmp::Ordering::Less,
+                _ => std::cmp::Ordering::Greater,
+            };
+            match order {
+                std::cmp::Ordering::Less => {
+                    left.push(i);
+                    i += 1;
+                }
+                std::cmp::Ordering::Greater => {
+                    changed.push((j, None));
+                    j += 1;
+                }
+                std::cmp::Ordering::Equal => {
+                    if std::sync::Arc::ptr_eq(&old[i].spec, &new[j].spec)
+                        || old[i].spec == new[j].spec
+                    {
                         same.push((i, j));
                     } else {
                         changed.push((j, Some(i)));
                     }
+                    i += 1;
+                    j += 1;
                 }
-            },
-        );
+            }
+        }
 
         // What the changed ones would meet: checked before anything moves.
         let leaving_macs: HashSet<(usize, [u8; 6])> = left
@@ -277,7 +296,23 @@ impl Memo {
             self.keys.remove(&k);
         }
         self.keys.extend(new_keys.into_iter().cloned());
-        if !changed.is_empty() || !left.is_empty() {
+        let in_place = left.is_empty() && changed.iter().all(|(_, i)| i.is_some());
+        if in_place {
+            // The same VM interfaces: the changed ones' results replace
+            // theirs where they are, the unchanged take the round's
+            // documents (perhaps in other allocations), so that the next
+            // round compares pointers.
+            for &(j, i) in &changed {
+                let i = i.expect("in place: every changed one was there");
+                self.attachments[i] = cfg.attachments[j].clone();
+            }
+            for (i, j) in same {
+                let (kept, now) = (&mut self.attachments[i], &cfg.attachments[j]);
+                if !std::sync::Arc::ptr_eq(&kept.spec, &now.spec) {
+                    kept.spec = now.spec.clone();
+                }
+            }
+        } else {
             // The unchanged are moved over (their results are the ones
             // just copied into `cfg`), the changed and new ones copied: at
             // 10,000 VM interfaces a copy of them all was milliseconds of
@@ -302,12 +337,6 @@ impl Memo {
                     None => a.clone(),
                 })
                 .collect();
-        } else {
-            // The same documents, perhaps in other allocations: keep the
-            // round's, so that the next round compares pointers.
-            for (i, j) in same {
-                self.attachments[i].spec = cfg.attachments[j].spec.clone();
-            }
         }
         Some((changes, settled))
     }
