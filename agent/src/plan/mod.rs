@@ -230,13 +230,15 @@ pub fn plan_cached(
     phases.mark("port_ids");
     // Ports programmed before come first: where a network's flood list is
     // full, a new port is the one refused, never a running one displaced.
-    let mut ordered: Vec<_> = cfg.attachments.iter().collect();
-    ordered.sort_by_key(|a| !previous.contains_key(&a.key));
-    for att in ordered {
-        // Active here, or here as the target of a pending migration.
-        let Some((port_name, pending)) = local_port(att, node) else {
-            continue;
-        };
+    // Active here, or here as the target of a pending migration: those
+    // alone are ordered (a lookup each), not every VM interface.
+    let mut ordered: Vec<_> = cfg
+        .attachments
+        .iter()
+        .filter_map(|a| local_port(a, node).map(|(port, pending)| (a, port, pending)))
+        .collect();
+    ordered.sort_by_key(|(a, _, _)| !previous.contains_key(&a.key));
+    for (att, port_name, pending) in ordered {
         let Some(net) = cfg.network(&att.network) else {
             continue;
         };

@@ -202,10 +202,6 @@ fn resolve_prefixes(cfg: &Resolved, plan: &mut Plan) {
 /// and learned from their traffic here), on every node hosting the
 /// network.
 fn routed_addresses(cfg: &Resolved, plan: &mut Plan) {
-    let by_key: crate::sys::hash::HashMap<
-        &crate::config::AttachmentKey,
-        &crate::resolve::resolved::Attachment,
-    > = cfg.attachments.iter().map(|a| (&a.key, a)).collect();
     let entry = |net: &Network, mac: [u8; 6], ifindex: u32, port_id: u32| RoutedAddr {
         ifindex,
         network: net.id,
@@ -216,7 +212,9 @@ fn routed_addresses(cfg: &Resolved, plan: &mut Plan) {
         port_id: port_id as u16 | if routed(net) { 0 } else { ROUTED_F_INBOUND },
     };
     for port in plan.ports.values().filter(|p| !p.pending()) {
-        let Some(att) = by_key.get(&port.attachment).copied() else {
+        // Looked up per port (the attachments are in key order), not a
+        // map of every VM interface of the cluster built each round.
+        let Some(att) = cfg.attachment(&port.attachment) else {
             continue;
         };
         let Some(net) = cfg.network(&att.network) else {

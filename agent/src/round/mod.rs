@@ -347,9 +347,11 @@ impl Round {
             && let Some(attribution) = &attribution
         {
             let partial_snap = membership.partial(snap, touched);
+            phases.mark("partial snapshot");
             let derived = derive::derive(&partial_snap, &node);
+            phases.mark("partial derive");
             let partial = validate::documents(&partial_snap, derived, &node, &self.accepted, &held);
-            phases.mark("partial pass");
+            phases.mark("partial validate");
             let store = &self.store;
             let stored = |key: &str| store.get(key).ok().flatten();
             let evidence = groups::Evidence {
