@@ -200,9 +200,16 @@ pub fn build_view(
     let mut was = 0usize;
     let mut shared = 0usize;
     // Indexes, so the view stays linear in the number of attachments.
-    let mut per_network: HashMap<&str, usize> = HashMap::default();
+    // A few networks: a list, not a hash of every VM interface's network.
+    let mut per_network: Vec<(&str, usize)> = Vec::new();
     for a in &cfg.attachments {
-        *per_network.entry(a.network.as_str()).or_default() += 1;
+        match per_network
+            .iter_mut()
+            .find(|(n, _)| *n == a.network.as_str())
+        {
+            Some((_, count)) => *count += 1,
+            None => per_network.push((a.network.as_str(), 1)),
+        }
     }
     let active_port: HashMap<&AttachmentKey, u32> = plan
         .ports
@@ -233,7 +240,10 @@ pub fn build_view(
             ip_filter: n.ip_filter,
             egress: format!("{:?}", n.egress),
             mtu: n.mtu,
-            attachments: per_network.get(n.name.as_str()).copied().unwrap_or(0),
+            attachments: per_network
+                .iter()
+                .find(|(name, _)| *name == n.name.as_str())
+                .map_or(0, |(_, count)| *count),
             dns_servers: n.dhcp.dns_servers.iter().map(|s| s.to_string()).collect(),
             search_domains: n.dhcp.search_domains.clone(),
         })
@@ -242,14 +252,26 @@ pub fn build_view(
         .attachments
         .iter()
         .map(|a| {
+            // Only a VM interface active here or migrating here has a
+            // port here: the others' keys are not looked up.
+            let here = a.active_node() == settings.node
+                || a.migration
+                    .as_ref()
+                    .is_some_and(|m| m.target_node == settings.node);
             // A pending migration target's port is not where the VM runs yet.
-            let ifindex = active_port.get(&a.key).copied();
-            let pending = pending_port.get(&a.key);
+            let ifindex = here.then(|| active_port.get(&a.key).copied()).flatten();
+            let pending = here.then(|| pending_port.get(&a.key)).flatten();
             // Both lists are in key order: the last entry of this key, if
-            // any, is at or after `was`.
+            // any, is at or after `was` (the same document is the same
+            // key, without comparing its strings).
             if reusable {
-                while was < viewed.len() && viewed[was].key < a.key {
-                    was += 1;
+                if !viewed
+                    .get(was)
+                    .is_some_and(|old| Arc::ptr_eq(&old.spec, &a.spec))
+                {
+                    while was < viewed.len() && viewed[was].key < a.key {
+                        was += 1;
+                    }
                 }
                 if let (Some(old), Some(entry)) = (viewed.get(was), prev.attachments.get(was))
                     && ifindex.is_none()
