@@ -128,7 +128,7 @@ pub fn placeholder_port(namespace: &str, pod: &str, ifname: &str) -> String {
 /// else the agent's IPAM allocates them (config files, no controller).
 pub fn translate(
     documents: &[RawDocument],
-    cluster: &[ClusterDocument],
+    cluster: &crate::config::source::Chunked<ClusterDocument>,
     node: &str,
     pod_claims: bool,
     ledger: Option<&Shards>,

@@ -531,7 +531,7 @@ impl KubeSource {
             let mut read = kind.read.lock().unwrap_or_else(|p| p.into_inner());
             let part = read.get_or_insert_with(|| kind.read_now()).clone();
             drop(read);
-            snap.cluster.extend(part.cluster.iter().cloned());
+            snap.cluster.push_part(part.cluster.clone());
             snap.documents.extend(part.documents.iter().cloned());
         }
         snap.ledger = Some(

@@ -403,7 +403,7 @@ impl Membership {
         // One object twice: each placed once; a full pass decides.
         let mut once = Snapshot {
             documents: Vec::new(),
-            cluster: Vec::new(),
+            cluster: Default::default(),
             errors: snap.errors.clone(),
             empty: snap.empty,
             fingerprint: snap.fingerprint,
