@@ -637,7 +637,7 @@ spec: {vm: vm4, interface: eth0, network: blue, node: c, port: p4, mac: '52:54:0
             .iter_mut()
             .find(|a| a.key.vm == "vm2")
             .unwrap();
-        vm2.addresses = vec![("10.20.0.99/16".parse().unwrap(), Origin::Claimed)];
+        vm2.addresses = vec![("10.20.0.99/16".parse().unwrap(), Origin::Claimed)].into();
         let third = cached(&cfg, &mut cache);
         assert!(!Arc::ptr_eq(
             &second.addresses.remote,

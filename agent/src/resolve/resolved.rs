@@ -17,13 +17,18 @@ use crate::config::{self, AttachmentKey, Config, ConfigError, Network};
 // each claim, so it is defined there.
 pub use crate::resolve::store::Origin;
 
+/// A VM interface's addresses with their origins.
+pub type Addresses = smallvec::SmallVec<[(IpNet, Origin); 2]>;
+
 /// One attachment as this round runs it. Derefs to its validated document.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Attachment {
     /// Shared with the validated config: a round copies no document.
     pub spec: std::sync::Arc<config::Attachment>,
-    /// The addresses the VM uses, with where each came from.
-    pub addresses: Vec<(IpNet, Origin)>,
+    /// The addresses the VM uses, with where each came from: inline for
+    /// up to two (every round makes one list per VM interface of the
+    /// cluster).
+    pub addresses: Addresses,
     /// The MAC in force: given, or from the claim (detected or generated).
     pub mac_resolved: Option<([u8; 6], Origin)>,
     /// The migration is cut over: the VM runs on its target node now.
@@ -217,8 +222,8 @@ spec: {vm: vm3, interface: eth0, network: blue, node: a, port: p3, mac: '52:54:0
         assert_eq!(resolved.errors[0].field, "spec.ips");
         let vm3 = resolved.attachment(&key("vm3")).unwrap();
         assert_eq!(
-            vm3.addresses,
-            [("10.20.0.9/16".parse().unwrap(), Origin::Claimed)]
+            &vm3.addresses[..],
+            &[("10.20.0.9/16".parse().unwrap(), Origin::Claimed)][..]
         );
         assert_eq!(vm3.active_node(), "b");
         assert_eq!(vm3.signalled_node(), "a");
@@ -233,8 +238,8 @@ spec: {vm: vm3, interface: eth0, network: blue, node: a, port: p3, mac: '52:54:0
         let resolved = Resolved::new(validated());
         let vm2 = resolved.attachment(&key("vm2")).unwrap();
         assert_eq!(
-            vm2.addresses,
-            [("10.20.0.9/16".parse().unwrap(), Origin::Given)]
+            &vm2.addresses[..],
+            &[("10.20.0.9/16".parse().unwrap(), Origin::Given)][..]
         );
         assert_eq!(
             vm2.mac_resolved,
