@@ -26,10 +26,7 @@
 //! what it would see there. `round::equivalence` compares the two after
 //! random sequences of changes.
 
-use std::{
-    collections::{BTreeMap, BTreeSet},
-    net::IpAddr,
-};
+use std::{collections::BTreeMap, net::IpAddr};
 
 use crate::{
     config::{AttachmentKey, Network, parse_mac},
@@ -47,8 +44,9 @@ use crate::{
 pub struct Memo {
     /// The networks it was decided with.
     networks: Vec<Network>,
-    /// The keys the documents named (their claims are live).
-    keys: BTreeSet<AttachmentKey>,
+    /// The keys the documents named (their claims are live), with the
+    /// version of the set it mirrors.
+    keys: crate::config::Keys,
     /// The VM interfaces as IPAM left them, in key order.
     attachments: Vec<Attachment>,
     /// Every live claim's addresses on a known network -> its key.
@@ -123,17 +121,20 @@ impl Memo {
         // Which documents' keys went (their claims are released).
         let mut gone_keys: Vec<AttachmentKey> = Vec::new();
         let mut new_keys: Vec<&AttachmentKey> = Vec::new();
-        merge(
-            self.keys.iter(),
-            config.keys_in_documents.iter(),
-            |k| k,
-            |k| k,
-            |side| match side {
-                Side::Old(k) => gone_keys.push(k.clone()),
-                Side::New(k) => new_keys.push(k),
-                Side::Both(..) => {}
-            },
-        );
+        // The same version: the same keys, none compared.
+        if self.keys.version() != config.keys_in_documents.version() {
+            merge(
+                self.keys.iter(),
+                config.keys_in_documents.iter(),
+                |k| k,
+                |k| k,
+                |side| match side {
+                    Side::Old(k) => gone_keys.push(k.clone()),
+                    Side::New(k) => new_keys.push(k),
+                    Side::Both(..) => {}
+                },
+            );
+        }
         let gone: HashSet<String> = gone_keys.iter().map(|k| k.to_string()).collect();
 
         // Which VM interfaces changed (by index in `cfg`, with their last
@@ -296,6 +297,7 @@ impl Memo {
             self.keys.remove(&k);
         }
         self.keys.extend(new_keys.into_iter().cloned());
+        self.keys.caught_up_with(&config.keys_in_documents);
         let in_place = left.is_empty() && changed.iter().all(|(_, i)| i.is_some());
         if in_place {
             // The same VM interfaces: the changed ones' results replace
