@@ -273,7 +273,7 @@ pub fn read(
     let ports: HashMap<u32, AttachmentKey> = cfg
         .attachments
         .iter()
-        .filter(|a| a.active_node() == node)
+        .filter(|a| !a.elsewhere && a.active_node() == node)
         .filter_map(|a| crate::sys::netif::ifindex_of(a.active_port()).map(|i| (i, a.key.clone())))
         .collect();
     let local_addresses = crate::sys::netif::local_addresses();

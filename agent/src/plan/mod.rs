@@ -95,6 +95,9 @@ pub fn plan(cfg: &Resolved, node: &str, ifindex_of: impl Fn(&str) -> Option<u32>
 /// The port this node serves for `att`, and whether it is a pending
 /// migration target.
 fn local_port<'a>(att: &'a Attachment, node: &str) -> Option<(&'a str, bool)> {
+    if att.elsewhere {
+        return None;
+    }
     if att.active_node() == node {
         Some((att.active_port(), false))
     } else {

@@ -57,7 +57,7 @@ type SharedEndpoints = Arc<BTreeMap<EndpointKey, Endpoint>>;
 /// Whether the overlay reads `att`: it is active on another node, or it
 /// migrates (both ends host its network meanwhile).
 fn overlay_reads(att: &Attachment, node: &str) -> bool {
-    att.migration.is_some() || att.active_node() != node
+    att.elsewhere || att.migration.is_some() || att.active_node() != node
 }
 
 /// What of a VM interface the overlay reads besides its document (shared,
@@ -667,6 +667,46 @@ spec: {vm: vm4, interface: eth0, network: blue, node: c, port: p4, mac: '52:54:0
             fourth.endpoints[&EndpointKey::new(100, [0x52, 0x54, 0, 0, 0, 2])].node_ip4,
             [192, 0, 2, 22]
         );
+    }
+
+    /// A config resolved for its node (each VM interface knowing whether it
+    /// is elsewhere) plans what one resolved without a node plans, from
+    /// every node's side, before and after a cut-over.
+    #[test]
+    fn knowing_what_is_elsewhere_plans_the_same() {
+        let docs = DOCS.replace(
+            "port: p1, mac: '52:54:00:00:00:01'}",
+            "port: p1, mac: '52:54:00:00:00:01', migration: {targetNode: b, targetPort: t1}}",
+        );
+        for node in ["a", "b", "c"] {
+            for cut_over in [false, true] {
+                let mut unknown = resolved_of(&docs, node);
+                let mut known = Resolved::for_node(unknown.config.clone(), node);
+                let _ = crate::resolve::ipam::assign(&mut known, &Default::default());
+                for cfg in [&mut unknown, &mut known] {
+                    cfg.attachments[0].cut_over = cut_over;
+                }
+                assert!(known.attachments.iter().any(|a| a.elsewhere) || node == "a");
+                let plan = |cfg: &Resolved| {
+                    let (ids, services, vteps6) =
+                        (BTreeMap::new(), BTreeMap::new(), BTreeMap::new());
+                    super::super::plan_cached(
+                        cfg,
+                        node,
+                        |_| Some(7),
+                        &ids,
+                        &services,
+                        &vteps6,
+                        &mut Cache::default(),
+                    )
+                };
+                assert_eq!(
+                    plan(&known),
+                    plan(&unknown),
+                    "from {node}, cut over {cut_over}"
+                );
+            }
+        }
     }
 
     /// The same cluster over an IPv6 underlay: other nodes are known by

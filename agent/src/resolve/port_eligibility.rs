@@ -294,6 +294,9 @@ pub fn refused_count() -> usize {
 /// migration's target port (the plan serves it before cut-over).
 fn ports_on<'a>(a: &'a Attachment, node: &str) -> Vec<(&'static str, &'a str)> {
     let mut out = Vec::new();
+    if a.elsewhere {
+        return out;
+    }
     if a.active_node() == node {
         let field = if a.active_port() == a.port {
             "spec.port"

@@ -33,6 +33,12 @@ pub struct Attachment {
     pub mac_resolved: Option<([u8; 6], Origin)>,
     /// The migration is cut over: the VM runs on its target node now.
     pub cut_over: bool,
+    /// Neither its node nor a migration's target is the node this round
+    /// runs for (`Resolved::for_node`): it has no port here, whatever is
+    /// cut over. Read beside the rest of the entry, so the stages that
+    /// look for this node's VM interfaces skip the others without reading
+    /// their documents. False when unknown (`Resolved::new`).
+    pub elsewhere: bool,
 }
 
 impl Attachment {
@@ -42,8 +48,34 @@ impl Attachment {
             addresses: spec.ips.iter().map(|ip| (*ip, Origin::Given)).collect(),
             mac_resolved: spec.mac.map(|m| (m, Origin::Given)),
             cut_over: spec.migration.as_ref().is_some_and(|m| m.ready),
+            elsewhere: false,
             spec,
         }
+    }
+
+    /// As [`given`](Self::given), for the round of `node`.
+    pub fn given_for(spec: std::sync::Arc<config::Attachment>, node: &str) -> Self {
+        let elsewhere = spec.node != node
+            && spec
+                .migration
+                .as_ref()
+                .is_none_or(|m| m.target_node != node);
+        Attachment {
+            elsewhere,
+            ..Attachment::given(spec)
+        }
+    }
+
+    /// Whether it may have a port on `node` (active there, or a pending
+    /// migration's target there): false for sure when `elsewhere`.
+    pub fn maybe_on(&self, node: &str) -> bool {
+        !self.elsewhere
+            && (self.spec.node == node
+                || self
+                    .spec
+                    .migration
+                    .as_ref()
+                    .is_some_and(|m| m.target_node == node))
     }
 
     /// The node the VM runs on now: the target once cut over.
@@ -100,6 +132,22 @@ impl Resolved {
                 .iter()
                 .cloned()
                 .map(Attachment::given)
+                .collect(),
+            errors: config.errors.clone(),
+            config,
+            learned_ips: Default::default(),
+        }
+    }
+
+    /// As [`new`](Self::new), for the round of `node`: each VM interface
+    /// knows whether it is `elsewhere`.
+    pub fn for_node(config: impl Into<std::sync::Arc<Config>>, node: &str) -> Self {
+        let config: std::sync::Arc<Config> = config.into();
+        Resolved {
+            attachments: config
+                .attachments
+                .iter()
+                .map(|a| Attachment::given_for(a.clone(), node))
                 .collect(),
             errors: config.errors.clone(),
             config,
@@ -231,6 +279,44 @@ spec: {vm: vm3, interface: eth0, network: blue, node: a, port: p3, mac: '52:54:0
         assert_eq!(serde_json::to_value(&*resolved.config).unwrap(), before);
         assert!(resolved.config.errors.is_empty());
         assert_eq!(resolved.config.attachments.len(), 3);
+    }
+
+    /// Built for a node, each VM interface knows whether it is elsewhere:
+    /// neither on that node nor migrating to it, cut over or not.
+    #[test]
+    fn a_vm_interface_with_no_port_on_the_node_is_elsewhere() {
+        let elsewhere = |node: &str| -> Vec<(String, bool, bool)> {
+            Resolved::for_node(validated(), node)
+                .attachments
+                .iter()
+                .map(|a| (a.key.vm.clone(), a.elsewhere, a.maybe_on(node)))
+                .collect()
+        };
+        // vm3 runs on a and migrates to b.
+        assert_eq!(
+            elsewhere("a"),
+            [
+                ("vm1".into(), false, true),
+                ("vm2".into(), false, true),
+                ("vm3".into(), false, true)
+            ]
+        );
+        assert_eq!(
+            elsewhere("b"),
+            [
+                ("vm1".into(), true, false),
+                ("vm2".into(), true, false),
+                ("vm3".into(), false, true)
+            ]
+        );
+        assert!(elsewhere("c").iter().all(|(_, e, m)| *e && !m));
+        // Unknown without a node: never skipped.
+        assert!(
+            Resolved::new(validated())
+                .attachments
+                .iter()
+                .all(|a| !a.elsewhere)
+        );
     }
 
     #[test]

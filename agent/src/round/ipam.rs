@@ -134,7 +134,8 @@ pub fn adopt_detected_macs(
     for learned in seen {
         let ifindex = learned.ifindex;
         let Some(a) = cfg.attachments.iter().find(|a| {
-            a.active_node() == node
+            !a.elsewhere
+                && a.active_node() == node
                 && a.mac_resolved.is_none()
                 && ifindex_of(a.active_port()) == Some(ifindex)
         }) else {

@@ -40,7 +40,7 @@ pub fn report(cluster: &KubeSource, cfg: &Resolved, node: &str, mac_refusals: &[
     for a in cfg
         .attachments
         .iter()
-        .filter(|a| a.active_node() == node && a.source.origin.is_from_vmi())
+        .filter(|a| !a.elsewhere && a.active_node() == node && a.source.origin.is_from_vmi())
     {
         if let Some((mac, Origin::Detected)) = a.mac_resolved {
             macs.entry((a.key.namespace.clone(), a.key.vm.clone()))
@@ -254,10 +254,7 @@ pub fn build_view(
         .map(|a| {
             // Only a VM interface active here or migrating here has a
             // port here: the others' keys are not looked up.
-            let here = a.active_node() == settings.node
-                || a.migration
-                    .as_ref()
-                    .is_some_and(|m| m.target_node == settings.node);
+            let here = a.maybe_on(&settings.node);
             // A pending migration target's port is not where the VM runs yet.
             let ifindex = here.then(|| active_port.get(&a.key).copied()).flatten();
             let pending = here.then(|| pending_port.get(&a.key)).flatten();

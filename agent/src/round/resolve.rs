@@ -9,7 +9,7 @@ use crate::{config::Config, resolve::resolved::Resolved};
 /// The enrichment stage's start: `validated` as `node` serves it.
 pub fn resolve(validated: impl Into<std::sync::Arc<Config>>, node: &str) -> Resolved {
     let mut phases = crate::sys::phases::Phases::start("resolve");
-    let mut cfg = Resolved::new(validated);
+    let mut cfg = Resolved::for_node(validated, node);
     phases.mark("given");
     if let Some(policy) = crate::resolve::port_eligibility::policy() {
         crate::resolve::port_eligibility::refuse_ineligible(&mut cfg, node, policy);
