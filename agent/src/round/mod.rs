@@ -670,31 +670,31 @@ impl Round {
         }
         // Built, and recorded, only when it changed (or the last record
         // failed): not copied again every round. The resolved interfaces
-        // are in key order, as the set is.
-        // The documents `accepted` was last found from, one for one: the
-        // same documents are the same keys, none compared (at 10,000 VMs a
-        // comparison of every key was a tenth of the round a CNI ADD
-        // waits for).
-        let same_documents = cfg.attachments.len() == self.accepted_from.len()
-            && cfg
-                .attachments
-                .iter()
-                .zip(&self.accepted_from)
-                .all(|(a, spec)| Arc::ptr_eq(&a.spec, spec));
-        let same = same_documents
-            || (cfg.attachments.len() == self.accepted.len()
-                && cfg
-                    .attachments
-                    .iter()
-                    .zip(self.accepted.iter())
-                    .all(|(a, k)| a.key == *k));
-        if !same_documents {
+        // are in key order, as the set is, and so are the documents
+        // `accepted` was last found from, one for one (in
+        // its order): a shared document is the same key, not compared; a
+        // new one is compared with the document it replaces, and kept (at
+        // 10,000 VMs a comparison of every key was a tenth of the round a
+        // CNI ADD waits for).
+        let mut same = cfg.attachments.len() == self.accepted_from.len()
+            && self.accepted_from.len() == self.accepted.len();
+        if same {
+            for (a, spec) in cfg.attachments.iter().zip(self.accepted_from.iter_mut()) {
+                if Arc::ptr_eq(&a.spec, spec) {
+                    continue;
+                }
+                if a.key != spec.key {
+                    same = false;
+                    break;
+                }
+                *spec = a.spec.clone();
+            }
+        }
+        if !same {
             drop_later(std::mem::replace(
                 &mut self.accepted_from,
                 cfg.attachments.iter().map(|a| a.spec.clone()).collect(),
             ));
-        }
-        if !same {
             let accepted: Arc<BTreeSet<AttachmentKey>> =
                 Arc::new(cfg.attachments.iter().map(|a| a.key.clone()).collect());
             if accepted != self.accepted {
