@@ -40,6 +40,18 @@ impl<T: Send + 'static> Latest<T> {
     /// over (the latest when several came during a write). Without a
     /// thread (it could not be started), `submit` writes on the caller's.
     pub fn spawn(name: &str, write: impl FnMut(&T) -> Result<(), String> + Send + 'static) -> Self {
+        Self::spawn_paced(name, 0, write)
+    }
+
+    /// As [`spawn`](Self::spawn), resting `rest` times as long as each
+    /// write took before the next: the thread writes at most a
+    /// `1 / (1 + rest)` share of one CPU, whatever the record's size and
+    /// however often it changes (the latest is still written, later).
+    pub fn spawn_paced(
+        name: &str,
+        rest: u32,
+        write: impl FnMut(&T) -> Result<(), String> + Send + 'static,
+    ) -> Self {
         let shared: Shared<T> = Arc::new((
             Mutex::new(Slot {
                 pending: None,
@@ -52,7 +64,7 @@ impl<T: Send + 'static> Latest<T> {
         let what = name.to_string();
         let thread = std::thread::Builder::new()
             .name(name.into())
-            .spawn(move || run(&worker, &what, write))
+            .spawn(move || run(&worker, &what, rest, write))
             .map_err(|e| warn!(thread = name, "cannot start: {e}; writing on the loop"))
             .ok();
         Latest { shared, thread }
@@ -78,7 +90,12 @@ impl<T: Send + 'static> Latest<T> {
     }
 }
 
-fn run<T>(shared: &Shared<T>, what: &str, mut write: impl FnMut(&T) -> Result<(), String>) {
+fn run<T>(
+    shared: &Shared<T>,
+    what: &str,
+    rest: u32,
+    mut write: impl FnMut(&T) -> Result<(), String>,
+) {
     let (lock, wake) = &**shared;
     let mut failed: Option<T> = None;
     loop {
@@ -111,6 +128,7 @@ fn run<T>(shared: &Shared<T>, what: &str, mut write: impl FnMut(&T) -> Result<()
                 }
             }
         };
+        let started = std::time::Instant::now();
         let result = write(&value);
         if let Err(e) = &result {
             warn!(record = what, "writing: {e}; trying again");
@@ -122,6 +140,19 @@ fn run<T>(shared: &Shared<T>, what: &str, mut write: impl FnMut(&T) -> Result<()
         }
         // For `flush`.
         wake.notify_all();
+        // The rest: values handed over meanwhile replace one another; the
+        // thread's end does not wait for it.
+        let until = std::time::Instant::now() + started.elapsed() * rest;
+        while !slot.closed {
+            let now = std::time::Instant::now();
+            if now >= until {
+                break;
+            }
+            slot = wake
+                .wait_timeout(slot, until - now)
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        }
     }
 }
 
@@ -186,5 +217,39 @@ mod tests {
             std::thread::sleep(Duration::from_millis(20));
         }
         assert_eq!(tries.load(Ordering::SeqCst), 2);
+    }
+
+    /// A paced writer rests after each write: values handed over during
+    /// the write and its rest replace one another, and the last is
+    /// written once the rest is over.
+    #[test]
+    fn a_paced_writer_rests_and_then_writes_the_latest() {
+        let written = Arc::new(Mutex::new(Vec::new()));
+        let (go, wait) = std::sync::mpsc::channel::<()>();
+        let wait = Mutex::new(wait);
+        let w = written.clone();
+        let latest = Latest::spawn_paced("test-latest-paced", 9, move |v: &u32| {
+            if *v == 1 {
+                // The first write lasts until the others are handed over.
+                let _ = wait.lock().unwrap().recv();
+            }
+            std::thread::sleep(Duration::from_millis(20));
+            w.lock().unwrap().push((*v, std::time::Instant::now()));
+            Ok(())
+        });
+        latest.submit(1);
+        while !latest.shared.0.lock().unwrap().busy {
+            std::thread::yield_now();
+        }
+        for v in 2..=5 {
+            latest.submit(v);
+        }
+        go.send(()).unwrap();
+        latest.flush();
+        let written = written.lock().unwrap();
+        assert_eq!(written.iter().map(|(v, _)| *v).collect::<Vec<_>>(), [1, 5]);
+        // The second began at least nine first writes (of 20 ms or more)
+        // after the first ended, and took 20 ms.
+        assert!(written[1].1 - written[0].1 >= Duration::from_millis(200));
     }
 }
