@@ -57,7 +57,7 @@ type SharedEndpoints = Arc<BTreeMap<EndpointKey, Endpoint>>;
 /// Whether the overlay reads `att`: it is active on another node, or it
 /// migrates (both ends host its network meanwhile).
 fn overlay_reads(att: &Attachment, node: &str) -> bool {
-    att.elsewhere || att.migration.is_some() || att.active_node() != node
+    att.elsewhere || att.migrates || att.active_node() != node
 }
 
 /// What of a VM interface the overlay reads besides its document (shared,

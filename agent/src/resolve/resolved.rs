@@ -39,6 +39,10 @@ pub struct Attachment {
     /// look for this node's VM interfaces skip the others without reading
     /// their documents. False when unknown (`Resolved::new`).
     pub elsewhere: bool,
+    /// Its document names a migration (read beside the entry, as
+    /// `elsewhere`: whether any migration is under way is asked every
+    /// round).
+    pub migrates: bool,
 }
 
 impl Attachment {
@@ -49,6 +53,7 @@ impl Attachment {
             mac_resolved: spec.mac.map(|m| (m, Origin::Given)),
             cut_over: spec.migration.as_ref().is_some_and(|m| m.ready),
             elsewhere: false,
+            migrates: spec.migration.is_some(),
             spec,
         }
     }

@@ -715,7 +715,7 @@ impl Round {
         if let Some(plan) = &self.last_plan {
             self.running = publish::served_here(&cfg, plan);
         }
-        let migrating = cfg.attachments.iter().any(|a| a.migration.is_some());
+        let migrating = cfg.attachments.iter().any(|a| a.migrates);
         if view_built {
             // What the published view's entries were built from, for the
             // next view to share the unchanged ones.
