@@ -87,6 +87,32 @@ pub fn validate_held(
     validate_documents(&snapshot.errors, derived, node_name, keep_first, held)
 }
 
+/// `partial` without the Nodes (v1 Nodes and vmpath Node documents): they
+/// are context no VM's documents are read against (an Attachment is
+/// validated without them), so a partial pass leaves them to the last
+/// full one rather than derive and validate every node of the cluster
+/// again for each event (a cost that grew with the nodes, not with what
+/// changed).
+fn without_nodes(mut partial: Snapshot) -> Snapshot {
+    use crate::config::kube_objects::prune::ClusterObject;
+    if partial
+        .cluster
+        .iter()
+        .any(|c| matches!(*c.object, ClusterObject::Node(_)))
+    {
+        partial.cluster = partial
+            .cluster
+            .iter()
+            .filter(|c| !matches!(*c.object, ClusterObject::Node(_)))
+            .cloned()
+            .collect();
+    }
+    partial
+        .documents
+        .retain(|d| d.value.get("kind").and_then(|k| k.as_str()) != Some("Node"));
+    partial
+}
+
 /// What the stages need of the agent's options.
 #[derive(Debug, Clone, Default)]
 pub struct Settings {
@@ -359,9 +385,13 @@ impl Round {
             && let Some(touched) = &touched
             && let Some(attribution) = &attribution
         {
-            let partial_snap = membership.partial(snap, touched);
+            let partial_snap = without_nodes(membership.partial(snap, touched));
             phases.mark("partial snapshot");
-            let derived = derive::derive(&partial_snap, &node);
+            let mut derived = derive::derive(&partial_snap, &node);
+            // The Nodes' pod CIDRs as the last full pass found them (the
+            // context has not changed since): what Primary networks are
+            // weighed against.
+            derived.cluster_cidrs.clone_from(&v.config.cluster_cidrs);
             phases.mark("partial derive");
             let partial = validate::documents(&partial_snap, derived, &node, &self.accepted, &held);
             phases.mark("partial validate");
@@ -806,6 +836,67 @@ pub(crate) mod tests {
         ] {
             assert_eq!(round.link_matters(name), matters, "{name}");
         }
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// A partial pass leaves the Nodes out but weighs a VM's network
+    /// against their pod CIDRs as the full pass did: a Primary network
+    /// overlapping a v1 Node's `spec.podCIDRs` is refused, and so is a VM
+    /// interface on it when only that VM's document changed.
+    #[test]
+    fn a_partial_pass_weighs_networks_against_the_nodes_it_leaves_out() {
+        let dir = std::env::temp_dir().join(format!("vmpath-partial-nodes-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let config = dir.join("config");
+        std::fs::create_dir_all(&config).unwrap();
+        let wide = "apiVersion: vmpath.dev/v1alpha1\nkind: Network\nmetadata: {name: wide}\nspec:\n  id: 8\n  role: Primary\n  subnets: [10.244.0.0/16]\n  ipam: {mode: Disabled}\n";
+        let node_b = "apiVersion: v1\nkind: Node\nmetadata: {name: b}\nspec: {podCIDRs: [10.244.1.0/24]}\nstatus:\n  addresses:\n  - {type: InternalIP, address: 192.0.2.2}\n";
+        std::fs::write(
+            config.join("context.yaml"),
+            format!("{BLUE}---\n{wide}---\n{node_b}"),
+        )
+        .unwrap();
+        let on_wide = |label: &str| {
+            format!(
+                "apiVersion: vmpath.dev/v1alpha1\nkind: Attachment\nmetadata: {{name: vm1-eth0, namespace: prod, labels: {{app: {label}}}}}\nspec:\n  vm: vm1\n  interface: eth0\n  network: wide\n  node: a\n  port: vm1p\n  ips: [10.244.7.5/16]\n"
+            )
+        };
+        std::fs::write(config.join("vm1.yaml"), on_wide("one")).unwrap();
+        std::fs::write(config.join("vm2.yaml"), attachment("vm2", "a")).unwrap();
+        let settings = Settings {
+            node: "a".into(),
+            config_dir: config.clone(),
+            state_dir: dir.join("state"),
+            ..Default::default()
+        };
+        let mut round = Round::new(settings, None, Store::open(&dir.join("state")).unwrap());
+        let mut reader = Reader::default();
+        let first = reader.read(&config);
+        let (cfg, _) = round.derive_and_validate(&first, Held::default());
+        assert!(
+            cfg.errors.iter().any(|e| e.message.contains("overlaps")),
+            "{:?}",
+            cfg.errors
+        );
+        assert!(cfg.attachments.iter().all(|a| a.key.vm != "vm1"));
+        assert_eq!(round.passes.full, 1);
+        // vm1's document alone changes.
+        std::fs::write(config.join("vm1.yaml"), on_wide("two")).unwrap();
+        let second = reader.read(&config);
+        let (cfg, _) = round.derive_and_validate(&second, Held::default());
+        assert_eq!(round.passes.partial, 1, "{:?}", round.passes);
+        assert!(
+            cfg.attachments.iter().all(|a| a.key.vm != "vm1"),
+            "vm1 accepted on a refused network"
+        );
+        let full = validate(&second, "a", &Default::default());
+        let keys = |c: &Config| {
+            c.attachments
+                .iter()
+                .map(|a| a.key.clone())
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(keys(&cfg), keys(&full));
         let _ = std::fs::remove_dir_all(&dir);
     }
 
