@@ -11,7 +11,7 @@ use std::{
     sync::Arc,
 };
 
-use super::{Passes, Round, Settings, derive, ipam, plan, publish, resolve, validate};
+use super::{Passes, Round, derive, ipam, plan, publish, resolve, validate};
 use crate::{
     config::{
         Config,
@@ -345,13 +345,7 @@ fn run_sequence(seed: u64, steps: usize) -> Passes {
     let _ = std::fs::remove_dir_all(&dir);
     let config = dir.join("config");
     std::fs::create_dir_all(&config).unwrap();
-    let settings = Settings {
-        node: "a".into(),
-        config_dir: config.clone(),
-        state_dir: dir.join("state"),
-        ..Default::default()
-    };
-    let mut round = Round::new(settings, None, Store::open(&dir.join("state")).unwrap());
+    let mut round = crate::round::tests::round_in(&dir, "a");
     let mut reader = Reader::default();
     let mut rng = Rng(seed);
     let mut mtu = 1450;
@@ -683,13 +677,7 @@ fn run_kube_sequence(seed: u64, steps: usize) -> (Passes, (usize, usize)) {
     let _ = std::fs::remove_dir_all(&dir);
     let config = dir.join("config");
     std::fs::create_dir_all(&config).unwrap();
-    let settings = Settings {
-        node: "node-a".into(),
-        config_dir: config.clone(),
-        state_dir: dir.join("state"),
-        ..Default::default()
-    };
-    let mut round = Round::new(settings, None, Store::open(&dir.join("state")).unwrap());
+    let mut round = crate::round::tests::round_in(&dir, "node-a");
     let mut reader = Reader::default();
     let mut rng = Rng(seed ^ 0x5eed);
     let nodes = |mtu: u32| {

@@ -877,13 +877,24 @@ impl Membership {
     }
 
     /// `snap` cut down to the context and the objects of `groups`, in its
-    /// own order.
+    /// own order. Not the Nodes (v1 Nodes and vmpath Node documents): no
+    /// VM's documents are validated against them, so a partial pass
+    /// leaves them to the last full one rather than derive and validate
+    /// every node of the cluster again for each event (a cost that grew
+    /// with the nodes, not with what changed); the caller weighs the
+    /// networks against the pod CIDRs that pass found.
     pub fn partial(&self, snap: &Snapshot, groups: &BTreeSet<GroupKey>) -> Snapshot {
+        let is_node = |p: &usize| {
+            self.entries.get(p).is_some_and(|e| match &e.member {
+                Member::Cluster(c) => matches!(**c, ClusterObject::Node(_)),
+                Member::Document(d) => d.0.get("kind").and_then(Value::as_str) == Some("Node"),
+            })
+        };
         let keep: HashSet<usize> = groups
             .iter()
             .filter_map(|(ns, name)| get(&self.groups, ns, name))
             .flat_map(|g| g.members.iter().copied())
-            .chain(self.context.iter().copied())
+            .chain(self.context.iter().copied().filter(|p| !is_node(p)))
             .collect();
         Snapshot {
             documents: snap

@@ -87,32 +87,6 @@ pub fn validate_held(
     validate_documents(&snapshot.errors, derived, node_name, keep_first, held)
 }
 
-/// `partial` without the Nodes (v1 Nodes and vmpath Node documents): they
-/// are context no VM's documents are read against (an Attachment is
-/// validated without them), so a partial pass leaves them to the last
-/// full one rather than derive and validate every node of the cluster
-/// again for each event (a cost that grew with the nodes, not with what
-/// changed).
-fn without_nodes(mut partial: Snapshot) -> Snapshot {
-    use crate::config::kube_objects::prune::ClusterObject;
-    if partial
-        .cluster
-        .iter()
-        .any(|c| matches!(*c.object, ClusterObject::Node(_)))
-    {
-        partial.cluster = partial
-            .cluster
-            .iter()
-            .filter(|c| !matches!(*c.object, ClusterObject::Node(_)))
-            .cloned()
-            .collect();
-    }
-    partial
-        .documents
-        .retain(|d| d.value.get("kind").and_then(|k| k.as_str()) != Some("Node"));
-    partial
-}
-
 /// What the stages need of the agent's options.
 #[derive(Debug, Clone, Default)]
 pub struct Settings {
@@ -385,12 +359,13 @@ impl Round {
             && let Some(touched) = &touched
             && let Some(attribution) = &attribution
         {
-            let partial_snap = without_nodes(membership.partial(snap, touched));
+            let partial_snap = membership.partial(snap, touched);
             phases.mark("partial snapshot");
             let mut derived = derive::derive(&partial_snap, &node);
             // The Nodes' pod CIDRs as the last full pass found them (the
-            // context has not changed since): what Primary networks are
-            // weighed against.
+            // partial snapshot leaves the Nodes out, and the context has
+            // not changed since): what Primary networks are weighed
+            // against.
             derived.cluster_cidrs.clone_from(&v.config.cluster_cidrs);
             phases.mark("partial derive");
             let partial = validate::documents(&partial_snap, derived, &node, &self.accepted, &held);
@@ -863,13 +838,7 @@ pub(crate) mod tests {
         };
         std::fs::write(config.join("vm1.yaml"), on_wide("one")).unwrap();
         std::fs::write(config.join("vm2.yaml"), attachment("vm2", "a")).unwrap();
-        let settings = Settings {
-            node: "a".into(),
-            config_dir: config.clone(),
-            state_dir: dir.join("state"),
-            ..Default::default()
-        };
-        let mut round = Round::new(settings, None, Store::open(&dir.join("state")).unwrap());
+        let mut round = round_in(&dir, "a");
         let mut reader = Reader::default();
         let first = reader.read(&config);
         let (cfg, _) = round.derive_and_validate(&first, Held::default());
@@ -898,6 +867,17 @@ pub(crate) mod tests {
         };
         assert_eq!(keys(&cfg), keys(&full));
         let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// A round for `node` reading `dir/config`, its state in `dir/state`.
+    pub fn round_in(dir: &std::path::Path, node: &str) -> Round {
+        let settings = Settings {
+            node: node.into(),
+            config_dir: dir.join("config"),
+            state_dir: dir.join("state"),
+            ..Default::default()
+        };
+        Round::new(settings, None, Store::open(&dir.join("state")).unwrap())
     }
 
     /// What the read stage would give for a config dir holding `yaml`.
