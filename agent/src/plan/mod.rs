@@ -163,34 +163,16 @@ pub fn plan_with_ids(
         previous,
         &BTreeMap::new(),
         &BTreeMap::new(),
+        &mut overlay::Cache::default(),
     )
 }
 
 /// As [`plan_with_ids`], also keeping the Service ports the data path
 /// holds (`previous_services`: key -> id) ahead of new ones, and the IPv6
-/// underlay's VTEP handles (`previous_vteps6`).
+/// underlay's VTEP handles (`previous_vteps6`); other nodes' part taken
+/// from `cache` where it still holds (`overlay::Cache`), and left there
+/// for the next plan.
 pub fn plan_with_previous(
-    cfg: &Resolved,
-    node: &str,
-    ifindex_of: impl Fn(&str) -> Option<u32>,
-    previous: &BTreeMap<AttachmentKey, u32>,
-    previous_services: &BTreeMap<crate::plan::service::PortKey, u32>,
-    previous_vteps6: &BTreeMap<std::net::Ipv6Addr, [u8; 4]>,
-) -> Plan {
-    plan_cached(
-        cfg,
-        node,
-        ifindex_of,
-        previous,
-        previous_services,
-        previous_vteps6,
-        &mut overlay::Cache::default(),
-    )
-}
-
-/// As [`plan_with_previous`], other nodes' part taken from `cache` where
-/// it still holds (`overlay::Cache`), and left there for the next plan.
-pub fn plan_cached(
     cfg: &Resolved,
     node: &str,
     ifindex_of: impl Fn(&str) -> Option<u32>,

@@ -553,37 +553,20 @@ spec: {vm: vm4, interface: eth0, network: blue, node: c, port: p4, mac: '52:54:0
     }
 
     fn plan_of(docs: &str, node: &str, vteps6: &BTreeMap<Ipv6Addr, [u8; 4]>) -> Plan {
-        let dir = std::env::temp_dir().join(format!(
-            "vmpath-plan-overlay-{}-{node}-{}",
-            std::process::id(),
-            crate::sys::hash::fnv1a(&[docs.as_bytes()])
-        ));
-        std::fs::create_dir_all(&dir).unwrap();
-        std::fs::write(dir.join("c.yaml"), docs).unwrap();
-        let snap = config::source::read_dir(&dir);
-        let _ = std::fs::remove_dir_all(&dir);
-        let mut cfg = Resolved::new(crate::round::validate(&snap, node, &Default::default()));
-        let _ = crate::resolve::ipam::assign(&mut cfg, &Default::default());
         super::super::plan_with_previous(
-            &cfg,
+            &resolved_of(docs, node),
             node,
             |_| Some(7),
             &BTreeMap::new(),
             &BTreeMap::new(),
             vteps6,
+            &mut Cache::default(),
         )
     }
 
+    /// `docs` validated and resolved (IPAM with no claims) for `node`.
     fn resolved_of(docs: &str, node: &str) -> Resolved {
-        let dir = std::env::temp_dir().join(format!(
-            "vmpath-plan-cache-{}-{node}-{}",
-            std::process::id(),
-            crate::sys::hash::fnv1a(&[docs.as_bytes()])
-        ));
-        std::fs::create_dir_all(&dir).unwrap();
-        std::fs::write(dir.join("c.yaml"), docs).unwrap();
-        let snap = config::source::read_dir(&dir);
-        let _ = std::fs::remove_dir_all(&dir);
+        let snap = crate::round::tests::snapshot_of(docs);
         let mut cfg = Resolved::new(crate::round::validate(&snap, node, &Default::default()));
         let _ = crate::resolve::ipam::assign(&mut cfg, &Default::default());
         cfg
@@ -591,7 +574,7 @@ spec: {vm: vm4, interface: eth0, network: blue, node: c, port: p4, mac: '52:54:0
 
     fn cached(cfg: &Resolved, cache: &mut Cache) -> Plan {
         let (ids, services, vteps6) = (BTreeMap::new(), BTreeMap::new(), BTreeMap::new());
-        super::super::plan_cached(cfg, "a", |_| Some(7), &ids, &services, &vteps6, cache)
+        super::super::plan_with_previous(cfg, "a", |_| Some(7), &ids, &services, &vteps6, cache)
     }
 
     fn uncached(cfg: &Resolved) -> Plan {
@@ -690,7 +673,7 @@ spec: {vm: vm4, interface: eth0, network: blue, node: c, port: p4, mac: '52:54:0
                 let plan = |cfg: &Resolved| {
                     let (ids, services, vteps6) =
                         (BTreeMap::new(), BTreeMap::new(), BTreeMap::new());
-                    super::super::plan_cached(
+                    super::super::plan_with_previous(
                         cfg,
                         node,
                         |_| Some(7),

@@ -113,7 +113,7 @@ pub fn plan(
     previous: &Previous,
     cache: &mut crate::plan::overlay::Cache,
 ) -> Plan {
-    crate::plan::plan_cached(
+    crate::plan::plan_with_previous(
         cfg,
         node,
         ifindex_of,
