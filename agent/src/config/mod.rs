@@ -428,11 +428,7 @@ mod tests {
     use super::*;
 
     fn key(vm: &str) -> AttachmentKey {
-        AttachmentKey {
-            namespace: "prod".into(),
-            vm: vm.into(),
-            interface: "eth0".into(),
-        }
+        AttachmentKey::parse(&format!("prod/{vm}/eth0")).unwrap()
     }
 
     /// A change gives a version no set had; no change and a copy keep it;
