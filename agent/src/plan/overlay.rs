@@ -61,11 +61,12 @@ fn overlay_reads(att: &Attachment, node: &str) -> bool {
 }
 
 /// What of a VM interface the overlay reads besides its document (shared,
-/// compared by identity): its addresses, MAC and cut-over, hashed.
-fn resolved_digest(att: &Attachment) -> u64 {
+/// compared by identity): its addresses, MAC and cut-over, hashed with
+/// `seeds` (the cache's, random: the addresses are a tenant's, and a
+/// collision it could aim at would keep its last entries standing).
+fn resolved_digest(seeds: &ahash::RandomState, att: &Attachment) -> u64 {
     use std::hash::{BuildHasher as _, Hash as _, Hasher as _};
-    // Fixed seeds: a digest is compared with the last round's.
-    let mut h = ahash::RandomState::with_seeds(1, 2, 3, 4).build_hasher();
+    let mut h = seeds.build_hasher();
     for (ip, _) in &att.addresses {
         ip.hash(&mut h);
     }
@@ -91,6 +92,8 @@ pub struct Cache {
     remote: Option<Remote>,
     /// The endpoints with identities, and the identities they were given.
     identified: Option<(SharedEndpoints, Vec<u32>)>,
+    /// The digests' seeds, drawn at random once per cache.
+    seeds: ahash::RandomState,
 }
 
 impl Cache {
@@ -108,7 +111,8 @@ impl Cache {
         for att in cfg.attachments.iter().filter(|a| overlay_reads(a, node)) {
             match inputs.next() {
                 Some((spec, digest))
-                    if Arc::ptr_eq(spec, &att.spec) && *digest == resolved_digest(att) => {}
+                    if Arc::ptr_eq(spec, &att.spec)
+                        && *digest == resolved_digest(&self.seeds, att) => {}
                 _ => return false,
             }
         }
@@ -131,7 +135,7 @@ impl Cache {
             self.remote = Some(remote(cfg, node, vteps6, &read));
             self.inputs = read
                 .iter()
-                .map(|a| (a.spec.clone(), resolved_digest(a)))
+                .map(|a| (a.spec.clone(), resolved_digest(&self.seeds, a)))
                 .collect();
             self.networks.clone_from(&cfg.config.networks);
             self.nodes.clone_from(&cfg.config.nodes);
