@@ -315,15 +315,16 @@ fn describe(view: &View, e: &EndpointRequest) -> EndpointReply {
     // By port: a port is one endpoint's on this node, whether the
     // endpoint is the pod's own or derived from a Pod object (a VM's
     // identity is its VMI's, not the pod's).
+    // Among the entries that may have a port here: a few, not every VM
+    // interface of the cluster.
     let active = view
-        .attachments
-        .iter()
+        .maybe_on_node()
         .find(|a| a.namespace == e.pod_namespace && a.node == view.node && a.port == e.port);
     // A migration target pod's port: programmed pending is as far as it
     // goes before the VM moves, and KubeVirt starts the migration only once
     // the target pod runs (its ADD returned).
     let target = || {
-        view.attachments.iter().find(|a| {
+        view.maybe_on_node().find(|a| {
             a.namespace == e.pod_namespace
                 && a.pending_port
                     .as_ref()

@@ -51,6 +51,12 @@ pub struct View {
     /// API once its number is as high.
     #[serde(default)]
     pub generation: u64,
+    /// Which of `attachments` may have a port on this node (active here,
+    /// or a migration's target here), by index: what a CNI ADD looks its
+    /// port up in, instead of every VM interface of the cluster. `None`
+    /// (a view read back from `status.json`, or made by hand): every one.
+    #[serde(skip)]
+    pub on_node: Option<Vec<u32>>,
 }
 
 impl View {
@@ -74,6 +80,7 @@ impl View {
             last_reconcile_unix,
             ready,
             generation,
+            on_node: _,
         } = self;
         View {
             node: node.clone(),
@@ -91,7 +98,23 @@ impl View {
             last_reconcile_unix: *last_reconcile_unix,
             ready: *ready,
             generation: *generation,
+            on_node: None,
         }
+    }
+
+    /// The entries that may have a port on this node ([`on_node`](Self::on_node)),
+    /// or every entry when the view does not say.
+    pub fn maybe_on_node(&self) -> impl Iterator<Item = &AttachmentView> {
+        let (listed, all) = match &self.on_node {
+            Some(on) => (Some(on.iter()), None),
+            None => (None, Some(self.attachments.iter())),
+        };
+        listed
+            .into_iter()
+            .flatten()
+            .filter_map(|&i| self.attachments.get(i as usize))
+            .chain(all.into_iter().flatten())
+            .map(|a| &**a)
     }
 
     /// The state of `a` on this view's node. Exclusive: a pending
@@ -110,10 +133,9 @@ impl View {
 
     /// Ifindexes of the attachments running here with their port programmed.
     pub fn local_ports(&self) -> impl Iterator<Item = (&AttachmentView, u32)> {
-        self.attachments
-            .iter()
+        self.maybe_on_node()
             .filter(|a| self.state_of(a) == state::LOCAL)
-            .filter_map(|a| Some((&**a, a.ifindex?)))
+            .filter_map(|a| Some((a, a.ifindex?)))
     }
 
     pub fn attachments_of_vm<'a>(
@@ -364,6 +386,7 @@ pub(crate) mod sample {
             last_reconcile_unix: 1,
             ready: true,
             generation: 4,
+            on_node: None,
         }
     }
 

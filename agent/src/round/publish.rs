@@ -248,13 +248,18 @@ pub fn build_view(
             search_domains: n.dhcp.search_domains.clone(),
         })
         .collect();
+    let mut on_node: Vec<u32> = Vec::new();
     let attachments: Vec<Arc<AttachmentView>> = cfg
         .attachments
         .iter()
-        .map(|a| {
+        .enumerate()
+        .map(|(index, a)| {
             // Only a VM interface active here or migrating here has a
             // port here: the others' keys are not looked up.
             let here = a.maybe_on(&settings.node);
+            if here {
+                on_node.push(index as u32);
+            }
             // A pending migration target's port is not where the VM runs yet.
             let ifindex = here.then(|| active_port.get(&a.key).copied()).flatten();
             let pending = here.then(|| pending_port.get(&a.key)).flatten();
@@ -350,6 +355,7 @@ pub fn build_view(
         last_reconcile_unix: prev.last_reconcile_unix,
         ready: prev.ready,
         generation: prev.generation + 1,
+        on_node: Some(on_node),
     }
 }
 
@@ -431,6 +437,50 @@ mod tests {
             0,
             "no MAC known yet"
         );
+    }
+
+    #[test]
+    fn the_view_lists_the_entries_that_may_have_a_port_here() {
+        let snap = snapshot_of(&format!(
+            "{BLUE}---\n{}---\n{}---\n{}",
+            attachment("vm1", "a"),
+            attachment("vm2", "b"),
+            attachment("vm3", "b")
+                .replace("port: vm3p", "port: vm3p\n  migration: {targetNode: a}")
+        ));
+        let cfg = resolve(crate::round::validate(&snap, "a", &Default::default()), "a");
+        let plan = plan(
+            &cfg,
+            "a",
+            |p: &str| (p == "vm1p").then_some(11),
+            &Previous::default(),
+            &mut Default::default(),
+        );
+        let settings = Settings {
+            node: "a".into(),
+            ..Default::default()
+        };
+        let view = build_view(
+            &settings,
+            &cfg,
+            &plan,
+            &Default::default(),
+            &View::default(),
+            &[],
+        );
+        let vms = |v: &View| v.maybe_on_node().map(|a| a.vm.clone()).collect::<Vec<_>>();
+        // vm2 runs on b and goes nowhere: not looked at for a port here.
+        assert_eq!(vms(&view), ["vm1", "vm3"]);
+        assert_eq!(
+            view.local_ports().map(|(a, i)| (a.vm.as_str(), i)).collect::<Vec<_>>(),
+            [("vm1", 11)]
+        );
+        // A view that does not say (read back from a file): every entry.
+        let unindexed = View {
+            on_node: None,
+            ..view.clone()
+        };
+        assert_eq!(vms(&unindexed), ["vm1", "vm2", "vm3"]);
     }
 
     #[test]

@@ -212,7 +212,9 @@ fn measure(n: usize, variant: &Variant, opts: &Options) -> Result<Figures> {
     // VMPATH_BENCH_PERF=DIR: the agent's CPU samples over the latency
     // samples (`perf record`, call graphs from DWARF) in
     // DIR/perf-N-VARIANT.data, for whoever looks into where a round's time
-    // goes.
+    // goes. VMPATH_BENCH_PERF_FREQ: samples a second (499 unless given;
+    // a round is milliseconds, so a closer look wants thousands).
+    let freq = std::env::var("VMPATH_BENCH_PERF_FREQ").unwrap_or_else(|_| "499".into());
     let perf = std::env::var_os("VMPATH_BENCH_PERF").map(|dir| {
         let variant: String = variant
             .name
@@ -225,7 +227,7 @@ fn measure(n: usize, variant: &Variant, opts: &Options) -> Result<Figures> {
                 "record",
                 "-q",
                 "-F",
-                "499",
+                &freq,
                 "--call-graph",
                 "dwarf,16384",
                 "-p",
