@@ -37,7 +37,9 @@ impl Migrations {
         let mut owned = BTreeSet::new();
         let nodes = &cfg.config.nodes;
         let vteps6 = dp.pinned_vteps6();
-        for att in cfg.attachments.iter_mut() {
+        // Only those whose documents name a migration (a flag beside the
+        // entry: the others' documents are not read).
+        for att in cfg.attachments.iter_mut().filter(|a| a.migrates) {
             let Some(m) = att.migration.clone() else {
                 continue;
             };

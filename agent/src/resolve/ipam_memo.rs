@@ -32,7 +32,7 @@ use crate::{
     config::{AttachmentKey, Network, parse_mac},
     resolve::{
         ipam::{self, ClaimChanges, Macs, Taken},
-        resolved::{Attachment, Resolved},
+        resolved::{Attachment, CHANGED, Carry, Resolved},
         store::Claim,
     },
     sys::hash::{HashMap, HashSet},
@@ -47,8 +47,6 @@ pub struct Memo {
     /// The keys the documents named (their claims are live), with the
     /// version of the set it mirrors.
     keys: crate::config::Keys,
-    /// The VM interfaces as IPAM left them, in key order.
-    attachments: Vec<Attachment>,
     /// Every live claim's addresses on a known network -> its key.
     held: HashMap<(usize, IpAddr), String>,
     /// `held`'s addresses by network.
@@ -57,6 +55,11 @@ pub struct Memo {
     macs: Macs,
     /// The claims store's generation with its claims written.
     generation: u64,
+    /// The VM interfaces it decided were in key order (the increment
+    /// decides in the full pass's order). The next round's list is this
+    /// one with entries gone and others come or replaced: in order when
+    /// those are in order with their neighbours.
+    in_order: bool,
 }
 
 impl Memo {
@@ -68,8 +71,8 @@ impl Memo {
         let mut memo = Memo {
             networks: cfg.config.networks.clone(),
             keys: cfg.config.keys_in_documents.clone(),
-            attachments: cfg.attachments.clone(),
             generation,
+            in_order: cfg.attachments.windows(2).all(|w| w[0].key < w[1].key),
             ..Memo::default()
         };
         for (key, claim) in claims {
@@ -83,7 +86,7 @@ impl Memo {
                 memo.taken.entry(n).or_default().insert(ip.addr());
             }
         }
-        for a in &memo.attachments {
+        for a in &cfg.attachments {
             if let (Some((m, _)), Some(&n)) = (a.mac_resolved, net_index.get(a.network.as_str()))
                 && !memo.macs.insert((n, m))
             {
@@ -99,21 +102,43 @@ impl Memo {
     }
 
     /// Decides `cfg`'s VM interfaces that changed since the memo's round
-    /// and gives the others their last results; returns the claim changes
-    /// and whether the round stays settled. `None`: the full pass must
-    /// run (the module's doc says when); `cfg` is then as it came.
+    /// (`carry`: `cfg` carried the others over from it, with their last
+    /// results, `Resolved::carrying`); returns the claim changes and
+    /// whether the round stays settled. `None`: the full pass must run
+    /// (the module's doc says when); `cfg` is then as it came.
     pub fn assign(
         &mut self,
         cfg: &mut Resolved,
+        carry: &Carry,
         claims: &BTreeMap<String, Claim>,
         generation: u64,
     ) -> Option<(ClaimChanges, bool)> {
-        if generation != self.generation || cfg.config.networks != self.networks {
+        if generation != self.generation
+            || cfg.config.networks != self.networks
+            || cfg.carried.is_none()
+        {
             return None;
         }
         let config = cfg.config.clone();
         let net_index = ipam::network_index(&config.networks);
-        let in_order = cfg.attachments.windows(2).all(|w| w[0].key < w[1].key);
+        // The entries whose documents are new or changed since the last
+        // round (the others were carried over with their results).
+        let changed: Vec<usize> = cfg
+            .carried
+            .iter()
+            .flatten()
+            .enumerate()
+            .filter(|(_, mark)| **mark == CHANGED)
+            .map(|(j, _)| j)
+            .collect();
+        // The carried ones keep the order they had: only the changed ones
+        // are compared with their neighbours.
+        let list = &cfg.attachments;
+        let in_order = self.in_order
+            && changed.iter().all(|&j| {
+                (j == 0 || list[j - 1].key < list[j].key)
+                    && list.get(j + 1).is_none_or(|next| list[j].key < next.key)
+            });
         if !in_order {
             return None;
         }
@@ -136,61 +161,17 @@ impl Memo {
             );
         }
         let gone: HashSet<String> = gone_keys.iter().map(|k| k.to_string()).collect();
-
-        // Which VM interfaces changed (by index in `cfg`, with their last
-        // result's index) and which left.
-        let mut changed: Vec<(usize, Option<usize>)> = Vec::new();
-        let mut left: Vec<usize> = Vec::new();
-        let mut same: Vec<(usize, usize)> = Vec::new();
-        // Both in key order; a document shared with the last round is the
-        // same key without comparing its strings (most of them, every
-        // round).
-        let (old, new) = (&self.attachments, &cfg.attachments);
-        let (mut i, mut j) = (0, 0);
-        while i < old.len() || j < new.len() {
-            let order = match (old.get(i), new.get(j)) {
-                (Some(a), Some(b)) if std::sync::Arc::ptr_eq(&a.spec, &b.spec) => {
-                    std::cmp::Ordering::Equal
-                }
-                (Some(a), Some(b)) => a.key.cmp(&b.key),
-                (Some(_), None) => std::cmp::Ordering::Less,
-                _ => std::cmp::Ordering::Greater,
-            };
-            match order {
-                std::cmp::Ordering::Less => {
-                    left.push(i);
-                    i += 1;
-                }
-                std::cmp::Ordering::Greater => {
-                    changed.push((j, None));
-                    j += 1;
-                }
-                std::cmp::Ordering::Equal => {
-                    if std::sync::Arc::ptr_eq(&old[i].spec, &new[j].spec)
-                        || old[i].spec == new[j].spec
-                    {
-                        same.push((i, j));
-                    } else {
-                        changed.push((j, Some(i)));
-                    }
-                    i += 1;
-                    j += 1;
-                }
-            }
-        }
+        let changed = &changed;
 
         // What the changed ones would meet: checked before anything moves.
-        let leaving_macs: HashSet<(usize, [u8; 6])> = left
+        // The MACs of the entries that went or changed are given up.
+        let leaving_macs: HashSet<(usize, [u8; 6])> = carry
+            .dropped
             .iter()
-            .copied()
-            .chain(changed.iter().filter_map(|&(_, i)| i))
-            .filter_map(|i| {
-                let a = &self.attachments[i];
-                Some((*net_index.get(a.network.as_str())?, a.mac_resolved?.0))
-            })
+            .filter_map(|a| Some((*net_index.get(a.network.as_str())?, a.mac_resolved?.0)))
             .collect();
         let mut meeting: HashSet<(usize, [u8; 6])> = HashSet::default();
-        for &(j, _) in &changed {
+        for &j in changed {
             let a = &cfg.attachments[j];
             let Some(&n) = net_index.get(a.network.as_str()) else {
                 continue;
@@ -214,12 +195,7 @@ impl Memo {
             }
         }
 
-        // The unchanged keep their results.
-        for &(i, j) in &same {
-            let (old, new) = (&self.attachments[i], &mut cfg.attachments[j]);
-            new.addresses.clone_from(&old.addresses);
-            new.mac_resolved = old.mac_resolved;
-        }
+        // The unchanged were carried over with their results.
         let mut changes = ClaimChanges::new();
         let mut settled = true;
         // Claims whose documents went are released, their addresses freed.
@@ -234,7 +210,7 @@ impl Memo {
         }
         // As the full pass: every static request is taken before anything
         // is allocated.
-        for &(j, _) in &changed {
+        for &j in changed {
             let a = &cfg.attachments[j];
             if let Some(&n) = net_index.get(a.network.as_str())
                 && config.networks[n].ipam
@@ -244,7 +220,7 @@ impl Memo {
             }
         }
         let mut rewritten: Vec<(String, Option<&Claim>)> = Vec::new();
-        for &(j, _) in &changed {
+        for &j in changed {
             let a = &mut cfg.attachments[j];
             let Some(&n) = net_index.get(a.network.as_str()) else {
                 continue;
@@ -298,48 +274,6 @@ impl Memo {
         }
         self.keys.extend(new_keys.into_iter().cloned());
         self.keys.caught_up_with(&config.keys_in_documents);
-        let in_place = left.is_empty() && changed.iter().all(|(_, i)| i.is_some());
-        if in_place {
-            // The same VM interfaces: the changed ones' results replace
-            // theirs where they are, the unchanged take the round's
-            // documents (perhaps in other allocations), so that the next
-            // round compares pointers.
-            for &(j, i) in &changed {
-                let i = i.expect("in place: every changed one was there");
-                self.attachments[i] = cfg.attachments[j].clone();
-            }
-            for (i, j) in same {
-                let (kept, now) = (&mut self.attachments[i], &cfg.attachments[j]);
-                if !std::sync::Arc::ptr_eq(&kept.spec, &now.spec) {
-                    kept.spec = now.spec.clone();
-                }
-            }
-        } else {
-            // The unchanged are moved over (their results are the ones
-            // just copied into `cfg`), the changed and new ones copied: at
-            // 10,000 VM interfaces a copy of them all was milliseconds of
-            // every round that changed one.
-            let mut old: Vec<Option<Attachment>> = std::mem::take(&mut self.attachments)
-                .into_iter()
-                .map(Some)
-                .collect();
-            let mut from_old: Vec<Option<usize>> = vec![None; cfg.attachments.len()];
-            for &(i, j) in &same {
-                from_old[j] = Some(i);
-            }
-            self.attachments = cfg
-                .attachments
-                .iter()
-                .zip(from_old)
-                .map(|(a, i)| match i.and_then(|i| old[i].take()) {
-                    Some(mut kept) => {
-                        kept.spec = a.spec.clone();
-                        kept
-                    }
-                    None => a.clone(),
-                })
-                .collect();
-        }
         Some((changes, settled))
     }
 
@@ -408,6 +342,10 @@ mod tests {
     /// The documents read from one file that stays where it is between
     /// rounds, as a config dir's does (a document's source is part of it).
     fn resolved(vms: &[String]) -> Resolved {
+        crate::round::resolve::resolve(validated(vms), "a")
+    }
+
+    fn validated(vms: &[String]) -> crate::config::Config {
         let dir = std::env::temp_dir().join(format!(
             "vmpath-ipam-memo-{}-{:?}",
             std::process::id(),
@@ -418,7 +356,7 @@ mod tests {
         std::fs::write(dir.join("c.yaml"), yaml).unwrap();
         let snap = crate::config::source::read_dir(&dir);
         let _ = std::fs::remove_dir_all(&dir);
-        crate::round::resolve::resolve(crate::round::validate(&snap, "a", &Default::default()), "a")
+        crate::round::validate(&snap, "a", &Default::default())
     }
 
     fn write(claims: &mut BTreeMap<String, Claim>, changes: ClaimChanges) {
@@ -441,9 +379,11 @@ mod tests {
         write(&mut claims, changes);
         let mut memo = Memo::of(&first, &claims, 1).expect("a settled round's memo");
 
-        let (mut full, mut inc) = (resolved(after), resolved(after));
+        // The round carries the first round's entries over.
+        let mut full = resolved(after);
+        let (mut inc, carry) = Resolved::carrying(validated(after), "a", first.attachments.clone());
         let (want, _) = ipam::assign_settled(&mut full, &claims);
-        let Some((got, _)) = memo.assign(&mut inc, &claims, 1) else {
+        let Some((got, _)) = memo.assign(&mut inc, &carry, &claims, 1) else {
             return (false, full);
         };
         assert_eq!(got, want, "claim changes");

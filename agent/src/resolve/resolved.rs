@@ -125,6 +125,33 @@ pub struct Resolved {
     /// Addresses the data path learned from the VMs' traffic on this node
     /// (`vmp_learned_ips`): routed to on networks with routed ingress.
     pub learned_ips: std::collections::BTreeMap<vmpath_common::AddrKey, vmpath_common::LearnedIp>,
+    /// For each entry of `attachments`, its index in the list the last
+    /// round ended with, while it is that entry unchanged (carried over
+    /// by [`carrying`](Self::carrying), and nothing this round changed
+    /// it since: a cut-over aside, which `observe` finds again every
+    /// round); [`CHANGED`] otherwise. `None`: nothing is known to be
+    /// unchanged. IPAM decides the changed ones; the view shares the
+    /// unchanged entries' rows.
+    pub carried: Option<Vec<u32>>,
+}
+
+/// In [`Resolved::carried`]: an entry new, or changed, this round.
+pub const CHANGED: u32 = u32::MAX;
+
+/// Each entry's document with the addresses and MAC it had before a stage
+/// decided them all again ([`Resolved::as_given`]).
+pub type Before = Vec<(
+    std::sync::Arc<config::Attachment>,
+    Addresses,
+    Option<([u8; 6], Origin)>,
+)>;
+
+/// What [`Resolved::carrying`] did not carry over, for IPAM's increment
+/// (`resolve::ipam_memo`).
+#[derive(Debug, Default)]
+pub struct Carry {
+    /// The last round's entries whose documents changed or went.
+    pub dropped: Vec<Attachment>,
 }
 
 impl Resolved {
@@ -141,6 +168,7 @@ impl Resolved {
             errors: config.errors.clone(),
             config,
             learned_ips: Default::default(),
+            carried: None,
         }
     }
 
@@ -157,7 +185,156 @@ impl Resolved {
             errors: config.errors.clone(),
             config,
             learned_ips: Default::default(),
+            carried: None,
         }
+    }
+
+    /// As [`for_node`](Self::for_node), carrying over `last` (the entries
+    /// the last round ended with, in key order): an entry whose document
+    /// is the one it was resolved from is taken as it is, with what IPAM
+    /// gave it (no document is read, nothing copied: at 10,000 VM
+    /// interfaces a list made again every round was a millisecond of it);
+    /// the others start from their documents. A cut-over the data path
+    /// carried out is found again every round (`observe`): an entry whose
+    /// document names a migration starts from its document's signal.
+    pub fn carrying(
+        config: impl Into<std::sync::Arc<Config>>,
+        node: &str,
+        last: Vec<Attachment>,
+    ) -> (Self, Carry) {
+        let config: std::sync::Arc<Config> = config.into();
+        let mut carry = Carry::default();
+        // The same VM interfaces in the same places (most rounds): the
+        // list is kept where it is, the changed entries replaced in it.
+        if last.len() == config.attachments.len()
+            && last
+                .iter()
+                .zip(&config.attachments)
+                .all(|(old, spec)| std::sync::Arc::ptr_eq(&old.spec, spec) || old.key == spec.key)
+        {
+            let mut attachments = last;
+            let mut carried = Vec::with_capacity(attachments.len());
+            for (i, (a, spec)) in attachments.iter_mut().zip(&config.attachments).enumerate() {
+                if std::sync::Arc::ptr_eq(&a.spec, spec) || *a.spec == **spec {
+                    if !std::sync::Arc::ptr_eq(&a.spec, spec) {
+                        a.spec = spec.clone();
+                    }
+                    if a.migrates {
+                        a.cut_over = a.spec.migration.as_ref().is_some_and(|m| m.ready);
+                    }
+                    carried.push(i as u32);
+                } else {
+                    carry
+                        .dropped
+                        .push(std::mem::replace(a, Attachment::given_for(spec.clone(), node)));
+                    carried.push(CHANGED);
+                }
+            }
+            let resolved = Resolved {
+                attachments,
+                errors: config.errors.clone(),
+                config,
+                learned_ips: Default::default(),
+                carried: Some(carried),
+            };
+            return (resolved, carry);
+        }
+        let mut attachments = Vec::with_capacity(config.attachments.len());
+        let mut carried = Vec::with_capacity(config.attachments.len());
+        let mut last = last.into_iter().enumerate().peekable();
+        for spec in &config.attachments {
+            // The last round's entries before this one went (or were
+            // refused); one of the same key has another document now.
+            let kept = loop {
+                match last.peek() {
+                    Some((_, old)) if std::sync::Arc::ptr_eq(&old.spec, spec) => break last.next(),
+                    Some((_, old)) if old.key < spec.key => {
+                        carry.dropped.extend(last.next().map(|(_, a)| a));
+                    }
+                    // The same document read again (a full pass makes
+                    // every one anew): carried, and from now on shared.
+                    Some((_, old)) if old.key == spec.key && *old.spec == **spec => {
+                        break last.next().map(|(i, mut a)| {
+                            a.spec = spec.clone();
+                            (i, a)
+                        });
+                    }
+                    Some((_, old)) if old.key == spec.key => {
+                        carry.dropped.extend(last.next().map(|(_, a)| a));
+                        break None;
+                    }
+                    _ => break None,
+                }
+            };
+            match kept {
+                Some((i, mut a)) => {
+                    if a.migrates {
+                        a.cut_over = a.spec.migration.as_ref().is_some_and(|m| m.ready);
+                    }
+                    carried.push(i as u32);
+                    attachments.push(a);
+                }
+                None => {
+                    carried.push(CHANGED);
+                    attachments.push(Attachment::given_for(spec.clone(), node));
+                }
+            }
+        }
+        carry.dropped.extend(last.map(|(_, a)| a));
+        let resolved = Resolved {
+            attachments,
+            errors: config.errors.clone(),
+            config,
+            learned_ips: Default::default(),
+            carried: Some(carried),
+        };
+        (resolved, carry)
+    }
+
+    /// Starts every entry again from what its document gives, keeping
+    /// note of which then come out of this round as they were: for a
+    /// stage that decides them all (IPAM's full pass). Call
+    /// [`changed_since`](Self::changed_since) with the result after it.
+    pub fn as_given(&mut self) -> Option<Before> {
+        self.carried.as_ref()?;
+        let mut before = Vec::with_capacity(self.attachments.len());
+        for a in &mut self.attachments {
+            let given = Attachment::given(a.spec.clone());
+            before.push((
+                a.spec.clone(),
+                std::mem::replace(&mut a.addresses, given.addresses),
+                std::mem::replace(&mut a.mac_resolved, given.mac_resolved),
+            ));
+        }
+        Some(before)
+    }
+
+    /// Marks as changed every entry whose addresses or MAC are not what
+    /// they were `before` ([`as_given`](Self::as_given)'s note). Entries
+    /// only go in between (refused), never come or move.
+    pub fn changed_since(&mut self, before: Option<Before>) {
+        let (Some(before), Some(carried)) = (before, self.carried.as_mut()) else {
+            return;
+        };
+        let mut before = before.into_iter();
+        for (a, mark) in self.attachments.iter().zip(carried.iter_mut()) {
+            let Some((_, addresses, mac)) = before.find(|(spec, ..)| std::sync::Arc::ptr_eq(spec, &a.spec)) else {
+                *mark = CHANGED;
+                continue;
+            };
+            if addresses != a.addresses || mac != a.mac_resolved {
+                *mark = CHANGED;
+            }
+        }
+    }
+
+    /// Whether every entry was carried over, unchanged and in its place,
+    /// from a list of `last_len` entries: the list is the last round's.
+    pub fn carried_whole(&self, last_len: usize) -> bool {
+        self.carried.as_ref().is_some_and(|carried| {
+            carried.len() == last_len
+                && carried.iter().enumerate().all(|(j, &i)| i as usize == j)
+        })
     }
 
     /// The network called `name`.
@@ -174,11 +351,16 @@ impl Resolved {
         }
     }
 
+    /// The VM interface `key`, to change: it no longer counts as
+    /// carried over unchanged.
     pub fn attachment_mut(&mut self, key: &AttachmentKey) -> Option<&mut Attachment> {
         let i = match self.attachments.binary_search_by(|a| a.key.cmp(key)) {
             Ok(i) => i,
             Err(_) => self.attachments.iter().position(|a| &a.key == key)?,
         };
+        if let Some(mark) = self.carried.as_mut().and_then(|c| c.get_mut(i)) {
+            *mark = CHANGED;
+        }
         Some(&mut self.attachments[i])
     }
 
@@ -187,6 +369,11 @@ impl Resolved {
     pub fn refuse(&mut self, key: &AttachmentKey, field: &str, message: String) {
         if let Some(i) = self.attachments.iter().position(|a| &a.key == key) {
             let a = self.attachments.remove(i);
+            if let Some(carried) = self.carried.as_mut()
+                && i < carried.len()
+            {
+                carried.remove(i);
+            }
             self.errors.push(ConfigError {
                 file: a.spec.source.file.clone(),
                 document: a.spec.source.document.clone(),
@@ -322,6 +509,54 @@ spec: {vm: vm3, interface: eth0, network: blue, node: a, port: p3, mac: '52:54:0
                 .iter()
                 .all(|a| !a.elsewhere)
         );
+    }
+
+    /// The last round's entries are carried over as they ended (IPAM's
+    /// results, in their places) while their documents are the same; a
+    /// changed or new document starts from what it gives; a migration's
+    /// cut-over starts from its signal again.
+    #[test]
+    fn a_round_carries_over_the_entries_whose_documents_are_the_same() {
+        let first = Resolved::for_node(validated(), "a");
+        let mut last = first.attachments.clone();
+        // As IPAM and the data path left them.
+        last[0].addresses = smallvec::smallvec![("10.20.0.5/16".parse().unwrap(), Origin::Claimed)];
+        last[2].cut_over = true;
+        let mut config = (*first.config).clone();
+        // vm2's document changes; vm0 is new; the others are the same
+        // documents (vm1's read again: equal, not shared).
+        let mut vm2 = (*config.attachments[1]).clone();
+        vm2.port = "p2b".into();
+        config.attachments[1] = std::sync::Arc::new(vm2);
+        config.attachments[0] = std::sync::Arc::new((*config.attachments[0]).clone());
+        let mut vm0 = (*config.attachments[0]).clone();
+        vm0.key.vm = "vm0".into();
+        config.attachments.insert(0, std::sync::Arc::new(vm0));
+        let (now, carry) = Resolved::carrying(config, "a", last);
+        let vms = |list: &[Attachment]| list.iter().map(|a| a.key.vm.clone()).collect::<Vec<_>>();
+        assert_eq!(vms(&now.attachments), ["vm0", "vm1", "vm2", "vm3"]);
+        assert_eq!(now.carried, Some(vec![CHANGED, 0, CHANGED, 2]));
+        assert_eq!(vms(&carry.dropped), ["vm2"]);
+        assert_eq!(now.attachments[1].addresses[0].1, Origin::Claimed, "vm1 kept IPAM's address");
+        assert!(std::sync::Arc::ptr_eq(&now.attachments[1].spec, &now.config.attachments[1]));
+        assert_eq!(now.attachments[2].port, "p2b");
+        assert!(!now.attachments[3].cut_over, "vm3's cut-over is found again");
+        assert!(!now.carried_whole(3));
+        // A refusal takes its mark along; a change through attachment_mut
+        // marks it.
+        let mut now = now;
+        now.refuse(&key("vm0"), "spec.port", "no".into());
+        now.attachment_mut(&key("vm3")).unwrap().cut_over = true;
+        assert_eq!(now.carried, Some(vec![0, CHANGED, CHANGED]));
+
+        // The same documents again: the refused one starts anew, the
+        // others are carried over; once more, the whole list is.
+        let (again, carry) = Resolved::carrying(now.config.clone(), "a", now.attachments.clone());
+        assert!(carry.dropped.is_empty());
+        assert_eq!(again.carried, Some(vec![CHANGED, 0, 1, 2]));
+        let (whole, _) = Resolved::carrying(again.config.clone(), "a", again.attachments.clone());
+        assert!(whole.carried_whole(4));
+        assert!(!whole.carried_whole(3));
     }
 
     #[test]

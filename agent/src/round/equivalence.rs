@@ -141,7 +141,7 @@ fn incremental(
     let node = round.settings.node.clone();
     let (validated, _) = round.derive_and_validate(snap, held);
     let kept = (*validated).clone();
-    let (cfg, _) = round.resolve_and_assign(validated).unwrap();
+    let (mut cfg, _) = round.resolve_and_assign(validated).unwrap();
     let previous = round
         .last_plan
         .as_ref()
@@ -151,6 +151,8 @@ fn incremental(
     round.accepted = Arc::new(cfg.attachments.iter().map(|a| a.key.clone()).collect());
     round.running = publish::served_here(&cfg, &plan);
     round.last_plan = Some(plan.clone());
+    // Carried over into the next round, as `Round::run` does.
+    round.last_resolved = std::mem::take(&mut cfg.attachments);
     (plan, kept)
 }
 

@@ -14,7 +14,7 @@ use crate::{
     config::{AttachmentKey, ConfigError, format_mac},
     resolve::ipam,
     resolve::ipam_memo::Memo,
-    resolve::resolved::{Origin, Resolved},
+    resolve::resolved::{Carry, Origin, Resolved},
     resolve::store::{Claim, Store},
 };
 
@@ -46,6 +46,7 @@ fn record(store: &Store, changes: &ipam::ClaimChanges) -> Result<std::sync::Arc<
 /// whether only what changed was decided.
 pub fn assign_incremental(
     cfg: &mut Resolved,
+    carry: &Carry,
     store: &Store,
     memo: &mut Option<Memo>,
 ) -> Result<(std::sync::Arc<Claims>, bool)> {
@@ -53,11 +54,18 @@ pub fn assign_incremental(
     let generation = store.generation();
     let increment = memo
         .as_mut()
-        .and_then(|m| m.assign(cfg, &claims, generation));
+        .and_then(|m| m.assign(cfg, carry, &claims, generation));
     let incremental = increment.is_some();
     let (changes, settled) = match increment {
         Some(r) => r,
-        None => ipam::assign_settled(cfg, &claims),
+        None => {
+            // Every entry decided again from its document; those that
+            // come out as they were still count as carried over.
+            let before = cfg.as_given();
+            let decided = ipam::assign_settled(cfg, &claims);
+            cfg.changed_since(before);
+            decided
+        }
     };
     tracing::debug!(incremental, settled, changes = changes.len(), "IPAM");
     drop(claims);

@@ -167,9 +167,13 @@ pub struct Round {
     pub passes: Passes,
     /// When the heap was last trimmed.
     last_trim: Option<Instant>,
-    /// The resolved VM interfaces the published view was built from, one
-    /// for one (`publish::build_view`).
-    viewed: Vec<crate::resolve::resolved::Attachment>,
+    /// The resolved VM interfaces the last round ended with, carried over
+    /// into the next (`Resolved::carrying`): in key order, and one for
+    /// one the entries of the published view.
+    last_resolved: Vec<crate::resolve::resolved::Attachment>,
+    /// How many entries the published view has (it was built from
+    /// `last_resolved`, or from a list carried over whole into it).
+    viewed_len: usize,
     /// Writes `status.json` (its thread keeps the entries as text for the
     /// next write), off the loop's path.
     status_record: Latest<(std::path::PathBuf, Arc<crate::publish::view::View>)>,
@@ -273,7 +277,8 @@ impl Round {
             held: None,
             passes: Passes::default(),
             last_trim: None,
-            viewed: Vec::new(),
+            last_resolved: Vec::new(),
+            viewed_len: 0,
             status_record,
         }
     }
@@ -314,6 +319,8 @@ impl Round {
         // Who holds what is built from every claim again (the claims
         // added beside it folded in).
         self.held = None;
+        // Every VM interface resolved again from its document.
+        drop_later(std::mem::take(&mut self.last_resolved));
     }
 
     /// The derive and validate stages, for the objects that changed since
@@ -493,10 +500,13 @@ impl Round {
         validated: Arc<Config>,
     ) -> anyhow::Result<(crate::resolve::resolved::Resolved, Arc<ipam::Claims>)> {
         let mut phases = crate::sys::phases::Phases::start("resolve and IPAM");
-        let mut cfg = resolve::resolve(validated, &self.settings.node);
+        let last = std::mem::take(&mut self.last_resolved);
+        let (mut cfg, carry) = resolve::resolve_carrying(validated, &self.settings.node, last);
         phases.mark("resolve");
         let (claims, incremental) =
-            ipam::assign_incremental(&mut cfg, &self.store, &mut self.ipam_memo)?;
+            ipam::assign_incremental(&mut cfg, &carry, &self.store, &mut self.ipam_memo)?;
+        // The entries that changed or went, freed off the loop's path.
+        drop_later(carry);
         self.passes.ipam_increments += u64::from(incremental);
         phases.mark("ipam");
         phases.log();
@@ -649,19 +659,21 @@ impl Round {
             publish::report(cluster, &cfg, &s.node, &mac_refusals);
         }
         phases.mark("report");
-        if plan_changed || changed || learned_changed {
+        // A view whose entries are not one for one the list this round
+        // carried over is built again: the next round's view shares rows
+        // by where they were in it.
+        let list_moved = !cfg.carried_whole(self.viewed_len);
+        if plan_changed || changed || learned_changed || list_moved {
             // Show what is programmed, not what was attempted.
             // Borrowed, not copied: the plan holds every endpoint.
             let none = Plan::default();
             let applied = self.last_plan.as_ref().unwrap_or(&none);
-            let mut view = publish::build_view(
-                s,
-                &cfg,
-                applied,
-                &self.learned,
-                &shared.view(),
-                &self.viewed,
-            );
+            let prev = shared.view();
+            if prev.attachments.len() != self.viewed_len {
+                // Not the view the carried list's places refer to.
+                cfg.carried = None;
+            }
+            let mut view = publish::build_view(s, &cfg, applied, &self.learned, &prev);
             view_built = true;
             if plan_changed {
                 view.reconciles += 1;
@@ -722,15 +734,11 @@ impl Round {
         }
         let migrating = cfg.attachments.iter().any(|a| a.migrates);
         if view_built {
-            // What the published view's entries were built from, for the
-            // next view to share the unchanged ones.
-            // The last ones are freed off the loop's path (10,000 VM
-            // interfaces' addresses are as many frees).
-            drop_later(std::mem::replace(
-                &mut self.viewed,
-                std::mem::take(&mut cfg.attachments),
-            ));
+            self.viewed_len = cfg.attachments.len();
         }
+        // Carried over into the next round (and what the published view's
+        // entries were built from, one for one).
+        self.last_resolved = std::mem::take(&mut cfg.attachments);
         // A full pass over a cluster's objects frees tens of MiB at once:
         // give glibc's pages back rather than hold them until the next (the
         // agent binary allocates with mimalloc, which gives its own back;

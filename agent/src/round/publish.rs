@@ -194,10 +194,7 @@ pub fn build_view(
     plan: &Plan,
     learned: &learned::Outcome,
     prev: &View,
-    viewed: &[resolved::Attachment],
 ) -> View {
-    let reusable = viewed.len() == prev.attachments.len();
-    let mut was = 0usize;
     let mut shared = 0usize;
     // Indexes, so the view stays linear in the number of attachments.
     // A few networks: a list, not a hash of every VM interface's network.
@@ -263,28 +260,23 @@ pub fn build_view(
             // A pending migration target's port is not where the VM runs yet.
             let ifindex = here.then(|| active_port.get(&a.key).copied()).flatten();
             let pending = here.then(|| pending_port.get(&a.key)).flatten();
-            // Both lists are in key order: the last entry of this key, if
-            // any, is at or after `was` (the same document is the same
-            // key, without comparing its strings).
-            if reusable {
-                if !viewed
-                    .get(was)
-                    .is_some_and(|old| Arc::ptr_eq(&old.spec, &a.spec))
-                {
-                    while was < viewed.len() && viewed[was].key < a.key {
-                        was += 1;
-                    }
-                }
-                if let (Some(old), Some(entry)) = (viewed.get(was), prev.attachments.get(was))
-                    && ifindex.is_none()
-                    && pending.is_none()
-                    && entry.ifindex.is_none()
-                    && entry.pending_port.is_none()
-                    && old == a
-                {
-                    shared += 1;
-                    return entry.clone();
-                }
+            // Carried over unchanged from the list the last view was built
+            // from, one for one (`Round`): its row as it was, unless it has
+            // a port here or a migration (whose cut-over is found again
+            // every round).
+            let was = cfg
+                .carried
+                .as_ref()
+                .and_then(|c| c.get(index))
+                .filter(|&&i| i != resolved::CHANGED);
+            if let Some(entry) = was.and_then(|&i| prev.attachments.get(i as usize))
+                && !here
+                && !a.migrates
+                && entry.ifindex.is_none()
+                && entry.pending_port.is_none()
+            {
+                shared += 1;
+                return entry.clone();
             }
             let (migration, target) = match &a.migration {
                 None => ("none".to_string(), None),
@@ -421,7 +413,6 @@ mod tests {
             &plan,
             &Default::default(),
             &View::default(),
-            &[],
         );
         let row = |vm: &str| view.attachments.iter().find(|a| a.vm == vm).unwrap();
         assert_eq!(
@@ -466,7 +457,6 @@ mod tests {
             &plan,
             &Default::default(),
             &View::default(),
-            &[],
         );
         let vms = |v: &View| v.maybe_on_node().map(|a| a.vm.clone()).collect::<Vec<_>>();
         // vm2 runs on b and goes nowhere: not looked at for a port here.
@@ -597,7 +587,7 @@ mod tests {
             node: "a".into(),
             ..Default::default()
         };
-        let build = |cfg: &Resolved, prev: &View, viewed: &[resolved::Attachment]| {
+        let build = |cfg: &Resolved, prev: &View| {
             let plan = plan(
                 cfg,
                 "a",
@@ -605,23 +595,25 @@ mod tests {
                 &Previous::default(),
                 &mut Default::default(),
             );
-            build_view(&settings, cfg, &plan, &Default::default(), prev, viewed)
+            build_view(&settings, cfg, &plan, &Default::default(), prev)
         };
         let before = resolve(
             crate::round::validate(&docs("b"), "a", &Default::default()),
             "a",
         );
-        let first = build(&before, &View::default(), &[]);
-        // vm3 moves to node c; vm1 (its port here) and vm2 do not change.
-        let after = resolve(
+        let first = build(&before, &View::default());
+        // vm3 moves to node c; vm1 (its port here) and vm2 do not change;
+        // the round carries the list the first view was built from over.
+        let (after, _) = Resolved::carrying(
             crate::round::validate(&docs("c"), "a", &Default::default()),
             "a",
+            before.attachments.clone(),
         );
-        let second = build(&after, &first, &before.attachments);
+        let second = build(&after, &first);
         // Each view published is numbered after the one before (what the
         // API's /healthz gives, and status.json catches up to).
         assert_eq!((first.generation, second.generation), (1, 2));
-        let fresh = build(&after, &View::default(), &[]);
+        let fresh = build(&after, &View::default());
         assert_eq!(
             second.attachments, fresh.attachments,
             "the shared entries are what building them again gives"
@@ -642,8 +634,12 @@ mod tests {
                 .node,
             "c"
         );
-        // A list the entries were not built from shares nothing.
-        let unrelated = build(&after, &first, &[]);
+        // A list not carried over shares nothing.
+        let unrelated = resolve(
+            crate::round::validate(&docs("c"), "a", &Default::default()),
+            "a",
+        );
+        let unrelated = build(&unrelated, &first);
         assert_eq!(unrelated.attachments, fresh.attachments);
         assert!(
             unrelated

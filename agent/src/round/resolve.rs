@@ -4,7 +4,10 @@
 //! Attachment whose port on this node is not a VM port is refused, before
 //! IPAM, so nothing is claimed for it.
 
-use crate::{config::Config, resolve::resolved::Resolved};
+use crate::{
+    config::Config,
+    resolve::resolved::{Attachment, Carry, Resolved},
+};
 
 /// The enrichment stage's start: `validated` as `node` serves it.
 pub fn resolve(validated: impl Into<std::sync::Arc<Config>>, node: &str) -> Resolved {
@@ -17,6 +20,24 @@ pub fn resolve(validated: impl Into<std::sync::Arc<Config>>, node: &str) -> Reso
     phases.mark("eligibility");
     phases.log();
     cfg
+}
+
+/// As [`resolve`], carrying over the entries the last round ended with
+/// (`Resolved::carrying`); returns what was not carried, for IPAM.
+pub fn resolve_carrying(
+    validated: impl Into<std::sync::Arc<Config>>,
+    node: &str,
+    last: Vec<Attachment>,
+) -> (Resolved, Carry) {
+    let mut phases = crate::sys::phases::Phases::start("resolve");
+    let (mut cfg, carry) = Resolved::carrying(validated, node, last);
+    phases.mark("carried");
+    if let Some(policy) = crate::resolve::port_eligibility::policy() {
+        crate::resolve::port_eligibility::refuse_ineligible(&mut cfg, node, policy);
+    }
+    phases.mark("eligibility");
+    phases.log();
+    (cfg, carry)
 }
 
 #[cfg(test)]

@@ -64,7 +64,10 @@ impl<T: Send + 'static> Latest<T> {
         let what = name.to_string();
         let thread = std::thread::Builder::new()
             .name(name.into())
-            .spawn(move || run(&worker, &what, rest, write))
+            .spawn(move || {
+                crate::sys::background::lower_this_thread();
+                run(&worker, &what, rest, write)
+            })
             .map_err(|e| warn!(thread = name, "cannot start: {e}; writing on the loop"))
             .ok();
         Latest { shared, thread }

@@ -4,6 +4,7 @@
 //!
 //! | module | what |
 //! |---|---|
+//! | [`background`] | housekeeping threads at a lower priority |
 //! | [`clock`] | the kernel's monotonic clock, wall-clock seconds |
 //! | [`drop_later`] | freeing big structures off the reconcile loop's path |
 //! | [`events`] | what wakes the reconcile loop (inotify, link notifications) |
@@ -19,6 +20,7 @@
 //! | [`version`] | this build's version and revision |
 //! | [`xdp_features`] | a device's XDP features (netdev generic netlink) |
 
+pub mod background;
 pub mod clock;
 pub mod drop_later;
 pub mod events;

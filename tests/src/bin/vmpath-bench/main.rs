@@ -334,7 +334,13 @@ fn run() -> Result<()> {
                             vec![10, 1_000, 10_000, 100_000]
                         }
                     }),
-                samples: if args.quick { 3 } else { 8 },
+                // VMPATH_BENCH_SCALE_SAMPLES=N: more samples, for a p50
+                // steadier than 8 give (an ADD moves by milliseconds from
+                // one to the next on a small machine).
+                samples: std::env::var("VMPATH_BENCH_SCALE_SAMPLES")
+                    .ok()
+                    .and_then(|v| v.trim().parse().ok())
+                    .unwrap_or(if args.quick { 3 } else { 8 }),
                 settle_limit: std::time::Duration::from_secs(if args.quick { 300 } else { 1_800 }),
             })
         });
