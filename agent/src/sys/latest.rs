@@ -65,7 +65,7 @@ impl<T: Send + 'static> Latest<T> {
         let thread = std::thread::Builder::new()
             .name(name.into())
             .spawn(move || {
-                crate::sys::background::lower_this_thread();
+                crate::sys::background::idle_this_thread();
                 run(&worker, &what, rest, write)
             })
             .map_err(|e| warn!(thread = name, "cannot start: {e}; writing on the loop"))
