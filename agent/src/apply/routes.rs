@@ -106,7 +106,8 @@ pub fn desired(
     }
     // A pending migration target is not advertised: the source still is.
     for port in plan.ports.values().filter(|p| !p.pending()) {
-        let Some(att) = cfg.attachments.iter().find(|a| a.key == port.attachment) else {
+        // A lookup (in key order), not a pass over every VM interface.
+        let Some(att) = cfg.attachment(&port.attachment) else {
             continue;
         };
         let Some(net) = cfg.network(&att.network) else {

@@ -72,7 +72,9 @@ pub fn north_south(cfg: &Resolved, node: &str, plan: &mut Plan) {
     }
     cluster_destinations(cfg, plan);
     for net in cfg.config.networks.iter().filter(|n| ingress(n)) {
-        let migration_end = cfg.attachments.iter().any(|a| {
+        // Only entries whose documents name a migration are read (a flag
+        // beside each: not every VM interface's document).
+        let migration_end = cfg.attachments.iter().filter(|a| a.migrates).any(|a| {
             a.network == net.name
                 && a.migration
                     .as_ref()

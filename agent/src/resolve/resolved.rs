@@ -133,6 +133,8 @@ pub struct Resolved {
     /// unchanged. IPAM decides the changed ones; the view shares the
     /// unchanged entries' rows.
     pub carried: Option<Vec<u32>>,
+    /// How many entries the list carried over from had.
+    pub carried_from_len: usize,
 }
 
 /// In [`Resolved::carried`]: an entry new, or changed, this round.
@@ -169,6 +171,7 @@ impl Resolved {
             config,
             learned_ips: Default::default(),
             carried: None,
+            carried_from_len: 0,
         }
     }
 
@@ -186,6 +189,7 @@ impl Resolved {
             config,
             learned_ips: Default::default(),
             carried: None,
+            carried_from_len: 0,
         }
     }
 
@@ -204,6 +208,7 @@ impl Resolved {
     ) -> (Self, Carry) {
         let config: std::sync::Arc<Config> = config.into();
         let mut carry = Carry::default();
+        let carried_from_len = last.len();
         // The same VM interfaces in the same places (most rounds): the
         // list is kept where it is, the changed entries replaced in it.
         if last.len() == config.attachments.len()
@@ -236,6 +241,7 @@ impl Resolved {
                 config,
                 learned_ips: Default::default(),
                 carried: Some(carried),
+                carried_from_len,
             };
             return (resolved, carry);
         }
@@ -287,6 +293,7 @@ impl Resolved {
             config,
             learned_ips: Default::default(),
             carried: Some(carried),
+            carried_from_len,
         };
         (resolved, carry)
     }
@@ -328,13 +335,21 @@ impl Resolved {
         }
     }
 
-    /// Whether every entry was carried over, unchanged and in its place,
-    /// from a list of `last_len` entries: the list is the last round's.
-    pub fn carried_whole(&self, last_len: usize) -> bool {
+    /// Whether every entry was carried over, unchanged and in its place:
+    /// the list is the last round's.
+    pub fn carried_whole(&self) -> bool {
         self.carried.as_ref().is_some_and(|carried| {
-            carried.len() == last_len
+            carried.len() == self.carried_from_len
                 && carried.iter().enumerate().all(|(j, &i)| i as usize == j)
         })
+    }
+
+    /// [`carried`](Self::carried), for a list of `len` entries built from
+    /// the list carried over from (a view's rows): `None` for any other.
+    pub fn carried_for(&self, len: usize) -> Option<&[u32]> {
+        self.carried
+            .as_deref()
+            .filter(|_| len == self.carried_from_len)
     }
 
     /// The network called `name`.
@@ -541,7 +556,9 @@ spec: {vm: vm3, interface: eth0, network: blue, node: a, port: p3, mac: '52:54:0
         assert!(std::sync::Arc::ptr_eq(&now.attachments[1].spec, &now.config.attachments[1]));
         assert_eq!(now.attachments[2].port, "p2b");
         assert!(!now.attachments[3].cut_over, "vm3's cut-over is found again");
-        assert!(!now.carried_whole(3));
+        assert!(!now.carried_whole());
+        assert_eq!(now.carried_for(3).map(<[u32]>::len), Some(4));
+        assert_eq!(now.carried_for(4), None);
         // A refusal takes its mark along; a change through attachment_mut
         // marks it.
         let mut now = now;
@@ -555,8 +572,7 @@ spec: {vm: vm3, interface: eth0, network: blue, node: a, port: p3, mac: '52:54:0
         assert!(carry.dropped.is_empty());
         assert_eq!(again.carried, Some(vec![CHANGED, 0, 1, 2]));
         let (whole, _) = Resolved::carrying(again.config.clone(), "a", again.attachments.clone());
-        assert!(whole.carried_whole(4));
-        assert!(!whole.carried_whole(3));
+        assert!(whole.carried_whole());
     }
 
     #[test]

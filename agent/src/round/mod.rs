@@ -171,9 +171,6 @@ pub struct Round {
     /// into the next (`Resolved::carrying`): in key order, and one for
     /// one the entries of the published view.
     last_resolved: Vec<crate::resolve::resolved::Attachment>,
-    /// How many entries the published view has (it was built from
-    /// `last_resolved`, or from a list carried over whole into it).
-    viewed_len: usize,
     /// Writes `status.json` (its thread keeps the entries as text for the
     /// next write), off the loop's path.
     status_record: Latest<(std::path::PathBuf, Arc<crate::publish::view::View>)>,
@@ -278,7 +275,6 @@ impl Round {
             passes: Passes::default(),
             last_trim: None,
             last_resolved: Vec::new(),
-            viewed_len: 0,
             status_record,
         }
     }
@@ -652,7 +648,6 @@ impl Round {
         phases.mark("routes");
 
         // publish
-        let mut view_built = false;
         let mut published = None;
         publish::log_refusals(&cfg, &mut self.last_errors);
         if let Some(cluster) = &self.cluster {
@@ -662,19 +657,13 @@ impl Round {
         // A view whose entries are not one for one the list this round
         // carried over is built again: the next round's view shares rows
         // by where they were in it.
-        let list_moved = !cfg.carried_whole(self.viewed_len);
+        let list_moved = !cfg.carried_whole();
         if plan_changed || changed || learned_changed || list_moved {
             // Show what is programmed, not what was attempted.
             // Borrowed, not copied: the plan holds every endpoint.
             let none = Plan::default();
             let applied = self.last_plan.as_ref().unwrap_or(&none);
-            let prev = shared.view();
-            if prev.attachments.len() != self.viewed_len {
-                // Not the view the carried list's places refer to.
-                cfg.carried = None;
-            }
-            let mut view = publish::build_view(s, &cfg, applied, &self.learned, &prev);
-            view_built = true;
+            let mut view = publish::build_view(s, &cfg, applied, &self.learned, &shared.view());
             if plan_changed {
                 view.reconciles += 1;
                 view.last_reconcile_seconds = started.elapsed().as_secs_f64();
@@ -733,9 +722,6 @@ impl Round {
             self.running = publish::served_here(&cfg, plan);
         }
         let migrating = cfg.attachments.iter().any(|a| a.migrates);
-        if view_built {
-            self.viewed_len = cfg.attachments.len();
-        }
         // Carried over into the next round (and what the published view's
         // entries were built from, one for one).
         self.last_resolved = std::mem::take(&mut cfg.attachments);

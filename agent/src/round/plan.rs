@@ -59,7 +59,7 @@ impl Previous {
         let port_ids = cfg
             .attachments
             .iter()
-            .filter(|a| a.active_node() == node)
+            .filter(|a| !a.elsewhere && a.active_node() == node)
             .filter_map(|a| {
                 ifindex_of(a.active_port())
                     .and_then(|i| pinned_ports.get(&i))

@@ -196,18 +196,7 @@ pub fn build_view(
     prev: &View,
 ) -> View {
     let mut shared = 0usize;
-    // Indexes, so the view stays linear in the number of attachments.
-    // A few networks: a list, not a hash of every VM interface's network.
-    let mut per_network: Vec<(&str, usize)> = Vec::new();
-    for a in &cfg.attachments {
-        match per_network
-            .iter_mut()
-            .find(|(n, _)| *n == a.network.as_str())
-        {
-            Some((_, count)) => *count += 1,
-            None => per_network.push((a.network.as_str(), 1)),
-        }
-    }
+    let per_network = per_network(cfg, prev);
     let active_port: HashMap<&AttachmentKey, u32> = plan
         .ports
         .values()
@@ -265,8 +254,7 @@ pub fn build_view(
             // a port here or a migration (whose cut-over is found again
             // every round).
             let was = cfg
-                .carried
-                .as_ref()
+                .carried_for(prev.attachments.len())
                 .and_then(|c| c.get(index))
                 .filter(|&&i| i != resolved::CHANGED);
             if let Some(entry) = was.and_then(|&i| prev.attachments.get(i as usize))
@@ -349,6 +337,50 @@ pub fn build_view(
         generation: prev.generation + 1,
         on_node: Some(on_node),
     }
+}
+
+/// How many VM interfaces each network has (a few networks: a list, not
+/// a hash). From `prev`'s counts when the list was carried over from the
+/// one `prev` was built from: less the entries not carried (read from
+/// their rows in `prev`), plus the changed ones; otherwise counted. At
+/// 10,000 VM interfaces a count reading every entry's document was a
+/// third of the view.
+fn per_network<'a>(cfg: &'a Resolved, prev: &'a View) -> Vec<(&'a str, usize)> {
+    let mut counts: Vec<(&str, usize)> = Vec::new();
+    let add = |counts: &mut Vec<(&'a str, usize)>, network: &'a str, by: isize| match counts
+        .iter_mut()
+        .find(|(n, _)| *n == network)
+    {
+        Some((_, count)) => *count = count.saturating_add_signed(by),
+        None => counts.push((network, by.max(0) as usize)),
+    };
+    let Some(carried) = cfg.carried_for(prev.attachments.len()) else {
+        for a in &cfg.attachments {
+            add(&mut counts, &a.network, 1);
+        }
+        return counts;
+    };
+    let mut kept = vec![false; prev.attachments.len()];
+    for &i in carried {
+        if let Some(k) = kept.get_mut(i as usize) {
+            *k = true;
+        }
+    }
+    for n in &prev.networks {
+        add(&mut counts, &n.name, n.attachments as isize);
+    }
+    for (row, _) in prev.attachments.iter().zip(&kept).filter(|(_, k)| !**k) {
+        add(&mut counts, &row.network, -1);
+    }
+    for (a, _) in cfg
+        .attachments
+        .iter()
+        .zip(carried)
+        .filter(|(_, i)| **i == resolved::CHANGED)
+    {
+        add(&mut counts, &a.network, 1);
+    }
+    counts
 }
 
 /// What this round serves on this node's ports: each port's MAC and its
@@ -622,6 +654,29 @@ mod tests {
             let find = |v: &View| v.attachments.iter().find(|a| a.vm == vm).unwrap().clone();
             Arc::ptr_eq(&find(&first), &find(&second))
         };
+        assert_eq!(
+            second.networks, fresh.networks,
+            "the counts are what counting again gives"
+        );
+        // vm1 and vm2 go, vm4 comes: the counts follow.
+        let yaml = format!(
+            "{BLUE}---\n{}---\n{}",
+            attachment("vm3", "c"),
+            attachment("vm4", "b")
+        );
+        std::fs::write(dir.join("c.yaml"), yaml).unwrap();
+        let (third, _) = Resolved::carrying(
+            crate::round::validate(
+                &crate::config::source::read_dir(&dir),
+                "a",
+                &Default::default(),
+            ),
+            "a",
+            after.attachments.clone(),
+        );
+        let counted = build(&third, &second);
+        assert_eq!(counted.networks[0].attachments, 2);
+        assert_eq!(counted.networks, build(&third, &View::default()).networks);
         assert!(shared("vm2"), "vm2 is unchanged and remote: shared");
         assert!(!shared("vm3"), "vm3 moved: built again");
         assert!(!shared("vm1"), "vm1 has its port here: built again");
