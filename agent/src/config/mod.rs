@@ -254,15 +254,40 @@ pub struct Keys {
     set: std::collections::BTreeSet<AttachmentKey>,
     #[serde(skip)]
     version: u64,
+    /// The last changes, oldest first: the version each started from and
+    /// the key it added or removed. A reader at one of those versions
+    /// reads what changed since (IPAM's memo, when a VM interface came or
+    /// went) instead of comparing every key. At most [`KEYS_LOG`].
+    #[serde(skip)]
+    log: std::collections::VecDeque<(u64, AttachmentKey)>,
 }
+
+/// How many changes a [`Keys`] remembers.
+const KEYS_LOG: usize = 1024;
 
 /// Versions for [`Keys`]: one counter for all, so no two changes anywhere
 /// share one.
 static KEYS_VERSION: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
 
 impl Keys {
-    fn changed(&mut self) {
+    fn changed(&mut self, key: &AttachmentKey) {
+        let before = self.version;
         self.version = KEYS_VERSION.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        if self.log.len() == KEYS_LOG {
+            self.log.pop_front();
+        }
+        self.log.push_back((before, key.clone()));
+    }
+
+    /// The keys added or removed since `version` (each as often as it
+    /// changed): `None` when the set does not remember back that far.
+    pub fn touched_since(&self, version: u64) -> Option<impl Iterator<Item = &AttachmentKey>> {
+        let from = if version == self.version {
+            self.log.len()
+        } else {
+            self.log.iter().position(|(before, _)| *before == version)?
+        };
+        Some(self.log.range(from..).map(|(_, key)| key))
     }
 
     /// This content's version: equal versions, equal sets.
@@ -275,20 +300,22 @@ impl Keys {
     pub fn caught_up_with(&mut self, other: &Keys) {
         debug_assert!(self.set == other.set, "caught up with another set");
         self.version = other.version;
+        // Its own changes did not start from the versions it takes.
+        self.log.clear();
     }
 
     pub fn insert(&mut self, key: AttachmentKey) -> bool {
-        let added = self.set.insert(key);
-        if added {
-            self.changed();
+        if self.set.contains(&key) {
+            return false;
         }
-        added
+        self.changed(&key);
+        self.set.insert(key)
     }
 
     pub fn remove(&mut self, key: &AttachmentKey) -> bool {
         let removed = self.set.remove(key);
         if removed {
-            self.changed();
+            self.changed(key);
         }
         removed
     }
@@ -453,7 +480,20 @@ mod tests {
         assert_ne!(a.version(), v, "the same keys again, a new version");
         // A mirror made the same by its own changes takes the version.
         let mut mirror = copy;
+        // What changed since the copy: vm3, twice.
+        let touched: Vec<_> = a.touched_since(mirror.version()).unwrap().collect();
+        assert_eq!(touched, [&key("vm3"), &key("vm3")]);
+        assert_eq!(a.touched_since(a.version()).unwrap().count(), 0);
+        assert!(a.touched_since(b.version()).is_none(), "another set's version");
         mirror.caught_up_with(&a);
         assert_eq!(mirror.version(), a.version());
+        // It remembers the last changes only.
+        let v = a.version();
+        for i in 0..KEYS_LOG {
+            a.insert(key(&format!("x{i}")));
+        }
+        assert_eq!(a.touched_since(v).unwrap().count(), KEYS_LOG);
+        a.insert(key("one-more"));
+        assert!(a.touched_since(v).is_none());
     }
 }

@@ -146,8 +146,22 @@ impl Memo {
         // Which documents' keys went (their claims are released).
         let mut gone_keys: Vec<AttachmentKey> = Vec::new();
         let mut new_keys: Vec<&AttachmentKey> = Vec::new();
-        // The same version: the same keys, none compared.
-        if self.keys.version() != config.keys_in_documents.version() {
+        // The same version: the same keys, none compared. Else the keys
+        // changed since its version, when the set remembers them; else
+        // every key compared.
+        let touched = (self.keys.version() != config.keys_in_documents.version())
+            .then(|| config.keys_in_documents.touched_since(self.keys.version()))
+            .flatten();
+        if let Some(touched) = touched {
+            let mut seen: HashSet<&AttachmentKey> = HashSet::default();
+            for key in touched.filter(|k| seen.insert(*k)) {
+                match (self.keys.contains(key), config.keys_in_documents.contains(key)) {
+                    (true, false) => gone_keys.push(key.clone()),
+                    (false, true) => new_keys.push(key),
+                    _ => {}
+                }
+            }
+        } else if self.keys.version() != config.keys_in_documents.version() {
             merge(
                 self.keys.iter(),
                 config.keys_in_documents.iter(),
