@@ -876,14 +876,15 @@ impl Dataplane {
             }
         }
         phases.mark("recheck");
-        self.apply_north_south(plan)?;
+        // Only what changed since the last apply is written; the data path
+        // never writes these maps, so nothing is read back (at 10,000 VMs a
+        // read-back is tens of thousands of syscalls a round). Taken before
+        // anything is written: after a failure, all is read back.
+        let last = self.written.take();
+        self.apply_north_south(plan, last.as_ref().map(|w| &w.routed))?;
         phases.mark("north_south");
         self.apply_overlay(plan)?;
         phases.mark("overlay");
-        // Only what changed since the last apply is written; the data path
-        // never writes these maps, so nothing is read back (at 10,000 VMs a
-        // read-back is tens of thousands of syscalls a round).
-        let last = self.written.take();
         sync_since(
             &mut self.maps.networks,
             last.as_ref().map(|w| &w.networks),
@@ -923,6 +924,7 @@ impl Dataplane {
             networks: plan.networks.clone(),
             flood: plan.flood.clone(),
             addresses: plan.addresses.clone(),
+            routed: plan.routed.clone(),
             // Unknown after a failed write: read back whole next time.
             endpoints: endpoints.is_ok().then(|| WrittenEndpoints {
                 entries: plan.endpoints.clone(),
@@ -1056,6 +1058,8 @@ struct Written {
     /// Other nodes' layer shared with the plan: kept for a reference
     /// count, compared by identity.
     addresses: Layered<AddrKey, AddrInfo>,
+    /// `vmp_routed`, the same way (the data path only reads it).
+    routed: Layered<AddrKey, vmpath_common::RoutedAddr>,
     endpoints: Option<WrittenEndpoints>,
 }
 

@@ -484,7 +484,10 @@ mod tests {
         let touched: Vec<_> = a.touched_since(mirror.version()).unwrap().collect();
         assert_eq!(touched, [&key("vm3"), &key("vm3")]);
         assert_eq!(a.touched_since(a.version()).unwrap().count(), 0);
-        assert!(a.touched_since(b.version()).is_none(), "another set's version");
+        assert!(
+            a.touched_since(b.version()).is_none(),
+            "another set's version"
+        );
         mirror.caught_up_with(&a);
         assert_eq!(mirror.version(), a.version());
         // It remembers the last changes only.

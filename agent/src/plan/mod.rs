@@ -52,8 +52,9 @@ pub struct Plan {
     pub missing_ports: Vec<(AttachmentKey, String)>,
     /// Attachments not served because a limit was hit.
     pub problems: Vec<String>,
-    /// North-south (`north_south`): routed VM addresses by (0, IP).
-    pub routed: BTreeMap<AddrKey, vmpath_common::RoutedAddr>,
+    /// North-south (`north_south`): routed VM addresses by (0, IP); other
+    /// nodes' VMs' in the shared layer (`overlay::Cache`).
+    pub routed: layered::Layered<AddrKey, vmpath_common::RoutedAddr>,
     /// (LPM prefix length, subnet) of every network -> 1; under
     /// `PRIMARY_SUBNETS`, the Primary networks' subnets -> their network's id.
     pub subnets4: BTreeMap<(u32, vmpath_common::Subnet4), u32>,
@@ -319,10 +320,12 @@ pub fn plan_with_previous(
         }
     }
     phases.mark("ports");
-    north_south::north_south(cfg, node, &mut plan);
-    phases.mark("north_south");
+    // The overlay first: north-south's routed entries of other nodes' VMs
+    // are kept beside its part, and built again with it.
     overlay::overlay(cfg, node, &mut plan, cache);
     phases.mark("overlay");
+    north_south::north_south(cfg, node, &mut plan, cache);
+    phases.mark("north_south");
     let local: BTreeMap<AttachmentKey, u32> = plan
         .ports
         .values()

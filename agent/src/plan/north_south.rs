@@ -47,7 +47,7 @@ pub fn ingress_family(net: &Network, _ip: IpAddr) -> bool {
     ingress(net)
 }
 
-pub fn north_south(cfg: &Resolved, node: &str, plan: &mut Plan) {
+pub fn north_south(cfg: &Resolved, node: &str, plan: &mut Plan, cache: &mut super::overlay::Cache) {
     for net in &cfg.config.networks {
         if let Some(info) = plan.networks.get_mut(&net.id) {
             info.flags |= if routed(net) {
@@ -85,7 +85,7 @@ pub fn north_south(cfg: &Resolved, node: &str, plan: &mut Plan) {
         }
     }
     resolve_prefixes(cfg, plan);
-    routed_addresses(cfg, plan);
+    routed_addresses(cfg, plan, cache);
     let node_cfg = cfg.config.node.as_ref();
     let snat_addr = node_cfg.and_then(|n| match n.snat_address.unwrap_or(n.address) {
         IpAddr::V4(a) => Some(a.octets()),
@@ -200,11 +200,22 @@ fn resolve_prefixes(cfg: &Resolved, plan: &mut Plan) {
     }
 }
 
-/// `vmp_routed`: the addresses of the ingress networks' VMs (configured,
-/// and learned from their traffic here), on every node hosting the
-/// network.
-fn routed_addresses(cfg: &Resolved, plan: &mut Plan) {
-    let entry = |net: &Network, mac: [u8; 6], ifindex: u32, port_id: u32| RoutedAddr {
+/// Other nodes' VMs' routed entries (`vmp_routed`), kept between rounds
+/// beside the overlay's part of the plan (`overlay::Cache::routed`).
+#[derive(Debug, Default)]
+pub struct RemoteRouted {
+    /// By address, in the VM interfaces' key order (the first one's
+    /// entry where two give one address).
+    entries: std::sync::Arc<std::collections::BTreeMap<vmpath_common::AddrKey, RoutedAddr>>,
+    /// Each routed VM's entry by (network id, MAC): for the addresses this
+    /// node learned from it while it was here.
+    by_mac: std::collections::BTreeMap<(u32, [u8; 6]), RoutedAddr>,
+}
+
+/// The routed entry of a VM on `net` with MAC `mac` behind `ifindex`
+/// (0: on another node, over the overlay) and `port_id`.
+fn routed_entry(net: &Network, mac: [u8; 6], ifindex: u32, port_id: u32) -> RoutedAddr {
+    RoutedAddr {
         ifindex,
         network: net.id,
         vm_mac: mac,
@@ -212,7 +223,37 @@ fn routed_addresses(cfg: &Resolved, plan: &mut Plan) {
         mtu: net.mtu,
         // Port ids are at most MAX_PORT_ID (12 bits): room for the flag.
         port_id: port_id as u16 | if routed(net) { 0 } else { ROUTED_F_INBOUND },
-    };
+    }
+}
+
+/// The MAC every node knows `att` by (given or generated; see `overlay`),
+/// on a network whose ingress this node hosts.
+fn routed_remotely<'a>(
+    cfg: &'a Resolved,
+    plan: &Plan,
+    att: &crate::resolve::resolved::Attachment,
+) -> Option<(&'a Network, [u8; 6])> {
+    let net = cfg.network(&att.network)?;
+    if !plan.ingress_hosted.contains(&net.id) {
+        return None;
+    }
+    match att.mac_resolved {
+        Some((mac, _))
+            if att.mac.is_some() || att.mac_policy == crate::config::model::MacPolicy::Generate =>
+        {
+            Some((net, mac))
+        }
+        _ => None,
+    }
+}
+
+/// `vmp_routed`: the addresses of the ingress networks' VMs (configured,
+/// and learned from their traffic here), on every node hosting the
+/// network. This node's (its ports', and those of its VM interfaces
+/// without a port yet) are planned each round; other nodes' VMs' are
+/// the layer kept in `cache` while nothing they come from changed.
+fn routed_addresses(cfg: &Resolved, plan: &mut Plan, cache: &mut super::overlay::Cache) {
+    let mut local = std::collections::BTreeMap::new();
     for port in plan.ports.values().filter(|p| !p.pending()) {
         // Looked up per port (the attachments are in key order), not a
         // map of every VM interface of the cluster built each round.
@@ -232,10 +273,10 @@ fn routed_addresses(cfg: &Resolved, plan: &mut Plan) {
         // the endpoint, which the data path repoints at the cut-over.
         let migrating = att.migration.is_some() && !att.cut_over;
         let ifindex = if migrating { 0 } else { port.ifindex };
-        let r = entry(net, mac, ifindex, port.info.port_id);
+        let r = routed_entry(net, mac, ifindex, port.info.port_id);
         for (ip, _) in &att.addresses {
             if ingress_family(net, ip.addr()) {
-                plan.routed.insert(addr_key(0, ip.addr()), r);
+                local.insert(addr_key(0, ip.addr()), r);
             }
         }
         // Addresses the VM uses that no document gives (a network without
@@ -245,58 +286,84 @@ fn routed_addresses(cfg: &Resolved, plan: &mut Plan) {
                 && seen.ifindex == port.ifindex
                 && ingress_family(net, key.ip())
             {
-                plan.routed.entry(addr_key(0, key.ip())).or_insert(r);
+                local.entry(addr_key(0, key.ip())).or_insert(r);
             }
         }
     }
-    // VMs on other nodes, where this node hosts their network too: the
+    // VMs not served here, where this node hosts their network too: the
     // fabric may send their traffic here (the subnet route of every
     // hosting node, or the per-VM route of a migration's source before
     // the fabric converges); it goes on over the overlay. Only where every
-    // node knows the VM's MAC (given or generated; see `overlay`).
-    // (The attachments this node serves, collected once: a search of the
-    // ports per attachment grew with the cluster times the node.)
+    // node knows the VM's MAC (given or generated; see `overlay`). Those
+    // of other nodes are the kept layer; this node's without a port (a
+    // few) are planned here.
     let served: crate::sys::hash::HashSet<&crate::config::AttachmentKey> = plan
         .ports
         .values()
         .filter(|p| !p.pending())
         .map(|p| &p.attachment)
         .collect();
-    for att in &cfg.attachments {
-        let Some(net) = cfg.network(&att.network) else {
-            continue;
-        };
-        if !plan.ingress_hosted.contains(&net.id) {
-            continue;
-        }
-        if served.contains(&att.key) {
-            continue;
-        }
-        let known = match att.mac_resolved {
-            Some((mac, _))
-                if att.mac.is_some()
-                    || att.mac_policy == crate::config::model::MacPolicy::Generate =>
-            {
-                mac
+    let remote = cache.routed(&plan.ingress_hosted, || {
+        let mut out = RemoteRouted::default();
+        let mut entries = std::collections::BTreeMap::new();
+        for att in cfg.attachments.iter().filter(|a| a.elsewhere) {
+            let Some((net, mac)) = routed_remotely(cfg, plan, att) else {
+                continue;
+            };
+            let r = routed_entry(net, mac, 0, 0);
+            for (ip, _) in &att.addresses {
+                if ingress_family(net, ip.addr()) {
+                    entries.entry(addr_key(0, ip.addr())).or_insert(r);
+                }
             }
-            _ => continue,
+            out.by_mac.entry((net.id, mac)).or_insert(r);
+        }
+        out.entries = std::sync::Arc::new(entries);
+        out
+    });
+    let mut here_unserved: std::collections::BTreeMap<(u32, [u8; 6]), RoutedAddr> =
+        std::collections::BTreeMap::new();
+    for att in cfg
+        .attachments
+        .iter()
+        .filter(|a| !a.elsewhere && !served.contains(&a.key))
+    {
+        let Some((net, mac)) = routed_remotely(cfg, plan, att) else {
+            continue;
         };
-        let r = entry(net, known, 0, 0);
+        let r = routed_entry(net, mac, 0, 0);
         for (ip, _) in &att.addresses {
-            if ingress_family(net, ip.addr()) {
-                plan.routed.entry(addr_key(0, ip.addr())).or_insert(r);
+            let key = addr_key(0, ip.addr());
+            if ingress_family(net, ip.addr()) && !remote.entries.contains_key(&key) {
+                local.entry(key).or_insert(r);
             }
         }
-        // Addresses this node learned from the VM while it was here (a
-        // migration's source after the cut-over): the fabric may still
-        // send them here until its route moves. Kept while so routed
-        // (`Dataplane::apply` keeps such learned entries).
-        for (key, seen) in &cfg.learned_ips {
-            if key.network == net.id && seen.mac == known && ingress_family(net, key.ip()) {
-                plan.routed.entry(addr_key(0, key.ip())).or_insert(r);
-            }
+        here_unserved.entry((net.id, mac)).or_insert(r);
+    }
+    // Addresses this node learned from such a VM while it was here (a
+    // migration's source after the cut-over): the fabric may still send
+    // them here until its route moves. Kept while so routed
+    // (`Dataplane::apply` keeps such learned entries). A configured one
+    // wins.
+    for (key, seen) in &cfg.learned_ips {
+        let k = addr_key(0, key.ip());
+        let Some(r) = here_unserved
+            .get(&(key.network, seen.mac))
+            .or_else(|| remote.by_mac.get(&(key.network, seen.mac)))
+        else {
+            continue;
+        };
+        let Some(net) = cfg.config.networks.iter().find(|n| n.id == key.network) else {
+            continue;
+        };
+        if ingress_family(net, key.ip()) && !remote.entries.contains_key(&k) {
+            local.entry(k).or_insert(*r);
         }
     }
+    plan.routed = super::layered::Layered {
+        local,
+        remote: remote.entries.clone(),
+    };
 }
 
 #[cfg(test)]

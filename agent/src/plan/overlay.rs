@@ -94,6 +94,12 @@ pub struct Cache {
     identified: Option<(SharedEndpoints, Vec<u32>)>,
     /// The digests' seeds, drawn at random once per cache.
     seeds: ahash::RandomState,
+    /// Bumped whenever `remote` is built again: what is kept beside it
+    /// from the same inputs holds while this does.
+    builds: u64,
+    /// Other nodes' VMs' routed entries (`north_south`), with the build
+    /// and the ingress networks hosted here they were made for.
+    routed: Option<(u64, BTreeSet<u32>, Arc<super::north_south::RemoteRouted>)>,
 }
 
 impl Cache {
@@ -142,8 +148,27 @@ impl Cache {
             self.vteps6.clone_from(vteps6);
             self.node = node.to_string();
             self.identified = None;
+            self.builds += 1;
         }
         self.remote.as_ref().expect("built above")
+    }
+
+    /// Kept beside other nodes' part of the plan (built this round by
+    /// [`overlay`]): `build`'s result for the VM interfaces elsewhere,
+    /// made again when that part was, or `hosted` changed.
+    pub(super) fn routed(
+        &mut self,
+        hosted: &BTreeSet<u32>,
+        build: impl FnOnce() -> super::north_south::RemoteRouted,
+    ) -> Arc<super::north_south::RemoteRouted> {
+        match &self.routed {
+            Some((b, h, routed)) if *b == self.builds && h == hosted => routed.clone(),
+            _ => {
+                let routed = Arc::new(build());
+                self.routed = Some((self.builds, hosted.clone(), routed.clone()));
+                routed
+            }
+        }
     }
 
     /// The remote endpoints with the identity of each one's holder

@@ -155,7 +155,10 @@ impl Memo {
         if let Some(touched) = touched {
             let mut seen: HashSet<&AttachmentKey> = HashSet::default();
             for key in touched.filter(|k| seen.insert(*k)) {
-                match (self.keys.contains(key), config.keys_in_documents.contains(key)) {
+                match (
+                    self.keys.contains(key),
+                    config.keys_in_documents.contains(key),
+                ) {
                     (true, false) => gone_keys.push(key.clone()),
                     (false, true) => new_keys.push(key),
                     _ => {}

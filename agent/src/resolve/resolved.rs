@@ -229,9 +229,10 @@ impl Resolved {
                     }
                     carried.push(i as u32);
                 } else {
-                    carry
-                        .dropped
-                        .push(std::mem::replace(a, Attachment::given_for(spec.clone(), node)));
+                    carry.dropped.push(std::mem::replace(
+                        a,
+                        Attachment::given_for(spec.clone(), node),
+                    ));
                     carried.push(CHANGED);
                 }
             }
@@ -325,7 +326,9 @@ impl Resolved {
         };
         let mut before = before.into_iter();
         for (a, mark) in self.attachments.iter().zip(carried.iter_mut()) {
-            let Some((_, addresses, mac)) = before.find(|(spec, ..)| std::sync::Arc::ptr_eq(spec, &a.spec)) else {
+            let Some((_, addresses, mac)) =
+                before.find(|(spec, ..)| std::sync::Arc::ptr_eq(spec, &a.spec))
+            else {
                 *mark = CHANGED;
                 continue;
             };
@@ -552,10 +555,20 @@ spec: {vm: vm3, interface: eth0, network: blue, node: a, port: p3, mac: '52:54:0
         assert_eq!(vms(&now.attachments), ["vm0", "vm1", "vm2", "vm3"]);
         assert_eq!(now.carried, Some(vec![CHANGED, 0, CHANGED, 2]));
         assert_eq!(vms(&carry.dropped), ["vm2"]);
-        assert_eq!(now.attachments[1].addresses[0].1, Origin::Claimed, "vm1 kept IPAM's address");
-        assert!(std::sync::Arc::ptr_eq(&now.attachments[1].spec, &now.config.attachments[1]));
+        assert_eq!(
+            now.attachments[1].addresses[0].1,
+            Origin::Claimed,
+            "vm1 kept IPAM's address"
+        );
+        assert!(std::sync::Arc::ptr_eq(
+            &now.attachments[1].spec,
+            &now.config.attachments[1]
+        ));
         assert_eq!(now.attachments[2].port, "p2b");
-        assert!(!now.attachments[3].cut_over, "vm3's cut-over is found again");
+        assert!(
+            !now.attachments[3].cut_over,
+            "vm3's cut-over is found again"
+        );
         assert!(!now.carried_whole());
         assert_eq!(now.carried_for(3).map(<[u32]>::len), Some(4));
         assert_eq!(now.carried_for(4), None);

@@ -41,7 +41,7 @@ impl Rng {
     }
 }
 
-const NETWORKS: &str = "apiVersion: vmpath.dev/v1alpha1\nkind: Network\nmetadata: {name: blue}\nspec:\n  id: 7\n  subnets: [10.9.0.0/24]\n  defaultGatewayIPs: [10.9.0.1]\n  ipam: {mode: Enabled}\n  mtu: MTU\n---\napiVersion: vmpath.dev/v1alpha1\nkind: Network\nmetadata: {name: red}\nspec:\n  id: 8\n  subnets: [10.8.0.0/24]\n  ipam: {mode: Disabled}\n";
+const NETWORKS: &str = "apiVersion: vmpath.dev/v1alpha1\nkind: Network\nmetadata: {name: blue}\nspec:\n  id: 7\n  subnets: [10.9.0.0/24]\n  defaultGatewayIPs: [10.9.0.1]\n  ipam: {mode: Enabled}\n  mtu: MTU\n---\napiVersion: vmpath.dev/v1alpha1\nkind: Network\nmetadata: {name: red}\nspec:\n  id: 8\n  subnets: [10.8.0.0/24]\n  defaultGatewayIPs: [10.8.0.1]\n  ipam: {mode: Disabled}\n  egress: SNAT\n  advertise: {perVM: true, learned: true}\n";
 const NODES: [&str; 3] = ["a", "b", "c"];
 const APPS: [&str; 3] = ["web", "db", "cache"];
 
@@ -218,6 +218,9 @@ fn config_differs(a: &Config, b: &Config) -> Option<String> {
 
 /// Runs one step's round both ways and compares them (`what`: the step,
 /// for the failure).
+/// Steps whose plan routed to another node's VM (red's ingress).
+static ROUTED_REMOTELY: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
 fn check_step(
     round: &mut Round,
     snap: &crate::config::source::Snapshot,
@@ -270,6 +273,9 @@ fn check_step(
     (round.accepted, round.last_plan) = saved;
     if let Some(d) = config_differs(&got_cfg, &want_cfg) {
         panic!("seed {seed:#x}, step {step} ({what}, {pass}): the validated configs differ in {d}");
+    }
+    if !got.routed.remote.is_empty() {
+        ROUTED_REMOTELY.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     }
     // The plans whole in the log only when asked: they are long.
     let show = std::env::var_os("VMPATH_EQUIVALENCE_SHOW").is_some();
@@ -511,6 +517,12 @@ fn increments_reach_what_a_full_recompute_reaches() {
     }
     // The increments were taken, not only the full passes.
     assert!(partial > 0, "no round derived and validated in part");
+    // Other nodes' VMs were routed to (red has ingress), from the kept
+    // layer: it was compared, not left empty.
+    assert!(
+        ROUTED_REMOTELY.load(std::sync::atomic::Ordering::Relaxed) > 0,
+        "no step routed to another node's VM"
+    );
     assert!(
         ipam_increments > 0,
         "no round's IPAM decided only what changed"

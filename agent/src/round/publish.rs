@@ -494,7 +494,9 @@ mod tests {
         // vm2 runs on b and goes nowhere: not looked at for a port here.
         assert_eq!(vms(&view), ["vm1", "vm3"]);
         assert_eq!(
-            view.local_ports().map(|(a, i)| (a.vm.as_str(), i)).collect::<Vec<_>>(),
+            view.local_ports()
+                .map(|(a, i)| (a.vm.as_str(), i))
+                .collect::<Vec<_>>(),
             [("vm1", 11)]
         );
         // A view that does not say (read back from a file): every entry.

@@ -11,8 +11,9 @@ use aya::maps::{
 use tracing::{debug, info, warn};
 use vmpath_common::prog_names;
 
-use super::{Dataplane, links_dir, sync};
-use crate::plan::Plan;
+use super::{Dataplane, links_dir, sync_layered_since};
+use crate::plan::{Plan, layered::Layered};
+use vmpath_common::AddrKey;
 
 fn uplink_pin(root: &std::path::Path, ifindex: u32) -> PathBuf {
     links_dir(root).join(format!("{}-{ifindex}", prog_names::UPLINK))
@@ -42,8 +43,14 @@ pub enum UplinkXdp {
 }
 
 impl Dataplane {
-    pub(super) fn apply_north_south(&mut self, plan: &Plan) -> Result<()> {
-        sync(&mut self.maps.routed, &plan.routed)?;
+    /// `last_routed`: `vmp_routed` as this agent last wrote it (only what
+    /// changed since is written); `None`: read back and made to match.
+    pub(super) fn apply_north_south(
+        &mut self,
+        plan: &Plan,
+        last_routed: Option<&Layered<AddrKey, vmpath_common::RoutedAddr>>,
+    ) -> Result<()> {
+        sync_layered_since(&mut self.maps.routed, last_routed, &plan.routed)?;
         sync_lpm_values(&mut self.maps.subnets4, &plan.subnets4)?;
         sync_lpm_values(&mut self.maps.subnets6, &plan.subnets6)?;
         sync_lpm_values(&mut self.maps.resolve_prefixes, &plan.resolve_prefixes)?;
