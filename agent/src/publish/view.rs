@@ -223,10 +223,14 @@ impl Published {
     /// Replaces the view; readers see the new one from their next read.
     pub fn publish(&self, view: impl Into<Arc<View>>) {
         let view = view.into();
-        match self.view.write() {
-            Ok(mut v) => *v = view,
-            Err(poisoned) => *poisoned.into_inner() = view,
-        }
+        let old = match self.view.write() {
+            Ok(mut v) => std::mem::replace(&mut *v, view),
+            Err(poisoned) => std::mem::replace(&mut *poisoned.into_inner(), view),
+        };
+        // Freed after the lock, off the loop's path: the last view's rows
+        // are a cluster's VM interfaces, and an ADD waits to read the new
+        // one.
+        crate::sys::drop_later::drop_later(old);
     }
 
     /// Called by the reconcile loop on every round.

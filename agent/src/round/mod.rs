@@ -379,8 +379,12 @@ impl Round {
                 held: &held,
                 stored: &stored,
             };
-            // The round's own copy, or a clone when the last round's
-            // resolved config still shares it.
+            // What the last pass was weighed against goes off the loop's
+            // path (the accepted set it kept may be the last one of a
+            // cluster's keys).
+            drop_later((std::mem::take(&mut v.accepted), std::mem::take(&mut v.held)));
+            // The round's own copy (the last round gave its reference up
+            // at its end), or a clone when something still shares it.
             let previous = Arc::try_unwrap(v.config).unwrap_or_else(|shared| (*shared).clone());
             match groups::splice(
                 previous,
@@ -735,6 +739,18 @@ impl Round {
             .is_none_or(|t| t.elapsed() >= std::time::Duration::from_secs(5));
         // Both off the loop's path, the trim after what was handed over
         // before it (the dropping thread frees in order).
+        // The validated config is kept (`validated`): this round's
+        // reference is given up here, not on the freeing thread, so the
+        // next partial pass finds it unshared and changes it in place
+        // (a clone of a cluster's config otherwise, when that thread is
+        // behind).
+        if self
+            .validated
+            .as_ref()
+            .is_some_and(|v| Arc::ptr_eq(&v.config, &cfg.config))
+        {
+            drop(std::mem::take(&mut cfg.config));
+        }
         if changed && (changed_groups.is_none() || trim_due) {
             self.last_trim = Some(Instant::now());
             drop_later(crate::sys::drop_later::ThenTrim::new(cfg));
