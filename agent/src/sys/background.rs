@@ -1,18 +1,18 @@
 //! Threads that do the agent's housekeeping (writing `status.json` and the
-//! accepted interfaces, freeing what a round replaced) run below the
-//! reconcile loop and the API: on a small node (two CPUs) a megabyte-sized
-//! status file being written right after a round held a CNI ADD's answer
-//! back by milliseconds. They still get the CPU whenever nothing more
-//! urgent wants it.
-
-/// The nice value a housekeeping thread runs at.
-pub const NICE: i32 = 10;
+//! accepted interfaces, freeing what a round replaced) run in the idle
+//! class, below the reconcile loop and the API: on a small node (two CPUs)
+//! a megabyte-sized status file written right after a round held a CNI
+//! ADD's answer back by milliseconds, and the freeing thread, woken with a
+//! cluster's worth of keys to free, took the CPU from the round that woke
+//! it (a lower nice value alone did not stop either). They get every CPU
+//! cycle nothing else wants; on a node whose CPUs are all busy they fall
+//! behind (the status file lags, freed memory comes back later: the churn
+//! bench watches the agent's RSS).
 
 /// Puts the calling thread in the idle class (`SCHED_IDLE`): any other
-/// thread that wakes takes the CPU from it at once (a lower nice value
-/// alone still let a status write finish its slice first: milliseconds
-/// of an ADD's answer). For work that may lag behind when the CPUs are
-/// busy: records whose latest value is what counts.
+/// thread that wakes takes the CPU from it at once, and it never takes
+/// the CPU from another. A failure only leaves it where it was (logged):
+/// the work is the same either way.
 pub fn idle_this_thread() {
     let param = libc::sched_param { sched_priority: 0 };
     // SAFETY: plain syscalls on this thread's own id, with a valid param.
@@ -25,43 +25,12 @@ pub fn idle_this_thread() {
     }
 }
 
-/// Lowers the calling thread's priority to [`NICE`]: for work that must
-/// keep up (freeing what rounds replaced). A failure only leaves it
-/// where it was (logged): the work is the same either way.
-pub fn lower_this_thread() {
-    // Linux applies a nice value per thread when given the thread's id.
-    // SAFETY: plain syscalls on this thread's own id.
-    let rc = unsafe {
-        let tid = libc::gettid();
-        libc::setpriority(libc::PRIO_PROCESS, tid as libc::id_t, NICE)
-    };
-    if rc != 0 {
-        tracing::debug!(
-            "lowering a housekeeping thread's priority: {}",
-            std::io::Error::last_os_error()
-        );
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
-    fn housekeeping_threads_run_below_the_others_and_no_other_does() {
-        let nice = || {
-            // SAFETY: plain syscalls on this thread's own id.
-            unsafe { libc::getpriority(libc::PRIO_PROCESS, libc::gettid() as libc::id_t) }
-        };
-        let before = nice();
-        let lowered = std::thread::spawn(move || {
-            lower_this_thread();
-            nice()
-        })
-        .join()
-        .unwrap();
-        assert_eq!(lowered, NICE.max(before));
-        assert_eq!(nice(), before, "the calling thread only");
+    fn a_housekeeping_thread_runs_in_the_idle_class_and_no_other_does() {
         // SAFETY: a plain syscall on this thread's own id.
         let policy = || unsafe { libc::sched_getscheduler(libc::gettid()) };
         let idle = std::thread::spawn(move || {

@@ -24,7 +24,7 @@ pub fn drop_later<T: Send + 'static>(value: T) {
         std::thread::Builder::new()
             .name("vmpath-drop".into())
             .spawn(move || {
-                crate::sys::background::lower_this_thread();
+                crate::sys::background::idle_this_thread();
                 for garbage in rx {
                     drop(garbage);
                 }

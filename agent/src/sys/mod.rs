@@ -4,7 +4,7 @@
 //!
 //! | module | what |
 //! |---|---|
-//! | [`background`] | housekeeping threads at a lower priority |
+//! | [`background`] | housekeeping threads in the idle class |
 //! | [`clock`] | the kernel's monotonic clock, wall-clock seconds |
 //! | [`drop_later`] | freeing big structures off the reconcile loop's path |
 //! | [`events`] | what wakes the reconcile loop (inotify, link notifications) |
