@@ -179,7 +179,8 @@ mod tests {
                 vm("red", "a").into(),
                 vm("elsewhere", "b").into(),
                 vm("l2", "a").into(),
-            ],
+            ]
+            .into(),
             ..base
         }
     }

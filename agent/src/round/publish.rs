@@ -14,7 +14,9 @@ use crate::{
     config::{self, AttachmentKey, ConfigError, format_mac},
     observe::learned,
     plan::Plan,
-    publish::view::{AttachmentView, IpView, LearnedRefusalView, NetworkView, View},
+    publish::view::{
+        AttachmentView, IpView, LearnedRefusalView, NetworkView, ROWS_CHUNK, Rows, View,
+    },
     publish::writeback,
     read::kube_source::KubeSource,
     resolve::resolved::{self, Origin, Resolved},
@@ -234,86 +236,114 @@ pub fn build_view(
             search_domains: n.dhcp.search_domains.clone(),
         })
         .collect();
+    let node = settings.node.as_str();
+    // A row as this round has it.
+    let build = |a: &resolved::Attachment, here: bool| -> Arc<AttachmentView> {
+        // A pending migration target's port is not where the VM runs yet.
+        let ifindex = here.then(|| active_port.get(&a.key).copied()).flatten();
+        let pending = here.then(|| pending_port.get(&a.key)).flatten();
+        let (migration, target) = match &a.migration {
+            None => ("none".to_string(), None),
+            Some(m) if a.cut_over => ("cut-over".to_string(), Some(m.target_node.clone())),
+            Some(m) => ("pending".to_string(), Some(m.target_node.clone())),
+        };
+        AttachmentView {
+            name: a.name.clone(),
+            namespace: a.key.namespace.clone(),
+            vm: a.key.vm.clone(),
+            interface: a.key.interface.clone(),
+            network: a.network.clone(),
+            node: a.active_node().to_string(),
+            port: a.active_port().to_string(),
+            ifindex,
+            mac: a.mac_resolved.map(|(m, _)| format_mac(&m)),
+            mac_origin: a.mac_resolved.map(|(_, o)| o),
+            ips: view_ips(a, cfg, ifindex, learned),
+            learned_refused: ifindex
+                .and_then(|i| learned.refused.get(&i))
+                .map(|r| {
+                    r.iter()
+                        .map(|r| LearnedRefusalView {
+                            address: r.ip.to_string(),
+                            kind: r.kind.to_string(),
+                            reason: r.reason.clone(),
+                        })
+                        .collect()
+                })
+                .unwrap_or_default(),
+            learned_contested: ifindex
+                .and_then(|i| learned.contested.get(&i))
+                .map(|c| {
+                    c.iter()
+                        .map(|(ip, by)| LearnedRefusalView {
+                            address: ip.to_string(),
+                            kind: "contested".into(),
+                            reason: format!("kept here; also used by {by} (refused there)"),
+                        })
+                        .collect()
+                })
+                .unwrap_or_default(),
+            migration,
+            migration_target: target,
+            pending_port: pending.map(|(name, ifindex)| (name.to_string(), *ifindex)),
+        }
+        .into()
+    };
+    // Carried over unchanged from the list the last view was built from,
+    // one for one (`Round`): its last row, unless it has a migration
+    // (whose cut-over is found again every round); one with a port here
+    // is built and compared (its port, its learned addresses).
+    let carried = cfg.carried_for(prev.attachments.len());
+    let last_row = |index: usize, a: &resolved::Attachment| {
+        let i = *carried?.get(index)?;
+        (i != resolved::CHANGED && !a.migrates)
+            .then(|| prev.attachments.get(i as usize))
+            .flatten()
+    };
+    let row = |index: usize, a: &resolved::Attachment, here: bool| -> (Arc<AttachmentView>, bool) {
+        match last_row(index, a) {
+            Some(last) if !here && last.ifindex.is_none() && last.pending_port.is_none() => {
+                (last.clone(), true)
+            }
+            Some(last) if here => {
+                let now = build(a, here);
+                if now == *last {
+                    (last.clone(), true)
+                } else {
+                    (now, false)
+                }
+            }
+            _ => (build(a, here), false),
+        }
+    };
     let mut on_node: Vec<u32> = Vec::new();
-    let attachments: Vec<Arc<AttachmentView>> = cfg
-        .attachments
-        .iter()
-        .enumerate()
-        .map(|(index, a)| {
-            // Only a VM interface active here or migrating here has a
-            // port here: the others' keys are not looked up.
-            let here = a.maybe_on(&settings.node);
-            if here {
-                on_node.push(index as u32);
-            }
-            // A pending migration target's port is not where the VM runs yet.
-            let ifindex = here.then(|| active_port.get(&a.key).copied()).flatten();
-            let pending = here.then(|| pending_port.get(&a.key)).flatten();
-            // Carried over unchanged from the list the last view was built
-            // from, one for one (`Round`): its row as it was, unless it has
-            // a port here or a migration (whose cut-over is found again
-            // every round).
-            let was = cfg
-                .carried_for(prev.attachments.len())
-                .and_then(|c| c.get(index))
-                .filter(|&&i| i != resolved::CHANGED);
-            if let Some(entry) = was.and_then(|&i| prev.attachments.get(i as usize))
-                && !here
-                && !a.migrates
-                && entry.ifindex.is_none()
-                && entry.pending_port.is_none()
-            {
-                shared += 1;
-                return entry.clone();
-            }
-            let (migration, target) = match &a.migration {
-                None => ("none".to_string(), None),
-                Some(m) if a.cut_over => ("cut-over".to_string(), Some(m.target_node.clone())),
-                Some(m) => ("pending".to_string(), Some(m.target_node.clone())),
-            };
-            AttachmentView {
-                name: a.name.clone(),
-                namespace: a.key.namespace.clone(),
-                vm: a.key.vm.clone(),
-                interface: a.key.interface.clone(),
-                network: a.network.clone(),
-                node: a.active_node().to_string(),
-                port: a.active_port().to_string(),
-                ifindex,
-                mac: a.mac_resolved.map(|(m, _)| format_mac(&m)),
-                mac_origin: a.mac_resolved.map(|(_, o)| o),
-                ips: view_ips(a, cfg, ifindex, learned),
-                learned_refused: ifindex
-                    .and_then(|i| learned.refused.get(&i))
-                    .map(|r| {
-                        r.iter()
-                            .map(|r| LearnedRefusalView {
-                                address: r.ip.to_string(),
-                                kind: r.kind.to_string(),
-                                reason: r.reason.clone(),
-                            })
-                            .collect()
-                    })
-                    .unwrap_or_default(),
-                learned_contested: ifindex
-                    .and_then(|i| learned.contested.get(&i))
-                    .map(|c| {
-                        c.iter()
-                            .map(|(ip, by)| LearnedRefusalView {
-                                address: ip.to_string(),
-                                kind: "contested".into(),
-                                reason: format!("kept here; also used by {by} (refused there)"),
-                            })
-                            .collect()
-                    })
-                    .unwrap_or_default(),
-                migration,
-                migration_target: target,
-                pending_port: pending.map(|(name, ifindex)| (name.to_string(), *ifindex)),
-            }
-            .into()
-        })
-        .collect();
+    let mut attachments = Rows::default();
+    let list = &cfg.attachments;
+    for start in (0..list.len()).step_by(ROWS_CHUNK) {
+        let end = (start + ROWS_CHUNK).min(list.len());
+        let here: Vec<usize> = (start..end).filter(|&j| list[j].maybe_on(node)).collect();
+        on_node.extend(here.iter().map(|&j| j as u32));
+        // Every row of the chunk the last view's, in its place: the
+        // chunk is, whole (the rows with a port here built and compared).
+        let last_chunk = prev.attachments.chunk(start / ROWS_CHUNK).filter(|c| {
+            c.len() == end - start
+                && carried.is_some_and(|carried| {
+                    (start..end).all(|j| carried[j] as usize == j && !list[j].migrates)
+                })
+        });
+        if let Some(chunk) = last_chunk
+            && here.iter().all(|&j| row(j, &list[j], true).1)
+        {
+            shared += chunk.len();
+            attachments.push_chunk(chunk.clone());
+            continue;
+        }
+        for (j, a) in list.iter().enumerate().take(end).skip(start) {
+            let (r, was) = row(j, a, here.contains(&j));
+            shared += usize::from(was);
+            attachments.push(r);
+        }
+    }
     tracing::debug!(entries = attachments.len(), shared, "view built");
     View {
         node: settings.node.clone(),
@@ -507,6 +537,74 @@ mod tests {
         assert_eq!(vms(&unindexed), ["vm1", "vm2", "vm3"]);
     }
 
+    /// Past a chunk's worth of VM interfaces, a chunk none of whose rows
+    /// changed is the last view's, whole; the chunk with a changed row is
+    /// built again, sharing its other rows.
+    #[test]
+    fn the_view_shares_whole_chunks_of_unchanged_rows() {
+        let dir = std::env::temp_dir().join(format!("vmpath-view-chunks-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let docs = |moved: usize| {
+            let vms: Vec<String> = (0..2 * ROWS_CHUNK + 10)
+                .map(|i| attachment(&format!("vm{i:04}"), if i == moved { "c" } else { "b" }))
+                .collect();
+            std::fs::write(
+                dir.join("c.yaml"),
+                format!("{BLUE}---\n{}", vms.join("---\n")),
+            )
+            .unwrap();
+            crate::round::validate(
+                &crate::config::source::read_dir(&dir),
+                "a",
+                &Default::default(),
+            )
+        };
+        let settings = Settings {
+            node: "a".into(),
+            ..Default::default()
+        };
+        let build = |cfg: &Resolved, prev: &View| {
+            let plan = plan(
+                cfg,
+                "a",
+                |_| None,
+                &Previous::default(),
+                &mut Default::default(),
+            );
+            build_view(&settings, cfg, &plan, &Default::default(), prev)
+        };
+        let before = resolve(docs(usize::MAX), "a");
+        let first = build(&before, &View::default());
+        // One VM in the second chunk moves to node c.
+        let (after, _) = Resolved::carrying(docs(ROWS_CHUNK + 3), "a", before.attachments.clone());
+        let second = build(&after, &first);
+        let same_chunk = |k: usize| {
+            Arc::ptr_eq(
+                first.attachments.chunk(k).unwrap(),
+                second.attachments.chunk(k).unwrap(),
+            )
+        };
+        assert!(
+            same_chunk(0) && same_chunk(2),
+            "unchanged chunks shared whole"
+        );
+        assert!(!same_chunk(1), "the chunk with the moved VM built again");
+        assert!(Arc::ptr_eq(
+            &first.attachments[ROWS_CHUNK],
+            &second.attachments[ROWS_CHUNK]
+        ));
+        assert_eq!(second.attachments[ROWS_CHUNK + 3].node, "c");
+        assert_eq!(
+            second.attachments,
+            build(&after, &View::default()).attachments
+        );
+        // Read back from JSON: the same rows, in chunks again.
+        let read: View = serde_json::from_slice(&serde_json::to_vec(&second).unwrap()).unwrap();
+        assert_eq!(read.attachments, second.attachments);
+        assert_eq!(read.attachments.len(), 2 * ROWS_CHUNK + 10);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
     #[test]
     fn status_json_is_the_view_as_serde_writes_it_with_its_kept_entries() {
         let entry = |vm: &str, node: &str| {
@@ -561,7 +659,7 @@ mod tests {
                 dns_servers: vec![],
                 search_domains: vec![],
             }],
-            attachments: vec![entry("vm1", "a"), entry("vm2", "b")],
+            attachments: vec![entry("vm1", "a"), entry("vm2", "b")].into(),
             ..Default::default()
         };
         let mut file = StatusFile::default();
@@ -572,7 +670,7 @@ mod tests {
         // vm2's entry shared, vm1's built again, vm3 new: the same text as
         // serialising the whole view, and only the view's entries kept.
         let vm2 = first.attachments[1].clone();
-        first.attachments = vec![entry("vm1", "c"), vm2.clone(), entry("vm3", "a")];
+        first.attachments = vec![entry("vm1", "c"), vm2.clone(), entry("vm3", "a")].into();
         first.reconciles = 9;
         first.generation = 10;
         let text = file.json(&first).unwrap();
@@ -580,7 +678,9 @@ mod tests {
         assert_eq!(file.entries.len(), 3);
         assert!(file.entries.iter().any(|(e, _)| Arc::ptr_eq(e, &vm2)));
         // The same entries again, and one moved: the same text.
-        first.attachments.swap(0, 2);
+        let mut rows: Vec<_> = first.attachments.iter().cloned().collect();
+        rows.swap(0, 2);
+        first.attachments = rows.into();
         assert_eq!(
             file.json(&first).unwrap(),
             serde_json::to_vec(&first).unwrap()
@@ -591,9 +691,8 @@ mod tests {
             file.json(&first).unwrap(),
             serde_json::to_vec(&first).unwrap()
         );
-        first.attachments.pop();
         // No entries: an empty list.
-        first.attachments.clear();
+        first.attachments = Default::default();
         assert_eq!(
             file.json(&first).unwrap(),
             serde_json::to_vec(&first).unwrap()
@@ -681,7 +780,30 @@ mod tests {
         assert_eq!(counted.networks, build(&third, &View::default()).networks);
         assert!(shared("vm2"), "vm2 is unchanged and remote: shared");
         assert!(!shared("vm3"), "vm3 moved: built again");
-        assert!(!shared("vm1"), "vm1 has its port here: built again");
+        assert!(
+            shared("vm1"),
+            "vm1 has its port here, as it was: built, compared, shared"
+        );
+        // vm1's port is another now: its row is built again.
+        let moved_port = {
+            let plan = plan(
+                &after,
+                "a",
+                |p: &str| (p == "vm1p").then_some(12),
+                &Previous::default(),
+                &mut Default::default(),
+            );
+            build_view(&settings, &after, &plan, &Default::default(), &first)
+        };
+        let vm1 = |v: &View| {
+            v.attachments
+                .iter()
+                .find(|a| a.vm == "vm1")
+                .unwrap()
+                .clone()
+        };
+        assert_eq!(vm1(&moved_port).ifindex, Some(12));
+        assert!(!Arc::ptr_eq(&vm1(&first), &vm1(&moved_port)));
         assert_eq!(
             second
                 .attachments
