@@ -200,18 +200,6 @@ fn resolve_prefixes(cfg: &Resolved, plan: &mut Plan) {
     }
 }
 
-/// Other nodes' VMs' routed entries (`vmp_routed`), kept between rounds
-/// beside the overlay's part of the plan (`overlay::Cache::routed`).
-#[derive(Debug, Default)]
-pub struct RemoteRouted {
-    /// By address, in the VM interfaces' key order (the first one's
-    /// entry where two give one address).
-    entries: std::sync::Arc<std::collections::BTreeMap<vmpath_common::AddrKey, RoutedAddr>>,
-    /// Each routed VM's entry by (network id, MAC): for the addresses this
-    /// node learned from it while it was here.
-    by_mac: std::collections::BTreeMap<(u32, [u8; 6]), RoutedAddr>,
-}
-
 /// The routed entry of a VM on `net` with MAC `mac` behind `ifindex`
 /// (0: on another node, over the overlay) and `port_id`.
 fn routed_entry(net: &Network, mac: [u8; 6], ifindex: u32, port_id: u32) -> RoutedAddr {
@@ -304,7 +292,7 @@ fn routed_addresses(cfg: &Resolved, plan: &mut Plan, cache: &mut super::overlay:
         .map(|p| &p.attachment)
         .collect();
     let remote = cache.routed(&plan.ingress_hosted, || {
-        let mut out = RemoteRouted::default();
+        let mut out = super::overlay::RemoteRouted::default();
         let mut entries = std::collections::BTreeMap::new();
         for att in cfg.attachments.iter().filter(|a| a.elsewhere) {
             let Some((net, mac)) = routed_remotely(cfg, plan, att) else {

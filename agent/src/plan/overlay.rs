@@ -99,7 +99,20 @@ pub struct Cache {
     builds: u64,
     /// Other nodes' VMs' routed entries (`north_south`), with the build
     /// and the ingress networks hosted here they were made for.
-    routed: Option<(u64, BTreeSet<u32>, Arc<super::north_south::RemoteRouted>)>,
+    routed: Option<(u64, BTreeSet<u32>, Arc<RemoteRouted>)>,
+}
+
+/// Other nodes' VMs' routed entries (`vmp_routed`, planned by
+/// `north_south`), kept between rounds beside the overlay's part
+/// ([`Cache::routed`]): they come from the same VM interfaces.
+#[derive(Debug, Default)]
+pub struct RemoteRouted {
+    /// By address, in the VM interfaces' key order (the first one's
+    /// entry where two give one address).
+    pub entries: Arc<BTreeMap<AddrKey, vmpath_common::RoutedAddr>>,
+    /// Each routed VM's entry by (network id, MAC): for the addresses this
+    /// node learned from it while it was here.
+    pub by_mac: BTreeMap<(u32, [u8; 6]), vmpath_common::RoutedAddr>,
 }
 
 impl Cache {
@@ -159,8 +172,8 @@ impl Cache {
     pub(super) fn routed(
         &mut self,
         hosted: &BTreeSet<u32>,
-        build: impl FnOnce() -> super::north_south::RemoteRouted,
-    ) -> Arc<super::north_south::RemoteRouted> {
+        build: impl FnOnce() -> RemoteRouted,
+    ) -> Arc<RemoteRouted> {
         match &self.routed {
             Some((b, h, routed)) if *b == self.builds && h == hosted => routed.clone(),
             _ => {
