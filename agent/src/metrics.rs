@@ -101,6 +101,12 @@ const RECONCILES: Family = family(
     COUNTER,
     &[],
 );
+const FREED_ON_LOOP: Family = family(
+    "vmpath_freed_on_loop_total",
+    "What a round replaced that it freed itself because the freeing thread (idle class) was its backlog behind: steady growth means the node's CPUs leave the agent's housekeeping no time.",
+    COUNTER,
+    &[],
+);
 const DHCP: Family = family(
     "vmpath_dhcp_messages_total",
     "Slow-path messages (DHCPv4, DHCPv6, router solicitations) by network, kind and outcome (received, replied, dropped).",
@@ -227,8 +233,9 @@ const PORT_SERVICE: Family = family(
 );
 
 /// Every family the collector produces, the reconcile histogram aside.
-const FAMILIES: [&Family; 27] = [
+const FAMILIES: [&Family; 28] = [
     &READY,
+    &FREED_ON_LOOP,
     &LEARNED_REFUSED,
     &DATAPLANE_UP,
     &NETWORKS,
@@ -416,6 +423,10 @@ pub fn families(snap: &Snapshot) -> Vec<MetricFamily> {
     }
     out.push(learned_refused);
     out.push(Samples::one(&RECONCILES, view.reconciles as f64));
+    out.push(Samples::one(
+        &FREED_ON_LOOP,
+        crate::sys::drop_later::dropped_here() as f64,
+    ));
     out.push(Samples::one(
         &CONFIG_FILES_PARSED,
         crate::config::source::files_parsed() as f64,

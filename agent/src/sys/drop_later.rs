@@ -10,13 +10,32 @@
 
 use std::sync::{
     OnceLock,
+    atomic::{AtomicUsize, Ordering},
     mpsc::{Sender, channel},
 };
 
 type Garbage = Box<dyn Send>;
 
+/// How many handed-over values may wait for the dropping thread. It runs
+/// in the idle class (`sys::background`): on a node whose CPUs the VMs
+/// keep busy it may hardly run, and what waits for it is memory. Past
+/// this many, the caller drops its own (a round makes a few a round).
+pub const BACKLOG: usize = 64;
+
+/// Values handed over and not yet dropped.
+static WAITING: AtomicUsize = AtomicUsize::new(0);
+
+/// Values dropped on the caller's thread because [`BACKLOG`] were waiting.
+static DROPPED_HERE: AtomicUsize = AtomicUsize::new(0);
+
+/// How many values were dropped on their caller's thread because the
+/// dropping thread was [`BACKLOG`] behind.
+pub fn dropped_here() -> usize {
+    DROPPED_HERE.load(Ordering::Relaxed)
+}
+
 /// Drops `value` on the dropping thread (started at first use); on this
-/// thread when that thread cannot be started.
+/// thread when that thread cannot be started or is [`BACKLOG`] behind.
 pub fn drop_later<T: Send + 'static>(value: T) {
     static DROPPER: OnceLock<Option<Sender<Garbage>>> = OnceLock::new();
     let dropper = DROPPER.get_or_init(|| {
@@ -27,20 +46,26 @@ pub fn drop_later<T: Send + 'static>(value: T) {
                 crate::sys::background::idle_this_thread();
                 for garbage in rx {
                     drop(garbage);
+                    WAITING.fetch_sub(1, Ordering::SeqCst);
                 }
             })
             .ok()
             .map(|_| tx)
     });
-    let garbage: Garbage = Box::new(value);
     match dropper {
-        Some(tx) => {
+        Some(tx) if WAITING.fetch_add(1, Ordering::SeqCst) < BACKLOG => {
             // Only a dead dropping thread refuses it; then drop it here.
-            if let Err(refused) = tx.send(garbage) {
+            if let Err(refused) = tx.send(Box::new(value)) {
+                WAITING.fetch_sub(1, Ordering::SeqCst);
                 drop(refused.0);
             }
         }
-        None => drop(garbage),
+        Some(_) => {
+            WAITING.fetch_sub(1, Ordering::SeqCst);
+            DROPPED_HERE.fetch_add(1, Ordering::Relaxed);
+            drop(value);
+        }
+        None => drop(value),
     }
 }
 
@@ -87,6 +112,68 @@ mod tests {
             );
             self.0.store(true, Ordering::SeqCst);
         }
+    }
+
+    /// Holds the dropping thread until `release` is sent.
+    struct Gate(std::sync::mpsc::Receiver<()>);
+    impl Drop for Gate {
+        fn drop(&mut self) {
+            let _ = self.0.recv();
+        }
+    }
+
+    /// Records the thread it was dropped on.
+    struct Where(Arc<std::sync::Mutex<Vec<std::thread::ThreadId>>>);
+    impl Drop for Where {
+        fn drop(&mut self) {
+            self.0.lock().unwrap().push(std::thread::current().id());
+        }
+    }
+
+    #[test]
+    fn a_dropping_thread_that_is_behind_leaves_the_caller_its_own() {
+        let (release, gate) = std::sync::mpsc::channel();
+        drop_later(Gate(gate));
+        let places = Arc::new(std::sync::Mutex::new(Vec::new()));
+        for _ in 0..BACKLOG + 5 {
+            drop_later(Where(places.clone()));
+        }
+        let here = std::thread::current().id();
+        // The gate and BACKLOG - 1 wait; the others were the caller's.
+        let on_caller = places
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|t| **t == here)
+            .count();
+        assert_eq!(on_caller, 6);
+        assert_eq!(dropped_here(), 6);
+        release.send(()).unwrap();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while places.lock().unwrap().len() < BACKLOG + 5 {
+            assert!(std::time::Instant::now() < deadline, "never dropped");
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        assert!(
+            places
+                .lock()
+                .unwrap()
+                .iter()
+                .filter(|t| **t != here)
+                .count()
+                == BACKLOG - 1
+        );
+        // Caught up: handed over again.
+        while WAITING.load(Ordering::SeqCst) > 0 {
+            assert!(std::time::Instant::now() < deadline, "never caught up");
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        drop_later(Where(places.clone()));
+        while places.lock().unwrap().len() < BACKLOG + 6 {
+            assert!(std::time::Instant::now() < deadline, "never dropped");
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        assert_ne!(*places.lock().unwrap().last().unwrap(), here);
     }
 
     #[test]
