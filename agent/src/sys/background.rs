@@ -6,8 +6,9 @@
 //! cluster's worth of keys to free, took the CPU from the round that woke
 //! it (a lower nice value alone did not stop either). They get every CPU
 //! cycle nothing else wants; on a node whose CPUs are all busy they fall
-//! behind (the status file lags, freed memory comes back later: the churn
-//! bench watches the agent's RSS).
+//! behind: the status file lags, and past a backlog the rounds free their
+//! own garbage (`sys::drop_later::BACKLOG`, counted), so memory stays
+//! bounded.
 
 /// Puts the calling thread in the idle class (`SCHED_IDLE`): any other
 /// thread that wakes takes the CPU from it at once, and it never takes
