@@ -447,6 +447,26 @@ mod tests {
         tests::{BLUE, attachment, snapshot_of},
     };
 
+    /// Node a's plan of `cfg`, its ports' ifindexes `ports`.
+    fn plan_on_a(cfg: &Resolved, ports: impl Fn(&str) -> Option<u32>) -> Plan {
+        plan(
+            cfg,
+            "a",
+            ports,
+            &Previous::default(),
+            &mut Default::default(),
+        )
+    }
+
+    /// Node a's view of `cfg` with `plan` applied, after `prev`.
+    fn view_on_a(cfg: &Resolved, plan: &Plan, prev: &View) -> View {
+        let settings = Settings {
+            node: "a".into(),
+            ..Default::default()
+        };
+        build_view(&settings, cfg, plan, &Default::default(), prev)
+    }
+
     #[test]
     fn the_view_shows_where_a_vm_runs_and_its_migration() {
         let snap = snapshot_of(&format!(
@@ -458,24 +478,8 @@ mod tests {
         let cfg = resolve(crate::round::validate(&snap, "a", &Default::default()), "a");
         let ports =
             |p: &str| (p == "vm1p" || p == "vm2p").then_some(if p == "vm1p" { 11 } else { 12 });
-        let plan = plan(
-            &cfg,
-            "a",
-            ports,
-            &Previous::default(),
-            &mut Default::default(),
-        );
-        let settings = Settings {
-            node: "a".into(),
-            ..Default::default()
-        };
-        let view = build_view(
-            &settings,
-            &cfg,
-            &plan,
-            &Default::default(),
-            &View::default(),
-        );
+        let plan = plan_on_a(&cfg, ports);
+        let view = view_on_a(&cfg, &plan, &View::default());
         let row = |vm: &str| view.attachments.iter().find(|a| a.vm == vm).unwrap();
         assert_eq!(
             (row("vm1").migration.as_str(), row("vm1").ifindex),
@@ -502,22 +506,9 @@ mod tests {
                 .replace("port: vm3p", "port: vm3p\n  migration: {targetNode: a}")
         ));
         let cfg = resolve(crate::round::validate(&snap, "a", &Default::default()), "a");
-        let plan = plan(
+        let view = view_on_a(
             &cfg,
-            "a",
-            |p: &str| (p == "vm1p").then_some(11),
-            &Previous::default(),
-            &mut Default::default(),
-        );
-        let settings = Settings {
-            node: "a".into(),
-            ..Default::default()
-        };
-        let view = build_view(
-            &settings,
-            &cfg,
-            &plan,
-            &Default::default(),
+            &plan_on_a(&cfg, |p: &str| (p == "vm1p").then_some(11)),
             &View::default(),
         );
         let vms = |v: &View| v.maybe_on_node().map(|a| a.vm.clone()).collect::<Vec<_>>();
@@ -559,20 +550,7 @@ mod tests {
                 &Default::default(),
             )
         };
-        let settings = Settings {
-            node: "a".into(),
-            ..Default::default()
-        };
-        let build = |cfg: &Resolved, prev: &View| {
-            let plan = plan(
-                cfg,
-                "a",
-                |_| None,
-                &Previous::default(),
-                &mut Default::default(),
-            );
-            build_view(&settings, cfg, &plan, &Default::default(), prev)
-        };
+        let build = |cfg: &Resolved, prev: &View| view_on_a(cfg, &plan_on_a(cfg, |_| None), prev);
         let before = resolve(docs(usize::MAX), "a");
         let first = build(&before, &View::default());
         // One VM in the second chunk moves to node c.
@@ -716,20 +694,7 @@ mod tests {
             crate::config::source::read_dir(&dir)
         };
         let ports = |p: &str| (p == "vm1p").then_some(11);
-        let settings = Settings {
-            node: "a".into(),
-            ..Default::default()
-        };
-        let build = |cfg: &Resolved, prev: &View| {
-            let plan = plan(
-                cfg,
-                "a",
-                ports,
-                &Previous::default(),
-                &mut Default::default(),
-            );
-            build_view(&settings, cfg, &plan, &Default::default(), prev)
-        };
+        let build = |cfg: &Resolved, prev: &View| view_on_a(cfg, &plan_on_a(cfg, ports), prev);
         let before = resolve(
             crate::round::validate(&docs("b"), "a", &Default::default()),
             "a",
@@ -785,16 +750,11 @@ mod tests {
             "vm1 has its port here, as it was: built, compared, shared"
         );
         // vm1's port is another now: its row is built again.
-        let moved_port = {
-            let plan = plan(
-                &after,
-                "a",
-                |p: &str| (p == "vm1p").then_some(12),
-                &Previous::default(),
-                &mut Default::default(),
-            );
-            build_view(&settings, &after, &plan, &Default::default(), &first)
-        };
+        let moved_port = view_on_a(
+            &after,
+            &plan_on_a(&after, |p: &str| (p == "vm1p").then_some(12)),
+            &first,
+        );
         let vm1 = |v: &View| {
             v.attachments
                 .iter()
