@@ -71,6 +71,19 @@ impl Attachment {
         }
     }
 
+    /// Carried over into a round whose document for it is `spec` (its
+    /// own, or one equal to it, then shared from now on). A cut-over the
+    /// data path carried out is found again every round (`observe`): it
+    /// starts from its document's signal.
+    fn carried_over(&mut self, spec: &std::sync::Arc<config::Attachment>) {
+        if !std::sync::Arc::ptr_eq(&self.spec, spec) {
+            self.spec = spec.clone();
+        }
+        if self.migrates {
+            self.cut_over = self.spec.migration.as_ref().is_some_and(|m| m.ready);
+        }
+    }
+
     /// Whether it may have a port on `node` (active there, or a pending
     /// migration's target there): false for sure when `elsewhere`.
     pub fn maybe_on(&self, node: &str) -> bool {
@@ -209,24 +222,24 @@ impl Resolved {
         let config: std::sync::Arc<Config> = config.into();
         let mut carry = Carry::default();
         let carried_from_len = last.len();
-        // The same VM interfaces in the same places (most rounds): the
-        // list is kept where it is, the changed entries replaced in it.
-        if last.len() == config.attachments.len()
+        // The same document, or one read again and equal to it (a full
+        // pass makes every one anew): carried, and from now on shared.
+        let same = |old: &Attachment, spec: &std::sync::Arc<config::Attachment>| {
+            std::sync::Arc::ptr_eq(&old.spec, spec) || (old.key == spec.key && *old.spec == **spec)
+        };
+        let (attachments, carried) = if last.len() == config.attachments.len()
             && last
                 .iter()
                 .zip(&config.attachments)
                 .all(|(old, spec)| std::sync::Arc::ptr_eq(&old.spec, spec) || old.key == spec.key)
         {
+            // The same VM interfaces in the same places (most rounds): the
+            // list is kept where it is, the changed entries replaced in it.
             let mut attachments = last;
             let mut carried = Vec::with_capacity(attachments.len());
             for (i, (a, spec)) in attachments.iter_mut().zip(&config.attachments).enumerate() {
-                if std::sync::Arc::ptr_eq(&a.spec, spec) || *a.spec == **spec {
-                    if !std::sync::Arc::ptr_eq(&a.spec, spec) {
-                        a.spec = spec.clone();
-                    }
-                    if a.migrates {
-                        a.cut_over = a.spec.migration.as_ref().is_some_and(|m| m.ready);
-                    }
+                if same(a, spec) {
+                    a.carried_over(spec);
                     carried.push(i as u32);
                 } else {
                     carry.dropped.push(std::mem::replace(
@@ -236,58 +249,42 @@ impl Resolved {
                     carried.push(CHANGED);
                 }
             }
-            let resolved = Resolved {
-                attachments,
-                errors: config.errors.clone(),
-                config,
-                learned_ips: Default::default(),
-                carried: Some(carried),
-                carried_from_len,
-            };
-            return (resolved, carry);
-        }
-        let mut attachments = Vec::with_capacity(config.attachments.len());
-        let mut carried = Vec::with_capacity(config.attachments.len());
-        let mut last = last.into_iter().enumerate().peekable();
-        for spec in &config.attachments {
-            // The last round's entries before this one went (or were
-            // refused); one of the same key has another document now.
-            let kept = loop {
-                match last.peek() {
-                    Some((_, old)) if std::sync::Arc::ptr_eq(&old.spec, spec) => break last.next(),
-                    Some((_, old)) if old.key < spec.key => {
-                        carry.dropped.extend(last.next().map(|(_, a)| a));
+            (attachments, carried)
+        } else {
+            let mut attachments = Vec::with_capacity(config.attachments.len());
+            let mut carried = Vec::with_capacity(config.attachments.len());
+            let mut last = last.into_iter().enumerate().peekable();
+            for spec in &config.attachments {
+                // The last round's entries before this one went (or were
+                // refused); one of the same key has another document now.
+                let kept = loop {
+                    match last.peek() {
+                        Some((_, old)) if same(old, spec) => break last.next(),
+                        Some((_, old)) if old.key < spec.key => {
+                            carry.dropped.extend(last.next().map(|(_, a)| a));
+                        }
+                        Some((_, old)) if old.key == spec.key => {
+                            carry.dropped.extend(last.next().map(|(_, a)| a));
+                            break None;
+                        }
+                        _ => break None,
                     }
-                    // The same document read again (a full pass makes
-                    // every one anew): carried, and from now on shared.
-                    Some((_, old)) if old.key == spec.key && *old.spec == **spec => {
-                        break last.next().map(|(i, mut a)| {
-                            a.spec = spec.clone();
-                            (i, a)
-                        });
+                };
+                match kept {
+                    Some((i, mut a)) => {
+                        a.carried_over(spec);
+                        carried.push(i as u32);
+                        attachments.push(a);
                     }
-                    Some((_, old)) if old.key == spec.key => {
-                        carry.dropped.extend(last.next().map(|(_, a)| a));
-                        break None;
+                    None => {
+                        carried.push(CHANGED);
+                        attachments.push(Attachment::given_for(spec.clone(), node));
                     }
-                    _ => break None,
-                }
-            };
-            match kept {
-                Some((i, mut a)) => {
-                    if a.migrates {
-                        a.cut_over = a.spec.migration.as_ref().is_some_and(|m| m.ready);
-                    }
-                    carried.push(i as u32);
-                    attachments.push(a);
-                }
-                None => {
-                    carried.push(CHANGED);
-                    attachments.push(Attachment::given_for(spec.clone(), node));
                 }
             }
-        }
-        carry.dropped.extend(last.map(|(_, a)| a));
+            carry.dropped.extend(last.map(|(_, a)| a));
+            (attachments, carried)
+        };
         let resolved = Resolved {
             attachments,
             errors: config.errors.clone(),
