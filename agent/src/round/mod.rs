@@ -137,9 +137,6 @@ pub struct Round {
     /// with the validated config kept for the next round: copied (and
     /// compared) only when it changed.
     accepted: Arc<BTreeSet<AttachmentKey>>,
-    /// The documents of the VM interfaces `accepted` was last found from,
-    /// in its order (kept, so that a pointer is never another's).
-    accepted_from: Vec<Arc<crate::config::Attachment>>,
     /// Records `accepted` in the claims store, off the loop's path: after
     /// a restart the previous agent's last round still wins a conflict no
     /// claim or port here decides (an IPAM-less address or a given MAC of
@@ -259,7 +256,6 @@ impl Round {
             last_fingerprint: None,
             last_plan: None,
             accepted: Arc::new(accepted),
-            accepted_from: Vec::new(),
             accepted_record,
             running: Held::default(),
             warned_empty: false,
@@ -688,32 +684,25 @@ impl Round {
             phases.mark("status");
         }
         // Built, and recorded, only when it changed (or the last record
-        // failed): not copied again every round. The resolved interfaces
-        // are in key order, as the set is, and so are the documents
-        // `accepted` was last found from, one for one (in
-        // its order): a shared document is the same key, not compared; a
-        // new one is compared with the document it replaces, and kept (at
-        // 10,000 VMs a comparison of every key was a tenth of the round a
-        // CNI ADD waits for).
-        let mut same = cfg.attachments.len() == self.accepted_from.len()
-            && self.accepted_from.len() == self.accepted.len();
-        if same {
-            for (a, spec) in cfg.attachments.iter().zip(self.accepted_from.iter_mut()) {
-                if Arc::ptr_eq(&a.spec, spec) {
-                    continue;
-                }
-                if a.key != spec.key {
-                    same = false;
-                    break;
-                }
-                *spec = a.spec.clone();
-            }
-        }
+        // failed): not copied again every round. It is the set of this
+        // round's keys when it is as large and holds each of them; the
+        // entries carried over from the last round have its keys (the set
+        // was made of them, or found equal to them), so only the changed
+        // ones are looked up (at 10,000 VMs a comparison of every key was a
+        // tenth of the round a CNI ADD waits for).
+        let marks = cfg.carried.as_deref();
+        let same = cfg.attachments.len() == self.accepted.len()
+            && cfg
+                .attachments
+                .iter()
+                .enumerate()
+                .filter(|(j, _)| marks.is_none_or(|m| m[*j] == crate::resolve::resolved::CHANGED))
+                .all(|(_, a)| self.accepted.contains(&a.key));
+        debug_assert!(
+            !same || cfg.attachments.iter().all(|a| self.accepted.contains(&a.key)),
+            "a carried VM interface's key not in the last round's accepted set"
+        );
         if !same {
-            drop_later(std::mem::replace(
-                &mut self.accepted_from,
-                cfg.attachments.iter().map(|a| a.spec.clone()).collect(),
-            ));
             let accepted: Arc<BTreeSet<AttachmentKey>> =
                 Arc::new(cfg.attachments.iter().map(|a| a.key.clone()).collect());
             if accepted != self.accepted {
@@ -729,16 +718,6 @@ impl Round {
         // Carried over into the next round (and what the published view's
         // entries were built from, one for one).
         self.last_resolved = std::mem::take(&mut cfg.attachments);
-        // A full pass over a cluster's objects frees tens of MiB at once:
-        // give glibc's pages back rather than hold them until the next (the
-        // agent binary allocates with mimalloc, which gives its own back;
-        // `ThenTrim`). A partial pass frees little, and the trim walks
-        // glibc's whole heap: then at most every few seconds.
-        let trim_due = self
-            .last_trim
-            .is_none_or(|t| t.elapsed() >= std::time::Duration::from_secs(5));
-        // Both off the loop's path, the trim after what was handed over
-        // before it (the dropping thread frees in order).
         // The validated config is kept (`validated`): this round's
         // reference is given up here, not on the freeing thread, so the
         // next partial pass finds it unshared and changes it in place
@@ -751,6 +730,16 @@ impl Round {
         {
             drop(std::mem::take(&mut cfg.config));
         }
+        // A full pass over a cluster's objects frees tens of MiB at once:
+        // give glibc's pages back rather than hold them until the next (the
+        // agent binary allocates with mimalloc, which gives its own back;
+        // `ThenTrim`). A partial pass frees little, and the trim walks
+        // glibc's whole heap: then at most every few seconds.
+        let trim_due = self
+            .last_trim
+            .is_none_or(|t| t.elapsed() >= std::time::Duration::from_secs(5));
+        // Both off the loop's path, the trim after what was handed over
+        // before it (the dropping thread frees in order).
         if changed && (changed_groups.is_none() || trim_due) {
             self.last_trim = Some(Instant::now());
             drop_later(crate::sys::drop_later::ThenTrim::new(cfg));
