@@ -170,40 +170,49 @@ pub struct Carry {
 }
 
 impl Resolved {
-    /// Every attachment with only what its document gives (no IPAM).
-    pub fn new(config: impl Into<std::sync::Arc<Config>>) -> Self {
-        let config: std::sync::Arc<Config> = config.into();
+    /// `config` run as `attachments` (its own, in its order), with what
+    /// was carried over from the last round, if known.
+    fn of(
+        config: std::sync::Arc<Config>,
+        attachments: Vec<Attachment>,
+        carried: Option<(Vec<u32>, usize)>,
+    ) -> Self {
+        let (carried, carried_from_len) = match carried {
+            Some((carried, from)) => (Some(carried), from),
+            None => (None, 0),
+        };
         Resolved {
-            attachments: config
-                .attachments
-                .iter()
-                .cloned()
-                .map(Attachment::given)
-                .collect(),
+            attachments,
             errors: config.errors.clone(),
             config,
             learned_ips: Default::default(),
-            carried: None,
-            carried_from_len: 0,
+            carried,
+            carried_from_len,
         }
+    }
+
+    /// Every attachment with only what its document gives (no IPAM).
+    pub fn new(config: impl Into<std::sync::Arc<Config>>) -> Self {
+        let config: std::sync::Arc<Config> = config.into();
+        let attachments = config
+            .attachments
+            .iter()
+            .cloned()
+            .map(Attachment::given)
+            .collect();
+        Self::of(config, attachments, None)
     }
 
     /// As [`new`](Self::new), for the round of `node`: each VM interface
     /// knows whether it is `elsewhere`.
     pub fn for_node(config: impl Into<std::sync::Arc<Config>>, node: &str) -> Self {
         let config: std::sync::Arc<Config> = config.into();
-        Resolved {
-            attachments: config
-                .attachments
-                .iter()
-                .map(|a| Attachment::given_for(a.clone(), node))
-                .collect(),
-            errors: config.errors.clone(),
-            config,
-            learned_ips: Default::default(),
-            carried: None,
-            carried_from_len: 0,
-        }
+        let attachments = config
+            .attachments
+            .iter()
+            .map(|a| Attachment::given_for(a.clone(), node))
+            .collect();
+        Self::of(config, attachments, None)
     }
 
     /// As [`for_node`](Self::for_node), carrying over `last` (the entries
@@ -285,15 +294,10 @@ impl Resolved {
             carry.dropped.extend(last.map(|(_, a)| a));
             (attachments, carried)
         };
-        let resolved = Resolved {
-            attachments,
-            errors: config.errors.clone(),
-            config,
-            learned_ips: Default::default(),
-            carried: Some(carried),
-            carried_from_len,
-        };
-        (resolved, carry)
+        (
+            Self::of(config, attachments, Some((carried, carried_from_len))),
+            carry,
+        )
     }
 
     /// Starts every entry again from what its document gives, keeping

@@ -699,7 +699,11 @@ impl Round {
                 .filter(|(j, _)| marks.is_none_or(|m| m[*j] == crate::resolve::resolved::CHANGED))
                 .all(|(_, a)| self.accepted.contains(&a.key));
         debug_assert!(
-            !same || cfg.attachments.iter().all(|a| self.accepted.contains(&a.key)),
+            !same
+                || cfg
+                    .attachments
+                    .iter()
+                    .all(|a| self.accepted.contains(&a.key)),
             "a carried VM interface's key not in the last round's accepted set"
         );
         if !same {
