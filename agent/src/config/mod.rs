@@ -78,6 +78,17 @@ pub struct Network {
 }
 
 impl Network {
+    /// Does the fabric reach this network's VMs by their own addresses?
+    /// Routed networks always; SNAT networks when they advertise anything.
+    /// Such networks share one address space (the uplink's `vmp_routed`
+    /// is keyed by address alone), so validation keeps their subnets and
+    /// addresses apart.
+    pub fn ingress_routed(&self) -> bool {
+        self.egress == Egress::Routed
+            || self.advertise.per_vm
+            || self.advertise.subnet
+            || self.advertise.learned
+    }
     /// The limits as the data path keeps them (`vmp_slow_limits`).
     pub fn slow_limits(&self) -> vmpath_common::SlowLimits {
         vmpath_common::SlowLimits {

@@ -295,7 +295,9 @@ pub fn validate_documents(
                         "spec.id",
                         format!("id {} is already used by network {other:?}", n.id),
                     ));
-                } else if let Some((field, message)) = primary_overlap(&n, &cfg, &cluster_cidrs) {
+                } else if let Some((field, message)) = primary_overlap(&n, &cfg, &cluster_cidrs)
+                    .or_else(|| ingress_overlap(&n, &cfg))
+                {
                     cfg.errors.push(doc.error(&field, message));
                 } else {
                     ids.insert(n.id, n.name.clone());
@@ -912,6 +914,43 @@ fn primary_overlap(
         ));
     }
     None
+}
+
+/// Networks the fabric reaches by VM address (`Network::ingress_routed`)
+/// share one address space: the uplink finds a VM by its address alone
+/// (`vmp_routed`), and BGP advertises the addresses without a network.
+/// Two such networks whose subnets overlap would let one tenant's VM give
+/// another's address and take its inbound traffic, so the later network
+/// (in document order, as with Primary networks) is refused. Such a
+/// network needs subnets: they are what bounds its VMs' addresses.
+fn ingress_overlap(n: &Network, cfg: &Config) -> Option<(String, String)> {
+    if !n.ingress_routed() {
+        return None;
+    }
+    if n.subnets.is_empty() {
+        return Some((
+            "spec.subnets".to_string(),
+            format!(
+                "network {:?} is reached from the fabric by VM address (egress Routed or advertise) and needs subnets: they bound the addresses its VMs may take",
+                n.name
+            ),
+        ));
+    }
+    cfg.networks
+        .iter()
+        .filter(|o| o.ingress_routed())
+        .find_map(|other| {
+            n.subnets.iter().enumerate().find_map(|(i, s)| {
+                let theirs = other.subnets.iter().find(|o| super::overlaps(s, o))?;
+                Some((
+                    format!("spec.subnets[{i}]"),
+                    format!(
+                        "{s} of network {:?} overlaps {theirs} of network {:?} ({}); both are reached from the fabric by VM address (egress Routed or advertise), so one's VMs could take the other's inbound traffic",
+                        n.name, other.name, other.source.document
+                    ),
+                ))
+            })
+        })
 }
 
 /// A namespace both networks' `namespaceSelector`s admit, for messages:
@@ -1648,6 +1687,69 @@ mod primary_overlap_tests {
         .concat();
         let cfg = validate(&snapshot(&yaml, &[]), "a", &BTreeSet::new());
         assert_eq!(names(&cfg), ["blue", "red"], "{:#?}", cfg.errors);
+    }
+
+    /// A tenant's network reached from the fabric by VM address may not
+    /// overlap another's: its VM would give the other's address and the
+    /// uplink (`vmp_routed`, keyed by address alone) deliver the other's
+    /// inbound traffic to it. NATed networks keep private, overlapping
+    /// address spaces.
+    #[test]
+    fn networks_reached_by_vm_address_may_not_overlap_or_go_without_subnets() {
+        let routed = |name: &str, id: u32, subnet: &str, extra: &str| {
+            format!(
+                "---\napiVersion: vmpath.dev/v1alpha1\nkind: Network\nmetadata: {{name: {name}}}\n\
+                 spec: {{id: {id}, subnets: [{subnet}], ipam: {{mode: Disabled}}{extra}}}\n"
+            )
+        };
+        let vm = |name: &str, network: &str, ip: &str| {
+            format!(
+                "---\napiVersion: vmpath.dev/v1alpha1\nkind: Attachment\nmetadata: {{name: {name}, namespace: {name}}}\n\
+                 spec: {{vm: {name}, interface: eth0, network: {network}, node: a, port: p-{name}, mac: '02:00:00:00:50:0{}', ips: [{ip}/16]}}\n",
+                name.len()
+            )
+        };
+        let yaml = [
+            routed("blue", 1, "10.50.0.0/16", ", egress: Routed"),
+            // The attack: a network advertised from the fabric over blue's.
+            routed("red", 2, "10.50.7.0/24", ", advertise: {perVM: true}"),
+            routed("v6", 3, "'fd50::/64'", ", egress: Routed"),
+            routed("v6b", 4, "'fd50::/48'", ", advertise: {learned: true}"),
+            // No subnets: nothing would bound its VMs' addresses.
+            "---\napiVersion: vmpath.dev/v1alpha1\nkind: Network\nmetadata: {name: bare}\n\
+             spec: {id: 5, ipam: {mode: Disabled}, egress: Routed}\n"
+                .to_string(),
+            // NATed, not advertised: private, may overlap.
+            routed("nat", 6, "10.50.0.0/16", ""),
+            vm("victim", "blue", "10.50.7.10"),
+            vm("thief", "red", "10.50.7.10"),
+        ]
+        .concat();
+        let cfg = validate(&snapshot(&yaml, &[]), "a", &BTreeSet::new());
+        assert_eq!(names(&cfg), ["blue", "v6", "nat"], "{:#?}", cfg.errors);
+        let msgs: Vec<String> = cfg.errors.iter().map(ToString::to_string).collect();
+        let find = |needle: &str| {
+            msgs.iter()
+                .find(|m| m.contains(needle))
+                .unwrap_or_else(|| panic!("no error with {needle:?} in {msgs:#?}"))
+        };
+        let red = find("Network red");
+        assert!(
+            red.contains("spec.subnets[0]")
+                && red.contains("10.50.7.0/24 of network \"red\" overlaps 10.50.0.0/16 of network \"blue\"")
+                && red.contains("could take the other's inbound traffic"),
+            "{red}"
+        );
+        assert!(
+            find("Network v6b").contains("fd50::/48 of network \"v6b\" overlaps fd50::/64 of network \"v6\""),
+            "{msgs:#?}"
+        );
+        assert!(find("Network bare").contains("needs subnets"), "{msgs:#?}");
+        // The thief's VM is refused with its network; the victim keeps its
+        // address.
+        assert!(find("Attachment thief/thief").contains("red"), "{msgs:#?}");
+        let keys: Vec<String> = cfg.attachments.iter().map(|a| a.key.to_string()).collect();
+        assert_eq!(keys, ["victim/victim/eth0"]);
     }
 
     #[test]

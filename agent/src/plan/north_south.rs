@@ -35,9 +35,9 @@ pub fn routed(net: &Network) -> bool {
 }
 
 /// Does the fabric reach this network's VMs by their own addresses?
-/// Routed networks always; SNAT networks when they advertise anything.
+/// (`Network::ingress_routed`, the one home of the rule.)
 pub fn ingress(net: &Network) -> bool {
-    routed(net) || net.advertise.per_vm || net.advertise.subnet || net.advertise.learned
+    net.ingress_routed()
 }
 
 /// Does routed ingress on this network carry `ip`'s family? Both: a SNAT
