@@ -413,9 +413,11 @@ pub fn families(snap: &Snapshot) -> Vec<MetricFamily> {
     // Addresses guests used that vmpath refused to learn, by why.
     let mut learned_refused = Samples::of(&LEARNED_REFUSED);
     for kind in crate::observe::learned::REFUSAL_KINDS {
+        // Only rows built here have learned addresses.
         let n = view
             .attachments
-            .iter()
+            .rows()
+            .filter_map(|r| r.built())
             .flat_map(|a| &a.learned_refused)
             .filter(|r| r.kind == kind)
             .count();

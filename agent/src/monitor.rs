@@ -375,7 +375,7 @@ mod tests {
     #[test]
     fn an_event_is_named_reason_endpoint_and_five_tuple() {
         let view = crate::publish::view::sample::view();
-        let a = &view.attachments[0];
+        let a = view.attachments[0].view();
         let mut r = raw();
         r.ifindex = a.ifindex.expect("sample has an ifindex");
         let e = describe(&r, &view);

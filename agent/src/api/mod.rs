@@ -64,8 +64,8 @@ pub fn counts(view: &View) -> Counts {
         config_errors: view.config_errors.len(),
         ..Default::default()
     };
-    for a in &view.attachments {
-        match view.state_of(a) {
+    for row in view.attachments.rows() {
+        match view.state_of_row(row) {
             state::LOCAL => c.local += 1,
             state::REMOTE => c.remote += 1,
             state::MISSING_PORT => c.missing_ports += 1,
@@ -165,7 +165,7 @@ pub fn route(observer: &Observer, path: &str) -> Reply {
                             .attachments
                             .iter()
                             .filter(|a| rows && a.network == *name)
-                            .map(|a| vm_row(&view, a))
+                            .map(|a| vm_row(&view, &a))
                             .collect(),
                     },
                 ),
@@ -186,21 +186,21 @@ pub fn route(observer: &Observer, path: &str) -> Reply {
             json(
                 200,
                 &VmList {
-                    interfaces: view.attachments.iter().map(|a| vm_row(&view, a)).collect(),
+                    interfaces: view.attachments.iter().map(|a| vm_row(&view, &a)).collect(),
                 },
             )
         }
         ["v1", "vms", namespace, vm] => {
             let snap = observer.snapshot();
             let view = &snap.view;
-            let attachments: Vec<&AttachmentView> = view.attachments_of_vm(namespace, vm).collect();
+            let attachments: Vec<_> = view.attachments_of_vm(namespace, vm).collect();
             if attachments.is_empty() {
                 return error(404, format!("no VM {namespace}/{vm}"));
             }
             let interfaces = attachments
                 .into_iter()
                 .map(|a| {
-                    let state = view.state_of(a);
+                    let state = view.state_of(&a);
                     let counters = match (state, a.ifindex, &snap.dataplane) {
                         (state::LOCAL, Some(ifindex), Ok(dp)) => {
                             dp.ports.get(&ifindex).copied().map(PortCounters::from)
@@ -222,7 +222,7 @@ pub fn route(observer: &Observer, path: &str) -> Reply {
                     let key = format!("{}/{}/{}", a.namespace, a.vm, a.interface);
                     let dhcp = snap.slow.ports.get(&key).cloned();
                     InterfaceDetail {
-                        attachment: a.clone(),
+                        attachment: a.into_owned(),
                         state: state.to_string(),
                         counters,
                         dhcp,

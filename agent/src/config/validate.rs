@@ -295,8 +295,8 @@ pub fn validate_documents(
                         "spec.id",
                         format!("id {} is already used by network {other:?}", n.id),
                     ));
-                } else if let Some((field, message)) = primary_overlap(&n, &cfg, &cluster_cidrs)
-                    .or_else(|| ingress_overlap(&n, &cfg))
+                } else if let Some((field, message)) =
+                    primary_overlap(&n, &cfg, &cluster_cidrs).or_else(|| ingress_overlap(&n, &cfg))
                 {
                     cfg.errors.push(doc.error(&field, message));
                 } else {
@@ -1736,12 +1736,15 @@ mod primary_overlap_tests {
         let red = find("Network red");
         assert!(
             red.contains("spec.subnets[0]")
-                && red.contains("10.50.7.0/24 of network \"red\" overlaps 10.50.0.0/16 of network \"blue\"")
+                && red.contains(
+                    "10.50.7.0/24 of network \"red\" overlaps 10.50.0.0/16 of network \"blue\""
+                )
                 && red.contains("could take the other's inbound traffic"),
             "{red}"
         );
         assert!(
-            find("Network v6b").contains("fd50::/48 of network \"v6b\" overlaps fd50::/64 of network \"v6\""),
+            find("Network v6b")
+                .contains("fd50::/48 of network \"v6b\" overlaps fd50::/64 of network \"v6\""),
             "{msgs:#?}"
         );
         assert!(find("Network bare").contains("needs subnets"), "{msgs:#?}");

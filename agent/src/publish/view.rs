@@ -4,6 +4,7 @@
 //! readers share it (`Arc`), taken under a short read lock.
 
 use std::{
+    borrow::Cow,
     sync::{
         Arc, Mutex, RwLock, TryLockError,
         atomic::{AtomicBool, AtomicU64, Ordering},
@@ -105,16 +106,18 @@ impl View {
 
     /// The entries that may have a port on this node ([`on_node`](Self::on_node)),
     /// or every entry when the view does not say.
+    /// (Those are built rows: another node's are not listed.)
     pub fn maybe_on_node(&self) -> impl Iterator<Item = &AttachmentView> {
         let (listed, all) = match &self.on_node {
             Some(on) => (Some(on.iter()), None),
-            None => (None, Some(self.attachments.iter())),
+            None => (None, Some(self.attachments.rows())),
         };
         listed
             .into_iter()
             .flatten()
             .filter_map(|&i| self.attachments.get(i as usize))
             .chain(all.into_iter().flatten())
+            .filter_map(Row::built)
             .map(|a| &**a)
     }
 
@@ -132,6 +135,17 @@ impl View {
         }
     }
 
+    /// [`state_of`](Self::state_of) a row, without making another node's.
+    pub fn state_of_row(&self, row: &Row) -> &'static str {
+        match row {
+            Row::Built(a) => self.state_of(a),
+            Row::Elsewhere(a) if a.migration.is_some() && !a.cut_over => state::MIGRATING,
+            Row::Elsewhere(a) if a.active_node() != self.node => state::REMOTE,
+            // Active here yet made elsewhere: no port of this node's.
+            Row::Elsewhere(_) => state::MISSING_PORT,
+        }
+    }
+
     /// Ifindexes of the attachments running here with their port programmed.
     pub fn local_ports(&self) -> impl Iterator<Item = (&AttachmentView, u32)> {
         self.maybe_on_node()
@@ -143,16 +157,115 @@ impl View {
         &'a self,
         namespace: &'a str,
         vm: &'a str,
-    ) -> impl Iterator<Item = &'a AttachmentView> {
+    ) -> impl Iterator<Item = Cow<'a, AttachmentView>> {
         self.attachments
-            .iter()
-            .filter(move |a| a.namespace == namespace && a.vm == vm)
-            .map(|a| &**a)
+            .rows()
+            .filter(move |r| match r {
+                Row::Built(a) => a.namespace == namespace && a.vm == vm,
+                Row::Elsewhere(a) => a.key.namespace == namespace && a.key.vm == vm,
+            })
+            .map(Row::view)
     }
 }
 
 /// How many rows a [`Rows`] chunk holds.
 pub const ROWS_CHUNK: usize = 64;
+
+/// One VM interface of the view.
+#[derive(Debug, Clone)]
+pub enum Row {
+    /// Built by the round: a VM interface that may have a port here (its
+    /// port, its learned addresses, a pending migration's target port).
+    Built(Arc<AttachmentView>),
+    /// Another node's VM interface, as the round resolved it (its
+    /// document shared with the round's): made into its row only when
+    /// read (the API, `status.json`). At 100,000 VM interfaces the rows
+    /// kept built, with their text, were 130 MB.
+    Elsewhere(Arc<crate::resolve::resolved::Attachment>),
+}
+
+impl Row {
+    /// The row as the API shows it.
+    pub fn view(&self) -> Cow<'_, AttachmentView> {
+        match self {
+            Row::Built(v) => Cow::Borrowed(&**v),
+            Row::Elsewhere(a) => Cow::Owned(row_elsewhere(a)),
+        }
+    }
+
+    /// The built row, if this is one.
+    pub fn built(&self) -> Option<&Arc<AttachmentView>> {
+        match self {
+            Row::Built(v) => Some(v),
+            Row::Elsewhere(_) => None,
+        }
+    }
+
+    /// The same row (shared), not only an equal one.
+    pub fn same(&self, other: &Row) -> bool {
+        match (self, other) {
+            (Row::Built(a), Row::Built(b)) => Arc::ptr_eq(a, b),
+            (Row::Elsewhere(a), Row::Elsewhere(b)) => Arc::ptr_eq(a, b),
+            _ => false,
+        }
+    }
+
+    /// Its network, without making the row.
+    pub fn network(&self) -> &str {
+        match self {
+            Row::Built(v) => &v.network,
+            Row::Elsewhere(a) => &a.network,
+        }
+    }
+}
+
+impl From<AttachmentView> for Row {
+    fn from(v: AttachmentView) -> Self {
+        Row::Built(Arc::new(v))
+    }
+}
+
+impl From<Arc<AttachmentView>> for Row {
+    fn from(v: Arc<AttachmentView>) -> Self {
+        Row::Built(v)
+    }
+}
+
+/// The row of a VM interface that has no port on this node: what its
+/// resolved entry says, nothing of this node's (no port, no learned
+/// addresses). A round builds a row with a port here from it.
+pub fn row_elsewhere(a: &crate::resolve::resolved::Attachment) -> AttachmentView {
+    let (migration, target) = match &a.migration {
+        None => ("none".to_string(), None),
+        Some(m) if a.cut_over => ("cut-over".to_string(), Some(m.target_node.clone())),
+        Some(m) => ("pending".to_string(), Some(m.target_node.clone())),
+    };
+    AttachmentView {
+        name: a.name.clone(),
+        namespace: a.key.namespace.clone(),
+        vm: a.key.vm.clone(),
+        interface: a.key.interface.clone(),
+        network: a.network.clone(),
+        node: a.active_node().to_string(),
+        port: a.active_port().to_string(),
+        ifindex: None,
+        mac: a.mac_resolved.map(|(m, _)| crate::config::format_mac(&m)),
+        mac_origin: a.mac_resolved.map(|(_, o)| o),
+        ips: a
+            .addresses
+            .iter()
+            .map(|(ip, origin)| IpView {
+                address: ip.to_string(),
+                origin: *origin,
+            })
+            .collect(),
+        learned_refused: Vec::new(),
+        learned_contested: Vec::new(),
+        migration,
+        migration_target: target,
+        pending_port: None,
+    }
+}
 
 /// A view's VM interface rows, in chunks of [`ROWS_CHUNK`] shared between
 /// views: a chunk none of whose rows changed is the last view's, taken
@@ -161,7 +274,7 @@ pub const ROWS_CHUNK: usize = 64;
 /// as one in JSON.
 #[derive(Debug, Clone, Default)]
 pub struct Rows {
-    chunks: Vec<Arc<Vec<Arc<AttachmentView>>>>,
+    chunks: Vec<Arc<Vec<Row>>>,
     len: usize,
 }
 
@@ -174,21 +287,28 @@ impl Rows {
         self.len == 0
     }
 
-    pub fn get(&self, i: usize) -> Option<&Arc<AttachmentView>> {
+    pub fn get(&self, i: usize) -> Option<&Row> {
         self.chunks.get(i / ROWS_CHUNK)?.get(i % ROWS_CHUNK)
     }
 
-    pub fn iter(&self) -> impl DoubleEndedIterator<Item = &Arc<AttachmentView>> + Clone {
+    /// Every row, as the API shows it (another node's made as it is read).
+    pub fn iter(&self) -> impl DoubleEndedIterator<Item = Cow<'_, AttachmentView>> + Clone {
+        self.rows().map(Row::view)
+    }
+
+    /// Every row as kept.
+    pub fn rows(&self) -> impl DoubleEndedIterator<Item = &Row> + Clone {
         self.chunks.iter().flat_map(|c| c.iter())
     }
 
     /// The `k`th chunk, shared.
-    pub fn chunk(&self, k: usize) -> Option<&Arc<Vec<Arc<AttachmentView>>>> {
+    pub fn chunk(&self, k: usize) -> Option<&Arc<Vec<Row>>> {
         self.chunks.get(k)
     }
 
     /// Adds a row at the end.
-    pub fn push(&mut self, row: Arc<AttachmentView>) {
+    pub fn push(&mut self, row: impl Into<Row>) {
+        let row = row.into();
         match self.chunks.last_mut() {
             Some(last) if last.len() < ROWS_CHUNK => Arc::make_mut(last).push(row),
             _ => {
@@ -201,7 +321,7 @@ impl Rows {
     }
 
     /// Adds a whole chunk at the end (a full one but for the last).
-    pub fn push_chunk(&mut self, chunk: Arc<Vec<Arc<AttachmentView>>>) {
+    pub fn push_chunk(&mut self, chunk: Arc<Vec<Row>>) {
         debug_assert!(
             self.len.is_multiple_of(ROWS_CHUNK),
             "chunks are full but the last"
@@ -212,17 +332,19 @@ impl Rows {
 }
 
 impl std::ops::Index<usize> for Rows {
-    type Output = Arc<AttachmentView>;
+    type Output = Row;
     fn index(&self, i: usize) -> &Self::Output {
         self.get(i).expect("a row within the view")
     }
 }
 
-impl<'a> IntoIterator for &'a Rows {
-    type Item = &'a Arc<AttachmentView>;
-    type IntoIter = Box<dyn Iterator<Item = &'a Arc<AttachmentView>> + 'a>;
-    fn into_iter(self) -> Self::IntoIter {
-        Box::new(self.iter())
+impl FromIterator<Row> for Rows {
+    fn from_iter<I: IntoIterator<Item = Row>>(iter: I) -> Self {
+        let mut rows = Rows::default();
+        for row in iter {
+            rows.push(row);
+        }
+        rows
     }
 }
 
@@ -509,7 +631,7 @@ pub(crate) mod sample {
     #[test]
     fn each_attachment_has_one_state() {
         let v = view();
-        let states: Vec<&str> = v.attachments.iter().map(|a| v.state_of(a)).collect();
+        let states: Vec<&str> = v.attachments.iter().map(|a| v.state_of(&a)).collect();
         assert_eq!(
             states,
             [

@@ -15,7 +15,8 @@ use crate::{
     observe::learned,
     plan::Plan,
     publish::view::{
-        AttachmentView, IpView, LearnedRefusalView, NetworkView, ROWS_CHUNK, Rows, View,
+        AttachmentView, IpView, LearnedRefusalView, NetworkView, ROWS_CHUNK, Row, Rows, View,
+        row_elsewhere,
     },
     publish::writeback,
     read::kube_source::KubeSource,
@@ -55,14 +56,14 @@ pub fn report(cluster: &KubeSource, cfg: &Resolved, node: &str, mac_refusals: &[
 }
 
 /// Writes `--state-dir/status.json`, the published view as JSON, keeping
-/// each VM interface's entry as text between rounds: an entry the view
-/// shares with the last one (`build_view`: most of a cluster's, other
-/// nodes' VMs) is not serialised again. At 10,000 VM interfaces,
-/// escaping every entry's strings each round was most of the publish
-/// stage; the text costs about as much memory as the file's size.
+/// the text of each VM interface's entry built for this node between
+/// rounds: an entry the view shares with the last one is not serialised
+/// again. Other nodes' entries (`Row::Elsewhere`) are made and written
+/// each time, on the writer's idle thread: kept as text they were about
+/// as much memory as the file's size.
 #[derive(Default)]
 pub struct StatusFile {
-    /// The last view's entries in its order (each held, so that its
+    /// The last view's built entries in its order (each held, so that its
     /// address is not another's while it is here) with their JSON.
     entries: Vec<(Arc<AttachmentView>, Box<[u8]>)>,
 }
@@ -96,14 +97,31 @@ impl StatusFile {
         // Where each kept entry is, built only when an entry is not where
         // it was: most rounds change a few VMs' entries in place.
         let mut index: Option<HashMap<usize, usize>> = None;
-        let mut next = Vec::with_capacity(view.attachments.len());
+        let mut next = Vec::new();
         // A new entry is written here, then kept at its size: a vector
         // shrunk in place (`into_boxed_slice`) keeps the allocator's
         // bigger block, twice the text across a cluster's entries.
         let mut scratch = Vec::new();
-        for (i, entry) in view.attachments.iter().enumerate() {
-            let at = if kept.get(i).is_some_and(|(e, _)| Arc::ptr_eq(e, entry)) {
-                Some(i)
+        // Built rows seen so far: where the next one was last time.
+        let mut built = 0;
+        for (i, row) in view.attachments.rows().enumerate() {
+            if i > 0 {
+                out.write_all(b",")?;
+            }
+            let entry = match row {
+                // Another node's: made and written, not kept (its text
+                // would be most of the agent's memory in a large cluster;
+                // this runs on the status file's idle thread).
+                Row::Elsewhere(a) => {
+                    scratch.clear();
+                    serde_json::to_writer(&mut scratch, &row_elsewhere(a))?;
+                    out.write_all(&scratch)?;
+                    continue;
+                }
+                Row::Built(entry) => entry,
+            };
+            let at = if kept.get(built).is_some_and(|(e, _)| Arc::ptr_eq(e, entry)) {
+                Some(built)
             } else {
                 let index = index.get_or_insert_with(|| {
                     kept.iter()
@@ -113,6 +131,7 @@ impl StatusFile {
                 });
                 index.get(&(Arc::as_ptr(entry) as usize)).copied()
             };
+            built += 1;
             // A taken entry's text is empty: JSON text never is.
             let json = at
                 .map(|j| std::mem::take(&mut kept[j].1))
@@ -125,9 +144,6 @@ impl StatusFile {
                     Box::from(&scratch[..])
                 }
             };
-            if i > 0 {
-                out.write_all(b",")?;
-            }
             out.write_all(&json)?;
             next.push((entry.clone(), json));
         }
@@ -237,57 +253,43 @@ pub fn build_view(
         })
         .collect();
     let node = settings.node.as_str();
-    // A row as this round has it.
-    let build = |a: &resolved::Attachment, here: bool| -> Arc<AttachmentView> {
+    // The row of a VM interface that may have a port here: what its
+    // entry says (`row_elsewhere`), with its port, its learned addresses
+    // and a pending migration's target port.
+    let build = |a: &resolved::Attachment| -> Arc<AttachmentView> {
         // A pending migration target's port is not where the VM runs yet.
-        let ifindex = here.then(|| active_port.get(&a.key).copied()).flatten();
-        let pending = here.then(|| pending_port.get(&a.key)).flatten();
-        let (migration, target) = match &a.migration {
-            None => ("none".to_string(), None),
-            Some(m) if a.cut_over => ("cut-over".to_string(), Some(m.target_node.clone())),
-            Some(m) => ("pending".to_string(), Some(m.target_node.clone())),
-        };
-        AttachmentView {
-            name: a.name.clone(),
-            namespace: a.key.namespace.clone(),
-            vm: a.key.vm.clone(),
-            interface: a.key.interface.clone(),
-            network: a.network.clone(),
-            node: a.active_node().to_string(),
-            port: a.active_port().to_string(),
-            ifindex,
-            mac: a.mac_resolved.map(|(m, _)| format_mac(&m)),
-            mac_origin: a.mac_resolved.map(|(_, o)| o),
-            ips: view_ips(a, cfg, ifindex, learned),
-            learned_refused: ifindex
-                .and_then(|i| learned.refused.get(&i))
-                .map(|r| {
-                    r.iter()
-                        .map(|r| LearnedRefusalView {
-                            address: r.ip.to_string(),
-                            kind: r.kind.to_string(),
-                            reason: r.reason.clone(),
-                        })
-                        .collect()
-                })
-                .unwrap_or_default(),
-            learned_contested: ifindex
-                .and_then(|i| learned.contested.get(&i))
-                .map(|c| {
-                    c.iter()
-                        .map(|(ip, by)| LearnedRefusalView {
-                            address: ip.to_string(),
-                            kind: "contested".into(),
-                            reason: format!("kept here; also used by {by} (refused there)"),
-                        })
-                        .collect()
-                })
-                .unwrap_or_default(),
-            migration,
-            migration_target: target,
-            pending_port: pending.map(|(name, ifindex)| (name.to_string(), *ifindex)),
-        }
-        .into()
+        let ifindex = active_port.get(&a.key).copied();
+        let mut row = row_elsewhere(a);
+        row.ifindex = ifindex;
+        row.ips = view_ips(a, cfg, ifindex, learned);
+        row.learned_refused = ifindex
+            .and_then(|i| learned.refused.get(&i))
+            .map(|r| {
+                r.iter()
+                    .map(|r| LearnedRefusalView {
+                        address: r.ip.to_string(),
+                        kind: r.kind.to_string(),
+                        reason: r.reason.clone(),
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        row.learned_contested = ifindex
+            .and_then(|i| learned.contested.get(&i))
+            .map(|c| {
+                c.iter()
+                    .map(|(ip, by)| LearnedRefusalView {
+                        address: ip.to_string(),
+                        kind: "contested".into(),
+                        reason: format!("kept here; also used by {by} (refused there)"),
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        row.pending_port = pending_port
+            .get(&a.key)
+            .map(|(name, ifindex)| (name.to_string(), *ifindex));
+        row.into()
     };
     // Carried over unchanged from the list the last view was built from,
     // one for one (`Round`): its last row, unless it has a migration
@@ -300,20 +302,20 @@ pub fn build_view(
             .then(|| prev.attachments.get(i as usize))
             .flatten()
     };
-    let row = |index: usize, a: &resolved::Attachment, here: bool| -> (Arc<AttachmentView>, bool) {
-        match last_row(index, a) {
-            Some(last) if !here && last.ifindex.is_none() && last.pending_port.is_none() => {
-                (last.clone(), true)
-            }
-            Some(last) if here => {
-                let now = build(a, here);
+    // Another node's entry is kept as it is, its row made when read.
+    let row = |index: usize, a: &resolved::Attachment, here: bool| -> (Row, bool) {
+        match (last_row(index, a), here) {
+            (Some(last @ Row::Elsewhere(_)), false) => (last.clone(), true),
+            (_, false) => (Row::Elsewhere(Arc::new(a.clone())), false),
+            (Some(Row::Built(last)), true) => {
+                let now = build(a);
                 if now == *last {
-                    (last.clone(), true)
+                    (Row::Built(last.clone()), true)
                 } else {
-                    (now, false)
+                    (Row::Built(now), false)
                 }
             }
-            _ => (build(a, here), false),
+            (_, true) => (Row::Built(build(a)), false),
         }
     };
     let mut on_node: Vec<u32> = Vec::new();
@@ -399,8 +401,8 @@ fn per_network<'a>(cfg: &'a Resolved, prev: &'a View) -> Vec<(&'a str, usize)> {
     for n in &prev.networks {
         add(&mut counts, &n.name, n.attachments as isize);
     }
-    for (row, _) in prev.attachments.iter().zip(&kept).filter(|(_, k)| !**k) {
-        add(&mut counts, &row.network, -1);
+    for (row, _) in prev.attachments.rows().zip(&kept).filter(|(_, k)| !**k) {
+        add(&mut counts, row.network(), -1);
     }
     for (a, _) in cfg
         .attachments
@@ -521,10 +523,8 @@ mod tests {
             [("vm1", 11)]
         );
         // A view that does not say (read back from a file): every entry.
-        let unindexed = View {
-            on_node: None,
-            ..view.clone()
-        };
+        let unindexed: View = serde_json::from_slice(&serde_json::to_vec(&view).unwrap()).unwrap();
+        assert!(unindexed.on_node.is_none());
         assert_eq!(vms(&unindexed), ["vm1", "vm2", "vm3"]);
     }
 
@@ -567,11 +567,15 @@ mod tests {
             "unchanged chunks shared whole"
         );
         assert!(!same_chunk(1), "the chunk with the moved VM built again");
-        assert!(Arc::ptr_eq(
-            &first.attachments[ROWS_CHUNK],
-            &second.attachments[ROWS_CHUNK]
-        ));
-        assert_eq!(second.attachments[ROWS_CHUNK + 3].node, "c");
+        assert!(first.attachments[ROWS_CHUNK].same(&second.attachments[ROWS_CHUNK]));
+        assert_eq!(second.attachments[ROWS_CHUNK + 3].view().node, "c");
+        // Other nodes' rows are kept as their entries, made when read:
+        // status.json writes them as serde does.
+        assert!(matches!(second.attachments[0], Row::Elsewhere(_)));
+        assert_eq!(
+            StatusFile::default().json(&second).unwrap(),
+            serde_json::to_vec(&second).unwrap()
+        );
         assert_eq!(
             second.attachments,
             build(&after, &View::default()).attachments
@@ -647,7 +651,7 @@ mod tests {
         );
         // vm2's entry shared, vm1's built again, vm3 new: the same text as
         // serialising the whole view, and only the view's entries kept.
-        let vm2 = first.attachments[1].clone();
+        let vm2 = first.attachments[1].built().unwrap().clone();
         first.attachments = vec![entry("vm1", "c"), vm2.clone(), entry("vm3", "a")].into();
         first.reconciles = 9;
         first.generation = 10;
@@ -656,9 +660,9 @@ mod tests {
         assert_eq!(file.entries.len(), 3);
         assert!(file.entries.iter().any(|(e, _)| Arc::ptr_eq(e, &vm2)));
         // The same entries again, and one moved: the same text.
-        let mut rows: Vec<_> = first.attachments.iter().cloned().collect();
+        let mut rows: Vec<Row> = first.attachments.rows().cloned().collect();
         rows.swap(0, 2);
-        first.attachments = rows.into();
+        first.attachments = rows.into_iter().collect();
         assert_eq!(
             file.json(&first).unwrap(),
             serde_json::to_vec(&first).unwrap()
@@ -717,8 +721,14 @@ mod tests {
             "the shared entries are what building them again gives"
         );
         let shared = |vm: &str| {
-            let find = |v: &View| v.attachments.iter().find(|a| a.vm == vm).unwrap().clone();
-            Arc::ptr_eq(&find(&first), &find(&second))
+            let find = |v: &View| {
+                v.attachments
+                    .rows()
+                    .find(|a| a.view().vm == vm)
+                    .unwrap()
+                    .clone()
+            };
+            find(&first).same(&find(&second))
         };
         assert_eq!(
             second.networks, fresh.networks,
@@ -757,13 +767,13 @@ mod tests {
         );
         let vm1 = |v: &View| {
             v.attachments
-                .iter()
-                .find(|a| a.vm == "vm1")
+                .rows()
+                .find(|a| a.view().vm == "vm1")
                 .unwrap()
                 .clone()
         };
-        assert_eq!(vm1(&moved_port).ifindex, Some(12));
-        assert!(!Arc::ptr_eq(&vm1(&first), &vm1(&moved_port)));
+        assert_eq!(vm1(&moved_port).view().ifindex, Some(12));
+        assert!(!vm1(&first).same(&vm1(&moved_port)));
         assert_eq!(
             second
                 .attachments
@@ -783,9 +793,9 @@ mod tests {
         assert!(
             unrelated
                 .attachments
-                .iter()
-                .zip(&first.attachments)
-                .all(|(a, b)| !Arc::ptr_eq(a, b))
+                .rows()
+                .zip(first.attachments.rows())
+                .all(|(a, b)| !a.same(b))
         );
         let _ = std::fs::remove_dir_all(&dir);
     }
