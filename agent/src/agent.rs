@@ -132,16 +132,28 @@ pub fn run(
     };
     let mut round = Round::new(settings, cluster, store);
     let mut first = true;
+    // The first round is a full one: its time is the net's first cost.
+    let mut net = SafetyNet::new(opts.resync);
     loop {
-        if !first && pacer.wait(&dp, &shared, |name| round.link_matters(name)) == Wake::Resync {
+        let mut full = first;
+        if !first
+            && pacer.wait(&dp, &shared, |name| round.link_matters(name)) == Wake::Resync
+            && net.due()
+        {
             // The safety net: every object derived again and every map
             // read back, whatever the increments kept.
             round.forget_increments();
             dp.forget_written();
+            full = true;
         }
         first = false;
         shared.heartbeat();
-        match round.run(&mut dp, &shared, &services) {
+        let started = Instant::now();
+        let outcome = round.run(&mut dp, &shared, &services);
+        if full {
+            net.ran(started.elapsed());
+        }
+        match outcome {
             round::Outcome::Empty => pacer.passed(&dp),
             round::Outcome::Retry => pacer.retry_soon(),
             round::Outcome::Done { retry, migrating } => {
@@ -154,6 +166,45 @@ pub fn run(
                 pacer.passed(&dp);
             }
         }
+    }
+}
+
+/// When the resync's full recompute runs: every resync interval, but no
+/// more than [`SafetyNet::DUTY`] of the loop's time. At 100,000 VMs a full
+/// pass is seconds, during which no CNI ADD is answered: every 5 s it was
+/// most of the agent's time and most of an ADD's wait. A resync wake in
+/// between is an incremental round (it still paces the ageing).
+struct SafetyNet {
+    interval: Duration,
+    last: Instant,
+    cost: Duration,
+}
+
+impl SafetyNet {
+    /// A full pass waits at least this many times its last duration.
+    const DUTY: u32 = 20;
+
+    fn new(interval: Duration) -> Self {
+        SafetyNet {
+            interval,
+            last: Instant::now(),
+            cost: Duration::ZERO,
+        }
+    }
+
+    /// Whether a full recompute is due.
+    fn due(&self) -> bool {
+        self.due_at(Instant::now())
+    }
+
+    fn due_at(&self, now: Instant) -> bool {
+        now.saturating_duration_since(self.last) >= self.interval.max(self.cost * Self::DUTY)
+    }
+
+    /// A full recompute took `cost`, ending now.
+    fn ran(&mut self, cost: Duration) {
+        self.cost = cost;
+        self.last = Instant::now();
     }
 }
 
@@ -279,4 +330,34 @@ fn data_path_fingerprint(dp: &Dataplane) -> u64 {
         bytes.extend_from_slice(&ifindex.to_le_bytes());
     }
     crate::sys::hash::fnv1a(&[&bytes])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::SafetyNet;
+    use std::time::Duration;
+
+    /// A cheap full pass runs every interval; a costly one no more than a
+    /// twentieth of the time, so a large cluster's ADDs are not held up.
+    #[test]
+    fn the_full_recompute_runs_every_interval_or_twenty_times_its_cost_apart() {
+        let mut net = SafetyNet::new(Duration::from_secs(5));
+        let start = net.last;
+        assert!(!net.due_at(start + Duration::from_millis(4999)));
+        assert!(net.due_at(start + Duration::from_secs(5)));
+        net.ran(Duration::from_millis(30));
+        let after = net.last;
+        assert!(
+            net.due_at(after + Duration::from_secs(5)),
+            "30 ms: every interval"
+        );
+        net.ran(Duration::from_secs(4));
+        let after = net.last;
+        assert!(!net.due_at(after + Duration::from_secs(5)));
+        assert!(!net.due_at(after + Duration::from_secs(79)));
+        assert!(
+            net.due_at(after + Duration::from_secs(80)),
+            "4 s: 80 s apart"
+        );
+    }
 }

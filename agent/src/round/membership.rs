@@ -69,6 +69,35 @@ impl Member {
             Member::Document(..) => None,
         }
     }
+    /// Kind and name, for the log.
+    fn describe(&self) -> String {
+        match self {
+            Member::Cluster(c) => match &**c {
+                ClusterObject::Vmi(v) => {
+                    format!("VMI {}/{}", v.metadata.namespace(), v.metadata.name)
+                }
+                ClusterObject::Pod(p) => {
+                    format!("Pod {}/{}", p.metadata.namespace(), p.metadata.name)
+                }
+                ClusterObject::Vmim(m) => {
+                    format!("VMIM {}/{}", m.metadata.namespace(), m.metadata.name)
+                }
+                ClusterObject::IpamClaim(c) => {
+                    format!("IPAMClaim {}/{}", c.metadata.namespace(), c.metadata.name)
+                }
+                ClusterObject::Nad(_) => "a NAD".into(),
+                ClusterObject::Node(_) => "a Node".into(),
+                ClusterObject::Refused(r) => format!("a refused object ({r:?})"),
+            },
+            Member::Document(d) => format!(
+                "{} {}",
+                d.0.get("kind").and_then(Value::as_str).unwrap_or("?"),
+                d.0.pointer("/metadata/name")
+                    .and_then(Value::as_str)
+                    .unwrap_or("?")
+            ),
+        }
+    }
     /// A cluster object that is not a claim: only groups with one are
     /// groups a claim's name can lead to (translation reads claims for
     /// the VMs and pods it derives from cluster objects).
@@ -378,11 +407,21 @@ impl Membership {
         }
         self.settle(&mut work);
 
-        let mut whole = !self.started || work.context || self.ambiguous > 0;
+        // Why the whole is derived again, for the log (a full pass over a
+        // large cluster is what an operator looks for first).
+        let mut whole = if !self.started {
+            Some("the first snapshot")
+        } else if work.context {
+            Some("an object of the context changed")
+        } else if self.ambiguous > 0 {
+            Some("a VMI uid or pod name is held twice")
+        } else {
+            None
+        };
         self.started = true;
         if self.read_errors != snap.errors {
             self.read_errors.clone_from(&snap.errors);
-            whole = true;
+            whole = Some("the read errors changed");
         }
         let ledger = snap.ledger.clone();
         match (&self.ledger, &ledger) {
@@ -390,11 +429,14 @@ impl Membership {
                 let readers = self.ledger_readers(&ledger_changes(a, b));
                 work.touched.extend(readers);
             }
-            (a, b) if a.is_some() != b.is_some() => whole = true,
+            (a, b) if a.is_some() != b.is_some() => whole = Some("the ledger came or went"),
             _ => {}
         }
         self.ledger = ledger;
-        (!whole).then_some(work.touched)
+        if let Some(why) = whole {
+            tracing::debug!("every group derived again: {why}");
+        }
+        whole.is_none().then_some(work.touched)
     }
 
     /// Starts again from nothing (a snapshot holding one object twice).
@@ -697,6 +739,7 @@ impl Membership {
         let was_context = std::mem::replace(&mut e.context, context);
         let member = e.member.clone();
         if was_context != context {
+            tracing::debug!(object = %member.describe(), context, "an object moved to or from the context");
             work.context = true;
             if context {
                 self.context.insert(p);
