@@ -108,6 +108,9 @@ pub struct ClusterDocument {
 #[derive(Debug, Clone)]
 pub struct Chunked<T> {
     parts: Vec<std::sync::Arc<[T]>>,
+    /// Where each part starts (a source may give hundreds of parts a
+    /// kind: `get` searches these).
+    starts: Vec<usize>,
     len: usize,
 }
 
@@ -115,6 +118,7 @@ impl<T> Default for Chunked<T> {
     fn default() -> Self {
         Chunked {
             parts: Vec::new(),
+            starts: Vec::new(),
             len: 0,
         }
     }
@@ -123,8 +127,9 @@ impl<T> Default for Chunked<T> {
 impl<T> Chunked<T> {
     /// Appends `part`, shared.
     pub fn push_part(&mut self, part: std::sync::Arc<[T]>) {
-        self.len += part.len();
         if !part.is_empty() {
+            self.starts.push(self.len);
+            self.len += part.len();
             self.parts.push(part);
         }
     }
@@ -146,15 +151,13 @@ impl<T> Chunked<T> {
         self.parts.iter().flat_map(|p| p.iter())
     }
 
-    /// The item at `i` (a walk of the parts: one per kind or file).
-    pub fn get(&self, mut i: usize) -> Option<&T> {
-        for p in &self.parts {
-            if i < p.len() {
-                return Some(&p[i]);
-            }
-            i -= p.len();
+    /// The item at `i`.
+    pub fn get(&self, i: usize) -> Option<&T> {
+        if i >= self.len {
+            return None;
         }
-        None
+        let part = self.starts.partition_point(|&s| s <= i) - 1;
+        self.parts[part].get(i - self.starts[part])
     }
 }
 
