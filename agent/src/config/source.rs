@@ -37,8 +37,9 @@ pub enum DocOrigin {
     /// `cni:<container>/<interface>`, for messages only).
     CniPort,
     /// Made by translation from Kubernetes objects: the VMI first where
-    /// there is one, then the pod.
-    Derived(Vec<ObjectRef>),
+    /// there is one, then the pod (shared by every copy: the derived
+    /// document, its membership entry, its Attachment's source).
+    Derived(std::sync::Arc<[ObjectRef]>),
     /// Made from a Kubernetes object read as it is (a v1 Node's address).
     Object(ObjectRef),
 }

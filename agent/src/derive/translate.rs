@@ -1221,7 +1221,7 @@ impl Translator<'_> {
         self.out.documents.push(RawDocument {
             file: d.file,
             index: 1,
-            origin: DocOrigin::Derived(d.from),
+            origin: DocOrigin::Derived(d.from.into()),
             value: std::sync::Arc::new(json!({
                 "apiVersion": API_VERSION,
                 "kind": "Attachment",
