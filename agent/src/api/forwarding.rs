@@ -62,9 +62,10 @@ pub fn enabled(family: Family) -> Option<bool> {
 pub fn needed(view: &View) -> BTreeMap<Family, Vec<String>> {
     let mut out: BTreeMap<Family, Vec<String>> = BTreeMap::new();
     for n in &view.networks {
+        // Only rows that may be on this node can be served here: another
+        // node's is not made to be read.
         let hosted = view
-            .attachments
-            .iter()
+            .maybe_on_node()
             .any(|a| a.network == n.name && a.node == view.node);
         if !hosted {
             continue;

@@ -161,11 +161,13 @@ pub fn route(observer: &Observer, path: &str) -> Reply {
                     200,
                     &NetworkDetail {
                         network: n.clone(),
+                        // Filtered before a row is made: another node's
+                        // row is made only when it is shown.
                         interfaces: view
                             .attachments
-                            .iter()
-                            .filter(|a| rows && a.network == *name)
-                            .map(|a| vm_row(&view, &a))
+                            .rows()
+                            .filter(|r| rows && r.network() == *name)
+                            .map(|r| vm_row(&view, &r.view()))
                             .collect(),
                     },
                 ),
