@@ -288,9 +288,10 @@ impl Hub {
 
 /// Names what the kernel reported.
 pub fn describe(raw: &MonitorEvent, view: &View) -> Event {
+    // A port here is a row that may be on this node (another node's is
+    // not made to be read).
     let endpoint = view
-        .attachments
-        .iter()
+        .maybe_on_node()
         .find(|a| a.ifindex == Some(raw.ifindex) && a.node == view.node)
         .map(|a| format!("{}/{}/{}", a.namespace, a.vm, a.interface));
     let (src, dst) = match raw.family {
