@@ -167,37 +167,27 @@ impl StatusFile {
     }
 }
 
-/// Given or claimed addresses, then the ones seen in the VM's traffic.
-fn view_ips(
+/// The addresses seen in the traffic of the VM on port `ifindex` that it
+/// was not given or claimed (those are its row's already).
+fn learned_ips(
     a: &resolved::Attachment,
     cfg: &Resolved,
     ifindex: Option<u32>,
     learned: &learned::Outcome,
 ) -> Vec<IpView> {
-    let mut ips: Vec<IpView> = a
-        .addresses
-        .iter()
-        .map(|(ip, origin)| IpView {
-            address: ip.to_string(),
-            origin: *origin,
-        })
-        .collect();
     let (Some(ifindex), Some(net)) = (ifindex, cfg.network(&a.network)) else {
-        return ips;
+        return Vec::new();
     };
-    for (key, seen) in learned.shown() {
-        if key.network != net.id || seen.ifindex != ifindex {
-            continue;
-        }
-        let ip = key.ip();
-        if !a.addresses.iter().any(|(given, _)| given.addr() == ip) {
-            ips.push(IpView {
-                address: ip.to_string(),
-                origin: Origin::Learned,
-            });
-        }
-    }
-    ips
+    learned
+        .shown()
+        .filter(|(key, seen)| key.network == net.id && seen.ifindex == ifindex)
+        .map(|(key, _)| key.ip())
+        .filter(|ip| !a.addresses.iter().any(|(given, _)| given.addr() == *ip))
+        .map(|ip| IpView {
+            address: ip.to_string(),
+            origin: Origin::Learned,
+        })
+        .collect()
 }
 
 /// Builds what readers see from the resolved config and the applied plan.
@@ -261,7 +251,7 @@ pub fn build_view(
         let ifindex = active_port.get(&a.key).copied();
         let mut row = row_elsewhere(a);
         row.ifindex = ifindex;
-        row.ips = view_ips(a, cfg, ifindex, learned);
+        row.ips.extend(learned_ips(a, cfg, ifindex, learned));
         row.learned_refused = ifindex
             .and_then(|i| learned.refused.get(&i))
             .map(|r| {
