@@ -98,7 +98,6 @@ const KINDS: &[(&str, &str, &str, &str, bool)] = &[
 ];
 
 struct Kind {
-    resource: ApiResource,
     store: Arc<Mutex<Store<Kept>>>,
     /// Listed once: the copy stands for the cluster.
     listed: Arc<AtomicBool>,
@@ -108,6 +107,8 @@ struct Kind {
     /// watch applied since (marked after `store` and `held`): a round
     /// reads again only the chunks those keys fall in.
     read: Arc<Mutex<KindRead>>,
+    /// `kubernetes:<plural>`: the file every object of the kind names.
+    file: Arc<Path>,
 }
 
 /// What a round reads of a kind: the last read, and what changed since.
@@ -139,7 +140,9 @@ impl KindRead {
 /// pod or claim changed, most of it a cache miss per object).
 #[derive(Clone, Default)]
 struct ReadKind {
-    chunks: Vec<ReadChunk>,
+    /// Shared: an unchanged kind's read is the last one, not a copy of
+    /// every chunk's first key.
+    chunks: Arc<Vec<ReadChunk>>,
 }
 
 #[derive(Clone)]
@@ -471,7 +474,7 @@ impl KubeSource {
                 }
             });
             kinds.push(Kind {
-                resource,
+                file: PathBuf::from(format!("kubernetes:{plural}")).into(),
                 store,
                 listed,
                 held,
@@ -574,7 +577,7 @@ impl KubeSource {
         };
         for kind in &self.kinds {
             let part = kind.read_now();
-            for chunk in &part.chunks {
+            for chunk in part.chunks.iter() {
                 snap.cluster.push_part(chunk.cluster.clone());
                 snap.documents.extend(chunk.documents.iter().cloned());
             }
@@ -604,15 +607,15 @@ impl Kind {
         let mut read = self.read.lock().unwrap_or_else(|p| p.into_inner());
         // Locks in the watch's order: the relists, then the store.
         let held = self.held.lock().unwrap_or_else(|p| p.into_inner());
-        let file: Arc<Path> = PathBuf::from(format!("kubernetes:{}", self.resource.plural)).into();
+        let file = &self.file;
         if held.holding() {
             // Until the kind shows life again: its copy, read whole (and
             // whole again after).
             read.last = None;
             let objects = held.read(Vec::new);
-            let chunk = read_chunk(&file, (String::new(), String::new()), 1, objects.iter());
+            let chunk = read_chunk(file, (String::new(), String::new()), 1, objects.iter());
             return ReadKind {
-                chunks: vec![chunk],
+                chunks: Arc::new(vec![chunk]),
             };
         }
         if !read.whole
@@ -625,11 +628,12 @@ impl Kind {
         let changed = std::mem::take(&mut read.changed);
         let whole = std::mem::take(&mut read.whole);
         let mut chunks = match read.last.take() {
-            Some(last) if !whole && !last.chunks.is_empty() => last.chunks,
+            // Unshared once the last round's snapshot took its parts.
+            Some(last) if !whole && !last.chunks.is_empty() => Arc::unwrap_or_clone(last.chunks),
             _ => {
                 let all: Vec<(&(String, String), &Kept)> = store.objects.iter().collect();
                 let kind = ReadKind {
-                    chunks: chunks_of(&file, &all, 1),
+                    chunks: Arc::new(chunks_of(file, &all, 1)),
                 };
                 read.last = Some(kind.clone());
                 return kind;
@@ -654,12 +658,12 @@ impl Kind {
             let objects: Vec<(&(String, String), &Kept)> =
                 store.objects.range((low, high)).collect();
             let again = if objects.len() > 2 * READ_CHUNK {
-                chunks_of(&file, &objects, chunks[i].base)
+                chunks_of(file, &objects, chunks[i].base)
             } else if objects.is_empty() {
                 Vec::new()
             } else {
                 vec![read_chunk(
-                    &file,
+                    file,
                     objects[0].0.clone(),
                     chunks[i].base,
                     objects.iter().map(|(_, o)| *o),
@@ -667,7 +671,9 @@ impl Kind {
             };
             chunks.splice(i..=i, again);
         }
-        let kind = ReadKind { chunks };
+        let kind = ReadKind {
+            chunks: Arc::new(chunks),
+        };
         read.last = Some(kind.clone());
         kind
     }
@@ -836,7 +842,7 @@ mod tests {
         use std::sync::{Mutex, atomic::AtomicBool};
         let resource = kube::api::ApiResource::erase::<k8s_openapi::api::core::v1::Pod>(&());
         let kind = || Kind {
-            resource: resource.clone(),
+            file: std::path::PathBuf::from("kubernetes:pods").into(),
             store: Arc::new(Mutex::new(Store::default())),
             listed: Arc::new(AtomicBool::new(true)),
             held: Arc::new(Mutex::new(Default::default())),
