@@ -732,11 +732,9 @@ impl Round {
                         .zip(marks)
                         .filter(|(_, m)| **m == crate::resolve::resolved::CHANGED)
                     {
-                        if !gone.remove(&a.key) {
-                            differs |= set.insert(a.key.clone());
-                        } else {
-                            set.insert(a.key.clone());
-                        }
+                        // A key that left and came back changes nothing.
+                        let came_back = gone.remove(&a.key);
+                        differs |= set.insert(a.key.clone()) && !came_back;
                     }
                     differs || !gone.is_empty()
                 }
