@@ -203,6 +203,18 @@ pub struct Netns {
 }
 
 impl Netns {
+    /// `UdpRcvbufErrors` of this namespace's stack: datagrams the kernel
+    /// delivered to a socket whose buffer was full (a receiver starved of
+    /// CPU, not a loss on the path).
+    pub fn udp_rcvbuf_errors(&self) -> u64 {
+        let out = self.run(&["nstat", "-az", "UdpRcvbufErrors"]);
+        out.lines()
+            .find_map(|l| l.strip_prefix("UdpRcvbufErrors"))
+            .and_then(|v| v.split_whitespace().next())
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0)
+    }
+
     pub fn new(name: String) -> Self {
         let _ = run_status(&["ip", "netns", "del", &name]);
         run(&["ip", "netns", "add", &name]);

@@ -247,9 +247,9 @@ fn tcp_and_udp_cross_nodes_with_valid_checksums() {
 
     // A receiver that falls behind overflows its own socket buffer: that
     // is the app's loss, not the data path's, so it is counted apart.
-    let rcvbuf_before = rcvbuf_errors(&bed.vm2.ns);
+    let rcvbuf_before = bed.vm2.ns.udp_rcvbuf_errors();
     let udp = iperf3(&bed.vm2.ns, &bed.vm1.ns, "10.20.0.12", true, 2);
-    let rcvbuf = rcvbuf_errors(&bed.vm2.ns) - rcvbuf_before;
+    let rcvbuf = bed.vm2.ns.udp_rcvbuf_errors() - rcvbuf_before;
     let sum = &udp["end"]["sum"];
     let packets = sum["packets"].as_f64().unwrap_or(0.0);
     let lost = sum["lost_packets"].as_f64().unwrap_or(f64::MAX);
@@ -259,16 +259,6 @@ fn tcp_and_udp_cross_nodes_with_valid_checksums() {
         lost_in_path / packets < 0.01,
         "UDP lost {lost} of {packets} ({rcvbuf} in the receiver's socket buffer)"
     );
-}
-
-/// UdpRcvbufErrors of `ns`'s stack.
-fn rcvbuf_errors(ns: &Netns) -> u64 {
-    let out = ns.run(&["nstat", "-az", "UdpRcvbufErrors"]);
-    out.lines()
-        .find_map(|l| l.strip_prefix("UdpRcvbufErrors"))
-        .and_then(|v| v.split_whitespace().next())
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0)
 }
 
 #[test]
