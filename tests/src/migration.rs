@@ -354,15 +354,18 @@ out.close()
 
 /// Sends `count` sequence-numbered datagrams to each of vm1's addresses
 /// (IPv4 and IPv6, the same sequence number at once), one per interval;
-/// creates `started` after the first.
-pub fn sender(ns: &Netns, count: u64, started: &Path) -> Child {
+/// creates `started` after the first and writes each sequence number's
+/// send time to `sent_log` at the end ([`sent_times`]).
+pub fn sender(ns: &Netns, count: u64, started: &Path, sent_log: &Path) -> Child {
     let script = format!(
         "import socket, time
 s4 = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
 s6 = socket.socket(socket.AF_INET6, socket.SOCK_DGRAM)
+sent = []
 t0 = time.monotonic()
 for seq in range({count}):
     d = seq.to_bytes(8, 'big') + b'x' * 56
+    sent.append(time.monotonic_ns())
     s4.sendto(d, ('{VM1_IP}', {UDP_PORT}))
     s6.sendto(d, ('{VM1_IP6}', {UDP_PORT}))
     if seq == 0:
@@ -370,10 +373,68 @@ for seq in range({count}):
     wait = t0 + (seq + 1) * {INTERVAL_MS} / 1000.0 - time.monotonic()
     if wait > 0:
         time.sleep(wait)
+open('{}', 'w').write('\\n'.join(map(str, sent)))
 ",
-        started.display()
+        started.display(),
+        sent_log.display()
     );
     ns.spawn(&["python3", "-c", &script])
+}
+
+/// The send time (monotonic ns) of each sequence number, by sequence
+/// number, from a sender's log.
+pub fn sent_times(log: &Path) -> Vec<u64> {
+    std::fs::read_to_string(log)
+        .unwrap_or_else(|e| panic!("the sender's log {}: {e}", log.display()))
+        .lines()
+        .map(|l| {
+            l.trim()
+                .parse()
+                .unwrap_or_else(|e| panic!("the sender's log {}: {l:?}: {e}", log.display()))
+        })
+        .collect()
+}
+
+/// The longest run of consecutive datagrams no receiver got.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct LossRun {
+    /// The first lost datagram's send time to the last's, plus one
+    /// interval, ms: how long the path was broken at least. Measured on
+    /// the sender's clock, so neither a receiver nor the sender starved
+    /// of CPU on a busy machine stretches it (a receiver's silence does:
+    /// its datagrams wait in its socket buffer, and a sender that stalls
+    /// sends nothing to lose).
+    pub ms: f64,
+    /// The first and last sequence numbers lost.
+    pub seqs: (u64, u64),
+}
+
+/// The longest run of lost datagrams (sequence numbers `sent` has and
+/// `got` lacks) whose first was sent in `[from, to)` (monotonic ns); a run
+/// `to` cuts goes on to its end.
+pub fn longest_loss(sent: &[u64], got: &[u64], from: u64, to: u64) -> LossRun {
+    let got: std::collections::HashSet<u64> = got.iter().copied().collect();
+    let mut best = LossRun::default();
+    let mut seq = 0;
+    while seq < sent.len() {
+        if got.contains(&(seq as u64)) {
+            seq += 1;
+            continue;
+        }
+        let first = seq;
+        while seq + 1 < sent.len() && !got.contains(&(seq as u64 + 1)) {
+            seq += 1;
+        }
+        let ms = (sent[seq] - sent[first]) as f64 / 1e6 + INTERVAL_MS as f64;
+        if (from..to).contains(&sent[first]) && ms > best.ms {
+            best = LossRun {
+                ms,
+                seqs: (first as u64, seq as u64),
+            };
+        }
+        seq += 1;
+    }
+    best
 }
 
 /// (seq, receive time in ns) from every receiver, by receive time.
@@ -428,11 +489,15 @@ pub fn monotonic_ns() -> u64 {
 /// measured it.
 #[derive(Clone, Debug)]
 pub struct StreamWindow {
-    /// Longest silence at the receivers from 200 ms before the cut-over to
-    /// the ready signal, ms: the loss window.
+    /// The longest run of lost datagrams sent from 200 ms before the
+    /// cut-over to the ready signal, ms ([`LossRun`]): the loss window.
     pub gap_ms: f64,
-    /// Sequence numbers around that silence.
+    /// The first and last sequence numbers of that run.
     pub gap_seqs: (u64, u64),
+    /// Longest silence at the receivers over the same span, ms: the loss
+    /// window plus whatever kept a receiver from the CPU (reported, not
+    /// bounded).
+    pub rx_silence_ms: f64,
     /// Datagrams of the [`STREAM_COUNT`] that no receiver got.
     pub lost: u64,
     /// Datagrams the target received.
@@ -442,7 +507,8 @@ pub struct StreamWindow {
     pub switch_ms: f64,
     /// Sequence numbers of those two datagrams.
     pub switch_seqs: (u64, u64),
-    /// Longest silence after the config said `ready: true`, ms.
+    /// The longest run of lost datagrams sent after the config said
+    /// `ready: true`, ms.
     pub ready_gap_ms: f64,
     /// First datagram on the target after its link came up, ms (NaN: none).
     pub first_on_target_ms: f64,
@@ -488,17 +554,19 @@ fn lladdr(ns: &Netns, ip: &str) -> String {
 /// One family's figures from its receivers' files (source, target).
 fn stream_window(
     files: &[PathBuf; 2],
+    sent: &[u64],
     cut: u64,
     resumed: u64,
     ready_at: u64,
     end: u64,
 ) -> StreamWindow {
     let rx = received(files);
-    let (gap_ms, before, after) = longest_gap(&rx, cut - 200_000_000, ready_at);
-    let (ready_gap_ms, _, _) = longest_gap(&rx, ready_at, end);
+    let (rx_silence_ms, _, _) = longest_gap(&rx, cut - 200_000_000, ready_at);
     let mut seqs: Vec<u64> = rx.iter().map(|(s, _)| *s).collect();
     seqs.sort_unstable();
     seqs.dedup();
+    let loss = longest_loss(sent, &seqs, cut - 200_000_000, ready_at);
+    let ready_gap_ms = longest_loss(sent, &seqs, ready_at, end).ms;
     let on_target_rx = received(&files[1..2]);
     // The split: the source is gone from `stopped`, the target is up from
     // `resumed` (the cut-over's own `ip` commands lie between), and the
@@ -512,8 +580,9 @@ fn stream_window(
         _ => (f64::NAN, (0, 0)),
     };
     StreamWindow {
-        gap_ms,
-        gap_seqs: (before, after),
+        gap_ms: loss.ms,
+        gap_seqs: loss.seqs,
+        rx_silence_ms,
         switch_ms,
         switch_seqs,
         lost: STREAM_COUNT - seqs.len() as u64,
@@ -588,7 +657,8 @@ sendp(frames, iface='eth0')
         },
     );
     let started = dir.join("sender-started");
-    let tx = sender(&bed.client.ns, STREAM_COUNT, &started);
+    let sent_log = dir.join("sent");
+    let tx = sender(&bed.client.ns, STREAM_COUNT, &started, &sent_log);
     wait_for("the stream started", Duration::from_secs(60), || {
         started.exists()
     });
@@ -635,8 +705,9 @@ sendp(frames, iface='eth0')
         );
     }
 
-    let ipv4 = stream_window(&files, cut, resumed, ready_at, end);
-    let ipv6 = stream_window(&files6, cut, resumed, ready_at, end);
+    let sent = sent_times(&sent_log);
+    let ipv4 = stream_window(&files, &sent, cut, resumed, ready_at, end);
+    let ipv6 = stream_window(&files6, &sent, cut, resumed, ready_at, end);
     let _ = std::fs::remove_dir_all(&dir);
     LossWindow {
         ipv4,
@@ -644,5 +715,43 @@ sendp(frames, iface='eth0')
         commands_ms: (resumed - stopped) as f64 / 1e6,
         gw_lladdr,
         gw6_lladdr,
+    }
+}
+
+#[cfg(test)]
+mod loss_tests {
+    use super::*;
+
+    /// Send times 1 ms apart, except a 600 ms stall before seq 5.
+    fn sent() -> Vec<u64> {
+        (0..10u64)
+            .map(|s| s * 1_000_000 + if s >= 5 { 600_000_000 } else { 0 })
+            .collect()
+    }
+
+    #[test]
+    fn a_loss_run_is_measured_on_the_senders_clock() {
+        let sent = sent();
+        // Nothing lost: no window, whatever the sender's stall.
+        let all: Vec<u64> = (0..10).collect();
+        assert_eq!(longest_loss(&sent, &all, 0, u64::MAX), LossRun::default());
+        // 2 and 3 lost: two datagrams, 2 ms of path.
+        let got = [0, 1, 4, 5, 6, 7, 8, 9];
+        let run = longest_loss(&sent, &got, 0, u64::MAX);
+        assert_eq!(run.seqs, (2, 3));
+        assert!((run.ms - 2.0).abs() < 1e-9, "{run:?}");
+        // 4 and 5 lost across the stall: the path was broken across it.
+        let got = [0, 1, 2, 3, 6, 7, 8, 9];
+        let run = longest_loss(&sent, &got, 0, u64::MAX);
+        assert_eq!(run.seqs, (4, 5));
+        assert!((run.ms - 602.0).abs() < 1e-9, "{run:?}");
+        // A run starting before `from` is not counted; one `to` cuts goes
+        // on to its end.
+        assert_eq!(
+            longest_loss(&sent, &got, 4_500_000, u64::MAX),
+            LossRun::default()
+        );
+        let got = [0, 1, 2, 9];
+        assert_eq!(longest_loss(&sent, &got, 0, 3_500_000).seqs, (3, 8));
     }
 }

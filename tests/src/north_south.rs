@@ -19,11 +19,18 @@
 //!   network 10.40.0.0/16, gateway 10.40.0.1; imp 10.40.0.50, lrn 10.40.0.60,
 //!   cvm 10.40.0.70
 
-use std::{path::PathBuf, process::Child, time::Duration};
+use std::{
+    path::{Path, PathBuf},
+    process::Child,
+    time::Duration,
+};
 
 use crate::{
     Bird, Netns, Node, SCAPY_PYTHON, Underlay, Vm, bird_node_config, enable_forwarding, link,
-    migration::{longest_gap, monotonic_ns, received, signalled_receiver, with_suffix},
+    migration::{
+        longest_gap, longest_loss, monotonic_ns, received, sent_times, signalled_receiver,
+        with_suffix,
+    },
     vmpath::common,
     wait_for, yaml, yaml_overlay,
 };
@@ -306,18 +313,23 @@ pub fn start_migration(bed: &Bed) {
 }
 
 /// Sends [`STREAM_COUNT`] sequence-numbered datagrams from the external
-/// host to the imported VM's own address, one per millisecond.
-fn sender(ns: &Netns) -> Child {
+/// host to the imported VM's own address, one per millisecond, and writes
+/// each one's send time to `sent_log` at the end ([`sent_times`]).
+fn sender(ns: &Netns, sent_log: &Path) -> Child {
     let script = format!(
         "import socket, time
 s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+sent = []
 t0 = time.monotonic()
 for seq in range({STREAM_COUNT}):
+    sent.append(time.monotonic_ns())
     s.sendto(seq.to_bytes(8, 'big') + b'x' * 56, ('{IMP_IP}', {UDP_PORT}))
     wait = t0 + (seq + 1) / 1000.0 - time.monotonic()
     if wait > 0:
         time.sleep(wait)
-"
+open('{}', 'w').write('\\n'.join(map(str, sent)))
+",
+        sent_log.display()
     );
     ns.spawn(&["python3", "-c", &script])
 }
@@ -325,12 +337,17 @@ for seq in range({STREAM_COUNT}):
 /// What the cut-over cost the external host's stream.
 #[derive(Clone, Debug)]
 pub struct ExternalWindow {
-    /// Longest silence at the receivers from 200 ms before the cut-over
-    /// until the ToR's route to the VM moved to the target node, ms.
+    /// The longest run of lost datagrams ([`LossRun`](crate::migration::LossRun)) sent from 200 ms
+    /// before the cut-over until the ToR's route to the VM moved to the
+    /// target node, ms.
     pub gap_ms: f64,
-    /// Longest silence from 200 ms before the cut-over to the end of the
-    /// stream, ms (whatever the ToR did).
+    /// The same from 200 ms before the cut-over to the end of the stream,
+    /// ms (whatever the ToR did).
     pub gap_to_end_ms: f64,
+    /// Longest silence at the receivers from 200 ms before the cut-over
+    /// to the end, ms: the loss window plus whatever kept a receiver from
+    /// the CPU (reported, not bounded).
+    pub rx_silence_ms: f64,
     /// Datagrams of the stream no receiver got.
     pub lost: u64,
     /// Datagrams the target received.
@@ -410,7 +427,8 @@ s.send(rarp)
         || ready.exists() && files.iter().all(|f| with_suffix(f, ".ready").exists()),
     );
     let relayed_before = overlay_tx(&bed.a);
-    let tx = sender(&bed.ext);
+    let sent_log = dir.join("sent");
+    let tx = sender(&bed.ext, &sent_log);
     // The stream must flow to the source before the cut-over (a loaded
     // machine may take a while to start the sender): the receiver's first
     // buffered lines reach its file after a few hundred datagrams.
@@ -465,11 +483,14 @@ s.send(rarp)
         );
     }
     let rx = received(&files);
-    let (gap_ms, _, _) = longest_gap(&rx, cut - 200_000_000, converged.unwrap_or(end).max(cut));
-    let (gap_to_end_ms, _, _) = longest_gap(&rx, cut - 200_000_000, end);
+    let (rx_silence_ms, _, _) = longest_gap(&rx, cut - 200_000_000, end);
     let mut seqs: Vec<u64> = rx.iter().map(|(s, _)| *s).collect();
     seqs.sort_unstable();
     seqs.dedup();
+    let sent = sent_times(&sent_log);
+    let from = cut - 200_000_000;
+    let gap_ms = longest_loss(&sent, &seqs, from, converged.unwrap_or(end).max(cut)).ms;
+    let gap_to_end_ms = longest_loss(&sent, &seqs, from, end).ms;
     let target_rx = received(&files[1..2]);
     let on_target = target_rx.len();
     let on_target_before_converged = target_rx
@@ -480,6 +501,7 @@ s.send(rarp)
     ExternalWindow {
         gap_ms,
         gap_to_end_ms,
+        rx_silence_ms,
         lost: STREAM_COUNT - seqs.len() as u64,
         on_target,
         relayed,

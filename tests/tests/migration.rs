@@ -61,10 +61,11 @@ fn live_migration_over(family: UnderlayFamily) {
     );
     for (family, s) in [("IPv4", &w.ipv4), ("IPv6", &w.ipv6)] {
         eprintln!(
-            "migration {family}: loss window {:.1} ms (seq {} -> {}), {} of {STREAM_COUNT} datagrams lost ({INTERVAL_MS} ms apart), {} received on the target; last on the source -> first on the target {:.1} ms; first datagram on the target {:.1} ms after its link came up; longest gap after ready: {:.1} ms",
+            "migration {family}: loss window {:.1} ms (seq {} -> {} lost; receivers silent {:.1} ms), {} of {STREAM_COUNT} datagrams lost ({INTERVAL_MS} ms apart), {} received on the target; last on the source -> first on the target {:.1} ms; first datagram on the target {:.1} ms after its link came up; longest gap after ready: {:.1} ms",
             s.gap_ms,
             s.gap_seqs.0,
             s.gap_seqs.1,
+            s.rx_silence_ms,
             s.lost,
             s.on_target,
             s.switch_ms,
@@ -82,7 +83,7 @@ fn live_migration_over(family: UnderlayFamily) {
         // cut-over commands, which a loaded machine stretches).
         assert!(
             s.gap_ms - w.commands_ms < MAX_LOSS_WINDOW_MS,
-            "{family}: loss window {:.1} ms (seq {} -> {}) beyond {:.1} ms of cut-over commands",
+            "{family}: loss window {:.1} ms (seq {} -> {} lost) beyond {:.1} ms of cut-over commands",
             s.gap_ms,
             s.gap_seqs.0,
             s.gap_seqs.1,

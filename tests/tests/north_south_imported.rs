@@ -151,9 +151,10 @@ fn imported_vm_nat_out_routed_in_from_any_node_and_across_a_migration() {
     assert!(bed.ext.ping(IMP_IP, 2), "external -> VM while pending");
     let w = external_loss_window(&bed);
     eprintln!(
-        "north-south migration loss window: {:.1} ms ({:.1} ms of it the test's own cut-over commands), {} of {STREAM_COUNT} datagrams lost, {} on the target ({} before the ToR's route moved, {:.0} ms after the cut-over), {} frames relayed by the source",
+        "north-south migration loss window: {:.1} ms ({:.1} ms of it the test's own cut-over commands; receivers silent {:.1} ms), {} of {STREAM_COUNT} datagrams lost, {} on the target ({} before the ToR's route moved, {:.0} ms after the cut-over), {} frames relayed by the source",
         w.gap_ms,
         w.commands_ms,
+        w.rx_silence_ms,
         w.lost,
         w.on_target,
         w.on_target_before_converged,
@@ -227,8 +228,8 @@ fn three_nodes_ingress_through_a_third_node_follows_the_vm_across_a_migration() 
     let w = external_loss_window(&bed);
     let relayed = overlay_tx(c) - relayed;
     eprintln!(
-        "three nodes, ingress through node c: longest silence {:.1} ms over the whole stream ({:.1} ms of it the test's own cut-over commands), {} of {STREAM_COUNT} lost, {} on the target, {relayed} frames relayed by node c",
-        w.gap_to_end_ms, w.commands_ms, w.lost, w.on_target
+        "three nodes, ingress through node c: loss window {:.1} ms over the whole stream ({:.1} ms of it the test's own cut-over commands; receivers silent {:.1} ms), {} of {STREAM_COUNT} lost, {} on the target, {relayed} frames relayed by node c",
+        w.gap_to_end_ms, w.commands_ms, w.rx_silence_ms, w.lost, w.on_target
     );
     assert!(w.on_target > 1000, "the target got only {}", w.on_target);
     assert!(

@@ -63,14 +63,15 @@ pub fn run(opts: &Options) -> Result<Section> {
          timestamps, CLOCK_MONOTONIC); datagrams lost = sequence numbers no receiver \
          got; each family is measured on its own stream. The window includes the cut-over's own `ip` commands (source down → \
          target up, about 3 ms of process starts, shown separately). The migration \
-         test asserts on the longest silence at the receivers from 200 ms before the \
-         cut-over to the ready signal, shown too: it is the loss window unless a \
-         scheduling stall elsewhere in that second was longer. Baseline: the \
+         test asserts on the longest run of lost datagrams from 200 ms before the \
+         cut-over to the ready signal, shown too, on the sender's clock (the first \
+         lost one's send time to the last's, plus an interval): a receiver or the \
+         sender kept from the CPU cannot stretch it. Baseline: the \
          sender's interval ({INTERVAL_MS} ms).\n\n\
          | run | loss window ms | IPv6 loss window ms | datagrams lost of {STREAM_COUNT} \
          | IPv6 datagrams lost | ÷ send interval | longest gap after `ready: true` ms \
-         (either family) | longest silence around the cut-over ms | IPv6 longest silence \
-         ms | cut-over `ip` commands ms | first datagram on the target after its link \
+         (either family) | longest loss run around the cut-over ms | IPv6 longest loss \
+         run ms | cut-over `ip` commands ms | first datagram on the target after its link \
          came up ms |\n|---|---|---|---|---|---|---|---|---|---|---|\n",
         opts.runs
     );
@@ -115,8 +116,9 @@ pub fn run(opts: &Options) -> Result<Section> {
          a to node b (the same cut-over as above, once the stream reaches the VM on \
          node a). The ToR routes by the per-VM /32 over \
          BGP, so it keeps sending to node a until a withdraws and b announces it; node \
-         a relays meanwhile. **Loss window** = the longest silence at the receivers \
-         from 200 ms before the cut-over until the ToR's kernel route moved.\n\n\
+         a relays meanwhile. **Loss window** = the longest run of lost datagrams sent \
+         from 200 ms before the cut-over until the ToR's kernel route moved, on the \
+         sender's clock (the first lost one's send time to the last's, plus 1 ms).\n\n\
          | run | loss window ms | datagrams lost | received on the target | of which \
          before the ToR's route moved | ToR route moved after the cut-over, ms | frames \
          relayed by the source |\n|---|---|---|---|---|---|---|\n",
@@ -174,8 +176,8 @@ pub fn measure(label: &str, bed: Bed) -> Result<LossWindow> {
     for (family, s) in [("IPv4", &w.ipv4), ("IPv6", &w.ipv6)] {
         eprintln!(
             "bench:   {label} {family}: last on the source -> first on the target {:.1} ms \
-             (seq {} -> {}), {} lost, {} on the target; longest silence {:.1} ms (seq {} -> \
-             {}); first on the target {:.1} ms after its link came up; longest gap after \
+             (seq {} -> {}), {} lost, {} on the target; longest loss run {:.1} ms (seq {} -> \
+             {} lost); first on the target {:.1} ms after its link came up; longest gap after \
              ready {:.1} ms",
             s.switch_ms,
             s.switch_seqs.0,
@@ -212,7 +214,7 @@ fn external_runs(runs: usize) -> Result<Vec<ExternalWindow>> {
         north_south::start_migration(&bed);
         let w = north_south::external_loss_window(&bed);
         eprintln!(
-            "bench:   external run {r}: longest silence {:.1} ms, {} lost, {} on the target \
+            "bench:   external run {r}: longest loss run {:.1} ms, {} lost, {} on the target \
              ({} before the ToR's route moved {:.0} ms after the cut-over), {} relayed",
             w.gap_ms, w.lost, w.on_target, w.on_target_before_converged, w.converged_ms, w.relayed
         );

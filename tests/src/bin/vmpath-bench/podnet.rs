@@ -298,7 +298,7 @@ pub fn run(opts: &Options) -> Result<Section> {
          The client and vm1 are both on the migrating network, so the stream stays on \
          vmpath's overlay in both.\n\n\
          | network | run | loss window ms | IPv6 loss window ms | datagrams lost | IPv6 \
-         datagrams lost | longest silence around the cut-over ms | first datagram on the \
+         datagrams lost | longest loss run around the cut-over ms | first datagram on the \
          target after its link came up ms |\n|---|---|---|---|---|---|---|---|\n",
         opts.migration_runs
     ));
