@@ -678,7 +678,7 @@ mod tests {
                 }
                 reads
             });
-            for i in 0..1000 {
+            for i in 0..400 {
                 let mut e = request();
                 e.container_id = format!("c{i}");
                 let (_, generation) = registry
