@@ -47,7 +47,7 @@ fn load(example: &Path, node: &str) -> (usize, vmpath::resolve::resolved::Resolv
     let mut cfg = vmpath::resolve::resolved::Resolved::new(vmpath::round::validate(
         &snap,
         node,
-        &Default::default(),
+        &vmpath::config::AcceptedKeys::new(),
     ));
     let _ = ipam::assign(&mut cfg, &Default::default());
     (snap.documents.len(), cfg)
@@ -133,7 +133,7 @@ fn the_refused_examples_are_refused_as_documented() {
     const SHOWN_DIR: &str = "/etc/vmpath/";
     let dir = docs_dir().join("examples/refused");
     let snap = config::source::read_dir(&dir);
-    let cfg = vmpath::round::validate(&snap, "node-a", &Default::default());
+    let cfg = vmpath::round::validate(&snap, "node-a", &vmpath::config::AcceptedKeys::new());
     let page = fs::read_to_string(docs_dir().join("config.md")).expect("docs/config.md");
     let mut documented: Vec<&str> = page.lines().filter(|l| l.starts_with(SHOWN_DIR)).collect();
     assert!(!documented.is_empty(), "docs/config.md shows no refusal");

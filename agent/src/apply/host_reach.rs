@@ -292,7 +292,11 @@ mod tests {
              apiVersion: vmpath.dev/v1alpha1\nkind: Network\nmetadata: {name: red}\n\
              spec: {id: 320, subnets: [10.32.0.0/24], defaultGatewayIPs: [10.32.0.1], ipam: {mode: Enabled}}\n";
         let snap = crate::round::tests::snapshot_of(docs);
-        let cfg = Resolved::new(crate::round::validate(&snap, "a", &Default::default()));
+        let cfg = Resolved::new(crate::round::validate(
+            &snap,
+            "a",
+            &crate::config::AcceptedKeys::new(),
+        ));
         assert!(cfg.errors.is_empty(), "{:?}", cfg.errors);
         let plan = Plan::default();
         let want = desired(&cfg, &plan, &BTreeMap::new(), Some(7));

@@ -172,7 +172,10 @@ mod tests {
         std::fs::write(dir.join("c.yaml"), docs).unwrap();
         let snap = super::super::source::read_dir(&dir);
         let _ = std::fs::remove_dir_all(&dir);
-        (crate::round::validate(&snap, "a", &Default::default()), vms)
+        (
+            crate::round::validate(&snap, "a", &crate::config::AcceptedKeys::new()),
+            vms,
+        )
     }
 
     const RESERVED: [(&str, &str); 7] = [

@@ -529,7 +529,7 @@ mod tests {
         fs::create_dir_all(&dir).unwrap();
         fs::write(dir.join("c.yaml"), bytes).unwrap();
         let snap = read_dir(&dir);
-        let _ = crate::round::validate(&snap, "a", &Default::default());
+        let _ = crate::round::validate(&snap, "a", &crate::config::AcceptedKeys::new());
         let _ = fs::remove_dir_all(&dir);
         started.elapsed()
     }

@@ -10,7 +10,7 @@ use serde::de::DeserializeOwned;
 use vmpath_common::{default_gateway_mac, slow_class};
 
 use super::{
-    Attachment, AttachmentKey, Config, ConfigError, DocRef, Network, Node,
+    Attachment, AttachmentKey, Config, ConfigError, DocRef, KeepFirst, Network, Node,
     label_selector::Labels,
     model::{
         API_VERSION, AttachmentSpec, CORE_API_VERSION, IpamMode, Metadata, NetworkSpec, NodeSpec,
@@ -146,7 +146,7 @@ pub fn validate_documents(
     read_errors: &[ConfigError],
     translated: Translated,
     node_name: &str,
-    keep_first: &BTreeSet<AttachmentKey>,
+    keep_first: &dyn KeepFirst,
     held: &Held,
 ) -> Config {
     let mut cfg = Config {
@@ -420,7 +420,7 @@ pub fn validate_documents(
         !taken.contains(&(i - 1))
     });
     // Attachments that were running go first, so they keep what they hold.
-    parsed.sort_by_key(|(a, _)| !keep_first.contains(&a.key));
+    parsed.sort_by_key(|(a, _)| !keep_first.keeps(&a.key));
     let mut seen_keys: BTreeMap<AttachmentKey, String> = BTreeMap::new();
     let mut macs: HashMap<(String, [u8; 6]), String> = HashMap::default();
     let mut ips: HashMap<(String, IpAddr), String> = HashMap::default();

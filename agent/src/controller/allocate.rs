@@ -300,7 +300,7 @@ mod tests {
                 .collect(),
             ..Default::default()
         };
-        let cfg = crate::round::validate(&snap, "", &Default::default());
+        let cfg = crate::round::validate(&snap, "", &crate::config::AcceptedKeys::new());
         assert!(cfg.errors.is_empty(), "{:?}", cfg.errors);
         cfg.networks
     }

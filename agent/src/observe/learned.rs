@@ -335,7 +335,11 @@ mod tests {
         std::fs::write(dir.join("c.yaml"), docs).unwrap();
         let snap = config::source::read_dir(&dir);
         let _ = std::fs::remove_dir_all(&dir);
-        let r = Resolved::new(crate::round::validate(&snap, "a", &Default::default()));
+        let r = Resolved::new(crate::round::validate(
+            &snap,
+            "a",
+            &crate::config::AcceptedKeys::new(),
+        ));
         assert!(r.errors.is_empty(), "{:?}", r.errors);
         r
     }

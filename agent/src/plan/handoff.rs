@@ -293,7 +293,11 @@ mod tests {
              apiVersion: v1\nkind: Node\nmetadata: {name: a}\nspec: {podCIDRs: [10.244.0.0/24, 'fd00:10:244::/64']}\n---\n\
              apiVersion: v1\nkind: Node\nmetadata: {name: b}\nspec: {podCIDRs: [10.244.1.0/24]}\n";
         let snap = crate::round::tests::snapshot_of(docs);
-        let cfg = Resolved::new(crate::round::validate(&snap, "a", &Default::default()));
+        let cfg = Resolved::new(crate::round::validate(
+            &snap,
+            "a",
+            &crate::config::AcceptedKeys::new(),
+        ));
         assert!(cfg.errors.is_empty(), "{:?}", cfg.errors);
         let want = desired(&cfg);
         let nets = |list: &[&str]| list.iter().map(|s| s.parse().unwrap()).collect();

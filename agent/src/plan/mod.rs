@@ -406,7 +406,11 @@ mod tests {
         std::fs::write(dir.join("c.yaml"), docs).unwrap();
         let snap = config::source::read_dir(&dir);
         let _ = std::fs::remove_dir_all(&dir);
-        Resolved::new(crate::round::validate(&snap, "a", &Default::default()))
+        Resolved::new(crate::round::validate(
+            &snap,
+            "a",
+            &crate::config::AcceptedKeys::new(),
+        ))
     }
 
     fn ids(plan: &Plan) -> BTreeMap<String, u32> {
@@ -468,7 +472,11 @@ mod tests {
                             "port": format!("p-vm{i:02}"), "mac": format!("52:54:00:00:{:02x}:{:02x}", i / 256, i % 256)}}).into(),
                 });
             }
-            Resolved::new(crate::round::validate(&snap, "a", &Default::default()))
+            Resolved::new(crate::round::validate(
+                &snap,
+                "a",
+                &crate::config::AcceptedKeys::new(),
+            ))
         };
         let ifindex = |name: &str| {
             name.strip_prefix("p-vm")
@@ -508,7 +516,11 @@ mod tests {
         std::fs::write(dir.join("c.yaml"), docs).unwrap();
         let snap = config::source::read_dir(&dir);
         let _ = std::fs::remove_dir_all(&dir);
-        Resolved::new(crate::round::validate(&snap, "a", &Default::default()))
+        Resolved::new(crate::round::validate(
+            &snap,
+            "a",
+            &crate::config::AcceptedKeys::new(),
+        ))
     }
 
     fn port_flags(cfg: &Resolved) -> u16 {

@@ -379,7 +379,11 @@ mod tests {
         std::fs::write(dir.join("c.yaml"), docs).unwrap();
         let snap = config::source::read_dir(&dir);
         let _ = std::fs::remove_dir_all(&dir);
-        let cfg = Resolved::new(crate::round::validate(&snap, "a", &Default::default()));
+        let cfg = Resolved::new(crate::round::validate(
+            &snap,
+            "a",
+            &crate::config::AcceptedKeys::new(),
+        ));
         assert!(cfg.errors.is_empty(), "{:?}", cfg.errors);
         cfg
     }
@@ -414,7 +418,11 @@ mod tests {
                 source: "--cluster-service-cidrs".into(),
                 node: None,
             }];
-            let c = Resolved::new(crate::round::validate(&snap, "a", &Default::default()));
+            let c = Resolved::new(crate::round::validate(
+                &snap,
+                "a",
+                &crate::config::AcceptedKeys::new(),
+            ));
             assert!(c.errors.is_empty(), "{:?}", c.errors);
             plan(&c, "a", |_| None)
                 .subnets4

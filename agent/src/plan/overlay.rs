@@ -609,7 +609,11 @@ spec: {vm: vm4, interface: eth0, network: blue, node: c, port: p4, mac: '52:54:0
     /// `docs` validated and resolved (IPAM with no claims) for `node`.
     fn resolved_of(docs: &str, node: &str) -> Resolved {
         let snap = crate::round::tests::snapshot_of(docs);
-        let mut cfg = Resolved::new(crate::round::validate(&snap, node, &Default::default()));
+        let mut cfg = Resolved::new(crate::round::validate(
+            &snap,
+            node,
+            &crate::config::AcceptedKeys::new(),
+        ));
         let _ = crate::resolve::ipam::assign(&mut cfg, &Default::default());
         cfg
     }
@@ -858,7 +862,7 @@ spec: {{address: 192.0.2.3}}
         std::fs::write(dir.join("c.yaml"), docs).unwrap();
         let snap = config::source::read_dir(&dir);
         let _ = std::fs::remove_dir_all(&dir);
-        let validated = crate::round::validate(&snap, node, &Default::default());
+        let validated = crate::round::validate(&snap, node, &crate::config::AcceptedKeys::new());
         assert!(validated.errors.is_empty(), "{:?}", validated.errors);
         let mut cfg = Resolved::new(validated);
         let _ = crate::resolve::ipam::assign(&mut cfg, &Default::default());

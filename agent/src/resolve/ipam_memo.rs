@@ -373,7 +373,7 @@ mod tests {
         std::fs::write(dir.join("c.yaml"), yaml).unwrap();
         let snap = crate::config::source::read_dir(&dir);
         let _ = std::fs::remove_dir_all(&dir);
-        crate::round::validate(&snap, "a", &Default::default())
+        crate::round::validate(&snap, "a", &crate::config::AcceptedKeys::new())
     }
 
     fn write(claims: &mut BTreeMap<String, Claim>, changes: ClaimChanges) {

@@ -439,7 +439,7 @@ spec: {vm: vm3, interface: eth0, network: blue, node: a, port: p3, mac: '52:54:0
         std::fs::write(dir.join("c.yaml"), DOCS).unwrap();
         let snap = config::source::read_dir(&dir);
         let _ = std::fs::remove_dir_all(&dir);
-        let cfg = crate::round::validate(&snap, "a", &Default::default());
+        let cfg = crate::round::validate(&snap, "a", &crate::config::AcceptedKeys::new());
         assert!(cfg.errors.is_empty(), "{:?}", cfg.errors);
         cfg
     }

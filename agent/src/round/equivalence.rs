@@ -148,7 +148,7 @@ fn incremental(
         .map(plan::Previous::of_plan)
         .unwrap_or_default();
     let plan = plan::plan(&cfg, &node, ports, &previous, &mut round.overlay);
-    round.accepted = Arc::new(cfg.attachments.iter().map(|a| a.key.clone()).collect());
+    round.accepted = cfg.attachments.iter().map(|a| a.key.clone()).collect();
     round.running = publish::served_here(&cfg, &plan);
     round.last_plan = Some(plan.clone());
     // Carried over into the next round, as `Round::run` does.

@@ -202,7 +202,10 @@ mod tests {
             attachment("vm2", "a")
                 .replace("port: vm2p", "port: vm2p\n  mac: \"52:54:00:00:00:02\"")
         ));
-        let mut cfg = resolve(crate::round::validate(&snap, "a", &Default::default()), "a");
+        let mut cfg = resolve(
+            crate::round::validate(&snap, "a", &crate::config::AcceptedKeys::new()),
+            "a",
+        );
         let mut claims = assign(&mut cfg, &store).unwrap();
         assert!(cfg.attachments.iter().all(|a| !a.addresses.is_empty()));
         assert_eq!(store.all().unwrap(), *claims);

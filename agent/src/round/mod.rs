@@ -46,7 +46,7 @@ use tracing::{error, info, warn};
 use crate::{
     apply::dataplane::Dataplane,
     config::{
-        AttachmentKey, Config, ConfigError, Held, Translated,
+        AcceptedKeys, AttachmentKey, Config, ConfigError, Held, KeepFirst, Translated,
         source::{Reader, Snapshot},
         validate_documents,
     },
@@ -67,11 +67,7 @@ use crate::{
 /// (the derive and validate stages, as tests use them).
 /// `keep_first`: attachments accepted by the previous round (they win a
 /// conflict).
-pub fn validate(
-    snapshot: &Snapshot,
-    node_name: &str,
-    keep_first: &BTreeSet<AttachmentKey>,
-) -> Config {
+pub fn validate(snapshot: &Snapshot, node_name: &str, keep_first: &dyn KeepFirst) -> Config {
     validate_held(snapshot, node_name, keep_first, &Held::default())
 }
 
@@ -80,7 +76,7 @@ pub fn validate(
 pub fn validate_held(
     snapshot: &Snapshot,
     node_name: &str,
-    keep_first: &BTreeSet<AttachmentKey>,
+    keep_first: &dyn KeepFirst,
     held: &Held,
 ) -> Config {
     let derived: Translated = derive::derive(snapshot, node_name);
@@ -134,14 +130,14 @@ pub struct Round {
     /// The last plan the data path took.
     last_plan: Option<Plan>,
     /// Attachments the last round accepted (they win a conflict). Shared
-    /// with the validated config kept for the next round: copied (and
-    /// compared) only when it changed.
-    accepted: Arc<BTreeSet<AttachmentKey>>,
+    /// with the validated config kept for the next round and with the
+    /// record's writer (a persistent set: changed, not copied).
+    accepted: AcceptedKeys,
     /// Records `accepted` in the claims store, off the loop's path: after
     /// a restart the previous agent's last round still wins a conflict no
     /// claim or port here decides (an IPAM-less address or a given MAC of
     /// a VM on another node), not file order.
-    accepted_record: Latest<Arc<BTreeSet<AttachmentKey>>>,
+    accepted_record: Latest<AcceptedKeys>,
     /// What the last round served on this node's ports.
     running: Held,
     warned_empty: bool,
@@ -201,7 +197,7 @@ struct Validated {
     /// added (`validate::with_kept_claims`, which reads state of its own).
     config: Arc<Config>,
     held: Arc<Held>,
-    accepted: Arc<BTreeSet<AttachmentKey>>,
+    accepted: AcceptedKeys,
     cluster_cidrs: Vec<crate::config::ClusterCidr>,
     /// Where each object went, and who holds what, for the next partial
     /// pass.
@@ -215,7 +211,7 @@ impl Round {
             warn!("reading the accepted VM interfaces: {e}; document order decides this round");
             BTreeSet::new()
         });
-        let accepted: BTreeSet<AttachmentKey> = stored_accepted
+        let accepted: AcceptedKeys = stored_accepted
             .iter()
             .map(|(namespace, vm, interface)| AttachmentKey {
                 namespace: namespace.clone(),
@@ -227,16 +223,13 @@ impl Round {
         let record_store = store.clone();
         // The store's keys are made on the record's thread: at 10,000 VMs
         // a copy of every key was milliseconds of the round.
-        let accepted_record = Latest::spawn(
-            "vmpath-accepted",
-            move |accepted: &Arc<BTreeSet<AttachmentKey>>| {
-                let keys: BTreeSet<crate::resolve::store::InterfaceKey> = accepted
-                    .iter()
-                    .map(|k| (k.namespace.clone(), k.vm.clone(), k.interface.clone()))
-                    .collect();
-                record_store.set_accepted(&keys).map_err(|e| e.to_string())
-            },
-        );
+        let accepted_record = Latest::spawn("vmpath-accepted", move |accepted: &AcceptedKeys| {
+            let keys: BTreeSet<crate::resolve::store::InterfaceKey> = accepted
+                .iter()
+                .map(|k| (k.namespace.clone(), k.vm.clone(), k.interface.clone()))
+                .collect();
+            record_store.set_accepted(&keys).map_err(|e| e.to_string())
+        });
         let mut status_file = publish::StatusFile::default();
         // At most a fifth of a CPU: at 10,000 VMs the file is megabytes,
         // and written after every round that changed the view it competed
@@ -259,7 +252,7 @@ impl Round {
             reader: Reader::default(),
             last_fingerprint: None,
             last_plan: None,
-            accepted: Arc::new(accepted),
+            accepted,
             accepted_record,
             running: Held::default(),
             warned_empty: false,
@@ -352,7 +345,7 @@ impl Round {
         phases.mark("membership");
         if let Some(v) = &mut self.validated
             && touched.as_ref().is_some_and(BTreeSet::is_empty)
-            && v.accepted == self.accepted
+            && (v.accepted.ptr_eq(&self.accepted) || v.accepted == self.accepted)
             && v.held == held
         {
             self.passes.skipped += 1;
@@ -722,9 +715,11 @@ impl Round {
                 // again from every key was 20 ms of each round a VM came
                 // or went in). A set its writer still holds is copied.
                 Some(marks) => {
-                    let set = Arc::make_mut(&mut self.accepted);
-                    let mut gone: BTreeSet<&AttachmentKey> =
-                        dropped.iter().filter(|k| set.remove(*k)).collect();
+                    let set = &mut self.accepted;
+                    let mut gone: BTreeSet<&AttachmentKey> = dropped
+                        .iter()
+                        .filter(|k| set.remove(*k).is_some())
+                        .collect();
                     let mut differs = false;
                     for (a, _) in cfg
                         .attachments
@@ -734,15 +729,15 @@ impl Round {
                     {
                         // A key that left and came back changes nothing.
                         let came_back = gone.remove(&a.key);
-                        differs |= set.insert(a.key.clone()) && !came_back;
+                        differs |= set.insert(a.key.clone()).is_none() && !came_back;
                     }
                     differs || !gone.is_empty()
                 }
                 None => {
-                    let accepted: BTreeSet<AttachmentKey> =
+                    let accepted: AcceptedKeys =
                         cfg.attachments.iter().map(|a| a.key.clone()).collect();
-                    let differs = accepted != *self.accepted;
-                    self.accepted = Arc::new(accepted);
+                    let differs = accepted != self.accepted;
+                    self.accepted = accepted;
                     differs
                 }
             };
@@ -906,7 +901,7 @@ pub(crate) mod tests {
             cfg.attachments.iter().all(|a| a.key.vm != "vm1"),
             "vm1 accepted on a refused network"
         );
-        let full = validate(&second, "a", &Default::default());
+        let full = validate(&second, "a", &crate::config::AcceptedKeys::new());
         let keys = |c: &Config| {
             c.attachments
                 .iter()

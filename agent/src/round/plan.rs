@@ -139,7 +139,10 @@ mod tests {
             attachment("vm1", "a"),
             attachment("vm2", "a")
         ));
-        let cfg = resolve(crate::round::validate(&snap, "a", &Default::default()), "a");
+        let cfg = resolve(
+            crate::round::validate(&snap, "a", &crate::config::AcceptedKeys::new()),
+            "a",
+        );
         // vm2's port does not exist yet.
         let ports = |p: &str| (p == "vm1p").then_some(11);
         let first = plan(

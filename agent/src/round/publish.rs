@@ -467,7 +467,10 @@ mod tests {
             attachment("vm2", "a")
                 .replace("port: vm2p", "port: vm2p\n  migration: {targetNode: b}")
         ));
-        let cfg = resolve(crate::round::validate(&snap, "a", &Default::default()), "a");
+        let cfg = resolve(
+            crate::round::validate(&snap, "a", &crate::config::AcceptedKeys::new()),
+            "a",
+        );
         let ports =
             |p: &str| (p == "vm1p" || p == "vm2p").then_some(if p == "vm1p" { 11 } else { 12 });
         let plan = plan_on_a(&cfg, ports);
@@ -497,7 +500,10 @@ mod tests {
             attachment("vm3", "b")
                 .replace("port: vm3p", "port: vm3p\n  migration: {targetNode: a}")
         ));
-        let cfg = resolve(crate::round::validate(&snap, "a", &Default::default()), "a");
+        let cfg = resolve(
+            crate::round::validate(&snap, "a", &crate::config::AcceptedKeys::new()),
+            "a",
+        );
         let view = view_on_a(
             &cfg,
             &plan_on_a(&cfg, |p: &str| (p == "vm1p").then_some(11)),
@@ -537,7 +543,7 @@ mod tests {
             crate::round::validate(
                 &crate::config::source::read_dir(&dir),
                 "a",
-                &Default::default(),
+                &crate::config::AcceptedKeys::new(),
             )
         };
         let build = |cfg: &Resolved, prev: &View| view_on_a(cfg, &plan_on_a(cfg, |_| None), prev);
@@ -690,14 +696,14 @@ mod tests {
         let ports = |p: &str| (p == "vm1p").then_some(11);
         let build = |cfg: &Resolved, prev: &View| view_on_a(cfg, &plan_on_a(cfg, ports), prev);
         let before = resolve(
-            crate::round::validate(&docs("b"), "a", &Default::default()),
+            crate::round::validate(&docs("b"), "a", &crate::config::AcceptedKeys::new()),
             "a",
         );
         let first = build(&before, &View::default());
         // vm3 moves to node c; vm1 (its port here) and vm2 do not change;
         // the round carries the list the first view was built from over.
         let (after, _) = Resolved::carrying(
-            crate::round::validate(&docs("c"), "a", &Default::default()),
+            crate::round::validate(&docs("c"), "a", &crate::config::AcceptedKeys::new()),
             "a",
             before.attachments.clone(),
         );
@@ -735,7 +741,7 @@ mod tests {
             crate::round::validate(
                 &crate::config::source::read_dir(&dir),
                 "a",
-                &Default::default(),
+                &crate::config::AcceptedKeys::new(),
             ),
             "a",
             after.attachments.clone(),
@@ -775,7 +781,7 @@ mod tests {
         );
         // A list not carried over shares nothing.
         let unrelated = resolve(
-            crate::round::validate(&docs("c"), "a", &Default::default()),
+            crate::round::validate(&docs("c"), "a", &crate::config::AcceptedKeys::new()),
             "a",
         );
         let unrelated = build(&unrelated, &first);

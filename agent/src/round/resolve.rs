@@ -48,7 +48,10 @@ mod tests {
     #[test]
     fn every_valid_attachment_is_carried_unresolved() {
         let snap = snapshot_of(&format!("{BLUE}---\n{}", attachment("vm1", "a")));
-        let cfg = resolve(crate::round::validate(&snap, "a", &Default::default()), "a");
+        let cfg = resolve(
+            crate::round::validate(&snap, "a", &crate::config::AcceptedKeys::new()),
+            "a",
+        );
         assert_eq!(cfg.attachments.len(), 1);
         // IPAM has not run: no address yet.
         assert!(cfg.attachments[0].addresses.is_empty());

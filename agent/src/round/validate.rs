@@ -5,10 +5,10 @@
 //! which address and MAC ([`held`]) decides conflicts, so that after a
 //! restart document order does not.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 
 use crate::{
-    config::{AttachmentKey, Config, Held, Translated, source::Snapshot, validate_documents},
+    config::{Config, Held, KeepFirst, Translated, source::Snapshot, validate_documents},
     resolve::store::Claim,
 };
 
@@ -30,7 +30,7 @@ pub fn validate(
     snapshot: &Snapshot,
     derived: Translated,
     node: &str,
-    keep_first: &BTreeSet<AttachmentKey>,
+    keep_first: &dyn KeepFirst,
     held: &Held,
 ) -> Config {
     let validated = documents(snapshot, derived, node, keep_first, held);
@@ -43,7 +43,7 @@ pub fn documents(
     snapshot: &Snapshot,
     derived: Translated,
     node: &str,
-    keep_first: &BTreeSet<AttachmentKey>,
+    keep_first: &dyn KeepFirst,
     held: &Held,
 ) -> Config {
     validate_documents(&snapshot.errors, derived, node, keep_first, held)
@@ -88,7 +88,7 @@ mod tests {
             &snap,
             derive(&snap, "a"),
             "a",
-            &BTreeSet::new(),
+            &crate::config::AcceptedKeys::new(),
             &Held::default(),
         );
         assert_eq!(cfg.attachments.len(), 1);

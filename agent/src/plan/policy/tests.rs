@@ -36,7 +36,7 @@ fn world(policies: &str) -> (Resolved, BTreeMap<AttachmentKey, u32>) {
     std::fs::write(dir.join("c.yaml"), &docs).unwrap();
     let snap = config::source::read_dir(&dir);
     let _ = std::fs::remove_dir_all(&dir);
-    let cfg = crate::round::validate(&snap, "n1", &Default::default());
+    let cfg = crate::round::validate(&snap, "n1", &crate::config::AcceptedKeys::new());
     assert!(cfg.errors.is_empty(), "{:?}", cfg.errors);
     let resolved = Resolved::new(cfg);
     let local = resolved
@@ -352,7 +352,7 @@ fn bad_policies_are_refused_naming_the_field() {
     std::fs::write(dir.join("c.yaml"), &docs).unwrap();
     let snap = config::source::read_dir(&dir);
     let _ = std::fs::remove_dir_all(&dir);
-    let cfg = crate::round::validate(&snap, "n1", &Default::default());
+    let cfg = crate::round::validate(&snap, "n1", &crate::config::AcceptedKeys::new());
     let fields: Vec<(&str, &str)> = cfg
         .errors
         .iter()

@@ -36,7 +36,7 @@ fn config(docs: &str) -> Config {
     std::fs::write(dir.join("c.yaml"), &all).unwrap();
     let snap = config::source::read_dir(&dir);
     let _ = std::fs::remove_dir_all(&dir);
-    crate::round::validate(&snap, "n1", &Default::default())
+    crate::round::validate(&snap, "n1", &crate::config::AcceptedKeys::new())
 }
 
 fn compiled(docs: &str) -> Compiled {
