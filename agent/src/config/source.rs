@@ -152,6 +152,11 @@ impl<T> Chunked<T> {
         self.parts.iter().flat_map(|p| p.iter())
     }
 
+    /// The parts, each with where it starts.
+    pub fn parts(&self) -> impl Iterator<Item = (usize, &std::sync::Arc<[T]>)> {
+        self.starts.iter().copied().zip(&self.parts)
+    }
+
     /// The item at `i`.
     pub fn get(&self, i: usize) -> Option<&T> {
         if i >= self.len {

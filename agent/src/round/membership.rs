@@ -37,7 +37,7 @@ use crate::config::{
         CREATED_BY_LABEL, DEFAULT_NETWORK_ANNOTATION, NETWORKS_ANNOTATION, VM_NAME_LABEL,
         pod_claim_prefix,
     },
-    source::{DocOrigin, Snapshot},
+    source::{Chunked, ClusterDocument, DocOrigin, RawDocument, Snapshot},
 };
 use crate::sys::hash::{HashMap, HashSet};
 
@@ -231,32 +231,26 @@ pub struct Membership {
     ledger: Option<Arc<crate::config::kube_objects::ledger::Shards>>,
     /// Has read a snapshot.
     started: bool,
-    /// The last snapshot's objects, in its order.
+    /// The last snapshot's cluster objects, as its parts: held, so no
+    /// part or object of theirs is freed and its address taken by a new
+    /// one while they are compared by address.
+    parts: Vec<Arc<[ClusterDocument]>>,
+    /// The last snapshot's documents, in its order.
     order: Vec<usize>,
-    /// Where each kind's (file's) objects lie in `order`.
+    /// Where each file's documents lie in `order`.
     segments: Vec<(u64, std::ops::Range<usize>)>,
 }
 
-/// The snapshot's objects by identity, in its order, and the runs of one
-/// file each (a kind, for the cluster source): (the file's name hashed,
-/// its run).
-fn order_of(snap: &Snapshot) -> (Vec<usize>, Vec<(u64, std::ops::Range<usize>)>) {
-    let objects = snap
-        .cluster
-        .iter()
-        .map(|c| (ptr_of(&c.object), c.file.as_os_str()))
-        .chain(
-            snap.documents
-                .iter()
-                .map(|d| (ptr_of(&d.value), d.file.as_os_str())),
-        );
-    let mut order = Vec::with_capacity(snap.cluster.len() + snap.documents.len());
+/// The documents' objects by identity, in their order, and the runs of
+/// one file each: (the file's name hashed, its run).
+fn order_of(documents: &[RawDocument]) -> (Vec<usize>, Vec<(u64, std::ops::Range<usize>)>) {
+    let mut order = Vec::with_capacity(documents.len());
     let mut segments: Vec<(u64, std::ops::Range<usize>)> = Vec::new();
-    // Compared as bytes: a `Path`'s equality walks its components, and
-    // this runs for every object of the cluster each round.
+    // Compared as bytes: a `Path`'s equality walks its components.
     let mut last_file: Option<&std::ffi::OsStr> = None;
-    for (at, (ptr, file)) in objects.enumerate() {
-        order.push(ptr);
+    for (at, d) in documents.iter().enumerate() {
+        let file = d.file.as_os_str();
+        order.push(ptr_of(&d.value));
         match segments.last_mut() {
             Some((_, run)) if last_file == Some(file) => run.end = at + 1,
             _ => {
@@ -267,6 +261,37 @@ fn order_of(snap: &Snapshot) -> (Vec<usize>, Vec<(u64, std::ops::Range<usize>)>)
         }
     }
     (order, segments)
+}
+
+/// What changed between two snapshots' cluster objects, by their parts
+/// (`Chunked`): a source hands every round the same part for what it did
+/// not read again, so a part shared with the last snapshot is unchanged
+/// and costs one comparison, not one per object (at 100,000 VMs the walk
+/// of every object's pointer was 2.4 ms of every round). The objects of
+/// the old parts gone, and the positions of the new parts come (an
+/// object re-read in a new part stays where it was: in both).
+fn changed_parts(
+    old: &[Arc<[ClusterDocument]>],
+    new: &Chunked<ClusterDocument>,
+) -> (HashSet<usize>, Vec<std::ops::Range<usize>>) {
+    let part_ptr = |p: &Arc<[ClusterDocument]>| Arc::as_ptr(p) as *const ClusterDocument as usize;
+    let mut old_parts: HashMap<usize, &Arc<[ClusterDocument]>> =
+        old.iter().map(|p| (part_ptr(p), p)).collect();
+    let mut new_mid: Vec<std::ops::Range<usize>> = Vec::new();
+    for (start, part) in new.parts() {
+        if old_parts.remove(&part_ptr(part)).is_none() {
+            match new_mid.last_mut() {
+                Some(run) if run.end == start => run.end = start + part.len(),
+                _ => new_mid.push(start..start + part.len()),
+            }
+        }
+    }
+    let old_mid = old_parts
+        .values()
+        .flat_map(|p| p.iter())
+        .map(|c| ptr_of(&c.object))
+        .collect();
+    (old_mid, new_mid)
 }
 
 /// Each address a claim's status gives (`None`: one that does not read).
@@ -353,11 +378,14 @@ impl Membership {
         // unchanged object costs a comparison, not a lookup; and a change
         // in two kinds at once (a VM's pod and its VMI) looks at two
         // small runs, not everything between them.
-        let (order, segments) = order_of(snap);
-        let (old_mid, new_mid_ranges) =
+        // The cluster's objects by their parts; the documents (files, CNI
+        // ports: few with the cluster source) object by object.
+        let (mut old_mid, mut new_mid_ranges) = changed_parts(&self.parts, &snap.cluster);
+        let (order, segments) = order_of(&snap.documents);
+        let (old_docs, new_docs) =
             match changed_runs(&self.order, &self.segments, &order, &segments) {
                 Some(runs) => runs,
-                // A kind (file) in two places: the whole as one run.
+                // A file in two places: the whole as one run.
                 None => {
                     let whole = [(0u64, 0..self.order.len())];
                     let new_whole = [(0u64, 0..order.len())];
@@ -365,10 +393,20 @@ impl Membership {
                         .expect("one run each side")
                 }
             };
+        old_mid.extend(old_docs);
+        let documents_at = snap.cluster.len();
+        new_mid_ranges.extend(
+            new_docs
+                .into_iter()
+                .map(|r| r.start + documents_at..r.end + documents_at),
+        );
         let mut new_mid: HashSet<usize> = HashSet::default();
         let mut added: Vec<Member> = Vec::new();
         for i in new_mid_ranges.into_iter().flatten() {
-            let p = order[i];
+            let p = match snap.cluster.get(i) {
+                Some(c) => ptr_of(&c.object),
+                None => order[i - documents_at],
+            };
             if !new_mid.insert(p) {
                 return self.rebuild(snap);
             }
@@ -397,6 +435,7 @@ impl Membership {
             .filter(|p| !new_mid.contains(p))
             .copied()
             .collect();
+        self.parts = snap.cluster.parts().map(|(_, p)| p.clone()).collect();
         self.order = order;
         self.segments = segments;
         for p in removed {
@@ -1485,6 +1524,39 @@ mod tests {
         }))
     }
 
+    /// `snap`'s cluster objects as the Kubernetes source hands them: a
+    /// part per file (kind), the last snapshot's own part where the file's
+    /// objects are the same ones (`parts` keeps them).
+    fn share_parts(snap: &mut Snapshot, parts: &mut HashMap<PathBuf, Arc<[ClusterDocument]>>) {
+        let mut by_file: Vec<(PathBuf, Vec<ClusterDocument>)> = Vec::new();
+        for c in snap.cluster.iter() {
+            match by_file.last_mut() {
+                Some((file, items)) if **file == *c.file => items.push(c.clone()),
+                _ => by_file.push((c.file.to_path_buf(), vec![c.clone()])),
+            }
+        }
+        let mut shared = Chunked::default();
+        let mut kept = HashMap::default();
+        for (file, items) in by_file {
+            let part = match parts.get(&file) {
+                Some(old)
+                    if old.len() == items.len()
+                        && old
+                            .iter()
+                            .zip(&items)
+                            .all(|(a, b)| Arc::ptr_eq(&a.object, &b.object)) =>
+                {
+                    old.clone()
+                }
+                _ => Arc::from(items),
+            };
+            shared.push_part(part.clone());
+            kept.insert(file, part);
+        }
+        snap.cluster = shared;
+        *parts = kept;
+    }
+
     fn run(seed: u64, steps: usize) -> (usize, usize) {
         let dir = fresh_dir(&format!("membership-{seed}"));
         std::fs::write(dir.join("network.yaml"), NETWORK).unwrap();
@@ -1493,6 +1565,7 @@ mod tests {
         let mut kept = Membership::default();
         let mut last: Option<Membership> = None;
         let mut ports: std::collections::BTreeMap<usize, Arc<Value>> = Default::default();
+        let mut parts = HashMap::default();
         let (mut partial, mut whole) = (0, 0);
         for step in 0..steps {
             // Two changes at once, now and then: a VMI and its launcher in
@@ -1516,6 +1589,7 @@ mod tests {
                 }
             }
             let mut snap = reader.read(&dir);
+            share_parts(&mut snap, &mut parts);
             for (i, value) in &ports {
                 snap.documents.push(crate::config::source::RawDocument {
                     file: PathBuf::from(format!("cni:{i}")),
@@ -1584,6 +1658,44 @@ mod tests {
         twice.cluster.push(first);
         assert_eq!(kept.update(&twice), None);
         assert_eq!(kept.canonical(), Membership::of(&snap).canonical());
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// Parts shared with the last snapshot are not looked into: only the
+    /// objects of the parts gone, and the positions of the parts come.
+    #[test]
+    fn a_part_shared_with_the_last_snapshot_is_not_looked_into() {
+        let dir = fresh_dir("membership-parts");
+        for (i, vm) in VMS.iter().enumerate() {
+            std::fs::write(dir.join(format!("o{i}.yaml")), vmi(vm, UIDS[i])).unwrap();
+        }
+        let mut reader = crate::config::source::Reader::default();
+        let snap = reader.read(&dir);
+        let docs: Vec<ClusterDocument> = snap.cluster.iter().cloned().collect();
+        let part =
+            |items: &[ClusterDocument]| -> Arc<[ClusterDocument]> { Arc::from(items.to_vec()) };
+        let (a, b) = (part(&docs[..2]), part(&docs[2..]));
+        let old = vec![a.clone(), b.clone()];
+        let mut new = Chunked::default();
+        new.push_part(a.clone());
+        new.push_part(b.clone());
+        let (old_mid, new_mid) = changed_parts(&old, &new);
+        assert!(old_mid.is_empty() && new_mid.is_empty(), "nothing changed");
+        // The second part read again, one object in it replaced.
+        let mut again = docs[2..].to_vec();
+        again[1] = docs[0].clone();
+        let mut new = Chunked::default();
+        new.push_part(a.clone());
+        new.push_part(Arc::from(again));
+        let (old_mid, new_mid) = changed_parts(&old, &new);
+        assert_eq!(
+            old_mid,
+            docs[2..]
+                .iter()
+                .map(|c| ptr_of(&c.object))
+                .collect::<HashSet<_>>()
+        );
+        assert_eq!(new_mid, vec![2..4]);
         let _ = std::fs::remove_dir_all(&dir);
     }
 
