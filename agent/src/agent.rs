@@ -136,10 +136,11 @@ pub fn run(
     let mut net = SafetyNet::new(opts.resync);
     loop {
         let mut full = first;
-        if !first
-            && pacer.wait(&dp, &shared, |name| round.link_matters(name)) == Wake::Resync
-            && net.due()
-        {
+        let wake = match first {
+            true => Wake::Event,
+            false => pacer.wait(&dp, &shared, |name| round.link_matters(name)),
+        };
+        if wake == Wake::Resync && net.due() {
             // The safety net: every object derived again and every map
             // read back, whatever the increments kept.
             round.forget_increments();
@@ -149,12 +150,15 @@ pub fn run(
         first = false;
         shared.heartbeat();
         let started = Instant::now();
-        let outcome = round.run(&mut dp, &shared, &services);
+        let outcome = round.run(&mut dp, &shared, &services, wake == Wake::Objects);
         if full {
             net.ran(started.elapsed());
         }
         match outcome {
             round::Outcome::Empty => pacer.passed(&dp),
+            // The data path's findings are left for the next round that
+            // reads them (its fingerprint stays the last such round's).
+            round::Outcome::Unchanged => {}
             round::Outcome::Retry => pacer.retry_soon(),
             round::Outcome::Done { retry, migrating } => {
                 if retry {
@@ -213,6 +217,9 @@ impl SafetyNet {
 enum Wake {
     /// A config or link event, the data path's findings, a retry.
     Event,
+    /// Watched cluster objects changed, and nothing else (no migration
+    /// under way, nothing new in the data path).
+    Objects,
     /// The resync interval passed with nothing else.
     Resync,
 }
@@ -280,6 +287,14 @@ impl Pacer {
             let wakes = self.events.wait(self.interval.min(due - now));
             if wakes.iter().any(|w| wake_matters(w, &link_matters)) {
                 tracing::debug!(?wakes, "woken");
+                // Objects alone, unless the data path found something or a
+                // migration is followed (never starved by a busy watch).
+                let objects = wakes
+                    .iter()
+                    .all(|w| matches!(w, crate::sys::events::Wake::Cluster));
+                if objects && !self.migrating && data_path_fingerprint(dp) == self.data_path {
+                    return Wake::Objects;
+                }
                 return Wake::Event;
             }
             if !wakes.is_empty() {

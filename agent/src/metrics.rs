@@ -101,6 +101,12 @@ const RECONCILES: Family = family(
     COUNTER,
     &[],
 );
+const ROUNDS_UNCHANGED: Family = family(
+    "vmpath_rounds_unchanged_total",
+    "Rounds woken by watched cluster objects alone that stopped after validation: none of the objects is read by a VM interface or the context (a claim made before its VM, say), so nothing after validation could change.",
+    COUNTER,
+    &[],
+);
 const FREED_ON_LOOP: Family = family(
     "vmpath_freed_on_loop_total",
     "What a round replaced that it freed itself because the freeing thread (idle class) was its backlog behind: steady growth means the node's CPUs leave the agent's housekeeping no time.",
@@ -233,8 +239,9 @@ const PORT_SERVICE: Family = family(
 );
 
 /// Every family the collector produces, the reconcile histogram aside.
-const FAMILIES: [&Family; 28] = [
+const FAMILIES: [&Family; 29] = [
     &READY,
+    &ROUNDS_UNCHANGED,
     &FREED_ON_LOOP,
     &LEARNED_REFUSED,
     &DATAPLANE_UP,
@@ -425,6 +432,10 @@ pub fn families(snap: &Snapshot) -> Vec<MetricFamily> {
     }
     out.push(learned_refused);
     out.push(Samples::one(&RECONCILES, view.reconciles as f64));
+    out.push(Samples::one(
+        &ROUNDS_UNCHANGED,
+        crate::round::rounds_unchanged() as f64,
+    ));
     out.push(Samples::one(
         &FREED_ON_LOOP,
         crate::sys::drop_later::dropped_here() as f64,

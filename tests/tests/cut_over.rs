@@ -83,7 +83,7 @@ fn resolved(node: &str, docs: &str) -> Resolved {
     std::fs::write(dir.join("c.yaml"), docs).unwrap();
     let snap = config::source::read_dir(&dir);
     let _ = std::fs::remove_dir_all(&dir);
-    let validated = vmpath::round::validate(&snap, node, &Default::default());
+    let validated = vmpath::round::validate(&snap, node, &vmpath::config::AcceptedKeys::new());
     assert!(validated.errors.is_empty(), "{:?}", validated.errors);
     let mut cfg = Resolved::new(validated);
     let _ = vmpath::resolve::ipam::assign(&mut cfg, &Default::default());

@@ -484,3 +484,97 @@ fn a_launchers_add_before_its_vmi_is_seen_waits_for_it() {
     let a = attachment(&status, "vm1").unwrap_or_else(|| panic!("vm1 derived: {status}"));
     assert_eq!(a["port"], result["interfaces"][0]["name"], "{a}\n{result}");
 }
+
+/// The agent's counter of `name` on its metrics endpoint `addr`.
+fn counter(node: &Node, addr: &str, name: &str) -> f64 {
+    let url = format!("http://{addr}/metrics");
+    let out = node
+        .ns
+        .run_status(&["curl", "-sfS", "--max-time", "5", &url]);
+    assert!(out.status.success(), "scraping {url}");
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .find_map(|l| l.strip_prefix(&format!("{name} ")))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no {name} at {url}"))
+}
+
+/// Objects no VM interface reads (a tenant's claims that no pod or VM
+/// names) stop their round after validation: the node's agent does not
+/// plan and publish the cluster again for them. The claim of a pod that
+/// comes later is still read when its pod comes: the pod gets the
+/// claim's address.
+#[test]
+fn objects_no_vm_reads_stop_their_round_after_validation() {
+    const METRICS: &str = "127.0.0.1:9471";
+    const UNCHANGED: &str = "vmpath_rounds_unchanged_total";
+    let mut node = Node::new("kq");
+    node.ns.run(&["ip", "link", "set", "lo", "up"]);
+    let server = ApiServer::start(&node.ns.path());
+    for o in objects(&node.name) {
+        server.put(o);
+    }
+    server.vouch_for_claims();
+    let kubeconfig = server.serve_agent_of(&mut node);
+    node.set_agent_args(&[
+        "--source",
+        "kubernetes",
+        "--kubeconfig",
+        &kubeconfig,
+        "--metrics-addr",
+        METRICS,
+    ]);
+    node.start_agent();
+    wait_for(
+        "the agent to list the cluster",
+        Duration::from_secs(120),
+        || {
+            node.status()
+                .is_some_and(|s| attachment(&s, "vm1").is_some())
+        },
+    );
+    // Claims nobody names, one after another: each wakes a round by
+    // itself, which stops after validation (one that the agent's own
+    // start-up links or the data path also woke runs to the end: a few
+    // tries).
+    let before = counter(&node, METRICS, UNCHANGED);
+    let stopped = (0..20).any(|i| {
+        server.put(web_claim(
+            &format!("stray-{i}"),
+            &format!("10.31.0.{}/24", 100 + i),
+        ));
+        let asked = std::time::Instant::now();
+        while asked.elapsed() < Duration::from_secs(2) {
+            if counter(&node, METRICS, UNCHANGED) > before {
+                return true;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        false
+    });
+    assert!(
+        stopped,
+        "no round woken by a claim nobody names stopped after validation"
+    );
+    // A claim made before its pod (as the controller makes a VM's before
+    // the VM's pod runs): nobody reads it yet.
+    server.put(web_claim("web-1", "10.31.0.21/24"));
+    server.vouch_for_claims();
+    // Its pod comes: the claim is read, the round runs to the end.
+    server.put(web_pod("web-1", &node.name));
+    let ip = |s: &Value| {
+        attachment(s, "web-1").and_then(|a| a["ips"][0]["address"].as_str().map(str::to_string))
+    };
+    wait_for(
+        "the pod to take its claim's address",
+        Duration::from_secs(30),
+        || node.status().as_ref().and_then(ip).is_some(),
+    );
+    let status = node.status().unwrap();
+    assert_eq!(
+        ip(&status).as_deref(),
+        Some("10.31.0.21/24"),
+        "web-1: {:?}",
+        attachment(&status, "web-1")
+    );
+}
