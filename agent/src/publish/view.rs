@@ -168,7 +168,7 @@ impl View {
     }
 }
 
-/// How many rows a [`Rows`] chunk holds.
+/// How many rows a [`Rows`] chunk made by `push` holds.
 pub const ROWS_CHUNK: usize = 64;
 
 /// One VM interface of the view.
@@ -275,7 +275,13 @@ pub fn row_elsewhere(a: &crate::resolve::resolved::Attachment) -> AttachmentView
 #[derive(Debug, Clone, Default)]
 pub struct Rows {
     chunks: Vec<Arc<Vec<Row>>>,
+    /// Where each chunk starts: chunks taken whole from the last view
+    /// keep their size, so they are of any size up to [`ROWS_CHUNK`].
+    starts: Vec<usize>,
     len: usize,
+    /// The last chunk is this list's own, still filled by `push` (not one
+    /// taken whole from another view).
+    open: bool,
 }
 
 impl Rows {
@@ -288,7 +294,11 @@ impl Rows {
     }
 
     pub fn get(&self, i: usize) -> Option<&Row> {
-        self.chunks.get(i / ROWS_CHUNK)?.get(i % ROWS_CHUNK)
+        if i >= self.len {
+            return None;
+        }
+        let k = self.starts.partition_point(|&s| s <= i) - 1;
+        self.chunks[k].get(i - self.starts[k])
     }
 
     /// Every row, as the API shows it (another node's made as it is read).
@@ -301,33 +311,46 @@ impl Rows {
         self.chunks.iter().flat_map(|c| c.iter())
     }
 
+    /// Each chunk, shared, with where it starts.
+    pub fn chunks(&self) -> impl Iterator<Item = (usize, &Arc<Vec<Row>>)> {
+        self.starts.iter().copied().zip(&self.chunks)
+    }
+
     /// The `k`th chunk, shared.
     pub fn chunk(&self, k: usize) -> Option<&Arc<Vec<Row>>> {
         self.chunks.get(k)
+    }
+
+    /// How many chunks it is in.
+    pub fn chunk_count(&self) -> usize {
+        self.chunks.len()
     }
 
     /// Adds a row at the end.
     pub fn push(&mut self, row: impl Into<Row>) {
         let row = row.into();
         match self.chunks.last_mut() {
-            Some(last) if last.len() < ROWS_CHUNK => Arc::make_mut(last).push(row),
+            Some(last) if self.open && last.len() < ROWS_CHUNK => Arc::make_mut(last).push(row),
             _ => {
                 let mut chunk = Vec::with_capacity(ROWS_CHUNK);
                 chunk.push(row);
+                self.starts.push(self.len);
                 self.chunks.push(Arc::new(chunk));
+                self.open = true;
             }
         }
         self.len += 1;
     }
 
-    /// Adds a whole chunk at the end (a full one but for the last).
+    /// Adds a whole chunk at the end, shared.
     pub fn push_chunk(&mut self, chunk: Arc<Vec<Row>>) {
-        debug_assert!(
-            self.len.is_multiple_of(ROWS_CHUNK),
-            "chunks are full but the last"
-        );
+        if chunk.is_empty() {
+            return;
+        }
+        self.starts.push(self.len);
         self.len += chunk.len();
         self.chunks.push(chunk);
+        self.open = false;
     }
 }
 
