@@ -100,6 +100,9 @@ pub struct Cache {
     /// Other nodes' VMs' routed entries (`north_south`), with the build
     /// and the ingress networks hosted here they were made for.
     routed: Option<(u64, BTreeSet<u32>, Arc<RemoteRouted>)>,
+    /// The length of the list it was last found to hold for, or built
+    /// from, when that list was carried over (a round's).
+    held_for: Option<usize>,
 }
 
 /// Other nodes' VMs' routed entries (`vmp_routed`, planned by
@@ -126,6 +129,14 @@ impl Cache {
         {
             return false;
         }
+        // The list the cache last held for (the last round's), carried
+        // over one for one and unchanged, with no migration in it (a
+        // cut-over is found again every round, outside the marks): no
+        // entry the overlay reads changed. Read from the marks alone: a
+        // look at every entry was 1.5 ms of each round at 100,000 VMs.
+        if self.held_for == Some(cfg.carried_from_len) && !cfg.migrating && cfg.carried_whole() {
+            return true;
+        }
         let mut inputs = self.inputs.iter();
         for att in cfg.attachments.iter().filter(|a| overlay_reads(a, node)) {
             match inputs.next() {
@@ -145,7 +156,11 @@ impl Cache {
         node: &str,
         vteps6: &BTreeMap<Ipv6Addr, [u8; 4]>,
     ) -> &Remote {
-        if !self.holds(cfg, node, vteps6) {
+        let holds = self.holds(cfg, node, vteps6);
+        // A list carried from nothing known (a plan of its own) leaves
+        // nothing the next round's marks could be read against.
+        self.held_for = cfg.carried.is_some().then_some(cfg.attachments.len());
+        if !holds {
             let read: Vec<&Attachment> = cfg
                 .attachments
                 .iter()
@@ -695,6 +710,68 @@ spec: {vm: vm4, interface: eth0, network: blue, node: c, port: p4, mac: '52:54:0
         assert_eq!(
             fourth.endpoints[&EndpointKey::new(100, [0x52, 0x54, 0, 0, 0, 2])].node_ip4,
             [192, 0, 2, 22]
+        );
+    }
+
+    /// Rounds carry their lists over: a list carried whole and unchanged
+    /// keeps other nodes' part without a look at its entries; an entry
+    /// IPAM changed, or a migration's cut-over (found again every round,
+    /// outside the marks), is seen. Every plan is the one without a cache.
+    #[test]
+    fn a_list_carried_over_unchanged_keeps_other_nodes_part() {
+        let carried = |cfg: &Resolved| {
+            let (mut next, _) =
+                Resolved::carrying(cfg.config.clone(), "a", cfg.attachments.clone());
+            let _ = crate::resolve::ipam::assign(&mut next, &Default::default());
+            next
+        };
+        let (mut cfg, _) = Resolved::carrying(resolved_of(DOCS, "a").config, "a", Vec::new());
+        let _ = crate::resolve::ipam::assign(&mut cfg, &Default::default());
+        let mut cache = Cache::default();
+        let first = cached(&cfg, &mut cache);
+        let builds = cache.builds;
+        let cfg = carried(&cfg);
+        assert!(cfg.carried_whole() && !cfg.migrating);
+        let second = cached(&cfg, &mut cache);
+        assert_eq!(cache.builds, builds, "held from the marks");
+        assert!(Arc::ptr_eq(
+            &first.endpoints.remote,
+            &second.endpoints.remote
+        ));
+        assert_eq!(second, uncached(&cfg));
+        // vm2's address changed by IPAM (marked): built again.
+        let mut cfg = carried(&cfg);
+        cfg.attachment_mut(&crate::config::AttachmentKey {
+            namespace: "prod".into(),
+            vm: "vm2".into(),
+            interface: "eth0".into(),
+        })
+        .unwrap()
+        .addresses = vec![("10.20.0.99/16".parse().unwrap(), Origin::Claimed)].into();
+        let third = cached(&cfg, &mut cache);
+        assert_eq!(cache.builds, builds + 1);
+        assert_eq!(third, uncached(&cfg));
+
+        // vm2 migrating to a: its cut-over, set as the data path's is
+        // found (not through the marks), moves it here.
+        let docs = DOCS.replace(
+            "port: p2, mac: '52:54:00:00:00:02'",
+            "port: p2, mac: '52:54:00:00:00:02', migration: {targetNode: a, targetPort: t2}",
+        );
+        let (mut cfg, _) = Resolved::carrying(resolved_of(&docs, "a").config, "a", Vec::new());
+        let _ = crate::resolve::ipam::assign(&mut cfg, &Default::default());
+        let mut cache = Cache::default();
+        let pending = cached(&cfg, &mut cache);
+        let mut cfg = carried(&cfg);
+        assert!(cfg.carried_whole() && cfg.migrating);
+        for a in cfg.attachments.iter_mut().filter(|a| a.migrates) {
+            a.cut_over = true;
+        }
+        let cut = cached(&cfg, &mut cache);
+        assert_eq!(cut, uncached(&cfg));
+        assert_ne!(
+            cut.endpoints.remote, pending.endpoints.remote,
+            "vm2 is here now"
         );
     }
 

@@ -148,6 +148,10 @@ pub struct Resolved {
     pub carried: Option<Vec<u32>>,
     /// How many entries the list carried over from had.
     pub carried_from_len: usize,
+    /// An entry's document names a migration (its cut-over, found again
+    /// every round, lies outside `carried`'s marks). Entries only go after
+    /// it is set (refused): it may say so of one gone.
+    pub migrating: bool,
 }
 
 /// In [`Resolved::carried`]: an entry new, or changed, this round.
@@ -248,6 +252,7 @@ impl Resolved {
             None => (None, 0),
         };
         Resolved {
+            migrating: attachments.iter().any(|a| a.migrates),
             attachments,
             errors: config.errors.clone(),
             config,

@@ -799,7 +799,7 @@ impl Round {
         if let Some(plan) = &self.last_plan {
             self.running = publish::served_here(&cfg, plan);
         }
-        let migrating = cfg.attachments.iter().any(|a| a.migrates);
+        let migrating = cfg.migrating;
         // Carried over into the next round (and what the published view's
         // entries were built from, one for one).
         self.last_resolved = std::mem::take(&mut cfg.attachments);
