@@ -117,8 +117,7 @@ fn port_ids<'a>(
     problems: &mut Vec<String>,
 ) -> crate::sys::hash::HashMap<&'a AttachmentKey, u32> {
     let local: Vec<&AttachmentKey> = cfg
-        .attachments
-        .iter()
+        .local_entries()
         .filter(|a| local_port(a, node).is_some())
         .map(|a| &a.key)
         .collect();
@@ -219,8 +218,7 @@ pub fn plan_with_previous(
     // Active here, or here as the target of a pending migration: those
     // alone are ordered (a lookup each), not every VM interface.
     let mut ordered: Vec<_> = cfg
-        .attachments
-        .iter()
+        .local_entries()
         .filter_map(|a| local_port(a, node).map(|(port, pending)| (a, port, pending)))
         .collect();
     ordered.sort_by_key(|(a, _, _)| !previous.contains_key(&a.key));

@@ -334,7 +334,7 @@ pub fn refuse_ineligible(cfg: &mut Resolved, node: &str, policy: &PortPolicy) {
         }
     };
     let mut refusals = Vec::new();
-    for a in &cfg.attachments {
+    for a in cfg.local_entries() {
         for (field, port) in ports_on(a, node) {
             let verdict = match ifaces.get(port) {
                 Some(iface) => judge(policy, iface),

@@ -148,10 +148,69 @@ pub struct Resolved {
     pub carried: Option<Vec<u32>>,
     /// How many entries the list carried over from had.
     pub carried_from_len: usize,
-    /// An entry's document names a migration (its cut-over, found again
-    /// every round, lies outside `carried`'s marks). Entries only go after
-    /// it is set (refused): it may say so of one gone.
-    pub migrating: bool,
+    /// The entries that may have a port on this node (not `elsewhere`),
+    /// by index, ascending: what the stages that serve this node's ports
+    /// walk, rather than every VM interface of the cluster (kept from
+    /// round to round by the marks, not found by a look at every entry).
+    pub local: Vec<u32>,
+    /// The entries whose document names a migration, by index, ascending
+    /// (a cut-over is found again every round, outside the marks).
+    pub moving: Vec<u32>,
+}
+
+/// Which entries of a list are [`Resolved::local`] and
+/// [`Resolved::moving`]: what the next round's marks are read against.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Indexes {
+    pub local: Vec<u32>,
+    pub moving: Vec<u32>,
+}
+
+impl Indexes {
+    /// By a look at every entry.
+    pub fn of(attachments: &[Attachment]) -> Self {
+        let mut out = Indexes::default();
+        for (j, a) in attachments.iter().enumerate() {
+            if !a.elsewhere {
+                out.local.push(j as u32);
+            }
+            if a.migrates {
+                out.moving.push(j as u32);
+            }
+        }
+        out
+    }
+
+    /// From `last` (the indexes of the list carried over, `last_len`
+    /// entries long) by `marks`: an entry carried over unchanged is what
+    /// it was (its document is the same), a changed one is looked at.
+    fn carried(attachments: &[Attachment], marks: &[u32], last: &Indexes, last_len: usize) -> Self {
+        let (mut was_local, mut was_moving) = (vec![false; last_len], vec![false; last_len]);
+        for &i in &last.local {
+            if let Some(w) = was_local.get_mut(i as usize) {
+                *w = true;
+            }
+        }
+        for &i in &last.moving {
+            if let Some(w) = was_moving.get_mut(i as usize) {
+                *w = true;
+            }
+        }
+        let mut out = Indexes::default();
+        for (j, (&mark, a)) in marks.iter().zip(attachments).enumerate() {
+            let (local, moving) = match was_local.get(mark as usize) {
+                Some(&local) if mark != CHANGED => (local, was_moving[mark as usize]),
+                _ => (!a.elsewhere, a.migrates),
+            };
+            if local {
+                out.local.push(j as u32);
+            }
+            if moving {
+                out.moving.push(j as u32);
+            }
+        }
+        out
+    }
 }
 
 /// In [`Resolved::carried`]: an entry new, or changed, this round.
@@ -246,13 +305,15 @@ impl Resolved {
         config: std::sync::Arc<Config>,
         attachments: Vec<Attachment>,
         carried: Option<(Vec<u32>, usize)>,
+        indexes: Indexes,
     ) -> Self {
         let (carried, carried_from_len) = match carried {
             Some((carried, from)) => (Some(carried), from),
             None => (None, 0),
         };
         Resolved {
-            migrating: attachments.iter().any(|a| a.migrates),
+            local: indexes.local,
+            moving: indexes.moving,
             attachments,
             errors: config.errors.clone(),
             config,
@@ -270,8 +331,9 @@ impl Resolved {
             .iter()
             .cloned()
             .map(Attachment::given)
-            .collect();
-        Self::of(config, attachments, None)
+            .collect::<Vec<_>>();
+        let indexes = Indexes::of(&attachments);
+        Self::of(config, attachments, None, indexes)
     }
 
     /// As [`new`](Self::new), for the round of `node`: each VM interface
@@ -282,8 +344,9 @@ impl Resolved {
             .attachments
             .iter()
             .map(|a| Attachment::given_for(a.clone(), node))
-            .collect();
-        Self::of(config, attachments, None)
+            .collect::<Vec<_>>();
+        let indexes = Indexes::of(&attachments);
+        Self::of(config, attachments, None, indexes)
     }
 
     /// As [`for_node`](Self::for_node), carrying over `last` (the entries
@@ -298,6 +361,18 @@ impl Resolved {
         config: impl Into<std::sync::Arc<Config>>,
         node: &str,
         last: Vec<Attachment>,
+    ) -> (Self, Carry) {
+        let indexes = Indexes::of(&last);
+        Self::carrying_with(config, node, last, &indexes)
+    }
+
+    /// As [`carrying`](Self::carrying), with `last`'s [`Indexes`] as the
+    /// last round left them.
+    pub fn carrying_with(
+        config: impl Into<std::sync::Arc<Config>>,
+        node: &str,
+        last: Vec<Attachment>,
+        last_indexes: &Indexes,
     ) -> (Self, Carry) {
         let config: std::sync::Arc<Config> = config.into();
         let mut carry = Carry::default();
@@ -397,8 +472,19 @@ impl Resolved {
             carry.dropped.extend(last.map(|(_, a)| a));
             (attachments, carried)
         };
+        let indexes = Indexes::carried(&attachments, &carried, last_indexes, carried_from_len);
+        debug_assert_eq!(
+            indexes,
+            Indexes::of(&attachments),
+            "the indexes read from the marks are the list's"
+        );
         (
-            Self::of(config, attachments, Some((carried, carried_from_len))),
+            Self::of(
+                config,
+                attachments,
+                Some((carried, carried_from_len)),
+                indexes,
+            ),
             carry,
         )
     }
@@ -440,6 +526,33 @@ impl Resolved {
                 *mark = CHANGED;
             }
         }
+    }
+
+    /// An entry's document names a migration (its cut-over is found
+    /// again every round, outside `carried`'s marks).
+    pub fn migrating(&self) -> bool {
+        !self.moving.is_empty()
+    }
+
+    /// The list's [`Indexes`], for the next round.
+    pub fn indexes(&self) -> Indexes {
+        Indexes {
+            local: self.local.clone(),
+            moving: self.moving.clone(),
+        }
+    }
+
+    /// The indexes found again by a look at every entry: after a test
+    /// put entries in by hand.
+    #[cfg(test)]
+    pub fn reindex(&mut self) {
+        let indexes = Indexes::of(&self.attachments);
+        (self.local, self.moving) = (indexes.local, indexes.moving);
+    }
+
+    /// The entries that may have a port on this node.
+    pub fn local_entries(&self) -> impl Iterator<Item = &Attachment> {
+        self.local.iter().map(|&j| &self.attachments[j as usize])
     }
 
     /// Whether every entry was carried over, unchanged and in its place:
@@ -496,6 +609,13 @@ impl Resolved {
             {
                 carried.remove(i);
             }
+            for list in [&mut self.local, &mut self.moving] {
+                list.retain(|&j| j as usize != i);
+                for j in list.iter_mut().filter(|j| **j as usize > i) {
+                    *j -= 1;
+                }
+            }
+            debug_assert_eq!(self.indexes(), Indexes::of(&self.attachments));
             self.errors.push(ConfigError {
                 file: a.spec.source.file.clone(),
                 document: a.spec.source.document.clone(),

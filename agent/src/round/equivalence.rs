@@ -152,6 +152,7 @@ fn incremental(
     round.running = publish::served_here(&cfg, &plan);
     round.last_plan = Some(plan.clone());
     // Carried over into the next round, as `Round::run` does.
+    round.last_indexes = cfg.indexes();
     round.last_resolved = std::mem::take(&mut cfg.attachments);
     (plan, kept)
 }

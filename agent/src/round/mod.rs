@@ -169,6 +169,8 @@ pub struct Round {
     /// into the next (`Resolved::carrying`): in key order, and one for
     /// one the entries of the published view.
     last_resolved: Vec<crate::resolve::resolved::Attachment>,
+    /// Which of them may have a port here, and which migrate.
+    last_indexes: crate::resolve::resolved::Indexes,
     /// The keys of the last round's entries this round did not carry
     /// over (their documents changed or went): what leaves the accepted
     /// set before this round's changed entries join it.
@@ -286,6 +288,7 @@ impl Round {
             passes: Passes::default(),
             last_trim: None,
             last_resolved: Vec::new(),
+            last_indexes: Default::default(),
             dropped_keys: Vec::new(),
             kept_as_is: false,
             status_record,
@@ -330,6 +333,7 @@ impl Round {
         self.held = None;
         // Every VM interface resolved again from its document.
         drop_later(std::mem::take(&mut self.last_resolved));
+        self.last_indexes = Default::default();
     }
 
     /// The derive and validate stages, for the objects that changed since
@@ -515,7 +519,9 @@ impl Round {
     ) -> anyhow::Result<(crate::resolve::resolved::Resolved, Arc<ipam::Claims>)> {
         let mut phases = crate::sys::phases::Phases::start("resolve and IPAM");
         let last = std::mem::take(&mut self.last_resolved);
-        let (mut cfg, carry) = resolve::resolve_carrying(validated, &self.settings.node, last);
+        let last_indexes = std::mem::take(&mut self.last_indexes);
+        let (mut cfg, carry) =
+            resolve::resolve_carrying(validated, &self.settings.node, last, &last_indexes);
         phases.mark("resolve");
         let (claims, incremental) =
             ipam::assign_incremental(&mut cfg, &carry, &self.store, &mut self.ipam_memo)?;
@@ -799,9 +805,13 @@ impl Round {
         if let Some(plan) = &self.last_plan {
             self.running = publish::served_here(&cfg, plan);
         }
-        let migrating = cfg.migrating;
+        let migrating = cfg.migrating();
         // Carried over into the next round (and what the published view's
         // entries were built from, one for one).
+        self.last_indexes = crate::resolve::resolved::Indexes {
+            local: std::mem::take(&mut cfg.local),
+            moving: std::mem::take(&mut cfg.moving),
+        };
         self.last_resolved = std::mem::take(&mut cfg.attachments);
         // The validated config is kept (`validated`): this round's
         // reference is given up here, not on the freeing thread, so the

@@ -328,6 +328,16 @@ pub fn build_view(
             .collect(),
         _ => HashMap::default(),
     };
+    // Which entries may have a port here, and which migrate, from the
+    // list's indexes: a look at every entry was most of the view's time.
+    fn within(indexes: &[u32], run: std::ops::Range<usize>) -> impl Iterator<Item = usize> + '_ {
+        let from = indexes.partition_point(|&x| (x as usize) < run.start);
+        let to = indexes.partition_point(|&x| (x as usize) < run.end);
+        indexes[from..to].iter().map(|&x| x as usize)
+    }
+    let here_in = |run: std::ops::Range<usize>| {
+        within(&cfg.local, run).filter(|&x| list[x].maybe_on(node))
+    };
     let mut j = 0;
     while j < list.len() {
         let whole = carried.and_then(|carried| {
@@ -336,25 +346,19 @@ pub fn build_view(
             (run.end <= list.len()
                 && run
                     .clone()
-                    .all(|x| carried[x] == carried[j] + (x - j) as u32 && !list[x].migrates)
-                && run
-                    .clone()
-                    .filter(|&x| list[x].maybe_on(node))
-                    .all(|x| row(x, &list[x], true).1))
+                    .all(|x| carried[x] == carried[j] + (x - j) as u32)
+                && within(&cfg.moving, run.clone()).next().is_none()
+                && here_in(run.clone()).all(|x| row(x, &list[x], true).1))
             .then_some((*chunk, run))
         });
         if let Some((chunk, run)) = whole {
-            on_node.extend(
-                run.clone()
-                    .filter(|&x| list[x].maybe_on(node))
-                    .map(|x| x as u32),
-            );
+            on_node.extend(here_in(run.clone()).map(|x| x as u32));
             shared += chunk.len();
             attachments.push_chunk(chunk.clone());
             j = run.end;
             continue;
         }
-        let here = list[j].maybe_on(node);
+        let here = here_in(j..j + 1).next().is_some();
         if here {
             on_node.push(j as u32);
         }

@@ -6,7 +6,7 @@
 
 use crate::{
     config::Config,
-    resolve::resolved::{Attachment, Carry, Resolved},
+    resolve::resolved::{Attachment, Carry, Indexes, Resolved},
 };
 
 /// The enrichment stage's start: `validated` as `node` serves it.
@@ -23,14 +23,16 @@ pub fn resolve(validated: impl Into<std::sync::Arc<Config>>, node: &str) -> Reso
 }
 
 /// As [`resolve`], carrying over the entries the last round ended with
-/// (`Resolved::carrying`); returns what was not carried, for IPAM.
+/// and their [`Indexes`] (`Resolved::carrying_with`); returns what was
+/// not carried, for IPAM.
 pub fn resolve_carrying(
     validated: impl Into<std::sync::Arc<Config>>,
     node: &str,
     last: Vec<Attachment>,
+    last_indexes: &Indexes,
 ) -> (Resolved, Carry) {
     let mut phases = crate::sys::phases::Phases::start("resolve");
-    let (mut cfg, carry) = Resolved::carrying(validated, node, last);
+    let (mut cfg, carry) = Resolved::carrying_with(validated, node, last, last_indexes);
     phases.mark("carried");
     if let Some(policy) = crate::resolve::port_eligibility::policy() {
         crate::resolve::port_eligibility::refuse_ineligible(&mut cfg, node, policy);
