@@ -271,8 +271,7 @@ pub fn read(
     }
     // Ports of this node's VMs (a pending migration target is not one yet).
     let ports: HashMap<u32, AttachmentKey> = cfg
-        .attachments
-        .iter()
+        .local_entries()
         .filter(|a| !a.elsewhere && a.active_node() == node)
         .filter_map(|a| crate::sys::netif::ifindex_of(a.active_port()).map(|i| (i, a.key.clone())))
         .collect();

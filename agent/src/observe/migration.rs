@@ -37,9 +37,10 @@ impl Migrations {
         let mut owned = BTreeSet::new();
         let nodes = &cfg.config.nodes;
         let vteps6 = dp.pinned_vteps6();
-        // Only those whose documents name a migration (a flag beside the
-        // entry: the others' documents are not read).
-        for att in cfg.attachments.iter_mut().filter(|a| a.migrates) {
+        // Only those whose documents name a migration (`Resolved::moving`:
+        // no other entry is looked at).
+        for &j in &cfg.moving {
+            let att = &mut cfg.attachments[j as usize];
             let Some(m) = att.migration.clone() else {
                 continue;
             };
