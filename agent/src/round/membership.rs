@@ -114,6 +114,9 @@ struct Entry {
     /// group reads.
     groups: Vec<Key>,
     context: bool,
+    /// The part of the snapshot's cluster objects it was last read in
+    /// (`part_ptr`; 0 for a document): where `partial` finds it.
+    part: usize,
 }
 
 /// One group's objects.
@@ -273,17 +276,13 @@ fn order_of(documents: &[RawDocument]) -> (Vec<usize>, Vec<(u64, std::ops::Range
 fn changed_parts(
     old: &[Arc<[ClusterDocument]>],
     new: &Chunked<ClusterDocument>,
-) -> (HashSet<usize>, Vec<std::ops::Range<usize>>) {
-    let part_ptr = |p: &Arc<[ClusterDocument]>| Arc::as_ptr(p) as *const ClusterDocument as usize;
+) -> (HashSet<usize>, Vec<(std::ops::Range<usize>, usize)>) {
     let mut old_parts: HashMap<usize, &Arc<[ClusterDocument]>> =
         old.iter().map(|p| (part_ptr(p), p)).collect();
-    let mut new_mid: Vec<std::ops::Range<usize>> = Vec::new();
+    let mut new_mid: Vec<(std::ops::Range<usize>, usize)> = Vec::new();
     for (start, part) in new.parts() {
         if old_parts.remove(&part_ptr(part)).is_none() {
-            match new_mid.last_mut() {
-                Some(run) if run.end == start => run.end = start + part.len(),
-                _ => new_mid.push(start..start + part.len()),
-            }
+            new_mid.push((start..start + part.len(), part_ptr(part)));
         }
     }
     let old_mid = old_parts
@@ -292,6 +291,11 @@ fn changed_parts(
         .map(|c| ptr_of(&c.object))
         .collect();
     (old_mid, new_mid)
+}
+
+/// A part of a snapshot's cluster objects, by identity.
+fn part_ptr(p: &Arc<[ClusterDocument]>) -> usize {
+    Arc::as_ptr(p) as *const ClusterDocument as usize
 }
 
 /// Each address a claim's status gives (`None`: one that does not read).
@@ -398,11 +402,14 @@ impl Membership {
         new_mid_ranges.extend(
             new_docs
                 .into_iter()
-                .map(|r| r.start + documents_at..r.end + documents_at),
+                .map(|r| (r.start + documents_at..r.end + documents_at, 0)),
         );
         let mut new_mid: HashSet<usize> = HashSet::default();
-        let mut added: Vec<Member> = Vec::new();
-        for i in new_mid_ranges.into_iter().flatten() {
+        let mut added: Vec<(Member, usize)> = Vec::new();
+        let positions = new_mid_ranges
+            .into_iter()
+            .flat_map(|(run, part)| run.map(move |i| (i, part)));
+        for (i, part) in positions {
             let p = match snap.cluster.get(i) {
                 Some(c) => ptr_of(&c.object),
                 None => order[i - documents_at],
@@ -411,6 +418,10 @@ impl Membership {
                 return self.rebuild(snap);
             }
             if old_mid.contains(&p) {
+                // Read again, unchanged, in another part.
+                if let Some(e) = self.entries.get_mut(&p) {
+                    e.part = part;
+                }
                 continue;
             }
             // Not among the last snapshot's changed runs: new, unless it
@@ -418,17 +429,20 @@ impl Membership {
             if self.entries.contains_key(&p) {
                 return self.rebuild(snap);
             }
-            added.push(match snap.cluster.get(i) {
-                Some(c) => Member::Cluster(c.object.clone()),
-                None => {
-                    let d = &snap.documents[i - snap.cluster.len()];
-                    Member::Document(Box::new((
-                        d.value.clone(),
-                        d.file.clone(),
-                        d.origin.clone(),
-                    )))
-                }
-            });
+            added.push((
+                match snap.cluster.get(i) {
+                    Some(c) => Member::Cluster(c.object.clone()),
+                    None => {
+                        let d = &snap.documents[i - snap.cluster.len()];
+                        Member::Document(Box::new((
+                            d.value.clone(),
+                            d.file.clone(),
+                            d.origin.clone(),
+                        )))
+                    }
+                },
+                part,
+            ));
         }
         let removed: Vec<usize> = old_mid
             .iter()
@@ -441,8 +455,8 @@ impl Membership {
         for p in removed {
             self.remove(p, &mut work);
         }
-        for member in added {
-            self.insert(member, &mut work);
+        for (member, part) in added {
+            self.insert(member, part, &mut work);
         }
         self.settle(&mut work);
 
@@ -510,7 +524,7 @@ impl Membership {
     }
 
     /// Registers a new object and marks it to be placed.
-    fn insert(&mut self, member: Member, work: &mut Work) {
+    fn insert(&mut self, member: Member, part: usize, work: &mut Work) {
         let p = member.ptr();
         match &member {
             Member::Cluster(c) => match &**c {
@@ -561,6 +575,7 @@ impl Membership {
                 member,
                 groups: Vec::new(),
                 context: false,
+                part,
             },
         );
         work.dirty.push(p);
@@ -978,6 +993,21 @@ impl Membership {
             .flat_map(|g| g.members.iter().copied())
             .chain(self.context.iter().copied().filter(|p| !is_node(p)))
             .collect();
+        let filtered = || -> Chunked<ClusterDocument> {
+            snap.cluster
+                .iter()
+                .filter(|c| keep.contains(&ptr_of(&c.object)))
+                .cloned()
+                .collect()
+        };
+        let cluster = self.kept_cluster(snap, &keep).unwrap_or_else(filtered);
+        debug_assert!(
+            cluster
+                .iter()
+                .map(|c| ptr_of(&c.object))
+                .eq(filtered().iter().map(|c| ptr_of(&c.object))),
+            "the kept objects found through their parts are the filter's, in order"
+        );
         Snapshot {
             documents: snap
                 .documents
@@ -985,12 +1015,7 @@ impl Membership {
                 .filter(|d| keep.contains(&ptr_of(&d.value)))
                 .cloned()
                 .collect(),
-            cluster: snap
-                .cluster
-                .iter()
-                .filter(|c| keep.contains(&ptr_of(&c.object)))
-                .cloned()
-                .collect(),
+            cluster,
             errors: snap.errors.clone(),
             empty: snap.empty,
             fingerprint: snap.fingerprint,
@@ -998,6 +1023,52 @@ impl Membership {
             ledger: snap.ledger.clone(),
             cluster_cidrs: snap.cluster_cidrs.clone(),
         }
+    }
+
+    /// `keep`'s cluster objects of `snap`, in its order, found through
+    /// the parts they were read in: only those parts are looked into (a
+    /// filter over every object of the cluster was 1.3 ms of each partial
+    /// pass at 100,000 VMs). `None` when one is not where its entry says
+    /// (a snapshot placed object by object after a duplicate).
+    fn kept_cluster(
+        &self,
+        snap: &Snapshot,
+        keep: &HashSet<usize>,
+    ) -> Option<Chunked<ClusterDocument>> {
+        let mut parts: Vec<usize> = keep
+            .iter()
+            .filter_map(|p| self.entries.get(p))
+            .filter(|e| matches!(e.member, Member::Cluster(_)))
+            .map(|e| e.part)
+            .collect();
+        parts.sort_unstable();
+        parts.dedup();
+        let by_ptr: HashMap<usize, (usize, &Arc<[ClusterDocument]>)> = snap
+            .cluster
+            .parts()
+            .map(|(start, part)| (part_ptr(part), (start, part)))
+            .collect();
+        let mut found: Vec<(usize, &ClusterDocument)> = Vec::new();
+        for part in parts {
+            let &(start, items) = by_ptr.get(&part)?;
+            found.extend(
+                items
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, c)| keep.contains(&ptr_of(&c.object)))
+                    .map(|(i, c)| (start + i, c)),
+            );
+        }
+        found.sort_unstable_by_key(|(at, _)| *at);
+        let wanted = keep
+            .iter()
+            .filter(|p| {
+                self.entries
+                    .get(p)
+                    .is_some_and(|e| matches!(e.member, Member::Cluster(_)))
+            })
+            .count();
+        (found.len() == wanted).then(|| found.into_iter().map(|(_, c)| c.clone()).collect())
     }
 
     /// The groups a refusal or warning is about; `None`: the context's.
@@ -1599,6 +1670,12 @@ mod tests {
                 });
             }
             let touched = kept.update(&snap);
+            // The partial snapshot finds its objects through their parts
+            // (checked against a filter over every object, in debug).
+            if let Some(touched) = &touched {
+                let part = kept.partial(&snap, touched);
+                assert!(part.cluster.len() <= snap.cluster.len());
+            }
             let full = Membership::of(&snap);
             assert_eq!(
                 kept.canonical(),
@@ -1695,7 +1772,8 @@ mod tests {
                 .map(|c| ptr_of(&c.object))
                 .collect::<HashSet<_>>()
         );
-        assert_eq!(new_mid, vec![2..4]);
+        let runs: Vec<_> = new_mid.iter().map(|(run, _)| run.clone()).collect();
+        assert_eq!(runs, vec![2..4]);
         let _ = std::fs::remove_dir_all(&dir);
     }
 

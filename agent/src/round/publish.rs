@@ -335,9 +335,8 @@ pub fn build_view(
         let to = indexes.partition_point(|&x| (x as usize) < run.end);
         indexes[from..to].iter().map(|&x| x as usize)
     }
-    let here_in = |run: std::ops::Range<usize>| {
-        within(&cfg.local, run).filter(|&x| list[x].maybe_on(node))
-    };
+    let here_in =
+        |run: std::ops::Range<usize>| within(&cfg.local, run).filter(|&x| list[x].maybe_on(node));
     let mut j = 0;
     while j < list.len() {
         let whole = carried.and_then(|carried| {
