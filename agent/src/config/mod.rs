@@ -396,6 +396,45 @@ impl PartialEq for Keys {
 
 impl Eq for Keys {}
 
+/// Where a validated config came from: what lets the stages after
+/// validation carry over what did not change without a look at every VM
+/// interface of the cluster.
+#[derive(Debug, Clone, Default)]
+pub struct Lineage {
+    /// Unique to each config a pass made (0: not known).
+    pub version: u64,
+    /// Made from config `.0` with only the VM interfaces of the groups
+    /// `.1` (namespace, VM) replaced: a partial pass.
+    pub spliced_from: Option<(
+        u64,
+        std::sync::Arc<std::collections::BTreeSet<(String, String)>>,
+    )>,
+}
+
+impl Lineage {
+    fn next_version() -> u64 {
+        static VERSIONS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+        VERSIONS.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// A config made whole.
+    pub fn fresh() -> Self {
+        Lineage {
+            version: Self::next_version(),
+            spliced_from: None,
+        }
+    }
+
+    /// A config made from config `from` (0: not known, then fresh) with
+    /// the VM interfaces of `groups` replaced.
+    pub fn spliced(from: u64, groups: &std::collections::BTreeSet<(String, String)>) -> Self {
+        Lineage {
+            version: Self::next_version(),
+            spliced_from: (from != 0).then(|| (from, std::sync::Arc::new(groups.clone()))),
+        }
+    }
+}
+
 /// The validated configuration: only documents that passed every check.
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct Config {
@@ -428,6 +467,8 @@ pub struct Config {
     pub cluster_cidrs: Vec<ClusterCidr>,
     #[serde(skip)]
     pub network_index: crate::sys::hash::HashMap<String, usize>,
+    #[serde(skip)]
+    pub lineage: Lineage,
 }
 
 impl Config {

@@ -358,6 +358,7 @@ pub fn splice(
     {
         return Err(why);
     }
+    let from = previous.lineage.version;
     let mut cfg = previous;
     if old.errors.len() != cfg.errors.len() || old.warnings.len() != cfg.warnings.len() {
         return Err("refusals attributed by another membership");
@@ -410,6 +411,7 @@ pub fn splice(
         let at = cfg.attachments.partition_point(|x| x.key < a.key);
         cfg.attachments.insert(at, a);
     }
+    cfg.lineage = crate::config::Lineage::spliced(from, groups);
     Ok(cfg)
 }
 

@@ -446,6 +446,10 @@ impl Round {
         membership: groups::Membership,
         holdings: groups::Holdings,
     ) -> Arc<Config> {
+        let mut config = config;
+        if config.lineage.version == 0 {
+            config.lineage = crate::config::Lineage::fresh();
+        }
         let config = Arc::new(config);
         let previous = self.validated.replace(Validated {
             config: config.clone(),
@@ -808,10 +812,9 @@ impl Round {
         let migrating = cfg.migrating();
         // Carried over into the next round (and what the published view's
         // entries were built from, one for one).
-        self.last_indexes = crate::resolve::resolved::Indexes {
-            local: std::mem::take(&mut cfg.local),
-            moving: std::mem::take(&mut cfg.moving),
-        };
+        // With the version of the config it is one for one (none refused
+        // after validation): the next round may carry it by lineage.
+        self.last_indexes = cfg.indexes();
         self.last_resolved = std::mem::take(&mut cfg.attachments);
         // The validated config is kept (`validated`): this round's
         // reference is given up here, not on the freeing thread, so the
