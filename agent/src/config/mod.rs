@@ -396,6 +396,9 @@ impl PartialEq for Keys {
 
 impl Eq for Keys {}
 
+/// The groups (namespace, VM) a partial pass replaced.
+pub type SplicedGroups = std::sync::Arc<std::collections::BTreeSet<(String, String)>>;
+
 /// Where a validated config came from: what lets the stages after
 /// validation carry over what did not change without a look at every VM
 /// interface of the cluster.
@@ -405,10 +408,7 @@ pub struct Lineage {
     pub version: u64,
     /// Made from config `.0` with only the VM interfaces of the groups
     /// `.1` (namespace, VM) replaced: a partial pass.
-    pub spliced_from: Option<(
-        u64,
-        std::sync::Arc<std::collections::BTreeSet<(String, String)>>,
-    )>,
+    pub spliced_from: Option<(u64, SplicedGroups)>,
 }
 
 impl Lineage {
