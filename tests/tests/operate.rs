@@ -840,3 +840,57 @@ fn datapath_debug_events_are_off_by_default_and_switch_at_run_time() {
     assert!(answer.contains("body must be"), "{answer}");
     assert!(cli_ok(node, &["debug", "datapath"]).contains("drops off"));
 }
+
+/// Entries someone else removed from the data path's maps (an operator's
+/// `bpftool`, a tool gone wrong) come back at the next resync, while
+/// nothing else changes: the resync reads every map back and repairs it,
+/// not only once the next change comes.
+#[test]
+fn the_resync_repairs_a_map_someone_else_edited_with_nothing_else_changed() {
+    let mut node = Node::new("a");
+    let vm1 = node.add_vm("vm1", "52:54:00:00:01:01", &VM1_IPS, Some("10.20.0.1"));
+    let vm2 = node.add_vm("vm2", "52:54:00:00:02:01", &VM2_IPS, Some("10.20.0.1"));
+    let mut docs = networks();
+    docs.push(yaml::attachment(
+        "vm1", "blue", "a", &vm1.port, &vm1.mac, &VM1_IPS,
+    ));
+    docs.push(yaml::attachment(
+        "vm2", "blue", "a", &vm2.port, &vm2.mac, &VM2_IPS,
+    ));
+    node.write_config("config.yaml", &yaml::docs(&docs));
+    node.set_agent_args(&["--resync-interval-ms", "300"]);
+    node.start_agent();
+    node.wait_ports(&[&vm1.port, &vm2.port]);
+    assert!(vm1.ping("10.20.0.12"), "vm1 -> vm2");
+    for map in ["vmp_endpoints", "vmp_addresses"] {
+        let path = node.maps_dir().join(map);
+        let path = path.to_str().unwrap();
+        let before = node.dump_map(map);
+        let entries = vmpath_tests::bpftool_json(&["map", "dump", "pinned", path]);
+        let entries = entries.as_array().expect("a dump is a list");
+        assert!(!entries.is_empty(), "{map} holds entries");
+        for e in entries {
+            let key: Vec<String> = e["key"]
+                .as_array()
+                .expect("raw key bytes")
+                .iter()
+                .map(|b| b.as_str().unwrap().trim_start_matches("0x").to_string())
+                .collect();
+            let mut args = vec!["bpftool", "map", "delete", "pinned", path, "key", "hex"];
+            args.extend(key.iter().map(String::as_str));
+            node.ns.run(&args);
+        }
+        assert!(
+            vmpath_tests::bpftool_json(&["map", "dump", "pinned", path])
+                .as_array()
+                .is_some_and(|a| a.is_empty()),
+            "{map} emptied"
+        );
+        wait_for(
+            &format!("the resync to write {map} again"),
+            Duration::from_secs(15),
+            || node.dump_map(map) == before,
+        );
+    }
+    assert!(vm1.ping("10.20.0.12"), "vm1 -> vm2 after the repair");
+}

@@ -1184,6 +1184,13 @@ impl Dataplane {
         self.written = None;
         self.services_written = None;
     }
+
+    /// What this agent wrote last is not known (it forgot, or wrote
+    /// nothing yet): the next apply reads every map back, whether or not
+    /// the plan changed.
+    pub fn read_back_due(&self) -> bool {
+        self.written.is_none() || self.services_written.is_none()
+    }
 }
 
 /// As [`sync`], against `last` (what this agent wrote last) when given:
