@@ -434,7 +434,7 @@ pub fn families(snap: &Snapshot) -> Vec<MetricFamily> {
     out.push(Samples::one(&RECONCILES, view.reconciles as f64));
     out.push(Samples::one(
         &ROUNDS_UNCHANGED,
-        crate::round::rounds_unchanged() as f64,
+        crate::publish::view::rounds_unchanged() as f64,
     ));
     out.push(Samples::one(
         &FREED_ON_LOOP,

@@ -72,14 +72,18 @@ pub fn north_south(cfg: &Resolved, node: &str, plan: &mut Plan, cache: &mut supe
     }
     cluster_destinations(cfg, plan);
     for net in cfg.config.networks.iter().filter(|n| ingress(n)) {
-        // Only entries whose documents name a migration are read (a flag
-        // beside each: not every VM interface's document).
-        let migration_end = cfg.attachments.iter().filter(|a| a.migrates).any(|a| {
-            a.network == net.name
-                && a.migration
-                    .as_ref()
-                    .is_some_and(|m| a.node == node || m.target_node == node)
-        });
+        // Only entries whose documents name a migration are read
+        // (`Resolved::moving`: not every VM interface).
+        let migration_end = cfg
+            .moving
+            .iter()
+            .map(|&j| &cfg.attachments[j as usize])
+            .any(|a| {
+                a.network == net.name
+                    && a.migration
+                        .as_ref()
+                        .is_some_and(|m| a.node == node || m.target_node == node)
+            });
         if plan.flood.contains_key(&net.id) || migration_end {
             plan.ingress_hosted.insert(net.id);
         }
@@ -312,8 +316,7 @@ fn routed_addresses(cfg: &Resolved, plan: &mut Plan, cache: &mut super::overlay:
     let mut here_unserved: std::collections::BTreeMap<(u32, [u8; 6]), RoutedAddr> =
         std::collections::BTreeMap::new();
     for att in cfg
-        .attachments
-        .iter()
+        .local_entries()
         .filter(|a| !a.elsewhere && !served.contains(&a.key))
     {
         let Some((net, mac)) = routed_remotely(cfg, plan, att) else {

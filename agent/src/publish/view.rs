@@ -168,6 +168,19 @@ impl View {
     }
 }
 
+/// Rounds that stopped after validation (`round::Outcome::Unchanged`)
+/// since the agent started: `vmpath_rounds_unchanged_total`. Beside the
+/// view, which the metrics read, below the round that counts them.
+static ROUNDS_UNCHANGED: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+pub fn count_round_unchanged() {
+    ROUNDS_UNCHANGED.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+}
+
+pub fn rounds_unchanged() -> u64 {
+    ROUNDS_UNCHANGED.load(std::sync::atomic::Ordering::Relaxed)
+}
+
 /// How many rows a [`Rows`] chunk made by `push` holds.
 pub const ROWS_CHUNK: usize = 64;
 

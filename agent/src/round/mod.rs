@@ -182,14 +182,6 @@ pub struct Round {
     status_record: Latest<(std::path::PathBuf, Arc<crate::publish::view::View>)>,
 }
 
-/// Rounds that stopped after validation (`Outcome::Unchanged`) since the
-/// agent started: `vmpath_rounds_unchanged_total`.
-static ROUNDS_UNCHANGED: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-
-pub fn rounds_unchanged() -> u64 {
-    ROUNDS_UNCHANGED.load(std::sync::atomic::Ordering::Relaxed)
-}
-
 /// How the derive and validate stages ran, round by round.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Passes {
@@ -603,7 +595,7 @@ impl Round {
             self.last_fingerprint = Some(snap.fingerprint);
             drop_later((snap, validated));
             self.passes.stopped += 1;
-            ROUNDS_UNCHANGED.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            crate::publish::view::count_round_unchanged();
             phases.log();
             crate::api::endpoints::round_done();
             return Outcome::Unchanged;

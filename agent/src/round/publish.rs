@@ -41,8 +41,7 @@ pub fn log_refusals(cfg: &Resolved, last_errors: &mut Vec<ConfigError>) {
 pub fn report(cluster: &KubeSource, cfg: &Resolved, node: &str, mac_refusals: &[ConfigError]) {
     let mut macs = writeback::DetectedMacs::new();
     for a in cfg
-        .attachments
-        .iter()
+        .local_entries()
         .filter(|a| !a.elsewhere && a.active_node() == node && a.source.origin.is_from_vmi())
     {
         if let Some((mac, Origin::Detected)) = a.mac_resolved {
