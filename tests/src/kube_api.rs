@@ -57,7 +57,8 @@ struct State {
     resource_version: u64,
     /// (collection, namespace, name) -> object.
     objects: BTreeMap<(String, String, String), Value>,
-    /// (resourceVersion, collection, event type, object).
+    /// (resourceVersion, collection, event type, object), in
+    /// resourceVersion order (only appended to, or cleared).
     history: Vec<(u64, String, &'static str, Value)>,
     /// Watches from before this resourceVersion get 410 Gone.
     oldest: u64,
@@ -721,8 +722,12 @@ fn watch(
             drop(st);
             return write!(out, "0\r\n\r\n").and_then(|()| out.flush()).is_ok();
         }
-        let events: Vec<Value> = st
-            .history
+        // The history is in resourceVersion order: only what is newer is
+        // looked at (a scan of every event since the start, on each wake
+        // of each watch and under the lock, was the bed's own cost at
+        // 100,000 VMs, not the agent's).
+        let newer = st.history.partition_point(|(rv, ..)| *rv <= sent);
+        let events: Vec<Value> = st.history[newer..]
             .iter()
             .filter(|(rv, c, _, o)| {
                 *rv > sent
