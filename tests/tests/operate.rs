@@ -39,6 +39,11 @@ fn networks() -> Vec<String> {
 /// has no VM. The agent serves metrics on 127.0.0.1:9469 in the node's
 /// namespace.
 fn bed() -> Bed {
+    bed_with(&["--metrics-addr", METRICS])
+}
+
+/// [`bed`]'s node, VMs and config, the agent started with `args`.
+fn bed_with(args: &[&str]) -> Bed {
     let mut node = Node::new("a");
     let vm1 = node.add_vm("vm1", "52:54:00:00:01:01", &VM1_IPS, Some("10.20.0.1"));
     let vm2 = node.add_vm("vm2", "52:54:00:00:02:01", &VM2_IPS, Some("10.20.0.1"));
@@ -50,7 +55,7 @@ fn bed() -> Bed {
         "vm2", "blue", "a", &vm2.port, &vm2.mac, &VM2_IPS,
     ));
     node.write_config("config.yaml", &yaml::docs(&docs));
-    node.set_agent_args(&["--metrics-addr", METRICS]);
+    node.set_agent_args(args);
     node.start_agent();
     node.wait_ports(&[&vm1.port, &vm2.port]);
     Bed { node, vm1, vm2 }
@@ -847,20 +852,12 @@ fn datapath_debug_events_are_off_by_default_and_switch_at_run_time() {
 /// not only once the next change comes.
 #[test]
 fn the_resync_repairs_a_map_someone_else_edited_with_nothing_else_changed() {
-    let mut node = Node::new("a");
-    let vm1 = node.add_vm("vm1", "52:54:00:00:01:01", &VM1_IPS, Some("10.20.0.1"));
-    let vm2 = node.add_vm("vm2", "52:54:00:00:02:01", &VM2_IPS, Some("10.20.0.1"));
-    let mut docs = networks();
-    docs.push(yaml::attachment(
-        "vm1", "blue", "a", &vm1.port, &vm1.mac, &VM1_IPS,
-    ));
-    docs.push(yaml::attachment(
-        "vm2", "blue", "a", &vm2.port, &vm2.mac, &VM2_IPS,
-    ));
-    node.write_config("config.yaml", &yaml::docs(&docs));
-    node.set_agent_args(&["--resync-interval-ms", "300"]);
-    node.start_agent();
-    node.wait_ports(&[&vm1.port, &vm2.port]);
+    // vm2 held: its namespace goes with it.
+    let Bed {
+        node,
+        vm1,
+        vm2: _vm2,
+    } = bed_with(&["--resync-interval-ms", "300"]);
     assert!(vm1.ping("10.20.0.12"), "vm1 -> vm2");
     for map in ["vmp_endpoints", "vmp_addresses"] {
         let path = node.maps_dir().join(map);
