@@ -396,6 +396,20 @@ impl PartialEq for Keys {
 
 impl Eq for Keys {}
 
+/// Where the VM interfaces of VM `group` (namespace, VM) lie in `list`,
+/// a list in key order: the range the incremental stages replace or
+/// carry as one.
+pub fn group_range<T: std::ops::Deref<Target = Attachment>>(
+    list: &[T],
+    group: &(String, String),
+) -> std::ops::Range<usize> {
+    let want = (group.0.as_str(), group.1.as_str());
+    let at = |t: &T| (t.key.namespace.as_str(), t.key.vm.as_str()) < want;
+    let within = |t: &T| (t.key.namespace.as_str(), t.key.vm.as_str()) == want;
+    let start = list.partition_point(at);
+    start..start + list[start..].partition_point(within)
+}
+
 /// The groups (namespace, VM) a partial pass replaced.
 pub type SplicedGroups = std::sync::Arc<std::collections::BTreeSet<(String, String)>>;
 

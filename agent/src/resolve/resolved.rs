@@ -351,25 +351,14 @@ fn spliced(
     same: &impl Fn(&Attachment, &std::sync::Arc<config::Attachment>) -> bool,
     carry: &mut Carry,
 ) -> Option<Vec<u32>> {
-    fn range_of<T: std::ops::Deref<Target = config::Attachment>>(
-        list: &[T],
-        g: &(String, String),
-    ) -> std::ops::Range<usize> {
-        let want = (g.0.as_str(), g.1.as_str());
-        let before = |t: &T| (t.key.namespace.as_str(), t.key.vm.as_str()) < want;
-        let within = |t: &T| (t.key.namespace.as_str(), t.key.vm.as_str()) == want;
-        let start = list.partition_point(before);
-        let end = start + list[start..].partition_point(within);
-        start..end
-    }
     // Each group's old and new entries, and for each new one the old one
     // it carries (by key, when `same`).
     let mut segments = Vec::new();
     let (mut old_at, mut new_at) = (0, 0);
     let mut marks = Vec::with_capacity(specs.len());
     for g in groups {
-        let old = range_of(last, g);
-        let new = range_of(specs, g);
+        let old = config::group_range(last, g);
+        let new = config::group_range(specs, g);
         if old.start < old_at || new.start < new_at || old.start - old_at != new.start - new_at {
             return None;
         }

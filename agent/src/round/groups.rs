@@ -262,21 +262,6 @@ impl Evidence<'_> {
     }
 }
 
-/// The range of `attachments` (sorted by key) in group `g`: a group's
-/// VM interfaces share the key's (namespace, VM) prefix.
-fn range_of(
-    attachments: &[Arc<crate::config::Attachment>],
-    g: &GroupKey,
-) -> std::ops::Range<usize> {
-    fn at(a: &crate::config::Attachment) -> (&str, &str) {
-        (a.key.namespace.as_str(), a.key.vm.as_str())
-    }
-    let want = (g.0.as_str(), g.1.as_str());
-    let start = attachments.partition_point(|a| at(a) < want);
-    let end = start + attachments[start..].partition_point(|a| at(a) == want);
-    start..end
-}
-
 /// The groups each refusal and warning of a config was attributed to by
 /// the membership it was validated with: taken before the membership
 /// reads the next snapshot, for [`splice`].
@@ -400,7 +385,7 @@ pub fn splice(
     // Each group's old VM interfaces out (a contiguous range of the
     // sorted list), its new ones in at their place.
     for g in groups.iter().rev() {
-        let r = range_of(&cfg.attachments, g);
+        let r = crate::config::group_range(&cfg.attachments, g);
         for a in &cfg.attachments[r.clone()] {
             holdings.remove(a);
         }
