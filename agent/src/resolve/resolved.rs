@@ -237,8 +237,8 @@ pub struct Carry {
 }
 
 /// The carry of every entry: `last` against `config`'s VM interfaces, in
-/// place where they are the same ones in the same places or a few came or
-/// went ([`Edits`]), else a list built again.
+/// place where at most a few came or went ([`Edits`]), else a list built
+/// again.
 fn carry_general(
     config: &Config,
     node: &str,
@@ -246,32 +246,9 @@ fn carry_general(
     same: &impl Fn(&Attachment, &std::sync::Arc<config::Attachment>) -> bool,
     carry: &mut Carry,
 ) -> (Vec<Attachment>, Vec<u32>) {
-    if last.len() == config.attachments.len()
-        && last
-            .iter()
-            .zip(&config.attachments)
-            .all(|(old, spec)| std::sync::Arc::ptr_eq(&old.spec, spec) || old.key == spec.key)
-    {
-        // The same VM interfaces in the same places (most rounds): the
-        // list is kept where it is, the changed entries replaced in it.
-        let mut attachments = last;
-        let mut carried = Vec::with_capacity(attachments.len());
-        for (i, (a, spec)) in attachments.iter_mut().zip(&config.attachments).enumerate() {
-            if same(a, spec) {
-                a.carried_over(spec);
-                carried.push(i as u32);
-            } else {
-                carry.dropped.push(std::mem::replace(
-                    a,
-                    Attachment::given_for(spec.clone(), node),
-                ));
-                carried.push(CHANGED);
-            }
-        }
-        (attachments, carried)
-    } else if let Some(edits) = Edits::of(&last, &config.attachments, &same) {
-        // A few VM interfaces came or went (most rounds that change
-        // the list): edited where it is. A list built again is a new
+    if let Some(edits) = Edits::of(&last, &config.attachments, &same) {
+        // The same VM interfaces in the same places, or a few came or
+        // went: edited where it is. A list built again is a new
         // allocation of every entry, its pages faulted in anew (5 ms
         // of the round a VM came in at 100,000 VMs).
         let mut attachments = last;
