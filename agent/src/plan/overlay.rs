@@ -100,11 +100,11 @@ pub struct Cache {
     /// Other nodes' VMs' routed entries (`north_south`), with the build
     /// and the ingress networks hosted here they were made for.
     routed: Option<(u64, BTreeSet<u32>, Arc<RemoteRouted>)>,
-    /// The length of the list it was last found to hold for, or built
-    /// from, when that list was carried over (a round's).
-    held_for: Option<usize>,
-    /// Of that list, the entries the overlay reads.
-    read: Vec<bool>,
+    /// Of the list it was last found to hold for, or built from, the
+    /// entries the overlay reads; `None` when that list was not carried
+    /// over (a plan of its own leaves nothing the next round's marks
+    /// could be read against).
+    read: Option<Vec<bool>>,
 }
 
 /// Other nodes' VMs' routed entries (`vmp_routed`, planned by
@@ -144,10 +144,8 @@ impl Cache {
     /// Read from the marks and the changed entries alone: a look at every
     /// entry was 1.5 ms of each round at 100,000 VMs.
     fn held_by_marks(&self, cfg: &Resolved, node: &str) -> Option<Vec<bool>> {
-        if cfg.migrating() || self.held_for != Some(self.read.len()) {
-            return None;
-        }
-        let marks = cfg.carried_for(self.read.len())?;
+        let last = self.read.as_ref().filter(|_| !cfg.migrating())?;
+        let marks = cfg.carried_for(last.len())?;
         let mut read = Vec::with_capacity(marks.len());
         let mut kept = 0;
         for (a, &mark) in cfg.attachments.iter().zip(marks) {
@@ -157,7 +155,7 @@ impl Cache {
                 }
                 read.push(false);
             } else {
-                let was = *self.read.get(mark as usize)?;
+                let was = *last.get(mark as usize)?;
                 kept += usize::from(was);
                 read.push(was);
             }
@@ -189,15 +187,14 @@ impl Cache {
         let context = self.same_context(cfg, node, vteps6);
         let by_marks = context.then(|| self.held_by_marks(cfg, node)).flatten();
         let holds = by_marks.is_some() || (context && self.holds(cfg, node));
-        self.read = by_marks.unwrap_or_else(|| {
-            cfg.attachments
-                .iter()
-                .map(|a| overlay_reads(a, node))
-                .collect()
+        self.read = cfg.carried.is_some().then(|| {
+            by_marks.unwrap_or_else(|| {
+                cfg.attachments
+                    .iter()
+                    .map(|a| overlay_reads(a, node))
+                    .collect()
+            })
         });
-        // A list carried from nothing known (a plan of its own) leaves
-        // nothing the next round's marks could be read against.
-        self.held_for = cfg.carried.is_some().then_some(cfg.attachments.len());
         if !holds {
             let read: Vec<&Attachment> = cfg
                 .attachments
