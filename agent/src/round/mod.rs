@@ -191,9 +191,6 @@ pub struct Passes {
     pub partial: u64,
     /// Every object.
     pub full: u64,
-    /// Of `skipped`, rounds woken by cluster objects alone that stopped
-    /// there (`Outcome::Unchanged`).
-    pub stopped: u64,
     /// IPAM decided only the VM interfaces that changed
     /// (`resolve::ipam_memo`).
     pub ipam_increments: u64,
@@ -594,7 +591,6 @@ impl Round {
         if objects_only && self.kept_as_is && self.last_plan.is_some() {
             self.last_fingerprint = Some(snap.fingerprint);
             drop_later((snap, validated));
-            self.passes.stopped += 1;
             crate::publish::view::count_round_unchanged();
             phases.log();
             crate::api::endpoints::round_done();
