@@ -1041,6 +1041,8 @@ impl Membership {
             .filter(|e| matches!(e.member, Member::Cluster(_)))
             .map(|e| e.part)
             .collect();
+        // Each kept cluster object's part: as many as objects to find.
+        let wanted = parts.len();
         parts.sort_unstable();
         parts.dedup();
         let by_ptr: HashMap<usize, (usize, &Arc<[ClusterDocument]>)> = snap
@@ -1060,14 +1062,6 @@ impl Membership {
             );
         }
         found.sort_unstable_by_key(|(at, _)| *at);
-        let wanted = keep
-            .iter()
-            .filter(|p| {
-                self.entries
-                    .get(p)
-                    .is_some_and(|e| matches!(e.member, Member::Cluster(_)))
-            })
-            .count();
         (found.len() == wanted).then(|| found.into_iter().map(|(_, c)| c.clone()).collect())
     }
 
