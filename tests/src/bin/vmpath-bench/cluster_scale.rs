@@ -21,12 +21,13 @@ use std::{
 };
 
 use anyhow::{Context as _, Result, bail};
+use serde_json::Value;
 use vmpath_tests::{Node, kube_api::ApiServer, multus, wait_for};
 
 use crate::{
     kube_scale::{
-        LOCAL, NETWORK, NODES, add, cluster_objects, create_vm, derived, kube_node, node_of,
-        pod_netns,
+        LOCAL, NETWORK, NODES, add, cluster_objects, create_vm, derived, join_underlay, kube_node,
+        node_of, pod_netns, vm_objects,
     },
     report::{Bar, Section},
     util::{fmt, percentile, rss_kb},
@@ -49,14 +50,32 @@ struct Variant {
     name: String,
     args: Vec<String>,
     bin: Option<std::path::PathBuf>,
+    /// Reads the objects from files in its config dir (`--source files`,
+    /// the default) instead of from the API server.
+    files: bool,
 }
 
 fn variants() -> Vec<Variant> {
-    let mut out = vec![Variant {
-        name: "this build".into(),
-        args: Vec::new(),
-        bin: None,
-    }];
+    let mut out = vec![
+        Variant {
+            name: "this build".into(),
+            args: Vec::new(),
+            bin: None,
+            files: false,
+        },
+        // Issue 34 asks the same latency of the file source: the same
+        // objects as files (what an operator without an API server, or a
+        // GitOps tree, gives the agent).
+        Variant {
+            name: "this build, files".into(),
+            args: Vec::new(),
+            bin: None,
+            files: true,
+        },
+    ];
+    if std::env::var("VMPATH_BENCH_SCALE_FILES").is_ok_and(|v| v == "0") {
+        out.retain(|v| !v.files);
+    }
     // Another build (an earlier commit's release agent), measured in the
     // same pass: what a change gained, with the machine's noise the same.
     if let Ok(bin) = std::env::var("VMPATH_BENCH_BASELINE_BIN")
@@ -68,6 +87,7 @@ fn variants() -> Vec<Variant> {
             name,
             args: Vec::new(),
             bin: Some(bin.trim().into()),
+            files: false,
         });
     }
     if let Ok(args) = std::env::var("VMPATH_BENCH_FULL_ROUND_ARGS")
@@ -77,6 +97,7 @@ fn variants() -> Vec<Variant> {
             name: format!("full round (`{}`)", args.trim()),
             args: args.split_whitespace().map(str::to_string).collect(),
             bin: None,
+            files: false,
         });
     }
     out
@@ -156,22 +177,17 @@ fn rss_at_rest(pid: &str) -> (u64, u64) {
 /// New VMs on this node, `samples` of each kind: objects created then
 /// the ADD at once (objects -> programmed), and the ADD of a VM the agent
 /// has derived (ADD alone).
-fn latencies(
-    node: &Node,
-    server: &ApiServer,
-    n: usize,
-    samples: usize,
-) -> Result<(Vec<f64>, Vec<f64>)> {
+fn latencies(node: &Node, bed: &Bed, n: usize, samples: usize) -> Result<(Vec<f64>, Vec<f64>)> {
     let conf = multus::nad_conf(NETWORK, node);
     let (mut fresh, mut known) = (Vec::new(), Vec::new());
     for s in 0..samples {
         let i = n + 2 * s;
         let netns = pod_netns(i);
-        let started = create_vm(server, i, "a");
+        let started = bed.create_vm(node, i);
         fresh.push(add(node, &conf, i, &netns, started)?);
 
         let j = i + 1;
-        create_vm(server, j, "a");
+        bed.create_vm(node, j);
         let vm = format!("vm{j}");
         wait_for(
             "the agent to derive the VM",
@@ -184,22 +200,80 @@ fn latencies(
     Ok((fresh, known))
 }
 
+/// Where a variant's agent reads the cluster's objects.
+enum Bed {
+    Api(ApiServer),
+    Files,
+}
+
+impl Bed {
+    /// Creates VM `i` on node "a" as [`create_vm`] does, or as one new
+    /// file of its objects (written whole, then renamed into the config
+    /// dir): returns when the clock started.
+    fn create_vm(&self, node: &Node, i: usize) -> Instant {
+        match self {
+            Bed::Api(server) => create_vm(server, i, "a"),
+            Bed::Files => {
+                let text = vm_objects(i, "a")
+                    .iter()
+                    .map(Value::to_string)
+                    .collect::<Vec<_>>()
+                    .join("\n---\n");
+                let started = Instant::now();
+                node.write_config(&format!("vm-{i:07}.yaml"), &text);
+                started
+            }
+        }
+    }
+}
+
+/// Node "a" with the cluster's `objects` in files: every object but other
+/// nodes' pods (what the watches hold), 300 a file (under the reader's
+/// 1 MiB limit).
+fn files_node(objects: &[Value]) -> Node {
+    let node = Node::new("a");
+    node.ns.run(&["ip", "link", "set", "lo", "up"]);
+    join_underlay(&node);
+    let text: Vec<String> = objects
+        .iter()
+        .filter(|o| o["kind"] != "Pod" || o["spec"]["nodeName"] == "a")
+        .map(Value::to_string)
+        .collect();
+    for (k, chunk) in text.chunks(300).enumerate() {
+        node.write_config(&format!("cluster-{k:04}.yaml"), &chunk.join("\n---\n"));
+    }
+    node
+}
+
 fn measure(n: usize, variant: &Variant, opts: &Options) -> Result<Figures> {
     let t = Instant::now();
     let objects = cluster_objects(n);
-    let (mut node, server) = kube_node(&objects);
+    let (mut node, bed) = if variant.files {
+        (files_node(&objects), Bed::Files)
+    } else {
+        let (node, server) = kube_node(&objects);
+        (node, Bed::Api(server))
+    };
     drop(objects);
     eprintln!(
-        "bench: cluster scale: {n} VMs in the API server in {:.1} s",
+        "bench: cluster scale: {n} VMs in the {} in {:.1} s",
+        if variant.files {
+            "config dir"
+        } else {
+            "API server"
+        },
         t.elapsed().as_secs_f64()
     );
-    let kubeconfig = node.state_dir.join("kubeconfig");
-    let mut args = vec![
-        "--source".to_string(),
-        "kubernetes".into(),
-        "--kubeconfig".into(),
-        kubeconfig.to_string_lossy().into_owned(),
-    ];
+    let mut args = Vec::new();
+    if !variant.files {
+        let kubeconfig = node.state_dir.join("kubeconfig");
+        args.extend([
+            "--source".to_string(),
+            "kubernetes".into(),
+            "--kubeconfig".into(),
+            kubeconfig.to_string_lossy().into_owned(),
+        ]);
+    }
     args.extend(variant.args.iter().cloned());
     if let Some(bin) = &variant.bin {
         node.set_agent_bin(bin);
@@ -238,7 +312,7 @@ fn measure(n: usize, variant: &Variant, opts: &Options) -> Result<Figures> {
             .stdout(std::process::Stdio::null())
             .spawn()
     });
-    let (fresh, known) = latencies(&node, &server, n, opts.samples)?;
+    let (fresh, known) = latencies(&node, &bed, n, opts.samples)?;
     if let Some(Ok(mut perf)) = perf {
         // SIGINT: perf writes its file and exits.
         let _ = std::process::Command::new("kill")
