@@ -212,9 +212,11 @@ pub fn assign_settled(
     let net_index = network_index(&config.networks);
     // Keys as their borrowed parts: nothing is printed to match a claim
     // with its VM interface.
+    let kept = cfg.kept_claims.clone();
     let in_documents: HashSet<(&str, &str, &str)> = config
         .keys_in_documents
         .iter()
+        .chain(kept.iter())
         .map(AttachmentKey::parts)
         .collect();
     // Addresses held per network (by index): claims first, then static

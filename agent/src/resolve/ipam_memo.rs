@@ -47,6 +47,8 @@ pub struct Memo {
     /// The keys the documents named (their claims are live), with the
     /// version of the set it mirrors.
     keys: crate::config::Keys,
+    /// The kept claims it was decided with (`Resolved::kept_claims`).
+    kept: crate::resolve::resolved::KeptClaims,
     /// Every live claim's addresses on a known network -> its key.
     held: HashMap<(usize, IpAddr), String>,
     /// `held`'s addresses by network.
@@ -70,7 +72,8 @@ impl Memo {
         let net_index = ipam::network_index(&cfg.config.networks);
         let mut memo = Memo {
             networks: cfg.config.networks.clone(),
-            keys: cfg.config.keys_in_documents.clone(),
+            keys: cfg.config.keys_in_documents.without_log(),
+            kept: cfg.kept_claims.clone(),
             generation,
             in_order: cfg.attachments.windows(2).all(|w| w[0].key < w[1].key),
             ..Memo::default()
@@ -143,40 +146,48 @@ impl Memo {
             return None;
         }
 
-        // Which documents' keys went (their claims are released).
-        let mut gone_keys: Vec<AttachmentKey> = Vec::new();
-        let mut new_keys: Vec<&AttachmentKey> = Vec::new();
-        // The same version: the same keys, none compared. Else the keys
-        // changed since its version, when the set remembers them; else
-        // every key compared.
-        let touched = (self.keys.version() != config.keys_in_documents.version())
-            .then(|| config.keys_in_documents.touched_since(self.keys.version()))
-            .flatten();
-        if let Some(touched) = touched {
+        // Which keys went (their claims are released) and came. A key is
+        // live while a document names it or CNI keeps its claim.
+        let kept = cfg.kept_claims.clone();
+        let (gone_keys, new_keys) = {
+            let was_live = |k: &AttachmentKey| self.keys.contains(k) || self.kept.contains(k);
+            let is_live =
+                |k: &AttachmentKey| config.keys_in_documents.contains(k) || kept.contains(k);
+            // The same version: the same keys, none compared. Else the
+            // keys changed since its version, when the set remembers
+            // them; else every key compared.
+            let mut candidates: Vec<&AttachmentKey> = Vec::new();
+            let touched = (self.keys.version() != config.keys_in_documents.version())
+                .then(|| config.keys_in_documents.touched_since(self.keys.version()))
+                .flatten();
+            if let Some(touched) = touched {
+                candidates.extend(touched);
+            } else if self.keys.version() != config.keys_in_documents.version() {
+                merge(
+                    self.keys.iter(),
+                    config.keys_in_documents.iter(),
+                    |k| k,
+                    |k| k,
+                    |side| match side {
+                        Side::Old(k) | Side::New(k) => candidates.push(k),
+                        Side::Both(..) => {}
+                    },
+                );
+            }
+            if !std::sync::Arc::ptr_eq(&self.kept, &kept) && *self.kept != *kept {
+                candidates.extend(self.kept.symmetric_difference(&kept));
+            }
             let mut seen: HashSet<&AttachmentKey> = HashSet::default();
-            for key in touched.filter(|k| seen.insert(*k)) {
-                match (
-                    self.keys.contains(key),
-                    config.keys_in_documents.contains(key),
-                ) {
-                    (true, false) => gone_keys.push(key.clone()),
-                    (false, true) => new_keys.push(key),
+            let (mut gone, mut new): (Vec<AttachmentKey>, Vec<AttachmentKey>) = Default::default();
+            for key in candidates.into_iter().filter(|k| seen.insert(*k)) {
+                match (was_live(key), is_live(key)) {
+                    (true, false) => gone.push(key.clone()),
+                    (false, true) => new.push(key.clone()),
                     _ => {}
                 }
             }
-        } else if self.keys.version() != config.keys_in_documents.version() {
-            merge(
-                self.keys.iter(),
-                config.keys_in_documents.iter(),
-                |k| k,
-                |k| k,
-                |side| match side {
-                    Side::Old(k) => gone_keys.push(k.clone()),
-                    Side::New(k) => new_keys.push(k),
-                    Side::Both(..) => {}
-                },
-            );
-        }
+            (gone, new)
+        };
         let gone: HashSet<String> = gone_keys.iter().map(|k| k.to_string()).collect();
         let changed = &changed;
 
@@ -245,7 +256,7 @@ impl Memo {
             let key = a.key.to_string();
             let old = claims
                 .get(&key)
-                .filter(|_| config.keys_in_documents.contains(&a.key));
+                .filter(|_| config.keys_in_documents.contains(&a.key) || kept.contains(&a.key));
             let mut own = ClaimChanges::new();
             let decided = ipam::decide(
                 a,
@@ -286,11 +297,9 @@ impl Memo {
             settled = false;
         }
 
-        for k in gone_keys {
-            self.keys.remove(&k);
-        }
-        self.keys.extend(new_keys.into_iter().cloned());
-        self.keys.caught_up_with(&config.keys_in_documents);
+        // The config's set, shared, and the kept claims as they are now.
+        self.keys = config.keys_in_documents.without_log();
+        self.kept = kept;
         Some((changes, settled))
     }
 
@@ -479,5 +488,44 @@ mod tests {
         );
         assert!(taken, "the increment took the round");
         assert_ne!(full.attachments[1].addresses[0].0, x);
+    }
+
+    #[test]
+    fn a_claim_cni_keeps_stays_live_without_its_document_until_it_is_kept_no_more() {
+        // vm1 allocated, then its document gone while CNI keeps its
+        // claim (the file source: a VM's pod deleted, its address kept).
+        let mut claims = BTreeMap::new();
+        let mut first = resolved(&[vm("vm1", ""), vm("vm2", "")]);
+        let (changes, settled) = ipam::assign_settled(&mut first, &claims);
+        assert!(settled);
+        write(&mut claims, changes);
+        let vm1 = first.attachments[0].key.clone();
+        let kept: crate::resolve::resolved::KeptClaims = std::sync::Arc::new([vm1.clone()].into());
+        first.kept_claims = kept.clone();
+        let mut memo = Memo::of(&first, &claims, 1).expect("a settled round's memo");
+
+        // Kept: neither the full pass nor the increment releases it.
+        let mut full = resolved(&[vm("vm2", "")]);
+        full.kept_claims = kept.clone();
+        let (want, _) = ipam::assign_settled(&mut full, &claims);
+        assert!(!want.contains_key(&vm1.to_string()), "{want:?}");
+        let (mut inc, carry) =
+            Resolved::carrying(validated(&[vm("vm2", "")]), "a", first.attachments.clone());
+        inc.kept_claims = kept.clone();
+        let (got, _) = memo
+            .assign(&mut inc, &carry, &claims, 1)
+            .expect("the increment");
+        assert_eq!(got, want, "a kept claim is not released");
+
+        // Kept no more: both release it.
+        let mut full = resolved(&[vm("vm2", "")]);
+        let (want, _) = ipam::assign_settled(&mut full, &claims);
+        assert_eq!(want.get(&vm1.to_string()), Some(&None), "{want:?}");
+        let (mut inc, carry) =
+            Resolved::carrying(validated(&[vm("vm2", "")]), "a", inc.attachments);
+        let (got, _) = memo
+            .assign(&mut inc, &carry, &claims, 1)
+            .expect("the increment");
+        assert_eq!(got, want, "released once no longer kept");
     }
 }

@@ -156,7 +156,18 @@ pub struct Resolved {
     /// The entries whose document names a migration, by index, ascending
     /// (a cut-over is found again every round, outside the marks).
     pub moving: Vec<u32>,
+    /// VM interfaces whose claims stay live though no document names
+    /// them: the ports vmpath-cni programmed once, with the file source
+    /// (a DEL never releases a persistent address). IPAM reads them
+    /// beside `config.keys_in_documents`; kept out of the validated
+    /// config, whose copy per round to add them cost a pass over the
+    /// cluster.
+    pub kept_claims: KeptClaims,
 }
+
+/// The VM interfaces CNI programmed once whose claims are kept
+/// ([`Resolved::kept_claims`]): a node's few.
+pub type KeptClaims = std::sync::Arc<std::collections::BTreeSet<crate::config::AttachmentKey>>;
 
 /// Which entries of a list are [`Resolved::local`] and
 /// [`Resolved::moving`]: what the next round's marks are read against.
@@ -471,6 +482,7 @@ impl Resolved {
             learned_ips: Default::default(),
             carried,
             carried_from_len,
+            kept_claims: Default::default(),
         }
     }
 
@@ -733,7 +745,7 @@ impl Resolved {
             }
             debug_assert_eq!(self.indexes(), Indexes::of(&self.attachments));
             self.errors.push(ConfigError {
-                file: a.spec.source.file.clone(),
+                file: a.spec.source.file.to_path_buf(),
                 document: a.spec.source.document.clone(),
                 field: field.to_string(),
                 message,

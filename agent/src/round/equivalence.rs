@@ -141,7 +141,9 @@ fn incremental(
     let node = round.settings.node.clone();
     let (validated, _) = round.derive_and_validate(snap, held);
     let kept = (*validated).clone();
-    let (mut cfg, _) = round.resolve_and_assign(validated).unwrap();
+    let (mut cfg, _) = round
+        .resolve_and_assign(validated, Default::default())
+        .unwrap();
     let previous = round
         .last_plan
         .as_ref()

@@ -143,6 +143,8 @@ pub struct Round {
     /// claim or port here decides (an IPAM-less address or a given MAC of
     /// a VM on another node), not file order.
     accepted_record: Latest<AcceptedKeys>,
+    /// The last round's kept claims (`Round::kept_claims`).
+    kept_claims: crate::resolve::resolved::KeptClaims,
     /// What the last round served on this node's ports.
     running: Held,
     warned_empty: bool,
@@ -202,8 +204,8 @@ pub struct Passes {
 /// findings, a resync with nothing new); when only some VMs' objects
 /// changed, they run on those VMs alone ([`groups`]).
 struct Validated {
-    /// The validated documents, before the CNI plugin's kept claims are
-    /// added (`validate::with_kept_claims`, which reads state of its own).
+    /// The validated documents (the CNI plugin's kept claims are IPAM's
+    /// input, `Resolved::kept_claims`).
     config: Arc<Config>,
     held: Arc<Held>,
     accepted: AcceptedKeys,
@@ -263,6 +265,7 @@ impl Round {
             last_plan: None,
             accepted,
             accepted_record,
+            kept_claims: Default::default(),
             running: Held::default(),
             warned_empty: false,
             last_errors: Vec::new(),
@@ -363,7 +366,7 @@ impl Round {
             self.passes.skipped += 1;
             self.kept_as_is = true;
             v.membership = membership;
-            return (validate::with_kept_claims(snap, v.config.clone()), Some(0));
+            return (v.config.clone(), Some(0));
         }
         if let Some(mut v) = self.validated.take()
             && let Some(touched) = &touched
@@ -451,7 +454,24 @@ impl Round {
         if let Some(previous) = previous {
             drop_later(previous);
         }
-        validate::with_kept_claims(snap, config)
+        config
+    }
+
+    /// The VM interfaces whose claims the CNI plugin keeps, with the
+    /// file source (`Resolved::kept_claims`). With the Kubernetes source
+    /// the objects keep addresses (a VMI's interfaces while it exists, a
+    /// pod's IPAMClaim while the pod does): a CNI port kept past its pod
+    /// would hold an address the controller released and gave to another
+    /// pod. The last set is shared while it is the same.
+    fn kept_claims(&mut self, snap: &Snapshot) -> crate::resolve::resolved::KeptClaims {
+        if snap.pod_claims {
+            return Default::default();
+        }
+        let now = crate::api::endpoints::kept_claims();
+        if *self.kept_claims != now {
+            self.kept_claims = Arc::new(now);
+        }
+        self.kept_claims.clone()
     }
 
     /// Who holds what ([`validate::held`]), built again only when the
@@ -509,12 +529,14 @@ impl Round {
     pub fn resolve_and_assign(
         &mut self,
         validated: Arc<Config>,
+        kept_claims: crate::resolve::resolved::KeptClaims,
     ) -> anyhow::Result<(crate::resolve::resolved::Resolved, Arc<ipam::Claims>)> {
         let mut phases = crate::sys::phases::Phases::start("resolve and IPAM");
         let last = std::mem::take(&mut self.last_resolved);
         let last_indexes = std::mem::take(&mut self.last_indexes);
         let (mut cfg, carry) =
             resolve::resolve_carrying(validated, &self.settings.node, last, &last_indexes);
+        cfg.kept_claims = kept_claims;
         phases.mark("resolve");
         let (claims, incremental) =
             ipam::assign_incremental(&mut cfg, &carry, &self.store, &mut self.ipam_memo)?;
@@ -598,12 +620,13 @@ impl Round {
         }
         let changed = self.last_fingerprint != Some(snap.fingerprint);
         self.last_fingerprint = Some(snap.fingerprint);
+        let kept_claims = self.kept_claims(&snap);
         // Its objects live on in the reader's cache; the rest is freed
         // off the loop's path.
         drop_later(snap);
 
         // resolve, IPAM
-        let (mut cfg, mut claims) = match self.resolve_and_assign(validated) {
+        let (mut cfg, mut claims) = match self.resolve_and_assign(validated, kept_claims) {
             Ok(r) => r,
             Err(e) => {
                 error!("{e:#}; retrying");

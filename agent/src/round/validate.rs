@@ -33,9 +33,7 @@ pub fn validate(
     keep_first: &dyn KeepFirst,
     held: &Held,
 ) -> Config {
-    let validated = documents(snapshot, derived, node, keep_first, held);
-    let validated = with_kept_claims(snapshot, std::sync::Arc::new(validated));
-    std::sync::Arc::unwrap_or_clone(validated)
+    documents(snapshot, derived, node, keep_first, held)
 }
 
 /// The documents' part of [`validate`]: what they alone decide.
@@ -47,26 +45,6 @@ pub fn documents(
     held: &Held,
 ) -> Config {
     validate_documents(&snapshot.errors, derived, node, keep_first, held)
-}
-
-/// `validated` with the VM interfaces whose claims the CNI plugin keeps
-/// (files source). With the Kubernetes source the objects keep addresses
-/// (a VMI's interfaces while it exists, a pod's IPAMClaim while the pod
-/// does): a CNI port kept past its pod would hold an address the
-/// controller released and gave to another pod.
-pub fn with_kept_claims(
-    snapshot: &Snapshot,
-    mut validated: std::sync::Arc<Config>,
-) -> std::sync::Arc<Config> {
-    if !snapshot.pod_claims {
-        let kept = crate::api::endpoints::kept_claims();
-        if !kept.is_subset(&validated.keys_in_documents) {
-            std::sync::Arc::make_mut(&mut validated)
-                .keys_in_documents
-                .extend(kept);
-        }
-    }
-    validated
 }
 
 #[cfg(test)]
