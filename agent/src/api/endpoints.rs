@@ -269,7 +269,7 @@ pub fn add_documents(state_dir: &Path, node: &str, snap: &mut Snapshot) {
             _ => Arc::new(e.document(node)),
         };
         snap.documents.push(RawDocument {
-            file: e.source(),
+            file: e.source().into(),
             index: 1,
             origin: crate::config::DocOrigin::CniPort,
             value: value.clone(),
@@ -626,7 +626,7 @@ mod tests {
     fn an_endpoint_is_an_attachment_document() {
         let mut snap = Snapshot {
             documents: vec![RawDocument {
-                file: "net.yaml".into(),
+                file: std::path::Path::new("net.yaml").into(),
                 index: 1,
                 origin: crate::config::DocOrigin::Given,
                 value: serde_json::json!({
@@ -639,7 +639,7 @@ mod tests {
             ..Default::default()
         };
         snap.documents.push(RawDocument {
-            file: request().source(),
+            file: request().source().into(),
             index: 1,
             origin: crate::config::DocOrigin::CniPort,
             value: request().document("n1").into(),

@@ -18,7 +18,7 @@ pub mod service;
 pub mod source;
 mod validate;
 
-use std::{fmt, net::IpAddr, path::PathBuf};
+use std::{fmt, net::IpAddr, path::Path};
 
 use ipnet::IpNet;
 use serde::Serialize;
@@ -35,7 +35,8 @@ pub use vmpath_api::types::ConfigError;
 /// Where a valid document came from, for messages.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct DocRef {
-    pub file: PathBuf,
+    /// Shared with every document of the file.
+    pub file: std::sync::Arc<Path>,
     pub document: String,
     /// Who made the document (typed: what write-back and Events act on).
     #[serde(skip)]
@@ -247,7 +248,9 @@ pub struct Attachment {
     pub mac: Option<[u8; 6]>,
     pub mac_policy: MacPolicy,
     pub ips: Vec<IpNet>,
-    pub migration: Option<Migration>,
+    /// Boxed: few VMs migrate at a time, and every Attachment would
+    /// carry its room.
+    pub migration: Option<Box<Migration>>,
     pub source: DocRef,
 }
 
@@ -284,17 +287,19 @@ pub struct NamedPort {
 /// does (never to one it had): a reader that kept the version it last saw
 /// knows the set is the same without comparing its keys (IPAM's memo, on
 /// every round, at 10,000 VM interfaces).
-#[derive(Clone, Default, Serialize)]
-#[serde(transparent)]
+///
+/// A persistent set: IPAM's memo keeps the set of the round it decided
+/// beside the config's, and a copy shares every path the two have in
+/// common (a `BTreeSet` copied was 140 bytes per VM interface of the
+/// cluster, for as long as the agent ran).
+#[derive(Clone, Default)]
 pub struct Keys {
-    set: std::collections::BTreeSet<AttachmentKey>,
-    #[serde(skip)]
+    set: imbl::OrdSet<AttachmentKey>,
     version: u64,
     /// The last changes, oldest first: the version each started from and
     /// the key it added or removed. A reader at one of those versions
     /// reads what changed since (IPAM's memo, when a VM interface came or
     /// went) instead of comparing every key. At most [`KEYS_LOG`].
-    #[serde(skip)]
     log: std::collections::VecDeque<(u64, AttachmentKey)>,
 }
 
@@ -331,29 +336,40 @@ impl Keys {
         self.version
     }
 
-    /// Takes `other`'s version, after this set was made the same as
-    /// `other`'s by its own changes.
-    pub fn caught_up_with(&mut self, other: &Keys) {
-        debug_assert!(self.set == other.set, "caught up with another set");
-        self.version = other.version;
-        // Its own changes did not start from the versions it takes.
-        self.log.clear();
-    }
-
     pub fn insert(&mut self, key: AttachmentKey) -> bool {
         if self.set.contains(&key) {
             return false;
         }
         self.changed(&key);
-        self.set.insert(key)
+        self.set.insert(key);
+        true
     }
 
     pub fn remove(&mut self, key: &AttachmentKey) -> bool {
-        let removed = self.set.remove(key);
+        let removed = self.set.remove(key).is_some();
         if removed {
             self.changed(key);
         }
         removed
+    }
+}
+
+impl Serialize for Keys {
+    /// As the set (the version and log are no part of what it says).
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.collect_seq(self.set.iter())
+    }
+}
+
+impl Keys {
+    /// The same set and version without the log: what a reader keeps to
+    /// compare the next version with (shares the set's paths).
+    pub fn without_log(&self) -> Keys {
+        Keys {
+            set: self.set.clone(),
+            version: self.version,
+            log: Default::default(),
+        }
     }
 }
 
@@ -365,7 +381,7 @@ impl fmt::Debug for Keys {
 }
 
 impl std::ops::Deref for Keys {
-    type Target = std::collections::BTreeSet<AttachmentKey>;
+    type Target = imbl::OrdSet<AttachmentKey>;
     fn deref(&self) -> &Self::Target {
         &self.set
     }
@@ -569,8 +585,7 @@ mod tests {
         assert!(a.remove(&key("vm3")));
         assert_ne!(a.version(), after_insert);
         assert_ne!(a.version(), v, "the same keys again, a new version");
-        // A mirror made the same by its own changes takes the version.
-        let mut mirror = copy;
+        let mirror = copy;
         // What changed since the copy: vm3, twice.
         let touched: Vec<_> = a.touched_since(mirror.version()).unwrap().collect();
         assert_eq!(touched, [&key("vm3"), &key("vm3")]);
@@ -579,8 +594,14 @@ mod tests {
             a.touched_since(b.version()).is_none(),
             "another set's version"
         );
-        mirror.caught_up_with(&a);
+        // A reader's copy: the set and version, shared, without the log.
+        let mirror = a.without_log();
         assert_eq!(mirror.version(), a.version());
+        assert!(mirror == a);
+        assert!(
+            mirror.touched_since(v).is_none(),
+            "a copy remembers no changes"
+        );
         // It remembers the last changes only.
         let v = a.version();
         for i in 0..KEYS_LOG {

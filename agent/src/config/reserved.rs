@@ -57,7 +57,7 @@ pub fn warnings(cfg: &Config) -> Vec<ConfigError> {
         for (i, ip) in a.ips.iter().enumerate() {
             if let Some(why) = net.subnets.iter().find_map(|s| subnet_reason(s, ip.addr())) {
                 out.push(ConfigError {
-                    file: a.source.file.clone(),
+                    file: a.source.file.to_path_buf(),
                     document: a.source.document.clone(),
                     field: format!("spec.ips[{i}]"),
                     message: format!("{why}; accepted because network {:?} has no IPAM", net.name),

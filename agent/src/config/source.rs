@@ -41,7 +41,9 @@ pub enum DocOrigin {
     /// document, its membership entry, its Attachment's source).
     Derived(std::sync::Arc<[ObjectRef]>),
     /// Made from a Kubernetes object read as it is (a v1 Node's address).
-    Object(ObjectRef),
+    /// Boxed: the origin is in every Attachment's source, and this
+    /// variant would make each three times its size.
+    Object(Box<ObjectRef>),
 }
 
 impl DocOrigin {
@@ -50,7 +52,7 @@ impl DocOrigin {
     pub fn about(&self) -> Option<Box<ObjectRef>> {
         match self {
             DocOrigin::Derived(from) => from.first().cloned().map(Box::new),
-            DocOrigin::Object(o) => Some(Box::new(o.clone())),
+            DocOrigin::Object(o) => Some(o.clone()),
             DocOrigin::Given | DocOrigin::CniPort => None,
         }
     }
@@ -75,7 +77,8 @@ impl DocOrigin {
 /// One YAML document with where it came from.
 #[derive(Debug, Clone)]
 pub struct RawDocument {
-    pub file: PathBuf,
+    /// Shared with every document of the file (and its Attachments' sources).
+    pub file: std::sync::Arc<Path>,
     /// 1-based position of the document in its file (empty documents are
     /// not counted).
     pub index: usize,
@@ -376,7 +379,7 @@ fn parse_file(file: &Path, stamp: Stamp) -> Parsed {
                     object,
                 }));
                 documents.extend(document.map(|value| RawDocument {
-                    file: file.to_path_buf(),
+                    file: shared.clone(),
                     index: i + 1,
                     origin: crate::config::DocOrigin::Given,
                     value,

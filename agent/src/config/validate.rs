@@ -45,7 +45,7 @@ impl Doc<'_> {
     }
     fn error(&self, field: &str, message: impl Into<String>) -> ConfigError {
         ConfigError {
-            file: self.raw.file.clone(),
+            file: self.raw.file.to_path_buf(),
             document: self.label(),
             field: field.to_string(),
             message: message.into(),
@@ -587,7 +587,7 @@ fn document_key(doc: &Doc) -> Option<AttachmentKey> {
 
 fn header(raw: &RawDocument) -> Result<Doc<'_>, ConfigError> {
     let anonymous = |field: &str, message: String| ConfigError {
-        file: raw.file.clone(),
+        file: raw.file.to_path_buf(),
         document: format!("document {}", raw.index),
         field: field.to_string(),
         message,
@@ -1121,7 +1121,7 @@ fn attachment(doc: &Doc, cfg: &Config) -> Result<Attachment, ConfigError> {
         port: spec.port,
         mac,
         mac_policy: spec.mac_policy,
-        migration: spec.migration,
+        migration: spec.migration.map(Box::new),
         source: doc.source(),
         ips: spec.ips,
     })
@@ -1216,7 +1216,7 @@ mod namespace_rule_tests {
                 .iter()
                 .enumerate()
                 .map(|(i, v)| RawDocument {
-                    file: "ns.yaml".into(),
+                    file: std::path::Path::new("ns.yaml").into(),
                     index: i + 1,
                     origin: crate::config::DocOrigin::Given,
                     value: v.clone().into(),
@@ -1340,7 +1340,7 @@ mod node_spec_tests {
     fn node_with(spec: serde_json::Value) -> Config {
         let snap = Snapshot {
             documents: vec![RawDocument {
-                file: "node.yaml".into(),
+                file: std::path::Path::new("node.yaml").into(),
                 index: 1,
                 origin: crate::config::DocOrigin::Given,
                 value: serde_json::json!({
@@ -1372,7 +1372,7 @@ mod node_spec_tests {
 
     fn nodes(a: &str, b: &str, c: &str) -> Snapshot {
         let doc = |i: usize, name: &str, address: &str| RawDocument {
-            file: "nodes.yaml".into(),
+            file: std::path::Path::new("nodes.yaml").into(),
             index: i,
             origin: crate::config::DocOrigin::Given,
             value: serde_json::json!({
@@ -1458,7 +1458,7 @@ mod holder_tests {
                 .iter()
                 .enumerate()
                 .map(|(i, &d)| RawDocument {
-                    file: format!("{i:02}.yaml").into(),
+                    file: std::path::Path::new(&format!("{i:02}.yaml")).into(),
                     index: 1,
                     origin: crate::config::DocOrigin::Given,
                     value: all[d].clone().into(),
@@ -1550,7 +1550,7 @@ mod primary_overlap_tests {
                 .into_iter()
                 .enumerate()
                 .map(|(i, v)| RawDocument {
-                    file: "nets.yaml".into(),
+                    file: std::path::Path::new("nets.yaml").into(),
                     index: i + 1,
                     origin: crate::config::DocOrigin::Given,
                     value: v.into(),

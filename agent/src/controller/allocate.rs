@@ -292,7 +292,7 @@ mod tests {
                 .unwrap()
                 .into_iter()
                 .map(|value| RawDocument {
-                    file: "t".into(),
+                    file: std::path::Path::new("t").into(),
                     index: 1,
                     origin: crate::config::DocOrigin::Given,
                     value: value.into(),

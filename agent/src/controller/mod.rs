@@ -181,7 +181,7 @@ fn networks(objects: &[DynamicObject]) -> (Vec<Network>, Vec<crate::config::Conf
             value["apiVersion"] = "vmpath.dev/v1alpha1".into();
             value["kind"] = "Network".into();
             Some(RawDocument {
-                file: "kubernetes:networks".into(),
+                file: std::path::Path::new("kubernetes:networks").into(),
                 index: i + 1,
                 origin: crate::config::DocOrigin::Given,
                 value: value.into(),

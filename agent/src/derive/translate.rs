@@ -177,7 +177,7 @@ pub fn translate(
                 cni.insert(
                     (ns, pod, ifname),
                     CniPort {
-                        file: raw.file.clone(),
+                        file: raw.file.to_path_buf(),
                         port,
                         network,
                         mac: s("/spec/mac"),
@@ -250,9 +250,9 @@ pub fn translate(
             continue;
         };
         t.documents.push(RawDocument {
-            file: n.file.to_path_buf(),
+            file: n.file.into(),
             index: n.index,
-            origin: DocOrigin::Object(object("Node", &n.value.metadata)),
+            origin: DocOrigin::Object(Box::new(object("Node", &n.value.metadata))),
             value: std::sync::Arc::new(json!({
                 "apiVersion": API_VERSION,
                 "kind": "Node",
@@ -838,7 +838,7 @@ pub fn translate(
     t.documents.retain(|d| {
         d.origin != DocOrigin::CniPort
             || d.value.get("kind").and_then(Value::as_str) != Some("Attachment")
-            || remaining.contains(&d.file)
+            || remaining.contains(&*d.file)
     });
     t
 }
@@ -1219,7 +1219,7 @@ impl Translator<'_> {
             spec["ports"] = d.ports.into();
         }
         self.out.documents.push(RawDocument {
-            file: d.file,
+            file: d.file.into(),
             index: 1,
             origin: DocOrigin::Derived(d.from.into()),
             value: std::sync::Arc::new(json!({
@@ -1254,7 +1254,7 @@ mod tests {
             .into_iter()
             .enumerate()
             .map(|(i, value)| RawDocument {
-                file: file.into(),
+                file: std::path::Path::new(file).into(),
                 index: i + 1,
                 origin: crate::config::DocOrigin::Given,
                 value: value.into(),
@@ -1270,7 +1270,7 @@ mod tests {
 
     fn cni_port_in(namespace: &str, pod: &str, ifname: &str, port: &str) -> RawDocument {
         RawDocument {
-            file: format!("{CNI_SOURCE_PREFIX}c0ffee{pod}/{ifname}").into(),
+            file: std::path::Path::new(&format!("{CNI_SOURCE_PREFIX}c0ffee{pod}/{ifname}")).into(),
             index: 1,
             origin: crate::config::DocOrigin::CniPort,
             value: json!({
@@ -2248,7 +2248,7 @@ mod default_network_tests {
 
     fn cni_port(pod: &str, ifname: &str, port: &str) -> RawDocument {
         RawDocument {
-            file: format!("{CNI_SOURCE_PREFIX}c0ffee{pod}/{ifname}").into(),
+            file: std::path::Path::new(&format!("{CNI_SOURCE_PREFIX}c0ffee{pod}/{ifname}")).into(),
             index: 1,
             origin: crate::config::DocOrigin::CniPort,
             value: json!({
@@ -2269,7 +2269,7 @@ mod default_network_tests {
                 .enumerate()
             {
                 snap.documents.push(RawDocument {
-                    file: (*file).into(),
+                    file: std::path::Path::new(*file).into(),
                     index: i + 1,
                     origin: crate::config::DocOrigin::Given,
                     value: value.into(),

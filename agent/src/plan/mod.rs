@@ -453,7 +453,7 @@ mod tests {
         let cfg = |n: std::ops::RangeInclusive<usize>| {
             let mut snap = config::source::Snapshot::default();
             snap.documents.push(config::source::RawDocument {
-                file: "c.yaml".into(),
+                file: std::path::Path::new("c.yaml").into(),
                 index: 1,
                 origin: crate::config::DocOrigin::Given,
                 value: serde_json::json!({"apiVersion": "vmpath.dev/v1alpha1", "kind": "Network",
@@ -461,7 +461,7 @@ mod tests {
             });
             for i in n {
                 snap.documents.push(config::source::RawDocument {
-                    file: "c.yaml".into(),
+                    file: std::path::Path::new("c.yaml").into(),
                     index: i + 2,
                     origin: crate::config::DocOrigin::Given,
                     value: serde_json::json!({"apiVersion": "vmpath.dev/v1alpha1", "kind": "Attachment",

@@ -718,7 +718,7 @@ fn read_chunk<'a>(
             }),
             Kept::Document(value) if value.is_null() => {}
             Kept::Document(value) => documents.push(RawDocument {
-                file: file.to_path_buf(),
+                file: file.clone(),
                 index: base + i,
                 origin: crate::config::DocOrigin::Given,
                 value: value.clone(),

@@ -164,7 +164,7 @@ pub fn adopt_detected_macs(
             Ok(_) => {}
             Err(msg) => {
                 mac_refusals.push(ConfigError {
-                    file: a.source.file.clone(),
+                    file: a.source.file.to_path_buf(),
                     document: a.source.document.clone(),
                     field: "detected MAC".into(),
                     message: msg.clone(),

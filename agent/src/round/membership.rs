@@ -19,7 +19,9 @@
 //! into an empty membership ([`Membership::of`]) is the full pass; a test
 //! holds the update to it.
 
-use std::{collections::BTreeSet, net::IpAddr, path::PathBuf, sync::Arc};
+#[cfg(test)]
+use std::path::PathBuf;
+use std::{collections::BTreeSet, net::IpAddr, sync::Arc};
 
 use serde_json::Value;
 
@@ -48,7 +50,7 @@ enum Member {
     /// Boxed: an entry per object of the cluster is kept, most of them
     /// cluster objects, and the document's file and origin would make
     /// each of those seven times its size.
-    Document(Box<(Arc<Value>, PathBuf, DocOrigin)>),
+    Document(Box<(Arc<Value>, Arc<std::path::Path>, DocOrigin)>),
     Cluster(Arc<ClusterObject>),
 }
 
@@ -225,7 +227,7 @@ pub struct Membership {
     /// others (with repeats). A refusal with no object (a vmpath
     /// document's) is attributed by its file, where every document in it
     /// is grouped.
-    files: HashMap<PathBuf, (usize, Vec<Key>)>,
+    files: HashMap<Arc<std::path::Path>, (usize, Vec<Key>)>,
     /// Duplicated VMI uids and pod names: a full pass decides those.
     ambiguous: usize,
     read_errors: Vec<ConfigError>,
@@ -901,7 +903,7 @@ impl Membership {
                 }
                 moved(gs);
                 if *contexts == 0 && gs.is_empty() {
-                    self.files.remove(file);
+                    self.files.remove(&**file);
                 }
             }
         }
@@ -1093,7 +1095,7 @@ impl Membership {
             }
             return None;
         }
-        match self.files.get(&e.file) {
+        match self.files.get(e.file.as_path()) {
             Some((0, gs)) if !gs.is_empty() => {
                 let mut gs: Vec<GroupKey> = gs.iter().map(|k| (**k).clone()).collect();
                 gs.sort();
@@ -1657,7 +1659,7 @@ mod tests {
             share_parts(&mut snap, &mut parts);
             for (i, value) in &ports {
                 snap.documents.push(crate::config::source::RawDocument {
-                    file: PathBuf::from(format!("cni:{i}")),
+                    file: PathBuf::from(format!("cni:{i}")).into(),
                     index: 1,
                     origin: DocOrigin::CniPort,
                     value: value.clone(),

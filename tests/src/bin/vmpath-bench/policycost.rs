@@ -125,7 +125,7 @@ fn plan_of(docs: &[String]) -> Result<(plan::Plan, f64)> {
             .into_iter()
             .enumerate()
             .map(|(i, value)| config::source::RawDocument {
-                file: PathBuf::from("bench.yaml"),
+                file: std::path::Path::new("bench.yaml").into(),
                 index: i + 1,
                 origin: vmpath::config::DocOrigin::Given,
                 value: std::sync::Arc::new(value),
