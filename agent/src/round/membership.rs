@@ -114,7 +114,7 @@ struct Entry {
     member: Member,
     /// The groups it is in, sorted; none: the context, or a claim no
     /// group reads.
-    groups: Vec<Key>,
+    groups: Groups,
     context: bool,
     /// The part of the snapshot's cluster objects it was last read in
     /// (`part_ptr`; 0 for a document): where `partial` finds it.
@@ -125,7 +125,9 @@ struct Entry {
 #[derive(Debug, Clone)]
 struct Group {
     key: Key,
-    members: Vec<usize>,
+    /// Inline up to two (a VMI and its claim, on another node): most
+    /// groups of a cluster allocate none.
+    members: smallvec::SmallVec<[usize; 2]>,
     /// How many of them are cluster objects other than claims.
     claimable: usize,
 }
@@ -151,11 +153,6 @@ fn entry<'a, V: Default>(m: &'a mut ByName<V>, ns: &str, name: &str) -> &'a mut 
     names.get_mut(name).expect("made above")
 }
 
-/// The objects an index lists at (`ns`, `name`), none when absent.
-fn listed<'a>(m: &'a ByName<Vec<usize>>, ns: &str, name: &str) -> impl Iterator<Item = usize> + 'a {
-    get(m, ns, name).into_iter().flatten().copied()
-}
-
 /// Removes `name` from `m` when `empty` says its value is.
 fn prune<V>(m: &mut ByName<V>, ns: &str, name: &str, empty: impl Fn(&V) -> bool) {
     if let Some(names) = m.get_mut(ns) {
@@ -168,8 +165,67 @@ fn prune<V>(m: &mut ByName<V>, ns: &str, name: &str, empty: impl Fn(&V) -> bool)
     }
 }
 
+/// An index that says only which objects a change may reach: they are
+/// marked dirty and placed again from what they are, so a key stands for
+/// its names by a hash of them. A collision costs a needless placement,
+/// never a wrong one; the names were two copies of every claim's name
+/// (and more for its prefixes) per VM of the cluster.
+#[derive(Debug, Clone, Default)]
+struct Reach(HashMap<u64, smallvec::SmallVec<[usize; 1]>>);
+
+impl Reach {
+    fn key(ns: &str, name: &str) -> u64 {
+        // No namespace or name holds a NUL.
+        crate::sys::hash::fnv1a(&[ns.as_bytes(), &[0], name.as_bytes()])
+    }
+
+    /// Lists `p`; returns how many its key lists now.
+    fn add(&mut self, ns: &str, name: &str, p: usize) -> usize {
+        let list = self.0.entry(Self::key(ns, name)).or_default();
+        list.push(p);
+        list.len()
+    }
+
+    /// Takes `p` out; returns how many its key listed before.
+    fn remove(&mut self, ns: &str, name: &str, p: usize) -> usize {
+        let key = Self::key(ns, name);
+        let Some(list) = self.0.get_mut(&key) else {
+            return 0;
+        };
+        let before = list.len();
+        remove_one(list, &p);
+        if list.is_empty() {
+            self.0.remove(&key);
+        }
+        before
+    }
+
+    /// The objects listed under (`ns`, `name`), and any under a key that
+    /// hashes the same.
+    fn listed(&self, ns: &str, name: &str) -> impl Iterator<Item = usize> + '_ {
+        self.0
+            .get(&Self::key(ns, name))
+            .into_iter()
+            .flatten()
+            .copied()
+    }
+}
+
+/// An object's groups: inline when it is in one (nearly every object).
+type Groups = smallvec::SmallVec<[Key; 1]>;
+
 /// Removes one `item` from the list, if there.
-fn remove_one<T: PartialEq>(list: &mut Vec<T>, item: &T) {
+fn remove_one<T: PartialEq, A: smallvec::Array<Item = T>>(
+    list: &mut smallvec::SmallVec<A>,
+    item: &T,
+) {
+    if let Some(i) = list.iter().position(|x| x == item) {
+        list.swap_remove(i);
+    }
+}
+
+/// [`remove_one`] for a `Vec`.
+fn remove_one_vec<T: PartialEq>(list: &mut Vec<T>, item: &T) {
     if let Some(i) = list.iter().position(|x| x == item) {
         list.swap_remove(i);
     }
@@ -184,23 +240,24 @@ pub struct Membership {
     /// The objects no group owns.
     context: HashSet<usize>,
     /// VMI uid -> the VMIs with it (one, but for a duplicate): how a
-    /// launcher finds its VMI.
-    uids: HashMap<String, Vec<usize>>,
+    /// launcher finds its VMI (each checked for the uid: the key is a
+    /// hash; a collision counts as a duplicate, which a full pass decides).
+    uids: Reach,
     /// created-by uid -> the launcher pods that name it.
-    launchers: HashMap<String, Vec<usize>>,
+    launchers: Reach,
     /// (namespace, pod name) -> the pods of that name (one, but for a
     /// duplicate): how a CNI port finds its pod's group.
     pods: ByName<Vec<usize>>,
     /// (namespace, `spec.vm`) -> the CNI port documents naming it.
-    cni_ports: ByName<Vec<usize>>,
+    cni_ports: Reach,
     /// (namespace, name) -> the claims of that name.
-    claims: ByName<Vec<usize>>,
+    claims: Reach,
     /// (namespace, each prefix of a claim's name its VM may have,
     /// `name_prefixes`) -> those claims.
-    claims_under: ByName<Vec<usize>>,
+    claims_under: Reach,
     /// (namespace, `pod_claim_prefix`) -> the claims with a name hashed
     /// from it (`hashed_claim_prefix`).
-    hashed_claims: ByName<Vec<usize>>,
+    hashed_claims: Reach,
     /// (namespace, claim) -> the groups of the pods whose annotations
     /// name it (with repeats).
     references: ByName<Vec<Key>>,
@@ -532,13 +589,10 @@ impl Membership {
             Member::Cluster(c) => match &**c {
                 ClusterObject::Vmi(v) => {
                     if let Some(uid) = v.metadata.uid.as_deref() {
-                        let holders = self.uids.entry(uid.to_string()).or_default();
-                        holders.push(p);
-                        if holders.len() > 1 {
+                        if self.uids.add("", uid, p) > 1 {
                             self.ambiguous += 1;
                         }
-                        work.dirty
-                            .extend(self.launchers.get(uid).into_iter().flatten());
+                        work.dirty.extend(self.launchers.listed("", uid));
                     }
                 }
                 ClusterObject::Pod(pod) => {
@@ -551,10 +605,10 @@ impl Membership {
                     if pod.is_virt_launcher()
                         && let Some(uid) = pod.metadata.labels.get(CREATED_BY_LABEL)
                     {
-                        self.launchers.entry(uid.clone()).or_default().push(p);
+                        self.launchers.add("", uid, p);
                     }
                     work.dirty
-                        .extend(listed(&self.cni_ports, ns, &pod.metadata.name));
+                        .extend(self.cni_ports.listed(ns, &pod.metadata.name));
                 }
                 ClusterObject::IpamClaim(claim) => {
                     let (ns, name) = (claim.metadata.namespace(), claim.metadata.name.as_str());
@@ -567,7 +621,7 @@ impl Membership {
                 if *origin == DocOrigin::CniPort
                     && let Some((ns, vm)) = attachment_vm(value)
                 {
-                    entry(&mut self.cni_ports, ns, vm).push(p);
+                    self.cni_ports.add(ns, vm, p);
                 }
             }
         }
@@ -575,7 +629,7 @@ impl Membership {
             p,
             Entry {
                 member,
-                groups: Vec::new(),
+                groups: Groups::new(),
                 context: false,
                 part,
             },
@@ -587,14 +641,11 @@ impl Membership {
     /// takes it out: by its name, under each prefix its VM may have, and
     /// under its hashed prefix.
     fn index_claim(&mut self, ns: &str, name: &str, p: usize, add: bool) {
-        let one = |index: &mut ByName<Vec<usize>>, key: &str| {
+        let one = |index: &mut Reach, key: &str| {
             if add {
-                entry(index, ns, key).push(p);
+                index.add(ns, key, p);
             } else {
-                if let Some(list) = index.get_mut(ns).and_then(|n| n.get_mut(key)) {
-                    remove_one(list, &p);
-                }
-                prune(index, ns, key, Vec::is_empty);
+                index.remove(ns, key, p);
             }
         };
         one(&mut self.claims, name);
@@ -616,17 +667,10 @@ impl Membership {
             Member::Cluster(c) => match &**c {
                 ClusterObject::Vmi(v) => {
                     if let Some(uid) = v.metadata.uid.as_deref() {
-                        if let Some(holders) = self.uids.get_mut(uid) {
-                            if holders.len() > 1 {
-                                self.ambiguous -= 1;
-                            }
-                            remove_one(holders, &p);
-                            if holders.is_empty() {
-                                self.uids.remove(uid);
-                            }
+                        if self.uids.remove("", uid, p) > 1 {
+                            self.ambiguous -= 1;
                         }
-                        work.dirty
-                            .extend(self.launchers.get(uid).into_iter().flatten());
+                        work.dirty.extend(self.launchers.listed("", uid));
                     }
                 }
                 ClusterObject::Pod(pod) => {
@@ -637,19 +681,14 @@ impl Membership {
                         if same.len() > 1 {
                             self.ambiguous -= 1;
                         }
-                        remove_one(same, &p);
+                        remove_one_vec(same, &p);
                     }
                     prune(&mut self.pods, ns, &pod.metadata.name, Vec::is_empty);
-                    if let Some(uid) = pod.metadata.labels.get(CREATED_BY_LABEL)
-                        && let Some(set) = self.launchers.get_mut(uid)
-                    {
-                        remove_one(set, &p);
-                        if set.is_empty() {
-                            self.launchers.remove(uid);
-                        }
+                    if let Some(uid) = pod.metadata.labels.get(CREATED_BY_LABEL) {
+                        self.launchers.remove("", uid, p);
                     }
                     work.dirty
-                        .extend(listed(&self.cni_ports, ns, &pod.metadata.name));
+                        .extend(self.cni_ports.listed(ns, &pod.metadata.name));
                 }
                 ClusterObject::IpamClaim(claim) => {
                     let (ns, name) = (claim.metadata.namespace(), claim.metadata.name.as_str());
@@ -662,10 +701,7 @@ impl Membership {
                 if *origin == DocOrigin::CniPort
                     && let Some((ns, vm)) = attachment_vm(value)
                 {
-                    if let Some(list) = self.cni_ports.get_mut(ns).and_then(|n| n.get_mut(vm)) {
-                        remove_one(list, &p);
-                    }
-                    prune(&mut self.cni_ports, ns, vm, Vec::is_empty);
+                    self.cni_ports.remove(ns, vm, p);
                 }
             }
         }
@@ -701,15 +737,17 @@ impl Membership {
                         // As translation finds a launcher's VMI: by the
                         // uid its created-by label names, else by the VM
                         // name label.
-                        if let Some(uid) = labels.get(CREATED_BY_LABEL)
-                            && let Some(holders) = self.uids.get(uid.as_str())
-                        {
+                        if let Some(uid) = labels.get(CREATED_BY_LABEL) {
                             // A VMI of the pod's own namespace, as
                             // translation reads the label.
-                            let mut gs: Vec<GroupKey> = holders
-                                .iter()
-                                .filter_map(|p| match self.entries.get(p)?.member.cluster()? {
-                                    ClusterObject::Vmi(v) if v.metadata.namespace() == ns => {
+                            let mut gs: Vec<GroupKey> = self
+                                .uids
+                                .listed("", uid)
+                                .filter_map(|p| match self.entries.get(&p)?.member.cluster()? {
+                                    ClusterObject::Vmi(v)
+                                        if v.metadata.namespace() == ns
+                                            && v.metadata.uid.as_deref() == Some(uid.as_str()) =>
+                                    {
                                         Some((ns.to_string(), v.metadata.name.clone()))
                                     }
                                     _ => None,
@@ -770,7 +808,7 @@ impl Membership {
         let key = Arc::new(g);
         let group = Group {
             key: key.clone(),
-            members: Vec::new(),
+            members: Default::default(),
             claimable: 0,
         };
         if !self.groups.contains_key(&key.0) {
@@ -787,7 +825,7 @@ impl Membership {
         if !self.entries.contains_key(&p) {
             return;
         }
-        let groups: Vec<Key> = groups.into_iter().map(|g| self.intern(g)).collect();
+        let groups: Groups = groups.into_iter().map(|g| self.intern(g)).collect();
         let Some(e) = self.entries.get_mut(&p) else {
             return;
         };
@@ -813,7 +851,7 @@ impl Membership {
             if claimable {
                 group.claimable -= 1;
                 if group.claimable == 0 {
-                    work.dirty.extend(listed(&self.claims_under, &g.0, &g.1));
+                    work.dirty.extend(self.claims_under.listed(&g.0, &g.1));
                 }
             }
             prune(&mut self.groups, &g.0, &g.1, |g| g.members.is_empty());
@@ -829,13 +867,13 @@ impl Membership {
             if claimable {
                 group.claimable += 1;
                 if group.claimable == 1 {
-                    work.dirty.extend(listed(&self.claims_under, &g.0, &g.1));
+                    work.dirty.extend(self.claims_under.listed(&g.0, &g.1));
                 }
             }
         }
         // What the object's groups feed.
         let moved = |list: &mut Vec<Key>| {
-            old.iter().for_each(|g| remove_one(list, g));
+            old.iter().for_each(|g| remove_one_vec(list, g));
             list.extend(groups.iter().cloned());
         };
         match &member {
@@ -847,15 +885,15 @@ impl Membership {
                     for r in claim_references(pod) {
                         moved(entry(&mut self.references, ns, &r));
                         prune(&mut self.references, ns, &r, Vec::is_empty);
-                        work.dirty.extend(listed(&self.claims, ns, &r));
+                        work.dirty.extend(self.claims.listed(ns, &r));
                     }
                     if !pod.is_virt_launcher() {
                         let prefix = pod_claim_prefix(name);
                         moved(entry(&mut self.claim_prefixes, ns, &prefix));
                         prune(&mut self.claim_prefixes, ns, &prefix, Vec::is_empty);
-                        work.dirty.extend(listed(&self.hashed_claims, ns, &prefix));
+                        work.dirty.extend(self.hashed_claims.listed(ns, &prefix));
                     }
-                    work.dirty.extend(listed(&self.cni_ports, ns, name));
+                    work.dirty.extend(self.cni_ports.listed(ns, name));
                 }
                 ClusterObject::Vmim(m) => {
                     self.object_groups(
@@ -881,7 +919,7 @@ impl Membership {
                     } else if self.claim_ips.remove(&p) {
                         for ip in claim_addresses(&claim.status.ips).flatten() {
                             if let Some(holders) = self.claims_by_ip.get_mut(&ip) {
-                                remove_one(holders, &p);
+                                remove_one_vec(holders, &p);
                                 if holders.is_empty() {
                                     self.claims_by_ip.remove(&ip);
                                 }
@@ -921,7 +959,7 @@ impl Membership {
     ) {
         let names = self.by_object.entry(kind).or_default();
         let list = entry(names, ns, name);
-        old.iter().for_each(|g| remove_one(list, g));
+        old.iter().for_each(|g| remove_one_vec(list, g));
         list.extend(new.iter().cloned());
         prune(names, ns, name, Vec::is_empty);
         if names.is_empty() {
@@ -1126,7 +1164,7 @@ impl Membership {
                 .filter(|p| self.entries[p].member.makes_claimable_group())
                 .count();
             let group = get(&self.groups, &g.0, &g.1).expect("a group of its members");
-            let mut held = group.members.clone();
+            let mut held = group.members.to_vec();
             held.sort();
             assert_eq!(held, ps, "group {g:?}'s members");
             assert_eq!(group.claimable, claimable, "group {g:?}'s claimable count");
@@ -1180,6 +1218,26 @@ impl Membership {
             .collect();
         files.sort();
         lines.extend(files);
+        for (name, reach) in [
+            ("uids", &self.uids),
+            ("launchers", &self.launchers),
+            ("cni ports", &self.cni_ports),
+            ("claims", &self.claims),
+            ("claims under", &self.claims_under),
+            ("hashed claims", &self.hashed_claims),
+        ] {
+            let mut listed: Vec<(u64, Vec<usize>)> = reach
+                .0
+                .iter()
+                .map(|(k, ps)| {
+                    let mut ps = ps.to_vec();
+                    ps.sort();
+                    (*k, ps)
+                })
+                .collect();
+            listed.sort();
+            lines.push(format!("{name}: {listed:?}"));
+        }
         lines.push(format!("ambiguous {}", self.ambiguous));
         lines.join("\n")
     }
