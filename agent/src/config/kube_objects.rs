@@ -161,7 +161,7 @@ impl Pod {
     /// A KubeVirt virt-launcher pod.
     pub fn is_virt_launcher(&self) -> bool {
         self.metadata.labels.contains_key(CREATED_BY_LABEL)
-            || self.metadata.labels.get("kubevirt.io").map(String::as_str) == Some("virt-launcher")
+            || self.metadata.labels.get("kubevirt.io").map(|v| v.as_str()) == Some("virt-launcher")
     }
 }
 

@@ -7,14 +7,19 @@ use std::{collections::BTreeMap, fmt};
 
 use serde::{Deserialize, Serialize};
 
+use crate::sys::intern::Name;
+
 /// A namespace's (or any object's) labels: a map of label keys to values,
 /// kept as one sorted list. Objects carry a few labels each, and every VM
 /// interface of the cluster holds its VM's: a `BTreeMap` allocates a node
 /// of eleven slots for the first (about 550 bytes of `String` pairs),
 /// which was the largest single part of what the agent held per VM at
 /// 10,000 VMs (issue 34).
+///
+/// Keys and values are [`Name`]s: a VM's labels are held by its VMI's
+/// copy and by its Attachment, and their keys by every VM.
 #[derive(Clone, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct Labels(Vec<(String, String)>);
+pub struct Labels(Vec<(Name, Name)>);
 
 impl Labels {
     pub fn new() -> Self {
@@ -25,7 +30,7 @@ impl Labels {
         self.0.binary_search_by(|(k, _)| k.as_str().cmp(key))
     }
 
-    pub fn get(&self, key: &str) -> Option<&String> {
+    pub fn get(&self, key: &str) -> Option<&Name> {
         self.position(key).ok().map(|i| &self.0[i].1)
     }
 
@@ -34,7 +39,8 @@ impl Labels {
     }
 
     /// Sets `key` to `value`; returns the value it replaced.
-    pub fn insert(&mut self, key: String, value: String) -> Option<String> {
+    pub fn insert(&mut self, key: impl Into<Name>, value: impl Into<Name>) -> Option<Name> {
+        let (key, value) = (key.into(), value.into());
         match self.position(&key) {
             Ok(i) => Some(std::mem::replace(&mut self.0[i].1, value)),
             Err(i) => {
@@ -44,21 +50,21 @@ impl Labels {
         }
     }
 
-    pub fn remove(&mut self, key: &str) -> Option<String> {
+    pub fn remove(&mut self, key: &str) -> Option<Name> {
         self.position(key).ok().map(|i| self.0.remove(i).1)
     }
 
-    pub fn retain(&mut self, mut keep: impl FnMut(&String, &mut String) -> bool) {
-        self.0.retain_mut(|(k, v)| keep(k, v));
+    pub fn retain(&mut self, mut keep: impl FnMut(&str, &str) -> bool) {
+        self.0.retain(|(k, v)| keep(k, v));
         self.0.shrink_to_fit();
     }
 
     /// Key and value, by key.
-    pub fn iter(&self) -> impl ExactSizeIterator<Item = (&String, &String)> + Clone {
+    pub fn iter(&self) -> impl ExactSizeIterator<Item = (&Name, &Name)> + Clone {
         self.0.iter().map(|(k, v)| (k, v))
     }
 
-    pub fn keys(&self) -> impl ExactSizeIterator<Item = &String> + Clone {
+    pub fn keys(&self) -> impl ExactSizeIterator<Item = &Name> + Clone {
         self.0.iter().map(|(k, _)| k)
     }
 
@@ -71,29 +77,33 @@ impl Labels {
     }
 }
 
-impl FromIterator<(String, String)> for Labels {
+impl<K: Into<Name>, V: Into<Name>> FromIterator<(K, V)> for Labels {
     /// As a map collects: a later value of a key wins.
-    fn from_iter<I: IntoIterator<Item = (String, String)>>(iter: I) -> Self {
-        let mut pairs: Vec<(String, String)> = iter.into_iter().collect();
+    fn from_iter<I: IntoIterator<Item = (K, V)>>(iter: I) -> Self {
+        let mut pairs: Vec<(Name, Name)> = iter
+            .into_iter()
+            .map(|(k, v)| (k.into(), v.into()))
+            .collect();
         // Stable: equal keys stay in order, and the last of each is kept.
         pairs.sort_by(|a, b| a.0.cmp(&b.0));
-        let mut out: Vec<(String, String)> = Vec::with_capacity(pairs.len());
+        let mut out: Vec<(Name, Name)> = Vec::with_capacity(pairs.len());
         for pair in pairs {
             match out.last_mut() {
                 Some(last) if last.0 == pair.0 => *last = pair,
                 _ => out.push(pair),
             }
         }
+        out.shrink_to_fit();
         Labels(out)
     }
 }
 
-impl Extend<(String, String)> for Labels {
+impl<K: Into<Name>, V: Into<Name>> Extend<(K, V)> for Labels {
     /// One sort for the lot (a tenant's pod may carry many labels: one
     /// insert each would move the list once per label).
-    fn extend<I: IntoIterator<Item = (String, String)>>(&mut self, iter: I) {
+    fn extend<I: IntoIterator<Item = (K, V)>>(&mut self, iter: I) {
         let mut pairs = std::mem::take(&mut self.0);
-        pairs.extend(iter);
+        pairs.extend(iter.into_iter().map(|(k, v)| (k.into(), v.into())));
         *self = pairs.into_iter().collect();
     }
 }
@@ -101,15 +111,15 @@ impl Extend<(String, String)> for Labels {
 impl From<BTreeMap<String, String>> for Labels {
     fn from(map: BTreeMap<String, String>) -> Self {
         // Already sorted and unique.
-        Labels(map.into_iter().collect())
+        Labels(map.into_iter().map(|(k, v)| (k.into(), v.into())).collect())
     }
 }
 
 impl<'a> IntoIterator for &'a Labels {
-    type Item = (&'a String, &'a String);
+    type Item = (&'a Name, &'a Name);
     type IntoIter = std::iter::Map<
-        std::slice::Iter<'a, (String, String)>,
-        fn(&'a (String, String)) -> (&'a String, &'a String),
+        std::slice::Iter<'a, (Name, Name)>,
+        fn(&'a (Name, Name)) -> (&'a Name, &'a Name),
     >;
     fn into_iter(self) -> Self::IntoIter {
         self.0.iter().map(|(k, v)| (k, v))
@@ -117,8 +127,8 @@ impl<'a> IntoIterator for &'a Labels {
 }
 
 impl IntoIterator for Labels {
-    type Item = (String, String);
-    type IntoIter = std::vec::IntoIter<(String, String)>;
+    type Item = (Name, Name);
+    type IntoIter = std::vec::IntoIter<(Name, Name)>;
     fn into_iter(self) -> Self::IntoIter {
         self.0.into_iter()
     }
@@ -138,7 +148,8 @@ impl Serialize for Labels {
 
 impl<'de> Deserialize<'de> for Labels {
     fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        BTreeMap::<String, String>::deserialize(deserializer).map(Labels::from)
+        BTreeMap::<Name, Name>::deserialize(deserializer)
+            .map(|map| Labels(map.into_iter().collect()))
     }
 }
 
@@ -185,7 +196,7 @@ impl LabelSelector {
     /// Exists/DoesNotExist with values, empty keys. `Err` is (field under
     /// the selector, message).
     pub fn check(&self) -> Result<(), (String, String)> {
-        if self.match_labels.keys().any(String::is_empty) {
+        if self.match_labels.keys().any(|k| k.is_empty()) {
             return Err(("matchLabels".into(), "a label key is empty".into()));
         }
         for (i, r) in self.match_expressions.iter().enumerate() {
@@ -214,9 +225,9 @@ impl Requirement {
     fn matches(&self, labels: &Labels) -> bool {
         let value = labels.get(&self.key);
         match self.operator {
-            Operator::In => value.is_some_and(|v| self.values.contains(v)),
+            Operator::In => value.is_some_and(|v| self.values.iter().any(|x| *x == **v)),
             // Kubernetes: NotIn also matches objects without the label.
-            Operator::NotIn => value.is_none_or(|v| !self.values.contains(v)),
+            Operator::NotIn => value.is_none_or(|v| !self.values.iter().any(|x| *x == **v)),
             Operator::Exists => value.is_some(),
             Operator::DoesNotExist => value.is_none(),
         }
@@ -372,12 +383,12 @@ mod tests {
     fn labels_are_a_map_by_key() {
         let mut l = labels(&[("b", "1"), ("a", "2"), ("b", "3")]);
         assert_eq!(l.len(), 2);
-        assert_eq!(l.get("b").map(String::as_str), Some("3"));
-        assert_eq!(l.keys().map(String::as_str).collect::<Vec<_>>(), ["a", "b"]);
-        assert_eq!(l.insert("c".into(), "4".into()), None);
-        assert_eq!(l.insert("a".into(), "5".into()), Some("2".into()));
+        assert_eq!(l.get("b").map(|v| v.as_str()), Some("3"));
+        assert_eq!(l.keys().map(|v| v.as_str()).collect::<Vec<_>>(), ["a", "b"]);
+        assert_eq!(l.insert("c", "4"), None);
+        assert_eq!(l.insert("a", "5").map(String::from), Some("2".into()));
         assert!(l.contains_key("c") && !l.contains_key("d"));
-        assert_eq!(l.remove("c"), Some("4".into()));
+        assert_eq!(l.remove("c").map(String::from), Some("4".into()));
         l.retain(|k, _| k != "a");
         assert_eq!(l, labels(&[("b", "3")]));
         let json = serde_json::to_string(&labels(&[("z", "1"), ("y", "2")])).unwrap();

@@ -740,7 +740,7 @@ fn endpoint_slice(doc: &Doc) -> Result<Option<super::service::EndpointSlice>, Co
         serde_path_to_error::deserialize((*doc.raw.value).clone())
             .map_err(|e| doc.error(&e.path().to_string(), e.into_inner().to_string()))?;
     let service = labels.get(super::service::SERVICE_NAME_LABEL);
-    super::service::check_slice(namespace, &doc.meta.name, service.map(String::as_str), spec)
+    super::service::check_slice(namespace, &doc.meta.name, service.map(|s| s.as_str()), spec)
         .map_err(|(field, m)| doc.error(&field, m))
 }
 

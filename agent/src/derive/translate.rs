@@ -389,8 +389,11 @@ pub fn translate(
                         let name = objects::pod_claim_name(&pod.metadata.name, &i.ifname);
                         let made = claim_index.get(&(ns, name.as_str())).filter(|c| {
                             pod.metadata.uid.is_some()
-                                && c.metadata.labels.get(objects::POD_UID_LABEL)
-                                    == pod.metadata.uid.as_ref()
+                                && c.metadata
+                                    .labels
+                                    .get(objects::POD_UID_LABEL)
+                                    .map(|v| v.as_str())
+                                    == pod.metadata.uid.as_deref()
                         });
                         match made.map(|c| claim_state(c, &i.network)) {
                             Some(ClaimState::Ips(ips)) => ClaimState::Ips(ips),
@@ -520,7 +523,7 @@ pub fn translate(
         let vmi = &v.value;
         let ns = vmi.metadata.namespace();
         let my_pods = vm_pods.remove(&vi).unwrap_or_default();
-        let target_pods: Vec<(String, &str, Option<&str>)> = my_pods
+        let target_pods: Vec<(crate::sys::intern::Name, &str, Option<&str>)> = my_pods
             .iter()
             .filter_map(|(pi, _)| {
                 let pod = &pods[*pi].value;
@@ -540,7 +543,13 @@ pub fn translate(
         let target_pod = migration.as_ref().and_then(|m| {
             my_pods.iter().find(|(pi, _)| {
                 let pod = &pods[*pi].value;
-                m.uid.is_some() && pod.metadata.labels.get(MIGRATION_JOB_LABEL) == m.uid.as_ref()
+                m.uid.is_some()
+                    && pod
+                        .metadata
+                        .labels
+                        .get(MIGRATION_JOB_LABEL)
+                        .map(|v| v.as_str())
+                        == m.uid.as_deref()
                     || m.target_pod.as_deref() == Some(pod.metadata.name.as_str())
             })
         });
@@ -881,7 +890,7 @@ struct MigrationNow {
 fn migration_of(
     vmi: &Vmi,
     vmims: &[&Object<Vmim>],
-    target_pods: &[(String, &str, Option<&str>)],
+    target_pods: &[(crate::sys::intern::Name, &str, Option<&str>)],
 ) -> (Option<MigrationNow>, Option<String>) {
     let mine = |m: &&&Object<Vmim>| {
         m.value.metadata.namespace() == vmi.metadata.namespace()
@@ -947,7 +956,7 @@ fn migration_of(
     };
     let uid = vmim.value.metadata.uid.clone();
     let target = target_pods.iter().find(|(pod_uid, _, node)| {
-        Some(pod_uid) == uid.as_ref() && node.is_some_and(|n| n != source_node)
+        Some(pod_uid.as_str()) == uid.as_deref() && node.is_some_and(|n| n != source_node)
     });
     match target {
         Some((_, pod, Some(target_node))) => (
@@ -1357,11 +1366,11 @@ mod tests {
         // NetworkPolicy selects the VM by its labels: the VMI's, and what
         // KubeVirt put on its virt-launcher pod.
         assert_eq!(
-            a.labels.get("kubevirt.io/vm").map(String::as_str),
+            a.labels.get("kubevirt.io/vm").map(|v| v.as_str()),
             Some("vm1")
         );
         assert_eq!(
-            a.labels.get("kubevirt.io").map(String::as_str),
+            a.labels.get("kubevirt.io").map(|v| v.as_str()),
             Some("virt-launcher")
         );
         assert!(
@@ -2115,7 +2124,7 @@ items:
             ("vmp77", Some([2, 0, 0, 0, 0x77, 1]))
         );
         assert_eq!(
-            a.labels.get("app").map(String::as_str),
+            a.labels.get("app").map(|v| v.as_str()),
             Some("web"),
             "the pod's labels"
         );

@@ -9,6 +9,7 @@
 //! | [`drop_later`] | freeing big structures off the reconcile loop's path |
 //! | [`events`] | what wakes the reconcile loop (inotify, link notifications) |
 //! | [`hash`] | FNV-1a, the stable hash |
+//! | [`intern`] | shared names: one copy of each, however many hold it |
 //! | [`latest`] | records written off the loop's path, the latest only |
 //! | [`limits`] | the bounds every config file and object is read under |
 //! | [`netif`] | interface lookups: names, indexes, MTUs, addresses |
@@ -25,6 +26,7 @@ pub mod clock;
 pub mod drop_later;
 pub mod events;
 pub mod hash;
+pub mod intern;
 pub mod latest;
 pub mod limits;
 pub mod netif;

@@ -104,7 +104,7 @@ fn read<T: Typed>(
             typed
                 .metadata()
                 .annotations
-                .retain(|k, _| READ_ANNOTATIONS.contains(&k.as_str()));
+                .retain(|k, _| READ_ANNOTATIONS.contains(&k));
             wrap(typed)
         }
         Err(e) => refused(e.path().to_string(), e.into_inner().to_string()),
