@@ -7,6 +7,7 @@
 pub mod ledger;
 pub mod prune;
 
+use crate::sys::intern::Name;
 use serde::{Deserialize, Serialize};
 
 use crate::config::label_selector::Labels;
@@ -57,12 +58,14 @@ fn is_false(b: &bool) -> bool {
 #[derive(Debug, Clone, Default, Deserialize, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct ObjectMeta {
+    /// Names: a VM's name is also its labels' value, its namespace every
+    /// object's of the namespace, a VMI's uid its launcher pods' label.
     #[serde(default)]
-    pub name: String,
+    pub name: Name,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub namespace: Option<String>,
+    pub namespace: Option<Name>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub uid: Option<String>,
+    pub uid: Option<Name>,
     #[serde(default, skip_serializing_if = "Labels::is_empty")]
     pub labels: Labels,
     /// Only those vmpath reads ([`READ_ANNOTATIONS`]) once stored.
@@ -92,7 +95,7 @@ pub struct Pod {
 #[serde(rename_all = "camelCase")]
 pub struct PodSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub node_name: Option<String>,
+    pub node_name: Option<Name>,
     #[serde(default, skip_serializing_if = "no_ports")]
     pub containers: Vec<Container>,
 }
@@ -321,7 +324,7 @@ pub struct Devices {
 #[derive(Debug, Clone, Default, Deserialize, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct VmiInterface {
-    pub name: String,
+    pub name: Name,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mac_address: Option<String>,
 }
@@ -329,7 +332,7 @@ pub struct VmiInterface {
 #[derive(Debug, Clone, Default, Deserialize, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct VmiNetwork {
-    pub name: String,
+    pub name: Name,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub multus: Option<MultusNetwork>,
 }
@@ -338,7 +341,7 @@ pub struct VmiNetwork {
 #[serde(rename_all = "camelCase")]
 pub struct MultusNetwork {
     /// `name` or `namespace/name` of a NetworkAttachmentDefinition.
-    pub network_name: String,
+    pub network_name: Name,
     #[serde(default, skip_serializing_if = "is_false")]
     pub default: bool,
 }
@@ -347,7 +350,7 @@ pub struct MultusNetwork {
 #[serde(rename_all = "camelCase")]
 pub struct VmiStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub node_name: Option<String>,
+    pub node_name: Option<Name>,
     /// Boxed: most VMIs have none, and every VMI of the cluster is kept.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub migration_state: Option<Box<MigrationState>>,
@@ -359,9 +362,9 @@ pub struct MigrationState {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub migration_uid: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub source_node: Option<String>,
+    pub source_node: Option<Name>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub target_node: Option<String>,
+    pub target_node: Option<Name>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub source_pod: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -474,9 +477,9 @@ pub struct IpamClaim {
 #[serde(rename_all = "camelCase")]
 pub struct IpamClaimSpec {
     #[serde(default)]
-    pub network: String,
+    pub network: Name,
     #[serde(default)]
-    pub interface: String,
+    pub interface: Name,
 }
 
 #[derive(Debug, Clone, Default, Deserialize, Serialize)]

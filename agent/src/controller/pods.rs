@@ -77,7 +77,7 @@ pub fn element_claims(
                     namespace: ns.to_string(),
                     claim,
                     ips: element.ips,
-                    pod: name.clone(),
+                    pod: name.to_string(),
                     from,
                     made: None,
                 });
@@ -115,10 +115,10 @@ pub fn element_claims(
                 namespace: ns.to_string(),
                 claim: pod_claim_name(name, &interface),
                 ips: element.ips,
-                pod: name.clone(),
+                pod: name.to_string(),
                 from,
                 made: Some(PodClaim {
-                    pod_uid,
+                    pod_uid: pod_uid.to_string(),
                     network,
                     interface,
                 }),

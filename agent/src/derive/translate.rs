@@ -68,7 +68,7 @@ fn object(kind: &str, meta: &ObjectMeta) -> ObjectRef {
     ObjectRef {
         kind: kind.to_string(),
         namespace: meta.namespace().to_string(),
-        name: meta.name.clone(),
+        name: meta.name.to_string(),
     }
 }
 
@@ -226,14 +226,14 @@ pub fn translate(
                     cidr: cidr.trunc(),
                     kind: crate::config::ClusterCidrKind::Pod,
                     source: format!("v1 Node {}'s spec.podCIDRs", n.value.metadata.name),
-                    node: Some(n.value.metadata.name.clone()),
+                    node: Some(n.value.metadata.name.to_string()),
                 }),
                 Err(e) => t.errors.push(error(
                     n.file,
                     ObjectRef {
                         kind: "Node".into(),
                         namespace: String::new(),
-                        name: n.value.metadata.name.clone(),
+                        name: n.value.metadata.name.to_string(),
                     },
                     &format!("spec.podCIDRs[{i}]"),
                     format!("{text:?}: {e}"),
@@ -243,7 +243,7 @@ pub fn translate(
     }
     // v1 Nodes give the underlay address where no vmpath Node is written.
     for n in &k8s_nodes {
-        if vmpath_nodes.contains(&n.value.metadata.name) {
+        if vmpath_nodes.contains(n.value.metadata.name.as_str()) {
             continue;
         }
         let Some(ip) = n.value.internal_ip() else {
@@ -425,14 +425,15 @@ pub fn translate(
                 };
                 let key = AttachmentKey {
                     namespace: ns.to_string(),
-                    vm: pod.metadata.name.clone(),
+                    vm: pod.metadata.name.to_string(),
                     interface: i.ifname.clone(),
                 };
                 let cni_port = tr.take_cni(pod, &i.ifname);
                 let Some(pod_node) = pod
                     .spec
                     .node_name
-                    .clone()
+                    .as_ref()
+                    .map(|n| n.to_string())
                     .or_else(|| cni_port.as_ref().map(|_| node.to_string()))
                 else {
                     continue;
@@ -556,7 +557,7 @@ pub fn translate(
         let running_node = match &migration {
             Some(m) => Some(m.source_node.clone()),
             None => finished_on
-                .or_else(|| vmi.status.node_name.clone())
+                .or_else(|| vmi.status.node_name.as_ref().map(|n| n.to_string()))
                 // KubeVirt writes status.nodeName once the pod runs, after
                 // its CNI ADD: till then the VMI's one pod says where.
                 .or_else(|| {
@@ -568,7 +569,12 @@ pub fn translate(
                             .contains_key(MIGRATION_JOB_LABEL)
                     });
                     match (launchers.next(), launchers.next()) {
-                        (Some((pi, _)), None) => pods[*pi].value.spec.node_name.clone(),
+                        (Some((pi, _)), None) => pods[*pi]
+                            .value
+                            .spec
+                            .node_name
+                            .as_ref()
+                            .map(|n| n.to_string()),
                         _ => None,
                     }
                 }),
@@ -580,7 +586,10 @@ pub fn translate(
                     Some(m) if m.source_pod.is_some() => {
                         m.source_pod.as_deref() == Some(pod.metadata.name.as_str())
                     }
-                    _ => pod.spec.node_name.is_some() && pod.spec.node_name == running_node,
+                    _ => {
+                        pod.spec.node_name.is_some()
+                            && pod.spec.node_name.as_deref() == running_node.as_deref()
+                    }
                 }
         });
         // Pods the VM left (a migration's source after it, a target after
@@ -590,7 +599,7 @@ pub fn translate(
             let pod = &pods[*pi].value;
             let left = running_node.is_some()
                 && pod.spec.node_name.is_some()
-                && pod.spec.node_name != running_node
+                && pod.spec.node_name.as_deref() != running_node.as_deref()
                 && target_pod.is_none_or(|(t, _)| t != pi);
             if left {
                 tr.take_all_cni(pod);
@@ -618,8 +627,8 @@ pub fn translate(
             };
             let key = AttachmentKey {
                 namespace: ns.to_string(),
-                vm: vmi.metadata.name.clone(),
-                interface: net.name.clone(),
+                vm: vmi.metadata.name.to_string(),
+                interface: net.name.to_string(),
             };
             tr.out.keep.insert(key.clone());
             let mac = vmi
@@ -905,24 +914,25 @@ fn migration_of(
     let ms = vmi.status.migration_state.as_ref();
     // The VMIM migrationState speaks of, when it names one.
     let current = ms.and_then(|ms| {
-        vmims
-            .iter()
-            .filter(mine)
-            .find(|m| ms.migration_uid.is_none() || m.value.metadata.uid == ms.migration_uid)
+        vmims.iter().filter(mine).find(|m| {
+            ms.migration_uid.is_none()
+                || m.value.metadata.uid.as_deref() == ms.migration_uid.as_deref()
+        })
     });
     // A newer migration than the one migrationState records.
     let newer = vmims.iter().filter(mine).find(|m| {
         !ended(m)
             && m.value.metadata.uid.is_some()
             && ms.is_none_or(|ms| {
-                ms.migration_uid.is_some() && m.value.metadata.uid != ms.migration_uid
+                ms.migration_uid.is_some()
+                    && m.value.metadata.uid.as_deref() != ms.migration_uid.as_deref()
             })
     });
     if let Some(ms) = ms.filter(|_| newer.is_none()) {
         let succeeded = ms.completed && !ms.failed
             || current.is_some_and(|m| m.value.status.phase.as_deref() == Some("Succeeded"));
         if succeeded {
-            return (None, ms.target_node.clone());
+            return (None, ms.target_node.as_ref().map(|n| n.to_string()));
         }
         if ms.failed || current.is_some_and(|m| ended(m)) {
             return (None, None);
@@ -938,8 +948,8 @@ fn migration_of(
         return (
             Some(MigrationNow {
                 uid: ms.migration_uid.clone(),
-                source_node,
-                target_node,
+                source_node: source_node.to_string(),
+                target_node: target_node.to_string(),
                 source_pod: ms.source_pod.clone(),
                 target_pod: ms.target_pod.clone(),
                 ready: ms.target_node_domain_ready_timestamp.is_some(),
@@ -961,8 +971,8 @@ fn migration_of(
     match target {
         Some((_, pod, Some(target_node))) => (
             Some(MigrationNow {
-                uid,
-                source_node,
+                uid: uid.map(String::from),
+                source_node: source_node.to_string(),
                 target_node: target_node.to_string(),
                 source_pod: None,
                 target_pod: Some(pod.to_string()),
@@ -1015,7 +1025,7 @@ impl Translator<'_> {
         }
         self.cni.remove(&(
             pod.metadata.namespace().to_string(),
-            pod.metadata.name.clone(),
+            pod.metadata.name.to_string(),
             ifname.to_string(),
         ))
     }
@@ -1118,13 +1128,20 @@ impl Translator<'_> {
             let nad = format!("{}/{}", sel.namespace.as_deref().unwrap_or(ns), sel.name);
             let here = self
                 .cni
-                .get(&(ns.to_string(), pod.metadata.name.clone(), ifname.clone()))
+                .get(&(
+                    ns.to_string(),
+                    pod.metadata.name.to_string(),
+                    ifname.clone(),
+                ))
                 .cloned();
             let refuse = |me: &mut Self, msg: String| {
                 let files = match &here {
                     Some(c) => {
-                        me.cni
-                            .remove(&(ns.to_string(), pod.metadata.name.clone(), ifname.clone()));
+                        me.cni.remove(&(
+                            ns.to_string(),
+                            pod.metadata.name.to_string(),
+                            ifname.clone(),
+                        ));
                         vec![c.file.clone()]
                     }
                     None => Vec::new(),

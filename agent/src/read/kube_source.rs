@@ -859,7 +859,7 @@ mod tests {
                 .flat_map(|c| c.cluster.iter())
                 .map(|d| match &*d.object {
                     crate::config::kube_objects::prune::ClusterObject::Pod(p) => {
-                        p.metadata.name.clone()
+                        p.metadata.name.to_string()
                     }
                     other => panic!("{other:?}"),
                 })

@@ -676,7 +676,7 @@ impl Membership {
                 ClusterObject::Pod(pod) => {
                     let ns = pod.metadata.namespace();
                     if let Some(names) = self.pods.get_mut(ns)
-                        && let Some(same) = names.get_mut(&pod.metadata.name)
+                        && let Some(same) = names.get_mut(pod.metadata.name.as_str())
                     {
                         if same.len() > 1 {
                             self.ambiguous -= 1;
@@ -748,7 +748,7 @@ impl Membership {
                                         if v.metadata.namespace() == ns
                                             && v.metadata.uid.as_deref() == Some(uid.as_str()) =>
                                     {
-                                        Some((ns.to_string(), v.metadata.name.clone()))
+                                        Some((ns.to_string(), v.metadata.name.to_string()))
                                     }
                                     _ => None,
                                 })
