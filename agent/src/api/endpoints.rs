@@ -82,9 +82,9 @@ impl EndpointExt for EndpointRequest {
 
     fn key(&self) -> AttachmentKey {
         AttachmentKey {
-            namespace: self.pod_namespace.clone(),
-            vm: self.pod_name.clone(),
-            interface: self.ifname.clone(),
+            namespace: self.pod_namespace.as_str().into(),
+            vm: self.pod_name.as_str().into(),
+            interface: self.ifname.as_str().into(),
         }
     }
 
@@ -305,9 +305,9 @@ pub fn kept_claims() -> std::collections::BTreeSet<AttachmentKey> {
         .kept
         .iter()
         .map(|(namespace, vm, interface)| AttachmentKey {
-            namespace: namespace.clone(),
-            vm: vm.clone(),
-            interface: interface.clone(),
+            namespace: namespace.as_str().into(),
+            vm: vm.as_str().into(),
+            interface: interface.as_str().into(),
         })
         .collect()
 }

@@ -21,6 +21,8 @@ mod validate;
 use std::{fmt, net::IpAddr, path::Path};
 
 use ipnet::IpNet;
+
+use crate::sys::intern::Name;
 use serde::Serialize;
 
 pub use source::DocOrigin;
@@ -172,9 +174,11 @@ pub fn overlaps(a: &IpNet, b: &IpNet) -> bool {
 /// The identity of a VM interface: what survives pods and migrations.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
 pub struct AttachmentKey {
-    pub namespace: String,
-    pub vm: String,
-    pub interface: String,
+    /// Names: shared with the objects it came from, and by every copy of
+    /// the key (the stages keep several per VM interface).
+    pub namespace: Name,
+    pub vm: Name,
+    pub interface: Name,
 }
 
 /// The VM interfaces the last round accepted: they win a conflict
@@ -226,9 +230,9 @@ impl AttachmentKey {
     pub fn parse(text: &str) -> Option<Self> {
         let (namespace, vm, interface) = Self::parts_of(text)?;
         Some(AttachmentKey {
-            namespace: namespace.to_string(),
-            vm: vm.to_string(),
-            interface: interface.to_string(),
+            namespace: namespace.into(),
+            vm: vm.into(),
+            interface: interface.into(),
         })
     }
 }

@@ -579,9 +579,9 @@ fn clusterip_taken(
 fn document_key(doc: &Doc) -> Option<AttachmentKey> {
     let spec = doc.raw.value.get("spec")?;
     Some(AttachmentKey {
-        namespace: doc.meta.namespace.clone()?,
-        vm: spec.get("vm")?.as_str()?.to_string(),
-        interface: spec.get("interface")?.as_str()?.to_string(),
+        namespace: doc.meta.namespace.clone()?.into(),
+        vm: spec.get("vm")?.as_str()?.into(),
+        interface: spec.get("interface")?.as_str()?.into(),
     })
 }
 
@@ -1112,9 +1112,9 @@ fn attachment(doc: &Doc, cfg: &Config) -> Result<Attachment, ConfigError> {
         labels: string_labels(doc)?,
         ports,
         key: AttachmentKey {
-            namespace,
-            vm: spec.vm,
-            interface: spec.interface,
+            namespace: namespace.into(),
+            vm: spec.vm.into(),
+            interface: spec.interface.into(),
         },
         network: spec.network,
         node: spec.node,

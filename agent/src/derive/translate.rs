@@ -424,9 +424,9 @@ pub fn translate(
                     _ => i.selection.ips.clone(),
                 };
                 let key = AttachmentKey {
-                    namespace: ns.to_string(),
-                    vm: pod.metadata.name.to_string(),
-                    interface: i.ifname.clone(),
+                    namespace: ns.into(),
+                    vm: pod.metadata.name.clone(),
+                    interface: i.ifname.as_str().into(),
                 };
                 let cni_port = tr.take_cni(pod, &i.ifname);
                 let Some(pod_node) = pod
@@ -626,9 +626,9 @@ pub fn translate(
                 }
             };
             let key = AttachmentKey {
-                namespace: ns.to_string(),
-                vm: vmi.metadata.name.to_string(),
-                interface: net.name.to_string(),
+                namespace: ns.into(),
+                vm: vmi.metadata.name.clone(),
+                interface: net.name.clone(),
             };
             tr.out.keep.insert(key.clone());
             let mac = vmi

@@ -414,7 +414,7 @@ mod tests {
     fn ids(plan: &Plan) -> BTreeMap<String, u32> {
         plan.ports
             .values()
-            .map(|p| (p.attachment.vm.clone(), p.info.port_id))
+            .map(|p| (p.attachment.vm.to_string(), p.info.port_id))
             .collect()
     }
 

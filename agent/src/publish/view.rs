@@ -255,9 +255,9 @@ pub fn row_elsewhere(a: &crate::resolve::resolved::Attachment) -> AttachmentView
     };
     AttachmentView {
         name: a.name.clone(),
-        namespace: a.key.namespace.clone(),
-        vm: a.key.vm.clone(),
-        interface: a.key.interface.clone(),
+        namespace: a.key.namespace.to_string(),
+        vm: a.key.vm.to_string(),
+        interface: a.key.interface.to_string(),
         network: a.network.clone(),
         node: a.active_node().to_string(),
         port: a.active_port().to_string(),

@@ -812,7 +812,7 @@ spec: {vm: vm3, interface: eth0, network: blue, node: a, port: p3, mac: '52:54:0
         let template = (*base.attachments[0]).clone();
         let doc = |n: usize| {
             let mut a = template.clone();
-            a.key.vm = format!("vm{n:03}");
+            a.key.vm = format!("vm{n:03}").into();
             std::sync::Arc::new(a)
         };
         let mut first = base.clone();
@@ -864,7 +864,7 @@ spec: {vm: vm3, interface: eth0, network: blue, node: a, port: p3, mac: '52:54:0
             r.attachments
                 .iter()
                 .zip(r.carried.as_ref().unwrap())
-                .map(|(a, m)| (a.key.vm.clone(), *m == CHANGED))
+                .map(|(a, m)| (a.key.vm.to_string(), *m == CHANGED))
                 .collect()
         };
         let changed: Vec<String> = marks(&edited)
@@ -930,7 +930,7 @@ spec: {vm: vm3, interface: eth0, network: blue, node: a, port: p3, mac: '52:54:0
             Resolved::for_node(validated(), node)
                 .attachments
                 .iter()
-                .map(|a| (a.key.vm.clone(), a.elsewhere, a.maybe_on(node)))
+                .map(|a| (a.key.vm.to_string(), a.elsewhere, a.maybe_on(node)))
                 .collect()
         };
         // vm3 runs on a and migrates to b.

@@ -47,7 +47,7 @@ pub struct Holdings {
 }
 
 fn group_of(a: &crate::config::Attachment) -> GroupKey {
-    (a.key.namespace.clone(), a.key.vm.clone())
+    (a.key.namespace.to_string(), a.key.vm.to_string())
 }
 
 /// The inner map at `outer`, made when new.
@@ -180,7 +180,7 @@ impl Evidence<'_> {
             let Some(k) = crate::config::AttachmentKey::parse(holder) else {
                 return true;
             };
-            if recomputed.contains(&(k.namespace.clone(), k.vm.clone())) {
+            if recomputed.contains(&(k.namespace.to_string(), k.vm.to_string())) {
                 return false;
             }
             let at = previous.attachments.partition_point(|x| x.key < k);
@@ -357,13 +357,14 @@ pub fn splice(
     cfg.warnings.retain(|_| kept.next().unwrap_or(true));
     cfg.warnings
         .extend(partial.warnings.iter().filter(fresh).cloned());
-    let in_groups =
-        |k: &crate::config::AttachmentKey| groups.contains(&(k.namespace.clone(), k.vm.clone()));
+    let in_groups = |k: &crate::config::AttachmentKey| {
+        groups.contains(&(k.namespace.to_string(), k.vm.to_string()))
+    };
     for g in groups {
         let low = crate::config::AttachmentKey {
-            namespace: g.0.clone(),
-            vm: g.1.clone(),
-            interface: String::new(),
+            namespace: g.0.as_str().into(),
+            vm: g.1.as_str().into(),
+            interface: crate::sys::intern::Name::default(),
         };
         let stale: Vec<_> = cfg
             .keys_in_documents

@@ -225,9 +225,9 @@ impl Round {
         let accepted: AcceptedKeys = stored_accepted
             .iter()
             .map(|(namespace, vm, interface)| AttachmentKey {
-                namespace: namespace.clone(),
-                vm: vm.clone(),
-                interface: interface.clone(),
+                namespace: namespace.as_str().into(),
+                vm: vm.as_str().into(),
+                interface: interface.as_str().into(),
             })
             .collect();
         let store = Arc::new(store);
@@ -237,7 +237,13 @@ impl Round {
         let accepted_record = Latest::spawn("vmpath-accepted", move |accepted: &AcceptedKeys| {
             let keys: BTreeSet<crate::resolve::store::InterfaceKey> = accepted
                 .iter()
-                .map(|k| (k.namespace.clone(), k.vm.clone(), k.interface.clone()))
+                .map(|k| {
+                    (
+                        k.namespace.to_string(),
+                        k.vm.to_string(),
+                        k.interface.to_string(),
+                    )
+                })
                 .collect();
             record_store.set_accepted(&keys).map_err(|e| e.to_string())
         });

@@ -45,9 +45,9 @@ pub fn report(cluster: &KubeSource, cfg: &Resolved, node: &str, mac_refusals: &[
         .filter(|a| !a.elsewhere && a.active_node() == node && a.source.origin.is_from_vmi())
     {
         if let Some((mac, Origin::Detected)) = a.mac_resolved {
-            macs.entry((a.key.namespace.clone(), a.key.vm.clone()))
+            macs.entry((a.key.namespace.to_string(), a.key.vm.to_string()))
                 .or_default()
-                .insert(a.key.interface.clone(), format_mac(&mac));
+                .insert(a.key.interface.to_string(), format_mac(&mac));
         }
     }
     let refusals: Vec<ConfigError> = cfg.errors.iter().chain(mac_refusals).cloned().collect();

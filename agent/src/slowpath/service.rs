@@ -118,7 +118,7 @@ pub fn build(cfg: &Resolved, plan: &Plan) -> BTreeMap<u16, PortService> {
             PortService {
                 ifindex: port.ifindex,
                 key: att.key.clone(),
-                hostname: att.key.vm.clone(),
+                hostname: att.key.vm.to_string(),
                 mac: att.mac_resolved.map(|(m, _)| m),
                 v4,
                 v6,

@@ -162,7 +162,7 @@ pub fn compile(cfg: &Resolved, local: &BTreeMap<AttachmentKey, u32>) -> Compiled
         for addr in &e.addresses {
             let host = IpNet::from(*addr);
             let id = ids.intern((
-                Some((e.key.namespace.clone(), e.labels.clone())),
+                Some((e.key.namespace.to_string(), e.labels.clone())),
                 holding(&blocks, &host),
             ));
             endpoint_ids.entry(e.key).or_default().insert(id);
@@ -176,7 +176,7 @@ pub fn compile(cfg: &Resolved, local: &BTreeMap<AttachmentKey, u32>) -> Compiled
         // frames its port sends, whatever their source address.
         if e.addresses.is_empty() {
             let id = ids.intern((
-                Some((e.key.namespace.clone(), e.labels.clone())),
+                Some((e.key.namespace.to_string(), e.labels.clone())),
                 BTreeSet::new(),
             ));
             endpoint_ids.entry(e.key).or_default().insert(id);
