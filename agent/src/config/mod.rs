@@ -239,16 +239,17 @@ impl AttachmentKey {
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Attachment {
-    pub name: String,
+    pub name: Name,
     /// `metadata.labels`: what NetworkPolicy selectors match.
     pub labels: label_selector::Labels,
     /// Named ports the endpoint declares (`spec.ports`), for policies that
     /// name a port.
     pub ports: Vec<NamedPort>,
     pub key: AttachmentKey,
-    pub network: String,
-    pub node: String,
-    pub port: String,
+    /// Names: the network and node are every VM's of them.
+    pub network: Name,
+    pub node: Name,
+    pub port: Name,
     pub mac: Option<[u8; 6]>,
     pub mac_policy: MacPolicy,
     pub ips: Vec<IpNet>,

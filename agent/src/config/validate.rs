@@ -435,7 +435,7 @@ pub fn validate_documents(
             continue;
         }
         if let Some(mac) = a.mac
-            && let Some(other) = macs.get(&(a.network.clone(), mac))
+            && let Some(other) = macs.get(&(a.network.to_string(), mac))
         {
             cfg.errors.push(doc.error(
                 "spec.mac",
@@ -448,7 +448,7 @@ pub fn validate_documents(
             continue;
         }
         if let Some((ip, other)) = a.ips.iter().find_map(|ip| {
-            ips.get(&(a.network.clone(), ip.addr()))
+            ips.get(&(a.network.to_string(), ip.addr()))
                 .map(|o| (ip.addr(), o))
         }) {
             cfg.errors.push(doc.error(
@@ -476,10 +476,10 @@ pub fn validate_documents(
         }
         seen_keys.insert(a.key.clone(), me.clone());
         if let Some(mac) = a.mac {
-            macs.insert((a.network.clone(), mac), me.clone());
+            macs.insert((a.network.to_string(), mac), me.clone());
         }
         for ip in &a.ips {
-            ips.insert((a.network.clone(), ip.addr()), me.clone());
+            ips.insert((a.network.to_string(), ip.addr()), me.clone());
         }
         ports.insert(
             (
@@ -1108,7 +1108,7 @@ fn attachment(doc: &Doc, cfg: &Config) -> Result<Attachment, ConfigError> {
         });
     }
     Ok(Attachment {
-        name: doc.meta.name.clone(),
+        name: doc.meta.name.as_str().into(),
         labels: string_labels(doc)?,
         ports,
         key: AttachmentKey {
@@ -1116,9 +1116,9 @@ fn attachment(doc: &Doc, cfg: &Config) -> Result<Attachment, ConfigError> {
             vm: spec.vm.into(),
             interface: spec.interface.into(),
         },
-        network: spec.network,
-        node: spec.node,
-        port: spec.port,
+        network: spec.network.into(),
+        node: spec.node.into(),
+        port: spec.port.into(),
         mac,
         mac_policy: spec.mac_policy,
         migration: spec.migration.map(Box::new),

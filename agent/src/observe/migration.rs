@@ -45,7 +45,10 @@ impl Migrations {
                 continue;
             };
             if m.target_node == node {
-                let port = m.target_port.clone().unwrap_or_else(|| att.port.clone());
+                let port = m
+                    .target_port
+                    .clone()
+                    .unwrap_or_else(|| att.port.to_string());
                 let Some(ifindex) = ifindex_of(&port) else {
                     continue;
                 };

@@ -254,11 +254,11 @@ pub fn row_elsewhere(a: &crate::resolve::resolved::Attachment) -> AttachmentView
         Some(m) => ("pending".to_string(), Some(m.target_node.clone())),
     };
     AttachmentView {
-        name: a.name.clone(),
+        name: a.name.to_string(),
         namespace: a.key.namespace.to_string(),
         vm: a.key.vm.to_string(),
         interface: a.key.interface.to_string(),
-        network: a.network.clone(),
+        network: a.network.to_string(),
         node: a.active_node().to_string(),
         port: a.active_port().to_string(),
         ifindex: None,
