@@ -1,5 +1,6 @@
 //! Turns raw documents into a [`Config`], refusing bad ones one by one.
 
+use crate::sys::intern::Name;
 use std::{
     collections::{BTreeMap, BTreeSet},
     net::IpAddr,
@@ -109,27 +110,29 @@ pub struct Held {
     /// The claims store's part, shared: rounds whose ports changed but
     /// not the store's claims take it as it was (10,000 claims were a
     /// map of 10,000 built again on every CNI ADD).
-    pub ips: std::sync::Arc<HashMap<(String, IpAddr), String>>,
-    pub macs: std::sync::Arc<HashMap<(String, [u8; 6]), String>>,
+    /// (network, address) -> the claim's key (`namespace/vm/interface`);
+    /// names, shared with the claims and each other.
+    pub ips: std::sync::Arc<HashMap<(Name, IpAddr), Name>>,
+    pub macs: std::sync::Arc<HashMap<(Name, [u8; 6]), Name>>,
     /// Claims the store recorded since `ips` and `macs` were built, kept
     /// beside them (pairs neither has), so a new claim does not copy the
     /// map of every claim of the cluster (`Round::held`).
-    pub ips_added: HashMap<(String, IpAddr), String>,
-    pub macs_added: HashMap<(String, [u8; 6]), String>,
+    pub ips_added: HashMap<(Name, IpAddr), Name>,
+    pub macs_added: HashMap<(Name, [u8; 6]), Name>,
     pub port_ips: HashMap<(u32, IpAddr), String>,
     pub port_macs: HashMap<(u32, [u8; 6]), String>,
 }
 
 impl Held {
     /// The VM interface the claims store gives `ip` on network `net`.
-    pub fn stored_ip(&self, net: &str, ip: IpAddr) -> Option<&String> {
-        let key = (net.to_string(), ip);
+    pub fn stored_ip(&self, net: &str, ip: IpAddr) -> Option<&Name> {
+        let key = (Name::new(net), ip);
         self.ips_added.get(&key).or_else(|| self.ips.get(&key))
     }
 
     /// The VM interface the claims store gives `mac` on network `net`.
-    pub fn stored_mac(&self, net: &str, mac: [u8; 6]) -> Option<&String> {
-        let key = (net.to_string(), mac);
+    pub fn stored_mac(&self, net: &str, mac: [u8; 6]) -> Option<&Name> {
+        let key = (Name::new(net), mac);
         self.macs_added.get(&key).or_else(|| self.macs.get(&key))
     }
 }
@@ -359,7 +362,7 @@ pub fn validate_documents(
         .collect();
     // The holder the first evidence names that still asks for it.
     let ip_holder_of = |net: &str, ip: IpAddr| -> Option<String> {
-        let stored = held.stored_ip(net, ip).cloned();
+        let stored = held.stored_ip(net, ip).map(|n| n.to_string());
         let running = network_id
             .get(net)
             .and_then(|id| held.port_ips.get(&(*id, ip)))
@@ -370,7 +373,7 @@ pub fn validate_documents(
             .find(|h| keeps_ip(h, net, ip))
     };
     let mac_holder_of = |net: &str, mac: [u8; 6]| -> Option<String> {
-        let stored = held.stored_mac(net, mac).cloned();
+        let stored = held.stored_mac(net, mac).map(|n| n.to_string());
         let running = network_id
             .get(net)
             .and_then(|id| held.port_macs.get(&(*id, mac)))

@@ -450,7 +450,7 @@ pub(crate) fn decide(
             changes.insert(
                 a.key.to_string(),
                 Some(Claim {
-                    network: a.network.to_string(),
+                    network: a.network.clone(),
                     ips: ips.to_vec(),
                     mac: mac.map(std::borrow::Cow::into_owned),
                     mac_origin,
@@ -492,7 +492,7 @@ pub fn detected_mac(
         ));
     }
     let mut claim = claims.get(&key.to_string()).cloned().unwrap_or(Claim {
-        network: a.network.to_string(),
+        network: a.network.clone(),
         ips: Vec::new(),
         mac: None,
         mac_origin: None,

@@ -50,7 +50,8 @@ pub struct Memo {
     /// The kept claims it was decided with (`Resolved::kept_claims`).
     kept: crate::resolve::resolved::KeptClaims,
     /// Every live claim's addresses on a known network -> its key.
-    held: HashMap<(usize, IpAddr), String>,
+    /// Keys as names: the claims' own, shared with validation's map of them.
+    held: HashMap<(usize, IpAddr), crate::sys::intern::Name>,
     /// `held`'s addresses by network.
     taken: Taken,
     /// Every resolved MAC by network.
@@ -82,6 +83,7 @@ impl Memo {
             let Some(&n) = net_index.get(claim.network.as_str()) else {
                 continue;
             };
+            let key = crate::sys::intern::Name::new(key);
             for ip in &claim.ips {
                 if memo.held.insert((n, ip.addr()), key.clone()).is_some() {
                     return None;
@@ -210,7 +212,7 @@ impl Memo {
                 && a.ips.iter().any(|ip| {
                     self.held
                         .get(&(n, ip.addr()))
-                        .is_some_and(|h| *h != own && !gone.contains(h))
+                        .is_some_and(|h| *h != own && !gone.contains(h.as_str()))
                 })
             {
                 return None;
@@ -326,8 +328,8 @@ impl Memo {
         };
         let mut alone = true;
         for ip in &claim.ips {
-            match self.held.insert((n, ip.addr()), key.to_string()) {
-                Some(other) if other != key => alone = false,
+            match self.held.insert((n, ip.addr()), key.into()) {
+                Some(other) if other != *key => alone = false,
                 _ => {}
             }
             self.taken.entry(n).or_default().insert(ip.addr());

@@ -32,6 +32,8 @@ impl crate::config::Held {
         let mut ips = crate::sys::hash::HashMap::default();
         let mut macs = crate::sys::hash::HashMap::default();
         for (key, c) in claims {
+            // One copy of the key for its addresses and MAC.
+            let key = crate::sys::intern::Name::new(key);
             for ip in &c.ips {
                 ips.insert((c.network.clone(), ip.addr()), key.clone());
             }
@@ -40,7 +42,7 @@ impl crate::config::Held {
                 .as_deref()
                 .and_then(|m| crate::config::parse_mac(m).ok())
             {
-                macs.insert((c.network.clone(), mac), key.clone());
+                macs.insert((c.network.clone(), mac), key);
             }
         }
         Self {
@@ -59,7 +61,10 @@ impl crate::config::Held {
     /// additions grow past `cap`.
     pub fn with_added(&self, changes: &[ClaimChange], cap: usize) -> Option<Self> {
         /// A claim's (network, address) pairs and its (network, MAC).
-        type Pairs = (Vec<(String, std::net::IpAddr)>, Option<(String, [u8; 6])>);
+        type Pairs = (
+            Vec<(crate::sys::intern::Name, std::net::IpAddr)>,
+            Option<(crate::sys::intern::Name, [u8; 6])>,
+        );
         fn pairs(c: &Claim) -> Pairs {
             let ips = c
                 .ips
@@ -92,13 +97,13 @@ impl crate::config::Held {
                 if next.stored_ip(&pair.0, pair.1).is_some() {
                     return None;
                 }
-                next.ips_added.insert(pair, change.key.clone());
+                next.ips_added.insert(pair, change.key.as_str().into());
             }
             if let Some(pair) = now_mac.filter(|p| was_mac.as_ref() != Some(p)) {
                 if next.stored_mac(&pair.0, pair.1).is_some() {
                     return None;
                 }
-                next.macs_added.insert(pair, change.key.clone());
+                next.macs_added.insert(pair, change.key.as_str().into());
             }
         }
         (next.ips_added.len() + next.macs_added.len() <= cap).then_some(next)
@@ -130,7 +135,8 @@ fn db_err(e: impl std::fmt::Display) -> StoreError {
 /// What one VM interface holds.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Claim {
-    pub network: String,
+    /// A name: every claim of the network shares it.
+    pub network: crate::sys::intern::Name,
     /// Addresses allocated by IPAM or requested in `spec.ips`.
     pub ips: Vec<IpNet>,
     /// The MAC detected in the VM's traffic or generated for it.
@@ -370,11 +376,11 @@ mod tests {
         let mut out = BTreeMap::new();
         for ((net, ip), key) in held.ips.iter().chain(&held.ips_added) {
             assert_eq!(held.stored_ip(net, *ip), Some(key));
-            out.insert(format!("{net} {ip}"), key.clone());
+            out.insert(format!("{net} {ip}"), key.to_string());
         }
         for ((net, mac), key) in held.macs.iter().chain(&held.macs_added) {
             assert_eq!(held.stored_mac(net, *mac), Some(key));
-            out.insert(format!("{net} {mac:?}"), key.clone());
+            out.insert(format!("{net} {mac:?}"), key.to_string());
         }
         out
     }
