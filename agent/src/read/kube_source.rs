@@ -13,6 +13,7 @@
 //! all copies are empty, the round is told the source is empty, which
 //! leaves the data path as it is.
 
+use crate::sys::intern::Name;
 use std::{
     collections::{BTreeMap, BTreeSet},
     path::{Path, PathBuf},
@@ -117,7 +118,7 @@ struct KindRead {
     /// `None`: read it all (first, or after a relist).
     last: Option<ReadKind>,
     /// Objects applied or deleted since `last`, by key.
-    changed: BTreeSet<(String, String)>,
+    changed: BTreeSet<ObjectKey>,
     /// A relist began or ended since `last`: every chunk again.
     whole: bool,
 }
@@ -149,7 +150,7 @@ struct ReadKind {
 struct ReadChunk {
     /// Its first key when read (the first chunk stands for every key
     /// before the second's).
-    first: (String, String),
+    first: ObjectKey,
     cluster: Arc<[ClusterDocument]>,
     documents: Arc<[RawDocument]>,
     /// The document index (`#N` in messages) of its first object.
@@ -164,11 +165,15 @@ const READ_CHUNK: usize = 128;
 /// keeps, but each object once, in the form its reader keeps (here the
 /// cluster kinds typed and pruned to the fields read, other kinds as
 /// documents; the controller's pods as theirs): a reflector's copy would
+/// An object's namespace and name: names, one copy with the object's own
+/// (a `String` pair was two more copies per object of the cluster).
+pub(crate) type ObjectKey = (Name, Name);
+
 /// be a second one.
 pub(crate) struct Store<T> {
-    objects: BTreeMap<(String, String), T>,
+    objects: BTreeMap<ObjectKey, T>,
     /// A relist in progress, swapped in once complete.
-    relist: Option<BTreeMap<(String, String), T>>,
+    relist: Option<BTreeMap<ObjectKey, T>>,
 }
 
 impl<T> Default for Store<T> {
@@ -214,10 +219,10 @@ impl<T: Clone> Store<T> {
     }
 }
 
-fn key_of(o: &DynamicObject) -> (String, String) {
+fn key_of(o: &DynamicObject) -> ObjectKey {
     (
-        o.metadata.namespace.clone().unwrap_or_default(),
-        o.metadata.name.clone().unwrap_or_default(),
+        Name::new(o.metadata.namespace.as_deref().unwrap_or_default()),
+        Name::new(o.metadata.name.as_deref().unwrap_or_default()),
     )
 }
 
@@ -613,7 +618,7 @@ impl Kind {
             // whole again after).
             read.last = None;
             let objects = held.read(Vec::new);
-            let chunk = read_chunk(file, (String::new(), String::new()), 1, objects.iter());
+            let chunk = read_chunk(file, (Name::default(), Name::default()), 1, objects.iter());
             return ReadKind {
                 chunks: Arc::new(vec![chunk]),
             };
@@ -631,7 +636,7 @@ impl Kind {
             // Unshared once the last round's snapshot took its parts.
             Some(last) if !whole && !last.chunks.is_empty() => Arc::unwrap_or_clone(last.chunks),
             _ => {
-                let all: Vec<(&(String, String), &Kept)> = store.objects.iter().collect();
+                let all: Vec<(&ObjectKey, &Kept)> = store.objects.iter().collect();
                 let kind = ReadKind {
                     chunks: Arc::new(chunks_of(file, &all, 1)),
                 };
@@ -655,8 +660,7 @@ impl Kind {
             let high = chunks
                 .get(i + 1)
                 .map_or(Unbounded, |c| Excluded(c.first.clone()));
-            let objects: Vec<(&(String, String), &Kept)> =
-                store.objects.range((low, high)).collect();
+            let objects: Vec<(&ObjectKey, &Kept)> = store.objects.range((low, high)).collect();
             let again = if objects.len() > 2 * READ_CHUNK {
                 chunks_of(file, &objects, chunks[i].base)
             } else if objects.is_empty() {
@@ -681,11 +685,7 @@ impl Kind {
 
 /// `objects` (in key order) in chunks of [`READ_CHUNK`], numbered from
 /// `base`.
-fn chunks_of(
-    file: &Arc<Path>,
-    objects: &[(&(String, String), &Kept)],
-    base: usize,
-) -> Vec<ReadChunk> {
+fn chunks_of(file: &Arc<Path>, objects: &[(&ObjectKey, &Kept)], base: usize) -> Vec<ReadChunk> {
     objects
         .chunks(READ_CHUNK)
         .enumerate()
@@ -703,7 +703,7 @@ fn chunks_of(
 /// One chunk of a kind's objects, as a round reads them.
 fn read_chunk<'a>(
     file: &Arc<Path>,
-    first: (String, String),
+    first: ObjectKey,
     base: usize,
     objects: impl Iterator<Item = &'a Kept>,
 ) -> ReadChunk {
