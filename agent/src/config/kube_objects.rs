@@ -58,14 +58,15 @@ fn is_false(b: &bool) -> bool {
 #[derive(Debug, Clone, Default, Deserialize, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct ObjectMeta {
-    /// Names: a VM's name is also its labels' value, its namespace every
-    /// object's of the namespace, a VMI's uid its launcher pods' label.
+    /// Names: a VM's name is also its labels' value and its VM
+    /// interfaces' key, its namespace every object's of the namespace.
+    /// (Not the uid: one per object, held by nothing else.)
     #[serde(default)]
     pub name: Name,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub namespace: Option<Name>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub uid: Option<Name>,
+    pub uid: Option<String>,
     #[serde(default, skip_serializing_if = "Labels::is_empty")]
     pub labels: Labels,
     /// Only those vmpath reads ([`READ_ANNOTATIONS`]) once stored.

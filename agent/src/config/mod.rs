@@ -239,17 +239,18 @@ impl AttachmentKey {
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Attachment {
-    pub name: Name,
+    pub name: String,
     /// `metadata.labels`: what NetworkPolicy selectors match.
     pub labels: label_selector::Labels,
     /// Named ports the endpoint declares (`spec.ports`), for policies that
     /// name a port.
     pub ports: Vec<NamedPort>,
     pub key: AttachmentKey,
-    /// Names: the network and node are every VM's of them.
+    /// Names: the network and node are every VM's of them (the port is
+    /// its own).
     pub network: Name,
     pub node: Name,
-    pub port: Name,
+    pub port: String,
     pub mac: Option<[u8; 6]>,
     pub mac_policy: MacPolicy,
     pub ips: Vec<IpNet>,

@@ -1121,7 +1121,7 @@ fn attachment(doc: &Doc, cfg: &Config) -> Result<Attachment, ConfigError> {
         },
         network: spec.network.into(),
         node: spec.node.into(),
-        port: spec.port.into(),
+        port: spec.port,
         mac,
         mac_policy: spec.mac_policy,
         migration: spec.migration.map(Box::new),

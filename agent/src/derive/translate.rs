@@ -149,7 +149,7 @@ pub fn translate(
     for raw in flat {
         if let Some(object) = cluster_object(&raw.value) {
             given.push(ClusterDocument {
-                file: raw.file.into(),
+                file: raw.file,
                 index: raw.index,
                 object: std::sync::Arc::new(object),
             });
@@ -971,7 +971,7 @@ fn migration_of(
     match target {
         Some((_, pod, Some(target_node))) => (
             Some(MigrationNow {
-                uid: uid.map(String::from),
+                uid,
                 source_node: source_node.to_string(),
                 target_node: target_node.to_string(),
                 source_pod: None,
@@ -1324,7 +1324,7 @@ mod tests {
             stored
                 .cluster
                 .extend(objects.into_iter().map(|object| ClusterDocument {
-                    file: d.file.clone().into(),
+                    file: d.file.clone(),
                     index: d.index,
                     object,
                 }));
@@ -2313,7 +2313,7 @@ mod default_network_tests {
             stored
                 .cluster
                 .extend(objects.into_iter().map(|object| ClusterDocument {
-                    file: d.file.clone().into(),
+                    file: d.file.clone(),
                     index: d.index,
                     object,
                 }));
