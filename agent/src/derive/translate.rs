@@ -41,7 +41,7 @@ fn has_ipam(raw: &RawDocument) -> bool {
 /// A port the CNI plugin handed over, as its Attachment document says.
 #[derive(Debug, Clone)]
 struct CniPort {
-    file: PathBuf,
+    file: std::sync::Arc<Path>,
     port: String,
     network: String,
     mac: Option<String>,
@@ -49,7 +49,8 @@ struct CniPort {
 
 /// A typed object with where it came from.
 struct Object<'a, T> {
-    file: &'a Path,
+    /// Shared by the documents derived from it.
+    file: &'a std::sync::Arc<Path>,
     index: usize,
     value: &'a T,
 }
@@ -177,7 +178,7 @@ pub fn translate(
                 cni.insert(
                     (ns, pod, ifname),
                     CniPort {
-                        file: raw.file.to_path_buf(),
+                        file: raw.file.clone(),
                         port,
                         network,
                         mac: s("/spec/mac"),
@@ -188,7 +189,7 @@ pub fn translate(
         t.documents.push(raw);
     }
     for doc in cluster.iter().chain(&given) {
-        let (file, index) = (&*doc.file, doc.index);
+        let (file, index) = (&doc.file, doc.index);
         match &*doc.object {
             ClusterObject::Pod(value) => pods.push(Object { file, index, value }),
             ClusterObject::Vmi(value) => vmis.push(Object { file, index, value }),
@@ -250,7 +251,7 @@ pub fn translate(
             continue;
         };
         t.documents.push(RawDocument {
-            file: n.file.into(),
+            file: n.file.clone(),
             index: n.index,
             origin: DocOrigin::Object(Box::new(object("Node", &n.value.metadata))),
             value: std::sync::Arc::new(json!({
@@ -410,7 +411,7 @@ pub fn translate(
                     let file = tr
                         .take_cni(pod, &i.ifname)
                         .map(|c| c.file)
-                        .unwrap_or_else(|| p.file.to_path_buf());
+                        .unwrap_or_else(|| p.file.clone());
                     tr.out.waiting.push(error(
                         &file,
                         object("Pod", &pod.metadata),
@@ -450,7 +451,7 @@ pub fn translate(
                 let file = cni_port
                     .as_ref()
                     .map(|c| c.file.clone())
-                    .unwrap_or_else(|| p.file.to_path_buf());
+                    .unwrap_or_else(|| p.file.clone());
                 tr.derive(Derived {
                     file,
                     name: format!("{}-{}", pod.metadata.name, i.ifname),
@@ -721,9 +722,7 @@ pub fn translate(
                                     &iface.ifname,
                                 )
                             }),
-                        cni_port
-                            .map(|c| c.file)
-                            .unwrap_or_else(|| pod.file.to_path_buf()),
+                        cni_port.map(|c| c.file).unwrap_or_else(|| pod.file.clone()),
                         vec![
                             object("VirtualMachineInstance", &vmi.metadata),
                             object("Pod", &pod.value.metadata),
@@ -734,7 +733,7 @@ pub fn translate(
                 // its own node's pods), known from its VMI.
                 None if vm_node != node => (
                     placeholder_port(ns, &vmi.metadata.name, &net.name),
-                    v.file.to_path_buf(),
+                    v.file.clone(),
                     vec![object("VirtualMachineInstance", &vmi.metadata)],
                 ),
                 None => continue, // its pod is not there yet
@@ -852,7 +851,7 @@ pub fn translate(
     }
     // CNI ports taken above stand for their pod's interface: their own
     // Attachment documents go.
-    let remaining: BTreeSet<PathBuf> = cni.values().map(|c| c.file.clone()).collect();
+    let remaining: BTreeSet<std::sync::Arc<Path>> = cni.values().map(|c| c.file.clone()).collect();
     t.documents.retain(|d| {
         d.origin != DocOrigin::CniPort
             || d.value.get("kind").and_then(Value::as_str) != Some("Attachment")
@@ -986,7 +985,7 @@ fn migration_of(
 
 /// One derived Attachment, before it becomes a document.
 struct Derived {
-    file: PathBuf,
+    file: std::sync::Arc<Path>,
     name: String,
     from: Vec<ObjectRef>,
     key: AttachmentKey,
@@ -1041,7 +1040,7 @@ impl Translator<'_> {
             .collect();
         keys.into_iter()
             .filter_map(|k| self.cni.remove(&k))
-            .map(|c| c.file)
+            .map(|c| c.file.to_path_buf())
             .collect()
     }
 
@@ -1142,7 +1141,7 @@ impl Translator<'_> {
                             pod.metadata.name.to_string(),
                             ifname.clone(),
                         ));
-                        vec![c.file.clone()]
+                        vec![c.file.to_path_buf()]
                     }
                     None => Vec::new(),
                 };
@@ -1245,7 +1244,7 @@ impl Translator<'_> {
             spec["ports"] = d.ports.into();
         }
         self.out.documents.push(RawDocument {
-            file: d.file.into(),
+            file: d.file,
             index: 1,
             origin: DocOrigin::Derived(d.from.into()),
             value: std::sync::Arc::new(json!({
