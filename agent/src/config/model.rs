@@ -283,6 +283,8 @@ mod bounded {
                 }
                 out.push(v);
             }
+            // Kept as long as its document: without the room growth left.
+            out.shrink_to_fit();
             Ok(out)
         }
     }

@@ -39,10 +39,13 @@ impl Doc<'_> {
             Some(ns) => format!("{} {}/{}", self.kind, ns, self.meta.name),
             None => format!("{} {}", self.kind, self.meta.name),
         };
-        match self.raw.origin.derived_from() {
+        let mut label = match self.raw.origin.derived_from() {
             Some(from) => format!("{label} ({from})"),
             None => label,
-        }
+        };
+        // Every Attachment's source keeps one: without format's spare room.
+        label.shrink_to_fit();
+        label
     }
     fn error(&self, field: &str, message: impl Into<String>) -> ConfigError {
         ConfigError {
@@ -697,17 +700,21 @@ fn namespace_labels(doc: &Doc) -> Result<Labels, ConfigError> {
 
 /// A document's `metadata.labels`, every value a string.
 fn string_labels(doc: &Doc) -> Result<Labels, ConfigError> {
-    let mut labels = Labels::new();
-    for (k, v) in doc.meta.labels.iter().flatten() {
-        let Some(v) = v.as_str() else {
-            return Err(doc.error(
+    // Collected whole: inserted one by one, the list kept the room its
+    // growth left (every VM interface of the cluster holds its labels).
+    doc.meta
+        .labels
+        .iter()
+        .flatten()
+        .map(|(k, v)| match v.as_str() {
+            Some(v) => Ok((k.as_str(), v)),
+            None => Err(doc.error(
                 &format!("metadata.labels.{k}"),
                 format!("{v} is not a string (label values are strings)"),
-            ));
-        };
-        labels.insert(k.clone(), v.to_string());
-    }
-    Ok(labels)
+            )),
+        })
+        .collect::<Result<Vec<_>, _>>()
+        .map(|pairs| pairs.into_iter().collect())
 }
 
 fn network_policy(doc: &Doc) -> Result<super::network_policy::NetworkPolicy, ConfigError> {

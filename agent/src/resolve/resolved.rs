@@ -368,6 +368,13 @@ fn spliced(
         return None;
     }
     marks.extend((old_at..last.len()).map(|i| i as u32));
+    // Room for the entries come, a sixteenth past them: a splice that
+    // grows the list would double its room, which the list keeps while
+    // it lives (72 bytes per VM interface of the cluster, unused).
+    let grows = specs.len().saturating_sub(last.len());
+    if grows > last.capacity() - last.len() {
+        last.reserve_exact(grows + specs.len() / 16);
+    }
     // From the last group back, so the ones before stay where they are.
     for (old, new, matched) in segments.into_iter().rev() {
         let replacement: Vec<Attachment> = specs[new]
