@@ -392,6 +392,12 @@ pub fn splice(
         }
         cfg.attachments.drain(r);
     }
+    // Room by a sixteenth when it must grow, not the double a push takes.
+    let grows = partial.attachments.len();
+    if grows > cfg.attachments.capacity() - cfg.attachments.len() {
+        cfg.attachments
+            .reserve_exact(grows + cfg.attachments.len() / 16);
+    }
     for a in partial.attachments {
         holdings.insert(&a);
         let at = cfg.attachments.partition_point(|x| x.key < a.key);
