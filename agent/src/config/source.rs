@@ -39,11 +39,43 @@ pub enum DocOrigin {
     /// Made by translation from Kubernetes objects: the VMI first where
     /// there is one, then the pod (shared by every copy: the derived
     /// document, its membership entry, its Attachment's source).
-    Derived(std::sync::Arc<[ObjectRef]>),
+    Derived(std::sync::Arc<[SourceObject]>),
     /// Made from a Kubernetes object read as it is (a v1 Node's address).
     /// Boxed: the origin is in every Attachment's source, and this
     /// variant would make each three times its size.
     Object(Box<ObjectRef>),
+}
+
+/// A Kubernetes object a derived document came from, as every VM
+/// interface's Attachment keeps it: its names shared, its kind one of
+/// the kinds translation reads (an `ObjectRef` was three copies).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SourceObject {
+    pub kind: &'static str,
+    pub namespace: crate::sys::intern::Name,
+    pub name: crate::sys::intern::Name,
+}
+
+impl SourceObject {
+    /// As the API and Events name it.
+    pub fn to_ref(&self) -> ObjectRef {
+        ObjectRef {
+            kind: self.kind.to_string(),
+            namespace: self.namespace.to_string(),
+            name: self.name.to_string(),
+        }
+    }
+}
+
+impl std::fmt::Display for SourceObject {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // As `ObjectRef` prints.
+        if self.namespace.is_empty() {
+            write!(f, "{} {}", self.kind, self.name)
+        } else {
+            write!(f, "{} {}/{}", self.kind, self.namespace, self.name)
+        }
+    }
 }
 
 impl DocOrigin {
@@ -51,7 +83,7 @@ impl DocOrigin {
     /// its Event goes).
     pub fn about(&self) -> Option<Box<ObjectRef>> {
         match self {
-            DocOrigin::Derived(from) => from.first().cloned().map(Box::new),
+            DocOrigin::Derived(from) => from.first().map(|o| Box::new(o.to_ref())),
             DocOrigin::Object(o) => Some(o.clone()),
             DocOrigin::Given | DocOrigin::CniPort => None,
         }

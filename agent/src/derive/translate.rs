@@ -24,7 +24,7 @@ use crate::config::kube_objects::{
 use crate::config::{
     AttachmentKey, ConfigError, DocOrigin,
     model::API_VERSION,
-    source::{ClusterDocument, RawDocument},
+    source::{ClusterDocument, RawDocument, SourceObject},
 };
 use crate::sys::hash::{HashMap, HashSet};
 use vmpath_api::types::{ObjectRef, RefusalReason};
@@ -63,6 +63,15 @@ struct PodInterface {
     nad: String,
     ifname: String,
     network: String,
+}
+
+/// `meta`'s object as a derived document's origin names it.
+fn source(kind: &'static str, meta: &ObjectMeta) -> SourceObject {
+    SourceObject {
+        kind,
+        namespace: meta.namespace().into(),
+        name: meta.name.clone(),
+    }
 }
 
 fn object(kind: &str, meta: &ObjectMeta) -> ObjectRef {
@@ -455,7 +464,7 @@ pub fn translate(
                 tr.derive(Derived {
                     file,
                     name: format!("{}-{}", pod.metadata.name, i.ifname),
-                    from: vec![object("Pod", &pod.metadata)],
+                    from: vec![source("Pod", &pod.metadata)],
                     key,
                     network: i.network.clone(),
                     node: pod_node,
@@ -724,8 +733,8 @@ pub fn translate(
                             }),
                         cni_port.map(|c| c.file).unwrap_or_else(|| pod.file.clone()),
                         vec![
-                            object("VirtualMachineInstance", &vmi.metadata),
-                            object("Pod", &pod.value.metadata),
+                            source("VirtualMachineInstance", &vmi.metadata),
+                            source("Pod", &pod.value.metadata),
                         ],
                     )
                 }
@@ -734,7 +743,7 @@ pub fn translate(
                 None if vm_node != node => (
                     placeholder_port(ns, &vmi.metadata.name, &net.name),
                     v.file.clone(),
-                    vec![object("VirtualMachineInstance", &vmi.metadata)],
+                    vec![source("VirtualMachineInstance", &vmi.metadata)],
                 ),
                 None => continue, // its pod is not there yet
             };
@@ -987,7 +996,7 @@ fn migration_of(
 struct Derived {
     file: std::sync::Arc<Path>,
     name: String,
-    from: Vec<ObjectRef>,
+    from: Vec<SourceObject>,
     key: AttachmentKey,
     network: String,
     node: String,

@@ -358,6 +358,10 @@ pub fn run(opts: &Options) -> Result<Section> {
            (once the rounds they started have run: what the agent keeps between events; what \
            a round holds while it runs is in the peak). The maps' kernel memory is in neither \
            (docs/config.md, Limits).\n\n\
+         **this build, files** is the same agent with the file source (`--source files`, issue \
+         34 asks it the same latency): the same objects in its config dir, 300 to a file \
+         (every object but other nodes' pods, what the watches hold), and a new VM's objects \
+         as one new file, written whole and renamed in (its clock starts at the rename).\n\n\
          Agents: {}.{}\n\n\
          | VMs | agent | derive s | objects → programmed p50 ms | p99 ms | ADD p50 ms | peak RSS MiB | RSS MiB |\n\
          |---|---|---|---|---|---|---|---|\n",
@@ -367,10 +371,13 @@ pub fn run(opts: &Options) -> Result<Section> {
             .map(|v| v.name.as_str())
             .collect::<Vec<_>>()
             .join(", "),
-        if variants.len() == 1 {
+        if variants
+            .iter()
+            .all(|v| v.bin.is_none() && v.args.is_empty())
+        {
             " No switch forcing full rounds (`VMPATH_BENCH_FULL_ROUND_ARGS`) and no \
              earlier build (`VMPATH_BENCH_BASELINE_BIN`) was given: the rows are this \
-             build's alone."
+             build's alone. Each size's agents run one after the other in the same pass."
         } else {
             " Each size's agents run one after the other in the same pass."
         },
