@@ -26,7 +26,7 @@ use vmpath_tests::{Node, kube_api::ApiServer, multus, wait_for};
 
 use crate::{
     kube_scale::{
-        LOCAL, NETWORK, NODES, add, cluster_objects, create_vm, derived, join_underlay, kube_node,
+        LOCAL, NETWORK, NODES, add, cluster_objects, create_vm, derived, files_node, kube_node,
         node_of, pod_netns, vm_objects,
     },
     report::{Bar, Section},
@@ -225,24 +225,6 @@ impl Bed {
             }
         }
     }
-}
-
-/// Node "a" with the cluster's `objects` in files: every object but other
-/// nodes' pods (what the watches hold), 300 a file (under the reader's
-/// 1 MiB limit).
-fn files_node(objects: &[Value]) -> Node {
-    let node = Node::new("a");
-    node.ns.run(&["ip", "link", "set", "lo", "up"]);
-    join_underlay(&node);
-    let text: Vec<String> = objects
-        .iter()
-        .filter(|o| o["kind"] != "Pod" || o["spec"]["nodeName"] == "a")
-        .map(Value::to_string)
-        .collect();
-    for (k, chunk) in text.chunks(300).enumerate() {
-        node.write_config(&format!("cluster-{k:04}.yaml"), &chunk.join("\n---\n"));
-    }
-    node
 }
 
 fn measure(n: usize, variant: &Variant, opts: &Options) -> Result<Figures> {

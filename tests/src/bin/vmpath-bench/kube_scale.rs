@@ -215,21 +215,27 @@ fn memory(n: usize) -> Result<[(f64, f64); 2]> {
     drop(node);
     drop(server);
 
-    // The files hold what the watches hold: every object but other nodes'
-    // pods.
-    let mut node = Node::new("a");
+    let mut node = files_node(&objects);
+    let files = settle(&mut node, n)?;
+    Ok([kube, files])
+}
+
+/// Node "a" with the cluster's `objects` in files: every object but other
+/// nodes' pods (what the watches hold), 300 a file (under the reader's
+/// 1 MiB limit).
+pub(crate) fn files_node(objects: &[Value]) -> Node {
+    let node = Node::new("a");
+    node.ns.run(&["ip", "link", "set", "lo", "up"]);
     join_underlay(&node);
     let text: Vec<String> = objects
         .iter()
         .filter(|o| o["kind"] != "Pod" || o["spec"]["nodeName"] == "a")
         .map(Value::to_string)
         .collect();
-    // Files under the reader's 1 MiB limit.
     for (k, chunk) in text.chunks(300).enumerate() {
-        node.write_config(&format!("cluster-{k:03}.yaml"), &chunk.join("\n---\n"));
+        node.write_config(&format!("cluster-{k:04}.yaml"), &chunk.join("\n---\n"));
     }
-    let files = settle(&mut node, n)?;
-    Ok([kube, files])
+    node
 }
 
 /// Creates VM `i` on `node`: its IPAMClaim first, allocated (the test
