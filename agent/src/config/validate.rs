@@ -128,14 +128,15 @@ pub struct Held {
 
 impl Held {
     /// The VM interface the claims store gives `ip` on network `net`.
-    pub fn stored_ip(&self, net: &str, ip: IpAddr) -> Option<&Name> {
-        let key = (Name::new(net), ip);
+    /// (`net` a name: the key is made without a look in the names' table.)
+    pub fn stored_ip(&self, net: &Name, ip: IpAddr) -> Option<&Name> {
+        let key = (net.clone(), ip);
         self.ips_added.get(&key).or_else(|| self.ips.get(&key))
     }
 
     /// The VM interface the claims store gives `mac` on network `net`.
-    pub fn stored_mac(&self, net: &str, mac: [u8; 6]) -> Option<&Name> {
-        let key = (Name::new(net), mac);
+    pub fn stored_mac(&self, net: &Name, mac: [u8; 6]) -> Option<&Name> {
+        let key = (net.clone(), mac);
         self.macs_added.get(&key).or_else(|| self.macs.get(&key))
     }
 }
@@ -364,10 +365,10 @@ pub fn validate_documents(
         .map(|n| (n.name.as_str(), n.id))
         .collect();
     // The holder the first evidence names that still asks for it.
-    let ip_holder_of = |net: &str, ip: IpAddr| -> Option<String> {
+    let ip_holder_of = |net: &Name, ip: IpAddr| -> Option<String> {
         let stored = held.stored_ip(net, ip).map(|n| n.to_string());
         let running = network_id
-            .get(net)
+            .get(net.as_str())
             .and_then(|id| held.port_ips.get(&(*id, ip)))
             .and_then(|port| on_port.get(port.as_str()).cloned());
         [stored, running]
@@ -375,10 +376,10 @@ pub fn validate_documents(
             .flatten()
             .find(|h| keeps_ip(h, net, ip))
     };
-    let mac_holder_of = |net: &str, mac: [u8; 6]| -> Option<String> {
+    let mac_holder_of = |net: &Name, mac: [u8; 6]| -> Option<String> {
         let stored = held.stored_mac(net, mac).map(|n| n.to_string());
         let running = network_id
-            .get(net)
+            .get(net.as_str())
             .and_then(|id| held.port_macs.get(&(*id, mac)))
             .and_then(|port| on_port.get(port.as_str()).cloned());
         [stored, running]
