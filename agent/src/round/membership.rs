@@ -169,14 +169,20 @@ fn prune<V>(m: &mut ByName<V>, ns: &str, name: &str, empty: impl Fn(&V) -> bool)
 /// marked dirty and placed again from what they are, so a key stands for
 /// its names by a hash of them. A collision costs a needless placement,
 /// never a wrong one; the names were two copies of every claim's name
-/// (and more for its prefixes) per VM of the cluster.
+/// (and more for its prefixes) per VM of the cluster. The hash is seeded
+/// at random per agent: names are a tenant's to choose, and with a
+/// known hash a tenant could make its objects collide with another's to
+/// ride on every change to them.
 #[derive(Debug, Clone, Default)]
 struct Reach(HashMap<u64, smallvec::SmallVec<[usize; 1]>>);
 
 impl Reach {
     fn key(ns: &str, name: &str) -> u64 {
-        // No namespace or name holds a NUL.
-        crate::sys::hash::fnv1a(&[ns.as_bytes(), &[0], name.as_bytes()])
+        // One seed for every index and membership of the agent: a
+        // membership updated and one made whole key alike.
+        static SEED: std::sync::OnceLock<ahash::RandomState> = std::sync::OnceLock::new();
+        SEED.get_or_init(ahash::RandomState::new)
+            .hash_one((ns, name))
     }
 
     /// Lists `p`; returns how many its key lists now.
@@ -1444,6 +1450,46 @@ mod tests {
             "another namespace's claim of the same name reaches no pod here"
         );
         let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// The uid index is keyed by a hash: a VMI listed under a launcher's
+    /// uid key without that uid (a collision, or a tenant's VMI made to
+    /// collide) is never taken as the launcher's VMI.
+    #[test]
+    fn a_vmi_under_a_launchers_uid_key_without_its_uid_is_not_its_vmi() {
+        let dir = fresh_dir("uid-collision");
+        std::fs::write(dir.join("a.yaml"), vmi("vm1", "u1")).unwrap();
+        std::fs::write(dir.join("b.yaml"), vmi("intruder", "u2")).unwrap();
+        std::fs::write(
+            dir.join("c.yaml"),
+            pod("virt-launcher-vm1", "kubevirt.io/created-by: u1", &[]),
+        )
+        .unwrap();
+        let mut m = Membership::of(&crate::config::source::read_dir(&dir));
+        let _ = std::fs::remove_dir_all(&dir);
+        let ptr_of_vmi = |m: &Membership, name: &str| {
+            m.entries
+                .iter()
+                .find(|(_, e)| matches!(e.member.cluster(), Some(ClusterObject::Vmi(v)) if v.metadata.name == name))
+                .map(|(p, _)| *p)
+                .expect("the VMI")
+        };
+        let intruder = ptr_of_vmi(&m, "intruder");
+        // As a collision leaves it: the intruder under u1's key too.
+        m.uids.add("", "u1", intruder);
+        let launcher = m
+            .entries
+            .values()
+            .find(|e| matches!(e.member.cluster(), Some(ClusterObject::Pod(_))))
+            .map(|e| e.member.clone())
+            .expect("the launcher");
+        let (groups, context) = m.place_of(&launcher);
+        assert!(!context);
+        assert_eq!(
+            groups,
+            vec![("prod".to_string(), "vm1".to_string())],
+            "the launcher's VMI is the one with its uid"
+        );
     }
 
     /// A ledger write reaches the groups whose claims name a changed
