@@ -81,11 +81,22 @@ pub struct ObjectRef {
 
 impl fmt::Display for ObjectRef {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        if self.namespace.is_empty() {
-            write!(f, "{} {}", self.kind, self.name)
-        } else {
-            write!(f, "{} {}/{}", self.kind, self.namespace, self.name)
-        }
+        write_object(f, &self.kind, &self.namespace, &self.name)
+    }
+}
+
+/// An object as messages name it (`Pod prod/web`, `Node a`): how
+/// [`ObjectRef`] prints, for the agent's own forms of a reference.
+pub fn write_object(
+    f: &mut fmt::Formatter<'_>,
+    kind: &str,
+    namespace: &str,
+    name: &str,
+) -> fmt::Result {
+    if namespace.is_empty() {
+        write!(f, "{kind} {name}")
+    } else {
+        write!(f, "{kind} {namespace}/{name}")
     }
 }
 

@@ -69,12 +69,7 @@ impl SourceObject {
 
 impl std::fmt::Display for SourceObject {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        // As `ObjectRef` prints.
-        if self.namespace.is_empty() {
-            write!(f, "{} {}", self.kind, self.name)
-        } else {
-            write!(f, "{} {}/{}", self.kind, self.namespace, self.name)
-        }
+        vmpath_api::types::write_object(f, self.kind, &self.namespace, &self.name)
     }
 }
 
