@@ -760,9 +760,10 @@ fn watch_ledger(
     );
     let (ledger_name, what) = (at.name.clone(), watch.name.clone());
     runtime.spawn(async move {
-        let mut store = Store::<Arc<DynamicObject>>::default();
-        let mut held = Relists::<Arc<DynamicObject>>::default();
-        let mut shards = ledger::ShardCache::default();
+        // Each ConfigMap as its shard's ledger, parsed as it arrives (the
+        // watch delivers a changed ConfigMap alone), not its text.
+        let mut store = Store::<Arc<ledger::ShardRead>>::default();
+        let mut held = Relists::<Arc<ledger::ShardRead>>::default();
         let mut stream = std::pin::pin!(stream);
         while let Some(event) = stream.next().await {
             let event = match event {
@@ -773,28 +774,22 @@ fn watch_ledger(
                 }
             };
             let first_list = !listed.load(Ordering::SeqCst);
-            store.apply(&event, |o| Arc::new(o.clone()));
+            store.apply(&event, |o| {
+                Arc::new(ledger::ShardRead::of(
+                    &ledger_name,
+                    o.metadata.name.as_deref().unwrap_or_default(),
+                    o.data
+                        .get("data")
+                        .and_then(|d| d.get(ledger::LEDGER_KEY))
+                        .and_then(|t| t.as_str()),
+                ))
+            });
             if let Some(n) = held.on_event(&event, first_list, || store.state()) {
                 warn!(ledger = %what, objects = n, "relist came back empty; keeping what was read until it changes");
             }
             let configmaps = held.read(|| store.state());
-            let read = shards.update(
-                &ledger_name,
-                configmaps.iter().map(|o| {
-                    (
-                        o.metadata.name.as_deref().unwrap_or_default(),
-                        o.metadata.resource_version.as_deref(),
-                        o.data
-                            .get("data")
-                            .and_then(|d| d.get(ledger::LEDGER_KEY))
-                            .and_then(|t| t.as_str()),
-                    )
-                }),
-            );
-            match read {
-                Ok(()) => {
-                    *parsed.lock().unwrap_or_else(|p| p.into_inner()) = Arc::new(shards.shards())
-                }
+            match ledger::Shards::of_reads(configmaps.iter().map(|r| &**r)) {
+                Ok(shards) => *parsed.lock().unwrap_or_else(|p| p.into_inner()) = Arc::new(shards),
                 Err(e) => warn!(ledger = %what, "{e}; keeping the last ledger that read"),
             }
             if matches!(event, watcher::Event::InitDone) && !listed.swap(true, Ordering::SeqCst) {
