@@ -21,6 +21,8 @@ const CLAIMS: TableDefinition<&str, &[u8]> = TableDefinition::new("claims");
 /// MAC, of a VM on another node), not document order. One row.
 const ACCEPTED: TableDefinition<&str, &[u8]> = TableDefinition::new("accepted");
 const ACCEPTED_ROW: &str = "keys";
+/// What redb may keep of the file in memory (see `Store::open`).
+const CACHE_BYTES: usize = 4 << 20;
 
 /// A VM interface as [`Store::accepted`] keeps it.
 pub type InterfaceKey = (String, String, String);
@@ -181,7 +183,15 @@ impl Store {
     pub fn open(state_dir: &Path) -> Result<Self, StoreError> {
         std::fs::create_dir_all(state_dir).map_err(db_err)?;
         let path = state_dir.join("claims.redb");
-        let db = Database::create(&path).map_err(|source| StoreError::Open {
+        // redb caches up to 1 GiB of pages by default: every page it wrote
+        // stays in memory (about 100 bytes per VM interface of the
+        // cluster). The claims are read once into `cache` and the store is
+        // written a few claims at a time, so a small cache costs a write a
+        // few reads of pages the kernel's page cache holds anyway.
+        let db = redb::Builder::new()
+            .set_cache_size(CACHE_BYTES)
+            .create(&path)
+            .map_err(|source| StoreError::Open {
             path: path.display().to_string(),
             source,
         })?;
