@@ -418,12 +418,16 @@ impl PartialEq for Keys {
 
 impl Eq for Keys {}
 
+/// A VM's or a plain pod's group: (namespace, name). Its Attachments'
+/// keys carry the same pair. Names: its objects' own, shared.
+pub type GroupKey = (crate::sys::intern::Name, crate::sys::intern::Name);
+
 /// Where the VM interfaces of VM `group` (namespace, VM) lie in `list`,
 /// a list in key order: the range the incremental stages replace or
 /// carry as one.
 pub fn group_range<T: std::ops::Deref<Target = Attachment>>(
     list: &[T],
-    group: &(String, String),
+    group: &GroupKey,
 ) -> std::ops::Range<usize> {
     let want = (group.0.as_str(), group.1.as_str());
     let at = |t: &T| (t.key.namespace.as_str(), t.key.vm.as_str()) < want;
@@ -433,7 +437,7 @@ pub fn group_range<T: std::ops::Deref<Target = Attachment>>(
 }
 
 /// The groups (namespace, VM) a partial pass replaced.
-pub type SplicedGroups = std::sync::Arc<std::collections::BTreeSet<(String, String)>>;
+pub type SplicedGroups = std::sync::Arc<std::collections::BTreeSet<GroupKey>>;
 
 /// Where a validated config came from: what lets the stages after
 /// validation carry over what did not change without a look at every VM
@@ -463,7 +467,7 @@ impl Lineage {
 
     /// A config made from config `from` (0: not known, then fresh) with
     /// the VM interfaces of `groups` replaced.
-    pub fn spliced(from: u64, groups: &std::collections::BTreeSet<(String, String)>) -> Self {
+    pub fn spliced(from: u64, groups: &std::collections::BTreeSet<GroupKey>) -> Self {
         Lineage {
             version: Self::next_version(),
             spliced_from: (from != 0).then(|| (from, std::sync::Arc::new(groups.clone()))),

@@ -335,7 +335,7 @@ fn spliced(
     last: &mut Vec<Attachment>,
     specs: &[std::sync::Arc<config::Attachment>],
     node: &str,
-    groups: &std::collections::BTreeSet<(String, String)>,
+    groups: &std::collections::BTreeSet<config::GroupKey>,
     same: &impl Fn(&Attachment, &std::sync::Arc<config::Attachment>) -> bool,
     carry: &mut Carry,
 ) -> Option<Vec<u32>> {

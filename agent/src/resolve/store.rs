@@ -192,9 +192,9 @@ impl Store {
             .set_cache_size(CACHE_BYTES)
             .create(&path)
             .map_err(|source| StoreError::Open {
-            path: path.display().to_string(),
-            source,
-        })?;
+                path: path.display().to_string(),
+                source,
+            })?;
         // Make sure the table exists so readers never see "no such table".
         let tx = db.begin_write().map_err(db_err)?;
         tx.open_table(CLAIMS).map_err(db_err)?;

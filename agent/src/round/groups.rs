@@ -47,7 +47,7 @@ pub struct Holdings {
 }
 
 fn group_of(a: &crate::config::Attachment) -> GroupKey {
-    (a.key.namespace.to_string(), a.key.vm.to_string())
+    (a.key.namespace.clone(), a.key.vm.clone())
 }
 
 /// The inner map at `outer`, made when new.
@@ -180,7 +180,7 @@ impl Evidence<'_> {
             let Some(k) = crate::config::AttachmentKey::parse(holder) else {
                 return true;
             };
-            if recomputed.contains(&(k.namespace.to_string(), k.vm.to_string())) {
+            if recomputed.contains(&(k.namespace.clone(), k.vm.clone())) {
                 return false;
             }
             let at = previous.attachments.partition_point(|x| x.key < k);
@@ -357,9 +357,8 @@ pub fn splice(
     cfg.warnings.retain(|_| kept.next().unwrap_or(true));
     cfg.warnings
         .extend(partial.warnings.iter().filter(fresh).cloned());
-    let in_groups = |k: &crate::config::AttachmentKey| {
-        groups.contains(&(k.namespace.to_string(), k.vm.to_string()))
-    };
+    let in_groups =
+        |k: &crate::config::AttachmentKey| groups.contains(&(k.namespace.clone(), k.vm.clone()));
     for g in groups {
         let low = crate::config::AttachmentKey {
             namespace: g.0.as_str().into(),

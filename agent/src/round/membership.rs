@@ -25,9 +25,7 @@ use std::{collections::BTreeSet, net::IpAddr, sync::Arc};
 
 use serde_json::Value;
 
-/// A VM's or a plain pod's group: (namespace, name). Its Attachments'
-/// keys carry the same pair.
-pub type GroupKey = (String, String);
+pub use crate::config::GroupKey;
 
 /// A group's key, shared by everything that names the group (one copy of
 /// its names however many objects and indexes point at it).
@@ -42,6 +40,7 @@ use crate::config::{
     source::{Chunked, ClusterDocument, DocOrigin, RawDocument, Snapshot},
 };
 use crate::sys::hash::{HashMap, HashSet};
+use crate::sys::intern::Name;
 
 /// One object of a snapshot: the `Arc` the source shares between
 /// snapshots while the object is unchanged.
@@ -134,7 +133,7 @@ struct Group {
 
 /// Two-level maps (namespace, then name), so a lookup by borrowed names
 /// copies none.
-type ByName<V> = HashMap<String, HashMap<String, V>>;
+type ByName<V> = HashMap<Name, HashMap<Name, V>>;
 
 fn get<'a, V>(m: &'a ByName<V>, ns: &str, name: &str) -> Option<&'a V> {
     m.get(ns)?.get(name)
@@ -144,11 +143,11 @@ fn get<'a, V>(m: &'a ByName<V>, ns: &str, name: &str) -> Option<&'a V> {
 /// only).
 fn entry<'a, V: Default>(m: &'a mut ByName<V>, ns: &str, name: &str) -> &'a mut V {
     if !m.contains_key(ns) {
-        m.insert(ns.to_string(), HashMap::default());
+        m.insert(Name::new(ns), HashMap::default());
     }
     let names = m.get_mut(ns).expect("made above");
     if !names.contains_key(name) {
-        names.insert(name.to_string(), V::default());
+        names.insert(Name::new(name), V::default());
     }
     names.get_mut(name).expect("made above")
 }
@@ -732,7 +731,7 @@ impl Membership {
     /// Where `member` belongs now: its groups (sorted), and whether it is
     /// context.
     fn place_of(&self, member: &Member) -> (Vec<GroupKey>, bool) {
-        let one = |ns: &str, name: &str| (vec![(ns.to_string(), name.to_string())], false);
+        let one = |ns: &str, name: &str| (vec![(Name::new(ns), Name::new(name))], false);
         match member {
             Member::Cluster(c) => match &**c {
                 ClusterObject::Vmi(v) => one(v.metadata.namespace(), &v.metadata.name),
@@ -754,7 +753,7 @@ impl Membership {
                                         if v.metadata.namespace() == ns
                                             && v.metadata.uid.as_deref() == Some(uid.as_str()) =>
                                     {
-                                        Some((ns.to_string(), v.metadata.name.to_string()))
+                                        Some((Name::new(ns), v.metadata.name.clone()))
                                     }
                                     _ => None,
                                 })
@@ -984,7 +983,7 @@ impl Membership {
     fn claim_groups(&self, namespace: &str, name: &str) -> Vec<GroupKey> {
         let mut out: Vec<GroupKey> = name_prefixes(name)
             .filter(|p| self.has_claimable_group(namespace, p))
-            .map(|p| (namespace.to_string(), p.to_string()))
+            .map(|p| (Name::new(namespace), Name::new(p)))
             .collect();
         if let Some(gs) = get(&self.references, namespace, name) {
             out.extend(gs.iter().map(|k| (**k).clone()));
@@ -1118,7 +1117,7 @@ impl Membership {
             match about.kind.as_str() {
                 "VirtualMachineInstance" => {
                     return exists(&about.namespace, &about.name)
-                        .then(|| vec![(about.namespace.clone(), about.name.clone())]);
+                        .then(|| vec![(Name::new(&about.namespace), Name::new(&about.name))]);
                 }
                 "IPAMClaim" => {
                     let gs = self.claim_groups(&about.namespace, &about.name);
@@ -1135,7 +1134,7 @@ impl Membership {
             }
             // A CNI port's pod not read (yet): the port's own group.
             if about.kind == "Pod" && exists(&about.namespace, &about.name) {
-                return Some(vec![(about.namespace.clone(), about.name.clone())]);
+                return Some(vec![(Name::new(&about.namespace), Name::new(&about.name))]);
             }
             return None;
         }
@@ -1433,7 +1432,7 @@ mod tests {
             None,
             "the first snapshot: the full pass"
         );
-        let group = ("prod".to_string(), long_name());
+        let group = (Name::new("prod"), Name::new(&long_name()));
         assert_eq!(
             membership(["10.9.0.7/24", "10.9.0.6/24", "10.9.0.9/24"]),
             Some(BTreeSet::from([group])),
@@ -1487,7 +1486,7 @@ mod tests {
         assert!(!context);
         assert_eq!(
             groups,
-            vec![("prod".to_string(), "vm1".to_string())],
+            vec![(Name::new("prod"), Name::new("vm1"))],
             "the launcher's VMI is the one with its uid"
         );
     }
@@ -1527,7 +1526,7 @@ mod tests {
             }
             Some(Arc::new(Shards::of(&ledger)))
         };
-        let group = |name: &str| ("prod".to_string(), name.to_string());
+        let group = |name: &str| (Name::new("prod"), Name::new(name));
         let mut kept = Membership::default();
         let mut update = |ledger: Option<Arc<Shards>>| {
             let mut snap = reader.read(&dir);
