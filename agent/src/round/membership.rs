@@ -277,8 +277,9 @@ pub struct Membership {
     claim_ips: HashSet<usize>,
     /// `claim_ips` by each address their status gives: the claims a
     /// ledger change reaches are looked up by its addresses (walking
-    /// every claim was a pass over the cluster on each allocation).
-    claims_by_ip: HashMap<IpAddr, Vec<usize>>,
+    /// every claim was a pass over the cluster on each allocation). Inline:
+    /// an address has one claim but where two claim it.
+    claims_by_ip: HashMap<IpAddr, smallvec::SmallVec<[usize; 1]>>,
     /// Of `claim_ips`, those with an address that does not read: any
     /// ledger change reaches them.
     claims_unread: HashSet<usize>,
@@ -924,7 +925,7 @@ impl Membership {
                     } else if self.claim_ips.remove(&p) {
                         for ip in claim_addresses(&claim.status.ips).flatten() {
                             if let Some(holders) = self.claims_by_ip.get_mut(&ip) {
-                                remove_one_vec(holders, &p);
+                                remove_one(holders, &p);
                                 if holders.is_empty() {
                                     self.claims_by_ip.remove(&ip);
                                 }
@@ -1187,7 +1188,7 @@ impl Membership {
             .claims_by_ip
             .iter()
             .map(|(ip, ps)| {
-                let mut ps = ps.clone();
+                let mut ps = ps.to_vec();
                 ps.sort();
                 (*ip, ps)
             })
