@@ -1489,9 +1489,9 @@ mod holder_tests {
             mac_origin: None,
         };
         Held::from_claims(&BTreeMap::from([
-            ("nsa/vmv1/green".to_string(), claim("10.64.0.50/16", None)),
+            ("nsa/vmv1/green".into(), claim("10.64.0.50/16", None)),
             (
-                "nsb/vmy1/green".to_string(),
+                "nsb/vmy1/green".into(),
                 claim("10.64.0.52/16", Some("02:00:00:00:00:51")),
             ),
         ]))

@@ -17,7 +17,7 @@ use crate::sys::hash::{HashMap, HashSet};
 use crate::{
     config::{AttachmentKey, Network, format_mac, model::MacPolicy, parse_mac},
     resolve::resolved::{Origin, Resolved},
-    resolve::store::Claim,
+    resolve::store::{Claim, Claims},
     sys::hash::fnv1a,
 };
 
@@ -194,7 +194,7 @@ pub type ClaimChanges = BTreeMap<String, Option<Claim>>;
 /// One pass per attachment over maps that borrow the claims and the
 /// config (networks by index, no copy of a claim or a name per entry): at
 /// 10,000 VM interfaces the copies, not the decisions, were the cost.
-pub fn assign(cfg: &mut Resolved, claims: &BTreeMap<String, Claim>) -> ClaimChanges {
+pub fn assign(cfg: &mut Resolved, claims: &Claims) -> ClaimChanges {
     assign_settled(cfg, claims).0
 }
 
@@ -203,10 +203,7 @@ pub fn assign(cfg: &mut Resolved, claims: &BTreeMap<String, Claim>) -> ClaimChan
 /// the next round decide just the VM interfaces that changed
 /// (`ipam_memo`): otherwise one VM's leaving could change another's
 /// result.
-pub fn assign_settled(
-    cfg: &mut Resolved,
-    claims: &BTreeMap<String, Claim>,
-) -> (ClaimChanges, bool) {
+pub fn assign_settled(cfg: &mut Resolved, claims: &Claims) -> (ClaimChanges, bool) {
     let mut changes = ClaimChanges::new();
     let config = cfg.config.clone();
     let net_index = network_index(&config.networks);
@@ -229,7 +226,7 @@ pub fn assign_settled(
         HashMap::with_capacity_and_hasher(claims.len(), Default::default());
     for (key, claim) in claims {
         let Some(k) = AttachmentKey::parts_of(key).filter(|k| in_documents.contains(k)) else {
-            changes.insert(key.clone(), None);
+            changes.insert(key.to_string(), None);
             continue;
         };
         live.insert(k, claim);
@@ -469,7 +466,7 @@ pub(crate) fn decide(
 /// change, or an error message when the MAC is another VM's.
 pub fn detected_mac(
     cfg: &Resolved,
-    claims: &BTreeMap<String, Claim>,
+    claims: &Claims,
     key: &AttachmentKey,
     mac: [u8; 6],
 ) -> Result<ClaimChanges, String> {
@@ -491,12 +488,15 @@ pub fn detected_mac(
             a.network
         ));
     }
-    let mut claim = claims.get(&key.to_string()).cloned().unwrap_or(Claim {
-        network: a.network.clone(),
-        ips: Vec::new(),
-        mac: None,
-        mac_origin: None,
-    });
+    let mut claim = claims
+        .get::<str>(&key.to_string())
+        .cloned()
+        .unwrap_or(Claim {
+            network: a.network.clone(),
+            ips: Vec::new(),
+            mac: None,
+            mac_origin: None,
+        });
     claim.mac = Some(format_mac(&mac));
     claim.mac_origin = Some(Origin::Detected);
     Ok(ClaimChanges::from([(key.to_string(), Some(claim))]))

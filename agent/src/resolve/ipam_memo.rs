@@ -26,14 +26,14 @@
 //! what it would see there. `round::equivalence` compares the two after
 //! random sequences of changes.
 
-use std::{collections::BTreeMap, net::IpAddr};
+use std::net::IpAddr;
 
 use crate::{
     config::{AttachmentKey, Network, parse_mac},
     resolve::{
         ipam::{self, ClaimChanges, Macs, Taken},
         resolved::{Attachment, CHANGED, Carry, Resolved},
-        store::Claim,
+        store::{Claim, Claims},
     },
     sys::hash::{HashMap, HashSet},
     sys::sorted::{Side, merge},
@@ -69,7 +69,7 @@ impl Memo {
     /// The memo of a settled full pass: `cfg` as [`ipam::assign`] left it
     /// and the claims with its changes written. `None` when an address or
     /// a MAC is held twice (a conflict decides by order there).
-    pub fn of(cfg: &Resolved, claims: &BTreeMap<String, Claim>, generation: u64) -> Option<Memo> {
+    pub fn of(cfg: &Resolved, claims: &Claims, generation: u64) -> Option<Memo> {
         let net_index = ipam::network_index(&cfg.config.networks);
         let mut memo = Memo {
             networks: cfg.config.networks.clone(),
@@ -83,7 +83,7 @@ impl Memo {
             let Some(&n) = net_index.get(claim.network.as_str()) else {
                 continue;
             };
-            let key = crate::sys::intern::Name::new(key);
+            let key = key.clone();
             for ip in &claim.ips {
                 if memo.held.insert((n, ip.addr()), key.clone()).is_some() {
                     return None;
@@ -115,7 +115,7 @@ impl Memo {
         &mut self,
         cfg: &mut Resolved,
         carry: &Carry,
-        claims: &BTreeMap<String, Claim>,
+        claims: &Claims,
         generation: u64,
     ) -> Option<(ClaimChanges, bool)> {
         if generation != self.generation
@@ -217,7 +217,7 @@ impl Memo {
             {
                 return None;
             }
-            if let Some(m) = first_mac(a, claims.get(&own)) {
+            if let Some(m) = first_mac(a, claims.get::<str>(&own)) {
                 let in_use = self.macs.contains(&(n, m)) && !leaving_macs.contains(&(n, m));
                 if in_use || !meeting.insert((n, m)) {
                     return None;
@@ -230,7 +230,7 @@ impl Memo {
         let mut settled = true;
         // Claims whose documents went are released, their addresses freed.
         for key in &gone {
-            if let Some(claim) = claims.get(key) {
+            if let Some(claim) = claims.get::<str>(key) {
                 changes.insert(key.clone(), None);
                 self.release(claim, key, &net_index);
             }
@@ -257,7 +257,7 @@ impl Memo {
             };
             let key = a.key.to_string();
             let old = claims
-                .get(&key)
+                .get::<str>(&key)
                 .filter(|_| config.keys_in_documents.contains(&a.key) || kept.contains(&a.key));
             let mut own = ClaimChanges::new();
             let decided = ipam::decide(
@@ -292,10 +292,9 @@ impl Memo {
         }
         // A new key with a claim: the store holds claims of live keys
         // only, so this is not the state the memo knows.
-        if new_keys
-            .iter()
-            .any(|k| claims.contains_key(&k.to_string()) && !changes.contains_key(&k.to_string()))
-        {
+        if new_keys.iter().any(|k| {
+            claims.contains_key::<str>(&k.to_string()) && !changes.contains_key(&k.to_string())
+        }) {
             settled = false;
         }
 
@@ -361,6 +360,7 @@ fn first_mac(a: &Attachment, claim: Option<&Claim>) -> Option<[u8; 6]> {
 mod tests {
     use super::*;
     use crate::round::tests::{BLUE, attachment};
+    use std::collections::BTreeMap;
 
     /// `vm`'s interface on blue at node a, with `extra` spec lines.
     fn vm(vm: &str, extra: &str) -> String {
@@ -387,11 +387,11 @@ mod tests {
         crate::round::validate(&snap, "a", &crate::config::AcceptedKeys::new())
     }
 
-    fn write(claims: &mut BTreeMap<String, Claim>, changes: ClaimChanges) {
+    fn write(claims: &mut Claims, changes: ClaimChanges) {
         for (k, c) in changes {
             match c {
-                Some(c) => claims.insert(k, c),
-                None => claims.remove(&k),
+                Some(c) => claims.insert(k.into(), c),
+                None => claims.remove::<str>(&k),
             };
         }
     }

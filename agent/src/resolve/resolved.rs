@@ -897,7 +897,7 @@ spec: {vm: vm3, interface: eth0, network: blue, node: a, port: p3, mac: '52:54:0
         let before = serde_json::to_value(&cfg).unwrap();
         // vm3 holds the address vm2 asks for statically.
         let claims = BTreeMap::from([(
-            key("vm3").to_string(),
+            crate::sys::intern::Name::new(&key("vm3").to_string()),
             Claim {
                 network: "blue".into(),
                 ips: vec!["10.20.0.9/16".parse().unwrap()],

@@ -30,12 +30,10 @@ pub type InterfaceKey = (String, String, String);
 impl crate::config::Held {
     /// What the claims store records. Beside the store, not in `config`:
     /// validation takes a [`Held`](crate::config::Held) and knows no store.
-    pub fn from_claims(claims: &BTreeMap<String, Claim>) -> Self {
+    pub fn from_claims(claims: &Claims) -> Self {
         let mut ips = crate::sys::hash::HashMap::default();
         let mut macs = crate::sys::hash::HashMap::default();
         for (key, c) in claims {
-            // One copy of the key for its addresses and MAC.
-            let key = crate::sys::intern::Name::new(key);
             for ip in &c.ips {
                 ips.insert((c.network.clone(), ip.addr()), key.clone());
             }
@@ -44,7 +42,7 @@ impl crate::config::Held {
                 .as_deref()
                 .and_then(|m| crate::config::parse_mac(m).ok())
             {
-                macs.insert((c.network.clone(), mac), key);
+                macs.insert((c.network.clone(), mac), key.clone());
             }
         }
         Self {
@@ -146,6 +144,10 @@ pub struct Claim {
     pub mac_origin: Option<Origin>,
 }
 
+/// Every claim by its key. Keys as names: validation's and IPAM's maps of
+/// who holds what name the same claims.
+pub type Claims = BTreeMap<crate::sys::intern::Name, Claim>;
+
 /// One claim written: its key, and the claim before and after (`None`:
 /// none).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -169,7 +171,7 @@ pub struct Store {
     db: Database,
     /// Every claim as last read or written: a round reads them all, and
     /// parsing the database's JSON again each time grew with the cluster.
-    cache: std::sync::Mutex<Option<std::sync::Arc<BTreeMap<String, Claim>>>>,
+    cache: std::sync::Mutex<Option<std::sync::Arc<Claims>>>,
     /// The last writes, each as the generation it made and its claims
     /// before and after (`changes_since`); emptied when a write leaves
     /// them unknown (no cache to compare with, a failed commit).
@@ -232,7 +234,7 @@ impl Store {
 
     /// Every claim, keyed by `namespace/vm/interface`, shared with the
     /// store's cache (the same `Arc` until a write).
-    pub fn shared(&self) -> Result<std::sync::Arc<BTreeMap<String, Claim>>, StoreError> {
+    pub fn shared(&self) -> Result<std::sync::Arc<Claims>, StoreError> {
         let mut cache = self.cache.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(all) = &*cache {
             return Ok(all.clone());
@@ -243,11 +245,11 @@ impl Store {
     }
 
     /// Every claim, keyed by `namespace/vm/interface`.
-    pub fn all(&self) -> Result<BTreeMap<String, Claim>, StoreError> {
+    pub fn all(&self) -> Result<Claims, StoreError> {
         Ok((*self.shared()?).clone())
     }
 
-    fn read_all(&self) -> Result<BTreeMap<String, Claim>, StoreError> {
+    fn read_all(&self) -> Result<Claims, StoreError> {
         let tx = self.db.begin_read().map_err(db_err)?;
         let table = tx.open_table(CLAIMS).map_err(db_err)?;
         let mut out = BTreeMap::new();
@@ -258,7 +260,7 @@ impl Store {
                 key: key.clone(),
                 source,
             })?;
-            out.insert(key, claim);
+            out.insert(crate::sys::intern::Name::new(&key), claim);
         }
         Ok(out)
     }
@@ -345,8 +347,8 @@ impl Store {
                 let mut logged = Vec::with_capacity(changes.len());
                 for (key, change) in changes {
                     let was = match change {
-                        Some(c) => all.insert(key.clone(), c.clone()),
-                        None => all.remove(key),
+                        Some(c) => all.insert(crate::sys::intern::Name::new(key), c.clone()),
+                        None => all.remove::<str>(key),
                     };
                     logged.push(ClaimChange {
                         key: key.clone(),

@@ -5,7 +5,7 @@
 //! ports whose MAC was not given are adopted into claims
 //! ([`adopt_detected_macs`]).
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 
 use anyhow::{Context as _, Result};
 use tracing::{error, info};
@@ -15,11 +15,11 @@ use crate::{
     resolve::ipam,
     resolve::ipam_memo::Memo,
     resolve::resolved::{Carry, Origin, Resolved},
-    resolve::store::{Claim, Store},
+    resolve::store::Store,
 };
 
 /// Every claim, by VM interface.
-pub type Claims = BTreeMap<String, Claim>;
+pub use crate::resolve::store::Claims;
 
 /// Assigns addresses and MACs to `cfg`'s attachments and records the
 /// claims; returns the claims as they now are.
@@ -107,10 +107,10 @@ pub fn commit_claims(
     for (key, change) in changes {
         match change {
             Some(c) => {
-                claims.insert(key, c);
+                claims.insert(key.into(), c);
             }
             None => {
-                claims.remove(&key);
+                claims.remove::<str>(&key);
             }
         }
     }

@@ -5,18 +5,16 @@
 //! which address and MAC ([`held`]) decides conflicts, so that after a
 //! restart document order does not.
 
-use std::collections::BTreeMap;
-
 use crate::{
     config::{Config, Held, KeepFirst, Translated, source::Snapshot, validate_documents},
-    resolve::store::Claim,
+    resolve::store::Claims,
 };
 
 /// Who holds which address and MAC: the claims store's `claims`, then the
 /// ports served here (an IPAM-less address, a given MAC: no claim records
 /// them), as the last round served them or, after a restart, as the data
 /// path holds them from the previous agent (`running`).
-pub fn held(claims: Option<&BTreeMap<String, Claim>>, running: &Held) -> Held {
+pub fn held(claims: Option<&Claims>, running: &Held) -> Held {
     let mut held = claims.map(Held::from_claims).unwrap_or_default();
     held.port_ips.clone_from(&running.port_ips);
     held.port_macs.clone_from(&running.port_macs);
