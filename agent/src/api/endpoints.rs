@@ -81,11 +81,11 @@ impl EndpointExt for EndpointRequest {
     }
 
     fn key(&self) -> AttachmentKey {
-        AttachmentKey {
-            namespace: self.pod_namespace.as_str().into(),
-            vm: self.pod_name.as_str().into(),
-            interface: self.ifname.as_str().into(),
-        }
+        AttachmentKey::new(
+            self.pod_namespace.as_str().into(),
+            self.pod_name.as_str().into(),
+            self.ifname.as_str().into(),
+        )
     }
 
     /// Where errors about this endpoint point (config errors name a file).
@@ -304,10 +304,12 @@ pub fn kept_claims() -> std::collections::BTreeSet<AttachmentKey> {
     stored
         .kept
         .iter()
-        .map(|(namespace, vm, interface)| AttachmentKey {
-            namespace: namespace.as_str().into(),
-            vm: vm.as_str().into(),
-            interface: interface.as_str().into(),
+        .map(|(namespace, vm, interface)| {
+            AttachmentKey::new(
+                namespace.as_str().into(),
+                vm.as_str().into(),
+                interface.as_str().into(),
+            )
         })
         .collect()
 }

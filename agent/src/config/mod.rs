@@ -172,13 +172,41 @@ pub fn overlaps(a: &IpNet, b: &IpNet) -> bool {
 }
 
 /// The identity of a VM interface: what survives pods and migrations.
-#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
-pub struct AttachmentKey {
-    /// Names: shared with the objects it came from, and by every copy of
-    /// the key (the stages keep several per VM interface).
+///
+/// One shared copy however many hold it: the stages keep the key of
+/// every VM interface of the cluster several times (the Attachment, the
+/// documents' key set, the accepted set), and three names in each was
+/// 48 bytes a copy, in persistent sets that hold room for more. Compared
+/// by its parts (a clone is the same key, and found so by pointer first).
+#[derive(Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct AttachmentKey(std::sync::Arc<KeyParts>);
+
+/// What an [`AttachmentKey`] names.
+#[derive(Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+pub struct KeyParts {
+    /// Names: shared with the objects it came from.
     pub namespace: Name,
     pub vm: Name,
     pub interface: Name,
+}
+
+impl std::ops::Deref for AttachmentKey {
+    type Target = KeyParts;
+    fn deref(&self) -> &KeyParts {
+        &self.0
+    }
+}
+
+impl fmt::Debug for AttachmentKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+impl Serialize for AttachmentKey {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        self.0.serialize(s)
+    }
 }
 
 /// The VM interfaces the last round accepted: they win a conflict
@@ -213,6 +241,20 @@ impl fmt::Display for AttachmentKey {
 }
 
 impl AttachmentKey {
+    pub fn new(namespace: Name, vm: Name, interface: Name) -> Self {
+        AttachmentKey(std::sync::Arc::new(KeyParts {
+            namespace,
+            vm,
+            interface,
+        }))
+    }
+
+    /// The same key for another VM (the tests' copies of a VM interface).
+    #[cfg(test)]
+    pub fn with_vm(&self, vm: &str) -> Self {
+        Self::new(self.namespace.clone(), vm.into(), self.interface.clone())
+    }
+
     /// The key's (namespace, VM, interface), borrowed.
     pub fn parts(&self) -> (&str, &str, &str) {
         (&self.namespace, &self.vm, &self.interface)
@@ -229,11 +271,11 @@ impl AttachmentKey {
     /// The key `text` prints as.
     pub fn parse(text: &str) -> Option<Self> {
         let (namespace, vm, interface) = Self::parts_of(text)?;
-        Some(AttachmentKey {
-            namespace: namespace.into(),
-            vm: vm.into(),
-            interface: interface.into(),
-        })
+        Some(AttachmentKey::new(
+            namespace.into(),
+            vm.into(),
+            interface.into(),
+        ))
     }
 }
 

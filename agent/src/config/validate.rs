@@ -585,11 +585,11 @@ fn clusterip_taken(
 /// a document refused for another reason still protects its claim.
 fn document_key(doc: &Doc) -> Option<AttachmentKey> {
     let spec = doc.raw.value.get("spec")?;
-    Some(AttachmentKey {
-        namespace: doc.meta.namespace.clone()?.into(),
-        vm: spec.get("vm")?.as_str()?.into(),
-        interface: spec.get("interface")?.as_str()?.into(),
-    })
+    Some(AttachmentKey::new(
+        doc.meta.namespace.clone()?.into(),
+        spec.get("vm")?.as_str()?.into(),
+        spec.get("interface")?.as_str()?.into(),
+    ))
 }
 
 fn header(raw: &RawDocument) -> Result<Doc<'_>, ConfigError> {
@@ -1122,11 +1122,7 @@ fn attachment(doc: &Doc, cfg: &Config) -> Result<Attachment, ConfigError> {
         name: doc.meta.name.as_str().into(),
         labels: string_labels(doc)?,
         ports,
-        key: AttachmentKey {
-            namespace: namespace.into(),
-            vm: spec.vm.into(),
-            interface: spec.interface.into(),
-        },
+        key: AttachmentKey::new(namespace.into(), spec.vm.into(), spec.interface.into()),
         network: spec.network.into(),
         node: spec.node.into(),
         port: spec.port,

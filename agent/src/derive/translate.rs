@@ -433,11 +433,11 @@ pub fn translate(
                     ClaimState::Ips(ips) => ips,
                     _ => i.selection.ips.clone(),
                 };
-                let key = AttachmentKey {
-                    namespace: ns.into(),
-                    vm: pod.metadata.name.clone(),
-                    interface: i.ifname.as_str().into(),
-                };
+                let key = AttachmentKey::new(
+                    ns.into(),
+                    pod.metadata.name.clone(),
+                    i.ifname.as_str().into(),
+                );
                 let cni_port = tr.take_cni(pod, &i.ifname);
                 let Some(pod_node) = pod
                     .spec
@@ -635,11 +635,7 @@ pub fn translate(
                     continue;
                 }
             };
-            let key = AttachmentKey {
-                namespace: ns.into(),
-                vm: vmi.metadata.name.clone(),
-                interface: net.name.clone(),
-            };
+            let key = AttachmentKey::new(ns.into(), vmi.metadata.name.clone(), net.name.clone());
             tr.out.keep.insert(key.clone());
             let mac = vmi
                 .spec
@@ -1352,11 +1348,7 @@ mod tests {
     }
 
     fn key(ns: &str, vm: &str, interface: &str) -> AttachmentKey {
-        AttachmentKey {
-            namespace: ns.into(),
-            vm: vm.into(),
-            interface: interface.into(),
-        }
+        AttachmentKey::new(ns.into(), vm.into(), interface.into())
     }
 
     #[test]

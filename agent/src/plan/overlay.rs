@@ -692,7 +692,7 @@ spec: {vm: vm4, interface: eth0, network: blue, node: c, port: p4, mac: '52:54:0
 
         // A new VM on this node (a document of its own).
         let mut local = (*cfg.attachments[0].spec).clone();
-        local.key.vm = "vm9".into();
+        local.key = local.key.with_vm("vm9");
         local.name = "vm9".into();
         local.mac = Some([0x52, 0x54, 0, 0, 0, 9]);
         cfg.attachments
@@ -780,7 +780,7 @@ spec: {vm: vm4, interface: eth0, network: blue, node: c, port: p4, mac: '52:54:0
         let with = |cfg: &Resolved, vm: &str, node: &str, mac: u8| {
             let mut config = (*cfg.config).clone();
             let mut doc = (*config.attachments[0]).clone();
-            doc.key.vm = vm.into();
+            doc.key = doc.key.with_vm(vm);
             doc.name = vm.into();
             doc.node = node.into();
             doc.port = format!("p-{vm}");
@@ -802,11 +802,11 @@ spec: {vm: vm4, interface: eth0, network: blue, node: c, port: p4, mac: '52:54:0
         let builds = cache.builds;
         // vm2's address changed by IPAM (marked): built again.
         let mut cfg = carried(&cfg);
-        cfg.attachment_mut(&crate::config::AttachmentKey {
-            namespace: "prod".into(),
-            vm: "vm2".into(),
-            interface: "eth0".into(),
-        })
+        cfg.attachment_mut(&crate::config::AttachmentKey::new(
+            "prod".into(),
+            "vm2".into(),
+            "eth0".into(),
+        ))
         .unwrap()
         .addresses = vec![("10.20.0.99/16".parse().unwrap(), Origin::Claimed)].into();
         let third = cached(&cfg, &mut cache);

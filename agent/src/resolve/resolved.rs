@@ -803,11 +803,7 @@ spec: {vm: vm3, interface: eth0, network: blue, node: a, port: p3, mac: '52:54:0
     }
 
     fn key(vm: &str) -> AttachmentKey {
-        AttachmentKey {
-            namespace: "prod".into(),
-            vm: vm.into(),
-            interface: "eth0".into(),
-        }
+        AttachmentKey::new("prod".into(), vm.into(), "eth0".into())
     }
 
     /// A list of many VM interfaces where a few came, went or changed:
@@ -819,7 +815,7 @@ spec: {vm: vm3, interface: eth0, network: blue, node: a, port: p3, mac: '52:54:0
         let template = (*base.attachments[0]).clone();
         let doc = |n: usize| {
             let mut a = template.clone();
-            a.key.vm = format!("vm{n:03}").into();
+            a.key = a.key.with_vm(&format!("vm{n:03}"));
             std::sync::Arc::new(a)
         };
         let mut first = base.clone();
@@ -986,7 +982,7 @@ spec: {vm: vm3, interface: eth0, network: blue, node: a, port: p3, mac: '52:54:0
         config.attachments[1] = std::sync::Arc::new(vm2);
         config.attachments[0] = std::sync::Arc::new((*config.attachments[0]).clone());
         let mut vm0 = (*config.attachments[0]).clone();
-        vm0.key.vm = "vm0".into();
+        vm0.key = vm0.key.with_vm("vm0");
         config.attachments.insert(0, std::sync::Arc::new(vm0));
         let (now, carry) = Resolved::carrying(config, "a", last);
         let vms = |list: &[Attachment]| list.iter().map(|a| a.key.vm.clone()).collect::<Vec<_>>();

@@ -360,11 +360,11 @@ pub fn splice(
     let in_groups =
         |k: &crate::config::AttachmentKey| groups.contains(&(k.namespace.clone(), k.vm.clone()));
     for g in groups {
-        let low = crate::config::AttachmentKey {
-            namespace: g.0.as_str().into(),
-            vm: g.1.as_str().into(),
-            interface: crate::sys::intern::Name::default(),
-        };
+        let low = crate::config::AttachmentKey::new(
+            g.0.as_str().into(),
+            g.1.as_str().into(),
+            crate::sys::intern::Name::default(),
+        );
         let stale: Vec<_> = cfg
             .keys_in_documents
             .range(low..)

@@ -224,10 +224,12 @@ impl Round {
         });
         let accepted: AcceptedKeys = stored_accepted
             .iter()
-            .map(|(namespace, vm, interface)| AttachmentKey {
-                namespace: namespace.as_str().into(),
-                vm: vm.as_str().into(),
-                interface: interface.as_str().into(),
+            .map(|(namespace, vm, interface)| {
+                AttachmentKey::new(
+                    namespace.as_str().into(),
+                    vm.as_str().into(),
+                    interface.as_str().into(),
+                )
             })
             .collect();
         let store = Arc::new(store);
@@ -905,11 +907,11 @@ pub(crate) mod tests {
             crate::plan::PlannedPort {
                 ifname: programmed.clone(),
                 ifindex: 7,
-                attachment: crate::config::AttachmentKey {
-                    namespace: "prod".into(),
-                    vm: "vm1".into(),
-                    interface: "eth0".into(),
-                },
+                attachment: crate::config::AttachmentKey::new(
+                    "prod".into(),
+                    "vm1".into(),
+                    "eth0".into(),
+                ),
                 info: Default::default(),
                 slow_limits: Default::default(),
             },

@@ -367,11 +367,7 @@ mod tests {
     fn services() -> Services {
         let svc = PortService {
             ifindex: 7,
-            key: AttachmentKey {
-                namespace: "prod".into(),
-                vm: "vm1".into(),
-                interface: "eth0".into(),
-            },
+            key: AttachmentKey::new("prod".into(), "vm1".into(), "eth0".into()),
             hostname: "vm1".into(),
             mac: Some(VM_MAC),
             v4: Some("10.20.0.50/24".parse().unwrap()),

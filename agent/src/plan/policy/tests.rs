@@ -55,11 +55,7 @@ fn ip(ns: &str, pod: &str) -> IpAddr {
 }
 
 fn port_of(local: &BTreeMap<AttachmentKey, u32>, ns: &str, pod: &str) -> u32 {
-    local[&AttachmentKey {
-        namespace: ns.into(),
-        vm: pod.into(),
-        interface: "eth0".into(),
-    }]
+    local[&AttachmentKey::new(ns.into(), pod.into(), "eth0".into())]
 }
 
 /// The data path's verdict on a new flow of `port_id` going `dir` with
