@@ -384,6 +384,12 @@ impl Keys {
         self.version
     }
 
+    /// The copy of `key` the set holds, if it holds it, else `key`: an
+    /// Attachment shares the key its VMI's translation put here.
+    pub fn shared(&self, key: AttachmentKey) -> AttachmentKey {
+        self.set.get(&key).cloned().unwrap_or(key)
+    }
+
     pub fn insert(&mut self, key: AttachmentKey) -> bool {
         if self.set.contains(&key) {
             return false;

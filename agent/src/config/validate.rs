@@ -1122,7 +1122,11 @@ fn attachment(doc: &Doc, cfg: &Config) -> Result<Attachment, ConfigError> {
         name: doc.meta.name.as_str().into(),
         labels: string_labels(doc)?,
         ports,
-        key: AttachmentKey::new(namespace.into(), spec.vm.into(), spec.interface.into()),
+        key: cfg.keys_in_documents.shared(AttachmentKey::new(
+            namespace.into(),
+            spec.vm.into(),
+            spec.interface.into(),
+        )),
         network: spec.network.into(),
         node: spec.node.into(),
         port: spec.port,
