@@ -172,8 +172,15 @@ fn prune<V>(m: &mut ByName<V>, ns: &str, name: &str, empty: impl Fn(&V) -> bool)
 /// at random per agent: names are a tenant's to choose, and with a
 /// known hash a tenant could make its objects collide with another's to
 /// ride on every change to them.
+///
+/// A key lists one object but where names collide or repeat: that one is
+/// kept in `one` (16 bytes a slot, not the 32 of a list's), the others'
+/// lists in `many`.
 #[derive(Debug, Clone, Default)]
-struct Reach(HashMap<u64, smallvec::SmallVec<[usize; 1]>>);
+struct Reach {
+    one: HashMap<u64, usize>,
+    many: HashMap<u64, Vec<usize>>,
+}
 
 impl Reach {
     fn key(ns: &str, name: &str) -> u64 {
@@ -186,33 +193,55 @@ impl Reach {
 
     /// Lists `p`; returns how many its key lists now.
     fn add(&mut self, ns: &str, name: &str, p: usize) -> usize {
-        let list = self.0.entry(Self::key(ns, name)).or_default();
-        list.push(p);
-        list.len()
+        let key = Self::key(ns, name);
+        if let Some(list) = self.many.get_mut(&key) {
+            list.push(p);
+            return list.len();
+        }
+        match self.one.remove(&key) {
+            Some(first) => {
+                self.many.insert(key, vec![first, p]);
+                2
+            }
+            None => {
+                self.one.insert(key, p);
+                1
+            }
+        }
     }
 
     /// Takes `p` out; returns how many its key listed before.
     fn remove(&mut self, ns: &str, name: &str, p: usize) -> usize {
         let key = Self::key(ns, name);
-        let Some(list) = self.0.get_mut(&key) else {
-            return 0;
-        };
-        let before = list.len();
-        remove_one(list, &p);
-        if list.is_empty() {
-            self.0.remove(&key);
+        if let Some(list) = self.many.get_mut(&key) {
+            let before = list.len();
+            remove_one_vec(list, &p);
+            if list.len() == 1 {
+                let last = list[0];
+                self.many.remove(&key);
+                self.one.insert(key, last);
+            }
+            return before;
         }
-        before
+        match self.one.get(&key) {
+            Some(&q) if q == p => {
+                self.one.remove(&key);
+                1
+            }
+            Some(_) => 1,
+            None => 0,
+        }
     }
 
     /// The objects listed under (`ns`, `name`), and any under a key that
     /// hashes the same.
     fn listed(&self, ns: &str, name: &str) -> impl Iterator<Item = usize> + '_ {
-        self.0
-            .get(&Self::key(ns, name))
-            .into_iter()
-            .flatten()
+        let key = Self::key(ns, name);
+        self.one
+            .get(&key)
             .copied()
+            .into_iter()
+            .chain(self.many.get(&key).into_iter().flatten().copied())
     }
 }
 
@@ -1232,14 +1261,17 @@ impl Membership {
             ("claims under", &self.claims_under),
             ("hashed claims", &self.hashed_claims),
         ] {
-            let mut listed: Vec<(u64, Vec<usize>)> = reach
-                .0
+            // Where each key's objects are kept is part of the form: one
+            // listed alone in `many` would be a list the update left.
+            let mut listed: Vec<(u64, Vec<usize>, bool)> = reach
+                .one
                 .iter()
-                .map(|(k, ps)| {
-                    let mut ps = ps.to_vec();
+                .map(|(k, p)| (*k, vec![*p], false))
+                .chain(reach.many.iter().map(|(k, ps)| {
+                    let mut ps = ps.clone();
                     ps.sort();
-                    (*k, ps)
-                })
+                    (*k, ps, true)
+                }))
                 .collect();
             listed.sort();
             lines.push(format!("{name}: {listed:?}"));
@@ -1450,6 +1482,35 @@ mod tests {
             "another namespace's claim of the same name reaches no pod here"
         );
         let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn a_reach_key_lists_each_object_it_was_given_until_taken_out() {
+        let mut reach = Reach::default();
+        let listed = |r: &Reach| {
+            let mut ps: Vec<usize> = r.listed("prod", "vm1").collect();
+            ps.sort();
+            ps
+        };
+        assert_eq!(reach.add("prod", "vm1", 10), 1);
+        assert_eq!(reach.add("prod", "vm1", 20), 2);
+        assert_eq!(reach.add("prod", "vm1", 30), 3);
+        assert_eq!(reach.add("prod", "vm2", 40), 1);
+        assert_eq!(listed(&reach), vec![10, 20, 30]);
+        assert_eq!(
+            reach.remove("prod", "vm1", 99),
+            3,
+            "not listed: nothing taken"
+        );
+        assert_eq!(reach.remove("prod", "vm1", 20), 3);
+        assert_eq!(reach.remove("prod", "vm1", 10), 2);
+        assert_eq!(listed(&reach), vec![30]);
+        assert!(reach.many.is_empty(), "one object left: kept alone");
+        assert_eq!(reach.remove("prod", "vm1", 40), 1, "another's object stays");
+        assert_eq!(reach.remove("prod", "vm1", 30), 1);
+        assert_eq!(listed(&reach), Vec::<usize>::new());
+        assert_eq!(reach.remove("prod", "vm1", 30), 0);
+        assert_eq!(reach.listed("prod", "vm2").collect::<Vec<_>>(), vec![40]);
     }
 
     /// The uid index is keyed by a hash: a VMI listed under a launcher's
