@@ -17,9 +17,11 @@ use crate::sys::intern::Name;
 /// 10,000 VMs (issue 34).
 ///
 /// Keys and values are [`Name`]s: a VM's labels are held by its VMI's
-/// copy and by its Attachment, and their keys by every VM.
+/// copy and by its Attachment, and their keys by every VM. A boxed slice,
+/// not a `Vec`: every object kept holds two (labels and annotations), and
+/// a `Vec`'s capacity word made a VMI a size class larger.
 #[derive(Clone, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct Labels(Vec<(Name, Name)>);
+pub struct Labels(Box<[(Name, Name)]>);
 
 impl Labels {
     pub fn new() -> Self {
@@ -44,19 +46,26 @@ impl Labels {
         match self.position(&key) {
             Ok(i) => Some(std::mem::replace(&mut self.0[i].1, value)),
             Err(i) => {
-                self.0.insert(i, (key, value));
+                let mut pairs = std::mem::take(&mut self.0).into_vec();
+                pairs.insert(i, (key, value));
+                self.0 = pairs.into_boxed_slice();
                 None
             }
         }
     }
 
     pub fn remove(&mut self, key: &str) -> Option<Name> {
-        self.position(key).ok().map(|i| self.0.remove(i).1)
+        let i = self.position(key).ok()?;
+        let mut pairs = std::mem::take(&mut self.0).into_vec();
+        let (_, value) = pairs.remove(i);
+        self.0 = pairs.into_boxed_slice();
+        Some(value)
     }
 
     pub fn retain(&mut self, mut keep: impl FnMut(&str, &str) -> bool) {
-        self.0.retain(|(k, v)| keep(k, v));
-        self.0.shrink_to_fit();
+        let mut pairs = std::mem::take(&mut self.0).into_vec();
+        pairs.retain(|(k, v)| keep(k, v));
+        self.0 = pairs.into_boxed_slice();
     }
 
     /// Key and value, by key.
@@ -93,8 +102,7 @@ impl<K: Into<Name>, V: Into<Name>> FromIterator<(K, V)> for Labels {
                 _ => out.push(pair),
             }
         }
-        out.shrink_to_fit();
-        Labels(out)
+        Labels(out.into_boxed_slice())
     }
 }
 
@@ -102,7 +110,7 @@ impl<K: Into<Name>, V: Into<Name>> Extend<(K, V)> for Labels {
     /// One sort for the lot (a tenant's pod may carry many labels: one
     /// insert each would move the list once per label).
     fn extend<I: IntoIterator<Item = (K, V)>>(&mut self, iter: I) {
-        let mut pairs = std::mem::take(&mut self.0);
+        let mut pairs = std::mem::take(&mut self.0).into_vec();
         pairs.extend(iter.into_iter().map(|(k, v)| (k.into(), v.into())));
         *self = pairs.into_iter().collect();
     }
@@ -130,7 +138,7 @@ impl IntoIterator for Labels {
     type Item = (Name, Name);
     type IntoIter = std::vec::IntoIter<(Name, Name)>;
     fn into_iter(self) -> Self::IntoIter {
-        self.0.into_iter()
+        self.0.into_vec().into_iter()
     }
 }
 
