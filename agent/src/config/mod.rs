@@ -281,18 +281,21 @@ impl AttachmentKey {
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Attachment {
-    pub name: String,
+    /// Boxed: every VM interface of the cluster has one, and a `String`'s
+    /// capacity word made the Attachment a size class larger.
+    pub name: Box<str>,
     /// `metadata.labels`: what NetworkPolicy selectors match.
     pub labels: label_selector::Labels,
     /// Named ports the endpoint declares (`spec.ports`), for policies that
     /// name a port.
-    pub ports: Vec<NamedPort>,
+    pub ports: Box<[NamedPort]>,
     pub key: AttachmentKey,
-    /// Names: the network and node are every VM's of them (the port is
-    /// its own).
+    /// Names: the network and node are every VM's of them, and KubeVirt
+    /// names a VM's pod interface by its network alone (a hash of it), so
+    /// every VM of a network has the same port name on its node.
     pub network: Name,
     pub node: Name,
-    pub port: String,
+    pub port: Name,
     pub mac: Option<[u8; 6]>,
     pub mac_policy: MacPolicy,
     pub ips: Vec<IpNet>,
@@ -301,6 +304,11 @@ pub struct Attachment {
     pub migration: Option<Box<Migration>>,
     pub source: DocRef,
 }
+
+// Every VM interface of the cluster is an `Arc<Attachment>`: with the
+// `Arc`'s two counts it takes the allocator's 224-byte class (256 before
+// the boxed fields above). A field that grows it should be boxed.
+const _: () = assert!(std::mem::size_of::<Attachment>() + 16 <= 224);
 
 impl Attachment {
     /// The node the VM runs on as the documents say: the target once

@@ -1121,7 +1121,7 @@ fn attachment(doc: &Doc, cfg: &Config) -> Result<Attachment, ConfigError> {
     Ok(Attachment {
         name: doc.meta.name.as_str().into(),
         labels: string_labels(doc)?,
-        ports,
+        ports: ports.into(),
         key: cfg.keys_in_documents.shared(AttachmentKey::new(
             namespace.into(),
             spec.vm.into(),
@@ -1129,7 +1129,7 @@ fn attachment(doc: &Doc, cfg: &Config) -> Result<Attachment, ConfigError> {
         )),
         network: spec.network.into(),
         node: spec.node.into(),
-        port: spec.port,
+        port: spec.port.into(),
         mac,
         mac_policy: spec.mac_policy,
         migration: spec.migration.map(Box::new),

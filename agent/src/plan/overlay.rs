@@ -783,7 +783,7 @@ spec: {vm: vm4, interface: eth0, network: blue, node: c, port: p4, mac: '52:54:0
             doc.key = doc.key.with_vm(vm);
             doc.name = vm.into();
             doc.node = node.into();
-            doc.port = format!("p-{vm}");
+            doc.port = format!("p-{vm}").into();
             doc.mac = Some([0x52, 0x54, 0, 0, 0, mac]);
             let at = config.attachments.partition_point(|a| a.key < doc.key);
             config.attachments.insert(at, Arc::new(doc));
