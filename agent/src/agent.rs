@@ -150,12 +150,17 @@ pub fn run(
         first = false;
         shared.heartbeat();
         let started = Instant::now();
+        // What the data path had found when the round began: a finding made
+        // while it ran (a guest heard again once the round had published
+        // its address expired) differs from it and wakes the next round.
+        // Taken after the round, it hid such a finding until the resync.
+        let findings = data_path_fingerprint(&dp);
         let outcome = round.run(&mut dp, &shared, &services, wake == Wake::Objects);
         if full {
             net.ran(started.elapsed());
         }
         match outcome {
-            round::Outcome::Empty => pacer.passed(&dp),
+            round::Outcome::Empty => pacer.passed(findings),
             // The data path's findings are left for the next round that
             // reads them (its fingerprint stays the last such round's).
             round::Outcome::Unchanged => {}
@@ -167,7 +172,7 @@ pub fn run(
                 // Until a migration is over, the data path's side of it is
                 // followed on every tick.
                 pacer.migrating = migrating;
-                pacer.passed(&dp);
+                pacer.passed(findings);
             }
         }
     }
@@ -256,10 +261,12 @@ impl Pacer {
         }
     }
 
-    /// Called after every pass.
-    fn passed(&mut self, dp: &Dataplane) {
+    /// Called after every pass, with the data path's findings as the
+    /// pass began (what the round's own deletions change since then wakes
+    /// one more round, which finds nothing new).
+    fn passed(&mut self, findings: u64) {
         self.last_pass = Instant::now();
-        self.data_path = data_path_fingerprint(dp);
+        self.data_path = findings;
     }
 
     fn retry_soon(&mut self) {
