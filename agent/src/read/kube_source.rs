@@ -774,16 +774,7 @@ fn watch_ledger(
                 }
             };
             let first_list = !listed.load(Ordering::SeqCst);
-            store.apply(&event, |o| {
-                Arc::new(ledger::ShardRead::of(
-                    &ledger_name,
-                    o.metadata.name.as_deref().unwrap_or_default(),
-                    o.data
-                        .get("data")
-                        .and_then(|d| d.get(ledger::LEDGER_KEY))
-                        .and_then(|t| t.as_str()),
-                ))
-            });
+            apply_ledger_event(&mut store, &ledger_name, &event);
             if let Some(n) = held.on_event(&event, first_list, || store.state()) {
                 warn!(ledger = %what, objects = n, "relist came back empty; keeping what was read until it changes");
             }
@@ -800,6 +791,38 @@ fn watch_ledger(
         }
     });
     watch
+}
+
+/// Keeps a watch event's ConfigMap as the shard of `ledger` it reads
+/// to. One at the version already read (a relist hands them all again)
+/// keeps its read: not parsed again, and its shard shared, so what reads
+/// the ledger compares none of it.
+fn apply_ledger_event(
+    store: &mut Store<Arc<ledger::ShardRead>>,
+    ledger: &str,
+    event: &watcher::Event<DynamicObject>,
+) {
+    let unchanged = match event {
+        watcher::Event::Apply(o) | watcher::Event::InitApply(o) => store
+            .objects
+            .get(&key_of(o))
+            .filter(|r| r.version.is_some() && r.version == o.metadata.resource_version)
+            .cloned(),
+        _ => None,
+    };
+    store.apply(event, |o| {
+        unchanged.clone().unwrap_or_else(|| {
+            Arc::new(ledger::ShardRead::of(
+                ledger,
+                o.metadata.name.as_deref().unwrap_or_default(),
+                o.metadata.resource_version.as_deref(),
+                o.data
+                    .get("data")
+                    .and_then(|d| d.get(ledger::LEDGER_KEY))
+                    .and_then(|t| t.as_str()),
+            ))
+        })
+    });
 }
 
 #[cfg(test)]
@@ -980,6 +1003,48 @@ mod tests {
         // A relist cut short (no InitDone) leaves the last good copy.
         store.apply(&Event::Init, |o| document(&resource, o));
         assert_eq!(store.state().len(), 1);
+    }
+
+    /// A relist hands every ConfigMap of the ledger's namespace again: one
+    /// at the version already read keeps its read (not parsed again, its
+    /// shard shared); one at a new version is read again.
+    #[test]
+    fn a_relisted_ledger_shard_at_its_version_is_not_read_again() {
+        use crate::config::kube_objects::ledger::{LEDGER_KEY, ShardRead, Shards};
+        let configmap = |version: &str, text: &str| {
+            let mut o = DynamicObject::new(
+                "led",
+                &kube::api::ApiResource::erase::<k8s_openapi::api::core::v1::ConfigMap>(&()),
+            )
+            .within("vmpath-system");
+            o.metadata.resource_version = Some(version.into());
+            o.data = serde_json::json!({ "data": { LEDGER_KEY: text } });
+            o
+        };
+        let shard = |store: &Store<Arc<ShardRead>>| {
+            Shards::of_reads(store.state().iter().map(|r| &**r)).unwrap()
+        };
+        let held =
+            r#"{"blue":{"10.0.0.7":{"claim":"prod/vm1.blue","uid":"u1","ip":"10.0.0.7/24"}}}"#;
+        let mut store = Store::<Arc<ShardRead>>::default();
+        super::apply_ledger_event(&mut store, "led", &Ev::Apply(configmap("1", held)));
+        let first = shard(&store);
+
+        for e in [Ev::Init, Ev::InitApply(configmap("1", held)), Ev::InitDone] {
+            super::apply_ledger_event(&mut store, "led", &e);
+        }
+        let relisted = shard(&store);
+        assert!(
+            first.differing(&relisted).is_empty(),
+            "the same version: the shard read before, shared"
+        );
+
+        super::apply_ledger_event(&mut store, "led", &Ev::Apply(configmap("2", "{}")));
+        assert_eq!(
+            first.differing(&shard(&store)).len(),
+            1,
+            "a new version is read"
+        );
     }
 
     #[test]

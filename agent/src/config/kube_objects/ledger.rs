@@ -190,6 +190,9 @@ pub fn merge<'a>(shards: impl Iterator<Item = (u64, &'a Ledger)>) -> Ledger {
 /// MB, kept beside what it parses to).
 #[derive(Debug)]
 pub struct ShardRead {
+    /// The ConfigMap's resourceVersion when read: a relist hands every
+    /// ConfigMap again, and one at the same version is not parsed again.
+    pub version: Option<String>,
     /// None: not one of the ledger's shards (another ConfigMap of its
     /// namespace).
     shard: Option<u64>,
@@ -199,10 +202,13 @@ pub struct ShardRead {
 }
 
 impl ShardRead {
-    /// ConfigMap `name` of `ledger`'s namespace, with its ledger's text.
-    pub fn of(ledger: &str, name: &str, text: Option<&str>) -> Self {
+    /// ConfigMap `name` of `ledger`'s namespace at `version`, with its
+    /// ledger's text.
+    pub fn of(ledger: &str, name: &str, version: Option<&str>, text: Option<&str>) -> Self {
+        let version = version.map(String::from);
         let Some(k) = shard_index(ledger, name) else {
             return ShardRead {
+                version,
                 shard: None,
                 held: Ok(Arc::default()),
             };
@@ -214,6 +220,7 @@ impl ShardRead {
             None => Ok(Arc::default()),
         };
         ShardRead {
+            version,
             shard: Some(k),
             held,
         }
@@ -374,7 +381,7 @@ mod tests {
         // As the watch keeps them: each ConfigMap read when it arrives.
         let mut reads: BTreeMap<String, ShardRead> = texts
             .iter()
-            .map(|(n, t)| (n.clone(), ShardRead::of("led", n, Some(t))))
+            .map(|(n, t)| (n.clone(), ShardRead::of("led", n, Some("1"), Some(t))))
             .collect();
         let before = Shards::of_reads(reads.values()).unwrap();
         assert_eq!(before.merged(), whole, "the same ledger as the shards make");
@@ -391,7 +398,10 @@ mod tests {
             .claim = "prod/other.blue".into();
         let name = shard_name("led", k);
         let text = serde_json::to_string(&split(&after)[&k]).unwrap();
-        reads.insert(name.clone(), ShardRead::of("led", &name, Some(&text)));
+        reads.insert(
+            name.clone(),
+            ShardRead::of("led", &name, Some("2"), Some(&text)),
+        );
         let now = Shards::of_reads(reads.values()).unwrap();
         assert_eq!(now.merged(), after);
         // Every other shard is the one read before: shared, not compared.
@@ -402,7 +412,10 @@ mod tests {
         assert_eq!(before.differing(&now).len(), 1);
 
         // A shard that is not a ledger: an error naming it.
-        reads.insert(name.clone(), ShardRead::of("led", &name, Some("[")));
+        reads.insert(
+            name.clone(),
+            ShardRead::of("led", &name, Some("3"), Some("[")),
+        );
         let e = Shards::of_reads(reads.values()).unwrap_err();
         assert!(e.contains(&name), "{e}");
     }
