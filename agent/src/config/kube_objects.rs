@@ -78,6 +78,13 @@ impl ObjectMeta {
     pub fn namespace(&self) -> &str {
         self.namespace.as_deref().unwrap_or("default")
     }
+
+    /// [`namespace`](Self::namespace) as the shared name the object holds.
+    pub fn namespace_name(&self) -> Name {
+        self.namespace
+            .clone()
+            .unwrap_or_else(|| Name::new("default"))
+    }
 }
 
 // --- v1 Pod -----------------------------------------------------------------

@@ -761,10 +761,13 @@ impl Membership {
     /// Where `member` belongs now: its groups (sorted), and whether it is
     /// context.
     fn place_of(&self, member: &Member) -> (Vec<GroupKey>, bool) {
-        let one = |ns: &str, name: &str| (vec![(Name::new(ns), Name::new(name))], false);
+        // The objects' own names where they hold them: a full pass places
+        // every object of the cluster, and a look in the names' table
+        // takes its lock.
+        let one = |ns: Name, name: Name| (vec![(ns, name)], false);
         match member {
             Member::Cluster(c) => match &**c {
-                ClusterObject::Vmi(v) => one(v.metadata.namespace(), &v.metadata.name),
+                ClusterObject::Vmi(v) => one(v.metadata.namespace_name(), v.metadata.name.clone()),
                 ClusterObject::Pod(pod) => {
                     let ns = pod.metadata.namespace();
                     let labels = &pod.metadata.labels;
@@ -783,7 +786,7 @@ impl Membership {
                                         if v.metadata.namespace() == ns
                                             && v.metadata.uid.as_deref() == Some(uid.as_str()) =>
                                     {
-                                        Some((Name::new(ns), v.metadata.name.clone()))
+                                        Some((v.metadata.namespace_name(), v.metadata.name.clone()))
                                     }
                                     _ => None,
                                 })
@@ -795,12 +798,14 @@ impl Membership {
                             }
                         }
                         if let Some(name) = labels.get(VM_NAME_LABEL) {
-                            return one(ns, name);
+                            return one(pod.metadata.namespace_name(), name.clone());
                         }
                     }
-                    one(ns, &pod.metadata.name)
+                    one(pod.metadata.namespace_name(), pod.metadata.name.clone())
                 }
-                ClusterObject::Vmim(m) => one(m.metadata.namespace(), &m.spec.vmi_name),
+                ClusterObject::Vmim(m) => {
+                    one(m.metadata.namespace_name(), Name::new(&m.spec.vmi_name))
+                }
                 ClusterObject::IpamClaim(c) => (
                     self.claim_groups(c.metadata.namespace(), &c.metadata.name),
                     false,
@@ -830,7 +835,7 @@ impl Membership {
                         return (gs, false);
                     }
                 }
-                one(ns, vm)
+                one(Name::new(ns), Name::new(vm))
             }
         }
     }
@@ -1002,8 +1007,9 @@ impl Membership {
         }
     }
 
-    fn has_claimable_group(&self, ns: &str, name: &str) -> bool {
-        get(&self.groups, ns, name).is_some_and(|g| g.claimable > 0)
+    /// Group `ns/name` if a claim's name can lead to it.
+    fn claimable_group(&self, ns: &str, name: &str) -> Option<&Group> {
+        get(&self.groups, ns, name).filter(|g| g.claimable > 0)
     }
 
     /// The groups claim `namespace/name` is read by (sorted): those its
@@ -1012,8 +1018,8 @@ impl Membership {
     /// made from.
     fn claim_groups(&self, namespace: &str, name: &str) -> Vec<GroupKey> {
         let mut out: Vec<GroupKey> = name_prefixes(name)
-            .filter(|p| self.has_claimable_group(namespace, p))
-            .map(|p| (Name::new(namespace), Name::new(p)))
+            .filter_map(|p| self.claimable_group(namespace, p))
+            .map(|g| (*g.key).clone())
             .collect();
         if let Some(gs) = get(&self.references, namespace, name) {
             out.extend(gs.iter().map(|k| (**k).clone()));
