@@ -202,7 +202,9 @@ impl<T: Clone> Store<T> {
             }
             watcher::Event::InitDone => {
                 if let Some(relist) = self.relist.take() {
-                    self.objects = relist;
+                    // A list arrives in key order: its tree was grown half
+                    // full, and it is kept for as long as the objects are.
+                    self.objects = crate::sys::sorted::packed(relist);
                 }
             }
             watcher::Event::Apply(o) => {

@@ -167,6 +167,10 @@ const LOG_WRITES: usize = 64;
 /// its changes was 250 bytes per VM interface for as long as the agent ran.
 const LOG_CHANGES: usize = 1024;
 
+/// A write of at least this many claims (and a quarter of them all)
+/// packs the cached claims' tree ([`crate::sys::sorted::packed`]).
+const PACK_AFTER: usize = 1024;
+
 pub struct Store {
     db: Database,
     /// Every claim as last read or written: a round reads them all, and
@@ -355,6 +359,13 @@ impl Store {
                         was,
                         now: change.clone(),
                     });
+                }
+                // A first round writes every claim of the cluster, in key
+                // order: a tree grown so is half empty for as long as the
+                // claims are kept. Built again in one run after any write
+                // of many (linear, once per such write).
+                if changes.len() >= PACK_AFTER && changes.len() * 4 >= all.len() {
+                    *all = crate::sys::sorted::packed(std::mem::take(all));
                 }
                 if logged.len() > LOG_CHANGES {
                     // Unknown from here back: a reader reads every claim.

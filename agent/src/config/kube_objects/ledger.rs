@@ -31,6 +31,19 @@ pub struct Holder {
     pub ip: IpNet,
 }
 
+/// A parsed shard with its trees full: the controller writes it in key
+/// order, and a tree grown in that order is half empty (the agent keeps
+/// every shard, an entry for every address of the cluster).
+fn packed(ledger: Ledger) -> Ledger {
+    use crate::sys::sorted::packed;
+    packed(
+        ledger
+            .into_iter()
+            .map(|(network, held)| (network, packed(held)))
+            .collect(),
+    )
+}
+
 /// Network name -> address -> holder.
 pub type Ledger = BTreeMap<String, BTreeMap<IpAddr, Holder>>;
 
@@ -214,8 +227,8 @@ impl ShardRead {
             };
         };
         let held = match text {
-            Some(text) => serde_json::from_str(text)
-                .map(Arc::new)
+            Some(text) => serde_json::from_str::<Ledger>(text)
+                .map(|ledger| Arc::new(packed(ledger)))
                 .map_err(|e| format!("ConfigMap {name}: {LEDGER_KEY} is not a ledger: {e}")),
             None => Ok(Arc::default()),
         };
