@@ -220,6 +220,15 @@ pub type AcceptedKeys = imbl::OrdSet<AttachmentKey>;
 /// What validation asks of the VM interfaces accepted before.
 pub trait KeepFirst {
     fn keeps(&self, key: &AttachmentKey) -> bool;
+
+    /// The copy of `key` the set holds, if it holds it, else `key`.
+    /// The accepted set outlives the rounds: a full pass's VM interfaces
+    /// take its copies of their keys, or every VM interface of the
+    /// cluster would be kept twice (the set's copy and the new one, equal,
+    /// so the set keeps its own).
+    fn shared(&self, key: AttachmentKey) -> AttachmentKey {
+        key
+    }
 }
 
 impl KeepFirst for std::collections::BTreeSet<AttachmentKey> {
@@ -231,6 +240,10 @@ impl KeepFirst for std::collections::BTreeSet<AttachmentKey> {
 impl KeepFirst for AcceptedKeys {
     fn keeps(&self, key: &AttachmentKey) -> bool {
         self.contains(key)
+    }
+
+    fn shared(&self, key: AttachmentKey) -> AttachmentKey {
+        self.get(&key).cloned().unwrap_or(key)
     }
 }
 
@@ -253,6 +266,12 @@ impl AttachmentKey {
     #[cfg(test)]
     pub fn with_vm(&self, vm: &str) -> Self {
         Self::new(self.namespace.clone(), vm.into(), self.interface.clone())
+    }
+
+    /// The same copy as `other` (not only an equal key).
+    #[cfg(test)]
+    pub fn same_copy(&self, other: &AttachmentKey) -> bool {
+        std::sync::Arc::ptr_eq(&self.0, &other.0)
     }
 
     /// The key's (namespace, VM, interface), borrowed.

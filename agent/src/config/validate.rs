@@ -162,7 +162,8 @@ pub fn validate_documents(
         ..Default::default()
     };
     cfg.errors.extend(translated.errors);
-    cfg.keys_in_documents.extend(translated.keep);
+    cfg.keys_in_documents
+        .extend(translated.keep.into_iter().map(|k| keep_first.shared(k)));
     let waiting = translated.waiting;
     let cluster_cidrs = translated.cluster_cidrs;
     let mut nodes = Vec::new();
@@ -317,7 +318,7 @@ pub fn validate_documents(
 
     for doc in &attachments {
         if let Some(key) = document_key(doc) {
-            cfg.keys_in_documents.insert(key);
+            cfg.keys_in_documents.insert(keep_first.shared(key));
         }
     }
     cfg.index_networks();

@@ -988,6 +988,33 @@ pub(crate) mod tests {
         let _ = std::fs::remove_dir_all(&dir);
     }
 
+    /// The accepted set outlives the rounds: a full pass's VM interfaces
+    /// take its copy of their keys, not a second one each.
+    #[test]
+    fn a_full_pass_shares_the_accepted_sets_copy_of_each_key() {
+        let snap = snapshot_of(&format!(
+            "{BLUE}---\n{}---\n{}",
+            attachment("vm1", "a"),
+            attachment("vm2", "b")
+        ));
+        let first = validate(&snap, "a", &crate::config::AcceptedKeys::new());
+        let accepted: crate::config::AcceptedKeys =
+            first.attachments.iter().map(|a| a.key.clone()).collect();
+        let again = validate(&snap, "a", &accepted);
+        assert_eq!(again.attachments.len(), 2);
+        for a in &again.attachments {
+            let kept = accepted.get(&a.key).expect("accepted before");
+            assert!(a.key.same_copy(kept), "{:?}: a second copy", a.key);
+        }
+        let fresh = validate(&snap, "a", &crate::config::AcceptedKeys::new());
+        assert!(
+            !fresh.attachments[0]
+                .key
+                .same_copy(&first.attachments[0].key),
+            "a pass with nothing accepted makes its own"
+        );
+    }
+
     /// A round for `node` reading `dir/config`, its state in `dir/state`.
     pub fn round_in(dir: &std::path::Path, node: &str) -> Round {
         let settings = Settings {
