@@ -18,18 +18,25 @@ use std::{
     fmt,
     hash::{Hash, Hasher},
     ops::Deref,
-    sync::{Arc, Mutex},
+    sync::Mutex,
 };
 
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 /// An immutable string shared through the table: compares, hashes and
 /// orders as the `str` it holds.
+///
+/// One word: the text's length lives beside it in the shared copy, not in
+/// every pointer to it (`Arc<str>` was two words, and names are the keys
+/// and fields of every per-VM structure the agent keeps: a VM interface's
+/// key, its labels, the grouping's and the stores' keys).
 #[derive(Clone)]
-pub struct Name(Arc<str>);
+pub struct Name(triomphe::ThinArc<(), u8>);
+
+const _: () = assert!(std::mem::size_of::<Name>() == 8);
 
 struct Table {
-    names: crate::sys::hash::HashSet<Arc<str>>,
+    names: crate::sys::hash::HashSet<Name>,
     /// How many names it held after its last sweep.
     swept_at: usize,
 }
@@ -49,26 +56,31 @@ impl Name {
             swept_at: 0,
         });
         if let Some(name) = table.names.get(text) {
-            return Name(name.clone());
+            return name.clone();
         }
         if table.names.len() >= (2 * table.swept_at).max(SWEEP_FLOOR) {
             // Names no one else holds go.
-            table.names.retain(|n| Arc::strong_count(n) > 1);
+            table
+                .names
+                .retain(|n| triomphe::ThinArc::strong_count(&n.0) > 1);
             table.swept_at = table.names.len();
         }
-        let name: Arc<str> = Arc::from(text);
+        let name = Name(triomphe::ThinArc::from_header_and_slice(
+            (),
+            text.as_bytes(),
+        ));
         table.names.insert(name.clone());
-        Name(name)
+        name
     }
 
     pub fn as_str(&self) -> &str {
-        &self.0
+        // SAFETY: a name's bytes are only ever made from a `&str` (`new`).
+        unsafe { std::str::from_utf8_unchecked(&self.0.slice) }
     }
 
     /// Whether two names are the one copy (equal names always are).
-    #[cfg(test)]
     fn same_copy(&self, other: &Name) -> bool {
-        Arc::ptr_eq(&self.0, &other.0)
+        self.0.ptr() == other.0.ptr()
     }
 }
 
@@ -87,19 +99,19 @@ impl Default for Name {
 impl Deref for Name {
     type Target = str;
     fn deref(&self) -> &str {
-        &self.0
+        self.as_str()
     }
 }
 
 impl AsRef<str> for Name {
     fn as_ref(&self) -> &str {
-        &self.0
+        self.as_str()
     }
 }
 
 impl Borrow<str> for Name {
     fn borrow(&self) -> &str {
-        &self.0
+        self.as_str()
     }
 }
 
@@ -107,7 +119,7 @@ impl PartialEq for Name {
     fn eq(&self, other: &Self) -> bool {
         // One copy per name: equal names are the same pointer, but a
         // name the table forgot and made again is another.
-        Arc::ptr_eq(&self.0, &other.0) || *self.0 == *other.0
+        self.same_copy(other) || self.as_str() == other.as_str()
     }
 }
 
@@ -115,37 +127,37 @@ impl Eq for Name {}
 
 impl PartialEq<str> for Name {
     fn eq(&self, other: &str) -> bool {
-        &*self.0 == other
+        self.as_str() == other
     }
 }
 
 impl PartialEq<&str> for Name {
     fn eq(&self, other: &&str) -> bool {
-        &*self.0 == *other
+        self.as_str() == *other
     }
 }
 
 impl PartialEq<String> for Name {
     fn eq(&self, other: &String) -> bool {
-        *self.0 == **other
+        self.as_str() == other.as_str()
     }
 }
 
 impl PartialEq<Name> for str {
     fn eq(&self, other: &Name) -> bool {
-        self == &*other.0
+        self == other.as_str()
     }
 }
 
 impl PartialEq<Name> for &str {
     fn eq(&self, other: &Name) -> bool {
-        *self == &*other.0
+        *self == other.as_str()
     }
 }
 
 impl PartialEq<Name> for String {
     fn eq(&self, other: &Name) -> bool {
-        **self == *other.0
+        self.as_str() == other.as_str()
     }
 }
 
@@ -157,26 +169,26 @@ impl PartialOrd for Name {
 
 impl Ord for Name {
     fn cmp(&self, other: &Self) -> std::cmp::Ordering {
-        self.0.cmp(&other.0)
+        self.as_str().cmp(other.as_str())
     }
 }
 
 impl Hash for Name {
     /// As the `str` (so a map keyed by names is looked up by `&str`).
     fn hash<H: Hasher>(&self, state: &mut H) {
-        (*self.0).hash(state)
+        self.as_str().hash(state)
     }
 }
 
 impl fmt::Debug for Name {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        fmt::Debug::fmt(&*self.0, f)
+        fmt::Debug::fmt(self.as_str(), f)
     }
 }
 
 impl fmt::Display for Name {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        fmt::Display::fmt(&*self.0, f)
+        fmt::Display::fmt(self.as_str(), f)
     }
 }
 
@@ -200,13 +212,13 @@ impl From<&String> for Name {
 
 impl From<Name> for String {
     fn from(name: Name) -> Self {
-        name.0.to_string()
+        name.as_str().to_string()
     }
 }
 
 impl Serialize for Name {
     fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        serializer.serialize_str(&self.0)
+        serializer.serialize_str(self.as_str())
     }
 }
 
