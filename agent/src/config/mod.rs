@@ -39,7 +39,8 @@ pub use vmpath_api::types::ConfigError;
 pub struct DocRef {
     /// Shared with every document of the file.
     pub file: std::sync::Arc<Path>,
-    pub document: String,
+    /// Boxed: every VM interface's Attachment holds one.
+    pub document: Box<str>,
     /// Who made the document (typed: what write-back and Events act on).
     #[serde(skip)]
     pub origin: DocOrigin,
@@ -325,9 +326,10 @@ pub struct Attachment {
 }
 
 // Every VM interface of the cluster is an `Arc<Attachment>`: with the
-// `Arc`'s two counts it takes the allocator's 224-byte class (256 before
-// the boxed fields above). A field that grows it should be boxed.
-const _: () = assert!(std::mem::size_of::<Attachment>() + 16 <= 224);
+// `Arc`'s two counts it takes the allocator's 192-byte class (256 before
+// the boxed fields above, 224 before names were one word and the source's
+// label boxed). A field that grows it should be boxed.
+const _: () = assert!(std::mem::size_of::<Attachment>() + 16 <= 192);
 
 impl Attachment {
     /// The node the VM runs on as the documents say: the target once

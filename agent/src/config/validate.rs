@@ -60,7 +60,7 @@ impl Doc<'_> {
     fn source(&self) -> DocRef {
         DocRef {
             file: self.raw.file.clone(),
-            document: self.label(),
+            document: self.label().into(),
             origin: self.raw.origin.clone(),
         }
     }
