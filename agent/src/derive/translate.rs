@@ -968,7 +968,7 @@ fn migration_of(
     let Some(source_node) = vmi.status.node_name.clone() else {
         return (None, None);
     };
-    let uid = vmim.value.metadata.uid.clone();
+    let uid = vmim.value.metadata.uid.as_deref().map(String::from);
     let target = target_pods.iter().find(|(pod_uid, _, node)| {
         Some(pod_uid.as_str()) == uid.as_deref() && node.is_some_and(|n| n != source_node)
     });
