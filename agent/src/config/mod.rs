@@ -342,6 +342,21 @@ impl Attachment {
         }
     }
 
+    /// [`signalled_node`](Self::signalled_node) and
+    /// [`signalled_port`](Self::signalled_port) as names: the
+    /// Attachment's own where no cut-over is signalled.
+    pub fn signalled_names(&self) -> (Name, Name) {
+        match &self.migration {
+            Some(m) if m.ready => (
+                Name::new(&m.target_node),
+                m.target_port
+                    .as_deref()
+                    .map_or_else(|| self.port.clone(), Name::new),
+            ),
+            _ => (self.node.clone(), self.port.clone()),
+        }
+    }
+
     /// The host-side port on the signalled node.
     pub fn signalled_port(&self) -> &str {
         match &self.migration {

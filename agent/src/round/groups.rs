@@ -13,6 +13,7 @@ use std::{collections::BTreeSet, net::IpAddr, sync::Arc};
 
 use crate::config::{Config, ConfigError, Held};
 use crate::sys::hash::{HashMap, HashSet};
+use crate::sys::intern::Name;
 
 pub use super::membership::{GroupKey, Membership};
 
@@ -38,11 +39,13 @@ fn is_conflict(e: &ConfigError) -> bool {
 #[derive(Debug, Clone, Default)]
 pub struct Holdings {
     /// network -> address -> its group.
-    ips: HashMap<String, HashMap<IpAddr, Arc<GroupKey>>>,
+    ips: HashMap<Name, HashMap<IpAddr, Arc<GroupKey>>>,
     /// network -> MAC -> its group.
-    macs: HashMap<String, HashMap<[u8; 6], Arc<GroupKey>>>,
-    /// node -> port -> its group.
-    ports: HashMap<String, HashMap<String, Arc<GroupKey>>>,
+    macs: HashMap<Name, HashMap<[u8; 6], Arc<GroupKey>>>,
+    /// node -> port -> its group. Names: KubeVirt names every VM's pod
+    /// interface on a network alike, so a port is the Attachment's copy
+    /// of that name, not a string of its own per VM.
+    ports: HashMap<Name, HashMap<Name, Arc<GroupKey>>>,
     service_ips: HashSet<IpAddr>,
 }
 
@@ -52,19 +55,19 @@ fn group_of(a: &crate::config::Attachment) -> GroupKey {
 
 /// The inner map at `outer`, made when new.
 fn within<'a, V>(
-    m: &'a mut HashMap<String, HashMap<V, Arc<GroupKey>>>,
-    outer: &str,
+    m: &'a mut HashMap<Name, HashMap<V, Arc<GroupKey>>>,
+    outer: &Name,
 ) -> &'a mut HashMap<V, Arc<GroupKey>> {
-    if !m.contains_key(outer) {
-        m.insert(outer.to_string(), HashMap::default());
+    if !m.contains_key(outer.as_str()) {
+        m.insert(outer.clone(), HashMap::default());
     }
-    m.get_mut(outer).expect("made above")
+    m.get_mut(outer.as_str()).expect("made above")
 }
 
 /// Removes `inner` from the map at `outer` if `g` holds it (and the map,
 /// once empty).
 fn release<V, Q>(
-    m: &mut HashMap<String, HashMap<V, Arc<GroupKey>>>,
+    m: &mut HashMap<Name, HashMap<V, Arc<GroupKey>>>,
     outer: &str,
     inner: &Q,
     g: &GroupKey,
@@ -108,7 +111,8 @@ impl Holdings {
         if let Some(mac) = a.mac {
             within(&mut self.macs, &a.network).insert(mac, g.clone());
         }
-        within(&mut self.ports, a.signalled_node()).insert(a.signalled_port().to_string(), g);
+        let (node, port) = a.signalled_names();
+        within(&mut self.ports, &node).insert(port, g);
     }
     fn remove(&mut self, a: &crate::config::Attachment) {
         let g = group_of(a);
