@@ -59,7 +59,7 @@ impl Migrations {
                 let Some((_, ev)) = events.iter().find(|(i, _)| *i == ifindex) else {
                     continue;
                 };
-                att.cut_over = true;
+                std::sync::Arc::make_mut(att).cut_over = true;
                 if self.logged.insert(ifindex) {
                     info!(
                         vm = %att.key,
@@ -97,7 +97,7 @@ impl Migrations {
                 continue;
             };
             if ep.kind == ENDPOINT_REMOTE && ep.node_ip4 == target_vtep && ep.migrate_to == [0; 4] {
-                att.cut_over = true;
+                std::sync::Arc::make_mut(att).cut_over = true;
                 if self.moved.insert(att.key.to_string()) {
                     info!(vm = %att.key, target = %m.target_node, "migration: the data path saw the VM on the target; cut over here before the ready signal");
                 }

@@ -514,7 +514,7 @@ mod tests {
         // Once cut over, the target routes straight to the VM's port, and
         // the source keeps an entry that follows the endpoint (relay).
         let mut c = c;
-        c.attachments[0].cut_over = true;
+        std::sync::Arc::make_mut(&mut c.attachments[0]).cut_over = true;
         let p = plan(&c, "c", |n| (n == "p-vm1c").then_some(9));
         assert_eq!(p.routed[&v4([10, 40, 0, 50])].ifindex, 9);
         // An address vm1 used on a that no document gives: still routed

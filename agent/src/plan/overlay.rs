@@ -200,6 +200,7 @@ impl Cache {
                 .attachments
                 .iter()
                 .filter(|a| overlay_reads(a, node))
+                .map(|a| &**a)
                 .collect();
             self.remote = Some(remote(cfg, node, vteps6, &read));
             self.inputs = read
@@ -696,7 +697,9 @@ spec: {vm: vm4, interface: eth0, network: blue, node: c, port: p4, mac: '52:54:0
         local.name = "vm9".into();
         local.mac = Some([0x52, 0x54, 0, 0, 0, 9]);
         cfg.attachments
-            .push(crate::resolve::resolved::Attachment::given(Arc::new(local)));
+            .push(Arc::new(crate::resolve::resolved::Attachment::given(
+                Arc::new(local),
+            )));
         cfg.reindex();
         let second = cached(&cfg, &mut cache);
         assert!(Arc::ptr_eq(
@@ -717,7 +720,8 @@ spec: {vm: vm4, interface: eth0, network: blue, node: c, port: p4, mac: '52:54:0
             .iter_mut()
             .find(|a| a.key.vm == "vm2")
             .unwrap();
-        vm2.addresses = vec![("10.20.0.99/16".parse().unwrap(), Origin::Claimed)].into();
+        Arc::make_mut(vm2).addresses =
+            vec![("10.20.0.99/16".parse().unwrap(), Origin::Claimed)].into();
         let third = cached(&cfg, &mut cache);
         assert!(!Arc::ptr_eq(
             &second.addresses.remote,
@@ -826,7 +830,7 @@ spec: {vm: vm4, interface: eth0, network: blue, node: c, port: p4, mac: '52:54:0
         let mut cfg = carried(&cfg);
         assert!(cfg.carried_whole() && cfg.migrating());
         for a in cfg.attachments.iter_mut().filter(|a| a.migrates) {
-            a.cut_over = true;
+            Arc::make_mut(a).cut_over = true;
         }
         let cut = cached(&cfg, &mut cache);
         assert_eq!(cut, uncached(&cfg));
@@ -851,7 +855,7 @@ spec: {vm: vm4, interface: eth0, network: blue, node: c, port: p4, mac: '52:54:0
                 let mut known = Resolved::for_node(unknown.config.clone(), node);
                 let _ = crate::resolve::ipam::assign(&mut known, &Default::default());
                 for cfg in [&mut unknown, &mut known] {
-                    cfg.attachments[0].cut_over = cut_over;
+                    Arc::make_mut(&mut cfg.attachments[0]).cut_over = cut_over;
                 }
                 assert!(known.attachments.iter().any(|a| a.elsewhere) || node == "a");
                 let plan = |cfg: &Resolved| {

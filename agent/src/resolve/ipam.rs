@@ -295,7 +295,7 @@ pub fn assign_settled(cfg: &mut Resolved, claims: &Claims) -> (ClaimChanges, boo
         };
         let old = live.get(&a.key.parts()).copied();
         let decided = decide(
-            a,
+            std::sync::Arc::make_mut(a),
             &config.networks[n],
             n,
             old,

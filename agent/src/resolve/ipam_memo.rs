@@ -261,7 +261,7 @@ impl Memo {
                 .filter(|_| config.keys_in_documents.contains(&a.key) || kept.contains(&a.key));
             let mut own = ClaimChanges::new();
             let decided = ipam::decide(
-                a,
+                std::sync::Arc::make_mut(a),
                 &config.networks[n],
                 n,
                 old,

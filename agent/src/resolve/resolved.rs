@@ -45,6 +45,12 @@ pub struct Attachment {
     pub migrates: bool,
 }
 
+/// An entry of a resolved list: shared, so that the view keeps another
+/// node's entry as this one (a copy was about 90 bytes per VM interface of
+/// the cluster) and a round changes an entry in place only where no one
+/// else holds it (`Arc::make_mut`).
+pub type Entry = std::sync::Arc<Attachment>;
+
 impl Attachment {
     /// Only what the document gives: its IPs and MAC, its ready signal.
     pub fn given(spec: std::sync::Arc<config::Attachment>) -> Self {
@@ -75,12 +81,20 @@ impl Attachment {
     /// own, or one equal to it, then shared from now on). A cut-over the
     /// data path carried out is found again every round (`observe`): it
     /// starts from its document's signal.
-    fn carried_over(&mut self, spec: &std::sync::Arc<config::Attachment>) {
-        if !std::sync::Arc::ptr_eq(&self.spec, spec) {
-            self.spec = spec.clone();
-        }
-        if self.migrates {
-            self.cut_over = self.spec.migration.as_ref().is_some_and(|m| m.ready);
+    fn carried_over(entry: &mut Entry, spec: &std::sync::Arc<config::Attachment>) {
+        let new_spec = !std::sync::Arc::ptr_eq(&entry.spec, spec);
+        let cut_over = if entry.migrates {
+            spec.migration.as_ref().is_some_and(|m| m.ready)
+        } else {
+            entry.cut_over
+        };
+        // Unchanged entries stay shared (with the view, the last list).
+        if new_spec || cut_over != entry.cut_over {
+            let a = std::sync::Arc::make_mut(entry);
+            if new_spec {
+                a.spec = spec.clone();
+            }
+            a.cut_over = cut_over;
         }
     }
 
@@ -132,7 +146,7 @@ impl Deref for Attachment {
 pub struct Resolved {
     /// Shared with the round that keeps it for the next partial pass.
     pub config: std::sync::Arc<Config>,
-    pub attachments: Vec<Attachment>,
+    pub attachments: Vec<Entry>,
     /// The validation's refusals, then this stage's.
     pub errors: Vec<ConfigError>,
     /// Addresses the data path learned from the VMs' traffic on this node
@@ -183,7 +197,7 @@ pub struct Indexes {
 
 impl Indexes {
     /// By a look at every entry.
-    pub fn of(attachments: &[Attachment]) -> Self {
+    pub fn of(attachments: &[Entry]) -> Self {
         let mut out = Indexes::default();
         for (j, a) in attachments.iter().enumerate() {
             if !a.elsewhere {
@@ -199,7 +213,7 @@ impl Indexes {
     /// From `last` (the indexes of the list carried over, `last_len`
     /// entries long) by `marks`: an entry carried over unchanged is what
     /// it was (its document is the same), a changed one is looked at.
-    fn carried(attachments: &[Attachment], marks: &[u32], last: &Indexes, last_len: usize) -> Self {
+    fn carried(attachments: &[Entry], marks: &[u32], last: &Indexes, last_len: usize) -> Self {
         let (mut was_local, mut was_moving) = (vec![false; last_len], vec![false; last_len]);
         for &i in &last.local {
             if let Some(w) = was_local.get_mut(i as usize) {
@@ -244,7 +258,7 @@ pub type Before = Vec<(
 #[derive(Debug, Default)]
 pub struct Carry {
     /// The last round's entries whose documents changed or went.
-    pub dropped: Vec<Attachment>,
+    pub dropped: Vec<Entry>,
 }
 
 /// The carry of every entry: `last` against `config`'s VM interfaces, in
@@ -253,10 +267,10 @@ pub struct Carry {
 fn carry_general(
     config: &Config,
     node: &str,
-    last: Vec<Attachment>,
+    last: Vec<Entry>,
     same: &impl Fn(&Attachment, &std::sync::Arc<config::Attachment>) -> bool,
     carry: &mut Carry,
-) -> (Vec<Attachment>, Vec<u32>) {
+) -> (Vec<Entry>, Vec<u32>) {
     if let Some(edits) = Edits::of(&last, &config.attachments, &same) {
         // The same VM interfaces in the same places, or a few came or
         // went: edited where it is. A list built again is a new
@@ -266,7 +280,7 @@ fn carry_general(
         for &(j, i) in &edits.replaced {
             carry.dropped.push(std::mem::replace(
                 &mut attachments[j],
-                Attachment::given_for(config.attachments[i].clone(), node),
+                Entry::new(Attachment::given_for(config.attachments[i].clone(), node)),
             ));
         }
         for &j in edits.dropped.iter().rev() {
@@ -276,7 +290,7 @@ fn carry_general(
         for &i in &edits.new {
             attachments.insert(
                 i,
-                Attachment::given_for(config.attachments[i].clone(), node),
+                Entry::new(Attachment::given_for(config.attachments[i].clone(), node)),
             );
         }
         for ((a, spec), mark) in attachments
@@ -285,7 +299,7 @@ fn carry_general(
             .zip(&edits.carried)
         {
             if *mark != CHANGED {
-                a.carried_over(spec);
+                Attachment::carried_over(a, spec);
             }
         }
         (attachments, edits.carried)
@@ -311,13 +325,13 @@ fn carry_general(
             };
             match kept {
                 Some((i, mut a)) => {
-                    a.carried_over(spec);
+                    Attachment::carried_over(&mut a, spec);
                     carried.push(i as u32);
                     attachments.push(a);
                 }
                 None => {
                     carried.push(CHANGED);
-                    attachments.push(Attachment::given_for(spec.clone(), node));
+                    attachments.push(Entry::new(Attachment::given_for(spec.clone(), node)));
                 }
             }
         }
@@ -326,13 +340,23 @@ fn carry_general(
     }
 }
 
+/// Where `group`'s entries lie in `list` (in key order): as
+/// `config::group_range`, for a resolved list.
+fn entries_of(list: &[Entry], group: &config::GroupKey) -> std::ops::Range<usize> {
+    let want = (group.0.as_str(), group.1.as_str());
+    let start = list.partition_point(|a| (a.key.namespace.as_str(), a.key.vm.as_str()) < want);
+    start
+        ..start
+            + list[start..].partition_point(|a| a.key.namespace == group.0 && a.key.vm == group.1)
+}
+
 /// The carry of a partial pass's config: `last` is the list resolved one
 /// for one from the config it was spliced from, and only the VM
 /// interfaces of `groups` were replaced. Each group's entries are matched
 /// by key (carried when `same`); every other entry is carried as it is.
 /// `None`, and `last` untouched, when the list does not line up.
 fn spliced(
-    last: &mut Vec<Attachment>,
+    last: &mut Vec<Entry>,
     specs: &[std::sync::Arc<config::Attachment>],
     node: &str,
     groups: &std::collections::BTreeSet<config::GroupKey>,
@@ -345,7 +369,7 @@ fn spliced(
     let (mut old_at, mut new_at) = (0, 0);
     let mut marks = Vec::with_capacity(specs.len());
     for g in groups {
-        let old = config::group_range(last, g);
+        let old = entries_of(last, g);
         let new = config::group_range(specs, g);
         if old.start < old_at || new.start < new_at || old.start - old_at != new.start - new_at {
             return None;
@@ -377,20 +401,20 @@ fn spliced(
     }
     // From the last group back, so the ones before stay where they are.
     for (old, new, matched) in segments.into_iter().rev() {
-        let replacement: Vec<Attachment> = specs[new]
+        let replacement: Vec<Entry> = specs[new]
             .iter()
             .zip(&matched)
             .map(|(spec, was)| match was {
                 Some(j) => {
                     let mut a = last[*j].clone();
-                    a.carried_over(spec);
+                    Attachment::carried_over(&mut a, spec);
                     a
                 }
-                None => Attachment::given_for(spec.clone(), node),
+                None => Entry::new(Attachment::given_for(spec.clone(), node)),
             })
             .collect();
         let start = old.start;
-        let gone: Vec<Attachment> = last.splice(old, replacement).collect();
+        let gone: Vec<Entry> = last.splice(old, replacement).collect();
         carry.dropped.extend(
             gone.into_iter()
                 .enumerate()
@@ -423,7 +447,7 @@ impl Edits {
     /// The edits from `old` to `new` (both in key order), or `None` past
     /// [`MAX`](Self::MAX).
     fn of(
-        old: &[Attachment],
+        old: &[Entry],
         new: &[std::sync::Arc<config::Attachment>],
         same: &impl Fn(&Attachment, &std::sync::Arc<config::Attachment>) -> bool,
     ) -> Option<Self> {
@@ -472,7 +496,7 @@ impl Resolved {
     /// was carried over from the last round, if known.
     fn of(
         config: std::sync::Arc<Config>,
-        attachments: Vec<Attachment>,
+        attachments: Vec<Entry>,
         carried: Option<(Vec<u32>, usize)>,
         indexes: Indexes,
     ) -> Self {
@@ -500,7 +524,7 @@ impl Resolved {
             .attachments
             .iter()
             .cloned()
-            .map(Attachment::given)
+            .map(|a| Entry::new(Attachment::given(a)))
             .collect::<Vec<_>>();
         let indexes = Indexes::of(&attachments);
         Self::of(config, attachments, None, indexes)
@@ -513,7 +537,7 @@ impl Resolved {
         let attachments = config
             .attachments
             .iter()
-            .map(|a| Attachment::given_for(a.clone(), node))
+            .map(|a| Entry::new(Attachment::given_for(a.clone(), node)))
             .collect::<Vec<_>>();
         let indexes = Indexes::of(&attachments);
         Self::of(config, attachments, None, indexes)
@@ -530,7 +554,7 @@ impl Resolved {
     pub fn carrying(
         config: impl Into<std::sync::Arc<Config>>,
         node: &str,
-        last: Vec<Attachment>,
+        last: Vec<Entry>,
     ) -> (Self, Carry) {
         let indexes = Indexes::of(&last);
         Self::carrying_with(config, node, last, &indexes)
@@ -541,7 +565,7 @@ impl Resolved {
     pub fn carrying_with(
         config: impl Into<std::sync::Arc<Config>>,
         node: &str,
-        last: Vec<Attachment>,
+        last: Vec<Entry>,
         last_indexes: &Indexes,
     ) -> (Self, Carry) {
         let config: std::sync::Arc<Config> = config.into();
@@ -589,7 +613,10 @@ impl Resolved {
             // from its document's signal.
             for &j in &indexes.moving {
                 if carried[j as usize] != CHANGED {
-                    attachments[j as usize].carried_over(&config.attachments[j as usize]);
+                    Attachment::carried_over(
+                        &mut attachments[j as usize],
+                        &config.attachments[j as usize],
+                    );
                 }
             }
             #[cfg(debug_assertions)]
@@ -628,6 +655,7 @@ impl Resolved {
         let mut before = Vec::with_capacity(self.attachments.len());
         for a in &mut self.attachments {
             let given = Attachment::given(a.spec.clone());
+            let a = std::sync::Arc::make_mut(a);
             before.push((
                 a.spec.clone(),
                 std::mem::replace(&mut a.addresses, given.addresses),
@@ -687,7 +715,7 @@ impl Resolved {
 
     /// The entries that may have a port on this node.
     pub fn local_entries(&self) -> impl Iterator<Item = &Attachment> {
-        self.local.iter().map(|&j| &self.attachments[j as usize])
+        self.local.iter().map(|&j| &*self.attachments[j as usize])
     }
 
     /// Whether every entry was carried over, unchanged and in its place:
@@ -717,7 +745,11 @@ impl Resolved {
     pub fn attachment(&self, key: &AttachmentKey) -> Option<&Attachment> {
         match self.attachments.binary_search_by(|a| a.key.cmp(key)) {
             Ok(i) => Some(&self.attachments[i]),
-            Err(_) => self.attachments.iter().find(|a| &a.key == key),
+            Err(_) => self
+                .attachments
+                .iter()
+                .find(|a| &a.key == key)
+                .map(|a| &**a),
         }
     }
 
@@ -731,7 +763,7 @@ impl Resolved {
         if let Some(mark) = self.carried.as_mut().and_then(|c| c.get_mut(i)) {
             *mark = CHANGED;
         }
-        Some(&mut self.attachments[i])
+        Some(std::sync::Arc::make_mut(&mut self.attachments[i]))
     }
 
     /// Refuses an attachment that passed validation but conflicts here
@@ -843,7 +875,7 @@ spec: {vm: vm3, interface: eth0, network: blue, node: a, port: p3, mac: '52:54:0
         let buffer = last.as_ptr();
         let (edited, carry) = Resolved::carrying(next.clone(), "a", last);
         assert_eq!(edited.attachments.as_ptr(), buffer, "edited in place");
-        let vms = |list: &[Attachment]| list.iter().map(|a| a.key.vm.clone()).collect::<Vec<_>>();
+        let vms = |list: &[Entry]| list.iter().map(|a| a.key.vm.clone()).collect::<Vec<_>>();
         let mut gone = vms(&carry.dropped);
         gone.sort();
         assert_eq!(gone, ["vm004", "vm010"]);
@@ -972,8 +1004,9 @@ spec: {vm: vm3, interface: eth0, network: blue, node: a, port: p3, mac: '52:54:0
         let first = Resolved::for_node(validated(), "a");
         let mut last = first.attachments.clone();
         // As IPAM and the data path left them.
-        last[0].addresses = smallvec::smallvec![("10.20.0.5/16".parse().unwrap(), Origin::Claimed)];
-        last[2].cut_over = true;
+        std::sync::Arc::make_mut(&mut last[0]).addresses =
+            smallvec::smallvec![("10.20.0.5/16".parse().unwrap(), Origin::Claimed)];
+        std::sync::Arc::make_mut(&mut last[2]).cut_over = true;
         let mut config = (*first.config).clone();
         // vm2's document changes; vm0 is new; the others are the same
         // documents (vm1's read again: equal, not shared).
@@ -985,7 +1018,7 @@ spec: {vm: vm3, interface: eth0, network: blue, node: a, port: p3, mac: '52:54:0
         vm0.key = vm0.key.with_vm("vm0");
         config.attachments.insert(0, std::sync::Arc::new(vm0));
         let (now, carry) = Resolved::carrying(config, "a", last);
-        let vms = |list: &[Attachment]| list.iter().map(|a| a.key.vm.clone()).collect::<Vec<_>>();
+        let vms = |list: &[Entry]| list.iter().map(|a| a.key.vm.clone()).collect::<Vec<_>>();
         assert_eq!(vms(&now.attachments), ["vm0", "vm1", "vm2", "vm3"]);
         assert_eq!(now.carried, Some(vec![CHANGED, 0, CHANGED, 2]));
         assert_eq!(vms(&carry.dropped), ["vm2"]);

@@ -170,7 +170,7 @@ pub struct Round {
     /// The resolved VM interfaces the last round ended with, carried over
     /// into the next (`Resolved::carrying`): in key order, and one for
     /// one the entries of the published view.
-    last_resolved: Vec<crate::resolve::resolved::Attachment>,
+    last_resolved: Vec<crate::resolve::resolved::Entry>,
     /// Which of them may have a port here, and which migrate.
     last_indexes: crate::resolve::resolved::Indexes,
     /// The keys of the last round's entries this round did not carry

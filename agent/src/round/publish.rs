@@ -292,10 +292,11 @@ pub fn build_view(
             .flatten()
     };
     // Another node's entry is kept as it is, its row made when read.
-    let row = |index: usize, a: &resolved::Attachment, here: bool| -> (Row, bool) {
+    let row = |index: usize, a: &resolved::Entry, here: bool| -> (Row, bool) {
         match (last_row(index, a), here) {
             (Some(last @ Row::Elsewhere(_)), false) => (last.clone(), true),
-            (_, false) => (Row::Elsewhere(Arc::new(a.clone())), false),
+            // The round's entry itself, shared (not a copy of it).
+            (_, false) => (Row::Elsewhere(a.clone()), false),
             (Some(Row::Built(last)), true) => {
                 let now = build(a);
                 if now == *last {
@@ -517,6 +518,40 @@ mod tests {
             served_here(&cfg, &plan).port_macs.len(),
             0,
             "no MAC known yet"
+        );
+    }
+
+    /// Another node's VM interface is in the view as the round's entry
+    /// itself (its row made when read), not a copy of it per round.
+    #[test]
+    fn the_view_keeps_another_nodes_entry_as_the_rounds_own() {
+        let snap = snapshot_of(&format!(
+            "{BLUE}---\n{}---\n{}",
+            attachment("vm1", "a"),
+            attachment("vm2", "b")
+        ));
+        let cfg = resolve(
+            crate::round::validate(&snap, "a", &crate::config::AcceptedKeys::new()),
+            "a",
+        );
+        let view = view_on_a(
+            &cfg,
+            &plan_on_a(&cfg, |p: &str| (p == "vm1p").then_some(11)),
+            &View::default(),
+        );
+        let remote = cfg.attachments.iter().find(|a| a.key.vm == "vm2").unwrap();
+        let shared = view.attachments.rows().any(|r| match r {
+            Row::Elsewhere(a) => Arc::ptr_eq(a, remote),
+            Row::Built(_) => false,
+        });
+        assert!(shared, "vm2's row is the round's entry");
+        assert_eq!(
+            view.attachments
+                .iter()
+                .find(|a| a.vm == "vm2")
+                .unwrap()
+                .node,
+            "b"
         );
     }
 

@@ -6,7 +6,7 @@
 
 use crate::{
     config::Config,
-    resolve::resolved::{Attachment, Carry, Indexes, Resolved},
+    resolve::resolved::{Carry, Entry, Indexes, Resolved},
 };
 
 /// The enrichment stage's start: `validated` as `node` serves it.
@@ -28,7 +28,7 @@ pub fn resolve(validated: impl Into<std::sync::Arc<Config>>, node: &str) -> Reso
 pub fn resolve_carrying(
     validated: impl Into<std::sync::Arc<Config>>,
     node: &str,
-    last: Vec<Attachment>,
+    last: Vec<Entry>,
     last_indexes: &Indexes,
 ) -> (Resolved, Carry) {
     let mut phases = crate::sys::phases::Phases::start("resolve");
