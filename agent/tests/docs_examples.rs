@@ -150,7 +150,7 @@ fn the_refused_examples_are_refused_as_documented() {
         documented.is_empty(),
         "documented but not refused: {documented:?}"
     );
-    let accepted: Vec<&str> = cfg.attachments.iter().map(|a| &*a.name).collect();
+    let accepted: Vec<&str> = cfg.attachments.iter().map(|a| a.name()).collect();
     assert_eq!(accepted, ["web-4-eth0"]);
     let networks: Vec<&str> = cfg.networks.iter().map(|n| n.name.as_str()).collect();
     assert_eq!(networks, ["blue"]);

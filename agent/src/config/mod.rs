@@ -35,15 +35,65 @@ use model::{Advertise, Dhcp, Egress, MacPolicy, Migration, Role};
 pub use vmpath_api::types::ConfigError;
 
 /// Where a valid document came from, for messages.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+///
+/// Its label (`Attachment prod/vm1-blue (derived from ...)`) is printed
+/// from its parts when asked for ([`document`](Self::document)): every VM
+/// interface of the cluster holds one, and the text was about 80 bytes
+/// of each.
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DocRef {
     /// Shared with every document of the file.
     pub file: std::sync::Arc<Path>,
-    /// Boxed: every VM interface's Attachment holds one.
-    pub document: Box<str>,
+    pub kind: DocKind,
+    /// A name: a namespace's documents share it.
+    pub namespace: Option<Name>,
+    /// `metadata.name`. Boxed: every Attachment holds one.
+    pub name: Box<str>,
     /// Who made the document (typed: what write-back and Events act on).
-    #[serde(skip)]
     pub origin: DocOrigin,
+}
+
+/// The kinds whose valid documents are kept with their [`DocRef`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DocKind {
+    Network,
+    Attachment,
+}
+
+impl DocKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DocKind::Network => "Network",
+            DocKind::Attachment => "Attachment",
+        }
+    }
+}
+
+impl DocRef {
+    /// The document as messages name it: kind, namespace and name, and
+    /// for a derived one the objects it was derived from.
+    pub fn document(&self) -> String {
+        let kind = self.kind.as_str();
+        let label = match &self.namespace {
+            Some(ns) => format!("{kind} {ns}/{}", self.name),
+            None => format!("{kind} {}", self.name),
+        };
+        match self.origin.derived_from() {
+            Some(from) => format!("{label} ({from})"),
+            None => label,
+        }
+    }
+}
+
+impl Serialize for DocRef {
+    /// As it always read: the file and the document's label.
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeStruct;
+        let mut out = s.serialize_struct("DocRef", 2)?;
+        out.serialize_field("file", &self.file)?;
+        out.serialize_field("document", &self.document())?;
+        out.end()
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -301,9 +351,6 @@ impl AttachmentKey {
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Attachment {
-    /// Boxed: every VM interface of the cluster has one, and a `String`'s
-    /// capacity word made the Attachment a size class larger.
-    pub name: Box<str>,
     /// `metadata.labels`: what NetworkPolicy selectors match.
     pub labels: label_selector::Labels,
     /// Named ports the endpoint declares (`spec.ports`), for policies that
@@ -330,8 +377,14 @@ pub struct Attachment {
 // the boxed fields above, 224 before names were one word and the source's
 // label boxed). A field that grows it should be boxed.
 const _: () = assert!(std::mem::size_of::<Attachment>() + 16 <= 192);
+const _: () = assert!(std::mem::size_of::<DocRef>() <= 72);
 
 impl Attachment {
+    /// `metadata.name` (its source's: one copy).
+    pub fn name(&self) -> &str {
+        &self.source.name
+    }
+
     /// The node the VM runs on as the documents say: the target once
     /// cut-over is signalled (`migration.ready`). What this round runs is
     /// `resolved::Attachment::active_node`.

@@ -58,7 +58,7 @@ pub fn warnings(cfg: &Config) -> Vec<ConfigError> {
             if let Some(why) = net.subnets.iter().find_map(|s| subnet_reason(s, ip.addr())) {
                 out.push(ConfigError {
                     file: a.source.file.to_path_buf(),
-                    document: a.source.document.to_string(),
+                    document: a.source.document(),
                     field: format!("spec.ips[{i}]"),
                     message: format!("{why}; accepted because network {:?} has no IPAM", net.name),
                     about: a.source.origin.about(),

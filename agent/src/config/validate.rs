@@ -39,13 +39,11 @@ impl Doc<'_> {
             Some(ns) => format!("{} {}/{}", self.kind, ns, self.meta.name),
             None => format!("{} {}", self.kind, self.meta.name),
         };
-        let mut label = match self.raw.origin.derived_from() {
+        // As `DocRef::document` prints a kept document's.
+        match self.raw.origin.derived_from() {
             Some(from) => format!("{label} ({from})"),
             None => label,
-        };
-        // Every Attachment's source keeps one: without format's spare room.
-        label.shrink_to_fit();
-        label
+        }
     }
     fn error(&self, field: &str, message: impl Into<String>) -> ConfigError {
         ConfigError {
@@ -57,10 +55,14 @@ impl Doc<'_> {
             reason: None,
         }
     }
-    fn source(&self) -> DocRef {
+    /// The document's reference, for one of the kinds kept with it.
+    fn source(&self, kind: super::DocKind) -> DocRef {
+        debug_assert_eq!(self.kind, kind.as_str());
         DocRef {
             file: self.raw.file.clone(),
-            document: self.label().into(),
+            kind,
+            namespace: self.meta.namespace.as_deref().map(Name::new),
+            name: self.meta.name.as_str().into(),
             origin: self.raw.origin.clone(),
         }
     }
@@ -434,7 +436,7 @@ pub fn validate_documents(
     let mut ips: HashMap<(String, IpAddr), String> = HashMap::default();
     let mut ports: HashMap<(String, String), String> = HashMap::default();
     for (a, doc) in parsed {
-        let me = format!("Attachment {}/{}", a.key.namespace, a.name);
+        let me = format!("Attachment {}/{}", a.key.namespace, a.name());
         if let Some(other) = seen_keys.get(&a.key) {
             cfg.errors.push(doc.error(
                 "spec.interface",
@@ -560,7 +562,10 @@ fn clusterip_taken(
                 &format!("{field}[{i}]"),
                 format!(
                     "{me} is the address of Attachment {}/{} (VM {}) on network {:?}",
-                    a.key.namespace, a.name, a.key.vm, a.network
+                    a.key.namespace,
+                    a.name(),
+                    a.key.vm,
+                    a.network
                 ),
             ));
         }
@@ -868,7 +873,7 @@ fn network(doc: &Doc) -> Result<Network, ConfigError> {
         dhcp: spec.dhcp,
         slow_path_limits,
         namespace_selector: spec.namespace_selector,
-        source: doc.source(),
+        source: doc.source(super::DocKind::Network),
     })
 }
 
@@ -921,7 +926,9 @@ fn primary_overlap(
             format!("spec.subnets[{i}]"),
             format!(
                 "{subnet} of Primary network {:?} overlaps {theirs} of Primary network {:?} ({}), and both may be selected in {namespace}",
-                n.name, other.name, other.source.document
+                n.name,
+                other.name,
+                other.source.document()
             ),
         ));
     }
@@ -958,7 +965,7 @@ fn ingress_overlap(n: &Network, cfg: &Config) -> Option<(String, String)> {
                     format!("spec.subnets[{i}]"),
                     format!(
                         "{s} of network {:?} overlaps {theirs} of network {:?} ({}); both are reached from the fabric by VM address (egress Routed or advertise), so one's VMs could take the other's inbound traffic",
-                        n.name, other.name, other.source.document
+                        n.name, other.name, other.source.document()
                     ),
                 ))
             })
@@ -1120,7 +1127,6 @@ fn attachment(doc: &Doc, cfg: &Config) -> Result<Attachment, ConfigError> {
         });
     }
     Ok(Attachment {
-        name: doc.meta.name.as_str().into(),
         labels: string_labels(doc)?,
         ports: ports.into(),
         key: cfg.keys_in_documents.shared(AttachmentKey::new(
@@ -1134,7 +1140,7 @@ fn attachment(doc: &Doc, cfg: &Config) -> Result<Attachment, ConfigError> {
         mac,
         mac_policy: spec.mac_policy,
         migration: spec.migration.map(Box::new),
-        source: doc.source(),
+        source: doc.source(super::DocKind::Attachment),
         ips: spec.ips,
     })
 }

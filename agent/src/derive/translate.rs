@@ -1391,11 +1391,11 @@ mod tests {
             Some("virt-launcher")
         );
         assert!(
-            a.source.document.contains(
+            a.source.document().contains(
                 "derived from VirtualMachineInstance prod/vm1 and Pod prod/virt-launcher-vm1-x7k2p"
             ),
             "{}",
-            a.source.document
+            a.source.document()
         );
         assert!(cfg.keys_in_documents.contains(&a.key));
         // The v1 Node gives the underlay address.
@@ -1600,7 +1600,7 @@ mod tests {
         assert_eq!(a.ips, ["10.31.0.11/24".parse().unwrap()]);
         assert!(
             a.source
-                .document
+                .document()
                 .ends_with("(derived from VirtualMachineInstance prod/vm1)")
         );
     }
@@ -2360,11 +2360,11 @@ mod default_network_tests {
         assert_eq!(a.ips, ["10.31.0.11/24".parse().unwrap()]);
         assert!(
             a.source
-                .document
+                .document()
                 .contains("VirtualMachineInstance prod/vm1")
-                && a.source.document.contains(POD),
+                && a.source.document().contains(POD),
             "{}",
-            a.source.document
+            a.source.document()
         );
     }
 

@@ -694,7 +694,7 @@ spec: {vm: vm4, interface: eth0, network: blue, node: c, port: p4, mac: '52:54:0
         // A new VM on this node (a document of its own).
         let mut local = (*cfg.attachments[0].spec).clone();
         local.key = local.key.with_vm("vm9");
-        local.name = "vm9".into();
+        local.source.name = "vm9".into();
         local.mac = Some([0x52, 0x54, 0, 0, 0, 9]);
         cfg.attachments
             .push(Arc::new(crate::resolve::resolved::Attachment::given(
@@ -785,7 +785,7 @@ spec: {vm: vm4, interface: eth0, network: blue, node: c, port: p4, mac: '52:54:0
             let mut config = (*cfg.config).clone();
             let mut doc = (*config.attachments[0]).clone();
             doc.key = doc.key.with_vm(vm);
-            doc.name = vm.into();
+            doc.source.name = vm.into();
             doc.node = node.into();
             doc.port = format!("p-{vm}").into();
             doc.mac = Some([0x52, 0x54, 0, 0, 0, mac]);

@@ -254,7 +254,7 @@ pub fn row_elsewhere(a: &crate::resolve::resolved::Attachment) -> AttachmentView
         Some(m) => ("pending".to_string(), Some(m.target_node.clone())),
     };
     AttachmentView {
-        name: a.name.to_string(),
+        name: a.name().to_string(),
         namespace: a.key.namespace.to_string(),
         vm: a.key.vm.to_string(),
         interface: a.key.interface.to_string(),

@@ -785,7 +785,7 @@ impl Resolved {
             debug_assert_eq!(self.indexes(), Indexes::of(&self.attachments));
             self.errors.push(ConfigError {
                 file: a.spec.source.file.to_path_buf(),
-                document: a.spec.source.document.to_string(),
+                document: a.spec.source.document(),
                 field: field.to_string(),
                 message,
                 about: a.spec.source.origin.about(),

@@ -165,7 +165,7 @@ pub fn adopt_detected_macs(
             Err(msg) => {
                 mac_refusals.push(ConfigError {
                     file: a.source.file.to_path_buf(),
-                    document: a.source.document.to_string(),
+                    document: a.source.document(),
                     field: "detected MAC".into(),
                     message: msg.clone(),
                     about: a.source.origin.about(),

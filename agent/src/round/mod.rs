@@ -1006,6 +1006,12 @@ pub(crate) mod tests {
             let kept = accepted.get(&a.key).expect("accepted before");
             assert!(a.key.same_copy(kept), "{:?}: a second copy", a.key);
         }
+        // Its source is kept as parts, and reads as a refusal would name it.
+        assert_eq!(
+            again.attachments[0].source.document(),
+            "Attachment prod/vm1-eth0"
+        );
+        assert_eq!(again.networks[0].source.document(), "Network blue");
         let fresh = validate(&snap, "a", &crate::config::AcceptedKeys::new());
         assert!(
             !fresh.attachments[0]
