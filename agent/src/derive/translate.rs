@@ -333,7 +333,7 @@ pub fn translate(
                 ));
             }
         }
-        ClaimState::Ips(c.status.ips.clone())
+        ClaimState::Ips(c.status.ips.to_vec())
     };
     let claim_of = |namespace: &str, name: &str, network: &str| -> ClaimState {
         claim_index
@@ -644,7 +644,7 @@ pub fn translate(
                 .interfaces
                 .iter()
                 .find(|i| i.name == net.name)
-                .and_then(|i| i.mac_address.clone());
+                .and_then(|i| i.mac_address.as_deref().map(String::from));
             // The pod's interface for this network: by the NAD it selects.
             let iface_of =
                 |pod: &(usize, Vec<PodInterface>)| pod.1.iter().find(|i| i.nad == nad).cloned();

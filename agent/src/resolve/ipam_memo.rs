@@ -51,7 +51,9 @@ pub struct Memo {
     kept: crate::resolve::resolved::KeptClaims,
     /// Every live claim's addresses on a known network -> its key.
     /// Keys as names: the claims' own, shared with validation's map of them.
-    held: HashMap<(usize, IpAddr), crate::sys::intern::Name>,
+    /// The network's index as a `u32`: an entry per address of the
+    /// cluster, 32 bytes each (40 with a `usize`).
+    held: HashMap<(u32, IpAddr), crate::sys::intern::Name>,
     /// `held`'s addresses by network.
     taken: Taken,
     /// Every resolved MAC by network.
@@ -85,7 +87,11 @@ impl Memo {
             };
             let key = key.clone();
             for ip in &claim.ips {
-                if memo.held.insert((n, ip.addr()), key.clone()).is_some() {
+                if memo
+                    .held
+                    .insert((n as u32, ip.addr()), key.clone())
+                    .is_some()
+                {
                     return None;
                 }
                 memo.taken.entry(n).or_default().insert(ip.addr());
@@ -211,7 +217,7 @@ impl Memo {
             if net.ipam
                 && a.ips.iter().any(|ip| {
                     self.held
-                        .get(&(n, ip.addr()))
+                        .get(&(n as u32, ip.addr()))
                         .is_some_and(|h| *h != own && !gone.contains(h.as_str()))
                 })
             {
@@ -310,8 +316,12 @@ impl Memo {
             return;
         };
         for ip in &claim.ips {
-            if self.held.get(&(n, ip.addr())).is_some_and(|h| h == key) {
-                self.held.remove(&(n, ip.addr()));
+            if self
+                .held
+                .get(&(n as u32, ip.addr()))
+                .is_some_and(|h| h == key)
+            {
+                self.held.remove(&(n as u32, ip.addr()));
                 if let Some(t) = self.taken.get_mut(&n) {
                     t.remove(&ip.addr());
                 }
@@ -327,7 +337,7 @@ impl Memo {
         };
         let mut alone = true;
         for ip in &claim.ips {
-            match self.held.insert((n, ip.addr()), key.into()) {
+            match self.held.insert((n as u32, ip.addr()), key.into()) {
                 Some(other) if other != *key => alone = false,
                 _ => {}
             }
