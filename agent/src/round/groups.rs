@@ -86,7 +86,8 @@ fn release<V, Q>(
 }
 
 impl Holdings {
-    pub fn of(cfg: &Config) -> Self {
+    /// `groups`: where each attachment's group key is shared from.
+    pub fn of(cfg: &Config, groups: &Membership) -> Self {
         let mut h = Holdings {
             service_ips: cfg
                 .services
@@ -96,12 +97,16 @@ impl Holdings {
             ..Default::default()
         };
         for a in &cfg.attachments {
-            h.insert(a);
+            h.insert(a, groups);
         }
         h
     }
-    fn insert(&mut self, a: &crate::config::Attachment) {
-        let g = Arc::new(group_of(a));
+    fn insert(&mut self, a: &crate::config::Attachment, groups: &Membership) {
+        // The membership's copy of the group's key (one per VM, not one
+        // more per VM interface held here).
+        let g = groups
+            .group_key(&a.key.namespace, &a.key.vm)
+            .unwrap_or_else(|| Arc::new(group_of(a)));
         if !a.ips.is_empty() {
             let held = within(&mut self.ips, &a.network);
             for ip in &a.ips {
@@ -402,7 +407,7 @@ pub fn splice(
             .reserve_exact(grows + cfg.attachments.len() / 16);
     }
     for a in partial.attachments {
-        holdings.insert(&a);
+        holdings.insert(&a, new);
         let at = cfg.attachments.partition_point(|x| x.key < a.key);
         cfg.attachments.insert(at, a);
     }

@@ -841,6 +841,11 @@ impl Membership {
     }
 
     /// The shared key of group `g`, the group made when new.
+    /// The shared key of group (`ns`, `name`), when there is one.
+    pub fn group_key(&self, ns: &str, name: &str) -> Option<Key> {
+        get(&self.groups, ns, name).map(|g| g.key.clone())
+    }
+
     fn intern(&mut self, g: GroupKey) -> Key {
         if let Some(group) = get(&self.groups, &g.0, &g.1) {
             return group.key.clone();

@@ -429,7 +429,7 @@ impl Round {
         self.passes.full += 1;
         let derived = derive::derive(snap, &node);
         let config = validate::documents(snap, derived, &node, &self.accepted, &held);
-        let holdings = groups::Holdings::of(&config);
+        let holdings = groups::Holdings::of(&config, &membership);
         (
             self.keep_validated(snap, config, held, membership, holdings),
             None,
