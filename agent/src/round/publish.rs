@@ -489,6 +489,22 @@ mod tests {
         build_view(&settings, cfg, plan, &Default::default(), prev)
     }
 
+    /// `attachments` on network blue, resolved for node a, and a's view
+    /// of them with vm1's port (ifindex 11) there.
+    fn viewed_on_a(attachments: &[String]) -> (Resolved, View) {
+        let snap = snapshot_of(&format!("{BLUE}---\n{}", attachments.join("---\n")));
+        let cfg = resolve(
+            crate::round::validate(&snap, "a", &crate::config::AcceptedKeys::new()),
+            "a",
+        );
+        let view = view_on_a(
+            &cfg,
+            &plan_on_a(&cfg, |p: &str| (p == "vm1p").then_some(11)),
+            &View::default(),
+        );
+        (cfg, view)
+    }
+
     #[test]
     fn the_view_shows_where_a_vm_runs_and_its_migration() {
         let snap = snapshot_of(&format!(
@@ -525,20 +541,7 @@ mod tests {
     /// itself (its row made when read), not a copy of it per round.
     #[test]
     fn the_view_keeps_another_nodes_entry_as_the_rounds_own() {
-        let snap = snapshot_of(&format!(
-            "{BLUE}---\n{}---\n{}",
-            attachment("vm1", "a"),
-            attachment("vm2", "b")
-        ));
-        let cfg = resolve(
-            crate::round::validate(&snap, "a", &crate::config::AcceptedKeys::new()),
-            "a",
-        );
-        let view = view_on_a(
-            &cfg,
-            &plan_on_a(&cfg, |p: &str| (p == "vm1p").then_some(11)),
-            &View::default(),
-        );
+        let (cfg, view) = viewed_on_a(&[attachment("vm1", "a"), attachment("vm2", "b")]);
         let remote = cfg.attachments.iter().find(|a| a.key.vm == "vm2").unwrap();
         let shared = view.attachments.rows().any(|r| match r {
             Row::Elsewhere(a) => Arc::ptr_eq(a, remote),
@@ -557,22 +560,12 @@ mod tests {
 
     #[test]
     fn the_view_lists_the_entries_that_may_have_a_port_here() {
-        let snap = snapshot_of(&format!(
-            "{BLUE}---\n{}---\n{}---\n{}",
+        let (cfg, view) = viewed_on_a(&[
             attachment("vm1", "a"),
             attachment("vm2", "b"),
             attachment("vm3", "b")
-                .replace("port: vm3p", "port: vm3p\n  migration: {targetNode: a}")
-        ));
-        let cfg = resolve(
-            crate::round::validate(&snap, "a", &crate::config::AcceptedKeys::new()),
-            "a",
-        );
-        let view = view_on_a(
-            &cfg,
-            &plan_on_a(&cfg, |p: &str| (p == "vm1p").then_some(11)),
-            &View::default(),
-        );
+                .replace("port: vm3p", "port: vm3p\n  migration: {targetNode: a}"),
+        ]);
         let vms = |v: &View| v.maybe_on_node().map(|a| a.vm.clone()).collect::<Vec<_>>();
         // vm2 runs on b and goes nowhere: not looked at for a port here.
         assert_eq!(vms(&view), ["vm1", "vm3"]);
