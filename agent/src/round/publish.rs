@@ -560,7 +560,7 @@ mod tests {
 
     #[test]
     fn the_view_lists_the_entries_that_may_have_a_port_here() {
-        let (cfg, view) = viewed_on_a(&[
+        let (_, view) = viewed_on_a(&[
             attachment("vm1", "a"),
             attachment("vm2", "b"),
             attachment("vm3", "b")
