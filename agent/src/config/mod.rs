@@ -70,18 +70,33 @@ impl DocKind {
 }
 
 impl DocRef {
-    /// The document as messages name it: kind, namespace and name, and
-    /// for a derived one the objects it was derived from.
+    /// The document as messages name it ([`document_label`]).
     pub fn document(&self) -> String {
-        let kind = self.kind.as_str();
-        let label = match &self.namespace {
-            Some(ns) => format!("{kind} {ns}/{}", self.name),
-            None => format!("{kind} {}", self.name),
-        };
-        match self.origin.derived_from() {
-            Some(from) => format!("{label} ({from})"),
-            None => label,
-        }
+        document_label(
+            self.kind.as_str(),
+            self.namespace.as_deref(),
+            &self.name,
+            &self.origin,
+        )
+    }
+}
+
+/// A document as messages name it: kind, namespace and name, and for a
+/// derived one the objects it was derived from. Refusals and kept
+/// documents alike.
+pub fn document_label(
+    kind: &str,
+    namespace: Option<&str>,
+    name: &str,
+    origin: &DocOrigin,
+) -> String {
+    let label = match namespace {
+        Some(ns) => format!("{kind} {ns}/{name}"),
+        None => format!("{kind} {name}"),
+    };
+    match origin.derived_from() {
+        Some(from) => format!("{label} ({from})"),
+        None => label,
     }
 }
 
@@ -574,11 +589,23 @@ pub fn group_range<T: std::ops::Deref<Target = Attachment>>(
     list: &[T],
     group: &GroupKey,
 ) -> std::ops::Range<usize> {
+    group_range_by(list, group, |t| &t.key)
+}
+
+/// [`group_range`] of a list of anything with a VM interface's `key`
+/// (a resolved list's entries).
+pub fn group_range_by<T>(
+    list: &[T],
+    group: &GroupKey,
+    key: impl Fn(&T) -> &AttachmentKey,
+) -> std::ops::Range<usize> {
     let want = (group.0.as_str(), group.1.as_str());
-    let at = |t: &T| (t.key.namespace.as_str(), t.key.vm.as_str()) < want;
-    let within = |t: &T| (t.key.namespace.as_str(), t.key.vm.as_str()) == want;
-    let start = list.partition_point(at);
-    start..start + list[start..].partition_point(within)
+    let part = |t: &T| {
+        let k = key(t);
+        (k.namespace.as_str(), k.vm.as_str()).cmp(&want)
+    };
+    let start = list.partition_point(|t| part(t).is_lt());
+    start..start + list[start..].partition_point(|t| part(t).is_eq())
 }
 
 /// The groups (namespace, VM) a partial pass replaced.

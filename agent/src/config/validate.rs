@@ -35,15 +35,12 @@ struct Doc<'a> {
 
 impl Doc<'_> {
     fn label(&self) -> String {
-        let label = match &self.meta.namespace {
-            Some(ns) => format!("{} {}/{}", self.kind, ns, self.meta.name),
-            None => format!("{} {}", self.kind, self.meta.name),
-        };
-        // As `DocRef::document` prints a kept document's.
-        match self.raw.origin.derived_from() {
-            Some(from) => format!("{label} ({from})"),
-            None => label,
-        }
+        super::document_label(
+            &self.kind,
+            self.meta.namespace.as_deref(),
+            &self.meta.name,
+            &self.raw.origin,
+        )
     }
     fn error(&self, field: &str, message: impl Into<String>) -> ConfigError {
         ConfigError {

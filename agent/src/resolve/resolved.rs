@@ -340,16 +340,6 @@ fn carry_general(
     }
 }
 
-/// Where `group`'s entries lie in `list` (in key order): as
-/// `config::group_range`, for a resolved list.
-fn entries_of(list: &[Entry], group: &config::GroupKey) -> std::ops::Range<usize> {
-    let want = (group.0.as_str(), group.1.as_str());
-    let start = list.partition_point(|a| (a.key.namespace.as_str(), a.key.vm.as_str()) < want);
-    start
-        ..start
-            + list[start..].partition_point(|a| a.key.namespace == group.0 && a.key.vm == group.1)
-}
-
 /// The carry of a partial pass's config: `last` is the list resolved one
 /// for one from the config it was spliced from, and only the VM
 /// interfaces of `groups` were replaced. Each group's entries are matched
@@ -369,7 +359,7 @@ fn spliced(
     let (mut old_at, mut new_at) = (0, 0);
     let mut marks = Vec::with_capacity(specs.len());
     for g in groups {
-        let old = entries_of(last, g);
+        let old = config::group_range_by(last, g, |a| &a.key);
         let new = config::group_range(specs, g);
         if old.start < old_at || new.start < new_at || old.start - old_at != new.start - new_at {
             return None;
