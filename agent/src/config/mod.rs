@@ -416,10 +416,8 @@ impl Attachment {
     pub fn signalled_names(&self) -> (Name, Name) {
         match &self.migration {
             Some(m) if m.ready => (
-                Name::new(&m.target_node),
-                m.target_port
-                    .as_deref()
-                    .map_or_else(|| self.port.clone(), Name::new),
+                Name::new(self.signalled_node()),
+                Name::new(self.signalled_port()),
             ),
             _ => (self.node.clone(), self.port.clone()),
         }
