@@ -6,11 +6,13 @@
 
 pub mod ledger;
 pub mod prune;
+pub mod uid;
 
 use crate::sys::intern::Name;
 use serde::{Deserialize, Serialize};
 
 use crate::config::label_selector::Labels;
+pub use uid::Uid;
 
 /// The kinds the cluster source reads besides vmpath's own, by
 /// `apiVersion` group (without version) and `kind`.
@@ -65,20 +67,79 @@ pub struct ObjectMeta {
     pub name: Name,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub namespace: Option<Name>,
-    /// Boxed: with it a VMI's kept form fits the allocator's 128-byte
-    /// class (160 with a `String`).
+    /// The API server's UUID as its 16 bytes ([`Uid`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub uid: Option<Box<str>>,
+    pub uid: Option<Uid>,
     #[serde(default, skip_serializing_if = "Labels::is_empty")]
     pub labels: Labels,
     /// Only those vmpath reads ([`READ_ANNOTATIONS`]) once stored.
-    #[serde(default, skip_serializing_if = "Labels::is_empty")]
-    pub annotations: Labels,
+    #[serde(default, skip_serializing_if = "Annotations::is_empty")]
+    pub annotations: Annotations,
+}
+
+/// An object's annotations, one word: only a pod keeps any once stored
+/// (every one vmpath reads is a pod's), and the uid's three words and a
+/// VMI's spec fit the 128-byte class with it.
+#[derive(Debug, Clone, Default)]
+pub struct Annotations(Option<Box<Labels>>);
+
+impl Annotations {
+    pub fn get(&self, key: &str) -> Option<&Name> {
+        self.0.as_ref()?.get(key)
+    }
+
+    pub fn contains_key(&self, key: &str) -> bool {
+        self.get(key).is_some()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.0.is_none()
+    }
+
+    /// Keeps those vmpath reads ([`READ_ANNOTATIONS`]).
+    pub fn keep_read(&mut self) {
+        if let Some(labels) = &mut self.0 {
+            labels.retain(|k, _| READ_ANNOTATIONS.contains(&k));
+            if labels.is_empty() {
+                self.0 = None;
+            }
+        }
+    }
+}
+
+impl From<Labels> for Annotations {
+    fn from(labels: Labels) -> Self {
+        Annotations((!labels.is_empty()).then(|| Box::new(labels)))
+    }
+}
+
+impl Serialize for Annotations {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        match &self.0 {
+            Some(labels) => labels.serialize(serializer),
+            None => Labels::new().serialize(serializer),
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for Annotations {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        Labels::deserialize(deserializer).map(Annotations::from)
+    }
 }
 
 impl ObjectMeta {
     pub fn namespace(&self) -> &str {
         self.namespace.as_deref().unwrap_or("default")
+    }
+
+    /// Whether its uid is `text` (both none counts).
+    pub fn uid_is(&self, text: Option<&str>) -> bool {
+        match (&self.uid, text) {
+            (Some(uid), Some(text)) => uid.is(text),
+            (None, None) => true,
+            _ => false,
+        }
     }
 
     /// [`namespace`](Self::namespace) as the shared name the object holds.

@@ -21,13 +21,14 @@ use crate::{
 };
 
 pub use crate::config::kube_objects::ledger::{Holder, Ledger};
+use crate::config::kube_objects::Uid;
 
 /// An IPAMClaim as the round sees it.
 #[derive(Debug, Clone)]
 pub struct Claim {
     pub namespace: String,
     pub name: String,
-    pub uid: String,
+    pub uid: Uid,
     /// The vmpath network its `spec.network` resolves to, or why none.
     pub network: Result<String, String>,
     /// `status.ips` as read.
@@ -118,13 +119,13 @@ pub fn plan(
     networks: &[Network],
     claims: &[Claim],
     ledger: &Ledger,
-    gone: &[(String, String)],
+    gone: &[(String, Uid)],
 ) -> Plan {
     let mut out = Plan {
         ledger: ledger.clone(),
         ..Default::default()
     };
-    let gone: HashSet<&(String, String)> = gone.iter().collect();
+    let gone: HashSet<&(String, Uid)> = gone.iter().collect();
     for held in out.ledger.values_mut() {
         held.retain(|_, h| !gone.contains(&(h.claim.clone(), h.uid.clone())));
     }
@@ -311,7 +312,7 @@ mod tests {
         Claim {
             namespace: "prod".into(),
             name: name.into(),
-            uid: format!("u-{name}"),
+            uid: format!("u-{name}").into(),
             network: Ok("blue".into()),
             ips: ips.iter().map(|s| s.to_string()).collect(),
             requested: vec![],

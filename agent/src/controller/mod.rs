@@ -415,7 +415,7 @@ async fn round(
         let spec_network = o.data["spec"]["network"].as_str().unwrap_or("");
         let claim = allocate::Claim {
             network: claim_network(&namespace, spec_network, &nads, &networks),
-            uid: o.metadata.uid.clone().unwrap_or_default(),
+            uid: o.metadata.uid.as_deref().unwrap_or_default().into(),
             ips: o.data["status"]["ips"]
                 .as_array()
                 .map(|a| {
@@ -475,14 +475,14 @@ async fn round(
         // (a pod or VM made again under the same name).
         let listed_same = versions
             .get(&h.claim)
-            .is_some_and(|o: &DynamicObject| o.metadata.uid.as_deref().unwrap_or("") == h.uid);
+            .is_some_and(|o: &DynamicObject| h.uid.is(o.metadata.uid.as_deref().unwrap_or("")));
         if listed_same || gone.contains(&(h.claim.clone(), h.uid.clone())) {
             continue;
         }
         let (ns, name) = h.claim.split_once('/').unwrap_or(("", &h.claim));
         let api: Api<DynamicObject> = Api::namespaced_with(client.clone(), ns, &claims_res);
         let current = api.get_opt(name).await?;
-        if current.is_none_or(|c| c.metadata.uid.unwrap_or_default() != h.uid) {
+        if current.is_none_or(|c| !h.uid.is(c.metadata.uid.as_deref().unwrap_or(""))) {
             gone.push((h.claim.clone(), h.uid.clone()));
         }
     }

@@ -323,9 +323,9 @@ pub fn translate(
             };
         }
         if let Some(ledger) = ledger.filter(|_| ipam) {
-            let uid = c.metadata.uid.as_deref().unwrap_or("");
+            let uid = c.metadata.uid.clone().unwrap_or_default();
             if let Some(why) =
-                ledger::unvouched(ledger, network, &format!("{ns}/{name}"), uid, &c.status.ips)
+                ledger::unvouched(ledger, network, &format!("{ns}/{name}"), &uid, &c.status.ips)
             {
                 return ClaimState::Waits(format!(
                     "waits for IPAMClaim {ns}/{name}'s status.ips: {:?} was not written by vmpath controller ({why} in the ledger on network {network:?}): not trusted until vmpath controller writes it",
@@ -365,11 +365,11 @@ pub fn translate(
     // wait for their VMI, found by uid or name through these indexes (a
     // search of every VMI per pod made a round quadratic in the cluster's
     // VMs). The first VMI of a key wins, as the search's did.
-    let mut vmi_by_uid: HashMap<&str, usize> = HashMap::default();
+    let mut vmi_by_uid: HashMap<&objects::Uid, usize> = HashMap::default();
     let mut vmi_by_name: HashMap<(&str, &str), usize> = HashMap::default();
     for (i, v) in vmis.iter().enumerate() {
         let meta = &v.value.metadata;
-        if let Some(uid) = meta.uid.as_deref() {
+        if let Some(uid) = &meta.uid {
             vmi_by_uid.entry(uid).or_insert(i);
         }
         vmi_by_name
@@ -399,11 +399,12 @@ pub fn translate(
                         let name = objects::pod_claim_name(&pod.metadata.name, &i.ifname);
                         let made = claim_index.get(&(ns, name.as_str())).filter(|c| {
                             pod.metadata.uid.is_some()
-                                && c.metadata
-                                    .labels
-                                    .get(objects::POD_UID_LABEL)
-                                    .map(|v| v.as_str())
-                                    == pod.metadata.uid.as_deref()
+                                && pod.metadata.uid_is(
+                                    c.metadata
+                                        .labels
+                                        .get(objects::POD_UID_LABEL)
+                                        .map(|v| v.as_str()),
+                                )
                         });
                         match made.map(|c| claim_state(c, &i.network)) {
                             Some(ClaimState::Ips(ips)) => ClaimState::Ips(ips),
@@ -483,7 +484,7 @@ pub fn translate(
             // the pod's own namespace only (a tenant's pod naming another
             // namespace's VMI is not its launcher).
             Some(uid) => vmi_by_uid
-                .get(uid.as_str())
+                .get(&objects::Uid::new(uid))
                 .copied()
                 .filter(|&i| vmis[i].value.metadata.namespace() == pod.metadata.namespace()),
             None => pod.metadata.labels.get(VM_NAME_LABEL).and_then(|name| {
@@ -920,7 +921,7 @@ fn migration_of(
     let current = ms.and_then(|ms| {
         vmims.iter().filter(mine).find(|m| {
             ms.migration_uid.is_none()
-                || m.value.metadata.uid.as_deref() == ms.migration_uid.as_deref()
+                || m.value.metadata.uid_is(ms.migration_uid.as_deref())
         })
     });
     // A newer migration than the one migrationState records.
@@ -929,7 +930,7 @@ fn migration_of(
             && m.value.metadata.uid.is_some()
             && ms.is_none_or(|ms| {
                 ms.migration_uid.is_some()
-                    && m.value.metadata.uid.as_deref() != ms.migration_uid.as_deref()
+                    && !m.value.metadata.uid_is(ms.migration_uid.as_deref())
             })
     });
     if let Some(ms) = ms.filter(|_| newer.is_none()) {
@@ -968,7 +969,7 @@ fn migration_of(
     let Some(source_node) = vmi.status.node_name.clone() else {
         return (None, None);
     };
-    let uid = vmim.value.metadata.uid.as_deref().map(String::from);
+    let uid = vmim.value.metadata.uid.as_ref().map(ToString::to_string);
     let target = target_pods.iter().find(|(pod_uid, _, node)| {
         Some(pod_uid.as_str()) == uid.as_deref() && node.is_some_and(|n| n != source_node)
     });

@@ -604,7 +604,7 @@ impl KubeVm {
 fn holder(k: u32, ip: u8) -> Holder {
     Holder {
         claim: format!("prod/vm{k}.blue"),
-        uid: String::new(),
+        uid: Default::default(),
         ip: format!("10.31.0.{ip}/24").parse().unwrap(),
     }
 }
@@ -662,7 +662,7 @@ impl PlainPod {
 fn pod_holder(claim: &str, ip: u8) -> Holder {
     Holder {
         claim: format!("prod/{claim}"),
-        uid: String::new(),
+        uid: Default::default(),
         ip: format!("10.31.0.{ip}/24").parse().unwrap(),
     }
 }

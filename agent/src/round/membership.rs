@@ -623,7 +623,8 @@ impl Membership {
         match &member {
             Member::Cluster(c) => match &**c {
                 ClusterObject::Vmi(v) => {
-                    if let Some(uid) = v.metadata.uid.as_deref() {
+                    if let Some(uid) = v.metadata.uid.as_ref().map(|u| u.text()) {
+                        let uid = &*uid;
                         if self.uids.add("", uid, p) > 1 {
                             self.ambiguous += 1;
                         }
@@ -701,7 +702,8 @@ impl Membership {
         match &e.member {
             Member::Cluster(c) => match &**c {
                 ClusterObject::Vmi(v) => {
-                    if let Some(uid) = v.metadata.uid.as_deref() {
+                    if let Some(uid) = v.metadata.uid.as_ref().map(|u| u.text()) {
+                        let uid = &*uid;
                         if self.uids.remove("", uid, p) > 1 {
                             self.ambiguous -= 1;
                         }
@@ -784,7 +786,7 @@ impl Membership {
                                 .filter_map(|p| match self.entries.get(&p)?.member.cluster()? {
                                     ClusterObject::Vmi(v)
                                         if v.metadata.namespace() == ns
-                                            && v.metadata.uid.as_deref() == Some(uid.as_str()) =>
+                                            && v.metadata.uid_is(Some(uid.as_str())) =>
                                     {
                                         Some((v.metadata.namespace_name(), v.metadata.name.clone()))
                                     }
@@ -1592,7 +1594,7 @@ mod tests {
                     net.addr(),
                     Holder {
                         claim: "prod/x".into(),
-                        uid: String::new(),
+                        uid: Default::default(),
                         ip: net,
                     },
                 );

@@ -17,6 +17,7 @@ use ipnet::IpNet;
 use k8s_openapi::api::core::v1::ConfigMap;
 use serde::{Deserialize, Serialize};
 
+use super::Uid;
 use crate::sys::hash::fnv1a;
 
 /// Who holds an address.
@@ -24,9 +25,10 @@ use crate::sys::hash::fnv1a;
 pub struct Holder {
     /// `namespace/name` of the IPAMClaim.
     pub claim: String,
-    /// Its uid: a claim deleted and made again is another claim.
+    /// Its uid: a claim deleted and made again is another claim. As
+    /// bytes: every agent keeps an entry for every address of the cluster.
     #[serde(default)]
-    pub uid: String,
+    pub uid: Uid,
     /// The address with its subnet's prefix, as `status.ips` has it.
     pub ip: IpNet,
 }
@@ -125,7 +127,7 @@ pub fn unvouched<L: Vouches + ?Sized>(
     ledger: &L,
     network: &str,
     key: &str,
-    uid: &str,
+    uid: &Uid,
     ips: &[String],
 ) -> Option<String> {
     ips.iter().find_map(|text| {
@@ -133,8 +135,8 @@ pub fn unvouched<L: Vouches + ?Sized>(
             return Some(format!("{text:?} is not a CIDR"));
         };
         match ledger.holder(network, &ip.addr()) {
-            Some(h) if h.claim == key && h.uid == uid && h.ip == ip => None,
-            Some(h) if h.claim == key && h.uid == uid => {
+            Some(h) if h.claim == key && h.uid == *uid && h.ip == ip => None,
+            Some(h) if h.claim == key && h.uid == *uid => {
                 Some(format!("{text} is recorded in the ledger as {}", h.ip))
             }
             Some(h) if h.claim == key => Some(format!(
@@ -341,7 +343,7 @@ mod tests {
                 ip,
                 Holder {
                     claim: format!("tenant-namespace-{}/imported-vm-{i:06}.blue", i % 50),
-                    uid: format!("8c5d2f3e-1b4a-4c6d-9e7f-{i:012}"),
+                    uid: format!("8c5d2f3e-1b4a-4c6d-9e7f-{i:012}").into(),
                     ip: format!("{ip}/8").parse().unwrap(),
                 },
             );
@@ -489,11 +491,11 @@ mod tests {
             &whole,
             "blue",
             &holder.claim,
-            "new-uid",
+            &"new-uid".into(),
             &[holder.ip.to_string()],
         );
         assert!(earlier.unwrap().contains("earlier IPAMClaim of that name"));
-        let thief = unvouched(&whole, "blue", "prod/thief", "u", &[holder.ip.to_string()]);
+        let thief = unvouched(&whole, "blue", "prod/thief", &"u".into(), &[holder.ip.to_string()]);
         assert_eq!(
             thief.unwrap(),
             format!("{} is held by IPAMClaim {}", holder.ip, holder.claim)

@@ -15,7 +15,7 @@ use serde::de::DeserializeOwned;
 use serde_json::Value;
 
 use super::{
-    self as objects, IpamClaim, K8sNode, Nad, ObjectMeta, Pod, READ_ANNOTATIONS, Vmi, Vmim,
+    self as objects, IpamClaim, K8sNode, Nad, ObjectMeta, Pod, Vmi, Vmim,
 };
 
 /// `group` and `kind` of a document (`v1` is the core group `""`).
@@ -103,10 +103,7 @@ fn read<T: Typed>(
     }
     match serde_path_to_error::deserialize::<_, T>(value) {
         Ok(mut typed) => {
-            typed
-                .metadata()
-                .annotations
-                .retain(|k, _| READ_ANNOTATIONS.contains(&k));
+            typed.metadata().annotations.keep_read();
             wrap(Box::new(typed))
         }
         Err(e) => refused(e.path().to_string(), e.into_inner().to_string()),
