@@ -111,14 +111,17 @@ impl Member {
 #[derive(Debug, Clone)]
 struct Entry {
     member: Member,
-    /// The groups it is in, sorted; none: the context, or a claim no
-    /// group reads.
+    /// The groups it is in, sorted; none: the context (then in
+    /// [`Membership::context`], the one record of it: an entry is kept
+    /// for every object of the cluster), or a claim no group reads.
     groups: Groups,
-    context: bool,
     /// The part of the snapshot's cluster objects it was last read in
     /// (`part_ptr`; 0 for a document): where `partial` finds it.
     part: usize,
 }
+
+// One per object of the cluster, in a map's slot with its key.
+const _: () = assert!(std::mem::size_of::<Entry>() <= 48);
 
 /// One group's objects.
 #[derive(Debug, Clone)]
@@ -666,7 +669,6 @@ impl Membership {
             Entry {
                 member,
                 groups: Groups::new(),
-                context: false,
                 part,
             },
         );
@@ -754,7 +756,7 @@ impl Membership {
             let (groups, context) = self.place_of(&e.member);
             let same = groups.len() == e.groups.len()
                 && groups.iter().zip(&e.groups).all(|(a, b)| a == &**b);
-            if !same || context != e.context {
+            if !same || context != self.context.contains(&p) {
                 self.place(p, groups, context, work);
             }
         }
@@ -877,8 +879,8 @@ impl Membership {
             return;
         };
         let old = std::mem::replace(&mut e.groups, groups.clone());
-        let was_context = std::mem::replace(&mut e.context, context);
         let member = e.member.clone();
+        let was_context = self.context.contains(&p);
         if was_context != context {
             tracing::debug!(object = %member.describe(), context, "an object moved to or from the context");
             work.context = true;
