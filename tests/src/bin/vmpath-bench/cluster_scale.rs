@@ -26,7 +26,7 @@ use vmpath_tests::{Node, kube_api::ApiServer, multus, wait_for};
 
 use crate::{
     kube_scale::{
-        LOCAL, NETWORK, NODES, add, cluster_objects, create_vm, derived, files_node, kube_node,
+        LOCAL, NETWORK, NODES, NODES_AT_SCALE, add, cluster_objects, create_vm, derived, files_node, kube_node,
         node_of, pod_netns, vm_objects,
     },
     report::{Bar, Section},
@@ -325,7 +325,8 @@ pub fn run(opts: &Options) -> Result<Section> {
         "`vmpath agent --source kubernetes` (release build) against the test bed's API \
          server (in memory, real HTTP, paged lists, watches) holding N KubeVirt VMs (VMI, \
          virt-launcher pod and IPAMClaim each, as KubeVirt, Multus and ipam-extensions write \
-         them) over {NODES} nodes, {LOCAL} of them on this agent's node (all N when N is \
+         them, each with its uid) over {NODES} nodes ({NODES_AT_SCALE} at 100,000 VMs, as issue 34 \
+         asks the memory figure), {LOCAL} of them on this agent's node (all N when N is \
          smaller), one Network. For each N and each agent, a fresh API server and agent:\n\n\
          - **derive s**: from the agent's start to its status listing every VM of its node \
            (lists, watches, the first rounds);\n\

@@ -48,14 +48,24 @@ pub(crate) const NETWORK: &str = include_str!("../../../../agent/src/derive/fixt
 const VM: &str = include_str!("../../../../agent/src/derive/fixtures/vm.yaml");
 /// KubeVirt's pod interface name for network `blue` (a hash of its name).
 const POD_IFNAME: &str = "pod16477688c0e";
-/// Nodes the VMs are spread over, and how many are on this node ("a"):
-/// a network has at most 64 ports per node, and the latency figure adds
-/// two per sample.
+/// Nodes the VMs are spread over, and how many are on this node ("a"),
+/// as issue 34 shapes the cluster: N VMs over 200 nodes, 50 of them here
+/// (the latency figure adds two per sample), and 100,000 over 1,000
+/// nodes ([`nodes`]).
 pub(crate) const NODES: usize = 200;
 pub(crate) const LOCAL: usize = 50;
+/// From this many VMs on, the cluster has [`NODES_AT_SCALE`] nodes.
+const AT_SCALE: usize = 100_000;
+pub(crate) const NODES_AT_SCALE: usize = 1_000;
 
-/// The bench's Network: the fixture's, with a /14 for 100,000 VMs.
-fn network_objects() -> Vec<Value> {
+/// How many nodes a cluster of `n` VMs has.
+pub(crate) fn nodes(n: usize) -> usize {
+    if n >= AT_SCALE { NODES_AT_SCALE } else { NODES }
+}
+
+/// The bench's Network: the fixture's, with a /14 for 100,000 VMs, and
+/// `nodes` v1 Nodes besides this one.
+fn network_objects(nodes: usize) -> Vec<Value> {
     let text = NETWORK
         .replace("10.31.0.0/24", "10.32.0.0/14")
         .replace("10.31.0.1", "10.32.0.1");
@@ -66,7 +76,7 @@ fn network_objects() -> Vec<Value> {
     out.retain(|o| o["kind"] != "Node");
     out.extend(
         std::iter::once("a".to_string())
-            .chain((0..NODES).map(|k| format!("n{k}")))
+            .chain((0..nodes).map(|k| format!("n{k}")))
             .enumerate()
             .map(|(k, name)| node_object(&name, k)),
     );
@@ -134,7 +144,16 @@ pub(crate) fn vm_objects(i: usize, node: &str) -> Vec<Value> {
         .replace("2a7e0c4b", &format!("{:08x}", i + 0x1000_0000))
         .replace("9e8d7c6b", &format!("{:08x}", i + 0x2000_0000))
         .replace("vm1", &format!("vm{i}"));
-    vmpath::config::source::parse(text.as_bytes()).expect("vm fixture")
+    let mut objects = vmpath::config::source::parse(text.as_bytes()).expect("vm fixture");
+    // The API server gives every object a uid (the fixture's claim, read
+    // from a file, needs none): the agent keeps each claim's, and the
+    // ledger one per address.
+    for o in &mut objects {
+        if o["kind"] == "IPAMClaim" {
+            o["metadata"]["uid"] = format!("3c9e1f7a-6b2d-4e8c-a5f1-{i:012x}").into();
+        }
+    }
+    objects
 }
 
 fn mac(i: usize) -> String {
@@ -151,13 +170,13 @@ pub(crate) fn node_of(i: usize, n: usize) -> String {
     if i.is_multiple_of(every) {
         "a".into()
     } else {
-        format!("n{}", i % NODES)
+        format!("n{}", i % nodes(n))
     }
 }
 
 /// The Network and N VMs spread over the nodes.
 pub(crate) fn cluster_objects(n: usize) -> Vec<Value> {
-    network_objects()
+    network_objects(nodes(n))
         .into_iter()
         .chain((0..n).flat_map(|i| vm_objects(i, &node_of(i, n))))
         .collect()
@@ -331,7 +350,7 @@ fn allocation(n: usize) -> Result<(f64, f64)> {
     let ns = Netns::new(format!("vb{}a{n}", unique_tag()));
     ns.run(&["ip", "link", "set", "lo", "up"]);
     let server = ApiServer::start(&ns.path());
-    for o in network_objects() {
+    for o in network_objects(NODES) {
         server.put(o);
     }
     let dir = std::env::temp_dir().join(format!("vmpath-bench-{}", ns.name));
