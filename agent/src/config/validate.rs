@@ -1489,7 +1489,7 @@ mod holder_tests {
         let claim = |ip: &str, mac: Option<&str>| crate::resolve::store::Claim {
             network: "green".into(),
             ips: ip.parse().into_iter().collect(),
-            mac: mac.map(str::to_string),
+            mac: mac.map(|m| crate::config::parse_mac(m).unwrap()),
             mac_origin: None,
         };
         Held::from_claims(&BTreeMap::from([

@@ -20,8 +20,8 @@ use crate::{
     sys::hash::{HashSet, fnv1a},
 };
 
-pub use crate::config::kube_objects::ledger::{Holder, Ledger};
 use crate::config::kube_objects::Uid;
+pub use crate::config::kube_objects::ledger::{Holder, Ledger};
 
 /// An IPAMClaim as the round sees it.
 #[derive(Debug, Clone)]

@@ -324,9 +324,13 @@ pub fn translate(
         }
         if let Some(ledger) = ledger.filter(|_| ipam) {
             let uid = c.metadata.uid.clone().unwrap_or_default();
-            if let Some(why) =
-                ledger::unvouched(ledger, network, &format!("{ns}/{name}"), &uid, &c.status.ips)
-            {
+            if let Some(why) = ledger::unvouched(
+                ledger,
+                network,
+                &format!("{ns}/{name}"),
+                &uid,
+                &c.status.ips,
+            ) {
                 return ClaimState::Waits(format!(
                     "waits for IPAMClaim {ns}/{name}'s status.ips: {:?} was not written by vmpath controller ({why} in the ledger on network {network:?}): not trusted until vmpath controller writes it",
                     c.status.ips
@@ -920,8 +924,7 @@ fn migration_of(
     // The VMIM migrationState speaks of, when it names one.
     let current = ms.and_then(|ms| {
         vmims.iter().filter(mine).find(|m| {
-            ms.migration_uid.is_none()
-                || m.value.metadata.uid_is(ms.migration_uid.as_deref())
+            ms.migration_uid.is_none() || m.value.metadata.uid_is(ms.migration_uid.as_deref())
         })
     });
     // A newer migration than the one migrationState records.
@@ -929,8 +932,7 @@ fn migration_of(
         !ended(m)
             && m.value.metadata.uid.is_some()
             && ms.is_none_or(|ms| {
-                ms.migration_uid.is_some()
-                    && !m.value.metadata.uid_is(ms.migration_uid.as_deref())
+                ms.migration_uid.is_some() && !m.value.metadata.uid_is(ms.migration_uid.as_deref())
             })
     });
     if let Some(ms) = ms.filter(|_| newer.is_none()) {

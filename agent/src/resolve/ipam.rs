@@ -15,7 +15,7 @@ use ipnet::IpNet;
 
 use crate::sys::hash::{HashMap, HashSet};
 use crate::{
-    config::{AttachmentKey, Network, format_mac, model::MacPolicy, parse_mac},
+    config::{AttachmentKey, Network, format_mac, model::MacPolicy},
     resolve::resolved::{Origin, Resolved},
     resolve::store::{Claim, Claims},
     sys::hash::fnv1a,
@@ -351,8 +351,7 @@ pub(crate) fn decide(
 ) -> Decided {
     let mut decided = Decided::default();
     let previous = old.filter(|c| c.network == a.network);
-    let mut mac: Option<std::borrow::Cow<'_, str>> =
-        previous.and_then(|c| c.mac.as_deref()).map(Into::into);
+    let mut mac: Option<[u8; 6]> = previous.and_then(|c| c.mac);
     let mut mac_origin = previous.and_then(|c| c.mac_origin);
     // What IPAM gave (`None`: the document's own addresses on an IPAM
     // network, or none elsewhere).
@@ -399,10 +398,7 @@ pub(crate) fn decide(
     }
 
     if a.mac.is_none() {
-        let from_claim = mac
-            .as_deref()
-            .and_then(|m| parse_mac(m).ok())
-            .zip(mac_origin);
+        let from_claim = mac.zip(mac_origin);
         if from_claim.is_some_and(|(m, _)| macs.contains(&(n, m))) {
             decided.mac_gave_way = true;
         }
@@ -414,7 +410,7 @@ pub(crate) fn decide(
                     .find(|(_, m)| !macs.contains(&(n, *m)))
                     .unwrap();
                 decided.mac_gave_way |= i > 0;
-                mac = Some(format_mac(&m).into());
+                mac = Some(m);
                 mac_origin = Some(Origin::Generated);
                 Some((m, Origin::Generated))
             }
@@ -436,10 +432,7 @@ pub(crate) fn decide(
     };
     let wanted = !(ips.is_empty() && mac.is_none());
     let unchanged = old.is_some_and(|c| {
-        c.network == a.network
-            && c.ips[..] == *ips
-            && c.mac.as_deref() == mac.as_deref()
-            && c.mac_origin == mac_origin
+        c.network == a.network && c.ips[..] == *ips && c.mac == mac && c.mac_origin == mac_origin
     });
     match (wanted, old) {
         (true, _) if unchanged => {}
@@ -449,7 +442,7 @@ pub(crate) fn decide(
                 Some(Claim {
                     network: a.network.clone(),
                     ips: ips.to_vec(),
-                    mac: mac.map(std::borrow::Cow::into_owned),
+                    mac,
                     mac_origin,
                 }),
             );
@@ -497,7 +490,7 @@ pub fn detected_mac(
             mac: None,
             mac_origin: None,
         });
-    claim.mac = Some(format_mac(&mac));
+    claim.mac = Some(mac);
     claim.mac_origin = Some(Origin::Detected);
     Ok(ClaimChanges::from([(key.to_string(), Some(claim))]))
 }

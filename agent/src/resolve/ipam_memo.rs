@@ -29,7 +29,7 @@
 use std::net::IpAddr;
 
 use crate::{
-    config::{AttachmentKey, Network, parse_mac},
+    config::{AttachmentKey, Network},
     resolve::{
         ipam::{self, ClaimChanges, Macs, Taken},
         resolved::{Attachment, CHANGED, Carry, Resolved},
@@ -355,8 +355,7 @@ fn first_mac(a: &Attachment, claim: Option<&Claim>) -> Option<[u8; 6]> {
     }
     let claimed = claim
         .filter(|c| c.network == a.network && c.mac_origin.is_some())
-        .and_then(|c| c.mac.as_deref())
-        .and_then(|m| parse_mac(m).ok());
+        .and_then(|c| c.mac);
     match claimed {
         Some(m) => Some(m),
         None if a.mac_policy == crate::config::model::MacPolicy::Generate => {

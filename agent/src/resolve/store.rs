@@ -37,11 +37,7 @@ impl crate::config::Held {
             for ip in &c.ips {
                 ips.insert((c.network.clone(), ip.addr()), key.clone());
             }
-            if let Some(mac) = c
-                .mac
-                .as_deref()
-                .and_then(|m| crate::config::parse_mac(m).ok())
-            {
+            if let Some(mac) = c.mac {
                 macs.insert((c.network.clone(), mac), key.clone());
             }
         }
@@ -71,11 +67,7 @@ impl crate::config::Held {
                 .iter()
                 .map(|ip| (c.network.clone(), ip.addr()))
                 .collect();
-            let mac = c
-                .mac
-                .as_deref()
-                .and_then(|m| crate::config::parse_mac(m).ok())
-                .map(|mac| (c.network.clone(), mac));
+            let mac = c.mac.map(|mac| (c.network.clone(), mac));
             (ips, mac)
         }
         let mut next = Self {
@@ -139,9 +131,33 @@ pub struct Claim {
     pub network: crate::sys::intern::Name,
     /// Addresses allocated by IPAM or requested in `spec.ips`.
     pub ips: Vec<IpNet>,
-    /// The MAC detected in the VM's traffic or generated for it.
-    pub mac: Option<String>,
+    /// The MAC detected in the VM's traffic or generated for it. As its
+    /// bytes (written as its text): every agent keeps a claim for every
+    /// VM interface of the cluster.
+    #[serde(with = "mac_text")]
+    pub mac: Option<[u8; 6]>,
     pub mac_origin: Option<Origin>,
+}
+
+// Every VM interface of the cluster has a claim in a tree's entry.
+const _: () = assert!(std::mem::size_of::<Claim>() <= 40);
+
+/// A claim's MAC as the store writes it: `02:00:00:31:00:0b`.
+mod mac_text {
+    use serde::{Deserialize as _, Deserializer, Serializer, de::Error as _};
+
+    pub fn serialize<S: Serializer>(mac: &Option<[u8; 6]>, s: S) -> Result<S::Ok, S::Error> {
+        match mac {
+            Some(mac) => s.serialize_some(&crate::config::format_mac(mac)),
+            None => s.serialize_none(),
+        }
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<[u8; 6]>, D::Error> {
+        Option::<String>::deserialize(d)?
+            .map(|text| crate::config::parse_mac(&text).map_err(D::Error::custom))
+            .transpose()
+    }
 }
 
 /// Every claim by its key. Keys as names: validation's and IPAM's maps of
@@ -394,6 +410,24 @@ mod tests {
     use super::*;
     use crate::config::Held;
 
+    #[test]
+    fn a_stored_claim_reads_and_writes_its_mac_as_text() {
+        // As the store has always written one: an agent upgraded in place
+        // reads its claims as they are.
+        let stored = r#"{"network":"blue","ips":["10.31.0.11/24"],"mac":"02:00:00:31:00:0b","mac_origin":"detected"}"#;
+        let claim: Claim = serde_json::from_str(stored).unwrap();
+        assert_eq!(claim.mac, Some([2, 0, 0, 0x31, 0, 0x0b]));
+        assert_eq!(serde_json::to_string(&claim).unwrap(), stored);
+        let none: Claim =
+            serde_json::from_str(r#"{"network":"blue","ips":[],"mac":null,"mac_origin":null}"#)
+                .unwrap();
+        assert_eq!(none.mac, None);
+        let bad = serde_json::from_str::<Claim>(
+            r#"{"network":"blue","ips":[],"mac":"02:00","mac_origin":null}"#,
+        );
+        assert!(bad.unwrap_err().to_string().contains("not a MAC"));
+    }
+
     /// Every pair `held` gives, claims' part and additions together.
     fn lookups(held: &Held) -> BTreeMap<String, String> {
         let mut out = BTreeMap::new();
@@ -452,7 +486,7 @@ mod tests {
                         ips: (0..below(3))
                             .map(|_| format!("10.0.0.{}/24", below(20)).parse().unwrap())
                             .collect(),
-                        mac: (below(3) == 0).then(|| format!("52:54:00:00:00:{:02x}", below(8))),
+                        mac: (below(3) == 0).then(|| [0x52, 0x54, 0, 0, 0, below(8) as u8]),
                         mac_origin: None,
                     }),
                 };

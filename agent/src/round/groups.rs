@@ -241,10 +241,7 @@ impl Evidence<'_> {
                     return Some("an address stored for it that another group asks for");
                 }
                 if a.mac.is_none()
-                    && let Some(mac) = c
-                        .mac
-                        .as_deref()
-                        .and_then(|m| crate::config::parse_mac(m).ok())
+                    && let Some(mac) = c.mac
                     && other(holdings.mac(&a.network, &mac))
                 {
                     return Some("a MAC stored for it that another group asks for");

@@ -89,7 +89,7 @@ fn log_changes(changes: &ipam::ClaimChanges) {
     for (key, change) in changes {
         match change {
             Some(c) => {
-                info!(vm = %key, network = %c.network, ips = ?c.ips.iter().map(|i| i.to_string()).collect::<Vec<_>>(), mac = ?c.mac, "claim recorded")
+                info!(vm = %key, network = %c.network, ips = ?c.ips.iter().map(|i| i.to_string()).collect::<Vec<_>>(), mac = ?c.mac.as_ref().map(crate::config::format_mac), "claim recorded")
             }
             None => info!(vm = %key, "claim released"),
         }
@@ -264,7 +264,7 @@ mod tests {
                 .all()
                 .unwrap()
                 .values()
-                .any(|c| c.mac.as_deref() == Some("52:54:00:00:00:01"))
+                .any(|c| c.mac == Some([0x52, 0x54, 0, 0, 0, 1]))
         );
         let _ = std::fs::remove_dir_all(&dir);
     }

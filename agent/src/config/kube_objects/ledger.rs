@@ -495,7 +495,13 @@ mod tests {
             &[holder.ip.to_string()],
         );
         assert!(earlier.unwrap().contains("earlier IPAMClaim of that name"));
-        let thief = unvouched(&whole, "blue", "prod/thief", &"u".into(), &[holder.ip.to_string()]);
+        let thief = unvouched(
+            &whole,
+            "blue",
+            "prod/thief",
+            &"u".into(),
+            &[holder.ip.to_string()],
+        );
         assert_eq!(
             thief.unwrap(),
             format!("{} is held by IPAMClaim {}", holder.ip, holder.claim)

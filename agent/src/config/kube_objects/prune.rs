@@ -14,9 +14,7 @@ use std::sync::Arc;
 use serde::de::DeserializeOwned;
 use serde_json::Value;
 
-use super::{
-    self as objects, IpamClaim, K8sNode, Nad, ObjectMeta, Pod, Vmi, Vmim,
-};
+use super::{self as objects, IpamClaim, K8sNode, Nad, ObjectMeta, Pod, Vmi, Vmim};
 
 /// `group` and `kind` of a document (`v1` is the core group `""`).
 pub fn group_kind(value: &Value) -> Option<(&str, &str)> {
