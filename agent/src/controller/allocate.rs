@@ -21,7 +21,7 @@ use crate::{
 };
 
 use crate::config::kube_objects::Uid;
-pub use crate::config::kube_objects::ledger::{Holder, Ledger};
+pub use crate::config::kube_objects::ledger::{ClaimRef, Holder, Ledger};
 
 /// An IPAMClaim as the round sees it.
 #[derive(Debug, Clone)]
@@ -119,13 +119,13 @@ pub fn plan(
     networks: &[Network],
     claims: &[Claim],
     ledger: &Ledger,
-    gone: &[(String, Uid)],
+    gone: &[(ClaimRef, Uid)],
 ) -> Plan {
     let mut out = Plan {
         ledger: ledger.clone(),
         ..Default::default()
     };
-    let gone: HashSet<&(String, Uid)> = gone.iter().collect();
+    let gone: HashSet<&(ClaimRef, Uid)> = gone.iter().collect();
     for held in out.ledger.values_mut() {
         held.retain(|_, h| !gone.contains(&(h.claim.clone(), h.uid.clone())));
     }
@@ -213,7 +213,7 @@ pub fn plan(
                         held.insert(
                             ip.addr(),
                             Holder {
-                                claim: key.clone(),
+                                claim: key.as_str().into(),
                                 uid: claim.uid.clone(),
                                 ip: *ip,
                             },
@@ -257,7 +257,7 @@ pub fn plan(
                     held.insert(
                         addr,
                         Holder {
-                            claim: key.clone(),
+                            claim: key.as_str().into(),
                             uid: claim.uid.clone(),
                             ip,
                         },

@@ -474,12 +474,12 @@ async fn round(
         // Listed under that name with another uid: that claim is gone
         // (a pod or VM made again under the same name).
         let listed_same = versions
-            .get(&h.claim)
+            .get(&h.claim.to_string())
             .is_some_and(|o: &DynamicObject| h.uid.is(o.metadata.uid.as_deref().unwrap_or("")));
         if listed_same || gone.contains(&(h.claim.clone(), h.uid.clone())) {
             continue;
         }
-        let (ns, name) = h.claim.split_once('/').unwrap_or(("", &h.claim));
+        let (ns, name) = (h.claim.namespace.as_str(), h.claim.name.as_str());
         let api: Api<DynamicObject> = Api::namespaced_with(client.clone(), ns, &claims_res);
         let current = api.get_opt(name).await?;
         if current.is_none_or(|c| !h.uid.is(c.metadata.uid.as_deref().unwrap_or(""))) {

@@ -603,7 +603,7 @@ impl KubeVm {
 /// The ledger entry vouching 10.31.0.`ip` for vm`k`'s claim.
 fn holder(k: u32, ip: u8) -> Holder {
     Holder {
-        claim: format!("prod/vm{k}.blue"),
+        claim: format!("prod/vm{k}.blue").into(),
         uid: Default::default(),
         ip: format!("10.31.0.{ip}/24").parse().unwrap(),
     }
@@ -661,7 +661,7 @@ impl PlainPod {
 /// `claim`.
 fn pod_holder(claim: &str, ip: u8) -> Holder {
     Holder {
-        claim: format!("prod/{claim}"),
+        claim: format!("prod/{claim}").into(),
         uid: Default::default(),
         ip: format!("10.31.0.{ip}/24").parse().unwrap(),
     }

@@ -18,19 +18,119 @@ use k8s_openapi::api::core::v1::ConfigMap;
 use serde::{Deserialize, Serialize};
 
 use super::Uid;
-use crate::sys::hash::fnv1a;
+use crate::sys::{hash::fnv1a, intern::Name};
 
 /// Who holds an address.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Holder {
-    /// `namespace/name` of the IPAMClaim.
-    pub claim: String,
+    /// The IPAMClaim, written `namespace/name`.
+    pub claim: ClaimRef,
     /// Its uid: a claim deleted and made again is another claim. As
     /// bytes: every agent keeps an entry for every address of the cluster.
     #[serde(default)]
     pub uid: Uid,
     /// The address with its subnet's prefix, as `status.ips` has it.
     pub ip: IpNet,
+}
+
+// Every agent keeps one per address of the cluster.
+const _: () = assert!(std::mem::size_of::<Holder>() <= 64);
+
+/// An IPAMClaim's namespace and name, written `namespace/name` (the
+/// ledger's form): as names, which the claim's own object shares, not a
+/// string of its own per address.
+#[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ClaimRef {
+    pub namespace: Name,
+    pub name: Name,
+}
+
+impl ClaimRef {
+    /// Reads `namespace/name` (a text without `/` is a name in no
+    /// namespace, as the controller splits one).
+    pub fn new(text: &str) -> ClaimRef {
+        let (namespace, name) = text.split_once('/').unwrap_or(("", text));
+        ClaimRef {
+            namespace: Name::new(namespace),
+            name: Name::new(name),
+        }
+    }
+
+    /// Whether it is written `text` (as it prints).
+    pub fn is(&self, text: &str) -> bool {
+        if self.namespace.is_empty() {
+            return text == &*self.name;
+        }
+        text.split_once('/') == Some((&*self.namespace, &*self.name))
+    }
+}
+
+impl std::fmt::Display for ClaimRef {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.namespace.is_empty() {
+            f.write_str(&self.name)
+        } else {
+            write!(f, "{}/{}", self.namespace, self.name)
+        }
+    }
+}
+
+impl std::fmt::Debug for ClaimRef {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        std::fmt::Debug::fmt(&self.to_string(), f)
+    }
+}
+
+impl PartialEq<str> for ClaimRef {
+    fn eq(&self, other: &str) -> bool {
+        self.is(other)
+    }
+}
+
+impl PartialEq<&str> for ClaimRef {
+    fn eq(&self, other: &&str) -> bool {
+        self.is(other)
+    }
+}
+
+impl PartialEq<String> for ClaimRef {
+    fn eq(&self, other: &String) -> bool {
+        self.is(other)
+    }
+}
+
+impl From<&str> for ClaimRef {
+    fn from(text: &str) -> Self {
+        ClaimRef::new(text)
+    }
+}
+
+impl From<String> for ClaimRef {
+    fn from(text: String) -> Self {
+        ClaimRef::new(&text)
+    }
+}
+
+impl Serialize for ClaimRef {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.collect_str(self)
+    }
+}
+
+impl<'de> Deserialize<'de> for ClaimRef {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct Visitor;
+        impl serde::de::Visitor<'_> for Visitor {
+            type Value = ClaimRef;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("an IPAMClaim's namespace/name")
+            }
+            fn visit_str<E: serde::de::Error>(self, text: &str) -> Result<ClaimRef, E> {
+                Ok(ClaimRef::new(text))
+            }
+        }
+        deserializer.deserialize_str(Visitor)
+    }
 }
 
 /// A parsed shard with its trees full: the controller writes it in key
@@ -333,6 +433,29 @@ mod tests {
 
     use super::*;
 
+    #[test]
+    fn a_holders_claim_reads_and_writes_as_namespace_slash_name() {
+        let text = r#"{"claim":"prod/vm1.blue","uid":"5d1c5a3e-8f0b-4c1e-9b7a-3f2e1d0c9b8a","ip":"10.31.0.11/24"}"#;
+        let holder: Holder = serde_json::from_str(text).unwrap();
+        assert_eq!(&*holder.claim.namespace, "prod");
+        assert_eq!(&*holder.claim.name, "vm1.blue");
+        assert_eq!(serde_json::to_string(&holder).unwrap(), text);
+        assert!(holder.claim == "prod/vm1.blue");
+        for other in [
+            "prod/vm1.blu",
+            "prod/vm1.blue/x",
+            "prodvm1.blue",
+            "vm1.blue",
+            "/vm1.blue",
+        ] {
+            assert!(holder.claim != other, "{other}");
+        }
+        // No namespace: the name alone, as the controller reads one.
+        let bare = ClaimRef::new("vm1.blue");
+        assert_eq!(bare.to_string(), "vm1.blue");
+        assert!(bare == "vm1.blue" && bare != "/vm1.blue");
+    }
+
     /// A ledger as KubeVirt's claims would fill it: `n` addresses, each
     /// held by a claim with a long name and a UUID.
     fn ledger(n: u32) -> Ledger {
@@ -342,7 +465,7 @@ mod tests {
             held.insert(
                 ip,
                 Holder {
-                    claim: format!("tenant-namespace-{}/imported-vm-{i:06}.blue", i % 50),
+                    claim: format!("tenant-namespace-{}/imported-vm-{i:06}.blue", i % 50).into(),
                     uid: format!("8c5d2f3e-1b4a-4c6d-9e7f-{i:012}").into(),
                     ip: format!("{ip}/8").parse().unwrap(),
                 },
@@ -477,7 +600,8 @@ mod tests {
     fn a_status_is_vouched_for_only_by_its_own_ledger_entry() {
         let whole = ledger(1);
         let (ip, holder) = whole["blue"].iter().next().unwrap();
-        let mine = |ips: &[String]| unvouched(&whole, "blue", &holder.claim, &holder.uid, ips);
+        let mine =
+            |ips: &[String]| unvouched(&whole, "blue", &holder.claim.to_string(), &holder.uid, ips);
         assert_eq!(mine(&[holder.ip.to_string()]), None);
         // Another prefix, another uid of the name, another claim, a free
         // address, another network, not a CIDR: each named.
@@ -490,7 +614,7 @@ mod tests {
         let earlier = unvouched(
             &whole,
             "blue",
-            &holder.claim,
+            &holder.claim.to_string(),
             &"new-uid".into(),
             &[holder.ip.to_string()],
         );
@@ -514,7 +638,7 @@ mod tests {
         let elsewhere = unvouched(
             &whole,
             "red",
-            &holder.claim,
+            &holder.claim.to_string(),
             &holder.uid,
             &[holder.ip.to_string()],
         );
