@@ -18,7 +18,7 @@ pub mod service;
 pub mod source;
 mod validate;
 
-use std::{fmt, net::IpAddr, path::Path};
+use std::{fmt, net::IpAddr};
 
 use ipnet::IpNet;
 
@@ -43,7 +43,7 @@ pub use vmpath_api::types::ConfigError;
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DocRef {
     /// Shared with every document of the file.
-    pub file: std::sync::Arc<Path>,
+    pub file: crate::config::source::SourceFile,
     pub kind: DocKind,
     /// A name: a namespace's documents share it.
     pub namespace: Option<Name>,
@@ -392,7 +392,7 @@ pub struct Attachment {
 // the boxed fields above, 224 before names were one word and the source's
 // label boxed). A field that grows it should be boxed.
 const _: () = assert!(std::mem::size_of::<Attachment>() + 16 <= 192);
-const _: () = assert!(std::mem::size_of::<DocRef>() <= 72);
+const _: () = assert!(std::mem::size_of::<DocRef>() <= 64);
 
 impl Attachment {
     /// `metadata.name` (its source's: one copy).

@@ -101,11 +101,78 @@ impl DocOrigin {
     }
 }
 
+/// The file a document came from, shared by every document of it: one
+/// word (the path behind a second pointer, one per file), as every object
+/// of the cluster and every Attachment carries its file.
+#[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct SourceFile(std::sync::Arc<std::path::PathBuf>);
+
+impl SourceFile {
+    pub fn new(path: impl Into<std::path::PathBuf>) -> SourceFile {
+        SourceFile(std::sync::Arc::new(path.into()))
+    }
+}
+
+impl std::ops::Deref for SourceFile {
+    type Target = Path;
+    fn deref(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl AsRef<Path> for SourceFile {
+    fn as_ref(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl std::borrow::Borrow<Path> for SourceFile {
+    fn borrow(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl std::fmt::Debug for SourceFile {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        std::fmt::Debug::fmt(&**self.0, f)
+    }
+}
+
+impl From<&Path> for SourceFile {
+    fn from(path: &Path) -> Self {
+        SourceFile::new(path)
+    }
+}
+
+impl From<std::path::PathBuf> for SourceFile {
+    fn from(path: std::path::PathBuf) -> Self {
+        SourceFile::new(path)
+    }
+}
+
+impl serde::Serialize for SourceFile {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        self.0.serialize(serializer)
+    }
+}
+
+/// A document's position as a [`ClusterDocument`] keeps it (a file has
+/// far fewer documents than `u32` counts).
+pub fn doc_index(i: usize) -> u32 {
+    u32::try_from(i).unwrap_or(u32::MAX)
+}
+
+impl From<&str> for SourceFile {
+    fn from(path: &str) -> Self {
+        SourceFile::new(path)
+    }
+}
+
 /// One YAML document with where it came from.
 #[derive(Debug, Clone)]
 pub struct RawDocument {
     /// Shared with every document of the file (and its Attachments' sources).
-    pub file: std::sync::Arc<Path>,
+    pub file: SourceFile,
     /// 1-based position of the document in its file (empty documents are
     /// not counted).
     pub index: usize,
@@ -125,12 +192,16 @@ pub struct ClusterDocument {
     /// Shared by the objects of one file or kind (a round's snapshot
     /// holds one per object: a copy each was tens of thousands of
     /// allocations a round).
-    pub file: std::sync::Arc<std::path::Path>,
-    /// As in [`RawDocument`] (a `v1 List`'s items share its index).
-    pub index: usize,
+    pub file: SourceFile,
+    /// As in [`RawDocument`] (a `v1 List`'s items share its index). A
+    /// `u32`: with it the object's entry is three words.
+    pub index: u32,
     /// Shared with the source's copy.
     pub object: std::sync::Arc<crate::config::kube_objects::prune::ClusterObject>,
 }
+
+// One per object of the cluster, in the snapshot's parts.
+const _: () = assert!(std::mem::size_of::<ClusterDocument>() <= 24);
 
 /// A list made of shared parts, in order: a round's snapshot takes each
 /// kind's objects (each file's) as its source keeps them, one `Arc` each,
@@ -395,14 +466,14 @@ fn parse_file(file: &Path, stamp: Stamp) -> Parsed {
     match parse(&bytes) {
         Ok(values) => {
             let (mut documents, mut cluster) = (Vec::new(), Vec::new());
-            let shared: std::sync::Arc<Path> = file.into();
+            let shared = SourceFile::from(file);
             for (i, value) in values.into_iter().enumerate() {
                 // Only what is read is kept, typed: a cluster's objects
                 // are many.
                 let (objects, document) = crate::config::kube_objects::prune::keep_all(value);
                 cluster.extend(objects.into_iter().map(|object| ClusterDocument {
                     file: shared.clone(),
-                    index: i + 1,
+                    index: doc_index(i + 1),
                     object,
                 }));
                 documents.extend(document.map(|value| RawDocument {

@@ -24,7 +24,7 @@ use crate::config::kube_objects::{
 use crate::config::{
     AttachmentKey, ConfigError, DocOrigin,
     model::API_VERSION,
-    source::{ClusterDocument, RawDocument, SourceObject},
+    source::{ClusterDocument, RawDocument, SourceFile, SourceObject},
 };
 use crate::sys::hash::{HashMap, HashSet};
 use vmpath_api::types::{ObjectRef, RefusalReason};
@@ -41,7 +41,7 @@ fn has_ipam(raw: &RawDocument) -> bool {
 /// A port the CNI plugin handed over, as its Attachment document says.
 #[derive(Debug, Clone)]
 struct CniPort {
-    file: std::sync::Arc<Path>,
+    file: SourceFile,
     port: String,
     network: String,
     mac: Option<String>,
@@ -50,7 +50,7 @@ struct CniPort {
 /// A typed object with where it came from.
 struct Object<'a, T> {
     /// Shared by the documents derived from it.
-    file: &'a std::sync::Arc<Path>,
+    file: &'a SourceFile,
     index: usize,
     value: &'a T,
 }
@@ -160,7 +160,7 @@ pub fn translate(
         if let Some(object) = cluster_object(&raw.value) {
             given.push(ClusterDocument {
                 file: raw.file,
-                index: raw.index,
+                index: crate::config::source::doc_index(raw.index),
                 object: std::sync::Arc::new(object),
             });
             continue;
@@ -198,7 +198,7 @@ pub fn translate(
         t.documents.push(raw);
     }
     for doc in cluster.iter().chain(&given) {
-        let (file, index) = (&doc.file, doc.index);
+        let (file, index) = (&doc.file, doc.index as usize);
         match &*doc.object {
             ClusterObject::Pod(value) => pods.push(Object { file, index, value }),
             ClusterObject::Vmi(value) => vmis.push(Object { file, index, value }),
@@ -861,7 +861,7 @@ pub fn translate(
     }
     // CNI ports taken above stand for their pod's interface: their own
     // Attachment documents go.
-    let remaining: BTreeSet<std::sync::Arc<Path>> = cni.values().map(|c| c.file.clone()).collect();
+    let remaining: BTreeSet<SourceFile> = cni.values().map(|c| c.file.clone()).collect();
     t.documents.retain(|d| {
         d.origin != DocOrigin::CniPort
             || d.value.get("kind").and_then(Value::as_str) != Some("Attachment")
@@ -993,7 +993,7 @@ fn migration_of(
 
 /// One derived Attachment, before it becomes a document.
 struct Derived {
-    file: std::sync::Arc<Path>,
+    file: SourceFile,
     name: String,
     from: Vec<SourceObject>,
     key: AttachmentKey,
@@ -1332,7 +1332,7 @@ mod tests {
                 .cluster
                 .extend(objects.into_iter().map(|object| ClusterDocument {
                     file: d.file.clone(),
-                    index: d.index,
+                    index: crate::config::source::doc_index(d.index),
                     object,
                 }));
             stored
@@ -2317,7 +2317,7 @@ mod default_network_tests {
                 .cluster
                 .extend(objects.into_iter().map(|object| ClusterDocument {
                     file: d.file.clone(),
-                    index: d.index,
+                    index: crate::config::source::doc_index(d.index),
                     object,
                 }));
             stored

@@ -39,7 +39,7 @@ use crate::{
     config::kube_objects::ledger,
     config::{
         ConfigError,
-        source::{ClusterDocument, RawDocument, Snapshot},
+        source::{ClusterDocument, RawDocument, Snapshot, SourceFile},
     },
     publish::view::SharedView,
     sys::events::Wake,
@@ -109,7 +109,7 @@ struct Kind {
     /// reads again only the chunks those keys fall in.
     read: Arc<Mutex<KindRead>>,
     /// `kubernetes:<plural>`: the file every object of the kind names.
-    file: Arc<Path>,
+    file: SourceFile,
 }
 
 /// What a round reads of a kind: the last read, and what changed since.
@@ -687,7 +687,7 @@ impl Kind {
 
 /// `objects` (in key order) in chunks of [`READ_CHUNK`], numbered from
 /// `base`.
-fn chunks_of(file: &Arc<Path>, objects: &[(&ObjectKey, &Kept)], base: usize) -> Vec<ReadChunk> {
+fn chunks_of(file: &SourceFile, objects: &[(&ObjectKey, &Kept)], base: usize) -> Vec<ReadChunk> {
     objects
         .chunks(READ_CHUNK)
         .enumerate()
@@ -704,7 +704,7 @@ fn chunks_of(file: &Arc<Path>, objects: &[(&ObjectKey, &Kept)], base: usize) -> 
 
 /// One chunk of a kind's objects, as a round reads them.
 fn read_chunk<'a>(
-    file: &Arc<Path>,
+    file: &SourceFile,
     first: ObjectKey,
     base: usize,
     objects: impl Iterator<Item = &'a Kept>,
@@ -715,7 +715,7 @@ fn read_chunk<'a>(
         match kept {
             Kept::Cluster(object) => cluster.push(ClusterDocument {
                 file: file.clone(),
-                index: base + i,
+                index: crate::config::source::doc_index(base + i),
                 object: object.clone(),
             }),
             Kept::Document(value) if value.is_null() => {}

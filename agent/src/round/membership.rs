@@ -37,7 +37,7 @@ use crate::config::{
         CREATED_BY_LABEL, DEFAULT_NETWORK_ANNOTATION, NETWORKS_ANNOTATION, VM_NAME_LABEL,
         pod_claim_prefix,
     },
-    source::{Chunked, ClusterDocument, DocOrigin, RawDocument, Snapshot},
+    source::{Chunked, ClusterDocument, DocOrigin, RawDocument, Snapshot, SourceFile},
 };
 use crate::sys::hash::{HashMap, HashSet};
 use crate::sys::intern::Name;
@@ -49,7 +49,7 @@ enum Member {
     /// Boxed: an entry per object of the cluster is kept, most of them
     /// cluster objects, and the document's file and origin would make
     /// each of those seven times its size.
-    Document(Box<(Arc<Value>, Arc<std::path::Path>, DocOrigin)>),
+    Document(Box<(Arc<Value>, SourceFile, DocOrigin)>),
     Cluster(Arc<ClusterObject>),
 }
 
@@ -322,7 +322,7 @@ pub struct Membership {
     /// others (with repeats). A refusal with no object (a vmpath
     /// document's) is attributed by its file, where every document in it
     /// is grouped.
-    files: HashMap<Arc<std::path::Path>, (usize, Vec<Key>)>,
+    files: HashMap<SourceFile, (usize, Vec<Key>)>,
     /// Duplicated VMI uids and pod names: a full pass decides those.
     ambiguous: usize,
     read_errors: Vec<ConfigError>,
