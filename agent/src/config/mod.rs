@@ -370,7 +370,7 @@ pub struct Attachment {
     pub labels: label_selector::Labels,
     /// Named ports the endpoint declares (`spec.ports`), for policies that
     /// name a port.
-    pub ports: Box<[NamedPort]>,
+    pub ports: NamedPorts,
     pub key: AttachmentKey,
     /// Names: the network and node are every VM's of them, and KubeVirt
     /// names a VM's pod interface by its network alone (a hash of it), so
@@ -380,7 +380,8 @@ pub struct Attachment {
     pub port: Name,
     pub mac: Option<[u8; 6]>,
     pub mac_policy: MacPolicy,
-    pub ips: Vec<IpNet>,
+    /// A boxed slice: no capacity word.
+    pub ips: Box<[IpNet]>,
     /// Boxed: few VMs migrate at a time, and every Attachment would
     /// carry its room.
     pub migration: Option<Box<Migration>>,
@@ -388,11 +389,12 @@ pub struct Attachment {
 }
 
 // Every VM interface of the cluster is an `Arc<Attachment>`: with the
-// `Arc`'s two counts it takes the allocator's 192-byte class (256 before
-// the boxed fields above, 224 before names were one word and the source's
-// label boxed). A field that grows it should be boxed.
-const _: () = assert!(std::mem::size_of::<Attachment>() + 16 <= 192);
-const _: () = assert!(std::mem::size_of::<DocRef>() <= 64);
+// `Arc`'s two counts it takes the allocator's 160-byte class (192 before
+// its addresses, ports, file and origin were each a word thinner, 224
+// before names were one word and the source's label boxed, 256 before the
+// boxed fields above). A field that grows it should be boxed.
+const _: () = assert!(std::mem::size_of::<Attachment>() + 16 <= 160);
+const _: () = assert!(std::mem::size_of::<DocRef>() <= 56);
 
 impl Attachment {
     /// `metadata.name` (its source's: one copy).
@@ -433,6 +435,39 @@ impl Attachment {
 }
 
 /// A port an endpoint declares by name (as a container port).
+/// An Attachment's named ports: one word, none allocated for the many
+/// that declare none.
+#[derive(Clone, Default, PartialEq, Eq)]
+pub struct NamedPorts(Option<triomphe::ThinArc<(), NamedPort>>);
+
+impl From<Vec<NamedPort>> for NamedPorts {
+    fn from(ports: Vec<NamedPort>) -> Self {
+        NamedPorts(
+            (!ports.is_empty())
+                .then(|| triomphe::ThinArc::from_header_and_iter((), ports.into_iter())),
+        )
+    }
+}
+
+impl std::ops::Deref for NamedPorts {
+    type Target = [NamedPort];
+    fn deref(&self) -> &[NamedPort] {
+        self.0.as_ref().map_or(&[], |p| &p.slice)
+    }
+}
+
+impl fmt::Debug for NamedPorts {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_list().entries(self.iter()).finish()
+    }
+}
+
+impl Serialize for NamedPorts {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        (**self).serialize(serializer)
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct NamedPort {
     pub name: String,

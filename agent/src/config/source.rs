@@ -39,11 +39,53 @@ pub enum DocOrigin {
     /// Made by translation from Kubernetes objects: the VMI first where
     /// there is one, then the pod (shared by every copy: the derived
     /// document, its membership entry, its Attachment's source).
-    Derived(std::sync::Arc<[SourceObject]>),
+    Derived(Sources),
     /// Made from a Kubernetes object read as it is (a v1 Node's address).
     /// Boxed: the origin is in every Attachment's source, and this
     /// variant would make each three times its size.
     Object(Box<ObjectRef>),
+}
+
+/// The objects a derived document came from, in order: one word (their
+/// count lives in the shared copy), so an Attachment's source fits its
+/// allocator class.
+#[derive(Clone)]
+pub struct Sources(triomphe::ThinArc<(), SourceObject>);
+
+impl Sources {
+    pub fn new(objects: Vec<SourceObject>) -> Sources {
+        Sources(triomphe::ThinArc::from_header_and_iter(
+            (),
+            objects.into_iter(),
+        ))
+    }
+}
+
+impl From<Vec<SourceObject>> for Sources {
+    fn from(objects: Vec<SourceObject>) -> Self {
+        Sources::new(objects)
+    }
+}
+
+impl std::ops::Deref for Sources {
+    type Target = [SourceObject];
+    fn deref(&self) -> &[SourceObject] {
+        &self.0.slice
+    }
+}
+
+impl PartialEq for Sources {
+    fn eq(&self, other: &Self) -> bool {
+        **self == **other
+    }
+}
+
+impl Eq for Sources {}
+
+impl std::fmt::Debug for Sources {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_list().entries(self.iter()).finish()
+    }
 }
 
 /// A Kubernetes object a derived document came from, as every VM
@@ -202,6 +244,9 @@ pub struct ClusterDocument {
 
 // One per object of the cluster, in the snapshot's parts.
 const _: () = assert!(std::mem::size_of::<ClusterDocument>() <= 24);
+
+// In every Attachment's source.
+const _: () = assert!(std::mem::size_of::<DocOrigin>() <= 16);
 
 /// A list made of shared parts, in order: a round's snapshot takes each
 /// kind's objects (each file's) as its source keeps them, one `Arc` each,

@@ -1138,7 +1138,7 @@ fn attachment(doc: &Doc, cfg: &Config) -> Result<Attachment, ConfigError> {
         mac_policy: spec.mac_policy,
         migration: spec.migration.map(Box::new),
         source: doc.source(super::DocKind::Attachment),
-        ips: spec.ips,
+        ips: spec.ips.into(),
     })
 }
 

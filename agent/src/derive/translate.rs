@@ -1378,7 +1378,7 @@ mod tests {
             "the VMI's macAddress"
         );
         assert_eq!(
-            a.ips,
+            a.ips[..],
             ["10.31.0.11/24".parse().unwrap()],
             "the IPAMClaim's status.ips"
         );
@@ -1487,7 +1487,7 @@ mod tests {
         );
         assert!(cfg.errors.is_empty(), "{:#?}", cfg.errors);
         assert_eq!(
-            cfg.attachments[0].ips,
+            cfg.attachments[0].ips[..],
             ["10.31.0.11/24".parse::<ipnet::IpNet>().unwrap()]
         );
     }
@@ -1522,7 +1522,7 @@ mod tests {
             .filter(|a| a.key.vm == "vm1")
             .collect();
         assert_eq!(
-            vm1_ifaces[0].ips,
+            vm1_ifaces[0].ips[..],
             ["10.31.0.150/24".parse::<ipnet::IpNet>().unwrap()],
             "{:#?}",
             cfg.attachments
@@ -1600,7 +1600,7 @@ mod tests {
         assert!(cfg.errors.is_empty(), "{:#?}", cfg.errors);
         let a = &cfg.attachments[0];
         assert_eq!(a.node, "node-a");
-        assert_eq!(a.ips, ["10.31.0.11/24".parse().unwrap()]);
+        assert_eq!(a.ips[..], ["10.31.0.11/24".parse().unwrap()]);
         assert!(
             a.source
                 .document()
@@ -1917,7 +1917,7 @@ spec: {vm: thief, interface: eth0, network: nowhere, node: node-a, port: p0}
             ("node-b", Some(target_port), false)
         );
         assert_eq!(
-            a.ips,
+            a.ips[..],
             ["10.31.0.11/24".parse().unwrap()],
             "same addresses on both sides"
         );
@@ -2231,7 +2231,7 @@ status: {{ips: [{ips}]}}
         // Its own claim's addresses, not the selection's request.
         let cfg = run(true, Some(claim("pod-uid-2", "10.31.0.9/24")));
         assert_eq!(
-            cfg.attachments[0].ips,
+            cfg.attachments[0].ips[..],
             ["10.31.0.9/24".parse::<ipnet::IpNet>().unwrap()]
         );
         // A port whose Pod is not read: it waits too.
@@ -2360,7 +2360,7 @@ mod default_network_tests {
                 Some([2, 0, 0, 0x31, 0, 0x0b])
             )
         );
-        assert_eq!(a.ips, ["10.31.0.11/24".parse().unwrap()]);
+        assert_eq!(a.ips[..], ["10.31.0.11/24".parse().unwrap()]);
         assert!(
             a.source
                 .document()
