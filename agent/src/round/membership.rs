@@ -120,8 +120,77 @@ struct Entry {
     part: usize,
 }
 
-// One per object of the cluster, in a map's slot with its key.
-const _: () = assert!(std::mem::size_of::<Entry>() <= 48);
+impl Entry {
+    /// Its object's identity: its key in [`Entries`].
+    fn ptr(&self) -> usize {
+        self.member.ptr()
+    }
+}
+
+// One per object of the cluster, each a table's slot.
+const _: () = assert!(std::mem::size_of::<Entry>() <= 40);
+
+/// Every object's entry, by identity: a table of entries, each found by
+/// its object's pointer ([`Entry::ptr`]), so no slot holds a copy of it
+/// (8 bytes of every object of the cluster).
+#[derive(Debug, Clone, Default)]
+struct Entries {
+    table: hashbrown::HashTable<Entry>,
+    hasher: ahash::RandomState,
+}
+
+impl Entries {
+    fn hash(&self, p: usize) -> u64 {
+        self.hasher.hash_one(p)
+    }
+
+    fn get(&self, p: &usize) -> Option<&Entry> {
+        self.table.find(self.hash(*p), |e| e.ptr() == *p)
+    }
+
+    fn get_mut(&mut self, p: &usize) -> Option<&mut Entry> {
+        let hash = self.hash(*p);
+        self.table.find_mut(hash, |e| e.ptr() == *p)
+    }
+
+    fn contains_key(&self, p: &usize) -> bool {
+        self.get(p).is_some()
+    }
+
+    /// Sets the entry of its object (`p`, its pointer).
+    fn insert(&mut self, p: usize, e: Entry) {
+        debug_assert_eq!(p, e.ptr(), "an entry is found by its object's pointer");
+        let hasher = &self.hasher;
+        match self.table.entry(
+            hasher.hash_one(p),
+            |o| o.ptr() == p,
+            |o| hasher.hash_one(o.ptr()),
+        ) {
+            hashbrown::hash_table::Entry::Occupied(mut o) => *o.get_mut() = e,
+            hashbrown::hash_table::Entry::Vacant(v) => {
+                v.insert(e);
+            }
+        }
+    }
+
+    fn remove(&mut self, p: &usize) -> Option<Entry> {
+        let hash = self.hash(*p);
+        self.table
+            .find_entry(hash, |e| e.ptr() == *p)
+            .ok()
+            .map(|o| o.remove().0)
+    }
+
+    #[cfg(test)]
+    fn iter(&self) -> impl Iterator<Item = (usize, &Entry)> {
+        self.table.iter().map(|e| (e.ptr(), e))
+    }
+
+    #[cfg(test)]
+    fn values(&self) -> impl Iterator<Item = &Entry> {
+        self.table.iter()
+    }
+}
 
 /// One group's objects.
 #[derive(Debug, Clone)]
@@ -248,8 +317,68 @@ impl Reach {
     }
 }
 
-/// An object's groups: inline when it is in one (nearly every object).
-type Groups = smallvec::SmallVec<[Key; 1]>;
+/// An object's groups: none allocated for one group (nearly every
+/// object), and two words (a `SmallVec` was three: one per object of the
+/// cluster).
+#[derive(Debug, Clone, Default)]
+enum Groups {
+    #[default]
+    None,
+    One(Key),
+    Many(triomphe::ThinArc<(), Key>),
+}
+
+impl Groups {
+    fn new() -> Self {
+        Groups::None
+    }
+
+    fn as_slice(&self) -> &[Key] {
+        match self {
+            Groups::None => &[],
+            Groups::One(k) => std::slice::from_ref(k),
+            Groups::Many(ks) => &ks.slice,
+        }
+    }
+
+    fn iter(&self) -> std::slice::Iter<'_, Key> {
+        self.as_slice().iter()
+    }
+
+    fn len(&self) -> usize {
+        self.as_slice().len()
+    }
+
+    fn is_empty(&self) -> bool {
+        matches!(self, Groups::None)
+    }
+
+    fn contains(&self, k: &Key) -> bool {
+        self.as_slice().contains(k)
+    }
+}
+
+impl FromIterator<Key> for Groups {
+    fn from_iter<I: IntoIterator<Item = Key>>(iter: I) -> Self {
+        let mut keys: Vec<Key> = iter.into_iter().collect();
+        match keys.len() {
+            0 => Groups::None,
+            1 => Groups::One(keys.pop().expect("one")),
+            _ => Groups::Many(triomphe::ThinArc::from_header_and_iter(
+                (),
+                keys.into_iter(),
+            )),
+        }
+    }
+}
+
+impl<'a> IntoIterator for &'a Groups {
+    type Item = &'a Key;
+    type IntoIter = std::slice::Iter<'a, Key>;
+    fn into_iter(self) -> Self::IntoIter {
+        self.iter()
+    }
+}
 
 /// Removes one `item` from the list, if there.
 fn remove_one<T: PartialEq, A: smallvec::Array<Item = T>>(
@@ -272,7 +401,7 @@ fn remove_one_vec<T: PartialEq>(list: &mut Vec<T>, item: &T) {
 #[derive(Debug, Clone, Default)]
 pub struct Membership {
     /// Every object of the last snapshot, by identity.
-    entries: HashMap<usize, Entry>,
+    entries: Entries,
     groups: ByName<Group>,
     /// The objects no group owns.
     context: HashSet<usize>,
@@ -930,7 +1059,7 @@ impl Membership {
                 ClusterObject::Pod(pod) => {
                     let ns = pod.metadata.namespace();
                     let name = pod.metadata.name.as_str();
-                    self.object_groups("Pod", ns, name, &old, &groups);
+                    self.object_groups("Pod", ns, name, old.as_slice(), groups.as_slice());
                     for r in claim_references(pod) {
                         moved(entry(&mut self.references, ns, &r));
                         prune(&mut self.references, ns, &r, Vec::is_empty);
@@ -949,8 +1078,8 @@ impl Membership {
                         "VirtualMachineInstanceMigration",
                         m.metadata.namespace(),
                         &m.metadata.name,
-                        &old,
-                        &groups,
+                        old.as_slice(),
+                        groups.as_slice(),
                     );
                 }
                 ClusterObject::IpamClaim(claim) => {
@@ -1202,16 +1331,20 @@ impl Membership {
         use std::collections::BTreeMap;
         let mut groups: BTreeMap<&GroupKey, Vec<usize>> = BTreeMap::new();
         let mut lines = Vec::new();
-        for (p, e) in &self.entries {
+        for (p, e) in self.entries.iter() {
             for g in &e.groups {
-                groups.entry(&**g).or_default().push(*p);
+                groups.entry(&**g).or_default().push(p);
             }
         }
         for (g, mut ps) in groups {
             ps.sort();
             let claimable = ps
                 .iter()
-                .filter(|p| self.entries[p].member.makes_claimable_group())
+                .filter(|p| {
+                    self.entries
+                        .get(p)
+                        .is_some_and(|e| e.member.makes_claimable_group())
+                })
                 .count();
             let group = get(&self.groups, &g.0, &g.1).expect("a group of its members");
             let mut held = group.members.to_vec();
@@ -1301,9 +1434,9 @@ impl Membership {
         use std::collections::BTreeMap;
         let members = |m: &Membership| {
             let mut out: BTreeMap<GroupKey, Vec<usize>> = BTreeMap::new();
-            for (p, e) in &m.entries {
+            for (p, e) in m.entries.iter() {
                 for g in &e.groups {
-                    out.entry((**g).clone()).or_default().push(*p);
+                    out.entry((**g).clone()).or_default().push(p);
                 }
             }
             out.values_mut().for_each(|v| v.sort());
@@ -1547,7 +1680,7 @@ mod tests {
             m.entries
                 .iter()
                 .find(|(_, e)| matches!(e.member.cluster(), Some(ClusterObject::Vmi(v)) if v.metadata.name == name))
-                .map(|(p, _)| *p)
+                .map(|(p, _)| p)
                 .expect("the VMI")
         };
         let intruder = ptr_of_vmi(&m, "intruder");
