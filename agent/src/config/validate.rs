@@ -1,6 +1,7 @@
 //! Turns raw documents into a [`Config`], refusing bad ones one by one.
 
 use crate::sys::intern::Name;
+use crate::sys::ip_map::IpMap;
 use std::{
     collections::{BTreeMap, BTreeSet},
     net::IpAddr,
@@ -114,12 +115,12 @@ pub struct Held {
     /// map of 10,000 built again on every CNI ADD).
     /// (network, address) -> the claim's key (`namespace/vm/interface`);
     /// names, shared with the claims and each other.
-    pub ips: std::sync::Arc<HashMap<(Name, IpAddr), Name>>,
+    pub ips: std::sync::Arc<IpMap<Name, Name>>,
     pub macs: std::sync::Arc<HashMap<(Name, [u8; 6]), Name>>,
     /// Claims the store recorded since `ips` and `macs` were built, kept
     /// beside them (pairs neither has), so a new claim does not copy the
     /// map of every claim of the cluster (`Round::held`).
-    pub ips_added: HashMap<(Name, IpAddr), Name>,
+    pub ips_added: IpMap<Name, Name>,
     pub macs_added: HashMap<(Name, [u8; 6]), Name>,
     pub port_ips: HashMap<(u32, IpAddr), String>,
     pub port_macs: HashMap<(u32, [u8; 6]), String>,
@@ -129,8 +130,9 @@ impl Held {
     /// The VM interface the claims store gives `ip` on network `net`.
     /// (`net` a name: the key is made without a look in the names' table.)
     pub fn stored_ip(&self, net: &Name, ip: IpAddr) -> Option<&Name> {
-        let key = (net.clone(), ip);
-        self.ips_added.get(&key).or_else(|| self.ips.get(&key))
+        self.ips_added
+            .get(net, &ip)
+            .or_else(|| self.ips.get(net, &ip))
     }
 
     /// The VM interface the claims store gives `mac` on network `net`.

@@ -10,7 +10,7 @@
 //! is cut short. The claims themselves keep the addresses too: a lost
 //! ledger is rebuilt from them.
 
-use std::{collections::BTreeMap, net::IpAddr};
+use std::collections::BTreeMap;
 
 use ipnet::IpNet;
 
@@ -248,7 +248,7 @@ pub fn plan(
             let Some(pool) = pools.iter().find(|p| p.subnet().addr().is_ipv6() == v6) else {
                 continue;
             };
-            let taken: HashSet<IpAddr> = held.keys().copied().collect();
+            let taken: crate::sys::ip_map::IpSet = held.keys().copied().collect();
             let seed = fnv1a(&[key.as_bytes(), &[u8::from(v6)]]);
             match pool.allocate(seed, &taken) {
                 Some(addr) => {

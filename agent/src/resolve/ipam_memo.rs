@@ -26,8 +26,6 @@
 //! what it would see there. `round::equivalence` compares the two after
 //! random sequences of changes.
 
-use std::net::IpAddr;
-
 use crate::{
     config::{AttachmentKey, Network},
     resolve::{
@@ -53,7 +51,7 @@ pub struct Memo {
     /// Keys as names: the claims' own, shared with validation's map of them.
     /// The network's index as a `u32`: an entry per address of the
     /// cluster, 32 bytes each (40 with a `usize`).
-    held: HashMap<(u32, IpAddr), crate::sys::intern::Name>,
+    held: crate::sys::ip_map::IpMap<u32, crate::sys::intern::Name>,
     /// `held`'s addresses by network.
     taken: Taken,
     /// Every resolved MAC by network.
@@ -87,11 +85,7 @@ impl Memo {
             };
             let key = key.clone();
             for ip in &claim.ips {
-                if memo
-                    .held
-                    .insert((n as u32, ip.addr()), key.clone())
-                    .is_some()
-                {
+                if memo.held.insert(n as u32, ip.addr(), key.clone()).is_some() {
                     return None;
                 }
                 memo.taken.entry(n).or_default().insert(ip.addr());
@@ -217,7 +211,7 @@ impl Memo {
             if net.ipam
                 && a.ips.iter().any(|ip| {
                     self.held
-                        .get(&(n as u32, ip.addr()))
+                        .get(&(n as u32), &ip.addr())
                         .is_some_and(|h| *h != own && !gone.contains(h.as_str()))
                 })
             {
@@ -318,10 +312,10 @@ impl Memo {
         for ip in &claim.ips {
             if self
                 .held
-                .get(&(n as u32, ip.addr()))
+                .get(&(n as u32), &ip.addr())
                 .is_some_and(|h| h == key)
             {
-                self.held.remove(&(n as u32, ip.addr()));
+                self.held.remove(&(n as u32), &ip.addr());
                 if let Some(t) = self.taken.get_mut(&n) {
                     t.remove(&ip.addr());
                 }
@@ -337,7 +331,7 @@ impl Memo {
         };
         let mut alone = true;
         for ip in &claim.ips {
-            match self.held.insert((n as u32, ip.addr()), key.into()) {
+            match self.held.insert(n as u32, ip.addr(), key.into()) {
                 Some(other) if other != *key => alone = false,
                 _ => {}
             }

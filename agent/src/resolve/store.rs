@@ -31,11 +31,11 @@ impl crate::config::Held {
     /// What the claims store records. Beside the store, not in `config`:
     /// validation takes a [`Held`](crate::config::Held) and knows no store.
     pub fn from_claims(claims: &Claims) -> Self {
-        let mut ips = crate::sys::hash::HashMap::default();
+        let mut ips = crate::sys::ip_map::IpMap::default();
         let mut macs = crate::sys::hash::HashMap::default();
         for (key, c) in claims {
             for ip in &c.ips {
-                ips.insert((c.network.clone(), ip.addr()), key.clone());
+                ips.insert(c.network.clone(), ip.addr(), key.clone());
             }
             if let Some(mac) = c.mac {
                 macs.insert((c.network.clone(), mac), key.clone());
@@ -89,7 +89,8 @@ impl crate::config::Held {
                 if next.stored_ip(&pair.0, pair.1).is_some() {
                     return None;
                 }
-                next.ips_added.insert(pair, change.key.as_str().into());
+                next.ips_added
+                    .insert(pair.0, pair.1, change.key.as_str().into());
             }
             if let Some(pair) = now_mac.filter(|p| was_mac.as_ref() != Some(p)) {
                 if next.stored_mac(&pair.0, pair.1).is_some() {
@@ -431,8 +432,8 @@ mod tests {
     /// Every pair `held` gives, claims' part and additions together.
     fn lookups(held: &Held) -> BTreeMap<String, String> {
         let mut out = BTreeMap::new();
-        for ((net, ip), key) in held.ips.iter().chain(&held.ips_added) {
-            assert_eq!(held.stored_ip(net, *ip), Some(key));
+        for (net, ip, key) in held.ips.iter().chain(held.ips_added.iter()) {
+            assert_eq!(held.stored_ip(net, ip), Some(key));
             out.insert(format!("{net} {ip}"), key.to_string());
         }
         for ((net, mac), key) in held.macs.iter().chain(&held.macs_added) {

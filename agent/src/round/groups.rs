@@ -14,6 +14,7 @@ use std::{collections::BTreeSet, net::IpAddr, sync::Arc};
 use crate::config::{Config, ConfigError, Held};
 use crate::sys::hash::{HashMap, HashSet};
 use crate::sys::intern::Name;
+use crate::sys::ip_map::IpMap;
 
 pub use super::membership::{GroupKey, Membership};
 
@@ -39,7 +40,7 @@ fn is_conflict(e: &ConfigError) -> bool {
 #[derive(Debug, Clone, Default)]
 pub struct Holdings {
     /// network -> address -> its group.
-    ips: HashMap<Name, HashMap<IpAddr, Arc<GroupKey>>>,
+    ips: HashMap<Name, IpMap<(), Arc<GroupKey>>>,
     /// network -> MAC -> its group.
     macs: HashMap<Name, HashMap<[u8; 6], Arc<GroupKey>>>,
     /// node -> port -> its group. Names: KubeVirt names every VM's pod
@@ -108,9 +109,12 @@ impl Holdings {
             .group_key(&a.key.namespace, &a.key.vm)
             .unwrap_or_else(|| Arc::new(group_of(a)));
         if !a.ips.is_empty() {
-            let held = within(&mut self.ips, &a.network);
+            if !self.ips.contains_key(a.network.as_str()) {
+                self.ips.insert(a.network.clone(), IpMap::default());
+            }
+            let held = self.ips.get_mut(a.network.as_str()).expect("made above");
             for ip in &a.ips {
-                held.insert(ip.addr(), g.clone());
+                held.insert((), ip.addr(), g.clone());
             }
         }
         if let Some(mac) = a.mac {
@@ -121,8 +125,15 @@ impl Holdings {
     }
     fn remove(&mut self, a: &crate::config::Attachment) {
         let g = group_of(a);
-        for ip in &a.ips {
-            release(&mut self.ips, &a.network, &ip.addr(), &g);
+        if let Some(held) = self.ips.get_mut(a.network.as_str()) {
+            for ip in &a.ips {
+                if held.get(&(), &ip.addr()).is_some_and(|h| **h == g) {
+                    held.remove(&(), &ip.addr());
+                }
+            }
+            if held.is_empty() {
+                self.ips.remove(a.network.as_str());
+            }
         }
         if let Some(mac) = a.mac {
             release(&mut self.macs, &a.network, &mac, &g);
@@ -131,7 +142,7 @@ impl Holdings {
     }
     /// The group holding `ip` on `network`.
     fn ip(&self, network: &str, ip: &IpAddr) -> Option<&GroupKey> {
-        self.ips.get(network)?.get(ip).map(|g| &**g)
+        self.ips.get(network)?.get(&(), ip).map(|g| &**g)
     }
     /// The group holding `mac` on `network`.
     fn mac(&self, network: &str, mac: &[u8; 6]) -> Option<&GroupKey> {

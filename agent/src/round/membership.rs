@@ -440,7 +440,7 @@ pub struct Membership {
     /// ledger change reaches are looked up by its addresses (walking
     /// every claim was a pass over the cluster on each allocation). Inline:
     /// an address has one claim but where two claim it.
-    claims_by_ip: HashMap<IpAddr, smallvec::SmallVec<[usize; 1]>>,
+    claims_by_ip: crate::sys::ip_map::IpMap<(), smallvec::SmallVec<[usize; 1]>>,
     /// Of `claim_ips`, those with an address that does not read: any
     /// ledger change reaches them.
     claims_unread: HashSet<usize>,
@@ -1087,7 +1087,10 @@ impl Membership {
                         if self.claim_ips.insert(p) {
                             for ip in claim_addresses(&claim.status.ips) {
                                 match ip {
-                                    Some(ip) => self.claims_by_ip.entry(ip).or_default().push(p),
+                                    Some(ip) => self
+                                        .claims_by_ip
+                                        .get_or_insert_with((), ip, Default::default)
+                                        .push(p),
                                     None => {
                                         self.claims_unread.insert(p);
                                     }
@@ -1096,10 +1099,10 @@ impl Membership {
                         }
                     } else if self.claim_ips.remove(&p) {
                         for ip in claim_addresses(&claim.status.ips).flatten() {
-                            if let Some(holders) = self.claims_by_ip.get_mut(&ip) {
+                            if let Some(holders) = self.claims_by_ip.get_mut(&(), &ip) {
                                 remove_one(holders, &p);
                                 if holders.is_empty() {
-                                    self.claims_by_ip.remove(&ip);
+                                    self.claims_by_ip.remove(&(), &ip);
                                 }
                             }
                         }
@@ -1181,7 +1184,7 @@ impl Membership {
         }
         let readers: HashSet<usize> = changed
             .iter()
-            .filter_map(|ip| self.claims_by_ip.get(ip))
+            .filter_map(|ip| self.claims_by_ip.get(&(), ip))
             .flatten()
             .chain(&self.claims_unread)
             .copied()
@@ -1364,10 +1367,10 @@ impl Membership {
         let mut by_ip: Vec<(IpAddr, Vec<usize>)> = self
             .claims_by_ip
             .iter()
-            .map(|(ip, ps)| {
+            .map(|(_, ip, ps)| {
                 let mut ps = ps.to_vec();
                 ps.sort();
-                (*ip, ps)
+                (ip, ps)
             })
             .collect();
         by_ip.sort();
@@ -1776,8 +1779,15 @@ mod tests {
             Some(BTreeSet::from([group("web-a")])),
             "web-b's claim no longer names 10.9.0.6"
         );
-        assert!(!kept.claims_by_ip.contains_key(&"10.9.0.6".parse().unwrap()));
-        assert!(kept.claims_by_ip.contains_key(&"10.9.0.8".parse().unwrap()));
+        assert!(
+            !kept
+                .claims_by_ip
+                .contains_key(&(), &"10.9.0.6".parse().unwrap())
+        );
+        assert!(
+            kept.claims_by_ip
+                .contains_key(&(), &"10.9.0.8".parse().unwrap())
+        );
         let _ = std::fs::remove_dir_all(&dir);
     }
 

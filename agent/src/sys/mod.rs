@@ -10,6 +10,7 @@
 //! | [`events`] | what wakes the reconcile loop (inotify, link notifications) |
 //! | [`hash`] | FNV-1a, the stable hash |
 //! | [`intern`] | shared names: one copy of each, however many hold it |
+//! | [`ip_map`] | maps keyed by an address, IPv4 apart (half the entry) |
 //! | [`latest`] | records written off the loop's path, the latest only |
 //! | [`limits`] | the bounds every config file and object is read under |
 //! | [`netif`] | interface lookups: names, indexes, MTUs, addresses |
@@ -27,6 +28,7 @@ pub mod drop_later;
 pub mod events;
 pub mod hash;
 pub mod intern;
+pub mod ip_map;
 pub mod latest;
 pub mod limits;
 pub mod netif;
