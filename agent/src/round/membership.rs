@@ -116,14 +116,50 @@ struct Entry {
     /// for every object of the cluster), or a claim no group reads.
     groups: Groups,
     /// The part of the snapshot's cluster objects it was last read in
-    /// (`part_ptr`; 0 for a document): where `partial` finds it.
-    part: usize,
+    /// (`part_ptr`; 0 for a document): where `partial` finds it. Its low
+    /// bit, free in a part's pointer, says whether it is a placed claim
+    /// listed by its addresses ([`Entry::ADDRESSED`]: a set of those was
+    /// a word per claim of the cluster, and a lookup).
+    tagged_part: usize,
 }
 
 impl Entry {
+    /// [`tagged_part`](Entry::tagged_part)'s bit: listed in
+    /// `claims_by_ip` (or `claims_unread`).
+    const ADDRESSED: usize = 1;
+
+    fn new(member: Member, part: usize) -> Entry {
+        debug_assert_eq!(part & Self::ADDRESSED, 0, "a part's pointer is aligned");
+        Entry {
+            member,
+            groups: Groups::new(),
+            tagged_part: part,
+        }
+    }
+
     /// Its object's identity: its key in [`Entries`].
     fn ptr(&self) -> usize {
         self.member.ptr()
+    }
+
+    fn part(&self) -> usize {
+        self.tagged_part & !Self::ADDRESSED
+    }
+
+    fn set_part(&mut self, part: usize) {
+        debug_assert_eq!(part & Self::ADDRESSED, 0, "a part's pointer is aligned");
+        self.tagged_part = part | (self.tagged_part & Self::ADDRESSED);
+    }
+
+    fn addressed(&self) -> bool {
+        self.tagged_part & Self::ADDRESSED != 0
+    }
+
+    /// Marks it listed by its addresses, or not; returns whether it was.
+    fn set_addressed(&mut self, listed: bool) -> bool {
+        let was = self.addressed();
+        self.tagged_part = self.part() | if listed { Self::ADDRESSED } else { 0 };
+        was
     }
 }
 
@@ -433,15 +469,14 @@ pub struct Membership {
     /// to is read by nobody, and a change to it costs nothing until a
     /// group that reads it comes.
     claim_prefixes: ByName<Vec<Key>>,
-    /// Every placed IPAMClaim with addresses in its status: what a ledger
-    /// change reaches.
-    claim_ips: HashSet<usize>,
-    /// `claim_ips` by each address their status gives: the claims a
+    /// Every placed IPAMClaim with addresses in its status (its entry
+    /// marked [`Entry::addressed`]: what a ledger change reaches) by each
+    /// address its status gives: the claims a
     /// ledger change reaches are looked up by its addresses (walking
     /// every claim was a pass over the cluster on each allocation). Inline:
     /// an address has one claim but where two claim it.
     claims_by_ip: crate::sys::ip_map::IpMap<(), smallvec::SmallVec<[usize; 1]>>,
-    /// Of `claim_ips`, those with an address that does not read: any
+    /// Of those, the ones with an address that does not read: any
     /// ledger change reaches them.
     claims_unread: HashSet<usize>,
     /// kind -> (namespace, name) of each grouped pod and migration -> its
@@ -646,7 +681,7 @@ impl Membership {
             if old_mid.contains(&p) {
                 // Read again, unchanged, in another part.
                 if let Some(e) = self.entries.get_mut(&p) {
-                    e.part = part;
+                    e.set_part(part);
                 }
                 continue;
             }
@@ -793,14 +828,7 @@ impl Membership {
                 }
             }
         }
-        self.entries.insert(
-            p,
-            Entry {
-                member,
-                groups: Groups::new(),
-                part,
-            },
-        );
+        self.entries.insert(p, Entry::new(member, part));
         work.dirty.push(p);
     }
 
@@ -1084,7 +1112,11 @@ impl Membership {
                 }
                 ClusterObject::IpamClaim(claim) => {
                     if !groups.is_empty() && !claim.status.ips.is_empty() {
-                        if self.claim_ips.insert(p) {
+                        let was = self
+                            .entries
+                            .get_mut(&p)
+                            .is_some_and(|e| e.set_addressed(true));
+                        if !was {
                             for ip in claim_addresses(&claim.status.ips) {
                                 match ip {
                                     Some(ip) => self
@@ -1097,7 +1129,11 @@ impl Membership {
                                 }
                             }
                         }
-                    } else if self.claim_ips.remove(&p) {
+                    } else if self
+                        .entries
+                        .get_mut(&p)
+                        .is_some_and(|e| e.set_addressed(false))
+                    {
                         for ip in claim_addresses(&claim.status.ips).flatten() {
                             if let Some(holders) = self.claims_by_ip.get_mut(&(), &ip) {
                                 remove_one(holders, &p);
@@ -1261,7 +1297,7 @@ impl Membership {
             .iter()
             .filter_map(|p| self.entries.get(p))
             .filter(|e| matches!(e.member, Member::Cluster(_)))
-            .map(|e| e.part)
+            .map(Entry::part)
             .collect();
         // Each kept cluster object's part: as many as objects to find.
         let wanted = parts.len();
@@ -1361,7 +1397,12 @@ impl Membership {
         let mut context: Vec<_> = self.context.iter().collect();
         context.sort();
         lines.push(format!("context: {context:?}"));
-        let mut claim_ips: Vec<_> = self.claim_ips.iter().collect();
+        let mut claim_ips: Vec<_> = self
+            .entries
+            .iter()
+            .filter(|(_, e)| e.addressed())
+            .map(|(p, _)| p)
+            .collect();
         claim_ips.sort();
         lines.push(format!("claim ips: {claim_ips:?}"));
         let mut by_ip: Vec<(IpAddr, Vec<usize>)> = self
