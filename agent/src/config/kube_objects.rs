@@ -564,9 +564,10 @@ pub struct IpamClaimSpec {
 #[serde(rename_all = "camelCase")]
 pub struct IpamClaimStatus {
     /// Boxed: with it a claim's kept form fits the allocator's 96-byte
-    /// class (112 with a `Vec`).
-    #[serde(default, skip_serializing_if = "<[String]>::is_empty")]
-    pub ips: Box<[String]>,
+    /// class (112 with a `Vec`); each address a boxed `str` (no capacity
+    /// word: every claim of the cluster is kept).
+    #[serde(default, skip_serializing_if = "<[Box<str>]>::is_empty")]
+    pub ips: Box<[Box<str>]>,
 }
 
 const _: () = assert!(std::mem::size_of::<IpamClaim>() <= 96);

@@ -337,7 +337,7 @@ pub fn translate(
                 ));
             }
         }
-        ClaimState::Ips(c.status.ips.to_vec())
+        ClaimState::Ips(c.status.ips.iter().map(|ip| ip.to_string()).collect())
     };
     let claim_of = |namespace: &str, name: &str, network: &str| -> ClaimState {
         claim_index

@@ -560,7 +560,7 @@ fn part_ptr(p: &Arc<[ClusterDocument]>) -> usize {
 }
 
 /// Each address a claim's status gives (`None`: one that does not read).
-fn claim_addresses(ips: &[String]) -> impl Iterator<Item = Option<IpAddr>> + '_ {
+fn claim_addresses(ips: &[Box<str>]) -> impl Iterator<Item = Option<IpAddr>> + '_ {
     ips.iter()
         .map(|text| text.parse::<ipnet::IpNet>().ok().map(|ip| ip.addr()))
 }

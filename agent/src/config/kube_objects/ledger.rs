@@ -228,9 +228,9 @@ pub fn unvouched<L: Vouches + ?Sized>(
     network: &str,
     key: &str,
     uid: &Uid,
-    ips: &[String],
+    ips: &[impl AsRef<str>],
 ) -> Option<String> {
-    ips.iter().find_map(|text| {
+    ips.iter().map(AsRef::as_ref).find_map(|text| {
         let Ok(ip) = text.parse::<IpNet>() else {
             return Some(format!("{text:?} is not a CIDR"));
         };
