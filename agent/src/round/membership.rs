@@ -455,7 +455,8 @@ pub struct Membership {
     /// (namespace, name) -> the claims of that name.
     claims: Reach,
     /// (namespace, each prefix of a claim's name its VM may have,
-    /// `name_prefixes`) -> those claims.
+    /// `name_prefixes`, but the whole name, which `claims` lists) ->
+    /// those claims: read with `claims` ([`Membership::claims_for`]).
     claims_under: Reach,
     /// (namespace, `pod_claim_prefix`) -> the claims with a name hashed
     /// from it (`hashed_claim_prefix`).
@@ -844,12 +845,23 @@ impl Membership {
             }
         };
         one(&mut self.claims, name);
-        for prefix in name_prefixes(name) {
+        // The whole name (the first) is in `claims` already.
+        for prefix in name_prefixes(name).skip(1) {
             one(&mut self.claims_under, prefix);
         }
         if let Some(prefix) = hashed_claim_prefix(name) {
             one(&mut self.hashed_claims, prefix);
         }
+    }
+
+    /// The claims a group of (`ns`, `name`) may read: those named after
+    /// it, whole or up to a `-` or `.` (`name_prefixes`).
+    fn claims_for<'a>(&'a self, ns: &str, name: &str) -> impl Iterator<Item = usize> + 'a {
+        let (under, whole) = (
+            self.claims_under.listed(ns, name),
+            self.claims.listed(ns, name),
+        );
+        under.chain(whole)
     }
 
     /// Takes a gone object out of its groups and the indexes.
@@ -1057,7 +1069,7 @@ impl Membership {
             if claimable {
                 group.claimable -= 1;
                 if group.claimable == 0 {
-                    work.dirty.extend(self.claims_under.listed(&g.0, &g.1));
+                    work.dirty.extend(self.claims_for(&g.0, &g.1));
                 }
             }
             prune(&mut self.groups, &g.0, &g.1, |g| g.members.is_empty());
@@ -1073,7 +1085,7 @@ impl Membership {
             if claimable {
                 group.claimable += 1;
                 if group.claimable == 1 {
-                    work.dirty.extend(self.claims_under.listed(&g.0, &g.1));
+                    work.dirty.extend(self.claims_for(&g.0, &g.1));
                 }
             }
         }
