@@ -224,17 +224,7 @@ impl Serialize for Name {
 
 impl<'de> Deserialize<'de> for Name {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        struct Visitor;
-        impl serde::de::Visitor<'_> for Visitor {
-            type Value = Name;
-            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-                f.write_str("a string")
-            }
-            fn visit_str<E: serde::de::Error>(self, text: &str) -> Result<Name, E> {
-                Ok(Name::new(text))
-            }
-        }
-        deserializer.deserialize_str(Visitor)
+        crate::sys::text::deserialize(deserializer, Name::new)
     }
 }
 

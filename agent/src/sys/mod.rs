@@ -18,6 +18,7 @@
 //! | [`phases`] | where a pass spends its time (debug log) |
 //! | [`ring_wait`] | the wait loop of the ring-buffer readers |
 //! | [`state_dir`] | the state dir's modes (root's alone) |
+//! | [`text`] | values read and written as a string |
 //! | [`tc_filters`] | the VM ports' tc filters as the kernel has them |
 //! | [`version`] | this build's version and revision |
 //! | [`xdp_features`] | a device's XDP features (netdev generic netlink) |
@@ -38,5 +39,6 @@ pub mod ring_wait;
 pub mod sorted;
 pub mod state_dir;
 pub mod tc_filters;
+pub mod text;
 pub mod version;
 pub mod xdp_features;

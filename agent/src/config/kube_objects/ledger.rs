@@ -81,35 +81,7 @@ impl std::fmt::Debug for ClaimRef {
     }
 }
 
-impl PartialEq<str> for ClaimRef {
-    fn eq(&self, other: &str) -> bool {
-        self.is(other)
-    }
-}
-
-impl PartialEq<&str> for ClaimRef {
-    fn eq(&self, other: &&str) -> bool {
-        self.is(other)
-    }
-}
-
-impl PartialEq<String> for ClaimRef {
-    fn eq(&self, other: &String) -> bool {
-        self.is(other)
-    }
-}
-
-impl From<&str> for ClaimRef {
-    fn from(text: &str) -> Self {
-        ClaimRef::new(text)
-    }
-}
-
-impl From<String> for ClaimRef {
-    fn from(text: String) -> Self {
-        ClaimRef::new(&text)
-    }
-}
+crate::sys::text::text_value!(ClaimRef);
 
 impl Serialize for ClaimRef {
     fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
@@ -119,17 +91,7 @@ impl Serialize for ClaimRef {
 
 impl<'de> Deserialize<'de> for ClaimRef {
     fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        struct Visitor;
-        impl serde::de::Visitor<'_> for Visitor {
-            type Value = ClaimRef;
-            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
-                f.write_str("an IPAMClaim's namespace/name")
-            }
-            fn visit_str<E: serde::de::Error>(self, text: &str) -> Result<ClaimRef, E> {
-                Ok(ClaimRef::new(text))
-            }
-        }
-        deserializer.deserialize_str(Visitor)
+        crate::sys::text::deserialize(deserializer, ClaimRef::new)
     }
 }
 

@@ -71,39 +71,11 @@ impl Deref for UidText<'_> {
     }
 }
 
-impl PartialEq<str> for Uid {
-    fn eq(&self, other: &str) -> bool {
-        self.is(other)
-    }
-}
-
-impl PartialEq<&str> for Uid {
-    fn eq(&self, other: &&str) -> bool {
-        self.is(other)
-    }
-}
-
-impl PartialEq<String> for Uid {
-    fn eq(&self, other: &String) -> bool {
-        self.is(other)
-    }
-}
+crate::sys::text::text_value!(Uid);
 
 impl Default for Uid {
     fn default() -> Self {
         Uid(Repr::Text("".into()))
-    }
-}
-
-impl From<&str> for Uid {
-    fn from(text: &str) -> Self {
-        Uid::new(text)
-    }
-}
-
-impl From<String> for Uid {
-    fn from(text: String) -> Self {
-        Uid::new(&text)
     }
 }
 
@@ -127,17 +99,7 @@ impl Serialize for Uid {
 
 impl<'de> Deserialize<'de> for Uid {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        struct Visitor;
-        impl serde::de::Visitor<'_> for Visitor {
-            type Value = Uid;
-            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-                f.write_str("a string")
-            }
-            fn visit_str<E: serde::de::Error>(self, text: &str) -> Result<Uid, E> {
-                Ok(Uid::new(text))
-            }
-        }
-        deserializer.deserialize_str(Visitor)
+        crate::sys::text::deserialize(deserializer, Uid::new)
     }
 }
 
