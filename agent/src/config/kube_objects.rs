@@ -79,7 +79,7 @@ pub struct ObjectMeta {
 
 /// An object's annotations, one word: only a pod keeps any once stored
 /// (every one vmpath reads is a pod's), and the uid's three words and a
-/// VMI's spec fit the 128-byte class with it.
+/// VMI's spec fit the 112-byte class with it.
 #[derive(Debug, Clone, Default)]
 pub struct Annotations(Option<Box<Labels>>);
 

@@ -14,6 +14,7 @@ use std::{
 use ipnet::IpNet;
 
 use crate::sys::hash::{HashMap, HashSet};
+use crate::sys::ip_map::IpSet;
 use crate::{
     config::{AttachmentKey, Network, format_mac, model::MacPolicy},
     resolve::resolved::{Origin, Resolved},
@@ -141,7 +142,7 @@ impl Pool {
 
     /// A free address, probing from a position derived from `seed` so that
     /// the same VM interface lands on the same address on every node.
-    pub fn allocate(&self, seed: u64, taken: &crate::sys::ip_map::IpSet) -> Option<IpAddr> {
+    pub fn allocate(&self, seed: u64, taken: &IpSet) -> Option<IpAddr> {
         let (first, last) = self.range();
         let v6 = self.subnet.addr().is_ipv6();
         let size = last - first + 1;
@@ -318,7 +319,7 @@ pub(crate) fn network_index(networks: &[Network]) -> HashMap<&str, usize> {
 }
 
 /// Addresses taken, by network index.
-pub(crate) type Taken = HashMap<usize, crate::sys::ip_map::IpSet>;
+pub(crate) type Taken = HashMap<usize, IpSet>;
 /// MACs in use, by network index.
 pub(crate) type Macs = HashSet<(usize, [u8; 6])>;
 
@@ -510,7 +511,7 @@ mod tests {
         // and the gateway sits inside the excluded range.
         let pool = Pool::new(net("10.0.0.0/24"), &[net("10.0.0.0/26")], &[gw]);
         assert_eq!(pool.capacity(), 254 - 63);
-        let mut taken = crate::sys::ip_map::IpSet::default();
+        let mut taken = IpSet::default();
         let mut seed = 7u64;
         while let Some(ip) = pool.allocate(seed, &taken) {
             assert!(!net("10.0.0.0/26").contains(&ip), "{ip} is excluded");
@@ -531,14 +532,8 @@ mod tests {
             &[net("fd00::/80")],
             &["fd00::1".parse().unwrap()],
         );
-        let a = pool
-            .allocate(42, &crate::sys::ip_map::IpSet::default())
-            .unwrap();
-        assert_eq!(
-            a,
-            pool.allocate(42, &crate::sys::ip_map::IpSet::default())
-                .unwrap()
-        );
+        let a = pool.allocate(42, &IpSet::default()).unwrap();
+        assert_eq!(a, pool.allocate(42, &IpSet::default()).unwrap());
         assert!(!net("fd00::/80").contains(&a));
     }
 
@@ -547,7 +542,7 @@ mod tests {
         let pool = Pool::new(net("10.1.0.0/29"), &[net("10.1.0.4/30")], &[]);
         // usable .1-.6, .4-.6 excluded -> .1 .2 .3
         assert_eq!(pool.capacity(), 3);
-        let mut taken = crate::sys::ip_map::IpSet::default();
+        let mut taken = IpSet::default();
         for seed in 0..20 {
             if let Some(ip) = pool.allocate(seed, &taken) {
                 taken.insert(ip);
@@ -592,7 +587,7 @@ mod tests {
             }
             let gw = IpAddr::V4(Ipv4Addr::from(u32::from(Ipv4Addr::new(10, 9, 0, 0)) + 1));
             let pool = Pool::new(subnet, &excluded, &[gw]);
-            let mut taken = crate::sys::ip_map::IpSet::default();
+            let mut taken = IpSet::default();
             while let Some(ip) = pool.allocate(rng.next(), &taken) {
                 assert!(
                     pool.allocatable(ip),
