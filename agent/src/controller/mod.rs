@@ -441,7 +441,7 @@ async fn round(
             namespace,
             name,
         };
-        versions.insert(claim.key(), o.clone());
+        versions.insert(allocate::ClaimRef::new(&claim.key()), o.clone());
         claims.push(claim);
     }
 
@@ -474,7 +474,7 @@ async fn round(
         // Listed under that name with another uid: that claim is gone
         // (a pod or VM made again under the same name).
         let listed_same = versions
-            .get(&h.claim.to_string())
+            .get(&h.claim)
             .is_some_and(|o: &DynamicObject| h.uid.is(o.metadata.uid.as_deref().unwrap_or("")));
         if listed_same || gone.contains(&(h.claim.clone(), h.uid.clone())) {
             continue;
@@ -570,7 +570,7 @@ async fn round(
     }
 
     for (key, ips) in &plan.statuses {
-        let Some(object) = versions.get(key) else {
+        let Some(object) = versions.get(&allocate::ClaimRef::new(key)) else {
             continue;
         };
         let mut next = object.clone();
