@@ -437,36 +437,7 @@ impl Attachment {
 /// A port an endpoint declares by name (as a container port).
 /// An Attachment's named ports: one word, none allocated for the many
 /// that declare none.
-#[derive(Clone, Default, PartialEq, Eq)]
-pub struct NamedPorts(Option<triomphe::ThinArc<(), NamedPort>>);
-
-impl From<Vec<NamedPort>> for NamedPorts {
-    fn from(ports: Vec<NamedPort>) -> Self {
-        NamedPorts(
-            (!ports.is_empty())
-                .then(|| triomphe::ThinArc::from_header_and_iter((), ports.into_iter())),
-        )
-    }
-}
-
-impl std::ops::Deref for NamedPorts {
-    type Target = [NamedPort];
-    fn deref(&self) -> &[NamedPort] {
-        self.0.as_ref().map_or(&[], |p| &p.slice)
-    }
-}
-
-impl fmt::Debug for NamedPorts {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_list().entries(self.iter()).finish()
-    }
-}
-
-impl Serialize for NamedPorts {
-    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        (**self).serialize(serializer)
-    }
-}
+pub type NamedPorts = crate::sys::thin_slice::ThinSlice<NamedPort>;
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct NamedPort {

@@ -49,44 +49,7 @@ pub enum DocOrigin {
 /// The objects a derived document came from, in order: one word (their
 /// count lives in the shared copy), so an Attachment's source fits its
 /// allocator class.
-#[derive(Clone)]
-pub struct Sources(triomphe::ThinArc<(), SourceObject>);
-
-impl Sources {
-    pub fn new(objects: Vec<SourceObject>) -> Sources {
-        Sources(triomphe::ThinArc::from_header_and_iter(
-            (),
-            objects.into_iter(),
-        ))
-    }
-}
-
-impl From<Vec<SourceObject>> for Sources {
-    fn from(objects: Vec<SourceObject>) -> Self {
-        Sources::new(objects)
-    }
-}
-
-impl std::ops::Deref for Sources {
-    type Target = [SourceObject];
-    fn deref(&self) -> &[SourceObject] {
-        &self.0.slice
-    }
-}
-
-impl PartialEq for Sources {
-    fn eq(&self, other: &Self) -> bool {
-        **self == **other
-    }
-}
-
-impl Eq for Sources {}
-
-impl std::fmt::Debug for Sources {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_list().entries(self.iter()).finish()
-    }
-}
+pub type Sources = crate::sys::thin_slice::ThinSlice<SourceObject>;
 
 /// A Kubernetes object a derived document came from, as every VM
 /// interface's Attachment keeps it: its names shared, its kind one of
@@ -198,12 +161,6 @@ impl serde::Serialize for SourceFile {
     }
 }
 
-/// A document's position as a [`ClusterDocument`] keeps it (a file has
-/// far fewer documents than `u32` counts).
-pub fn doc_index(i: usize) -> u32 {
-    u32::try_from(i).unwrap_or(u32::MAX)
-}
-
 impl From<&str> for SourceFile {
     fn from(path: &str) -> Self {
         SourceFile::new(path)
@@ -240,6 +197,12 @@ pub struct ClusterDocument {
     pub index: u32,
     /// Shared with the source's copy.
     pub object: std::sync::Arc<crate::config::kube_objects::prune::ClusterObject>,
+}
+
+/// A document's position as a [`ClusterDocument`] keeps it (a file has
+/// far fewer documents than `u32` counts).
+pub fn doc_index(i: usize) -> u32 {
+    u32::try_from(i).unwrap_or(u32::MAX)
 }
 
 // One per object of the cluster, in the snapshot's parts.

@@ -361,7 +361,7 @@ enum Groups {
     #[default]
     None,
     One(Key),
-    Many(triomphe::ThinArc<(), Key>),
+    Many(crate::sys::thin_slice::ThinSlice<Key>),
 }
 
 impl Groups {
@@ -373,7 +373,7 @@ impl Groups {
         match self {
             Groups::None => &[],
             Groups::One(k) => std::slice::from_ref(k),
-            Groups::Many(ks) => &ks.slice,
+            Groups::Many(ks) => ks,
         }
     }
 
@@ -400,10 +400,7 @@ impl FromIterator<Key> for Groups {
         match keys.len() {
             0 => Groups::None,
             1 => Groups::One(keys.pop().expect("one")),
-            _ => Groups::Many(triomphe::ThinArc::from_header_and_iter(
-                (),
-                keys.into_iter(),
-            )),
+            _ => Groups::Many(keys.into()),
         }
     }
 }

@@ -19,6 +19,7 @@
 //! | [`ring_wait`] | the wait loop of the ring-buffer readers |
 //! | [`state_dir`] | the state dir's modes (root's alone) |
 //! | [`text`] | values read and written as a string |
+//! | [`thin_slice`] | a shared slice behind one word |
 //! | [`tc_filters`] | the VM ports' tc filters as the kernel has them |
 //! | [`version`] | this build's version and revision |
 //! | [`xdp_features`] | a device's XDP features (netdev generic netlink) |
@@ -40,5 +41,6 @@ pub mod sorted;
 pub mod state_dir;
 pub mod tc_filters;
 pub mod text;
+pub mod thin_slice;
 pub mod version;
 pub mod xdp_features;
